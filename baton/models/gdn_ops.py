@@ -1,0 +1,114 @@
+"""Gated DeltaNet kernels: causal conv, chunked (prefill) and token-by-token (rows) delta rule.
+
+Per value head, with S [dk, dv] (fp32):
+    S <- S * exp(g_t);   u_t = beta_t * (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t
+q and k are L2-normalised per head and q is scaled by dk^-0.5. Key heads are shared by
+Hv/Hk consecutive value heads (grouped value attention).
+
+`chunked` may use flash-linear-attention on CUDA; `recurrent_rows` is always plain torch, one
+token at a time with identical ops, so an AR step and a verify row are bitwise equal.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+try:  # optional GPU kernels
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
+except Exception:  # pragma: no cover - depends on the machine
+    _fla_chunk = None
+
+
+def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool) -> torch.Tensor:
+    """Depthwise causal conv + SiLU. x [T, C]; conv_state [C, K-1] (updated in place with the last
+    K-1 inputs of the first n rows); w [C, K]. `wide` (prefill) may use conv1d. Returns [T, C]."""
+    T, C = x.shape
+    K = w.shape[1]
+    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)          # [C, K-1+T]
+    if wide:                # prefill: wide kernel
+        out = F.conv1d(seq[None], w[:, None, :], groups=C)[0]         # [C, T]
+    else:                   # rows: fixed-shape windows, row-invariant
+        out = (seq.unfold(1, K, 1) * w[:, None, :]).sum(-1)           # [C, T]
+    conv_state.copy_(seq[:, n:n + K - 1])
+    return F.silu(out).transpose(0, 1)
+
+
+def _prep(q, k, g_heads: int):
+    """L2-normalise (fp32), scale q, repeat key heads to value heads. q,k [T, Hk, dk] -> [T, Hv, dk]."""
+    q, k = q.float(), k.float()
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * (q.shape[-1] ** -0.5)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    if g_heads > 1:
+        q, k = q.repeat_interleave(g_heads, dim=1), k.repeat_interleave(g_heads, dim=1)
+    return q, k
+
+
+def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int) -> torch.Tensor:
+    """q,k [W, Hk, dk]; v [W, Hv, dv]; g, beta [W, Hv]; S [Hv, dk, dv] fp32 updated in place by the
+    first n rows. Returns o [W, Hv, dv] in v's dtype (rows >= n are zero)."""
+    W, Hv, dv = v.shape
+    q, k = _prep(q, k, Hv // q.shape[1])
+    vf, bf, decay = v.float(), beta.float(), g.float().exp()
+    out = torch.zeros(W, Hv, dv, dtype=torch.float32, device=v.device)
+    for i in range(n):
+        S.mul_(decay[i][:, None, None])
+        kv = (S * k[i][:, :, None]).sum(1)                            # [Hv, dv]
+        u = (vf[i] - kv) * bf[i][:, None]
+        S.add_(k[i][:, :, None] * u[:, None, :])
+        out[i] = (S * q[i][:, :, None]).sum(1)
+    return out.to(v.dtype)
+
+
+def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
+    """Prefill form. Same shapes as recurrent_rows with n = T; S updated in place. Returns [T, Hv, dv]."""
+    if _fla_chunk is not None and v.is_cuda:
+        Hv = v.shape[1]
+        rep = Hv // q.shape[1]
+        qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
+        o, final = _fla_chunk(qr[None].contiguous(), kr[None].contiguous(), v[None].contiguous(),
+                              g=g[None].float(), beta=beta[None].to(v.dtype), initial_state=S[None].clone(),
+                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+        S.copy_(final[0])
+        return o[0]
+    return _chunked_torch(q, k, v, g, beta, S)
+
+
+def _chunked_torch(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
+    """WY form per chunk of C tokens, with G = in-chunk cumulative log decay:
+        (I + A) U = beta*V - beta*exp(G)*K S0,   A[i,j] = beta_i exp(G_i-G_j) k_i.k_j  (j < i)
+        O = exp(G) Q S0 + (Q K^T * D) U,         D[i,j] = exp(G_i-G_j)              (j <= i)
+        S_C = exp(G_C) S0 + (K * exp(G_C - G))^T U
+    """
+    T, Hv, dv = v.shape
+    q, k = _prep(q, k, Hv // q.shape[1])                              # [T, Hv, dk] fp32
+    pad = (-T) % CHUNK
+    vf, bf, gf = v.float(), beta.float(), g.float()
+    if pad:
+        q, k, vf = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, vf))
+        bf, gf = F.pad(bf, (0, 0, 0, pad)), F.pad(gf, (0, 0, 0, pad))
+    nc = (T + pad) // CHUNK
+    # -> [Hv, nc, C, *]
+    q, k, vf = (t.view(nc, CHUNK, Hv, -1).permute(2, 0, 1, 3) for t in (q, k, vf))
+    bf, gf = (t.view(nc, CHUNK, Hv).permute(2, 0, 1) for t in (bf, gf))
+    G = gf.cumsum(-1)                                                 # [Hv, nc, C]
+    diff = G[..., :, None] - G[..., None, :]                          # [Hv, nc, C, C]
+    tri = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=v.device).tril()
+    D = diff.masked_fill(~tri, float("-inf")).exp()                   # j <= i
+    strict = tri & ~torch.eye(CHUNK, dtype=torch.bool, device=v.device)
+    A = (k @ k.transpose(-1, -2)) * D * bf[..., :, None]
+    A = A.masked_fill(~strict, 0.0)
+    eye = torch.eye(CHUNK, device=v.device)
+    M = eye + A                                                       # unit lower-triangular
+    QK = (q @ k.transpose(-1, -2)) * D                                # [Hv, nc, C, C]
+    eG = G.exp()[..., None]                                           # [Hv, nc, C, 1]
+    out = torch.empty_like(vf)
+    for c in range(nc):
+        rhs = bf[:, c, :, None] * (vf[:, c] - eG[:, c] * (k[:, c] @ S))
+        U = torch.linalg.solve_triangular(M[:, c], rhs, upper=False, unitriangular=True)
+        out[:, c] = eG[:, c] * (q[:, c] @ S) + QK[:, c] @ U
+        tail = (G[:, c, -1:, None] - G[:, c, :, None]).exp()          # [Hv, C, 1]
+        S.copy_(G[:, c, -1].exp()[:, None, None] * S + (k[:, c] * tail).transpose(-1, -2) @ U)
+    out = out.permute(1, 2, 0, 3).reshape(nc * CHUNK, Hv, dv)[:T]
+    return out.to(v.dtype)

@@ -1,0 +1,252 @@
+"""Qwen3.5 text model (Gated DeltaNet + gated full attention), HF parameter names.
+
+One entry point, `Qwen3_5ForCausalLM.forward(ids, state, ctx)`, serves every use:
+  * prefill (`ctx.width is None`): T prompt rows computed wide — chunked GDN, causal SDPA;
+  * rows (`ctx.width == W`): n <= W decode-time rows (an AR step is n=1, a verify block n=K+1),
+    computed at the fixed width W so that row i is bitwise independent of n:
+      - every GEMM / norm / elementwise op sees a padded [W, ...] input,
+      - attention scores every row against the whole [max_len] window with a position mask,
+      - the GDN recurrence runs token by token with identical kernels.
+State lives in `baton.state.HybridState`, never in the modules. In rows mode the position comes
+from the device buffer `state.position[slot]`, so the step is CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from baton.config import ModelConfig
+from baton.models import gdn_ops
+
+
+@dataclass(frozen=True)
+class StepContext:
+    slot: int = 0
+    width: int | None = None   # None = prefill (wide kernels); W = fixed-width rows mode
+    n: int = 1                 # valid rows in rows mode (n <= width); prefill: len(ids)
+    start: int = 0             # prefill only: position of ids[0] (host int)
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm: y = x / rms(x) * (1 + w), computed in fp32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).type_as(x)
+
+
+class GatedRMSNorm(nn.Module):
+    """y = w * norm(x) * silu(gate) (plain weight, not zero-centred)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        xf = x.float()
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dt)
+        return (self.weight * y * F.silu(gate.float())).to(dt)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_cos_sin(cfg: ModelConfig, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """pos [T] int64 -> cos, sin [T, rotary_dim] (half-split layout, as HF)."""
+    rd = cfg.rotary_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, device=pos.device, dtype=torch.float) / rd))
+    freqs = pos.float()[:, None] * inv[None, :]                      # [T, rd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)                           # [T, rd]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; rotates the first rotary_dim features of each head."""
+    rd = cos.shape[-1]
+    xr, xp = x[..., :rd], x[..., rd:]
+    x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
+    rot = torch.cat([-x2, x1], dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([xr * c + rot * s, xp], dim=-1)
+
+
+class Attention(nn.Module):
+    """Gated full attention: q_proj yields (query, gate); q/k RMSNorm; partial RoPE; sigmoid gate."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.nh * d * 2, bias=False)
+        self.k_proj = nn.Linear(h, self.nkv * d, bias=False)
+        self.v_proj = nn.Linear(h, self.nkv * d, bias=False)
+        self.o_proj = nn.Linear(self.nh * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
+        T = x.shape[0]                                                      # x [T, hidden]
+        qg = self.q_proj(x).view(T, self.nh, 2 * self.d)
+        q, gate = qg[..., : self.d], qg[..., self.d:].reshape(T, self.nh * self.d)
+        q = self.q_norm(q)                                                  # [T, nh, d]
+        k = self.k_norm(self.k_proj(x).view(T, self.nkv, self.d))           # [T, nkv, d]
+        v = self.v_proj(x).view(T, self.nkv, self.d)
+        cos, sin = rope_cos_sin(self.cfg, pos, x.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kc, vc = state.kv(self.layer_idx)                                   # [S, nkv, L, d] each
+        kc, vc = kc[ctx.slot], vc[ctx.slot]                                  # [nkv, L, d] views
+        g = self.nh // self.nkv
+        if ctx.width is None:
+            s0 = ctx.start
+            kc[:, s0:s0 + T].copy_(k.transpose(0, 1))
+            vc[:, s0:s0 + T].copy_(v.transpose(0, 1))
+            keys, vals = kc[:, : s0 + T], vc[:, : s0 + T]                    # [nkv, s0+T, d]
+            qh = q.transpose(0, 1)                                              # [nh, T, d]
+            kk = keys.repeat_interleave(g, dim=0)                            # [nh, s0+T, d]
+            vv = vals.repeat_interleave(g, dim=0)
+            if s0 == 0:
+                o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
+            else:
+                i = torch.arange(T, device=x.device)[:, None] + s0
+                j = torch.arange(s0 + T, device=x.device)[None, :]
+                o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=(j <= i))[0]
+            o = o.transpose(0, 1).reshape(T, self.nh * self.d)              # [T, nh*d]
+        else:
+            n = ctx.n
+            kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
+            vc.index_copy_(1, pos[:n], v[:n].transpose(0, 1))
+            # Row-invariant: fixed shapes [nkv, g*W, L]; row i sees keys j <= pos[i].
+            qh = q.view(T, self.nkv, g, self.d).permute(1, 2, 0, 3).reshape(self.nkv, g * T, self.d)
+            scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (self.d ** -0.5)   # [nkv, g*W, L]
+            L = kc.shape[1]
+            mask = torch.arange(L, device=x.device)[None, :] > pos[:, None]             # [W, L]
+            scores = scores.view(self.nkv, g, T, L).masked_fill(mask, float("-inf"))
+            p = torch.softmax(scores, dim=-1).to(vc.dtype).view(self.nkv, g * T, L)
+            o = torch.matmul(p, vc)                                                      # [nkv, g*W, d]
+            o = o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
+        o = o * torch.sigmoid(gate)
+        return self.o_proj(o)
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet linear attention; conv and recurrent state live in HybridState."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        h = cfg.hidden_size
+        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, bias=False,
+                                groups=cfg.conv_dim, padding=cfg.linear_conv_kernel_dim - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(cfg.value_dim, h, bias=False)
+        self.in_proj_qkv = nn.Linear(h, cfg.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(h, cfg.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(h, self.nv, bias=False)
+        self.in_proj_a = nn.Linear(h, self.nv, bias=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
+        T = x.shape[0]                                                     # x [T, hidden]
+        conv_state, rec_state = state.gdn(self.layer_idx)                  # [S, C, K-1], [S, Hv, dk, dv]
+        cs, rs = conv_state[ctx.slot], rec_state[ctx.slot]
+        mixed = self.in_proj_qkv(x)                                        # [T, C]
+        w = self.conv1d.weight[:, 0, :]                                    # [C, K]
+        n = T if ctx.width is None else ctx.n
+        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None)                      # [T, C], updates cs
+        kd = self.cfg.key_dim
+        q = mixed[:, :kd].reshape(T, self.nk, self.dk)
+        k = mixed[:, kd:2 * kd].reshape(T, self.nk, self.dk)
+        v = mixed[:, 2 * kd:].reshape(T, self.nv, self.dv)
+        beta = torch.sigmoid(self.in_proj_b(x))                            # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        if ctx.width is None:
+            o = gdn_ops.chunked(q, k, v, g, beta, rs)                      # [T, Hv, dv]
+        else:
+            o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n)            # [W, Hv, dv]
+        z = self.in_proj_z(x).reshape(T * self.nv, self.dv)
+        o = self.norm(o.reshape(T * self.nv, self.dv), z).reshape(T, self.nv * self.dv)
+        return self.out_proj(o)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        if cfg.layer_types[layer_idx] == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg, layer_idx)
+        else:
+            self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, pos, state, ctx: StepContext):
+        mixer = self.linear_attn if hasattr(self, "linear_attn") else self.self_attn
+        x = x + mixer(self.input_layernorm(x), pos, state, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, with_mtp: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.model = TextModel(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if with_mtp:
+            from baton.models.mtp import MTPHead
+            self.mtp = MTPHead(cfg)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def positions(self, state, ctx: StepContext, T: int, device) -> torch.Tensor:
+        if ctx.width is None:
+            return torch.arange(ctx.start, ctx.start + T, device=device)
+        return state.position[ctx.slot] + torch.arange(T, device=device)   # [W] device-side
+
+    def forward(self, ids: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
+        """ids [T] (prefill) or [W] (rows, padded) -> final-normed hidden [T, hidden].
+
+        Rows mode advances `state.position[slot]` by n on the device; prefill leaves it to the caller.
+        """
+        x = self.model.embed_tokens(ids)                                   # [T, hidden]
+        pos = self.positions(state, ctx, ids.shape[0], ids.device)
+        for layer in self.model.layers:
+            x = layer(x, pos, state, ctx)
+        if ctx.width is not None:
+            state.position[ctx.slot] += ctx.n
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.head_weight())                        # [T, vocab]

@@ -1,0 +1,143 @@
+"""HybridState: the static, slot-indexed decode state of a hybrid GDN / attention model.
+
+Layout (S = slots, fixed at construction; every buffer is allocated once and never replaced, so
+captured CUDA graphs stay valid):
+    conv[layer]      [S, conv_dim, K-1]      activation dtype   (GDN layers)
+    recurrent[layer] [S, Hv, dk, dv]         fp32               (GDN layers)
+    key/value[layer] [S, kv_heads, max_len, head_dim]  activation dtype (attention layers)
+    position         [S] int64   tokens consumed by the slot
+    next_token       [S] int64   the token to feed next (not yet consumed)
+    hidden           [S, hidden] last final-normed hidden row (MTP input)
+
+Invariant: KV rows at positions >= position[slot] are never read unmasked, so a rollback only has to
+restore the O(1) part (GDN tensors and scalars); the stale KV rows are overwritten before use.
+
+Export yields the O(1) GDN tensors plus KV rows [0, position) only; import writes such a state into
+this object's preallocated buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from baton.config import ModelConfig
+
+# state tensor kinds (mirrors baton.v1.TensorKind)
+GDN_CONV, GDN_RECURRENT, ATTN_KEY, ATTN_VALUE, HIDDEN = "gdn_conv", "gdn_recurrent", "attn_key", "attn_value", "hidden"
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    name: str
+    kind: str
+    tensor: torch.Tensor   # a view into the state (no copy)
+
+
+class HybridState:
+    def __init__(self, cfg: ModelConfig, *, slots: int, max_len: int, dtype: torch.dtype, device):
+        self.cfg, self.slots, self.max_len, self.dtype = cfg, slots, max_len, dtype
+        self.device = torch.device(device)
+        z = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=self.device)  # noqa: E731
+        K = cfg.linear_conv_kernel_dim
+        self.conv = {i: z(slots, cfg.conv_dim, K - 1) for i in cfg.gdn_layers}
+        self.recurrent = {i: z(slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                               cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
+        kv_shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.key = {i: z(*kv_shape) for i in cfg.attn_layers}
+        self.value = {i: z(*kv_shape) for i in cfg.attn_layers}
+        self.position = z(slots, dt=torch.int64)
+        self.next_token = z(slots, dt=torch.int64)
+        self.hidden = z(slots, cfg.hidden_size)
+        # snapshot buffers for the O(1) part, same layout
+        self._snap = {k: torch.zeros_like(t) for k, t in self._o1_items()}
+
+    # ---- accessors used by the model ----------------------------------------------------------
+    def gdn(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.conv[layer], self.recurrent[layer]
+
+    def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.key[layer], self.value[layer]
+
+    def _o1_items(self):
+        for i in self.cfg.gdn_layers:
+            yield f"conv.{i}", self.conv[i]
+            yield f"rec.{i}", self.recurrent[i]
+        yield "position", self.position
+        yield "next_token", self.next_token
+        yield "hidden", self.hidden
+
+    # ---- snapshot / restore (no allocation: copies between fixed buffers) ------------------------
+    def snapshot(self, slot: int) -> None:
+        for k, t in self._o1_items():
+            self._snap[k][slot].copy_(t[slot])
+
+    def restore(self, slot: int) -> None:
+        for k, t in self._o1_items():
+            t[slot].copy_(self._snap[k][slot])
+
+    def reset(self, slot: int) -> None:
+        """Zero a slot (GDN state, scalars and its KV rows)."""
+        for _, t in self._o1_items():
+            t[slot].zero_()
+        for i in self.cfg.attn_layers:
+            self.key[i][slot].zero_()
+            self.value[i][slot].zero_()
+
+    def zero_kv_rows(self, slot: int, start: int, end: int) -> None:
+        for i in self.cfg.attn_layers:
+            self.key[i][slot, :, start:end].zero_()
+            self.value[i][slot, :, start:end].zero_()
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    def kv_bytes_per_token(self) -> int:
+        c = self.cfg
+        return 2 * len(c.attn_layers) * c.num_key_value_heads * c.head_dim * self.key_itemsize()
+
+    def key_itemsize(self) -> int:
+        return torch.empty(0, dtype=self.dtype).element_size()
+
+    def slot_bytes(self) -> int:
+        """Bytes one slot holds (its full KV window included)."""
+        return sum(t[0].numel() * t.element_size() for _, t in self.items_all())
+
+    def items_all(self):
+        yield from self._o1_items()
+        for i in self.cfg.attn_layers:
+            yield f"key.{i}", self.key[i]
+            yield f"value.{i}", self.value[i]
+
+    # ---- export / import -----------------------------------------------------------------------
+    def export(self, slot: int, position: int | None = None) -> list[StateTensor]:
+        """Tensors describing one slot: O(1) GDN tensors, KV rows [0, position), hidden row.
+        Returns views; the caller copies them off the device."""
+        p = int(self.position[slot]) if position is None else position
+        out: list[StateTensor] = []
+        for i in range(self.cfg.num_hidden_layers):
+            if i in self.conv:
+                out.append(StateTensor(f"layers.{i}.conv", GDN_CONV, self.conv[i][slot]))
+                out.append(StateTensor(f"layers.{i}.recurrent", GDN_RECURRENT, self.recurrent[i][slot]))
+            else:
+                out.append(StateTensor(f"layers.{i}.key", ATTN_KEY, self.key[i][slot, :, :p]))
+                out.append(StateTensor(f"layers.{i}.value", ATTN_VALUE, self.value[i][slot, :, :p]))
+        out.append(StateTensor("hidden", HIDDEN, self.hidden[slot]))
+        return out
+
+    def layout(self) -> dict[str, tuple[str, torch.dtype, tuple[int, ...] | None]]:
+        """name -> (kind, dtype, fixed shape or None for KV rows [kv_heads, position, head_dim])."""
+        out = {}
+        for t in self.export(0, position=0):
+            fixed = None if t.kind in (ATTN_KEY, ATTN_VALUE) else tuple(t.tensor.shape)
+            out[t.name] = (t.kind, t.tensor.dtype, fixed)
+        return out
+
+    def import_(self, slot: int, tensors: dict[str, torch.Tensor], *, position: int, next_token: int) -> None:
+        """Write a verified exported state into `slot`. `tensors` must match `layout()` exactly
+        (the wire layer checks that before calling)."""
+        if position > self.max_len:
+            raise ValueError(f"position {position} exceeds the window max_len={self.max_len}")
+        for t in self.export(slot, position=position):
+            t.tensor.copy_(tensors[t.name], non_blocking=True)
+        self.zero_kv_rows(slot, position, self.max_len)
+        self.position[slot] = position
+        self.next_token[slot] = next_token
