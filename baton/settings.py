@@ -1,0 +1,129 @@
+"""Process settings: the ONE place Baton reads environment variables.
+
+    BATON_TOKEN               shared bearer token (takes precedence over BATON_TOKEN_FILE)
+    BATON_TOKEN_FILE          path to a file holding the token (surrounding whitespace stripped)
+    BATON_TLS_CERT            server/client certificate chain, PEM path
+    BATON_TLS_KEY             private key for BATON_TLS_CERT, PEM path
+    BATON_TLS_CA              CA bundle, PEM path: servers require client certs signed by it;
+                              clients verify the server with it
+    BATON_HOST                bind host, default 127.0.0.1 (never 0.0.0.0 unless asked)
+    BATON_MAX_MESSAGE_BYTES   gRPC send/receive limit, default 64 MiB
+    BATON_LOG_LEVEL           default INFO
+    BATON_LOG_JSON            1/true/yes/on = one JSON object per log line
+
+Other modules take a `Settings` object; tests build one with `Settings(...)` or
+`Settings.from_env({}, token="t")` and never touch os.environ.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """A setting is malformed (the message names the variable)."""
+
+
+def read_token_file(path: str | os.PathLike) -> str:
+    """Token stored in `path`, surrounding whitespace stripped. Refuses an empty token."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise SettingsError(f"BATON_TOKEN_FILE: cannot read {path}: {e.strerror}") from e
+    if not token:
+        raise SettingsError(f"BATON_TOKEN_FILE: {path} holds an empty token")
+    return token
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    val = raw.strip().lower()
+    if val in _TRUE:
+        return True
+    if val in _FALSE:
+        return False
+    raise SettingsError(f"{name}: expected a boolean (1/0, true/false), got {raw!r}")
+
+
+def _parse_positive_int(name: str, raw: str) -> int:
+    try:
+        val = int(raw.strip())
+    except ValueError:
+        raise SettingsError(f"{name}: expected an integer, got {raw!r}") from None
+    if val <= 0:
+        raise SettingsError(f"{name}: must be > 0, got {val}")
+    return val
+
+
+@dataclass(frozen=True)
+class Settings:
+    token: str | None = None  # None = auth disabled
+    tls_cert: str | None = None  # PEM path; TLS is on when tls_cert and tls_key are both set
+    tls_key: str | None = None
+    tls_ca: str | None = None  # PEM path; server: require client certs; client: trust roots
+    host: str = DEFAULT_HOST
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    log_level: str = "INFO"
+    log_json: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token is not None and not self.token.strip():
+            raise SettingsError("BATON_TOKEN: empty token (unset it to disable auth)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("BATON_TLS_CERT and BATON_TLS_KEY must be set together")
+        if self.max_message_bytes <= 0:
+            raise SettingsError("BATON_MAX_MESSAGE_BYTES: must be > 0")
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Server side: serve TLS. (Clients use TLS when tls_ca or tls_cert is set.)"""
+        return self.tls_cert is not None and self.tls_key is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Settings":
+        """Settings from `env` (default os.environ); keyword `overrides` win over the environment.
+
+        An override of None means "not given" (handy for optional CLI flags); use
+        `.replace(field=None)` to clear a field explicitly.
+        """
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            val = env.get(name)
+            return val if val not in (None, "") else None
+
+        token = get("BATON_TOKEN")
+        if token is not None:
+            token = token.strip()
+        elif get("BATON_TOKEN_FILE") is not None:
+            token = read_token_file(get("BATON_TOKEN_FILE"))
+        values = dict(
+            token=token,
+            tls_cert=get("BATON_TLS_CERT"),
+            tls_key=get("BATON_TLS_KEY"),
+            tls_ca=get("BATON_TLS_CA"),
+            host=get("BATON_HOST") or DEFAULT_HOST,
+            max_message_bytes=(
+                _parse_positive_int("BATON_MAX_MESSAGE_BYTES", get("BATON_MAX_MESSAGE_BYTES"))
+                if get("BATON_MAX_MESSAGE_BYTES") is not None
+                else DEFAULT_MAX_MESSAGE_BYTES
+            ),
+            log_level=(get("BATON_LOG_LEVEL") or "INFO").upper(),
+            log_json=_parse_bool("BATON_LOG_JSON", get("BATON_LOG_JSON") or ""),
+        )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(overrides) - fields
+        if unknown:
+            raise TypeError(f"unknown Settings field(s): {sorted(unknown)}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)

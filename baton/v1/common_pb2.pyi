@@ -1,0 +1,100 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    FAST: _ClassVar[Mode]
+    EXACT: _ClassVar[Mode]
+
+class Engine(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_UNSPECIFIED: _ClassVar[Engine]
+    BF16: _ClassVar[Engine]
+    FP8: _ClassVar[Engine]
+    MTP: _ClassVar[Engine]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    LENGTH: _ClassVar[FinishReason]
+    STOP: _ClassVar[FinishReason]
+    EOS: _ClassVar[FinishReason]
+MODE_UNSPECIFIED: Mode
+FAST: Mode
+EXACT: Mode
+ENGINE_UNSPECIFIED: Engine
+BF16: Engine
+FP8: Engine
+MTP: Engine
+FINISH_REASON_UNSPECIFIED: FinishReason
+LENGTH: FinishReason
+STOP: FinishReason
+EOS: FinishReason
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class WorkerStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    session_bytes: int
+    outstanding: int
+    engine: str
+    model_fingerprint: str
+    max_len: int
+    requests_total: int
+    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ...) -> None: ...
+
+class BridgeReport(_message.Message):
+    __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks")
+    class BytesByKindEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BY_KIND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    total_bytes: int
+    bytes_by_kind: _containers.ScalarMap[str, int]
+    tokens: int
+    chunks: int
+    def __init__(self, seconds: _Optional[float] = ..., total_bytes: _Optional[int] = ..., bytes_by_kind: _Optional[_Mapping[str, int]] = ..., tokens: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,69 @@
+from . import common_pb2 as _common_pb2
+from . import state_pb2 as _state_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LoadStateResponse(_message.Message):
+    __slots__ = ("session_id", "position", "bridge")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    BRIDGE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    position: int
+    bridge: _common_pb2.BridgeReport
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ...) -> None: ...
+
+class DecodeRequest(_message.Message):
+    __slots__ = ("session_id", "max_new_tokens", "stop_token_ids", "ignore_eos", "engine", "release_at_end")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_AT_END_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    max_new_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    engine: _common_pb2.Engine
+    release_at_end: bool
+    def __init__(self, session_id: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., release_at_end: _Optional[bool] = ...) -> None: ...
+
+class DecodeResponse(_message.Message):
+    __slots__ = ("token_ids", "finish_reason", "mean_accept_len")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ACCEPT_LEN_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: _common_pb2.FinishReason
+    mean_accept_len: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., mean_accept_len: _Optional[float] = ...) -> None: ...
+
+class DraftRequest(_message.Message):
+    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    HAS_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    k: int
+    has_verdict: bool
+    accepted: int
+    next_token: int
+    engine: _common_pb2.Engine
+    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ...) -> None: ...
+
+class DraftResponse(_message.Message):
+    __slots__ = ("draft_tokens", "position")
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    draft_tokens: _containers.RepeatedScalarFieldContainer[int]
+    position: int
+    def __init__(self, draft_tokens: _Optional[_Iterable[int]] = ..., position: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,88 @@
+from . import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TARGET_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_ids: _containers.RepeatedScalarFieldContainer[int]
+    mode: _common_pb2.Mode
+    decode_target: str
+    engine: _common_pb2.Engine
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ...) -> None: ...
+
+class PrefillResponse(_message.Message):
+    __slots__ = ("first_token", "bridge", "prompt_tokens", "prefill_seconds")
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BRIDGE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    first_token: int
+    bridge: _common_pb2.BridgeReport
+    prompt_tokens: int
+    prefill_seconds: float
+    def __init__(self, first_token: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("session_id", "tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SessionCounters(_message.Message):
+    __slots__ = ("drafted", "accepted", "rejected_blocks", "verify_blocks", "acceptance_rate")
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    drafted: int
+    accepted: int
+    rejected_blocks: int
+    verify_blocks: int
+    acceptance_rate: float
+    def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("accepted", "next_token", "position", "counters")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    next_token: int
+    position: int
+    counters: SessionCounters
+    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., position: _Optional[int] = ..., counters: _Optional[_Union[SessionCounters, _Mapping]] = ...) -> None: ...
+
+class ExportStateRequest(_message.Message):
+    __slots__ = ("session_id", "decode_target", "target_session_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    decode_target: str
+    target_session_id: str
+    def __init__(self, session_id: _Optional[str] = ..., decode_target: _Optional[str] = ..., target_session_id: _Optional[str] = ...) -> None: ...
+
+class ExportStateResponse(_message.Message):
+    __slots__ = ("bridge", "position", "next_token")
+    BRIDGE_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    bridge: _common_pb2.BridgeReport
+    position: int
+    next_token: int
+    def __init__(self, bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ..., position: _Optional[int] = ..., next_token: _Optional[int] = ...) -> None: ...
