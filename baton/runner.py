@@ -29,7 +29,9 @@ class ModelRunner:
         self.model, self.cfg = model, model.cfg
         self.device, self.dtype = p.device, dtype or p.dtype
         self.width, self.max_len = width, max_len
-        self.state = HybridState(self.cfg, slots=slots, max_len=max_len, dtype=self.dtype, device=self.device)
+        self.has_mtp = hasattr(model, "mtp")
+        self.state = HybridState(self.cfg, slots=slots, max_len=max_len, dtype=self.dtype, device=self.device,
+                                 mtp=self.has_mtp)
 
     @property
     def cfg_(self) -> ModelConfig:
@@ -59,6 +61,11 @@ class ModelRunner:
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start))
         tok = int(self.model.logits(h[-1:]).argmax(-1))
+        if self.has_mtp:   # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
+            nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])
+            pos = torch.arange(start, start + len(ids), device=self.device)
+            self.model.mtp(self.model.model.embed_tokens, h, nxt, pos, self.state,
+                           StepContext(slot=slot, width=None, n=len(ids), start=start, rope_offset=1))
         s = self.state
         s.position[slot] = start + len(ids)
         s.next_token[slot] = tok
@@ -79,6 +86,16 @@ class ModelRunner:
         logits = self.model.logits(h)                                      # [W, vocab]
         self.state.hidden[slot].copy_(h[n - 1])
         return logits.argmax(-1), logits
+
+    @torch.inference_mode()
+    def mtp_rows_step(self, slot: int, hidden_w: torch.Tensor, ids_w: torch.Tensor, start: torch.Tensor,
+                      n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP head over n <= W pairs (hidden_w[i], ids_w[i]) at KV indexes start + i.
+        hidden_w [W, h], ids_w [W], start [] int64 device -> (greedy drafts [W], normed out [W, h])."""
+        pos = start + torch.arange(self.width, device=self.device)
+        out = self.model.mtp(self.model.model.embed_tokens, hidden_w, ids_w, pos, self.state,
+                             StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
+        return self.model.logits(out).argmax(-1), out
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
         """Feeds tokens (1 <= n <= W) and returns the greedy token after each of them."""

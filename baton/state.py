@@ -35,8 +35,10 @@ class StateTensor:
 
 
 class HybridState:
-    def __init__(self, cfg: ModelConfig, *, slots: int, max_len: int, dtype: torch.dtype, device):
+    def __init__(self, cfg: ModelConfig, *, slots: int, max_len: int, dtype: torch.dtype, device,
+                 mtp: bool = False):
         self.cfg, self.slots, self.max_len, self.dtype = cfg, slots, max_len, dtype
+        self.mtp_layer = cfg.num_hidden_layers if mtp else None   # the MTP layer's KV index
         self.device = torch.device(device)
         z = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=self.device)  # noqa: E731
         K = cfg.linear_conv_kernel_dim
@@ -44,8 +46,9 @@ class HybridState:
         self.recurrent = {i: z(slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
         kv_shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.key = {i: z(*kv_shape) for i in cfg.attn_layers}
-        self.value = {i: z(*kv_shape) for i in cfg.attn_layers}
+        self.attn_ids = cfg.attn_layers + ((self.mtp_layer,) if mtp else ())
+        self.key = {i: z(*kv_shape) for i in self.attn_ids}
+        self.value = {i: z(*kv_shape) for i in self.attn_ids}
         self.position = z(slots, dt=torch.int64)
         self.next_token = z(slots, dt=torch.int64)
         self.hidden = z(slots, cfg.hidden_size)
@@ -80,12 +83,12 @@ class HybridState:
         """Zero a slot (GDN state, scalars and its KV rows)."""
         for _, t in self._o1_items():
             t[slot].zero_()
-        for i in self.cfg.attn_layers:
+        for i in self.attn_ids:
             self.key[i][slot].zero_()
             self.value[i][slot].zero_()
 
     def zero_kv_rows(self, slot: int, start: int, end: int) -> None:
-        for i in self.cfg.attn_layers:
+        for i in self.attn_ids:
             self.key[i][slot, :, start:end].zero_()
             self.value[i][slot, :, start:end].zero_()
 
@@ -103,7 +106,7 @@ class HybridState:
 
     def items_all(self):
         yield from self._o1_items()
-        for i in self.cfg.attn_layers:
+        for i in self.attn_ids:
             yield f"key.{i}", self.key[i]
             yield f"value.{i}", self.value[i]
 
@@ -120,6 +123,9 @@ class HybridState:
             else:
                 out.append(StateTensor(f"layers.{i}.key", ATTN_KEY, self.key[i][slot, :, :p]))
                 out.append(StateTensor(f"layers.{i}.value", ATTN_VALUE, self.value[i][slot, :, :p]))
+        if self.mtp_layer is not None:   # MTP pairs (h_t, x_{t+1}) for t < position
+            out.append(StateTensor("mtp.key", ATTN_KEY, self.key[self.mtp_layer][slot, :, :p]))
+            out.append(StateTensor("mtp.value", ATTN_VALUE, self.value[self.mtp_layer][slot, :, :p]))
         out.append(StateTensor("hidden", HIDDEN, self.hidden[slot]))
         return out
 

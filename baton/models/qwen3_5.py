@@ -28,6 +28,7 @@ class StepContext:
     width: int | None = None   # None = prefill (wide kernels); W = fixed-width rows mode
     n: int = 1                 # valid rows in rows mode (n <= width); prefill: len(ids)
     start: int = 0             # prefill only: position of ids[0] (host int)
+    rope_offset: int = 0       # RoPE position = KV index + rope_offset (the MTP layer uses 1)
 
 
 class RMSNorm(nn.Module):
@@ -111,7 +112,7 @@ class Attention(nn.Module):
         q = self.q_norm(q)                                                  # [T, nh, d]
         k = self.k_norm(self.k_proj(x).view(T, self.nkv, self.d))           # [T, nkv, d]
         v = self.v_proj(x).view(T, self.nkv, self.d)
-        cos, sin = rope_cos_sin(self.cfg, pos, x.dtype)
+        cos, sin = rope_cos_sin(self.cfg, pos + ctx.rope_offset if ctx.rope_offset else pos, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kc, vc = state.kv(self.layer_idx)                                   # [S, nkv, L, d] each
         kc, vc = kc[ctx.slot], vc[ctx.slot]                                  # [nkv, L, d] views
@@ -194,7 +195,8 @@ class GatedDeltaNet(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        if cfg.layer_types[layer_idx] == "linear_attention":
+        # layer_idx >= num_hidden_layers is the MTP layer: always full attention
+        if layer_idx < cfg.num_hidden_layers and cfg.layer_types[layer_idx] == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, layer_idx)
         else:
             self.self_attn = Attention(cfg, layer_idx)

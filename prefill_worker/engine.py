@@ -1,0 +1,195 @@
+"""ExactEngine: the exact BF16 engine of the prefill worker, with kept sessions for exact mode.
+
+Lifecycle of a request through this engine:
+    prefill(prompt, keep)   -> a session in a free slot; wide kernels; first greedy token
+    export(session)         -> the slot's state tensors (the service streams them to a decode worker)
+    verify(session, block)  -> exact mode only: K+1 fixed-width rows, longest accepted prefix m and the
+                               next token; on rejection restore the snapshot and re-advance m+1 rows
+    release(session)        -> the slot is free again (also on TTL expiry)
+    generate(prompt, n)     -> the reference: the same engine decoding one token at a time (AR);
+                               `baton complete` prints exactly this
+
+Exactness: AR steps and verify blocks both go through ModelRunner.rows at width W, so verify row i
+is bitwise equal to the AR step at the same position (tests/test_exact.py proves it).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from baton.runner import ModelRunner
+
+
+class SessionNotFound(KeyError):
+    pass
+
+
+class SessionLimit(RuntimeError):
+    """No free slot (or the session memory bound is reached): RESOURCE_EXHAUSTED."""
+
+
+@dataclass
+class Counters:
+    drafted: int = 0
+    accepted: int = 0
+    rejected_blocks: int = 0
+    verify_blocks: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class Session:
+    id: str
+    slot: int
+    created: float
+    last_used: float
+    counters: Counters = field(default_factory=Counters)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    accepted: int
+    next_token: int
+    position: int
+    counters: Counters
+
+
+class ExactEngine:
+    def __init__(self, runner: ModelRunner, *, ttl_s: float = 300.0):
+        self.runner = runner
+        self.ttl_s = ttl_s
+        self._compute = threading.Lock()        # one model, one stream of work
+        self._lock = threading.Lock()           # sessions and free slots
+        self._sessions: dict[str, Session] = {}
+        self._free = list(range(runner.state.slots))
+
+    # ---- sessions ------------------------------------------------------------------------------
+    @property
+    def width(self) -> int:
+        return self.runner.width
+
+    def session_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def session_bytes(self) -> int:
+        return self.session_count() * self.runner.state.slot_bytes()
+
+    def _open(self, session_id: str | None) -> Session:
+        self.reap_expired()
+        with self._lock:
+            sid = session_id or uuid.uuid4().hex
+            if sid in self._sessions:
+                raise ValueError(f"session_id: {sid!r} already exists")
+            if not self._free:
+                raise SessionLimit(f"all {self.runner.state.slots} session slots are in use")
+            now = time.monotonic()
+            s = Session(sid, self._free.pop(), now, now)
+            self._sessions[sid] = s
+            return s
+
+    def get(self, session_id: str) -> Session:
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                raise SessionNotFound(f"session_id: unknown or released session {session_id!r}")
+            s.last_used = time.monotonic()
+            return s
+
+    def release(self, session_id: str) -> bool:
+        with self._lock:
+            s = self._sessions.pop(session_id, None)
+            if s is not None:
+                self._free.append(s.slot)
+            return s is not None
+
+    def reap_expired(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            dead = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_s]
+        return sum(self.release(sid) for sid in dead)
+
+    # ---- work ----------------------------------------------------------------------------------
+    def validate_prompt(self, ids: list[int], max_new_tokens: int = 0) -> None:
+        if not ids:
+            raise ValueError("prompt_ids: empty prompt")
+        self.runner.check_ids(ids, "prompt_ids")
+        self.runner.check_window(len(ids), max_new_tokens, self.width)
+
+    def prefill(self, ids: list[int], *, session_id: str | None = None) -> tuple[Session, int]:
+        """Runs the prompt into a new session's slot; returns (session, first token)."""
+        self.validate_prompt(ids)
+        s = self._open(session_id)
+        try:
+            with self._compute:
+                tok = self.runner.prefill(s.slot, list(ids))
+        except BaseException:
+            self.release(s.id)
+            raise
+        return s, tok
+
+    def export(self, session_id: str):
+        """-> (state tensors of the slot, position, next_token). Views: copy before releasing."""
+        s = self.get(session_id)
+        st = self.runner.state
+        pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
+        return st.export(s.slot, pos), pos, nxt
+
+    def verify(self, session_id: str, tokens: list[int]) -> VerifyResult:
+        s = self.get(session_id)
+        K = len(tokens) - 1
+        if not 1 <= K < self.width:
+            raise ValueError(f"tokens: a block of K={K} drafts; K must be in 1..{self.width - 1}")
+        self.runner.check_ids(tokens, "tokens")
+        st = self.runner.state
+        with self._compute:
+            pending = int(st.next_token[s.slot])
+            if tokens[0] != pending:
+                raise ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
+            self.runner.check_window(int(st.position[s.slot]), K + 1)
+            st.snapshot(s.slot)
+            greedy = self.runner.rows(s.slot, tokens)            # greedy[i] follows tokens[0..i]
+            m = 0
+            while m < K and tokens[m + 1] == greedy[m]:
+                m += 1
+            nxt = greedy[m]
+            if m < K:
+                st.restore(s.slot)
+                again = self.runner.rows(s.slot, tokens[: m + 1])
+                assert again[m] == nxt, "row invariance violated"
+            st.next_token[s.slot] = nxt
+            pos = int(st.position[s.slot])
+        c = s.counters
+        c.drafted += K
+        c.accepted += m
+        c.rejected_blocks += int(m < K)
+        c.verify_blocks += 1
+        return VerifyResult(m, nxt, pos, c)
+
+    def step(self, session_id: str) -> int:
+        """One AR step: consumes the pending token, returns the new one."""
+        s = self.get(session_id)
+        with self._compute:
+            tok = self.runner.rows(s.slot, [int(self.runner.state.next_token[s.slot])])[0]
+            self.runner.state.next_token[s.slot] = tok
+        return tok
+
+    def generate(self, ids: list[int], max_new_tokens: int, *, stop_ids=(), eos_ids=()) -> list[int]:
+        """The exact AR reference: prefill, then one fixed-width row per token."""
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens: must be >= 1")
+        self.validate_prompt(ids, max_new_tokens)
+        s, tok = self.prefill(ids)
+        out = [tok]
+        try:
+            ends = set(stop_ids) | set(eos_ids)
+            while len(out) < max_new_tokens and out[-1] not in ends:
+                out.append(self.step(s.id))
+        finally:
+            self.release(s.id)
+        return out
