@@ -16,6 +16,7 @@ from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 from baton.state import HybridState
 
 DEFAULT_WIDTH = 16
+DEFAULT_MAX_LEN = 4096   # window; part of the exactness contract: workers and `complete` must agree
 
 
 class WindowError(ValueError):
@@ -23,7 +24,7 @@ class WindowError(ValueError):
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = 4096,
+    def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = DEFAULT_MAX_LEN,
                  width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None):
         p = next(model.parameters())
         self.model, self.cfg = model, model.cfg
@@ -32,6 +33,17 @@ class ModelRunner:
         self.has_mtp = hasattr(model, "mtp")
         self.state = HybridState(self.cfg, slots=slots, max_len=max_len, dtype=self.dtype, device=self.device,
                                  mtp=self.has_mtp)
+        # Static step buffers: the eager path and captured CUDA graphs read and write these.
+        W, H, dev = width, self.cfg.hidden_size, self.device
+        self.ids_buf = torch.zeros(W, dtype=torch.long, device=dev)          # [W] row tokens
+        self.tok_out = torch.zeros(W, dtype=torch.long, device=dev)          # [W] greedy next tokens
+        self.h_rows = torch.zeros(W, H, dtype=self.dtype, device=dev)        # [W] final-normed hidden
+        self.mtp_h = torch.zeros(W, H, dtype=self.dtype, device=dev)         # [W] MTP hidden inputs
+        self.mtp_ids = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP token inputs
+        self.mtp_start = torch.zeros((), dtype=torch.long, device=dev)       # MTP KV index of row 0
+        self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP drafts
+        self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)       # [W] MTP normed outputs
+        self.graphs: dict[tuple[str, int, int], object] = {}                 # (kind, slot, n) -> graph
 
     @property
     def cfg_(self) -> ModelConfig:
@@ -78,24 +90,41 @@ class ModelRunner:
         buf[: len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
         return buf
 
-    @torch.inference_mode()
-    def rows_step(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids_w [W] (first n valid) -> (greedy tokens [W], logits [W, vocab]); advances position by n,
-        stores the hidden row n-1. Pure tensor code: this is what a CUDA graph captures."""
-        h = self.model(ids_w, self.state, StepContext(slot=slot, width=self.width, n=n))
+    def rows_body(self, slot: int, n: int) -> torch.Tensor:
+        """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
+        stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
+        Returns logits [W, vocab] (tests compare them; graphs ignore them)."""
+        h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n))
         logits = self.model.logits(h)                                      # [W, vocab]
+        self.tok_out.copy_(logits.argmax(-1))
+        self.h_rows.copy_(h)
         self.state.hidden[slot].copy_(h[n - 1])
-        return logits.argmax(-1), logits
+        return logits
+
+    def mtp_body(self, slot: int, n: int) -> None:
+        """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
+        pos = self.mtp_start + torch.arange(self.width, device=self.device)
+        out = self.model.mtp(self.model.model.embed_tokens, self.mtp_h, self.mtp_ids, pos, self.state,
+                             StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
+        self.mtp_tok.copy_(self.model.logits(out).argmax(-1))
+        self.mtp_out.copy_(out)
 
     @torch.inference_mode()
-    def mtp_rows_step(self, slot: int, hidden_w: torch.Tensor, ids_w: torch.Tensor, start: torch.Tensor,
-                      n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """MTP head over n <= W pairs (hidden_w[i], ids_w[i]) at KV indexes start + i.
-        hidden_w [W, h], ids_w [W], start [] int64 device -> (greedy drafts [W], normed out [W, h])."""
-        pos = start + torch.arange(self.width, device=self.device)
-        out = self.model.mtp(self.model.model.embed_tokens, hidden_w, ids_w, pos, self.state,
-                             StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
-        return self.model.logits(out).argmax(-1), out
+    def run_rows(self, slot: int, n: int) -> None:
+        g = self.graphs.get(("rows", slot, n))
+        g.replay() if g is not None else self.rows_body(slot, n)
+
+    @torch.inference_mode()
+    def run_mtp(self, slot: int, n: int) -> None:
+        g = self.graphs.get(("mtp", slot, n))
+        g.replay() if g is not None else self.mtp_body(slot, n)
+
+    @torch.inference_mode()
+    def rows_step(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager rows with logits (tests): ids_w [W] -> (greedy [W], logits [W, vocab])."""
+        self.ids_buf.copy_(ids_w)
+        logits = self.rows_body(slot, n)
+        return self.tok_out.clone(), logits
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
         """Feeds tokens (1 <= n <= W) and returns the greedy token after each of them."""
@@ -104,5 +133,7 @@ class ModelRunner:
             raise ValueError(f"rows: {n} tokens, expected 1..{self.width}")
         pos = int(self.state.position[slot])
         self.check_window(pos, n)
-        out, _ = self.rows_step(slot, self.pad_ids(tokens), n)
-        return out[:n].tolist()
+        self.ids_buf.zero_()
+        self.ids_buf[:n] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        self.run_rows(slot, n)
+        return self.tok_out[:n].tolist()

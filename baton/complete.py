@@ -1,0 +1,69 @@
+"""`baton complete`: greedy decoding in-process with the exact engine, one token at a time.
+
+This is the reference every serving path is checked against: it runs ExactEngine.generate, i.e.
+prefill then fixed-width AR rows, exactly what the prefill worker's Verify compares drafts with.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from baton.loading import load_model
+from baton.runner import DEFAULT_WIDTH, ModelRunner
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", help="prompt text")
+    g.add_argument("--prompt-ids", help="comma-separated token ids")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", help="bf16 or fp32 (fp32 default on CPU)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W of the exact engine")
+    p.add_argument("--max-len", type=int, default=0, help="window (default: prompt + new tokens + W)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text"}')
+
+
+def complete(model_dir, prompt_ids: list[int], max_new_tokens: int, *, device="cpu", dtype="fp32",
+             width=DEFAULT_WIDTH, max_len=0, ignore_eos=False, loaded=None) -> list[int]:
+    from prefill_worker.engine import ExactEngine
+
+    lm = loaded or load_model(model_dir, dtype=dtype, device=device, mtp=False)
+    runner = ModelRunner(lm.model, slots=1, max_len=max_len or len(prompt_ids) + max_new_tokens + width,
+                         width=width)
+    eos = () if ignore_eos else lm.cfg.eos_token_ids
+    return ExactEngine(runner).generate(prompt_ids, max_new_tokens, eos_ids=eos)
+
+
+def run(args) -> int:
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    model_dir = resolve_model_dir(args.model)
+    tok = Tokenizer.from_dir(model_dir)
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            print("baton complete: --prompt-ids must be comma-separated integers", file=sys.stderr)
+            return 2
+    else:
+        ids = tok.encode(args.prompt)
+    if args.max_new_tokens < 1:
+        print("baton complete: --max-new-tokens must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        out = complete(model_dir, ids, args.max_new_tokens, device=args.device, dtype=args.dtype,
+                       width=args.width, max_len=args.max_len, ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        print(f"baton complete: {e}", file=sys.stderr)
+        return 2
+    text = tok.decode(out)
+    if args.json:
+        print(json.dumps({"prompt_ids": ids, "token_ids": out, "text": text}))
+    else:
+        print((args.prompt or "") + text)
+    return 0

@@ -1,0 +1,279 @@
+"""DecodeEngine: sessions decoded fast from a handed-over state, with bf16, fp8 or mtp.
+
+Lifecycle of a request through this engine:
+    load(engine, tensors, position, next_token)  -> a session in a free slot of that engine's runner
+    decode(session, ...)   fast mode: yields token batches until EOS / stop id / max_new_tokens
+        bf16 / fp8: one fixed-width row per token (CUDA-graph replay on the GPU)
+        mtp:        the MTP head drafts K tokens, the BF16 model checks them in one K+1-row pass;
+                    row invariance makes the output token-identical to bf16
+    draft(session, k, verdict)  exact mode: apply the exact worker's verdict (m accepted, next
+                    token), rolling back and re-advancing as needed, then propose K new drafts
+    release(session)       the slot is free (also on TTL expiry)
+
+Session state lives in slot `session.slot` of `runner.state`; every engine step goes through
+ModelRunner.run_rows / run_mtp, which replay captured graphs when they exist.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+
+from baton.runner import ModelRunner
+
+ENGINES = ("bf16", "fp8", "mtp")
+
+
+class SessionNotFound(KeyError):
+    pass
+
+
+class SessionLimit(RuntimeError):
+    pass
+
+
+@dataclass
+class DecodeSession:
+    id: str
+    engine: str
+    runner: ModelRunner
+    slot: int
+    created: float
+    last_used: float
+    # exact-mode drafting (fp8 / bf16 drafts): drafts of the last Draft call and the token fed first
+    drafts: list[int] = field(default_factory=list)
+    draft_t0: int = 0
+    # mtp: pairs (hidden row, token) whose MTP KV rows are not final yet, starting at KV index mtp_start
+    mtp_pairs_h: torch.Tensor | None = None
+    mtp_pairs_ids: list[int] = field(default_factory=list)
+    mtp_start: int = 0
+    rounds: int = 0
+    emitted_in_rounds: int = 0
+
+    @property
+    def mean_accept_len(self) -> float:
+        return self.emitted_in_rounds / self.rounds if self.rounds else 0.0
+
+
+class DecodeEngine:
+    def __init__(self, runners: dict[str, ModelRunner], *, default_engine: str, ttl_s: float = 300.0):
+        """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head)."""
+        if default_engine not in runners:
+            raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
+        self.runners, self.default_engine, self.ttl_s = runners, default_engine, ttl_s
+        self._compute = threading.Lock()
+        self._lock = threading.Lock()
+        self._sessions: dict[str, DecodeSession] = {}
+        self._free = {id(r): list(range(r.state.slots)) for r in runners.values()}
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return tuple(e for e in ENGINES if e in self.runners)
+
+    @property
+    def width(self) -> int:
+        return next(iter(self.runners.values())).width
+
+    @property
+    def max_len(self) -> int:
+        return next(iter(self.runners.values())).max_len
+
+    def runner_for(self, engine: str | None) -> ModelRunner:
+        e = engine or self.default_engine
+        if e not in self.runners:
+            raise ValueError(f"engine: {e!r} is not available on this worker (have {', '.join(self.engines)})")
+        return self.runners[e]
+
+    # ---- sessions ------------------------------------------------------------------------------
+    def session_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def session_bytes(self) -> int:
+        with self._lock:
+            return sum(s.runner.state.slot_bytes() for s in self._sessions.values())
+
+    def get(self, session_id: str) -> DecodeSession:
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                raise SessionNotFound(f"session_id: unknown or released session {session_id!r}")
+            s.last_used = time.monotonic()
+            return s
+
+    def release(self, session_id: str) -> bool:
+        with self._lock:
+            s = self._sessions.pop(session_id, None)
+            if s is not None:
+                self._free[id(s.runner)].append(s.slot)
+            return s is not None
+
+    def reap_expired(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            dead = [k for k, s in self._sessions.items() if now - s.last_used > self.ttl_s]
+        return sum(self.release(k) for k in dead)
+
+    def load(self, tensors: dict[str, torch.Tensor], *, position: int, next_token: int,
+             engine: str | None = None, session_id: str | None = None) -> DecodeSession:
+        """Imports a verified state into a free slot (the wire layer has checked every tensor)."""
+        self.reap_expired()
+        e = engine or self.default_engine
+        runner = self.runner_for(e)
+        sid = session_id or uuid.uuid4().hex
+        with self._lock:
+            old = self._sessions.get(sid)
+            if old is not None:          # a re-sent state replaces the session (migration, retry)
+                self._sessions.pop(sid)
+                self._free[id(old.runner)].append(old.slot)
+            free = self._free[id(runner)]
+            if not free:
+                raise SessionLimit(f"all {runner.state.slots} {e} decode slots are in use")
+            slot = free.pop()
+        try:
+            with self._compute:
+                runner.state.import_(slot, tensors, position=position, next_token=next_token)
+        except BaseException:
+            with self._lock:
+                self._free[id(runner)].append(slot)
+            raise
+        now = time.monotonic()
+        s = DecodeSession(sid, e, runner, slot, now, now)
+        if e == "mtp":
+            s.mtp_pairs_h = runner.state.hidden[slot].clone()[None]
+            s.mtp_pairs_ids = [next_token]
+            s.mtp_start = position - 1
+        with self._lock:
+            self._sessions[sid] = s
+        return s
+
+    # ---- fast mode -----------------------------------------------------------------------------
+    def decode(self, session_id: str, max_new_tokens: int, *, stop_ids=(), eos_ids=(), k: int = 4):
+        """Yields lists of new tokens (after the state's next_token) until a stop condition."""
+        s = self.get(session_id)
+        r = s.runner
+        pos = int(r.state.position[s.slot])
+        extra = k + 2 if s.engine == "mtp" else 0
+        r.check_window(pos, max_new_tokens, extra)
+        ends = set(stop_ids) | set(eos_ids)
+        produced = 0
+        while produced < max_new_tokens:
+            with self._compute:
+                toks = self._mtp_round(s, min(k, self.width - 2)) if s.engine == "mtp" else self._ar_step(s)
+            toks = toks[: max_new_tokens - produced]
+            for i, t in enumerate(toks):
+                if t in ends:
+                    toks = toks[: i + 1]
+                    break
+            produced += len(toks)
+            s.last_used = time.monotonic()
+            yield toks
+            if toks and toks[-1] in ends:
+                return
+
+    def _ar_step(self, s: DecodeSession) -> list[int]:
+        r = s.runner
+        tok = r.rows(s.slot, [int(r.state.next_token[s.slot])])[0]
+        r.state.next_token[s.slot] = tok
+        return [tok]
+
+    def _mtp_chain(self, s: DecodeSession, k: int) -> list[int]:
+        """Finalises pending MTP pairs and drafts k tokens. Pending pairs: (h_{P-1}, x_P) ... ."""
+        r = s.runner
+        n = len(s.mtp_pairs_ids)
+        r.mtp_h.zero_()
+        r.mtp_h[:n].copy_(s.mtp_pairs_h)
+        r.mtp_ids.zero_()
+        r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
+        r.mtp_start.fill_(s.mtp_start)
+        r.run_mtp(s.slot, n)
+        drafts = [int(r.mtp_tok[n - 1])]
+        h = r.mtp_out[n - 1].clone()          # chained: the MTP output row is the next step's hidden
+        idx = s.mtp_start + n                 # KV index of the next pair
+        for _ in range(k - 1):
+            r.mtp_h[0].copy_(h)
+            r.mtp_ids[0] = drafts[-1]
+            r.mtp_start.fill_(idx)
+            r.run_mtp(s.slot, 1)
+            drafts.append(int(r.mtp_tok[0]))
+            h = r.mtp_out[0].clone()
+            idx += 1
+        return drafts
+
+    def _accept(self, s: DecodeSession, t0: int, drafts: list[int]) -> tuple[int, int]:
+        """BF16 verify of [t0, drafts] -> (m, next); state left consumed t0, d1..dm; hidden rows kept."""
+        r, st = s.runner, s.runner.state
+        k = len(drafts)
+        r.check_window(int(st.position[s.slot]), k + 1)
+        st.snapshot(s.slot)
+        greedy = r.rows(s.slot, [t0] + drafts)
+        m = 0
+        while m < k and drafts[m] == greedy[m]:
+            m += 1
+        if m < k:
+            st.restore(s.slot)
+            r.rows(s.slot, [t0] + drafts[:m])
+        st.next_token[s.slot] = greedy[m]
+        return m, greedy[m]
+
+    def _mtp_round(self, s: DecodeSession, k: int) -> list[int]:
+        r = s.runner
+        t0 = int(r.state.next_token[s.slot])
+        p = int(r.state.position[s.slot])
+        drafts = self._mtp_chain(s, k)
+        m, nxt = self._accept(s, t0, drafts)
+        h_prev = s.mtp_pairs_h[-1:].clone()                      # h_{P-1}
+        s.mtp_pairs_h = torch.cat([h_prev, r.h_rows[: m + 1]])    # h_{P-1}, h_P .. h_{P+m}
+        s.mtp_pairs_ids = [t0] + drafts[:m] + [nxt]
+        s.mtp_start = p - 1
+        s.rounds += 1
+        s.emitted_in_rounds += m + 1
+        return drafts[:m] + [nxt]
+
+    # ---- exact mode ----------------------------------------------------------------------------
+    def draft(self, session_id: str, k: int, verdict: tuple[int, int] | None) -> list[int]:
+        s = self.get(session_id)
+        if not 1 <= k <= self.width - 2:
+            raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
+        r, st = s.runner, s.runner.state
+        with self._compute:
+            if verdict is not None:
+                self._apply_verdict(s, *verdict)
+            r.check_window(int(st.position[s.slot]), k + 2)
+            if s.engine == "mtp":
+                s.drafts = self._mtp_chain(s, k)
+                s.draft_t0 = int(st.next_token[s.slot])
+                return list(s.drafts)
+            s.draft_t0 = t = int(st.next_token[s.slot])
+            st.snapshot(s.slot)
+            drafts = []
+            for _ in range(k):
+                t = r.rows(s.slot, [t])[0]
+                drafts.append(t)
+            s.drafts = drafts                  # state consumed t0, d1..d_{k-1}; dk is pending
+            return list(drafts)
+
+    def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
+        r, st = s.runner, s.runner.state
+        if not s.drafts:
+            raise ValueError("has_verdict: no drafts outstanding for this session")
+        k = len(s.drafts)
+        if not 0 <= m <= k:
+            raise ValueError(f"accepted: {m} out of range 0..{k}")
+        if s.engine == "mtp":
+            p = int(st.position[s.slot])
+            r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
+            h_prev = s.mtp_pairs_h[-1:].clone()
+            s.mtp_pairs_h = torch.cat([h_prev, r.h_rows[: m + 1]])
+            s.mtp_pairs_ids = [s.draft_t0] + s.drafts[:m] + [nxt]
+            s.mtp_start = p - 1
+        elif m == k:
+            r.rows(s.slot, [s.drafts[-1]])       # consume dk too
+        elif m < k - 1:
+            st.restore(s.slot)
+            r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
+        st.next_token[s.slot] = nxt
+        s.drafts = []
