@@ -1,0 +1,299 @@
+"""baton.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code."""
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+
+from baton import wire
+from baton.v1 import common_pb2, state_pb2 as pb
+
+FP = "sha256:test-model"
+POS = 7
+
+
+def make_tensors(seed: int = 0, pos: int = POS) -> list[wire.WireTensor]:
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(2, 16, 4, generator=g).half()[:, :pos]  # [kv_heads, L, head_dim], a strided view
+    return [
+        wire.WireTensor("layers.0.conv", pb.GDN_CONV, torch.randn(5, 3, generator=g).bfloat16()),
+        wire.WireTensor("layers.0.recurrent", pb.GDN_RECURRENT, torch.randn(2, 4, 4, generator=g)),
+        wire.WireTensor("layers.1.key", pb.ATTN_KEY, kv),
+        wire.WireTensor("layers.1.value", "attn_value", torch.randn(2, pos, 4, generator=g).bfloat16()),
+        wire.WireTensor("hidden", pb.HIDDEN, torch.randn(8, generator=g).bfloat16()),
+    ]
+
+
+TENSORS = make_tensors()
+TOTAL = sum(t.tensor.numel() * t.tensor.element_size() for t in TENSORS)  # 30+128+112+112+16 = 398
+LAYOUT = wire.ExpectedLayout.from_tensors(TENSORS, max_position=64)
+
+
+def encode(chunk_bytes=64, tensors=TENSORS, **kw):
+    args = dict(session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=tensors,
+                chunk_bytes=chunk_bytes) | kw
+    return list(wire.encode_state(**args))
+
+
+def decode(chunks, **kw):
+    return wire.decode_stream(chunks, LAYOUT, FP, 1 << 20, **kw)
+
+
+def assert_bitwise(state, tensors=TENSORS):
+    assert set(state.tensors) == {t.name for t in tensors}
+    for t in tensors:
+        got = state.tensors[t.name]
+        assert got.dtype == t.tensor.dtype and got.shape == t.tensor.shape
+        assert torch.equal(got.view(torch.uint8), t.tensor.contiguous().view(torch.uint8)), t.name
+
+
+def with_header(chunks, **fields):
+    h = pb.StateChunk()
+    h.CopyFrom(chunks[0])
+    for k, v in fields.items():
+        setattr(h.header, k, v)
+    return [h] + chunks[1:]
+
+
+def expect(exc, code, chunks, match=None, **kw):
+    with pytest.raises(exc, match=match) as e:
+        decode(chunks, **kw)
+    assert e.value.code == code
+    return e.value
+
+
+# ---- round trips --------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 30, 64, 100, 397, 398, 4096])
+def test_round_trip_bitwise_across_chunk_sizes(chunk_bytes):
+    chunks = encode(chunk_bytes)
+    data = [c.data for c in chunks[1:-1]]
+    assert [c.WhichOneof("part") for c in (chunks[0], chunks[-1])] == ["header", "trailer"]
+    assert all(0 < len(d) <= chunk_bytes for d in data) and sum(map(len, data)) == TOTAL
+    assert len(data) == -(-TOTAL // chunk_bytes)  # chunks span tensor boundaries: none is short early
+    st = decode(chunks)
+    assert_bitwise(st)
+    assert (st.session_id, st.fingerprint, st.position, st.next_token) == ("s1", FP, POS, 11)
+    assert st.stats.total_bytes == TOTAL and st.stats.chunks == len(data) and st.stats.tokens == POS
+    assert st.stats.bytes_by_kind == {"gdn_conv": 30, "gdn_recurrent": 128, "attn_kv": 224, "hidden": 16}
+
+
+def test_frames_are_the_same_messages_and_decode_zero_copy():
+    frames = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS,
+                                           next_token=11, tensors=TENSORS, chunk_bytes=50))
+    assert frames == [c.SerializeToString() for c in encode(50)]
+    assert_bitwise(decode(frames))
+    assert_bitwise(decode([pb.StateChunk.FromString(f) for f in frames]))
+
+
+def test_big_fp32_bf16_tensors_round_trip_with_uneven_chunks():
+    g = torch.Generator().manual_seed(1)
+    ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
+          wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16())]
+    lay = wire.ExpectedLayout.from_tensors(ts, 0)
+    chunks = wire.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
+                               chunk_bytes=65521)  # prime: never divides a tensor's size
+    assert_bitwise(wire.decode_stream(wire.pipelined(chunks), lay, FP, 1 << 24), ts)
+
+
+def test_lazy_source_is_read_only_after_the_header_is_sent():
+    touched = []
+
+    def source():
+        for t in TENSORS:
+            touched.append(t.name)
+            yield t.tensor
+
+    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+                           specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source())
+    assert next(it).WhichOneof("part") == "header" and touched == []
+    assert_bitwise(decode([encode()[0], *it]))
+    assert touched == [t.name for t in TENSORS]
+
+
+def test_lazy_source_must_match_its_table():
+    specs = [wire.TensorDesc.of(t) for t in TENSORS]
+    bad = [t.tensor for t in TENSORS[:-1]] + [torch.zeros(9, dtype=torch.bfloat16)]
+    with pytest.raises(ValueError, match="hidden"):
+        list(wire.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
+                               specs=specs, tensor_source=iter(bad)))
+    with pytest.raises(ValueError):  # one tensor short
+        list(wire.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
+                               specs=specs, tensor_source=iter(bad[:3])))
+
+
+def test_pipelined_reraises_producer_errors():
+    def boom():
+        yield 1
+        raise RuntimeError("producer failed")
+
+    it = wire.pipelined(boom())
+    assert next(it) == 1
+    with pytest.raises(RuntimeError, match="producer failed"):
+        next(it)
+
+
+# ---- corruption: DATA_LOSS ----------------------------------------------------------------------
+@pytest.mark.parametrize("index", [1, 3, 6, 7])
+def test_flipped_byte_in_any_data_chunk_is_data_loss(index):
+    chunks = encode(64)  # 7 data chunks: indices 1..7
+    b = bytearray(chunks[index].data)
+    b[len(b) // 2] ^= 0x01
+    chunks[index] = pb.StateChunk(data=bytes(b))
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks, match="sha256")
+
+
+def test_missing_last_data_chunk_is_data_loss():
+    chunks = encode(64)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-2] + chunks[-1:], match="truncated")
+
+
+def test_missing_trailer_is_data_loss():
+    expect(wire.StateCorrupt, "DATA_LOSS", encode(64)[:-1], match="before the trailer")
+
+
+def test_missing_header_and_data_before_header_are_data_loss():
+    chunks = encode(64)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[1:], match="before the header")
+    expect(wire.StateCorrupt, "DATA_LOSS", [], match="without a header")
+
+
+def test_chunks_after_trailer_are_data_loss():
+    chunks = encode(64)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks + [chunks[1]], match="after the trailer")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks + [chunks[-1]], match="trailer repeated")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:1] + chunks, match="second header")
+
+
+def test_more_bytes_than_declared_and_out_of_order_are_data_loss():
+    chunks = encode(64)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [pb.StateChunk(data=b"x")] + chunks[-1:],
+           match="more than the declared")
+    swapped = chunks[:1] + [chunks[2], chunks[1]] + chunks[3:]
+    expect(wire.StateCorrupt, "DATA_LOSS", swapped, match="sha256")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + [pb.StateChunk()], match="no part")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + [b"\xff\xff\xff"], match="unparsable")
+
+
+def test_trailer_counts_must_match():
+    chunks = encode(64)
+    tr = pb.StateChunk()
+    tr.CopyFrom(chunks[-1])
+    tr.trailer.data_chunks += 1
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [tr], match="data_chunks")
+
+
+def test_failed_receiver_keeps_nothing_and_refuses_more():
+    chunks = encode(64)
+    rx = wire.StateReceiver(LAYOUT, fingerprint=FP, max_total_bytes=1 << 20)
+    rx.feed(chunks[0])
+    rx.feed(chunks[1])
+    with pytest.raises(wire.StateCorrupt):
+        rx.feed(chunks[-1])  # trailer too early
+    assert rx._tensors == {} and rx._views == []
+    with pytest.raises(wire.StateCorrupt):
+        rx.feed(chunks[2])
+    with pytest.raises(wire.StateCorrupt):
+        rx.finish()
+
+
+# ---- mismatch: FAILED_PRECONDITION --------------------------------------------------------------
+def test_fingerprint_mismatch():
+    expect(wire.StateMismatch, "FAILED_PRECONDITION", encode(fingerprint="sha256:other"), match="fingerprint")
+
+
+def test_format_version_mismatch():
+    expect(wire.StateMismatch, "FAILED_PRECONDITION", with_header(encode(), format_version=2),
+           match="format_version")
+
+
+# ---- invalid table: INVALID_ARGUMENT, before any allocation -------------------------------------
+def invalid_before_alloc(chunks, match):
+    calls = []
+    err = expect(wire.StateInvalid, "INVALID_ARGUMENT", chunks, match=match,
+                 alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d))
+    assert calls == []
+    return err
+
+
+def test_position_beyond_window():
+    ts = make_tensors(pos=65)
+    invalid_before_alloc(encode(tensors=ts, position=65), "max_position=64")
+
+
+def test_header_lying_about_sizes_is_refused_before_allocation():
+    chunks = encode()
+    invalid_before_alloc(with_header(chunks, total_bytes=1 << 50), "exceeds the limit")
+    invalid_before_alloc(with_header(chunks, total_bytes=TOTAL - 1), "sum of tensors")
+    h = with_header(chunks)
+    h[0].header.tensors[4].nbytes = 1 << 40
+    invalid_before_alloc(h, "'hidden': nbytes")
+    h = with_header(chunks)
+    h[0].header.tensors[4].shape[:] = [1 << 40]
+    invalid_before_alloc(h, r"'hidden': shape \[1099511627776\], expected \[8\]")
+    h = with_header(chunks)
+    h[0].header.tensors[2].shape[1] = 8  # KV rows must equal position
+    invalid_before_alloc(h, "'layers.1.key': shape")
+
+
+def test_table_names_kinds_dtypes_checked():
+    chunks = encode()
+    for edit, match in [
+        (lambda t: setattr(t[0], "name", "layers.9.conv"), "unknown tensor name"),
+        (lambda t: setattr(t[1], "name", "layers.0.conv"), "duplicate tensor name"),
+        (lambda t: setattr(t[0], "kind", pb.HIDDEN), "kind"),
+        (lambda t: setattr(t[1], "dtype", pb.BFLOAT16), "dtype"),
+        (lambda t: t.pop(), r"missing \['hidden'\]"),
+    ]:
+        h = with_header(chunks)
+        edit(h[0].header.tensors)
+        invalid_before_alloc(h, match)
+
+
+def test_layout_from_tuples_and_validation():
+    lay = wire.ExpectedLayout({"k": ("attn_key", torch.bfloat16, None, (2, 4)),
+                               "h": (pb.HIDDEN, torch.bfloat16, (8,), None)}, max_position=10)
+    assert lay.entries["k"].shape_at(5) == (2, 5, 4) and lay.entries["h"].kind == pb.HIDDEN
+    with pytest.raises(ValueError):
+        wire.ExpectedLayout({"x": (pb.HIDDEN, torch.float32, None, None)}, max_position=1)
+
+
+# ---- a real loopback gRPC socket -----------------------------------------------------------------
+def test_over_loopback_grpc():
+    opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    received = {}
+
+    def load(request_iterator, context):
+        try:
+            st = wire.decode_stream(request_iterator, LAYOUT, FP, 1 << 20)
+        except wire.StateError as e:
+            context.abort(getattr(grpc.StatusCode, e.code), str(e))
+        received.update(st.tensors)
+        return st.stats.to_proto()
+
+    handler = grpc.stream_unary_rpc_method_handler(
+        load, request_deserializer=pb.StateChunk.FromString,
+        response_serializer=common_pb2.BridgeReport.SerializeToString)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=opts)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Bridge", {"Load": handler}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) as ch:
+            call = ch.stream_unary("/test.Bridge/Load", request_serializer=pb.StateChunk.SerializeToString,
+                                   response_deserializer=common_pb2.BridgeReport.FromString)
+            report = call(wire.pipelined(iter(encode(50))), timeout=10)
+            assert report.total_bytes == TOTAL and report.tokens == POS and report.chunks == 8
+            assert dict(report.bytes_by_kind)["attn_kv"] == 224
+            assert_bitwise(wire.ReceivedState("s1", FP, POS, 11, 0, 0, (), received, None))
+            bad = encode(50)
+            bad[2] = pb.StateChunk(data=bytes(50))
+            with pytest.raises(grpc.RpcError) as e:
+                call(iter(bad), timeout=10)
+            assert e.value.code() == grpc.StatusCode.DATA_LOSS and "sha256" in e.value.details()
+            with pytest.raises(grpc.RpcError) as e:
+                call(iter(encode(fingerprint="sha256:other")), timeout=10)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        server.stop(None)
