@@ -16,7 +16,7 @@ MMA output element (m, n) depends on row m of x and row n of w only, and the con
 M <= 16 is the same (one 16-row tile), so row m is bitwise independent of the other rows' values
 and of M in 1..16. For M > 16 the rows are tiled by BLOCK_M; invariance then holds per fixed M.
 NOTE (CUDA graphs): no host syncs; the partials buffer is allocated at the first call per
-(device, SPLIT, M, N) and reused. Run a warm-up before capture. Buffers are shared between
+(device, SPLIT, M-bucket, N) and reused. Run a warm-up before capture. Buffers are shared between
 modules of the same shape; that is safe for stream-ordered work (one stream / one graph at a time).
 """
 from __future__ import annotations
@@ -94,17 +94,20 @@ class GemvConfig:
     num_stages: int = 4
 
 
+_SMEM_BUDGET = 160 * 1024    # bytes of pipelined tiles per program (H100/H200: 227 KiB per block)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def pick_config(M: int, N: int, K: int, sms: int, *, block_n: int | None = None, block_k: int | None = None,
-                split: int | None = None, num_warps: int = 4, num_stages: int = 4,
+def pick_config(M: int, N: int, K: int, sms: int, *, x_bytes: int = 2, block_n: int | None = None,
+                block_k: int | None = None, split: int | None = None, num_warps: int = 4, num_stages: int = 4,
                 programs_per_sm: int = 2) -> GemvConfig:
-    """Heuristic tile config from (M-bucket, N, K, SM count); keyword overrides are for sweeps."""
+    """Heuristic tile config from (M-bucket, N, K, x element size, SM count); overrides are for sweeps."""
     block_m = 16 if M <= 16 else min(64, _pow2(M))    # every M <= 16 shares one config (row invariance)
     m_tiles = triton.cdiv(M, block_m)
-    bk = block_k or min(256, max(32, _pow2(K)))
+    bk = block_k or min(256 if x_bytes <= 2 else 64, max(32, _pow2(K)))   # fp32 x: FMA dot, small K tile
     bn = block_n or (32 if N <= 4096 else 64)
     k_iters = triton.cdiv(K, bk)
     if split is None:
@@ -115,8 +118,9 @@ def pick_config(M: int, N: int, K: int, sms: int, *, block_n: int | None = None,
     split = max(1, min(split, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * bk
     split = triton.cdiv(K, k_per_split)               # drop empty splits
-    if block_m > 16:
-        num_stages = min(num_stages, 3)               # [64, BK] bf16 x tiles: stay within shared memory
+    stage_bytes = block_m * bk * x_bytes + bn * bk    # x tile + e4m3 w tile per pipeline stage
+    while num_stages > 2 and num_stages * stage_bytes > _SMEM_BUDGET:
+        num_stages -= 1
     return GemvConfig(block_m, bn, bk, split, k_per_split, num_warps, num_stages)
 
 
@@ -134,11 +138,15 @@ def sm_count(device: torch.device) -> int:
 
 
 def _partials(device: torch.device, split: int, M: int, N: int) -> torch.Tensor:
-    key = (str(device), split, M, N)
+    """[split, M, N] fp32 view of a cached buffer. Buffers are never freed or regrown (a captured
+    graph may hold one); rows are bucketed (16, then multiples of 64) so the cache stays small:
+    split > 1 only while m_tiles * n_blocks < programs_per_sm * SMs, i.e. M <= ~512."""
+    cap = 16 if M <= 16 else triton.cdiv(M, 64) * 64
+    key = (str(device), split, cap, N)
     buf = _WORKSPACE.get(key)
     if buf is None:                                   # first call (warm-up), never during replay
-        buf = _WORKSPACE[key] = torch.empty(split, M, N, dtype=torch.float32, device=device)
-    return buf
+        buf = _WORKSPACE[key] = torch.empty(split, cap, N, dtype=torch.float32, device=device)
+    return buf[:, :M]
 
 
 def w8a16_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
@@ -154,7 +162,7 @@ def w8a16_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)           # [M, N]
     if M == 0:
         return y.view(*x.shape[:-1], N)
-    cfg = cfg or pick_config(M, N, K, sm_count(x.device))
+    cfg = cfg or pick_config(M, N, K, sm_count(x.device), x_bytes=x.element_size())
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(M, cfg.block_m), triton.cdiv(N, cfg.block_n), cfg.split)
     even_k = K % cfg.k_per_split == 0

@@ -211,7 +211,7 @@ for M, N, K, dt in [(16, 96, 64, "float32"), (5, 100, 300, "float32"), (16, 256,
     dtype = getattr(torch, dt)
     q, s = quantize_rows(torch.randn(N, K))
     x = torch.randn(M, K).to(dtype)
-    cfg = fk.pick_config(M, N, K, 132)
+    cfg = fk.pick_config(M, N, K, 132, x_bytes=x.element_size())
     y = fk.w8a16_linear(x, q, s)
     ref = x.float() @ (q.float() * s[:, None]).T
     fallback = torch.nn.functional.linear(x, q.to(dtype) * s[:, None].to(dtype))
