@@ -1,0 +1,108 @@
+"""Python client of the Baton router (the public `baton.v1.Router` service).
+
+    with Client("127.0.0.1:50051", token=None, tls_ca=None) as c:
+        for d in c.generate("def main", max_new_tokens=32, mode="exact", engine="fp8"):
+            print(d.text, end="")          # d.token_ids, and on the last delta: finish_reason, usage, stats
+        info = c.model_info()              # baton.v1.ModelInfo
+        c.health()                         # "SERVING" | "NOT_SERVING" | ... | an error code name
+
+Leaving the `generate` loop early (break, exception, garbage collection) cancels the call, and the
+router then releases the request's sessions on both workers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from baton.rpc import make_channel
+from baton.settings import Settings
+from baton.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+DEFAULT_ADDR = "127.0.0.1:50051"
+MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
+ENGINES = {None: common_pb2.ENGINE_UNSPECIFIED, "bf16": common_pb2.BF16, "fp8": common_pb2.FP8,
+           "mtp": common_pb2.MTP}
+
+
+@dataclass
+class Delta:
+    """One streamed message. finish_reason ("LENGTH" | "STOP" | "EOS"), usage and stats are set on
+    the last one only."""
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    usage: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_proto(cls, m: router_pb2.GenerateResponse) -> "Delta":
+        if not m.finish_reason:
+            return cls(list(m.token_ids), m.text)
+        usage = {"prompt_tokens": m.usage.prompt_tokens, "completion_tokens": m.usage.completion_tokens}
+        s = m.stats
+        stats = {k: getattr(s, k) for k in ("ttft_ms", "bridge_bytes", "bridge_seconds", "drafted", "accepted",
+                                           "acceptance_rate", "migrations", "decode_tokens_per_s", "request_id")}
+        return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats)
+
+
+class Client:
+    def __init__(self, addr: str = DEFAULT_ADDR, token: str | None = None, tls_ca: str | None = None, *,
+                 settings: Settings | None = None):
+        """settings None = Settings.from_env() (BATON_TOKEN, BATON_TLS_CA...) with `token`/`tls_ca` winning."""
+        settings = settings or Settings.from_env(token=token, tls_ca=tls_ca)
+        self.addr = addr
+        self._channel = make_channel(addr, settings)
+        self._stub = router_pb2_grpc.RouterStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def generate(self, prompt: str | Sequence[int] | None = None, *, token_ids: Sequence[int] | None = None,
+                 max_new_tokens: int = 64, mode: str = "fast", engine: str | None = None,
+                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False, draft_block: int = 0,
+                 timeout: float | None = None, request_id: str = "") -> Iterator[Delta]:
+        """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
+        Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
+        if mode not in MODES:
+            raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine: {engine!r} is not one of bf16, fp8, mtp")
+        req = router_pb2.GenerateRequest(request_id=request_id, max_new_tokens=max_new_tokens, mode=MODES[mode],
+                                         engine=ENGINES[engine], stop_token_ids=list(stop_token_ids),
+                                         ignore_eos=ignore_eos, draft_block=draft_block)
+        if token_ids is None and prompt is not None and not isinstance(prompt, str):
+            token_ids = prompt
+        if token_ids is not None:
+            req.token_ids.ids.extend(int(t) for t in token_ids)
+        else:
+            req.text = prompt or ""
+        return self._stream(req, timeout)
+
+    def _stream(self, req, timeout) -> Iterator[Delta]:
+        call = self._stub.Generate(req, timeout=timeout)
+        try:
+            for m in call:
+                yield Delta.from_proto(m)
+        finally:
+            call.cancel()  # no-op once the stream has ended; cancels it when the caller stops early
+
+    def model_info(self, timeout: float = 10.0) -> router_pb2.ModelInfo:
+        return self._stub.GetModelInfo(router_pb2.GetModelInfoRequest(), timeout=timeout)
+
+    def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """The serving status name, or the gRPC error code name when the check fails (e.g. UNAVAILABLE)."""
+        try:
+            resp = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as e:
+            return e.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

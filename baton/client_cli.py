@@ -1,0 +1,91 @@
+"""`baton generate` and `baton health`: command-line clients of a running router (no torch imported).
+
+    baton generate [--addr A] [--mode fast|exact] [--engine bf16|fp8|mtp] [--max-new-tokens N] [--json] PROMPT
+        streams the text to stdout; --json prints one object at the end:
+        {"token_ids", "text", "finish_reason", "usage", "stats"}
+    baton health [--addr A]
+        prints SERVING / NOT_SERVING (or the error code); exit code 0 only when SERVING
+Exit codes: 0 ok, 1 the router answered with an error (printed as `CODE: details` on stderr), 2 usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import grpc
+
+from baton.client import DEFAULT_ADDR, Client
+from baton.settings import SettingsError, read_token_file
+
+
+def add_arguments_for(cmd: str, p: argparse.ArgumentParser) -> None:
+    p.add_argument("--addr", default=DEFAULT_ADDR, help=f"router address (default {DEFAULT_ADDR})")
+    p.add_argument("--token-file", default=None, help="file holding the bearer token (else BATON_TOKEN[_FILE])")
+    p.add_argument("--tls-ca", default=None, help="CA bundle to verify the router (enables TLS)")
+    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    if cmd == "health":
+        p.add_argument("--service", default="", help='health service name (default "": the whole server)')
+        return
+    p.add_argument("--mode", choices=["fast", "exact"], default="fast")
+    p.add_argument("--engine", choices=["bf16", "fp8", "mtp"], default=None)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--stop-token-ids", default="", help="comma-separated ids that end the completion")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--draft-block", type=int, default=0, help="exact mode K (0 = the router's default)")
+    p.add_argument("--prompt-ids", default=None, help="comma-separated prompt token ids instead of PROMPT")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+    p.add_argument("prompt", nargs="?", default=None, help="prompt text")
+
+
+def _ids(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"baton: {flag} must be comma-separated integers") from None
+
+
+def _client(args) -> Client:
+    token = read_token_file(args.token_file) if args.token_file else None
+    return Client(args.addr, token=token, tls_ca=args.tls_ca)
+
+
+def run_for(cmd: str, args) -> int:
+    try:
+        with _client(args) as c:
+            return _health(c, args) if cmd == "health" else _generate(c, args)
+    except SettingsError as e:
+        print(f"baton {cmd}: {e}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as e:
+        print(f"baton {cmd}: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+
+
+def _health(c: Client, args) -> int:
+    status = c.health(args.service, timeout=args.timeout or 5.0)
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def _generate(c: Client, args) -> int:
+    if (args.prompt is None) == (args.prompt_ids is None):
+        print("baton generate: give a PROMPT or --prompt-ids (not both)", file=sys.stderr)
+        return 2
+    prompt = _ids(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else args.prompt
+    ids, text, last = [], [], None
+    for d in c.generate(prompt, max_new_tokens=args.max_new_tokens, mode=args.mode, engine=args.engine,
+                        stop_token_ids=_ids(args.stop_token_ids, "--stop-token-ids"),
+                        ignore_eos=args.ignore_eos, draft_block=args.draft_block, timeout=args.timeout):
+        ids += d.token_ids
+        text.append(d.text)
+        last = d
+        if not args.json:
+            sys.stdout.write(d.text)
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps({"token_ids": ids, "text": "".join(text), "finish_reason": last and last.finish_reason,
+                          "usage": last.usage if last else {}, "stats": last.stats if last else {}}))
+    else:
+        sys.stdout.write("\n")
+    return 0

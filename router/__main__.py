@@ -1,0 +1,134 @@
+"""`python -m router`: the router process; `serve_router(...)` is the same thing in-process.
+
+Lifecycle:
+    serve_router(prefill=[...], decode=[...], model_dir=DIR, settings=..., port=P)
+        model metadata (tokenizer, vocab, EOS) from DIR -> worker registry (static addresses and/or
+        named Ray actors) -> gRPC server (Router + health + reflection, auth interceptor, TLS)
+        -> first health poll -> health SERVING while >= 1 prefill and >= 1 decode worker serve
+        -> /metrics on --metrics-port (0 = off)
+    prints `router: serving on HOST:PORT`
+    SIGINT / SIGTERM: health NOT_SERVING, stop accepting, in-flight requests get `--grace` s, exit 0
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from baton.rpc import ServerHandle, build_server
+from baton.settings import Settings, read_token_file
+from baton.v1 import router_pb2_grpc
+from router.metrics import RouterMetrics
+from router.registry import Registry
+from router.service import ModelMeta, RouterConfig, RouterServicer
+
+SERVICE_NAME = "baton.v1.Router"
+
+
+def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | None = None,
+                 settings: Settings | None = None, config: RouterConfig = RouterConfig(), host: str | None = None,
+                 port: int = 0, metrics_port: int = 0, ray_namespace: str | None = None,
+                 poll_interval: float = 0.5) -> tuple[ServerHandle, RouterServicer]:
+    """Start a router; returns (handle, servicer). Stop it with `stop_router(handle, servicer, grace)`.
+
+    meta (else read from model_dir, else the embedded default model) gives the tokenizer and limits.
+    Worker channels use `settings` too: its token is sent to the workers, its TLS files secure them."""
+    settings = Settings.from_env() if settings is None else settings
+    if meta is None:
+        from baton.loading import resolve_model_dir  # NOTE: imports torch; only when no meta is given
+
+        meta = ModelMeta.from_dir(resolve_model_dir(model_dir))
+    metrics = RouterMetrics()
+    box: dict[str, ServerHandle] = {}
+
+    def on_change(serving: bool, n_prefill: int, n_decode: int) -> None:
+        metrics.workers(n_prefill, n_decode)
+        if "handle" in box:   # NOTE: after enter_graceful_shutdown, set() is ignored: stays NOT_SERVING
+            box["handle"].set_serving(serving)
+
+    registry = Registry(settings, prefill=prefill, decode=decode, ray_namespace=ray_namespace,
+                        poll_interval=poll_interval, on_change=on_change)
+    servicer = RouterServicer(registry, meta, config, metrics)
+    handle = build_server([(router_pb2_grpc.add_RouterServicer_to_server, servicer)],
+                          service_names=[SERVICE_NAME], host=host, port=port, settings=settings,
+                          max_workers=config.max_inflight + 16)  # + health Watch streams, model info
+    box["handle"] = handle
+    try:
+        registry.start()
+        metrics.start(metrics_port, handle.host)
+    except BaseException:
+        handle.stop(0)
+        registry.stop()
+        raise
+    return handle, servicer
+
+
+def stop_router(handle: ServerHandle, servicer: RouterServicer, grace: float = 5.0) -> None:
+    """NOT_SERVING, refuse new calls, give in-flight ones `grace` s, then stop polling and /metrics."""
+    handle.stop(grace)
+    servicer.registry.stop()
+    servicer.metrics.stop()
+
+
+def _addrs(text: str | None) -> list[str]:
+    return [a.strip() for a in (text or "").split(",") if a.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m router", description="Baton router")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--host", default=None, help="bind host (default BATON_HOST or 127.0.0.1)")
+    p.add_argument("--prefill", default="", help="prefill worker addresses, comma-separated")
+    p.add_argument("--decode", default="", help="decode worker addresses, comma-separated")
+    p.add_argument("--model", default=None, help="model directory for the tokenizer/config (default: embedded)")
+    p.add_argument("--token-file", default=None)
+    p.add_argument("--tls-cert", default=None)
+    p.add_argument("--tls-key", default=None)
+    p.add_argument("--max-inflight", type=int, default=RouterConfig.max_inflight)
+    p.add_argument("--max-new-tokens-limit", type=int, default=RouterConfig.max_new_tokens_limit)
+    p.add_argument("--default-draft-block", type=int, default=RouterConfig.default_draft_block)
+    p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W")
+    p.add_argument("--call-timeout", type=float, default=RouterConfig.call_timeout_s)
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
+    args = p.parse_args(argv)
+
+    try:
+        settings = Settings.from_env(token=read_token_file(args.token_file) if args.token_file else None,
+                                     tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host)
+    except ValueError as e:
+        print(f"router: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = RouterConfig(max_inflight=args.max_inflight, max_new_tokens_limit=args.max_new_tokens_limit,
+                          default_draft_block=args.default_draft_block, width=args.width,
+                          call_timeout_s=args.call_timeout)
+    if not 1 <= config.default_draft_block <= config.width - 2:
+        p.error(f"--default-draft-block must be in 1..{config.width - 2}")
+    if not (_addrs(args.prefill) and _addrs(args.decode)) and not args.ray_namespace:
+        p.error("give --prefill and --decode addresses (or --ray-namespace)")
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        handle, servicer = serve_router(prefill=_addrs(args.prefill), decode=_addrs(args.decode),
+                                        model_dir=args.model, settings=settings, config=config,
+                                        port=args.port, metrics_port=args.metrics_port,
+                                        ray_namespace=args.ray_namespace)
+    except (OSError, ValueError) as e:
+        print(f"router: {e}", file=sys.stderr)
+        return 1
+    print(f"router: serving on {handle.address}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    logging.getLogger("baton.router").info("shutting down (grace %.1fs)", args.grace)
+    stop_router(handle, servicer, args.grace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

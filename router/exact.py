@@ -1,0 +1,135 @@
+"""Exact mode: the draft/verify loop that makes fast drafts token-identical to exact greedy decoding.
+
+Lifecycle of one exact request after its Prefill (DESIGN.md section 1):
+    committed = [first]                           (the router has already sent it)
+    Draft(S, k, has_verdict=False)                -> d1..dk      decode worker D (fp8 / mtp / bf16)
+    Verify(S, [pending, d1..dk])                  -> (m, next)   prefill worker P (the exact state)
+    send d1..dm, next   (truncated after the first stop / EOS, and at max_new_tokens)
+    Draft(S, k, has_verdict=True, accepted=m, next_token=next) -> the next drafts
+    ...                                           the caller Releases S on P and D at the end
+Only verified tokens are ever sent, so the output is the exact engine's greedy output whatever D drafts.
+
+Migration: when D fails (dies, hangs, loses S), ExportState(S, decode_target=D') on P re-streams the
+exact state (position, next_token = the pending token) to another decode worker and the loop goes on
+with Draft(has_verdict=False): the output is unchanged. When P fails the exact state is gone:
+UNAVAILABLE (a re-prefill would change the reference state).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import grpc
+
+from baton.rpc import StatusError
+from baton.v1 import decode_pb2, prefill_pb2
+from router.calls import Budget, Calls, Handoff, WorkerFault, unavailable
+from router.registry import NoWorker
+
+log = logging.getLogger("baton.router")
+
+
+@dataclass
+class RunStats:
+    """Per-request counters reported in the last GenerateResponse."""
+    drafted: int = 0
+    accepted: int = 0
+    migrations: int = 0
+    bridge_bytes: int = 0
+    bridge_seconds: float = 0.0
+
+    def bridge(self, report) -> None:
+        self.bridge_bytes += int(report.total_bytes)
+        self.bridge_seconds += float(report.seconds)
+
+
+class ExactLoop:
+    def __init__(self, calls: Calls, handoff: Handoff, budget: Budget, stats: RunStats, *, k: int,
+                 engine: int, engine_name: str | None, migrate_wait_s: float = 3.0, max_migrations: int = 3,
+                 on_migrate: Callable[[], None] | None = None, on_bridge: Callable[[object], None] | None = None):
+        self.calls, self.budget, self.stats = calls, budget, stats
+        self.sid, self.exact, self.decode = handoff.session_id, handoff.prefill, handoff.decode
+        self.k, self.engine, self.engine_name = k, engine, engine_name
+        self.migrate_wait_s, self.max_migrations = migrate_wait_s, max_migrations
+        self.on_migrate, self.on_bridge = on_migrate, on_bridge
+        self._attempts = 0
+
+    def run(self, pending: int) -> Iterator[tuple[list[int], int | None]]:
+        """pending = the last committed token (already sent). Yields (tokens, finish_reason | None)."""
+        verdict: tuple[int, int] | None = None     # (m, next) of the last Verify, for the next Draft
+        while True:
+            # k <= remaining - 1: one block then yields at most the tokens still wanted
+            k = max(1, min(self.k, self.budget.remaining - 1))
+            try:
+                drafts = self._draft(k, verdict)
+            except WorkerFault as e:
+                self._migrate(pending, e)
+                verdict = None
+                continue
+            m, nxt = self._verify(pending, drafts)
+            self.stats.drafted += k
+            self.stats.accepted += m
+            toks, finish = self.budget.take(drafts[:m] + [nxt])
+            yield toks, finish
+            if finish is not None:
+                return
+            pending, verdict = nxt, (m, nxt)
+
+    def _draft(self, k: int, verdict: tuple[int, int] | None) -> list[int]:
+        req = decode_pb2.DraftRequest(session_id=self.sid, k=k, engine=self.engine, has_verdict=verdict is not None)
+        if verdict is not None:
+            req.accepted, req.next_token = verdict
+        resp = self.calls.unary(self.decode, "Draft", req)
+        drafts = list(resp.draft_tokens)
+        if len(drafts) != k:
+            raise StatusError(grpc.StatusCode.INTERNAL, f"decode worker returned {len(drafts)} drafts for k={k}")
+        return drafts
+
+    def _verify(self, pending: int, drafts: list[int]) -> tuple[int, int]:
+        req = prefill_pb2.VerifyRequest(session_id=self.sid, tokens=[pending, *drafts])
+        try:
+            resp = self.calls.unary(self.exact, "Verify", req)
+        except WorkerFault as e:
+            raise unavailable(f"exact worker lost the session: {e}") from None
+        m = int(resp.accepted)
+        if m > len(drafts):
+            raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts")
+        return m, int(resp.next_token)
+
+    def _migrate(self, pending: int, fault: WorkerFault) -> None:
+        """Moves S to another decode worker by ExportState from the exact worker."""
+        reg, dead = self.calls.registry, [self.decode]
+        log.warning("exact session %s: decode worker failed (%s); migrating", self.sid, fault)
+        while True:
+            self._attempts += 1
+            if self._attempts > self.max_migrations:
+                raise unavailable(f"decode workers failed {self._attempts - 1} times: {fault}")
+            try:
+                wait = min(self.migrate_wait_s, max(0.0, self.calls.remaining()))
+                target = reg.wait_pick("decode", self.engine_name, exclude=dead, timeout=wait)
+            except NoWorker as e:
+                raise unavailable(f"cannot migrate: {e}") from None
+            self.calls.lease(target)
+            self.calls.track(target, self.sid)
+            req = prefill_pb2.ExportStateRequest(session_id=self.sid, decode_target=target.address,
+                                                 target_session_id=self.sid)
+            try:
+                resp = self.calls.unary(self.exact, "ExportState", req)
+            except WorkerFault as e:
+                if not reg.probe(self.exact):
+                    raise unavailable(f"exact worker lost the session: {e}") from None
+                dead.append(target)   # the exact worker is fine: the new target failed the hand-off
+                fault = e
+                continue
+            if int(resp.next_token) != pending:
+                raise StatusError(grpc.StatusCode.INTERNAL,
+                                  f"exported next_token {resp.next_token} != pending token {pending}")
+            self.stats.migrations += 1
+            self.stats.bridge(resp.bridge)
+            if self.on_bridge is not None:
+                self.on_bridge(resp.bridge)
+            if self.on_migrate is not None:
+                self.on_migrate()
+            self.decode = target
+            return

@@ -1,0 +1,88 @@
+"""Prometheus metrics of one router.
+
+Lifecycle:
+    m = RouterMetrics()                  # own CollectorRegistry: several routers may live in one process
+    m.start(port, host)                  # /metrics over HTTP on host:port (port 0 = off)
+    ... RouterServicer records: request_done(), first_token(), tokens(), exact(), bridge(), migration()
+    m.stop()
+
+Every name starts with `baton_router_`. Labels stay low-cardinality (mode, engine, status), never
+request ids.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        p = "baton_router_"
+        self.requests = Counter(p + "requests", "Generate calls by final status", ["mode", "status"], registry=r)
+        self.inflight = Gauge(p + "inflight", "Generate calls in flight", registry=r)
+        self.ttft = Histogram(p + "ttft_seconds", "Request arrival to first token sent", ["mode"],
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(p + "inter_token_seconds", "Gap between streamed tokens", ["mode"],
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.tokens_out = Counter(p + "tokens", "Completion tokens streamed", ["mode", "engine"], registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens admitted", registry=r)
+        self.drafted = Counter(p + "drafted_tokens", "Exact mode: draft tokens verified", ["engine"], registry=r)
+        self.accepted = Counter(p + "accepted_tokens", "Exact mode: draft tokens accepted", ["engine"],
+                                registry=r)
+        self.bridge_bytes = Counter(p + "bridge_bytes", "State bytes handed from prefill to decode", registry=r)
+        self.bridge_seconds = Histogram(p + "bridge_seconds", "Duration of one state hand-off",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.migrations = Counter(p + "migrations", "Requests moved to another decode worker", ["mode"],
+                                  registry=r)
+        self.prefill_retries = Counter(p + "prefill_retries", "Prefills retried on another worker", registry=r)
+        self.workers_up = Gauge(p + "workers_up", "Workers answering SERVING", ["role"], registry=r)
+        self._server = None
+
+    # ---- HTTP endpoint ---------------------------------------------------------------------------
+    def start(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on host:port; port 0 = off. Returns the bound port (0 when off)."""
+        if not port:
+            return 0
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def render(self) -> bytes:
+        """The text exposition (what /metrics serves); tests read it directly."""
+        return generate_latest(self.registry)
+
+    # ---- recording -------------------------------------------------------------------------------
+    def request_done(self, mode: str, status: str) -> None:
+        self.requests.labels(mode, status).inc()
+
+    def first_token(self, mode: str, seconds: float) -> None:
+        self.ttft.labels(mode).observe(seconds)
+
+    def tokens(self, mode: str, engine: str, n: int, gap_s: float | None) -> None:
+        """n tokens sent in one message, gap_s after the previous message (None for the first)."""
+        self.tokens_out.labels(mode, engine).inc(n)
+        if gap_s is not None and n:
+            self.itl.labels(mode).observe(gap_s / n)
+
+    def exact(self, engine: str, drafted: int, accepted: int) -> None:
+        self.drafted.labels(engine).inc(drafted)
+        self.accepted.labels(engine).inc(accepted)
+
+    def bridge(self, nbytes: int, seconds: float) -> None:
+        self.bridge_bytes.inc(nbytes)
+        self.bridge_seconds.observe(seconds)
+
+    def migration(self, mode: str) -> None:
+        self.migrations.labels(mode).inc()
+
+    def workers(self, prefill_up: int, decode_up: int) -> None:
+        self.workers_up.labels("prefill").set(prefill_up)
+        self.workers_up.labels("decode").set(decode_up)

@@ -1,0 +1,292 @@
+"""Worker pools of the router: discovery, health, least-outstanding-work choice.
+
+Lifecycle:
+    reg = Registry(settings, prefill=["h:p", ...], decode=[...], ray_namespace=None, on_change=cb)
+    reg.start()          # one synchronous poll, then a background poller every `poll_interval` s:
+                         #   grpc.health.v1 Check("") on every worker (short deadline, in parallel);
+                         #   on a down->up edge GetStats learns engines / window / fingerprint;
+                         #   with a Ray namespace, named actors `baton-{prefill,decode}-*` are
+                         #   re-listed every `ray_every` s and the pools follow them
+                         #   cb(serving, n_prefill_up, n_decode_up) fires when any of those change
+    w = reg.pick("decode", engine="fp8", exclude={dead})    # NoWorker when none is up
+    with reg.lease(w): ...                                   # counts w's outstanding requests
+    reg.mark_down(w)     # a call saw UNAVAILABLE / a hang: w is skipped until a Check says SERVING
+    reg.stop()
+
+`serving` is True only while >= 1 prefill and >= 1 decode worker answer SERVING.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import threading
+import time
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from baton.rpc import make_channel
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+log = logging.getLogger("baton.router.registry")
+
+ROLES = ("prefill", "decode")
+_STUBS = {"prefill": prefill_pb2_grpc.PrefillWorkerStub, "decode": decode_pb2_grpc.DecodeWorkerStub}
+# A restarted worker on the same address must be found again quickly, not after grpc's 120 s backoff.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class NoWorker(Exception):
+    """No worker of the role (offering the engine) is up: the request ends UNAVAILABLE."""
+
+
+def parse_engines(text: str) -> tuple[str, ...]:
+    """WorkerStats.engine -> engine names; "fp8" or "fp8,bf16,mtp" (first = the worker's default)."""
+    return tuple(e for e in re.split(r"[\s,]+", text.strip().lower()) if e)
+
+
+@dataclass(eq=False)
+class Worker:
+    role: str                       # "prefill" | "decode"
+    address: str                    # host:port, also what the prefill worker dials as decode_target
+    channel: grpc.Channel
+    stub: Any                       # PrefillWorkerStub | DecodeWorkerStub
+    health: health_pb2_grpc.HealthStub
+    source: str = "static"          # "static" | "ray"
+    up: bool = False
+    outstanding: int = 0            # requests holding a lease
+    last_pick: int = 0              # tie-break: least recently picked first
+    engines: tuple[str, ...] = ()   # decode: offered engines; () = unknown (accept any)
+    max_len: int = 0                # window reported by GetStats; 0 = unknown
+    fingerprint: str = ""
+
+    def offers(self, engine: str | None) -> bool:
+        return engine is None or not self.engines or engine in self.engines
+
+
+class Registry:
+    def __init__(self, settings: Settings, *, prefill: Iterable[str] = (), decode: Iterable[str] = (),
+                 ray_namespace: str | None = None, poll_interval: float = 0.5, check_timeout: float = 0.3,
+                 ray_every: float = 2.0,
+                 on_change: Callable[[bool, int, int], None] | None = None):
+        self.settings = settings
+        self.poll_interval, self.check_timeout = poll_interval, check_timeout
+        self.ray_namespace, self.ray_every = ray_namespace, ray_every
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._workers: dict[str, list[Worker]] = {r: [] for r in ROLES}
+        self._seq = itertools.count(1)
+        self._last_summary: tuple[bool, int, int] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="baton-health")
+        self._last_ray = 0.0
+        for addr in prefill:
+            self.add("prefill", addr)
+        for addr in decode:
+            self.add("decode", addr)
+
+    # ---- membership ------------------------------------------------------------------------------
+    def add(self, role: str, address: str, source: str = "static") -> Worker:
+        if role not in ROLES:
+            raise ValueError(f"role: {role!r} is not one of {ROLES}")
+        with self._lock:
+            for w in self._workers[role]:
+                if w.address == address:
+                    return w
+            ch = make_channel(address, self.settings, options=_CHANNEL_OPTIONS)
+            w = Worker(role, address, ch, _STUBS[role](ch), health_pb2_grpc.HealthStub(ch), source)
+            self._workers[role].append(w)
+        log.info("worker added: %s %s (%s)", role, address, source)
+        return w
+
+    def remove(self, worker: Worker) -> None:
+        with self._lock:
+            if worker in self._workers[worker.role]:
+                self._workers[worker.role].remove(worker)
+        worker.up = False
+        worker.channel.close()
+        log.info("worker removed: %s %s", worker.role, worker.address)
+
+    def workers(self, role: str) -> list[Worker]:
+        with self._lock:
+            return list(self._workers[role])
+
+    def up(self, role: str) -> list[Worker]:
+        return [w for w in self.workers(role) if w.up]
+
+    @property
+    def serving(self) -> bool:
+        return bool(self.up("prefill")) and bool(self.up("decode"))
+
+    # ---- choice ----------------------------------------------------------------------------------
+    def pick(self, role: str, engine: str | None = None, exclude: Iterable[Worker] = ()) -> Worker:
+        """Least outstanding work among up workers (offering `engine`), least recently picked on ties."""
+        skip = set(map(id, exclude))
+        with self._lock:
+            cands = [w for w in self._workers[role] if w.up and id(w) not in skip and w.offers(engine)]
+            if not cands:
+                what = f"{role} worker" + (f" offering engine {engine}" if engine else "")
+                raise NoWorker(f"no {what} is available")
+            w = min(cands, key=lambda c: (c.outstanding, c.last_pick))
+            w.last_pick = next(self._seq)
+            return w
+
+    def wait_pick(self, role: str, engine: str | None, exclude: Iterable[Worker], timeout: float) -> Worker:
+        """pick(), waiting up to `timeout` s for a worker to come up (e.g. a restarting actor)."""
+        exclude = list(exclude)
+        end = time.monotonic() + max(0.0, timeout)
+        while True:
+            try:
+                return self.pick(role, engine, exclude)
+            except NoWorker:
+                if time.monotonic() >= end or self._stop.wait(0.05):
+                    raise
+
+    @contextmanager
+    def lease(self, worker: Worker):
+        with self._lock:
+            worker.outstanding += 1
+        try:
+            yield worker
+        finally:
+            with self._lock:
+                worker.outstanding -= 1
+
+    def mark_down(self, worker: Worker) -> None:
+        if worker.up:
+            log.warning("worker down: %s %s", worker.role, worker.address)
+        worker.up = False
+        self._publish()
+
+    def engines(self) -> set[str]:
+        """Engines offered by up decode workers; a worker whose engines are unknown adds nothing."""
+        return {e for w in self.up("decode") for e in w.engines}
+
+    def engines_known(self) -> bool:
+        return all(w.engines for w in self.up("decode"))
+
+    def max_context(self, default: int) -> int:
+        """The smallest window among up workers that reported one (`default` when none did)."""
+        lens = [w.max_len for r in ROLES for w in self.up(r) if w.max_len]
+        return min(lens) if lens else default
+
+    def fingerprint(self) -> str:
+        return next((w.fingerprint for w in self.up("prefill") + self.up("decode") if w.fingerprint), "")
+
+    # ---- health ----------------------------------------------------------------------------------
+    def probe(self, worker: Worker) -> bool:
+        """One Check("") now; updates worker.up (and learns its stats on a down->up edge)."""
+        try:
+            resp = worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.check_timeout)
+            ok = resp.status == _SERVING
+        except grpc.RpcError:
+            ok = False
+        if ok and not worker.up:
+            self._learn(worker)
+            log.info("worker up: %s %s engines=%s", worker.role, worker.address, ",".join(worker.engines))
+        elif not ok and worker.up:
+            log.warning("worker down: %s %s", worker.role, worker.address)
+        worker.up = ok
+        return ok
+
+    def _learn(self, worker: Worker) -> None:
+        try:
+            st = worker.stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=max(1.0, self.check_timeout))
+        except grpc.RpcError as e:
+            log.warning("GetStats %s failed: %s", worker.address, e.code().name)
+            return
+        worker.engines = parse_engines(st.engine) if worker.role == "decode" else ()
+        worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
+
+    def poll_once(self) -> None:
+        if self.ray_namespace and time.monotonic() - self._last_ray >= self.ray_every:
+            self._last_ray = time.monotonic()
+            self._sync_ray()
+        everyone = self.workers("prefill") + self.workers("decode")
+        list(self._pool.map(self.probe, everyone))
+        self._publish()
+
+    def _publish(self) -> None:
+        summary = (self.serving, len(self.up("prefill")), len(self.up("decode")))
+        with self._lock:
+            changed, self._last_summary = summary != self._last_summary, summary
+        if changed and self.on_change is not None:
+            self.on_change(*summary)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval):
+            try:
+                self.poll_once()
+            except Exception:  # the poller must outlive any single bad round
+                log.exception("health poll failed")
+
+    def start(self) -> None:
+        self.poll_once()
+        self._thread = threading.Thread(target=self._run, name="baton-router-health", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for w in self.workers("prefill") + self.workers("decode"):
+            w.channel.close()
+
+    # ---- Ray -------------------------------------------------------------------------------------
+    def _sync_ray(self) -> None:
+        try:
+            found = discover_ray_workers(self.ray_namespace)
+        except Exception as e:  # Ray down or restarting: keep the pools we have
+            log.warning("ray discovery failed: %s", e)
+            return
+        for role in ROLES:
+            for addr in found[role]:
+                self.add(role, addr, source="ray")
+            for w in self.workers(role):
+                if w.source == "ray" and w.address not in found[role]:
+                    self.remove(w)
+
+
+def discover_ray_workers(namespace: str, timeout: float = 5.0) -> dict[str, list[str]]:
+    """Named Ray actors `baton-prefill-*` / `baton-decode-*` in `namespace` -> their `address()`.
+
+    Joins the cluster (RAY_ADDRESS or a local one) when this process is not connected yet. Actors
+    that do not answer within `timeout` (e.g. restarting) are left out of this round."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="auto", namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+    refs = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") != namespace:
+            continue
+        name = entry["name"]
+        role = next((r for r in ROLES if name.startswith(f"baton-{r}-")), None)
+        if role is not None:
+            try:
+                refs[ray.get_actor(name, namespace=namespace).address.remote()] = role
+            except ValueError:  # the actor died between listing and lookup
+                continue
+    found: dict[str, list[str]] = {r: [] for r in ROLES}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    for ref in ready:
+        try:
+            found[refs[ref]].append(str(ray.get(ref)))
+        except Exception as e:  # an actor that raised is treated as absent
+            log.warning("ray actor address() failed: %s", e)
+    for addrs in found.values():
+        addrs.sort()
+    return found

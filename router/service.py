@@ -1,0 +1,306 @@
+"""RouterServicer: the public `baton.v1.Router` (Generate, GetModelInfo).
+
+Lifecycle of a Generate request:
+    admit      past `max_inflight` requests in flight -> RESOURCE_EXHAUSTED at once
+    validate   INVALID_ARGUMENT naming the field (prompt, token_ids, max_new_tokens, mode, engine,
+               draft_block, stop_token_ids, request_id); text prompts are tokenized here;
+               no prefill or no decode worker up -> UNAVAILABLE
+    hand-off   start_session: Prefill on P with decode_target=D, the state goes P -> D; the first
+               token is sent at once (a failure before it is retried once on another prefill worker)
+    relay      FAST: D's Decode stream (max_new_tokens - 1 tokens after the first); if D dies, the
+                     prompt + tokens sent so far are re-prefilled on a fresh session and another
+                     decode worker: nothing is lost or repeated
+               EXACT: router.exact.ExactLoop (Draft on D / Verify on P; migration by ExportState)
+    finish     the last message carries finish_reason, usage and stats; Release on P and D always
+               (also when the client cancels: context callback -> downstream calls cancelled)
+Every downstream call has a deadline no later than the client's. One JSON log line per request.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from baton.rpc import StatusError, abort_with
+from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
+from router.calls import Budget, Calls, Cancelled, WorkerFault, start_session, unavailable
+from router.exact import ExactLoop, RunStats
+from router.metrics import RouterMetrics
+from router.registry import Registry
+
+log = logging.getLogger("baton.router")
+C = grpc.StatusCode
+ENGINE_NAMES = {common_pb2.ENGINE_UNSPECIFIED: None, common_pb2.BF16: "bf16", common_pb2.FP8: "fp8",
+                common_pb2.MTP: "mtp"}
+ENGINE_BY_NAME = {v: k for k, v in ENGINE_NAMES.items() if v}
+MODE_NAMES = {common_pb2.MODE_UNSPECIFIED: "fast", common_pb2.FAST: "fast", common_pb2.EXACT: "exact"}
+MAX_STOP_IDS = 64
+MAX_REQUEST_ID = 128
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_inflight: int = 64             # Generate calls in flight; past it RESOURCE_EXHAUSTED
+    max_new_tokens_limit: int = 4096
+    default_draft_block: int = 4       # K when a request sends draft_block = 0
+    width: int = 16                    # W of the workers: draft_block in 1..W-2, W rows reserved
+    max_context: int = 4096            # window used until workers report theirs (GetStats.max_len)
+    call_timeout_s: float = 30.0       # cap on one unary downstream call (a hung worker)
+    request_timeout_s: float = 600.0   # total when the client sets no deadline
+    migrate_wait_s: float = 3.0        # how long a migration waits for a decode worker to come up
+    max_migrations: int = 3
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What the router knows of the model without loading weights."""
+    model_id: str
+    vocab_size: int
+    eos_ids: tuple[int, ...]
+    tokenizer: object | None = None    # baton.tokenizer.Tokenizer; None = token_ids prompts only
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelMeta":
+        from baton.config import ModelConfig
+        from baton.tokenizer import Tokenizer, TokenizerError
+
+        cfg = ModelConfig.from_hf(model_dir)
+        try:
+            tok = Tokenizer.from_dir(model_dir)
+        except TokenizerError as e:
+            log.warning("no tokenizer (%s): text prompts will be refused", e)
+            tok = None
+        return cls(Path(model_dir).name, cfg.vocab_size, tuple(cfg.eos_token_ids), tok)
+
+
+@dataclass(frozen=True)
+class Plan:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    mode: int            # common_pb2.FAST | EXACT
+    engine: int          # common_pb2.Engine (0 = the decode worker's default)
+    stop_ids: tuple[int, ...]
+    ignore_eos: bool
+    k: int               # draft block (exact mode)
+
+    @property
+    def engine_name(self) -> str | None:
+        return ENGINE_NAMES[self.engine]
+
+
+def _bad(field: str, why: str) -> StatusError:
+    return StatusError(C.INVALID_ARGUMENT, f"{field}: {why}")
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(self, registry: Registry, meta: ModelMeta, config: RouterConfig = RouterConfig(),
+                 metrics: RouterMetrics | None = None):
+        self.registry, self.meta, self.config = registry, meta, config
+        self.metrics = metrics or RouterMetrics()
+        self._admit = threading.BoundedSemaphore(config.max_inflight)
+
+    # ---- GetModelInfo ----------------------------------------------------------------------------
+    def GetModelInfo(self, request, context):
+        cfg, reg = self.config, self.registry
+        engines = sorted(ENGINE_BY_NAME[e] for e in reg.engines() if e in ENGINE_BY_NAME)
+        return router_pb2.ModelInfo(
+            model_id=self.meta.model_id, fingerprint=reg.fingerprint(),
+            max_context=reg.max_context(cfg.max_context), engines=engines, vocab_size=self.meta.vocab_size,
+            eos_token_ids=self.meta.eos_ids, max_new_tokens_limit=cfg.max_new_tokens_limit,
+            default_draft_block=cfg.default_draft_block, max_draft_block=cfg.width - 2)
+
+    # ---- Generate --------------------------------------------------------------------------------
+    def Generate(self, request, context):
+        t0 = time.monotonic()
+        rec = {"request_id": request.request_id[:MAX_REQUEST_ID] or uuid.uuid4().hex,
+               "mode": MODE_NAMES.get(request.mode, str(request.mode)),
+               "engine": ENGINE_NAMES.get(request.engine) or "default", "tokens": 0, "migrations": 0}
+        if not self._admit.acquire(blocking=False):
+            self._done(rec, t0, C.RESOURCE_EXHAUSTED)
+            abort_with(context, C.RESOURCE_EXHAUSTED,
+                       f"router: {self.config.max_inflight} requests in flight (max_inflight); retry later")
+        self.metrics.inflight.inc()
+        calls, status = None, C.UNKNOWN
+        try:
+            plan = self._validate(request, rec["request_id"])
+            budget = self.config.request_timeout_s
+            remaining = context.time_remaining()
+            if remaining is not None:
+                budget = min(budget, remaining)
+            calls = Calls(self.registry, deadline=t0 + budget, call_timeout=self.config.call_timeout_s)
+            if not context.add_callback(calls.cancel):
+                raise Cancelled()
+            yield from self._relay(plan, calls, rec, t0)
+            status = C.OK
+        except StatusError as e:
+            status = e.code
+            abort_with(context, e.code, e.message)
+        except (Cancelled, GeneratorExit):
+            status = C.CANCELLED
+        finally:
+            if calls is not None:
+                calls.close()
+            self._admit.release()
+            self.metrics.inflight.dec()
+            self._done(rec, t0, status)
+
+    def _done(self, rec: dict, t0: float, status: grpc.StatusCode) -> None:
+        rec.update(status=status.name, ms=round((time.monotonic() - t0) * 1e3, 2))
+        self.metrics.request_done(rec["mode"], status.name)
+        log.info("request %s", json.dumps(rec, sort_keys=True))
+
+    def _validate(self, r: router_pb2.GenerateRequest, request_id: str) -> Plan:
+        cfg, meta, W = self.config, self.meta, self.config.width
+        if len(r.request_id) > MAX_REQUEST_ID:
+            raise _bad("request_id", f"longer than {MAX_REQUEST_ID} characters")
+        if r.mode not in MODE_NAMES:
+            raise _bad("mode", f"unknown value {r.mode} (FAST=1, EXACT=2)")
+        if r.engine not in ENGINE_NAMES:
+            raise _bad("engine", f"unknown value {r.engine} (BF16=1, FP8=2, MTP=3)")
+        max_ctx = self.registry.max_context(cfg.max_context)
+        which = r.WhichOneof("prompt")
+        if which == "text" and r.text:
+            if meta.tokenizer is None:
+                raise _bad("prompt", "this router has no tokenizer; send token_ids")
+            if len(r.text) > 32 * max_ctx:
+                raise _bad("prompt", f"{len(r.text)} characters is far beyond the window of {max_ctx} tokens")
+            ids = meta.tokenizer.encode(r.text)
+        elif which == "token_ids":
+            ids = list(r.token_ids.ids)
+            bad = next(((i, t) for i, t in enumerate(ids) if t >= meta.vocab_size), None)
+            if bad is not None:
+                raise _bad("token_ids", f"id {bad[1]} at index {bad[0]} is out of range [0, {meta.vocab_size})")
+        else:
+            ids = []
+        if not ids:
+            raise _bad("prompt", "empty (set text or token_ids)")
+        if len(ids) + W > max_ctx:
+            raise _bad("prompt", f"{len(ids)} tokens is too long: at most {max_ctx - W} fit the window of "
+                                 f"{max_ctx} ({W} rows are reserved for decoding)")
+        n = r.max_new_tokens
+        if n < 1:
+            raise _bad("max_new_tokens", "must be >= 1")
+        if n > cfg.max_new_tokens_limit:
+            raise _bad("max_new_tokens", f"{n} exceeds the limit of {cfg.max_new_tokens_limit}")
+        if len(ids) + n + W > max_ctx:
+            raise _bad("max_new_tokens", f"prompt ({len(ids)}) + max_new_tokens ({n}) + {W} reserved rows "
+                                         f"exceeds the window of {max_ctx} tokens")
+        k = r.draft_block or cfg.default_draft_block
+        if not 1 <= k <= W - 2:
+            raise _bad("draft_block", f"{r.draft_block} is out of range 1..{W - 2} (0 = default)")
+        if len(r.stop_token_ids) > MAX_STOP_IDS:
+            raise _bad("stop_token_ids", f"at most {MAX_STOP_IDS} ids")
+        bad_stop = [t for t in r.stop_token_ids if t >= meta.vocab_size]
+        if bad_stop:
+            raise _bad("stop_token_ids", f"id {bad_stop[0]} is out of range [0, {meta.vocab_size})")
+        for role in ("prefill", "decode"):
+            if not self.registry.up(role):
+                raise unavailable(f"no {role} worker is available")
+        name = ENGINE_NAMES[r.engine]
+        if name and self.registry.engines_known() and name not in self.registry.engines():
+            offered = ", ".join(sorted(self.registry.engines())) or "none"
+            raise _bad("engine", f"{name} is not offered by any decode worker (offered: {offered})")
+        mode = common_pb2.EXACT if r.mode == common_pb2.EXACT else common_pb2.FAST
+        return Plan(request_id, ids, n, mode, r.engine, tuple(r.stop_token_ids), r.ignore_eos, k)
+
+    # ---- relay -----------------------------------------------------------------------------------
+    def _relay(self, plan: Plan, calls: Calls, rec: dict, t0: float) -> Iterator[router_pb2.GenerateResponse]:
+        budget = Budget(plan.max_new_tokens, plan.stop_ids, self.meta.eos_ids, plan.ignore_eos)
+        stats = RunStats()
+        dec = self.meta.tokenizer.stream() if self.meta.tokenizer is not None else None
+        t_first = last = None
+        rec["prompt_tokens"] = len(plan.prompt_ids)
+        self.metrics.prompt_tokens.inc(len(plan.prompt_ids))
+        for toks, finish in self._tokens(plan, calls, budget, stats):
+            now = time.monotonic()
+            if t_first is None:
+                t_first = now
+                rec["ttft_ms"] = round((now - t0) * 1e3, 2)
+                self.metrics.first_token(rec["mode"], now - t0)
+            self.metrics.tokens(rec["mode"], rec["engine"], len(toks), None if last is None else now - last)
+            last = now
+            text = "".join(dec.push(t) for t in toks) if dec is not None else ""
+            msg = router_pb2.GenerateResponse(token_ids=toks)
+            rec["tokens"], rec["migrations"] = len(budget.emitted), stats.migrations
+            if finish is not None:
+                text += dec.flush() if dec is not None else ""
+                n_out = len(budget.emitted)
+                msg.finish_reason = finish
+                msg.usage.prompt_tokens, msg.usage.completion_tokens = len(plan.prompt_ids), n_out
+                st = msg.stats
+                st.ttft_ms, st.request_id, st.migrations = rec["ttft_ms"], plan.request_id, stats.migrations
+                st.bridge_bytes, st.bridge_seconds = stats.bridge_bytes, stats.bridge_seconds
+                st.drafted, st.accepted = stats.drafted, stats.accepted
+                st.acceptance_rate = stats.accepted / stats.drafted if stats.drafted else 0.0
+                if n_out > 1 and now > t_first:
+                    st.decode_tokens_per_s = (n_out - 1) / (now - t_first)
+                rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted,
+                           accepted=stats.accepted)
+                if plan.mode == common_pb2.EXACT:
+                    self.metrics.exact(rec["engine"], stats.drafted, stats.accepted)
+            msg.text = text
+            yield msg
+            if finish is not None:
+                return
+
+    def _tokens(self, plan: Plan, calls: Calls, budget: Budget, stats: RunStats):
+        """Yields (tokens, finish_reason | None) batches; the batch with a finish_reason is the last."""
+        h = self._start(plan, calls, plan.prompt_ids, stats, exclude=())
+        toks, finish = budget.take([h.first_token])
+        yield toks, finish
+        if finish is not None:
+            return
+        if plan.mode == common_pb2.EXACT:
+            loop = ExactLoop(calls, h, budget, stats, k=plan.k, engine=plan.engine, engine_name=plan.engine_name,
+                             migrate_wait_s=self.config.migrate_wait_s, max_migrations=self.config.max_migrations,
+                             on_migrate=lambda: self.metrics.migration("exact"),
+                             on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds))
+            yield from loop.run(h.first_token)
+            return
+        attempts = 0
+        while True:
+            req = decode_pb2.DecodeRequest(session_id=h.session_id, max_new_tokens=budget.remaining,
+                                           stop_token_ids=plan.stop_ids, ignore_eos=plan.ignore_eos,
+                                           engine=plan.engine, release_at_end=True)
+            try:
+                reason = None
+                for resp in calls.stream(h.decode, "Decode", req):
+                    toks, finish = budget.take(resp.token_ids)
+                    if toks or finish is not None:
+                        yield toks, finish
+                    if finish is not None:
+                        return
+                    reason = resp.finish_reason or reason
+                yield [], reason or common_pb2.LENGTH   # the worker stopped on a condition of its own
+                return
+            except WorkerFault as e:
+                attempts += 1
+                if attempts > self.config.max_migrations:
+                    raise unavailable(f"decode workers failed {attempts} times: {e}") from None
+                log.warning("request %s: decode worker failed (%s); re-prefilling %d + %d tokens",
+                            plan.request_id, e, len(plan.prompt_ids), len(budget.emitted))
+                # NOTE: the re-prefill's first token is the next token to send: nothing lost or repeated
+                h = self._start(plan, calls, plan.prompt_ids + budget.emitted, stats, exclude=[h.decode],
+                                wait_s=self.config.migrate_wait_s)
+                stats.migrations += 1
+                self.metrics.migration("fast")
+                toks, finish = budget.take([h.first_token])
+                yield toks, finish
+                if finish is not None:
+                    return
+
+    def _start(self, plan: Plan, calls: Calls, ids: list[int], stats: RunStats, exclude, wait_s: float = 0.0):
+        h = start_session(calls, ids, mode=plan.mode, engine=plan.engine, engine_name=plan.engine_name,
+                          exclude_decode=exclude, decode_wait_s=wait_s,
+                          on_retry=self.metrics.prefill_retries.inc)
+        stats.bridge(h.response.bridge)
+        self.metrics.bridge(h.response.bridge.total_bytes, h.response.bridge.seconds)
+        return h

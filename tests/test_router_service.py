@@ -1,0 +1,290 @@
+"""Router Generate against fake workers over loopback: relays, stop conditions, validation, limits,
+cancellation, deadlines, prefill retry, migration on decode death (both modes)."""
+import threading
+import time
+
+import grpc
+import pytest
+
+import fakes
+from fakes import EOS, SAY_EOS, Cluster, draft_next, exact_next, reference
+from router.service import RouterConfig
+
+PROMPT = [5, 6, 7]
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    yield c
+    c.close()
+
+
+def _code(fn):
+    with pytest.raises(grpc.RpcError) as ei:
+        fn()
+    return ei.value.code(), ei.value.details()
+
+
+def _fast_chain_ok(prompt, out, engine):
+    """Every token follows the context before it, by the exact or the engine's rule: a lost or
+    repeated token breaks the chain."""
+    ctx = list(prompt)
+    for t in out:
+        assert t in (exact_next(ctx), draft_next(ctx, engine)), (ctx, t)
+        ctx.append(t)
+
+
+# ---- relays -------------------------------------------------------------------------------------
+def test_fast_bf16_relay_and_final_message(cluster):
+    out, deltas = cluster.run(PROMPT, max_new_tokens=12, engine="bf16", request_id="r-1")
+    assert out == reference(PROMPT, 12)
+    last = deltas[-1]
+    assert last.finish_reason == "LENGTH" and all(d.finish_reason is None for d in deltas[:-1])
+    assert last.usage == {"prompt_tokens": 3, "completion_tokens": 12}
+    assert last.stats["request_id"] == "r-1" and last.stats["ttft_ms"] > 0 and last.stats["bridge_bytes"] > 0
+    decodes = [r for w in cluster.decode for m, r in w.servicer.calls if m == "Decode"]
+    assert [r.max_new_tokens for r in decodes] == [11]          # the first token comes from Prefill
+    assert cluster.wait_sessions_zero()
+
+
+def test_fast_fp8_tokens_come_from_the_decode_engine(cluster):
+    out, _ = cluster.run(PROMPT, max_new_tokens=20, engine="fp8")
+    ctx = list(PROMPT) + [out[0]]
+    want = [out[0]]
+    for _ in range(19):
+        want.append(draft_next(ctx, "fp8"))
+        ctx.append(want[-1])
+    assert out[0] == exact_next(PROMPT) and out == want
+
+
+@pytest.mark.parametrize("engine", ["fp8", "mtp"])
+@pytest.mark.parametrize("k", [1, 4, 14])
+def test_exact_mode_is_token_identical(cluster, engine, k):
+    for prompt in ([5, 6, 7], [1], [40, 2, 9, 33]):
+        out, deltas = cluster.run(prompt, max_new_tokens=30, mode="exact", engine=engine, draft_block=k)
+        assert out == reference(prompt, 30)
+        st = deltas[-1].stats
+        assert 0 < st["accepted"] < st["drafted"]                  # the fake drafter is sometimes wrong
+        assert st["acceptance_rate"] == pytest.approx(st["accepted"] / st["drafted"])
+    assert cluster.wait_sessions_zero()
+    ks = {r.k for w in cluster.decode for m, r in w.servicer.calls if m == "Draft"}
+    assert max(ks) == min(k, 29)
+
+
+def test_text_prompt_and_text_deltas():
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+    from baton.tokenizer import Tokenizer
+    from router.service import ModelMeta
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    tok = Tokenizer(hf, (EOS,))
+    c = Cluster(meta=ModelMeta("bytes", 256, (EOS,), tok))
+    try:
+        prompt = tok.encode("héllo")
+        out, deltas = c.run("héllo", max_new_tokens=16)
+        assert out == reference(prompt, 16)
+        assert "".join(d.text for d in deltas) == tok.decode(out)
+    finally:
+        c.close()
+
+
+# ---- stop conditions ----------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_stop_eos_and_max_new_tokens(cluster, mode):
+    ref = reference(PROMPT, 20)
+    stop = ref[6]
+    out, d = cluster.run(PROMPT, max_new_tokens=20, mode=mode, stop_token_ids=[stop])
+    assert out == ref[: ref.index(stop) + 1] and d[-1].finish_reason == "STOP"
+    eos_prompt = [SAY_EOS, 3]
+    out, d = cluster.run(eos_prompt, max_new_tokens=20, mode=mode)
+    assert out[-1] == EOS and out == reference(eos_prompt, 20) and d[-1].finish_reason == "EOS"
+    out, d = cluster.run(eos_prompt, max_new_tokens=20, mode=mode, ignore_eos=True)
+    assert len(out) == 20 and EOS in out and d[-1].finish_reason == "LENGTH"
+    out, d = cluster.run(PROMPT, max_new_tokens=1, mode=mode)
+    assert out == ref[:1] and d[-1].finish_reason == "LENGTH" and len(d) == 1
+    out, d = cluster.run(PROMPT, max_new_tokens=20, mode=mode, stop_token_ids=[ref[0]])
+    assert out == ref[:1] and d[-1].finish_reason == "STOP"
+    assert cluster.wait_sessions_zero()
+
+
+# ---- validation and limits ----------------------------------------------------------------------
+@pytest.mark.parametrize("kw, field", [
+    (dict(prompt=""), "prompt"),
+    (dict(prompt=[]), "prompt"),
+    (dict(prompt=[1, fakes.VOCAB]), "token_ids"),
+    (dict(prompt=[1] * 4090), "prompt"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=5000), "max_new_tokens"),
+    (dict(max_new_tokens=4090), "max_new_tokens"),
+    (dict(draft_block=15), "draft_block"),
+    (dict(stop_token_ids=[fakes.VOCAB + 1]), "stop_token_ids"),
+    (dict(request_id="x" * 200), "request_id"),
+    (dict(prompt="text"), "prompt"),        # this router has no tokenizer
+])
+def test_invalid_arguments_name_the_field(cluster, kw, field):
+    kw = {"prompt": PROMPT, "max_new_tokens": 8, **kw}
+    code, details = _code(lambda: cluster.run(kw.pop("prompt"), **kw))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field + ":"), details
+    assert cluster.run(PROMPT, max_new_tokens=3)[0] == reference(PROMPT, 3)   # still serving
+
+
+def test_unknown_enum_values(cluster):
+    from baton.v1 import router_pb2
+
+    for field, value in (("mode", 7), ("engine", 9)):
+        req = router_pb2.GenerateRequest(max_new_tokens=4, **{field: value})
+        req.token_ids.ids.extend(PROMPT)
+        code, details = _code(lambda: list(cluster.client._stub.Generate(req, timeout=5)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field + ":")
+
+
+def test_engine_not_offered():
+    c = Cluster(engines=("bf16",))
+    try:
+        code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4, engine="fp8"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("engine:") and "bf16" in details
+        info = c.client.model_info()
+        assert list(info.engines) == [1] and info.vocab_size == fakes.VOCAB and info.fingerprint == "fake-fp"
+        assert info.max_context == 4096 and info.max_draft_block == 14 and info.default_draft_block == 4
+    finally:
+        c.close()
+
+
+def test_resource_exhausted_past_max_inflight():
+    c = Cluster(config=RouterConfig(max_inflight=2))
+    try:
+        for w in c.decode:
+            w.servicer.delay = 0.05
+        streams = [c.client.generate(PROMPT, max_new_tokens=40, timeout=10) for _ in range(2)]
+        for s in streams:
+            next(s)                                  # both admitted and streaming
+        t0 = time.monotonic()
+        code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 1.0
+        for s in streams:
+            s.close()
+        assert c.wait_sessions_zero()
+        time.sleep(0.2)
+        assert c.run(PROMPT, max_new_tokens=3)[0] == reference(PROMPT, 3)
+    finally:
+        c.close()
+
+
+# ---- cancellation and deadlines -----------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_client_cancel_releases_both_sessions(cluster, mode):
+    for w in cluster.workers:
+        w.servicer.delay = 0.05
+    stream = cluster.client.generate(PROMPT, max_new_tokens=200, mode=mode, timeout=30)
+    got = [next(stream) for _ in range(3)]
+    assert len(got) == 3 and cluster.sessions() >= 1
+    t0 = time.monotonic()
+    stream.close()                                   # cancels the call
+    assert cluster.wait_sessions_zero(2.0), [w.sessions for w in cluster.workers]
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_deadline_reaches_downstream_calls(cluster):
+    for w in cluster.decode:
+        w.servicer.hang.add("Decode")
+    t0 = time.monotonic()
+    code, _ = _code(lambda: cluster.run(PROMPT, max_new_tokens=10, timeout=0.5))
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 1.5
+    assert cluster.wait_sessions_zero(2.0)
+
+
+# ---- failures -----------------------------------------------------------------------------------
+def test_prefill_failure_is_retried_once(cluster):
+    cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.INTERNAL
+    cluster.prefill[1].servicer.fail["Prefill"] = grpc.StatusCode.INTERNAL
+    code, _ = _code(lambda: cluster.run(PROMPT, max_new_tokens=5))
+    assert code == grpc.StatusCode.UNAVAILABLE                      # two failures: no third try
+    cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.UNAVAILABLE
+    for mode in ("fast", "exact"):
+        out, _ = cluster.run(PROMPT, max_new_tokens=8, mode=mode)
+        assert out == reference(PROMPT, 8)
+    assert b"baton_router_prefill_retries_total 2.0" in cluster.servicer.metrics.render()
+    assert cluster.wait_sessions_zero()
+
+
+def test_prefill_refusal_is_passed_through(cluster):
+    cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.INVALID_ARGUMENT
+    cluster.prefill[1].servicer.fail["Prefill"] = grpc.StatusCode.INVALID_ARGUMENT
+    code, details = _code(lambda: cluster.run(PROMPT, max_new_tokens=5))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "fake Prefill failure" in details
+
+
+def test_unavailable_without_workers():
+    c = Cluster(n_decode=1)
+    try:
+        c.decode[0].stop()
+        deadline = time.monotonic() + 3
+        while c.servicer.registry.up("decode") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code, details = _code(lambda: c.run(PROMPT, max_new_tokens=5))
+        assert code == grpc.StatusCode.UNAVAILABLE and "decode" in details
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("engine", ["bf16", "fp8"])
+def test_fast_migration_on_decode_death(cluster, engine):
+    shared = {"Decode.token": 5}                         # whichever decode worker streams dies at its 5th
+    for w in cluster.decode:
+        w.servicer.die_on = shared
+    out, deltas = cluster.run(PROMPT, max_new_tokens=40, engine=engine)
+    assert len(out) == 40 and deltas[-1].stats["migrations"] == 1
+    if engine == "bf16":
+        assert out == reference(PROMPT, 40)
+    _fast_chain_ok(PROMPT, out, engine)
+    assert cluster.wait_sessions_zero()
+
+
+@pytest.mark.parametrize("engine", ["fp8", "mtp"])
+def test_exact_migration_on_decode_death(cluster, engine):
+    shared = {"Draft": 3}
+    for w in cluster.decode:
+        w.servicer.die_on = shared
+    out, deltas = cluster.run(PROMPT, max_new_tokens=40, mode="exact", engine=engine)
+    assert out == reference(PROMPT, 40) and deltas[-1].stats["migrations"] == 1
+    assert any(m == "ExportState" for w in cluster.prefill for m, _ in w.servicer.calls)
+    assert cluster.wait_sessions_zero()
+
+
+def test_exact_migration_on_hung_decode_worker(cluster):
+    cluster.decode[0].servicer.hang.add("Draft")         # a fresh cluster picks decode[0] first
+    out, deltas = cluster.run(PROMPT, max_new_tokens=12, mode="exact", engine="fp8", timeout=15)
+    assert out == reference(PROMPT, 12) and deltas[-1].stats["migrations"] == 1
+    assert cluster.wait_sessions_zero()
+
+
+def test_exact_worker_death_is_unavailable(cluster):
+    for w in cluster.prefill:
+        w.servicer.die_on = {"Verify": 2}
+    code, details = _code(lambda: cluster.run(PROMPT, max_new_tokens=30, mode="exact"))
+    assert code == grpc.StatusCode.UNAVAILABLE and "exact worker" in details
+    assert cluster.wait_sessions_zero()
+
+
+def test_concurrent_requests_spread_over_workers(cluster):
+    for w in cluster.decode:
+        w.servicer.delay = 0.01
+    results = {}
+
+    def one(i):
+        results[i] = cluster.run([i + 1, 2], max_new_tokens=15, mode="exact" if i % 2 else "fast", engine="bf16")[0]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(results[i] == reference([i + 1, 2], 15) for i in range(8))
+    used = [sum(m == "LoadState" for m, _ in w.servicer.calls) for w in cluster.decode]
+    assert all(u > 0 for u in used), used
+    assert cluster.wait_sessions_zero()
