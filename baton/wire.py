@@ -185,7 +185,8 @@ def encode_state(*, session_id: str, fingerprint: str, position: int, next_token
                  ) -> Iterator[state_pb2.StateChunk]:
     """Header, data chunks of <= chunk_bytes, trailer. Give either `tensors` (all known now), or
     `specs` (the table) plus `tensor_source` yielding each tensor in table order once it is final:
-    the header goes out first and each tensor is read only when its bytes are due."""
+    the header goes out first and each tensor is read only when its bytes are due. A CUDA tensor
+    must be final on the current stream (D2H copies are queued there). Wrap in pipelined() to send."""
     for p in _parts(session_id=session_id, fingerprint=fingerprint, position=position,
                     next_token=next_token, tensors=tensors, specs=specs, tensor_source=tensor_source,
                     chunk_bytes=chunk_bytes, mode=mode, engine=engine):
@@ -490,9 +491,16 @@ class StateReceiver:
 
 
 def decode_stream(chunks: Iterable[state_pb2.StateChunk | bytes], expected: ExpectedLayout,
-                  fingerprint: str, max_total_bytes: int, *, alloc=None) -> ReceivedState:
-    """Feeds a whole stream through a StateReceiver; returns the verified state."""
+                  fingerprint: str, max_total_bytes: int, *, alloc=None, ahead: int = 2) -> ReceivedState:
+    """Feeds a whole stream through a StateReceiver; returns the verified state. With ahead > 0 the
+    messages are pulled on a helper thread (pipelined) so receiving overlaps hashing and copying;
+    the input is closed on return or failure, which also ends that thread."""
     rx = StateReceiver(expected, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc)
-    for c in chunks:
-        rx.feed(c)
-    return rx.finish()
+    it = pipelined(chunks, ahead) if ahead > 0 else iter(chunks)
+    try:
+        for c in it:
+            rx.feed(c)
+        return rx.finish()
+    finally:
+        if hasattr(it, "close"):
+            it.close()

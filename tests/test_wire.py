@@ -1,6 +1,9 @@
 """baton.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code."""
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -297,3 +300,12 @@ def test_over_loopback_grpc():
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     finally:
         server.stop(None)
+
+
+def test_failed_decode_stops_the_pipeline_thread():
+    endless = itertools.chain(encode(64)[:2], itertools.repeat(pb.StateChunk(data=bytes(64))))
+    expect(wire.StateCorrupt, "DATA_LOSS", endless, match="more than the declared")
+    deadline = time.monotonic() + 2
+    while any(t.name == "baton-wire-pipelined" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "baton-wire-pipelined" for t in threading.enumerate())
