@@ -1,0 +1,295 @@
+"""Launch Baton on a Ray cluster: prefill and decode actors, found by the router by name.
+
+    python deploy/launch.py --address HEAD:6379 --model DIR --prefill 2 --decode 2 [--foreground]
+    python deploy/launch.py --address HEAD:6379 --stop
+
+Lifecycle:
+    connect(address, namespace)     ray.init(address=...) into `namespace` (default "baton")
+    start_workers(specs, ...)       one actor per WorkerSpec, named `baton-<role>-<i>`, with resource
+                                    requests (num_gpus per worker, or a custom resource such as
+                                    {"prefill_node": 1} that only one node type offers), max_restarts=-1
+                                    and max_task_retries; detached when the launcher is to exit
+    wait_workers(actors, ...)       address() -> grpc.health.v1 SERVING; one progress line each
+    router                          --foreground: serve_router() in this process until SIGINT/SIGTERM;
+                                    default: a detached `baton-router` actor pinned to the head node
+                                    (on --router-host:--router-port) and this process exits
+    discovery                       the router re-lists `baton-{prefill,decode}-*` in the namespace,
+                                    so an actor that Ray restarted (on a new port) is picked up again
+    stop_actors(...) / --stop       stop() each (graceful), then ray.kill(no_restart=True)
+
+Reused by `baton serve` (deploy/local.py) for its local Ray instance. Only plain str/int/float
+options cross into Ray (Ray pickles actor arguments itself; Baton never does).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
+
+ROUTER_NAME = "baton-router"
+DEFAULT_NAMESPACE = "baton"
+TASK_RETRIES = 3  # address()/health()/stats() calls survive an actor restart
+
+
+def actor_name(role: str, index: int) -> str:
+    return f"baton-{role}-{index}"
+
+
+def connect(address: str | None, namespace: str) -> None:
+    """Joins the Ray cluster at `address` ("auto" = RAY_ADDRESS or the local head)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or "auto", namespace=namespace, log_to_driver=True,
+                 logging_level=logging.WARNING)
+
+
+def _actor_class(role: str, *, num_gpus: float, resources: dict[str, float] | None):
+    if role == "prefill":
+        from prefill_worker.actor import make_actor_class
+    elif role == "decode":
+        from decode_worker.actor import make_actor_class
+    else:
+        raise ValueError(f"role: {role!r} is not prefill or decode")
+    return make_actor_class(num_gpus=num_gpus, resources=resources or None, max_restarts=-1)
+
+
+def start_workers(specs: list[WorkerSpec], *, namespace: str, num_gpus: float = 0.0,
+                  resources: dict[str, dict[str, float]] | None = None, detached: bool = False,
+                  num_cpus: float = 1.0, env: dict[str, str] | None = None) -> dict[str, object]:
+    """Creates one named actor per spec (or reuses a live one of that name); returns name -> handle.
+
+    resources: role -> custom resource request, e.g. {"decode": {"decode_node": 1}}.
+    env: extra environment for the actor processes (e.g. BATON_TOKEN)."""
+    resources = resources or {}
+    actors: dict[str, object] = {}
+    for spec in specs:
+        cls = _actor_class(spec.role, num_gpus=num_gpus, resources=resources.get(spec.role))
+        opts = dict(name=actor_name(spec.role, spec.index), namespace=namespace, get_if_exists=True,
+                    max_task_retries=TASK_RETRIES, num_cpus=num_cpus)
+        if detached:
+            opts["lifetime"] = "detached"
+        if env:
+            opts["runtime_env"] = {"env_vars": dict(env)}
+        actors[opts["name"]] = cls.options(**opts).remote(**spec.options())
+    return actors
+
+
+def wait_workers(actors: dict[str, object], *, progress: Progress, timeout: float, stop=None,
+                 settings=None) -> dict[str, str]:
+    """Waits until every actor answers address() and its server is SERVING; returns name -> address."""
+    import ray
+
+    t0 = time.monotonic()
+    for name in actors:
+        progress.say(f"{name.removeprefix('baton-')} loading (Ray actor)")
+    pending = {actors[n].address.remote(): n for n in actors}
+    addresses: dict[str, str] = {}
+    while pending:
+        if stop is not None and stop.is_set():
+            raise StartupError("interrupted while workers were loading")
+        left = timeout - (time.monotonic() - t0)
+        if left <= 0:
+            raise StartupError(f"{', '.join(sorted(pending.values()))} not ready after {timeout:.0f} s")
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=min(0.5, left))
+        for ref in done:
+            name = pending.pop(ref)
+            try:
+                addr = str(ray.get(ref))
+            except Exception as e:
+                raise StartupError(f"{name} failed to start: {e}") from e
+            wait_serving(addr, timeout=max(1.0, timeout - (time.monotonic() - t0)), stop=stop,
+                         settings=settings, what=name)
+            addresses[name] = addr
+            progress.say(f"{name.removeprefix('baton-')} ready on {addr} ({time.monotonic() - t0:.1f} s)")
+    return addresses
+
+
+def stop_actors(actors, *, grace: float = 2.0) -> None:
+    """Graceful stop() on each actor (up to `grace` s in all), then kill without restart."""
+    import ray
+
+    handles = list(actors.values()) if isinstance(actors, dict) else list(actors)
+    refs = []
+    for a in handles:
+        try:
+            refs.append(a.stop.remote(grace))
+        except Exception:
+            pass
+    if refs:
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=grace)
+        except Exception:
+            pass
+    for a in handles:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:
+            pass
+
+
+def named_actors(namespace: str) -> dict[str, object]:
+    """Live `baton-*` actors of `namespace` (workers and router)."""
+    import ray
+
+    out = {}
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry.get("namespace") == namespace and entry["name"].startswith("baton-"):
+            try:
+                out[entry["name"]] = ray.get_actor(entry["name"], namespace=namespace)
+            except ValueError:
+                continue
+    return out
+
+
+def router_kwargs(*, host: str, port: int, namespace: str | None, prefill=(), decode=(), model_dir=None,
+                  token_file=None) -> dict:
+    """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
+    return dict(host=host, port=port, prefill=list(prefill), decode=list(decode), ray_namespace=namespace,
+                model_dir=model_dir, token_file=token_file)
+
+
+class RouterHandle:
+    """The in-process router: `.address` ("host:port") and `.stop(grace)`."""
+
+    def __init__(self, handle, servicer, stop_fn):
+        self._handle, self._servicer, self._stop_fn = handle, servicer, stop_fn
+        self.address = handle.address
+        self.port = handle.port
+
+    def stop(self, grace: float = 2.5) -> None:
+        """Health NOT_SERVING, no new RPCs, in-flight ones get `grace` s; then polling stops."""
+        self._stop_fn(self._handle, self._servicer, grace)
+
+
+def serve_router(*, host: str, port: int, prefill=(), decode=(), ray_namespace=None, model_dir=None,
+                 token_file=None) -> RouterHandle:
+    """Starts the router in this process (router.service / router.__main__ serve_router)."""
+    from baton.settings import Settings, read_token_file
+
+    try:
+        from router.service import serve_router as _serve, stop_router
+    except ImportError:
+        from router.__main__ import serve_router as _serve, stop_router
+    settings = Settings.from_env(token=read_token_file(token_file) if token_file else None, host=host)
+    handle, servicer = _serve(prefill=list(prefill), decode=list(decode), model_dir=model_dir,
+                              settings=settings, host=host, port=port, ray_namespace=ray_namespace)
+    return RouterHandle(handle, servicer, stop_router)
+
+
+def _reachable(address: str) -> str:
+    """A wildcard bind address ("0.0.0.0:P") as this node's IP, for other nodes to dial."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        import ray
+
+        host = ray.util.get_node_ip_address()
+    return f"{host}:{port}"
+
+
+def make_router_actor_class():
+    """A Ray actor hosting the router (placed on the head node, restarted on failure)."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=TASK_RETRIES)
+    class RouterActor:
+        def __init__(self, **kw):
+            self._router = serve_router(**kw)
+
+        def address(self) -> str:
+            return _reachable(self._router.address)
+
+        def stop(self, grace: float = 2.0) -> None:
+            self._router.stop(grace)
+
+    return RouterActor
+
+
+def start_router_actor(*, namespace: str, env: dict[str, str] | None = None, **kw):
+    opts = dict(name=ROUTER_NAME, namespace=namespace, lifetime="detached", get_if_exists=True,
+                resources={"node:__internal_head__": 0.001})
+    if env:
+        opts["runtime_env"] = {"env_vars": dict(env)}
+    return make_router_actor_class().options(**opts).remote(**kw)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default="auto", help="Ray cluster address (default: RAY_ADDRESS / local head)")
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the named actors")
+    p.add_argument("--model", default=None, help="checkpoint dir, the same path on every node "
+                   "(default: the embedded model)")
+    p.add_argument("--prefill", type=int, default=1, help="prefill actors")
+    p.add_argument("--decode", type=int, default=1, help="decode actors")
+    p.add_argument("--engine", default=None, choices=("bf16", "fp8", "mtp"), help="decode engine")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"),
+                   help="default: cuda when --gpus-per-worker > 0, else cpu")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
+    p.add_argument("--max-len", type=int, default=None, help="context window per worker")
+    p.add_argument("--gpus-per-worker", type=float, default=1.0, help="num_gpus of each worker actor")
+    p.add_argument("--prefill-resource", default=None, help='custom resource for prefill actors (e.g. prefill_node)')
+    p.add_argument("--decode-resource", default=None, help='custom resource for decode actors (e.g. decode_node)')
+    p.add_argument("--worker-host", default="0.0.0.0", help="bind host of the worker servers")
+    p.add_argument("--router-host", default="0.0.0.0", help="bind host of the router")
+    p.add_argument("--router-port", type=int, default=50051)
+    p.add_argument("--token-file", default=None, help="bearer token file (the same path on every node)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workers")
+    p.add_argument("--foreground", action="store_true", help="run the router in this process until signalled")
+    p.add_argument("--stop", action="store_true", help="stop every baton-* actor of the namespace and exit")
+
+
+def specs_from_args(args) -> list[WorkerSpec]:
+    device = args.device or ("cuda" if args.gpus_per_worker > 0 else "cpu")
+    common = dict(model_dir=args.model, host=args.worker_host, device=device, dtype=args.dtype,
+                  max_len=args.max_len, token_file=args.token_file)
+    return ([WorkerSpec("prefill", i, **common) for i in range(args.prefill)]
+            + [WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="deploy/launch.py", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    progress = Progress()
+    connect(args.address, args.namespace)
+    import ray
+
+    if args.stop:
+        found = named_actors(args.namespace)
+        stop_actors(found)
+        progress.say(f"stopped {len(found)} actor(s) in namespace {args.namespace!r}")
+        return 0
+    res = {r: {name: 1.0} for r, name in (("prefill", args.prefill_resource), ("decode", args.decode_resource))
+           if name}
+    actors = start_workers(specs_from_args(args), namespace=args.namespace, num_gpus=args.gpus_per_worker,
+                           resources=res, detached=not args.foreground)
+    try:
+        addrs = wait_workers(actors, progress=progress, timeout=args.timeout)
+    except BaseException:
+        stop_actors(actors)
+        raise
+    pre = [a for n, a in addrs.items() if "-prefill-" in n]
+    dec = [a for n, a in addrs.items() if "-decode-" in n]
+    kw = router_kwargs(host=args.router_host, port=args.router_port, namespace=args.namespace, prefill=pre,
+                       decode=dec, model_dir=args.model, token_file=args.token_file)
+    if args.foreground:
+        from deploy.local import serve_until_signalled
+
+        return serve_until_signalled(lambda: serve_router(**kw), cleanup=lambda: stop_actors(actors),
+                                     progress=progress)
+    router = start_router_actor(namespace=args.namespace, **kw)
+    address = ray.get(router.address.remote(), timeout=args.timeout)
+    wait_serving(address, timeout=60.0, what="router")
+    print(f"baton: serving on {address}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

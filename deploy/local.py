@@ -1,0 +1,250 @@
+"""`baton serve`: the whole topology on one machine: N prefill + M decode workers and the router.
+
+Lifecycle:
+    start        Ray (default): join RAY_ADDRESS, or start a private local instance (loopback, temp
+                 dir, no dashboard, no usage stats); N+M named actors via deploy/launch.py.
+                 --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all).
+                 One progress line per worker: loading, then ready with the seconds it took.
+    serve        the router in this process, given the workers' addresses (and, with Ray, the
+                 namespace, so an actor Ray restarts on a new port is found again); once its health
+                 is SERVING, exactly one line on stdout: `baton: serving on HOST:PORT`
+    SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s;
+                 then workers stop (actors stopped and killed / processes SIGTERM, then SIGKILL,
+                 reaped); the Ray instance this command started is shut down and its temp dir
+                 removed. Exit 0, within ~10 s. A signal during start-up aborts the start-up and
+                 runs the same clean-up.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable
+
+from deploy.processes import Progress, StartupError, WorkerSpec, start_processes, stop_processes, wait_serving
+
+ENGINES = ("bf16", "fp8", "mtp")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
+    p.add_argument("--port", type=int, default=50051, help="router port (0 = a free port)")
+    p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
+    p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
+    p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")
+    p.add_argument("--engine", default=None, choices=ENGINES, help="decode engine (default: the worker's)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--max-len", type=int, default=None, help="context window of each worker")
+    p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
+    p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
+    p.add_argument("--namespace", default=None, help="Ray namespace (default: baton, or baton-serve-PID "
+                   "when joining RAY_ADDRESS)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for workers to load")
+    p.add_argument("--grace", type=float, default=2.5, help="seconds in-flight requests get at shutdown")
+
+
+class _Signals:
+    """SIGINT/SIGTERM: during start-up raise KeyboardInterrupt (unwinds into the clean-up); while
+    serving set `stop`; while stopping, ignore (the clean-up is already bounded)."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.phase = "starting"
+        self._old = {}
+
+    def _handle(self, signum, frame):
+        if self.phase == "starting":
+            self.phase = "stopping"
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        self.stop.set()
+
+    def __enter__(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old = signal.signal(s, self._handle)
+            self._old.setdefault(s, old)
+        return self
+
+    def reinstall(self) -> None:
+        """After ray.init: its C++ core installs a failure handler that aborts on SIGTERM."""
+        self.__enter__()
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _router_probe_address(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "::", "") else address
+
+
+def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callable[[], None],
+                          progress: Progress, grace: float = 2.5, sig: _Signals | None = None) -> int:
+    """Starts the router, prints the serving line once it is SERVING, waits for SIGINT/SIGTERM,
+    then stops the router (grace for in-flight RPCs) and runs `cleanup` (the workers)."""
+    own = sig is None
+    sig = sig or _Signals().__enter__()
+    router, rc = None, 0
+    try:
+        router = start_router()
+        wait_serving(_router_probe_address(router.address), timeout=120.0, what="router")
+        sig.phase = "serving"
+        print(f"baton: serving on {router.address}", flush=True)
+        while not sig.stop.wait(0.5):
+            pass
+        progress.say("stopping: router no longer accepts requests")
+    except KeyboardInterrupt:
+        progress.say("interrupted: stopping")
+    except (StartupError, OSError, ValueError) as e:
+        progress.say(f"router failed to start: {e}")
+        rc = 1
+    finally:
+        sig.phase = "stopping"
+        t0 = time.monotonic()
+        if router is not None:
+            try:
+                router.stop(grace)
+                progress.say(f"router stopped ({time.monotonic() - t0:.1f} s)")
+            except Exception as e:  # keep going: the workers must still be stopped
+                progress.say(f"router stop failed: {e}")
+        try:
+            cleanup()
+        finally:
+            if own:
+                sig.__exit__()
+        progress.say(f"stopped ({time.monotonic() - t0:.1f} s)")
+    return rc
+
+
+# ------------------------------------------------------------------------------------------- Ray
+class _LocalRay:
+    """ray.init into RAY_ADDRESS, or a private instance this object also shuts down."""
+
+    def __init__(self, namespace: str | None):
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        import ray
+
+        self.ray = ray
+        self.joined = bool(os.environ.get("RAY_ADDRESS"))
+        self.temp_dir = None
+        self.namespace = namespace or (f"baton-serve-{os.getpid()}" if self.joined else "baton")
+
+    def start(self, num_workers: int) -> None:
+        ray = self.ray
+        if self.joined:
+            ray.init(address=os.environ["RAY_ADDRESS"], namespace=self.namespace, log_to_driver=True,
+                     logging_level="WARNING")
+        else:
+            # NOTE: short path: Ray's unix sockets live under it (108-byte limit).
+            self.temp_dir = tempfile.mkdtemp(prefix="baton-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+            ray.init(address="local", namespace=self.namespace, include_dashboard=False,
+                     _temp_dir=self.temp_dir, _node_ip_address="127.0.0.1",
+                     num_cpus=max(os.cpu_count() or 1, num_workers + 1),
+                     object_store_memory=128 * 1024 * 1024, log_to_driver=True, logging_level="WARNING")
+
+    def gpus_per_worker(self, device: str, num_workers: int) -> float:
+        if device != "cuda":
+            return 0.0
+        gpus = self.ray.cluster_resources().get("GPU", 0.0)
+        if gpus <= 0:
+            raise StartupError("--device cuda: Ray sees no GPU on this machine")
+        return min(1.0, gpus / num_workers)
+
+    def shutdown(self) -> None:
+        self.ray.shutdown()
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _worker_specs(args) -> list[WorkerSpec]:
+    # NOTE: both roles get the same dtype and window (exact mode compares their rows bit for bit)
+    common = dict(model_dir=args.model, host="127.0.0.1", device=args.device, dtype=args.dtype,
+                  max_len=args.max_len, token_file=args.token_file, grace=args.grace)
+    return ([WorkerSpec("prefill", i, **common) for i in range(args.prefill)]
+            + [WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)])
+
+
+def _check(args) -> str | None:
+    if args.prefill < 1 or args.decode < 1:
+        return "--prefill and --decode must be >= 1"
+    if not 0 <= args.port < 65536:
+        return "--port must be in 0..65535"
+    from baton.loading import resolve_model_dir
+
+    try:
+        args.model = str(resolve_model_dir(args.model))
+    except FileNotFoundError as e:
+        return str(e)
+    return None
+
+
+def run(args) -> int:
+    from baton.settings import Settings
+
+    err = _check(args)
+    if err:
+        print(f"baton serve: {err}", file=sys.stderr)
+        return 2
+    host = args.host or Settings.from_env().host
+    progress = Progress()
+    specs = _worker_specs(args)
+    cleanups: list[Callable[[], None]] = []
+
+    def cleanup() -> None:
+        for fn in reversed(cleanups):
+            try:
+                fn()
+            except Exception as e:
+                progress.say(f"clean-up step failed: {e}")
+
+    with _Signals() as sig:
+        try:
+            if args.processes:
+                namespace = None
+                procs = start_processes(specs, progress=progress, timeout=args.timeout, stop=sig.stop)
+                cleanups.append(lambda: stop_processes(procs, grace=args.grace + 1.0, progress=progress))
+                addresses = {p.spec.name: p.address for p in procs}
+            else:
+                from deploy import launch
+
+                progress.say("starting Ray" + (" (joining RAY_ADDRESS)" if os.environ.get("RAY_ADDRESS") else ""))
+                t0 = time.monotonic()
+                ray_ctx = _LocalRay(args.namespace)
+                cleanups.append(ray_ctx.shutdown)
+                ray_ctx.start(len(specs))
+                sig.reinstall()
+                progress.say(f"Ray ready ({time.monotonic() - t0:.1f} s, namespace {ray_ctx.namespace!r})")
+                namespace = ray_ctx.namespace
+                token = os.environ.get("BATON_TOKEN")
+                actors = launch.start_workers(
+                    specs, namespace=namespace, num_gpus=ray_ctx.gpus_per_worker(args.device, len(specs)),
+                    env={"BATON_TOKEN": token} if token else None)
+                cleanups.append(lambda: launch.stop_actors(actors, grace=args.grace))
+                got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)
+                addresses = {n.removeprefix("baton-"): a for n, a in got.items()}
+        except KeyboardInterrupt:
+            progress.say("interrupted while starting: stopping")
+            cleanup()
+            return 0
+        except StartupError as e:
+            progress.say(f"start-up failed: {e}")
+            cleanup()
+            return 1
+        except BaseException:
+            cleanup()
+            raise
+
+        from deploy.launch import router_kwargs, serve_router
+
+        kw = router_kwargs(host=host, port=args.port, namespace=namespace,
+                           prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
+                           decode=[a for n, a in addresses.items() if n.startswith("decode-")],
+                           model_dir=args.model, token_file=args.token_file)
+        return serve_until_signalled(lambda: serve_router(**kw), cleanup=cleanup, progress=progress,
+                                     grace=args.grace, sig=sig)

@@ -1,0 +1,245 @@
+"""Plain-process topology (no Ray): worker subprocesses, plus the helpers both topologies share.
+
+Lifecycle of one worker process (`baton serve --processes`, and the GPU machine, which has no Ray):
+    WorkerProcess.start()   `python -m prefill_worker|decode_worker ... --port 0` in its own process
+                            group (a Ctrl-C in the terminal reaches only `baton serve`, which then
+                            stops things in order) with PR_SET_PDEATHSIG=SIGTERM, so a parent killed
+                            with SIGKILL still leaves no worker behind
+    reader thread           drains the child's stdout; parses "<role>: serving on HOST:PORT"
+    wait_ready()            address known -> grpc.health.v1 polled until SERVING (weights loaded,
+                            graphs captured) -> one "ready" progress line with the seconds it took
+    stop(grace)             SIGTERM -> up to `grace` s -> SIGKILL -> reaped (never left a zombie)
+
+Shared helpers: `health_status(address)` (grpc.health.v1 probe), `Progress` (one stderr line per
+worker state change), `WorkerSpec` (role + plain options -> CLI argv or actor kwargs).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+SERVING_RE = re.compile(r"^(?P<role>\w+): serving on (?P<addr>\S+:\d+)\s*$")
+ROLES = ("prefill", "decode")
+
+
+class StartupError(RuntimeError):
+    """A worker or the router did not come up (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Plain options for one worker; the same for a subprocess and for a Ray actor."""
+
+    role: str                      # "prefill" | "decode"
+    index: int
+    model_dir: str | None = None   # None = the embedded default model
+    host: str = "127.0.0.1"
+    port: int = 0                  # 0 = a free port, reported in the "serving on" line
+    device: str = "cpu"
+    dtype: str | None = None       # None = the worker's default
+    engine: str | None = None      # decode only
+    max_len: int | None = None
+    token_file: str | None = None
+    grace: float | None = None     # subprocess only: the worker's own drain time on SIGTERM
+    extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # more --flag value pairs
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def options(self) -> dict[str, object]:
+        """Non-empty options by their CLI/keyword name (model_dir, host, port, device, ...)."""
+        opts = {"model_dir": self.model_dir, "host": self.host, "port": self.port, "device": self.device,
+                "dtype": self.dtype, "max_len": self.max_len, "token_file": self.token_file}
+        if self.role == "decode":
+            opts["engine"] = self.engine
+        opts.update(dict(self.extra))
+        return {k: v for k, v in opts.items() if v is not None}
+
+    def argv(self) -> list[str]:
+        flags = {"model_dir": "--model"}
+        out = [sys.executable, "-u", "-m", f"{self.role}_worker"]
+        opts = self.options()
+        if self.grace is not None:
+            opts["grace"] = self.grace
+        for key, value in opts.items():
+            out += [flags.get(key, "--" + key.replace("_", "-")), str(value)]
+        return out
+
+
+class Progress:
+    """One line per worker state change on stderr: `baton: decode-0 ready on 127.0.0.1:4242 (3.1 s)`."""
+
+    def __init__(self, stream=None):
+        self._stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        with self._lock:
+            print(f"baton: {text}", file=self._stream, flush=True)
+
+
+def health_status(address: str, service: str = "", timeout: float = 2.0, settings=None) -> str:
+    """grpc.health.v1 status of `address`: SERVING, NOT_SERVING, ... or UNREACHABLE."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from baton.rpc import make_channel
+
+    channel = make_channel(address, settings, attach_token=False)
+    try:
+        resp = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    except grpc.RpcError:
+        return "UNREACHABLE"
+    finally:
+        channel.close()
+
+
+def wait_serving(address: str, *, timeout: float, stop: threading.Event | None = None, settings=None,
+                 alive=lambda: True, what: str = "server") -> None:
+    """Poll health until SERVING; StartupError on timeout, on `stop`, or when `alive()` turns False."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if health_status(address, settings=settings) == "SERVING":
+            return
+        if not alive():
+            raise StartupError(f"{what} exited before it was serving")
+        if stop is not None and stop.is_set():
+            raise StartupError(f"{what}: interrupted while starting")
+        if time.monotonic() > deadline:
+            raise StartupError(f"{what} at {address} not SERVING after {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+try:  # resolved in the parent: the child only calls it (no dlopen between fork and exec)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the worker gets SIGTERM when its parent dies
+
+
+class WorkerProcess:
+    """A worker subprocess: start, wait until ready, stop."""
+
+    def __init__(self, spec: WorkerSpec, *, env: dict[str, str] | None = None, echo=None):
+        self.spec = spec
+        self.address: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self._env = env
+        self._echo = echo if echo is not None else sys.stderr   # where the child's stdout goes
+        self._addr_ready = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._terminated = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> "WorkerProcess":
+        self.proc = subprocess.Popen(
+            self.spec.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+            text=True, bufsize=1, env=self._env, start_new_session=True,
+            preexec_fn=_set_pdeathsig if _PRCTL is not None else None)
+        self._reader = threading.Thread(target=self._drain, name=f"{self.spec.name}-stdout", daemon=True)
+        self._reader.start()
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            m = SERVING_RE.match(line.strip())
+            if m and self.address is None:
+                self.address = m.group("addr")
+                self._addr_ready.set()
+            else:
+                try:
+                    self._echo.write(f"[{self.spec.name}] {line}")
+                    self._echo.flush()
+                except ValueError:  # echo stream closed during interpreter shutdown
+                    return
+        self._addr_ready.set()  # EOF: the process is gone
+
+    def wait_ready(self, *, timeout: float, stop: threading.Event | None = None, settings=None) -> str:
+        """Blocks until the worker's health is SERVING; returns its address."""
+        deadline = time.monotonic() + timeout
+        while not self._addr_ready.wait(0.1):
+            if stop is not None and stop.is_set():
+                raise StartupError(f"{self.spec.name}: interrupted while starting")
+            if time.monotonic() > deadline:
+                raise StartupError(f"{self.spec.name} printed no 'serving on' line in {timeout:.0f} s")
+        if self.address is None:
+            raise StartupError(f"{self.spec.name} exited (code {self.proc.wait()}) before serving")
+        wait_serving(self.address, timeout=max(1.0, deadline - time.monotonic()), stop=stop,
+                     settings=settings, alive=self.alive, what=self.spec.name)
+        return self.address
+
+    def terminate(self) -> None:
+        """SIGTERM once (a second one could land while the worker is already exiting)."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # the group: anything the worker forked
+            except (ProcessLookupError, PermissionError):
+                self.proc.terminate()
+
+    def stop(self, grace: float = 3.0) -> int | None:
+        """SIGTERM, wait up to `grace` s, then SIGKILL; returns the exit code."""
+        if self.proc is None:
+            return None
+        self.terminate()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+            self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=1.0)
+        return self.proc.returncode
+
+
+def stop_processes(workers: list[WorkerProcess], grace: float = 3.0, progress: Progress | None = None) -> None:
+    """Stops all workers in parallel: SIGTERM to each, then one shared grace period, then SIGKILL."""
+    for w in workers:
+        w.terminate()
+    deadline = time.monotonic() + grace
+    for w in workers:
+        code = w.stop(grace=max(0.0, deadline - time.monotonic()))
+        if code and progress is not None:
+            progress.say(f"{w.spec.name} exited with code {code}")
+
+
+def start_processes(specs: list[WorkerSpec], *, progress: Progress, timeout: float,
+                    stop: threading.Event | None = None, settings=None) -> list[WorkerProcess]:
+    """Starts every worker at once and waits until all are SERVING (one progress line each)."""
+    workers = [WorkerProcess(s) for s in specs]
+    t0 = time.monotonic()
+    try:
+        for w in workers:
+            w.start()
+            progress.say(f"{w.spec.name} loading (pid {w.pid})")
+        for w in workers:
+            addr = w.wait_ready(timeout=max(1.0, timeout - (time.monotonic() - t0)), stop=stop,
+                                settings=settings)
+            progress.say(f"{w.spec.name} ready on {addr} ({time.monotonic() - t0:.1f} s)")
+    except BaseException:
+        stop_processes(workers, grace=2.0)
+        raise
+    return workers

@@ -1,0 +1,227 @@
+"""`baton serve` end to end: start it in a subprocess on the embedded default model, wait for the
+serving line, `baton generate` against it (fast and exact), SIGTERM it, then check it exited 0
+within 10 s, that no process it started is left, and that no port it opened is still open.
+
+The process-tree helpers read /proc (psutil is not a dependency)."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVING_RE = re.compile(r"^baton: serving on (\S+):(\d+)$")
+READY_RE = re.compile(r"ready on (\S+):(\d+)")
+PROMPT = "def fibonacci(n):"
+
+
+# ---------------------------------------------------------------------------------- /proc helpers
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, start time) of a live pid, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def descendants(root: int) -> dict[int, int]:
+    """pid -> start time of every live descendant of `root`."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                children.setdefault(st[0], []).append(int(entry))
+                starts[int(entry)] = st[2]
+    out, todo = {}, [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out[c] = starts[c]
+            todo.append(c)
+    return out
+
+
+def cmdlines(pids) -> dict[int, str]:
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            pass
+    return out
+
+
+def survivors(procs: dict[int, int]) -> list[str]:
+    """Those of `procs` (pid -> start time) still running (a zombie counts as gone)."""
+    left = []
+    for pid, start in procs.items():
+        st = _stat(pid)
+        if st is not None and st[2] == start and st[1] != "Z":
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+            except OSError:
+                cmd = "?"
+            left.append(f"{pid}: {cmd}")
+    return left
+
+
+def cmdline_matches(text: str) -> list[str]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            st = _stat(int(entry))
+            if text in cmd and st is not None and st[1] != "Z" and int(entry) != os.getpid():
+                out.append(f"{entry}: {cmd[:160]}")
+    return out
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+# ---------------------------------------------------------------------------------- the server
+class Served:
+    """`baton serve ...` in its own session; stderr lines are collected, stdout scanned."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "serve", *args], cwd=ROOT,
+                                     env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: "queue.Queue[str]" = queue.Queue()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False), daemon=True).start()
+
+    def _pump(self, stream, sink, to_queue):
+        for line in stream:
+            sink.append(line.rstrip("\n"))
+            if to_queue:
+                self.lines.put(line.rstrip("\n"))
+
+    def log(self) -> str:
+        return "\n".join(["--- stdout"] + self.stdout + ["--- stderr"] + self.stderr[-60:])
+
+    def wait_serving(self, timeout: float) -> tuple[str, int]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None and self.lines.empty():
+                pytest.fail(f"baton serve exited with {self.proc.returncode}\n{self.log()}")
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            m = SERVING_RE.match(line)
+            if m:
+                return m.group(1), int(m.group(2))
+        self.kill()
+        pytest.fail(f"no serving line in {timeout} s\n{self.log()}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            for pid in descendants(self.proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.kill()
+            self.proc.wait()
+
+    def worker_ports(self) -> list[int]:
+        return [int(m.group(2)) for line in self.stderr if line.startswith("baton: ") and (m := READY_RE.search(line))]
+
+
+def generate(addr: str, *extra: str, env=None) -> dict:
+    r = subprocess.run([sys.executable, "-m", "baton.cli", "generate", "--addr", addr, "--max-new-tokens", "12",
+                        "--json", *extra, PROMPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"baton generate {extra} failed ({r.returncode}): {r.stderr}"
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["token_ids"], out
+    return out
+
+
+def serve_generate_stop(tmp_path, *args: str, start_timeout: float) -> tuple[Served, dict[int, str], float]:
+    """Serve, check fast + exact generation, SIGTERM. Returns (server, pid -> cmdline of the process tree
+    it had started, seconds to exit)."""
+    token_file = tmp_path / "token"
+    token_file.write_text("deploy-test-token\n")
+    srv = Served("--port", "0", "--token-file", str(token_file), *args)
+    try:
+        host, port = srv.wait_serving(start_timeout)
+        addr = f"{host}:{port}"
+        assert sum(1 for ln in srv.stdout if SERVING_RE.match(ln)) == 1
+        env = {**srv.env, "BATON_TOKEN_FILE": str(token_file)}
+        fast = generate(addr, env=env)
+        exact = generate(addr, "--mode", "exact", env=env)
+        assert exact["token_ids"] == fast["token_ids"], "exact mode must equal the bf16 fast path"
+        no_token = subprocess.run([sys.executable, "-m", "baton.cli", "generate", "--addr", addr, PROMPT],
+                                  cwd=ROOT, env={**srv.env, "BATON_TOKEN": "", "BATON_TOKEN_FILE": ""},
+                                  capture_output=True, text=True, timeout=60)
+        assert no_token.returncode != 0 and "UNAUTHENTICATED" in no_token.stderr
+        tree = descendants(srv.proc.pid)
+        assert tree, "serve started no process"
+        cmds = cmdlines(tree)
+        ports = [port] + srv.worker_ports()
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"baton serve still running 15 s after SIGTERM\n{srv.log()}")
+        took = time.monotonic() - t0
+        assert rc == 0, f"exit code {rc}\n{srv.log()}"
+        assert took < 10.0, f"took {took:.1f} s to exit\n{srv.log()}"
+        time.sleep(0.5)  # init reaps re-parented children
+        assert not survivors(tree), f"left behind: {survivors(tree)}"
+        assert not [p for p in ports if port_open(host, p)], f"ports still open: {ports}"
+        return srv, cmds, took
+    finally:
+        srv.kill()
+
+
+# ---------------------------------------------------------------------------------- tests
+@pytest.mark.timeout(240)
+def test_serve_processes_generate_and_sigterm(tmp_path):
+    srv, tree, took = serve_generate_stop(tmp_path, "--processes", start_timeout=180)
+    assert len(srv.worker_ports()) == 2, srv.log()
+    assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == ["decode_worker", "prefill_worker"]
+    assert not any("ray" in line.lower() for line in srv.stderr if line.startswith("baton:")), srv.log()
+    print(f"processes mode: exit {took:.1f} s after SIGTERM, {len(tree)} processes")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_serve_ray_generate_and_sigterm(tmp_path):
+    env_addr = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        srv, tree, took = serve_generate_stop(tmp_path, start_timeout=240)
+    finally:
+        if env_addr is not None:
+            os.environ["RAY_ADDRESS"] = env_addr
+    assert any("raylet" in c for c in tree.values()) and any("gcs_server" in c for c in tree.values())
+    temp_dirs = {m.group(1) for c in tree.values() for m in [re.search(r"(/tmp/baton-ray-[\w]+)", c)] if m}
+    assert temp_dirs, "expected the Ray processes to use a baton-ray-* temp dir"
+    for d in temp_dirs:
+        assert not cmdline_matches(d), f"Ray processes of {d} left: {cmdline_matches(d)}"
+        assert not Path(d).exists(), f"temp dir {d} not removed"
+    print(f"ray mode: exit {took:.1f} s after SIGTERM")
