@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,8 +43,21 @@ def actor_name(role: str, index: int) -> str:
     return f"baton-{role}-{index}"
 
 
+def use_ray_token_if_present() -> None:
+    """Ray >= 2.5x clusters use token auth by default, but a driver given an explicit address only
+    sends the token when RAY_AUTH_MODE=token: set it when a token is at hand (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) and the mode was not chosen explicitly."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def connect(address: str | None, namespace: str) -> None:
     """Joins the Ray cluster at `address` ("auto" = RAY_ADDRESS or the local head)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    use_ray_token_if_present()
     import ray
 
     if not ray.is_initialized():

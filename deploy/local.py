@@ -128,10 +128,14 @@ class _LocalRay:
 
     def __init__(self, namespace: str | None):
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        self.joined = bool(os.environ.get("RAY_ADDRESS"))
+        if self.joined:
+            from deploy.launch import use_ray_token_if_present
+
+            use_ray_token_if_present()  # before `import ray`: its config reads RAY_AUTH_MODE
         import ray
 
         self.ray = ray
-        self.joined = bool(os.environ.get("RAY_ADDRESS"))
         self.temp_dir = None
         self.namespace = namespace or (f"baton-serve-{os.getpid()}" if self.joined else "baton")
 
