@@ -1,0 +1,235 @@
+"""State-bridge throughput: encode, decode, and end-to-end over a real loopback gRPC connection.
+
+State: the Qwen3.5-9B shape (random values), 32 layers = 24 GDN + 8 full attention:
+    GDN  layers.{i}.conv       [8192, 3]          bf16    (48 KiB)
+         layers.{i}.recurrent  [32, 128, 128]     fp32    (2 MiB)
+    attn layers.{i}.key/value  [4, L, 256]        bf16    (2 KiB per token each)
+    hidden                     [4096]             bf16
+Paths measured (GB/s = raw tensor bytes / wall seconds; best and median of --repeats):
+    encode_proto / encode_frames   encode_state -> StateChunk objects / encode_state_frames -> bytes
+    decode_proto / decode_frames   StateReceiver over pre-encoded StateChunks / serialized frames,
+                                   into fresh buffers (decode_frames_reused_buffers: a reused pool)
+    e2e_proto / e2e_frames         pipelined(encode) -> loopback gRPC -> server decode_stream (pulls
+                                   messages 2 ahead) -> BridgeReport back
+    e2e_frames_not_pipelined       the same with no helper threads on either side
+    ceiling_grpc_raw_frames        the same frames, pre-built; the server only counts bytes
+    ceiling_sha256_one_core        hashlib.sha256 on one core (each side hashes every byte once)
+--device cuda: source tensors live on the GPU (device->host inside encode) and the server copies the
+verified tensors into preallocated device buffers before answering (host->device included).
+
+    python benchmarks/bench_bridge.py --out benchmarks/results/bridge-cpu-DATE.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import grpc  # noqa: E402
+import torch  # noqa: E402
+
+from baton import wire  # noqa: E402
+from baton.v1 import common_pb2, state_pb2  # noqa: E402
+
+MSG_LIMIT = 64 << 20
+OPTIONS = [("grpc.max_receive_message_length", MSG_LIMIT), ("grpc.max_send_message_length", MSG_LIMIT)]
+FINGERPRINT = "sha256:bench"
+
+
+def make_state(L: int, device: str) -> list[wire.WireTensor]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(32):
+        if i % 4 == 3:
+            for kind, n in ((state_pb2.ATTN_KEY, "key"), (state_pb2.ATTN_VALUE, "value")):
+                out.append(wire.WireTensor(f"layers.{i}.{n}", kind, torch.randn(4, L, 256, generator=g).bfloat16()))
+        else:
+            out.append(wire.WireTensor(f"layers.{i}.conv", state_pb2.GDN_CONV,
+                                       torch.randn(8192, 3, generator=g).bfloat16()))
+            out.append(wire.WireTensor(f"layers.{i}.recurrent", state_pb2.GDN_RECURRENT,
+                                       torch.randn(32, 128, 128, generator=g)))
+    out.append(wire.WireTensor("hidden", state_pb2.HIDDEN, torch.randn(4096, generator=g).bfloat16()))
+    return [wire.WireTensor(t.name, t.kind, t.tensor.to(device)) for t in out]
+
+
+class Importer:
+    """Receive side: StateReceiver into fresh CPU buffers (pinned when a device is involved, or a
+    reused pool with reuse=True), then, with device buffers, H2D into those static buffers."""
+
+    def __init__(self, layout, max_total, device_buffers=None, reuse=False):
+        self.layout, self.max_total, self.device_buffers = layout, max_total, device_buffers
+        pin = device_buffers is not None
+        self.pool: dict[tuple, list] = {}
+        self.reuse = reuse
+        self._handed: dict[tuple, int] = {}
+
+        def alloc(shape, dtype):
+            if not self.reuse:
+                return torch.empty(shape, dtype=dtype, pin_memory=pin)
+            key = (shape, dtype)  # hand out the pool's buffers in order, growing it on first use
+            i = self._handed.get(key, 0)
+            self._handed[key] = i + 1
+            bufs = self.pool.setdefault(key, [])
+            if i == len(bufs):
+                bufs.append(torch.empty(shape, dtype=dtype, pin_memory=pin))
+            return bufs[i]
+        self.alloc = alloc
+
+    def __call__(self, chunks, ahead=0):
+        self._handed.clear()
+        st = wire.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead)
+        if self.device_buffers is not None:
+            for name, t in st.tensors.items():
+                self.device_buffers[name].copy_(t, non_blocking=True)
+            torch.cuda.synchronize()
+        return st
+
+    def load(self, request_iterator, context):  # the default: messages pulled 2 ahead
+        return self(request_iterator, ahead=2).stats.to_proto()
+
+    def load_inline(self, request_iterator, context):
+        return self(request_iterator, ahead=0).stats.to_proto()
+
+    @staticmethod
+    def count(request_iterator, context):
+        return common_pb2.BridgeReport(total_bytes=sum(len(m) for m in request_iterator))
+
+
+def serve(imp: Importer):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=OPTIONS)
+    report = common_pb2.BridgeReport.SerializeToString
+    handlers = {
+        "LoadProto": grpc.stream_unary_rpc_method_handler(
+            imp.load, request_deserializer=state_pb2.StateChunk.FromString, response_serializer=report),
+        "LoadFrames": grpc.stream_unary_rpc_method_handler(imp.load, response_serializer=report),
+        "LoadFramesInline": grpc.stream_unary_rpc_method_handler(imp.load_inline, response_serializer=report),
+        "Count": grpc.stream_unary_rpc_method_handler(imp.count, response_serializer=report),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Bridge", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
+def timed(fn, repeats: int, nbytes: int) -> dict:
+    fn()  # warm-up (allocator, connection, caches)
+    secs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        secs.append(time.perf_counter() - t0)
+    return {"best_GBps": round(nbytes / min(secs) / 1e9, 3),
+            "median_GBps": round(nbytes / statistics.median(secs) / 1e9, 3),
+            "seconds": [round(s, 4) for s in secs]}
+
+
+def machine() -> dict:
+    model = platform.processor()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    out = {"cpu": model, "cores_usable": len(os.sched_getaffinity(0)), "cores_host": os.cpu_count(),
+           "python": platform.python_version(),
+           "torch": torch.__version__, "grpc": grpc.__version__}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=4096, help="context length L of the KV part")
+    ap.add_argument("--chunk-mib", type=float, default=wire.DEFAULT_CHUNK_BYTES / (1 << 20))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--machine-note", default="", help="free text describing the machine")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    chunk = int(a.chunk_mib * (1 << 20))
+    tensors = make_state(a.tokens, a.device)
+    specs = [wire.TensorDesc.of(t) for t in tensors]
+    total = sum(s.nbytes for s in specs)
+    layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
+    enc = dict(session_id="bench", fingerprint=FINGERPRINT, position=a.tokens, next_token=1,
+               tensors=tensors, chunk_bytes=chunk)
+    proto_msgs = list(wire.encode_state(**enc))
+    frames = list(wire.encode_state_frames(**enc))
+    assert frames[1] == proto_msgs[1].SerializeToString()  # hand framing == protobuf framing
+
+    dev_bufs = None
+    if a.device != "cpu":
+        dev_bufs = {t.name: torch.empty_like(t.tensor) for t in tensors}
+    imp = Importer(layout, total, dev_bufs)
+    reuse = Importer(layout, total, dev_bufs, reuse=True)
+    server, port = serve(imp)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
+    rep = common_pb2.BridgeReport.FromString
+    load_proto = channel.stream_unary("/bench.Bridge/LoadProto", response_deserializer=rep,
+                                      request_serializer=state_pb2.StateChunk.SerializeToString)
+    load_frames = channel.stream_unary("/bench.Bridge/LoadFrames", response_deserializer=rep)
+    load_frames_inline = channel.stream_unary("/bench.Bridge/LoadFramesInline", response_deserializer=rep)
+    count = channel.stream_unary("/bench.Bridge/Count", response_deserializer=rep)
+
+    def check(report):
+        assert report.total_bytes == total, report
+        return report
+
+    blob = os.urandom(64 << 20)
+    loadavg_before = os.getloadavg()
+    n = a.repeats
+    r = {
+        "encode_proto": timed(lambda: sum(1 for _ in wire.encode_state(**enc)), n, total),
+        "encode_frames": timed(lambda: sum(1 for _ in wire.encode_state_frames(**enc)), n, total),
+        "decode_proto": timed(lambda: imp(proto_msgs), n, total),
+        "decode_frames": timed(lambda: imp(frames), n, total),
+        "decode_frames_reused_buffers": timed(lambda: reuse(frames), n, total),
+        "e2e_proto": timed(lambda: check(load_proto(wire.pipelined(wire.encode_state(**enc)))), n, total),
+        "e2e_frames": timed(lambda: check(load_frames(wire.pipelined(wire.encode_state_frames(**enc)))), n, total),
+        "e2e_frames_not_pipelined": timed(lambda: check(load_frames_inline(wire.encode_state_frames(**enc))), n, total),
+        "ceiling_grpc_raw_frames": timed(lambda: count(iter(frames)), n, sum(map(len, frames))),
+        "ceiling_sha256_one_core": timed(lambda: hashlib.sha256(blob).digest(), n, len(blob)),
+    }
+    loadavg_after = os.getloadavg()
+    # bitwise check of one end-to-end transfer (outside the timed loops)
+    got = imp(iter(frames))
+    src = {t.name: t.tensor for t in tensors}
+    for name, t in got.tensors.items():
+        assert torch.equal(t.view(torch.uint8), src[name].cpu().view(torch.uint8)), name
+        if dev_bufs is not None:
+            assert torch.equal(dev_bufs[name].view(torch.uint8), src[name].view(torch.uint8)), name
+    report = check(load_frames(wire.pipelined(wire.encode_state_frames(**enc))))
+    channel.close()
+    server.stop(None)
+    result = {
+        "benchmark": "bridge",
+        "command": shlex.join(["python", sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine() | ({"note": a.machine_note} if a.machine_note else {}),
+        "device": a.device,
+        "loadavg_1_5_15": {"before": [round(x, 2) for x in loadavg_before],
+                           "after": [round(x, 2) for x in loadavg_after]},
+        "state": {"tokens": a.tokens, "total_bytes": total, "bytes_by_kind": dict(report.bytes_by_kind),
+                  "tensors": len(specs), "data_chunks": report.chunks, "chunk_bytes": chunk},
+        "results": r,
+    }
+    print(json.dumps(result, indent=1))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
