@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,7 @@ def start_workers(specs: list[WorkerSpec], *, namespace: str, num_gpus: float = 
             opts["lifetime"] = "detached"
         if env:
             opts["runtime_env"] = {"env_vars": dict(env)}
+        # NOTE: get_if_exists: a second launch reuses live actors (and ignores new options: --stop first)
         actors[opts["name"]] = cls.options(**opts).remote(**spec.options())
     return actors
 
@@ -255,7 +257,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-port", type=int, default=50051)
     p.add_argument("--token-file", default=None, help="bearer token file (the same path on every node)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workers")
-    p.add_argument("--foreground", action="store_true", help="run the router in this process until signalled")
+    p.add_argument("--foreground", action="store_true", help="run the router in this process until signalled "
+                   "(the actors then live only as long as this process)")
     p.add_argument("--stop", action="store_true", help="stop every baton-* actor of the namespace and exit")
 
 
@@ -275,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     connect(args.address, args.namespace)
     import ray
 
+    # NOTE: after ray.init: Ray's core installs a SIGTERM handler that aborts; make it an interrupt
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
     if args.stop:
         found = named_actors(args.namespace)
         stop_actors(found)
@@ -282,13 +288,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     res = {r: {name: 1.0} for r, name in (("prefill", args.prefill_resource), ("decode", args.decode_resource))
            if name}
+    token = os.environ.get("BATON_TOKEN")
+    env = {"BATON_TOKEN": token} if token else None  # the actors' runtime_env; or --token-file
     actors = start_workers(specs_from_args(args), namespace=args.namespace, num_gpus=args.gpus_per_worker,
-                           resources=res, detached=not args.foreground)
+                           resources=res, detached=not args.foreground, env=env)
     try:
         addrs = wait_workers(actors, progress=progress, timeout=args.timeout)
-    except BaseException:
+    except (KeyboardInterrupt, StartupError) as e:
+        progress.say(f"start-up failed: {e or 'interrupted'}; stopping the actors")
         stop_actors(actors)
-        raise
+        return 1
     pre = [a for n, a in addrs.items() if "-prefill-" in n]
     dec = [a for n, a in addrs.items() if "-decode-" in n]
     kw = router_kwargs(host=args.router_host, port=args.router_port, namespace=args.namespace, prefill=pre,
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_until_signalled(lambda: serve_router(**kw), cleanup=lambda: stop_actors(actors),
                                      progress=progress)
-    router = start_router_actor(namespace=args.namespace, **kw)
+    router = start_router_actor(namespace=args.namespace, env=env, **kw)
     address = ray.get(router.address.remote(), timeout=args.timeout)
     wait_serving(address, timeout=60.0, what="router")
     print(f"baton: serving on {address}", flush=True)

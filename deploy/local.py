@@ -3,7 +3,8 @@
 Lifecycle:
     start        Ray (default): join RAY_ADDRESS, or start a private local instance (loopback, temp
                  dir, no dashboard, no usage stats); N+M named actors via deploy/launch.py.
-                 --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all).
+                 --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all),
+                 restarted on the same port when one exits on its own (as Ray restarts actors).
                  One progress line per worker: loading, then ready with the seconds it took.
     serve        the router in this process, given the workers' addresses (and, with Ray, the
                  namespace, so an actor Ray restarts on a new port is found again); once its health
@@ -17,6 +18,7 @@ Lifecycle:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -24,9 +26,11 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
-from deploy.processes import Progress, StartupError, WorkerSpec, start_processes, stop_processes, wait_serving
+from deploy.processes import (Progress, StartupError, Supervisor, WorkerSpec, start_processes, stop_processes,
+                              wait_serving)
 
 ENGINES = ("bf16", "fp8", "mtp")
 
@@ -85,9 +89,10 @@ def _router_probe_address(address: str) -> str:
 
 
 def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callable[[], None],
-                          progress: Progress, grace: float = 2.5, sig: _Signals | None = None) -> int:
-    """Starts the router, prints the serving line once it is SERVING, waits for SIGINT/SIGTERM,
-    then stops the router (grace for in-flight RPCs) and runs `cleanup` (the workers)."""
+                          progress: Progress, grace: float = 2.5, sig: _Signals | None = None,
+                          tick: Callable[[], None] | None = None) -> int:
+    """Starts the router, prints the serving line once it is SERVING, calls `tick` every 0.5 s until
+    SIGINT/SIGTERM, then stops the router (grace for in-flight RPCs) and runs `cleanup` (the workers)."""
     own = sig is None
     sig = sig or _Signals().__enter__()
     router, rc = None, 0
@@ -97,7 +102,8 @@ def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callab
         sig.phase = "serving"
         print(f"baton: serving on {router.address}", flush=True)
         while not sig.stop.wait(0.5):
-            pass
+            if tick is not None:
+                tick()
         progress.say("stopping: router no longer accepts requests")
     except KeyboardInterrupt:
         progress.say("interrupted: stopping")
@@ -169,7 +175,7 @@ class _LocalRay:
 def _worker_specs(args) -> list[WorkerSpec]:
     # NOTE: both roles get the same dtype and window (exact mode compares their rows bit for bit)
     common = dict(model_dir=args.model, host="127.0.0.1", device=args.device, dtype=args.dtype,
-                  max_len=args.max_len, token_file=args.token_file, grace=args.grace)
+                  max_len=args.max_len, token_file=args.token_file, grace=min(args.grace, 1.0))
     return ([WorkerSpec("prefill", i, **common) for i in range(args.prefill)]
             + [WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)])
 
@@ -179,12 +185,13 @@ def _check(args) -> str | None:
         return "--prefill and --decode must be >= 1"
     if not 0 <= args.port < 65536:
         return "--port must be in 0..65535"
-    from baton.loading import resolve_model_dir
+    import baton
 
-    try:
-        args.model = str(resolve_model_dir(args.model))
-    except FileNotFoundError as e:
-        return str(e)
+    # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
+    d = Path(args.model) if args.model else Path(baton.__file__).parent / "assets" / "default-model"
+    if not (d / "config.json").is_file():
+        return f"model: no config.json in {d} (pass --model DIR: an HF checkpoint directory)"
+    args.model = str(d.resolve())
     return None
 
 
@@ -195,7 +202,10 @@ def run(args) -> int:
     if err:
         print(f"baton serve: {err}", file=sys.stderr)
         return 2
-    host = args.host or Settings.from_env().host
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host = args.host or settings.host
     progress = Progress()
     specs = _worker_specs(args)
     cleanups: list[Callable[[], None]] = []
@@ -207,12 +217,16 @@ def run(args) -> int:
             except Exception as e:
                 progress.say(f"clean-up step failed: {e}")
 
+    tick = None
     with _Signals() as sig:
         try:
             if args.processes:
                 namespace = None
                 procs = start_processes(specs, progress=progress, timeout=args.timeout, stop=sig.stop)
-                cleanups.append(lambda: stop_processes(procs, grace=args.grace + 1.0, progress=progress))
+                # the router has drained by then: a worker gets 1 s to drain, then time to exit
+                cleanups.append(lambda: stop_processes(procs, grace=4.0, progress=progress))
+                supervisor = Supervisor(procs, progress=progress, timeout=args.timeout)
+                tick = lambda: supervisor.check(sig.stop)  # noqa: E731
                 addresses = {p.spec.name: p.address for p in procs}
             else:
                 from deploy import launch
@@ -251,4 +265,4 @@ def run(args) -> int:
                            decode=[a for n, a in addresses.items() if n.startswith("decode-")],
                            model_dir=args.model, token_file=args.token_file)
         return serve_until_signalled(lambda: serve_router(**kw), cleanup=cleanup, progress=progress,
-                                     grace=args.grace, sig=sig)
+                                     grace=args.grace, sig=sig, tick=tick)

@@ -9,6 +9,7 @@ Lifecycle of one worker process (`baton serve --processes`, and the GPU machine,
     wait_ready()            address known -> grpc.health.v1 polled until SERVING (weights loaded,
                             graphs captured) -> one "ready" progress line with the seconds it took
     stop(grace)             SIGTERM -> up to `grace` s -> SIGKILL -> reaped (never left a zombie)
+    Supervisor              a worker that exits on its own is started again on the same port
 
 Shared helpers: `health_status(address)` (grpc.health.v1 probe), `Progress` (one stderr line per
 worker state change), `WorkerSpec` (role + plain options -> CLI argv or actor kwargs).
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 SERVING_RE = re.compile(r"^(?P<role>\w+): serving on (?P<addr>\S+:\d+)\s*$")
 ROLES = ("prefill", "decode")
@@ -243,3 +244,45 @@ def start_processes(specs: list[WorkerSpec], *, progress: Progress, timeout: flo
         stop_processes(workers, grace=2.0)
         raise
     return workers
+
+
+class Supervisor:
+    """Restarts a worker process that exited on its own (what Ray's max_restarts does for actors), on
+    the same port, so the router's address for it stays valid; backs off 1, 2, 4 ... 30 s on repeats.
+
+    NOTE: call check() from the main thread: PR_SET_PDEATHSIG fires when the *thread* that forked a
+    child exits, so a worker started from a short-lived thread would be killed with it.
+    `workers` is the caller's list (shared with its clean-up); a restart replaces the entry in place."""
+
+    def __init__(self, workers: list[WorkerProcess], *, progress: Progress, timeout: float, settings=None):
+        self.workers, self.progress, self.timeout, self.settings = workers, progress, timeout, settings
+        self._failures: dict[int, int] = {}
+        self._next_try: dict[int, float] = {}
+
+    def check(self, stop: threading.Event | None = None) -> None:
+        for i, w in enumerate(list(self.workers)):
+            if w.proc is None or w.proc.poll() is None or w._terminated:
+                continue
+            if i not in self._next_try:
+                n = self._failures[i] = self._failures.get(i, 0) + 1
+                self._next_try[i] = time.monotonic() + min(30.0, 2.0 ** (n - 1))
+                self.progress.say(f"{w.spec.name} exited (code {w.proc.returncode}): restarting "
+                                  f"in {self._next_try[i] - time.monotonic():.0f} s")
+            if time.monotonic() >= self._next_try[i]:
+                self._restart(i, w, stop)
+
+    def _restart(self, i: int, old: WorkerProcess, stop: threading.Event | None) -> None:
+        del self._next_try[i]
+        port = int(old.address.rsplit(":", 1)[1]) if old.address else old.spec.port
+        new = WorkerProcess(replace(old.spec, port=port), env=old._env)
+        self.workers[i] = new.start()
+        t0 = time.monotonic()
+        try:
+            addr = new.wait_ready(timeout=self.timeout, stop=stop, settings=self.settings)
+        except StartupError as e:
+            self.progress.say(f"{old.spec.name} restart failed: {e}")
+            new.stop(grace=1.0)
+            new._terminated = False  # NOTE: dead, not stopped by us: the next check() tries again
+            return
+        self._failures[i] = 0
+        self.progress.say(f"{old.spec.name} ready again on {addr} ({time.monotonic() - t0:.1f} s)")

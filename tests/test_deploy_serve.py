@@ -1,6 +1,8 @@
 """`baton serve` end to end: start it in a subprocess on the embedded default model, wait for the
-serving line, `baton generate` against it (fast and exact), SIGTERM it, then check it exited 0
-within 10 s, that no process it started is left, and that no port it opened is still open.
+serving line, `baton generate` against it (fast and exact; a call without the token is refused),
+SIGTERM it, then check it exited 0 within 10 s, that no process it started is left, and that no port
+it opened is still open. In --processes mode the decode worker is also SIGKILLed once: it must come
+back on its port (health NOT_SERVING, then SERVING) and serve again.
 
 The process-tree helpers read /proc (psutil is not a dependency)."""
 from __future__ import annotations
@@ -160,7 +162,31 @@ def generate(addr: str, *extra: str, env=None) -> dict:
     return out
 
 
-def serve_generate_stop(tmp_path, *args: str, start_timeout: float) -> tuple[Served, dict[int, str], float]:
+def wait_health(addr: str, status: str, timeout: float) -> bool:
+    from deploy.processes import health_status
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if health_status(addr, timeout=1.0) == status:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def kill_decode_worker(srv: Served, addr: str, env: dict) -> None:
+    """SIGKILL the decode worker: health goes NOT_SERVING, the supervisor restarts it on its port,
+    health SERVING again, and generation still works."""
+    pids = [p for p, c in cmdlines(descendants(srv.proc.pid)).items() if "-m decode_worker" in c]
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    assert wait_health(addr, "NOT_SERVING", 15), srv.log()
+    assert wait_health(addr, "SERVING", 120), srv.log()
+    generate(addr, env=env)
+    assert any("decode-0 ready again" in ln for ln in srv.stderr), srv.log()
+
+
+def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode: bool = False
+                        ) -> tuple[Served, dict[int, str], float]:
     """Serve, check fast + exact generation, SIGTERM. Returns (server, pid -> cmdline of the process tree
     it had started, seconds to exit)."""
     token_file = tmp_path / "token"
@@ -178,6 +204,8 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float) -> tuple[Ser
                                   cwd=ROOT, env={**srv.env, "BATON_TOKEN": "", "BATON_TOKEN_FILE": ""},
                                   capture_output=True, text=True, timeout=60)
         assert no_token.returncode != 0 and "UNAUTHENTICATED" in no_token.stderr
+        if kill_decode:
+            kill_decode_worker(srv, addr, env)
         tree = descendants(srv.proc.pid)
         assert tree, "serve started no process"
         cmds = cmdlines(tree)
@@ -200,9 +228,9 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float) -> tuple[Ser
 
 
 # ---------------------------------------------------------------------------------- tests
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_serve_processes_generate_and_sigterm(tmp_path):
-    srv, tree, took = serve_generate_stop(tmp_path, "--processes", start_timeout=180)
+    srv, tree, took = serve_generate_stop(tmp_path, "--processes", start_timeout=180, kill_decode=True)
     assert len(srv.worker_ports()) == 2, srv.log()
     assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == ["decode_worker", "prefill_worker"]
     assert not any("ray" in line.lower() for line in srv.stderr if line.startswith("baton:")), srv.log()
