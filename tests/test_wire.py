@@ -309,3 +309,13 @@ def test_failed_decode_stops_the_pipeline_thread():
     while any(t.name == "baton-wire-pipelined" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(t.name == "baton-wire-pipelined" for t in threading.enumerate())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_round_trip_bitwise():
+    dev = [wire.WireTensor(t.name, t.kind, t.tensor.to("cuda")) for t in TENSORS]
+    dev[2] = wire.WireTensor(dev[2].name, dev[2].kind, torch.randn(2, 16, 4, device="cuda").half()[:, :POS])
+    chunks = wire.pipelined(wire.encode_state(session_id="g", fingerprint=FP, position=POS, next_token=1,
+                                              tensors=dev, chunk_bytes=33))
+    assert_bitwise(decode(chunks), [wire.WireTensor(t.name, t.kind, t.tensor.cpu()) for t in dev])
