@@ -1,0 +1,228 @@
+"""The state hand-off: HybridState tensors -> StateChunk stream -> the decode worker's LoadState.
+
+Lifecycle of one hand-off:
+    prefill worker   engine.export(session) -> [StateTensor] (views of the slot, no copy)
+      push_state     header + data frames cut straight from tensor memory (wire.encode_state_frames)
+                     over a cached channel to decode_target's LoadState, under a deadline; polls
+                     `is_active` so a cancelled Prefill cancels the stream. grpc errors -> HandoffError
+    decode worker    LoadState peeks the header (engine, MTP entries) and calls
+      receive_state  builds the ExpectedLayout of the receiving runner's HybridState, feeds every chunk
+                     through wire.StateReceiver and returns a fully verified ReceivedState or raises
+                     a wire.StateError (its `.code` is the gRPC status); nothing partial escapes
+      engine.load    copies into a free slot only then
+
+MTP KV entries (`mtp.key`, `mtp.value`: the MTP layer's KV rows for the prompt):
+  * sent, and the receiver has an MTP head        -> loaded as usual;
+  * not sent (a prefill worker without the head)  -> accepted; the rows are zero-filled. The MTP layer
+    then attends to zero keys/values over the prompt: drafts get worse (lower acceptance) but every
+    draft is verified by the BF16 rows, so the output is unchanged;
+  * sent to a receiver without an MTP head        -> accepted and dropped after the digest covered
+    them (a prefill worker with the head can feed any decode worker; the cost is wire bytes only).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import threading
+import time
+from typing import Callable, Iterable, Iterator, Mapping
+
+import grpc
+import torch
+
+from baton.rpc import make_channel
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2, state_pb2
+from baton.wire import (DEFAULT_CHUNK_BYTES, BridgeStats, ExpectedLayout, LayoutEntry, ReceivedState,
+                        StateCorrupt, StateReceiver, TensorDesc, encode_state, encode_state_frames)
+
+MTP_NAMES = ("mtp.key", "mtp.value")
+LOAD_STATE = "/baton.v1.DecodeWorker/LoadState"
+ENGINE_NAMES = {common_pb2.BF16: "bf16", common_pb2.FP8: "fp8", common_pb2.MTP: "mtp"}
+ENGINE_VALUES = {v: k for k, v in ENGINE_NAMES.items()}
+
+
+def engine_name(value: int) -> str | None:
+    """Engine enum -> "bf16" | "fp8" | "mtp"; ENGINE_UNSPECIFIED -> None (the worker's default)."""
+    if value == common_pb2.ENGINE_UNSPECIFIED:
+        return None
+    if value not in ENGINE_NAMES:
+        raise ValueError(f"engine: unknown value {value}")
+    return ENGINE_NAMES[value]
+
+
+def engine_value(name: str | int | None) -> int:
+    if name is None or isinstance(name, int):
+        return int(name or 0)
+    try:
+        return ENGINE_VALUES[name]
+    except KeyError:
+        raise ValueError(f"engine: unknown {name!r}; choose one of {', '.join(ENGINE_VALUES)}") from None
+
+
+class HandoffError(Exception):
+    """The hand-off to `target` failed with gRPC status `code` (UNAVAILABLE: target down)."""
+
+    def __init__(self, target: str, code: grpc.StatusCode, details: str):
+        super().__init__(f"decode_target {target}: {code.name}: {details}")
+        self.target, self.code, self.details = target, code, details
+
+
+# ---------------------------------------------------------------- sender
+def stream_state(tensors: Iterable, *, session_id: str, fingerprint: str, position: int, next_token: int,
+                 mode: int = 0, engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 frames: bool = False) -> Iterator[state_pb2.StateChunk] | Iterator[bytes]:
+    """StateChunks (frames=True: their serialized bytes) for a list of baton.state.StateTensor."""
+    enc = encode_state_frames if frames else encode_state
+    return enc(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
+               tensors=list(tensors), chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine))
+
+
+class ChannelPool:
+    """One channel per (target address, settings), made by baton.rpc.make_channel; close() on shutdown."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._channels: dict[tuple[str, Settings], grpc.Channel] = {}
+
+    def get(self, address: str, settings: Settings) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get((address, settings))
+            if ch is None:
+                ch = self._channels[(address, settings)] = make_channel(address, settings)
+            return ch
+
+    def close(self) -> None:
+        with self._lock:
+            chans, self._channels = list(self._channels.values()), {}
+        for ch in chans:
+            ch.close()
+
+
+DEFAULT_POOL = ChannelPool()
+
+
+class _Frames:
+    """Wraps the frame iterator: counts frames and keeps an exception raised while encoding
+    (grpc would only report it as a cancelled call)."""
+
+    def __init__(self, it: Iterator[bytes]):
+        self.it, self.count, self.error = it, 0, None
+
+    def __iter__(self):
+        try:
+            for f in self.it:
+                self.count += 1
+                yield f
+        except Exception as e:
+            self.error = e
+            raise
+
+
+def push_state(target: str, settings: Settings | None = None, *, tensors: list, session_id: str,
+               fingerprint: str, position: int, next_token: int, mode: int = 0, engine: int | str | None = 0,
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0, pool: ChannelPool | None = None,
+               is_active: Callable[[], bool] | None = None,
+               ) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
+    """Streams the state to `target`'s LoadState. Returns (the decode worker's answer, the sender's
+    BridgeReport: seconds from the first frame built to the answer received, bytes by kind).
+    Raises HandoffError (status of the decode worker, UNAVAILABLE when down, DEADLINE_EXCEEDED,
+    CANCELLED when `is_active()` turned False); an encoding error is re-raised as is."""
+    settings = Settings.from_env() if settings is None else settings
+    tensors = list(tensors)
+    specs = [TensorDesc.of(t) for t in tensors]
+    channel = (pool or DEFAULT_POOL).get(target, settings)
+    method = channel.stream_unary(LOAD_STATE, request_serializer=None,
+                                  response_deserializer=decode_pb2.LoadStateResponse.FromString)
+    t0 = time.perf_counter()
+    frames = _Frames(stream_state(tensors, session_id=session_id, fingerprint=fingerprint, position=position,
+                                  next_token=next_token, mode=mode, engine=engine, chunk_bytes=chunk_bytes,
+                                  frames=True))
+    fut = method.future(iter(frames), timeout=timeout)
+    try:
+        while True:
+            try:
+                resp = fut.result(timeout=0.05 if is_active is not None else None)
+                break
+            except grpc.FutureTimeoutError:
+                if not is_active():
+                    fut.cancel()
+                    raise HandoffError(target, grpc.StatusCode.CANCELLED, "the calling RPC ended") from None
+    except grpc.RpcError as e:
+        if frames.error is not None:
+            raise frames.error from None
+        raise HandoffError(target, e.code(), e.details() or "") from None
+    except grpc.FutureCancelledError:
+        raise HandoffError(target, grpc.StatusCode.CANCELLED, "hand-off cancelled") from None
+    stats = BridgeStats.from_specs(specs, tokens=position, chunks=max(frames.count - 2, 0),
+                                   seconds=time.perf_counter() - t0)
+    return resp, stats.to_proto()
+
+
+# ---------------------------------------------------------------- receiver
+def layout_of(state) -> dict:
+    """receive_state keyword arguments describing a baton.state.HybridState (window = max_len - 1:
+    a loaded state must leave room to consume its pending next_token)."""
+    return dict(state_layout=state.layout(), kv_dims=(state.cfg.num_key_value_heads, state.cfg.head_dim),
+                max_position=state.max_len - 1)
+
+
+def peek_header(chunk) -> state_pb2.StateHeader | None:
+    """The StateHeader of a first message (StateChunk or its bytes), or None if it is not one."""
+    if chunk is None:
+        return None
+    if not isinstance(chunk, state_pb2.StateChunk):
+        if bytes(chunk[:1]) == b"\x12":  # a data frame: never a header
+            return None
+        try:
+            chunk = state_pb2.StateChunk.FromString(bytes(chunk))
+        except Exception:  # noqa: BLE001 - the receiver reports it as DATA_LOSS
+            return None
+    return chunk.header if chunk.WhichOneof("part") == "header" else None
+
+
+def _entries(state_layout: Mapping, kv_dims: tuple[int, int]) -> dict[str, LayoutEntry]:
+    """HybridState.layout() (name -> (kind, dtype, fixed shape | None for KV)) -> LayoutEntry map."""
+    return {name: LayoutEntry(kind, dtype, shape, None if shape is not None else tuple(kv_dims))
+            for name, (kind, dtype, shape) in state_layout.items()}
+
+
+def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int, int], max_position: int,
+                  fingerprint: str, max_total_bytes: int | None = None, alloc=None) -> ReceivedState:
+    """Verifies one whole stream (StateChunk messages or their bytes) against the receiving state's
+    layout and returns it; raises wire.StateError (.code = gRPC status name). The returned tensors
+    hold exactly the names of `state_layout` (MTP entries zero-filled or dropped, see module doc).
+    max_total_bytes None = the layout's size at max_position."""
+    it = iter(chunks)
+    first = next(it, None)
+    if first is None:
+        raise StateCorrupt("stream ended without a header")
+    header = peek_header(first)
+    entries = _entries(state_layout, kv_dims)
+    sent = {s.name for s in header.tensors} & set(MTP_NAMES) if header is not None else set()
+    kv = next((e for e in entries.values() if e.kv_dims is not None), None)
+    zero_fill: dict[str, LayoutEntry] = {}
+    drop: list[str] = []
+    if all(n in entries for n in MTP_NAMES):
+        if header is not None and not sent:
+            zero_fill = {n: entries.pop(n) for n in MTP_NAMES}
+    elif sent and kv is not None:
+        kinds = {"mtp.key": "attn_key", "mtp.value": "attn_value"}
+        for n in sorted(sent):
+            entries[n] = LayoutEntry(kinds[n], kv.dtype, None, kv.kv_dims)
+            drop.append(n)
+    layout = ExpectedLayout(entries, max_position)
+    if max_total_bytes is None:
+        max_total_bytes = sum(math.prod(e.shape_at(max_position)) * e.dtype.itemsize
+                              for e in layout.entries.values())
+    rx = StateReceiver(layout, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc)
+    for c in itertools.chain((first,), it):
+        rx.feed(c)
+    got = rx.finish()
+    if not zero_fill and not drop:
+        return got
+    tensors = {k: v for k, v in got.tensors.items() if k not in drop}
+    for n, e in zero_fill.items():
+        tensors[n] = torch.zeros(e.shape_at(got.position), dtype=e.dtype)   # [kv_heads, position, head_dim]
+    return dataclasses.replace(got, tensors=tensors)

@@ -1,0 +1,56 @@
+"""`python -m decode_worker --model DIR --port P --engine bf16|fp8|mtp [--engines bf16,mtp] ...`
+
+Lifecycle: parse options -> settings (env + --token-file) -> load the model (+ FP8 copy), capture
+CUDA graphs on cuda, log progress -> bind -> health SERVING -> print "decode: serving on HOST:PORT"
+-> SIGINT/SIGTERM: health NOT_SERVING, drain for --grace seconds, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from baton.worker_config import add_common_arguments, options_from_args, run_until_signal, settings_for, setup_logging
+
+log = logging.getLogger("baton.decode")
+ENGINES = ("bf16", "fp8", "mtp")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m decode_worker", description="Baton decode worker")
+    add_common_arguments(p)
+    p.add_argument("--engine", default=None, choices=ENGINES,
+                   help="default engine (default: the first available)")
+    p.add_argument("--engines", default=",".join(ENGINES),
+                   help="engines to offer, comma-separated (filtered to what the checkpoint supports)")
+    p.add_argument("--fp8-mode", default="full", choices=["full", "tail"],
+                   help="fp8: all projections, or the state-safe tail (last MLP + LM head)")
+    p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
+    p.add_argument("--no-graphs", action="store_true", help="do not capture CUDA graphs (eager decode)")
+    args = p.parse_args(argv)
+    opts = options_from_args(args)
+    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
+    if args.engine and args.engine not in engines:
+        engines += (args.engine,)
+    try:
+        settings = settings_for(opts.token_file)
+    except ValueError as e:   # SettingsError: names the variable / file
+        print(f"decode: {e}", file=sys.stderr)
+        return 2
+    setup_logging(settings)
+
+    from decode_worker.service import serve_decode   # torch import after logging is set up
+
+    try:
+        handle, _ = serve_decode(opts.model, engines=engines, default_engine=args.engine, host=opts.host,
+                                 port=opts.port, device=opts.device, dtype=opts.resolved_dtype, width=opts.width,
+                                 max_len=opts.max_len, slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
+                                 capture_graphs=not args.no_graphs, fp8_mode=args.fp8_mode, mtp_k=args.mtp_k)
+    except (OSError, ValueError) as e:
+        log.error("decode: cannot start: %s", e)
+        return 2
+    return run_until_signal("decode", handle, opts.grace_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""gRPC service `baton.v1.DecodeWorker`: the fast worker's front door.
+
+Lifecycle of a request:
+    LoadState(stream StateChunk)   header peeked -> engine (ENGINE_UNSPECIFIED = the worker default)
+        -> handoff.receive_state against that engine's HybridState layout (digest, fingerprint, table)
+        -> DecodeEngine.load copies the verified tensors into a free slot (only then)
+        -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot)
+    Decode(session, max_new_tokens, stop ids, ignore_eos)   fast mode, server stream:
+        one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
+        ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
+        mean_accept_len of this call. Tokens start AFTER the state's next_token (Prefill's first
+        token), so a request of N tokens is Prefill's first token + Decode(max_new_tokens=N-1).
+        A cancelled or timed-out client stops it within one step; release_at_end releases the
+        session however the stream ends.
+    Draft(session, k, verdict)    exact mode: apply the exact worker's verdict, then K drafts that
+        follow the pending token; position = tokens consumed by the committed state (drafts excluded)
+    Release / GetStats
+A background thread reaps sessions idle longer than the TTL. One RPC at a time per session (ABORTED
+otherwise); Release of a busy session takes effect when its call ends.
+
+Status codes: unknown session -> NOT_FOUND; bad field -> INVALID_ARGUMENT naming it (engine mismatch
+included); the session's window cannot hold the request -> OUT_OF_RANGE; no free slot ->
+RESOURCE_EXHAUSTED; bad state stream -> its wire.StateError code (DATA_LOSS corrupt/truncated,
+FAILED_PRECONDITION foreign model/format, INVALID_ARGUMENT table/position).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import logging
+import time
+from pathlib import Path
+
+import grpc
+
+from baton.handoff import engine_name, layout_of, peek_header, receive_state
+from baton.rpc import StatusError, build_server
+from baton.loading import LoadedModel, load_model
+from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from baton.worker_config import (DEFAULT_SLOTS, DEFAULT_TTL_S, ServicerBase, WorkerHandle, default_dtype,
+                                 window_field)
+from decode_worker.engine import ENGINES, DecodeEngine, SessionLimit, SessionNotFound
+
+log = logging.getLogger("baton.decode")
+SERVICE = "baton.v1.DecodeWorker"
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+DEFAULT_MTP_K = 4
+
+
+class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
+    errors = {WindowError: grpc.StatusCode.OUT_OF_RANGE, SessionNotFound: grpc.StatusCode.NOT_FOUND,
+              SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED, ValueError: INVALID}
+
+    def __init__(self, engine: DecodeEngine, *, fingerprint: str, settings: Settings | None = None,
+                 eos_ids: tuple[int, ...] | None = None, mtp_k: int = DEFAULT_MTP_K, reap_interval_s: float = 2.0):
+        super().__init__(engine, reap_interval_s=reap_interval_s)
+        self.fingerprint = fingerprint
+        self.settings = Settings() if settings is None else settings
+        runner = next(iter(engine.runners.values()))
+        self.vocab = runner.cfg.vocab_size
+        self.eos_ids = tuple(runner.cfg.eos_token_ids if eos_ids is None else eos_ids)
+        self.mtp_k = mtp_k
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _session(self, sid: str, engine: int):
+        """The session, checking the request's engine (UNSPECIFIED = whatever the session was loaded as)."""
+        s = self.engine.get(sid)
+        want = engine_name(engine)
+        if want is not None and want != s.engine:
+            raise StatusError(INVALID, f"engine: session {sid!r} was loaded for {s.engine}, not {want}")
+        return s
+
+    def _ids(self, field: str, ids) -> list[int]:
+        bad = [t for t in ids if t >= self.vocab]
+        if bad:
+            raise StatusError(INVALID, f"{field}: token id {bad[0]} out of range [0, {self.vocab})")
+        return list(ids)
+
+    # ---- RPCs ------------------------------------------------------------------------------------
+    def LoadState(self, request_iterator, context):
+        with self.call(context, "LoadState"):
+            it = iter(request_iterator)
+            first = next(it, None)
+            t0 = time.perf_counter()                      # first chunk received
+            header = peek_header(first)
+            name = engine_name(header.engine) if header is not None else None
+            runner = self.engine.runner_for(name)         # ValueError naming `engine`
+            got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
+                                fingerprint=self.fingerprint)
+            sid = got.session_id
+            with self.sessions.hold(sid) if sid else contextlib.nullcontext():
+                s = self.engine.load(got.tensors, position=got.position, next_token=got.next_token,
+                                     engine=name, session_id=sid or None)
+            if not context.is_active():                   # the sender went away: nobody will use it
+                self.engine.release(s.id)
+                raise StatusError(grpc.StatusCode.CANCELLED, "LoadState: cancelled by the sender")
+            got.stats.seconds = time.perf_counter() - t0
+            return decode_pb2.LoadStateResponse(session_id=s.id, position=got.position,
+                                                bridge=got.stats.to_proto())
+
+    def Decode(self, request, context):
+        sid, held = request.session_id, False
+        try:
+            with self.call(context, "Decode"), self.sessions.hold(sid):
+                held = True
+                s = self._session(sid, request.engine)
+                n = request.max_new_tokens
+                if n < 1:
+                    raise StatusError(INVALID, "max_new_tokens: must be >= 1")
+                stop = set(self._ids("stop_token_ids", request.stop_token_ids))
+                eos = set() if request.ignore_eos else set(self.eos_ids)
+                rounds0, emitted0 = s.rounds, s.emitted_in_rounds
+                gen = self.engine.decode(sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k)
+                produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
+                try:
+                    with window_field("max_new_tokens"):      # the first next() checks the window
+                        first = next(gen, None)
+                    for toks in itertools.chain([first] if first is not None else [], gen):
+                        produced += len(toks)
+                        last = toks[-1] if toks else None
+                        finish = (common_pb2.STOP if last in stop else common_pb2.EOS if last in eos
+                                  else common_pb2.LENGTH if produced >= n else finish)
+                        msg = decode_pb2.DecodeResponse(token_ids=toks, finish_reason=finish)
+                        if finish and s.engine == "mtp":
+                            msg.mean_accept_len = _mean(s.rounds - rounds0, s.emitted_in_rounds - emitted0)
+                        if not context.is_active():
+                            return             # cancelled or deadline passed: stop within one step
+                        yield msg
+                        if finish:
+                            break
+                finally:
+                    gen.close()
+                if not finish:        # defensive: the engine ended without a stop condition
+                    yield decode_pb2.DecodeResponse(finish_reason=common_pb2.LENGTH)
+        finally:
+            if request.release_at_end and held:
+                self.sessions.release_or_defer(sid, lambda: self.engine.release(sid))
+
+    def Draft(self, request, context):
+        with self.call(context, "Draft"), self.sessions.hold(request.session_id):
+            s = self._session(request.session_id, request.engine)
+            verdict = None
+            if request.has_verdict:
+                self._ids("next_token", [request.next_token])
+                verdict = (request.accepted, request.next_token)
+            elif request.accepted or request.next_token:
+                raise StatusError(INVALID, "has_verdict: false, but accepted/next_token are set")
+            with window_field("k"):
+                drafts = self.engine.draft(request.session_id, request.k, verdict)
+            pos = int(s.runner.state.position[s.slot])
+            # NOTE: bf16/fp8 drafting consumed t0, d1..d(k-1) (k rows); the mtp chain consumes none
+            committed = pos - (0 if s.engine == "mtp" else len(drafts))
+            return decode_pb2.DraftResponse(draft_tokens=drafts, position=committed)
+
+    def Release(self, request, context):
+        with self.call(context, "Release"):
+            sid = request.session_id
+            return common_pb2.ReleaseResponse(
+                released=self.sessions.release_or_defer(sid, lambda: self.engine.release(sid)))
+
+    def stats(self) -> common_pb2.WorkerStats:
+        return common_pb2.WorkerStats(
+            sessions=self.engine.session_count(), session_bytes=self.engine.session_bytes(),
+            outstanding=self.outstanding, engine=self.engine.default_engine,
+            model_fingerprint=self.fingerprint, max_len=self.engine.max_len, requests_total=self.requests_total)
+
+    def GetStats(self, request, context):
+        return self.stats()
+
+
+def _mean(rounds: int, emitted: int) -> float:
+    return emitted / rounds if rounds else 0.0
+
+
+def add_to_server(servicer: DecodeServicer, server: grpc.Server) -> None:
+    """add_DecodeWorkerServicer_to_server, except that LoadState receives raw bytes: data frames go
+    straight from the gRPC buffer into the receiver's tensors (no protobuf object, no extra copy)."""
+    c = common_pb2
+    h = {
+        "LoadState": grpc.stream_unary_rpc_method_handler(
+            servicer.LoadState, request_deserializer=None,
+            response_serializer=decode_pb2.LoadStateResponse.SerializeToString),
+        "Decode": grpc.unary_stream_rpc_method_handler(
+            servicer.Decode, request_deserializer=decode_pb2.DecodeRequest.FromString,
+            response_serializer=decode_pb2.DecodeResponse.SerializeToString),
+        "Draft": grpc.unary_unary_rpc_method_handler(
+            servicer.Draft, request_deserializer=decode_pb2.DraftRequest.FromString,
+            response_serializer=decode_pb2.DraftResponse.SerializeToString),
+        "Release": grpc.unary_unary_rpc_method_handler(
+            servicer.Release, request_deserializer=c.ReleaseRequest.FromString,
+            response_serializer=c.ReleaseResponse.SerializeToString),
+        "GetStats": grpc.unary_unary_rpc_method_handler(
+            servicer.GetStats, request_deserializer=c.WorkerStatsRequest.FromString,
+            response_serializer=c.WorkerStats.SerializeToString),
+    }
+    assert set(h) == set(decode_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].methods_by_name)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, h),))
+    server.add_registered_method_handlers(SERVICE, h)
+
+
+def available_engines(lm: LoadedModel, wanted=ENGINES) -> tuple[str, ...]:
+    """`wanted` filtered to what this checkpoint and install support: mtp needs the checkpoint's MTP
+    head; fp8 needs decode_worker.fp8 (quantize_model)."""
+    out = []
+    for e in wanted:
+        if e not in ENGINES:
+            raise ValueError(f"engines: unknown engine {e!r}; choose from {', '.join(ENGINES)}")
+        if e == "mtp" and not lm.has_mtp:
+            log.warning("decode: no MTP head in the checkpoint, engine mtp disabled")
+        elif e == "fp8" and _fp8_module() is None:
+            log.warning("decode: decode_worker.fp8 is not importable, engine fp8 disabled")
+        elif e not in out:
+            out.append(e)
+    return tuple(out)
+
+
+def _fp8_module():
+    try:
+        from decode_worker import fp8
+    except ImportError:
+        return None
+    return fp8 if hasattr(fp8, "quantize_model") else None
+
+
+def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, default_engine: str | None = None,
+                 host: str | None = None, port: int = 0, device: str = "cpu", dtype: str | None = None,
+                 width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS,
+                 ttl_s: float = DEFAULT_TTL_S, settings: Settings | None = None, capture_graphs: bool = True,
+                 fp8_mode: str = "full", mtp_k: int = DEFAULT_MTP_K, max_workers: int = 16,
+                 max_concurrent_rpcs: int = 256,
+                 ) -> tuple[WorkerHandle, DecodeServicer]:
+    """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
+    (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done."""
+    settings = Settings.from_env() if settings is None else settings
+    if isinstance(model, LoadedModel):
+        lm = model
+    else:
+        log.info("decode: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
+        lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
+    names = available_engines(lm, engines)
+    default_engine = (default_engine or names[0]) if names else default_engine
+    if default_engine not in names:
+        raise ValueError(f"engine: {default_engine!r} is not available here (have {', '.join(names) or 'none'})")
+    runners: dict[str, ModelRunner] = {}
+    if "bf16" in names or "mtp" in names:
+        shared = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width)
+        runners.update({e: shared for e in ("bf16", "mtp") if e in names})
+    if "fp8" in names:
+        log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)
+        fp8_model = copy.deepcopy(lm.model)
+        if hasattr(fp8_model, "mtp"):
+            del fp8_model.mtp                     # fp8 sessions never draft with the MTP head
+        _fp8_module().quantize_model(fp8_model, fp8_mode)
+        runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width)
+    if capture_graphs and str(device).startswith("cuda"):
+        _capture(runners)
+    engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s)
+    servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
+    try:
+        base = build_server([(add_to_server, servicer)], service_names=[SERVICE], host=host, port=port,
+                            settings=settings, max_workers=max_workers,
+                            max_concurrent_rpcs=max_concurrent_rpcs)
+    except BaseException:
+        servicer.close()
+        raise
+    handle = WorkerHandle(base, servicer)
+    handle.set_serving(True)
+    log.info("decode: ready on %s (engines=%s, default=%s, slots=%d, max_len=%d, W=%d)", handle.address,
+             ",".join(names), default_engine, slots, max_len, width)
+    return handle, servicer
+
+
+def _capture(runners: dict[str, ModelRunner]) -> None:
+    try:
+        from decode_worker import graph
+    except ImportError:
+        log.warning("decode: decode_worker.graph not available; running eagerly (no CUDA graphs)")
+        return
+    for r in {id(r): r for r in runners.values()}.values():
+        t0 = time.perf_counter()
+        graph.capture_all(r)
+        log.info("decode: captured CUDA graphs in %.1fs", time.perf_counter() - t0)

@@ -1,0 +1,45 @@
+"""`python -m prefill_worker --model DIR --port P [--device cpu|cuda] [--dtype bf16|fp32] ...`
+
+Lifecycle: parse options -> settings (env + --token-file) -> load the model, log progress -> bind ->
+health SERVING -> print "prefill: serving on HOST:PORT" -> SIGINT/SIGTERM: health NOT_SERVING,
+drain for --grace seconds, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from baton.worker_config import add_common_arguments, options_from_args, run_until_signal, settings_for, setup_logging
+
+log = logging.getLogger("baton.prefill")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
+    add_common_arguments(p)
+    p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")
+    args = p.parse_args(argv)
+    opts = options_from_args(args)
+    try:
+        settings = settings_for(opts.token_file)
+    except ValueError as e:   # SettingsError: names the variable / file
+        print(f"prefill: {e}", file=sys.stderr)
+        return 2
+    setup_logging(settings)
+
+    from prefill_worker.service import serve_prefill   # torch import after logging is set up
+
+    try:
+        handle, _ = serve_prefill(opts.model, host=opts.host, port=opts.port, device=opts.device,
+                                  dtype=opts.resolved_dtype, width=opts.width, max_len=opts.max_len,
+                                  slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
+                                  chunk_bytes=int(args.chunk_mib * (1 << 20)))
+    except (OSError, ValueError) as e:
+        log.error("prefill: cannot start: %s", e)
+        return 2
+    return run_until_signal("prefill", handle, opts.grace_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

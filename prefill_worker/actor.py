@@ -1,0 +1,37 @@
+"""Ray actor of the prefill worker: the same gRPC server as `python -m prefill_worker`, in an actor.
+
+Lifecycle:
+    cls = make_actor_class(num_gpus=1, max_restarts=-1)   ray imported here, not at module import
+    a = cls.options(name=...).remote(model_dir="/ckpt", port=0, device="cuda")
+        constructor: load model -> ExactEngine -> server bound -> health SERVING
+    ray.get(a.address.remote()) -> "10.0.0.5:40123"   the router talks gRPC to it, never via Ray
+    a.health / a.stats           plain str / dict
+    a.stop()                     health NOT_SERVING, drain, stop; a restarted actor (max_restarts)
+                                 runs the constructor again (new port unless one was fixed)
+"""
+from __future__ import annotations
+
+from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
+from baton.worker_config import DEFAULT_SLOTS, DEFAULT_TTL_S, WorkerActor, default_dtype, make_remote
+
+
+class PrefillActor(WorkerActor):
+    role = "prefill"
+
+    def __init__(self, model_dir: str | None = None, port: int = 0, host: str | None = None,
+                 device: str = "cpu", dtype: str | None = None, width: int = DEFAULT_WIDTH,
+                 max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS, ttl: float = DEFAULT_TTL_S,
+                 token_file: str | None = None, chunk_mib: float = 4.0):
+        from prefill_worker.service import serve_prefill
+
+        settings = self._settings(token_file)
+        self.handle, self.servicer = serve_prefill(
+            model_dir or None, host=host or None, port=int(port), device=device,
+            dtype=dtype or default_dtype(device), width=int(width), max_len=int(max_len), slots=int(slots),
+            ttl_s=float(ttl), settings=settings, chunk_bytes=int(float(chunk_mib) * (1 << 20)))
+
+
+def make_actor_class(num_gpus: float = 0, resources: dict | None = None, max_restarts: int = -1,
+                     max_task_retries: int | None = None, num_cpus: float | None = None):
+    return make_remote(PrefillActor, num_gpus=num_gpus, resources=resources, max_restarts=max_restarts,
+                       max_task_retries=max_task_retries, num_cpus=num_cpus)

@@ -1,0 +1,211 @@
+"""gRPC service `baton.v1.PrefillWorker`: the exact BF16 worker's front door.
+
+Lifecycle of a request:
+    Prefill(prompt_ids, session_id, mode, decode_target, engine)
+        validate (INVALID_ARGUMENT naming `prompt_ids` / `session_id` / `mode` / `engine`)
+        -> ExactEngine.prefill into a fresh session (EXACT: the caller's id, required; FAST: any)
+        -> push_state to decode_target's LoadState (skipped when empty), under this RPC's deadline
+        -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
+           including a cancelled or timed-out call)
+        -> first_token (the greedy token after the prompt = the decode state's pending next_token),
+           bridge report, prompt_tokens, prefill_seconds
+    Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters
+    ExportState(session_id, decode_target)        -> re-stream a kept session (migration)
+    Release(session_id) / GetStats
+A background thread reaps sessions idle for longer than the engine's TTL.
+
+Status codes: bad field -> INVALID_ARGUMENT; unknown/released session -> NOT_FOUND; no free slot ->
+RESOURCE_EXHAUSTED; a Verify block that no longer fits the window -> OUT_OF_RANGE (a prompt that does
+not fit is INVALID_ARGUMENT: it is a bad request, not a session running out of room); a session
+already in use by another call -> ABORTED; hand-off failure -> the decode worker's status
+(UNAVAILABLE when it is down), message naming the target.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+
+from baton.handoff import ChannelPool, HandoffError, engine_name, push_state
+from baton.loading import LoadedModel, load_model
+from baton.rpc import StatusError, build_server
+from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
+from baton.settings import Settings
+from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+from baton.wire import DEFAULT_CHUNK_BYTES
+from baton.worker_config import (DEFAULT_SLOTS, DEFAULT_TTL_S, ServicerBase, WorkerHandle, default_dtype,
+                                 window_field)
+from prefill_worker.engine import ExactEngine, SessionLimit, SessionNotFound
+
+log = logging.getLogger("baton.prefill")
+SERVICE = "baton.v1.PrefillWorker"
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+_GONE = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)   # the Prefill caller went away
+
+
+class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
+    errors = {WindowError: grpc.StatusCode.OUT_OF_RANGE, SessionNotFound: grpc.StatusCode.NOT_FOUND,
+              SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED, ValueError: INVALID}
+
+    def __init__(self, engine: ExactEngine, *, fingerprint: str, settings: Settings | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, handoff_timeout_s: float = 120.0,
+                 reap_interval_s: float = 2.0):
+        super().__init__(engine, reap_interval_s=reap_interval_s)
+        self.fingerprint, self.chunk_bytes = fingerprint, chunk_bytes
+        self.settings = Settings() if settings is None else settings
+        self.handoff_timeout_s = handoff_timeout_s
+        self.channels = ChannelPool()   # one channel per decode worker
+
+    def close(self) -> None:
+        super().close()
+        self.channels.close()
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _validate(self, r: prefill_pb2.PrefillRequest) -> tuple[list[int], bool]:
+        ids = list(r.prompt_ids)
+        if not ids:
+            raise StatusError(INVALID, "prompt_ids: empty prompt")
+        runner = self.engine.runner
+        if len(ids) + runner.width > runner.max_len:
+            raise StatusError(INVALID, f"prompt_ids: {len(ids)} tokens do not fit the window of "
+                                       f"{runner.max_len} tokens (at most {runner.max_len - runner.width})")
+        runner.check_ids(ids, "prompt_ids")
+        if r.mode not in (common_pb2.MODE_UNSPECIFIED, common_pb2.FAST, common_pb2.EXACT):
+            raise StatusError(INVALID, f"mode: unknown value {r.mode}")
+        engine_name(r.engine)   # ValueError naming `engine`
+        exact = r.mode == common_pb2.EXACT
+        if exact and not r.session_id:
+            raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")
+        return ids, exact
+
+    def _push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str):
+        """Streams the kept session `sid` to `target`; -> (LoadStateResponse, BridgeReport, position, next)."""
+        tensors, pos, nxt = self.engine.export(sid)
+        timeout = min(context.time_remaining(), self.handoff_timeout_s)
+        try:
+            resp, bridge = push_state(target, self.settings, tensors=tensors, session_id=target_sid,
+                                      fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode,
+                                      engine=engine, chunk_bytes=self.chunk_bytes, timeout=timeout,
+                                      pool=self.channels, is_active=context.is_active)
+        except HandoffError as e:
+            raise StatusError(e.code, f"decode_target {target}: hand-off failed: {e.details}") from None
+        return resp, bridge, pos, nxt
+
+    def _release_remote(self, target: str, sid: str) -> None:
+        """Best effort: the caller went away after the decode worker loaded the state."""
+        from baton.v1 import decode_pb2_grpc
+
+        try:
+            stub = decode_pb2_grpc.DecodeWorkerStub(self.channels.get(target, self.settings))
+            stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=5)
+        except grpc.RpcError as e:
+            log.warning("release of %s on %s after a cancelled Prefill failed: %s", sid, target, e.code())
+
+    @staticmethod
+    def _ended(context) -> StatusError:
+        if context.time_remaining() <= 0:
+            return StatusError(grpc.StatusCode.DEADLINE_EXCEEDED, "Prefill: deadline exceeded")
+        return StatusError(grpc.StatusCode.CANCELLED, "Prefill: cancelled by the client")
+
+    # ---- RPCs ------------------------------------------------------------------------------------
+    def Prefill(self, request, context):
+        with self.call(context, "Prefill"):
+            ids, exact = self._validate(request)
+            sid = request.session_id or uuid.uuid4().hex
+            t0 = time.perf_counter()
+            session, first = self.engine.prefill(ids, session_id=sid)
+            prefill_s = time.perf_counter() - t0
+            keep = False
+            try:
+                with self.sessions.hold(sid):
+                    if not context.is_active():
+                        raise self._ended(context)
+                    bridge = common_pb2.BridgeReport()
+                    if request.decode_target:
+                        try:
+                            _, bridge, _, _ = self._push(context, sid, request.decode_target, mode=request.mode,
+                                                         engine=request.engine, target_sid=sid)
+                        except StatusError as e:
+                            if e.code in _GONE:   # the stream may have landed just before the cancel
+                                self._release_remote(request.decode_target, sid)
+                            raise
+                        if not context.is_active():
+                            self._release_remote(request.decode_target, sid)
+                            raise self._ended(context)
+                    keep = exact
+            finally:
+                if not keep:
+                    self.engine.release(sid)
+            return prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ids),
+                                               prefill_seconds=prefill_s)
+
+    def Verify(self, request, context):
+        with self.call(context, "Verify"), self.sessions.hold(request.session_id):
+            with window_field("tokens"):
+                r = self.engine.verify(request.session_id, list(request.tokens))
+            c = r.counters
+            return prefill_pb2.VerifyResponse(
+                accepted=r.accepted, next_token=r.next_token, position=r.position,
+                counters=prefill_pb2.SessionCounters(drafted=c.drafted, accepted=c.accepted,
+                                                     rejected_blocks=c.rejected_blocks,
+                                                     verify_blocks=c.verify_blocks,
+                                                     acceptance_rate=c.acceptance_rate))
+
+    def Release(self, request, context):
+        with self.call(context, "Release"):
+            sid = request.session_id
+            return common_pb2.ReleaseResponse(
+                released=self.sessions.release_or_defer(sid, lambda: self.engine.release(sid)))
+
+    def ExportState(self, request, context):
+        with self.call(context, "ExportState"), self.sessions.hold(request.session_id):
+            self.engine.get(request.session_id)     # NOT_FOUND first
+            if not request.decode_target:
+                raise StatusError(INVALID, "decode_target: required")
+            _, bridge, pos, nxt = self._push(context, request.session_id, request.decode_target,
+                                             mode=common_pb2.EXACT, engine=common_pb2.ENGINE_UNSPECIFIED,
+                                             target_sid=request.target_session_id or request.session_id)
+            return prefill_pb2.ExportStateResponse(bridge=bridge, position=pos, next_token=nxt)
+
+    def stats(self) -> common_pb2.WorkerStats:
+        return common_pb2.WorkerStats(
+            sessions=self.engine.session_count(), session_bytes=self.engine.session_bytes(),
+            outstanding=self.outstanding, engine="exact", model_fingerprint=self.fingerprint,
+            max_len=self.engine.runner.max_len, requests_total=self.requests_total)
+
+    def GetStats(self, request, context):
+        return self.stats()
+
+
+def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = None, port: int = 0,
+                  device: str = "cpu", dtype: str | None = None, width: int = DEFAULT_WIDTH,
+                  max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS, ttl_s: float = DEFAULT_TTL_S,
+                  settings: Settings | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                  max_workers: int = 16, max_concurrent_rpcs: int = 256,
+                  ) -> tuple[WorkerHandle, PrefillServicer]:
+    """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
+    builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
+    settings = Settings.from_env() if settings is None else settings
+    if isinstance(model, LoadedModel):
+        lm = model
+    else:
+        log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
+        lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
+    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width)
+    engine = ExactEngine(runner, ttl_s=ttl_s)
+    servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
+    try:
+        base = build_server([(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer)],
+                            service_names=[SERVICE], host=host, port=port, settings=settings,
+                            max_workers=max_workers, max_concurrent_rpcs=max_concurrent_rpcs)
+    except BaseException:
+        servicer.close()
+        raise
+    handle = WorkerHandle(base, servicer)
+    handle.set_serving(True)
+    log.info("prefill: ready on %s (slots=%d, max_len=%d, W=%d, mtp=%s)", handle.address, slots, max_len,
+             width, runner.has_mtp)
+    return handle, servicer

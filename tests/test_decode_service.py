@@ -1,0 +1,272 @@
+"""DecodeWorker over real loopback gRPC: Draft/Verify loop (the router's exact mode in miniature),
+Decode stop conditions and cancellation, bad input, corrupt LoadState streams, auth."""
+import random
+import time
+
+import grpc
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton import handoff
+from baton.complete import complete
+from baton.loading import load_model
+from baton.rpc import build_server, make_channel
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
+from decode_worker.service import SERVICE, DecodeServicer, add_to_server, serve_decode
+from prefill_worker.service import serve_prefill
+
+MAX_LEN, W, T = 256, 16, 30
+EXACT, BF16, MTP = common_pb2.EXACT, common_pb2.BF16, common_pb2.MTP
+PROMPT = [11, 22, 33, 44, 55, 66]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return load_model(make_tiny_dir(tmp_path_factory.mktemp("m")), dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def w(lm):
+    ph, ps = serve_prefill(lm, max_len=MAX_LEN, width=W, slots=3, settings=Settings())
+    dh, ds = serve_decode(load_model(lm.model_dir, dtype="fp32"), max_len=MAX_LEN, width=W, slots=3,
+                          settings=Settings())
+    with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
+        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), D=decode_pb2_grpc.DecodeWorkerStub(dc), ps=ps, ds=ds,
+                   target=dh.address)
+    ph.stop(0)
+    dh.stop(0)
+
+
+@pytest.fixture(scope="module")
+def ref(lm):
+    return complete(None, PROMPT, 60, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+
+
+def _settled(stub):
+    for _ in range(500):   # up to 10 s: the box may be busy
+        st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+        if st.outstanding == 0 and st.sessions == 0:
+            break
+        time.sleep(0.02)
+    return st
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    yield
+    if "w" in request.fixturenames:
+        for stub in (request.getfixturevalue("w")["P"], request.getfixturevalue("w")["D"]):
+            st = _settled(stub)
+            assert (st.sessions, st.session_bytes, st.outstanding) == (0, 0, 0)
+
+
+def _load(w, sid, prompt=PROMPT, engine=0, mode=common_pb2.FAST):
+    r = w["P"].Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, mode=mode, engine=engine,
+                                                  decode_target=w["target"]), timeout=T)
+    return r.first_token
+
+
+def _decode(D, sid, n, **kw):
+    msgs = list(D.Decode(decode_pb2.DecodeRequest(session_id=sid, max_new_tokens=n, **kw), timeout=T))
+    assert all(m.finish_reason == 0 for m in msgs[:-1]) and msgs[-1].finish_reason != 0
+    return [t for m in msgs for t in m.token_ids], msgs[-1]
+
+
+def _err(fn, req, timeout=T):
+    with pytest.raises(grpc.RpcError) as ei:
+        r = fn(req, timeout=timeout)
+        if not hasattr(r, "ByteSize"):   # a stream: errors come while reading it
+            list(r)
+    return ei.value.code(), ei.value.details()
+
+
+def _rel(w, sid):
+    w["P"].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T)
+    w["D"].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T)
+
+
+# ---------------------------------------------------------------- exact mode in miniature
+@pytest.mark.parametrize("engine", [BF16, MTP])
+def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine):
+    """LoadState via Prefill(EXACT) -> Draft -> Verify -> Draft(verdict) ... == complete(). bf16 drafts
+    are exact, so the loop also corrupts some drafts before Verify to force rollbacks on the decode side."""
+    P, D, rng = w["P"], w["D"], random.Random(engine)
+    out = [_load(w, "ex", engine=engine, mode=EXACT)]
+    verdict, rounds = {}, 0
+    while len(out) < 40:
+        k = rng.choice([1, 3, 6, W - 2])
+        d = D.Draft(decode_pb2.DraftRequest(session_id="ex", k=k, engine=engine, **verdict), timeout=T)
+        assert len(d.draft_tokens) == k and d.position == len(PROMPT) + len(out) - 1
+        drafts = list(d.draft_tokens)
+        if engine == BF16 and rng.random() < 0.5:
+            j = rng.randrange(k)
+            drafts[j] = (drafts[j] + 1) % 512
+        v = P.Verify(prefill_pb2.VerifyRequest(session_id="ex", tokens=[out[-1]] + drafts), timeout=T)
+        out += drafts[:v.accepted] + [v.next_token]
+        verdict = dict(has_verdict=True, accepted=v.accepted, next_token=v.next_token)
+        rounds += 1
+    assert out[:40] == ref[:40]
+    # the last verdict applies too: the next draft starts at the committed state (bf16 drafts are exact)
+    d = D.Draft(decode_pb2.DraftRequest(session_id="ex", k=1, **verdict), timeout=T)
+    assert d.position == len(PROMPT) + len(out) - 1
+    if engine == BF16:
+        assert d.draft_tokens[0] == ref[len(out)]
+    _rel(w, "ex")
+
+
+# ---------------------------------------------------------------- Decode
+def test_decode_continues_across_calls_and_stop_reasons(w, ref):
+    D = w["D"]
+    first = _load(w, "d")
+    a, last = _decode(D, "d", 10, ignore_eos=True)
+    assert [first] + a == ref[:11] and last.finish_reason == common_pb2.LENGTH and len(last.token_ids) == 1
+    stop = ref[15]
+    b, last = _decode(D, "d", 30, stop_token_ids=[stop], ignore_eos=True)   # stop id included in the output
+    assert b == ref[11:16] and last.finish_reason == common_pb2.STOP
+    # EOS: a second servicer over the same engine whose EOS is the next reference token
+    eos_svc = DecodeServicer(w["ds"].engine, fingerprint=w["ds"].fingerprint, eos_ids=(ref[18],))
+    h = build_server([(add_to_server, eos_svc)], service_names=[SERVICE], port=0, settings=Settings())
+    try:
+        with make_channel(h.address, Settings()) as ch:
+            c, last = _decode(decode_pb2_grpc.DecodeWorkerStub(ch), "d", 30, release_at_end=True)
+    finally:
+        h.stop(0)
+        eos_svc.close()
+    assert c == ref[16:19] and last.finish_reason == common_pb2.EOS
+    assert w["ds"].engine.session_count() == 0   # release_at_end
+
+
+def test_mtp_decode_reports_acceptance(w, ref):
+    first = _load(w, "m", engine=MTP)
+    toks, last = _decode(w["D"], "m", 20, ignore_eos=True, release_at_end=True)
+    assert [first] + toks == ref[:21] and last.mean_accept_len >= 1.0
+
+
+def test_decode_cancel_and_deadline_release_the_session(w):
+    D = w["D"]
+    _load(w, "c")
+    call = D.Decode(decode_pb2.DecodeRequest(session_id="c", max_new_tokens=200, ignore_eos=True,
+                                             release_at_end=True), timeout=T)
+    next(call), next(call)
+    t0 = time.monotonic()
+    call.cancel()
+    assert _settled(D).sessions == 0 and time.monotonic() - t0 < 2.0
+    _load(w, "t")
+    code, _ = _err(D.Decode, decode_pb2.DecodeRequest(session_id="t", max_new_tokens=200, ignore_eos=True,
+                                                      release_at_end=True), timeout=0.3)
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert _settled(D).sessions == 0
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_decode_and_draft_requests(w, ref):
+    D = w["D"]
+    first = _load(w, "ok", engine=BF16, mode=EXACT)
+    cases = [
+        (D.Decode, decode_pb2.DecodeRequest(session_id="nope", max_new_tokens=3), "NOT_FOUND", "session_id"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="nope", k=2), "NOT_FOUND", "session_id"),
+        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=0), "INVALID_ARGUMENT", "max_new_tokens"),
+        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=3, engine=MTP), "INVALID_ARGUMENT",
+         "engine"),
+        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=3, stop_token_ids=[512]),
+         "INVALID_ARGUMENT", "stop_token_ids"),
+        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=MAX_LEN), "OUT_OF_RANGE",
+         "max_new_tokens"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=0), "INVALID_ARGUMENT", "k"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=W - 1), "INVALID_ARGUMENT", "k"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True), "INVALID_ARGUMENT", "has_verdict"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=2, engine=9), "INVALID_ARGUMENT", "engine"),
+    ]
+    for fn, req, code, field in cases:
+        got, details = _err(fn, req)
+        assert (got.name, details.split(":")[0]) == (code, field), details
+    d = D.Draft(decode_pb2.DraftRequest(session_id="ok", k=3), timeout=T)   # still serves this session
+    assert list(d.draft_tokens) == ref[1:4]
+    for verdict, field in [(dict(accepted=4, next_token=1), "accepted"), (dict(accepted=1, next_token=512),
+                                                                            "next_token")]:
+        got, details = _err(D.Draft, decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True, **verdict))
+        assert got == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field), details
+    # the exact worker's verdict on [first, ref1..3] (all right): m = 3, bonus ref[4]
+    v = w["P"].Verify(prefill_pb2.VerifyRequest(session_id="ok", tokens=[first] + ref[1:4]), timeout=T)
+    d = D.Draft(decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True, accepted=v.accepted,
+                                        next_token=v.next_token), timeout=T)
+    assert (v.accepted, v.next_token, list(d.draft_tokens)) == (3, ref[4], ref[5:7])
+    _rel(w, "ok")
+
+
+def _stream(w, sid, **over):
+    """A valid state stream (small chunks) of PROMPT from the prefill engine, header fields overridden."""
+    eng = w["ps"].engine
+    s, first = eng.prefill(PROMPT, session_id=sid + "-src")
+    try:
+        tensors, pos, nxt = eng.export(s.id)
+        kw = dict(session_id=sid, fingerprint=w["ps"].fingerprint, position=pos, next_token=nxt, chunk_bytes=4096)
+        kw.update(over)
+        return list(handoff.stream_state([t for t in tensors], **kw))
+    finally:
+        eng.release(s.id)
+
+
+def test_bad_state_streams_are_refused_and_nothing_is_half_loaded(w, ref):
+    D = w["D"]
+    first = _load(w, "keep")
+    good = _stream(w, "bad")
+    assert len(good) > 4 and good[0].WhichOneof("part") == "header"
+    flipped = [state_pb2.StateChunk() for _ in good]
+    for a, b in zip(flipped, good):
+        a.CopyFrom(b)
+    data = bytearray(flipped[2].data)
+    data[100] ^= 0x01
+    flipped[2].data = bytes(data)
+    foreign = _stream(w, "bad", fingerprint="sha256:" + "0" * 64)
+    beyond = _stream(w, "bad")
+    beyond[0].header.position = MAX_LEN + 1
+    engine9 = _stream(w, "bad")
+    engine9[0].header.engine = 9
+    cases = [(flipped, "DATA_LOSS"), (good[:-1], "DATA_LOSS"), (good[:-2], "DATA_LOSS"), (good[1:], "DATA_LOSS"),
+             (foreign, "FAILED_PRECONDITION"), (beyond, "INVALID_ARGUMENT"), (engine9, "INVALID_ARGUMENT")]
+    for chunks, code in cases:
+        with pytest.raises(grpc.RpcError) as ei:
+            D.LoadState(iter(chunks), timeout=T)
+        assert ei.value.code().name == code, ei.value.details()
+        assert w["ds"].engine.session_count() == 1            # only "keep": nothing half-loaded
+    r = D.LoadState(iter(good), timeout=T)                      # the intact stream loads
+    assert (r.session_id, r.position, r.bridge.tokens) == ("bad", len(PROMPT), len(PROMPT))
+    assert r.bridge.chunks == len(good) - 2 and r.bridge.seconds > 0
+    toks, _ = _decode(D, "keep", 12, ignore_eos=True, release_at_end=True)  # the old session is intact
+    assert [first] + toks == ref[:13]
+    toks, _ = _decode(D, "bad", 5, ignore_eos=True, release_at_end=True)
+    assert toks == ref[1:6]
+
+
+def test_every_rpc_needs_the_token(w):
+    settings = Settings(token="t0k3n")
+    svc = DecodeServicer(w["ds"].engine, fingerprint=w["ds"].fingerprint)
+    h = build_server([(add_to_server, svc)], service_names=[SERVICE], port=0, settings=settings)
+    try:
+        with make_channel(h.address, Settings()) as ch:
+            s = decode_pb2_grpc.DecodeWorkerStub(ch)
+            calls = {"LoadState": iter(_stream(w, "auth")),
+                     "Decode": decode_pb2.DecodeRequest(session_id="a", max_new_tokens=1),
+                     "Draft": decode_pb2.DraftRequest(session_id="a", k=1),
+                     "Release": common_pb2.ReleaseRequest(session_id="a"),
+                     "GetStats": common_pb2.WorkerStatsRequest()}
+            assert set(calls) == set(decode_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].methods_by_name)
+            for name, req in calls.items():
+                assert _err(getattr(s, name), req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
+        with make_channel(h.address, settings) as ch:
+            st = decode_pb2_grpc.DecodeWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+            assert st.engine == "bf16" and st.max_len == MAX_LEN and st.model_fingerprint == w["ds"].fingerprint
+    finally:
+        h.stop(0)
+        svc.close()

@@ -1,0 +1,243 @@
+"""State hand-off prefill -> decode over real loopback gRPC: exact tokens, bitwise state, MTP policy,
+migration (ExportState), failures of the target."""
+import random
+import time
+
+import grpc
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton import handoff
+from baton.complete import complete
+from baton.loading import load_model
+from baton.rpc import build_server, make_channel
+from baton.runner import ModelRunner
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from baton.wire import StateCorrupt, StateInvalid
+from decode_worker.service import SERVICE as DECODE, DecodeServicer, add_to_server, serve_decode
+from prefill_worker.service import serve_prefill
+
+MAX_LEN, W, T = 256, 16, 30
+FAST, EXACT = common_pb2.FAST, common_pb2.EXACT
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_dir(tmp_path_factory.mktemp("m"))
+
+
+@pytest.fixture(scope="module")
+def lm(tiny):
+    return load_model(tiny, dtype="fp32")
+
+
+def _serve_pair(prefill_lm, decode_lm, **kw):
+    p = serve_prefill(prefill_lm, max_len=MAX_LEN, width=W, slots=3, settings=Settings(), **kw)
+    d = serve_decode(decode_lm, engines=("bf16", "mtp"), max_len=MAX_LEN, width=W, slots=3, settings=Settings())
+    return p, d
+
+
+@pytest.fixture(scope="module")
+def workers(tiny, lm):
+    (ph, ps), (dh, ds) = _serve_pair(lm, load_model(tiny, dtype="fp32"))
+    with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
+        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), D=decode_pb2_grpc.DecodeWorkerStub(dc),
+                   ps=ps, ds=ds, target=dh.address)
+    ph.stop(0)
+    dh.stop(0)
+
+
+def _settled(stub):
+    """GetStats once nothing is in flight (a cancelled call may still be finishing server-side)."""
+    for _ in range(500):   # up to 10 s: the box may be busy
+        st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+        if st.outstanding == 0 and st.sessions == 0:
+            break
+        time.sleep(0.02)
+    return st
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    yield
+    if "workers" in request.fixturenames:
+        w = request.getfixturevalue("workers")
+        for stub in (w["P"], w["D"]):
+            st = _settled(stub)
+            assert (st.sessions, st.session_bytes, st.outstanding) == (0, 0, 0)
+
+
+def _decode(D, sid, n, engine=0):
+    out, last = [], None
+    for m in D.Decode(decode_pb2.DecodeRequest(session_id=sid, max_new_tokens=n, ignore_eos=True, engine=engine,
+                                               release_at_end=True), timeout=T):
+        out += m.token_ids
+        last = m
+    assert last.finish_reason == common_pb2.LENGTH
+    return out
+
+
+PROMPTS = [[5, 17, 33, 200, 7], list(range(40, 90)), [300] * 3 + [12, 480]]
+
+
+@pytest.mark.parametrize("engine", [common_pb2.BF16, common_pb2.MTP])
+def test_prefill_handoff_decode_equals_complete(workers, lm, engine):
+    P, D = workers["P"], workers["D"]
+    for i, prompt in enumerate(PROMPTS):
+        ref = complete(None, prompt, 24, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id=f"h{i}", prompt_ids=prompt, mode=FAST, engine=engine,
+                                                 decode_target=workers["target"]), timeout=T)
+        b = r.bridge
+        assert b.tokens == len(prompt) and b.chunks >= 1 and b.seconds > 0
+        assert b.total_bytes == sum(b.bytes_by_kind.values())
+        assert set(b.bytes_by_kind) == {"gdn_conv", "gdn_recurrent", "attn_kv", "hidden"}
+        assert [r.first_token] + _decode(D, f"h{i}", 23, engine) == ref
+
+
+def test_received_state_is_bitwise_the_exported_one(workers):
+    P, ps, ds = workers["P"], workers["ps"], workers["ds"]
+    P.Prefill(prefill_pb2.PrefillRequest(session_id="bit", prompt_ids=PROMPTS[1], mode=EXACT,
+                                         decode_target=workers["target"]), timeout=T)
+    sent, pos, nxt = ps.engine.export("bit")
+    s = ds.engine.get("bit")
+    got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
+    assert set(got) == {t.name for t in sent} and {"mtp.key", "mtp.value"} <= set(got)
+    for t in sent:
+        assert got[t.name].dtype == t.tensor.dtype and torch.equal(got[t.name], t.tensor), t.name
+    assert (int(s.runner.state.position[s.slot]), int(s.runner.state.next_token[s.slot])) == (pos, nxt)
+    P.Release(common_pb2.ReleaseRequest(session_id="bit"), timeout=T)
+    workers["D"].Release(common_pb2.ReleaseRequest(session_id="bit"), timeout=T)
+
+
+def test_small_chunks_and_export_state_migration(workers, lm):
+    """EXACT: Prefill -> Verify 2 blocks -> ExportState to a new decode session -> Decode continues
+    exactly where the exact state is (the router's migration path)."""
+    P, D, ps = workers["P"], workers["D"], workers["ps"]
+    prompt = PROMPTS[0]
+    ref = complete(None, prompt, 30, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+    ps.chunk_bytes = 1000
+    try:
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="mig", prompt_ids=prompt, mode=EXACT,
+                                                 decode_target=workers["target"]), timeout=T)
+        assert r.bridge.chunks == -(-r.bridge.total_bytes // 1000)
+        out = [r.first_token]
+        for _ in range(2):
+            v = P.Verify(prefill_pb2.VerifyRequest(session_id="mig", tokens=[out[-1]] + ref[len(out):len(out) + 3]),
+                         timeout=T)
+            out += ref[len(out):len(out) + v.accepted] + [v.next_token]
+        e = P.ExportState(prefill_pb2.ExportStateRequest(session_id="mig", decode_target=workers["target"],
+                                                         target_session_id="mig2"), timeout=T)
+        assert (e.position, e.next_token) == (len(prompt) + len(out) - 1, out[-1])
+        assert e.bridge.tokens == e.position
+    finally:
+        ps.chunk_bytes = handoff.DEFAULT_CHUNK_BYTES
+    assert out + _decode(D, "mig2", 30 - len(out)) == ref
+    assert D.Release(common_pb2.ReleaseRequest(session_id="mig"), timeout=T).released
+    assert P.Release(common_pb2.ReleaseRequest(session_id="mig"), timeout=T).released
+
+
+# ---------------------------------------------------------------- MTP KV optional
+def test_prefill_without_mtp_head_feeds_mtp_decode_unchanged(tiny, lm):
+    (ph, _), (dh, ds) = _serve_pair(load_model(tiny, dtype="fp32", mtp=False), load_model(tiny, dtype="fp32"))
+    try:
+        P = prefill_pb2_grpc.PrefillWorkerStub(make_channel(ph.address, Settings()))
+        D = decode_pb2_grpc.DecodeWorkerStub(make_channel(dh.address, Settings()))
+        prompt = PROMPTS[1]
+        ref = complete(None, prompt, 20, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="z", prompt_ids=prompt, engine=common_pb2.MTP,
+                                                 decode_target=dh.address), timeout=T)
+        s = ds.engine.get("z")
+        assert not s.runner.state.key[s.runner.state.mtp_layer][s.slot, :, :len(prompt)].any()   # zero-filled
+        assert [r.first_token] + _decode(D, "z", 19, common_pb2.MTP) == ref
+    finally:
+        ph.stop(0)
+        dh.stop(0)
+
+
+def test_receive_state_mtp_entries_are_optional_both_ways(lm):
+    with_mtp = ModelRunner(lm.model, slots=1, max_len=64, width=W)
+    with_mtp.prefill(0, [1, 2, 3, 4])
+    sent = with_mtp.state.export(0)
+    kw = dict(session_id="m", fingerprint="fp", position=4, next_token=9)
+    no_mtp = ModelRunner(load_model(lm.model_dir, dtype="fp32", mtp=False).model, slots=1, max_len=64, width=W)
+    # sender with MTP -> receiver without: accepted, the MTP rows dropped
+    got = handoff.receive_state(handoff.stream_state(sent, **kw, frames=True), **handoff.layout_of(no_mtp.state),
+                                fingerprint="fp")
+    assert set(got.tensors) == set(no_mtp.state.layout()) and "mtp.key" not in got.tensors
+    # sender without MTP -> receiver with: accepted, MTP rows zero
+    bare = [t for t in sent if not t.name.startswith("mtp.")]
+    got = handoff.receive_state(handoff.stream_state(bare, **kw), **handoff.layout_of(with_mtp.state),
+                                fingerprint="fp")
+    assert set(got.tensors) == set(with_mtp.state.layout())
+    assert got.tensors["mtp.key"].shape == (lm.cfg.num_key_value_heads, 4, lm.cfg.head_dim)
+    assert not got.tensors["mtp.key"].any() and not got.tensors["mtp.value"].any()
+    assert all(torch.equal(got.tensors[t.name], t.tensor) for t in bare)
+    # only one of the pair: the receiver with MTP refuses it
+    with pytest.raises(StateInvalid, match="mtp.value"):
+        handoff.receive_state(handoff.stream_state([t for t in sent if t.name != "mtp.value"], **kw),
+                              **handoff.layout_of(with_mtp.state), fingerprint="fp")
+    with pytest.raises(StateCorrupt):
+        handoff.receive_state([], **handoff.layout_of(with_mtp.state), fingerprint="fp")
+
+
+# ---------------------------------------------------------------- failures of the target
+def test_dead_target_is_unavailable_and_leaves_nothing(workers, free_port):
+    P = workers["P"]
+    dead = f"127.0.0.1:{free_port}"
+    for mode in (FAST, EXACT):
+        with pytest.raises(grpc.RpcError) as ei:
+            P.Prefill(prefill_pb2.PrefillRequest(session_id="dead", prompt_ids=[1, 2, 3], mode=mode,
+                                                 decode_target=dead), timeout=T)
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and dead in ei.value.details()
+    pool = handoff.ChannelPool()
+    assert pool.get(dead, Settings()) is pool.get(dead, Settings())
+    t = workers["ps"].engine.runner.state.export(0, position=0)
+    with pytest.raises(handoff.HandoffError) as ei:
+        handoff.push_state(dead, Settings(), tensors=t, session_id="x", fingerprint="f", position=0,
+                           next_token=0, timeout=5, pool=pool)
+    assert ei.value.code == grpc.StatusCode.UNAVAILABLE and dead in str(ei.value)
+    pool.close()
+
+
+def test_decode_refusal_is_passed_through_with_the_target(workers, lm):
+    """A decode worker of another model answers FAILED_PRECONDITION; Prefill reports it, keeps nothing."""
+    ds = workers["ds"]
+    foreign = DecodeServicer(ds.engine, fingerprint="sha256:other-model")
+    h = build_server([(add_to_server, foreign)], service_names=[DECODE], port=0, settings=Settings())
+    try:
+        for mode in (FAST, EXACT):
+            with pytest.raises(grpc.RpcError) as ei:
+                workers["P"].Prefill(prefill_pb2.PrefillRequest(session_id="f", prompt_ids=[1, 2], mode=mode,
+                                                                decode_target=h.address), timeout=T)
+            assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert h.address in ei.value.details() and "model_fingerprint" in ei.value.details()
+    finally:
+        h.stop(0)
+        foreign.close()
+
+
+def test_cancelled_prefill_releases_on_both_workers(workers):
+    """The client gives up while prefill or the hand-off is in flight: neither worker keeps the session."""
+    P, D = workers["P"], workers["D"]
+    rng, cancelled = random.Random(3), 0
+    for i in range(3):
+        fut = P.Prefill.future(prefill_pb2.PrefillRequest(session_id="c", prompt_ids=[rng.randrange(512)] * 150,
+                                                          mode=EXACT, decode_target=workers["target"]), timeout=T)
+        time.sleep(0.01 * i)
+        if fut.cancel():
+            cancelled += 1
+            assert _settled(P).sessions == 0 and _settled(D).sessions == 0, "a cancelled Prefill left a session"
+        else:   # it finished first: release it the normal way
+            P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
+            D.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
+    assert cancelled > 0

@@ -1,0 +1,260 @@
+"""PrefillWorker over real loopback gRPC: Verify exactness (issue 4), bad input, deadlines, auth, TTL."""
+import random
+import time
+
+import grpc
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton.complete import complete
+from baton.loading import load_model
+from baton.rpc import build_server, make_channel
+from baton.runner import ModelRunner
+from baton.settings import Settings
+from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+from prefill_worker.engine import ExactEngine
+from prefill_worker.service import SERVICE, PrefillServicer, serve_prefill
+
+MAX_LEN, W, T = 256, 16, 30   # window (same for complete()), row width, per-call deadline (s)
+N = 64                         # tokens per prompt in the exactness test
+EXACT = common_pb2.EXACT
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny ops on a shared 2-core box: threads only contend
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return load_model(make_tiny_dir(tmp_path_factory.mktemp("m")), dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    handle, svc = serve_prefill(lm, max_len=MAX_LEN, width=W, slots=4, settings=Settings())
+    yield handle, svc
+    handle.stop(0)
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with make_channel(server[0].address, Settings()) as ch:
+        yield prefill_pb2_grpc.PrefillWorkerStub(ch)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    yield
+    if "stub" in request.fixturenames:
+        stub = request.getfixturevalue("stub")
+        for _ in range(200):   # up to 10 s: a cancelled call may still be finishing on the server
+            st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+            if st.sessions == 0 and st.outstanding == 0:
+                break
+            time.sleep(0.05)
+        assert (st.sessions, st.session_bytes, st.outstanding) == (0, 0, 0), st
+
+
+@pytest.fixture(scope="module")
+def refs(lm):
+    """The exact AR reference (`baton complete`) for 10 prompts, N + 8 tokens each."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(lm.cfg.vocab_size) for _ in range(rng.randrange(3, 40))] for _ in range(10)]
+    return [(p, complete(None, p, N + 8, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)) for p in prompts]
+
+
+def _err(fn, *a, **kw):
+    with pytest.raises(grpc.RpcError) as ei:
+        fn(*a, timeout=T, **kw)
+    return ei.value.code(), ei.value.details()
+
+
+def _normal(stub, lm):
+    """A normal EXACT request that must succeed after every bad one."""
+    r = stub.Prefill(prefill_pb2.PrefillRequest(session_id="ok", prompt_ids=[1, 2, 3], mode=EXACT), timeout=T)
+    v = stub.Verify(prefill_pb2.VerifyRequest(session_id="ok", tokens=[r.first_token, 0]), timeout=T)
+    assert v.position == 3 + 1 + v.accepted
+    assert stub.Release(common_pb2.ReleaseRequest(session_id="ok"), timeout=T).released
+
+
+# ---------------------------------------------------------------- exactness (issue 4 Done-when)
+@pytest.mark.parametrize("K", [1, 4, 8])
+def test_verify_with_mixed_drafter_is_token_identical_to_complete(stub, lm, refs, K):
+    rng, vocab = random.Random(K), lm.cfg.vocab_size
+    rejected_at = set()
+    for i, (prompt, ref) in enumerate(refs):
+        sid = f"x{K}-{i}"
+        r = stub.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, mode=EXACT), timeout=T)
+        assert r.first_token == ref[0] and r.prompt_tokens == len(prompt)
+        out, rnd = [r.first_token], 0
+        while len(out) < N:
+            base = len(out)
+            drafts = ref[base:base + K]
+            # forced pattern: all right / wrong first / all right / wrong last / wrong middle / seeded
+            kind = ("ok", "first", "ok", "last", "middle", "rng")[rnd % 6]
+            j = {"ok": None, "first": 0, "last": K - 1,
+                 "middle": rng.randrange(1, K - 1) if K > 2 else None,
+                 "rng": rng.choice([None, rng.randrange(K)])}[kind]
+            if j is not None:
+                drafts[j] = (drafts[j] + 1 + rng.randrange(vocab - 1)) % vocab
+            v = stub.Verify(prefill_pb2.VerifyRequest(session_id=sid, tokens=[out[-1]] + drafts), timeout=T)
+            assert v.accepted == (K if j is None else j)
+            assert v.next_token == ref[base + v.accepted]
+            if v.accepted < K:
+                rejected_at.add("first" if v.accepted == 0 else "last" if v.accepted == K - 1 else "middle")
+            out += drafts[:v.accepted] + [v.next_token]
+            assert v.position == len(prompt) + len(out) - 1
+            assert v.counters.verify_blocks == rnd + 1
+            rnd += 1
+        c = v.counters
+        assert c.drafted == K * rnd and 0 < c.accepted < c.drafted and c.rejected_blocks > 0
+        assert c.acceptance_rate == pytest.approx(c.accepted / c.drafted)
+        assert stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T).released
+        assert out[:N] == ref[:N], f"prompt {i}: verified output differs from complete()"
+    assert rejected_at == ({"first"} if K == 1 else {"first", "middle", "last"})  # K=1: first is last
+
+
+# ---------------------------------------------------------------- bad input, each then a normal request
+def _prefill(stub, ids, **kw):
+    return lambda timeout: stub.Prefill(prefill_pb2.PrefillRequest(prompt_ids=ids, **kw), timeout=timeout)
+
+
+BAD_PREFILL = {
+    "id out of range": ([1, 512, 2], {}, "prompt_ids"),
+    "empty prompt": ([], {}, "prompt_ids"),
+    "prompt longer than window": ([1] * (MAX_LEN - W + 1), {}, "prompt_ids"),
+    "exact without session_id": ([1, 2], {"mode": EXACT}, "session_id"),
+    "unknown mode": ([1, 2], {"mode": 9}, "mode"),
+    "unknown engine": ([1, 2], {"engine": 9}, "engine"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PREFILL)
+def test_prefill_bad_input_is_invalid_argument(stub, lm, case):
+    ids, kw, field = BAD_PREFILL[case]
+    code, details = _err(_prefill(stub, ids, **kw))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field), details
+    _normal(stub, lm)
+
+
+def test_longest_prompt_that_fits_is_accepted(stub):
+    r = stub.Prefill(prefill_pb2.PrefillRequest(prompt_ids=[3] * (MAX_LEN - W)), timeout=T)
+    assert r.prompt_tokens == MAX_LEN - W and r.prefill_seconds > 0
+
+
+def _verify(stub, sid, tokens):
+    return lambda timeout: stub.Verify(prefill_pb2.VerifyRequest(session_id=sid, tokens=tokens), timeout=timeout)
+
+
+def test_verify_bad_input(stub, lm):
+    code, details = _err(_verify(stub, "nope", [1, 2]))
+    assert code == grpc.StatusCode.NOT_FOUND and "session_id" in details and "nope" in details
+    _normal(stub, lm)
+    r = stub.Prefill(prefill_pb2.PrefillRequest(session_id="b", prompt_ids=[4, 5, 6], mode=EXACT), timeout=T)
+    t0 = r.first_token
+    cases = [([t0], "tokens"),                          # K = 0
+             ([t0] + [1] * W, "tokens"),                # K = W
+             ([t0, 512], "tokens"),                     # id out of range
+             ([(t0 + 1) % 512, 1], "tokens[0]")]        # not the pending token
+    for tokens, field in cases:
+        code, details = _err(_verify(stub, "b", tokens))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field), details
+        v = stub.Verify(prefill_pb2.VerifyRequest(session_id="b", tokens=[t0, 0]), timeout=T)  # still serves
+        t0 = v.next_token
+    assert stub.Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T).released
+    assert not stub.Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T).released
+    code, details = _err(_verify(stub, "b", [t0, 1]))                      # after Release
+    assert code == grpc.StatusCode.NOT_FOUND and "session_id" in details
+    _normal(stub, lm)
+
+
+def test_verify_past_the_window_is_out_of_range(stub, lm):
+    prompt = [7] * (MAX_LEN - W)
+    r = stub.Prefill(prefill_pb2.PrefillRequest(session_id="w", prompt_ids=prompt, mode=EXACT), timeout=T)
+    wrong = (r.first_token + 1) % 512
+    v = stub.Verify(prefill_pb2.VerifyRequest(session_id="w", tokens=[r.first_token] + [wrong] * (W - 1)), timeout=T)
+    assert v.position == MAX_LEN - W + 1                                    # m = 0: one row consumed
+    code, details = _err(_verify(stub, "w", [v.next_token] + [1] * (W - 1)))  # 16 rows at 241 > 256
+    assert code == grpc.StatusCode.OUT_OF_RANGE and details.startswith("tokens") and "window" in details
+    stub.Verify(prefill_pb2.VerifyRequest(session_id="w", tokens=[v.next_token, 1]), timeout=T)  # fits
+    stub.Release(common_pb2.ReleaseRequest(session_id="w"), timeout=T)
+    _normal(stub, lm)
+
+
+def test_duplicate_session_and_export_errors(stub, lm):
+    stub.Prefill(prefill_pb2.PrefillRequest(session_id="d", prompt_ids=[1, 2], mode=EXACT), timeout=T)
+    code, details = _err(_prefill(stub, [1, 2], session_id="d", mode=EXACT))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("session_id")
+    export = stub.ExportState
+    code, details = _err(export, prefill_pb2.ExportStateRequest(session_id="d"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("decode_target")
+    code, details = _err(export, prefill_pb2.ExportStateRequest(session_id="zz", decode_target="127.0.0.1:1"))
+    assert code == grpc.StatusCode.NOT_FOUND and "session_id" in details
+    stub.Release(common_pb2.ReleaseRequest(session_id="d"), timeout=T)
+    _normal(stub, lm)
+
+
+def test_stats_and_counters(stub, server, lm):
+    st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+    assert st.model_fingerprint == lm.fingerprint and st.max_len == MAX_LEN and st.engine == "exact"
+    before = st.requests_total
+    stub.Prefill(prefill_pb2.PrefillRequest(session_id="s", prompt_ids=[1, 2, 3], mode=EXACT), timeout=T)
+    st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+    slot = server[1].engine.runner.state.slot_bytes()
+    assert (st.sessions, st.session_bytes, st.requests_total) == (1, slot, before + 1)
+    stub.Release(common_pb2.ReleaseRequest(session_id="s"), timeout=T)
+
+
+def test_expired_deadline_leaves_no_session(stub, lm):
+    for mode in (EXACT, common_pb2.FAST):
+        code, details = _err(lambda timeout: stub.Prefill(
+            prefill_pb2.PrefillRequest(session_id=f"late{mode}", prompt_ids=[5] * 200, mode=mode), timeout=0.001))
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
+    # no_leaks (autouse) waits for the server side to finish and checks sessions == 0
+    _normal(stub, lm)
+
+
+def test_ttl_reaper_releases_idle_sessions(lm):
+    engine = ExactEngine(ModelRunner(lm.model, slots=1, max_len=64, width=W), ttl_s=0.2)
+    svc = PrefillServicer(engine, fingerprint=lm.fingerprint, reap_interval_s=0.05)
+    try:
+        engine.prefill([1, 2, 3], session_id="idle")
+        assert engine.session_count() == 1
+        for _ in range(100):
+            if engine.session_count() == 0:
+                break
+            time.sleep(0.02)
+        assert engine.session_count() == 0
+    finally:
+        svc.close()
+
+
+def test_every_rpc_needs_the_token(lm):
+    settings = Settings(token="t0k3n")
+    svc = PrefillServicer(ExactEngine(ModelRunner(lm.model, slots=1, max_len=64, width=W)),
+                          fingerprint=lm.fingerprint)
+    handle = build_server([(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, svc)],
+                          service_names=[SERVICE], port=0, settings=settings)
+    try:
+        with make_channel(handle.address, Settings()) as ch:    # no token
+            s = prefill_pb2_grpc.PrefillWorkerStub(ch)
+            calls = {"Prefill": prefill_pb2.PrefillRequest(prompt_ids=[1]),
+                     "Verify": prefill_pb2.VerifyRequest(session_id="a", tokens=[1, 2]),
+                     "Release": common_pb2.ReleaseRequest(session_id="a"),
+                     "ExportState": prefill_pb2.ExportStateRequest(session_id="a"),
+                     "GetStats": common_pb2.WorkerStatsRequest()}
+            assert set(calls) == set(prefill_pb2.DESCRIPTOR.services_by_name["PrefillWorker"].methods_by_name)
+            for name, req in calls.items():
+                assert _err(getattr(s, name), req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
+        with make_channel(handle.address, settings) as ch:      # with the token: served
+            r = prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(prompt_ids=[1]), timeout=T)
+            assert r.prompt_tokens == 1
+        assert svc.engine.session_count() == 0
+    finally:
+        handle.stop(0)
+        svc.close()
