@@ -1,6 +1,6 @@
 """`baton serve` end to end: start it in a subprocess on the embedded default model, wait for the
 serving line, `baton generate` against it (fast and exact; a call without the token is refused),
-SIGTERM it, then check it exited 0 within 10 s, that no process it started is left, and that no port
+SIGTERM it while a request is in flight (that request completes), then check it exited 0 within 10 s, that no process it started is left, and that no port
 it opened is still open. In --processes mode the decode worker is also SIGKILLed once: it must come
 back on its port (health NOT_SERVING, then SERVING) and serve again.
 
@@ -191,7 +191,7 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
     it had started, seconds to exit)."""
     token_file = tmp_path / "token"
     token_file.write_text("deploy-test-token\n")
-    srv = Served("--port", "0", "--token-file", str(token_file), *args)
+    srv = Served("--port", "0", "--token-file", str(token_file), "--grace", "5", *args)
     try:
         host, port = srv.wait_serving(start_timeout)
         addr = f"{host}:{port}"
@@ -210,8 +210,17 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
         assert tree, "serve started no process"
         cmds = cmdlines(tree)
         ports = [port] + srv.worker_ports()
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
+        # A request in flight at SIGTERM finishes within the grace period.
+        from baton.client import Client
+
+        with Client(addr, token="deploy-test-token") as client:
+            stream = client.generate(PROMPT, max_new_tokens=64, ignore_eos=True, timeout=30)
+            got = list(next(stream).token_ids)
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGTERM)
+            deltas = list(stream)
+        got += [t for d in deltas for t in d.token_ids]
+        assert len(got) == 64 and deltas[-1].finish_reason == "LENGTH", deltas
         try:
             rc = srv.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
@@ -222,6 +231,9 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
         time.sleep(0.5)  # init reaps re-parented children
         assert not survivors(tree), f"left behind: {survivors(tree)}"
         assert not [p for p in ports if port_open(host, p)], f"ports still open: {ports}"
+        stop_at = next(i for i, ln in enumerate(srv.stderr) if "stopping: router" in ln)
+        overlapped = any('"tokens": 64' in ln for ln in srv.stderr[stop_at:])
+        print(f"in-flight request finished after the router stopped accepting: {overlapped}")
         return srv, cmds, took
     finally:
         srv.kill()
