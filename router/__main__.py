@@ -16,6 +16,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
@@ -28,18 +29,19 @@ SERVICE_NAME = "baton.v1.Router"
 
 
 def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | None = None,
-                 settings: Settings | None = None, config: RouterConfig = RouterConfig(), host: str | None = None,
-                 port: int = 0, metrics_port: int = 0, ray_namespace: str | None = None,
+                 settings: Settings | None = None, worker_settings: Settings | None = None,
+                 config: RouterConfig = RouterConfig(), host: str | None = None, port: int = 0,
+                 metrics_port: int = 0, ray_namespace: str | None = None,
                  poll_interval: float = 0.5) -> tuple[ServerHandle, RouterServicer]:
     """Start a router; returns (handle, servicer). Stop it with `stop_router(handle, servicer, grace)`.
 
     meta (else read from model_dir, else the embedded default model) gives the tokenizer and limits.
-    Worker channels use `settings` too: its token is sent to the workers, its TLS files secure them."""
+    `settings` serve the router (token checked, TLS cert); `worker_settings` (default: `settings`)
+    make the worker channels: its token is sent to the workers, its TLS files secure those calls."""
     settings = Settings.from_env() if settings is None else settings
+    worker_settings = settings if worker_settings is None else worker_settings
     if meta is None:
-        from baton.loading import resolve_model_dir  # NOTE: imports torch; only when no meta is given
-
-        meta = ModelMeta.from_dir(resolve_model_dir(model_dir))
+        meta = ModelMeta.from_dir(_model_dir(model_dir))
     metrics = RouterMetrics()
     box: dict[str, ServerHandle] = {}
 
@@ -48,7 +50,7 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
         if "handle" in box:   # NOTE: after enter_graceful_shutdown, set() is ignored: stays NOT_SERVING
             box["handle"].set_serving(serving)
 
-    registry = Registry(settings, prefill=prefill, decode=decode, ray_namespace=ray_namespace,
+    registry = Registry(worker_settings, prefill=prefill, decode=decode, ray_namespace=ray_namespace,
                         poll_interval=poll_interval, on_change=on_change)
     servicer = RouterServicer(registry, meta, config, metrics)
     handle = build_server([(router_pb2_grpc.add_RouterServicer_to_server, servicer)],
@@ -63,6 +65,16 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
         registry.stop()
         raise
     return handle, servicer
+
+
+def _model_dir(model_dir) -> Path:
+    if model_dir is None:
+        from baton.loading import resolve_model_dir  # NOTE: imports torch: only for the embedded default
+
+        return resolve_model_dir(None)
+    if not (Path(model_dir) / "config.json").is_file():
+        raise FileNotFoundError(f"model: no config.json in {model_dir} (pass --model DIR: an HF checkpoint directory)")
+    return Path(model_dir)
 
 
 def stop_router(handle: ServerHandle, servicer: RouterServicer, grace: float = 5.0) -> None:
@@ -97,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     try:
-        settings = Settings.from_env(token=read_token_file(args.token_file) if args.token_file else None,
-                                     tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host)
+        token = read_token_file(args.token_file) if args.token_file else None
+        settings = Settings.from_env(token=token, tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host)
+        # NOTE: --tls-cert/--tls-key secure the public port only; worker channels follow BATON_TLS_*
+        worker_settings = Settings.from_env(token=token)
     except ValueError as e:
         print(f"router: {e}", file=sys.stderr)
         return 2
@@ -116,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         handle, servicer = serve_router(prefill=_addrs(args.prefill), decode=_addrs(args.decode),
-                                        model_dir=args.model, settings=settings, config=config,
+                                        model_dir=args.model, settings=settings,
+                                        worker_settings=worker_settings, config=config,
                                         port=args.port, metrics_port=args.metrics_port,
                                         ray_namespace=args.ray_namespace)
     except (OSError, ValueError) as e:

@@ -109,7 +109,8 @@ class Calls:
             self.registry.mark_down(worker)  # hung: no answer within call_timeout
             return WorkerFault(worker, code, f"no answer within {timeout:.1f}s")
         if code == C.UNAVAILABLE:
-            self.registry.mark_down(worker)
+            # NOTE: a Prefill also ends UNAVAILABLE when its decode_target is down: ask before blaming
+            self.registry.probe(worker)
         if code in _FAULTS or (code == C.NOT_FOUND and worker.role == "decode"):
             return WorkerFault(worker, code, details)
         if code in (C.UNAUTHENTICATED, C.PERMISSION_DENIED):
@@ -263,7 +264,10 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
             calls.mark_uncertain(sid)
             if e.code != C.RESOURCE_EXHAUSTED or attempt == retries:
                 raise
-            bad_p.append(p)  # that worker's sessions are full: try another one
+            if "decode_target" in e.message:
+                bad_d.append(d)   # the decode target's slots are full (the prefill worker names it)
+            else:
+                bad_p.append(p)   # the prefill worker's slots are full
         except Cancelled:
             calls.mark_uncertain(sid)
             raise

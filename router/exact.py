@@ -99,7 +99,8 @@ class ExactLoop:
 
     def _migrate(self, pending: int, fault: WorkerFault) -> None:
         """Moves S to another decode worker by ExportState from the exact worker."""
-        reg, dead = self.calls.registry, [self.decode]
+        # NOTE: a worker that only lost the session (NOT_FOUND) may take it back
+        reg, dead = self.calls.registry, [] if fault.code == grpc.StatusCode.NOT_FOUND else [self.decode]
         log.warning("exact session %s: decode worker failed (%s); migrating", self.sid, fault)
         while True:
             self._attempts += 1
@@ -132,4 +133,7 @@ class ExactLoop:
             if self.on_migrate is not None:
                 self.on_migrate()
             self.decode = target
+            # NOTE: ExportState carries no engine, so the new worker loaded S with its default engine;
+            # UNSPECIFIED = "as loaded". Drafts may now come from another engine: the output cannot change.
+            self.engine = 0
             return

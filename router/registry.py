@@ -51,9 +51,11 @@ class NoWorker(Exception):
     """No worker of the role (offering the engine) is up: the request ends UNAVAILABLE."""
 
 
-def parse_engines(text: str) -> tuple[str, ...]:
-    """WorkerStats.engine -> engine names; "fp8" or "fp8,bf16,mtp" (first = the worker's default)."""
-    return tuple(e for e in re.split(r"[\s,]+", text.strip().lower()) if e)
+def parse_engines(text: str) -> tuple[tuple[str, ...], bool]:
+    """WorkerStats.engine -> (engine names, complete). "fp8,bf16,mtp" lists what the worker offers
+    (first = its default): complete. A single name is only its default: others unknown."""
+    names = tuple(e for e in re.split(r"[\s,]+", text.strip().lower()) if e)
+    return names, len(names) > 1 or "," in text
 
 
 @dataclass(eq=False)
@@ -65,14 +67,18 @@ class Worker:
     health: health_pb2_grpc.HealthStub
     source: str = "static"          # "static" | "ray"
     up: bool = False
+    seen: bool = False              # has answered SERVING at least once
+    late: int = 0                   # consecutive health checks past their deadline
     outstanding: int = 0            # requests holding a lease
     last_pick: int = 0              # tie-break: least recently picked first
-    engines: tuple[str, ...] = ()   # decode: offered engines; () = unknown (accept any)
+    engines: tuple[str, ...] = ()   # decode: engines it reported (first = its default)
+    engines_complete: bool = False  # True: `engines` is all it offers; False: others may exist
     max_len: int = 0                # window reported by GetStats; 0 = unknown
     fingerprint: str = ""
 
     def offers(self, engine: str | None) -> bool:
-        return engine is None or not self.engines or engine in self.engines
+        """Known to offer it, or might (incomplete list)."""
+        return engine is None or engine in self.engines or not self.engines_complete
 
 
 class Registry:
@@ -88,6 +94,7 @@ class Registry:
         self._workers: dict[str, list[Worker]] = {r: [] for r in ROLES}
         self._seq = itertools.count(1)
         self._last_summary: tuple[bool, int, int] | None = None
+        self._publish_lock = threading.Lock()   # on_change calls happen in summary order
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="baton-health")
@@ -139,7 +146,9 @@ class Registry:
             if not cands:
                 what = f"{role} worker" + (f" offering engine {engine}" if engine else "")
                 raise NoWorker(f"no {what} is available")
-            w = min(cands, key=lambda c: (c.outstanding, c.last_pick))
+            # workers known to offer the engine first, then least outstanding, then least recently picked
+            w = min(cands, key=lambda c: (engine is not None and engine not in c.engines, c.outstanding,
+                                          c.last_pick))
             w.last_pick = next(self._seq)
             return w
 
@@ -171,11 +180,12 @@ class Registry:
         self._publish()
 
     def engines(self) -> set[str]:
-        """Engines offered by up decode workers; a worker whose engines are unknown adds nothing."""
+        """Engines up decode workers reported (all of them when engines_known())."""
         return {e for w in self.up("decode") for e in w.engines}
 
     def engines_known(self) -> bool:
-        return all(w.engines for w in self.up("decode"))
+        """True when every up decode worker reported its complete engine list."""
+        return all(w.engines_complete for w in self.up("decode"))
 
     def max_context(self, default: int) -> int:
         """The smallest window among up workers that reported one (`default` when none did)."""
@@ -187,18 +197,29 @@ class Registry:
 
     # ---- health ----------------------------------------------------------------------------------
     def probe(self, worker: Worker) -> bool:
-        """One Check("") now; updates worker.up (and learns its stats on a down->up edge)."""
+        """One Check("") now; updates worker.up (and learns its stats on a down->up edge).
+
+        NOTE: an up worker is marked down at once on NOT_SERVING or a failed connection, but only after
+        two consecutive late answers (one slow check under CPU load is not a death). A worker never
+        seen up gets a longer first deadline: it includes connection set-up."""
+        timeout = self.check_timeout if worker.seen else max(self.check_timeout, 2.0)
         try:
-            resp = worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.check_timeout)
-            ok = resp.status == _SERVING
-        except grpc.RpcError:
+            resp = worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            ok, worker.late = resp.status == _SERVING, 0
+        except grpc.RpcError as e:
             ok = False
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and worker.up:
+                worker.late += 1
+                ok = worker.late < 2
         if ok and not worker.up:
             self._learn(worker)
             log.info("worker up: %s %s engines=%s", worker.role, worker.address, ",".join(worker.engines))
         elif not ok and worker.up:
             log.warning("worker down: %s %s", worker.role, worker.address)
-        worker.up = ok
+        changed, worker.up = worker.up != ok, ok
+        worker.seen |= ok
+        if changed and self._thread is not None:
+            self._publish()
         return ok
 
     def _learn(self, worker: Worker) -> None:
@@ -207,7 +228,8 @@ class Registry:
         except grpc.RpcError as e:
             log.warning("GetStats %s failed: %s", worker.address, e.code().name)
             return
-        worker.engines = parse_engines(st.engine) if worker.role == "decode" else ()
+        if worker.role == "decode":
+            worker.engines, worker.engines_complete = parse_engines(st.engine)
         worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
 
     def poll_once(self) -> None:
@@ -219,11 +241,11 @@ class Registry:
         self._publish()
 
     def _publish(self) -> None:
-        summary = (self.serving, len(self.up("prefill")), len(self.up("decode")))
-        with self._lock:
+        with self._publish_lock:
+            summary = (self.serving, len(self.up("prefill")), len(self.up("decode")))
             changed, self._last_summary = summary != self._last_summary, summary
-        if changed and self.on_change is not None:
-            self.on_change(*summary)
+            if changed and self.on_change is not None:
+                self.on_change(*summary)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_interval):

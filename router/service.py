@@ -288,7 +288,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 log.warning("request %s: decode worker failed (%s); re-prefilling %d + %d tokens",
                             plan.request_id, e, len(plan.prompt_ids), len(budget.emitted))
                 # NOTE: the re-prefill's first token is the next token to send: nothing lost or repeated
-                h = self._start(plan, calls, plan.prompt_ids + budget.emitted, stats, exclude=[h.decode],
+                gone = [] if e.code == C.NOT_FOUND else [h.decode]   # NOT_FOUND: only the session is lost
+                h = self._start(plan, calls, plan.prompt_ids + budget.emitted, stats, exclude=gone,
                                 wait_s=self.config.migrate_wait_s)
                 stats.migrations += 1
                 self.metrics.migration("fast")

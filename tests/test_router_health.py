@@ -162,7 +162,7 @@ def test_pick_least_outstanding_and_rotation():
         with pytest.raises(NoWorker):
             reg.pick("decode")
         for w in ws:
-            w.up, w.engines = True, ("bf16",)
+            w.up, (w.engines, w.engines_complete) = True, registry_mod.parse_engines("bf16,mtp")
         ws[2].engines = ("fp8", "bf16")
         assert [reg.pick("decode") for _ in range(3)] == ws            # ties: least recently picked
         with reg.lease(ws[0]), reg.lease(ws[1]):
@@ -172,9 +172,19 @@ def test_pick_least_outstanding_and_rotation():
         assert reg.pick("decode", "fp8") is ws[2]
         with pytest.raises(NoWorker):
             reg.pick("decode", "fp8", exclude=[ws[2]])
-        assert reg.engines() == {"bf16", "fp8"}
+        assert reg.engines() == {"bf16", "fp8", "mtp"} and reg.engines_known()
+        ws[1].engines, ws[1].engines_complete = registry_mod.parse_engines("bf16")   # default only
+        assert not reg.engines_known()
+        assert reg.pick("decode", "fp8") is ws[2]                   # known offer first
+        assert reg.pick("decode", "fp8", exclude=[ws[2]]) is ws[1]  # might offer it
     finally:
         reg.stop()
+
+
+def test_parse_engines():
+    assert registry_mod.parse_engines("fp8") == (("fp8",), False)
+    assert registry_mod.parse_engines("FP8, bf16,mtp") == (("fp8", "bf16", "mtp"), True)
+    assert registry_mod.parse_engines("") == ((), False)
 
 
 def test_ray_discovery(monkeypatch):
@@ -203,3 +213,40 @@ def test_ray_discovery(monkeypatch):
         assert [w.address for w in reg.workers("prefill")] == ["127.0.0.1:7001"]
     finally:
         reg.stop()
+
+
+def test_tls_on_the_public_port_with_plaintext_workers(tmp_path):
+    from test_rpc import _self_signed
+
+    from router.__main__ import serve_router, stop_router
+    from router.service import ModelMeta
+
+    cert, key = _self_signed(tmp_path)
+    p, d = fakes.prefill_worker(Settings()), fakes.decode_worker(Settings())
+    handle, servicer = serve_router(prefill=[p.address], decode=[d.address], meta=ModelMeta("fake", 100, (99,)),
+                                    settings=Settings(token="t", tls_cert=cert, tls_key=key),
+                                    worker_settings=Settings(), poll_interval=0.1)
+    try:
+        with Client(handle.address, token="t", tls_ca=cert) as c:
+            assert [t for x in c.generate([1, 2], max_new_tokens=5, timeout=10) for t in x.token_ids] == \
+                reference([1, 2], 5)
+        with Client(handle.address, settings=Settings(token="t")) as plain:      # plaintext to a TLS port
+            assert plain.health(timeout=2) == "UNAVAILABLE"
+    finally:
+        stop_router(handle, servicer, 0)
+        p.stop()
+        d.stop()
+
+
+def test_prefill_resource_exhausted_tries_another_worker():
+    c = Cluster(n_prefill=2, n_decode=1)
+    try:
+        c.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert c.run([1, 2], max_new_tokens=4)[0] == reference([1, 2], 4)
+        for w in c.prefill:
+            w.servicer.fail["Prefill"] = grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as ei:
+            c.run([1, 2], max_new_tokens=4)
+        assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        c.close()

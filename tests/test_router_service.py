@@ -144,12 +144,12 @@ def test_unknown_enum_values(cluster):
 
 
 def test_engine_not_offered():
-    c = Cluster(engines=("bf16",))
+    c = Cluster(engines=("bf16", "mtp"))
     try:
         code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4, engine="fp8"))
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("engine:") and "bf16" in details
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("engine:") and "bf16, mtp" in details
         info = c.client.model_info()
-        assert list(info.engines) == [1] and info.vocab_size == fakes.VOCAB and info.fingerprint == "fake-fp"
+        assert list(info.engines) == [1, 3] and info.vocab_size == fakes.VOCAB and info.fingerprint == "fake-fp"
         assert info.max_context == 4096 and info.max_draft_block == 14 and info.default_draft_block == 4
     finally:
         c.close()
