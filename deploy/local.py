@@ -139,7 +139,10 @@ class _LocalRay:
             from deploy.launch import use_ray_token_if_present
 
             use_ray_token_if_present()  # before `import ray`: its config reads RAY_AUTH_MODE
-        import ray
+        try:
+            import ray
+        except ImportError as e:
+            raise StartupError(f"Ray is not usable here ({e}): run `baton serve --processes`") from None
 
         self.ray = ray
         self.temp_dir = None
