@@ -1,34 +1,28 @@
-"""The downstream side of one Generate request: guarded calls, sessions, stop conditions, hand-off.
+"""The downstream calls of one Generate request: deadlines, cancellation, error triage, sessions.
 
 Lifecycle of a request's calls:
     calls = Calls(registry, deadline=monotonic_deadline, call_timeout=30)
     context.add_callback(calls.cancel)         # client gone -> every active downstream call cancelled
-    h = start_session(calls, ids, mode=..., engine=..., exclude_decode=())
-        # pick prefill P + decode D (least outstanding), Prefill(decode_target=D): the state goes P -> D;
-        # a failure before the first token is retried once on another prefill worker
+    calls.lease(worker); calls.track(worker, session_id)   # outstanding work; a session to release
     calls.unary(worker, "Draft", req) / calls.stream(worker, "Decode", req)
-        # every call has a deadline <= the client's (unary calls also <= call_timeout)
+        # every call has a deadline <= the client's (unary calls also <= call_timeout; a stream
+        # whose worker sends nothing for call_timeout is cancelled by one shared watchdog thread)
         # errors become: Cancelled (client gone), WorkerFault (worker died / hung / lost the session:
         # retry or migrate), StatusError (the request's own fault: passed to the client)
     calls.close()                              # Release every tracked session on its worker, drop leases
-
-Budget applies max_new_tokens / stop ids / EOS to a token stream, truncating after the first stop
-(inclusive), so every path reports the same finish_reason for the same tokens.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-import uuid
 from contextlib import ExitStack
-from dataclasses import dataclass
 
 import grpc
 
 from baton.rpc import StatusError
-from baton.v1 import common_pb2, prefill_pb2
-from router.registry import NoWorker, Registry, Worker
+from baton.v1 import common_pb2
+from router.registry import Registry, Worker
 
 log = logging.getLogger("baton.router")
 
@@ -74,10 +68,6 @@ class Calls:
         if rem <= 0:
             raise StatusError(C.DEADLINE_EXCEEDED, "deadline exceeded")
         return min(rem, self.call_timeout) if capped else rem
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
 
     def cancel(self) -> None:
         """context.add_callback target: cancels active calls; later calls raise Cancelled."""
@@ -138,13 +128,27 @@ class Calls:
             self._unregister(fut)
 
     def stream(self, worker: Worker, method: str, request):
-        """Yields the responses of a server stream; breaking out of the loop cancels the call."""
+        """Yields the responses of a server stream; breaking out of the loop cancels the call.
+        A stream that sends nothing for call_timeout s (a frozen worker) is a WorkerFault."""
         timeout = self._timeout(capped=False)
         call = getattr(worker.stub, method)(request, timeout=timeout)
         self._register(call)
+        it = iter(call)
         try:
-            yield from call
+            while True:
+                stalled = _WATCHDOG.arm(call, self.call_timeout)   # only while waiting on the worker
+                try:
+                    resp = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    _WATCHDOG.disarm(call)
+                yield resp
         except grpc.RpcError as e:
+            if stalled.is_set() and not self._cancelled:
+                self.registry.mark_down(worker)
+                raise WorkerFault(worker, C.DEADLINE_EXCEEDED, f"stream stalled for {self.call_timeout:.1f}s") \
+                    from None
             raise self._error(worker, e, timeout) from None
         finally:
             self._unregister(call)
@@ -174,6 +178,42 @@ class Calls:
         self._leases.close()
 
 
+class _Watchdog:
+    """One thread for every stream: cancels a call whose worker sent nothing before its due time."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due: dict[int, tuple[float, object, threading.Event]] = {}   # id(call) -> (due, call, flag)
+        self._thread: threading.Thread | None = None
+
+    def arm(self, call, idle_s: float) -> threading.Event:
+        flag = threading.Event()
+        with self._lock:
+            self._due[id(call)] = (time.monotonic() + idle_s, call, flag)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="baton-router-watchdog", daemon=True)
+                self._thread.start()
+        return flag
+
+    def disarm(self, call) -> None:
+        with self._lock:
+            self._due.pop(id(call), None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.1)
+            now = time.monotonic()
+            with self._lock:
+                late = [k for k, (due, _, _) in self._due.items() if due <= now]
+                fired = [self._due.pop(k) for k in late]
+            for _, call, flag in fired:
+                flag.set()
+                call.cancel()
+
+
+_WATCHDOG = _Watchdog()
+
+
 def _release(sessions: list[tuple[Worker, str, bool]]) -> None:
     futs = []
     for w, s, _ in sessions:
@@ -187,98 +227,3 @@ def _release(sessions: list[tuple[Worker, str, bool]]) -> None:
             f.result()
         except grpc.RpcError as e:
             log.debug("Release %s on %s: %s", s, w.address, e.code().name)
-
-
-class Budget:
-    """Stop conditions of one request over the tokens it emits (first token included)."""
-
-    def __init__(self, max_new_tokens: int, stop_ids, eos_ids, ignore_eos: bool):
-        self.max_new_tokens = max_new_tokens
-        self.stop_ids = frozenset(stop_ids)
-        self.eos_ids = frozenset(() if ignore_eos else eos_ids)
-        self.emitted: list[int] = []
-
-    @property
-    def remaining(self) -> int:
-        return self.max_new_tokens - len(self.emitted)
-
-    def take(self, tokens) -> tuple[list[int], int | None]:
-        """-> (tokens to send, FinishReason or None). Truncates after the first stop/EOS (inclusive)."""
-        out: list[int] = []
-        for t in tokens:
-            if self.remaining <= 0:
-                break
-            t = int(t)
-            out.append(t)
-            self.emitted.append(t)
-            if t in self.stop_ids:
-                return out, common_pb2.STOP
-            if t in self.eos_ids:
-                return out, common_pb2.EOS
-        return out, (common_pb2.LENGTH if self.remaining <= 0 else None)
-
-
-@dataclass
-class Handoff:
-    """A prefilled session: P keeps it (exact mode) and D holds its state."""
-    session_id: str
-    prefill: Worker
-    decode: Worker
-    response: prefill_pb2.PrefillResponse
-
-    @property
-    def first_token(self) -> int:
-        return int(self.response.first_token)
-
-
-def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engine_name: str | None,
-                  exclude_decode=(), retries: int = 1, decode_wait_s: float = 0.0, on_retry=None) -> Handoff:
-    """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
-
-    A worker fault before the first token is retried `retries` times on another prefill worker (the
-    same one only when no other is up); a decode target that no longer answers its health check is
-    excluded too. decode_wait_s > 0 waits that long for a decode worker to come up (migration).
-    Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
-    reg = calls.registry
-    bad_p: list[Worker] = []
-    bad_d: list[Worker] = list(exclude_decode)
-    for attempt in range(retries + 1):
-        try:
-            try:
-                p = reg.pick("prefill", exclude=bad_p)
-            except NoWorker:
-                p = reg.pick("prefill")
-            d = reg.wait_pick("decode", engine_name, bad_d, min(decode_wait_s, max(0.0, calls.remaining())))
-        except NoWorker as e:
-            raise unavailable(str(e)) from None
-        sid = uuid.uuid4().hex
-        calls.lease(p)
-        calls.lease(d)
-        calls.track(p, sid)
-        calls.track(d, sid)
-        req = prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address,
-                                         engine=engine)
-        try:
-            return Handoff(sid, p, d, calls.unary(p, "Prefill", req))
-        except StatusError as e:
-            calls.mark_uncertain(sid)
-            if e.code != C.RESOURCE_EXHAUSTED or attempt == retries:
-                raise
-            if "decode_target" in e.message:
-                bad_d.append(d)   # the decode target's slots are full (the prefill worker names it)
-            else:
-                bad_p.append(p)   # the prefill worker's slots are full
-        except Cancelled:
-            calls.mark_uncertain(sid)
-            raise
-        except WorkerFault as e:
-            calls.mark_uncertain(sid)
-            log.warning("prefill attempt %d failed: %s", attempt + 1, e)
-            if attempt == retries:
-                raise unavailable(f"prefill failed after {retries + 1} attempts: {e}") from None
-            bad_p.append(p)
-            if not reg.probe(d):
-                bad_d.append(d)
-            if on_retry is not None:
-                on_retry()
-    raise AssertionError("unreachable")

@@ -24,7 +24,8 @@ import grpc
 
 from baton.rpc import StatusError
 from baton.v1 import decode_pb2, prefill_pb2
-from router.calls import Budget, Calls, Handoff, WorkerFault, unavailable
+from router.calls import Calls, WorkerFault, unavailable
+from router.session import Budget, Handoff
 from router.registry import NoWorker
 
 log = logging.getLogger("baton.router")

@@ -30,7 +30,8 @@ import grpc
 
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
-from router.calls import Budget, Calls, Cancelled, WorkerFault, start_session, unavailable
+from router.calls import Calls, Cancelled, WorkerFault, unavailable
+from router.session import Budget, start_session
 from router.exact import ExactLoop, RunStats
 from router.metrics import RouterMetrics
 from router.registry import Registry

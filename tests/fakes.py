@@ -62,6 +62,7 @@ class _Base:
         self.hang: set[str] = set()     # method names that hang until cancelled
         self.fail: dict[str, grpc.StatusCode] = {}   # method -> status of its next call (then cleared)
         self.die_on: dict[str, int] = {}   # method -> die at its n-th call (1-based) from now
+        self.freeze_after: int | None = None   # Decode: stop sending (until cancelled) after n tokens
 
     def _enter(self, method: str, request, context):
         self.calls.append((method, request))
@@ -209,6 +210,10 @@ class FakeDecode(_Base, decode_pb2_grpc.DecodeWorkerServicer):
                 t = exact_next(s["ctx"]) if engine == "bf16" else draft_next(s["ctx"], engine)
                 s["pending"] = t
                 n += 1
+                if n == self.freeze_after:
+                    while context.is_active():
+                        time.sleep(0.01)
+                    return
                 if "Decode.token" in self.die_on:
                     self._enter("Decode.token", request, context)
                 elif self.delay:

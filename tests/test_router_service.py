@@ -263,6 +263,15 @@ def test_exact_migration_on_hung_decode_worker(cluster):
     assert cluster.wait_sessions_zero()
 
 
+def test_fast_migration_on_frozen_decode_stream(cluster):
+    cluster.decode[0].servicer.freeze_after = 4          # a fresh cluster picks decode[0] first
+    t0 = time.monotonic()
+    out, deltas = cluster.run(PROMPT, max_new_tokens=20, engine="bf16", timeout=15)
+    assert out == reference(PROMPT, 20) and deltas[-1].stats["migrations"] == 1
+    assert 2.0 <= time.monotonic() - t0 < 6.0            # call_timeout_s = 2 in the fake cluster
+    assert cluster.wait_sessions_zero()
+
+
 def test_exact_worker_death_is_unavailable(cluster):
     for w in cluster.prefill:
         w.servicer.die_on = {"Verify": 2}

@@ -1,0 +1,120 @@
+"""One request's session: its stop conditions (Budget) and its start on a worker pair (start_session).
+
+    h = start_session(calls, ids, mode=..., engine=..., engine_name=..., exclude_decode=())
+        pick prefill P + decode D (least outstanding work), Prefill(session, decode_target=D): the
+        state goes P -> D directly; EXACT keeps the exact session on P. A worker fault before the first
+        token is retried once on another prefill worker (a dead decode target is excluded too).
+    budget = Budget(max_new_tokens, stop_ids, eos_ids, ignore_eos)
+    toks, finish = budget.take(tokens)   # truncated after the first stop / EOS (inclusive) or at
+                                         # max_new_tokens: every path reports the same finish_reason
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from baton.rpc import StatusError
+from baton.v1 import common_pb2, prefill_pb2
+from router.calls import Calls, Cancelled, WorkerFault, unavailable
+from router.registry import NoWorker, Worker
+
+log = logging.getLogger("baton.router")
+C = grpc.StatusCode
+
+
+class Budget:
+    """Stop conditions of one request over the tokens it emits (first token included)."""
+
+    def __init__(self, max_new_tokens: int, stop_ids, eos_ids, ignore_eos: bool):
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = frozenset(stop_ids)
+        self.eos_ids = frozenset(() if ignore_eos else eos_ids)
+        self.emitted: list[int] = []
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.emitted)
+
+    def take(self, tokens) -> tuple[list[int], int | None]:
+        """-> (tokens to send, FinishReason or None). Truncates after the first stop/EOS (inclusive)."""
+        out: list[int] = []
+        for t in tokens:
+            if self.remaining <= 0:
+                break
+            t = int(t)
+            out.append(t)
+            self.emitted.append(t)
+            if t in self.stop_ids:
+                return out, common_pb2.STOP
+            if t in self.eos_ids:
+                return out, common_pb2.EOS
+        return out, (common_pb2.LENGTH if self.remaining <= 0 else None)
+
+
+@dataclass
+class Handoff:
+    """A prefilled session: P keeps it (exact mode) and D holds its state."""
+    session_id: str
+    prefill: Worker
+    decode: Worker
+    response: prefill_pb2.PrefillResponse
+
+    @property
+    def first_token(self) -> int:
+        return int(self.response.first_token)
+
+
+def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engine_name: str | None,
+                  exclude_decode=(), retries: int = 1, decode_wait_s: float = 0.0, on_retry=None) -> Handoff:
+    """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
+
+    A worker fault before the first token is retried `retries` times on another prefill worker (the
+    same one only when no other is up); a decode target that no longer answers its health check is
+    excluded too. decode_wait_s > 0 waits that long for a decode worker to come up (migration).
+    Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
+    reg = calls.registry
+    bad_p: list[Worker] = []
+    bad_d: list[Worker] = list(exclude_decode)
+    for attempt in range(retries + 1):
+        try:
+            try:
+                p = reg.pick("prefill", exclude=bad_p)
+            except NoWorker:
+                p = reg.pick("prefill")
+            d = reg.wait_pick("decode", engine_name, bad_d, min(decode_wait_s, max(0.0, calls.remaining())))
+        except NoWorker as e:
+            raise unavailable(str(e)) from None
+        sid = uuid.uuid4().hex
+        calls.lease(p)
+        calls.lease(d)
+        calls.track(p, sid)
+        calls.track(d, sid)
+        req = prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address,
+                                         engine=engine)
+        try:
+            return Handoff(sid, p, d, calls.unary(p, "Prefill", req))
+        except StatusError as e:
+            calls.mark_uncertain(sid)
+            if e.code != C.RESOURCE_EXHAUSTED or attempt == retries:
+                raise
+            if "decode_target" in e.message:
+                bad_d.append(d)   # the decode target's slots are full (the prefill worker names it)
+            else:
+                bad_p.append(p)   # the prefill worker's slots are full
+        except Cancelled:
+            calls.mark_uncertain(sid)
+            raise
+        except WorkerFault as e:
+            calls.mark_uncertain(sid)
+            log.warning("prefill attempt %d failed: %s", attempt + 1, e)
+            if attempt == retries:
+                raise unavailable(f"prefill failed after {retries + 1} attempts: {e}") from None
+            bad_p.append(p)
+            if not reg.probe(d):
+                bad_d.append(d)
+            if on_retry is not None:
+                on_retry()
+    raise AssertionError("unreachable")
