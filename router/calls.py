@@ -114,9 +114,15 @@ class Calls:
             self._leased.add(id(worker))
             self._leases.enter_context(self.registry.lease(worker))
 
+    def _start_call(self, worker: Worker, fn, request, timeout: float):
+        try:
+            return fn(request, timeout=timeout)
+        except ValueError:  # "Channel closed": the worker left the pool (e.g. a restarted Ray actor)
+            raise WorkerFault(worker, C.UNAVAILABLE, "worker removed from the pool") from None
+
     def unary(self, worker: Worker, method: str, request):
         timeout = self._timeout(capped=True)
-        fut = getattr(worker.stub, method).future(request, timeout=timeout)
+        fut = self._start_call(worker, getattr(worker.stub, method).future, request, timeout)
         self._register(fut)
         try:
             return fut.result()
@@ -131,7 +137,7 @@ class Calls:
         """Yields the responses of a server stream; breaking out of the loop cancels the call.
         A stream that sends nothing for call_timeout s (a frozen worker) is a WorkerFault."""
         timeout = self._timeout(capped=False)
-        call = getattr(worker.stub, method)(request, timeout=timeout)
+        call = self._start_call(worker, getattr(worker.stub, method), request, timeout)
         self._register(call)
         it = iter(call)
         try:

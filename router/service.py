@@ -14,6 +14,12 @@ Lifecycle of a Generate request:
     finish     the last message carries finish_reason, usage and stats; Release on P and D always
                (also when the client cancels: context callback -> downstream calls cancelled)
 Every downstream call has a deadline no later than the client's. One JSON log line per request.
+
+Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
+or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, the exact
+worker lost an EXACT session, decode workers kept failing); DEADLINE_EXCEEDED / CANCELLED (the
+client's); OUT_OF_RANGE (a worker's window); INTERNAL (a worker refused the router's token, or broke
+the protocol); UNAUTHENTICATED (the client's token, checked by baton.rpc.AuthInterceptor).
 """
 from __future__ import annotations
 
@@ -175,10 +181,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 raise _bad("prompt", f"{len(r.text)} characters is far beyond the window of {max_ctx} tokens")
             ids = meta.tokenizer.encode(r.text)
         elif which == "token_ids":
-            ids = list(r.token_ids.ids)
-            bad = next(((i, t) for i, t in enumerate(ids) if t >= meta.vocab_size), None)
-            if bad is not None:
-                raise _bad("token_ids", f"id {bad[1]} at index {bad[0]} is out of range [0, {meta.vocab_size})")
+            ids = r.token_ids.ids
         else:
             ids = []
         if not ids:
@@ -186,6 +189,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if len(ids) + W > max_ctx:
             raise _bad("prompt", f"{len(ids)} tokens is too long: at most {max_ctx - W} fit the window of "
                                  f"{max_ctx} ({W} rows are reserved for decoding)")
+        ids = list(ids)
+        if which == "token_ids" and max(ids) >= meta.vocab_size:
+            i = next(i for i, t in enumerate(ids) if t >= meta.vocab_size)
+            raise _bad("token_ids", f"id {ids[i]} at index {i} is out of range [0, {meta.vocab_size})")
         n = r.max_new_tokens
         if n < 1:
             raise _bad("max_new_tokens", "must be >= 1")
