@@ -20,6 +20,7 @@ import torch
 
 EOS_TOKEN = "<|endoftext|>"
 LOGIT_GAIN = 4.0  # embed/lm_head std = LOGIT_GAIN/sqrt(hidden): logits std ~ LOGIT_GAIN, few near-ties
+QKV_GAIN = 3.0   # larger GDN values keep the gated norm's input far above its eps (fp32 parity)
 NOISE = 0.1       # std of the noise added to every 1-D parameter (norms, A_log, dt_bias)
 
 # Tokenizer training text: enough distinct words for several hundred merges.
@@ -125,12 +126,17 @@ def _train_tokenizer(vocab: int):
 def _randomize(named: list[tuple[str, torch.Tensor]], gen: torch.Generator, hidden: int) -> None:
     """In place: matrices ~ N(0, 1/fan_in) (embed/lm_head scaled by LOGIT_GAIN); 1-D params += noise."""
     for name, p in named:
-        if p.dim() == 1:
+        if name.endswith("A_log"):
+            # NOTE: moderate decay (A in [0.3, 1.5]) keeps GDN outputs well above the gated norm's eps;
+            # HF's A ~ U(0.01, 16) wipes the state each step and makes fp32 parity ill-conditioned.
+            p.copy_(torch.empty(p.shape).uniform_(0.3, 1.5, generator=gen).log())
+        elif p.dim() == 1:
             p.add_(torch.randn(p.shape, generator=gen) * NOISE)
         elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
             p.copy_(torch.randn(p.shape, generator=gen) * (LOGIT_GAIN / math.sqrt(hidden)))
         else:  # Linear [out, in] / conv1d [C, 1, K]: fan_in is the last dim
-            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            gain = QKV_GAIN if name.endswith("in_proj_qkv.weight") else 1.0
+            p.copy_(torch.randn(p.shape, generator=gen) * (gain / math.sqrt(p.shape[-1])))
 
 
 def _mtp_tensors(state: dict, layer_types: list[str], hidden: int, gen, dtype) -> dict:
@@ -217,7 +223,7 @@ def make_tiny(out_dir, *, seed: int = 0, layers: int = 4, hidden: int = 64, voca
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         linear_num_key_heads=linear_heads[0], linear_num_value_heads=linear_heads[1],
         linear_key_head_dim=linear_head_dim, linear_value_head_dim=linear_head_dim,
-        linear_conv_kernel_dim=conv_kernel, max_position_embeddings=4096, tie_word_embeddings=tie,
+        linear_conv_kernel_dim=conv_kernel, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=tie,
         eos_token_id=eos,
     )
     torch.manual_seed(seed)
