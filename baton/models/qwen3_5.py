@@ -251,4 +251,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = getattr(self, "fp8_head", None)            # set by decode_worker.fp8.quantize_head
+        if head is not None:
+            return head(hidden)                                            # [T, vocab]
         return F.linear(hidden, self.head_weight())                        # [T, vocab]

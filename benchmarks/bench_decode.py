@@ -1,0 +1,180 @@
+"""Batch-1 decode benchmark: Baton bf16 / fp8 / mtp (CUDA graphs) vs HF `generate` vs the bandwidth
+floor, side by side in one run. Prints one JSON object (and writes it with --out).
+
+    python benchmarks/bench_decode.py --random-init qwen3.5-9b --contexts 512,8192 --new 256 --out R.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from baton.loading import random_model  # noqa: E402
+from baton.runner import ModelRunner  # noqa: E402
+from benchmarks.shapes import shape  # noqa: E402
+from decode_worker import graph  # noqa: E402
+from decode_worker.engine import DecodeEngine  # noqa: E402
+from prefill_worker.engine import ExactEngine  # noqa: E402
+
+
+def hbm_bandwidth(gb: float = 4.0) -> float:
+    """Read+write bytes/s of a large device copy (median of 10)."""
+    n = int(gb * 1e9 / 2)
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); b.copy_(a); e.record(); torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * n * 2 / statistics.median(times[2:])
+
+
+def step_bytes(model, state, context: int) -> int:
+    """Bytes one decode step must read: projection weights and the LM head as stored (bf16 or fp8),
+    one embedding row, the GDN state (read + write) and the KV rows up to the context."""
+    cfg = model.cfg
+    fp8_head = getattr(model, "fp8_head", None) is not None
+    w = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.startswith("mtp.") or "embed_tokens" in name or t.dim() < 2:
+            continue
+        if fp8_head and name == "lm_head.weight":
+            continue
+        w += t.numel() * t.element_size()
+    if cfg.tie_word_embeddings and not fp8_head:
+        w += cfg.vocab_size * cfg.hidden_size * 2
+    gdn = sum(t[0].numel() * t.element_size() for t in state.recurrent.values()) * 2
+    kv = state.kv_bytes_per_token() * context
+    return w + gdn + kv + cfg.hidden_size * 2
+
+
+def time_decode(eng: DecodeEngine, exact: ExactEngine, prompt: list[int], engine: str, new: int, runs: int,
+                k: int = 4):
+    s, first = exact.prefill(prompt)
+    tensors, pos, nxt = exact.export(s.id)
+    host = {t.name: t.tensor.clone() for t in tensors}
+    exact.release(s.id)
+    rates, toks, accept = [], None, 0.0
+    for i in range(runs + 1):
+        sess = eng.load(host, position=pos, next_token=nxt, engine=engine)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = [t for b in eng.decode(sess.id, new, k=k) for t in b]
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        accept = sess.mean_accept_len
+        eng.release(sess.id)
+        if i:                                   # run 0 is warm-up
+            rates.append(len(out) / dt)
+        toks = toks or out
+        assert out == toks, "decode is not repeatable"
+    return statistics.median(rates), [first] + toks, accept
+
+
+def hf_generate(model, cfg, prompt: list[int], new: int, runs: int) -> float:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    hc = Qwen3_5TextConfig.from_dict(cfg.hf_text_config)
+    with torch.device("cuda"):
+        hf = Qwen3_5ForCausalLM(hc).to(torch.bfloat16).eval()
+    hf.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("mtp.")}, strict=False)
+    ids = torch.tensor([prompt], device="cuda")
+    rates = []
+    for i in range(runs + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        torch.cuda.synchronize()
+        if i:
+            rates.append((out.shape[1] - len(prompt)) / (time.perf_counter() - t0))
+    del hf
+    torch.cuda.empty_cache()
+    return statistics.median(rates)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--random-init", default="qwen3.5-9b")
+    p.add_argument("--contexts", default="512,8192")
+    p.add_argument("--new", type=int, default=256)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--engines", default="bf16,fp8,mtp")
+    p.add_argument("--hf-new", type=int, default=32)
+    p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--out", default="")
+    a = p.parse_args(argv)
+    torch.manual_seed(0)
+    cfg = shape(a.random_init)
+    contexts = [int(c) for c in a.contexts.split(",")]
+    engines = a.engines.split(",")
+    res = {"command": " ".join(["python", "benchmarks/bench_decode.py"] + (argv or sys.argv[1:])),
+           "date": datetime.date.today().isoformat(), "host": socket.gethostname(),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+           "shape": a.random_init, "new_tokens": a.new, "runs": a.runs, "results": []}
+    bw = hbm_bandwidth()
+    res["hbm_bytes_per_s"] = bw
+    lm = random_model(cfg, dtype="bf16", device="cuda", seed=0, mtp="mtp" in engines)
+    max_len = max(contexts) + a.new + 64
+    t0 = time.perf_counter()
+    runner = ModelRunner(lm.model, slots=1, max_len=max_len, width=16)
+    gs = graph.capture_all(runner, max_draft=4)
+    res["capture"] = {"bf16": {"graphs": gs.graphs, "seconds": gs.seconds, "pool_bytes": gs.pool_bytes}}
+    runners = {"bf16": runner}
+    if "mtp" in engines:
+        runners["mtp"] = runner
+    exact = ExactEngine(ModelRunner(lm.model, slots=1, max_len=max_len, width=16))
+    if "fp8" in engines:
+        from decode_worker.fp8 import quantize_model
+        m8 = copy.deepcopy(lm.model)
+        if hasattr(m8, "mtp"):
+            del m8.mtp
+        res["fp8_quant"] = quantize_model(m8, "full")
+        r8 = ModelRunner(m8, slots=1, max_len=max_len, width=16)
+        gs8 = graph.capture_all(r8, max_draft=4)
+        res["capture"]["fp8"] = {"graphs": gs8.graphs, "seconds": gs8.seconds, "pool_bytes": gs8.pool_bytes}
+        runners["fp8"] = r8
+    res["setup_seconds"] = time.perf_counter() - t0
+    eng = DecodeEngine(runners, default_engine="bf16")
+    g = torch.Generator().manual_seed(1)
+    for ctx in contexts:
+        prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
+        bf16_tokens = None
+        for e in engines:
+            runs = a.runs if ctx <= 8192 else max(3, a.runs // 2)
+            rate, toks, acc = time_decode(eng, exact, prompt, e, a.new, runs)
+            floor_b = step_bytes(runners[e].model, runners[e].state, ctx)
+            row = {"engine": e, "context": ctx, "tok_s": rate, "floor_tok_s": bw / floor_b,
+                   "pct_of_floor": rate * floor_b / bw, "bytes_per_step": floor_b}
+            if e == "mtp":
+                row["mean_accept_len"] = acc
+            if e == "bf16":
+                bf16_tokens = toks
+            if e == "mtp" and bf16_tokens is not None:
+                row["tokens_equal_bf16"] = toks == bf16_tokens
+            res["results"].append(row)
+            print(json.dumps(row), flush=True)
+    res["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+    if not a.no_hf:
+        prompt = torch.randint(0, cfg.vocab_size, (contexts[0],), generator=g).tolist()
+        res["hf_generate"] = {"context": contexts[0], "new_tokens": a.hf_new,
+                              "tok_s": hf_generate(lm.model, cfg, prompt, a.hf_new, 3)}
+    print(json.dumps(res, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""CUDA-graph capture of the whole decode step (embedding -> layers -> norm -> head -> argmax ->
+position increment), one graph per (kind, slot, n).
+
+    kind "rows": ModelRunner.rows_body(slot, n)  — AR step (n=1), verify (n=K+1), re-advance (n=m+1)
+    kind "mtp":  ModelRunner.mtp_body(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
+
+First-call discipline (so the first served token is bitwise the same as every later one):
+    1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
+    2. capture into a shared memory pool;
+    3. prime with one replay;
+    4. roll every slot back to zero (GDN state, scalars, and the KV rows the warm-up wrote).
+Captured graphs read the runner's static buffers (ids_buf, mtp_h, ...) and the HybridState tensors,
+whose addresses never change (import/restore copy into them).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from baton.runner import ModelRunner
+
+log = logging.getLogger("baton.graph")
+
+
+@dataclass
+class GraphStats:
+    graphs: int = 0
+    seconds: float = 0.0
+    pool_bytes: int = 0
+    keys: list = field(default_factory=list)
+
+
+def _bodies(runner: ModelRunner):
+    return {"rows": runner.rows_body, "mtp": runner.mtp_body}
+
+
+def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
+    """rows: n = 1..max_draft+1 (AR, verify, re-advance); mtp: n = 1..max_draft+2 (when a head exists)."""
+    k = min(max_draft, runner.width - 2)
+    ns = {"rows": range(1, k + 2)}
+    if runner.has_mtp:
+        ns["mtp"] = range(1, k + 3)
+    return ns
+
+
+@torch.inference_mode()
+def capture_all(runner: ModelRunner, *, max_draft: int = 8, slots: list[int] | None = None,
+                ns: dict[str, range] | None = None, warmup: int = 2) -> GraphStats:
+    """Captures every (kind, slot, n) graph into runner.graphs; leaves all slots zeroed."""
+    if runner.device.type != "cuda":
+        raise RuntimeError("capture_all: CUDA graphs need a CUDA device")
+    t0 = time.perf_counter()
+    ns = ns or default_ns(runner, max_draft)
+    slots = list(range(runner.state.slots)) if slots is None else slots
+    bodies = _bodies(runner)
+    pool = torch.cuda.graph_pool_handle()
+    mem0 = torch.cuda.memory_allocated(runner.device)
+    stats = GraphStats()
+    side = torch.cuda.Stream(device=runner.device)
+    for kind, n_range in ns.items():
+        body = bodies[kind]
+        for slot in slots:
+            for n in n_range:
+                runner.state.snapshot(slot)
+                side.wait_stream(torch.cuda.current_stream(runner.device))
+                with torch.cuda.stream(side):
+                    for _ in range(warmup):
+                        body(slot, n)
+                        runner.state.restore(slot)
+                torch.cuda.current_stream(runner.device).wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    body(slot, n)
+                g.replay()                     # prime
+                runner.state.restore(slot)
+                runner.graphs[(kind, slot, n)] = g
+                stats.graphs += 1
+                stats.keys.append((kind, slot, n))
+    for slot in range(runner.state.slots):   # roll back: zero state and every KV row warm-up wrote
+        runner.state.reset(slot)
+    torch.cuda.synchronize(runner.device)
+    stats.seconds = time.perf_counter() - t0
+    stats.pool_bytes = torch.cuda.memory_allocated(runner.device) - mem0
+    log.info("captured %d graphs in %.1fs (%.1f MB)", stats.graphs, stats.seconds, stats.pool_bytes / 1e6)
+    return stats
+
+
+def destroy(runner: ModelRunner) -> None:
+    runner.graphs.clear()
+    if runner.device.type == "cuda":
+        torch.cuda.empty_cache()

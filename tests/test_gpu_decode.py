@@ -1,0 +1,85 @@
+"""GPU checks (run on the device with `pytest -m gpu`): row invariance in bf16, CUDA-graph first-call
+discipline, and token identity bf16 == exact AR, mtp == bf16, on the Qwen3.5-9B shape (random weights)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+SHAPE = os.environ.get("BATON_GPU_SHAPE", "qwen3.5-9b")
+PROMPT, NEW = int(os.environ.get("BATON_GPU_PROMPT", "512")), int(os.environ.get("BATON_GPU_NEW", "256"))
+
+
+@cuda
+def test_row_invariance_bf16_every_k():
+    from benchmarks.shapes import shape
+    from baton.loading import random_model
+    from baton.runner import ModelRunner
+
+    lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
+    r = ModelRunner(lm.model, max_len=512, width=16)
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        ids = torch.randint(0, lm.cfg.vocab_size, (int(torch.randint(1, 200, (1,), generator=g)),), generator=g)
+        r.prefill(0, ids.tolist())
+        K = 1 + trial % 15
+        toks = torch.randint(0, lm.cfg.vocab_size, (K + 1,), generator=g).tolist()
+        r.state.snapshot(0)
+        _, verify = r.rows_step(0, r.pad_ids(toks), K + 1)
+        r.state.restore(0)
+        for i, t in enumerate(toks):
+            _, ar = r.rows_step(0, r.pad_ids([t]), 1)
+            assert torch.equal(ar[0], verify[i]), f"trial {trial} K={K} row {i}"
+
+
+@pytest.fixture(scope="module")
+def big():
+    from benchmarks.shapes import shape
+    from baton.loading import random_model
+    return random_model(shape(SHAPE), dtype="bf16", device="cuda", seed=0, mtp=True)
+
+
+def _decode_engine(lm, engine, graphs=True):
+    from decode_worker import graph
+    from decode_worker.engine import DecodeEngine
+    from baton.runner import ModelRunner
+    r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16)
+    if graphs:
+        graph.capture_all(r, max_draft=4)
+    return DecodeEngine({"bf16": r, "mtp": r}, default_engine=engine), r
+
+
+def _exact(lm):
+    from baton.runner import ModelRunner
+    from prefill_worker.engine import ExactEngine
+    return ExactEngine(ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16))
+
+
+def _run(eng, exact, prompt, engine, n=None):
+    n = n or NEW
+    s, first = exact.prefill(prompt)
+    tensors, pos, nxt = exact.export(s.id)
+    sess = eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine=engine)
+    exact.release(s.id)
+    out = [first] + [t for batch in eng.decode(sess.id, n - 1, k=4) for t in batch]
+    eng.release(sess.id)
+    return out, sess
+
+
+@cuda
+def test_first_call_equals_tenth_and_matches_exact_ar(big):
+    prompt = torch.randint(0, big.cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
+    exact = _exact(big)
+    eng, _ = _decode_engine(big, "bf16")
+    runs = [_run(eng, exact, prompt, "bf16")[0] for _ in range(10)]
+    assert runs[0] == runs[9]
+    assert all(r == runs[0] for r in runs)
+    ref = exact.generate(prompt, NEW)
+    assert runs[0] == ref
+    mtp_out, sess = _run(eng, exact, prompt, "mtp")
+    assert mtp_out == runs[0]
+    print(f"mtp mean accept len (random weights): {sess.mean_accept_len:.2f}")
