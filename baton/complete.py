@@ -10,7 +10,7 @@ import json
 import sys
 
 from baton.loading import load_model
-from baton.runner import DEFAULT_WIDTH, ModelRunner
+from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,20 +20,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-ids", help="comma-separated token ids")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32", help="bf16 or fp32 (fp32 default on CPU)")
+    p.add_argument("--dtype", default=None, help="bf16 or fp32 (default: bf16 on cuda, fp32 on cpu, as the workers)")
     p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W of the exact engine")
-    p.add_argument("--max-len", type=int, default=0, help="window (default: prompt + new tokens + W)")
+    p.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
+                   help="window; must equal the workers' --max-len for bitwise-identical output")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text"}')
 
 
-def complete(model_dir, prompt_ids: list[int], max_new_tokens: int, *, device="cpu", dtype="fp32",
+def complete(model_dir, prompt_ids: list[int], max_new_tokens: int, *, device="cpu", dtype=None,
              width=DEFAULT_WIDTH, max_len=0, ignore_eos=False, loaded=None) -> list[int]:
     from prefill_worker.engine import ExactEngine
 
+    dtype = dtype or ("bf16" if str(device).startswith("cuda") else "fp32")
     lm = loaded or load_model(model_dir, dtype=dtype, device=device, mtp=False)
-    runner = ModelRunner(lm.model, slots=1, max_len=max_len or len(prompt_ids) + max_new_tokens + width,
-                         width=width)
+    runner = ModelRunner(lm.model, slots=1, max_len=max_len or DEFAULT_MAX_LEN, width=width)
     eos = () if ignore_eos else lm.cfg.eos_token_ids
     return ExactEngine(runner).generate(prompt_ids, max_new_tokens, eos_ids=eos)
 

@@ -240,9 +240,11 @@ class DecodeEngine:
             raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
         r, st = s.runner, s.runner.state
         with self._compute:
+            # check before consuming the verdict, so a refusal leaves the session retryable
+            pending = len(s.drafts) + 1 if verdict is not None else 0
+            r.check_window(int(st.position[s.slot]) + pending, k + 2)
             if verdict is not None:
                 self._apply_verdict(s, *verdict)
-            r.check_window(int(st.position[s.slot]), k + 2)
             if s.engine == "mtp":
                 s.drafts = self._mtp_chain(s, k)
                 s.draft_t0 = int(st.next_token[s.slot])
