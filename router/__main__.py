@@ -98,12 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-file", default=None)
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
-    p.add_argument("--max-inflight", type=int, default=RouterConfig.max_inflight)
+    p.add_argument("--max-inflight", type=int, default=RouterConfig.max_inflight,
+                   help="Generate calls in flight; past it RESOURCE_EXHAUSTED")
     p.add_argument("--max-new-tokens-limit", type=int, default=RouterConfig.max_new_tokens_limit)
     p.add_argument("--default-draft-block", type=int, default=RouterConfig.default_draft_block)
     p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W")
-    p.add_argument("--call-timeout", type=float, default=RouterConfig.call_timeout_s)
-    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--call-timeout", type=float, default=RouterConfig.call_timeout_s,
+                   help="seconds a worker may take to answer one call (or send the next token) before it is "
+                        "treated as hung")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on --host (0 = off)")
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
     p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
     args = p.parse_args(argv)
