@@ -164,7 +164,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
     def stats(self) -> common_pb2.WorkerStats:
         return common_pb2.WorkerStats(
             sessions=self.engine.session_count(), session_bytes=self.engine.session_bytes(),
-            outstanding=self.outstanding, engine=self.engine.default_engine,
+            outstanding=self.outstanding,
+            engine=",".join([self.engine.default_engine] + [e for e in self.engine.engines if e != self.engine.default_engine]),
             model_fingerprint=self.fingerprint, max_len=self.engine.max_len, requests_total=self.requests_total)
 
     def GetStats(self, request, context):

@@ -49,6 +49,7 @@ class Session:
     created: float
     last_used: float
     counters: Counters = field(default_factory=Counters)
+    engine: int = 0            # decode engine (proto enum) the session was handed to; reused on migration
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             sid = request.session_id or uuid.uuid4().hex
             t0 = time.perf_counter()
             session, first = self.engine.prefill(ids, session_id=sid)
+            session.engine = request.engine          # ExportState re-sends with the same engine
             prefill_s = time.perf_counter() - t0
             keep = False
             try:
@@ -162,11 +163,12 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def ExportState(self, request, context):
         with self.call(context, "ExportState"), self.sessions.hold(request.session_id):
-            self.engine.get(request.session_id)     # NOT_FOUND first
+            kept = self.engine.get(request.session_id)     # NOT_FOUND first
             if not request.decode_target:
                 raise StatusError(INVALID, "decode_target: required")
             _, bridge, pos, nxt = self._push(context, request.session_id, request.decode_target,
-                                             mode=common_pb2.EXACT, engine=common_pb2.ENGINE_UNSPECIFIED,
+                                             mode=common_pb2.EXACT,
+                                             engine=kept.engine,
                                              target_sid=request.target_session_id or request.session_id)
             return prefill_pb2.ExportStateResponse(bridge=bridge, position=pos, next_token=nxt)
 
