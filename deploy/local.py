@@ -1,8 +1,8 @@
 """`baton serve`: the whole topology on one machine: N prefill + M decode workers and the router.
 
 Lifecycle:
-    start        Ray (default): join RAY_ADDRESS, or start a private local instance (loopback, temp
-                 dir, no dashboard, no usage stats); N+M named actors via deploy/launch.py.
+    start        Ray (default): join RAY_ADDRESS, or start a private local instance (own temp dir,
+                 no dashboard, no usage stats, Ray's token auth); N+M named actors via deploy/launch.py.
                  --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all),
                  restarted on the same port when one exits on its own (as Ray restarts actors).
                  One progress line per worker: loading, then ready with the seconds it took.
@@ -157,7 +157,7 @@ class _LocalRay:
             # NOTE: short path: Ray's unix sockets live under it (108-byte limit).
             self.temp_dir = tempfile.mkdtemp(prefix="baton-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
             ray.init(address="local", namespace=self.namespace, include_dashboard=False,
-                     _temp_dir=self.temp_dir, _node_ip_address="127.0.0.1",
+                     _temp_dir=self.temp_dir,
                      num_cpus=max(os.cpu_count() or 1, num_workers + 1),
                      object_store_memory=128 * 1024 * 1024, log_to_driver=True, logging_level="WARNING")
 
@@ -195,6 +195,10 @@ def _check(args) -> str | None:
     if not (d / "config.json").is_file():
         return f"model: no config.json in {d} (pass --model DIR: an HF checkpoint directory)"
     args.model = str(d.resolve())
+    if args.token_file:
+        if not os.path.isfile(args.token_file):
+            return f"--token-file: no file {args.token_file}"
+        args.token_file = os.path.abspath(args.token_file)  # actors do not share our working directory
     return None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,8 +51,10 @@ def _stop_head(temp_dir: str) -> None:
 def ray_head():
     temp_dir = tempfile.mkdtemp(prefix="baton-rt-", dir="/tmp")  # short: Ray's unix sockets live here
     port = pick_free_port()
-    r = subprocess.run(["ray", "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--num-cpus=4",
-                        "--include-dashboard=false", "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+    # `python -m ray.scripts.scripts` is the `ray` CLI, without relying on PATH
+    r = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                        f"--temp-dir={temp_dir}", "--num-cpus=4", "--include-dashboard=false",
+                        "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
                        env=_env(), capture_output=True, text=True, timeout=180)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
@@ -62,7 +65,7 @@ def ray_head():
     finally:
         _stop_head(temp_dir)
         left = cmdline_matches(temp_dir)
-        subprocess.run(["rm", "-rf", temp_dir])
+        shutil.rmtree(temp_dir, ignore_errors=True)
         assert not left, f"Ray processes left: {left}"
 
 
