@@ -266,7 +266,7 @@ def test_every_rpc_needs_the_token(w):
                 assert _err(getattr(s, name), req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
         with make_channel(h.address, settings) as ch:
             st = decode_pb2_grpc.DecodeWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
-            assert st.engine == "bf16" and st.max_len == MAX_LEN and st.model_fingerprint == w["ds"].fingerprint
+            assert st.engine.split(",") == ["bf16", "fp8", "mtp"] and st.max_len == MAX_LEN and st.model_fingerprint == w["ds"].fingerprint
     finally:
         h.stop(0)
         svc.close()
