@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import importlib.util
 import inspect
 import json
@@ -35,164 +34,14 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_corpus  # noqa: E402  (deploy/tiny_corpus.py)
+from tiny_eval import acceptance_estimate, check_mtp_causal, evaluate, greedy  # noqa: E402,F401
+from train_tiny_model import MTPHead, losses, model_config, mtp_chain  # noqa: E402,F401
 
 SIZE_LIMIT = 16_000_000  # bytes, model.safetensors + mtp.safetensors
-
-
-def model_config(vocab: int, eos_id: int, hidden=256, layers=8, intermediate=448):
-    from transformers.models.qwen3_5 import Qwen3_5TextConfig
-    cfg = Qwen3_5TextConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
-        linear_conv_kernel_dim=4, hidden_act="silu", rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=eos_id, bos_token_id=None,
-        pad_token_id=None, mtp_num_hidden_layers=1, initializer_range=0.02,
-    )
-    cfg.architectures = ["Qwen3_5ForCausalLM"]
-    cfg.dtype = torch.bfloat16  # what the checkpoint stores
-    return cfg
-
-
-class MTPHead(nn.Module):
-    """The checkpoint's `mtp.*` module; parameter names match Baton's `baton/models/mtp.py`."""
-
-    def __init__(self, config):
-        super().__init__()
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
-        H, eps = config.hidden_size, config.rms_norm_eps
-        layer_cfg = copy.deepcopy(config)  # only layer_types[0] and the sizes are read by the layer
-        layer_cfg.layer_types = ["full_attention"] * config.num_hidden_layers
-        layer_cfg._attn_implementation = "sdpa"  # causal via is_causal when attention_mask is None
-        self.fc = nn.Linear(2 * H, H, bias=False)
-        self.pre_fc_norm_embedding = Qwen3_5RMSNorm(H, eps=eps)
-        self.pre_fc_norm_hidden = Qwen3_5RMSNorm(H, eps=eps)
-        self.layers = nn.ModuleList([Qwen3_5DecoderLayer(layer_cfg, 0)])
-        self.norm = Qwen3_5RMSNorm(H, eps=eps)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=config.initializer_range)
-
-    def forward(self, hidden, emb, positions, rotary_emb):
-        """hidden, emb: [B, L, H]; positions: [L] RoPE positions. Returns mtp.norm(u): [B, L, H]."""
-        u = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1))
-        # the text rotary embedding takes (3, B, L) ids (mrope layout; all three equal for text)
-        pos_emb = rotary_emb(u, positions.view(1, 1, -1).expand(3, 1, -1))
-        u = self.layers[0](u, position_embeddings=pos_emb, attention_mask=None, position_ids=positions.view(1, -1))
-        return self.norm(u[0] if isinstance(u, tuple) else u)
-
-
-def mtp_chain(model, mtp, ids, h, steps):
-    """ids: [B, T+1]; h: [B, T] final-normed hidden of ids[:, :T]. Step k (1-based) returns logits
-    [B, T-k, V]; index t predicts ids[:, t+k+1] (targets ids[:, k+1:]). Main-model tensors are detached."""
-    W = model.get_input_embeddings().weight.detach()
-    T = h.shape[1]
-    prev, out = h.detach(), []
-    for k in range(1, steps + 1):
-        n = T - k
-        if n <= 0:
-            break
-        pos = torch.arange(k, T, device=ids.device)
-        prev = mtp(prev[:, :n], F.embedding(ids[:, k:T], W), pos, model.model.rotary_emb)
-        out.append(F.linear(prev, W))
-    return out
-
-
-def losses(model, mtp, x, steps, w1):
-    T = x.shape[1] - 1
-    h = model.model(input_ids=x[:, :T]).last_hidden_state
-    logits = model.lm_head(h)
-    main = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
-    mtp_ce = [F.cross_entropy(lg.float().flatten(0, 1), x[:, k + 1:].flatten())
-              for k, lg in enumerate(mtp_chain(model, mtp, x, h, steps), 1)]
-    total = main + sum(w1 / 2 ** i * ce for i, ce in enumerate(mtp_ce))
-    return total, main, mtp_ce
-
-
-@torch.no_grad()
-def evaluate(model, mtp, stream, T, steps, autocast, batch=16):
-    """Non-overlapping windows of T+1 tokens over `stream` (1-D LongTensor on the model's device)."""
-    n_win = (stream.numel() - 1) // T
-    acc = {"n": 0, "ce": 0.0, "top1": 0, "mtp_n": [0] * steps, "mtp_ce": [0.0] * steps,
-           "mtp_top1": [0] * steps, "agree": 0}
-    for i in range(0, n_win, batch):
-        x = torch.stack([stream[j * T: j * T + T + 1] for j in range(i, min(i + batch, n_win))])
-        with autocast():
-            h = model.model(input_ids=x[:, :T]).last_hidden_state
-            logits = model.lm_head(h).float()
-            chain = [lg.float() for lg in mtp_chain(model, mtp, x, h, steps)]
-        pred = logits.argmax(-1)
-        acc["n"] += pred.numel()
-        acc["ce"] += F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum").item()
-        acc["top1"] += (pred == x[:, 1:]).sum().item()
-        for k, lg in enumerate(chain, 1):
-            tgt = x[:, k + 1:]
-            acc["mtp_n"][k - 1] += tgt.numel()
-            acc["mtp_ce"][k - 1] += F.cross_entropy(lg.flatten(0, 1), tgt.flatten(), reduction="sum").item()
-            acc["mtp_top1"][k - 1] += (lg.argmax(-1) == tgt).sum().item()
-            if k == 1:  # would the main model (greedy, given x_{t+1}) emit the MTP draft for x_{t+2}?
-                acc["agree"] += (lg.argmax(-1) == pred[:, 1:]).sum().item()
-    loss = acc["ce"] / acc["n"]
-    return {
-        "tokens": acc["n"], "next_token_loss": loss, "perplexity": math.exp(loss),
-        "next_token_top1": acc["top1"] / acc["n"],
-        "mtp_loss": acc["mtp_ce"][0] / acc["mtp_n"][0], "mtp_top1": acc["mtp_top1"][0] / acc["mtp_n"][0],
-        "mtp_agrees_with_main_top1": acc["agree"] / acc["mtp_n"][0],
-        "mtp_chain_top1": [c / max(n, 1) for c, n in zip(acc["mtp_top1"], acc["mtp_n"])],
-    }
-
-
-@torch.no_grad()
-def greedy(model, prompts, n_new, autocast):
-    x = prompts
-    for _ in range(n_new):
-        with autocast():
-            h = model.model(input_ids=x).last_hidden_state[:, -1:]
-            nxt = model.lm_head(h).float().argmax(-1)
-        x = torch.cat([x, nxt], dim=1)
-    return x
-
-
-@torch.no_grad()
-def acceptance_estimate(model, mtp, seqs, prompt_len, K, autocast):
-    """Greedy MTP speculation replayed on the model's own greedy text: per round the main model commits
-    one token and the K chained drafts are accepted while they equal the greedy continuation."""
-    with autocast():
-        h = model.model(input_ids=seqs[:, :-1]).last_hidden_state
-        drafts = [lg.argmax(-1).tolist() for lg in mtp_chain(model, mtp, seqs, h, K)]
-    seqs = seqs.tolist()
-    L, rounds, tokens = len(seqs[0]), 0, 0
-    for b in range(len(seqs)):
-        p = prompt_len - 1
-        while p < L - 1 - K:
-            a = 0
-            while a < K and drafts[a][b][p] == seqs[b][p + 2 + a]:
-                a += 1
-            rounds, tokens, p = rounds + 1, tokens + 1 + a, p + 1 + a
-    return {"K": K, "rounds": rounds, "tokens_per_round": tokens / max(rounds, 1)}
-
-
-@torch.no_grad()
-def check_mtp_causal(model, mtp, device, T=24, j=13):
-    """Changing the MTP inputs at index j must leave outputs at indices < j unchanged (and change j)."""
-    g = torch.Generator().manual_seed(1)
-    H = model.config.hidden_size
-    hid, emb = torch.randn(2, 1, T, H, generator=g).to(device).unbind(0)
-    pos = torch.arange(1, T + 1, device=device)
-    a = mtp(hid, emb, pos, model.model.rotary_emb).float()
-    hid2 = hid.clone()
-    hid2[:, j] += 3.0
-    b = mtp(hid2, emb, pos, model.model.rotary_emb).float()
-    ok = torch.allclose(a[:, :j], b[:, :j], atol=1e-5) and not torch.allclose(a[:, j:], b[:, j:], atol=1e-3)
-    if not ok:
-        raise RuntimeError("MTP layer attention is not causal")
 
 
 def preflight_gdn_kernel(dev) -> float:
