@@ -17,22 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import torch
 
 from baton.runner import ModelRunner
+from baton.sessions import SessionLimit, SessionNotFound, SlotTable  # noqa: F401 (re-exported)
 
 ENGINES = ("bf16", "fp8", "mtp")
-
-
-class SessionNotFound(KeyError):
-    pass
-
-
-class SessionLimit(RuntimeError):
-    pass
 
 
 @dataclass
@@ -65,9 +57,7 @@ class DecodeEngine:
             raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
         self.runners, self.default_engine, self.ttl_s = runners, default_engine, ttl_s
         self._compute = threading.Lock()
-        self._lock = threading.Lock()
-        self._sessions: dict[str, DecodeSession] = {}
-        self._free = {id(r): list(range(r.state.slots)) for r in runners.values()}
+        self._table: SlotTable[DecodeSession] = SlotTable(ttl_s, {id(r): r.state.slots for r in runners.values()})
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -89,56 +79,33 @@ class DecodeEngine:
 
     # ---- sessions ------------------------------------------------------------------------------
     def session_count(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+        return len(self._table)
 
     def session_bytes(self) -> int:
-        with self._lock:
-            return sum(s.runner.state.slot_bytes() for s in self._sessions.values())
+        return sum(s.runner.state.slot_bytes() for s in self._table.sessions())
 
     def get(self, session_id: str) -> DecodeSession:
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                raise SessionNotFound(f"session_id: unknown or released session {session_id!r}")
-            s.last_used = time.monotonic()
-            return s
+        return self._table.get(session_id)
 
     def release(self, session_id: str) -> bool:
-        with self._lock:
-            s = self._sessions.pop(session_id, None)
-            if s is not None:
-                self._free[id(s.runner)].append(s.slot)
-            return s is not None
+        return self._table.release(session_id)
 
     def reap_expired(self) -> int:
-        now = time.monotonic()
-        with self._lock:
-            dead = [k for k, s in self._sessions.items() if now - s.last_used > self.ttl_s]
-        return sum(self.release(k) for k in dead)
+        return self._table.reap_expired()
 
     def load(self, tensors: dict[str, torch.Tensor], *, position: int, next_token: int,
              engine: str | None = None, session_id: str | None = None) -> DecodeSession:
         """Imports a verified state into a free slot (the wire layer has checked every tensor)."""
-        self.reap_expired()
         e = engine or self.default_engine
         runner = self.runner_for(e)
-        sid = session_id or uuid.uuid4().hex
-        with self._lock:
-            old = self._sessions.get(sid)
-            if old is not None:          # a re-sent state replaces the session (migration, retry)
-                self._sessions.pop(sid)
-                self._free[id(old.runner)].append(old.slot)
-            free = self._free[id(runner)]
-            if not free:
-                raise SessionLimit(f"all {runner.state.slots} {e} decode slots are in use")
-            slot = free.pop()
+        # a re-sent state replaces the session of the same id (migration, retry)
+        sid, slot = self._table.take(id(runner), session_id, replace=True,
+                                     what=f"{runner.state.slots} {e} decode")
         try:
             with self._compute:
                 runner.state.import_(slot, tensors, position=position, next_token=next_token)
         except BaseException:
-            with self._lock:
-                self._free[id(runner)].append(slot)
+            self._table.give_back(id(runner), slot)
             raise
         now = time.monotonic()
         s = DecodeSession(sid, e, runner, slot, now, now)
@@ -146,9 +113,7 @@ class DecodeEngine:
             s.mtp_pairs_h = runner.state.hidden[slot].clone()[None]
             s.mtp_pairs_ids = [next_token]
             s.mtp_start = position - 1
-        with self._lock:
-            self._sessions[sid] = s
-        return s
+        return self._table.publish(id(runner), sid, s)
 
     # ---- fast mode -----------------------------------------------------------------------------
     def decode(self, session_id: str, max_new_tokens: int, *, stop_ids=(), eos_ids=(), k: int = 4):

@@ -16,18 +16,10 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from baton.runner import ModelRunner
-
-
-class SessionNotFound(KeyError):
-    pass
-
-
-class SessionLimit(RuntimeError):
-    """No free slot (or the session memory bound is reached): RESOURCE_EXHAUSTED."""
+from baton.sessions import SessionLimit, SessionNotFound, SlotTable  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -65,9 +57,7 @@ class ExactEngine:
         self.runner = runner
         self.ttl_s = ttl_s
         self._compute = threading.Lock()        # one model, one stream of work
-        self._lock = threading.Lock()           # sessions and free slots
-        self._sessions: dict[str, Session] = {}
-        self._free = list(range(runner.state.slots))
+        self._table: SlotTable[Session] = SlotTable(ttl_s, {0: runner.state.slots})
 
     # ---- sessions ------------------------------------------------------------------------------
     @property
@@ -75,45 +65,24 @@ class ExactEngine:
         return self.runner.width
 
     def session_count(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+        return len(self._table)
 
     def session_bytes(self) -> int:
         return self.session_count() * self.runner.state.slot_bytes()
 
     def _open(self, session_id: str | None) -> Session:
-        self.reap_expired()
-        with self._lock:
-            sid = session_id or uuid.uuid4().hex
-            if sid in self._sessions:
-                raise ValueError(f"session_id: {sid!r} already exists")
-            if not self._free:
-                raise SessionLimit(f"all {self.runner.state.slots} session slots are in use")
-            now = time.monotonic()
-            s = Session(sid, self._free.pop(), now, now)
-            self._sessions[sid] = s
-            return s
+        now = time.monotonic()
+        return self._table.open(0, session_id, lambda sid, slot: Session(sid, slot, now, now),
+                                what=f"{self.runner.state.slots} session")
 
     def get(self, session_id: str) -> Session:
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
-                raise SessionNotFound(f"session_id: unknown or released session {session_id!r}")
-            s.last_used = time.monotonic()
-            return s
+        return self._table.get(session_id)
 
     def release(self, session_id: str) -> bool:
-        with self._lock:
-            s = self._sessions.pop(session_id, None)
-            if s is not None:
-                self._free.append(s.slot)
-            return s is not None
+        return self._table.release(session_id)
 
     def reap_expired(self) -> int:
-        now = time.monotonic()
-        with self._lock:
-            dead = [sid for sid, s in self._sessions.items() if now - s.last_used > self.ttl_s]
-        return sum(self.release(sid) for sid in dead)
+        return self._table.reap_expired()
 
     # ---- work ----------------------------------------------------------------------------------
     def validate_prompt(self, ids: list[int], max_new_tokens: int = 0) -> None:
