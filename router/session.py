@@ -78,6 +78,7 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
     reg = calls.registry
     bad_p: list[Worker] = []
     bad_d: list[Worker] = list(exclude_decode)
+    full_d: StatusError | None = None   # a decode target's refusal (its slots are full)
     for attempt in range(retries + 1):
         try:
             try:
@@ -86,6 +87,8 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
                 p = reg.pick("prefill")
             d = reg.wait_pick("decode", engine_name, bad_d, min(decode_wait_s, max(0.0, calls.remaining())))
         except NoWorker as e:
+            if full_d is not None:
+                raise full_d from None    # no other decode worker: the refusal stands (not UNAVAILABLE)
             raise unavailable(str(e)) from None
         sid = uuid.uuid4().hex
         calls.lease(p)
@@ -102,6 +105,7 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
                 raise
             if "decode_target" in e.message:
                 bad_d.append(d)   # the decode target's slots are full (the prefill worker names it)
+                full_d = e
             else:
                 bad_p.append(p)   # the prefill worker's slots are full
         except Cancelled:

@@ -60,7 +60,7 @@ class _Base:
         self.handle: rpc.ServerHandle | None = None
         self.delay = 0.0            # seconds per produced token / per call
         self.hang: set[str] = set()     # method names that hang until cancelled
-        self.fail: dict[str, grpc.StatusCode] = {}   # method -> status of its next call (then cleared)
+        self.fail: dict[str, grpc.StatusCode | tuple] = {}   # method -> status [, message] of its next call
         self.die_on: dict[str, int] = {}   # method -> die at its n-th call (1-based) from now
         self.freeze_after: int | None = None   # Decode: stop sending (until cancelled) after n tokens
 
@@ -73,7 +73,8 @@ class _Base:
                 self.die(context)
         code = self.fail.pop(method, None)
         if code is not None:
-            context.abort(code, f"fake {method} failure")
+            code, msg = code if isinstance(code, tuple) else (code, f"fake {method} failure")
+            context.abort(code, msg)
         if method in self.hang:
             while context.is_active():
                 time.sleep(0.01)

@@ -175,6 +175,27 @@ def test_resource_exhausted_past_max_inflight():
         c.close()
 
 
+def test_full_decode_worker_is_resource_exhausted_not_unavailable():
+    """A decode target's slots are full (the prefill worker passes the refusal on, naming the
+    decode_target): another decode worker is tried; with none left the client gets RESOURCE_EXHAUSTED,
+    the documented "retry later", not UNAVAILABLE (found by tests/test_reliability_load.py)."""
+    full = (grpc.StatusCode.RESOURCE_EXHAUSTED, "decode_target x: hand-off failed: all 8 session slots are in use")
+    for n_decode in (1, 2):
+        c = Cluster(n_prefill=1, n_decode=n_decode)
+        try:
+            for mode in ("fast", "exact"):
+                c.prefill[0].servicer.fail["Prefill"] = full
+                if n_decode == 1:
+                    code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4, mode=mode))
+                    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "session slots" in details, details
+                else:
+                    assert c.run(PROMPT, max_new_tokens=4, mode=mode)[0] == reference(PROMPT, 4)
+            assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)
+            assert c.wait_sessions_zero()
+        finally:
+            c.close()
+
+
 # ---- cancellation and deadlines -----------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_client_cancel_releases_both_sessions(cluster, mode):
