@@ -23,6 +23,7 @@ PROMPTS = [
     "    def __init__(self, **kw):\n        \"\"\"Create new Policy, possibly overriding some defaults.\n",
 ]
 NEW, MAX_LEN = 48, 160
+pytestmark = pytest.mark.timeout(600)   # ~15 s alone; CPU contention can stretch it
 
 
 @pytest.fixture(scope="module")
