@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from baton.config import ModelConfig
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 from baton.state import HybridState
 
@@ -44,10 +43,6 @@ class ModelRunner:
         self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP drafts
         self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)       # [W] MTP normed outputs
         self.graphs: dict[tuple[str, int, int], object] = {}                 # (kind, slot, n) -> graph
-
-    @property
-    def cfg_(self) -> ModelConfig:
-        return self.cfg
 
     def check_window(self, prompt_len: int, new_tokens: int, extra_rows: int = 0) -> None:
         need = prompt_len + new_tokens + extra_rows
