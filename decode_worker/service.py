@@ -48,6 +48,7 @@ log = logging.getLogger("baton.decode")
 SERVICE = "baton.v1.DecodeWorker"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 DEFAULT_MTP_K = 4
+MAX_IDS = 1024          # stop_token_ids per Decode (the router sends at most 64)
 
 
 class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
@@ -74,6 +75,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         return s
 
     def _ids(self, field: str, ids) -> list[int]:
+        if len(ids) > MAX_IDS:    # NOTE: before scanning: a 64 MiB message holds ~60M ids
+            raise StatusError(INVALID, f"{field}: {len(ids)} ids; at most {MAX_IDS}")
         bad = [t for t in ids if t >= self.vocab]
         if bad:
             raise StatusError(INVALID, f"{field}: token id {bad[0]} out of range [0, {self.vocab})")

@@ -14,15 +14,16 @@ Lifecycle of a request:
     Release(session_id) / GetStats
 A background thread reaps sessions idle for longer than the engine's TTL.
 
-Status codes: bad field -> INVALID_ARGUMENT; unknown/released session -> NOT_FOUND; no free slot ->
-RESOURCE_EXHAUSTED; a Verify block that no longer fits the window -> OUT_OF_RANGE (a prompt that does
-not fit is INVALID_ARGUMENT: it is a bad request, not a session running out of room); a session
-already in use by another call -> ABORTED; hand-off failure -> the decode worker's status
-(UNAVAILABLE when it is down), message naming the target.
+Status codes: bad field -> INVALID_ARGUMENT (a decode_target that is not HOST:PORT included);
+unknown/released session -> NOT_FOUND; no free slot -> RESOURCE_EXHAUSTED; a Verify block that no
+longer fits the window -> OUT_OF_RANGE (a prompt that does not fit is INVALID_ARGUMENT: it is a bad
+request, not a session running out of room); a session already in use by another call -> ABORTED;
+hand-off failure -> the decode worker's status (UNAVAILABLE when it is down), message naming the target.
 """
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from pathlib import Path
@@ -46,6 +47,17 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 _GONE = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)   # the Prefill caller went away
 
 
+_TARGET = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):(\d{1,5})")
+
+
+def check_target(target: str) -> None:
+    """decode_target must be HOST:PORT (a name, an IPv4 address or a bracketed IPv6 address): anything else
+    (a gRPC URI scheme, control characters, no port) is INVALID_ARGUMENT, not a dial with odd errors."""
+    m = _TARGET.fullmatch(target)
+    if m is None or not 0 < int(m.group(1)) < 65536:
+        raise StatusError(INVALID, f"decode_target: {target[:80]!r} is not HOST:PORT")
+
+
 class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     errors = {WindowError: grpc.StatusCode.OUT_OF_RANGE, SessionNotFound: grpc.StatusCode.NOT_FOUND,
               SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED, ValueError: INVALID}
@@ -65,14 +77,16 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _validate(self, r: prefill_pb2.PrefillRequest) -> tuple[list[int], bool]:
-        ids = list(r.prompt_ids)
-        if not ids:
+        n, runner = len(r.prompt_ids), self.engine.runner
+        if not n:
             raise StatusError(INVALID, "prompt_ids: empty prompt")
-        runner = self.engine.runner
-        if len(ids) + runner.width > runner.max_len:
-            raise StatusError(INVALID, f"prompt_ids: {len(ids)} tokens do not fit the window of "
+        if n + runner.width > runner.max_len:    # NOTE: before list(): a 64 MiB message holds ~60M ids
+            raise StatusError(INVALID, f"prompt_ids: {n} tokens do not fit the window of "
                                        f"{runner.max_len} tokens (at most {runner.max_len - runner.width})")
+        ids = list(r.prompt_ids)
         runner.check_ids(ids, "prompt_ids")
+        if r.decode_target:
+            check_target(r.decode_target)
         if r.mode not in (common_pb2.MODE_UNSPECIFIED, common_pb2.FAST, common_pb2.EXACT):
             raise StatusError(INVALID, f"mode: unknown value {r.mode}")
         engine_name(r.engine)   # ValueError naming `engine`
@@ -145,6 +159,9 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def Verify(self, request, context):
         with self.call(context, "Verify"), self.sessions.hold(request.session_id):
+            if len(request.tokens) > self.engine.runner.width:   # before list(), as for prompt_ids
+                raise StatusError(INVALID, f"tokens: {len(request.tokens)} tokens; a block is [last committed, "
+                                           f"d1..dK] with K < W = {self.engine.runner.width}")
             with window_field("tokens"):
                 r = self.engine.verify(request.session_id, list(request.tokens))
             c = r.counters
@@ -166,6 +183,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             kept = self.engine.get(request.session_id)     # NOT_FOUND first
             if not request.decode_target:
                 raise StatusError(INVALID, "decode_target: required")
+            check_target(request.decode_target)
             _, bridge, pos, nxt = self._push(context, request.session_id, request.decode_target,
                                              mode=common_pb2.EXACT,
                                              engine=kept.engine,
