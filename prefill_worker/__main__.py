@@ -42,4 +42,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from baton.worker_config import exit_process
+
+    exit_process(main())
