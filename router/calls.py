@@ -125,7 +125,9 @@ class Calls:
         fut = self._start_call(worker, getattr(worker.stub, method).future, request, timeout)
         self._register(fut)
         try:
-            return fut.result()
+            resp = fut.result()
+            worker.last_answer = time.monotonic()      # alive, however late its health checks are
+            return resp
         except grpc.FutureCancelledError:
             raise Cancelled() from None
         except grpc.RpcError as e:
@@ -149,6 +151,7 @@ class Calls:
                     return
                 finally:
                     _WATCHDOG.disarm(call)
+                worker.last_answer = time.monotonic()
                 yield resp
         except grpc.RpcError as e:
             if stalled.is_set() and not self._cancelled:

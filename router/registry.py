@@ -69,6 +69,9 @@ class Worker:
     up: bool = False
     seen: bool = False              # has answered SERVING at least once
     late: int = 0                   # consecutive health checks past their deadline
+    last_answer: float = 0.0        # monotonic time of its last answer to a request call (router.calls)
+    full_at: int = 0                # decode: our requests on it when it last refused for full slots ...
+    full_until: float = 0.0         # ... and until when that keeps new requests off it (router.session)
     outstanding: int = 0            # requests holding a lease
     last_pick: int = 0              # tie-break: least recently picked first
     engines: tuple[str, ...] = ()   # decode: engines it reported (first = its default)
@@ -84,10 +87,10 @@ class Worker:
 class Registry:
     def __init__(self, settings: Settings, *, prefill: Iterable[str] = (), decode: Iterable[str] = (),
                  ray_namespace: str | None = None, poll_interval: float = 0.5, check_timeout: float = 0.3,
-                 ray_every: float = 2.0,
+                 ray_every: float = 2.0, busy_s: float = 3.0,
                  on_change: Callable[[bool, int, int], None] | None = None):
         self.settings = settings
-        self.poll_interval, self.check_timeout = poll_interval, check_timeout
+        self.poll_interval, self.check_timeout, self.busy_s = poll_interval, check_timeout, busy_s
         self.ray_namespace, self.ray_every = ray_namespace, ray_every
         self.on_change = on_change
         self._lock = threading.Lock()
@@ -200,8 +203,12 @@ class Registry:
         """One Check("") now; updates worker.up (and learns its stats on a down->up edge).
 
         NOTE: an up worker is marked down at once on NOT_SERVING or a failed connection, but only after
-        two consecutive late answers (one slow check under CPU load is not a death). A worker never
-        seen up gets a longer first deadline: it includes connection set-up."""
+        two consecutive late answers (one slow check under CPU load is not a death), and not while it
+        answered a request call within `busy_s` (busy, not hung: under load its health checks queue
+        behind real work, and marking it down turned every new request into UNAVAILABLE). A frozen
+        worker stops answering anything: down after busy_s at most; its in-flight calls are caught by
+        router.calls' timeouts. A worker never seen up gets a longer first deadline: it includes
+        connection set-up."""
         timeout = self.check_timeout if worker.seen else max(self.check_timeout, 2.0)
         try:
             resp = worker.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
@@ -210,7 +217,7 @@ class Registry:
             ok = False
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and worker.up:
                 worker.late += 1
-                ok = worker.late < 2
+                ok = worker.late < 2 or time.monotonic() - worker.last_answer < self.busy_s
         if ok and not worker.up:
             self._learn(worker)
             log.info("worker up: %s %s engines=%s", worker.role, worker.address, ",".join(worker.engines))

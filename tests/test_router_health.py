@@ -155,6 +155,31 @@ def test_metrics_endpoint():
 
 
 # ---- registry -----------------------------------------------------------------------------------
+def test_late_health_checks_mark_a_worker_down_only_when_it_answers_nothing_else():
+    """Two late health checks mark an up worker down, unless it answered a request call within busy_s:
+    under load (benchmarks/load.py, 64 clients on 2 cores) the checks queue behind real work, and a
+    busy decode worker marked down turned every new request into UNAVAILABLE."""
+    class Late(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    class LateHealth:
+        def Check(self, request, timeout):
+            raise Late()
+
+    reg = Registry(Settings(), decode=["127.0.0.1:9"], busy_s=3.0)
+    try:
+        (w,) = reg.workers("decode")
+        w.up = w.seen = True
+        w.health = LateHealth()
+        w.last_answer = time.monotonic()                 # it is streaming tokens right now
+        assert all(reg.probe(w) for _ in range(4)) and w.up
+        w.last_answer -= 10                              # silent for 10 s: hung
+        assert reg.probe(w) is False and not w.up
+    finally:
+        reg.stop()
+
+
 def test_pick_least_outstanding_and_rotation():
     reg = Registry(Settings(), decode=["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
     try:
