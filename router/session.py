@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -67,28 +68,48 @@ class Handoff:
         return int(self.response.first_token)
 
 
+FULL_HOLD_S = 2.0   # a decode worker that refused for full slots gets no new request for this long ...
+
+
+def _note_full(w: Worker) -> None:
+    w.full_at, w.full_until = max(0, w.outstanding - 1), time.monotonic() + FULL_HOLD_S   # - the refused one
+
+
+def _full(w: Worker) -> bool:
+    """... unless one of the requests we had on it ended (its slot is free again).
+    NOTE: without this, every refused request cost a full Prefill plus a state hand-off: under 64
+    clients (benchmarks/load.py) the refusals ate the CPU and starved the admitted streams."""
+    return time.monotonic() < w.full_until and w.outstanding >= w.full_at
+
+
 def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engine_name: str | None,
                   exclude_decode=(), retries: int = 1, decode_wait_s: float = 0.0, on_retry=None) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
     A worker fault before the first token is retried `retries` times on another prefill worker (the
     same one only when no other is up); a decode target that no longer answers its health check is
-    excluded too. decode_wait_s > 0 waits that long for a decode worker to come up (migration).
+    excluded too. A decode worker that refused for full slots is skipped (see _full); with every one
+    full the request is RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
+    decode worker to come up (migration).
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
     bad_p: list[Worker] = []
     bad_d: list[Worker] = list(exclude_decode)
     full_d: StatusError | None = None   # a decode target's refusal (its slots are full)
     for attempt in range(retries + 1):
+        busy = [w for w in reg.up("decode") if _full(w) and w not in bad_d]
         try:
             try:
                 p = reg.pick("prefill", exclude=bad_p)
             except NoWorker:
                 p = reg.pick("prefill")
-            d = reg.wait_pick("decode", engine_name, bad_d, min(decode_wait_s, max(0.0, calls.remaining())))
+            d = reg.wait_pick("decode", engine_name, bad_d + busy, min(decode_wait_s, max(0.0, calls.remaining())))
         except NoWorker as e:
             if full_d is not None:
                 raise full_d from None    # no other decode worker: the refusal stands (not UNAVAILABLE)
+            if busy:                      # refused here, before a Prefill and a hand-off are spent on it
+                raise StatusError(C.RESOURCE_EXHAUSTED, f"decode workers: all session slots are in use "
+                                                        f"({len(busy)} full); retry later") from None
             raise unavailable(str(e)) from None
         sid = uuid.uuid4().hex
         calls.lease(p)
@@ -106,6 +127,7 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
             if "decode_target" in e.message:
                 bad_d.append(d)   # the decode target's slots are full (the prefill worker names it)
                 full_d = e
+                _note_full(d)
             else:
                 bad_p.append(p)   # the prefill worker's slots are full
         except Cancelled:

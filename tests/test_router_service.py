@@ -190,10 +190,34 @@ def test_full_decode_worker_is_resource_exhausted_not_unavailable():
                     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "session slots" in details, details
                 else:
                     assert c.run(PROMPT, max_new_tokens=4, mode=mode)[0] == reference(PROMPT, 4)
+                for w in c.servicer.registry.workers("decode"):
+                    w.full_until = 0.0      # end the router's hold on a worker that refused (tested below)
             assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)
             assert c.wait_sessions_zero()
         finally:
             c.close()
+
+
+def test_a_full_decode_worker_gets_no_prefill_until_one_of_its_requests_ends():
+    """After a decode worker refused for full slots, new requests are refused at the router (no Prefill,
+    no hand-off spent on them) while it holds as many of our requests; one ending frees it at once."""
+    full = (grpc.StatusCode.RESOURCE_EXHAUSTED, "decode_target x: hand-off failed: all 8 session slots are in use")
+    c = Cluster(n_prefill=1, n_decode=1)
+    try:
+        c.decode[0].servicer.delay = 0.02
+        running = c.client.generate(PROMPT, max_new_tokens=40, timeout=10)
+        first = next(running)                              # one request holds a session on the decode worker
+        c.prefill[0].servicer.fail["Prefill"] = full
+        assert _code(lambda: c.run(PROMPT, max_new_tokens=4))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        prefills = sum(m == "Prefill" for m, _ in c.prefill[0].servicer.calls)
+        code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "all session slots" in details, details
+        assert sum(m == "Prefill" for m, _ in c.prefill[0].servicer.calls) == prefills   # refused before Prefill
+        assert first.token_ids + [t for d in running for t in d.token_ids] == reference(PROMPT, 40)
+        assert c.wait_sessions_zero()
+        assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)   # its slot is free: served
+    finally:
+        c.close()
 
 
 # ---- cancellation and deadlines -----------------------------------------------------------------
