@@ -87,7 +87,7 @@ class Worker:
 class Registry:
     def __init__(self, settings: Settings, *, prefill: Iterable[str] = (), decode: Iterable[str] = (),
                  ray_namespace: str | None = None, poll_interval: float = 0.5, check_timeout: float = 0.3,
-                 ray_every: float = 2.0, busy_s: float = 3.0,
+                 ray_every: float = 2.0, busy_s: float = 2.0,
                  on_change: Callable[[bool, int, int], None] | None = None):
         self.settings = settings
         self.poll_interval, self.check_timeout, self.busy_s = poll_interval, check_timeout, busy_s
