@@ -1,0 +1,337 @@
+"""Load test: N concurrent streaming clients against `baton serve --processes` (CPU, embedded model).
+
+    python benchmarks/load.py [--clients 64] [--duration 60] [--max-new-tokens 32] [--max-len 512]
+                              [--addr HOST:PORT --workers ADDR,ADDR --token-file F] [--out FILE]
+
+Without --addr it starts `baton serve --processes --port 0` with a fresh token file and stops it at
+the end (SIGTERM). Each client is a thread with its own channel (baton.client.Client) that loops for
+--duration seconds over a fixed schedule of (prompt, mode, engine): fast bf16 / mtp / fp8 and exact
+fp8 / mtp, max_new_tokens tokens each, ignore_eos. A RESOURCE_EXHAUSTED refusal (router max_inflight
+or full worker slots) is counted and the request retried after a jittered exponential back-off
+(50 ms doubling to 2 s, reset by a success); any other error is counted (and backed off too).
+
+Checked, per completed stream:
+  * fast bf16, fast mtp and every exact stream against `baton.complete.complete` of its prompt (same
+    window, precomputed while the servers boot): lost tokens (reference tokens missing), duplicated
+    tokens (extra tokens), wrong tokens (substituted), from a difflib alignment; 0 when identical;
+  * every stream: usage.completion_tokens == tokens received == max_new_tokens.
+After the run: sessions on every worker (GetStats; waits up to --settle s for late Releases).
+Prints one JSON object: requests, errors by status, the checks, sessions left, p50/p99 TTFT, inter-token
+latency (gaps between streamed messages, per token), time per output token, tokens/s.
+`run(...)` returns the same dict (tests/test_reliability_load.py runs the short version).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Config:\n    def __init__(self", "for i in range(",
+           "def parse_args(argv=None):", "    return self._data[", "with open(path) as f:", "if __name__ == ",
+           "try:\n    import json\nexcept ImportError:", "def __repr__(self):", "raise ValueError(", "@property\ndef",
+           "lines = text.splitlines()", "def _check(self, value):", "from collections import", "while True:\n"]
+MIX = [("fast", "bf16"), ("exact", "fp8"), ("fast", "mtp"), ("exact", "mtp"), ("fast", "fp8")]
+CHECKED = {("fast", "bf16"), ("fast", "mtp"), ("exact", "fp8"), ("exact", "mtp")}
+SERVING_RE = re.compile(r"^baton: serving on (\S+)$")
+READY_RE = re.compile(r"^baton: ((?:prefill|decode)-\d+) ready(?: again)? on (\S+) ")
+
+
+# ------------------------------------------------------------------------------------------ server
+class Serve:
+    """`baton serve --processes` in its own process group; stdout/stderr lines collected."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        # NOTE: one intra-op thread per worker: on a small shared CPU box torch's default (all cores per
+        # process) oversubscribes and OpenMP spin-waits make each step 10-50x slower
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "BATON_LOG_LEVEL": "WARNING",
+                    "OMP_NUM_THREADS": "1", **(env or {})}
+        self.argv = [sys.executable, "-m", "baton.cli", "serve", "--processes", *args]
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            threading.Thread(target=lambda s=stream, k=sink: [k.append(ln.rstrip("\n")) for ln in s],
+                             daemon=True).start()
+
+    def wait(self, timeout: float = 300.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            hit = next((m.group(1) for ln in self.out if (m := SERVING_RE.match(ln))), None)
+            if hit:
+                return hit
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"baton serve exited with {self.proc.returncode}:\n" + "\n".join(self.err[-30:]))
+            time.sleep(0.1)
+        raise TimeoutError("baton serve printed no serving line in time:\n" + "\n".join(self.err[-30:]))
+
+    def workers(self) -> dict[str, str]:
+        """name (prefill-0, decode-0, ...) -> address, from the progress lines (latest wins)."""
+        return {m.group(1): m.group(2) for ln in self.err if (m := READY_RE.match(ln))}
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)   # the workers follow (PR_SET_PDEATHSIG)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def worker_sessions(addresses: dict[str, str], token: str | None) -> dict[str, int]:
+    from baton.rpc import make_channel
+    from baton.settings import Settings
+    from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+    out = {}
+    for name, addr in addresses.items():
+        stub_cls = prefill_pb2_grpc.PrefillWorkerStub if name.startswith("prefill") else decode_pb2_grpc.DecodeWorkerStub
+        with make_channel(addr, Settings(token=token)) as ch:
+            out[name] = stub_cls(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5).sessions
+    return out
+
+
+def settle_sessions(addresses, token, timeout: float) -> tuple[dict[str, int], float]:
+    t0 = time.monotonic()
+    while True:
+        left = worker_sessions(addresses, token)
+        if not any(left.values()) or time.monotonic() - t0 > timeout:
+            return left, time.monotonic() - t0
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------------ checks
+def make_reference(model_dir: str | None, max_len: int, prompts: list[str], n: int) -> dict[str, list[int]]:
+    """prompt -> `baton complete` tokens (ignore_eos, n tokens, window max_len)."""
+    import torch
+
+    from baton.complete import complete
+    from baton.loading import load_model, resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    d = resolve_model_dir(model_dir)
+    lm = load_model(d, dtype="fp32", device="cpu", mtp=False)
+    tok = Tokenizer.from_dir(d)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {p: complete(d, tok.encode(p), n, max_len=max_len, ignore_eos=True, loaded=lm) for p in prompts}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def diff_counts(got: list[int], want: list[int]) -> dict[str, int]:
+    """lost (in want, not got), duplicated (extra in got), wrong (substituted) from a difflib alignment."""
+    out = Counter(lost=0, duplicated=0, wrong=0)
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=want, b=got, autojunk=False).get_opcodes():
+        if op == "delete":
+            out["lost"] += i2 - i1
+        elif op == "insert":
+            out["duplicated"] += j2 - j1
+        elif op == "replace":
+            out["wrong"] += min(i2 - i1, j2 - j1)
+            out["lost"] += max(0, (i2 - i1) - (j2 - j1))
+            out["duplicated"] += max(0, (j2 - j1) - (i2 - i1))
+    return dict(out)
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+# ------------------------------------------------------------------------------------------ clients
+class Tally:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.status = Counter()                 # final status of every Generate call
+        self.by_kind = Counter()                # "mode/engine" of completed streams
+        self.ttft, self.itl, self.tpot = [], [], []
+        self.tokens = 0
+        self.checked = 0
+        self.diff = Counter(lost=0, duplicated=0, wrong=0)
+        self.count_mismatch = 0                 # usage/tokens/max_new_tokens disagree
+        self.bad: list[dict] = []               # first few mismatching streams
+        self.details: dict[str, str] = {}       # status -> the first error message seen
+        self.messages = Counter()               # "STATUS: message" (digits folded) -> count
+
+
+def client_loop(i: int, addr: str, token: str | None, stop_at: float, n: int, ref: dict, tally: Tally,
+                timeout: float) -> None:
+    import grpc
+
+    from baton.client import Client
+
+    rng = random.Random(i)
+    k, backoff = i, 0.05
+    with Client(addr, token=token) as c:
+        while time.monotonic() < stop_at:
+            prompt, (mode, engine) = PROMPTS[k % len(PROMPTS)], MIX[k % len(MIX)]
+            k += 1
+            t0 = time.monotonic()
+            got, stamps, last, details = [], [], None, ""
+            try:
+                for d in c.generate(prompt, max_new_tokens=n, mode=mode, engine=engine, ignore_eos=True,
+                                    timeout=timeout):
+                    stamps.append((time.monotonic(), len(d.token_ids)))
+                    got += d.token_ids
+                    last = d
+                code = "OK"
+            except grpc.RpcError as e:
+                code, details = e.code().name, e.details()
+            with tally.lock:
+                tally.status[code] += 1
+                if code != "OK":
+                    tally.details.setdefault(code, details)
+                    tally.messages[f"{code}: " + re.sub(r"\d+", "N", details)[:90]] += 1
+            if code != "OK":                            # back off exponentially (jittered), as clients should
+                time.sleep(rng.uniform(0.5, 1.0) * backoff)
+                backoff = min(2.0, backoff * 2)
+                k -= code == "RESOURCE_EXHAUSTED"          # retry the same request after a refusal
+                continue
+            backoff = 0.05
+            gaps = [(b - a) / max(1, nb) for (a, _), (b, nb) in zip(stamps, stamps[1:])]
+            with tally.lock:
+                tally.by_kind[f"{mode}/{engine}"] += 1
+                tally.ttft.append((stamps[0][0] - t0) * 1e3)
+                tally.itl += [g * 1e3 for g in gaps]
+                if len(got) > 1:
+                    tally.tpot.append((stamps[-1][0] - stamps[0][0]) / (len(got) - 1) * 1e3)
+                tally.tokens += len(got)
+                if not (len(got) == n == last.usage.get("completion_tokens")):
+                    tally.count_mismatch += 1
+                if (mode, engine) in CHECKED:
+                    tally.checked += 1
+                    dc = diff_counts(got, ref[prompt])
+                    tally.diff.update(dc)
+                    if any(dc.values()) and len(tally.bad) < 5:
+                        tally.bad.append({"prompt": prompt, "mode": mode, "engine": engine, "got": got,
+                                          "want": ref[prompt], "migrations": last.stats.get("migrations")})
+
+
+def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int = 512, addr: str | None = None,
+        workers: dict[str, str] | None = None, token: str | None = None, model_dir: str | None = None,
+        settle: float = 10.0, request_timeout: float = 120.0, serve_args: tuple[str, ...] = ()) -> dict:
+    serve, tmp = None, None
+    t_start = time.monotonic()
+    if addr is None:
+        tmp = tempfile.TemporaryDirectory(prefix="baton-load-")
+        token = token or f"load-{os.getpid()}-{random.randrange(1 << 30)}"
+        tf = Path(tmp.name) / "token"
+        tf.write_text(token)
+        args = ["--port", "0", "--token-file", str(tf), "--max-len", str(max_len), "--grace", "5", *serve_args]
+        if model_dir:
+            args += ["--model", str(model_dir)]
+        serve = Serve(*args)
+    try:
+        ref = make_reference(model_dir, max_len, PROMPTS, max_new_tokens)   # while the servers boot
+        if serve is not None:
+            addr = serve.wait()
+            workers = serve.workers()
+        boot_s = time.monotonic() - t_start
+        tally = Tally()
+        stop_at = time.monotonic() + duration
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=client_loop, args=(i, addr, token, stop_at, max_new_tokens, ref, tally,
+                                                              request_timeout), daemon=True)
+                   for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(duration + request_timeout + 30)
+        wall = time.monotonic() - t0
+        hung = sum(t.is_alive() for t in threads)
+        left, settle_s = settle_sessions(workers or {}, token, settle)
+        rc = serve.stop() if serve is not None else None
+        exits = [ln.split("baton: ", 1)[1] for ln in (serve.err if serve else []) if " exited with code " in ln]
+    finally:
+        if serve is not None and serve.proc.poll() is None:
+            serve.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    ok = tally.status["OK"]
+    return {
+        "config": {"clients": clients, "duration_s": duration, "max_new_tokens": max_new_tokens, "max_len": max_len,
+                   "mix": [f"{m}/{e}" for m, e in MIX], "prompts": len(PROMPTS),
+                   "checked_kinds": sorted(f"{m}/{e}" for m, e in CHECKED), "topology": (
+                       "OMP_NUM_THREADS=1 baton serve --processes " + " ".join(serve.argv[5:]) if serve else addr)},
+        "boot_s": round(boot_s, 1),
+        "wall_s": round(wall, 2),
+        "requests": sum(tally.status.values()),
+        "completed": ok,
+        "completed_by_kind": dict(sorted(tally.by_kind.items())),
+        "errors_by_status": {k: v for k, v in sorted(tally.status.items()) if k != "OK"},
+        "error_examples": tally.details,
+        "errors_by_message": dict(tally.messages.most_common()),
+        "checked_streams": tally.checked,
+        "lost_tokens": tally.diff["lost"],
+        "duplicated_tokens": tally.diff["duplicated"],
+        "wrong_tokens": tally.diff["wrong"],
+        "count_mismatches": tally.count_mismatch,
+        "mismatch_examples": tally.bad,
+        "hung_clients": hung,
+        "sessions_left": left,
+        "sessions_settle_s": round(settle_s, 2),
+        "serve_exit_code": rc,
+        "worker_exits": exits,          # "<name> exited with code N" lines of baton serve: none = all 0
+        "ttft_ms": {"p50": pct(tally.ttft, 0.5), "p99": pct(tally.ttft, 0.99), "max": pct(tally.ttft, 1.0)},
+        "itl_ms": {"p50": pct(tally.itl, 0.5), "p99": pct(tally.itl, 0.99)},
+        "tpot_ms": {"p50": pct(tally.tpot, 0.5), "p99": pct(tally.tpot, 0.99)},
+        "tokens": tally.tokens,
+        "tokens_per_s": round(tally.tokens / wall, 1) if wall else None,
+        "requests_per_s": round(ok / wall, 2) if wall else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=60.0)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=512, help="workers' window (and the reference's)")
+    p.add_argument("--model", default=None, help="model directory (default: the embedded model)")
+    p.add_argument("--addr", default=None, help="an existing router (then give --workers and --token-file)")
+    p.add_argument("--workers", default="", help="name=ADDR,... of the existing router's workers (GetStats)")
+    p.add_argument("--token-file", default=None)
+    p.add_argument("--machine", default=platform.platform(), help="recorded in the JSON")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    a = p.parse_args(argv)
+    token = Path(a.token_file).read_text().strip() if a.token_file else None
+    workers = dict(w.split("=", 1) for w in a.workers.split(",") if w) or None
+    res = run(clients=a.clients, duration=a.duration, max_new_tokens=a.max_new_tokens, max_len=a.max_len,
+              addr=a.addr, workers=workers, token=token, model_dir=a.model)
+    res = {"benchmark": "load", "command": shlex.join(["python", "benchmarks/load.py", *(argv or sys.argv[1:])]),
+           "machine": a.machine, "cpus": os.cpu_count(), "date": datetime.date.today().isoformat(), **res}
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    bad = res["lost_tokens"] or res["duplicated_tokens"] or res["wrong_tokens"] or any(res["sessions_left"].values())
+    return 1 if bad or set(res["errors_by_status"]) - {"RESOURCE_EXHAUSTED"} else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
