@@ -184,16 +184,22 @@ class DecodeEngine:
         st.next_token[s.slot] = greedy[m]
         return m, greedy[m]
 
+    @staticmethod
+    def _pending_pairs(s: DecodeSession, p: int, ids: list[int]) -> None:
+        """After m+1 accepted rows from position p: pairs (h_{p-1}, ids[0]) .. (h_{p+m}, next) at KV
+        index p-1 onward; h_p.. come from the runner's h_rows of the accepting rows call."""
+        h_prev = s.mtp_pairs_h[-1:].clone()                                  # h_{p-1}
+        s.mtp_pairs_h = torch.cat([h_prev, s.runner.h_rows[: len(ids) - 1]])
+        s.mtp_pairs_ids = ids
+        s.mtp_start = p - 1
+
     def _mtp_round(self, s: DecodeSession, k: int) -> list[int]:
         r = s.runner
         t0 = int(r.state.next_token[s.slot])
         p = int(r.state.position[s.slot])
         drafts = self._mtp_chain(s, k)
         m, nxt = self._accept(s, t0, drafts)
-        h_prev = s.mtp_pairs_h[-1:].clone()                      # h_{P-1}
-        s.mtp_pairs_h = torch.cat([h_prev, r.h_rows[: m + 1]])    # h_{P-1}, h_P .. h_{P+m}
-        s.mtp_pairs_ids = [t0] + drafts[:m] + [nxt]
-        s.mtp_start = p - 1
+        self._pending_pairs(s, p, [t0] + drafts[:m] + [nxt])
         s.rounds += 1
         s.emitted_in_rounds += m + 1
         return drafts[:m] + [nxt]
@@ -233,10 +239,7 @@ class DecodeEngine:
         if s.engine == "mtp":
             p = int(st.position[s.slot])
             r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
-            h_prev = s.mtp_pairs_h[-1:].clone()
-            s.mtp_pairs_h = torch.cat([h_prev, r.h_rows[: m + 1]])
-            s.mtp_pairs_ids = [s.draft_t0] + s.drafts[:m] + [nxt]
-            s.mtp_start = p - 1
+            self._pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt])
         elif m == k:
             r.rows(s.slot, [s.drafts[-1]])       # consume dk too
         elif m < k - 1:
