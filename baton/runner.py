@@ -24,7 +24,9 @@ class WindowError(ValueError):
 
 class ModelRunner:
     def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = DEFAULT_MAX_LEN,
-                 width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None):
+                 width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None, fast: bool | None = None):
+        """fast: use the fused rows kernels (baton/models/fast_rows.py); None = on CUDA. Every runner
+        that must agree bitwise (exact engine, decode engines) must make the same choice."""
         p = next(model.parameters())
         self.model, self.cfg = model, model.cfg
         self.device, self.dtype = p.device, dtype or p.dtype
@@ -43,6 +45,11 @@ class ModelRunner:
         self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP drafts
         self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)       # [W] MTP normed outputs
         self.graphs: dict[tuple[str, int, int], object] = {}                 # (kind, slot, n) -> graph
+        self.arange_w = torch.arange(W, device=dev)
+        from baton.models import fast_rows
+        if fast is None:
+            fast = fast_rows.usable(model)
+        self.fast = fast_rows.FastRows.for_model(model, max_len + W) if fast else None
 
     def check_window(self, prompt_len: int, new_tokens: int, extra_rows: int = 0) -> None:
         need = prompt_len + new_tokens + extra_rows
@@ -89,7 +96,11 @@ class ModelRunner:
         """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
         Returns logits [W, vocab] (tests compare them; graphs ignore them)."""
-        h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n))
+        if self.fast is not None:
+            pos = self.state.position[slot] + self.arange_w                # [W] device-side
+            h = self.fast.forward(self.ids_buf, self.state, slot, n, pos)
+        else:
+            h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n))
         logits = self.model.logits(h)                                      # [W, vocab]
         self.tok_out.copy_(logits.argmax(-1))
         self.h_rows.copy_(h)

@@ -1,0 +1,206 @@
+"""Fused Triton kernels for the fixed-width rows step (baton/models/fast_rows.py).
+
+Every kernel here is row-invariant by construction: output row t is computed by the same
+instructions from row t's inputs (and, for the recurrences, from the rows before it), whatever
+the number n of valid rows is. That is what keeps AR steps, verify blocks and re-advances bitwise
+equal when they run through these kernels (docs/CONTRACTS.md, "exactness contract").
+
+    add_rmsnorm(x, res, w)         res' = x + res (rounded to x.dtype); y = res' / rms * (1 + w)
+    rmsnorm_heads(x [W, H, d], w)  per-head zero-centred RMSNorm (q_norm / k_norm), strided input
+    silu_mul(gu [W, 2I])           silu(gu[:, :I]) * gu[:, I:]
+    conv_rows(x, conv_state, w, n) depthwise causal conv + SiLU over W rows; state advanced by n
+    gdn_rows(...)                  L2-normed q/k, gates, gated delta rule over the first n rows and
+                                   the gated RMSNorm of each head's output, in one kernel per layer
+
+No host syncs and no allocation beyond the outputs, so all of them are CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _p2(n: int) -> int:
+    return triton.next_power_of_2(int(n))
+
+
+# ---- RMSNorms ------------------------------------------------------------------------------------
+@triton.jit
+def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, N, sx, sr, eps,
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + row * sr + offs, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(rout_ptr + row * N + offs, x, mask=m)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / N
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = xf * tl.rsqrt(var + eps) * (1.0 + w)
+    tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def add_rmsnorm(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps: float):
+    """x, res [W, N] (row-strided) -> (res' [W, N] contiguous, y [W, N]); res None: (x, y)."""
+    W, N = x.shape
+    y = torch.empty(W, N, dtype=x.dtype, device=x.device)
+    rout = torch.empty_like(y) if res is not None else x
+    _add_rmsnorm_kernel[(W,)](x, res if res is not None else x, w, rout, y, N, x.stride(0),
+                              res.stride(0) if res is not None else 0, eps,
+                              HAS_RES=res is not None, BLOCK=_p2(N), num_warps=8 if N >= 2048 else 4)
+    return rout, y
+
+
+@triton.jit
+def _rmsnorm_heads_kernel(x_ptr, w_ptr, y_ptr, H, D, sxt, sxh, eps, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    xf = tl.load(x_ptr + t * sxt + h * sxh + offs, mask=m, other=0.0).to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / D
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = xf * tl.rsqrt(var + eps) * (1.0 + w)
+    tl.store(y_ptr + (t * H + h) * D + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def rmsnorm_heads(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [W, H, D] (stride(2) == 1) -> contiguous [W, H, D]."""
+    W, H, D = x.shape
+    assert x.stride(2) == 1
+    y = torch.empty(W, H, D, dtype=x.dtype, device=x.device)
+    _rmsnorm_heads_kernel[(W, H)](x, w, y, H, D, x.stride(0), x.stride(1), eps, BLOCK=_p2(D), num_warps=2)
+    return y
+
+
+# ---- MLP -----------------------------------------------------------------------------------------
+@triton.jit
+def _silu_mul_kernel(gu_ptr, y_ptr, I, sg, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < I
+    g = tl.load(gu_ptr + t * sg + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + t * sg + I + offs, mask=m, other=0.0).to(tl.float32)
+    y = g * tl.sigmoid(g) * u
+    tl.store(y_ptr + t * I + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu [W, 2I] (gate | up) -> [W, I]."""
+    W, I2 = gu.shape
+    I = I2 // 2
+    y = torch.empty(W, I, dtype=gu.dtype, device=gu.device)
+    B = min(2048, _p2(I))
+    _silu_mul_kernel[(W, triton.cdiv(I, B))](gu, y, I, gu.stride(0), BLOCK=B, num_warps=4)
+    return y
+
+
+# ---- GDN: causal conv ----------------------------------------------------------------------------
+@triton.jit
+def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, C, n,
+                      W: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr):
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m = c < C
+    # seq = [state (K-1 columns), x rows (W)]; out[t] = silu(sum_j seq[t + j] * w[:, j])
+    for t in tl.static_range(W):
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for j in tl.static_range(K):
+            if t + j < K - 1:
+                v = tl.load(st_ptr + c * (K - 1) + (t + j), mask=m, other=0.0)
+            else:
+                v = tl.load(x_ptr + (t + j - (K - 1)) * sx + c, mask=m, other=0.0)
+            wj = tl.load(w_ptr + c * K + j, mask=m, other=0.0)
+            acc += v.to(tl.float32) * wj.to(tl.float32)
+        y = acc * tl.sigmoid(acc)
+        tl.store(y_ptr + t * C + c, y.to(y_ptr.dtype.element_ty), mask=m)
+    # new state[:, j] = seq[n + j], j < K-1 (all reads above happen before the barrier)
+    j = tl.arange(0, KP)
+    idx = n + j
+    jm = j < K - 1
+    from_st = idx < K - 1
+    vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :],
+                 mask=m[:, None] & (jm & from_st)[None, :], other=0.0)
+    vx = tl.load(x_ptr + (idx - (K - 1))[None, :] * sx + c[:, None],
+                 mask=m[:, None] & (jm & (idx >= K - 1))[None, :], other=0.0)
+    new = tl.where(from_st[None, :], vs, vx)
+    tl.debug_barrier()
+    tl.store(st_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm[None, :])
+
+
+def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    """x [W, C] (row-strided, unit column stride); conv_state [C, K-1] contiguous, advanced by the
+    first n rows in place; w [C, K] contiguous. Returns silu(conv) [W, C] (all W rows)."""
+    W, C = x.shape
+    K = w.shape[1]
+    assert x.stride(1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
+    y = torch.empty(W, C, dtype=x.dtype, device=x.device)
+    B = 256
+    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, w, y, C, n,
+                                            W=W, K=K, KP=_p2(max(K - 1, 1)), BLOCK_C=B, num_warps=4)
+    return y
+
+
+# ---- GDN: gated delta rule + gated RMSNorm ---------------------------------------------------------
+@triton.jit
+def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb_ptr, nw_ptr, S_ptr, o_ptr,
+                     n, eps, scale, W,
+                     HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
+                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    h = tl.program_id(0)
+    hk = h // GROUP
+    rk = tl.arange(0, BK)
+    rv = tl.arange(0, BV)
+    mk = rk < DK
+    mv = rv < DV
+    s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
+    smask = mk[:, None] & mv[None, :]
+    S = tl.load(S_ptr + s_off, mask=smask, other=0.0)                 # [BK, BV] fp32
+    A = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    dtb = tl.load(dtb_ptr + h).to(tl.float32)
+    nw = tl.load(nw_ptr + rv, mask=mv, other=0.0).to(tl.float32)
+    for t in range(0, n):
+        row = cv_ptr + t * scv
+        q = tl.load(row + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(row + KEY_DIM + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
+        v = tl.load(row + 2 * KEY_DIM + h * DV + rv, mask=mv, other=0.0).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        b = tl.load(b_ptr + t * sb + h).to(tl.float32)
+        a = tl.load(a_ptr + t * sa + h).to(tl.float32) + dtb
+        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))           # softplus (torch threshold)
+        beta = tl.sigmoid(b)
+        S = S * tl.exp(A * sp)
+        kv = tl.sum(S * k[:, None], axis=0)                            # [BV]
+        u = (v - kv) * beta
+        S = S + k[:, None] * u[None, :]
+        o = tl.sum(S * q[:, None], axis=0)                             # [BV]
+        var = tl.sum(o * o, axis=0) / DV
+        zz = tl.load(z_ptr + t * sz + h * DV + rv, mask=mv, other=0.0).to(tl.float32)
+        y = o * tl.rsqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
+        tl.store(o_ptr + t * (HV * DV) + h * DV + rv, y.to(o_ptr.dtype.element_ty), mask=mv)
+    for t in range(n, W):
+        tl.store(o_ptr + t * (HV * DV) + h * DV + rv, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty),
+                 mask=mv)
+    tl.store(S_ptr + s_off, S, mask=smask)
+
+
+def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+             norm_w: torch.Tensor, S: torch.Tensor, n: int, *, nk: int, eps: float) -> torch.Tensor:
+    """cv [W, 2*nk*dk + Hv*dv] conv output (q | k | v); b, a [W, Hv] projections (row-strided);
+    z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows.
+    Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero)."""
+    W = cv.shape[0]
+    Hv, dk, dv = S.shape
+    assert S.is_contiguous() and S.dtype == torch.float32
+    assert cv.stride(1) == 1 and b.stride(1) == 1 and a.stride(1) == 1 and z.stride(1) == 1
+    o = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
+    warps = 16 if dk * dv >= 128 * 128 else (8 if dk * dv >= 64 * 64 else 4)
+    _gdn_rows_kernel[(Hv,)](cv, cv.stride(0), b, b.stride(0), a, a.stride(0), z, z.stride(0), A_log, dt_bias, norm_w, S, o,
+                            n, eps, dk ** -0.5, W,
+                            HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BV=_p2(dv),
+                            num_warps=warps)
+    return o

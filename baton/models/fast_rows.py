@@ -1,0 +1,170 @@
+"""The fused rows step on CUDA: the same computation as `Qwen3_5ForCausalLM.forward` in rows mode
+(ctx.width == W), in about ten kernels per layer instead of ~75.
+
+    per layer  add+RMSNorm (Triton) -> merged input projections (one GEMM per weight type)
+               GDN:  conv_rows (Triton) -> gdn_rows (Triton: gates, delta rule, gated norm) -> out_proj
+               attn: per-head q/k RMSNorm (Triton), RoPE from a table, window attention (torch) -> o_proj
+               add+RMSNorm (Triton) -> gate|up GEMM -> silu_mul (Triton) -> down
+Row invariance holds as in the eager path: every op sees fixed [W, ...] shapes, the Triton kernels
+compute row t from row t (recurrences: from rows <= t) only, and GEMMs run at M = W.
+
+Both workers build this from the same weights, so the exact engine's AR path and the decode
+worker's bf16 engine replay the same kernels (the exactness contract is per device kind: CPU runs
+the eager reference). Merged projections: the merged weight owns the storage and each original
+Linear / FP8Linear keeps a row-slice view of it, so the eager path (prefill) and this path read the
+same bytes and no weight is stored twice.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+try:
+    from baton.kernels import rows as K
+except ImportError:       # no Triton: the eager rows path is used everywhere
+    K = None
+from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, apply_rope, rope_cos_sin
+
+_CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
+
+
+class Merged:
+    """One GEMM standing in for several bias-free projections of the same input and weight type.
+    Calling it returns the per-projection outputs as column views of one [T, sum(out)] result."""
+
+    def __init__(self, mods: list[nn.Module]):
+        kinds = {type(m) for m in mods}
+        if len(kinds) != 1:
+            raise TypeError(f"Merged: mixed projection types {sorted(k.__name__ for k in kinds)}")
+        self.sizes = [m.weight.shape[0] for m in mods]
+        if type(mods[0]) is nn.Linear:
+            if any(m.bias is not None for m in mods):
+                raise ValueError("Merged: biased projections are not supported")
+            w = torch.cat([m.weight.detach() for m in mods])                 # [sum(out), in]
+            self.module = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+            self.module.weight = nn.Parameter(w, requires_grad=False)
+            for m, view in zip(mods, w.split(self.sizes)):
+                m.weight = nn.Parameter(view, requires_grad=False)
+        else:                                                                # FP8Linear: weight + row scales
+            w = torch.cat([m.weight for m in mods])
+            s = torch.cat([m.scale for m in mods])
+            self.module = type(mods[0])(w, s)
+            for m, wv, sv in zip(mods, w.split(self.sizes), s.split(self.sizes)):
+                m._buffers["weight"], m._buffers["scale"] = wv, sv
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.module(x).split(self.sizes, dim=-1))
+
+
+def _groups(mods: list[nn.Module]) -> list[Merged]:
+    """Consecutive projections of the same type merged (fp8 keeps the tiny GDN b/a in bf16)."""
+    out, run = [], [mods[0]]
+    for m in mods[1:]:
+        if type(m) is type(run[-1]):
+            run.append(m)
+        else:
+            out.append(Merged(run))
+            run = [m]
+    return out + [Merged(run)]
+
+
+def _call(groups: list[Merged], x: torch.Tensor) -> list[torch.Tensor]:
+    return [y for g in groups for y in g(x)]
+
+
+class FastRows:
+    """Built once per model (`FastRows.for_model`); `forward` replaces the model's rows-mode forward."""
+
+    def __init__(self, model: Qwen3_5ForCausalLM, max_len: int):
+        self.model, self.cfg = model, model.cfg
+        self.mixer: list[list[Merged]] = []     # per layer: GDN qkv|z|b|a, attention q|k|v
+        self.gate_up: list[Merged] = []
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                a = layer.linear_attn
+                self.mixer.append(_groups([a.in_proj_qkv, a.in_proj_z, a.in_proj_b, a.in_proj_a]))
+            else:
+                a = layer.self_attn
+                self.mixer.append(_groups([a.q_proj, a.k_proj, a.v_proj]))
+            (gu,) = _groups([layer.mlp.gate_proj, layer.mlp.up_proj])   # fp8 quantizes both or neither
+            self.gate_up.append(gu)
+        self.rope_len = 0
+        self._rope_table(max_len)
+
+    @classmethod
+    def for_model(cls, model: Qwen3_5ForCausalLM, max_len: int) -> "FastRows":
+        fr = _CACHE.get(model)
+        if fr is None:
+            fr = _CACHE[model] = cls(model, max_len)
+        fr._rope_table(max_len)
+        return fr
+
+    def _rope_table(self, max_len: int) -> None:
+        """cos/sin [max_len, rotary_dim] tables; callers pass max_len >= window + W (padded rows)."""
+        if max_len <= self.rope_len:
+            return
+        p = next(self.model.parameters())
+        pos = torch.arange(max_len, device=p.device)
+        dtype = self.model.model.embed_tokens.weight.dtype
+        self.cos, self.sin = rope_cos_sin(self.cfg, pos, dtype)
+        self.rope_len = max_len
+
+    # ---- the step ------------------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor) -> torch.Tensor:
+        """ids [W] (first n valid), pos [W] positions -> final-normed hidden [W, hidden].
+        Advances state.position[slot] by n (as the eager rows path)."""
+        m, layers = self.model, self.model.model.layers
+        x = m.model.embed_tokens(ids)                                           # [W, h]
+        eps = self.cfg.rms_norm_eps
+        res, xn = K.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(layers):
+            proj = _call(self.mixer[i], xn)
+            if hasattr(layer, "linear_attn"):
+                y = self._gdn(layer.linear_attn, proj, state, slot, n)
+            else:
+                y = self._attn(layer.self_attn, proj, state, slot, n, pos)
+            res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
+            y = layer.mlp.down_proj(K.silu_mul(self.gate_up[i].module(xn)))
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else m.model.norm
+            res, xn = K.add_rmsnorm(y, res, nxt.weight, eps)
+        state.position[slot] += n
+        return xn
+
+    def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
+        mixed, z, b, alpha = proj                                    # [W, C], [W, Hv*dv], [W, Hv] x2
+        conv_state, rec_state = state.gdn(a.layer_idx)
+        cv = K.conv_rows(mixed, conv_state[slot], a.conv1d.weight[:, 0, :].contiguous(), n)
+        o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, rec_state[slot], n,
+                       nk=a.nk, eps=a.norm.eps)
+        return a.out_proj(o)
+
+    def _attn(self, a: Attention, proj, state, slot: int, n: int, pos) -> torch.Tensor:
+        qg, k, v = proj
+        W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
+        qg = qg.view(W, nh, 2 * d)
+        q = K.rmsnorm_heads(qg[..., :d], a.q_norm.weight, a.q_norm.eps)        # [W, nh, d]
+        k = K.rmsnorm_heads(k.view(W, nkv, d), a.k_norm.weight, a.k_norm.eps)  # [W, nkv, d]
+        cos, sin = self.cos[pos], self.sin[pos]                                 # [W, rd]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kc, vc = state.kv(a.layer_idx)
+        kc, vc = kc[slot], vc[slot]                                             # [nkv, L, d]
+        kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
+        vc.index_copy_(1, pos[:n], v.view(W, nkv, d)[:n].transpose(0, 1))
+        g = nh // nkv
+        qh = q.view(W, nkv, g, d).permute(1, 2, 0, 3).reshape(nkv, g * W, d)
+        scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (d ** -0.5)   # [nkv, g*W, L]
+        L = kc.shape[1]
+        mask = torch.arange(L, device=qg.device)[None, :] > pos[:, None]        # [W, L]
+        scores = scores.view(nkv, g, W, L).masked_fill(mask, float("-inf"))
+        prob = torch.softmax(scores, dim=-1).to(vc.dtype).view(nkv, g * W, L)
+        o = torch.matmul(prob, vc)                                              # [nkv, g*W, d]
+        o = o.view(nkv, g, W, d).permute(2, 0, 1, 3).reshape(W, nh * d)
+        o = o * torch.sigmoid(qg[..., d:].reshape(W, nh * d))
+        return a.o_proj(o)
+
+
+def usable(model: nn.Module) -> bool:
+    """The fused path runs on CUDA (Triton kernels) for the dense Qwen3.5 model."""
+    return K is not None and next(model.parameters()).is_cuda and isinstance(model, Qwen3_5ForCausalLM)
