@@ -102,45 +102,46 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit
 def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, C, n,
-                      W: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr):
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr):
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
-    # seq = [state (K-1 columns), x rows (W)]; out[t] = silu(sum_j seq[t + j] * w[:, j])
-    for t in tl.static_range(W):
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for j in tl.static_range(K):
-            if t + j < K - 1:
-                v = tl.load(st_ptr + c * (K - 1) + (t + j), mask=m, other=0.0)
-            else:
-                v = tl.load(x_ptr + (t + j - (K - 1)) * sx + c, mask=m, other=0.0)
-            wj = tl.load(w_ptr + c * K + j, mask=m, other=0.0)
-            acc += v.to(tl.float32) * wj.to(tl.float32)
+    j = tl.arange(0, KP)
+    jm = j < K
+    w = tl.load(w_ptr + c[:, None] * K + j[None, :], mask=m[:, None] & jm[None, :], other=0.0).to(tl.float32)
+    # seq = [state (K-1 columns), x rows]; out[t] = silu(sum_j seq[t + j] * w[:, j]), rows t < n only
+    for t in range(0, n):
+        idx = t + j                                                       # [KP] seq indexes
+        st = idx < K - 1
+        vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :], mask=m[:, None] & (jm & st)[None, :], other=0.0)
+        vx = tl.load(x_ptr + (idx - (K - 1))[None, :] * sx + c[:, None],
+                     mask=m[:, None] & (jm & (idx >= K - 1))[None, :], other=0.0)
+        acc = tl.sum(tl.where(st[None, :], vs, vx).to(tl.float32) * w, axis=1)
         y = acc * tl.sigmoid(acc)
         tl.store(y_ptr + t * C + c, y.to(y_ptr.dtype.element_ty), mask=m)
     # new state[:, j] = seq[n + j], j < K-1 (all reads above happen before the barrier)
-    j = tl.arange(0, KP)
     idx = n + j
-    jm = j < K - 1
+    jm1 = j < K - 1
     from_st = idx < K - 1
     vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :],
-                 mask=m[:, None] & (jm & from_st)[None, :], other=0.0)
+                 mask=m[:, None] & (jm1 & from_st)[None, :], other=0.0)
     vx = tl.load(x_ptr + (idx - (K - 1))[None, :] * sx + c[:, None],
-                 mask=m[:, None] & (jm & (idx >= K - 1))[None, :], other=0.0)
+                 mask=m[:, None] & (jm1 & (idx >= K - 1))[None, :], other=0.0)
     new = tl.where(from_st[None, :], vs, vx)
     tl.debug_barrier()
-    tl.store(st_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm[None, :])
+    tl.store(st_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
 
 
 def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
     """x [W, C] (row-strided, unit column stride); conv_state [C, K-1] contiguous, advanced by the
-    first n rows in place; w [C, K] contiguous. Returns silu(conv) [W, C] (all W rows)."""
+    first n rows in place; w [C, K] contiguous. Returns silu(conv) [W, C]; rows >= n are left
+    unwritten (nothing reads them: gdn_rows consumes the first n rows only)."""
     W, C = x.shape
     K = w.shape[1]
     assert x.stride(1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
     y = torch.empty(W, C, dtype=x.dtype, device=x.device)
-    B = 256
+    B = 128
     _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, w, y, C, n,
-                                            W=W, K=K, KP=_p2(max(K - 1, 1)), BLOCK_C=B, num_warps=4)
+                                            K=K, KP=_p2(K), BLOCK_C=B, num_warps=4)
     return y
 
 
@@ -203,4 +204,95 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
                             n, eps, dk ** -0.5, W,
                             HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BV=_p2(dv),
                             num_warps=warps)
+    return o
+
+
+# ---- attention over the KV window ------------------------------------------------------------------
+# Row t (position pos[t]) attends keys 0..pos[t]. The keys are cut into fixed SPLIT-key pieces; stage 1
+# computes an unnormalised partial (acc, max, sum) per (row, kv head, piece) with an online softmax,
+# stage 2 merges the pieces 0, 1, ... in order and applies the sigmoid output gate. The pieces depend
+# only on pos[t], never on n or on the other rows: row-invariant and deterministic.
+ATTN_SPLIT = 256
+
+
+@triton.jit
+def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, L, NS, scale,
+                       NH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                       SPLIT: tl.constexpr, BN: tl.constexpr):
+    t = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    p = tl.load(pos_ptr + t)
+    start = s * SPLIT
+    if start <= p:
+        rg = tl.arange(0, GP)
+        rd = tl.arange(0, D)
+        gm = rg < G
+        q = tl.load(q_ptr + (t * NH + hk * G + rg)[:, None] * D + rd[None, :], mask=gm[:, None], other=0.0)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for b in tl.static_range(SPLIT // BN):
+            kk = start + b * BN + tl.arange(0, BN)
+            km = kk <= p
+            kt = tl.load(k_ptr + hk * L * D + kk[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
+            vt = tl.load(v_ptr + hk * L * D + kk[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
+            sc = tl.dot(q, tl.trans(kt)) * scale                          # [GP, BN] fp32
+            sc = tl.where(km[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
+            m_i = m_new
+        base = (t * NH + hk * G + rg) * NS + s                            # [GP] rows of (t, head, piece)
+        tl.store(acc_ptr + base[:, None] * D + rd[None, :], acc, mask=gm[:, None])
+        tl.store(ml_ptr + base * 2, m_i, mask=gm)
+        tl.store(ml_ptr + base * 2 + 1, l_i, mask=gm)
+
+
+@triton.jit
+def _attn_merge_kernel(acc_ptr, ml_ptr, pos_ptr, gate_ptr, sgt, sgh, o_ptr, n, NS,
+                       NH: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    rd = tl.arange(0, D)
+    if t < n:
+        npieces = tl.load(pos_ptr + t) // SPLIT + 1
+        base = (t * NH + h) * NS
+        m = tl.load(ml_ptr + base * 2)
+        for s in range(1, npieces):
+            m = tl.maximum(m, tl.load(ml_ptr + (base + s) * 2))
+        num = tl.zeros([D], tl.float32)
+        den = tl.zeros([D], tl.float32)                                 # the sum, broadcast over d
+        for s in range(0, npieces):
+            w = tl.exp(tl.load(ml_ptr + (base + s) * 2) - m)
+            num += w * tl.load(acc_ptr + (base + s) * D + rd)
+            den += w * tl.load(ml_ptr + (base + s) * 2 + 1)
+        gt = tl.load(gate_ptr + t * sgt + h * sgh + rd).to(tl.float32)
+        y = num / den * tl.sigmoid(gt)
+    else:
+        y = tl.zeros([D], tl.float32)
+    tl.store(o_ptr + (t * NH + h) * D + rd, y.to(o_ptr.dtype.element_ty))
+
+
+def attention_rows(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, gate: torch.Tensor,
+                   n: int) -> torch.Tensor:
+    """q [W, nh, d] contiguous (normed, rotated); kc, vc [nkv, L, d] (this slot's window, already holding
+    the rows being computed); pos [W] int64; gate [W, nh, d] (unit last stride). Returns
+    softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero."""
+    W, nh, d = q.shape
+    nkv, L, _ = kc.shape
+    assert q.is_contiguous() and kc.is_contiguous() and vc.is_contiguous() and gate.stride(2) == 1
+    assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
+    g = nh // nkv
+    ns = triton.cdiv(L, ATTN_SPLIT)
+    acc = torch.empty(n, nh, ns, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n, nh, ns, 2, dtype=torch.float32, device=q.device)
+    _attn_split_kernel[(n, nkv, ns)](q, kc, vc, pos, acc, ml, L, ns, d ** -0.5,
+                                     NH=nh, G=g, GP=max(16, _p2(g)), D=d, SPLIT=ATTN_SPLIT, BN=64,
+                                     num_warps=4)
+    o = torch.empty(W, nh * d, dtype=q.dtype, device=q.device)
+    _attn_merge_kernel[(W, nh)](acc, ml, pos, gate, gate.stride(0), gate.stride(1), o, n, ns,
+                                NH=nh, D=d, SPLIT=ATTN_SPLIT, num_warps=1)
     return o

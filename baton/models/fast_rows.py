@@ -3,7 +3,8 @@
 
     per layer  add+RMSNorm (Triton) -> merged input projections (one GEMM per weight type)
                GDN:  conv_rows (Triton) -> gdn_rows (Triton: gates, delta rule, gated norm) -> out_proj
-               attn: per-head q/k RMSNorm (Triton), RoPE from a table, window attention (torch) -> o_proj
+               attn: per-head q/k RMSNorm (Triton), RoPE from a table, split-window attention with
+                     the output gate (Triton, reads keys up to each row's position only) -> o_proj
                add+RMSNorm (Triton) -> gate|up GEMM -> silu_mul (Triton) -> down
 Row invariance holds as in the eager path: every op sees fixed [W, ...] shapes, the Triton kernels
 compute row t from row t (recurrences: from rows <= t) only, and GEMMs run at M = W.
@@ -152,16 +153,7 @@ class FastRows:
         kc, vc = kc[slot], vc[slot]                                             # [nkv, L, d]
         kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
         vc.index_copy_(1, pos[:n], v.view(W, nkv, d)[:n].transpose(0, 1))
-        g = nh // nkv
-        qh = q.view(W, nkv, g, d).permute(1, 2, 0, 3).reshape(nkv, g * W, d)
-        scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (d ** -0.5)   # [nkv, g*W, L]
-        L = kc.shape[1]
-        mask = torch.arange(L, device=qg.device)[None, :] > pos[:, None]        # [W, L]
-        scores = scores.view(nkv, g, W, L).masked_fill(mask, float("-inf"))
-        prob = torch.softmax(scores, dim=-1).to(vc.dtype).view(nkv, g * W, L)
-        o = torch.matmul(prob, vc)                                              # [nkv, g*W, d]
-        o = o.view(nkv, g, W, d).permute(2, 0, 1, 3).reshape(W, nh * d)
-        o = o * torch.sigmoid(qg[..., d:].reshape(W, nh * d))
+        o = K.attention_rows(q.contiguous(), kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
         return a.o_proj(o)
 
 
