@@ -86,6 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--window", type=int, default=0, help="max_len (default: context + 320)")
     p.add_argument("--engines", default="bf16,fp8")
+    p.add_argument("--paths", default="fused,eager")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     cfg = shape(a.random_init)
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
         quantize_model(models["fp8"], "full")
     prompt = torch.randint(0, cfg.vocab_size, (a.context,), generator=torch.Generator().manual_seed(1)).tolist()
     for eng in a.engines.split(","):
-        for fast in (True, False):
+        for fast in [x == "fused" for x in a.paths.split(",")]:
             r = ModelRunner(models[eng], slots=1, max_len=window, width=16, fast=fast)
             r.prefill(0, prompt)
             row = {"engine": eng, "path": "fused" if fast else "eager", **profile_eager(r)}
