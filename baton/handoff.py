@@ -2,13 +2,15 @@
 
 Lifecycle of one hand-off:
     prefill worker   engine.export(session) -> [StateTensor] (views of the slot, no copy)
-      push_state     header + data frames cut straight from tensor memory (wire.encode_state_frames)
-                     over a cached channel to decode_target's LoadState, under a deadline; polls
-                     `is_active` so a cancelled Prefill cancels the stream. grpc errors -> HandoffError
+      push_state     header + data frames cut straight from tensor memory, each hashed in the wire's
+                     thread pool (wire.encode_state_frames), over a cached channel to decode_target's
+                     LoadState, under a deadline; polls `is_active` so a cancelled Prefill cancels the
+                     stream. grpc errors -> HandoffError
     decode worker    LoadState peeks the header (engine, MTP entries) and calls
       receive_state  builds the ExpectedLayout of the receiving runner's HybridState, feeds every chunk
-                     through wire.StateReceiver and returns a fully verified ReceivedState or raises
-                     a wire.StateError (its `.code` is the gRPC status); nothing partial escapes
+                     through wire.StateReceiver (chunk digests verified in the pool as chunks arrive, then
+                     the manifest) and returns a fully verified ReceivedState or raises a
+                     wire.StateError (its `.code` is the gRPC status); nothing partial escapes
       engine.load    copies into a free slot only then
 
 MTP KV entries (`mtp.key`, `mtp.value`: the MTP layer's KV rows for the prompt):
@@ -16,7 +18,7 @@ MTP KV entries (`mtp.key`, `mtp.value`: the MTP layer's KV rows for the prompt):
   * not sent (a prefill worker without the head)  -> accepted; the rows are zero-filled. The MTP layer
     then attends to zero keys/values over the prompt: drafts get worse (lower acceptance) but every
     draft is verified by the BF16 rows, so the output is unchanged;
-  * sent to a receiver without an MTP head        -> accepted and dropped after the digest covered
+  * sent to a receiver without an MTP head        -> accepted and dropped after the digests covered
     them (a prefill worker with the head can feed any decode worker; the cost is wire bytes only).
 """
 from __future__ import annotations
@@ -217,9 +219,13 @@ def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int
         max_total_bytes = sum(math.prod(e.shape_at(max_position)) * e.dtype.itemsize
                               for e in layout.entries.values())
     rx = StateReceiver(layout, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc)
-    for c in itertools.chain((first,), it):
-        rx.feed(c)
-    got = rx.finish()
+    try:
+        for c in itertools.chain((first,), it):
+            rx.feed(c)
+        got = rx.finish()
+    except BaseException:
+        rx.abort()    # NOTE: e.g. the sender cancelled mid-stream: no pool copy outlives this call
+        raise
     if not zero_fill and not drop:
         return got
     tensors = {k: v for k, v in got.tensors.items() if k not in drop}

@@ -1,35 +1,53 @@
 """State wire format: one request's state as a stream of `StateChunk` messages, and its verified decode.
 
-Stream (never pickled; tensor bytes little-endian, C-contiguous, concatenated in table order):
-    StateChunk(header)    format_version, fingerprint, position, next_token, the full tensor table
-    StateChunk(data) * n  n = ceil(total_bytes / chunk_bytes); a chunk may span tensor boundaries
-    StateChunk(trailer)   sha256 over all data bytes, total_bytes, data_chunks
+Stream, format_version 2 (never pickled; tensor bytes little-endian, C-contiguous, concatenated in table order):
+    StateChunk(header)    format_version, fingerprint, position, next_token, the full tensor table, chunk_bytes
+    StateChunk(data) * n  chunk i: tensor bytes [i*chunk_bytes, +chunk_bytes) (the last may be short; a chunk
+                          may span tensor boundaries), chunk_index = i, chunk_sha256 = SHA-256(data)
+    StateChunk(trailer)   total_bytes, data_chunks = n, manifest_sha256 = SHA-256(MANIFEST_TAG
+                          || SHA-256(header, deterministic serialization) || chunk digests in order
+                          || le64 total_bytes || le64 n)
+The chunk digests make hashing parallel on both sides (a thread pool; hashlib releases the GIL); the
+manifest binds the header, every chunk digest and their order into one value, so a stream is accepted
+only if every byte of it, header included, is what the sender produced, in the sender's order.
+Integrity, not secrecy or authorship: peers are authenticated by the channel (bearer token, TLS).
 
-Sender:   pipelined(encode_state(...)) -> StateChunks (encode_state_frames: the same, serialized)
+Sender (baton/wire_send.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
+          the same serialized, data frames built straight from tensor memory. Chunks are hashed and
+          framed up to `workers + 2` ahead in the pool; the consumer (gRPC) gets them in order.
 Receiver (baton/wire_receive.py, re-exported here): StateReceiver(...): feed(chunk) per message, then
-          finish(). The header is validated before anything is allocated; bytes go straight into
-          per-tensor CPU buffers and are hashed on the way; a ReceivedState exists only once
-          everything verified, so nothing half-loaded becomes visible.
+          finish(). The header is validated before anything is allocated; each chunk's index and size
+          are checked on arrival, its digest is verified and its bytes copied into per-tensor CPU
+          buffers by the pool while later chunks arrive; the trailer's manifest is checked after every
+          chunk verified. A ReceivedState exists only once everything verified, so nothing
+          half-loaded becomes visible.
 Errors carry `.code` ("DATA_LOSS" | "FAILED_PRECONDITION" | "INVALID_ARGUMENT"); services answer
 `getattr(grpc.StatusCode, err.code)` with the message, which names the first thing that failed.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
+import os
 import queue
+import struct
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from baton.v1 import common_pb2, state_pb2
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20  # hard cap on one data chunk, both ways (gRPC messages: 64 MiB)
+DIGEST_BYTES = 32           # SHA-256
+MANIFEST_TAG = b"baton/state/v2\n"
+PARALLEL_MIN_BYTES = 64 << 10  # smaller chunks are hashed inline: a pool hop costs more than the hash
 
 _TO_PB = {torch.float32: state_pb2.FLOAT32, torch.bfloat16: state_pb2.BFLOAT16, torch.float16: state_pb2.FLOAT16}
 _FROM_PB = {v: k for k, v in _TO_PB.items()}
@@ -38,7 +56,9 @@ _KIND_BY_NAME = {"gdn_conv": state_pb2.GDN_CONV, "gdn_recurrent": state_pb2.GDN_
 _KV_KINDS = (state_pb2.ATTN_KEY, state_pb2.ATTN_VALUE)
 REPORT_KEY = {state_pb2.GDN_CONV: "gdn_conv", state_pb2.GDN_RECURRENT: "gdn_recurrent",  # BridgeReport keys
               state_pb2.ATTN_KEY: "attn_kv", state_pb2.ATTN_VALUE: "attn_kv", state_pb2.HIDDEN: "hidden"}
-_DATA_TAG = b"\x12"  # StateChunk field 2 (data), wire type 2 (length-delimited)
+_DATA_TAG = b"\x12"   # StateChunk field 2 (data), wire type 2 (length-delimited)
+_INDEX_TAG = b"\x20"  # field 4 (chunk_index), varint; omitted when 0, as protobuf does
+_SHA_TAG = b"\x2a\x20"  # field 5 (chunk_sha256), length 32
 if sys.byteorder != "little":  # NOTE: tensor bytes are sent as host memory; the format is little-endian
     raise ImportError("baton.wire needs a little-endian host")
 
@@ -104,102 +124,72 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
-# ---- sender -------------------------------------------------------------------------------------
-def _host_tensors(specs: list[TensorDesc], source: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
-    """Contiguous CPU copies of `source`, in table order, each moved once. CUDA tensors go to pinned
-    memory by non_blocking copies issued one tensor ahead (the next D2H overlaps hashing/sending)."""
-    pending = None  # (host tensor, cuda event | None)
-    for spec, t in zip(specs, source, strict=True):
-        if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
-            raise ValueError(f"{spec.name}: got {t.dtype} {tuple(t.shape)}, the table says {spec.dtype} {spec.shape}")
-        t, ev = t.detach(), None
-        if t.device.type == "cuda":
-            with torch.cuda.device(t.device):
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record()
-        else:
-            host = t.to("cpu").contiguous()  # no copy for a contiguous CPU tensor
-        if pending is not None:
-            yield _synced(*pending)
-        pending = (host, ev)
-    if pending is not None:
-        yield _synced(*pending)
+# ---- digests and the hashing pool -----------------------------------------------------------------
+def default_workers() -> int:
+    """Chunks hashed in parallel per stream by default: the usable cores, at most 8 (8 x ~1.4 GB/s
+    of SHA-256 is well above what one gRPC stream carries); 0 (inline) on one core."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, n) if n > 1 else 0
 
 
-def _synced(host: torch.Tensor, ev) -> torch.Tensor:
-    if ev is not None:
-        ev.synchronize()
-    return host
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 
-def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int, tensors=None,
-           specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
-           engine: int = 0):
-    """Yields the header, then each data chunk as a list of memoryview pieces, then the trailer."""
-    if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
-        raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
-    if tensors is not None and specs is None and tensor_source is None:
-        tensors = list(tensors)
-        specs, tensor_source = [TensorDesc.of(t) for t in tensors], (t.tensor for t in tensors)
-    elif tensors is not None or specs is None or tensor_source is None:
-        raise ValueError("pass either tensors=, or specs= together with tensor_source=")
-    specs = [TensorDesc(s.name, kind_value(s.kind), s.dtype, tuple(s.shape)) for s in specs]
-    names = [s.name for s in specs]
-    if "" in names or len(set(names)) != len(names):
-        raise ValueError(f"tensor names must be unique and non-empty: {names}")
-    bad = [(s.name, s.dtype) for s in specs if s.dtype not in _TO_PB]
-    if bad:
-        raise ValueError(f"unsupported dtypes {bad}; the wire carries float32, bfloat16, float16")
-    total = sum(s.nbytes for s in specs)
-    yield state_pb2.StateChunk(header=state_pb2.StateHeader(
-        format_version=FORMAT_VERSION, session_id=session_id, model_fingerprint=fingerprint,
-        position=position, next_token=next_token, tensors=[s.to_proto() for s in specs],
-        total_bytes=total, mode=mode, engine=engine))
-    digest, pieces, filled, chunks = hashlib.sha256(), [], 0, 0
-    for host in _host_tensors(specs, tensor_source):
-        mv, off = byte_view(host), 0
-        while off < len(mv):
-            piece = mv[off:off + chunk_bytes - filled]
-            digest.update(piece)  # NOTE: releases the GIL for large pieces
-            pieces.append(piece)
-            filled, off = filled + len(piece), off + len(piece)
-            if filled == chunk_bytes:
-                yield pieces
-                pieces, filled, chunks = [], 0, chunks + 1
-    if pieces:
-        yield pieces
-        chunks += 1
-    yield state_pb2.StateChunk(trailer=state_pb2.StateTrailer(
-        sha256=digest.digest(), total_bytes=total, data_chunks=chunks))
+def _pool() -> ThreadPoolExecutor:
+    """The process's hashing pool (both directions share it), made on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max(1, default_workers()), thread_name_prefix="baton-wire-hash")
+        return _POOL
 
 
-def encode_state(*, session_id: str, fingerprint: str, position: int, next_token: int,
-                 tensors: Iterable[WireTensor] | None = None,
-                 specs: Iterable[TensorDesc] | None = None,
-                 tensor_source: Iterable[torch.Tensor] | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0, engine: int = 0,
-                 ) -> Iterator[state_pb2.StateChunk]:
-    """Header, data chunks of <= chunk_bytes, trailer. Give either `tensors` (all known now), or
-    `specs` (the table) plus `tensor_source` yielding each tensor in table order once it is final:
-    the header goes out first and each tensor is read only when its bytes are due. A CUDA tensor
-    must be final on the current stream (D2H copies are queued there). Wrap in pipelined() to send."""
-    for p in _parts(session_id=session_id, fingerprint=fingerprint, position=position,
-                    next_token=next_token, tensors=tensors, specs=specs, tensor_source=tensor_source,
-                    chunk_bytes=chunk_bytes, mode=mode, engine=engine):
-        yield state_pb2.StateChunk(data=b"".join(p)) if isinstance(p, list) else p
+def _forget_pool() -> None:  # a forked child has the pool object but none of its threads
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
 
 
-def encode_state_frames(**kw) -> Iterator[bytes]:
-    """encode_state(**kw) with every StateChunk already serialized, for a channel method made with
-    request_serializer=None. Data frames are framed by hand straight from tensor memory (one copy,
-    no protobuf object) and parse as the identical StateChunk."""
-    for p in _parts(**kw):
-        if isinstance(p, list):
-            yield b"".join([_DATA_TAG, _varint(sum(len(x) for x in p)), *p])
-        else:
-            yield p.SerializeToString()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def ordered_map(fn: Callable, items: Iterable[tuple], workers: int) -> Iterator:
+    """fn(*item) for each item, in order, with up to `workers + 2` calls running ahead in the pool
+    (workers == 0: inline). Closing the iterator cancels the calls not yet started."""
+    if workers <= 0:
+        for it in items:
+            yield fn(*it)
+        return
+    pool, window = _pool(), collections.deque()
+    try:
+        for it in items:
+            window.append(pool.submit(fn, *it))
+            if len(window) > workers + 2:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:
+        for f in window:
+            f.cancel()
+
+
+class Manifest:
+    """The trailer's manifest_sha256, built incrementally from the header and the chunk digests in order."""
+
+    def __init__(self, header: state_pb2.StateHeader):
+        self._h = hashlib.sha256(MANIFEST_TAG)
+        self._h.update(hashlib.sha256(header.SerializeToString(deterministic=True)).digest())
+        self.chunks = 0
+
+    def add(self, chunk_digest: bytes) -> None:
+        self._h.update(chunk_digest)
+        self.chunks += 1
+
+    def digest(self, total_bytes: int) -> bytes:
+        h = self._h.copy()
+        h.update(struct.pack("<QQ", total_bytes, self.chunks))
+        return h.digest()
 
 
 def _varint(n: int) -> bytes:
@@ -211,18 +201,31 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _data_frame(buf) -> memoryview | None:
-    """The payload of a serialized StateChunk that is exactly one data field, else None."""
-    mv = memoryview(buf)
-    if len(mv) < 2 or mv[0] != 0x12:
-        return None
-    n, shift, i = 0, 0, 1
-    while i < min(len(mv), 11):
+def _read_varint(mv: memoryview, i: int) -> tuple[int, int] | None:
+    n, shift, end = 0, 0, min(len(mv), i + 10)
+    while i < end:
         b = mv[i]
         n, i, shift = n | (b & 0x7F) << shift, i + 1, shift + 7
         if b < 0x80:
-            return mv[i:] if len(mv) - i == n else None
+            return n, i
     return None
+
+
+def _data_frame(buf) -> tuple[memoryview, int, bytes] | None:
+    """(data, chunk_index, chunk_sha256) of a serialized data StateChunk in the canonical layout that
+    the sender writes (no copy of data), else None (the caller then parses it with protobuf)."""
+    mv = memoryview(buf)
+    if len(mv) < 2 or mv[0] != 0x12 or (r := _read_varint(mv, 1)) is None:
+        return None
+    n, i = r
+    data, j, index = mv[i:i + n], i + n, 0
+    if j < len(mv) and mv[j] == 0x20:
+        if (r := _read_varint(mv, j + 1)) is None:
+            return None
+        index, j = r
+    if len(data) != n or len(mv) != j + 2 + DIGEST_BYTES or bytes(mv[j:j + 2]) != _SHA_TAG:
+        return None
+    return data, index, bytes(mv[j + 2:])
 
 
 def pipelined(items: Iterable, depth: int = 2) -> Iterator:
@@ -290,7 +293,9 @@ class BridgeStats:
 
 
 
-# The receiving side lives in baton/wire_receive.py; re-exported so `baton.wire` stays the one API.
+# The two sides live in baton/wire_send.py and baton/wire_receive.py; re-exported so `baton.wire`
+# stays the one API.
+from baton.wire_send import encode_state, encode_state_frames  # noqa: E402,F401
 from baton.wire_receive import (  # noqa: E402,F401
     LayoutEntry, ExpectedLayout, ReceivedState, StateReceiver, decode_stream,
 )

@@ -1,21 +1,31 @@
-"""State wire format, receiving side: validate the header, fill preallocated buffers, verify the trailer.
+"""State wire format, receiving side: validate the header, verify and place each chunk, verify the manifest.
 
-StateReceiver(expected, fingerprint=, max_total_bytes=); feed(chunk) per message; finish() validates the
-header before allocating anything, writes bytes straight into per-tensor CPU buffers, hashes as it goes,
-and returns a ReceivedState only when everything verified (see baton/wire.py for the stream layout).
+StateReceiver(expected, fingerprint=, max_total_bytes=); feed(chunk) per message; finish(). The header
+is validated before anything is allocated. Each data chunk's index and size are checked on arrival (in
+order, exact sizes from the header's chunk_bytes); the pool then verifies its SHA-256 and copies it into
+the per-tensor CPU buffers (numpy copies: no GIL) while later chunks arrive, at most 2 * workers + 2
+chunks in flight. The trailer is checked after every chunk verified: counts, then the manifest over the
+header and the chunk digests in order. finish() returns a ReceivedState only when all of that passed
+(see baton/wire.py for the stream layout); any failure waits for the pool's copies, then drops every buffer.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import hashlib
 import hmac
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
 import torch
 
+import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
-from baton.wire import (BridgeStats, FORMAT_VERSION, MAX_CHUNK_BYTES, StateCorrupt, StateError, StateInvalid, StateMismatch, TensorDesc, _FROM_PB, _KV_KINDS, _data_frame, byte_view, kind_value, pipelined)
+from baton.wire import (BridgeStats, DIGEST_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest,
+                        StateCorrupt, StateError, StateInvalid, StateMismatch, TensorDesc, _FROM_PB, _KV_KINDS,
+                        _data_frame, _pool, byte_view, default_workers, kind_value, pipelined)
 
 
 @dataclass(frozen=True)
@@ -71,22 +81,26 @@ class ReceivedState:
 
 
 class StateReceiver:
-    """One stream: header -> data ... -> trailer (verified) -> finish(). Any StateError drops the
-    buffers and leaves the receiver failed. `alloc(shape, dtype)` may supply the CPU buffers
-    (pinned or reused memory); it is called only after the header passed validation."""
+    """One stream: header -> data ... -> trailer (verified) -> finish(). Any StateError waits for the
+    pool's work on this stream, drops the buffers and leaves the receiver failed. `alloc(shape, dtype)`
+    may supply the CPU buffers (pinned or reused memory); it is called only after the header passed
+    validation. `workers`: chunks verified in parallel (None: wire.default_workers(), 0: inline)."""
 
     def __init__(self, expected: ExpectedLayout, *, fingerprint: str, max_total_bytes: int,
-                 alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None):
+                 alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+                 workers: int | None = None):
         self.expected, self.fingerprint, self.max_total_bytes = expected, fingerprint, max_total_bytes
         self._alloc = alloc or (lambda shape, dtype: torch.empty(shape, dtype=dtype))
+        self._workers = default_workers() if workers is None else workers
         self._header, self._specs = None, []
         self._tensors: dict[str, torch.Tensor] = {}
-        self._views: list[memoryview] = []  # uint8 views of the buffers, table order
-        self._cursor = (0, 0)               # (tensor index, byte offset within it)
-        self._digest = hashlib.sha256()
-        self._total = self.received = self.chunks = 0
+        self._arrays: list[np.ndarray] = []  # flat uint8 views of the buffers, table order
+        self._cursor = (0, 0)                # (tensor index, byte offset within it)
+        self._inflight: collections.deque = collections.deque()  # pool futures, chunk order
+        self._manifest: Manifest | None = None
+        self._total = self._chunk_bytes = self._expected_chunks = self.received = self.chunks = 0
         self._t0: float | None = None
-        self._done = self._closed = False   # trailer verified / failed or finished
+        self._done = self._closed = False    # trailer verified / failed or finished
 
     def feed(self, chunk: state_pb2.StateChunk | bytes) -> None:
         """The next message of the stream: a StateChunk or its serialized bytes."""
@@ -94,9 +108,9 @@ class StateReceiver:
         try:
             if self._closed:
                 raise StateCorrupt("chunk fed to a receiver that already failed or finished")
-            data = None if isinstance(chunk, state_pb2.StateChunk) else _data_frame(chunk)
-            if data is not None:
-                return self._on_data(data)
+            frame = None if isinstance(chunk, state_pb2.StateChunk) else _data_frame(chunk)
+            if frame is not None:
+                return self._on_data(*frame)
             if not isinstance(chunk, state_pb2.StateChunk):
                 try:
                     chunk = state_pb2.StateChunk.FromString(bytes(chunk))
@@ -104,8 +118,10 @@ class StateReceiver:
                     raise StateCorrupt(f"message after {self.chunks} data chunks: unparsable ({e})") from None
             part = chunk.WhichOneof("part")
             if part == "data":
-                self._on_data(memoryview(chunk.data))
-            elif part == "header":
+                return self._on_data(memoryview(chunk.data), chunk.chunk_index, chunk.chunk_sha256)
+            if chunk.chunk_index or chunk.chunk_sha256:
+                raise StateCorrupt(f"chunk_index/chunk_sha256 set on a {part or 'empty'} message")
+            if part == "header":
                 self._on_header(chunk.header)
             elif part == "trailer":
                 self._on_trailer(chunk.trailer)
@@ -127,6 +143,8 @@ class StateReceiver:
             raise StateInvalid(f"position {h.position} exceeds the window max_position={lay.max_position}")
         if h.total_bytes > self.max_total_bytes:
             raise StateInvalid(f"total_bytes {h.total_bytes} exceeds the limit {self.max_total_bytes}")
+        if not 0 < h.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise StateInvalid(f"chunk_bytes {h.chunk_bytes} not in 1..{MAX_CHUNK_BYTES}")
         specs: dict[str, TensorDesc] = {}
         for i, s in enumerate(h.tensors):
             where, e = f"tensors[{i}] {s.name!r}", lay.entries.get(s.name)
@@ -153,42 +171,63 @@ class StateReceiver:
             if t.dtype != d.dtype or tuple(t.shape) != d.shape or t.device.type != "cpu" or not t.is_contiguous():
                 raise ValueError(f"alloc returned {t.dtype} {tuple(t.shape)} on {t.device} for {d.name}")
             self._tensors[d.name] = t
-            self._views.append(byte_view(t))
+            self._arrays.append(np.asarray(byte_view(t)))
         self._header, self._specs, self._total = h, list(specs.values()), total
+        self._chunk_bytes, self._expected_chunks = h.chunk_bytes, -(-total // h.chunk_bytes)
+        self._manifest = Manifest(h)
 
-    def _on_data(self, mv: memoryview) -> None:
-        n = len(mv)
+    def _on_data(self, mv: memoryview, index: int, digest: bytes) -> None:
+        n, i = len(mv), self.chunks
         if self._header is None or self._done:
             raise StateCorrupt(f"data chunk {'before the header' if self._header is None else 'after the trailer'}")
-        if not 0 < n <= MAX_CHUNK_BYTES:
-            raise StateCorrupt(f"data chunk {self.chunks}: {n} bytes (allowed 1..{MAX_CHUNK_BYTES})")
-        if self.received + n > self._total:
-            raise StateCorrupt(f"data chunk {self.chunks}: {self.received + n} bytes, more than the "
-                               f"declared total_bytes {self._total}")
-        self._digest.update(mv)  # NOTE: releases the GIL; the copy below then reads cache-hot bytes
-        (ti, off), pos = self._cursor, 0
-        while pos < n:
-            dst = self._views[ti]
+        if i >= self._expected_chunks:
+            raise StateCorrupt(f"data chunk {i}: more than the declared total_bytes {self._total} "
+                               f"({self._expected_chunks} chunks of chunk_bytes {self._chunk_bytes})")
+        if index != i:
+            raise StateCorrupt(f"data chunk {i}: chunk_index {index} (chunks lost or out of order)")
+        want = min(self._chunk_bytes, self._total - i * self._chunk_bytes)
+        if n != want:
+            raise StateCorrupt(f"data chunk {i}: {n} bytes, expected {want} (chunk_bytes {self._chunk_bytes}, "
+                               f"total_bytes {self._total})")
+        if len(digest) != DIGEST_BYTES:
+            raise StateCorrupt(f"data chunk {i}: chunk_sha256 has {len(digest)} bytes, expected {DIGEST_BYTES}")
+        (ti, off), pos, spans = self._cursor, 0, []
+        while pos < n:   # where this chunk's bytes go: [(dst array, dst offset, src offset, length)]
+            dst = self._arrays[ti]
             take = min(len(dst) - off, n - pos)
-            dst[off:off + take] = mv[pos:pos + take]
+            spans.append((dst, off, pos, take))
             pos, off = pos + take, off + take
             if off == len(dst):
                 ti, off = ti + 1, 0
         self._cursor = (ti, off)
         self.received += n
         self.chunks += 1
+        if self._workers > 0 and n >= _wire.PARALLEL_MIN_BYTES:
+            self._inflight.append(_pool().submit(_verify_and_place, i, mv, digest, spans))
+            self._settle(keep=2 * self._workers + 2)
+        else:
+            self._settle(keep=0)
+            self._manifest.add(_verify_and_place(i, mv, digest, spans))
+
+    def _settle(self, keep: int) -> None:
+        """Collects finished chunk verifications in order (waiting while more than `keep` are in flight);
+        the first failed chunk raises its StateCorrupt."""
+        q = self._inflight
+        while q and (len(q) > keep or q[0].done()):
+            self._manifest.add(q.popleft().result())
 
     def _on_trailer(self, tr) -> None:
         if self._header is None or self._done:
             raise StateCorrupt(f"trailer {'before the header' if self._header is None else 'repeated'}")
         if self.received != self._total:
             raise StateCorrupt(f"truncated: trailer after {self.received} of {self._total} bytes")
+        self._settle(keep=0)
         if tr.total_bytes != self._total:
             raise StateCorrupt(f"trailer total_bytes {tr.total_bytes} != header total_bytes {self._total}")
         if tr.data_chunks != self.chunks:
             raise StateCorrupt(f"trailer data_chunks {tr.data_chunks} != {self.chunks} received")
-        if not hmac.compare_digest(tr.sha256, self._digest.digest()):
-            raise StateCorrupt("sha256 mismatch: tensor bytes corrupted in transit")
+        if not hmac.compare_digest(tr.manifest_sha256, self._manifest.digest(self._total)):
+            raise StateCorrupt("manifest_sha256 mismatch: the header or the chunk list was altered in transit")
         self._done = True
 
     def finish(self) -> ReceivedState:
@@ -205,28 +244,54 @@ class StateReceiver:
             self._fail()
             raise
         h, tensors, self._closed = self._header, self._tensors, True
-        self._tensors, self._views = {}, []
+        self._tensors, self._arrays = {}, []
         stats = BridgeStats.from_specs(self._specs, tokens=h.position, chunks=self.chunks,
                                        seconds=time.perf_counter() - self._t0)
         return ReceivedState(h.session_id, h.model_fingerprint, h.position, h.next_token, h.mode,
                              h.engine, tuple(self._specs), tensors, stats)
 
+    def abort(self) -> None:
+        """Ends the stream unverified (the caller stopped feeding it: cancelled, error): as a failure."""
+        if not self._closed:
+            self._fail()
+
     def _fail(self) -> None:
         self._closed = True
-        self._tensors, self._views = {}, []  # NOTE: drop every partial buffer
+        for f in self._inflight:
+            f.cancel()
+        # NOTE: wait for copies already running: the buffers may be the caller's (alloc) and reused
+        concurrent.futures.wait(self._inflight)
+        self._inflight.clear()
+        self._tensors, self._arrays = {}, []  # NOTE: drop every partial buffer
+
+
+def _verify_and_place(index: int, mv: memoryview, digest: bytes, spans: list) -> bytes:
+    """Pool task for one data chunk: SHA-256 (no GIL), compare, then copy into its spans (numpy: no GIL)."""
+    got = hashlib.sha256(mv).digest()
+    if not hmac.compare_digest(got, digest):
+        raise StateCorrupt(f"data chunk {index}: chunk_sha256 mismatch: tensor bytes corrupted in transit")
+    src = np.frombuffer(mv, dtype=np.uint8)
+    for dst, off, pos, take in spans:
+        np.copyto(dst[off:off + take], src[pos:pos + take])
+    return got
 
 
 def decode_stream(chunks: Iterable[state_pb2.StateChunk | bytes], expected: ExpectedLayout,
-                  fingerprint: str, max_total_bytes: int, *, alloc=None, ahead: int = 2) -> ReceivedState:
+                  fingerprint: str, max_total_bytes: int, *, alloc=None, ahead: int = 2,
+                  workers: int | None = None) -> ReceivedState:
     """Feeds a whole stream through a StateReceiver; returns the verified state. With ahead > 0 the
-    messages are pulled on a helper thread (pipelined) so receiving overlaps hashing and copying;
-    the input is closed on return or failure, which also ends that thread."""
-    rx = StateReceiver(expected, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc)
+    messages are pulled on a helper thread (pipelined), so receiving overlaps the receiver's own
+    checks; the input is closed on return or failure, which also ends that thread."""
+    rx = StateReceiver(expected, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc,
+                       workers=workers)
     it = pipelined(chunks, ahead) if ahead > 0 else iter(chunks)
     try:
         for c in it:
             rx.feed(c)
         return rx.finish()
+    except BaseException:
+        rx.abort()    # NOTE: e.g. the client cancelled mid-stream: no pool copy outlives this call
+        raise
     finally:
         if hasattr(it, "close"):
             it.close()

@@ -1,5 +1,5 @@
 """State hand-off prefill -> decode over real loopback gRPC: exact tokens, bitwise state, MTP policy,
-migration (ExportState), failures of the target."""
+migration (ExportState), failures of the target, tampered streams."""
 import random
 import time
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton import handoff
+from baton import handoff, wire
 from baton.complete import complete
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
 from baton.runner import ModelRunner
 from baton.settings import Settings
-from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
 from baton.wire import StateCorrupt, StateInvalid
 from decode_worker.service import SERVICE as DECODE, DecodeServicer, add_to_server, serve_decode
 from prefill_worker.service import serve_prefill
@@ -188,6 +188,70 @@ def test_receive_state_mtp_entries_are_optional_both_ways(lm):
                               **handoff.layout_of(with_mtp.state), fingerprint="fp")
     with pytest.raises(StateCorrupt):
         handoff.receive_state([], **handoff.layout_of(with_mtp.state), fingerprint="fp")
+
+
+# ---------------------------------------------------------------- tampered streams (format 2)
+def _frames(w, sid, **over) -> list[bytes]:
+    """A valid serialized LoadState stream of PROMPTS[1] (8 KiB chunks), stream_state overrides applied."""
+    eng = w["ps"].engine
+    s, _ = eng.prefill(PROMPTS[1], session_id=sid + "-src")
+    try:
+        tensors, pos, nxt = eng.export(s.id)
+        kw = dict(session_id=sid, fingerprint=w["ps"].fingerprint, position=pos, next_token=nxt, chunk_bytes=8192)
+        return list(handoff.stream_state(tensors, **kw | over, frames=True))
+    finally:
+        eng.release(s.id)
+
+
+def _edit(frame: bytes, fn) -> bytes:
+    c = state_pb2.StateChunk.FromString(frame)
+    fn(c)
+    return c.SerializeToString()
+
+
+def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, monkeypatch):
+    """Raw frames (the prefill worker's own path) to the real decode worker's LoadState: corrupt, reordered,
+    dropped or truncated chunks and an altered header are DATA_LOSS; another model or format version is
+    FAILED_PRECONDITION; the decode worker keeps nothing. Chunks are verified in its hashing pool."""
+    monkeypatch.setattr(wire, "PARALLEL_MIN_BYTES", 1)    # the receiver is in this process: use the pool
+    good = _frames(workers, "t")
+    n = len(good) - 2
+    assert n >= 4 and wire._data_frame(good[2]) is not None
+    flip = bytearray(good[2])
+    flip[100] ^= 0x04
+
+    def reindexed(i, j):   # chunks i and j swapped, each with the other's index: per-chunk digests still hold
+        out = list(good)
+        out[i + 1] = _edit(good[j + 1], lambda c: setattr(c, "chunk_index", i))
+        out[j + 1] = _edit(good[i + 1], lambda c: setattr(c, "chunk_index", j))
+        return out
+
+    def header(**f):
+        return [_edit(good[0], lambda c: [setattr(c.header, k, v) for k, v in f.items()])] + good[1:]
+
+    cases = {
+        "corrupt chunk": (good[:2] + [bytes(flip)] + good[3:], "DATA_LOSS", "data chunk 1: chunk_sha256 mismatch"),
+        "reordered chunks": (good[:1] + [good[2], good[1]] + good[3:], "DATA_LOSS", "data chunk 0: chunk_index 1"),
+        "reordered, indices rewritten": (reindexed(0, 1), "DATA_LOSS", "manifest_sha256 mismatch"),
+        "dropped chunk": (good[:2] + good[3:], "DATA_LOSS", "data chunk 1: chunk_index 2"),
+        "truncated: no trailer": (good[:-1], "DATA_LOSS", "before the trailer"),
+        "truncated: last chunk": (good[:-2] + good[-1:], "DATA_LOSS", "truncated"),
+        "altered header": (header(next_token=3), "DATA_LOSS", "manifest_sha256 mismatch"),
+        "foreign fingerprint": (_frames(workers, "t", fingerprint="sha256:" + "0" * 64), "FAILED_PRECONDITION",
+                                "model_fingerprint"),
+        "format_version 1": (header(format_version=1), "FAILED_PRECONDITION", "format_version 1; this worker speaks 2"),
+    }
+    with make_channel(workers["target"], Settings()) as ch:
+        load = ch.stream_unary(handoff.LOAD_STATE, request_serializer=None,
+                               response_deserializer=decode_pb2.LoadStateResponse.FromString)
+        for what, (frames, code, msg) in cases.items():
+            with pytest.raises(grpc.RpcError) as ei:
+                load(iter(frames), timeout=T)
+            assert (ei.value.code().name, msg in ei.value.details()) == (code, True), (what, ei.value.details())
+            assert workers["ds"].engine.session_count() == 0, what
+        r = load(iter(good), timeout=T)                 # the intact stream loads
+        assert (r.session_id, r.bridge.chunks) == ("t", n)
+        workers["D"].Release(common_pb2.ReleaseRequest(session_id="t"), timeout=T)
 
 
 # ---------------------------------------------------------------- failures of the target

@@ -1,6 +1,8 @@
-"""baton.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code."""
+"""baton.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code.
+Every test runs twice: chunks verified inline, and in the hashing pool (PARALLEL_MIN_BYTES = 1)."""
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 import time
@@ -15,6 +17,12 @@ from baton.v1 import common_pb2, state_pb2 as pb
 
 FP = "sha256:test-model"
 POS = 7
+
+
+@pytest.fixture(autouse=True, params=["inline", "pool"])
+def hashing(request, monkeypatch):
+    monkeypatch.setattr(wire, "PARALLEL_MIN_BYTES", 1 if request.param == "pool" else 1 << 40)
+    return request.param
 
 
 def make_tensors(seed: int = 0, pos: int = POS) -> list[wire.WireTensor]:
@@ -52,12 +60,25 @@ def assert_bitwise(state, tensors=TENSORS):
         assert torch.equal(got.view(torch.uint8), t.tensor.contiguous().view(torch.uint8)), t.name
 
 
+def copied(msg, **fields):
+    c = pb.StateChunk()
+    c.CopyFrom(msg)
+    for k, v in fields.items():
+        setattr(c, k, v)
+    return c
+
+
 def with_header(chunks, **fields):
-    h = pb.StateChunk()
-    h.CopyFrom(chunks[0])
+    h = copied(chunks[0])
     for k, v in fields.items():
         setattr(h.header, k, v)
     return [h] + chunks[1:]
+
+
+def flipped(data: bytes, at: int) -> bytes:
+    b = bytearray(data)
+    b[at] ^= 0x01
+    return bytes(b)
 
 
 def expect(exc, code, chunks, match=None, **kw):
@@ -75,6 +96,10 @@ def test_round_trip_bitwise_across_chunk_sizes(chunk_bytes):
     assert [c.WhichOneof("part") for c in (chunks[0], chunks[-1])] == ["header", "trailer"]
     assert all(0 < len(d) <= chunk_bytes for d in data) and sum(map(len, data)) == TOTAL
     assert len(data) == -(-TOTAL // chunk_bytes)  # chunks span tensor boundaries: none is short early
+    assert [c.chunk_index for c in chunks[1:-1]] == list(range(len(data)))
+    assert [c.chunk_sha256 for c in chunks[1:-1]] == [hashlib.sha256(d).digest() for d in data]
+    assert chunks[0].header.chunk_bytes == chunk_bytes and chunks[0].header.format_version == 2
+    assert chunks[-1].trailer.data_chunks == len(data) and len(chunks[-1].trailer.manifest_sha256) == 32
     st = decode(chunks)
     assert_bitwise(st)
     assert (st.session_id, st.fingerprint, st.position, st.next_token) == ("s1", FP, POS, 11)
@@ -108,7 +133,7 @@ def test_lazy_source_is_read_only_after_the_header_is_sent():
             touched.append(t.name)
             yield t.tensor
 
-    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=11, chunk_bytes=64,
                            specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source())
     assert next(it).WhichOneof("part") == "header" and touched == []
     assert_bitwise(decode([encode()[0], *it]))
@@ -137,14 +162,92 @@ def test_pipelined_reraises_producer_errors():
         next(it)
 
 
+def test_non_canonical_data_frames_are_parsed_by_protobuf():
+    """Fields in another order (valid protobuf, not what the sender writes): the slow path, same result."""
+    frames = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+                                           tensors=TENSORS, chunk_bytes=64))
+    for i in range(1, len(frames) - 1):
+        c = pb.StateChunk.FromString(frames[i])
+        sha = pb.StateChunk(chunk_sha256=c.chunk_sha256).SerializeToString()
+        idx = pb.StateChunk(chunk_index=c.chunk_index).SerializeToString()
+        frames[i] = sha + idx + pb.StateChunk(data=c.data).SerializeToString()
+        assert wire._data_frame(frames[i]) is None
+    assert_bitwise(decode(frames))
+
+
 # ---- corruption: DATA_LOSS ----------------------------------------------------------------------
 @pytest.mark.parametrize("index", [1, 3, 6, 7])
 def test_flipped_byte_in_any_data_chunk_is_data_loss(index):
-    chunks = encode(64)  # 7 data chunks: indices 1..7
-    b = bytearray(chunks[index].data)
-    b[len(b) // 2] ^= 0x01
-    chunks[index] = pb.StateChunk(data=bytes(b))
-    expect(wire.StateCorrupt, "DATA_LOSS", chunks, match="sha256")
+    chunks = encode(64)  # 7 data chunks: messages 1..7
+    chunks[index] = copied(chunks[index], data=flipped(chunks[index].data, len(chunks[index].data) // 2))
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks, match=f"data chunk {index - 1}: chunk_sha256 mismatch")
+
+
+@pytest.mark.parametrize("frames", [False, True])
+def test_flipped_bit_anywhere_in_a_data_frame_is_data_loss(frames):
+    """Every byte of a serialized data chunk (tag, length, data, index, digest) flipped in turn."""
+    good = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+                                         tensors=TENSORS, chunk_bytes=64))
+    for i in range(len(good[2])):
+        bad = good[:2] + [flipped(good[2], i)] + good[3:]
+        expect(wire.StateCorrupt, "DATA_LOSS", bad if frames else [pb.StateChunk.FromString(bad[0])] + bad[1:])
+
+
+def test_flipped_chunk_digest_is_data_loss():
+    chunks = encode(64)
+    chunks[2] = copied(chunks[2], chunk_sha256=flipped(chunks[2].chunk_sha256, 5))
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks, match="data chunk 1: chunk_sha256 mismatch")
+    chunks[2] = copied(chunks[2], chunk_sha256=b"")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks, match="chunk_sha256 has 0 bytes")
+
+
+def test_reordered_duplicated_or_dropped_chunks_are_data_loss():
+    chunks = encode(64)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:1] + [chunks[2], chunks[1]] + chunks[3:],
+           match="data chunk 0: chunk_index 1")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:3] + chunks[2:], match="data chunk 2: chunk_index 1")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + chunks[3:], match="data chunk 1: chunk_index 2")
+
+
+def test_reordered_chunks_with_rewritten_indices_fail_the_manifest():
+    """Each chunk intact and the indices made consecutive again: only the manifest (the ordered
+    digest list) can tell, and it does."""
+    chunks = encode(64)
+    a, b = chunks[2], chunks[3]  # both full 64-byte chunks
+    chunks[2], chunks[3] = copied(b, chunk_index=a.chunk_index), copied(a, chunk_index=b.chunk_index)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks, match="manifest_sha256 mismatch")
+
+
+@pytest.mark.parametrize("field,value", [("next_token", 12), ("session_id", "s2"), ("mode", 1), ("engine", 2)])
+def test_altered_header_fails_the_manifest(field, value):
+    """A header field that no size check covers (the digest of v1 covered only tensor bytes)."""
+    expect(wire.StateCorrupt, "DATA_LOSS", with_header(encode(64), **{field: value}), match="manifest_sha256")
+
+
+def test_altered_manifest_is_data_loss():
+    chunks = encode(64)
+    tr = copied(chunks[-1])
+    tr.trailer.manifest_sha256 = flipped(tr.trailer.manifest_sha256, 0)
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [tr], match="manifest_sha256 mismatch")
+    tr.trailer.manifest_sha256 = b""
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [tr], match="manifest_sha256 mismatch")
+
+
+def test_chunk_sizes_must_follow_chunk_bytes():
+    """Same bytes, cut differently from what the header declares: refused on arrival."""
+    other = encode(50)
+    expect(wire.StateCorrupt, "DATA_LOSS", encode(64)[:1] + other[1:], match="data chunk 0: 50 bytes, expected 64")
+    short = encode(64)
+    short[1] = copied(short[1], data=short[1].data[:-1])
+    expect(wire.StateCorrupt, "DATA_LOSS", short, match="data chunk 0: 63 bytes, expected 64")
+
+
+def test_index_or_digest_on_header_or_trailer_is_data_loss():
+    chunks = encode(64)
+    expect(wire.StateCorrupt, "DATA_LOSS", [copied(chunks[0], chunk_index=3)] + chunks[1:],
+           match="set on a header message")
+    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [copied(chunks[-1], chunk_sha256=b"x" * 32)],
+           match="set on a trailer message")
 
 
 def test_missing_last_data_chunk_is_data_loss():
@@ -173,8 +276,6 @@ def test_more_bytes_than_declared_and_out_of_order_are_data_loss():
     chunks = encode(64)
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [pb.StateChunk(data=b"x")] + chunks[-1:],
            match="more than the declared")
-    swapped = chunks[:1] + [chunks[2], chunks[1]] + chunks[3:]
-    expect(wire.StateCorrupt, "DATA_LOSS", swapped, match="sha256")
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + [pb.StateChunk()], match="no part")
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + [b"\xff\xff\xff"], match="unparsable")
 
@@ -187,6 +288,40 @@ def test_trailer_counts_must_match():
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [tr], match="data_chunks")
 
 
+def test_failure_or_abort_with_chunks_in_flight_waits_for_them_and_writes_nothing_after(hashing):
+    """A corrupt chunk among many in the pool: the error names it, and once feed() raised no pool task
+    still writes into the caller's buffers (they may be reused for the next stream)."""
+    g = torch.Generator().manual_seed(3)
+    ts = [wire.WireTensor(f"r{i}", pb.GDN_RECURRENT, torch.randn(64, 1024, generator=g)) for i in range(8)]
+    lay = wire.ExpectedLayout.from_tensors(ts, 0)
+    chunks = list(wire.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
+                                    chunk_bytes=96 << 10))
+    chunks[4] = copied(chunks[4], data=flipped(chunks[4].data, 7))
+    bufs = []
+    rx = wire.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
+                            alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1])
+    with pytest.raises(wire.StateCorrupt, match="data chunk 3: chunk_sha256 mismatch"):
+        for c in chunks:
+            rx.feed(c)
+    assert not rx._inflight and rx._tensors == {}
+    before = [b.clone() for b in bufs]
+    time.sleep(0.05)
+    assert all(torch.equal(x, y) for x, y in zip(before, bufs))
+    # the caller stops feeding (the client cancelled): abort() waits for the pool the same way
+    bufs.clear()
+    rx = wire.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
+                            alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1])
+    for c in chunks[:4]:
+        rx.feed(c)
+    rx.abort()
+    assert not rx._inflight and rx._tensors == {}
+    before = [b.clone() for b in bufs]
+    time.sleep(0.05)
+    assert all(torch.equal(x, y) for x, y in zip(before, bufs))
+    with pytest.raises(wire.StateCorrupt, match="already failed or finished"):
+        rx.feed(chunks[4])
+
+
 def test_failed_receiver_keeps_nothing_and_refuses_more():
     chunks = encode(64)
     rx = wire.StateReceiver(LAYOUT, fingerprint=FP, max_total_bytes=1 << 20)
@@ -194,7 +329,7 @@ def test_failed_receiver_keeps_nothing_and_refuses_more():
     rx.feed(chunks[1])
     with pytest.raises(wire.StateCorrupt):
         rx.feed(chunks[-1])  # trailer too early
-    assert rx._tensors == {} and rx._views == []
+    assert rx._tensors == {} and rx._arrays == []
     with pytest.raises(wire.StateCorrupt):
         rx.feed(chunks[2])
     with pytest.raises(wire.StateCorrupt):
@@ -206,9 +341,14 @@ def test_fingerprint_mismatch():
     expect(wire.StateMismatch, "FAILED_PRECONDITION", encode(fingerprint="sha256:other"), match="fingerprint")
 
 
-def test_format_version_mismatch():
-    expect(wire.StateMismatch, "FAILED_PRECONDITION", with_header(encode(), format_version=2),
-           match="format_version")
+@pytest.mark.parametrize("version", [0, 1, 3])
+def test_format_version_mismatch(version):
+    """Older (v1: one serial SHA-256), newer or unset: refused at the header, before any allocation."""
+    calls = []
+    with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 2") as e:
+        decode(with_header(encode(), format_version=version),
+               alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d))
+    assert e.value.code == "FAILED_PRECONDITION" and calls == []
 
 
 # ---- invalid table: INVALID_ARGUMENT, before any allocation -------------------------------------
@@ -238,6 +378,11 @@ def test_header_lying_about_sizes_is_refused_before_allocation():
     h = with_header(chunks)
     h[0].header.tensors[2].shape[1] = 8  # KV rows must equal position
     invalid_before_alloc(h, "'layers.1.key': shape")
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, wire.MAX_CHUNK_BYTES + 1])
+def test_chunk_bytes_out_of_range_is_refused_before_allocation(chunk_bytes):
+    invalid_before_alloc(with_header(encode(), chunk_bytes=chunk_bytes), f"chunk_bytes {chunk_bytes} not in")
 
 
 def test_table_names_kinds_dtypes_checked():
@@ -291,10 +436,11 @@ def test_over_loopback_grpc():
             assert dict(report.bytes_by_kind)["attn_kv"] == 224
             assert_bitwise(wire.ReceivedState("s1", FP, POS, 11, 0, 0, (), received, None))
             bad = encode(50)
-            bad[2] = pb.StateChunk(data=bytes(50))
+            bad[2] = copied(bad[2], data=bytes(50))
             with pytest.raises(grpc.RpcError) as e:
                 call(iter(bad), timeout=10)
-            assert e.value.code() == grpc.StatusCode.DATA_LOSS and "sha256" in e.value.details()
+            assert e.value.code() == grpc.StatusCode.DATA_LOSS
+            assert "data chunk 1: chunk_sha256 mismatch" in e.value.details()
             with pytest.raises(grpc.RpcError) as e:
                 call(iter(encode(fingerprint="sha256:other")), timeout=10)
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -303,7 +449,8 @@ def test_over_loopback_grpc():
 
 
 def test_failed_decode_stops_the_pipeline_thread():
-    endless = itertools.chain(encode(64)[:2], itertools.repeat(pb.StateChunk(data=bytes(64))))
+    chunks = encode(64)
+    endless = itertools.chain(chunks[:-1], itertools.repeat(copied(chunks[1], chunk_index=7)))
     expect(wire.StateCorrupt, "DATA_LOSS", endless, match="more than the declared")
     deadline = time.monotonic() + 2
     while any(t.name == "baton-wire-pipelined" for t in threading.enumerate()) and time.monotonic() < deadline:

@@ -16,23 +16,23 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as baton_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/state.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\"}\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.baton.v1.TensorKind\x12\x1e\n\x05\x64type\x18\x03 \x01(\x0e\x32\x0f.baton.v1.DType\x12\r\n\x05shape\x18\x04 \x03(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xf6\x01\n\x0bStateHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x12\n\nnext_token\x18\x05 \x01(\r\x12%\n\x07tensors\x18\x06 \x03(\x0b\x32\x14.baton.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x1c\n\x04mode\x18\x08 \x01(\x0e\x32\x0e.baton.v1.Mode\x12 \n\x06\x65ngine\x18\t \x01(\x0e\x32\x10.baton.v1.Engine\"H\n\x0cStateTrailer\x12\x0e\n\x06sha256\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x61ta_chunks\x18\x03 \x01(\r\"x\n\nStateChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.baton.v1.StateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12)\n\x07trailer\x18\x03 \x01(\x0b\x32\x16.baton.v1.StateTrailerH\x00\x42\x06\n\x04part*t\n\nTensorKind\x12\x1b\n\x17TENSOR_KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08GDN_CONV\x10\x01\x12\x11\n\rGDN_RECURRENT\x10\x02\x12\x0c\n\x08\x41TTN_KEY\x10\x03\x12\x0e\n\nATTN_VALUE\x10\x04\x12\n\n\x06HIDDEN\x10\x05*F\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0c\n\x08\x42\x46LOAT16\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x61ton/v1/state.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\"}\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.baton.v1.TensorKind\x12\x1e\n\x05\x64type\x18\x03 \x01(\x0e\x32\x0f.baton.v1.DType\x12\r\n\x05shape\x18\x04 \x03(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\x8b\x02\n\x0bStateHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x03 \x01(\t\x12\x10\n\x08position\x18\x04 \x01(\x04\x12\x12\n\nnext_token\x18\x05 \x01(\r\x12%\n\x07tensors\x18\x06 \x03(\x0b\x32\x14.baton.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x07 \x01(\x04\x12\x1c\n\x04mode\x18\x08 \x01(\x0e\x32\x0e.baton.v1.Mode\x12 \n\x06\x65ngine\x18\t \x01(\x0e\x32\x10.baton.v1.Engine\x12\x13\n\x0b\x63hunk_bytes\x18\n \x01(\r\"_\n\x0cStateTrailer\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x61ta_chunks\x18\x03 \x01(\r\x12\x17\n\x0fmanifest_sha256\x18\x04 \x01(\x0cJ\x04\x08\x01\x10\x02R\x06sha256\"\xa3\x01\n\nStateChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.baton.v1.StateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12)\n\x07trailer\x18\x03 \x01(\x0b\x32\x16.baton.v1.StateTrailerH\x00\x12\x13\n\x0b\x63hunk_index\x18\x04 \x01(\r\x12\x14\n\x0c\x63hunk_sha256\x18\x05 \x01(\x0c\x42\x06\n\x04part*t\n\nTensorKind\x12\x1b\n\x17TENSOR_KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08GDN_CONV\x10\x01\x12\x11\n\rGDN_RECURRENT\x10\x02\x12\x0c\n\x08\x41TTN_KEY\x10\x03\x12\x0e\n\nATTN_VALUE\x10\x04\x12\n\n\x06HIDDEN\x10\x05*F\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0c\n\x08\x42\x46LOAT16\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.state_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORKIND']._serialized_start=629
-  _globals['_TENSORKIND']._serialized_end=745
-  _globals['_DTYPE']._serialized_start=747
-  _globals['_DTYPE']._serialized_end=817
+  _globals['_TENSORKIND']._serialized_start=717
+  _globals['_TENSORKIND']._serialized_end=833
+  _globals['_DTYPE']._serialized_start=835
+  _globals['_DTYPE']._serialized_end=905
   _globals['_TENSORSPEC']._serialized_start=57
   _globals['_TENSORSPEC']._serialized_end=182
   _globals['_STATEHEADER']._serialized_start=185
-  _globals['_STATEHEADER']._serialized_end=431
-  _globals['_STATETRAILER']._serialized_start=433
-  _globals['_STATETRAILER']._serialized_end=505
-  _globals['_STATECHUNK']._serialized_start=507
-  _globals['_STATECHUNK']._serialized_end=627
+  _globals['_STATEHEADER']._serialized_end=452
+  _globals['_STATETRAILER']._serialized_start=454
+  _globals['_STATETRAILER']._serialized_end=549
+  _globals['_STATECHUNK']._serialized_start=552
+  _globals['_STATECHUNK']._serialized_end=715
 # @@protoc_insertion_point(module_scope)

@@ -49,7 +49,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TensorKind, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class StateHeader(_message.Message):
-    __slots__ = ("format_version", "session_id", "model_fingerprint", "position", "next_token", "tensors", "total_bytes", "mode", "engine")
+    __slots__ = ("format_version", "session_id", "model_fingerprint", "position", "next_token", "tensors", "total_bytes", "mode", "engine", "chunk_bytes")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class StateHeader(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     session_id: str
     model_fingerprint: str
@@ -68,24 +69,29 @@ class StateHeader(_message.Message):
     total_bytes: int
     mode: _common_pb2.Mode
     engine: _common_pb2.Engine
-    def __init__(self, format_version: _Optional[int] = ..., session_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., position: _Optional[int] = ..., next_token: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ...) -> None: ...
+    chunk_bytes: int
+    def __init__(self, format_version: _Optional[int] = ..., session_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., position: _Optional[int] = ..., next_token: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class StateTrailer(_message.Message):
-    __slots__ = ("sha256", "total_bytes", "data_chunks")
-    SHA256_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("total_bytes", "data_chunks", "manifest_sha256")
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_CHUNKS_FIELD_NUMBER: _ClassVar[int]
-    sha256: bytes
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     total_bytes: int
     data_chunks: int
-    def __init__(self, sha256: _Optional[bytes] = ..., total_bytes: _Optional[int] = ..., data_chunks: _Optional[int] = ...) -> None: ...
+    manifest_sha256: bytes
+    def __init__(self, total_bytes: _Optional[int] = ..., data_chunks: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("header", "data", "trailer")
+    __slots__ = ("header", "data", "trailer", "chunk_index", "chunk_sha256")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TRAILER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
     header: StateHeader
     data: bytes
     trailer: StateTrailer
-    def __init__(self, header: _Optional[_Union[StateHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[StateTrailer, _Mapping]] = ...) -> None: ...
+    chunk_index: int
+    chunk_sha256: bytes
+    def __init__(self, header: _Optional[_Union[StateHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., trailer: _Optional[_Union[StateTrailer, _Mapping]] = ..., chunk_index: _Optional[int] = ..., chunk_sha256: _Optional[bytes] = ...) -> None: ...
