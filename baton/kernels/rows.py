@@ -6,11 +6,12 @@ the number n of valid rows is. That is what keeps AR steps, verify blocks and re
 equal when they run through these kernels (docs/CONTRACTS.md, "exactness contract").
 
     add_rmsnorm(x, res, w)         res' = x + res (rounded to x.dtype); y = res' / rms * (1 + w)
-    rmsnorm_heads(x [W, H, d], w)  per-head zero-centred RMSNorm (q_norm / k_norm), strided input
     silu_mul(gu [W, 2I])           silu(gu[:, :I]) * gu[:, I:]
     conv_rows(x, conv_state, w, n) depthwise causal conv + SiLU over W rows; state advanced by n
     gdn_rows(...)                  L2-normed q/k, gates, gated delta rule over the first n rows and
                                    the gated RMSNorm of each head's output, in one kernel per layer
+    qk_rope_kv(...)                q/k RMSNorm + partial RoPE; k and v rows < n written into the window
+    attention_rows(...)            split-window attention up to each row's position, output gate applied
 
 No host syncs and no allocation beyond the outputs, so all of them are CUDA-graph capturable.
 """
@@ -53,28 +54,6 @@ def add_rmsnorm(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps:
                               res.stride(0) if res is not None else 0, eps,
                               HAS_RES=res is not None, BLOCK=_p2(N), num_warps=8 if N >= 2048 else 4)
     return rout, y
-
-
-@triton.jit
-def _rmsnorm_heads_kernel(x_ptr, w_ptr, y_ptr, H, D, sxt, sxh, eps, BLOCK: tl.constexpr):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    offs = tl.arange(0, BLOCK)
-    m = offs < D
-    xf = tl.load(x_ptr + t * sxt + h * sxh + offs, mask=m, other=0.0).to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / D
-    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    y = xf * tl.rsqrt(var + eps) * (1.0 + w)
-    tl.store(y_ptr + (t * H + h) * D + offs, y.to(y_ptr.dtype.element_ty), mask=m)
-
-
-def rmsnorm_heads(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [W, H, D] (stride(2) == 1) -> contiguous [W, H, D]."""
-    W, H, D = x.shape
-    assert x.stride(2) == 1
-    y = torch.empty(W, H, D, dtype=x.dtype, device=x.device)
-    _rmsnorm_heads_kernel[(W, H)](x, w, y, H, D, x.stride(0), x.stride(1), eps, BLOCK=_p2(D), num_warps=2)
-    return y
 
 
 # ---- MLP -----------------------------------------------------------------------------------------
@@ -296,3 +275,57 @@ def attention_rows(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: tor
     _attn_merge_kernel[(W, nh)](acc, ml, pos, gate, gate.stride(0), gate.stride(1), o, n, ns,
                                 NH=nh, D=d, SPLIT=ATTN_SPLIT, num_warps=1)
     return o
+
+
+# ---- attention input: q/k RMSNorm + partial RoPE + KV write ---------------------------------------
+@triton.jit
+def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.constexpr):
+    """Zero-centred RMSNorm over D features, then the half-split rotation of the first RD (fp32)."""
+    rd = tl.arange(0, D)
+    half = RD // 2
+    partner = tl.where(rd < half, rd + half, rd - half)
+    x = tl.load(x_ptr + rd).to(tl.float32)
+    xp = tl.load(x_ptr + partner, mask=rd < RD, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    xn = x * r * (1.0 + tl.load(w_ptr + rd).to(tl.float32))
+    xpn = xp * r * (1.0 + tl.load(w_ptr + partner, mask=rd < RD, other=0.0).to(tl.float32))
+    rot = tl.where(rd < half, -xpn, xpn)
+    c = tl.load(cos_ptr + rd, mask=rd < RD, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + rd, mask=rd < RD, other=0.0).to(tl.float32)
+    return tl.where(rd < RD, xn * c + rot * s, xn)
+
+
+@triton.jit
+def _qk_rope_kv_kernel(q_ptr, sqt, sqh, k_ptr, skt, skh, v_ptr, svt, svh, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
+                       pos_ptr, qo_ptr, kc_ptr, vc_ptr, L, n, eps,
+                       NH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr):
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    p = tl.load(pos_ptr + t)
+    rd = tl.arange(0, D)
+    if j < NH:
+        y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + p * RD, sin_ptr + p * RD, eps, D, RD)
+        tl.store(qo_ptr + (t * NH + j) * D + rd, y.to(qo_ptr.dtype.element_ty))
+    elif t < n:
+        hk = j - NH
+        y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + p * RD, sin_ptr + p * RD, eps, D, RD)
+        tl.store(kc_ptr + (hk * L + p) * D + rd, y.to(kc_ptr.dtype.element_ty))
+        tl.store(vc_ptr + (hk * L + p) * D + rd, tl.load(v_ptr + t * svt + hk * svh + rd))
+
+
+def qk_rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+               cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+               n: int, eps: float) -> torch.Tensor:
+    """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables; kc, vc
+    [nkv, L, d] this slot's window. Writes normed+rotated k and v of rows < n at pos[t]; returns the
+    normed+rotated q [W, nh, d] contiguous."""
+    W, nh, d = q.shape
+    nkv, L = kc.shape[0], kc.shape[1]
+    rd = cos.shape[1]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and cos.is_contiguous()
+    assert kc.is_contiguous() and vc.is_contiguous() and d == _p2(d) and rd % 2 == 0
+    qo = torch.empty(W, nh, d, dtype=q.dtype, device=q.device)
+    _qk_rope_kv_kernel[(W, nh + nkv)](q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), v, v.stride(0),
+                                      v.stride(1), wq, wk, cos, sin, pos, qo, kc, vc, L, n, eps,
+                                      NH=nh, D=d, RD=rd, num_warps=2)
+    return qo

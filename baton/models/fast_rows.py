@@ -3,7 +3,7 @@
 
     per layer  add+RMSNorm (Triton) -> merged input projections (one GEMM per weight type)
                GDN:  conv_rows (Triton) -> gdn_rows (Triton: gates, delta rule, gated norm) -> out_proj
-               attn: per-head q/k RMSNorm (Triton), RoPE from a table, split-window attention with
+               attn: q/k RMSNorm + RoPE + KV write (Triton), split-window attention with
                      the output gate (Triton, reads keys up to each row's position only) -> o_proj
                add+RMSNorm (Triton) -> gate|up GEMM -> silu_mul (Triton) -> down
 Row invariance holds as in the eager path: every op sees fixed [W, ...] shapes, the Triton kernels
@@ -26,7 +26,7 @@ try:
     from baton.kernels import rows as K
 except ImportError:       # no Triton: the eager rows path is used everywhere
     K = None
-from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, apply_rope, rope_cos_sin
+from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, rope_cos_sin
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
 
@@ -145,15 +145,11 @@ class FastRows:
         qg, k, v = proj
         W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
         qg = qg.view(W, nh, 2 * d)
-        q = K.rmsnorm_heads(qg[..., :d], a.q_norm.weight, a.q_norm.eps)        # [W, nh, d]
-        k = K.rmsnorm_heads(k.view(W, nkv, d), a.k_norm.weight, a.k_norm.eps)  # [W, nkv, d]
-        cos, sin = self.cos[pos], self.sin[pos]                                 # [W, rd]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kc, vc = state.kv(a.layer_idx)
         kc, vc = kc[slot], vc[slot]                                             # [nkv, L, d]
-        kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
-        vc.index_copy_(1, pos[:n], v.view(W, nkv, d)[:n].transpose(0, 1))
-        o = K.attention_rows(q.contiguous(), kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
+        q = K.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
+                         self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps)     # [W, nh, d]; KV rows < n written
+        o = K.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
         return a.o_proj(o)
 
 
