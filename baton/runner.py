@@ -49,7 +49,7 @@ class ModelRunner:
         from baton.models import fast_rows
         if fast is None:
             fast = fast_rows.usable(model)
-        self.fast = fast_rows.FastRows.for_model(model, max_len + W) if fast else None
+        self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
 
     def check_window(self, prompt_len: int, new_tokens: int, extra_rows: int = 0) -> None:
         need = prompt_len + new_tokens + extra_rows
@@ -109,9 +109,12 @@ class ModelRunner:
 
     def mtp_body(self, slot: int, n: int) -> None:
         """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
-        pos = self.mtp_start + torch.arange(self.width, device=self.device)
-        out = self.model.mtp(self.model.model.embed_tokens, self.mtp_h, self.mtp_ids, pos, self.state,
-                             StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
+        pos = self.mtp_start + self.arange_w
+        if self.fast is not None:
+            out = self.fast.mtp(self.mtp_h, self.mtp_ids, self.state, slot, n, pos)
+        else:
+            out = self.model.mtp(self.model.model.embed_tokens, self.mtp_h, self.mtp_ids, pos, self.state,
+                                 StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
         self.mtp_tok.copy_(self.model.logits(out).argmax(-1))
         self.mtp_out.copy_(out)
 

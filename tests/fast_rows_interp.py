@@ -30,7 +30,7 @@ from baton.runner import ModelRunner  # noqa: E402
 
 def main() -> None:
     d = make_tiny_dir(Path(tempfile.mkdtemp()), seed=3, layers=4, hidden=64, vocab=512)
-    m = load_model(d, dtype=torch.float32, device="cpu", mtp=False).model
+    m = load_model(d, dtype=torch.float32, device="cpu", mtp=True).model
     g = torch.Generator().manual_seed(0)
     out = {}
     for name, plen, block in (("short", 40, 3), ("long", 300, 4)):     # long: two attention pieces
@@ -53,6 +53,21 @@ def main() -> None:
                      "state_max_diff": st, "position": [int(eager.state.position[0]), int(fused.state.position[0])],
                      "row_invariant": all(torch.equal(a, lf[i]) for i, a in enumerate(ar_logits)),
                      "rec_state_equal_after_ar": torch.equal(ar.state.recurrent[0][0], fused.state.recurrent[0][0])}
+    # the MTP head in rows mode: 3 pairs after a prompt
+    ids = torch.randint(0, 512, (50,), generator=g).tolist()
+    runs = {}
+    for fast in (False, True):
+        r = ModelRunner(m, max_len=512, fast=fast)
+        r.prefill(0, ids)
+        r.mtp_h.copy_(torch.randn(r.width, m.cfg.hidden_size, generator=torch.Generator().manual_seed(5)))
+        r.mtp_ids[:3] = torch.tensor([7, 8, 9])
+        r.mtp_start.fill_(49)
+        r.mtp_body(0, 3)
+        L = r.state.mtp_layer
+        runs[fast] = (r.mtp_tok[:3].tolist(), r.mtp_out[:3].clone(), r.state.key[L][0, :, :53].clone())
+    out["mtp"] = {"tokens_equal": runs[False][0] == runs[True][0],
+                  "logits_max_diff": float((m.logits(runs[False][1]) - m.logits(runs[True][1])).abs().max()),
+                  "state_max_diff": {"key": float((runs[False][2] - runs[True][2]).abs().max())}}
     print(json.dumps(out))
 
 

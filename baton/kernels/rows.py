@@ -297,26 +297,28 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.cons
 
 @triton.jit
 def _qk_rope_kv_kernel(q_ptr, sqt, sqh, k_ptr, skt, skh, v_ptr, svt, svh, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
-                       pos_ptr, qo_ptr, kc_ptr, vc_ptr, L, n, eps,
+                       pos_ptr, qo_ptr, kc_ptr, vc_ptr, L, n, eps, rope_off,
                        NH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr):
     t = tl.program_id(0)
     j = tl.program_id(1)
     p = tl.load(pos_ptr + t)
+    pr = p + rope_off                                                 # RoPE position (MTP layer: p + 1)
     rd = tl.arange(0, D)
     if j < NH:
-        y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + p * RD, sin_ptr + p * RD, eps, D, RD)
+        y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
         tl.store(qo_ptr + (t * NH + j) * D + rd, y.to(qo_ptr.dtype.element_ty))
     elif t < n:
         hk = j - NH
-        y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + p * RD, sin_ptr + p * RD, eps, D, RD)
+        y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
         tl.store(kc_ptr + (hk * L + p) * D + rd, y.to(kc_ptr.dtype.element_ty))
         tl.store(vc_ptr + (hk * L + p) * D + rd, tl.load(v_ptr + t * svt + hk * svh + rd))
 
 
 def qk_rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
-               n: int, eps: float) -> torch.Tensor:
-    """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables; kc, vc
+               n: int, eps: float, rope_offset: int = 0) -> torch.Tensor:
+    """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables (RoPE position
+    = pos[t] + rope_offset; KV index = pos[t]); kc, vc
     [nkv, L, d] this slot's window. Writes normed+rotated k and v of rows < n at pos[t]; returns the
     normed+rotated q [W, nh, d] contiguous."""
     W, nh, d = q.shape
@@ -326,6 +328,6 @@ def qk_rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tens
     assert kc.is_contiguous() and vc.is_contiguous() and d == _p2(d) and rd % 2 == 0
     qo = torch.empty(W, nh, d, dtype=q.dtype, device=q.device)
     _qk_rope_kv_kernel[(W, nh + nkv)](q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), v, v.stride(0),
-                                      v.stride(1), wq, wk, cos, sin, pos, qo, kc, vc, L, n, eps,
+                                      v.stride(1), wq, wk, cos, sin, pos, qo, kc, vc, L, n, eps, rope_offset,
                                       NH=nh, D=d, RD=rd, num_warps=2)
     return qo

@@ -91,6 +91,10 @@ class FastRows:
                 self.mixer.append(_groups([a.q_proj, a.k_proj, a.v_proj]))
             (gu,) = _groups([layer.mlp.gate_proj, layer.mlp.up_proj])   # fp8 quantizes both or neither
             self.gate_up.append(gu)
+        if hasattr(model, "mtp"):                # the MTP head's decoder layer (full attention)
+            a, mlp = model.mtp.layers[0].self_attn, model.mtp.layers[0].mlp
+            self.mtp_mixer = _groups([a.q_proj, a.k_proj, a.v_proj])
+            (self.mtp_gate_up,) = _groups([mlp.gate_proj, mlp.up_proj])
         self.rope_len = 0
         self._rope_table(max_len)
 
@@ -103,7 +107,8 @@ class FastRows:
         return fr
 
     def _rope_table(self, max_len: int) -> None:
-        """cos/sin [max_len, rotary_dim] tables; callers pass max_len >= window + W (padded rows)."""
+        """cos/sin [max_len, rotary_dim] tables; callers pass max_len >= window + W + 1 (padded rows,
+        MTP RoPE offset)."""
         if max_len <= self.rope_len:
             return
         p = next(self.model.parameters())
@@ -133,6 +138,20 @@ class FastRows:
         state.position[slot] += n
         return xn
 
+    def mtp(self, hidden: torch.Tensor, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor
+            ) -> torch.Tensor:
+        """The MTP head in rows mode (baton/models/mtp.py): pairs (hidden[i], ids[i]) at KV indexes pos[i],
+        RoPE position pos[i] + 1 -> normed out [W, hidden]. Writes the MTP KV rows of the first n pairs."""
+        head, eps = self.model.mtp, self.cfg.rms_norm_eps
+        layer = head.layers[0]
+        _, e = K.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
+        _, hn = K.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
+        res, xn = K.add_rmsnorm(head.fc(torch.cat([e, hn], dim=-1)), None, layer.input_layernorm.weight, eps)
+        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn), state, slot, n, pos, rope_offset=1)
+        res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
+        y = layer.mlp.down_proj(K.silu_mul(self.mtp_gate_up.module(xn)))
+        return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
+
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
         mixed, z, b, alpha = proj                                    # [W, C], [W, Hv*dv], [W, Hv] x2
         conv_state, rec_state = state.gdn(a.layer_idx)
@@ -141,14 +160,14 @@ class FastRows:
                        nk=a.nk, eps=a.norm.eps)
         return a.out_proj(o)
 
-    def _attn(self, a: Attention, proj, state, slot: int, n: int, pos) -> torch.Tensor:
+    def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0) -> torch.Tensor:
         qg, k, v = proj
         W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
         qg = qg.view(W, nh, 2 * d)
         kc, vc = state.kv(a.layer_idx)
         kc, vc = kc[slot], vc[slot]                                             # [nkv, L, d]
         q = K.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
-                         self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps)     # [W, nh, d]; KV rows < n written
+                         self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps, rope_offset)   # KV rows < n written
         o = K.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
         return a.o_proj(o)
 
