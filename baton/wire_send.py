@@ -7,14 +7,18 @@ which gets them in order. CUDA tensors are copied to pinned host memory one tens
 from __future__ import annotations
 
 import hashlib
+import io
 from typing import Iterable, Iterator
 
+import numpy as np
 import torch
 
 import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
 from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor, _DATA_TAG,
                         _INDEX_TAG, _SHA_TAG, _TO_PB, _varint, byte_view, default_workers, kind_value, ordered_map)
+
+_COPY_OUTSIDE_GIL_BYTES = 256 << 10  # smaller frames are joined (under the GIL, but briefly)
 
 
 def _host_tensors(specs: list[TensorDesc], source: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -81,8 +85,25 @@ def _seal_frame(index: int, pieces: list) -> tuple[bytes, bytes]:
     """The serialized data StateChunk, framed by hand: one copy out of tensor memory, byte-identical
     to protobuf's serialization (fields in number order: data, chunk_index, chunk_sha256)."""
     d = _sha256(pieces)
-    tail = (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
-    return b"".join([_DATA_TAG, _varint(sum(map(len, pieces))), *pieces, tail]), d
+    n = sum(map(len, pieces))
+    head, tail = _DATA_TAG + _varint(n), (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
+    if n < _COPY_OUTSIDE_GIL_BYTES:
+        return b"".join([head, *pieces, tail]), d
+    # NOTE: b"".join holds the GIL while copying memoryviews; instead the bytes object is made by a
+    # BytesIO (one zero-filled allocation: the only pass under the GIL), filled by numpy copies (no GIL)
+    # through getbuffer(), and handed out by getvalue(), which CPython does without copying.
+    buf = io.BytesIO()
+    buf.seek(len(head) + n)
+    buf.write(tail)
+    buf.seek(0)
+    buf.write(head)
+    with buf.getbuffer() as mv:
+        dst, off = np.frombuffer(mv, dtype=np.uint8), len(head)
+        for p in pieces:
+            np.copyto(dst[off:off + len(p)], np.frombuffer(p, dtype=np.uint8))
+            off += len(p)
+        del dst   # NOTE: before the export ends
+    return buf.getvalue(), d
 
 
 def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int, tensors=None,

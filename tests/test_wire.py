@@ -125,6 +125,21 @@ def test_big_fp32_bf16_tensors_round_trip_with_uneven_chunks():
     assert_bitwise(wire.decode_stream(wire.pipelined(chunks), lay, FP, 1 << 24), ts)
 
 
+@pytest.mark.parametrize("chunk_bytes", [(256 << 10) - 1, 256 << 10, 393_241, 1 << 20])
+def test_large_frames_built_outside_the_gil_equal_protobuf(chunk_bytes):
+    """Frames >= 256 KiB are filled by numpy through a BytesIO (not b"".join): same bytes, same state."""
+    g = torch.Generator().manual_seed(2)
+    ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(5, 128, 129, generator=g)),
+          wire.WireTensor("k", pb.ATTN_KEY, torch.randn(4, 700, 256, generator=g).bfloat16()[:, :600]),
+          wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16())]
+    lay = wire.ExpectedLayout.from_tensors(ts, 600)
+    kw = dict(session_id="x", fingerprint=FP, position=600, next_token=0, tensors=ts, chunk_bytes=chunk_bytes)
+    frames = list(wire.encode_state_frames(**kw))
+    assert frames == [c.SerializeToString() for c in wire.encode_state(**kw)]
+    assert len(frames) >= 4 and all(type(f) is bytes for f in frames)  # >= 2 data chunks
+    assert_bitwise(wire.decode_stream(frames, lay, FP, 1 << 24), ts)
+
+
 def test_lazy_source_is_read_only_after_the_header_is_sent():
     touched = []
 
