@@ -5,19 +5,24 @@ State: the Qwen3.5-9B shape (random values), 32 layers = 24 GDN + 8 full attenti
          layers.{i}.recurrent  [32, 128, 128]     fp32    (2 MiB)
     attn layers.{i}.key/value  [4, L, 256]        bf16    (2 KiB per token each)
     hidden                     [4096]             bf16
-Paths measured (GB/s = raw tensor bytes / wall seconds; best and median of --repeats):
+Paths measured (GB/s = raw tensor bytes / wall seconds; best and median of --repeats). Chunks are hashed
+and verified by the wire's thread pool with --workers chunks in flight per stream (format 2):
     encode_proto / encode_frames   encode_state -> StateChunk objects / encode_state_frames -> bytes
     decode_proto / decode_frames   StateReceiver over pre-encoded StateChunks / serialized frames,
                                    into fresh buffers (decode_frames_reused_buffers: a reused pool)
     e2e_proto / e2e_frames         pipelined(encode) -> loopback gRPC -> server decode_stream (pulls
                                    messages 2 ahead) -> BridgeReport back
-    e2e_frames_not_pipelined       the same with no helper threads on either side
+    e2e_frames_not_pipelined       the same with no pull-ahead helper thread on either side
+    e2e_frames_inline_hashing      e2e_frames with workers=0: every chunk hashed on the sending and the
+                                   receiving thread (what one serial digest per side costs)
     ceiling_grpc_raw_frames        the same frames, pre-built; the server only counts bytes
     ceiling_sha256_one_core        hashlib.sha256 on one core (each side hashes every byte once)
+    ceiling_sha256_pool            SHA-256 of 4 MiB chunks through the wire's pool (all its threads)
 --device cuda: source tensors live on the GPU (device->host inside encode) and the server copies the
 verified tensors into preallocated device buffers before answering (host->device included).
 
     python benchmarks/bench_bridge.py --out benchmarks/results/bridge-cpu-DATE.json
+    python benchmarks/bench_bridge.py --device cuda --out $OUT/bridge-cuda-DATE.json   # on the GPU host
 """
 from __future__ import annotations
 
@@ -67,8 +72,9 @@ class Importer:
     """Receive side: StateReceiver into fresh CPU buffers (pinned when a device is involved, or a
     reused pool with reuse=True), then, with device buffers, H2D into those static buffers."""
 
-    def __init__(self, layout, max_total, device_buffers=None, reuse=False):
+    def __init__(self, layout, max_total, device_buffers=None, reuse=False, workers=None):
         self.layout, self.max_total, self.device_buffers = layout, max_total, device_buffers
+        self.workers = workers
         pin = device_buffers is not None
         self.pool: dict[tuple, list] = {}
         self.reuse = reuse
@@ -88,7 +94,8 @@ class Importer:
 
     def __call__(self, chunks, ahead=0):
         self._handed.clear()
-        st = wire.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead)
+        st = wire.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead,
+                                workers=self.workers)
         if self.device_buffers is not None:
             for name, t in st.tensors.items():
                 self.device_buffers[name].copy_(t, non_blocking=True)
@@ -106,7 +113,7 @@ class Importer:
         return common_pb2.BridgeReport(total_bytes=sum(len(m) for m in request_iterator))
 
 
-def serve(imp: Importer):
+def serve(imp: Importer, inline: Importer):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=OPTIONS)
     report = common_pb2.BridgeReport.SerializeToString
     handlers = {
@@ -114,6 +121,7 @@ def serve(imp: Importer):
             imp.load, request_deserializer=state_pb2.StateChunk.FromString, response_serializer=report),
         "LoadFrames": grpc.stream_unary_rpc_method_handler(imp.load, response_serializer=report),
         "LoadFramesInline": grpc.stream_unary_rpc_method_handler(imp.load_inline, response_serializer=report),
+        "LoadFramesInlineHashing": grpc.stream_unary_rpc_method_handler(inline.load, response_serializer=report),
         "Count": grpc.stream_unary_rpc_method_handler(imp.count, response_serializer=report),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Bridge", handlers),))
@@ -141,6 +149,7 @@ def machine() -> dict:
     except (OSError, StopIteration):
         pass
     out = {"cpu": model, "cores_usable": len(os.sched_getaffinity(0)), "cores_host": os.cpu_count(),
+           "wire_pool_threads": max(1, wire.default_workers()),
            "python": platform.python_version(),
            "torch": torch.__version__, "grpc": grpc.__version__}
     if torch.cuda.is_available():
@@ -154,6 +163,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--chunk-mib", type=float, default=wire.DEFAULT_CHUNK_BYTES / (1 << 20))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="chunks hashed in parallel per stream (default: wire.default_workers())")
+    ap.add_argument("--paths", type=lambda v: v.split(","), default=None,
+                    help="comma-separated subset of the paths to time (default: all)")
     ap.add_argument("--machine-note", default="", help="free text describing the machine")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -162,8 +175,9 @@ def main(argv=None) -> dict:
     specs = [wire.TensorDesc.of(t) for t in tensors]
     total = sum(s.nbytes for s in specs)
     layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
+    workers = wire.default_workers() if a.workers is None else a.workers
     enc = dict(session_id="bench", fingerprint=FINGERPRINT, position=a.tokens, next_token=1,
-               tensors=tensors, chunk_bytes=chunk)
+               tensors=tensors, chunk_bytes=chunk, workers=workers)
     proto_msgs = list(wire.encode_state(**enc))
     frames = list(wire.encode_state_frames(**enc))
     assert frames[1] == proto_msgs[1].SerializeToString()  # hand framing == protobuf framing
@@ -171,15 +185,18 @@ def main(argv=None) -> dict:
     dev_bufs = None
     if a.device != "cpu":
         dev_bufs = {t.name: torch.empty_like(t.tensor) for t in tensors}
-    imp = Importer(layout, total, dev_bufs)
-    reuse = Importer(layout, total, dev_bufs, reuse=True)
-    server, port = serve(imp)
+    imp = Importer(layout, total, dev_bufs, workers=workers)
+    reuse = Importer(layout, total, dev_bufs, reuse=True, workers=workers)
+    inline = Importer(layout, total, dev_bufs, workers=0)
+    server, port = serve(imp, inline)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
     rep = common_pb2.BridgeReport.FromString
     load_proto = channel.stream_unary("/bench.Bridge/LoadProto", response_deserializer=rep,
                                       request_serializer=state_pb2.StateChunk.SerializeToString)
     load_frames = channel.stream_unary("/bench.Bridge/LoadFrames", response_deserializer=rep)
     load_frames_inline = channel.stream_unary("/bench.Bridge/LoadFramesInline", response_deserializer=rep)
+    load_frames_inline_hashing = channel.stream_unary("/bench.Bridge/LoadFramesInlineHashing",
+                                                      response_deserializer=rep)
     count = channel.stream_unary("/bench.Bridge/Count", response_deserializer=rep)
 
     def check(report):
@@ -187,20 +204,32 @@ def main(argv=None) -> dict:
         return report
 
     blob = os.urandom(64 << 20)
+    blob_chunks = [(memoryview(blob)[i:i + (4 << 20)],) for i in range(0, len(blob), 4 << 20)]
+
+    def sha256_pool():
+        for _ in wire.ordered_map(lambda b: hashlib.sha256(b).digest(), blob_chunks, max(1, wire.default_workers())):
+            pass
     loadavg_before = os.getloadavg()
     n = a.repeats
-    r = {
-        "encode_proto": timed(lambda: sum(1 for _ in wire.encode_state(**enc)), n, total),
-        "encode_frames": timed(lambda: sum(1 for _ in wire.encode_state_frames(**enc)), n, total),
-        "decode_proto": timed(lambda: imp(proto_msgs), n, total),
-        "decode_frames": timed(lambda: imp(frames), n, total),
-        "decode_frames_reused_buffers": timed(lambda: reuse(frames), n, total),
-        "e2e_proto": timed(lambda: check(load_proto(wire.pipelined(wire.encode_state(**enc)))), n, total),
-        "e2e_frames": timed(lambda: check(load_frames(wire.pipelined(wire.encode_state_frames(**enc)))), n, total),
-        "e2e_frames_not_pipelined": timed(lambda: check(load_frames_inline(wire.encode_state_frames(**enc))), n, total),
-        "ceiling_grpc_raw_frames": timed(lambda: count(iter(frames)), n, sum(map(len, frames))),
-        "ceiling_sha256_one_core": timed(lambda: hashlib.sha256(blob).digest(), n, len(blob)),
+    paths = {
+        "encode_proto": (lambda: sum(1 for _ in wire.encode_state(**enc)), total),
+        "encode_frames": (lambda: sum(1 for _ in wire.encode_state_frames(**enc)), total),
+        "decode_proto": (lambda: imp(proto_msgs), total),
+        "decode_frames": (lambda: imp(frames), total),
+        "decode_frames_reused_buffers": (lambda: reuse(frames), total),
+        "e2e_proto": (lambda: check(load_proto(wire.pipelined(wire.encode_state(**enc)))), total),
+        "e2e_frames": (lambda: check(load_frames(wire.pipelined(wire.encode_state_frames(**enc)))), total),
+        "e2e_frames_not_pipelined": (lambda: check(load_frames_inline(wire.encode_state_frames(**enc))), total),
+        "e2e_frames_inline_hashing": (lambda: check(load_frames_inline_hashing(
+            wire.pipelined(wire.encode_state_frames(**(enc | {"workers": 0}))))), total),
+        "ceiling_grpc_raw_frames": (lambda: count(iter(frames)), sum(map(len, frames))),
+        "ceiling_sha256_one_core": (lambda: hashlib.sha256(blob).digest(), len(blob)),
+        "ceiling_sha256_pool": (sha256_pool, len(blob)),
     }
+    unknown = set(a.paths or ()) - set(paths)
+    if unknown:
+        raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(paths)}")
+    r = {k: timed(fn, n, nbytes) for k, (fn, nbytes) in paths.items() if not a.paths or k in a.paths}
     loadavg_after = os.getloadavg()
     # bitwise check of one end-to-end transfer (outside the timed loops)
     got = imp(iter(frames))
@@ -218,6 +247,8 @@ def main(argv=None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine() | ({"note": a.machine_note} if a.machine_note else {}),
         "device": a.device,
+        "format_version": wire.FORMAT_VERSION,
+        "workers": workers,
         "loadavg_1_5_15": {"before": [round(x, 2) for x in loadavg_before],
                            "after": [round(x, 2) for x in loadavg_after]},
         "state": {"tokens": a.tokens, "total_bytes": total, "bytes_by_kind": dict(report.bytes_by_kind),
