@@ -1,0 +1,265 @@
+"""TTFT benchmark: prefill alone vs prefill + state hand-off to a decode worker over loopback gRPC, and
+prefill MFU. Batch 1; for each prompt length T, the median of --runs after --warmup rounds (the two paths
+alternate, so drift on a busy host hits both alike):
+
+    prefill_s           ExactEngine.prefill of the prefill worker (a direct call; CUDA synchronized):
+                        the time to the first token without a split
+    split_s             the real Prefill RPC (prefill_worker/service.py, mode FAST) naming a real decode
+                        worker (decode_worker/service.py); both serve on their own gRPC server on
+                        127.0.0.1 in this process, with the bearer-token interceptor on. Prefill, then
+                        baton.handoff.push_state streams the state (wire format 2) to the decode worker's
+                        LoadState, which verifies it and imports it into a slot. Timed on the client until
+                        the answer is back and the device is idle: the decode worker holds the state and
+                        its first Decode step can run
+    handoff_s           the sender's BridgeReport seconds (first frame built -> LoadState answered);
+                        handoff_GBps = state_bytes / handoff_s; handoff_wall_s = split_s - the server's
+                        prefill_seconds (also counts the Prefill RPC itself)
+    split_overhead_pct  100 * (split_s / prefill_s - 1)
+    mfu                 flops / prefill_s / matmul rate measured in the same run (a large matmul in the
+                        model's dtype: BF16 on CUDA); flops = 2 * matmul params * T (every weight matrix
+                        but the embedding and the LM head, MTP head included: prefill fills its KV)
+                        + 2 * vocab * hidden (one LM-head row) + causal attention 4 * head_dim * heads *
+                        T(T+1)/2 per full-attention layer (MTP layer included); GDN recurrences not counted
+
+    python benchmarks/bench_ttft.py --random-init qwen3.5-9b --device cuda --prompts 512,4096,32768 --out R.json
+    python benchmarks/bench_ttft.py --device cpu --prompts 16,64 --runs 5        # embedded default model
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from baton.config import ModelConfig  # noqa: E402
+from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
+from baton.rpc import make_channel  # noqa: E402
+from baton.settings import Settings  # noqa: E402
+from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
+from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
+from benchmarks.shapes import shape  # noqa: E402
+from decode_worker.service import serve_decode  # noqa: E402
+from prefill_worker.service import serve_prefill  # noqa: E402
+
+WIDTH = 16
+
+
+def build_model(a) -> tuple[object, dict]:
+    """-> (LoadedModel, description). --random-init: a shape name or a directory whose config.json gives
+    the shape (weights seeded, not read); else --model DIR (default: the embedded default model)."""
+    dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
+    if a.random_init:
+        cfg = (ModelConfig.from_hf(a.random_init) if (Path(a.random_init) / "config.json").is_file()
+               else shape(a.random_init))
+        lm = random_model(cfg, dtype=dtype, device=a.device, seed=0, mtp=not a.no_mtp)
+        src = {"random_init": a.random_init}
+    else:
+        lm = load_model(a.model or DEFAULT_MODEL_DIR, dtype=dtype, device=a.device, mtp=False if a.no_mtp else None)
+        src = {"model_dir": str(a.model or DEFAULT_MODEL_DIR)}
+    return lm, src | {"dtype": dtype, "fingerprint": lm.fingerprint, "has_mtp": hasattr(lm.model, "mtp"),
+                      "params": sum(p.numel() for p in lm.model.parameters()),
+                      "matmul_params": matmul_params(lm.model)}
+
+
+def matmul_params(model) -> int:
+    """Weights applied to every prompt row: matrices (and conv kernels) except the embedding and LM head."""
+    return sum(p.numel() for n, p in model.named_parameters()
+               if p.dim() >= 2 and "embed_tokens" not in n and not n.endswith("lm_head.weight"))
+
+
+def prefill_flops(model, T: int) -> int:
+    cfg = model.cfg
+    attn_layers = len(cfg.attn_layers) + (1 if hasattr(model, "mtp") else 0)
+    attention = attn_layers * 4 * cfg.head_dim * cfg.num_attention_heads * T * (T + 1) // 2
+    return 2 * matmul_params(model) * T + 2 * cfg.vocab_size * cfg.hidden_size + attention
+
+
+def matmul_rate(device: str, dtype: torch.dtype, n: int, reps: int = 10) -> float:
+    """FLOP/s of an n x n x n matmul in `dtype` (median of `reps` after 3 warm-ups)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    times = []
+    for i in range(reps + 3):
+        sync(device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    out = {"host": socket.gethostname(), "cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)),
+           "python": platform.python_version(), "torch": torch.__version__, "grpc": grpc.__version__,
+           "fla_importable": importlib.util.find_spec("fla") is not None}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
+def interleaved(fns, warmup: int, runs: int) -> list[list]:
+    """Each of `fns` called in turn, warmup + runs rounds (so drift on a busy host hits all alike);
+    -> per fn, the results of the last `runs` rounds."""
+    out = [[] for _ in fns]
+    for i in range(warmup + runs):
+        for f, acc in zip(fns, out):
+            x = f()
+            if i >= warmup:
+                acc.append(x)
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--random-init", default=None, help="shape name (benchmarks/shapes.py) or a dir with config.json")
+    src.add_argument("--model", default=None, help="checkpoint directory (default: the embedded default model)")
+    ap.add_argument("--no-mtp", action="store_true", help="build/load the model without its MTP head")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--prompts", default="512,4096,32768", help="comma-separated prompt lengths (tokens)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--chunk-mib", type=float, default=DEFAULT_CHUNK_BYTES / (1 << 20), help="wire chunk size")
+    ap.add_argument("--matmul-n", type=int, default=None, help="matmul size for the rate (default 8192 CUDA, 1024 CPU)")
+    ap.add_argument("--machine-note", default="")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    if a.runs < 1 or a.warmup < 0:
+        raise SystemExit("--runs must be >= 1 and --warmup >= 0")
+    prompts = [int(x) for x in a.prompts.split(",")]
+    torch.manual_seed(0)
+    t_setup = time.perf_counter()
+    lm, model_desc = build_model(a)
+    dev, cfg = a.device, lm.cfg
+    p_dtype = next(lm.model.parameters()).dtype
+    matmul_n = a.matmul_n or (8192 if dev.startswith("cuda") else 1024)
+    rate = matmul_rate(dev, p_dtype, matmul_n)
+
+    settings = Settings(token="bench-ttft")          # the auth interceptor is on, as in a deployment
+    max_len = max(prompts) + WIDTH + 64
+    # NOTE: one model object for both workers (one copy of the weights on the device); each has its own state.
+    ph, ps = serve_prefill(lm, device=dev, width=WIDTH, max_len=max_len, slots=1, settings=settings,
+                           chunk_bytes=int(a.chunk_mib * (1 << 20)))
+    dh, ds = serve_decode(lm, engines=("bf16",), device=dev, width=WIDTH, max_len=max_len, slots=1,
+                          settings=settings)
+    setup_s = time.perf_counter() - t_setup
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    try:
+        with make_channel(ph.address, settings) as pch, make_channel(dh.address, settings) as dch:
+            P, D = prefill_pb2_grpc.PrefillWorkerStub(pch), decode_pb2_grpc.DecodeWorkerStub(dch)
+            for T in prompts:
+                ids = torch.randint(0, cfg.vocab_size, (T,), generator=g).tolist()
+                rows.append(measure(a, ps, P, D, dh.address, ids, rate))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    finally:
+        ph.stop(0)
+        dh.stop(0)
+    result = {
+        "benchmark": "ttft",
+        "command": shlex.join(["python", "benchmarks/bench_ttft.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine() | ({"note": a.machine_note} if a.machine_note else {}),
+        "torch": torch.__version__,
+        "device": dev,
+        "model": model_desc,
+        "setup_seconds": round(setup_s, 2),
+        "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16", "wire_format": FORMAT_VERSION,
+                    "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS"},
+        "matmul": {"dtype": str(p_dtype).replace("torch.", ""), "n": matmul_n, "tflops": round(rate / 1e12, 4)},
+        "runs": a.runs, "warmup": a.warmup,
+        "results": rows,
+    }
+    print(json.dumps(result, indent=1))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def measure(a, ps, P, D, target: str, ids: list[int], rate: float) -> dict:
+    dev, eng, T = a.device, ps.engine, len(ids)
+    state_bytes = []
+
+    def prefill_only() -> float:
+        sync(dev)
+        t0 = time.perf_counter()
+        s, _ = eng.prefill(ids)
+        sync(dev)
+        dt = time.perf_counter() - t0
+        try:
+            if not state_bytes:
+                tensors, pos, _ = eng.export(s.id)
+                assert pos == T
+                state_bytes.append(sum(t.tensor.numel() * t.tensor.element_size() for t in tensors))
+        finally:
+            eng.release(s.id)
+        return dt
+
+    def split() -> tuple[float, float, common_pb2.BridgeReport]:
+        sid = f"ttft-{T}"
+        sync(dev)
+        t0 = time.perf_counter()
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
+                                                 decode_target=target), timeout=600)
+        sync(dev)
+        dt = time.perf_counter() - t0
+        assert D.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=60).released
+        return dt, r.prefill_seconds, r.bridge
+
+    pre, spl = interleaved((prefill_only, split), a.warmup, a.runs)
+    nbytes = state_bytes[0]
+    if any(b.total_bytes != nbytes for _, _, b in spl):
+        raise AssertionError(f"bridge total_bytes {[b.total_bytes for _, _, b in spl]} != state bytes {nbytes}")
+    prefill_s = statistics.median(pre)
+    split_s = statistics.median(s for s, _, _ in spl)
+    handoff_s = statistics.median(b.seconds for _, _, b in spl)
+    flops = prefill_flops(eng.runner.model, T)
+    return {
+        "prompt_tokens": T,
+        "prefill_s": round(prefill_s, 6),
+        "split_s": round(split_s, 6),
+        "split_overhead_pct": round(100 * (split_s / prefill_s - 1), 2),
+        "state_bytes": nbytes,
+        "state_bytes_by_kind": dict(spl[0][2].bytes_by_kind),
+        "handoff_s": round(handoff_s, 6),
+        "handoff_GBps": round(nbytes / handoff_s / 1e9, 3),
+        "handoff_wall_s": round(statistics.median(s - p for s, p, _ in spl), 6),
+        "server_prefill_s": round(statistics.median(p for _, p, _ in spl), 6),
+        "data_chunks": spl[0][2].chunks,
+        "flops": flops,
+        "achieved_tflops": round(flops / prefill_s / 1e12, 4),
+        "mfu": round(flops / prefill_s / rate, 4),
+        "prefill_s_runs": [round(x, 6) for x in pre],
+        "split_s_runs": [round(s, 6) for s, _, _ in spl],
+        "handoff_s_runs": [round(b.seconds, 6) for _, _, b in spl],
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""benchmarks/bench_ttft.py on CPU with the embedded default model and tiny prompts: a smoke test of the
+whole path (prefill alone, Prefill RPC + hand-off to a real decode worker) and of the JSON it writes."""
+import json
+
+import pytest
+import torch
+
+from baton.loading import DEFAULT_MODEL_DIR, load_model
+from baton.runner import ModelRunner
+from benchmarks import bench_ttft
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def state_bytes(T: int, max_len: int) -> int:
+    """The exported state's byte count after a T-token prefill, computed independently of the benchmark."""
+    lm = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None)
+    r = ModelRunner(lm.model, slots=1, max_len=max_len, width=bench_ttft.WIDTH)
+    r.prefill(0, list(range(1, T + 1)))
+    return sum(t.tensor.numel() * t.tensor.element_size() for t in r.state.export(0))
+
+
+def test_bench_ttft_cpu_smoke(tmp_path):
+    out = tmp_path / "ttft.json"
+    res = bench_ttft.main(["--device", "cpu", "--prompts", "8,40", "--runs", "2", "--warmup", "1",
+                           "--matmul-n", "128", "--out", str(out)])
+    assert json.loads(out.read_text()) == res
+    assert res["command"].startswith("python benchmarks/bench_ttft.py --device cpu")
+    assert res["date"] and res["torch"] == torch.__version__ and res["machine"]["cores_usable"] >= 1
+    assert res["device"] == "cpu" and res["model"]["has_mtp"] and res["matmul"]["tflops"] > 0
+    assert [r["prompt_tokens"] for r in res["results"]] == [8, 40]
+    for r in res["results"]:
+        for k in ("prefill_s", "split_s", "handoff_s", "handoff_GBps", "handoff_wall_s", "server_prefill_s",
+                  "flops", "achieved_tflops", "mfu"):
+            assert r[k] > 0, (k, r)
+        assert len(r["prefill_s_runs"]) == len(r["split_s_runs"]) == 2
+        assert r["split_overhead_pct"] == pytest.approx(100 * (r["split_s"] / r["prefill_s"] - 1), abs=0.01)
+        assert r["state_bytes"] == state_bytes(r["prompt_tokens"], res["workers"]["max_len"])
+        assert r["state_bytes"] == sum(r["state_bytes_by_kind"].values())
+        assert r["data_chunks"] == -(-r["state_bytes"] // res["workers"]["chunk_bytes"])
+    a, b = res["results"]   # 32 more tokens: KV of 2 attention layers + the MTP layer, K and V, fp32
+    cfg = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None).cfg
+    per_token = 2 * (len(cfg.attn_layers) + 1) * cfg.num_key_value_heads * cfg.head_dim * 4
+    assert b["state_bytes"] - a["state_bytes"] == 32 * per_token
