@@ -223,11 +223,16 @@ class DecodeEngine:
             s.draft_t0 = t = int(st.next_token[s.slot])
             st.snapshot(s.slot)
             drafts = []
-            for _ in range(k):
-                t = r.rows(s.slot, [t])[0]
+            for i in range(k):
+                t = self._propose(s, i, r.rows(s.slot, [t])[0])   # the proposal is what the state consumes
                 drafts.append(t)
             s.drafts = drafts                  # state consumed t0, d1..d_{k-1}; dk is pending
             return list(drafts)
+
+    def _propose(self, s: DecodeSession, i: int, own: int) -> int:
+        """Draft i (0-based) of a bf16/fp8 Draft call, given the runner's own greedy token: the runner's
+        token. Only benchmarks override it (benchmarks/controlled_decode_worker.py)."""
+        return own
 
     def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
         r, st = s.runner, s.runner.state
