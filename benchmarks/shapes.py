@@ -28,3 +28,20 @@ def shape(name: str) -> ModelConfig:
         return SHAPES[name]()
     except KeyError:
         raise SystemExit(f"--random-init: unknown shape {name!r}; known: {', '.join(SHAPES)}") from None
+
+
+def random_init(spec: str, *, seed: int = 0, dtype: str = "bf16", device: str = "cpu", mtp: bool = True):
+    """`--random-init SPEC` of the workers and benchmarks: a shape name above, or a checkpoint directory
+    whose config.json gives the shape (its weights are not read). Returns baton.loading.LoadedModel with
+    seeded random weights: two processes given the same SPEC and seed build bitwise the same model and
+    the same fingerprint ("random:..."), so a prefill and a decode worker accept each other's state."""
+    from baton.loading import random_model
+
+    return random_model(config_of(spec), dtype=dtype, device=device, seed=seed, mtp=mtp)
+
+
+def config_of(spec: str) -> ModelConfig:
+    """The ModelConfig of a `--random-init` SPEC (a shape name, or a directory with a config.json)."""
+    from pathlib import Path
+
+    return ModelConfig.from_hf(spec) if (Path(spec) / "config.json").is_file() else shape(spec)

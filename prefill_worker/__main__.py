@@ -1,4 +1,5 @@
 """`python -m prefill_worker --model DIR --port P [--device cpu|cuda] [--dtype bf16|fp32] ...`
+(benchmarks: `--random-init SHAPE --seed N` instead of --model, the same on every worker)
 
 Lifecycle: parse options -> settings (env + --token-file) -> load the model, log progress -> bind ->
 health SERVING -> print "prefill: serving on HOST:PORT" -> SIGINT/SIGTERM: health NOT_SERVING,
@@ -19,7 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
     add_common_arguments(p)
     p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")
+    p.add_argument("--random-init", default=None, metavar="SHAPE",
+                   help="benchmarks: seeded random weights of a named shape (benchmarks/shapes.py) or of the "
+                        "config.json in a directory, instead of --model")
+    p.add_argument("--seed", type=int, default=0, help="--random-init: weight seed (same on every worker)")
     args = p.parse_args(argv)
+    if args.random_init and args.model:
+        p.error("give --model or --random-init, not both")
     opts = options_from_args(args)
     try:
         settings = settings_for(opts.token_file)
@@ -31,10 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     from prefill_worker.service import serve_prefill   # torch import after logging is set up
 
     try:
-        handle, _ = serve_prefill(opts.model, host=opts.host, port=opts.port, device=opts.device,
+        model = opts.model
+        if args.random_init:
+            from benchmarks.shapes import random_init
+
+            log.info("prefill: random weights of %s (seed %d)", args.random_init, args.seed)
+            model = random_init(args.random_init, seed=args.seed, dtype=opts.resolved_dtype, device=opts.device)
+        handle, _ = serve_prefill(model, host=opts.host, port=opts.port, device=opts.device,
                                   dtype=opts.resolved_dtype, width=opts.width, max_len=opts.max_len,
                                   slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
                                   chunk_bytes=int(args.chunk_mib * (1 << 20)))
+        del model   # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:
         log.error("prefill: cannot start: %s", e)
         return 2
