@@ -108,7 +108,7 @@ def pick_config(M: int, N: int, K: int, sms: int, *, x_bytes: int = 2, block_n: 
     block_m = 16 if M <= 16 else min(64, _pow2(M))    # every M <= 16 shares one config (row invariance)
     m_tiles = triton.cdiv(M, block_m)
     bk = block_k or min(256 if x_bytes <= 2 else 64, max(32, _pow2(K)))   # fp32 x: FMA dot, small K tile
-    bn = block_n or (32 if N <= 4096 else 64)
+    bn = block_n or (64 if N >= 65536 else 32)      # H200 sweep (benchmarks/sweep_gemv.py): 32 wins below the LM head
     k_iters = triton.cdiv(K, bk)
     if split is None:
         tiles = m_tiles * triton.cdiv(N, bn)
