@@ -2,6 +2,7 @@
 
     prefill(slot, ids)      wide kernels over the prompt; sets position, next_token, hidden
     rows(slot, tokens)      n <= W decode-time rows at fixed width W (AR step: n=1, verify: n=K+1)
+    ar_step(slot)           one AR row fed from next_token on the device (the decode worker's fast path)
 
 Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.py), which is what
 makes verification and MTP speculation exact. The decode worker replays `rows` from CUDA graphs
@@ -107,6 +108,14 @@ class ModelRunner:
         self.state.hidden[slot].copy_(h[n - 1])
         return logits
 
+    def ar_body(self, slot: int) -> None:
+        """One AR step fed on the device: next_token[slot] -> rows(n=1) -> next_token[slot] = greedy.
+        The host reads tok_out[0] once per token and writes nothing."""
+        self.ids_buf.zero_()
+        self.ids_buf[:1].copy_(self.state.next_token[slot:slot + 1])
+        self.rows_body(slot, 1)
+        self.state.next_token[slot:slot + 1].copy_(self.tok_out[:1])
+
     def mtp_body(self, slot: int, n: int) -> None:
         """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
         pos = self.mtp_start + self.arange_w
@@ -122,6 +131,13 @@ class ModelRunner:
     def run_rows(self, slot: int, n: int) -> None:
         g = self.graphs.get(("rows", slot, n))
         g.replay() if g is not None else self.rows_body(slot, n)
+
+    @torch.inference_mode()
+    def ar_step(self, slot: int) -> int:
+        """Consumes next_token[slot] (window checked by the caller); returns the new next token."""
+        g = self.graphs.get(("ar", slot, 1))
+        g.replay() if g is not None else self.ar_body(slot)
+        return int(self.tok_out[0])
 
     @torch.inference_mode()
     def run_mtp(self, slot: int, n: int) -> None:

@@ -140,10 +140,7 @@ class DecodeEngine:
                 return
 
     def _ar_step(self, s: DecodeSession) -> list[int]:
-        r = s.runner
-        tok = r.rows(s.slot, [int(r.state.next_token[s.slot])])[0]
-        r.state.next_token[s.slot] = tok
-        return [tok]
+        return [s.runner.ar_step(s.slot)]            # window checked once by decode()
 
     def _mtp_chain(self, s: DecodeSession, k: int) -> list[int]:
         """Finalises pending MTP pairs and drafts k tokens. Pending pairs: (h_{P-1}, x_P) ... ."""

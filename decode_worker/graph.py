@@ -2,6 +2,7 @@
 position increment), one graph per (kind, slot, n).
 
     kind "rows": ModelRunner.rows_body(slot, n)  — AR step (n=1), verify (n=K+1), re-advance (n=m+1)
+    kind "ar":   ModelRunner.ar_body(slot)       — AR step fed from next_token on the device (n=1)
     kind "mtp":  ModelRunner.mtp_body(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
 
 First-call discipline (so the first served token is bitwise the same as every later one):
@@ -34,13 +35,14 @@ class GraphStats:
 
 
 def _bodies(runner: ModelRunner):
-    return {"rows": runner.rows_body, "mtp": runner.mtp_body}
+    return {"rows": runner.rows_body, "mtp": runner.mtp_body, "ar": lambda slot, n: runner.ar_body(slot)}
 
 
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
-    """rows: n = 1..max_draft+1 (AR, verify, re-advance); mtp: n = 1..max_draft+2 (when a head exists)."""
+    """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step; mtp: n = 1..max_draft+2
+    (when a head exists)."""
     k = min(max_draft, runner.width - 2)
-    ns = {"rows": range(1, k + 2)}
+    ns = {"rows": range(1, k + 2), "ar": range(1, 2)}
     if runner.has_mtp:
         ns["mtp"] = range(1, k + 3)
     return ns
