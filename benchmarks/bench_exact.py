@@ -382,8 +382,8 @@ def parse(argv):
     p.add_argument("--ps", default="0.8,0.9,0.95,0.99", help="controlled-drafter acceptance probabilities")
     p.add_argument("--ks", default="4,8", help="draft blocks K (<= W-2; CUDA graphs exist for K <= 8)")
     p.add_argument("--drafters", default="fp8,mtp", help="real-draft engines for exact mode (subset of fp8,mtp)")
-    p.add_argument("--controlled-engine", default="fp8", choices=["fp8", "bf16"],
-                   help="model that runs the controlled drafter's rows")
+    p.add_argument("--controlled-engine", default="fp8", choices=["fp8", "bf16", "mtp"],
+                   help="drafter whose real steps the controlled drafter runs (mtp: the MTP head's chain)")
     p.add_argument("--cost-runs", type=int, default=1, help="direct (router-less) runs per (p, K) for the costs")
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--max-len", type=int, default=0, help="worker window (default: prompt + new + 2W, to 64)")

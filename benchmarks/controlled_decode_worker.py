@@ -94,8 +94,9 @@ class ControlledDraftEngine(DecodeEngine):
         c: _Ctl | None = getattr(s, "ctl", None)
         if c is None:
             return own
-        if i == 0:   # the state has consumed t0 (one row): reference index of d1 = position - prompt length
-            c.idx0 = int(s.runner.state.position[s.slot]) - c.base
+        if i == 0:   # bf16/fp8 drafts: the state has consumed t0 (one row); mtp drafts: nothing yet.
+            # Reference index of d1 = tokens consumed after t0 = position - prompt length (+1 for mtp)
+            c.idx0 = int(s.runner.state.position[s.slot]) - c.base + (s.engine == "mtp")
         idx = c.idx0 + i
         if idx >= len(c.tokens):
             return own

@@ -152,15 +152,15 @@ class DecodeEngine:
         r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
         r.mtp_start.fill_(s.mtp_start)
         r.run_mtp(s.slot, n)
-        drafts = [int(r.mtp_tok[n - 1])]
+        drafts = [self._propose(s, 0, int(r.mtp_tok[n - 1]))]
         h = r.mtp_out[n - 1].clone()          # chained: the MTP output row is the next step's hidden
         idx = s.mtp_start + n                 # KV index of the next pair
-        for _ in range(k - 1):
+        for i in range(1, k):
             r.mtp_h[0].copy_(h)
             r.mtp_ids[0] = drafts[-1]
             r.mtp_start.fill_(idx)
             r.run_mtp(s.slot, 1)
-            drafts.append(int(r.mtp_tok[0]))
+            drafts.append(self._propose(s, i, int(r.mtp_tok[0])))
             h = r.mtp_out[0].clone()
             idx += 1
         return drafts
@@ -227,8 +227,9 @@ class DecodeEngine:
             return list(drafts)
 
     def _propose(self, s: DecodeSession, i: int, own: int) -> int:
-        """Draft i (0-based) of a bf16/fp8 Draft call, given the runner's own greedy token: the runner's
-        token. Only benchmarks override it (benchmarks/controlled_decode_worker.py)."""
+        """Draft i (0-based) of a Draft call (any engine; mtp: also fast-mode rounds), given the runner's
+        own greedy token: the runner's token. Only benchmarks override it
+        (benchmarks/controlled_decode_worker.py); the proposal is what the next draft step consumes."""
         return own
 
     def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
