@@ -1,8 +1,18 @@
-"""`baton bench`: runs the decode benchmark (ours vs HF generate vs the bandwidth floor) and writes
-benchmarks/results/<date>-<machine>.json, a Markdown table beside it, and a PNG plot (tokens/s against
-context per engine, with HF and the floor) when matplotlib is importable. GPU only.
+"""`baton bench`: the whole benchmark suite on one GPU, one command. GPU only.
 
-    baton bench --random-init qwen3.5-9b --contexts 512,8192,32768
+    baton bench --random-init qwen3.5-9b                   # every part
+    baton bench --parts decode,profile --out-dir DIR       # a subset (e.g. split across two GPUs)
+
+Parts (each also runs alone; see its script):
+    decode   bench_decode.py  bf16 / fp8 / mtp tok/s at each context vs HF generate vs the bandwidth floor,
+                              graph capture time and pool bytes per engine, peak GPU memory
+    profile  profile_step.py  per-part GPU time of one step (GEMM, GDN, attention, norms, ...), kernels/step
+    ttft     bench_ttft.py    TTFT: prefill alone vs prefill + hand-off to a decode worker, prefill MFU
+    bridge   bench_bridge.py  state hand-off GB/s over loopback gRPC (device -> wire -> device)
+    exact    bench_exact.py   exact mode through the router (workers as processes) vs bf16 AR: real FP8 /
+                              MTP drafts, the acceptance-controlled drafter, the analytic bound
+Writes <out-dir>/<date>-<machine>.json (decode), <stem>-<part>.json for the others, <stem>.md with every
+part's headline figures, and <stem>.png (tok/s against context, HF and the floor drawn).
 """
 from __future__ import annotations
 
@@ -10,6 +20,8 @@ import argparse
 import datetime
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -22,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--engines", default="bf16,fp8,mtp")
     p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--parts", default="decode,profile,ttft,bridge,exact")
 
 
 def markdown(res: dict) -> str:
@@ -59,20 +72,68 @@ def plot(res: dict, path: Path) -> bool:
     return True
 
 
+def _script(part: str, args, js: Path) -> list[str]:
+    py = [sys.executable, str(Path(__file__).resolve().parent / f"{SCRIPTS[part]}.py")]
+    shape = ["--random-init", args.random_init]
+    if part == "profile":
+        return py + shape + ["--context", "512", "--out", str(js)]
+    if part == "ttft":
+        return py + shape + ["--device", "cuda", "--prompts", "512,4096,32768", "--runs", str(args.runs),
+                             "--out", str(js)]
+    if part == "bridge":
+        return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]
+    return py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "128", "--runs", str(args.runs),
+                         "--ks", "4,8", "--ps", "0.8,0.9,0.95,0.99", "--out", str(js)]
+
+
+SCRIPTS = {"profile": "profile_step", "ttft": "bench_ttft", "bridge": "bench_bridge", "exact": "bench_exact"}
+
+
+def summary(part: str, res: dict) -> list[str]:
+    """Headline lines of one part's JSON for the Markdown report."""
+    if part == "profile":
+        return [f"- {r['engine']} {r['path']}: {r['graph_ms']:.2f} ms/step ({r['tok_s']:.1f} tok/s), "
+                f"{r['kernels']} kernels; " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["groups_ms"].items())
+                for r in res.get("runs", [])]
+    if part == "bridge":
+        e = res.get("results", {}).get("e2e_frames", {})
+        return [f"- hand-off of {res.get('state', {}).get('bytes', '?')} bytes: e2e median "
+                f"{e.get('median_GBps', '?')} GB/s, best {e.get('best_GBps', '?')} GB/s"]
+    return ["```json", json.dumps(res.get("summary", {k: v for k, v in res.items() if not isinstance(v, list)}),
+                                  indent=1)[:4000], "```"]
+
+
 def run(args) -> int:
     import torch
     if not torch.cuda.is_available():
         print("baton bench: needs a CUDA GPU (absolute times only mean something there)")
         return 2
-    from benchmarks import bench_decode
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = set(parts) - {"decode", *SCRIPTS}
+    if unknown:
+        print(f"baton bench: unknown part(s) {', '.join(sorted(unknown))}; known: decode, {', '.join(SCRIPTS)}")
+        return 2
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}-{socket.gethostname()}"
-    js = out_dir / f"{stem}.json"
-    bench_decode.main(["--random-init", args.random_init, "--contexts", args.contexts, "--new", str(args.new),
-                       "--runs", str(args.runs), "--engines", args.engines, "--out", str(js)])
-    res = json.loads(js.read_text())
-    (out_dir / f"{stem}.md").write_text(markdown(res))
-    plot(res, out_dir / f"{stem}.png")
-    print(f"baton bench: wrote {js} (+ .md, .png)")
-    return 0
+    md, rc = [], 0
+    if "decode" in parts:
+        from benchmarks import bench_decode
+        js = out_dir / f"{stem}.json"
+        bench_decode.main(["--random-init", args.random_init, "--contexts", args.contexts, "--new", str(args.new),
+                           "--runs", str(args.runs), "--engines", args.engines, "--out", str(js)])
+        res = json.loads(js.read_text())
+        md.append(markdown(res))
+        plot(res, out_dir / f"{stem}.png")
+    for part in [p for p in parts if p != "decode"]:
+        js = out_dir / f"{stem}-{part}.json"
+        cmd = _script(part, args, js)
+        print(f"baton bench: {part}: {' '.join(cmd)}", flush=True)
+        code = subprocess.call(cmd)
+        rc = rc or code
+        md += [f"\n## {part}\n", f"`{' '.join(cmd[1:])}` (exit {code})\n"]
+        if js.is_file():
+            md += summary(part, json.loads(js.read_text()))
+    (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print(f"baton bench: wrote {out_dir}/{stem}.* ({', '.join(parts)})")
+    return rc
