@@ -31,12 +31,10 @@ def pair(request, tmp_path_factory):
     return hf, ours
 
 
-# NOTE: fp32 decode logits agree within 1e-4 on the 4-layer config but drift to ~3e-4 on deeper ones:
-# the GDN gated RMSNorm normalises head outputs whose rms can be ~1e-5 (heavy cancellation in S^T q),
-# which turns ulp-level summation-order differences (our chunked prefill vs HF's) into 1e-4 relative
-# errors. Prompt logits hold 1e-4 on both configs and greedy tokens are identical everywhere.
-DECODE_TOL = {"small": 1e-4, "wide": 1e-3}
-PROMPT_TOL = {"small": 1e-4, "wide": 3e-4}
+# Both configs hold 1e-4 for prompt and decode logits. fp32 Baton and fp32 HF each sit ~2-8e-5 from an fp64
+# run of HF, so this is close to the fp32 floor at logit std ~4: a real discrepancy fails it. (It needs
+# make-tiny's long-memory GDN decay init: with a ~rank-1 state even HF fp32 vs fp64 was 7e-4 apart.)
+TOL = 1e-4
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -45,9 +43,8 @@ def _cache(out):
 
 
 @torch.no_grad()
-def test_prompt_and_decode_logits_and_greedy_match_hf(pair, request):
+def test_prompt_and_decode_logits_and_greedy_match_hf(pair):
     hf, ours = pair
-    tol = DECODE_TOL[request.node.callspec.params["pair"]]
     g = torch.Generator().manual_seed(0)
     for n in PROMPT_LENS:
         ids = torch.randint(0, ours.cfg.vocab_size, (n,), generator=g).tolist()
@@ -55,7 +52,7 @@ def test_prompt_and_decode_logits_and_greedy_match_hf(pair, request):
         out = hf(torch.tensor([ids]), use_cache=True)
         tok = r.prefill(0, ids)
         ref_last = out.logits[0, -1]
-        assert (ours.logits(r.state.hidden[0][None])[0] - ref_last).abs().max() < 1e-4
+        assert (ours.logits(r.state.hidden[0][None])[0] - ref_last).abs().max() < TOL
         assert tok == int(ref_last.argmax())
         cache, nxt, ours_tokens, hf_tokens = _cache(out), tok, [tok], [tok]
         for _ in range(32):
@@ -64,15 +61,14 @@ def test_prompt_and_decode_logits_and_greedy_match_hf(pair, request):
             r.ids_buf.zero_()
             r.ids_buf[0] = ours_tokens[-1]
             logits = r.rows_body(0, 1)
-            assert (logits[0] - o2.logits[0, -1]).abs().max() < tol
+            assert (logits[0] - o2.logits[0, -1]).abs().max() < TOL
             ours_tokens.append(int(logits[0].argmax()))
             hf_tokens.append(int(o2.logits[0, -1].argmax()))
         assert ours_tokens == hf_tokens, f"prompt length {n}"
 
 
-def test_full_prompt_logits_match_hf(pair, request):
+def test_full_prompt_logits_match_hf(pair):
     hf, ours = pair
-    tol = PROMPT_TOL[request.node.callspec.params["pair"]]
     ids = torch.randint(0, ours.cfg.vocab_size, (130,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
@@ -80,7 +76,7 @@ def test_full_prompt_logits_match_hf(pair, request):
         from baton.models.qwen3_5 import StepContext
         r.state.reset(0)
         h = ours(ids, r.state, StepContext(slot=0, width=None, n=130))
-        assert (ours.logits(h) - ref).abs().max() < tol
+        assert (ours.logits(h) - ref).abs().max() < TOL
 
 
 def test_chunked_and_recurrent_gdn_agree():
