@@ -313,7 +313,7 @@ def test_state_stream_cut_or_corrupted_on_the_wire(cl):
     """The prefill worker's state stream to a decode worker passes a proxy that (a) resets the connection
     after 10 %, 50 %, 90 % of the stream's bytes (inside the one data chunk: a message cut mid-way), or
     (b) flips one byte in the data chunk. The Prefill fails with the documented code naming the
-    decode_target (UNAVAILABLE for a cut, DATA_LOSS for a flip: the SHA-256 trailer catches it); neither
+    decode_target (UNAVAILABLE for a cut, DATA_LOSS for a flip: the per-chunk SHA-256 catches it); neither
     worker keeps a session; the next hand-off through the same proxy and the router are fine."""
     p, d = "prefill-0", "decode-0"
     proxy = CutProxy(cl.addr[d])
