@@ -102,6 +102,10 @@ class Registry:
         self._thread: threading.Thread | None = None
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="baton-health")
         self._last_ray = 0.0
+        # Ray discovery runs on its own thread: a slow or hung GCS call must never delay health probes
+        # (it did: under CPU load a blocked discovery kept a dead decode actor "up" for 30 s)
+        self._ray_pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="baton-ray-sync")
+        self._ray_future: futures.Future | None = None
         for addr in prefill:
             self.add("prefill", addr)
         for addr in decode:
@@ -240,9 +244,13 @@ class Registry:
         worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
 
     def poll_once(self) -> None:
-        if self.ray_namespace and time.monotonic() - self._last_ray >= self.ray_every:
+        due = self.ray_namespace and time.monotonic() - self._last_ray >= self.ray_every
+        if due and (self._ray_future is None or self._ray_future.done()):
             self._last_ray = time.monotonic()
-            self._sync_ray()
+            if self._thread is None:       # start(): synchronous, so the pools are filled before serving
+                self._sync_ray()
+            else:
+                self._ray_future = self._ray_pool.submit(self._sync_ray)
         everyone = self.workers("prefill") + self.workers("decode")
         list(self._pool.map(self.probe, everyone))
         self._publish()
@@ -271,6 +279,7 @@ class Registry:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ray_pool.shutdown(wait=False, cancel_futures=True)
         for w in self.workers("prefill") + self.workers("decode"):
             w.channel.close()
 
