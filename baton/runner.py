@@ -25,16 +25,19 @@ class WindowError(ValueError):
 
 class ModelRunner:
     def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = DEFAULT_MAX_LEN,
-                 width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None, fast: bool | None = None):
+                 width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None, fast: bool | None = None,
+                 checkpoints: bool = False):
         """fast: use the fused rows kernels (baton/models/fast_rows.py); None = on CUDA. Every runner
-        that must agree bitwise (exact engine, decode engines) must make the same choice."""
+        that must agree bitwise (exact engine, decode engines) must make the same choice.
+        checkpoints: keep per-row GDN checkpoints so a rejected verify block rewinds by copying
+        (`rewind`) instead of recomputing; costs W x the GDN state of one slot."""
         p = next(model.parameters())
         self.model, self.cfg = model, model.cfg
         self.device, self.dtype = p.device, dtype or p.dtype
         self.width, self.max_len = width, max_len
         self.has_mtp = hasattr(model, "mtp")
         self.state = HybridState(self.cfg, slots=slots, max_len=max_len, dtype=self.dtype, device=self.device,
-                                 mtp=self.has_mtp)
+                                 mtp=self.has_mtp, ckpt_rows=width if checkpoints else 0)
         # Static step buffers: the eager path and captured CUDA graphs read and write these.
         W, H, dev = width, self.cfg.hidden_size, self.device
         self.ids_buf = torch.zeros(W, dtype=torch.long, device=dev)          # [W] row tokens
@@ -150,6 +153,25 @@ class ModelRunner:
         self.ids_buf.copy_(ids_w)
         logits = self.rows_body(slot, n)
         return self.tok_out.clone(), logits
+
+    def begin_block(self, slot: int) -> None:
+        """Before a rows block that `accept_prefix` may cut: snapshot, unless row checkpoints are kept."""
+        if not self.state.ckpt_conv:
+            self.state.snapshot(slot)
+
+    def accept_prefix(self, slot: int, pos0: int, tokens: list[int], m: int) -> None:
+        """After rows(slot, tokens) from position pos0, keep only tokens[0..m]: the state as if
+        rows(slot, tokens[:m+1]) had run. Bitwise equal either way (row invariance); with row
+        checkpoints it is a copy, else a snapshot restore (see begin_block) and a recompute."""
+        if m + 1 == len(tokens):
+            return
+        if self.state.ckpt_conv:
+            self.state.rewind_rows(slot, m)
+            self.state.position[slot] = pos0 + m + 1
+            self.state.hidden[slot].copy_(self.h_rows[m])
+        else:
+            self.state.restore(slot)
+            self.rows(slot, tokens[: m + 1])
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
         """Feeds tokens (1 <= n <= W) and returns the greedy token after each of them."""

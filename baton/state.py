@@ -8,6 +8,12 @@ captured CUDA graphs stay valid):
     position         [S] int64   tokens consumed by the slot
     next_token       [S] int64   the token to feed next (not yet consumed)
     hidden           [S, hidden] last final-normed hidden row (MTP input)
+    row checkpoints (optional, `ckpt_rows=W`; one set shared by all slots: rows passes run one at a
+    time under the engine's compute lock):
+    ckpt_conv[layer] [W, conv_dim, K-1]     conv state after row t of the last rows pass
+    ckpt_rec[layer]  [W, Hv, dk, dv] fp32   recurrent state after row t of the last rows pass
+    so a verify block that accepts m < K drafts rewinds to row m by copying, instead of restoring the
+    snapshot and recomputing m+1 rows (`rewind_rows`).
 
 Invariant: KV rows at positions >= position[slot] are never read unmasked, so a rollback only has to
 restore the O(1) part (GDN tensors and scalars); the stale KV rows are overwritten before use.
@@ -36,7 +42,7 @@ class StateTensor:
 
 class HybridState:
     def __init__(self, cfg: ModelConfig, *, slots: int, max_len: int, dtype: torch.dtype, device,
-                 mtp: bool = False):
+                 mtp: bool = False, ckpt_rows: int = 0):
         self.cfg, self.slots, self.max_len, self.dtype = cfg, slots, max_len, dtype
         self.mtp_layer = cfg.num_hidden_layers if mtp else None   # the MTP layer's KV index
         self.device = torch.device(device)
@@ -52,6 +58,10 @@ class HybridState:
         self.position = z(slots, dt=torch.int64)
         self.next_token = z(slots, dt=torch.int64)
         self.hidden = z(slots, cfg.hidden_size)
+        self.ckpt_conv = {i: z(ckpt_rows, cfg.conv_dim, K - 1) for i in cfg.gdn_layers} if ckpt_rows else {}
+        self.ckpt_rec = ({i: z(ckpt_rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                               cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
+                         if ckpt_rows else {})
         # snapshot buffers for the O(1) part, same layout
         self._snap = {k: torch.zeros_like(t) for k, t in self._o1_items()}
 
@@ -61,6 +71,17 @@ class HybridState:
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.key[layer], self.value[layer]
+
+    def row_ckpt(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ckpt_conv [W, C, K-1], ckpt_rec [W, Hv, dk, dv]) of a GDN layer, or None when not kept."""
+        return (self.ckpt_conv[layer], self.ckpt_rec[layer]) if self.ckpt_conv else None
+
+    def rewind_rows(self, slot: int, row: int) -> None:
+        """GDN conv + recurrent state of `slot` := the checkpoint after `row` of the last rows pass
+        (the caller sets position, hidden and next_token)."""
+        for i in self.cfg.gdn_layers:
+            self.conv[i][slot].copy_(self.ckpt_conv[i][row])
+            self.recurrent[i][slot].copy_(self.ckpt_rec[i][row])
 
     def _o1_items(self):
         for i in self.cfg.gdn_layers:

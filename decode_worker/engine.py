@@ -169,15 +169,14 @@ class DecodeEngine:
         """BF16 verify of [t0, drafts] -> (m, next); state left consumed t0, d1..dm; hidden rows kept."""
         r, st = s.runner, s.runner.state
         k = len(drafts)
-        r.check_window(int(st.position[s.slot]), k + 1)
-        st.snapshot(s.slot)
+        pos0 = int(st.position[s.slot])
+        r.check_window(pos0, k + 1)
+        r.begin_block(s.slot)
         greedy = r.rows(s.slot, [t0] + drafts)
         m = 0
         while m < k and drafts[m] == greedy[m]:
             m += 1
-        if m < k:
-            st.restore(s.slot)
-            r.rows(s.slot, [t0] + drafts[:m])
+        r.accept_prefix(s.slot, pos0, [t0] + drafts, m)
         st.next_token[s.slot] = greedy[m]
         return m, greedy[m]
 

@@ -250,7 +250,7 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
         raise ValueError(f"engine: {default_engine!r} is not available here (have {', '.join(names) or 'none'})")
     runners: dict[str, ModelRunner] = {}
     if "bf16" in names or "mtp" in names:
-        shared = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width)
+        shared = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints="mtp" in names)
         runners.update({e: shared for e in ("bf16", "mtp") if e in names})
     if "fp8" in names:
         log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)

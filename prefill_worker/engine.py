@@ -121,17 +121,15 @@ class ExactEngine:
             pending = int(st.next_token[s.slot])
             if tokens[0] != pending:
                 raise ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
-            self.runner.check_window(int(st.position[s.slot]), K + 1)
-            st.snapshot(s.slot)
+            pos0 = int(st.position[s.slot])
+            self.runner.check_window(pos0, K + 1)
+            self.runner.begin_block(s.slot)
             greedy = self.runner.rows(s.slot, tokens)            # greedy[i] follows tokens[0..i]
             m = 0
             while m < K and tokens[m + 1] == greedy[m]:
                 m += 1
             nxt = greedy[m]
-            if m < K:
-                st.restore(s.slot)
-                again = self.runner.rows(s.slot, tokens[: m + 1])
-                assert again[m] == nxt, "row invariance violated"
+            self.runner.accept_prefix(s.slot, pos0, tokens, m)   # keep tokens[0..m] only
             st.next_token[s.slot] = nxt
             pos = int(st.position[s.slot])
         c = s.counters

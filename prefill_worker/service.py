@@ -214,7 +214,7 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
     else:
         log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
         lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
-    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width)
+    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True)
     if str(device).startswith("cuda"):   # AR steps, verify blocks (n=K+1) and re-advances (n=m+1)
         from decode_worker.graph import capture_all
         st = capture_all(runner, ns={"rows": range(1, width + 1)})

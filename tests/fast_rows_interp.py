@@ -53,6 +53,21 @@ def main() -> None:
                      "state_max_diff": st, "position": [int(eager.state.position[0]), int(fused.state.position[0])],
                      "row_invariant": all(torch.equal(a, lf[i]) for i, a in enumerate(ar_logits)),
                      "rec_state_equal_after_ar": torch.equal(ar.state.recurrent[0][0], fused.state.recurrent[0][0])}
+    # per-row checkpoints: a 4-row block cut to its first 2 rows == a 2-row block, bitwise
+    ids = torch.randint(0, 512, (30,), generator=g).tolist()
+    blk = torch.randint(0, 512, (4,), generator=g).tolist()
+    cut = ModelRunner(m, max_len=512, fast=True, checkpoints=True)
+    two = ModelRunner(m, max_len=512, fast=True)
+    cut.prefill(0, ids)
+    two.prefill(0, ids)
+    cut.begin_block(0)
+    cut.rows(0, blk)
+    cut.accept_prefix(0, 30, blk, 1)
+    two.rows(0, blk[:2])
+    out["ckpt"] = {"state_equal": all(torch.equal(getattr(cut.state, k)[i], getattr(two.state, k)[i])
+                                      for k in ("conv", "recurrent") for i in getattr(two.state, k))
+                   and torch.equal(cut.state.position, two.state.position)
+                   and torch.equal(cut.state.hidden, two.state.hidden)}
     # the MTP head in rows mode: 3 pairs after a prompt
     ids = torch.randint(0, 512, (50,), generator=g).tolist()
     runs = {}

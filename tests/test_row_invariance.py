@@ -36,3 +36,35 @@ def test_verify_rows_equal_ar_steps_bitwise(dtype):
             _, ar = r.rows_step(0, r.pad_ids([t]), 1)
             assert torch.equal(ar[0], verify[i]), f"{dtype} trial {trial} K={K} row {i}"
     assert ks == set(range(1, 16))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_accept_prefix_rewinds_to_the_state_of_a_shorter_block(dtype):
+    """A K+1-row block cut to its first m+1 rows by the per-row GDN checkpoints leaves the same state
+    (conv, recurrent, position, hidden) as running those m+1 rows alone, and as the snapshot path."""
+    lm = random_model(CFG, dtype=dtype, device="cpu", seed=4, mtp=False, std=0.1)
+    ck = ModelRunner(lm.model, max_len=256, width=16, checkpoints=True)
+    ref = ModelRunner(lm.model, max_len=256, width=16)
+    g = torch.Generator().manual_seed(1)
+    for trial in range(8):
+        ids = torch.randint(0, CFG.vocab_size, (int(torch.randint(1, 100, (1,), generator=g)),), generator=g).tolist()
+        K = 2 + trial
+        blk = torch.randint(0, CFG.vocab_size, (K + 1,), generator=g).tolist()
+        m = trial % (K + 1)
+        for r in (ck, ref):
+            r.prefill(0, ids)
+            r.begin_block(0)
+            r.rows(0, blk)
+            r.accept_prefix(0, len(ids), blk, m)
+        short = ModelRunner(lm.model, max_len=256, width=16)
+        short.prefill(0, ids)
+        short.rows(0, blk[: m + 1])
+        for r in (ck, ref):
+            for i in CFG.gdn_layers:
+                assert torch.equal(r.state.conv[i][0], short.state.conv[i][0]), (trial, m, i)
+                assert torch.equal(r.state.recurrent[i][0], short.state.recurrent[i][0]), (trial, m, i)
+            assert int(r.state.position[0]) == len(ids) + m + 1
+            assert torch.equal(r.state.hidden[0], short.state.hidden[0])
+        # and the next step agrees too
+        nxt = [int(torch.randint(0, CFG.vocab_size, (1,), generator=g))]
+        assert ck.rows(0, nxt) == short.rows(0, nxt)

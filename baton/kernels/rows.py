@@ -80,8 +80,8 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit
-def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, C, n,
-                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr):
+def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, ck_ptr, C, n,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr):
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
     j = tl.arange(0, KP)
@@ -94,9 +94,13 @@ def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, C, n,
         vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :], mask=m[:, None] & (jm & st)[None, :], other=0.0)
         vx = tl.load(x_ptr + (idx - (K - 1))[None, :] * sx + c[:, None],
                      mask=m[:, None] & (jm & (idx >= K - 1))[None, :], other=0.0)
-        acc = tl.sum(tl.where(st[None, :], vs, vx).to(tl.float32) * w, axis=1)
+        win = tl.where(st[None, :], vs, vx)                              # [BLOCK_C, KP] = seq[t .. t+K-1]
+        acc = tl.sum(win.to(tl.float32) * w, axis=1)
         y = acc * tl.sigmoid(acc)
         tl.store(y_ptr + t * C + c, y.to(y_ptr.dtype.element_ty), mask=m)
+        if CKPT:                                                          # state after row t = seq[t+1 .. t+K-1]
+            tl.store(ck_ptr + t * C * (K - 1) + c[:, None] * (K - 1) + (j - 1)[None, :], win,
+                     mask=m[:, None] & ((j >= 1) & jm)[None, :])
     # new state[:, j] = seq[n + j], j < K-1 (all reads above happen before the barrier)
     idx = n + j
     jm1 = j < K - 1
@@ -110,26 +114,29 @@ def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, C, n,
     tl.store(st_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
 
 
-def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int,
+              ckpt: torch.Tensor | None = None) -> torch.Tensor:
     """x [W, C] (row-strided, unit column stride); conv_state [C, K-1] contiguous, advanced by the
-    first n rows in place; w [C, K] contiguous. Returns silu(conv) [W, C]; rows >= n are left
-    unwritten (nothing reads them: gdn_rows consumes the first n rows only)."""
+    first n rows in place; w [C, K] contiguous; ckpt [W, C, K-1] (optional): ckpt[t] := the state
+    after row t, t < n. Returns silu(conv) [W, C]; rows >= n are left unwritten (nothing reads them:
+    gdn_rows consumes the first n rows only)."""
     W, C = x.shape
     K = w.shape[1]
     assert x.stride(1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
     y = torch.empty(W, C, dtype=x.dtype, device=x.device)
     B = 128
-    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, w, y, C, n,
-                                            K=K, KP=_p2(K), BLOCK_C=B, num_warps=4)
+    assert ckpt is None or ckpt.is_contiguous()
+    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, w, y, ckpt if ckpt is not None else y,
+                                            C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, num_warps=4)
     return y
 
 
 # ---- GDN: gated delta rule + gated RMSNorm ---------------------------------------------------------
 @triton.jit
 def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb_ptr, nw_ptr, S_ptr, o_ptr,
-                     n, eps, scale, W,
+                     ck_ptr, n, eps, scale, W,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
-                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CKPT: tl.constexpr):
     h = tl.program_id(0)
     hk = h // GROUP
     rk = tl.arange(0, BK)
@@ -157,6 +164,8 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb
         kv = tl.sum(S * k[:, None], axis=0)                            # [BV]
         u = (v - kv) * beta
         S = S + k[:, None] * u[None, :]
+        if CKPT:
+            tl.store(ck_ptr + t * (HV * DK * DV) + s_off, S, mask=smask)
         o = tl.sum(S * q[:, None], axis=0)                             # [BV]
         var = tl.sum(o * o, axis=0) / DV
         zz = tl.load(z_ptr + t * sz + h * DV + rv, mask=mv, other=0.0).to(tl.float32)
@@ -169,9 +178,11 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb
 
 
 def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-             norm_w: torch.Tensor, S: torch.Tensor, n: int, *, nk: int, eps: float) -> torch.Tensor:
+             norm_w: torch.Tensor, S: torch.Tensor, n: int, *, nk: int, eps: float,
+             ckpt: torch.Tensor | None = None) -> torch.Tensor:
     """cv [W, 2*nk*dk + Hv*dv] conv output (q | k | v); b, a [W, Hv] projections (row-strided);
-    z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows.
+    z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows; ckpt [W, Hv, dk, dv]
+    fp32 (optional): ckpt[t] := S after row t.
     Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero)."""
     W = cv.shape[0]
     Hv, dk, dv = S.shape
@@ -179,10 +190,11 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     assert cv.stride(1) == 1 and b.stride(1) == 1 and a.stride(1) == 1 and z.stride(1) == 1
     o = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
     warps = 16 if dk * dv >= 128 * 128 else (8 if dk * dv >= 64 * 64 else 4)
+    assert ckpt is None or (ckpt.is_contiguous() and ckpt.dtype == torch.float32)
     _gdn_rows_kernel[(Hv,)](cv, cv.stride(0), b, b.stride(0), a, a.stride(0), z, z.stride(0), A_log, dt_bias, norm_w, S, o,
-                            n, eps, dk ** -0.5, W,
+                            ckpt if ckpt is not None else S, n, eps, dk ** -0.5, W,
                             HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BV=_p2(dv),
-                            num_warps=warps)
+                            CKPT=ckpt is not None, num_warps=warps)
     return o
 
 

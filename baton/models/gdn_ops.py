@@ -21,9 +21,11 @@ except Exception:  # pragma: no cover - depends on the machine
     _fla_chunk = None
 
 
-def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool) -> torch.Tensor:
+def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool,
+                ckpt: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal conv + SiLU. x [T, C]; conv_state [C, K-1] (updated in place with the last
-    K-1 inputs of the first n rows); w [C, K]. `wide` (prefill) may use conv1d. Returns [T, C]."""
+    K-1 inputs of the first n rows); w [C, K]. `wide` (prefill) may use conv1d. ckpt [W, C, K-1]
+    (rows mode, optional): ckpt[t] := the conv state after row t, t < n. Returns [T, C]."""
     T, C = x.shape
     K = w.shape[1]
     seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)          # [C, K-1+T]
@@ -31,6 +33,8 @@ def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: i
         out = F.conv1d(seq[None], w[:, None, :], groups=C)[0]         # [C, T]
     else:                   # rows: fixed-shape windows, row-invariant
         out = (seq.unfold(1, K, 1) * w[:, None, :]).sum(-1)           # [C, T]
+        if ckpt is not None:
+            ckpt[:n].copy_(seq.unfold(1, K - 1, 1)[:, 1:n + 1].transpose(0, 1))
     conv_state.copy_(seq[:, n:n + K - 1])
     return F.silu(out).transpose(0, 1)
 
@@ -45,9 +49,10 @@ def _prep(q, k, g_heads: int):
     return q, k
 
 
-def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int) -> torch.Tensor:
+def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int, ckpt: torch.Tensor | None = None) -> torch.Tensor:
     """q,k [W, Hk, dk]; v [W, Hv, dv]; g, beta [W, Hv]; S [Hv, dk, dv] fp32 updated in place by the
-    first n rows. Returns o [W, Hv, dv] in v's dtype (rows >= n are zero)."""
+    first n rows; ckpt [W, Hv, dk, dv] (optional): ckpt[i] := S after row i. Returns o [W, Hv, dv] in
+    v's dtype (rows >= n are zero)."""
     W, Hv, dv = v.shape
     q, k = _prep(q, k, Hv // q.shape[1])
     vf, bf, decay = v.float(), beta.float(), g.float().exp()
@@ -58,6 +63,8 @@ def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int) -> torch.Tensor:
         u = (vf[i] - kv) * bf[i][:, None]
         S.add_(k[i][:, :, None] * u[:, None, :])
         out[i] = (S * q[i][:, :, None]).sum(1)
+        if ckpt is not None:
+            ckpt[i].copy_(S)
     return out.to(v.dtype)
 
 

@@ -176,7 +176,8 @@ class GatedDeltaNet(nn.Module):
         mixed = self.in_proj_qkv(x)                                        # [T, C]
         w = self.conv1d.weight[:, 0, :]                                    # [C, K]
         n = T if ctx.width is None else ctx.n
-        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None)                      # [T, C], updates cs
+        ck = state.row_ckpt(self.layer_idx) if ctx.width is not None else None   # rows: per-row checkpoints
+        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None, ck and ck[0])        # [T, C], updates cs
         kd = self.cfg.key_dim
         q = mixed[:, :kd].reshape(T, self.nk, self.dk)
         k = mixed[:, kd:2 * kd].reshape(T, self.nk, self.dk)
@@ -186,7 +187,7 @@ class GatedDeltaNet(nn.Module):
         if ctx.width is None:
             o = gdn_ops.chunked(q, k, v, g, beta, rs)                      # [T, Hv, dv]
         else:
-            o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n)            # [W, Hv, dv]
+            o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])   # [W, Hv, dv]
         z = self.in_proj_z(x).reshape(T * self.nv, self.dv)
         o = self.norm(o.reshape(T * self.nv, self.dv), z).reshape(T, self.nv * self.dv)
         return self.out_proj(o)
