@@ -37,6 +37,37 @@ def test_row_invariance_bf16_every_k(fast):
             assert torch.equal(ar[0], verify[i]), f"trial {trial} K={K} row {i}"
 
 
+@cuda
+def test_row_checkpoints_rewind_equals_recompute_under_graphs():
+    """Fused kernels + CUDA graphs: a K+1-row block cut to m+1 rows by the per-row checkpoints leaves
+    bitwise the state of running the m+1 rows alone, for every m."""
+    from benchmarks.shapes import shape
+    from baton.loading import random_model
+    from baton.runner import ModelRunner
+    from decode_worker import graph
+
+    lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
+    ck = ModelRunner(lm.model, max_len=512, width=16, checkpoints=True)
+    short = ModelRunner(lm.model, max_len=512, width=16)
+    for r in (ck, short):
+        graph.capture_all(r, max_draft=8)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, lm.cfg.vocab_size, (100,), generator=g).tolist()
+    blk = torch.randint(0, lm.cfg.vocab_size, (9,), generator=g).tolist()
+    for m in range(9):
+        ck.prefill(0, ids)
+        short.prefill(0, ids)
+        ck.begin_block(0)
+        ck.rows(0, blk)
+        ck.accept_prefix(0, len(ids), blk, m)
+        short.rows(0, blk[: m + 1])
+        for i in lm.cfg.gdn_layers:
+            assert torch.equal(ck.state.conv[i][0], short.state.conv[i][0]), (m, i)
+            assert torch.equal(ck.state.recurrent[i][0], short.state.recurrent[i][0]), (m, i)
+        assert torch.equal(ck.state.hidden[0], short.state.hidden[0]) and int(ck.state.position[0]) == 101 + m
+        assert ck.rows(0, [5]) == short.rows(0, [5])
+
+
 @pytest.fixture(scope="module")
 def big():
     from benchmarks.shapes import shape
@@ -48,7 +79,7 @@ def _decode_engine(lm, engine, graphs=True):
     from decode_worker import graph
     from decode_worker.engine import DecodeEngine
     from baton.runner import ModelRunner
-    r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16)
+    r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16, checkpoints=True)   # as served
     if graphs:
         graph.capture_all(r, max_draft=4)
     return DecodeEngine({"bf16": r, "mtp": r}, default_engine=engine), r
