@@ -22,12 +22,12 @@ def test_fused_rows_kernels_match_eager_and_are_row_invariant():
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
     for name, r in res.items():
-        assert r["tokens_equal"], (name, r)
-        assert r["logits_max_diff"] < 1e-4, (name, r)
-        assert max(r["state_max_diff"].values()) < 1e-4, (name, r)
         if name == "ckpt":                # per-row checkpoints: rewinding == recomputing, bitwise
             assert r["state_equal"], r
             continue
+        assert r["tokens_equal"], (name, r)
+        assert r["logits_max_diff"] < 1e-4, (name, r)
+        assert max(r["state_max_diff"].values()) < 1e-4, (name, r)
         if name == "mtp":                 # the MTP head's rows pass: out rows and MTP KV
             continue
         assert r["position"][0] == r["position"][1], (name, r)
