@@ -96,6 +96,7 @@ class FastRows:
             self.mtp_mixer = _groups([a.q_proj, a.k_proj, a.v_proj])
             (self.mtp_gate_up,) = _groups([mlp.gate_proj, mlp.up_proj])
         self.rope_len = 0
+        self._old_tables: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._rope_table(max_len)
 
     @classmethod
@@ -114,6 +115,8 @@ class FastRows:
         p = next(self.model.parameters())
         pos = torch.arange(max_len, device=p.device)
         dtype = self.model.model.embed_tokens.weight.dtype
+        if self.rope_len:           # graphs captured by an earlier runner read the old tables: keep them
+            self._old_tables.append((self.cos, self.sin))
         self.cos, self.sin = rope_cos_sin(self.cfg, pos, dtype)
         self.rope_len = max_len
 
