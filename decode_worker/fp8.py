@@ -96,11 +96,6 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _shares_storage(t: torch.Tensor) -> bool:
-    """True when t is a slice of a larger storage (e.g. one projection of a merged weight)."""
-    return t.untyped_storage().nbytes() > _nbytes(t)
-
-
 def _swap(parent: nn.Module, name: str, stats: dict, prefix: str) -> None:
     lin = getattr(parent, name)
     fp8 = FP8Linear.from_linear(lin)
@@ -139,7 +134,7 @@ def quantize_model(model: nn.Module, mode: str = "full") -> dict:
             if name in SKIP_NAMES:
                 stats["skipped"].append(prefix + qual)
                 lin = getattr(parent, name)
-                if _shares_storage(lin.weight):   # a slice of a merged projection (fast_rows): own it,
+                if lin.weight._base is not None:   # a view into a merged projection (fast_rows): own it,
                     lin.weight = nn.Parameter(lin.weight.detach().clone(), requires_grad=False)   # so the
                 continue                                                # merged bf16 storage can be freed
             _swap(parent, name, stats, prefix + (parent_name + "." if parent_name else ""))
