@@ -133,10 +133,7 @@ def quantize_model(model: nn.Module, mode: str = "full") -> dict:
             parent = root.get_submodule(parent_name) if parent_name else root
             if name in SKIP_NAMES:
                 stats["skipped"].append(prefix + qual)
-                lin = getattr(parent, name)
-                if lin.weight._base is not None:   # a view into a merged projection (fast_rows): own it,
-                    lin.weight = nn.Parameter(lin.weight.detach().clone(), requires_grad=False)   # so the
-                continue                                                # merged bf16 storage can be freed
+                continue
             _swap(parent, name, stats, prefix + (parent_name + "." if parent_name else ""))
     head = quantize_head(model)
     stats["head_bytes_before"] = _nbytes(model.head_weight())
