@@ -227,10 +227,22 @@ def stop_processes(workers: list[WorkerProcess], grace: float = 3.0, progress: P
             progress.say(f"{w.spec.name} exited with code {code}")
 
 
+def worker_env(spec: WorkerSpec, n_cpu_workers: int, base: dict[str, str], cpus: int) -> dict[str, str] | None:
+    """The environment of one worker process. CPU workers share the machine's cores: each gets
+    OMP_NUM_THREADS = cpus // n_cpu_workers (at least 1) unless the caller's environment already sets
+    it; without that, every worker's torch uses every core and they slow each other down. GPU workers
+    (and an explicit OMP_NUM_THREADS) inherit the environment unchanged (None)."""
+    if spec.device != "cpu" or "OMP_NUM_THREADS" in base or n_cpu_workers < 2:
+        return None
+    return {**base, "OMP_NUM_THREADS": str(max(1, cpus // n_cpu_workers))}
+
+
 def start_processes(specs: list[WorkerSpec], *, progress: Progress, timeout: float,
                     stop: threading.Event | None = None, settings=None) -> list[WorkerProcess]:
     """Starts every worker at once and waits until all are SERVING (one progress line each)."""
-    workers = [WorkerProcess(s) for s in specs]
+    n_cpu = sum(s.device == "cpu" for s in specs)
+    base, cpus = dict(os.environ), os.cpu_count() or 1
+    workers = [WorkerProcess(s, env=worker_env(s, n_cpu, base, cpus)) for s in specs]
     t0 = time.monotonic()
     try:
         for w in workers:

@@ -265,3 +265,15 @@ def test_serve_ray_generate_and_sigterm(tmp_path):
         assert not cmdline_matches(d), f"Ray processes of {d} left: {cmdline_matches(d)}"
         assert not Path(d).exists(), f"temp dir {d} not removed"
     print(f"ray mode: exit {took:.1f} s after SIGTERM")
+
+
+def test_cpu_workers_split_the_cores_unless_the_caller_set_omp_threads():
+    from deploy.processes import WorkerSpec, worker_env
+
+    cpu = WorkerSpec("prefill", 0)
+    gpu = WorkerSpec("decode", 0, device="cuda:0")
+    assert worker_env(cpu, 2, {"PATH": "/bin"}, 16) == {"PATH": "/bin", "OMP_NUM_THREADS": "8"}
+    assert worker_env(cpu, 3, {}, 2) == {"OMP_NUM_THREADS": "1"}
+    assert worker_env(cpu, 2, {"OMP_NUM_THREADS": "4"}, 16) is None      # the caller's choice stands
+    assert worker_env(cpu, 1, {}, 16) is None                             # a lone worker keeps every core
+    assert worker_env(gpu, 2, {}, 16) is None
