@@ -78,9 +78,26 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped")
     p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE])")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown")
+    p.add_argument("--random-init", default=None, metavar="SHAPE",
+                   help="benchmarks: seeded random weights of a named shape (benchmarks/shapes.py) or of the "
+                        "config.json in a directory, instead of --model")
+    p.add_argument("--seed", type=int, default=0, help="--random-init: weight seed (same on every worker)")
+
+
+def model_from_args(a: argparse.Namespace, opts: "WorkerOptions", role: str):
+    """What serve_prefill / serve_decode load: --model DIR (None = the embedded model), or with
+    --random-init a LoadedModel of seeded random weights, bitwise the same in every process."""
+    if not a.random_init:
+        return opts.model
+    from benchmarks.shapes import random_init
+
+    log.info("%s: random weights of %s (seed %d)", role, a.random_init, a.seed)
+    return random_init(a.random_init, seed=a.seed, dtype=opts.resolved_dtype, device=opts.device)
 
 
 def options_from_args(a: argparse.Namespace) -> WorkerOptions:
+    if a.random_init and a.model:
+        raise SystemExit("give --model or --random-init, not both")
     for name in ("width", "max_len", "slots"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")

@@ -11,7 +11,8 @@ import argparse
 import logging
 import sys
 
-from baton.worker_config import add_common_arguments, options_from_args, run_until_signal, settings_for, setup_logging
+from baton.worker_config import (add_common_arguments, model_from_args, options_from_args, run_until_signal,
+                                 settings_for, setup_logging)
 
 log = logging.getLogger("baton.decode")
 ENGINES = ("bf16", "fp8", "mtp")
@@ -28,13 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="fp8: all projections, or the state-safe tail (last MLP + LM head)")
     p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
     p.add_argument("--no-graphs", action="store_true", help="do not capture CUDA graphs (eager decode)")
-    p.add_argument("--random-init", default=None, metavar="SHAPE",
-                   help="benchmarks: seeded random weights of a named shape (benchmarks/shapes.py) or of the "
-                        "config.json in a directory, instead of --model")
-    p.add_argument("--seed", type=int, default=0, help="--random-init: weight seed (same on every worker)")
     args = p.parse_args(argv)
-    if args.random_init and args.model:
-        p.error("give --model or --random-init, not both")
     opts = options_from_args(args)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     if args.engine and args.engine not in engines:
@@ -49,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from decode_worker.service import serve_decode   # torch import after logging is set up
 
     try:
-        model = opts.model
-        if args.random_init:
-            from benchmarks.shapes import random_init
-
-            log.info("decode: random weights of %s (seed %d)", args.random_init, args.seed)
-            model = random_init(args.random_init, seed=args.seed, dtype=opts.resolved_dtype, device=opts.device)
+        model = model_from_args(args, opts, "decode")
         handle, _ = serve_decode(model, engines=engines, default_engine=args.engine, host=opts.host,
                                  port=opts.port, device=opts.device, dtype=opts.resolved_dtype, width=opts.width,
                                  max_len=opts.max_len, slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,

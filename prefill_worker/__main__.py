@@ -11,7 +11,8 @@ import argparse
 import logging
 import sys
 
-from baton.worker_config import add_common_arguments, options_from_args, run_until_signal, settings_for, setup_logging
+from baton.worker_config import (add_common_arguments, model_from_args, options_from_args, run_until_signal,
+                                 settings_for, setup_logging)
 
 log = logging.getLogger("baton.prefill")
 
@@ -20,13 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
     add_common_arguments(p)
     p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")
-    p.add_argument("--random-init", default=None, metavar="SHAPE",
-                   help="benchmarks: seeded random weights of a named shape (benchmarks/shapes.py) or of the "
-                        "config.json in a directory, instead of --model")
-    p.add_argument("--seed", type=int, default=0, help="--random-init: weight seed (same on every worker)")
     args = p.parse_args(argv)
-    if args.random_init and args.model:
-        p.error("give --model or --random-init, not both")
     opts = options_from_args(args)
     try:
         settings = settings_for(opts.token_file)
@@ -38,12 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from prefill_worker.service import serve_prefill   # torch import after logging is set up
 
     try:
-        model = opts.model
-        if args.random_init:
-            from benchmarks.shapes import random_init
-
-            log.info("prefill: random weights of %s (seed %d)", args.random_init, args.seed)
-            model = random_init(args.random_init, seed=args.seed, dtype=opts.resolved_dtype, device=opts.device)
+        model = model_from_args(args, opts, "prefill")
         handle, _ = serve_prefill(model, host=opts.host, port=opts.port, device=opts.device,
                                   dtype=opts.resolved_dtype, width=opts.width, max_len=opts.max_len,
                                   slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
