@@ -10,8 +10,9 @@ captured CUDA graphs stay valid):
     hidden           [S, hidden] last final-normed hidden row (MTP input)
     row checkpoints (optional, `ckpt_rows=W`; one set shared by all slots: rows passes run one at a
     time under the engine's compute lock):
-    ckpt_conv[layer] [W, conv_dim, K-1]     conv state after row t of the last rows pass
-    ckpt_rec[layer]  [W, Hv, dk, dv] fp32   recurrent state after row t of the last rows pass
+    ckpt_conv[layer] [W, conv_dim, K-1]     conv state after row t of the last multi-row pass
+    ckpt_rec[layer]  [W, Hv, dk, dv] fp32   recurrent state after row t of the last multi-row pass
+    (single-row passes, i.e. AR steps, write none: nothing can cut a one-row block)
     so a verify block that accepts m < K drafts rewinds to row m by copying, instead of restoring the
     snapshot and recomputing m+1 rows (`rewind_rows`).
 

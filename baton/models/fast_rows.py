@@ -158,7 +158,7 @@ class FastRows:
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
         mixed, z, b, alpha = proj                                    # [W, C], [W, Hv*dv], [W, Hv] x2
         conv_state, rec_state = state.gdn(a.layer_idx)
-        ck = state.row_ckpt(a.layer_idx)                             # per-row checkpoints, when kept
+        ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
         cv = K.conv_rows(mixed, conv_state[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0])
         o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, rec_state[slot], n,
                        nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1])

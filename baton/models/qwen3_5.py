@@ -176,7 +176,7 @@ class GatedDeltaNet(nn.Module):
         mixed = self.in_proj_qkv(x)                                        # [T, C]
         w = self.conv1d.weight[:, 0, :]                                    # [C, K]
         n = T if ctx.width is None else ctx.n
-        ck = state.row_ckpt(self.layer_idx) if ctx.width is not None else None   # rows: per-row checkpoints
+        ck = state.row_ckpt(self.layer_idx) if ctx.width is not None and n > 1 else None   # per-row ckpts
         mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None, ck and ck[0])        # [T, C], updates cs
         kd = self.cfg.key_dim
         q = mixed[:, :kd].reshape(T, self.nk, self.dk)
