@@ -76,7 +76,9 @@ def _call(groups: list[Merged], x: torch.Tensor) -> list[torch.Tensor]:
 
 
 class FastRows:
-    """Built once per model (`FastRows.for_model`); `forward` replaces the model's rows-mode forward."""
+    """Built once per model (`FastRows.for_model`); `forward` replaces the model's rows-mode forward.
+    NOTE: it holds the model's projections as merged modules, so swap modules (fp8.quantize_model) on a
+    copy or before the first CUDA runner of that model is built, never after."""
 
     def __init__(self, model: Qwen3_5ForCausalLM, max_len: int):
         self.model, self.cfg = model, model.cfg
