@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from baton.models import fast_rows
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 from baton.state import HybridState
 
@@ -50,7 +51,6 @@ class ModelRunner:
         self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)       # [W] MTP normed outputs
         self.graphs: dict[tuple[str, int, int], object] = {}                 # (kind, slot, n) -> graph
         self.arange_w = torch.arange(W, device=dev)
-        from baton.models import fast_rows
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None

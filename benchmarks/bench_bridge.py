@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import json
 import os
 import platform
 import shlex
@@ -40,6 +39,8 @@ from concurrent import futures
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import emit  # noqa: E402
 
 import grpc  # noqa: E402
 import torch  # noqa: E402
@@ -255,10 +256,7 @@ def main(argv=None) -> dict:
                   "tensors": len(specs), "data_chunks": report.chunks, "chunk_bytes": chunk},
         "results": r,
     }
-    print(json.dumps(result, indent=1))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, a.out)
     return result
 
 

@@ -20,6 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.report import emit  # noqa: E402
+
 from baton.loading import random_model  # noqa: E402
 from baton.runner import ModelRunner  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
@@ -170,9 +172,7 @@ def main(argv=None) -> int:
         prompt = torch.randint(0, cfg.vocab_size, (contexts[0],), generator=g).tolist()
         res["hf_generate"] = {"context": contexts[0], "new_tokens": a.hf_new,
                               "tok_s": hf_generate(lm.model, cfg, prompt, a.hf_new, 3)}
-    print(json.dumps(res, indent=1))
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    emit(res, a.out)
     return 0
 
 

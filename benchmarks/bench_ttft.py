@@ -44,6 +44,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.report import emit  # noqa: E402
+
 from baton.config import ModelConfig  # noqa: E402
 from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
@@ -195,10 +197,7 @@ def main(argv=None) -> dict:
         "runs": a.runs, "warmup": a.warmup,
         "results": rows,
     }
-    print(json.dumps(result, indent=1))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    emit(result, a.out)
     return result
 
 

@@ -23,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.report import emit  # noqa: E402
+
 from baton.loading import random_model  # noqa: E402
 from baton.runner import ModelRunner  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
@@ -113,9 +115,7 @@ def main(argv=None) -> int:
             res["runs"].append(row)
             del r
             torch.cuda.empty_cache()
-    print(json.dumps(res, indent=1))
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    emit(res, a.out)
     return 0
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.report import emit  # noqa: E402
+
 import torch  # noqa: E402
 
 from benchmarks.bench_fp8_gemv import Weights, make_x, time_shape  # noqa: E402
@@ -74,9 +76,7 @@ def main(argv=None) -> int:
         del copies
     for k in ("cublas_bf16_us", "fp8_heuristic_us", "fp8_best_us"):
         res[f"step_{k[:-3]}_ms"] = sum(r[k] * r["count"] for r in res["shapes"]) / 1e3
-    print(json.dumps(res, indent=1))
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=1) + "\n")
+    emit(res, a.out)
     return 0
 
 

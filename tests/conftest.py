@@ -15,3 +15,15 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
 @pytest.fixture
 def free_port() -> int:
     return pick_free_port()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module: tiny ops on a shared 2-core box, threads only contend.
+    Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -10,12 +10,7 @@ from baton.runner import ModelRunner
 from benchmarks import bench_ttft
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def state_bytes(T: int, max_len: int) -> int:

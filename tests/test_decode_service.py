@@ -5,7 +5,6 @@ import time
 
 import grpc
 import pytest
-import torch
 from helpers import make_tiny_dir
 
 from baton import handoff
@@ -22,12 +21,7 @@ EXACT, BF16, MTP = common_pb2.EXACT, common_pb2.BF16, common_pb2.MTP
 PROMPT = [11, 22, 33, 44, 55, 66]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,7 @@ MAX_LEN, W, T = 256, 16, 30
 FAST, EXACT = common_pb2.FAST, common_pb2.EXACT
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

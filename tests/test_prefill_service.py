@@ -4,7 +4,6 @@ import time
 
 import grpc
 import pytest
-import torch
 from helpers import make_tiny_dir
 
 from baton.complete import complete
@@ -21,12 +20,7 @@ N = 64                         # tokens per prompt in the exactness test
 EXACT = common_pb2.EXACT
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)   # tiny ops on a shared 2-core box: threads only contend
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
