@@ -37,7 +37,7 @@ from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, state_pb2
 from baton.wire import (DEFAULT_CHUNK_BYTES, BridgeStats, ExpectedLayout, LayoutEntry, ReceivedState,
-                        StateCorrupt, StateReceiver, TensorDesc, encode_state, encode_state_frames)
+                        StateCorrupt, TensorDesc, decode_stream, encode_state, encode_state_frames)
 
 MTP_NAMES = ("mtp.key", "mtp.value")
 LOAD_STATE = "/baton.v1.DecodeWorker/LoadState"
@@ -191,11 +191,15 @@ def _entries(state_layout: Mapping, kv_dims: tuple[int, int]) -> dict[str, Layou
 
 
 def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int, int], max_position: int,
-                  fingerprint: str, max_total_bytes: int | None = None, alloc=None) -> ReceivedState:
+                  fingerprint: str, max_total_bytes: int | None = None, alloc=None,
+                  on_tensor: Callable[[str, torch.Tensor], None] | None = None) -> ReceivedState:
     """Verifies one whole stream (StateChunk messages or their bytes) against the receiving state's
     layout and returns it; raises wire.StateError (.code = gRPC status name). The returned tensors
     hold exactly the names of `state_layout` (MTP entries zero-filled or dropped, see module doc).
-    max_total_bytes None = the layout's size at max_position."""
+    max_total_bytes None = the layout's size at max_position. Messages are pulled on a helper thread
+    (wire.pipelined), so receiving overlaps verification. on_tensor(name, cpu tensor): each tensor of
+    `state_layout` that was sent, as soon as its chunks verified (see wire.StateReceiver); the
+    zero-filled ones only come with the result."""
     it = iter(chunks)
     first = next(it, None)
     if first is None:
@@ -218,14 +222,9 @@ def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int
     if max_total_bytes is None:
         max_total_bytes = sum(math.prod(e.shape_at(max_position)) * e.dtype.itemsize
                               for e in layout.entries.values())
-    rx = StateReceiver(layout, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc)
-    try:
-        for c in itertools.chain((first,), it):
-            rx.feed(c)
-        got = rx.finish()
-    except BaseException:
-        rx.abort()    # NOTE: e.g. the sender cancelled mid-stream: no pool copy outlives this call
-        raise
+    placed = None if on_tensor is None else (lambda name, t: None if name in drop else on_tensor(name, t))
+    got = decode_stream(itertools.chain((first,), it), layout, fingerprint, max_total_bytes, alloc=alloc,
+                        on_tensor=placed)
     if not zero_fill and not drop:
         return got
     tensors = {k: v for k, v in got.tensors.items() if k not in drop}

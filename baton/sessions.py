@@ -60,7 +60,11 @@ class SlotTable(Generic[S]):
             self._free[pool].append(slot)
 
     def publish(self, pool: Hashable, session_id: str, session: S) -> S:
+        """Makes `session` visible under session_id; a session already there is replaced and its slot freed."""
         with self._lock:
+            old = self._sessions.get(session_id)
+            if old is not None and old[1] is not session:
+                self._free[old[0]].append(old[1].slot)
             self._sessions[session_id] = (pool, session)
         return session
 

@@ -162,10 +162,20 @@ class HybridState:
     def import_(self, slot: int, tensors: dict[str, torch.Tensor], *, position: int, next_token: int) -> None:
         """Write a verified exported state into `slot`. `tensors` must match `layout()` exactly
         (the wire layer checks that before calling)."""
+        views = self.import_views(slot, position)
+        for name, dst in views.items():
+            dst.copy_(tensors[name], non_blocking=True)
+        self.finish_import(slot, position=position, next_token=next_token)
+
+    def import_views(self, slot: int, position: int) -> dict[str, torch.Tensor]:
+        """name -> the view of `slot` that an imported tensor of that name is copied into
+        (a state may be placed tensor by tensor, then finish_import)."""
         if position > self.max_len:
             raise ValueError(f"position {position} exceeds the window max_len={self.max_len}")
-        for t in self.export(slot, position=position):
-            t.tensor.copy_(tensors[t.name], non_blocking=True)
+        return {t.name: t.tensor for t in self.export(slot, position=position)}
+
+    def finish_import(self, slot: int, *, position: int, next_token: int) -> None:
+        """After every tensor of import_views was copied in: zero the KV rows past position, set the scalars."""
         self.zero_kv_rows(slot, position, self.max_len)
         self.position[slot] = position
         self.next_token[slot] = next_token

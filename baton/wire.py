@@ -155,23 +155,22 @@ if hasattr(os, "register_at_fork"):
 
 
 def ordered_map(fn: Callable, items: Iterable[tuple], workers: int) -> Iterator:
-    """fn(*item) for each item, in order, with up to `workers + 2` calls running ahead in the pool
-    (workers == 0: inline). Closing the iterator cancels the calls not yet started."""
+    """fn(*item) for each item, in order. workers > 0: a helper thread pulls `items` and submits the
+    calls to the pool, up to `workers + 2` ahead of the consumer, so producing items (D2H staging, a
+    wait on prefill progress) never holds back results that are ready, and the consumer never waits
+    on the producer while results are due. workers == 0: inline. Closing the iterator stops the helper
+    (calls already submitted still run to completion)."""
     if workers <= 0:
         for it in items:
             yield fn(*it)
         return
-    pool, window = _pool(), collections.deque()
+    pool = _pool()
+    futures = pipelined((pool.submit(fn, *it) for it in items), depth=workers + 2)
     try:
-        for it in items:
-            window.append(pool.submit(fn, *it))
-            if len(window) > workers + 2:
-                yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
+        for f in futures:
+            yield f.result()
     finally:
-        for f in window:
-            f.cancel()
+        futures.close()
 
 
 class Manifest:
@@ -245,13 +244,17 @@ def pipelined(items: Iterable, depth: int = 2) -> Iterator:
         return False
 
     def run():
+        it = iter(items)
         try:
-            for x in items:
+            for x in it:
                 if not put((x, None)):
                     return
             put((_END, None))
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             put((_END, e))
+        finally:
+            if hasattr(it, "close"):
+                it.close()   # NOTE: on this thread: a producer's finally (staging buffers) runs now
 
     threading.Thread(target=run, daemon=True, name="baton-wire-pipelined").start()
     try:

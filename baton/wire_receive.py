@@ -84,13 +84,20 @@ class StateReceiver:
     """One stream: header -> data ... -> trailer (verified) -> finish(). Any StateError waits for the
     pool's work on this stream, drops the buffers and leaves the receiver failed. `alloc(shape, dtype)`
     may supply the CPU buffers (pinned or reused memory); it is called only after the header passed
-    validation. `workers`: chunks verified in parallel (None: wire.default_workers(), 0: inline)."""
+    validation. `workers`: chunks verified in parallel (None: wire.default_workers(), 0: inline).
+    `on_tensor(name, buffer)`: called on the feeding thread, in table order, as soon as every chunk
+    holding that tensor's bytes verified, so the caller can move it on (H2D into a reserved slot)
+    while later chunks arrive; it must activate nothing before finish() returns."""
 
     def __init__(self, expected: ExpectedLayout, *, fingerprint: str, max_total_bytes: int,
                  alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
-                 workers: int | None = None):
+                 workers: int | None = None,
+                 on_tensor: Callable[[str, torch.Tensor], None] | None = None):
         self.expected, self.fingerprint, self.max_total_bytes = expected, fingerprint, max_total_bytes
         self._alloc = alloc or (lambda shape, dtype: torch.empty(shape, dtype=dtype))
+        self._on_tensor = on_tensor
+        self._ready_at: list[int] = []       # per table row: verified chunks needed before on_tensor
+        self._announced = 0                  # table rows handed to on_tensor so far
         self._workers = default_workers() if workers is None else workers
         self._header, self._specs = None, []
         self._tensors: dict[str, torch.Tensor] = {}
@@ -175,6 +182,11 @@ class StateReceiver:
         self._header, self._specs, self._total = h, list(specs.values()), total
         self._chunk_bytes, self._expected_chunks = h.chunk_bytes, -(-total // h.chunk_bytes)
         self._manifest = Manifest(h)
+        end = 0
+        for d in self._specs:   # the chunks covering bytes [0, end of this tensor)
+            end += d.nbytes
+            self._ready_at.append(-(-end // h.chunk_bytes))
+        self._announce()
 
     def _on_data(self, mv: memoryview, index: int, digest: bytes) -> None:
         n, i = len(mv), self.chunks
@@ -208,6 +220,7 @@ class StateReceiver:
         else:
             self._settle(keep=0)
             self._manifest.add(_verify_and_place(i, mv, digest, spans))
+            self._announce()
 
     def _settle(self, keep: int) -> None:
         """Collects finished chunk verifications in order (waiting while more than `keep` are in flight);
@@ -215,6 +228,17 @@ class StateReceiver:
         q = self._inflight
         while q and (len(q) > keep or q[0].done()):
             self._manifest.add(q.popleft().result())
+        self._announce()
+
+    def _announce(self) -> None:
+        """on_tensor(name, buffer) for each tensor, in table order, once all its chunks verified and were
+        placed (the buffer is final; the stream as a whole is not verified yet: see finish())."""
+        if self._on_tensor is None:
+            return
+        while self._announced < len(self._specs) and self._ready_at[self._announced] <= self._manifest.chunks:
+            d = self._specs[self._announced]
+            self._announced += 1
+            self._on_tensor(d.name, self._tensors[d.name])
 
     def _on_trailer(self, tr) -> None:
         if self._header is None or self._done:
@@ -278,12 +302,12 @@ def _verify_and_place(index: int, mv: memoryview, digest: bytes, spans: list) ->
 
 def decode_stream(chunks: Iterable[state_pb2.StateChunk | bytes], expected: ExpectedLayout,
                   fingerprint: str, max_total_bytes: int, *, alloc=None, ahead: int = 2,
-                  workers: int | None = None) -> ReceivedState:
+                  workers: int | None = None, on_tensor=None) -> ReceivedState:
     """Feeds a whole stream through a StateReceiver; returns the verified state. With ahead > 0 the
     messages are pulled on a helper thread (pipelined), so receiving overlaps the receiver's own
     checks; the input is closed on return or failure, which also ends that thread."""
     rx = StateReceiver(expected, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc,
-                       workers=workers)
+                       workers=workers, on_tensor=on_tensor)
     it = pipelined(chunks, ahead) if ahead > 0 else iter(chunks)
     try:
         for c in it:

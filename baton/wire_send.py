@@ -1,8 +1,13 @@
 """State wire format, sending side: tensors -> header, sealed data chunks, trailer (see baton/wire.py).
 
-Each data chunk is a list of memoryview pieces of host tensor memory (no copy); the pool hashes it and
-frames it (the one copy, into the bytes gRPC sends) up to `workers + 2` chunks ahead of the consumer,
-which gets them in order. CUDA tensors are copied to pinned host memory one tensor ahead.
+Stages of one stream, each on its own thread so that throughput approaches the slowest one:
+    producer (a helper thread, wire.ordered_map)  cuts the tensors into chunks: a CPU chunk is a list of
+        memoryview pieces of tensor memory (no copy); a chunk with CUDA bytes is staged D2H into a reused
+        pinned buffer on the copy stream, gated on each tensor's ready event (baton/wire_stage.py); it
+        submits each chunk to the pool, up to `workers + 2` ahead of the consumer
+    pool (wire.default_workers() threads)  waits for a staged chunk's copy, hashes it and frames it (the
+        one host copy, into the bytes gRPC sends), then frees the staging buffer
+    consumer (gRPC's request thread)  takes the frames in order and sends them.
 """
 from __future__ import annotations
 
@@ -15,39 +20,11 @@ import torch
 
 import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
+from baton import wire_stage
 from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor, _DATA_TAG,
                         _INDEX_TAG, _SHA_TAG, _TO_PB, _varint, byte_view, default_workers, kind_value, ordered_map)
 
 _COPY_OUTSIDE_GIL_BYTES = 256 << 10  # smaller frames are joined (under the GIL, but briefly)
-
-
-def _host_tensors(specs: list[TensorDesc], source: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
-    """Contiguous CPU copies of `source`, in table order, each moved once. CUDA tensors go to pinned
-    memory by non_blocking copies issued one tensor ahead (the next D2H overlaps hashing/sending)."""
-    pending = None  # (host tensor, cuda event | None)
-    for spec, t in zip(specs, source, strict=True):
-        if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
-            raise ValueError(f"{spec.name}: got {t.dtype} {tuple(t.shape)}, the table says {spec.dtype} {spec.shape}")
-        t, ev = t.detach(), None
-        if t.device.type == "cuda":
-            with torch.cuda.device(t.device):
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record()
-        else:
-            host = t.to("cpu").contiguous()  # no copy for a contiguous CPU tensor
-        if pending is not None:
-            yield _synced(*pending)
-        pending = (host, ev)
-    if pending is not None:
-        yield _synced(*pending)
-
-
-def _synced(host: torch.Tensor, ev) -> torch.Tensor:
-    if ev is not None:
-        ev.synchronize()
-    return host
 
 
 def _sha256(pieces: list) -> bytes:
@@ -60,30 +37,77 @@ def _sha256(pieces: list) -> bytes:
 
 
 # ---- sender -------------------------------------------------------------------------------------
-def _chunk_pieces(specs: list[TensorDesc], source: Iterable[torch.Tensor], chunk_bytes: int):
-    """(chunk index, [memoryview pieces of host tensor memory]) per data chunk; no copies."""
-    pieces, filled, index = [], 0, 0
-    for host in _host_tensors(specs, source):
-        mv, off = byte_view(host), 0
-        while off < len(mv):
-            piece = mv[off:off + chunk_bytes - filled]
-            pieces.append(piece)
-            filled, off = filled + len(piece), off + len(piece)
+def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[tuple[torch.Tensor, object]]:
+    """(tensor, ready event | None) per table row, checked against the table. A source item is a
+    tensor, or (tensor, ready): a CUDA event after which the tensor is final (None: final now)."""
+    for spec, item in zip(specs, source, strict=True):
+        t, ready = item if isinstance(item, tuple) else (item, None)
+        if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
+            raise ValueError(f"{spec.name}: got {t.dtype} {tuple(t.shape)}, the table says {spec.dtype} {spec.shape}")
+        t = t.detach()
+        if t.is_cuda:
+            yield t, ready if ready is not None else ready_now(t.device)
+        else:
+            yield t.contiguous(), None   # no copy for a contiguous CPU tensor
+
+
+def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ring_limit: int, ready_now):
+    """(chunk index, part) per data chunk, in order; part = [memoryview pieces of CPU tensor memory]
+    (no copy), or a StagedChunk when a CUDA tensor has bytes in it (D2H queued on the copy stream,
+    gated on each tensor's ready event; this thread never waits for the device)."""
+    ring = None
+    segs, filled, index = [], 0, 0   # segs: (tensor, ready, byte start, byte end)
+
+    def part():
+        nonlocal ring
+        if not any(t.is_cuda for t, _, _, _ in segs):
+            return [byte_view(t)[a:b] for t, _, a, b in segs]
+        if ring is None:
+            ring = wire_stage.Ring(chunk_bytes, ring_limit)
+        return ring.stage(segs)
+
+    for t, ready in _sources(specs, source, ready_now):
+        n, off = t.numel() * t.element_size(), 0
+        while off < n:
+            take = min(n - off, chunk_bytes - filled)
+            segs.append((t, ready, off, off + take))
+            filled, off = filled + take, off + take
             if filled == chunk_bytes:
-                yield index, pieces
-                pieces, filled, index = [], 0, index + 1
-    if pieces:
-        yield index, pieces
+                yield index, part()
+                segs, filled, index = [], 0, index + 1
+    if segs:
+        yield index, part()
 
 
-def _seal_message(index: int, pieces: list) -> tuple[state_pb2.StateChunk, bytes]:
-    d = _sha256(pieces)
-    return state_pb2.StateChunk(data=b"".join(pieces), chunk_index=index, chunk_sha256=d), d
+def _pieces(part) -> tuple[list, object]:
+    """-> (memoryview pieces, release callable | None); waits for a staged chunk's D2H (no GIL)."""
+    if isinstance(part, wire_stage.StagedChunk):
+        return [part.wait()], part.release
+    return part, None
 
 
-def _seal_frame(index: int, pieces: list) -> tuple[bytes, bytes]:
-    """The serialized data StateChunk, framed by hand: one copy out of tensor memory, byte-identical
-    to protobuf's serialization (fields in number order: data, chunk_index, chunk_sha256)."""
+def _seal_message(index: int, part) -> tuple[state_pb2.StateChunk, bytes]:
+    pieces, release = _pieces(part)
+    try:
+        d = _sha256(pieces)
+        return state_pb2.StateChunk(data=b"".join(pieces), chunk_index=index, chunk_sha256=d), d
+    finally:
+        if release is not None:
+            release()
+
+
+def _seal_frame(index: int, part) -> tuple[bytes, bytes]:
+    """The serialized data StateChunk, framed by hand: one copy out of tensor (or staging) memory,
+    byte-identical to protobuf's serialization (fields in number order: data, chunk_index, chunk_sha256)."""
+    pieces, release = _pieces(part)
+    try:
+        return _frame(index, pieces)
+    finally:
+        if release is not None:
+            release()
+
+
+def _frame(index: int, pieces: list) -> tuple[bytes, bytes]:
     d = _sha256(pieces)
     n = sum(map(len, pieces))
     head, tail = _DATA_TAG + _varint(n), (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
@@ -108,13 +132,15 @@ def _seal_frame(index: int, pieces: list) -> tuple[bytes, bytes]:
 
 def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int, tensors=None,
            specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
-           engine: int = 0, frames: bool = False, workers: int | None = None):
-    """Yields the header, each sealed data chunk, then the trailer (messages, or bytes with frames=True)."""
+           engine: int = 0, frames: bool = False, workers: int | None = None) -> Iterator:
+    """Checks the arguments and notes what "final now" means on the device (an event on the caller's
+    current stream) at call time; -> the header, each sealed data chunk, then the trailer (messages,
+    or bytes with frames=True)."""
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
     if tensors is not None and specs is None and tensor_source is None:
         tensors = list(tensors)
-        specs, tensor_source = [TensorDesc.of(t) for t in tensors], (t.tensor for t in tensors)
+        specs, tensor_source = [TensorDesc.of(t) for t in tensors], [t.tensor for t in tensors]
     elif tensors is not None or specs is None or tensor_source is None:
         raise ValueError("pass either tensors=, or specs= together with tensor_source=")
     specs = [TensorDesc(s.name, kind_value(s.kind), s.dtype, tuple(s.shape)) for s in specs]
@@ -124,18 +150,40 @@ def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int,
     bad = [(s.name, s.dtype) for s in specs if s.dtype not in _TO_PB]
     if bad:
         raise ValueError(f"unsupported dtypes {bad}; the wire carries float32, bfloat16, float16")
-    total = sum(s.nbytes for s in specs)
     header = state_pb2.StateHeader(
         format_version=FORMAT_VERSION, session_id=session_id, model_fingerprint=fingerprint,
         position=position, next_token=next_token, tensors=[s.to_proto() for s in specs],
-        total_bytes=total, mode=mode, engine=engine, chunk_bytes=chunk_bytes)
+        total_bytes=sum(s.nbytes for s in specs), mode=mode, engine=engine, chunk_bytes=chunk_bytes)
+    workers = default_workers() if workers is None else workers
+    if chunk_bytes < _wire.PARALLEL_MIN_BYTES:
+        workers = 0
+    return _stream(header, specs, tensor_source, frames, workers, _ReadyNow())
+
+
+class _ReadyNow:
+    """device -> an event on the current stream, recorded when the encoder was called (the moment a
+    tensor given without its own ready event must be final) for the current device, else on first use."""
+
+    def __init__(self):
+        self._events = {}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self(torch.device("cuda", torch.cuda.current_device()))
+
+    def __call__(self, device: torch.device):
+        ev = self._events.get(device.index)
+        if ev is None:
+            ev = self._events[device.index] = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(device))
+        return ev
+
+
+def _stream(header, specs, tensor_source, frames: bool, workers: int, ready_now) -> Iterator:
     first = state_pb2.StateChunk(header=header)
     yield first.SerializeToString() if frames else first
-    manifest = Manifest(header)
-    workers = default_workers() if workers is None else workers
+    manifest, total = Manifest(header), header.total_bytes
     seal = _seal_frame if frames else _seal_message
-    for item, digest in ordered_map(seal, _chunk_pieces(specs, tensor_source, chunk_bytes),
-                                    workers if chunk_bytes >= _wire.PARALLEL_MIN_BYTES else 0):
+    parts = _chunk_parts(specs, tensor_source, header.chunk_bytes, workers + 4, ready_now)
+    for item, digest in ordered_map(seal, parts, workers):
         manifest.add(digest)
         yield item
     last = state_pb2.StateChunk(trailer=state_pb2.StateTrailer(
@@ -146,14 +194,16 @@ def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int,
 def encode_state(*, session_id: str, fingerprint: str, position: int, next_token: int,
                  tensors: Iterable[WireTensor] | None = None,
                  specs: Iterable[TensorDesc] | None = None,
-                 tensor_source: Iterable[torch.Tensor] | None = None,
+                 tensor_source: Iterable | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0, engine: int = 0,
                  workers: int | None = None) -> Iterator[state_pb2.StateChunk]:
     """Header, data chunks of <= chunk_bytes, trailer. Give either `tensors` (all known now), or
-    `specs` (the table) plus `tensor_source` yielding each tensor in table order once it is final:
-    the header goes out first and each tensor is read only when its bytes are due. A CUDA tensor
-    must be final on the current stream (D2H copies are queued there). `workers`: chunks hashed in
-    parallel (None: default_workers(), 0: inline). A tensor must not change until the stream ends."""
+    `specs` (the table) plus `tensor_source` yielding, in table order, each tensor or (tensor, ready):
+    the header goes out first and each tensor is pulled only when its bytes are due (the source may
+    block until it exists). `ready`: a CUDA event recorded once the tensor is final (the D2H copy
+    waits for it on the device, never on the host); without one a CUDA tensor must be final on the
+    caller's current stream when encode_state is called. `workers`: chunks hashed in parallel
+    (None: default_workers(), 0: inline). A tensor must not change until the stream ends."""
     return _parts(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
                   tensors=tensors, specs=specs, tensor_source=tensor_source, chunk_bytes=chunk_bytes,
                   mode=mode, engine=engine, workers=workers)

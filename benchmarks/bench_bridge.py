@@ -18,8 +18,10 @@ and verified by the wire's thread pool with --workers chunks in flight per strea
     ceiling_grpc_raw_frames        the same frames, pre-built; the server only counts bytes
     ceiling_sha256_one_core        hashlib.sha256 on one core (each side hashes every byte once)
     ceiling_sha256_pool            SHA-256 of 4 MiB chunks through the wire's pool (all its threads)
---device cuda: source tensors live on the GPU (device->host inside encode) and the server copies the
-verified tensors into preallocated device buffers before answering (host->device included).
+--device cuda: source tensors live on the GPU (device->host inside encode: staged per chunk into reused
+pinned buffers on a copy stream) and the server copies each verified tensor into preallocated device
+buffers as soon as its chunks verified, on a side stream, synchronized before answering (host->device
+included, overlapped with receiving).
 
     python benchmarks/bench_bridge.py --out benchmarks/results/bridge-cpu-DATE.json
     python benchmarks/bench_bridge.py --device cuda --out $OUT/bridge-cuda-DATE.json   # on the GPU host
@@ -95,12 +97,17 @@ class Importer:
 
     def __call__(self, chunks, ahead=0):
         self._handed.clear()
+        on_tensor, stream = None, None
+        if self.device_buffers is not None:   # H2D of each tensor as soon as it verified, as LoadState does
+            stream = torch.cuda.Stream()
+
+            def on_tensor(name, t):
+                with torch.cuda.stream(stream):
+                    self.device_buffers[name].copy_(t, non_blocking=True)
         st = wire.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead,
-                                workers=self.workers)
-        if self.device_buffers is not None:
-            for name, t in st.tensors.items():
-                self.device_buffers[name].copy_(t, non_blocking=True)
-            torch.cuda.synchronize()
+                                workers=self.workers, on_tensor=on_tensor)
+        if stream is not None:
+            stream.synchronize()
         return st
 
     def load(self, request_iterator, context):  # the default: messages pulled 2 ahead

@@ -23,6 +23,7 @@ import torch
 
 from baton.runner import ModelRunner
 from baton.sessions import SessionLimit, SessionNotFound, SlotTable  # noqa: F401 (re-exported)
+from decode_worker.fill import SlotFill
 
 ENGINES = ("bf16", "fp8", "mtp")
 
@@ -93,21 +94,27 @@ class DecodeEngine:
     def reap_expired(self) -> int:
         return self._table.reap_expired()
 
+    def reserve(self, engine: str | None, session_id: str | None, position: int) -> SlotFill:
+        """A slot for a state being received (decode_worker/fill.py); invisible until its commit()."""
+        e = engine or self.default_engine
+        fill = SlotFill(self, e, self.runner_for(e), session_id, position)
+        try:
+            fill._reserve(replace=False)
+        except SessionLimit:
+            if session_id is None or session_id not in {s.id for s in self._table.sessions()}:
+                raise
+            # NOTE: a re-sent state with every slot in use: kept on the host, replaces the old one at commit
+        return fill
+
     def load(self, tensors: dict[str, torch.Tensor], *, position: int, next_token: int,
              engine: str | None = None, session_id: str | None = None) -> DecodeSession:
-        """Imports a verified state into a free slot (the wire layer has checked every tensor)."""
-        e = engine or self.default_engine
-        runner = self.runner_for(e)
-        # a re-sent state replaces the session of the same id (migration, retry)
-        sid, slot = self._table.take(id(runner), session_id, replace=True,
-                                     what=f"{runner.state.slots} {e} decode")
-        try:
-            with self._compute:
-                runner.state.import_(slot, tensors, position=position, next_token=next_token)
-        except BaseException:
-            self._table.give_back(id(runner), slot)
-            raise
-        now = time.monotonic()
+        """Imports a verified state into a free slot (the wire layer has checked every tensor); a
+        re-sent state replaces the session of the same id (migration, retry)."""
+        fill = self.reserve(engine, session_id, position)
+        return fill.commit(tensors, next_token)
+
+    def _publish(self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int,
+                 now: float) -> DecodeSession:
         s = DecodeSession(sid, e, runner, slot, now, now)
         if e == "mtp":
             s.mtp_pairs_h = runner.state.hidden[slot].clone()[None]

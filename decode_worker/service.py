@@ -2,8 +2,10 @@
 
 Lifecycle of a request:
     LoadState(stream StateChunk)   header peeked -> engine (ENGINE_UNSPECIFIED = the worker default)
-        -> handoff.receive_state against that engine's HybridState layout (digest, fingerprint, table)
-        -> DecodeEngine.load copies the verified tensors into a free slot (only then)
+        -> DecodeEngine.reserve: a slot, not live (decode_worker/fill.py)
+        -> handoff.receive_state against that engine's HybridState layout (digest, fingerprint, table);
+           each tensor is copied into the reserved slot (H2D) as soon as its chunks verified
+        -> SlotFill.commit once the whole stream verified: only then is the session live
         -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot)
     Decode(session, max_new_tokens, stop ids, ignore_eos)   fast mode, server stream:
         one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 import grpc
+import torch
 
 from baton.handoff import engine_name, layout_of, peek_header, receive_state
 from baton.rpc import StatusError, build_server
@@ -91,12 +94,21 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             header = peek_header(first)
             name = engine_name(header.engine) if header is not None else None
             runner = self.engine.runner_for(name)         # ValueError naming `engine`
-            got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
-                                fingerprint=self.fingerprint)
-            sid = got.session_id
-            with self.sessions.hold(sid) if sid else contextlib.nullcontext():
-                s = self.engine.load(got.tensors, position=got.position, next_token=got.next_token,
-                                     engine=name, session_id=sid or None)
+            fill = (self.engine.reserve(name, header.session_id or None, header.position)   # not live yet
+                    if header is not None else None)
+            pinned = runner.device.type == "cuda"        # H2D straight from the receive buffers
+            try:
+                got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
+                                    fingerprint=self.fingerprint,
+                                    alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
+                                    on_tensor=fill.place if fill is not None else None)
+                sid = got.session_id
+                with self.sessions.hold(sid) if sid else contextlib.nullcontext():
+                    s = fill.commit(got.tensors, got.next_token)
+            except BaseException:
+                if fill is not None:
+                    fill.abort()
+                raise
             if not context.is_active():                   # the sender went away: nobody will use it
                 self.engine.release(s.id)
                 raise StatusError(grpc.StatusCode.CANCELLED, "LoadState: cancelled by the sender")

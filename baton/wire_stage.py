@@ -1,0 +1,99 @@
+"""Device -> host staging for the sender: a chunk's bytes copied D2H into a reused pinned buffer.
+
+Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place, no copy):
+    take()           a pinned uint8 buffer of chunk_bytes from the process's free list (made on first
+                     use: pinned allocations are slow, so buffers outlive streams); at most `limit`
+                     buffers per stream are out, which bounds the pinned memory a stream holds
+    stage(...)       on the device's copy stream: wait for each piece's ready event (recorded by the
+                     producer of the tensor, e.g. after a prefill layer), then non_blocking copies of the
+                     pieces into the buffer, then a done event. Never a host sync: the caller's thread
+                     returns at once, and the copy stream runs beside the compute stream
+    StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
+    StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+_FREE: dict[int, list[torch.Tensor]] = {}   # chunk_bytes -> free pinned uint8 buffers
+_LOCK = threading.Lock()
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> copy stream
+
+
+def copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """One D2H copy stream per device, shared by all senders of the process."""
+    with _LOCK:
+        s = _STREAMS.get(device.index)
+        if s is None:
+            s = _STREAMS[device.index] = torch.cuda.Stream(device)
+        return s
+
+
+def byte_slices(t: torch.Tensor, a: int, b: int) -> list[torch.Tensor]:
+    """Contiguous uint8 views covering bytes [a, b) of t's C-order layout, without copying. A KV view
+    [kv_heads, L, head_dim] of a [kv_heads, max_len, head_dim] buffer is contiguous per head, so it
+    splits along its leading dim; anything else non-contiguous is copied on the copy stream."""
+    if t.is_contiguous():
+        return [t.reshape(-1).view(torch.uint8)[a:b]]
+    if t.dim() <= 1:
+        return [t.contiguous().reshape(-1).view(torch.uint8)[a:b]]   # caller is on the copy stream
+    row = t[0].numel() * t.element_size()
+    out: list[torch.Tensor] = []
+    for i in range(a // row, -(-b // row)):
+        out += byte_slices(t[i], max(a, i * row) - i * row, min(b, (i + 1) * row) - i * row)
+    return out
+
+
+@dataclass
+class StagedChunk:
+    buf: torch.Tensor                # pinned uint8 [chunk_bytes]; the chunk is buf[:n]
+    n: int
+    done: torch.cuda.Event
+    _ring: "Ring"
+
+    def wait(self) -> memoryview:
+        self.done.synchronize()
+        return memoryview(self.buf[:self.n].numpy())
+
+    def release(self) -> None:
+        self._ring.give(self.buf)
+
+
+class Ring:
+    """The pinned buffers of one stream: at most `limit` out at once (take() blocks past that)."""
+
+    def __init__(self, chunk_bytes: int, limit: int):
+        self.chunk_bytes, self._slots = chunk_bytes, threading.Semaphore(limit)
+
+    def take(self) -> torch.Tensor:
+        self._slots.acquire()
+        with _LOCK:
+            free = _FREE.setdefault(self.chunk_bytes, [])
+            if free:
+                return free.pop()
+        return torch.empty(self.chunk_bytes, dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buf: torch.Tensor) -> None:
+        with _LOCK:
+            _FREE.setdefault(self.chunk_bytes, []).append(buf)
+        self._slots.release()
+
+    def stage(self, segments: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]]) -> StagedChunk:
+        """segments: (tensor, ready event | None, byte start, byte end) in chunk order; CUDA tensors
+        (all on one device) or CPU tensors. Returns at once; StagedChunk.wait() for the bytes."""
+        buf, off = self.take(), 0
+        dev = next(t.device for t, _, _, _ in segments if t.is_cuda)
+        stream = copy_stream(dev)
+        with torch.cuda.stream(stream):
+            for t, ready, a, b in segments:
+                if ready is not None:
+                    stream.wait_event(ready)
+                for piece in byte_slices(t, a, b) if t.is_cuda else [t.reshape(-1).view(torch.uint8)[a:b]]:
+                    buf[off:off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
+                    off += piece.numel()
+            done = torch.cuda.Event()
+            done.record(stream)
+        return StagedChunk(buf, off, done, self)

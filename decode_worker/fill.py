@@ -1,0 +1,79 @@
+"""SlotFill: a received state placed into a reserved slot tensor by tensor, activated only at commit().
+
+Lifecycle (one LoadState stream):
+    DecodeEngine.reserve(engine, session_id, position)   a free slot, taken from the pool but invisible to
+        get() (a session of the same id keeps serving); when no slot is free but session_id already holds
+        one, the fill is deferred: tensors are kept on the host and the old slot is reused at commit
+    place(name, cpu_tensor)   as soon as the wire has verified that tensor: copied into the slot
+        (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
+        the stream); the slot's other sessions never read it, and nothing marks it live yet
+    commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
+        (zero-filled MTP rows), waits for the copies, zeroes KV rows past position, sets the scalars, and
+        publishes the session (replacing one of the same id)
+    abort()   any failure: the slot goes back to the pool; its half-written contents are never read
+        (a later fill overwrites every tensor, and finish_import the rest)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class SlotFill:
+    def __init__(self, engine, name: str, runner, session_id: str | None, position: int):
+        self.engine, self.name, self.runner, self.position = engine, name, runner, position
+        self.session_id, self.slot = session_id, None
+        self._placed: set[str] = set()
+        self._views: dict[str, torch.Tensor] | None = None
+        self._stream = torch.cuda.Stream(runner.device) if runner.device.type == "cuda" else None
+        self._done = False
+
+    def _reserve(self, replace: bool) -> None:
+        e, r = self.name, self.runner
+        sid, self.slot = self.engine._table.take(id(r), self.session_id if replace else None, replace=replace,
+                                                 what=f"{r.state.slots} {e} decode")
+        self.session_id = self.session_id or sid
+
+    def place(self, name: str, src: torch.Tensor) -> None:
+        """Copies one verified tensor into the reserved slot (deferred fill: nothing yet)."""
+        if self.slot is None:
+            return
+        if self._views is None:
+            self._views = self.runner.state.import_views(self.slot, self.position)
+        dst = self._views[name]
+        if self._stream is not None:
+            with torch.cuda.stream(self._stream):
+                dst.copy_(src, non_blocking=True)
+        else:
+            dst.copy_(src)
+        self._placed.add(name)
+
+    def commit(self, tensors: dict[str, torch.Tensor], next_token: int):
+        """The verified state's tensors (those already placed are skipped) -> the published session."""
+        eng, r = self.engine, self.runner
+        if self.slot is None:   # deferred: replace the old session's slot now
+            self._reserve(replace=True)
+        st = r.state
+        try:
+            with eng._compute:
+                if self._stream is not None:
+                    self._stream.synchronize()   # NOTE: the H2D copies read pinned buffers the caller holds
+                views = st.import_views(self.slot, self.position)
+                for name, dst in views.items():
+                    if name not in self._placed:
+                        dst.copy_(tensors[name], non_blocking=True)
+                st.finish_import(self.slot, position=self.position, next_token=next_token)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        return eng._publish(self.session_id, self.name, r, self.slot, self.position, next_token, time.monotonic())
+
+    def abort(self) -> None:
+        if self._done or self.slot is None:
+            return
+        self._done = True
+        if self._stream is not None:
+            self._stream.synchronize()
+        self.engine._table.give_back(id(self.runner), self.slot)
