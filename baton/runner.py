@@ -105,7 +105,7 @@ class ModelRunner:
             h = self.fast.forward(self.ids_buf, self.state, slot, n, pos)
         else:
             h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n))
-        logits = self.model.logits(h)                                      # [W, vocab]
+        logits = self.model.logits(h, rows=n)                              # [W, vocab]; rows >= n junk
         self.tok_out.copy_(logits.argmax(-1))
         self.h_rows.copy_(h)
         self.state.hidden[slot].copy_(h[n - 1])
@@ -127,7 +127,7 @@ class ModelRunner:
         else:
             out = self.model.mtp(self.model.model.embed_tokens, self.mtp_h, self.mtp_ids, pos, self.state,
                                  StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
-        self.mtp_tok.copy_(self.model.logits(out).argmax(-1))
+        self.mtp_tok.copy_(self.model.logits(out, rows=n).argmax(-1))
         self.mtp_out.copy_(out)
 
     @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""FP8 W8A16 Triton GEMV vs cuBLAS BF16 vs torch._scaled_mm at decode width M (default 16).
+"""FP8 (W8A8) Triton rows GEMM (baton/kernels/gemv.py) vs cuBLAS BF16 vs torch._scaled_mm at decode width M (default 16).
 
 Shapes: Qwen3.5-9B decode (hidden 4096, intermediate 12288; 24 GDN + 8 attention layers, each with
 an MLP; LM head 4096 -> 248320). Every figure is a CUDA-graph replay timed with CUDA events:
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decode_worker import fp8_kernel as fk  # noqa: E402
+from baton.kernels import gemv as fk  # noqa: E402
 from decode_worker.fp8 import quantize_rows  # noqa: E402
 
 H, I, V = 4096, 12288, 248320
@@ -86,7 +86,7 @@ def make_x(M: int, K: int, gen: torch.Generator) -> dict:
 
 def methods(cfg=None) -> dict:
     return {
-        "triton_fp8": lambda x, w: fk.w8a16_linear(x["bf16"], w.fp8, w.scale, cfg),
+        "triton_fp8": lambda x, w: fk.linear(x["bf16"], w.fp8, w.scale, cfg=cfg),
         "cublas_bf16": lambda x, w: torch.nn.functional.linear(x["bf16"], w.bf16),
         "scaled_mm_fp8": lambda x, w: torch._scaled_mm(x["fp8"], w.fp8.t(), scale_a=x["scale"], scale_b=w.scale_b,
                                                        out_dtype=torch.bfloat16),
@@ -107,14 +107,14 @@ def bench_shapes(M: int, calls: int, l2_bytes: int, gen) -> tuple[list, dict]:
         copies = [Weights(N, K, gen) for _ in range(n_copies)]
         x = xs.setdefault(K, make_x(M, K, gen))
         w = copies[0]
-        y = fk.w8a16_linear(x["bf16"], w.fp8, w.scale)
+        y = fk.linear(x["bf16"], w.fp8, w.scale)
         ref = x["bf16"].float() @ (w.fp8.float() * w.scale[:, None]).T
         row = {"name": name, "N": N, "K": K, "count": count, "copies": n_copies,
-               "config": fk.pick_config(M, N, K, fk.sm_count(x["bf16"].device)).__dict__,
+               "config": fk.pick_config(M, N, K, fk.sm_count(x["bf16"].device), fp8=True).__dict__,
                "rel_err_vs_dequant_fp32": ((y.float() - ref).norm() / ref.norm()).item(),
                "rel_err_vs_bf16": ((y.float() - torch.nn.functional.linear(x["bf16"], w.bf16).float()).norm()
                                    / ref.norm()).item(),
-               "deterministic": all(torch.equal(y, fk.w8a16_linear(x["bf16"], w.fp8, w.scale)) for _ in range(3)),
+               "deterministic": all(torch.equal(y, fk.linear(x["bf16"], w.fp8, w.scale)) for _ in range(3)),
                "us": {}, "tbps": {}}
         for meth, fn in methods().items():
             try:
@@ -172,16 +172,16 @@ def sweep(M: int, calls: int, l2_bytes: int, gen) -> list:
         n_copies = max(1, min(calls, -(-4 * l2_bytes // (N * K))))
         copies = [Weights(N, K, gen) for _ in range(n_copies)]
         x = make_x(M, K, gen)
-        heur = fk.pick_config(M, N, K, sms)
+        heur = fk.pick_config(M, N, K, sms, fp8=True)
         results = []
         for bn, bk, pps, st in grid:
-            cfg = fk.pick_config(M, N, K, sms, block_n=bn, block_k=bk, programs_per_sm=pps, num_stages=st)
+            cfg = fk.pick_config(M, N, K, sms, fp8=True, block_n=bn, block_k=bk, programs_per_sm=pps, num_stages=st)
             try:
-                us = time_shape(lambda xx, w: fk.w8a16_linear(xx["bf16"], w.fp8, w.scale, cfg), x, copies, calls)
+                us = time_shape(lambda xx, w: fk.linear(xx["bf16"], w.fp8, w.scale, cfg=cfg), x, copies, calls)
             except Exception:
                 continue
             results.append((us, cfg))
-        heur_us = time_shape(lambda xx, w: fk.w8a16_linear(xx["bf16"], w.fp8, w.scale, heur), x, copies, calls)
+        heur_us = time_shape(lambda xx, w: fk.linear(xx["bf16"], w.fp8, w.scale, cfg=heur), x, copies, calls)
         best_us, best = min(results, key=lambda r: r[0])
         out.append({"N": N, "K": K, "heuristic": heur.__dict__, "heuristic_us": round(heur_us, 3),
                     "best": best.__dict__, "best_us": round(best_us, 3), "tried": len(results)})

@@ -30,7 +30,7 @@ from baton.runner import ModelRunner  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
 from decode_worker import graph  # noqa: E402
 
-GROUPS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "sm80", "w8a16", "splitk", "xmma", "cublas")),
+GROUPS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "sm80", "skinny", "splitk", "xmma", "cublas")),
           ("gdn", ("gdn_rows", "conv_rows")), ("norm", ("rmsnorm", "norm")), ("mlp_act", ("silu",)),
           ("softmax", ("softmax",)), ("reduce", ("reduce", "argmax")), ("copy", ("copy", "index", "cat"))]
 

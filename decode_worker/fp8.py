@@ -1,8 +1,9 @@
 """FP8 (e4m3, per-output-row scale) weights for the decode worker.
 
     FP8Linear.from_linear(linear)   weight [out, in] float8_e4m3fn, scale [out] fp32 (amax / 448)
-    FP8Linear.forward(x [M, in])    CUDA + triton: split-K W8A16 Triton kernel (decode_worker/fp8_kernel.py)
-                                    otherwise: dequantise, then F.linear (CPU reference path)
+    FP8Linear.forward(x [M, in])    W8A8: x rows quantised to e4m3 per group of 128 columns in the GEMM
+                                    CUDA + triton: the rows kernel (baton/kernels/gemv.py)
+                                    otherwise: w8a8_reference, the same arithmetic in torch fp32
     quantize_model(model, mode)     "full": every decoder-layer projection (except the tiny GDN
                                     in_proj_b / in_proj_a) plus the LM head;
                                     "tail" (state-safe tail): only the last layer's MLP plus the LM
@@ -21,12 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
-    from decode_worker import fp8_kernel
-except Exception:          # triton missing or broken: CPU / fallback path only
-    fp8_kernel = None
+    from baton.kernels import gemv
+except Exception:          # triton missing or broken: CPU / reference path only
+    gemv = None
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0                       # torch.finfo(torch.float8_e4m3fn).max
+FP8_GROUP = 128                       # activation quantisation group (== baton.kernels.gemv.FP8_GROUP)
 SKIP_NAMES = ("in_proj_a", "in_proj_b")   # N = v_heads: too small to matter, kept BF16
 _QUANT_ROWS = 4096                    # rows per quantisation chunk (bounds the fp32 temporary)
 
@@ -44,6 +46,21 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q[r0:r0 + _QUANT_ROWS] = (wf / s[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         scale[r0:r0 + _QUANT_ROWS] = s
     return q, scale
+
+
+@torch.no_grad()
+def w8a8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, group: int = FP8_GROUP) -> torch.Tensor:
+    """The W8A8 arithmetic of baton/kernels/gemv.py in torch fp32: each x row is quantised to e4m3 per
+    `group` columns (sx = amax / 448), y[m, n] = sum_g (xq_g . w_g) * sx[m, g] * scale[n].
+    x [M, K], w [N, K] e4m3, scale [N] -> [M, N] fp32."""
+    M, K = x.shape
+    G = -(-K // group)
+    xf = F.pad(x.float(), (0, G * group - K)).view(M, G, group)                   # [M, G, g]
+    wf = F.pad(w.float(), (0, G * group - K)).view(w.shape[0], G, group)          # [N, G, g]
+    amax = xf.abs().amax(-1).clamp_min(1e-30)                                     # [M, G]
+    xq = (xf * (FP8_MAX / amax)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float()
+    part = torch.einsum("mgk,ngk->mgn", xq, wf)                                   # [M, G, N]
+    return (part * (amax / FP8_MAX)[..., None]).sum(1) * scale.float()
 
 
 class FP8Linear(nn.Module):
@@ -82,11 +99,14 @@ class FP8Linear(nn.Module):
                 self._buffers[name] = t.to(dev)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] bf16/fp16/fp32 -> [..., out] in x.dtype."""
-        if self.use_kernel and x.is_cuda and fp8_kernel is not None:
-            return fp8_kernel.w8a16_linear(x, self.weight, self.scale)
-        return F.linear(x, self.weight.to(x.dtype) * self.scale[:, None].to(x.dtype))
+    def forward(self, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """x [..., in] bf16/fp16/fp32 -> [..., out] in x.dtype; W8A8 (x quantised per row and group of
+        gemv.FP8_GROUP columns). `rows`: only the first rows of x (flattened) are live; the rest of
+        the output is 0 (kernel) or computed (reference), never to be read."""
+        if self.use_kernel and x.is_cuda and gemv is not None:
+            return gemv.linear(x, self.weight, self.scale, rows=rows)
+        y = w8a8_reference(x.reshape(-1, self.in_features), self.weight, self.scale, FP8_GROUP)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3 per-row scale"

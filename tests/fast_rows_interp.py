@@ -7,21 +7,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import triton.runtime.interpreter as _interp
-
-_orig = _interp._patch_lang_tensor
-
-
-def _patched(tensor, scope):   # Triton 3.6's interpreter does int(ndarray[1]), refused by numpy >= 2.4
-    _orig(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-_interp._patch_lang_tensor = _patched
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import make_tiny_dir  # noqa: E402
 
 from baton.loading import load_model  # noqa: E402

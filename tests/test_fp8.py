@@ -1,16 +1,9 @@
-"""decode_worker.fp8 (FP8Linear, quantize_model) and decode_worker.fp8_kernel (Triton W8A16 GEMV).
+"""decode_worker.fp8 (FP8Linear, quantize_model, the W8A8 reference arithmetic).
 
-CPU tests use the dequantise + F.linear path; the Triton kernel runs here under TRITON_INTERPRET=1
-(fp32 / fp16 activations: the triton 3.6 interpreter's tl.dot mishandles bf16) when triton is
-installed. `-m gpu` tests run the compiled kernel on the device, bf16 included.
+CPU tests run `w8a8_reference`; the Triton kernel (baton/kernels/gemv.py) is tested in tests/test_gemv.py.
 """
 import copy
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +12,8 @@ from torch import nn
 from baton.config import ModelConfig
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM
 from baton.runner import ModelRunner
-from decode_worker.fp8 import FP8_DTYPE, FP8Linear, quantize_model, quantize_rows
+from decode_worker.fp8 import FP8_DTYPE, FP8Linear, quantize_model, quantize_rows, w8a8_reference
 
-ROOT = Path(__file__).resolve().parents[1]
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def small_model(tie: bool = False, dtype=torch.float32) -> Qwen3_5ForCausalLM:
@@ -70,8 +61,28 @@ def test_fp8linear_close_to_linear(dtype):
     x = torch.randn(16, 256, dtype=dtype)
     y = fp8(x)
     assert y.dtype == dtype and y.shape == (16, 160)
-    assert rel_err(y, lin(x)) < 3e-2
-    assert rel_err(fp8(x[3:5]), lin(x[3:5])) < 3e-2          # any M, including M < 16
+    # W8A8: weights and activations both e4m3 (3 mantissa bits), ~2.5% rms error each on gaussian data
+    assert rel_err(y, lin(x)) < 5e-2
+    assert rel_err(fp8(x[3:5]), lin(x[3:5])) < 5e-2          # any M, including M < 16
+    exact = x.float() @ fp8.dequantized().T                   # the weight error alone is smaller
+    assert rel_err(y, exact) < rel_err(y, lin(x))
+
+
+def test_w8a8_reference_arithmetic():
+    """Activation groups of 128 columns get their own scale: a group of huge values does not flatten
+    the others (per-row scaling would), and K not a multiple of 128 is padded, not dropped."""
+    torch.manual_seed(1)
+    w = torch.randn(64, 300) * 0.02
+    q, s = quantize_rows(w)
+    x = torch.randn(4, 300)
+    x[:, :128] *= 1000.0                                      # group 0: amax ~ 3e3
+    y = w8a8_reference(x, q, s)
+    deq = q.float() * s[:, None]
+    for g0, g1 in ((128, 256), (256, 300)):                   # the small groups alone stay accurate
+        part = w8a8_reference(torch.cat([torch.zeros(4, g0), x[:, g0:g1], torch.zeros(4, 300 - g1)], 1), q, s)
+        assert rel_err(part, x[:, g0:g1] @ deq[:, g0:g1].T) < 5e-2
+    assert rel_err(y, x @ deq.T) < 5e-2 and y.shape == (4, 64) and y.dtype == torch.float32
+    assert torch.equal(w8a8_reference(torch.zeros(2, 300), q, s), torch.zeros(2, 64))
 
 
 def test_dtype_casts_leave_fp8_weights_alone():
@@ -160,7 +171,7 @@ def test_tied_head_quantized_from_embedding():
     h = torch.randn(16, model.cfg.hidden_size)
     ref = h @ model.model.embed_tokens.weight.T
     assert model.model.embed_tokens.weight.dtype == torch.float32              # embedding untouched
-    assert rel_err(model.fp8_head(h), ref) < 3e-2
+    assert rel_err(model.fp8_head(h), ref) < 5e-2                                # W8A8
 
 
 def test_tail_mode_keeps_the_recurrent_trajectory_bitwise():
@@ -199,99 +210,7 @@ def test_full_mode_rows_stay_row_invariant():
     assert rel_err(a[0], ref_logits[0]) < 0.1        # BF16 head here (logits() is not wired to fp8_head)
 
 
-# ---- the Triton kernel under the interpreter ------------------------------------------------------
-_INTERP_SCRIPT = r"""
-import json, torch
-from decode_worker import fp8_kernel as fk
-from decode_worker.fp8 import quantize_rows
-torch.manual_seed(0)
-out = []
-for M, N, K, dt in [(16, 96, 64, "float32"), (5, 100, 300, "float32"), (16, 256, 1024, "float16"),
-                    (1, 70, 130, "float16"), (40, 70, 130, "float16")]:
-    dtype = getattr(torch, dt)
-    q, s = quantize_rows(torch.randn(N, K))
-    x = torch.randn(M, K).to(dtype)
-    cfg = fk.pick_config(M, N, K, 132, x_bytes=x.element_size())
-    y = fk.w8a16_linear(x, q, s)
-    ref = x.float() @ (q.float() * s[:, None]).T
-    fallback = torch.nn.functional.linear(x, q.to(dtype) * s[:, None].to(dtype))
-    lone = torch.zeros_like(x); lone[0] = x[0]
-    out.append(dict(M=M, N=N, K=K, split=cfg.split, dtype=str(y.dtype), shape=list(y.shape),
-                    err_ref=((y.float() - ref).norm() / ref.norm()).item(),
-                    err_fallback=((y.float() - fallback.float()).norm() / fallback.float().norm()).item(),
-                    repeat=torch.equal(y, fk.w8a16_linear(x, q, s)),
-                    row0=torch.equal(fk.w8a16_linear(lone, q, s)[0], y[0])))
-print("RESULT" + json.dumps(out))
-"""
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_kernel_under_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=110)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(p.stdout.split("RESULT", 1)[1])
-    assert any(r["split"] > 1 for r in rows) and any(r["split"] == 1 for r in rows)   # both epilogues
-    for r in rows:
-        assert r["shape"] == [r["M"], r["N"]]
-        assert r["err_ref"] < 1e-2 and r["err_fallback"] < 1e-2, r
-        assert r["repeat"] and r["row0"], r
-
-
-def test_pick_config_fills_the_gpu():
-    pytest.importorskip("triton")
-    from decode_worker.fp8_kernel import pick_config
-
-    for N, K in [(1024, 4096), (4096, 4096), (8192, 4096), (12288, 4096), (4096, 12288), (248320, 4096)]:
-        c = pick_config(16, N, K, 132)
-        programs = -(-N // c.block_n) * c.split
-        assert programs >= 264 or c.split == -(-K // c.block_k), (N, K, c)   # else split is maxed
-        assert c.k_per_split % c.block_k == 0 and (c.split - 1) * c.k_per_split < K <= c.split * c.k_per_split
-        assert c == pick_config(1, N, K, 132)                # M in 1..16 share one config
-
-
-# ---- GPU (run on the device with `python -m pytest -m gpu`) --------------------------------------
-GPU_SHAPES = [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (8192, 4096), (248320, 4096),
-              (100, 300), (1000, 1000)]
-
-
-def _gpu_case(N, K, M=16, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
-    fp8 = FP8Linear.from_weight(w)
-    x = torch.randn(M, K, device="cuda", generator=g).to(dtype)
-    return fp8, x
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("N,K", GPU_SHAPES)
-@pytest.mark.parametrize("M", [1, 16, 40])
-def test_gpu_kernel_matches_reference(N, K, M):
-    fp8, x = _gpu_case(N, K, M)
-    y = fp8(x)
-    ref = x.float() @ fp8.dequantized(torch.float32).T
-    assert y.dtype == torch.bfloat16 and y.shape == (M, N)
-    assert rel_err(y, ref) < 1e-2
-    assert rel_err(fp8(x.float()), ref) < 1e-4                 # fp32 activations: ieee dot
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("N,K", GPU_SHAPES)
-def test_gpu_kernel_deterministic_and_row_invariant(N, K):
-    fp8, x = _gpu_case(N, K)
-    y = fp8(x)
-    for _ in range(3):
-        assert torch.equal(fp8(x), y)
-    lone = torch.zeros_like(x)
-    lone[0] = x[0]
-    assert torch.equal(fp8(lone)[0], y[0])
-    assert torch.equal(fp8(x[:1]), y[:1])                      # M = 1 uses the same tiles as M = 16
-    x2 = torch.randn_like(x)
-    x2[5] = x[5]
-    assert torch.equal(fp8(x2)[5], y[5])
-
-
+# ---- GPU (run on the device with `python -m pytest -m gpu`; the kernel itself: tests/test_gemv.py) ----
 @pytest.mark.gpu
 def test_gpu_quantized_model_matches_fallback():
     model = small_model(dtype=torch.bfloat16).cuda()
@@ -302,25 +221,5 @@ def test_gpu_quantized_model_matches_fallback():
         fallback = _rows_logits(model, [11, 12, 13])
     finally:
         FP8Linear.use_kernel = True
-    assert rel_err(kernel[:3], fallback[:3]) < 3e-2
+    assert rel_err(kernel[:3], fallback[:3]) < 1e-2             # same W8A8 arithmetic, other rounding
     assert torch.equal(kernel[0], _rows_logits(model, [11])[0])
-
-
-@pytest.mark.gpu
-def test_gpu_kernel_cuda_graph_replay():
-    fp8, x = _gpu_case(4096, 4096)      # split-K path
-    head, _ = _gpu_case(8192 * 8, 4096)   # split == 1 path
-    static_x = x.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):           # warm-up: compiles and allocates the partials buffer
-        fp8(static_x), head(static_x)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out_a, out_b = fp8(static_x), head(static_x)
-    for seed in range(3):
-        static_x.copy_(torch.randn(x.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out_a, fp8(static_x)) and torch.equal(out_b, head(static_x))

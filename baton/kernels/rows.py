@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.pdl import launch_kw, pdl_enter
+
 
 def _p2(n: int) -> int:
     return triton.next_power_of_2(int(n))
@@ -29,7 +31,8 @@ def _p2(n: int) -> int:
 # ---- RMSNorms ------------------------------------------------------------------------------------
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, N, sx, sr, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < N
@@ -52,13 +55,15 @@ def add_rmsnorm(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps:
     rout = torch.empty_like(y) if res is not None else x
     _add_rmsnorm_kernel[(W,)](x, res if res is not None else x, w, rout, y, N, x.stride(0),
                               res.stride(0) if res is not None else 0, eps,
-                              HAS_RES=res is not None, BLOCK=_p2(N), num_warps=8 if N >= 2048 else 4)
+                              HAS_RES=res is not None, BLOCK=_p2(N), num_warps=8 if N >= 2048 else 4,
+                              **launch_kw(x.device))
     return rout, y
 
 
 # ---- MLP -----------------------------------------------------------------------------------------
 @triton.jit
-def _silu_mul_kernel(gu_ptr, y_ptr, I, sg, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, y_ptr, I, sg, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < I
@@ -74,14 +79,15 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     I = I2 // 2
     y = torch.empty(W, I, dtype=gu.dtype, device=gu.device)
     B = min(2048, _p2(I))
-    _silu_mul_kernel[(W, triton.cdiv(I, B))](gu, y, I, gu.stride(0), BLOCK=B, num_warps=4)
+    _silu_mul_kernel[(W, triton.cdiv(I, B))](gu, y, I, gu.stride(0), BLOCK=B, num_warps=4, **launch_kw(gu.device))
     return y
 
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit
 def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, ck_ptr, C, n,
-                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr):
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
     j = tl.arange(0, KP)
@@ -127,7 +133,8 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
     B = 128
     assert ckpt is None or ckpt.is_contiguous()
     _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, w, y, ckpt if ckpt is not None else y,
-                                            C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, num_warps=4)
+                                            C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, num_warps=4,
+                                            **launch_kw(x.device))
     return y
 
 
@@ -136,7 +143,9 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
 def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb_ptr, nw_ptr, S_ptr, o_ptr,
                      ck_ptr, n, eps, scale, W,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
-                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CKPT: tl.constexpr):
+                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CKPT: tl.constexpr,
+                     PDL: tl.constexpr):
+    pdl_enter(PDL)
     h = tl.program_id(0)
     hk = h // GROUP
     rk = tl.arange(0, BK)
@@ -194,7 +203,7 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     _gdn_rows_kernel[(Hv,)](cv, cv.stride(0), b, b.stride(0), a, a.stride(0), z, z.stride(0), A_log, dt_bias, norm_w, S, o,
                             ckpt if ckpt is not None else S, n, eps, dk ** -0.5, W,
                             HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BV=_p2(dv),
-                            CKPT=ckpt is not None, num_warps=warps)
+                            CKPT=ckpt is not None, num_warps=warps, **launch_kw(cv.device))
     return o
 
 
@@ -209,7 +218,8 @@ ATTN_SPLIT = 256
 @triton.jit
 def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, L, NS, scale,
                        NH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                       SPLIT: tl.constexpr, BN: tl.constexpr):
+                       SPLIT: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -244,7 +254,8 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, L, NS, sca
 
 @triton.jit
 def _attn_merge_kernel(acc_ptr, ml_ptr, pos_ptr, gate_ptr, sgt, sgh, o_ptr, n, NS,
-                       NH: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr):
+                       NH: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     rd = tl.arange(0, D)
@@ -282,10 +293,10 @@ def attention_rows(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: tor
     ml = torch.empty(n, nh, ns, 2, dtype=torch.float32, device=q.device)
     _attn_split_kernel[(n, nkv, ns)](q, kc, vc, pos, acc, ml, L, ns, d ** -0.5,
                                      NH=nh, G=g, GP=max(16, _p2(g)), D=d, SPLIT=ATTN_SPLIT, BN=64,
-                                     num_warps=4)
+                                     num_warps=4, **launch_kw(q.device))
     o = torch.empty(W, nh * d, dtype=q.dtype, device=q.device)
     _attn_merge_kernel[(W, nh)](acc, ml, pos, gate, gate.stride(0), gate.stride(1), o, n, ns,
-                                NH=nh, D=d, SPLIT=ATTN_SPLIT, num_warps=1)
+                                NH=nh, D=d, SPLIT=ATTN_SPLIT, num_warps=1, **launch_kw(acc.device))
     return o
 
 
@@ -310,7 +321,8 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.cons
 @triton.jit
 def _qk_rope_kv_kernel(q_ptr, sqt, sqh, k_ptr, skt, skh, v_ptr, svt, svh, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
                        pos_ptr, qo_ptr, kc_ptr, vc_ptr, L, n, eps, rope_off,
-                       NH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr):
+                       NH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     j = tl.program_id(1)
     p = tl.load(pos_ptr + t)
@@ -341,5 +353,5 @@ def qk_rope_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tens
     qo = torch.empty(W, nh, d, dtype=q.dtype, device=q.device)
     _qk_rope_kv_kernel[(W, nh + nkv)](q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), v, v.stride(0),
                                       v.stride(1), wq, wk, cos, sin, pos, qo, kc, vc, L, n, eps, rope_offset,
-                                      NH=nh, D=d, RD=rd, num_warps=2)
+                                      NH=nh, D=d, RD=rd, num_warps=2, **launch_kw(q.device))
     return qo

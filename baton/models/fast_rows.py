@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 try:
+    from baton.kernels import gemv
     from baton.kernels import rows as K
 except ImportError:       # no Triton: the eager rows path is used everywhere
-    K = None
+    K = gemv = None
 from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, rope_cos_sin
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
@@ -55,8 +56,21 @@ class Merged:
             for m, wv, sv in zip(mods, w.split(self.sizes), s.split(self.sizes)):
                 m._buffers["weight"], m._buffers["scale"] = wv, sv
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return list(self.module(x).split(self.sizes, dim=-1))
+    def __call__(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
+        return list(rows_linear(self.module, x, n).split(self.sizes, dim=-1))
+
+
+def rows_linear(mod: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+    """mod(x) for x [W, in] whose first n rows are live -> [W, out]; rows >= n are 0 or junk, never read.
+    FP8Linear: the W8A8 rows kernel over n rows. bf16 nn.Linear: the rows kernel where it beats cuBLAS
+    (gemv.TUNED shapes), else cuBLAS at M = W. Either is row-invariant, so a row's bits depend on
+    neither n nor the other rows (the exactness contract)."""
+    if type(mod) is nn.Linear:
+        w = mod.weight
+        if w.dtype == x.dtype == torch.bfloat16 and (False, *w.shape) in gemv.TUNED:
+            return gemv.linear(x, w, rows=n)
+        return mod(x)
+    return mod(x, rows=n)
 
 
 def _groups(mods: list[nn.Module]) -> list[Merged]:
@@ -71,8 +85,8 @@ def _groups(mods: list[nn.Module]) -> list[Merged]:
     return out + [Merged(run)]
 
 
-def _call(groups: list[Merged], x: torch.Tensor) -> list[torch.Tensor]:
-    return [y for g in groups for y in g(x)]
+def _call(groups: list[Merged], x: torch.Tensor, n: int) -> list[torch.Tensor]:
+    return [y for g in groups for y in g(x, n)]
 
 
 class FastRows:
@@ -131,13 +145,13 @@ class FastRows:
         eps = self.cfg.rms_norm_eps
         res, xn = K.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(layers):
-            proj = _call(self.mixer[i], xn)
+            proj = _call(self.mixer[i], xn, n)
             if hasattr(layer, "linear_attn"):
                 y = self._gdn(layer.linear_attn, proj, state, slot, n)
             else:
                 y = self._attn(layer.self_attn, proj, state, slot, n, pos)
             res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-            y = layer.mlp.down_proj(K.silu_mul(self.gate_up[i].module(xn)))
+            y = rows_linear(layer.mlp.down_proj, K.silu_mul(rows_linear(self.gate_up[i].module, xn, n)), n)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else m.model.norm
             res, xn = K.add_rmsnorm(y, res, nxt.weight, eps)
         state.position[slot] += n
@@ -151,10 +165,11 @@ class FastRows:
         layer = head.layers[0]
         _, e = K.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
         _, hn = K.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
-        res, xn = K.add_rmsnorm(head.fc(torch.cat([e, hn], dim=-1)), None, layer.input_layernorm.weight, eps)
-        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn), state, slot, n, pos, rope_offset=1)
+        res, xn = K.add_rmsnorm(rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None,
+                                layer.input_layernorm.weight, eps)
+        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, slot, n, pos, rope_offset=1)
         res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-        y = layer.mlp.down_proj(K.silu_mul(self.mtp_gate_up.module(xn)))
+        y = rows_linear(layer.mlp.down_proj, K.silu_mul(rows_linear(self.mtp_gate_up.module, xn, n)), n)
         return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
@@ -164,7 +179,7 @@ class FastRows:
         cv = K.conv_rows(mixed, conv_state[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0])
         o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, rec_state[slot], n,
                        nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1])
-        return a.out_proj(o)
+        return rows_linear(a.out_proj, o, n)
 
     def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0) -> torch.Tensor:
         qg, k, v = proj
@@ -175,7 +190,7 @@ class FastRows:
         q = K.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
                          self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps, rope_offset)   # KV rows < n written
         o = K.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
-        return a.o_proj(o)
+        return rows_linear(a.o_proj, o, n)
 
 
 def usable(model: nn.Module) -> bool:

@@ -251,8 +251,9 @@ class Qwen3_5ForCausalLM(nn.Module):
             state.position[ctx.slot] += ctx.n
         return self.model.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """hidden [T, h] -> [T, vocab]; `rows`: only the first rows are live (the FP8 head skips the rest)."""
         head = getattr(self, "fp8_head", None)            # set by decode_worker.fp8.quantize_head
         if head is not None:
-            return head(hidden)                                            # [T, vocab]
+            return head(hidden, rows=rows)                                 # [T, vocab]
         return F.linear(hidden, self.head_weight())                        # [T, vocab]

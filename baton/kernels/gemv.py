@@ -1,0 +1,208 @@
+"""Skinny GEMM for decode rows (Triton): y[M, N] = x[M, K] @ W[N, K]^T (* scale[N]), M <= 16 in decode.
+
+Two weight kinds, one kernel:
+    bf16 W            acc += W_tile @ x_tile^T                     (the bf16 / exact engines' rows GEMMs)
+    e4m3 W, scale[N]  W8A8: each x row is quantised to e4m3 per group of GROUP = BLOCK_K columns in
+                      registers (sx = amax / 448), the MMA runs fp8 x fp8 -> fp32, and
+                      acc += (W_tile @ xq_tile^T) * sx[m]; y = acc * scale[n]. No per-weight conversion:
+                      W goes from HBM to the tensor cores as bytes.
+
+Layout: swap-AB. A program owns BLOCK_N weight rows and all (<= BLOCK_M) x rows, so the weight tile is
+the MMA's M side (>= 64 rows fill a wgmma) and the decode rows are its N side (16).
+
+    grid (n_tiles, SPLIT, m_tiles). SPLIT > 1 splits K; every split stores its fp32 partial [BM, BN],
+    bumps the tile's arrival counter, and the last to arrive adds the SPLIT partials in the fixed
+    order s = 0, 1, ..., writes y and resets the counter. One kernel, no atomics on data.
+
+NOTE (determinism): data is summed in fixed orders only; the config is a pure function of
+(M-bucket, N, K, weight kind, SM count). Bitwise repeatable.
+NOTE (row invariance): `rows` (<= M, a runtime int) rows are valid; x rows >= rows are not read and
+y rows >= rows are written as 0. Output row m depends on x row m only (the MMA's output column m;
+fp8: its own group scales), and every M <= 16 shares one config, so row m is bitwise independent of
+the other rows and of M, rows in 1..16.
+NOTE (CUDA graphs): no host syncs. Partials and counters are cached per device, shared by every call
+(stream-ordered work only: one stream / one graph at a time), allocated at the first call (warm-up)
+and never freed (a captured graph may hold them). Counters are back at 0 after every call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from baton.kernels.pdl import launch_kw, pdl_enter
+
+FP8_MAX = 448.0
+FP8_GROUP = 128          # x quantisation group along K (the fp8 BLOCK_K): fixes the fp8 arithmetic
+
+
+@triton.jit(do_not_specialize=["M", "rows"])
+def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
+            M, rows, N, K, stride_xm, stride_wn, stride_ym,
+            K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr, HAS_SCALE: tl.constexpr,
+            PDL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                      # [BM]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
+    rk = tl.arange(0, BLOCK_K)                                        # [BK]
+    live = rm < rows
+    mask_n = rn < N
+    k0 = pid_s * K_PER_SPLIT
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]   # [BM, BK]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]   # [BN, BK]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    pdl_enter(PDL)                                                    # x is the previous kernel's output
+    for k in range(0, K_PER_SPLIT, BLOCK_K):
+        if EVEN_K:
+            xt = tl.load(x_ptrs, mask=live[:, None], other=0.0)
+            wt = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
+        else:
+            mk = (k0 + k + rk) < K
+            xt = tl.load(x_ptrs, mask=live[:, None] & mk[None, :], other=0.0)
+            wt = tl.load(w_ptrs, mask=mask_n[:, None] & mk[None, :], other=0.0)
+        if FP8:
+            xf = xt.to(tl.float32)
+            amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30)      # [BM]; 0-rows stay 0
+            xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv)     # [BM, BK] e4m3 (satfinite)
+            acc += tl.dot(wt, tl.trans(xq)) * (amax * (1.0 / 448.0))[None, :]
+        else:
+            acc = tl.dot(wt, tl.trans(xt), acc)                       # [BN, BM]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc = acc * tl.load(s_ptr + rn, mask=mask_n, other=0.0)[:, None]
+    # y^T tile: element (n, m) -> y[m, n]; dead rows (m >= rows) hold 0 (their x was 0)
+    out_mask = mask_n[:, None] & (rm < M)[None, :]
+    if SPLIT == 1:
+        tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
+                 mask=out_mask)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        tile_sz = BLOCK_M * BLOCK_N
+        p_tile = (p_ptr + tile.to(tl.int64) * (SPLIT * tile_sz)
+                  + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :])   # [BN, BM]
+        tl.store(p_tile + pid_s * tile_sz, acc)
+        tl.debug_barrier()                                            # every thread's partial is written
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:                                      # last split of this tile
+            tot = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in tl.static_range(SPLIT):                          # fixed order: deterministic
+                tot += tl.load(p_tile + s * tile_sz, cache_modifier=".cg")
+            tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], tot.to(y_ptr.dtype.element_ty),
+                     mask=out_mask)
+            tl.atomic_xchg(lock_ptr + tile, 0)
+
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    block_k: int
+    split: int
+    k_per_split: int      # multiple of block_k; split * k_per_split >= K, no empty split
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# (fp8, N, K) -> (block_n, block_k, split, num_warps) for M <= 16, from the H200 sweep
+# (benchmarks/sweep_gemv.py, rows = 1; benchmarks/results/gemv-sweep-h200-2026-11-30-w8a8.json): the
+# Qwen3.5-9B merged shapes. Other shapes use the heuristic.
+TUNED = {
+    (True, 12288, 4096): (64, 128, 2, 4), (True, 4096, 4096): (128, 128, 8, 8), (True, 10240, 4096): (64, 128, 2, 4),
+    (True, 24576, 4096): (64, 128, 1, 4), (True, 4096, 12288): (64, 128, 8, 4), (True, 248320, 4096): (128, 128, 1, 8),
+    (False, 4096, 4096): (32, 128, 2, 4), (False, 4096, 12288): (64, 128, 4, 4), (False, 12288, 4096): (64, 128, 1, 4),
+}
+
+
+def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, block_n: int | None = None,
+                block_k: int | None = None, split: int | None = None, num_warps: int | None = None,
+                num_stages: int = 4, programs_per_sm: int = 2) -> Config:
+    """Tile config from (M-bucket, N, K, weight kind, SM count): the TUNED entry, else a heuristic that
+    splits K until >= programs_per_sm programs per SM. The overrides are for sweeps."""
+    block_m = 16 if M <= 16 else min(64, _pow2(M))   # every M <= 16 shares one config (row invariance)
+    tuned = TUNED.get((fp8, N, K)) if M <= 16 and sms >= 132 else None
+    if tuned and block_n is block_k is split is num_warps is None:
+        block_n, block_k, split, num_warps = tuned
+    m_tiles = triton.cdiv(M, block_m)
+    bk = FP8_GROUP if fp8 else (block_k or 128)
+    bn = block_n or 64
+    k_iters = triton.cdiv(K, bk)
+    if split is None:
+        tiles = m_tiles * triton.cdiv(N, bn)
+        split = 1
+        while tiles * split < programs_per_sm * sms and split * 2 <= k_iters:
+            split *= 2
+    split = max(1, min(split, k_iters))
+    k_per_split = triton.cdiv(k_iters, split) * bk
+    split = triton.cdiv(K, k_per_split)               # drop empty splits
+    return Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages)
+
+
+_SMS: dict[int, int] = {}
+_PARTIALS: dict[str, torch.Tensor] = {}
+_LOCKS: dict[str, torch.Tensor] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132                                    # interpreter runs: pretend H200
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def _workspace(cache: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A cached zeroed buffer of >= n elements. Grows by replacement; the old one is kept alive (a
+    captured graph may point at it)."""
+    key = str(device)
+    buf = cache.get(key)
+    if buf is None or buf.numel() < n:               # first call (warm-up), never during replay
+        new = torch.zeros(max(n, 1 << 16), dtype=dtype, device=device)
+        if buf is not None:
+            cache[key + f"/old{buf.numel()}"] = buf
+        buf = cache[key] = new
+    return buf
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, rows: int | None = None,
+           cfg: Config | None = None) -> torch.Tensor:
+    """x [..., K] bf16/fp16, w [N, K] (x.dtype, or float8_e4m3fn with scale [N] fp32) -> y [..., N] in x.dtype.
+    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0."""
+    K = x.shape[-1]
+    N = w.shape[0]
+    fp8 = w.dtype == torch.float8_e4m3fn
+    assert w.shape[1] == K and w.stride(1) == 1, (x.shape, w.shape)
+    assert fp8 == (scale is not None) and (not fp8 or scale.numel() == N), "fp8 weights need a scale[N]"
+    assert fp8 or w.dtype == x.dtype, (w.dtype, x.dtype)
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    rows = M if rows is None else min(int(rows), M)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)           # [M, N]
+    if M == 0:
+        return y.view(*x.shape[:-1], N)
+    cfg = cfg or pick_config(M, N, K, sm_count(x.device), fp8=fp8)
+    n_tiles, m_tiles = triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m)
+    if cfg.split > 1:
+        tiles = n_tiles * m_tiles
+        part = _workspace(_PARTIALS, x.device, tiles * cfg.split * cfg.block_m * cfg.block_n, torch.float32)
+        locks = _workspace(_LOCKS, x.device, tiles, torch.int32)
+    else:
+        part = locks = y
+    _skinny[(n_tiles, cfg.split, m_tiles)](
+        x2, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), w.stride(0), y.stride(0),
+        K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8, HAS_SCALE=fp8,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
+    return y.view(*x.shape[:-1], N)
