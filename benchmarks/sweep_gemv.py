@@ -31,8 +31,9 @@ from decode_worker.fp8 import w8a8_reference  # noqa: E402
 H, I, V = 4096, 12288, 248320
 # merged shapes of the Qwen3.5-9B step: name -> (N, K, count per step)
 SHAPES = {"gdn_qkvz": (12288, H, 24), "gdn_out": (H, 4096, 24), "attn_qkv": (10240, H, 8), "attn_o": (H, 4096, 8),
-          "mlp_gate_up": (2 * I, H, 32), "mlp_down": (H, I, 32), "lm_head": (V, H, 1)}
-GRID = list(itertools.product((32, 64, 128), (1, 2, 4), (4, 8)))   # block_n, programs per SM, warps
+          "mlp_gate_up": (2 * I, H, 32), "mlp_down": (H, I, 32), "lm_head": (V, H, 1), "gdn_ba": (64, H, 24)}
+# block_n, block_k, programs per SM, warps, stages
+GRID = list(itertools.product((32, 64, 128), (128, 256), (1, 2, 4), (4, 8), (3, 4, 6)))
 
 
 def _check(fn, ref, x16, x1) -> dict:
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=12)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--kinds", default="fp8,bf16")
+    ap.add_argument("--max-block-n", type=int, default=128)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -75,16 +77,17 @@ def main(argv=None) -> int:
             heur = gemv.pick_config(16, N, K, sms, fp8=fp8)
             best = (time_shape(run(heur), x, copies, a.calls), heur)
             row[f"{kind}_heuristic_us"], row[f"{kind}_heuristic"] = best[0], heur.__dict__
-            for bn, pps, warps in GRID:
-                for bk in ((gemv.FP8_GROUP,) if fp8 else (128, 256)):
-                    cfg = gemv.pick_config(16, N, K, sms, fp8=fp8, block_n=bn, block_k=bk, programs_per_sm=pps,
-                                           num_warps=warps)
-                    try:
-                        us = time_shape(run(cfg), x, copies, a.calls)
-                    except Exception as e:                            # e.g. out of shared memory
-                        row.setdefault("errors", []).append(f"{cfg}: {type(e).__name__}: {str(e)[:120]}")
-                        continue
-                    best = min(best, (us, cfg), key=lambda b: b[0])
+            for bn, bk, pps, warps, stages in GRID:
+                if bn > a.max_block_n:
+                    continue
+                cfg = gemv.pick_config(16, N, K, sms, fp8=fp8, block_n=bn, block_k=bk, programs_per_sm=pps,
+                                       num_warps=warps, num_stages=stages)
+                try:
+                    us = time_shape(run(cfg), x, copies, a.calls)
+                except Exception as e:                                # e.g. out of shared memory
+                    row.setdefault("errors", []).append(f"{cfg}: {type(e).__name__}: {str(e)[:80]}")
+                    continue
+                best = min(best, (us, cfg), key=lambda b: b[0])
             row[f"{kind}_best_us"], row[f"{kind}_best"] = best[0], best[1].__dict__
             row[f"{kind}_best_tbps"] = N * K * (1 if fp8 else 2) / best[0] / 1e6
             if fp8:

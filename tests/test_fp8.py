@@ -221,5 +221,5 @@ def test_gpu_quantized_model_matches_fallback():
         fallback = _rows_logits(model, [11, 12, 13])
     finally:
         FP8Linear.use_kernel = True
-    assert rel_err(kernel[:3], fallback[:3]) < 1e-2             # same W8A8 arithmetic, other rounding
+    assert rel_err(kernel[:3], fallback[:3]) < 5e-2   # W8A8 both; per GEMM ~2e-3 apart (tests/test_gemv.py), compounded
     assert torch.equal(kernel[0], _rows_logits(model, [11])[0])

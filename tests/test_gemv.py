@@ -34,18 +34,21 @@ from baton.kernels import gemv
 from decode_worker.fp8 import quantize_rows, w8a8_reference
 torch.manual_seed(0)
 out = []
-for M, rows, N, K, split in [(16, 16, 96, 256, 1), (16, 3, 100, 300, 2), (5, 5, 70, 1024, 4), (40, 33, 64, 256, 2)]:
-    x = torch.randn(M, K)
+cases = [(16, 16, 96, 256, 1, 128, False), (16, 3, 100, 300, 2, 128, False), (5, 5, 70, 1024, 4, 256, False),
+         (40, 33, 64, 256, 2, 128, False), (16, 2, 64, 512, 2, 256, True)]
+for M, rows, N, K, split, bk, silu in cases:
+    x = torch.randn(M, 2 * K if silu else K)
+    xin = torch.nn.functional.silu(x[:, :K]) * x[:, K:] if silu else x
     w = torch.randn(N, K) * 0.05
     q, s = quantize_rows(w)
     for kind in ("fp32", "fp8"):
-        cfg = gemv.pick_config(M, N, K, 132, fp8=kind == "fp8", split=split)
-        run = (lambda xx, r: gemv.linear(xx, w, rows=r, cfg=cfg)) if kind == "fp32" else \
-              (lambda xx, r: gemv.linear(xx, q, s, rows=r, cfg=cfg))
+        cfg = gemv.pick_config(M, N, K, 132, fp8=kind == "fp8", split=split, block_k=bk)
+        run = (lambda xx, r: gemv.linear(xx, w, rows=r, cfg=cfg, silu=silu)) if kind == "fp32" else \
+              (lambda xx, r: gemv.linear(xx, q, s, rows=r, cfg=cfg, silu=silu))
         y = run(x, rows)
-        ref = x[:rows] @ w.T if kind == "fp32" else w8a8_reference(x[:rows], q, s)
+        ref = xin[:rows] @ w.T if kind == "fp32" else w8a8_reference(xin[:rows], q, s)
         lone = torch.zeros_like(x); lone[0] = x[0]
-        out.append(dict(kind=kind, M=M, rows=rows, split=cfg.split, shape=list(y.shape),
+        out.append(dict(kind=kind, M=M, rows=rows, split=cfg.split, silu=silu, bk=bk, shape=list(y.shape),
                         err=((y[:rows] - ref).norm() / ref.norm()).item(),
                         dead_zero=bool((y[rows:] == 0).all()), repeat=torch.equal(y, run(x, rows)),
                         row0=torch.equal(run(lone, 1)[0], y[0])))
@@ -59,8 +62,9 @@ def test_kernel_under_triton_interpreter():
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.split("RESULT", 1)[1])
     assert {r["split"] for r in res} >= {1, 2, 4}            # one-pass and last-arrival epilogues
+    assert any(r["silu"] for r in res) and any(r["bk"] == 256 for r in res)   # fused input; 2 groups per step
     for r in res:
-        assert r["shape"] == [r["M"], res[0]["shape"][1]] or r["shape"][0] == r["M"], r
+        assert r["shape"][0] == r["M"], r
         assert r["err"] < (1e-5 if r["kind"] == "fp32" else 0.1), r
         assert r["dead_zero"] and r["repeat"] and r["row0"], r
 
@@ -71,10 +75,10 @@ def test_pick_config():
             c = gemv.pick_config(16, N, K, 132, fp8=fp8)
             assert c.k_per_split % c.block_k == 0 and (c.split - 1) * c.k_per_split < K <= c.split * c.k_per_split
             assert all(c == gemv.pick_config(m, N, K, 132, fp8=fp8) for m in (1, 7))   # M <= 16: one config
-            assert not fp8 or c.block_k == gemv.FP8_GROUP        # the fp8 group fixes the arithmetic
+            assert not fp8 or c.block_k % gemv.FP8_GROUP == 0    # whole quantisation groups per step
             tuned = gemv.TUNED.get((fp8, N, K))
             if tuned:
-                assert (c.block_n, c.block_k, c.split, c.num_warps) == tuned
+                assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == tuned
     assert gemv.pick_config(40, 4096, 4096, 132, fp8=True).block_m == 64
 
 
@@ -129,9 +133,23 @@ def test_gpu_deterministic_and_row_invariant(N, K):
 
 
 @pytest.mark.gpu
+def test_gpu_fused_silu_is_bitwise_the_separate_kernel():
+    from baton.kernels.rows import silu_mul
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    gu = torch.randn(16, 2 * 12288, device="cuda", generator=g).to(torch.bfloat16)
+    for N, K in ((4096, 12288),):
+        w = torch.randn(N, K, device="cuda", generator=g, dtype=torch.bfloat16) * 0.02
+        q, s = quantize_rows(w)
+        for args in ((w,), (q, s)):
+            fused = gemv.linear(gu, *args, rows=3, silu=True)
+            assert torch.equal(fused, gemv.linear(silu_mul(gu), *args, rows=3))
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_graph_replay_and_pdl(monkeypatch):
     """Split-K (last-arrival reduce, counters reset) and one-pass tiles, replayed with new inputs; PDL
-    launches give the same bits as plain ones."""
+    launches (BATON_PDL=1, opt-in) give the same bits as plain ones."""
     x, w, q, s = _case(4096, 4096, 16)
     _, _, qh, sh = _case(65536, 4096, 16, seed=1)
     static_x = x.clone()
@@ -155,7 +173,7 @@ def test_gpu_cuda_graph_replay_and_pdl(monkeypatch):
         torch.cuda.synchronize()
         eager = body()
         assert all(torch.equal(o, e) for o, e in zip(outs, eager))
-        monkeypatch.setenv("BATON_PDL", "0")
-        plain = body()
+        monkeypatch.setenv("BATON_PDL", "1")
+        pdl = body()
         monkeypatch.delenv("BATON_PDL")
-        assert all(torch.equal(o, p) for o, p in zip(outs, plain))
+        assert all(torch.equal(o, p) for o, p in zip(outs, pdl))

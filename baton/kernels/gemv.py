@@ -38,43 +38,58 @@ FP8_MAX = 448.0
 FP8_GROUP = 128          # x quantisation group along K (the fp8 BLOCK_K): fixes the fp8 arithmetic
 
 
+@triton.jit
+def _load_x(ptrs, mask, up_off, SILU: tl.constexpr):
+    """x tile; SILU: ptrs point into gate|up [., 2K]: x = silu(gate) * up, rounded to x's dtype
+    (exactly rows.silu_mul's arithmetic, so fusing it changes no bit)."""
+    if SILU:
+        g = tl.load(ptrs, mask=mask, other=0.0)
+        u = tl.load(ptrs + up_off, mask=mask, other=0.0).to(tl.float32)
+        gf = g.to(tl.float32)
+        return (gf * tl.sigmoid(gf) * u).to(g.dtype)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
 @triton.jit(do_not_specialize=["M", "rows"])
 def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
             M, rows, N, K, stride_xm, stride_wn, stride_ym,
             K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr, HAS_SCALE: tl.constexpr,
-            PDL: tl.constexpr):
+            BLOCK_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
+            SILU: tl.constexpr, PDL: tl.constexpr):
+    # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                      # [BM]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
-    rk = tl.arange(0, BLOCK_K)                                        # [BK]
+    rk = tl.arange(0, SUB)                                            # [SUB]
     live = rm < rows
     mask_n = rn < N
     k0 = pid_s * K_PER_SPLIT
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]   # [BM, BK]
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]   # [BN, BK]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]   # [BM, SUB]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]   # [BN, SUB]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     pdl_enter(PDL)                                                    # x is the previous kernel's output
     for k in range(0, K_PER_SPLIT, BLOCK_K):
-        if EVEN_K:
-            xt = tl.load(x_ptrs, mask=live[:, None], other=0.0)
-            wt = tl.load(w_ptrs, mask=mask_n[:, None], other=0.0)
-        else:
-            mk = (k0 + k + rk) < K
-            xt = tl.load(x_ptrs, mask=live[:, None] & mk[None, :], other=0.0)
-            wt = tl.load(w_ptrs, mask=mask_n[:, None] & mk[None, :], other=0.0)
-        if FP8:
-            xf = xt.to(tl.float32)
-            amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30)      # [BM]; 0-rows stay 0
-            xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv)     # [BM, BK] e4m3 (satfinite)
-            acc += tl.dot(wt, tl.trans(xq)) * (amax * (1.0 / 448.0))[None, :]
-        else:
-            acc = tl.dot(wt, tl.trans(xt), acc)                       # [BN, BM]
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    if HAS_SCALE:
+        for j in tl.static_range(BLOCK_K // SUB):
+            kk = k + j * SUB
+            if EVEN_K:
+                xt = _load_x(x_ptrs + kk, live[:, None], K, SILU)
+                wt = tl.load(w_ptrs + kk, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
+            else:
+                mk = (k0 + kk + rk) < K
+                xt = _load_x(x_ptrs + kk, live[:, None] & mk[None, :], K, SILU)
+                wt = tl.load(w_ptrs + kk, mask=mask_n[:, None] & mk[None, :], other=0.0,
+                             eviction_policy="evict_first")
+            if FP8:
+                xf = xt.to(tl.float32)
+                amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30)  # [BM]; 0-rows stay 0
+                xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv) # [BM, SUB] e4m3 (satfinite)
+                acc += tl.dot(wt, tl.trans(xq)) * (amax * (1.0 / 448.0))[None, :]
+            else:
+                acc = tl.dot(wt, tl.trans(xt), acc)                   # [BN, BM]
+    if FP8:
         acc = acc * tl.load(s_ptr + rn, mask=mask_n, other=0.0)[:, None]
     # y^T tile: element (n, m) -> y[m, n]; dead rows (m >= rows) hold 0 (their x was 0)
     out_mask = mask_n[:, None] & (rm < M)[None, :]
@@ -113,27 +128,31 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# (fp8, N, K) -> (block_n, block_k, split, num_warps) for M <= 16, from the H200 sweep
-# (benchmarks/sweep_gemv.py, rows = 1; benchmarks/results/gemv-sweep-h200-2026-11-30-w8a8.json): the
-# Qwen3.5-9B merged shapes. Other shapes use the heuristic.
+# (fp8, N, K) -> (block_n, block_k, split, num_warps, num_stages) for M <= 16, from the H200 sweeps
+# (benchmarks/sweep_gemv.py, rows = 1; benchmarks/results/gemv-sweep-h200-2026-11-30-{w8a8,stages-fp8,
+# stages-bf16}.json): the Qwen3.5-9B merged shapes. bf16 entries exist only where the kernel beats cuBLAS
+# (fast_rows.rows_linear routes by this table). Other shapes use the heuristic.
 TUNED = {
-    (True, 12288, 4096): (64, 128, 2, 4), (True, 4096, 4096): (128, 128, 8, 8), (True, 10240, 4096): (64, 128, 2, 4),
-    (True, 24576, 4096): (64, 128, 1, 4), (True, 4096, 12288): (64, 128, 8, 4), (True, 248320, 4096): (128, 128, 1, 8),
-    (False, 4096, 4096): (32, 128, 2, 4), (False, 4096, 12288): (64, 128, 4, 4), (False, 12288, 4096): (64, 128, 1, 4),
+    (True, 12288, 4096): (128, 128, 4, 4, 3), (True, 4096, 4096): (64, 128, 8, 4, 3),
+    (True, 10240, 4096): (64, 128, 4, 4, 3), (True, 24576, 4096): (64, 128, 1, 4, 4),
+    (True, 4096, 12288): (64, 128, 8, 4, 4), (True, 248320, 4096): (128, 128, 1, 8, 4),
+    (False, 4096, 4096): (64, 128, 4, 4, 4), (False, 4096, 12288): (64, 128, 4, 4, 3),
+    (False, 12288, 4096): (64, 128, 1, 4, 4), (False, 64, 4096): (32, 256, 16, 4, 4),
 }
 
 
 def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, block_n: int | None = None,
                 block_k: int | None = None, split: int | None = None, num_warps: int | None = None,
-                num_stages: int = 4, programs_per_sm: int = 2) -> Config:
+                num_stages: int | None = None, programs_per_sm: int = 2) -> Config:
     """Tile config from (M-bucket, N, K, weight kind, SM count): the TUNED entry, else a heuristic that
     splits K until >= programs_per_sm programs per SM. The overrides are for sweeps."""
     block_m = 16 if M <= 16 else min(64, _pow2(M))   # every M <= 16 shares one config (row invariance)
     tuned = TUNED.get((fp8, N, K)) if M <= 16 and sms >= 132 else None
-    if tuned and block_n is block_k is split is num_warps is None:
-        block_n, block_k, split, num_warps = tuned
+    if tuned and block_n is block_k is split is num_warps is num_stages is None:
+        block_n, block_k, split, num_warps, num_stages = tuned
     m_tiles = triton.cdiv(M, block_m)
-    bk = FP8_GROUP if fp8 else (block_k or 128)
+    bk = block_k or 128
+    assert not fp8 or bk % FP8_GROUP == 0, "fp8: block_k is a whole number of quantisation groups"
     bn = block_n or 64
     k_iters = triton.cdiv(K, bk)
     if split is None:
@@ -144,7 +163,7 @@ def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, block_n: int | N
     split = max(1, min(split, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * bk
     split = triton.cdiv(K, k_per_split)               # drop empty splits
-    return Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages)
+    return Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages or 4)
 
 
 _SMS: dict[int, int] = {}
@@ -175,16 +194,18 @@ def _workspace(cache: dict, device: torch.device, n: int, dtype: torch.dtype) ->
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, rows: int | None = None,
-           cfg: Config | None = None) -> torch.Tensor:
+           silu: bool = False, cfg: Config | None = None) -> torch.Tensor:
     """x [..., K] bf16/fp16, w [N, K] (x.dtype, or float8_e4m3fn with scale [N] fp32) -> y [..., N] in x.dtype.
-    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0."""
-    K = x.shape[-1]
+    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0.
+    silu: x is gate|up [..., 2K] and the GEMM input is silu(gate) * up (rows.silu_mul, fused)."""
+    K = x.shape[-1] // 2 if silu else x.shape[-1]
     N = w.shape[0]
+    assert not silu or x.shape[-1] == 2 * K, x.shape
     fp8 = w.dtype == torch.float8_e4m3fn
     assert w.shape[1] == K and w.stride(1) == 1, (x.shape, w.shape)
     assert fp8 == (scale is not None) and (not fp8 or scale.numel() == N), "fp8 weights need a scale[N]"
     assert fp8 or w.dtype == x.dtype, (w.dtype, x.dtype)
-    x2 = x.reshape(-1, K)
+    x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
@@ -203,6 +224,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
     _skinny[(n_tiles, cfg.split, m_tiles)](
         x2, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), w.stride(0), y.stride(0),
         K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8, HAS_SCALE=fp8,
+        BLOCK_K=cfg.block_k, SUB=FP8_GROUP if fp8 else cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8,
+        SILU=silu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
     return y.view(*x.shape[:-1], N)
