@@ -10,7 +10,8 @@ Parts (each also runs alone; see its script):
     ttft     bench_ttft.py    TTFT: prefill alone vs prefill + hand-off to a decode worker, prefill MFU
     bridge   bench_bridge.py  state hand-off GB/s over loopback gRPC (device -> wire -> device)
     exact    bench_exact.py   exact mode through the router (workers as processes) vs bf16 AR: real FP8 /
-                              MTP drafts, the acceptance-controlled drafter, the analytic bound
+                              MTP drafts, the acceptance-controlled drafter at FP8-step cost, the analytic bound
+    exact_mtp bench_exact.py  the acceptance-controlled drafter at the cost of an MTP chain (K=8)
 Writes <out-dir>/<date>-<machine>.json (decode), <stem>-<part>.json for the others, <stem>.md with every
 part's headline figures, and <stem>.png (tok/s against context, HF and the floor drawn).
 """
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--engines", default="bf16,fp8,mtp")
     p.add_argument("--out-dir", default=str(RESULTS))
-    p.add_argument("--parts", default="decode,profile,ttft,bridge,exact")
+    p.add_argument("--parts", default="decode,profile,ttft,bridge,exact,exact_mtp")
 
 
 def markdown(res: dict) -> str:
@@ -82,11 +83,15 @@ def _script(part: str, args, js: Path) -> list[str]:
                              "--out", str(js)]
     if part == "bridge":
         return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]
-    return py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "128", "--runs", str(args.runs),
-                         "--ks", "4,8", "--ps", "0.8,0.9,0.95,0.99", "--out", str(js)]
+    exact = py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "128", "--runs", str(args.runs),
+                          "--ps", "0.8,0.9,0.95,0.99", "--out", str(js)]
+    if part == "exact_mtp":   # controlled drafter at the cost of an MTP chain (real drafts: in "exact")
+        return exact + ["--ks", "8", "--drafters", "", "--controlled-engine", "mtp"]
+    return exact + ["--ks", "4,8"]
 
 
-SCRIPTS = {"profile": "profile_step", "ttft": "bench_ttft", "bridge": "bench_bridge", "exact": "bench_exact"}
+SCRIPTS = {"profile": "profile_step", "ttft": "bench_ttft", "bridge": "bench_bridge", "exact": "bench_exact",
+           "exact_mtp": "bench_exact"}
 
 
 def summary(part: str, res: dict) -> list[str]:
