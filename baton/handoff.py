@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 import grpc
 import torch
 
+from baton.progress import PrefillProgress
 from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, state_pb2
@@ -122,15 +123,49 @@ class _Frames:
             raise
 
 
-def push_state(target: str, settings: Settings | None = None, *, tensors: list, session_id: str,
-               fingerprint: str, position: int, next_token: int, mode: int = 0, engine: int | str | None = 0,
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0, pool: ChannelPool | None = None,
-               is_active: Callable[[], bool] | None = None,
+class Push:
+    """One LoadState call in flight (start_push); result() waits for the decode worker's answer."""
+
+    def __init__(self, target: str, fut, frames: _Frames, specs: list[TensorDesc], position: int, t0: float):
+        self.target, self._fut, self._frames, self._specs, self._position, self._t0 = \
+            target, fut, frames, specs, position, t0
+
+    def cancel(self) -> None:
+        self._fut.cancel()
+
+    def result(self, is_active: Callable[[], bool] | None = None,
                ) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
-    """Streams the state to `target`'s LoadState. Returns (the decode worker's answer, the sender's
-    BridgeReport: seconds from the first frame built to the answer received, bytes by kind).
-    Raises HandoffError (status of the decode worker, UNAVAILABLE when down, DEADLINE_EXCEEDED,
-    CANCELLED when `is_active()` turned False); an encoding error is re-raised as is."""
+        """(the decode worker's answer, the sender's BridgeReport: seconds from the stream's start to the
+        answer, bytes by kind). Raises HandoffError (status of the decode worker, UNAVAILABLE when down,
+        DEADLINE_EXCEEDED, CANCELLED when `is_active()` turned False); an encoding error as is."""
+        target, fut, frames = self.target, self._fut, self._frames
+        try:
+            while True:
+                try:
+                    resp = fut.result(timeout=0.05 if is_active is not None else None)
+                    break
+                except grpc.FutureTimeoutError:
+                    if not is_active():
+                        fut.cancel()
+                        raise HandoffError(target, grpc.StatusCode.CANCELLED, "the calling RPC ended") from None
+        except grpc.RpcError as e:
+            if frames.error is not None:
+                raise frames.error from None
+            raise HandoffError(target, e.code(), e.details() or "") from None
+        except grpc.FutureCancelledError:
+            raise HandoffError(target, grpc.StatusCode.CANCELLED, "hand-off cancelled") from None
+        stats = BridgeStats.from_specs(self._specs, tokens=self._position, chunks=max(frames.count - 2, 0),
+                                       seconds=time.perf_counter() - self._t0)
+        return resp, stats.to_proto()
+
+
+def start_push(target: str, settings: Settings | None = None, *, tensors: list, session_id: str,
+               fingerprint: str, position: int, next_token: int | Callable[[], int], mode: int = 0,
+               engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0,
+               pool: ChannelPool | None = None, progress: PrefillProgress | None = None) -> Push:
+    """Starts streaming the state to `target`'s LoadState and returns at once (gRPC's request thread
+    and the wire's producer thread do the work). `progress` (a prefill still running): each tensor
+    is sent once its layer is marked, and next_token is taken from it at the end."""
     settings = Settings.from_env() if settings is None else settings
     tensors = list(tensors)
     specs = [TensorDesc.of(t) for t in tensors]
@@ -138,28 +173,18 @@ def push_state(target: str, settings: Settings | None = None, *, tensors: list, 
     method = channel.stream_unary(LOAD_STATE, request_serializer=None,
                                   response_deserializer=decode_pb2.LoadStateResponse.FromString)
     t0 = time.perf_counter()
-    frames = _Frames(stream_state(tensors, session_id=session_id, fingerprint=fingerprint, position=position,
-                                  next_token=next_token, mode=mode, engine=engine, chunk_bytes=chunk_bytes,
-                                  frames=True))
-    fut = method.future(iter(frames), timeout=timeout)
-    try:
-        while True:
-            try:
-                resp = fut.result(timeout=0.05 if is_active is not None else None)
-                break
-            except grpc.FutureTimeoutError:
-                if not is_active():
-                    fut.cancel()
-                    raise HandoffError(target, grpc.StatusCode.CANCELLED, "the calling RPC ended") from None
-    except grpc.RpcError as e:
-        if frames.error is not None:
-            raise frames.error from None
-        raise HandoffError(target, e.code(), e.details() or "") from None
-    except grpc.FutureCancelledError:
-        raise HandoffError(target, grpc.StatusCode.CANCELLED, "hand-off cancelled") from None
-    stats = BridgeStats.from_specs(specs, tokens=position, chunks=max(frames.count - 2, 0),
-                                   seconds=time.perf_counter() - t0)
-    return resp, stats.to_proto()
+    source = progress.source(tensors) if progress is not None else [t.tensor for t in tensors]
+    frames = _Frames(encode_state_frames(
+        session_id=session_id, fingerprint=fingerprint, position=position,
+        next_token=progress.next_token if progress is not None else next_token, specs=specs,
+        tensor_source=source, chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine)))
+    return Push(target, method.future(iter(frames), timeout=timeout), frames, specs, position, t0)
+
+
+def push_state(target: str, settings: Settings | None = None, *, is_active: Callable[[], bool] | None = None,
+               **kw) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
+    """start_push(target, settings, **kw).result(is_active): the whole hand-off of a computed state."""
+    return start_push(target, settings, **kw).result(is_active)
 
 
 # ---------------------------------------------------------------- receiver

@@ -69,15 +69,16 @@ class ModelRunner:
 
     # ---- prefill -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: list[int], start: int = 0) -> int:
-        """Consumes ids at positions [start, start+T); returns the greedy next token."""
+    def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None) -> int:
+        """Consumes ids at positions [start, start+T); returns the greedy next token.
+        on_layer(i): called once layer i of the main model is enqueued (StepContext.on_layer)."""
         if not ids:
             raise ValueError("prompt: empty")
         self.check_window(start + len(ids), 0)
         if start == 0:
             self.state.reset(slot)
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
-        h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start))
+        h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start, on_layer=on_layer))
         tok = int(self.model.logits(h[-1:]).argmax(-1))
         if self.has_mtp:   # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
             nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])

@@ -134,7 +134,8 @@ class HybridState:
 
     # ---- export / import -----------------------------------------------------------------------
     def export(self, slot: int, position: int | None = None) -> list[StateTensor]:
-        """Tensors describing one slot: O(1) GDN tensors, KV rows [0, position), hidden row.
+        """Tensors describing one slot, in the order prefill finishes them (the wire's table order):
+        per layer its O(1) GDN tensors or KV rows [0, position), then the hidden row, then the MTP KV.
         Returns views; the caller copies them off the device."""
         p = int(self.position[slot]) if position is None else position
         out: list[StateTensor] = []
@@ -145,10 +146,10 @@ class HybridState:
             else:
                 out.append(StateTensor(f"layers.{i}.key", ATTN_KEY, self.key[i][slot, :, :p]))
                 out.append(StateTensor(f"layers.{i}.value", ATTN_VALUE, self.value[i][slot, :, :p]))
-        if self.mtp_layer is not None:   # MTP pairs (h_t, x_{t+1}) for t < position
+        out.append(StateTensor("hidden", HIDDEN, self.hidden[slot]))
+        if self.mtp_layer is not None:   # MTP pairs (h_t, x_{t+1}) for t < position: computed last
             out.append(StateTensor("mtp.key", ATTN_KEY, self.key[self.mtp_layer][slot, :, :p]))
             out.append(StateTensor("mtp.value", ATTN_VALUE, self.value[self.mtp_layer][slot, :, :p]))
-        out.append(StateTensor("hidden", HIDDEN, self.hidden[slot]))
         return out
 
     def layout(self) -> dict[str, tuple[str, torch.dtype, tuple[int, ...] | None]]:

@@ -1,16 +1,20 @@
 """State wire format: one request's state as a stream of `StateChunk` messages, and its verified decode.
 
-Stream, format_version 2 (never pickled; tensor bytes little-endian, C-contiguous, concatenated in table order):
-    StateChunk(header)    format_version, fingerprint, position, next_token, the full tensor table, chunk_bytes
+Stream, format_version 3 (never pickled; tensor bytes little-endian, C-contiguous, concatenated in table order):
+    StateChunk(header)    format_version, fingerprint, position, the full tensor table, chunk_bytes: all
+                          known before prefill computes, so the stream can start at once
     StateChunk(data) * n  chunk i: tensor bytes [i*chunk_bytes, +chunk_bytes) (the last may be short; a chunk
                           may span tensor boundaries), chunk_index = i, chunk_sha256 = SHA-256(data)
-    StateChunk(trailer)   total_bytes, data_chunks = n, manifest_sha256 = SHA-256(MANIFEST_TAG
-                          || SHA-256(header, deterministic serialization) || chunk digests in order
-                          || le64 total_bytes || le64 n)
+    StateChunk(trailer)   total_bytes, data_chunks = n, next_token (known only once the logits are),
+                          manifest_sha256 = SHA-256(MANIFEST_TAG || SHA-256(header, deterministic)
+                          || chunk digests in order || SHA-256(trailer without manifest_sha256, deterministic))
+The table is layer-major, in the order prefill finishes the tensors (layers 0..N-1, then the final
+hidden row, then the MTP KV), so a sender streams each layer while later ones compute.
 The chunk digests make hashing parallel on both sides (a thread pool; hashlib releases the GIL); the
-manifest binds the header, every chunk digest and their order into one value, so a stream is accepted
-only if every byte of it, header included, is what the sender produced, in the sender's order.
-Integrity, not secrecy or authorship: peers are authenticated by the channel (bearer token, TLS).
+manifest binds the header, every chunk digest, their order and the trailer into one value, so a stream
+is accepted only if every byte of it, header and trailer included, is what the sender produced, in the
+sender's order. Integrity, not secrecy or authorship: peers are authenticated by the channel (bearer
+token, TLS). Formats 1 and 2 (next_token in the header) are refused (FAILED_PRECONDITION).
 
 Sender (baton/wire_send.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
           the same serialized, data frames built straight from tensor memory. Chunks are hashed and
@@ -31,7 +35,6 @@ import hashlib
 import math
 import os
 import queue
-import struct
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -42,11 +45,11 @@ import torch
 
 from baton.v1 import common_pb2, state_pb2
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20  # hard cap on one data chunk, both ways (gRPC messages: 64 MiB)
 DIGEST_BYTES = 32           # SHA-256
-MANIFEST_TAG = b"baton/state/v2\n"
+MANIFEST_TAG = b"baton/state/v3\n"
 PARALLEL_MIN_BYTES = 64 << 10  # smaller chunks are hashed inline: a pool hop costs more than the hash
 
 _TO_PB = {torch.float32: state_pb2.FLOAT32, torch.bfloat16: state_pb2.BFLOAT16, torch.float16: state_pb2.FLOAT16}
@@ -185,9 +188,13 @@ class Manifest:
         self._h.update(chunk_digest)
         self.chunks += 1
 
-    def digest(self, total_bytes: int) -> bytes:
+    def digest(self, trailer: state_pb2.StateTrailer) -> bytes:
+        """Over everything so far and the trailer's fields (its manifest_sha256 left out)."""
+        t = state_pb2.StateTrailer()
+        t.CopyFrom(trailer)
+        t.ClearField("manifest_sha256")
         h = self._h.copy()
-        h.update(struct.pack("<QQ", total_bytes, self.chunks))
+        h.update(hashlib.sha256(t.SerializeToString(deterministic=True)).digest())
         return h.digest()
 
 

@@ -72,7 +72,7 @@ class ReceivedState:
     session_id: str
     fingerprint: str
     position: int
-    next_token: int
+    next_token: int                   # from the trailer
     mode: int
     engine: int
     specs: tuple[TensorDesc, ...]     # table order
@@ -99,7 +99,7 @@ class StateReceiver:
         self._ready_at: list[int] = []       # per table row: verified chunks needed before on_tensor
         self._announced = 0                  # table rows handed to on_tensor so far
         self._workers = default_workers() if workers is None else workers
-        self._header, self._specs = None, []
+        self._header, self._specs, self._trailer = None, [], None
         self._tensors: dict[str, torch.Tensor] = {}
         self._arrays: list[np.ndarray] = []  # flat uint8 views of the buffers, table order
         self._cursor = (0, 0)                # (tensor index, byte offset within it)
@@ -250,9 +250,10 @@ class StateReceiver:
             raise StateCorrupt(f"trailer total_bytes {tr.total_bytes} != header total_bytes {self._total}")
         if tr.data_chunks != self.chunks:
             raise StateCorrupt(f"trailer data_chunks {tr.data_chunks} != {self.chunks} received")
-        if not hmac.compare_digest(tr.manifest_sha256, self._manifest.digest(self._total)):
-            raise StateCorrupt("manifest_sha256 mismatch: the header or the chunk list was altered in transit")
-        self._done = True
+        if not hmac.compare_digest(tr.manifest_sha256, self._manifest.digest(tr)):
+            raise StateCorrupt("manifest_sha256 mismatch: the header, the chunk list or the trailer was "
+                               "altered in transit")
+        self._trailer, self._done = tr, True
 
     def finish(self) -> ReceivedState:
         """The verified state; StateCorrupt if the stream ended early."""
@@ -271,7 +272,7 @@ class StateReceiver:
         self._tensors, self._arrays = {}, []
         stats = BridgeStats.from_specs(self._specs, tokens=h.position, chunks=self.chunks,
                                        seconds=time.perf_counter() - self._t0)
-        return ReceivedState(h.session_id, h.model_fingerprint, h.position, h.next_token, h.mode,
+        return ReceivedState(h.session_id, h.model_fingerprint, h.position, self._trailer.next_token, h.mode,
                              h.engine, tuple(self._specs), tensors, stats)
 
     def abort(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -66,17 +66,37 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ri
             ring = wire_stage.Ring(chunk_bytes, ring_limit)
         return ring.stage(segs)
 
-    for t, ready in _sources(specs, source, ready_now):
+    pending = None   # (index, StagedChunk): its D2H queued, the next chunk's queued before waiting for it
+
+    def ready(item):
+        """Chunks in order; a staged chunk is handed on only once its copy is done (waited for here, one
+        chunk behind the copies queued, so pool threads never sit on a device wait)."""
+        nonlocal pending
+        out = []
+        if pending is not None:
+            pending[1].done.synchronize()
+            out.append(pending)
+            pending = None
+        if isinstance(item[1], wire_stage.StagedChunk):
+            pending = item
+        else:
+            out.append(item)
+        return out
+
+    for t, ready_ev in _sources(specs, source, ready_now):
         n, off = t.numel() * t.element_size(), 0
         while off < n:
             take = min(n - off, chunk_bytes - filled)
-            segs.append((t, ready, off, off + take))
+            segs.append((t, ready_ev, off, off + take))
             filled, off = filled + take, off + take
             if filled == chunk_bytes:
-                yield index, part()
+                yield from ready((index, part()))
                 segs, filled, index = [], 0, index + 1
     if segs:
-        yield index, part()
+        yield from ready((index, part()))
+    if pending is not None:
+        pending[1].done.synchronize()
+        yield pending
 
 
 def _pieces(part) -> tuple[list, object]:
@@ -130,7 +150,7 @@ def _frame(index: int, pieces: list) -> tuple[bytes, bytes]:
     return buf.getvalue(), d
 
 
-def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int, tensors=None,
+def _parts(*, session_id: str, fingerprint: str, position: int, next_token, tensors=None,
            specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
            engine: int = 0, frames: bool = False, workers: int | None = None) -> Iterator:
     """Checks the arguments and notes what "final now" means on the device (an event on the caller's
@@ -152,12 +172,12 @@ def _parts(*, session_id: str, fingerprint: str, position: int, next_token: int,
         raise ValueError(f"unsupported dtypes {bad}; the wire carries float32, bfloat16, float16")
     header = state_pb2.StateHeader(
         format_version=FORMAT_VERSION, session_id=session_id, model_fingerprint=fingerprint,
-        position=position, next_token=next_token, tensors=[s.to_proto() for s in specs],
+        position=position, tensors=[s.to_proto() for s in specs],
         total_bytes=sum(s.nbytes for s in specs), mode=mode, engine=engine, chunk_bytes=chunk_bytes)
     workers = default_workers() if workers is None else workers
     if chunk_bytes < _wire.PARALLEL_MIN_BYTES:
         workers = 0
-    return _stream(header, specs, tensor_source, frames, workers, _ReadyNow())
+    return _stream(header, specs, tensor_source, next_token, frames, workers, _ReadyNow())
 
 
 class _ReadyNow:
@@ -177,7 +197,7 @@ class _ReadyNow:
         return ev
 
 
-def _stream(header, specs, tensor_source, frames: bool, workers: int, ready_now) -> Iterator:
+def _stream(header, specs, tensor_source, next_token, frames: bool, workers: int, ready_now) -> Iterator:
     first = state_pb2.StateChunk(header=header)
     yield first.SerializeToString() if frames else first
     manifest, total = Manifest(header), header.total_bytes
@@ -186,12 +206,14 @@ def _stream(header, specs, tensor_source, frames: bool, workers: int, ready_now)
     for item, digest in ordered_map(seal, parts, workers):
         manifest.add(digest)
         yield item
-    last = state_pb2.StateChunk(trailer=state_pb2.StateTrailer(
-        total_bytes=total, data_chunks=manifest.chunks, manifest_sha256=manifest.digest(total)))
+    trailer = state_pb2.StateTrailer(total_bytes=total, data_chunks=manifest.chunks,
+                                     next_token=next_token() if callable(next_token) else next_token)
+    trailer.manifest_sha256 = manifest.digest(trailer)
+    last = state_pb2.StateChunk(trailer=trailer)
     yield last.SerializeToString() if frames else last
 
 
-def encode_state(*, session_id: str, fingerprint: str, position: int, next_token: int,
+def encode_state(*, session_id: str, fingerprint: str, position: int, next_token: int | Callable[[], int],
                  tensors: Iterable[WireTensor] | None = None,
                  specs: Iterable[TensorDesc] | None = None,
                  tensor_source: Iterable | None = None,
@@ -202,7 +224,8 @@ def encode_state(*, session_id: str, fingerprint: str, position: int, next_token
     the header goes out first and each tensor is pulled only when its bytes are due (the source may
     block until it exists). `ready`: a CUDA event recorded once the tensor is final (the D2H copy
     waits for it on the device, never on the host); without one a CUDA tensor must be final on the
-    caller's current stream when encode_state is called. `workers`: chunks hashed in parallel
+    caller's current stream when encode_state is called. `next_token` goes in the trailer: an int, or
+    a callable asked once every tensor was pulled (prefill knows it only after the logits). `workers`: chunks hashed in parallel
     (None: default_workers(), 0: inline). A tensor must not change until the stream ends."""
     return _parts(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
                   tensors=tensors, specs=specs, tensor_source=tensor_source, chunk_bytes=chunk_bytes,

@@ -6,7 +6,7 @@ State: the Qwen3.5-9B shape (random values), 32 layers = 24 GDN + 8 full attenti
     attn layers.{i}.key/value  [4, L, 256]        bf16    (2 KiB per token each)
     hidden                     [4096]             bf16
 Paths measured (GB/s = raw tensor bytes / wall seconds; best and median of --repeats). Chunks are hashed
-and verified by the wire's thread pool with --workers chunks in flight per stream (format 2):
+and verified by the wire's thread pool with --workers chunks in flight per stream (format 3):
     encode_proto / encode_frames   encode_state -> StateChunk objects / encode_state_frames -> bytes
     decode_proto / decode_frames   StateReceiver over pre-encoded StateChunks / serialized frames,
                                    into fresh buffers (decode_frames_reused_buffers: a reused pool)

@@ -6,14 +6,17 @@ alternate, so drift on a busy host hits both alike):
                         the time to the first token without a split
     split_s             the real Prefill RPC (prefill_worker/service.py, mode FAST) naming a real decode
                         worker (decode_worker/service.py); both serve on their own gRPC server on
-                        127.0.0.1 in this process, with the bearer-token interceptor on. Prefill, then
-                        baton.handoff.push_state streams the state (wire format 2) to the decode worker's
-                        LoadState, which verifies it and imports it into a slot. Timed on the client until
-                        the answer is back and the device is idle: the decode worker holds the state and
-                        its first Decode step can run
-    handoff_s           the sender's BridgeReport seconds (first frame built -> LoadState answered);
-                        handoff_GBps = state_bytes / handoff_s; handoff_wall_s = split_s - the server's
-                        prefill_seconds (also counts the Prefill RPC itself)
+                        127.0.0.1 in this process, with the bearer-token interceptor on. The state
+                        streams (wire format 3) to the decode worker's LoadState while prefill computes:
+                        each layer goes out once its CUDA event completes (baton/progress.py); LoadState
+                        verifies every chunk, places each tensor into a reserved slot and activates it
+                        only after the manifest verified. Timed on the client until the answer is back
+                        and the device is idle: the decode worker holds the state and its first Decode
+                        step can run
+    handoff_s           the sender's BridgeReport seconds (stream start -> LoadState answered; the stream
+                        starts before the compute, so this overlaps prefill); handoff_GBps = state_bytes /
+                        handoff_s; handoff_wall_s = split_s - the server's prefill_seconds (time to the
+                        first token): the hand-off time the split adds, Prefill RPC included
     split_overhead_pct  100 * (split_s / prefill_s - 1)
     mfu                 flops / prefill_s / matmul rate measured in the same run (a large matmul in the
                         model's dtype: BF16 on CUDA); flops = 2 * matmul params * T (every weight matrix

@@ -77,14 +77,15 @@ class ControlledDraftEngine(DecodeEngine):
         self.vocab = next(iter(runners.values())).cfg.vocab_size
 
     def load(self, tensors, *, position: int, next_token: int, engine: str | None = None,
-             session_id: str | None = None) -> DecodeSession:
+             session_id: str | None = None, fill=None) -> DecodeSession:
         refs, p, seed = self.control.read()
         ref = next((r["tokens"] for r in refs
                     if int(r["prompt_len"]) == position and r["tokens"] and int(r["tokens"][0]) == next_token), None)
         if ref is None:
             raise ValueError(f"reference: none for a state at position {position} with next token {next_token} "
                              f"in {self.control.path}")
-        s = super().load(tensors, position=position, next_token=next_token, engine=engine, session_id=session_id)
+        s = super().load(tensors, position=position, next_token=next_token, engine=engine, session_id=session_id,
+                         fill=fill)
         j, self._loads = self._loads, self._loads + 1
         s.ctl = _Ctl(position, [int(t) for t in ref], p, random.Random(f"{seed}:{j}"), self.vocab)
         log.info("controlled session %s: p=%.4f seed=%d #%d, %d reference tokens", s.id, p, seed, j, len(ref))

@@ -107,11 +107,18 @@ class DecodeEngine:
         return fill
 
     def load(self, tensors: dict[str, torch.Tensor], *, position: int, next_token: int,
-             engine: str | None = None, session_id: str | None = None) -> DecodeSession:
-        """Imports a verified state into a free slot (the wire layer has checked every tensor); a
-        re-sent state replaces the session of the same id (migration, retry)."""
-        fill = self.reserve(engine, session_id, position)
-        return fill.commit(tensors, next_token)
+             engine: str | None = None, session_id: str | None = None, fill: SlotFill | None = None,
+             ) -> DecodeSession:
+        """Imports a verified state into a free slot (the wire layer has checked every tensor) and makes
+        it live; a re-sent state replaces the session of the same id (migration, retry). `fill`: the
+        slot reserved for this state (LoadState placed tensors into it while they arrived)."""
+        if fill is None:
+            fill = self.reserve(engine, session_id, position)
+        try:
+            return fill.commit(tensors, next_token)
+        except BaseException:
+            fill.abort()
+            raise
 
     def _publish(self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int,
                  now: float) -> DecodeSession:

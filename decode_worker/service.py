@@ -104,7 +104,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                                     on_tensor=fill.place if fill is not None else None)
                 sid = got.session_id
                 with self.sessions.hold(sid) if sid else contextlib.nullcontext():
-                    s = fill.commit(got.tensors, got.next_token)
+                    s = self.engine.load(got.tensors, position=got.position, next_token=got.next_token,
+                                         engine=name, session_id=sid or None, fill=fill)
             except BaseException:
                 if fill is not None:
                     fill.abort()

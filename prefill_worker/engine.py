@@ -2,6 +2,8 @@
 
 Lifecycle of a request through this engine:
     prefill(prompt, keep)   -> a session in a free slot; wide kernels; first greedy token
+                               (= open_prefill + run_prefill; in between a sender may take the slot's
+                               views and stream each layer as run_prefill's PrefillProgress marks it)
     export(session)         -> the slot's state tensors (the service streams them to a decode worker)
     verify(session, block)  -> exact mode only: K+1 fixed-width rows, longest accepted prefix m and the
                                next token; on rejection restore the snapshot and re-advance m+1 rows
@@ -18,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from baton.progress import PrefillProgress
 from baton.runner import ModelRunner
 from baton.sessions import SessionLimit, SessionNotFound, SlotTable  # noqa: F401 (re-exported)
 
@@ -93,20 +96,40 @@ class ExactEngine:
 
     def prefill(self, ids: list[int], *, session_id: str | None = None) -> tuple[Session, int]:
         """Runs the prompt into a new session's slot; returns (session, first token)."""
+        s = self.open_prefill(ids, session_id=session_id)
+        return s, self.run_prefill(s, ids)
+
+    def open_prefill(self, ids: list[int], *, session_id: str | None = None) -> Session:
+        """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
+        slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender."""
         self.validate_prompt(ids)
-        s = self._open(session_id)
+        return self._open(session_id)
+
+    def run_prefill(self, s: Session, ids: list[int], progress: PrefillProgress | None = None) -> int:
+        """Computes the prompt into the session's slot; -> first token. `progress` is marked per layer
+        and finished with the token (or failed); on failure the session is released."""
         try:
             with self._compute:
-                tok = self.runner.prefill(s.slot, list(ids))
-        except BaseException:
+                tok = self.runner.prefill(s.slot, list(ids), on_layer=progress and progress.mark)
+        except BaseException as e:
+            if progress is not None:
+                progress.fail(e)
             self.release(s.id)
             raise
-        return s, tok
+        if progress is not None:
+            progress.finish(tok)
+        return tok
 
-    def export(self, session_id: str):
-        """-> (state tensors of the slot, position, next_token). Views: copy before releasing."""
+    def progress(self) -> PrefillProgress:
+        return PrefillProgress(self.runner.cfg.num_hidden_layers, self.runner.device)
+
+    def export(self, session_id: str, position: int | None = None):
+        """-> (state tensors of the slot, position, next_token). Views: copy before releasing.
+        With `position` given (a prefill not run yet): the views for that position, next_token None."""
         s = self.get(session_id)
         st = self.runner.state
+        if position is not None:
+            return st.export(s.slot, position), position, None
         pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
         return st.export(s.slot, pos), pos, nxt
 

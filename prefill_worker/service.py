@@ -3,8 +3,13 @@
 Lifecycle of a request:
     Prefill(prompt_ids, session_id, mode, decode_target, engine)
         validate (INVALID_ARGUMENT naming `prompt_ids` / `session_id` / `mode` / `engine`)
-        -> ExactEngine.prefill into a fresh session (EXACT: the caller's id, required; FAST: any)
-        -> push_state to decode_target's LoadState (skipped when empty), under this RPC's deadline
+        -> ExactEngine.open_prefill: a fresh session (EXACT: the caller's id, required; FAST: any)
+        -> with decode_target: start_push to its LoadState first (header: everything known before the
+           compute), then ExactEngine.run_prefill, whose layer hook marks each layer's state final so the
+           sender streams it while later layers compute; the first token goes in the trailer. The
+           decode worker activates nothing before the whole stream verified. Under this RPC's deadline
+        -> prefill_seconds: until the first token is known; bridge.seconds: stream start -> LoadState
+           answered (it overlaps prefill_seconds)
         -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
            including a cancelled or timed-out call)
         -> first_token (the greedy token after the prompt = the decode state's pending next_token),
@@ -30,7 +35,7 @@ from pathlib import Path
 
 import grpc
 
-from baton.handoff import ChannelPool, HandoffError, engine_name, push_state
+from baton.handoff import ChannelPool, HandoffError, engine_name, start_push
 from baton.loading import LoadedModel, load_model
 from baton.rpc import StatusError, build_server
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
@@ -95,18 +100,24 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")
         return ids, exact
 
-    def _push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str):
-        """Streams the kept session `sid` to `target`; -> (LoadStateResponse, BridgeReport, position, next)."""
-        tensors, pos, nxt = self.engine.export(sid)
+    def _start_push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str,
+                    position: int | None = None, progress=None):
+        """Starts streaming the session `sid` to `target` (with `progress`: while its prefill runs);
+        -> (handoff.Push, position, next_token | None)."""
+        tensors, pos, nxt = self.engine.export(sid, position)
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
+        push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
+                          fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
+                          chunk_bytes=self.chunk_bytes, timeout=timeout, pool=self.channels, progress=progress)
+        return push, pos, nxt
+
+    @staticmethod
+    def _finish_push(context, push):
+        """-> (LoadStateResponse, BridgeReport); a failed hand-off is the decode worker's status."""
         try:
-            resp, bridge = push_state(target, self.settings, tensors=tensors, session_id=target_sid,
-                                      fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode,
-                                      engine=engine, chunk_bytes=self.chunk_bytes, timeout=timeout,
-                                      pool=self.channels, is_active=context.is_active)
+            return push.result(context.is_active)
         except HandoffError as e:
-            raise StatusError(e.code, f"decode_target {target}: hand-off failed: {e.details}") from None
-        return resp, bridge, pos, nxt
+            raise StatusError(e.code, f"decode_target {push.target}: hand-off failed: {e.details}") from None
 
     def _release_remote(self, target: str, sid: str) -> None:
         """Best effort: the caller went away after the decode worker loaded the state."""
@@ -130,25 +141,41 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             ids, exact = self._validate(request)
             sid = request.session_id or uuid.uuid4().hex
             t0 = time.perf_counter()
-            session, first = self.engine.prefill(ids, session_id=sid)
+            session = self.engine.open_prefill(ids, session_id=sid)
             session.engine = request.engine          # ExportState re-sends with the same engine
-            prefill_s = time.perf_counter() - t0
-            keep = False
+            keep, target = False, request.decode_target
             try:
                 with self.sessions.hold(sid):
                     if not context.is_active():
                         raise self._ended(context)
                     bridge = common_pb2.BridgeReport()
-                    if request.decode_target:
+                    if not target:
+                        first = self.engine.run_prefill(session, ids)
+                        prefill_s = time.perf_counter() - t0
+                        if not context.is_active():   # NOTE: an EXACT session nobody will Verify
+                            raise self._ended(context)
+                    else:
+                        # NOTE: the stream starts before the compute: each layer goes out once it is done
+                        progress = self.engine.progress()
+                        push, _, _ = self._start_push(context, sid, target, mode=request.mode,
+                                                      engine=request.engine, target_sid=sid,
+                                                      position=len(ids), progress=progress)
                         try:
-                            _, bridge, _, _ = self._push(context, sid, request.decode_target, mode=request.mode,
-                                                         engine=request.engine, target_sid=sid)
+                            first = self.engine.run_prefill(session, ids, progress)
+                        except BaseException:
+                            push.cancel()
+                            raise
+                        prefill_s = time.perf_counter() - t0      # to the first token
+                        try:
+                            if not context.is_active():   # gone during the compute: stop the stream now
+                                push.cancel()
+                            _, bridge = self._finish_push(context, push)
                         except StatusError as e:
                             if e.code in _GONE:   # the stream may have landed just before the cancel
-                                self._release_remote(request.decode_target, sid)
+                                self._release_remote(target, sid)
                             raise
                         if not context.is_active():
-                            self._release_remote(request.decode_target, sid)
+                            self._release_remote(target, sid)
                             raise self._ended(context)
                     keep = exact
             finally:
@@ -184,10 +211,10 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             if not request.decode_target:
                 raise StatusError(INVALID, "decode_target: required")
             check_target(request.decode_target)
-            _, bridge, pos, nxt = self._push(context, request.session_id, request.decode_target,
-                                             mode=common_pb2.EXACT,
-                                             engine=kept.engine,
-                                             target_sid=request.target_session_id or request.session_id)
+            push, pos, nxt = self._start_push(context, request.session_id, request.decode_target,
+                                              mode=common_pb2.EXACT, engine=kept.engine,
+                                              target_sid=request.target_session_id or request.session_id)
+            _, bridge = self._finish_push(context, push)
             return prefill_pb2.ExportStateResponse(bridge=bridge, position=pos, next_token=nxt)
 
     def stats(self) -> common_pb2.WorkerStats:

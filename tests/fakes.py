@@ -104,10 +104,11 @@ class _Base:
 def _push_state(target: str, settings: Settings, sid: str, ctx, pending: int, mode, engine, timeout):
     data = array.array("I", ctx).tobytes()
     chunks = [state_pb2.StateChunk(header=state_pb2.StateHeader(
-                  session_id=sid, position=len(ctx), next_token=pending, total_bytes=len(data), mode=mode,
+                  session_id=sid, position=len(ctx), total_bytes=len(data), mode=mode,
                   engine=engine, model_fingerprint="fake-fp")),
               state_pb2.StateChunk(data=data),
-              state_pb2.StateChunk(trailer=state_pb2.StateTrailer(total_bytes=len(data), data_chunks=1))]
+              state_pb2.StateChunk(trailer=state_pb2.StateTrailer(total_bytes=len(data), data_chunks=1,
+                                                                  next_token=pending))]
     with rpc.make_channel(target, settings) as ch:
         t0 = time.perf_counter()
         decode_pb2_grpc.DecodeWorkerStub(ch).LoadState(iter(chunks), timeout=timeout)
@@ -189,7 +190,7 @@ class FakeDecode(_Base, decode_pb2_grpc.DecodeWorkerServicer):
         ctx = list(array.array("I", msgs[1].data))
         self._enter("LoadState", h, context)
         with self.lock:
-            self.sessions[h.session_id] = {"ctx": ctx, "pending": h.next_token, "engine": self._engine(h.engine, context),
+            self.sessions[h.session_id] = {"ctx": ctx, "pending": msgs[-1].trailer.next_token, "engine": self._engine(h.engine, context),
                                            "drafts": []}
         return decode_pb2.LoadStateResponse(session_id=h.session_id, position=len(ctx))
 

@@ -185,7 +185,7 @@ def test_receive_state_mtp_entries_are_optional_both_ways(lm):
         handoff.receive_state([], **handoff.layout_of(with_mtp.state), fingerprint="fp")
 
 
-# ---------------------------------------------------------------- tampered streams (format 2)
+# ---------------------------------------------------------------- tampered streams (format 3)
 def _frames(w, sid, **over) -> list[bytes]:
     """A valid serialized LoadState stream of PROMPTS[1] (8 KiB chunks), stream_state overrides applied."""
     eng = w["ps"].engine
@@ -231,10 +231,13 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
         "dropped chunk": (good[:2] + good[3:], "DATA_LOSS", "data chunk 1: chunk_index 2"),
         "truncated: no trailer": (good[:-1], "DATA_LOSS", "before the trailer"),
         "truncated: last chunk": (good[:-2] + good[-1:], "DATA_LOSS", "truncated"),
-        "altered header": (header(next_token=3), "DATA_LOSS", "manifest_sha256 mismatch"),
+        "altered header": (header(session_id="other"), "DATA_LOSS", "manifest_sha256 mismatch"),
+        "altered next_token": ([*good[:-1], _edit(good[-1], lambda c: setattr(c.trailer, "next_token", 3))],
+                               "DATA_LOSS", "manifest_sha256 mismatch"),
         "foreign fingerprint": (_frames(workers, "t", fingerprint="sha256:" + "0" * 64), "FAILED_PRECONDITION",
                                 "model_fingerprint"),
-        "format_version 1": (header(format_version=1), "FAILED_PRECONDITION", "format_version 1; this worker speaks 2"),
+        "format_version 1": (header(format_version=1), "FAILED_PRECONDITION", "format_version 1; this worker speaks 3"),
+        "format_version 2": (header(format_version=2), "FAILED_PRECONDITION", "format_version 2; this worker speaks 3"),
     }
     with make_channel(workers["target"], Settings()) as ch:
         load = ch.stream_unary(handoff.LOAD_STATE, request_serializer=None,
@@ -300,3 +303,63 @@ def test_cancelled_prefill_releases_on_both_workers(workers):
             P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
             D.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
     assert cancelled > 0
+
+
+def test_state_streams_while_prefill_runs(workers, lm, monkeypatch):
+    """Prefill -> LoadState is streamed per layer: with each layer made slow, the decode worker has
+    verified and placed the first tensors before the prefill's last layer is done, and the loaded
+    state still decodes exactly as `complete`."""
+    from baton.progress import PrefillProgress
+    from decode_worker.fill import SlotFill
+
+    events = []
+    mark, place = PrefillProgress.mark, SlotFill.place
+
+    def slow_mark(self, stage):
+        mark(self, stage)
+        events.append(("mark", stage, time.perf_counter()))
+        if stage < self.layers:
+            time.sleep(0.15)
+
+    def seen_place(self, name, src):
+        events.append(("place", name, time.perf_counter()))
+        place(self, name, src)
+
+    monkeypatch.setattr(PrefillProgress, "mark", slow_mark)
+    monkeypatch.setattr(SlotFill, "place", seen_place)
+    monkeypatch.setattr(workers["ps"], "chunk_bytes", 1024)
+    prompt = PROMPTS[1]
+    ref = complete(None, prompt, 8, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+    r = workers["P"].Prefill(prefill_pb2.PrefillRequest(session_id="st", prompt_ids=prompt, mode=FAST,
+                                                        decode_target=workers["target"]), timeout=T)
+    layers = lm.cfg.num_hidden_layers
+    last_layer = next(t for k, s, t in events if k == "mark" and s == layers - 1)
+    first_place = min(t for k, _, t in events if k == "place")
+    assert first_place < last_layer, events
+    placed = [s for k, s, _ in events if k == "place"]
+    assert placed[0] == "layers.0.conv" or placed[0].startswith("layers.0.")   # layer-major order
+    assert r.prefill_seconds >= 0.15 * layers and r.bridge.seconds > 0
+    assert [r.first_token] + _decode(workers["D"], "st", 7) == ref
+
+
+def test_prefill_failing_mid_stream_loads_nothing(workers, monkeypatch):
+    """A prefill that raises after some layers were streamed: the stream is cancelled, the decode worker
+    activates nothing (no_leaks checks both workers), the Prefill RPC fails."""
+    from baton.progress import PrefillProgress
+
+    mark = PrefillProgress.mark
+
+    def failing_mark(self, stage):
+        if stage == 1:
+            raise RuntimeError("boom in layer 1")
+        mark(self, stage)
+
+    monkeypatch.setattr(PrefillProgress, "mark", failing_mark)
+    monkeypatch.setattr(workers["ps"], "chunk_bytes", 1024)
+    with pytest.raises(grpc.RpcError) as e:
+        workers["P"].Prefill(prefill_pb2.PrefillRequest(session_id="fail", prompt_ids=PROMPTS[1], mode=FAST,
+                                                        decode_target=workers["target"]), timeout=T)
+    assert e.value.code() != grpc.StatusCode.OK
+    with pytest.raises(grpc.RpcError) as e:
+        workers["D"].Decode(decode_pb2.DecodeRequest(session_id="fail", max_new_tokens=1), timeout=T).next()
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND

@@ -98,7 +98,7 @@ def test_round_trip_bitwise_across_chunk_sizes(chunk_bytes):
     assert len(data) == -(-TOTAL // chunk_bytes)  # chunks span tensor boundaries: none is short early
     assert [c.chunk_index for c in chunks[1:-1]] == list(range(len(data)))
     assert [c.chunk_sha256 for c in chunks[1:-1]] == [hashlib.sha256(d).digest() for d in data]
-    assert chunks[0].header.chunk_bytes == chunk_bytes and chunks[0].header.format_version == 2
+    assert chunks[0].header.chunk_bytes == chunk_bytes and chunks[0].header.format_version == 3
     assert chunks[-1].trailer.data_chunks == len(data) and len(chunks[-1].trailer.manifest_sha256) == 32
     st = decode(chunks)
     assert_bitwise(st)
@@ -233,10 +233,45 @@ def test_reordered_chunks_with_rewritten_indices_fail_the_manifest():
     expect(wire.StateCorrupt, "DATA_LOSS", chunks, match="manifest_sha256 mismatch")
 
 
-@pytest.mark.parametrize("field,value", [("next_token", 12), ("session_id", "s2"), ("mode", 1), ("engine", 2)])
+@pytest.mark.parametrize("field,value", [("session_id", "s2"), ("mode", 1), ("engine", 2)])
 def test_altered_header_fails_the_manifest(field, value):
     """A header field that no size check covers (the digest of v1 covered only tensor bytes)."""
     expect(wire.StateCorrupt, "DATA_LOSS", with_header(encode(64), **{field: value}), match="manifest_sha256")
+
+
+def with_trailer(chunks, **fields):
+    t = copied(chunks[-1])
+    for k, v in fields.items():
+        setattr(t.trailer, k, v)
+    return chunks[:-1] + [t]
+
+
+def test_next_token_is_in_the_trailer_and_covered_by_the_manifest():
+    """Format 3: next_token is known only after the logits, so it travels in the trailer; flipping it
+    (the manifest left as sent) is DATA_LOSS, like any other altered field."""
+    chunks = encode(64)
+    assert chunks[-1].trailer.next_token == 11
+    assert "next_token" not in str(chunks[0].header)
+    assert decode(chunks).next_token == 11
+    expect(wire.StateCorrupt, "DATA_LOSS", with_trailer(chunks, next_token=12), match="manifest_sha256 mismatch")
+
+
+def test_next_token_may_be_given_late():
+    """A callable next_token is asked for only after every tensor was pulled from the source."""
+    pulled = []
+
+    def source():
+        for t in TENSORS:
+            pulled.append(t.name)
+            yield t.tensor
+
+    def late():
+        assert pulled == [t.name for t in TENSORS]
+        return 42
+    chunks = list(wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=late,
+                                    specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source(),
+                                    chunk_bytes=64))
+    assert decode(chunks).next_token == 42
 
 
 def test_altered_manifest_is_data_loss():
@@ -356,11 +391,12 @@ def test_fingerprint_mismatch():
     expect(wire.StateMismatch, "FAILED_PRECONDITION", encode(fingerprint="sha256:other"), match="fingerprint")
 
 
-@pytest.mark.parametrize("version", [0, 1, 3])
+@pytest.mark.parametrize("version", [0, 1, 2, 4])
 def test_format_version_mismatch(version):
-    """Older (v1: one serial SHA-256), newer or unset: refused at the header, before any allocation."""
+    """Older (v1: one serial SHA-256; v2: next_token in the header), newer or unset: refused at the
+    header, before any allocation."""
     calls = []
-    with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 2") as e:
+    with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 3") as e:
         decode(with_header(encode(), format_version=version),
                alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d))
     assert e.value.code == "FAILED_PRECONDITION" and calls == []
@@ -481,3 +517,37 @@ def test_cuda_tensors_round_trip_bitwise():
     chunks = wire.pipelined(wire.encode_state(session_id="g", fingerprint=FP, position=POS, next_token=1,
                                               tensors=dev, chunk_bytes=33))
     assert_bitwise(decode(chunks), [wire.WireTensor(t.name, t.kind, t.tensor.cpu()) for t in dev])
+
+
+def test_encoder_sends_layers_before_the_prefill_ends():
+    """With a PrefillProgress source, data chunks of finished layers come out while later stages are
+    still unmarked; next_token (from progress.finish) lands in the trailer."""
+    import threading
+
+    from baton.progress import PrefillProgress
+
+    layers = 2    # TENSORS: layers.0.*, layers.1.*, hidden
+    prog = PrefillProgress(layers, torch.device("cpu"))
+    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
+                           specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=prog.source(TENSORS),
+                           chunk_bytes=16, workers=2)
+    assert next(it).WhichOneof("part") == "header"   # before any stage is final
+    prog.mark(0)
+    first = next(it)                                   # layer 0's bytes, layer 1 not final yet
+    assert first.WhichOneof("part") == "data" and prog._marked == 1
+    threading.Timer(0.05, lambda: (prog.mark(1), prog.finish(99))).start()
+    rest = list(it)
+    assert rest[-1].trailer.next_token == 99
+
+
+def test_encoder_stops_when_the_prefill_fails():
+    from baton.progress import PrefillFailed, PrefillProgress
+
+    prog = PrefillProgress(2, torch.device("cpu"))
+    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
+                           specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=prog.source(TENSORS),
+                           chunk_bytes=16, workers=2)
+    next(it)
+    prog.fail(RuntimeError("oom"))
+    with pytest.raises(PrefillFailed, match="oom"):
+        list(it)

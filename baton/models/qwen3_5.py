@@ -13,6 +13,7 @@ from the device buffer `state.position[slot]`, so the step is CUDA-graph captura
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,8 @@ class StepContext:
     n: int = 1                 # valid rows in rows mode (n <= width); prefill: len(ids)
     start: int = 0             # prefill only: position of ids[0] (host int)
     rope_offset: int = 0       # RoPE position = KV index + rope_offset (the MTP layer uses 1)
+    on_layer: Callable[[int], None] | None = None   # prefill streaming: called with i once layer i is
+                                                    # enqueued (never a host sync; see baton/progress.py)
 
 
 class RMSNorm(nn.Module):
@@ -245,8 +248,10 @@ class Qwen3_5ForCausalLM(nn.Module):
         """
         x = self.model.embed_tokens(ids)                                   # [T, hidden]
         pos = self.positions(state, ctx, ids.shape[0], ids.device)
-        for layer in self.model.layers:
+        for i, layer in enumerate(self.model.layers):
             x = layer(x, pos, state, ctx)
+            if ctx.on_layer is not None:
+                ctx.on_layer(i)
         if ctx.width is not None:
             state.position[ctx.slot] += ctx.n
         return self.model.norm(x)

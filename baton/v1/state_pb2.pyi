@@ -49,12 +49,11 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TensorKind, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class StateHeader(_message.Message):
-    __slots__ = ("format_version", "session_id", "model_fingerprint", "position", "next_token", "tensors", "total_bytes", "mode", "engine", "chunk_bytes")
+    __slots__ = ("format_version", "session_id", "model_fingerprint", "position", "tensors", "total_bytes", "mode", "engine", "chunk_bytes")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
-    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -64,23 +63,24 @@ class StateHeader(_message.Message):
     session_id: str
     model_fingerprint: str
     position: int
-    next_token: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     total_bytes: int
     mode: _common_pb2.Mode
     engine: _common_pb2.Engine
     chunk_bytes: int
-    def __init__(self, format_version: _Optional[int] = ..., session_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., position: _Optional[int] = ..., next_token: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, format_version: _Optional[int] = ..., session_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class StateTrailer(_message.Message):
-    __slots__ = ("total_bytes", "data_chunks", "manifest_sha256")
+    __slots__ = ("total_bytes", "data_chunks", "manifest_sha256", "next_token")
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     total_bytes: int
     data_chunks: int
     manifest_sha256: bytes
-    def __init__(self, total_bytes: _Optional[int] = ..., data_chunks: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ...) -> None: ...
+    next_token: int
+    def __init__(self, total_bytes: _Optional[int] = ..., data_chunks: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., next_token: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("header", "data", "trailer", "chunk_index", "chunk_sha256")

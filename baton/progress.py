@@ -1,0 +1,85 @@
+"""PrefillProgress: which parts of one prefill's state are final, for a sender on another thread.
+
+Stages (in the order prefill finishes them, which is the wire's table order):
+    0 .. N-1   decoder layer i: its GDN conv/recurrent state or its attention KV rows are written
+    N          the tail: final hidden row, MTP KV, next_token (known once the logits are)
+Lifecycle:
+    compute thread   mark(i) from the model's layer hook (StepContext.on_layer) right after layer i's
+                     kernels were *enqueued*: on CUDA it records an event on the current stream, never
+                     a host sync; on CPU the layer has simply run. finish(next_token) after the prefill
+                     returned; fail(exc) if it raised.
+    sender thread    wait(stage) blocks until that stage was marked (raises the compute's error if it
+                     failed) and returns its CUDA event (None on CPU); the D2H copy waits for the event
+                     on its own stream, so the wire runs beside the remaining layers' compute.
+"""
+from __future__ import annotations
+
+import re
+import threading
+
+import torch
+
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+class PrefillFailed(RuntimeError):
+    """The prefill this stream was waiting for raised (the sender's stream is then cancelled)."""
+
+
+def stage_of(name: str, layers: int) -> int:
+    """Stage after which the state tensor `name` (baton.state export names) is final."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else layers
+
+
+class PrefillProgress:
+    def __init__(self, layers: int, device: torch.device):
+        self.layers, self._device = layers, torch.device(device)
+        self._cuda = self._device.type == "cuda"
+        self._events: list = [None] * (layers + 1)
+        self._marked = 0                     # stages 0 .. _marked-1 are final
+        self._token: int | None = None
+        self._error: BaseException | None = None
+        self._cv = threading.Condition()
+
+    def mark(self, stage: int) -> None:
+        """Compute thread: stage `stage` is final once the work enqueued so far has run."""
+        ev = None
+        if self._cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self._device))
+        with self._cv:
+            if stage != self._marked:
+                raise RuntimeError(f"progress: stage {stage} marked after {self._marked - 1}")
+            self._events[stage], self._marked = ev, stage + 1
+            self._cv.notify_all()
+
+    def finish(self, next_token: int) -> None:
+        """Compute thread: the prefill returned; the tail (hidden row, MTP KV, next_token) is final."""
+        self._token = int(next_token)
+        self.mark(self.layers)
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cv:
+            self._error = exc
+            self._cv.notify_all()
+
+    def wait(self, stage: int):
+        """Sender thread: blocks until `stage` is marked; -> its CUDA event (None on CPU)."""
+        with self._cv:
+            while self._marked <= stage and self._error is None:
+                self._cv.wait()
+            if self._marked <= stage:
+                raise PrefillFailed(f"prefill failed before stage {stage}: {self._error!r}")
+            return self._events[stage]
+
+    def next_token(self) -> int:
+        """The prefill's first token (the trailer asks for it after every tensor, i.e. after finish)."""
+        self.wait(self.layers)
+        return self._token
+
+    def source(self, tensors):
+        """(tensor, ready event) for each baton.state.StateTensor, each once its stage is final:
+        a wire tensor_source."""
+        for t in tensors:
+            yield t.tensor, self.wait(stage_of(t.name, self.layers))
