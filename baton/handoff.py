@@ -173,11 +173,11 @@ def start_push(target: str, settings: Settings | None = None, *, tensors: list, 
     method = channel.stream_unary(LOAD_STATE, request_serializer=None,
                                   response_deserializer=decode_pb2.LoadStateResponse.FromString)
     t0 = time.perf_counter()
-    source = progress.source(tensors) if progress is not None else [t.tensor for t in tensors]
-    frames = _Frames(encode_state_frames(
-        session_id=session_id, fingerprint=fingerprint, position=position,
-        next_token=progress.next_token if progress is not None else next_token, specs=specs,
-        tensor_source=source, chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine)))
+    what = (dict(specs=specs, tensor_source=progress.source(tensors), next_token=progress.next_token)
+            if progress is not None else dict(tensors=tensors, next_token=next_token))
+    frames = _Frames(encode_state_frames(session_id=session_id, fingerprint=fingerprint, position=position,
+                                         chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine),
+                                         **what))
     return Push(target, method.future(iter(frames), timeout=timeout), frames, specs, position, t0)
 
 

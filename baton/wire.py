@@ -157,23 +157,37 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def ordered_map(fn: Callable, items: Iterable[tuple], workers: int) -> Iterator:
-    """fn(*item) for each item, in order. workers > 0: a helper thread pulls `items` and submits the
-    calls to the pool, up to `workers + 2` ahead of the consumer, so producing items (D2H staging, a
-    wait on prefill progress) never holds back results that are ready, and the consumer never waits
-    on the producer while results are due. workers == 0: inline. Closing the iterator stops the helper
-    (calls already submitted still run to completion)."""
+def ordered_map(fn: Callable, items: Iterable[tuple], workers: int, *, producer_thread: bool = True) -> Iterator:
+    """fn(*item) for each item, in order, with up to `workers + 2` calls running ahead in the pool
+    (workers == 0: inline). producer_thread: a helper thread pulls `items` and submits the calls, so
+    producing items (D2H staging, a wait on prefill progress) never holds back results that are ready;
+    without it (items that never block: CPU tensors already final) the consumer submits as it goes,
+    one thread fewer contending for the GIL. Closing the iterator stops submitting (calls already
+    submitted still run to completion)."""
     if workers <= 0:
         for it in items:
             yield fn(*it)
         return
     pool = _pool()
-    futures = pipelined((pool.submit(fn, *it) for it in items), depth=workers + 2)
+    if producer_thread:
+        futures = pipelined((pool.submit(fn, *it) for it in items), depth=workers + 2)
+        try:
+            for f in futures:
+                yield f.result()
+        finally:
+            futures.close()
+        return
+    window = collections.deque()
     try:
-        for f in futures:
-            yield f.result()
+        for it in items:
+            window.append(pool.submit(fn, *it))
+            if len(window) > workers + 2:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
     finally:
-        futures.close()
+        for f in window:
+            f.cancel()
 
 
 class Manifest:

@@ -1,7 +1,8 @@
 """State wire format, sending side: tensors -> header, sealed data chunks, trailer (see baton/wire.py).
 
 Stages of one stream, each on its own thread so that throughput approaches the slowest one:
-    producer (a helper thread, wire.ordered_map)  cuts the tensors into chunks: a CPU chunk is a list of
+    producer (a helper thread, wire.ordered_map; the consumer's own thread for CPU tensors given up
+        front, which never block)  cuts the tensors into chunks: a CPU chunk is a list of
         memoryview pieces of tensor memory (no copy); a chunk with CUDA bytes is staged D2H into a reused
         pinned buffer on the copy stream, gated on each tensor's ready event (baton/wire_stage.py); it
         submits each chunk to the pool, up to `workers + 2` ahead of the consumer
@@ -158,9 +159,11 @@ def _parts(*, session_id: str, fingerprint: str, position: int, next_token, tens
     or bytes with frames=True)."""
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
+    lazy = tensors is None   # a source that may block (a running prefill) gets its own producer thread
     if tensors is not None and specs is None and tensor_source is None:
         tensors = list(tensors)
         specs, tensor_source = [TensorDesc.of(t) for t in tensors], [t.tensor for t in tensors]
+        lazy = any(t.is_cuda for t in tensor_source)   # D2H staging: never on gRPC's thread
     elif tensors is not None or specs is None or tensor_source is None:
         raise ValueError("pass either tensors=, or specs= together with tensor_source=")
     specs = [TensorDesc(s.name, kind_value(s.kind), s.dtype, tuple(s.shape)) for s in specs]
@@ -177,7 +180,7 @@ def _parts(*, session_id: str, fingerprint: str, position: int, next_token, tens
     workers = default_workers() if workers is None else workers
     if chunk_bytes < _wire.PARALLEL_MIN_BYTES:
         workers = 0
-    return _stream(header, specs, tensor_source, next_token, frames, workers, _ReadyNow())
+    return _stream(header, specs, tensor_source, next_token, frames, workers, _ReadyNow(), lazy)
 
 
 class _ReadyNow:
@@ -197,13 +200,14 @@ class _ReadyNow:
         return ev
 
 
-def _stream(header, specs, tensor_source, next_token, frames: bool, workers: int, ready_now) -> Iterator:
+def _stream(header, specs, tensor_source, next_token, frames: bool, workers: int, ready_now,
+            producer_thread: bool) -> Iterator:
     first = state_pb2.StateChunk(header=header)
     yield first.SerializeToString() if frames else first
     manifest, total = Manifest(header), header.total_bytes
     seal = _seal_frame if frames else _seal_message
     parts = _chunk_parts(specs, tensor_source, header.chunk_bytes, workers + 4, ready_now)
-    for item, digest in ordered_map(seal, parts, workers):
+    for item, digest in ordered_map(seal, parts, workers, producer_thread=producer_thread):
         manifest.add(digest)
         yield item
     trailer = state_pb2.StateTrailer(total_bytes=total, data_chunks=manifest.chunks,
