@@ -363,3 +363,34 @@ def test_prefill_failing_mid_stream_loads_nothing(workers, monkeypatch):
     with pytest.raises(grpc.RpcError) as e:
         workers["D"].Decode(decode_pb2.DecodeRequest(session_id="fail", max_new_tokens=1), timeout=T).next()
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
+    """CUDA end to end: the state streamed during prefill (per-layer events, pinned staging, side-stream
+    H2D into a reserved slot) arrives bitwise, and the decode worker's graphs continue it exactly."""
+    lm_p, lm_d = (load_model(tiny, dtype="bf16", device="cuda") for _ in range(2))
+    ph, ps = serve_prefill(lm_p, device="cuda", max_len=MAX_LEN, width=W, slots=2, settings=Settings(),
+                           chunk_bytes=64 << 10)
+    dh, ds = serve_decode(lm_d, device="cuda", engines=("bf16", "mtp"), max_len=MAX_LEN, width=W, slots=2,
+                          settings=Settings())
+    try:
+        with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
+            P, D = prefill_pb2_grpc.PrefillWorkerStub(pc), decode_pb2_grpc.DecodeWorkerStub(dc)
+            for i, prompt in enumerate(PROMPTS):
+                ref = complete(None, prompt, 16, max_len=MAX_LEN, width=W, loaded=lm_p, ignore_eos=True,
+                               device="cuda")
+                P.Prefill(prefill_pb2.PrefillRequest(session_id=f"g{i}", prompt_ids=prompt, mode=EXACT,
+                                                     decode_target=dh.address), timeout=T)
+                sent, pos, nxt = ps.engine.export(f"g{i}")
+                s = ds.engine.get(f"g{i}")
+                got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
+                for t in sent:
+                    assert torch.equal(got[t.name], t.tensor), t.name
+                assert (int(s.runner.state.position[s.slot]), int(s.runner.state.next_token[s.slot])) == (pos, nxt)
+                P.Release(common_pb2.ReleaseRequest(session_id=f"g{i}"), timeout=T)
+                assert [nxt] + _decode(D, f"g{i}", 15) == ref
+    finally:
+        ph.stop(0)
+        dh.stop(0)
