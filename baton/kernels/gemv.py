@@ -38,25 +38,12 @@ FP8_MAX = 448.0
 FP8_GROUP = 128          # x quantisation group along K (the fp8 BLOCK_K): fixes the fp8 arithmetic
 
 
-@triton.jit
-def _load_x(ptrs, mask, up_off, SILU: tl.constexpr):
-    """x tile; SILU: ptrs point into gate|up [., 2K]: x = silu(gate) * up, rounded to x's dtype
-    (exactly rows.silu_mul's arithmetic, so fusing it changes no bit)."""
-    if SILU:
-        g = tl.load(ptrs, mask=mask, other=0.0)
-        u = tl.load(ptrs + up_off, mask=mask, other=0.0).to(tl.float32)
-        gf = g.to(tl.float32)
-        return (gf * tl.sigmoid(gf) * u).to(g.dtype)
-    else:
-        return tl.load(ptrs, mask=mask, other=0.0)
-
-
 @triton.jit(do_not_specialize=["M", "rows"])
 def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
             M, rows, N, K, stride_xm, stride_wn, stride_ym,
             K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
-            SILU: tl.constexpr, PDL: tl.constexpr):
+            PDL: tl.constexpr):
     # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -75,11 +62,11 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
         for j in tl.static_range(BLOCK_K // SUB):
             kk = k + j * SUB
             if EVEN_K:
-                xt = _load_x(x_ptrs + kk, live[:, None], K, SILU)
+                xt = tl.load(x_ptrs + kk, mask=live[:, None], other=0.0)
                 wt = tl.load(w_ptrs + kk, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
             else:
                 mk = (k0 + kk + rk) < K
-                xt = _load_x(x_ptrs + kk, live[:, None] & mk[None, :], K, SILU)
+                xt = tl.load(x_ptrs + kk, mask=live[:, None] & mk[None, :], other=0.0)
                 wt = tl.load(w_ptrs + kk, mask=mask_n[:, None] & mk[None, :], other=0.0,
                              eviction_policy="evict_first")
             if FP8:
@@ -194,13 +181,11 @@ def _workspace(cache: dict, device: torch.device, n: int, dtype: torch.dtype) ->
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, rows: int | None = None,
-           silu: bool = False, cfg: Config | None = None) -> torch.Tensor:
+           cfg: Config | None = None) -> torch.Tensor:
     """x [..., K] bf16/fp16, w [N, K] (x.dtype, or float8_e4m3fn with scale [N] fp32) -> y [..., N] in x.dtype.
-    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0.
-    silu: x is gate|up [..., 2K] and the GEMM input is silu(gate) * up (rows.silu_mul, fused)."""
-    K = x.shape[-1] // 2 if silu else x.shape[-1]
+    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0."""
+    K = x.shape[-1]
     N = w.shape[0]
-    assert not silu or x.shape[-1] == 2 * K, x.shape
     fp8 = w.dtype == torch.float8_e4m3fn
     assert w.shape[1] == K and w.stride(1) == 1, (x.shape, w.shape)
     assert fp8 == (scale is not None) and (not fp8 or scale.numel() == N), "fp8 weights need a scale[N]"
@@ -225,6 +210,5 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
         x2, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), w.stride(0), y.stride(0),
         K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SUB=FP8_GROUP if fp8 else cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8,
-        SILU=silu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
     return y.view(*x.shape[:-1], N)

@@ -5,7 +5,7 @@
                GDN:  conv_rows (Triton) -> gdn_rows (Triton: gates, delta rule, gated norm) -> out_proj
                attn: q/k RMSNorm + RoPE + KV write (Triton), split-window attention with
                      the output gate (Triton, reads keys up to each row's position only) -> o_proj
-               add+RMSNorm (Triton) -> gate|up GEMM -> down (silu(gate) * up fused into its input load)
+               add+RMSNorm (Triton) -> gate|up GEMM -> silu_mul (Triton) -> down
 Row invariance holds as in the eager path: every op sees fixed [W, ...] shapes, the Triton kernels
 compute row t from row t (recurrences: from rows <= t) only, and GEMMs run at M = W.
 
@@ -60,20 +60,19 @@ class Merged:
         return list(rows_linear(self.module, x, n).split(self.sizes, dim=-1))
 
 
-def rows_linear(mod: nn.Module, x: torch.Tensor, n: int, silu: bool = False) -> torch.Tensor:
+def rows_linear(mod: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
     """mod(x) for x [W, in] whose first n rows are live -> [W, out]; rows >= n are 0 or junk, never read.
-    silu: x is gate|up [W, 2 in] and the input is silu(gate) * up (fused into the rows kernel's load).
     FP8Linear: the W8A8 rows kernel. bf16 nn.Linear: the rows kernel where the H200 sweep beats cuBLAS
-    (the bf16 gemv.TUNED shapes), else cuBLAS at M = W.
-    Each is row-invariant, so a row's bits depend on neither n nor the other rows (the exactness contract)."""
+    (the bf16 gemv.TUNED shapes), else cuBLAS at M = W. Each is row-invariant, so a row's bits depend on
+    neither n nor the other rows (the exactness contract).
+    NOTE: silu(gate) * up stays its own kernel: fused into the down projection's input load it is
+    recomputed by every N tile (64x for N = 4096), which cost ~20% of the whole step on the H200."""
     w = mod.weight
     if type(mod) is nn.Linear:
         if w.dtype == x.dtype == torch.bfloat16 and (False, *w.shape) in gemv.TUNED:
-            return gemv.linear(x, w, rows=n, silu=silu)
-        return mod(K.silu_mul(x) if silu else x)
-    if w.dtype == torch.float8_e4m3fn and getattr(mod, "use_kernel", False):     # FP8Linear
-        return gemv.linear(x, w, mod.scale, rows=n, silu=silu)
-    return mod(K.silu_mul(x) if silu else x, rows=n)
+            return gemv.linear(x, w, rows=n)
+        return mod(x)
+    return mod(x, rows=n)
 
 
 def _groups(mods: list[nn.Module]) -> list[Merged]:
@@ -154,7 +153,7 @@ class FastRows:
             else:
                 y = self._attn(layer.self_attn, proj, state, slot, n, pos)
             res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-            y = rows_linear(layer.mlp.down_proj, rows_linear(self.gate_up[i].module, xn, n), n, silu=True)
+            y = rows_linear(layer.mlp.down_proj, K.silu_mul(rows_linear(self.gate_up[i].module, xn, n)), n)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else m.model.norm
             res, xn = K.add_rmsnorm(y, res, nxt.weight, eps)
         state.position[slot] += n
@@ -172,7 +171,7 @@ class FastRows:
                                 layer.input_layernorm.weight, eps)
         y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, slot, n, pos, rope_offset=1)
         res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-        y = rows_linear(layer.mlp.down_proj, rows_linear(self.mtp_gate_up.module, xn, n), n, silu=True)
+        y = rows_linear(layer.mlp.down_proj, K.silu_mul(rows_linear(self.mtp_gate_up.module, xn, n)), n)
         return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
