@@ -97,15 +97,18 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             fill = (self.engine.reserve(name, header.session_id or None, header.position)   # not live yet
                     if header is not None else None)
             pinned = runner.device.type == "cuda"        # H2D straight from the receive buffers
+            # NOTE: the session is held from the header on, so a Release that arrives while the state is
+            # still streaming (a cancelled Prefill) is deferred to the end of this call and then finds
+            # the committed session (or nothing, if the stream failed): it can never run first and miss it.
+            sid = header.session_id if header is not None else ""
             try:
-                got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
-                                    fingerprint=self.fingerprint,
-                                    alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
-                                    on_tensor=fill.place if fill is not None else None)
-                sid = got.session_id
                 with self.sessions.hold(sid) if sid else contextlib.nullcontext():
+                    got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
+                                        fingerprint=self.fingerprint,
+                                        alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
+                                        on_tensor=fill.place if fill is not None else None)
                     s = self.engine.load(got.tensors, position=got.position, next_token=got.next_token,
-                                         engine=name, session_id=sid or None, fill=fill)
+                                         engine=name, session_id=got.session_id or None, fill=fill)
             except BaseException:
                 if fill is not None:
                     fill.abort()

@@ -252,6 +252,38 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
         workers["D"].Release(common_pb2.ReleaseRequest(session_id="t"), timeout=T)
 
 
+def test_release_while_the_state_streams_leaves_no_session(workers):
+    """A Release that reaches the decode worker while a LoadState of that session is still streaming (a
+    cancelled Prefill releasing its target) is deferred until the load ends, then releases what it loaded:
+    never answered first and missed, which would leave the session until its TTL."""
+    import threading
+
+    good = _frames(workers, "rel")
+    half, go = threading.Event(), threading.Event()
+
+    def paced():
+        for i, f in enumerate(good):
+            if i == 2:           # header and one data chunk are in: the slot is reserved
+                half.set()
+                assert go.wait(T)
+            yield f
+
+    with make_channel(workers["target"], Settings()) as ch:
+        load = ch.stream_unary(handoff.LOAD_STATE, request_serializer=None,
+                               response_deserializer=decode_pb2.LoadStateResponse.FromString)
+        fut = load.future(paced(), timeout=T)
+        assert half.wait(T)
+        time.sleep(0.2)                                   # the decode worker has read the header
+        r = workers["D"].Release(common_pb2.ReleaseRequest(session_id="rel"), timeout=T)
+        assert r.released                                 # deferred to the end of the LoadState
+        go.set()
+        assert fut.result(timeout=T).session_id == "rel"
+    assert _settled(workers["D"]).sessions == 0
+    with pytest.raises(grpc.RpcError) as ei:
+        _decode(workers["D"], "rel", 2)
+    assert ei.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 # ---------------------------------------------------------------- failures of the target
 def test_dead_target_is_unavailable_and_leaves_nothing(workers, free_port):
     P = workers["P"]
