@@ -5,8 +5,13 @@ alternate, so drift on a busy host hits both alike):
     prefill_s           ExactEngine.prefill of the prefill worker (a direct call; CUDA synchronized):
                         the time to the first token without a split
     split_s             the real Prefill RPC (prefill_worker/service.py, mode FAST) naming a real decode
-                        worker (decode_worker/service.py); both serve on their own gRPC server on
-                        127.0.0.1 in this process, with the bearer-token interceptor on. The state
+                        worker (decode_worker/service.py); each serves on its own gRPC server on
+                        127.0.0.1 with the bearer-token interceptor on. --decode-worker process (the
+                        default, the deployed topology): the decode worker is `python -m decode_worker`
+                        in its own process (same weights: --random-init/--seed or the same checkpoint,
+                        so the fingerprints agree), so its receive path does not compete with prefill
+                        for this process's GIL; in-process: it serves from this process (one copy of
+                        the weights); "process,in-process" measures both, interleaved. The state
                         streams (wire format 3) to the decode worker's LoadState while prefill computes:
                         each layer goes out once its CUDA event completes (baton/progress.py); LoadState
                         verifies every chunk, places each tensor into a reserved slot and activates it
@@ -26,11 +31,17 @@ alternate, so drift on a busy host hits both alike):
 
     python benchmarks/bench_ttft.py --random-init qwen3.5-9b --device cuda --prompts 512,4096,32768 --out R.json
     python benchmarks/bench_ttft.py --device cpu --prompts 16,64 --runs 5        # embedded default model
+    python benchmarks/bench_ttft.py ... --decode-worker process,in-process       # both topologies
+
+Each result row has the first --decode-worker mode's numbers at its top level and every mode's under
+"by_decode_worker".
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -57,9 +68,12 @@ from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc 
 from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
 from decode_worker.service import serve_decode  # noqa: E402
+from deploy.processes import WorkerProcess, WorkerSpec  # noqa: E402
 from prefill_worker.service import serve_prefill  # noqa: E402
 
 WIDTH = 16
+MODES = ("process", "in-process")   # where the decode worker runs
+REPO = Path(__file__).resolve().parents[1]
 
 
 def build_model(a) -> tuple[object, dict]:
@@ -151,12 +165,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--chunk-mib", type=float, default=DEFAULT_CHUNK_BYTES / (1 << 20), help="wire chunk size")
     ap.add_argument("--matmul-n", type=int, default=None, help="matmul size for the rate (default 8192 CUDA, 1024 CPU)")
+    ap.add_argument("--decode-worker", default="process", type=lambda v: v.split(","),
+                    help="comma-separated: process (its own process, as deployed; the default) | in-process")
     ap.add_argument("--machine-note", default="")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     if a.runs < 1 or a.warmup < 0:
         raise SystemExit("--runs must be >= 1 and --warmup >= 0")
     prompts = [int(x) for x in a.prompts.split(",")]
+    modes = a.decode_worker
+    if not modes or set(modes) - set(MODES) or len(set(modes)) != len(modes):
+        raise SystemExit(f"--decode-worker: a comma-separated subset of {', '.join(MODES)}, got {modes}")
+    if "process" in modes and a.no_mtp:
+        raise SystemExit("--no-mtp: the decode worker process always builds the MTP head; use --decode-worker in-process")
     torch.manual_seed(0)
     t_setup = time.perf_counter()
     lm, model_desc = build_model(a)
@@ -167,24 +188,35 @@ def main(argv=None) -> dict:
 
     settings = Settings(token="bench-ttft")          # the auth interceptor is on, as in a deployment
     max_len = max(prompts) + WIDTH + 64
-    # NOTE: one model object for both workers (one copy of the weights on the device); each has its own state.
+    # NOTE: in-process, one model object for both workers (one copy of the weights on the device); each
+    # has its own state. The decode process builds its own copy.
     ph, ps = serve_prefill(lm, device=dev, width=WIDTH, max_len=max_len, slots=1, settings=settings,
                            chunk_bytes=int(a.chunk_mib * (1 << 20)))
-    dh, ds = serve_decode(lm, engines=("bf16",), device=dev, width=WIDTH, max_len=max_len, slots=1,
-                          settings=settings)
-    setup_s = time.perf_counter() - t_setup
-    g = torch.Generator().manual_seed(1)
-    rows = []
+    targets, stops = {}, [lambda: ph.stop(0)]
     try:
-        with make_channel(ph.address, settings) as pch, make_channel(dh.address, settings) as dch:
-            P, D = prefill_pb2_grpc.PrefillWorkerStub(pch), decode_pb2_grpc.DecodeWorkerStub(dch)
+        for mode in modes:
+            if mode == "in-process":
+                dh, _ = serve_decode(lm, engines=("bf16",), device=dev, width=WIDTH, max_len=max_len, slots=1,
+                                     settings=settings)
+                stops.append(lambda dh=dh: dh.stop(0))
+            else:
+                dh = decode_process(a, max_len, settings.token)
+                stops.append(dh.stop)
+            targets[mode] = dh.address
+        setup_s = time.perf_counter() - t_setup
+        g = torch.Generator().manual_seed(1)
+        rows = []
+        with make_channel(ph.address, settings) as pch, contextlib.ExitStack() as chans:
+            P = prefill_pb2_grpc.PrefillWorkerStub(pch)
+            D = {m: decode_pb2_grpc.DecodeWorkerStub(chans.enter_context(make_channel(addr, settings)))
+                 for m, addr in targets.items()}
             for T in prompts:
                 ids = torch.randint(0, cfg.vocab_size, (T,), generator=g).tolist()
-                rows.append(measure(a, ps, P, D, dh.address, ids, rate))
+                rows.append(measure(a, ps, P, D, targets, ids, rate))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
-        ph.stop(0)
-        dh.stop(0)
+        for stop in reversed(stops):
+            stop()
     result = {
         "benchmark": "ttft",
         "command": shlex.join(["python", "benchmarks/bench_ttft.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -195,7 +227,8 @@ def main(argv=None) -> dict:
         "model": model_desc,
         "setup_seconds": round(setup_s, 2),
         "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16", "wire_format": FORMAT_VERSION,
-                    "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS"},
+                    "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS",
+                    "decode_worker": modes},
         "matmul": {"dtype": str(p_dtype).replace("torch.", ""), "n": matmul_n, "tflops": round(rate / 1e12, 4)},
         "runs": a.runs, "warmup": a.warmup,
         "results": rows,
@@ -204,7 +237,29 @@ def main(argv=None) -> dict:
     return result
 
 
-def measure(a, ps, P, D, target: str, ids: list[int], rate: float) -> dict:
+def decode_process(a, max_len: int, token: str) -> WorkerProcess:
+    """`python -m decode_worker` on a free port with this benchmark's model (the same --random-init
+    shape and seed 0, or the same checkpoint: the same fingerprint), serving once health says so."""
+    extra = [("width", WIDTH), ("slots", 1), ("engines", "bf16")]
+    extra += [("random_init", a.random_init), ("seed", 0)] if a.random_init else []
+    spec = WorkerSpec("decode", 0, model_dir=str(a.model) if a.model else None, device=a.device,
+                      dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"), engine="bf16",
+                      max_len=max_len, grace=0.0, extra=tuple((k, str(v)) for k, v in extra))
+    env = dict(os.environ, BATON_TOKEN=token, PYTHONPATH=os.pathsep.join(
+        [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    env.pop("BATON_TOKEN_FILE", None)
+    if not a.device.startswith("cuda"):   # as many torch threads as this process uses
+        env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    w = WorkerProcess(spec, env=env).start()
+    try:
+        w.wait_ready(timeout=900, settings=Settings(token=token))
+    except BaseException:
+        w.stop()
+        raise
+    return w
+
+
+def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> dict:
     dev, eng, T = a.device, ps.engine, len(ids)
     state_bytes = []
 
@@ -223,45 +278,56 @@ def measure(a, ps, P, D, target: str, ids: list[int], rate: float) -> dict:
             eng.release(s.id)
         return dt
 
-    def split() -> tuple[float, float, common_pb2.BridgeReport]:
+    def split(mode: str) -> tuple[float, float, common_pb2.BridgeReport]:
         sid = f"ttft-{T}"
         sync(dev)
         t0 = time.perf_counter()
         r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
-                                                 decode_target=target), timeout=600)
+                                                 decode_target=targets[mode]), timeout=600)
         sync(dev)
         dt = time.perf_counter() - t0
-        assert D.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=60).released
+        assert D[mode].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=60).released
         return dt, r.prefill_seconds, r.bridge
 
-    pre, spl = interleaved((prefill_only, split), a.warmup, a.runs)
+    modes = list(targets)
+    pre, *spls = interleaved([prefill_only] + [functools.partial(split, m) for m in modes], a.warmup, a.runs)
     nbytes = state_bytes[0]
-    if any(b.total_bytes != nbytes for _, _, b in spl):
-        raise AssertionError(f"bridge total_bytes {[b.total_bytes for _, _, b in spl]} != state bytes {nbytes}")
     prefill_s = statistics.median(pre)
-    split_s = statistics.median(s for s, _, _ in spl)
-    handoff_s = statistics.median(b.seconds for _, _, b in spl)
+    by_mode = {m: split_summary(spl, nbytes, prefill_s) for m, spl in zip(modes, spls)}
+    spl = spls[0]
     flops = prefill_flops(eng.runner.model, T)
     return {
         "prompt_tokens": T,
         "prefill_s": round(prefill_s, 6),
-        "split_s": round(split_s, 6),
-        "split_overhead_pct": round(100 * (split_s / prefill_s - 1), 2),
+        "decode_worker": modes[0],
+        **by_mode[modes[0]],
         "state_bytes": nbytes,
         "state_bytes_by_kind": dict(spl[0][2].bytes_by_kind),
-        "handoff_s": round(handoff_s, 6),
-        "handoff_GBps": round(nbytes / handoff_s / 1e9, 3),
-        "handoff_wall_s": round(statistics.median(s - p for s, p, _ in spl), 6),
-        "server_prefill_s": round(statistics.median(p for _, p, _ in spl), 6),
         "data_chunks": spl[0][2].chunks,
         "flops": flops,
         "achieved_tflops": round(flops / prefill_s / 1e12, 4),
         "mfu": round(flops / prefill_s / rate, 4),
         "prefill_s_runs": [round(x, 6) for x in pre],
+        "by_decode_worker": by_mode,
+    }
+
+
+def split_summary(spl: list, nbytes: int, prefill_s: float) -> dict:
+    """spl: (split seconds, server prefill seconds, BridgeReport) per run, for one decode-worker mode."""
+    if any(b.total_bytes != nbytes for _, _, b in spl):
+        raise AssertionError(f"bridge total_bytes {[b.total_bytes for _, _, b in spl]} != state bytes {nbytes}")
+    split_s = statistics.median(s for s, _, _ in spl)
+    handoff_s = statistics.median(b.seconds for _, _, b in spl)
+    return {
+        "split_s": round(split_s, 6),
+        "split_overhead_pct": round(100 * (split_s / prefill_s - 1), 2),
+        "handoff_s": round(handoff_s, 6),
+        "handoff_GBps": round(nbytes / handoff_s / 1e9, 3),
+        "handoff_wall_s": round(statistics.median(s - p for s, p, _ in spl), 6),
+        "server_prefill_s": round(statistics.median(p for _, p, _ in spl), 6),
         "split_s_runs": [round(s, 6) for s, _, _ in spl],
         "handoff_s_runs": [round(b.seconds, 6) for _, _, b in spl],
     }
-
 
 if __name__ == "__main__":
     main()
