@@ -16,6 +16,10 @@ and verified by the wire's thread pool with --workers chunks in flight per strea
     e2e_frames_inline_hashing      e2e_frames with workers=0: every chunk hashed on the sending and the
                                    receiving thread (what one serial digest per side costs)
     ceiling_grpc_raw_frames        the same frames, pre-built; the server only counts bytes
+    e2e_frames_receiver_in_process e2e_frames with the server in this process (--receiver process only)
+--receiver process (the default, the deployed topology): the gRPC server of the e2e and raw-frame paths
+runs in a child process (`bench_bridge.py --serve`, same --tokens/--chunk-mib/--workers/--device), so
+sender and receiver do not share one GIL; in-process: the server runs in this process.
     ceiling_sha256_one_core        hashlib.sha256 on one core (each side hashes every byte once)
     ceiling_sha256_pool            SHA-256 of 4 MiB chunks through the wire's pool (all its threads)
 --device cuda: source tensors live on the GPU (device->host inside encode: staged per chunk into reused
@@ -35,6 +39,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from concurrent import futures
@@ -138,6 +143,42 @@ def serve(imp: Importer, inline: Importer):
     return server, port
 
 
+def serve_forever(a) -> None:
+    """--serve: the receiving server alone; prints "bridge: serving on ADDR", stops at EOF on stdin."""
+    tensors = make_state(a.tokens, a.device)
+    total = sum(t.tensor.numel() * t.tensor.element_size() for t in tensors)
+    layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
+    dev_bufs = {t.name: torch.empty_like(t.tensor) for t in tensors} if a.device != "cpu" else None
+    workers = wire.default_workers() if a.workers is None else a.workers
+    server, port = serve(Importer(layout, total, dev_bufs, workers=workers), Importer(layout, total, dev_bufs, workers=0))
+    print(f"bridge: serving on 127.0.0.1:{port}", flush=True)
+    sys.stdin.read()
+    server.stop(None)
+
+
+class ReceiverProcess:
+    """`bench_bridge.py --serve` as a child process: .address; close() ends it (EOF on its stdin)."""
+
+    def __init__(self, tokens: int, chunk_mib: float, device: str, workers: int | None):
+        argv = [sys.executable, "-u", str(Path(__file__).resolve()), "--serve", "--tokens", str(tokens),
+                "--chunk-mib", str(chunk_mib), "--device", device]
+        argv += ["--workers", str(workers)] if workers is not None else []
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("bridge: serving on "):
+            self.close()
+            raise RuntimeError(f"bench_bridge --serve did not start: {line!r}")
+        self.address = line.rsplit(" ", 1)[1]
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def timed(fn, repeats: int, nbytes: int) -> dict:
     fn()  # warm-up (allocator, connection, caches)
     secs = []
@@ -175,9 +216,14 @@ def main(argv=None) -> dict:
                     help="chunks hashed in parallel per stream (default: wire.default_workers())")
     ap.add_argument("--paths", type=lambda v: v.split(","), default=None,
                     help="comma-separated subset of the paths to time (default: all)")
+    ap.add_argument("--receiver", default="process", choices=["process", "in-process"],
+                    help="where the e2e paths' gRPC server runs (default: a child process, as deployed)")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)   # the child of --receiver process
     ap.add_argument("--machine-note", default="", help="free text describing the machine")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
+    if a.serve:
+        return serve_forever(a)
     chunk = int(a.chunk_mib * (1 << 20))
     tensors = make_state(a.tokens, a.device)
     specs = [wire.TensorDesc.of(t) for t in tensors]
@@ -197,11 +243,14 @@ def main(argv=None) -> dict:
     reuse = Importer(layout, total, dev_bufs, reuse=True, workers=workers)
     inline = Importer(layout, total, dev_bufs, workers=0)
     server, port = serve(imp, inline)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
+    rx = ReceiverProcess(a.tokens, a.chunk_mib, a.device, a.workers) if a.receiver == "process" else None
+    local = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
+    channel = grpc.insecure_channel(rx.address, options=OPTIONS) if rx else local
     rep = common_pb2.BridgeReport.FromString
     load_proto = channel.stream_unary("/bench.Bridge/LoadProto", response_deserializer=rep,
                                       request_serializer=state_pb2.StateChunk.SerializeToString)
     load_frames = channel.stream_unary("/bench.Bridge/LoadFrames", response_deserializer=rep)
+    load_frames_local = local.stream_unary("/bench.Bridge/LoadFrames", response_deserializer=rep)
     load_frames_inline = channel.stream_unary("/bench.Bridge/LoadFramesInline", response_deserializer=rep)
     load_frames_inline_hashing = channel.stream_unary("/bench.Bridge/LoadFramesInlineHashing",
                                                       response_deserializer=rep)
@@ -231,6 +280,8 @@ def main(argv=None) -> dict:
         "e2e_frames_inline_hashing": (lambda: check(load_frames_inline_hashing(
             wire.pipelined(wire.encode_state_frames(**(enc | {"workers": 0}))))), total),
         "ceiling_grpc_raw_frames": (lambda: count(iter(frames)), sum(map(len, frames))),
+        **({"e2e_frames_receiver_in_process": (lambda: check(load_frames_local(
+            wire.pipelined(wire.encode_state_frames(**enc)))), total)} if rx else {}),
         "ceiling_sha256_one_core": (lambda: hashlib.sha256(blob).digest(), len(blob)),
         "ceiling_sha256_pool": (sha256_pool, len(blob)),
     }
@@ -248,7 +299,10 @@ def main(argv=None) -> dict:
             assert torch.equal(dev_bufs[name].view(torch.uint8), src[name].view(torch.uint8)), name
     report = check(load_frames(wire.pipelined(wire.encode_state_frames(**enc))))
     channel.close()
+    local.close()
     server.stop(None)
+    if rx:
+        rx.close()
     result = {
         "benchmark": "bridge",
         "command": shlex.join(["python", sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
@@ -257,6 +311,7 @@ def main(argv=None) -> dict:
         "device": a.device,
         "format_version": wire.FORMAT_VERSION,
         "workers": workers,
+        "receiver": a.receiver,
         "loadavg_1_5_15": {"before": [round(x, 2) for x in loadavg_before],
                            "after": [round(x, 2) for x in loadavg_after]},
         "state": {"tokens": a.tokens, "total_bytes": total, "bytes_by_kind": dict(report.bytes_by_kind),
