@@ -14,7 +14,8 @@ Scenarios (the bench_bridge state, --tokens of KV; --streams hand-offs each, bac
               (wire.decode_stream, 2 ahead, chunks verified in the pool): the decode worker's process
     both      sender and receiver in this process (bench_ttft --decode-worker in-process)
 Per scenario, over stalls (gaps >= 0.1 ms): their count, p50 / p99 / max (ms), the share of wall time
-spent stalled, how many exceeded 5 ms; the probe's step rate relative to idle, and the stream's GB/s.
+spent stalled and the part of it the thread waited runnable for a CPU (os_wait_share, from Linux
+schedstat; the rest of the stalled share is waiting for the GIL), how many exceeded 5 ms; the probe's step rate relative to idle, and the stream's GB/s.
 On a machine with fewer cores than busy threads, part of every stall is the OS scheduler, not the GIL
 (the idle scenario shows that floor).
 
@@ -57,17 +58,29 @@ class Probe:
 
     def _run(self) -> None:
         gaps, clock, stop = self.gaps, time.perf_counter, self._stop
+        q0 = runqueue_wait()
         self.t0 = last = clock()
         while not stop.is_set():
             now = clock()
             gaps.append(now - last)
             last = now
         self.wall = last - self.t0
+        q1 = runqueue_wait()
+        self.os_wait = None if q0 is None or q1 is None else q1 - q0
 
     def stop(self) -> "Probe":
         self._stop.set()
         self._t.join()
         return self
+
+
+def runqueue_wait() -> float | None:
+    """Seconds this thread has waited runnable for a CPU (Linux schedstat); None where unknown."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def summary(p: Probe, idle_rate: float | None) -> dict:
@@ -79,6 +92,8 @@ def summary(p: Probe, idle_rate: float | None) -> dict:
             "stall_p50_ms": round(q[49] * 1e3, 3), "stall_p99_ms": round(q[98] * 1e3, 3),
             "max_ms": round(max(g, default=0.0) * 1e3, 3),
             "stalled_share": round(sum(stalls) / p.wall, 4),
+            # of which waiting for a CPU (the OS), not for the GIL: the rest is the GIL
+            "os_wait_share": None if p.os_wait is None else round(p.os_wait / p.wall, 4),
             "gaps_over_5ms": sum(1 for x in stalls if x > 5e-3),
             "rate_vs_idle": round(len(g) / p.wall / idle_rate, 4) if idle_rate else 1.0}
 
