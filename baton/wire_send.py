@@ -12,6 +12,7 @@ Stages of one stream, each on its own thread so that throughput approaches the s
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 from typing import Callable, Iterable, Iterator
@@ -134,21 +135,47 @@ def _frame(index: int, pieces: list) -> tuple[bytes, bytes]:
     head, tail = _DATA_TAG + _varint(n), (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
     if n < _COPY_OUTSIDE_GIL_BYTES:
         return b"".join([head, *pieces, tail]), d
-    # NOTE: b"".join holds the GIL while copying memoryviews; instead the bytes object is made by a
-    # BytesIO (one zero-filled allocation: the only pass under the GIL), filled by numpy copies (no GIL)
-    # through getbuffer(), and handed out by getvalue(), which CPython does without copying.
-    buf = io.BytesIO()
-    buf.seek(len(head) + n)
-    buf.write(tail)
-    buf.seek(0)
-    buf.write(head)
-    with buf.getbuffer() as mv:
+    # NOTE: b"".join holds the GIL while copying memoryviews; instead the frame's bytes object is made
+    # first and filled by numpy copies (no GIL) through a writable view that dies before it is handed on.
+    size = len(head) + n + len(tail)
+    out, mv = _new_bytes(size) if _new_bytes is not None else _zeroed_bytesio(size)
+    with mv:
         dst, off = np.frombuffer(mv, dtype=np.uint8), len(head)
+        dst[:off] = np.frombuffer(head, dtype=np.uint8)
         for p in pieces:
             np.copyto(dst[off:off + len(p)], np.frombuffer(p, dtype=np.uint8))
             off += len(p)
-        del dst   # NOTE: before the export ends
-    return buf.getvalue(), d
+        dst[off:] = np.frombuffer(tail, dtype=np.uint8)
+        del dst   # NOTE: before the view is released
+    return (out.getvalue() if isinstance(out, io.BytesIO) else out), d
+
+
+def _zeroed_bytesio(size: int) -> tuple[io.BytesIO, memoryview]:
+    """(a BytesIO of `size` zero bytes, its buffer): one zero-filling pass under the GIL; once the buffer
+    is released, getvalue() hands out the bytes object itself (CPython: no copy)."""
+    buf = io.BytesIO()
+    buf.seek(size - 1)
+    buf.write(b"\0")
+    return buf, buf.getbuffer()
+
+
+def _new_bytes_capi(size: int) -> tuple[bytes, memoryview]:
+    """(a new bytes object of `size` uninitialized bytes, a writable memoryview of them): the C API's
+    PyBytes_FromStringAndSize(NULL, size), so no pass over the bytes under the GIL (the kernel's fresh
+    pages are touched first by the fill). Filled before anyone else sees it (refcount 1, no hash yet)."""
+    b = _PyBytes_FromStringAndSize(None, size)
+    return b, memoryview((ctypes.c_char * size).from_address(_PyBytes_AsString(b))).cast("B")
+
+
+try:   # CPython's C API through ctypes.pythonapi (those calls keep the GIL, as C API calls must)
+    _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _PyBytes_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+    _PyBytes_FromStringAndSize.restype = ctypes.py_object
+    _PyBytes_AsString = ctypes.pythonapi.PyBytes_AsString
+    _PyBytes_AsString.argtypes, _PyBytes_AsString.restype = [ctypes.py_object], ctypes.c_void_p
+    _new_bytes = _new_bytes_capi
+except (AttributeError, OSError):   # another Python: the zero-filled BytesIO
+    _new_bytes = None
 
 
 def _parts(*, session_id: str, fingerprint: str, position: int, next_token, tensors=None,
