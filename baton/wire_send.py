@@ -23,7 +23,7 @@ import torch
 import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
 from baton import wire_stage
-from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor, _DATA_TAG,
+from baton.wire import (DEFAULT_CHUNK_BYTES, DIGEST_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor, _DATA_TAG,
                         _INDEX_TAG, _SHA_TAG, _TO_PB, _varint, byte_view, default_workers, kind_value, ordered_map)
 
 _COPY_OUTSIDE_GIL_BYTES = 256 << 10  # smaller frames are joined (under the GIL, but briefly)
@@ -130,14 +130,20 @@ def _seal_frame(index: int, part) -> tuple[bytes, bytes]:
 
 
 def _frame(index: int, pieces: list) -> tuple[bytes, bytes]:
-    d = _sha256(pieces)
     n = sum(map(len, pieces))
-    head, tail = _DATA_TAG + _varint(n), (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
+    head = _DATA_TAG + _varint(n)
+
+    def tail(d: bytes) -> bytes:
+        return (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
     if n < _COPY_OUTSIDE_GIL_BYTES:
-        return b"".join([head, *pieces, tail]), d
+        d = _sha256(pieces)
+        return b"".join([head, *pieces, tail(d)]), d
     # NOTE: b"".join holds the GIL while copying memoryviews; instead the frame's bytes object is made
     # first and filled by numpy copies (no GIL) through a writable view that dies before it is handed on.
-    size = len(head) + n + len(tail)
+    # The digest is taken over the payload as copied into the frame, in one call: a chunk of k pieces
+    # takes the GIL back k + 1 times (copies, hash), not 2k (each such re-acquisition waits up to the
+    # switch interval while a prefill thread runs Python).
+    size = len(head) + n + len(tail(b"\0" * DIGEST_BYTES))
     out, mv = _new_bytes(size) if _new_bytes is not None else _zeroed_bytesio(size)
     with mv:
         dst, off = np.frombuffer(mv, dtype=np.uint8), len(head)
@@ -145,7 +151,8 @@ def _frame(index: int, pieces: list) -> tuple[bytes, bytes]:
         for p in pieces:
             np.copyto(dst[off:off + len(p)], np.frombuffer(p, dtype=np.uint8))
             off += len(p)
-        dst[off:] = np.frombuffer(tail, dtype=np.uint8)
+        d = hashlib.sha256(mv[len(head):off]).digest()   # NOTE: releases the GIL (>= 2 KiB)
+        dst[off:] = np.frombuffer(tail(d), dtype=np.uint8)
         del dst   # NOTE: before the view is released
     return (out.getvalue() if isinstance(out, io.BytesIO) else out), d
 
