@@ -6,9 +6,15 @@ Stages of one stream, each on its own thread so that throughput approaches the s
         memoryview pieces of tensor memory (no copy); a chunk with CUDA bytes is staged D2H into a reused
         pinned buffer on the copy stream, gated on each tensor's ready event (baton/wire_stage.py); it
         submits each chunk to the pool, up to `workers + 2` ahead of the consumer
-    pool (wire.default_workers() threads)  waits for a staged chunk's copy, hashes it and frames it (the
-        one host copy, into the bytes gRPC sends), then frees the staging buffer
+    pool (wire.default_workers() threads)  waits for a staged chunk's copy, frames it (the one host copy,
+        into the bytes gRPC sends) and hashes the framed payload, then frees the staging buffer
     consumer (gRPC's request thread)  takes the frames in order and sends them.
+GIL: the sender shares its process with a prefill that launches kernels from Python and so wants the
+GIL all the time; each time one of these threads takes the GIL back it waits up to the switch interval
+(5 ms) and then takes it from the prefill. So no pass over the bytes runs under the GIL here (numpy
+copies, hashlib, an uninitialized frame), and a chunk re-acquires it as few times as it can (pieces + 1
+in the pool). The one pass under the GIL left is gRPC's copy of each message into its own buffer;
+benchmarks/gil_probe.py measures the stalls.
 """
 from __future__ import annotations
 
