@@ -2,10 +2,11 @@
 
 Two weight kinds, one kernel:
     bf16 W            acc += W_tile @ x_tile^T                     (the bf16 / exact engines' rows GEMMs)
-    e4m3 W, scale[N]  W8A8: each x row is quantised to e4m3 per group of GROUP = BLOCK_K columns in
-                      registers (sx = amax / 448), the MMA runs fp8 x fp8 -> fp32, and
-                      acc += (W_tile @ xq_tile^T) * sx[m]; y = acc * scale[n]. No per-weight conversion:
-                      W goes from HBM to the tensor cores as bytes.
+    e4m3 W, scale[N]  W8A8: each x row is quantised to e4m3 per group of FP8_GROUP = 128 columns in
+                      registers (sx = amax / 448; BLOCK_K is a whole number of groups), the MMA runs
+                      fp8 x fp8 -> fp32, and acc += (W_group @ xq_group^T) * sx[m]; y = acc * scale[n].
+                      No per-weight conversion: W goes from HBM to the tensor cores as bytes. The same
+                      arithmetic in torch: decode_worker.fp8.w8a8_reference.
 
 Layout: swap-AB. A program owns BLOCK_N weight rows and all (<= BLOCK_M) x rows, so the weight tile is
 the MMA's M side (>= 64 rows fill a wgmma) and the decode rows are its N side (16).
@@ -23,6 +24,8 @@ the other rows and of M, rows in 1..16.
 NOTE (CUDA graphs): no host syncs. Partials and counters are cached per device, shared by every call
 (stream-ordered work only: one stream / one graph at a time), allocated at the first call (warm-up)
 and never freed (a captured graph may hold them). Counters are back at 0 after every call.
+NOTE (PDL): with BATON_PDL=1 the kernel may start before the previous one ends (baton/kernels/pdl.py);
+nothing is read or written before pdl_enter.
 """
 from __future__ import annotations
 
