@@ -36,7 +36,6 @@ import argparse
 import datetime
 import hashlib
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -47,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import emit  # noqa: E402
+from benchmarks.report import emit, machine as base_machine  # noqa: E402
 
 import grpc  # noqa: E402
 import torch  # noqa: E402
@@ -192,18 +191,7 @@ def timed(fn, repeats: int, nbytes: int) -> dict:
 
 
 def machine() -> dict:
-    model = platform.processor()
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    out = {"cpu": model, "cores_usable": len(os.sched_getaffinity(0)), "cores_host": os.cpu_count(),
-           "wire_pool_threads": max(1, wire.default_workers()),
-           "python": platform.python_version(),
-           "torch": torch.__version__, "grpc": grpc.__version__}
-    if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
+    return base_machine(wire_pool_threads=max(1, wire.default_workers()))
 
 
 def main(argv=None) -> dict:

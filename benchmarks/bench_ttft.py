@@ -45,20 +45,17 @@ import functools
 import importlib.util
 import json
 import os
-import platform
 import shlex
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import grpc
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import emit  # noqa: E402
+from benchmarks.report import emit, machine as base_machine  # noqa: E402
 
 from baton.config import ModelConfig  # noqa: E402
 from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
@@ -127,17 +124,7 @@ def sync(device: str) -> None:
 
 
 def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    out = {"host": socket.gethostname(), "cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)),
-           "python": platform.python_version(), "torch": torch.__version__, "grpc": grpc.__version__,
-           "fla_importable": importlib.util.find_spec("fla") is not None}
-    if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name(0)
-    return out
+    return base_machine(fla_importable=importlib.util.find_spec("fla") is not None)
 
 
 def interleaved(fns, warmup: int, runs: int) -> list[list]:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import socket
 from pathlib import Path
 
 
@@ -11,3 +14,21 @@ def emit(result: dict, out: str | Path | None) -> None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def machine(**extra) -> dict:
+    """Where a benchmark ran: host, CPU model, usable cores, Python/torch/grpc versions, GPU; plus `extra`."""
+    import grpc
+    import torch
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    out = {"host": socket.gethostname(), "cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)),
+           "cores_host": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+           "grpc": grpc.__version__, **extra}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
