@@ -31,7 +31,6 @@ Errors carry `.code` ("DATA_LOSS" | "FAILED_PRECONDITION" | "INVALID_ARGUMENT");
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
 import os
 import queue
@@ -44,12 +43,12 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from baton.v1 import common_pb2, state_pb2
+from baton.wire_frame import (DIGEST_BYTES, MANIFEST_TAG, Manifest, _DATA_TAG, _INDEX_TAG,  # noqa: F401
+                              _SHA_TAG, _varint)
 
 FORMAT_VERSION = 3
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20  # hard cap on one data chunk, both ways (gRPC messages: 64 MiB)
-DIGEST_BYTES = 32           # SHA-256
-MANIFEST_TAG = b"baton/state/v3\n"
 PARALLEL_MIN_BYTES = 64 << 10  # smaller chunks are hashed inline: a pool hop costs more than the hash
 
 _TO_PB = {torch.float32: state_pb2.FLOAT32, torch.bfloat16: state_pb2.BFLOAT16, torch.float16: state_pb2.FLOAT16}
@@ -59,9 +58,6 @@ _KIND_BY_NAME = {"gdn_conv": state_pb2.GDN_CONV, "gdn_recurrent": state_pb2.GDN_
 _KV_KINDS = (state_pb2.ATTN_KEY, state_pb2.ATTN_VALUE)
 REPORT_KEY = {state_pb2.GDN_CONV: "gdn_conv", state_pb2.GDN_RECURRENT: "gdn_recurrent",  # BridgeReport keys
               state_pb2.ATTN_KEY: "attn_kv", state_pb2.ATTN_VALUE: "attn_kv", state_pb2.HIDDEN: "hidden"}
-_DATA_TAG = b"\x12"   # StateChunk field 2 (data), wire type 2 (length-delimited)
-_INDEX_TAG = b"\x20"  # field 4 (chunk_index), varint; omitted when 0, as protobuf does
-_SHA_TAG = b"\x2a\x20"  # field 5 (chunk_sha256), length 32
 if sys.byteorder != "little":  # NOTE: tensor bytes are sent as host memory; the format is little-endian
     raise ImportError("baton.wire needs a little-endian host")
 
@@ -188,37 +184,6 @@ def ordered_map(fn: Callable, items: Iterable[tuple], workers: int, *, producer_
     finally:
         for f in window:
             f.cancel()
-
-
-class Manifest:
-    """The trailer's manifest_sha256, built incrementally from the header and the chunk digests in order."""
-
-    def __init__(self, header: state_pb2.StateHeader):
-        self._h = hashlib.sha256(MANIFEST_TAG)
-        self._h.update(hashlib.sha256(header.SerializeToString(deterministic=True)).digest())
-        self.chunks = 0
-
-    def add(self, chunk_digest: bytes) -> None:
-        self._h.update(chunk_digest)
-        self.chunks += 1
-
-    def digest(self, trailer: state_pb2.StateTrailer) -> bytes:
-        """Over everything so far and the trailer's fields (its manifest_sha256 left out)."""
-        t = state_pb2.StateTrailer()
-        t.CopyFrom(trailer)
-        t.ClearField("manifest_sha256")
-        h = self._h.copy()
-        h.update(hashlib.sha256(t.SerializeToString(deterministic=True)).digest())
-        return h.digest()
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _read_varint(mv: memoryview, i: int) -> tuple[int, int] | None:

@@ -6,43 +6,31 @@ Stages of one stream, each on its own thread so that throughput approaches the s
         memoryview pieces of tensor memory (no copy); a chunk with CUDA bytes is staged D2H into a reused
         pinned buffer on the copy stream, gated on each tensor's ready event (baton/wire_stage.py); it
         submits each chunk to the pool, up to `workers + 2` ahead of the consumer
-    pool (wire.default_workers() threads)  waits for a staged chunk's copy, frames it (the one host copy,
-        into the bytes gRPC sends) and hashes the framed payload, then frees the staging buffer
+    pool (wire.default_workers() threads)  waits for a staged chunk's copy, frames it (wire_frame.frame:
+        the one host copy, into the bytes gRPC sends) and hashes the framed payload, then frees the
+        staging buffer
     consumer (gRPC's request thread)  takes the frames in order and sends them.
 GIL: the sender shares its process with a prefill that launches kernels from Python and so wants the
 GIL all the time; each time one of these threads takes the GIL back it waits up to the switch interval
 (5 ms) and then takes it from the prefill. So no pass over the bytes runs under the GIL here (numpy
 copies, hashlib, an uninitialized frame), and a chunk re-acquires it as few times as it can (pieces + 1
 in the pool). The one pass under the GIL left is gRPC's copy of each message into its own buffer;
-benchmarks/gil_probe.py measures the stalls.
+benchmarks/gil_probe.py measures the stalls. baton/sender_process.py moves all of it but the staging
+out of the prefill's process (plan() and chunk_segments() are shared with it).
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import io
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-import numpy as np
 import torch
 
 import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
 from baton import wire_stage
-from baton.wire import (DEFAULT_CHUNK_BYTES, DIGEST_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor, _DATA_TAG,
-                        _INDEX_TAG, _SHA_TAG, _TO_PB, _varint, byte_view, default_workers, kind_value, ordered_map)
-
-_COPY_OUTSIDE_GIL_BYTES = 256 << 10  # smaller frames are joined (under the GIL, but briefly)
-
-
-def _sha256(pieces: list) -> bytes:
-    h = hashlib.sha256()
-    for p in pieces:
-        h.update(p)  # NOTE: releases the GIL for pieces >= 2 KiB
-    return h.digest()
-
-
-
+from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor,
+                        _TO_PB, byte_view, default_workers, kind_value, ordered_map)
+from baton.wire_frame import _sha256, frame as _frame, header_frame, trailer_frame
 
 # ---- sender -------------------------------------------------------------------------------------
 def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[tuple[torch.Tensor, object]]:
@@ -59,14 +47,31 @@ def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[t
             yield t.contiguous(), None   # no copy for a contiguous CPU tensor
 
 
+def chunk_segments(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ready_now) -> Iterator:
+    """(chunk index, segments) per data chunk, in order, pulling `source` only as its bytes are due;
+    segments: [(tensor, ready event | None, byte start, byte end)] in chunk order, chunk_bytes in all
+    (the last chunk may be short; a chunk may span tensors)."""
+    segs, filled, index = [], 0, 0
+    for t, ready_ev in _sources(specs, source, ready_now):
+        n, off = t.numel() * t.element_size(), 0
+        while off < n:
+            take = min(n - off, chunk_bytes - filled)
+            segs.append((t, ready_ev, off, off + take))
+            filled, off = filled + take, off + take
+            if filled == chunk_bytes:
+                yield index, segs
+                segs, filled, index = [], 0, index + 1
+    if segs:
+        yield index, segs
+
+
 def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ring_limit: int, ready_now):
     """(chunk index, part) per data chunk, in order; part = [memoryview pieces of CPU tensor memory]
     (no copy), or a StagedChunk when a CUDA tensor has bytes in it (D2H queued on the copy stream,
     gated on each tensor's ready event; this thread never waits for the device)."""
     ring = None
-    segs, filled, index = [], 0, 0   # segs: (tensor, ready, byte start, byte end)
 
-    def part():
+    def part(segs):
         nonlocal ring
         if not any(t.is_cuda for t, _, _, _ in segs):
             return [byte_view(t)[a:b] for t, _, a, b in segs]
@@ -91,17 +96,8 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ri
             out.append(item)
         return out
 
-    for t, ready_ev in _sources(specs, source, ready_now):
-        n, off = t.numel() * t.element_size(), 0
-        while off < n:
-            take = min(n - off, chunk_bytes - filled)
-            segs.append((t, ready_ev, off, off + take))
-            filled, off = filled + take, off + take
-            if filled == chunk_bytes:
-                yield from ready((index, part()))
-                segs, filled, index = [], 0, index + 1
-    if segs:
-        yield from ready((index, part()))
+    for index, segs in chunk_segments(specs, source, chunk_bytes, ready_now):
+        yield from ready((index, part(segs)))
     if pending is not None:
         pending[1].done.synchronize()
         yield pending
@@ -135,68 +131,27 @@ def _seal_frame(index: int, part) -> tuple[bytes, bytes]:
             release()
 
 
-def _frame(index: int, pieces: list) -> tuple[bytes, bytes]:
-    n = sum(map(len, pieces))
-    head = _DATA_TAG + _varint(n)
+@dataclass
+class Plan:
+    """One stream, checked and ready to go: its header (all known before the bytes), the table, where
+    the tensors come from, and how the sender should run."""
+    header: state_pb2.StateHeader
+    specs: list[TensorDesc]
+    tensor_source: Iterable   # tensors, or (tensor, ready event), in table order
+    next_token: object        # int, or a callable asked once every tensor was pulled
+    workers: int              # chunks hashed in parallel (0: inline)
+    lazy: bool                # the source may block (a running prefill) or needs D2H: its own thread
+    ready_now: "_ReadyNow"
 
-    def tail(d: bytes) -> bytes:
-        return (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
-    if n < _COPY_OUTSIDE_GIL_BYTES:
-        d = _sha256(pieces)
-        return b"".join([head, *pieces, tail(d)]), d
-    # NOTE: b"".join holds the GIL while copying memoryviews; instead the frame's bytes object is made
-    # first and filled by numpy copies (no GIL) through a writable view that dies before it is handed on.
-    # The digest is taken over the payload as copied into the frame, in one call: a chunk of k pieces
-    # takes the GIL back k + 1 times (copies, hash), not 2k (each such re-acquisition waits up to the
-    # switch interval while a prefill thread runs Python).
-    size = len(head) + n + len(tail(b"\0" * DIGEST_BYTES))
-    out, mv = _new_bytes(size) if _new_bytes is not None else _zeroed_bytesio(size)
-    with mv:
-        dst, off = np.frombuffer(mv, dtype=np.uint8), len(head)
-        dst[:off] = np.frombuffer(head, dtype=np.uint8)
-        for p in pieces:
-            np.copyto(dst[off:off + len(p)], np.frombuffer(p, dtype=np.uint8))
-            off += len(p)
-        d = hashlib.sha256(mv[len(head):off]).digest()   # NOTE: releases the GIL (>= 2 KiB)
-        dst[off:] = np.frombuffer(tail(d), dtype=np.uint8)
-        del dst   # NOTE: before the view is released
-    return (out.getvalue() if isinstance(out, io.BytesIO) else out), d
+    def token(self) -> int:
+        return int(self.next_token() if callable(self.next_token) else self.next_token)
 
 
-def _zeroed_bytesio(size: int) -> tuple[io.BytesIO, memoryview]:
-    """(a BytesIO of `size` zero bytes, its buffer): one zero-filling pass under the GIL; once the buffer
-    is released, getvalue() hands out the bytes object itself (CPython: no copy)."""
-    buf = io.BytesIO()
-    buf.seek(size - 1)
-    buf.write(b"\0")
-    return buf, buf.getbuffer()
-
-
-def _new_bytes_capi(size: int) -> tuple[bytes, memoryview]:
-    """(a new bytes object of `size` uninitialized bytes, a writable memoryview of them): the C API's
-    PyBytes_FromStringAndSize(NULL, size), so no pass over the bytes under the GIL (the kernel's fresh
-    pages are touched first by the fill). Filled before anyone else sees it (refcount 1, no hash yet)."""
-    b = _PyBytes_FromStringAndSize(None, size)
-    return b, memoryview((ctypes.c_char * size).from_address(_PyBytes_AsString(b))).cast("B")
-
-
-try:   # CPython's C API through ctypes.pythonapi (those calls keep the GIL, as C API calls must)
-    _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
-    _PyBytes_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
-    _PyBytes_FromStringAndSize.restype = ctypes.py_object
-    _PyBytes_AsString = ctypes.pythonapi.PyBytes_AsString
-    _PyBytes_AsString.argtypes, _PyBytes_AsString.restype = [ctypes.py_object], ctypes.c_void_p
-    _new_bytes = _new_bytes_capi
-except (AttributeError, OSError):   # another Python: the zero-filled BytesIO
-    _new_bytes = None
-
-
-def _parts(*, session_id: str, fingerprint: str, position: int, next_token, tensors=None,
-           specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
-           engine: int = 0, frames: bool = False, workers: int | None = None) -> Iterator:
-    """Checks the arguments and notes what "final now" means on the device (an event on the caller's
-    current stream) at call time; -> the header, each sealed data chunk, then the trailer (messages,
-    or bytes with frames=True)."""
+def plan(*, session_id: str, fingerprint: str, position: int, next_token, tensors=None,
+         specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
+         engine: int = 0, workers: int | None = None) -> Plan:
+    """Checks the arguments (encode_state's) and notes what "final now" means on the device (an event on
+    the caller's current stream) at call time."""
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
     lazy = tensors is None   # a source that may block (a running prefill) gets its own producer thread
@@ -220,7 +175,12 @@ def _parts(*, session_id: str, fingerprint: str, position: int, next_token, tens
     workers = default_workers() if workers is None else workers
     if chunk_bytes < _wire.PARALLEL_MIN_BYTES:
         workers = 0
-    return _stream(header, specs, tensor_source, next_token, frames, workers, _ReadyNow(), lazy)
+    return Plan(header, specs, tensor_source, next_token, workers, lazy, _ReadyNow())
+
+
+def _parts(*, frames: bool = False, **kw) -> Iterator:
+    """-> the header, each sealed data chunk, then the trailer (messages, or bytes with frames=True)."""
+    return _stream(plan(**kw), frames)
 
 
 class _ReadyNow:
@@ -240,21 +200,17 @@ class _ReadyNow:
         return ev
 
 
-def _stream(header, specs, tensor_source, next_token, frames: bool, workers: int, ready_now,
-            producer_thread: bool) -> Iterator:
-    first = state_pb2.StateChunk(header=header)
-    yield first.SerializeToString() if frames else first
-    manifest, total = Manifest(header), header.total_bytes
+def _stream(p: Plan, frames: bool) -> Iterator:
+    header = p.header
+    yield header_frame(header) if frames else state_pb2.StateChunk(header=header)
+    manifest = Manifest(header)
     seal = _seal_frame if frames else _seal_message
-    parts = _chunk_parts(specs, tensor_source, header.chunk_bytes, workers + 4, ready_now)
-    for item, digest in ordered_map(seal, parts, workers, producer_thread=producer_thread):
+    parts = _chunk_parts(p.specs, p.tensor_source, header.chunk_bytes, p.workers + 4, p.ready_now)
+    for item, digest in ordered_map(seal, parts, p.workers, producer_thread=p.lazy):
         manifest.add(digest)
         yield item
-    trailer = state_pb2.StateTrailer(total_bytes=total, data_chunks=manifest.chunks,
-                                     next_token=next_token() if callable(next_token) else next_token)
-    trailer.manifest_sha256 = manifest.digest(trailer)
-    last = state_pb2.StateChunk(trailer=trailer)
-    yield last.SerializeToString() if frames else last
+    last = trailer_frame(manifest, header.total_bytes, p.token())
+    yield last if frames else state_pb2.StateChunk.FromString(last)
 
 
 def encode_state(*, session_id: str, fingerprint: str, position: int, next_token: int | Callable[[], int],

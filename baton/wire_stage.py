@@ -4,7 +4,7 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
     take()           a pinned uint8 buffer of chunk_bytes from the process's free list (made on first
                      use: pinned allocations are slow, so buffers outlive streams); at most `limit`
                      buffers per stream are out, which bounds the pinned memory a stream holds
-    stage(...)       on the device's copy stream: wait for each piece's ready event (recorded by the
+    stage(...)       stage_into(buf, ...): on the device's copy stream: wait for each piece's ready event (recorded by the
                      producer of the tensor, e.g. after a prefill layer), then non_blocking copies of the
                      pieces into the buffer, then a done event. Never a host sync: the caller's thread
                      returns at once, and the copy stream runs beside the compute stream
@@ -84,16 +84,32 @@ class Ring:
     def stage(self, segments: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]]) -> StagedChunk:
         """segments: (tensor, ready event | None, byte start, byte end) in chunk order; CUDA tensors
         (all on one device) or CPU tensors. Returns at once; StagedChunk.wait() for the bytes."""
-        buf, off = self.take(), 0
-        dev = next(t.device for t, _, _, _ in segments if t.is_cuda)
-        stream = copy_stream(dev)
-        with torch.cuda.stream(stream):
-            for t, ready, a, b in segments:
-                if ready is not None:
-                    stream.wait_event(ready)
-                for piece in byte_slices(t, a, b) if t.is_cuda else [t.reshape(-1).view(torch.uint8)[a:b]]:
-                    buf[off:off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
-                    off += piece.numel()
-            done = torch.cuda.Event()
-            done.record(stream)
-        return StagedChunk(buf, off, done, self)
+        buf = self.take()
+        n, done = stage_into(buf, segments)
+        return StagedChunk(buf, n, done, self)
+
+
+def stage_into(buf: torch.Tensor, segments: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]],
+               ) -> tuple[int, torch.cuda.Event | None]:
+    """Copies the segments' bytes, in order, into the front of `buf` (uint8, pinned for CUDA sources);
+    -> (bytes staged, done event). With a CUDA tensor among them: on its device's copy stream, each piece
+    gated on its ready event, non_blocking; the bytes are final once `done` completed (never a host sync
+    here). CPU only: plain copies (torch releases the GIL in them), done None: final on return."""
+    dev = next((t.device for t, _, _, _ in segments if t.is_cuda), None)
+    off = 0
+    if dev is None:
+        for t, _, a, b in segments:
+            buf[off:off + b - a].copy_(t.reshape(-1).view(torch.uint8)[a:b])
+            off += b - a
+        return off, None
+    stream = copy_stream(dev)
+    with torch.cuda.stream(stream):
+        for t, ready, a, b in segments:
+            if ready is not None:
+                stream.wait_event(ready)
+            for piece in byte_slices(t, a, b) if t.is_cuda else [t.reshape(-1).view(torch.uint8)[a:b]]:
+                buf[off:off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
+                off += piece.numel()
+        done = torch.cuda.Event()
+        done.record(stream)
+    return off, done

@@ -130,11 +130,11 @@ def test_big_fp32_bf16_tensors_round_trip_with_uneven_chunks():
 def test_large_frames_built_outside_the_gil_equal_protobuf(chunk_bytes, new_bytes, monkeypatch):
     """Frames >= 256 KiB are filled by numpy (not b"".join) into an uninitialized bytes object (C API),
     or a zero-filled BytesIO where that API is missing: same bytes, same state, plain immutable bytes."""
-    from baton import wire_send
+    from baton import wire_frame
     if new_bytes == "bytesio":
-        monkeypatch.setattr(wire_send, "_new_bytes", None)
+        monkeypatch.setattr(wire_frame, "_new_bytes", None)
     else:
-        assert wire_send._new_bytes is not None   # CPython
+        assert wire_frame._new_bytes is not None   # CPython
     g = torch.Generator().manual_seed(2)
     ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(5, 128, 129, generator=g)),
           wire.WireTensor("k", pb.ATTN_KEY, torch.randn(4, 700, 256, generator=g).bfloat16()[:, :600]),
