@@ -4,8 +4,9 @@
     FP8Linear.forward(x [M, in])    W8A8: x rows quantised to e4m3 per group of 128 columns in the GEMM
                                     CUDA + triton: the rows kernel (baton/kernels/gemv.py)
                                     otherwise: w8a8_reference, the same arithmetic in torch fp32
-    quantize_model(model, mode)     "full": every decoder-layer projection (except the tiny GDN
-                                    in_proj_b / in_proj_a) plus the LM head;
+    quantize_model(model, mode)     "full": every decoder-layer projection plus the LM head (the tiny
+                                    GDN in_proj_b / in_proj_a too: fp8 lets them ride in the merged
+                                    qkv|z|b|a GEMM instead of a launch of their own per layer);
                                     "tail" (state-safe tail): only the last layer's MLP plus the LM
                                     head, so GDN / attention state stays bitwise the BF16 trajectory
     quantize_head(model)            sets `model.fp8_head` (works for a tied or an untied head)
@@ -29,7 +30,6 @@ except Exception:          # triton missing or broken: CPU / reference path only
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0                       # torch.finfo(torch.float8_e4m3fn).max
 FP8_GROUP = 128                       # activation quantisation group (== baton.kernels.gemv.FP8_GROUP)
-SKIP_NAMES = ("in_proj_a", "in_proj_b")   # N = v_heads: too small to matter, kept BF16
 _QUANT_ROWS = 4096                    # rows per quantisation chunk (bounds the fp32 temporary)
 
 
@@ -135,13 +135,13 @@ def quantize_head(model: nn.Module) -> FP8Linear:
 def quantize_model(model: nn.Module, mode: str = "full") -> dict:
     """Replaces decoder-layer nn.Linear modules by FP8Linear in place and adds model.fp8_head.
 
-    Returns {"mode", "replaced", "skipped", "modules", "bytes_before", "bytes_after",
+    Returns {"mode", "replaced", "modules", "bytes_before", "bytes_after",
              "head_bytes_before", "head_bytes_after"}; bytes count the replaced weights only.
     """
     if mode not in ("full", "tail"):
         raise ValueError(f"mode: {mode!r}, expected 'full' or 'tail'")
     layers = model.model.layers
-    stats = {"mode": mode, "modules": [], "skipped": [], "bytes_before": 0, "bytes_after": 0}
+    stats = {"mode": mode, "modules": [], "bytes_before": 0, "bytes_after": 0}
     if mode == "full":
         targets = [(f"model.layers.{i}.", layer) for i, layer in enumerate(layers)]
     else:   # state-safe tail: the last MLP only; its output feeds the final norm and head, no state
@@ -151,9 +151,6 @@ def quantize_model(model: nn.Module, mode: str = "full") -> dict:
         for qual, _ in linears:
             parent_name, _, name = qual.rpartition(".")
             parent = root.get_submodule(parent_name) if parent_name else root
-            if name in SKIP_NAMES:
-                stats["skipped"].append(prefix + qual)
-                continue
             _swap(parent, name, stats, prefix + (parent_name + "." if parent_name else ""))
     head = quantize_head(model)
     stats["head_bytes_before"] = _nbytes(model.head_weight())

@@ -51,7 +51,22 @@ for M, rows, N, K, split, bk in cases:
                         err=((y[:rows] - ref).norm() / ref.norm()).item(),
                         dead_zero=bool((y[rows:] == 0).all()), repeat=torch.equal(y, run(x, rows)),
                         row0=torch.equal(run(lone, 1)[0], y[0])))
-print("RESULT" + json.dumps(out))
+from baton.kernels import rows as R
+glu = []
+for M, rows, I, K, split in [(16, 3, 96, 256, 1), (16, 16, 50, 512, 2)]:
+    x = torch.randn(M, K)
+    gate, up = torch.randn(I, K) * 0.05, torch.randn(I, K) * 0.05
+    wi = gemv.interleave_glu(gate, up)
+    assert torch.equal(wi[0::2], gate) and torch.equal(wi[1::2], up)
+    q, s = quantize_rows(wi)
+    for kind, args in (("fp32", (wi,)), ("fp8", (q, s))):
+        cfg = gemv.pick_config(M, 2 * I, K, 132, fp8=kind == "fp8", split=split, block_k=128)
+        fused = gemv.linear(x, *args, rows=rows, cfg=cfg, glu=True)
+        full = gemv.linear(x, *args, rows=rows, cfg=cfg)
+        two = R.silu_mul(torch.cat([full[:, 0::2], full[:, 1::2]], 1))
+        glu.append(dict(kind=kind, split=cfg.split, shape=list(fused.shape), equal=torch.equal(fused, two),
+                        dead_zero=bool((fused[rows:] == 0).all()), live=bool(fused[:rows].abs().sum() > 0)))
+print("RESULT" + json.dumps(dict(cases=out, glu=glu)))
 """
 
 
@@ -59,13 +74,18 @@ def test_kernel_under_triton_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", _INTERP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
     assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads(p.stdout.split("RESULT", 1)[1])
+    got = json.loads(p.stdout.split("RESULT", 1)[1])
+    res = got["cases"]
     assert {r["split"] for r in res} >= {1, 2, 4}            # one-pass and last-arrival epilogues
     assert any(r["bk"] == 256 for r in res)                   # fp8: 2 quantisation groups per K step
     for r in res:
         assert r["shape"][0] == r["M"], r
         assert r["err"] < (1e-5 if r["kind"] == "fp32" else 0.1), r
         assert r["dead_zero"] and r["repeat"] and r["row0"], r
+    # glu epilogue: bitwise GEMM on interleaved rows + rows.silu_mul, in both epilogues, both weight kinds
+    assert {(g["kind"], g["split"]) for g in got["glu"]} == {("fp32", 1), ("fp32", 2), ("fp8", 1), ("fp8", 2)}
+    for g in got["glu"]:
+        assert g["equal"] and g["dead_zero"] and g["live"], g
 
 
 def test_pick_config():
@@ -162,3 +182,26 @@ def test_gpu_cuda_graph_replay_and_pdl(monkeypatch):
         pdl = body()
         monkeypatch.delenv("BATON_PDL")
         assert all(torch.equal(o, p) for o, p in zip(outs, pdl))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("I,K", [(12288, 4096), (1000, 512)])
+def test_gpu_glu_epilogue_is_gemm_then_silu_mul_bitwise(I, K):
+    """The fp8 MLP's gate|up GEMM with silu(gate)*up in its epilogue == the unfused GEMM on the same
+    interleaved weight followed by rows.silu_mul, bit for bit (live rows; dead rows 0), with PDL too."""
+    from baton.kernels import rows as R
+    x, w, q, s = _case(2 * I, K, 16)
+    for args in ((q, s), (w,)):
+        for r in (1, 16):
+            fused = gemv.linear(x, *args, rows=r, glu=True)
+            full = gemv.linear(x, *args, rows=r)
+            two = R.silu_mul(torch.cat([full[:, 0::2], full[:, 1::2]], 1))
+            assert fused.shape == (16, I) and torch.equal(fused, two)
+            assert (fused[r:] == 0).all() and fused[:r].abs().sum() > 0
+    plain = gemv.linear(x, q, s, glu=True)
+    os.environ["BATON_PDL"] = "1"              # PDL launch + L2 weight prefetch: the same bits
+    try:
+        pdl = gemv.linear(x, q, s, glu=True)
+    finally:
+        del os.environ["BATON_PDL"]
+    assert torch.equal(pdl, plain)

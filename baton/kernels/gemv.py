@@ -46,7 +46,7 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
             M, rows, N, K, stride_xm, stride_wn, stride_ym,
             K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
-            PDL: tl.constexpr):
+            GLU: tl.constexpr, PRE: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr):
     # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -60,6 +60,8 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]   # [BM, SUB]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]   # [BN, SUB]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if PDL:   # the weights depend on no kernel: pull this program's first PRE lines per row into L2
+        _l2_prefetch(w_ptr, rn, k0, N, K, stride_wn, PRE, LINE)
     pdl_enter(PDL)                                                    # x is the previous kernel's output
     for k in range(0, K_PER_SPLIT, BLOCK_K):
         for j in tl.static_range(BLOCK_K // SUB):
@@ -82,10 +84,8 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
     if FP8:
         acc = acc * tl.load(s_ptr + rn, mask=mask_n, other=0.0)[:, None]
     # y^T tile: element (n, m) -> y[m, n]; dead rows (m >= rows) hold 0 (their x was 0)
-    out_mask = mask_n[:, None] & (rm < M)[None, :]
     if SPLIT == 1:
-        tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
-                 mask=out_mask)
+        _store_tile(y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU)
     else:
         tile = pid_m * tl.num_programs(0) + pid_n
         tile_sz = BLOCK_M * BLOCK_N
@@ -98,9 +98,39 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
             tot = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT):                          # fixed order: deterministic
                 tot += tl.load(p_tile + s * tile_sz, cache_modifier=".cg")
-            tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], tot.to(y_ptr.dtype.element_ty),
-                     mask=out_mask)
+            _store_tile(y_ptr, tot, rm, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU)
             tl.atomic_xchg(lock_ptr + tile, 0)
+
+
+@triton.jit
+def _store_tile(y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                GLU: tl.constexpr):
+    """acc [BN, BM] fp32, weight rows pid_n*BN.. -> y. GLU: weight rows interleave (gate_i, up_i), so the
+    tile holds BN/2 pairs; y[m, i] = silu(g) * u with g, u first rounded to y's dtype (bitwise what
+    rows.silu_mul computes from the unfused GEMM's output)."""
+    if GLU:
+        a = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
+        g, u = tl.split(tl.permute(tl.reshape(a, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))   # [BN/2, BM] each
+        val = g * tl.sigmoid(g) * u
+        rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        n_out = N // 2
+    else:
+        val = acc
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_out = N
+    mask = (rn < n_out)[:, None] & (rm < M)[None, :]
+    tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], val.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _l2_prefetch(w_ptr, rn, k0, N, K, stride_wn, PRE: tl.constexpr, LINE: tl.constexpr):
+    """prefetch.global.L2 of PRE 128-byte lines (LINE elements each) per weight row from column k0;
+    addresses are clamped into W (a prefetch has no mask), the repeats are harmless."""
+    kk = tl.minimum(k0 + tl.arange(0, PRE) * LINE, K - 1)
+    rows = tl.minimum(rn, N - 1)
+    ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + kk[None, :]            # [BN, PRE]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @dataclass(frozen=True)
@@ -124,6 +154,7 @@ def _pow2(n: int) -> int:
 # (fast_rows.rows_linear routes by this table). Other shapes use the heuristic.
 TUNED = {
     (True, 12288, 4096): (128, 128, 4, 4, 3), (True, 4096, 4096): (64, 128, 8, 4, 3),
+    (True, 12352, 4096): (128, 128, 4, 4, 3),      # GDN qkv|z|b|a: 12288's config (not swept)
     (True, 10240, 4096): (64, 128, 4, 4, 3), (True, 24576, 4096): (64, 128, 1, 4, 4),
     (True, 4096, 12288): (64, 128, 8, 4, 4), (True, 248320, 4096): (128, 128, 1, 8, 4),
     (False, 4096, 4096): (64, 128, 4, 4, 4), (False, 4096, 12288): (64, 128, 4, 4, 3),
@@ -184,24 +215,33 @@ def _workspace(cache: dict, device: torch.device, n: int, dtype: torch.dtype) ->
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, rows: int | None = None,
-           cfg: Config | None = None) -> torch.Tensor:
+           cfg: Config | None = None, glu: bool = False) -> torch.Tensor:
     """x [..., K] bf16/fp16, w [N, K] (x.dtype, or float8_e4m3fn with scale [N] fp32) -> y [..., N] in x.dtype.
-    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0."""
+    Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0.
+    glu: w's rows interleave (gate_i, up_i) (`interleave_glu`); y [..., N/2] = silu(gate) * up, in the
+    GEMM's epilogue (one kernel instead of GEMM + silu_mul, bitwise the same values)."""
     K = x.shape[-1]
     N = w.shape[0]
     fp8 = w.dtype == torch.float8_e4m3fn
     assert w.shape[1] == K and w.stride(1) == 1, (x.shape, w.shape)
     assert fp8 == (scale is not None) and (not fp8 or scale.numel() == N), "fp8 weights need a scale[N]"
     assert fp8 or w.dtype == x.dtype, (w.dtype, x.dtype)
+    assert not glu or N % 2 == 0, "glu: gate and up rows come in pairs"
+    if fp8 and not scale.is_contiguous():
+        scale = scale.contiguous()                   # a strided row-slice view (interleaved gate/up)
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
     rows = M if rows is None else min(int(rows), M)
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)           # [M, N]
+    n_out = N // 2 if glu else N
+    y = torch.empty(M, n_out, dtype=x.dtype, device=x.device)       # [M, n_out]
     if M == 0:
-        return y.view(*x.shape[:-1], N)
+        return y.view(*x.shape[:-1], n_out)
     cfg = cfg or pick_config(M, N, K, sm_count(x.device), fp8=fp8)
+    assert not glu or cfg.block_n % 2 == 0
+    line = 128 // w.element_size()                                   # elements per 128-byte line
+    pre = min(_pow2(triton.cdiv(cfg.k_per_split, line)), 8)
     n_tiles, m_tiles = triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m)
     if cfg.split > 1:
         tiles = n_tiles * m_tiles
@@ -213,5 +253,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
         x2, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), w.stride(0), y.stride(0),
         K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SUB=FP8_GROUP if fp8 else cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
-    return y.view(*x.shape[:-1], N)
+        GLU=glu, PRE=pre, LINE=line, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
+    return y.view(*x.shape[:-1], n_out)
+
+
+def interleave_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [I, ...] -> [2I, ...] with rows (gate_0, up_0, gate_1, up_1, ...): the `glu` layout.
+    gate = out[0::2], up = out[1::2] are row-strided views of it."""
+    return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])

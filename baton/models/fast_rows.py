@@ -6,6 +6,7 @@
                attn: q/k RMSNorm + RoPE + KV write (Triton), split-window attention with
                      the output gate (Triton, reads keys up to each row's position only) -> o_proj
                add+RMSNorm (Triton) -> gate|up GEMM -> silu_mul (Triton) -> down
+               (fp8: one gate|up GEMM with silu(gate)*up in its epilogue -> down; GDN qkv|z|b|a one GEMM)
 Row invariance holds as in the eager path: every op sees fixed [W, ...] shapes, the Triton kernels
 compute row t from row t (recurrences: from rows <= t) only, and GEMMs run at M = W.
 
@@ -34,13 +35,26 @@ _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictio
 
 class Merged:
     """One GEMM standing in for several bias-free projections of the same input and weight type.
-    Calling it returns the per-projection outputs as column views of one [T, sum(out)] result."""
+    Calling it returns the per-projection outputs as column views of one [T, sum(out)] result.
+    glu=True (FP8Linear gate, up only): the rows interleave (gate_i, up_i) (gemv.interleave_glu), the
+    originals keep row-strided views, and `act(x, n)` gives silu(gate) * up from one kernel."""
 
-    def __init__(self, mods: list[nn.Module]):
+    def __init__(self, mods: list[nn.Module], glu: bool = False):
         kinds = {type(m) for m in mods}
         if len(kinds) != 1:
             raise TypeError(f"Merged: mixed projection types {sorted(k.__name__ for k in kinds)}")
         self.sizes = [m.weight.shape[0] for m in mods]
+        self.glu = glu
+        if glu:
+            if type(mods[0]) is nn.Linear or len(mods) != 2 or self.sizes[0] != self.sizes[1]:
+                raise ValueError("Merged(glu=True): FP8Linear gate and up projections of one size")
+            gate, up = mods
+            w = gemv.interleave_glu(gate.weight, up.weight)                   # [2I, in] e4m3
+            s = gemv.interleave_glu(gate.scale, up.scale)                     # [2I]
+            self.module = type(gate)(w, s)
+            for j, m in enumerate(mods):
+                m._buffers["weight"], m._buffers["scale"] = w[j::2], s[j::2]  # row-strided views
+            return
         if type(mods[0]) is nn.Linear:
             if any(m.bias is not None for m in mods):
                 raise ValueError("Merged: biased projections are not supported")
@@ -57,7 +71,14 @@ class Merged:
                 m._buffers["weight"], m._buffers["scale"] = wv, sv
 
     def __call__(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
+        assert not self.glu
         return list(rows_linear(self.module, x, n).split(self.sizes, dim=-1))
+
+    def act(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """gate|up merge only: x [W, in] -> silu(x @ gate^T) * (x @ up^T) [W, I]."""
+        if self.glu:
+            return gemv.linear(x, self.module.weight, self.module.scale, rows=n, glu=True)
+        return K.silu_mul(rows_linear(self.module, x, n))
 
 
 def rows_linear(mod: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -65,8 +86,9 @@ def rows_linear(mod: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
     FP8Linear: the W8A8 rows kernel. bf16 nn.Linear: the rows kernel where the H200 sweep beats cuBLAS
     (the bf16 gemv.TUNED shapes), else cuBLAS at M = W. Each is row-invariant, so a row's bits depend on
     neither n nor the other rows (the exactness contract).
-    NOTE: silu(gate) * up stays its own kernel: fused into the down projection's input load it is
-    recomputed by every N tile (64x for N = 4096), which cost ~20% of the whole step on the H200."""
+    NOTE: silu(gate) * up is never fused into the down projection's input load: there it is recomputed
+    by every N tile (64x for N = 4096), which cost ~20% of the whole step on the H200. FP8 fuses it
+    into the gate|up GEMM's epilogue instead (Merged.act)."""
     w = mod.weight
     if type(mod) is nn.Linear:
         if w.dtype == x.dtype == torch.bfloat16 and (False, *w.shape) in gemv.TUNED:
@@ -76,7 +98,7 @@ def rows_linear(mod: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _groups(mods: list[nn.Module]) -> list[Merged]:
-    """Consecutive projections of the same type merged (fp8 keeps the tiny GDN b/a in bf16)."""
+    """Consecutive projections of the same type merged."""
     out, run = [], [mods[0]]
     for m in mods[1:]:
         if type(m) is type(run[-1]):
@@ -107,8 +129,9 @@ class FastRows:
             else:
                 a = layer.self_attn
                 self.mixer.append(_groups([a.q_proj, a.k_proj, a.v_proj]))
-            (gu,) = _groups([layer.mlp.gate_proj, layer.mlp.up_proj])   # fp8 quantizes both or neither
-            self.gate_up.append(gu)
+            mlp = layer.mlp               # fp8 quantizes both or neither
+            glu = type(mlp.gate_proj) is not nn.Linear and mlp.gate_proj.weight.shape == mlp.up_proj.weight.shape
+            self.gate_up.append(Merged([mlp.gate_proj, mlp.up_proj], glu=glu))
         if hasattr(model, "mtp"):                # the MTP head's decoder layer (full attention)
             a, mlp = model.mtp.layers[0].self_attn, model.mtp.layers[0].mlp
             self.mtp_mixer = _groups([a.q_proj, a.k_proj, a.v_proj])
@@ -153,7 +176,7 @@ class FastRows:
             else:
                 y = self._attn(layer.self_attn, proj, state, slot, n, pos)
             res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-            y = rows_linear(layer.mlp.down_proj, K.silu_mul(rows_linear(self.gate_up[i].module, xn, n)), n)
+            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n)
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else m.model.norm
             res, xn = K.add_rmsnorm(y, res, nxt.weight, eps)
         state.position[slot] += n
@@ -171,7 +194,7 @@ class FastRows:
                                 layer.input_layernorm.weight, eps)
         y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, slot, n, pos, rope_offset=1)
         res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-        y = rows_linear(layer.mlp.down_proj, K.silu_mul(rows_linear(self.mtp_gate_up.module, xn, n)), n)
+        y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
         return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
