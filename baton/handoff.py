@@ -5,7 +5,9 @@ Lifecycle of one hand-off:
       push_state     header + data frames cut straight from tensor memory, each hashed in the wire's
                      thread pool (wire.encode_state_frames), over a cached channel to decode_target's
                      LoadState, under a deadline; polls `is_active` so a cancelled Prefill cancels the
-                     stream. grpc errors -> HandoffError
+                     stream. grpc errors -> HandoffError. With a sender process (settings.handoff_sender
+                     "process", baton/sender_process.py) the same frames are made and sent by a child
+                     process; this one only stages the bytes into shared memory
     decode worker    LoadState peeks the header (engine, MTP entries) and calls
       receive_state  builds the ExpectedLayout of the receiving runner's HybridState, feeds every chunk
                      through wire.StateReceiver (chunk digests verified in the pool as chunks arrive, then
@@ -39,6 +41,7 @@ from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, state_pb2
 from baton.wire import (DEFAULT_CHUNK_BYTES, BridgeStats, ExpectedLayout, LayoutEntry, ReceivedState,
                         StateCorrupt, TensorDesc, decode_stream, encode_state, encode_state_frames)
+from baton import wire_send   # NOTE: after baton.wire, which imports wire_send last
 
 MTP_NAMES = ("mtp.key", "mtp.value")
 LOAD_STATE = "/baton.v1.DecodeWorker/LoadState"
@@ -162,22 +165,28 @@ class Push:
 def start_push(target: str, settings: Settings | None = None, *, tensors: list, session_id: str,
                fingerprint: str, position: int, next_token: int | Callable[[], int], mode: int = 0,
                engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0,
-               pool: ChannelPool | None = None, progress: PrefillProgress | None = None) -> Push:
-    """Starts streaming the state to `target`'s LoadState and returns at once (gRPC's request thread
-    and the wire's producer thread do the work). `progress` (a prefill still running): each tensor
-    is sent once its layer is marked, and next_token is taken from it at the end."""
+               pool: ChannelPool | None = None, progress: PrefillProgress | None = None,
+               sender=None) -> Push:
+    """Starts streaming the state to `target`'s LoadState and returns at once. `progress` (a prefill
+    still running): each tensor is sent once its layer is marked, and next_token is taken from it at
+    the end. `sender`: a baton.sender_process.SenderProcess (settings.handoff_sender == "process"): the
+    child process streams, this process only stages bytes into its ring (-> a ProcessPush, same
+    contract); None: in this process, gRPC's request thread and the wire's threads do the work."""
     settings = Settings.from_env() if settings is None else settings
     tensors = list(tensors)
     specs = [TensorDesc.of(t) for t in tensors]
+    what = (dict(specs=specs, tensor_source=progress.source(tensors), next_token=progress.next_token)
+            if progress is not None else dict(tensors=tensors, next_token=next_token))
+    kw = dict(session_id=session_id, fingerprint=fingerprint, position=position, chunk_bytes=chunk_bytes,
+              mode=int(mode), engine=engine_value(engine), **what)
+    if sender is not None and sender.fits(chunk_bytes):
+        return sender.start_push(target, settings, wire_send.plan(**kw), method=LOAD_STATE, timeout=timeout,
+                                 deserialize=decode_pb2.LoadStateResponse.FromString, position=position)
     channel = (pool or DEFAULT_POOL).get(target, settings)
     method = channel.stream_unary(LOAD_STATE, request_serializer=None,
                                   response_deserializer=decode_pb2.LoadStateResponse.FromString)
     t0 = time.perf_counter()
-    what = (dict(specs=specs, tensor_source=progress.source(tensors), next_token=progress.next_token)
-            if progress is not None else dict(tensors=tensors, next_token=next_token))
-    frames = _Frames(encode_state_frames(session_id=session_id, fingerprint=fingerprint, position=position,
-                                         chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine),
-                                         **what))
+    frames = _Frames(encode_state_frames(**kw))
     return Push(target, method.future(iter(frames), timeout=timeout), frames, specs, position, t0)
 
 

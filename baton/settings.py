@@ -10,6 +10,9 @@
     BATON_MAX_MESSAGE_BYTES   gRPC send/receive limit, default 64 MiB
     BATON_LOG_LEVEL           default INFO
     BATON_LOG_JSON            1/true/yes/on = one JSON object per log line
+    BATON_HANDOFF_SENDER      who streams a prefill worker's state hand-offs: "process" (default: a
+                              sender child process, baton/sender_process.py) | "thread" (in the
+                              prefill's own process, gRPC's and the wire's threads)
 
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
@@ -26,6 +29,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
+HANDOFF_SENDERS = ("process", "thread")
 
 
 class SettingsError(ValueError):
@@ -72,6 +76,7 @@ class Settings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_level: str = "INFO"
     log_json: bool = False
+    handoff_sender: str = "process"   # HANDOFF_SENDERS
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token.strip():
@@ -80,6 +85,9 @@ class Settings:
             raise SettingsError("BATON_TLS_CERT and BATON_TLS_KEY must be set together")
         if self.max_message_bytes <= 0:
             raise SettingsError("BATON_MAX_MESSAGE_BYTES: must be > 0")
+        if self.handoff_sender not in HANDOFF_SENDERS:
+            raise SettingsError(f"BATON_HANDOFF_SENDER: expected one of {', '.join(HANDOFF_SENDERS)}, "
+                                f"got {self.handoff_sender!r}")
 
     @property
     def tls_enabled(self) -> bool:
@@ -117,6 +125,7 @@ class Settings:
             ),
             log_level=(get("BATON_LOG_LEVEL") or "INFO").upper(),
             log_json=_parse_bool("BATON_LOG_JSON", get("BATON_LOG_JSON") or ""),
+            handoff_sender=(get("BATON_HANDOFF_SENDER") or "process").strip().lower(),
         )
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - fields

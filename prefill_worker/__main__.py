@@ -21,10 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
     add_common_arguments(p)
     p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")
+    p.add_argument("--handoff-sender", choices=["process", "thread"], default=None,
+                   help="who streams hand-offs: a sender child process or threads of this one "
+                        "(default: BATON_HANDOFF_SENDER, else process)")
     args = p.parse_args(argv)
     opts = options_from_args(args)
     try:
         settings = settings_for(opts.token_file)
+        if args.handoff_sender:
+            settings = settings.replace(handoff_sender=args.handoff_sender)
     except ValueError as e:   # SettingsError: names the variable / file
         print(f"prefill: {e}", file=sys.stderr)
         return 2

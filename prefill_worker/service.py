@@ -5,7 +5,8 @@ Lifecycle of a request:
         validate (INVALID_ARGUMENT naming `prompt_ids` / `session_id` / `mode` / `engine`)
         -> ExactEngine.open_prefill: a fresh session (EXACT: the caller's id, required; FAST: any)
         -> with decode_target: start_push to its LoadState first (header: everything known before the
-           compute), then ExactEngine.run_prefill, whose layer hook marks each layer's state final so the
+           compute; settings.handoff_sender "process": streamed by the worker's sender child process,
+           baton/sender_process.py, this process only stages the bytes), then ExactEngine.run_prefill, whose layer hook marks each layer's state final so the
            sender streams it while later layers compute; the first token goes in the trailer. The
            decode worker activates nothing before the whole stream verified. Under this RPC's deadline
         -> prefill_seconds: until the first token is known; bridge.seconds: stream start -> LoadState
@@ -39,6 +40,7 @@ from baton.handoff import ChannelPool, HandoffError, engine_name, start_push
 from baton.loading import LoadedModel, load_model
 from baton.rpc import StatusError, build_server
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
+from baton.sender_process import SenderProcess
 from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from baton.wire import DEFAULT_CHUNK_BYTES
@@ -75,10 +77,15 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         self.settings = Settings() if settings is None else settings
         self.handoff_timeout_s = handoff_timeout_s
         self.channels = ChannelPool()   # one channel per decode worker
+        # "process": hand-offs are streamed by a sender child process (this process only stages bytes)
+        self.sender = (SenderProcess(slot_bytes=max(chunk_bytes, DEFAULT_CHUNK_BYTES))
+                       if self.settings.handoff_sender == "process" else None)
 
     def close(self) -> None:
         super().close()
         self.channels.close()
+        if self.sender is not None:
+            self.sender.close()
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _validate(self, r: prefill_pb2.PrefillRequest) -> tuple[list[int], bool]:
@@ -108,7 +115,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
         push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
                           fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
-                          chunk_bytes=self.chunk_bytes, timeout=timeout, pool=self.channels, progress=progress)
+                          chunk_bytes=self.chunk_bytes, timeout=timeout, pool=self.channels, progress=progress,
+                          sender=self.sender)
         return push, pos, nxt
 
     @staticmethod
@@ -248,6 +256,8 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
     engine = ExactEngine(runner, ttl_s=ttl_s)
     servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
+    if servicer.sender is not None:
+        servicer.sender.start()   # spawned now: the first hand-off does not wait for it
     try:
         base = build_server([(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer)],
                             service_names=[SERVICE], host=host, port=port, settings=settings,

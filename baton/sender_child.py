@@ -1,0 +1,194 @@
+"""The hand-off sender process: frames state chunks out of the shared ring and streams them to LoadState.
+
+`python -m baton.sender_child --control-fd C --ring-fd R --slots S --slot-bytes B --workers W`, started by
+baton/sender_process.py (one per prefill worker), never by hand. It imports no torch (so it never
+initialises CUDA; READY says so) and no pickle: control messages are baton/sender_ipc.py's structs and
+JSON, tensor bytes only pass through the ring.
+
+Lifecycle of one stream (stream id s), on the threads of this process:
+    main thread     OPEN s: a _Stream: its LoadState call starts on a cached channel (one per target and
+                    settings), the header frame first. CHUNK s: queued on the stream (or, the stream
+                    gone, the slot FREEd at once). END s: queued. CANCEL s: its call cancelled.
+    feeder (per stream)  takes queued chunks in order and submits each to the framing pool, at most
+                    `workers + 2` framed ahead of gRPC (so a slow receiver holds slots, which throttles
+                    the prefill process, instead of piling frames up here)
+    pool (W threads)     wire_frame.frame(index, [slot bytes]): the frame bytes and the chunk digest,
+                    exactly as the in-process sender frames them; then FREE the slot
+    gRPC's request thread  the frames in order, the manifest fed with each digest, then the trailer
+    done callback   DONE s: OK with the response bytes, or the call's status code and details
+Every slot handed over with CHUNK is FREEd exactly once: after its frame is made, or when its stream
+ended first. EOF on the control socket (the prefill process closed it or died): cancel everything, exit.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import queue
+import socket
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from baton.rpc import make_channel
+from baton.sender_ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
+from baton.settings import Settings
+from baton.v1 import state_pb2
+from baton.wire_frame import Manifest, frame, trailer_frame
+
+
+class _Stream:
+    def __init__(self, sid: int, meta: dict, conn: Channel, ring: Ring, pool: ThreadPoolExecutor,
+                 channel: grpc.Channel, depth: int, on_end):
+        self.sid, self.conn, self.ring, self.pool, self.on_end = sid, conn, ring, pool, on_end
+        self.header = base64.b64decode(meta["header"])
+        h = state_pb2.StateChunk.FromString(self.header).header
+        self.manifest, self.total = Manifest(h), h.total_bytes
+        self.posted: queue.SimpleQueue = queue.SimpleQueue()   # ("chunk", slot, index, n) | ("end", token) | None
+        self.out: queue.SimpleQueue = queue.SimpleQueue()      # Future of (frame, digest) | ("end", token) | None
+        self.window = threading.Semaphore(depth)               # frames made but not yet taken by gRPC
+        self.lock, self.closed, self.finished = threading.Lock(), False, threading.Event()
+        self.feeder = threading.Thread(target=self._feed, daemon=True, name=f"baton-sender-feed-{sid}")
+        self.feeder.start()
+        method = channel.stream_unary(meta["method"], request_serializer=None, response_deserializer=None)
+        self.call = method.future(self._requests(), timeout=float(meta["timeout"]))
+        self.call.add_done_callback(self._done)
+
+    def post(self, item) -> None:
+        """From the main thread, in order. A chunk for a stream that stopped taking them is freed here."""
+        with self.lock:
+            if not self.closed:
+                self.posted.put(item)
+                return
+        if item is not None and item[0] == "chunk":
+            self.conn.send(FREE, a=item[1])
+
+    def _feed(self) -> None:
+        try:
+            while (item := self.posted.get()) is not None:
+                if item[0] == "end":
+                    self.out.put(item)
+                    return
+                _, slot, index, n = item
+                while not self.window.acquire(timeout=0.1):
+                    if self.finished.is_set():
+                        self.conn.send(FREE, a=slot)
+                        return
+                self.out.put(self.pool.submit(self._frame, slot, index, n))
+        finally:
+            with self.lock:
+                self.closed = True
+            while True:   # NOTE: after closed: nothing is queued any more
+                try:
+                    item = self.posted.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None and item[0] == "chunk":
+                    self.conn.send(FREE, a=item[1])
+
+    def _frame(self, slot: int, index: int, n: int) -> tuple[bytes, bytes]:
+        try:
+            with self.ring.view(slot, n) as mv:
+                return frame(index, [mv])
+        finally:
+            self.conn.send(FREE, a=slot)
+
+    def _requests(self):
+        yield self.header
+        while (x := self.out.get()) is not None:
+            if isinstance(x, tuple):   # ("end", next_token)
+                yield trailer_frame(self.manifest, self.total, x[1])
+                return
+            data, digest = x.result()
+            self.window.release()
+            self.manifest.add(digest)
+            yield data
+
+    def _done(self, call) -> None:
+        self.finished.set()
+        self.post(None)
+        self.out.put(None)
+        msg = {"code": "OK", "details": "", "response": "", "chunks": self.manifest.chunks}
+        if call.cancelled():
+            msg.update(code="CANCELLED", details="hand-off cancelled")
+        elif (e := call.exception()) is not None:
+            code = e.code() if isinstance(e, grpc.RpcError) else grpc.StatusCode.UNKNOWN
+            details = e.details() if isinstance(e, grpc.RpcError) else repr(e)
+            msg.update(code=code.name, details=details or "")
+        else:
+            msg["response"] = base64.b64encode(call.result()).decode()
+        self.on_end(self.sid)
+        self.conn.send(DONE, self.sid, payload=msg)
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+
+def serve(conn: Channel, ring: Ring, workers: int) -> None:
+    """The main loop: control messages until EOF."""
+    pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="baton-sender-frame")
+    streams: dict[int, _Stream] = {}
+    channels: dict[tuple[str, Settings], grpc.Channel] = {}
+    lock = threading.Lock()
+
+    def ended(sid: int) -> None:
+        with lock:
+            streams.pop(sid, None)
+
+    conn.send(READY, payload={"pid": os.getpid(), "torch": "torch" in sys.modules})
+    try:
+        while (msg := conn.recv()) is not None:
+            kind, sid, a, b, n, meta = msg
+            with lock:
+                s = streams.get(sid)
+            if kind == OPEN:
+                settings = Settings(**meta["settings"])
+                key = (meta["target"], settings)
+                if key not in channels:
+                    channels[key] = make_channel(meta["target"], settings)
+                s = _Stream(sid, meta, conn, ring, pool, channels[key], max(1, workers) + 2, ended)
+                with lock:
+                    if not s.finished.is_set():
+                        streams[sid] = s
+            elif kind == CHUNK:
+                if s is None:
+                    conn.send(FREE, a=a)
+                else:
+                    s.post(("chunk", a, b, n))
+            elif kind == END and s is not None:
+                s.post(("end", n))
+            elif kind == CANCEL and s is not None:
+                s.cancel()
+    finally:
+        with lock:
+            live = list(streams.values())
+        for s in live:
+            s.cancel()
+        for ch in channels.values():
+            ch.close()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m baton.sender_child")
+    ap.add_argument("--control-fd", type=int, required=True)
+    ap.add_argument("--ring-fd", type=int, required=True)
+    ap.add_argument("--slots", type=int, required=True)
+    ap.add_argument("--slot-bytes", type=int, required=True)
+    ap.add_argument("--workers", type=int, default=1)
+    a = ap.parse_args(argv)
+    conn = Channel(socket.socket(fileno=a.control_fd))
+    ring = Ring(a.ring_fd, a.slots, a.slot_bytes)
+    try:
+        serve(conn, ring, a.workers)
+    except (BrokenPipeError, ConnectionResetError):   # the prefill process went away
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)   # NOTE: no interpreter teardown under gRPC's threads

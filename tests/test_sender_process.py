@@ -1,0 +1,273 @@
+"""The hand-off sender process (baton/sender_process.py, baton/sender_child.py) over real loopback gRPC:
+byte-identical frames to the in-thread sender, bitwise state at a real decode worker, cancellation,
+a kill -9 of the child (clear error, respawn), nothing left behind (shared memory, fds, threads)."""
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton import handoff, wire
+from baton.loading import load_model
+from baton.progress import PrefillProgress
+from baton.rpc import make_channel
+from baton.sender_process import SenderProcess
+from baton.settings import Settings, SettingsError
+from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
+from decode_worker.service import serve_decode
+from prefill_worker.service import serve_prefill
+
+MAX_LEN, W, T = 256, 16, 30
+PROMPT = list(range(40, 90))
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def ring_inode(sender: SenderProcess) -> int:
+    return os.fstat(sender.child().ring.fd).st_ino
+
+
+def ring_traces(inode: int | None = None) -> list[str]:
+    """This process's fds and mappings of sender rings (memfds: never a /dev/shm entry); `inode`: of one."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "baton-sender-ring" in os.readlink(f"/proc/self/fd/{fd}") and \
+                    inode in (None, os.stat(f"/proc/self/fd/{fd}").st_ino):
+                out.append(f"fd {fd}")
+        except OSError:
+            pass
+    with open("/proc/self/maps") as f:
+        out += [line.strip() for line in f if "baton-sender-ring" in line
+                and inode in (None, int(line.split()[4]))]
+    return out
+
+
+def sender_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("baton-sender")]
+
+
+# ---------------------------------------------------------------- frames: byte-identical to the thread sender
+class Recorder:
+    """A LoadState server that keeps every stream's raw frames."""
+
+    def __init__(self):
+        self.streams: list[list[bytes]] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        h = grpc.stream_unary_rpc_method_handler(lambda it, ctx: self.streams.append(list(it)) or b"")
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "baton.v1.DecodeWorker", {"LoadState": h}),))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+
+@pytest.fixture(scope="module")
+def sender():
+    s = SenderProcess(slots=6, slot_bytes=1 << 20, workers=2)
+    inode = ring_inode(s)
+    yield s
+    reader = s.child().reader
+    s.close()
+    assert ring_traces(inode) == [] and not reader.is_alive()
+
+
+def random_state(seed: int) -> list[wire.WireTensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [wire.WireTensor("layers.0.conv", state_pb2.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16()),
+            wire.WireTensor("layers.0.recurrent", state_pb2.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
+            wire.WireTensor("layers.1.key", state_pb2.ATTN_KEY, torch.randn(2, 700, 64, generator=g).bfloat16()[:, :600]),
+            wire.WireTensor("hidden", state_pb2.HIDDEN, torch.randn(77, generator=g).half())]
+
+
+@pytest.mark.parametrize("chunk_bytes", [1000, 65521, 1 << 17, 300_007])   # 300_007: frames built outside the GIL
+def test_frames_are_byte_identical_to_the_thread_sender(sender, chunk_bytes):
+    ts = random_state(chunk_bytes)
+    total = sum(t.tensor.numel() * t.tensor.element_size() for t in ts)
+    assert any(total > chunk_bytes and (sum(x.tensor.nbytes for x in ts[:i]) % chunk_bytes) for i in range(1, 4))
+    rec = Recorder()
+    try:
+        kw = dict(session_id="s", fingerprint="sha256:x", position=600, next_token=4242, chunk_bytes=chunk_bytes,
+                  mode=common_pb2.EXACT, engine="mtp", timeout=T)
+        r_proc, b_proc = handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result()
+        r_thr, b_thr = handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result()
+        # the prefill worker's path: the table first, tensors pulled as a running prefill marks them
+        progress = PrefillProgress(2, torch.device("cpu"))
+        push = handoff.start_push(rec.address, Settings(), tensors=ts, progress=progress, sender=sender, **kw)
+        progress.mark(0)
+        progress.mark(1)
+        progress.finish(4242)
+        push.result()
+    finally:
+        rec.server.stop(0)
+    proc, thr, lazy = rec.streams
+    assert len(proc) == -(-total // chunk_bytes) + 2
+    assert proc == thr == lazy
+    assert (b_proc.total_bytes, b_proc.chunks, b_proc.tokens) == (b_thr.total_bytes, b_thr.chunks, b_thr.tokens)
+    got = wire.decode_stream(proc, wire.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
+    assert got.next_token == 4242
+    for t in ts:
+        assert torch.equal(got.tensors[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8))
+
+
+def test_the_child_imports_no_torch(sender):
+    child = sender.child()
+    for _ in range(500):
+        if child.ready is not None:
+            break
+        time.sleep(0.02)
+    assert child.ready == {"pid": child.proc.pid, "torch": False}   # so it never initialises CUDA
+
+
+def test_setting_env_and_cli():
+    assert Settings().handoff_sender == "process"
+    assert Settings.from_env({"BATON_HANDOFF_SENDER": "Thread"}).handoff_sender == "thread"
+    with pytest.raises(SettingsError, match="BATON_HANDOFF_SENDER"):
+        Settings.from_env({"BATON_HANDOFF_SENDER": "fork"})
+
+
+# ---------------------------------------------------------------- against a real decode worker
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tiny = make_tiny_dir(tmp_path_factory.mktemp("m"))
+    ph, ps = serve_prefill(load_model(tiny, dtype="fp32"), max_len=MAX_LEN, width=W, slots=3,
+                           settings=Settings(handoff_sender="process"))
+    dh, ds = serve_decode(load_model(tiny, dtype="fp32"), engines=("bf16",), max_len=MAX_LEN, width=W, slots=3,
+                          settings=Settings())
+    with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
+        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), D=decode_pb2_grpc.DecodeWorkerStub(dc),
+                   ps=ps, ds=ds, target=dh.address)
+    ph.stop(0)
+    dh.stop(0)
+
+
+def settled(ds) -> int:
+    for _ in range(500):
+        if ds.engine.session_count() == 0 and ds.outstanding == 0:
+            break
+        time.sleep(0.02)
+    return ds.engine.session_count()
+
+
+def test_prefill_rpc_streams_through_the_sender_process_bitwise(cluster):
+    P, ps, ds = cluster["P"], cluster["ps"], cluster["ds"]
+    assert ps.sender is not None
+    child = ps.sender.child()
+    streams = child._ids
+    P.Prefill(prefill_pb2.PrefillRequest(session_id="b", prompt_ids=PROMPT, mode=common_pb2.EXACT,
+                                         decode_target=cluster["target"]), timeout=T)
+    assert child._ids == streams + 1 and ps.sender.child() is child   # the child streamed it
+    sent, pos, nxt = ps.engine.export("b")
+    s = ds.engine.get("b")
+    got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
+    for t in sent:
+        assert torch.equal(got[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8)), t.name
+    assert (int(s.runner.state.position[s.slot]), int(s.runner.state.next_token[s.slot])) == (pos, nxt)
+    cluster["P"].Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T)
+    cluster["D"].Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T)
+
+
+def running_push(cluster, sender, sid: str, chunk_bytes: int = 1024):
+    """A push whose source is a prefill stopped after layer 0: (push, progress, session to release)."""
+    eng = cluster["ps"].engine
+    s, _ = eng.prefill(PROMPT)
+    tensors, pos, _ = eng.export(s.id)
+    progress = PrefillProgress(eng.runner.model.cfg.num_hidden_layers, torch.device("cpu"))
+    push = handoff.start_push(cluster["target"], Settings(), tensors=tensors, session_id=sid,
+                              fingerprint=cluster["ps"].fingerprint, position=pos, next_token=0,
+                              chunk_bytes=chunk_bytes, timeout=T, progress=progress, sender=sender)
+    progress.mark(0)
+    return push, progress, s.id
+
+
+def wait_streaming(ds, timeout: float = 10.0) -> None:
+    """Until the decode worker is inside that LoadState (it has read the header)."""
+    t0 = time.perf_counter()
+    while ds.outstanding == 0 and time.perf_counter() - t0 < timeout:
+        time.sleep(0.01)
+    time.sleep(0.2)
+
+
+def test_cancel_mid_stream_leaves_no_session(cluster):
+    sender = cluster["ps"].sender
+    push, progress, sid = running_push(cluster, sender, "cancel")
+    try:
+        wait_streaming(cluster["ds"])
+        push.cancel()
+        with pytest.raises(handoff.HandoffError) as ei:
+            push.result()
+        assert ei.value.code == grpc.StatusCode.CANCELLED
+    finally:
+        progress.fail(RuntimeError("test over"))
+        cluster["ps"].engine.release(sid)
+    push.join(5)
+    assert settled(cluster["ds"]) == 0
+    # is_active turning False cancels too
+    push, progress, sid = running_push(cluster, sender, "inactive")
+    try:
+        wait_streaming(cluster["ds"])
+        with pytest.raises(handoff.HandoffError) as ei:
+            push.result(is_active=lambda: False)
+        assert ei.value.code == grpc.StatusCode.CANCELLED and "calling RPC ended" in ei.value.details
+    finally:
+        progress.fail(RuntimeError("test over"))
+        cluster["ps"].engine.release(sid)
+    push.join(5)
+    assert settled(cluster["ds"]) == 0
+    assert all(not n.startswith("baton-sender-stage") for n in sender_threads())
+
+
+def test_child_killed_mid_stream_is_a_clear_error_and_the_next_push_respawns(cluster):
+    shm_before = sorted(os.listdir("/dev/shm"))
+    sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1)
+    try:
+        first, first_ring = sender.child(), ring_inode(sender)
+        assert ring_traces(first_ring)
+        push, progress, sid = running_push(cluster, sender, "kill")
+        try:
+            wait_streaming(cluster["ds"])
+            os.kill(first.proc.pid, signal.SIGKILL)
+            with pytest.raises(handoff.HandoffError) as ei:
+                push.result()
+            assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "sender process died (exit code -9)" in str(ei.value)
+        finally:
+            progress.fail(RuntimeError("test over"))
+            cluster["ps"].engine.release(sid)
+        push.join(5)
+        first.reader.join(5)
+        assert settled(cluster["ds"]) == 0
+        assert ring_traces(first_ring) == []   # the dead child's ring: unmapped, its fd closed
+        eng = cluster["ps"].engine
+        s, _ = eng.prefill(PROMPT)
+        try:
+            tensors, pos, nxt = eng.export(s.id)
+            resp, bridge = handoff.push_state(cluster["target"], Settings(), tensors=tensors, session_id="again",
+                                              fingerprint=cluster["ps"].fingerprint, position=pos, next_token=nxt,
+                                              chunk_bytes=8192, timeout=T, sender=sender)
+        finally:
+            eng.release(s.id)
+        second, second_ring = sender.child(), ring_inode(sender)
+        assert second is not first and resp.session_id == "again" and bridge.total_bytes > 0
+        cluster["D"].Release(common_pb2.ReleaseRequest(session_id="again"), timeout=T)
+    finally:
+        sender.close()
+    assert ring_traces(second_ring) == [] and sorted(os.listdir("/dev/shm")) == shm_before
+    assert not first.reader.is_alive() and not second.reader.is_alive()
+    assert not [n for n in sender_threads() if n.startswith("baton-sender-stage")]
+
+
+def test_thread_sender_is_the_fallback(cluster, tmp_path):
+    ps = cluster["ps"]
+    from prefill_worker.service import PrefillServicer
+
+    thr = PrefillServicer(ps.engine, fingerprint=ps.fingerprint, settings=Settings(handoff_sender="thread"))
+    try:
+        assert thr.sender is None
+    finally:
+        thr.close()
+    assert SenderProcess(slot_bytes=1 << 20).fits(1 << 20) and not SenderProcess(slot_bytes=1 << 20).fits(2 << 20)
