@@ -17,6 +17,10 @@ and verified by the wire's thread pool with --workers chunks in flight per strea
                                    receiving thread (what one serial digest per side costs)
     ceiling_grpc_raw_frames        the same frames, pre-built; the server only counts bytes
     e2e_frames_receiver_in_process e2e_frames with the server in this process (--receiver process only)
+    e2e_frames_sender_process      e2e_frames sent by a hand-off sender child process (baton/sender_process.py,
+                                   handoff_sender "process"): this process stages chunks into its shared ring,
+                                   the child frames, hashes and streams them (--sender picks which of e2e_frames
+                                   [thread] and this path run when --paths is not given; both by default)
 --receiver process (the default, the deployed topology): the gRPC server of the e2e and raw-frame paths
 runs in a child process (`bench_bridge.py --serve`, same --tokens/--chunk-mib/--workers/--device), so
 sender and receiver do not share one GIL; in-process: the server runs in this process.
@@ -51,7 +55,9 @@ from benchmarks.report import emit, machine as base_machine  # noqa: E402
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from baton import wire  # noqa: E402
+from baton import wire, wire_send  # noqa: E402
+from baton.sender_process import SenderProcess  # noqa: E402
+from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, state_pb2  # noqa: E402
 
 MSG_LIMIT = 64 << 20
@@ -206,6 +212,8 @@ def main(argv=None) -> dict:
                     help="comma-separated subset of the paths to time (default: all)")
     ap.add_argument("--receiver", default="process", choices=["process", "in-process"],
                     help="where the e2e paths' gRPC server runs (default: a child process, as deployed)")
+    ap.add_argument("--sender", type=lambda v: v.split(","), default=["thread", "process"],
+                    help="comma-separated: thread (e2e_frames) | process (e2e_frames_sender_process)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)   # the child of --receiver process
     ap.add_argument("--machine-note", default="", help="free text describing the machine")
     ap.add_argument("--out", type=Path)
@@ -243,6 +251,13 @@ def main(argv=None) -> dict:
     load_frames_inline_hashing = channel.stream_unary("/bench.Bridge/LoadFramesInlineHashing",
                                                       response_deserializer=rep)
     count = channel.stream_unary("/bench.Bridge/Count", response_deserializer=rep)
+    sp = SenderProcess(slot_bytes=chunk, workers=workers)
+    target = rx.address if rx else f"127.0.0.1:{port}"
+
+    def sender_process():
+        p = wire_send.plan(**enc)
+        return sp.start_push(target, Settings(), p, method="/bench.Bridge/LoadFrames", deserialize=rep, timeout=600,
+                             position=a.tokens).result()[0]
 
     def check(report):
         assert report.total_bytes == total, report
@@ -270,12 +285,19 @@ def main(argv=None) -> dict:
         "ceiling_grpc_raw_frames": (lambda: count(iter(frames)), sum(map(len, frames))),
         **({"e2e_frames_receiver_in_process": (lambda: check(load_frames_local(
             wire.pipelined(wire.encode_state_frames(**enc)))), total)} if rx else {}),
+        "e2e_frames_sender_process": (lambda: check(sender_process()), total),
         "ceiling_sha256_one_core": (lambda: hashlib.sha256(blob).digest(), len(blob)),
         "ceiling_sha256_pool": (sha256_pool, len(blob)),
     }
     unknown = set(a.paths or ()) - set(paths)
     if unknown:
         raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(paths)}")
+    if set(a.sender) - {"thread", "process"}:
+        raise SystemExit("--sender: a comma-separated subset of thread, process")
+    if not a.paths:   # --sender: which e2e sender paths run
+        for who, path in (("thread", "e2e_frames"), ("process", "e2e_frames_sender_process")):
+            if who not in a.sender:
+                paths.pop(path)
     r = {k: timed(fn, n, nbytes) for k, (fn, nbytes) in paths.items() if not a.paths or k in a.paths}
     loadavg_after = os.getloadavg()
     # bitwise check of one end-to-end transfer (outside the timed loops)
@@ -286,6 +308,7 @@ def main(argv=None) -> dict:
         if dev_bufs is not None:
             assert torch.equal(dev_bufs[name].view(torch.uint8), src[name].view(torch.uint8)), name
     report = check(load_frames(wire.pipelined(wire.encode_state_frames(**enc))))
+    sp.close()
     channel.close()
     local.close()
     server.stop(None)
@@ -300,6 +323,7 @@ def main(argv=None) -> dict:
         "format_version": wire.FORMAT_VERSION,
         "workers": workers,
         "receiver": a.receiver,
+        "senders": a.sender,
         "loadavg_1_5_15": {"before": [round(x, 2) for x in loadavg_before],
                            "after": [round(x, 2) for x in loadavg_after]},
         "state": {"tokens": a.tokens, "total_bytes": total, "bytes_by_kind": dict(report.bytes_by_kind),

@@ -32,9 +32,14 @@ alternate, so drift on a busy host hits both alike):
     python benchmarks/bench_ttft.py --random-init qwen3.5-9b --device cuda --prompts 512,4096,32768 --out R.json
     python benchmarks/bench_ttft.py --device cpu --prompts 16,64 --runs 5        # embedded default model
     python benchmarks/bench_ttft.py ... --decode-worker process,in-process       # both topologies
+    python benchmarks/bench_ttft.py ... --sender process,thread                  # both hand-off senders
 
-Each result row has the first --decode-worker mode's numbers at its top level and every mode's under
-"by_decode_worker".
+--sender: who streams the state in the prefill worker (settings.handoff_sender): "process", a sender child
+process (baton/sender_process.py; the prefill's process only stages chunks into shared memory), or
+"thread", gRPC's and the wire's threads in the prefill's own process; a list is measured interleaved.
+Each result row has the first --decode-worker mode's and first --sender's numbers at its top level, every
+mode's (first sender) under "by_decode_worker", every sender's (first mode) under "by_sender", and every
+pair under "by_decode_worker_and_sender" ("MODE/SENDER").
 """
 from __future__ import annotations
 
@@ -70,6 +75,7 @@ from prefill_worker.service import serve_prefill  # noqa: E402
 
 WIDTH = 16
 MODES = ("process", "in-process")   # where the decode worker runs
+SENDERS = ("process", "thread")     # who streams the hand-off in the prefill worker
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -154,6 +160,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--matmul-n", type=int, default=None, help="matmul size for the rate (default 8192 CUDA, 1024 CPU)")
     ap.add_argument("--decode-worker", default="process", type=lambda v: v.split(","),
                     help="comma-separated: process (its own process, as deployed; the default) | in-process")
+    ap.add_argument("--sender", default=[Settings().handoff_sender], type=lambda v: v.split(","),
+                    help="comma-separated: process (a sender child process) | thread (in the prefill's process); "
+                         "default: the handoff_sender setting's default")
     ap.add_argument("--machine-note", default="")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -163,6 +172,8 @@ def main(argv=None) -> dict:
     modes = a.decode_worker
     if not modes or set(modes) - set(MODES) or len(set(modes)) != len(modes):
         raise SystemExit(f"--decode-worker: a comma-separated subset of {', '.join(MODES)}, got {modes}")
+    if not a.sender or set(a.sender) - set(SENDERS) or len(set(a.sender)) != len(a.sender):
+        raise SystemExit(f"--sender: a comma-separated subset of {', '.join(SENDERS)}, got {a.sender}")
     if "process" in modes and a.no_mtp:
         raise SystemExit("--no-mtp: the decode worker process always builds the MTP head; use --decode-worker in-process")
     torch.manual_seed(0)
@@ -173,7 +184,8 @@ def main(argv=None) -> dict:
     matmul_n = a.matmul_n or (8192 if dev.startswith("cuda") else 1024)
     rate = matmul_rate(dev, p_dtype, matmul_n)
 
-    settings = Settings(token="bench-ttft")          # the auth interceptor is on, as in a deployment
+    settings = Settings(token="bench-ttft",          # the auth interceptor is on, as in a deployment
+                        handoff_sender="process" if "process" in a.sender else "thread")
     max_len = max(prompts) + WIDTH + 64
     # NOTE: in-process, one model object for both workers (one copy of the weights on the device); each
     # has its own state. The decode process builds its own copy.
@@ -215,7 +227,7 @@ def main(argv=None) -> dict:
         "setup_seconds": round(setup_s, 2),
         "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16", "wire_format": FORMAT_VERSION,
                     "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS",
-                    "decode_worker": modes},
+                    "decode_worker": modes, "handoff_sender": a.sender},
         "matmul": {"dtype": str(p_dtype).replace("torch.", ""), "n": matmul_n, "tflops": round(rate / 1e12, 4)},
         "runs": a.runs, "warmup": a.warmup,
         "results": rows,
@@ -265,8 +277,11 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
             eng.release(s.id)
         return dt
 
-    def split(mode: str) -> tuple[float, float, common_pb2.BridgeReport]:
+    process_sender = ps.sender   # the prefill worker's SenderProcess (None when only "thread" is measured)
+
+    def split(mode: str, sender: str) -> tuple[float, float, common_pb2.BridgeReport]:
         sid = f"ttft-{T}"
+        ps.sender = process_sender if sender == "process" else None   # NOTE: between requests only
         sync(dev)
         t0 = time.perf_counter()
         r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
@@ -276,17 +291,22 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         assert D[mode].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=60).released
         return dt, r.prefill_seconds, r.bridge
 
-    modes = list(targets)
-    pre, *spls = interleaved([prefill_only] + [functools.partial(split, m) for m in modes], a.warmup, a.runs)
+    modes, senders = list(targets), a.sender
+    combos = [(m, w) for m in modes for w in senders]
+    pre, *spls = interleaved([prefill_only] + [functools.partial(split, m, w) for m, w in combos], a.warmup, a.runs)
+    ps.sender = process_sender
     nbytes = state_bytes[0]
     prefill_s = statistics.median(pre)
-    by_mode = {m: split_summary(spl, nbytes, prefill_s) for m, spl in zip(modes, spls)}
+    by_pair = {f"{m}/{w}": split_summary(spl, nbytes, prefill_s) for (m, w), spl in zip(combos, spls)}
+    by_mode = {m: by_pair[f"{m}/{senders[0]}"] for m in modes}
+    by_sender = {w: by_pair[f"{modes[0]}/{w}"] for w in senders}
     spl = spls[0]
     flops = prefill_flops(eng.runner.model, T)
     return {
         "prompt_tokens": T,
         "prefill_s": round(prefill_s, 6),
         "decode_worker": modes[0],
+        "sender": senders[0],
         **by_mode[modes[0]],
         "state_bytes": nbytes,
         "state_bytes_by_kind": dict(spl[0][2].bytes_by_kind),
@@ -296,6 +316,8 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         "mfu": round(flops / prefill_s / rate, 4),
         "prefill_s_runs": [round(x, 6) for x in pre],
         "by_decode_worker": by_mode,
+        "by_sender": by_sender,
+        "by_decode_worker_and_sender": by_pair,
     }
 
 

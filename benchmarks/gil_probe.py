@@ -10,6 +10,10 @@ Scenarios (the bench_bridge state, --tokens of KV; --streams hand-offs each, bac
     send      this process encodes frames (wire.encode_state_frames, tensors pulled lazily as a running
               prefill gives them: the producer-thread path) and streams them over loopback gRPC to a
               receiver in a child process (`bench_bridge.py --serve`): the prefill worker's process
+              with handoff_sender "thread"
+    send_process   the same state and receiver, sent by a sender child process (baton/sender_process.py):
+              this process only stages chunks into its shared ring (handoff_sender "process")
+              (--sender picks which of the two send scenarios run: thread -> send, process -> send_process)
     receive   a child process sends; this process's gRPC server verifies and places the chunks
               (wire.decode_stream, 2 ahead, chunks verified in the pool): the decode worker's process
     both      sender and receiver in this process (bench_ttft --decode-worker in-process)
@@ -19,7 +23,7 @@ schedstat; the rest of the stalled share is waiting for the GIL), how many excee
 On a machine with fewer cores than busy threads, part of every stall is the OS scheduler, not the GIL
 (the idle scenario shows that floor).
 
-    python benchmarks/gil_probe.py --tokens 4096 --streams 3 [--device cuda] [--out R.json]
+    python benchmarks/gil_probe.py --tokens 4096 --streams 3 [--sender thread,process] [--device cuda] [--out R.json]
 """
 from __future__ import annotations
 
@@ -38,12 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from baton import wire  # noqa: E402
+from baton import wire, wire_send  # noqa: E402
+from baton.sender_process import SenderProcess  # noqa: E402
+from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2  # noqa: E402
 from benchmarks import bench_bridge  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 
 SCENARIOS = ("idle", "send", "receive", "both")
+SENDERS = {"thread": "send", "process": "send_process"}   # --sender -> the send scenario it runs
 STALL_S = 100e-6
 
 
@@ -105,6 +112,25 @@ def lazy_frames(tensors, chunk: int, workers: int | None, tokens: int):
                                     tensor_source=(t.tensor for t in tensors), chunk_bytes=chunk, workers=workers)
 
 
+def lazy_plan(tensors, chunk: int, workers: int | None, tokens: int) -> wire_send.Plan:
+    """lazy_frames' stream as a plan for the sender process."""
+    return wire_send.plan(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens, next_token=1,
+                          specs=[wire.TensorDesc.of(t) for t in tensors], tensor_source=(t.tensor for t in tensors),
+                          chunk_bytes=chunk, workers=workers)
+
+
+def process_sender(address: str, tensors, chunk: int, workers: int | None, tokens: int):
+    """-> (SenderProcess, load()): one hand-off of the state to ADDR's LoadFrames by the sender process."""
+    sp = SenderProcess(slot_bytes=chunk, workers=workers)
+
+    def load():
+        rep, _ = sp.start_push(address, Settings(), lazy_plan(tensors, chunk, workers, tokens),
+                               method="/bench.Bridge/LoadFrames", deserialize=common_pb2.BridgeReport.FromString,
+                               timeout=600, position=tokens).result()
+        assert rep.total_bytes == sum(t.tensor.numel() * t.tensor.element_size() for t in tensors), rep
+    return sp, load
+
+
 def sender(address: str):
     ch = grpc.insecure_channel(address, options=bench_bridge.OPTIONS)
     return ch, ch.stream_unary("/bench.Bridge/LoadFrames", request_serializer=None,
@@ -132,6 +158,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--scenarios", type=lambda v: v.split(","), default=list(SCENARIOS))
+    ap.add_argument("--sender", type=lambda v: v.split(","), default=["thread", "process"],
+                    help="comma-separated: who sends in the send scenario: thread (send) | process (send_process)")
     ap.add_argument("--child-send", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -139,6 +167,8 @@ def main(argv=None) -> dict:
         return child_send(a)
     if set(a.scenarios) - set(SCENARIOS):
         raise SystemExit(f"--scenarios: choose from {', '.join(SCENARIOS)}")
+    if not a.sender or set(a.sender) - set(SENDERS):
+        raise SystemExit(f"--sender: a comma-separated subset of {', '.join(SENDERS)}")
     chunk = int(a.chunk_mib * (1 << 20))
     tensors = bench_bridge.make_state(a.tokens, a.device)
     total = sum(t.tensor.numel() * t.tensor.element_size() for t in tensors)
@@ -174,9 +204,18 @@ def main(argv=None) -> dict:
         if "send" in a.scenarios:
             rx = bench_bridge.ReceiverProcess(a.tokens, a.chunk_mib, a.device, a.workers)
             try:
-                ch, work = send_to(rx.address)
-                run("send", work)
-                ch.close()
+                for who in a.sender:
+                    if who == "thread":
+                        ch, work = send_to(rx.address)
+                        run("send", work)
+                        ch.close()
+                        continue
+                    sp, load = process_sender(rx.address, tensors, chunk, a.workers, a.tokens)
+                    try:
+                        load()   # warm-up (the child starts)
+                        run("send_process", lambda: [load() for _ in range(a.streams)])
+                    finally:
+                        sp.close()
             finally:
                 rx.close()
         if "receive" in a.scenarios:
@@ -211,6 +250,7 @@ def main(argv=None) -> dict:
         "machine": bench_bridge.machine(),
         "device": a.device, "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "state": {"tokens": a.tokens, "total_bytes": total, "chunk_bytes": chunk, "streams": a.streams},
+        "senders": a.sender,
         "results": out,
     }
     emit(result, a.out)

@@ -8,11 +8,13 @@ from benchmarks import bench_bridge
 def test_bench_bridge_receiver_process_and_in_process(tmp_path):
     out = tmp_path / "bridge.json"
     res = bench_bridge.main(["--tokens", "16", "--repeats", "1", "--chunk-mib", "1",
-                             "--paths", "e2e_frames,e2e_frames_receiver_in_process,ceiling_grpc_raw_frames",
+                             "--paths", "e2e_frames,e2e_frames_receiver_in_process,e2e_frames_sender_process,"
+                                        "ceiling_grpc_raw_frames",
                              "--out", str(out)])
     assert json.loads(out.read_text()) == res
     assert res["receiver"] == "process"
-    assert set(res["results"]) == {"e2e_frames", "e2e_frames_receiver_in_process", "ceiling_grpc_raw_frames"}
+    assert set(res["results"]) == {"e2e_frames", "e2e_frames_receiver_in_process", "e2e_frames_sender_process",
+                                   "ceiling_grpc_raw_frames"}
     assert all(r["best_GBps"] > 0 for r in res["results"].values())
     res = bench_bridge.main(["--tokens", "16", "--repeats", "1", "--receiver", "in-process", "--paths", "e2e_frames"])
     assert res["receiver"] == "in-process" and set(res["results"]) == {"e2e_frames"}

@@ -24,19 +24,25 @@ def state_bytes(T: int, max_len: int) -> int:
 def test_bench_ttft_cpu_smoke(tmp_path):
     out = tmp_path / "ttft.json"
     res = bench_ttft.main(["--device", "cpu", "--prompts", "8,40", "--runs", "2", "--warmup", "1",
-                           "--matmul-n", "128", "--decode-worker", "process,in-process", "--out", str(out)])
+                           "--matmul-n", "128", "--decode-worker", "process,in-process", "--sender", "process,thread",
+                           "--out", str(out)])
     assert json.loads(out.read_text()) == res
     assert res["command"].startswith("python benchmarks/bench_ttft.py --device cpu")
     assert res["date"] and res["torch"] == torch.__version__ and res["machine"]["cores_usable"] >= 1
     assert res["device"] == "cpu" and res["model"]["has_mtp"] and res["matmul"]["tflops"] > 0
     assert [r["prompt_tokens"] for r in res["results"]] == [8, 40]
     assert res["workers"]["decode_worker"] == ["process", "in-process"]
+    assert res["workers"]["handoff_sender"] == ["process", "thread"]
     for r in res["results"]:
         for k in ("prefill_s", "split_s", "handoff_s", "handoff_GBps", "handoff_wall_s", "server_prefill_s",
                   "flops", "achieved_tflops", "mfu"):
             assert r[k] > 0, (k, r)
         assert len(r["prefill_s_runs"]) == len(r["split_s_runs"]) == 2
         assert r["decode_worker"] == "process" and set(r["by_decode_worker"]) == {"process", "in-process"}
+        assert r["sender"] == "process" and set(r["by_sender"]) == {"process", "thread"}
+        assert set(r["by_decode_worker_and_sender"]) == {"process/process", "process/thread",
+                                                         "in-process/process", "in-process/thread"}
+        assert r["by_sender"]["thread"] == r["by_decode_worker_and_sender"]["process/thread"]
         assert all(r["by_decode_worker"]["process"][k] == r[k] for k in ("split_s", "handoff_s", "split_s_runs"))
         for m in r["by_decode_worker"].values():
             assert m["split_s"] > 0 and m["handoff_GBps"] > 0 and len(m["handoff_s_runs"]) == 2
