@@ -5,7 +5,8 @@ for the fused rows path and the eager reference, bf16 and fp8. Prints one JSON o
 
 Parts: kernel time summed per kernel name from the torch profiler over an eager (non-graph) step, then
 grouped (GEMM, GDN, attention, norms, elementwise, ...). "graph_ms" is the replay time of the captured
-step (the figure decode tok/s follows); "kernels" the number of kernels one step launches.
+step (the figure decode tok/s follows); "synced_ms" the step with the token read back each time (the AR
+loop); "launch_us" the host time of one replay call; "kernels" the number of kernels one step launches.
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import copy
 import datetime
 import json
 import socket
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -64,10 +67,13 @@ def profile_eager(r: ModelRunner) -> dict:
             "top_kernels_ms": {k[:90]: v / 1e3 for k, v in per_name.most_common(12)}}
 
 
-def graph_ms(r: ModelRunner, reps: int = 50) -> float:
+def graph_ms(r: ModelRunner, reps: int = 50) -> dict:
+    """graph_ms: back-to-back replays (GPU time per step, unless the host cannot keep up);
+    synced_ms: replay + read the token each step, as the AR loop does; launch_us: host time of
+    one replay() call."""
     graph.capture_all(r, ns={"rows": range(1, 2)})
     g = r.graphs[("rows", 0, 1)]
-    times = []
+    times, synced, launch = [], [], []
     for _ in range(5):
         r.state.snapshot(0)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -78,8 +84,17 @@ def graph_ms(r: ModelRunner, reps: int = 50) -> float:
         torch.cuda.synchronize()
         r.state.restore(0)
         times.append(s.elapsed_time(e) / reps)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            t1 = time.perf_counter()
+            g.replay()
+            launch.append(time.perf_counter() - t1)
+            int(r.tok_out[0])
+        synced.append((time.perf_counter() - t0) / reps * 1e3)
+        r.state.restore(0)
     r.graphs.clear()
-    return statistics.median(times)
+    return {"graph_ms": statistics.median(times), "synced_ms": statistics.median(synced),
+            "launch_us": statistics.median(launch) * 1e6}
 
 
 def main(argv=None) -> int:
@@ -109,8 +124,9 @@ def main(argv=None) -> int:
             r.prefill(0, prompt)
             row = {"engine": eng, "path": "fused" if fast else "eager", **profile_eager(r)}
             r.prefill(0, prompt)
-            row["graph_ms"] = graph_ms(r)
+            row.update(graph_ms(r))
             row["tok_s"] = 1e3 / row["graph_ms"]
+            row["pdl"] = os.environ.get("BATON_PDL", "0") == "1"
             print(json.dumps(row), flush=True)
             res["runs"].append(row)
             del r

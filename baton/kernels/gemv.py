@@ -8,6 +8,8 @@ Two weight kinds, one kernel:
                       No per-weight conversion: W goes from HBM to the tensor cores as bytes. The same
                       arithmetic in torch: decode_worker.fp8.w8a8_reference.
 
+glu=True: W's rows interleave (gate_i, up_i) and the epilogue writes silu(gate) * up (the fp8 MLP).
+
 Layout: swap-AB. A program owns BLOCK_N weight rows and all (<= BLOCK_M) x rows, so the weight tile is
 the MMA's M side (>= 64 rows fill a wgmma) and the decode rows are its N side (16).
 
@@ -46,7 +48,7 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
             M, rows, N, K, stride_xm, stride_wn, stride_ym,
             K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
-            GLU: tl.constexpr, PRE: tl.constexpr, LINE: tl.constexpr, PDL: tl.constexpr):
+            GLU: tl.constexpr, PDL: tl.constexpr):
     # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -60,8 +62,6 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]   # [BM, SUB]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]   # [BN, SUB]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    if PDL:   # the weights depend on no kernel: pull this program's first PRE lines per row into L2
-        _l2_prefetch(w_ptr, rn, k0, N, K, stride_wn, PRE, LINE)
     pdl_enter(PDL)                                                    # x is the previous kernel's output
     for k in range(0, K_PER_SPLIT, BLOCK_K):
         for j in tl.static_range(BLOCK_K // SUB):
@@ -120,17 +120,6 @@ def _store_tile(y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M: tl.constexpr, B
         n_out = N
     mask = (rn < n_out)[:, None] & (rm < M)[None, :]
     tl.store(y_ptr + rm[None, :].to(tl.int64) * stride_ym + rn[:, None], val.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _l2_prefetch(w_ptr, rn, k0, N, K, stride_wn, PRE: tl.constexpr, LINE: tl.constexpr):
-    """prefetch.global.L2 of PRE 128-byte lines (LINE elements each) per weight row from column k0;
-    addresses are clamped into W (a prefetch has no mask), the repeats are harmless."""
-    kk = tl.minimum(k0 + tl.arange(0, PRE) * LINE, K - 1)
-    rows = tl.minimum(rn, N - 1)
-    ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + kk[None, :]            # [BN, PRE]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @dataclass(frozen=True)
@@ -240,8 +229,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
         return y.view(*x.shape[:-1], n_out)
     cfg = cfg or pick_config(M, N, K, sm_count(x.device), fp8=fp8)
     assert not glu or cfg.block_n % 2 == 0
-    line = 128 // w.element_size()                                   # elements per 128-byte line
-    pre = min(_pow2(triton.cdiv(cfg.k_per_split, line)), 8)
     n_tiles, m_tiles = triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m)
     if cfg.split > 1:
         tiles = n_tiles * m_tiles
@@ -253,7 +240,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
         x2, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), w.stride(0), y.stride(0),
         K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SUB=FP8_GROUP if fp8 else cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8,
-        GLU=glu, PRE=pre, LINE=line, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
+        GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
     return y.view(*x.shape[:-1], n_out)
 
 
