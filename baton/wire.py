@@ -17,7 +17,8 @@ sender's order. Integrity, not secrecy or authorship: peers are authenticated by
 token, TLS). Formats 1 and 2 (next_token in the header) are refused (FAILED_PRECONDITION).
 
 Sender (baton/wire_send.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
-          the same serialized, data frames built straight from tensor memory. Chunks are hashed and
+          the same serialized, data frames built straight from tensor memory (baton/wire_frame.py: the
+          framing and the manifest, torch-free, shared with the sender process baton/sender_child.py). Chunks are hashed and
           framed up to `workers + 2` ahead in the pool; the consumer (gRPC) gets them in order.
 Receiver (baton/wire_receive.py, re-exported here): StateReceiver(...): feed(chunk) per message, then
           finish(). The header is validated before anything is allocated; each chunk's index and size
