@@ -17,7 +17,10 @@ Lifecycle of one stream (stream id s), on the threads of this process:
     gRPC's request thread  the frames in order, the manifest fed with each digest, then the trailer
     done callback   DONE s: OK with the response bytes, or the call's status code and details
 Every slot handed over with CHUNK is FREEd exactly once: after its frame is made, or when its stream
-ended first. EOF on the control socket (the prefill process closed it or died): cancel everything, exit.
+ended first. A stream whose call cannot even start (e.g. an unreadable TLS file) is answered DONE INTERNAL;
+the process keeps serving the others. EOF on the control socket (the prefill process closed it or died):
+cancel everything, exit; any other error: exit too (never a hang in interpreter teardown), so the parent
+sees EOF and fails the pushes in flight.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import queue
 import socket
 import sys
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -144,11 +148,19 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
             with lock:
                 s = streams.get(sid)
             if kind == OPEN:
-                settings = Settings(**meta["settings"])
-                key = (meta["target"], settings)
-                if key not in channels:
-                    channels[key] = make_channel(meta["target"], settings)
-                s = _Stream(sid, meta, conn, ring, pool, channels[key], max(1, workers) + 2, ended)
+                try:
+                    settings = Settings(**meta["settings"])
+                    key = (meta["target"], settings)
+                    if key not in channels:
+                        channels[key] = make_channel(meta["target"], settings)
+                    s = _Stream(sid, meta, conn, ring, pool, channels[key], max(1, workers) + 2, ended)
+                except Exception as e:  # noqa: BLE001 - this stream's failure, not the process's
+                    # NOTE: e.g. a TLS file that cannot be read: DONE for this stream (its CHUNKs then find no
+                    # stream and are FREEd at once); the child keeps serving the others
+                    conn.send(DONE, sid, payload={"code": "INTERNAL", "response": "", "chunks": 0,
+                                                  "details": f"the hand-off sender process could not start "
+                                                             f"the call: {type(e).__name__}: {e}"})
+                    continue
                 with lock:
                     if not s.finished.is_set():
                         streams[sid] = s
@@ -189,6 +201,16 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)   # NOTE: no interpreter teardown under gRPC's threads
+    code = 1
+    try:
+        code = main()
+    except SystemExit as e:   # argparse
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - printed; the exit below must happen whatever failed
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # NOTE: no interpreter teardown under gRPC's threads (it can hang with calls in flight, and a child
+        # that never exits keeps its control socket open: the parent would see no EOF)
+        os._exit(code)

@@ -42,11 +42,18 @@ class Channel:
         self.sock, self._lock = sock, threading.Lock()
         self._head = bytearray(HEAD.size)
 
-    def send(self, kind: int, stream: int = 0, a: int = 0, b: int = 0, n: int = 0, payload=None) -> None:
+    def send(self, kind: int, stream: int = 0, a: int = 0, b: int = 0, n: int = 0, payload=None,
+             timeout: float | None = None) -> None:
+        """timeout: the most seconds to wait for another sender's message to go out first (TimeoutError past
+        it: the other side stopped reading); None: no limit."""
         body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
         msg = HEAD.pack(kind, stream, a, b, len(body) if kind in _JSON else n) + body
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"sender control channel busy for {timeout} s (the other side does not read it)")
+        try:
             self.sock.sendall(msg)
+        finally:
+            self._lock.release()
 
     def recv(self) -> tuple[int, int, int, int, int, object] | None:
         """-> (kind, stream, a, b, n, JSON payload | None); None at EOF (the other side closed or died)."""

@@ -18,8 +18,14 @@ Lifecycle:
         chunk behind the copies queued); END(next_token) after the last
     reader thread (per child)          FREE slot -> back on the free list; DONE stream -> that push's
                                        outcome; EOF (the child died or was closed) -> every push in
-                                       flight fails with HandoffError(UNAVAILABLE, "... sender process died")
-    ProcessPush.result(is_active) / cancel()   handoff.Push's contract (CANCEL stops the child's call)
+                                       flight fails with HandoffError(UNAVAILABLE, "... sender process died");
+                                       a broken control channel (a message it cannot parse): the child is
+                                       killed first (so that wait cannot hang), then the same
+    ProcessPush.result(is_active) / cancel()   handoff.Push's contract (CANCEL stops the child's call).
+        Never waits past the push's deadline: the child's call has that deadline, so its DONE comes by then;
+        none `answer_grace_s` later (or a CANCEL the child does not take within 2 s) means the child is
+        wedged: it is killed (every push on it fails, the next push starts a new one) and result() raises
+        HandoffError(DEADLINE_EXCEEDED)
 Where the prefill's process takes the GIL per chunk: the stager (take a slot, a few torch calls, which
 release it while they copy, one sendall of 24 bytes) and the reader (one FREE message). No pass over
 the bytes runs under it; none of gRPC's Python runs here at all.
@@ -54,6 +60,8 @@ from baton.wire_stage import stage_into
 
 log = logging.getLogger("baton.sender")
 DEFAULT_SLOTS = 8
+ANSWER_GRACE_S = 10.0   # past a push's deadline: no DONE by then means the child is wedged
+CANCEL_SEND_S = 2.0     # a CANCEL not sent by then: the child is not reading its control channel
 _ROOT = str(Path(__file__).resolve().parents[1])   # the directory holding the baton package
 
 
@@ -151,6 +159,19 @@ class _Child:
         except OSError:
             raise _Stop from None
 
+    def kill(self, why: str) -> None:
+        """The child is wedged (no answer past a deadline, a control channel it does not read): SIGKILL. The
+        reader then fails every push in flight with `why`; the next push starts a new child."""
+        with self._cv:
+            if self.dead is None:
+                self.dead = why
+            self._cv.notify_all()
+        log.error("hand-off sender: %s; killing it (pid %d)", why, self.proc.pid)
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+
     def leave(self) -> None:
         """A stager is done with the ring."""
         with self._cv:
@@ -182,8 +203,9 @@ class _Child:
                         push._finish(payload)
                 elif kind == READY:
                     self.ready = payload
-        except (OSError, ValueError) as e:
-            log.error("hand-off sender: control channel failed: %s", e)
+        except Exception as e:  # noqa: BLE001 - whatever broke the channel, the pushes must not wait forever
+            log.error("hand-off sender: control channel failed: %r", e)
+            self.kill(f"the hand-off sender's control channel failed ({e!r})")   # NOTE: else wait() may never return
         rc = self.proc.wait()
         with self._cv:
             if self.dead is None:
@@ -226,8 +248,10 @@ class _Child:
 class ProcessPush:
     """One LoadState call streamed by the sender process; handoff.Push's contract."""
 
-    def __init__(self, target: str, plan: Plan, deserialize: Callable[[bytes], object], position: int):
+    def __init__(self, target: str, plan: Plan, deserialize: Callable[[bytes], object], position: int,
+                 timeout: float, grace: float = ANSWER_GRACE_S):
         self.target, self._plan, self._deserialize, self._position = target, plan, deserialize, position
+        self._timeout, self._grace = timeout, grace
         self.sid, self.child, self.held = 0, None, 0   # held: ring slots this push owns (under child._cv)
         self.done = threading.Event()
         self._outcome: dict | None = None
@@ -296,16 +320,28 @@ class ProcessPush:
         self._cancelled = True
         if not self.done.is_set() and self.child is not None:
             try:
-                self.child.conn.send(CANCEL, self.sid)
+                self.child.conn.send(CANCEL, self.sid, timeout=CANCEL_SEND_S)
+            except TimeoutError:
+                self.child.kill(f"the hand-off sender process does not read its control channel (a CANCEL "
+                                f"waited {CANCEL_SEND_S:g} s)")
             except OSError:
                 pass
 
     def result(self, is_active: Callable[[], bool] | None = None):
-        """(the decode worker's answer, BridgeReport), or HandoffError as handoff.Push.result."""
-        while not self.done.wait(0.05 if is_active is not None else None):
-            if not is_active():
+        """(the decode worker's answer, BridgeReport), or HandoffError as handoff.Push.result; never waits
+        more than the push's timeout + grace (a wedged child: killed, DEADLINE_EXCEEDED)."""
+        deadline = self._t0 + self._timeout + self._grace
+        while not self.done.wait(0.05):
+            if is_active is not None and not is_active():
                 self.cancel()
                 raise HandoffError(self.target, grpc.StatusCode.CANCELLED, "the calling RPC ended")
+            if time.perf_counter() > deadline and not self.done.is_set():
+                why = (f"the hand-off sender process gave no answer {self._grace:g} s past the call's deadline "
+                       f"({self._timeout:g} s)")
+                if self.child is not None:
+                    self.child.kill(why)
+                self._finish({"code": "DEADLINE_EXCEEDED", "details": why, "chunks": 0})   # the stager stops
+                raise HandoffError(self.target, grpc.StatusCode.DEADLINE_EXCEEDED, why)
         o = self._outcome
         if o["code"] != "OK":
             if self._error is not None:
@@ -328,8 +364,8 @@ class SenderProcess:
     slot_bytes bounds the chunk size it carries (fits()); per_stream: ring slots one push may hold."""
 
     def __init__(self, slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_CHUNK_BYTES,
-                 per_stream: int | None = None, workers: int | None = None):
-        self.slots, self.slot_bytes = slots, slot_bytes
+                 per_stream: int | None = None, workers: int | None = None, answer_grace_s: float = ANSWER_GRACE_S):
+        self.slots, self.slot_bytes, self.answer_grace_s = slots, slot_bytes, answer_grace_s
         self.per_stream = per_stream or max(1, slots - 2)
         self.workers = default_workers() if workers is None else workers
         self._lock = threading.Lock()
@@ -360,7 +396,7 @@ class SenderProcess:
         meta = {"target": target, "method": method, "timeout": timeout, "settings": dataclasses.asdict(settings),
                 "header": base64.b64encode(header_frame(plan.header)).decode()}
         json.dumps(meta)   # NOTE: fails here, not in the child, if a setting is not plain data
-        return ProcessPush(target, plan, deserialize, position)._start(self.child(), meta)
+        return ProcessPush(target, plan, deserialize, position, timeout, self.answer_grace_s)._start(self.child(), meta)
 
     def close(self) -> None:
         with self._lock:

@@ -44,8 +44,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from baton.v1 import common_pb2, state_pb2
-from baton.wire_frame import (DIGEST_BYTES, MANIFEST_TAG, Manifest, _DATA_TAG, _INDEX_TAG,  # noqa: F401
-                              _SHA_TAG, _varint)
+from baton.wire_frame import (DIGEST_BYTES, FRAME_OVERHEAD, MANIFEST_TAG, Manifest, _DATA_TAG,  # noqa: F401
+                              _INDEX_TAG, _SHA_TAG, _varint)
 
 FORMAT_VERSION = 3
 DEFAULT_CHUNK_BYTES = 4 << 20
@@ -80,6 +80,18 @@ class StateMismatch(StateError):
 class StateInvalid(StateError):
     """The tensor table does not fit the receiving engine (names, kinds, dtypes, shapes, sizes)."""
     code = "INVALID_ARGUMENT"
+
+
+def check_chunk_bytes(chunk_bytes: int, max_message_bytes: int | None = None) -> int:
+    """chunk_bytes if a sender can use it: 1..MAX_CHUNK_BYTES (what every receiver accepts) and, given the
+    channel's gRPC message limit, a framed chunk (FRAME_OVERHEAD more) fits in one message; else ValueError.
+    For configuration time (a worker's --chunk-mib), so a bad size never reaches a hand-off."""
+    if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+        raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES} (16 MiB), got {chunk_bytes!r}")
+    if max_message_bytes is not None and chunk_bytes + FRAME_OVERHEAD > max_message_bytes:
+        raise ValueError(f"chunk_bytes {chunk_bytes}: a data frame of up to {chunk_bytes + FRAME_OVERHEAD} bytes "
+                         f"does not fit the gRPC message limit max_message_bytes={max_message_bytes}")
+    return chunk_bytes
 
 
 def kind_value(kind: int | str) -> int:

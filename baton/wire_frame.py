@@ -29,6 +29,7 @@ _DATA_TAG = b"\x12"   # StateChunk field 2 (data), wire type 2 (length-delimited
 _INDEX_TAG = b"\x20"  # field 4 (chunk_index), varint; omitted when 0, as protobuf does
 _SHA_TAG = b"\x2a\x20"  # field 5 (chunk_sha256), length 32
 _COPY_OUTSIDE_GIL_BYTES = 256 << 10  # smaller frames are joined (under the GIL, but briefly)
+FRAME_OVERHEAD = 64   # bytes of a data frame beyond its payload, at most (tag + length, index, digest: <= 57)
 
 
 def _varint(n: int) -> bytes:

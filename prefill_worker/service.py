@@ -43,7 +43,7 @@ from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowErro
 from baton.sender_process import SenderProcess
 from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
-from baton.wire import DEFAULT_CHUNK_BYTES
+from baton.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from baton.worker_config import (DEFAULT_SLOTS, DEFAULT_TTL_S, ServicerBase, WorkerHandle, default_dtype,
                                  window_field)
 from prefill_worker.engine import ExactEngine, SessionLimit, SessionNotFound
@@ -72,9 +72,10 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     def __init__(self, engine: ExactEngine, *, fingerprint: str, settings: Settings | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, handoff_timeout_s: float = 120.0,
                  reap_interval_s: float = 2.0):
+        self.settings = Settings() if settings is None else settings
+        check_chunk_bytes(chunk_bytes, self.settings.max_message_bytes)   # NOTE: before any thread starts
         super().__init__(engine, reap_interval_s=reap_interval_s)
         self.fingerprint, self.chunk_bytes = fingerprint, chunk_bytes
-        self.settings = Settings() if settings is None else settings
         self.handoff_timeout_s = handoff_timeout_s
         self.channels = ChannelPool()   # one channel per decode worker
         # "process": hand-offs are streamed by a sender child process (this process only stages bytes)
@@ -244,6 +245,7 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
     """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
     builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
     settings = Settings.from_env() if settings is None else settings
+    check_chunk_bytes(chunk_bytes, settings.max_message_bytes)   # NOTE: before the model loads
     if isinstance(model, LoadedModel):
         lm = model
     else:

@@ -171,15 +171,16 @@ def test_prefill_rpc_streams_through_the_sender_process_bitwise(cluster):
     cluster["D"].Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T)
 
 
-def running_push(cluster, sender, sid: str, chunk_bytes: int = 1024):
+def running_push(cluster, sender, sid: str, chunk_bytes: int = 1024, *, timeout: float = T,
+                 settings: Settings | None = None):
     """A push whose source is a prefill stopped after layer 0: (push, progress, session to release)."""
     eng = cluster["ps"].engine
     s, _ = eng.prefill(PROMPT)
     tensors, pos, _ = eng.export(s.id)
     progress = PrefillProgress(eng.runner.model.cfg.num_hidden_layers, torch.device("cpu"))
-    push = handoff.start_push(cluster["target"], Settings(), tensors=tensors, session_id=sid,
+    push = handoff.start_push(cluster["target"], settings or Settings(), tensors=tensors, session_id=sid,
                               fingerprint=cluster["ps"].fingerprint, position=pos, next_token=0,
-                              chunk_bytes=chunk_bytes, timeout=T, progress=progress, sender=sender)
+                              chunk_bytes=chunk_bytes, timeout=timeout, progress=progress, sender=sender)
     progress.mark(0)
     return push, progress, s.id
 
@@ -271,3 +272,208 @@ def test_thread_sender_is_the_fallback(cluster, tmp_path):
     finally:
         thr.close()
     assert SenderProcess(slot_bytes=1 << 20).fits(1 << 20) and not SenderProcess(slot_bytes=1 << 20).fits(2 << 20)
+
+
+# ---------------------------------------------------------------- 16 MiB chunks (wire.MAX_CHUNK_BYTES) and guards
+def big_state_model():
+    """A CPU model whose state spans several 16 MiB chunks: 30 GDN layers of a 2 MiB fp32 recurrent state
+    each (the 9B's per-layer size) + conv + 10 attention layers' KV: ~65 MB, built in seconds."""
+    from transformers import Qwen3_5TextConfig
+
+    from baton.config import ModelConfig
+    from baton.loading import random_model
+
+    cfg = ModelConfig.from_dict(Qwen3_5TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=40, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, linear_num_key_heads=8, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128).to_dict())
+    return random_model(cfg, dtype="fp32", seed=0, mtp=False)
+
+
+@pytest.fixture(scope="module")
+def big_cluster():
+    lm = big_state_model()
+    ph, ps = serve_prefill(lm, max_len=64, width=4, slots=1, chunk_bytes=wire.MAX_CHUNK_BYTES,
+                           settings=Settings(handoff_sender="process"))
+    dh, ds = serve_decode(lm, engines=("bf16",), max_len=64, width=4, slots=1, settings=Settings())
+    with make_channel(ph.address, Settings()) as pc:
+        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), ps=ps, ds=ds, target=dh.address)
+    ph.stop(0)
+    dh.stop(0)
+
+
+@pytest.mark.parametrize("chunk_bytes", [wire.MAX_CHUNK_BYTES, int(15.9 * (1 << 20))])
+def test_max_size_chunks_of_a_state_made_layer_by_layer_land_bitwise_with_both_senders(big_cluster, chunk_bytes):
+    """The bench_ttft --chunk-mib 16 path on CPU: Prefill streams each layer as it is computed, in chunks of
+    up to wire.MAX_CHUNK_BYTES, through the sender process and through the thread sender."""
+    P, ps, ds = big_cluster["P"], big_cluster["ps"], big_cluster["ds"]
+    proc = ps.sender
+    assert proc is not None and proc.fits(chunk_bytes)
+    try:
+        for sender in (proc, None):
+            ps.chunk_bytes, ps.sender = chunk_bytes, sender   # NOTE: between requests only, as bench_ttft does
+            streams = proc.child()._ids
+            t0 = time.perf_counter()
+            r = P.Prefill(prefill_pb2.PrefillRequest(session_id="big", prompt_ids=list(range(10, 40)),
+                                                     mode=common_pb2.EXACT, decode_target=big_cluster["target"]),
+                          timeout=T)
+            assert time.perf_counter() - t0 < 20
+            assert proc.child()._ids == streams + (sender is not None)   # who streamed it
+            sent, pos, nxt = ps.engine.export("big")
+            total = sum(t.tensor.numel() * t.tensor.element_size() for t in sent)
+            assert total > 3 * wire.MAX_CHUNK_BYTES
+            assert (r.bridge.total_bytes, r.bridge.chunks) == (total, -(-total // chunk_bytes))
+            s = ds.engine.get("big")
+            got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
+            for t in sent:
+                assert torch.equal(got[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8)), t.name
+            assert (int(s.runner.state.position[s.slot]), int(s.runner.state.next_token[s.slot])) == (pos, nxt)
+            ps.engine.release("big")
+            ds.engine.release("big")
+    finally:
+        ps.chunk_bytes, ps.sender = wire.MAX_CHUNK_BYTES, proc
+
+
+def test_chunk_bytes_past_the_cap_or_the_message_limit_is_refused_at_configuration(cluster):
+    from prefill_worker.service import PrefillServicer
+
+    cap = wire.MAX_CHUNK_BYTES
+    assert wire.check_chunk_bytes(cap, Settings().max_message_bytes) == cap
+    for bad in (cap + 1, 0, -1):
+        with pytest.raises(ValueError, match="chunk_bytes must be in"):
+            wire.check_chunk_bytes(bad)
+    with pytest.raises(ValueError, match="max_message_bytes=16777216"):
+        wire.check_chunk_bytes(cap, max_message_bytes=cap)   # the frame is a few bytes more than its chunk
+    ps = cluster["ps"]
+    before = sender_threads()
+    for chunk, settings in [(cap + 1, Settings()), (cap, Settings(max_message_bytes=cap))]:
+        with pytest.raises(ValueError, match="chunk_bytes"):
+            PrefillServicer(ps.engine, fingerprint=ps.fingerprint, settings=settings, chunk_bytes=chunk)
+        with pytest.raises(ValueError, match="chunk_bytes"):   # before the model loads
+            serve_prefill("/nonexistent/model", chunk_bytes=chunk, settings=settings)
+    assert sender_threads() == before   # no sender process started
+    tensors = random_state(5)
+    for sender in (ps.sender, None):
+        with pytest.raises(ValueError, match="chunk_bytes must be in"):
+            handoff.start_push(cluster["target"], Settings(), tensors=tensors, session_id="x", fingerprint="f",
+                               position=600, next_token=1, chunk_bytes=cap + 1, sender=sender)
+
+
+def push_ok(cluster, sender, sid: str) -> None:
+    eng = cluster["ps"].engine
+    s, _ = eng.prefill(PROMPT)
+    try:
+        tensors, pos, nxt = eng.export(s.id)
+        resp, _ = handoff.push_state(cluster["target"], Settings(), tensors=tensors, session_id=sid,
+                                     fingerprint=cluster["ps"].fingerprint, position=pos, next_token=nxt,
+                                     chunk_bytes=8192, timeout=T, sender=sender)
+    finally:
+        eng.release(s.id)
+    assert resp.session_id == sid
+    cluster["D"].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T)
+
+
+def test_a_wedged_child_is_killed_past_the_deadline_and_the_next_push_respawns(cluster):
+    """A child that never answers (SIGSTOP: alive, its control socket open, so no EOF) must not hold a push
+    past its deadline: result() raises DEADLINE_EXCEEDED at timeout + grace and the child is killed."""
+    sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1, answer_grace_s=0.5)
+    try:
+        wedged = sender.child()
+        os.kill(wedged.proc.pid, signal.SIGSTOP)
+        push, progress, sid = running_push(cluster, sender, "wedged", timeout=1.0)
+        try:
+            t0 = time.perf_counter()
+            with pytest.raises(handoff.HandoffError) as ei:
+                push.result()
+            assert 1.0 <= time.perf_counter() - t0 < 5
+            assert ei.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and "gave no answer" in ei.value.details
+        finally:
+            progress.fail(RuntimeError("test over"))
+            cluster["ps"].engine.release(sid)
+        assert wedged.proc.wait(5) == -signal.SIGKILL
+        push.join(5)
+        wedged.reader.join(5)
+        assert not wedged.reader.is_alive()
+        push_ok(cluster, sender, "after-wedged")
+        assert sender.child() is not wedged
+    finally:
+        sender.close()
+    assert settled(cluster["ds"]) == 0
+    assert not [n for n in sender_threads() if n.startswith("baton-sender-stage")]
+
+
+def test_a_cancel_the_child_does_not_read_kills_it(cluster, monkeypatch):
+    from baton import sender_process
+
+    monkeypatch.setattr(sender_process, "CANCEL_SEND_S", 0.2)
+    sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1)
+    try:
+        push, progress, sid = running_push(cluster, sender, "deaf")
+        child = push.child
+        try:
+            wait_streaming(cluster["ds"])
+            with child.conn._lock:   # as a stager stuck in sendall to a child that reads nothing would
+                push.cancel()
+            with pytest.raises(handoff.HandoffError) as ei:
+                push.result()
+            assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "does not read its control channel" in ei.value.details
+        finally:
+            progress.fail(RuntimeError("test over"))
+            cluster["ps"].engine.release(sid)
+        assert child.proc.wait(5) == -signal.SIGKILL
+        push.join(5)
+    finally:
+        sender.close()
+    assert settled(cluster["ds"]) == 0
+
+
+def test_a_call_the_child_cannot_start_fails_that_push_only(cluster):
+    sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1)
+    try:
+        child = sender.child()
+        push, progress, sid = running_push(cluster, sender, "badtls", settings=Settings(tls_ca="/nonexistent/ca.pem"))
+        try:
+            with pytest.raises(handoff.HandoffError) as ei:
+                push.result()
+            assert ei.value.code == grpc.StatusCode.INTERNAL
+            assert "could not start the call" in ei.value.details and "/nonexistent/ca.pem" in ei.value.details
+        finally:
+            progress.fail(RuntimeError("test over"))
+            cluster["ps"].engine.release(sid)
+        push.join(5)
+        push_ok(cluster, sender, "after-badtls")
+        assert sender.child() is child and child.proc.poll() is None   # the same child served it
+    finally:
+        sender.close()
+
+
+def test_a_broken_control_channel_kills_the_child_and_fails_its_pushes(cluster):
+    """Whatever breaks the parent's reader, the pushes on that child fail (they never wait for a child that
+    is still alive and will never be heard again)."""
+    sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1)
+    try:
+        child = sender.child()
+        for _ in range(500):
+            if child.ready is not None:
+                break
+            time.sleep(0.02)
+
+        def broken():
+            raise ValueError("sender control message of 99999999999 bytes")
+        child.conn.recv = broken   # NOTE: the reader's next call, after the message it waits for now
+        push, progress, sid = running_push(cluster, sender, "broken")
+        try:
+            with pytest.raises(handoff.HandoffError) as ei:
+                push.result()
+            assert ei.value.code == grpc.StatusCode.UNAVAILABLE and "control channel failed" in ei.value.details
+        finally:
+            progress.fail(RuntimeError("test over"))
+            cluster["ps"].engine.release(sid)
+        assert child.proc.wait(5) == -signal.SIGKILL
+        push.join(5)
+        child.reader.join(5)
+        push_ok(cluster, sender, "after-broken")
+    finally:
+        sender.close()
+    assert settled(cluster["ds"]) == 0
