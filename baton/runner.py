@@ -3,6 +3,9 @@
     prefill(slot, ids)      wide kernels over the prompt; sets position, next_token, hidden
     rows(slot, tokens)      n <= W decode-time rows at fixed width W (AR step: n=1, verify: n=K+1)
     ar_step(slot)           one AR row fed from next_token on the device (the decode worker's fast path)
+    ar_launch / ar_collect  the same, pipelined (pipeline=True): a step is launched before the previous
+                            step's token is read; GDN state ping-pongs (HybridState.gdn_io) so an
+                            unwanted step can be undone (HybridState.undo_step)
 
 Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.py), which is what
 makes verification and MTP speculation exact. The decode worker replays `rows` from CUDA graphs
@@ -27,11 +30,12 @@ class WindowError(ValueError):
 class ModelRunner:
     def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = DEFAULT_MAX_LEN,
                  width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None, fast: bool | None = None,
-                 checkpoints: bool = False):
+                 checkpoints: bool = False, pipeline: bool = False):
         """fast: use the fused rows kernels (baton/models/fast_rows.py); None = on CUDA. Every runner
         that must agree bitwise (exact engine, decode engines) must make the same choice.
         checkpoints: keep per-row GDN checkpoints so a rejected verify block rewinds by copying
-        (`rewind`) instead of recomputing; costs W x the GDN state of one slot."""
+        (`rewind`) instead of recomputing; costs W x the GDN state of one slot.
+        pipeline: ping-pong GDN buffers for ar_launch / ar_collect; costs 1 x the GDN state per slot."""
         p = next(model.parameters())
         self.model, self.cfg = model, model.cfg
         self.device, self.dtype = p.device, dtype or p.dtype
@@ -50,6 +54,11 @@ class ModelRunner:
         self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP drafts
         self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)       # [W] MTP normed outputs
         self.graphs: dict[tuple[str, int, int], object] = {}                 # (kind, slot, n) -> graph
+        if pipeline:
+            self.state.enable_pingpong()
+        pin = dev.type == "cuda"
+        self._tok_host = torch.zeros(2, dtype=torch.long, pin_memory=pin)   # [phase] pipelined tokens
+        self._tok_ev = [torch.cuda.Event() for _ in range(2)] if pin else None
         self.arange_w = torch.arange(W, device=dev)
         if fast is None:
             fast = fast_rows.usable(model)
@@ -97,27 +106,30 @@ class ModelRunner:
         buf[: len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
         return buf
 
-    def rows_body(self, slot: int, n: int) -> torch.Tensor:
+    def rows_body(self, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
         """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
-        Returns logits [W, vocab] (tests compare them; graphs ignore them)."""
+        Returns logits [W, vocab] (tests compare them; graphs ignore them). phase: see ar_launch."""
         if self.fast is not None:
             pos = self.state.position[slot] + self.arange_w                # [W] device-side
-            h = self.fast.forward(self.ids_buf, self.state, slot, n, pos)
+            h = self.fast.forward(self.ids_buf, self.state, slot, n, pos, phase)
         else:
-            h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n))
+            h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n, phase=phase))
         logits = self.model.logits(h, rows=n)                              # [W, vocab]; rows >= n junk
         self.tok_out.copy_(logits.argmax(-1))
         self.h_rows.copy_(h)
         self.state.hidden[slot].copy_(h[n - 1])
         return logits
 
-    def ar_body(self, slot: int) -> None:
+    def ar_body(self, slot: int, phase: int | None = None) -> None:
         """One AR step fed on the device: next_token[slot] -> rows(n=1) -> next_token[slot] = greedy.
-        The host reads tok_out[0] once per token and writes nothing."""
+        The host reads tok_out[0] once per token and writes nothing. phase 0 / 1: a ping-pong step
+        (GDN state main -> alt / alt -> main; hidden saved to hidden_prev first)."""
         self.ids_buf.zero_()
         self.ids_buf[:1].copy_(self.state.next_token[slot:slot + 1])
-        self.rows_body(slot, 1)
+        if phase is not None:
+            self.state.hidden_prev[slot].copy_(self.state.hidden[slot])
+        self.rows_body(slot, 1, phase)
         self.state.next_token[slot:slot + 1].copy_(self.tok_out[:1])
 
     def mtp_body(self, slot: int, n: int) -> None:
@@ -142,6 +154,23 @@ class ModelRunner:
         g = self.graphs.get(("ar", slot, 1))
         g.replay() if g is not None else self.ar_body(slot)
         return int(self.tok_out[0])
+
+    @torch.inference_mode()
+    def ar_launch(self, slot: int, phase: int) -> None:
+        """Enqueues a ping-pong AR step of `phase` (graph ("ar<phase>", slot, 1), else eager) and the
+        copy of its token to the host; returns at once on CUDA. Phases alternate 0, 1, 0, ... from the
+        main buffers, so at most two steps (one per phase) are unread."""
+        g = self.graphs.get((f"ar{phase}", slot, 1))
+        g.replay() if g is not None else self.ar_body(slot, phase)
+        self._tok_host[phase].copy_(self.tok_out[0], non_blocking=True)
+        if self._tok_ev is not None:
+            self._tok_ev[phase].record()
+
+    def ar_collect(self, phase: int) -> int:
+        """The token of the last launched step of `phase` (waits for that step only)."""
+        if self._tok_ev is not None:
+            self._tok_ev[phase].synchronize()
+        return int(self._tok_host[phase])
 
     @torch.inference_mode()
     def run_mtp(self, slot: int, n: int) -> None:

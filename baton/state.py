@@ -16,6 +16,14 @@ captured CUDA graphs stay valid):
     so a verify block that accepts m < K drafts rewinds to row m by copying, instead of restoring the
     snapshot and recomputing m+1 rows (`rewind_rows`).
 
+Ping-pong buffers (optional, `enable_pingpong()`; the decode worker's pipelined AR loop):
+    conv_alt[layer], rec_alt[layer]  same layout as conv / recurrent
+    hidden_prev      [S, hidden]     hidden before the last AR step
+A phase-p AR step reads the GDN state from one set and writes it advanced into the other (phase 0:
+main -> alt, phase 1: alt -> main), so the step before it stays intact: a step launched ahead and not
+wanted (the token before it was a stop) is undone by `undo_step`, and `settle` moves the state back
+into the main buffers. Between decode calls the state is always in the main buffers.
+
 Invariant: KV rows at positions >= position[slot] are never read unmasked, so a rollback only has to
 restore the O(1) part (GDN tensors and scalars); the stale KV rows are overwritten before use.
 
@@ -65,6 +73,51 @@ class HybridState:
                          if ckpt_rows else {})
         # snapshot buffers for the O(1) part, same layout
         self._snap = {k: torch.zeros_like(t) for k, t in self._o1_items()}
+        self.conv_alt: dict[int, torch.Tensor] = {}
+        self.rec_alt: dict[int, torch.Tensor] = {}
+        self.hidden_prev: torch.Tensor | None = None
+
+    def enable_pingpong(self) -> None:
+        """Allocates the ping-pong buffers (once; a captured graph may point at them)."""
+        if self.hidden_prev is None:
+            self.conv_alt = {i: torch.zeros_like(t) for i, t in self.conv.items()}
+            self.rec_alt = {i: torch.zeros_like(t) for i, t in self.recurrent.items()}
+            self.hidden_prev = torch.zeros_like(self.hidden)
+
+    @property
+    def pingpong(self) -> bool:
+        return self.hidden_prev is not None
+
+    def gdn_io(self, layer: int, phase: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(conv_in, conv_out, rec_in, rec_out) [S, ...] of a GDN layer for a step of `phase`
+        (None: in place, the main buffers both ways)."""
+        main, alt = (self.conv[layer], self.recurrent[layer]), (self.conv_alt.get(layer), self.rec_alt.get(layer))
+        if phase is None:
+            src = dst = main
+        else:
+            assert self.pingpong, "enable_pingpong() first"
+            src, dst = (main, alt) if phase == 0 else (alt, main)
+        return src[0], dst[0], src[1], dst[1]
+
+    def _alt_to_main(self, slot: int) -> None:
+        for i in self.cfg.gdn_layers:
+            self.conv[i][slot].copy_(self.conv_alt[i][slot])
+            self.recurrent[i][slot].copy_(self.rec_alt[i][slot])
+
+    def settle(self, slot: int, last_phase: int | None) -> None:
+        """After AR steps whose last kept one had `last_phase`: the GDN state back in the main buffers."""
+        if last_phase == 0:
+            self._alt_to_main(slot)
+
+    def undo_step(self, slot: int, phase: int, token: int) -> None:
+        """Undo the last AR step (of `phase`; it consumed `token`): GDN state, position, next_token and
+        hidden as before it, the state left in the main buffers. Its KV row (at the old position) is
+        past the position again, so never read unmasked."""
+        if phase == 1:                     # it read alt: the state before it is there
+            self._alt_to_main(slot)
+        self.position[slot] -= 1
+        self.next_token[slot] = token
+        self.hidden[slot].copy_(self.hidden_prev[slot])
 
     # ---- accessors used by the model ----------------------------------------------------------
     def gdn(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -115,6 +115,9 @@ def main(argv=None) -> int:
     p.add_argument("--engines", default="bf16,fp8,mtp")
     p.add_argument("--hf-new", type=int, default=32)
     p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--pipeline", action="store_true",
+                   help="bf16 / fp8 runners with ModelRunner(pipeline=True): the next AR step launched "
+                        "before the token is read")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     torch.manual_seed(0)
@@ -124,13 +127,13 @@ def main(argv=None) -> int:
     res = {"command": " ".join(["python", "benchmarks/bench_decode.py"] + (argv or sys.argv[1:])),
            "date": datetime.date.today().isoformat(), "host": socket.gethostname(),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-           "shape": a.random_init, "new_tokens": a.new, "runs": a.runs, "results": []}
+           "shape": a.random_init, "new_tokens": a.new, "runs": a.runs, "pipeline": a.pipeline, "results": []}
     bw = hbm_bandwidth()
     res["hbm_bytes_per_s"] = bw
     lm = random_model(cfg, dtype="bf16", device="cuda", seed=0, mtp="mtp" in engines)
     max_len = max(contexts) + a.new + 64
     t0 = time.perf_counter()
-    runner = ModelRunner(lm.model, slots=1, max_len=max_len, width=16)
+    runner = ModelRunner(lm.model, slots=1, max_len=max_len, width=16, pipeline=a.pipeline)
     gs = graph.capture_all(runner, max_draft=4)
     res["capture"] = {"bf16": {"graphs": gs.graphs, "seconds": gs.seconds, "pool_bytes": gs.pool_bytes}}
     runners = {"bf16": runner}
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
         if hasattr(m8, "mtp"):
             del m8.mtp
         res["fp8_quant"] = quantize_model(m8, "full")
-        r8 = ModelRunner(m8, slots=1, max_len=max_len, width=16)
+        r8 = ModelRunner(m8, slots=1, max_len=max_len, width=16, pipeline=a.pipeline)
         gs8 = graph.capture_all(r8, max_draft=4)
         res["capture"]["fp8"] = {"graphs": gs8.graphs, "seconds": gs8.seconds, "pool_bytes": gs8.pool_bytes}
         runners["fp8"] = r8

@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="fp8: all projections, or the state-safe tail (last MLP + LM head)")
     p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
     p.add_argument("--no-graphs", action="store_true", help="do not capture CUDA graphs (eager decode)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="bf16 / fp8: launch each AR step before the previous token is read (ping-pong GDN "
+                        "buffers: one more GDN state per slot); not yet the default: measure first")
     args = p.parse_args(argv)
     opts = options_from_args(args)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
@@ -48,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         handle, _ = serve_decode(model, engines=engines, default_engine=args.engine, host=opts.host,
                                  port=opts.port, device=opts.device, dtype=opts.resolved_dtype, width=opts.width,
                                  max_len=opts.max_len, slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
-                                 capture_graphs=not args.no_graphs, fp8_mode=args.fp8_mode, mtp_k=args.mtp_k)
+                                 capture_graphs=not args.no_graphs, fp8_mode=args.fp8_mode, mtp_k=args.mtp_k,
+                                 pipeline=args.pipeline)
         del model   # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:
         log.error("decode: cannot start: %s", e)

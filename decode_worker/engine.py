@@ -138,6 +138,9 @@ class DecodeEngine:
         extra = k + 2 if s.engine == "mtp" else 0
         r.check_window(pos, max_new_tokens, extra)
         ends = set(stop_ids) | set(eos_ids)
+        if s.engine != "mtp" and r.state.pingpong:
+            yield from self._ar_pipelined(s, max_new_tokens, ends)
+            return
         produced = 0
         while produced < max_new_tokens:
             with self._compute:
@@ -152,6 +155,43 @@ class DecodeEngine:
             yield toks
             if toks and toks[-1] in ends:
                 return
+
+    def _ar_pipelined(self, s: DecodeSession, max_new_tokens: int, ends: set):
+        """bf16 / fp8 AR with step t+1 launched before token t is read, so the host's launch and
+        read-back overlap the device (runner.ar_launch). Phases alternate 0, 1, ...; a step launched
+        past a stop token (or left unread when the caller stops early) is undone, and the GDN state ends
+        in the main buffers either way (HybridState.undo_step / settle): the session's state is exactly
+        that of the tokens yielded."""
+        r, slot = s.runner, s.slot
+        if max_new_tokens <= 0:
+            return
+        # NOTE: a device error inside ar_launch / ar_collect leaves the session undefined (as in _ar_step)
+        with self._compute:
+            fed = int(r.state.next_token[slot])   # the token the pending step consumes
+            r.ar_launch(slot, 0)
+        pending: int | None = 0                  # phase of the launched, unread step
+        kept: int | None = None                  # phase of the last step whose token was yielded
+        produced = 0
+        try:
+            while pending is not None:
+                with self._compute:
+                    cur, pending = pending, None
+                    if produced + 1 < max_new_tokens:
+                        pending = 1 - cur
+                        r.ar_launch(slot, pending)
+                    tok = r.ar_collect(cur)
+                kept, fed = cur, tok
+                produced += 1
+                s.last_used = time.monotonic()
+                yield [tok]
+                if tok in ends:
+                    break
+        finally:
+            with self._compute:
+                if pending is not None:
+                    r.state.undo_step(slot, pending, fed)
+                else:
+                    r.state.settle(slot, kept)
 
     def _ar_step(self, s: DecodeSession) -> list[int]:
         return [s.runner.ar_step(s.slot)]            # window checked once by decode()

@@ -3,6 +3,7 @@ position increment), one graph per (kind, slot, n).
 
     kind "rows": ModelRunner.rows_body(slot, n)  — AR step (n=1), verify (n=K+1), re-advance (n=m+1)
     kind "ar":   ModelRunner.ar_body(slot)       — AR step fed from next_token on the device (n=1)
+    kind "ar0", "ar1": ModelRunner.ar_body(slot, phase) — the ping-pong AR steps (runner pipeline=True)
     kind "mtp":  ModelRunner.mtp_body(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
 
 First-call discipline (so the first served token is bitwise the same as every later one):
@@ -35,14 +36,17 @@ class GraphStats:
 
 
 def _bodies(runner: ModelRunner):
-    return {"rows": runner.rows_body, "mtp": runner.mtp_body, "ar": lambda slot, n: runner.ar_body(slot)}
+    return {"rows": runner.rows_body, "mtp": runner.mtp_body, "ar": lambda slot, n: runner.ar_body(slot),
+            "ar0": lambda slot, n: runner.ar_body(slot, 0), "ar1": lambda slot, n: runner.ar_body(slot, 1)}
 
 
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
-    """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step; mtp: n = 1..max_draft+2
-    (when a head exists)."""
+    """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step (ar0 / ar1 too with
+    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists)."""
     k = min(max_draft, runner.width - 2)
     ns = {"rows": range(1, k + 2), "ar": range(1, 2)}
+    if runner.state.pingpong:
+        ns.update(ar0=range(1, 2), ar1=range(1, 2))
     if runner.has_mtp:
         ns["mtp"] = range(1, k + 3)
     return ns

@@ -250,10 +250,11 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
                  width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS,
                  ttl_s: float = DEFAULT_TTL_S, settings: Settings | None = None, capture_graphs: bool = True,
                  fp8_mode: str = "full", mtp_k: int = DEFAULT_MTP_K, max_workers: int = 16,
-                 max_concurrent_rpcs: int = 256,
+                 max_concurrent_rpcs: int = 256, pipeline: bool = False,
                  ) -> tuple[WorkerHandle, DecodeServicer]:
     """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
-    (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done."""
+    (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
+    pipeline: bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True))."""
     settings = Settings.from_env() if settings is None else settings
     if isinstance(model, LoadedModel):
         lm = model
@@ -266,7 +267,8 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
         raise ValueError(f"engine: {default_engine!r} is not available here (have {', '.join(names) or 'none'})")
     runners: dict[str, ModelRunner] = {}
     if "bf16" in names or "mtp" in names:
-        shared = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints="mtp" in names)
+        shared = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints="mtp" in names,
+                             pipeline=pipeline and "bf16" in names)
         runners.update({e: shared for e in ("bf16", "mtp") if e in names})
     if "fp8" in names:
         log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)
@@ -274,7 +276,7 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
         if hasattr(fp8_model, "mtp"):
             del fp8_model.mtp                     # fp8 sessions never draft with the MTP head
         _fp8_module().quantize_model(fp8_model, fp8_mode)
-        runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width)
+        runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline)
     if capture_graphs and str(device).startswith("cuda"):
         _capture(runners)
     engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s)

@@ -146,3 +146,47 @@ def test_fused_rows_match_eager_rows_on_the_trained_default_model():
     for i in eager.state.key:
         a, b = fused.state.key[i][0].float(), eager.state.key[i][0].float()
         assert (a - b).abs().max() <= 3e-2 * b.abs().max() + 1e-2, i
+
+
+@cuda
+def test_pipelined_ar_under_graphs_equals_plain_ar_and_undoes_past_a_stop():
+    """ModelRunner(pipeline=True) on CUDA: ar0 / ar1 graphs (fused kernels reading one GDN buffer set and
+    writing the other), the next step launched before the token is read. Tokens equal the plain graph
+    loop; after a stop the session state is bitwise the plain loop's, and decoding continues equal."""
+    from benchmarks.shapes import shape
+    from baton.loading import random_model
+    from baton.runner import ModelRunner
+    from decode_worker import graph
+    from decode_worker.engine import DecodeEngine
+    from prefill_worker.engine import ExactEngine
+
+    lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
+    engines = []
+    for pipeline in (False, True):
+        r = ModelRunner(lm.model, slots=1, max_len=512, width=16, pipeline=pipeline)
+        graph.capture_all(r, max_draft=4)
+        assert (("ar0", 0, 1) in r.graphs) == pipeline
+        engines.append(DecodeEngine({"bf16": r}, default_engine="bf16"))
+    exact = ExactEngine(ModelRunner(lm.model, slots=1, max_len=512, width=16))
+    prompt = torch.randint(0, lm.cfg.vocab_size, (100,), generator=torch.Generator().manual_seed(2)).tolist()
+    s, _ = exact.prefill(prompt)
+    tensors, pos, nxt = exact.export(s.id)
+    host = {t.name: t.tensor.clone() for t in tensors}
+    ref = None
+    for stop_at in (None, 6, 7):                  # the stop token from a phase-0 and a phase-1 step
+        outs = []
+        for eng in engines:
+            sess = eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+            stop = [ref[stop_at]] if stop_at is not None else []
+            a = [t for b in eng.decode(sess.id, 40, stop_ids=stop) for t in b]
+            st = sess.runner.state
+            snap = [t.tensor.clone() for t in st.export(sess.slot)] + [st.position.clone(), st.next_token.clone()]
+            b = [t for b in eng.decode(sess.id, 8) for t in b]
+            outs.append((a, b, snap))
+            eng.release(sess.id)
+        (a0, b0, s0), (a1, b1, s1) = outs
+        assert a0 == a1 and b0 == b1
+        assert all(torch.equal(x, y) for x, y in zip(s0, s1))
+        ref = ref or a0
+        if stop_at is not None:
+            assert a0[-1] == ref[stop_at] and len(a0) <= stop_at + 1

@@ -85,7 +85,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit
-def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, ck_ptr, C, n,
+def _conv_rows_kernel(x_ptr, sx, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
                       K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -117,22 +117,26 @@ def _conv_rows_kernel(x_ptr, sx, st_ptr, w_ptr, y_ptr, ck_ptr, C, n,
                  mask=m[:, None] & (jm1 & (idx >= K - 1))[None, :], other=0.0)
     new = tl.where(from_st[None, :], vs, vx)
     tl.debug_barrier()
-    tl.store(st_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
+    tl.store(so_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
 
 
 def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int,
-              ckpt: torch.Tensor | None = None) -> torch.Tensor:
+              ckpt: torch.Tensor | None = None, out_state: torch.Tensor | None = None) -> torch.Tensor:
     """x [W, C] (row-strided, unit column stride); conv_state [C, K-1] contiguous, advanced by the
-    first n rows in place; w [C, K] contiguous; ckpt [W, C, K-1] (optional): ckpt[t] := the state
-    after row t, t < n. Returns silu(conv) [W, C]; rows >= n are left unwritten (nothing reads them:
-    gdn_rows consumes the first n rows only)."""
+    first n rows in place, or written advanced into out_state (same layout; conv_state is then only
+    read); w [C, K] contiguous; ckpt [W, C, K-1] (optional): ckpt[t] := the state after row t, t < n.
+    Returns silu(conv) [W, C]; rows >= n are left unwritten (nothing reads them: gdn_rows consumes the
+    first n rows only)."""
     W, C = x.shape
     K = w.shape[1]
     assert x.stride(1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
     y = torch.empty(W, C, dtype=x.dtype, device=x.device)
     B = 128
     assert ckpt is None or ckpt.is_contiguous()
-    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, w, y, ckpt if ckpt is not None else y,
+    out_state = conv_state if out_state is None else out_state
+    assert out_state.is_contiguous() and out_state.shape == conv_state.shape
+    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, out_state, w, y,
+                                            ckpt if ckpt is not None else y,
                                             C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, num_warps=4,
                                             **launch_kw(x.device))
     return y
@@ -140,7 +144,7 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
 
 # ---- GDN: gated delta rule + gated RMSNorm ---------------------------------------------------------
 @triton.jit
-def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb_ptr, nw_ptr, S_ptr, o_ptr,
+def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb_ptr, nw_ptr, S_ptr, So_ptr, o_ptr,
                      ck_ptr, n, eps, scale, W,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
                      DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CKPT: tl.constexpr,
@@ -183,14 +187,15 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb
     for t in range(n, W):
         tl.store(o_ptr + t * (HV * DV) + h * DV + rv, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty),
                  mask=mv)
-    tl.store(S_ptr + s_off, S, mask=smask)
+    tl.store(So_ptr + s_off, S, mask=smask)
 
 
 def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
              norm_w: torch.Tensor, S: torch.Tensor, n: int, *, nk: int, eps: float,
-             ckpt: torch.Tensor | None = None) -> torch.Tensor:
+             ckpt: torch.Tensor | None = None, S_out: torch.Tensor | None = None) -> torch.Tensor:
     """cv [W, 2*nk*dk + Hv*dv] conv output (q | k | v); b, a [W, Hv] projections (row-strided);
-    z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows; ckpt [W, Hv, dk, dv]
+    z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows (or written advanced into
+    S_out, same layout, S only read); ckpt [W, Hv, dk, dv]
     fp32 (optional): ckpt[t] := S after row t.
     Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero)."""
     W = cv.shape[0]
@@ -200,7 +205,10 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     o = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
     warps = 16 if dk * dv >= 128 * 128 else (8 if dk * dv >= 64 * 64 else 4)
     assert ckpt is None or (ckpt.is_contiguous() and ckpt.dtype == torch.float32)
-    _gdn_rows_kernel[(Hv,)](cv, cv.stride(0), b, b.stride(0), a, a.stride(0), z, z.stride(0), A_log, dt_bias, norm_w, S, o,
+    S_out = S if S_out is None else S_out
+    assert S_out.is_contiguous() and S_out.shape == S.shape and S_out.dtype == S.dtype
+    _gdn_rows_kernel[(Hv,)](cv, cv.stride(0), b, b.stride(0), a, a.stride(0), z, z.stride(0), A_log, dt_bias, norm_w, S,
+                            S_out, o,
                             ckpt if ckpt is not None else S, n, eps, dk ** -0.5, W,
                             HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BV=_p2(dv),
                             CKPT=ckpt is not None, num_warps=warps, **launch_kw(cv.device))

@@ -162,9 +162,11 @@ class FastRows:
         self.rope_len = max_len
 
     # ---- the step ------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor,
+                phase: int | None = None) -> torch.Tensor:
         """ids [W] (first n valid), pos [W] positions -> final-normed hidden [W, hidden].
-        Advances state.position[slot] by n (as the eager rows path)."""
+        Advances state.position[slot] by n (as the eager rows path). phase: GDN state read from one
+        ping-pong set and written to the other (HybridState.gdn_io); None = in place."""
         m, layers = self.model, self.model.model.layers
         x = m.model.embed_tokens(ids)                                           # [W, h]
         eps = self.cfg.rms_norm_eps
@@ -172,7 +174,7 @@ class FastRows:
         for i, layer in enumerate(layers):
             proj = _call(self.mixer[i], xn, n)
             if hasattr(layer, "linear_attn"):
-                y = self._gdn(layer.linear_attn, proj, state, slot, n)
+                y = self._gdn(layer.linear_attn, proj, state, slot, n, phase)
             else:
                 y = self._attn(layer.self_attn, proj, state, slot, n, pos)
             res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
@@ -197,13 +199,13 @@ class FastRows:
         y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
         return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
-    def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int) -> torch.Tensor:
+    def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
         mixed, z, b, alpha = proj                                    # [W, C], [W, Hv*dv], [W, Hv] x2
-        conv_state, rec_state = state.gdn(a.layer_idx)
+        c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)
         ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
-        cv = K.conv_rows(mixed, conv_state[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0])
-        o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, rec_state[slot], n,
-                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1])
+        cv = K.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
+        o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
+                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot])
         return rows_linear(a.out_proj, o, n)
 
     def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0) -> torch.Tensor:

@@ -32,6 +32,7 @@ class StepContext:
     rope_offset: int = 0       # RoPE position = KV index + rope_offset (the MTP layer uses 1)
     on_layer: Callable[[int], None] | None = None   # prefill streaming: called with i once layer i is
                                                     # enqueued (never a host sync; see baton/progress.py)
+    phase: int | None = None   # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
 
 
 class RMSNorm(nn.Module):
@@ -174,7 +175,12 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]                                                     # x [T, hidden]
-        conv_state, rec_state = state.gdn(self.layer_idx)                  # [S, C, K-1], [S, Hv, dk, dv]
+        if ctx.phase is None:
+            conv_state, rec_state = state.gdn(self.layer_idx)              # [S, C, K-1], [S, Hv, dk, dv]
+        else:   # ping-pong step: advance a copy in the other buffers (the fused kernels read in, write out)
+            c_in, conv_state, r_in, rec_state = state.gdn_io(self.layer_idx, ctx.phase)
+            conv_state[ctx.slot].copy_(c_in[ctx.slot])
+            rec_state[ctx.slot].copy_(r_in[ctx.slot])
         cs, rs = conv_state[ctx.slot], rec_state[ctx.slot]
         mixed = self.in_proj_qkv(x)                                        # [T, C]
         w = self.conv1d.weight[:, 0, :]                                    # [C, K]
