@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     p.add_argument("--pipeline", action="store_true",
                    help="bf16 / fp8 runners with ModelRunner(pipeline=True): the next AR step launched "
                         "before the token is read")
+    p.add_argument("--pipeline-ab", action="store_true",
+                   help="also time bf16 / fp8 with pipelined runners in the same run: rows get tok_s_pipelined "
+                        "and tokens_equal_plain")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     torch.manual_seed(0)
@@ -152,6 +155,13 @@ def main(argv=None) -> int:
         runners["fp8"] = r8
     res["setup_seconds"] = time.perf_counter() - t0
     eng = DecodeEngine(runners, default_engine="bf16")
+    eng_pp = None
+    if a.pipeline_ab:   # the same models, runners with ping-pong buffers and ar0 / ar1 graphs
+        pp = {e: ModelRunner(runners[e].model, slots=1, max_len=max_len, width=16, pipeline=True)
+              for e in ("bf16", "fp8") if e in runners}
+        for r in pp.values():
+            graph.capture_all(r, max_draft=4)
+        eng_pp = DecodeEngine(pp, default_engine="bf16")
     g = torch.Generator().manual_seed(1)
     for ctx in contexts:
         prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
@@ -164,6 +174,9 @@ def main(argv=None) -> int:
                    "pct_of_floor": rate * floor_b / bw, "bytes_per_step": floor_b}
             if e == "mtp":
                 row["mean_accept_len"] = acc
+            if eng_pp is not None and e in eng_pp.runners:
+                rate_pp, toks_pp, _ = time_decode(eng_pp, exact, prompt, e, a.new, runs)
+                row["tok_s_pipelined"], row["tokens_equal_plain"] = rate_pp, toks_pp == toks
             if e == "bf16":
                 bf16_tokens = toks
             if e == "mtp" and bf16_tokens is not None:
