@@ -4,7 +4,8 @@
     baton bench --parts decode,profile --out-dir DIR       # a subset (e.g. split across two GPUs)
 
 Parts (each also runs alone; see its script):
-    decode   bench_decode.py  bf16 / fp8 / mtp tok/s at each context vs HF generate vs the bandwidth floor,
+    decode   bench_decode.py  bf16 / fp8 / mtp tok/s at each context vs HF generate vs the bandwidth floor
+                              (bf16 / fp8 also with the pipelined AR loop, --pipeline-ab),
                               graph capture time and pool bytes per engine, peak GPU memory
     profile  profile_step.py  per-part GPU time of one step (GEMM, GDN, attention, norms, ...), kernels/step
     ttft     bench_ttft.py    TTFT: prefill alone vs prefill + hand-off to a decode worker, prefill MFU
@@ -39,13 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def markdown(res: dict) -> str:
-    lines = ["| engine | context | tok/s | floor tok/s | % of floor |", "|---|---|---|---|---|"]
+    lines = ["| engine | context | tok/s | floor tok/s | % of floor | pipelined AR tok/s |", "|---|---|---|---|---|---|"]
     for r in res["results"]:
+        pp = (f"{r['tok_s_pipelined']:.1f}" + ("" if r.get("tokens_equal_plain") else " (TOKENS DIFFER)")
+              if "tok_s_pipelined" in r else "")
         lines.append(f"| {r['engine']} | {r['context']} | {r['tok_s']:.1f} | {r['floor_tok_s']:.1f} | "
-                     f"{100 * r['pct_of_floor']:.0f}% |")
+                     f"{100 * r['pct_of_floor']:.0f}% | {pp} |")
     if "hf_generate" in res:
         h = res["hf_generate"]
-        lines.append(f"| HF generate | {h['context']} | {h['tok_s']:.1f} | | |")
+        lines.append(f"| HF generate | {h['context']} | {h['tok_s']:.1f} | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -126,7 +129,7 @@ def run(args) -> int:
         from benchmarks import bench_decode
         js = out_dir / f"{stem}.json"
         bench_decode.main(["--random-init", args.random_init, "--contexts", args.contexts, "--new", str(args.new),
-                           "--runs", str(args.runs), "--engines", args.engines, "--out", str(js)])
+                           "--runs", str(args.runs), "--engines", args.engines, "--pipeline-ab", "--out", str(js)])
         res = json.loads(js.read_text())
         md.append(markdown(res))
         plot(res, out_dir / f"{stem}.png")
