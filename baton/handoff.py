@@ -3,7 +3,8 @@
 Lifecycle of one hand-off:
     prefill worker   engine.export(session) -> [StateTensor] (views of the slot, no copy)
       push_state     header + data frames cut straight from tensor memory, each hashed in the wire's
-                     thread pool (wire.encode_state_frames), over a cached channel to decode_target's
+                     thread pool (wire.encode_state_frames; with a tail segment, the last `tail_layers`
+                     layers' bytes on in tail_chunk_bytes chunks), over a cached channel to decode_target's
                      LoadState, under a deadline; polls `is_active` so a cancelled Prefill cancels the
                      stream. grpc errors -> HandoffError. With a sender process (settings.handoff_sender
                      "process", baton/sender_process.py) the same frames are made and sent by a child
@@ -35,7 +36,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 import grpc
 import torch
 
-from baton.progress import PrefillProgress
+from baton.progress import PrefillProgress, tail_offset
 from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, state_pb2
@@ -78,11 +79,13 @@ class HandoffError(Exception):
 # ---------------------------------------------------------------- sender
 def stream_state(tensors: Iterable, *, session_id: str, fingerprint: str, position: int, next_token: int,
                  mode: int = 0, engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 frames: bool = False) -> Iterator[state_pb2.StateChunk] | Iterator[bytes]:
+                 frames: bool = False, tail_from: int = 0,
+                 tail_chunk_bytes: int = 0) -> Iterator[state_pb2.StateChunk] | Iterator[bytes]:
     """StateChunks (frames=True: their serialized bytes) for a list of baton.state.StateTensor."""
     enc = encode_state_frames if frames else encode_state
     return enc(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
-               tensors=list(tensors), chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine))
+               tensors=list(tensors), chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine),
+               tail_from=tail_from, tail_chunk_bytes=tail_chunk_bytes)
 
 
 class ChannelPool:
@@ -166,19 +169,22 @@ def start_push(target: str, settings: Settings | None = None, *, tensors: list, 
                fingerprint: str, position: int, next_token: int | Callable[[], int], mode: int = 0,
                engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0,
                pool: ChannelPool | None = None, progress: PrefillProgress | None = None,
-               sender=None) -> Push:
+               sender=None, tail_chunk_bytes: int = 0, tail_layers: int = 1) -> Push:
     """Starts streaming the state to `target`'s LoadState and returns at once. `progress` (a prefill
     still running): each tensor is sent once its layer is marked, and next_token is taken from it at
     the end. `sender`: a baton.sender_process.SenderProcess (settings.handoff_sender == "process"): the
     child process streams, this process only stages bytes into its ring (-> a ProcessPush, same
-    contract); None: in this process, gRPC's request thread and the wire's threads do the work."""
+    contract); None: in this process, gRPC's request thread and the wire's threads do the work.
+    tail_chunk_bytes (settings.handoff_tail_chunk_bytes; 0 = none): the wire's tail segment, from the start of
+    the last `tail_layers` layers' tensors (progress.tail_offset) rounded down to a multiple of chunk_bytes."""
     settings = Settings.from_env() if settings is None else settings
     tensors = list(tensors)
     specs = [TensorDesc.of(t) for t in tensors]
     what = (dict(specs=specs, tensor_source=progress.source(tensors), next_token=progress.next_token)
             if progress is not None else dict(tensors=tensors, next_token=next_token))
     kw = dict(session_id=session_id, fingerprint=fingerprint, position=position, chunk_bytes=chunk_bytes,
-              mode=int(mode), engine=engine_value(engine), **what)
+              mode=int(mode), engine=engine_value(engine), tail_chunk_bytes=tail_chunk_bytes,
+              tail_from=tail_offset(specs, tail_layers) if tail_chunk_bytes else 0, **what)
     if sender is not None and sender.fits(chunk_bytes):
         return sender.start_push(target, settings, wire_send.plan(**kw), method=LOAD_STATE, timeout=timeout,
                                  deserialize=decode_pb2.LoadStateResponse.FromString, position=position)

@@ -32,6 +32,22 @@ def stage_of(name: str, layers: int) -> int:
     return int(m.group(1)) if m else layers
 
 
+def tail_offset(specs, tail_layers: int) -> int:
+    """Byte offset in the table (rows with .name and .nbytes, table order) where the tensors of the last
+    `tail_layers` decoder layers start, with everything after them (hidden, MTP KV: the final stage):
+    what is left to send once the prefill ends. tail_layers 0: the final stage only. Layers are numbered
+    by the names (`layers.{i}.`), so the table's last layer index + 1 is the layer count."""
+    if tail_layers < 0:
+        raise ValueError(f"tail_layers must be >= 0, got {tail_layers}")
+    layers = 1 + max((int(m.group(1)) for s in specs if (m := _LAYER.match(s.name))), default=-1)
+    off = sum(s.nbytes for s in specs)
+    for s in reversed(specs):   # NOTE: layer-major table: the tail is a suffix
+        if stage_of(s.name, layers) < layers - tail_layers:
+            break
+        off -= s.nbytes
+    return off
+
+
 class PrefillProgress:
     def __init__(self, layers: int, device: torch.device):
         self.layers, self._device = layers, torch.device(device)

@@ -272,7 +272,7 @@ class ProcessPush:
         child, p, sid = self.child, self._plan, self.sid
         pending = None   # (slot, index, n, done event): a CUDA chunk whose copy is queued
         try:
-            for index, segs in chunk_segments(p.specs, p.tensor_source, p.header.chunk_bytes, p.ready_now):
+            for index, segs in chunk_segments(p.specs, p.tensor_source, p.chunks, p.ready_now):
                 n = sum(b - a for _, _, a, b in segs)
                 slot = child.take(self)
                 try:

@@ -13,6 +13,10 @@
     BATON_HANDOFF_SENDER      who streams a prefill worker's state hand-offs: "process" (default: a
                               sender child process, baton/sender_process.py) | "thread" (in the
                               prefill's own process, gRPC's and the wire's threads)
+    BATON_HANDOFF_TAIL_CHUNK_BYTES  the state wire's tail segment (format 4): the last layers' bytes go in
+                              chunks of this many bytes (<= the worker's chunk size); 0 (default): none
+    BATON_HANDOFF_TAIL_LAYERS how many of the last decoder layers (with what follows them: hidden, MTP KV)
+                              the tail segment covers; default 1
 
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
@@ -56,14 +60,18 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise SettingsError(f"{name}: expected a boolean (1/0, true/false), got {raw!r}")
 
 
-def _parse_positive_int(name: str, raw: str) -> int:
+def _parse_int(name: str, raw: str, minimum: int) -> int:
     try:
         val = int(raw.strip())
     except ValueError:
         raise SettingsError(f"{name}: expected an integer, got {raw!r}") from None
-    if val <= 0:
-        raise SettingsError(f"{name}: must be > 0, got {val}")
+    if val < minimum:
+        raise SettingsError(f"{name}: must be {'> 0' if minimum == 1 else f'>= {minimum}'}, got {val}")
     return val
+
+
+def _parse_positive_int(name: str, raw: str) -> int:
+    return _parse_int(name, raw, 1)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,8 @@ class Settings:
     log_level: str = "INFO"
     log_json: bool = False
     handoff_sender: str = "process"   # HANDOFF_SENDERS
+    handoff_tail_chunk_bytes: int = 0  # 0: no tail segment; else 1..the worker's chunk_bytes (checked there)
+    handoff_tail_layers: int = 1
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token.strip():
@@ -88,6 +98,11 @@ class Settings:
         if self.handoff_sender not in HANDOFF_SENDERS:
             raise SettingsError(f"BATON_HANDOFF_SENDER: expected one of {', '.join(HANDOFF_SENDERS)}, "
                                 f"got {self.handoff_sender!r}")
+        if not isinstance(self.handoff_tail_chunk_bytes, int) or self.handoff_tail_chunk_bytes < 0:
+            raise SettingsError(f"BATON_HANDOFF_TAIL_CHUNK_BYTES: must be >= 0 (0: no tail segment), "
+                                f"got {self.handoff_tail_chunk_bytes!r}")
+        if not isinstance(self.handoff_tail_layers, int) or self.handoff_tail_layers < 0:
+            raise SettingsError(f"BATON_HANDOFF_TAIL_LAYERS: must be >= 0, got {self.handoff_tail_layers!r}")
 
     @property
     def tls_enabled(self) -> bool:
@@ -126,6 +141,9 @@ class Settings:
             log_level=(get("BATON_LOG_LEVEL") or "INFO").upper(),
             log_json=_parse_bool("BATON_LOG_JSON", get("BATON_LOG_JSON") or ""),
             handoff_sender=(get("BATON_HANDOFF_SENDER") or "process").strip().lower(),
+            handoff_tail_chunk_bytes=_parse_int("BATON_HANDOFF_TAIL_CHUNK_BYTES",
+                                                get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or "0", 0),
+            handoff_tail_layers=_parse_int("BATON_HANDOFF_TAIL_LAYERS", get("BATON_HANDOFF_TAIL_LAYERS") or "1", 0),
         )
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - fields

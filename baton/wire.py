@@ -1,30 +1,43 @@
 """State wire format: one request's state as a stream of `StateChunk` messages, and its verified decode.
 
-Stream, format_version 3 (never pickled; tensor bytes little-endian, C-contiguous, concatenated in table order):
-    StateChunk(header)    format_version, fingerprint, position, the full tensor table, chunk_bytes: all
-                          known before prefill computes, so the stream can start at once
-    StateChunk(data) * n  chunk i: tensor bytes [i*chunk_bytes, +chunk_bytes) (the last may be short; a chunk
-                          may span tensor boundaries), chunk_index = i, chunk_sha256 = SHA-256(data)
+Stream, format_version 4 (never pickled; tensor bytes little-endian, C-contiguous, concatenated in table order):
+    StateChunk(header)    format_version, fingerprint, position, the full tensor table, the chunk plan
+                          (chunk_bytes, tail_from, tail_chunk_bytes): all known before prefill computes, so
+                          the stream can start at once
+    StateChunk(data) * n  the bytes in two segments (ChunkPlan): head [0, tail_from) in chunks of exactly
+                          chunk_bytes (tail_from is a multiple of it), then tail [tail_from, total) in chunks
+                          of tail_chunk_bytes (1..chunk_bytes; the last may be short). No tail segment
+                          (tail_chunk_bytes = tail_from = 0): [0, total) in chunk_bytes pieces, the last may
+                          be short. A chunk may span tensor boundaries; chunk_index = i, chunk_sha256 =
+                          SHA-256(data)
     StateChunk(trailer)   total_bytes, data_chunks = n, next_token (known only once the logits are),
                           manifest_sha256 = SHA-256(MANIFEST_TAG || SHA-256(header, deterministic)
                           || chunk digests in order || SHA-256(trailer without manifest_sha256, deterministic))
+Why a tail segment: what is final last (the last layers' state, then hidden and the MTP KV) is all that is
+left to send once the prefill ended; it crosses D2H -> frame+hash -> gRPC -> verify -> H2D one chunk at a
+time, so smaller chunks there shorten the hand-off's tail, while big chunks keep the per-chunk cost of the
+rest low. The sender's policy (handoff.start_push): tail_from = the start of the last `tail_layers` layers'
+tensors (baton/progress.py: tail_offset), rounded down to a multiple of chunk_bytes.
 The table is layer-major, in the order prefill finishes the tensors (layers 0..N-1, then the final
 hidden row, then the MTP KV), so a sender streams each layer while later ones compute.
 The chunk digests make hashing parallel on both sides (a thread pool; hashlib releases the GIL); the
 manifest binds the header, every chunk digest, their order and the trailer into one value, so a stream
 is accepted only if every byte of it, header and trailer included, is what the sender produced, in the
 sender's order. Integrity, not secrecy or authorship: peers are authenticated by the channel (bearer
-token, TLS). Formats 1 and 2 (next_token in the header) are refused (FAILED_PRECONDITION).
+token, TLS). Format 3 (format 4 without a tail segment; a header of format 3 with tail fields is
+INVALID_ARGUMENT) is still read; formats 1 and 2 (next_token in the header) are refused (FAILED_PRECONDITION).
+MANIFEST_TAG stays "baton/state/v3": the manifest is built as in format 3, and it covers the header's
+format_version and chunk plan.
 
 Sender (baton/wire_send.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
           the same serialized, data frames built straight from tensor memory (baton/wire_frame.py: the
           framing and the manifest, torch-free, shared with the sender process baton/sender_child.py). Chunks are hashed and
           framed up to `workers + 2` ahead in the pool; the consumer (gRPC) gets them in order.
 Receiver (baton/wire_receive.py, re-exported here): StateReceiver(...): feed(chunk) per message, then
-          finish(). The header is validated before anything is allocated; each chunk's index and size
-          are checked on arrival, its digest is verified and its bytes copied into per-tensor CPU
-          buffers by the pool while later chunks arrive; the trailer's manifest is checked after every
-          chunk verified. A ReceivedState exists only once everything verified, so nothing
+          finish(). The header is validated before anything is allocated (the chunk plan strictly); each
+          chunk's index and size (as the plan says) are checked on arrival, its digest is verified and its
+          bytes copied into per-tensor CPU buffers by the pool while later chunks arrive; the trailer's
+          manifest is checked after every chunk verified. A ReceivedState exists only once everything verified, so nothing
           half-loaded becomes visible.
 Errors carry `.code` ("DATA_LOSS" | "FAILED_PRECONDITION" | "INVALID_ARGUMENT"); services answer
 `getattr(grpc.StatusCode, err.code)` with the message, which names the first thing that failed.
@@ -47,7 +60,9 @@ from baton.v1 import common_pb2, state_pb2
 from baton.wire_frame import (DIGEST_BYTES, FRAME_OVERHEAD, MANIFEST_TAG, Manifest, _DATA_TAG,  # noqa: F401
                               _INDEX_TAG, _SHA_TAG, _varint)
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+READ_VERSIONS = (3, 4)   # what a receiver accepts: 3 is 4 without a tail segment
+MAX_DATA_CHUNKS = (1 << 32) - 1   # chunk_index and data_chunks are uint32
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20  # hard cap on one data chunk, both ways (gRPC messages: 64 MiB)
 PARALLEL_MIN_BYTES = 64 << 10  # smaller chunks are hashed inline: a pool hop costs more than the hash
@@ -92,6 +107,54 @@ def check_chunk_bytes(chunk_bytes: int, max_message_bytes: int | None = None) ->
         raise ValueError(f"chunk_bytes {chunk_bytes}: a data frame of up to {chunk_bytes + FRAME_OVERHEAD} bytes "
                          f"does not fit the gRPC message limit max_message_bytes={max_message_bytes}")
     return chunk_bytes
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Where data chunk i's bytes lie: head [0, split) in chunk_bytes pieces, then tail [split, total) in
+    tail_chunk_bytes pieces; split = tail_from with a tail segment (tail_chunk_bytes > 0), else total.
+    The last chunk of each segment may be short. Assumes a valid plan (the receiver checks headers first)."""
+    total: int
+    chunk_bytes: int
+    tail_from: int = 0
+    tail_chunk_bytes: int = 0    # 0: no tail segment
+
+    @classmethod
+    def of(cls, header) -> ChunkPlan:
+        return cls(header.total_bytes, header.chunk_bytes, header.tail_from, header.tail_chunk_bytes)
+
+    @property
+    def split(self) -> int:
+        return self.tail_from if self.tail_chunk_bytes else self.total
+
+    @property
+    def head_chunks(self) -> int:
+        return -(-self.split // self.chunk_bytes)
+
+    @property
+    def count(self) -> int:
+        return self.chunks_to(self.total)
+
+    def chunks_to(self, end: int) -> int:
+        """Data chunks that cover bytes [0, end)."""
+        head = -(-min(end, self.split) // self.chunk_bytes)
+        return head + (-(-(end - self.split) // self.tail_chunk_bytes) if end > self.split else 0)
+
+    def cap(self, i: int) -> int:
+        """Chunk i's nominal size (its segment's chunk size)."""
+        return self.chunk_bytes if i < self.head_chunks else self.tail_chunk_bytes
+
+    def span(self, i: int) -> tuple[int, int]:
+        """(start byte, size) of chunk i < count."""
+        h = self.head_chunks
+        start = i * self.chunk_bytes if i < h else self.split + (i - h) * self.tail_chunk_bytes
+        end = min(start + self.cap(i), self.split if i < h else self.total)
+        return start, end - start
+
+    def describe(self) -> str:
+        s = f"chunk_bytes {self.chunk_bytes}, total_bytes {self.total}"
+        return s + (f", tail from {self.tail_from} in tail_chunk_bytes {self.tail_chunk_bytes}"
+                    if self.tail_chunk_bytes else "")
 
 
 def kind_value(kind: int | str) -> int:

@@ -2,7 +2,7 @@
 
 StateReceiver(expected, fingerprint=, max_total_bytes=); feed(chunk) per message; finish(). The header
 is validated before anything is allocated. Each data chunk's index and size are checked on arrival (in
-order, exact sizes from the header's chunk_bytes); the pool then verifies its SHA-256 and copies it into
+order, exact sizes from the header's chunk plan: wire.ChunkPlan); the pool then verifies its SHA-256 and copies it into
 the per-tensor CPU buffers (numpy copies: no GIL) while later chunks arrive, at most 2 * workers + 2
 chunks in flight. The trailer is checked after every chunk verified: counts, then the manifest over the
 header and the chunk digests in order. finish() returns a ReceivedState only when all of that passed
@@ -23,9 +23,9 @@ import torch
 
 import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
-from baton.wire import (BridgeStats, DIGEST_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest,
-                        StateCorrupt, StateError, StateInvalid, StateMismatch, TensorDesc, _FROM_PB, _KV_KINDS,
-                        _data_frame, _pool, byte_view, default_workers, kind_value, pipelined)
+from baton.wire import (BridgeStats, ChunkPlan, DIGEST_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, MAX_DATA_CHUNKS,
+                        READ_VERSIONS, Manifest, StateCorrupt, StateError, StateInvalid, StateMismatch, TensorDesc,
+                        _FROM_PB, _KV_KINDS, _data_frame, _pool, byte_view, default_workers, kind_value, pipelined)
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,8 @@ class StateReceiver:
         self._cursor = (0, 0)                # (tensor index, byte offset within it)
         self._inflight: collections.deque = collections.deque()  # pool futures, chunk order
         self._manifest: Manifest | None = None
-        self._total = self._chunk_bytes = self._expected_chunks = self.received = self.chunks = 0
+        self._total = self._expected_chunks = self.received = self.chunks = 0
+        self._plan: ChunkPlan | None = None
         self._t0: float | None = None
         self._done = self._closed = False    # trailer verified / failed or finished
 
@@ -142,15 +143,16 @@ class StateReceiver:
         lay = self.expected
         if self._header is not None:
             raise StateCorrupt("a second header")
-        if h.format_version != FORMAT_VERSION:
-            raise StateMismatch(f"format_version {h.format_version}; this worker speaks {FORMAT_VERSION}")
+        if h.format_version not in READ_VERSIONS:
+            raise StateMismatch(f"format_version {h.format_version}; this worker speaks {FORMAT_VERSION} "
+                                f"(and reads {', '.join(map(str, READ_VERSIONS))})")
         if h.model_fingerprint != self.fingerprint:
             raise StateMismatch(f"model_fingerprint {h.model_fingerprint!r} != this worker's {self.fingerprint!r}")
         if h.position > lay.max_position:
             raise StateInvalid(f"position {h.position} exceeds the window max_position={lay.max_position}")
         if h.total_bytes > self.max_total_bytes:
             raise StateInvalid(f"total_bytes {h.total_bytes} exceeds the limit {self.max_total_bytes}")
-        if not 0 < h.chunk_bytes <= MAX_CHUNK_BYTES:
+        if not 0 < h.chunk_bytes <= MAX_CHUNK_BYTES:   # NOTE: the rest of the plan: _check_plan
             raise StateInvalid(f"chunk_bytes {h.chunk_bytes} not in 1..{MAX_CHUNK_BYTES}")
         specs: dict[str, TensorDesc] = {}
         for i, s in enumerate(h.tensors):
@@ -172,6 +174,7 @@ class StateReceiver:
         total = sum(d.nbytes for d in specs.values())
         if h.total_bytes != total:
             raise StateInvalid(f"total_bytes {h.total_bytes} != sum of tensors[].nbytes {total}")
+        plan = _check_plan(h)
         # NOTE: allocation only after every size above is validated and bounded by max_total_bytes.
         for d in specs.values():
             t = self._alloc(d.shape, d.dtype)
@@ -180,12 +183,12 @@ class StateReceiver:
             self._tensors[d.name] = t
             self._arrays.append(np.asarray(byte_view(t)))
         self._header, self._specs, self._total = h, list(specs.values()), total
-        self._chunk_bytes, self._expected_chunks = h.chunk_bytes, -(-total // h.chunk_bytes)
+        self._plan, self._expected_chunks = plan, plan.count
         self._manifest = Manifest(h)
         end = 0
         for d in self._specs:   # the chunks covering bytes [0, end of this tensor)
             end += d.nbytes
-            self._ready_at.append(-(-end // h.chunk_bytes))
+            self._ready_at.append(plan.chunks_to(end))
         self._announce()
 
     def _on_data(self, mv: memoryview, index: int, digest: bytes) -> None:
@@ -194,13 +197,14 @@ class StateReceiver:
             raise StateCorrupt(f"data chunk {'before the header' if self._header is None else 'after the trailer'}")
         if i >= self._expected_chunks:
             raise StateCorrupt(f"data chunk {i}: more than the declared total_bytes {self._total} "
-                               f"({self._expected_chunks} chunks of chunk_bytes {self._chunk_bytes})")
+                               f"({self._expected_chunks} chunks: {self._plan.describe()})")
         if index != i:
             raise StateCorrupt(f"data chunk {i}: chunk_index {index} (chunks lost or out of order)")
-        want = min(self._chunk_bytes, self._total - i * self._chunk_bytes)
+        want = self._plan.span(i)[1]
         if n != want:
-            raise StateCorrupt(f"data chunk {i}: {n} bytes, expected {want} (chunk_bytes {self._chunk_bytes}, "
-                               f"total_bytes {self._total})")
+            raise StateCorrupt(f"data chunk {i}: {n} bytes, expected {want} "
+                               f"({'tail' if i >= self._plan.head_chunks else 'head'} segment; "
+                               f"{self._plan.describe()})")
         if len(digest) != DIGEST_BYTES:
             raise StateCorrupt(f"data chunk {i}: chunk_sha256 has {len(digest)} bytes, expected {DIGEST_BYTES}")
         (ti, off), pos, spans = self._cursor, 0, []
@@ -288,6 +292,27 @@ class StateReceiver:
         concurrent.futures.wait(self._inflight)
         self._inflight.clear()
         self._tensors, self._arrays = {}, []  # NOTE: drop every partial buffer
+
+
+def _check_plan(h) -> ChunkPlan:
+    """The header's chunk plan (chunk_bytes, tail_from, tail_chunk_bytes), strictly valid, else StateInvalid;
+    chunk_bytes' range and total_bytes (against the table) are already checked."""
+    cb, tail, tcb, total = h.chunk_bytes, h.tail_from, h.tail_chunk_bytes, h.total_bytes
+    if h.format_version < 4 and (tail or tcb):
+        raise StateInvalid(f"tail_from {tail} / tail_chunk_bytes {tcb} in a format_version {h.format_version} "
+                           f"header (a tail segment is format 4)")
+    if tcb == 0 and tail != 0:
+        raise StateInvalid(f"tail_from {tail} without a tail segment (tail_chunk_bytes 0): must be 0")
+    if tcb > cb:
+        raise StateInvalid(f"tail_chunk_bytes {tcb} not in 1..chunk_bytes {cb}")
+    if tail % cb:
+        raise StateInvalid(f"tail_from {tail} is not a multiple of chunk_bytes {cb}")
+    if tail > total:
+        raise StateInvalid(f"tail_from {tail} exceeds total_bytes {total}")
+    plan = ChunkPlan(total, cb, tail, tcb)
+    if plan.count > MAX_DATA_CHUNKS:
+        raise StateInvalid(f"{plan.count} data chunks ({plan.describe()}): more than chunk_index can number")
+    return plan
 
 
 def _verify_and_place(index: int, mv: memoryview, digest: bytes, spans: list) -> bytes:

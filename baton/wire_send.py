@@ -28,8 +28,8 @@ import torch
 import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
 from baton import wire_stage
-from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, Manifest, TensorDesc, WireTensor,
-                        _TO_PB, byte_view, default_workers, kind_value, ordered_map)
+from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, ChunkPlan, Manifest, TensorDesc,
+                        WireTensor, _TO_PB, byte_view, default_workers, kind_value, ordered_map)
 from baton.wire_frame import _sha256, frame as _frame, header_frame, trailer_frame
 
 # ---- sender -------------------------------------------------------------------------------------
@@ -47,25 +47,26 @@ def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[t
             yield t.contiguous(), None   # no copy for a contiguous CPU tensor
 
 
-def chunk_segments(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ready_now) -> Iterator:
+def chunk_segments(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, ready_now) -> Iterator:
     """(chunk index, segments) per data chunk, in order, pulling `source` only as its bytes are due;
-    segments: [(tensor, ready event | None, byte start, byte end)] in chunk order, chunk_bytes in all
-    (the last chunk may be short; a chunk may span tensors)."""
-    segs, filled, index = [], 0, 0
+    segments: [(tensor, ready event | None, byte start, byte end)] in chunk order, chunks.cap(index) in
+    all (the last chunk of each segment may be short; a chunk may span tensors)."""
+    segs, filled, index, cap = [], 0, 0, chunks.cap(0)
     for t, ready_ev in _sources(specs, source, ready_now):
         n, off = t.numel() * t.element_size(), 0
         while off < n:
-            take = min(n - off, chunk_bytes - filled)
+            take = min(n - off, cap - filled)
             segs.append((t, ready_ev, off, off + take))
             filled, off = filled + take, off + take
-            if filled == chunk_bytes:
+            if filled == cap:   # NOTE: the head ends on a chunk boundary (tail_from: a multiple of chunk_bytes)
                 yield index, segs
                 segs, filled, index = [], 0, index + 1
+                cap = chunks.cap(index)
     if segs:
         yield index, segs
 
 
-def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ring_limit: int, ready_now):
+def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, ring_limit: int, ready_now):
     """(chunk index, part) per data chunk, in order; part = [memoryview pieces of CPU tensor memory]
     (no copy), or a StagedChunk when a CUDA tensor has bytes in it (D2H queued on the copy stream,
     gated on each tensor's ready event; this thread never waits for the device)."""
@@ -76,7 +77,7 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ri
         if not any(t.is_cuda for t, _, _, _ in segs):
             return [byte_view(t)[a:b] for t, _, a, b in segs]
         if ring is None:
-            ring = wire_stage.Ring(chunk_bytes, ring_limit)
+            ring = wire_stage.Ring(chunks.chunk_bytes, ring_limit)   # tail chunks fit: tail_chunk_bytes <= it
         return ring.stage(segs)
 
     pending = None   # (index, StagedChunk): its D2H queued, the next chunk's queued before waiting for it
@@ -96,7 +97,7 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunk_bytes: int, ri
             out.append(item)
         return out
 
-    for index, segs in chunk_segments(specs, source, chunk_bytes, ready_now):
+    for index, segs in chunk_segments(specs, source, chunks, ready_now):
         yield from ready((index, part(segs)))
     if pending is not None:
         pending[1].done.synchronize()
@@ -136,6 +137,7 @@ class Plan:
     """One stream, checked and ready to go: its header (all known before the bytes), the table, where
     the tensors come from, and how the sender should run."""
     header: state_pb2.StateHeader
+    chunks: ChunkPlan         # the header's chunk plan
     specs: list[TensorDesc]
     tensor_source: Iterable   # tensors, or (tensor, ready event), in table order
     next_token: object        # int, or a callable asked once every tensor was pulled
@@ -149,11 +151,14 @@ class Plan:
 
 def plan(*, session_id: str, fingerprint: str, position: int, next_token, tensors=None,
          specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
-         engine: int = 0, workers: int | None = None) -> Plan:
+         engine: int = 0, workers: int | None = None, tail_from: int = 0, tail_chunk_bytes: int = 0) -> Plan:
     """Checks the arguments (encode_state's) and notes what "final now" means on the device (an event on
     the caller's current stream) at call time."""
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
+    if not 0 <= tail_chunk_bytes <= MAX_CHUNK_BYTES or tail_from < 0:
+        raise ValueError(f"tail_chunk_bytes must be in 0..{MAX_CHUNK_BYTES} and tail_from >= 0, "
+                         f"got {tail_chunk_bytes} and {tail_from}")
     lazy = tensors is None   # a source that may block (a running prefill) gets its own producer thread
     if tensors is not None and specs is None and tensor_source is None:
         tensors = list(tensors)
@@ -168,14 +173,26 @@ def plan(*, session_id: str, fingerprint: str, position: int, next_token, tensor
     bad = [(s.name, s.dtype) for s in specs if s.dtype not in _TO_PB]
     if bad:
         raise ValueError(f"unsupported dtypes {bad}; the wire carries float32, bfloat16, float16")
+    total = sum(s.nbytes for s in specs)
+    chunks = chunk_plan(total, chunk_bytes, tail_from, tail_chunk_bytes)
     header = state_pb2.StateHeader(
         format_version=FORMAT_VERSION, session_id=session_id, model_fingerprint=fingerprint,
-        position=position, tensors=[s.to_proto() for s in specs],
-        total_bytes=sum(s.nbytes for s in specs), mode=mode, engine=engine, chunk_bytes=chunk_bytes)
+        position=position, tensors=[s.to_proto() for s in specs], total_bytes=total, mode=mode, engine=engine,
+        chunk_bytes=chunk_bytes, tail_from=chunks.tail_from, tail_chunk_bytes=chunks.tail_chunk_bytes)
     workers = default_workers() if workers is None else workers
-    if chunk_bytes < _wire.PARALLEL_MIN_BYTES:
+    if min(chunk_bytes, chunks.tail_chunk_bytes or chunk_bytes) < _wire.PARALLEL_MIN_BYTES:
         workers = 0
-    return Plan(header, specs, tensor_source, next_token, workers, lazy, _ReadyNow())
+    return Plan(header, chunks, specs, tensor_source, next_token, workers, lazy, _ReadyNow())
+
+
+def chunk_plan(total: int, chunk_bytes: int, tail_from: int = 0, tail_chunk_bytes: int = 0) -> ChunkPlan:
+    """The sender's plan: tail_from (any byte offset) rounded down to a multiple of chunk_bytes; no tail
+    segment (0, 0) when tail_chunk_bytes is 0 or >= chunk_bytes (nothing smaller to gain) or the rounded
+    tail_from leaves no bytes after it."""
+    start = min(tail_from, total) // chunk_bytes * chunk_bytes
+    if not 0 < tail_chunk_bytes < chunk_bytes or start >= total:
+        return ChunkPlan(total, chunk_bytes)
+    return ChunkPlan(total, chunk_bytes, start, tail_chunk_bytes)
 
 
 def _parts(*, frames: bool = False, **kw) -> Iterator:
@@ -205,7 +222,7 @@ def _stream(p: Plan, frames: bool) -> Iterator:
     yield header_frame(header) if frames else state_pb2.StateChunk(header=header)
     manifest = Manifest(header)
     seal = _seal_frame if frames else _seal_message
-    parts = _chunk_parts(p.specs, p.tensor_source, header.chunk_bytes, p.workers + 4, p.ready_now)
+    parts = _chunk_parts(p.specs, p.tensor_source, p.chunks, p.workers + 4, p.ready_now)
     for item, digest in ordered_map(seal, parts, p.workers, producer_thread=p.lazy):
         manifest.add(digest)
         yield item
@@ -218,8 +235,10 @@ def encode_state(*, session_id: str, fingerprint: str, position: int, next_token
                  specs: Iterable[TensorDesc] | None = None,
                  tensor_source: Iterable | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0, engine: int = 0,
-                 workers: int | None = None) -> Iterator[state_pb2.StateChunk]:
-    """Header, data chunks of <= chunk_bytes, trailer. Give either `tensors` (all known now), or
+                 workers: int | None = None, tail_from: int = 0,
+                 tail_chunk_bytes: int = 0) -> Iterator[state_pb2.StateChunk]:
+    """Header, data chunks of <= chunk_bytes, trailer. tail_chunk_bytes > 0: bytes from tail_from (rounded
+    down to a multiple of chunk_bytes) on go in chunks of tail_chunk_bytes (see chunk_plan). Give either `tensors` (all known now), or
     `specs` (the table) plus `tensor_source` yielding, in table order, each tensor or (tensor, ready):
     the header goes out first and each tensor is pulled only when its bytes are due (the source may
     block until it exists). `ready`: a CUDA event recorded once the tensor is final (the D2H copy
@@ -229,7 +248,8 @@ def encode_state(*, session_id: str, fingerprint: str, position: int, next_token
     (None: default_workers(), 0: inline). A tensor must not change until the stream ends."""
     return _parts(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
                   tensors=tensors, specs=specs, tensor_source=tensor_source, chunk_bytes=chunk_bytes,
-                  mode=mode, engine=engine, workers=workers)
+                  mode=mode, engine=engine, workers=workers, tail_from=tail_from,
+                  tail_chunk_bytes=tail_chunk_bytes)
 
 
 def encode_state_frames(**kw) -> Iterator[bytes]:

@@ -24,12 +24,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handoff-sender", choices=["process", "thread"], default=None,
                    help="who streams hand-offs: a sender child process or threads of this one "
                         "(default: BATON_HANDOFF_SENDER, else process)")
+    p.add_argument("--handoff-tail-chunk-mib", type=float, default=None,
+                   help="hand-off chunk size, MiB, for the last --handoff-tail-layers layers' state (wire format 4's "
+                        "tail segment; <= --chunk-mib; 0: none; default: BATON_HANDOFF_TAIL_CHUNK_BYTES, else 0)")
+    p.add_argument("--handoff-tail-layers", type=int, default=None,
+                   help="layers the tail segment covers, counted from the last (default: BATON_HANDOFF_TAIL_LAYERS, "
+                        "else 1)")
     args = p.parse_args(argv)
     opts = options_from_args(args)
     try:
         settings = settings_for(opts.token_file)
         if args.handoff_sender:
             settings = settings.replace(handoff_sender=args.handoff_sender)
+        if args.handoff_tail_chunk_mib is not None:
+            settings = settings.replace(handoff_tail_chunk_bytes=round(args.handoff_tail_chunk_mib * (1 << 20)))
+        if args.handoff_tail_layers is not None:
+            settings = settings.replace(handoff_tail_layers=args.handoff_tail_layers)
     except ValueError as e:   # SettingsError: names the variable / file
         print(f"prefill: {e}", file=sys.stderr)
         return 2

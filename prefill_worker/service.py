@@ -6,9 +6,11 @@ Lifecycle of a request:
         -> ExactEngine.open_prefill: a fresh session (EXACT: the caller's id, required; FAST: any)
         -> with decode_target: start_push to its LoadState first (header: everything known before the
            compute; settings.handoff_sender "process": streamed by the worker's sender child process,
-           baton/sender_process.py, this process only stages the bytes), then ExactEngine.run_prefill, whose layer hook marks each layer's state final so the
-           sender streams it while later layers compute; the first token goes in the trailer. The
-           decode worker activates nothing before the whole stream verified. Under this RPC's deadline
+           baton/sender_process.py, this process only stages the bytes; settings.handoff_tail_chunk_bytes:
+           the last handoff_tail_layers layers' bytes in smaller chunks, wire format 4), then
+           ExactEngine.run_prefill, whose layer hook marks each layer's state final so the sender streams
+           it while later layers compute; the first token goes in the trailer. The decode worker
+           activates nothing before the whole stream verified. Under this RPC's deadline
         -> prefill_seconds: until the first token is known; bridge.seconds: stream start -> LoadState
            answered (it overlaps prefill_seconds)
         -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
@@ -65,6 +67,17 @@ def check_target(target: str) -> None:
         raise StatusError(INVALID, f"decode_target: {target[:80]!r} is not HOST:PORT")
 
 
+def check_tail_chunk_bytes(settings: Settings, chunk_bytes: int) -> int:
+    """settings.handoff_tail_chunk_bytes if it fits the worker's chunk size (0: no tail segment), else
+    ValueError: at configuration, never in a hand-off."""
+    tail = settings.handoff_tail_chunk_bytes
+    if tail > chunk_bytes:
+        raise ValueError(f"handoff_tail_chunk_bytes {tail} (BATON_HANDOFF_TAIL_CHUNK_BYTES, "
+                         f"--handoff-tail-chunk-mib) > the hand-off chunk size {chunk_bytes} (--chunk-mib): "
+                         f"the tail segment's chunks are the smaller ones")
+    return tail
+
+
 class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     errors = {WindowError: grpc.StatusCode.OUT_OF_RANGE, SessionNotFound: grpc.StatusCode.NOT_FOUND,
               SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED, ValueError: INVALID}
@@ -74,6 +87,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                  reap_interval_s: float = 2.0):
         self.settings = Settings() if settings is None else settings
         check_chunk_bytes(chunk_bytes, self.settings.max_message_bytes)   # NOTE: before any thread starts
+        self.tail_chunk_bytes, self.tail_layers = check_tail_chunk_bytes(self.settings, chunk_bytes), \
+            self.settings.handoff_tail_layers
         super().__init__(engine, reap_interval_s=reap_interval_s)
         self.fingerprint, self.chunk_bytes = fingerprint, chunk_bytes
         self.handoff_timeout_s = handoff_timeout_s
@@ -117,7 +132,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
                           fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
                           chunk_bytes=self.chunk_bytes, timeout=timeout, pool=self.channels, progress=progress,
-                          sender=self.sender)
+                          sender=self.sender, tail_chunk_bytes=self.tail_chunk_bytes, tail_layers=self.tail_layers)
         return push, pos, nxt
 
     @staticmethod
@@ -246,6 +261,7 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
     builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
     settings = Settings.from_env() if settings is None else settings
     check_chunk_bytes(chunk_bytes, settings.max_message_bytes)   # NOTE: before the model loads
+    check_tail_chunk_bytes(settings, chunk_bytes)
     if isinstance(model, LoadedModel):
         lm = model
     else:

@@ -185,7 +185,7 @@ def test_receive_state_mtp_entries_are_optional_both_ways(lm):
         handoff.receive_state([], **handoff.layout_of(with_mtp.state), fingerprint="fp")
 
 
-# ---------------------------------------------------------------- tampered streams (format 3)
+# ---------------------------------------------------------------- tampered streams (format 4)
 def _frames(w, sid, **over) -> list[bytes]:
     """A valid serialized LoadState stream of PROMPTS[1] (8 KiB chunks), stream_state overrides applied."""
     eng = w["ps"].engine
@@ -214,6 +214,7 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
     assert n >= 4 and wire._data_frame(good[2]) is not None
     flip = bytearray(good[2])
     flip[100] ^= 0x04
+    tail = _frames(workers, "t", tail_from=8192, tail_chunk_bytes=1024)   # all but the first chunk: 1 KiB
 
     def reindexed(i, j):   # chunks i and j swapped, each with the other's index: per-chunk digests still hold
         out = list(good)
@@ -236,8 +237,15 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
                                "DATA_LOSS", "manifest_sha256 mismatch"),
         "foreign fingerprint": (_frames(workers, "t", fingerprint="sha256:" + "0" * 64), "FAILED_PRECONDITION",
                                 "model_fingerprint"),
-        "format_version 1": (header(format_version=1), "FAILED_PRECONDITION", "format_version 1; this worker speaks 3"),
-        "format_version 2": (header(format_version=2), "FAILED_PRECONDITION", "format_version 2; this worker speaks 3"),
+        "format_version 1": (header(format_version=1), "FAILED_PRECONDITION", "format_version 1; this worker speaks 4"),
+        "format_version 2": (header(format_version=2), "FAILED_PRECONDITION", "format_version 2; this worker speaks 4"),
+        "format_version 5": (header(format_version=5), "FAILED_PRECONDITION", "format_version 5; this worker speaks 4"),
+        "tail_from off the chunk grid": (header(tail_from=100, tail_chunk_bytes=1024), "INVALID_ARGUMENT",
+                                         "tail_from 100 is not a multiple of chunk_bytes 8192"),
+        "tail chunk size past chunk_bytes": (header(tail_from=8192, tail_chunk_bytes=8193), "INVALID_ARGUMENT",
+                                             "tail_chunk_bytes 8193 not in 1..chunk_bytes 8192"),
+        "tail chunks, the header says none": (good[:1] + tail[1:], "DATA_LOSS", "data chunk 1: 1024 bytes, expected 8192"),
+        "no tail, the header says one": (tail[:1] + good[1:], "DATA_LOSS", "data chunk 1: 8192 bytes, expected 1024"),
     }
     with make_channel(workers["target"], Settings()) as ch:
         load = ch.stream_unary(handoff.LOAD_STATE, request_serializer=None,
@@ -249,6 +257,9 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
             assert workers["ds"].engine.session_count() == 0, what
         r = load(iter(good), timeout=T)                 # the intact stream loads
         assert (r.session_id, r.bridge.chunks) == ("t", n)
+        workers["D"].Release(common_pb2.ReleaseRequest(session_id="t"), timeout=T)
+        r = load(iter(tail), timeout=T)                 # and so does the stream with a tail segment
+        assert (r.session_id, r.bridge.chunks) == ("t", len(tail) - 2) and len(tail) - 2 > n
         workers["D"].Release(common_pb2.ReleaseRequest(session_id="t"), timeout=T)
 
 

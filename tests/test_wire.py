@@ -98,7 +98,7 @@ def test_round_trip_bitwise_across_chunk_sizes(chunk_bytes):
     assert len(data) == -(-TOTAL // chunk_bytes)  # chunks span tensor boundaries: none is short early
     assert [c.chunk_index for c in chunks[1:-1]] == list(range(len(data)))
     assert [c.chunk_sha256 for c in chunks[1:-1]] == [hashlib.sha256(d).digest() for d in data]
-    assert chunks[0].header.chunk_bytes == chunk_bytes and chunks[0].header.format_version == 3
+    assert chunks[0].header.chunk_bytes == chunk_bytes and chunks[0].header.format_version == 4
     assert chunks[-1].trailer.data_chunks == len(data) and len(chunks[-1].trailer.manifest_sha256) == 32
     st = decode(chunks)
     assert_bitwise(st)
@@ -398,12 +398,13 @@ def test_fingerprint_mismatch():
     expect(wire.StateMismatch, "FAILED_PRECONDITION", encode(fingerprint="sha256:other"), match="fingerprint")
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 4])
+@pytest.mark.parametrize("version", [0, 1, 2, 5])
 def test_format_version_mismatch(version):
     """Older (v1: one serial SHA-256; v2: next_token in the header), newer or unset: refused at the
-    header, before any allocation."""
+    header, before any allocation. (Format 3 is still read: tests/test_wire_tail.py.)"""
     calls = []
-    with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 3") as e:
+    with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 4 "
+                                                 r"\(and reads 3, 4\)") as e:
         decode(with_header(encode(), format_version=version),
                alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d))
     assert e.value.code == "FAILED_PRECONDITION" and calls == []
