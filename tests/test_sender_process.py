@@ -477,3 +477,96 @@ def test_a_broken_control_channel_kills_the_child_and_fails_its_pushes(cluster):
     finally:
         sender.close()
     assert settled(cluster["ds"]) == 0
+
+
+# ---------------------------------------------------------------- wire format 4: a tail segment of smaller chunks
+def data_sizes(frames: list[bytes]) -> list[int]:
+    return [len(state_pb2.StateChunk.FromString(f).data) for f in frames[1:-1]]
+
+
+@pytest.mark.parametrize("chunk_bytes,tail_chunk_bytes,tail_layers", [(65521, 4099, 1), (300_007, 65536, 1),
+                                                                      (1 << 17, 1000, 0), (1 << 17, 1 << 17, 1)])
+def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sender, chunk_bytes, tail_chunk_bytes,
+                                                                             tail_layers):
+    """The last `tail_layers` layers' bytes (+ hidden) in tail_chunk_bytes chunks, from tail_offset rounded down to
+    chunk_bytes: the same frames from the sender process, the thread sender and a running prefill's source."""
+    from baton.progress import tail_offset
+    from baton.wire_send import chunk_plan
+
+    ts = random_state(7)
+    specs = [wire.TensorDesc.of(t) for t in ts]
+    total = sum(s.nbytes for s in specs)
+    plan = chunk_plan(total, chunk_bytes, tail_offset(specs, tail_layers), tail_chunk_bytes)
+    assert plan.tail_from == (0 if tail_chunk_bytes == chunk_bytes else
+                              tail_offset(specs, tail_layers) // chunk_bytes * chunk_bytes)
+    rec = Recorder()
+    try:
+        kw = dict(session_id="s", fingerprint="sha256:x", position=600, next_token=77, chunk_bytes=chunk_bytes,
+                  timeout=T, tail_chunk_bytes=tail_chunk_bytes, tail_layers=tail_layers)
+        handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result()
+        handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result()
+        progress = PrefillProgress(2, torch.device("cpu"))
+        push = handoff.start_push(rec.address, Settings(), tensors=ts, progress=progress, sender=sender, **kw)
+        progress.mark(0)
+        progress.mark(1)
+        progress.finish(77)
+        push.result()
+    finally:
+        rec.server.stop(0)
+    proc, thr, lazy = rec.streams
+    assert proc == thr == lazy
+    h = state_pb2.StateChunk.FromString(proc[0]).header
+    assert (h.format_version, h.tail_from, h.tail_chunk_bytes) == (4, plan.tail_from, plan.tail_chunk_bytes)
+    assert data_sizes(proc) == [plan.span(i)[1] for i in range(plan.count)]
+    if plan.tail_chunk_bytes:
+        assert set(data_sizes(proc)[plan.head_chunks:-1]) == {tail_chunk_bytes}
+        assert len(proc) - 2 > -(-total // chunk_bytes)
+    got = wire.decode_stream(proc, wire.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
+    for t in ts:
+        assert torch.equal(got.tensors[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8))
+
+
+def test_prefill_rpc_with_a_tail_lands_bitwise_through_both_senders(cluster):
+    """The prefill worker's own path (the setting, via PrefillServicer.tail_chunk_bytes) to the real decode
+    worker: the streamed state is bitwise the exported one and the chunk count is the plan's."""
+    from baton.progress import tail_offset
+    from baton.wire_send import chunk_plan
+
+    P, ps, ds = cluster["P"], cluster["ps"], cluster["ds"]
+    proc = ps.sender
+    try:
+        for sender, tail in [(proc, 1000), (None, 1000), (proc, 0)]:
+            ps.chunk_bytes, ps.tail_chunk_bytes, ps.sender = 4096, tail, sender   # NOTE: between requests only
+            streams = proc.child()._ids
+            r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tail", prompt_ids=PROMPT, mode=common_pb2.EXACT,
+                                                     decode_target=cluster["target"]), timeout=T)
+            assert proc.child()._ids == streams + (sender is not None)
+            sent, pos, nxt = ps.engine.export("tail")
+            specs = [wire.TensorDesc.of(t) for t in sent]
+            plan = chunk_plan(sum(s.nbytes for s in specs), 4096, tail_offset(specs, ps.tail_layers), tail)
+            assert bool(plan.tail_chunk_bytes) == bool(tail) and r.bridge.chunks == plan.count
+            s = ds.engine.get("tail")
+            got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
+            for t in sent:
+                assert torch.equal(got[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8)), t.name
+            assert (int(s.runner.state.position[s.slot]), int(s.runner.state.next_token[s.slot])) == (pos, nxt)
+            P.Release(common_pb2.ReleaseRequest(session_id="tail"), timeout=T)
+            cluster["D"].Release(common_pb2.ReleaseRequest(session_id="tail"), timeout=T)
+    finally:
+        ps.chunk_bytes, ps.tail_chunk_bytes, ps.sender = wire.DEFAULT_CHUNK_BYTES, 0, proc
+    assert settled(ds) == 0
+
+
+def test_tail_chunk_bytes_past_chunk_bytes_is_refused_at_configuration(cluster):
+    from prefill_worker.service import PrefillServicer
+
+    ps = cluster["ps"]
+    with pytest.raises(ValueError, match="handoff_tail_chunk_bytes 8193 .* > the hand-off chunk size 8192"):
+        PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
+                        settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8193))
+    ok = PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
+                         settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8192, handoff_tail_layers=3))
+    try:
+        assert (ok.tail_chunk_bytes, ok.tail_layers) == (8192, 3)
+    finally:
+        ok.close()
