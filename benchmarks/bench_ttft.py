@@ -12,7 +12,7 @@ alternate, so drift on a busy host hits both alike):
                         so the fingerprints agree), so its receive path does not compete with prefill
                         for this process's GIL; in-process: it serves from this process (one copy of
                         the weights); "process,in-process" measures both, interleaved. The state
-                        streams (wire format 3) to the decode worker's LoadState while prefill computes:
+                        streams (wire format 4) to the decode worker's LoadState while prefill computes:
                         each layer goes out once its CUDA event completes (baton/progress.py); LoadState
                         verifies every chunk, places each tensor into a reserved slot and activates it
                         only after the manifest verified. Timed on the client until the answer is back
@@ -33,13 +33,19 @@ alternate, so drift on a busy host hits both alike):
     python benchmarks/bench_ttft.py --device cpu --prompts 16,64 --runs 5        # embedded default model
     python benchmarks/bench_ttft.py ... --decode-worker process,in-process       # both topologies
     python benchmarks/bench_ttft.py ... --sender process,thread                  # both hand-off senders
+    python benchmarks/bench_ttft.py ... --tail-chunk-mib 0,1                     # without / with a 1 MiB tail
 
 --sender: who streams the state in the prefill worker (settings.handoff_sender): "process", a sender child
 process (baton/sender_process.py; the prefill's process only stages chunks into shared memory), or
 "thread", gRPC's and the wire's threads in the prefill's own process; a list is measured interleaved.
-Each result row has the first --decode-worker mode's and first --sender's numbers at its top level, every
-mode's (first sender) under "by_decode_worker", every sender's (first mode) under "by_sender", and every
-pair under "by_decode_worker_and_sender" ("MODE/SENDER").
+--tail-chunk-mib: the wire's tail segment (settings.handoff_tail_chunk_bytes; 0 = none): the last --tail-layers
+layers' state (and what follows: hidden, MTP KV) in chunks of this size, the rest in --chunk-mib chunks; a list
+is measured interleaved.
+Each result row has the first --decode-worker mode's, first --sender's and first --tail-chunk-mib's numbers at
+its top level, every mode's (first sender, first tail) under "by_decode_worker", every sender's (first mode,
+first tail) under "by_sender", every pair (first tail) under "by_decode_worker_and_sender" ("MODE/SENDER"),
+every tail's (first mode, first sender) under "by_tail_chunk_mib" ("1", "0.25"), and every combination under
+"by_decode_worker_sender_and_tail" ("MODE/SENDER/TAIL"). Each summary has its data_chunks.
 """
 from __future__ import annotations
 
@@ -163,6 +169,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--sender", default=[Settings().handoff_sender], type=lambda v: v.split(","),
                     help="comma-separated: process (a sender child process) | thread (in the prefill's process); "
                          "default: the handoff_sender setting's default")
+    ap.add_argument("--tail-chunk-mib", default=[Settings().handoff_tail_chunk_bytes / (1 << 20)],
+                    type=lambda v: [float(x) for x in v.split(",")],
+                    help="comma-separated tail chunk sizes, MiB (0: no tail segment; each <= --chunk-mib); default: "
+                         "the handoff_tail_chunk_bytes setting's default")
+    ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
+                    help="layers the tail segment covers, counted from the last (handoff_tail_layers)")
     ap.add_argument("--machine-note", default="")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -174,6 +186,10 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--decode-worker: a comma-separated subset of {', '.join(MODES)}, got {modes}")
     if not a.sender or set(a.sender) - set(SENDERS) or len(set(a.sender)) != len(a.sender):
         raise SystemExit(f"--sender: a comma-separated subset of {', '.join(SENDERS)}, got {a.sender}")
+    chunk_bytes, tails = round(a.chunk_mib * (1 << 20)), [round(x * (1 << 20)) for x in a.tail_chunk_mib]
+    if len(set(tails)) != len(tails) or not all(0 <= x <= chunk_bytes for x in tails) or a.tail_layers < 0:
+        raise SystemExit(f"--tail-chunk-mib: distinct sizes in 0..--chunk-mib ({a.chunk_mib:g}), got "
+                         f"{a.tail_chunk_mib}; --tail-layers >= 0, got {a.tail_layers}")
     if "process" in modes and a.no_mtp:
         raise SystemExit("--no-mtp: the decode worker process always builds the MTP head; use --decode-worker in-process")
     torch.manual_seed(0)
@@ -185,12 +201,13 @@ def main(argv=None) -> dict:
     rate = matmul_rate(dev, p_dtype, matmul_n)
 
     settings = Settings(token="bench-ttft",          # the auth interceptor is on, as in a deployment
-                        handoff_sender="process" if "process" in a.sender else "thread")
+                        handoff_sender="process" if "process" in a.sender else "thread",
+                        handoff_tail_chunk_bytes=tails[0], handoff_tail_layers=a.tail_layers)
     max_len = max(prompts) + WIDTH + 64
     # NOTE: in-process, one model object for both workers (one copy of the weights on the device); each
     # has its own state. The decode process builds its own copy.
     ph, ps = serve_prefill(lm, device=dev, width=WIDTH, max_len=max_len, slots=1, settings=settings,
-                           chunk_bytes=int(a.chunk_mib * (1 << 20)))
+                           chunk_bytes=chunk_bytes)
     targets, stops = {}, [lambda: ph.stop(0)]
     try:
         for mode in modes:
@@ -227,7 +244,8 @@ def main(argv=None) -> dict:
         "setup_seconds": round(setup_s, 2),
         "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16", "wire_format": FORMAT_VERSION,
                     "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS",
-                    "decode_worker": modes, "handoff_sender": a.sender},
+                    "decode_worker": modes, "handoff_sender": a.sender, "tail_chunk_mib": a.tail_chunk_mib,
+                    "tail_layers": a.tail_layers},
         "matmul": {"dtype": str(p_dtype).replace("torch.", ""), "n": matmul_n, "tflops": round(rate / 1e12, 4)},
         "runs": a.runs, "warmup": a.warmup,
         "results": rows,
@@ -279,9 +297,10 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
 
     process_sender = ps.sender   # the prefill worker's SenderProcess (None when only "thread" is measured)
 
-    def split(mode: str, sender: str) -> tuple[float, float, common_pb2.BridgeReport]:
+    def split(mode: str, sender: str, tail: float) -> tuple[float, float, common_pb2.BridgeReport]:
         sid = f"ttft-{T}"
         ps.sender = process_sender if sender == "process" else None   # NOTE: between requests only
+        ps.tail_chunk_bytes = round(tail * (1 << 20))
         sync(dev)
         t0 = time.perf_counter()
         r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
@@ -291,15 +310,18 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         assert D[mode].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=60).released
         return dt, r.prefill_seconds, r.bridge
 
-    modes, senders = list(targets), a.sender
-    combos = [(m, w) for m in modes for w in senders]
-    pre, *spls = interleaved([prefill_only] + [functools.partial(split, m, w) for m, w in combos], a.warmup, a.runs)
-    ps.sender = process_sender
+    modes, senders, tails = list(targets), a.sender, a.tail_chunk_mib
+    combos = [(m, w, x) for m in modes for w in senders for x in tails]
+    pre, *spls = interleaved([prefill_only] + [functools.partial(split, *c) for c in combos], a.warmup, a.runs)
+    ps.sender, ps.tail_chunk_bytes = process_sender, round(tails[0] * (1 << 20))
     nbytes = state_bytes[0]
     prefill_s = statistics.median(pre)
-    by_pair = {f"{m}/{w}": split_summary(spl, nbytes, prefill_s) for (m, w), spl in zip(combos, spls)}
+    by_all = {f"{m}/{w}/{x:g}": split_summary(spl, nbytes, prefill_s) for (m, w, x), spl in zip(combos, spls)}
+    t0 = f"{tails[0]:g}"
+    by_pair = {f"{m}/{w}": by_all[f"{m}/{w}/{t0}"] for m in modes for w in senders}
     by_mode = {m: by_pair[f"{m}/{senders[0]}"] for m in modes}
     by_sender = {w: by_pair[f"{modes[0]}/{w}"] for w in senders}
+    by_tail = {f"{x:g}": by_all[f"{modes[0]}/{senders[0]}/{x:g}"] for x in tails}
     spl = spls[0]
     flops = prefill_flops(eng.runner.model, T)
     return {
@@ -307,6 +329,7 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         "prefill_s": round(prefill_s, 6),
         "decode_worker": modes[0],
         "sender": senders[0],
+        "tail_chunk_mib": tails[0],
         **by_mode[modes[0]],
         "state_bytes": nbytes,
         "state_bytes_by_kind": dict(spl[0][2].bytes_by_kind),
@@ -318,6 +341,8 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         "by_decode_worker": by_mode,
         "by_sender": by_sender,
         "by_decode_worker_and_sender": by_pair,
+        "by_tail_chunk_mib": by_tail,
+        "by_decode_worker_sender_and_tail": by_all,
     }
 
 
@@ -334,6 +359,7 @@ def split_summary(spl: list, nbytes: int, prefill_s: float) -> dict:
         "handoff_GBps": round(nbytes / handoff_s / 1e9, 3),
         "handoff_wall_s": round(statistics.median(s - p for s, p, _ in spl), 6),
         "server_prefill_s": round(statistics.median(p for _, p, _ in spl), 6),
+        "data_chunks": spl[0][2].chunks,
         "split_s_runs": [round(s, 6) for s, _, _ in spl],
         "handoff_s_runs": [round(b.seconds, 6) for _, _, b in spl],
     }

@@ -50,7 +50,37 @@ def test_bench_ttft_cpu_smoke(tmp_path):
         assert r["state_bytes"] == state_bytes(r["prompt_tokens"], res["workers"]["max_len"])
         assert r["state_bytes"] == sum(r["state_bytes_by_kind"].values())
         assert r["data_chunks"] == -(-r["state_bytes"] // res["workers"]["chunk_bytes"])
+        assert r["tail_chunk_mib"] == 0 and set(r["by_tail_chunk_mib"]) == {"0"}
+        assert len(r["by_decode_worker_sender_and_tail"]) == 4
     a, b = res["results"]   # 32 more tokens: KV of 2 attention layers + the MTP layer, K and V, fp32
     cfg = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None).cfg
     per_token = 2 * (len(cfg.attn_layers) + 1) * cfg.num_key_value_heads * cfg.head_dim * 4
     assert b["state_bytes"] - a["state_bytes"] == 32 * per_token
+
+
+def test_bench_ttft_tail_chunk_sizes_side_by_side(tmp_path):
+    """--tail-chunk-mib 0,1/64: without and with a 16 KiB tail segment (64 KiB chunks before it), measured
+    interleaved; each summary has its data_chunks, the tail's as wire_send.chunk_plan says."""
+    from baton.progress import tail_offset
+    from baton.wire import TensorDesc
+    from baton.wire_send import chunk_plan
+
+    res = bench_ttft.main(["--device", "cpu", "--prompts", "40", "--runs", "1", "--warmup", "0", "--matmul-n", "64",
+                           "--decode-worker", "in-process", "--sender", "thread", "--chunk-mib", "0.0625",
+                           "--tail-chunk-mib", "0,0.015625"])
+    assert res["workers"]["tail_chunk_mib"] == [0, 0.015625] and res["workers"]["tail_layers"] == 1
+    (r,) = res["results"]
+    assert set(r["by_tail_chunk_mib"]) == {"0", "0.015625"} and r["tail_chunk_mib"] == 0
+    assert set(r["by_decode_worker_sender_and_tail"]) == {"in-process/thread/0", "in-process/thread/0.015625"}
+    assert r["by_tail_chunk_mib"]["0"] == r["by_sender"]["thread"]
+    lm = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None)
+    runner = ModelRunner(lm.model, slots=1, max_len=res["workers"]["max_len"], width=bench_ttft.WIDTH)
+    runner.prefill(0, list(range(1, 41)))
+    specs = [TensorDesc.of(t) for t in runner.state.export(0)]
+    plan = chunk_plan(r["state_bytes"], 64 << 10, tail_offset(specs, 1), 16 << 10)
+    assert plan.tail_chunk_bytes and r["by_tail_chunk_mib"]["0.015625"]["data_chunks"] == plan.count
+    assert r["by_tail_chunk_mib"]["0"]["data_chunks"] == -(-r["state_bytes"] // (64 << 10)) < plan.count
+    for t in r["by_tail_chunk_mib"].values():
+        assert t["split_s"] > 0 and t["handoff_GBps"] > 0
+    with pytest.raises(SystemExit, match="--tail-chunk-mib"):
+        bench_ttft.main(["--device", "cpu", "--chunk-mib", "1", "--tail-chunk-mib", "2"])
