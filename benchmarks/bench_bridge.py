@@ -6,7 +6,9 @@ State: the Qwen3.5-9B shape (random values), 32 layers = 24 GDN + 8 full attenti
     attn layers.{i}.key/value  [4, L, 256]        bf16    (2 KiB per token each)
     hidden                     [4096]             bf16
 Paths measured (GB/s = raw tensor bytes / wall seconds; best and median of --repeats). Chunks are hashed
-and verified by the wire's thread pool with --workers chunks in flight per stream (format 3):
+and verified by the wire's thread pool with --workers chunks in flight per stream (format 4; --tail-chunk-mib:
+its tail segment, the last --tail-layers layers' bytes and hidden in chunks of that size, as the prefill worker's
+handoff_tail_chunk_bytes setting cuts them; 0, the default: none):
     encode_proto / encode_frames   encode_state -> StateChunk objects / encode_state_frames -> bytes
     decode_proto / decode_frames   StateReceiver over pre-encoded StateChunks / serialized frames,
                                    into fresh buffers (decode_frames_reused_buffers: a reused pool)
@@ -57,6 +59,7 @@ import torch  # noqa: E402
 
 from baton import wire, wire_send  # noqa: E402
 from baton.sender_process import SenderProcess  # noqa: E402
+from baton.progress import tail_offset  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, state_pb2  # noqa: E402
 
@@ -204,6 +207,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096, help="context length L of the KV part")
     ap.add_argument("--chunk-mib", type=float, default=wire.DEFAULT_CHUNK_BYTES / (1 << 20))
+    ap.add_argument("--tail-chunk-mib", type=float, default=0.0,
+                    help="tail segment chunk size, MiB (<= --chunk-mib; 0: no tail segment)")
+    ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
+                    help="layers the tail segment covers, counted from the last")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--workers", type=int, default=None,
@@ -226,8 +233,12 @@ def main(argv=None) -> dict:
     total = sum(s.nbytes for s in specs)
     layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
     workers = wire.default_workers() if a.workers is None else a.workers
+    tail = round(a.tail_chunk_mib * (1 << 20))
+    if not 0 <= tail <= chunk:
+        raise SystemExit(f"--tail-chunk-mib: in 0..--chunk-mib ({a.chunk_mib:g}), got {a.tail_chunk_mib:g}")
     enc = dict(session_id="bench", fingerprint=FINGERPRINT, position=a.tokens, next_token=1,
-               tensors=tensors, chunk_bytes=chunk, workers=workers)
+               tensors=tensors, chunk_bytes=chunk, workers=workers, tail_chunk_bytes=tail,
+               tail_from=tail_offset(specs, a.tail_layers) if tail else 0)
     proto_msgs = list(wire.encode_state(**enc))
     frames = list(wire.encode_state_frames(**enc))
     assert frames[1] == proto_msgs[1].SerializeToString()  # hand framing == protobuf framing
@@ -327,7 +338,9 @@ def main(argv=None) -> dict:
         "loadavg_1_5_15": {"before": [round(x, 2) for x in loadavg_before],
                            "after": [round(x, 2) for x in loadavg_after]},
         "state": {"tokens": a.tokens, "total_bytes": total, "bytes_by_kind": dict(report.bytes_by_kind),
-                  "tensors": len(specs), "data_chunks": report.chunks, "chunk_bytes": chunk},
+                  "tensors": len(specs), "data_chunks": report.chunks, "chunk_bytes": chunk,
+                  "tail_from": proto_msgs[0].header.tail_from,
+                  "tail_chunk_bytes": proto_msgs[0].header.tail_chunk_bytes},
         "results": r,
     }
     emit(result, a.out)
