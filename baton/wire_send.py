@@ -180,7 +180,7 @@ def plan(*, session_id: str, fingerprint: str, position: int, next_token, tensor
         position=position, tensors=[s.to_proto() for s in specs], total_bytes=total, mode=mode, engine=engine,
         chunk_bytes=chunk_bytes, tail_from=chunks.tail_from, tail_chunk_bytes=chunks.tail_chunk_bytes)
     workers = default_workers() if workers is None else workers
-    if min(chunk_bytes, chunks.tail_chunk_bytes or chunk_bytes) < _wire.PARALLEL_MIN_BYTES:
+    if chunk_bytes < _wire.PARALLEL_MIN_BYTES:   # NOTE: small tail chunks still go through the pool (head's)
         workers = 0
     return Plan(header, chunks, specs, tensor_source, next_token, workers, lazy, _ReadyNow())
 
