@@ -66,7 +66,7 @@ def test_bad_values_name_the_variable(env, field):
         Settings.from_env(env)
 
 
-def test_handoff_tail_settings_env_and_cli(capsys):
+def test_handoff_tail_settings_env_and_cli(capsys, monkeypatch):
     """Wire format 4's tail segment: BATON_HANDOFF_TAIL_CHUNK_BYTES (0 = off, the default) and
     BATON_HANDOFF_TAIL_LAYERS (default 1); the prefill worker's --handoff-tail-chunk-mib must fit --chunk-mib."""
     assert (Settings().handoff_tail_chunk_bytes, Settings().handoff_tail_layers) == (0, 1)
@@ -80,8 +80,11 @@ def test_handoff_tail_settings_env_and_cli(capsys):
             Settings.from_env(env)
     with pytest.raises(SettingsError, match="BATON_HANDOFF_TAIL_CHUNK_BYTES"):
         Settings(handoff_tail_chunk_bytes=1.5)
-    from prefill_worker.__main__ import main
+    import prefill_worker.__main__ as cli
     from prefill_worker.service import check_tail_chunk_bytes
+
+    monkeypatch.setattr(cli, "setup_logging", lambda settings: None)   # NOTE: no basicConfig in the test process
+    main = cli.main
 
     assert check_tail_chunk_bytes(Settings(handoff_tail_chunk_bytes=1 << 20), 1 << 20) == 1 << 20
     with pytest.raises(ValueError, match="handoff_tail_chunk_bytes 2097152 .* > the hand-off chunk size 1048576"):
