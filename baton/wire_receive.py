@@ -1,12 +1,13 @@
 """State wire format, receiving side: validate the header, verify and place each chunk, verify the manifest.
 
 StateReceiver(expected, fingerprint=, max_total_bytes=); feed(chunk) per message; finish(). The header
-is validated before anything is allocated. Each data chunk's index and size are checked on arrival (in
-order, exact sizes from the header's chunk plan: wire.ChunkPlan); the pool then verifies its SHA-256 and copies it into
-the per-tensor CPU buffers (numpy copies: no GIL) while later chunks arrive, at most 2 * workers + 2
-chunks in flight. The trailer is checked after every chunk verified: counts, then the manifest over the
-header and the chunk digests in order. finish() returns a ReceivedState only when all of that passed
-(see baton/wire.py for the stream layout); any failure waits for the pool's copies, then drops every buffer.
+is validated before anything is allocated, its chunk plan (wire.ChunkPlan) strictly. Each data chunk's
+index and size are checked on arrival (in order, exact sizes from the plan); the pool then verifies its
+SHA-256 and copies it into the per-tensor CPU buffers (numpy copies: no GIL) while later chunks arrive,
+at most 2 * workers + 2 chunks in flight. The trailer is checked after every chunk verified: counts, then
+the manifest over the header and the chunk digests in order. finish() returns a ReceivedState only when
+all of that passed (see baton/wire.py for the stream layout); any failure waits for the pool's copies,
+then drops every buffer.
 """
 from __future__ import annotations
 
