@@ -84,27 +84,32 @@ def random_state(seed: int) -> list[wire.WireTensor]:
             wire.WireTensor("hidden", state_pb2.HIDDEN, torch.randn(77, generator=g).half())]
 
 
+def _three_pushes(ts, sender, **kw):
+    """The same 2-layer state pushed to a recording receiver by the process sender, the thread sender, and
+    the process sender pulling tensors as a running prefill marks them -> (their streams, their results)."""
+    rec = Recorder()
+    try:
+        res = [handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result(),
+               handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result()]
+        progress = PrefillProgress(2, torch.device("cpu"))
+        push = handoff.start_push(rec.address, Settings(), tensors=ts, progress=progress, sender=sender, **kw)
+        progress.mark(0)
+        progress.mark(1)
+        progress.finish(kw["next_token"])
+        res.append(push.result())
+    finally:
+        rec.server.stop(0)
+    return rec.streams, res
+
+
 @pytest.mark.parametrize("chunk_bytes", [1000, 65521, 1 << 17, 300_007])   # 300_007: frames built outside the GIL
 def test_frames_are_byte_identical_to_the_thread_sender(sender, chunk_bytes):
     ts = random_state(chunk_bytes)
     total = sum(t.tensor.numel() * t.tensor.element_size() for t in ts)
     assert any(total > chunk_bytes and (sum(x.tensor.nbytes for x in ts[:i]) % chunk_bytes) for i in range(1, 4))
-    rec = Recorder()
-    try:
-        kw = dict(session_id="s", fingerprint="sha256:x", position=600, next_token=4242, chunk_bytes=chunk_bytes,
-                  mode=common_pb2.EXACT, engine="mtp", timeout=T)
-        r_proc, b_proc = handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result()
-        r_thr, b_thr = handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result()
-        # the prefill worker's path: the table first, tensors pulled as a running prefill marks them
-        progress = PrefillProgress(2, torch.device("cpu"))
-        push = handoff.start_push(rec.address, Settings(), tensors=ts, progress=progress, sender=sender, **kw)
-        progress.mark(0)
-        progress.mark(1)
-        progress.finish(4242)
-        push.result()
-    finally:
-        rec.server.stop(0)
-    proc, thr, lazy = rec.streams
+    (proc, thr, lazy), ((_, b_proc), (_, b_thr), _) = _three_pushes(
+        ts, sender, session_id="s", fingerprint="sha256:x", position=600, next_token=4242, chunk_bytes=chunk_bytes,
+        mode=common_pb2.EXACT, engine="mtp", timeout=T)
     assert len(proc) == -(-total // chunk_bytes) + 2
     assert proc == thr == lazy
     assert (b_proc.total_bytes, b_proc.chunks, b_proc.tokens) == (b_thr.total_bytes, b_thr.chunks, b_thr.tokens)
@@ -499,21 +504,9 @@ def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sen
     plan = chunk_plan(total, chunk_bytes, tail_offset(specs, tail_layers), tail_chunk_bytes)
     assert plan.tail_from == (0 if tail_chunk_bytes == chunk_bytes else
                               tail_offset(specs, tail_layers) // chunk_bytes * chunk_bytes)
-    rec = Recorder()
-    try:
-        kw = dict(session_id="s", fingerprint="sha256:x", position=600, next_token=77, chunk_bytes=chunk_bytes,
-                  timeout=T, tail_chunk_bytes=tail_chunk_bytes, tail_layers=tail_layers)
-        handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result()
-        handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result()
-        progress = PrefillProgress(2, torch.device("cpu"))
-        push = handoff.start_push(rec.address, Settings(), tensors=ts, progress=progress, sender=sender, **kw)
-        progress.mark(0)
-        progress.mark(1)
-        progress.finish(77)
-        push.result()
-    finally:
-        rec.server.stop(0)
-    proc, thr, lazy = rec.streams
+    (proc, thr, lazy), _ = _three_pushes(ts, sender, session_id="s", fingerprint="sha256:x", position=600,
+                                         next_token=77, chunk_bytes=chunk_bytes, timeout=T,
+                                         tail_chunk_bytes=tail_chunk_bytes, tail_layers=tail_layers)
     assert proc == thr == lazy
     h = state_pb2.StateChunk.FromString(proc[0]).header
     assert (h.format_version, h.tail_from, h.tail_chunk_bytes) == (4, plan.tail_from, plan.tail_chunk_bytes)
