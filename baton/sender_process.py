@@ -21,7 +21,7 @@ Lifecycle:
                                        flight fails with HandoffError(UNAVAILABLE, "... sender process died");
                                        a broken control channel (a message it cannot parse): the child is
                                        killed first (so that wait cannot hang), then the same
-    ProcessPush.result(is_active) / cancel()   handoff.Push's contract (CANCEL stops the child's call).
+    ProcessPush.result(is_active) / cancel()   (baton/sender_push.py) handoff.Push's contract (CANCEL stops the child's call).
         Never waits past the push's deadline: the child's call has that deadline, so its DONE comes by then;
         none `answer_grace_s` later (or a CANCEL the child does not take within 2 s) means the child is
         wedged: it is killed (every push on it fails, the next push starts a new one) and result() raises
@@ -43,30 +43,21 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
-import grpc
 import torch
 
-from baton.handoff import HandoffError
-from baton.sender_ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
+from baton.sender_ipc import DONE, FREE, OPEN, READY, Channel, Ring
 from baton.settings import Settings
-from baton.wire import DEFAULT_CHUNK_BYTES, BridgeStats, default_workers
+from baton.wire import DEFAULT_CHUNK_BYTES, default_workers
 from baton.wire_frame import header_frame
-from baton.wire_send import Plan, chunk_segments
-from baton.wire_stage import stage_into
+from baton.sender_push import ANSWER_GRACE_S, ProcessPush, _Stop
+from baton.wire_send import Plan
 
 log = logging.getLogger("baton.sender")
 DEFAULT_SLOTS = 8
-ANSWER_GRACE_S = 10.0   # past a push's deadline: no DONE by then means the child is wedged
-CANCEL_SEND_S = 2.0     # a CANCEL not sent by then: the child is not reading its control channel
 _ROOT = str(Path(__file__).resolve().parents[1])   # the directory holding the baton package
-
-
-class _Stop(Exception):
-    """The push ended (answered, cancelled, failed) or its child died: stop staging."""
 
 
 class _Child:
@@ -243,120 +234,6 @@ class _Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.reader.join(timeout)
-
-
-class ProcessPush:
-    """One LoadState call streamed by the sender process; handoff.Push's contract."""
-
-    def __init__(self, target: str, plan: Plan, deserialize: Callable[[bytes], object], position: int,
-                 timeout: float, grace: float = ANSWER_GRACE_S):
-        self.target, self._plan, self._deserialize, self._position = target, plan, deserialize, position
-        self._timeout, self._grace = timeout, grace
-        self.sid, self.child, self.held = 0, None, 0   # held: ring slots this push owns (under child._cv)
-        self.done = threading.Event()
-        self._outcome: dict | None = None
-        self._error: BaseException | None = None   # raised while staging (e.g. the prefill failed)
-        self._cancelled = False
-        self._t0 = time.perf_counter()
-        self._stager: threading.Thread | None = None
-
-    def _start(self, child: _Child, meta: dict) -> "ProcessPush":
-        if not child.open(self, meta):
-            self._finish({"code": "UNAVAILABLE", "details": child.dead, "chunks": 0})
-            return self
-        self._stager = threading.Thread(target=self._stage, daemon=True, name=f"baton-sender-stage-{self.sid}")
-        self._stager.start()
-        return self
-
-    def _stage(self) -> None:
-        child, p, sid = self.child, self._plan, self.sid
-        pending = None   # (slot, index, n, done event): a CUDA chunk whose copy is queued
-        try:
-            for index, segs in chunk_segments(p.specs, p.tensor_source, p.chunks, p.ready_now):
-                n = sum(b - a for _, _, a, b in segs)
-                slot = child.take(self)
-                try:
-                    if any(t.is_cuda for t, _, _, _ in segs):
-                        child.pin()
-                    n, done = stage_into(child.slot(slot, n), segs)
-                except BaseException:
-                    child.give(slot)
-                    raise
-                if pending is not None:
-                    pending[3].synchronize()   # NOTE: no GIL while waiting
-                    child.post(CHUNK, sid, *pending[:3])
-                    pending = None
-                if done is not None:
-                    pending = (slot, index, n, done)
-                else:
-                    child.post(CHUNK, sid, slot, index, n)
-            if pending is not None:
-                pending[3].synchronize()
-                child.post(CHUNK, sid, *pending[:3])
-                pending = None
-            token = p.token()
-            if not 0 <= token < 1 << 63:
-                raise ValueError(f"next_token {token} out of range")
-            child.post(END, sid, n=token)
-        except _Stop:
-            pass
-        except BaseException as e:  # noqa: BLE001 - result() raises it
-            self._error = e
-            self.cancel()
-        finally:
-            if pending is not None:
-                if pending[3] is not None:
-                    pending[3].synchronize()   # the copy must land before the slot is reused
-                child.give(pending[0])
-            child.leave()
-
-    def _finish(self, outcome: dict) -> None:
-        self._outcome = outcome
-        self.done.set()
-        with self.child._cv:
-            self.child._cv.notify_all()   # a stager waiting for a slot stops
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        if not self.done.is_set() and self.child is not None:
-            try:
-                self.child.conn.send(CANCEL, self.sid, timeout=CANCEL_SEND_S)
-            except TimeoutError:
-                self.child.kill(f"the hand-off sender process does not read its control channel (a CANCEL "
-                                f"waited {CANCEL_SEND_S:g} s)")
-            except OSError:
-                pass
-
-    def result(self, is_active: Callable[[], bool] | None = None):
-        """(the decode worker's answer, BridgeReport), or HandoffError as handoff.Push.result; never waits
-        more than the push's timeout + grace (a wedged child: killed, DEADLINE_EXCEEDED)."""
-        deadline = self._t0 + self._timeout + self._grace
-        while not self.done.wait(0.05):
-            if is_active is not None and not is_active():
-                self.cancel()
-                raise HandoffError(self.target, grpc.StatusCode.CANCELLED, "the calling RPC ended")
-            if time.perf_counter() > deadline and not self.done.is_set():
-                why = (f"the hand-off sender process gave no answer {self._grace:g} s past the call's deadline "
-                       f"({self._timeout:g} s)")
-                if self.child is not None:
-                    self.child.kill(why)
-                self._finish({"code": "DEADLINE_EXCEEDED", "details": why, "chunks": 0})   # the stager stops
-                raise HandoffError(self.target, grpc.StatusCode.DEADLINE_EXCEEDED, why)
-        o = self._outcome
-        if o["code"] != "OK":
-            if self._error is not None:
-                raise self._error
-            if o["code"] == "CANCELLED" and self._cancelled:
-                raise HandoffError(self.target, grpc.StatusCode.CANCELLED, "hand-off cancelled")
-            raise HandoffError(self.target, grpc.StatusCode[o["code"]], o["details"])
-        stats = BridgeStats.from_specs(self._plan.specs, tokens=self._position, chunks=o["chunks"],
-                                       seconds=time.perf_counter() - self._t0)
-        return self._deserialize(base64.b64decode(o["response"])), stats.to_proto()
-
-    def join(self, timeout: float | None = None) -> None:
-        """Waits for the stager thread (it ends once the source is exhausted or the push ended)."""
-        if self._stager is not None:
-            self._stager.join(timeout)
 
 
 class SenderProcess:

@@ -408,9 +408,9 @@ def test_a_wedged_child_is_killed_past_the_deadline_and_the_next_push_respawns(c
 
 
 def test_a_cancel_the_child_does_not_read_kills_it(cluster, monkeypatch):
-    from baton import sender_process
+    from baton import sender_push
 
-    monkeypatch.setattr(sender_process, "CANCEL_SEND_S", 0.2)
+    monkeypatch.setattr(sender_push, "CANCEL_SEND_S", 0.2)
     sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1)
     try:
         push, progress, sid = running_push(cluster, sender, "deaf")
