@@ -178,8 +178,8 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
             live = list(streams.values())
         for s in live:
             s.cancel()
-        for ch in channels.values():
-            ch.close()
+        # NOTE: the channels are not closed: close() can block on a call still finishing, and the process
+        # ends with os._exit right after this (the kernel closes the sockets)
         pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -220,7 +220,7 @@ class _Child:
         except BufferError:   # a view still alive somewhere: the mapping goes with it
             log.warning("hand-off sender: ring still referenced at close")
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 3.0) -> None:
         """EOF to the child (it cancels what is in flight and exits), then waits for it and the reader."""
         with self._cv:
             if self.dead is None:
