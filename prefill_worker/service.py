@@ -54,6 +54,8 @@ log = logging.getLogger("baton.prefill")
 SERVICE = "baton.v1.PrefillWorker"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 _GONE = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)   # the Prefill caller went away
+_RETRY_RELEASE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+RELEASE_ATTEMPTS = 3
 
 
 _TARGET = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):(\d{1,5})")
@@ -143,15 +145,24 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         except HandoffError as e:
             raise StatusError(e.code, f"decode_target {push.target}: hand-off failed: {e.details}") from None
 
-    def _release_remote(self, target: str, sid: str) -> None:
-        """Best effort: the caller went away after the decode worker loaded the state."""
+    def _release_remote(self, target: str, sid: str, attempts: int = RELEASE_ATTEMPTS,
+                        backoff_s: float = 0.2) -> None:
+        """Best effort: the caller went away after the decode worker loaded (or while it loads) the state.
+        A Release lost to a busy or restarting worker would leave the session there until its TTL, so a
+        transient failure is retried (backoff_s, then doubling); NOT_FOUND (never loaded) ends it."""
         from baton.v1 import decode_pb2_grpc
 
-        try:
-            stub = decode_pb2_grpc.DecodeWorkerStub(self.channels.get(target, self.settings))
-            stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=5)
-        except grpc.RpcError as e:
-            log.warning("release of %s on %s after a cancelled Prefill failed: %s", sid, target, e.code())
+        stub = decode_pb2_grpc.DecodeWorkerStub(self.channels.get(target, self.settings))
+        for i in range(attempts):
+            try:
+                stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=5)
+                return
+            except grpc.RpcError as e:
+                if e.code() not in _RETRY_RELEASE or i + 1 == attempts:
+                    log.warning("release of %s on %s after a cancelled Prefill failed (attempt %d): %s",
+                                sid, target, i + 1, e.code())
+                    return
+                time.sleep(backoff_s * 2 ** i)
 
     @staticmethod
     def _ended(context) -> StatusError:

@@ -11,7 +11,7 @@ from baton.loading import load_model
 from baton.rpc import build_server, make_channel
 from baton.runner import ModelRunner
 from baton.settings import Settings
-from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
+from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from prefill_worker.engine import ExactEngine
 from prefill_worker.service import SERVICE, PrefillServicer, serve_prefill
 
@@ -252,3 +252,42 @@ def test_every_rpc_needs_the_token(lm):
     finally:
         handle.stop(0)
         svc.close()
+
+
+class _FlakyRelease(decode_pb2_grpc.DecodeWorkerServicer):   # the other RPCs: UNIMPLEMENTED
+    """A decode worker whose Release answers `codes` in turn (then OK), counting the calls."""
+
+    def __init__(self, codes):
+        self.codes, self.calls = list(codes), 0
+
+    def Release(self, request, context):
+        self.calls += 1
+        if self.codes:
+            context.abort(self.codes.pop(0), "not now")
+        return common_pb2.ReleaseResponse(released=True)
+
+
+@pytest.mark.parametrize("codes,calls", [
+    ([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED], 3),   # transient: retried until OK
+    ([grpc.StatusCode.UNAVAILABLE] * 5, 3),                                  # gives up after 3 attempts
+    ([grpc.StatusCode.NOT_FOUND], 1),                                        # never loaded: no retry
+])
+def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes, calls):
+    """PrefillServicer._release_remote (a cancelled Prefill whose state may have landed), against a real
+    loopback decode worker endpoint whose Release fails first."""
+    from types import SimpleNamespace
+
+    from baton.handoff import ChannelPool
+    from decode_worker.service import SERVICE as DECODE
+
+    svc = _FlakyRelease(codes)
+    h = build_server([(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, svc)], service_names=[DECODE], port=0,
+                     settings=Settings())
+    me = SimpleNamespace(channels=ChannelPool(), settings=Settings())
+    try:
+        t0 = time.perf_counter()
+        PrefillServicer._release_remote(me, h.address, "s1", backoff_s=0.01)
+        assert svc.calls == calls and time.perf_counter() - t0 < 5
+    finally:
+        me.channels.close()
+        h.stop(0)
