@@ -221,3 +221,23 @@ def test_gpu_quantized_model_matches_fallback():
         FP8Linear.use_kernel = True
     assert rel_err(kernel[:3], fallback[:3]) < 5e-2   # W8A8 both; per GEMM ~2e-3 apart (tests/test_gemv.py), compounded
     assert torch.equal(kernel[0], _rows_logits(model, [11])[0])
+
+
+@pytest.mark.gpu
+def test_gpu_w8a8_handoff_is_bitwise_the_plain_fused_step():
+    """FastRows.w8a8 (split-K partials summed by the norm, x quantised by the norm) changes no bit of the
+    FP8 rows step: logits of an AR row and of a 3-row block equal the plain fused sequence's."""
+    from baton.models.fast_rows import FastRows
+    model = small_model(dtype=torch.bfloat16).cuda()
+    quantize_model(model, "full")
+    fr = FastRows.for_model(model, 64)
+    assert fr.w8a8 is FP8Linear
+    fused = [_rows_logits(model, [11]), _rows_logits(model, [11, 12, 13])]
+    fr.w8a8 = None
+    try:
+        plain = [_rows_logits(model, [11]), _rows_logits(model, [11, 12, 13])]
+    finally:
+        fr.w8a8 = FP8Linear
+    assert torch.equal(fused[0][0], plain[0][0])
+    assert torch.equal(fused[1][:3], plain[1][:3])
+    assert torch.equal(fused[0][0], fused[1][0])                  # row invariance holds through it

@@ -66,7 +66,27 @@ for M, rows, I, K, split in [(16, 3, 96, 256, 1), (16, 16, 50, 512, 2)]:
         two = R.silu_mul(torch.cat([full[:, 0::2], full[:, 1::2]], 1))
         glu.append(dict(kind=kind, split=cfg.split, shape=list(fused.shape), equal=torch.equal(fused, two),
                         dead_zero=bool((fused[rows:] == 0).all()), live=bool(fused[:rows].abs().sum() > 0)))
-print("RESULT" + json.dumps(dict(cases=out, glu=glu)))
+# the w8a8 hand-off (baton/models/fast_rows.py): GEMM partials -> add_rmsnorm(quant) -> GEMM on QuantX is
+# bitwise GEMM -> add_rmsnorm -> GEMM, for splits 1, 2, 4, dead rows, K not a multiple of 128, and glu
+hand = []
+for W, n, H, K, split in [(16, 1, 256, 512, 4), (16, 5, 384, 256, 2), (8, 8, 256, 128, 1), (16, 3, 200, 96, 2)]:
+    qo, so = quantize_rows(torch.randn(H, K) * 0.05)                # out projection K -> H
+    q, s = quantize_rows(torch.randn(2 * K, H) * 0.05)              # next projection H -> 2K (also glu)
+    x, res, wn = torch.randn(W, K), torch.randn(W, H), torch.randn(H) * 0.1
+    cfg = gemv.pick_config(W, H, K, 132, fp8=True, split=split, block_k=128)
+    y = gemv.linear(x, qo, so, rows=n, cfg=cfg)
+    r1, xn = R.add_rmsnorm(y, res, wn, 1e-6)
+    P = gemv.linear(x, qo, so, rows=n, cfg=cfg, partial=True)
+    r2, xq = R.add_rmsnorm(P, res, wn, 1e-6, rows=n, quant=True)
+    a, b = gemv.linear(xn, q, s, rows=n), gemv.linear(xq, q, s, rows=n)
+    ga, gb = gemv.linear(xn, q, s, rows=n, glu=True), gemv.linear(xq, q, s, rows=n, glu=True)
+    _, x0 = R.add_rmsnorm(res, None, wn, 1e-6)                      # layer 0: no partials, no residual
+    _, x0q = R.add_rmsnorm(res, None, wn, 1e-6, quant=True)
+    hand.append(dict(split=cfg.split, parts=P.shape[0], res=torch.equal(r1[:n], r2[:n]),
+                     out=torch.equal(a[:n], b[:n]), glu=torch.equal(ga[:n], gb[:n]), live=bool(a[:n].abs().sum() > 0),
+                     dead_zero=bool((b[n:] == 0).all()),
+                     first=torch.equal(gemv.linear(x0, q, s, rows=n)[:n], gemv.linear(x0q, q, s, rows=n)[:n])))
+print("RESULT" + json.dumps(dict(cases=out, glu=glu, hand=hand)))
 """
 
 
@@ -86,6 +106,10 @@ def test_kernel_under_triton_interpreter():
     assert {(g["kind"], g["split"]) for g in got["glu"]} == {("fp32", 1), ("fp32", 2), ("fp8", 1), ("fp8", 2)}
     for g in got["glu"]:
         assert g["equal"] and g["dead_zero"] and g["live"], g
+    # fp8 hand-off: split-K partials summed by the norm, the norm quantising for the next GEMM, bitwise
+    assert {h["split"] for h in got["hand"]} == {1, 2, 4}
+    for h in got["hand"]:
+        assert h["parts"] == h["split"] and all(h[k] for k in ("res", "out", "glu", "live", "dead_zero", "first")), h
 
 
 def test_pick_config():

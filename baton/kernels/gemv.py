@@ -44,12 +44,15 @@ FP8_GROUP = 128          # x quantisation group along K (the fp8 BLOCK_K): fixes
 
 
 @triton.jit(do_not_specialize=["M", "rows"])
-def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
-            M, rows, N, K, stride_xm, stride_wn, stride_ym,
+def _skinny(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
+            M, rows, N, K, stride_xm, stride_sxm, stride_wn, stride_ym,
             K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
-            GLU: tl.constexpr, PDL: tl.constexpr):
-    # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each
+            XQ: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr):
+    # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each.
+    # XQ: x arrives quantised (x_ptr e4m3 [M, K], sx_ptr fp32 [M, K / SUB] = amax / 448), bitwise what
+    # the FP8 branch computes in registers. PARTIAL: every split stores its scaled fp32 partial into
+    # y_ptr [SPLIT, M, N] (live rows only) and the consumer sums them (rows.add_rmsnorm).
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -74,7 +77,11 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
                 xt = tl.load(x_ptrs + kk, mask=live[:, None] & mk[None, :], other=0.0)
                 wt = tl.load(w_ptrs + kk, mask=mask_n[:, None] & mk[None, :], other=0.0,
                              eviction_policy="evict_first")
-            if FP8:
+            if XQ:                                                    # dead rows / groups: q = 0, sx = 0
+                sx = tl.load(sx_ptr + rm.to(tl.int64) * stride_sxm + (k0 + kk) // SUB,
+                             mask=live & (k0 + kk < K), other=0.0)
+                acc += tl.dot(wt, tl.trans(xt)) * sx[None, :]
+            elif FP8:
                 xf = xt.to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30)  # [BM]; 0-rows stay 0
                 xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv) # [BM, SUB] e4m3 (satfinite)
@@ -84,20 +91,23 @@ def _skinny(x_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
     if FP8:
         acc = acc * tl.load(s_ptr + rn, mask=mask_n, other=0.0)[:, None]
     # y^T tile: element (n, m) -> y[m, n]; dead rows (m >= rows) hold 0 (their x was 0)
-    if SPLIT == 1:
+    if PARTIAL:                                                       # y [SPLIT, M, N] fp32, live rows
+        pp = y_ptr + (pid_s * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
+        tl.store(pp, acc, mask=mask_n[:, None] & live[None, :])
+    elif SPLIT == 1:
         _store_tile(y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU)
     else:
         tile = pid_m * tl.num_programs(0) + pid_n
         tile_sz = BLOCK_M * BLOCK_N
         p_tile = (p_ptr + tile.to(tl.int64) * (SPLIT * tile_sz)
                   + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :])   # [BN, BM]
-        tl.store(p_tile + pid_s * tile_sz, acc)
+        tl.store(p_tile + pid_s * tile_sz, acc, mask=live[None, :])  # dead columns are 0: not stored
         tl.debug_barrier()                                            # every thread's partial is written
         arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
         if arrived == SPLIT - 1:                                      # last split of this tile
             tot = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT):                          # fixed order: deterministic
-                tot += tl.load(p_tile + s * tile_sz, cache_modifier=".cg")
+                tot += tl.load(p_tile + s * tile_sz, mask=live[None, :], other=0.0, cache_modifier=".cg")
             _store_tile(y_ptr, tot, rm, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU)
             tl.atomic_xchg(lock_ptr + tile, 0)
 
@@ -203,45 +213,79 @@ def _workspace(cache: dict, device: torch.device, n: int, dtype: torch.dtype) ->
     return buf
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, rows: int | None = None,
-           cfg: Config | None = None, glu: bool = False) -> torch.Tensor:
+@dataclass(frozen=True)
+class QuantX:
+    """x [M, K] already quantised for the W8A8 kernel, made by rows.add_rmsnorm(quant=True): q [M, K]
+    e4m3 and s [M, K / FP8_GROUP] fp32 (amax / 448 of each group), bitwise what `linear` computes from
+    the bf16 x in registers; `dtype` is that x's dtype (the output's). Rows >= the live rows are junk
+    and never read."""
+    q: torch.Tensor
+    s: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
+def linear(x: torch.Tensor | QuantX, w: torch.Tensor, scale: torch.Tensor | None = None, *,
+           rows: int | None = None, cfg: Config | None = None, glu: bool = False,
+           partial: bool = False) -> torch.Tensor:
     """x [..., K] bf16/fp16, w [N, K] (x.dtype, or float8_e4m3fn with scale [N] fp32) -> y [..., N] in x.dtype.
     Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0.
     glu: w's rows interleave (gate_i, up_i) (`interleave_glu`); y [..., N/2] = silu(gate) * up, in the
-    GEMM's epilogue (one kernel instead of GEMM + silu_mul, bitwise the same values)."""
+    GEMM's epilogue (one kernel instead of GEMM + silu_mul, bitwise the same values).
+    x may be a QuantX [M, K] (fp8 w only): the same result without quantising x in the K loop.
+    partial: returns the split-K partials P [SPLIT, M, N] fp32 (scaled; rows >= `rows` unwritten)
+    instead of y, for a consumer that sums them in the order s = 0, 1, ... and rounds to x's dtype, which
+    is bitwise y (rows.add_rmsnorm); the kernel then skips its own reduction."""
+    xq = x if isinstance(x, QuantX) else None
     K = x.shape[-1]
     N = w.shape[0]
     fp8 = w.dtype == torch.float8_e4m3fn
+    dtype = xq.dtype if xq is not None else x.dtype
     assert w.shape[1] == K and w.stride(1) == 1, (x.shape, w.shape)
     assert fp8 == (scale is not None) and (not fp8 or scale.numel() == N), "fp8 weights need a scale[N]"
     assert fp8 or w.dtype == x.dtype, (w.dtype, x.dtype)
     assert not glu or N % 2 == 0, "glu: gate and up rows come in pairs"
+    assert not (glu and partial), "glu: the epilogue needs the whole sum"
     if fp8 and not scale.is_contiguous():
         scale = scale.contiguous()                   # a strided row-slice view (interleaved gate/up)
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    if xq is not None:
+        assert fp8 and xq.q.dim() == 2 and xq.q.is_contiguous() and xq.s.is_contiguous(), "QuantX: fp8 w, [M, K]"
+        assert xq.s.shape == (xq.q.shape[0], triton.cdiv(K, FP8_GROUP)), (xq.q.shape, xq.s.shape)
+        x2, sx = xq.q, xq.s
+        lead = xq.q.shape[:-1]
+    else:
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        sx, lead = x2, x.shape[:-1]
     M = x2.shape[0]
     rows = M if rows is None else min(int(rows), M)
     n_out = N // 2 if glu else N
-    y = torch.empty(M, n_out, dtype=x.dtype, device=x.device)       # [M, n_out]
+    cfg = cfg or pick_config(M, N, K, sm_count(x2.device), fp8=fp8)
+    if partial:
+        y = torch.empty(cfg.split, M, N, dtype=torch.float32, device=x2.device)   # [SPLIT, M, N]
+    else:
+        y = torch.empty(M, n_out, dtype=dtype, device=x2.device)                  # [M, n_out]
     if M == 0:
-        return y.view(*x.shape[:-1], n_out)
-    cfg = cfg or pick_config(M, N, K, sm_count(x.device), fp8=fp8)
+        return y if partial else y.view(*lead, n_out)
     assert not glu or cfg.block_n % 2 == 0
     n_tiles, m_tiles = triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m)
-    if cfg.split > 1:
+    if cfg.split > 1 and not partial:
         tiles = n_tiles * m_tiles
-        part = _workspace(_PARTIALS, x.device, tiles * cfg.split * cfg.block_m * cfg.block_n, torch.float32)
-        locks = _workspace(_LOCKS, x.device, tiles, torch.int32)
+        part = _workspace(_PARTIALS, x2.device, tiles * cfg.split * cfg.block_m * cfg.block_n, torch.float32)
+        locks = _workspace(_LOCKS, x2.device, tiles, torch.int32)
     else:
         part = locks = y
     _skinny[(n_tiles, cfg.split, m_tiles)](
-        x2, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), w.stride(0), y.stride(0),
-        K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        x2, sx, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), sx.stride(0), w.stride(0),
+        y.stride(-2), K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SUB=FP8_GROUP if fp8 else cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8,
-        GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kw(x.device))
-    return y.view(*x.shape[:-1], n_out)
+        XQ=xq is not None, PARTIAL=partial, GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch_kw(x2.device))
+    return y if partial else y.view(*lead, n_out)
 
 
 def interleave_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

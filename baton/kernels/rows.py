@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels import gemv
 from baton.kernels.pdl import launch_kw, pdl_enter
 
 
@@ -30,13 +31,21 @@ def _p2(n: int) -> int:
 
 # ---- RMSNorms ------------------------------------------------------------------------------------
 @triton.jit
-def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, N, sx, sr, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, s_ptr, N, sx, sr, eps, rows, s_part,
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr, QUANT: tl.constexpr,
+                        PDL: tl.constexpr):
     pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < N
-    x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0)
+    if PARTS > 0:       # x = a GEMM's split-K partials [PARTS, W, N] fp32: its epilogue's sum and rounding
+        lm = m & (row < rows)                                       # dead rows: the GEMM's 0
+        tot = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(PARTS):
+            tot += tl.load(x_ptr + s * s_part + row * N + offs, mask=lm, other=0.0)
+        x = tot.to(r_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0)
     if HAS_RES:
         r = tl.load(r_ptr + row * sr + offs, mask=m, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -45,19 +54,41 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, N, sx, sr, eps,
     var = tl.sum(xf * xf, axis=0) / N
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     y = xf * tl.rsqrt(var + eps) * (1.0 + w)
-    tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+    if QUANT:           # gemv's W8A8 quantisation of y, as its K loop would do it (gemv.QuantX)
+        G: tl.constexpr = BLOCK // 128
+        yg = tl.reshape(y.to(r_ptr.dtype.element_ty).to(tl.float32), (G, 128))      # [G, 128]
+        amax = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-30)                         # [G]
+        q = tl.reshape((yg * (448.0 / amax)[:, None]).to(tl.float8e4nv), (BLOCK,))
+        tl.store(y_ptr + row * N + offs, q, mask=m)
+        rg = tl.arange(0, G)
+        tl.store(s_ptr + row * tl.cdiv(N, 128) + rg, amax * (1.0 / 448.0), mask=rg * 128 < N)
+    else:
+        tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def add_rmsnorm(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps: float):
-    """x, res [W, N] (row-strided) -> (res' [W, N] contiguous, y [W, N]); res None: (x, y)."""
-    W, N = x.shape
-    y = torch.empty(W, N, dtype=x.dtype, device=x.device)
-    rout = torch.empty_like(y) if res is not None else x
-    _add_rmsnorm_kernel[(W,)](x, res if res is not None else x, w, rout, y, N, x.stride(0),
-                              res.stride(0) if res is not None else 0, eps,
-                              HAS_RES=res is not None, BLOCK=_p2(N), num_warps=8 if N >= 2048 else 4,
-                              **launch_kw(x.device))
-    return rout, y
+def add_rmsnorm(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps: float, *,
+                rows: int | None = None, quant: bool = False):
+    """x, res [W, N] (row-strided) -> (res' [W, N] contiguous, y [W, N]); res None: (x, y).
+    x may be the split-K partials [S, W, N] fp32 of gemv.linear(partial=True) (res required): summed and
+    rounded to res.dtype as that GEMM's own epilogue would, rows >= `rows` taken as its 0 rows.
+    quant: y comes back as a gemv.QuantX (e4m3 + group scales) for an fp8 GEMM, instead of bf16."""
+    parts = x.shape[0] if x.dim() == 3 else 0
+    W, N = x.shape[-2:]
+    dtype = res.dtype if parts else x.dtype
+    assert not parts or (res is not None and x.dtype == torch.float32 and x.is_contiguous()), "partials need res"
+    rout = torch.empty(W, N, dtype=dtype, device=x.device) if res is not None else x
+    if quant:
+        assert gemv.FP8_GROUP == 128                                     # the kernel's group size
+        y = torch.empty(W, N, dtype=torch.float8_e4m3fn, device=x.device)
+        s = torch.empty(W, triton.cdiv(N, 128), dtype=torch.float32, device=x.device)
+    else:
+        y = torch.empty(W, N, dtype=dtype, device=x.device)
+        s = y
+    _add_rmsnorm_kernel[(W,)](x, res if res is not None else x, w, rout, y, s, N, x.stride(-2),
+                              res.stride(0) if res is not None else 0, eps, W if rows is None else int(rows),
+                              W * N, HAS_RES=res is not None, BLOCK=max(_p2(N), 128 if quant else 1), PARTS=parts, QUANT=quant,
+                              num_warps=8 if N >= 2048 else 4, **launch_kw(x.device))
+    return rout, (gemv.QuantX(y, s, dtype) if quant else y)
 
 
 # ---- MLP -----------------------------------------------------------------------------------------

@@ -81,15 +81,18 @@ class Merged:
         return K.silu_mul(rows_linear(self.module, x, n))
 
 
-def rows_linear(mod: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+def rows_linear(mod: nn.Module, x: "torch.Tensor | gemv.QuantX", n: int, partial: bool = False) -> torch.Tensor:
     """mod(x) for x [W, in] whose first n rows are live -> [W, out]; rows >= n are 0 or junk, never read.
     FP8Linear: the W8A8 rows kernel. bf16 nn.Linear: the rows kernel where the H200 sweep beats cuBLAS
     (the bf16 gemv.TUNED shapes), else cuBLAS at M = W. Each is row-invariant, so a row's bits depend on
     neither n nor the other rows (the exactness contract).
     NOTE: silu(gate) * up is never fused into the down projection's input load: there it is recomputed
     by every N tile (64x for N = 4096), which cost ~20% of the whole step on the H200. FP8 fuses it
-    into the gate|up GEMM's epilogue instead (Merged.act)."""
+    into the gate|up GEMM's epilogue instead (Merged.act).
+    x may be a gemv.QuantX and partial=True asks for split-K partials (FP8Linear only: FastRows.w8a8)."""
     w = mod.weight
+    if partial or isinstance(x, gemv.QuantX):
+        return gemv.linear(x, w, mod.scale, rows=n, partial=partial)
     if type(mod) is nn.Linear:
         if w.dtype == x.dtype == torch.bfloat16 and (False, *w.shape) in gemv.TUNED:
             return gemv.linear(x, w, rows=n)
@@ -132,6 +135,7 @@ class FastRows:
             mlp = layer.mlp               # fp8 quantizes both or neither
             glu = type(mlp.gate_proj) is not nn.Linear and mlp.gate_proj.weight.shape == mlp.up_proj.weight.shape
             self.gate_up.append(Merged([mlp.gate_proj, mlp.up_proj], glu=glu))
+        self.w8a8 = _all_fp8(model, self)      # the FP8 module class (its use_kernel switch), or None
         if hasattr(model, "mtp"):                # the MTP head's decoder layer (full attention)
             a, mlp = model.mtp.layers[0].self_attn, model.mtp.layers[0].mlp
             self.mtp_mixer = _groups([a.q_proj, a.k_proj, a.v_proj])
@@ -162,6 +166,10 @@ class FastRows:
         self.rope_len = max_len
 
     # ---- the step ------------------------------------------------------------------------------
+    # w8a8 (every layer's projections FP8, each input's consumers one merged GEMM): the GEMMs that feed
+    # an add+RMSNorm (out_proj, o_proj, down) hand it their split-K partials, and the norm hands the next
+    # GEMM its input already quantised (gemv.QuantX). Bitwise the plain sequence (tests/test_gemv.py),
+    # with no split-K reduction inside those GEMMs and no quantisation in the K loop of the others.
     def forward(self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor,
                 phase: int | None = None) -> torch.Tensor:
         """ids [W] (first n valid), pos [W] positions -> final-normed hidden [W, hidden].
@@ -170,17 +178,19 @@ class FastRows:
         m, layers = self.model, self.model.model.layers
         x = m.model.embed_tokens(ids)                                           # [W, h]
         eps = self.cfg.rms_norm_eps
-        res, xn = K.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps)
+        q8 = self.w8a8 is not None and self.w8a8.use_kernel
+        res, xn = K.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps, quant=q8)
         for i, layer in enumerate(layers):
             proj = _call(self.mixer[i], xn, n)
             if hasattr(layer, "linear_attn"):
-                y = self._gdn(layer.linear_attn, proj, state, slot, n, phase)
+                y = self._gdn(layer.linear_attn, proj, state, slot, n, phase, partial=q8)
             else:
-                y = self._attn(layer.self_attn, proj, state, slot, n, pos)
-            res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n)
-            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else m.model.norm
-            res, xn = K.add_rmsnorm(y, res, nxt.weight, eps)
+                y = self._attn(layer.self_attn, proj, state, slot, n, pos, partial=q8)
+            res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps, rows=n, quant=q8)
+            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n, partial=q8)
+            last = i + 1 == len(layers)
+            nxt = m.model.norm if last else layers[i + 1].input_layernorm
+            res, xn = K.add_rmsnorm(y, res, nxt.weight, eps, rows=n, quant=q8 and not last)
         state.position[slot] += n
         return xn
 
@@ -199,16 +209,18 @@ class FastRows:
         y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
         return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
-    def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
+    def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int, phase: int | None = None,
+             partial: bool = False) -> torch.Tensor:
         mixed, z, b, alpha = proj                                    # [W, C], [W, Hv*dv], [W, Hv] x2
         c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)
         ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
         cv = K.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
         o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
                        nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot])
-        return rows_linear(a.out_proj, o, n)
+        return rows_linear(a.out_proj, o, n, partial)
 
-    def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0) -> torch.Tensor:
+    def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0,
+              partial: bool = False) -> torch.Tensor:
         qg, k, v = proj
         W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
         qg = qg.view(W, nh, 2 * d)
@@ -217,7 +229,21 @@ class FastRows:
         q = K.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
                          self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps, rope_offset)   # KV rows < n written
         o = K.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
-        return rows_linear(a.o_proj, o, n)
+        return rows_linear(a.o_proj, o, n, partial)
+
+
+def _all_fp8(model: Qwen3_5ForCausalLM, fr: FastRows) -> type | None:
+    """FastRows.w8a8: every decoder layer's projections are FP8 (one class, returned) and each norm
+    output feeds one merged GEMM; else None."""
+    mods = []
+    for layer, mixer, gu in zip(model.model.layers, fr.mixer, fr.gate_up):
+        a = getattr(layer, "linear_attn", None)
+        mods += [a.out_proj if a is not None else layer.self_attn.o_proj, layer.mlp.down_proj, gu.module]
+        if len(mixer) != 1 or not gu.glu:
+            return None
+        mods.append(mixer[0].module)
+    kinds = {type(m) for m in mods}
+    return kinds.pop() if len(kinds) == 1 and hasattr(mods[0], "scale") else None
 
 
 def usable(model: nn.Module) -> bool:
