@@ -123,6 +123,9 @@ def test_pick_config():
             if tuned:
                 assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == tuned
     assert gemv.pick_config(40, 4096, 4096, 132, fp8=True).block_m == 64
+    for (fp8, N, K), t in gemv.TUNED_PARTIAL.items():          # partials out: the consumer's own table
+        c = gemv.pick_config(16, N, K, 132, fp8=fp8, partial=True)
+        assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == t
 
 
 def test_rejects_mismatched_weights():

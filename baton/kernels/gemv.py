@@ -161,13 +161,19 @@ TUNED = {
 }
 
 
-def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, block_n: int | None = None,
+# partial=True (the consumer sums the splits): fewer splits where the summing norm's reads cost more than
+# the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json: 4096x4096 split 8 + an
+# 8-partial norm 6.84 + 4.47 us, split 4 + 4 partials 6.92 + 3.37 us).
+TUNED_PARTIAL = {(True, 4096, 4096): (64, 128, 4, 4, 4)}
+
+
+def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, partial: bool = False, block_n: int | None = None,
                 block_k: int | None = None, split: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: int = 2) -> Config:
     """Tile config from (M-bucket, N, K, weight kind, SM count): the TUNED entry, else a heuristic that
     splits K until >= programs_per_sm programs per SM. The overrides are for sweeps."""
     block_m = 16 if M <= 16 else min(64, _pow2(M))   # every M <= 16 shares one config (row invariance)
-    tuned = TUNED.get((fp8, N, K)) if M <= 16 and sms >= 132 else None
+    tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if M <= 16 and sms >= 132 else None
     if tuned and block_n is block_k is split is num_warps is num_stages is None:
         block_n, block_k, split, num_warps, num_stages = tuned
     m_tiles = triton.cdiv(M, block_m)
@@ -264,7 +270,7 @@ def linear(x: torch.Tensor | QuantX, w: torch.Tensor, scale: torch.Tensor | None
     M = x2.shape[0]
     rows = M if rows is None else min(int(rows), M)
     n_out = N // 2 if glu else N
-    cfg = cfg or pick_config(M, N, K, sm_count(x2.device), fp8=fp8)
+    cfg = cfg or pick_config(M, N, K, sm_count(x2.device), fp8=fp8, partial=partial)
     if partial:
         y = torch.empty(cfg.split, M, N, dtype=torch.float32, device=x2.device)   # [SPLIT, M, N]
     else:

@@ -173,26 +173,29 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
     return y
 
 
-# ---- GDN: gated delta rule + gated RMSNorm ---------------------------------------------------------
+# ---- GDN: gated delta rule, then the gated RMSNorm ---------------------------------------------------
+# The delta rule runs one program per (value head, BVS-column slice of dv): every column of S evolves
+# on its own (kv, u, the rank-1 update and o are per column), so a head's 64 KB state is spread over
+# dv / BVS SMs instead of one. Its raw output o (fp32) goes to a second, per-row kernel for the gated
+# RMSNorm over each head's dv columns, which can also quantise for an fp8 out_proj (gemv.QuantX).
 @triton.jit
-def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb_ptr, nw_ptr, S_ptr, So_ptr, o_ptr,
-                     ck_ptr, n, eps, scale, W,
+def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, alog_ptr, dtb_ptr, S_ptr, So_ptr, o_ptr,
+                     ck_ptr, n, scale,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
-                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, CKPT: tl.constexpr,
+                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, CKPT: tl.constexpr,
                      PDL: tl.constexpr):
     pdl_enter(PDL)
     h = tl.program_id(0)
     hk = h // GROUP
     rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
+    rv = tl.program_id(1) * BVS + tl.arange(0, BVS)                      # this program's dv columns
     mk = rk < DK
     mv = rv < DV
     s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
     smask = mk[:, None] & mv[None, :]
-    S = tl.load(S_ptr + s_off, mask=smask, other=0.0)                 # [BK, BV] fp32
+    S = tl.load(S_ptr + s_off, mask=smask, other=0.0)                 # [BK, BVS] fp32
     A = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
     dtb = tl.load(dtb_ptr + h).to(tl.float32)
-    nw = tl.load(nw_ptr + rv, mask=mv, other=0.0).to(tl.float32)
     for t in range(0, n):
         row = cv_ptr + t * scv
         q = tl.load(row + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
@@ -205,45 +208,85 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, z_ptr, sz, alog_ptr, dtb
         sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))           # softplus (torch threshold)
         beta = tl.sigmoid(b)
         S = S * tl.exp(A * sp)
-        kv = tl.sum(S * k[:, None], axis=0)                            # [BV]
+        kv = tl.sum(S * k[:, None], axis=0)                            # [BVS]
         u = (v - kv) * beta
         S = S + k[:, None] * u[None, :]
         if CKPT:
             tl.store(ck_ptr + t * (HV * DK * DV) + s_off, S, mask=smask)
-        o = tl.sum(S * q[:, None], axis=0)                             # [BV]
-        var = tl.sum(o * o, axis=0) / DV
-        zz = tl.load(z_ptr + t * sz + h * DV + rv, mask=mv, other=0.0).to(tl.float32)
-        y = o * tl.rsqrt(var + eps) * nw * (zz * tl.sigmoid(zz))
-        tl.store(o_ptr + t * (HV * DV) + h * DV + rv, y.to(o_ptr.dtype.element_ty), mask=mv)
-    for t in range(n, W):
-        tl.store(o_ptr + t * (HV * DV) + h * DV + rv, tl.zeros([BV], dtype=tl.float32).to(o_ptr.dtype.element_ty),
-                 mask=mv)
+        o = tl.sum(S * q[:, None], axis=0)                             # [BVS]
+        tl.store(o_ptr + t * (HV * DV) + h * DV + rv, o, mask=mv)
     tl.store(So_ptr + s_off, S, mask=smask)
+
+
+@triton.jit
+def _gated_norm_kernel(o_ptr, z_ptr, sz, nw_ptr, y_ptr, s_ptr, n, eps,
+                       HV: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
+                       QUANT: tl.constexpr, PDL: tl.constexpr):
+    # row t: y[h, :] = o[h, :] / rms(o[h, :]) * w * silu(z[h, :]) for every head; rows >= n: 0
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    rh = tl.arange(0, BH)
+    rv = tl.arange(0, BV)
+    m = (rh < HV)[:, None] & (rv < DV)[None, :]
+    col = rh[:, None] * DV + rv[None, :]                                # [BH, BV] column in [HV * DV]
+    live = t < n
+    o = tl.load(o_ptr + t * (HV * DV) + col, mask=m & live, other=0.0)
+    zz = tl.load(z_ptr + t * sz + col, mask=m & live, other=0.0).to(tl.float32)
+    nw = tl.load(nw_ptr + rv, mask=rv < DV, other=0.0).to(tl.float32)
+    var = tl.sum(o * o, axis=1) / DV                                     # [BH]
+    y = o * tl.rsqrt(var + eps)[:, None] * nw[None, :] * (zz * tl.sigmoid(zz))
+    y = tl.where(live, y, 0.0)
+    if QUANT:           # gemv's W8A8 quantisation (groups of 128 columns of [HV * DV]), as add_rmsnorm
+        G: tl.constexpr = BH * BV // 128
+        yf = tl.reshape(y, (BH * BV,))
+        yg = tl.reshape(yf.to(z_ptr.dtype.element_ty).to(tl.float32), (G, 128))
+        amax = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-30)
+        q = tl.reshape((yg * (448.0 / amax)[:, None]).to(tl.float8e4nv), (BH, BV))
+        tl.store(y_ptr + t * (HV * DV) + col, q, mask=m)
+        rg = tl.arange(0, G)
+        tl.store(s_ptr + t * tl.cdiv(HV * DV, 128) + rg, amax * (1.0 / 448.0), mask=rg * 128 < HV * DV)
+    else:
+        tl.store(y_ptr + t * (HV * DV) + col, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
 def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
              norm_w: torch.Tensor, S: torch.Tensor, n: int, *, nk: int, eps: float,
-             ckpt: torch.Tensor | None = None, S_out: torch.Tensor | None = None) -> torch.Tensor:
+             ckpt: torch.Tensor | None = None, S_out: torch.Tensor | None = None, quant: bool = False):
     """cv [W, 2*nk*dk + Hv*dv] conv output (q | k | v); b, a [W, Hv] projections (row-strided);
     z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows (or written advanced into
-    S_out, same layout, S only read); ckpt [W, Hv, dk, dv]
-    fp32 (optional): ckpt[t] := S after row t.
-    Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero)."""
+    S_out, same layout, S only read); ckpt [W, Hv, dk, dv] fp32 (optional): ckpt[t] := S after row t.
+    Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero), or with quant=True (and
+    Hv, dv powers of two) a gemv.QuantX of it (columns in groups of 128) for an fp8 out_proj."""
     W = cv.shape[0]
     Hv, dk, dv = S.shape
     assert S.is_contiguous() and S.dtype == torch.float32
     assert cv.stride(1) == 1 and b.stride(1) == 1 and a.stride(1) == 1 and z.stride(1) == 1
-    o = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
-    warps = 16 if dk * dv >= 128 * 128 else (8 if dk * dv >= 64 * 64 else 4)
     assert ckpt is None or (ckpt.is_contiguous() and ckpt.dtype == torch.float32)
     S_out = S if S_out is None else S_out
     assert S_out.is_contiguous() and S_out.shape == S.shape and S_out.dtype == S.dtype
-    _gdn_rows_kernel[(Hv,)](cv, cv.stride(0), b, b.stride(0), a, a.stride(0), z, z.stride(0), A_log, dt_bias, norm_w, S,
-                            S_out, o,
-                            ckpt if ckpt is not None else S, n, eps, dk ** -0.5, W,
-                            HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BV=_p2(dv),
-                            CKPT=ckpt is not None, num_warps=warps, **launch_kw(cv.device))
-    return o
+    o = torch.empty(W, Hv * dv, dtype=torch.float32, device=cv.device)  # raw delta-rule output, rows < n
+    BV = _p2(dv)
+    BVS = min(BV, GDN_SLICE)
+    _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS))](
+        cv, cv.stride(0), b, b.stride(0), a, a.stride(0), A_log, dt_bias, S, S_out, o,
+        ckpt if ckpt is not None else S, n, dk ** -0.5,
+        HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS,
+        CKPT=ckpt is not None, num_warps=4, **launch_kw(cv.device))
+    BH = _p2(Hv)
+    quant = quant and BH == Hv and BV == dv and Hv * dv % 128 == 0   # else bf16 y (the GEMM quantises it)
+    if quant:
+        assert gemv.FP8_GROUP == 128
+        y = torch.empty(W, Hv * dv, dtype=torch.float8_e4m3fn, device=cv.device)
+        sc = torch.empty(W, triton.cdiv(Hv * dv, 128), dtype=torch.float32, device=cv.device)
+    else:
+        y = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
+        sc = y
+    _gated_norm_kernel[(W,)](o, z, z.stride(0), norm_w, y, sc, n, eps, HV=Hv, DV=dv, BH=BH, BV=BV, QUANT=quant,
+                             num_warps=8 if Hv * dv >= 2048 else 4, **launch_kw(cv.device))
+    return gemv.QuantX(y, sc, cv.dtype) if quant else y
+
+
+GDN_SLICE = 32          # dv columns per delta-rule program (dv = 128: 4 programs per value head)
 
 
 # ---- attention over the KV window ------------------------------------------------------------------

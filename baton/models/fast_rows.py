@@ -2,7 +2,8 @@
 (ctx.width == W), in about ten kernels per layer instead of ~75.
 
     per layer  add+RMSNorm (Triton) -> merged input projections (one GEMM per weight type)
-               GDN:  conv_rows (Triton) -> gdn_rows (Triton: gates, delta rule, gated norm) -> out_proj
+               GDN:  conv_rows (Triton) -> gdn_rows (Triton: gates + delta rule per dv slice, then the
+                     gated norm per row) -> out_proj
                attn: q/k RMSNorm + RoPE + KV write (Triton), split-window attention with
                      the output gate (Triton, reads keys up to each row's position only) -> o_proj
                add+RMSNorm (Triton) -> gate|up GEMM -> silu_mul (Triton) -> down
@@ -216,7 +217,7 @@ class FastRows:
         ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
         cv = K.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
         o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
-                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot])
+                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot], quant=partial)
         return rows_linear(a.out_proj, o, n, partial)
 
     def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0,
