@@ -1,7 +1,8 @@
 """baton/kernels/rows.py gdn_rows: the delta rule spread over dv slices (several programs per value head)
 and the per-row gated norm, under Triton's interpreter on CPU (fp32): against a torch reference of the
-recurrence, checkpoints, dead rows, the ping-pong output state, and the quantised output for an fp8
-out_proj (bitwise the GEMM's own quantisation of the bf16 output)."""
+recurrence, checkpoints, dead rows, the ping-pong output state, the quantised output for an fp8
+out_proj (bitwise the GEMM's own quantisation of the bf16 output), and inputs taken straight from the
+projection GEMM's split-K partials (bitwise its reduced output)."""
 import json
 import os
 import subprocess
@@ -59,6 +60,26 @@ out = dict(
     pingpong=bool(torch.equal(S_out, S) and torch.equal(S_in, S0) and torch.equal(y2, y)),
     quantx=isinstance(yq, gemv.QuantX),
     quant_gemm=bool(torch.equal(gemv.linear(yq, wq, ws, rows=n)[:n], gemv.linear(y, wq, ws, rows=n)[:n])))
+# a projection GEMM's split-K partials (mixed | z | b | a columns) feed conv_rows and gdn_rows directly:
+# bitwise what they compute from that GEMM's own output
+C, Kin = 2 * nk * dk + Hv * dv, 256
+wp, sp = quantize_rows(torch.randn(C + Hv * dv + 2 * Hv, Kin) * 0.05)
+xin = torch.randn(W, Kin)
+cfg = gemv.pick_config(W, wp.shape[0], Kin, 132, fp8=True, split=2, block_k=128)
+sizes = [C, Hv * dv, Hv, Hv]
+f = gemv.linear(xin, wp, sp, rows=n, cfg=cfg).split(sizes, -1)
+P = gemv.linear(xin, wp, sp, rows=n, cfg=cfg, partial=True)
+p = P.split(sizes, -1)
+w4, st = torch.randn(C, 4), torch.randn(C, 3)
+st1, st2, S1, S2 = st.clone(), st.clone(), S0.clone(), S0.clone()
+cv1, cv2 = R.conv_rows(f[0], st1, w4, n), R.conv_rows(p[0], st2, w4, n)
+y1 = R.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S1, n, nk=nk, eps=eps)
+y2 = R.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S2, n, nk=nk, eps=eps)
+q1 = R.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
+q2 = R.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
+out.update(parts=P.shape[0], partial_conv=bool(torch.equal(cv1[:n], cv2[:n]) and torch.equal(st1, st2)),
+           partial_gdn=bool(torch.equal(y1, y2) and torch.equal(S1, S2) and torch.equal(q1.q[:n], q2.q[:n])
+                            and torch.equal(q1.s[:n], q2.s[:n])), partial_live=bool(y1[:n].abs().sum() > 0))
 print("RESULT" + json.dumps(out))
 """
 
@@ -71,3 +92,4 @@ def test_gdn_rows_under_triton_interpreter():
     assert r["y_err"] < 1e-4 and r["S_err"] < 1e-5, r
     assert r["dead_zero"] and r["ckpt_last"] and r["pingpong"], r
     assert r["quantx"] and r["quant_gemm"], r
+    assert r["parts"] == 2 and r["partial_conv"] and r["partial_gdn"] and r["partial_live"], r

@@ -86,6 +86,15 @@ for W, n, H, K, split in [(16, 1, 256, 512, 4), (16, 5, 384, 256, 2), (8, 8, 256
                      out=torch.equal(a[:n], b[:n]), glu=torch.equal(ga[:n], gb[:n]), live=bool(a[:n].abs().sum() > 0),
                      dead_zero=bool((b[n:] == 0).all()),
                      first=torch.equal(gemv.linear(x0, q, s, rows=n)[:n], gemv.linear(x0q, q, s, rows=n)[:n])))
+# the same partials hand-off for a float (bf16 on the GPU) weight: the bf16 engine's out_proj / down
+for W, n, H, K, split in [(16, 2, 256, 512, 4), (16, 16, 128, 256, 2)]:
+    wo, x, res, wn = torch.randn(H, K) * 0.05, torch.randn(W, K), torch.randn(W, H), torch.randn(H) * 0.1
+    cfg = gemv.pick_config(W, H, K, 132, fp8=False, split=split, block_k=128)
+    r1, y1 = R.add_rmsnorm(gemv.linear(x, wo, rows=n, cfg=cfg), res, wn, 1e-6)
+    P = gemv.linear(x, wo, rows=n, cfg=cfg, partial=True)
+    r2, y2 = R.add_rmsnorm(P, res, wn, 1e-6, rows=n)
+    hand.append(dict(split=cfg.split, parts=P.shape[0], res=torch.equal(r1[:n], r2[:n]), out=torch.equal(y1[:n], y2[:n]),
+                     glu=True, live=bool(y1[:n].abs().sum() > 0), dead_zero=True, first=True))
 print("RESULT" + json.dumps(dict(cases=out, glu=glu, hand=hand)))
 """
 

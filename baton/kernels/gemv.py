@@ -164,7 +164,8 @@ TUNED = {
 # partial=True (the consumer sums the splits): fewer splits where the summing norm's reads cost more than
 # the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json: 4096x4096 split 8 + an
 # 8-partial norm 6.84 + 4.47 us, split 4 + 4 partials 6.92 + 3.37 us).
-TUNED_PARTIAL = {(True, 4096, 4096): (64, 128, 4, 4, 4)}
+TUNED_PARTIAL = {(True, 4096, 4096): (64, 128, 4, 4, 4),
+                 (True, 12352, 4096): (64, 128, 2, 4, 4)}     # GDN qkv|z|b|a -> conv_rows / gdn_rows (12288's)
 
 
 def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, partial: bool = False, block_n: int | None = None,

@@ -29,6 +29,21 @@ def _p2(n: int) -> int:
     return triton.next_power_of_2(int(n))
 
 
+@triton.jit
+def _ld(ptr, off, mask, s_part, PARTS: tl.constexpr, DT: tl.constexpr):
+    """x[off] of an activation, or (PARTS > 0) of the split-K partials [PARTS, ...] fp32 of the GEMM that
+    makes it (gemv.linear(partial=True)): summed in the order s = 0, 1, ... from 0.0 and rounded to DT,
+    bitwise that GEMM's own epilogue. Masked-off elements are 0."""
+    if PARTS == 0:
+        v = tl.load(ptr + off, mask=mask, other=0.0)
+    else:
+        tot = 0.0
+        for s in tl.static_range(PARTS):
+            tot += tl.load(ptr + s * s_part + off, mask=mask, other=0.0)
+        v = tot.to(DT)
+    return v
+
+
 # ---- RMSNorms ------------------------------------------------------------------------------------
 @triton.jit
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, s_ptr, N, sx, sr, eps, rows, s_part,
@@ -116,8 +131,9 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit
-def _conv_rows_kernel(x_ptr, sx, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
-                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr, PDL: tl.constexpr):
+def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr,
+                      PARTS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
@@ -129,8 +145,8 @@ def _conv_rows_kernel(x_ptr, sx, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
         idx = t + j                                                       # [KP] seq indexes
         st = idx < K - 1
         vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :], mask=m[:, None] & (jm & st)[None, :], other=0.0)
-        vx = tl.load(x_ptr + (idx - (K - 1))[None, :] * sx + c[:, None],
-                     mask=m[:, None] & (jm & (idx >= K - 1))[None, :], other=0.0)
+        vx = _ld(x_ptr, (idx - (K - 1))[None, :] * sx + c[:, None], m[:, None] & (jm & (idx >= K - 1))[None, :],
+                 xp, PARTS, y_ptr.dtype.element_ty)
         win = tl.where(st[None, :], vs, vx)                              # [BLOCK_C, KP] = seq[t .. t+K-1]
         acc = tl.sum(win.to(tl.float32) * w, axis=1)
         y = acc * tl.sigmoid(acc)
@@ -144,8 +160,8 @@ def _conv_rows_kernel(x_ptr, sx, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
     from_st = idx < K - 1
     vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :],
                  mask=m[:, None] & (jm1 & from_st)[None, :], other=0.0)
-    vx = tl.load(x_ptr + (idx - (K - 1))[None, :] * sx + c[:, None],
-                 mask=m[:, None] & (jm1 & (idx >= K - 1))[None, :], other=0.0)
+    vx = _ld(x_ptr, (idx - (K - 1))[None, :] * sx + c[:, None], m[:, None] & (jm1 & (idx >= K - 1))[None, :],
+             xp, PARTS, y_ptr.dtype.element_ty)
     new = tl.where(from_st[None, :], vs, vx)
     tl.debug_barrier()
     tl.store(so_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
@@ -157,19 +173,21 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
     first n rows in place, or written advanced into out_state (same layout; conv_state is then only
     read); w [C, K] contiguous; ckpt [W, C, K-1] (optional): ckpt[t] := the state after row t, t < n.
     Returns silu(conv) [W, C]; rows >= n are left unwritten (nothing reads them: gdn_rows consumes the
-    first n rows only)."""
-    W, C = x.shape
+    first n rows only). x may be the split-K partials [S, W, C] fp32 (a column slice of them) of the
+    projection GEMM (gemv.linear(partial=True)), taken as their sum rounded to conv_state.dtype."""
+    parts = x.shape[0] if x.dim() == 3 else 0
+    W, C = x.shape[-2:]
     K = w.shape[1]
-    assert x.stride(1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
-    y = torch.empty(W, C, dtype=x.dtype, device=x.device)
+    assert x.stride(-1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
+    y = torch.empty(W, C, dtype=conv_state.dtype if parts else x.dtype, device=x.device)
     B = 128
     assert ckpt is None or ckpt.is_contiguous()
     out_state = conv_state if out_state is None else out_state
     assert out_state.is_contiguous() and out_state.shape == conv_state.shape
-    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(0), conv_state, out_state, w, y,
-                                            ckpt if ckpt is not None else y,
-                                            C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, num_warps=4,
-                                            **launch_kw(x.device))
+    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(-2), x.stride(0) if parts else 0, conv_state, out_state,
+                                            w, y, ckpt if ckpt is not None else y,
+                                            C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, PARTS=parts,
+                                            num_warps=4, **launch_kw(x.device))
     return y
 
 
@@ -179,11 +197,11 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
 # dv / BVS SMs instead of one. Its raw output o (fp32) goes to a second, per-row kernel for the gated
 # RMSNorm over each head's dv columns, which can also quantise for an fp8 out_proj (gemv.QuantX).
 @triton.jit
-def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, alog_ptr, dtb_ptr, S_ptr, So_ptr, o_ptr,
+def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S_ptr, So_ptr, o_ptr,
                      ck_ptr, n, scale,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
                      DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, CKPT: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PARTS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     h = tl.program_id(0)
     hk = h // GROUP
@@ -203,8 +221,8 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, alog_ptr, dtb_ptr, S_ptr
         v = tl.load(row + 2 * KEY_DIM + h * DV + rv, mask=mv, other=0.0).to(tl.float32)
         q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-        b = tl.load(b_ptr + t * sb + h).to(tl.float32)
-        a = tl.load(a_ptr + t * sa + h).to(tl.float32) + dtb
+        b = _ld(b_ptr, t * sb + h, t < n, pp, PARTS, cv_ptr.dtype.element_ty).to(tl.float32)
+        a = _ld(a_ptr, t * sa + h, t < n, pp, PARTS, cv_ptr.dtype.element_ty).to(tl.float32) + dtb
         sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))           # softplus (torch threshold)
         beta = tl.sigmoid(b)
         S = S * tl.exp(A * sp)
@@ -219,9 +237,9 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, alog_ptr, dtb_ptr, S_ptr
 
 
 @triton.jit
-def _gated_norm_kernel(o_ptr, z_ptr, sz, nw_ptr, y_ptr, s_ptr, n, eps,
+def _gated_norm_kernel(o_ptr, z_ptr, sz, zp, nw_ptr, y_ptr, s_ptr, n, eps,
                        HV: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
-                       QUANT: tl.constexpr, PDL: tl.constexpr):
+                       QUANT: tl.constexpr, PARTS: tl.constexpr, DT: tl.constexpr, PDL: tl.constexpr):
     # row t: y[h, :] = o[h, :] / rms(o[h, :]) * w * silu(z[h, :]) for every head; rows >= n: 0
     pdl_enter(PDL)
     t = tl.program_id(0)
@@ -231,7 +249,7 @@ def _gated_norm_kernel(o_ptr, z_ptr, sz, nw_ptr, y_ptr, s_ptr, n, eps,
     col = rh[:, None] * DV + rv[None, :]                                # [BH, BV] column in [HV * DV]
     live = t < n
     o = tl.load(o_ptr + t * (HV * DV) + col, mask=m & live, other=0.0)
-    zz = tl.load(z_ptr + t * sz + col, mask=m & live, other=0.0).to(tl.float32)
+    zz = _ld(z_ptr, t * sz + col, m & live, zp, PARTS, DT).to(tl.float32)
     nw = tl.load(nw_ptr + rv, mask=rv < DV, other=0.0).to(tl.float32)
     var = tl.sum(o * o, axis=1) / DV                                     # [BH]
     y = o * tl.rsqrt(var + eps)[:, None] * nw[None, :] * (zz * tl.sigmoid(zz))
@@ -239,7 +257,7 @@ def _gated_norm_kernel(o_ptr, z_ptr, sz, nw_ptr, y_ptr, s_ptr, n, eps,
     if QUANT:           # gemv's W8A8 quantisation (groups of 128 columns of [HV * DV]), as add_rmsnorm
         G: tl.constexpr = BH * BV // 128
         yf = tl.reshape(y, (BH * BV,))
-        yg = tl.reshape(yf.to(z_ptr.dtype.element_ty).to(tl.float32), (G, 128))
+        yg = tl.reshape(yf.to(DT).to(tl.float32), (G, 128))
         amax = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-30)
         q = tl.reshape((yg * (448.0 / amax)[:, None]).to(tl.float8e4nv), (BH, BV))
         tl.store(y_ptr + t * (HV * DV) + col, q, mask=m)
@@ -256,11 +274,14 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows (or written advanced into
     S_out, same layout, S only read); ckpt [W, Hv, dk, dv] fp32 (optional): ckpt[t] := S after row t.
     Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero), or with quant=True (and
-    Hv, dv powers of two) a gemv.QuantX of it (columns in groups of 128) for an fp8 out_proj."""
+    Hv, dv powers of two) a gemv.QuantX of it (columns in groups of 128) for an fp8 out_proj.
+    b, a, z may be column slices [S, W, .] of the projection GEMM's split-K partials (as conv_rows' x)."""
+    parts = z.shape[0] if z.dim() == 3 else 0
+    assert (b.dim() == 3) == (a.dim() == 3) == (parts > 0) and (not parts or b.stride(0) == a.stride(0) == z.stride(0))
     W = cv.shape[0]
     Hv, dk, dv = S.shape
     assert S.is_contiguous() and S.dtype == torch.float32
-    assert cv.stride(1) == 1 and b.stride(1) == 1 and a.stride(1) == 1 and z.stride(1) == 1
+    assert cv.stride(1) == 1 and b.stride(-1) == 1 and a.stride(-1) == 1 and z.stride(-1) == 1
     assert ckpt is None or (ckpt.is_contiguous() and ckpt.dtype == torch.float32)
     S_out = S if S_out is None else S_out
     assert S_out.is_contiguous() and S_out.shape == S.shape and S_out.dtype == S.dtype
@@ -268,10 +289,10 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     BV = _p2(dv)
     BVS = min(BV, GDN_SLICE)
     _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS))](
-        cv, cv.stride(0), b, b.stride(0), a, a.stride(0), A_log, dt_bias, S, S_out, o,
+        cv, cv.stride(0), b, b.stride(-2), a, a.stride(-2), b.stride(0) if parts else 0, A_log, dt_bias, S, S_out, o,
         ckpt if ckpt is not None else S, n, dk ** -0.5,
         HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS,
-        CKPT=ckpt is not None, num_warps=4, **launch_kw(cv.device))
+        CKPT=ckpt is not None, PARTS=parts, num_warps=4, **launch_kw(cv.device))
     BH = _p2(Hv)
     quant = quant and BH == Hv and BV == dv and Hv * dv % 128 == 0   # else bf16 y (the GEMM quantises it)
     if quant:
@@ -281,11 +302,13 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     else:
         y = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
         sc = y
-    _gated_norm_kernel[(W,)](o, z, z.stride(0), norm_w, y, sc, n, eps, HV=Hv, DV=dv, BH=BH, BV=BV, QUANT=quant,
+    _gated_norm_kernel[(W,)](o, z, z.stride(-2), z.stride(0) if parts else 0, norm_w, y, sc, n, eps, HV=Hv, DV=dv,
+                             BH=BH, BV=BV, QUANT=quant, PARTS=parts, DT=_TL[cv.dtype],
                              num_warps=8 if Hv * dv >= 2048 else 4, **launch_kw(cv.device))
     return gemv.QuantX(y, sc, cv.dtype) if quant else y
 
 
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 GDN_SLICE = 32          # dv columns per delta-rule program (dv = 128: 4 programs per value head)
 
 

@@ -71,9 +71,9 @@ class Merged:
             for m, wv, sv in zip(mods, w.split(self.sizes), s.split(self.sizes)):
                 m._buffers["weight"], m._buffers["scale"] = wv, sv
 
-    def __call__(self, x: torch.Tensor, n: int) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor, n: int, partial: bool = False) -> list[torch.Tensor]:
         assert not self.glu
-        return list(rows_linear(self.module, x, n).split(self.sizes, dim=-1))
+        return list(rows_linear(self.module, x, n, partial).split(self.sizes, dim=-1))
 
     def act(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """gate|up merge only: x [W, in] -> silu(x @ gate^T) * (x @ up^T) [W, I]."""
@@ -90,10 +90,11 @@ def rows_linear(mod: nn.Module, x: "torch.Tensor | gemv.QuantX", n: int, partial
     NOTE: silu(gate) * up is never fused into the down projection's input load: there it is recomputed
     by every N tile (64x for N = 4096), which cost ~20% of the whole step on the H200. FP8 fuses it
     into the gate|up GEMM's epilogue instead (Merged.act).
-    x may be a gemv.QuantX and partial=True asks for split-K partials (FP8Linear only: FastRows.w8a8)."""
+    x may be a gemv.QuantX (FP8Linear) and partial=True asks for the split-K partials (FP8Linear, or a
+    bf16 Linear of a TUNED shape: see FastRows.forward)."""
     w = mod.weight
     if partial or isinstance(x, gemv.QuantX):
-        return gemv.linear(x, w, mod.scale, rows=n, partial=partial)
+        return gemv.linear(x, w, getattr(mod, "scale", None), rows=n, partial=partial)
     if type(mod) is nn.Linear:
         if w.dtype == x.dtype == torch.bfloat16 and (False, *w.shape) in gemv.TUNED:
             return gemv.linear(x, w, rows=n)
@@ -113,8 +114,8 @@ def _groups(mods: list[nn.Module]) -> list[Merged]:
     return out + [Merged(run)]
 
 
-def _call(groups: list[Merged], x: torch.Tensor, n: int) -> list[torch.Tensor]:
-    return [y for g in groups for y in g(x, n)]
+def _call(groups: list[Merged], x: torch.Tensor, n: int, partial: bool = False) -> list[torch.Tensor]:
+    return [y for g in groups for y in g(x, n, partial)]
 
 
 class FastRows:
@@ -137,6 +138,7 @@ class FastRows:
             glu = type(mlp.gate_proj) is not nn.Linear and mlp.gate_proj.weight.shape == mlp.up_proj.weight.shape
             self.gate_up.append(Merged([mlp.gate_proj, mlp.up_proj], glu=glu))
         self.w8a8 = _all_fp8(model, self)      # the FP8 module class (its use_kernel switch), or None
+        self.bf16_partial = _bf16_partial(model)
         if hasattr(model, "mtp"):                # the MTP head's decoder layer (full attention)
             a, mlp = model.mtp.layers[0].self_attn, model.mtp.layers[0].mlp
             self.mtp_mixer = _groups([a.q_proj, a.k_proj, a.v_proj])
@@ -167,10 +169,12 @@ class FastRows:
         self.rope_len = max_len
 
     # ---- the step ------------------------------------------------------------------------------
-    # w8a8 (every layer's projections FP8, each input's consumers one merged GEMM): the GEMMs that feed
-    # an add+RMSNorm (out_proj, o_proj, down) hand it their split-K partials, and the norm hands the next
-    # GEMM its input already quantised (gemv.QuantX). Bitwise the plain sequence (tests/test_gemv.py),
-    # with no split-K reduction inside those GEMMs and no quantisation in the K loop of the others.
+    # Hand-offs between kernels, each bitwise the plain sequence (tests/test_gemv.py, test_gdn_rows.py):
+    #   partial  the GEMMs that feed an add+RMSNorm (out_proj, o_proj, down) hand it their split-K
+    #            partials instead of reducing them in-kernel (FP8, or bf16 where the rows kernel runs);
+    #   w8a8     (every projection FP8, each norm output feeding one merged GEMM) the norms and the GDN
+    #            gated norm hand the next GEMM its input already quantised (gemv.QuantX), and the GDN
+    #            qkv|z|b|a GEMM hands conv_rows / gdn_rows its partials too.
     def forward(self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor,
                 phase: int | None = None) -> torch.Tensor:
         """ids [W] (first n valid), pos [W] positions -> final-normed hidden [W, hidden].
@@ -180,15 +184,17 @@ class FastRows:
         x = m.model.embed_tokens(ids)                                           # [W, h]
         eps = self.cfg.rms_norm_eps
         q8 = self.w8a8 is not None and self.w8a8.use_kernel
+        part = q8 or self.bf16_partial
         res, xn = K.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps, quant=q8)
         for i, layer in enumerate(layers):
-            proj = _call(self.mixer[i], xn, n)
             if hasattr(layer, "linear_attn"):
-                y = self._gdn(layer.linear_attn, proj, state, slot, n, phase, partial=q8)
+                proj = _call(self.mixer[i], xn, n, partial=q8)
+                y = self._gdn(layer.linear_attn, proj, state, slot, n, phase, partial=part, quant=q8)
             else:
-                y = self._attn(layer.self_attn, proj, state, slot, n, pos, partial=q8)
+                proj = _call(self.mixer[i], xn, n)
+                y = self._attn(layer.self_attn, proj, state, slot, n, pos, partial=part)
             res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps, rows=n, quant=q8)
-            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n, partial=q8)
+            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n, partial=part)
             last = i + 1 == len(layers)
             nxt = m.model.norm if last else layers[i + 1].input_layernorm
             res, xn = K.add_rmsnorm(y, res, nxt.weight, eps, rows=n, quant=q8 and not last)
@@ -211,13 +217,13 @@ class FastRows:
         return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int, phase: int | None = None,
-             partial: bool = False) -> torch.Tensor:
-        mixed, z, b, alpha = proj                                    # [W, C], [W, Hv*dv], [W, Hv] x2
+             partial: bool = False, quant: bool = False) -> torch.Tensor:
+        mixed, z, b, alpha = proj                  # [W, C], [W, Hv*dv], [W, Hv] x2 (or [S, W, .] partials)
         c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)
         ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
         cv = K.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
         o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
-                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot], quant=partial)
+                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot], quant=quant)
         return rows_linear(a.out_proj, o, n, partial)
 
     def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0,
@@ -245,6 +251,17 @@ def _all_fp8(model: Qwen3_5ForCausalLM, fr: FastRows) -> type | None:
         mods.append(mixer[0].module)
     kinds = {type(m) for m in mods}
     return kinds.pop() if len(kinds) == 1 and hasattr(mods[0], "scale") else None
+
+
+def _bf16_partial(model: Qwen3_5ForCausalLM) -> bool:
+    """FastRows.bf16_partial: every out_proj / o_proj / down is a bf16 Linear that rows_linear runs in
+    the rows kernel (a gemv.TUNED shape), so each can hand its split-K partials to the next norm."""
+    for layer in model.model.layers:
+        a = getattr(layer, "linear_attn", None)
+        for m in (a.out_proj if a is not None else layer.self_attn.o_proj, layer.mlp.down_proj):
+            if type(m) is not nn.Linear or m.weight.dtype != torch.bfloat16 or (False, *m.weight.shape) not in gemv.TUNED:
+                return False
+    return True
 
 
 def usable(model: nn.Module) -> bool:
