@@ -57,8 +57,10 @@ class ModelRunner:
         if pipeline:
             self.state.enable_pingpong()
         pin = dev.type == "cuda"
-        self._tok_host = torch.zeros(2, dtype=torch.long, pin_memory=pin)   # [phase] pipelined tokens
-        self._tok_ev = [torch.cuda.Event() for _ in range(2)] if pin else None
+        # [slot, phase] pipelined tokens: per slot, since sessions on other slots launch steps of the
+        # same phase while one of this slot is unread (the engine's lock is released between steps)
+        self._tok_host = torch.zeros(slots, 2, dtype=torch.long, pin_memory=pin)
+        self._tok_ev = [[torch.cuda.Event() for _ in range(2)] for _ in range(slots)] if pin else None
         self.arange_w = torch.arange(W, device=dev)
         if fast is None:
             fast = fast_rows.usable(model)
@@ -159,18 +161,18 @@ class ModelRunner:
     def ar_launch(self, slot: int, phase: int) -> None:
         """Enqueues a ping-pong AR step of `phase` (graph ("ar<phase>", slot, 1), else eager) and the
         copy of its token to the host; returns at once on CUDA. Phases alternate 0, 1, 0, ... from the
-        main buffers, so at most two steps (one per phase) are unread."""
+        main buffers, so at most two steps (one per phase) of a slot are unread."""
         g = self.graphs.get((f"ar{phase}", slot, 1))
         g.replay() if g is not None else self.ar_body(slot, phase)
-        self._tok_host[phase].copy_(self.tok_out[0], non_blocking=True)
+        self._tok_host[slot, phase].copy_(self.tok_out[0], non_blocking=True)
         if self._tok_ev is not None:
-            self._tok_ev[phase].record()
+            self._tok_ev[slot][phase].record()
 
-    def ar_collect(self, phase: int) -> int:
-        """The token of the last launched step of `phase` (waits for that step only)."""
+    def ar_collect(self, slot: int, phase: int) -> int:
+        """The token of the last launched step of `phase` on `slot` (waits for that step only)."""
         if self._tok_ev is not None:
-            self._tok_ev[phase].synchronize()
-        return int(self._tok_host[phase])
+            self._tok_ev[slot][phase].synchronize()
+        return int(self._tok_host[slot, phase])
 
     @torch.inference_mode()
     def run_mtp(self, slot: int, n: int) -> None:

@@ -2,6 +2,19 @@
 floor, side by side in one run. Prints one JSON object (and writes it with --out).
 
     python benchmarks/bench_decode.py --random-init qwen3.5-9b --contexts 512,8192 --new 256 --out R.json
+    ... --no-pipeline      bf16 / fp8 with the plain AR loop
+    ... --pipeline-ab      bf16 / fp8 timed with both loops in the same run
+
+What the figures mean:
+    tok_s            the loop the decode worker runs: by default (--pipeline, as `python -m decode_worker`)
+                     bf16 / fp8 use the pipelined AR loop (ModelRunner(pipeline=True)); with --no-pipeline
+                     the plain loop. The top-level "pipeline" says which (files written before 2026-12
+                     have "pipeline": false: their tok_s is the plain loop). mtp never pipelines.
+    with --pipeline-ab, bf16 / fp8 rows also get (both loops timed, the other one on its own runners):
+    tok_s_pipelined  the pipelined loop   (== tok_s when "pipeline" is true)
+    tok_s_plain      the plain loop       (== tok_s when "pipeline" is false)
+    tokens_equal_plain  the pipelined loop's tokens == the plain loop's
+Every row also has "pipelined": whether its tok_s is the pipelined loop.
 """
 from __future__ import annotations
 
@@ -115,12 +128,12 @@ def main(argv=None) -> int:
     p.add_argument("--engines", default="bf16,fp8,mtp")
     p.add_argument("--hf-new", type=int, default=32)
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--pipeline", action="store_true",
-                   help="bf16 / fp8 runners with ModelRunner(pipeline=True): the next AR step launched "
-                        "before the token is read")
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                   help="tok_s of bf16 / fp8 with ModelRunner(pipeline=True), the decode worker's default: the "
+                        "next AR step launched before the token is read (--no-pipeline: the plain AR loop)")
     p.add_argument("--pipeline-ab", action="store_true",
-                   help="also time bf16 / fp8 with pipelined runners in the same run: rows get tok_s_pipelined "
-                        "and tokens_equal_plain")
+                   help="also time bf16 / fp8 with the other loop in the same run: rows get tok_s_pipelined, "
+                        "tok_s_plain and tokens_equal_plain")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     torch.manual_seed(0)
@@ -155,13 +168,13 @@ def main(argv=None) -> int:
         runners["fp8"] = r8
     res["setup_seconds"] = time.perf_counter() - t0
     eng = DecodeEngine(runners, default_engine="bf16")
-    eng_pp = None
-    if a.pipeline_ab:   # the same models, runners with ping-pong buffers and ar0 / ar1 graphs
-        pp = {e: ModelRunner(runners[e].model, slots=1, max_len=max_len, width=16, pipeline=True)
+    eng_ab = None
+    if a.pipeline_ab:   # the same models, runners with the other loop (ping-pong buffers + ar0 / ar1 graphs or not)
+        ab = {e: ModelRunner(runners[e].model, slots=1, max_len=max_len, width=16, pipeline=not a.pipeline)
               for e in ("bf16", "fp8") if e in runners}
-        for r in pp.values():
+        for r in ab.values():
             graph.capture_all(r, max_draft=4)
-        eng_pp = DecodeEngine(pp, default_engine="bf16")
+        eng_ab = DecodeEngine(ab, default_engine="bf16")
     g = torch.Generator().manual_seed(1)
     for ctx in contexts:
         prompt = torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist()
@@ -171,12 +184,15 @@ def main(argv=None) -> int:
             rate, toks, acc = time_decode(eng, exact, prompt, e, a.new, runs)
             floor_b = step_bytes(runners[e].model, runners[e].state, ctx)
             row = {"engine": e, "context": ctx, "tok_s": rate, "floor_tok_s": bw / floor_b,
-                   "pct_of_floor": rate * floor_b / bw, "bytes_per_step": floor_b}
+                   "pct_of_floor": rate * floor_b / bw, "bytes_per_step": floor_b,
+                   "pipelined": e != "mtp" and runners[e].state.pingpong}
             if e == "mtp":
                 row["mean_accept_len"] = acc
-            if eng_pp is not None and e in eng_pp.runners:
-                rate_pp, toks_pp, _ = time_decode(eng_pp, exact, prompt, e, a.new, runs)
-                row["tok_s_pipelined"], row["tokens_equal_plain"] = rate_pp, toks_pp == toks
+            if eng_ab is not None and e in eng_ab.runners:
+                rate_ab, toks_ab, _ = time_decode(eng_ab, exact, prompt, e, a.new, runs)
+                (rate_pp, toks_pp), (rate_plain, toks_plain) = (
+                    ((rate, toks), (rate_ab, toks_ab)) if row["pipelined"] else ((rate_ab, toks_ab), (rate, toks)))
+                row.update(tok_s_pipelined=rate_pp, tok_s_plain=rate_plain, tokens_equal_plain=toks_pp == toks_plain)
             if e == "bf16":
                 bf16_tokens = toks
             if e == "mtp" and bf16_tokens is not None:

@@ -5,7 +5,8 @@
 
 Parts (each also runs alone; see its script):
     decode   bench_decode.py  bf16 / fp8 / mtp tok/s at each context vs HF generate vs the bandwidth floor
-                              (bf16 / fp8 also with the pipelined AR loop, --pipeline-ab),
+                              (bf16 / fp8 tok/s with the decode worker's default pipelined AR loop, and
+                              the plain loop too in the same run, --pipeline-ab),
                               graph capture time and pool bytes per engine, peak GPU memory
     profile  profile_step.py  per-part GPU time of one step (GEMM, GDN, attention, norms, ...), kernels/step
     ttft     bench_ttft.py    TTFT: prefill alone vs prefill + hand-off to a decode worker, prefill MFU
@@ -40,15 +41,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def markdown(res: dict) -> str:
-    lines = ["| engine | context | tok/s | floor tok/s | % of floor | pipelined AR tok/s |", "|---|---|---|---|---|---|"]
+    """The decode table. tok/s is what bench_decode measured by default: bf16 / fp8 with the pipelined AR
+    loop when res["pipeline"] (older files: false, the plain loop); the A/B columns when present."""
+    loop = "pipelined AR loop for bf16 / fp8" if res.get("pipeline") else "plain AR loop"
+    lines = [f"tok/s: the {loop}.\n",
+             "| engine | context | tok/s | floor tok/s | % of floor | plain AR tok/s | pipelined AR tok/s |",
+             "|---|---|---|---|---|---|---|"]
     for r in res["results"]:
+        ab = "tok_s_pipelined" in r
+        plain = r.get("tok_s_plain", r["tok_s"] if ab and not res.get("pipeline") else None)
         pp = (f"{r['tok_s_pipelined']:.1f}" + ("" if r.get("tokens_equal_plain") else " (TOKENS DIFFER)")
-              if "tok_s_pipelined" in r else "")
+              if ab else "")
         lines.append(f"| {r['engine']} | {r['context']} | {r['tok_s']:.1f} | {r['floor_tok_s']:.1f} | "
-                     f"{100 * r['pct_of_floor']:.0f}% | {pp} |")
+                     f"{100 * r['pct_of_floor']:.0f}% | {'' if plain is None else f'{plain:.1f}'} | {pp} |")
     if "hf_generate" in res:
         h = res["hf_generate"]
-        lines.append(f"| HF generate | {h['context']} | {h['tok_s']:.1f} | | | |")
+        lines.append(f"| HF generate | {h['context']} | {h['tok_s']:.1f} | | | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
 """`python -m decode_worker --model DIR --port P --engine bf16|fp8|mtp [--engines bf16,mtp] ...`
 (benchmarks: `--random-init SHAPE --seed N` instead of --model, the same on every worker)
+bf16 / fp8 decode with the pipelined AR loop by default; `--no-pipeline`: the plain loop.
 
 Lifecycle: parse options -> settings (env + --token-file) -> load the model (+ FP8 copy), capture
 CUDA graphs on cuda, log progress -> bind -> health SERVING -> print "decode: serving on HOST:PORT"
@@ -18,7 +19,7 @@ log = logging.getLogger("baton.decode")
 ENGINES = ("bf16", "fp8", "mtp")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m decode_worker", description="Baton decode worker")
     add_common_arguments(p)
     p.add_argument("--engine", default=None, choices=ENGINES,
@@ -29,10 +30,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="fp8: all projections, or the state-safe tail (last MLP + LM head)")
     p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
     p.add_argument("--no-graphs", action="store_true", help="do not capture CUDA graphs (eager decode)")
-    p.add_argument("--pipeline", action="store_true",
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
                    help="bf16 / fp8: launch each AR step before the previous token is read (ping-pong GDN "
-                        "buffers: one more GDN state per slot); not yet the default: measure first")
-    args = p.parse_args(argv)
+                        "buffers: one more GDN state per slot; tokens identical); default on, "
+                        "--no-pipeline: the plain AR loop")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     opts = options_from_args(args)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     if args.engine and args.engine not in engines:

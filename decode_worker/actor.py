@@ -22,7 +22,7 @@ class DecodeActor(WorkerActor):
                  device: str = "cpu", dtype: str | None = None, engine: str | None = None,
                  engines: str = ENGINES, width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN,
                  slots: int = DEFAULT_SLOTS, ttl: float = DEFAULT_TTL_S, token_file: str | None = None,
-                 fp8_mode: str = "full", mtp_k: int = 4, capture_graphs: bool = True):
+                 fp8_mode: str = "full", mtp_k: int = 4, capture_graphs: bool = True, pipeline: bool = True):
         from decode_worker.service import serve_decode
 
         settings = self._settings(token_file)
@@ -33,7 +33,12 @@ class DecodeActor(WorkerActor):
             model_dir or None, engines=names, default_engine=engine or None, host=host or None, port=int(port),
             device=device, dtype=dtype or default_dtype(device), width=int(width), max_len=int(max_len),
             slots=int(slots), ttl_s=float(ttl), settings=settings, fp8_mode=fp8_mode, mtp_k=int(mtp_k),
-            capture_graphs=str(capture_graphs).lower() not in ("0", "false", "no"))
+            capture_graphs=_flag(capture_graphs), pipeline=_flag(pipeline))
+
+
+def _flag(value) -> bool:
+    """A constructor flag given as a bool or a string ("0" / "false" / "no" / "off" = off)."""
+    return str(value).strip().lower() not in ("0", "false", "no", "off")
 
 
 def make_actor_class(num_gpus: float = 0, resources: dict | None = None, max_restarts: int = -1,

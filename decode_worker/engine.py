@@ -3,7 +3,9 @@
 Lifecycle of a request through this engine:
     load(engine, tensors, position, next_token)  -> a session in a free slot of that engine's runner
     decode(session, ...)   fast mode: yields token batches until EOS / stop id / max_new_tokens
-        bf16 / fp8: one fixed-width row per token (CUDA-graph replay on the GPU)
+        bf16 / fp8: one fixed-width row per token (CUDA-graph replay on the GPU); pipelined (step t+1
+                    launched before token t is read) when the runner has ping-pong buffers, the
+                    decode worker's default (serve_decode(pipeline=True))
         mtp:        the MTP head drafts K tokens, the BF16 model checks them in one K+1-row pass;
                     row invariance makes the output token-identical to bf16
     draft(session, k, verdict)  exact mode: apply the exact worker's verdict (m accepted, next
@@ -179,7 +181,7 @@ class DecodeEngine:
                     if produced + 1 < max_new_tokens:
                         pending = 1 - cur
                         r.ar_launch(slot, pending)
-                    tok = r.ar_collect(cur)
+                    tok = r.ar_collect(slot, cur)
                 kept, fed = cur, tok
                 produced += 1
                 s.last_used = time.monotonic()

@@ -250,11 +250,13 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
                  width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS,
                  ttl_s: float = DEFAULT_TTL_S, settings: Settings | None = None, capture_graphs: bool = True,
                  fp8_mode: str = "full", mtp_k: int = DEFAULT_MTP_K, max_workers: int = 16,
-                 max_concurrent_rpcs: int = 256, pipeline: bool = False,
+                 max_concurrent_rpcs: int = 256, pipeline: bool = True,
                  ) -> tuple[WorkerHandle, DecodeServicer]:
     """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
     (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
-    pipeline: bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True))."""
+    pipeline (default on): bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True),
+    one more GDN state per slot); tokens identical to the plain loop. False: the plain AR loop. mtp
+    sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain."""
     settings = Settings.from_env() if settings is None else settings
     if isinstance(model, LoadedModel):
         lm = model

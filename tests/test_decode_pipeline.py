@@ -102,3 +102,61 @@ def test_one_token_and_zero_tokens(env):
     (a, sa), (b, sb) = _both(env, lambda e, sid: (_toks(e, sid, 1), _toks(e, sid, 0), _toks(e, sid, 2)))
     assert a == b and [len(x) for x in a] == [1, 0, 2]
     assert _same_state(sa, sb)
+
+
+def test_interleaved_sessions_each_get_their_own_tokens(env):
+    """Two sessions of one runner decoding at once (the engine's lock is released between steps, so
+    the other session's steps, of the same phase, run while one of this session is unread): each gets
+    its own tokens and state. The host token buffer was once per phase only: A read B's token."""
+    host, pos, nxt, plain, piped = env
+    out = []
+    for eng in (plain, piped):
+        a, b = (eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt) for _ in range(2))
+        try:
+            _toks(eng, b.id, 3)                      # b runs 3 tokens ahead: their next tokens differ
+            ga, gb = eng.decode(a.id, 8), eng.decode(b.id, 8)
+            got = ([], [])
+            for _ in range(8):
+                got[0].extend(next(ga))
+                got[1].extend(next(gb))
+            ga.close()
+            gb.close()
+            out.append((got, _state(eng, a.id), _state(eng, b.id)))
+        finally:
+            eng.release(a.id)
+            eng.release(b.id)
+    (got_plain, sa, sb), (got_piped, pa, pb) = out
+    assert got_plain[0] != got_plain[1]
+    assert got_piped == got_plain
+    assert _same_state(sa, pa) and _same_state(sb, pb)
+
+
+def test_the_decode_worker_pipelines_by_default(tmp_path):
+    """CLI, serve_decode and the Ray actor default to the pipelined loop (bf16 / fp8 runners with ping-pong
+    buffers); --no-pipeline / pipeline=False turn it off. ModelRunner's own default (the exact engine,
+    `baton complete`) stays plain."""
+    import inspect
+
+    from baton.settings import Settings
+    from decode_worker.__main__ import build_parser
+    from decode_worker.actor import DecodeActor
+    from decode_worker.service import serve_decode
+
+    parse = build_parser().parse_args
+    assert parse([]).pipeline is True
+    assert parse(["--pipeline"]).pipeline is True
+    assert parse(["--no-pipeline"]).pipeline is False
+    assert inspect.signature(serve_decode).parameters["pipeline"].default is True
+    assert inspect.signature(DecodeActor.__init__).parameters["pipeline"].default is True
+    assert inspect.signature(ModelRunner).parameters["pipeline"].default is False
+
+    lm = load_model(make_tiny_dir(tmp_path), dtype="fp32")
+    for kw, want in (({}, True), ({"pipeline": False}, False)):
+        h, s = serve_decode(lm, engines=("bf16", "fp8", "mtp"), max_len=64, width=4, slots=1, settings=Settings(), **kw)
+        try:
+            runners = s.engine.runners
+            assert set(runners) == {"bf16", "fp8", "mtp"}
+            assert runners["bf16"] is runners["mtp"]
+            assert runners["bf16"].state.pingpong is want and runners["fp8"].state.pingpong is want
+        finally:
+            h.stop(0)
