@@ -68,3 +68,22 @@ def test_accept_prefix_rewinds_to_the_state_of_a_shorter_block(dtype):
         # and the next step agrees too
         nxt = [int(torch.randint(0, CFG.vocab_size, (1,), generator=g))]
         assert ck.rows(0, nxt) == short.rows(0, nxt)
+
+
+def test_fused_kernels_compile_one_binary_for_every_row_count():
+    """The CUDA rows kernels take the live-row count at run time and never specialise on it: Triton
+    compiles an int argument equal to 1 as a constant (and multiples of 16 with an alignment hint), so
+    without do_not_specialize an AR step (n = 1) runs another binary than a verify block, with other
+    layouts and reduction orders, and row invariance holds only by luck (the interpreter cannot see it)."""
+    triton = pytest.importorskip("triton")
+    from baton.kernels import gemv, rows
+    kernels = [getattr(mod, name) for mod in (rows, gemv) for name in dir(mod)      # launched ones, not helpers
+               if isinstance(getattr(mod, name), triton.runtime.jit.JITFunction)
+               and (name.endswith("_kernel") or name == "_skinny")]
+    counted = 0
+    for k in kernels:
+        for p in k.params:
+            if p.name in ("n", "rows", "M"):
+                counted += 1
+                assert p.do_not_specialize, (k.__name__, p.name)
+    assert counted >= 8, counted           # skinny M, rows; norm rows; conv, gdn, gated norm, rope, merge n

@@ -2,14 +2,17 @@
 
 Every kernel here is row-invariant by construction: output row t is computed by the same
 instructions from row t's inputs (and, for the recurrences, from the rows before it), whatever
-the number n of valid rows is. That is what keeps AR steps, verify blocks and re-advances bitwise
-equal when they run through these kernels (docs/CONTRACTS.md, "exactness contract").
+the number n of valid rows is. The row count is do_not_specialize everywhere: Triton otherwise
+compiles an int argument equal to 1 as a constant, so an AR step (n = 1) would run a different
+binary (its loop unrolled, other layouts and reduction orders) than a verify block (n = K+1).
+That is what keeps AR steps, verify blocks and re-advances bitwise equal when they run through
+these kernels (docs/CONTRACTS.md, "exactness contract").
 
     add_rmsnorm(x, res, w)         res' = x + res (rounded to x.dtype); y = res' / rms * (1 + w)
     silu_mul(gu [W, 2I])           silu(gu[:, :I]) * gu[:, I:]
     conv_rows(x, conv_state, w, n) depthwise causal conv + SiLU over W rows; state advanced by n
-    gdn_rows(...)                  L2-normed q/k, gates, gated delta rule over the first n rows and
-                                   the gated RMSNorm of each head's output, in one kernel per layer
+    gdn_rows(...)                  L2-normed q/k, gates, gated delta rule over the first n rows (one
+                                   program per head and dv slice), then the gated RMSNorm per row
     qk_rope_kv(...)                q/k RMSNorm + partial RoPE; k and v rows < n written into the window
     attention_rows(...)            split-window attention up to each row's position, output gate applied
 
@@ -45,7 +48,7 @@ def _ld(ptr, off, mask, s_part, PARTS: tl.constexpr, DT: tl.constexpr):
 
 
 # ---- RMSNorms ------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, s_ptr, N, sx, sr, eps, rows, s_part,
                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr, QUANT: tl.constexpr,
                         PDL: tl.constexpr):
@@ -130,7 +133,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
                       K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr,
                       PARTS: tl.constexpr, PDL: tl.constexpr):
@@ -196,7 +199,7 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
 # on its own (kv, u, the rank-1 update and o are per column), so a head's 64 KB state is spread over
 # dv / BVS SMs instead of one. Its raw output o (fp32) goes to a second, per-row kernel for the gated
 # RMSNorm over each head's dv columns, which can also quantise for an fp8 out_proj (gemv.QuantX).
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S_ptr, So_ptr, o_ptr,
                      ck_ptr, n, scale,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
@@ -236,7 +239,7 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S
     tl.store(So_ptr + s_off, S, mask=smask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _gated_norm_kernel(o_ptr, z_ptr, sz, zp, nw_ptr, y_ptr, s_ptr, n, eps,
                        HV: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
                        QUANT: tl.constexpr, PARTS: tl.constexpr, DT: tl.constexpr, PDL: tl.constexpr):
@@ -357,7 +360,7 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, L, NS, sca
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=gm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _attn_merge_kernel(acc_ptr, ml_ptr, pos_ptr, gate_ptr, sgt, sgh, o_ptr, n, NS,
                        NH: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -423,7 +426,7 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.cons
     return tl.where(rd < RD, xn * c + rot * s, xn)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _qk_rope_kv_kernel(q_ptr, sqt, sqh, k_ptr, skt, skh, v_ptr, svt, svh, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
                        pos_ptr, qo_ptr, kc_ptr, vc_ptr, L, n, eps, rope_off,
                        NH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, PDL: tl.constexpr):
