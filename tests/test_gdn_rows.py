@@ -93,3 +93,40 @@ def test_gdn_rows_under_triton_interpreter():
     assert r["dead_zero"] and r["ckpt_last"] and r["pingpong"], r
     assert r["quantx"] and r["quant_gemm"], r
     assert r["parts"] == 2 and r["partial_conv"] and r["partial_gdn"] and r["partial_live"], r
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", [False, True])
+def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant):
+    """Row invariance of the compiled kernels at the Qwen3.5-9B GDN dims (16 key / 32 value heads of
+    128, 4 dv slices per head): a 5-row block gives bitwise the outputs and state of 5 one-row calls
+    (one binary for every n: rows.py's do_not_specialize)."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from baton.kernels import rows as R
+    g = torch.Generator(device="cuda").manual_seed(0)
+    W, n, nk, Hv, dk, dv = 16, 5, 16, 32, 128, 128
+    C = 2 * nk * dk + Hv * dv
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, z = torch.randn(W, C, generator=g, **bf), torch.randn(W, Hv * dv, generator=g, **bf)
+    b, a = torch.randn(W, Hv, generator=g, **bf), torch.randn(W, Hv, generator=g, **bf)
+    w4, cst = torch.randn(C, 4, generator=g, **bf) * 0.5, torch.randn(C, 3, generator=g, **bf)
+    A_log, dtb = torch.randn(Hv, device="cuda") * 0.5, torch.randn(Hv, device="cuda") * 0.5
+    nw, S0 = torch.randn(dv, **bf) * 0.2 + 1, torch.randn(Hv, dk, dv, device="cuda", generator=g) * 0.1
+
+    def step(lo, hi, st, S):
+        cv = R.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo)
+        y = R.gdn_rows(cv, b[lo:hi].contiguous(), a[lo:hi].contiguous(), z[lo:hi].contiguous(), A_log, dtb, nw,
+                       S, hi - lo, nk=nk, eps=1e-6, quant=quant)
+        return (y.q, y.s) if quant else (y,)
+
+    st_b, S_b = cst.clone(), S0.clone()
+    block = step(0, n, st_b, S_b)
+    st_a, S_a = cst.clone(), S0.clone()
+    for t in range(n):
+        one = step(t, t + 1, st_a, S_a)
+        assert all(torch.equal(o[0].view(torch.uint8) if o.dtype == torch.float8_e4m3fn else o[0],
+                               blk[t].view(torch.uint8) if blk.dtype == torch.float8_e4m3fn else blk[t])
+                   for o, blk in zip(one, block)), t
+    assert torch.equal(st_a, st_b) and torch.equal(S_a, S_b)
