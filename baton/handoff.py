@@ -15,6 +15,9 @@ Lifecycle of one hand-off:
                      the manifest) and returns a fully verified ReceivedState or raises a
                      wire.StateError (its `.code` is the gRPC status); nothing partial escapes
       engine.load    copies into a free slot only then
+Timeline (start_push(timeline=True), asked for by PrefillRequest.timeline): each side stamps the marks of
+baton/timeline.py; the receiver answers its own when the call carries `baton-timeline: 1`, and the
+sender's result() returns them all in BridgeReport.timeline.
 
 MTP KV entries (`mtp.key`, `mtp.value`: the MTP layer's KV rows for the prompt):
   * sent, and the receiver has an MTP head        -> loaded as usual;
@@ -39,6 +42,7 @@ import torch
 from baton.progress import PrefillProgress, tail_offset
 from baton.rpc import make_channel
 from baton.settings import Settings
+from baton.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, Timeline, now
 from baton.v1 import common_pb2, decode_pb2, state_pb2
 from baton.wire import (DEFAULT_CHUNK_BYTES, BridgeStats, ExpectedLayout, LayoutEntry, ReceivedState,
                         StateCorrupt, TensorDesc, decode_stream, encode_state, encode_state_frames)
@@ -114,16 +118,23 @@ DEFAULT_POOL = ChannelPool()
 
 class _Frames:
     """Wraps the frame iterator: counts frames and keeps an exception raised while encoding
-    (grpc would only report it as a cancelled call)."""
+    (grpc would only report it as a cancelled call). timed: when each frame was handed to gRPC and when
+    gRPC asked for the next one (its send completed), for the timeline."""
 
-    def __init__(self, it: Iterator[bytes]):
-        self.it, self.count, self.error = it, 0, None
+    def __init__(self, it: Iterator[bytes], timed: bool = False):
+        self.it, self.count, self.error, self.timed = it, 0, None, timed
+        self.handed: list[int] = []
+        self.sent: list[int] = []
 
     def __iter__(self):
         try:
             for f in self.it:
                 self.count += 1
+                if self.timed:
+                    self.handed.append(now())
                 yield f
+                if self.timed:
+                    self.sent.append(now())
         except Exception as e:
             self.error = e
             raise
@@ -132,9 +143,11 @@ class _Frames:
 class Push:
     """One LoadState call in flight (start_push); result() waits for the decode worker's answer."""
 
-    def __init__(self, target: str, fut, frames: _Frames, specs: list[TensorDesc], position: int, t0: float):
+    def __init__(self, target: str, fut, frames: _Frames, specs: list[TensorDesc], position: int, t0: float,
+                 timeline: Timeline | None = None):
         self.target, self._fut, self._frames, self._specs, self._position, self._t0 = \
             target, fut, frames, specs, position, t0
+        self.timeline = timeline   # baton/timeline.py; the caller may add its own prefill.* marks
 
     def cancel(self) -> None:
         self._fut.cancel()
@@ -149,6 +162,7 @@ class Push:
             while True:
                 try:
                     resp = fut.result(timeout=0.05 if is_active is not None else None)
+                    t_reply = now()
                     break
                 except grpc.FutureTimeoutError:
                     if not is_active():
@@ -162,21 +176,35 @@ class Push:
             raise HandoffError(target, grpc.StatusCode.CANCELLED, "hand-off cancelled") from None
         stats = BridgeStats.from_specs(self._specs, tokens=self._position, chunks=max(frames.count - 2, 0),
                                        seconds=time.perf_counter() - self._t0)
-        return resp, stats.to_proto()
+        report = stats.to_proto()
+        if self.timeline is not None:   # frames: header, data..., trailer
+            tl, h, sent = self.timeline, frames.handed, frames.sent
+            tl.mark("sender.reply", t_reply)
+            tl.mark("prefill.reply_received", t_reply)   # NOTE: one process, one moment
+            if len(h) >= 3 and len(sent) == len(h):
+                tl.update({"sender.last_chunk_handed": h[-2], "sender.last_chunk_sent": sent[-2],
+                           "sender.trailer_handed": h[-1], "sender.trailer_sent": sent[-1]},
+                          series={"sender.handed": h[1:-1]})
+            if resp.HasField("bridge") and resp.bridge.HasField("timeline"):
+                tl.merge_proto(resp.bridge.timeline)
+            report.timeline.CopyFrom(tl.to_proto())
+        return resp, report
 
 
 def start_push(target: str, settings: Settings | None = None, *, tensors: list, session_id: str,
                fingerprint: str, position: int, next_token: int | Callable[[], int], mode: int = 0,
                engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0,
                pool: ChannelPool | None = None, progress: PrefillProgress | None = None,
-               sender=None, tail_chunk_bytes: int = 0, tail_layers: int = 1) -> Push:
+               sender=None, tail_chunk_bytes: int = 0, tail_layers: int = 1, timeline: bool = False) -> Push:
     """Starts streaming the state to `target`'s LoadState and returns at once. `progress` (a prefill
     still running): each tensor is sent once its layer is marked, and next_token is taken from it at
     the end. `sender`: a baton.sender_process.SenderProcess (settings.handoff_sender == "process"): the
     child process streams, this process only stages bytes into its ring (-> a ProcessPush, same
     contract); None: in this process, gRPC's request thread and the wire's threads do the work.
     tail_chunk_bytes (settings.handoff_tail_chunk_bytes; 0 = none): the wire's tail segment, from the start of
-    the last `tail_layers` layers' tensors (progress.tail_offset) rounded down to a multiple of chunk_bytes."""
+    the last `tail_layers` layers' tensors (progress.tail_offset) rounded down to a multiple of chunk_bytes.
+    timeline: stamp the hand-off's marks (baton/timeline.py) and ask the receiver for its own (LoadState
+    metadata); the push's `.timeline` takes the caller's marks, result()'s BridgeReport.timeline has them all."""
     settings = Settings.from_env() if settings is None else settings
     tensors = list(tensors)
     specs = [TensorDesc.of(t) for t in tensors]
@@ -187,13 +215,16 @@ def start_push(target: str, settings: Settings | None = None, *, tensors: list, 
               tail_from=tail_offset(specs, tail_layers) if tail_chunk_bytes else 0, **what)
     if sender is not None and sender.fits(chunk_bytes):
         return sender.start_push(target, settings, wire_send.plan(**kw), method=LOAD_STATE, timeout=timeout,
-                                 deserialize=decode_pb2.LoadStateResponse.FromString, position=position)
+                                 deserialize=decode_pb2.LoadStateResponse.FromString, position=position,
+                                 timeline=timeline)
     channel = (pool or DEFAULT_POOL).get(target, settings)
     method = channel.stream_unary(LOAD_STATE, request_serializer=None,
                                   response_deserializer=decode_pb2.LoadStateResponse.FromString)
     t0 = time.perf_counter()
-    frames = _Frames(encode_state_frames(**kw))
-    return Push(target, method.future(iter(frames), timeout=timeout), frames, specs, position, t0)
+    frames = _Frames(encode_state_frames(**kw), timed=timeline)
+    tl = Timeline({"prefill": CLOCK_ID, "sender": CLOCK_ID}) if timeline else None
+    fut = method.future(iter(frames), timeout=timeout, metadata=TIMELINE_METADATA if timeline else None)
+    return Push(target, fut, frames, specs, position, t0, tl)
 
 
 def push_state(target: str, settings: Settings | None = None, *, is_active: Callable[[], bool] | None = None,

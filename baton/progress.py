@@ -6,8 +6,9 @@ Stages (in the order prefill finishes them, which is the wire's table order):
 Lifecycle:
     compute thread   mark(i) from the model's layer hook (StepContext.on_layer) right after layer i's
                      kernels were *enqueued*: on CUDA it records an event on the current stream, never
-                     a host sync; on CPU the layer has simply run. finish(next_token) after the prefill
-                     returned; fail(exc) if it raised.
+                     a host sync; on CPU the layer has simply run (last_layer_ns: when the last layer was
+                     marked, for the hand-off's timeline). finish(next_token) after the prefill
+                     returned (finished_ns: when); fail(exc) if it raised.
     sender thread    wait(stage) blocks until that stage was marked (raises the compute's error if it
                      failed) and returns its CUDA event (None on CPU); the D2H copy waits for the event
                      on its own stream, so the wire runs beside the remaining layers' compute.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import torch
 
@@ -57,6 +59,8 @@ class PrefillProgress:
         self._token: int | None = None
         self._error: BaseException | None = None
         self._cv = threading.Condition()
+        self.last_layer_ns = 0               # time.monotonic_ns() when stage layers-1 was marked
+        self.finished_ns = 0                 # ... when finish() was called (before the last stage is marked)
 
     def mark(self, stage: int) -> None:
         """Compute thread: stage `stage` is final once the work enqueued so far has run."""
@@ -64,6 +68,8 @@ class PrefillProgress:
         if self._cuda:
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self._device))
+        if stage == self.layers - 1:
+            self.last_layer_ns = time.monotonic_ns()
         with self._cv:
             if stage != self._marked:
                 raise RuntimeError(f"progress: stage {stage} marked after {self._marked - 1}")
@@ -72,6 +78,7 @@ class PrefillProgress:
 
     def finish(self, next_token: int) -> None:
         """Compute thread: the prefill returned; the tail (hidden row, MTP KV, next_token) is final."""
+        self.finished_ns = time.monotonic_ns()
         self._token = int(next_token)
         self.mark(self.layers)
 

@@ -16,6 +16,10 @@ Lifecycle of one stream (stream id s), on the threads of this process:
                     exactly as the in-process sender frames them; then FREE the slot
     gRPC's request thread  the frames in order, the manifest fed with each digest, then the trailer
     done callback   DONE s: OK with the response bytes, or the call's status code and details
+With OPEN's `timeline` set, the call carries `baton-timeline: 1` (the receiver reports its marks) and the
+stream stamps the sender.* marks of baton/timeline.py (the last chunk's in / submitted / framed / handed /
+sent, END in, trailer handed / sent, reply; series sender.handed) into DONE's JSON: a few clock reads
+per chunk, none without it.
 Every slot handed over with CHUNK is FREEd exactly once: after its frame is made, or when its stream
 ended first. A stream whose call cannot even start (e.g. an unreadable TLS file) is answered DONE INTERNAL;
 the process keeps serving the others. EOF on the control socket (the prefill process closed it or died):
@@ -39,6 +43,7 @@ import grpc
 from baton.rpc import make_channel
 from baton.sender_ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
 from baton.settings import Settings
+from baton.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, now
 from baton.v1 import state_pb2
 from baton.wire_frame import Manifest, frame, trailer_frame
 
@@ -51,17 +56,27 @@ class _Stream:
         h = state_pb2.StateChunk.FromString(self.header).header
         self.manifest, self.total = Manifest(h), h.total_bytes
         self.posted: queue.SimpleQueue = queue.SimpleQueue()   # ("chunk", slot, index, n) | ("end", token) | None
-        self.out: queue.SimpleQueue = queue.SimpleQueue()      # Future of (frame, digest) | ("end", token) | None
+        self.out: queue.SimpleQueue = queue.SimpleQueue()      # Future of (frame, digest, made) | ("end", token) | None
         self.window = threading.Semaphore(depth)               # frames made but not yet taken by gRPC
         self.lock, self.closed, self.finished = threading.Lock(), False, threading.Event()
+        self.tl = bool(meta.get("timeline"))
+        self.marks: dict[str, int] = {}   # with a timeline: baton/timeline.py's sender.* marks
+        self.handed: list[int] = []       # ... when each data chunk was handed to gRPC
+        self._in = self._submitted = 0    # ... when the latest chunk was read / submitted to the pool
         self.feeder = threading.Thread(target=self._feed, daemon=True, name=f"baton-sender-feed-{sid}")
         self.feeder.start()
         method = channel.stream_unary(meta["method"], request_serializer=None, response_deserializer=None)
-        self.call = method.future(self._requests(), timeout=float(meta["timeout"]))
+        self.call = method.future(self._requests(), timeout=float(meta["timeout"]),
+                                  metadata=TIMELINE_METADATA if self.tl else None)
         self.call.add_done_callback(self._done)
 
     def post(self, item) -> None:
         """From the main thread, in order. A chunk for a stream that stopped taking them is freed here."""
+        if self.tl and item is not None:
+            if item[0] == "chunk":
+                self._in = now()
+            else:
+                self.marks.update({"sender.last_chunk_in": self._in, "sender.end_in": now()})
         with self.lock:
             if not self.closed:
                 self.posted.put(item)
@@ -80,6 +95,8 @@ class _Stream:
                     if self.finished.is_set():
                         self.conn.send(FREE, a=slot)
                         return
+                if self.tl:
+                    self._submitted = now()
                 self.out.put(self.pool.submit(self._frame, slot, index, n))
         finally:
             with self.lock:
@@ -92,23 +109,36 @@ class _Stream:
                 if item is not None and item[0] == "chunk":
                     self.conn.send(FREE, a=item[1])
 
-    def _frame(self, slot: int, index: int, n: int) -> tuple[bytes, bytes]:
+    def _frame(self, slot: int, index: int, n: int) -> tuple[bytes, bytes, int]:
+        """-> (frame, digest, when it was made: with a timeline, else 0)"""
         try:
             with self.ring.view(slot, n) as mv:
-                return frame(index, [mv])
+                return *frame(index, [mv]), now() if self.tl else 0
         finally:
             self.conn.send(FREE, a=slot)
 
     def _requests(self):
+        tl, framed, handed = self.tl, 0, 0
         yield self.header
         while (x := self.out.get()) is not None:
             if isinstance(x, tuple):   # ("end", next_token)
-                yield trailer_frame(self.manifest, self.total, x[1])
+                last = trailer_frame(self.manifest, self.total, x[1])
+                if tl:
+                    self.marks["sender.trailer_handed"] = now()
+                yield last
+                if tl:
+                    self.marks["sender.trailer_sent"] = now()
                 return
-            data, digest = x.result()
+            data, digest, made = x.result()
             self.window.release()
             self.manifest.add(digest)
+            if tl:
+                framed, handed = made, now()
+                self.handed.append(handed)
             yield data
+            if tl:   # gRPC asks for the next message once this one's send completed
+                self.marks.update({"sender.last_chunk_submitted": self._submitted, "sender.last_chunk_framed": framed,
+                                   "sender.last_chunk_handed": handed, "sender.last_chunk_sent": now()})
 
     def _done(self, call) -> None:
         self.finished.set()
@@ -123,6 +153,10 @@ class _Stream:
             msg.update(code=code.name, details=details or "")
         else:
             msg["response"] = base64.b64encode(call.result()).decode()
+        if self.tl:
+            self.marks["sender.reply"] = now()
+            msg["timeline"] = {"marks": {k: v for k, v in self.marks.items() if v}, "clocks": {"sender": CLOCK_ID},
+                               "series": {"sender.handed": self.handed}}
         self.on_end(self.sid)
         self.conn.send(DONE, self.sid, payload=msg)
 

@@ -11,14 +11,16 @@ Control channel: a Unix socketpair. Every message starts with HEAD (24 bytes, li
 and JSON kinds are followed by n bytes of UTF-8 JSON. Tensor bytes never go through it.
     parent -> child
         OPEN    stream; JSON {target, method, timeout, settings (baton.settings.Settings fields),
-                header (base64 of the serialized header StateChunk, sent as is)}
+                header (base64 of the serialized header StateChunk, sent as is), timeline (bool: stamp
+                baton/timeline.py's sender marks and ask the receiver for its own)}
         CHUNK   stream, a = slot, b = chunk index, n = bytes: chunk b is slot a's bytes [0, n)
         END     stream, n = next_token: every chunk was posted; the trailer can go
         CANCEL  stream: cancel its LoadState call (the decode worker sees CANCELLED)
     child -> parent
         READY   JSON {pid, torch: whether torch got imported (it must not: no CUDA in the child)}
         FREE    a = slot: the child is done with it (framed, or dropped with its stream)
-        DONE    stream; JSON {code: grpc.StatusCode name, details, response (base64), chunks}
+        DONE    stream; JSON {code: grpc.StatusCode name, details, response (base64), chunks, and with
+                a timeline: timeline {marks, clocks, series} (baton.timeline.Timeline.to_json)}
 """
 from __future__ import annotations
 

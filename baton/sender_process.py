@@ -267,13 +267,17 @@ class SenderProcess:
     start = child
 
     def start_push(self, target: str, settings: Settings, plan: Plan, *, method: str,
-                   deserialize: Callable[[bytes], object], timeout: float, position: int) -> ProcessPush:
+                   deserialize: Callable[[bytes], object], timeout: float, position: int,
+                   timeline: bool = False) -> ProcessPush:
+        """timeline: stamp the hand-off's marks here and in the child (baton/timeline.py), and ask the
+        receiver for its own; ProcessPush.result() reports them in the BridgeReport."""
         if not self.fits(plan.header.chunk_bytes):
             raise ValueError(f"chunk_bytes {plan.header.chunk_bytes} > the sender ring's slots ({self.slot_bytes})")
         meta = {"target": target, "method": method, "timeout": timeout, "settings": dataclasses.asdict(settings),
-                "header": base64.b64encode(header_frame(plan.header)).decode()}
+                "header": base64.b64encode(header_frame(plan.header)).decode(), "timeline": bool(timeline)}
         json.dumps(meta)   # NOTE: fails here, not in the child, if a setting is not plain data
-        return ProcessPush(target, plan, deserialize, position, timeout, self.answer_grace_s)._start(self.child(), meta)
+        return ProcessPush(target, plan, deserialize, position, timeout, self.answer_grace_s,
+                           timeline=timeline)._start(self.child(), meta)
 
     def close(self) -> None:
         with self._lock:

@@ -6,6 +6,9 @@ and its outcome, with handoff.Push's contract (result(is_active) / cancel() / jo
                     copies queued; CPU: one copy), CHUNK(slot, index, n); END(next_token) after the last
     result()        waits for the child's DONE; never past the call's timeout + grace (a wedged child is
                     killed: DEADLINE_EXCEEDED); a caller that went away: CANCEL, then CANCELLED
+With a timeline (baton/timeline.py; the push's `timeline` is not None), the stager stamps the last chunk's
+prefill.last_chunk_ready / _slot / _staged, prefill.end_posted and each CHUNK post (series prefill.staged);
+result() merges the child's marks (its DONE JSON) and the receiver's (the LoadState answer's bridge).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import grpc
 
 from baton.handoff import HandoffError
 from baton.sender_ipc import CANCEL, CHUNK, END
+from baton.timeline import CLOCK_ID, Timeline, now
 from baton.wire import BridgeStats
 from baton.wire_send import Plan, chunk_segments
 from baton.wire_stage import stage_into
@@ -37,7 +41,7 @@ class ProcessPush:
     """One LoadState call streamed by the sender process; handoff.Push's contract."""
 
     def __init__(self, target: str, plan: Plan, deserialize: Callable[[bytes], object], position: int,
-                 timeout: float, grace: float = ANSWER_GRACE_S):
+                 timeout: float, grace: float = ANSWER_GRACE_S, timeline: bool = False):
         self.target, self._plan, self._deserialize, self._position = target, plan, deserialize, position
         self._timeout, self._grace = timeout, grace
         self.sid, self.child, self.held = 0, None, 0   # held: ring slots this push owns (under child._cv)
@@ -47,6 +51,7 @@ class ProcessPush:
         self._cancelled = False
         self._t0 = time.perf_counter()
         self._stager: threading.Thread | None = None
+        self.timeline = Timeline({"prefill": CLOCK_ID}) if timeline else None
 
     def _start(self, child: "_Child", meta: dict) -> "ProcessPush":
         if not child.open(self, meta):
@@ -57,12 +62,18 @@ class ProcessPush:
         return self
 
     def _stage(self) -> None:
-        child, p, sid = self.child, self._plan, self.sid
+        child, p, sid, tl = self.child, self._plan, self.sid, self.timeline
         pending = None   # (slot, index, n, done event): a CUDA chunk whose copy is queued
+        staged: list[int] = []   # with a timeline: each chunk staged (stamped just before its CHUNK)
+        ready = got = 0          # ... when the latest chunk's tensors were pulled / its slot taken
         try:
             for index, segs in chunk_segments(p.specs, p.tensor_source, p.chunks, p.ready_now):
                 n = sum(b - a for _, _, a, b in segs)
+                if tl is not None:
+                    ready = now()
                 slot = child.take(self)
+                if tl is not None:
+                    got = now()
                 try:
                     if any(t.is_cuda for t, _, _, _ in segs):
                         child.pin()
@@ -72,20 +83,31 @@ class ProcessPush:
                     raise
                 if pending is not None:
                     pending[3].synchronize()   # NOTE: no GIL while waiting
+                    if tl is not None:   # NOTE: each stamp before its message: the child reads it after
+                        staged.append(now())
                     child.post(CHUNK, sid, *pending[:3])
                     pending = None
                 if done is not None:
                     pending = (slot, index, n, done)
                 else:
+                    if tl is not None:
+                        staged.append(now())
                     child.post(CHUNK, sid, slot, index, n)
             if pending is not None:
                 pending[3].synchronize()
+                if tl is not None:
+                    staged.append(now())
                 child.post(CHUNK, sid, *pending[:3])
                 pending = None
             token = p.token()
             if not 0 <= token < 1 << 63:
                 raise ValueError(f"next_token {token} out of range")
+            end = now() if tl is not None else 0
             child.post(END, sid, n=token)
+            if tl is not None:
+                tl.update({"prefill.end_posted": end, "prefill.last_chunk_ready": ready, "prefill.last_chunk_slot": got,
+                           "prefill.last_chunk_staged": staged[-1]} if staged else {},
+                          series={"prefill.staged": staged})
         except _Stop:
             pass
         except BaseException as e:  # noqa: BLE001 - result() raises it
@@ -99,6 +121,8 @@ class ProcessPush:
             child.leave()
 
     def _finish(self, outcome: dict) -> None:
+        if self.timeline is not None:
+            self.timeline.mark("prefill.reply_received")
         self._outcome = outcome
         self.done.set()
         with self.child._cv:
@@ -139,7 +163,15 @@ class ProcessPush:
             raise HandoffError(self.target, grpc.StatusCode[o["code"]], o["details"])
         stats = BridgeStats.from_specs(self._plan.specs, tokens=self._position, chunks=o["chunks"],
                                        seconds=time.perf_counter() - self._t0)
-        return self._deserialize(base64.b64decode(o["response"])), stats.to_proto()
+        resp, report = self._deserialize(base64.b64decode(o["response"])), stats.to_proto()
+        if self.timeline is not None:
+            self.join(1.0)   # NOTE: the stager stamps its last marks just after END went out
+            self.timeline.merge_json(o.get("timeline", {}))
+            bridge = getattr(resp, "bridge", None)
+            if bridge is not None and bridge.HasField("timeline"):
+                self.timeline.merge_proto(bridge.timeline)
+            report.timeline.CopyFrom(self.timeline.to_proto())
+        return resp, report
 
     def join(self, timeout: float | None = None) -> None:
         """Waits for the stager thread (it ends once the source is exhausted or the push ended)."""

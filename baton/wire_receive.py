@@ -7,7 +7,8 @@ SHA-256 and copies it into the per-tensor CPU buffers (numpy copies: no GIL) whi
 at most 2 * workers + 2 chunks in flight. The trailer is checked after every chunk verified: counts, then
 the manifest over the header and the chunk digests in order. finish() returns a ReceivedState only when
 all of that passed (see baton/wire.py for the stream layout); any failure waits for the pool's copies,
-then drops every buffer.
+then drops every buffer. ReceivedState.marks: time.monotonic_ns() when the last data chunk was fed
+("last_chunk_fed") and when the trailer verified ("verified"), for the hand-off's timeline (baton/timeline.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import concurrent.futures
 import hashlib
 import hmac
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -79,6 +80,7 @@ class ReceivedState:
     specs: tuple[TensorDesc, ...]     # table order
     tensors: dict[str, torch.Tensor]  # name -> verified CPU tensor
     stats: BridgeStats                # seconds: first chunk fed -> finish()
+    marks: dict[str, int] = field(default_factory=dict)   # "last_chunk_fed", "verified": monotonic ns
 
 
 class StateReceiver:
@@ -110,6 +112,7 @@ class StateReceiver:
         self._plan: ChunkPlan | None = None
         self._t0: float | None = None
         self._done = self._closed = False    # trailer verified / failed or finished
+        self.marks: dict[str, int] = {}      # monotonic ns: the last data chunk fed, the trailer verified
 
     def feed(self, chunk: state_pb2.StateChunk | bytes) -> None:
         """The next message of the stream: a StateChunk or its serialized bytes."""
@@ -219,6 +222,8 @@ class StateReceiver:
         self._cursor = (ti, off)
         self.received += n
         self.chunks += 1
+        if self.chunks == self._expected_chunks:
+            self.marks["last_chunk_fed"] = time.monotonic_ns()
         if self._workers > 0 and n >= _wire.PARALLEL_MIN_BYTES:
             self._inflight.append(_pool().submit(_verify_and_place, i, mv, digest, spans))
             self._settle(keep=2 * self._workers + 2)
@@ -259,6 +264,7 @@ class StateReceiver:
             raise StateCorrupt("manifest_sha256 mismatch: the header, the chunk list or the trailer was "
                                "altered in transit")
         self._trailer, self._done = tr, True
+        self.marks["verified"] = time.monotonic_ns()
 
     def finish(self) -> ReceivedState:
         """The verified state; StateCorrupt if the stream ended early."""
@@ -278,7 +284,7 @@ class StateReceiver:
         stats = BridgeStats.from_specs(self._specs, tokens=h.position, chunks=self.chunks,
                                        seconds=time.perf_counter() - self._t0)
         return ReceivedState(h.session_id, h.model_fingerprint, h.position, self._trailer.next_token, h.mode,
-                             h.engine, tuple(self._specs), tensors, stats)
+                             h.engine, tuple(self._specs), tensors, stats, dict(self.marks))
 
     def abort(self) -> None:
         """Ends the stream unverified (the caller stopped feeding it: cancelled, error): as a failure."""

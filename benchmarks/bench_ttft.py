@@ -23,6 +23,37 @@ alternate, so drift on a busy host hits both alike):
                         handoff_s; handoff_wall_s = split_s - the server's prefill_seconds (time to the
                         first token): the hand-off time the split adds, Prefill RPC included
     split_overhead_pct  100 * (split_s / prefill_s - 1)
+    tail_ms             where the split's time after the prefill goes: the hand-off's timeline (each split's
+                        PrefillRequest asks for it; --no-timeline: not asked, no tail_* fields), each mark of
+                        baton/timeline.py as ms after prefill.compute_end (the prefill has the first token:
+                        logits on the host, its last stage marked final), the median over --runs, ordered by
+                        it; negative = before. Marks (process.mark; baton/timeline.py says exactly where each
+                        is stamped): prefill.rpc_start / last_layer_enqueued / compute_end; the last data
+                        chunk staged into the sender's ring (prefill.last_chunk_ready, _slot, _staged) and
+                        END posted (prefill.end_posted); in the sender child: that chunk read, submitted to
+                        the framing pool, framed + hashed, handed to gRPC, sent (sender.last_chunk_*), END
+                        read, the trailer handed / sent; at the decode worker: the header, the last chunk out
+                        of gRPC (decode.last_chunk_received), fed to the receiver, the trailer, every hash +
+                        the manifest verified (decode.verified), the stream closed, the last tensor's H2D
+                        queued, receive_state done (decode.received), the state in its slot with its device
+                        copies done (decode.loaded), the answer (decode.reply); the answer at the sender
+                        (sender.reply) and in the prefill's process (prefill.reply_received), the Prefill
+                        answer (prefill.rpc_reply), and here (client.reply, stamped by this benchmark). The
+                        thread sender has no staging and child marks. Clock: time.monotonic_ns =
+                        CLOCK_MONOTONIC, which every process of a host shares, so the marks of the prefill
+                        worker, its sender child and the decode worker process compare directly with no
+                        clock sync (the transit between them included); each process reports its clock's id
+                        (boot_id), tail_clock_shared says they matched (else only the prefill's marks are kept).
+                        Its cost: a few clock reads per chunk, and on CUDA LoadState waits for what commit
+                        queued after its own wait for the H2D copies (finish_import) before answering, which
+                        the decode worker process's answer does not wait for otherwise; --no-timeline
+                        measures without it
+    tail_ms_runs        each run's offsets (mark -> [ms per run]): the run-to-run spread, mark by mark
+    tail_backlog        data chunks not yet past each stage when the prefill ended, median over runs:
+                        prefill.staged (into the ring), sender.handed (to gRPC), decode.received (out of
+                        gRPC at the decode worker); of data_chunks
+    tail_ordered        every run's marks keep the orders causality imposes (baton.timeline.CHAINS); a
+                        breakdown per combination is printed to stderr (median ms, step from the mark above)
     mfu                 flops / prefill_s / matmul rate measured in the same run (a large matmul in the
                         model's dtype: BF16 on CUDA); flops = 2 * matmul params * T (every weight matrix
                         but the embedding and the LM head, MTP head included: prefill fills its KV)
@@ -34,6 +65,7 @@ alternate, so drift on a busy host hits both alike):
     python benchmarks/bench_ttft.py ... --decode-worker process,in-process       # both topologies
     python benchmarks/bench_ttft.py ... --sender process,thread                  # both hand-off senders
     python benchmarks/bench_ttft.py ... --tail-chunk-mib 0,1                     # without / with a 1 MiB tail
+    python benchmarks/bench_ttft.py ... --no-timeline                            # A/B: the timeline's own cost
 
 --sender: who streams the state in the prefill worker (settings.handoff_sender): "process", a sender child
 process (baton/sender_process.py; the prefill's process only stages chunks into shared memory), or
@@ -72,6 +104,7 @@ from baton.config import ModelConfig  # noqa: E402
 from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
+from baton import timeline  # noqa: E402
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
 from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
@@ -175,6 +208,8 @@ def main(argv=None) -> dict:
                          "the handoff_tail_chunk_bytes setting's default")
     ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
                     help="layers the tail segment covers, counted from the last (handoff_tail_layers)")
+    ap.add_argument("--no-timeline", action="store_true",
+                    help="do not ask for the hand-off's timeline (PrefillRequest.timeline): no tail_ms")
     ap.add_argument("--machine-note", default="")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -245,7 +280,8 @@ def main(argv=None) -> dict:
         "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16", "wire_format": FORMAT_VERSION,
                     "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS",
                     "decode_worker": modes, "handoff_sender": a.sender, "tail_chunk_mib": a.tail_chunk_mib,
-                    "tail_layers": a.tail_layers},
+                    "tail_layers": a.tail_layers, "timeline": not a.no_timeline,
+                    "timeline_clock": timeline.CLOCK_ID},
         "matmul": {"dtype": str(p_dtype).replace("torch.", ""), "n": matmul_n, "tflops": round(rate / 1e12, 4)},
         "runs": a.runs, "warmup": a.warmup,
         "results": rows,
@@ -304,9 +340,14 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         sync(dev)
         t0 = time.perf_counter()
         r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
-                                                 decode_target=targets[mode]), timeout=600)
+                                                 decode_target=targets[mode], timeline=not a.no_timeline),
+                      timeout=600)
+        t_reply = time.monotonic_ns()
         sync(dev)
         dt = time.perf_counter() - t0
+        if r.bridge.HasField("timeline"):
+            r.bridge.timeline.marks_ns["client.reply"] = t_reply
+            r.bridge.timeline.clocks["client"] = timeline.CLOCK_ID
         assert D[mode].Release(common_pb2.ReleaseRequest(session_id=sid), timeout=60).released
         return dt, r.prefill_seconds, r.bridge
 
@@ -317,6 +358,8 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
     nbytes = state_bytes[0]
     prefill_s = statistics.median(pre)
     by_all = {f"{m}/{w}/{x:g}": split_summary(spl, nbytes, prefill_s) for (m, w, x), spl in zip(combos, spls)}
+    for key, summary in by_all.items():
+        print_tail(T, key, summary)
     t0 = f"{tails[0]:g}"
     by_pair = {f"{m}/{w}": by_all[f"{m}/{w}/{t0}"] for m in modes for w in senders}
     by_mode = {m: by_pair[f"{m}/{senders[0]}"] for m in modes}
@@ -362,7 +405,55 @@ def split_summary(spl: list, nbytes: int, prefill_s: float) -> dict:
         "data_chunks": spl[0][2].chunks,
         "split_s_runs": [round(s, 6) for s, _, _ in spl],
         "handoff_s_runs": [round(b.seconds, 6) for _, _, b in spl],
+    } | tail_summary([b for _, _, b in spl])
+
+
+def tail_summary(bridges: list) -> dict:
+    """The hand-off's timeline over runs (empty without one): tail_ms (mark -> median ms after
+    prefill.compute_end over the runs, marks present in every run, ordered by it), tail_ms_runs (each run's),
+    tail_backlog (per chunk series: median data chunks not yet past that stage at prefill.compute_end),
+    tail_clock_shared (every process read one clock; if not, tail_ms has the marks on the prefill's only),
+    tail_ordered (no run breaks an order causality imposes: baton.timeline.violations)."""
+    tls = [b.timeline for b in bridges if b.HasField("timeline")]
+    if not tls or len(tls) != len(bridges):
+        return {}
+    offs = [timeline.offsets_ms(t) for t in tls]
+    names = set(offs[0]).intersection(*offs[1:])
+    med = {k: statistics.median(o[k] for o in offs) for k in names}
+    order = sorted(names, key=lambda k: (med[k], k))
+    behind = [timeline.behind_at(t) for t in tls]
+    series = set(behind[0]).intersection(*behind[1:])
+    return {
+        "tail_ms": {k: round(med[k], 3) for k in order},
+        "tail_ms_runs": {k: [round(o[k], 3) for o in offs] for k in order},
+        "tail_backlog": {k: statistics.median(b[k] for b in behind) for k in sorted(series)},
+        "tail_clock_shared": all(timeline.shared_clock(t) for t in tls),
+        "tail_ordered": not any(timeline.violations(t) for t in tls),
     }
+
+
+def print_tail(T: int, key: str, summary: dict) -> None:
+    """The tail breakdown of one combination, on stderr: each mark's median ms after prefill.compute_end
+    and the step from the mark before it."""
+    tail = summary.get("tail_ms")
+    if not tail:
+        return
+    runs = len(next(iter(summary["tail_ms_runs"].values())))
+    lines = [f"tail T={T} {key}: ms after prefill.compute_end (median of {runs}; split_s "
+             f"{summary['split_s'] * 1e3:.1f} ms, server_prefill_s {summary['server_prefill_s'] * 1e3:.1f} ms"
+             f"{'' if summary['tail_clock_shared'] else '; clocks NOT shared: prefill-side marks only'}"
+             f"{'' if summary['tail_ordered'] else '; CAUSALITY VIOLATED in a run: see baton.timeline.violations'})"]
+    prev = None
+    for k, v in tail.items():
+        rs = summary["tail_ms_runs"][k]
+        step = "" if prev is None else f"{v - prev:+9.3f}"
+        lines.append(f"  {v:10.3f} {step:>9}  {k:<30} runs {min(rs):.3f}..{max(rs):.3f}")
+        prev = v
+    backlog = summary.get("tail_backlog") or {}
+    if backlog:
+        lines.append(f"  chunks not yet past each stage at prefill.compute_end (of {summary['data_chunks']}): "
+                     + ", ".join(f"{k} {v:g}" for k, v in backlog.items()))
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,9 @@ Lifecycle of a request:
         -> handoff.receive_state against that engine's HybridState layout (digest, fingerprint, table);
            each tensor is copied into the reserved slot (H2D) as soon as its chunks verified
         -> SlotFill.commit once the whole stream verified: only then is the session live
-        -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot)
+        -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot; with call
+           metadata `baton-timeline: 1`: its timeline, the decode.* marks of baton/timeline.py, for which
+           LoadState waits for the slot's device copies before it answers)
     Decode(session, max_new_tokens, stop ids, ignore_eos)   fast mode, server stream:
         one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
         ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
@@ -42,6 +44,7 @@ from baton.rpc import StatusError, build_server
 from baton.loading import LoadedModel, load_model
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
 from baton.settings import Settings
+from baton import timeline
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from baton.worker_config import (DEFAULT_SLOTS, DEFAULT_TTL_S, ServicerBase, WorkerHandle, default_dtype,
                                  window_field)
@@ -91,6 +94,10 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             it = iter(request_iterator)
             first = next(it, None)
             t0 = time.perf_counter()                      # first chunk received
+            tl = timeline.Timeline({"decode": timeline.CLOCK_ID}) if timeline.asked(context) else None
+            if tl is not None:
+                tl.mark("decode.first_message")
+                it = arrivals = timeline.Arrivals(it)
             header = peek_header(first)
             name = engine_name(header.engine) if header is not None else None
             runner = self.engine.runner_for(name)         # ValueError naming `engine`
@@ -101,14 +108,25 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             # still streaming (a cancelled Prefill) is deferred to the end of this call and then finds
             # the committed session (or nothing, if the stream failed): it can never run first and miss it.
             sid = header.session_id if header is not None else ""
+            place = fill.place if fill is not None else None
+            if tl is not None and place is not None:
+                def place(name, t, _place=place):
+                    _place(name, t)
+                    tl.mark("decode.last_tensor_placed")
             try:
                 with self.sessions.hold(sid) if sid else contextlib.nullcontext():
                     got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
                                         fingerprint=self.fingerprint,
                                         alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
-                                        on_tensor=fill.place if fill is not None else None)
+                                        on_tensor=place)
+                    if tl is not None:
+                        tl.mark("decode.received")
                     s = self.engine.load(got.tensors, position=got.position, next_token=got.next_token,
                                          engine=name, session_id=got.session_id or None, fill=fill)
+                    if tl is not None:
+                        if runner.device.type == "cuda":   # the slot's copies (and finish_import) done
+                            torch.cuda.current_stream(runner.device).synchronize()
+                        tl.mark("decode.loaded")
             except BaseException:
                 if fill is not None:
                     fill.abort()
@@ -117,8 +135,15 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 self.engine.release(s.id)
                 raise StatusError(grpc.StatusCode.CANCELLED, "LoadState: cancelled by the sender")
             got.stats.seconds = time.perf_counter() - t0
-            return decode_pb2.LoadStateResponse(session_id=s.id, position=got.position,
-                                                bridge=got.stats.to_proto())
+            resp = decode_pb2.LoadStateResponse(session_id=s.id, position=got.position, bridge=got.stats.to_proto())
+            if tl is not None:
+                data = arrivals.ns[:-1]   # NOTE: after the header: the data chunks, then the trailer
+                tl.update({f"decode.{k}": v for k, v in got.marks.items()}, series={"decode.received": data})
+                tl.update({"decode.trailer_received": arrivals.ns[-1], "decode.stream_closed": arrivals.closed}
+                          | ({"decode.last_chunk_received": data[-1]} if data else {}))
+                tl.mark("decode.reply")
+                resp.bridge.timeline.CopyFrom(tl.to_proto())
+            return resp
 
     def Decode(self, request, context):
         sid, held = request.session_id, False

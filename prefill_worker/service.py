@@ -12,7 +12,8 @@ Lifecycle of a request:
            it while later layers compute; the first token goes in the trailer. The decode worker
            activates nothing before the whole stream verified. Under this RPC's deadline
         -> prefill_seconds: until the first token is known; bridge.seconds: stream start -> LoadState
-           answered (it overlaps prefill_seconds)
+           answered (it overlaps prefill_seconds); with `timeline` (and a decode_target): bridge.timeline,
+           the hand-off's marks in this process, its sender child and the decode worker (baton/timeline.py)
         -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
            including a cancelled or timed-out call)
         -> first_token (the greedy token after the prompt = the decode state's pending next_token),
@@ -126,15 +127,16 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         return ids, exact
 
     def _start_push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str,
-                    position: int | None = None, progress=None):
+                    position: int | None = None, progress=None, timeline: bool = False):
         """Starts streaming the session `sid` to `target` (with `progress`: while its prefill runs);
-        -> (handoff.Push, position, next_token | None)."""
+        -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/timeline.py's marks."""
         tensors, pos, nxt = self.engine.export(sid, position)
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
         push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
                           fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
                           chunk_bytes=self.chunk_bytes, timeout=timeout, pool=self.channels, progress=progress,
-                          sender=self.sender, tail_chunk_bytes=self.tail_chunk_bytes, tail_layers=self.tail_layers)
+                          sender=self.sender, tail_chunk_bytes=self.tail_chunk_bytes, tail_layers=self.tail_layers,
+                          timeline=timeline)
         return push, pos, nxt
 
     @staticmethod
@@ -175,7 +177,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         with self.call(context, "Prefill"):
             ids, exact = self._validate(request)
             sid = request.session_id or uuid.uuid4().hex
-            t0 = time.perf_counter()
+            t0, t0_ns = time.perf_counter(), time.monotonic_ns()
             session = self.engine.open_prefill(ids, session_id=sid)
             session.engine = request.engine          # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
@@ -194,13 +196,18 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                         progress = self.engine.progress()
                         push, _, _ = self._start_push(context, sid, target, mode=request.mode,
                                                       engine=request.engine, target_sid=sid,
-                                                      position=len(ids), progress=progress)
+                                                      position=len(ids), progress=progress,
+                                                      timeline=request.timeline)
                         try:
                             first = self.engine.run_prefill(session, ids, progress)
                         except BaseException:
                             push.cancel()
                             raise
                         prefill_s = time.perf_counter() - t0      # to the first token
+                        if push.timeline is not None:
+                            push.timeline.update({"prefill.rpc_start": t0_ns,
+                                                  "prefill.last_layer_enqueued": progress.last_layer_ns,
+                                                  "prefill.compute_end": progress.finished_ns})
                         try:
                             if not context.is_active():   # gone during the compute: stop the stream now
                                 push.cancel()
@@ -216,8 +223,11 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             finally:
                 if not keep:
                     self.engine.release(sid)
-            return prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ids),
+            resp = prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ids),
                                                prefill_seconds=prefill_s)
+            if bridge.HasField("timeline"):
+                resp.bridge.timeline.marks_ns["prefill.rpc_reply"] = time.monotonic_ns()
+            return resp
 
     def Verify(self, request, context):
         with self.call(context, "Verify"), self.sessions.hold(request.session_id):

@@ -1,10 +1,12 @@
 """benchmarks/bench_ttft.py on CPU with the embedded default model and tiny prompts: a smoke test of the
 whole path (prefill alone, Prefill RPC + hand-off to a real decode worker) and of the JSON it writes."""
 import json
+import math
 
 import pytest
 import torch
 
+from baton import timeline
 from baton.loading import DEFAULT_MODEL_DIR, load_model
 from baton.runner import ModelRunner
 from benchmarks import bench_ttft
@@ -52,10 +54,45 @@ def test_bench_ttft_cpu_smoke(tmp_path):
         assert r["data_chunks"] == -(-r["state_bytes"] // res["workers"]["chunk_bytes"])
         assert r["tail_chunk_mib"] == 0 and set(r["by_tail_chunk_mib"]) == {"0"}
         assert len(r["by_decode_worker_sender_and_tail"]) == 4
+        for key, m in r["by_decode_worker_sender_and_tail"].items():
+            assert_tail(m, process_sender=key.split("/")[1] == "process")
+        assert r["tail_ms"] == r["by_decode_worker_sender_and_tail"]["process/process/0"]["tail_ms"]
+    assert res["workers"]["timeline"] and res["workers"]["timeline_clock"] == timeline.CLOCK_ID
     a, b = res["results"]   # 32 more tokens: KV of 2 attention layers + the MTP layer, K and V, fp32
     cfg = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None).cfg
     per_token = 2 * (len(cfg.attn_layers) + 1) * cfg.num_key_value_heads * cfg.head_dim * 4
     assert b["state_bytes"] - a["state_bytes"] == 32 * per_token
+
+
+def assert_tail(m: dict, process_sender: bool) -> None:
+    """A summary's hand-off timeline: every mark of its sender (+ the client's), finite, one clock, medians
+    ordered, each run in the order causality imposes (baton.timeline.CHAINS), backlogs within the chunks."""
+    want = set(timeline.MARKS) - (set() if process_sender else timeline.PROCESS_SENDER_ONLY) | {"client.reply"}
+    tail, runs = m["tail_ms"], m["tail_ms_runs"]
+    assert set(tail) == set(runs) == want, set(tail) ^ want
+    assert m["tail_clock_shared"] and m["tail_ordered"]
+    assert tail["prefill.compute_end"] == 0 and all(math.isfinite(v) for v in tail.values())
+    assert list(tail.values()) == sorted(tail.values())
+    assert all(len(v) == len(m["split_s_runs"]) and all(map(math.isfinite, v)) for v in runs.values())
+    for i in range(len(m["split_s_runs"])):
+        for chain in timeline.CHAINS:
+            got = [runs[k][i] for k in chain if k in runs]
+            assert got == sorted(got), (i, chain, got)
+        # the whole hand-off's tail lies inside the split time the client measured
+        assert runs["client.reply"][i] - runs["prefill.rpc_start"][i] <= m["split_s_runs"][i] * 1e3
+    assert tail["prefill.rpc_start"] < 0 < tail["decode.loaded"] < tail["client.reply"]
+    series = {"sender.handed", "decode.received"} | ({"prefill.staged"} if process_sender else set())
+    assert set(m["tail_backlog"]) == series and all(0 <= v <= m["data_chunks"] for v in m["tail_backlog"].values())
+
+
+def test_bench_ttft_no_timeline(tmp_path):
+    """--no-timeline: the Prefill RPC does not ask for one, so no tail_* fields (the rest as usual)."""
+    res = bench_ttft.main(["--device", "cpu", "--prompts", "8", "--runs", "1", "--warmup", "0", "--matmul-n", "64",
+                           "--decode-worker", "in-process", "--sender", "process", "--no-timeline"])
+    (r,) = res["results"]
+    assert not res["workers"]["timeline"] and r["split_s"] > 0
+    assert not {"tail_ms", "tail_ms_runs", "tail_backlog", "tail_clock_shared", "tail_ordered"} & set(r)
+    assert not {"tail_ms", "tail_ordered"} & set(r["by_sender"]["process"])
 
 
 def test_bench_ttft_tail_chunk_sizes_side_by_side(tmp_path):

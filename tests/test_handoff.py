@@ -1,5 +1,7 @@
 """State hand-off prefill -> decode over real loopback gRPC: exact tokens, bitwise state, MTP policy,
 migration (ExportState), failures of the target, tampered streams."""
+import json
+import math
 import random
 import time
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton import handoff, wire
+from baton import handoff, timeline, wire
 from baton.complete import complete
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
@@ -437,3 +439,70 @@ def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
     finally:
         ph.stop(0)
         dh.stop(0)
+
+
+# ---------------------------------------------------------------- the hand-off's timeline
+def test_prefill_timeline_with_the_thread_sender(workers):
+    """The thread sender has every mark but the sender process's staging and child marks; finite, one clock,
+    in causal order; series per data chunk."""
+    P, D, ps = workers["P"], workers["D"], workers["ps"]
+    proc, ps.sender, ps.chunk_bytes = ps.sender, None, 4096   # NOTE: between requests only
+    try:
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tlt", prompt_ids=PROMPTS[1], mode=FAST,
+                                                 decode_target=workers["target"], timeline=True), timeout=T)
+    finally:
+        ps.sender, ps.chunk_bytes = proc, handoff.DEFAULT_CHUNK_BYTES
+    assert D.Release(common_pb2.ReleaseRequest(session_id="tlt"), timeout=T).released
+    tl, n = r.bridge.timeline, r.bridge.chunks
+    want = set(timeline.MARKS) - timeline.PROCESS_SENDER_ONLY
+    assert set(tl.marks_ns) == want, set(tl.marks_ns) ^ want
+    assert set(tl.clocks.values()) == {timeline.CLOCK_ID} and timeline.violations(tl) == []
+    off = timeline.offsets_ms(tl)
+    assert all(math.isfinite(v) for v in off.values()) and off["prefill.compute_end"] == 0
+    assert off["sender.reply"] == off["prefill.reply_received"] > off["decode.loaded"] > 0
+    assert {k: len(v.ns) for k, v in tl.series_ns.items()} == {"sender.handed": n, "decode.received": n} and n > 3
+
+
+def test_load_state_reports_the_receiver_marks_only_when_asked(workers):
+    """LoadState answers a timeline (the decode.* marks, its clock) only to a call that asked for it."""
+    ps, D = workers["ps"], workers["D"]
+    s, _ = ps.engine.prefill(PROMPTS[0])
+    try:
+        tensors, pos, nxt = ps.engine.export(s.id)
+        kw = dict(tensors=tensors, fingerprint=ps.fingerprint, position=pos, next_token=nxt, timeout=T,
+                  chunk_bytes=2048)
+        plain, _ = handoff.push_state(workers["target"], Settings(), session_id="lt0", **kw)
+        resp, report = handoff.push_state(workers["target"], Settings(), session_id="lt1", timeline=True, **kw)
+    finally:
+        ps.engine.release(s.id)
+    for sid in ("lt0", "lt1"):
+        assert D.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T).released
+    assert not plain.bridge.HasField("timeline")
+    rx = resp.bridge.timeline
+    assert set(rx.marks_ns) == {m for m in timeline.MARKS if m.startswith("decode.")}
+    assert dict(rx.clocks) == {"decode": timeline.CLOCK_ID} and len(rx.series_ns["decode.received"].ns) == report.chunks
+    # the sender's report carries the receiver's marks and its own (no prefill ran: no compute_end)
+    assert set(rx.marks_ns) | {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= \
+        set(report.timeline.marks_ns)
+    m = report.timeline.marks_ns
+    order = ["sender.last_chunk_handed", "decode.last_chunk_received", "decode.last_chunk_fed", "decode.verified",
+             "decode.received", "decode.loaded", "decode.reply", "sender.reply", "prefill.reply_received"]
+    assert [m[k] for k in order] == sorted(m[k] for k in order)
+
+
+def test_timeline_helpers_compare_one_clock_and_name_what_breaks_causality():
+    tl = timeline.Timeline({"prefill": "A", "sender": "A", "decode": "B"})
+    tl.update({"prefill.compute_end": 1_000_000, "sender.last_chunk_handed": 2_000_000, "prefill.rpc_reply": 3_500_000,
+               "decode.reply": 5}, series={"sender.handed": [900_000, 2_000_000], "decode.received": [1, 2]})
+    assert timeline.Timeline().merge_json(json.loads(json.dumps(tl.to_json()))).to_proto() == tl.to_proto()
+    pb = tl.to_proto()
+    assert timeline.offsets_ms(pb) == {"prefill.compute_end": 0.0, "sender.last_chunk_handed": 1.0,
+                                       "prefill.rpc_reply": 2.5}   # decode's clock is another host's
+    assert not timeline.shared_clock(pb) and timeline.violations(pb) == []
+    assert timeline.behind_at(pb) == {"sender.handed": 1}
+    pb.clocks["decode"] = "A"   # one clock: decode.reply (5 ns) before the hand-off and chunks received before sent
+    v = timeline.violations(pb)
+    assert any(x.startswith("sender.last_chunk_handed 1.000 > decode.reply") for x in v)
+    assert "chunk 0: decode.received before sender.handed" in v and "chunk 1: decode.received before sender.handed" in v
+    empty = timeline.Timeline().to_proto()   # no reference mark: nothing to compare
+    assert timeline.offsets_ms(empty) == {} and timeline.behind_at(empty) == {} and timeline.violations(empty) == []

@@ -1,6 +1,7 @@
 """The hand-off sender process (baton/sender_process.py, baton/sender_child.py) over real loopback gRPC:
 byte-identical frames to the in-thread sender, bitwise state at a real decode worker, cancellation,
 a kill -9 of the child (clear error, respawn), nothing left behind (shared memory, fds, threads)."""
+import math
 import os
 import signal
 import threading
@@ -12,7 +13,7 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton import handoff, wire
+from baton import handoff, timeline, wire
 from baton.loading import load_model
 from baton.progress import PrefillProgress
 from baton.rpc import make_channel
@@ -563,3 +564,51 @@ def test_tail_chunk_bytes_past_chunk_bytes_is_refused_at_configuration(cluster):
         assert (ok.tail_chunk_bytes, ok.tail_layers) == (8192, 3)
     finally:
         ok.close()
+
+
+# ---------------------------------------------------------------- the hand-off's timeline
+def test_prefill_timeline_through_the_sender_process_has_every_mark_in_causal_order(cluster):
+    """PrefillRequest.timeline: bridge.timeline holds every mark of baton/timeline.py, stamped in this
+    process, the sender child and the decode worker, on one clock (CLOCK_MONOTONIC of this host), finite, in
+    the order causality imposes, inside the Prefill call; one reading per data chunk and stage. Not asked
+    for: no timeline."""
+    P, D, ps, ds = cluster["P"], cluster["D"], cluster["ps"], cluster["ds"]
+    ps.chunk_bytes = 4096   # many chunks
+    try:
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tl", prompt_ids=PROMPT, mode=common_pb2.FAST,
+                                                 decode_target=cluster["target"], timeline=True), timeout=T)
+        plain = P.Prefill(prefill_pb2.PrefillRequest(session_id="tl0", prompt_ids=PROMPT, mode=common_pb2.FAST,
+                                                     decode_target=cluster["target"]), timeout=T)
+    finally:
+        ps.chunk_bytes = wire.DEFAULT_CHUNK_BYTES
+    for sid in ("tl", "tl0"):
+        assert D.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T).released
+    assert settled(ds) == 0
+    assert not plain.bridge.HasField("timeline")
+    tl, n = r.bridge.timeline, r.bridge.chunks
+    assert n == -(-r.bridge.total_bytes // 4096) > 3
+    assert set(tl.marks_ns) == set(timeline.MARKS), set(tl.marks_ns) ^ set(timeline.MARKS)
+    assert dict(tl.clocks) == {"prefill": timeline.CLOCK_ID, "sender": timeline.CLOCK_ID, "decode": timeline.CLOCK_ID}
+    assert timeline.violations(tl) == []
+    off = timeline.offsets_ms(tl)
+    assert off["prefill.compute_end"] == 0 and all(math.isfinite(v) for v in off.values())
+    assert all(off["prefill.rpc_start"] <= v <= off["prefill.rpc_reply"] for v in off.values())
+    assert 0 < -off["prefill.rpc_start"] <= r.prefill_seconds * 1e3   # the same interval as prefill_seconds, inside it
+    series = {k: list(v.ns) for k, v in tl.series_ns.items()}
+    assert {k: len(v) for k, v in series.items()} == {"prefill.staged": n, "sender.handed": n, "decode.received": n}
+    assert series["prefill.staged"][-1] == tl.marks_ns["prefill.last_chunk_staged"]
+    assert series["sender.handed"][-1] == tl.marks_ns["sender.last_chunk_handed"]
+    assert series["decode.received"][-1] == tl.marks_ns["decode.last_chunk_received"]
+    assert all(0 <= v <= n for v in timeline.behind_at(tl).values())
+
+
+def test_timeline_does_not_change_the_frames(sender):
+    """With the timeline asked for, the streams are still byte-identical (only call metadata is added)."""
+    ts = random_state(3)
+    kw = dict(session_id="s", fingerprint="sha256:x", position=600, next_token=7, chunk_bytes=65521, timeout=T)
+    (proc, thr, lazy), _ = _three_pushes(ts, sender, **kw)
+    (proc_t, thr_t, lazy_t), res = _three_pushes(ts, sender, timeline=True, **kw)
+    assert proc == thr == lazy == proc_t == thr_t == lazy_t
+    for _, report in res:   # a receiver that reports no marks: the sender's own still come back
+        assert {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= \
+            set(report.timeline.marks_ns)

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/common.proto\x12\x08\x62\x61ton.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x14\n\x12WorkerStatsRequest\"\x9f\x01\n\x0bWorkerStats\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rsession_bytes\x18\x02 \x01(\x04\x12\x13\n\x0boutstanding\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07max_len\x18\x06 \x01(\x04\x12\x16\n\x0erequests_total\x18\x07 \x01(\x04\"\xc8\x01\n\x0c\x42ridgeReport\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12>\n\rbytes_by_kind\x18\x03 \x03(\x0b\x32\'.baton.v1.BridgeReport.BytesByKindEntry\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x1a\x32\n\x10\x42ytesByKindEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*1\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01\x12\t\n\x05\x45XACT\x10\x02*<\n\x06\x45ngine\x12\x16\n\x12\x45NGINE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42\x46\x31\x36\x10\x01\x12\x07\n\x03\x46P8\x10\x02\x12\x07\n\x03MTP\x10\x03*L\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\x07\n\x03\x45OS\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/common.proto\x12\x08\x62\x61ton.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x14\n\x12WorkerStatsRequest\"\x9f\x01\n\x0bWorkerStats\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rsession_bytes\x18\x02 \x01(\x04\x12\x13\n\x0boutstanding\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07max_len\x18\x06 \x01(\x04\x12\x16\n\x0erequests_total\x18\x07 \x01(\x04\"\xf5\x01\n\x0c\x42ridgeReport\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12>\n\rbytes_by_kind\x18\x03 \x03(\x0b\x32\'.baton.v1.BridgeReport.BytesByKindEntry\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12+\n\x08timeline\x18\x06 \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\x1a\x32\n\x10\x42ytesByKindEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe4\x02\n\x0fHandoffTimeline\x12\x38\n\x08marks_ns\x18\x01 \x03(\x0b\x32&.baton.v1.HandoffTimeline.MarksNsEntry\x12\x35\n\x06\x63locks\x18\x02 \x03(\x0b\x32%.baton.v1.HandoffTimeline.ClocksEntry\x12:\n\tseries_ns\x18\x03 \x03(\x0b\x32\'.baton.v1.HandoffTimeline.SeriesNsEntry\x1a.\n\x0cMarksNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0b\x43locksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\rSeriesNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.baton.v1.MarkSeries:\x02\x38\x01\"\x18\n\nMarkSeries\x12\n\n\x02ns\x18\x01 \x03(\x03*1\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01\x12\t\n\x05\x45XACT\x10\x02*<\n\x06\x45ngine\x12\x16\n\x12\x45NGINE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42\x46\x31\x36\x10\x01\x12\x07\n\x03\x46P8\x10\x02\x12\x07\n\x03MTP\x10\x03*L\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\x07\n\x03\x45OS\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,12 +24,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._loaded_options = None
   _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_options = b'8\001'
-  _globals['_MODE']._serialized_start=522
-  _globals['_MODE']._serialized_end=571
-  _globals['_ENGINE']._serialized_start=573
-  _globals['_ENGINE']._serialized_end=633
-  _globals['_FINISHREASON']._serialized_start=635
-  _globals['_FINISHREASON']._serialized_end=711
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._loaded_options = None
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_options = b'8\001'
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._loaded_options = None
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_options = b'8\001'
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._loaded_options = None
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_options = b'8\001'
+  _globals['_MODE']._serialized_start=952
+  _globals['_MODE']._serialized_end=1001
+  _globals['_ENGINE']._serialized_start=1003
+  _globals['_ENGINE']._serialized_end=1063
+  _globals['_FINISHREASON']._serialized_start=1065
+  _globals['_FINISHREASON']._serialized_end=1141
   _globals['_TOKENIDS']._serialized_start=35
   _globals['_TOKENIDS']._serialized_end=58
   _globals['_RELEASEREQUEST']._serialized_start=60
@@ -41,7 +47,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATS']._serialized_start=158
   _globals['_WORKERSTATS']._serialized_end=317
   _globals['_BRIDGEREPORT']._serialized_start=320
-  _globals['_BRIDGEREPORT']._serialized_end=520
-  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_start=470
-  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_end=520
+  _globals['_BRIDGEREPORT']._serialized_end=565
+  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_start=515
+  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_end=565
+  _globals['_HANDOFFTIMELINE']._serialized_start=568
+  _globals['_HANDOFFTIMELINE']._serialized_end=924
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_start=760
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_end=806
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_start=808
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_end=853
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_start=855
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_end=924
+  _globals['_MARKSERIES']._serialized_start=926
+  _globals['_MARKSERIES']._serialized_end=950
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,7 @@ from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -79,7 +79,7 @@ class WorkerStats(_message.Message):
     def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ...) -> None: ...
 
 class BridgeReport(_message.Message):
-    __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks")
+    __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks", "timeline")
     class BytesByKindEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,9 +92,48 @@ class BridgeReport(_message.Message):
     BYTES_BY_KIND_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     seconds: float
     total_bytes: int
     bytes_by_kind: _containers.ScalarMap[str, int]
     tokens: int
     chunks: int
-    def __init__(self, seconds: _Optional[float] = ..., total_bytes: _Optional[int] = ..., bytes_by_kind: _Optional[_Mapping[str, int]] = ..., tokens: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+    timeline: HandoffTimeline
+    def __init__(self, seconds: _Optional[float] = ..., total_bytes: _Optional[int] = ..., bytes_by_kind: _Optional[_Mapping[str, int]] = ..., tokens: _Optional[int] = ..., chunks: _Optional[int] = ..., timeline: _Optional[_Union[HandoffTimeline, _Mapping]] = ...) -> None: ...
+
+class HandoffTimeline(_message.Message):
+    __slots__ = ("marks_ns", "clocks", "series_ns")
+    class MarksNsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ClocksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SeriesNsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MarkSeries
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MarkSeries, _Mapping]] = ...) -> None: ...
+    MARKS_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_NS_FIELD_NUMBER: _ClassVar[int]
+    marks_ns: _containers.ScalarMap[str, int]
+    clocks: _containers.ScalarMap[str, str]
+    series_ns: _containers.MessageMap[str, MarkSeries]
+    def __init__(self, marks_ns: _Optional[_Mapping[str, int]] = ..., clocks: _Optional[_Mapping[str, str]] = ..., series_ns: _Optional[_Mapping[str, MarkSeries]] = ...) -> None: ...
+
+class MarkSeries(_message.Message):
+    __slots__ = ("ns",)
+    NS_FIELD_NUMBER: _ClassVar[int]
+    ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ns: _Optional[_Iterable[int]] = ...) -> None: ...

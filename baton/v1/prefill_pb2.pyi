@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine")
+    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DECODE_TARGET_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     mode: _common_pb2.Mode
     decode_target: str
     engine: _common_pb2.Engine
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ...) -> None: ...
+    timeline: bool
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token", "bridge", "prompt_tokens", "prefill_seconds")
