@@ -47,6 +47,20 @@ def _ld(ptr, off, mask, s_part, PARTS: tl.constexpr, DT: tl.constexpr):
     return v
 
 
+@triton.jit
+def _store_w8a8(y, q_ptr, s_ptr, N, DT: tl.constexpr, BLOCK: tl.constexpr):
+    """One row y [BLOCK] fp32 (columns >= N are 0), rounded to DT, quantised as gemv's K loop would do it
+    (gemv.QuantX): q_ptr[:N] e4m3, s_ptr[:cdiv(N, 128)] = amax / 448 of each 128-column group."""
+    G: tl.constexpr = BLOCK // 128
+    yg = tl.reshape(y.to(DT).to(tl.float32), (G, 128))                           # [G, 128]
+    amax = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-30)                         # [G]; 0-groups stay 0
+    q = tl.reshape((yg * (448.0 / amax)[:, None]).to(tl.float8e4nv), (BLOCK,))
+    offs = tl.arange(0, BLOCK)
+    tl.store(q_ptr + offs, q, mask=offs < N)
+    rg = tl.arange(0, G)
+    tl.store(s_ptr + rg, amax * (1.0 / 448.0), mask=rg * 128 < N)
+
+
 # ---- RMSNorms ------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["rows"])
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, s_ptr, N, sx, sr, eps, rows, s_part,
@@ -56,14 +70,10 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, s_ptr, N, sx, sr, 
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < N
+    lm = m
     if PARTS > 0:       # x = a GEMM's split-K partials [PARTS, W, N] fp32: its epilogue's sum and rounding
         lm = m & (row < rows)                                       # dead rows: the GEMM's 0
-        tot = tl.zeros([BLOCK], dtype=tl.float32)
-        for s in tl.static_range(PARTS):
-            tot += tl.load(x_ptr + s * s_part + row * N + offs, mask=lm, other=0.0)
-        x = tot.to(r_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0)
+    x = _ld(x_ptr, row * sx + offs, lm, s_part, PARTS, r_ptr.dtype.element_ty)
     if HAS_RES:
         r = tl.load(r_ptr + row * sr + offs, mask=m, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -72,14 +82,8 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, rout_ptr, y_ptr, s_ptr, N, sx, sr, 
     var = tl.sum(xf * xf, axis=0) / N
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
     y = xf * tl.rsqrt(var + eps) * (1.0 + w)
-    if QUANT:           # gemv's W8A8 quantisation of y, as its K loop would do it (gemv.QuantX)
-        G: tl.constexpr = BLOCK // 128
-        yg = tl.reshape(y.to(r_ptr.dtype.element_ty).to(tl.float32), (G, 128))      # [G, 128]
-        amax = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-30)                         # [G]
-        q = tl.reshape((yg * (448.0 / amax)[:, None]).to(tl.float8e4nv), (BLOCK,))
-        tl.store(y_ptr + row * N + offs, q, mask=m)
-        rg = tl.arange(0, G)
-        tl.store(s_ptr + row * tl.cdiv(N, 128) + rg, amax * (1.0 / 448.0), mask=rg * 128 < N)
+    if QUANT:
+        _store_w8a8(y, y_ptr + row * N, s_ptr + row * tl.cdiv(N, 128), N, r_ptr.dtype.element_ty, BLOCK)
     else:
         tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -257,15 +261,9 @@ def _gated_norm_kernel(o_ptr, z_ptr, sz, zp, nw_ptr, y_ptr, s_ptr, n, eps,
     var = tl.sum(o * o, axis=1) / DV                                     # [BH]
     y = o * tl.rsqrt(var + eps)[:, None] * nw[None, :] * (zz * tl.sigmoid(zz))
     y = tl.where(live, y, 0.0)
-    if QUANT:           # gemv's W8A8 quantisation (groups of 128 columns of [HV * DV]), as add_rmsnorm
-        G: tl.constexpr = BH * BV // 128
-        yf = tl.reshape(y, (BH * BV,))
-        yg = tl.reshape(yf.to(DT).to(tl.float32), (G, 128))
-        amax = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-30)
-        q = tl.reshape((yg * (448.0 / amax)[:, None]).to(tl.float8e4nv), (BH, BV))
-        tl.store(y_ptr + t * (HV * DV) + col, q, mask=m)
-        rg = tl.arange(0, G)
-        tl.store(s_ptr + t * tl.cdiv(HV * DV, 128) + rg, amax * (1.0 / 448.0), mask=rg * 128 < HV * DV)
+    if QUANT:           # BH == HV and BV == DV here (gdn_rows): the flattened tile is the row's columns
+        _store_w8a8(tl.reshape(y, (BH * BV,)), y_ptr + t * (HV * DV), s_ptr + t * tl.cdiv(HV * DV, 128), HV * DV,
+                    DT, BH * BV)
     else:
         tl.store(y_ptr + t * (HV * DV) + col, y.to(y_ptr.dtype.element_ty), mask=m)
 
