@@ -1,4 +1,4 @@
-"""baton/kernels/rows.py gdn_rows: the delta rule spread over dv slices (several programs per value head)
+"""baton/kernels/gdn.py gdn_rows: the delta rule spread over dv slices (several programs per value head)
 and the per-row gated norm, under Triton's interpreter on CPU (fp32): against a torch reference of the
 recurrence, checkpoints, dead rows, the ping-pong output state, the quantised output for an fp8
 out_proj (bitwise the GEMM's own quantisation of the bf16 output), and inputs taken straight from the
@@ -19,7 +19,7 @@ import json, sys, torch
 import torch.nn.functional as F
 sys.path.insert(0, "tests")
 import interp_shim
-from baton.kernels import gemv, rows as R
+from baton.kernels import gdn as G, gemv, rows as R
 from decode_worker.fp8 import quantize_rows
 torch.manual_seed(0)
 W, n, nk, Hv, dk, dv, eps = 6, 4, 2, 4, 32, 64, 1e-6          # dv = 64: 2 programs per value head
@@ -49,10 +49,10 @@ def reference():
 S_ref, y_ref = reference()
 S = S0.clone()
 ck = torch.zeros(W, Hv, dk, dv)
-y = R.gdn_rows(cv, b, a, z, A_log, dtb, nw, S, n, nk=nk, eps=eps, ckpt=ck)
+y = G.gdn_rows(cv, b, a, z, A_log, dtb, nw, S, n, nk=nk, eps=eps, ckpt=ck)
 S_in, S_out = S0.clone(), torch.zeros_like(S0)
-y2 = R.gdn_rows(cv, b, a, z, A_log, dtb, nw, S_in, n, nk=nk, eps=eps, S_out=S_out)
-yq = R.gdn_rows(cv, b, a, z, A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
+y2 = G.gdn_rows(cv, b, a, z, A_log, dtb, nw, S_in, n, nk=nk, eps=eps, S_out=S_out)
+yq = G.gdn_rows(cv, b, a, z, A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
 wq, ws = quantize_rows(torch.randn(48, Hv * dv) * 0.05)
 out = dict(
     y_err=float((y[:n] - y_ref).abs().max()), S_err=float((S - S_ref).abs().max()),
@@ -72,11 +72,11 @@ P = gemv.linear(xin, wp, sp, rows=n, cfg=cfg, partial=True)
 p = P.split(sizes, -1)
 w4, st = torch.randn(C, 4), torch.randn(C, 3)
 st1, st2, S1, S2 = st.clone(), st.clone(), S0.clone(), S0.clone()
-cv1, cv2 = R.conv_rows(f[0], st1, w4, n), R.conv_rows(p[0], st2, w4, n)
-y1 = R.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S1, n, nk=nk, eps=eps)
-y2 = R.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S2, n, nk=nk, eps=eps)
-q1 = R.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
-q2 = R.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
+cv1, cv2 = G.conv_rows(f[0], st1, w4, n), G.conv_rows(p[0], st2, w4, n)
+y1 = G.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S1, n, nk=nk, eps=eps)
+y2 = G.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S2, n, nk=nk, eps=eps)
+q1 = G.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
+q2 = G.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
 out.update(parts=P.shape[0], partial_conv=bool(torch.equal(cv1[:n], cv2[:n]) and torch.equal(st1, st2)),
            partial_gdn=bool(torch.equal(y1, y2) and torch.equal(S1, S2) and torch.equal(q1.q[:n], q2.q[:n])
                             and torch.equal(q1.s[:n], q2.s[:n])), partial_live=bool(y1[:n].abs().sum() > 0))
@@ -104,7 +104,7 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant):
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from baton.kernels import rows as R
+    from baton.kernels import gdn as G
     g = torch.Generator(device="cuda").manual_seed(0)
     W, n, nk, Hv, dk, dv = 16, 5, 16, 32, 128, 128
     C = 2 * nk * dk + Hv * dv
@@ -116,8 +116,8 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant):
     nw, S0 = torch.randn(dv, **bf) * 0.2 + 1, torch.randn(Hv, dk, dv, device="cuda", generator=g) * 0.1
 
     def step(lo, hi, st, S):
-        cv = R.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo)
-        y = R.gdn_rows(cv, b[lo:hi].contiguous(), a[lo:hi].contiguous(), z[lo:hi].contiguous(), A_log, dtb, nw,
+        cv = G.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo)
+        y = G.gdn_rows(cv, b[lo:hi].contiguous(), a[lo:hi].contiguous(), z[lo:hi].contiguous(), A_log, dtb, nw,
                        S, hi - lo, nk=nk, eps=1e-6, quant=quant)
         return (y.q, y.s) if quant else (y,)
 

@@ -76,8 +76,8 @@ def test_fused_kernels_compile_one_binary_for_every_row_count():
     without do_not_specialize an AR step (n = 1) runs another binary than a verify block, with other
     layouts and reduction orders, and row invariance holds only by luck (the interpreter cannot see it)."""
     triton = pytest.importorskip("triton")
-    from baton.kernels import gemv, rows
-    kernels = [getattr(mod, name) for mod in (rows, gemv) for name in dir(mod)      # launched ones, not helpers
+    from baton.kernels import gdn, gemv, rows
+    kernels = [getattr(mod, name) for mod in (rows, gdn, gemv) for name in dir(mod)      # launched ones, not helpers
                if isinstance(getattr(mod, name), triton.runtime.jit.JITFunction)
                and (name.endswith("_kernel") or name == "_skinny")]
     counted = 0

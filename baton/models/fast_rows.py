@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 try:
-    from baton.kernels import gemv
+    from baton.kernels import gdn, gemv
     from baton.kernels import rows as K
 except ImportError:       # no Triton: the eager rows path is used everywhere
-    K = gemv = None
+    K = gdn = gemv = None
 from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, rope_cos_sin
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
@@ -221,8 +221,8 @@ class FastRows:
         mixed, z, b, alpha = proj                  # [W, C], [W, Hv*dv], [W, Hv] x2 (or [S, W, .] partials)
         c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)
         ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
-        cv = K.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
-        o = K.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
+        cv = gdn.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
+        o = gdn.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
                        nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot], quant=quant)
         return rows_linear(a.out_proj, o, n, partial)
 
