@@ -102,18 +102,23 @@ def _run(eng, exact, prompt, engine, n=None):
     return out, sess
 
 
+def _diverge(a, b, what):
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"{what}: first difference at token {i} of {len(a)}/{len(b)}: {a[i:i + 4]} vs {b[i:i + 4]}"
+
+
 @cuda
 def test_first_call_equals_tenth_and_matches_exact_ar(big):
     prompt = torch.randint(0, big.cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
     exact = _exact(big)
     eng, _ = _decode_engine(big, "bf16")
     runs = [_run(eng, exact, prompt, "bf16")[0] for _ in range(10)]
-    assert runs[0] == runs[9]
-    assert all(r == runs[0] for r in runs)
+    for i in range(1, 10):
+        assert runs[i] == runs[0], _diverge(runs[0], runs[i], f"call 1 vs call {i + 1}")
     ref = exact.generate(prompt, NEW)
-    assert runs[0] == ref
+    assert runs[0] == ref, _diverge(ref, runs[0], "exact AR vs bf16")
     mtp_out, sess = _run(eng, exact, prompt, "mtp")
-    assert mtp_out == runs[0]
+    assert mtp_out == runs[0], _diverge(runs[0], mtp_out, "bf16 vs mtp")
     print(f"mtp mean accept len (random weights): {sess.mean_accept_len:.2f}")
 
 
