@@ -96,11 +96,14 @@ def test_gdn_rows_under_triton_interpreter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant", [False, True])
-def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant):
+@pytest.mark.parametrize("quant,ckpt", [(False, False), (True, False), (False, True)],
+                         ids=["bf16", "quant", "ckpt"])
+def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
     """Row invariance of the compiled kernels at the Qwen3.5-9B GDN dims (16 key / 32 value heads of
     128, 4 dv slices per head): a 5-row block gives bitwise the outputs and state of 5 one-row calls
-    (one binary for every n: rows.py's do_not_specialize)."""
+    (one binary for every n: rows.py's do_not_specialize). With ckpt, the block (as an mtp verify
+    block) writes per-row checkpoints and the single rows (as AR steps) do not: checkpoint t is bitwise
+    the state after t+1 single rows (one binary for both: the checkpoint flag is a runtime argument)."""
     import torch
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -115,18 +118,23 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant):
     A_log, dtb = torch.randn(Hv, device="cuda") * 0.5, torch.randn(Hv, device="cuda") * 0.5
     nw, S0 = torch.randn(dv, **bf) * 0.2 + 1, torch.randn(Hv, dk, dv, device="cuda", generator=g) * 0.1
 
-    def step(lo, hi, st, S):
-        cv = G.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo)
+    ck_conv = torch.zeros(W, C, 3, **bf) if ckpt else None
+    ck_S = torch.zeros(W, Hv, dk, dv, device="cuda") if ckpt else None
+
+    def step(lo, hi, st, S, cc=None, cs=None):
+        cv = G.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo, ckpt=cc)
         y = G.gdn_rows(cv, b[lo:hi].contiguous(), a[lo:hi].contiguous(), z[lo:hi].contiguous(), A_log, dtb, nw,
-                       S, hi - lo, nk=nk, eps=1e-6, quant=quant)
+                       S, hi - lo, nk=nk, eps=1e-6, quant=quant, ckpt=cs)
         return (y.q, y.s) if quant else (y,)
 
     st_b, S_b = cst.clone(), S0.clone()
-    block = step(0, n, st_b, S_b)
+    block = step(0, n, st_b, S_b, ck_conv, ck_S)
     st_a, S_a = cst.clone(), S0.clone()
     for t in range(n):
         one = step(t, t + 1, st_a, S_a)
         assert all(torch.equal(o[0].view(torch.uint8) if o.dtype == torch.float8_e4m3fn else o[0],
                                blk[t].view(torch.uint8) if blk.dtype == torch.float8_e4m3fn else blk[t])
                    for o, blk in zip(one, block)), t
+        if ckpt:
+            assert torch.equal(ck_conv[t], st_a) and torch.equal(ck_S[t], S_a), f"checkpoint {t}"
     assert torch.equal(st_a, st_b) and torch.equal(S_a, S_b)

@@ -1,6 +1,9 @@
 """Fused Triton kernels for the GDN layers of the fixed-width rows step (baton/models/fast_rows.py),
 under the same contract as baton/kernels/rows.py: row-invariant by construction, the live-row count n
-unspecialised, no host syncs, CUDA-graph capturable.
+unspecialised, no host syncs, CUDA-graph capturable. Whether per-row checkpoints are written is a
+runtime flag, not a constexpr, so a checkpointing verify block and a plain AR step run one binary: the
+state a block leaves in ckpt[t] is bitwise the state of t+1 plain steps (two compiles of the same
+arithmetic need not agree bitwise on the GPU: measured, session 6).
 
     conv_rows(x, conv_state, w, n) depthwise causal conv + SiLU over W rows; state advanced by n
     gdn_rows(...)                  L2-normed q/k, gates, gated delta rule over the first n rows (one
@@ -20,9 +23,9 @@ from baton.kernels.rows import _ld, _p2, _store_w8a8
 
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["n"])
-def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
-                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr, CKPT: tl.constexpr,
+@triton.jit(do_not_specialize=["n", "ckpt"])
+def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n, ckpt,
+                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
                       PARTS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -41,7 +44,7 @@ def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
         acc = tl.sum(win.to(tl.float32) * w, axis=1)
         y = acc * tl.sigmoid(acc)
         tl.store(y_ptr + t * C + c, y.to(y_ptr.dtype.element_ty), mask=m)
-        if CKPT:                                                          # state after row t = seq[t+1 .. t+K-1]
+        if ckpt != 0:                                                     # state after row t = seq[t+1 .. t+K-1]
             tl.store(ck_ptr + t * C * (K - 1) + c[:, None] * (K - 1) + (j - 1)[None, :], win,
                      mask=m[:, None] & ((j >= 1) & jm)[None, :])
     # new state[:, j] = seq[n + j], j < K-1 (all reads above happen before the barrier)
@@ -76,7 +79,7 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
     assert out_state.is_contiguous() and out_state.shape == conv_state.shape
     _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(-2), x.stride(0) if parts else 0, conv_state, out_state,
                                             w, y, ckpt if ckpt is not None else y,
-                                            C, n, K=K, KP=_p2(K), BLOCK_C=B, CKPT=ckpt is not None, PARTS=parts,
+                                            C, n, int(ckpt is not None), K=K, KP=_p2(K), BLOCK_C=B, PARTS=parts,
                                             num_warps=4, **launch_kw(x.device))
     return y
 
@@ -86,11 +89,11 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
 # on its own (kv, u, the rank-1 update and o are per column), so a head's 64 KB state is spread over
 # dv / BVS SMs instead of one. Its raw output o (fp32) goes to a second, per-row kernel for the gated
 # RMSNorm over each head's dv columns, which can also quantise for an fp8 out_proj (gemv.QuantX).
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "ckpt"])
 def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S_ptr, So_ptr, o_ptr,
-                     ck_ptr, n, scale,
+                     ck_ptr, n, ckpt, scale,
                      HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
-                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr, CKPT: tl.constexpr,
+                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
                      PARTS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     h = tl.program_id(0)
@@ -119,7 +122,7 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S
         kv = tl.sum(S * k[:, None], axis=0)                            # [BVS]
         u = (v - kv) * beta
         S = S + k[:, None] * u[None, :]
-        if CKPT:
+        if ckpt != 0:
             tl.store(ck_ptr + t * (HV * DK * DV) + s_off, S, mask=smask)
         o = tl.sum(S * q[:, None], axis=0)                             # [BVS]
         tl.store(o_ptr + t * (HV * DV) + h * DV + rv, o, mask=mv)
@@ -174,9 +177,8 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     BVS = min(BV, GDN_SLICE)
     _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS))](
         cv, cv.stride(0), b, b.stride(-2), a, a.stride(-2), b.stride(0) if parts else 0, A_log, dt_bias, S, S_out, o,
-        ckpt if ckpt is not None else S, n, dk ** -0.5,
-        HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS,
-        CKPT=ckpt is not None, PARTS=parts, num_warps=4, **launch_kw(cv.device))
+        ckpt if ckpt is not None else S, n, int(ckpt is not None), dk ** -0.5,
+        HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS, PARTS=parts, num_warps=4, **launch_kw(cv.device))
     BH = _p2(Hv)
     quant = quant and BH == Hv and BV == dv and Hv * dv % 128 == 0   # else bf16 y (the GEMM quantises it)
     if quant:
