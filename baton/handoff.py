@@ -21,7 +21,8 @@ sender's result() returns them all in BridgeReport.timeline.
 
 MTP KV entries (`mtp.key`, `mtp.value`: the MTP layer's KV rows for the prompt):
   * sent, and the receiver has an MTP head        -> loaded as usual;
-  * not sent (a prefill worker without the head)  -> accepted; the rows are zero-filled. The MTP layer
+  * not sent (a prefill worker without the head, or a Prefill for a bf16 / fp8 session: needs_mtp_kv)
+                                                  -> accepted; the rows are zero-filled. The MTP layer
     then attends to zero keys/values over the prompt: drafts get worse (lower acceptance) but every
     draft is verified by the BF16 rows, so the output is unchanged;
   * sent to a receiver without an MTP head        -> accepted and dropped after the digests covered
@@ -52,6 +53,15 @@ MTP_NAMES = ("mtp.key", "mtp.value")
 LOAD_STATE = "/baton.v1.DecodeWorker/LoadState"
 ENGINE_NAMES = {common_pb2.BF16: "bf16", common_pb2.FP8: "fp8", common_pb2.MTP: "mtp"}
 ENGINE_VALUES = {v: k for k, v in ENGINE_NAMES.items()}
+
+
+def needs_mtp_kv(engine: int) -> bool:
+    """Whether a Prefill hand-off for a session of `engine` ships the MTP KV rows: only the mtp engine
+    reads them, and UNSPECIFIED (the decode worker's default, unknown here) may be mtp. A bf16 / fp8
+    session never switches engine, so for it they are ~8% of a 4K state spent on the wire for nothing,
+    and they are computed last, so they were the tail of the hand-off. ExportState (migration: the
+    target's engine is its own default) always ships them."""
+    return engine in (common_pb2.ENGINE_UNSPECIFIED, common_pb2.MTP)
 
 
 def engine_name(value: int) -> str | None:
@@ -299,6 +309,6 @@ def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int
     if not zero_fill and not drop:
         return got
     tensors = {k: v for k, v in got.tensors.items() if k not in drop}
-    for n, e in zero_fill.items():
-        tensors[n] = torch.zeros(e.shape_at(got.position), dtype=e.dtype)   # [kv_heads, position, head_dim]
+    for n, e in zero_fill.items():   # [kv_heads, position, head_dim], zero-stride: no host memory, and
+        tensors[n] = torch.zeros((), dtype=e.dtype).expand(e.shape_at(got.position))   # filled on the device
     return dataclasses.replace(got, tensors=tensors)

@@ -105,6 +105,7 @@ from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton import timeline  # noqa: E402
+from baton.handoff import MTP_NAMES, needs_mtp_kv  # noqa: E402
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
 from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
@@ -115,6 +116,7 @@ from prefill_worker.service import serve_prefill  # noqa: E402
 WIDTH = 16
 MODES = ("process", "in-process")   # where the decode worker runs
 SENDERS = ("process", "thread")     # who streams the hand-off in the prefill worker
+REQUEST_ENGINES = {"bf16": common_pb2.BF16, "unspecified": common_pb2.ENGINE_UNSPECIFIED}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -208,6 +210,9 @@ def main(argv=None) -> dict:
                          "the handoff_tail_chunk_bytes setting's default")
     ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
                     help="layers the tail segment covers, counted from the last (handoff_tail_layers)")
+    ap.add_argument("--request-engine", default="bf16", choices=sorted(REQUEST_ENGINES),
+                    help="PrefillRequest.engine: bf16 (what the router names for a bf16 decode worker: the MTP KV "
+                         "stays off the wire) | unspecified (the MTP KV is shipped: baton.handoff.needs_mtp_kv)")
     ap.add_argument("--no-timeline", action="store_true",
                     help="do not ask for the hand-off's timeline (PrefillRequest.timeline): no tail_ms")
     ap.add_argument("--machine-note", default="")
@@ -277,7 +282,8 @@ def main(argv=None) -> dict:
         "device": dev,
         "model": model_desc,
         "setup_seconds": round(setup_s, 2),
-        "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16", "wire_format": FORMAT_VERSION,
+        "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16",
+                    "request_engine": a.request_engine, "wire_format": FORMAT_VERSION,
                     "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS",
                     "decode_worker": modes, "handoff_sender": a.sender, "tail_chunk_mib": a.tail_chunk_mib,
                     "tail_layers": a.tail_layers, "timeline": not a.no_timeline,
@@ -314,7 +320,8 @@ def decode_process(a, max_len: int, token: str) -> WorkerProcess:
 
 def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> dict:
     dev, eng, T = a.device, ps.engine, len(ids)
-    state_bytes = []
+    req_engine = REQUEST_ENGINES[a.request_engine]
+    state_bytes = []   # what the hand-off ships
 
     def prefill_only() -> float:
         sync(dev)
@@ -326,7 +333,8 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
             if not state_bytes:
                 tensors, pos, _ = eng.export(s.id)
                 assert pos == T
-                state_bytes.append(sum(t.tensor.numel() * t.tensor.element_size() for t in tensors))
+                state_bytes.append(sum(t.tensor.numel() * t.tensor.element_size() for t in tensors
+                                       if t.name not in MTP_NAMES or needs_mtp_kv(req_engine)))
         finally:
             eng.release(s.id)
         return dt
@@ -340,7 +348,8 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
         sync(dev)
         t0 = time.perf_counter()
         r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
-                                                 decode_target=targets[mode], timeline=not a.no_timeline),
+                                                 decode_target=targets[mode], timeline=not a.no_timeline,
+                                                 engine=req_engine),
                       timeout=600)
         t_reply = time.monotonic_ns()
         sync(dev)

@@ -91,7 +91,7 @@ def _script(part: str, args, js: Path) -> list[str]:
         return py + shape + ["--context", "512", "--out", str(js)]
     if part == "ttft":
         return py + shape + ["--device", "cuda", "--prompts", "512,4096,32768", "--runs", str(args.runs),
-                             "--decode-worker", "process", "--sender", "process,thread", "--tail-chunk-mib", "0,1",
+                             "--decode-worker", "process", "--sender", "process,thread", "--tail-chunk-mib", "1,0",
                              "--out", str(js)]
     if part == "bridge":
         return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]

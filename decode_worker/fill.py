@@ -8,7 +8,7 @@ Lifecycle (one LoadState stream):
         (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
         the stream); the slot's other sessions never read it, and nothing marks it live yet
     commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
-        (zero-filled MTP rows), waits for the copies, zeroes KV rows past position, sets the scalars, and
+        (zero-filled MTP rows: filled on the device), waits for the copies, zeroes KV rows past position, sets the scalars, and
         publishes the session (replacing one of the same id)
     abort()   any failure: the slot goes back to the pool; its half-written contents are never read
         (a later fill overwrites every tensor, and finish_import the rest)
@@ -18,6 +18,15 @@ from __future__ import annotations
 import time
 
 import torch
+
+
+def _copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst := src; a constant source (zero strides: the zero-filled MTP rows) is filled on the device
+    instead of being materialised on the host and copied over."""
+    if src.numel() and not any(src.stride()):
+        dst.fill_(src.as_strided((1,), (1,)).item())
+    else:
+        dst.copy_(src, non_blocking=True)
 
 
 class SlotFill:
@@ -62,7 +71,7 @@ class SlotFill:
                 views = st.import_views(self.slot, self.position)
                 for name, dst in views.items():
                     if name not in self._placed:
-                        dst.copy_(tensors[name], non_blocking=True)
+                        _copy_in(dst, tensors[name])
                 st.finish_import(self.slot, position=self.position, next_token=next_token)
         except BaseException:
             self.abort()

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: BATON_HANDOFF_SENDER, else process)")
     p.add_argument("--handoff-tail-chunk-mib", type=float, default=None,
                    help="hand-off chunk size, MiB, for the last --handoff-tail-layers layers' state (wire format 4's "
-                        "tail segment; <= --chunk-mib; 0: none; default: BATON_HANDOFF_TAIL_CHUNK_BYTES, else 0)")
+                        "tail segment; capped at --chunk-mib; 0: none; default: BATON_HANDOFF_TAIL_CHUNK_BYTES, else 1)")
     p.add_argument("--handoff-tail-layers", type=int, default=None,
                    help="layers the tail segment covers, counted from the last (default: BATON_HANDOFF_TAIL_LAYERS, "
                         "else 1)")

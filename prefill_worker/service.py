@@ -39,7 +39,7 @@ from pathlib import Path
 
 import grpc
 
-from baton.handoff import ChannelPool, HandoffError, engine_name, start_push
+from baton.handoff import MTP_NAMES, ChannelPool, HandoffError, engine_name, needs_mtp_kv, start_push
 from baton.loading import LoadedModel, load_model
 from baton.rpc import StatusError, build_server
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
@@ -71,14 +71,9 @@ def check_target(target: str) -> None:
 
 
 def check_tail_chunk_bytes(settings: Settings, chunk_bytes: int) -> int:
-    """settings.handoff_tail_chunk_bytes if it fits the worker's chunk size (0: no tail segment), else
-    ValueError: at configuration, never in a hand-off."""
-    tail = settings.handoff_tail_chunk_bytes
-    if tail > chunk_bytes:
-        raise ValueError(f"handoff_tail_chunk_bytes {tail} (BATON_HANDOFF_TAIL_CHUNK_BYTES, "
-                         f"--handoff-tail-chunk-mib) > the hand-off chunk size {chunk_bytes} (--chunk-mib): "
-                         f"the tail segment's chunks are the smaller ones")
-    return tail
+    """The tail segment's chunk size: settings.handoff_tail_chunk_bytes (0: no tail segment), at most the
+    worker's chunk size (a larger value is that size: the tail's chunks are never the bigger ones)."""
+    return min(settings.handoff_tail_chunk_bytes, chunk_bytes)
 
 
 class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
@@ -127,10 +122,13 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         return ids, exact
 
     def _start_push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str,
-                    position: int | None = None, progress=None, timeline: bool = False):
+                    position: int | None = None, progress=None, timeline: bool = False, mtp_kv: bool = True):
         """Starts streaming the session `sid` to `target` (with `progress`: while its prefill runs);
-        -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/timeline.py's marks."""
+        -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/timeline.py's marks.
+        mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff.py)."""
         tensors, pos, nxt = self.engine.export(sid, position)
+        if not mtp_kv:
+            tensors = [t for t in tensors if t.name not in MTP_NAMES]
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
         push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
                           fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
@@ -197,7 +195,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                         push, _, _ = self._start_push(context, sid, target, mode=request.mode,
                                                       engine=request.engine, target_sid=sid,
                                                       position=len(ids), progress=progress,
-                                                      timeline=request.timeline)
+                                                      timeline=request.timeline,
+                                                      mtp_kv=needs_mtp_kv(request.engine))
                         try:
                             first = self.engine.run_prefill(session, ids, progress)
                         except BaseException:
@@ -282,7 +281,6 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
     builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
     settings = Settings.from_env() if settings is None else settings
     check_chunk_bytes(chunk_bytes, settings.max_message_bytes)   # NOTE: before the model loads
-    check_tail_chunk_bytes(settings, chunk_bytes)
     if isinstance(model, LoadedModel):
         lm = model
     else:

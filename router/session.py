@@ -82,6 +82,14 @@ def _full(w: Worker) -> bool:
     return time.monotonic() < w.full_until and w.outstanding >= w.full_at
 
 
+def _default_engine(d: Worker) -> int:
+    """The engine d loads an UNSPECIFIED session as (its reported default), or UNSPECIFIED when unknown.
+    Named explicitly in the Prefill, it lets the prefill worker leave out what that engine never reads
+    (the MTP KV rows for bf16 / fp8: baton.handoff.needs_mtp_kv); d loads the session the same way."""
+    name = d.engines[0].upper() if d.engines else ""
+    return common_pb2.Engine.Value(name) if name in common_pb2.Engine.keys() else common_pb2.ENGINE_UNSPECIFIED
+
+
 def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engine_name: str | None,
                   exclude_decode=(), retries: int = 1, decode_wait_s: float = 0.0, on_retry=None) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
@@ -117,7 +125,7 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
         calls.track(p, sid)
         calls.track(d, sid)
         req = prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address,
-                                         engine=engine)
+                                         engine=engine or _default_engine(d))
         try:
             return Handoff(sid, p, d, calls.unary(p, "Prefill", req))
         except StatusError as e:

@@ -15,12 +15,28 @@ from benchmarks import bench_ttft
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def state_bytes(T: int, max_len: int) -> int:
-    """The exported state's byte count after a T-token prefill, computed independently of the benchmark."""
+def state_bytes(T: int, max_len: int, mtp_kv: bool = False) -> int:
+    """The byte count a T-token prefill ships, computed independently of the benchmark: the exported
+    state, less the MTP KV rows unless the request's engine can read them (the default: a bf16 request)."""
     lm = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None)
     r = ModelRunner(lm.model, slots=1, max_len=max_len, width=bench_ttft.WIDTH)
     r.prefill(0, list(range(1, T + 1)))
-    return sum(t.tensor.numel() * t.tensor.element_size() for t in r.state.export(0))
+    return sum(t.tensor.numel() * t.tensor.element_size() for t in r.state.export(0)
+               if mtp_kv or not t.name.startswith("mtp."))
+
+
+def chunk_count(nbytes: int, workers: dict, T: int) -> int:
+    """Data chunks of a bf16 request's hand-off (wire_send.chunk_plan over the shipped tensors)."""
+    from baton.progress import tail_offset
+    from baton.wire import TensorDesc
+    from baton.wire_send import chunk_plan
+
+    lm = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None)
+    r = ModelRunner(lm.model, slots=1, max_len=workers["max_len"], width=bench_ttft.WIDTH)
+    r.prefill(0, list(range(1, T + 1)))
+    specs = [TensorDesc.of(t) for t in r.state.export(0) if not t.name.startswith("mtp.")]
+    tail = round(workers["tail_chunk_mib"][0] * (1 << 20))
+    return chunk_plan(nbytes, workers["chunk_bytes"], tail_offset(specs, workers["tail_layers"]), tail).count
 
 
 def test_bench_ttft_cpu_smoke(tmp_path):
@@ -51,16 +67,16 @@ def test_bench_ttft_cpu_smoke(tmp_path):
         assert r["split_overhead_pct"] == pytest.approx(100 * (r["split_s"] / r["prefill_s"] - 1), abs=0.01)
         assert r["state_bytes"] == state_bytes(r["prompt_tokens"], res["workers"]["max_len"])
         assert r["state_bytes"] == sum(r["state_bytes_by_kind"].values())
-        assert r["data_chunks"] == -(-r["state_bytes"] // res["workers"]["chunk_bytes"])
-        assert r["tail_chunk_mib"] == 0 and set(r["by_tail_chunk_mib"]) == {"0"}
+        assert r["data_chunks"] == chunk_count(r["state_bytes"], res["workers"], r["prompt_tokens"])
+        assert r["tail_chunk_mib"] == 1 and set(r["by_tail_chunk_mib"]) == {"1"}   # the settings' default
         assert len(r["by_decode_worker_sender_and_tail"]) == 4
         for key, m in r["by_decode_worker_sender_and_tail"].items():
             assert_tail(m, process_sender=key.split("/")[1] == "process")
-        assert r["tail_ms"] == r["by_decode_worker_sender_and_tail"]["process/process/0"]["tail_ms"]
+        assert r["tail_ms"] == r["by_decode_worker_sender_and_tail"]["process/process/1"]["tail_ms"]
     assert res["workers"]["timeline"] and res["workers"]["timeline_clock"] == timeline.CLOCK_ID
-    a, b = res["results"]   # 32 more tokens: KV of 2 attention layers + the MTP layer, K and V, fp32
+    a, b = res["results"]   # 32 more tokens: KV of the attention layers (not the MTP layer's), K and V, fp32
     cfg = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None).cfg
-    per_token = 2 * (len(cfg.attn_layers) + 1) * cfg.num_key_value_heads * cfg.head_dim * 4
+    per_token = 2 * len(cfg.attn_layers) * cfg.num_key_value_heads * cfg.head_dim * 4
     assert b["state_bytes"] - a["state_bytes"] == 32 * per_token
 
 
@@ -86,11 +102,15 @@ def assert_tail(m: dict, process_sender: bool) -> None:
 
 
 def test_bench_ttft_no_timeline(tmp_path):
-    """--no-timeline: the Prefill RPC does not ask for one, so no tail_* fields (the rest as usual)."""
+    """--no-timeline: the Prefill RPC does not ask for one, so no tail_* fields (the rest as usual).
+    --request-engine unspecified: the MTP KV is shipped too (the decode worker's default may read it)."""
     res = bench_ttft.main(["--device", "cpu", "--prompts", "8", "--runs", "1", "--warmup", "0", "--matmul-n", "64",
-                           "--decode-worker", "in-process", "--sender", "process", "--no-timeline"])
+                           "--decode-worker", "in-process", "--sender", "process", "--no-timeline",
+                           "--request-engine", "unspecified"])
     (r,) = res["results"]
     assert not res["workers"]["timeline"] and r["split_s"] > 0
+    assert res["workers"]["request_engine"] == "unspecified"
+    assert r["state_bytes"] == state_bytes(8, res["workers"]["max_len"], mtp_kv=True) > state_bytes(8, res["workers"]["max_len"])
     assert not {"tail_ms", "tail_ms_runs", "tail_backlog", "tail_clock_shared", "tail_ordered"} & set(r)
     assert not {"tail_ms", "tail_ordered"} & set(r["by_sender"]["process"])
 
@@ -113,7 +133,7 @@ def test_bench_ttft_tail_chunk_sizes_side_by_side(tmp_path):
     lm = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None)
     runner = ModelRunner(lm.model, slots=1, max_len=res["workers"]["max_len"], width=bench_ttft.WIDTH)
     runner.prefill(0, list(range(1, 41)))
-    specs = [TensorDesc.of(t) for t in runner.state.export(0)]
+    specs = [TensorDesc.of(t) for t in runner.state.export(0) if not t.name.startswith("mtp.")]   # a bf16 request
     plan = chunk_plan(r["state_bytes"], 64 << 10, tail_offset(specs, 1), 16 << 10)
     assert plan.tail_chunk_bytes and r["by_tail_chunk_mib"]["0.015625"]["data_chunks"] == plan.count
     assert r["by_tail_chunk_mib"]["0"]["data_chunks"] == -(-r["state_bytes"] // (64 << 10)) < plan.count

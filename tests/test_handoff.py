@@ -161,6 +161,32 @@ def test_prefill_without_mtp_head_feeds_mtp_decode_unchanged(tiny, lm):
         dh.stop(0)
 
 
+def test_prefill_ships_mtp_kv_only_for_sessions_that_can_read_it(workers, lm):
+    """bf16 / fp8 sessions never read the MTP layer's KV, so a Prefill naming one of them leaves those
+    rows off the wire (the decode worker zero-fills them, on the device); an mtp or UNSPECIFIED (the
+    worker's default) session gets them. Tokens equal the exact run either way."""
+    P, D, ds = workers["P"], workers["D"], workers["ds"]
+    prompt = PROMPTS[1]
+    ref = complete(None, prompt, 12, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+    kv_bytes = {}
+    for sid, engine, shipped in (("b", common_pb2.BF16, False), ("u", common_pb2.ENGINE_UNSPECIFIED, True),
+                                 ("m", common_pb2.MTP, True)):
+        mtp = ds.engine.runners["mtp"].state
+        mtp.key[mtp.mtp_layer].fill_(1.0)     # whatever slot it lands in held other rows before
+        mtp.value[mtp.mtp_layer].fill_(1.0)
+        r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, engine=engine,
+                                                 decode_target=workers["target"]), timeout=T)
+        kv_bytes[sid] = r.bridge.bytes_by_kind["attn_kv"]
+        s = ds.engine.get(sid)
+        st = s.runner.state
+        assert bool(st.key[st.mtp_layer][s.slot, :, :len(prompt)].any()) == shipped, sid
+        assert bool(st.value[st.mtp_layer][s.slot, :, :len(prompt)].any()) == shipped, sid
+        assert [r.first_token] + _decode(D, sid, 11, engine) == ref, sid
+        assert P.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T) is not None
+    layers = len(lm.cfg.attn_layers)
+    assert kv_bytes["u"] == kv_bytes["m"] == kv_bytes["b"] * (layers + 1) // layers
+
+
 def test_receive_state_mtp_entries_are_optional_both_ways(lm):
     with_mtp = ModelRunner(lm.model, slots=1, max_len=64, width=W)
     with_mtp.prefill(0, [1, 2, 3, 4])
@@ -436,6 +462,16 @@ def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
                 assert (int(s.runner.state.position[s.slot]), int(s.runner.state.next_token[s.slot])) == (pos, nxt)
                 P.Release(common_pb2.ReleaseRequest(session_id=f"g{i}"), timeout=T)
                 assert [nxt] + _decode(D, f"g{i}", 15) == ref
+            # a bf16 session: the MTP KV stays off the wire and is zero-filled on the device, over rows
+            # an earlier session left in the slot
+            st = ds.engine.runners["bf16"].state
+            st.key[st.mtp_layer].fill_(1.0)
+            r = P.Prefill(prefill_pb2.PrefillRequest(session_id="gb", prompt_ids=PROMPTS[1], engine=common_pb2.BF16,
+                                                     decode_target=dh.address), timeout=T)
+            s = ds.engine.get("gb")
+            assert not st.key[st.mtp_layer][s.slot, :, :len(PROMPTS[1])].any()
+            ref = complete(None, PROMPTS[1], 16, max_len=MAX_LEN, width=W, loaded=lm_p, ignore_eos=True, device="cuda")
+            assert [r.first_token] + _decode(D, "gb", 15, common_pb2.BF16) == ref
     finally:
         ph.stop(0)
         dh.stop(0)

@@ -155,6 +155,23 @@ def test_engine_not_offered():
         c.close()
 
 
+@pytest.mark.parametrize("engines,want", [(("fp8", "bf16", "mtp"), "FP8"), (("mtp", "bf16"), "MTP")])
+def test_unspecified_engine_is_named_in_the_prefill_as_the_decode_workers_default(engines, want):
+    """The prefill worker ships the MTP KV only to sessions that can read it (baton.handoff.needs_mtp_kv),
+    so the router names the picked decode worker's default engine instead of leaving it UNSPECIFIED;
+    an explicit engine passes through as asked."""
+    from baton.v1 import common_pb2
+    c = Cluster(n_prefill=1, n_decode=1, engines=engines)
+    try:
+        for kw in ({}, {"engine": "bf16"}):
+            out, _ = c.run(PROMPT, max_new_tokens=4, **kw)
+            assert out[0] == exact_next(PROMPT)
+        got = [common_pb2.Engine.Name(r.engine) for m, r in c.prefill[0].servicer.calls if m == "Prefill"]
+        assert got == [want, "BF16"]
+    finally:
+        c.close()
+
+
 def test_resource_exhausted_past_max_inflight():
     c = Cluster(config=RouterConfig(max_inflight=2))
     try:

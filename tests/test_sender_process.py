@@ -313,11 +313,12 @@ def test_max_size_chunks_of_a_state_made_layer_by_layer_land_bitwise_with_both_s
     """The bench_ttft --chunk-mib 16 path on CPU: Prefill streams each layer as it is computed, in chunks of
     up to wire.MAX_CHUNK_BYTES, through the sender process and through the thread sender."""
     P, ps, ds = big_cluster["P"], big_cluster["ps"], big_cluster["ds"]
-    proc = ps.sender
+    proc, tail = ps.sender, ps.tail_chunk_bytes
     assert proc is not None and proc.fits(chunk_bytes)
     try:
         for sender in (proc, None):
-            ps.chunk_bytes, ps.sender = chunk_bytes, sender   # NOTE: between requests only, as bench_ttft does
+            # NOTE: between requests only, as bench_ttft does; no tail segment: every chunk full-size
+            ps.chunk_bytes, ps.sender, ps.tail_chunk_bytes = chunk_bytes, sender, 0
             streams = proc.child()._ids
             t0 = time.perf_counter()
             r = P.Prefill(prefill_pb2.PrefillRequest(session_id="big", prompt_ids=list(range(10, 40)),
@@ -337,7 +338,7 @@ def test_max_size_chunks_of_a_state_made_layer_by_layer_land_bitwise_with_both_s
             ps.engine.release("big")
             ds.engine.release("big")
     finally:
-        ps.chunk_bytes, ps.sender = wire.MAX_CHUNK_BYTES, proc
+        ps.chunk_bytes, ps.sender, ps.tail_chunk_bytes = wire.MAX_CHUNK_BYTES, proc, tail
 
 
 def test_chunk_bytes_past_the_cap_or_the_message_limit_is_refused_at_configuration(cluster):
@@ -551,13 +552,16 @@ def test_prefill_rpc_with_a_tail_lands_bitwise_through_both_senders(cluster):
     assert settled(ds) == 0
 
 
-def test_tail_chunk_bytes_past_chunk_bytes_is_refused_at_configuration(cluster):
+def test_tail_chunk_bytes_past_chunk_bytes_is_capped_at_the_chunk_size(cluster):
     from prefill_worker.service import PrefillServicer
 
     ps = cluster["ps"]
-    with pytest.raises(ValueError, match="handoff_tail_chunk_bytes 8193 .* > the hand-off chunk size 8192"):
-        PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
-                        settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8193))
+    big = PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
+                          settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8193))
+    try:
+        assert big.tail_chunk_bytes == 8192
+    finally:
+        big.close()
     ok = PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
                          settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8192, handoff_tail_layers=3))
     try:

@@ -67,12 +67,13 @@ def test_bad_values_name_the_variable(env, field):
 
 
 def test_handoff_tail_settings_env_and_cli(capsys, monkeypatch):
-    """Wire format 4's tail segment: BATON_HANDOFF_TAIL_CHUNK_BYTES (0 = off, the default) and
-    BATON_HANDOFF_TAIL_LAYERS (default 1); the prefill worker's --handoff-tail-chunk-mib must fit --chunk-mib."""
-    assert (Settings().handoff_tail_chunk_bytes, Settings().handoff_tail_layers) == (0, 1)
+    """Wire format 4's tail segment: BATON_HANDOFF_TAIL_CHUNK_BYTES (0 = off, default 1 MiB) and
+    BATON_HANDOFF_TAIL_LAYERS (default 1); the prefill worker caps the tail's chunks at --chunk-mib."""
+    assert (Settings().handoff_tail_chunk_bytes, Settings().handoff_tail_layers) == (1 << 20, 1)
     s = Settings.from_env({"BATON_HANDOFF_TAIL_CHUNK_BYTES": " 1048576 ", "BATON_HANDOFF_TAIL_LAYERS": "0"})
     assert (s.handoff_tail_chunk_bytes, s.handoff_tail_layers) == (1 << 20, 0)
-    assert Settings.from_env({"BATON_HANDOFF_TAIL_CHUNK_BYTES": ""}).handoff_tail_chunk_bytes == 0
+    assert Settings.from_env({"BATON_HANDOFF_TAIL_CHUNK_BYTES": ""}).handoff_tail_chunk_bytes == 1 << 20
+    assert Settings.from_env({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "0"}).handoff_tail_chunk_bytes == 0
     for env, field in [({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "-1"}, "BATON_HANDOFF_TAIL_CHUNK_BYTES: must be >= 0"),
                        ({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "1M"}, "BATON_HANDOFF_TAIL_CHUNK_BYTES: expected an integer"),
                        ({"BATON_HANDOFF_TAIL_LAYERS": "-2"}, "BATON_HANDOFF_TAIL_LAYERS: must be >= 0")]:
@@ -87,9 +88,8 @@ def test_handoff_tail_settings_env_and_cli(capsys, monkeypatch):
     main = cli.main
 
     assert check_tail_chunk_bytes(Settings(handoff_tail_chunk_bytes=1 << 20), 1 << 20) == 1 << 20
-    with pytest.raises(ValueError, match="handoff_tail_chunk_bytes 2097152 .* > the hand-off chunk size 1048576"):
-        check_tail_chunk_bytes(Settings(handoff_tail_chunk_bytes=2 << 20), 1 << 20)
+    assert check_tail_chunk_bytes(Settings(handoff_tail_chunk_bytes=2 << 20), 1 << 20) == 1 << 20
+    assert check_tail_chunk_bytes(Settings(), 64 << 10) == 64 << 10
     # refused at start-up, before any model loads
-    assert main(["--port", "0", "--chunk-mib", "1", "--handoff-tail-chunk-mib", "2"]) == 2
     assert main(["--port", "0", "--handoff-tail-chunk-mib", "-1"]) == 2
     assert "BATON_HANDOFF_TAIL_CHUNK_BYTES" in capsys.readouterr().err
