@@ -207,8 +207,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096, help="context length L of the KV part")
     ap.add_argument("--chunk-mib", type=float, default=wire.DEFAULT_CHUNK_BYTES / (1 << 20))
-    ap.add_argument("--tail-chunk-mib", type=float, default=0.0,
-                    help="tail segment chunk size, MiB (<= --chunk-mib; 0: no tail segment)")
+    ap.add_argument("--tail-chunk-mib", type=float, default=Settings().handoff_tail_chunk_bytes / (1 << 20),
+                    help="tail segment chunk size, MiB (<= --chunk-mib; 0: no tail segment; default: the "
+                         "handoff_tail_chunk_bytes setting's default)")
     ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
                     help="layers the tail segment covers, counted from the last")
     ap.add_argument("--repeats", type=int, default=5)
