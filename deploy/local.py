@@ -9,6 +9,8 @@ Lifecycle:
     serve        the router in this process, given the workers' addresses (and, with Ray, the
                  namespace, so an actor Ray restarts on a new port is found again); once its health
                  is SERVING, exactly one line on stdout: `baton: serving on HOST:PORT`
+    --ask TEXT   then one request through the router, as a client sends it (gRPC, the token): its
+                 answer is one more stdout line, `baton: answer {json}`; serving goes on
     SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s;
                  then workers stop (actors stopped and killed / processes SIGTERM, then SIGKILL,
                  reaped); the Ray instance this command started is shut down and its temp dir
@@ -51,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "when joining RAY_ADDRESS)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for workers to load")
     p.add_argument("--grace", type=float, default=2.5, help="seconds in-flight requests get at shutdown")
+    p.add_argument("--ask", default=None, metavar="TEXT",
+                   help="once serving, send TEXT through the router as a client would and print the answer "
+                        "(`baton: answer {json}` on stdout); serving goes on")
+    p.add_argument("--ask-tokens", type=int, default=32, metavar="N", help="max new tokens of the --ask request")
 
 
 class _Signals:
@@ -90,9 +96,11 @@ def _router_probe_address(address: str) -> str:
 
 def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callable[[], None],
                           progress: Progress, grace: float = 2.5, sig: _Signals | None = None,
-                          tick: Callable[[], None] | None = None) -> int:
-    """Starts the router, prints the serving line once it is SERVING, calls `tick` every 0.5 s until
-    SIGINT/SIGTERM, then stops the router (grace for in-flight RPCs) and runs `cleanup` (the workers)."""
+                          tick: Callable[[], None] | None = None,
+                          on_serving: Callable[[str], None] | None = None) -> int:
+    """Starts the router, prints the serving line once it is SERVING, runs on_serving(address) on a
+    thread, calls `tick` every 0.5 s until SIGINT/SIGTERM, then stops the router (grace for in-flight
+    RPCs) and runs `cleanup` (the workers)."""
     own = sig is None
     sig = sig or _Signals().__enter__()
     router, rc = None, 0
@@ -101,6 +109,9 @@ def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callab
         wait_serving(_router_probe_address(router.address), timeout=120.0, what="router")
         sig.phase = "serving"
         print(f"baton: serving on {router.address}", flush=True)
+        if on_serving is not None:
+            threading.Thread(target=on_serving, args=(_router_probe_address(router.address),), daemon=True,
+                             name="baton-ask").start()
         while not sig.stop.wait(0.5):
             if tick is not None:
                 tick()
@@ -126,6 +137,30 @@ def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callab
                 sig.__exit__()
         progress.say(f"stopped ({time.monotonic() - t0:.1f} s)")
     return rc
+
+
+def ask(address: str, prompt: str, max_new_tokens: int, *, token: str | None, progress: Progress) -> None:
+    """One Generate through the router (fast mode, the default engine) as a client sends it; prints
+    `baton: answer {"prompt", "text", "token_ids", "finish_reason", "seconds"}` on stdout. A failure is
+    one progress line; serving goes on either way."""
+    import json
+
+    import grpc
+
+    from baton.client import Client
+
+    t0 = time.monotonic()
+    try:
+        with Client(address, token=token) as c:
+            deltas = list(c.generate(prompt, max_new_tokens=max_new_tokens, timeout=120))
+    except grpc.RpcError as e:
+        progress.say(f"--ask failed: {e.code().name}: {e.details()}")
+        return
+    out = {"prompt": prompt, "text": "".join(d.text for d in deltas),
+           "token_ids": [t for d in deltas for t in d.token_ids],
+           "finish_reason": deltas[-1].finish_reason if deltas else None,
+           "seconds": round(time.monotonic() - t0, 3)}
+    print(f"baton: answer {json.dumps(out)}", flush=True)
 
 
 # ------------------------------------------------------------------------------------------- Ray
@@ -188,6 +223,8 @@ def _check(args) -> str | None:
         return "--prefill and --decode must be >= 1"
     if not 0 <= args.port < 65536:
         return "--port must be in 0..65535"
+    if args.ask_tokens < 1:
+        return "--ask-tokens must be >= 1"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
@@ -271,5 +308,10 @@ def run(args) -> int:
                            prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
                            decode=[a for n, a in addresses.items() if n.startswith("decode-")],
                            model_dir=args.model, token_file=args.token_file)
+        on_serving = None
+        if args.ask is not None:
+            token = Path(args.token_file).read_text().strip() if args.token_file else None
+            on_serving = lambda addr: ask(addr, args.ask, args.ask_tokens, token=token,  # noqa: E731
+                                          progress=progress)
         return serve_until_signalled(lambda: serve_router(**kw), cleanup=cleanup, progress=progress,
-                                     grace=args.grace, sig=sig, tick=tick)
+                                     grace=args.grace, sig=sig, tick=tick, on_serving=on_serving)

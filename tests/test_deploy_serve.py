@@ -185,10 +185,23 @@ def kill_decode_worker(srv: Served, addr: str, env: dict) -> None:
     assert any("decode-0 ready again" in ln for ln in srv.stderr), srv.log()
 
 
+def answer_line(srv: Served, timeout: float = 60) -> dict:
+    """The `baton: answer {json}` line `baton serve --ask` prints once serving."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = [ln for ln in srv.stdout if ln.startswith("baton: answer ")]
+        if got:
+            assert len(got) == 1, srv.log()
+            return json.loads(got[0].removeprefix("baton: answer "))
+        time.sleep(0.1)
+    pytest.fail(f"no answer line in {timeout} s\n{srv.log()}")
+
+
 def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode: bool = False
                         ) -> tuple[Served, dict[int, str], float]:
     """Serve, check fast + exact generation, SIGTERM. Returns (server, pid -> cmdline of the process tree
-    it had started, seconds to exit)."""
+    it had started, seconds to exit). With `--ask PROMPT --ask-tokens 12` in args, its answer must be the
+    fast generation's."""
     token_file = tmp_path / "token"
     token_file.write_text("deploy-test-token\n")
     srv = Served("--port", "0", "--token-file", str(token_file), "--grace", "5", *args)
@@ -200,6 +213,9 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
         fast = generate(addr, env=env)
         exact = generate(addr, "--mode", "exact", env=env)
         assert exact["token_ids"] == fast["token_ids"], "exact mode must equal the bf16 fast path"
+        if "--ask" in args:
+            ans = answer_line(srv)
+            assert (ans["prompt"], ans["token_ids"], ans["text"]) == (PROMPT, fast["token_ids"], fast["text"]), ans
         no_token = subprocess.run([sys.executable, "-m", "baton.cli", "generate", "--addr", addr, PROMPT],
                                   cwd=ROOT, env={**srv.env, "BATON_TOKEN": "", "BATON_TOKEN_FILE": ""},
                                   capture_output=True, text=True, timeout=60)
@@ -242,7 +258,8 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
 # ---------------------------------------------------------------------------------- tests
 @pytest.mark.timeout(300)
 def test_serve_processes_generate_and_sigterm(tmp_path):
-    srv, tree, took = serve_generate_stop(tmp_path, "--processes", start_timeout=180, kill_decode=True)
+    srv, tree, took = serve_generate_stop(tmp_path, "--processes", "--ask", PROMPT, "--ask-tokens", "12",
+                                          start_timeout=180, kill_decode=True)
     assert len(srv.worker_ports()) == 2, srv.log()
     # the prefill worker's hand-off sender process (baton/sender_process.py) is part of its tree
     assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == ["baton.sender_child", "decode_worker",
