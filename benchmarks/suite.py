@@ -95,8 +95,8 @@ def _script(part: str, args, js: Path) -> list[str]:
                              "--out", str(js)]
     if part == "bridge":
         return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]
-    exact = py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "128", "--runs", str(args.runs),
-                          "--ps", "0.8,0.9,0.95,0.99", "--out", str(js)]
+    exact = py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "512", "--real-new", "128",
+                          "--runs", str(args.runs), "--ps", "0.8,0.9,0.95,0.99", "--out", str(js)]
     if part == "exact_mtp":   # controlled drafter at the cost of an MTP chain (real drafts: in "exact")
         return exact + ["--ks", "8", "--drafters", "", "--controlled-engine", "mtp"]
     return exact + ["--ks", "4,8"]

@@ -26,7 +26,7 @@ N, K = 12, 4
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_exact") / "exact.json"
     cmd = [sys.executable, "benchmarks/bench_exact.py", "--random-init", TINY, "--seed", "3", "--prompt-len", "20",
-           "--new", str(N), "--runs", "1", "--warmup", "0", "--ks", str(K), "--ps", "0.5,1.0",
+           "--new", str(N), "--real-new", str(N - 4), "--runs", "1", "--warmup", "0", "--ks", str(K), "--ps", "0.5,1.0",
            "--controlled-engine", "bf16", "--threads", "1", "--out", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, f"rc={r.returncode}\n{r.stderr[-4000:]}"
@@ -46,8 +46,9 @@ def test_json_sane_and_token_identical(result):
     assert r["bf16_ar"]["tok_s"] > 0 and r["bf16_ar"]["identical_to_bf16_ar"]
     real = {x["drafter"]: x for x in r["exact_real"]}
     assert set(real) == {"fp8", "mtp"}
+    assert r["setup"]["real_draft_new_tokens"] == N - 4
     for x in real.values():
-        assert x["identical_to_bf16_ar"] and x["tok_s"] > 0 and x["K"] == K
+        assert x["identical_to_bf16_ar"] and x["tok_s"] > 0 and x["K"] == K and x["new_tokens"] == N - 4
         assert 0 <= x["accepted"] <= x["drafted"] and x["rounds"] >= 1
     c = r["costs"][str(K)]
     assert c["t_draft"] > 0 and c["t_verify"] > 0 and c["t_rpc"] > 0
