@@ -145,8 +145,8 @@ class Settings:
             log_level=(get("BATON_LOG_LEVEL") or "INFO").upper(),
             log_json=_parse_bool("BATON_LOG_JSON", get("BATON_LOG_JSON") or ""),
             handoff_sender=(get("BATON_HANDOFF_SENDER") or "process").strip().lower(),
-            handoff_tail_chunk_bytes=_parse_int("BATON_HANDOFF_TAIL_CHUNK_BYTES",
-                                                get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or str(DEFAULT_TAIL_CHUNK_BYTES), 0),
+            handoff_tail_chunk_bytes=_parse_int(
+                "BATON_HANDOFF_TAIL_CHUNK_BYTES", get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or str(DEFAULT_TAIL_CHUNK_BYTES), 0),
             handoff_tail_layers=_parse_int("BATON_HANDOFF_TAIL_LAYERS", get("BATON_HANDOFF_TAIL_LAYERS") or "1", 0),
         )
         fields = {f.name for f in dataclasses.fields(cls)}

@@ -8,8 +8,8 @@ Lifecycle (one LoadState stream):
         (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
         the stream); the slot's other sessions never read it, and nothing marks it live yet
     commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
-        (zero-filled MTP rows: filled on the device), waits for the copies, zeroes KV rows past position, sets the scalars, and
-        publishes the session (replacing one of the same id)
+        (zero-filled MTP rows: filled on the device), waits for the copies, zeroes KV rows past position,
+        sets the scalars, and publishes the session (replacing one of the same id)
     abort()   any failure: the slot goes back to the pool; its half-written contents are never read
         (a later fill overwrites every tensor, and finish_import the rest)
 """

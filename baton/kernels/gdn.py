@@ -178,7 +178,8 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS))](
         cv, cv.stride(0), b, b.stride(-2), a, a.stride(-2), b.stride(0) if parts else 0, A_log, dt_bias, S, S_out, o,
         ckpt if ckpt is not None else S, n, int(ckpt is not None), dk ** -0.5,
-        HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS, PARTS=parts, num_warps=4, **launch_kw(cv.device))
+        HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS, PARTS=parts,
+        num_warps=4, **launch_kw(cv.device))
     BH = _p2(Hv)
     quant = quant and BH == Hv and BV == dv and Hv * dv % 128 == 0   # else bf16 y (the GEMM quantises it)
     if quant:
