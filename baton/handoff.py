@@ -64,6 +64,12 @@ def needs_mtp_kv(engine: int) -> bool:
     return engine in (common_pb2.ENGINE_UNSPECIFIED, common_pb2.MTP)
 
 
+def shipped(tensors: list, mtp_kv: bool) -> list:
+    """The exported tensors a hand-off sends: all of them, or (mtp_kv False: see needs_mtp_kv) all but the
+    MTP KV rows."""
+    return list(tensors) if mtp_kv else [t for t in tensors if t.name not in MTP_NAMES]
+
+
 def engine_name(value: int) -> str | None:
     """Engine enum -> "bf16" | "fp8" | "mtp"; ENGINE_UNSPECIFIED -> None (the worker's default)."""
     if value == common_pb2.ENGINE_UNSPECIFIED:

@@ -105,7 +105,7 @@ from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton import timeline  # noqa: E402
-from baton.handoff import MTP_NAMES, needs_mtp_kv  # noqa: E402
+from baton.handoff import needs_mtp_kv, shipped  # noqa: E402
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
 from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
@@ -333,8 +333,8 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
             if not state_bytes:
                 tensors, pos, _ = eng.export(s.id)
                 assert pos == T
-                state_bytes.append(sum(t.tensor.numel() * t.tensor.element_size() for t in tensors
-                                       if t.name not in MTP_NAMES or needs_mtp_kv(req_engine)))
+                state_bytes.append(sum(t.tensor.numel() * t.tensor.element_size()
+                                       for t in shipped(tensors, needs_mtp_kv(req_engine))))
         finally:
             eng.release(s.id)
         return dt

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import grpc
 
-from baton.handoff import MTP_NAMES, ChannelPool, HandoffError, engine_name, needs_mtp_kv, start_push
+from baton.handoff import ChannelPool, HandoffError, engine_name, needs_mtp_kv, shipped, start_push
 from baton.loading import LoadedModel, load_model
 from baton.rpc import StatusError, build_server
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
@@ -127,8 +127,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/timeline.py's marks.
         mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff.py)."""
         tensors, pos, nxt = self.engine.export(sid, position)
-        if not mtp_kv:
-            tensors = [t for t in tensors if t.name not in MTP_NAMES]
+        tensors = shipped(tensors, mtp_kv)
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
         push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
                           fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
