@@ -64,6 +64,13 @@ def needs_mtp_kv(engine: int) -> bool:
     return engine in (common_pb2.ENGINE_UNSPECIFIED, common_pb2.MTP)
 
 
+def computes_mtp_kv(exact: bool, engine: int, handed_off: bool) -> bool:
+    """Whether a Prefill computes the MTP layer's KV (~1/(layers+1) of its compute): when its hand-off
+    ships it (needs_mtp_kv), or when the session is kept (EXACT: a later ExportState ships it). A FAST
+    Prefill for a bf16 / fp8 session, or one with no decode_target, skips it."""
+    return exact or (handed_off and needs_mtp_kv(engine))
+
+
 def shipped(tensors: list, mtp_kv: bool) -> list:
     """The exported tensors a hand-off sends: all of them, or (mtp_kv False: see needs_mtp_kv) all but the
     MTP KV rows."""

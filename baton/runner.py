@@ -80,9 +80,11 @@ class ModelRunner:
 
     # ---- prefill -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None) -> int:
+    def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None, mtp: bool = True) -> int:
         """Consumes ids at positions [start, start+T); returns the greedy next token.
-        on_layer(i): called once layer i of the main model is enqueued (StepContext.on_layer)."""
+        on_layer(i): called once layer i of the main model is enqueued (StepContext.on_layer).
+        mtp=False skips the MTP layer's KV (~1/(layers+1) of the compute): the slot's MTP rows for
+        [start, start+T) are then left as they were, for a session that will never read them."""
         if not ids:
             raise ValueError("prompt: empty")
         self.check_window(start + len(ids), 0)
@@ -91,7 +93,7 @@ class ModelRunner:
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start, on_layer=on_layer))
         tok = int(self.model.logits(h[-1:]).argmax(-1))
-        if self.has_mtp:   # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
+        if self.has_mtp and mtp:   # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
             nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])
             pos = torch.arange(start, start + len(ids), device=self.device)
             self.model.mtp(self.model.model.embed_tokens, h, nxt, pos, self.state,

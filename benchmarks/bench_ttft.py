@@ -105,7 +105,7 @@ from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton import timeline  # noqa: E402
-from baton.handoff import needs_mtp_kv, shipped  # noqa: E402
+from baton.handoff import computes_mtp_kv, needs_mtp_kv, shipped  # noqa: E402
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
 from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
 from benchmarks.shapes import shape  # noqa: E402
@@ -326,7 +326,7 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
     def prefill_only() -> float:
         sync(dev)
         t0 = time.perf_counter()
-        s, _ = eng.prefill(ids)
+        s, _ = eng.prefill(ids, mtp=computes_mtp_kv(False, req_engine, True))   # as split()'s FAST Prefill
         sync(dev)
         dt = time.perf_counter() - t0
         try:

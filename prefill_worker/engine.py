@@ -94,10 +94,10 @@ class ExactEngine:
         self.runner.check_ids(ids, "prompt_ids")
         self.runner.check_window(len(ids), max_new_tokens, self.width)
 
-    def prefill(self, ids: list[int], *, session_id: str | None = None) -> tuple[Session, int]:
-        """Runs the prompt into a new session's slot; returns (session, first token)."""
+    def prefill(self, ids: list[int], *, session_id: str | None = None, mtp: bool = True) -> tuple[Session, int]:
+        """Runs the prompt into a new session's slot; returns (session, first token). mtp: run_prefill."""
         s = self.open_prefill(ids, session_id=session_id)
-        return s, self.run_prefill(s, ids)
+        return s, self.run_prefill(s, ids, mtp=mtp)
 
     def open_prefill(self, ids: list[int], *, session_id: str | None = None) -> Session:
         """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
@@ -105,12 +105,14 @@ class ExactEngine:
         self.validate_prompt(ids)
         return self._open(session_id)
 
-    def run_prefill(self, s: Session, ids: list[int], progress: PrefillProgress | None = None) -> int:
+    def run_prefill(self, s: Session, ids: list[int], progress: PrefillProgress | None = None, *,
+                    mtp: bool = True) -> int:
         """Computes the prompt into the session's slot; -> first token. `progress` is marked per layer
-        and finished with the token (or failed); on failure the session is released."""
+        and finished with the token (or failed); on failure the session is released. mtp=False skips
+        the MTP layer's KV (ModelRunner.prefill): only for a session whose export never ships it."""
         try:
             with self._compute:
-                tok = self.runner.prefill(s.slot, list(ids), on_layer=progress and progress.mark)
+                tok = self.runner.prefill(s.slot, list(ids), on_layer=progress and progress.mark, mtp=mtp)
         except BaseException as e:
             if progress is not None:
                 progress.fail(e)

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import grpc
 
-from baton.handoff import ChannelPool, HandoffError, engine_name, needs_mtp_kv, shipped, start_push
+from baton.handoff import (ChannelPool, HandoffError, computes_mtp_kv, engine_name, needs_mtp_kv, shipped,
+                           start_push)
 from baton.loading import LoadedModel, load_model
 from baton.rpc import StatusError, build_server
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
@@ -178,13 +179,14 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             session = self.engine.open_prefill(ids, session_id=sid)
             session.engine = request.engine          # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
+            mtp = computes_mtp_kv(exact, request.engine, bool(target))
             try:
                 with self.sessions.hold(sid):
                     if not context.is_active():
                         raise self._ended(context)
                     bridge = common_pb2.BridgeReport()
                     if not target:
-                        first = self.engine.run_prefill(session, ids)
+                        first = self.engine.run_prefill(session, ids, mtp=mtp)
                         prefill_s = time.perf_counter() - t0
                         if not context.is_active():   # NOTE: an EXACT session nobody will Verify
                             raise self._ended(context)
@@ -197,7 +199,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                                                       timeline=request.timeline,
                                                       mtp_kv=needs_mtp_kv(request.engine))
                         try:
-                            first = self.engine.run_prefill(session, ids, progress)
+                            first = self.engine.run_prefill(session, ids, progress, mtp=mtp)
                         except BaseException:
                             push.cancel()
                             raise

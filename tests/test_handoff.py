@@ -187,6 +187,31 @@ def test_prefill_ships_mtp_kv_only_for_sessions_that_can_read_it(workers, lm):
     assert kv_bytes["u"] == kv_bytes["m"] == kv_bytes["b"] * (layers + 1) // layers
 
 
+@pytest.mark.parametrize("mode,engine,to_target,computed", [
+    (FAST, common_pb2.BF16, True, False), (FAST, common_pb2.MTP, True, True), (FAST, common_pb2.ENGINE_UNSPECIFIED, True, True),
+    (FAST, common_pb2.ENGINE_UNSPECIFIED, False, False), (EXACT, common_pb2.BF16, True, True),
+    (EXACT, common_pb2.BF16, False, True)])
+def test_prefill_computes_mtp_kv_only_when_it_can_be_shipped(workers, lm, mode, engine, to_target, computed):
+    """The MTP layer's prefill (~1/(layers+1) of the compute) runs only when the hand-off ships its KV or
+    the session is kept (EXACT: ExportState ships it later); the first token is the exact one either way."""
+    P, ps = workers["P"], workers["ps"]
+    prompt = PROMPTS[1]
+    st = ps.engine.runner.state
+    for t in (st.key[st.mtp_layer], st.value[st.mtp_layer]):
+        t.fill_(7.0)                          # every slot: the one the Prefill takes is not known here
+    ref = complete(None, prompt, 1, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
+    r = P.Prefill(prefill_pb2.PrefillRequest(session_id="c", prompt_ids=prompt, mode=mode, engine=engine,
+                                             decode_target=workers["target"] if to_target else ""), timeout=T)
+    assert [r.first_token] == ref
+    # the Prefill's slot is reset (zeros), then computed or not; the other slots keep the 7s
+    rows = st.key[st.mtp_layer][:, :, :len(prompt)].flatten(1)       # [slots, ...]
+    assert any(bool(r.any()) and not bool((r == 7.0).all()) for r in rows) == computed
+    if mode == EXACT:
+        assert P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T).released
+    if to_target:
+        assert workers["D"].Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T).released
+
+
 def test_receive_state_mtp_entries_are_optional_both_ways(lm):
     with_mtp = ModelRunner(lm.model, slots=1, max_len=64, width=W)
     with_mtp.prefill(0, [1, 2, 3, 4])
