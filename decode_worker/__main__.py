@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 
+from baton.lifeline import die_with_parent
 from baton.worker_config import (add_common_arguments, model_from_args, options_from_args, run_until_signal,
                                  settings_for, setup_logging)
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     args = build_parser().parse_args(argv)
     opts = options_from_args(args)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())

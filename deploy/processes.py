@@ -3,8 +3,9 @@
 Lifecycle of one worker process (`baton serve --processes`, and the GPU machine, which has no Ray):
     WorkerProcess.start()   `python -m prefill_worker|decode_worker ... --port 0` in its own process
                             group (a Ctrl-C in the terminal reaches only `baton serve`, which then
-                            stops things in order) with PR_SET_PDEATHSIG=SIGTERM, so a parent killed
-                            with SIGKILL still leaves no worker behind
+                            stops things in order); the child arms PR_SET_PDEATHSIG=SIGTERM first
+                            thing (baton/lifeline.py), so a parent killed with SIGKILL still leaves
+                            no worker behind
     reader thread           drains the child's stdout; parses "<role>: serving on HOST:PORT"
     wait_ready()            address known -> grpc.health.v1 polled until SERVING (weights loaded,
                             graphs captured) -> one "ready" progress line with the seconds it took
@@ -16,7 +17,6 @@ worker state change), `WorkerSpec` (role + plain options -> CLI argv or actor kw
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
+
+from baton.lifeline import child_env
 
 SERVING_RE = re.compile(r"^(?P<role>\w+): serving on (?P<addr>\S+:\d+)\s*$")
 ROLES = ("prefill", "decode")
@@ -121,16 +123,6 @@ def wait_serving(address: str, *, timeout: float, stop: threading.Event | None =
         time.sleep(0.1)
 
 
-try:  # resolved in the parent: the child only calls it (no dlopen between fork and exec)
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
-    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the worker gets SIGTERM when its parent dies
-
-
 class WorkerProcess:
     """A worker subprocess: start, wait until ready, stop."""
 
@@ -152,10 +144,11 @@ class WorkerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> "WorkerProcess":
+        # NOTE: no preexec_fn (a real fork runs gRPC's fork handlers): the child arms PR_SET_PDEATHSIG
+        # itself, from BATON_PARENT_PID (baton/lifeline.py)
         self.proc = subprocess.Popen(
             self.spec.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
-            text=True, bufsize=1, env=self._env, start_new_session=True,
-            preexec_fn=_set_pdeathsig if _PRCTL is not None else None)
+            text=True, bufsize=1, env=child_env(self._env), start_new_session=True)
         self._reader = threading.Thread(target=self._drain, name=f"{self.spec.name}-stdout", daemon=True)
         self._reader.start()
         return self

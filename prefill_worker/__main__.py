@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from baton.lifeline import die_with_parent
 from baton.worker_config import (add_common_arguments, model_from_args, options_from_args, run_until_signal,
                                  settings_for, setup_logging)
 
@@ -18,6 +19,7 @@ log = logging.getLogger("baton.prefill")
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
     add_common_arguments(p)
     p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")

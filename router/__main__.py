@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+from baton.lifeline import die_with_parent
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
@@ -89,6 +90,7 @@ def _addrs(text: str | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     p = argparse.ArgumentParser(prog="python -m router", description="Baton router")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--host", default=None, help="bind host (default BATON_HOST or 127.0.0.1)")
