@@ -4,10 +4,13 @@ Stages (in the order prefill finishes them, which is the wire's table order):
     0 .. N-1   decoder layer i: its GDN conv/recurrent state or its attention KV rows are written
     N          the tail: final hidden row, MTP KV, next_token (known once the logits are)
 Lifecycle:
-    compute thread   mark(i) from the model's layer hook (StepContext.on_layer) right after layer i's
-                     kernels were *enqueued*: on CUDA it records an event on the current stream, never
-                     a host sync; on CPU the layer has simply run (last_layer_ns: when the last layer was
-                     marked, for the hand-off's timeline). finish(next_token) after the prefill
+    compute thread   mark(i) from the model's layer hook (StepContext.state_written) right after the
+                     kernels that write layer i's state were *enqueued* (its KV rows, or its GDN conv
+                     and recurrent state: mid-layer, before o_proj / out_proj and the MLP, which write
+                     no state; so the last layer's state streams while the layer finishes). On CUDA it
+                     records an event on the current stream, never a host sync; on CPU those kernels
+                     have simply run (last_layer_ns: when the last layer was marked, for the hand-off's
+                     timeline). finish(next_token) after the prefill
                      returned (finished_ns: when); fail(exc) if it raised.
     sender thread    wait(stage) blocks until that stage was marked (raises the compute's error if it
                      failed) and returns its CUDA event (None on CPU); the D2H copy waits for the event

@@ -82,7 +82,7 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None, mtp: bool = True) -> int:
         """Consumes ids at positions [start, start+T); returns the greedy next token.
-        on_layer(i): called once layer i of the main model is enqueued (StepContext.on_layer).
+        on_layer(i): called once layer i's state writes are enqueued (StepContext.state_written).
         mtp=False skips the MTP layer's KV (~1/(layers+1) of the compute): the slot's MTP rows for
         [start, start+T) are then left as they were, for a session that will never read them."""
         if not ids:

@@ -401,6 +401,35 @@ def test_cancelled_prefill_releases_on_both_workers(workers):
     assert cancelled > 0
 
 
+def test_layer_state_is_final_when_marked_and_marked_before_its_mlp(lm):
+    """The prefill marks layer i (the hand-off may copy its state from then on) mid-layer: after its
+    KV rows / GDN state are written, before its MLP. At each mark the layer's exported state already
+    equals its value after the whole prefill."""
+    r = ModelRunner(lm.model, max_len=MAX_LEN, width=W, slots=1)
+    prompt = PROMPTS[1]
+    order, at_mark = [], {}
+    names = {i: [n for n in r.state.layout() if n.startswith(f"layers.{i}.")] for i in range(lm.cfg.num_hidden_layers)}
+
+    def on_layer(i):
+        order.append(("mark", i))
+        views = {t.name: t.tensor for t in r.state.export(0, len(prompt))}
+        at_mark[i] = {n: views[n].clone() for n in names[i]}
+
+    hooks = [layer.mlp.register_forward_pre_hook(lambda m, a, i=i: order.append(("mlp", i)))
+             for i, layer in enumerate(lm.model.model.layers)]   # lm.model: the nn.Module
+    try:
+        r.prefill(0, prompt, on_layer=on_layer)
+    finally:
+        for h in hooks:
+            h.remove()
+    layers = lm.cfg.num_hidden_layers
+    assert [e for e in order if e[0] == "mark"] == [("mark", i) for i in range(layers)]
+    assert all(order.index(("mark", i)) < order.index(("mlp", i)) for i in range(layers)), order
+    final = {t.name: t.tensor for t in r.state.export(0, len(prompt))}
+    for i in range(layers):
+        assert names[i] and all(torch.equal(at_mark[i][n], final[n]) for n in names[i]), i
+
+
 def test_state_streams_while_prefill_runs(workers, lm, monkeypatch):
     """Prefill -> LoadState is streamed per layer: with each layer made slow, the decode worker has
     verified and placed the first tensors before the prefill's last layer is done, and the loaded

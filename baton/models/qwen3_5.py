@@ -30,9 +30,17 @@ class StepContext:
     n: int = 1                 # valid rows in rows mode (n <= width); prefill: len(ids)
     start: int = 0             # prefill only: position of ids[0] (host int)
     rope_offset: int = 0       # RoPE position = KV index + rope_offset (the MTP layer uses 1)
-    on_layer: Callable[[int], None] | None = None   # prefill streaming: called with i once layer i is
-                                                    # enqueued (never a host sync; see baton/progress.py)
+    on_layer: Callable[[int], None] | None = None   # prefill streaming: called with i once layer i's
+                                                    # state writes are enqueued (its KV rows / GDN conv
+                                                    # and recurrent state; before its MLP); never a
+                                                    # host sync (see baton/progress.py)
     phase: int | None = None   # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
+
+    def state_written(self, layer: int) -> None:
+        """Prefill streaming: layer `layer`'s state is final once the work enqueued so far has run (the
+        rest of the layer, o_proj and the MLP, reads it but writes none), so its hand-off can start."""
+        if self.on_layer is not None:
+            self.on_layer(layer)
 
 
 class RMSNorm(nn.Module):
@@ -125,6 +133,7 @@ class Attention(nn.Module):
             s0 = ctx.start
             kc[:, s0:s0 + T].copy_(k.transpose(0, 1))
             vc[:, s0:s0 + T].copy_(v.transpose(0, 1))
+            ctx.state_written(self.layer_idx)                               # KV rows final
             keys, vals = kc[:, : s0 + T], vc[:, : s0 + T]                    # [nkv, s0+T, d]
             qh = q.transpose(0, 1)                                              # [nh, T, d]
             kk = keys.repeat_interleave(g, dim=0)                            # [nh, s0+T, d]
@@ -195,6 +204,7 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         if ctx.width is None:
             o = gdn_ops.chunked(q, k, v, g, beta, rs)                      # [T, Hv, dv]
+            ctx.state_written(self.layer_idx)                              # conv + recurrent final
         else:
             o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])   # [W, Hv, dv]
         z = self.in_proj_z(x).reshape(T * self.nv, self.dv)
@@ -254,10 +264,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         """
         x = self.model.embed_tokens(ids)                                   # [T, hidden]
         pos = self.positions(state, ctx, ids.shape[0], ids.device)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, pos, state, ctx)
-            if ctx.on_layer is not None:
-                ctx.on_layer(i)
+        for layer in self.model.layers:
+            x = layer(x, pos, state, ctx)               # prefill: marks ctx.state_written(i) mid-layer
         if ctx.width is not None:
             state.position[ctx.slot] += ctx.n
         return self.model.norm(x)
