@@ -201,6 +201,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--matmul-n", type=int, default=None, help="matmul size for the rate (default 8192 CUDA, 1024 CPU)")
     ap.add_argument("--decode-worker", default="process", type=lambda v: v.split(","),
                     help="comma-separated: process (its own process, as deployed; the default) | in-process")
+    ap.add_argument("--decode-gpu", type=int, default=None,
+                    help="GPU index for the decode worker process (its CUDA_VISIBLE_DEVICES, as Ray pins an actor; "
+                         "default: the prefill's GPU). 1 puts it on a second GPU, as a disaggregated deployment does; "
+                         "on one GPU the two processes' kernels time-slice")
     ap.add_argument("--sender", default=[Settings().handoff_sender], type=lambda v: v.split(","),
                     help="comma-separated: process (a sender child process) | thread (in the prefill's process); "
                          "default: the handoff_sender setting's default")
@@ -230,6 +234,8 @@ def main(argv=None) -> dict:
     if len(set(tails)) != len(tails) or not all(0 <= x <= chunk_bytes for x in tails) or a.tail_layers < 0:
         raise SystemExit(f"--tail-chunk-mib: distinct sizes in 0..--chunk-mib ({a.chunk_mib:g}), got "
                          f"{a.tail_chunk_mib}; --tail-layers >= 0, got {a.tail_layers}")
+    if a.decode_gpu is not None and (modes != ["process"] or not a.device.startswith("cuda")):
+        raise SystemExit("--decode-gpu: only with --device cuda and --decode-worker process")
     if "process" in modes and a.no_mtp:
         raise SystemExit("--no-mtp: the decode worker process always builds the MTP head; use --decode-worker in-process")
     torch.manual_seed(0)
@@ -280,6 +286,7 @@ def main(argv=None) -> dict:
         "machine": machine() | ({"note": a.machine_note} if a.machine_note else {}),
         "torch": torch.__version__,
         "device": dev,
+        "decode_gpu": a.decode_gpu,
         "model": model_desc,
         "setup_seconds": round(setup_s, 2),
         "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16",
@@ -307,6 +314,8 @@ def decode_process(a, max_len: int, token: str) -> WorkerProcess:
     env = dict(os.environ, BATON_TOKEN=token, PYTHONPATH=os.pathsep.join(
         [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     env.pop("BATON_TOKEN_FILE", None)
+    if a.decode_gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(a.decode_gpu)
     if not a.device.startswith("cuda"):   # as many torch threads as this process uses
         env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     w = WorkerProcess(spec, env=env).start()

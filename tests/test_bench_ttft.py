@@ -141,3 +141,10 @@ def test_bench_ttft_tail_chunk_sizes_side_by_side(tmp_path):
         assert t["split_s"] > 0 and t["handoff_GBps"] > 0
     with pytest.raises(SystemExit, match="--tail-chunk-mib"):
         bench_ttft.main(["--device", "cpu", "--chunk-mib", "1", "--tail-chunk-mib", "2"])
+
+
+def test_bench_ttft_decode_gpu_needs_cuda_and_a_process_worker():
+    for argv in (["--device", "cpu", "--decode-gpu", "1"],
+                 ["--device", "cuda", "--decode-gpu", "1", "--decode-worker", "process,in-process"]):
+        with pytest.raises(SystemExit, match="--decode-gpu"):
+            bench_ttft.main(argv)
