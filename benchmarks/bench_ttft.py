@@ -56,7 +56,8 @@ alternate, so drift on a busy host hits both alike):
                         breakdown per combination is printed to stderr (median ms, step from the mark above)
     mfu                 flops / prefill_s / matmul rate measured in the same run (a large matmul in the
                         model's dtype: BF16 on CUDA); flops = 2 * matmul params * T (every weight matrix
-                        but the embedding and the LM head, MTP head included: prefill fills its KV)
+                        but the embedding and the LM head; the MTP head's only when the prefill runs it,
+                        baton.handoff.computes_mtp_kv: --request-engine unspecified)
                         + 2 * vocab * hidden (one LM-head row) + causal attention 4 * head_dim * heads *
                         T(T+1)/2 per full-attention layer (MTP layer included); GDN recurrences not counted
 
@@ -137,17 +138,21 @@ def build_model(a) -> tuple[object, dict]:
                       "matmul_params": matmul_params(lm.model)}
 
 
-def matmul_params(model) -> int:
-    """Weights applied to every prompt row: matrices (and conv kernels) except the embedding and LM head."""
+def matmul_params(model, mtp: bool = True) -> int:
+    """Weights applied to every prompt row: matrices (and conv kernels) except the embedding and LM head
+    (and the MTP head's with mtp=False)."""
     return sum(p.numel() for n, p in model.named_parameters()
-               if p.dim() >= 2 and "embed_tokens" not in n and not n.endswith("lm_head.weight"))
+               if p.dim() >= 2 and "embed_tokens" not in n and not n.endswith("lm_head.weight")
+               and (mtp or not n.startswith("mtp.")))
 
 
-def prefill_flops(model, T: int) -> int:
+def prefill_flops(model, T: int, mtp: bool = True) -> int:
+    """mtp: whether the prefill ran the MTP layer (baton.handoff.computes_mtp_kv)."""
     cfg = model.cfg
-    attn_layers = len(cfg.attn_layers) + (1 if hasattr(model, "mtp") else 0)
+    mtp = mtp and hasattr(model, "mtp")
+    attn_layers = len(cfg.attn_layers) + int(mtp)
     attention = attn_layers * 4 * cfg.head_dim * cfg.num_attention_heads * T * (T + 1) // 2
-    return 2 * matmul_params(model) * T + 2 * cfg.vocab_size * cfg.hidden_size + attention
+    return 2 * matmul_params(model, mtp) * T + 2 * cfg.vocab_size * cfg.hidden_size + attention
 
 
 def matmul_rate(device: str, dtype: torch.dtype, n: int, reps: int = 10) -> float:
@@ -384,7 +389,7 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
     by_sender = {w: by_pair[f"{modes[0]}/{w}"] for w in senders}
     by_tail = {f"{x:g}": by_all[f"{modes[0]}/{senders[0]}/{x:g}"] for x in tails}
     spl = spls[0]
-    flops = prefill_flops(eng.runner.model, T)
+    flops = prefill_flops(eng.runner.model, T, mtp=computes_mtp_kv(False, req_engine, True))   # as prefill_only()
     return {
         "prompt_tokens": T,
         "prefill_s": round(prefill_s, 6),

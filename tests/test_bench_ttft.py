@@ -148,3 +148,12 @@ def test_bench_ttft_decode_gpu_needs_cuda_and_a_process_worker():
                  ["--device", "cuda", "--decode-gpu", "1", "--decode-worker", "process,in-process"]):
         with pytest.raises(SystemExit, match="--decode-gpu"):
             bench_ttft.main(argv)
+
+
+def test_prefill_flops_leave_out_the_mtp_layer_when_the_prefill_skips_it():
+    m = load_model(DEFAULT_MODEL_DIR, dtype="fp32").model
+    cfg, T = m.cfg, 8
+    mtp_params = sum(p.numel() for n, p in m.named_parameters() if n.startswith("mtp.") and p.dim() >= 2)
+    attn = 4 * cfg.head_dim * cfg.num_attention_heads * T * (T + 1) // 2
+    assert mtp_params > 0
+    assert bench_ttft.prefill_flops(m, T) - bench_ttft.prefill_flops(m, T, mtp=False) == 2 * mtp_params * T + attn

@@ -188,9 +188,9 @@ def test_prefill_ships_mtp_kv_only_for_sessions_that_can_read_it(workers, lm):
 
 
 @pytest.mark.parametrize("mode,engine,to_target,computed", [
-    (FAST, common_pb2.BF16, True, False), (FAST, common_pb2.MTP, True, True), (FAST, common_pb2.ENGINE_UNSPECIFIED, True, True),
-    (FAST, common_pb2.ENGINE_UNSPECIFIED, False, False), (EXACT, common_pb2.BF16, True, True),
-    (EXACT, common_pb2.BF16, False, True)])
+    (FAST, common_pb2.BF16, True, False), (FAST, common_pb2.MTP, True, True),
+    (FAST, common_pb2.ENGINE_UNSPECIFIED, True, True), (FAST, common_pb2.ENGINE_UNSPECIFIED, False, False),
+    (EXACT, common_pb2.BF16, True, True), (EXACT, common_pb2.BF16, False, True)])
 def test_prefill_computes_mtp_kv_only_when_it_can_be_shipped(workers, lm, mode, engine, to_target, computed):
     """The MTP layer's prefill (~1/(layers+1) of the compute) runs only when the hand-off ships its KV or
     the session is kept (EXACT: ExportState ships it later); the first token is the exact one either way."""
