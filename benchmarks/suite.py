@@ -1,4 +1,4 @@
-"""`baton bench`: the whole benchmark suite on one GPU, one command. GPU only.
+"""`baton bench`: the whole benchmark suite, one command. GPU only (one GPU; the ttft part uses a second if visible).
 
     baton bench --random-init qwen3.5-9b                   # every part
     baton bench --parts decode,profile --out-dir DIR       # a subset (e.g. split across two GPUs)
@@ -10,6 +10,8 @@ Parts (each also runs alone; see its script):
                               graph capture time and pool bytes per engine, peak GPU memory
     profile  profile_step.py  per-part GPU time of one step (GEMM, GDN, attention, norms, ...), kernels/step
     ttft     bench_ttft.py    TTFT: prefill alone vs prefill + hand-off to a decode worker, prefill MFU
+                              (with 2+ GPUs visible the decode worker gets the second, --decode-gpu 1: the
+                              disaggregated layout; on one GPU the two processes time-slice it)
     bridge   bench_bridge.py  state hand-off GB/s over loopback gRPC (device -> wire -> device)
     exact    bench_exact.py   exact mode through the router (workers as processes) vs bf16 AR: real FP8 /
                               MTP drafts, the acceptance-controlled drafter at FP8-step cost, the analytic bound
@@ -84,6 +86,11 @@ def plot(res: dict, path: Path) -> bool:
     return True
 
 
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
 def _script(part: str, args, js: Path) -> list[str]:
     py = [sys.executable, str(Path(__file__).resolve().parent / f"{SCRIPTS[part]}.py")]
     shape = ["--random-init", args.random_init]
@@ -92,7 +99,7 @@ def _script(part: str, args, js: Path) -> list[str]:
     if part == "ttft":
         return py + shape + ["--device", "cuda", "--prompts", "512,4096,32768", "--runs", str(args.runs),
                              "--decode-worker", "process", "--sender", "process,thread", "--tail-chunk-mib", "1,0",
-                             "--out", str(js)]
+                             "--out", str(js)] + (["--decode-gpu", "1"] if _gpus() > 1 else [])
     if part == "bridge":
         return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]
     exact = py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "512", "--real-new", "128",
