@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Mapping, NoReturn
 
 import grpc
 
+from baton.gpus import pin_device
 from baton.rpc import ServerHandle, StatusError, abort_with
 from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, WindowError
 from baton.settings import Settings, read_token_file
@@ -101,7 +102,11 @@ def options_from_args(a: argparse.Namespace) -> WorkerOptions:
     for name in ("width", "max_len", "slots"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
-    return WorkerOptions(a.model, a.port, a.host, a.device, a.dtype, a.width, a.max_len, a.slots, a.ttl,
+    try:
+        device = pin_device(a.device)   # cuda:N -> this process sees only GPU N (baton/gpus.py)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return WorkerOptions(a.model, a.port, a.host, device, a.dtype, a.width, a.max_len, a.slots, a.ttl,
                          a.token_file, a.grace)
 
 

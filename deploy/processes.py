@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from baton.gpus import spread, visible_gpus
 from baton.lifeline import child_env
 
 SERVING_RE = re.compile(r"^(?P<role>\w+): serving on (?P<addr>\S+:\d+)\s*$")
@@ -235,7 +236,13 @@ def start_processes(specs: list[WorkerSpec], *, progress: Progress, timeout: flo
     """Starts every worker at once and waits until all are SERVING (one progress line each)."""
     n_cpu = sum(s.device == "cpu" for s in specs)
     base, cpus = dict(os.environ), os.cpu_count() or 1
-    workers = [WorkerProcess(s, env=worker_env(s, n_cpu, base, cpus)) for s in specs]
+    envs = [worker_env(s, n_cpu, base, cpus) for s in specs]
+    gpu_workers = [i for i, s in enumerate(specs) if s.device == "cuda"]
+    for i, gpu in zip(gpu_workers, spread(len(gpu_workers), visible_gpus(base))):
+        if gpu is not None:   # one GPU each, round-robin: prefill and decode workers on their own GPUs
+            envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
+            progress.say(f"{specs[i].name} on GPU {gpu}")
+    workers = [WorkerProcess(s, env=e) for s, e in zip(specs, envs)]
     t0 = time.monotonic()
     try:
         for w in workers:
