@@ -122,6 +122,18 @@ class ExactEngine:
             progress.finish(tok)
         return tok
 
+    def warm_up(self, lengths=(1, 17, 64, 100)) -> float:
+        """Throw-away prefills of these prompt lengths (ids 0; each released), so the wide kernels compile
+        before the worker serves: fla's chunked delta rule is Triton, compiled and autotuned on first use
+        (tens of seconds on a fresh cache: a first request would outlive the router's call timeout), and
+        Triton specialises integer arguments equal to 1 or divisible by 16. -> seconds taken."""
+        t0 = time.perf_counter()
+        for n in lengths:
+            n = min(n, self.runner.max_len - self.width)
+            s, _ = self.prefill([0] * n)
+            self.release(s.id)
+        return time.perf_counter() - t0
+
     def progress(self) -> PrefillProgress:
         return PrefillProgress(self.runner.cfg.num_hidden_layers, self.runner.device)
 

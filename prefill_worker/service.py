@@ -293,6 +293,9 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
         st = capture_all(runner, ns={"rows": range(1, width + 1)})
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
     engine = ExactEngine(runner, ttl_s=ttl_s)
+    if str(device).startswith("cuda"):
+        log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")
+        log.info("prefill: warm-up done in %.1fs", engine.warm_up())
     servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
     if servicer.sender is not None:
         servicer.sender.start()   # spawned now: the first hand-off does not wait for it

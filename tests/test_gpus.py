@@ -1,4 +1,9 @@
 """baton/gpus.py: one GPU per worker process, chosen through CUDA_VISIBLE_DEVICES (no CUDA here)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from baton.gpus import pin_device, spread, visible_gpus
@@ -57,3 +62,17 @@ def test_start_processes_gives_each_gpu_worker_its_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")        # one GPU: everyone shares it, env inherited
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
     assert [w.env for w in started] == [None, None]
+
+
+def test_worker_entry_points_do_not_import_fla(tmp_path):
+    """`--device cuda:N` narrows CUDA_VISIBLE_DEVICES in options_from_args, after the entry point's imports;
+    importing flash-linear-attention initialises CUDA on device 0, so no entry point may import it then
+    (gdn_ops imports it on the first CUDA prefill). A stand-in `fla` package fails loudly if imported."""
+    (tmp_path / "fla").mkdir()
+    (tmp_path / "fla" / "__init__.py").write_text("raise SystemExit('fla imported')\n")
+    root = str(Path(__file__).resolve().parents[1])
+    code = ("import sys; import decode_worker.__main__, prefill_worker.__main__, router.__main__; "
+            "from baton.models import gdn_ops; print('fla' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": f"{root}:{tmp_path}"})
+    assert (p.returncode, p.stdout.strip()) == (0, "False"), p.stderr[-2000:]

@@ -291,3 +291,20 @@ def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes,
     finally:
         me.channels.close()
         h.stop(0)
+
+
+def test_warm_up_prefills_leave_no_session_and_exact_results(tmp_path):
+    """ExactEngine.warm_up (run before a CUDA prefill worker serves) releases every slot it used and
+    leaves later results bitwise unchanged."""
+    from baton.loading import load_model
+    from baton.runner import ModelRunner
+    from prefill_worker.engine import ExactEngine
+    from helpers import make_tiny_dir
+
+    lm = load_model(make_tiny_dir(tmp_path), dtype="fp32")
+    eng = ExactEngine(ModelRunner(lm.model, max_len=128, width=8, slots=2))
+    prompt = [5, 17, 33, 200, 7]
+    before = eng.generate(prompt, 6)
+    assert eng.warm_up(lengths=(1, 17, 500)) > 0          # 500 is capped at max_len - W
+    assert eng.session_count() == 0
+    assert eng.generate(prompt, 6) == before

@@ -15,10 +15,20 @@ import torch.nn.functional as F
 
 CHUNK = 64
 
-try:  # optional GPU kernels
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
-except Exception:  # pragma: no cover - depends on the machine
-    _fla_chunk = None
+_FLA: list = []   # [chunk_gated_delta_rule or None], resolved on the first CUDA prefill
+
+
+def _fla_chunk():
+    """flash-linear-attention's chunked kernel, or None where it is not installed. Imported lazily:
+    importing fla initialises CUDA (it asks device 0 for its name), and a worker narrows
+    CUDA_VISIBLE_DEVICES (`--device cuda:N`, baton/gpus.py) after importing this module."""
+    if not _FLA:
+        try:  # optional GPU kernels
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        except Exception:  # pragma: no cover - depends on the machine
+            chunk_gated_delta_rule = None
+        _FLA.append(chunk_gated_delta_rule)
+    return _FLA[0]
 
 
 def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool,
@@ -70,13 +80,14 @@ def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int, ckpt: torch.Tensor
 
 def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
     """Prefill form. Same shapes as recurrent_rows with n = T; S updated in place. Returns [T, Hv, dv]."""
-    if _fla_chunk is not None and v.is_cuda:
+    fla = _fla_chunk() if v.is_cuda else None
+    if fla is not None:
         Hv = v.shape[1]
         rep = Hv // q.shape[1]
         qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
-        o, final = _fla_chunk(qr[None].contiguous(), kr[None].contiguous(), v[None].contiguous(),
-                              g=g[None].float(), beta=beta[None].to(v.dtype), initial_state=S[None].clone(),
-                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+        o, final = fla(qr[None].contiguous(), kr[None].contiguous(), v[None].contiguous(),
+                       g=g[None].float(), beta=beta[None].to(v.dtype), initial_state=S[None].clone(),
+                       output_final_state=True, use_qk_l2norm_in_kernel=True)
         S.copy_(final[0])
         return o[0]
     return _chunked_torch(q, k, v, g, beta, S)
