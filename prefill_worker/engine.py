@@ -130,6 +130,8 @@ class ExactEngine:
         t0 = time.perf_counter()
         for n in lengths:
             n = min(n, self.runner.max_len - self.width)
+            if n < 1:
+                continue
             s, _ = self.prefill([0] * n)
             self.release(s.id)
         return time.perf_counter() - t0
