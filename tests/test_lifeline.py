@@ -92,3 +92,15 @@ def test_worker_process_spawns_without_preexec_fn(monkeypatch):
     assert seen.get("preexec_fn") is None and seen["start_new_session"] is True
     assert seen["env"] == {"X": "y", lifeline.PARENT_ENV: str(os.getpid())}
     assert seen["argv"][1:4] == ["-u", "-m", "decode_worker"]
+
+
+@linux
+def test_grpc_fork_probe_counts_spawns_and_vfork_spawns_stay_clean(tmp_path, capsys):
+    """benchmarks/grpc_fork_probe.py (the measurement behind baton/lifeline.py): with gRPC busy in this
+    process, spawns without a preexec_fn never run gRPC's fork handlers, so none goes bad."""
+    from benchmarks import grpc_fork_probe
+
+    r = grpc_fork_probe.main(["--spawns", "30", "--out", str(tmp_path / "p.json")])
+    assert r["preexec_fn"]["spawns"] == r["no_preexec_fn"]["spawns"] == 30
+    assert r["no_preexec_fn"]["bad"] == 0
+    assert '"grpc_fork_probe"' in (tmp_path / "p.json").read_text()

@@ -1,0 +1,96 @@
+"""Does spawning a child with a Popen preexec_fn break it while gRPC is live? (grpc/grpc#43055)
+
+    python benchmarks/grpc_fork_probe.py [--spawns 2000] [--out FILE]
+
+One process serves grpc.health.v1 on loopback and keeps two client threads calling Check. It then
+spawns `/bin/true` --spawns times with a preexec_fn (what deploy.processes used to pass: a real fork(),
+so gRPC's atfork handlers run in the child before exec) and --spawns times without (CPython uses vfork:
+no handlers). A spawn is "bad" when the child exits non-zero or writes anything to stderr (gRPC's
+"Kick failed: eventfd_write: Bad file descriptor", or an epoll_wait EBADF abort). Prints JSON.
+Why it matters: baton/lifeline.py.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+
+def _busy_server():
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub, stop = health_pb2_grpc.HealthStub(channel), threading.Event()
+
+    def call():
+        while not stop.is_set():
+            stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+    threads = [threading.Thread(target=call, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+
+    def close():
+        stop.set()
+        for t in threads:
+            t.join()
+        channel.close()
+        server.stop(0)
+    return close
+
+
+def spawn(n: int, preexec) -> dict:
+    bad, example = 0, ""
+    for _ in range(n):
+        p = subprocess.Popen(["/bin/true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             start_new_session=True, preexec_fn=preexec)
+        _, err = p.communicate()
+        if p.returncode != 0 or err:
+            bad += 1
+            example = example or f"rc {p.returncode}: {err.decode(errors='replace').strip()[:300]}"
+    return {"spawns": n, "bad": bad, "example": example}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spawns", type=int, default=2000)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    if not sys.platform.startswith("linux"):
+        raise SystemExit("grpc_fork_probe: Linux only (PR_SET_PDEATHSIG)")
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    close = _busy_server()
+    try:
+        with_pre = spawn(a.spawns, lambda: prctl(1, signal.SIGTERM))
+        without = spawn(a.spawns, None)
+    finally:
+        close()
+    res = {"benchmark": "grpc_fork_probe",
+           "command": " ".join(["python", "benchmarks/grpc_fork_probe.py", *(sys.argv[1:] if argv is None else argv)]),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": {"python": platform.python_version(), "grpcio": grpc.__version__,
+                       "cpus": len(os.sched_getaffinity(0))},
+           "preexec_fn": with_pre, "no_preexec_fn": without}
+    text = json.dumps(res, indent=1)
+    print(text)
+    if a.out:
+        a.out.write_text(text + "\n")
+    return res
+
+
+if __name__ == "__main__":
+    main()
