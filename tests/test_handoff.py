@@ -596,3 +596,15 @@ def test_timeline_helpers_compare_one_clock_and_name_what_breaks_causality():
     assert "chunk 0: decode.received before sender.handed" in v and "chunk 1: decode.received before sender.handed" in v
     empty = timeline.Timeline().to_proto()   # no reference mark: nothing to compare
     assert timeline.offsets_ms(empty) == {} and timeline.behind_at(empty) == {} and timeline.violations(empty) == []
+
+
+def test_migration_probe_outputs_stay_exact_with_the_mtp_rows_of_verified_tokens_missing():
+    """benchmarks/migration_mtp_probe.py (trained default model): after ExportState the decode worker's MTP
+    KV lacks the verified tokens' rows (the prefill worker's Verify runs no MTP layer). Drafts may be
+    worse; the tokens must still be the exact ones, in the migrated and in the control session."""
+    from benchmarks import migration_mtp_probe
+
+    r = migration_mtp_probe.main(["--generated", "10", "--new", "8", "--prompts", "1"])
+    (row,) = r["results"]
+    assert row["exact_control"] and row["exact_migrated"] and row["migrated_at"] >= 10
+    assert row["mean_accept_len_control"] >= 1 and row["mean_accept_len_migrated"] >= 1
