@@ -5,9 +5,10 @@ Why not `subprocess.Popen(preexec_fn=prctl(PR_SET_PDEATHSIG))`: a preexec_fn for
 channels live in the parent (a router, a test, `baton serve --processes` restarting a worker), grpcio
 >= 1.80 restarts its poller in that child, which then hits the fds `close_fds` closes before exec:
 "eventfd_write: Bad file descriptor" or an epoll_wait EBADF abort (grpc/grpc#43055). Measured with
-grpcio 1.85.3 (`benchmarks/grpc_fork_probe.py`): 14 of 2000 children spawned with a preexec_fn aborted
-before exec (SIGABRT, "epoll_wait error: Bad file descriptor", as a router child once did in CI), 0 of
-2000 without.
+grpcio 1.85.3 (`benchmarks/grpc_fork_probe.py`, two runs): 14 and 20 of 2000 children spawned with a
+preexec_fn aborted before exec (SIGABRT: "epoll_wait error: Bad file descriptor", as a router child once
+did in CI, or "Check failed: next_worker->state == KICKED"), 0 of 2000 without. Once, the parent's own
+channel also lost a call ("Socket closed") while such children forked.
 
 So the parent only names itself in the environment (`child_env`), and the child, first thing in its
 main(), calls `die_with_parent()`:

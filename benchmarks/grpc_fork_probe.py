@@ -6,7 +6,8 @@ One process serves grpc.health.v1 on loopback and keeps two client threads calli
 spawns `/bin/true` --spawns times with a preexec_fn (what deploy.processes used to pass: a real fork(),
 so gRPC's atfork handlers run in the child before exec) and --spawns times without (CPython uses vfork:
 no handlers). A spawn is "bad" when the child exits non-zero or writes anything to stderr (gRPC's
-"Kick failed: eventfd_write: Bad file descriptor", or an epoll_wait EBADF abort). Prints JSON.
+"Kick failed: eventfd_write: Bad file descriptor", or an epoll_wait EBADF abort). parent_rpc_errors
+counts the busy client's failed calls during each phase (the parent's own channel). Prints JSON.
 Why it matters: baton/lifeline.py.
 """
 from __future__ import annotations
@@ -28,6 +29,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 
+PHASE = ["start"]   # which spawns run now, for the parent's RPC error counts
+
+
 def _busy_server():
     server = grpc.server(futures.ThreadPoolExecutor(4))
     health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
@@ -35,10 +39,15 @@ def _busy_server():
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub, stop = health_pb2_grpc.HealthStub(channel), threading.Event()
+    errors: dict[str, int] = {}   # phase -> failed RPCs of this (the parent) process
 
     def call():
         while not stop.is_set():
-            stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            try:
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            except grpc.RpcError as e:   # e.g. UNAVAILABLE "Socket closed" while children fork
+                key = f"{PHASE[0]}: {e.code().name}"
+                errors[key] = errors.get(key, 0) + 1
 
     threads = [threading.Thread(target=call, daemon=True) for _ in range(2)]
     for t in threads:
@@ -50,6 +59,7 @@ def _busy_server():
             t.join()
         channel.close()
         server.stop(0)
+        return errors
     return close
 
 
@@ -75,10 +85,14 @@ def main(argv=None) -> dict:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     close = _busy_server()
     try:
+        PHASE[0] = "preexec_fn"
         with_pre = spawn(a.spawns, lambda: prctl(1, signal.SIGTERM))
+        PHASE[0] = "no_preexec_fn"
         without = spawn(a.spawns, None)
     finally:
-        close()
+        errors = close()
+    with_pre["parent_rpc_errors"] = {k.split(": ")[1]: v for k, v in errors.items() if k.startswith("preexec_fn:")}
+    without["parent_rpc_errors"] = {k.split(": ")[1]: v for k, v in errors.items() if k.startswith("no_preexec_fn:")}
     res = {"benchmark": "grpc_fork_probe",
            "command": " ".join(["python", "benchmarks/grpc_fork_probe.py", *(sys.argv[1:] if argv is None else argv)]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
