@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
-import json
-import os
-import platform
 import signal
 import subprocess
 import sys
@@ -27,6 +24,10 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.report import emit, machine  # noqa: E402
 
 
 PHASE = ["start"]   # which spawns run now, for the parent's RPC error counts
@@ -96,13 +97,9 @@ def main(argv=None) -> dict:
     res = {"benchmark": "grpc_fork_probe",
            "command": " ".join(["python", "benchmarks/grpc_fork_probe.py", *(sys.argv[1:] if argv is None else argv)]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": {"python": platform.python_version(), "grpcio": grpc.__version__,
-                       "cpus": len(os.sched_getaffinity(0))},
+           "machine": machine(),
            "preexec_fn": with_pre, "no_preexec_fn": without}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit(res, a.out)
     return res
 
 

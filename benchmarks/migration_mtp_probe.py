@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from baton.loading import DEFAULT_MODEL_DIR, load_model  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
+from benchmarks.report import emit  # noqa: E402
 from decode_worker.service import serve_decode  # noqa: E402
 from prefill_worker.service import serve_prefill  # noqa: E402
 
@@ -104,10 +104,7 @@ def main(argv=None) -> dict:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "model": "embedded default model (trained tiny), fp32, CPU", "torch": torch.__version__,
            "block": BLOCK, "results": rows, "mean": mean}
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    emit(res, a.out)
     return res
 
 
