@@ -335,12 +335,13 @@ def decode_process(a, max_len: int, token: str) -> WorkerProcess:
 def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> dict:
     dev, eng, T = a.device, ps.engine, len(ids)
     req_engine = REQUEST_ENGINES[a.request_engine]
+    mtp = computes_mtp_kv(False, req_engine, True)   # whether split()'s FAST Prefill runs the MTP layer
     state_bytes = []   # what the hand-off ships
 
     def prefill_only() -> float:
         sync(dev)
         t0 = time.perf_counter()
-        s, _ = eng.prefill(ids, mtp=computes_mtp_kv(False, req_engine, True))   # as split()'s FAST Prefill
+        s, _ = eng.prefill(ids, mtp=mtp)
         sync(dev)
         dt = time.perf_counter() - t0
         try:
@@ -389,7 +390,7 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
     by_sender = {w: by_pair[f"{modes[0]}/{w}"] for w in senders}
     by_tail = {f"{x:g}": by_all[f"{modes[0]}/{senders[0]}/{x:g}"] for x in tails}
     spl = spls[0]
-    flops = prefill_flops(eng.runner.model, T, mtp=computes_mtp_kv(False, req_engine, True))   # as prefill_only()
+    flops = prefill_flops(eng.runner.model, T, mtp=mtp)
     return {
         "prompt_tokens": T,
         "prefill_s": round(prefill_s, 6),

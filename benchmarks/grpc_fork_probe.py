@@ -30,38 +30,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.report import emit, machine  # noqa: E402
 
 
-PHASE = ["start"]   # which spawns run now, for the parent's RPC error counts
+class BusyClient:
+    """A grpc.health.v1 server on loopback and two client threads calling Check until close(); their
+    failed calls are counted per `phase` (which spawns run meanwhile): errors[phase][status name]."""
 
+    def __init__(self):
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub, self.stop = health_pb2_grpc.HealthStub(self.channel), threading.Event()
+        self.phase, self.errors = "start", {}
+        self.threads = [threading.Thread(target=self._call, daemon=True) for _ in range(2)]
+        for t in self.threads:
+            t.start()
 
-def _busy_server():
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    stub, stop = health_pb2_grpc.HealthStub(channel), threading.Event()
-    errors: dict[str, int] = {}   # phase -> failed RPCs of this (the parent) process
-
-    def call():
-        while not stop.is_set():
+    def _call(self) -> None:
+        while not self.stop.is_set():
             try:
-                stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                self.stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
             except grpc.RpcError as e:   # e.g. UNAVAILABLE "Socket closed" while children fork
-                key = f"{PHASE[0]}: {e.code().name}"
-                errors[key] = errors.get(key, 0) + 1
+                by_code = self.errors.setdefault(self.phase, {})
+                by_code[e.code().name] = by_code.get(e.code().name, 0) + 1
 
-    threads = [threading.Thread(target=call, daemon=True) for _ in range(2)]
-    for t in threads:
-        t.start()
-
-    def close():
-        stop.set()
-        for t in threads:
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
             t.join()
-        channel.close()
-        server.stop(0)
-        return errors
-    return close
+        self.channel.close()
+        self.server.stop(0)
 
 
 def spawn(n: int, preexec) -> dict:
@@ -84,16 +82,16 @@ def main(argv=None) -> dict:
     if not sys.platform.startswith("linux"):
         raise SystemExit("grpc_fork_probe: Linux only (PR_SET_PDEATHSIG)")
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    close = _busy_server()
+    client = BusyClient()
     try:
-        PHASE[0] = "preexec_fn"
+        client.phase = "preexec_fn"
         with_pre = spawn(a.spawns, lambda: prctl(1, signal.SIGTERM))
-        PHASE[0] = "no_preexec_fn"
+        client.phase = "no_preexec_fn"
         without = spawn(a.spawns, None)
     finally:
-        errors = close()
-    with_pre["parent_rpc_errors"] = {k.split(": ")[1]: v for k, v in errors.items() if k.startswith("preexec_fn:")}
-    without["parent_rpc_errors"] = {k.split(": ")[1]: v for k, v in errors.items() if k.startswith("no_preexec_fn:")}
+        client.close()
+    with_pre["parent_rpc_errors"] = client.errors.get("preexec_fn", {})
+    without["parent_rpc_errors"] = client.errors.get("no_preexec_fn", {})
     res = {"benchmark": "grpc_fork_probe",
            "command": " ".join(["python", "benchmarks/grpc_fork_probe.py", *(sys.argv[1:] if argv is None else argv)]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -100,7 +100,8 @@ def main(argv=None) -> dict:
     mean = {k: round(sum(r[k] for r in rows) / len(rows), 3)
             for k in ("mean_accept_len_control", "mean_accept_len_migrated")}
     res = {"benchmark": "migration_mtp_probe",
-           "command": " ".join(["python", "benchmarks/migration_mtp_probe.py", *(sys.argv[1:] if argv is None else argv)]),
+           "command": " ".join(["python", "benchmarks/migration_mtp_probe.py",
+                                *(sys.argv[1:] if argv is None else argv)]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "model": "embedded default model (trained tiny), fp32, CPU", "torch": torch.__version__,
            "block": BLOCK, "results": rows, "mean": mean}
