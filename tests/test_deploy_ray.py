@@ -73,7 +73,8 @@ def _ray_script(address: str, body: str) -> str:
     """Runs `body` as a Ray driver in a subprocess (keeps Ray out of the pytest process)."""
     code = textwrap.dedent(f"""
         import json, os, time
-        os.environ["RAY_AUTH_MODE"] = "token"
+        from deploy.launch import use_ray_token_if_present
+        use_ray_token_if_present()  # token mode only when the head made a token (Ray >= 2.5x may not)
         import ray
         ray.init(address={address!r}, namespace={NAMESPACE!r}, logging_level="WARNING", log_to_driver=False)
     """) + textwrap.dedent(body)
