@@ -7,7 +7,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "make-tiny": ("baton.tiny", "write a tiny random Qwen3.5-architecture checkpoint"),
+    "make-tiny": ("baton.random_checkpoint", "write a tiny random Qwen3.5-architecture checkpoint"),
     "complete": ("baton.complete", "greedy completion in-process with the exact engine (the reference)"),
     "serve": ("deploy.local", "serve a model: router + prefill and decode workers (Ray or --processes)"),
     "generate": ("baton.client_cli", "stream a completion from a running router"),

@@ -10,7 +10,7 @@ import json
 import sys
 
 from baton.loading import load_model
-from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@
     BATON_LOG_LEVEL           default INFO
     BATON_LOG_JSON            1/true/yes/on = one JSON object per log line
     BATON_HANDOFF_SENDER      who streams a prefill worker's state hand-offs: "process" (default: a
-                              sender child process, baton/sender_process.py) | "thread" (in the
+                              sender child process, baton/handoff/sender/process.py) | "thread" (in the
                               prefill's own process, gRPC's and the wire's threads)
     BATON_HANDOFF_TAIL_CHUNK_BYTES  the state wire's tail segment (format 4): the last layers' bytes go in
                               chunks of this many bytes (at most the worker's chunk size); 0: none;

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "deploy"))
 
 import tiny_corpus  # noqa: E402
 from baton.loading import load_model, resolve_model_dir  # noqa: E402
-from baton.runner import ModelRunner  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.tokenizer import Tokenizer  # noqa: E402
 from decode_worker.engine import DecodeEngine  # noqa: E402
 from decode_worker.fp8 import quantize_model  # noqa: E402

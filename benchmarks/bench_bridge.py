@@ -19,7 +19,7 @@ handoff_tail_chunk_bytes setting cuts them; 0, the default: none):
                                    receiving thread (what one serial digest per side costs)
     ceiling_grpc_raw_frames        the same frames, pre-built; the server only counts bytes
     e2e_frames_receiver_in_process e2e_frames with the server in this process (--receiver process only)
-    e2e_frames_sender_process      e2e_frames sent by a hand-off sender child process (baton/sender_process.py,
+    e2e_frames_sender_process      e2e_frames sent by a hand-off sender child process (baton/handoff/sender/process.py,
                                    handoff_sender "process"): this process stages chunks into its shared ring,
                                    the child frames, hashes and streams them (--sender picks which of e2e_frames
                                    [thread] and this path run when --paths is not given; both by default)
@@ -57,11 +57,13 @@ from benchmarks.report import emit, machine as base_machine  # noqa: E402
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from baton import wire, wire_send  # noqa: E402
-from baton.sender_process import SenderProcess  # noqa: E402
-from baton.progress import tail_offset  # noqa: E402
+from baton.handoff import wire  # noqa: E402
+from baton.handoff import encode  # noqa: E402
+from baton.handoff.sender.process import SenderProcess  # noqa: E402
+from baton.handoff.progress import tail_offset  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, state_pb2  # noqa: E402
+from baton.handoff import decode
 
 MSG_LIMIT = 64 << 20
 OPTIONS = [("grpc.max_receive_message_length", MSG_LIMIT), ("grpc.max_send_message_length", MSG_LIMIT)]
@@ -117,7 +119,7 @@ class Importer:
             def on_tensor(name, t):
                 with torch.cuda.stream(stream):
                     self.device_buffers[name].copy_(t, non_blocking=True)
-        st = wire.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead,
+        st = decode.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead,
                                 workers=self.workers, on_tensor=on_tensor)
         if stream is not None:
             stream.synchronize()
@@ -155,7 +157,7 @@ def serve_forever(a) -> None:
     """--serve: the receiving server alone; prints "bridge: serving on ADDR", stops at EOF on stdin."""
     tensors = make_state(a.tokens, a.device)
     total = sum(t.tensor.numel() * t.tensor.element_size() for t in tensors)
-    layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
+    layout = decode.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
     dev_bufs = {t.name: torch.empty_like(t.tensor) for t in tensors} if a.device != "cpu" else None
     workers = wire.default_workers() if a.workers is None else a.workers
     server, port = serve(Importer(layout, total, dev_bufs, workers=workers), Importer(layout, total, dev_bufs, workers=0))
@@ -232,7 +234,7 @@ def main(argv=None) -> dict:
     tensors = make_state(a.tokens, a.device)
     specs = [wire.TensorDesc.of(t) for t in tensors]
     total = sum(s.nbytes for s in specs)
-    layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
+    layout = decode.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
     workers = wire.default_workers() if a.workers is None else a.workers
     tail = round(a.tail_chunk_mib * (1 << 20))
     if not 0 <= tail <= chunk:
@@ -240,8 +242,8 @@ def main(argv=None) -> dict:
     enc = dict(session_id="bench", fingerprint=FINGERPRINT, position=a.tokens, next_token=1,
                tensors=tensors, chunk_bytes=chunk, workers=workers, tail_chunk_bytes=tail,
                tail_from=tail_offset(specs, a.tail_layers) if tail else 0)
-    proto_msgs = list(wire.encode_state(**enc))
-    frames = list(wire.encode_state_frames(**enc))
+    proto_msgs = list(encode.encode_state(**enc))
+    frames = list(encode.encode_state_frames(**enc))
     assert frames[1] == proto_msgs[1].SerializeToString()  # hand framing == protobuf framing
 
     dev_bufs = None
@@ -267,7 +269,7 @@ def main(argv=None) -> dict:
     target = rx.address if rx else f"127.0.0.1:{port}"
 
     def sender_process():
-        p = wire_send.plan(**enc)
+        p = encode.plan(**enc)
         return sp.start_push(target, Settings(), p, method="/bench.Bridge/LoadFrames", deserialize=rep, timeout=600,
                              position=a.tokens).result()[0]
 
@@ -284,19 +286,19 @@ def main(argv=None) -> dict:
     loadavg_before = os.getloadavg()
     n = a.repeats
     paths = {
-        "encode_proto": (lambda: sum(1 for _ in wire.encode_state(**enc)), total),
-        "encode_frames": (lambda: sum(1 for _ in wire.encode_state_frames(**enc)), total),
+        "encode_proto": (lambda: sum(1 for _ in encode.encode_state(**enc)), total),
+        "encode_frames": (lambda: sum(1 for _ in encode.encode_state_frames(**enc)), total),
         "decode_proto": (lambda: imp(proto_msgs), total),
         "decode_frames": (lambda: imp(frames), total),
         "decode_frames_reused_buffers": (lambda: reuse(frames), total),
-        "e2e_proto": (lambda: check(load_proto(wire.pipelined(wire.encode_state(**enc)))), total),
-        "e2e_frames": (lambda: check(load_frames(wire.pipelined(wire.encode_state_frames(**enc)))), total),
-        "e2e_frames_not_pipelined": (lambda: check(load_frames_inline(wire.encode_state_frames(**enc))), total),
+        "e2e_proto": (lambda: check(load_proto(wire.pipelined(encode.encode_state(**enc)))), total),
+        "e2e_frames": (lambda: check(load_frames(wire.pipelined(encode.encode_state_frames(**enc)))), total),
+        "e2e_frames_not_pipelined": (lambda: check(load_frames_inline(encode.encode_state_frames(**enc))), total),
         "e2e_frames_inline_hashing": (lambda: check(load_frames_inline_hashing(
-            wire.pipelined(wire.encode_state_frames(**(enc | {"workers": 0}))))), total),
+            wire.pipelined(encode.encode_state_frames(**(enc | {"workers": 0}))))), total),
         "ceiling_grpc_raw_frames": (lambda: count(iter(frames)), sum(map(len, frames))),
         **({"e2e_frames_receiver_in_process": (lambda: check(load_frames_local(
-            wire.pipelined(wire.encode_state_frames(**enc)))), total)} if rx else {}),
+            wire.pipelined(encode.encode_state_frames(**enc)))), total)} if rx else {}),
         "e2e_frames_sender_process": (lambda: check(sender_process()), total),
         "ceiling_sha256_one_core": (lambda: hashlib.sha256(blob).digest(), len(blob)),
         "ceiling_sha256_pool": (sha256_pool, len(blob)),
@@ -319,7 +321,7 @@ def main(argv=None) -> dict:
         assert torch.equal(t.view(torch.uint8), src[name].cpu().view(torch.uint8)), name
         if dev_bufs is not None:
             assert torch.equal(dev_bufs[name].view(torch.uint8), src[name].view(torch.uint8)), name
-    report = check(load_frames(wire.pipelined(wire.encode_state_frames(**enc))))
+    report = check(load_frames(wire.pipelined(encode.encode_state_frames(**enc))))
     sp.close()
     channel.close()
     local.close()

@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.report import emit  # noqa: E402
 
 from baton.loading import random_model  # noqa: E402
-from baton.runner import ModelRunner  # noqa: E402
-from benchmarks.shapes import shape  # noqa: E402
-from decode_worker import graph  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.random_init import shape  # noqa: E402
+from baton.engine import graph  # noqa: E402
 from decode_worker.engine import DecodeEngine  # noqa: E402
 from prefill_worker.engine import ExactEngine  # noqa: E402
 

@@ -344,7 +344,7 @@ def model_config(a):
     from baton.config import ModelConfig
 
     if a.random_init:
-        from benchmarks.shapes import config_of
+        from baton.random_init import config_of
         return config_of(a.random_init)
     from baton.loading import resolve_model_dir
     return ModelConfig.from_hf(resolve_model_dir(a.model))

@@ -13,7 +13,7 @@ alternate, so drift on a busy host hits both alike):
                         for this process's GIL; in-process: it serves from this process (one copy of
                         the weights); "process,in-process" measures both, interleaved. The state
                         streams (wire format 4) to the decode worker's LoadState while prefill computes:
-                        each layer goes out once its CUDA event completes (baton/progress.py); LoadState
+                        each layer goes out once its CUDA event completes (baton/handoff/progress.py); LoadState
                         verifies every chunk, places each tensor into a reserved slot and activates it
                         only after the manifest verified. Timed on the client until the answer is back
                         and the device is idle: the decode worker holds the state and its first Decode
@@ -25,9 +25,9 @@ alternate, so drift on a busy host hits both alike):
     split_overhead_pct  100 * (split_s / prefill_s - 1)
     tail_ms             where the split's time after the prefill goes: the hand-off's timeline (each split's
                         PrefillRequest asks for it; --no-timeline: not asked, no tail_* fields), each mark of
-                        baton/timeline.py as ms after prefill.compute_end (the prefill has the first token:
+                        baton/handoff/timeline.py as ms after prefill.compute_end (the prefill has the first token:
                         logits on the host, its last stage marked final), the median over --runs, ordered by
-                        it; negative = before. Marks (process.mark; baton/timeline.py says exactly where each
+                        it; negative = before. Marks (process.mark; baton/handoff/timeline.py says exactly where each
                         is stamped): prefill.rpc_start / last_layer_enqueued / compute_end; the last data
                         chunk staged into the sender's ring (prefill.last_chunk_ready, _slot, _staged) and
                         END posted (prefill.end_posted); in the sender child: that chunk read, submitted to
@@ -52,7 +52,7 @@ alternate, so drift on a busy host hits both alike):
     tail_backlog        data chunks not yet past each stage when the prefill ended, median over runs:
                         prefill.staged (into the ring), sender.handed (to gRPC), decode.received (out of
                         gRPC at the decode worker); of data_chunks
-    tail_ordered        every run's marks keep the orders causality imposes (baton.timeline.CHAINS); a
+    tail_ordered        every run's marks keep the orders causality imposes (baton.handoff.timeline.CHAINS); a
                         breakdown per combination is printed to stderr (median ms, step from the mark above)
     mfu                 flops / prefill_s / matmul rate measured in the same run (a large matmul in the
                         model's dtype: BF16 on CUDA); flops = 2 * matmul params * T (every weight matrix
@@ -69,7 +69,7 @@ alternate, so drift on a busy host hits both alike):
     python benchmarks/bench_ttft.py ... --no-timeline                            # A/B: the timeline's own cost
 
 --sender: who streams the state in the prefill worker (settings.handoff_sender): "process", a sender child
-process (baton/sender_process.py; the prefill's process only stages chunks into shared memory), or
+process (baton/handoff/sender/process.py; the prefill's process only stages chunks into shared memory), or
 "thread", gRPC's and the wire's threads in the prefill's own process; a list is measured interleaved.
 --tail-chunk-mib: the wire's tail segment (settings.handoff_tail_chunk_bytes; 0 = none): the last --tail-layers
 layers' state (and what follows: hidden, MTP KV) in chunks of this size, the rest in --chunk-mib chunks; a list
@@ -105,11 +105,11 @@ from baton.config import ModelConfig  # noqa: E402
 from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
-from baton import timeline  # noqa: E402
-from baton.handoff import computes_mtp_kv, needs_mtp_kv, shipped  # noqa: E402
+from baton.handoff import timeline  # noqa: E402
+from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped  # noqa: E402
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
-from baton.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
-from benchmarks.shapes import shape  # noqa: E402
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
+from baton.random_init import shape  # noqa: E402
 from decode_worker.service import serve_decode  # noqa: E402
 from deploy.processes import WorkerProcess, WorkerSpec  # noqa: E402
 from prefill_worker.service import serve_prefill  # noqa: E402
@@ -194,7 +194,7 @@ def interleaved(fns, warmup: int, runs: int) -> list[list]:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--random-init", default=None, help="shape name (benchmarks/shapes.py) or a dir with config.json")
+    src.add_argument("--random-init", default=None, help="shape name (baton/random_init.py) or a dir with config.json")
     src.add_argument("--model", default=None, help="checkpoint directory (default: the embedded default model)")
     ap.add_argument("--no-mtp", action="store_true", help="build/load the model without its MTP head")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -437,7 +437,7 @@ def tail_summary(bridges: list) -> dict:
     prefill.compute_end over the runs, marks present in every run, ordered by it), tail_ms_runs (each run's),
     tail_backlog (per chunk series: median data chunks not yet past that stage at prefill.compute_end),
     tail_clock_shared (every process read one clock; if not, tail_ms has the marks on the prefill's only),
-    tail_ordered (no run breaks an order causality imposes: baton.timeline.violations)."""
+    tail_ordered (no run breaks an order causality imposes: baton.handoff.timeline.violations)."""
     tls = [b.timeline for b in bridges if b.HasField("timeline")]
     if not tls or len(tls) != len(bridges):
         return {}
@@ -466,7 +466,7 @@ def print_tail(T: int, key: str, summary: dict) -> None:
     lines = [f"tail T={T} {key}: ms after prefill.compute_end (median of {runs}; split_s "
              f"{summary['split_s'] * 1e3:.1f} ms, server_prefill_s {summary['server_prefill_s'] * 1e3:.1f} ms"
              f"{'' if summary['tail_clock_shared'] else '; clocks NOT shared: prefill-side marks only'}"
-             f"{'' if summary['tail_ordered'] else '; CAUSALITY VIOLATED in a run: see baton.timeline.violations'})"]
+             f"{'' if summary['tail_ordered'] else '; CAUSALITY VIOLATED in a run: see baton.handoff.timeline.violations'})"]
     prev = None
     for k, v in tail.items():
         rs = summary["tail_ms_runs"][k]

@@ -126,6 +126,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from baton.worker_config import exit_process
+    from baton.worker.process import exit_process
 
     exit_process(main(sys.argv[1:]))

@@ -7,15 +7,15 @@ sys.getswitchinterval(), forces a hand-over). The probe stands for the prefill w
 which launches thousands of kernels from Python per prefill and so needs the GIL all the time.
 Scenarios (the bench_bridge state, --tokens of KV; --streams hand-offs each, back to back):
     idle      the probe alone (its step time and rate: the reference)
-    send      this process encodes frames (wire.encode_state_frames, tensors pulled lazily as a running
+    send      this process encodes frames (encode.encode_state_frames, tensors pulled lazily as a running
               prefill gives them: the producer-thread path) and streams them over loopback gRPC to a
               receiver in a child process (`bench_bridge.py --serve`): the prefill worker's process
               with handoff_sender "thread"
-    send_process   the same state and receiver, sent by a sender child process (baton/sender_process.py):
+    send_process   the same state and receiver, sent by a sender child process (baton/handoff/sender/process.py):
               this process only stages chunks into its shared ring (handoff_sender "process")
               (--sender picks which of the two send scenarios run: thread -> send, process -> send_process)
     receive   a child process sends; this process's gRPC server verifies and places the chunks
-              (wire.decode_stream, 2 ahead, chunks verified in the pool): the decode worker's process
+              (decode.decode_stream, 2 ahead, chunks verified in the pool): the decode worker's process
     both      sender and receiver in this process (bench_ttft --decode-worker in-process)
 Per scenario, over stalls (gaps >= 0.1 ms): their count, p50 / p99 / max (ms), the share of wall time
 spent stalled and the part of it the thread waited runnable for a CPU (os_wait_share, from Linux
@@ -42,10 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from baton import wire, wire_send  # noqa: E402
-from baton.sender_process import SenderProcess  # noqa: E402
+from baton.handoff import wire  # noqa: E402
+from baton.handoff import encode  # noqa: E402
+from baton.handoff.sender.process import SenderProcess  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2  # noqa: E402
+from baton.handoff import decode
 from benchmarks import bench_bridge  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 
@@ -107,14 +109,14 @@ def summary(p: Probe, idle_rate: float | None) -> dict:
 
 def lazy_frames(tensors, chunk: int, workers: int | None, tokens: int):
     """The prefill worker's path: table up front, tensors pulled as they become final (producer thread)."""
-    return wire.encode_state_frames(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens,
+    return encode.encode_state_frames(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens,
                                     next_token=1, specs=[wire.TensorDesc.of(t) for t in tensors],
                                     tensor_source=(t.tensor for t in tensors), chunk_bytes=chunk, workers=workers)
 
 
-def lazy_plan(tensors, chunk: int, workers: int | None, tokens: int) -> wire_send.Plan:
+def lazy_plan(tensors, chunk: int, workers: int | None, tokens: int) -> encode.Plan:
     """lazy_frames' stream as a plan for the sender process."""
-    return wire_send.plan(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens, next_token=1,
+    return encode.plan(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens, next_token=1,
                           specs=[wire.TensorDesc.of(t) for t in tensors], tensor_source=(t.tensor for t in tensors),
                           chunk_bytes=chunk, workers=workers)
 
@@ -172,7 +174,7 @@ def main(argv=None) -> dict:
     chunk = int(a.chunk_mib * (1 << 20))
     tensors = bench_bridge.make_state(a.tokens, a.device)
     total = sum(t.tensor.numel() * t.tensor.element_size() for t in tensors)
-    layout = wire.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
+    layout = decode.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
     dev_bufs = {t.name: torch.empty_like(t.tensor) for t in tensors} if a.device != "cpu" else None
     imp = bench_bridge.Importer(layout, total, dev_bufs, workers=a.workers)
     server, port = bench_bridge.serve(imp, imp)

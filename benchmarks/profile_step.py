@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.report import emit  # noqa: E402
 
 from baton.loading import random_model  # noqa: E402
-from baton.runner import ModelRunner  # noqa: E402
-from benchmarks.shapes import shape  # noqa: E402
-from decode_worker import graph  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.random_init import shape  # noqa: E402
+from baton.engine import graph  # noqa: E402
 
 GROUPS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "sm80", "skinny", "splitk", "xmma", "cublas")),
           ("gdn", ("gdn_rows", "conv_rows")), ("norm", ("rmsnorm", "norm")), ("mlp_act", ("silu",)),

@@ -1,5 +1,5 @@
 """Tile-config sweep of the skinny rows GEMM (baton/kernels/gemv.py) for the merged projection shapes of
-the fused rows path (baton/models/fast_rows.py), FP8 (W8A8) and BF16 weights, next to cuBLAS BF16.
+the fused rows path (baton/engine/fast_rows.py), FP8 (W8A8) and BF16 weights, next to cuBLAS BF16.
 (gemv-sweep-h200-2026-11-30-w8a8.json also has the W8A16 kernel this one replaced: "old_w8a16_us".) x is [16, K] with `--rows` valid rows (1 = an AR step). Prints one JSON object.
 
     python benchmarks/sweep_gemv.py --out benchmarks/results/gemv-sweep-h200-DATE.json

@@ -13,8 +13,9 @@ import logging
 import sys
 
 from baton.lifeline import die_with_parent
-from baton.worker_config import (add_common_arguments, model_from_args, options_from_args, run_until_signal,
-                                 settings_for, setup_logging)
+from baton.worker.command_line import add_common_arguments, model_from_args, options_from_args, setup_logging
+from baton.worker.process import run_until_signal
+from baton.worker.options import settings_for
 
 log = logging.getLogger("baton.decode")
 ENGINES = ("bf16", "fp8", "mtp")
@@ -69,6 +70,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from baton.worker_config import exit_process
+    from baton.worker.process import exit_process
 
     exit_process(main())

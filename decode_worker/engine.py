@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baton.runner import ModelRunner
-from baton.sessions import SessionLimit, SessionNotFound, SlotTable  # noqa: F401 (re-exported)
-from decode_worker.fill import SlotFill
+from baton.engine.runner import ModelRunner
+from baton.engine.slots import SessionLimit, SlotTable
+from baton.handoff.slot_fill import SlotFill
 
 ENGINES = ("bf16", "fp8", "mtp")
 
@@ -97,7 +97,7 @@ class DecodeEngine:
         return self._table.reap_expired()
 
     def reserve(self, engine: str | None, session_id: str | None, position: int) -> SlotFill:
-        """A slot for a state being received (decode_worker/fill.py); invisible until its commit()."""
+        """A slot for a state being received (baton/handoff/slot_fill.py); invisible until its commit()."""
         e = engine or self.default_engine
         fill = SlotFill(self, e, self.runner_for(e), session_id, position)
         try:

@@ -2,12 +2,12 @@
 
 Lifecycle of a request:
     LoadState(stream StateChunk)   header peeked -> engine (ENGINE_UNSPECIFIED = the worker default)
-        -> DecodeEngine.reserve: a slot, not live (decode_worker/fill.py)
+        -> DecodeEngine.reserve: a slot, not live (baton/handoff/slot_fill.py)
         -> handoff.receive_state against that engine's HybridState layout (digest, fingerprint, table);
            each tensor is copied into the reserved slot (H2D) as soon as its chunks verified
         -> SlotFill.commit once the whole stream verified: only then is the session live
         -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot; with call
-           metadata `baton-timeline: 1`: its timeline, the decode.* marks of baton/timeline.py, for which
+           metadata `baton-timeline: 1`: its timeline, the decode.* marks of baton/handoff/timeline.py, for which
            LoadState waits for the slot's device copies before it answers)
     Decode(session, max_new_tokens, stop ids, ignore_eos)   fast mode, server stream:
         one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
@@ -39,16 +39,19 @@ from pathlib import Path
 import grpc
 import torch
 
-from baton.handoff import engine_name, layout_of, peek_header, receive_state
+from baton.names import engine_name
+from baton.handoff.receive import layout_of, peek_header, receive_state
 from baton.rpc import StatusError, build_server
 from baton.loading import LoadedModel, load_model
-from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
 from baton.settings import Settings
-from baton import timeline
+from baton.handoff import timeline
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
-from baton.worker_config import (DEFAULT_SLOTS, DEFAULT_TTL_S, ServicerBase, WorkerHandle, default_dtype,
-                                 window_field)
-from decode_worker.engine import ENGINES, DecodeEngine, SessionLimit, SessionNotFound
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.servicer import ServicerBase, window_field
+from baton.worker.process import WorkerHandle
+from baton.engine.slots import SessionLimit, SessionNotFound
+from decode_worker.engine import ENGINES, DecodeEngine
 
 log = logging.getLogger("baton.decode")
 SERVICE = "baton.v1.DecodeWorker"
@@ -324,9 +327,9 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
 
 def _capture(runners: dict[str, ModelRunner]) -> None:
     try:
-        from decode_worker import graph
+        from baton.engine import graph
     except ImportError:
-        log.warning("decode: decode_worker.graph not available; running eagerly (no CUDA graphs)")
+        log.warning("decode: baton.engine.graph not available; running eagerly (no CUDA graphs)")
         return
     for r in {id(r): r for r in runners.values()}.values():
         t0 = time.perf_counter()

@@ -11,8 +11,9 @@ Lifecycle:
 """
 from __future__ import annotations
 
-from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
-from baton.worker_config import DEFAULT_SLOTS, DEFAULT_TTL_S, WorkerActor, default_dtype, make_remote
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.actor import WorkerActor, make_remote
 
 
 class PrefillActor(WorkerActor):

@@ -20,9 +20,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from baton.progress import PrefillProgress
-from baton.runner import ModelRunner
-from baton.sessions import SessionLimit, SessionNotFound, SlotTable  # noqa: F401 (re-exported)
+from baton.handoff.progress import PrefillProgress
+from baton.engine.runner import ModelRunner
+from baton.engine.slots import SlotTable
 
 
 @dataclass

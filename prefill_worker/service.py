@@ -6,14 +6,14 @@ Lifecycle of a request:
         -> ExactEngine.open_prefill: a fresh session (EXACT: the caller's id, required; FAST: any)
         -> with decode_target: start_push to its LoadState first (header: everything known before the
            compute; settings.handoff_sender "process": streamed by the worker's sender child process,
-           baton/sender_process.py, this process only stages the bytes; settings.handoff_tail_chunk_bytes:
+           baton/handoff/sender/process.py, this process only stages the bytes; settings.handoff_tail_chunk_bytes:
            the last handoff_tail_layers layers' bytes in smaller chunks, wire format 4), then
            ExactEngine.run_prefill, whose layer hook marks each layer's state final so the sender streams
            it while later layers compute; the first token goes in the trailer. The decode worker
            activates nothing before the whole stream verified. Under this RPC's deadline
         -> prefill_seconds: until the first token is known; bridge.seconds: stream start -> LoadState
            answered (it overlaps prefill_seconds); with `timeline` (and a decode_target): bridge.timeline,
-           the hand-off's marks in this process, its sender child and the decode worker (baton/timeline.py)
+           the hand-off's marks in this process, its sender child and the decode worker (baton/handoff/timeline.py)
         -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
            including a cancelled or timed-out call)
         -> first_token (the greedy token after the prompt = the decode state's pending next_token),
@@ -39,18 +39,21 @@ from pathlib import Path
 
 import grpc
 
-from baton.handoff import (ChannelPool, HandoffError, computes_mtp_kv, engine_name, needs_mtp_kv, shipped,
-                           start_push)
+from baton.handoff.push import ChannelPool, HandoffError, start_push
+from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped
+from baton.names import engine_name
 from baton.loading import LoadedModel, load_model
 from baton.rpc import StatusError, build_server
-from baton.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
-from baton.sender_process import SenderProcess
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
+from baton.handoff.sender.process import SenderProcess
 from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
-from baton.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
-from baton.worker_config import (DEFAULT_SLOTS, DEFAULT_TTL_S, ServicerBase, WorkerHandle, default_dtype,
-                                 window_field)
-from prefill_worker.engine import ExactEngine, SessionLimit, SessionNotFound
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.servicer import ServicerBase, window_field
+from baton.worker.process import WorkerHandle
+from baton.engine.slots import SessionLimit, SessionNotFound
+from prefill_worker.engine import ExactEngine
 
 log = logging.getLogger("baton.prefill")
 SERVICE = "baton.v1.PrefillWorker"
@@ -125,8 +128,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     def _start_push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str,
                     position: int | None = None, progress=None, timeline: bool = False, mtp_kv: bool = True):
         """Starts streaming the session `sid` to `target` (with `progress`: while its prefill runs);
-        -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/timeline.py's marks.
-        mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff.py)."""
+        -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/handoff/timeline.py's marks.
+        mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff/)."""
         tensors, pos, nxt = self.engine.export(sid, position)
         tensors = shipped(tensors, mtp_kv)
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
@@ -289,7 +292,7 @@ def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = 
         lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True)
     if str(device).startswith("cuda"):   # AR steps, verify blocks (n=K+1) and re-advances (n=m+1)
-        from decode_worker.graph import capture_all
+        from baton.engine.graph import capture_all
         st = capture_all(runner, ns={"rows": range(1, width + 1)})
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
     engine = ExactEngine(runner, ttl_s=ttl_s)

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from helpers import make_tiny_dir  # noqa: E402
 
 from baton.loading import load_model  # noqa: E402
-from baton.runner import ModelRunner  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
 
 
 def main() -> None:

@@ -20,12 +20,12 @@ def _cache_root() -> Path:
 
 
 def make_tiny_dir(tmp_path: Path, **kw) -> Path:
-    """A fresh copy (safe to modify) of `baton.tiny.make_tiny(**kw)` under `tmp_path`.
+    """A fresh copy (safe to modify) of `baton.random_checkpoint.make_tiny(**kw)` under `tmp_path`.
 
     Each distinct set of arguments is generated once per test process and copied afterwards, so
     many tests can use the same tiny checkpoint cheaply.
     """
-    from baton.tiny import make_tiny
+    from baton.random_checkpoint import make_tiny
 
     key = tuple(sorted(kw.items()))
     if key not in _CACHE:

@@ -103,7 +103,7 @@ def test_controlled_engine_in_process(tmp_path):
 
 def _controlled_round_trips(tmp_path):
     from baton.loading import load_model
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
     from benchmarks.controlled_decode_worker import Control, ControlledDraftEngine
     from prefill_worker.engine import ExactEngine
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from baton import timeline
+from baton.handoff import timeline
 from baton.loading import DEFAULT_MODEL_DIR, load_model
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 from benchmarks import bench_ttft
 
 
@@ -27,9 +27,9 @@ def state_bytes(T: int, max_len: int, mtp_kv: bool = False) -> int:
 
 def chunk_count(nbytes: int, workers: dict, T: int) -> int:
     """Data chunks of a bf16 request's hand-off (wire_send.chunk_plan over the shipped tensors)."""
-    from baton.progress import tail_offset
-    from baton.wire import TensorDesc
-    from baton.wire_send import chunk_plan
+    from baton.handoff.progress import tail_offset
+    from baton.handoff.wire import TensorDesc
+    from baton.handoff.encode import chunk_plan
 
     lm = load_model(DEFAULT_MODEL_DIR, dtype="fp32", mtp=None)
     r = ModelRunner(lm.model, slots=1, max_len=workers["max_len"], width=bench_ttft.WIDTH)
@@ -82,7 +82,7 @@ def test_bench_ttft_cpu_smoke(tmp_path):
 
 def assert_tail(m: dict, process_sender: bool) -> None:
     """A summary's hand-off timeline: every mark of its sender (+ the client's), finite, one clock, medians
-    ordered, each run in the order causality imposes (baton.timeline.CHAINS), backlogs within the chunks."""
+    ordered, each run in the order causality imposes (baton.handoff.timeline.CHAINS), backlogs within the chunks."""
     want = set(timeline.MARKS) - (set() if process_sender else timeline.PROCESS_SENDER_ONLY) | {"client.reply"}
     tail, runs = m["tail_ms"], m["tail_ms_runs"]
     assert set(tail) == set(runs) == want, set(tail) ^ want
@@ -118,9 +118,9 @@ def test_bench_ttft_no_timeline(tmp_path):
 def test_bench_ttft_tail_chunk_sizes_side_by_side(tmp_path):
     """--tail-chunk-mib 0,1/64: without and with a 16 KiB tail segment (64 KiB chunks before it), measured
     interleaved; each summary has its data_chunks, the tail's as wire_send.chunk_plan says."""
-    from baton.progress import tail_offset
-    from baton.wire import TensorDesc
-    from baton.wire_send import chunk_plan
+    from baton.handoff.progress import tail_offset
+    from baton.handoff.wire import TensorDesc
+    from baton.handoff.encode import chunk_plan
 
     res = bench_ttft.main(["--device", "cpu", "--prompts", "40", "--runs", "1", "--warmup", "0", "--matmul-n", "64",
                            "--decode-worker", "in-process", "--sender", "thread", "--chunk-mib", "0.0625",

@@ -9,7 +9,7 @@ import torch
 from helpers import make_tiny_dir
 
 from baton.loading import load_model
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 from decode_worker.engine import DecodeEngine
 from prefill_worker.engine import ExactEngine
 

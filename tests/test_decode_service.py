@@ -7,7 +7,7 @@ import grpc
 import pytest
 from helpers import make_tiny_dir
 
-from baton import handoff
+pass
 from baton.complete import complete
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
@@ -15,6 +15,7 @@ from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
 from decode_worker.service import SERVICE, DecodeServicer, add_to_server, serve_decode
 from prefill_worker.service import serve_prefill
+from baton.handoff import push
 
 MAX_LEN, W, T = 256, 16, 30
 EXACT, BF16, MTP = common_pb2.EXACT, common_pb2.BF16, common_pb2.MTP
@@ -206,7 +207,7 @@ def _stream(w, sid, **over):
         tensors, pos, nxt = eng.export(s.id)
         kw = dict(session_id=sid, fingerprint=w["ps"].fingerprint, position=pos, next_token=nxt, chunk_bytes=4096)
         kw.update(over)
-        return list(handoff.stream_state([t for t in tensors], **kw))
+        return list(push.stream_state([t for t in tensors], **kw))
     finally:
         eng.release(s.id)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from baton.loading import DEFAULT_MODEL_DIR, load_model
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 from baton.tokenizer import Tokenizer
 from decode_worker.engine import DecodeEngine
 from decode_worker.fp8 import quantize_model

@@ -16,7 +16,6 @@ import tempfile
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 

@@ -261,8 +261,8 @@ def test_serve_processes_generate_and_sigterm(tmp_path):
     srv, tree, took = serve_generate_stop(tmp_path, "--processes", "--ask", PROMPT, "--ask-tokens", "12",
                                           start_timeout=180, kill_decode=True)
     assert len(srv.worker_ports()) == 2, srv.log()
-    # the prefill worker's hand-off sender process (baton/sender_process.py) is part of its tree
-    assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == ["baton.sender_child", "decode_worker",
+    # the prefill worker's hand-off sender process (baton/handoff/sender/process.py) is part of its tree
+    assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == ["baton.handoff.sender.child", "decode_worker",
                                                                              "prefill_worker"]
     assert not any("ray" in line.lower() for line in srv.stderr if line.startswith("baton:")), srv.log()
     print(f"processes mode: exit {took:.1f} s after SIGTERM, {len(tree)} processes")

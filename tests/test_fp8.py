@@ -11,7 +11,7 @@ from torch import nn
 
 from baton.config import ModelConfig
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 from decode_worker.fp8 import FP8_DTYPE, FP8Linear, quantize_model, quantize_rows, w8a8_reference
 
 
@@ -227,7 +227,7 @@ def test_gpu_quantized_model_matches_fallback():
 def test_gpu_w8a8_handoff_is_bitwise_the_plain_fused_step():
     """FastRows.w8a8 (split-K partials summed by the norm, x quantised by the norm) changes no bit of the
     FP8 rows step: logits of an AR row and of a 3-row block equal the plain fused sequence's."""
-    from baton.models.fast_rows import FastRows
+    from baton.engine.fast_rows import FastRows
     model = small_model(dtype=torch.bfloat16).cuda()
     quantize_model(model, "full")
     fr = FastRows.for_model(model, 64)

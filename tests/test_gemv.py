@@ -66,7 +66,7 @@ for M, rows, I, K, split in [(16, 3, 96, 256, 1), (16, 16, 50, 512, 2)]:
         two = R.silu_mul(torch.cat([full[:, 0::2], full[:, 1::2]], 1))
         glu.append(dict(kind=kind, split=cfg.split, shape=list(fused.shape), equal=torch.equal(fused, two),
                         dead_zero=bool((fused[rows:] == 0).all()), live=bool(fused[:rows].abs().sum() > 0)))
-# the w8a8 hand-off (baton/models/fast_rows.py): GEMM partials -> add_rmsnorm(quant) -> GEMM on QuantX is
+# the w8a8 hand-off (baton/engine/fast_rows.py): GEMM partials -> add_rmsnorm(quant) -> GEMM on QuantX is
 # bitwise GEMM -> add_rmsnorm -> GEMM, for splits 1, 2, 4, dead rows, K not a multiple of 128, and glu
 hand = []
 for W, n, H, K, split in [(16, 1, 256, 512, 4), (16, 5, 384, 256, 2), (8, 8, 256, 128, 1), (16, 3, 200, 96, 2)]:

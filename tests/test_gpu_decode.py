@@ -17,9 +17,9 @@ PROMPT, NEW = int(os.environ.get("BATON_GPU_PROMPT", "512")), int(os.environ.get
 @cuda
 @pytest.mark.parametrize("fast", [True, False], ids=["fused", "eager"])
 def test_row_invariance_bf16_every_k(fast):
-    from benchmarks.shapes import shape
+    from baton.random_init import shape
     from baton.loading import random_model
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
 
     lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
     r = ModelRunner(lm.model, max_len=512, width=16, fast=fast)
@@ -41,10 +41,10 @@ def test_row_invariance_bf16_every_k(fast):
 def test_row_checkpoints_rewind_equals_recompute_under_graphs():
     """Fused kernels + CUDA graphs: a K+1-row block cut to m+1 rows by the per-row checkpoints leaves
     bitwise the state of running the m+1 rows alone, for every m."""
-    from benchmarks.shapes import shape
+    from baton.random_init import shape
     from baton.loading import random_model
-    from baton.runner import ModelRunner
-    from decode_worker import graph
+    from baton.engine.runner import ModelRunner
+    from baton.engine import graph
 
     lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
     ck = ModelRunner(lm.model, max_len=512, width=16, checkpoints=True)
@@ -70,15 +70,15 @@ def test_row_checkpoints_rewind_equals_recompute_under_graphs():
 
 @pytest.fixture(scope="module")
 def big():
-    from benchmarks.shapes import shape
+    from baton.random_init import shape
     from baton.loading import random_model
     return random_model(shape(SHAPE), dtype="bf16", device="cuda", seed=0, mtp=True)
 
 
 def _decode_engine(lm, engine, graphs=True):
-    from decode_worker import graph
+    from baton.engine import graph
     from decode_worker.engine import DecodeEngine
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
     r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16, checkpoints=True)   # as served
     if graphs:
         graph.capture_all(r, max_draft=4)
@@ -86,7 +86,7 @@ def _decode_engine(lm, engine, graphs=True):
 
 
 def _exact(lm):
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
     return ExactEngine(ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16))
 
@@ -127,7 +127,7 @@ def test_fused_rows_match_eager_rows_on_the_trained_default_model():
     """The fused CUDA rows kernels compute the same function as the eager reference: teacher-forced
     logits close, greedy tokens equal, and the GDN / conv / KV state close after 64 steps."""
     from baton.loading import load_model
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
     from baton.tokenizer import Tokenizer
 
     lm = load_model(None, dtype="bf16", device="cuda", mtp=False)
@@ -158,10 +158,10 @@ def test_pipelined_ar_under_graphs_equals_plain_ar_and_undoes_past_a_stop():
     """ModelRunner(pipeline=True) on CUDA: ar0 / ar1 graphs (fused kernels reading one GDN buffer set and
     writing the other), the next step launched before the token is read. Tokens equal the plain graph
     loop; after a stop the session state is bitwise the plain loop's, and decoding continues equal."""
-    from benchmarks.shapes import shape
+    from baton.random_init import shape
     from baton.loading import random_model
-    from baton.runner import ModelRunner
-    from decode_worker import graph
+    from baton.engine.runner import ModelRunner
+    from baton.engine import graph
     from decode_worker.engine import DecodeEngine
     from prefill_worker.engine import ExactEngine
 

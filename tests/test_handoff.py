@@ -10,16 +10,19 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton import handoff, timeline, wire
+from baton.handoff import timeline
+from baton.handoff import wire
 from baton.complete import complete
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
-from baton.wire import StateCorrupt, StateInvalid
+from baton.handoff.wire import StateCorrupt, StateInvalid
 from decode_worker.service import SERVICE as DECODE, DecodeServicer, add_to_server, serve_decode
 from prefill_worker.service import serve_prefill
+from baton.handoff import receive
+from baton.handoff import push
 
 MAX_LEN, W, T = 256, 16, 30
 FAST, EXACT = common_pb2.FAST, common_pb2.EXACT
@@ -137,7 +140,7 @@ def test_small_chunks_and_export_state_migration(workers, lm):
         assert (e.position, e.next_token) == (len(prompt) + len(out) - 1, out[-1])
         assert e.bridge.tokens == e.position
     finally:
-        ps.chunk_bytes = handoff.DEFAULT_CHUNK_BYTES
+        ps.chunk_bytes = wire.DEFAULT_CHUNK_BYTES
     assert out + _decode(D, "mig2", 30 - len(out)) == ref
     assert D.Release(common_pb2.ReleaseRequest(session_id="mig"), timeout=T).released
     assert P.Release(common_pb2.ReleaseRequest(session_id="mig"), timeout=T).released
@@ -219,12 +222,12 @@ def test_receive_state_mtp_entries_are_optional_both_ways(lm):
     kw = dict(session_id="m", fingerprint="fp", position=4, next_token=9)
     no_mtp = ModelRunner(load_model(lm.model_dir, dtype="fp32", mtp=False).model, slots=1, max_len=64, width=W)
     # sender with MTP -> receiver without: accepted, the MTP rows dropped
-    got = handoff.receive_state(handoff.stream_state(sent, **kw, frames=True), **handoff.layout_of(no_mtp.state),
+    got = receive.receive_state(push.stream_state(sent, **kw, frames=True), **receive.layout_of(no_mtp.state),
                                 fingerprint="fp")
     assert set(got.tensors) == set(no_mtp.state.layout()) and "mtp.key" not in got.tensors
     # sender without MTP -> receiver with: accepted, MTP rows zero
     bare = [t for t in sent if not t.name.startswith("mtp.")]
-    got = handoff.receive_state(handoff.stream_state(bare, **kw), **handoff.layout_of(with_mtp.state),
+    got = receive.receive_state(push.stream_state(bare, **kw), **receive.layout_of(with_mtp.state),
                                 fingerprint="fp")
     assert set(got.tensors) == set(with_mtp.state.layout())
     assert got.tensors["mtp.key"].shape == (lm.cfg.num_key_value_heads, 4, lm.cfg.head_dim)
@@ -232,10 +235,10 @@ def test_receive_state_mtp_entries_are_optional_both_ways(lm):
     assert all(torch.equal(got.tensors[t.name], t.tensor) for t in bare)
     # only one of the pair: the receiver with MTP refuses it
     with pytest.raises(StateInvalid, match="mtp.value"):
-        handoff.receive_state(handoff.stream_state([t for t in sent if t.name != "mtp.value"], **kw),
-                              **handoff.layout_of(with_mtp.state), fingerprint="fp")
+        receive.receive_state(push.stream_state([t for t in sent if t.name != "mtp.value"], **kw),
+                              **receive.layout_of(with_mtp.state), fingerprint="fp")
     with pytest.raises(StateCorrupt):
-        handoff.receive_state([], **handoff.layout_of(with_mtp.state), fingerprint="fp")
+        receive.receive_state([], **receive.layout_of(with_mtp.state), fingerprint="fp")
 
 
 # ---------------------------------------------------------------- tampered streams (format 4)
@@ -246,7 +249,7 @@ def _frames(w, sid, **over) -> list[bytes]:
     try:
         tensors, pos, nxt = eng.export(s.id)
         kw = dict(session_id=sid, fingerprint=w["ps"].fingerprint, position=pos, next_token=nxt, chunk_bytes=8192)
-        return list(handoff.stream_state(tensors, **kw | over, frames=True))
+        return list(push.stream_state(tensors, **kw | over, frames=True))
     finally:
         eng.release(s.id)
 
@@ -301,7 +304,7 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
         "no tail, the header says one": (tail[:1] + good[1:], "DATA_LOSS", "data chunk 1: 8192 bytes, expected 1024"),
     }
     with make_channel(workers["target"], Settings()) as ch:
-        load = ch.stream_unary(handoff.LOAD_STATE, request_serializer=None,
+        load = ch.stream_unary(push.LOAD_STATE, request_serializer=None,
                                response_deserializer=decode_pb2.LoadStateResponse.FromString)
         for what, (frames, code, msg) in cases.items():
             with pytest.raises(grpc.RpcError) as ei:
@@ -333,7 +336,7 @@ def test_release_while_the_state_streams_leaves_no_session(workers):
             yield f
 
     with make_channel(workers["target"], Settings()) as ch:
-        load = ch.stream_unary(handoff.LOAD_STATE, request_serializer=None,
+        load = ch.stream_unary(push.LOAD_STATE, request_serializer=None,
                                response_deserializer=decode_pb2.LoadStateResponse.FromString)
         fut = load.future(paced(), timeout=T)
         assert half.wait(T)
@@ -357,11 +360,11 @@ def test_dead_target_is_unavailable_and_leaves_nothing(workers, free_port):
             P.Prefill(prefill_pb2.PrefillRequest(session_id="dead", prompt_ids=[1, 2, 3], mode=mode,
                                                  decode_target=dead), timeout=T)
         assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and dead in ei.value.details()
-    pool = handoff.ChannelPool()
+    pool = push.ChannelPool()
     assert pool.get(dead, Settings()) is pool.get(dead, Settings())
     t = workers["ps"].engine.runner.state.export(0, position=0)
-    with pytest.raises(handoff.HandoffError) as ei:
-        handoff.push_state(dead, Settings(), tensors=t, session_id="x", fingerprint="f", position=0,
+    with pytest.raises(push.HandoffError) as ei:
+        push.push_state(dead, Settings(), tensors=t, session_id="x", fingerprint="f", position=0,
                            next_token=0, timeout=5, pool=pool)
     assert ei.value.code == grpc.StatusCode.UNAVAILABLE and dead in str(ei.value)
     pool.close()
@@ -434,8 +437,8 @@ def test_state_streams_while_prefill_runs(workers, lm, monkeypatch):
     """Prefill -> LoadState is streamed per layer: with each layer made slow, the decode worker has
     verified and placed the first tensors before the prefill's last layer is done, and the loaded
     state still decodes exactly as `complete`."""
-    from baton.progress import PrefillProgress
-    from decode_worker.fill import SlotFill
+    from baton.handoff.progress import PrefillProgress
+    from baton.handoff.slot_fill import SlotFill
 
     events = []
     mark, place = PrefillProgress.mark, SlotFill.place
@@ -470,7 +473,7 @@ def test_state_streams_while_prefill_runs(workers, lm, monkeypatch):
 def test_prefill_failing_mid_stream_loads_nothing(workers, monkeypatch):
     """A prefill that raises after some layers were streamed: the stream is cancelled, the decode worker
     activates nothing (no_leaks checks both workers), the Prefill RPC fails."""
-    from baton.progress import PrefillProgress
+    from baton.handoff.progress import PrefillProgress
 
     mark = PrefillProgress.mark
 
@@ -541,7 +544,7 @@ def test_prefill_timeline_with_the_thread_sender(workers):
         r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tlt", prompt_ids=PROMPTS[1], mode=FAST,
                                                  decode_target=workers["target"], timeline=True), timeout=T)
     finally:
-        ps.sender, ps.chunk_bytes = proc, handoff.DEFAULT_CHUNK_BYTES
+        ps.sender, ps.chunk_bytes = proc, wire.DEFAULT_CHUNK_BYTES
     assert D.Release(common_pb2.ReleaseRequest(session_id="tlt"), timeout=T).released
     tl, n = r.bridge.timeline, r.bridge.chunks
     want = set(timeline.MARKS) - timeline.PROCESS_SENDER_ONLY
@@ -561,8 +564,8 @@ def test_load_state_reports_the_receiver_marks_only_when_asked(workers):
         tensors, pos, nxt = ps.engine.export(s.id)
         kw = dict(tensors=tensors, fingerprint=ps.fingerprint, position=pos, next_token=nxt, timeout=T,
                   chunk_bytes=2048)
-        plain, _ = handoff.push_state(workers["target"], Settings(), session_id="lt0", **kw)
-        resp, report = handoff.push_state(workers["target"], Settings(), session_id="lt1", timeline=True, **kw)
+        plain, _ = push.push_state(workers["target"], Settings(), session_id="lt0", **kw)
+        resp, report = push.push_state(workers["target"], Settings(), session_id="lt1", timeline=True, **kw)
     finally:
         ps.engine.release(s.id)
     for sid in ("lt0", "lt1"):

@@ -8,7 +8,7 @@ from helpers import make_tiny_dir
 from baton.checkpoint import load_into
 from baton.loading import build_model
 from baton.models import gdn_ops
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 
 CONFIGS = {
     "small": dict(seed=1, layers=4, hidden=64, vocab=512),

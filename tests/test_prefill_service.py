@@ -9,7 +9,7 @@ from helpers import make_tiny_dir
 from baton.complete import complete
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from prefill_worker.engine import ExactEngine
@@ -277,7 +277,7 @@ def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes,
     loopback decode worker endpoint whose Release fails first."""
     from types import SimpleNamespace
 
-    from baton.handoff import ChannelPool
+    from baton.handoff.push import ChannelPool
     from decode_worker.service import SERVICE as DECODE
 
     svc = _FlakyRelease(codes)
@@ -297,7 +297,7 @@ def test_warm_up_prefills_leave_no_session_and_exact_results(tmp_path):
     """ExactEngine.warm_up (run before a CUDA prefill worker serves) releases every slot it used and
     leaves later results bitwise unchanged."""
     from baton.loading import load_model
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
     from helpers import make_tiny_dir
 

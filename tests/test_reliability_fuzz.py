@@ -25,8 +25,9 @@ from google.protobuf.descriptor import FieldDescriptor as F
 from google.protobuf.internal.encoder import _VarintBytes
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from baton import handoff
+pass
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2, router_pb2, state_pb2
+from baton.handoff import push
 from helpers import make_tiny_dir
 from realcluster import RealCluster, rss_mib, tokens
 
@@ -69,7 +70,7 @@ def _real_state(tiny, c) -> list[state_pb2.StateChunk]:
     import torch
 
     from baton.loading import load_model
-    from baton.runner import ModelRunner
+    from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
 
     torch.set_num_threads(1)
@@ -77,7 +78,7 @@ def _real_state(tiny, c) -> list[state_pb2.StateChunk]:
     eng = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN, width=16))
     eng.prefill([5, 6, 7, 8], session_id="src")
     tensors, pos, nxt = eng.export("src")
-    return list(handoff.stream_state(tensors, session_id="fz-a", fingerprint=lm.fingerprint, position=pos,
+    return list(push.stream_state(tensors, session_id="fz-a", fingerprint=lm.fingerprint, position=pos,
                                      next_token=nxt, chunk_bytes=8192))
 
 

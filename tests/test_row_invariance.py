@@ -9,7 +9,7 @@ from transformers import Qwen3_5TextConfig
 
 from baton.config import ModelConfig
 from baton.loading import random_model
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 
 CFG = ModelConfig.from_dict(Qwen3_5TextConfig(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,

@@ -1,4 +1,4 @@
-"""The hand-off sender process (baton/sender_process.py, baton/sender_child.py) over real loopback gRPC:
+"""The hand-off sender process (baton/handoff/sender/process.py, baton/handoff/sender/child.py) over real loopback gRPC:
 byte-identical frames to the in-thread sender, bitwise state at a real decode worker, cancellation,
 a kill -9 of the child (clear error, respawn), nothing left behind (shared memory, fds, threads)."""
 import math
@@ -13,15 +13,18 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton import handoff, timeline, wire
+from baton.handoff import timeline
+from baton.handoff import wire
 from baton.loading import load_model
-from baton.progress import PrefillProgress
+from baton.handoff.progress import PrefillProgress
 from baton.rpc import make_channel
-from baton.sender_process import SenderProcess
+from baton.handoff.sender.process import SenderProcess
 from baton.settings import Settings, SettingsError
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
 from decode_worker.service import serve_decode
 from prefill_worker.service import serve_prefill
+from baton.handoff import push as handoff
+from baton.handoff import decode
 
 MAX_LEN, W, T = 256, 16, 30
 PROMPT = list(range(40, 90))
@@ -114,7 +117,7 @@ def test_frames_are_byte_identical_to_the_thread_sender(sender, chunk_bytes):
     assert len(proc) == -(-total // chunk_bytes) + 2
     assert proc == thr == lazy
     assert (b_proc.total_bytes, b_proc.chunks, b_proc.tokens) == (b_thr.total_bytes, b_thr.chunks, b_thr.tokens)
-    got = wire.decode_stream(proc, wire.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
+    got = decode.decode_stream(proc, decode.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
     assert got.next_token == 4242
     for t in ts:
         assert torch.equal(got.tensors[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8))
@@ -410,9 +413,9 @@ def test_a_wedged_child_is_killed_past_the_deadline_and_the_next_push_respawns(c
 
 
 def test_a_cancel_the_child_does_not_read_kills_it(cluster, monkeypatch):
-    from baton import sender_push
+    from baton.handoff.sender import stream
 
-    monkeypatch.setattr(sender_push, "CANCEL_SEND_S", 0.2)
+    monkeypatch.setattr(stream, "CANCEL_SEND_S", 0.2)
     sender = SenderProcess(slots=4, slot_bytes=64 << 10, workers=1)
     try:
         push, progress, sid = running_push(cluster, sender, "deaf")
@@ -497,8 +500,8 @@ def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sen
                                                                              tail_layers):
     """The last `tail_layers` layers' bytes (+ hidden) in tail_chunk_bytes chunks, from tail_offset rounded down to
     chunk_bytes: the same frames from the sender process, the thread sender and a running prefill's source."""
-    from baton.progress import tail_offset
-    from baton.wire_send import chunk_plan
+    from baton.handoff.progress import tail_offset
+    from baton.handoff.encode import chunk_plan
 
     ts = random_state(7)
     specs = [wire.TensorDesc.of(t) for t in ts]
@@ -516,7 +519,7 @@ def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sen
     if plan.tail_chunk_bytes:
         assert set(data_sizes(proc)[plan.head_chunks:-1]) == {tail_chunk_bytes}
         assert len(proc) - 2 > -(-total // chunk_bytes)
-    got = wire.decode_stream(proc, wire.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
+    got = decode.decode_stream(proc, decode.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
     for t in ts:
         assert torch.equal(got.tensors[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8))
 
@@ -524,8 +527,8 @@ def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sen
 def test_prefill_rpc_with_a_tail_lands_bitwise_through_both_senders(cluster):
     """The prefill worker's own path (the setting, via PrefillServicer.tail_chunk_bytes) to the real decode
     worker: the streamed state is bitwise the exported one and the chunk count is the plan's."""
-    from baton.progress import tail_offset
-    from baton.wire_send import chunk_plan
+    from baton.handoff.progress import tail_offset
+    from baton.handoff.encode import chunk_plan
 
     P, ps, ds = cluster["P"], cluster["ps"], cluster["ds"]
     proc = ps.sender
@@ -572,7 +575,7 @@ def test_tail_chunk_bytes_past_chunk_bytes_is_capped_at_the_chunk_size(cluster):
 
 # ---------------------------------------------------------------- the hand-off's timeline
 def test_prefill_timeline_through_the_sender_process_has_every_mark_in_causal_order(cluster):
-    """PrefillRequest.timeline: bridge.timeline holds every mark of baton/timeline.py, stamped in this
+    """PrefillRequest.timeline: bridge.timeline holds every mark of baton/handoff/timeline.py, stamped in this
     process, the sender child and the decode worker, on one clock (CLOCK_MONOTONIC of this host), finite, in
     the order causality imposes, inside the Prefill call; one reading per data chunk and stage. Not asked
     for: no timeline."""

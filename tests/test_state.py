@@ -9,10 +9,12 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton import wire
+from baton.handoff import wire
 from baton.loading import load_model
-from baton.runner import ModelRunner
-from baton.state import ATTN_KEY, ATTN_VALUE, GDN_CONV, GDN_RECURRENT
+from baton.engine.runner import ModelRunner
+from baton.engine.state import ATTN_KEY, ATTN_VALUE, GDN_CONV, GDN_RECURRENT
+from baton.handoff import encode
+from baton.handoff import decode
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ["baton", "prefill_worker", "decode_worker", "router", "deploy"]
@@ -61,12 +63,12 @@ def test_export_wire_import_is_bitwise_and_decodes_the_same(lm):
     dst = ModelRunner(lm.model, slots=2, max_len=128)
     first = src.prefill(0, torch.randint(0, lm.cfg.vocab_size, (37,)).tolist())
     tensors = src.state.export(0)
-    chunks = list(wire.encode_state(session_id="s", fingerprint=lm.fingerprint, position=37, next_token=first,
+    chunks = list(encode.encode_state(session_id="s", fingerprint=lm.fingerprint, position=37, next_token=first,
                                     tensors=[wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors],
                                     chunk_bytes=4096))
-    layout = wire.ExpectedLayout.from_tensors([wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors],
+    layout = decode.ExpectedLayout.from_tensors([wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors],
                                               max_position=128)
-    got = wire.decode_stream(chunks, layout, lm.fingerprint, 1 << 30)
+    got = decode.decode_stream(chunks, layout, lm.fingerprint, 1 << 30)
     dst.state.import_(1, got.tensors, position=got.position, next_token=got.next_token)
     for a, b in zip(src.state.export(0), dst.state.export(1)):
         assert torch.equal(a.tensor, b.tensor), a.name

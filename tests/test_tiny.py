@@ -1,4 +1,4 @@
-"""baton.tiny (make-tiny) and baton.tokenizer."""
+"""baton.random_checkpoint (make-tiny) and baton.tokenizer."""
 import json
 import random
 
@@ -8,7 +8,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from baton.config import ModelConfig
-from baton.tiny import _layer_types, main
+from baton.random_checkpoint import _layer_types, main
 from baton.tokenizer import Tokenizer, TokenizerError
 from helpers import make_tiny_dir
 
@@ -59,7 +59,7 @@ def test_layer_types_small_models():
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
-    from baton.tiny import make_tiny
+    from baton.random_checkpoint import make_tiny
 
     a = make_tiny_dir(tmp_path, seed=3, layers=2, hidden=32, vocab=300)
     b = make_tiny(tmp_path / "again", seed=3, layers=2, hidden=32, vocab=300)

@@ -1,4 +1,4 @@
-"""baton.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code.
+"""baton.handoff.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code.
 Every test runs twice: chunks verified inline, and in the hashing pool (PARALLEL_MIN_BYTES = 1)."""
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import grpc
 import pytest
 import torch
 
-from baton import wire
+from baton.handoff import wire
 from baton.v1 import common_pb2, state_pb2 as pb
+from baton.handoff import decode as wire_decode
+from baton.handoff import encode as wire_encode
 
 FP = "sha256:test-model"
 POS = 7
@@ -39,17 +41,17 @@ def make_tensors(seed: int = 0, pos: int = POS) -> list[wire.WireTensor]:
 
 TENSORS = make_tensors()
 TOTAL = sum(t.tensor.numel() * t.tensor.element_size() for t in TENSORS)  # 30+128+112+112+16 = 398
-LAYOUT = wire.ExpectedLayout.from_tensors(TENSORS, max_position=64)
+LAYOUT = wire_decode.ExpectedLayout.from_tensors(TENSORS, max_position=64)
 
 
 def encode(chunk_bytes=64, tensors=TENSORS, **kw):
     args = dict(session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=tensors,
                 chunk_bytes=chunk_bytes) | kw
-    return list(wire.encode_state(**args))
+    return list(wire_encode.encode_state(**args))
 
 
 def decode(chunks, **kw):
-    return wire.decode_stream(chunks, LAYOUT, FP, 1 << 20, **kw)
+    return wire_decode.decode_stream(chunks, LAYOUT, FP, 1 << 20, **kw)
 
 
 def assert_bitwise(state, tensors=TENSORS):
@@ -108,7 +110,7 @@ def test_round_trip_bitwise_across_chunk_sizes(chunk_bytes):
 
 
 def test_frames_are_the_same_messages_and_decode_zero_copy():
-    frames = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS,
+    frames = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS,
                                            next_token=11, tensors=TENSORS, chunk_bytes=50))
     assert frames == [c.SerializeToString() for c in encode(50)]
     assert_bitwise(decode(frames))
@@ -119,10 +121,10 @@ def test_big_fp32_bf16_tensors_round_trip_with_uneven_chunks():
     g = torch.Generator().manual_seed(1)
     ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
           wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16())]
-    lay = wire.ExpectedLayout.from_tensors(ts, 0)
-    chunks = wire.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
+    lay = wire_decode.ExpectedLayout.from_tensors(ts, 0)
+    chunks = wire_encode.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
                                chunk_bytes=65521)  # prime: never divides a tensor's size
-    assert_bitwise(wire.decode_stream(wire.pipelined(chunks), lay, FP, 1 << 24), ts)
+    assert_bitwise(wire_decode.decode_stream(wire.pipelined(chunks), lay, FP, 1 << 24), ts)
 
 
 @pytest.mark.parametrize("new_bytes", ["c-api", "bytesio"])
@@ -130,21 +132,21 @@ def test_big_fp32_bf16_tensors_round_trip_with_uneven_chunks():
 def test_large_frames_built_outside_the_gil_equal_protobuf(chunk_bytes, new_bytes, monkeypatch):
     """Frames >= 256 KiB are filled by numpy (not b"".join) into an uninitialized bytes object (C API),
     or a zero-filled BytesIO where that API is missing: same bytes, same state, plain immutable bytes."""
-    from baton import wire_frame
+    from baton.handoff import frames
     if new_bytes == "bytesio":
-        monkeypatch.setattr(wire_frame, "_new_bytes", None)
+        monkeypatch.setattr(frames, "_new_bytes", None)
     else:
-        assert wire_frame._new_bytes is not None   # CPython
+        assert frames._new_bytes is not None   # CPython
     g = torch.Generator().manual_seed(2)
     ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(5, 128, 129, generator=g)),
           wire.WireTensor("k", pb.ATTN_KEY, torch.randn(4, 700, 256, generator=g).bfloat16()[:, :600]),
           wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16())]
-    lay = wire.ExpectedLayout.from_tensors(ts, 600)
+    lay = wire_decode.ExpectedLayout.from_tensors(ts, 600)
     kw = dict(session_id="x", fingerprint=FP, position=600, next_token=0, tensors=ts, chunk_bytes=chunk_bytes)
-    frames = list(wire.encode_state_frames(**kw))
-    assert frames == [c.SerializeToString() for c in wire.encode_state(**kw)]
+    frames = list(wire_encode.encode_state_frames(**kw))
+    assert frames == [c.SerializeToString() for c in wire_encode.encode_state(**kw)]
     assert len(frames) >= 4 and all(type(f) is bytes for f in frames)  # >= 2 data chunks
-    assert_bitwise(wire.decode_stream(frames, lay, FP, 1 << 24), ts)
+    assert_bitwise(wire_decode.decode_stream(frames, lay, FP, 1 << 24), ts)
 
 
 def test_lazy_source_is_read_only_after_the_header_is_sent():
@@ -155,7 +157,7 @@ def test_lazy_source_is_read_only_after_the_header_is_sent():
             touched.append(t.name)
             yield t.tensor
 
-    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=11, chunk_bytes=64,
+    it = wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=11, chunk_bytes=64,
                            specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source())
     assert next(it).WhichOneof("part") == "header" and touched == []
     assert_bitwise(decode([encode()[0], *it]))
@@ -166,10 +168,10 @@ def test_lazy_source_must_match_its_table():
     specs = [wire.TensorDesc.of(t) for t in TENSORS]
     bad = [t.tensor for t in TENSORS[:-1]] + [torch.zeros(9, dtype=torch.bfloat16)]
     with pytest.raises(ValueError, match="hidden"):
-        list(wire.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
+        list(wire_encode.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
                                specs=specs, tensor_source=iter(bad)))
     with pytest.raises(ValueError):  # one tensor short
-        list(wire.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
+        list(wire_encode.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
                                specs=specs, tensor_source=iter(bad[:3])))
 
 
@@ -186,7 +188,7 @@ def test_pipelined_reraises_producer_errors():
 
 def test_non_canonical_data_frames_are_parsed_by_protobuf():
     """Fields in another order (valid protobuf, not what the sender writes): the slow path, same result."""
-    frames = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+    frames = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
                                            tensors=TENSORS, chunk_bytes=64))
     for i in range(1, len(frames) - 1):
         c = pb.StateChunk.FromString(frames[i])
@@ -208,7 +210,7 @@ def test_flipped_byte_in_any_data_chunk_is_data_loss(index):
 @pytest.mark.parametrize("frames", [False, True])
 def test_flipped_bit_anywhere_in_a_data_frame_is_data_loss(frames):
     """Every byte of a serialized data chunk (tag, length, data, index, digest) flipped in turn."""
-    good = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+    good = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
                                          tensors=TENSORS, chunk_bytes=64))
     for i in range(len(good[2])):
         bad = good[:2] + [flipped(good[2], i)] + good[3:]
@@ -275,7 +277,7 @@ def test_next_token_may_be_given_late():
     def late():
         assert pulled == [t.name for t in TENSORS]
         return 42
-    chunks = list(wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=late,
+    chunks = list(wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=late,
                                     specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source(),
                                     chunk_bytes=64))
     assert decode(chunks).next_token == 42
@@ -350,12 +352,12 @@ def test_failure_or_abort_with_chunks_in_flight_waits_for_them_and_writes_nothin
     still writes into the caller's buffers (they may be reused for the next stream)."""
     g = torch.Generator().manual_seed(3)
     ts = [wire.WireTensor(f"r{i}", pb.GDN_RECURRENT, torch.randn(64, 1024, generator=g)) for i in range(8)]
-    lay = wire.ExpectedLayout.from_tensors(ts, 0)
-    chunks = list(wire.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
+    lay = wire_decode.ExpectedLayout.from_tensors(ts, 0)
+    chunks = list(wire_encode.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
                                     chunk_bytes=96 << 10))
     chunks[4] = copied(chunks[4], data=flipped(chunks[4].data, 7))
     bufs = []
-    rx = wire.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
+    rx = wire_decode.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
                             alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1])
     with pytest.raises(wire.StateCorrupt, match="data chunk 3: chunk_sha256 mismatch"):
         for c in chunks:
@@ -366,7 +368,7 @@ def test_failure_or_abort_with_chunks_in_flight_waits_for_them_and_writes_nothin
     assert all(torch.equal(x, y) for x, y in zip(before, bufs))
     # the caller stops feeding (the client cancelled): abort() waits for the pool the same way
     bufs.clear()
-    rx = wire.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
+    rx = wire_decode.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
                             alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1])
     for c in chunks[:4]:
         rx.feed(c)
@@ -381,7 +383,7 @@ def test_failure_or_abort_with_chunks_in_flight_waits_for_them_and_writes_nothin
 
 def test_failed_receiver_keeps_nothing_and_refuses_more():
     chunks = encode(64)
-    rx = wire.StateReceiver(LAYOUT, fingerprint=FP, max_total_bytes=1 << 20)
+    rx = wire_decode.StateReceiver(LAYOUT, fingerprint=FP, max_total_bytes=1 << 20)
     rx.feed(chunks[0])
     rx.feed(chunks[1])
     with pytest.raises(wire.StateCorrupt):
@@ -459,11 +461,11 @@ def test_table_names_kinds_dtypes_checked():
 
 
 def test_layout_from_tuples_and_validation():
-    lay = wire.ExpectedLayout({"k": ("attn_key", torch.bfloat16, None, (2, 4)),
+    lay = wire_decode.ExpectedLayout({"k": ("attn_key", torch.bfloat16, None, (2, 4)),
                                "h": (pb.HIDDEN, torch.bfloat16, (8,), None)}, max_position=10)
     assert lay.entries["k"].shape_at(5) == (2, 5, 4) and lay.entries["h"].kind == pb.HIDDEN
     with pytest.raises(ValueError):
-        wire.ExpectedLayout({"x": (pb.HIDDEN, torch.float32, None, None)}, max_position=1)
+        wire_decode.ExpectedLayout({"x": (pb.HIDDEN, torch.float32, None, None)}, max_position=1)
 
 
 # ---- a real loopback gRPC socket -----------------------------------------------------------------
@@ -473,7 +475,7 @@ def test_over_loopback_grpc():
 
     def load(request_iterator, context):
         try:
-            st = wire.decode_stream(request_iterator, LAYOUT, FP, 1 << 20)
+            st = wire_decode.decode_stream(request_iterator, LAYOUT, FP, 1 << 20)
         except wire.StateError as e:
             context.abort(getattr(grpc.StatusCode, e.code), str(e))
         received.update(st.tensors)
@@ -493,7 +495,7 @@ def test_over_loopback_grpc():
             report = call(wire.pipelined(iter(encode(50))), timeout=10)
             assert report.total_bytes == TOTAL and report.tokens == POS and report.chunks == 8
             assert dict(report.bytes_by_kind)["attn_kv"] == 224
-            assert_bitwise(wire.ReceivedState("s1", FP, POS, 11, 0, 0, (), received, None))
+            assert_bitwise(wire_decode.ReceivedState("s1", FP, POS, 11, 0, 0, (), received, None))
             bad = encode(50)
             bad[2] = copied(bad[2], data=bytes(50))
             with pytest.raises(grpc.RpcError) as e:
@@ -522,7 +524,7 @@ def test_failed_decode_stops_the_pipeline_thread():
 def test_cuda_tensors_round_trip_bitwise():
     dev = [wire.WireTensor(t.name, t.kind, t.tensor.to("cuda")) for t in TENSORS]
     dev[2] = wire.WireTensor(dev[2].name, dev[2].kind, torch.randn(2, 16, 4, device="cuda").half()[:, :POS])
-    chunks = wire.pipelined(wire.encode_state(session_id="g", fingerprint=FP, position=POS, next_token=1,
+    chunks = wire.pipelined(wire_encode.encode_state(session_id="g", fingerprint=FP, position=POS, next_token=1,
                                               tensors=dev, chunk_bytes=33))
     assert_bitwise(decode(chunks), [wire.WireTensor(t.name, t.kind, t.tensor.cpu()) for t in dev])
 
@@ -532,11 +534,11 @@ def test_encoder_sends_layers_before_the_prefill_ends():
     still unmarked; next_token (from progress.finish) lands in the trailer."""
     import threading
 
-    from baton.progress import PrefillProgress
+    from baton.handoff.progress import PrefillProgress
 
     layers = 2    # TENSORS: layers.0.*, layers.1.*, hidden
     prog = PrefillProgress(layers, torch.device("cpu"))
-    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
+    it = wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
                            specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=prog.source(TENSORS),
                            chunk_bytes=16, workers=2)
     assert next(it).WhichOneof("part") == "header"   # before any stage is final
@@ -549,10 +551,10 @@ def test_encoder_sends_layers_before_the_prefill_ends():
 
 
 def test_encoder_stops_when_the_prefill_fails():
-    from baton.progress import PrefillFailed, PrefillProgress
+    from baton.handoff.progress import PrefillFailed, PrefillProgress
 
     prog = PrefillProgress(2, torch.device("cpu"))
-    it = wire.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
+    it = wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
                            specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=prog.source(TENSORS),
                            chunk_bytes=16, workers=2)
     next(it)

@@ -1,4 +1,4 @@
-"""baton.wire format 4: the two-segment chunk plan (head in chunk_bytes, tail from tail_from in
+"""baton.handoff.wire format 4: the two-segment chunk plan (head in chunk_bytes, tail from tail_from in
 tail_chunk_bytes). Round trips bitwise with and without a tail, format 3 still read, every bad plan refused
 before allocation (INVALID_ARGUMENT), every stream cut otherwise than its header says DATA_LOSS, and a fuzz
 of header plans. Each test runs with chunks verified inline and in the pool, as tests/test_wire.py."""
@@ -11,8 +11,10 @@ import random
 import pytest
 import torch
 
-from baton import wire, wire_receive, wire_send
-from baton.progress import tail_offset
+from baton.handoff import wire
+from baton.handoff import decode as wire_decode
+from baton.handoff import encode as wire_encode
+from baton.handoff.progress import tail_offset
 from baton.v1 import state_pb2 as pb
 from test_wire import FP, LAYOUT, POS, TENSORS, TOTAL, assert_bitwise, copied, decode, encode, expect, \
     invalid_before_alloc, with_header
@@ -51,12 +53,12 @@ def test_chunk_plan_spans_tile_the_bytes(total, cb, tail, tcb):
 
 
 def test_sender_plan_rounds_tail_from_down_and_drops_useless_tails():
-    assert wire_send.chunk_plan(398, 64, 330, 16) == wire.ChunkPlan(398, 64, 320, 16)
-    assert wire_send.chunk_plan(398, 64, 63, 16) == wire.ChunkPlan(398, 64, 0, 16)     # all tail
-    assert wire_send.chunk_plan(398, 64, 330, 0) == wire.ChunkPlan(398, 64)            # off
-    assert wire_send.chunk_plan(398, 64, 330, 64) == wire.ChunkPlan(398, 64)           # nothing smaller
-    assert wire_send.chunk_plan(398, 64, 5000, 16) == wire.ChunkPlan(398, 64, 384, 16)  # past the end: clamped
-    assert wire_send.chunk_plan(384, 64, 5000, 16) == wire.ChunkPlan(384, 64)          # an empty tail: none
+    assert wire_encode.chunk_plan(398, 64, 330, 16) == wire.ChunkPlan(398, 64, 320, 16)
+    assert wire_encode.chunk_plan(398, 64, 63, 16) == wire.ChunkPlan(398, 64, 0, 16)     # all tail
+    assert wire_encode.chunk_plan(398, 64, 330, 0) == wire.ChunkPlan(398, 64)            # off
+    assert wire_encode.chunk_plan(398, 64, 330, 64) == wire.ChunkPlan(398, 64)           # nothing smaller
+    assert wire_encode.chunk_plan(398, 64, 5000, 16) == wire.ChunkPlan(398, 64, 384, 16)  # past the end: clamped
+    assert wire_encode.chunk_plan(384, 64, 5000, 16) == wire.ChunkPlan(384, 64)          # an empty tail: none
     with pytest.raises(ValueError, match="tail_chunk_bytes"):
         encode(64, tail_chunk_bytes=-1)
     with pytest.raises(ValueError, match="tail_chunk_bytes"):
@@ -76,7 +78,7 @@ def test_tail_offset_is_the_start_of_the_last_layers_in_the_table():
 def test_round_trip_bitwise_with_a_tail_and_sizes_as_planned(cb, tail_from, tcb):
     chunks = encode(cb, tail_from=tail_from, tail_chunk_bytes=tcb)
     h = chunks[0].header
-    plan = wire_send.chunk_plan(TOTAL, cb, tail_from, tcb)
+    plan = wire_encode.chunk_plan(TOTAL, cb, tail_from, tcb)
     assert (h.format_version, h.chunk_bytes, h.tail_from, h.tail_chunk_bytes) == \
         (4, cb, plan.tail_from, plan.tail_chunk_bytes)
     assert sizes(chunks) == planned(plan) and sum(sizes(chunks)) == TOTAL
@@ -86,7 +88,7 @@ def test_round_trip_bitwise_with_a_tail_and_sizes_as_planned(cb, tail_from, tcb)
     assert [c.chunk_index for c in chunks[1:-1]] == list(range(plan.count))
     assert [c.chunk_sha256 for c in chunks[1:-1]] == [hashlib.sha256(c.data).digest() for c in chunks[1:-1]]
     assert chunks[-1].trailer.data_chunks == plan.count
-    frames = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+    frames = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
                                            tensors=TENSORS, chunk_bytes=cb, tail_from=tail_from,
                                            tail_chunk_bytes=tcb))
     assert frames == [c.SerializeToString() for c in chunks]
@@ -99,10 +101,10 @@ def test_round_trip_bitwise_with_a_tail_and_sizes_as_planned(cb, tail_from, tcb)
 def test_no_tail_is_format_3_bytes_apart_from_the_version(monkeypatch):
     """Format 4 without a tail: the tail fields are absent from the header (proto3 defaults), the data
     frames are those of format 3; a format 3 stream (as an older sender makes it) is still accepted."""
-    v4 = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+    v4 = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
                                        tensors=TENSORS, chunk_bytes=64))
-    monkeypatch.setattr(wire_send, "FORMAT_VERSION", 3)
-    v3 = list(wire.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
+    monkeypatch.setattr(wire_encode, "FORMAT_VERSION", 3)
+    v3 = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
                                        tensors=TENSORS, chunk_bytes=64))
     h3, h4 = (pb.StateChunk.FromString(f[0]).header for f in (v3, v4))
     assert (h3.format_version, h4.tail_from, h4.tail_chunk_bytes) == (3, 0, 0) and len(v4[0]) == len(v3[0])
@@ -112,7 +114,7 @@ def test_no_tail_is_format_3_bytes_apart_from_the_version(monkeypatch):
 
 
 def test_format_3_with_tail_fields_is_invalid(monkeypatch):
-    monkeypatch.setattr(wire_send, "FORMAT_VERSION", 3)
+    monkeypatch.setattr(wire_encode, "FORMAT_VERSION", 3)
     chunks = encode(64)
     invalid_before_alloc(with_header(chunks, tail_from=128, tail_chunk_bytes=16), "format_version 3 header")
     invalid_before_alloc(with_header(chunks, tail_chunk_bytes=16), "a tail segment is format 4")
@@ -132,7 +134,7 @@ def test_bad_tail_fields_are_refused_before_allocation(fields, match):
 
 
 def test_too_many_chunks_is_refused_before_allocation(monkeypatch):
-    monkeypatch.setattr(wire_receive, "MAX_DATA_CHUNKS", 10)
+    monkeypatch.setattr(wire_decode, "MAX_DATA_CHUNKS", 10)
     chunks = encode(64, tail_from=0, tail_chunk_bytes=16)   # 25 chunks
     invalid_before_alloc(chunks, "25 data chunks")
     assert_bitwise(decode(encode(64)))   # 7 chunks: fine
@@ -185,7 +187,7 @@ def test_fuzzed_plans_never_load_a_lie():
         cb = rng.randint(1, 120)
         tail_from, tcb = rng.randint(0, TOTAL + 10), rng.randint(0, cb)
         chunks = encode(cb, tail_from=tail_from, tail_chunk_bytes=tcb)
-        assert sizes(chunks) == planned(wire_send.chunk_plan(TOTAL, cb, tail_from, tcb))
+        assert sizes(chunks) == planned(wire_encode.chunk_plan(TOTAL, cb, tail_from, tcb))
         assert_bitwise(decode(chunks))
 
 

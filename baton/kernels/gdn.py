@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the GDN layers of the fixed-width rows step (baton/models/fast_rows.py),
+"""Fused Triton kernels for the GDN layers of the fixed-width rows step (baton/engine/fast_rows.py),
 under the same contract as baton/kernels/rows.py: row-invariant by construction, the live-row count n
 unspecialised, no host syncs, CUDA-graph capturable. Whether per-row checkpoints are written is a
 runtime flag, not a constexpr, so a checkpointing verify block and a plain AR step run one binary: the

@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the fixed-width rows step (baton/models/fast_rows.py).
+"""Fused Triton kernels for the fixed-width rows step (baton/engine/fast_rows.py).
 
 Every kernel here is row-invariant by construction: output row t is computed by the same
 instructions from row t's inputs (and, for the recurrences, from the rows before it), whatever

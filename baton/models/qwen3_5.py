@@ -7,7 +7,7 @@ One entry point, `Qwen3_5ForCausalLM.forward(ids, state, ctx)`, serves every use
       - every GEMM / norm / elementwise op sees a padded [W, ...] input,
       - attention scores every row against the whole [max_len] window with a position mask,
       - the GDN recurrence runs token by token with identical kernels.
-State lives in `baton.state.HybridState`, never in the modules. In rows mode the position comes
+State lives in `baton.engine.state.HybridState`, never in the modules. In rows mode the position comes
 from the device buffer `state.position[slot]`, so the step is CUDA-graph capturable.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ class StepContext:
     on_layer: Callable[[int], None] | None = None   # prefill streaming: called with i once layer i's
                                                     # state writes are enqueued (its KV rows / GDN conv
                                                     # and recurrent state; before its MLP); never a
-                                                    # host sync (see baton/progress.py)
+                                                    # host sync (see baton/handoff/progress.py)
     phase: int | None = None   # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
 
     def state_written(self, layer: int) -> None:

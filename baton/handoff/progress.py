@@ -32,7 +32,7 @@ class PrefillFailed(RuntimeError):
 
 
 def stage_of(name: str, layers: int) -> int:
-    """Stage after which the state tensor `name` (baton.state export names) is final."""
+    """Stage after which the state tensor `name` (baton.engine.state export names) is final."""
     m = _LAYER.match(name)
     return int(m.group(1)) if m else layers
 
@@ -105,7 +105,7 @@ class PrefillProgress:
         return self._token
 
     def source(self, tensors):
-        """(tensor, ready event) for each baton.state.StateTensor, each once its stage is final:
+        """(tensor, ready event) for each baton.engine.state.StateTensor, each once its stage is final:
         a wire tensor_source."""
         for t in tensors:
             yield t.tensor, self.wait(stage_of(t.name, self.layers))

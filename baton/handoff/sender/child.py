@@ -1,8 +1,8 @@
 """The hand-off sender process: frames state chunks out of the shared ring and streams them to LoadState.
 
-`python -m baton.sender_child --control-fd C --ring-fd R --slots S --slot-bytes B --workers W`, started by
-baton/sender_process.py (one per prefill worker), never by hand. It imports no torch (so it never
-initialises CUDA; READY says so) and no pickle: control messages are baton/sender_ipc.py's structs and
+`python -m baton.handoff.sender.child --control-fd C --ring-fd R --slots S --slot-bytes B --workers W`, started by
+baton/handoff/sender/process.py (one per prefill worker), never by hand. It imports no torch (so it never
+initialises CUDA; READY says so) and no pickle: control messages are baton/handoff/sender/ipc.py's structs and
 JSON, tensor bytes only pass through the ring.
 
 Lifecycle of one stream (stream id s), on the threads of this process:
@@ -17,7 +17,7 @@ Lifecycle of one stream (stream id s), on the threads of this process:
     gRPC's request thread  the frames in order, the manifest fed with each digest, then the trailer
     done callback   DONE s: OK with the response bytes, or the call's status code and details
 With OPEN's `timeline` set, the call carries `baton-timeline: 1` (the receiver reports its marks) and the
-stream stamps the sender.* marks of baton/timeline.py (the last chunk's in / submitted / framed / handed /
+stream stamps the sender.* marks of baton/handoff/timeline.py (the last chunk's in / submitted / framed / handed /
 sent, END in, trailer handed / sent, reply; series sender.handed) into DONE's JSON: a few clock reads
 per chunk, none without it.
 Every slot handed over with CHUNK is FREEd exactly once: after its frame is made, or when its stream
@@ -41,11 +41,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from baton.rpc import make_channel
-from baton.sender_ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
+from baton.handoff.sender.ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
 from baton.settings import Settings
-from baton.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, now
+from baton.handoff.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, now
 from baton.v1 import state_pb2
-from baton.wire_frame import Manifest, frame, trailer_frame
+from baton.handoff.frames import Manifest, frame, trailer_frame
 
 
 class _Stream:
@@ -60,7 +60,7 @@ class _Stream:
         self.window = threading.Semaphore(depth)               # frames made but not yet taken by gRPC
         self.lock, self.closed, self.finished = threading.Lock(), False, threading.Event()
         self.tl = bool(meta.get("timeline"))
-        self.marks: dict[str, int] = {}   # with a timeline: baton/timeline.py's sender.* marks
+        self.marks: dict[str, int] = {}   # with a timeline: baton/handoff/timeline.py's sender.* marks
         self.handed: list[int] = []       # ... when each data chunk was handed to gRPC
         self._in = self._submitted = 0    # ... when the latest chunk was read / submitted to the pool
         self.feeder = threading.Thread(target=self._feed, daemon=True, name=f"baton-sender-feed-{sid}")
@@ -218,7 +218,7 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m baton.sender_child")
+    ap = argparse.ArgumentParser(prog="python -m baton.handoff.sender.child")
     ap.add_argument("--control-fd", type=int, required=True)
     ap.add_argument("--ring-fd", type=int, required=True)
     ap.add_argument("--slots", type=int, required=True)

@@ -1,10 +1,10 @@
 """The hand-off's sending side in a long-lived child process, so the prefill's process keeps the GIL.
 
-Why: in the prefill worker's process the in-thread sender (baton/wire_send.py) competes for the GIL with
+Why: in the prefill worker's process the in-thread sender (baton/handoff/encode.py) competes for the GIL with
 the prefill thread, which launches thousands of kernels from Python: gRPC's Python layer copies every
 message under the GIL, and the pool threads re-take it per chunk (benchmarks/gil_probe.py, `send`).
 Here the prefill's process only stages each chunk's bytes into a shared-memory ring and posts a 24-byte
-control message; framing, hashing, gRPC and its copies run in baton/sender_child.py, a process with its
+control message; framing, hashing, gRPC and its copies run in baton/handoff/sender/child.py, a process with its
 own GIL that imports no torch (no CUDA). Frames on the wire are byte-identical to the in-thread sender's.
 
 Lifecycle:
@@ -21,7 +21,7 @@ Lifecycle:
                                        flight fails with HandoffError(UNAVAILABLE, "... sender process died");
                                        a broken control channel (a message it cannot parse): the child is
                                        killed first (so that wait cannot hang), then the same
-    ProcessPush.result(is_active) / cancel()   (baton/sender_push.py) handoff.Push's contract (CANCEL stops the child's call).
+    ProcessPush.result(is_active) / cancel()   (baton/handoff/sender/stream.py) handoff.Push's contract (CANCEL stops the child's call).
         Never waits past the push's deadline: the child's call has that deadline, so its DONE comes by then;
         none `answer_grace_s` later (or a CANCEL the child does not take within 2 s) means the child is
         wedged: it is killed (every push on it fails, the next push starts a new one) and result() raises
@@ -48,16 +48,16 @@ from typing import Callable
 
 import torch
 
-from baton.sender_ipc import DONE, FREE, OPEN, READY, Channel, Ring
+from baton.handoff.sender.ipc import DONE, FREE, OPEN, READY, Channel, Ring
 from baton.settings import Settings
-from baton.wire import DEFAULT_CHUNK_BYTES, default_workers
-from baton.wire_frame import header_frame
-from baton.sender_push import ANSWER_GRACE_S, ProcessPush, _Stop
-from baton.wire_send import Plan
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, default_workers
+from baton.handoff.frames import header_frame
+from baton.handoff.sender.stream import ANSWER_GRACE_S, ProcessPush, _Stop
+from baton.handoff.encode import Plan
 
 log = logging.getLogger("baton.sender")
 DEFAULT_SLOTS = 8
-_ROOT = str(Path(__file__).resolve().parents[1])   # the directory holding the baton package
+_ROOT = str(Path(__file__).resolve().parents[3])   # the directory holding the baton package
 
 
 class _Child:
@@ -73,7 +73,7 @@ class _Child:
                                                                     if os.environ.get("PYTHONPATH") else [])))
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "baton.sender_child", "--control-fd", str(theirs.fileno()),
+                [sys.executable, "-m", "baton.handoff.sender.child", "--control-fd", str(theirs.fileno()),
                  "--ring-fd", str(self.ring.fd), "--slots", str(slots), "--slot-bytes", str(slot_bytes),
                  "--workers", str(workers)],
                 pass_fds=(theirs.fileno(), self.ring.fd), env=env, stdin=subprocess.DEVNULL)
@@ -269,7 +269,7 @@ class SenderProcess:
     def start_push(self, target: str, settings: Settings, plan: Plan, *, method: str,
                    deserialize: Callable[[bytes], object], timeout: float, position: int,
                    timeline: bool = False) -> ProcessPush:
-        """timeline: stamp the hand-off's marks here and in the child (baton/timeline.py), and ask the
+        """timeline: stamp the hand-off's marks here and in the child (baton/handoff/timeline.py), and ask the
         receiver for its own; ProcessPush.result() reports them in the BridgeReport."""
         if not self.fits(plan.header.chunk_bytes):
             raise ValueError(f"chunk_bytes {plan.header.chunk_bytes} > the sender ring's slots ({self.slot_bytes})")

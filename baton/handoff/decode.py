@@ -6,9 +6,9 @@ index and size are checked on arrival (in order, exact sizes from the plan); the
 SHA-256 and copies it into the per-tensor CPU buffers (numpy copies: no GIL) while later chunks arrive,
 at most 2 * workers + 2 chunks in flight. The trailer is checked after every chunk verified: counts, then
 the manifest over the header and the chunk digests in order. finish() returns a ReceivedState only when
-all of that passed (see baton/wire.py for the stream layout); any failure waits for the pool's copies,
+all of that passed (see baton/handoff/wire.py for the stream layout); any failure waits for the pool's copies,
 then drops every buffer. ReceivedState.marks: time.monotonic_ns() when the last data chunk was fed
-("last_chunk_fed") and when the trailer verified ("verified"), for the hand-off's timeline (baton/timeline.py).
+("last_chunk_fed") and when the trailer verified ("verified"), for the hand-off's timeline (baton/handoff/timeline.py).
 """
 from __future__ import annotations
 
@@ -23,11 +23,28 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import torch
 
-import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
+from baton.handoff import wire as _wire  # NOTE: baton.handoff.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
-from baton.wire import (BridgeStats, ChunkPlan, DIGEST_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, MAX_DATA_CHUNKS,
-                        READ_VERSIONS, Manifest, StateCorrupt, StateError, StateInvalid, StateMismatch, TensorDesc,
-                        _FROM_PB, _KV_KINDS, _data_frame, _pool, byte_view, default_workers, kind_value, pipelined)
+from baton.handoff.wire import (BridgeStats,
+                                ChunkPlan,
+                                FORMAT_VERSION,
+                                MAX_CHUNK_BYTES,
+                                MAX_DATA_CHUNKS,
+                                READ_VERSIONS,
+                                StateCorrupt,
+                                StateError,
+                                StateInvalid,
+                                StateMismatch,
+                                TensorDesc,
+                                _FROM_PB,
+                                _KV_KINDS,
+                                _data_frame,
+                                _pool,
+                                byte_view,
+                                default_workers,
+                                kind_value,
+                                pipelined)
+from baton.handoff.frames import DIGEST_BYTES, Manifest
 
 
 @dataclass(frozen=True)

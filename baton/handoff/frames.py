@@ -1,7 +1,7 @@
 """State wire format, framing: serialized header / data / trailer StateChunks and the manifest digest.
 
-No torch here (numpy, hashlib, protobuf only), so the hand-off sender process (baton/sender_child.py)
-frames chunks with exactly the code the in-process sender uses (baton/wire_send.py) without importing
+No torch here (numpy, hashlib, protobuf only), so the hand-off sender process (baton/handoff/sender/child.py)
+frames chunks with exactly the code the in-process sender uses (baton/handoff/encode.py) without importing
 torch: the two senders put byte-identical frames on the wire for the same state.
 
     header_frame(header)                    StateChunk(header) serialized

@@ -1,4 +1,4 @@
-"""One LoadState call streamed by the hand-off sender process (baton/sender_process.py): its stager thread
+"""One LoadState call streamed by the hand-off sender process (baton/handoff/sender/process.py): its stager thread
 and its outcome, with handoff.Push's contract (result(is_active) / cancel() / join()).
 
     stager thread   wire_send.chunk_segments(plan) -> per chunk: a free ring slot of the child
@@ -6,7 +6,7 @@ and its outcome, with handoff.Push's contract (result(is_active) / cancel() / jo
                     copies queued; CPU: one copy), CHUNK(slot, index, n); END(next_token) after the last
     result()        waits for the child's DONE; never past the call's timeout + grace (a wedged child is
                     killed: DEADLINE_EXCEEDED); a caller that went away: CANCEL, then CANCELLED
-With a timeline (baton/timeline.py; the push's `timeline` is not None), the stager stamps the last chunk's
+With a timeline (baton/handoff/timeline.py; the push's `timeline` is not None), the stager stamps the last chunk's
 prefill.last_chunk_ready / _slot / _staged, prefill.end_posted and each CHUNK post (series prefill.staged);
 result() merges the child's marks (its DONE JSON) and the receiver's (the LoadState answer's bridge).
 """
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Callable
 
 import grpc
 
-from baton.handoff import HandoffError
-from baton.sender_ipc import CANCEL, CHUNK, END
-from baton.timeline import CLOCK_ID, Timeline, now
-from baton.wire import BridgeStats
-from baton.wire_send import Plan, chunk_segments
-from baton.wire_stage import stage_into
+from baton.handoff.push import HandoffError
+from baton.handoff.sender.ipc import CANCEL, CHUNK, END
+from baton.handoff.timeline import CLOCK_ID, Timeline, now
+from baton.handoff.wire import BridgeStats
+from baton.handoff.encode import Plan, chunk_segments
+from baton.handoff.staging import stage_into
 
 if TYPE_CHECKING:
-    from baton.sender_process import _Child
+    from baton.handoff.sender.process import _Child
 
 ANSWER_GRACE_S = 10.0   # past a push's deadline: no DONE by then means the child is wedged
 CANCEL_SEND_S = 2.0     # a CANCEL not sent by then: the child is not reading its control channel

@@ -17,7 +17,7 @@ Why a tail segment: what is final last (the last layers' state, then hidden and 
 left to send once the prefill ended; it crosses D2H -> frame+hash -> gRPC -> verify -> H2D one chunk at a
 time, so smaller chunks there shorten the hand-off's tail, while big chunks keep the per-chunk cost of the
 rest low. The sender's policy (handoff.start_push): tail_from = the start of the last `tail_layers` layers'
-tensors (baton/progress.py: tail_offset), rounded down to a multiple of chunk_bytes.
+tensors (baton/handoff/progress.py: tail_offset), rounded down to a multiple of chunk_bytes.
 The table is layer-major, in the order prefill finishes the tensors (layers 0..N-1, then the final
 hidden row, then the MTP KV), so a sender streams each layer while later ones compute.
 The chunk digests make hashing parallel on both sides (a thread pool; hashlib releases the GIL); the
@@ -29,11 +29,11 @@ INVALID_ARGUMENT) is still read; formats 1 and 2 (next_token in the header) are 
 MANIFEST_TAG stays "baton/state/v3": the manifest is built as in format 3, and it covers the header's
 format_version and chunk plan.
 
-Sender (baton/wire_send.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
-          the same serialized, data frames built straight from tensor memory (baton/wire_frame.py: the
-          framing and the manifest, torch-free, shared with the sender process baton/sender_child.py). Chunks are hashed and
+Sender (baton/handoff/encode.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
+          the same serialized, data frames built straight from tensor memory (baton/handoff/frames.py: the
+          framing and the manifest, torch-free, shared with the sender process baton/handoff/sender/child.py). Chunks are hashed and
           framed up to `workers + 2` ahead in the pool; the consumer (gRPC) gets them in order.
-Receiver (baton/wire_receive.py, re-exported here): StateReceiver(...): feed(chunk) per message, then
+Receiver (baton/handoff/decode.py, re-exported here): StateReceiver(...): feed(chunk) per message, then
           finish(). The header is validated before anything is allocated (the chunk plan strictly); each
           chunk's index and size (as the plan says) are checked on arrival, its digest is verified and its
           bytes copied into per-tensor CPU buffers by the pool while later chunks arrive; the trailer's
@@ -57,8 +57,9 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from baton.v1 import common_pb2, state_pb2
-from baton.wire_frame import (DIGEST_BYTES, FRAME_OVERHEAD, MANIFEST_TAG, Manifest, _DATA_TAG,  # noqa: F401
-                              _INDEX_TAG, _SHA_TAG, _varint)
+from baton.handoff.frames import (DIGEST_BYTES,
+                                  FRAME_OVERHEAD,
+                                  _SHA_TAG)
 
 FORMAT_VERSION = 4
 READ_VERSIONS = (3, 4)   # what a receiver accepts: 3 is 4 without a tail segment
@@ -69,13 +70,13 @@ PARALLEL_MIN_BYTES = 64 << 10  # smaller chunks are hashed inline: a pool hop co
 
 _TO_PB = {torch.float32: state_pb2.FLOAT32, torch.bfloat16: state_pb2.BFLOAT16, torch.float16: state_pb2.FLOAT16}
 _FROM_PB = {v: k for k, v in _TO_PB.items()}
-_KIND_BY_NAME = {"gdn_conv": state_pb2.GDN_CONV, "gdn_recurrent": state_pb2.GDN_RECURRENT,  # baton.state names
+_KIND_BY_NAME = {"gdn_conv": state_pb2.GDN_CONV, "gdn_recurrent": state_pb2.GDN_RECURRENT,  # baton.engine.state names
                  "attn_key": state_pb2.ATTN_KEY, "attn_value": state_pb2.ATTN_VALUE, "hidden": state_pb2.HIDDEN}
 _KV_KINDS = (state_pb2.ATTN_KEY, state_pb2.ATTN_VALUE)
 REPORT_KEY = {state_pb2.GDN_CONV: "gdn_conv", state_pb2.GDN_RECURRENT: "gdn_recurrent",  # BridgeReport keys
               state_pb2.ATTN_KEY: "attn_kv", state_pb2.ATTN_VALUE: "attn_kv", state_pb2.HIDDEN: "hidden"}
 if sys.byteorder != "little":  # NOTE: tensor bytes are sent as host memory; the format is little-endian
-    raise ImportError("baton.wire needs a little-endian host")
+    raise ImportError("baton.handoff.wire needs a little-endian host")
 
 
 class StateError(Exception):
@@ -158,7 +159,7 @@ class ChunkPlan:
 
 
 def kind_value(kind: int | str) -> int:
-    """state_pb2.TensorKind value of `kind` (the enum value, or a baton.state name like "attn_key")."""
+    """state_pb2.TensorKind value of `kind` (the enum value, or a baton.engine.state name like "attn_key")."""
     k = _KIND_BY_NAME.get(kind) if isinstance(kind, str) else int(kind)
     if k not in REPORT_KEY:
         raise ValueError(f"unknown tensor kind {kind!r}")
@@ -168,7 +169,7 @@ def kind_value(kind: int | str) -> int:
 @dataclass(frozen=True)
 class WireTensor:
     name: str
-    kind: int             # state_pb2.TensorKind (a baton.state kind name is accepted too)
+    kind: int             # state_pb2.TensorKind (a baton.engine.state kind name is accepted too)
     tensor: torch.Tensor  # any device, any strides; float32 | bfloat16 | float16
 
 
@@ -186,7 +187,7 @@ class TensorDesc:
 
     @classmethod
     def of(cls, t) -> TensorDesc:
-        """From anything with .name, .kind and .tensor (WireTensor, baton.state.StateTensor)."""
+        """From anything with .name, .kind and .tensor (WireTensor, baton.engine.state.StateTensor)."""
         return cls(t.name, kind_value(t.kind), t.tensor.dtype, tuple(t.tensor.shape))
 
     def to_proto(self) -> state_pb2.TensorSpec:
@@ -355,12 +356,3 @@ class BridgeStats:
         return common_pb2.BridgeReport(seconds=self.seconds, total_bytes=self.total_bytes,
                                        bytes_by_kind=self.bytes_by_kind, tokens=self.tokens,
                                        chunks=self.chunks)
-
-
-
-# The two sides live in baton/wire_send.py and baton/wire_receive.py; re-exported so `baton.wire`
-# stays the one API.
-from baton.wire_send import encode_state, encode_state_frames  # noqa: E402,F401
-from baton.wire_receive import (  # noqa: E402,F401
-    LayoutEntry, ExpectedLayout, ReceivedState, StateReceiver, decode_stream,
-)

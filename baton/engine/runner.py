@@ -9,15 +9,15 @@
 
 Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.py), which is what
 makes verification and MTP speculation exact. The decode worker replays `rows` from CUDA graphs
-(decode_worker/graph.py); this class is the eager reference and the CPU path.
+(baton/engine/graph.py); this class is the eager reference and the CPU path.
 """
 from __future__ import annotations
 
 import torch
 
-from baton.models import fast_rows
+from baton.engine import fast_rows
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
-from baton.state import HybridState
+from baton.engine.state import HybridState
 
 DEFAULT_WIDTH = 16
 DEFAULT_MAX_LEN = 4096   # window; part of the exactness contract: workers and `complete` must agree
@@ -31,7 +31,7 @@ class ModelRunner:
     def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = DEFAULT_MAX_LEN,
                  width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None, fast: bool | None = None,
                  checkpoints: bool = False, pipeline: bool = False):
-        """fast: use the fused rows kernels (baton/models/fast_rows.py); None = on CUDA. Every runner
+        """fast: use the fused rows kernels (baton/engine/fast_rows.py); None = on CUDA. Every runner
         that must agree bitwise (exact engine, decode engines) must make the same choice.
         checkpoints: keep per-row GDN checkpoints so a rejected verify block rewinds by copying
         (`rewind`) instead of recomputing; costs W x the GDN state of one slot.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baton.runner import ModelRunner
+from baton.engine.runner import ModelRunner
 
 log = logging.getLogger("baton.graph")
 

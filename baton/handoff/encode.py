@@ -1,10 +1,10 @@
-"""State wire format, sending side: tensors -> header, sealed data chunks, trailer (see baton/wire.py).
+"""State wire format, sending side: tensors -> header, sealed data chunks, trailer (see baton/handoff/wire.py).
 
 Stages of one stream, each on its own thread so that throughput approaches the slowest one:
     producer (a helper thread, wire.ordered_map; the consumer's own thread for CPU tensors given up
         front, which never block)  cuts the tensors into chunks: a CPU chunk is a list of
         memoryview pieces of tensor memory (no copy); a chunk with CUDA bytes is staged D2H into a reused
-        pinned buffer on the copy stream, gated on each tensor's ready event (baton/wire_stage.py); it
+        pinned buffer on the copy stream, gated on each tensor's ready event (baton/handoff/staging.py); it
         submits each chunk to the pool, up to `workers + 2` ahead of the consumer
     pool (wire.default_workers() threads)  waits for a staged chunk's copy, frames it (wire_frame.frame:
         the one host copy, into the bytes gRPC sends) and hashes the framed payload, then frees the
@@ -15,7 +15,7 @@ GIL all the time; each time one of these threads takes the GIL back it waits up 
 (5 ms) and then takes it from the prefill. So no pass over the bytes runs under the GIL here (numpy
 copies, hashlib, an uninitialized frame), and a chunk re-acquires it as few times as it can (pieces + 1
 in the pool). The one pass under the GIL left is gRPC's copy of each message into its own buffer;
-benchmarks/gil_probe.py measures the stalls. baton/sender_process.py moves all of it but the staging
+benchmarks/gil_probe.py measures the stalls. baton/handoff/sender/process.py moves all of it but the staging
 out of the prefill's process (plan() and chunk_segments() are shared with it).
 """
 from __future__ import annotations
@@ -25,12 +25,22 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-import baton.wire as _wire  # NOTE: baton.wire imports this module last; its names all exist by then
+from baton.handoff import wire as _wire  # NOTE: baton.handoff.wire imports this module last; its names all exist by then
 from baton.v1 import state_pb2
-from baton import wire_stage
-from baton.wire import (DEFAULT_CHUNK_BYTES, FORMAT_VERSION, MAX_CHUNK_BYTES, ChunkPlan, Manifest, TensorDesc,
-                        WireTensor, _TO_PB, byte_view, default_workers, kind_value, ordered_map)
-from baton.wire_frame import _sha256, frame as _frame, header_frame, trailer_frame
+from baton.handoff import staging
+from baton.handoff.wire import (DEFAULT_CHUNK_BYTES,
+                                FORMAT_VERSION,
+                                MAX_CHUNK_BYTES,
+                                ChunkPlan,
+                                TensorDesc,
+                                WireTensor,
+                                _TO_PB,
+                                byte_view,
+                                default_workers,
+                                kind_value,
+                                ordered_map)
+from baton.handoff.frames import Manifest
+from baton.handoff.frames import _sha256, frame as _frame, header_frame, trailer_frame
 
 # ---- sender -------------------------------------------------------------------------------------
 def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[tuple[torch.Tensor, object]]:
@@ -77,7 +87,7 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, r
         if not any(t.is_cuda for t, _, _, _ in segs):
             return [byte_view(t)[a:b] for t, _, a, b in segs]
         if ring is None:
-            ring = wire_stage.Ring(chunks.chunk_bytes, ring_limit)   # tail chunks fit: tail_chunk_bytes <= it
+            ring = staging.Ring(chunks.chunk_bytes, ring_limit)   # tail chunks fit: tail_chunk_bytes <= it
         return ring.stage(segs)
 
     pending = None   # (index, StagedChunk): its D2H queued, the next chunk's queued before waiting for it
@@ -91,7 +101,7 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, r
             pending[1].done.synchronize()
             out.append(pending)
             pending = None
-        if isinstance(item[1], wire_stage.StagedChunk):
+        if isinstance(item[1], staging.StagedChunk):
             pending = item
         else:
             out.append(item)
@@ -106,7 +116,7 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, r
 
 def _pieces(part) -> tuple[list, object]:
     """-> (memoryview pieces, release callable | None); waits for a staged chunk's D2H (no GIL)."""
-    if isinstance(part, wire_stage.StagedChunk):
+    if isinstance(part, staging.StagedChunk):
         return [part.wait()], part.release
     return part, None
 

@@ -12,7 +12,7 @@ and JSON kinds are followed by n bytes of UTF-8 JSON. Tensor bytes never go thro
     parent -> child
         OPEN    stream; JSON {target, method, timeout, settings (baton.settings.Settings fields),
                 header (base64 of the serialized header StateChunk, sent as is), timeline (bool: stamp
-                baton/timeline.py's sender marks and ask the receiver for its own)}
+                baton/handoff/timeline.py's sender marks and ask the receiver for its own)}
         CHUNK   stream, a = slot, b = chunk index, n = bytes: chunk b is slot a's bytes [0, n)
         END     stream, n = next_token: every chunk was posted; the trailer can go
         CANCEL  stream: cancel its LoadState call (the decode worker sees CANCELLED)
@@ -20,7 +20,7 @@ and JSON kinds are followed by n bytes of UTF-8 JSON. Tensor bytes never go thro
         READY   JSON {pid, torch: whether torch got imported (it must not: no CUDA in the child)}
         FREE    a = slot: the child is done with it (framed, or dropped with its stream)
         DONE    stream; JSON {code: grpc.StatusCode name, details, response (base64), chunks, and with
-                a timeline: timeline {marks, clocks, series} (baton.timeline.Timeline.to_json)}
+                a timeline: timeline {marks, clocks, series} (baton.handoff.timeline.Timeline.to_json)}
 """
 from __future__ import annotations
 

@@ -1,0 +1,30 @@
+"""What a hand-off ships: the MTP KV rule (who computes and who sends the MTP layer's KV rows)."""
+from __future__ import annotations
+
+
+
+from baton.v1 import common_pb2
+
+MTP_NAMES = ("mtp.key", "mtp.value")
+
+
+def needs_mtp_kv(engine: int) -> bool:
+    """Whether a Prefill hand-off for a session of `engine` ships the MTP KV rows: only the mtp engine
+    reads them, and UNSPECIFIED (the decode worker's default, unknown here) may be mtp. A bf16 / fp8
+    session never switches engine, so for it they are ~8% of a 4K state spent on the wire for nothing,
+    and they are computed last, so they were the tail of the hand-off. ExportState (migration: the
+    target's engine is its own default) always ships them."""
+    return engine in (common_pb2.ENGINE_UNSPECIFIED, common_pb2.MTP)
+
+
+def computes_mtp_kv(exact: bool, engine: int, handed_off: bool) -> bool:
+    """Whether a Prefill computes the MTP layer's KV (~1/(layers+1) of its compute): when its hand-off
+    ships it (needs_mtp_kv), or when the session is kept (EXACT: a later ExportState ships it). A FAST
+    Prefill for a bf16 / fp8 session, or one with no decode_target, skips it."""
+    return exact or (handed_off and needs_mtp_kv(engine))
+
+
+def shipped(tensors: list, mtp_kv: bool) -> list:
+    """The exported tensors a hand-off sends: all of them, or (mtp_kv False: see needs_mtp_kv) all but the
+    MTP KV rows."""
+    return list(tensors) if mtp_kv else [t for t in tensors if t.name not in MTP_NAMES]

@@ -1,0 +1,67 @@
+"""The workers' shared command line: `python -m prefill_worker | python -m decode_worker` options.
+
+    add_common_arguments(parser)     the options both roles take
+    options_from_args(args)          -> WorkerOptions (checks the combination)
+    model_from_args(args, opts)      -> baton.loading.LoadedModel (a checkpoint, or --random-init SPEC)
+    setup_logging(settings)"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+from baton.gpus import pin_device
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
+from baton.settings import Settings
+from baton.worker.options import DEFAULT_GRACE_S, DEFAULT_SLOTS, DEFAULT_TTL_S, WorkerOptions
+
+log = logging.getLogger("baton.worker")
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
+    p.add_argument("--port", type=int, default=0, help="port to bind (0 = pick a free one and print it)")
+    p.add_argument("--host", default=None, help="bind host (default: BATON_HOST or 127.0.0.1)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W")
+    p.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help="window: prompt + generated tokens")
+    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="concurrent sessions (static state slots)")
+    p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped")
+    p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE])")
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown")
+    p.add_argument("--random-init", default=None, metavar="SHAPE",
+                   help="benchmarks: seeded random weights of a named shape (baton/random_init.py) or of the "
+                        "config.json in a directory, instead of --model")
+    p.add_argument("--seed", type=int, default=0, help="--random-init: weight seed (same on every worker)")
+
+
+def model_from_args(a: argparse.Namespace, opts: "WorkerOptions", role: str):
+    """What serve_prefill / serve_decode load: --model DIR (None = the embedded model), or with
+    --random-init a LoadedModel of seeded random weights, bitwise the same in every process."""
+    if not a.random_init:
+        return opts.model
+    from baton.random_init import random_init
+
+    log.info("%s: random weights of %s (seed %d)", role, a.random_init, a.seed)
+    return random_init(a.random_init, seed=a.seed, dtype=opts.resolved_dtype, device=opts.device)
+
+
+def options_from_args(a: argparse.Namespace) -> WorkerOptions:
+    if a.random_init and a.model:
+        raise SystemExit("give --model or --random-init, not both")
+    for name in ("width", "max_len", "slots"):
+        if getattr(a, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
+    try:
+        device = pin_device(a.device)   # cuda:N -> this process sees only GPU N (baton/gpus.py)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return WorkerOptions(a.model, a.port, a.host, device, a.dtype, a.width, a.max_len, a.slots, a.ttl,
+                         a.token_file, a.grace)
+
+
+def setup_logging(settings: Settings) -> None:
+    fmt = ('{"t": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "msg": "%(message)s"}'
+           if settings.log_json else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings.log_level, format=fmt, stream=sys.stderr)

@@ -1,0 +1,69 @@
+"""A worker process's life: serve until a signal, then drain and exit.
+
+    serve_*(...) -> (WorkerHandle, servicer)
+        model loaded -> engine -> gRPC server bound -> health SERVING
+    run_until_signal(role, handle)       prints "<role>: serving on HOST:PORT"; SIGINT/SIGTERM ->
+                                         health NOT_SERVING -> stop(grace) -> servicer.close()
+    exit_process(code)                   flush, os._exit: no interpreter teardown (see its note)"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import NoReturn
+
+
+from baton.rpc import ServerHandle
+from baton.worker.options import DEFAULT_GRACE_S
+from baton.worker.servicer import ServicerBase
+
+log = logging.getLogger("baton.worker")
+
+class WorkerHandle(ServerHandle):
+    """A ServerHandle whose stop() also closes the servicer (reaper thread, cached channels)."""
+
+    def __init__(self, base: ServerHandle, servicer: "ServicerBase"):
+        super().__init__(base.server, base.host, base.port, base.health, base.service_names)
+        self.servicer = servicer
+
+    def stop(self, grace: float | None = None) -> None:
+        try:
+            super().stop(grace)
+        finally:
+            self.servicer.close()
+
+
+def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRACE_S) -> int:
+    """Prints the serving line, blocks until SIGINT/SIGTERM, then stops cleanly. Returns 0."""
+    done = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("%s: signal %d, shutting down (grace %.1fs)", role, signum, grace)
+        done.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"{role}: serving on {handle.address}", flush=True)
+    while not done.wait(0.5):
+        pass
+    handle.stop(grace)
+    log.info("%s: stopped", role)
+    return 0
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a worker process after its clean stop without interpreter finalization.
+
+    NOTE: with a client connection still open at SIGTERM (the router's health polls always are), a
+    worker's teardown aborted in native code now and then ("terminate called without an active
+    exception", SIGABRT: exit -6 instead of 0; 1 in 12 to 3 in 4 runs on a 2-core VM). Everything that
+    matters is already stopped here: flush what is buffered and leave."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
