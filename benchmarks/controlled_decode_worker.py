@@ -5,9 +5,9 @@
 
 Random weights make real acceptance meaningless, so benchmarks/bench_exact.py measures exact mode with
 this worker: the normal decode worker service (decode_worker.service.serve_decode, same gRPC surface,
-same CUDA graphs) over ControlledDraftEngine, a DecodeEngine whose bf16/fp8 `draft` loop still runs
-every draft row on the model (k rows steps per Draft, as real drafting does), but replaces each row's
-own greedy token through the DecodeEngine._propose hook:
+same CUDA graphs) with a ControlledDrafter (baton.engine.speculation.Drafter) passed in: the bf16/fp8
+`draft` loop still runs every draft row on the model (k rows steps per Draft, as real drafting does), but
+the drafter replaces each row's own greedy token:
     with probability p  the exact greedy token at that position (from the reference run),
     otherwise           a token that is not it (uniform over the rest of the vocabulary).
 The replaced token is what the state consumes next (and what a verdict re-advances over), so the
@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode_worker.engine import DecodeEngine, DecodeSession
+from baton.engine.speculation import Drafter
 
 log = logging.getLogger("baton.decode.controlled")
 
@@ -69,29 +69,25 @@ class Control:
         return list(d.get("references", [])), p, seed
 
 
-class ControlledDraftEngine(DecodeEngine):
-    def __init__(self, runners, *, control: Control, **kw):
-        super().__init__(runners, **kw)
+class ControlledDrafter(Drafter):
+    """Each session's drafts right with probability p, against its reference tokens (module doc)."""
+
+    def __init__(self, control: Control):
         self.control = control
         self._loads = 0
-        self.vocab = next(iter(runners.values())).cfg.vocab_size
 
-    def load(self, tensors, *, position: int, next_token: int, engine: str | None = None,
-             session_id: str | None = None, fill=None) -> DecodeSession:
+    def attach(self, s, position: int, next_token: int) -> None:
         refs, p, seed = self.control.read()
         ref = next((r["tokens"] for r in refs
                     if int(r["prompt_len"]) == position and r["tokens"] and int(r["tokens"][0]) == next_token), None)
         if ref is None:
             raise ValueError(f"reference: none for a state at position {position} with next token {next_token} "
                              f"in {self.control.path}")
-        s = super().load(tensors, position=position, next_token=next_token, engine=engine, session_id=session_id,
-                         fill=fill)
         j, self._loads = self._loads, self._loads + 1
-        s.ctl = _Ctl(position, [int(t) for t in ref], p, random.Random(f"{seed}:{j}"), self.vocab)
+        s.ctl = _Ctl(position, [int(t) for t in ref], p, random.Random(f"{seed}:{j}"), s.runner.cfg.vocab_size)
         log.info("controlled session %s: p=%.4f seed=%d #%d, %d reference tokens", s.id, p, seed, j, len(ref))
-        return s
 
-    def _propose(self, s: DecodeSession, i: int, own: int) -> int:
+    def propose(self, s, i: int, own: int) -> int:
         c: _Ctl | None = getattr(s, "ctl", None)
         if c is None:
             return own
@@ -116,13 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     a, rest = p.parse_known_args(argv)
     control = Control(a.reference, a.draft_p, a.draft_seed)
 
-    from decode_worker import __main__ as worker_main, service
+    from decode_worker import __main__ as worker_main
 
-    def factory(runners, **kw):
-        return ControlledDraftEngine(runners, control=control, **kw)
-
-    service.DecodeEngine = factory        # serve_decode builds its engine through this name
-    return worker_main.main(rest)
+    return worker_main.main(rest, drafter=ControlledDrafter(control))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, drafter=None) -> int:
+    """drafter: a baton.engine.speculation.Drafter for every session (benchmarks only; None = the model's own)."""
     die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     args = build_parser().parse_args(argv)
     opts = options_from_args(args)
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                                  port=opts.port, device=opts.device, dtype=opts.resolved_dtype, width=opts.width,
                                  max_len=opts.max_len, slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
                                  capture_graphs=not args.no_graphs, fp8_mode=args.fp8_mode, mtp_k=args.mtp_k,
-                                 pipeline=args.pipeline)
+                                 pipeline=args.pipeline, drafter=drafter)
         del model   # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:
         log.error("decode: cannot start: %s", e)

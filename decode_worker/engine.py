@@ -25,6 +25,7 @@ import torch
 
 from baton.engine.runner import ModelRunner
 from baton.engine.slots import SessionLimit, SlotTable
+from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay, verify_block
 from baton.handoff.slot_fill import SlotFill
 
 ENGINES = ("bf16", "fp8", "mtp")
@@ -54,11 +55,13 @@ class DecodeSession:
 
 
 class DecodeEngine:
-    def __init__(self, runners: dict[str, ModelRunner], *, default_engine: str, ttl_s: float = 300.0):
-        """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head)."""
+    def __init__(self, runners: dict[str, ModelRunner], *, default_engine: str, ttl_s: float = 300.0,
+                 drafter: Drafter = GREEDY):
+        """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head).
+        drafter: picks every draft token (baton.engine.speculation.Drafter; the default, the model's own)."""
         if default_engine not in runners:
             raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
-        self.runners, self.default_engine, self.ttl_s = runners, default_engine, ttl_s
+        self.runners, self.default_engine, self.ttl_s, self.drafter = runners, default_engine, ttl_s, drafter
         self._compute = threading.Lock()
         self._table: SlotTable[DecodeSession] = SlotTable(ttl_s, {id(r): r.state.slots for r in runners.values()})
 
@@ -117,10 +120,16 @@ class DecodeEngine:
         if fill is None:
             fill = self.reserve(engine, session_id, position)
         try:
-            return fill.commit(tensors, next_token)
+            s = fill.commit(tensors, next_token)
         except BaseException:
             fill.abort()
             raise
+        try:
+            self.drafter.attach(s, position, next_token)
+        except BaseException:
+            self.release(s.id)
+            raise
+        return s
 
     def _publish(self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int,
                  now: float) -> DecodeSession:
@@ -208,7 +217,7 @@ class DecodeEngine:
         r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
         r.mtp_start.fill_(s.mtp_start)
         r.run_mtp(s.slot, n)
-        drafts = [self._propose(s, 0, int(r.mtp_tok[n - 1]))]
+        drafts = [self.drafter.propose(s, 0, int(r.mtp_tok[n - 1]))]
         h = r.mtp_out[n - 1].clone()          # chained: the MTP output row is the next step's hidden
         idx = s.mtp_start + n                 # KV index of the next pair
         for i in range(1, k):
@@ -216,25 +225,14 @@ class DecodeEngine:
             r.mtp_ids[0] = drafts[-1]
             r.mtp_start.fill_(idx)
             r.run_mtp(s.slot, 1)
-            drafts.append(self._propose(s, i, int(r.mtp_tok[0])))
+            drafts.append(self.drafter.propose(s, i, int(r.mtp_tok[0])))
             h = r.mtp_out[0].clone()
             idx += 1
         return drafts
 
     def _accept(self, s: DecodeSession, t0: int, drafts: list[int]) -> tuple[int, int]:
         """BF16 verify of [t0, drafts] -> (m, next); state left consumed t0, d1..dm; hidden rows kept."""
-        r, st = s.runner, s.runner.state
-        k = len(drafts)
-        pos0 = int(st.position[s.slot])
-        r.check_window(pos0, k + 1)
-        r.begin_block(s.slot)
-        greedy = r.rows(s.slot, [t0] + drafts)
-        m = 0
-        while m < k and drafts[m] == greedy[m]:
-            m += 1
-        r.accept_prefix(s.slot, pos0, [t0] + drafts, m)
-        st.next_token[s.slot] = greedy[m]
-        return m, greedy[m]
+        return verify_block(s.runner, s.slot, [t0] + drafts)
 
     @staticmethod
     def _pending_pairs(s: DecodeSession, p: int, ids: list[int]) -> None:
@@ -276,32 +274,25 @@ class DecodeEngine:
             st.snapshot(s.slot)
             drafts = []
             for i in range(k):
-                t = self._propose(s, i, r.rows(s.slot, [t])[0])   # the proposal is what the state consumes
+                t = self.drafter.propose(s, i, r.rows(s.slot, [t])[0])   # the proposal is what the state consumes
                 drafts.append(t)
             s.drafts = drafts                  # state consumed t0, d1..d_{k-1}; dk is pending
             return list(drafts)
-
-    def _propose(self, s: DecodeSession, i: int, own: int) -> int:
-        """Draft i (0-based) of a Draft call (any engine; mtp: also fast-mode rounds), given the runner's
-        own greedy token: the runner's token. Only benchmarks override it
-        (benchmarks/controlled_decode_worker.py); the proposal is what the next draft step consumes."""
-        return own
 
     def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
         r, st = s.runner, s.runner.state
         if not s.drafts:
             raise ValueError("has_verdict: no drafts outstanding for this session")
-        k = len(s.drafts)
-        if not 0 <= m <= k:
-            raise ValueError(f"accepted: {m} out of range 0..{k}")
-        if s.engine == "mtp":
+        check_verdict(m, len(s.drafts))
+        if s.engine == "mtp":                    # MTP drafting consumed nothing on the BF16 state
             p = int(st.position[s.slot])
             r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
             self._pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt])
-        elif m == k:
-            r.rows(s.slot, [s.drafts[-1]])       # consume dk too
-        elif m < k - 1:
-            st.restore(s.slot)
-            r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
+        else:
+            restore, replay = rows_to_replay(s.drafts, s.draft_t0, m)
+            if restore:
+                st.restore(s.slot)
+            if replay:
+                r.rows(s.slot, replay)
         st.next_token[s.slot] = nxt
         s.drafts = []

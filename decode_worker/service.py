@@ -51,6 +51,7 @@ from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 from baton.worker.servicer import ServicerBase, window_field
 from baton.worker.process import WorkerHandle
 from baton.engine.slots import SessionLimit, SessionNotFound
+from baton.engine.speculation import GREEDY, Drafter
 from decode_worker.engine import ENGINES, DecodeEngine
 
 log = logging.getLogger("baton.decode")
@@ -278,13 +279,14 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
                  width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS,
                  ttl_s: float = DEFAULT_TTL_S, settings: Settings | None = None, capture_graphs: bool = True,
                  fp8_mode: str = "full", mtp_k: int = DEFAULT_MTP_K, max_workers: int = 16,
-                 max_concurrent_rpcs: int = 256, pipeline: bool = True,
+                 max_concurrent_rpcs: int = 256, pipeline: bool = True, drafter: Drafter | None = None,
                  ) -> tuple[WorkerHandle, DecodeServicer]:
     """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
     (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
     pipeline (default on): bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True),
     one more GDN state per slot); tokens identical to the plain loop. False: the plain AR loop. mtp
-    sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain."""
+    sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain.
+    drafter: chooses the draft tokens (baton.engine.speculation.Drafter; None = the model's own greedy)."""
     settings = Settings.from_env() if settings is None else settings
     if isinstance(model, LoadedModel):
         lm = model
@@ -309,7 +311,7 @@ def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, def
         runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline)
     if capture_graphs and str(device).startswith("cuda"):
         _capture(runners)
-    engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s)
+    engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s, drafter=drafter or GREEDY)
     servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
     try:
         base = build_server([(add_to_server, servicer)], service_names=[SERVICE], host=host, port=port,

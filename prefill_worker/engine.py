@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from baton.handoff.progress import PrefillProgress
 from baton.engine.runner import ModelRunner
 from baton.engine.slots import SlotTable
+from baton.engine.speculation import verify_block
 
 
 @dataclass
@@ -160,16 +161,7 @@ class ExactEngine:
             pending = int(st.next_token[s.slot])
             if tokens[0] != pending:
                 raise ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
-            pos0 = int(st.position[s.slot])
-            self.runner.check_window(pos0, K + 1)
-            self.runner.begin_block(s.slot)
-            greedy = self.runner.rows(s.slot, tokens)            # greedy[i] follows tokens[0..i]
-            m = 0
-            while m < K and tokens[m + 1] == greedy[m]:
-                m += 1
-            nxt = greedy[m]
-            self.runner.accept_prefix(s.slot, pos0, tokens, m)   # keep tokens[0..m] only
-            st.next_token[s.slot] = nxt
+            m, nxt = verify_block(self.runner, s.slot, tokens)   # keeps tokens[0..m] only
             pos = int(st.position[s.slot])
         c = s.counters
         c.drafted += K

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 import grpc
 
+from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
 from baton.v1 import decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
@@ -94,8 +95,10 @@ class ExactLoop:
         except WorkerFault as e:
             raise unavailable(f"exact worker lost the session: {e}") from None
         m = int(resp.accepted)
-        if m > len(drafts):
-            raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts")
+        try:
+            check_verdict(m, len(drafts))
+        except ValueError:
+            raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts") from None
         return m, int(resp.next_token)
 
     def _migrate(self, pending: int, fault: WorkerFault) -> None:

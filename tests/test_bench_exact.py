@@ -104,7 +104,8 @@ def test_controlled_engine_in_process(tmp_path):
 def _controlled_round_trips(tmp_path):
     from baton.loading import load_model
     from baton.engine.runner import ModelRunner
-    from benchmarks.controlled_decode_worker import Control, ControlledDraftEngine
+    from benchmarks.controlled_decode_worker import Control, ControlledDrafter
+    from decode_worker.engine import DecodeEngine
     from prefill_worker.engine import ExactEngine
 
     lm = load_model(TINY, dtype="fp32", device="cpu", mtp=False)
@@ -114,8 +115,8 @@ def _controlled_round_trips(tmp_path):
     path = tmp_path / "ref.json"
     for p in (1.0, 0.0):
         path.write_text(json.dumps({"references": [{"prompt_len": len(prompt), "tokens": ref}], "p": p, "seed": 1}))
-        eng = ControlledDraftEngine({"bf16": ModelRunner(lm.model, slots=1, max_len=96)},
-                                    default_engine="bf16", control=Control(path, 0.5, 0))
+        eng = DecodeEngine({"bf16": ModelRunner(lm.model, slots=1, max_len=96)}, default_engine="bf16",
+                           drafter=ControlledDrafter(Control(path, 0.5, 0)))
         s, first = exact.prefill(prompt)
         tensors, pos, nxt = exact.export(s.id)
         d = eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt)
@@ -132,8 +133,10 @@ def _controlled_round_trips(tmp_path):
             verdict = (v.accepted, v.next_token)
         assert out[:16] == ref[:16]
         exact.release(s.id)
+        eng.release(d.id)
         with pytest.raises(ValueError, match="reference: none"):
             eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=(nxt + 1) % 100)
+        assert eng.session_count() == 0   # the refused load left no session behind
 
 
 def test_benchmark_worker_is_not_reachable_from_production():

@@ -1,0 +1,75 @@
+"""Speculation's rules, in one place: who proposes drafts, what a verify accepts, and how state rewinds.
+
+A round over one session, whoever runs it (the decode worker's MTP loop, or exact mode's Draft on the
+decode worker and Verify on the exact worker):
+    propose   k drafts d1..dk after the pending token t0 (Drafter.propose picks each one)
+    verify    verify_block: rows [t0, d1..dk] on the verifying model -> greedy g0..gk, where g_i follows
+              t0, d1..d_i; m = accepted_length: the longest prefix with d_{i+1} == g_i; next = g_m
+    rewind    the verifier keeps exactly t0, d1..dm (runner.accept_prefix: a copy of checkpoint row m, or
+              a snapshot restore and a recompute); the drafter replays to the same point
+              (rows_to_replay after a verdict)
+    emit      tokens d1..dm, next: by row invariance bitwise the tokens plain AR would give
+No module-level torch import: the router checks verdicts with check_verdict too.
+"""
+from __future__ import annotations
+
+
+class Drafter:
+    """Chooses each draft token. The default proposes the drafting model's own greedy token; a benchmark
+    passes another one (benchmarks/controlled_decode_worker.py) to control acceptance. Whatever it
+    proposes is what the drafting state consumes next, so the state stays consistent with the drafts."""
+
+    def attach(self, session, position: int, next_token: int) -> None:
+        """Called when a session's state is loaded (position, pending token). May refuse: ValueError."""
+
+    def propose(self, session, i: int, own: int) -> int:
+        """Draft i (0-based) of a round, given the drafting model's own greedy token `own`."""
+        return own
+
+
+GREEDY = Drafter()
+
+
+def accepted_length(drafts: list[int], greedy: list[int]) -> int:
+    """m: how many drafts the verifier accepts. greedy[i] is its token after t0, d1..d_i."""
+    m = 0
+    while m < len(drafts) and drafts[m] == greedy[m]:
+        m += 1
+    return m
+
+
+def check_verdict(m: int, k: int) -> None:
+    """A verdict of m accepted drafts out of k must satisfy 0 <= m <= k."""
+    if not 0 <= m <= k:
+        raise ValueError(f"accepted: {m} out of range 0..{k}")
+
+
+def verify_block(runner, slot: int, tokens: list[int]) -> tuple[int, int]:
+    """The verify of one block on `runner`: tokens = [t0, d1..dk] fed from the slot's position; keeps
+    t0, d1..dm and sets the pending token to next. -> (m, next). Row invariance makes the kept state
+    bitwise that of feeding t0, d1..dm alone."""
+    st = runner.state
+    pos0 = int(st.position[slot])
+    runner.check_window(pos0, len(tokens))
+    runner.begin_block(slot)
+    greedy = runner.rows(slot, tokens)
+    m = accepted_length(tokens[1:], greedy)
+    runner.accept_prefix(slot, pos0, tokens, m)
+    st.next_token[slot] = greedy[m]
+    return m, greedy[m]
+
+
+def rows_to_replay(drafts: list[int], t0: int, m: int) -> tuple[bool, list[int]]:
+    """The drafter's rewind after a verdict of m out of k drafts, for a drafting state that consumed
+    t0, d1..d_{k-1} (a bf16 / fp8 Draft call: dk is pending). -> (restore the snapshot taken before t0?,
+    tokens to feed after that):
+        m == k      nothing restored; feed dk (the state then holds t0, d1..dk)
+        m == k - 1  the state already holds t0, d1..d_m: nothing to do
+        m <  k - 1  restore, then feed t0, d1..dm"""
+    k = len(drafts)
+    check_verdict(m, k)
+    if m == k:
+        return False, [drafts[-1]]
+    if m == k - 1:
+        return False, []
+    return True, [t0, *drafts[:m]]
