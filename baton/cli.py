@@ -1,19 +1,58 @@
-"""`baton` command line. Each subcommand lives in its own module exposing
-`add_arguments(parser)` and `run(args) -> int`; modules are imported only when their command runs."""
+"""`baton` command line: one subcommand per registered entry point.
+
+Commands are the `baton.commands` entry points of pyproject.toml (name -> module). Each module exposes
+`add_arguments(parser)` and `run(args) -> int` (or `add_arguments_for(name, parser)` / `run_for(name,
+args)` when it serves several names), and its docstring's first line is the command's help. A module is
+imported only when its command runs, so `baton health` stays fast and torch-free. Run from a source
+checkout that is not installed (the GPU machine), the same table is read from the checkout's
+pyproject.toml.
+"""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
+import re
 import sys
+from importlib import metadata
+from pathlib import Path
 
-COMMANDS = {
-    "make-tiny": ("baton.random_checkpoint", "write a tiny random Qwen3.5-architecture checkpoint"),
-    "complete": ("baton.complete", "greedy completion in-process with the exact engine (the reference)"),
-    "serve": ("deploy.local", "serve a model: router + prefill and decode workers (Ray or --processes)"),
-    "generate": ("baton.client_cli", "stream a completion from a running router"),
-    "health": ("baton.client_cli", "check a router's gRPC health"),
-    "bench": ("benchmarks.suite", "run the benchmark suite"),
-}
+GROUP = "baton.commands"
+_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def commands() -> dict[str, str]:
+    """Registered commands: name -> module, in registration order."""
+    found = {ep.name: ep.value for ep in metadata.entry_points(group=GROUP)}
+    if found:
+        return found
+    if _PYPROJECT.is_file():   # a checkout run through PYTHONPATH, without `pip install`
+        import tomllib
+
+        table = tomllib.loads(_PYPROJECT.read_text()).get("project", {}).get("entry-points", {})
+        return dict(table.get(GROUP, {}))
+    return {}
+
+
+def _help(module: str, command: str) -> str:
+    """A command's help, read without importing its module: its COMMAND_HELP[command] literal if it has
+    one, else its docstring's first line without the leading "`baton ...`: "."""
+    try:
+        spec = importlib.util.find_spec(module)
+        tree = ast.parse(Path(spec.origin).read_text()) if spec and spec.origin else None
+    except (ImportError, OSError, SyntaxError, ValueError):
+        tree = None
+    if tree is None:
+        return ""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMAND_HELP" for t in node.targets):
+            try:
+                return str(ast.literal_eval(node.value).get(command, ""))
+            except ValueError:
+                break
+    line = (ast.get_docstring(tree) or "").strip().split("\n")[0]
+    return re.sub(r"^(`baton [^`]*`(, | and )?)+: *", "", line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="baton", description="Baton: serving for hybrid recurrent LLMs")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    # Only the chosen command's module is imported (keeps `baton health` fast and torch-free).
+    table = commands()
+    if not table:
+        p.error(f"no commands registered (entry point group {GROUP!r}): is baton installed?")
     name = next((a for a in argv if not a.startswith("-")), None)
-    for cmd, (mod, help_) in COMMANDS.items():
-        sp = sub.add_parser(cmd, help=help_)
+    for cmd, mod in table.items():
+        sp = sub.add_parser(cmd, help=_help(mod.split(":")[0], cmd))
         if cmd == name:
-            module = importlib.import_module(mod)
+            module = importlib.import_module(mod.split(":")[0])
             if hasattr(module, "add_arguments_for"):
                 module.add_arguments_for(cmd, sp)
             else:

@@ -18,6 +18,8 @@ import grpc
 from baton.client import DEFAULT_ADDR, Client
 from baton.settings import SettingsError, read_token_file
 
+COMMAND_HELP = {"generate": "stream a completion from a running router", "health": "check a router's gRPC health"}
+
 
 def add_arguments_for(cmd: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--addr", default=DEFAULT_ADDR, help=f"router address (default {DEFAULT_ADDR})")

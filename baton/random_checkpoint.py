@@ -1,4 +1,4 @@
-"""`baton make-tiny`: write a genuine, tiny Qwen3.5 Hugging Face checkpoint in seconds on CPU.
+"""`baton make-tiny`: write a random-weight Qwen3.5 checkpoint (tiny shapes, for tests) in seconds on CPU.
 
 The weights come from transformers' own `Qwen3_5ForCausalLM`, re-initialised with a seeded generator
 so every tensor is non-trivial (HF init zeroes the zero-centred norms and sets dt_bias to ones; here the
@@ -208,7 +208,7 @@ def _post_process(out: Path, *, mtp: dict, mtp_inline: bool, shards: int, multim
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def make_tiny(out_dir, *, seed: int = 0, layers: int = 4, hidden: int = 64, vocab: int = 512, mtp: bool = True,
+def make_random_checkpoint(out_dir, *, seed: int = 0, layers: int = 4, hidden: int = 64, vocab: int = 512, mtp: bool = True,
               tie: bool = False, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
               linear_heads: tuple[int, int] = (2, 4), linear_head_dim: int = 16, intermediate: int | None = None,
               conv_kernel: int = 4, dtype: str | torch.dtype = "float32", shards: int = 1,
@@ -271,7 +271,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_tiny(args.out_dir, seed=args.seed, layers=args.layers, hidden=args.hidden, vocab=args.vocab,
+    path = make_random_checkpoint(args.out_dir, seed=args.seed, layers=args.layers, hidden=args.hidden, vocab=args.vocab,
                      mtp=args.mtp, tie=args.tie, dtype=args.dtype, shards=args.shards,
                      multimodal=args.multimodal)
     print(path)

@@ -20,16 +20,16 @@ def _cache_root() -> Path:
 
 
 def make_tiny_dir(tmp_path: Path, **kw) -> Path:
-    """A fresh copy (safe to modify) of `baton.random_checkpoint.make_tiny(**kw)` under `tmp_path`.
+    """A fresh copy (safe to modify) of `baton.random_checkpoint.make_random_checkpoint(**kw)` under `tmp_path`.
 
     Each distinct set of arguments is generated once per test process and copied afterwards, so
     many tests can use the same tiny checkpoint cheaply.
     """
-    from baton.random_checkpoint import make_tiny
+    from baton.random_checkpoint import make_random_checkpoint
 
     key = tuple(sorted(kw.items()))
     if key not in _CACHE:
-        _CACHE[key] = make_tiny(_cache_root() / f"m{len(_CACHE)}", **kw)
+        _CACHE[key] = make_random_checkpoint(_cache_root() / f"m{len(_CACHE)}", **kw)
     name = re.sub(r"[^A-Za-z0-9=._-]", "_", "-".join(["tiny"] + [f"{k}={v}" for k, v in key]))
     dest = Path(tmp_path) / name
     n = 1

@@ -1,7 +1,7 @@
-"""The embedded default model (baton/assets/default-model, trained by deploy/train_tiny.py): it loads with
+"""The embedded default model (baton/assets/default-model, trained by deploy/train_default_model.py): it loads with
 its MTP head, the MTP head really drafts (acceptance >= 1.8 tokens per round at K=3 on held-out code),
 mtp and FP8-draft exact mode stay token-identical to the exact AR reference, and Baton matches
-transformers on it. Full figures: benchmarks/acceptance_tiny.py."""
+transformers on it. Full figures: benchmarks/acceptance_default_model.py."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""Corpus, tokenizer and model card of the tiny default model (used by deploy/train_tiny.py).
+"""Corpus, tokenizer and model card of the embedded default model (used by deploy/train_default_model.py).
 
 The corpus is the `.py` source of the standard library of the interpreter that runs the script, so
 nothing is downloaded. Files are listed in sorted order; a file belongs to a split by a stable hash of
@@ -155,7 +155,7 @@ def model_card(info: dict, config) -> str:
 {smoke}
 Baton's embedded default model: a tiny hybrid recurrent model (Gated DeltaNet + full attention) with an
 MTP draft head, trained from scratch on the `.py` files of the CPython {py} standard library by
-`deploy/train_tiny.py`. It writes plausible-looking Python; it is a test and demo model, not a
+`deploy/train_default_model.py`. It writes plausible-looking Python; it is a test and demo model, not a
 useful assistant.
 
 ## Architecture

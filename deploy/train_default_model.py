@@ -1,8 +1,8 @@
-"""Train Baton's tiny default model: a Qwen3.5-text hybrid (GDN + full attention) with an MTP head.
+"""Train Baton's embedded default model: a Qwen3.5-text hybrid (GDN + full attention) with an MTP head.
 
-    python deploy/train_tiny.py --out DIR [--minutes 6] [--device cuda] [--seed 0] [--smoke]
+    python deploy/train_default_model.py --out DIR [--minutes 6] [--device cuda] [--seed 0] [--smoke]
 
-Corpus and tokenizer: deploy/tiny_corpus.py (CPython stdlib `.py` files, byte-level BPE).
+Corpus and tokenizer: deploy/default_model_corpus.py (CPython stdlib `.py` files, byte-level BPE).
 Model: transformers' Qwen3_5ForCausalLM; uses flash-linear-attention kernels when `fla` is importable.
 MTP head (docs/CONTRACTS.md, "MTP semantics"), for the final-normed hidden h_t and token x_{t+1}:
     u = fc(cat([pre_fc_norm_embedding(embed(x_{t+1})), pre_fc_norm_hidden(h_t)]))
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tiny_corpus  # noqa: E402  (deploy/tiny_corpus.py)
-from tiny_eval import acceptance_estimate, check_mtp_causal, evaluate, greedy  # noqa: E402,F401
-from train_tiny_model import MTPHead, losses, model_config, mtp_chain  # noqa: E402,F401
+import default_model_corpus  # noqa: E402  (deploy/default_model_corpus.py)
+from default_model_eval import acceptance_estimate, check_mtp_causal, evaluate, greedy  # noqa: E402,F401
+from default_model_arch import MTPHead, losses, model_config, mtp_chain  # noqa: E402,F401
 
 SIZE_LIMIT = 16_000_000  # bytes, model.safetensors + mtp.safetensors
 
@@ -139,12 +139,12 @@ def main(argv=None):
             log(f"fla kernel check failed ({type(e).__name__}: {e}); restarting with --no-fla")
             os.execv(sys.executable, [sys.executable, *sys.argv, "--no-fla"])
 
-    corpus = tiny_corpus.load_corpus(max_train_bytes=1_500_000 if args.smoke else None)
+    corpus = default_model_corpus.load_corpus(max_train_bytes=1_500_000 if args.smoke else None)
     log(f"corpus {json.dumps(corpus.stats())}")
-    tok = tiny_corpus.train_tokenizer([t for _, t in corpus.train], args.vocab)
+    tok = default_model_corpus.train_tokenizer([t for _, t in corpus.train], args.vocab)
     tok.save(str(out / "tokenizer.json"))
-    eos = tok.token_to_id(tiny_corpus.EOS)
-    streams = {s: torch.from_numpy(tiny_corpus.encode_stream(tok, getattr(corpus, s), cap)).to(dev, torch.long)
+    eos = tok.token_to_id(default_model_corpus.EOS)
+    streams = {s: torch.from_numpy(default_model_corpus.encode_stream(tok, getattr(corpus, s), cap)).to(dev, torch.long)
                for s, cap in (("train", None), ("val", args.eval_tokens // 3), ("test", args.eval_tokens))}
     log(f"tokenizer vocab={tok.get_vocab_size()} eos={eos}; tokens " +
         " ".join(f"{s}={v.numel()}" for s, v in streams.items()))
@@ -241,7 +241,7 @@ def main(argv=None):
     model.eval(), mtp.eval()
     test = evaluate(model, mtp, streams["test"], T, 3, autocast)
     P, n_new, K = (16, 10, 3) if args.smoke else (64, 192, 3)
-    prompts = tiny_corpus.prompts(tok, corpus.test, P, 2 if args.smoke else 8)
+    prompts = default_model_corpus.prompts(tok, corpus.test, P, 2 if args.smoke else 8)
     seqs = greedy(model, torch.tensor(prompts, device=dev), n_new, autocast)
     accept = acceptance_estimate(model, mtp, seqs, P, K, autocast)
     log(f"held-out {json.dumps(test)}; acceptance estimate {json.dumps(accept)}")
@@ -256,11 +256,11 @@ def main(argv=None):
                   "lr": args.lr, "warmup": warmup, "mtp_weight": args.mtp_weight, "mtp_steps": args.mtp_steps,
                   "best_step": best[1], "history": history, "val": vals},
         "heldout": test, "acceptance_estimate": accept,
-        "samples": [tiny_corpus.sample_text(tok, s, P, eos) for s in seqs.tolist()[:3]], "samples_new_tokens": n_new,
+        "samples": [default_model_corpus.sample_text(tok, s, P, eos) for s in seqs.tolist()[:3]], "samples_new_tokens": n_new,
         "total_seconds": round(time.time() - t_start, 1),
     }
     (out / "train_log.json").write_text(json.dumps(info, indent=1) + "\n")
-    (out / "README.md").write_text(tiny_corpus.model_card(info, config))
+    (out / "README.md").write_text(default_model_corpus.model_card(info, config))
     log(f"wrote {out}: " + ", ".join(sorted(f.name for f in out.iterdir())))
 
 

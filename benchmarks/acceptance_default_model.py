@@ -1,8 +1,8 @@
 """Speculation acceptance of the embedded default model on held-out stdlib prompts (CPU, fp32 by default).
 
-    python benchmarks/acceptance_tiny.py [--model DIR] [--new 128] [--prompt-tokens 48] [--k-mtp 3] [--k-fp8 4]
+    python benchmarks/acceptance_default_model.py [--model DIR] [--new 128] [--prompt-tokens 48] [--k-mtp 3] [--k-fp8 4]
 
-Prompts: the first `--prompt-tokens` tokens from the first `def` of held-out files (deploy/tiny_corpus.py:
+Prompts: the first `--prompt-tokens` tokens from the first `def` of held-out files (deploy/default_model_corpus.py:
 sha256(relpath) mod 20 == 0) of this interpreter's stdlib, skipping the `test` packages. The split is by
 path, so every such file is held out from training whatever Python version trained the model.
 
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "deploy"))
 
-import tiny_corpus  # noqa: E402
+import default_model_corpus  # noqa: E402
 from baton.loading import load_model, resolve_model_dir  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.tokenizer import Tokenizer  # noqa: E402
@@ -52,8 +52,8 @@ SKIP_PREFIXES = ("test/", "idlelib/idle_test/", "lib2to3/tests/", "distutils/tes
 def heldout_prompts(tok: Tokenizer, n_tokens: int, count: int) -> list[dict]:
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for rel, path in tiny_corpus.stdlib_files(root):
-        if tiny_corpus.split_of(rel) != "test" or rel.startswith(SKIP_PREFIXES):
+    for rel, path in default_model_corpus.stdlib_files(root):
+        if default_model_corpus.split_of(rel) != "test" or rel.startswith(SKIP_PREFIXES):
             continue
         try:
             text = path.read_text("utf-8")
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
               f"fp8 {rows[-1]['exact_fp8']['acceptance_rate']:.1%}, identical {same}", file=sys.stderr)
 
     result = {
-        "benchmark": "acceptance_tiny",
+        "benchmark": "acceptance_default_model",
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(shlex.quote(x) for x in [os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),

@@ -1,4 +1,4 @@
-"""The tiny model's architecture and losses (deploy/train_tiny.py): Qwen3.5 text config, the MTP head
+"""The default model's architecture and losses (deploy/train_default_model.py): Qwen3.5 text config, the MTP head
 in the checkpoint's own naming, the chained MTP forward, and the training losses."""
 from __future__ import annotations
 

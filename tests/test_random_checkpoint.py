@@ -59,11 +59,11 @@ def test_layer_types_small_models():
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
-    from baton.random_checkpoint import make_tiny
+    from baton.random_checkpoint import make_random_checkpoint
 
     a = make_tiny_dir(tmp_path, seed=3, layers=2, hidden=32, vocab=300)
-    b = make_tiny(tmp_path / "again", seed=3, layers=2, hidden=32, vocab=300)
-    c = make_tiny(tmp_path / "other", seed=4, layers=2, hidden=32, vocab=300)
+    b = make_random_checkpoint(tmp_path / "again", seed=3, layers=2, hidden=32, vocab=300)
+    c = make_random_checkpoint(tmp_path / "other", seed=4, layers=2, hidden=32, vocab=300)
     for f in ("model.safetensors", "mtp.safetensors", "tokenizer.json"):
         assert (a / f).read_bytes() == (b / f).read_bytes()
     ta, tc = load_file(str(a / "model.safetensors")), load_file(str(c / "model.safetensors"))

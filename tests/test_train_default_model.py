@@ -1,4 +1,4 @@
-"""deploy/train_tiny.py: the tiny default model's trainer (smoke mode on CPU) and its MTP head."""
+"""deploy/train_default_model.py: the tiny default model's trainer (smoke mode on CPU) and its MTP head."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "deploy"))
-import tiny_corpus  # noqa: E402
-import train_tiny  # noqa: E402
+import default_model_corpus  # noqa: E402
+import train_default_model  # noqa: E402
 
 FILES = ("config.json", "model.safetensors", "mtp.safetensors", "tokenizer.json", "README.md", "train_log.json")
 
@@ -26,8 +26,8 @@ def _table(path):
 def _small_pair(seed=0):
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
     torch.manual_seed(seed)
-    cfg = train_tiny.model_config(vocab=300, eos_id=0, hidden=64, layers=4, intermediate=96)
-    return Qwen3_5ForCausalLM(cfg).eval(), train_tiny.MTPHead(cfg).eval()
+    cfg = train_default_model.model_config(vocab=300, eos_id=0, hidden=64, layers=4, intermediate=96)
+    return Qwen3_5ForCausalLM(cfg).eval(), train_default_model.MTPHead(cfg).eval()
 
 
 def _assert_mtp_causal(model, mtp, T=20, j=11):
@@ -38,7 +38,7 @@ def _assert_mtp_causal(model, mtp, T=20, j=11):
     ids2 = ids.clone()
     ids2[0, j] = (ids[0, j] + 1) % model.config.vocab_size
     with torch.no_grad():
-        a, b = (train_tiny.mtp_chain(model, mtp, x, model.model(input_ids=x[:, :T]).last_hidden_state, 1)[0]
+        a, b = (train_default_model.mtp_chain(model, mtp, x, model.model(input_ids=x[:, :T]).last_hidden_state, 1)[0]
                 for x in (ids, ids2))
     assert torch.allclose(a[:, : j - 1], b[:, : j - 1], atol=1e-5)
     assert not torch.allclose(a[:, j - 1], b[:, j - 1], atol=1e-4)
@@ -47,17 +47,17 @@ def _assert_mtp_causal(model, mtp, T=20, j=11):
 
 # ---- fast unit tests -------------------------------------------------------------------------------
 def test_split_is_a_stable_hash_of_the_path():
-    assert [tiny_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")] == \
-        [tiny_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")]
+    assert [default_model_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")] == \
+        [default_model_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")]
     names = [f"pkg/mod{i}.py" for i in range(2000)]
-    share = sum(tiny_corpus.split_of(n) == "test" for n in names) / len(names)
+    share = sum(default_model_corpus.split_of(n) == "test" for n in names) / len(names)
     assert 0.03 < share < 0.07
-    assert {tiny_corpus.split_of(n) for n in names} == {"train", "val", "test"}
+    assert {default_model_corpus.split_of(n) for n in names} == {"train", "val", "test"}
 
 
 def test_mtp_head_names_and_causality_on_a_random_model():
     model, mtp = _small_pair()
-    train_tiny.check_mtp_causal(model, mtp, "cpu")
+    train_default_model.check_mtp_causal(model, mtp, "cpu")
     _assert_mtp_causal(model, mtp)
     names = set(mtp.state_dict())
     assert {"fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight"} <= names
@@ -72,8 +72,8 @@ def test_mtp_chain_aligns_steps_with_targets():
     ids = torch.randint(0, 300, (2, T + 1))
     with torch.no_grad():
         h = model.model(input_ids=ids[:, :T]).last_hidden_state
-        chain = train_tiny.mtp_chain(model, mtp, ids, h, 3)
-        total, main, ce = train_tiny.losses(model, mtp, ids, 2, 0.3)
+        chain = train_default_model.mtp_chain(model, mtp, ids, h, 3)
+        total, main, ce = train_default_model.losses(model, mtp, ids, 2, 0.3)
     assert [c.shape for c in chain] == [(2, T - k, 300) for k in (1, 2, 3)]
     assert len(ce) == 2 and torch.isclose(total, main + 0.3 * ce[0] + 0.15 * ce[1])
 
@@ -81,21 +81,21 @@ def test_mtp_chain_aligns_steps_with_targets():
 def test_mtp_gradient_reaches_only_the_mtp_head():
     model, mtp = _small_pair(2)
     ids = torch.randint(0, 300, (2, 17))
-    _, _, ce = train_tiny.losses(model, mtp, ids, 2, 0.3)
+    _, _, ce = train_default_model.losses(model, mtp, ids, 2, 0.3)
     sum(ce).backward()
     assert all(p.grad is None for p in model.parameters())
     assert all(p.grad is not None for p in mtp.parameters())
 
 
 def test_gdn_kernel_preflight_passes_on_the_torch_path():
-    assert train_tiny.preflight_gdn_kernel(torch.device("cpu")) < 0.05
+    assert train_default_model.preflight_gdn_kernel(torch.device("cpu")) < 0.05
 
 
 # ---- the smoke run (CPU) ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smoke_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "out"
-    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "train_tiny.py"), "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "train_default_model.py"), "--smoke", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -154,6 +154,6 @@ def test_smoke_tokenizer_card_and_log(smoke_dir):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_smoke_mtp_head_is_causal_after_loading(smoke_dir):
-    model, mtp = train_tiny.load_trained(smoke_dir)
-    train_tiny.check_mtp_causal(model, mtp, "cpu")
+    model, mtp = train_default_model.load_trained(smoke_dir)
+    train_default_model.check_mtp_causal(model, mtp, "cpu")
     _assert_mtp_causal(model, mtp)

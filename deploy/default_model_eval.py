@@ -1,4 +1,4 @@
-"""Evaluation helpers of deploy/train_tiny.py: held-out loss, greedy continuations, a speculation
+"""Evaluation helpers of deploy/train_default_model.py: held-out loss, greedy continuations, a speculation
 acceptance estimate, and the MTP head's causality check."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from train_tiny_model import losses, mtp_chain  # noqa: F401  (deploy/train_tiny_model.py)
+from default_model_arch import losses, mtp_chain  # noqa: F401  (deploy/default_model_arch.py)
 
 
 @torch.no_grad()
