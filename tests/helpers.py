@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 _CACHE: dict[tuple, Path] = {}
+ROOT = Path(__file__).resolve().parents[1]   # the repository
 _CACHE_ROOT: Path | None = None
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy"))
 import default_model_corpus  # noqa: E402
 import train_default_model  # noqa: E402

@@ -16,7 +16,7 @@ from baton.engine.state import ATTN_KEY, ATTN_VALUE, GDN_CONV, GDN_RECURRENT
 from baton.handoff import encode
 from baton.handoff import decode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ["baton", "prefill_worker", "decode_worker", "router", "deploy"]
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVING_RE = re.compile(r"^baton: serving on (\S+):(\d+)$")
 READY_RE = re.compile(r"ready on (\S+):(\d+)")
 PROMPT = "def fibonacci(n):"

@@ -16,7 +16,7 @@ from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_LEN, T = 256, 30
 PROMPT = [9, 8, 7, 6, 5]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fused_rows_kernels_match_eager_and_are_row_invariant():

@@ -29,7 +29,7 @@ _MISSING = [m for m in ("prefill_worker.service", "decode_worker.service", "pref
                         "decode_worker.__main__") if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"worker services not built yet: {_MISSING}")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_LEN = 256          # NOTE: the workers' window and complete()'s must agree (exactness contract)
 TOKEN = "e2e-secret"
 N = 20

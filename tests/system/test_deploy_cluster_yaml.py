@@ -10,7 +10,7 @@ import pytest
 yaml = pytest.importorskip("yaml")
 pytest.importorskip("jsonschema")  # Ray's validator needs it
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_YAML = ROOT / "deploy" / "cluster.yaml"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _INTERP = r"""
 import json, sys, torch

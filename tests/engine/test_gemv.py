@@ -19,7 +19,7 @@ from decode_worker.fp8 import quantize_rows, w8a8_reference
 triton = pytest.importorskip("triton")
 from baton.kernels import gemv  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rel_err(a, b) -> float:

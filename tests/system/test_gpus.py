@@ -70,7 +70,7 @@ def test_worker_entry_points_do_not_import_fla(tmp_path):
     (gdn_ops imports it on the first CUDA prefill). A stand-in `fla` package fails loudly if imported."""
     (tmp_path / "fla").mkdir()
     (tmp_path / "fla" / "__init__.py").write_text("raise SystemExit('fla imported')\n")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     code = ("import sys; import decode_worker.__main__, prefill_worker.__main__, router.__main__; "
             "from baton.models import gdn_ops; print('fla' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,

@@ -13,7 +13,7 @@ from baton import lifeline
 from deploy import processes
 from deploy.processes import WorkerProcess, WorkerSpec
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 CHILD = ("import sys, time; sys.path.insert(0, %r); from baton.lifeline import die_with_parent; "
          "print(die_with_parent(), flush=True); time.sleep(60)" % ROOT)
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
