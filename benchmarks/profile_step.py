@@ -49,11 +49,11 @@ def group(name: str) -> str:
 def profile_eager(r: ModelRunner) -> dict:
     from torch.profiler import ProfilerActivity, profile
     r.state.snapshot(0)
-    r.rows_body(0, 1)
+    r.compute_rows(0, 1)
     r.state.restore(0)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        r.rows_body(0, 1)
+        r.compute_rows(0, 1)
         torch.cuda.synchronize()
     r.state.restore(0)
     per_name, per_group, count = collections.Counter(), collections.Counter(), 0

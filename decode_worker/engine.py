@@ -13,7 +13,7 @@ Lifecycle of a request through this engine:
     release(session)       the slot is free (also on TTL expiry)
 
 Session state lives in slot `session.slot` of `runner.state`; every engine step goes through
-ModelRunner.run_rows / run_mtp, which replay captured graphs when they exist.
+ModelRunner.replay_rows / replay_mtp, which replay captured graphs when they exist.
 """
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ class DecodeEngine:
         r.mtp_ids.zero_()
         r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
         r.mtp_start.fill_(s.mtp_start)
-        r.run_mtp(s.slot, n)
+        r.replay_mtp(s.slot, n)
         drafts = [self.drafter.propose(s, 0, int(r.mtp_tok[n - 1]))]
         h = r.mtp_out[n - 1].clone()          # chained: the MTP output row is the next step's hidden
         idx = s.mtp_start + n                 # KV index of the next pair
@@ -224,7 +224,7 @@ class DecodeEngine:
             r.mtp_h[0].copy_(h)
             r.mtp_ids[0] = drafts[-1]
             r.mtp_start.fill_(idx)
-            r.run_mtp(s.slot, 1)
+            r.replay_mtp(s.slot, 1)
             drafts.append(self.drafter.propose(s, i, int(r.mtp_tok[0])))
             h = r.mtp_out[0].clone()
             idx += 1

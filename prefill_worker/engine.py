@@ -152,9 +152,9 @@ class ExactEngine:
 
     def verify(self, session_id: str, tokens: list[int]) -> VerifyResult:
         s = self.get(session_id)
-        K = len(tokens) - 1
-        if not 1 <= K < self.width:
-            raise ValueError(f"tokens: a block of K={K} drafts; K must be in 1..{self.width - 1}")
+        k = len(tokens) - 1
+        if not 1 <= k < self.width:
+            raise ValueError(f"tokens: a block of K={k} drafts; K must be in 1..{self.width - 1}")
         self.runner.check_ids(tokens, "tokens")
         st = self.runner.state
         with self._compute:
@@ -164,9 +164,9 @@ class ExactEngine:
             m, nxt = verify_block(self.runner, s.slot, tokens)   # keeps tokens[0..m] only
             pos = int(st.position[s.slot])
         c = s.counters
-        c.drafted += K
+        c.drafted += k
         c.accepted += m
-        c.rejected_blocks += int(m < K)
+        c.rejected_blocks += int(m < k)
         c.verify_blocks += 1
         return VerifyResult(m, nxt, pos, c)
 

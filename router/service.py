@@ -34,6 +34,7 @@ from typing import Iterator
 
 import grpc
 
+from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES, engine_name, known_engine
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
 from router.calls import Calls, Cancelled, WorkerFault, unavailable
@@ -44,10 +45,6 @@ from router.registry import Registry
 
 log = logging.getLogger("baton.router")
 C = grpc.StatusCode
-ENGINE_NAMES = {common_pb2.ENGINE_UNSPECIFIED: None, common_pb2.BF16: "bf16", common_pb2.FP8: "fp8",
-                common_pb2.MTP: "mtp"}
-ENGINE_BY_NAME = {v: k for k, v in ENGINE_NAMES.items() if v}
-MODE_NAMES = {common_pb2.MODE_UNSPECIFIED: "fast", common_pb2.FAST: "fast", common_pb2.EXACT: "exact"}
 MAX_STOP_IDS = 64
 MAX_REQUEST_ID = 128
 
@@ -100,7 +97,7 @@ class Plan:
 
     @property
     def engine_name(self) -> str | None:
-        return ENGINE_NAMES[self.engine]
+        return engine_name(self.engine)
 
 
 def _bad(field: str, why: str) -> StatusError:
@@ -117,7 +114,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     # ---- GetModelInfo ----------------------------------------------------------------------------
     def GetModelInfo(self, request, context):
         cfg, reg = self.config, self.registry
-        engines = sorted(ENGINE_BY_NAME[e] for e in reg.engines() if e in ENGINE_BY_NAME)
+        engines = sorted(ENGINE_VALUES[e] for e in reg.engines() if e in ENGINE_VALUES)
         return router_pb2.ModelInfo(
             model_id=self.meta.model_id, fingerprint=reg.fingerprint(),
             max_context=reg.max_context(cfg.max_context), engines=engines, vocab_size=self.meta.vocab_size,
@@ -129,7 +126,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         t0 = time.monotonic()
         rec = {"request_id": request.request_id[:MAX_REQUEST_ID] or uuid.uuid4().hex,
                "mode": MODE_NAMES.get(request.mode, str(request.mode)),
-               "engine": ENGINE_NAMES.get(request.engine) or "default", "tokens": 0, "migrations": 0}
+               "engine": ENGINE_NAMES.get(request.engine, "default"), "tokens": 0, "migrations": 0}
         if not self._admit.acquire(blocking=False):
             self._done(rec, t0, C.RESOURCE_EXHAUSTED)
             abort_with(context, C.RESOURCE_EXHAUSTED,
@@ -170,7 +167,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise _bad("request_id", f"longer than {MAX_REQUEST_ID} characters")
         if r.mode not in MODE_NAMES:
             raise _bad("mode", f"unknown value {r.mode} (FAST=1, EXACT=2)")
-        if r.engine not in ENGINE_NAMES:
+        if not known_engine(r.engine):
             raise _bad("engine", f"unknown value {r.engine} (BF16=1, FP8=2, MTP=3)")
         max_ctx = self.registry.max_context(cfg.max_context)
         which = r.WhichOneof("prompt")
@@ -212,7 +209,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         for role in ("prefill", "decode"):
             if not self.registry.up(role):
                 raise unavailable(f"no {role} worker is available")
-        name = ENGINE_NAMES[r.engine]
+        name = engine_name(r.engine)
         if name and self.registry.engines_known() and name not in self.registry.engines():
             offered = ", ".join(sorted(self.registry.engines())) or "none"
             raise _bad("engine", f"{name} is not offered by any decode worker (offered: {offered})")

@@ -30,14 +30,14 @@ def main() -> None:
         t = eager.prefill(0, ids)
         assert fused.prefill(0, ids) == t
         toks = [t] + torch.randint(0, 512, (block - 1,), generator=g).tolist()
-        ge, le = eager.rows_step(0, eager.pad_ids(toks), block)
-        gf, lf = fused.rows_step(0, fused.pad_ids(toks), block)
+        ge, le = eager.rows_with_logits(0, eager.pad_ids(toks), block)
+        gf, lf = fused.rows_with_logits(0, fused.pad_ids(toks), block)
         st = {k: max(float((getattr(eager.state, k)[i][0].float() - getattr(fused.state, k)[i][0].float())
                            .abs().max()) for i in getattr(eager.state, k)) for k in ("conv", "recurrent", "key")}
         # row invariance of the fused path: the same tokens one row at a time
         ar = ModelRunner(m, max_len=512, fast=True)
         ar.prefill(0, ids)
-        ar_logits = [ar.rows_step(0, ar.pad_ids([x]), 1)[1][0] for x in toks]
+        ar_logits = [ar.rows_with_logits(0, ar.pad_ids([x]), 1)[1][0] for x in toks]
         out[name] = {"logits_max_diff": float((le[:block] - lf[:block]).abs().max()),
                      "tokens_equal": ge[:block].tolist() == gf[:block].tolist(),
                      "state_max_diff": st, "position": [int(eager.state.position[0]), int(fused.state.position[0])],
@@ -67,7 +67,7 @@ def main() -> None:
         r.mtp_h.copy_(torch.randn(r.width, m.cfg.hidden_size, generator=torch.Generator().manual_seed(5)))
         r.mtp_ids[:3] = torch.tensor([7, 8, 9])
         r.mtp_start.fill_(49)
-        r.mtp_body(0, 3)
+        r.compute_mtp(0, 3)
         L = r.state.mtp_layer
         runs[fast] = (r.mtp_tok[:3].tolist(), r.mtp_out[:3].clone(), r.state.key[L][0, :, :53].clone())
     out["mtp"] = {"tokens_equal": runs[False][0] == runs[True][0],

@@ -26,9 +26,9 @@ from torch import nn
 
 try:
     from baton.kernels import gdn, gemv
-    from baton.kernels import rows as K
+    from baton.kernels import rows as rk
 except ImportError:       # no Triton: the eager rows path is used everywhere
-    K = gdn = gemv = None
+    rk = gdn = gemv = None
 from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, rope_cos_sin
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
@@ -79,7 +79,7 @@ class Merged:
         """gate|up merge only: x [W, in] -> silu(x @ gate^T) * (x @ up^T) [W, I]."""
         if self.glu:
             return gemv.linear(x, self.module.weight, self.module.scale, rows=n, glu=True)
-        return K.silu_mul(rows_linear(self.module, x, n))
+        return rk.silu_mul(rows_linear(self.module, x, n))
 
 
 def rows_linear(mod: nn.Module, x: "torch.Tensor | gemv.QuantX", n: int, partial: bool = False) -> torch.Tensor:
@@ -185,7 +185,7 @@ class FastRows:
         eps = self.cfg.rms_norm_eps
         q8 = self.w8a8 is not None and self.w8a8.use_kernel
         part = q8 or self.bf16_partial
-        res, xn = K.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps, quant=q8)
+        res, xn = rk.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps, quant=q8)
         for i, layer in enumerate(layers):
             if hasattr(layer, "linear_attn"):
                 proj = _call(self.mixer[i], xn, n, partial=q8)
@@ -193,11 +193,11 @@ class FastRows:
             else:
                 proj = _call(self.mixer[i], xn, n)
                 y = self._attn(layer.self_attn, proj, state, slot, n, pos, partial=part)
-            res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps, rows=n, quant=q8)
+            res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps, rows=n, quant=q8)
             y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n, partial=part)
             last = i + 1 == len(layers)
             nxt = m.model.norm if last else layers[i + 1].input_layernorm
-            res, xn = K.add_rmsnorm(y, res, nxt.weight, eps, rows=n, quant=q8 and not last)
+            res, xn = rk.add_rmsnorm(y, res, nxt.weight, eps, rows=n, quant=q8 and not last)
         state.position[slot] += n
         return xn
 
@@ -207,14 +207,14 @@ class FastRows:
         RoPE position pos[i] + 1 -> normed out [W, hidden]. Writes the MTP KV rows of the first n pairs."""
         head, eps = self.model.mtp, self.cfg.rms_norm_eps
         layer = head.layers[0]
-        _, e = K.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
-        _, hn = K.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
-        res, xn = K.add_rmsnorm(rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None,
+        _, e = rk.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
+        _, hn = rk.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
+        res, xn = rk.add_rmsnorm(rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None,
                                 layer.input_layernorm.weight, eps)
         y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, slot, n, pos, rope_offset=1)
-        res, xn = K.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
+        res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
         y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
-        return K.add_rmsnorm(y, res, head.norm.weight, eps)[1]
+        return rk.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
     def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int, phase: int | None = None,
              partial: bool = False, quant: bool = False) -> torch.Tensor:
@@ -233,9 +233,9 @@ class FastRows:
         qg = qg.view(W, nh, 2 * d)
         kc, vc = state.kv(a.layer_idx)
         kc, vc = kc[slot], vc[slot]                                             # [nkv, L, d]
-        q = K.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
+        q = rk.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
                          self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps, rope_offset)   # KV rows < n written
-        o = K.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
+        o = rk.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
         return rows_linear(a.o_proj, o, n, partial)
 
 
@@ -266,4 +266,4 @@ def _bf16_partial(model: Qwen3_5ForCausalLM) -> bool:
 
 def usable(model: nn.Module) -> bool:
     """The fused path runs on CUDA (Triton kernels) for the dense Qwen3.5 model."""
-    return K is not None and next(model.parameters()).is_cuda and isinstance(model, Qwen3_5ForCausalLM)
+    return rk is not None and next(model.parameters()).is_cuda and isinstance(model, Qwen3_5ForCausalLM)

@@ -1,10 +1,10 @@
 """CUDA-graph capture of the whole decode step (embedding -> layers -> norm -> head -> argmax ->
 position increment), one graph per (kind, slot, n).
 
-    kind "rows": ModelRunner.rows_body(slot, n)  — AR step (n=1), verify (n=K+1), re-advance (n=m+1)
-    kind "ar":   ModelRunner.ar_body(slot)       — AR step fed from next_token on the device (n=1)
-    kind "ar0", "ar1": ModelRunner.ar_body(slot, phase) — the ping-pong AR steps (runner pipeline=True)
-    kind "mtp":  ModelRunner.mtp_body(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
+    kind "rows": ModelRunner.compute_rows(slot, n)  — AR step (n=1), verify (n=K+1), re-advance (n=m+1)
+    kind "ar":   ModelRunner.compute_ar(slot)       — AR step fed from next_token on the device (n=1)
+    kind "ar0", "ar1": ModelRunner.compute_ar(slot, phase) — the ping-pong AR steps (runner pipeline=True)
+    kind "mtp":  ModelRunner.compute_mtp(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
 
 First-call discipline (so the first served token is bitwise the same as every later one):
     1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
@@ -36,8 +36,8 @@ class GraphStats:
 
 
 def _bodies(runner: ModelRunner):
-    return {"rows": runner.rows_body, "mtp": runner.mtp_body, "ar": lambda slot, n: runner.ar_body(slot),
-            "ar0": lambda slot, n: runner.ar_body(slot, 0), "ar1": lambda slot, n: runner.ar_body(slot, 1)}
+    return {"rows": runner.compute_rows, "mtp": runner.compute_mtp, "ar": lambda slot, n: runner.compute_ar(slot),
+            "ar0": lambda slot, n: runner.compute_ar(slot, 0), "ar1": lambda slot, n: runner.compute_ar(slot, 1)}
 
 
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:

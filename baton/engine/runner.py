@@ -6,6 +6,10 @@
     ar_launch / ar_collect  the same, pipelined (pipeline=True): a step is launched before the previous
                             step's token is read; GDN state ping-pongs (HybridState.gdn_io) so an
                             unwanted step can be undone (HybridState.undo_step)
+Three layers of names: compute_rows / compute_ar / compute_mtp are the pure tensor code on static
+buffers (what a CUDA graph captures); replay_rows / replay_mtp run the captured graph of (kind, slot, n)
+if there is one, else that code; rows / ar_step / ar_launch are the host API (tokens in, tokens out).
+rows_with_logits is the eager path that also returns logits (tests).
 
 Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.py), which is what
 makes verification and MTP speculation exact. The decode worker replays `rows` from CUDA graphs
@@ -110,7 +114,7 @@ class ModelRunner:
         buf[: len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
         return buf
 
-    def rows_body(self, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
+    def compute_rows(self, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
         """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
         Returns logits [W, vocab] (tests compare them; graphs ignore them). phase: see ar_launch."""
@@ -125,7 +129,7 @@ class ModelRunner:
         self.state.hidden[slot].copy_(h[n - 1])
         return logits
 
-    def ar_body(self, slot: int, phase: int | None = None) -> None:
+    def compute_ar(self, slot: int, phase: int | None = None) -> None:
         """One AR step fed on the device: next_token[slot] -> rows(n=1) -> next_token[slot] = greedy.
         The host reads tok_out[0] once per token and writes nothing. phase 0 / 1: a ping-pong step
         (GDN state main -> alt / alt -> main; hidden saved to hidden_prev first)."""
@@ -133,10 +137,10 @@ class ModelRunner:
         self.ids_buf[:1].copy_(self.state.next_token[slot:slot + 1])
         if phase is not None:
             self.state.hidden_prev[slot].copy_(self.state.hidden[slot])
-        self.rows_body(slot, 1, phase)
+        self.compute_rows(slot, 1, phase)
         self.state.next_token[slot:slot + 1].copy_(self.tok_out[:1])
 
-    def mtp_body(self, slot: int, n: int) -> None:
+    def compute_mtp(self, slot: int, n: int) -> None:
         """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
         pos = self.mtp_start + self.arange_w
         if self.fast is not None:
@@ -148,15 +152,15 @@ class ModelRunner:
         self.mtp_out.copy_(out)
 
     @torch.inference_mode()
-    def run_rows(self, slot: int, n: int) -> None:
+    def replay_rows(self, slot: int, n: int) -> None:
         g = self.graphs.get(("rows", slot, n))
-        g.replay() if g is not None else self.rows_body(slot, n)
+        g.replay() if g is not None else self.compute_rows(slot, n)
 
     @torch.inference_mode()
     def ar_step(self, slot: int) -> int:
         """Consumes next_token[slot] (window checked by the caller); returns the new next token."""
         g = self.graphs.get(("ar", slot, 1))
-        g.replay() if g is not None else self.ar_body(slot)
+        g.replay() if g is not None else self.compute_ar(slot)
         return int(self.tok_out[0])
 
     @torch.inference_mode()
@@ -165,7 +169,7 @@ class ModelRunner:
         copy of its token to the host; returns at once on CUDA. Phases alternate 0, 1, 0, ... from the
         main buffers, so at most two steps (one per phase) of a slot are unread."""
         g = self.graphs.get((f"ar{phase}", slot, 1))
-        g.replay() if g is not None else self.ar_body(slot, phase)
+        g.replay() if g is not None else self.compute_ar(slot, phase)
         self._tok_host[slot, phase].copy_(self.tok_out[0], non_blocking=True)
         if self._tok_ev is not None:
             self._tok_ev[slot][phase].record()
@@ -177,15 +181,15 @@ class ModelRunner:
         return int(self._tok_host[slot, phase])
 
     @torch.inference_mode()
-    def run_mtp(self, slot: int, n: int) -> None:
+    def replay_mtp(self, slot: int, n: int) -> None:
         g = self.graphs.get(("mtp", slot, n))
-        g.replay() if g is not None else self.mtp_body(slot, n)
+        g.replay() if g is not None else self.compute_mtp(slot, n)
 
     @torch.inference_mode()
-    def rows_step(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows_with_logits(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager rows with logits (tests): ids_w [W] -> (greedy [W], logits [W, vocab])."""
         self.ids_buf.copy_(ids_w)
-        logits = self.rows_body(slot, n)
+        logits = self.compute_rows(slot, n)
         return self.tok_out.clone(), logits
 
     def begin_block(self, slot: int) -> None:
@@ -216,5 +220,5 @@ class ModelRunner:
         self.check_window(pos, n)
         self.ids_buf.zero_()
         self.ids_buf[:n] = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        self.run_rows(slot, n)
+        self.replay_rows(slot, n)
         return self.tok_out[:n].tolist()

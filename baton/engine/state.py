@@ -2,7 +2,7 @@
 
 Layout (S = slots, fixed at construction; every buffer is allocated once and never replaced, so
 captured CUDA graphs stay valid):
-    conv[layer]      [S, conv_dim, K-1]      activation dtype   (GDN layers)
+    conv[layer]      [S, conv_dim, KW-1]      activation dtype   (GDN layers)
     recurrent[layer] [S, Hv, dk, dv]         fp32               (GDN layers)
     key/value[layer] [S, kv_heads, max_len, head_dim]  activation dtype (attention layers)
     position         [S] int64   tokens consumed by the slot
@@ -10,7 +10,7 @@ captured CUDA graphs stay valid):
     hidden           [S, hidden] last final-normed hidden row (MTP input)
     row checkpoints (optional, `ckpt_rows=W`; one set shared by all slots: rows passes run one at a
     time under the engine's compute lock):
-    ckpt_conv[layer] [W, conv_dim, K-1]     conv state after row t of the last multi-row pass
+    ckpt_conv[layer] [W, conv_dim, KW-1]     conv state after row t of the last multi-row pass
     ckpt_rec[layer]  [W, Hv, dk, dv] fp32   recurrent state after row t of the last multi-row pass
     (single-row passes, i.e. AR steps, write none: nothing can cut a one-row block)
     so a verify block that accepts m < K drafts rewinds to row m by copying, instead of restoring the
@@ -56,8 +56,8 @@ class HybridState:
         self.mtp_layer = cfg.num_hidden_layers if mtp else None   # the MTP layer's KV index
         self.device = torch.device(device)
         z = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=self.device)  # noqa: E731
-        K = cfg.linear_conv_kernel_dim
-        self.conv = {i: z(slots, cfg.conv_dim, K - 1) for i in cfg.gdn_layers}
+        KW = cfg.linear_conv_kernel_dim
+        self.conv = {i: z(slots, cfg.conv_dim, KW - 1) for i in cfg.gdn_layers}
         self.recurrent = {i: z(slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
         kv_shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
@@ -67,7 +67,7 @@ class HybridState:
         self.position = z(slots, dt=torch.int64)
         self.next_token = z(slots, dt=torch.int64)
         self.hidden = z(slots, cfg.hidden_size)
-        self.ckpt_conv = {i: z(ckpt_rows, cfg.conv_dim, K - 1) for i in cfg.gdn_layers} if ckpt_rows else {}
+        self.ckpt_conv = {i: z(ckpt_rows, cfg.conv_dim, KW - 1) for i in cfg.gdn_layers} if ckpt_rows else {}
         self.ckpt_rec = ({i: z(ckpt_rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
                          if ckpt_rows else {})
@@ -127,7 +127,7 @@ class HybridState:
         return self.key[layer], self.value[layer]
 
     def row_ckpt(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(ckpt_conv [W, C, K-1], ckpt_rec [W, Hv, dk, dv]) of a GDN layer, or None when not kept."""
+        """(ckpt_conv [W, C, KW-1], ckpt_rec [W, Hv, dk, dv]) of a GDN layer, or None when not kept."""
         return (self.ckpt_conv[layer], self.ckpt_rec[layer]) if self.ckpt_conv else None
 
     def rewind_rows(self, slot: int, row: int) -> None:

@@ -25,52 +25,52 @@ from baton.kernels.rows import _ld, _p2, _store_w8a8
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["n", "ckpt"])
 def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n, ckpt,
-                      K: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
+                      KW: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
                       PARTS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
     j = tl.arange(0, KP)
-    jm = j < K
-    w = tl.load(w_ptr + c[:, None] * K + j[None, :], mask=m[:, None] & jm[None, :], other=0.0).to(tl.float32)
-    # seq = [state (K-1 columns), x rows]; out[t] = silu(sum_j seq[t + j] * w[:, j]), rows t < n only
+    jm = j < KW
+    w = tl.load(w_ptr + c[:, None] * KW + j[None, :], mask=m[:, None] & jm[None, :], other=0.0).to(tl.float32)
+    # seq = [state (KW-1 columns), x rows]; out[t] = silu(sum_j seq[t + j] * w[:, j]), rows t < n only
     for t in range(0, n):
         idx = t + j                                                       # [KP] seq indexes
-        st = idx < K - 1
-        vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :], mask=m[:, None] & (jm & st)[None, :], other=0.0)
-        vx = _ld(x_ptr, (idx - (K - 1))[None, :] * sx + c[:, None], m[:, None] & (jm & (idx >= K - 1))[None, :],
+        st = idx < KW - 1
+        vs = tl.load(st_ptr + c[:, None] * (KW - 1) + idx[None, :], mask=m[:, None] & (jm & st)[None, :], other=0.0)
+        vx = _ld(x_ptr, (idx - (KW - 1))[None, :] * sx + c[:, None], m[:, None] & (jm & (idx >= KW - 1))[None, :],
                  xp, PARTS, y_ptr.dtype.element_ty)
-        win = tl.where(st[None, :], vs, vx)                              # [BLOCK_C, KP] = seq[t .. t+K-1]
+        win = tl.where(st[None, :], vs, vx)                              # [BLOCK_C, KP] = seq[t .. t+KW-1]
         acc = tl.sum(win.to(tl.float32) * w, axis=1)
         y = acc * tl.sigmoid(acc)
         tl.store(y_ptr + t * C + c, y.to(y_ptr.dtype.element_ty), mask=m)
-        if ckpt != 0:                                                     # state after row t = seq[t+1 .. t+K-1]
-            tl.store(ck_ptr + t * C * (K - 1) + c[:, None] * (K - 1) + (j - 1)[None, :], win,
+        if ckpt != 0:                                                     # state after row t = seq[t+1 .. t+KW-1]
+            tl.store(ck_ptr + t * C * (KW - 1) + c[:, None] * (KW - 1) + (j - 1)[None, :], win,
                      mask=m[:, None] & ((j >= 1) & jm)[None, :])
-    # new state[:, j] = seq[n + j], j < K-1 (all reads above happen before the barrier)
+    # new state[:, j] = seq[n + j], j < KW-1 (all reads above happen before the barrier)
     idx = n + j
-    jm1 = j < K - 1
-    from_st = idx < K - 1
-    vs = tl.load(st_ptr + c[:, None] * (K - 1) + idx[None, :],
+    jm1 = j < KW - 1
+    from_st = idx < KW - 1
+    vs = tl.load(st_ptr + c[:, None] * (KW - 1) + idx[None, :],
                  mask=m[:, None] & (jm1 & from_st)[None, :], other=0.0)
-    vx = _ld(x_ptr, (idx - (K - 1))[None, :] * sx + c[:, None], m[:, None] & (jm1 & (idx >= K - 1))[None, :],
+    vx = _ld(x_ptr, (idx - (KW - 1))[None, :] * sx + c[:, None], m[:, None] & (jm1 & (idx >= KW - 1))[None, :],
              xp, PARTS, y_ptr.dtype.element_ty)
     new = tl.where(from_st[None, :], vs, vx)
     tl.debug_barrier()
-    tl.store(so_ptr + c[:, None] * (K - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
+    tl.store(so_ptr + c[:, None] * (KW - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
 
 
 def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int,
               ckpt: torch.Tensor | None = None, out_state: torch.Tensor | None = None) -> torch.Tensor:
-    """x [W, C] (row-strided, unit column stride); conv_state [C, K-1] contiguous, advanced by the
+    """x [W, C] (row-strided, unit column stride); conv_state [C, KW-1] contiguous, advanced by the
     first n rows in place, or written advanced into out_state (same layout; conv_state is then only
-    read); w [C, K] contiguous; ckpt [W, C, K-1] (optional): ckpt[t] := the state after row t, t < n.
+    read); w [C, KW] contiguous; ckpt [W, C, KW-1] (optional): ckpt[t] := the state after row t, t < n.
     Returns silu(conv) [W, C]; rows >= n are left unwritten (nothing reads them: gdn_rows consumes the
     first n rows only). x may be the split-K partials [S, W, C] fp32 (a column slice of them) of the
     projection GEMM (gemv.linear(partial=True)), taken as their sum rounded to conv_state.dtype."""
     parts = x.shape[0] if x.dim() == 3 else 0
     W, C = x.shape[-2:]
-    K = w.shape[1]
+    KW = w.shape[1]
     assert x.stride(-1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
     y = torch.empty(W, C, dtype=conv_state.dtype if parts else x.dtype, device=x.device)
     B = 128
@@ -79,7 +79,7 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
     assert out_state.is_contiguous() and out_state.shape == conv_state.shape
     _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(-2), x.stride(0) if parts else 0, conv_state, out_state,
                                             w, y, ckpt if ckpt is not None else y,
-                                            C, n, int(ckpt is not None), K=K, KP=_p2(K), BLOCK_C=B, PARTS=parts,
+                                            C, n, int(ckpt is not None), KW=KW, KP=_p2(KW), BLOCK_C=B, PARTS=parts,
                                             num_warps=4, **launch_kw(x.device))
     return y
 

@@ -33,19 +33,19 @@ def _fla_chunk():
 
 def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool,
                 ckpt: torch.Tensor | None = None) -> torch.Tensor:
-    """Depthwise causal conv + SiLU. x [T, C]; conv_state [C, K-1] (updated in place with the last
-    K-1 inputs of the first n rows); w [C, K]. `wide` (prefill) may use conv1d. ckpt [W, C, K-1]
+    """Depthwise causal conv + SiLU. x [T, C]; conv_state [C, KW-1] (updated in place with the last
+    KW-1 inputs of the first n rows); w [C, KW]. `wide` (prefill) may use conv1d. ckpt [W, C, KW-1]
     (rows mode, optional): ckpt[t] := the conv state after row t, t < n. Returns [T, C]."""
     T, C = x.shape
-    K = w.shape[1]
-    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)          # [C, K-1+T]
+    KW = w.shape[1]
+    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)          # [C, KW-1+T]
     if wide:                # prefill: wide kernel
         out = F.conv1d(seq[None], w[:, None, :], groups=C)[0]         # [C, T]
     else:                   # rows: fixed-shape windows, row-invariant
-        out = (seq.unfold(1, K, 1) * w[:, None, :]).sum(-1)           # [C, T]
+        out = (seq.unfold(1, KW, 1) * w[:, None, :]).sum(-1)           # [C, T]
         if ckpt is not None:
-            ckpt[:n].copy_(seq.unfold(1, K - 1, 1)[:, 1:n + 1].transpose(0, 1))
-    conv_state.copy_(seq[:, n:n + K - 1])
+            ckpt[:n].copy_(seq.unfold(1, KW - 1, 1)[:, 1:n + 1].transpose(0, 1))
+    conv_state.copy_(seq[:, n:n + KW - 1])
     return F.silu(out).transpose(0, 1)
 
 

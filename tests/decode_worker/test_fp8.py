@@ -194,7 +194,7 @@ def test_tail_mode_keeps_the_recurrent_trajectory_bitwise():
 def _rows_logits(model, first: list[int], prompt=(3, 17, 42, 5, 99, 7, 1)):
     r = ModelRunner(model, max_len=64, width=16)
     r.prefill(0, list(prompt))
-    return r.rows_step(0, r.pad_ids(first), len(first))[1]          # [W, vocab]
+    return r.rows_with_logits(0, r.pad_ids(first), len(first))[1]          # [W, vocab]
 
 
 def test_full_mode_rows_stay_row_invariant():

@@ -62,7 +62,7 @@ def test_prompt_and_decode_logits_and_greedy_match_hf(pair):
             cache = _cache(o2)
             r.ids_buf.zero_()
             r.ids_buf[0] = ours_tokens[-1]
-            logits = r.rows_body(0, 1)
+            logits = r.compute_rows(0, 1)
             assert (logits[0] - o2.logits[0, -1]).abs().max() < TOL
             ours_tokens.append(int(logits[0].argmax()))
             hf_tokens.append(int(o2.logits[0, -1].argmax()))
