@@ -15,6 +15,7 @@ import ipaddress
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -371,7 +372,7 @@ def test_router_statuses_map_to_http(refusing):
                                 ).message == "max_tokens: 9 > 8"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
        body=st.one_of(_body_strategy(), st.binary(max_size=40)))
 def test_fuzz_bodies_only_200_400_413_429(refusing, path, body):
@@ -386,7 +387,8 @@ def test_tls_from_the_routers_settings(tmp_path):
     bare = Bare(settings=Settings(token=TOKEN, tls_cert=cert, tls_key=key))
     try:
         assert bare.url.startswith("https://127.0.0.1:")
-        r = httpx.get(bare.url + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}, verify=cert, timeout=10)
+        r = httpx.get(bare.url + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10,
+                      verify=ssl.create_default_context(cafile=cert))
         assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL
         with pytest.raises(httpx.ConnectError):                   # plaintext or an untrusted certificate
             httpx.get(bare.url + "/health", timeout=10)
@@ -514,3 +516,20 @@ def test_http_stack_is_imported_only_when_asked_for():
     r = subprocess.run([sys.executable, "-c", probe, str(DEFAULT_DIR)], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stderr
+
+
+def test_python_m_router_serves_http_and_a_busy_port_is_a_clear_error():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BATON_LOG_LEVEL": "WARNING", "BATON_TOKEN": ""}
+    port = pick_free_port()
+    argv = [sys.executable, "-u", "-m", "router", "--port", "0", "--prefill", "127.0.0.1:9", "--decode", "127.0.0.1:9",
+            "--model", str(DEFAULT_DIR), "--http-port", str(port)]
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [p.stdout.readline().strip() for _ in range(2)]
+        assert lines[1] == f"router: http on http://127.0.0.1:{port}", lines
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 503   # no worker up
+        busy = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)     # the same port again
+        assert busy.returncode == 1 and f"--http-port {port}: cannot listen on 127.0.0.1:{port}" in busy.stderr
+    finally:
+        p.terminate()
+        assert p.wait(20) == 0

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from prometheus_client import CONTENT_TYPE_LATEST, Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from router.http.errors import ApiError, bad
 from router.http.run import Run
@@ -95,11 +96,14 @@ async def read_json(request: Request, limit: int):
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"body: {int(length)} bytes is over the limit of {limit}", code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"body: over the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"body: over the limit of {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:   # gone before its body arrived: nothing to answer, nothing to log
+        raise ApiError(400, "body: the client disconnected while sending it", code="client_disconnected") from None
     raw = b"".join(chunks)
     try:
         return json.loads(raw)

@@ -28,7 +28,11 @@ class HttpServer:
             ssl_cert_reqs=ssl.CERT_REQUIRED if tls and settings.tls_ca else ssl.CERT_NONE)
         config.load()                      # certificate errors raise here, in the caller
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        self._sock = socket.create_server((host, port), family=family, backlog=2048)
+        try:
+            self._sock = socket.create_server((host, port), family=family, backlog=2048)
+        except OSError as e:
+            raise OSError(e.errno, f"--http-port {port}: cannot listen on {host}:{port}: {e.strerror} "
+                                   f"(pass another --http-port, or 0 for no HTTP API)") from None
         self.host, self.port = host, self._sock.getsockname()[1]
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://[{host}]:{self.port}" if ":" in host else f"{scheme}://{host}:{self.port}"
