@@ -242,7 +242,7 @@ def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int
         token = token or f"load-{os.getpid()}-{random.randrange(1 << 30)}"
         tf = Path(tmp.name) / "token"
         tf.write_text(token)
-        args = ["--port", "0", "--token-file", str(tf), "--max-len", str(max_len), "--grace", "5", *serve_args]
+        args = ["--port", "0", "--http-port", "0", "--token-file", str(tf), "--max-len", str(max_len), "--grace", "5", *serve_args]
         if model_dir:
             args += ["--model", str(model_dir)]
         serve = Serve(*args)

@@ -166,10 +166,10 @@ def named_actors(namespace: str) -> dict[str, object]:
 
 
 def router_kwargs(*, host: str, port: int, namespace: str | None, prefill=(), decode=(), model_dir=None,
-                  token_file=None) -> dict:
+                  token_file=None, http_port: int = 0) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
     return dict(host=host, port=port, prefill=list(prefill), decode=list(decode), ray_namespace=namespace,
-                model_dir=model_dir, token_file=token_file)
+                model_dir=model_dir, token_file=token_file, http_port=http_port)
 
 
 class RouterHandle:
@@ -179,6 +179,8 @@ class RouterHandle:
         self._handle, self._servicer, self._stop_fn = handle, servicer, stop_fn
         self.address = handle.address
         self.port = handle.port
+        http = getattr(servicer, "http", None)
+        self.http_url = http.url if http is not None else None   # the HTTP API (router/http), or None
 
     def stop(self, grace: float = 2.5) -> None:
         """Health NOT_SERVING, no new RPCs, in-flight ones get `grace` s; then polling stops."""
@@ -186,7 +188,7 @@ class RouterHandle:
 
 
 def serve_router(*, host: str, port: int, prefill=(), decode=(), ray_namespace=None, model_dir=None,
-                 token_file=None) -> RouterHandle:
+                 token_file=None, http_port: int = 0) -> RouterHandle:
     """Starts the router in this process (router.service / router.__main__ serve_router)."""
     from baton.settings import Settings, read_token_file
 
@@ -196,7 +198,8 @@ def serve_router(*, host: str, port: int, prefill=(), decode=(), ray_namespace=N
         from router.__main__ import serve_router as _serve, stop_router
     settings = Settings.from_env(token=read_token_file(token_file) if token_file else None, host=host)
     handle, servicer = _serve(prefill=list(prefill), decode=list(decode), model_dir=model_dir,
-                              settings=settings, host=host, port=port, ray_namespace=ray_namespace)
+                              settings=settings, host=host, port=port, ray_namespace=ray_namespace,
+                              http_port=http_port)
     return RouterHandle(handle, servicer, stop_router)
 
 

@@ -8,7 +8,8 @@ Lifecycle:
                  One progress line per worker: loading, then ready with the seconds it took.
     serve        the router in this process, given the workers' addresses (and, with Ray, the
                  namespace, so an actor Ray restarts on a new port is found again); once its health
-                 is SERVING, exactly one line on stdout: `baton: serving on HOST:PORT`
+                 is SERVING, exactly one line on stdout: `baton: serving on HOST:PORT`; then, with the
+                 HTTP API on (--http-port, default 8000; 0 = off), `baton: http on http://HOST:PORT`
     --ask TEXT   then one request through the router, as a client sends it (gRPC, the token): its
                  answer is one more stdout line, `baton: answer {json}`; serving goes on
     SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s;
@@ -41,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
     p.add_argument("--port", type=int, default=50051, help="router port (0 = a free port)")
     p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="OpenAI-compatible HTTP API port on the router's host (0 = off)")
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
     p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")
     p.add_argument("--engine", default=None, choices=ENGINES, help="decode engine (default: the worker's)")
@@ -109,6 +112,8 @@ def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callab
         wait_serving(_router_probe_address(router.address), timeout=120.0, what="router")
         sig.phase = "serving"
         print(f"baton: serving on {router.address}", flush=True)
+        if getattr(router, "http_url", None):
+            print(f"baton: http on {router.http_url}", flush=True)
         if on_serving is not None:
             threading.Thread(target=on_serving, args=(_router_probe_address(router.address),), daemon=True,
                              name="baton-ask").start()
@@ -118,7 +123,7 @@ def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callab
         progress.say("stopping: router no longer accepts requests")
     except KeyboardInterrupt:
         progress.say("interrupted: stopping")
-    except (StartupError, OSError, ValueError) as e:
+    except (StartupError, OSError, ValueError, ImportError) as e:
         progress.say(f"router failed to start: {e}")
         rc = 1
     finally:
@@ -223,6 +228,8 @@ def _check(args) -> str | None:
         return "--prefill and --decode must be >= 1"
     if not 0 <= args.port < 65536:
         return "--port must be in 0..65535"
+    if not 0 <= args.http_port < 65536:
+        return "--http-port must be in 0..65535 (0 = off)"
     if args.ask_tokens < 1:
         return "--ask-tokens must be >= 1"
     import baton
@@ -307,7 +314,7 @@ def run(args) -> int:
         kw = router_kwargs(host=host, port=args.port, namespace=namespace,
                            prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
                            decode=[a for n, a in addresses.items() if n.startswith("decode-")],
-                           model_dir=args.model, token_file=args.token_file)
+                           model_dir=args.model, token_file=args.token_file, http_port=args.http_port)
         on_serving = None
         if args.ask is not None:
             token = Path(args.token_file).read_text().strip() if args.token_file else None

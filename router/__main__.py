@@ -6,7 +6,8 @@ Lifecycle:
         named Ray actors) -> gRPC server (Router + health + reflection, auth interceptor, TLS)
         -> first health poll -> health SERVING while >= 1 prefill and >= 1 decode worker serve
         -> /metrics on --metrics-port (0 = off)
-    prints `router: serving on HOST:PORT`
+        -> the OpenAI-compatible HTTP API on --http-port (0 = off; router/http, imported only then)
+    prints `router: serving on HOST:PORT` (and `router: http on http://HOST:PORT` with --http-port)
     SIGINT / SIGTERM: health NOT_SERVING, stop accepting, in-flight requests get `--grace` s, exit 0
 """
 from __future__ import annotations
@@ -33,16 +34,20 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
                  settings: Settings | None = None, worker_settings: Settings | None = None,
                  config: RouterConfig = RouterConfig(), host: str | None = None, port: int = 0,
                  metrics_port: int = 0, ray_namespace: str | None = None,
-                 poll_interval: float = 0.5) -> tuple[ServerHandle, RouterServicer]:
+                 poll_interval: float = 0.5, http_port: int = 0) -> tuple[ServerHandle, RouterServicer]:
     """Start a router; returns (handle, servicer). Stop it with `stop_router(handle, servicer, grace)`.
 
     meta (else read from model_dir, else the embedded default model) gives the tokenizer and limits.
     `settings` serve the router (token checked, TLS cert); `worker_settings` (default: `settings`)
-    make the worker channels: its token is sent to the workers, its TLS files secure those calls."""
+    make the worker channels: its token is sent to the workers, its TLS files secure those calls.
+    http_port > 0 also serves the HTTP API (`servicer.http`: router.http.server.HttpServer, else None)
+    on the same host, with `settings`' token and TLS and model_dir's chat template."""
     settings = Settings.from_env() if settings is None else settings
     worker_settings = settings if worker_settings is None else worker_settings
+    if meta is None or (http_port and model_dir is None):
+        model_dir = _model_dir(model_dir)
     if meta is None:
-        meta = ModelMeta.from_dir(_model_dir(model_dir))
+        meta = ModelMeta.from_dir(model_dir)
     metrics = RouterMetrics()
     box: dict[str, ServerHandle] = {}
 
@@ -58,12 +63,19 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
                           service_names=[SERVICE_NAME], host=host, port=port, settings=settings,
                           max_workers=config.max_inflight + 16)  # + health Watch streams, model info
     box["handle"] = handle
+    servicer.http = None
     try:
         registry.start()
         metrics.start(metrics_port, handle.host)
+        if http_port:
+            from router.http import start_http
+
+            servicer.http = start_http(servicer, handle, host=handle.host, port=http_port, settings=settings,
+                                       model_dir=model_dir)
     except BaseException:
         handle.stop(0)
         registry.stop()
+        metrics.stop()
         raise
     return handle, servicer
 
@@ -80,7 +92,12 @@ def _model_dir(model_dir) -> Path:
 
 def stop_router(handle: ServerHandle, servicer: RouterServicer, grace: float = 5.0) -> None:
     """NOT_SERVING, refuse new calls, give in-flight ones `grace` s, then stop polling and /metrics."""
+    http = getattr(servicer, "http", None)
+    if http is not None:
+        http.begin_stop()    # no new HTTP connections; its requests in flight drain with the gRPC ones
     handle.stop(grace)
+    if http is not None:
+        http.stop(grace)
     servicer.registry.stop()
     servicer.metrics.stop()
 
@@ -109,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a worker may take to answer one call (or send the next token) before it is "
                         "treated as hung")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on --host (0 = off)")
+    p.add_argument("--http-port", type=int, default=0,
+                   help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)")
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
     p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
     args = p.parse_args(argv)
@@ -138,11 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                                         model_dir=args.model, settings=settings,
                                         worker_settings=worker_settings, config=config,
                                         port=args.port, metrics_port=args.metrics_port,
-                                        ray_namespace=args.ray_namespace)
-    except (OSError, ValueError) as e:
+                                        ray_namespace=args.ray_namespace, http_port=args.http_port)
+    except (OSError, ValueError, ImportError) as e:
         print(f"router: {e}", file=sys.stderr)
         return 1
     print(f"router: serving on {handle.address}", flush=True)
+    if servicer.http is not None:
+        print(f"router: http on {servicer.http.url}", flush=True)
     while not stop.wait(0.5):
         pass
     logging.getLogger("baton.router").info("shutting down (grace %.1fs)", args.grace)

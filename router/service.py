@@ -14,6 +14,8 @@ Lifecycle of a Generate request:
     finish     the last message carries finish_reason, usage and stats; Release on P and D always
                (also when the client cancels: context callback -> downstream calls cancelled)
 Every downstream call has a deadline no later than the client's. One JSON log line per request.
+The HTTP API calls Generate in process (router/http/bridge.py), with a context that has only
+time_remaining(), add_callback() and abort(): Generate must use no other ServicerContext method.
 
 Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
 or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, the exact

@@ -204,7 +204,7 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
     fast generation's."""
     token_file = tmp_path / "token"
     token_file.write_text("deploy-test-token\n")
-    srv = Served("--port", "0", "--token-file", str(token_file), "--grace", "5", *args)
+    srv = Served("--port", "0", "--http-port", "0", "--token-file", str(token_file), "--grace", "5", *args)
     try:
         host, port = srv.wait_serving(start_timeout)
         addr = f"{host}:{port}"

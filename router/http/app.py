@@ -1,0 +1,189 @@
+"""The OpenAI-compatible HTTP API of one router: a FastAPI app over RouterServicer.Generate.
+
+    app = create_app(servicer, serving=lambda: True, token="t", chat_template=ChatTemplate | None)
+
+    GET  /health                200 {"status": "SERVING"} only while the router's gRPC health is SERVING,
+                                else 503; no token needed (a probe)
+    GET  /metrics               the router's Prometheus registry (text exposition)
+    GET  /v1/models             the served model
+    POST /v1/completions        router/http/schemas.py parse_completion
+    POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
+
+Every path but /health needs `Authorization: Bearer <token>` when the router has a token (the gRPC
+one; constant-time compare): 401 otherwise. A body over `body_limit` bytes is 413 before it is parsed
+(Content-Length, or counted while it arrives); a body that is not JSON is 400. Errors are OpenAI's shape,
+{"error": {"message", "type", "param", "code"}}; router statuses map as router/http/errors.py says.
+Streaming responses are SSE (fastapi.sse framing): one `data: {chunk}` per router message, then
+`data: [DONE]`. The HTTP status is sent once every prompt has its first token, so a refusal (400, 429,
+503) is a status, not a chunk.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import weakref
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse, format_sse_event
+from prometheus_client import CONTENT_TYPE_LATEST, Counter
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from router.http.errors import ApiError, bad
+from router.http.run import Run
+from router.http.schemas import Limits, parse_chat, parse_completion
+
+log = logging.getLogger("baton.router.http")
+DEFAULT_BODY_LIMIT = 4 << 20
+OPEN_PATHS = ("/health",)
+KNOWN = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_COUNTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _counter(registry) -> Counter:
+    """baton_router_http_requests{endpoint, status}, once per metrics registry."""
+    if registry not in _COUNTERS:
+        _COUNTERS[registry] = Counter("baton_router_http_requests", "HTTP API requests by endpoint and status",
+                                      ["endpoint", "status"], registry=registry)
+    return _COUNTERS[registry]
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+class Gate:
+    """Pure ASGI, outermost: a request to anything but /health needs the bearer token (401 before any
+    routing); every response is counted in baton_router_http_requests{endpoint, status}."""
+
+    def __init__(self, app, token: str | None, counter: Counter):
+        self.app, self.counter = app, counter
+        self._expected = f"Bearer {token}".encode() if token else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = path if path in KNOWN else "other"
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.counter.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        if self._expected is None or path in OPEN_PATHS:
+            return await self.app(scope, receive, counted)
+        auth = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+        ok = False
+        for v in auth:
+            ok |= hmac.compare_digest(v, self._expected)
+        if ok:
+            return await self.app(scope, receive, counted)
+        why = "a wrong bearer token" if auth else "no Authorization: Bearer <token> header"
+        await error_response(ApiError(401, f"authorization: {why}", code="invalid_api_key"))(scope, receive, counted)
+
+
+async def read_json(request: Request, limit: int):
+    """The body as JSON: 413 past `limit` bytes (before parsing), 400 when it is not JSON."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"body: {int(length)} bytes is over the limit of {limit}", code="body_too_large")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"body: over the limit of {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:   # gone before its body arrived: nothing to answer, nothing to log
+        raise ApiError(400, "body: the client disconnected while sending it", code="client_disconnected") from None
+    raw = b"".join(chunks)
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, int digits limit
+        raise bad("body", f"not valid JSON: {str(e)[:200]}") from None
+
+
+def create_app(servicer, *, serving: Callable[[], bool], token: str | None, chat_template=None,
+               body_limit: int = DEFAULT_BODY_LIMIT) -> FastAPI:
+    app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
+    counter = _counter(servicer.metrics.registry)
+    started = int(time.time())
+    meta, reg, cfg = servicer.meta, servicer.registry, servicer.config
+
+    def limits() -> Limits:
+        return Limits(meta.model_id, reg.max_context(cfg.max_context), cfg.width, meta.tokenizer, chat_template)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        return error_response(ApiError(e.status_code, f"{request.url.path}: {e.detail}"))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("HTTP %s %s failed", request.method, request.url.path)
+        return error_response(ApiError(500, "internal error (see the router's log)", code="internal"))
+
+    @app.get("/health")
+    async def health():
+        ok = serving()
+        return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(servicer.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": meta.model_id, "object": "model", "created": started, "owned_by": "baton",
+                "max_model_len": reg.max_context(cfg.max_context)}
+        return {"object": "list", "data": [card]}
+
+    async def generate(request: Request, parse) -> Response:
+        body = await read_json(request, body_limit)
+        job = await asyncio.to_thread(parse, body, limits())   # tokenizing and templating off the loop
+        run = Run(servicer, job, meta.model_id)
+        await run.start()
+        if not job.stream:
+            watch = asyncio.create_task(_on_disconnect(request, run.cancel))
+            try:
+                return JSONResponse(await run.collect())
+            finally:
+                watch.cancel()
+
+        async def sse():
+            async for chunk in run.chunks():
+                yield format_sse_event(data_str=json.dumps(chunk, ensure_ascii=False))
+            yield format_sse_event(data_str="[DONE]")
+
+        return EventSourceResponse(sse(), headers=SSE_HEADERS)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, parse_completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, parse_chat)
+
+    app.add_middleware(Gate, token=token, counter=counter)
+    return app
+
+
+async def _on_disconnect(request: Request, cancel: Callable[[], None]) -> None:
+    """Non-streaming requests: the body has been read, so the next ASGI message is the disconnect."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            cancel()
+            return

@@ -1,0 +1,178 @@
+"""One OpenAI request's Generate calls (one per prompt of a batch) and the responses built from them.
+
+    run = Run(servicer, job, model_id)          # starts every Generate (router/http/bridge.py)
+    await run.start()                           # waits for every choice's first message: ApiError if
+                                                # one failed before it (validation, 429, 503: nothing sent)
+    async for chunk in run.chunks(): ...        # streaming: OpenAI chunk objects, in arrival order
+    body = await run.collect()                  # non-streaming: the whole response object
+    run.cancel()                                # the client left (or a stop string matched): Generates end
+
+Per choice: text deltas pass through its StopMatcher; finish_reason is "length" (LENGTH) or "stop"
+(STOP, EOS, or a stop string); usage is the router's (prompt_tokens from the request, completion_tokens
+= tokens received, which the router's own usage equals when it ends the stream); `baton.stats` is the
+router's Stats of the last message ({} when a stop string ended the choice). An error after streaming
+began is sent as one {"error": ...} chunk, then the stream ends (OpenAI's servers do the same).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from baton.client import Delta
+from baton.rpc import StatusError
+from router.http.bridge import END, GenerateStream
+from router.http.errors import ApiError
+from router.http.stops import StopMatcher
+
+FINISH = {"LENGTH": "length", "STOP": "stop", "EOS": "stop"}
+
+
+@dataclass
+class Choice:
+    matcher: StopMatcher
+    prompt_tokens: int
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    finish: str | None = None
+    stats: dict = field(default_factory=dict)
+    started: bool = False
+    final: bool = False        # the router's last message arrived: its Generate ends on its own
+
+
+class Run:
+    def __init__(self, servicer, job, model_id: str):
+        self.job, self.model_id = job, model_id
+        prefix = "chatcmpl-" if job.kind == "chat" else "cmpl-"
+        self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
+        self.choices = [Choice(StopMatcher(job.stops), len(r.token_ids.ids)) for r in job.requests]
+        self._q: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self._streams = []
+        for i, r in enumerate(job.requests):
+            r.request_id = self.id if len(job.requests) == 1 else f"{self.id}-{i}"
+            self._streams.append(GenerateStream(servicer, r, out=self._q, index=i, loop=loop))
+        self._early: list[tuple[int, str, str | None]] = []   # events seen before every choice started
+
+    def cancel(self) -> None:
+        """Ends the Generate calls still running (a finished one is left alone: it stays OK)."""
+        for c, s in zip(self.choices, self._streams):
+            if not c.final:
+                s.cancel()
+
+    @property
+    def done(self) -> bool:
+        return all(c.finish is not None for c in self.choices)
+
+    async def _next(self) -> tuple[int, str, str | None]:
+        """The next (choice, text delta, finish_reason | None); raises ApiError for a router error."""
+        while True:
+            i, item = await self._q.get()
+            c = self.choices[i]
+            if c.finish is not None:
+                continue           # messages still in flight after a stop string ended the choice
+            c.started = True
+            if isinstance(item, StatusError):
+                self.cancel()
+                raise ApiError.from_status(item.code, item.message, self.job.rename)
+            if item is END:        # ended without a finish reason: only when cancelled
+                c.finish = "stop"
+                return i, "", c.finish
+            d = Delta.from_proto(item)
+            c.final = bool(d.finish_reason)
+            c.tokens += len(d.token_ids)
+            text, hit = c.matcher.push(d.text)
+            if hit:
+                c.finish = "stop"
+                if not c.final:
+                    self._streams[i].cancel()
+            elif d.finish_reason:
+                text += c.matcher.flush()
+                c.finish, c.stats = FINISH.get(d.finish_reason, "stop"), d.stats
+            c.text.append(text)
+            return i, text, c.finish
+
+    async def start(self) -> None:
+        """Returns once every choice has its first message; ApiError (nothing sent yet) otherwise."""
+        try:
+            while not all(c.started for c in self.choices):
+                self._early.append(await self._next())
+        except BaseException:
+            self.cancel()
+            raise
+
+    def usage(self) -> dict:
+        p = sum(c.prompt_tokens for c in self.choices)
+        n = sum(c.tokens for c in self.choices)
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+
+    def _stats(self):
+        stats = [c.stats for c in self.choices]
+        return {"stats": stats[0] if len(stats) == 1 else stats}
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id}
+
+    # ---- non-streaming --------------------------------------------------------------------------------
+    async def collect(self) -> dict:
+        try:
+            while not self.done:
+                await self._next()
+        finally:
+            self.cancel()
+        out = []
+        for i, c in enumerate(self.choices):
+            text = "".join(c.text)
+            if self.job.kind == "chat":
+                out.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                            "finish_reason": c.finish})
+            else:
+                out.append({"index": i, "text": text, "logprobs": None, "finish_reason": c.finish})
+        obj = "chat.completion" if self.job.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": out, "usage": self.usage(), "baton": self._stats()}
+
+    # ---- streaming ------------------------------------------------------------------------------------
+    def _chunk(self, i: int, text: str | None, finish: str | None, role: bool = False) -> dict:
+        if self.job.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            out = {**self._head("text_completion"),
+                   "choices": [{"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+        if self.job.include_usage:
+            out["usage"] = None
+        if finish is not None:
+            out["baton"] = {"stats": self.choices[i].stats}
+        return out
+
+    def _events(self, i: int, text: str, finish: str | None):
+        if text and (finish is None or self.job.kind == "chat"):
+            yield self._chunk(i, text, None)
+            text = ""
+        if finish is not None:
+            yield self._chunk(i, text, finish)
+
+    async def chunks(self):
+        """OpenAI chunk objects; the caller frames them as SSE and adds `data: [DONE]`."""
+        try:
+            if self.job.kind == "chat":
+                for i in range(len(self.choices)):
+                    yield self._chunk(i, None, None, role=True)
+            for ev in self._early:
+                for chunk in self._events(*ev):
+                    yield chunk
+            while not self.done:
+                try:
+                    ev = await self._next()
+                except ApiError as e:
+                    yield e.body()
+                    return
+                for chunk in self._events(*ev):
+                    yield chunk
+            if self.job.include_usage:
+                yield {**self._head("chat.completion.chunk" if self.job.kind == "chat" else "text_completion"),
+                       "choices": [], "usage": self.usage()}
+        finally:
+            self.cancel()    # the client left early (CancelledError / GeneratorExit here), or the end

@@ -1,0 +1,292 @@
+"""OpenAI request bodies -> the router's GenerateRequests (one per prompt), checked field by field.
+
+    job = parse_completion(body, ctx) / parse_chat(body, ctx)   # ApiError(400) naming the field
+    job.requests                        # router_pb2.GenerateRequest, one per choice (a batch of prompts)
+    job.rename                          # router field names -> this request's ("max_new_tokens" -> "max_tokens")
+
+Accepted as OpenAI defines them: model (the served id, or absent), prompt (string, token ids, or a batch
+of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage,
+stop (a string or up to 16: matched on the text here, see router/http/stops.py), user (ignored),
+seed (any integer: decoding is greedy), n = 1, temperature = 0, top_p = 1, presence / frequency penalty 0,
+and for chat add_generation_prompt, chat_template_kwargs. Refused with a 400 naming the field until Baton
+supports them: other temperature / top_p / n / penalty values, logprobs / top_logprobs, echo, suffix,
+best_of > 1, logit_bias, tools, non-text content parts, response_format other than text.
+Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
+"stop_token_ids": [...], "ignore_eos": bool}. Other top-level fields are ignored, as OpenAI's servers do.
+Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from baton.v1 import common_pb2, router_pb2
+from router.http.errors import ApiError, bad
+
+MAX_BATCH = 64
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+U32 = 1 << 32
+MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
+ENGINES = {"bf16": common_pb2.BF16, "fp8": common_pb2.FP8, "mtp": common_pb2.MTP}
+ROLES = ("system", "developer", "user", "assistant", "tool")
+BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos")
+
+
+@dataclass
+class Limits:
+    """What validation needs to know of the router."""
+    model_id: str
+    max_context: int        # the workers' window
+    width: int              # W rows reserved for decoding
+    tokenizer: object | None
+    chat_template: object | None = None
+
+
+@dataclass
+class Job:
+    kind: str                                   # "completion" | "chat"
+    requests: list = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    stops: tuple[str, ...] = ()
+    rename: dict = field(default_factory=dict)
+    mode: str = "fast"
+
+
+# ---- typed getters ----------------------------------------------------------------------------------
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _int(body: dict, name: str, lo: int, hi: int = U32 - 1, where: str = "") -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise bad(where + name, f"expected an integer, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise bad(where + name, f"{v} is out of range {lo}..{hi}")
+    return v
+
+
+def _bool(body: dict, name: str, default: bool, where: str = "") -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(where + name, f"expected true or false, got {type(v).__name__}")
+    return v
+
+
+def _only(body: dict, name: str, ok, why: str) -> None:
+    """Refuse a field whose value is not one Baton supports yet (absent / null always passes)."""
+    v = body.get(name)
+    if v is not None and not ok(v):
+        raise bad(name, why + f" (got {v!r:.40})")
+
+
+# ---- shared fields ------------------------------------------------------------------------------------
+def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
+    if not isinstance(body, dict):
+        raise bad("body", f"expected a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise bad("model", f"expected a string, got {type(model).__name__}")
+        if model != lim.model_id:
+            raise ApiError(404, f"model: {model!r:.80} is not served here (served: {lim.model_id!r})", param="model",
+                           code="model_not_found")
+    job = Job(kind, stream=_bool(body, "stream", False))
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad("stream_options", "expected an object")
+        job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
+    zero = lambda v: _is_num(v) and v == 0   # noqa: E731
+    _only(body, "temperature", zero, "Baton decodes greedily until sampling lands: only 0 is supported")
+    _only(body, "top_p", lambda v: _is_num(v) and v == 1, "Baton decodes greedily: only 1 is supported")
+    _only(body, "presence_penalty", zero, "not supported: only 0")
+    _only(body, "frequency_penalty", zero, "not supported: only 0")
+    _only(body, "logit_bias", lambda v: v == {}, "not supported")
+    _int(body, "seed", -(1 << 63), (1 << 64) - 1)     # accepted and unused: greedy decoding needs no seed
+    n = _int(body, "n", 1, 1 << 31)
+    if n is not None and n > 1:
+        raise bad("n", f"{n} choices are not supported: only n = 1 (decoding is greedy, every choice would be "
+                       f"the same)")
+    job.stops = _stops(body.get("stop"))
+    ext = body.get("baton")
+    gen = dict(mode=common_pb2.FAST, engine=common_pb2.ENGINE_UNSPECIFIED, draft_block=0, stop_token_ids=[],
+               ignore_eos=False)
+    if ext is not None:
+        if not isinstance(ext, dict):
+            raise bad("baton", "expected an object")
+        unknown = sorted(set(ext) - set(BATON_FIELDS))
+        if unknown:
+            raise bad(f"baton.{unknown[0]:.40}", f"unknown field (known: {', '.join(BATON_FIELDS)})")
+        mode, engine = ext.get("mode"), ext.get("engine")
+        if mode is not None:
+            if mode not in MODES:
+                raise bad("baton.mode", f"{mode!r:.40} is not one of fast, exact")
+            gen["mode"], job.mode = MODES[mode], mode
+        if engine is not None:
+            if engine not in ENGINES:
+                raise bad("baton.engine", f"{engine!r:.40} is not one of bf16, fp8, mtp")
+            gen["engine"] = ENGINES[engine]
+        gen["draft_block"] = _int(ext, "draft_block", 0, where="baton.") or 0
+        gen["ignore_eos"] = _bool(ext, "ignore_eos", False, "baton.")
+        ids = ext.get("stop_token_ids")
+        if ids is not None:
+            gen["stop_token_ids"] = _ids(ids, "baton.stop_token_ids", allow_empty=True)
+    job.rename = {"draft_block": "baton.draft_block", "mode": "baton.mode", "engine": "baton.engine",
+                  "stop_token_ids": "baton.stop_token_ids"}
+    return job, gen
+
+
+def _stops(v) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("stop", "expected a string or a list of strings")
+    if len(stops) > MAX_STOPS:
+        raise bad("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+    for s in stops:
+        if not s:
+            raise bad("stop", "an empty string cannot stop anything")
+        if len(s) > MAX_STOP_CHARS:
+            raise bad("stop", f"a stop string is {len(s)} characters: at most {MAX_STOP_CHARS}")
+    return tuple(dict.fromkeys(stops))
+
+
+def _ids(v, name: str, allow_empty: bool = False) -> list[int]:
+    if not isinstance(v, list) or not (v or allow_empty):
+        raise bad(name, "expected a non-empty list of token ids")
+    for i, t in enumerate(v):
+        if not _is_int(t) or not 0 <= t < U32:
+            raise bad(name, f"token id {t!r:.30} at index {i} is not an integer in 0..{U32 - 1}")
+    return list(v)
+
+
+def _encode(text: str, lim: Limits, name: str) -> list[int]:
+    if lim.tokenizer is None:
+        raise bad(name, "this router has no tokenizer: send token ids")
+    if len(text) > 32 * lim.max_context:
+        raise bad(name, f"{len(text)} characters is far beyond the window of {lim.max_context} tokens")
+    return lim.tokenizer.encode(text)
+
+
+def _max_tokens(body: dict, names: tuple[str, ...], default) -> tuple[int | None, str]:
+    for name in names:
+        v = _int(body, name, 1)
+        if v is not None:
+            return v, name
+    return default, names[0]
+
+
+def _request(ids: list[int], max_tokens: int, gen: dict) -> router_pb2.GenerateRequest:
+    r = router_pb2.GenerateRequest(max_new_tokens=max_tokens, **gen)
+    r.token_ids.SetInParent()
+    r.token_ids.ids.extend(ids)
+    return r
+
+
+def _window_rest(ids: list[int], lim: Limits) -> int:
+    """Default max_tokens of a chat: what the window leaves (at least 1: the router names the problem)."""
+    return max(1, lim.max_context - lim.width - len(ids))
+
+
+# ---- the two endpoints ------------------------------------------------------------------------------
+def parse_completion(body, lim: Limits) -> Job:
+    job, gen = _common(body, lim, "completion")
+    _only(body, "logprobs", lambda v: False, "not supported yet: Baton returns no log-probabilities")
+    _only(body, "echo", lambda v: v is False, "not supported")
+    _only(body, "suffix", lambda v: v == "", "not supported")
+    _only(body, "best_of", lambda v: v == 1, "only 1 is supported")
+    n, name = _max_tokens(body, ("max_tokens",), 16)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad("prompt", "required: a string, a list of token ids, or a list of either")
+    if isinstance(prompt, str):
+        prompts = [_encode(prompt, lim, "prompt")]
+    elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        prompts = [_ids(prompt, "prompt", allow_empty=True)]
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        prompts = [_encode(p, lim, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    elif isinstance(prompt, list) and all(isinstance(p, list) for p in prompt):
+        prompts = [_ids(p, f"prompt[{i}]", allow_empty=True) for i, p in enumerate(prompt)]
+    else:
+        raise bad("prompt", "expected a string, a list of token ids, or a list of strings / of token-id lists")
+    if not prompts:
+        raise bad("prompt", "an empty batch")
+    if len(prompts) > MAX_BATCH:
+        raise bad("prompt", f"a batch of {len(prompts)} prompts: at most {MAX_BATCH}")
+    job.requests = [_request(ids, n, gen) for ids in prompts]
+    job.rename.update({"max_new_tokens": name, "token_ids": "prompt"})
+    return job
+
+
+def _messages(v) -> list[dict]:
+    if not isinstance(v, list) or not v:
+        raise bad("messages", "expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(v):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, "expected an object with role and content")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(where + ".role", f"{role!r:.40} is not one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, p in enumerate(content):
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise bad(f"{where}.content[{j}]", "only text parts ({\"type\": \"text\", \"text\": ...}) are "
+                                                      "supported")
+                parts.append(p["text"])
+            content = "".join(parts)
+        elif content is not None and not isinstance(content, str):
+            raise bad(where + ".content", f"expected a string, a list of text parts, or null, got "
+                                          f"{type(content).__name__}")
+        if m.get("tool_calls"):
+            raise bad(where + ".tool_calls", "tool calls are not supported yet")
+        msg = {k: x for k, x in m.items() if k in ("name", "reasoning_content", "tool_call_id") and isinstance(x, str)}
+        msg.update(role=role, content=content if content is not None else "")
+        out.append(msg)
+    return out
+
+
+def parse_chat(body, lim: Limits) -> Job:
+    from router.http.chat import ChatTemplateError
+
+    job, gen = _common(body, lim, "chat")
+    _only(body, "logprobs", lambda v: v is False, "not supported yet: Baton returns no log-probabilities")
+    _only(body, "top_logprobs", lambda v: False, "not supported yet: Baton returns no log-probabilities")
+    _only(body, "tools", lambda v: v == [], "tool calls are not supported yet")
+    _only(body, "functions", lambda v: v == [], "function calls are not supported")
+    _only(body, "tool_choice", lambda v: v == "none", "tool calls are not supported yet")
+    _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
+    messages = _messages(body.get("messages"))
+    add_gen = _bool(body, "add_generation_prompt", True)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise bad("chat_template_kwargs", "expected an object")
+    if lim.chat_template is None:
+        raise bad("messages", f"the model {lim.model_id!r} has no chat template (no chat_template.jinja and no "
+                              f"chat_template in tokenizer_config.json): use /v1/completions")
+    try:
+        text = lim.chat_template.render(messages, add_generation_prompt=add_gen, kwargs=kwargs)
+    except ChatTemplateError as e:
+        raise bad("messages", str(e)) from None
+    ids = _encode(text, lim, "messages")
+    n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None)
+    job.requests = [_request(ids, n if n is not None else _window_rest(ids, lim), gen)]
+    job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})
+    return job
