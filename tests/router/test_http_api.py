@@ -29,7 +29,7 @@ pytest.importorskip("fastapi")
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
