@@ -8,7 +8,8 @@ JSON, tensor bytes only pass through the ring.
 Lifecycle of one stream (stream id s), on the threads of this process:
     main thread     OPEN s: a _Stream: its LoadState call starts on a cached channel (one per target and
                     settings; baton/channel_pool.py: bounded LRU, leased until the call ends), the header
-                    frame first. CHUNK s: queued on the stream (or, the stream gone, the slot FREEd at once). END s: queued. CANCEL s: its call cancelled.
+                    frame first. CHUNK s: queued on the stream (or, the stream gone, the slot FREEd at
+                    once). END s: queued. CANCEL s: its call cancelled.
     feeder (per stream)  takes queued chunks in order and submits each to the framing pool, at most
                     `workers + 2` framed ahead of gRPC (so a slow receiver holds slots, which throttles
                     the prefill process, instead of piling frames up here)
