@@ -67,6 +67,9 @@ class ChannelPool:
         self._entries: OrderedDict[Key, _Entry] = OrderedDict()   # least recently used first
         self._retired: set[_Entry] = set()                         # evicted while leased: open until released
 
+    def __bool__(self) -> bool:   # NOTE: an empty pool is still a pool (`pool or DEFAULT_POOL`), whatever len()
+        return True
+
     def __len__(self) -> int:
         """Channels in the cache (<= max_channels)."""
         with self._lock:
