@@ -13,6 +13,9 @@ metadata `authorization: Bearer <token>` or it ends with UNAUTHENTICATED before 
 servicer. grpc.health.v1 and server reflection stay open by default (`protect_health=False`) so
 k8s / Ray probes work without the secret; pass `protect_health=True` to guard them too.
 
+Then `DecodeGuard`: a request body that does not parse ends INVALID_ARGUMENT naming the message type, with
+one rate-limited log line (grpc's own answer would be INTERNAL and a traceback per request).
+
 Client side: `make_channel(address, settings)` applies TLS, message limits, keepalive and (when a
 token is configured) attaches the bearer metadata to every call, so stubs need no extra argument.
 `call_metadata(token)` gives the same metadata for channels made elsewhere.
@@ -30,6 +33,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from baton.rpc_guard import DecodeGuard
 from baton.settings import Settings
 
 AUTH_HEADER = "authorization"
@@ -170,22 +174,32 @@ def rpc_errors(
 
 
 # ---------------------------------------------------------------- options
-def _message_options(settings: Settings) -> list[tuple[str, int]]:
+# Every name below is a grpc core channel argument (grpc_types.h GRPC_ARG_*): a misspelt one is silently
+# ignored (issue 24: "min_recv_ping_interval..." left servers at the 5-minute default, so they sent GOAWAY
+# too_many_pings to our own idle channels). tests/test_grpc_hygiene.py checks each against cygrpc.
+def _message_options(settings: Settings, max_receive_bytes: int | None = None) -> list[tuple[str, int]]:
     n = settings.max_message_bytes
-    return [("grpc.max_receive_message_length", n), ("grpc.max_send_message_length", n)]
+    return [("grpc.max_receive_message_length", n if max_receive_bytes is None else max_receive_bytes),
+            ("grpc.max_send_message_length", n)]
 
 
-_SERVER_OPTIONS = [
-    ("grpc.so_reuseport", 0),  # NOTE: a taken port must fail to bind, never be shared silently
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),  # accept client pings >= 10 s
-]
-_CLIENT_OPTIONS = [
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+def _server_options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.so_reuseport", 0),  # NOTE: a taken port must fail to bind, never be shared silently
+        ("grpc.keepalive_permit_without_calls", 1),
+        # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS: accept client pings this often (<= the
+        # clients' keepalive time, Settings checks it)
+        ("grpc.http2.min_ping_interval_without_data_ms", settings.min_ping_interval_ms),
+    ]
+
+
+def _client_options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def _read(path: str | None) -> bytes | None:
@@ -251,6 +265,7 @@ def build_server(
     max_concurrent_rpcs: int | None = None,
     protect_health: bool = False,
     serving: bool = False,
+    max_receive_bytes: int | None = None,
 ) -> ServerHandle:
     """Build, bind and start a sync gRPC server.
 
@@ -258,15 +273,17 @@ def build_server(
     ("baton.v1.DecodeWorker") for health and reflection. host None = settings.host; port 0 = a
     free port (read it from handle.port). settings None = Settings.from_env(). TLS when
     settings.tls_cert/tls_key are set; with settings.tls_ca client certificates are required.
-    max_concurrent_rpcs bounds in-flight RPCs (past it: RESOURCE_EXHAUSTED).
+    max_concurrent_rpcs bounds in-flight RPCs (past it: RESOURCE_EXHAUSTED). max_receive_bytes: the
+    largest message received (past it: RESOURCE_EXHAUSTED, before parsing); None = settings.max_message_bytes
+    (the router's public port passes settings.max_request_bytes). Keepalive: settings.min_ping_interval_ms.
     Health starts NOT_SERVING unless serving=True. Raises OSError when the port cannot be bound.
     """
     settings = Settings.from_env() if settings is None else settings
     host = settings.host if host is None else host
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="baton-rpc"),
-        interceptors=[AuthInterceptor(settings.token, protect_health=protect_health)],
-        options=_message_options(settings) + _SERVER_OPTIONS,
+        interceptors=[AuthInterceptor(settings.token, protect_health=protect_health), DecodeGuard()],
+        options=_message_options(settings, max_receive_bytes) + _server_options(settings),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
     for add_fn, servicer in servicers:
@@ -307,13 +324,13 @@ def make_channel(
     attach_token: bool = True,
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.Channel:
-    """Channel to "host:port" with message limits and keepalive.
+    """Channel to "host:port" with message limits and keepalive (settings.keepalive_time_ms / _timeout_ms).
 
     Secure when settings.tls_ca or settings.tls_cert is set (tls_ca = trust roots, else the
     system's; tls_cert+tls_key = client certificate). With a token and attach_token=True every call
     carries the bearer metadata. settings None = Settings.from_env()."""
     settings = Settings.from_env() if settings is None else settings
-    opts = _message_options(settings) + _CLIENT_OPTIONS + list(options)
+    opts = _message_options(settings) + _client_options(settings) + list(options)
     if settings.tls_ca is not None or settings.tls_cert is not None:
         creds = grpc.ssl_channel_credentials(
             root_certificates=_read(settings.tls_ca),

@@ -8,6 +8,13 @@
                               clients verify the server with it
     BATON_HOST                bind host, default 127.0.0.1 (never 0.0.0.0 unless asked)
     BATON_MAX_MESSAGE_BYTES   gRPC send/receive limit, default 64 MiB
+    BATON_MAX_REQUEST_BYTES   the router's public port: largest message it receives, default 4 MiB (capped at
+                              BATON_MAX_MESSAGE_BYTES); workers keep BATON_MAX_MESSAGE_BYTES for state chunks
+    BATON_KEEPALIVE_TIME_MS   clients: ping an idle connection this often, default 30000
+    BATON_KEEPALIVE_TIMEOUT_MS  clients: close a connection whose ping is unanswered this long, default 10000
+    BATON_MIN_PING_INTERVAL_MS  servers: the shortest interval between a client's pings they accept (shorter:
+                              a strike; 2 strikes: GOAWAY too_many_pings), default 10000; at most
+                              BATON_KEEPALIVE_TIME_MS, so a server accepts the pings of its own clients
     BATON_LOG_LEVEL           default INFO
     BATON_LOG_JSON            1/true/yes/on = one JSON object per log line
     BATON_HANDOFF_SENDER      who streams a prefill worker's state hand-offs: "process" (default: a
@@ -32,12 +39,26 @@ from typing import Mapping
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# The router's public port: a 262K-token prompt is ~1 MB of packed ids; a message near 64 MiB cost ~10x its
+# size in RSS while grpc and protobuf parsed it (issue 24).
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_KEEPALIVE_TIME_MS = 30_000
+DEFAULT_KEEPALIVE_TIMEOUT_MS = 10_000
+DEFAULT_MIN_PING_INTERVAL_MS = 10_000
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 HANDOFF_SENDERS = ("process", "thread")
 # The last layer's state in 1 MiB chunks: the final chunk's hashing on both ends is then short. H200,
 # 9B shape, 4K prompt, bf16 session: split +12.7% with it, +17.8% without (results 2026-11-30-h200-s6).
 DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
+
+
+_POSITIVE_INTS = (   # (field, variable, default): the gRPC transport's settings
+    ("max_request_bytes", "BATON_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+    ("keepalive_time_ms", "BATON_KEEPALIVE_TIME_MS", DEFAULT_KEEPALIVE_TIME_MS),
+    ("keepalive_timeout_ms", "BATON_KEEPALIVE_TIMEOUT_MS", DEFAULT_KEEPALIVE_TIMEOUT_MS),
+    ("min_ping_interval_ms", "BATON_MIN_PING_INTERVAL_MS", DEFAULT_MIN_PING_INTERVAL_MS),
+)
 
 
 class SettingsError(ValueError):
@@ -91,6 +112,10 @@ class Settings:
     handoff_sender: str = "process"   # HANDOFF_SENDERS
     handoff_tail_chunk_bytes: int = DEFAULT_TAIL_CHUNK_BYTES  # 0: no tail segment; capped at the chunk size
     handoff_tail_layers: int = 1
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES   # the router's public port only (baton.rpc max_receive_bytes)
+    keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS       # clients (baton.rpc.make_channel)
+    keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
+    min_ping_interval_ms: int = DEFAULT_MIN_PING_INTERVAL_MS  # servers (baton.rpc.build_server)
 
     def __post_init__(self) -> None:
         if self.token is not None and not self.token.strip():
@@ -107,6 +132,16 @@ class Settings:
                                 f"got {self.handoff_tail_chunk_bytes!r}")
         if not isinstance(self.handoff_tail_layers, int) or self.handoff_tail_layers < 0:
             raise SettingsError(f"BATON_HANDOFF_TAIL_LAYERS: must be >= 0, got {self.handoff_tail_layers!r}")
+        for name, val in (("BATON_MAX_REQUEST_BYTES", self.max_request_bytes),
+                          ("BATON_KEEPALIVE_TIME_MS", self.keepalive_time_ms),
+                          ("BATON_KEEPALIVE_TIMEOUT_MS", self.keepalive_timeout_ms),
+                          ("BATON_MIN_PING_INTERVAL_MS", self.min_ping_interval_ms)):
+            if not isinstance(val, int) or val <= 0:
+                raise SettingsError(f"{name}: must be > 0, got {val!r}")
+        if self.min_ping_interval_ms > self.keepalive_time_ms:
+            raise SettingsError(f"BATON_MIN_PING_INTERVAL_MS ({self.min_ping_interval_ms}) must be at most "
+                                f"BATON_KEEPALIVE_TIME_MS ({self.keepalive_time_ms}): servers would send GOAWAY "
+                                f"too_many_pings to their own clients")
 
     @property
     def tls_enabled(self) -> bool:
@@ -148,6 +183,8 @@ class Settings:
             handoff_tail_chunk_bytes=_parse_int(
                 "BATON_HANDOFF_TAIL_CHUNK_BYTES", get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or str(DEFAULT_TAIL_CHUNK_BYTES), 0),
             handoff_tail_layers=_parse_int("BATON_HANDOFF_TAIL_LAYERS", get("BATON_HANDOFF_TAIL_LAYERS") or "1", 0),
+            **{field: _parse_positive_int(var, get(var)) if get(var) is not None else default
+               for field, var, default in _POSITIVE_INTS},
         )
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - fields

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import grpc
 
-from baton.handoff.push import ChannelPool, HandoffError, start_push
+from baton.handoff.channels import ChannelPool
+from baton.handoff.push import HandoffError, start_push
 from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped
 from baton.names import engine_name
 from baton.loading import LoadedModel, load_model
@@ -94,7 +95,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         super().__init__(engine, reap_interval_s=reap_interval_s)
         self.fingerprint, self.chunk_bytes = fingerprint, chunk_bytes
         self.handoff_timeout_s = handoff_timeout_s
-        self.channels = ChannelPool()   # one channel per decode worker
+        self.channels = ChannelPool()   # one channel per decode worker, LRU-bounded (DEFAULT_MAX_CHANNELS)
         # "process": hand-offs are streamed by a sender child process (this process only stages bytes)
         self.sender = (SenderProcess(slot_bytes=max(chunk_bytes, DEFAULT_CHUNK_BYTES))
                        if self.settings.handoff_sender == "process" else None)
@@ -155,17 +156,18 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         transient failure is retried (backoff_s, then doubling); NOT_FOUND (never loaded) ends it."""
         from baton.v1 import decode_pb2_grpc
 
-        stub = decode_pb2_grpc.DecodeWorkerStub(self.channels.get(target, self.settings))
-        for i in range(attempts):
-            try:
-                stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=5)
-                return
-            except grpc.RpcError as e:
-                if e.code() not in _RETRY_RELEASE or i + 1 == attempts:
-                    log.warning("release of %s on %s after a cancelled Prefill failed (attempt %d): %s",
-                                sid, target, i + 1, e.code())
+        with self.channels.lease(target, self.settings) as channel:   # NOTE: never evicted under the retries
+            stub = decode_pb2_grpc.DecodeWorkerStub(channel)
+            for i in range(attempts):
+                try:
+                    stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=5)
                     return
-                time.sleep(backoff_s * 2 ** i)
+                except grpc.RpcError as e:
+                    if e.code() not in _RETRY_RELEASE or i + 1 == attempts:
+                        log.warning("release of %s on %s after a cancelled Prefill failed (attempt %d): %s",
+                                    sid, target, i + 1, e.code())
+                        return
+                    time.sleep(backoff_s * 2 ** i)
 
     @staticmethod
     def _ended(context) -> StatusError:

@@ -41,7 +41,9 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
     `settings` serve the router (token checked, TLS cert); `worker_settings` (default: `settings`)
     make the worker channels: its token is sent to the workers, its TLS files secure those calls.
     http_port > 0 also serves the HTTP API (`servicer.http`: router.http.server.HttpServer, else None)
-    on the same host, with `settings`' token and TLS and model_dir's chat template."""
+    on the same host, with `settings`' token and TLS and model_dir's chat template.
+    The public port receives messages up to settings.max_request_bytes (BATON_MAX_REQUEST_BYTES, 4 MiB;
+    capped at max_message_bytes): past it RESOURCE_EXHAUSTED before anything is parsed."""
     settings = Settings.from_env() if settings is None else settings
     worker_settings = settings if worker_settings is None else worker_settings
     if meta is None or (http_port and model_dir is None):
@@ -61,7 +63,8 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
     servicer = RouterServicer(registry, meta, config, metrics)
     handle = build_server([(router_pb2_grpc.add_RouterServicer_to_server, servicer)],
                           service_names=[SERVICE_NAME], host=host, port=port, settings=settings,
-                          max_workers=config.max_inflight + 16)  # + health Watch streams, model info
+                          max_workers=config.max_inflight + 16,  # + health Watch streams, model info
+                          max_receive_bytes=min(settings.max_request_bytes, settings.max_message_bytes))
     box["handle"] = handle
     servicer.http = None
     try:
@@ -130,11 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)")
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
     p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest message the public port receives (default BATON_MAX_REQUEST_BYTES or 4 MiB); "
+                        "past it RESOURCE_EXHAUSTED")
     args = p.parse_args(argv)
 
     try:
         token = read_token_file(args.token_file) if args.token_file else None
-        settings = Settings.from_env(token=token, tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host)
+        settings = Settings.from_env(token=token, tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host,
+                                     max_request_bytes=args.max_request_bytes)
         # NOTE: --tls-cert/--tls-key secure the public port only; worker channels follow BATON_TLS_*
         worker_settings = Settings.from_env(token=token)
     except ValueError as e:

@@ -14,17 +14,16 @@ sender's result() returns them all in BridgeReport.timeline.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable, Iterable, Iterator
 
 import grpc
 
 from baton.handoff.progress import PrefillProgress, tail_offset
-from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.handoff.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, Timeline, now
 from baton.v1 import common_pb2, decode_pb2, state_pb2
+from baton.handoff.channels import ChannelPool
 from baton.names import engine_value
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, BridgeStats, TensorDesc
 from baton.handoff.encode import encode_state, encode_state_frames
@@ -51,27 +50,6 @@ def stream_state(tensors: Iterable, *, session_id: str, fingerprint: str, positi
     return enc(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
                tensors=list(tensors), chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine),
                tail_from=tail_from, tail_chunk_bytes=tail_chunk_bytes)
-
-
-class ChannelPool:
-    """One channel per (target address, settings), made by baton.rpc.make_channel; close() on shutdown."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._channels: dict[tuple[str, Settings], grpc.Channel] = {}
-
-    def get(self, address: str, settings: Settings) -> grpc.Channel:
-        with self._lock:
-            ch = self._channels.get((address, settings))
-            if ch is None:
-                ch = self._channels[(address, settings)] = make_channel(address, settings)
-            return ch
-
-    def close(self) -> None:
-        with self._lock:
-            chans, self._channels = list(self._channels.values()), {}
-        for ch in chans:
-            ch.close()
 
 
 DEFAULT_POOL = ChannelPool()
@@ -178,13 +156,18 @@ def start_push(target: str, settings: Settings | None = None, *, tensors: list, 
         return sender.start_push(target, settings, encode.plan(**kw), method=LOAD_STATE, timeout=timeout,
                                  deserialize=decode_pb2.LoadStateResponse.FromString, position=position,
                                  timeline=timeline)
-    channel = (pool or DEFAULT_POOL).get(target, settings)
-    method = channel.stream_unary(LOAD_STATE, request_serializer=None,
-                                  response_deserializer=decode_pb2.LoadStateResponse.FromString)
-    t0 = time.perf_counter()
-    frames = _Frames(encode_state_frames(**kw), timed=timeline)
-    tl = Timeline({"prefill": CLOCK_ID, "sender": CLOCK_ID}) if timeline else None
-    fut = method.future(iter(frames), timeout=timeout, metadata=TIMELINE_METADATA if timeline else None)
+    lease = (pool or DEFAULT_POOL).lease(target, settings)   # held until the call ends: never evicted under it
+    try:
+        method = lease.channel.stream_unary(LOAD_STATE, request_serializer=None,
+                                            response_deserializer=decode_pb2.LoadStateResponse.FromString)
+        t0 = time.perf_counter()
+        frames = _Frames(encode_state_frames(**kw), timed=timeline)
+        tl = Timeline({"prefill": CLOCK_ID, "sender": CLOCK_ID}) if timeline else None
+        fut = method.future(iter(frames), timeout=timeout, metadata=TIMELINE_METADATA if timeline else None)
+    except BaseException:
+        lease.release()
+        raise
+    fut.add_done_callback(lambda _: lease.release())
     return Push(target, fut, frames, specs, position, t0, tl)
 
 

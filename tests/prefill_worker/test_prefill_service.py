@@ -277,7 +277,7 @@ def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes,
     loopback decode worker endpoint whose Release fails first."""
     from types import SimpleNamespace
 
-    from baton.handoff.push import ChannelPool
+    from baton.handoff.channels import ChannelPool
     from decode_worker.service import SERVICE as DECODE
 
     svc = _FlakyRelease(codes)

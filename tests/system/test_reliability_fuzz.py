@@ -9,9 +9,10 @@ gets, with the right bearer token, as raw request bytes (a generic `channel.unar
   * the same with invalid UTF-8 in a string field (raw bytes: the proto `string` must be UTF-8);
   * LoadState: state streams whose header lies (tensor shapes / nbytes / total_bytes / position far
     beyond the data) around a real state.
-Property: the call ends OK or with a status the service documents; grpc's own INTERNAL ("Exception
-deserializing request!") only when the body does not parse as the request type (it never reaches Baton);
-never UNKNOWN (an unhandled exception), never a hang past the deadline. Afterwards the servers' RSS is
+Property: the call ends OK or with a status the service documents; a body that does not parse as the
+request type ends INVALID_ARGUMENT naming the type (baton.rpc_guard.DecodeGuard: it never reaches Baton;
+never grpc's INTERNAL "Exception deserializing request!"); never UNKNOWN (an unhandled exception), never a
+hang past the deadline. Afterwards the servers' RSS is
 within a fixed bound, health is SERVING, no session is left and a normal request is served.
 Huge repeated fields (1e6 ids) are refused by validation, naming the field, before any list is built.
 """
@@ -121,8 +122,8 @@ def _check(cl, svc, m, where, body, msg_sids=()):
             cl.release(n, sid)
     assert code != C.UNKNOWN, details                 # an exception Baton did not handle
     assert took < 8.0 + 2, f"{m.name} took {took:.1f}s"
-    if code == C.INTERNAL and not m.client_streaming and not _parses(_cls(m.input_type), body):
-        assert "deserializ" in details, details         # grpc refused the body before Baton saw it
+    if not m.client_streaming and not _parses(_cls(m.input_type), body):   # refused before Baton saw it
+        assert code == C.INVALID_ARGUMENT and m.input_type.full_name in details, (m.name, code, details)
         return code
     assert code == C.OK or code in DOCUMENTED[svc.full_name], (m.name, code, details)
     return code
@@ -261,6 +262,20 @@ def test_loadstate_headers_that_lie_about_sizes(cl, data):
         chunks = chunks[:data.draw(st.integers(0, len(chunks) - 1))]
     code = _check(cl, svc, m, "decode-0", [c.SerializeToString() for c in chunks])
     assert code in {C.INVALID_ARGUMENT, C.DATA_LOSS, C.FAILED_PRECONDITION}, (lie, code)
+
+
+@pytest.mark.parametrize("svc,m,where", [x for x in METHODS if not x[1].client_streaming],
+                         ids=[f"{s.name}.{m.name}" for s, m, _ in METHODS if not m.client_streaming])
+def test_a_body_that_does_not_parse_is_invalid_argument_naming_the_type(cl, svc, m, where):
+    """Invalid UTF-8 in the request's first string field (or, without one, a truncated field): INVALID_ARGUMENT
+    "request: the body does not parse as <type>", not grpc's INTERNAL."""
+    body = _bad_utf8(m.input_type, b"", b"x")
+    if body == b"":
+        body = b"\x0a\x05"                              # field 1, length 5, no bytes follow
+    assert not _parses(_cls(m.input_type), body)
+    code, details = _call(cl, svc, m, where, body)
+    assert (code, details.split(":")[0]) == (C.INVALID_ARGUMENT, "request"), (code, details)
+    assert m.input_type.full_name in details, details
 
 
 def test_huge_repeated_fields_are_refused_by_validation(cl):

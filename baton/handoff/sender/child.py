@@ -7,8 +7,9 @@ JSON, tensor bytes only pass through the ring.
 
 Lifecycle of one stream (stream id s), on the threads of this process:
     main thread     OPEN s: a _Stream: its LoadState call starts on a cached channel (one per target and
-                    settings), the header frame first. CHUNK s: queued on the stream (or, the stream
-                    gone, the slot FREEd at once). END s: queued. CANCEL s: its call cancelled.
+                    settings; baton/handoff/channels.py: bounded LRU, leased until the call ends), the header
+                    frame first. CHUNK s: queued on the stream (or, the stream gone, the slot FREEd at
+                    once). END s: queued. CANCEL s: its call cancelled.
     feeder (per stream)  takes queued chunks in order and submits each to the framing pool, at most
                     `workers + 2` framed ahead of gRPC (so a slow receiver holds slots, which throttles
                     the prefill process, instead of piling frames up here)
@@ -40,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from baton.rpc import make_channel
+from baton.handoff.channels import ChannelPool
 from baton.handoff.sender.ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
 from baton.settings import Settings
 from baton.handoff.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, now
@@ -168,12 +169,16 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
     """The main loop: control messages until EOF."""
     pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="baton-sender-frame")
     streams: dict[int, _Stream] = {}
-    channels: dict[tuple[str, Settings], grpc.Channel] = {}
+    channels = ChannelPool()   # bounded LRU; a stream leases its channel until its call ends
+    leases = {}
     lock = threading.Lock()
 
     def ended(sid: int) -> None:
         with lock:
             streams.pop(sid, None)
+            lease = leases.pop(sid, None)
+        if lease is not None:
+            lease.release()
 
     conn.send(READY, payload={"pid": os.getpid(), "torch": "torch" in sys.modules})
     try:
@@ -184,13 +189,14 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
             if kind == OPEN:
                 try:
                     settings = Settings(**meta["settings"])
-                    key = (meta["target"], settings)
-                    if key not in channels:
-                        channels[key] = make_channel(meta["target"], settings)
-                    s = _Stream(sid, meta, conn, ring, pool, channels[key], max(1, workers) + 2, ended)
+                    lease = channels.lease(meta["target"], settings)
+                    with lock:
+                        leases[sid] = lease   # NOTE: before the call starts: its done callback ends the lease
+                    s = _Stream(sid, meta, conn, ring, pool, lease.channel, max(1, workers) + 2, ended)
                 except Exception as e:  # noqa: BLE001 - this stream's failure, not the process's
                     # NOTE: e.g. a TLS file that cannot be read: DONE for this stream (its CHUNKs then find no
                     # stream and are FREEd at once); the child keeps serving the others
+                    ended(sid)
                     conn.send(DONE, sid, payload={"code": "INTERNAL", "response": "", "chunks": 0,
                                                   "details": f"the hand-off sender process could not start "
                                                              f"the call: {type(e).__name__}: {e}"})
