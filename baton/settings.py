@@ -48,8 +48,8 @@ DEFAULT_MIN_PING_INTERVAL_MS = 10_000
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 HANDOFF_SENDERS = ("process", "thread")
-# The last layer's state in 1 MiB chunks: the final chunk's hashing on both ends is then short. H200,
-# 9B shape, 4K prompt, bf16 session: split +12.7% with it, +17.8% without (results 2026-11-30-h200-s6).
+# The last layer's state in 1 MiB chunks: the final chunk's hashing on both ends is then short
+# (benchmarks/results/2026-11-30-h200-s6.md has the TTFT with and without).
 DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
 
 

@@ -84,11 +84,11 @@ class Merged:
 
 def rows_linear(mod: nn.Module, x: "torch.Tensor | gemv.QuantX", n: int, partial: bool = False) -> torch.Tensor:
     """mod(x) for x [W, in] whose first n rows are live -> [W, out]; rows >= n are 0 or junk, never read.
-    FP8Linear: the W8A8 rows kernel. bf16 nn.Linear: the rows kernel where the H200 sweep beats cuBLAS
-    (the bf16 gemv.TUNED shapes), else cuBLAS at M = W. Each is row-invariant, so a row's bits depend on
+    FP8Linear: the W8A8 rows kernel. bf16 nn.Linear: the rows kernel for the bf16 gemv.TUNED shapes (where
+    it beats cuBLAS), else cuBLAS at M = W. Each is row-invariant, so a row's bits depend on
     neither n nor the other rows (the exactness contract).
     NOTE: silu(gate) * up is never fused into the down projection's input load: there it is recomputed
-    by every N tile (64x for N = 4096), which cost ~20% of the whole step on the H200. FP8 fuses it
+    by every N tile (64x for N = 4096; README Performance has the cost). FP8 fuses it
     into the gate|up GEMM's epilogue instead (Merged.act).
     x may be a gemv.QuantX (FP8Linear) and partial=True asks for the split-K partials (FP8Linear, or a
     bf16 Linear of a TUNED shape: see FastRows.forward)."""

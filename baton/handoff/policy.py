@@ -11,8 +11,8 @@ MTP_NAMES = ("mtp.key", "mtp.value")
 def needs_mtp_kv(engine: int) -> bool:
     """Whether a Prefill hand-off for a session of `engine` ships the MTP KV rows: only the mtp engine
     reads them, and UNSPECIFIED (the decode worker's default, unknown here) may be mtp. A bf16 / fp8
-    session never switches engine, so for it they are ~8% of a 4K state spent on the wire for nothing,
-    and they are computed last, so they were the tail of the hand-off. ExportState (migration: the
+    session never switches engine, so for it they are bytes spent on the wire for nothing, and they are
+    computed last, so they would be the tail of the hand-off. ExportState (migration: the
     target's engine is its own default) always ships them."""
     return engine in (common_pb2.ENGINE_UNSPECIFIED, common_pb2.MTP)
 

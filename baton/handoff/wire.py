@@ -29,16 +29,18 @@ INVALID_ARGUMENT) is still read; formats 1 and 2 (next_token in the header) are 
 MANIFEST_TAG stays "baton/state/v3": the manifest is built as in format 3, and it covers the header's
 format_version and chunk plan.
 
-Sender (baton/handoff/encode.py, re-exported here): encode_state(...) -> StateChunks; encode_state_frames:
-          the same serialized, data frames built straight from tensor memory (baton/handoff/frames.py: the
-          framing and the manifest, torch-free, shared with the sender process baton/handoff/sender/child.py). Chunks are hashed and
+Sender: baton/handoff/encode.py: encode_state(...) -> StateChunks; encode_state_frames: the same,
+          serialized, data frames built straight from tensor memory (baton/handoff/frames.py: the framing
+          and the manifest, torch-free, shared with the sender child process). Chunks are hashed and
           framed up to `workers + 2` ahead in the pool; the consumer (gRPC) gets them in order.
-Receiver (baton/handoff/decode.py, re-exported here): StateReceiver(...): feed(chunk) per message, then
-          finish(). The header is validated before anything is allocated (the chunk plan strictly); each
-          chunk's index and size (as the plan says) are checked on arrival, its digest is verified and its
-          bytes copied into per-tensor CPU buffers by the pool while later chunks arrive; the trailer's
-          manifest is checked after every chunk verified. A ReceivedState exists only once everything verified, so nothing
+Receiver: baton/handoff/decode.py: StateReceiver(...): feed(chunk) per message, then finish(). The header
+          is validated before anything is allocated (the chunk plan strictly); each chunk's index and size
+          (as the plan says) are checked on arrival, its digest verified and its bytes copied into
+          per-tensor CPU buffers by the pool while later chunks arrive; the trailer's manifest is checked
+          after every chunk verified. A ReceivedState exists only once everything verified, so nothing
           half-loaded becomes visible.
+This module holds what both sides share: constants, errors, the tensor table, the chunk plan, the
+hashing pool and BridgeStats.
 Errors carry `.code` ("DATA_LOSS" | "FAILED_PRECONDITION" | "INVALID_ARGUMENT"); services answer
 `getattr(grpc.StatusCode, err.code)` with the message, which names the first thing that failed.
 """
@@ -202,8 +204,8 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 # ---- digests and the hashing pool -----------------------------------------------------------------
 def default_workers() -> int:
-    """Chunks hashed in parallel per stream by default: the usable cores, at most 8 (8 x ~1.4 GB/s
-    of SHA-256 is well above what one gRPC stream carries); 0 (inline) on one core."""
+    """Chunks hashed in parallel per stream by default: the usable cores, at most 8 (eight
+    SHA-256 streams outrun what one gRPC stream carries); 0 (inline) on one core."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, n) if n > 1 else 0
 

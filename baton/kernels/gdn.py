@@ -3,7 +3,7 @@ under the same contract as baton/kernels/rows.py: row-invariant by construction,
 unspecialised, no host syncs, CUDA-graph capturable. Whether per-row checkpoints are written is a
 runtime flag, not a constexpr, so a checkpointing verify block and a plain AR step run one binary: the
 state a block leaves in ckpt[t] is bitwise the state of t+1 plain steps (two compiles of the same
-arithmetic need not agree bitwise on the GPU: measured, session 6).
+arithmetic need not agree bitwise on the GPU).
 
     conv_rows(x, conv_state, w, n) depthwise causal conv + SiLU over W rows; state advanced by n
     gdn_rows(...)                  L2-normed q/k, gates, gated delta rule over the first n rows (one

@@ -147,7 +147,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# (fp8, N, K) -> (block_n, block_k, split, num_warps, num_stages) for M <= 16, from the H200 sweeps
+# (fp8, N, K) -> (block_n, block_k, split, num_warps, num_stages) for M <= 16, from the sweeps
 # (benchmarks/sweep_gemv.py, rows = 1; benchmarks/results/gemv-sweep-h200-2026-11-30-{w8a8,stages-fp8,
 # stages-bf16}.json): the Qwen3.5-9B merged shapes. bf16 entries exist only where the kernel beats cuBLAS
 # (fast_rows.rows_linear routes by this table). Other shapes use the heuristic.
@@ -162,8 +162,7 @@ TUNED = {
 
 
 # partial=True (the consumer sums the splits): fewer splits where the summing norm's reads cost more than
-# the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json: 4096x4096 split 8 + an
-# 8-partial norm 6.84 + 4.47 us, split 4 + 4 partials 6.92 + 3.37 us).
+# the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json).
 TUNED_PARTIAL = {(True, 4096, 4096): (64, 128, 4, 4, 4),
                  (True, 12352, 4096): (64, 128, 2, 4, 4)}     # GDN qkv|z|b|a -> conv_rows / gdn_rows (12288's)
 

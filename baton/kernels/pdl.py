@@ -13,11 +13,8 @@ kernel) overlap that kernel's tail. Inside a CUDA graph the launches become prog
 NOTE (invariant): a PDL kernel must not read data written by an earlier kernel, nor write anything,
 before `pdl_enter`. `launch_kw(device)` gives PDL=False off CUDA, under the interpreter, below sm_90,
 and unless BATON_PDL=1; the kernel is then exactly the plain one.
-Off by default. H200, 9B shape (benchmarks/profile_step.py, back-to-back replays / replay + token read):
-fp8 3.267 / 3.351 ms with PDL against 3.266 / 3.366 ms without; bf16 4.901 / 5.019 against 4.988 /
-5.086 ms. An earlier bench_decode run had the fp8 AR loop slower with PDL (278 against 291 tok/s).
-Tried and removed: prefetching each GEMM program's first weight lines into L2 before its wait made
-the fp8 step slower (3.466 ms). Opt in with BATON_PDL=1 to measure.
+Off by default: it did not pay on the H200 (benchmarks/results/2026-11-30-h200-s4.md: the PDL and L2
+prefetch profiles). Opt in with BATON_PDL=1 to measure.
 """
 from __future__ import annotations
 
