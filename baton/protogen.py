@@ -3,7 +3,7 @@
     python -m baton.protogen           # rewrite baton/v1/*_pb2.py, *_pb2_grpc.py, *_pb2.pyi, __init__.py
     python -m baton.protogen --check   # regenerate into a temp dir; exit 1 naming stale files
 
-Protos are the source of truth (DESIGN.md section 6, rule 8). protoc runs through grpc_tools with
+Protos are the source of truth (docs/ARCHITECTURE.md, protos/). protoc runs through grpc_tools with
 ``proto_path = protos/``, so the generated modules are ``baton.v1.<name>_pb2``. Post-processing:
 
 1. Imports become package-relative (``from . import common_pb2 as ...``), so the stubs do not

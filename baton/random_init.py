@@ -5,7 +5,7 @@ from baton.config import ModelConfig
 
 
 def qwen35_9b() -> ModelConfig:
-    """transformers' default Qwen3_5TextConfig: the Qwen3.5-9B text shape (DESIGN.md section 7)."""
+    """transformers' default Qwen3_5TextConfig: the Qwen3.5-9B text shape."""
     from transformers import Qwen3_5TextConfig
     d = Qwen3_5TextConfig().to_dict()
     d["mtp_num_hidden_layers"] = 1

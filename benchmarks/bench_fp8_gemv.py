@@ -6,7 +6,7 @@ an MLP; LM head 4096 -> 248320). Every figure is a CUDA-graph replay timed with 
                 call reads its weight from HBM; us = graph time / calls
     step_sum    sum over the step of count x per-shape time
     step_graph  all 32 layers' projections + LM head (distinct weights) in one graph, layer order:
-                the real per-step weight-GEMM cost (compare DESIGN.md section 7: BF16 M=16 5.11 ms)
+                the real per-step weight-GEMM cost (compare: BF16 M=16 5.11 ms, measured before)
 TB/s = weight bytes read / time (FP8: e4m3 bytes + fp32 scales). `_scaled_mm` gets a pre-quantised
 x (row-wise scales), so its time is a lower bound. --sweep also times a small grid of tile configs
 per shape and reports the best next to the heuristic's (pick_config).

@@ -13,7 +13,7 @@ OMP_NUM_THREADS=1), then:
             client (no retries), stream /v1/completions for --load-seconds over a few prompts; a 429 is
             counted and retried after a jittered back-off. Each completed stream's text must be the gRPC
             text of its prompt and its usage must be --load-tokens tokens: lost = streams that differ.
-Prints one JSON object (benchmarks.report.emit). `load(...)` is what tests/test_http_api.py runs.
+Prints one JSON object (benchmarks.report.emit). `load(...)` is what tests/router/test_http_api.py runs.
 """
 from __future__ import annotations
 

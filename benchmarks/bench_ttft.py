@@ -57,7 +57,7 @@ alternate, so drift on a busy host hits both alike):
     mfu                 flops / prefill_s / matmul rate measured in the same run (a large matmul in the
                         model's dtype: BF16 on CUDA); flops = 2 * matmul params * T (every weight matrix
                         but the embedding and the LM head; the MTP head's only when the prefill runs it,
-                        baton.handoff.computes_mtp_kv: --request-engine unspecified)
+                        baton.handoff.policy.computes_mtp_kv: --request-engine unspecified)
                         + 2 * vocab * hidden (one LM-head row) + causal attention 4 * head_dim * heads *
                         T(T+1)/2 per full-attention layer (MTP layer included); GDN recurrences not counted
 
@@ -147,7 +147,7 @@ def matmul_params(model, mtp: bool = True) -> int:
 
 
 def prefill_flops(model, T: int, mtp: bool = True) -> int:
-    """mtp: whether the prefill ran the MTP layer (baton.handoff.computes_mtp_kv)."""
+    """mtp: whether the prefill ran the MTP layer (baton.handoff.policy.computes_mtp_kv)."""
     cfg = model.cfg
     mtp = mtp and hasattr(model, "mtp")
     attn_layers = len(cfg.attn_layers) + int(mtp)
@@ -221,7 +221,7 @@ def main(argv=None) -> dict:
                     help="layers the tail segment covers, counted from the last (handoff_tail_layers)")
     ap.add_argument("--request-engine", default="bf16", choices=sorted(REQUEST_ENGINES),
                     help="PrefillRequest.engine: bf16 (what the router names for a bf16 decode worker: the MTP KV "
-                         "stays off the wire) | unspecified (the MTP KV is shipped: baton.handoff.needs_mtp_kv)")
+                         "stays off the wire) | unspecified (the MTP KV is shipped: baton.handoff.policy.needs_mtp_kv)")
     ap.add_argument("--no-timeline", action="store_true",
                     help="do not ask for the hand-off's timeline (PrefillRequest.timeline): no tail_ms")
     ap.add_argument("--machine-note", default="")

@@ -18,7 +18,7 @@ Checked, per completed stream:
 After the run: sessions on every worker (GetStats; waits up to --settle s for late Releases).
 Prints one JSON object: requests, errors by status, the checks, sessions left, p50/p99 TTFT, inter-token
 latency (gaps between streamed messages, per token), time per output token, tokens/s.
-`run(...)` returns the same dict (tests/test_reliability_load.py runs the short version).
+`run(...)` returns the same dict (tests/system/test_reliability_load.py runs the short version).
 """
 from __future__ import annotations
 

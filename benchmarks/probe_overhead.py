@@ -5,7 +5,7 @@ Prints one JSON object.
 
     python benchmarks/probe_overhead.py --out benchmarks/results/probe-overhead-h200-DATE.json
 
-Differences between rows tell the cost of each stage (METHOD.md: leave one stage out, take differences).
+Differences between rows tell the cost of each stage (the method: leave one stage out, take differences).
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--random-init", default="qwen3.5-9b", help="model shape built in memory (see shapes.py)")
+    p.add_argument("--random-init", default="qwen3.5-9b", help="model shape built in memory (see baton/random_init.py)")
     p.add_argument("--contexts", default="512,8192,32768")
     p.add_argument("--new", type=int, default=256)
     p.add_argument("--runs", type=int, default=5)

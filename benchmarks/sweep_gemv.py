@@ -6,7 +6,7 @@ the fused rows path (baton/engine/fast_rows.py), FP8 (W8A8) and BF16 weights, ne
 
 Every time is a CUDA-graph replay over enough weight copies that each call reads HBM (see
 bench_fp8_gemv.py). Each shape also checks the kernel against a torch reference of the same arithmetic
-(fp8: tests/test_gemv.py's `w8a8_reference`), bitwise repeatability across graph replays, and row
+(fp8: tests/engine/test_gemv.py's `w8a8_reference`), bitwise repeatability across graph replays, and row
 invariance (rows=1 vs rows=16 on row 0).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ Lifecycle of a request through this engine:
                                `baton complete` prints exactly this
 
 Exactness: AR steps and verify blocks both go through ModelRunner.rows at width W, so verify row i
-is bitwise equal to the AR step at the same position (tests/test_exact.py proves it).
+is bitwise equal to the AR step at the same position (tests/engine/test_row_invariance.py proves it).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Exact mode: the draft/verify loop that makes fast drafts token-identical to exact greedy decoding.
 
-Lifecycle of one exact request after its Prefill (DESIGN.md section 1):
+Lifecycle of one exact request after its Prefill (docs/ARCHITECTURE.md, "An exact request"):
     committed = [first]                           (the router has already sent it)
     Draft(S, k, has_verdict=False)                -> d1..dk      decode worker D (fp8 / mtp / bf16)
     Verify(S, [pending, d1..dk])                  -> (m, next)   prefill worker P (the exact state)

@@ -85,7 +85,7 @@ def _full(w: Worker) -> bool:
 def _default_engine(d: Worker) -> int:
     """The engine d loads an UNSPECIFIED session as (its reported default), or UNSPECIFIED when unknown.
     Named explicitly in the Prefill, it lets the prefill worker leave out what that engine never reads
-    (the MTP KV rows for bf16 / fp8: baton.handoff.needs_mtp_kv); d loads the session the same way."""
+    (the MTP KV rows for bf16 / fp8: baton.handoff.policy.needs_mtp_kv); d loads the session the same way."""
     name = d.engines[0].upper() if d.engines else ""
     return common_pb2.Engine.Value(name) if name in common_pb2.Engine.keys() else common_pb2.ENGINE_UNSPECIFIED
 

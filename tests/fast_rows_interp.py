@@ -1,5 +1,5 @@
 """Runs the fused rows kernels (baton/kernels/rows.py) on CPU through Triton's interpreter and prints a
-JSON verdict; tests/test_fast_rows.py runs this in a subprocess with TRITON_INTERPRET=1."""
+JSON verdict; tests/engine/test_fast_rows.py runs this in a subprocess with TRITON_INTERPRET=1."""
 from __future__ import annotations
 
 import json

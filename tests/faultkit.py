@@ -1,4 +1,4 @@
-"""Fault-injection helpers for tests/test_reliability_faults.py: a TCP proxy that cuts or corrupts a
+"""Fault-injection helpers for tests/system/test_reliability_faults.py: a TCP proxy that cuts or corrupts a
 stream at a byte offset, and a polling wait."""
 from __future__ import annotations
 

@@ -169,7 +169,7 @@ class FastRows:
         self.rope_len = max_len
 
     # ---- the step ------------------------------------------------------------------------------
-    # Hand-offs between kernels, each bitwise the plain sequence (tests/test_gemv.py, test_gdn_rows.py):
+    # Hand-offs between kernels, each bitwise the plain sequence (tests/engine/test_gemv.py, test_gdn_rows.py):
     #   partial  the GEMMs that feed an add+RMSNorm (out_proj, o_proj, down) hand it their split-K
     #            partials instead of reducing them in-kernel (FP8, or bf16 where the rows kernel runs);
     #   w8a8     (every projection FP8, each norm output feeding one merged GEMM) the norms and the GDN

@@ -6,7 +6,7 @@ Stages of one stream, each on its own thread so that throughput approaches the s
         memoryview pieces of tensor memory (no copy); a chunk with CUDA bytes is staged D2H into a reused
         pinned buffer on the copy stream, gated on each tensor's ready event (baton/handoff/staging.py); it
         submits each chunk to the pool, up to `workers + 2` ahead of the consumer
-    pool (wire.default_workers() threads)  waits for a staged chunk's copy, frames it (wire_frame.frame:
+    pool (wire.default_workers() threads)  waits for a staged chunk's copy, frames it (frames.frame:
         the one host copy, into the bytes gRPC sends) and hashes the framed payload, then frees the
         staging buffer
     consumer (gRPC's request thread)  takes the frames in order and sends them.

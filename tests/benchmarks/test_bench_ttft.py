@@ -26,7 +26,7 @@ def state_bytes(T: int, max_len: int, mtp_kv: bool = False) -> int:
 
 
 def chunk_count(nbytes: int, workers: dict, T: int) -> int:
-    """Data chunks of a bf16 request's hand-off (wire_send.chunk_plan over the shipped tensors)."""
+    """Data chunks of a bf16 request's hand-off (encode.chunk_plan over the shipped tensors)."""
     from baton.handoff.progress import tail_offset
     from baton.handoff.wire import TensorDesc
     from baton.handoff.encode import chunk_plan
@@ -117,7 +117,7 @@ def test_bench_ttft_no_timeline(tmp_path):
 
 def test_bench_ttft_tail_chunk_sizes_side_by_side(tmp_path):
     """--tail-chunk-mib 0,1/64: without and with a 16 KiB tail segment (64 KiB chunks before it), measured
-    interleaved; each summary has its data_chunks, the tail's as wire_send.chunk_plan says."""
+    interleaved; each summary has its data_chunks, the tail's as encode.chunk_plan says."""
     from baton.handoff.progress import tail_offset
     from baton.handoff.wire import TensorDesc
     from baton.handoff.encode import chunk_plan

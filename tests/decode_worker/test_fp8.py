@@ -1,6 +1,6 @@
 """decode_worker.fp8 (FP8Linear, quantize_model, the W8A8 reference arithmetic).
 
-CPU tests run `w8a8_reference`; the Triton kernel (baton/kernels/gemv.py) is tested in tests/test_gemv.py.
+CPU tests run `w8a8_reference`; the Triton kernel (baton/kernels/gemv.py) is tested in tests/engine/test_gemv.py.
 """
 import copy
 import json
@@ -208,7 +208,7 @@ def test_full_mode_rows_stay_row_invariant():
     assert rel_err(a[0], ref_logits[0]) < 0.1        # BF16 head here (logits() is not wired to fp8_head)
 
 
-# ---- GPU (run on the device with `python -m pytest -m gpu`; the kernel itself: tests/test_gemv.py) ----
+# ---- GPU (run on the device with `python -m pytest -m gpu`; the kernel itself: tests/engine/test_gemv.py) ----
 @pytest.mark.gpu
 def test_gpu_quantized_model_matches_fallback():
     model = small_model(dtype=torch.bfloat16).cuda()
@@ -219,7 +219,7 @@ def test_gpu_quantized_model_matches_fallback():
         fallback = _rows_logits(model, [11, 12, 13])
     finally:
         FP8Linear.use_kernel = True
-    assert rel_err(kernel[:3], fallback[:3]) < 5e-2   # W8A8 both; per GEMM ~2e-3 apart (tests/test_gemv.py), compounded
+    assert rel_err(kernel[:3], fallback[:3]) < 5e-2   # W8A8 both; per GEMM ~2e-3 apart (tests/engine/test_gemv.py), compounded
     assert torch.equal(kernel[0], _rows_logits(model, [11])[0])
 
 

@@ -1,6 +1,6 @@
 """Row invariance (issue 4), CPU: at width W=16, row i of a K+1-row verify block is bitwise equal
 (torch.equal on the logits) to the AR step at the same position, for every K in 1..15, in fp32 and
-bf16, over 20 random states. The same check runs on the H200 in tests/test_gpu_decode.py."""
+bf16, over 20 random states. The same check runs on the H200 in tests/engine/test_gpu_decode.py."""
 from __future__ import annotations
 
 import pytest

@@ -403,7 +403,7 @@ def test_fingerprint_mismatch():
 @pytest.mark.parametrize("version", [0, 1, 2, 5])
 def test_format_version_mismatch(version):
     """Older (v1: one serial SHA-256; v2: next_token in the header), newer or unset: refused at the
-    header, before any allocation. (Format 3 is still read: tests/test_wire_tail.py.)"""
+    header, before any allocation. (Format 3 is still read: tests/handoff/test_wire_tail.py.)"""
     calls = []
     with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 4 "
                                                  r"\(and reads 3, 4\)") as e:

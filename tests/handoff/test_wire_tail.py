@@ -1,7 +1,7 @@
 """baton.handoff.wire format 4: the two-segment chunk plan (head in chunk_bytes, tail from tail_from in
 tail_chunk_bytes). Round trips bitwise with and without a tail, format 3 still read, every bad plan refused
 before allocation (INVALID_ARGUMENT), every stream cut otherwise than its header says DATA_LOSS, and a fuzz
-of header plans. Each test runs with chunks verified inline and in the pool, as tests/test_wire.py."""
+of header plans. Each test runs with chunks verified inline and in the pool, as tests/handoff/test_wire.py."""
 from __future__ import annotations
 
 import hashlib

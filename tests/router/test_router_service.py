@@ -157,7 +157,7 @@ def test_engine_not_offered():
 
 @pytest.mark.parametrize("engines,want", [(("fp8", "bf16", "mtp"), "FP8"), (("mtp", "bf16"), "MTP")])
 def test_unspecified_engine_is_named_in_the_prefill_as_the_decode_workers_default(engines, want):
-    """The prefill worker ships the MTP KV only to sessions that can read it (baton.handoff.needs_mtp_kv),
+    """The prefill worker ships the MTP KV only to sessions that can read it (baton.handoff.policy.needs_mtp_kv),
     so the router names the picked decode worker's default engine instead of leaving it UNSPECIFIED;
     an explicit engine passes through as asked."""
     from baton.v1 import common_pb2
@@ -195,7 +195,7 @@ def test_resource_exhausted_past_max_inflight():
 def test_full_decode_worker_is_resource_exhausted_not_unavailable():
     """A decode target's slots are full (the prefill worker passes the refusal on, naming the
     decode_target): another decode worker is tried; with none left the client gets RESOURCE_EXHAUSTED,
-    the documented "retry later", not UNAVAILABLE (found by tests/test_reliability_load.py)."""
+    the documented "retry later", not UNAVAILABLE (found by tests/system/test_reliability_load.py)."""
     full = (grpc.StatusCode.RESOURCE_EXHAUSTED, "decode_target x: hand-off failed: all 8 session slots are in use")
     for n_decode in (1, 2):
         c = Cluster(n_prefill=1, n_decode=n_decode)

@@ -12,8 +12,8 @@ worker, so the router waits in Verify; the decode worker then shows 1 session an
 SIGKILL it; thaw.
 
 Already covered elsewhere, not repeated: SIGKILL of the serving decode worker mid-stream (exact and fast,
-tests/test_router_e2e.py), corrupt / truncated / reordered chunk lists sent to LoadState
-(tests/test_decode_service.py), hung fake workers (tests/test_router_service.py).
+tests/system/test_router_e2e.py), corrupt / truncated / reordered chunk lists sent to LoadState
+(tests/decode_worker/test_decode_service.py), hung fake workers (tests/router/test_router_service.py).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
     KEY / CA, so every hop (client -> router -> workers, prefill -> decode hand-off) is mutual TLS.
     A client without the CA fails, with it (and the client certificate the CA requires) it gets the
     same tokens as `baton complete`; plaintext fails.
-Not here: no pickle/marshal in runtime code (tests/test_state.py); in-process auth/TLS/limits of
+Not here: no pickle/marshal in runtime code (tests/engine/test_state.py); in-process auth/TLS/limits of
 baton.rpc (tests/test_rpc.py).
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ Lifecycle of one stream (stream id s), on the threads of this process:
     feeder (per stream)  takes queued chunks in order and submits each to the framing pool, at most
                     `workers + 2` framed ahead of gRPC (so a slow receiver holds slots, which throttles
                     the prefill process, instead of piling frames up here)
-    pool (W threads)     wire_frame.frame(index, [slot bytes]): the frame bytes and the chunk digest,
+    pool (W threads)     frames.frame(index, [slot bytes]): the frame bytes and the chunk digest,
                     exactly as the in-process sender frames them; then FREE the slot
     gRPC's request thread  the frames in order, the manifest fed with each digest, then the trailer
     done callback   DONE s: OK with the response bytes, or the call's status code and details

@@ -11,8 +11,8 @@ Lifecycle:
     SenderProcess(slots, slot_bytes)   one per prefill worker; the child is spawned on start() or the
                                        first push, and again on the first push after it died
     start_push(target, settings, plan) -> ProcessPush: OPEN (target, settings, header) to the child, then
-        a stager thread (per push): wire_send.chunk_segments(plan) -> per chunk: take a free slot (at
-        most `per_stream` slots per push), wire_stage.stage_into(slot, segments): CUDA bytes D2H on the
+        a stager thread (per push): encode.chunk_segments(plan) -> per chunk: take a free slot (at
+        most `per_stream` slots per push), staging.stage_into(slot, segments): CUDA bytes D2H on the
         copy stream gated on each tensor's ready event (ring pinned with cudaHostRegister on first
         use), CPU bytes one copy; CHUNK(slot, index, n) once the copy is done (a CUDA chunk waits one
         chunk behind the copies queued); END(next_token) after the last

@@ -1,7 +1,7 @@
 """One LoadState call streamed by the hand-off sender process (baton/handoff/sender/process.py): its stager thread
 and its outcome, with handoff.Push's contract (result(is_active) / cancel() / join()).
 
-    stager thread   wire_send.chunk_segments(plan) -> per chunk: a free ring slot of the child
+    stager thread   encode.chunk_segments(plan) -> per chunk: a free ring slot of the child
                     (_Child.take), stage_into (CUDA: D2H on the copy stream, posted one chunk behind the
                     copies queued; CPU: one copy), CHUNK(slot, index, n); END(next_token) after the last
     result()        waits for the child's DONE; never past the call's timeout + grace (a wedged child is
