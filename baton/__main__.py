@@ -1,4 +1,5 @@
 """`python -m baton ...`: the same as the `baton` console script."""
+
 import sys
 
 from baton.cli import main

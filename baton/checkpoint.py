@@ -12,6 +12,7 @@ Checkpoint name -> module name:
 so a bad checkpoint raises before any parameter is touched; (2) copy tensor by tensor into the
 module's existing storage, so at most one checkpoint tensor is held in host memory at a time.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,18 @@ MTP_SIDECAR = "mtp.safetensors"
 FP8_BLOCK = 128
 _SCALE_SUFFIX = "_scale_inv"  # X.weight_scale_inv belongs to X.weight
 _DTYPES = {  # safetensors dtype code -> torch dtype name
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
-    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 
 
@@ -58,20 +68,20 @@ class ShapeMismatchError(CheckpointError):
 @dataclass(frozen=True)
 class _Src:
     file: Path
-    key: str                  # name inside the file
+    key: str  # name inside the file
     shape: tuple[int, ...]
-    dtype: str                # safetensors code, e.g. "BF16"
+    dtype: str  # safetensors code, e.g. "BF16"
     scale: "_Src | None" = None  # block scales of an FP8 weight
 
 
 @dataclass
 class LoadReport:
-    tensors: int = 0          # module tensors filled
-    bytes: int = 0            # bytes written into the module
+    tensors: int = 0  # module tensors filled
+    bytes: int = 0  # bytes written into the module
     seconds: float = 0.0
     mtp_loaded: bool = False
-    skipped: int = 0          # checkpoint tensors deliberately not loaded (visual, mtp without a head, ...)
-    missing: tuple[str, ...] = ()     # only non-empty with strict=False
+    skipped: int = 0  # checkpoint tensors deliberately not loaded (visual, mtp without a head, ...)
+    missing: tuple[str, ...] = ()  # only non-empty with strict=False
     unexpected: tuple[str, ...] = ()  # only non-empty with strict=False
     files: tuple[Path, ...] = field(default_factory=tuple)
 
@@ -82,8 +92,10 @@ def dequant_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, block: int = FP
     out_f, in_f = w.shape
     want = _block_grid((out_f, in_f), block)
     if tuple(scale_inv.shape) != want:
-        raise ShapeMismatchError(f"block scale has shape {tuple(scale_inv.shape)}, expected {want} for "
-                                 f"a [{out_f}, {in_f}] weight with {block}x{block} blocks")
+        raise ShapeMismatchError(
+            f"block scale has shape {tuple(scale_inv.shape)}, expected {want} for "
+            f"a [{out_f}, {in_f}] weight with {block}x{block} blocks"
+        )
     s = scale_inv.float().repeat_interleave(block, 0)[:out_f].repeat_interleave(block, 1)[:, :in_f]
     return w.float() * s
 
@@ -97,7 +109,7 @@ def map_name(name: str) -> str | None:
     if name.startswith("model.visual."):
         return None
     if name.startswith("model.language_model."):
-        return "model." + name[len("model.language_model."):]
+        return "model." + name[len("model.language_model.") :]
     return name
 
 
@@ -150,8 +162,10 @@ def _scan(model_dir: Path) -> tuple[dict[str, _Src], list[str], list[Path]]:
                 continue
             table = scales if name.endswith(".weight" + _SCALE_SUFFIX) else srcs
             if name in table:
-                raise CheckpointError(f"tensor {name} appears twice: in {table[name].file.name} "
-                                      f"(as {table[name].key}) and in {f.name} (as {key})")
+                raise CheckpointError(
+                    f"tensor {name} appears twice: in {table[name].file.name} "
+                    f"(as {table[name].key}) and in {f.name} (as {key})"
+                )
             table[name] = src
     index = model_dir / INDEX_FILE
     if index.is_file():
@@ -189,8 +203,10 @@ def _plan(module: torch.nn.Module, srcs: dict[str, _Src], cfg: ModelConfig, dtyp
     lm_head = targets.get("lm_head.weight")
     module_tied = embed is not None and lm_head is not None and lm_head is embed
     if module_tied and not cfg.tie_word_embeddings and "lm_head.weight" in srcs:
-        raise CheckpointError("the module ties lm_head.weight to model.embed_tokens.weight, but the checkpoint "
-                              "has its own lm_head.weight and tie_word_embeddings is false")
+        raise CheckpointError(
+            "the module ties lm_head.weight to model.embed_tokens.weight, but the checkpoint "
+            "has its own lm_head.weight and tie_word_embeddings is false"
+        )
     plan, missing, bad_shape, filled = [], [], [], set()
     for name, t in targets.items():
         if id(t) in filled:  # tied alias: filled through its first name
@@ -204,12 +220,15 @@ def _plan(module: torch.nn.Module, srcs: dict[str, _Src], cfg: ModelConfig, dtyp
         if tuple(t.shape) != src.shape:
             bad_shape.append(f"{name}: module expects {tuple(t.shape)}, {src.file.name} has {src.shape}")
         elif src.scale is not None and (len(src.shape) != 2 or src.scale.shape != _block_grid(src.shape)):
-            bad_shape.append(f"{src.scale.key}: expected {_block_grid(src.shape)} block scales for a "
-                             f"{src.shape} weight, {src.scale.file.name} has {src.scale.shape}")
+            bad_shape.append(
+                f"{src.scale.key}: expected {_block_grid(src.shape)} block scales for a "
+                f"{src.shape} weight, {src.scale.file.name} has {src.scale.shape}"
+            )
         if t.device.type == "meta":
             raise CheckpointError(f"{name} is on the meta device; allocate the module before load_into")
-        if device is not None and (t.device.type != device.type or
-                                   (device.index is not None and t.device.index != device.index)):
+        if device is not None and (
+            t.device.type != device.type or (device.index is not None and t.device.index != device.index)
+        ):
             raise CheckpointError(f"{name} is on {t.device}, expected {device}; load_into fills tensors in place")
         if dtype is not None and t.is_floating_point() and t.dtype not in (dtype, torch.float32):
             raise CheckpointError(f"{name} has dtype {t.dtype}, expected {dtype} (or float32)")
@@ -240,8 +259,14 @@ def _read(sf, src: _Src) -> torch.Tensor:
 
 
 @torch.no_grad()
-def load_into(module: torch.nn.Module, model_dir: str | Path, *, dtype: torch.dtype | None = None,
-              device: str | torch.device | None = None, strict: bool = True) -> LoadReport:
+def load_into(
+    module: torch.nn.Module,
+    model_dir: str | Path,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    strict: bool = True,
+) -> LoadReport:
     """Fill `module`'s parameters and persistent buffers, by state_dict name, from `model_dir`.
 
     The module must already be allocated; `device`/`dtype`, when given, are checked (a floating tensor
@@ -261,10 +286,15 @@ def load_into(module: torch.nn.Module, model_dir: str | Path, *, dtype: torch.dt
             hint = " (the checkpoint has no mtp.* tensors: build the model without its MTP head)"
         raise MissingTensorError(f"missing tensor(s) in {model_dir}: {_listing(missing)}{hint}")
     if strict and unexpected:
-        raise UnexpectedTensorError(f"unexpected tensor(s) in {model_dir} (not in the module): "
-                                    f"{_listing(sorted(unexpected))}")
-    report = LoadReport(skipped=len(skipped_ckpt) + len(skipped), missing=tuple(missing),
-                        unexpected=tuple(sorted(unexpected)), files=tuple(files))
+        raise UnexpectedTensorError(
+            f"unexpected tensor(s) in {model_dir} (not in the module): {_listing(sorted(unexpected))}"
+        )
+    report = LoadReport(
+        skipped=len(skipped_ckpt) + len(skipped),
+        missing=tuple(missing),
+        unexpected=tuple(sorted(unexpected)),
+        files=tuple(files),
+    )
     by_file: dict[Path, list] = {}
     for item in plan:
         by_file.setdefault(item[2].file, []).append(item)

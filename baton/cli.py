@@ -7,6 +7,7 @@ imported only when its command runs, so `baton health` stays fast and torch-free
 checkout that is not installed (the GPU machine), the same table is read from the checkout's
 pyproject.toml.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ def commands() -> dict[str, str]:
     found = {ep.name: ep.value for ep in metadata.entry_points(group=GROUP)}
     if found:
         return found
-    if _PYPROJECT.is_file():   # a checkout run through PYTHONPATH, without `pip install`
+    if _PYPROJECT.is_file():  # a checkout run through PYTHONPATH, without `pip install`
         import tomllib
 
         table = tomllib.loads(_PYPROJECT.read_text()).get("project", {}).get("entry-points", {})

@@ -9,6 +9,7 @@
 Leaving the `generate` loop early (break, exception, garbage collection) cancels the call, and the
 router then releases the request's sessions on both workers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,14 +24,14 @@ from baton.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
-ENGINES = {None: common_pb2.ENGINE_UNSPECIFIED, "bf16": common_pb2.BF16, "fp8": common_pb2.FP8,
-           "mtp": common_pb2.MTP}
+ENGINES = {None: common_pb2.ENGINE_UNSPECIFIED, "bf16": common_pb2.BF16, "fp8": common_pb2.FP8, "mtp": common_pb2.MTP}
 
 
 @dataclass
 class Delta:
     """One streamed message. finish_reason ("LENGTH" | "STOP" | "EOS"), usage and stats are set on
     the last one only."""
+
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
@@ -43,14 +44,32 @@ class Delta:
             return cls(list(m.token_ids), m.text)
         usage = {"prompt_tokens": m.usage.prompt_tokens, "completion_tokens": m.usage.completion_tokens}
         s = m.stats
-        stats = {k: getattr(s, k) for k in ("ttft_ms", "bridge_bytes", "bridge_seconds", "drafted", "accepted",
-                                           "acceptance_rate", "migrations", "decode_tokens_per_s", "request_id")}
+        stats = {
+            k: getattr(s, k)
+            for k in (
+                "ttft_ms",
+                "bridge_bytes",
+                "bridge_seconds",
+                "drafted",
+                "accepted",
+                "acceptance_rate",
+                "migrations",
+                "decode_tokens_per_s",
+                "request_id",
+            )
+        }
         return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats)
 
 
 class Client:
-    def __init__(self, addr: str = DEFAULT_ADDR, token: str | None = None, tls_ca: str | None = None, *,
-                 settings: Settings | None = None):
+    def __init__(
+        self,
+        addr: str = DEFAULT_ADDR,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        *,
+        settings: Settings | None = None,
+    ):
         """settings None = Settings.from_env() (BATON_TOKEN, BATON_TLS_CA...) with `token`/`tls_ca` winning."""
         settings = settings or Settings.from_env(token=token, tls_ca=tls_ca)
         self.addr = addr
@@ -58,19 +77,35 @@ class Client:
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    def generate(self, prompt: str | Sequence[int] | None = None, *, token_ids: Sequence[int] | None = None,
-                 max_new_tokens: int = 64, mode: str = "fast", engine: str | None = None,
-                 stop_token_ids: Sequence[int] = (), ignore_eos: bool = False, draft_block: int = 0,
-                 timeout: float | None = None, request_id: str = "") -> Iterator[Delta]:
+    def generate(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        max_new_tokens: int = 64,
+        mode: str = "fast",
+        engine: str | None = None,
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        draft_block: int = 0,
+        timeout: float | None = None,
+        request_id: str = "",
+    ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
         if engine not in ENGINES:
             raise ValueError(f"engine: {engine!r} is not one of bf16, fp8, mtp")
-        req = router_pb2.GenerateRequest(request_id=request_id, max_new_tokens=max_new_tokens, mode=MODES[mode],
-                                         engine=ENGINES[engine], stop_token_ids=list(stop_token_ids),
-                                         ignore_eos=ignore_eos, draft_block=draft_block)
+        req = router_pb2.GenerateRequest(
+            request_id=request_id,
+            max_new_tokens=max_new_tokens,
+            mode=MODES[mode],
+            engine=ENGINES[engine],
+            stop_token_ids=list(stop_token_ids),
+            ignore_eos=ignore_eos,
+            draft_block=draft_block,
+        )
         if token_ids is None and prompt is not None and not isinstance(prompt, str):
             token_ids = prompt
         if token_ids is not None:

@@ -7,6 +7,7 @@
         prints SERVING / NOT_SERVING (or the error code); exit code 0 only when SERVING
 Exit codes: 0 ok, 1 the router answered with an error (printed as `CODE: details` on stderr), 2 usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,9 +77,16 @@ def _generate(c: Client, args) -> int:
         return 2
     prompt = _ids(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else args.prompt
     ids, text, last = [], [], None
-    for d in c.generate(prompt, max_new_tokens=args.max_new_tokens, mode=args.mode, engine=args.engine,
-                        stop_token_ids=_ids(args.stop_token_ids, "--stop-token-ids"),
-                        ignore_eos=args.ignore_eos, draft_block=args.draft_block, timeout=args.timeout):
+    for d in c.generate(
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        mode=args.mode,
+        engine=args.engine,
+        stop_token_ids=_ids(args.stop_token_ids, "--stop-token-ids"),
+        ignore_eos=args.ignore_eos,
+        draft_block=args.draft_block,
+        timeout=args.timeout,
+    ):
         ids += d.token_ids
         text.append(d.text)
         last = d
@@ -86,8 +94,17 @@ def _generate(c: Client, args) -> int:
             sys.stdout.write(d.text)
             sys.stdout.flush()
     if args.json:
-        print(json.dumps({"token_ids": ids, "text": "".join(text), "finish_reason": last and last.finish_reason,
-                          "usage": last.usage if last else {}, "stats": last.stats if last else {}}))
+        print(
+            json.dumps(
+                {
+                    "token_ids": ids,
+                    "text": "".join(text),
+                    "finish_reason": last and last.finish_reason,
+                    "usage": last.usage if last else {},
+                    "stats": last.stats if last else {},
+                }
+            )
+        )
     else:
         sys.stdout.write("\n")
     return 0

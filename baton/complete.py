@@ -3,14 +3,15 @@
 This is the reference every serving path is checked against: it runs ExactEngine.generate, i.e.
 prefill then fixed-width AR rows, exactly what the prefill worker's Verify compares drafts with.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from baton.loading import load_model
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
+from baton.loading import load_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,14 +23,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="bf16 or fp32 (default: bf16 on cuda, fp32 on cpu, as the workers)")
     p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W of the exact engine")
-    p.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN,
-                   help="window; must equal the workers' --max-len for bitwise-identical output")
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=DEFAULT_MAX_LEN,
+        help="window; must equal the workers' --max-len for bitwise-identical output",
+    )
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text"}')
 
 
-def complete(model_dir, prompt_ids: list[int], max_new_tokens: int, *, device="cpu", dtype=None,
-             width=DEFAULT_WIDTH, max_len=0, ignore_eos=False, loaded=None) -> list[int]:
+def complete(
+    model_dir,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    *,
+    device="cpu",
+    dtype=None,
+    width=DEFAULT_WIDTH,
+    max_len=0,
+    ignore_eos=False,
+    loaded=None,
+) -> list[int]:
     from prefill_worker.engine import ExactEngine
 
     dtype = dtype or ("bf16" if str(device).startswith("cuda") else "fp32")
@@ -57,8 +72,16 @@ def run(args) -> int:
         print("baton complete: --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
     try:
-        out = complete(model_dir, ids, args.max_new_tokens, device=args.device, dtype=args.dtype,
-                       width=args.width, max_len=args.max_len, ignore_eos=args.ignore_eos)
+        out = complete(
+            model_dir,
+            ids,
+            args.max_new_tokens,
+            device=args.device,
+            dtype=args.dtype,
+            width=args.width,
+            max_len=args.max_len,
+            ignore_eos=args.ignore_eos,
+        )
     except ValueError as e:
         print(f"baton complete: {e}", file=sys.stderr)
         return 2

@@ -3,10 +3,11 @@
 `ModelConfig.from_hf(dir)` reads a checkpoint's config and returns a frozen, typed description of
 the architecture. Nothing else in Baton reads `config.json`.
 """
+
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -17,7 +18,7 @@ class ConfigError(ValueError):
 # model_type -> how to find the text config inside config.json.
 # NOTE: add `qwen3_next` / `qwen3_5_moe` here once their MoE MLP exists in baton/models.
 _TEXT_CONFIG_KEY = {
-    "qwen3_5_text": None,     # the text config is the file itself
+    "qwen3_5_text": None,  # the text config is the file itself
     "qwen3_5": "text_config",  # multimodal wrapper: the text part is nested
 }
 SUPPORTED_MODEL_TYPES = tuple(_TEXT_CONFIG_KEY)
@@ -29,7 +30,7 @@ class ModelConfig:
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
-    layer_types: tuple[str, ...]          # "linear_attention" | "full_attention" per layer
+    layer_types: tuple[str, ...]  # "linear_attention" | "full_attention" per layer
     # full attention
     num_attention_heads: int
     num_key_value_heads: int

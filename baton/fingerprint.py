@@ -19,6 +19,7 @@ read-only the cache lives in ~/.cache/baton/ keyed by model_dir's absolute path.
 corrupt cache is ignored, never fatal. A digest taken within RACY_NS of the file's mtime is not
 trusted later (the file may have changed again within the same timestamp tick); it is recomputed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,7 @@ _CACHE_VERSION = 1
 
 
 def _canonical(obj) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode()
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 def _file_sha256(path: Path) -> str:
@@ -92,13 +92,21 @@ def checkpoint_digest(model_dir: str | os.PathLike) -> str:
     for name in names:
         st = os.stat(model_dir / name)
         entry = cached.get(name)
-        fresh = (entry is not None and entry.get("size") == st.st_size
-                 and entry.get("mtime_ns") == st.st_mtime_ns and isinstance(entry.get("sha256"), str)
-                 and entry.get("hashed_at_ns", 0) - st.st_mtime_ns > RACY_NS)
+        fresh = (
+            entry is not None
+            and entry.get("size") == st.st_size
+            and entry.get("mtime_ns") == st.st_mtime_ns
+            and isinstance(entry.get("sha256"), str)
+            and entry.get("hashed_at_ns", 0) - st.st_mtime_ns > RACY_NS
+        )
         if not fresh:
             started = time.time_ns()
-            entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "hashed_at_ns": started,
-                     "sha256": _file_sha256(model_dir / name)}
+            entry = {
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                "hashed_at_ns": started,
+                "sha256": _file_sha256(model_dir / name),
+            }
             changed = True
         files[name] = entry
         rows.append([name, entry["size"], entry["sha256"]])
@@ -120,9 +128,10 @@ def read_tensor_table(model_dir: str | os.PathLike) -> dict[str, tuple[tuple[int
     return table
 
 
-def model_fingerprint(arch: Mapping, tensor_table: Mapping[str, tuple[Sequence[int], str]],
-                      model_dir: str | os.PathLike) -> str:
-    """"sha256:<hex>" of the architecture, the stored tensor table and the weight contents.
+def model_fingerprint(
+    arch: Mapping, tensor_table: Mapping[str, tuple[Sequence[int], str]], model_dir: str | os.PathLike
+) -> str:
+    """ "sha256:<hex>" of the architecture, the stored tensor table and the weight contents.
     arch must be JSON-serializable (e.g. dataclasses.asdict(ModelConfig)); runtime choices (engine,
     dtype casts) must stay out of it and out of tensor_table."""
     table = sorted([name, [int(d) for d in shape], str(dtype)] for name, (shape, dtype) in tensor_table.items())

@@ -7,6 +7,7 @@ A worker process sees one GPU, through CUDA_VISIBLE_DEVICES, as Ray pins an acto
                                        Triton launches and CUDA graphs then follow the tensors' device in
                                        every thread (a current-device setting is per thread)
 """
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import re
 import sys
 from collections.abc import Mapping, MutableMapping
 
-_PROC_GPUS = "/proc/driver/nvidia/gpus"   # one entry per GPU the driver sees
+_PROC_GPUS = "/proc/driver/nvidia/gpus"  # one entry per GPU the driver sees
 _CUDA_N = re.compile(r"cuda:(\d+)")
 
 
@@ -50,7 +51,7 @@ def pin_device(device: str, env: MutableMapping[str, str] | None = None) -> str:
     N-th GPU. Where CUDA is initialised already (an in-process caller) the device is left as it is."""
     m = _CUDA_N.fullmatch(device)
     torch = sys.modules.get("torch")
-    if not m or (torch is not None and torch.cuda.is_initialized()):   # too late to narrow: keep cuda:N
+    if not m or (torch is not None and torch.cuda.is_initialized()):  # too late to narrow: keep cuda:N
         return device
     env = os.environ if env is None else env
     gpus, n = visible_gpus(env), int(m.group(1))

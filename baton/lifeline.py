@@ -17,6 +17,7 @@ main(), calls `die_with_parent()`:
     getppid() != BATON_PARENT_PID       the parent died before the prctl: exit now (status 143)
 Linux only; elsewhere (or without the variable: started by hand, by Ray) it does nothing.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,7 +39,7 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
 def die_with_parent() -> bool:
     """Arms SIGTERM-on-parent-death for this process when its parent asked for it; -> armed.
     Exits (SIGTERM's status) if that parent is already gone."""
-    want = os.environ.pop(PARENT_ENV, "")     # NOTE: popped, so our own children do not inherit it
+    want = os.environ.pop(PARENT_ENV, "")  # NOTE: popped, so our own children do not inherit it
     if not want or not sys.platform.startswith("linux"):
         return False
     try:
@@ -47,6 +48,6 @@ def die_with_parent() -> bool:
         return False
     if prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         return False
-    if os.getppid() != int(want):   # re-parented already: the parent died before the prctl
+    if os.getppid() != int(want):  # re-parented already: the parent died before the prctl
         os.kill(os.getpid(), signal.SIGTERM)
     return True

@@ -1,9 +1,10 @@
 """Build a ready model from a checkpoint directory (or random weights for benchmarks).
 
-    load_model(dir)      config -> module allocated in place on the target device (no random init,
-                         no second copy) -> weights copied tensor by tensor -> fingerprint
-    random_model(cfg)    the same module filled with seeded random values (e.g. the 9B shape in memory)
+load_model(dir)      config -> module allocated in place on the target device (no random init,
+                     no second copy) -> weights copied tensor by tensor -> fingerprint
+random_model(cfg)    the same module filled with seeded random values (e.g. the 9B shape in memory)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,13 @@ from baton.models.qwen3_5 import Qwen3_5ForCausalLM
 
 log = logging.getLogger("baton.loading")
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-          "fp16": torch.float16}
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+}
 DEFAULT_MODEL_DIR = Path(__file__).parent / "assets" / "default-model"
 
 
@@ -59,8 +65,7 @@ def resolve_model_dir(model_dir: str | Path | None) -> Path:
     return d
 
 
-def load_model(model_dir: str | Path | None, *, dtype="bf16", device="cpu", mtp: bool | None = None
-               ) -> LoadedModel:
+def load_model(model_dir: str | Path | None, *, dtype="bf16", device="cpu", mtp: bool | None = None) -> LoadedModel:
     from baton.checkpoint import checkpoint_tensor_table, load_into
     from baton.fingerprint import model_fingerprint
 
@@ -72,8 +77,9 @@ def load_model(model_dir: str | Path | None, *, dtype="bf16", device="cpu", mtp:
     want_mtp = has_mtp if mtp is None else mtp
     if want_mtp and not has_mtp:
         raise ValueError(f"model: {d} has no mtp.* tensors; the mtp engine needs an MTP head")
-    log.info("loading %s (%d layers, hidden %d, mtp=%s) to %s", d, cfg.num_hidden_layers, cfg.hidden_size,
-             want_mtp, device)
+    log.info(
+        "loading %s (%d layers, hidden %d, mtp=%s) to %s", d, cfg.num_hidden_layers, cfg.hidden_size, want_mtp, device
+    )
     model = build_model(cfg, with_mtp=want_mtp, dtype=parse_dtype(dtype), device=device)
     rep = load_into(model, d, dtype=parse_dtype(dtype), device=device)
     fp = model_fingerprint(cfg.arch_dict(), table, d)
@@ -82,15 +88,16 @@ def load_model(model_dir: str | Path | None, *, dtype="bf16", device="cpu", mtp:
 
 
 @torch.no_grad()
-def random_model(cfg: ModelConfig, *, dtype="bf16", device="cpu", seed: int = 0, mtp: bool = True,
-                 std: float = 0.02) -> LoadedModel:
+def random_model(
+    cfg: ModelConfig, *, dtype="bf16", device="cpu", seed: int = 0, mtp: bool = True, std: float = 0.02
+) -> LoadedModel:
     """Seeded random weights in place (norm weights near their identity), for benchmarks and tests."""
     t0 = time.perf_counter()
     model = build_model(cfg, with_mtp=mtp, dtype=parse_dtype(dtype), device=device)
     g = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight") and "linear_attn.norm" not in name:
-            p.normal_(0.0, 0.1, generator=g)                      # zero-centred norms: (1 + w)
+            p.normal_(0.0, 0.1, generator=g)  # zero-centred norms: (1 + w)
         elif "linear_attn.norm" in name:
             p.fill_(1.0)
         elif name.endswith("A_log"):

@@ -6,6 +6,7 @@ Values are turned into names at the RPC boundary, and only names travel inward. 
 ExactEngine are the classes that run sessions; variables holding them are called `engine` only inside
 their own worker. Modes: "fast" | "exact" (MODE_UNSPECIFIED = fast).
 """
+
 from __future__ import annotations
 
 from baton.v1 import common_pb2
@@ -30,7 +31,7 @@ def known_engine(value: int) -> bool:
 
 
 def engine_value(name: str | int | None) -> int:
-    """"bf16" | "fp8" | "mtp" (or an enum value, or None = unspecified) -> the Engine enum value."""
+    """ "bf16" | "fp8" | "mtp" (or an enum value, or None = unspecified) -> the Engine enum value."""
     if name is None or isinstance(name, int):
         return int(name or 0)
     try:

@@ -21,6 +21,7 @@ Protos are the source of truth (docs/ARCHITECTURE.md, protos/). protoc runs thro
 The generator's major.minor is recorded in ``baton/v1/__init__.py`` as ``GENERATED_WITH``; the test
 skips the staleness check when the installed grpcio-tools is from another series.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,9 +66,7 @@ def postprocess(filename: str, text: str) -> str:
         if n_import != n_call or n_call > 1:
             raise RuntimeError(f"{filename}: unexpected runtime-version guard layout")
     if filename.endswith("_pb2_grpc.py"):
-        text, n = _GRPC_VERSION.subn(
-            f"GRPC_GENERATED_VERSION = '{GRPC_FLOOR}'  # lowered by baton.protogen", text
-        )
+        text, n = _GRPC_VERSION.subn(f"GRPC_GENERATED_VERSION = '{GRPC_FLOOR}'  # lowered by baton.protogen", text)
         if n != 1:
             raise RuntimeError(f"{filename}: GRPC_GENERATED_VERSION not found")
     if "from baton.v1" in text or "import baton.v1" in text:

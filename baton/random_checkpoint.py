@@ -10,6 +10,7 @@ The directory holds what a real Qwen3.5 checkpoint holds:
     tokenizer.json, tokenizer_config.json  (byte-level BPE trained on a built-in text)
 Same arguments -> same bytes (transformers version string aside).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,8 @@ import torch
 
 EOS_TOKEN = "<|endoftext|>"
 LOGIT_GAIN = 4.0  # embed/lm_head std = LOGIT_GAIN/sqrt(hidden): logits std ~ LOGIT_GAIN, few near-ties
-QKV_GAIN = 3.0   # larger GDN values keep the gated norm's input far above its eps (fp32 parity)
-NOISE = 0.1       # std of the noise added to the other 1-D parameters (the norms)
+QKV_GAIN = 3.0  # larger GDN values keep the gated norm's input far above its eps (fp32 parity)
+NOISE = 0.1  # std of the noise added to the other 1-D parameters (the norms)
 
 # Tokenizer training text: enough distinct words for several hundred merges.
 _CORPUS = '''
@@ -162,7 +163,7 @@ def _mtp_tensors(state: dict, layer_types: list[str], hidden: int, gen, dtype) -
     }
     for name, t in state.items():
         if name.startswith(prefix):
-            out["mtp.layers.0." + name[len(prefix):]] = torch.zeros(t.shape)
+            out["mtp.layers.0." + name[len(prefix) :]] = torch.zeros(t.shape)
     _randomize(sorted(out.items()), gen, hidden)
     return {k: v.to(dtype).contiguous() for k, v in sorted(out.items())}
 
@@ -181,8 +182,10 @@ def _post_process(out: Path, *, mtp: dict, mtp_inline: bool, shards: int, multim
         text = json.loads(cfg_path.read_text())
         text.pop("architectures", None)
         wrapper = {
-            "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-            "text_config": text, "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "text_config": text,
+            "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
             "tie_word_embeddings": text.get("tie_word_embeddings", False),
             "transformers_version": text.get("transformers_version"),
         }
@@ -200,7 +203,7 @@ def _post_process(out: Path, *, mtp: dict, mtp_inline: bool, shards: int, multim
     weight_map = {}
     for s in range(shards):
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: tensors[n] for n in names[s * per:(s + 1) * per]}
+        part = {n: tensors[n] for n in names[s * per : (s + 1) * per]}
         save_file(part, str(out / fname), metadata=meta)
         weight_map.update({n: fname for n in part})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -208,11 +211,27 @@ def _post_process(out: Path, *, mtp: dict, mtp_inline: bool, shards: int, multim
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def make_random_checkpoint(out_dir, *, seed: int = 0, layers: int = 4, hidden: int = 64, vocab: int = 512, mtp: bool = True,
-              tie: bool = False, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
-              linear_heads: tuple[int, int] = (2, 4), linear_head_dim: int = 16, intermediate: int | None = None,
-              conv_kernel: int = 4, dtype: str | torch.dtype = "float32", shards: int = 1,
-              multimodal: bool = False, mtp_inline: bool = False) -> Path:
+def make_random_checkpoint(
+    out_dir,
+    *,
+    seed: int = 0,
+    layers: int = 4,
+    hidden: int = 64,
+    vocab: int = 512,
+    mtp: bool = True,
+    tie: bool = False,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 16,
+    linear_heads: tuple[int, int] = (2, 4),
+    linear_head_dim: int = 16,
+    intermediate: int | None = None,
+    conv_kernel: int = 4,
+    dtype: str | torch.dtype = "float32",
+    shards: int = 1,
+    multimodal: bool = False,
+    mtp_inline: bool = False,
+) -> Path:
     """Write a tiny Qwen3.5 checkpoint to `out_dir` and return its path.
 
     linear_heads = (k_heads, v_heads) of the Gated DeltaNet layers. mtp_inline puts the mtp.* tensors in
@@ -229,12 +248,22 @@ def make_random_checkpoint(out_dir, *, seed: int = 0, layers: int = 4, hidden: i
     eos = tok.token_to_id(EOS_TOKEN)
     types = _layer_types(layers)
     config = Qwen3_5TextConfig(
-        vocab_size=max(vocab, tok.get_vocab_size()), hidden_size=hidden,
-        intermediate_size=intermediate or 3 * hidden, num_hidden_layers=layers, layer_types=types,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-        linear_num_key_heads=linear_heads[0], linear_num_value_heads=linear_heads[1],
-        linear_key_head_dim=linear_head_dim, linear_value_head_dim=linear_head_dim,
-        linear_conv_kernel_dim=conv_kernel, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+        vocab_size=max(vocab, tok.get_vocab_size()),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 3 * hidden,
+        num_hidden_layers=layers,
+        layer_types=types,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        linear_num_key_heads=linear_heads[0],
+        linear_num_value_heads=linear_heads[1],
+        linear_key_head_dim=linear_head_dim,
+        linear_value_head_dim=linear_head_dim,
+        linear_conv_kernel_dim=conv_kernel,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
         eos_token_id=eos,
     )
     torch.manual_seed(seed)
@@ -271,9 +300,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = make_random_checkpoint(args.out_dir, seed=args.seed, layers=args.layers, hidden=args.hidden, vocab=args.vocab,
-                     mtp=args.mtp, tie=args.tie, dtype=args.dtype, shards=args.shards,
-                     multimodal=args.multimodal)
+    path = make_random_checkpoint(
+        args.out_dir,
+        seed=args.seed,
+        layers=args.layers,
+        hidden=args.hidden,
+        vocab=args.vocab,
+        mtp=args.mtp,
+        tie=args.tie,
+        dtype=args.dtype,
+        shards=args.shards,
+        multimodal=args.multimodal,
+    )
     print(path)
     return 0
 

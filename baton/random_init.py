@@ -1,4 +1,5 @@
 """Named model shapes for `--random-init` (no checkpoint file needed)."""
+
 from __future__ import annotations
 
 from baton.config import ModelConfig
@@ -7,6 +8,7 @@ from baton.config import ModelConfig
 def qwen35_9b() -> ModelConfig:
     """transformers' default Qwen3_5TextConfig: the Qwen3.5-9B text shape."""
     from transformers import Qwen3_5TextConfig
+
     d = Qwen3_5TextConfig().to_dict()
     d["mtp_num_hidden_layers"] = 1
     return ModelConfig.from_dict(d)
@@ -14,10 +16,22 @@ def qwen35_9b() -> ModelConfig:
 
 def tiny_gpu() -> ModelConfig:
     from transformers import Qwen3_5TextConfig
-    return ModelConfig.from_dict(Qwen3_5TextConfig(
-        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=64, linear_value_head_dim=64).to_dict())
+
+    return ModelConfig.from_dict(
+        Qwen3_5TextConfig(
+            vocab_size=1024,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
+        ).to_dict()
+    )
 
 
 SHAPES = {"qwen3.5-9b": qwen35_9b, "tiny": tiny_gpu}

@@ -20,6 +20,7 @@ Client side: `make_channel(address, settings)` applies TLS, message limits, keep
 token is configured) attaches the bearer metadata to every call, so stubs need no extra argument.
 `call_metadata(token)` gives the same metadata for channels made elsewhere.
 """
+
 from __future__ import annotations
 
 import collections
@@ -179,8 +180,10 @@ def rpc_errors(
 # too_many_pings to our own idle channels). tests/test_grpc_hygiene.py checks each against cygrpc.
 def _message_options(settings: Settings, max_receive_bytes: int | None = None) -> list[tuple[str, int]]:
     n = settings.max_message_bytes
-    return [("grpc.max_receive_message_length", n if max_receive_bytes is None else max_receive_bytes),
-            ("grpc.max_send_message_length", n)]
+    return [
+        ("grpc.max_receive_message_length", n if max_receive_bytes is None else max_receive_bytes),
+        ("grpc.max_send_message_length", n),
+    ]
 
 
 def _server_options(settings: Settings) -> list[tuple[str, int]]:
@@ -225,16 +228,12 @@ class ServerHandle:
 
     @property
     def address(self) -> str:
-        """"host:port" to give to make_channel."""
+        """ "host:port" to give to make_channel."""
         return _hostport(self.host, self.port)
 
     def set_serving(self, serving: bool) -> None:
         """Health status of "" (the whole server) and of each service name."""
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *self.service_names):
             self.health.set(name, status)
 
@@ -291,9 +290,7 @@ def build_server(
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names)
-    reflection.enable_server_reflection(
-        names + [health.SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
+    reflection.enable_server_reflection(names + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
     target = _hostport(host, port)
     try:

@@ -8,6 +8,7 @@ parsed): it replaces each method handler's request_deserializer by one that neve
 behaviour by one that answers INVALID_ARGUMENT for an unparsable message, for every service on the server
 (Baton's, health, reflection), with no change to the generated *_pb2_grpc.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ class RateLimitedLog:
     """warning(): at most `burst` lines at once, then one per `per_s` seconds; a suppressed line is counted
     into the next one written ("(N more suppressed)"). A hostile client cannot flood the log."""
 
-    def __init__(self, logger: logging.Logger, *, per_s: float = 1.0, burst: int = 5,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, logger: logging.Logger, *, per_s: float = 1.0, burst: int = 5, clock: Callable[[], float] = time.monotonic
+    ):
         self._logger, self._per_s, self._burst, self._clock = logger, per_s, burst, clock
         self._lock = threading.Lock()
         self._tokens, self._last, self._suppressed = float(burst), clock(), 0
@@ -49,6 +51,7 @@ class RateLimitedLog:
 class _Unparsable:
     """What a guarded request deserializer returns for bytes that do not parse (it never raises: grpc
     would answer INTERNAL "Exception deserializing request!" and log a traceback)."""
+
     __slots__ = ("error",)
 
     def __init__(self, error: Exception):
@@ -62,7 +65,7 @@ def _why(error: Exception) -> str:
 
 
 def _type_name(deserializer: Callable, method: str) -> str:
-    """"baton.v1.GenerateRequest" for Message.FromString; else "the request of <method>"."""
+    """ "baton.v1.GenerateRequest" for Message.FromString; else "the request of <method>"."""
     desc = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
     return getattr(desc, "full_name", None) or f"the request of {method}"
 
@@ -99,10 +102,16 @@ class DecodeGuard(grpc.ServerInterceptor):
 
         def refuse(bad: _Unparsable, context, log: bool = True) -> NoReturn:
             if log:
-                self.log.warning("%s from %s: the request body does not parse as %s: %s", method,
-                                 context.peer(), type_name, _why(bad.error))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"request: the body does not parse as {type_name}: {_why(bad.error)}")
+                self.log.warning(
+                    "%s from %s: the request body does not parse as %s: %s",
+                    method,
+                    context.peer(),
+                    type_name,
+                    _why(bad.error),
+                )
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request: the body does not parse as {type_name}: {_why(bad.error)}"
+            )
             raise AssertionError("unreachable: context.abort returned")
 
         def unary(behavior):
@@ -110,6 +119,7 @@ class DecodeGuard(grpc.ServerInterceptor):
                 if isinstance(request, _Unparsable):
                     refuse(request, context)
                 return behavior(request, context)
+
             return guarded
 
         def stream(behavior, streaming_response: bool):
@@ -123,7 +133,7 @@ class DecodeGuard(grpc.ServerInterceptor):
                             refuse(r, context)
                         yield r
 
-                def settle():   # NOTE: the servicer may have caught the abort and ended with a code of its own
+                def settle():  # NOTE: the servicer may have caught the abort and ended with a code of its own
                     if bad:
                         refuse(bad[0], context, log=False)
 
@@ -143,7 +153,9 @@ class DecodeGuard(grpc.ServerInterceptor):
                         settle()
                         raise
                     settle()
+
                 return responses()
+
             return guarded
 
         kw = dict(request_deserializer=deserialize, response_serializer=h.response_serializer)

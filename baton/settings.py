@@ -29,6 +29,7 @@
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,7 +54,7 @@ HANDOFF_SENDERS = ("process", "thread")
 DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
 
 
-_POSITIVE_INTS = (   # (field, variable, default): the gRPC transport's settings
+_POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings
     ("max_request_bytes", "BATON_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
     ("keepalive_time_ms", "BATON_KEEPALIVE_TIME_MS", DEFAULT_KEEPALIVE_TIME_MS),
     ("keepalive_timeout_ms", "BATON_KEEPALIVE_TIMEOUT_MS", DEFAULT_KEEPALIVE_TIMEOUT_MS),
@@ -109,11 +110,11 @@ class Settings:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     log_level: str = "INFO"
     log_json: bool = False
-    handoff_sender: str = "process"   # HANDOFF_SENDERS
+    handoff_sender: str = "process"  # HANDOFF_SENDERS
     handoff_tail_chunk_bytes: int = DEFAULT_TAIL_CHUNK_BYTES  # 0: no tail segment; capped at the chunk size
     handoff_tail_layers: int = 1
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES   # the router's public port only (baton.rpc max_receive_bytes)
-    keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS       # clients (baton.rpc.make_channel)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # the router's public port only (baton.rpc max_receive_bytes)
+    keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS  # clients (baton.rpc.make_channel)
     keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
     min_ping_interval_ms: int = DEFAULT_MIN_PING_INTERVAL_MS  # servers (baton.rpc.build_server)
 
@@ -125,23 +126,30 @@ class Settings:
         if self.max_message_bytes <= 0:
             raise SettingsError("BATON_MAX_MESSAGE_BYTES: must be > 0")
         if self.handoff_sender not in HANDOFF_SENDERS:
-            raise SettingsError(f"BATON_HANDOFF_SENDER: expected one of {', '.join(HANDOFF_SENDERS)}, "
-                                f"got {self.handoff_sender!r}")
+            raise SettingsError(
+                f"BATON_HANDOFF_SENDER: expected one of {', '.join(HANDOFF_SENDERS)}, got {self.handoff_sender!r}"
+            )
         if not isinstance(self.handoff_tail_chunk_bytes, int) or self.handoff_tail_chunk_bytes < 0:
-            raise SettingsError(f"BATON_HANDOFF_TAIL_CHUNK_BYTES: must be >= 0 (0: no tail segment), "
-                                f"got {self.handoff_tail_chunk_bytes!r}")
+            raise SettingsError(
+                f"BATON_HANDOFF_TAIL_CHUNK_BYTES: must be >= 0 (0: no tail segment), "
+                f"got {self.handoff_tail_chunk_bytes!r}"
+            )
         if not isinstance(self.handoff_tail_layers, int) or self.handoff_tail_layers < 0:
             raise SettingsError(f"BATON_HANDOFF_TAIL_LAYERS: must be >= 0, got {self.handoff_tail_layers!r}")
-        for name, val in (("BATON_MAX_REQUEST_BYTES", self.max_request_bytes),
-                          ("BATON_KEEPALIVE_TIME_MS", self.keepalive_time_ms),
-                          ("BATON_KEEPALIVE_TIMEOUT_MS", self.keepalive_timeout_ms),
-                          ("BATON_MIN_PING_INTERVAL_MS", self.min_ping_interval_ms)):
+        for name, val in (
+            ("BATON_MAX_REQUEST_BYTES", self.max_request_bytes),
+            ("BATON_KEEPALIVE_TIME_MS", self.keepalive_time_ms),
+            ("BATON_KEEPALIVE_TIMEOUT_MS", self.keepalive_timeout_ms),
+            ("BATON_MIN_PING_INTERVAL_MS", self.min_ping_interval_ms),
+        ):
             if not isinstance(val, int) or val <= 0:
                 raise SettingsError(f"{name}: must be > 0, got {val!r}")
         if self.min_ping_interval_ms > self.keepalive_time_ms:
-            raise SettingsError(f"BATON_MIN_PING_INTERVAL_MS ({self.min_ping_interval_ms}) must be at most "
-                                f"BATON_KEEPALIVE_TIME_MS ({self.keepalive_time_ms}): servers would send GOAWAY "
-                                f"too_many_pings to their own clients")
+            raise SettingsError(
+                f"BATON_MIN_PING_INTERVAL_MS ({self.min_ping_interval_ms}) must be at most "
+                f"BATON_KEEPALIVE_TIME_MS ({self.keepalive_time_ms}): servers would send GOAWAY "
+                f"too_many_pings to their own clients"
+            )
 
     @property
     def tls_enabled(self) -> bool:
@@ -181,10 +189,15 @@ class Settings:
             log_json=_parse_bool("BATON_LOG_JSON", get("BATON_LOG_JSON") or ""),
             handoff_sender=(get("BATON_HANDOFF_SENDER") or "process").strip().lower(),
             handoff_tail_chunk_bytes=_parse_int(
-                "BATON_HANDOFF_TAIL_CHUNK_BYTES", get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or str(DEFAULT_TAIL_CHUNK_BYTES), 0),
+                "BATON_HANDOFF_TAIL_CHUNK_BYTES",
+                get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or str(DEFAULT_TAIL_CHUNK_BYTES),
+                0,
+            ),
             handoff_tail_layers=_parse_int("BATON_HANDOFF_TAIL_LAYERS", get("BATON_HANDOFF_TAIL_LAYERS") or "1", 0),
-            **{field: _parse_positive_int(var, get(var)) if get(var) is not None else default
-               for field, var, default in _POSITIVE_INTS},
+            **{
+                field: _parse_positive_int(var, get(var)) if get(var) is not None else default
+                for field, var, default in _POSITIVE_INTS
+            },
         )
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(overrides) - fields

@@ -4,6 +4,7 @@ No network, no transformers. Text <-> ids without special-token insertion, plus 
 which turns a token stream into text deltas that never split a multi-byte UTF-8 character:
     concat(push(t) for t in ids) + flush() == decode(ids)      (same skip_special_tokens)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -83,19 +84,19 @@ class StreamDecoder:
         self._skip = skip_special_tokens
         self._ids: list[int] = []
         self._prefix = 0  # start of the context segment
-        self._read = 0    # end of emitted text, in tokens
+        self._read = 0  # end of emitted text, in tokens
 
     def _delta(self, force: bool) -> str:
-        context = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
-        text = self._tok.decode(self._ids[self._prefix:], self._skip)
+        context = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix :], self._skip)
         if len(text) <= len(context) and not force:
             return ""
         if text.endswith(_REPLACEMENT) and not force:
             return ""
         # NOTE: `text` starts with `context` because `read` sits on a character boundary.
-        self._ids = self._ids[self._read:]  # drop what no longer serves as context
+        self._ids = self._ids[self._read :]  # drop what no longer serves as context
         self._prefix, self._read = 0, len(self._ids)
-        return text[len(context):]
+        return text[len(context) :]
 
     def push(self, token_id: int) -> str:
         self._ids.append(int(token_id))

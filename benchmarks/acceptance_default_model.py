@@ -17,6 +17,7 @@ Measured, per prompt and in total (greedy, stop at EOS or after --new tokens):
   * HF parity: Baton's vs transformers' Qwen3_5ForCausalLM full-prompt logits on one prompt (fp32).
 Prints one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,15 +39,23 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "deploy"))
 
 import default_model_corpus  # noqa: E402
-from baton.loading import load_model, resolve_model_dir  # noqa: E402
+
 from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.loading import load_model, resolve_model_dir  # noqa: E402
 from baton.tokenizer import Tokenizer  # noqa: E402
 from decode_worker.engine import DecodeEngine  # noqa: E402
 from decode_worker.fp8 import quantize_model  # noqa: E402
 from prefill_worker.engine import ExactEngine  # noqa: E402
 
-SKIP_PREFIXES = ("test/", "idlelib/idle_test/", "lib2to3/tests/", "distutils/tests/", "tkinter/test/",
-                 "unittest/test/", "encodings/")   # encodings/*: code tables, not code
+SKIP_PREFIXES = (
+    "test/",
+    "idlelib/idle_test/",
+    "lib2to3/tests/",
+    "distutils/tests/",
+    "tkinter/test/",
+    "unittest/test/",
+    "encodings/",
+)  # encodings/*: code tables, not code
 
 
 def heldout_prompts(tok: Tokenizer, n_tokens: int, count: int) -> list[dict]:
@@ -62,7 +71,7 @@ def heldout_prompts(tok: Tokenizer, n_tokens: int, count: int) -> list[dict]:
         cuts = [i for i in (text.find("\ndef "), text.find("\n    def ")) if i >= 0]
         if not cuts:
             continue
-        ids = tok.encode(text[min(cuts) + 1:])
+        ids = tok.encode(text[min(cuts) + 1 :])
         if len(ids) < n_tokens + 8:
             continue
         out.append({"file": rel, "ids": ids[:n_tokens]})
@@ -83,7 +92,7 @@ def handoff(exact: ExactEngine, dec: DecodeEngine, ids: list[int], engine: str, 
 
 def run_decode(exact, dec, ids, engine, n, eos, k):
     _, sess, first = handoff(exact, dec, ids, engine)
-    out, per_round = [first], []        # per_round: tokens each decode step yielded (m + 1, cut at the end)
+    out, per_round = [first], []  # per_round: tokens each decode step yielded (m + 1, cut at the end)
     if first not in eos:
         for batch in dec.decode(sess.id, n - 1, eos_ids=eos, k=k):
             out += batch
@@ -101,14 +110,14 @@ def run_exact_fp8(exact, dec8, ids, n, eos, k):
         while len(out) < n and out[-1] not in eos:
             drafts = dec8.draft(sess.id, k, verdict)
             v = exact.verify(es.id, [out[-1]] + drafts)
-            out += drafts[:v.accepted] + [v.next_token]
+            out += drafts[: v.accepted] + [v.next_token]
             verdict = (v.accepted, v.next_token)
             rounds, drafted, accepted = rounds + 1, drafted + k, accepted + v.accepted
             per_round.append(v.accepted)
     finally:
         exact.release(es.id)
         dec8.release(sess.id)
-    for i, t in enumerate(out):        # cut as the router would: at EOS / n tokens
+    for i, t in enumerate(out):  # cut as the router would: at EOS / n tokens
         if t in eos:
             out = out[: i + 1]
             break
@@ -131,15 +140,19 @@ def hf_parity(model_dir, lm, ids):
     from transformers import Qwen3_5ForCausalLM as HF
 
     from baton.models.qwen3_5 import StepContext
+
     hf = HF.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     ref = hf(torch.tensor([ids])).logits[0]
     r = ModelRunner(lm.model, max_len=len(ids) + 16)
     r.state.reset(0)
     h = lm.model(torch.tensor(ids), r.state, StepContext(slot=0, width=None, n=len(ids)))
     ours = lm.model.logits(h)
-    return {"prompt_tokens": len(ids), "max_abs_diff_logits": float((ours - ref).abs().max()),
-            "logit_scale_max_abs": float(ref.abs().max()),
-            "argmax_agree": float((ours.argmax(-1) == ref.argmax(-1)).float().mean())}
+    return {
+        "prompt_tokens": len(ids),
+        "max_abs_diff_logits": float((ours - ref).abs().max()),
+        "logit_scale_max_abs": float(ref.abs().max()),
+        "argmax_agree": float((ours.argmax(-1) == ref.argmax(-1)).float().mean()),
+    }
 
 
 def main(argv=None) -> int:
@@ -169,12 +182,22 @@ def main(argv=None) -> int:
     r = ModelRunner(lm.model, slots=1, max_len=max_len)
     dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp")
     fp8_model = copy.deepcopy(lm.model)
-    del fp8_model.mtp                      # fp8 sessions never draft with the MTP head (decode_worker/service.py)
+    del fp8_model.mtp  # fp8 sessions never draft with the MTP head (decode_worker/service.py)
     q = quantize_model(fp8_model, "full")
     dec8 = DecodeEngine({"fp8": ModelRunner(fp8_model, slots=1, max_len=max_len)}, default_engine="fp8")
 
-    rows, tot = [], {"mtp_rounds": 0, "mtp_emitted": 0, "fp8_rounds": 0, "fp8_drafted": 0, "fp8_accepted": 0,
-                     "fp8_emitted": 0, "tokens": 0}
+    rows, tot = (
+        [],
+        {
+            "mtp_rounds": 0,
+            "mtp_emitted": 0,
+            "fp8_rounds": 0,
+            "fp8_drafted": 0,
+            "fp8_accepted": 0,
+            "fp8_emitted": 0,
+            "tokens": 0,
+        },
+    )
     all_identical, first_ref = True, None
     for pr in prompts:
         ids = pr["ids"]
@@ -189,16 +212,26 @@ def main(argv=None) -> int:
         fp8, fs = run_exact_fp8(exact, dec8, ids, a.new, eos, a.k_fp8)
         same = {"bf16": bf16 == ref, "mtp": mtp == ref, "exact_fp8": fp8 == ref}
         all_identical &= all(same.values())
-        rows.append({
-            "file": pr["file"], "prompt": tok.decode(ids), "new_tokens": len(ref),
-            "continuation": tok.decode(ref),
-            "identical_to_exact_ar": same,
-            "mtp": {**ms, "accept_len_per_round": ms["emitted_in_rounds"] / max(ms["rounds"], 1),
-                    "emitted_after_cut": len(mtp) - 1},
-            "exact_fp8": {**fs, "acceptance_rate": fs["accepted"] / max(fs["drafted"], 1),
-                          "tokens_per_round": (len(fp8) - 1) / max(fs["rounds"], 1)},
-            "seconds": {"exact_ar": round(t_ref, 3), "mtp_decode": round(t_mtp, 3)},
-        })
+        rows.append(
+            {
+                "file": pr["file"],
+                "prompt": tok.decode(ids),
+                "new_tokens": len(ref),
+                "continuation": tok.decode(ref),
+                "identical_to_exact_ar": same,
+                "mtp": {
+                    **ms,
+                    "accept_len_per_round": ms["emitted_in_rounds"] / max(ms["rounds"], 1),
+                    "emitted_after_cut": len(mtp) - 1,
+                },
+                "exact_fp8": {
+                    **fs,
+                    "acceptance_rate": fs["accepted"] / max(fs["drafted"], 1),
+                    "tokens_per_round": (len(fp8) - 1) / max(fs["rounds"], 1),
+                },
+                "seconds": {"exact_ar": round(t_ref, 3), "mtp_decode": round(t_mtp, 3)},
+            }
+        )
         tot["mtp_rounds"] += ms["rounds"]
         tot["mtp_emitted"] += ms["emitted_in_rounds"]
         tot["mtp_after_cut"] = tot.get("mtp_after_cut", 0) + len(mtp) - 1
@@ -211,38 +244,69 @@ def main(argv=None) -> int:
         ef = early(fs["per_round"], a.early, lambda x: x + 1)
         tot["early_mtp"] = tot.get("early_mtp", []) + em
         tot["early_fp8"] = tot.get("early_fp8", []) + ef
-        print(f"{pr['file']}: mtp {rows[-1]['mtp']['accept_len_per_round']:.2f}/round, "
-              f"fp8 {rows[-1]['exact_fp8']['acceptance_rate']:.1%}, identical {same}", file=sys.stderr)
+        print(
+            f"{pr['file']}: mtp {rows[-1]['mtp']['accept_len_per_round']:.2f}/round, "
+            f"fp8 {rows[-1]['exact_fp8']['acceptance_rate']:.1%}, identical {same}",
+            file=sys.stderr,
+        )
 
     result = {
         "benchmark": "acceptance_default_model",
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(shlex.quote(x) for x in [os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "python": platform.python_version(), "torch": torch.__version__},
-        "model": {"dir": os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT)) else str(d),
-                  "fingerprint": lm.fingerprint, "dtype": a.dtype, "vocab": lm.cfg.vocab_size},
-        "setup": {"prompts": len(prompts), "prompt_tokens": a.prompt_tokens, "max_new_tokens": a.new,
-                  "stop": "EOS or max_new_tokens", "greedy": True, "width": r.width,
-                  "prompt_source": "first def of held-out stdlib files (sha256(relpath) mod 20 == 0), "
-                                   f"Python {platform.python_version()} stdlib"},
-        "mtp": {"K": a.k_mtp, "rounds": tot["mtp_rounds"], "tokens_in_rounds": tot["mtp_emitted"],
-                "accept_len_per_round": tot["mtp_emitted"] / max(tot["mtp_rounds"], 1),
-                "accept_len_per_round_after_cut": tot["mtp_after_cut"] / max(tot["mtp_rounds"], 1),
-                "note": "accept_len_per_round = the engine's mean_accept_len (m + 1 per round, the bonus token "
-                        "included; the last round may pass max_new_tokens); _after_cut counts only tokens kept",
-                "per_prompt": [x["mtp"]["accept_len_per_round"] for x in rows],
-                f"first_{a.early}_tokens": {"rounds": len(tot["early_mtp"]),
-                                            "accept_len_per_round": sum(tot["early_mtp"]) / max(len(tot["early_mtp"]), 1)}},
-        "exact_fp8": {"K": a.k_fp8, "fp8_mode": "full", "fp8_modules_replaced": q["replaced"],
-                      "rounds": tot["fp8_rounds"], "drafted": tot["fp8_drafted"], "accepted": tot["fp8_accepted"],
-                      "acceptance_rate": tot["fp8_accepted"] / max(tot["fp8_drafted"], 1),
-                      "tokens_per_round": tot["fp8_emitted"] / max(tot["fp8_rounds"], 1),
-                      "per_prompt": [x["exact_fp8"]["acceptance_rate"] for x in rows],
-                      f"first_{a.early}_tokens": {
-                          "rounds": len(tot["early_fp8"]),
-                          "acceptance_rate": sum(tot["early_fp8"]) / max(a.k_fp8 * len(tot["early_fp8"]), 1)}},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+        "model": {
+            "dir": os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT)) else str(d),
+            "fingerprint": lm.fingerprint,
+            "dtype": a.dtype,
+            "vocab": lm.cfg.vocab_size,
+        },
+        "setup": {
+            "prompts": len(prompts),
+            "prompt_tokens": a.prompt_tokens,
+            "max_new_tokens": a.new,
+            "stop": "EOS or max_new_tokens",
+            "greedy": True,
+            "width": r.width,
+            "prompt_source": "first def of held-out stdlib files (sha256(relpath) mod 20 == 0), "
+            f"Python {platform.python_version()} stdlib",
+        },
+        "mtp": {
+            "K": a.k_mtp,
+            "rounds": tot["mtp_rounds"],
+            "tokens_in_rounds": tot["mtp_emitted"],
+            "accept_len_per_round": tot["mtp_emitted"] / max(tot["mtp_rounds"], 1),
+            "accept_len_per_round_after_cut": tot["mtp_after_cut"] / max(tot["mtp_rounds"], 1),
+            "note": "accept_len_per_round = the engine's mean_accept_len (m + 1 per round, the bonus token "
+            "included; the last round may pass max_new_tokens); _after_cut counts only tokens kept",
+            "per_prompt": [x["mtp"]["accept_len_per_round"] for x in rows],
+            f"first_{a.early}_tokens": {
+                "rounds": len(tot["early_mtp"]),
+                "accept_len_per_round": sum(tot["early_mtp"]) / max(len(tot["early_mtp"]), 1),
+            },
+        },
+        "exact_fp8": {
+            "K": a.k_fp8,
+            "fp8_mode": "full",
+            "fp8_modules_replaced": q["replaced"],
+            "rounds": tot["fp8_rounds"],
+            "drafted": tot["fp8_drafted"],
+            "accepted": tot["fp8_accepted"],
+            "acceptance_rate": tot["fp8_accepted"] / max(tot["fp8_drafted"], 1),
+            "tokens_per_round": tot["fp8_emitted"] / max(tot["fp8_rounds"], 1),
+            "per_prompt": [x["exact_fp8"]["acceptance_rate"] for x in rows],
+            f"first_{a.early}_tokens": {
+                "rounds": len(tot["early_fp8"]),
+                "acceptance_rate": sum(tot["early_fp8"]) / max(a.k_fp8 * len(tot["early_fp8"]), 1),
+            },
+        },
         "all_paths_identical_to_exact_ar": all_identical,
         "tokens_generated_per_path": tot["tokens"],
         "hf_parity": None if a.no_hf else hf_parity(d, lm, prompts[0]["ids"] + first_ref),

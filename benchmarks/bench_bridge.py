@@ -36,6 +36,7 @@ included, overlapped with receiving).
     python benchmarks/bench_bridge.py --out benchmarks/results/bridge-cpu-DATE.json
     python benchmarks/bench_bridge.py --device cuda --out $OUT/bridge-cuda-DATE.json   # on the GPU host
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,18 +53,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import emit, machine as base_machine  # noqa: E402
-
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from baton.handoff import wire  # noqa: E402
-from baton.handoff import encode  # noqa: E402
-from baton.handoff.sender.process import SenderProcess  # noqa: E402
+from baton.handoff import (
+    decode,
+    encode,  # noqa: E402
+    wire,  # noqa: E402
+)
 from baton.handoff.progress import tail_offset  # noqa: E402
+from baton.handoff.sender.process import SenderProcess  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, state_pb2  # noqa: E402
-from baton.handoff import decode
+from benchmarks.report import emit  # noqa: E402
+from benchmarks.report import machine as base_machine
 
 MSG_LIMIT = 64 << 20
 OPTIONS = [("grpc.max_receive_message_length", MSG_LIMIT), ("grpc.max_send_message_length", MSG_LIMIT)]
@@ -78,10 +81,14 @@ def make_state(L: int, device: str) -> list[wire.WireTensor]:
             for kind, n in ((state_pb2.ATTN_KEY, "key"), (state_pb2.ATTN_VALUE, "value")):
                 out.append(wire.WireTensor(f"layers.{i}.{n}", kind, torch.randn(4, L, 256, generator=g).bfloat16()))
         else:
-            out.append(wire.WireTensor(f"layers.{i}.conv", state_pb2.GDN_CONV,
-                                       torch.randn(8192, 3, generator=g).bfloat16()))
-            out.append(wire.WireTensor(f"layers.{i}.recurrent", state_pb2.GDN_RECURRENT,
-                                       torch.randn(32, 128, 128, generator=g)))
+            out.append(
+                wire.WireTensor(f"layers.{i}.conv", state_pb2.GDN_CONV, torch.randn(8192, 3, generator=g).bfloat16())
+            )
+            out.append(
+                wire.WireTensor(
+                    f"layers.{i}.recurrent", state_pb2.GDN_RECURRENT, torch.randn(32, 128, 128, generator=g)
+                )
+            )
     out.append(wire.WireTensor("hidden", state_pb2.HIDDEN, torch.randn(4096, generator=g).bfloat16()))
     return [wire.WireTensor(t.name, t.kind, t.tensor.to(device)) for t in out]
 
@@ -108,19 +115,29 @@ class Importer:
             if i == len(bufs):
                 bufs.append(torch.empty(shape, dtype=dtype, pin_memory=pin))
             return bufs[i]
+
         self.alloc = alloc
 
     def __call__(self, chunks, ahead=0):
         self._handed.clear()
         on_tensor, stream = None, None
-        if self.device_buffers is not None:   # H2D of each tensor as soon as it verified, as LoadState does
+        if self.device_buffers is not None:  # H2D of each tensor as soon as it verified, as LoadState does
             stream = torch.cuda.Stream()
 
             def on_tensor(name, t):
                 with torch.cuda.stream(stream):
                     self.device_buffers[name].copy_(t, non_blocking=True)
-        st = decode.decode_stream(chunks, self.layout, FINGERPRINT, self.max_total, alloc=self.alloc, ahead=ahead,
-                                workers=self.workers, on_tensor=on_tensor)
+
+        st = decode.decode_stream(
+            chunks,
+            self.layout,
+            FINGERPRINT,
+            self.max_total,
+            alloc=self.alloc,
+            ahead=ahead,
+            workers=self.workers,
+            on_tensor=on_tensor,
+        )
         if stream is not None:
             stream.synchronize()
         return st
@@ -141,7 +158,8 @@ def serve(imp: Importer, inline: Importer):
     report = common_pb2.BridgeReport.SerializeToString
     handlers = {
         "LoadProto": grpc.stream_unary_rpc_method_handler(
-            imp.load, request_deserializer=state_pb2.StateChunk.FromString, response_serializer=report),
+            imp.load, request_deserializer=state_pb2.StateChunk.FromString, response_serializer=report
+        ),
         "LoadFrames": grpc.stream_unary_rpc_method_handler(imp.load, response_serializer=report),
         "LoadFramesInline": grpc.stream_unary_rpc_method_handler(imp.load_inline, response_serializer=report),
         "LoadFramesInlineHashing": grpc.stream_unary_rpc_method_handler(inline.load, response_serializer=report),
@@ -160,7 +178,9 @@ def serve_forever(a) -> None:
     layout = decode.ExpectedLayout.from_tensors(tensors, max_position=a.tokens)
     dev_bufs = {t.name: torch.empty_like(t.tensor) for t in tensors} if a.device != "cpu" else None
     workers = wire.default_workers() if a.workers is None else a.workers
-    server, port = serve(Importer(layout, total, dev_bufs, workers=workers), Importer(layout, total, dev_bufs, workers=0))
+    server, port = serve(
+        Importer(layout, total, dev_bufs, workers=workers), Importer(layout, total, dev_bufs, workers=0)
+    )
     print(f"bridge: serving on 127.0.0.1:{port}", flush=True)
     sys.stdin.read()
     server.stop(None)
@@ -170,8 +190,18 @@ class ReceiverProcess:
     """`bench_bridge.py --serve` as a child process: .address; close() ends it (EOF on its stdin)."""
 
     def __init__(self, tokens: int, chunk_mib: float, device: str, workers: int | None):
-        argv = [sys.executable, "-u", str(Path(__file__).resolve()), "--serve", "--tokens", str(tokens),
-                "--chunk-mib", str(chunk_mib), "--device", device]
+        argv = [
+            sys.executable,
+            "-u",
+            str(Path(__file__).resolve()),
+            "--serve",
+            "--tokens",
+            str(tokens),
+            "--chunk-mib",
+            str(chunk_mib),
+            "--device",
+            device,
+        ]
         argv += ["--workers", str(workers)] if workers is not None else []
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline().strip()
@@ -196,9 +226,11 @@ def timed(fn, repeats: int, nbytes: int) -> dict:
         t0 = time.perf_counter()
         fn()
         secs.append(time.perf_counter() - t0)
-    return {"best_GBps": round(nbytes / min(secs) / 1e9, 3),
-            "median_GBps": round(nbytes / statistics.median(secs) / 1e9, 3),
-            "seconds": [round(s, 4) for s in secs]}
+    return {
+        "best_GBps": round(nbytes / min(secs) / 1e9, 3),
+        "median_GBps": round(nbytes / statistics.median(secs) / 1e9, 3),
+        "seconds": [round(s, 4) for s in secs],
+    }
 
 
 def machine() -> dict:
@@ -209,22 +241,46 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096, help="context length L of the KV part")
     ap.add_argument("--chunk-mib", type=float, default=wire.DEFAULT_CHUNK_BYTES / (1 << 20))
-    ap.add_argument("--tail-chunk-mib", type=float, default=Settings().handoff_tail_chunk_bytes / (1 << 20),
-                    help="tail segment chunk size, MiB (<= --chunk-mib; 0: no tail segment; default: the "
-                         "handoff_tail_chunk_bytes setting's default)")
-    ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
-                    help="layers the tail segment covers, counted from the last")
+    ap.add_argument(
+        "--tail-chunk-mib",
+        type=float,
+        default=Settings().handoff_tail_chunk_bytes / (1 << 20),
+        help="tail segment chunk size, MiB (<= --chunk-mib; 0: no tail segment; default: the "
+        "handoff_tail_chunk_bytes setting's default)",
+    )
+    ap.add_argument(
+        "--tail-layers",
+        type=int,
+        default=Settings().handoff_tail_layers,
+        help="layers the tail segment covers, counted from the last",
+    )
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="chunks hashed in parallel per stream (default: wire.default_workers())")
-    ap.add_argument("--paths", type=lambda v: v.split(","), default=None,
-                    help="comma-separated subset of the paths to time (default: all)")
-    ap.add_argument("--receiver", default="process", choices=["process", "in-process"],
-                    help="where the e2e paths' gRPC server runs (default: a child process, as deployed)")
-    ap.add_argument("--sender", type=lambda v: v.split(","), default=["thread", "process"],
-                    help="comma-separated: thread (e2e_frames) | process (e2e_frames_sender_process)")
-    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)   # the child of --receiver process
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="chunks hashed in parallel per stream (default: wire.default_workers())",
+    )
+    ap.add_argument(
+        "--paths",
+        type=lambda v: v.split(","),
+        default=None,
+        help="comma-separated subset of the paths to time (default: all)",
+    )
+    ap.add_argument(
+        "--receiver",
+        default="process",
+        choices=["process", "in-process"],
+        help="where the e2e paths' gRPC server runs (default: a child process, as deployed)",
+    )
+    ap.add_argument(
+        "--sender",
+        type=lambda v: v.split(","),
+        default=["thread", "process"],
+        help="comma-separated: thread (e2e_frames) | process (e2e_frames_sender_process)",
+    )
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child of --receiver process
     ap.add_argument("--machine-note", default="", help="free text describing the machine")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -239,9 +295,17 @@ def main(argv=None) -> dict:
     tail = round(a.tail_chunk_mib * (1 << 20))
     if not 0 <= tail <= chunk:
         raise SystemExit(f"--tail-chunk-mib: in 0..--chunk-mib ({a.chunk_mib:g}), got {a.tail_chunk_mib:g}")
-    enc = dict(session_id="bench", fingerprint=FINGERPRINT, position=a.tokens, next_token=1,
-               tensors=tensors, chunk_bytes=chunk, workers=workers, tail_chunk_bytes=tail,
-               tail_from=tail_offset(specs, a.tail_layers) if tail else 0)
+    enc = dict(
+        session_id="bench",
+        fingerprint=FINGERPRINT,
+        position=a.tokens,
+        next_token=1,
+        tensors=tensors,
+        chunk_bytes=chunk,
+        workers=workers,
+        tail_chunk_bytes=tail,
+        tail_from=tail_offset(specs, a.tail_layers) if tail else 0,
+    )
     proto_msgs = list(encode.encode_state(**enc))
     frames = list(encode.encode_state_frames(**enc))
     assert frames[1] == proto_msgs[1].SerializeToString()  # hand framing == protobuf framing
@@ -257,32 +321,36 @@ def main(argv=None) -> dict:
     local = grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS)
     channel = grpc.insecure_channel(rx.address, options=OPTIONS) if rx else local
     rep = common_pb2.BridgeReport.FromString
-    load_proto = channel.stream_unary("/bench.Bridge/LoadProto", response_deserializer=rep,
-                                      request_serializer=state_pb2.StateChunk.SerializeToString)
+    load_proto = channel.stream_unary(
+        "/bench.Bridge/LoadProto", response_deserializer=rep, request_serializer=state_pb2.StateChunk.SerializeToString
+    )
     load_frames = channel.stream_unary("/bench.Bridge/LoadFrames", response_deserializer=rep)
     load_frames_local = local.stream_unary("/bench.Bridge/LoadFrames", response_deserializer=rep)
     load_frames_inline = channel.stream_unary("/bench.Bridge/LoadFramesInline", response_deserializer=rep)
-    load_frames_inline_hashing = channel.stream_unary("/bench.Bridge/LoadFramesInlineHashing",
-                                                      response_deserializer=rep)
+    load_frames_inline_hashing = channel.stream_unary(
+        "/bench.Bridge/LoadFramesInlineHashing", response_deserializer=rep
+    )
     count = channel.stream_unary("/bench.Bridge/Count", response_deserializer=rep)
     sp = SenderProcess(slot_bytes=chunk, workers=workers)
     target = rx.address if rx else f"127.0.0.1:{port}"
 
     def sender_process():
         p = encode.plan(**enc)
-        return sp.start_push(target, Settings(), p, method="/bench.Bridge/LoadFrames", deserialize=rep, timeout=600,
-                             position=a.tokens).result()[0]
+        return sp.start_push(
+            target, Settings(), p, method="/bench.Bridge/LoadFrames", deserialize=rep, timeout=600, position=a.tokens
+        ).result()[0]
 
     def check(report):
         assert report.total_bytes == total, report
         return report
 
     blob = os.urandom(64 << 20)
-    blob_chunks = [(memoryview(blob)[i:i + (4 << 20)],) for i in range(0, len(blob), 4 << 20)]
+    blob_chunks = [(memoryview(blob)[i : i + (4 << 20)],) for i in range(0, len(blob), 4 << 20)]
 
     def sha256_pool():
         for _ in wire.ordered_map(lambda b: hashlib.sha256(b).digest(), blob_chunks, max(1, wire.default_workers())):
             pass
+
     loadavg_before = os.getloadavg()
     n = a.repeats
     paths = {
@@ -294,11 +362,23 @@ def main(argv=None) -> dict:
         "e2e_proto": (lambda: check(load_proto(wire.pipelined(encode.encode_state(**enc)))), total),
         "e2e_frames": (lambda: check(load_frames(wire.pipelined(encode.encode_state_frames(**enc)))), total),
         "e2e_frames_not_pipelined": (lambda: check(load_frames_inline(encode.encode_state_frames(**enc))), total),
-        "e2e_frames_inline_hashing": (lambda: check(load_frames_inline_hashing(
-            wire.pipelined(encode.encode_state_frames(**(enc | {"workers": 0}))))), total),
+        "e2e_frames_inline_hashing": (
+            lambda: check(
+                load_frames_inline_hashing(wire.pipelined(encode.encode_state_frames(**(enc | {"workers": 0}))))
+            ),
+            total,
+        ),
         "ceiling_grpc_raw_frames": (lambda: count(iter(frames)), sum(map(len, frames))),
-        **({"e2e_frames_receiver_in_process": (lambda: check(load_frames_local(
-            wire.pipelined(encode.encode_state_frames(**enc)))), total)} if rx else {}),
+        **(
+            {
+                "e2e_frames_receiver_in_process": (
+                    lambda: check(load_frames_local(wire.pipelined(encode.encode_state_frames(**enc)))),
+                    total,
+                )
+            }
+            if rx
+            else {}
+        ),
         "e2e_frames_sender_process": (lambda: check(sender_process()), total),
         "ceiling_sha256_one_core": (lambda: hashlib.sha256(blob).digest(), len(blob)),
         "ceiling_sha256_pool": (sha256_pool, len(blob)),
@@ -308,7 +388,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--paths: unknown {sorted(unknown)}; choose from {', '.join(paths)}")
     if set(a.sender) - {"thread", "process"}:
         raise SystemExit("--sender: a comma-separated subset of thread, process")
-    if not a.paths:   # --sender: which e2e sender paths run
+    if not a.paths:  # --sender: which e2e sender paths run
         for who, path in (("thread", "e2e_frames"), ("process", "e2e_frames_sender_process")):
             if who not in a.sender:
                 paths.pop(path)
@@ -338,12 +418,20 @@ def main(argv=None) -> dict:
         "workers": workers,
         "receiver": a.receiver,
         "senders": a.sender,
-        "loadavg_1_5_15": {"before": [round(x, 2) for x in loadavg_before],
-                           "after": [round(x, 2) for x in loadavg_after]},
-        "state": {"tokens": a.tokens, "total_bytes": total, "bytes_by_kind": dict(report.bytes_by_kind),
-                  "tensors": len(specs), "data_chunks": report.chunks, "chunk_bytes": chunk,
-                  "tail_from": proto_msgs[0].header.tail_from,
-                  "tail_chunk_bytes": proto_msgs[0].header.tail_chunk_bytes},
+        "loadavg_1_5_15": {
+            "before": [round(x, 2) for x in loadavg_before],
+            "after": [round(x, 2) for x in loadavg_after],
+        },
+        "state": {
+            "tokens": a.tokens,
+            "total_bytes": total,
+            "bytes_by_kind": dict(report.bytes_by_kind),
+            "tensors": len(specs),
+            "data_chunks": report.chunks,
+            "chunk_bytes": chunk,
+            "tail_from": proto_msgs[0].header.tail_from,
+            "tail_chunk_bytes": proto_msgs[0].header.tail_chunk_bytes,
+        },
         "results": r,
     }
     emit(result, a.out)

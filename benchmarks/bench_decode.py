@@ -16,6 +16,7 @@ What the figures mean:
     tokens_equal_plain  the pipelined loop's tokens == the plain loop's
 Every row also has "pipelined": whether its tok_s is the pipelined loop.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,12 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import emit  # noqa: E402
-
-from baton.loading import random_model  # noqa: E402
-from baton.engine.runner import ModelRunner  # noqa: E402
-from baton.random_init import shape  # noqa: E402
 from baton.engine import graph  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.loading import random_model  # noqa: E402
+from baton.random_init import shape  # noqa: E402
+from benchmarks.report import emit  # noqa: E402
 from decode_worker.engine import DecodeEngine  # noqa: E402
 from prefill_worker.engine import ExactEngine  # noqa: E402
 
@@ -51,7 +51,10 @@ def hbm_bandwidth(gb: float = 4.0) -> float:
     times = []
     for _ in range(12):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); b.copy_(a); e.record(); torch.cuda.synchronize()
+        s.record()
+        b.copy_(a)
+        e.record()
+        torch.cuda.synchronize()
         times.append(s.elapsed_time(e) / 1e3)
     del a, b
     return 2 * n * 2 / statistics.median(times[2:])
@@ -76,8 +79,7 @@ def step_bytes(model, state, context: int) -> int:
     return w + gdn + kv + cfg.hidden_size * 2
 
 
-def time_decode(eng: DecodeEngine, exact: ExactEngine, prompt: list[int], engine: str, new: int, runs: int,
-                k: int = 4):
+def time_decode(eng: DecodeEngine, exact: ExactEngine, prompt: list[int], engine: str, new: int, runs: int, k: int = 4):
     s, first = exact.prefill(prompt)
     tensors, pos, nxt = exact.export(s.id)
     host = {t.name: t.tensor.clone() for t in tensors}
@@ -92,7 +94,7 @@ def time_decode(eng: DecodeEngine, exact: ExactEngine, prompt: list[int], engine
         dt = time.perf_counter() - t0
         accept = sess.mean_accept_len
         eng.release(sess.id)
-        if i:                                   # run 0 is warm-up
+        if i:  # run 0 is warm-up
             rates.append(len(out) / dt)
         toks = toks or out
         assert out == toks, "decode is not repeatable"
@@ -101,6 +103,7 @@ def time_decode(eng: DecodeEngine, exact: ExactEngine, prompt: list[int], engine
 
 def hf_generate(model, cfg, prompt: list[int], new: int, runs: int) -> float:
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
     hc = Qwen3_5TextConfig.from_dict(cfg.hf_text_config)
     with torch.device("cuda"):
         hf = Qwen3_5ForCausalLM(hc).to(torch.bfloat16).eval()
@@ -128,22 +131,38 @@ def main(argv=None) -> int:
     p.add_argument("--engines", default="bf16,fp8,mtp")
     p.add_argument("--hf-new", type=int, default=32)
     p.add_argument("--no-hf", action="store_true")
-    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
-                   help="tok_s of bf16 / fp8 with ModelRunner(pipeline=True), the decode worker's default: the "
-                        "next AR step launched before the token is read (--no-pipeline: the plain AR loop)")
-    p.add_argument("--pipeline-ab", action="store_true",
-                   help="also time bf16 / fp8 with the other loop in the same run: rows get tok_s_pipelined, "
-                        "tok_s_plain and tokens_equal_plain")
+    p.add_argument(
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tok_s of bf16 / fp8 with ModelRunner(pipeline=True), the decode worker's default: the "
+        "next AR step launched before the token is read (--no-pipeline: the plain AR loop)",
+    )
+    p.add_argument(
+        "--pipeline-ab",
+        action="store_true",
+        help="also time bf16 / fp8 with the other loop in the same run: rows get tok_s_pipelined, "
+        "tok_s_plain and tokens_equal_plain",
+    )
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     torch.manual_seed(0)
     cfg = shape(a.random_init)
     contexts = [int(c) for c in a.contexts.split(",")]
     engines = a.engines.split(",")
-    res = {"command": " ".join(["python", "benchmarks/bench_decode.py"] + (argv or sys.argv[1:])),
-           "date": datetime.date.today().isoformat(), "host": socket.gethostname(),
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-           "shape": a.random_init, "new_tokens": a.new, "runs": a.runs, "pipeline": a.pipeline, "results": []}
+    res = {
+        "command": " ".join(["python", "benchmarks/bench_decode.py"] + (argv or sys.argv[1:])),
+        "date": datetime.date.today().isoformat(),
+        "host": socket.gethostname(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "shape": a.random_init,
+        "new_tokens": a.new,
+        "runs": a.runs,
+        "pipeline": a.pipeline,
+        "results": [],
+    }
     bw = hbm_bandwidth()
     res["hbm_bytes_per_s"] = bw
     lm = random_model(cfg, dtype="bf16", device="cuda", seed=0, mtp="mtp" in engines)
@@ -158,6 +177,7 @@ def main(argv=None) -> int:
     exact = ExactEngine(ModelRunner(lm.model, slots=1, max_len=max_len, width=16))
     if "fp8" in engines:
         from decode_worker.fp8 import quantize_model
+
         m8 = copy.deepcopy(lm.model)
         if hasattr(m8, "mtp"):
             del m8.mtp
@@ -169,9 +189,12 @@ def main(argv=None) -> int:
     res["setup_seconds"] = time.perf_counter() - t0
     eng = DecodeEngine(runners, default_engine="bf16")
     eng_ab = None
-    if a.pipeline_ab:   # the same models, runners with the other loop (ping-pong buffers + ar0 / ar1 graphs or not)
-        ab = {e: ModelRunner(runners[e].model, slots=1, max_len=max_len, width=16, pipeline=not a.pipeline)
-              for e in ("bf16", "fp8") if e in runners}
+    if a.pipeline_ab:  # the same models, runners with the other loop (ping-pong buffers + ar0 / ar1 graphs or not)
+        ab = {
+            e: ModelRunner(runners[e].model, slots=1, max_len=max_len, width=16, pipeline=not a.pipeline)
+            for e in ("bf16", "fp8")
+            if e in runners
+        }
         for r in ab.values():
             graph.capture_all(r, max_draft=4)
         eng_ab = DecodeEngine(ab, default_engine="bf16")
@@ -183,15 +206,22 @@ def main(argv=None) -> int:
             runs = a.runs if ctx <= 8192 else max(3, a.runs // 2)
             rate, toks, acc = time_decode(eng, exact, prompt, e, a.new, runs)
             floor_b = step_bytes(runners[e].model, runners[e].state, ctx)
-            row = {"engine": e, "context": ctx, "tok_s": rate, "floor_tok_s": bw / floor_b,
-                   "pct_of_floor": rate * floor_b / bw, "bytes_per_step": floor_b,
-                   "pipelined": e != "mtp" and runners[e].state.pingpong}
+            row = {
+                "engine": e,
+                "context": ctx,
+                "tok_s": rate,
+                "floor_tok_s": bw / floor_b,
+                "pct_of_floor": rate * floor_b / bw,
+                "bytes_per_step": floor_b,
+                "pipelined": e != "mtp" and runners[e].state.pingpong,
+            }
             if e == "mtp":
                 row["mean_accept_len"] = acc
             if eng_ab is not None and e in eng_ab.runners:
                 rate_ab, toks_ab, _ = time_decode(eng_ab, exact, prompt, e, a.new, runs)
                 (rate_pp, toks_pp), (rate_plain, toks_plain) = (
-                    ((rate, toks), (rate_ab, toks_ab)) if row["pipelined"] else ((rate_ab, toks_ab), (rate, toks)))
+                    ((rate, toks), (rate_ab, toks_ab)) if row["pipelined"] else ((rate_ab, toks_ab), (rate, toks))
+                )
                 row.update(tok_s_pipelined=rate_pp, tok_s_plain=rate_plain, tokens_equal_plain=toks_pp == toks_plain)
             if e == "bf16":
                 bf16_tokens = toks
@@ -202,8 +232,11 @@ def main(argv=None) -> int:
     res["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     if not a.no_hf:
         prompt = torch.randint(0, cfg.vocab_size, (contexts[0],), generator=g).tolist()
-        res["hf_generate"] = {"context": contexts[0], "new_tokens": a.hf_new,
-                              "tok_s": hf_generate(lm.model, cfg, prompt, a.hf_new, 3)}
+        res["hf_generate"] = {
+            "context": contexts[0],
+            "new_tokens": a.hf_new,
+            "tok_s": hf_generate(lm.model, cfg, prompt, a.hf_new, 3),
+        }
     emit(res, a.out)
     return 0
 

@@ -64,6 +64,7 @@ about 20-30 s. `baton bench` runs --new 512 --real-new 128: 128 tokens left one 
 measured / bound at 0.892 on a round draw of 5.77 tokens against the expected 6.13 (session 6), and 4x
 the tokens halve that spread; the controlled sweep then takes ~4x as long, the real drafts as before.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,19 +111,36 @@ class Cmd:
 
 
 def child_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        PYTHONUNBUFFERED="1",
+    )
     env.setdefault("BATON_LOG_LEVEL", "WARNING")
     for k in ("BATON_TOKEN", "BATON_TOKEN_FILE", "BATON_TLS_CERT", "BATON_TLS_KEY", "BATON_TLS_CA", "BATON_HOST"):
-        env.pop(k, None)        # loopback, no auth: this process talks to them with Settings()
+        env.pop(k, None)  # loopback, no auth: this process talks to them with Settings()
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
 def worker_args(a) -> list[str]:
-    common = ["--device", a.device, "--max-len", a.max_len, "--width", a.width, "--slots", a.slots,
-              "--grace", "1", "--port", "0", "--host", "127.0.0.1"]
+    common = [
+        "--device",
+        a.device,
+        "--max-len",
+        a.max_len,
+        "--width",
+        a.width,
+        "--slots",
+        a.slots,
+        "--grace",
+        "1",
+        "--port",
+        "0",
+        "--host",
+        "127.0.0.1",
+    ]
     if a.dtype:
         common += ["--dtype", a.dtype]
     if a.random_init:
@@ -133,13 +151,15 @@ def worker_args(a) -> list[str]:
 
 
 # ---------------------------------------------------------------- measurements
-def generate(client: Client, prompt: list[int], n: int, *, mode: str, engine: str, k: int = 0,
-             timeout: float = 900.0) -> dict:
+def generate(
+    client: Client, prompt: list[int], n: int, *, mode: str, engine: str, k: int = 0, timeout: float = 900.0
+) -> dict:
     """One Generate stream; client-side timings. Messages after the first = rounds in exact mode."""
     t0 = time.perf_counter()
     toks, sizes, t_first, last = [], [], None, None
-    for d in client.generate(token_ids=prompt, max_new_tokens=n, mode=mode, engine=engine, ignore_eos=True,
-                             draft_block=k, timeout=timeout):
+    for d in client.generate(
+        token_ids=prompt, max_new_tokens=n, mode=mode, engine=engine, ignore_eos=True, draft_block=k, timeout=timeout
+    ):
         now = time.perf_counter()
         if d.token_ids and t_first is None:
             t_first = now
@@ -151,9 +171,16 @@ def generate(client: Client, prompt: list[int], n: int, *, mode: str, engine: st
     if len(toks) != n:
         raise RuntimeError(f"{mode}/{engine}: {len(toks)} tokens for max_new_tokens={n} (ignore_eos)")
     dec = t_end - t_first
-    return {"tokens": toks, "decode_s": dec, "tok_s": (n - 1) / dec if dec > 0 else float("inf"),
-            "e2e_tok_s": n / (t_end - t0), "ttft_ms": (t_first - t0) * 1e3, "sizes": sizes,
-            "drafted": last.stats.get("drafted", 0), "accepted": last.stats.get("accepted", 0)}
+    return {
+        "tokens": toks,
+        "decode_s": dec,
+        "tok_s": (n - 1) / dec if dec > 0 else float("inf"),
+        "e2e_tok_s": n / (t_end - t0),
+        "ttft_ms": (t_first - t0) * 1e3,
+        "sizes": sizes,
+        "drafted": last.stats.get("drafted", 0),
+        "accepted": last.stats.get("accepted", 0),
+    }
 
 
 def schedule(n: int, K: int, sizes: list[int]) -> list[tuple[int, int]]:
@@ -201,8 +228,12 @@ class Direct:
     def run(self, prompt: list[int], n: int, K: int, engine: str) -> dict:
         sid, e = uuid.uuid4().hex, ENGINE_ENUM[engine]
         t_start = time.perf_counter()
-        r = self.p.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, mode=common_pb2.EXACT,
-                                                      decode_target=self.decode_addr, engine=e), timeout=600)
+        r = self.p.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id=sid, prompt_ids=prompt, mode=common_pb2.EXACT, decode_target=self.decode_addr, engine=e
+            ),
+            timeout=600,
+        )
         t0 = time.perf_counter()
         out, pending, rem, verdict, prev, rounds = [int(r.first_token)], int(r.first_token), n - 1, None, None, []
         try:
@@ -217,8 +248,15 @@ class Direct:
                 v = self.p.Verify(prefill_pb2.VerifyRequest(session_id=sid, tokens=[pending, *drafts]), timeout=120)
                 tc = time.perf_counter()
                 m, nxt = int(v.accepted), int(v.next_token)
-                cls = ("none" if prev is None else "full" if prev[1] == prev[0] else
-                       "skip" if prev[1] == prev[0] - 1 else "back")
+                cls = (
+                    "none"
+                    if prev is None
+                    else "full"
+                    if prev[1] == prev[0]
+                    else "skip"
+                    if prev[1] == prev[0] - 1
+                    else "back"
+                )
                 rounds.append({"k": k, "m": m, "v": cls, "D": tb - ta, "V": tc - tb})
                 got = (drafts[:m] + [nxt])[:rem]
                 out += got
@@ -254,7 +292,7 @@ def cost_model(rounds: list[dict], K: int, t_rpc: float) -> dict:
         raise RuntimeError(f"K={K}: no full-size Draft timed")
     t_draft = max(t_draft, 0.0)
     d = {c: mean(D[c]) for c in D}
-    if len(D["skip"]) < 3:        # rare (m = K-1): the model value is steadier than 1-2 samples
+    if len(D["skip"]) < 3:  # rare (m = K-1): the model value is steadier than 1-2 samples
         d["skip"] = t_rpc + K * t_draft
         est.append("D[skip]")
     for c, model in (("none", d["skip"]), ("full", d["skip"] + t_draft), ("back", d["skip"] + t_draft)):
@@ -268,10 +306,19 @@ def cost_model(rounds: list[dict], K: int, t_rpc: float) -> dict:
         if v[c] is None:
             v[c] = v[o]
             est.append(f"V[{c}]")
-    return {"K": K, "t_rpc": t_rpc, "t_draft": t_draft, "t_verify": v["all"] - t_rpc, "t_fix": v["rej"] - v["all"],
-            "c_full": d["full"] - d["skip"], "c_back": d["back"] - d["skip"], "D": d, "V": v,
-            "samples": {"D": {c: len(x) for c, x in D.items()}, "V": {c: len(x) for c, x in V.items()}},
-            "estimated": est}
+    return {
+        "K": K,
+        "t_rpc": t_rpc,
+        "t_draft": t_draft,
+        "t_verify": v["all"] - t_rpc,
+        "t_fix": v["rej"] - v["all"],
+        "c_full": d["full"] - d["skip"],
+        "c_back": d["back"] - d["skip"],
+        "D": d,
+        "V": v,
+        "samples": {"D": {c: len(x) for c, x in D.items()}, "V": {c: len(x) for c, x in V.items()}},
+        "estimated": est,
+    }
 
 
 def d_cost(c: dict, k: int, v: str) -> float:
@@ -284,8 +331,8 @@ def v_cost(c: dict, k: int, m: int) -> float:
 
 def bound_steady(c: dict, p: float, K: int) -> dict:
     E = float(K + 1) if p >= 1.0 else (1 - p ** (K + 1)) / (1 - p)
-    tD = c["D"]["skip"] + p ** K * c["c_full"] + (1 - p ** (K - 1)) * c["c_back"]
-    tV = c["V"]["all"] + (1 - p ** K) * c["t_fix"]
+    tD = c["D"]["skip"] + p**K * c["c_full"] + (1 - p ** (K - 1)) * c["c_back"]
+    tV = c["V"]["all"] + (1 - p**K) * c["t_fix"]
     return {"E_tokens_per_round": E, "t_round_ms": (tD + tV) * 1e3, "bound_steady_tok_s": E / (tD + tV)}
 
 
@@ -299,7 +346,7 @@ def bound_run(c: dict, p: float, K: int, n: int) -> float:
         k = max(1, min(K, rem - 1))
         tot = 0.0
         for m in range(k + 1):
-            pm = p ** m * ((1 - p) if m < k else 1.0)
+            pm = p**m * ((1 - p) if m < k else 1.0)
             if pm == 0.0:
                 continue
             nv = "full" if m == k else "skip" if m == k - 1 else "back"
@@ -323,18 +370,31 @@ def machine(device: str) -> dict:
     import torch
 
     try:
-        git = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10).stdout.strip() or None
+        git = (
+            subprocess.run(
+                ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         git = None
-    m = {"git": git, "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-         "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-         "host": platform.node()}
+    m = {
+        "git": git,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "host": platform.node(),
+    }
     if device.startswith("cuda") and shutil.which("nvidia-smi"):
         try:
-            m["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                       "--format=csv,noheader"], capture_output=True, text=True,
-                                      timeout=20).stdout.strip()
+            m["gpu"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             pass
     return m
@@ -345,8 +405,10 @@ def model_config(a):
 
     if a.random_init:
         from baton.random_init import config_of
+
         return config_of(a.random_init)
     from baton.loading import resolve_model_dir
+
     return ModelConfig.from_hf(resolve_model_dir(a.model))
 
 
@@ -360,36 +422,52 @@ def make_prompt(a, cfg) -> list[int]:
     ids = Tokenizer.from_dir(resolve_model_dir(a.model)).encode(Path(a.prompt_file).read_text("utf-8"))
     if len(ids) < a.prompt_len:
         raise SystemExit(f"--prompt-file: {len(ids)} tokens, fewer than --prompt-len {a.prompt_len}")
-    return ids[:a.prompt_len]
+    return ids[: a.prompt_len]
 
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--random-init", default=None, metavar="SHAPE",
-                     help="seeded random weights: qwen3.5-9b | tiny | a directory with config.json")
+    src.add_argument(
+        "--random-init",
+        default=None,
+        metavar="SHAPE",
+        help="seeded random weights: qwen3.5-9b | tiny | a directory with config.json",
+    )
     src.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny model)")
     p.add_argument("--seed", type=int, default=0, help="--random-init weight seed; also the prompt and draw seed")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (every worker on it)")
-    p.add_argument("--dtype", default=None, choices=["bf16", "fp32"],
-                   help="worker dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument(
+        "--dtype", default=None, choices=["bf16", "fp32"], help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
+    )
     p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--prompt-file", default=None,
-                   help="prompt = the first --prompt-len tokens of this text file (needs the model's tokenizer; "
-                        "default: uniform random ids)")
+    p.add_argument(
+        "--prompt-file",
+        default=None,
+        help="prompt = the first --prompt-len tokens of this text file (needs the model's tokenizer; "
+        "default: uniform random ids)",
+    )
     p.add_argument("--new", type=int, default=128, help="tokens per request (first token included)")
-    p.add_argument("--real-new", type=int, default=0,
-                   help="tokens per request of the real-draft runs (default: --new). Random weights give them ~1 "
-                        "token per round, so they are the slow runs; the controlled sweep's ratios want many "
-                        "tokens (its acceptance draws are its sampling noise), these do not")
+    p.add_argument(
+        "--real-new",
+        type=int,
+        default=0,
+        help="tokens per request of the real-draft runs (default: --new). Random weights give them ~1 "
+        "token per round, so they are the slow runs; the controlled sweep's ratios want many "
+        "tokens (its acceptance draws are its sampling noise), these do not",
+    )
     p.add_argument("--runs", type=int, default=5, help="timed runs per configuration (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs first, per configuration")
     p.add_argument("--warmup-new", type=int, default=32, help="tokens per warm-up run (at most --new)")
     p.add_argument("--ps", default="0.8,0.9,0.95,0.99", help="controlled-drafter acceptance probabilities")
     p.add_argument("--ks", default="4,8", help="draft blocks K (<= W-2; CUDA graphs exist for K <= 8)")
     p.add_argument("--drafters", default="fp8,mtp", help="real-draft engines for exact mode (subset of fp8,mtp)")
-    p.add_argument("--controlled-engine", default="fp8", choices=["fp8", "bf16", "mtp"],
-                   help="drafter whose real steps the controlled drafter runs (mtp: the MTP head's chain)")
+    p.add_argument(
+        "--controlled-engine",
+        default="fp8",
+        choices=["fp8", "bf16", "mtp"],
+        help="drafter whose real steps the controlled drafter runs (mtp: the MTP head's chain)",
+    )
     p.add_argument("--cost-runs", type=int, default=1, help="direct (router-less) runs per (p, K) for the costs")
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--max-len", type=int, default=0, help="worker window (default: prompt + new + 2W, to 64)")
@@ -423,29 +501,46 @@ def main(argv=None) -> int:
     cfg = model_config(a)
     prompt = make_prompt(a, cfg)
     res = {
-        "benchmark": "bench_exact", "complete": False,
+        "benchmark": "bench_exact",
+        "complete": False,
         "command": "python " + " ".join(shlex.quote(x) for x in ["benchmarks/bench_exact.py", *argv]),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(a.device),
-        "setup": {"model": (f"random-init {a.random_init} seed {a.seed}" if a.random_init else
-                            (a.model or "embedded default (baton/assets/default-model)")),
-                  "vocab": cfg.vocab_size, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
-                  "device": a.device, "dtype": a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"),
-                  "prompt_len": a.prompt_len,
-                  "prompt": (f"first tokens of {a.prompt_file}" if a.prompt_file else
-                             f"uniform random ids, random.Random({a.seed})"),
-                  "new_tokens": a.new, "real_draft_new_tokens": a.real_new, "runs": a.runs,
-                  "warmup": f"{a.warmup} run(s) of {a.warmup_new} tokens per configuration",
-                  "width": a.width, "max_len": a.max_len,
-                  "slots": a.slots, "ks": a.ks_list, "ps": a.ps_list, "controlled_engine": a.controlled_engine,
-                  "topology": "prefill, decode (bf16,fp8,mtp) and controlled-decode workers as processes; "
-                              "routers A (prefill+decode) and B (prefill+controlled) in the benchmark process; "
-                              "loopback gRPC, ignore_eos",
-                  "tok_s": "(new - 1) / (last token - first token) at the client, median over runs"},
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(a.device),
+        "setup": {
+            "model": (
+                f"random-init {a.random_init} seed {a.seed}"
+                if a.random_init
+                else (a.model or "embedded default (baton/assets/default-model)")
+            ),
+            "vocab": cfg.vocab_size,
+            "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size,
+            "device": a.device,
+            "dtype": a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"),
+            "prompt_len": a.prompt_len,
+            "prompt": (
+                f"first tokens of {a.prompt_file}" if a.prompt_file else f"uniform random ids, random.Random({a.seed})"
+            ),
+            "new_tokens": a.new,
+            "real_draft_new_tokens": a.real_new,
+            "runs": a.runs,
+            "warmup": f"{a.warmup} run(s) of {a.warmup_new} tokens per configuration",
+            "width": a.width,
+            "max_len": a.max_len,
+            "slots": a.slots,
+            "ks": a.ks_list,
+            "ps": a.ps_list,
+            "controlled_engine": a.controlled_engine,
+            "topology": "prefill, decode (bf16,fp8,mtp) and controlled-decode workers as processes; "
+            "routers A (prefill+decode) and B (prefill+controlled) in the benchmark process; "
+            "loopback gRPC, ignore_eos",
+            "tok_s": "(new - 1) / (last token - first token) at the client, median over runs",
+        },
         "bound_model": "round = Draft(k, last verdict) on the decode worker, then Verify(k+1) on the exact worker, "
-                       "sequential (router/exact.py); E(p,K) = sum_{i=0..K} p^i tokens per round; "
-                       "T = t_rpc + K t_draft + p^K c_full + (1-p^(K-1)) c_back + t_rpc + t_verify + (1-p^K) t_fix; "
-                       "bound_steady = E/T; bound_tok_s = the same cost model over the router's schedule for --new "
-                       "tokens (k = min(K, remaining-1)); see the module docstring",
+        "sequential (router/exact.py); E(p,K) = sum_{i=0..K} p^i tokens per round; "
+        "T = t_rpc + K t_draft + p^K c_full + (1-p^(K-1)) c_back + t_rpc + t_verify + (1-p^K) t_fix; "
+        "bound_steady = E/T; bound_tok_s = the same cost model over the router's schedule for --new "
+        "tokens (k = min(K, remaining-1)); see the module docstring",
         "mismatches": [],
     }
 
@@ -460,7 +555,9 @@ def main(argv=None) -> int:
         if toks == want:
             return True
         i = next((i for i, (x, y) in enumerate(zip(toks, want)) if x != y), min(len(toks), len(want)))
-        res["mismatches"].append({"what": label, "first_diff_index": i, "got": toks[i:i + 8], "want": want[i:i + 8]})
+        res["mismatches"].append(
+            {"what": label, "first_diff_index": i, "got": toks[i : i + 8], "want": want[i : i + 8]}
+        )
         print(f"bench_exact: FAIL: {label} differs from bf16 AR at token {i}", file=sys.stderr, flush=True)
         return False
 
@@ -471,12 +568,22 @@ def main(argv=None) -> int:
     ref_file = tmp / "reference.json"
     env = child_env(a.threads)
     common = worker_args(a)
-    procs = [WorkerProcess(Cmd("prefill", "prefill_worker", common), env=env),
-             WorkerProcess(Cmd("decode", "decode_worker", common + ["--engines", "bf16,fp8,mtp", "--engine", "bf16"]),
-                           env=env),
-             WorkerProcess(Cmd("controlled", "benchmarks.controlled_decode_worker",
-                               ["--reference", ref_file, "--draft-seed", a.seed] + common
-                               + ["--engines", a.controlled_engine, "--engine", a.controlled_engine]), env=env)]
+    procs = [
+        WorkerProcess(Cmd("prefill", "prefill_worker", common), env=env),
+        WorkerProcess(
+            Cmd("decode", "decode_worker", common + ["--engines", "bf16,fp8,mtp", "--engine", "bf16"]), env=env
+        ),
+        WorkerProcess(
+            Cmd(
+                "controlled",
+                "benchmarks.controlled_decode_worker",
+                ["--reference", ref_file, "--draft-seed", a.seed]
+                + common
+                + ["--engines", a.controlled_engine, "--engine", a.controlled_engine],
+            ),
+            env=env,
+        ),
+    ]
     routers, clients, direct = [], [], None
     settings = Settings()
     rc = 1
@@ -491,36 +598,58 @@ def main(argv=None) -> int:
         res["startup_s"] = round(time.perf_counter() - t0, 1)
         say(f"workers up in {res['startup_s']} s: {addrs}")
         meta = ModelMeta("bench", cfg.vocab_size, tuple(cfg.eos_token_ids), None)
-        rcfg = RouterConfig(width=a.width, max_context=a.max_len, default_draft_block=min(4, a.width - 2),
-                            request_timeout_s=3600.0, call_timeout_s=300.0)
+        rcfg = RouterConfig(
+            width=a.width,
+            max_context=a.max_len,
+            default_draft_block=min(4, a.width - 2),
+            request_timeout_s=3600.0,
+            call_timeout_s=300.0,
+        )
         for dec in ("decode", "controlled"):
-            h, s = serve_router(prefill=[addrs["prefill"]], decode=[addrs[dec]], meta=meta, settings=settings,
-                                config=rcfg, host="127.0.0.1", port=0)
+            h, s = serve_router(
+                prefill=[addrs["prefill"]],
+                decode=[addrs[dec]],
+                meta=meta,
+                settings=settings,
+                config=rcfg,
+                host="127.0.0.1",
+                port=0,
+            )
             routers.append((h, s))
             wait_serving(h.address, timeout=60, settings=settings, what=f"router ({dec})")
             clients.append(Client(h.address, settings=settings))
         A, B = clients
 
         def measure(client, label, mode, engine, k=0, check_tokens=True, new=a.new):
-            for i in range(a.warmup):    # short warm-ups (first-call effects), checked against the prefix
+            for i in range(a.warmup):  # short warm-ups (first-call effects), checked against the prefix
                 w = generate(client, prompt, min(a.warmup_new, new), mode=mode, engine=engine, k=k)
                 if check_tokens:
                     check(f"{label} warm-up {i}", w["tokens"], min(a.warmup_new, new))
             runs = [generate(client, prompt, new, mode=mode, engine=engine, k=k) for _ in range(a.runs)]
             ok = all(check(f"{label} run {i}", r["tokens"], new) for i, r in enumerate(runs)) if check_tokens else None
-            row = {"tok_s": statistics.median(r["tok_s"] for r in runs), "runs_tok_s": [r["tok_s"] for r in runs],
-                   "e2e_tok_s": statistics.median(r["e2e_tok_s"] for r in runs),
-                   "ttft_ms": statistics.median(r["ttft_ms"] for r in runs)}
+            row = {
+                "tok_s": statistics.median(r["tok_s"] for r in runs),
+                "runs_tok_s": [r["tok_s"] for r in runs],
+                "e2e_tok_s": statistics.median(r["e2e_tok_s"] for r in runs),
+                "ttft_ms": statistics.median(r["ttft_ms"] for r in runs),
+            }
             if ok is not None:
                 row["identical_to_bf16_ar"] = ok
             if mode == "exact":
                 dr, ac = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
                 nr = sum(len(r["sizes"]) for r in runs)
-                row.update(drafted=dr, accepted=ac, acceptance_rate=ac / dr if dr else 0.0, rounds=nr,
-                           tokens_per_round=(new - 1) * len(runs) / nr if nr else 0.0,
-                           round_ms=statistics.median(r["decode_s"] / max(len(r["sizes"]), 1) for r in runs) * 1e3)
-            say(f"{label}: {row['tok_s']:.1f} tok/s" + (f", {row['tokens_per_round']:.2f} tokens/round"
-                                                         if mode == "exact" else ""))
+                row.update(
+                    drafted=dr,
+                    accepted=ac,
+                    acceptance_rate=ac / dr if dr else 0.0,
+                    rounds=nr,
+                    tokens_per_round=(new - 1) * len(runs) / nr if nr else 0.0,
+                    round_ms=statistics.median(r["decode_s"] / max(len(r["sizes"]), 1) for r in runs) * 1e3,
+                )
+            say(
+                f"{label}: {row['tok_s']:.1f} tok/s"
+                + (f", {row['tokens_per_round']:.2f} tokens/round" if mode == "exact" else "")
+            )
             return row, runs
 
         # 1. the reference: bf16 AR (fast mode), and fp8 AR
@@ -529,8 +658,9 @@ def main(argv=None) -> int:
         bf16, _ = measure(A, "bf16 AR", "fast", "bf16")
         res["bf16_ar"] = bf16
         res["fp8_ar"], _ = measure(A, "fp8 AR (fast, not exact)", "fast", "fp8", check_tokens=False)
-        ref_file.write_text(json.dumps({"references": [{"prompt_len": len(prompt), "tokens": ref}],
-                                        "p": 1.0, "seed": a.seed}))
+        ref_file.write_text(
+            json.dumps({"references": [{"prompt_len": len(prompt), "tokens": ref}], "p": 1.0, "seed": a.seed})
+        )
         emit()
 
         # 2. exact mode, controlled drafter (largest K first); 3. costs from direct runs
@@ -540,27 +670,35 @@ def main(argv=None) -> int:
         res["controlled"], res["costs"], raw = [], {}, {}
         for K in sorted(a.ks_list, reverse=True):
             for p in a.ps_list:
-                ref_file.write_text(json.dumps({"references": [{"prompt_len": len(prompt), "tokens": ref}],
-                                                "p": p, "seed": a.seed}))
+                ref_file.write_text(
+                    json.dumps({"references": [{"prompt_len": len(prompt), "tokens": ref}], "p": p, "seed": a.seed})
+                )
                 row, runs = measure(B, f"exact controlled p={p} K={K}", "exact", a.controlled_engine, K)
                 drs = [direct.run(prompt, a.new, K, a.controlled_engine) for _ in range(a.cost_runs)]
                 for i, d in enumerate(drs):
                     check(f"direct controlled p={p} K={K} run {i}", d["tokens"])
                 raw.setdefault(K, []).extend(r for d in drs for r in d["rounds"])
-                row.update(p=p, K=K, exact_over_bf16_ar=row["tok_s"] / bf16["tok_s"],
-                           direct_tok_s=statistics.median(d["tok_s"] for d in drs),
-                           direct_tokens_per_round=statistics.fmean((a.new - 1) / len(d["rounds"]) for d in drs))
+                row.update(
+                    p=p,
+                    K=K,
+                    exact_over_bf16_ar=row["tok_s"] / bf16["tok_s"],
+                    direct_tok_s=statistics.median(d["tok_s"] for d in drs),
+                    direct_tokens_per_round=statistics.fmean((a.new - 1) / len(d["rounds"]) for d in drs),
+                )
                 row["_sched"] = [schedule(a.new, K, r["sizes"]) for r in runs]
                 row["_decode_s"] = [r["decode_s"] for r in runs]
                 if p >= 1.0:
                     row["rounds_expected_at_p1"] = rounds_at_p1(a.new, K) * len(runs)
                 res["controlled"].append(row)
                 emit()
-            if K not in raw:          # --ps empty: no controlled runs
+            if K not in raw:  # --ps empty: no controlled runs
                 continue
             cm = cost_model(raw[K], K, t_rpc)
-            res["costs"][str(K)] = {k: (v * 1e3 if isinstance(v, float) and k.startswith(("t_", "c_")) else v)
-                                    for k, v in cm.items() if k not in ("D", "V")}
+            res["costs"][str(K)] = {
+                k: (v * 1e3 if isinstance(v, float) and k.startswith(("t_", "c_")) else v)
+                for k, v in cm.items()
+                if k not in ("D", "V")
+            }
             res["costs"][str(K)]["D_ms"] = {c: x * 1e3 for c, x in cm["D"].items()}
             res["costs"][str(K)]["V_ms"] = {c: x * 1e3 for c, x in cm["V"].items()}
             for row in res["controlled"]:
@@ -573,9 +711,14 @@ def main(argv=None) -> int:
                 real = [bound_realized(cm, s, a.new) for s in row["_sched"]]
                 row["bound_realized_tok_s"] = statistics.median(real)
                 row["measured_over_bound_realized"] = statistics.median(
-                    (a.new - 1) / ds / b for ds, b in zip(row["_decode_s"], real))
-                row["router_overhead_ms"] = statistics.median(
-                    (ds - (a.new - 1) / b) / len(s) for ds, b, s in zip(row["_decode_s"], real, row["_sched"])) * 1e3
+                    (a.new - 1) / ds / b for ds, b in zip(row["_decode_s"], real)
+                )
+                row["router_overhead_ms"] = (
+                    statistics.median(
+                        (ds - (a.new - 1) / b) / len(s) for ds, b, s in zip(row["_decode_s"], real, row["_sched"])
+                    )
+                    * 1e3
+                )
                 row["measured_over_bound_steady"] = row["tok_s"] / row["bound_steady_tok_s"]
                 del row["_sched"], row["_decode_s"]
             emit()
@@ -589,8 +732,15 @@ def main(argv=None) -> int:
                 continue
             for K in a.ks_list:
                 row, _ = measure(A, f"exact {eng} drafts K={K}", "exact", eng, K, new=a.real_new)
-                res["exact_real"].append({"drafter": eng, "K": K, "new_tokens": a.real_new, **row,
-                                          "exact_over_bf16_ar": row["tok_s"] / bf16["tok_s"]})
+                res["exact_real"].append(
+                    {
+                        "drafter": eng,
+                        "K": K,
+                        "new_tokens": a.real_new,
+                        **row,
+                        "exact_over_bf16_ar": row["tok_s"] / bf16["tok_s"],
+                    }
+                )
                 emit()
 
         # summary
@@ -626,8 +776,11 @@ def main(argv=None) -> int:
         emit(final="error" not in res)
     print(json.dumps(res, indent=1), flush=True)
     if rc:
-        print(f"bench_exact: FAIL: {len(res['mismatches'])} exact-mode output(s) differ from bf16 AR",
-              file=sys.stderr, flush=True)
+        print(
+            f"bench_exact: FAIL: {len(res['mismatches'])} exact-mode output(s) differ from bf16 AR",
+            file=sys.stderr,
+            flush=True,
+        )
     return rc
 
 

@@ -13,6 +13,7 @@ per shape and reports the best next to the heuristic's (pick_config).
 
     python benchmarks/bench_fp8_gemv.py --out benchmarks/results/fp8-gemv-h200-DATE.json [--sweep]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,17 @@ H, I, V = 4096, 12288, 248320
 N_GDN, N_ATTN = 24, 8
 # name: (N, K, count per decode step)
 SHAPES = {
-    "mlp_gate": (I, H, N_GDN + N_ATTN), "mlp_up": (I, H, N_GDN + N_ATTN), "mlp_down": (H, I, N_GDN + N_ATTN),
-    "gdn_in_proj_qkv": (8192, H, N_GDN), "gdn_in_proj_z": (4096, H, N_GDN), "gdn_out_proj": (H, 4096, N_GDN),
-    "attn_q_proj": (8192, H, N_ATTN), "attn_k_proj": (1024, H, N_ATTN), "attn_v_proj": (1024, H, N_ATTN),
-    "attn_o_proj": (H, 4096, N_ATTN), "lm_head": (V, H, 1),
+    "mlp_gate": (I, H, N_GDN + N_ATTN),
+    "mlp_up": (I, H, N_GDN + N_ATTN),
+    "mlp_down": (H, I, N_GDN + N_ATTN),
+    "gdn_in_proj_qkv": (8192, H, N_GDN),
+    "gdn_in_proj_z": (4096, H, N_GDN),
+    "gdn_out_proj": (H, 4096, N_GDN),
+    "attn_q_proj": (8192, H, N_ATTN),
+    "attn_k_proj": (1024, H, N_ATTN),
+    "attn_v_proj": (1024, H, N_ATTN),
+    "attn_o_proj": (H, 4096, N_ATTN),
+    "lm_head": (V, H, 1),
 }
 GDN_LAYER = ("gdn_in_proj_qkv", "gdn_in_proj_z", "gdn_out_proj", "mlp_gate", "mlp_up", "mlp_down")
 ATTN_LAYER = ("attn_q_proj", "attn_k_proj", "attn_v_proj", "attn_o_proj", "mlp_gate", "mlp_up", "mlp_down")
@@ -73,23 +81,24 @@ class Weights:
     def __init__(self, N: int, K: int, gen: torch.Generator):
         self.bf16 = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
         self.fp8, self.scale = quantize_rows(self.bf16)
-        self.scale_b = self.scale[None, :]                                  # [1, N] for _scaled_mm
+        self.scale_b = self.scale[None, :]  # [1, N] for _scaled_mm
         self.bytes_bf16 = self.bf16.numel() * 2
         self.bytes_fp8 = self.fp8.numel() + self.scale.numel() * 4
 
 
 def make_x(M: int, K: int, gen: torch.Generator) -> dict:
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q, s = quantize_rows(x)                                                  # row-wise x for _scaled_mm
-    return {"bf16": x, "fp8": q, "scale": s[:, None].contiguous()}         # scale [M, 1]
+    q, s = quantize_rows(x)  # row-wise x for _scaled_mm
+    return {"bf16": x, "fp8": q, "scale": s[:, None].contiguous()}  # scale [M, 1]
 
 
 def methods(cfg=None) -> dict:
     return {
         "triton_fp8": lambda x, w: fk.linear(x["bf16"], w.fp8, w.scale, cfg=cfg),
         "cublas_bf16": lambda x, w: torch.nn.functional.linear(x["bf16"], w.bf16),
-        "scaled_mm_fp8": lambda x, w: torch._scaled_mm(x["fp8"], w.fp8.t(), scale_a=x["scale"], scale_b=w.scale_b,
-                                                       out_dtype=torch.bfloat16),
+        "scaled_mm_fp8": lambda x, w: torch._scaled_mm(
+            x["fp8"], w.fp8.t(), scale_a=x["scale"], scale_b=w.scale_b, out_dtype=torch.bfloat16
+        ),
     }
 
 
@@ -97,59 +106,78 @@ def time_shape(fn, x, copies, calls: int) -> float:
     def body():
         for i in range(calls):
             fn(x, copies[i % len(copies)])
-    return graph_ms(body) * 1e3 / calls                                      # us per call
+
+    return graph_ms(body) * 1e3 / calls  # us per call
 
 
 def bench_shapes(M: int, calls: int, l2_bytes: int, gen) -> tuple[list, dict]:
     rows, xs = [], {}
     for name, (N, K, count) in SHAPES.items():
-        n_copies = max(1, min(calls, -(-4 * l2_bytes // (N * K))))          # >= 4x L2 of e4m3 bytes
+        n_copies = max(1, min(calls, -(-4 * l2_bytes // (N * K))))  # >= 4x L2 of e4m3 bytes
         copies = [Weights(N, K, gen) for _ in range(n_copies)]
         x = xs.setdefault(K, make_x(M, K, gen))
         w = copies[0]
         y = fk.linear(x["bf16"], w.fp8, w.scale)
         ref = x["bf16"].float() @ (w.fp8.float() * w.scale[:, None]).T
-        row = {"name": name, "N": N, "K": K, "count": count, "copies": n_copies,
-               "config": fk.pick_config(M, N, K, fk.sm_count(x["bf16"].device), fp8=True).__dict__,
-               "rel_err_vs_dequant_fp32": ((y.float() - ref).norm() / ref.norm()).item(),
-               "rel_err_vs_bf16": ((y.float() - torch.nn.functional.linear(x["bf16"], w.bf16).float()).norm()
-                                   / ref.norm()).item(),
-               "deterministic": all(torch.equal(y, fk.linear(x["bf16"], w.fp8, w.scale)) for _ in range(3)),
-               "us": {}, "tbps": {}}
+        row = {
+            "name": name,
+            "N": N,
+            "K": K,
+            "count": count,
+            "copies": n_copies,
+            "config": fk.pick_config(M, N, K, fk.sm_count(x["bf16"].device), fp8=True).__dict__,
+            "rel_err_vs_dequant_fp32": ((y.float() - ref).norm() / ref.norm()).item(),
+            "rel_err_vs_bf16": (
+                (y.float() - torch.nn.functional.linear(x["bf16"], w.bf16).float()).norm() / ref.norm()
+            ).item(),
+            "deterministic": all(torch.equal(y, fk.linear(x["bf16"], w.fp8, w.scale)) for _ in range(3)),
+            "us": {},
+            "tbps": {},
+        }
         for meth, fn in methods().items():
             try:
                 us = time_shape(fn, x, copies, calls)
-            except Exception as e:                                            # e.g. no row-wise _scaled_mm
+            except Exception as e:  # e.g. no row-wise _scaled_mm
                 row["us"][meth] = None
                 row.setdefault("errors", {})[meth] = f"{type(e).__name__}: {str(e)[:200]}"
                 continue
             nbytes = w.bytes_bf16 if meth == "cublas_bf16" else w.bytes_fp8
             row["us"][meth] = round(us, 3)
             row["tbps"][meth] = round(nbytes / us / 1e6, 3)
-        print(f"{name:16s} N={N:6d} K={K:5d} " + " ".join(f"{k}={v}" for k, v in row["us"].items()),
-              file=sys.stderr)
+        print(f"{name:16s} N={N:6d} K={K:5d} " + " ".join(f"{k}={v}" for k, v in row["us"].items()), file=sys.stderr)
         rows.append(row)
         del copies
-    step = {m: round(sum(r["count"] * r["us"][m] for r in rows) / 1e3, 4) if all(r["us"].get(m) for r in rows)
-            else None for m in methods()}
+    step = {
+        m: round(sum(r["count"] * r["us"][m] for r in rows) / 1e3, 4) if all(r["us"].get(m) for r in rows) else None
+        for m in methods()
+    }
     return rows, step
 
 
 def bench_step_graph(M: int, gen) -> dict:
     """All decode-step weight GEMMs with distinct weights in one graph (layer order), per method."""
-    layers = [GDN_LAYER] * 3 + [ATTN_LAYER]                                  # 3 GDN : 1 attention
+    layers = [GDN_LAYER] * 3 + [ATTN_LAYER]  # 3 GDN : 1 attention
     plan = [names for _ in range((N_GDN + N_ATTN) // 4) for names in layers] + [("lm_head",)]
     weights = [[Weights(*SHAPES[n][:2], gen) for n in names] for names in plan]
     xs = {K: make_x(M, K, gen) for K in {SHAPES[n][1] for n in SHAPES}}
-    nbytes = {"bf16": sum(w.bytes_bf16 for ws in weights for w in ws),
-              "fp8": sum(w.bytes_fp8 for ws in weights for w in ws)}
-    out = {"gemms": sum(len(ws) for ws in weights), "bytes_bf16": nbytes["bf16"], "bytes_fp8": nbytes["fp8"],
-           "ms": {}, "tbps": {}}
+    nbytes = {
+        "bf16": sum(w.bytes_bf16 for ws in weights for w in ws),
+        "fp8": sum(w.bytes_fp8 for ws in weights for w in ws),
+    }
+    out = {
+        "gemms": sum(len(ws) for ws in weights),
+        "bytes_bf16": nbytes["bf16"],
+        "bytes_fp8": nbytes["fp8"],
+        "ms": {},
+        "tbps": {},
+    }
     for meth, fn in methods().items():
+
         def body():
             for ws in weights:
                 for w in ws:
                     fn(xs[w.bf16.shape[1]], w)
+
         try:
             ms = graph_ms(body, reps=10)
         except Exception as e:
@@ -183,8 +211,17 @@ def sweep(M: int, calls: int, l2_bytes: int, gen) -> list:
             results.append((us, cfg))
         heur_us = time_shape(lambda xx, w: fk.linear(xx["bf16"], w.fp8, w.scale, cfg=heur), x, copies, calls)
         best_us, best = min(results, key=lambda r: r[0])
-        out.append({"N": N, "K": K, "heuristic": heur.__dict__, "heuristic_us": round(heur_us, 3),
-                    "best": best.__dict__, "best_us": round(best_us, 3), "tried": len(results)})
+        out.append(
+            {
+                "N": N,
+                "K": K,
+                "heuristic": heur.__dict__,
+                "heuristic_us": round(heur_us, 3),
+                "best": best.__dict__,
+                "best_us": round(best_us, 3),
+                "tried": len(results),
+            }
+        )
         print(f"sweep N={N} K={K}: heuristic {heur_us:.2f} us, best {best_us:.2f} us {best}", file=sys.stderr)
         del copies
     return out
@@ -202,16 +239,23 @@ def main(argv=None) -> int:
         print("bench_fp8_gemv: needs a CUDA GPU", file=sys.stderr)
         return 2
     import triton
+
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 60 * 2**20) or 60 * 2**20
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, step_sum = bench_shapes(a.m, a.calls, l2, gen)
     res = {
-        "bench": "fp8_gemv", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "bench": "fp8_gemv",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/bench_fp8_gemv.py"] + (argv or sys.argv[1:])),
-        "device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2,
-        "torch": torch.__version__, "triton": triton.__version__, "M": a.m,
-        "shapes": rows, "step_sum_ms": step_sum,
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "l2_bytes": l2,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "M": a.m,
+        "shapes": rows,
+        "step_sum_ms": step_sum,
     }
     if not a.no_step_graph:
         res["step_graph"] = bench_step_graph(a.m, gen)

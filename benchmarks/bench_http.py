@@ -15,6 +15,7 @@ OMP_NUM_THREADS=1), then:
             text of its prompt and its usage must be --load-tokens tokens: lost = streams that differ.
 Prints one JSON object (benchmarks.report.emit). `load(...)` is what tests/router/test_http_api.py runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,12 @@ from benchmarks.load import Serve  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
-LOAD_PROMPTS = ["import os\nimport sys\n", "class Config:\n    def __init__(self", "for i in range(",
-                "with open(path) as f:"]
+LOAD_PROMPTS = [
+    "import os\nimport sys\n",
+    "class Config:\n    def __init__(self",
+    "for i in range(",
+    "with open(path) as f:",
+]
 
 
 def free_port() -> int:
@@ -59,8 +64,19 @@ class Stack:
         tf = Path(self._tmp.name) / "token"
         tf.write_text(self.token)
         self.http_port = free_port()
-        self.serve = Serve("--port", "0", "--http-port", str(self.http_port), "--token-file", str(tf),
-                           "--max-len", str(max_len), "--grace", "3", *args)
+        self.serve = Serve(
+            "--port",
+            "0",
+            "--http-port",
+            str(self.http_port),
+            "--token-file",
+            str(tf),
+            "--max-len",
+            str(max_len),
+            "--grace",
+            "3",
+            *args,
+        )
         self.grpc = self.url = None
         self.workers: dict[str, str] = {}
 
@@ -97,9 +113,14 @@ def http_text(client, prompt: str, n: int, mode: str = "fast") -> tuple[str, lis
     """One streaming /v1/completions; the arrival time of each chunk counted once per token it carries
     (usage tells the total; chunks carry one message each, i.e. one token in fast mode)."""
     text, stamps, usage = [], [], None
-    stream = client.completions.create(model="default-model", prompt=prompt, max_tokens=n, stream=True,
-                                       stream_options={"include_usage": True},
-                                       extra_body={"baton": {"mode": mode, "ignore_eos": True}})
+    stream = client.completions.create(
+        model="default-model",
+        prompt=prompt,
+        max_tokens=n,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"baton": {"mode": mode, "ignore_eos": True}},
+    )
     for chunk in stream:
         if chunk.choices and (chunk.choices[0].text or chunk.choices[0].finish_reason is None):
             stamps.append(time.monotonic())
@@ -115,7 +136,7 @@ def per_token(stamps: list[float]) -> float | None:
 
 def latency(stack: Stack, streams: int, n: int) -> dict:
     client = stack.openai(max_retries=0)
-    grpc_text(stack.grpc, stack.token, PROMPT, 4)               # warm both paths
+    grpc_text(stack.grpc, stack.token, PROMPT, 4)  # warm both paths
     http_text(client, PROMPT, 4)
     g, h, texts = [], [], set()
     for i in range(streams):
@@ -129,11 +150,16 @@ def latency(stack: Stack, streams: int, n: int) -> dict:
                 h.append(per_token(stamps))
             texts.add(text)
     mg, mh = statistics.median(g), statistics.median(h)
-    return {"streams_each": streams, "tokens_per_stream": n, "texts_identical": len(texts) == 1,
-            "grpc_ms_per_token_median": round(mg * 1e3, 3), "http_ms_per_token_median": round(mh * 1e3, 3),
-            "grpc_ms_per_token_all": [round(x * 1e3, 3) for x in g],
-            "http_ms_per_token_all": [round(x * 1e3, 3) for x in h],
-            "http_over_grpc": round(mh / mg - 1, 4)}
+    return {
+        "streams_each": streams,
+        "tokens_per_stream": n,
+        "texts_identical": len(texts) == 1,
+        "grpc_ms_per_token_median": round(mg * 1e3, 3),
+        "http_ms_per_token_median": round(mh * 1e3, 3),
+        "grpc_ms_per_token_all": [round(x * 1e3, 3) for x in g],
+        "http_ms_per_token_all": [round(x * 1e3, 3) for x in h],
+        "http_over_grpc": round(mh / mg - 1, 4),
+    }
 
 
 def load(stack: Stack, *, clients: int, seconds: float, n: int, prompts=LOAD_PROMPTS) -> dict:
@@ -154,7 +180,7 @@ def load(stack: Stack, *, clients: int, seconds: float, n: int, prompts=LOAD_PRO
                 code = 200
             except openai.APIStatusError as e:
                 code = e.status_code
-            except openai.APIError as e:              # connection errors: not an HTTP status
+            except openai.APIError as e:  # connection errors: not an HTTP status
                 code = type(e).__name__
             with lock:
                 status[str(code)] += 1
@@ -165,7 +191,7 @@ def load(stack: Stack, *, clients: int, seconds: float, n: int, prompts=LOAD_PRO
                         miscounted[0] += 1
             if code == 200:
                 k, backoff = k + 1, 0.05
-            else:                                     # back off, then retry the same prompt
+            else:  # back off, then retry the same prompt
                 time.sleep(rng.uniform(0.5, 1.0) * backoff)
                 backoff = min(2.0, backoff * 2)
 
@@ -175,10 +201,17 @@ def load(stack: Stack, *, clients: int, seconds: float, n: int, prompts=LOAD_PRO
         t.start()
     for t in threads:
         t.join(seconds + 150)
-    return {"clients": clients, "seconds": round(time.monotonic() - t0, 2), "tokens_per_stream": n,
-            "status": dict(status), "completed": status["200"], "streams_differing": len(lost),
-            "differing_examples": lost[:3], "usage_mismatches": miscounted[0],
-            "hung_clients": sum(t.is_alive() for t in threads)}
+    return {
+        "clients": clients,
+        "seconds": round(time.monotonic() - t0, 2),
+        "tokens_per_stream": n,
+        "status": dict(status),
+        "completed": status["200"],
+        "streams_differing": len(lost),
+        "differing_examples": lost[:3],
+        "usage_mismatches": miscounted[0],
+        "hung_clients": sum(t.is_alive() for t in threads),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,11 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     stack = Stack().wait()
     try:
-        res = {"benchmark": "http", "command": shlex.join(["python", "benchmarks/bench_http.py", *(argv or sys.argv[1:])]),
-               "machine": a.machine, "cpus": os.cpu_count(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-               "topology": "OMP_NUM_THREADS=1 baton serve --processes --max-len 512 (1 prefill + 1 decode worker, "
-                           "embedded model, CPU), clients in this process over loopback",
-               "latency": latency(stack, a.streams, a.max_tokens)}
+        res = {
+            "benchmark": "http",
+            "command": shlex.join(["python", "benchmarks/bench_http.py", *(argv or sys.argv[1:])]),
+            "machine": a.machine,
+            "cpus": os.cpu_count(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "topology": "OMP_NUM_THREADS=1 baton serve --processes --max-len 512 (1 prefill + 1 decode worker, "
+            "embedded model, CPU), clients in this process over loopback",
+            "latency": latency(stack, a.streams, a.max_tokens),
+        }
         if a.load_clients:
             res["load"] = load(stack, clients=a.load_clients, seconds=a.load_seconds, n=a.load_tokens)
     finally:

@@ -80,6 +80,7 @@ first tail) under "by_sender", every pair (first tail) under "by_decode_worker_a
 every tail's (first mode, first sender) under "by_tail_chunk_mib" ("1", "0.25"), and every combination under
 "by_decode_worker_sender_and_tail" ("MODE/SENDER/TAIL"). Each summary has its data_chunks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,24 +100,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.report import emit, machine as base_machine  # noqa: E402
-
 from baton.config import ModelConfig  # noqa: E402
-from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
-from baton.rpc import make_channel  # noqa: E402
-from baton.settings import Settings  # noqa: E402
 from baton.handoff import timeline  # noqa: E402
 from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped  # noqa: E402
-from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc, decode_pb2_grpc  # noqa: E402
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, FORMAT_VERSION  # noqa: E402
+from baton.loading import DEFAULT_MODEL_DIR, load_model, random_model  # noqa: E402
 from baton.random_init import shape  # noqa: E402
-from decode_worker.service import serve_decode  # noqa: E402
+from baton.rpc import make_channel  # noqa: E402
+from baton.settings import Settings  # noqa: E402
+from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
+from benchmarks.report import emit  # noqa: E402
+from benchmarks.report import machine as base_machine
+from decode_worker.serve import serve_decode  # noqa: E402
 from deploy.processes import WorkerProcess, WorkerSpec  # noqa: E402
-from prefill_worker.service import serve_prefill  # noqa: E402
+from prefill_worker.serve import serve_prefill  # noqa: E402
 
 WIDTH = 16
-MODES = ("process", "in-process")   # where the decode worker runs
-SENDERS = ("process", "thread")     # who streams the hand-off in the prefill worker
+MODES = ("process", "in-process")  # where the decode worker runs
+SENDERS = ("process", "thread")  # who streams the hand-off in the prefill worker
 REQUEST_ENGINES = {"bf16": common_pb2.BF16, "unspecified": common_pb2.ENGINE_UNSPECIFIED}
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,24 +127,36 @@ def build_model(a) -> tuple[object, dict]:
     the shape (weights seeded, not read); else --model DIR (default: the embedded default model)."""
     dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
     if a.random_init:
-        cfg = (ModelConfig.from_hf(a.random_init) if (Path(a.random_init) / "config.json").is_file()
-               else shape(a.random_init))
+        cfg = (
+            ModelConfig.from_hf(a.random_init)
+            if (Path(a.random_init) / "config.json").is_file()
+            else shape(a.random_init)
+        )
         lm = random_model(cfg, dtype=dtype, device=a.device, seed=0, mtp=not a.no_mtp)
         src = {"random_init": a.random_init}
     else:
         lm = load_model(a.model or DEFAULT_MODEL_DIR, dtype=dtype, device=a.device, mtp=False if a.no_mtp else None)
         src = {"model_dir": str(a.model or DEFAULT_MODEL_DIR)}
-    return lm, src | {"dtype": dtype, "fingerprint": lm.fingerprint, "has_mtp": hasattr(lm.model, "mtp"),
-                      "params": sum(p.numel() for p in lm.model.parameters()),
-                      "matmul_params": matmul_params(lm.model)}
+    return lm, src | {
+        "dtype": dtype,
+        "fingerprint": lm.fingerprint,
+        "has_mtp": hasattr(lm.model, "mtp"),
+        "params": sum(p.numel() for p in lm.model.parameters()),
+        "matmul_params": matmul_params(lm.model),
+    }
 
 
 def matmul_params(model, mtp: bool = True) -> int:
     """Weights applied to every prompt row: matrices (and conv kernels) except the embedding and LM head
     (and the MTP head's with mtp=False)."""
-    return sum(p.numel() for n, p in model.named_parameters()
-               if p.dim() >= 2 and "embed_tokens" not in n and not n.endswith("lm_head.weight")
-               and (mtp or not n.startswith("mtp.")))
+    return sum(
+        p.numel()
+        for n, p in model.named_parameters()
+        if p.dim() >= 2
+        and "embed_tokens" not in n
+        and not n.endswith("lm_head.weight")
+        and (mtp or not n.startswith("mtp."))
+    )
 
 
 def prefill_flops(model, T: int, mtp: bool = True) -> int:
@@ -167,7 +180,7 @@ def matmul_rate(device: str, dtype: torch.dtype, n: int, reps: int = 10) -> floa
         sync(device)
         if i >= 3:
             times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times)
+    return 2 * n**3 / statistics.median(times)
 
 
 def sync(device: str) -> None:
@@ -204,26 +217,52 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--chunk-mib", type=float, default=DEFAULT_CHUNK_BYTES / (1 << 20), help="wire chunk size")
     ap.add_argument("--matmul-n", type=int, default=None, help="matmul size for the rate (default 8192 CUDA, 1024 CPU)")
-    ap.add_argument("--decode-worker", default="process", type=lambda v: v.split(","),
-                    help="comma-separated: process (its own process, as deployed; the default) | in-process")
-    ap.add_argument("--decode-gpu", type=int, default=None,
-                    help="GPU index for the decode worker process (its CUDA_VISIBLE_DEVICES, as Ray pins an actor; "
-                         "default: the prefill's GPU). 1 puts it on a second GPU, as a disaggregated deployment does; "
-                         "on one GPU the two processes' kernels time-slice")
-    ap.add_argument("--sender", default=[Settings().handoff_sender], type=lambda v: v.split(","),
-                    help="comma-separated: process (a sender child process) | thread (in the prefill's process); "
-                         "default: the handoff_sender setting's default")
-    ap.add_argument("--tail-chunk-mib", default=[Settings().handoff_tail_chunk_bytes / (1 << 20)],
-                    type=lambda v: [float(x) for x in v.split(",")],
-                    help="comma-separated tail chunk sizes, MiB (0: no tail segment; each <= --chunk-mib); default: "
-                         "the handoff_tail_chunk_bytes setting's default")
-    ap.add_argument("--tail-layers", type=int, default=Settings().handoff_tail_layers,
-                    help="layers the tail segment covers, counted from the last (handoff_tail_layers)")
-    ap.add_argument("--request-engine", default="bf16", choices=sorted(REQUEST_ENGINES),
-                    help="PrefillRequest.engine: bf16 (what the router names for a bf16 decode worker: the MTP KV "
-                         "stays off the wire) | unspecified (the MTP KV is shipped: baton.handoff.policy.needs_mtp_kv)")
-    ap.add_argument("--no-timeline", action="store_true",
-                    help="do not ask for the hand-off's timeline (PrefillRequest.timeline): no tail_ms")
+    ap.add_argument(
+        "--decode-worker",
+        default="process",
+        type=lambda v: v.split(","),
+        help="comma-separated: process (its own process, as deployed; the default) | in-process",
+    )
+    ap.add_argument(
+        "--decode-gpu",
+        type=int,
+        default=None,
+        help="GPU index for the decode worker process (its CUDA_VISIBLE_DEVICES, as Ray pins an actor; "
+        "default: the prefill's GPU). 1 puts it on a second GPU, as a disaggregated deployment does; "
+        "on one GPU the two processes' kernels time-slice",
+    )
+    ap.add_argument(
+        "--sender",
+        default=[Settings().handoff_sender],
+        type=lambda v: v.split(","),
+        help="comma-separated: process (a sender child process) | thread (in the prefill's process); "
+        "default: the handoff_sender setting's default",
+    )
+    ap.add_argument(
+        "--tail-chunk-mib",
+        default=[Settings().handoff_tail_chunk_bytes / (1 << 20)],
+        type=lambda v: [float(x) for x in v.split(",")],
+        help="comma-separated tail chunk sizes, MiB (0: no tail segment; each <= --chunk-mib); default: "
+        "the handoff_tail_chunk_bytes setting's default",
+    )
+    ap.add_argument(
+        "--tail-layers",
+        type=int,
+        default=Settings().handoff_tail_layers,
+        help="layers the tail segment covers, counted from the last (handoff_tail_layers)",
+    )
+    ap.add_argument(
+        "--request-engine",
+        default="bf16",
+        choices=sorted(REQUEST_ENGINES),
+        help="PrefillRequest.engine: bf16 (what the router names for a bf16 decode worker: the MTP KV "
+        "stays off the wire) | unspecified (the MTP KV is shipped: baton.handoff.policy.needs_mtp_kv)",
+    )
+    ap.add_argument(
+        "--no-timeline",
+        action="store_true",
+        help="do not ask for the hand-off's timeline (PrefillRequest.timeline): no tail_ms",
+    )
     ap.add_argument("--machine-note", default="")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -237,12 +276,16 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--sender: a comma-separated subset of {', '.join(SENDERS)}, got {a.sender}")
     chunk_bytes, tails = round(a.chunk_mib * (1 << 20)), [round(x * (1 << 20)) for x in a.tail_chunk_mib]
     if len(set(tails)) != len(tails) or not all(0 <= x <= chunk_bytes for x in tails) or a.tail_layers < 0:
-        raise SystemExit(f"--tail-chunk-mib: distinct sizes in 0..--chunk-mib ({a.chunk_mib:g}), got "
-                         f"{a.tail_chunk_mib}; --tail-layers >= 0, got {a.tail_layers}")
+        raise SystemExit(
+            f"--tail-chunk-mib: distinct sizes in 0..--chunk-mib ({a.chunk_mib:g}), got "
+            f"{a.tail_chunk_mib}; --tail-layers >= 0, got {a.tail_layers}"
+        )
     if a.decode_gpu is not None and (modes != ["process"] or not a.device.startswith("cuda")):
         raise SystemExit("--decode-gpu: only with --device cuda and --decode-worker process")
     if "process" in modes and a.no_mtp:
-        raise SystemExit("--no-mtp: the decode worker process always builds the MTP head; use --decode-worker in-process")
+        raise SystemExit(
+            "--no-mtp: the decode worker process always builds the MTP head; use --decode-worker in-process"
+        )
     torch.manual_seed(0)
     t_setup = time.perf_counter()
     lm, model_desc = build_model(a)
@@ -251,20 +294,25 @@ def main(argv=None) -> dict:
     matmul_n = a.matmul_n or (8192 if dev.startswith("cuda") else 1024)
     rate = matmul_rate(dev, p_dtype, matmul_n)
 
-    settings = Settings(token="bench-ttft",          # the auth interceptor is on, as in a deployment
-                        handoff_sender="process" if "process" in a.sender else "thread",
-                        handoff_tail_chunk_bytes=tails[0], handoff_tail_layers=a.tail_layers)
+    settings = Settings(
+        token="bench-ttft",  # the auth interceptor is on, as in a deployment
+        handoff_sender="process" if "process" in a.sender else "thread",
+        handoff_tail_chunk_bytes=tails[0],
+        handoff_tail_layers=a.tail_layers,
+    )
     max_len = max(prompts) + WIDTH + 64
     # NOTE: in-process, one model object for both workers (one copy of the weights on the device); each
     # has its own state. The decode process builds its own copy.
-    ph, ps = serve_prefill(lm, device=dev, width=WIDTH, max_len=max_len, slots=1, settings=settings,
-                           chunk_bytes=chunk_bytes)
+    ph, ps = serve_prefill(
+        lm, device=dev, width=WIDTH, max_len=max_len, slots=1, settings=settings, chunk_bytes=chunk_bytes
+    )
     targets, stops = {}, [lambda: ph.stop(0)]
     try:
         for mode in modes:
             if mode == "in-process":
-                dh, _ = serve_decode(lm, engines=("bf16",), device=dev, width=WIDTH, max_len=max_len, slots=1,
-                                     settings=settings)
+                dh, _ = serve_decode(
+                    lm, engines=("bf16",), device=dev, width=WIDTH, max_len=max_len, slots=1, settings=settings
+                )
                 stops.append(lambda dh=dh: dh.stop(0))
             else:
                 dh = decode_process(a, max_len, settings.token)
@@ -275,8 +323,10 @@ def main(argv=None) -> dict:
         rows = []
         with make_channel(ph.address, settings) as pch, contextlib.ExitStack() as chans:
             P = prefill_pb2_grpc.PrefillWorkerStub(pch)
-            D = {m: decode_pb2_grpc.DecodeWorkerStub(chans.enter_context(make_channel(addr, settings)))
-                 for m, addr in targets.items()}
+            D = {
+                m: decode_pb2_grpc.DecodeWorkerStub(chans.enter_context(make_channel(addr, settings)))
+                for m, addr in targets.items()
+            }
             for T in prompts:
                 ids = torch.randint(0, cfg.vocab_size, (T,), generator=g).tolist()
                 rows.append(measure(a, ps, P, D, targets, ids, rate))
@@ -294,14 +344,24 @@ def main(argv=None) -> dict:
         "decode_gpu": a.decode_gpu,
         "model": model_desc,
         "setup_seconds": round(setup_s, 2),
-        "workers": {"width": WIDTH, "max_len": max_len, "decode_engine": "bf16",
-                    "request_engine": a.request_engine, "wire_format": FORMAT_VERSION,
-                    "chunk_bytes": ps.chunk_bytes, "transport": "loopback gRPC, bearer token, no TLS",
-                    "decode_worker": modes, "handoff_sender": a.sender, "tail_chunk_mib": a.tail_chunk_mib,
-                    "tail_layers": a.tail_layers, "timeline": not a.no_timeline,
-                    "timeline_clock": timeline.CLOCK_ID},
+        "workers": {
+            "width": WIDTH,
+            "max_len": max_len,
+            "decode_engine": "bf16",
+            "request_engine": a.request_engine,
+            "wire_format": FORMAT_VERSION,
+            "chunk_bytes": ps.chunk_bytes,
+            "transport": "loopback gRPC, bearer token, no TLS",
+            "decode_worker": modes,
+            "handoff_sender": a.sender,
+            "tail_chunk_mib": a.tail_chunk_mib,
+            "tail_layers": a.tail_layers,
+            "timeline": not a.no_timeline,
+            "timeline_clock": timeline.CLOCK_ID,
+        },
         "matmul": {"dtype": str(p_dtype).replace("torch.", ""), "n": matmul_n, "tflops": round(rate / 1e12, 4)},
-        "runs": a.runs, "warmup": a.warmup,
+        "runs": a.runs,
+        "warmup": a.warmup,
         "results": rows,
     }
     emit(result, a.out)
@@ -313,15 +373,26 @@ def decode_process(a, max_len: int, token: str) -> WorkerProcess:
     shape and seed 0, or the same checkpoint: the same fingerprint), serving once health says so."""
     extra = [("width", WIDTH), ("slots", 1), ("engines", "bf16")]
     extra += [("random_init", a.random_init), ("seed", 0)] if a.random_init else []
-    spec = WorkerSpec("decode", 0, model_dir=str(a.model) if a.model else None, device=a.device,
-                      dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"), engine="bf16",
-                      max_len=max_len, grace=0.0, extra=tuple((k, str(v)) for k, v in extra))
-    env = dict(os.environ, BATON_TOKEN=token, PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    spec = WorkerSpec(
+        "decode",
+        0,
+        model_dir=str(a.model) if a.model else None,
+        device=a.device,
+        dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"),
+        engine="bf16",
+        max_len=max_len,
+        grace=0.0,
+        extra=tuple((k, str(v)) for k, v in extra),
+    )
+    env = dict(
+        os.environ,
+        BATON_TOKEN=token,
+        PYTHONPATH=os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+    )
     env.pop("BATON_TOKEN_FILE", None)
     if a.decode_gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(a.decode_gpu)
-    if not a.device.startswith("cuda"):   # as many torch threads as this process uses
+    if not a.device.startswith("cuda"):  # as many torch threads as this process uses
         env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     w = WorkerProcess(spec, env=env).start()
     try:
@@ -335,8 +406,8 @@ def decode_process(a, max_len: int, token: str) -> WorkerProcess:
 def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> dict:
     dev, eng, T = a.device, ps.engine, len(ids)
     req_engine = REQUEST_ENGINES[a.request_engine]
-    mtp = computes_mtp_kv(False, req_engine, True)   # whether split()'s FAST Prefill runs the MTP layer
-    state_bytes = []   # what the hand-off ships
+    mtp = computes_mtp_kv(False, req_engine, True)  # whether split()'s FAST Prefill runs the MTP layer
+    state_bytes = []  # what the hand-off ships
 
     def prefill_only() -> float:
         sync(dev)
@@ -348,24 +419,32 @@ def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> di
             if not state_bytes:
                 tensors, pos, _ = eng.export(s.id)
                 assert pos == T
-                state_bytes.append(sum(t.tensor.numel() * t.tensor.element_size()
-                                       for t in shipped(tensors, needs_mtp_kv(req_engine))))
+                state_bytes.append(
+                    sum(t.tensor.numel() * t.tensor.element_size() for t in shipped(tensors, needs_mtp_kv(req_engine)))
+                )
         finally:
             eng.release(s.id)
         return dt
 
-    process_sender = ps.sender   # the prefill worker's SenderProcess (None when only "thread" is measured)
+    process_sender = ps.sender  # the prefill worker's SenderProcess (None when only "thread" is measured)
 
     def split(mode: str, sender: str, tail: float) -> tuple[float, float, common_pb2.BridgeReport]:
         sid = f"ttft-{T}"
-        ps.sender = process_sender if sender == "process" else None   # NOTE: between requests only
+        ps.sender = process_sender if sender == "process" else None  # NOTE: between requests only
         ps.tail_chunk_bytes = round(tail * (1 << 20))
         sync(dev)
         t0 = time.perf_counter()
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=common_pb2.FAST,
-                                                 decode_target=targets[mode], timeline=not a.no_timeline,
-                                                 engine=req_engine),
-                      timeout=600)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id=sid,
+                prompt_ids=ids,
+                mode=common_pb2.FAST,
+                decode_target=targets[mode],
+                timeline=not a.no_timeline,
+                engine=req_engine,
+            ),
+            timeout=600,
+        )
         t_reply = time.monotonic_ns()
         sync(dev)
         dt = time.perf_counter() - t0
@@ -463,10 +542,12 @@ def print_tail(T: int, key: str, summary: dict) -> None:
     if not tail:
         return
     runs = len(next(iter(summary["tail_ms_runs"].values())))
-    lines = [f"tail T={T} {key}: ms after prefill.compute_end (median of {runs}; split_s "
-             f"{summary['split_s'] * 1e3:.1f} ms, server_prefill_s {summary['server_prefill_s'] * 1e3:.1f} ms"
-             f"{'' if summary['tail_clock_shared'] else '; clocks NOT shared: prefill-side marks only'}"
-             f"{'' if summary['tail_ordered'] else '; CAUSALITY VIOLATED in a run: see baton.handoff.timeline.violations'})"]
+    lines = [
+        f"tail T={T} {key}: ms after prefill.compute_end (median of {runs}; split_s "
+        f"{summary['split_s'] * 1e3:.1f} ms, server_prefill_s {summary['server_prefill_s'] * 1e3:.1f} ms"
+        f"{'' if summary['tail_clock_shared'] else '; clocks NOT shared: prefill-side marks only'}"
+        f"{'' if summary['tail_ordered'] else '; CAUSALITY VIOLATED in a run: see baton.handoff.timeline.violations'})"
+    ]
     prev = None
     for k, v in tail.items():
         rs = summary["tail_ms_runs"][k]
@@ -475,9 +556,12 @@ def print_tail(T: int, key: str, summary: dict) -> None:
         prev = v
     backlog = summary.get("tail_backlog") or {}
     if backlog:
-        lines.append(f"  chunks not yet past each stage at prefill.compute_end (of {summary['data_chunks']}): "
-                     + ", ".join(f"{k} {v:g}" for k, v in backlog.items()))
+        lines.append(
+            f"  chunks not yet past each stage at prefill.compute_end (of {summary['data_chunks']}): "
+            + ", ".join(f"{k} {v:g}" for k, v in backlog.items())
+        )
     print("\n".join(lines), file=sys.stderr, flush=True)
+
 
 if __name__ == "__main__":
     main()

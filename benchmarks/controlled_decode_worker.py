@@ -4,7 +4,7 @@
         <any `python -m decode_worker` option: --random-init / --model, --device, --engines fp8, ...>
 
 Random weights make real acceptance meaningless, so benchmarks/bench_exact.py measures exact mode with
-this worker: the normal decode worker service (decode_worker.service.serve_decode, same gRPC surface,
+this worker: the normal decode worker service (decode_worker.serve.serve_decode, same gRPC surface,
 same CUDA graphs) with a ControlledDrafter (baton.engine.speculation.Drafter) passed in: the bf16/fp8
 `draft` loop still runs every draft row on the model (k rows steps per Draft, as real drafting does), but
 the drafter replaces each row's own greedy token:
@@ -25,6 +25,7 @@ Session number j (in load order) draws from random.Random(f"{seed}:{j}"): a swee
 
 Never imported by the production entry points (`baton serve`, `python -m decode_worker`, deploy/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,12 @@ log = logging.getLogger("baton.decode.controlled")
 
 @dataclass
 class _Ctl:
-    base: int                 # position of the loaded state (= prompt length)
-    tokens: list[int]         # reference output, tokens[0] = the state's next token
+    base: int  # position of the loaded state (= prompt length)
+    tokens: list[int]  # reference output, tokens[0] = the state's next token
     p: float
     rng: random.Random
     vocab: int
-    idx0: int = 0             # reference index of draft 0 of the current Draft call
+    idx0: int = 0  # reference index of draft 0 of the current Draft call
 
 
 class Control:
@@ -78,11 +79,19 @@ class ControlledDrafter(Drafter):
 
     def attach(self, s, position: int, next_token: int) -> None:
         refs, p, seed = self.control.read()
-        ref = next((r["tokens"] for r in refs
-                    if int(r["prompt_len"]) == position and r["tokens"] and int(r["tokens"][0]) == next_token), None)
+        ref = next(
+            (
+                r["tokens"]
+                for r in refs
+                if int(r["prompt_len"]) == position and r["tokens"] and int(r["tokens"][0]) == next_token
+            ),
+            None,
+        )
         if ref is None:
-            raise ValueError(f"reference: none for a state at position {position} with next token {next_token} "
-                             f"in {self.control.path}")
+            raise ValueError(
+                f"reference: none for a state at position {position} with next token {next_token} "
+                f"in {self.control.path}"
+            )
         j, self._loads = self._loads, self._loads + 1
         s.ctl = _Ctl(position, [int(t) for t in ref], p, random.Random(f"{seed}:{j}"), s.runner.cfg.vocab_size)
         log.info("controlled session %s: p=%.4f seed=%d #%d, %d reference tokens", s.id, p, seed, j, len(ref))
@@ -91,7 +100,7 @@ class ControlledDrafter(Drafter):
         c: _Ctl | None = getattr(s, "ctl", None)
         if c is None:
             return own
-        if i == 0:   # bf16/fp8 drafts: the state has consumed t0 (one row); mtp drafts: nothing yet.
+        if i == 0:  # bf16/fp8 drafts: the state has consumed t0 (one row); mtp drafts: nothing yet.
             # Reference index of d1 = tokens consumed after t0 = position - prompt length (+1 for mtp)
             c.idx0 = int(s.runner.state.position[s.slot]) - c.base + (s.engine == "mtp")
         idx = c.idx0 + i
@@ -104,8 +113,9 @@ class ControlledDrafter(Drafter):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.controlled_decode_worker", add_help=False,
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.controlled_decode_worker", add_help=False, description=__doc__.split("\n")[0]
+    )
     p.add_argument("--reference", required=True, help="JSON file of reference tokens (see the module doc)")
     p.add_argument("--draft-p", type=float, default=1.0, help="probability that a draft is the exact token")
     p.add_argument("--draft-seed", type=int, default=0, help="seed of the draws")

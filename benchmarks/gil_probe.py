@@ -25,6 +25,7 @@ On a machine with fewer cores than busy threads, part of every stall is the OS s
 
     python benchmarks/gil_probe.py --tokens 4096 --streams 3 [--sender thread,process] [--device cuda] [--out R.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,17 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
-from baton.handoff import wire  # noqa: E402
-from baton.handoff import encode  # noqa: E402
+from baton.handoff import (
+    decode,
+    encode,  # noqa: E402
+    wire,  # noqa: E402
+)
 from baton.handoff.sender.process import SenderProcess  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2  # noqa: E402
-from baton.handoff import decode
 from benchmarks import bench_bridge  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 
 SCENARIOS = ("idle", "send", "receive", "both")
-SENDERS = {"thread": "send", "process": "send_process"}   # --sender -> the send scenario it runs
+SENDERS = {"thread": "send", "process": "send_process"}  # --sender -> the send scenario it runs
 STALL_S = 100e-6
 
 
@@ -97,28 +100,47 @@ def summary(p: Probe, idle_rate: float | None) -> dict:
     g = p.gaps
     stalls = sorted(x for x in g if x >= STALL_S)
     q = (statistics.quantiles(stalls, n=100, method="inclusive") if len(stalls) > 1 else stalls * 99) or [0.0] * 99
-    return {"steps": len(g), "wall_s": round(p.wall, 4), "stalls": len(stalls),
-            "stall_p50_ms": round(q[49] * 1e3, 3), "stall_p99_ms": round(q[98] * 1e3, 3),
-            "max_ms": round(max(g, default=0.0) * 1e3, 3),
-            "stalled_share": round(sum(stalls) / p.wall, 4),
-            # of which waiting for a CPU (the OS), not for the GIL: the rest is the GIL
-            "os_wait_share": None if p.os_wait is None else round(p.os_wait / p.wall, 4),
-            "gaps_over_5ms": sum(1 for x in stalls if x > 5e-3),
-            "rate_vs_idle": round(len(g) / p.wall / idle_rate, 4) if idle_rate else 1.0}
+    return {
+        "steps": len(g),
+        "wall_s": round(p.wall, 4),
+        "stalls": len(stalls),
+        "stall_p50_ms": round(q[49] * 1e3, 3),
+        "stall_p99_ms": round(q[98] * 1e3, 3),
+        "max_ms": round(max(g, default=0.0) * 1e3, 3),
+        "stalled_share": round(sum(stalls) / p.wall, 4),
+        # of which waiting for a CPU (the OS), not for the GIL: the rest is the GIL
+        "os_wait_share": None if p.os_wait is None else round(p.os_wait / p.wall, 4),
+        "gaps_over_5ms": sum(1 for x in stalls if x > 5e-3),
+        "rate_vs_idle": round(len(g) / p.wall / idle_rate, 4) if idle_rate else 1.0,
+    }
 
 
 def lazy_frames(tensors, chunk: int, workers: int | None, tokens: int):
     """The prefill worker's path: table up front, tensors pulled as they become final (producer thread)."""
-    return encode.encode_state_frames(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens,
-                                    next_token=1, specs=[wire.TensorDesc.of(t) for t in tensors],
-                                    tensor_source=(t.tensor for t in tensors), chunk_bytes=chunk, workers=workers)
+    return encode.encode_state_frames(
+        session_id="probe",
+        fingerprint=bench_bridge.FINGERPRINT,
+        position=tokens,
+        next_token=1,
+        specs=[wire.TensorDesc.of(t) for t in tensors],
+        tensor_source=(t.tensor for t in tensors),
+        chunk_bytes=chunk,
+        workers=workers,
+    )
 
 
 def lazy_plan(tensors, chunk: int, workers: int | None, tokens: int) -> encode.Plan:
     """lazy_frames' stream as a plan for the sender process."""
-    return encode.plan(session_id="probe", fingerprint=bench_bridge.FINGERPRINT, position=tokens, next_token=1,
-                          specs=[wire.TensorDesc.of(t) for t in tensors], tensor_source=(t.tensor for t in tensors),
-                          chunk_bytes=chunk, workers=workers)
+    return encode.plan(
+        session_id="probe",
+        fingerprint=bench_bridge.FINGERPRINT,
+        position=tokens,
+        next_token=1,
+        specs=[wire.TensorDesc.of(t) for t in tensors],
+        tensor_source=(t.tensor for t in tensors),
+        chunk_bytes=chunk,
+        workers=workers,
+    )
 
 
 def process_sender(address: str, tensors, chunk: int, workers: int | None, tokens: int):
@@ -126,24 +148,32 @@ def process_sender(address: str, tensors, chunk: int, workers: int | None, token
     sp = SenderProcess(slot_bytes=chunk, workers=workers)
 
     def load():
-        rep, _ = sp.start_push(address, Settings(), lazy_plan(tensors, chunk, workers, tokens),
-                               method="/bench.Bridge/LoadFrames", deserialize=common_pb2.BridgeReport.FromString,
-                               timeout=600, position=tokens).result()
+        rep, _ = sp.start_push(
+            address,
+            Settings(),
+            lazy_plan(tensors, chunk, workers, tokens),
+            method="/bench.Bridge/LoadFrames",
+            deserialize=common_pb2.BridgeReport.FromString,
+            timeout=600,
+            position=tokens,
+        ).result()
         assert rep.total_bytes == sum(t.tensor.numel() * t.tensor.element_size() for t in tensors), rep
+
     return sp, load
 
 
 def sender(address: str):
     ch = grpc.insecure_channel(address, options=bench_bridge.OPTIONS)
-    return ch, ch.stream_unary("/bench.Bridge/LoadFrames", request_serializer=None,
-                               response_deserializer=common_pb2.BridgeReport.FromString)
+    return ch, ch.stream_unary(
+        "/bench.Bridge/LoadFrames", request_serializer=None, response_deserializer=common_pb2.BridgeReport.FromString
+    )
 
 
 def child_send(a) -> None:
     """--child-send ADDR: waits for a line on stdin, then sends --streams hand-offs to ADDR."""
     tensors = bench_bridge.make_state(a.tokens, a.device)
     ch, load = sender(a.child_send)
-    load(lazy_frames(tensors, int(a.chunk_mib * (1 << 20)), a.workers, a.tokens))   # warm-up, before the probe
+    load(lazy_frames(tensors, int(a.chunk_mib * (1 << 20)), a.workers, a.tokens))  # warm-up, before the probe
     print("ready", flush=True)
     sys.stdin.readline()
     for _ in range(a.streams):
@@ -160,8 +190,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--scenarios", type=lambda v: v.split(","), default=list(SCENARIOS))
-    ap.add_argument("--sender", type=lambda v: v.split(","), default=["thread", "process"],
-                    help="comma-separated: who sends in the send scenario: thread (send) | process (send_process)")
+    ap.add_argument(
+        "--sender",
+        type=lambda v: v.split(","),
+        default=["thread", "process"],
+        help="comma-separated: who sends in the send scenario: thread (send) | process (send_process)",
+    )
     ap.add_argument("--child-send", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -198,7 +232,7 @@ def main(argv=None) -> dict:
 
     def send_to(address: str):
         ch, load = sender(address)
-        load(lazy_frames(tensors, chunk, a.workers, a.tokens))   # warm-up
+        load(lazy_frames(tensors, chunk, a.workers, a.tokens))  # warm-up
         return ch, lambda: [load(lazy_frames(tensors, chunk, a.workers, a.tokens)) for _ in range(a.streams)]
 
     try:
@@ -214,16 +248,28 @@ def main(argv=None) -> dict:
                         continue
                     sp, load = process_sender(rx.address, tensors, chunk, a.workers, a.tokens)
                     try:
-                        load()   # warm-up (the child starts)
+                        load()  # warm-up (the child starts)
                         run("send_process", lambda: [load() for _ in range(a.streams)])
                     finally:
                         sp.close()
             finally:
                 rx.close()
         if "receive" in a.scenarios:
-            argv_child = [sys.executable, "-u", str(Path(__file__).resolve()), "--child-send", local,
-                          "--tokens", str(a.tokens), "--chunk-mib", str(a.chunk_mib), "--streams", str(a.streams),
-                          "--device", a.device] + (["--workers", str(a.workers)] if a.workers is not None else [])
+            argv_child = [
+                sys.executable,
+                "-u",
+                str(Path(__file__).resolve()),
+                "--child-send",
+                local,
+                "--tokens",
+                str(a.tokens),
+                "--chunk-mib",
+                str(a.chunk_mib),
+                "--streams",
+                str(a.streams),
+                "--device",
+                a.device,
+            ] + (["--workers", str(a.workers)] if a.workers is not None else [])
             child = subprocess.Popen(argv_child, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             try:
                 if child.stdout.readline().strip() != "ready":
@@ -234,6 +280,7 @@ def main(argv=None) -> dict:
                     child.stdin.flush()
                     if child.wait() != 0:
                         raise RuntimeError(f"gil_probe --child-send exited {child.returncode}")
+
                 run("receive", go)
             finally:
                 if child.poll() is None:
@@ -250,7 +297,8 @@ def main(argv=None) -> dict:
         "command": shlex.join(["python", "benchmarks/gil_probe.py", *(sys.argv[1:] if argv is None else argv)]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": bench_bridge.machine(),
-        "device": a.device, "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        "device": a.device,
+        "switch_interval_ms": sys.getswitchinterval() * 1e3,
         "state": {"tokens": a.tokens, "total_bytes": total, "chunk_bytes": chunk, "streams": a.streams},
         "senders": a.sender,
         "results": out,

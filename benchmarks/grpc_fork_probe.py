@@ -10,6 +10,7 @@ no handlers). A spawn is "bad" when the child exits non-zero or writes anything 
 counts the busy client's failed calls during each phase (the parent's own channel). Prints JSON.
 Why it matters: baton/lifeline.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ class BusyClient:
         while not self.stop.is_set():
             try:
                 self.stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
-            except grpc.RpcError as e:   # e.g. UNAVAILABLE "Socket closed" while children fork
+            except grpc.RpcError as e:  # e.g. UNAVAILABLE "Socket closed" while children fork
                 by_code = self.errors.setdefault(self.phase, {})
                 by_code[e.code().name] = by_code.get(e.code().name, 0) + 1
 
@@ -65,8 +66,9 @@ class BusyClient:
 def spawn(n: int, preexec) -> dict:
     bad, example = 0, ""
     for _ in range(n):
-        p = subprocess.Popen(["/bin/true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             start_new_session=True, preexec_fn=preexec)
+        p = subprocess.Popen(
+            ["/bin/true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec
+        )
         _, err = p.communicate()
         if p.returncode != 0 or err:
             bad += 1
@@ -92,11 +94,14 @@ def main(argv=None) -> dict:
         client.close()
     with_pre["parent_rpc_errors"] = client.errors.get("preexec_fn", {})
     without["parent_rpc_errors"] = client.errors.get("no_preexec_fn", {})
-    res = {"benchmark": "grpc_fork_probe",
-           "command": " ".join(["python", "benchmarks/grpc_fork_probe.py", *(sys.argv[1:] if argv is None else argv)]),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine(),
-           "preexec_fn": with_pre, "no_preexec_fn": without}
+    res = {
+        "benchmark": "grpc_fork_probe",
+        "command": " ".join(["python", "benchmarks/grpc_fork_probe.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "preexec_fn": with_pre,
+        "no_preexec_fn": without,
+    }
     emit(res, a.out)
     return res
 

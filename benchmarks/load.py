@@ -20,6 +20,7 @@ Prints one JSON object: requests, errors by status, the checks, sessions left, p
 latency (gaps between streamed messages, per token), time per output token, tokens/s.
 `run(...)` returns the same dict (tests/system/test_reliability_load.py runs the short version).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,10 +45,24 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Config:\n    def __init__(self", "for i in range(",
-           "def parse_args(argv=None):", "    return self._data[", "with open(path) as f:", "if __name__ == ",
-           "try:\n    import json\nexcept ImportError:", "def __repr__(self):", "raise ValueError(", "@property\ndef",
-           "lines = text.splitlines()", "def _check(self, value):", "from collections import", "while True:\n"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n",
+    "class Config:\n    def __init__(self",
+    "for i in range(",
+    "def parse_args(argv=None):",
+    "    return self._data[",
+    "with open(path) as f:",
+    "if __name__ == ",
+    "try:\n    import json\nexcept ImportError:",
+    "def __repr__(self):",
+    "raise ValueError(",
+    "@property\ndef",
+    "lines = text.splitlines()",
+    "def _check(self, value):",
+    "from collections import",
+    "while True:\n",
+]
 MIX = [("fast", "bf16"), ("exact", "fp8"), ("fast", "mtp"), ("exact", "mtp"), ("fast", "fp8")]
 CHECKED = {("fast", "bf16"), ("fast", "mtp"), ("exact", "fp8"), ("exact", "mtp")}
 SERVING_RE = re.compile(r"^baton: serving on (\S+)$")
@@ -61,17 +76,31 @@ class Serve:
     def __init__(self, *args: str, env: dict | None = None):
         # NOTE: one intra-op thread per worker: on a small shared CPU box torch's default (all cores per
         # process) oversubscribes and OpenMP spin-waits make each step 10-50x slower
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "BATON_LOG_LEVEL": "WARNING",
-                    "OMP_NUM_THREADS": "1", **(env or {})}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "BATON_LOG_LEVEL": "WARNING",
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
         self.argv = [sys.executable, "-m", "baton.cli", "serve", "--processes", *args]
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.out: list[str] = []
         self.err: list[str] = []
         for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=lambda s=stream, k=sink: [k.append(ln.rstrip("\n")) for ln in s],
-                             daemon=True).start()
+            threading.Thread(
+                target=lambda s=stream, k=sink: [k.append(ln.rstrip("\n")) for ln in s], daemon=True
+            ).start()
 
     def wait(self, timeout: float = 300.0) -> str:
         end = time.monotonic() + timeout
@@ -94,7 +123,7 @@ class Serve:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)   # the workers follow (PR_SET_PDEATHSIG)
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the workers follow (PR_SET_PDEATHSIG)
                 self.proc.wait()
         return self.proc.returncode
 
@@ -106,7 +135,9 @@ def worker_sessions(addresses: dict[str, str], token: str | None) -> dict[str, i
 
     out = {}
     for name, addr in addresses.items():
-        stub_cls = prefill_pb2_grpc.PrefillWorkerStub if name.startswith("prefill") else decode_pb2_grpc.DecodeWorkerStub
+        stub_cls = (
+            prefill_pb2_grpc.PrefillWorkerStub if name.startswith("prefill") else decode_pb2_grpc.DecodeWorkerStub
+        )
         with make_channel(addr, Settings(token=token)) as ch:
             out[name] = stub_cls(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5).sessions
     return out
@@ -167,20 +198,21 @@ def pct(xs: list[float], q: float) -> float | None:
 class Tally:
     def __init__(self):
         self.lock = threading.Lock()
-        self.status = Counter()                 # final status of every Generate call
-        self.by_kind = Counter()                # "mode/engine" of completed streams
+        self.status = Counter()  # final status of every Generate call
+        self.by_kind = Counter()  # "mode/engine" of completed streams
         self.ttft, self.itl, self.tpot = [], [], []
         self.tokens = 0
         self.checked = 0
         self.diff = Counter(lost=0, duplicated=0, wrong=0)
-        self.count_mismatch = 0                 # usage/tokens/max_new_tokens disagree
-        self.bad: list[dict] = []               # first few mismatching streams
-        self.details: dict[str, str] = {}       # status -> the first error message seen
-        self.messages = Counter()               # "STATUS: message" (digits folded) -> count
+        self.count_mismatch = 0  # usage/tokens/max_new_tokens disagree
+        self.bad: list[dict] = []  # first few mismatching streams
+        self.details: dict[str, str] = {}  # status -> the first error message seen
+        self.messages = Counter()  # "STATUS: message" (digits folded) -> count
 
 
-def client_loop(i: int, addr: str, token: str | None, stop_at: float, n: int, ref: dict, tally: Tally,
-                timeout: float) -> None:
+def client_loop(
+    i: int, addr: str, token: str | None, stop_at: float, n: int, ref: dict, tally: Tally, timeout: float
+) -> None:
     import grpc
 
     from baton.client import Client
@@ -194,8 +226,9 @@ def client_loop(i: int, addr: str, token: str | None, stop_at: float, n: int, re
             t0 = time.monotonic()
             got, stamps, last, details = [], [], None, ""
             try:
-                for d in c.generate(prompt, max_new_tokens=n, mode=mode, engine=engine, ignore_eos=True,
-                                    timeout=timeout):
+                for d in c.generate(
+                    prompt, max_new_tokens=n, mode=mode, engine=engine, ignore_eos=True, timeout=timeout
+                ):
                     stamps.append((time.monotonic(), len(d.token_ids)))
                     got += d.token_ids
                     last = d
@@ -207,10 +240,10 @@ def client_loop(i: int, addr: str, token: str | None, stop_at: float, n: int, re
                 if code != "OK":
                     tally.details.setdefault(code, details)
                     tally.messages[f"{code}: " + re.sub(r"\d+", "N", details)[:90]] += 1
-            if code != "OK":                            # back off exponentially (jittered), as clients should
+            if code != "OK":  # back off exponentially (jittered), as clients should
                 time.sleep(rng.uniform(0.5, 1.0) * backoff)
                 backoff = min(2.0, backoff * 2)
-                k -= code == "RESOURCE_EXHAUSTED"          # retry the same request after a refusal
+                k -= code == "RESOURCE_EXHAUSTED"  # retry the same request after a refusal
                 continue
             backoff = 0.05
             gaps = [(b - a) / max(1, nb) for (a, _), (b, nb) in zip(stamps, stamps[1:])]
@@ -228,13 +261,32 @@ def client_loop(i: int, addr: str, token: str | None, stop_at: float, n: int, re
                     dc = diff_counts(got, ref[prompt])
                     tally.diff.update(dc)
                     if any(dc.values()) and len(tally.bad) < 5:
-                        tally.bad.append({"prompt": prompt, "mode": mode, "engine": engine, "got": got,
-                                          "want": ref[prompt], "migrations": last.stats.get("migrations")})
+                        tally.bad.append(
+                            {
+                                "prompt": prompt,
+                                "mode": mode,
+                                "engine": engine,
+                                "got": got,
+                                "want": ref[prompt],
+                                "migrations": last.stats.get("migrations"),
+                            }
+                        )
 
 
-def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int = 512, addr: str | None = None,
-        workers: dict[str, str] | None = None, token: str | None = None, model_dir: str | None = None,
-        settle: float = 10.0, request_timeout: float = 120.0, serve_args: tuple[str, ...] = ()) -> dict:
+def run(
+    *,
+    clients: int,
+    duration: float,
+    max_new_tokens: int = 32,
+    max_len: int = 512,
+    addr: str | None = None,
+    workers: dict[str, str] | None = None,
+    token: str | None = None,
+    model_dir: str | None = None,
+    settle: float = 10.0,
+    request_timeout: float = 120.0,
+    serve_args: tuple[str, ...] = (),
+) -> dict:
     serve, tmp = None, None
     t_start = time.monotonic()
     if addr is None:
@@ -242,12 +294,24 @@ def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int
         token = token or f"load-{os.getpid()}-{random.randrange(1 << 30)}"
         tf = Path(tmp.name) / "token"
         tf.write_text(token)
-        args = ["--port", "0", "--http-port", "0", "--token-file", str(tf), "--max-len", str(max_len), "--grace", "5", *serve_args]
+        args = [
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--token-file",
+            str(tf),
+            "--max-len",
+            str(max_len),
+            "--grace",
+            "5",
+            *serve_args,
+        ]
         if model_dir:
             args += ["--model", str(model_dir)]
         serve = Serve(*args)
     try:
-        ref = make_reference(model_dir, max_len, PROMPTS, max_new_tokens)   # while the servers boot
+        ref = make_reference(model_dir, max_len, PROMPTS, max_new_tokens)  # while the servers boot
         if serve is not None:
             addr = serve.wait()
             workers = serve.workers()
@@ -255,9 +319,14 @@ def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int
         tally = Tally()
         stop_at = time.monotonic() + duration
         t0 = time.monotonic()
-        threads = [threading.Thread(target=client_loop, args=(i, addr, token, stop_at, max_new_tokens, ref, tally,
-                                                              request_timeout), daemon=True)
-                   for i in range(clients)]
+        threads = [
+            threading.Thread(
+                target=client_loop,
+                args=(i, addr, token, stop_at, max_new_tokens, ref, tally, request_timeout),
+                daemon=True,
+            )
+            for i in range(clients)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -274,10 +343,16 @@ def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int
             tmp.cleanup()
     ok = tally.status["OK"]
     return {
-        "config": {"clients": clients, "duration_s": duration, "max_new_tokens": max_new_tokens, "max_len": max_len,
-                   "mix": [f"{m}/{e}" for m, e in MIX], "prompts": len(PROMPTS),
-                   "checked_kinds": sorted(f"{m}/{e}" for m, e in CHECKED), "topology": (
-                       "OMP_NUM_THREADS=1 baton serve --processes " + " ".join(serve.argv[5:]) if serve else addr)},
+        "config": {
+            "clients": clients,
+            "duration_s": duration,
+            "max_new_tokens": max_new_tokens,
+            "max_len": max_len,
+            "mix": [f"{m}/{e}" for m, e in MIX],
+            "prompts": len(PROMPTS),
+            "checked_kinds": sorted(f"{m}/{e}" for m, e in CHECKED),
+            "topology": ("OMP_NUM_THREADS=1 baton serve --processes " + " ".join(serve.argv[5:]) if serve else addr),
+        },
         "boot_s": round(boot_s, 1),
         "wall_s": round(wall, 2),
         "requests": sum(tally.status.values()),
@@ -296,7 +371,7 @@ def run(*, clients: int, duration: float, max_new_tokens: int = 32, max_len: int
         "sessions_left": left,
         "sessions_settle_s": round(settle_s, 2),
         "serve_exit_code": rc,
-        "worker_exits": exits,          # "<name> exited with code N" lines of baton serve: none = all 0
+        "worker_exits": exits,  # "<name> exited with code N" lines of baton serve: none = all 0
         "ttft_ms": {"p50": pct(tally.ttft, 0.5), "p99": pct(tally.ttft, 0.99), "max": pct(tally.ttft, 1.0)},
         "itl_ms": {"p50": pct(tally.itl, 0.5), "p99": pct(tally.itl, 0.99)},
         "tpot_ms": {"p50": pct(tally.tpot, 0.5), "p99": pct(tally.tpot, 0.99)},
@@ -321,10 +396,24 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     token = Path(a.token_file).read_text().strip() if a.token_file else None
     workers = dict(w.split("=", 1) for w in a.workers.split(",") if w) or None
-    res = run(clients=a.clients, duration=a.duration, max_new_tokens=a.max_new_tokens, max_len=a.max_len,
-              addr=a.addr, workers=workers, token=token, model_dir=a.model)
-    res = {"benchmark": "load", "command": shlex.join(["python", "benchmarks/load.py", *(argv or sys.argv[1:])]),
-           "machine": a.machine, "cpus": os.cpu_count(), "date": datetime.date.today().isoformat(), **res}
+    res = run(
+        clients=a.clients,
+        duration=a.duration,
+        max_new_tokens=a.max_new_tokens,
+        max_len=a.max_len,
+        addr=a.addr,
+        workers=workers,
+        token=token,
+        model_dir=a.model,
+    )
+    res = {
+        "benchmark": "load",
+        "command": shlex.join(["python", "benchmarks/load.py", *(argv or sys.argv[1:])]),
+        "machine": a.machine,
+        "cpus": os.cpu_count(),
+        "date": datetime.date.today().isoformat(),
+        **res,
+    }
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:

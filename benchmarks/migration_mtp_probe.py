@@ -12,6 +12,7 @@ slot reset), and the decode worker's MTP drafts then attend to them. For each pr
 Reports DecodeResponse.mean_accept_len (tokens per MTP round) for both; both outputs must equal the
 exact greedy tokens (exactness does not depend on the MTP KV). Prints JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,15 @@ from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
-from decode_worker.service import serve_decode  # noqa: E402
-from prefill_worker.service import serve_prefill  # noqa: E402
+from decode_worker.serve import serve_decode  # noqa: E402
+from prefill_worker.serve import serve_prefill  # noqa: E402
 
-PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\ndef main(", "class Stack:\n    def __init__(self):",
-           "for i in range(10):\n"]
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\ndef main(",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):\n",
+]
 MAX_LEN, WIDTH, BLOCK = 1024, 16, 8
 MTP, FAST, EXACT = common_pb2.MTP, common_pb2.FAST, common_pb2.EXACT
 
@@ -52,59 +57,91 @@ def main(argv=None) -> dict:
     tok = Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
     st = Settings()
     ph, _ = serve_prefill(lm, max_len=MAX_LEN, width=WIDTH, slots=2, settings=st)
-    dh, _ = serve_decode(load_model(DEFAULT_MODEL_DIR, dtype="fp32"), engines=("bf16", "mtp"), max_len=MAX_LEN,
-                         width=WIDTH, slots=2, settings=st)
+    dh, _ = serve_decode(
+        load_model(DEFAULT_MODEL_DIR, dtype="fp32"),
+        engines=("bf16", "mtp"),
+        max_len=MAX_LEN,
+        width=WIDTH,
+        slots=2,
+        settings=st,
+    )
     pc, dc = make_channel(ph.address, st), make_channel(dh.address, st)
     P, D = prefill_pb2_grpc.PrefillWorkerStub(pc), decode_pb2_grpc.DecodeWorkerStub(dc)
 
     def decode(sid: str, n: int) -> tuple[list[int], float]:
         out, last = [], None
-        for m in D.Decode(decode_pb2.DecodeRequest(session_id=sid, max_new_tokens=n, ignore_eos=True, engine=MTP,
-                                                   release_at_end=True), timeout=300):
+        for m in D.Decode(
+            decode_pb2.DecodeRequest(
+                session_id=sid, max_new_tokens=n, ignore_eos=True, engine=MTP, release_at_end=True
+            ),
+            timeout=300,
+        ):
             out += m.token_ids
             last = m
         return out, last.mean_accept_len
 
     rows = []
     try:
-        for k, text in enumerate(PROMPTS[:a.prompts]):
+        for k, text in enumerate(PROMPTS[: a.prompts]):
             ids = tok.encode(text).ids
             total = a.generated + a.new
             ref = complete(None, ids, total, max_len=MAX_LEN, width=WIDTH, loaded=lm, ignore_eos=True)
             # migrated: exact session, Verify the exact tokens in blocks until >= G are committed
-            r = P.Prefill(prefill_pb2.PrefillRequest(session_id=f"m{k}", prompt_ids=ids, mode=EXACT, engine=MTP),
-                          timeout=300)
+            r = P.Prefill(
+                prefill_pb2.PrefillRequest(session_id=f"m{k}", prompt_ids=ids, mode=EXACT, engine=MTP), timeout=300
+            )
             out = [r.first_token]
             while len(out) < a.generated:
-                blk = ref[len(out):len(out) + BLOCK]
+                blk = ref[len(out) : len(out) + BLOCK]
                 v = P.Verify(prefill_pb2.VerifyRequest(session_id=f"m{k}", tokens=[out[-1]] + blk), timeout=300)
-                out += blk[:v.accepted] + [v.next_token]
-            P.ExportState(prefill_pb2.ExportStateRequest(session_id=f"m{k}", decode_target=dh.address,
-                                                         target_session_id=f"m2{k}"), timeout=300)
+                out += blk[: v.accepted] + [v.next_token]
+            P.ExportState(
+                prefill_pb2.ExportStateRequest(
+                    session_id=f"m{k}", decode_target=dh.address, target_session_id=f"m2{k}"
+                ),
+                timeout=300,
+            )
             P.Release(common_pb2.ReleaseRequest(session_id=f"m{k}"), timeout=60)
             out_m, acc_m = decode(f"m2{k}", total - len(out))
             # control: the same committed tokens prefilled FAST, so the MTP KV covers all of them
-            g = len(out) - 1                       # tokens past the prompt whose KV the prefill writes
-            r = P.Prefill(prefill_pb2.PrefillRequest(session_id=f"c{k}", prompt_ids=ids + out[:g], mode=FAST,
-                                                     engine=MTP, decode_target=dh.address), timeout=300)
+            g = len(out) - 1  # tokens past the prompt whose KV the prefill writes
+            r = P.Prefill(
+                prefill_pb2.PrefillRequest(
+                    session_id=f"c{k}", prompt_ids=ids + out[:g], mode=FAST, engine=MTP, decode_target=dh.address
+                ),
+                timeout=300,
+            )
             out_c, acc_c = decode(f"c{k}", total - len(out))
-            rows.append({"prompt_tokens": len(ids), "migrated_at": len(out), "decoded": len(out_m),
-                         "mean_accept_len_control": round(acc_c, 3), "mean_accept_len_migrated": round(acc_m, 3),
-                         "exact_control": [r.first_token] + out_c == ref[g:],
-                         "exact_migrated": out + out_m == ref})
+            rows.append(
+                {
+                    "prompt_tokens": len(ids),
+                    "migrated_at": len(out),
+                    "decoded": len(out_m),
+                    "mean_accept_len_control": round(acc_c, 3),
+                    "mean_accept_len_migrated": round(acc_m, 3),
+                    "exact_control": [r.first_token] + out_c == ref[g:],
+                    "exact_migrated": out + out_m == ref,
+                }
+            )
     finally:
         pc.close()
         dc.close()
         ph.stop(0)
         dh.stop(0)
-    mean = {k: round(sum(r[k] for r in rows) / len(rows), 3)
-            for k in ("mean_accept_len_control", "mean_accept_len_migrated")}
-    res = {"benchmark": "migration_mtp_probe",
-           "command": " ".join(["python", "benchmarks/migration_mtp_probe.py",
-                                *(sys.argv[1:] if argv is None else argv)]),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "model": "embedded default model (trained tiny), fp32, CPU", "torch": torch.__version__,
-           "block": BLOCK, "results": rows, "mean": mean}
+    mean = {
+        k: round(sum(r[k] for r in rows) / len(rows), 3)
+        for k in ("mean_accept_len_control", "mean_accept_len_migrated")
+    }
+    res = {
+        "benchmark": "migration_mtp_probe",
+        "command": " ".join(["python", "benchmarks/migration_mtp_probe.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": "embedded default model (trained tiny), fp32, CPU",
+        "torch": torch.__version__,
+        "block": BLOCK,
+        "results": rows,
+        "mean": mean,
+    }
     emit(res, a.out)
     return res
 

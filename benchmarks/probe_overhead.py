@@ -7,6 +7,7 @@ Prints one JSON object.
 
 Differences between rows tell the cost of each stage (the method: leave one stage out, take differences).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ def graph_us(body, calls: int, reps: int = 20) -> float:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        body()                                               # warm-up / compile
+        body()  # warm-up / compile
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -85,7 +86,7 @@ def handoff(us: dict, C: int, dev) -> None:
     QuantX, with the in-kernel split-K reduction or partials out; the norm plain, summing partials,
     quantising."""
     W, H = 16, 4096
-    for (N, K) in ((4096, 4096), (12288, 4096), (4096, 12288), (24576, 4096)):
+    for N, K in ((4096, 4096), (12288, 4096), (4096, 12288), (24576, 4096)):
         ws = [(torch.randn(N, K, device=dev) * 0.05).to(torch.float8_e4m3fn) for _ in range(C)]
         sc = torch.rand(N, device=dev) + 0.5
         x = torch.randn(W, K, device=dev, dtype=torch.bfloat16)
@@ -97,13 +98,16 @@ def handoff(us: dict, C: int, dev) -> None:
         if not glu:
             us[f"h_gemm_{tag}_partial"] = graph_us(lambda: [gemv.linear(x, w, sc, rows=1, partial=True) for w in ws], C)
             us[f"h_gemm_{tag}_xq_partial"] = graph_us(
-                lambda: [gemv.linear(xq, w, sc, rows=1, partial=True) for w in ws], C)
+                lambda: [gemv.linear(xq, w, sc, rows=1, partial=True) for w in ws], C
+            )
             for split in (2, 4):
-                c = gemv.pick_config(W, N, K, gemv.sm_count(dev), fp8=True, block_n=64, block_k=128, split=split,
-                                     num_stages=4)
+                c = gemv.pick_config(
+                    W, N, K, gemv.sm_count(dev), fp8=True, block_n=64, block_k=128, split=split, num_stages=4
+                )
                 us[f"h_gemm_{tag}_xq_partial_s{split}"] = graph_us(
-                    lambda: [gemv.linear(xq, w, sc, rows=1, partial=True, cfg=c) for w in ws], C)
-        del ws
+                    lambda: [gemv.linear(xq, w, sc, rows=1, partial=True, cfg=c) for w in ws], C
+                )
+        ws = None  # free the weights before the next shape
     xs = [torch.randn(W, H, device=dev, dtype=torch.bfloat16) for _ in range(C)]
     rw = torch.randn(H, device=dev, dtype=torch.bfloat16)
     us["h_norm"] = graph_us(lambda: [rows.add_rmsnorm(x, x, rw, 1e-6, rows=1) for x in xs], C)
@@ -112,7 +116,8 @@ def handoff(us: dict, C: int, dev) -> None:
         ps = [torch.randn(S, W, H, device=dev) for _ in range(C)]
         us[f"h_norm_parts{S}"] = graph_us(lambda: [rows.add_rmsnorm(p, x, rw, 1e-6, rows=1) for p, x in zip(ps, xs)], C)
         us[f"h_norm_parts{S}_quant"] = graph_us(
-            lambda: [rows.add_rmsnorm(p, x, rw, 1e-6, rows=1, quant=True) for p, x in zip(ps, xs)], C)
+            lambda: [rows.add_rmsnorm(p, x, rw, 1e-6, rows=1, quant=True) for p, x in zip(ps, xs)], C
+        )
 
 
 def main(argv=None) -> int:
@@ -124,12 +129,17 @@ def main(argv=None) -> int:
     parts = a.parts.split(",")
     dev = torch.device("cuda")
     C = a.calls
-    res = {"command": " ".join(["python", "benchmarks/probe_overhead.py"] + (argv or sys.argv[1:])),
-           "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "calls": C, "us": {}}
+    res = {
+        "command": " ".join(["python", "benchmarks/probe_overhead.py"] + (argv or sys.argv[1:])),
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "calls": C,
+        "us": {},
+    }
     us = res["us"]
     out = torch.zeros(1 << 20, dtype=torch.int32, device=dev)
     us["empty_kernel"] = graph_us(lambda: [_empty[(132,)](out) for _ in range(C)], C)
-    for (N, K) in ((4096, 4096), (12288, 4096), (4096, 12288), (24576, 4096)) if "grid" in parts else ():
+    for N, K in ((4096, 4096), (12288, 4096), (4096, 12288), (24576, 4096)) if "grid" in parts else ():
         ws = [(torch.randn(N, K, device=dev) * 0.05).to(torch.float8_e4m3fn) for _ in range(C)]
         sc = torch.rand(N, device=dev) + 0.5
         x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
@@ -138,21 +148,45 @@ def main(argv=None) -> int:
         us[f"gemm_{tag}"] = graph_us(lambda: [gemv.linear(x, w, sc) for w in ws], C)
         cfg = gemv.pick_config(1, N, K, gemv.sm_count(dev), fp8=True)
         us[f"gemm_{tag}_cfg"] = cfg.__dict__
-        for bn, split, warps, stages in ((cfg.block_n, cfg.split, cfg.num_warps, cfg.num_stages), (64, 1, 4, 4),
-                                         (128, 4, 8, 4), (32, 1, 4, 4)):
+        for bn, split, warps, stages in (
+            (cfg.block_n, cfg.split, cfg.num_warps, cfg.num_stages),
+            (64, 1, 4, 4),
+            (128, 4, 8, 4),
+            (32, 1, 4, 4),
+        ):
             kps = triton.cdiv(K, split)
             grid = (triton.cdiv(N, bn), split)
             us[f"read_tiles_{tag}_bn{bn}_s{split}_w{warps}_st{stages}"] = graph_us(
-                lambda: [_read_tiles[grid](w.view(torch.uint8), out, N, K, K_PER_SPLIT=kps, BN=bn, BK=128, num_warps=warps,
-                                           num_stages=stages) for w in ws], C)
+                lambda: [
+                    _read_tiles[grid](
+                        w.view(torch.uint8),
+                        out,
+                        N,
+                        K,
+                        K_PER_SPLIT=kps,
+                        BN=bn,
+                        BK=128,
+                        num_warps=warps,
+                        num_stages=stages,
+                    )
+                    for w in ws
+                ],
+                C,
+            )
         for progs in (132, 264, 528):
             chunk = nb // progs // 4096 * 4096
             if chunk == 0:
                 continue
             for block in (1024, 2048):
                 us[f"read_persistent_{tag}_p{progs}_b{block}"] = graph_us(
-                    lambda: [_read_persistent[(progs,)](w.view(torch.int32), out, nb, CHUNK=chunk, BLOCK=block, num_warps=4,
-                                                        num_stages=4) for w in ws], C)
+                    lambda: [
+                        _read_persistent[(progs,)](
+                            w.view(torch.int32), out, nb, CHUNK=chunk, BLOCK=block, num_warps=4, num_stages=4
+                        )
+                        for w in ws
+                    ],
+                    C,
+                )
         us[f"bytes_{tag}"] = nb
         ref = gemv.linear(x, ws[0], sc).float()
         for bn, bk, split, warps, stages in itertools.product((16, 32), (256, 512), (1, 2), (2, 4), (3, 5)):
@@ -163,9 +197,9 @@ def main(argv=None) -> int:
             try:
                 err = ((gemv.linear(x, ws[0], sc, cfg=c).float() - ref).norm() / ref.norm()).item()
                 us[key] = [graph_us(lambda: [gemv.linear(x, w, sc, cfg=c) for w in ws], C), round(err, 5)]
-            except Exception as e:                                    # out of resources, unsupported dot
+            except Exception as e:  # out of resources, unsupported dot
                 us[key] = f"{type(e).__name__}: {str(e)[:120]}"
-        del ws
+        ws = None  # free the weights before the next shape
     if "handoff" in parts:
         handoff(us, C, dev)
     # small per-layer kernels of the step, rows = 1
@@ -185,8 +219,7 @@ def main(argv=None) -> int:
     b = torch.randn(1, nv, device=dev, dtype=torch.bfloat16)
     z = torch.randn(1, nv * dv, device=dev, dtype=torch.bfloat16)
     al, dtb, nw = torch.randn(nv, device=dev), torch.randn(nv, device=dev), torch.randn(dv, device=dev)
-    us["gdn_rows"] = graph_us(lambda: [gdn.gdn_rows(cv_in, b, b, z, al, dtb, nw, S, 1, nk=nk, eps=1e-6)
-                                       for S in Ss], C)
+    us["gdn_rows"] = graph_us(lambda: [gdn.gdn_rows(cv_in, b, b, z, al, dtb, nw, S, 1, nk=nk, eps=1e-6) for S in Ss], C)
     print(json.dumps(res, indent=1))
     if a.out:
         a.out.write_text(json.dumps(res, indent=1) + "\n")

@@ -8,6 +8,7 @@ grouped (GEMM, GDN, attention, norms, elementwise, ...). "graph_ms" is the repla
 step (the figure decode tok/s follows); "synced_ms" the step with the token read back each time (the AR
 loop); "launch_us" the host time of one replay call; "kernels" the number of kernels one step launches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,8 @@ import collections
 import copy
 import datetime
 import json
-import socket
 import os
+import socket
 import statistics
 import sys
 import time
@@ -26,16 +27,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baton.engine import graph  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.loading import random_model  # noqa: E402
+from baton.random_init import shape  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 
-from baton.loading import random_model  # noqa: E402
-from baton.engine.runner import ModelRunner  # noqa: E402
-from baton.random_init import shape  # noqa: E402
-from baton.engine import graph  # noqa: E402
-
-GROUPS = [("gemm", ("gemm", "gemv", "cutlass", "sm90", "sm80", "skinny", "splitk", "xmma", "cublas")),
-          ("gdn", ("gdn_rows", "conv_rows")), ("norm", ("rmsnorm", "norm")), ("mlp_act", ("silu",)),
-          ("softmax", ("softmax",)), ("reduce", ("reduce", "argmax")), ("copy", ("copy", "index", "cat"))]
+GROUPS = [
+    ("gemm", ("gemm", "gemv", "cutlass", "sm90", "sm80", "skinny", "splitk", "xmma", "cublas")),
+    ("gdn", ("gdn_rows", "conv_rows")),
+    ("norm", ("rmsnorm", "norm")),
+    ("mlp_act", ("silu",)),
+    ("softmax", ("softmax",)),
+    ("reduce", ("reduce", "argmax")),
+    ("copy", ("copy", "index", "cat")),
+]
 
 
 def group(name: str) -> str:
@@ -48,6 +54,7 @@ def group(name: str) -> str:
 
 def profile_eager(r: ModelRunner) -> dict:
     from torch.profiler import ProfilerActivity, profile
+
     r.state.snapshot(0)
     r.compute_rows(0, 1)
     r.state.restore(0)
@@ -62,9 +69,12 @@ def profile_eager(r: ModelRunner) -> dict:
             per_name[e.name] += e.device_time
             per_group[group(e.name)] += e.device_time
             count += 1
-    return {"kernels": count, "kernel_ms": sum(per_group.values()) / 1e3,
-            "groups_ms": {k: v / 1e3 for k, v in per_group.most_common()},
-            "top_kernels_ms": {k[:90]: v / 1e3 for k, v in per_name.most_common(12)}}
+    return {
+        "kernels": count,
+        "kernel_ms": sum(per_group.values()) / 1e3,
+        "groups_ms": {k: v / 1e3 for k, v in per_group.most_common()},
+        "top_kernels_ms": {k[:90]: v / 1e3 for k, v in per_name.most_common(12)},
+    }
 
 
 def graph_ms(r: ModelRunner, reps: int = 50) -> dict:
@@ -93,8 +103,11 @@ def graph_ms(r: ModelRunner, reps: int = 50) -> dict:
         synced.append((time.perf_counter() - t0) / reps * 1e3)
         r.state.restore(0)
     r.graphs.clear()
-    return {"graph_ms": statistics.median(times), "synced_ms": statistics.median(synced),
-            "launch_us": statistics.median(launch) * 1e6}
+    return {
+        "graph_ms": statistics.median(times),
+        "synced_ms": statistics.median(synced),
+        "launch_us": statistics.median(launch) * 1e6,
+    }
 
 
 def main(argv=None) -> int:
@@ -107,14 +120,21 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     cfg = shape(a.random_init)
-    res = {"command": " ".join(["python", "benchmarks/profile_step.py"] + (argv or sys.argv[1:])),
-           "date": datetime.date.today().isoformat(), "host": socket.gethostname(),
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "context": a.context, "runs": []}
+    res = {
+        "command": " ".join(["python", "benchmarks/profile_step.py"] + (argv or sys.argv[1:])),
+        "date": datetime.date.today().isoformat(),
+        "host": socket.gethostname(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "context": a.context,
+        "runs": [],
+    }
     lm = random_model(cfg, dtype="bf16", device="cuda", seed=0, mtp=False)
     window = a.window or a.context + 320
     models = {"bf16": lm.model}
     if "fp8" in a.engines:
         from decode_worker.fp8 import quantize_model
+
         models["fp8"] = copy.deepcopy(lm.model)
         quantize_model(models["fp8"], "full")
     prompt = torch.randint(0, cfg.vocab_size, (a.context,), generator=torch.Generator().manual_seed(1)).tolist()

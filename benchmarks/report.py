@@ -1,4 +1,5 @@
 """The one way a benchmark reports: its JSON object on stdout, and the same in --out when given."""
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,16 @@ def machine(**extra) -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    out = {"host": socket.gethostname(), "cpu": cpu, "cores_usable": len(os.sched_getaffinity(0)),
-           "cores_host": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-           "grpc": grpc.__version__, **extra}
+    out = {
+        "host": socket.gethostname(),
+        "cpu": cpu,
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "cores_host": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "grpc": grpc.__version__,
+        **extra,
+    }
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
     return out

@@ -19,6 +19,7 @@ Parts (each also runs alone; see its script):
 Writes <out-dir>/<date>-<machine>.json (decode), <stem>-<part>.json for the others, <stem>.md with every
 part's headline figures, and <stem>.png (tok/s against context, HF and the floor drawn).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,16 +47,19 @@ def markdown(res: dict) -> str:
     """The decode table. tok/s is what bench_decode measured by default: bf16 / fp8 with the pipelined AR
     loop when res["pipeline"] (older files: false, the plain loop); the A/B columns when present."""
     loop = "pipelined AR loop for bf16 / fp8" if res.get("pipeline") else "plain AR loop"
-    lines = [f"tok/s: the {loop}.\n",
-             "| engine | context | tok/s | floor tok/s | % of floor | plain AR tok/s | pipelined AR tok/s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"tok/s: the {loop}.\n",
+        "| engine | context | tok/s | floor tok/s | % of floor | plain AR tok/s | pipelined AR tok/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in res["results"]:
         ab = "tok_s_pipelined" in r
         plain = r.get("tok_s_plain", r["tok_s"] if ab and not res.get("pipeline") else None)
-        pp = (f"{r['tok_s_pipelined']:.1f}" + ("" if r.get("tokens_equal_plain") else " (TOKENS DIFFER)")
-              if ab else "")
-        lines.append(f"| {r['engine']} | {r['context']} | {r['tok_s']:.1f} | {r['floor_tok_s']:.1f} | "
-                     f"{100 * r['pct_of_floor']:.0f}% | {'' if plain is None else f'{plain:.1f}'} | {pp} |")
+        pp = f"{r['tok_s_pipelined']:.1f}" + ("" if r.get("tokens_equal_plain") else " (TOKENS DIFFER)") if ab else ""
+        lines.append(
+            f"| {r['engine']} | {r['context']} | {r['tok_s']:.1f} | {r['floor_tok_s']:.1f} | "
+            f"{100 * r['pct_of_floor']:.0f}% | {'' if plain is None else f'{plain:.1f}'} | {pp} |"
+        )
     if "hf_generate" in res:
         h = res["hf_generate"]
         lines.append(f"| HF generate | {h['context']} | {h['tok_s']:.1f} | | | | |")
@@ -65,6 +69,7 @@ def markdown(res: dict) -> str:
 def plot(res: dict, path: Path) -> bool:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -88,6 +93,7 @@ def plot(res: dict, path: Path) -> bool:
 
 def _gpus() -> int:
     import torch
+
     return torch.cuda.device_count()
 
 
@@ -97,38 +103,87 @@ def _script(part: str, args, js: Path) -> list[str]:
     if part == "profile":
         return py + shape + ["--context", "512", "--out", str(js)]
     if part == "ttft":
-        return py + shape + ["--device", "cuda", "--prompts", "512,4096,32768", "--runs", str(args.runs),
-                             "--decode-worker", "process", "--sender", "process,thread", "--tail-chunk-mib", "1,0",
-                             "--out", str(js)] + (["--decode-gpu", "1"] if _gpus() > 1 else [])
+        return (
+            py
+            + shape
+            + [
+                "--device",
+                "cuda",
+                "--prompts",
+                "512,4096,32768",
+                "--runs",
+                str(args.runs),
+                "--decode-worker",
+                "process",
+                "--sender",
+                "process,thread",
+                "--tail-chunk-mib",
+                "1,0",
+                "--out",
+                str(js),
+            ]
+            + (["--decode-gpu", "1"] if _gpus() > 1 else [])
+        )
     if part == "bridge":
         return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]
-    exact = py + shape + ["--device", "cuda", "--prompt-len", "512", "--new", "512", "--real-new", "128",
-                          "--runs", str(args.runs), "--ps", "0.8,0.9,0.95,0.99", "--out", str(js)]
-    if part == "exact_mtp":   # controlled drafter at the cost of an MTP chain (real drafts: in "exact")
+    exact = (
+        py
+        + shape
+        + [
+            "--device",
+            "cuda",
+            "--prompt-len",
+            "512",
+            "--new",
+            "512",
+            "--real-new",
+            "128",
+            "--runs",
+            str(args.runs),
+            "--ps",
+            "0.8,0.9,0.95,0.99",
+            "--out",
+            str(js),
+        ]
+    )
+    if part == "exact_mtp":  # controlled drafter at the cost of an MTP chain (real drafts: in "exact")
         return exact + ["--ks", "8", "--drafters", "", "--controlled-engine", "mtp"]
     return exact + ["--ks", "4,8"]
 
 
-SCRIPTS = {"profile": "profile_step", "ttft": "bench_ttft", "bridge": "bench_bridge", "exact": "bench_exact",
-           "exact_mtp": "bench_exact"}
+SCRIPTS = {
+    "profile": "profile_step",
+    "ttft": "bench_ttft",
+    "bridge": "bench_bridge",
+    "exact": "bench_exact",
+    "exact_mtp": "bench_exact",
+}
 
 
 def summary(part: str, res: dict) -> list[str]:
     """Headline lines of one part's JSON for the Markdown report."""
     if part == "profile":
-        return [f"- {r['engine']} {r['path']}: {r['graph_ms']:.2f} ms/step ({r['tok_s']:.1f} tok/s), "
-                f"{r['kernels']} kernels; " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["groups_ms"].items())
-                for r in res.get("runs", [])]
+        return [
+            f"- {r['engine']} {r['path']}: {r['graph_ms']:.2f} ms/step ({r['tok_s']:.1f} tok/s), "
+            f"{r['kernels']} kernels; " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["groups_ms"].items())
+            for r in res.get("runs", [])
+        ]
     if part == "bridge":
         e = res.get("results", {}).get("e2e_frames", {})
-        return [f"- hand-off of {res.get('state', {}).get('bytes', '?')} bytes: e2e median "
-                f"{e.get('median_GBps', '?')} GB/s, best {e.get('best_GBps', '?')} GB/s"]
-    return ["```json", json.dumps(res.get("summary", {k: v for k, v in res.items() if not isinstance(v, list)}),
-                                  indent=1)[:4000], "```"]
+        return [
+            f"- hand-off of {res.get('state', {}).get('bytes', '?')} bytes: e2e median "
+            f"{e.get('median_GBps', '?')} GB/s, best {e.get('best_GBps', '?')} GB/s"
+        ]
+    return [
+        "```json",
+        json.dumps(res.get("summary", {k: v for k, v in res.items() if not isinstance(v, list)}), indent=1)[:4000],
+        "```",
+    ]
 
 
 def run(args) -> int:
     import torch
+
     if not torch.cuda.is_available():
         print("baton bench: needs a CUDA GPU (absolute times only mean something there)")
         return 2
@@ -143,9 +198,25 @@ def run(args) -> int:
     md, rc = [], 0
     if "decode" in parts:
         from benchmarks import bench_decode
+
         js = out_dir / f"{stem}.json"
-        bench_decode.main(["--random-init", args.random_init, "--contexts", args.contexts, "--new", str(args.new),
-                           "--runs", str(args.runs), "--engines", args.engines, "--pipeline-ab", "--out", str(js)])
+        bench_decode.main(
+            [
+                "--random-init",
+                args.random_init,
+                "--contexts",
+                args.contexts,
+                "--new",
+                str(args.new),
+                "--runs",
+                str(args.runs),
+                "--engines",
+                args.engines,
+                "--pipeline-ab",
+                "--out",
+                str(js),
+            ]
+        )
         res = json.loads(js.read_text())
         md.append(markdown(res))
         plot(res, out_dir / f"{stem}.png")

@@ -6,6 +6,7 @@ Lifecycle: parse options -> settings (env + --token-file) -> load the model (+ F
 CUDA graphs on cuda, log progress -> bind -> health SERVING -> print "decode: serving on HOST:PORT"
 -> SIGINT/SIGTERM: health NOT_SERVING, drain for --grace seconds, exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,8 @@ import sys
 
 from baton.lifeline import die_with_parent
 from baton.worker.command_line import add_common_arguments, model_from_args, options_from_args, setup_logging
-from baton.worker.process import run_until_signal
 from baton.worker.options import settings_for
+from baton.worker.process import run_until_signal
 
 log = logging.getLogger("baton.decode")
 ENGINES = ("bf16", "fp8", "mtp")
@@ -24,24 +25,34 @@ ENGINES = ("bf16", "fp8", "mtp")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m decode_worker", description="Baton decode worker")
     add_common_arguments(p)
-    p.add_argument("--engine", default=None, choices=ENGINES,
-                   help="default engine (default: the first available)")
-    p.add_argument("--engines", default=",".join(ENGINES),
-                   help="engines to offer, comma-separated (filtered to what the checkpoint supports)")
-    p.add_argument("--fp8-mode", default="full", choices=["full", "tail"],
-                   help="fp8: all projections, or the state-safe tail (last MLP + LM head)")
+    p.add_argument("--engine", default=None, choices=ENGINES, help="default engine (default: the first available)")
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="engines to offer, comma-separated (filtered to what the checkpoint supports)",
+    )
+    p.add_argument(
+        "--fp8-mode",
+        default="full",
+        choices=["full", "tail"],
+        help="fp8: all projections, or the state-safe tail (last MLP + LM head)",
+    )
     p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
     p.add_argument("--no-graphs", action="store_true", help="do not capture CUDA graphs (eager decode)")
-    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
-                   help="bf16 / fp8: launch each AR step before the previous token is read (ping-pong GDN "
-                        "buffers: one more GDN state per slot; tokens identical); default on, "
-                        "--no-pipeline: the plain AR loop")
+    p.add_argument(
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bf16 / fp8: launch each AR step before the previous token is read (ping-pong GDN "
+        "buffers: one more GDN state per slot; tokens identical); default on, "
+        "--no-pipeline: the plain AR loop",
+    )
     return p
 
 
 def main(argv: list[str] | None = None, *, drafter=None) -> int:
     """drafter: a baton.engine.speculation.Drafter for every session (benchmarks only; None = the model's own)."""
-    die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
+    die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     args = build_parser().parse_args(argv)
     opts = options_from_args(args)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
@@ -49,21 +60,35 @@ def main(argv: list[str] | None = None, *, drafter=None) -> int:
         engines += (args.engine,)
     try:
         settings = settings_for(opts.token_file)
-    except ValueError as e:   # SettingsError: names the variable / file
+    except ValueError as e:  # SettingsError: names the variable / file
         print(f"decode: {e}", file=sys.stderr)
         return 2
     setup_logging(settings)
 
-    from decode_worker.service import serve_decode   # torch import after logging is set up
+    from decode_worker.serve import serve_decode  # torch import after logging is set up
 
     try:
         model = model_from_args(args, opts, "decode")
-        handle, _ = serve_decode(model, engines=engines, default_engine=args.engine, host=opts.host,
-                                 port=opts.port, device=opts.device, dtype=opts.resolved_dtype, width=opts.width,
-                                 max_len=opts.max_len, slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
-                                 capture_graphs=not args.no_graphs, fp8_mode=args.fp8_mode, mtp_k=args.mtp_k,
-                                 pipeline=args.pipeline, drafter=drafter)
-        del model   # a random-init LoadedModel: the engines hold what they use
+        handle, _ = serve_decode(
+            model,
+            engines=engines,
+            default_engine=args.engine,
+            host=opts.host,
+            port=opts.port,
+            device=opts.device,
+            dtype=opts.resolved_dtype,
+            width=opts.width,
+            max_len=opts.max_len,
+            slots=opts.slots,
+            ttl_s=opts.ttl_s,
+            settings=settings,
+            capture_graphs=not args.no_graphs,
+            fp8_mode=args.fp8_mode,
+            mtp_k=args.mtp_k,
+            pipeline=args.pipeline,
+            drafter=drafter,
+        )
+        del model  # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:
         log.error("decode: cannot start: %s", e)
         return 2

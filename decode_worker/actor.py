@@ -7,11 +7,12 @@ Lifecycle:
     ray.get(a.address.remote()) -> "10.0.0.6:40555"   LoadState / Decode / Draft go over gRPC
     a.health / a.stats / a.stop   as the prefill actor
 """
+
 from __future__ import annotations
 
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
-from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 from baton.worker.actor import WorkerActor, make_remote
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 
 ENGINES = "bf16,fp8,mtp"
 
@@ -19,22 +20,49 @@ ENGINES = "bf16,fp8,mtp"
 class DecodeActor(WorkerActor):
     role = "decode"
 
-    def __init__(self, model_dir: str | None = None, port: int = 0, host: str | None = None,
-                 device: str = "cpu", dtype: str | None = None, engine: str | None = None,
-                 engines: str = ENGINES, width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN,
-                 slots: int = DEFAULT_SLOTS, ttl: float = DEFAULT_TTL_S, token_file: str | None = None,
-                 fp8_mode: str = "full", mtp_k: int = 4, capture_graphs: bool = True, pipeline: bool = True):
-        from decode_worker.service import serve_decode
+    def __init__(
+        self,
+        model_dir: str | None = None,
+        port: int = 0,
+        host: str | None = None,
+        device: str = "cpu",
+        dtype: str | None = None,
+        engine: str | None = None,
+        engines: str = ENGINES,
+        width: int = DEFAULT_WIDTH,
+        max_len: int = DEFAULT_MAX_LEN,
+        slots: int = DEFAULT_SLOTS,
+        ttl: float = DEFAULT_TTL_S,
+        token_file: str | None = None,
+        fp8_mode: str = "full",
+        mtp_k: int = 4,
+        capture_graphs: bool = True,
+        pipeline: bool = True,
+    ):
+        from decode_worker.serve import serve_decode
 
         settings = self._settings(token_file)
         names = tuple(e.strip() for e in str(engines).split(",") if e.strip())
         if engine and engine not in names:
             names += (engine,)
         self.handle, self.servicer = serve_decode(
-            model_dir or None, engines=names, default_engine=engine or None, host=host or None, port=int(port),
-            device=device, dtype=dtype or default_dtype(device), width=int(width), max_len=int(max_len),
-            slots=int(slots), ttl_s=float(ttl), settings=settings, fp8_mode=fp8_mode, mtp_k=int(mtp_k),
-            capture_graphs=_flag(capture_graphs), pipeline=_flag(pipeline))
+            model_dir or None,
+            engines=names,
+            default_engine=engine or None,
+            host=host or None,
+            port=int(port),
+            device=device,
+            dtype=dtype or default_dtype(device),
+            width=int(width),
+            max_len=int(max_len),
+            slots=int(slots),
+            ttl_s=float(ttl),
+            settings=settings,
+            fp8_mode=fp8_mode,
+            mtp_k=int(mtp_k),
+            capture_graphs=_flag(capture_graphs),
+            pipeline=_flag(pipeline),
+        )
 
 
 def _flag(value) -> bool:
@@ -42,7 +70,18 @@ def _flag(value) -> bool:
     return str(value).strip().lower() not in ("0", "false", "no", "off")
 
 
-def make_actor_class(num_gpus: float = 0, resources: dict | None = None, max_restarts: int = -1,
-                     max_task_retries: int | None = None, num_cpus: float | None = None):
-    return make_remote(DecodeActor, num_gpus=num_gpus, resources=resources, max_restarts=max_restarts,
-                       max_task_retries=max_task_retries, num_cpus=num_cpus)
+def make_actor_class(
+    num_gpus: float = 0,
+    resources: dict | None = None,
+    max_restarts: int = -1,
+    max_task_retries: int | None = None,
+    num_cpus: float | None = None,
+):
+    return make_remote(
+        DecodeActor,
+        num_gpus=num_gpus,
+        resources=resources,
+        max_restarts=max_restarts,
+        max_task_retries=max_task_retries,
+        num_cpus=num_cpus,
+    )

@@ -15,6 +15,7 @@ Lifecycle of a request through this engine:
 Session state lives in slot `session.slot` of `runner.state`; every engine step goes through
 ModelRunner.replay_rows / replay_mtp, which replay captured graphs when they exist.
 """
+
 from __future__ import annotations
 
 import threading
@@ -55,8 +56,9 @@ class DecodeSession:
 
 
 class DecodeEngine:
-    def __init__(self, runners: dict[str, ModelRunner], *, default_engine: str, ttl_s: float = 300.0,
-                 drafter: Drafter = GREEDY):
+    def __init__(
+        self, runners: dict[str, ModelRunner], *, default_engine: str, ttl_s: float = 300.0, drafter: Drafter = GREEDY
+    ):
         """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head).
         drafter: picks every draft token (baton.engine.speculation.Drafter; the default, the model's own)."""
         if default_engine not in runners:
@@ -111,9 +113,16 @@ class DecodeEngine:
             # NOTE: a re-sent state with every slot in use: kept on the host, replaces the old one at commit
         return fill
 
-    def load(self, tensors: dict[str, torch.Tensor], *, position: int, next_token: int,
-             engine: str | None = None, session_id: str | None = None, fill: SlotFill | None = None,
-             ) -> DecodeSession:
+    def load(
+        self,
+        tensors: dict[str, torch.Tensor],
+        *,
+        position: int,
+        next_token: int,
+        engine: str | None = None,
+        session_id: str | None = None,
+        fill: SlotFill | None = None,
+    ) -> DecodeSession:
         """Imports a verified state into a free slot (the wire layer has checked every tensor) and makes
         it live; a re-sent state replaces the session of the same id (migration, retry). `fill`: the
         slot reserved for this state (LoadState placed tensors into it while they arrived)."""
@@ -131,8 +140,9 @@ class DecodeEngine:
             raise
         return s
 
-    def _publish(self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int,
-                 now: float) -> DecodeSession:
+    def _publish(
+        self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int, now: float
+    ) -> DecodeSession:
         s = DecodeSession(sid, e, runner, slot, now, now)
         if e == "mtp":
             s.mtp_pairs_h = runner.state.hidden[slot].clone()[None]
@@ -178,10 +188,10 @@ class DecodeEngine:
             return
         # NOTE: a device error inside ar_launch / ar_collect leaves the session undefined (as in _ar_step)
         with self._compute:
-            fed = int(r.state.next_token[slot])   # the token the pending step consumes
+            fed = int(r.state.next_token[slot])  # the token the pending step consumes
             r.ar_launch(slot, 0)
-        pending: int | None = 0                  # phase of the launched, unread step
-        kept: int | None = None                  # phase of the last step whose token was yielded
+        pending: int | None = 0  # phase of the launched, unread step
+        kept: int | None = None  # phase of the last step whose token was yielded
         produced = 0
         try:
             while pending is not None:
@@ -205,7 +215,7 @@ class DecodeEngine:
                     r.state.settle(slot, kept)
 
     def _ar_step(self, s: DecodeSession) -> list[int]:
-        return [s.runner.ar_step(s.slot)]            # window checked once by decode()
+        return [s.runner.ar_step(s.slot)]  # window checked once by decode()
 
     def _mtp_chain(self, s: DecodeSession, k: int) -> list[int]:
         """Finalises pending MTP pairs and drafts k tokens. Pending pairs: (h_{P-1}, x_P) ... ."""
@@ -218,8 +228,8 @@ class DecodeEngine:
         r.mtp_start.fill_(s.mtp_start)
         r.replay_mtp(s.slot, n)
         drafts = [self.drafter.propose(s, 0, int(r.mtp_tok[n - 1]))]
-        h = r.mtp_out[n - 1].clone()          # chained: the MTP output row is the next step's hidden
-        idx = s.mtp_start + n                 # KV index of the next pair
+        h = r.mtp_out[n - 1].clone()  # chained: the MTP output row is the next step's hidden
+        idx = s.mtp_start + n  # KV index of the next pair
         for i in range(1, k):
             r.mtp_h[0].copy_(h)
             r.mtp_ids[0] = drafts[-1]
@@ -238,7 +248,7 @@ class DecodeEngine:
     def _pending_pairs(s: DecodeSession, p: int, ids: list[int]) -> None:
         """After m+1 accepted rows from position p: pairs (h_{p-1}, ids[0]) .. (h_{p+m}, next) at KV
         index p-1 onward; h_p.. come from the runner's h_rows of the accepting rows call."""
-        h_prev = s.mtp_pairs_h[-1:].clone()                                  # h_{p-1}
+        h_prev = s.mtp_pairs_h[-1:].clone()  # h_{p-1}
         s.mtp_pairs_h = torch.cat([h_prev, s.runner.h_rows[: len(ids) - 1]])
         s.mtp_pairs_ids = ids
         s.mtp_start = p - 1
@@ -274,9 +284,9 @@ class DecodeEngine:
             st.snapshot(s.slot)
             drafts = []
             for i in range(k):
-                t = self.drafter.propose(s, i, r.rows(s.slot, [t])[0])   # the proposal is what the state consumes
+                t = self.drafter.propose(s, i, r.rows(s.slot, [t])[0])  # the proposal is what the state consumes
                 drafts.append(t)
-            s.drafts = drafts                  # state consumed t0, d1..d_{k-1}; dk is pending
+            s.drafts = drafts  # state consumed t0, d1..d_{k-1}; dk is pending
             return list(drafts)
 
     def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
@@ -284,7 +294,7 @@ class DecodeEngine:
         if not s.drafts:
             raise ValueError("has_verdict: no drafts outstanding for this session")
         check_verdict(m, len(s.drafts))
-        if s.engine == "mtp":                    # MTP drafting consumed nothing on the BF16 state
+        if s.engine == "mtp":  # MTP drafting consumed nothing on the BF16 state
             p = int(st.position[s.slot])
             r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
             self._pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt])

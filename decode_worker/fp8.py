@@ -16,6 +16,7 @@ NOTE: the model's `logits()` must use `model.fp8_head` when present:
     return head(hidden) if head is not None else F.linear(hidden, self.head_weight())
 The BF16 head weight stays in place (a tied head is also the embedding); fp8_head is a copy.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,13 +25,13 @@ from torch import nn
 
 try:
     from baton.kernels import gemv
-except Exception:          # triton missing or broken: CPU / reference path only
+except Exception:  # triton missing or broken: CPU / reference path only
     gemv = None
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0                       # torch.finfo(torch.float8_e4m3fn).max
-FP8_GROUP = 128                       # activation quantisation group (== baton.kernels.gemv.FP8_GROUP)
-_QUANT_ROWS = 4096                    # rows per quantisation chunk (bounds the fp32 temporary)
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+FP8_GROUP = 128  # activation quantisation group (== baton.kernels.gemv.FP8_GROUP)
+_QUANT_ROWS = 4096  # rows per quantisation chunk (bounds the fp32 temporary)
 
 
 @torch.no_grad()
@@ -40,11 +41,11 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(N, K, dtype=FP8_DTYPE, device=w.device)
     scale = torch.empty(N, dtype=torch.float32, device=w.device)
     for r0 in range(0, N, _QUANT_ROWS):
-        wf = w[r0:r0 + _QUANT_ROWS].float()                            # [n, K]
-        amax = wf.abs().amax(dim=1)                                    # [n]
-        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))   # zero row -> scale 1
-        q[r0:r0 + _QUANT_ROWS] = (wf / s[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        scale[r0:r0 + _QUANT_ROWS] = s
+        wf = w[r0 : r0 + _QUANT_ROWS].float()  # [n, K]
+        amax = wf.abs().amax(dim=1)  # [n]
+        s = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))  # zero row -> scale 1
+        q[r0 : r0 + _QUANT_ROWS] = (wf / s[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        scale[r0 : r0 + _QUANT_ROWS] = s
     return q, scale
 
 
@@ -55,26 +56,26 @@ def w8a8_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, group:
     x [M, K], w [N, K] e4m3, scale [N] -> [M, N] fp32."""
     M, K = x.shape
     G = -(-K // group)
-    xf = F.pad(x.float(), (0, G * group - K)).view(M, G, group)                   # [M, G, g]
-    wf = F.pad(w.float(), (0, G * group - K)).view(w.shape[0], G, group)          # [N, G, g]
-    amax = xf.abs().amax(-1).clamp_min(1e-30)                                     # [M, G]
+    xf = F.pad(x.float(), (0, G * group - K)).view(M, G, group)  # [M, G, g]
+    wf = F.pad(w.float(), (0, G * group - K)).view(w.shape[0], G, group)  # [N, G, g]
+    amax = xf.abs().amax(-1).clamp_min(1e-30)  # [M, G]
     xq = (xf * (FP8_MAX / amax)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float()
-    part = torch.einsum("mgk,ngk->mgn", xq, wf)                                   # [M, G, N]
+    part = torch.einsum("mgk,ngk->mgn", xq, wf)  # [M, G, N]
     return (part * (amax / FP8_MAX)[..., None]).sum(1) * scale.float()
 
 
 class FP8Linear(nn.Module):
     """Bias-free linear with e4m3 weights and per-output-row fp32 scales."""
 
-    use_kernel = True     # class switch: False forces the dequantise + F.linear path everywhere
+    use_kernel = True  # class switch: False forces the dequantise + F.linear path everywhere
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor):
         super().__init__()
         assert weight.dtype == FP8_DTYPE and weight.dim() == 2, (weight.dtype, weight.shape)
         assert scale.dtype == torch.float32 and scale.shape == weight.shape[:1], (scale.dtype, scale.shape)
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.register_buffer("weight", weight.contiguous())               # [out, in] e4m3
-        self.register_buffer("scale", scale.contiguous())                 # [out] fp32
+        self.register_buffer("weight", weight.contiguous())  # [out, in] e4m3
+        self.register_buffer("scale", scale.contiguous())  # [out] fp32
 
     @classmethod
     def from_weight(cls, w: torch.Tensor) -> "FP8Linear":
@@ -87,7 +88,7 @@ class FP8Linear(nn.Module):
         return cls.from_weight(linear.weight)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.weight.to(dtype) * self.scale[:, None].to(dtype)     # [out, in]
+        return self.weight.to(dtype) * self.scale[:, None].to(dtype)  # [out, in]
 
     def _apply(self, fn, recurse=True):
         # NOTE: model.to(dtype) / .half() / .bfloat16() must not cast the e4m3 weight or the fp32
@@ -144,7 +145,7 @@ def quantize_model(model: nn.Module, mode: str = "full") -> dict:
     stats = {"mode": mode, "modules": [], "bytes_before": 0, "bytes_after": 0}
     if mode == "full":
         targets = [(f"model.layers.{i}.", layer) for i, layer in enumerate(layers)]
-    else:   # state-safe tail: the last MLP only; its output feeds the final norm and head, no state
+    else:  # state-safe tail: the last MLP only; its output feeds the final norm and head, no state
         targets = [(f"model.layers.{len(layers) - 1}.mlp.", layers[-1].mlp)]
     for prefix, root in targets:
         linears = [(n, m) for n, m in root.named_modules() if type(m) is nn.Linear]

@@ -27,46 +27,53 @@ included); the session's window cannot hold the request -> OUT_OF_RANGE; no free
 RESOURCE_EXHAUSTED; bad state stream -> its wire.StateError code (DATA_LOSS corrupt/truncated,
 FAILED_PRECONDITION foreign model/format, INVALID_ARGUMENT table/position).
 """
+
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import logging
 import time
-from pathlib import Path
 
 import grpc
 import torch
 
-from baton.names import engine_name
-from baton.handoff.receive import layout_of, peek_header, receive_state
-from baton.rpc import StatusError, build_server
-from baton.loading import LoadedModel, load_model
-from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
-from baton.settings import Settings
-from baton.handoff import timeline
-from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
-from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
-from baton.worker.servicer import ServicerBase, window_field
-from baton.worker.process import WorkerHandle
+from baton.engine.runner import WindowError
 from baton.engine.slots import SessionLimit, SessionNotFound
-from baton.engine.speculation import GREEDY, Drafter
-from decode_worker.engine import ENGINES, DecodeEngine
+from baton.handoff import timeline
+from baton.handoff.receive import layout_of, peek_header, receive_state
+from baton.names import engine_name
+from baton.rpc import StatusError
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
+from baton.worker.servicer import ServicerBase, window_field
+from decode_worker.engine import DecodeEngine
 
 log = logging.getLogger("baton.decode")
 SERVICE = "baton.v1.DecodeWorker"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 DEFAULT_MTP_K = 4
-MAX_IDS = 1024          # stop_token_ids per Decode (the router sends at most 64)
+MAX_IDS = 1024  # stop_token_ids per Decode (the router sends at most 64)
 
 
 class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
-    errors = {WindowError: grpc.StatusCode.OUT_OF_RANGE, SessionNotFound: grpc.StatusCode.NOT_FOUND,
-              SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED, ValueError: INVALID}
+    errors = {
+        WindowError: grpc.StatusCode.OUT_OF_RANGE,
+        SessionNotFound: grpc.StatusCode.NOT_FOUND,
+        SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ValueError: INVALID,
+    }
 
-    def __init__(self, engine: DecodeEngine, *, fingerprint: str, settings: Settings | None = None,
-                 eos_ids: tuple[int, ...] | None = None, mtp_k: int = DEFAULT_MTP_K, reap_interval_s: float = 2.0):
+    def __init__(
+        self,
+        engine: DecodeEngine,
+        *,
+        fingerprint: str,
+        settings: Settings | None = None,
+        eos_ids: tuple[int, ...] | None = None,
+        mtp_k: int = DEFAULT_MTP_K,
+        reap_interval_s: float = 2.0,
+    ):
         super().__init__(engine, reap_interval_s=reap_interval_s)
         self.fingerprint = fingerprint
         self.settings = Settings() if settings is None else settings
@@ -85,7 +92,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         return s
 
     def _ids(self, field: str, ids) -> list[int]:
-        if len(ids) > MAX_IDS:    # NOTE: before scanning: a 64 MiB message holds ~60M ids
+        if len(ids) > MAX_IDS:  # NOTE: before scanning: a 64 MiB message holds ~60M ids
             raise StatusError(INVALID, f"{field}: {len(ids)} ids; at most {MAX_IDS}")
         bad = [t for t in ids if t >= self.vocab]
         if bad:
@@ -97,54 +104,70 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         with self.call(context, "LoadState"):
             it = iter(request_iterator)
             first = next(it, None)
-            t0 = time.perf_counter()                      # first chunk received
+            t0 = time.perf_counter()  # first chunk received
             tl = timeline.Timeline({"decode": timeline.CLOCK_ID}) if timeline.asked(context) else None
             if tl is not None:
                 tl.mark("decode.first_message")
                 it = arrivals = timeline.Arrivals(it)
             header = peek_header(first)
             name = engine_name(header.engine) if header is not None else None
-            runner = self.engine.runner_for(name)         # ValueError naming `engine`
-            fill = (self.engine.reserve(name, header.session_id or None, header.position)   # not live yet
-                    if header is not None else None)
-            pinned = runner.device.type == "cuda"        # H2D straight from the receive buffers
+            runner = self.engine.runner_for(name)  # ValueError naming `engine`
+            fill = (
+                self.engine.reserve(name, header.session_id or None, header.position)  # not live yet
+                if header is not None
+                else None
+            )
+            pinned = runner.device.type == "cuda"  # H2D straight from the receive buffers
             # NOTE: the session is held from the header on, so a Release that arrives while the state is
             # still streaming (a cancelled Prefill) is deferred to the end of this call and then finds
             # the committed session (or nothing, if the stream failed): it can never run first and miss it.
             sid = header.session_id if header is not None else ""
             place = fill.place if fill is not None else None
             if tl is not None and place is not None:
+
                 def place(name, t, _place=place):
                     _place(name, t)
                     tl.mark("decode.last_tensor_placed")
+
             try:
                 with self.sessions.hold(sid) if sid else contextlib.nullcontext():
-                    got = receive_state(itertools.chain((first,), it), **layout_of(runner.state),
-                                        fingerprint=self.fingerprint,
-                                        alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
-                                        on_tensor=place)
+                    got = receive_state(
+                        itertools.chain((first,), it),
+                        **layout_of(runner.state),
+                        fingerprint=self.fingerprint,
+                        alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
+                        on_tensor=place,
+                    )
                     if tl is not None:
                         tl.mark("decode.received")
-                    s = self.engine.load(got.tensors, position=got.position, next_token=got.next_token,
-                                         engine=name, session_id=got.session_id or None, fill=fill)
+                    s = self.engine.load(
+                        got.tensors,
+                        position=got.position,
+                        next_token=got.next_token,
+                        engine=name,
+                        session_id=got.session_id or None,
+                        fill=fill,
+                    )
                     if tl is not None:
-                        if runner.device.type == "cuda":   # the slot's copies (and finish_import) done
+                        if runner.device.type == "cuda":  # the slot's copies (and finish_import) done
                             torch.cuda.current_stream(runner.device).synchronize()
                         tl.mark("decode.loaded")
             except BaseException:
                 if fill is not None:
                     fill.abort()
                 raise
-            if not context.is_active():                   # the sender went away: nobody will use it
+            if not context.is_active():  # the sender went away: nobody will use it
                 self.engine.release(s.id)
                 raise StatusError(grpc.StatusCode.CANCELLED, "LoadState: cancelled by the sender")
             got.stats.seconds = time.perf_counter() - t0
             resp = decode_pb2.LoadStateResponse(session_id=s.id, position=got.position, bridge=got.stats.to_proto())
             if tl is not None:
-                data = arrivals.ns[:-1]   # NOTE: after the header: the data chunks, then the trailer
+                data = arrivals.ns[:-1]  # NOTE: after the header: the data chunks, then the trailer
                 tl.update({f"decode.{k}": v for k, v in got.marks.items()}, series={"decode.received": data})
-                tl.update({"decode.trailer_received": arrivals.ns[-1], "decode.stream_closed": arrivals.closed}
-                          | ({"decode.last_chunk_received": data[-1]} if data else {}))
+                tl.update(
+                    {"decode.trailer_received": arrivals.ns[-1], "decode.stream_closed": arrivals.closed}
+                    | ({"decode.last_chunk_received": data[-1]} if data else {})
+                )
                 tl.mark("decode.reply")
                 resp.bridge.timeline.CopyFrom(tl.to_proto())
             return resp
@@ -164,24 +187,31 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 gen = self.engine.decode(sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k)
                 produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
                 try:
-                    with window_field("max_new_tokens"):      # the first next() checks the window
+                    with window_field("max_new_tokens"):  # the first next() checks the window
                         first = next(gen, None)
                     for toks in itertools.chain([first] if first is not None else [], gen):
                         produced += len(toks)
                         last = toks[-1] if toks else None
-                        finish = (common_pb2.STOP if last in stop else common_pb2.EOS if last in eos
-                                  else common_pb2.LENGTH if produced >= n else finish)
+                        finish = (
+                            common_pb2.STOP
+                            if last in stop
+                            else common_pb2.EOS
+                            if last in eos
+                            else common_pb2.LENGTH
+                            if produced >= n
+                            else finish
+                        )
                         msg = decode_pb2.DecodeResponse(token_ids=toks, finish_reason=finish)
                         if finish and s.engine == "mtp":
                             msg.mean_accept_len = _mean(s.rounds - rounds0, s.emitted_in_rounds - emitted0)
                         if not context.is_active():
-                            return             # cancelled or deadline passed: stop within one step
+                            return  # cancelled or deadline passed: stop within one step
                         yield msg
                         if finish:
                             break
                 finally:
                     gen.close()
-                if not finish:        # defensive: the engine ended without a stop condition
+                if not finish:  # defensive: the engine ended without a stop condition
                     yield decode_pb2.DecodeResponse(finish_reason=common_pb2.LENGTH)
         finally:
             if request.release_at_end and held:
@@ -207,14 +237,21 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         with self.call(context, "Release"):
             sid = request.session_id
             return common_pb2.ReleaseResponse(
-                released=self.sessions.release_or_defer(sid, lambda: self.engine.release(sid)))
+                released=self.sessions.release_or_defer(sid, lambda: self.engine.release(sid))
+            )
 
     def stats(self) -> common_pb2.WorkerStats:
         return common_pb2.WorkerStats(
-            sessions=self.engine.session_count(), session_bytes=self.engine.session_bytes(),
+            sessions=self.engine.session_count(),
+            session_bytes=self.engine.session_bytes(),
             outstanding=self.outstanding,
-            engine=",".join([self.engine.default_engine] + [e for e in self.engine.engines if e != self.engine.default_engine]),
-            model_fingerprint=self.fingerprint, max_len=self.engine.max_len, requests_total=self.requests_total)
+            engine=",".join(
+                [self.engine.default_engine] + [e for e in self.engine.engines if e != self.engine.default_engine]
+            ),
+            model_fingerprint=self.fingerprint,
+            max_len=self.engine.max_len,
+            requests_total=self.requests_total,
+        )
 
     def GetStats(self, request, context):
         return self.stats()
@@ -230,110 +267,31 @@ def add_to_server(servicer: DecodeServicer, server: grpc.Server) -> None:
     c = common_pb2
     h = {
         "LoadState": grpc.stream_unary_rpc_method_handler(
-            servicer.LoadState, request_deserializer=None,
-            response_serializer=decode_pb2.LoadStateResponse.SerializeToString),
+            servicer.LoadState,
+            request_deserializer=None,
+            response_serializer=decode_pb2.LoadStateResponse.SerializeToString,
+        ),
         "Decode": grpc.unary_stream_rpc_method_handler(
-            servicer.Decode, request_deserializer=decode_pb2.DecodeRequest.FromString,
-            response_serializer=decode_pb2.DecodeResponse.SerializeToString),
+            servicer.Decode,
+            request_deserializer=decode_pb2.DecodeRequest.FromString,
+            response_serializer=decode_pb2.DecodeResponse.SerializeToString,
+        ),
         "Draft": grpc.unary_unary_rpc_method_handler(
-            servicer.Draft, request_deserializer=decode_pb2.DraftRequest.FromString,
-            response_serializer=decode_pb2.DraftResponse.SerializeToString),
+            servicer.Draft,
+            request_deserializer=decode_pb2.DraftRequest.FromString,
+            response_serializer=decode_pb2.DraftResponse.SerializeToString,
+        ),
         "Release": grpc.unary_unary_rpc_method_handler(
-            servicer.Release, request_deserializer=c.ReleaseRequest.FromString,
-            response_serializer=c.ReleaseResponse.SerializeToString),
+            servicer.Release,
+            request_deserializer=c.ReleaseRequest.FromString,
+            response_serializer=c.ReleaseResponse.SerializeToString,
+        ),
         "GetStats": grpc.unary_unary_rpc_method_handler(
-            servicer.GetStats, request_deserializer=c.WorkerStatsRequest.FromString,
-            response_serializer=c.WorkerStats.SerializeToString),
+            servicer.GetStats,
+            request_deserializer=c.WorkerStatsRequest.FromString,
+            response_serializer=c.WorkerStats.SerializeToString,
+        ),
     }
     assert set(h) == set(decode_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].methods_by_name)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, h),))
     server.add_registered_method_handlers(SERVICE, h)
-
-
-def available_engines(lm: LoadedModel, wanted=ENGINES) -> tuple[str, ...]:
-    """`wanted` filtered to what this checkpoint and install support: mtp needs the checkpoint's MTP
-    head; fp8 needs decode_worker.fp8 (quantize_model)."""
-    out = []
-    for e in wanted:
-        if e not in ENGINES:
-            raise ValueError(f"engines: unknown engine {e!r}; choose from {', '.join(ENGINES)}")
-        if e == "mtp" and not lm.has_mtp:
-            log.warning("decode: no MTP head in the checkpoint, engine mtp disabled")
-        elif e == "fp8" and _fp8_module() is None:
-            log.warning("decode: decode_worker.fp8 is not importable, engine fp8 disabled")
-        elif e not in out:
-            out.append(e)
-    return tuple(out)
-
-
-def _fp8_module():
-    try:
-        from decode_worker import fp8
-    except ImportError:
-        return None
-    return fp8 if hasattr(fp8, "quantize_model") else None
-
-
-def serve_decode(model: str | Path | LoadedModel | None, *, engines=ENGINES, default_engine: str | None = None,
-                 host: str | None = None, port: int = 0, device: str = "cpu", dtype: str | None = None,
-                 width: int = DEFAULT_WIDTH, max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS,
-                 ttl_s: float = DEFAULT_TTL_S, settings: Settings | None = None, capture_graphs: bool = True,
-                 fp8_mode: str = "full", mtp_k: int = DEFAULT_MTP_K, max_workers: int = 16,
-                 max_concurrent_rpcs: int = 256, pipeline: bool = True, drafter: Drafter | None = None,
-                 ) -> tuple[WorkerHandle, DecodeServicer]:
-    """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
-    (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
-    pipeline (default on): bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True),
-    one more GDN state per slot); tokens identical to the plain loop. False: the plain AR loop. mtp
-    sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain.
-    drafter: chooses the draft tokens (baton.engine.speculation.Drafter; None = the model's own greedy)."""
-    settings = Settings.from_env() if settings is None else settings
-    if isinstance(model, LoadedModel):
-        lm = model
-    else:
-        log.info("decode: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
-        lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
-    names = available_engines(lm, engines)
-    default_engine = (default_engine or names[0]) if names else default_engine
-    if default_engine not in names:
-        raise ValueError(f"engine: {default_engine!r} is not available here (have {', '.join(names) or 'none'})")
-    runners: dict[str, ModelRunner] = {}
-    if "bf16" in names or "mtp" in names:
-        shared = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints="mtp" in names,
-                             pipeline=pipeline and "bf16" in names)
-        runners.update({e: shared for e in ("bf16", "mtp") if e in names})
-    if "fp8" in names:
-        log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)
-        fp8_model = copy.deepcopy(lm.model)
-        if hasattr(fp8_model, "mtp"):
-            del fp8_model.mtp                     # fp8 sessions never draft with the MTP head
-        _fp8_module().quantize_model(fp8_model, fp8_mode)
-        runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline)
-    if capture_graphs and str(device).startswith("cuda"):
-        _capture(runners)
-    engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s, drafter=drafter or GREEDY)
-    servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
-    try:
-        base = build_server([(add_to_server, servicer)], service_names=[SERVICE], host=host, port=port,
-                            settings=settings, max_workers=max_workers,
-                            max_concurrent_rpcs=max_concurrent_rpcs)
-    except BaseException:
-        servicer.close()
-        raise
-    handle = WorkerHandle(base, servicer)
-    handle.set_serving(True)
-    log.info("decode: ready on %s (engines=%s, default=%s, slots=%d, max_len=%d, W=%d)", handle.address,
-             ",".join(names), default_engine, slots, max_len, width)
-    return handle, servicer
-
-
-def _capture(runners: dict[str, ModelRunner]) -> None:
-    try:
-        from baton.engine import graph
-    except ImportError:
-        log.warning("decode: baton.engine.graph not available; running eagerly (no CUDA graphs)")
-        return
-    for r in {id(r): r for r in runners.values()}.values():
-        t0 = time.perf_counter()
-        graph.capture_all(r)
-        log.info("decode: captured CUDA graphs in %.1fs", time.perf_counter() - t0)

@@ -1,5 +1,6 @@
 """The default model's architecture and losses (deploy/train_default_model.py): Qwen3.5 text config, the MTP head
 in the checkpoint's own naming, the chained MTP forward, and the training losses."""
+
 from __future__ import annotations
 
 import copy
@@ -11,15 +12,31 @@ import torch.nn.functional as F
 
 def model_config(vocab: int, eos_id: int, hidden=256, layers=8, intermediate=448):
     from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
     cfg = Qwen3_5TextConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
         layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
-        linear_conv_kernel_dim=4, hidden_act="silu", rms_norm_eps=1e-6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=eos_id, bos_token_id=None,
-        pad_token_id=None, mtp_num_hidden_layers=1, initializer_range=0.02,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        pad_token_id=None,
+        mtp_num_hidden_layers=1,
+        initializer_range=0.02,
     )
     cfg.architectures = ["Qwen3_5ForCausalLM"]
     cfg.dtype = torch.bfloat16  # what the checkpoint stores
@@ -32,6 +49,7 @@ class MTPHead(nn.Module):
     def __init__(self, config):
         super().__init__()
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+
         H, eps = config.hidden_size, config.rms_norm_eps
         layer_cfg = copy.deepcopy(config)  # only layer_types[0] and the sizes are read by the layer
         layer_cfg.layer_types = ["full_attention"] * config.num_hidden_layers
@@ -75,9 +93,9 @@ def losses(model, mtp, x, steps, w1):
     h = model.model(input_ids=x[:, :T]).last_hidden_state
     logits = model.lm_head(h)
     main = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
-    mtp_ce = [F.cross_entropy(lg.float().flatten(0, 1), x[:, k + 1:].flatten())
-              for k, lg in enumerate(mtp_chain(model, mtp, x, h, steps), 1)]
-    total = main + sum(w1 / 2 ** i * ce for i, ce in enumerate(mtp_ce))
+    mtp_ce = [
+        F.cross_entropy(lg.float().flatten(0, 1), x[:, k + 1 :].flatten())
+        for k, lg in enumerate(mtp_chain(model, mtp, x, h, steps), 1)
+    ]
+    total = main + sum(w1 / 2**i * ce for i, ce in enumerate(mtp_ce))
     return total, main, mtp_ce
-
-

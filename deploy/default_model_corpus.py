@@ -13,6 +13,7 @@ not code), and files that are not valid UTF-8 (a few deliberately broken test in
 package is included when the interpreter ships it: it is ordinary Python and more data helps a model
 that sees the corpus many times.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,6 +38,7 @@ class Corpus:
     def stats(self) -> dict:
         def n_bytes(docs):
             return sum(len(t.encode("utf-8")) for _, t in docs)
+
         return {
             "stdlib_root": self.root,
             "python_version": self.python_version,
@@ -113,7 +115,7 @@ def encode_stream(tok, docs: list[tuple[str, str]], max_tokens: int | None = Non
     parts, n = [], 0
     batch = 512
     for i in range(0, len(docs), batch):
-        for enc in tok.encode_batch([t for _, t in docs[i:i + batch]], add_special_tokens=False):
+        for enc in tok.encode_batch([t for _, t in docs[i : i + batch]], add_special_tokens=False):
             parts += [np.asarray(enc.ids, dtype=np.int32), eos]
             n += len(enc.ids) + 1
         if max_tokens is not None and n >= max_tokens:
@@ -127,7 +129,7 @@ def prompts(tok, docs: list[tuple[str, str]], n_tokens: int, count: int) -> list
     out = []
     for _, text in docs:
         cut = min((i for i in (text.find("\ndef "), text.find("\n    def ")) if i >= 0), default=-1)
-        ids = tok.encode(text[cut + 1:], add_special_tokens=False).ids
+        ids = tok.encode(text[cut + 1 :], add_special_tokens=False).ids
         if len(ids) >= n_tokens + 8:
             out.append(ids[:n_tokens])
         if len(out) == count:
@@ -140,7 +142,7 @@ def prompts(tok, docs: list[tuple[str, str]], n_tokens: int, count: int) -> list
 def sample_text(tok, ids: list[int], prompt_len: int, eos: int) -> dict:
     cont = ids[prompt_len:]
     if eos in cont:
-        cont = cont[:cont.index(eos)]
+        cont = cont[: cont.index(eos)]
     return {"prompt": tok.decode(ids[:prompt_len]), "continuation": tok.decode(cont)}
 
 

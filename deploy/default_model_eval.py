@@ -1,12 +1,12 @@
 """Evaluation helpers of deploy/train_default_model.py: held-out loss, greedy continuations, a speculation
 acceptance estimate, and the MTP head's causality check."""
+
 from __future__ import annotations
 
 import math
 
 import torch
 import torch.nn.functional as F
-
 from default_model_arch import losses, mtp_chain  # noqa: F401  (deploy/default_model_arch.py)
 
 
@@ -14,10 +14,17 @@ from default_model_arch import losses, mtp_chain  # noqa: F401  (deploy/default_
 def evaluate(model, mtp, stream, T, steps, autocast, batch=16):
     """Non-overlapping windows of T+1 tokens over `stream` (1-D LongTensor on the model's device)."""
     n_win = (stream.numel() - 1) // T
-    acc = {"n": 0, "ce": 0.0, "top1": 0, "mtp_n": [0] * steps, "mtp_ce": [0.0] * steps,
-           "mtp_top1": [0] * steps, "agree": 0}
+    acc = {
+        "n": 0,
+        "ce": 0.0,
+        "top1": 0,
+        "mtp_n": [0] * steps,
+        "mtp_ce": [0.0] * steps,
+        "mtp_top1": [0] * steps,
+        "agree": 0,
+    }
     for i in range(0, n_win, batch):
-        x = torch.stack([stream[j * T: j * T + T + 1] for j in range(i, min(i + batch, n_win))])
+        x = torch.stack([stream[j * T : j * T + T + 1] for j in range(i, min(i + batch, n_win))])
         with autocast():
             h = model.model(input_ids=x[:, :T]).last_hidden_state
             logits = model.lm_head(h).float()
@@ -27,7 +34,7 @@ def evaluate(model, mtp, stream, T, steps, autocast, batch=16):
         acc["ce"] += F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum").item()
         acc["top1"] += (pred == x[:, 1:]).sum().item()
         for k, lg in enumerate(chain, 1):
-            tgt = x[:, k + 1:]
+            tgt = x[:, k + 1 :]
             acc["mtp_n"][k - 1] += tgt.numel()
             acc["mtp_ce"][k - 1] += F.cross_entropy(lg.flatten(0, 1), tgt.flatten(), reduction="sum").item()
             acc["mtp_top1"][k - 1] += (lg.argmax(-1) == tgt).sum().item()
@@ -35,9 +42,12 @@ def evaluate(model, mtp, stream, T, steps, autocast, batch=16):
                 acc["agree"] += (lg.argmax(-1) == pred[:, 1:]).sum().item()
     loss = acc["ce"] / acc["n"]
     return {
-        "tokens": acc["n"], "next_token_loss": loss, "perplexity": math.exp(loss),
+        "tokens": acc["n"],
+        "next_token_loss": loss,
+        "perplexity": math.exp(loss),
         "next_token_top1": acc["top1"] / acc["n"],
-        "mtp_loss": acc["mtp_ce"][0] / acc["mtp_n"][0], "mtp_top1": acc["mtp_top1"][0] / acc["mtp_n"][0],
+        "mtp_loss": acc["mtp_ce"][0] / acc["mtp_n"][0],
+        "mtp_top1": acc["mtp_top1"][0] / acc["mtp_n"][0],
         "mtp_agrees_with_main_top1": acc["agree"] / acc["mtp_n"][0],
         "mtp_chain_top1": [c / max(n, 1) for c, n in zip(acc["mtp_top1"], acc["mtp_n"])],
     }
@@ -87,5 +97,3 @@ def check_mtp_causal(model, mtp, device, T=24, j=13):
     ok = torch.allclose(a[:, :j], b[:, :j], atol=1e-5) and not torch.allclose(a[:, j:], b[:, j:], atol=1e-3)
     if not ok:
         raise RuntimeError("MTP layer attention is not causal")
-
-

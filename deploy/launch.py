@@ -20,6 +20,7 @@ Lifecycle:
 Reused by `baton serve` (deploy/local.py) for its local Ray instance. Only plain str/int/float
 options cross into Ray (Ray pickles actor arguments itself; Baton never does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,7 @@ def connect(address: str | None, namespace: str) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address or "auto", namespace=namespace, log_to_driver=True,
-                 logging_level=logging.WARNING)
+        ray.init(address=address or "auto", namespace=namespace, log_to_driver=True, logging_level=logging.WARNING)
 
 
 def _actor_class(role: str, *, num_gpus: float, resources: dict[str, float] | None):
@@ -76,9 +76,16 @@ def _actor_class(role: str, *, num_gpus: float, resources: dict[str, float] | No
     return make_actor_class(num_gpus=num_gpus, resources=resources or None, max_restarts=-1)
 
 
-def start_workers(specs: list[WorkerSpec], *, namespace: str, num_gpus: float = 0.0,
-                  resources: dict[str, dict[str, float]] | None = None, detached: bool = False,
-                  num_cpus: float = 1.0, env: dict[str, str] | None = None) -> dict[str, object]:
+def start_workers(
+    specs: list[WorkerSpec],
+    *,
+    namespace: str,
+    num_gpus: float = 0.0,
+    resources: dict[str, dict[str, float]] | None = None,
+    detached: bool = False,
+    num_cpus: float = 1.0,
+    env: dict[str, str] | None = None,
+) -> dict[str, object]:
     """Creates one named actor per spec (or reuses a live one of that name); returns name -> handle.
 
     resources: role -> custom resource request, e.g. {"decode": {"decode_node": 1}}.
@@ -87,8 +94,13 @@ def start_workers(specs: list[WorkerSpec], *, namespace: str, num_gpus: float = 
     actors: dict[str, object] = {}
     for spec in specs:
         cls = _actor_class(spec.role, num_gpus=num_gpus, resources=resources.get(spec.role))
-        opts = dict(name=actor_name(spec.role, spec.index), namespace=namespace, get_if_exists=True,
-                    max_task_retries=TASK_RETRIES, num_cpus=num_cpus)
+        opts = dict(
+            name=actor_name(spec.role, spec.index),
+            namespace=namespace,
+            get_if_exists=True,
+            max_task_retries=TASK_RETRIES,
+            num_cpus=num_cpus,
+        )
         if detached:
             opts["lifetime"] = "detached"
         if env:
@@ -98,8 +110,9 @@ def start_workers(specs: list[WorkerSpec], *, namespace: str, num_gpus: float = 
     return actors
 
 
-def wait_workers(actors: dict[str, object], *, progress: Progress, timeout: float, stop=None,
-                 settings=None) -> dict[str, str]:
+def wait_workers(
+    actors: dict[str, object], *, progress: Progress, timeout: float, stop=None, settings=None
+) -> dict[str, str]:
     """Waits until every actor answers address() and its server is SERVING; returns name -> address."""
     import ray
 
@@ -121,8 +134,9 @@ def wait_workers(actors: dict[str, object], *, progress: Progress, timeout: floa
                 addr = str(ray.get(ref))
             except Exception as e:
                 raise StartupError(f"{name} failed to start: {e}") from e
-            wait_serving(addr, timeout=max(1.0, timeout - (time.monotonic() - t0)), stop=stop,
-                         settings=settings, what=name)
+            wait_serving(
+                addr, timeout=max(1.0, timeout - (time.monotonic() - t0)), stop=stop, settings=settings, what=name
+            )
             addresses[name] = addr
             progress.say(f"{name.removeprefix('baton-')} ready on {addr} ({time.monotonic() - t0:.1f} s)")
     return addresses
@@ -165,11 +179,28 @@ def named_actors(namespace: str) -> dict[str, object]:
     return out
 
 
-def router_kwargs(*, host: str, port: int, namespace: str | None, prefill=(), decode=(), model_dir=None,
-                  token_file=None, http_port: int = 0) -> dict:
+def router_kwargs(
+    *,
+    host: str,
+    port: int,
+    namespace: str | None,
+    prefill=(),
+    decode=(),
+    model_dir=None,
+    token_file=None,
+    http_port: int = 0,
+) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
-    return dict(host=host, port=port, prefill=list(prefill), decode=list(decode), ray_namespace=namespace,
-                model_dir=model_dir, token_file=token_file, http_port=http_port)
+    return dict(
+        host=host,
+        port=port,
+        prefill=list(prefill),
+        decode=list(decode),
+        ray_namespace=namespace,
+        model_dir=model_dir,
+        token_file=token_file,
+        http_port=http_port,
+    )
 
 
 class RouterHandle:
@@ -180,26 +211,44 @@ class RouterHandle:
         self.address = handle.address
         self.port = handle.port
         http = getattr(servicer, "http", None)
-        self.http_url = http.url if http is not None else None   # the HTTP API (router/http), or None
+        self.http_url = http.url if http is not None else None  # the HTTP API (router/http), or None
 
     def stop(self, grace: float = 2.5) -> None:
         """Health NOT_SERVING, no new RPCs, in-flight ones get `grace` s; then polling stops."""
         self._stop_fn(self._handle, self._servicer, grace)
 
 
-def serve_router(*, host: str, port: int, prefill=(), decode=(), ray_namespace=None, model_dir=None,
-                 token_file=None, http_port: int = 0) -> RouterHandle:
+def serve_router(
+    *,
+    host: str,
+    port: int,
+    prefill=(),
+    decode=(),
+    ray_namespace=None,
+    model_dir=None,
+    token_file=None,
+    http_port: int = 0,
+) -> RouterHandle:
     """Starts the router in this process (router.service / router.__main__ serve_router)."""
     from baton.settings import Settings, read_token_file
 
     try:
-        from router.service import serve_router as _serve, stop_router
+        from router.service import serve_router as _serve
+        from router.service import stop_router
     except ImportError:
-        from router.__main__ import serve_router as _serve, stop_router
+        from router.__main__ import serve_router as _serve
+        from router.__main__ import stop_router
     settings = Settings.from_env(token=read_token_file(token_file) if token_file else None, host=host)
-    handle, servicer = _serve(prefill=list(prefill), decode=list(decode), model_dir=model_dir,
-                              settings=settings, host=host, port=port, ray_namespace=ray_namespace,
-                              http_port=http_port)
+    handle, servicer = _serve(
+        prefill=list(prefill),
+        decode=list(decode),
+        model_dir=model_dir,
+        settings=settings,
+        host=host,
+        port=port,
+        ray_namespace=ray_namespace,
+        http_port=http_port,
+    )
     return RouterHandle(handle, servicer, stop_router)
 
 
@@ -232,8 +281,13 @@ def make_router_actor_class():
 
 
 def start_router_actor(*, namespace: str, env: dict[str, str] | None = None, **kw):
-    opts = dict(name=ROUTER_NAME, namespace=namespace, lifetime="detached", get_if_exists=True,
-                resources={"node:__internal_head__": 0.001})
+    opts = dict(
+        name=ROUTER_NAME,
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        resources={"node:__internal_head__": 0.001},
+    )
     if env:
         opts["runtime_env"] = {"env_vars": dict(env)}
     return make_router_actor_class().options(**opts).remote(**kw)
@@ -243,13 +297,15 @@ def start_router_actor(*, namespace: str, env: dict[str, str] | None = None, **k
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default="auto", help="Ray cluster address (default: RAY_ADDRESS / local head)")
     p.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="Ray namespace of the named actors")
-    p.add_argument("--model", default=None, help="checkpoint dir, the same path on every node "
-                   "(default: the embedded model)")
+    p.add_argument(
+        "--model", default=None, help="checkpoint dir, the same path on every node (default: the embedded model)"
+    )
     p.add_argument("--prefill", type=int, default=1, help="prefill actors")
     p.add_argument("--decode", type=int, default=1, help="decode actors")
     p.add_argument("--engine", default=None, choices=("bf16", "fp8", "mtp"), help="decode engine")
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"),
-                   help="default: cuda when --gpus-per-worker > 0, else cpu")
+    p.add_argument(
+        "--device", default=None, choices=("cpu", "cuda"), help="default: cuda when --gpus-per-worker > 0, else cpu"
+    )
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--max-len", type=int, default=None, help="context window per worker")
     p.add_argument("--gpus-per-worker", type=float, default=1.0, help="num_gpus of each worker actor")
@@ -260,17 +316,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-port", type=int, default=50051)
     p.add_argument("--token-file", default=None, help="bearer token file (the same path on every node)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workers")
-    p.add_argument("--foreground", action="store_true", help="run the router in this process until signalled "
-                   "(the actors then live only as long as this process)")
+    p.add_argument(
+        "--foreground",
+        action="store_true",
+        help="run the router in this process until signalled (the actors then live only as long as this process)",
+    )
     p.add_argument("--stop", action="store_true", help="stop every baton-* actor of the namespace and exit")
 
 
 def specs_from_args(args) -> list[WorkerSpec]:
     device = args.device or ("cuda" if args.gpus_per_worker > 0 else "cpu")
-    common = dict(model_dir=args.model, host=args.worker_host, device=device, dtype=args.dtype,
-                  max_len=args.max_len, token_file=args.token_file)
-    return ([WorkerSpec("prefill", i, **common) for i in range(args.prefill)]
-            + [WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)])
+    common = dict(
+        model_dir=args.model,
+        host=args.worker_host,
+        device=device,
+        dtype=args.dtype,
+        max_len=args.max_len,
+        token_file=args.token_file,
+    )
+    return [WorkerSpec("prefill", i, **common) for i in range(args.prefill)] + [
+        WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,12 +355,17 @@ def main(argv: list[str] | None = None) -> int:
         stop_actors(found)
         progress.say(f"stopped {len(found)} actor(s) in namespace {args.namespace!r}")
         return 0
-    res = {r: {name: 1.0} for r, name in (("prefill", args.prefill_resource), ("decode", args.decode_resource))
-           if name}
+    res = {r: {name: 1.0} for r, name in (("prefill", args.prefill_resource), ("decode", args.decode_resource)) if name}
     token = os.environ.get("BATON_TOKEN")
     env = {"BATON_TOKEN": token} if token else None  # the actors' runtime_env; or --token-file
-    actors = start_workers(specs_from_args(args), namespace=args.namespace, num_gpus=args.gpus_per_worker,
-                           resources=res, detached=not args.foreground, env=env)
+    actors = start_workers(
+        specs_from_args(args),
+        namespace=args.namespace,
+        num_gpus=args.gpus_per_worker,
+        resources=res,
+        detached=not args.foreground,
+        env=env,
+    )
     try:
         addrs = wait_workers(actors, progress=progress, timeout=args.timeout)
     except (KeyboardInterrupt, StartupError) as e:
@@ -303,13 +374,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     pre = [a for n, a in addrs.items() if "-prefill-" in n]
     dec = [a for n, a in addrs.items() if "-decode-" in n]
-    kw = router_kwargs(host=args.router_host, port=args.router_port, namespace=args.namespace, prefill=pre,
-                       decode=dec, model_dir=args.model, token_file=args.token_file)
+    kw = router_kwargs(
+        host=args.router_host,
+        port=args.router_port,
+        namespace=args.namespace,
+        prefill=pre,
+        decode=dec,
+        model_dir=args.model,
+        token_file=args.token_file,
+    )
     if args.foreground:
         from deploy.local import serve_until_signalled
 
-        return serve_until_signalled(lambda: serve_router(**kw), cleanup=lambda: stop_actors(actors),
-                                     progress=progress)
+        return serve_until_signalled(lambda: serve_router(**kw), cleanup=lambda: stop_actors(actors), progress=progress)
     router = start_router_actor(namespace=args.namespace, env=env, **kw)
     address = ray.get(router.address.remote(), timeout=args.timeout)
     wait_serving(address, timeout=60.0, what="router")

@@ -18,6 +18,7 @@ Lifecycle:
                  removed. Exit 0, within ~10 s. A signal during start-up aborts the start-up and
                  runs the same clean-up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from deploy.processes import (Progress, StartupError, Supervisor, WorkerSpec, start_processes, stop_processes,
-                              wait_serving)
+from deploy.processes import (
+    Progress,
+    StartupError,
+    Supervisor,
+    WorkerSpec,
+    start_processes,
+    stop_processes,
+    wait_serving,
+)
 
 ENGINES = ("bf16", "fp8", "mtp")
 
@@ -42,23 +50,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
     p.add_argument("--port", type=int, default=50051, help="router port (0 = a free port)")
     p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
-    p.add_argument("--http-port", type=int, default=8000,
-                   help="OpenAI-compatible HTTP API port on the router's host (0 = off)")
+    p.add_argument(
+        "--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port on the router's host (0 = off)"
+    )
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
     p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")
     p.add_argument("--engine", default=None, choices=ENGINES, help="decode engine (default: the worker's)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument(
+        "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
+    )
     p.add_argument("--max-len", type=int, default=None, help="context window of each worker")
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
-    p.add_argument("--namespace", default=None, help="Ray namespace (default: baton, or baton-serve-PID "
-                   "when joining RAY_ADDRESS)")
+    p.add_argument(
+        "--namespace", default=None, help="Ray namespace (default: baton, or baton-serve-PID when joining RAY_ADDRESS)"
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for workers to load")
     p.add_argument("--grace", type=float, default=2.5, help="seconds in-flight requests get at shutdown")
-    p.add_argument("--ask", default=None, metavar="TEXT",
-                   help="once serving, send TEXT through the router as a client would and print the answer "
-                        "(`baton: answer {json}` on stdout); serving goes on")
+    p.add_argument(
+        "--ask",
+        default=None,
+        metavar="TEXT",
+        help="once serving, send TEXT through the router as a client would and print the answer "
+        "(`baton: answer {json}` on stdout); serving goes on",
+    )
     p.add_argument("--ask-tokens", type=int, default=32, metavar="N", help="max new tokens of the --ask request")
 
 
@@ -97,10 +113,16 @@ def _router_probe_address(address: str) -> str:
     return f"127.0.0.1:{port}" if host in ("0.0.0.0", "[::]", "::", "") else address
 
 
-def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callable[[], None],
-                          progress: Progress, grace: float = 2.5, sig: _Signals | None = None,
-                          tick: Callable[[], None] | None = None,
-                          on_serving: Callable[[str], None] | None = None) -> int:
+def serve_until_signalled(
+    start_router: Callable[[], object],
+    *,
+    cleanup: Callable[[], None],
+    progress: Progress,
+    grace: float = 2.5,
+    sig: _Signals | None = None,
+    tick: Callable[[], None] | None = None,
+    on_serving: Callable[[str], None] | None = None,
+) -> int:
     """Starts the router, prints the serving line once it is SERVING, runs on_serving(address) on a
     thread, calls `tick` every 0.5 s until SIGINT/SIGTERM, then stops the router (grace for in-flight
     RPCs) and runs `cleanup` (the workers)."""
@@ -115,8 +137,9 @@ def serve_until_signalled(start_router: Callable[[], object], *, cleanup: Callab
         if getattr(router, "http_url", None):
             print(f"baton: http on {router.http_url}", flush=True)
         if on_serving is not None:
-            threading.Thread(target=on_serving, args=(_router_probe_address(router.address),), daemon=True,
-                             name="baton-ask").start()
+            threading.Thread(
+                target=on_serving, args=(_router_probe_address(router.address),), daemon=True, name="baton-ask"
+            ).start()
         while not sig.stop.wait(0.5):
             if tick is not None:
                 tick()
@@ -161,10 +184,13 @@ def ask(address: str, prompt: str, max_new_tokens: int, *, token: str | None, pr
     except grpc.RpcError as e:
         progress.say(f"--ask failed: {e.code().name}: {e.details()}")
         return
-    out = {"prompt": prompt, "text": "".join(d.text for d in deltas),
-           "token_ids": [t for d in deltas for t in d.token_ids],
-           "finish_reason": deltas[-1].finish_reason if deltas else None,
-           "seconds": round(time.monotonic() - t0, 3)}
+    out = {
+        "prompt": prompt,
+        "text": "".join(d.text for d in deltas),
+        "token_ids": [t for d in deltas for t in d.token_ids],
+        "finish_reason": deltas[-1].finish_reason if deltas else None,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
     print(f"baton: answer {json.dumps(out)}", flush=True)
 
 
@@ -191,15 +217,22 @@ class _LocalRay:
     def start(self, num_workers: int) -> None:
         ray = self.ray
         if self.joined:
-            ray.init(address=os.environ["RAY_ADDRESS"], namespace=self.namespace, log_to_driver=True,
-                     logging_level="WARNING")
+            ray.init(
+                address=os.environ["RAY_ADDRESS"], namespace=self.namespace, log_to_driver=True, logging_level="WARNING"
+            )
         else:
             # NOTE: short path: Ray's unix sockets live under it (108-byte limit).
             self.temp_dir = tempfile.mkdtemp(prefix="baton-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-            ray.init(address="local", namespace=self.namespace, include_dashboard=False,
-                     _temp_dir=self.temp_dir,
-                     num_cpus=max(os.cpu_count() or 1, num_workers + 1),
-                     object_store_memory=128 * 1024 * 1024, log_to_driver=True, logging_level="WARNING")
+            ray.init(
+                address="local",
+                namespace=self.namespace,
+                include_dashboard=False,
+                _temp_dir=self.temp_dir,
+                num_cpus=max(os.cpu_count() or 1, num_workers + 1),
+                object_store_memory=128 * 1024 * 1024,
+                log_to_driver=True,
+                logging_level="WARNING",
+            )
 
     def gpus_per_worker(self, device: str, num_workers: int) -> float:
         if device != "cuda":
@@ -217,10 +250,18 @@ class _LocalRay:
 
 def _worker_specs(args) -> list[WorkerSpec]:
     # NOTE: both roles get the same dtype and window (exact mode compares their rows bit for bit)
-    common = dict(model_dir=args.model, host="127.0.0.1", device=args.device, dtype=args.dtype,
-                  max_len=args.max_len, token_file=args.token_file, grace=min(args.grace, 1.0))
-    return ([WorkerSpec("prefill", i, **common) for i in range(args.prefill)]
-            + [WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)])
+    common = dict(
+        model_dir=args.model,
+        host="127.0.0.1",
+        device=args.device,
+        dtype=args.dtype,
+        max_len=args.max_len,
+        token_file=args.token_file,
+        grace=min(args.grace, 1.0),
+    )
+    return [WorkerSpec("prefill", i, **common) for i in range(args.prefill)] + [
+        WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)
+    ]
 
 
 def _check(args) -> str | None:
@@ -254,8 +295,9 @@ def run(args) -> int:
         print(f"baton serve: {err}", file=sys.stderr)
         return 2
     settings = Settings.from_env()
-    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     host = args.host or settings.host
     progress = Progress()
     specs = _worker_specs(args)
@@ -292,8 +334,11 @@ def run(args) -> int:
                 namespace = ray_ctx.namespace
                 token = os.environ.get("BATON_TOKEN")
                 actors = launch.start_workers(
-                    specs, namespace=namespace, num_gpus=ray_ctx.gpus_per_worker(args.device, len(specs)),
-                    env={"BATON_TOKEN": token} if token else None)
+                    specs,
+                    namespace=namespace,
+                    num_gpus=ray_ctx.gpus_per_worker(args.device, len(specs)),
+                    env={"BATON_TOKEN": token} if token else None,
+                )
                 cleanups.append(lambda: launch.stop_actors(actors, grace=args.grace))
                 got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)
                 addresses = {n.removeprefix("baton-"): a for n, a in got.items()}
@@ -311,14 +356,29 @@ def run(args) -> int:
 
         from deploy.launch import router_kwargs, serve_router
 
-        kw = router_kwargs(host=host, port=args.port, namespace=namespace,
-                           prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
-                           decode=[a for n, a in addresses.items() if n.startswith("decode-")],
-                           model_dir=args.model, token_file=args.token_file, http_port=args.http_port)
+        kw = router_kwargs(
+            host=host,
+            port=args.port,
+            namespace=namespace,
+            prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
+            decode=[a for n, a in addresses.items() if n.startswith("decode-")],
+            model_dir=args.model,
+            token_file=args.token_file,
+            http_port=args.http_port,
+        )
         on_serving = None
         if args.ask is not None:
             token = Path(args.token_file).read_text().strip() if args.token_file else None
-            on_serving = lambda addr: ask(addr, args.ask, args.ask_tokens, token=token,  # noqa: E731
-                                          progress=progress)
-        return serve_until_signalled(lambda: serve_router(**kw), cleanup=cleanup, progress=progress,
-                                     grace=args.grace, sig=sig, tick=tick, on_serving=on_serving)
+
+            def on_serving(addr):
+                return ask(addr, args.ask, args.ask_tokens, token=token, progress=progress)
+
+        return serve_until_signalled(
+            lambda: serve_router(**kw),
+            cleanup=cleanup,
+            progress=progress,
+            grace=args.grace,
+            sig=sig,
+            tick=tick,
+            on_serving=on_serving,
+        )

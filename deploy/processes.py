@@ -15,6 +15,7 @@ Lifecycle of one worker process (`baton serve --processes`, and the GPU machine,
 Shared helpers: `health_status(address)` (grpc.health.v1 probe), `Progress` (one stderr line per
 worker state change), `WorkerSpec` (role + plain options -> CLI argv or actor kwargs).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,17 +42,17 @@ class StartupError(RuntimeError):
 class WorkerSpec:
     """Plain options for one worker; the same for a subprocess and for a Ray actor."""
 
-    role: str                      # "prefill" | "decode"
+    role: str  # "prefill" | "decode"
     index: int
-    model_dir: str | None = None   # None = the embedded default model
+    model_dir: str | None = None  # None = the embedded default model
     host: str = "127.0.0.1"
-    port: int = 0                  # 0 = a free port, reported in the "serving on" line
+    port: int = 0  # 0 = a free port, reported in the "serving on" line
     device: str = "cpu"
-    dtype: str | None = None       # None = the worker's default
-    engine: str | None = None      # decode only
+    dtype: str | None = None  # None = the worker's default
+    engine: str | None = None  # decode only
     max_len: int | None = None
     token_file: str | None = None
-    grace: float | None = None     # subprocess only: the worker's own drain time on SIGTERM
+    grace: float | None = None  # subprocess only: the worker's own drain time on SIGTERM
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # more --flag value pairs
 
     @property
@@ -60,8 +61,15 @@ class WorkerSpec:
 
     def options(self) -> dict[str, object]:
         """Non-empty options by their CLI/keyword name (model_dir, host, port, device, ...)."""
-        opts = {"model_dir": self.model_dir, "host": self.host, "port": self.port, "device": self.device,
-                "dtype": self.dtype, "max_len": self.max_len, "token_file": self.token_file}
+        opts = {
+            "model_dir": self.model_dir,
+            "host": self.host,
+            "port": self.port,
+            "device": self.device,
+            "dtype": self.dtype,
+            "max_len": self.max_len,
+            "token_file": self.token_file,
+        }
         if self.role == "decode":
             opts["engine"] = self.engine
         opts.update(dict(self.extra))
@@ -100,7 +108,8 @@ def health_status(address: str, service: str = "", timeout: float = 2.0, setting
     channel = make_channel(address, settings, attach_token=False)
     try:
         resp = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     except grpc.RpcError:
         return "UNREACHABLE"
@@ -108,8 +117,15 @@ def health_status(address: str, service: str = "", timeout: float = 2.0, setting
         channel.close()
 
 
-def wait_serving(address: str, *, timeout: float, stop: threading.Event | None = None, settings=None,
-                 alive=lambda: True, what: str = "server") -> None:
+def wait_serving(
+    address: str,
+    *,
+    timeout: float,
+    stop: threading.Event | None = None,
+    settings=None,
+    alive=lambda: True,
+    what: str = "server",
+) -> None:
     """Poll health until SERVING; StartupError on timeout, on `stop`, or when `alive()` turns False."""
     deadline = time.monotonic() + timeout
     while True:
@@ -132,7 +148,7 @@ class WorkerProcess:
         self.address: str | None = None
         self.proc: subprocess.Popen | None = None
         self._env = env
-        self._echo = echo if echo is not None else sys.stderr   # where the child's stdout goes
+        self._echo = echo if echo is not None else sys.stderr  # where the child's stdout goes
         self._addr_ready = threading.Event()
         self._reader: threading.Thread | None = None
         self._terminated = False
@@ -148,8 +164,15 @@ class WorkerProcess:
         # NOTE: no preexec_fn (a real fork runs gRPC's fork handlers): the child arms PR_SET_PDEATHSIG
         # itself, from BATON_PARENT_PID (baton/lifeline.py)
         self.proc = subprocess.Popen(
-            self.spec.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
-            text=True, bufsize=1, env=child_env(self._env), start_new_session=True)
+            self.spec.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            bufsize=1,
+            env=child_env(self._env),
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._drain, name=f"{self.spec.name}-stdout", daemon=True)
         self._reader.start()
         return self
@@ -179,8 +202,14 @@ class WorkerProcess:
                 raise StartupError(f"{self.spec.name} printed no 'serving on' line in {timeout:.0f} s")
         if self.address is None:
             raise StartupError(f"{self.spec.name} exited (code {self.proc.wait()}) before serving")
-        wait_serving(self.address, timeout=max(1.0, deadline - time.monotonic()), stop=stop,
-                     settings=settings, alive=self.alive, what=self.spec.name)
+        wait_serving(
+            self.address,
+            timeout=max(1.0, deadline - time.monotonic()),
+            stop=stop,
+            settings=settings,
+            alive=self.alive,
+            what=self.spec.name,
+        )
         return self.address
 
     def terminate(self) -> None:
@@ -231,15 +260,16 @@ def worker_env(spec: WorkerSpec, n_cpu_workers: int, base: dict[str, str], cpus:
     return {**base, "OMP_NUM_THREADS": str(max(1, cpus // n_cpu_workers))}
 
 
-def start_processes(specs: list[WorkerSpec], *, progress: Progress, timeout: float,
-                    stop: threading.Event | None = None, settings=None) -> list[WorkerProcess]:
+def start_processes(
+    specs: list[WorkerSpec], *, progress: Progress, timeout: float, stop: threading.Event | None = None, settings=None
+) -> list[WorkerProcess]:
     """Starts every worker at once and waits until all are SERVING (one progress line each)."""
     n_cpu = sum(s.device == "cpu" for s in specs)
     base, cpus = dict(os.environ), os.cpu_count() or 1
     envs = [worker_env(s, n_cpu, base, cpus) for s in specs]
     gpu_workers = [i for i, s in enumerate(specs) if s.device == "cuda"]
     for i, gpu in zip(gpu_workers, spread(len(gpu_workers), visible_gpus(base))):
-        if gpu is not None:   # one GPU each, round-robin: prefill and decode workers on their own GPUs
+        if gpu is not None:  # one GPU each, round-robin: prefill and decode workers on their own GPUs
             envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
             progress.say(f"{specs[i].name} on GPU {gpu}")
     workers = [WorkerProcess(s, env=e) for s, e in zip(specs, envs)]
@@ -249,8 +279,7 @@ def start_processes(specs: list[WorkerSpec], *, progress: Progress, timeout: flo
             w.start()
             progress.say(f"{w.spec.name} loading (pid {w.pid})")
         for w in workers:
-            addr = w.wait_ready(timeout=max(1.0, timeout - (time.monotonic() - t0)), stop=stop,
-                                settings=settings)
+            addr = w.wait_ready(timeout=max(1.0, timeout - (time.monotonic() - t0)), stop=stop, settings=settings)
             progress.say(f"{w.spec.name} ready on {addr} ({time.monotonic() - t0:.1f} s)")
     except BaseException:
         stop_processes(workers, grace=2.0)
@@ -278,8 +307,10 @@ class Supervisor:
             if i not in self._next_try:
                 n = self._failures[i] = self._failures.get(i, 0) + 1
                 self._next_try[i] = time.monotonic() + min(30.0, 2.0 ** (n - 1))
-                self.progress.say(f"{w.spec.name} exited (code {w.proc.returncode}): restarting "
-                                  f"in {self._next_try[i] - time.monotonic():.0f} s")
+                self.progress.say(
+                    f"{w.spec.name} exited (code {w.proc.returncode}): restarting "
+                    f"in {self._next_try[i] - time.monotonic():.0f} s"
+                )
             if time.monotonic() >= self._next_try[i]:
                 self._restart(i, w, stop)
 

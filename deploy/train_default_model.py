@@ -18,6 +18,7 @@ and the main model is trained by the next-token loss alone (under AdamW the weig
 matters for the logged total).
 Writes config.json, model.safetensors, mtp.safetensors (BF16), tokenizer.json, README.md, train_log.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import default_model_corpus  # noqa: E402  (deploy/default_model_corpus.py)
-from default_model_eval import acceptance_estimate, check_mtp_causal, evaluate, greedy  # noqa: E402,F401
 from default_model_arch import MTPHead, losses, model_config, mtp_chain  # noqa: E402,F401
+from default_model_eval import acceptance_estimate, check_mtp_causal, evaluate, greedy  # noqa: E402,F401
 
 SIZE_LIMIT = 16_000_000  # bytes, model.safetensors + mtp.safetensors
 
@@ -48,6 +49,7 @@ def preflight_gdn_kernel(dev) -> float:
     """Transformers' active chunk_gated_delta_rule (fla's kernel when importable) against its own torch
     reference on random inputs, forward and backward. Returns the relative max error; raises if broken."""
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
     fn = mq.torch_chunk_gated_delta_rule
     ref = inspect.unwrap(fn)
     g = torch.Generator().manual_seed(0)
@@ -57,8 +59,14 @@ def preflight_gdn_kernel(dev) -> float:
     beta = torch.rand(B, T, H, generator=g).to(dev, torch.bfloat16)
     out, _ = fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
     out.float().square().sum().backward()
-    want, _ = ref(q.detach().float(), k.detach().float(), v.detach().float(), g=decay, beta=beta.float(),
-                  use_qk_l2norm_in_kernel=True)
+    want, _ = ref(
+        q.detach().float(),
+        k.detach().float(),
+        v.detach().float(),
+        g=decay,
+        beta=beta.float(),
+        use_qk_l2norm_in_kernel=True,
+    )
     err = ((out.detach().float() - want.float()).abs().max() / want.abs().max()).item()
     if not (math.isfinite(err) and err < 0.05) or not all(torch.isfinite(t.grad).all() for t in (q, k, v)):
         raise RuntimeError(f"GDN kernel disagrees with the torch reference (relative error {err:.3g})")
@@ -71,8 +79,12 @@ def param_count(module):
 
 def save_checkpoint(out: Path, config, model, mtp):
     from safetensors.torch import save_file
-    sd = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in model.state_dict().items()
-          if not (config.tie_word_embeddings and k == "lm_head.weight")}
+
+    sd = {
+        k: v.detach().to("cpu", torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if not (config.tie_word_embeddings and k == "lm_head.weight")
+    }
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     msd = {f"mtp.{k}": v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in mtp.state_dict().items()}
     save_file(msd, str(out / "mtp.safetensors"), metadata={"format": "pt"})
@@ -85,6 +97,7 @@ def load_trained(out_dir, device="cpu"):
     """(model, mtp) from a directory this script wrote, in fp32 (used by the tests)."""
     from safetensors.torch import load_file
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
+
     model = Qwen3_5ForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32).to(device).eval()
     mtp = MTPHead(model.config).to(device).eval()
     sd = load_file(str(Path(out_dir) / "mtp.safetensors"))
@@ -123,14 +136,14 @@ def main(argv=None):
         sys.modules["fla"] = None  # makes transformers fall back to its torch GDN implementation
     import transformers
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
+
     fla = not args.no_fla and importlib.util.find_spec("fla") is not None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
-    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if dev.type == "cuda"
-                else contextlib.nullcontext)
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if dev.type == "cuda" else contextlib.nullcontext
     log = lambda msg: print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)  # noqa: E731
     if fla and dev.type == "cuda":  # a broken kernel install must not cost the whole run
         try:
@@ -144,10 +157,14 @@ def main(argv=None):
     tok = default_model_corpus.train_tokenizer([t for _, t in corpus.train], args.vocab)
     tok.save(str(out / "tokenizer.json"))
     eos = tok.token_to_id(default_model_corpus.EOS)
-    streams = {s: torch.from_numpy(default_model_corpus.encode_stream(tok, getattr(corpus, s), cap)).to(dev, torch.long)
-               for s, cap in (("train", None), ("val", args.eval_tokens // 3), ("test", args.eval_tokens))}
-    log(f"tokenizer vocab={tok.get_vocab_size()} eos={eos}; tokens " +
-        " ".join(f"{s}={v.numel()}" for s, v in streams.items()))
+    streams = {
+        s: torch.from_numpy(default_model_corpus.encode_stream(tok, getattr(corpus, s), cap)).to(dev, torch.long)
+        for s, cap in (("train", None), ("val", args.eval_tokens // 3), ("test", args.eval_tokens))
+    }
+    log(
+        f"tokenizer vocab={tok.get_vocab_size()} eos={eos}; tokens "
+        + " ".join(f"{s}={v.numel()}" for s, v in streams.items())
+    )
 
     config = model_config(tok.get_vocab_size(), eos, intermediate=args.intermediate)
     model = Qwen3_5ForCausalLM(config).to(dev)
@@ -156,14 +173,21 @@ def main(argv=None):
     if 2 * (n_main + n_mtp) > SIZE_LIMIT:
         raise SystemExit(f"model too large: {n_main}+{n_mtp} params > {SIZE_LIMIT} bytes in BF16")
     check_mtp_causal(model, mtp, dev)
-    log(f"params main={n_main} mtp={n_mtp}; fla={fla}; device={dev} "
-        f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else platform.processor()}")
+    log(
+        f"params main={n_main} mtp={n_mtp}; fla={fla}; device={dev} "
+        f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else platform.processor()}"
+    )
 
     params = list(model.named_parameters()) + [(f"mtp.{n}", p) for n, p in mtp.named_parameters()]
     decay = [p for n, p in params if p.ndim >= 2 and "embed_tokens" not in n]
     no_decay = [p for n, p in params if not (p.ndim >= 2 and "embed_tokens" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=dev.type == "cuda")
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=dev.type == "cuda",
+    )
     B, T, train = args.batch, args.seq, streams["train"]
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     ar = torch.arange(T + 1, device=dev)
@@ -219,12 +243,20 @@ def main(argv=None):
         elapsed = time.time() - t0
         done = (total is not None and step >= total) or elapsed >= budget
         if step % (1 if args.smoke else 50) == 0 or done:
-            rec = {"step": step, "loss": loss.item(), "main": main_ce.item(), "mtp": [c.item() for c in mtp_ce],
-                   "lr": lr_at(step - 1), "elapsed_s": round(time.time() - t0, 2),
-                   "tok_per_s": round(step * B * T / (time.time() - t0))}
+            rec = {
+                "step": step,
+                "loss": loss.item(),
+                "main": main_ce.item(),
+                "mtp": [c.item() for c in mtp_ce],
+                "lr": lr_at(step - 1),
+                "elapsed_s": round(time.time() - t0, 2),
+                "tok_per_s": round(step * B * T / (time.time() - t0)),
+            }
             history.append(rec)
-            log(f"step {step}/{total} loss {rec['main']:.4f} mtp {' '.join(f'{c:.3f}' for c in rec['mtp'])} "
-                f"lr {rec['lr']:.2e} {rec['tok_per_s']} tok/s")
+            log(
+                f"step {step}/{total} loss {rec['main']:.4f} mtp {' '.join(f'{c:.3f}' for c in rec['mtp'])} "
+                f"lr {rec['lr']:.2e} {rec['tok_per_s']} tok/s"
+            )
         if done or (val_every and step % val_every == 0):
             validate()
         if done:
@@ -247,16 +279,35 @@ def main(argv=None):
     log(f"held-out {json.dumps(test)}; acceptance estimate {json.dumps(accept)}")
     info = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "fla": fla, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "seed": args.seed, "smoke": args.smoke, "corpus": corpus.stats(),
-        "tokens": {s: v.numel() for s, v in streams.items()}, "vocab_size": tok.get_vocab_size(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "fla": fla,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "seed": args.seed,
+        "smoke": args.smoke,
+        "corpus": corpus.stats(),
+        "tokens": {s: v.numel() for s, v in streams.items()},
+        "vocab_size": tok.get_vocab_size(),
         "params": {"main": n_main, "mtp": n_mtp, "total": n_main + n_mtp},
-        "train": {"steps": step, "batch": B, "seq_len": T, "tokens_seen": step * B * T, "seconds": round(train_s, 1),
-                  "lr": args.lr, "warmup": warmup, "mtp_weight": args.mtp_weight, "mtp_steps": args.mtp_steps,
-                  "best_step": best[1], "history": history, "val": vals},
-        "heldout": test, "acceptance_estimate": accept,
-        "samples": [default_model_corpus.sample_text(tok, s, P, eos) for s in seqs.tolist()[:3]], "samples_new_tokens": n_new,
+        "train": {
+            "steps": step,
+            "batch": B,
+            "seq_len": T,
+            "tokens_seen": step * B * T,
+            "seconds": round(train_s, 1),
+            "lr": args.lr,
+            "warmup": warmup,
+            "mtp_weight": args.mtp_weight,
+            "mtp_steps": args.mtp_steps,
+            "best_step": best[1],
+            "history": history,
+            "val": vals,
+        },
+        "heldout": test,
+        "acceptance_estimate": accept,
+        "samples": [default_model_corpus.sample_text(tok, s, P, eos) for s in seqs.tolist()[:3]],
+        "samples_new_tokens": n_new,
         "total_seconds": round(time.time() - t_start, 1),
     }
     (out / "train_log.json").write_text(json.dumps(info, indent=1) + "\n")

@@ -5,6 +5,7 @@ Lifecycle: parse options -> settings (env + --token-file) -> load the model, log
 health SERVING -> print "prefill: serving on HOST:PORT" -> SIGINT/SIGTERM: health NOT_SERVING,
 drain for --grace seconds, exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,26 +14,37 @@ import sys
 
 from baton.lifeline import die_with_parent
 from baton.worker.command_line import add_common_arguments, model_from_args, options_from_args, setup_logging
-from baton.worker.process import run_until_signal
 from baton.worker.options import settings_for
+from baton.worker.process import run_until_signal
 
 log = logging.getLogger("baton.prefill")
 
 
 def main(argv: list[str] | None = None) -> int:
-    die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
+    die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
     add_common_arguments(p)
     p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")
-    p.add_argument("--handoff-sender", choices=["process", "thread"], default=None,
-                   help="who streams hand-offs: a sender child process or threads of this one "
-                        "(default: BATON_HANDOFF_SENDER, else process)")
-    p.add_argument("--handoff-tail-chunk-mib", type=float, default=None,
-                   help="hand-off chunk size, MiB, for the last --handoff-tail-layers layers' state (wire format 4's "
-                        "tail segment; capped at --chunk-mib; 0: none; default: BATON_HANDOFF_TAIL_CHUNK_BYTES, else 1)")
-    p.add_argument("--handoff-tail-layers", type=int, default=None,
-                   help="layers the tail segment covers, counted from the last (default: BATON_HANDOFF_TAIL_LAYERS, "
-                        "else 1)")
+    p.add_argument(
+        "--handoff-sender",
+        choices=["process", "thread"],
+        default=None,
+        help="who streams hand-offs: a sender child process or threads of this one "
+        "(default: BATON_HANDOFF_SENDER, else process)",
+    )
+    p.add_argument(
+        "--handoff-tail-chunk-mib",
+        type=float,
+        default=None,
+        help="hand-off chunk size, MiB, for the last --handoff-tail-layers layers' state (wire format 4's "
+        "tail segment; capped at --chunk-mib; 0: none; default: BATON_HANDOFF_TAIL_CHUNK_BYTES, else 1)",
+    )
+    p.add_argument(
+        "--handoff-tail-layers",
+        type=int,
+        default=None,
+        help="layers the tail segment covers, counted from the last (default: BATON_HANDOFF_TAIL_LAYERS, else 1)",
+    )
     args = p.parse_args(argv)
     opts = options_from_args(args)
     try:
@@ -43,20 +55,29 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings.replace(handoff_tail_chunk_bytes=round(args.handoff_tail_chunk_mib * (1 << 20)))
         if args.handoff_tail_layers is not None:
             settings = settings.replace(handoff_tail_layers=args.handoff_tail_layers)
-    except ValueError as e:   # SettingsError: names the variable / file
+    except ValueError as e:  # SettingsError: names the variable / file
         print(f"prefill: {e}", file=sys.stderr)
         return 2
     setup_logging(settings)
 
-    from prefill_worker.service import serve_prefill   # torch import after logging is set up
+    from prefill_worker.serve import serve_prefill  # torch import after logging is set up
 
     try:
         model = model_from_args(args, opts, "prefill")
-        handle, _ = serve_prefill(model, host=opts.host, port=opts.port, device=opts.device,
-                                  dtype=opts.resolved_dtype, width=opts.width, max_len=opts.max_len,
-                                  slots=opts.slots, ttl_s=opts.ttl_s, settings=settings,
-                                  chunk_bytes=int(args.chunk_mib * (1 << 20)))
-        del model   # a random-init LoadedModel: the engines hold what they use
+        handle, _ = serve_prefill(
+            model,
+            host=opts.host,
+            port=opts.port,
+            device=opts.device,
+            dtype=opts.resolved_dtype,
+            width=opts.width,
+            max_len=opts.max_len,
+            slots=opts.slots,
+            ttl_s=opts.ttl_s,
+            settings=settings,
+            chunk_bytes=int(args.chunk_mib * (1 << 20)),
+        )
+        del model  # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:
         log.error("prefill: cannot start: %s", e)
         return 2

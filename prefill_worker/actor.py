@@ -9,30 +9,61 @@ Lifecycle:
     a.stop()                     health NOT_SERVING, drain, stop; a restarted actor (max_restarts)
                                  runs the constructor again (new port unless one was fixed)
 """
+
 from __future__ import annotations
 
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
-from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 from baton.worker.actor import WorkerActor, make_remote
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 
 
 class PrefillActor(WorkerActor):
     role = "prefill"
 
-    def __init__(self, model_dir: str | None = None, port: int = 0, host: str | None = None,
-                 device: str = "cpu", dtype: str | None = None, width: int = DEFAULT_WIDTH,
-                 max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS, ttl: float = DEFAULT_TTL_S,
-                 token_file: str | None = None, chunk_mib: float = 4.0):
-        from prefill_worker.service import serve_prefill
+    def __init__(
+        self,
+        model_dir: str | None = None,
+        port: int = 0,
+        host: str | None = None,
+        device: str = "cpu",
+        dtype: str | None = None,
+        width: int = DEFAULT_WIDTH,
+        max_len: int = DEFAULT_MAX_LEN,
+        slots: int = DEFAULT_SLOTS,
+        ttl: float = DEFAULT_TTL_S,
+        token_file: str | None = None,
+        chunk_mib: float = 4.0,
+    ):
+        from prefill_worker.serve import serve_prefill
 
         settings = self._settings(token_file)
         self.handle, self.servicer = serve_prefill(
-            model_dir or None, host=host or None, port=int(port), device=device,
-            dtype=dtype or default_dtype(device), width=int(width), max_len=int(max_len), slots=int(slots),
-            ttl_s=float(ttl), settings=settings, chunk_bytes=int(float(chunk_mib) * (1 << 20)))
+            model_dir or None,
+            host=host or None,
+            port=int(port),
+            device=device,
+            dtype=dtype or default_dtype(device),
+            width=int(width),
+            max_len=int(max_len),
+            slots=int(slots),
+            ttl_s=float(ttl),
+            settings=settings,
+            chunk_bytes=int(float(chunk_mib) * (1 << 20)),
+        )
 
 
-def make_actor_class(num_gpus: float = 0, resources: dict | None = None, max_restarts: int = -1,
-                     max_task_retries: int | None = None, num_cpus: float | None = None):
-    return make_remote(PrefillActor, num_gpus=num_gpus, resources=resources, max_restarts=max_restarts,
-                       max_task_retries=max_task_retries, num_cpus=num_cpus)
+def make_actor_class(
+    num_gpus: float = 0,
+    resources: dict | None = None,
+    max_restarts: int = -1,
+    max_task_retries: int | None = None,
+    num_cpus: float | None = None,
+):
+    return make_remote(
+        PrefillActor,
+        num_gpus=num_gpus,
+        resources=resources,
+        max_restarts=max_restarts,
+        max_task_retries=max_task_retries,
+        num_cpus=num_cpus,
+    )

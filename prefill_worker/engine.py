@@ -14,16 +14,17 @@ Lifecycle of a request through this engine:
 Exactness: AR steps and verify blocks both go through ModelRunner.rows at width W, so verify row i
 is bitwise equal to the AR step at the same position (tests/engine/test_row_invariance.py proves it).
 """
+
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
 
-from baton.handoff.progress import PrefillProgress
 from baton.engine.runner import ModelRunner
 from baton.engine.slots import SlotTable
 from baton.engine.speculation import verify_block
+from baton.handoff.progress import PrefillProgress
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Session:
     created: float
     last_used: float
     counters: Counters = field(default_factory=Counters)
-    engine: int = 0            # decode engine (proto enum) the session was handed to; reused on migration
+    engine: int = 0  # decode engine (proto enum) the session was handed to; reused on migration
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class ExactEngine:
     def __init__(self, runner: ModelRunner, *, ttl_s: float = 300.0):
         self.runner = runner
         self.ttl_s = ttl_s
-        self._compute = threading.Lock()        # one model, one stream of work
+        self._compute = threading.Lock()  # one model, one stream of work
         self._table: SlotTable[Session] = SlotTable(ttl_s, {0: runner.state.slots})
 
     # ---- sessions ------------------------------------------------------------------------------
@@ -76,8 +77,9 @@ class ExactEngine:
 
     def _open(self, session_id: str | None) -> Session:
         now = time.monotonic()
-        return self._table.open(0, session_id, lambda sid, slot: Session(sid, slot, now, now),
-                                what=f"{self.runner.state.slots} session")
+        return self._table.open(
+            0, session_id, lambda sid, slot: Session(sid, slot, now, now), what=f"{self.runner.state.slots} session"
+        )
 
     def get(self, session_id: str) -> Session:
         return self._table.get(session_id)
@@ -106,8 +108,9 @@ class ExactEngine:
         self.validate_prompt(ids)
         return self._open(session_id)
 
-    def run_prefill(self, s: Session, ids: list[int], progress: PrefillProgress | None = None, *,
-                    mtp: bool = True) -> int:
+    def run_prefill(
+        self, s: Session, ids: list[int], progress: PrefillProgress | None = None, *, mtp: bool = True
+    ) -> int:
         """Computes the prompt into the session's slot; -> first token. `progress` is marked per layer
         and finished with the token (or failed); on failure the session is released. mtp=False skips
         the MTP layer's KV (ModelRunner.prefill): only for a session whose export never ships it."""
@@ -161,7 +164,7 @@ class ExactEngine:
             pending = int(st.next_token[s.slot])
             if tokens[0] != pending:
                 raise ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
-            m, nxt = verify_block(self.runner, s.slot, tokens)   # keeps tokens[0..m] only
+            m, nxt = verify_block(self.runner, s.slot, tokens)  # keeps tokens[0..m] only
             pos = int(st.position[s.slot])
         c = s.counters
         c.drafted += k

@@ -29,37 +29,34 @@ longer fits the window -> OUT_OF_RANGE (a prompt that does not fit is INVALID_AR
 request, not a session running out of room); a session already in use by another call -> ABORTED;
 hand-off failure -> the decode worker's status (UNAVAILABLE when it is down), message naming the target.
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import time
 import uuid
-from pathlib import Path
 
 import grpc
 
+from baton.engine.runner import WindowError
+from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff.channels import ChannelPool
-from baton.handoff.push import HandoffError, start_push
 from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped
-from baton.names import engine_name
-from baton.loading import LoadedModel, load_model
-from baton.rpc import StatusError, build_server
-from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner, WindowError
+from baton.handoff.push import HandoffError, start_push
 from baton.handoff.sender.process import SenderProcess
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
+from baton.names import engine_name
+from baton.rpc import StatusError
 from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
-from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
-from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 from baton.worker.servicer import ServicerBase, window_field
-from baton.worker.process import WorkerHandle
-from baton.engine.slots import SessionLimit, SessionNotFound
 from prefill_worker.engine import ExactEngine
 
 log = logging.getLogger("baton.prefill")
 SERVICE = "baton.v1.PrefillWorker"
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-_GONE = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)   # the Prefill caller went away
+_GONE = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)  # the Prefill caller went away
 _RETRY_RELEASE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 RELEASE_ATTEMPTS = 3
 
@@ -82,23 +79,39 @@ def check_tail_chunk_bytes(settings: Settings, chunk_bytes: int) -> int:
 
 
 class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
-    errors = {WindowError: grpc.StatusCode.OUT_OF_RANGE, SessionNotFound: grpc.StatusCode.NOT_FOUND,
-              SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED, ValueError: INVALID}
+    errors = {
+        WindowError: grpc.StatusCode.OUT_OF_RANGE,
+        SessionNotFound: grpc.StatusCode.NOT_FOUND,
+        SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        ValueError: INVALID,
+    }
 
-    def __init__(self, engine: ExactEngine, *, fingerprint: str, settings: Settings | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, handoff_timeout_s: float = 120.0,
-                 reap_interval_s: float = 2.0):
+    def __init__(
+        self,
+        engine: ExactEngine,
+        *,
+        fingerprint: str,
+        settings: Settings | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        handoff_timeout_s: float = 120.0,
+        reap_interval_s: float = 2.0,
+    ):
         self.settings = Settings() if settings is None else settings
-        check_chunk_bytes(chunk_bytes, self.settings.max_message_bytes)   # NOTE: before any thread starts
-        self.tail_chunk_bytes, self.tail_layers = check_tail_chunk_bytes(self.settings, chunk_bytes), \
-            self.settings.handoff_tail_layers
+        check_chunk_bytes(chunk_bytes, self.settings.max_message_bytes)  # NOTE: before any thread starts
+        self.tail_chunk_bytes, self.tail_layers = (
+            check_tail_chunk_bytes(self.settings, chunk_bytes),
+            self.settings.handoff_tail_layers,
+        )
         super().__init__(engine, reap_interval_s=reap_interval_s)
         self.fingerprint, self.chunk_bytes = fingerprint, chunk_bytes
         self.handoff_timeout_s = handoff_timeout_s
-        self.channels = ChannelPool()   # one channel per decode worker, LRU-bounded (DEFAULT_MAX_CHANNELS)
+        self.channels = ChannelPool()  # one channel per decode worker, LRU-bounded (DEFAULT_MAX_CHANNELS)
         # "process": hand-offs are streamed by a sender child process (this process only stages bytes)
-        self.sender = (SenderProcess(slot_bytes=max(chunk_bytes, DEFAULT_CHUNK_BYTES))
-                       if self.settings.handoff_sender == "process" else None)
+        self.sender = (
+            SenderProcess(slot_bytes=max(chunk_bytes, DEFAULT_CHUNK_BYTES))
+            if self.settings.handoff_sender == "process"
+            else None
+        )
 
     def close(self) -> None:
         super().close()
@@ -111,34 +124,63 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         n, runner = len(r.prompt_ids), self.engine.runner
         if not n:
             raise StatusError(INVALID, "prompt_ids: empty prompt")
-        if n + runner.width > runner.max_len:    # NOTE: before list(): a 64 MiB message holds ~60M ids
-            raise StatusError(INVALID, f"prompt_ids: {n} tokens do not fit the window of "
-                                       f"{runner.max_len} tokens (at most {runner.max_len - runner.width})")
+        if n + runner.width > runner.max_len:  # NOTE: before list(): a 64 MiB message holds ~60M ids
+            raise StatusError(
+                INVALID,
+                f"prompt_ids: {n} tokens do not fit the window of "
+                f"{runner.max_len} tokens (at most {runner.max_len - runner.width})",
+            )
         ids = list(r.prompt_ids)
         runner.check_ids(ids, "prompt_ids")
         if r.decode_target:
             check_target(r.decode_target)
         if r.mode not in (common_pb2.MODE_UNSPECIFIED, common_pb2.FAST, common_pb2.EXACT):
             raise StatusError(INVALID, f"mode: unknown value {r.mode}")
-        engine_name(r.engine)   # ValueError naming `engine`
+        engine_name(r.engine)  # ValueError naming `engine`
         exact = r.mode == common_pb2.EXACT
         if exact and not r.session_id:
             raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")
         return ids, exact
 
-    def _start_push(self, context, sid: str, target: str, *, mode: int, engine: int, target_sid: str,
-                    position: int | None = None, progress=None, timeline: bool = False, mtp_kv: bool = True):
+    def _start_push(
+        self,
+        context,
+        sid: str,
+        target: str,
+        *,
+        mode: int,
+        engine: int,
+        target_sid: str,
+        position: int | None = None,
+        progress=None,
+        timeline: bool = False,
+        mtp_kv: bool = True,
+    ):
         """Starts streaming the session `sid` to `target` (with `progress`: while its prefill runs);
         -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/handoff/timeline.py's marks.
         mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff/)."""
         tensors, pos, nxt = self.engine.export(sid, position)
         tensors = shipped(tensors, mtp_kv)
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
-        push = start_push(target, self.settings, tensors=tensors, session_id=target_sid,
-                          fingerprint=self.fingerprint, position=pos, next_token=nxt, mode=mode, engine=engine,
-                          chunk_bytes=self.chunk_bytes, timeout=timeout, pool=self.channels, progress=progress,
-                          sender=self.sender, tail_chunk_bytes=self.tail_chunk_bytes, tail_layers=self.tail_layers,
-                          timeline=timeline)
+        push = start_push(
+            target,
+            self.settings,
+            tensors=tensors,
+            session_id=target_sid,
+            fingerprint=self.fingerprint,
+            position=pos,
+            next_token=nxt,
+            mode=mode,
+            engine=engine,
+            chunk_bytes=self.chunk_bytes,
+            timeout=timeout,
+            pool=self.channels,
+            progress=progress,
+            sender=self.sender,
+            tail_chunk_bytes=self.tail_chunk_bytes,
+            tail_layers=self.tail_layers,
+            timeline=timeline,
+        )
         return push, pos, nxt
 
     @staticmethod
@@ -149,14 +191,13 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         except HandoffError as e:
             raise StatusError(e.code, f"decode_target {push.target}: hand-off failed: {e.details}") from None
 
-    def _release_remote(self, target: str, sid: str, attempts: int = RELEASE_ATTEMPTS,
-                        backoff_s: float = 0.2) -> None:
+    def _release_remote(self, target: str, sid: str, attempts: int = RELEASE_ATTEMPTS, backoff_s: float = 0.2) -> None:
         """Best effort: the caller went away after the decode worker loaded (or while it loads) the state.
         A Release lost to a busy or restarting worker would leave the session there until its TTL, so a
         transient failure is retried (backoff_s, then doubling); NOT_FOUND (never loaded) ends it."""
         from baton.v1 import decode_pb2_grpc
 
-        with self.channels.lease(target, self.settings) as channel:   # NOTE: never evicted under the retries
+        with self.channels.lease(target, self.settings) as channel:  # NOTE: never evicted under the retries
             stub = decode_pb2_grpc.DecodeWorkerStub(channel)
             for i in range(attempts):
                 try:
@@ -164,10 +205,15 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                     return
                 except grpc.RpcError as e:
                     if e.code() not in _RETRY_RELEASE or i + 1 == attempts:
-                        log.warning("release of %s on %s after a cancelled Prefill failed (attempt %d): %s",
-                                    sid, target, i + 1, e.code())
+                        log.warning(
+                            "release of %s on %s after a cancelled Prefill failed (attempt %d): %s",
+                            sid,
+                            target,
+                            i + 1,
+                            e.code(),
+                        )
                         return
-                    time.sleep(backoff_s * 2 ** i)
+                    time.sleep(backoff_s * 2**i)
 
     @staticmethod
     def _ended(context) -> StatusError:
@@ -182,7 +228,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             sid = request.session_id or uuid.uuid4().hex
             t0, t0_ns = time.perf_counter(), time.monotonic_ns()
             session = self.engine.open_prefill(ids, session_id=sid)
-            session.engine = request.engine          # ExportState re-sends with the same engine
+            session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
             mtp = computes_mtp_kv(exact, request.engine, bool(target))
             try:
@@ -193,32 +239,43 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                     if not target:
                         first = self.engine.run_prefill(session, ids, mtp=mtp)
                         prefill_s = time.perf_counter() - t0
-                        if not context.is_active():   # NOTE: an EXACT session nobody will Verify
+                        if not context.is_active():  # NOTE: an EXACT session nobody will Verify
                             raise self._ended(context)
                     else:
                         # NOTE: the stream starts before the compute: each layer goes out once it is done
                         progress = self.engine.progress()
-                        push, _, _ = self._start_push(context, sid, target, mode=request.mode,
-                                                      engine=request.engine, target_sid=sid,
-                                                      position=len(ids), progress=progress,
-                                                      timeline=request.timeline,
-                                                      mtp_kv=needs_mtp_kv(request.engine))
+                        push, _, _ = self._start_push(
+                            context,
+                            sid,
+                            target,
+                            mode=request.mode,
+                            engine=request.engine,
+                            target_sid=sid,
+                            position=len(ids),
+                            progress=progress,
+                            timeline=request.timeline,
+                            mtp_kv=needs_mtp_kv(request.engine),
+                        )
                         try:
                             first = self.engine.run_prefill(session, ids, progress, mtp=mtp)
                         except BaseException:
                             push.cancel()
                             raise
-                        prefill_s = time.perf_counter() - t0      # to the first token
+                        prefill_s = time.perf_counter() - t0  # to the first token
                         if push.timeline is not None:
-                            push.timeline.update({"prefill.rpc_start": t0_ns,
-                                                  "prefill.last_layer_enqueued": progress.last_layer_ns,
-                                                  "prefill.compute_end": progress.finished_ns})
+                            push.timeline.update(
+                                {
+                                    "prefill.rpc_start": t0_ns,
+                                    "prefill.last_layer_enqueued": progress.last_layer_ns,
+                                    "prefill.compute_end": progress.finished_ns,
+                                }
+                            )
                         try:
-                            if not context.is_active():   # gone during the compute: stop the stream now
+                            if not context.is_active():  # gone during the compute: stop the stream now
                                 push.cancel()
                             _, bridge = self._finish_push(context, push)
                         except StatusError as e:
-                            if e.code in _GONE:   # the stream may have landed just before the cancel
+                            if e.code in _GONE:  # the stream may have landed just before the cancel
                                 self._release_remote(target, sid)
                             raise
                         if not context.is_active():
@@ -228,91 +285,71 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             finally:
                 if not keep:
                     self.engine.release(sid)
-            resp = prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ids),
-                                               prefill_seconds=prefill_s)
+            resp = prefill_pb2.PrefillResponse(
+                first_token=first, bridge=bridge, prompt_tokens=len(ids), prefill_seconds=prefill_s
+            )
             if bridge.HasField("timeline"):
                 resp.bridge.timeline.marks_ns["prefill.rpc_reply"] = time.monotonic_ns()
             return resp
 
     def Verify(self, request, context):
         with self.call(context, "Verify"), self.sessions.hold(request.session_id):
-            if len(request.tokens) > self.engine.runner.width:   # before list(), as for prompt_ids
-                raise StatusError(INVALID, f"tokens: {len(request.tokens)} tokens; a block is [last committed, "
-                                           f"d1..dK] with K < W = {self.engine.runner.width}")
+            if len(request.tokens) > self.engine.runner.width:  # before list(), as for prompt_ids
+                raise StatusError(
+                    INVALID,
+                    f"tokens: {len(request.tokens)} tokens; a block is [last committed, "
+                    f"d1..dK] with K < W = {self.engine.runner.width}",
+                )
             with window_field("tokens"):
                 r = self.engine.verify(request.session_id, list(request.tokens))
             c = r.counters
             return prefill_pb2.VerifyResponse(
-                accepted=r.accepted, next_token=r.next_token, position=r.position,
-                counters=prefill_pb2.SessionCounters(drafted=c.drafted, accepted=c.accepted,
-                                                     rejected_blocks=c.rejected_blocks,
-                                                     verify_blocks=c.verify_blocks,
-                                                     acceptance_rate=c.acceptance_rate))
+                accepted=r.accepted,
+                next_token=r.next_token,
+                position=r.position,
+                counters=prefill_pb2.SessionCounters(
+                    drafted=c.drafted,
+                    accepted=c.accepted,
+                    rejected_blocks=c.rejected_blocks,
+                    verify_blocks=c.verify_blocks,
+                    acceptance_rate=c.acceptance_rate,
+                ),
+            )
 
     def Release(self, request, context):
         with self.call(context, "Release"):
             sid = request.session_id
             return common_pb2.ReleaseResponse(
-                released=self.sessions.release_or_defer(sid, lambda: self.engine.release(sid)))
+                released=self.sessions.release_or_defer(sid, lambda: self.engine.release(sid))
+            )
 
     def ExportState(self, request, context):
         with self.call(context, "ExportState"), self.sessions.hold(request.session_id):
-            kept = self.engine.get(request.session_id)     # NOT_FOUND first
+            kept = self.engine.get(request.session_id)  # NOT_FOUND first
             if not request.decode_target:
                 raise StatusError(INVALID, "decode_target: required")
             check_target(request.decode_target)
-            push, pos, nxt = self._start_push(context, request.session_id, request.decode_target,
-                                              mode=common_pb2.EXACT, engine=kept.engine,
-                                              target_sid=request.target_session_id or request.session_id)
+            push, pos, nxt = self._start_push(
+                context,
+                request.session_id,
+                request.decode_target,
+                mode=common_pb2.EXACT,
+                engine=kept.engine,
+                target_sid=request.target_session_id or request.session_id,
+            )
             _, bridge = self._finish_push(context, push)
             return prefill_pb2.ExportStateResponse(bridge=bridge, position=pos, next_token=nxt)
 
     def stats(self) -> common_pb2.WorkerStats:
         return common_pb2.WorkerStats(
-            sessions=self.engine.session_count(), session_bytes=self.engine.session_bytes(),
-            outstanding=self.outstanding, engine="exact", model_fingerprint=self.fingerprint,
-            max_len=self.engine.runner.max_len, requests_total=self.requests_total)
+            sessions=self.engine.session_count(),
+            session_bytes=self.engine.session_bytes(),
+            outstanding=self.outstanding,
+            engine="exact",
+            model_fingerprint=self.fingerprint,
+            max_len=self.engine.runner.max_len,
+            requests_total=self.requests_total,
+        )
 
     def GetStats(self, request, context):
         return self.stats()
-
-
-def serve_prefill(model: str | Path | LoadedModel | None, *, host: str | None = None, port: int = 0,
-                  device: str = "cpu", dtype: str | None = None, width: int = DEFAULT_WIDTH,
-                  max_len: int = DEFAULT_MAX_LEN, slots: int = DEFAULT_SLOTS, ttl_s: float = DEFAULT_TTL_S,
-                  settings: Settings | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                  max_workers: int = 16, max_concurrent_rpcs: int = 256,
-                  ) -> tuple[WorkerHandle, PrefillServicer]:
-    """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
-    builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
-    settings = Settings.from_env() if settings is None else settings
-    check_chunk_bytes(chunk_bytes, settings.max_message_bytes)   # NOTE: before the model loads
-    if isinstance(model, LoadedModel):
-        lm = model
-    else:
-        log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
-        lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
-    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True)
-    if str(device).startswith("cuda"):   # AR steps, verify blocks (n=K+1) and re-advances (n=m+1)
-        from baton.engine.graph import capture_all
-        st = capture_all(runner, ns={"rows": range(1, width + 1)})
-        log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
-    engine = ExactEngine(runner, ttl_s=ttl_s)
-    if str(device).startswith("cuda"):
-        log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")
-        log.info("prefill: warm-up done in %.1fs", engine.warm_up())
-    servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
-    if servicer.sender is not None:
-        servicer.sender.start()   # spawned now: the first hand-off does not wait for it
-    try:
-        base = build_server([(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer)],
-                            service_names=[SERVICE], host=host, port=port, settings=settings,
-                            max_workers=max_workers, max_concurrent_rpcs=max_concurrent_rpcs)
-    except BaseException:
-        servicer.close()
-        raise
-    handle = WorkerHandle(base, servicer)
-    handle.set_serving(True)
-    log.info("prefill: ready on %s (slots=%d, max_len=%d, W=%d, mtp=%s)", handle.address, slots, max_len,
-             width, runner.has_mtp)
-    return handle, servicer

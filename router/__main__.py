@@ -10,6 +10,7 @@ Lifecycle:
     prints `router: serving on HOST:PORT` (and `router: http on http://HOST:PORT` with --http-port)
     SIGINT / SIGTERM: health NOT_SERVING, stop accepting, in-flight requests get `--grace` s, exit 0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,22 @@ from router.service import ModelMeta, RouterConfig, RouterServicer
 SERVICE_NAME = "baton.v1.Router"
 
 
-def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | None = None,
-                 settings: Settings | None = None, worker_settings: Settings | None = None,
-                 config: RouterConfig = RouterConfig(), host: str | None = None, port: int = 0,
-                 metrics_port: int = 0, ray_namespace: str | None = None,
-                 poll_interval: float = 0.5, http_port: int = 0) -> tuple[ServerHandle, RouterServicer]:
+def serve_router(
+    *,
+    prefill=(),
+    decode=(),
+    model_dir=None,
+    meta: ModelMeta | None = None,
+    settings: Settings | None = None,
+    worker_settings: Settings | None = None,
+    config: RouterConfig = RouterConfig(),
+    host: str | None = None,
+    port: int = 0,
+    metrics_port: int = 0,
+    ray_namespace: str | None = None,
+    poll_interval: float = 0.5,
+    http_port: int = 0,
+) -> tuple[ServerHandle, RouterServicer]:
     """Start a router; returns (handle, servicer). Stop it with `stop_router(handle, servicer, grace)`.
 
     meta (else read from model_dir, else the embedded default model) gives the tokenizer and limits.
@@ -55,16 +67,27 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
 
     def on_change(serving: bool, n_prefill: int, n_decode: int) -> None:
         metrics.workers(n_prefill, n_decode)
-        if "handle" in box:   # NOTE: after enter_graceful_shutdown, set() is ignored: stays NOT_SERVING
+        if "handle" in box:  # NOTE: after enter_graceful_shutdown, set() is ignored: stays NOT_SERVING
             box["handle"].set_serving(serving)
 
-    registry = Registry(worker_settings, prefill=prefill, decode=decode, ray_namespace=ray_namespace,
-                        poll_interval=poll_interval, on_change=on_change)
+    registry = Registry(
+        worker_settings,
+        prefill=prefill,
+        decode=decode,
+        ray_namespace=ray_namespace,
+        poll_interval=poll_interval,
+        on_change=on_change,
+    )
     servicer = RouterServicer(registry, meta, config, metrics)
-    handle = build_server([(router_pb2_grpc.add_RouterServicer_to_server, servicer)],
-                          service_names=[SERVICE_NAME], host=host, port=port, settings=settings,
-                          max_workers=config.max_inflight + 16,  # + health Watch streams, model info
-                          max_receive_bytes=min(settings.max_request_bytes, settings.max_message_bytes))
+    handle = build_server(
+        [(router_pb2_grpc.add_RouterServicer_to_server, servicer)],
+        service_names=[SERVICE_NAME],
+        host=host,
+        port=port,
+        settings=settings,
+        max_workers=config.max_inflight + 16,  # + health Watch streams, model info
+        max_receive_bytes=min(settings.max_request_bytes, settings.max_message_bytes),
+    )
     box["handle"] = handle
     servicer.http = None
     try:
@@ -73,8 +96,9 @@ def serve_router(*, prefill=(), decode=(), model_dir=None, meta: ModelMeta | Non
         if http_port:
             from router.http import start_http
 
-            servicer.http = start_http(servicer, handle, host=handle.host, port=http_port, settings=settings,
-                                       model_dir=model_dir)
+            servicer.http = start_http(
+                servicer, handle, host=handle.host, port=http_port, settings=settings, model_dir=model_dir
+            )
     except BaseException:
         handle.stop(0)
         registry.stop()
@@ -97,7 +121,7 @@ def stop_router(handle: ServerHandle, servicer: RouterServicer, grace: float = 5
     """NOT_SERVING, refuse new calls, give in-flight ones `grace` s, then stop polling and /metrics."""
     http = getattr(servicer, "http", None)
     if http is not None:
-        http.begin_stop()    # no new HTTP connections; its requests in flight drain with the gRPC ones
+        http.begin_stop()  # no new HTTP connections; its requests in flight drain with the gRPC ones
     handle.stop(grace)
     if http is not None:
         http.stop(grace)
@@ -110,7 +134,7 @@ def _addrs(text: str | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    die_with_parent()   # started by deploy.processes.WorkerProcess: SIGTERM when it dies
+    die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     p = argparse.ArgumentParser(prog="python -m router", description="Baton router")
     p.add_argument("--port", type=int, default=50051)
     p.add_argument("--host", default=None, help="bind host (default BATON_HOST or 127.0.0.1)")
@@ -120,37 +144,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-file", default=None)
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
-    p.add_argument("--max-inflight", type=int, default=RouterConfig.max_inflight,
-                   help="Generate calls in flight; past it RESOURCE_EXHAUSTED")
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=RouterConfig.max_inflight,
+        help="Generate calls in flight; past it RESOURCE_EXHAUSTED",
+    )
     p.add_argument("--max-new-tokens-limit", type=int, default=RouterConfig.max_new_tokens_limit)
     p.add_argument("--default-draft-block", type=int, default=RouterConfig.default_draft_block)
     p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W")
-    p.add_argument("--call-timeout", type=float, default=RouterConfig.call_timeout_s,
-                   help="seconds a worker may take to answer one call (or send the next token) before it is "
-                        "treated as hung")
+    p.add_argument(
+        "--call-timeout",
+        type=float,
+        default=RouterConfig.call_timeout_s,
+        help="seconds a worker may take to answer one call (or send the next token) before it is treated as hung",
+    )
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on --host (0 = off)")
-    p.add_argument("--http-port", type=int, default=0,
-                   help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=0,
+        help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)",
+    )
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
     p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
-    p.add_argument("--max-request-bytes", type=int, default=None,
-                   help="largest message the public port receives (default BATON_MAX_REQUEST_BYTES or 4 MiB); "
-                        "past it RESOURCE_EXHAUSTED")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="largest message the public port receives (default BATON_MAX_REQUEST_BYTES or 4 MiB); "
+        "past it RESOURCE_EXHAUSTED",
+    )
     args = p.parse_args(argv)
 
     try:
         token = read_token_file(args.token_file) if args.token_file else None
-        settings = Settings.from_env(token=token, tls_cert=args.tls_cert, tls_key=args.tls_key, host=args.host,
-                                     max_request_bytes=args.max_request_bytes)
+        settings = Settings.from_env(
+            token=token,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            host=args.host,
+            max_request_bytes=args.max_request_bytes,
+        )
         # NOTE: --tls-cert/--tls-key secure the public port only; worker channels follow BATON_TLS_*
         worker_settings = Settings.from_env(token=token)
     except ValueError as e:
         print(f"router: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = RouterConfig(max_inflight=args.max_inflight, max_new_tokens_limit=args.max_new_tokens_limit,
-                          default_draft_block=args.default_draft_block, width=args.width,
-                          call_timeout_s=args.call_timeout)
+    config = RouterConfig(
+        max_inflight=args.max_inflight,
+        max_new_tokens_limit=args.max_new_tokens_limit,
+        default_draft_block=args.default_draft_block,
+        width=args.width,
+        call_timeout_s=args.call_timeout,
+    )
     if not 1 <= config.default_draft_block <= config.width - 2:
         p.error(f"--default-draft-block must be in 1..{config.width - 2}")
     if not (_addrs(args.prefill) and _addrs(args.decode)) and not args.ray_namespace:
@@ -160,11 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        handle, servicer = serve_router(prefill=_addrs(args.prefill), decode=_addrs(args.decode),
-                                        model_dir=args.model, settings=settings,
-                                        worker_settings=worker_settings, config=config,
-                                        port=args.port, metrics_port=args.metrics_port,
-                                        ray_namespace=args.ray_namespace, http_port=args.http_port)
+        handle, servicer = serve_router(
+            prefill=_addrs(args.prefill),
+            decode=_addrs(args.decode),
+            model_dir=args.model,
+            settings=settings,
+            worker_settings=worker_settings,
+            config=config,
+            port=args.port,
+            metrics_port=args.metrics_port,
+            ray_namespace=args.ray_namespace,
+            http_port=args.http_port,
+        )
     except (OSError, ValueError, ImportError) as e:
         print(f"router: {e}", file=sys.stderr)
         return 1

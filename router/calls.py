@@ -11,6 +11,7 @@ Lifecycle of a request's calls:
         # retry or migrate), StatusError (the request's own fault: passed to the client)
     calls.close()                              # Release every tracked session on its worker, drop leases
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,10 +51,10 @@ def unavailable(msg: str) -> StatusError:
 class Calls:
     def __init__(self, registry: Registry, *, deadline: float, call_timeout: float):
         self.registry = registry
-        self.deadline = deadline              # time.monotonic() by which everything must end
+        self.deadline = deadline  # time.monotonic() by which everything must end
         self.call_timeout = call_timeout
         self._lock = threading.Lock()
-        self._active: set = set()             # grpc futures / stream calls in flight
+        self._active: set = set()  # grpc futures / stream calls in flight
         self._cancelled = False
         self._sessions: list[tuple[Worker, str, bool]] = []  # (worker, session id, creation uncertain)
         self._leases = ExitStack()
@@ -126,7 +127,7 @@ class Calls:
         self._register(fut)
         try:
             resp = fut.result()
-            worker.last_answer = time.monotonic()      # alive, however late its health checks are
+            worker.last_answer = time.monotonic()  # alive, however late its health checks are
             return resp
         except grpc.FutureCancelledError:
             raise Cancelled() from None
@@ -144,7 +145,7 @@ class Calls:
         it = iter(call)
         try:
             while True:
-                stalled = _WATCHDOG.arm(call, self.call_timeout)   # only while waiting on the worker
+                stalled = _WATCHDOG.arm(call, self.call_timeout)  # only while waiting on the worker
                 try:
                     resp = next(it)
                 except StopIteration:
@@ -156,8 +157,7 @@ class Calls:
         except grpc.RpcError as e:
             if stalled.is_set() and not self._cancelled:
                 self.registry.mark_down(worker)
-                raise WorkerFault(worker, C.DEADLINE_EXCEEDED, f"stream stalled for {self.call_timeout:.1f}s") \
-                    from None
+                raise WorkerFault(worker, C.DEADLINE_EXCEEDED, f"stream stalled for {self.call_timeout:.1f}s") from None
             raise self._error(worker, e, timeout) from None
         finally:
             self._unregister(call)
@@ -192,7 +192,7 @@ class _Watchdog:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._due: dict[int, tuple[float, object, threading.Event]] = {}   # id(call) -> (due, call, flag)
+        self._due: dict[int, tuple[float, object, threading.Event]] = {}  # id(call) -> (due, call, flag)
         self._thread: threading.Thread | None = None
 
     def arm(self, call, idle_s: float) -> threading.Event:
@@ -227,8 +227,9 @@ def _release(sessions: list[tuple[Worker, str, bool]]) -> None:
     futs = []
     for w, s, _ in sessions:
         try:
-            futs.append((w, s, w.stub.Release.future(common_pb2.ReleaseRequest(session_id=s),
-                                                     timeout=RELEASE_TIMEOUT_S)))
+            futs.append(
+                (w, s, w.stub.Release.future(common_pb2.ReleaseRequest(session_id=s), timeout=RELEASE_TIMEOUT_S))
+            )
         except ValueError:  # the worker was removed (its channel closed) meanwhile
             continue
     for w, s, f in futs:

@@ -14,6 +14,7 @@ exact state (position, next_token = the pending token) to another decode worker 
 with Draft(has_verdict=False): the output is unchanged. When P fails the exact state is gone:
 UNAVAILABLE (a re-prefill would change the reference state).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,8 @@ from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
 from baton.v1 import decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
-from router.session import Budget, Handoff
 from router.registry import NoWorker
+from router.session import Budget, Handoff
 
 log = logging.getLogger("baton.router")
 
@@ -35,6 +36,7 @@ log = logging.getLogger("baton.router")
 @dataclass
 class RunStats:
     """Per-request counters reported in the last GenerateResponse."""
+
     drafted: int = 0
     accepted: int = 0
     migrations: int = 0
@@ -47,9 +49,21 @@ class RunStats:
 
 
 class ExactLoop:
-    def __init__(self, calls: Calls, handoff: Handoff, budget: Budget, stats: RunStats, *, k: int,
-                 engine: int, engine_name: str | None, migrate_wait_s: float = 3.0, max_migrations: int = 3,
-                 on_migrate: Callable[[], None] | None = None, on_bridge: Callable[[object], None] | None = None):
+    def __init__(
+        self,
+        calls: Calls,
+        handoff: Handoff,
+        budget: Budget,
+        stats: RunStats,
+        *,
+        k: int,
+        engine: int,
+        engine_name: str | None,
+        migrate_wait_s: float = 3.0,
+        max_migrations: int = 3,
+        on_migrate: Callable[[], None] | None = None,
+        on_bridge: Callable[[object], None] | None = None,
+    ):
         self.calls, self.budget, self.stats = calls, budget, stats
         self.sid, self.exact, self.decode = handoff.session_id, handoff.prefill, handoff.decode
         self.k, self.engine, self.engine_name = k, engine, engine_name
@@ -59,7 +73,7 @@ class ExactLoop:
 
     def run(self, pending: int) -> Iterator[tuple[list[int], int | None]]:
         """pending = the last committed token (already sent). Yields (tokens, finish_reason | None)."""
-        verdict: tuple[int, int] | None = None     # (m, next) of the last Verify, for the next Draft
+        verdict: tuple[int, int] | None = None  # (m, next) of the last Verify, for the next Draft
         while True:
             # k <= remaining - 1: one block then yields at most the tokens still wanted
             k = max(1, min(self.k, self.budget.remaining - 1))
@@ -117,19 +131,21 @@ class ExactLoop:
                 raise unavailable(f"cannot migrate: {e}") from None
             self.calls.lease(target)
             self.calls.track(target, self.sid)
-            req = prefill_pb2.ExportStateRequest(session_id=self.sid, decode_target=target.address,
-                                                 target_session_id=self.sid)
+            req = prefill_pb2.ExportStateRequest(
+                session_id=self.sid, decode_target=target.address, target_session_id=self.sid
+            )
             try:
                 resp = self.calls.unary(self.exact, "ExportState", req)
             except WorkerFault as e:
                 if not reg.probe(self.exact):
                     raise unavailable(f"exact worker lost the session: {e}") from None
-                dead.append(target)   # the exact worker is fine: the new target failed the hand-off
+                dead.append(target)  # the exact worker is fine: the new target failed the hand-off
                 fault = e
                 continue
             if int(resp.next_token) != pending:
-                raise StatusError(grpc.StatusCode.INTERNAL,
-                                  f"exported next_token {resp.next_token} != pending token {pending}")
+                raise StatusError(
+                    grpc.StatusCode.INTERNAL, f"exported next_token {resp.next_token} != pending token {pending}"
+                )
             self.stats.migrations += 1
             self.stats.bridge(resp.bridge)
             if self.on_bridge is not None:

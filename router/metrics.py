@@ -9,6 +9,7 @@ Lifecycle:
 Every name starts with `baton_router_`. Labels stay low-cardinality (mode, engine, status), never
 request ids.
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -23,20 +24,21 @@ class RouterMetrics:
         p = "baton_router_"
         self.requests = Counter(p + "requests", "Generate calls by final status", ["mode", "status"], registry=r)
         self.inflight = Gauge(p + "inflight", "Generate calls in flight", registry=r)
-        self.ttft = Histogram(p + "ttft_seconds", "Request arrival to first token sent", ["mode"],
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(p + "inter_token_seconds", "Gap between streamed tokens", ["mode"],
-                             buckets=_ITL_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            p + "ttft_seconds", "Request arrival to first token sent", ["mode"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            p + "inter_token_seconds", "Gap between streamed tokens", ["mode"], buckets=_ITL_BUCKETS, registry=r
+        )
         self.tokens_out = Counter(p + "tokens", "Completion tokens streamed", ["mode", "engine"], registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens admitted", registry=r)
         self.drafted = Counter(p + "drafted_tokens", "Exact mode: draft tokens verified", ["engine"], registry=r)
-        self.accepted = Counter(p + "accepted_tokens", "Exact mode: draft tokens accepted", ["engine"],
-                                registry=r)
+        self.accepted = Counter(p + "accepted_tokens", "Exact mode: draft tokens accepted", ["engine"], registry=r)
         self.bridge_bytes = Counter(p + "bridge_bytes", "State bytes handed from prefill to decode", registry=r)
-        self.bridge_seconds = Histogram(p + "bridge_seconds", "Duration of one state hand-off",
-                                        buckets=_LATENCY_BUCKETS, registry=r)
-        self.migrations = Counter(p + "migrations", "Requests moved to another decode worker", ["mode"],
-                                  registry=r)
+        self.bridge_seconds = Histogram(
+            p + "bridge_seconds", "Duration of one state hand-off", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.migrations = Counter(p + "migrations", "Requests moved to another decode worker", ["mode"], registry=r)
         self.prefill_retries = Counter(p + "prefill_retries", "Prefills retried on another worker", registry=r)
         self.workers_up = Gauge(p + "workers_up", "Workers answering SERVING", ["role"], registry=r)
         self._server = None

@@ -15,6 +15,7 @@ Lifecycle:
 
 `serving` is True only while >= 1 prefill and >= 1 decode worker answer SERVING.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -60,23 +61,23 @@ def parse_engines(text: str) -> tuple[tuple[str, ...], bool]:
 
 @dataclass(eq=False)
 class Worker:
-    role: str                       # "prefill" | "decode"
-    address: str                    # host:port, also what the prefill worker dials as decode_target
+    role: str  # "prefill" | "decode"
+    address: str  # host:port, also what the prefill worker dials as decode_target
     channel: grpc.Channel
-    stub: Any                       # PrefillWorkerStub | DecodeWorkerStub
+    stub: Any  # PrefillWorkerStub | DecodeWorkerStub
     health: health_pb2_grpc.HealthStub
-    source: str = "static"          # "static" | "ray"
+    source: str = "static"  # "static" | "ray"
     up: bool = False
-    seen: bool = False              # has answered SERVING at least once
-    late: int = 0                   # consecutive health checks past their deadline
-    last_answer: float = 0.0        # monotonic time of its last answer to a request call (router.calls)
-    full_at: int = 0                # decode: our requests on it when it last refused for full slots ...
-    full_until: float = 0.0         # ... and until when that keeps new requests off it (router.session)
-    outstanding: int = 0            # requests holding a lease
-    last_pick: int = 0              # tie-break: least recently picked first
-    engines: tuple[str, ...] = ()   # decode: engines it reported (first = its default)
+    seen: bool = False  # has answered SERVING at least once
+    late: int = 0  # consecutive health checks past their deadline
+    last_answer: float = 0.0  # monotonic time of its last answer to a request call (router.calls)
+    full_at: int = 0  # decode: our requests on it when it last refused for full slots ...
+    full_until: float = 0.0  # ... and until when that keeps new requests off it (router.session)
+    outstanding: int = 0  # requests holding a lease
+    last_pick: int = 0  # tie-break: least recently picked first
+    engines: tuple[str, ...] = ()  # decode: engines it reported (first = its default)
     engines_complete: bool = False  # True: `engines` is all it offers; False: others may exist
-    max_len: int = 0                # window reported by GetStats; 0 = unknown
+    max_len: int = 0  # window reported by GetStats; 0 = unknown
     fingerprint: str = ""
 
     def offers(self, engine: str | None) -> bool:
@@ -85,10 +86,19 @@ class Worker:
 
 
 class Registry:
-    def __init__(self, settings: Settings, *, prefill: Iterable[str] = (), decode: Iterable[str] = (),
-                 ray_namespace: str | None = None, poll_interval: float = 0.5, check_timeout: float = 0.3,
-                 ray_every: float = 2.0, busy_s: float = 2.0,
-                 on_change: Callable[[bool, int, int], None] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        prefill: Iterable[str] = (),
+        decode: Iterable[str] = (),
+        ray_namespace: str | None = None,
+        poll_interval: float = 0.5,
+        check_timeout: float = 0.3,
+        ray_every: float = 2.0,
+        busy_s: float = 2.0,
+        on_change: Callable[[bool, int, int], None] | None = None,
+    ):
         self.settings = settings
         self.poll_interval, self.check_timeout, self.busy_s = poll_interval, check_timeout, busy_s
         self.ray_namespace, self.ray_every = ray_namespace, ray_every
@@ -97,7 +107,7 @@ class Registry:
         self._workers: dict[str, list[Worker]] = {r: [] for r in ROLES}
         self._seq = itertools.count(1)
         self._last_summary: tuple[bool, int, int] | None = None
-        self._publish_lock = threading.Lock()   # on_change calls happen in summary order
+        self._publish_lock = threading.Lock()  # on_change calls happen in summary order
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="baton-health")
@@ -154,8 +164,7 @@ class Registry:
                 what = f"{role} worker" + (f" offering engine {engine}" if engine else "")
                 raise NoWorker(f"no {what} is available")
             # workers known to offer the engine first, then least outstanding, then least recently picked
-            w = min(cands, key=lambda c: (engine is not None and engine not in c.engines, c.outstanding,
-                                          c.last_pick))
+            w = min(cands, key=lambda c: (engine is not None and engine not in c.engines, c.outstanding, c.last_pick))
             w.last_pick = next(self._seq)
             return w
 
@@ -247,7 +256,7 @@ class Registry:
         due = self.ray_namespace and time.monotonic() - self._last_ray >= self.ray_every
         if due and (self._ray_future is None or self._ray_future.done()):
             self._last_ray = time.monotonic()
-            if self._thread is None:       # start(): synchronous, so the pools are filled before serving
+            if self._thread is None:  # start(): synchronous, so the pools are filled before serving
                 self._sync_ray()
             else:
                 self._ray_future = self._ray_pool.submit(self._sync_ray)

@@ -23,6 +23,7 @@ worker lost an EXACT session, decode workers kept failing); DEADLINE_EXCEEDED / 
 client's); OUT_OF_RANGE (a worker's window); INTERNAL (a worker refused the router's token, or broke
 the protocol); UNAUTHENTICATED (the client's token, checked by baton.rpc.AuthInterceptor).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,10 @@ from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES, engine_name, kn
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
 from router.calls import Calls, Cancelled, WorkerFault, unavailable
-from router.session import Budget, start_session
 from router.exact import ExactLoop, RunStats
 from router.metrics import RouterMetrics
 from router.registry import Registry
+from router.session import Budget, start_session
 
 log = logging.getLogger("baton.router")
 C = grpc.StatusCode
@@ -53,24 +54,25 @@ MAX_REQUEST_ID = 128
 
 @dataclass(frozen=True)
 class RouterConfig:
-    max_inflight: int = 64             # Generate calls in flight; past it RESOURCE_EXHAUSTED
+    max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
     max_new_tokens_limit: int = 4096
-    default_draft_block: int = 4       # K when a request sends draft_block = 0
-    width: int = 16                    # W of the workers: draft_block in 1..W-2, W rows reserved
-    max_context: int = 4096            # window used until workers report theirs (GetStats.max_len)
-    call_timeout_s: float = 30.0       # cap on one unary downstream call (a hung worker)
-    request_timeout_s: float = 600.0   # total when the client sets no deadline
-    migrate_wait_s: float = 3.0        # how long a migration waits for a decode worker to come up
+    default_draft_block: int = 4  # K when a request sends draft_block = 0
+    width: int = 16  # W of the workers: draft_block in 1..W-2, W rows reserved
+    max_context: int = 4096  # window used until workers report theirs (GetStats.max_len)
+    call_timeout_s: float = 30.0  # cap on one unary downstream call (a hung worker)
+    request_timeout_s: float = 600.0  # total when the client sets no deadline
+    migrate_wait_s: float = 3.0  # how long a migration waits for a decode worker to come up
     max_migrations: int = 3
 
 
 @dataclass(frozen=True)
 class ModelMeta:
     """What the router knows of the model without loading weights."""
+
     model_id: str
     vocab_size: int
     eos_ids: tuple[int, ...]
-    tokenizer: object | None = None    # baton.tokenizer.Tokenizer; None = token_ids prompts only
+    tokenizer: object | None = None  # baton.tokenizer.Tokenizer; None = token_ids prompts only
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelMeta":
@@ -91,11 +93,11 @@ class Plan:
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
-    mode: int            # common_pb2.FAST | EXACT
-    engine: int          # common_pb2.Engine (0 = the decode worker's default)
+    mode: int  # common_pb2.FAST | EXACT
+    engine: int  # common_pb2.Engine (0 = the decode worker's default)
     stop_ids: tuple[int, ...]
     ignore_eos: bool
-    k: int               # draft block (exact mode)
+    k: int  # draft block (exact mode)
 
     @property
     def engine_name(self) -> str | None:
@@ -107,8 +109,13 @@ def _bad(field: str, why: str) -> StatusError:
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, registry: Registry, meta: ModelMeta, config: RouterConfig = RouterConfig(),
-                 metrics: RouterMetrics | None = None):
+    def __init__(
+        self,
+        registry: Registry,
+        meta: ModelMeta,
+        config: RouterConfig = RouterConfig(),
+        metrics: RouterMetrics | None = None,
+    ):
         self.registry, self.meta, self.config = registry, meta, config
         self.metrics = metrics or RouterMetrics()
         self._admit = threading.BoundedSemaphore(config.max_inflight)
@@ -118,21 +125,34 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         cfg, reg = self.config, self.registry
         engines = sorted(ENGINE_VALUES[e] for e in reg.engines() if e in ENGINE_VALUES)
         return router_pb2.ModelInfo(
-            model_id=self.meta.model_id, fingerprint=reg.fingerprint(),
-            max_context=reg.max_context(cfg.max_context), engines=engines, vocab_size=self.meta.vocab_size,
-            eos_token_ids=self.meta.eos_ids, max_new_tokens_limit=cfg.max_new_tokens_limit,
-            default_draft_block=cfg.default_draft_block, max_draft_block=cfg.width - 2)
+            model_id=self.meta.model_id,
+            fingerprint=reg.fingerprint(),
+            max_context=reg.max_context(cfg.max_context),
+            engines=engines,
+            vocab_size=self.meta.vocab_size,
+            eos_token_ids=self.meta.eos_ids,
+            max_new_tokens_limit=cfg.max_new_tokens_limit,
+            default_draft_block=cfg.default_draft_block,
+            max_draft_block=cfg.width - 2,
+        )
 
     # ---- Generate --------------------------------------------------------------------------------
     def Generate(self, request, context):
         t0 = time.monotonic()
-        rec = {"request_id": request.request_id[:MAX_REQUEST_ID] or uuid.uuid4().hex,
-               "mode": MODE_NAMES.get(request.mode, str(request.mode)),
-               "engine": ENGINE_NAMES.get(request.engine, "default"), "tokens": 0, "migrations": 0}
+        rec = {
+            "request_id": request.request_id[:MAX_REQUEST_ID] or uuid.uuid4().hex,
+            "mode": MODE_NAMES.get(request.mode, str(request.mode)),
+            "engine": ENGINE_NAMES.get(request.engine, "default"),
+            "tokens": 0,
+            "migrations": 0,
+        }
         if not self._admit.acquire(blocking=False):
             self._done(rec, t0, C.RESOURCE_EXHAUSTED)
-            abort_with(context, C.RESOURCE_EXHAUSTED,
-                       f"router: {self.config.max_inflight} requests in flight (max_inflight); retry later")
+            abort_with(
+                context,
+                C.RESOURCE_EXHAUSTED,
+                f"router: {self.config.max_inflight} requests in flight (max_inflight); retry later",
+            )
         self.metrics.inflight.inc()
         calls, status = None, C.UNKNOWN
         try:
@@ -186,8 +206,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if not ids:
             raise _bad("prompt", "empty (set text or token_ids)")
         if len(ids) + W > max_ctx:
-            raise _bad("prompt", f"{len(ids)} tokens is too long: at most {max_ctx - W} fit the window of "
-                                 f"{max_ctx} ({W} rows are reserved for decoding)")
+            raise _bad(
+                "prompt",
+                f"{len(ids)} tokens is too long: at most {max_ctx - W} fit the window of "
+                f"{max_ctx} ({W} rows are reserved for decoding)",
+            )
         ids = list(ids)
         if which == "token_ids" and max(ids) >= meta.vocab_size:
             i = next(i for i, t in enumerate(ids) if t >= meta.vocab_size)
@@ -198,8 +221,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if n > cfg.max_new_tokens_limit:
             raise _bad("max_new_tokens", f"{n} exceeds the limit of {cfg.max_new_tokens_limit}")
         if len(ids) + n + W > max_ctx:
-            raise _bad("max_new_tokens", f"prompt ({len(ids)}) + max_new_tokens ({n}) + {W} reserved rows "
-                                         f"exceeds the window of {max_ctx} tokens")
+            raise _bad(
+                "max_new_tokens",
+                f"prompt ({len(ids)}) + max_new_tokens ({n}) + {W} reserved rows "
+                f"exceeds the window of {max_ctx} tokens",
+            )
         k = r.draft_block or cfg.default_draft_block
         if not 1 <= k <= W - 2:
             raise _bad("draft_block", f"{r.draft_block} is out of range 1..{W - 2} (0 = default)")
@@ -249,8 +275,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 st.acceptance_rate = stats.accepted / stats.drafted if stats.drafted else 0.0
                 if n_out > 1 and now > t_first:
                     st.decode_tokens_per_s = (n_out - 1) / (now - t_first)
-                rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted,
-                           accepted=stats.accepted)
+                rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted, accepted=stats.accepted)
                 if plan.mode == common_pb2.EXACT:
                     self.metrics.exact(rec["engine"], stats.drafted, stats.accepted)
             msg.text = text
@@ -266,17 +291,31 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if finish is not None:
             return
         if plan.mode == common_pb2.EXACT:
-            loop = ExactLoop(calls, h, budget, stats, k=plan.k, engine=plan.engine, engine_name=plan.engine_name,
-                             migrate_wait_s=self.config.migrate_wait_s, max_migrations=self.config.max_migrations,
-                             on_migrate=lambda: self.metrics.migration("exact"),
-                             on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds))
+            loop = ExactLoop(
+                calls,
+                h,
+                budget,
+                stats,
+                k=plan.k,
+                engine=plan.engine,
+                engine_name=plan.engine_name,
+                migrate_wait_s=self.config.migrate_wait_s,
+                max_migrations=self.config.max_migrations,
+                on_migrate=lambda: self.metrics.migration("exact"),
+                on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
+            )
             yield from loop.run(h.first_token)
             return
         attempts = 0
         while True:
-            req = decode_pb2.DecodeRequest(session_id=h.session_id, max_new_tokens=budget.remaining,
-                                           stop_token_ids=plan.stop_ids, ignore_eos=plan.ignore_eos,
-                                           engine=plan.engine, release_at_end=True)
+            req = decode_pb2.DecodeRequest(
+                session_id=h.session_id,
+                max_new_tokens=budget.remaining,
+                stop_token_ids=plan.stop_ids,
+                ignore_eos=plan.ignore_eos,
+                engine=plan.engine,
+                release_at_end=True,
+            )
             try:
                 reason = None
                 for resp in calls.stream(h.decode, "Decode", req):
@@ -286,18 +325,29 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     if finish is not None:
                         return
                     reason = resp.finish_reason or reason
-                yield [], reason or common_pb2.LENGTH   # the worker stopped on a condition of its own
+                yield [], reason or common_pb2.LENGTH  # the worker stopped on a condition of its own
                 return
             except WorkerFault as e:
                 attempts += 1
                 if attempts > self.config.max_migrations:
                     raise unavailable(f"decode workers failed {attempts} times: {e}") from None
-                log.warning("request %s: decode worker failed (%s); re-prefilling %d + %d tokens",
-                            plan.request_id, e, len(plan.prompt_ids), len(budget.emitted))
+                log.warning(
+                    "request %s: decode worker failed (%s); re-prefilling %d + %d tokens",
+                    plan.request_id,
+                    e,
+                    len(plan.prompt_ids),
+                    len(budget.emitted),
+                )
                 # NOTE: the re-prefill's first token is the next token to send: nothing lost or repeated
-                gone = [] if e.code == C.NOT_FOUND else [h.decode]   # NOT_FOUND: only the session is lost
-                h = self._start(plan, calls, plan.prompt_ids + budget.emitted, stats, exclude=gone,
-                                wait_s=self.config.migrate_wait_s)
+                gone = [] if e.code == C.NOT_FOUND else [h.decode]  # NOT_FOUND: only the session is lost
+                h = self._start(
+                    plan,
+                    calls,
+                    plan.prompt_ids + budget.emitted,
+                    stats,
+                    exclude=gone,
+                    wait_s=self.config.migrate_wait_s,
+                )
                 stats.migrations += 1
                 self.metrics.migration("fast")
                 toks, finish = budget.take([h.first_token])
@@ -306,9 +356,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     return
 
     def _start(self, plan: Plan, calls: Calls, ids: list[int], stats: RunStats, exclude, wait_s: float = 0.0):
-        h = start_session(calls, ids, mode=plan.mode, engine=plan.engine, engine_name=plan.engine_name,
-                          exclude_decode=exclude, decode_wait_s=wait_s,
-                          on_retry=self.metrics.prefill_retries.inc)
+        h = start_session(
+            calls,
+            ids,
+            mode=plan.mode,
+            engine=plan.engine,
+            engine_name=plan.engine_name,
+            exclude_decode=exclude,
+            decode_wait_s=wait_s,
+            on_retry=self.metrics.prefill_retries.inc,
+        )
         stats.bridge(h.response.bridge)
         self.metrics.bridge(h.response.bridge.total_bytes, h.response.bridge.seconds)
         return h

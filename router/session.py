@@ -1,13 +1,14 @@
 """One request's session: its stop conditions (Budget) and its start on a worker pair (start_session).
 
-    h = start_session(calls, ids, mode=..., engine=..., engine_name=..., exclude_decode=())
-        pick prefill P + decode D (least outstanding work), Prefill(session, decode_target=D): the
-        state goes P -> D directly; EXACT keeps the exact session on P. A worker fault before the first
-        token is retried once on another prefill worker (a dead decode target is excluded too).
-    budget = Budget(max_new_tokens, stop_ids, eos_ids, ignore_eos)
-    toks, finish = budget.take(tokens)   # truncated after the first stop / EOS (inclusive) or at
-                                         # max_new_tokens: every path reports the same finish_reason
+h = start_session(calls, ids, mode=..., engine=..., engine_name=..., exclude_decode=())
+    pick prefill P + decode D (least outstanding work), Prefill(session, decode_target=D): the
+    state goes P -> D directly; EXACT keeps the exact session on P. A worker fault before the first
+    token is retried once on another prefill worker (a dead decode target is excluded too).
+budget = Budget(max_new_tokens, stop_ids, eos_ids, ignore_eos)
+toks, finish = budget.take(tokens)   # truncated after the first stop / EOS (inclusive) or at
+                                     # max_new_tokens: every path reports the same finish_reason
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,6 +59,7 @@ class Budget:
 @dataclass
 class Handoff:
     """A prefilled session: P keeps it (exact mode) and D holds its state."""
+
     session_id: str
     prefill: Worker
     decode: Worker
@@ -68,11 +70,11 @@ class Handoff:
         return int(self.response.first_token)
 
 
-FULL_HOLD_S = 2.0   # a decode worker that refused for full slots gets no new request for this long ...
+FULL_HOLD_S = 2.0  # a decode worker that refused for full slots gets no new request for this long ...
 
 
 def _note_full(w: Worker) -> None:
-    w.full_at, w.full_until = max(0, w.outstanding - 1), time.monotonic() + FULL_HOLD_S   # - the refused one
+    w.full_at, w.full_until = max(0, w.outstanding - 1), time.monotonic() + FULL_HOLD_S  # - the refused one
 
 
 def _full(w: Worker) -> bool:
@@ -90,8 +92,18 @@ def _default_engine(d: Worker) -> int:
     return common_pb2.Engine.Value(name) if name in common_pb2.Engine.keys() else common_pb2.ENGINE_UNSPECIFIED
 
 
-def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engine_name: str | None,
-                  exclude_decode=(), retries: int = 1, decode_wait_s: float = 0.0, on_retry=None) -> Handoff:
+def start_session(
+    calls: Calls,
+    ids: list[int],
+    *,
+    mode: int,
+    engine: int,
+    engine_name: str | None,
+    exclude_decode=(),
+    retries: int = 1,
+    decode_wait_s: float = 0.0,
+    on_retry=None,
+) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
     A worker fault before the first token is retried `retries` times on another prefill worker (the
@@ -103,7 +115,7 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
     reg = calls.registry
     bad_p: list[Worker] = []
     bad_d: list[Worker] = list(exclude_decode)
-    full_d: StatusError | None = None   # a decode target's refusal (its slots are full)
+    full_d: StatusError | None = None  # a decode target's refusal (its slots are full)
     for attempt in range(retries + 1):
         busy = [w for w in reg.up("decode") if _full(w) and w not in bad_d]
         try:
@@ -114,18 +126,21 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
             d = reg.wait_pick("decode", engine_name, bad_d + busy, min(decode_wait_s, max(0.0, calls.remaining())))
         except NoWorker as e:
             if full_d is not None:
-                raise full_d from None    # no other decode worker: the refusal stands (not UNAVAILABLE)
-            if busy:                      # refused here, before a Prefill and a hand-off are spent on it
-                raise StatusError(C.RESOURCE_EXHAUSTED, f"decode workers: all session slots are in use "
-                                                        f"({len(busy)} full); retry later") from None
+                raise full_d from None  # no other decode worker: the refusal stands (not UNAVAILABLE)
+            if busy:  # refused here, before a Prefill and a hand-off are spent on it
+                raise StatusError(
+                    C.RESOURCE_EXHAUSTED,
+                    f"decode workers: all session slots are in use ({len(busy)} full); retry later",
+                ) from None
             raise unavailable(str(e)) from None
         sid = uuid.uuid4().hex
         calls.lease(p)
         calls.lease(d)
         calls.track(p, sid)
         calls.track(d, sid)
-        req = prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address,
-                                         engine=engine or _default_engine(d))
+        req = prefill_pb2.PrefillRequest(
+            session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address, engine=engine or _default_engine(d)
+        )
         try:
             return Handoff(sid, p, d, calls.unary(p, "Prefill", req))
         except StatusError as e:
@@ -133,11 +148,11 @@ def start_session(calls: Calls, ids: list[int], *, mode: int, engine: int, engin
             if e.code != C.RESOURCE_EXHAUSTED or attempt == retries:
                 raise
             if "decode_target" in e.message:
-                bad_d.append(d)   # the decode target's slots are full (the prefill worker names it)
+                bad_d.append(d)  # the decode target's slots are full (the prefill worker names it)
                 full_d = e
                 _note_full(d)
             else:
-                bad_p.append(p)   # the prefill worker's slots are full
+                bad_p.append(p)  # the prefill worker's slots are full
         except Cancelled:
             calls.mark_uncertain(sid)
             raise

@@ -1,4 +1,5 @@
 """Shared pytest fixtures. Markers (gpu, slow) and the default timeout live in pyproject.toml."""
+
 import socket
 
 import pytest

@@ -10,6 +10,7 @@ LoadState client stream from the fake prefill to the fake decode worker: a heade
 uint32 bytes, a trailer. Knobs (plain attributes) make a fake fail, die (server stopped: clients see
 UNAVAILABLE), or hang at a given point; GetStats.sessions counts live sessions.
 """
+
 from __future__ import annotations
 
 import array
@@ -20,25 +21,25 @@ import grpc
 
 from baton import rpc
 from baton.settings import Settings
-from baton.v1 import (common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2)
+from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
 
 VOCAB = 100
 EOS = 99
-SAY_EOS = 98   # a prompt holding this token makes the model emit EOS where len(ctx) % 5 == 0
+SAY_EOS = 98  # a prompt holding this token makes the model emit EOS where len(ctx) % 5 == 0
 WIDTH = 16
 
 
 def exact_next(ctx: list[int]) -> int:
     if SAY_EOS in ctx and len(ctx) % 5 == 0:
         return EOS
-    return (31 * ctx[-1] + 17 * len(ctx)) % 97 + 1          # 1..97
+    return (31 * ctx[-1] + 17 * len(ctx)) % 97 + 1  # 1..97
 
 
 def draft_next(ctx: list[int], engine: str) -> int:
     t = exact_next(ctx)
     h = 13 * ctx[-1] + len(ctx)
     wrong = {"fp8": h % 4 == 0, "mtp": h % 3 == 0}.get(engine, False)
-    return (t % 97) + 1 if wrong else t                      # a different token in 1..97
+    return (t % 97) + 1 if wrong else t  # a different token in 1..97
 
 
 def reference(prompt, n: int, stop=(), eos: bool = True, engine: str = "exact") -> list[int]:
@@ -58,11 +59,11 @@ class _Base:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, object]] = []
         self.handle: rpc.ServerHandle | None = None
-        self.delay = 0.0            # seconds per produced token / per call
-        self.hang: set[str] = set()     # method names that hang until cancelled
-        self.fail: dict[str, grpc.StatusCode | tuple] = {}   # method -> status [, message] of its next call
-        self.die_on: dict[str, int] = {}   # method -> die at its n-th call (1-based) from now
-        self.freeze_after: int | None = None   # Decode: stop sending (until cancelled) after n tokens
+        self.delay = 0.0  # seconds per produced token / per call
+        self.hang: set[str] = set()  # method names that hang until cancelled
+        self.fail: dict[str, grpc.StatusCode | tuple] = {}  # method -> status [, message] of its next call
+        self.die_on: dict[str, int] = {}  # method -> die at its n-th call (1-based) from now
+        self.freeze_after: int | None = None  # Decode: stop sending (until cancelled) after n tokens
 
     def _enter(self, method: str, request, context):
         self.calls.append((method, request))
@@ -97,23 +98,31 @@ class _Base:
         return common_pb2.ReleaseResponse(released=gone is not None)
 
     def GetStats(self, request, context):
-        return common_pb2.WorkerStats(sessions=len(self.sessions), engine=self.engine_text, max_len=self.max_len,
-                                      model_fingerprint="fake-fp")
+        return common_pb2.WorkerStats(
+            sessions=len(self.sessions), engine=self.engine_text, max_len=self.max_len, model_fingerprint="fake-fp"
+        )
 
 
 def _push_state(target: str, settings: Settings, sid: str, ctx, pending: int, mode, engine, timeout):
     data = array.array("I", ctx).tobytes()
-    chunks = [state_pb2.StateChunk(header=state_pb2.StateHeader(
-                  session_id=sid, position=len(ctx), total_bytes=len(data), mode=mode,
-                  engine=engine, model_fingerprint="fake-fp")),
-              state_pb2.StateChunk(data=data),
-              state_pb2.StateChunk(trailer=state_pb2.StateTrailer(total_bytes=len(data), data_chunks=1,
-                                                                  next_token=pending))]
+    chunks = [
+        state_pb2.StateChunk(
+            header=state_pb2.StateHeader(
+                session_id=sid,
+                position=len(ctx),
+                total_bytes=len(data),
+                mode=mode,
+                engine=engine,
+                model_fingerprint="fake-fp",
+            )
+        ),
+        state_pb2.StateChunk(data=data),
+        state_pb2.StateChunk(trailer=state_pb2.StateTrailer(total_bytes=len(data), data_chunks=1, next_token=pending)),
+    ]
     with rpc.make_channel(target, settings) as ch:
         t0 = time.perf_counter()
         decode_pb2_grpc.DecodeWorkerStub(ch).LoadState(iter(chunks), timeout=timeout)
-    return common_pb2.BridgeReport(seconds=time.perf_counter() - t0, total_bytes=len(data), tokens=len(ctx),
-                                   chunks=1)
+    return common_pb2.BridgeReport(seconds=time.perf_counter() - t0, total_bytes=len(data), tokens=len(ctx), chunks=1)
 
 
 class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
@@ -130,8 +139,16 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt_ids: empty prompt")
         first = exact_next(ctx)
         try:
-            bridge = _push_state(request.decode_target, self.settings, request.session_id, ctx, first,
-                                 request.mode, request.engine, context.time_remaining())
+            bridge = _push_state(
+                request.decode_target,
+                self.settings,
+                request.session_id,
+                ctx,
+                first,
+                request.mode,
+                request.engine,
+                context.time_remaining(),
+            )
         except grpc.RpcError as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"decode_target: hand-off failed: {e.code().name}")
         if request.mode == common_pb2.EXACT:
@@ -164,9 +181,16 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
         self._enter("ExportState", request, context)
         s = self._session(request.session_id, context)
         try:
-            bridge = _push_state(request.decode_target, self.settings, request.target_session_id or
-                                 request.session_id, s["ctx"], s["pending"], common_pb2.EXACT, 0,
-                                 context.time_remaining())
+            bridge = _push_state(
+                request.decode_target,
+                self.settings,
+                request.target_session_id or request.session_id,
+                s["ctx"],
+                s["pending"],
+                common_pb2.EXACT,
+                0,
+                context.time_remaining(),
+            )
         except grpc.RpcError as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"decode_target: hand-off failed: {e.code().name}")
         return prefill_pb2.ExportStateResponse(bridge=bridge, position=len(s["ctx"]), next_token=s["pending"])
@@ -190,8 +214,12 @@ class FakeDecode(_Base, decode_pb2_grpc.DecodeWorkerServicer):
         ctx = list(array.array("I", msgs[1].data))
         self._enter("LoadState", h, context)
         with self.lock:
-            self.sessions[h.session_id] = {"ctx": ctx, "pending": msgs[-1].trailer.next_token, "engine": self._engine(h.engine, context),
-                                           "drafts": []}
+            self.sessions[h.session_id] = {
+                "ctx": ctx,
+                "pending": msgs[-1].trailer.next_token,
+                "engine": self._engine(h.engine, context),
+                "drafts": [],
+            }
         return decode_pb2.LoadStateResponse(session_id=h.session_id, position=len(ctx))
 
     def _session(self, sid, context):
@@ -221,8 +249,17 @@ class FakeDecode(_Base, decode_pb2_grpc.DecodeWorkerServicer):
                 elif self.delay:
                     time.sleep(self.delay)
                 done = t in stop or n == request.max_new_tokens
-                reason = (common_pb2.STOP if t in request.stop_token_ids else common_pb2.EOS if t in stop
-                          else common_pb2.LENGTH) if done else 0
+                reason = (
+                    (
+                        common_pb2.STOP
+                        if t in request.stop_token_ids
+                        else common_pb2.EOS
+                        if t in stop
+                        else common_pb2.LENGTH
+                    )
+                    if done
+                    else 0
+                )
                 yield decode_pb2.DecodeResponse(token_ids=[t], finish_reason=reason)
                 if t in stop:
                     return
@@ -257,8 +294,9 @@ class FakeWorker:
             add, name = prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, "baton.v1.PrefillWorker"
         else:
             add, name = decode_pb2_grpc.add_DecodeWorkerServicer_to_server, "baton.v1.DecodeWorker"
-        self.handle = rpc.build_server([(add, servicer)], service_names=[name], port=port, settings=settings,
-                                       max_workers=16, serving=True)
+        self.handle = rpc.build_server(
+            [(add, servicer)], service_names=[name], port=port, settings=settings, max_workers=16, serving=True
+        )
         servicer.handle = self.handle
         self.address = self.handle.address
 
@@ -281,8 +319,7 @@ def decode_worker(settings: Settings, port: int = 0, **kw) -> FakeWorker:
 class Cluster:
     """n fake prefill + m fake decode workers and an in-process router over loopback (health poll 0.1 s)."""
 
-    def __init__(self, n_prefill=2, n_decode=2, *, token=None, config=None, engines=("bf16", "fp8", "mtp"),
-                 meta=None):
+    def __init__(self, n_prefill=2, n_decode=2, *, token=None, config=None, engines=("bf16", "fp8", "mtp"), meta=None):
         from baton.client import Client
         from router.__main__ import serve_router
         from router.service import ModelMeta, RouterConfig
@@ -292,9 +329,13 @@ class Cluster:
         self.decode = [decode_worker(self.settings, engines=engines) for _ in range(n_decode)]
         config = config or RouterConfig(call_timeout_s=2.0, migrate_wait_s=1.0)
         self.handle, self.servicer = serve_router(
-            prefill=[w.address for w in self.prefill], decode=[w.address for w in self.decode],
-            meta=meta or ModelMeta("fake", VOCAB, (EOS,)), settings=self.settings, config=config,
-            poll_interval=0.1)
+            prefill=[w.address for w in self.prefill],
+            decode=[w.address for w in self.decode],
+            meta=meta or ModelMeta("fake", VOCAB, (EOS,)),
+            settings=self.settings,
+            config=config,
+            poll_interval=0.1,
+        )
         self.address = self.handle.address
         self.client = Client(self.address, settings=self.settings)
 

@@ -1,5 +1,6 @@
 """Runs the fused rows kernels (baton/kernels/rows.py) on CPU through Triton's interpreter and prints a
 JSON verdict; tests/engine/test_fast_rows.py runs this in a subprocess with TRITON_INTERPRET=1."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
-
 import torch  # noqa: E402
-
 from helpers import make_tiny_dir  # noqa: E402
 
-from baton.loading import load_model  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.loading import load_model  # noqa: E402
 
 
 def main() -> None:
@@ -23,7 +22,7 @@ def main() -> None:
     m = load_model(d, dtype=torch.float32, device="cpu", mtp=True).model
     g = torch.Generator().manual_seed(0)
     out = {}
-    for name, plen, block in (("short", 40, 3), ("long", 300, 4)):     # long: two attention pieces
+    for name, plen, block in (("short", 40, 3), ("long", 300, 4)):  # long: two attention pieces
         ids = torch.randint(0, 512, (plen,), generator=g).tolist()
         eager = ModelRunner(m, max_len=512, fast=False)
         fused = ModelRunner(m, max_len=512, fast=True)
@@ -32,17 +31,25 @@ def main() -> None:
         toks = [t] + torch.randint(0, 512, (block - 1,), generator=g).tolist()
         ge, le = eager.rows_with_logits(0, eager.pad_ids(toks), block)
         gf, lf = fused.rows_with_logits(0, fused.pad_ids(toks), block)
-        st = {k: max(float((getattr(eager.state, k)[i][0].float() - getattr(fused.state, k)[i][0].float())
-                           .abs().max()) for i in getattr(eager.state, k)) for k in ("conv", "recurrent", "key")}
+        st = {
+            k: max(
+                float((getattr(eager.state, k)[i][0].float() - getattr(fused.state, k)[i][0].float()).abs().max())
+                for i in getattr(eager.state, k)
+            )
+            for k in ("conv", "recurrent", "key")
+        }
         # row invariance of the fused path: the same tokens one row at a time
         ar = ModelRunner(m, max_len=512, fast=True)
         ar.prefill(0, ids)
         ar_logits = [ar.rows_with_logits(0, ar.pad_ids([x]), 1)[1][0] for x in toks]
-        out[name] = {"logits_max_diff": float((le[:block] - lf[:block]).abs().max()),
-                     "tokens_equal": ge[:block].tolist() == gf[:block].tolist(),
-                     "state_max_diff": st, "position": [int(eager.state.position[0]), int(fused.state.position[0])],
-                     "row_invariant": all(torch.equal(a, lf[i]) for i, a in enumerate(ar_logits)),
-                     "rec_state_equal_after_ar": torch.equal(ar.state.recurrent[0][0], fused.state.recurrent[0][0])}
+        out[name] = {
+            "logits_max_diff": float((le[:block] - lf[:block]).abs().max()),
+            "tokens_equal": ge[:block].tolist() == gf[:block].tolist(),
+            "state_max_diff": st,
+            "position": [int(eager.state.position[0]), int(fused.state.position[0])],
+            "row_invariant": all(torch.equal(a, lf[i]) for i, a in enumerate(ar_logits)),
+            "rec_state_equal_after_ar": torch.equal(ar.state.recurrent[0][0], fused.state.recurrent[0][0]),
+        }
     # per-row checkpoints: a 4-row block cut to its first 2 rows == a 2-row block, bitwise
     ids = torch.randint(0, 512, (30,), generator=g).tolist()
     blk = torch.randint(0, 512, (4,), generator=g).tolist()
@@ -54,10 +61,15 @@ def main() -> None:
     cut.rows(0, blk)
     cut.accept_prefix(0, 30, blk, 1)
     two.rows(0, blk[:2])
-    out["ckpt"] = {"state_equal": all(torch.equal(getattr(cut.state, k)[i], getattr(two.state, k)[i])
-                                      for k in ("conv", "recurrent") for i in getattr(two.state, k))
-                   and torch.equal(cut.state.position, two.state.position)
-                   and torch.equal(cut.state.hidden, two.state.hidden)}
+    out["ckpt"] = {
+        "state_equal": all(
+            torch.equal(getattr(cut.state, k)[i], getattr(two.state, k)[i])
+            for k in ("conv", "recurrent")
+            for i in getattr(two.state, k)
+        )
+        and torch.equal(cut.state.position, two.state.position)
+        and torch.equal(cut.state.hidden, two.state.hidden)
+    }
     # the MTP head in rows mode: 3 pairs after a prompt
     ids = torch.randint(0, 512, (50,), generator=g).tolist()
     runs = {}
@@ -70,9 +82,11 @@ def main() -> None:
         r.compute_mtp(0, 3)
         L = r.state.mtp_layer
         runs[fast] = (r.mtp_tok[:3].tolist(), r.mtp_out[:3].clone(), r.state.key[L][0, :, :53].clone())
-    out["mtp"] = {"tokens_equal": runs[False][0] == runs[True][0],
-                  "logits_max_diff": float((m.logits(runs[False][1]) - m.logits(runs[True][1])).abs().max()),
-                  "state_max_diff": {"key": float((runs[False][2] - runs[True][2]).abs().max())}}
+    out["mtp"] = {
+        "tokens_equal": runs[False][0] == runs[True][0],
+        "logits_max_diff": float((m.logits(runs[False][1]) - m.logits(runs[True][1])).abs().max()),
+        "state_max_diff": {"key": float((runs[False][2] - runs[True][2]).abs().max())},
+    }
     print(json.dumps(out))
 
 

@@ -1,5 +1,6 @@
 """Fault-injection helpers for tests/system/test_reliability_faults.py: a TCP proxy that cuts or corrupts a
 stream at a byte offset, and a polling wait."""
+
 from __future__ import annotations
 
 import socket
@@ -56,8 +57,8 @@ class CutProxy:
                         data[flip - base] ^= 0x10
                         data = bytes(data)
                     if cut is not None and base + len(data) >= cut:
-                        dst.sendall(data[:max(0, cut - base)])
-                        for s in (src, dst):     # RST both ways: the peer sees a dead connection
+                        dst.sendall(data[: max(0, cut - base)])
+                        for s in (src, dst):  # RST both ways: the peer sees a dead connection
                             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                             s.close()
                         return

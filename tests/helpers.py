@@ -1,4 +1,5 @@
 """Shared test helpers (import as `from helpers import make_tiny_dir`)."""
+
 from __future__ import annotations
 
 import atexit
@@ -8,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 _CACHE: dict[tuple, Path] = {}
-ROOT = Path(__file__).resolve().parents[1]   # the repository
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 _CACHE_ROOT: Path | None = None
 
 

@@ -1,5 +1,6 @@
 """Import first in a TRITON_INTERPRET=1 process: Triton 3.6's interpreter does int() on a 1-element
 array, which numpy >= 2.4 refuses. Test-only."""
+
 import triton.runtime.interpreter as _interp
 
 _orig = _interp._patch_lang_tensor

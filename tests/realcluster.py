@@ -13,6 +13,7 @@ own process group, "serving on" parsing, health wait).
     c.close()
 `reference(model_dir, max_len)` memoizes `baton complete` (the token-identity oracle).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import grpc
+from conftest import pick_free_port
 
 from baton.client import Client
 from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from conftest import pick_free_port
 from deploy.processes import WorkerProcess, WorkerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +39,13 @@ TOKEN = "reliability-secret"
 
 
 def child_env(**extra) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
-               BATON_LOG_LEVEL="WARNING", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        OMP_NUM_THREADS="1",
+        BATON_LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1",
+    )
     for k in ("BATON_TOKEN", "BATON_TOKEN_FILE", "BATON_TLS_CERT", "BATON_TLS_KEY", "BATON_TLS_CA", "BATON_HOST"):
         env.pop(k, None)
     env.update(extra)
@@ -64,10 +70,21 @@ def start_cmd(cmd: Cmd, env: dict | None = None) -> WorkerProcess:
 
 
 class RealCluster:
-    def __init__(self, tmp: Path, *, prefill: int = 1, decode: int = 2, max_len: int = 256, model_dir=None,
-                 worker_args: tuple[str, ...] = (), decode_args: tuple[str, ...] = (),
-                 router_args: tuple[str, ...] = (), env: dict | None = None, token: str | None = TOKEN,
-                 client_settings: Settings | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        prefill: int = 1,
+        decode: int = 2,
+        max_len: int = 256,
+        model_dir=None,
+        worker_args: tuple[str, ...] = (),
+        decode_args: tuple[str, ...] = (),
+        router_args: tuple[str, ...] = (),
+        env: dict | None = None,
+        token: str | None = TOKEN,
+        client_settings: Settings | None = None,
+    ):
         self.tmp, self.max_len, self.token = Path(tmp), max_len, token
         self.model_dir = str(model_dir) if model_dir else None
         self.env = child_env(**(env or {}))
@@ -75,22 +92,40 @@ class RealCluster:
         if token:
             self.token_file = self.tmp / "token"
             self.token_file.write_text(token)
-        def pairs(args):   # ("--ttl", "6") -> (("ttl", "6"),): WorkerSpec.extra keys are option names
+
+        def pairs(args):  # ("--ttl", "6") -> (("ttl", "6"),): WorkerSpec.extra keys are option names
             return tuple((k.lstrip("-").replace("-", "_"), v) for k, v in zip(args[::2], args[1::2]))
 
         extra = pairs(worker_args)
-        common = dict(model_dir=self.model_dir, max_len=max_len, token_file=str(self.token_file) if token else None,
-                      grace=0.5)
-        self.specs = {f"prefill-{i}": WorkerSpec("prefill", i, port=pick_free_port(), extra=extra, **common)
-                      for i in range(prefill)}
+        common = dict(
+            model_dir=self.model_dir, max_len=max_len, token_file=str(self.token_file) if token else None, grace=0.5
+        )
+        self.specs = {
+            f"prefill-{i}": WorkerSpec("prefill", i, port=pick_free_port(), extra=extra, **common)
+            for i in range(prefill)
+        }
         dextra = extra + pairs(decode_args)
-        self.specs.update({f"decode-{i}": WorkerSpec("decode", i, port=pick_free_port(), extra=dextra, **common)
-                           for i in range(decode)})
+        self.specs.update(
+            {
+                f"decode-{i}": WorkerSpec("decode", i, port=pick_free_port(), extra=dextra, **common)
+                for i in range(decode)
+            }
+        )
         self.addr = {n: f"127.0.0.1:{s.port}" for n, s in self.specs.items()}
         self.metrics_port = pick_free_port()
-        ra = ["--port", "0", "--prefill", ",".join(a for n, a in self.addr.items() if n.startswith("prefill")),
-              "--decode", ",".join(a for n, a in self.addr.items() if n.startswith("decode")),
-              "--metrics-port", str(self.metrics_port), "--grace", "1", *router_args]
+        ra = [
+            "--port",
+            "0",
+            "--prefill",
+            ",".join(a for n, a in self.addr.items() if n.startswith("prefill")),
+            "--decode",
+            ",".join(a for n, a in self.addr.items() if n.startswith("decode")),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--grace",
+            "1",
+            *router_args,
+        ]
         if self.model_dir:
             ra += ["--model", self.model_dir]
         if token:
@@ -101,7 +136,7 @@ class RealCluster:
         self.router_addr: str | None = None
         self.client: Client | None = None
         self.frozen: set[str] = set()
-        self.settings = client_settings or Settings(token=token)   # clients of every server (TLS files)
+        self.settings = client_settings or Settings(token=token)  # clients of every server (TLS files)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def _proc(self, spec) -> WorkerProcess:
@@ -251,10 +286,9 @@ def reference(model_dir, max_len: int):
         ids = tuple(tok.encode(prompt) if isinstance(prompt, str) else prompt)
         if (ids, n, ignore_eos) not in cache:
             threads = torch.get_num_threads()
-            torch.set_num_threads(1)           # the workers run single-threaded too
+            torch.set_num_threads(1)  # the workers run single-threaded too
             try:
-                cache[ids, n, ignore_eos] = complete(d, list(ids), n, max_len=max_len, ignore_eos=ignore_eos,
-                                                     loaded=lm)
+                cache[ids, n, ignore_eos] = complete(d, list(ids), n, max_len=max_len, ignore_eos=ignore_eos, loaded=lm)
             finally:
                 torch.set_num_threads(threads)
         return cache[ids, n, ignore_eos]

@@ -3,6 +3,7 @@
 Every backticked `path/to/file.py: Name` or `path/to/file.py: Class.method` must name a file that
 defines it (found with ast, nothing imported), and every backticked path to a .py / .md file or a
 folder must exist."""
+
 from __future__ import annotations
 
 import ast
@@ -61,7 +62,7 @@ def problems(text: str, root: Path = ROOT) -> list[str]:
 
 def test_every_reference_in_the_architecture_doc_exists():
     text = DOC.read_text()
-    assert len(_REF.findall(text)) > 100       # the walk-throughs were found
+    assert len(_REF.findall(text)) > 100  # the walk-throughs were found
     assert problems(text) == []
 
 
@@ -69,10 +70,13 @@ def test_the_checker_catches_wrong_references(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "mod.py").write_text(
         "X = 1\n\nclass A:\n    y: int = 0\n\n    def m(self):\n        def inner():\n            pass\n\n"
-        "def f():\n    pass\n")
+        "def f():\n    pass\n"
+    )
     (tmp_path / "README.md").write_text("")
-    good = ("`pkg/mod.py: A.m` `pkg/mod.py: f` `pkg/mod.py: X` `pkg/mod.py: A.y` `pkg/mod.py: A.m.inner` "
-            "`pkg/mod.py` `pkg/` `README.md` `not a path` `A.m`")
+    good = (
+        "`pkg/mod.py: A.m` `pkg/mod.py: f` `pkg/mod.py: X` `pkg/mod.py: A.y` `pkg/mod.py: A.m.inner` "
+        "`pkg/mod.py` `pkg/` `README.md` `not a path` `A.m`"
+    )
     assert problems(good, tmp_path) == []
     bad = "`pkg/mod.py: A.nope` `pkg/mod.py: g` `pkg/other.py: A` `pkg/mod.py: f.m` `docs/NOPE.md` `gone/`"
     assert problems(bad, tmp_path) == [
@@ -88,4 +92,4 @@ def test_the_checker_catches_wrong_references(tmp_path):
 def test_the_checker_sees_a_wrong_reference_to_the_real_tree():
     assert problems("`baton/engine/runner.py: ModelRunner.prefill`") == []
     assert problems("`baton/engine/runner.py: ModelRunner.no_such_method`") != []
-    assert problems("`baton/runner.py: ModelRunner`") != []   # the path before the move
+    assert problems("`baton/runner.py: ModelRunner`") != []  # the path before the move

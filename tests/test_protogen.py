@@ -1,4 +1,5 @@
 """Generated stubs in baton/v1 match protos/ (codegen --check) and all import."""
+
 import importlib
 import subprocess
 import sys

@@ -1,4 +1,5 @@
 """baton.rpc over real loopback sockets: auth on all call shapes, health, reflection, TLS, limits."""
+
 import datetime
 import ipaddress
 import socket
@@ -223,7 +224,10 @@ def test_max_concurrent_rpcs_answers_resource_exhausted():
 
     handle = rpc.build_server(
         [(router_pb2_grpc.add_RouterServicer_to_server, Slow())],
-        service_names=["baton.v1.Router"], settings=Settings(), max_workers=4, max_concurrent_rpcs=1,
+        service_names=["baton.v1.Router"],
+        settings=Settings(),
+        max_workers=4,
+        max_concurrent_rpcs=1,
     )
     try:
         with rpc.make_channel(handle.address, Settings()) as ch:
@@ -251,19 +255,24 @@ def _self_signed(tmp_path):
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(cert_path), str(key_path)
 
 
@@ -276,8 +285,9 @@ def test_tls_call_succeeds_and_plaintext_fails(tmp_path):
             info = router_pb2_grpc.RouterStub(ch).GetModelInfo(router_pb2.GetModelInfoRequest(), timeout=T)
         assert info.model_id == "fake"
         with rpc.make_channel(handle.address, Settings(token=TOKEN)) as ch:  # plaintext to a TLS port
-            got = _code(lambda: router_pb2_grpc.RouterStub(ch).GetModelInfo(
-                router_pb2.GetModelInfoRequest(), timeout=T))
+            got = _code(
+                lambda: router_pb2_grpc.RouterStub(ch).GetModelInfo(router_pb2.GetModelInfoRequest(), timeout=T)
+            )
         assert got[0] == grpc.StatusCode.UNAVAILABLE
         assert router.calls == 1
     finally:

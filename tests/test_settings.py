@@ -1,4 +1,5 @@
 """baton.settings: environment parsing, token files, validation."""
+
 import dataclasses
 
 import pytest
@@ -74,9 +75,11 @@ def test_handoff_tail_settings_env_and_cli(capsys, monkeypatch):
     assert (s.handoff_tail_chunk_bytes, s.handoff_tail_layers) == (1 << 20, 0)
     assert Settings.from_env({"BATON_HANDOFF_TAIL_CHUNK_BYTES": ""}).handoff_tail_chunk_bytes == 1 << 20
     assert Settings.from_env({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "0"}).handoff_tail_chunk_bytes == 0
-    for env, field in [({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "-1"}, "BATON_HANDOFF_TAIL_CHUNK_BYTES: must be >= 0"),
-                       ({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "1M"}, "BATON_HANDOFF_TAIL_CHUNK_BYTES: expected an integer"),
-                       ({"BATON_HANDOFF_TAIL_LAYERS": "-2"}, "BATON_HANDOFF_TAIL_LAYERS: must be >= 0")]:
+    for env, field in [
+        ({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "-1"}, "BATON_HANDOFF_TAIL_CHUNK_BYTES: must be >= 0"),
+        ({"BATON_HANDOFF_TAIL_CHUNK_BYTES": "1M"}, "BATON_HANDOFF_TAIL_CHUNK_BYTES: expected an integer"),
+        ({"BATON_HANDOFF_TAIL_LAYERS": "-2"}, "BATON_HANDOFF_TAIL_LAYERS: must be >= 0"),
+    ]:
         with pytest.raises(SettingsError, match=field):
             Settings.from_env(env)
     with pytest.raises(SettingsError, match="BATON_HANDOFF_TAIL_CHUNK_BYTES"):
@@ -84,7 +87,7 @@ def test_handoff_tail_settings_env_and_cli(capsys, monkeypatch):
     import prefill_worker.__main__ as cli
     from prefill_worker.service import check_tail_chunk_bytes
 
-    monkeypatch.setattr(cli, "setup_logging", lambda settings: None)   # NOTE: no basicConfig in the test process
+    monkeypatch.setattr(cli, "setup_logging", lambda settings: None)  # NOTE: no basicConfig in the test process
     main = cli.main
 
     assert check_tail_chunk_bytes(Settings(handoff_tail_chunk_bytes=1 << 20), 1 << 20) == 1 << 20

@@ -17,6 +17,7 @@ the eager reference). Merged projections: the merged weight owns the storage and
 Linear / FP8Linear keeps a row-slice view of it, so the eager path (prefill) and this path read the
 same bytes and no weight is stored twice.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -25,10 +26,11 @@ import torch
 from torch import nn
 
 try:
+    from baton.kernels import attention as attn
     from baton.kernels import gdn, gemv
     from baton.kernels import rows as rk
-except ImportError:       # no Triton: the eager rows path is used everywhere
-    rk = gdn = gemv = None
+except ImportError:  # no Triton: the eager rows path is used everywhere
+    attn = rk = gdn = gemv = None
 from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, rope_cos_sin
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
@@ -50,8 +52,8 @@ class Merged:
             if type(mods[0]) is nn.Linear or len(mods) != 2 or self.sizes[0] != self.sizes[1]:
                 raise ValueError("Merged(glu=True): FP8Linear gate and up projections of one size")
             gate, up = mods
-            w = gemv.interleave_glu(gate.weight, up.weight)                   # [2I, in] e4m3
-            s = gemv.interleave_glu(gate.scale, up.scale)                     # [2I]
+            w = gemv.interleave_glu(gate.weight, up.weight)  # [2I, in] e4m3
+            s = gemv.interleave_glu(gate.scale, up.scale)  # [2I]
             self.module = type(gate)(w, s)
             for j, m in enumerate(mods):
                 m._buffers["weight"], m._buffers["scale"] = w[j::2], s[j::2]  # row-strided views
@@ -59,12 +61,12 @@ class Merged:
         if type(mods[0]) is nn.Linear:
             if any(m.bias is not None for m in mods):
                 raise ValueError("Merged: biased projections are not supported")
-            w = torch.cat([m.weight.detach() for m in mods])                 # [sum(out), in]
+            w = torch.cat([m.weight.detach() for m in mods])  # [sum(out), in]
             self.module = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
             self.module.weight = nn.Parameter(w, requires_grad=False)
             for m, view in zip(mods, w.split(self.sizes)):
                 m.weight = nn.Parameter(view, requires_grad=False)
-        else:                                                                # FP8Linear: weight + row scales
+        else:  # FP8Linear: weight + row scales
             w = torch.cat([m.weight for m in mods])
             s = torch.cat([m.scale for m in mods])
             self.module = type(mods[0])(w, s)
@@ -125,7 +127,7 @@ class FastRows:
 
     def __init__(self, model: Qwen3_5ForCausalLM, max_len: int):
         self.model, self.cfg = model, model.cfg
-        self.mixer: list[list[Merged]] = []     # per layer: GDN qkv|z|b|a, attention q|k|v
+        self.mixer: list[list[Merged]] = []  # per layer: GDN qkv|z|b|a, attention q|k|v
         self.gate_up: list[Merged] = []
         for layer in model.model.layers:
             if hasattr(layer, "linear_attn"):
@@ -134,12 +136,12 @@ class FastRows:
             else:
                 a = layer.self_attn
                 self.mixer.append(_groups([a.q_proj, a.k_proj, a.v_proj]))
-            mlp = layer.mlp               # fp8 quantizes both or neither
+            mlp = layer.mlp  # fp8 quantizes both or neither
             glu = type(mlp.gate_proj) is not nn.Linear and mlp.gate_proj.weight.shape == mlp.up_proj.weight.shape
             self.gate_up.append(Merged([mlp.gate_proj, mlp.up_proj], glu=glu))
-        self.w8a8 = _all_fp8(model, self)      # the FP8 module class (its use_kernel switch), or None
+        self.w8a8 = _all_fp8(model, self)  # the FP8 module class (its use_kernel switch), or None
         self.bf16_partial = _bf16_partial(model)
-        if hasattr(model, "mtp"):                # the MTP head's decoder layer (full attention)
+        if hasattr(model, "mtp"):  # the MTP head's decoder layer (full attention)
             a, mlp = model.mtp.layers[0].self_attn, model.mtp.layers[0].mlp
             self.mtp_mixer = _groups([a.q_proj, a.k_proj, a.v_proj])
             (self.mtp_gate_up,) = _groups([mlp.gate_proj, mlp.up_proj])
@@ -163,7 +165,7 @@ class FastRows:
         p = next(self.model.parameters())
         pos = torch.arange(max_len, device=p.device)
         dtype = self.model.model.embed_tokens.weight.dtype
-        if self.rope_len:           # graphs captured by an earlier runner read the old tables: keep them
+        if self.rope_len:  # graphs captured by an earlier runner read the old tables: keep them
             self._old_tables.append((self.cos, self.sin))
         self.cos, self.sin = rope_cos_sin(self.cfg, pos, dtype)
         self.rope_len = max_len
@@ -175,13 +177,14 @@ class FastRows:
     #   w8a8     (every projection FP8, each norm output feeding one merged GEMM) the norms and the GDN
     #            gated norm hand the next GEMM its input already quantised (gemv.QuantX), and the GDN
     #            qkv|z|b|a GEMM hands conv_rows / gdn_rows its partials too.
-    def forward(self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor,
-                phase: int | None = None) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor, phase: int | None = None
+    ) -> torch.Tensor:
         """ids [W] (first n valid), pos [W] positions -> final-normed hidden [W, hidden].
         Advances state.position[slot] by n (as the eager rows path). phase: GDN state read from one
         ping-pong set and written to the other (HybridState.gdn_io); None = in place."""
         m, layers = self.model, self.model.model.layers
-        x = m.model.embed_tokens(ids)                                           # [W, h]
+        x = m.model.embed_tokens(ids)  # [W, h]
         eps = self.cfg.rms_norm_eps
         q8 = self.w8a8 is not None and self.w8a8.use_kernel
         part = q8 or self.bf16_partial
@@ -201,41 +204,78 @@ class FastRows:
         state.position[slot] += n
         return xn
 
-    def mtp(self, hidden: torch.Tensor, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor
-            ) -> torch.Tensor:
+    def mtp(self, hidden: torch.Tensor, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor) -> torch.Tensor:
         """The MTP head in rows mode (baton/models/mtp.py): pairs (hidden[i], ids[i]) at KV indexes pos[i],
         RoPE position pos[i] + 1 -> normed out [W, hidden]. Writes the MTP KV rows of the first n pairs."""
         head, eps = self.model.mtp, self.cfg.rms_norm_eps
         layer = head.layers[0]
         _, e = rk.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
         _, hn = rk.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
-        res, xn = rk.add_rmsnorm(rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None,
-                                layer.input_layernorm.weight, eps)
+        res, xn = rk.add_rmsnorm(
+            rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None, layer.input_layernorm.weight, eps
+        )
         y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, slot, n, pos, rope_offset=1)
         res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
         y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
         return rk.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
-    def _gdn(self, a: GatedDeltaNet, proj, state, slot: int, n: int, phase: int | None = None,
-             partial: bool = False, quant: bool = False) -> torch.Tensor:
-        mixed, z, b, alpha = proj                  # [W, C], [W, Hv*dv], [W, Hv] x2 (or [S, W, .] partials)
+    def _gdn(
+        self,
+        a: GatedDeltaNet,
+        proj,
+        state,
+        slot: int,
+        n: int,
+        phase: int | None = None,
+        partial: bool = False,
+        quant: bool = False,
+    ) -> torch.Tensor:
+        mixed, z, b, alpha = proj  # [W, C], [W, Hv*dv], [W, Hv] x2 (or [S, W, .] partials)
         c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)
-        ck = state.row_ckpt(a.layer_idx) if n > 1 else None          # per-row checkpoints (blocks only)
+        ck = state.row_ckpt(a.layer_idx) if n > 1 else None  # per-row checkpoints (blocks only)
         cv = gdn.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
-        o = gdn.gdn_rows(cv, b, alpha, z, a.A_log, a.dt_bias, a.norm.weight, r_in[slot], n,
-                       nk=a.nk, eps=a.norm.eps, ckpt=ck and ck[1], S_out=r_out[slot], quant=quant)
+        o = gdn.gdn_rows(
+            cv,
+            b,
+            alpha,
+            z,
+            a.A_log,
+            a.dt_bias,
+            a.norm.weight,
+            r_in[slot],
+            n,
+            nk=a.nk,
+            eps=a.norm.eps,
+            ckpt=ck and ck[1],
+            S_out=r_out[slot],
+            quant=quant,
+        )
         return rows_linear(a.out_proj, o, n, partial)
 
-    def _attn(self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0,
-              partial: bool = False) -> torch.Tensor:
+    def _attn(
+        self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0, partial: bool = False
+    ) -> torch.Tensor:
         qg, k, v = proj
         W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
         qg = qg.view(W, nh, 2 * d)
         kc, vc = state.kv(a.layer_idx)
-        kc, vc = kc[slot], vc[slot]                                             # [nkv, L, d]
-        q = rk.qk_rope_kv(qg[..., :d], k.view(W, nkv, d), v.view(W, nkv, d), a.q_norm.weight, a.k_norm.weight,
-                         self.cos, self.sin, pos, kc, vc, n, a.q_norm.eps, rope_offset)   # KV rows < n written
-        o = rk.attention_rows(q, kc, vc, pos, qg[..., d:], n)           # [W, nh*d], gated
+        kc, vc = kc[slot], vc[slot]  # [nkv, L, d]
+        q = attn.qk_rope_kv(
+            qg[..., :d],
+            k.view(W, nkv, d),
+            v.view(W, nkv, d),
+            a.q_norm.weight,
+            a.k_norm.weight,
+            self.cos,
+            self.sin,
+            pos,
+            kc,
+            vc,
+            n,
+            a.q_norm.eps,
+            rope_offset,
+        )  # KV rows < n written
+        o = attn.attention_rows(q, kc, vc, pos, qg[..., d:], n)  # [W, nh*d], gated
         return rows_linear(a.o_proj, o, n, partial)
 
 
@@ -259,7 +299,11 @@ def _bf16_partial(model: Qwen3_5ForCausalLM) -> bool:
     for layer in model.model.layers:
         a = getattr(layer, "linear_attn", None)
         for m in (a.out_proj if a is not None else layer.self_attn.o_proj, layer.mlp.down_proj):
-            if type(m) is not nn.Linear or m.weight.dtype != torch.bfloat16 or (False, *m.weight.shape) not in gemv.TUNED:
+            if (
+                type(m) is not nn.Linear
+                or m.weight.dtype != torch.bfloat16
+                or (False, *m.weight.shape) not in gemv.TUNED
+            ):
                 return False
     return True
 

@@ -14,6 +14,7 @@ First-call discipline (so the first served token is bitwise the same as every la
 Captured graphs read the runner's static buffers (ids_buf, mtp_h, ...) and the HybridState tensors,
 whose addresses never change (import/restore copy into them).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,13 @@ class GraphStats:
 
 
 def _bodies(runner: ModelRunner):
-    return {"rows": runner.compute_rows, "mtp": runner.compute_mtp, "ar": lambda slot, n: runner.compute_ar(slot),
-            "ar0": lambda slot, n: runner.compute_ar(slot, 0), "ar1": lambda slot, n: runner.compute_ar(slot, 1)}
+    return {
+        "rows": runner.compute_rows,
+        "mtp": runner.compute_mtp,
+        "ar": lambda slot, n: runner.compute_ar(slot),
+        "ar0": lambda slot, n: runner.compute_ar(slot, 0),
+        "ar1": lambda slot, n: runner.compute_ar(slot, 1),
+    }
 
 
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
@@ -53,8 +59,14 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
 
 
 @torch.inference_mode()
-def capture_all(runner: ModelRunner, *, max_draft: int = 8, slots: list[int] | None = None,
-                ns: dict[str, range] | None = None, warmup: int = 2) -> GraphStats:
+def capture_all(
+    runner: ModelRunner,
+    *,
+    max_draft: int = 8,
+    slots: list[int] | None = None,
+    ns: dict[str, range] | None = None,
+    warmup: int = 2,
+) -> GraphStats:
     """Captures every (kind, slot, n) graph into runner.graphs; leaves all slots zeroed."""
     if runner.device.type != "cuda":
         raise RuntimeError("capture_all: CUDA graphs need a CUDA device")
@@ -80,12 +92,12 @@ def capture_all(runner: ModelRunner, *, max_draft: int = 8, slots: list[int] | N
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
                     body(slot, n)
-                g.replay()                     # prime
+                g.replay()  # prime
                 runner.state.restore(slot)
                 runner.graphs[(kind, slot, n)] = g
                 stats.graphs += 1
                 stats.keys.append((kind, slot, n))
-    for slot in range(runner.state.slots):   # roll back: zero state and every KV row warm-up wrote
+    for slot in range(runner.state.slots):  # roll back: zero state and every KV row warm-up wrote
         runner.state.reset(slot)
     torch.cuda.synchronize(runner.device)
     stats.seconds = time.perf_counter() - t0

@@ -15,16 +15,17 @@ Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.
 makes verification and MTP speculation exact. The decode worker replays `rows` from CUDA graphs
 (baton/engine/graph.py); this class is the eager reference and the CPU path.
 """
+
 from __future__ import annotations
 
 import torch
 
 from baton.engine import fast_rows
-from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 from baton.engine.state import HybridState
+from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 
 DEFAULT_WIDTH = 16
-DEFAULT_MAX_LEN = 4096   # window; part of the exactness contract: workers and `complete` must agree
+DEFAULT_MAX_LEN = 4096  # window; part of the exactness contract: workers and `complete` must agree
 
 
 class WindowError(ValueError):
@@ -32,9 +33,18 @@ class WindowError(ValueError):
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3_5ForCausalLM, *, slots: int = 1, max_len: int = DEFAULT_MAX_LEN,
-                 width: int = DEFAULT_WIDTH, dtype: torch.dtype | None = None, fast: bool | None = None,
-                 checkpoints: bool = False, pipeline: bool = False):
+    def __init__(
+        self,
+        model: Qwen3_5ForCausalLM,
+        *,
+        slots: int = 1,
+        max_len: int = DEFAULT_MAX_LEN,
+        width: int = DEFAULT_WIDTH,
+        dtype: torch.dtype | None = None,
+        fast: bool | None = None,
+        checkpoints: bool = False,
+        pipeline: bool = False,
+    ):
         """fast: use the fused rows kernels (baton/engine/fast_rows.py); None = on CUDA. Every runner
         that must agree bitwise (exact engine, decode engines) must make the same choice.
         checkpoints: keep per-row GDN checkpoints so a rejected verify block rewinds by copying
@@ -45,19 +55,26 @@ class ModelRunner:
         self.device, self.dtype = p.device, dtype or p.dtype
         self.width, self.max_len = width, max_len
         self.has_mtp = hasattr(model, "mtp")
-        self.state = HybridState(self.cfg, slots=slots, max_len=max_len, dtype=self.dtype, device=self.device,
-                                 mtp=self.has_mtp, ckpt_rows=width if checkpoints else 0)
+        self.state = HybridState(
+            self.cfg,
+            slots=slots,
+            max_len=max_len,
+            dtype=self.dtype,
+            device=self.device,
+            mtp=self.has_mtp,
+            ckpt_rows=width if checkpoints else 0,
+        )
         # Static step buffers: the eager path and captured CUDA graphs read and write these.
         W, H, dev = width, self.cfg.hidden_size, self.device
-        self.ids_buf = torch.zeros(W, dtype=torch.long, device=dev)          # [W] row tokens
-        self.tok_out = torch.zeros(W, dtype=torch.long, device=dev)          # [W] greedy next tokens
-        self.h_rows = torch.zeros(W, H, dtype=self.dtype, device=dev)        # [W] final-normed hidden
-        self.mtp_h = torch.zeros(W, H, dtype=self.dtype, device=dev)         # [W] MTP hidden inputs
-        self.mtp_ids = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP token inputs
-        self.mtp_start = torch.zeros((), dtype=torch.long, device=dev)       # MTP KV index of row 0
-        self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)          # [W] MTP drafts
-        self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)       # [W] MTP normed outputs
-        self.graphs: dict[tuple[str, int, int], object] = {}                 # (kind, slot, n) -> graph
+        self.ids_buf = torch.zeros(W, dtype=torch.long, device=dev)  # [W] row tokens
+        self.tok_out = torch.zeros(W, dtype=torch.long, device=dev)  # [W] greedy next tokens
+        self.h_rows = torch.zeros(W, H, dtype=self.dtype, device=dev)  # [W] final-normed hidden
+        self.mtp_h = torch.zeros(W, H, dtype=self.dtype, device=dev)  # [W] MTP hidden inputs
+        self.mtp_ids = torch.zeros(W, dtype=torch.long, device=dev)  # [W] MTP token inputs
+        self.mtp_start = torch.zeros((), dtype=torch.long, device=dev)  # MTP KV index of row 0
+        self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)  # [W] MTP drafts
+        self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)  # [W] MTP normed outputs
+        self.graphs: dict[tuple[str, int, int], object] = {}  # (kind, slot, n) -> graph
         if pipeline:
             self.state.enable_pingpong()
         pin = dev.type == "cuda"
@@ -73,9 +90,11 @@ class ModelRunner:
     def check_window(self, prompt_len: int, new_tokens: int, extra_rows: int = 0) -> None:
         need = prompt_len + new_tokens + extra_rows
         if need > self.max_len:
-            raise WindowError(f"prompt ({prompt_len}) + max_new_tokens ({new_tokens})"
-                              + (f" + speculation rows ({extra_rows})" if extra_rows else "")
-                              + f" = {need} exceeds the window of {self.max_len} tokens")
+            raise WindowError(
+                f"prompt ({prompt_len}) + max_new_tokens ({new_tokens})"
+                + (f" + speculation rows ({extra_rows})" if extra_rows else "")
+                + f" = {need} exceeds the window of {self.max_len} tokens"
+            )
 
     def check_ids(self, ids, field: str = "prompt") -> None:
         bad = [t for t in ids if not 0 <= int(t) < self.cfg.vocab_size]
@@ -97,11 +116,17 @@ class ModelRunner:
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start, on_layer=on_layer))
         tok = int(self.model.logits(h[-1:]).argmax(-1))
-        if self.has_mtp and mtp:   # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
+        if self.has_mtp and mtp:  # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
             nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])
             pos = torch.arange(start, start + len(ids), device=self.device)
-            self.model.mtp(self.model.model.embed_tokens, h, nxt, pos, self.state,
-                           StepContext(slot=slot, width=None, n=len(ids), start=start, rope_offset=1))
+            self.model.mtp(
+                self.model.model.embed_tokens,
+                h,
+                nxt,
+                pos,
+                self.state,
+                StepContext(slot=slot, width=None, n=len(ids), start=start, rope_offset=1),
+            )
         s = self.state
         s.position[slot] = start + len(ids)
         s.next_token[slot] = tok
@@ -119,11 +144,11 @@ class ModelRunner:
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
         Returns logits [W, vocab] (tests compare them; graphs ignore them). phase: see ar_launch."""
         if self.fast is not None:
-            pos = self.state.position[slot] + self.arange_w                # [W] device-side
+            pos = self.state.position[slot] + self.arange_w  # [W] device-side
             h = self.fast.forward(self.ids_buf, self.state, slot, n, pos, phase)
         else:
             h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n, phase=phase))
-        logits = self.model.logits(h, rows=n)                              # [W, vocab]; rows >= n junk
+        logits = self.model.logits(h, rows=n)  # [W, vocab]; rows >= n junk
         self.tok_out.copy_(logits.argmax(-1))
         self.h_rows.copy_(h)
         self.state.hidden[slot].copy_(h[n - 1])
@@ -134,11 +159,11 @@ class ModelRunner:
         The host reads tok_out[0] once per token and writes nothing. phase 0 / 1: a ping-pong step
         (GDN state main -> alt / alt -> main; hidden saved to hidden_prev first)."""
         self.ids_buf.zero_()
-        self.ids_buf[:1].copy_(self.state.next_token[slot:slot + 1])
+        self.ids_buf[:1].copy_(self.state.next_token[slot : slot + 1])
         if phase is not None:
             self.state.hidden_prev[slot].copy_(self.state.hidden[slot])
         self.compute_rows(slot, 1, phase)
-        self.state.next_token[slot:slot + 1].copy_(self.tok_out[:1])
+        self.state.next_token[slot : slot + 1].copy_(self.tok_out[:1])
 
     def compute_mtp(self, slot: int, n: int) -> None:
         """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
@@ -146,8 +171,14 @@ class ModelRunner:
         if self.fast is not None:
             out = self.fast.mtp(self.mtp_h, self.mtp_ids, self.state, slot, n, pos)
         else:
-            out = self.model.mtp(self.model.model.embed_tokens, self.mtp_h, self.mtp_ids, pos, self.state,
-                                 StepContext(slot=slot, width=self.width, n=n, rope_offset=1))
+            out = self.model.mtp(
+                self.model.model.embed_tokens,
+                self.mtp_h,
+                self.mtp_ids,
+                pos,
+                self.state,
+                StepContext(slot=slot, width=self.width, n=n, rope_offset=1),
+            )
         self.mtp_tok.copy_(self.model.logits(out, rows=n).argmax(-1))
         self.mtp_out.copy_(out)
 

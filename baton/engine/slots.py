@@ -3,6 +3,7 @@
 Both engines keep their sessions here (ExactEngine: one pool; DecodeEngine: one pool per runner).
 Invariant: a slot is in exactly one place — a pool's free list or one live session.
 """
+
 from __future__ import annotations
 
 import threading
@@ -10,11 +11,11 @@ import time
 import uuid
 from typing import Callable, Generic, Hashable, TypeVar
 
-S = TypeVar("S")   # a session object with .slot and .last_used
+S = TypeVar("S")  # a session object with .slot and .last_used
 
 
 class SessionNotFound(KeyError):
-    def __str__(self) -> str:           # KeyError would quote the message
+    def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
 
@@ -68,8 +69,15 @@ class SlotTable(Generic[S]):
             self._sessions[session_id] = (pool, session)
         return session
 
-    def open(self, pool: Hashable, session_id: str | None, make: Callable[[str, int], S], *,
-             replace: bool = False, what: str = "session") -> S:
+    def open(
+        self,
+        pool: Hashable,
+        session_id: str | None,
+        make: Callable[[str, int], S],
+        *,
+        replace: bool = False,
+        what: str = "session",
+    ) -> S:
         sid, slot = self.take(pool, session_id, replace=replace, what=what)
         return self.publish(pool, sid, make(sid, slot))
 

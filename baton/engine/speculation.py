@@ -11,6 +11,7 @@ decode worker and Verify on the exact worker):
     emit      tokens d1..dm, next: by row invariance bitwise the tokens plain AR would give
 No module-level torch import: the router checks verdicts with check_verdict too.
 """
+
 from __future__ import annotations
 
 

@@ -30,6 +30,7 @@ restore the O(1) part (GDN tensors and scalars); the stale KV rows are overwritt
 Export yields the O(1) GDN tensors plus KV rows [0, position) only; import writes such a state into
 this object's preallocated buffers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,20 +47,33 @@ GDN_CONV, GDN_RECURRENT, ATTN_KEY, ATTN_VALUE, HIDDEN = "gdn_conv", "gdn_recurre
 class StateTensor:
     name: str
     kind: str
-    tensor: torch.Tensor   # a view into the state (no copy)
+    tensor: torch.Tensor  # a view into the state (no copy)
 
 
 class HybridState:
-    def __init__(self, cfg: ModelConfig, *, slots: int, max_len: int, dtype: torch.dtype, device,
-                 mtp: bool = False, ckpt_rows: int = 0):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device,
+        mtp: bool = False,
+        ckpt_rows: int = 0,
+    ):
         self.cfg, self.slots, self.max_len, self.dtype = cfg, slots, max_len, dtype
-        self.mtp_layer = cfg.num_hidden_layers if mtp else None   # the MTP layer's KV index
+        self.mtp_layer = cfg.num_hidden_layers if mtp else None  # the MTP layer's KV index
         self.device = torch.device(device)
         z = lambda *shape, dt=dtype: torch.zeros(*shape, dtype=dt, device=self.device)  # noqa: E731
         KW = cfg.linear_conv_kernel_dim
         self.conv = {i: z(slots, cfg.conv_dim, KW - 1) for i in cfg.gdn_layers}
-        self.recurrent = {i: z(slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                               cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
+        self.recurrent = {
+            i: z(
+                slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim, dt=torch.float32
+            )
+            for i in cfg.gdn_layers
+        }
         kv_shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.attn_ids = cfg.attn_layers + ((self.mtp_layer,) if mtp else ())
         self.key = {i: z(*kv_shape) for i in self.attn_ids}
@@ -68,9 +82,20 @@ class HybridState:
         self.next_token = z(slots, dt=torch.int64)
         self.hidden = z(slots, cfg.hidden_size)
         self.ckpt_conv = {i: z(ckpt_rows, cfg.conv_dim, KW - 1) for i in cfg.gdn_layers} if ckpt_rows else {}
-        self.ckpt_rec = ({i: z(ckpt_rows, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                               cfg.linear_value_head_dim, dt=torch.float32) for i in cfg.gdn_layers}
-                         if ckpt_rows else {})
+        self.ckpt_rec = (
+            {
+                i: z(
+                    ckpt_rows,
+                    cfg.linear_num_value_heads,
+                    cfg.linear_key_head_dim,
+                    cfg.linear_value_head_dim,
+                    dt=torch.float32,
+                )
+                for i in cfg.gdn_layers
+            }
+            if ckpt_rows
+            else {}
+        )
         # snapshot buffers for the O(1) part, same layout
         self._snap = {k: torch.zeros_like(t) for k, t in self._o1_items()}
         self.conv_alt: dict[int, torch.Tensor] = {}
@@ -113,7 +138,7 @@ class HybridState:
         """Undo the last AR step (of `phase`; it consumed `token`): GDN state, position, next_token and
         hidden as before it, the state left in the main buffers. Its KV row (at the old position) is
         past the position again, so never read unmasked."""
-        if phase == 1:                     # it read alt: the state before it is there
+        if phase == 1:  # it read alt: the state before it is there
             self._alt_to_main(slot)
         self.position[slot] -= 1
         self.next_token[slot] = token
@@ -200,7 +225,7 @@ class HybridState:
                 out.append(StateTensor(f"layers.{i}.key", ATTN_KEY, self.key[i][slot, :, :p]))
                 out.append(StateTensor(f"layers.{i}.value", ATTN_VALUE, self.value[i][slot, :, :p]))
         out.append(StateTensor("hidden", HIDDEN, self.hidden[slot]))
-        if self.mtp_layer is not None:   # MTP pairs (h_t, x_{t+1}) for t < position: computed last
+        if self.mtp_layer is not None:  # MTP pairs (h_t, x_{t+1}) for t < position: computed last
             out.append(StateTensor("mtp.key", ATTN_KEY, self.key[self.mtp_layer][slot, :, :p]))
             out.append(StateTensor("mtp.value", ATTN_VALUE, self.value[self.mtp_layer][slot, :, :p]))
         return out

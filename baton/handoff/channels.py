@@ -15,6 +15,7 @@ bound holds), and that channel is closed when its last lease is released. `get()
 leases) returns a cached channel without a lease: such a channel may be closed by a later eviction, so
 calls should lease. close() closes every channel, leased or not (shutdown).
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,7 +27,7 @@ import grpc
 from baton.rpc import make_channel
 from baton.settings import Settings
 
-DEFAULT_MAX_CHANNELS = 64   # distinct decode workers one prefill worker talks to; far above any deployment's
+DEFAULT_MAX_CHANNELS = 64  # distinct decode workers one prefill worker talks to; far above any deployment's
 Key = tuple[str, Settings]
 
 
@@ -58,16 +59,17 @@ class ChannelPool:
     """At most `max_channels` cached channels made by `factory` (baton.rpc.make_channel); LRU eviction,
     idle channels closed at once, leased ones when their last lease is released."""
 
-    def __init__(self, max_channels: int = DEFAULT_MAX_CHANNELS,
-                 factory: Callable[[str, Settings], grpc.Channel] | None = None):
+    def __init__(
+        self, max_channels: int = DEFAULT_MAX_CHANNELS, factory: Callable[[str, Settings], grpc.Channel] | None = None
+    ):
         if max_channels < 1:
             raise ValueError(f"max_channels: must be >= 1, got {max_channels}")
         self.max_channels, self._factory = max_channels, factory or make_channel
         self._lock = threading.Lock()
-        self._entries: OrderedDict[Key, _Entry] = OrderedDict()   # least recently used first
-        self._retired: set[_Entry] = set()                         # evicted while leased: open until released
+        self._entries: OrderedDict[Key, _Entry] = OrderedDict()  # least recently used first
+        self._retired: set[_Entry] = set()  # evicted while leased: open until released
 
-    def __bool__(self) -> bool:   # NOTE: an empty pool is still a pool (`pool or DEFAULT_POOL`), whatever len()
+    def __bool__(self) -> bool:  # NOTE: an empty pool is still a pool (`pool or DEFAULT_POOL`), whatever len()
         return True
 
     def __len__(self) -> int:
@@ -91,7 +93,7 @@ class ChannelPool:
         close: list[grpc.Channel] = []
         while len(self._entries) > self.max_channels:
             victim = next((k for k, v in self._entries.items() if v.leases == 0 and v is not e), None)
-            if victim is None:   # every other channel is in use: drop the oldest, close it on its last release
+            if victim is None:  # every other channel is in use: drop the oldest, close it on its last release
                 victim = next(iter(self._entries))
             old = self._entries.pop(victim)
             old.cached = False
@@ -139,5 +141,5 @@ class ChannelPool:
 
 
 def _close(channels: list[grpc.Channel]) -> None:
-    for ch in channels:   # NOTE: outside the lock: close() cancels the channel's calls (idle ones: none)
+    for ch in channels:  # NOTE: outside the lock: close() cancels the channel's calls (idle ones: none)
         ch.close()

@@ -10,6 +10,7 @@ all of that passed (see baton/handoff/wire.py for the stream layout); any failur
 then drops every buffer. ReceivedState.marks: time.monotonic_ns() when the last data chunk was fed
 ("last_chunk_fed") and when the trailer verified ("verified"), for the hand-off's timeline (baton/handoff/timeline.py).
 """
+
 from __future__ import annotations
 
 import collections
@@ -17,87 +18,34 @@ import concurrent.futures
 import hashlib
 import hmac
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 
-from baton.handoff import wire as _wire  # NOTE: baton.handoff.wire imports this module last; its names all exist by then
-from baton.v1 import state_pb2
-from baton.handoff.wire import (BridgeStats,
-                                ChunkPlan,
-                                FORMAT_VERSION,
-                                MAX_CHUNK_BYTES,
-                                MAX_DATA_CHUNKS,
-                                READ_VERSIONS,
-                                StateCorrupt,
-                                StateError,
-                                StateInvalid,
-                                StateMismatch,
-                                TensorDesc,
-                                _FROM_PB,
-                                _KV_KINDS,
-                                _data_frame,
-                                _pool,
-                                byte_view,
-                                default_workers,
-                                kind_value,
-                                pipelined)
+from baton.handoff import wire as _wire  # read at call time: tests patch PARALLEL_MIN_BYTES
 from baton.handoff.frames import DIGEST_BYTES, Manifest
-
-
-@dataclass(frozen=True)
-class LayoutEntry:
-    kind: int
-    dtype: torch.dtype
-    shape: tuple[int, ...] | None = None    # fixed shape; None for KV rows
-    kv_dims: tuple[int, int] | None = None  # (kv_heads, head_dim) -> shape [kv_heads, position, head_dim]
-
-    def shape_at(self, position: int) -> tuple[int, ...]:
-        return self.shape if self.shape is not None else (self.kv_dims[0], position, self.kv_dims[1])
-
-
-@dataclass(frozen=True)
-class ExpectedLayout:
-    """What the receiving engine accepts: each entry exactly once and nothing else.
-    entries: name -> LayoutEntry or tuple (kind, dtype, fixed_shape | None, kv_dims | None);
-    max_position: the window; a state with a larger position is refused."""
-    entries: Mapping[str, LayoutEntry]
-    max_position: int
-
-    def __post_init__(self):
-        norm = {}
-        for name, e in self.entries.items():
-            kind, dtype, shape, kv = e if isinstance(e, tuple) else (e.kind, e.dtype, e.shape, e.kv_dims)
-            if (shape is None) == (kv is None):
-                raise ValueError(f"{name}: give exactly one of a fixed shape or kv_dims")
-            norm[name] = LayoutEntry(kind_value(kind), dtype, shape and tuple(shape), kv and tuple(kv))
-        object.__setattr__(self, "entries", norm)
-
-    @classmethod
-    def from_tensors(cls, tensors: Iterable, max_position: int) -> ExpectedLayout:
-        """From example tensors (.name, .kind, .tensor), e.g. HybridState.export(0, position=0):
-        KV kinds take kv_dims from their [kv_heads, L, head_dim] shape, others their fixed shape."""
-        entries = {}
-        for t in tensors:
-            k, s = kind_value(t.kind), tuple(t.tensor.shape)
-            entries[t.name] = (k, t.tensor.dtype, None, (s[0], s[2])) if k in _KV_KINDS else (k, t.tensor.dtype, s, None)
-        return cls(entries, max_position)
-
-
-@dataclass(frozen=True)
-class ReceivedState:
-    session_id: str
-    fingerprint: str
-    position: int
-    next_token: int                   # from the trailer
-    mode: int
-    engine: int
-    specs: tuple[TensorDesc, ...]     # table order
-    tensors: dict[str, torch.Tensor]  # name -> verified CPU tensor
-    stats: BridgeStats                # seconds: first chunk fed -> finish()
-    marks: dict[str, int] = field(default_factory=dict)   # "last_chunk_fed", "verified": monotonic ns
+from baton.handoff.layout import ExpectedLayout, ReceivedState
+from baton.handoff.wire import (
+    _FROM_PB,
+    FORMAT_VERSION,
+    MAX_CHUNK_BYTES,
+    MAX_DATA_CHUNKS,
+    READ_VERSIONS,
+    BridgeStats,
+    ChunkPlan,
+    StateCorrupt,
+    StateError,
+    StateInvalid,
+    StateMismatch,
+    TensorDesc,
+    _data_frame,
+    _pool,
+    byte_view,
+    default_workers,
+    pipelined,
+)
+from baton.v1 import state_pb2
 
 
 class StateReceiver:
@@ -109,27 +57,33 @@ class StateReceiver:
     holding that tensor's bytes verified, so the caller can move it on (H2D into a reserved slot)
     while later chunks arrive; it must activate nothing before finish() returns."""
 
-    def __init__(self, expected: ExpectedLayout, *, fingerprint: str, max_total_bytes: int,
-                 alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
-                 workers: int | None = None,
-                 on_tensor: Callable[[str, torch.Tensor], None] | None = None):
+    def __init__(
+        self,
+        expected: ExpectedLayout,
+        *,
+        fingerprint: str,
+        max_total_bytes: int,
+        alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+        workers: int | None = None,
+        on_tensor: Callable[[str, torch.Tensor], None] | None = None,
+    ):
         self.expected, self.fingerprint, self.max_total_bytes = expected, fingerprint, max_total_bytes
         self._alloc = alloc or (lambda shape, dtype: torch.empty(shape, dtype=dtype))
         self._on_tensor = on_tensor
-        self._ready_at: list[int] = []       # per table row: verified chunks needed before on_tensor
-        self._announced = 0                  # table rows handed to on_tensor so far
+        self._ready_at: list[int] = []  # per table row: verified chunks needed before on_tensor
+        self._announced = 0  # table rows handed to on_tensor so far
         self._workers = default_workers() if workers is None else workers
         self._header, self._specs, self._trailer = None, [], None
         self._tensors: dict[str, torch.Tensor] = {}
         self._arrays: list[np.ndarray] = []  # flat uint8 views of the buffers, table order
-        self._cursor = (0, 0)                # (tensor index, byte offset within it)
+        self._cursor = (0, 0)  # (tensor index, byte offset within it)
         self._inflight: collections.deque = collections.deque()  # pool futures, chunk order
         self._manifest: Manifest | None = None
         self._total = self._expected_chunks = self.received = self.chunks = 0
         self._plan: ChunkPlan | None = None
         self._t0: float | None = None
-        self._done = self._closed = False    # trailer verified / failed or finished
-        self.marks: dict[str, int] = {}      # monotonic ns: the last data chunk fed, the trailer verified
+        self._done = self._closed = False  # trailer verified / failed or finished
+        self.marks: dict[str, int] = {}  # monotonic ns: the last data chunk fed, the trailer verified
 
     def feed(self, chunk: state_pb2.StateChunk | bytes) -> None:
         """The next message of the stream: a StateChunk or its serialized bytes."""
@@ -165,15 +119,17 @@ class StateReceiver:
         if self._header is not None:
             raise StateCorrupt("a second header")
         if h.format_version not in READ_VERSIONS:
-            raise StateMismatch(f"format_version {h.format_version}; this worker speaks {FORMAT_VERSION} "
-                                f"(and reads {', '.join(map(str, READ_VERSIONS))})")
+            raise StateMismatch(
+                f"format_version {h.format_version}; this worker speaks {FORMAT_VERSION} "
+                f"(and reads {', '.join(map(str, READ_VERSIONS))})"
+            )
         if h.model_fingerprint != self.fingerprint:
             raise StateMismatch(f"model_fingerprint {h.model_fingerprint!r} != this worker's {self.fingerprint!r}")
         if h.position > lay.max_position:
             raise StateInvalid(f"position {h.position} exceeds the window max_position={lay.max_position}")
         if h.total_bytes > self.max_total_bytes:
             raise StateInvalid(f"total_bytes {h.total_bytes} exceeds the limit {self.max_total_bytes}")
-        if not 0 < h.chunk_bytes <= MAX_CHUNK_BYTES:   # NOTE: the rest of the plan: _check_plan
+        if not 0 < h.chunk_bytes <= MAX_CHUNK_BYTES:  # NOTE: the rest of the plan: _check_plan
             raise StateInvalid(f"chunk_bytes {h.chunk_bytes} not in 1..{MAX_CHUNK_BYTES}")
         specs: dict[str, TensorDesc] = {}
         for i, s in enumerate(h.tensors):
@@ -207,7 +163,7 @@ class StateReceiver:
         self._plan, self._expected_chunks = plan, plan.count
         self._manifest = Manifest(h)
         end = 0
-        for d in self._specs:   # the chunks covering bytes [0, end of this tensor)
+        for d in self._specs:  # the chunks covering bytes [0, end of this tensor)
             end += d.nbytes
             self._ready_at.append(plan.chunks_to(end))
         self._announce()
@@ -217,19 +173,23 @@ class StateReceiver:
         if self._header is None or self._done:
             raise StateCorrupt(f"data chunk {'before the header' if self._header is None else 'after the trailer'}")
         if i >= self._expected_chunks:
-            raise StateCorrupt(f"data chunk {i}: more than the declared total_bytes {self._total} "
-                               f"({self._expected_chunks} chunks: {self._plan.describe()})")
+            raise StateCorrupt(
+                f"data chunk {i}: more than the declared total_bytes {self._total} "
+                f"({self._expected_chunks} chunks: {self._plan.describe()})"
+            )
         if index != i:
             raise StateCorrupt(f"data chunk {i}: chunk_index {index} (chunks lost or out of order)")
         want = self._plan.span(i)[1]
         if n != want:
-            raise StateCorrupt(f"data chunk {i}: {n} bytes, expected {want} "
-                               f"({'tail' if i >= self._plan.head_chunks else 'head'} segment; "
-                               f"{self._plan.describe()})")
+            raise StateCorrupt(
+                f"data chunk {i}: {n} bytes, expected {want} "
+                f"({'tail' if i >= self._plan.head_chunks else 'head'} segment; "
+                f"{self._plan.describe()})"
+            )
         if len(digest) != DIGEST_BYTES:
             raise StateCorrupt(f"data chunk {i}: chunk_sha256 has {len(digest)} bytes, expected {DIGEST_BYTES}")
         (ti, off), pos, spans = self._cursor, 0, []
-        while pos < n:   # where this chunk's bytes go: [(dst array, dst offset, src offset, length)]
+        while pos < n:  # where this chunk's bytes go: [(dst array, dst offset, src offset, length)]
             dst = self._arrays[ti]
             take = min(len(dst) - off, n - pos)
             spans.append((dst, off, pos, take))
@@ -278,8 +238,9 @@ class StateReceiver:
         if tr.data_chunks != self.chunks:
             raise StateCorrupt(f"trailer data_chunks {tr.data_chunks} != {self.chunks} received")
         if not hmac.compare_digest(tr.manifest_sha256, self._manifest.digest(tr)):
-            raise StateCorrupt("manifest_sha256 mismatch: the header, the chunk list or the trailer was "
-                               "altered in transit")
+            raise StateCorrupt(
+                "manifest_sha256 mismatch: the header, the chunk list or the trailer was altered in transit"
+            )
         self._trailer, self._done = tr, True
         self.marks["verified"] = time.monotonic_ns()
 
@@ -291,17 +252,30 @@ class StateReceiver:
             if self._header is None:
                 raise StateCorrupt("stream ended without a header")
             if not self._done:
-                raise StateCorrupt(f"stream ended before the trailer: {self.received} of "
-                                   f"{self._total} bytes in {self.chunks} data chunks")
+                raise StateCorrupt(
+                    f"stream ended before the trailer: {self.received} of "
+                    f"{self._total} bytes in {self.chunks} data chunks"
+                )
         except StateError:
             self._fail()
             raise
         h, tensors, self._closed = self._header, self._tensors, True
         self._tensors, self._arrays = {}, []
-        stats = BridgeStats.from_specs(self._specs, tokens=h.position, chunks=self.chunks,
-                                       seconds=time.perf_counter() - self._t0)
-        return ReceivedState(h.session_id, h.model_fingerprint, h.position, self._trailer.next_token, h.mode,
-                             h.engine, tuple(self._specs), tensors, stats, dict(self.marks))
+        stats = BridgeStats.from_specs(
+            self._specs, tokens=h.position, chunks=self.chunks, seconds=time.perf_counter() - self._t0
+        )
+        return ReceivedState(
+            h.session_id,
+            h.model_fingerprint,
+            h.position,
+            self._trailer.next_token,
+            h.mode,
+            h.engine,
+            tuple(self._specs),
+            tensors,
+            stats,
+            dict(self.marks),
+        )
 
     def abort(self) -> None:
         """Ends the stream unverified (the caller stopped feeding it: cancelled, error): as a failure."""
@@ -323,8 +297,10 @@ def _check_plan(h) -> ChunkPlan:
     chunk_bytes' range and total_bytes (against the table) are already checked."""
     cb, tail, tcb, total = h.chunk_bytes, h.tail_from, h.tail_chunk_bytes, h.total_bytes
     if h.format_version < 4 and (tail or tcb):
-        raise StateInvalid(f"tail_from {tail} / tail_chunk_bytes {tcb} in a format_version {h.format_version} "
-                           f"header (a tail segment is format 4)")
+        raise StateInvalid(
+            f"tail_from {tail} / tail_chunk_bytes {tcb} in a format_version {h.format_version} "
+            f"header (a tail segment is format 4)"
+        )
     if tcb == 0 and tail != 0:
         raise StateInvalid(f"tail_from {tail} without a tail segment (tail_chunk_bytes 0): must be 0")
     if tcb > cb:
@@ -346,25 +322,39 @@ def _verify_and_place(index: int, mv: memoryview, digest: bytes, spans: list) ->
         raise StateCorrupt(f"data chunk {index}: chunk_sha256 mismatch: tensor bytes corrupted in transit")
     src = np.frombuffer(mv, dtype=np.uint8)
     for dst, off, pos, take in spans:
-        np.copyto(dst[off:off + take], src[pos:pos + take])
+        np.copyto(dst[off : off + take], src[pos : pos + take])
     return got
 
 
-def decode_stream(chunks: Iterable[state_pb2.StateChunk | bytes], expected: ExpectedLayout,
-                  fingerprint: str, max_total_bytes: int, *, alloc=None, ahead: int = 2,
-                  workers: int | None = None, on_tensor=None) -> ReceivedState:
+def decode_stream(
+    chunks: Iterable[state_pb2.StateChunk | bytes],
+    expected: ExpectedLayout,
+    fingerprint: str,
+    max_total_bytes: int,
+    *,
+    alloc=None,
+    ahead: int = 2,
+    workers: int | None = None,
+    on_tensor=None,
+) -> ReceivedState:
     """Feeds a whole stream through a StateReceiver; returns the verified state. With ahead > 0 the
     messages are pulled on a helper thread (pipelined), so receiving overlaps the receiver's own
     checks; the input is closed on return or failure, which also ends that thread."""
-    rx = StateReceiver(expected, fingerprint=fingerprint, max_total_bytes=max_total_bytes, alloc=alloc,
-                       workers=workers, on_tensor=on_tensor)
+    rx = StateReceiver(
+        expected,
+        fingerprint=fingerprint,
+        max_total_bytes=max_total_bytes,
+        alloc=alloc,
+        workers=workers,
+        on_tensor=on_tensor,
+    )
     it = pipelined(chunks, ahead) if ahead > 0 else iter(chunks)
     try:
         for c in it:
             rx.feed(c)
         return rx.finish()
     except BaseException:
-        rx.abort()    # NOTE: e.g. the client cancelled mid-stream: no pool copy outlives this call
+        rx.abort()  # NOTE: e.g. the client cancelled mid-stream: no pool copy outlives this call
         raise
     finally:
         if hasattr(it, "close"):

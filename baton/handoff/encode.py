@@ -18,6 +18,7 @@ in the pool). The one pass under the GIL left is gRPC's copy of each message int
 benchmarks/gil_probe.py measures the stalls. baton/handoff/sender/process.py moves all of it but the staging
 out of the prefill's process (plan() and chunk_segments() are shared with it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,22 +26,25 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from baton.handoff import wire as _wire  # NOTE: baton.handoff.wire imports this module last; its names all exist by then
-from baton.v1 import state_pb2
 from baton.handoff import staging
-from baton.handoff.wire import (DEFAULT_CHUNK_BYTES,
-                                FORMAT_VERSION,
-                                MAX_CHUNK_BYTES,
-                                ChunkPlan,
-                                TensorDesc,
-                                WireTensor,
-                                _TO_PB,
-                                byte_view,
-                                default_workers,
-                                kind_value,
-                                ordered_map)
-from baton.handoff.frames import Manifest
-from baton.handoff.frames import _sha256, frame as _frame, header_frame, trailer_frame
+from baton.handoff import wire as _wire  # read at call time: tests patch PARALLEL_MIN_BYTES
+from baton.handoff.frames import Manifest, _sha256, header_frame, trailer_frame
+from baton.handoff.frames import frame as _frame
+from baton.handoff.wire import (
+    _TO_PB,
+    DEFAULT_CHUNK_BYTES,
+    FORMAT_VERSION,
+    MAX_CHUNK_BYTES,
+    ChunkPlan,
+    TensorDesc,
+    WireTensor,
+    byte_view,
+    default_workers,
+    kind_value,
+    ordered_map,
+)
+from baton.v1 import state_pb2
+
 
 # ---- sender -------------------------------------------------------------------------------------
 def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[tuple[torch.Tensor, object]]:
@@ -54,7 +58,7 @@ def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[t
         if t.is_cuda:
             yield t, ready if ready is not None else ready_now(t.device)
         else:
-            yield t.contiguous(), None   # no copy for a contiguous CPU tensor
+            yield t.contiguous(), None  # no copy for a contiguous CPU tensor
 
 
 def chunk_segments(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, ready_now) -> Iterator:
@@ -68,7 +72,7 @@ def chunk_segments(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan,
             take = min(n - off, cap - filled)
             segs.append((t, ready_ev, off, off + take))
             filled, off = filled + take, off + take
-            if filled == cap:   # NOTE: the head ends on a chunk boundary (tail_from: a multiple of chunk_bytes)
+            if filled == cap:  # NOTE: the head ends on a chunk boundary (tail_from: a multiple of chunk_bytes)
                 yield index, segs
                 segs, filled, index = [], 0, index + 1
                 cap = chunks.cap(index)
@@ -87,10 +91,10 @@ def _chunk_parts(specs: list[TensorDesc], source: Iterable, chunks: ChunkPlan, r
         if not any(t.is_cuda for t, _, _, _ in segs):
             return [byte_view(t)[a:b] for t, _, a, b in segs]
         if ring is None:
-            ring = staging.Ring(chunks.chunk_bytes, ring_limit)   # tail chunks fit: tail_chunk_bytes <= it
+            ring = staging.Ring(chunks.chunk_bytes, ring_limit)  # tail chunks fit: tail_chunk_bytes <= it
         return ring.stage(segs)
 
-    pending = None   # (index, StagedChunk): its D2H queued, the next chunk's queued before waiting for it
+    pending = None  # (index, StagedChunk): its D2H queued, the next chunk's queued before waiting for it
 
     def ready(item):
         """Chunks in order; a staged chunk is handed on only once its copy is done (waited for here, one
@@ -146,34 +150,50 @@ def _seal_frame(index: int, part) -> tuple[bytes, bytes]:
 class Plan:
     """One stream, checked and ready to go: its header (all known before the bytes), the table, where
     the tensors come from, and how the sender should run."""
+
     header: state_pb2.StateHeader
-    chunks: ChunkPlan         # the header's chunk plan
+    chunks: ChunkPlan  # the header's chunk plan
     specs: list[TensorDesc]
-    tensor_source: Iterable   # tensors, or (tensor, ready event), in table order
-    next_token: object        # int, or a callable asked once every tensor was pulled
-    workers: int              # chunks hashed in parallel (0: inline)
-    lazy: bool                # the source may block (a running prefill) or needs D2H: its own thread
+    tensor_source: Iterable  # tensors, or (tensor, ready event), in table order
+    next_token: object  # int, or a callable asked once every tensor was pulled
+    workers: int  # chunks hashed in parallel (0: inline)
+    lazy: bool  # the source may block (a running prefill) or needs D2H: its own thread
     ready_now: "_ReadyNow"
 
     def token(self) -> int:
         return int(self.next_token() if callable(self.next_token) else self.next_token)
 
 
-def plan(*, session_id: str, fingerprint: str, position: int, next_token, tensors=None,
-         specs=None, tensor_source=None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0,
-         engine: int = 0, workers: int | None = None, tail_from: int = 0, tail_chunk_bytes: int = 0) -> Plan:
+def plan(
+    *,
+    session_id: str,
+    fingerprint: str,
+    position: int,
+    next_token,
+    tensors=None,
+    specs=None,
+    tensor_source=None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    mode: int = 0,
+    engine: int = 0,
+    workers: int | None = None,
+    tail_from: int = 0,
+    tail_chunk_bytes: int = 0,
+) -> Plan:
     """Checks the arguments (encode_state's) and notes what "final now" means on the device (an event on
     the caller's current stream) at call time."""
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes}")
     if not 0 <= tail_chunk_bytes <= MAX_CHUNK_BYTES or tail_from < 0:
-        raise ValueError(f"tail_chunk_bytes must be in 0..{MAX_CHUNK_BYTES} and tail_from >= 0, "
-                         f"got {tail_chunk_bytes} and {tail_from}")
-    lazy = tensors is None   # a source that may block (a running prefill) gets its own producer thread
+        raise ValueError(
+            f"tail_chunk_bytes must be in 0..{MAX_CHUNK_BYTES} and tail_from >= 0, "
+            f"got {tail_chunk_bytes} and {tail_from}"
+        )
+    lazy = tensors is None  # a source that may block (a running prefill) gets its own producer thread
     if tensors is not None and specs is None and tensor_source is None:
         tensors = list(tensors)
         specs, tensor_source = [TensorDesc.of(t) for t in tensors], [t.tensor for t in tensors]
-        lazy = any(t.is_cuda for t in tensor_source)   # D2H staging: never on gRPC's thread
+        lazy = any(t.is_cuda for t in tensor_source)  # D2H staging: never on gRPC's thread
     elif tensors is not None or specs is None or tensor_source is None:
         raise ValueError("pass either tensors=, or specs= together with tensor_source=")
     specs = [TensorDesc(s.name, kind_value(s.kind), s.dtype, tuple(s.shape)) for s in specs]
@@ -186,11 +206,20 @@ def plan(*, session_id: str, fingerprint: str, position: int, next_token, tensor
     total = sum(s.nbytes for s in specs)
     chunks = chunk_plan(total, chunk_bytes, tail_from, tail_chunk_bytes)
     header = state_pb2.StateHeader(
-        format_version=FORMAT_VERSION, session_id=session_id, model_fingerprint=fingerprint,
-        position=position, tensors=[s.to_proto() for s in specs], total_bytes=total, mode=mode, engine=engine,
-        chunk_bytes=chunk_bytes, tail_from=chunks.tail_from, tail_chunk_bytes=chunks.tail_chunk_bytes)
+        format_version=FORMAT_VERSION,
+        session_id=session_id,
+        model_fingerprint=fingerprint,
+        position=position,
+        tensors=[s.to_proto() for s in specs],
+        total_bytes=total,
+        mode=mode,
+        engine=engine,
+        chunk_bytes=chunk_bytes,
+        tail_from=chunks.tail_from,
+        tail_chunk_bytes=chunks.tail_chunk_bytes,
+    )
     workers = default_workers() if workers is None else workers
-    if chunk_bytes < _wire.PARALLEL_MIN_BYTES:   # NOTE: small tail chunks still go through the pool (head's)
+    if chunk_bytes < _wire.PARALLEL_MIN_BYTES:  # NOTE: small tail chunks still go through the pool (head's)
         workers = 0
     return Plan(header, chunks, specs, tensor_source, next_token, workers, lazy, _ReadyNow())
 
@@ -240,13 +269,22 @@ def _stream(p: Plan, frames: bool) -> Iterator:
     yield last if frames else state_pb2.StateChunk.FromString(last)
 
 
-def encode_state(*, session_id: str, fingerprint: str, position: int, next_token: int | Callable[[], int],
-                 tensors: Iterable[WireTensor] | None = None,
-                 specs: Iterable[TensorDesc] | None = None,
-                 tensor_source: Iterable | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, mode: int = 0, engine: int = 0,
-                 workers: int | None = None, tail_from: int = 0,
-                 tail_chunk_bytes: int = 0) -> Iterator[state_pb2.StateChunk]:
+def encode_state(
+    *,
+    session_id: str,
+    fingerprint: str,
+    position: int,
+    next_token: int | Callable[[], int],
+    tensors: Iterable[WireTensor] | None = None,
+    specs: Iterable[TensorDesc] | None = None,
+    tensor_source: Iterable | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    mode: int = 0,
+    engine: int = 0,
+    workers: int | None = None,
+    tail_from: int = 0,
+    tail_chunk_bytes: int = 0,
+) -> Iterator[state_pb2.StateChunk]:
     """Header, data chunks of <= chunk_bytes, trailer. tail_chunk_bytes > 0: bytes from tail_from (rounded
     down to a multiple of chunk_bytes) on go in chunks of tail_chunk_bytes (see chunk_plan). Give either `tensors` (all known now), or
     `specs` (the table) plus `tensor_source` yielding, in table order, each tensor or (tensor, ready):
@@ -256,10 +294,21 @@ def encode_state(*, session_id: str, fingerprint: str, position: int, next_token
     caller's current stream when encode_state is called. `next_token` goes in the trailer: an int, or
     a callable asked once every tensor was pulled (prefill knows it only after the logits). `workers`: chunks hashed in parallel
     (None: default_workers(), 0: inline). A tensor must not change until the stream ends."""
-    return _parts(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
-                  tensors=tensors, specs=specs, tensor_source=tensor_source, chunk_bytes=chunk_bytes,
-                  mode=mode, engine=engine, workers=workers, tail_from=tail_from,
-                  tail_chunk_bytes=tail_chunk_bytes)
+    return _parts(
+        session_id=session_id,
+        fingerprint=fingerprint,
+        position=position,
+        next_token=next_token,
+        tensors=tensors,
+        specs=specs,
+        tensor_source=tensor_source,
+        chunk_bytes=chunk_bytes,
+        mode=mode,
+        engine=engine,
+        workers=workers,
+        tail_from=tail_from,
+        tail_chunk_bytes=tail_chunk_bytes,
+    )
 
 
 def encode_state_frames(**kw) -> Iterator[bytes]:

@@ -13,6 +13,7 @@ torch: the two senders put byte-identical frames on the wire for the same state.
 GIL: frame() makes large frames (>= 256 KiB) with no pass over the bytes under the GIL: an uninitialized
 bytes object (C API) filled by numpy copies, hashed by one hashlib call (both release the GIL).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,13 +24,13 @@ import numpy as np
 
 from baton.v1 import state_pb2
 
-DIGEST_BYTES = 32           # SHA-256
+DIGEST_BYTES = 32  # SHA-256
 MANIFEST_TAG = b"baton/state/v3\n"
-_DATA_TAG = b"\x12"   # StateChunk field 2 (data), wire type 2 (length-delimited)
+_DATA_TAG = b"\x12"  # StateChunk field 2 (data), wire type 2 (length-delimited)
 _INDEX_TAG = b"\x20"  # field 4 (chunk_index), varint; omitted when 0, as protobuf does
 _SHA_TAG = b"\x2a\x20"  # field 5 (chunk_sha256), length 32
 _COPY_OUTSIDE_GIL_BYTES = 256 << 10  # smaller frames are joined (under the GIL, but briefly)
-FRAME_OVERHEAD = 64   # bytes of a data frame beyond its payload, at most (tag + length, index, digest: <= 57)
+FRAME_OVERHEAD = 64  # bytes of a data frame beyond its payload, at most (tag + length, index, digest: <= 57)
 
 
 def _varint(n: int) -> bytes:
@@ -89,6 +90,7 @@ def frame(index: int, pieces: list) -> tuple[bytes, bytes]:
 
     def tail(d: bytes) -> bytes:
         return (_INDEX_TAG + _varint(index) if index else b"") + _SHA_TAG + d
+
     if n < _COPY_OUTSIDE_GIL_BYTES:
         d = _sha256(pieces)
         return b"".join([head, *pieces, tail(d)]), d
@@ -103,11 +105,11 @@ def frame(index: int, pieces: list) -> tuple[bytes, bytes]:
         dst, off = np.frombuffer(mv, dtype=np.uint8), len(head)
         dst[:off] = np.frombuffer(head, dtype=np.uint8)
         for p in pieces:
-            np.copyto(dst[off:off + len(p)], np.frombuffer(p, dtype=np.uint8))
+            np.copyto(dst[off : off + len(p)], np.frombuffer(p, dtype=np.uint8))
             off += len(p)
-        d = hashlib.sha256(mv[len(head):off]).digest()   # NOTE: releases the GIL (>= 2 KiB)
+        d = hashlib.sha256(mv[len(head) : off]).digest()  # NOTE: releases the GIL (>= 2 KiB)
         dst[off:] = np.frombuffer(tail(d), dtype=np.uint8)
-        del dst   # NOTE: before the view is released
+        del dst  # NOTE: before the view is released
     return (out.getvalue() if isinstance(out, io.BytesIO) else out), d
 
 
@@ -128,12 +130,12 @@ def _new_bytes_capi(size: int) -> tuple[bytes, memoryview]:
     return b, memoryview((ctypes.c_char * size).from_address(_PyBytes_AsString(b))).cast("B")
 
 
-try:   # CPython's C API through ctypes.pythonapi (those calls keep the GIL, as C API calls must)
+try:  # CPython's C API through ctypes.pythonapi (those calls keep the GIL, as C API calls must)
     _PyBytes_FromStringAndSize = ctypes.pythonapi.PyBytes_FromStringAndSize
     _PyBytes_FromStringAndSize.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
     _PyBytes_FromStringAndSize.restype = ctypes.py_object
     _PyBytes_AsString = ctypes.pythonapi.PyBytes_AsString
     _PyBytes_AsString.argtypes, _PyBytes_AsString.restype = [ctypes.py_object], ctypes.c_void_p
     _new_bytes = _new_bytes_capi
-except (AttributeError, OSError):   # another Python: the zero-filled BytesIO
+except (AttributeError, OSError):  # another Python: the zero-filled BytesIO
     _new_bytes = None

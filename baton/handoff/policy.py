@@ -1,7 +1,6 @@
 """What a hand-off ships: the MTP KV rule (who computes and who sends the MTP layer's KV rows)."""
+
 from __future__ import annotations
-
-
 
 from baton.v1 import common_pb2
 

@@ -16,6 +16,7 @@ Lifecycle:
                      failed) and returns its CUDA event (None on CPU); the D2H copy waits for the event
                      on its own stream, so the wire runs beside the remaining layers' compute.
 """
+
 from __future__ import annotations
 
 import re
@@ -46,7 +47,7 @@ def tail_offset(specs, tail_layers: int) -> int:
         raise ValueError(f"tail_layers must be >= 0, got {tail_layers}")
     layers = 1 + max((int(m.group(1)) for s in specs if (m := _LAYER.match(s.name))), default=-1)
     off = sum(s.nbytes for s in specs)
-    for s in reversed(specs):   # NOTE: layer-major table: the tail is a suffix
+    for s in reversed(specs):  # NOTE: layer-major table: the tail is a suffix
         if stage_of(s.name, layers) < layers - tail_layers:
             break
         off -= s.nbytes
@@ -58,12 +59,12 @@ class PrefillProgress:
         self.layers, self._device = layers, torch.device(device)
         self._cuda = self._device.type == "cuda"
         self._events: list = [None] * (layers + 1)
-        self._marked = 0                     # stages 0 .. _marked-1 are final
+        self._marked = 0  # stages 0 .. _marked-1 are final
         self._token: int | None = None
         self._error: BaseException | None = None
         self._cv = threading.Condition()
-        self.last_layer_ns = 0               # time.monotonic_ns() when stage layers-1 was marked
-        self.finished_ns = 0                 # ... when finish() was called (before the last stage is marked)
+        self.last_layer_ns = 0  # time.monotonic_ns() when stage layers-1 was marked
+        self.finished_ns = 0  # ... when finish() was called (before the last stage is marked)
 
     def mark(self, stage: int) -> None:
         """Compute thread: stage `stage` is final once the work enqueued so far has run."""

@@ -12,6 +12,7 @@ Timeline (start_push(timeline=True), asked for by PrefillRequest.timeline): each
 baton/handoff/timeline.py; the receiver answers its own when the call carries `baton-timeline: 1`, and the
 sender's result() returns them all in BridgeReport.timeline.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,15 +20,16 @@ from typing import Callable, Iterable, Iterator
 
 import grpc
 
-from baton.handoff.progress import PrefillProgress, tail_offset
-from baton.settings import Settings
-from baton.handoff.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, Timeline, now
-from baton.v1 import common_pb2, decode_pb2, state_pb2
-from baton.handoff.channels import ChannelPool
-from baton.names import engine_value
-from baton.handoff.wire import DEFAULT_CHUNK_BYTES, BridgeStats, TensorDesc
-from baton.handoff.encode import encode_state, encode_state_frames
 from baton.handoff import encode
+from baton.handoff.channels import ChannelPool
+from baton.handoff.encode import encode_state, encode_state_frames
+from baton.handoff.progress import PrefillProgress, tail_offset
+from baton.handoff.timeline import CLOCK_ID, Timeline, now
+from baton.handoff.timeline import METADATA as TIMELINE_METADATA
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, BridgeStats, TensorDesc
+from baton.names import engine_value
+from baton.settings import Settings
+from baton.v1 import common_pb2, decode_pb2, state_pb2
 
 LOAD_STATE = "/baton.v1.DecodeWorker/LoadState"
 
@@ -41,15 +43,34 @@ class HandoffError(Exception):
 
 
 # ---------------------------------------------------------------- sender
-def stream_state(tensors: Iterable, *, session_id: str, fingerprint: str, position: int, next_token: int,
-                 mode: int = 0, engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 frames: bool = False, tail_from: int = 0,
-                 tail_chunk_bytes: int = 0) -> Iterator[state_pb2.StateChunk] | Iterator[bytes]:
+def stream_state(
+    tensors: Iterable,
+    *,
+    session_id: str,
+    fingerprint: str,
+    position: int,
+    next_token: int,
+    mode: int = 0,
+    engine: int | str | None = 0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    frames: bool = False,
+    tail_from: int = 0,
+    tail_chunk_bytes: int = 0,
+) -> Iterator[state_pb2.StateChunk] | Iterator[bytes]:
     """StateChunks (frames=True: their serialized bytes) for a list of baton.engine.state.StateTensor."""
     enc = encode_state_frames if frames else encode_state
-    return enc(session_id=session_id, fingerprint=fingerprint, position=position, next_token=next_token,
-               tensors=list(tensors), chunk_bytes=chunk_bytes, mode=int(mode), engine=engine_value(engine),
-               tail_from=tail_from, tail_chunk_bytes=tail_chunk_bytes)
+    return enc(
+        session_id=session_id,
+        fingerprint=fingerprint,
+        position=position,
+        next_token=next_token,
+        tensors=list(tensors),
+        chunk_bytes=chunk_bytes,
+        mode=int(mode),
+        engine=engine_value(engine),
+        tail_from=tail_from,
+        tail_chunk_bytes=tail_chunk_bytes,
+    )
 
 
 DEFAULT_POOL = ChannelPool()
@@ -82,17 +103,33 @@ class _Frames:
 class Push:
     """One LoadState call in flight (start_push); result() waits for the decode worker's answer."""
 
-    def __init__(self, target: str, fut, frames: _Frames, specs: list[TensorDesc], position: int, t0: float,
-                 timeline: Timeline | None = None):
-        self.target, self._fut, self._frames, self._specs, self._position, self._t0 = \
-            target, fut, frames, specs, position, t0
-        self.timeline = timeline   # baton/handoff/timeline.py; the caller may add its own prefill.* marks
+    def __init__(
+        self,
+        target: str,
+        fut,
+        frames: _Frames,
+        specs: list[TensorDesc],
+        position: int,
+        t0: float,
+        timeline: Timeline | None = None,
+    ):
+        self.target, self._fut, self._frames, self._specs, self._position, self._t0 = (
+            target,
+            fut,
+            frames,
+            specs,
+            position,
+            t0,
+        )
+        self.timeline = timeline  # baton/handoff/timeline.py; the caller may add its own prefill.* marks
 
     def cancel(self) -> None:
         self._fut.cancel()
 
-    def result(self, is_active: Callable[[], bool] | None = None,
-               ) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
+    def result(
+        self,
+        is_active: Callable[[], bool] | None = None,
+    ) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
         """(the decode worker's answer, the sender's BridgeReport: seconds from the stream's start to the
         answer, bytes by kind). Raises HandoffError (status of the decode worker, UNAVAILABLE when down,
         DEADLINE_EXCEEDED, CANCELLED when `is_active()` turned False); an encoding error as is."""
@@ -113,28 +150,50 @@ class Push:
             raise HandoffError(target, e.code(), e.details() or "") from None
         except grpc.FutureCancelledError:
             raise HandoffError(target, grpc.StatusCode.CANCELLED, "hand-off cancelled") from None
-        stats = BridgeStats.from_specs(self._specs, tokens=self._position, chunks=max(frames.count - 2, 0),
-                                       seconds=time.perf_counter() - self._t0)
+        stats = BridgeStats.from_specs(
+            self._specs, tokens=self._position, chunks=max(frames.count - 2, 0), seconds=time.perf_counter() - self._t0
+        )
         report = stats.to_proto()
-        if self.timeline is not None:   # frames: header, data..., trailer
+        if self.timeline is not None:  # frames: header, data..., trailer
             tl, h, sent = self.timeline, frames.handed, frames.sent
             tl.mark("sender.reply", t_reply)
-            tl.mark("prefill.reply_received", t_reply)   # NOTE: one process, one moment
+            tl.mark("prefill.reply_received", t_reply)  # NOTE: one process, one moment
             if len(h) >= 3 and len(sent) == len(h):
-                tl.update({"sender.last_chunk_handed": h[-2], "sender.last_chunk_sent": sent[-2],
-                           "sender.trailer_handed": h[-1], "sender.trailer_sent": sent[-1]},
-                          series={"sender.handed": h[1:-1]})
+                tl.update(
+                    {
+                        "sender.last_chunk_handed": h[-2],
+                        "sender.last_chunk_sent": sent[-2],
+                        "sender.trailer_handed": h[-1],
+                        "sender.trailer_sent": sent[-1],
+                    },
+                    series={"sender.handed": h[1:-1]},
+                )
             if resp.HasField("bridge") and resp.bridge.HasField("timeline"):
                 tl.merge_proto(resp.bridge.timeline)
             report.timeline.CopyFrom(tl.to_proto())
         return resp, report
 
 
-def start_push(target: str, settings: Settings | None = None, *, tensors: list, session_id: str,
-               fingerprint: str, position: int, next_token: int | Callable[[], int], mode: int = 0,
-               engine: int | str | None = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: float = 60.0,
-               pool: ChannelPool | None = None, progress: PrefillProgress | None = None,
-               sender=None, tail_chunk_bytes: int = 0, tail_layers: int = 1, timeline: bool = False) -> Push:
+def start_push(
+    target: str,
+    settings: Settings | None = None,
+    *,
+    tensors: list,
+    session_id: str,
+    fingerprint: str,
+    position: int,
+    next_token: int | Callable[[], int],
+    mode: int = 0,
+    engine: int | str | None = 0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    timeout: float = 60.0,
+    pool: ChannelPool | None = None,
+    progress: PrefillProgress | None = None,
+    sender=None,
+    tail_chunk_bytes: int = 0,
+    tail_layers: int = 1,
+    timeline: bool = False,
+) -> Push:
     """Starts streaming the state to `target`'s LoadState and returns at once. `progress` (a prefill
     still running): each tensor is sent once its layer is marked, and next_token is taken from it at
     the end. `sender`: a baton.handoff.sender.process.SenderProcess (settings.handoff_sender == "process"): the
@@ -147,19 +206,38 @@ def start_push(target: str, settings: Settings | None = None, *, tensors: list, 
     settings = Settings.from_env() if settings is None else settings
     tensors = list(tensors)
     specs = [TensorDesc.of(t) for t in tensors]
-    what = (dict(specs=specs, tensor_source=progress.source(tensors), next_token=progress.next_token)
-            if progress is not None else dict(tensors=tensors, next_token=next_token))
-    kw = dict(session_id=session_id, fingerprint=fingerprint, position=position, chunk_bytes=chunk_bytes,
-              mode=int(mode), engine=engine_value(engine), tail_chunk_bytes=tail_chunk_bytes,
-              tail_from=tail_offset(specs, tail_layers) if tail_chunk_bytes else 0, **what)
+    what = (
+        dict(specs=specs, tensor_source=progress.source(tensors), next_token=progress.next_token)
+        if progress is not None
+        else dict(tensors=tensors, next_token=next_token)
+    )
+    kw = dict(
+        session_id=session_id,
+        fingerprint=fingerprint,
+        position=position,
+        chunk_bytes=chunk_bytes,
+        mode=int(mode),
+        engine=engine_value(engine),
+        tail_chunk_bytes=tail_chunk_bytes,
+        tail_from=tail_offset(specs, tail_layers) if tail_chunk_bytes else 0,
+        **what,
+    )
     if sender is not None and sender.fits(chunk_bytes):
-        return sender.start_push(target, settings, encode.plan(**kw), method=LOAD_STATE, timeout=timeout,
-                                 deserialize=decode_pb2.LoadStateResponse.FromString, position=position,
-                                 timeline=timeline)
-    lease = (pool or DEFAULT_POOL).lease(target, settings)   # held until the call ends: never evicted under it
+        return sender.start_push(
+            target,
+            settings,
+            encode.plan(**kw),
+            method=LOAD_STATE,
+            timeout=timeout,
+            deserialize=decode_pb2.LoadStateResponse.FromString,
+            position=position,
+            timeline=timeline,
+        )
+    lease = (pool or DEFAULT_POOL).lease(target, settings)  # held until the call ends: never evicted under it
     try:
-        method = lease.channel.stream_unary(LOAD_STATE, request_serializer=None,
-                                            response_deserializer=decode_pb2.LoadStateResponse.FromString)
+        method = lease.channel.stream_unary(
+            LOAD_STATE, request_serializer=None, response_deserializer=decode_pb2.LoadStateResponse.FromString
+        )
         t0 = time.perf_counter()
         frames = _Frames(encode_state_frames(**kw), timed=timeline)
         tl = Timeline({"prefill": CLOCK_ID, "sender": CLOCK_ID}) if timeline else None
@@ -171,7 +249,8 @@ def start_push(target: str, settings: Settings | None = None, *, tensors: list, 
     return Push(target, fut, frames, specs, position, t0, tl)
 
 
-def push_state(target: str, settings: Settings | None = None, *, is_active: Callable[[], bool] | None = None,
-               **kw) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
+def push_state(
+    target: str, settings: Settings | None = None, *, is_active: Callable[[], bool] | None = None, **kw
+) -> tuple[decode_pb2.LoadStateResponse, common_pb2.BridgeReport]:
     """start_push(target, settings, **kw).result(is_active): the whole hand-off of a computed state."""
     return start_push(target, settings, **kw).result(is_active)

@@ -15,6 +15,7 @@ MTP KV entries (`mtp.key`, `mtp.value`: the MTP layer's KV rows for the prompt):
   * sent to a receiver without an MTP head        -> accepted and dropped after the digests covered
     them (a prefill worker with the head can feed any decode worker; the cost is wire bytes only).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,16 +25,21 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from baton.v1 import state_pb2
+from baton.handoff.decode import decode_stream
+from baton.handoff.layout import ExpectedLayout, LayoutEntry, ReceivedState
 from baton.handoff.policy import MTP_NAMES
 from baton.handoff.wire import StateCorrupt
-from baton.handoff.decode import ExpectedLayout, LayoutEntry, ReceivedState, decode_stream
+from baton.v1 import state_pb2
+
 
 def layout_of(state) -> dict:
     """receive_state keyword arguments describing a baton.engine.state.HybridState (window = max_len - 1:
     a loaded state must leave room to consume its pending next_token)."""
-    return dict(state_layout=state.layout(), kv_dims=(state.cfg.num_key_value_heads, state.cfg.head_dim),
-                max_position=state.max_len - 1)
+    return dict(
+        state_layout=state.layout(),
+        kv_dims=(state.cfg.num_key_value_heads, state.cfg.head_dim),
+        max_position=state.max_len - 1,
+    )
 
 
 def peek_header(chunk) -> state_pb2.StateHeader | None:
@@ -52,13 +58,23 @@ def peek_header(chunk) -> state_pb2.StateHeader | None:
 
 def _entries(state_layout: Mapping, kv_dims: tuple[int, int]) -> dict[str, LayoutEntry]:
     """HybridState.layout() (name -> (kind, dtype, fixed shape | None for KV)) -> LayoutEntry map."""
-    return {name: LayoutEntry(kind, dtype, shape, None if shape is not None else tuple(kv_dims))
-            for name, (kind, dtype, shape) in state_layout.items()}
+    return {
+        name: LayoutEntry(kind, dtype, shape, None if shape is not None else tuple(kv_dims))
+        for name, (kind, dtype, shape) in state_layout.items()
+    }
 
 
-def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int, int], max_position: int,
-                  fingerprint: str, max_total_bytes: int | None = None, alloc=None,
-                  on_tensor: Callable[[str, torch.Tensor], None] | None = None) -> ReceivedState:
+def receive_state(
+    chunks: Iterable,
+    *,
+    state_layout: Mapping,
+    kv_dims: tuple[int, int],
+    max_position: int,
+    fingerprint: str,
+    max_total_bytes: int | None = None,
+    alloc=None,
+    on_tensor: Callable[[str, torch.Tensor], None] | None = None,
+) -> ReceivedState:
     """Verifies one whole stream (StateChunk messages or their bytes) against the receiving state's
     layout and returns it; raises wire.StateError (.code = gRPC status name). The returned tensors
     hold exactly the names of `state_layout` (MTP entries zero-filled or dropped, see module doc).
@@ -86,14 +102,14 @@ def receive_state(chunks: Iterable, *, state_layout: Mapping, kv_dims: tuple[int
             drop.append(n)
     layout = ExpectedLayout(entries, max_position)
     if max_total_bytes is None:
-        max_total_bytes = sum(math.prod(e.shape_at(max_position)) * e.dtype.itemsize
-                              for e in layout.entries.values())
+        max_total_bytes = sum(math.prod(e.shape_at(max_position)) * e.dtype.itemsize for e in layout.entries.values())
     placed = None if on_tensor is None else (lambda name, t: None if name in drop else on_tensor(name, t))
-    got = decode_stream(itertools.chain((first,), it), layout, fingerprint, max_total_bytes, alloc=alloc,
-                        on_tensor=placed)
+    got = decode_stream(
+        itertools.chain((first,), it), layout, fingerprint, max_total_bytes, alloc=alloc, on_tensor=placed
+    )
     if not zero_fill and not drop:
         return got
     tensors = {k: v for k, v in got.tensors.items() if k not in drop}
-    for n, e in zero_fill.items():   # [kv_heads, position, head_dim], zero-stride: no host memory, and
-        tensors[n] = torch.zeros((), dtype=e.dtype).expand(e.shape_at(got.position))   # filled on the device
+    for n, e in zero_fill.items():  # [kv_heads, position, head_dim], zero-stride: no host memory, and
+        tensors[n] = torch.zeros((), dtype=e.dtype).expand(e.shape_at(got.position))  # filled on the device
     return dataclasses.replace(got, tensors=tensors)

@@ -13,6 +13,7 @@ Lifecycle (one LoadState stream):
     abort()   any failure: the slot goes back to the pool; its half-written contents are never read
         (a later fill overwrites every tensor, and finish_import the rest)
 """
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,9 @@ class SlotFill:
 
     def _reserve(self, replace: bool) -> None:
         e, r = self.name, self.runner
-        sid, self.slot = self.engine._table.take(id(r), self.session_id if replace else None, replace=replace,
-                                                 what=f"{r.state.slots} {e} decode")
+        sid, self.slot = self.engine._table.take(
+            id(r), self.session_id if replace else None, replace=replace, what=f"{r.state.slots} {e} decode"
+        )
         self.session_id = self.session_id or sid
 
     def place(self, name: str, src: torch.Tensor) -> None:
@@ -61,13 +63,13 @@ class SlotFill:
     def commit(self, tensors: dict[str, torch.Tensor], next_token: int):
         """The verified state's tensors (those already placed are skipped) -> the published session."""
         eng, r = self.engine, self.runner
-        if self.slot is None:   # deferred: replace the old session's slot now
+        if self.slot is None:  # deferred: replace the old session's slot now
             self._reserve(replace=True)
         st = r.state
         try:
             with eng._compute:
                 if self._stream is not None:
-                    self._stream.synchronize()   # NOTE: the H2D copies read pinned buffers the caller holds
+                    self._stream.synchronize()  # NOTE: the H2D copies read pinned buffers the caller holds
                 views = st.import_views(self.slot, self.position)
                 for name, dst in views.items():
                     if name not in self._placed:

@@ -11,6 +11,7 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
     StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
     StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-_FREE: dict[int, list[torch.Tensor]] = {}   # chunk_bytes -> free pinned uint8 buffers
+_FREE: dict[int, list[torch.Tensor]] = {}  # chunk_bytes -> free pinned uint8 buffers
 _LOCK = threading.Lock()
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> copy stream
 
@@ -39,7 +40,7 @@ def byte_slices(t: torch.Tensor, a: int, b: int) -> list[torch.Tensor]:
     if t.is_contiguous():
         return [t.reshape(-1).view(torch.uint8)[a:b]]
     if t.dim() <= 1:
-        return [t.contiguous().reshape(-1).view(torch.uint8)[a:b]]   # caller is on the copy stream
+        return [t.contiguous().reshape(-1).view(torch.uint8)[a:b]]  # caller is on the copy stream
     row = t[0].numel() * t.element_size()
     out: list[torch.Tensor] = []
     for i in range(a // row, -(-b // row)):
@@ -49,14 +50,14 @@ def byte_slices(t: torch.Tensor, a: int, b: int) -> list[torch.Tensor]:
 
 @dataclass
 class StagedChunk:
-    buf: torch.Tensor                # pinned uint8 [chunk_bytes]; the chunk is buf[:n]
+    buf: torch.Tensor  # pinned uint8 [chunk_bytes]; the chunk is buf[:n]
     n: int
     done: torch.cuda.Event
     _ring: "Ring"
 
     def wait(self) -> memoryview:
         self.done.synchronize()
-        return memoryview(self.buf[:self.n].numpy())
+        return memoryview(self.buf[: self.n].numpy())
 
     def release(self) -> None:
         self._ring.give(self.buf)
@@ -89,8 +90,10 @@ class Ring:
         return StagedChunk(buf, n, done, self)
 
 
-def stage_into(buf: torch.Tensor, segments: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]],
-               ) -> tuple[int, torch.cuda.Event | None]:
+def stage_into(
+    buf: torch.Tensor,
+    segments: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]],
+) -> tuple[int, torch.cuda.Event | None]:
     """Copies the segments' bytes, in order, into the front of `buf` (uint8, pinned for CUDA sources);
     -> (bytes staged, done event). With a CUDA tensor among them: on its device's copy stream, each piece
     gated on its ready event, non_blocking; the bytes are final once `done` completed (never a host sync
@@ -99,7 +102,7 @@ def stage_into(buf: torch.Tensor, segments: list[tuple[torch.Tensor, torch.cuda.
     off = 0
     if dev is None:
         for t, _, a, b in segments:
-            buf[off:off + b - a].copy_(t.reshape(-1).view(torch.uint8)[a:b])
+            buf[off : off + b - a].copy_(t.reshape(-1).view(torch.uint8)[a:b])
             off += b - a
         return off, None
     stream = copy_stream(dev)
@@ -108,7 +111,7 @@ def stage_into(buf: torch.Tensor, segments: list[tuple[torch.Tensor, torch.cuda.
             if ready is not None:
                 stream.wait_event(ready)
             for piece in byte_slices(t, a, b) if t.is_cuda else [t.reshape(-1).view(torch.uint8)[a:b]]:
-                buf[off:off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
+                buf[off : off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
                 off += piece.numel()
         done = torch.cuda.Event()
         done.record(stream)

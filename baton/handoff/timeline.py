@@ -60,6 +60,7 @@ imposes on the marks; violations() checks a timeline against them (bench_ttft: t
 Cost: not asked for, a few monotonic_ns calls per hand-off and nothing per chunk; asked for, a few per
 chunk, and on CUDA the decode worker waits for the slot's copies before answering.
 """
+
 from __future__ import annotations
 
 import time
@@ -68,36 +69,97 @@ from typing import Iterable, Iterator, Mapping
 from baton.v1 import common_pb2
 
 MARKS = (
-    "prefill.rpc_start", "prefill.last_layer_enqueued", "prefill.compute_end", "prefill.last_chunk_ready",
-    "prefill.last_chunk_slot", "prefill.last_chunk_staged", "prefill.end_posted", "sender.last_chunk_in",
-    "sender.last_chunk_submitted", "sender.last_chunk_framed", "sender.last_chunk_handed", "sender.last_chunk_sent",
-    "sender.end_in", "sender.trailer_handed", "sender.trailer_sent", "decode.first_message",
-    "decode.last_chunk_received", "decode.last_chunk_fed", "decode.trailer_received", "decode.verified",
-    "decode.stream_closed", "decode.last_tensor_placed", "decode.received", "decode.loaded", "decode.reply",
-    "sender.reply", "prefill.reply_received", "prefill.rpc_reply",
+    "prefill.rpc_start",
+    "prefill.last_layer_enqueued",
+    "prefill.compute_end",
+    "prefill.last_chunk_ready",
+    "prefill.last_chunk_slot",
+    "prefill.last_chunk_staged",
+    "prefill.end_posted",
+    "sender.last_chunk_in",
+    "sender.last_chunk_submitted",
+    "sender.last_chunk_framed",
+    "sender.last_chunk_handed",
+    "sender.last_chunk_sent",
+    "sender.end_in",
+    "sender.trailer_handed",
+    "sender.trailer_sent",
+    "decode.first_message",
+    "decode.last_chunk_received",
+    "decode.last_chunk_fed",
+    "decode.trailer_received",
+    "decode.verified",
+    "decode.stream_closed",
+    "decode.last_tensor_placed",
+    "decode.received",
+    "decode.loaded",
+    "decode.reply",
+    "sender.reply",
+    "prefill.reply_received",
+    "prefill.rpc_reply",
 )
-PROCESS_SENDER_ONLY = frozenset({"prefill.last_chunk_ready", "prefill.last_chunk_slot", "prefill.last_chunk_staged",
-                                 "prefill.end_posted", "sender.last_chunk_in", "sender.last_chunk_submitted",
-                                 "sender.last_chunk_framed", "sender.end_in"})
+PROCESS_SENDER_ONLY = frozenset(
+    {
+        "prefill.last_chunk_ready",
+        "prefill.last_chunk_slot",
+        "prefill.last_chunk_staged",
+        "prefill.end_posted",
+        "sender.last_chunk_in",
+        "sender.last_chunk_submitted",
+        "sender.last_chunk_framed",
+        "sender.end_in",
+    }
+)
 # Chains of marks that causality orders: each happens before the next (a message sent before it is read, a
 # stamp taken before its message goes, a stage waited for), so on one clock they are non-decreasing along
 # a chain; a mark the timeline lacks (the thread sender's) is skipped. client.reply: bench_ttft's.
 CHAINS = (
-    ("prefill.rpc_start", "prefill.last_layer_enqueued", "prefill.compute_end", "prefill.last_chunk_ready",
-     "prefill.last_chunk_slot", "prefill.last_chunk_staged", "sender.last_chunk_in", "sender.last_chunk_submitted",
-     "sender.last_chunk_framed", "sender.last_chunk_handed", "sender.last_chunk_sent", "sender.trailer_handed",
-     "sender.trailer_sent", "decode.stream_closed", "decode.received", "decode.loaded", "decode.reply",
-     "sender.reply", "prefill.reply_received", "prefill.rpc_reply", "client.reply"),
-    ("prefill.compute_end", "prefill.end_posted", "sender.end_in", "sender.trailer_handed", "decode.trailer_received",
-     "decode.verified", "decode.received"),
-    ("prefill.rpc_start", "decode.first_message", "decode.last_chunk_received", "decode.last_chunk_fed",
-     "decode.last_tensor_placed", "decode.received"),
+    (
+        "prefill.rpc_start",
+        "prefill.last_layer_enqueued",
+        "prefill.compute_end",
+        "prefill.last_chunk_ready",
+        "prefill.last_chunk_slot",
+        "prefill.last_chunk_staged",
+        "sender.last_chunk_in",
+        "sender.last_chunk_submitted",
+        "sender.last_chunk_framed",
+        "sender.last_chunk_handed",
+        "sender.last_chunk_sent",
+        "sender.trailer_handed",
+        "sender.trailer_sent",
+        "decode.stream_closed",
+        "decode.received",
+        "decode.loaded",
+        "decode.reply",
+        "sender.reply",
+        "prefill.reply_received",
+        "prefill.rpc_reply",
+        "client.reply",
+    ),
+    (
+        "prefill.compute_end",
+        "prefill.end_posted",
+        "sender.end_in",
+        "sender.trailer_handed",
+        "decode.trailer_received",
+        "decode.verified",
+        "decode.received",
+    ),
+    (
+        "prefill.rpc_start",
+        "decode.first_message",
+        "decode.last_chunk_received",
+        "decode.last_chunk_fed",
+        "decode.last_tensor_placed",
+        "decode.received",
+    ),
     ("sender.last_chunk_handed", "decode.last_chunk_received", "decode.trailer_received"),
     ("decode.last_chunk_fed", "decode.verified"),
 )
-SERIES_CHAIN = ("prefill.staged", "sender.handed", "decode.received")   # per chunk, in this order
+SERIES_CHAIN = ("prefill.staged", "sender.handed", "decode.received")  # per chunk, in this order
 
-METADATA_KEY = "baton-timeline"   # LoadState call metadata: "1" = report the receiver's marks
+METADATA_KEY = "baton-timeline"  # LoadState call metadata: "1" = report the receiver's marks
 METADATA = ((METADATA_KEY, "1"),)
 REFERENCE = "prefill.compute_end"
 now = time.monotonic_ns
@@ -108,9 +170,10 @@ def _clock_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-    except OSError:   # no boot id (not Linux): this process's clock compares with no other process's
+    except OSError:  # no boot id (not Linux): this process's clock compares with no other process's
         import os
         import socket
+
         boot = f"{socket.gethostname()}/pid {os.getpid()}"
     return f"{impl} boot_id={boot}"
 
@@ -134,8 +197,9 @@ class Timeline:
     def mark(self, name: str, t: int | None = None) -> None:
         self.marks[name] = now() if t is None else int(t)
 
-    def update(self, marks: Mapping[str, int] = (), clocks: Mapping[str, str] = (),
-               series: Mapping[str, Iterable[int]] = ()) -> "Timeline":
+    def update(
+        self, marks: Mapping[str, int] = (), clocks: Mapping[str, str] = (), series: Mapping[str, Iterable[int]] = ()
+    ) -> "Timeline":
         self.marks.update({k: int(v) for k, v in dict(marks).items()})
         self.clocks.update(dict(clocks))
         self.series.update({k: [int(x) for x in v] for k, v in dict(series).items()})
@@ -151,8 +215,11 @@ class Timeline:
         return self.update(d.get("marks", {}), d.get("clocks", {}), d.get("series", {}))
 
     def to_proto(self) -> common_pb2.HandoffTimeline:
-        return common_pb2.HandoffTimeline(marks_ns=self.marks, clocks=self.clocks,
-                                          series_ns={k: common_pb2.MarkSeries(ns=v) for k, v in self.series.items()})
+        return common_pb2.HandoffTimeline(
+            marks_ns=self.marks,
+            clocks=self.clocks,
+            series_ns={k: common_pb2.MarkSeries(ns=v) for k, v in self.series.items()},
+        )
 
 
 class Arrivals:
@@ -193,8 +260,9 @@ def behind_at(pb: common_pb2.HandoffTimeline, ref: str = REFERENCE) -> dict[str,
     if ref not in pb.marks_ns:
         return {}
     clock, t0 = pb.clocks.get(_process(ref)), pb.marks_ns[ref]
-    return {k: sum(1 for t in v.ns if t > t0) for k, v in pb.series_ns.items()
-            if pb.clocks.get(_process(k), clock) == clock}
+    return {
+        k: sum(1 for t in v.ns if t > t0) for k, v in pb.series_ns.items() if pb.clocks.get(_process(k), clock) == clock
+    }
 
 
 def violations(pb: common_pb2.HandoffTimeline) -> list[str]:
@@ -208,8 +276,11 @@ def violations(pb: common_pb2.HandoffTimeline) -> list[str]:
         got = [k for k in chain if k in off]
         out += [f"{a} {off[a]:.3f} > {b} {off[b]:.3f} ms" for a, b in zip(got, got[1:]) if off[a] > off[b]]
     clock = pb.clocks.get(_process(REFERENCE))
-    series = [(k, list(pb.series_ns[k].ns)) for k in SERIES_CHAIN
-              if k in pb.series_ns and pb.clocks.get(_process(k), clock) == clock]
+    series = [
+        (k, list(pb.series_ns[k].ns))
+        for k in SERIES_CHAIN
+        if k in pb.series_ns and pb.clocks.get(_process(k), clock) == clock
+    ]
     for k, v in series:
         out += [f"{k}[{i + 1}] before [{i}]" for i in range(len(v) - 1) if v[i + 1] < v[i]]
     for (a, x), (b, y) in zip(series, series[1:]):

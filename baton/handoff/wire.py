@@ -44,6 +44,7 @@ hashing pool and BridgeStats.
 Errors carry `.code` ("DATA_LOSS" | "FAILED_PRECONDITION" | "INVALID_ARGUMENT"); services answer
 `getattr(grpc.StatusCode, err.code)` with the message, which names the first thing that failed.
 """
+
 from __future__ import annotations
 
 import collections
@@ -58,25 +59,33 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from baton.handoff.frames import _SHA_TAG, DIGEST_BYTES, FRAME_OVERHEAD
 from baton.v1 import common_pb2, state_pb2
-from baton.handoff.frames import (DIGEST_BYTES,
-                                  FRAME_OVERHEAD,
-                                  _SHA_TAG)
 
 FORMAT_VERSION = 4
-READ_VERSIONS = (3, 4)   # what a receiver accepts: 3 is 4 without a tail segment
-MAX_DATA_CHUNKS = (1 << 32) - 1   # chunk_index and data_chunks are uint32
+READ_VERSIONS = (3, 4)  # what a receiver accepts: 3 is 4 without a tail segment
+MAX_DATA_CHUNKS = (1 << 32) - 1  # chunk_index and data_chunks are uint32
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20  # hard cap on one data chunk, both ways (gRPC messages: 64 MiB)
 PARALLEL_MIN_BYTES = 64 << 10  # smaller chunks are hashed inline: a pool hop costs more than the hash
 
 _TO_PB = {torch.float32: state_pb2.FLOAT32, torch.bfloat16: state_pb2.BFLOAT16, torch.float16: state_pb2.FLOAT16}
 _FROM_PB = {v: k for k, v in _TO_PB.items()}
-_KIND_BY_NAME = {"gdn_conv": state_pb2.GDN_CONV, "gdn_recurrent": state_pb2.GDN_RECURRENT,  # baton.engine.state names
-                 "attn_key": state_pb2.ATTN_KEY, "attn_value": state_pb2.ATTN_VALUE, "hidden": state_pb2.HIDDEN}
+_KIND_BY_NAME = {
+    "gdn_conv": state_pb2.GDN_CONV,
+    "gdn_recurrent": state_pb2.GDN_RECURRENT,  # baton.engine.state names
+    "attn_key": state_pb2.ATTN_KEY,
+    "attn_value": state_pb2.ATTN_VALUE,
+    "hidden": state_pb2.HIDDEN,
+}
 _KV_KINDS = (state_pb2.ATTN_KEY, state_pb2.ATTN_VALUE)
-REPORT_KEY = {state_pb2.GDN_CONV: "gdn_conv", state_pb2.GDN_RECURRENT: "gdn_recurrent",  # BridgeReport keys
-              state_pb2.ATTN_KEY: "attn_kv", state_pb2.ATTN_VALUE: "attn_kv", state_pb2.HIDDEN: "hidden"}
+REPORT_KEY = {
+    state_pb2.GDN_CONV: "gdn_conv",
+    state_pb2.GDN_RECURRENT: "gdn_recurrent",  # BridgeReport keys
+    state_pb2.ATTN_KEY: "attn_kv",
+    state_pb2.ATTN_VALUE: "attn_kv",
+    state_pb2.HIDDEN: "hidden",
+}
 if sys.byteorder != "little":  # NOTE: tensor bytes are sent as host memory; the format is little-endian
     raise ImportError("baton.handoff.wire needs a little-endian host")
 
@@ -87,16 +96,19 @@ class StateError(Exception):
 
 class StateCorrupt(StateError):
     """Digest mismatch, truncated stream, missing header/trailer, misordered or surplus chunks."""
+
     code = "DATA_LOSS"
 
 
 class StateMismatch(StateError):
     """The state comes from another model (fingerprint) or another format_version."""
+
     code = "FAILED_PRECONDITION"
 
 
 class StateInvalid(StateError):
     """The tensor table does not fit the receiving engine (names, kinds, dtypes, shapes, sizes)."""
+
     code = "INVALID_ARGUMENT"
 
 
@@ -107,8 +119,10 @@ def check_chunk_bytes(chunk_bytes: int, max_message_bytes: int | None = None) ->
     if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES} (16 MiB), got {chunk_bytes!r}")
     if max_message_bytes is not None and chunk_bytes + FRAME_OVERHEAD > max_message_bytes:
-        raise ValueError(f"chunk_bytes {chunk_bytes}: a data frame of up to {chunk_bytes + FRAME_OVERHEAD} bytes "
-                         f"does not fit the gRPC message limit max_message_bytes={max_message_bytes}")
+        raise ValueError(
+            f"chunk_bytes {chunk_bytes}: a data frame of up to {chunk_bytes + FRAME_OVERHEAD} bytes "
+            f"does not fit the gRPC message limit max_message_bytes={max_message_bytes}"
+        )
     return chunk_bytes
 
 
@@ -117,10 +131,11 @@ class ChunkPlan:
     """Where data chunk i's bytes lie: head [0, split) in chunk_bytes pieces, then tail [split, total) in
     tail_chunk_bytes pieces; split = tail_from with a tail segment (tail_chunk_bytes > 0), else total.
     The last chunk of each segment may be short. Assumes a valid plan (the receiver checks headers first)."""
+
     total: int
     chunk_bytes: int
     tail_from: int = 0
-    tail_chunk_bytes: int = 0    # 0: no tail segment
+    tail_chunk_bytes: int = 0  # 0: no tail segment
 
     @classmethod
     def of(cls, header) -> ChunkPlan:
@@ -156,8 +171,9 @@ class ChunkPlan:
 
     def describe(self) -> str:
         s = f"chunk_bytes {self.chunk_bytes}, total_bytes {self.total}"
-        return s + (f", tail from {self.tail_from} in tail_chunk_bytes {self.tail_chunk_bytes}"
-                    if self.tail_chunk_bytes else "")
+        return s + (
+            f", tail from {self.tail_from} in tail_chunk_bytes {self.tail_chunk_bytes}" if self.tail_chunk_bytes else ""
+        )
 
 
 def kind_value(kind: int | str) -> int:
@@ -171,13 +187,14 @@ def kind_value(kind: int | str) -> int:
 @dataclass(frozen=True)
 class WireTensor:
     name: str
-    kind: int             # state_pb2.TensorKind (a baton.engine.state kind name is accepted too)
+    kind: int  # state_pb2.TensorKind (a baton.engine.state kind name is accepted too)
     tensor: torch.Tensor  # any device, any strides; float32 | bfloat16 | float16
 
 
 @dataclass(frozen=True)
 class TensorDesc:
     """One row of the header's tensor table, known before the tensor's bytes exist."""
+
     name: str
     kind: int
     dtype: torch.dtype
@@ -193,8 +210,9 @@ class TensorDesc:
         return cls(t.name, kind_value(t.kind), t.tensor.dtype, tuple(t.tensor.shape))
 
     def to_proto(self) -> state_pb2.TensorSpec:
-        return state_pb2.TensorSpec(name=self.name, kind=self.kind, dtype=_TO_PB[self.dtype],
-                                    shape=self.shape, nbytes=self.nbytes)
+        return state_pb2.TensorSpec(
+            name=self.name, kind=self.kind, dtype=_TO_PB[self.dtype], shape=self.shape, nbytes=self.nbytes
+        )
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
@@ -282,14 +300,14 @@ def _data_frame(buf) -> tuple[memoryview, int, bytes] | None:
     if len(mv) < 2 or mv[0] != 0x12 or (r := _read_varint(mv, 1)) is None:
         return None
     n, i = r
-    data, j, index = mv[i:i + n], i + n, 0
+    data, j, index = mv[i : i + n], i + n, 0
     if j < len(mv) and mv[j] == 0x20:
         if (r := _read_varint(mv, j + 1)) is None:
             return None
         index, j = r
-    if len(data) != n or len(mv) != j + 2 + DIGEST_BYTES or bytes(mv[j:j + 2]) != _SHA_TAG:
+    if len(data) != n or len(mv) != j + 2 + DIGEST_BYTES or bytes(mv[j : j + 2]) != _SHA_TAG:
         return None
-    return data, index, bytes(mv[j + 2:])
+    return data, index, bytes(mv[j + 2 :])
 
 
 def pipelined(items: Iterable, depth: int = 2) -> Iterator:
@@ -319,7 +337,7 @@ def pipelined(items: Iterable, depth: int = 2) -> Iterator:
             put((_END, e))
         finally:
             if hasattr(it, "close"):
-                it.close()   # NOTE: on this thread: a producer's finally (staging buffers) runs now
+                it.close()  # NOTE: on this thread: a producer's finally (staging buffers) runs now
 
     threading.Thread(target=run, daemon=True, name="baton-wire-pipelined").start()
     try:
@@ -342,12 +360,13 @@ class BridgeStats:
     total_bytes: int = 0
     bytes_by_kind: dict[str, int] = field(default_factory=dict)  # REPORT_KEY values
     tokens: int = 0
-    chunks: int = 0      # data chunks
+    chunks: int = 0  # data chunks
     seconds: float = 0.0
 
     @classmethod
-    def from_specs(cls, specs: Iterable[TensorDesc], *, tokens: int, chunks: int = 0,
-                   seconds: float = 0.0) -> BridgeStats:
+    def from_specs(
+        cls, specs: Iterable[TensorDesc], *, tokens: int, chunks: int = 0, seconds: float = 0.0
+    ) -> BridgeStats:
         by_kind: dict[str, int] = {}
         for s in specs:
             key = REPORT_KEY[kind_value(s.kind)]
@@ -355,6 +374,10 @@ class BridgeStats:
         return cls(sum(by_kind.values()), by_kind, tokens, chunks, seconds)
 
     def to_proto(self) -> common_pb2.BridgeReport:
-        return common_pb2.BridgeReport(seconds=self.seconds, total_bytes=self.total_bytes,
-                                       bytes_by_kind=self.bytes_by_kind, tokens=self.tokens,
-                                       chunks=self.chunks)
+        return common_pb2.BridgeReport(
+            seconds=self.seconds,
+            total_bytes=self.total_bytes,
+            bytes_by_kind=self.bytes_by_kind,
+            tokens=self.tokens,
+            chunks=self.chunks,
+        )

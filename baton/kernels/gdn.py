@@ -11,6 +11,7 @@ arithmetic need not agree bitwise on the GPU).
 
 x of conv_rows and b, a, z of gdn_rows may be the projection GEMM's split-K partials (rows._ld).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,9 +25,24 @@ from baton.kernels.rows import _ld, _p2, _store_w8a8
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["n", "ckpt"])
-def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n, ckpt,
-                      KW: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
-                      PARTS: tl.constexpr, PDL: tl.constexpr):
+def _conv_rows_kernel(
+    x_ptr,
+    sx,
+    xp,
+    st_ptr,
+    so_ptr,
+    w_ptr,
+    y_ptr,
+    ck_ptr,
+    C,
+    n,
+    ckpt,
+    KW: tl.constexpr,
+    KP: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    PARTS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
@@ -35,33 +51,53 @@ def _conv_rows_kernel(x_ptr, sx, xp, st_ptr, so_ptr, w_ptr, y_ptr, ck_ptr, C, n,
     w = tl.load(w_ptr + c[:, None] * KW + j[None, :], mask=m[:, None] & jm[None, :], other=0.0).to(tl.float32)
     # seq = [state (KW-1 columns), x rows]; out[t] = silu(sum_j seq[t + j] * w[:, j]), rows t < n only
     for t in range(0, n):
-        idx = t + j                                                       # [KP] seq indexes
+        idx = t + j  # [KP] seq indexes
         st = idx < KW - 1
         vs = tl.load(st_ptr + c[:, None] * (KW - 1) + idx[None, :], mask=m[:, None] & (jm & st)[None, :], other=0.0)
-        vx = _ld(x_ptr, (idx - (KW - 1))[None, :] * sx + c[:, None], m[:, None] & (jm & (idx >= KW - 1))[None, :],
-                 xp, PARTS, y_ptr.dtype.element_ty)
-        win = tl.where(st[None, :], vs, vx)                              # [BLOCK_C, KP] = seq[t .. t+KW-1]
+        vx = _ld(
+            x_ptr,
+            (idx - (KW - 1))[None, :] * sx + c[:, None],
+            m[:, None] & (jm & (idx >= KW - 1))[None, :],
+            xp,
+            PARTS,
+            y_ptr.dtype.element_ty,
+        )
+        win = tl.where(st[None, :], vs, vx)  # [BLOCK_C, KP] = seq[t .. t+KW-1]
         acc = tl.sum(win.to(tl.float32) * w, axis=1)
         y = acc * tl.sigmoid(acc)
         tl.store(y_ptr + t * C + c, y.to(y_ptr.dtype.element_ty), mask=m)
-        if ckpt != 0:                                                     # state after row t = seq[t+1 .. t+KW-1]
-            tl.store(ck_ptr + t * C * (KW - 1) + c[:, None] * (KW - 1) + (j - 1)[None, :], win,
-                     mask=m[:, None] & ((j >= 1) & jm)[None, :])
+        if ckpt != 0:  # state after row t = seq[t+1 .. t+KW-1]
+            tl.store(
+                ck_ptr + t * C * (KW - 1) + c[:, None] * (KW - 1) + (j - 1)[None, :],
+                win,
+                mask=m[:, None] & ((j >= 1) & jm)[None, :],
+            )
     # new state[:, j] = seq[n + j], j < KW-1 (all reads above happen before the barrier)
     idx = n + j
     jm1 = j < KW - 1
     from_st = idx < KW - 1
-    vs = tl.load(st_ptr + c[:, None] * (KW - 1) + idx[None, :],
-                 mask=m[:, None] & (jm1 & from_st)[None, :], other=0.0)
-    vx = _ld(x_ptr, (idx - (KW - 1))[None, :] * sx + c[:, None], m[:, None] & (jm1 & (idx >= KW - 1))[None, :],
-             xp, PARTS, y_ptr.dtype.element_ty)
+    vs = tl.load(st_ptr + c[:, None] * (KW - 1) + idx[None, :], mask=m[:, None] & (jm1 & from_st)[None, :], other=0.0)
+    vx = _ld(
+        x_ptr,
+        (idx - (KW - 1))[None, :] * sx + c[:, None],
+        m[:, None] & (jm1 & (idx >= KW - 1))[None, :],
+        xp,
+        PARTS,
+        y_ptr.dtype.element_ty,
+    )
     new = tl.where(from_st[None, :], vs, vx)
     tl.debug_barrier()
     tl.store(so_ptr + c[:, None] * (KW - 1) + j[None, :], new, mask=m[:, None] & jm1[None, :])
 
 
-def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int,
-              ckpt: torch.Tensor | None = None, out_state: torch.Tensor | None = None) -> torch.Tensor:
+def conv_rows(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    w: torch.Tensor,
+    n: int,
+    ckpt: torch.Tensor | None = None,
+    out_state: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [W, C] (row-strided, unit column stride); conv_state [C, KW-1] contiguous, advanced by the
     first n rows in place, or written advanced into out_state (same layout; conv_state is then only
     read); w [C, KW] contiguous; ckpt [W, C, KW-1] (optional): ckpt[t] := the state after row t, t < n.
@@ -77,10 +113,25 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
     assert ckpt is None or ckpt.is_contiguous()
     out_state = conv_state if out_state is None else out_state
     assert out_state.is_contiguous() and out_state.shape == conv_state.shape
-    _conv_rows_kernel[(triton.cdiv(C, B),)](x, x.stride(-2), x.stride(0) if parts else 0, conv_state, out_state,
-                                            w, y, ckpt if ckpt is not None else y,
-                                            C, n, int(ckpt is not None), KW=KW, KP=_p2(KW), BLOCK_C=B, PARTS=parts,
-                                            num_warps=4, **launch_kw(x.device))
+    _conv_rows_kernel[(triton.cdiv(C, B),)](
+        x,
+        x.stride(-2),
+        x.stride(0) if parts else 0,
+        conv_state,
+        out_state,
+        w,
+        y,
+        ckpt if ckpt is not None else y,
+        C,
+        n,
+        int(ckpt is not None),
+        KW=KW,
+        KP=_p2(KW),
+        BLOCK_C=B,
+        PARTS=parts,
+        num_warps=4,
+        **launch_kw(x.device),
+    )
     return y
 
 
@@ -90,21 +141,43 @@ def conv_rows(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int
 # dv / BVS SMs instead of one. Its raw output o (fp32) goes to a second, per-row kernel for the gated
 # RMSNorm over each head's dv columns, which can also quantise for an fp8 out_proj (gemv.QuantX).
 @triton.jit(do_not_specialize=["n", "ckpt"])
-def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S_ptr, So_ptr, o_ptr,
-                     ck_ptr, n, ckpt, scale,
-                     HV: tl.constexpr, GROUP: tl.constexpr, KEY_DIM: tl.constexpr,
-                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BVS: tl.constexpr,
-                     PARTS: tl.constexpr, PDL: tl.constexpr):
+def _gdn_rows_kernel(
+    cv_ptr,
+    scv,
+    b_ptr,
+    sb,
+    a_ptr,
+    sa,
+    pp,
+    alog_ptr,
+    dtb_ptr,
+    S_ptr,
+    So_ptr,
+    o_ptr,
+    ck_ptr,
+    n,
+    ckpt,
+    scale,
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,
+    KEY_DIM: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BVS: tl.constexpr,
+    PARTS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_enter(PDL)
     h = tl.program_id(0)
     hk = h // GROUP
     rk = tl.arange(0, BK)
-    rv = tl.program_id(1) * BVS + tl.arange(0, BVS)                      # this program's dv columns
+    rv = tl.program_id(1) * BVS + tl.arange(0, BVS)  # this program's dv columns
     mk = rk < DK
     mv = rv < DV
     s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
     smask = mk[:, None] & mv[None, :]
-    S = tl.load(S_ptr + s_off, mask=smask, other=0.0)                 # [BK, BVS] fp32
+    S = tl.load(S_ptr + s_off, mask=smask, other=0.0)  # [BK, BVS] fp32
     A = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
     dtb = tl.load(dtb_ptr + h).to(tl.float32)
     for t in range(0, n):
@@ -116,47 +189,78 @@ def _gdn_rows_kernel(cv_ptr, scv, b_ptr, sb, a_ptr, sa, pp, alog_ptr, dtb_ptr, S
         k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
         b = _ld(b_ptr, t * sb + h, t < n, pp, PARTS, cv_ptr.dtype.element_ty).to(tl.float32)
         a = _ld(a_ptr, t * sa + h, t < n, pp, PARTS, cv_ptr.dtype.element_ty).to(tl.float32) + dtb
-        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))           # softplus (torch threshold)
+        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))  # softplus (torch threshold)
         beta = tl.sigmoid(b)
         S = S * tl.exp(A * sp)
-        kv = tl.sum(S * k[:, None], axis=0)                            # [BVS]
+        kv = tl.sum(S * k[:, None], axis=0)  # [BVS]
         u = (v - kv) * beta
         S = S + k[:, None] * u[None, :]
         if ckpt != 0:
             tl.store(ck_ptr + t * (HV * DK * DV) + s_off, S, mask=smask)
-        o = tl.sum(S * q[:, None], axis=0)                             # [BVS]
+        o = tl.sum(S * q[:, None], axis=0)  # [BVS]
         tl.store(o_ptr + t * (HV * DV) + h * DV + rv, o, mask=mv)
     tl.store(So_ptr + s_off, S, mask=smask)
 
 
 @triton.jit(do_not_specialize=["n"])
-def _gated_norm_kernel(o_ptr, z_ptr, sz, zp, nw_ptr, y_ptr, s_ptr, n, eps,
-                       HV: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BV: tl.constexpr,
-                       QUANT: tl.constexpr, PARTS: tl.constexpr, DT: tl.constexpr, PDL: tl.constexpr):
+def _gated_norm_kernel(
+    o_ptr,
+    z_ptr,
+    sz,
+    zp,
+    nw_ptr,
+    y_ptr,
+    s_ptr,
+    n,
+    eps,
+    HV: tl.constexpr,
+    DV: tl.constexpr,
+    BH: tl.constexpr,
+    BV: tl.constexpr,
+    QUANT: tl.constexpr,
+    PARTS: tl.constexpr,
+    DT: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # row t: y[h, :] = o[h, :] / rms(o[h, :]) * w * silu(z[h, :]) for every head; rows >= n: 0
     pdl_enter(PDL)
     t = tl.program_id(0)
     rh = tl.arange(0, BH)
     rv = tl.arange(0, BV)
     m = (rh < HV)[:, None] & (rv < DV)[None, :]
-    col = rh[:, None] * DV + rv[None, :]                                # [BH, BV] column in [HV * DV]
+    col = rh[:, None] * DV + rv[None, :]  # [BH, BV] column in [HV * DV]
     live = t < n
     o = tl.load(o_ptr + t * (HV * DV) + col, mask=m & live, other=0.0)
     zz = _ld(z_ptr, t * sz + col, m & live, zp, PARTS, DT).to(tl.float32)
     nw = tl.load(nw_ptr + rv, mask=rv < DV, other=0.0).to(tl.float32)
-    var = tl.sum(o * o, axis=1) / DV                                     # [BH]
+    var = tl.sum(o * o, axis=1) / DV  # [BH]
     y = o * tl.rsqrt(var + eps)[:, None] * nw[None, :] * (zz * tl.sigmoid(zz))
     y = tl.where(live, y, 0.0)
-    if QUANT:           # BH == HV and BV == DV here (gdn_rows): the flattened tile is the row's columns
-        _store_w8a8(tl.reshape(y, (BH * BV,)), y_ptr + t * (HV * DV), s_ptr + t * tl.cdiv(HV * DV, 128), HV * DV,
-                    DT, BH * BV)
+    if QUANT:  # BH == HV and BV == DV here (gdn_rows): the flattened tile is the row's columns
+        _store_w8a8(
+            tl.reshape(y, (BH * BV,)), y_ptr + t * (HV * DV), s_ptr + t * tl.cdiv(HV * DV, 128), HV * DV, DT, BH * BV
+        )
     else:
         tl.store(y_ptr + t * (HV * DV) + col, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-             norm_w: torch.Tensor, S: torch.Tensor, n: int, *, nk: int, eps: float,
-             ckpt: torch.Tensor | None = None, S_out: torch.Tensor | None = None, quant: bool = False):
+def gdn_rows(
+    cv: torch.Tensor,
+    b: torch.Tensor,
+    a: torch.Tensor,
+    z: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_w: torch.Tensor,
+    S: torch.Tensor,
+    n: int,
+    *,
+    nk: int,
+    eps: float,
+    ckpt: torch.Tensor | None = None,
+    S_out: torch.Tensor | None = None,
+    quant: bool = False,
+):
     """cv [W, 2*nk*dk + Hv*dv] conv output (q | k | v); b, a [W, Hv] projections (row-strided);
     z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows (or written advanced into
     S_out, same layout, S only read); ckpt [W, Hv, dk, dv] fp32 (optional): ckpt[t] := S after row t.
@@ -176,12 +280,35 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     BV = _p2(dv)
     BVS = min(BV, GDN_SLICE)
     _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS))](
-        cv, cv.stride(0), b, b.stride(-2), a, a.stride(-2), b.stride(0) if parts else 0, A_log, dt_bias, S, S_out, o,
-        ckpt if ckpt is not None else S, n, int(ckpt is not None), dk ** -0.5,
-        HV=Hv, GROUP=Hv // nk, KEY_DIM=nk * dk, DK=dk, DV=dv, BK=_p2(dk), BVS=BVS, PARTS=parts,
-        num_warps=4, **launch_kw(cv.device))
+        cv,
+        cv.stride(0),
+        b,
+        b.stride(-2),
+        a,
+        a.stride(-2),
+        b.stride(0) if parts else 0,
+        A_log,
+        dt_bias,
+        S,
+        S_out,
+        o,
+        ckpt if ckpt is not None else S,
+        n,
+        int(ckpt is not None),
+        dk**-0.5,
+        HV=Hv,
+        GROUP=Hv // nk,
+        KEY_DIM=nk * dk,
+        DK=dk,
+        DV=dv,
+        BK=_p2(dk),
+        BVS=BVS,
+        PARTS=parts,
+        num_warps=4,
+        **launch_kw(cv.device),
+    )
     BH = _p2(Hv)
-    quant = quant and BH == Hv and BV == dv and Hv * dv % 128 == 0   # else bf16 y (the GEMM quantises it)
+    quant = quant and BH == Hv and BV == dv and Hv * dv % 128 == 0  # else bf16 y (the GEMM quantises it)
     if quant:
         assert gemv.FP8_GROUP == 128
         y = torch.empty(W, Hv * dv, dtype=torch.float8_e4m3fn, device=cv.device)
@@ -189,11 +316,28 @@ def gdn_rows(cv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, z: torch.Tensor
     else:
         y = torch.empty(W, Hv * dv, dtype=cv.dtype, device=cv.device)
         sc = y
-    _gated_norm_kernel[(W,)](o, z, z.stride(-2), z.stride(0) if parts else 0, norm_w, y, sc, n, eps, HV=Hv, DV=dv,
-                             BH=BH, BV=BV, QUANT=quant, PARTS=parts, DT=_TL[cv.dtype],
-                             num_warps=8 if Hv * dv >= 2048 else 4, **launch_kw(cv.device))
+    _gated_norm_kernel[(W,)](
+        o,
+        z,
+        z.stride(-2),
+        z.stride(0) if parts else 0,
+        norm_w,
+        y,
+        sc,
+        n,
+        eps,
+        HV=Hv,
+        DV=dv,
+        BH=BH,
+        BV=BV,
+        QUANT=quant,
+        PARTS=parts,
+        DT=_TL[cv.dtype],
+        num_warps=8 if Hv * dv >= 2048 else 4,
+        **launch_kw(cv.device),
+    )
     return gemv.QuantX(y, sc, cv.dtype) if quant else y
 
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
-GDN_SLICE = 32          # dv columns per delta-rule program (dv = 128: 4 programs per value head)
+GDN_SLICE = 32  # dv columns per delta-rule program (dv = 128: 4 programs per value head)

@@ -29,6 +29,7 @@ and never freed (a captured graph may hold them). Counters are back at 0 after e
 NOTE (PDL): with BATON_PDL=1 the kernel may start before the previous one ends (baton/kernels/pdl.py);
 nothing is read or written before pdl_enter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,15 +41,39 @@ import triton.language as tl
 from baton.kernels.pdl import launch_kw, pdl_enter
 
 FP8_MAX = 448.0
-FP8_GROUP = 128          # x quantisation group along K (the fp8 BLOCK_K): fixes the fp8 arithmetic
+FP8_GROUP = 128  # x quantisation group along K (the fp8 BLOCK_K): fixes the fp8 arithmetic
 
 
 @triton.jit(do_not_specialize=["M", "rows"])
-def _skinny(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
-            M, rows, N, K, stride_xm, stride_sxm, stride_wn, stride_ym,
-            K_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, FP8: tl.constexpr,
-            XQ: tl.constexpr, PARTIAL: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr):
+def _skinny(
+    x_ptr,
+    sx_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    p_ptr,
+    lock_ptr,
+    M,
+    rows,
+    N,
+    K,
+    stride_xm,
+    stride_sxm,
+    stride_wn,
+    stride_ym,
+    K_PER_SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SUB: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FP8: tl.constexpr,
+    XQ: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    GLU: tl.constexpr,
+    PDL: tl.constexpr,
+):
     # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each.
     # XQ: x arrives quantised (x_ptr e4m3 [M, K], sx_ptr fp32 [M, K / SUB] = amax / 448), bitwise what
     # the FP8 branch computes in registers. PARTIAL: every split stores its scaled fp32 partial into
@@ -56,16 +81,16 @@ def _skinny(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)                      # [BM]
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                      # [BN]
-    rk = tl.arange(0, SUB)                                            # [SUB]
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    rk = tl.arange(0, SUB)  # [SUB]
     live = rm < rows
     mask_n = rn < N
     k0 = pid_s * K_PER_SPLIT
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]   # [BM, SUB]
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]   # [BN, SUB]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]  # [BM, SUB]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]  # [BN, SUB]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    pdl_enter(PDL)                                                    # x is the previous kernel's output
+    pdl_enter(PDL)  # x is the previous kernel's output
     for k in range(0, K_PER_SPLIT, BLOCK_K):
         for j in tl.static_range(BLOCK_K // SUB):
             kk = k + j * SUB
@@ -75,23 +100,23 @@ def _skinny(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
             else:
                 mk = (k0 + kk + rk) < K
                 xt = tl.load(x_ptrs + kk, mask=live[:, None] & mk[None, :], other=0.0)
-                wt = tl.load(w_ptrs + kk, mask=mask_n[:, None] & mk[None, :], other=0.0,
-                             eviction_policy="evict_first")
-            if XQ:                                                    # dead rows / groups: q = 0, sx = 0
-                sx = tl.load(sx_ptr + rm.to(tl.int64) * stride_sxm + (k0 + kk) // SUB,
-                             mask=live & (k0 + kk < K), other=0.0)
+                wt = tl.load(w_ptrs + kk, mask=mask_n[:, None] & mk[None, :], other=0.0, eviction_policy="evict_first")
+            if XQ:  # dead rows / groups: q = 0, sx = 0
+                sx = tl.load(
+                    sx_ptr + rm.to(tl.int64) * stride_sxm + (k0 + kk) // SUB, mask=live & (k0 + kk < K), other=0.0
+                )
                 acc += tl.dot(wt, tl.trans(xt)) * sx[None, :]
             elif FP8:
                 xf = xt.to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30)  # [BM]; 0-rows stay 0
-                xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv) # [BM, SUB] e4m3 (satfinite)
+                xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv)  # [BM, SUB] e4m3 (satfinite)
                 acc += tl.dot(wt, tl.trans(xq)) * (amax * (1.0 / 448.0))[None, :]
             else:
-                acc = tl.dot(wt, tl.trans(xt), acc)                   # [BN, BM]
+                acc = tl.dot(wt, tl.trans(xt), acc)  # [BN, BM]
     if FP8:
         acc = acc * tl.load(s_ptr + rn, mask=mask_n, other=0.0)[:, None]
     # y^T tile: element (n, m) -> y[m, n]; dead rows (m >= rows) hold 0 (their x was 0)
-    if PARTIAL:                                                       # y [SPLIT, M, N] fp32, live rows
+    if PARTIAL:  # y [SPLIT, M, N] fp32, live rows
         pp = y_ptr + (pid_s * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
         tl.store(pp, acc, mask=mask_n[:, None] & live[None, :])
     elif SPLIT == 1:
@@ -99,28 +124,33 @@ def _skinny(x_ptr, sx_ptr, w_ptr, s_ptr, y_ptr, p_ptr, lock_ptr,
     else:
         tile = pid_m * tl.num_programs(0) + pid_n
         tile_sz = BLOCK_M * BLOCK_N
-        p_tile = (p_ptr + tile.to(tl.int64) * (SPLIT * tile_sz)
-                  + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :])   # [BN, BM]
+        p_tile = (
+            p_ptr
+            + tile.to(tl.int64) * (SPLIT * tile_sz)
+            + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M
+            + tl.arange(0, BLOCK_M)[None, :]
+        )  # [BN, BM]
         tl.store(p_tile + pid_s * tile_sz, acc, mask=live[None, :])  # dead columns are 0: not stored
-        tl.debug_barrier()                                            # every thread's partial is written
+        tl.debug_barrier()  # every thread's partial is written
         arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel")
-        if arrived == SPLIT - 1:                                      # last split of this tile
+        if arrived == SPLIT - 1:  # last split of this tile
             tot = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in tl.static_range(SPLIT):                          # fixed order: deterministic
+            for s in tl.static_range(SPLIT):  # fixed order: deterministic
                 tot += tl.load(p_tile + s * tile_sz, mask=live[None, :], other=0.0, cache_modifier=".cg")
             _store_tile(y_ptr, tot, rm, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU)
             tl.atomic_xchg(lock_ptr + tile, 0)
 
 
 @triton.jit
-def _store_tile(y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                GLU: tl.constexpr):
+def _store_tile(
+    y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GLU: tl.constexpr
+):
     """acc [BN, BM] fp32, weight rows pid_n*BN.. -> y. GLU: weight rows interleave (gate_i, up_i), so the
     tile holds BN/2 pairs; y[m, i] = silu(g) * u with g, u first rounded to y's dtype (bitwise what
     rows.silu_mul computes from the unfused GEMM's output)."""
     if GLU:
         a = acc.to(y_ptr.dtype.element_ty).to(tl.float32)
-        g, u = tl.split(tl.permute(tl.reshape(a, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))   # [BN/2, BM] each
+        g, u = tl.split(tl.permute(tl.reshape(a, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))  # [BN/2, BM] each
         val = g * tl.sigmoid(g) * u
         rn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         n_out = N // 2
@@ -138,7 +168,7 @@ class Config:
     block_n: int
     block_k: int
     split: int
-    k_per_split: int      # multiple of block_k; split * k_per_split >= K, no empty split
+    k_per_split: int  # multiple of block_k; split * k_per_split >= K, no empty split
     num_warps: int = 4
     num_stages: int = 4
 
@@ -152,27 +182,46 @@ def _pow2(n: int) -> int:
 # stages-bf16}.json): the Qwen3.5-9B merged shapes. bf16 entries exist only where the kernel beats cuBLAS
 # (fast_rows.rows_linear routes by this table). Other shapes use the heuristic.
 TUNED = {
-    (True, 12288, 4096): (128, 128, 4, 4, 3), (True, 4096, 4096): (64, 128, 8, 4, 3),
-    (True, 12352, 4096): (128, 128, 4, 4, 3),      # GDN qkv|z|b|a: 12288's config (not swept)
-    (True, 10240, 4096): (64, 128, 4, 4, 3), (True, 24576, 4096): (64, 128, 1, 4, 4),
-    (True, 4096, 12288): (64, 128, 8, 4, 4), (True, 248320, 4096): (128, 128, 1, 8, 4),
-    (False, 4096, 4096): (64, 128, 4, 4, 4), (False, 4096, 12288): (64, 128, 4, 4, 3),
-    (False, 12288, 4096): (64, 128, 1, 4, 4), (False, 64, 4096): (32, 256, 16, 4, 4),
+    (True, 12288, 4096): (128, 128, 4, 4, 3),
+    (True, 4096, 4096): (64, 128, 8, 4, 3),
+    (True, 12352, 4096): (128, 128, 4, 4, 3),  # GDN qkv|z|b|a: 12288's config (not swept)
+    (True, 10240, 4096): (64, 128, 4, 4, 3),
+    (True, 24576, 4096): (64, 128, 1, 4, 4),
+    (True, 4096, 12288): (64, 128, 8, 4, 4),
+    (True, 248320, 4096): (128, 128, 1, 8, 4),
+    (False, 4096, 4096): (64, 128, 4, 4, 4),
+    (False, 4096, 12288): (64, 128, 4, 4, 3),
+    (False, 12288, 4096): (64, 128, 1, 4, 4),
+    (False, 64, 4096): (32, 256, 16, 4, 4),
 }
 
 
 # partial=True (the consumer sums the splits): fewer splits where the summing norm's reads cost more than
 # the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json).
-TUNED_PARTIAL = {(True, 4096, 4096): (64, 128, 4, 4, 4),
-                 (True, 12352, 4096): (64, 128, 2, 4, 4)}     # GDN qkv|z|b|a -> conv_rows / gdn_rows (12288's)
+TUNED_PARTIAL = {
+    (True, 4096, 4096): (64, 128, 4, 4, 4),
+    (True, 12352, 4096): (64, 128, 2, 4, 4),
+}  # GDN qkv|z|b|a -> conv_rows / gdn_rows (12288's)
 
 
-def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, partial: bool = False, block_n: int | None = None,
-                block_k: int | None = None, split: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, programs_per_sm: int = 2) -> Config:
+def pick_config(
+    M: int,
+    N: int,
+    K: int,
+    sms: int,
+    *,
+    fp8: bool,
+    partial: bool = False,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    programs_per_sm: int = 2,
+) -> Config:
     """Tile config from (M-bucket, N, K, weight kind, SM count): the TUNED entry, else a heuristic that
     splits K until >= programs_per_sm programs per SM. The overrides are for sweeps."""
-    block_m = 16 if M <= 16 else min(64, _pow2(M))   # every M <= 16 shares one config (row invariance)
+    block_m = 16 if M <= 16 else min(64, _pow2(M))  # every M <= 16 shares one config (row invariance)
     tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if M <= 16 and sms >= 132 else None
     if tuned and block_n is block_k is split is num_warps is num_stages is None:
         block_n, block_k, split, num_warps, num_stages = tuned
@@ -188,7 +237,7 @@ def pick_config(M: int, N: int, K: int, sms: int, *, fp8: bool, partial: bool = 
             split *= 2
     split = max(1, min(split, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * bk
-    split = triton.cdiv(K, k_per_split)               # drop empty splits
+    split = triton.cdiv(K, k_per_split)  # drop empty splits
     return Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages or 4)
 
 
@@ -199,7 +248,7 @@ _LOCKS: dict[str, torch.Tensor] = {}
 
 def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
-        return 132                                    # interpreter runs: pretend H200
+        return 132  # interpreter runs: pretend H200
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SMS:
         _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
@@ -211,7 +260,7 @@ def _workspace(cache: dict, device: torch.device, n: int, dtype: torch.dtype) ->
     captured graph may point at it)."""
     key = str(device)
     buf = cache.get(key)
-    if buf is None or buf.numel() < n:               # first call (warm-up), never during replay
+    if buf is None or buf.numel() < n:  # first call (warm-up), never during replay
         new = torch.zeros(max(n, 1 << 16), dtype=dtype, device=device)
         if buf is not None:
             cache[key + f"/old{buf.numel()}"] = buf
@@ -225,6 +274,7 @@ class QuantX:
     e4m3 and s [M, K / FP8_GROUP] fp32 (amax / 448 of each group), bitwise what `linear` computes from
     the bf16 x in registers; `dtype` is that x's dtype (the output's). Rows >= the live rows are junk
     and never read."""
+
     q: torch.Tensor
     s: torch.Tensor
     dtype: torch.dtype
@@ -234,9 +284,16 @@ class QuantX:
         return self.q.shape
 
 
-def linear(x: torch.Tensor | QuantX, w: torch.Tensor, scale: torch.Tensor | None = None, *,
-           rows: int | None = None, cfg: Config | None = None, glu: bool = False,
-           partial: bool = False) -> torch.Tensor:
+def linear(
+    x: torch.Tensor | QuantX,
+    w: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    *,
+    rows: int | None = None,
+    cfg: Config | None = None,
+    glu: bool = False,
+    partial: bool = False,
+) -> torch.Tensor:
     """x [..., K] bf16/fp16, w [N, K] (x.dtype, or float8_e4m3fn with scale [N] fp32) -> y [..., N] in x.dtype.
     Only the first `rows` rows of x (flattened; default all) are computed; the rest of y is 0.
     glu: w's rows interleave (gate_i, up_i) (`interleave_glu`); y [..., N/2] = silu(gate) * up, in the
@@ -256,7 +313,7 @@ def linear(x: torch.Tensor | QuantX, w: torch.Tensor, scale: torch.Tensor | None
     assert not glu or N % 2 == 0, "glu: gate and up rows come in pairs"
     assert not (glu and partial), "glu: the epilogue needs the whole sum"
     if fp8 and not scale.is_contiguous():
-        scale = scale.contiguous()                   # a strided row-slice view (interleaved gate/up)
+        scale = scale.contiguous()  # a strided row-slice view (interleaved gate/up)
     if xq is not None:
         assert fp8 and xq.q.dim() == 2 and xq.q.is_contiguous() and xq.s.is_contiguous(), "QuantX: fp8 w, [M, K]"
         assert xq.s.shape == (xq.q.shape[0], triton.cdiv(K, FP8_GROUP)), (xq.q.shape, xq.s.shape)
@@ -272,9 +329,9 @@ def linear(x: torch.Tensor | QuantX, w: torch.Tensor, scale: torch.Tensor | None
     n_out = N // 2 if glu else N
     cfg = cfg or pick_config(M, N, K, sm_count(x2.device), fp8=fp8, partial=partial)
     if partial:
-        y = torch.empty(cfg.split, M, N, dtype=torch.float32, device=x2.device)   # [SPLIT, M, N]
+        y = torch.empty(cfg.split, M, N, dtype=torch.float32, device=x2.device)  # [SPLIT, M, N]
     else:
-        y = torch.empty(M, n_out, dtype=dtype, device=x2.device)                  # [M, n_out]
+        y = torch.empty(M, n_out, dtype=dtype, device=x2.device)  # [M, n_out]
     if M == 0:
         return y if partial else y.view(*lead, n_out)
     assert not glu or cfg.block_n % 2 == 0
@@ -286,11 +343,36 @@ def linear(x: torch.Tensor | QuantX, w: torch.Tensor, scale: torch.Tensor | None
     else:
         part = locks = y
     _skinny[(n_tiles, cfg.split, m_tiles)](
-        x2, sx, w, scale if fp8 else y, y, part, locks, M, rows, N, K, x2.stride(0), sx.stride(0), w.stride(0),
-        y.stride(-2), K_PER_SPLIT=cfg.k_per_split, SPLIT=cfg.split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SUB=FP8_GROUP if fp8 else cfg.block_k, EVEN_K=K % cfg.k_per_split == 0, FP8=fp8,
-        XQ=xq is not None, PARTIAL=partial, GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch_kw(x2.device))
+        x2,
+        sx,
+        w,
+        scale if fp8 else y,
+        y,
+        part,
+        locks,
+        M,
+        rows,
+        N,
+        K,
+        x2.stride(0),
+        sx.stride(0),
+        w.stride(0),
+        y.stride(-2),
+        K_PER_SPLIT=cfg.k_per_split,
+        SPLIT=cfg.split,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SUB=FP8_GROUP if fp8 else cfg.block_k,
+        EVEN_K=K % cfg.k_per_split == 0,
+        FP8=fp8,
+        XQ=xq is not None,
+        PARTIAL=partial,
+        GLU=glu,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **launch_kw(x2.device),
+    )
     return y if partial else y.view(*lead, n_out)
 
 

@@ -16,6 +16,7 @@ and unless BATON_PDL=1; the kernel is then exactly the plain one.
 Off by default: it did not pay on the H200 (benchmarks/results/2026-11-30-h200-s4.md: the PDL and L2
 prefetch profiles). Opt in with BATON_PDL=1 to measure.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,7 @@ import triton.language as tl
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:       # an older Triton: no PDL
+except ImportError:  # an older Triton: no PDL
     gdc_launch_dependents = gdc_wait = None
 
 _ON: dict[int, bool] = {}

@@ -8,6 +8,7 @@ Hv/Hk consecutive value heads (grouped value attention).
 `chunked` may use flash-linear-attention on CUDA; `recurrent_rows` is always plain torch, one
 token at a time with identical ops, so an AR step and a verify row are bitwise equal.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 CHUNK = 64
 
-_FLA: list = []   # [chunk_gated_delta_rule or None], resolved on the first CUDA prefill
+_FLA: list = []  # [chunk_gated_delta_rule or None], resolved on the first CUDA prefill
 
 
 def _fla_chunk():
@@ -31,21 +32,22 @@ def _fla_chunk():
     return _FLA[0]
 
 
-def causal_conv(x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool,
-                ckpt: torch.Tensor | None = None) -> torch.Tensor:
+def causal_conv(
+    x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool, ckpt: torch.Tensor | None = None
+) -> torch.Tensor:
     """Depthwise causal conv + SiLU. x [T, C]; conv_state [C, KW-1] (updated in place with the last
     KW-1 inputs of the first n rows); w [C, KW]. `wide` (prefill) may use conv1d. ckpt [W, C, KW-1]
     (rows mode, optional): ckpt[t] := the conv state after row t, t < n. Returns [T, C]."""
     T, C = x.shape
     KW = w.shape[1]
-    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)          # [C, KW-1+T]
-    if wide:                # prefill: wide kernel
-        out = F.conv1d(seq[None], w[:, None, :], groups=C)[0]         # [C, T]
-    else:                   # rows: fixed-shape windows, row-invariant
-        out = (seq.unfold(1, KW, 1) * w[:, None, :]).sum(-1)           # [C, T]
+    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)  # [C, KW-1+T]
+    if wide:  # prefill: wide kernel
+        out = F.conv1d(seq[None], w[:, None, :], groups=C)[0]  # [C, T]
+    else:  # rows: fixed-shape windows, row-invariant
+        out = (seq.unfold(1, KW, 1) * w[:, None, :]).sum(-1)  # [C, T]
         if ckpt is not None:
-            ckpt[:n].copy_(seq.unfold(1, KW - 1, 1)[:, 1:n + 1].transpose(0, 1))
-    conv_state.copy_(seq[:, n:n + KW - 1])
+            ckpt[:n].copy_(seq.unfold(1, KW - 1, 1)[:, 1 : n + 1].transpose(0, 1))
+    conv_state.copy_(seq[:, n : n + KW - 1])
     return F.silu(out).transpose(0, 1)
 
 
@@ -69,7 +71,7 @@ def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int, ckpt: torch.Tensor
     out = torch.zeros(W, Hv, dv, dtype=torch.float32, device=v.device)
     for i in range(n):
         S.mul_(decay[i][:, None, None])
-        kv = (S * k[i][:, :, None]).sum(1)                            # [Hv, dv]
+        kv = (S * k[i][:, :, None]).sum(1)  # [Hv, dv]
         u = (vf[i] - kv) * bf[i][:, None]
         S.add_(k[i][:, :, None] * u[:, None, :])
         out[i] = (S * q[i][:, :, None]).sum(1)
@@ -85,9 +87,16 @@ def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
         Hv = v.shape[1]
         rep = Hv // q.shape[1]
         qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
-        o, final = fla(qr[None].contiguous(), kr[None].contiguous(), v[None].contiguous(),
-                       g=g[None].float(), beta=beta[None].to(v.dtype), initial_state=S[None].clone(),
-                       output_final_state=True, use_qk_l2norm_in_kernel=True)
+        o, final = fla(
+            qr[None].contiguous(),
+            kr[None].contiguous(),
+            v[None].contiguous(),
+            g=g[None].float(),
+            beta=beta[None].to(v.dtype),
+            initial_state=S[None].clone(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         S.copy_(final[0])
         return o[0]
     return _chunked_torch(q, k, v, g, beta, S)
@@ -95,12 +104,12 @@ def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
 
 def _chunked_torch(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
     """WY form per chunk of C tokens, with G = in-chunk cumulative log decay:
-        (I + A) U = beta*V - beta*exp(G)*K S0,   A[i,j] = beta_i exp(G_i-G_j) k_i.k_j  (j < i)
-        O = exp(G) Q S0 + (Q K^T * D) U,         D[i,j] = exp(G_i-G_j)              (j <= i)
-        S_C = exp(G_C) S0 + (K * exp(G_C - G))^T U
+    (I + A) U = beta*V - beta*exp(G)*K S0,   A[i,j] = beta_i exp(G_i-G_j) k_i.k_j  (j < i)
+    O = exp(G) Q S0 + (Q K^T * D) U,         D[i,j] = exp(G_i-G_j)              (j <= i)
+    S_C = exp(G_C) S0 + (K * exp(G_C - G))^T U
     """
     T, Hv, dv = v.shape
-    q, k = _prep(q, k, Hv // q.shape[1])                              # [T, Hv, dk] fp32
+    q, k = _prep(q, k, Hv // q.shape[1])  # [T, Hv, dk] fp32
     pad = (-T) % CHUNK
     vf, bf, gf = v.float(), beta.float(), g.float()
     if pad:
@@ -110,23 +119,23 @@ def _chunked_torch(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
     # -> [Hv, nc, C, *]
     q, k, vf = (t.view(nc, CHUNK, Hv, -1).permute(2, 0, 1, 3) for t in (q, k, vf))
     bf, gf = (t.view(nc, CHUNK, Hv).permute(2, 0, 1) for t in (bf, gf))
-    G = gf.cumsum(-1)                                                 # [Hv, nc, C]
-    diff = G[..., :, None] - G[..., None, :]                          # [Hv, nc, C, C]
+    G = gf.cumsum(-1)  # [Hv, nc, C]
+    diff = G[..., :, None] - G[..., None, :]  # [Hv, nc, C, C]
     tri = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=v.device).tril()
-    D = diff.masked_fill(~tri, float("-inf")).exp()                   # j <= i
+    D = diff.masked_fill(~tri, float("-inf")).exp()  # j <= i
     strict = tri & ~torch.eye(CHUNK, dtype=torch.bool, device=v.device)
     A = (k @ k.transpose(-1, -2)) * D * bf[..., :, None]
     A = A.masked_fill(~strict, 0.0)
     eye = torch.eye(CHUNK, device=v.device)
-    M = eye + A                                                       # unit lower-triangular
-    QK = (q @ k.transpose(-1, -2)) * D                                # [Hv, nc, C, C]
-    eG = G.exp()[..., None]                                           # [Hv, nc, C, 1]
+    M = eye + A  # unit lower-triangular
+    QK = (q @ k.transpose(-1, -2)) * D  # [Hv, nc, C, C]
+    eG = G.exp()[..., None]  # [Hv, nc, C, 1]
     out = torch.empty_like(vf)
     for c in range(nc):
         rhs = bf[:, c, :, None] * (vf[:, c] - eG[:, c] * (k[:, c] @ S))
         U = torch.linalg.solve_triangular(M[:, c], rhs, upper=False, unitriangular=True)
         out[:, c] = eG[:, c] * (q[:, c] @ S) + QK[:, c] @ U
-        tail = (G[:, c, -1:, None] - G[:, c, :, None]).exp()          # [Hv, C, 1]
+        tail = (G[:, c, -1:, None] - G[:, c, :, None]).exp()  # [Hv, C, 1]
         S.copy_(G[:, c, -1].exp()[:, None, None] * S + (k[:, c] * tail).transpose(-1, -2) @ U)
     out = out.permute(1, 2, 0, 3).reshape(nc * CHUNK, Hv, dv)[:T]
     return out.to(v.dtype)

@@ -7,6 +7,7 @@ the token that follows — it predicts x_{t+2}:
     out = norm(u)          # logits = lm_head(out); out is also the h for a chained next step
 The layer keeps its own KV in HybridState under index cfg.num_hidden_layers (`state.mtp_layer`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,9 @@ class MTPHead(nn.Module):
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([DecoderLayer(cfg, cfg.num_hidden_layers)])
 
-    def forward(self, embed: nn.Embedding, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor,
-                state, ctx: StepContext) -> torch.Tensor:
+    def forward(
+        self, embed: nn.Embedding, hidden: torch.Tensor, ids: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext
+    ) -> torch.Tensor:
         """hidden [T, h] (h_t rows), ids [T] (x_{t+1}), pos [T] KV indexes t -> normed out [T, h].
         ctx.rope_offset must be 1; ctx.width/n as for the main model (rows mode writes n rows)."""
         e = self.pre_fc_norm_embedding(embed(ids))

@@ -10,6 +10,7 @@ One entry point, `Qwen3_5ForCausalLM.forward(ids, state, ctx)`, serves every use
 State lives in `baton.engine.state.HybridState`, never in the modules. In rows mode the position comes
 from the device buffer `state.position[slot]`, so the step is CUDA-graph capturable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,15 +27,15 @@ from baton.models import gdn_ops
 @dataclass(frozen=True)
 class StepContext:
     slot: int = 0
-    width: int | None = None   # None = prefill (wide kernels); W = fixed-width rows mode
-    n: int = 1                 # valid rows in rows mode (n <= width); prefill: len(ids)
-    start: int = 0             # prefill only: position of ids[0] (host int)
-    rope_offset: int = 0       # RoPE position = KV index + rope_offset (the MTP layer uses 1)
-    on_layer: Callable[[int], None] | None = None   # prefill streaming: called with i once layer i's
-                                                    # state writes are enqueued (its KV rows / GDN conv
-                                                    # and recurrent state; before its MLP); never a
-                                                    # host sync (see baton/handoff/progress.py)
-    phase: int | None = None   # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
+    width: int | None = None  # None = prefill (wide kernels); W = fixed-width rows mode
+    n: int = 1  # valid rows in rows mode (n <= width); prefill: len(ids)
+    start: int = 0  # prefill only: position of ids[0] (host int)
+    rope_offset: int = 0  # RoPE position = KV index + rope_offset (the MTP layer uses 1)
+    on_layer: Callable[[int], None] | None = None  # prefill streaming: called with i once layer i's
+    # state writes are enqueued (its KV rows / GDN conv
+    # and recurrent state; before its MLP); never a
+    # host sync (see baton/handoff/progress.py)
+    phase: int | None = None  # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
 
     def state_written(self, layer: int) -> None:
         """Prefill streaming: layer `layer`'s state is final once the work enqueued so far has run (the
@@ -87,8 +88,8 @@ def rope_cos_sin(cfg: ModelConfig, pos: torch.Tensor, dtype: torch.dtype) -> tup
     """pos [T] int64 -> cos, sin [T, rotary_dim] (half-split layout, as HF)."""
     rd = cfg.rotary_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, device=pos.device, dtype=torch.float) / rd))
-    freqs = pos.float()[:, None] * inv[None, :]                      # [T, rd/2]
-    emb = torch.cat([freqs, freqs], dim=-1)                           # [T, rd]
+    freqs = pos.float()[:, None] * inv[None, :]  # [T, rd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [T, rd]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -96,7 +97,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """x [T, H, D]; rotates the first rotary_dim features of each head."""
     rd = cos.shape[-1]
     xr, xp = x[..., :rd], x[..., rd:]
-    x1, x2 = xr[..., : rd // 2], xr[..., rd // 2:]
+    x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
     rot = torch.cat([-x2, x1], dim=-1)
     c, s = cos[:, None, :], sin[:, None, :]
     return torch.cat([xr * c + rot * s, xp], dim=-1)
@@ -118,25 +119,25 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
-        T = x.shape[0]                                                      # x [T, hidden]
+        T = x.shape[0]  # x [T, hidden]
         qg = self.q_proj(x).view(T, self.nh, 2 * self.d)
-        q, gate = qg[..., : self.d], qg[..., self.d:].reshape(T, self.nh * self.d)
-        q = self.q_norm(q)                                                  # [T, nh, d]
-        k = self.k_norm(self.k_proj(x).view(T, self.nkv, self.d))           # [T, nkv, d]
+        q, gate = qg[..., : self.d], qg[..., self.d :].reshape(T, self.nh * self.d)
+        q = self.q_norm(q)  # [T, nh, d]
+        k = self.k_norm(self.k_proj(x).view(T, self.nkv, self.d))  # [T, nkv, d]
         v = self.v_proj(x).view(T, self.nkv, self.d)
         cos, sin = rope_cos_sin(self.cfg, pos + ctx.rope_offset if ctx.rope_offset else pos, x.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kc, vc = state.kv(self.layer_idx)                                   # [S, nkv, L, d] each
-        kc, vc = kc[ctx.slot], vc[ctx.slot]                                  # [nkv, L, d] views
+        kc, vc = state.kv(self.layer_idx)  # [S, nkv, L, d] each
+        kc, vc = kc[ctx.slot], vc[ctx.slot]  # [nkv, L, d] views
         g = self.nh // self.nkv
         if ctx.width is None:
             s0 = ctx.start
-            kc[:, s0:s0 + T].copy_(k.transpose(0, 1))
-            vc[:, s0:s0 + T].copy_(v.transpose(0, 1))
-            ctx.state_written(self.layer_idx)                               # KV rows final
-            keys, vals = kc[:, : s0 + T], vc[:, : s0 + T]                    # [nkv, s0+T, d]
-            qh = q.transpose(0, 1)                                              # [nh, T, d]
-            kk = keys.repeat_interleave(g, dim=0)                            # [nh, s0+T, d]
+            kc[:, s0 : s0 + T].copy_(k.transpose(0, 1))
+            vc[:, s0 : s0 + T].copy_(v.transpose(0, 1))
+            ctx.state_written(self.layer_idx)  # KV rows final
+            keys, vals = kc[:, : s0 + T], vc[:, : s0 + T]  # [nkv, s0+T, d]
+            qh = q.transpose(0, 1)  # [nh, T, d]
+            kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
             vv = vals.repeat_interleave(g, dim=0)
             if s0 == 0:
                 o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
@@ -144,19 +145,19 @@ class Attention(nn.Module):
                 i = torch.arange(T, device=x.device)[:, None] + s0
                 j = torch.arange(s0 + T, device=x.device)[None, :]
                 o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=(j <= i))[0]
-            o = o.transpose(0, 1).reshape(T, self.nh * self.d)              # [T, nh*d]
+            o = o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
         else:
             n = ctx.n
             kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
             vc.index_copy_(1, pos[:n], v[:n].transpose(0, 1))
             # Row-invariant: fixed shapes [nkv, g*W, L]; row i sees keys j <= pos[i].
             qh = q.view(T, self.nkv, g, self.d).permute(1, 2, 0, 3).reshape(self.nkv, g * T, self.d)
-            scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (self.d ** -0.5)   # [nkv, g*W, L]
+            scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (self.d**-0.5)  # [nkv, g*W, L]
             L = kc.shape[1]
-            mask = torch.arange(L, device=x.device)[None, :] > pos[:, None]             # [W, L]
+            mask = torch.arange(L, device=x.device)[None, :] > pos[:, None]  # [W, L]
             scores = scores.view(self.nkv, g, T, L).masked_fill(mask, float("-inf"))
             p = torch.softmax(scores, dim=-1).to(vc.dtype).view(self.nkv, g * T, L)
-            o = torch.matmul(p, vc)                                                      # [nkv, g*W, d]
+            o = torch.matmul(p, vc)  # [nkv, g*W, d]
             o = o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
         o = o * torch.sigmoid(gate)
         return self.o_proj(o)
@@ -171,8 +172,14 @@ class GatedDeltaNet(nn.Module):
         h = cfg.hidden_size
         self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, bias=False,
-                                groups=cfg.conv_dim, padding=cfg.linear_conv_kernel_dim - 1)
+        self.conv1d = nn.Conv1d(
+            cfg.conv_dim,
+            cfg.conv_dim,
+            cfg.linear_conv_kernel_dim,
+            bias=False,
+            groups=cfg.conv_dim,
+            padding=cfg.linear_conv_kernel_dim - 1,
+        )
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.A_log = nn.Parameter(torch.zeros(self.nv))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
@@ -183,30 +190,30 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_a = nn.Linear(h, self.nv, bias=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
-        T = x.shape[0]                                                     # x [T, hidden]
+        T = x.shape[0]  # x [T, hidden]
         if ctx.phase is None:
-            conv_state, rec_state = state.gdn(self.layer_idx)              # [S, C, K-1], [S, Hv, dk, dv]
-        else:   # ping-pong step: advance a copy in the other buffers (the fused kernels read in, write out)
+            conv_state, rec_state = state.gdn(self.layer_idx)  # [S, C, K-1], [S, Hv, dk, dv]
+        else:  # ping-pong step: advance a copy in the other buffers (the fused kernels read in, write out)
             c_in, conv_state, r_in, rec_state = state.gdn_io(self.layer_idx, ctx.phase)
             conv_state[ctx.slot].copy_(c_in[ctx.slot])
             rec_state[ctx.slot].copy_(r_in[ctx.slot])
         cs, rs = conv_state[ctx.slot], rec_state[ctx.slot]
-        mixed = self.in_proj_qkv(x)                                        # [T, C]
-        w = self.conv1d.weight[:, 0, :]                                    # [C, K]
+        mixed = self.in_proj_qkv(x)  # [T, C]
+        w = self.conv1d.weight[:, 0, :]  # [C, K]
         n = T if ctx.width is None else ctx.n
-        ck = state.row_ckpt(self.layer_idx) if ctx.width is not None and n > 1 else None   # per-row ckpts
-        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None, ck and ck[0])        # [T, C], updates cs
+        ck = state.row_ckpt(self.layer_idx) if ctx.width is not None and n > 1 else None  # per-row ckpts
+        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None, ck and ck[0])  # [T, C], updates cs
         kd = self.cfg.key_dim
         q = mixed[:, :kd].reshape(T, self.nk, self.dk)
-        k = mixed[:, kd:2 * kd].reshape(T, self.nk, self.dk)
-        v = mixed[:, 2 * kd:].reshape(T, self.nv, self.dv)
-        beta = torch.sigmoid(self.in_proj_b(x))                            # [T, Hv]
+        k = mixed[:, kd : 2 * kd].reshape(T, self.nk, self.dk)
+        v = mixed[:, 2 * kd :].reshape(T, self.nv, self.dv)
+        beta = torch.sigmoid(self.in_proj_b(x))  # [T, Hv]
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         if ctx.width is None:
-            o = gdn_ops.chunked(q, k, v, g, beta, rs)                      # [T, Hv, dv]
-            ctx.state_written(self.layer_idx)                              # conv + recurrent final
+            o = gdn_ops.chunked(q, k, v, g, beta, rs)  # [T, Hv, dv]
+            ctx.state_written(self.layer_idx)  # conv + recurrent final
         else:
-            o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])   # [W, Hv, dv]
+            o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])  # [W, Hv, dv]
         z = self.in_proj_z(x).reshape(T * self.nv, self.dv)
         o = self.norm(o.reshape(T * self.nv, self.dv), z).reshape(T, self.nv * self.dv)
         return self.out_proj(o)
@@ -247,6 +254,7 @@ class Qwen3_5ForCausalLM(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if with_mtp:
             from baton.models.mtp import MTPHead
+
             self.mtp = MTPHead(cfg)
 
     def head_weight(self) -> torch.Tensor:
@@ -255,24 +263,24 @@ class Qwen3_5ForCausalLM(nn.Module):
     def positions(self, state, ctx: StepContext, T: int, device) -> torch.Tensor:
         if ctx.width is None:
             return torch.arange(ctx.start, ctx.start + T, device=device)
-        return state.position[ctx.slot] + torch.arange(T, device=device)   # [W] device-side
+        return state.position[ctx.slot] + torch.arange(T, device=device)  # [W] device-side
 
     def forward(self, ids: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
         """ids [T] (prefill) or [W] (rows, padded) -> final-normed hidden [T, hidden].
 
         Rows mode advances `state.position[slot]` by n on the device; prefill leaves it to the caller.
         """
-        x = self.model.embed_tokens(ids)                                   # [T, hidden]
+        x = self.model.embed_tokens(ids)  # [T, hidden]
         pos = self.positions(state, ctx, ids.shape[0], ids.device)
         for layer in self.model.layers:
-            x = layer(x, pos, state, ctx)               # prefill: marks ctx.state_written(i) mid-layer
+            x = layer(x, pos, state, ctx)  # prefill: marks ctx.state_written(i) mid-layer
         if ctx.width is not None:
             state.position[ctx.slot] += ctx.n
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """hidden [T, h] -> [T, vocab]; `rows`: only the first rows are live (the FP8 head skips the rest)."""
-        head = getattr(self, "fp8_head", None)            # set by decode_worker.fp8.quantize_head
+        head = getattr(self, "fp8_head", None)  # set by decode_worker.fp8.quantize_head
         if head is not None:
-            return head(hidden, rows=rows)                                 # [T, vocab]
-        return F.linear(hidden, self.head_weight())                        # [T, vocab]
+            return head(hidden, rows=rows)  # [T, vocab]
+        return F.linear(hidden, self.head_weight())  # [T, vocab]

@@ -3,6 +3,7 @@
 Inside a Ray actor (prefill_worker/actor.py, decode_worker/actor.py) the same serve_*() as the process
 runs in the actor's constructor; `WorkerActor` gives address() / health() / stats() / stop(), and
 `make_remote(cls, ...)` decorates it (ray is imported only there: the GPU machine has no Ray)."""
+
 from __future__ import annotations
 
 import logging
@@ -10,20 +11,31 @@ import logging
 import grpc
 
 from baton.settings import Settings
-from baton.worker.options import DEFAULT_GRACE_S, settings_for
 from baton.worker.command_line import setup_logging
+from baton.worker.options import DEFAULT_GRACE_S, settings_for
 from baton.worker.process import WorkerHandle
 
 log = logging.getLogger("baton.worker")
 
-def make_remote(cls, *, num_gpus: float = 0, resources: dict | None = None, max_restarts: int = -1,
-                max_task_retries: int | None = None, num_cpus: float | None = None):
+
+def make_remote(
+    cls,
+    *,
+    num_gpus: float = 0,
+    resources: dict | None = None,
+    max_restarts: int = -1,
+    max_task_retries: int | None = None,
+    num_cpus: float | None = None,
+):
     """ray.remote(...)(cls). max_task_retries defaults to -1 (retry across restarts) when the actor
     may restart: every actor method is idempotent."""
     import ray
 
-    opts = dict(num_gpus=num_gpus, max_restarts=max_restarts,
-                max_task_retries=(-1 if max_restarts else 0) if max_task_retries is None else max_task_retries)
+    opts = dict(
+        num_gpus=num_gpus,
+        max_restarts=max_restarts,
+        max_task_retries=(-1 if max_restarts else 0) if max_task_retries is None else max_task_retries,
+    )
     if resources:
         opts["resources"] = dict(resources)
     if num_cpus is not None:
@@ -72,9 +84,17 @@ class WorkerActor:
 
     def stats(self) -> dict:
         s = self.handle.servicer.stats()
-        return {"role": self.role, "address": self.address(), "sessions": s.sessions,
-                "session_bytes": s.session_bytes, "outstanding": s.outstanding, "engine": s.engine,
-                "model_fingerprint": s.model_fingerprint, "max_len": s.max_len, "requests_total": s.requests_total}
+        return {
+            "role": self.role,
+            "address": self.address(),
+            "sessions": s.sessions,
+            "session_bytes": s.session_bytes,
+            "outstanding": s.outstanding,
+            "engine": s.engine,
+            "model_fingerprint": s.model_fingerprint,
+            "max_len": s.max_len,
+            "requests_total": s.requests_total,
+        }
 
     def stop(self, grace: float = DEFAULT_GRACE_S) -> bool:
         self.handle.stop(grace)

@@ -1,22 +1,23 @@
 """The workers' shared command line: `python -m prefill_worker | python -m decode_worker` options.
 
-    add_common_arguments(parser)     the options both roles take
-    options_from_args(args)          -> WorkerOptions (checks the combination)
-    model_from_args(args, opts)      -> baton.loading.LoadedModel (a checkpoint, or --random-init SPEC)
-    setup_logging(settings)"""
+add_common_arguments(parser)     the options both roles take
+options_from_args(args)          -> WorkerOptions (checks the combination)
+model_from_args(args, opts)      -> baton.loading.LoadedModel (a checkpoint, or --random-init SPEC)
+setup_logging(settings)"""
+
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
 
-
-from baton.gpus import pin_device
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
+from baton.gpus import pin_device
 from baton.settings import Settings
 from baton.worker.options import DEFAULT_GRACE_S, DEFAULT_SLOTS, DEFAULT_TTL_S, WorkerOptions
 
 log = logging.getLogger("baton.worker")
+
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
@@ -30,9 +31,13 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped")
     p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE])")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown")
-    p.add_argument("--random-init", default=None, metavar="SHAPE",
-                   help="benchmarks: seeded random weights of a named shape (baton/random_init.py) or of the "
-                        "config.json in a directory, instead of --model")
+    p.add_argument(
+        "--random-init",
+        default=None,
+        metavar="SHAPE",
+        help="benchmarks: seeded random weights of a named shape (baton/random_init.py) or of the "
+        "config.json in a directory, instead of --model",
+    )
     p.add_argument("--seed", type=int, default=0, help="--random-init: weight seed (same on every worker)")
 
 
@@ -54,14 +59,18 @@ def options_from_args(a: argparse.Namespace) -> WorkerOptions:
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
     try:
-        device = pin_device(a.device)   # cuda:N -> this process sees only GPU N (baton/gpus.py)
+        device = pin_device(a.device)  # cuda:N -> this process sees only GPU N (baton/gpus.py)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    return WorkerOptions(a.model, a.port, a.host, device, a.dtype, a.width, a.max_len, a.slots, a.ttl,
-                         a.token_file, a.grace)
+    return WorkerOptions(
+        a.model, a.port, a.host, device, a.dtype, a.width, a.max_len, a.slots, a.ttl, a.token_file, a.grace
+    )
 
 
 def setup_logging(settings: Settings) -> None:
-    fmt = ('{"t": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "msg": "%(message)s"}'
-           if settings.log_json else "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = (
+        '{"t": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "msg": "%(message)s"}'
+        if settings.log_json
+        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.basicConfig(level=settings.log_level, format=fmt, stream=sys.stderr)

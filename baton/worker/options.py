@@ -2,12 +2,12 @@
 
 dtype default: bf16 on cuda, fp32 on cpu (both roles). Settings (baton.settings, the one place env vars
 are read) come with them: settings_for(token_file)."""
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Mapping
-
 
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.settings import Settings, read_token_file
@@ -28,11 +28,11 @@ def default_dtype(device: str) -> str:
 class WorkerOptions:
     model: str | None
     port: int = 0
-    host: str | None = None            # None = settings.host (127.0.0.1 unless BATON_HOST says otherwise)
+    host: str | None = None  # None = settings.host (127.0.0.1 unless BATON_HOST says otherwise)
     device: str = "cpu"
-    dtype: str | None = None           # None = default_dtype(device)
+    dtype: str | None = None  # None = default_dtype(device)
     width: int = DEFAULT_WIDTH
-    max_len: int = DEFAULT_MAX_LEN     # NOTE: must equal the other worker's and `baton complete`'s
+    max_len: int = DEFAULT_MAX_LEN  # NOTE: must equal the other worker's and `baton complete`'s
     slots: int = DEFAULT_SLOTS
     ttl_s: float = DEFAULT_TTL_S
     token_file: str | None = None

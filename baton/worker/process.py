@@ -1,10 +1,11 @@
 """A worker process's life: serve until a signal, then drain and exit.
 
-    serve_*(...) -> (WorkerHandle, servicer)
-        model loaded -> engine -> gRPC server bound -> health SERVING
-    run_until_signal(role, handle)       prints "<role>: serving on HOST:PORT"; SIGINT/SIGTERM ->
-                                         health NOT_SERVING -> stop(grace) -> servicer.close()
-    exit_process(code)                   flush, os._exit: no interpreter teardown (see its note)"""
+serve_*(...) -> (WorkerHandle, servicer)
+    model loaded -> engine -> gRPC server bound -> health SERVING
+run_until_signal(role, handle)       prints "<role>: serving on HOST:PORT"; SIGINT/SIGTERM ->
+                                     health NOT_SERVING -> stop(grace) -> servicer.close()
+exit_process(code)                   flush, os._exit: no interpreter teardown (see its note)"""
+
 from __future__ import annotations
 
 import logging
@@ -14,12 +15,12 @@ import sys
 import threading
 from typing import NoReturn
 
-
 from baton.rpc import ServerHandle
 from baton.worker.options import DEFAULT_GRACE_S
 from baton.worker.servicer import ServicerBase
 
 log = logging.getLogger("baton.worker")
+
 
 class WorkerHandle(ServerHandle):
     """A ServerHandle whose stop() also closes the servicer (reaper thread, cached channels)."""

@@ -3,6 +3,7 @@
 Every RPC runs under `ServicerBase.call(context)`: counts outstanding/requests, refuses a spent deadline,
 maps engine exceptions to gRPC status codes, and SessionLocks keeps two RPCs from touching one session's
 slot at once (a Release of a busy session is deferred to its end)."""
+
 from __future__ import annotations
 
 import logging
@@ -12,11 +13,12 @@ from typing import Callable, Iterator, Mapping
 
 import grpc
 
-from baton.rpc import StatusError, abort_with
 from baton.engine.runner import WindowError
 from baton.handoff.wire import StateError
+from baton.rpc import StatusError, abort_with
 
 log = logging.getLogger("baton.worker")
+
 
 class SessionLocks:
     """At most one RPC per session at a time. hold() raises ABORTED when the session is busy.
@@ -31,8 +33,9 @@ class SessionLocks:
     def hold(self, sid: str) -> Iterator[None]:
         with self._lock:
             if sid in self._busy:
-                raise StatusError(grpc.StatusCode.ABORTED,
-                                  f"session_id: {sid!r} is busy with another call on this worker")
+                raise StatusError(
+                    grpc.StatusCode.ABORTED, f"session_id: {sid!r} is busy with another call on this worker"
+                )
             self._busy.add(sid)
         try:
             yield
@@ -75,11 +78,12 @@ class ServicerBase:
         self.engine = engine
         self.sessions = SessionLocks()
         self._count_lock = threading.Lock()
-        self.outstanding = 0          # RPCs in flight (GetStats itself not counted)
+        self.outstanding = 0  # RPCs in flight (GetStats itself not counted)
         self.requests_total = 0
         self._stop = threading.Event()
-        self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
-                                        name=f"{type(self).__name__}-reaper", daemon=True)
+        self._reaper = threading.Thread(
+            target=self._reap_loop, args=(reap_interval_s,), name=f"{type(self).__name__}-reaper", daemon=True
+        )
         self._reaper.start()
 
     def _reap_loop(self, interval: float) -> None:

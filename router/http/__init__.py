@@ -10,6 +10,7 @@ calls -> OpenAI responses and chunks), bridge (Generate in process), chat (templ
 strings), errors (OpenAI error shape, status mapping), server (uvicorn on a thread). docs/HTTP.md
 describes the API.
 """
+
 from __future__ import annotations
 
 
@@ -17,16 +18,27 @@ class HttpUnavailable(ImportError):
     """The HTTP API was asked for but its packages are not installed."""
 
 
-def start_http(servicer, handle, *, host: str, port: int, settings, model_dir=None, grace: float = 5.0,
-               body_limit: int | None = None):
+def start_http(
+    servicer,
+    handle,
+    *,
+    host: str,
+    port: int,
+    settings,
+    model_dir=None,
+    grace: float = 5.0,
+    body_limit: int | None = None,
+):
     """Serve the API for `servicer` (its health read from `handle`, the router's gRPC ServerHandle)."""
     try:
         import fastapi  # noqa: F401
         import jinja2  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise HttpUnavailable(f"--http-port {port}: the HTTP API needs fastapi, uvicorn and jinja2 ({e}); "
-                              f"install them (pip install fastapi uvicorn jinja2) or pass --http-port 0") from None
+        raise HttpUnavailable(
+            f"--http-port {port}: the HTTP API needs fastapi, uvicorn and jinja2 ({e}); "
+            f"install them (pip install fastapi uvicorn jinja2) or pass --http-port 0"
+        ) from None
     from grpc_health.v1 import health_pb2
 
     from router.http.app import DEFAULT_BODY_LIMIT, create_app
@@ -35,9 +47,14 @@ def start_http(servicer, handle, *, host: str, port: int, settings, model_dir=No
 
     check = health_pb2.HealthCheckRequest(service="")
 
-    def serving() -> bool:   # the gRPC health of "" (always present, so no context is needed)
+    def serving() -> bool:  # the gRPC health of "" (always present, so no context is needed)
         return handle.health.Check(check, None).status == health_pb2.HealthCheckResponse.SERVING
 
-    app = create_app(servicer, serving=serving, token=settings.token, chat_template=ChatTemplate.from_dir(model_dir),
-                     body_limit=body_limit or DEFAULT_BODY_LIMIT)
+    app = create_app(
+        servicer,
+        serving=serving,
+        token=settings.token,
+        chat_template=ChatTemplate.from_dir(model_dir),
+        body_limit=body_limit or DEFAULT_BODY_LIMIT,
+    )
     return HttpServer(app, host=host, port=port, settings=settings, grace=grace)

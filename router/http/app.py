@@ -17,6 +17,7 @@ Streaming responses are SSE (fastapi.sse framing): one `data: {chunk}` per route
 `data: [DONE]`. The HTTP status is sent once every prompt has its first token, so a refusal (400, 429,
 503) is a status, not a chunk.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +50,12 @@ _COUNTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _counter(registry) -> Counter:
     """baton_router_http_requests{endpoint, status}, once per metrics registry."""
     if registry not in _COUNTERS:
-        _COUNTERS[registry] = Counter("baton_router_http_requests", "HTTP API requests by endpoint and status",
-                                      ["endpoint", "status"], registry=registry)
+        _COUNTERS[registry] = Counter(
+            "baton_router_http_requests",
+            "HTTP API requests by endpoint and status",
+            ["endpoint", "status"],
+            registry=registry,
+        )
     return _COUNTERS[registry]
 
 
@@ -102,17 +107,23 @@ async def read_json(request: Request, limit: int):
             if size > limit:
                 raise ApiError(413, f"body: over the limit of {limit} bytes", code="body_too_large")
             chunks.append(chunk)
-    except ClientDisconnect:   # gone before its body arrived: nothing to answer, nothing to log
+    except ClientDisconnect:  # gone before its body arrived: nothing to answer, nothing to log
         raise ApiError(400, "body: the client disconnected while sending it", code="client_disconnected") from None
     raw = b"".join(chunks)
     try:
         return json.loads(raw)
-    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, int digits limit
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int digits limit
         raise bad("body", f"not valid JSON: {str(e)[:200]}") from None
 
 
-def create_app(servicer, *, serving: Callable[[], bool], token: str | None, chat_template=None,
-               body_limit: int = DEFAULT_BODY_LIMIT) -> FastAPI:
+def create_app(
+    servicer,
+    *,
+    serving: Callable[[], bool],
+    token: str | None,
+    chat_template=None,
+    body_limit: int = DEFAULT_BODY_LIMIT,
+) -> FastAPI:
     app = FastAPI(title="Baton", docs_url=None, redoc_url=None, openapi_url=None)
     counter = _counter(servicer.metrics.registry)
     started = int(time.time())
@@ -145,13 +156,18 @@ def create_app(servicer, *, serving: Callable[[], bool], token: str | None, chat
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": meta.model_id, "object": "model", "created": started, "owned_by": "baton",
-                "max_model_len": reg.max_context(cfg.max_context)}
+        card = {
+            "id": meta.model_id,
+            "object": "model",
+            "created": started,
+            "owned_by": "baton",
+            "max_model_len": reg.max_context(cfg.max_context),
+        }
         return {"object": "list", "data": [card]}
 
     async def generate(request: Request, parse) -> Response:
         body = await read_json(request, body_limit)
-        job = await asyncio.to_thread(parse, body, limits())   # tokenizing and templating off the loop
+        job = await asyncio.to_thread(parse, body, limits())  # tokenizing and templating off the loop
         run = Run(servicer, job, meta.model_id)
         await run.start()
         if not job.stream:

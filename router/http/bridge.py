@@ -12,6 +12,7 @@ admission (max_inflight), validation, hand-off, migration, exact mode, metrics a
 are Generate's own. A thread drives the generator (it blocks on the workers' streams); each message is
 handed to the event loop with call_soon_threadsafe.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,25 +64,34 @@ class LocalContext:
         for fn in callbacks:
             try:
                 fn()
-            except Exception:   # a callback's failure must not keep the others from running
+            except Exception:  # a callback's failure must not keep the others from running
                 log.exception("cancel callback failed")
 
 
 class GenerateStream:
     """One Generate call on its own thread; its messages go to `out` as (index, item)."""
 
-    def __init__(self, servicer, request, *, out: asyncio.Queue, index: int, loop: asyncio.AbstractEventLoop,
-                 timeout: float | None = None):
+    def __init__(
+        self,
+        servicer,
+        request,
+        *,
+        out: asyncio.Queue,
+        index: int,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float | None = None,
+    ):
         self.ctx = LocalContext(timeout)
         self._out, self._index, self._loop = out, index, loop
-        self._thread = threading.Thread(target=self._run, args=(servicer, request), daemon=True,
-                                        name=f"baton-http-generate-{index}")
+        self._thread = threading.Thread(
+            target=self._run, args=(servicer, request), daemon=True, name=f"baton-http-generate-{index}"
+        )
         self._thread.start()
 
     def _put(self, item) -> None:
         try:
             self._loop.call_soon_threadsafe(self._out.put_nowait, (self._index, item))
-        except RuntimeError:   # the event loop is gone (server shut down): nobody is listening
+        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
             pass
 
     def _run(self, servicer, request) -> None:
@@ -93,11 +103,11 @@ class GenerateStream:
                     if self.ctx.cancelled:
                         break
             finally:
-                gen.close()     # GeneratorExit inside Generate: CANCELLED, sessions released
+                gen.close()  # GeneratorExit inside Generate: CANCELLED, sessions released
             self._put(END)
         except StatusError as e:
             self._put(e)
-        except Exception:       # a router bug: what gRPC would report as UNKNOWN
+        except Exception:  # a router bug: what gRPC would report as UNKNOWN
             log.exception("Generate failed")
             self._put(StatusError(grpc.StatusCode.INTERNAL, "router: internal error (see the router's log)"))
 

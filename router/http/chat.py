@@ -11,6 +11,7 @@ enable_thinking). The environment is jinja2's ImmutableSandboxedEnvironment with
 lstrip_blocks and loop controls ({% break %}), and a `tojson` that keeps non-ASCII text.
 Rendering errors (the template's raise_exception, a sandbox refusal, a type error) are ChatTemplateError.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ class ChatTemplateError(ValueError):
 
 
 def _token_text(v) -> str:
-    if isinstance(v, dict):   # {"content": "<|endoftext|>", "lstrip": false, ...}
+    if isinstance(v, dict):  # {"content": "<|endoftext|>", "lstrip": false, ...}
         v = v.get("content", "")
     return v if isinstance(v, str) else ""
 
@@ -42,8 +43,9 @@ class ChatTemplate:
         def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"],
-                                            undefined=jinja2.Undefined)
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"], undefined=jinja2.Undefined
+        )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -69,15 +71,17 @@ class ChatTemplate:
         if (d / TEMPLATE_FILE).is_file():
             return cls((d / TEMPLATE_FILE).read_text(encoding="utf-8"), origin=str(d / TEMPLATE_FILE), **tokens)
         source = cfg.get("chat_template")
-        if isinstance(source, list):   # named templates: [{"name": "default", "template": "..."}, ...]
-            source = next((t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"),
-                          None)
+        if isinstance(source, list):  # named templates: [{"name": "default", "template": "..."}, ...]
+            source = next(
+                (t.get("template") for t in source if isinstance(t, dict) and t.get("name") == "default"), None
+            )
         if isinstance(source, str) and source.strip():
             return cls(source, origin=str(d / CONFIG_FILE), **tokens)
         return None
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None,
-               kwargs: dict | None = None) -> str:
+    def render(
+        self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None, kwargs: dict | None = None
+    ) -> str:
         """kwargs: chat_template_kwargs (they cannot replace messages, add_generation_prompt or tools)."""
         import jinja2
 
@@ -87,7 +91,7 @@ class ChatTemplate:
             return self._template.render(context)
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as e:   # includes the sandbox's SecurityError
+        except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise ChatTemplateError(f"the chat template failed: {e}") from e
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError, RecursionError) as e:
             raise ChatTemplateError(f"the chat template failed on these messages: {type(e).__name__}: {e}") from e

@@ -8,6 +8,7 @@ Mapping (the router's gRPC codes): INVALID_ARGUMENT 400, UNAUTHENTICATED 401, RE
 UNAVAILABLE 503, DEADLINE_EXCEEDED 504, anything else 500. A router message starts with the gRPC field
 it blames ("max_new_tokens: ..."); `rename` maps those names to the HTTP request's ("max_tokens: ...").
 """
+
 from __future__ import annotations
 
 import re
@@ -15,11 +16,24 @@ import re
 import grpc
 
 C = grpc.StatusCode
-HTTP_STATUS = {C.INVALID_ARGUMENT: 400, C.UNAUTHENTICATED: 401, C.RESOURCE_EXHAUSTED: 429, C.UNAVAILABLE: 503,
-               C.DEADLINE_EXCEEDED: 504}
-ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-              405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-              500: "internal_error", 503: "service_unavailable", 504: "timeout_error"}
+HTTP_STATUS = {
+    C.INVALID_ARGUMENT: 400,
+    C.UNAUTHENTICATED: 401,
+    C.RESOURCE_EXHAUSTED: 429,
+    C.UNAVAILABLE: 503,
+    C.DEADLINE_EXCEEDED: 504,
+}
+ERROR_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
 _FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 
 
@@ -38,8 +52,14 @@ class ApiError(Exception):
         return cls(HTTP_STATUS.get(code, 500), message, code=code.name.lower())
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": ERROR_TYPE.get(self.status, "error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPE.get(self.status, "error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad(field: str, why: str) -> ApiError:

@@ -13,6 +13,7 @@ Per choice: text deltas pass through its StopMatcher; finish_reason is "length" 
 router's Stats of the last message ({} when a stop string ended the choice). An error after streaming
 began is sent as one {"error": ...} chunk, then the stream ends (OpenAI's servers do the same).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,7 +39,7 @@ class Choice:
     finish: str | None = None
     stats: dict = field(default_factory=dict)
     started: bool = False
-    final: bool = False        # the router's last message arrived: its Generate ends on its own
+    final: bool = False  # the router's last message arrived: its Generate ends on its own
 
 
 class Run:
@@ -53,7 +54,7 @@ class Run:
         for i, r in enumerate(job.requests):
             r.request_id = self.id if len(job.requests) == 1 else f"{self.id}-{i}"
             self._streams.append(GenerateStream(servicer, r, out=self._q, index=i, loop=loop))
-        self._early: list[tuple[int, str, str | None]] = []   # events seen before every choice started
+        self._early: list[tuple[int, str, str | None]] = []  # events seen before every choice started
 
     def cancel(self) -> None:
         """Ends the Generate calls still running (a finished one is left alone: it stays OK)."""
@@ -71,12 +72,12 @@ class Run:
             i, item = await self._q.get()
             c = self.choices[i]
             if c.finish is not None:
-                continue           # messages still in flight after a stop string ended the choice
+                continue  # messages still in flight after a stop string ended the choice
             c.started = True
             if isinstance(item, StatusError):
                 self.cancel()
                 raise ApiError.from_status(item.code, item.message, self.job.rename)
-            if item is END:        # ended without a finish reason: only when cancelled
+            if item is END:  # ended without a finish reason: only when cancelled
                 c.finish = "stop"
                 return i, "", c.finish
             d = Delta.from_proto(item)
@@ -125,8 +126,14 @@ class Run:
         for i, c in enumerate(self.choices):
             text = "".join(c.text)
             if self.job.kind == "chat":
-                out.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                            "finish_reason": c.finish})
+                out.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": c.finish,
+                    }
+                )
             else:
                 out.append({"index": i, "text": text, "logprobs": None, "finish_reason": c.finish})
         obj = "chat.completion" if self.job.kind == "chat" else "text_completion"
@@ -139,8 +146,10 @@ class Run:
             choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            out = {**self._head("text_completion"),
-                   "choices": [{"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}]}
+            out = {
+                **self._head("text_completion"),
+                "choices": [{"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}],
+            }
         if self.job.include_usage:
             out["usage"] = None
         if finish is not None:
@@ -172,7 +181,10 @@ class Run:
                 for chunk in self._events(*ev):
                     yield chunk
             if self.job.include_usage:
-                yield {**self._head("chat.completion.chunk" if self.job.kind == "chat" else "text_completion"),
-                       "choices": [], "usage": self.usage()}
+                yield {
+                    **self._head("chat.completion.chunk" if self.job.kind == "chat" else "text_completion"),
+                    "choices": [],
+                    "usage": self.usage(),
+                }
         finally:
-            self.cancel()    # the client left early (CancelledError / GeneratorExit here), or the end
+            self.cancel()  # the client left early (CancelledError / GeneratorExit here), or the end

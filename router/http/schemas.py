@@ -15,6 +15,7 @@ Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8"
 "stop_token_ids": [...], "ignore_eos": bool}. Other top-level fields are ignored, as OpenAI's servers do.
 Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,16 +37,17 @@ BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos")
 @dataclass
 class Limits:
     """What validation needs to know of the router."""
+
     model_id: str
-    max_context: int        # the workers' window
-    width: int              # W rows reserved for decoding
+    max_context: int  # the workers' window
+    width: int  # W rows reserved for decoding
     tokenizer: object | None
     chat_template: object | None = None
 
 
 @dataclass
 class Job:
-    kind: str                                   # "completion" | "chat"
+    kind: str  # "completion" | "chat"
     requests: list = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -99,29 +101,35 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if not isinstance(model, str):
             raise bad("model", f"expected a string, got {type(model).__name__}")
         if model != lim.model_id:
-            raise ApiError(404, f"model: {model!r:.80} is not served here (served: {lim.model_id!r})", param="model",
-                           code="model_not_found")
+            raise ApiError(
+                404,
+                f"model: {model!r:.80} is not served here (served: {lim.model_id!r})",
+                param="model",
+                code="model_not_found",
+            )
     job = Job(kind, stream=_bool(body, "stream", False))
     opts = body.get("stream_options")
     if opts is not None:
         if not isinstance(opts, dict):
             raise bad("stream_options", "expected an object")
         job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
-    zero = lambda v: _is_num(v) and v == 0   # noqa: E731
+    zero = lambda v: _is_num(v) and v == 0  # noqa: E731
     _only(body, "temperature", zero, "Baton decodes greedily until sampling lands: only 0 is supported")
     _only(body, "top_p", lambda v: _is_num(v) and v == 1, "Baton decodes greedily: only 1 is supported")
     _only(body, "presence_penalty", zero, "not supported: only 0")
     _only(body, "frequency_penalty", zero, "not supported: only 0")
     _only(body, "logit_bias", lambda v: v == {}, "not supported")
-    _int(body, "seed", -(1 << 63), (1 << 64) - 1)     # accepted and unused: greedy decoding needs no seed
+    _int(body, "seed", -(1 << 63), (1 << 64) - 1)  # accepted and unused: greedy decoding needs no seed
     n = _int(body, "n", 1, 1 << 31)
     if n is not None and n > 1:
-        raise bad("n", f"{n} choices are not supported: only n = 1 (decoding is greedy, every choice would be "
-                       f"the same)")
+        raise bad(
+            "n", f"{n} choices are not supported: only n = 1 (decoding is greedy, every choice would be the same)"
+        )
     job.stops = _stops(body.get("stop"))
     ext = body.get("baton")
-    gen = dict(mode=common_pb2.FAST, engine=common_pb2.ENGINE_UNSPECIFIED, draft_block=0, stop_token_ids=[],
-               ignore_eos=False)
+    gen = dict(
+        mode=common_pb2.FAST, engine=common_pb2.ENGINE_UNSPECIFIED, draft_block=0, stop_token_ids=[], ignore_eos=False
+    )
     if ext is not None:
         if not isinstance(ext, dict):
             raise bad("baton", "expected an object")
@@ -142,8 +150,12 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         ids = ext.get("stop_token_ids")
         if ids is not None:
             gen["stop_token_ids"] = _ids(ids, "baton.stop_token_ids", allow_empty=True)
-    job.rename = {"draft_block": "baton.draft_block", "mode": "baton.mode", "engine": "baton.engine",
-                  "stop_token_ids": "baton.stop_token_ids"}
+    job.rename = {
+        "draft_block": "baton.draft_block",
+        "mode": "baton.mode",
+        "engine": "baton.engine",
+        "stop_token_ids": "baton.stop_token_ids",
+    }
     return job, gen
 
 
@@ -246,13 +258,15 @@ def _messages(v) -> list[dict]:
             parts = []
             for j, p in enumerate(content):
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise bad(f"{where}.content[{j}]", "only text parts ({\"type\": \"text\", \"text\": ...}) are "
-                                                      "supported")
+                    raise bad(
+                        f"{where}.content[{j}]", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported"
+                    )
                 parts.append(p["text"])
             content = "".join(parts)
         elif content is not None and not isinstance(content, str):
-            raise bad(where + ".content", f"expected a string, a list of text parts, or null, got "
-                                          f"{type(content).__name__}")
+            raise bad(
+                where + ".content", f"expected a string, a list of text parts, or null, got {type(content).__name__}"
+            )
         if m.get("tool_calls"):
             raise bad(where + ".tool_calls", "tool calls are not supported yet")
         msg = {k: x for k, x in m.items() if k in ("name", "reasoning_content", "tool_call_id") and isinstance(x, str)}
@@ -279,8 +293,11 @@ def parse_chat(body, lim: Limits) -> Job:
     if not isinstance(kwargs, dict):
         raise bad("chat_template_kwargs", "expected an object")
     if lim.chat_template is None:
-        raise bad("messages", f"the model {lim.model_id!r} has no chat template (no chat_template.jinja and no "
-                              f"chat_template in tokenizer_config.json): use /v1/completions")
+        raise bad(
+            "messages",
+            f"the model {lim.model_id!r} has no chat template (no chat_template.jinja and no "
+            f"chat_template in tokenizer_config.json): use /v1/completions",
+        )
     try:
         text = lim.chat_template.render(messages, add_generation_prompt=add_gen, kwargs=kwargs)
     except ChatTemplateError as e:

@@ -9,6 +9,7 @@ start-up and port 0 gives a free one).
 TLS comes from the router's own Settings: BATON_TLS_CERT + BATON_TLS_KEY (or --tls-cert / --tls-key)
 serve HTTPS; with BATON_TLS_CA clients must present a certificate it signed, as on the gRPC port.
 """
+
 from __future__ import annotations
 
 import socket
@@ -22,23 +23,33 @@ class HttpServer:
 
         tls = settings.tls_enabled
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=grace,
-            ssl_certfile=settings.tls_cert if tls else None, ssl_keyfile=settings.tls_key if tls else None,
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=grace,
+            ssl_certfile=settings.tls_cert if tls else None,
+            ssl_keyfile=settings.tls_key if tls else None,
             ssl_ca_certs=settings.tls_ca if tls else None,
-            ssl_cert_reqs=ssl.CERT_REQUIRED if tls and settings.tls_ca else ssl.CERT_NONE)
-        config.load()                      # certificate errors raise here, in the caller
+            ssl_cert_reqs=ssl.CERT_REQUIRED if tls and settings.tls_ca else ssl.CERT_NONE,
+        )
+        config.load()  # certificate errors raise here, in the caller
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         try:
             self._sock = socket.create_server((host, port), family=family, backlog=2048)
         except OSError as e:
-            raise OSError(e.errno, f"--http-port {port}: cannot listen on {host}:{port}: {e.strerror} "
-                                   f"(pass another --http-port, or 0 for no HTTP API)") from None
+            raise OSError(
+                e.errno,
+                f"--http-port {port}: cannot listen on {host}:{port}: {e.strerror} "
+                f"(pass another --http-port, or 0 for no HTTP API)",
+            ) from None
         self.host, self.port = host, self._sock.getsockname()[1]
         scheme = "https" if tls else "http"
         self.url = f"{scheme}://[{host}]:{self.port}" if ":" in host else f"{scheme}://{host}:{self.port}"
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
-                                        name="baton-http")
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="baton-http"
+        )
         self._thread.start()
         stop = threading.Event()
         while not self._server.started:
@@ -55,7 +66,7 @@ class HttpServer:
     def stop(self, grace: float = 5.0) -> None:
         self.begin_stop()
         self._thread.join(grace + 2.0)
-        if self._thread.is_alive():        # past its graceful timeout: close what is left
+        if self._thread.is_alive():  # past its graceful timeout: close what is left
             self._server.force_exit = True
             self._thread.join(2.0)
         self._sock.close()

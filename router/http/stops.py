@@ -10,6 +10,7 @@ cut just before the stop string that completed first (the earliest end in the te
 starting first), whatever the chunking; the stop string itself is not sent, as in OpenAI's API. The caller then ends the Generate call (cancelled: its sessions are released) and reports
 finish_reason "stop"; usage counts the tokens generated up to the one that completed the stop string.
 """
+
 from __future__ import annotations
 
 
@@ -23,17 +24,17 @@ class StopMatcher:
             return delta, False
         text = self._held + delta
         hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in self.stops) if i >= 0]
-        if hits:              # the stop string completed first (the earliest end; on a tie, the longest)
+        if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
             self._held = ""
-            return text[:min(hits)[1]], True
+            return text[: min(hits)[1]], True
         keep = 0
-        for s in self.stops:   # longest suffix of text that is a proper prefix of s
+        for s in self.stops:  # longest suffix of text that is a proper prefix of s
             for k in range(min(len(s) - 1, len(text)), keep, -1):
                 if text.endswith(s[:k]):
                     keep = k
                     break
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep], False
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
 
     def flush(self) -> str:
         out, self._held = self._held, ""

@@ -3,6 +3,7 @@
 Also the pieces it rests on: the acceptance-controlled drafter in process (p = 1 proposes the exact
 tokens, p = 0 never does, the state follows the proposals), the bound arithmetic, and that nothing on
 the production path can reach the benchmark-only worker."""
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,34 @@ N, K = 12, 4
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_exact") / "exact.json"
-    cmd = [sys.executable, "benchmarks/bench_exact.py", "--random-init", TINY, "--seed", "3", "--prompt-len", "20",
-           "--new", str(N), "--real-new", str(N - 4), "--runs", "1", "--warmup", "0", "--ks", str(K), "--ps", "0.5,1.0",
-           "--controlled-engine", "bf16", "--threads", "1", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "benchmarks/bench_exact.py",
+        "--random-init",
+        TINY,
+        "--seed",
+        "3",
+        "--prompt-len",
+        "20",
+        "--new",
+        str(N),
+        "--real-new",
+        str(N - 4),
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--ks",
+        str(K),
+        "--ps",
+        "0.5,1.0",
+        "--controlled-engine",
+        "bf16",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, f"rc={r.returncode}\n{r.stderr[-4000:]}"
     res = json.loads(r.stdout)
@@ -35,7 +61,7 @@ def result(tmp_path_factory):
     return res
 
 
-@pytest.mark.slow          # 19-30 s on a busy 2-core box: three worker processes start
+@pytest.mark.slow  # 19-30 s on a busy 2-core box: three worker processes start
 @pytest.mark.timeout(450)
 def test_json_sane_and_token_identical(result):
     r = result
@@ -75,13 +101,20 @@ def test_controlled_acceptance(result):
 
 
 def test_bound_arithmetic():
-    assert be.rounds_at_p1(128, 8) == 15            # 14 rounds of 9, then 1 (k = 1, cut to 1 token)
+    assert be.rounds_at_p1(128, 8) == 15  # 14 rounds of 9, then 1 (k = 1, cut to 1 token)
     assert be.schedule(12, 4, [5, 5, 1]) == [(4, 4), (4, 4), (1, 0)]
-    c = {"K": 4, "t_draft": 0.01, "D": {"none": 0.05, "skip": 0.05, "full": 0.06, "back": 0.06},
-         "V": {"all": 0.02, "rej": 0.03}, "c_full": 0.01, "c_back": 0.01, "t_fix": 0.01}
+    c = {
+        "K": 4,
+        "t_draft": 0.01,
+        "D": {"none": 0.05, "skip": 0.05, "full": 0.06, "back": 0.06},
+        "V": {"all": 0.02, "rej": 0.03},
+        "c_full": 0.01,
+        "c_back": 0.01,
+        "t_fix": 0.01,
+    }
     st = be.bound_steady(c, 1.0, 4)
     assert st["E_tokens_per_round"] == 5 and st["t_round_ms"] == pytest.approx(80.0)
-    assert be.bound_steady(c, 0.5, 4)["E_tokens_per_round"] == pytest.approx(1 + .5 + .25 + .125 + .0625)
+    assert be.bound_steady(c, 0.5, 4)["E_tokens_per_round"] == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625)
     # p = 1 and a schedule of full blocks only: the run bound is the realized bound of that schedule
     n = 1 + 5 * 6 + 1
     sched = [(4, 4)] * 6 + [(1, 1)]
@@ -94,7 +127,7 @@ def test_controlled_engine_in_process(tmp_path):
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)     # NOTE: 2 OpenMP threads on a busy 2-core box: 30 s instead of 0.4 s
+    torch.set_num_threads(1)  # NOTE: 2 OpenMP threads on a busy 2-core box: 30 s instead of 0.4 s
     try:
         _controlled_round_trips(tmp_path)
     finally:
@@ -102,8 +135,8 @@ def test_controlled_engine_in_process(tmp_path):
 
 
 def _controlled_round_trips(tmp_path):
-    from baton.loading import load_model
     from baton.engine.runner import ModelRunner
+    from baton.loading import load_model
     from benchmarks.controlled_decode_worker import Control, ControlledDrafter
     from decode_worker.engine import DecodeEngine
     from prefill_worker.engine import ExactEngine
@@ -115,8 +148,11 @@ def _controlled_round_trips(tmp_path):
     path = tmp_path / "ref.json"
     for p in (1.0, 0.0):
         path.write_text(json.dumps({"references": [{"prompt_len": len(prompt), "tokens": ref}], "p": p, "seed": 1}))
-        eng = DecodeEngine({"bf16": ModelRunner(lm.model, slots=1, max_len=96)}, default_engine="bf16",
-                           drafter=ControlledDrafter(Control(path, 0.5, 0)))
+        eng = DecodeEngine(
+            {"bf16": ModelRunner(lm.model, slots=1, max_len=96)},
+            default_engine="bf16",
+            drafter=ControlledDrafter(Control(path, 0.5, 0)),
+        )
         s, first = exact.prefill(prompt)
         tensors, pos, nxt = exact.export(s.id)
         d = eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt)
@@ -124,27 +160,33 @@ def _controlled_round_trips(tmp_path):
         while len(out) < 16:
             drafts = eng.draft(d.id, K, verdict)
             if p == 1.0:
-                assert drafts == ref[len(out):len(out) + K]
+                assert drafts == ref[len(out) : len(out) + K]
             else:
                 assert drafts[0] != ref[len(out)]
             v = exact.verify(s.id, [out[-1]] + drafts)
             assert v.accepted == (K if p == 1.0 else 0)
-            out += drafts[:v.accepted] + [v.next_token]
+            out += drafts[: v.accepted] + [v.next_token]
             verdict = (v.accepted, v.next_token)
         assert out[:16] == ref[:16]
         exact.release(s.id)
         eng.release(d.id)
         with pytest.raises(ValueError, match="reference: none"):
             eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=(nxt + 1) % 100)
-        assert eng.session_count() == 0   # the refused load left no session behind
+        assert eng.session_count() == 0  # the refused load left no session behind
 
 
 def test_benchmark_worker_is_not_reachable_from_production():
     def imports_it(text: str) -> bool:
-        return ("benchmarks.controlled_decode_worker" in text
-                or re.search(r"from\s+benchmarks\s+import[^\n]*controlled_decode_worker", text) is not None)
+        return (
+            "benchmarks.controlled_decode_worker" in text
+            or re.search(r"from\s+benchmarks\s+import[^\n]*controlled_decode_worker", text) is not None
+        )
 
-    hits = [str(f.relative_to(ROOT)) for d in ("baton", "router", "decode_worker", "prefill_worker", "deploy")
-            for f in (ROOT / d).rglob("*.py") if imports_it(f.read_text("utf-8"))]
+    hits = [
+        str(f.relative_to(ROOT))
+        for d in ("baton", "router", "decode_worker", "prefill_worker", "deploy")
+        for f in (ROOT / d).rglob("*.py")
+        if imports_it(f.read_text("utf-8"))
+    ]
     assert hits == []
     assert imports_it("from benchmarks import shapes, controlled_decode_worker")

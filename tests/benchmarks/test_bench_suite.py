@@ -1,4 +1,5 @@
 """baton bench (benchmarks/suite.py): the argv each part runs. The parts themselves need a GPU."""
+
 import argparse
 
 import pytest

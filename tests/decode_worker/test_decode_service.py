@@ -1,5 +1,6 @@
 """DecodeWorker over real loopback gRPC: Draft/Verify loop (the router's exact mode in miniature),
 Decode stop conditions and cancellation, bad input, corrupt LoadState streams, auth."""
+
 import random
 import time
 
@@ -9,13 +10,14 @@ from helpers import make_tiny_dir
 
 pass
 from baton.complete import complete
+from baton.handoff import push
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
-from decode_worker.service import SERVICE, DecodeServicer, add_to_server, serve_decode
-from prefill_worker.service import serve_prefill
-from baton.handoff import push
+from decode_worker.serve import serve_decode
+from decode_worker.service import SERVICE, DecodeServicer, add_to_server
+from prefill_worker.serve import serve_prefill
 
 MAX_LEN, W, T = 256, 16, 30
 EXACT, BF16, MTP = common_pb2.EXACT, common_pb2.BF16, common_pb2.MTP
@@ -33,11 +35,17 @@ def lm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def w(lm):
     ph, ps = serve_prefill(lm, max_len=MAX_LEN, width=W, slots=3, settings=Settings())
-    dh, ds = serve_decode(load_model(lm.model_dir, dtype="fp32"), max_len=MAX_LEN, width=W, slots=3,
-                          settings=Settings())
+    dh, ds = serve_decode(
+        load_model(lm.model_dir, dtype="fp32"), max_len=MAX_LEN, width=W, slots=3, settings=Settings()
+    )
     with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
-        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), D=decode_pb2_grpc.DecodeWorkerStub(dc), ps=ps, ds=ds,
-                   target=dh.address)
+        yield dict(
+            P=prefill_pb2_grpc.PrefillWorkerStub(pc),
+            D=decode_pb2_grpc.DecodeWorkerStub(dc),
+            ps=ps,
+            ds=ds,
+            target=dh.address,
+        )
     ph.stop(0)
     dh.stop(0)
 
@@ -48,7 +56,7 @@ def ref(lm):
 
 
 def _settled(stub):
-    for _ in range(500):   # up to 10 s: the box may be busy
+    for _ in range(500):  # up to 10 s: the box may be busy
         st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
         if st.outstanding == 0 and st.sessions == 0:
             break
@@ -66,8 +74,12 @@ def no_leaks(request):
 
 
 def _load(w, sid, prompt=PROMPT, engine=0, mode=common_pb2.FAST):
-    r = w["P"].Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, mode=mode, engine=engine,
-                                                  decode_target=w["target"]), timeout=T)
+    r = w["P"].Prefill(
+        prefill_pb2.PrefillRequest(
+            session_id=sid, prompt_ids=prompt, mode=mode, engine=engine, decode_target=w["target"]
+        ),
+        timeout=T,
+    )
     return r.first_token
 
 
@@ -80,7 +92,7 @@ def _decode(D, sid, n, **kw):
 def _err(fn, req, timeout=T):
     with pytest.raises(grpc.RpcError) as ei:
         r = fn(req, timeout=timeout)
-        if not hasattr(r, "ByteSize"):   # a stream: errors come while reading it
+        if not hasattr(r, "ByteSize"):  # a stream: errors come while reading it
             list(r)
     return ei.value.code(), ei.value.details()
 
@@ -107,7 +119,7 @@ def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine):
             j = rng.randrange(k)
             drafts[j] = (drafts[j] + 1) % 512
         v = P.Verify(prefill_pb2.VerifyRequest(session_id="ex", tokens=[out[-1]] + drafts), timeout=T)
-        out += drafts[:v.accepted] + [v.next_token]
+        out += drafts[: v.accepted] + [v.next_token]
         verdict = dict(has_verdict=True, accepted=v.accepted, next_token=v.next_token)
         rounds += 1
     assert out[:40] == ref[:40]
@@ -126,7 +138,7 @@ def test_decode_continues_across_calls_and_stop_reasons(w, ref):
     a, last = _decode(D, "d", 10, ignore_eos=True)
     assert [first] + a == ref[:11] and last.finish_reason == common_pb2.LENGTH and len(last.token_ids) == 1
     stop = ref[15]
-    b, last = _decode(D, "d", 30, stop_token_ids=[stop], ignore_eos=True)   # stop id included in the output
+    b, last = _decode(D, "d", 30, stop_token_ids=[stop], ignore_eos=True)  # stop id included in the output
     assert b == ref[11:16] and last.finish_reason == common_pb2.STOP
     # EOS: a second servicer over the same engine whose EOS is the next reference token
     eos_svc = DecodeServicer(w["ds"].engine, fingerprint=w["ds"].fingerprint, eos_ids=(ref[18],))
@@ -138,7 +150,7 @@ def test_decode_continues_across_calls_and_stop_reasons(w, ref):
         h.stop(0)
         eos_svc.close()
     assert c == ref[16:19] and last.finish_reason == common_pb2.EOS
-    assert w["ds"].engine.session_count() == 0   # release_at_end
+    assert w["ds"].engine.session_count() == 0  # release_at_end
 
 
 def test_mtp_decode_reports_acceptance(w, ref):
@@ -150,15 +162,19 @@ def test_mtp_decode_reports_acceptance(w, ref):
 def test_decode_cancel_and_deadline_release_the_session(w):
     D = w["D"]
     _load(w, "c")
-    call = D.Decode(decode_pb2.DecodeRequest(session_id="c", max_new_tokens=200, ignore_eos=True,
-                                             release_at_end=True), timeout=T)
+    call = D.Decode(
+        decode_pb2.DecodeRequest(session_id="c", max_new_tokens=200, ignore_eos=True, release_at_end=True), timeout=T
+    )
     next(call), next(call)
     t0 = time.monotonic()
     call.cancel()
     assert _settled(D).sessions == 0 and time.monotonic() - t0 < 2.0
     _load(w, "t")
-    code, _ = _err(D.Decode, decode_pb2.DecodeRequest(session_id="t", max_new_tokens=200, ignore_eos=True,
-                                                      release_at_end=True), timeout=0.3)
+    code, _ = _err(
+        D.Decode,
+        decode_pb2.DecodeRequest(session_id="t", max_new_tokens=200, ignore_eos=True, release_at_end=True),
+        timeout=0.3,
+    )
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert _settled(D).sessions == 0
 
@@ -171,12 +187,19 @@ def test_bad_decode_and_draft_requests(w, ref):
         (D.Decode, decode_pb2.DecodeRequest(session_id="nope", max_new_tokens=3), "NOT_FOUND", "session_id"),
         (D.Draft, decode_pb2.DraftRequest(session_id="nope", k=2), "NOT_FOUND", "session_id"),
         (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=0), "INVALID_ARGUMENT", "max_new_tokens"),
-        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=3, engine=MTP), "INVALID_ARGUMENT",
-         "engine"),
-        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=3, stop_token_ids=[512]),
-         "INVALID_ARGUMENT", "stop_token_ids"),
-        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=MAX_LEN), "OUT_OF_RANGE",
-         "max_new_tokens"),
+        (
+            D.Decode,
+            decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=3, engine=MTP),
+            "INVALID_ARGUMENT",
+            "engine",
+        ),
+        (
+            D.Decode,
+            decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=3, stop_token_ids=[512]),
+            "INVALID_ARGUMENT",
+            "stop_token_ids",
+        ),
+        (D.Decode, decode_pb2.DecodeRequest(session_id="ok", max_new_tokens=MAX_LEN), "OUT_OF_RANGE", "max_new_tokens"),
         (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=0), "INVALID_ARGUMENT", "k"),
         (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=W - 1), "INVALID_ARGUMENT", "k"),
         (D.Draft, decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True), "INVALID_ARGUMENT", "has_verdict"),
@@ -185,16 +208,20 @@ def test_bad_decode_and_draft_requests(w, ref):
     for fn, req, code, field in cases:
         got, details = _err(fn, req)
         assert (got.name, details.split(":")[0]) == (code, field), details
-    d = D.Draft(decode_pb2.DraftRequest(session_id="ok", k=3), timeout=T)   # still serves this session
+    d = D.Draft(decode_pb2.DraftRequest(session_id="ok", k=3), timeout=T)  # still serves this session
     assert list(d.draft_tokens) == ref[1:4]
-    for verdict, field in [(dict(accepted=4, next_token=1), "accepted"), (dict(accepted=1, next_token=512),
-                                                                            "next_token")]:
+    for verdict, field in [
+        (dict(accepted=4, next_token=1), "accepted"),
+        (dict(accepted=1, next_token=512), "next_token"),
+    ]:
         got, details = _err(D.Draft, decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True, **verdict))
         assert got == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field), details
     # the exact worker's verdict on [first, ref1..3] (all right): m = 3, bonus ref[4]
     v = w["P"].Verify(prefill_pb2.VerifyRequest(session_id="ok", tokens=[first] + ref[1:4]), timeout=T)
-    d = D.Draft(decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True, accepted=v.accepted,
-                                        next_token=v.next_token), timeout=T)
+    d = D.Draft(
+        decode_pb2.DraftRequest(session_id="ok", k=2, has_verdict=True, accepted=v.accepted, next_token=v.next_token),
+        timeout=T,
+    )
     assert (v.accepted, v.next_token, list(d.draft_tokens)) == (3, ref[4], ref[5:7])
     _rel(w, "ok")
 
@@ -228,14 +255,21 @@ def test_bad_state_streams_are_refused_and_nothing_is_half_loaded(w, ref):
     beyond[0].header.position = MAX_LEN + 1
     engine9 = _stream(w, "bad")
     engine9[0].header.engine = 9
-    cases = [(flipped, "DATA_LOSS"), (good[:-1], "DATA_LOSS"), (good[:-2], "DATA_LOSS"), (good[1:], "DATA_LOSS"),
-             (foreign, "FAILED_PRECONDITION"), (beyond, "INVALID_ARGUMENT"), (engine9, "INVALID_ARGUMENT")]
+    cases = [
+        (flipped, "DATA_LOSS"),
+        (good[:-1], "DATA_LOSS"),
+        (good[:-2], "DATA_LOSS"),
+        (good[1:], "DATA_LOSS"),
+        (foreign, "FAILED_PRECONDITION"),
+        (beyond, "INVALID_ARGUMENT"),
+        (engine9, "INVALID_ARGUMENT"),
+    ]
     for chunks, code in cases:
         with pytest.raises(grpc.RpcError) as ei:
             D.LoadState(iter(chunks), timeout=T)
         assert ei.value.code().name == code, ei.value.details()
-        assert w["ds"].engine.session_count() == 1            # only "keep": nothing half-loaded
-    r = D.LoadState(iter(good), timeout=T)                      # the intact stream loads
+        assert w["ds"].engine.session_count() == 1  # only "keep": nothing half-loaded
+    r = D.LoadState(iter(good), timeout=T)  # the intact stream loads
     assert (r.session_id, r.position, r.bridge.tokens) == ("bad", len(PROMPT), len(PROMPT))
     assert r.bridge.chunks == len(good) - 2 and r.bridge.seconds > 0
     toks, _ = _decode(D, "keep", 12, ignore_eos=True, release_at_end=True)  # the old session is intact
@@ -251,17 +285,23 @@ def test_every_rpc_needs_the_token(w):
     try:
         with make_channel(h.address, Settings()) as ch:
             s = decode_pb2_grpc.DecodeWorkerStub(ch)
-            calls = {"LoadState": iter(_stream(w, "auth")),
-                     "Decode": decode_pb2.DecodeRequest(session_id="a", max_new_tokens=1),
-                     "Draft": decode_pb2.DraftRequest(session_id="a", k=1),
-                     "Release": common_pb2.ReleaseRequest(session_id="a"),
-                     "GetStats": common_pb2.WorkerStatsRequest()}
+            calls = {
+                "LoadState": iter(_stream(w, "auth")),
+                "Decode": decode_pb2.DecodeRequest(session_id="a", max_new_tokens=1),
+                "Draft": decode_pb2.DraftRequest(session_id="a", k=1),
+                "Release": common_pb2.ReleaseRequest(session_id="a"),
+                "GetStats": common_pb2.WorkerStatsRequest(),
+            }
             assert set(calls) == set(decode_pb2.DESCRIPTOR.services_by_name["DecodeWorker"].methods_by_name)
             for name, req in calls.items():
                 assert _err(getattr(s, name), req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
         with make_channel(h.address, settings) as ch:
             st = decode_pb2_grpc.DecodeWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
-            assert st.engine.split(",") == ["bf16", "fp8", "mtp"] and st.max_len == MAX_LEN and st.model_fingerprint == w["ds"].fingerprint
+            assert (
+                st.engine.split(",") == ["bf16", "fp8", "mtp"]
+                and st.max_len == MAX_LEN
+                and st.model_fingerprint == w["ds"].fingerprint
+            )
     finally:
         h.stop(0)
         svc.close()

@@ -2,14 +2,15 @@
 is read, GDN state ping-ponging between two buffer sets). On CPU the steps run eagerly through the same
 loop, phases and undo / settle logic as the CUDA-graph path: the tokens and the session state after
 every way a decode call can end must be bitwise those of the plain loop."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.loading import load_model
 from baton.engine.runner import ModelRunner
+from baton.loading import load_model
 from decode_worker.engine import DecodeEngine
 from prefill_worker.engine import ExactEngine
 
@@ -27,8 +28,9 @@ def env(tmp_path_factory):
     host = {t.name: t.tensor.clone() for t in tensors}
     exact.release(s.id)
     plain = DecodeEngine({"bf16": ModelRunner(lm.model, slots=2, max_len=MAX_LEN)}, default_engine="bf16")
-    piped = DecodeEngine({"bf16": ModelRunner(lm.model, slots=2, max_len=MAX_LEN, pipeline=True)},
-                         default_engine="bf16")
+    piped = DecodeEngine(
+        {"bf16": ModelRunner(lm.model, slots=2, max_len=MAX_LEN, pipeline=True)}, default_engine="bf16"
+    )
     assert piped.runners["bf16"].state.pingpong and not plain.runners["bf16"].state.pingpong
     return host, pos, nxt, plain, piped
 
@@ -65,7 +67,7 @@ def _toks(eng, sid, n, **kw):
 def test_tokens_and_state_equal_the_plain_loop_at_max_tokens(env):
     (a, sa), (b, sb) = _both(env, lambda e, sid: _toks(e, sid, 12))
     assert a == b and len(a) == 12
-    assert _same_state(sa, sb)              # the last step's state settled back into the main buffers
+    assert _same_state(sa, sb)  # the last step's state settled back into the main buffers
 
 
 @pytest.mark.parametrize("odd", [0, 1])
@@ -87,6 +89,7 @@ def test_a_stop_token_undoes_the_step_launched_past_it(env, odd):
 
 def test_a_closed_stream_keeps_exactly_the_tokens_it_yielded(env):
     """The client goes away after 3 tokens (generator closed with a step in flight)."""
+
     def run(e, sid):
         gen = e.decode(sid, 12)
         got = [next(gen)[0] for _ in range(3)]
@@ -113,7 +116,7 @@ def test_interleaved_sessions_each_get_their_own_tokens(env):
     for eng in (plain, piped):
         a, b = (eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt) for _ in range(2))
         try:
-            _toks(eng, b.id, 3)                      # b runs 3 tokens ahead: their next tokens differ
+            _toks(eng, b.id, 3)  # b runs 3 tokens ahead: their next tokens differ
             ga, gb = eng.decode(a.id, 8), eng.decode(b.id, 8)
             got = ([], [])
             for _ in range(8):
@@ -140,7 +143,7 @@ def test_the_decode_worker_pipelines_by_default(tmp_path):
     from baton.settings import Settings
     from decode_worker.__main__ import build_parser
     from decode_worker.actor import DecodeActor
-    from decode_worker.service import serve_decode
+    from decode_worker.serve import serve_decode
 
     parse = build_parser().parse_args
     assert parse([]).pipeline is True

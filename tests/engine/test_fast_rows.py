@@ -1,5 +1,6 @@
 """The fused CUDA rows kernels, checked on CPU through Triton's interpreter (fp32): same logits and state
 as the eager rows path (main model and MTP head), and row invariance (a K-row block equals K single-row steps, bitwise)."""
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_fused_rows_kernels_match_eager_and_are_row_invariant():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "fast_rows_interp.py")], env=env,
-                       capture_output=True, text=True, timeout=280)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "fast_rows_interp.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
     for name, r in res.items():
-        if name == "ckpt":                # per-row checkpoints: rewinding == recomputing, bitwise
+        if name == "ckpt":  # per-row checkpoints: rewinding == recomputing, bitwise
             assert r["state_equal"], r
             continue
         assert r["tokens_equal"], (name, r)
         assert r["logits_max_diff"] < 1e-4, (name, r)
         assert max(r["state_max_diff"].values()) < 1e-4, (name, r)
-        if name == "mtp":                 # the MTP head's rows pass: out rows and MTP KV
+        if name == "mtp":  # the MTP head's rows pass: out rows and MTP KV
             continue
         assert r["position"][0] == r["position"][1], (name, r)
         assert r["row_invariant"] and r["rec_state_equal_after_ar"], (name, r)

@@ -3,6 +3,7 @@ and the per-row gated norm, under Triton's interpreter on CPU (fp32): against a 
 recurrence, checkpoints, dead rows, the ping-pong output state, the quantised output for an fp8
 out_proj (bitwise the GEMM's own quantisation of the bf16 output), and inputs taken straight from the
 projection GEMM's split-K partials (bitwise its reduced output)."""
+
 import json
 import os
 import subprocess
@@ -96,8 +97,7 @@ def test_gdn_rows_under_triton_interpreter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quant,ckpt", [(False, False), (True, False), (False, True)],
-                         ids=["bf16", "quant", "ckpt"])
+@pytest.mark.parametrize("quant,ckpt", [(False, False), (True, False), (False, True)], ids=["bf16", "quant", "ckpt"])
 def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
     """Row invariance of the compiled kernels at the Qwen3.5-9B GDN dims (16 key / 32 value heads of
     128, 4 dv slices per head): a 5-row block gives bitwise the outputs and state of 5 one-row calls
@@ -105,9 +105,11 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
     block) writes per-row checkpoints and the single rows (as AR steps) do not: checkpoint t is bitwise
     the state after t+1 single rows (one binary for both: the checkpoint flag is a runtime argument)."""
     import torch
+
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from baton.kernels import gdn as G
+
     g = torch.Generator(device="cuda").manual_seed(0)
     W, n, nk, Hv, dk, dv = 16, 5, 16, 32, 128, 128
     C = 2 * nk * dk + Hv * dv
@@ -123,8 +125,21 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
 
     def step(lo, hi, st, S, cc=None, cs=None):
         cv = G.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo, ckpt=cc)
-        y = G.gdn_rows(cv, b[lo:hi].contiguous(), a[lo:hi].contiguous(), z[lo:hi].contiguous(), A_log, dtb, nw,
-                       S, hi - lo, nk=nk, eps=1e-6, quant=quant, ckpt=cs)
+        y = G.gdn_rows(
+            cv,
+            b[lo:hi].contiguous(),
+            a[lo:hi].contiguous(),
+            z[lo:hi].contiguous(),
+            A_log,
+            dtb,
+            nw,
+            S,
+            hi - lo,
+            nk=nk,
+            eps=1e-6,
+            quant=quant,
+            ckpt=cs,
+        )
         return (y.q, y.s) if quant else (y,)
 
     st_b, S_b = cst.clone(), S0.clone()
@@ -132,9 +147,13 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
     st_a, S_a = cst.clone(), S0.clone()
     for t in range(n):
         one = step(t, t + 1, st_a, S_a)
-        assert all(torch.equal(o[0].view(torch.uint8) if o.dtype == torch.float8_e4m3fn else o[0],
-                               blk[t].view(torch.uint8) if blk.dtype == torch.float8_e4m3fn else blk[t])
-                   for o, blk in zip(one, block)), t
+        assert all(
+            torch.equal(
+                o[0].view(torch.uint8) if o.dtype == torch.float8_e4m3fn else o[0],
+                blk[t].view(torch.uint8) if blk.dtype == torch.float8_e4m3fn else blk[t],
+            )
+            for o, blk in zip(one, block)
+        ), t
         if ckpt:
             assert torch.equal(ck_conv[t], st_a) and torch.equal(ck_S[t], S_a), f"checkpoint {t}"
     assert torch.equal(st_a, st_b) and torch.equal(S_a, S_b)

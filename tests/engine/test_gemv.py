@@ -5,6 +5,7 @@ CPU: the kernel runs under Triton's interpreter (TRITON_INTERPRET=1) in a subpro
 gets a loose bound there; the device tests below hold it to the reference). `-m gpu`: the compiled
 kernel on the device, CUDA graphs and programmatic dependent launch included.
 """
+
 import json
 import os
 import subprocess
@@ -105,8 +106,8 @@ def test_kernel_under_triton_interpreter():
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.split("RESULT", 1)[1])
     res = got["cases"]
-    assert {r["split"] for r in res} >= {1, 2, 4}            # one-pass and last-arrival epilogues
-    assert any(r["bk"] == 256 for r in res)                   # fp8: 2 quantisation groups per K step
+    assert {r["split"] for r in res} >= {1, 2, 4}  # one-pass and last-arrival epilogues
+    assert any(r["bk"] == 256 for r in res)  # fp8: 2 quantisation groups per K step
     for r in res:
         assert r["shape"][0] == r["M"], r
         assert r["err"] < (1e-5 if r["kind"] == "fp32" else 0.1), r
@@ -126,13 +127,13 @@ def test_pick_config():
         for fp8 in (True, False):
             c = gemv.pick_config(16, N, K, 132, fp8=fp8)
             assert c.k_per_split % c.block_k == 0 and (c.split - 1) * c.k_per_split < K <= c.split * c.k_per_split
-            assert all(c == gemv.pick_config(m, N, K, 132, fp8=fp8) for m in (1, 7))   # M <= 16: one config
-            assert not fp8 or c.block_k % gemv.FP8_GROUP == 0    # whole quantisation groups per step
+            assert all(c == gemv.pick_config(m, N, K, 132, fp8=fp8) for m in (1, 7))  # M <= 16: one config
+            assert not fp8 or c.block_k % gemv.FP8_GROUP == 0  # whole quantisation groups per step
             tuned = gemv.TUNED.get((fp8, N, K))
             if tuned:
                 assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == tuned
     assert gemv.pick_config(40, 4096, 4096, 132, fp8=True).block_m == 64
-    for (fp8, N, K), t in gemv.TUNED_PARTIAL.items():          # partials out: the consumer's own table
+    for (fp8, N, K), t in gemv.TUNED_PARTIAL.items():  # partials out: the consumer's own table
         c = gemv.pick_config(16, N, K, 132, fp8=fp8, partial=True)
         assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == t
 
@@ -141,9 +142,9 @@ def test_rejects_mismatched_weights():
     x = torch.randn(2, 64)
     q, s = quantize_rows(torch.randn(8, 64))
     with pytest.raises(AssertionError):
-        gemv.linear(x, q)                                     # fp8 without a scale
+        gemv.linear(x, q)  # fp8 without a scale
     with pytest.raises(AssertionError):
-        gemv.linear(x, torch.randn(8, 32))                    # K mismatch
+        gemv.linear(x, torch.randn(8, 32))  # K mismatch
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------
@@ -166,7 +167,7 @@ def test_gpu_matches_reference(N, K, M):
     y = gemv.linear(x, q, s)
     assert y.dtype == torch.bfloat16 and y.shape == (M, N)
     assert rel_err(y, w8a8_reference(x, q, s)) < 1e-2
-    assert rel_err(y, x.float() @ (q.float() * s[:, None]).T) < 5e-2      # + activation quantisation
+    assert rel_err(y, x.float() @ (q.float() * s[:, None]).T) < 5e-2  # + activation quantisation
     yb = gemv.linear(x, w)
     assert rel_err(yb, x.float() @ w.float().T) < 1e-2
 
@@ -179,9 +180,9 @@ def test_gpu_deterministic_and_row_invariant(N, K):
         y = gemv.linear(x, *args)
         for _ in range(3):
             assert torch.equal(gemv.linear(x, *args), y)
-        assert torch.equal(gemv.linear(x[:1], *args), y[:1])            # M = 1 uses the M = 16 tiles
+        assert torch.equal(gemv.linear(x[:1], *args), y[:1])  # M = 1 uses the M = 16 tiles
         part = gemv.linear(x, *args, rows=5)
-        assert torch.equal(part[:5], y[:5]) and (part[5:] == 0).all()   # rows: live prefix only
+        assert torch.equal(part[:5], y[:5]) and (part[5:] == 0).all()  # rows: live prefix only
         x2 = torch.randn_like(x)
         x2[5] = x[5]
         assert torch.equal(gemv.linear(x2, *args)[5], y[5])
@@ -197,7 +198,7 @@ def test_gpu_cuda_graph_replay_and_pdl(monkeypatch):
 
     def body():
         a = gemv.linear(static_x, q, s, rows=3)
-        b = gemv.linear(a, w)                  # the next kernel reads the previous one's output
+        b = gemv.linear(a, w)  # the next kernel reads the previous one's output
         return a, b, gemv.linear(b, qh, sh)
 
     st = torch.cuda.Stream()
@@ -226,6 +227,7 @@ def test_gpu_glu_epilogue_is_gemm_then_silu_mul_bitwise(I, K):
     """The fp8 MLP's gate|up GEMM with silu(gate)*up in its epilogue == the unfused GEMM on the same
     interleaved weight followed by rows.silu_mul, bit for bit (live rows; dead rows 0), with PDL too."""
     from baton.kernels import rows as R
+
     x, w, q, s = _case(2 * I, K, 16)
     for args in ((q, s), (w,)):
         for r in (1, 16):
@@ -235,7 +237,7 @@ def test_gpu_glu_epilogue_is_gemm_then_silu_mul_bitwise(I, K):
             assert fused.shape == (16, I) and torch.equal(fused, two)
             assert (fused[r:] == 0).all() and fused[:r].abs().sum() > 0
     plain = gemv.linear(x, q, s, glu=True)
-    os.environ["BATON_PDL"] = "1"              # PDL launch + L2 weight prefetch: the same bits
+    os.environ["BATON_PDL"] = "1"  # PDL launch + L2 weight prefetch: the same bits
     try:
         pdl = gemv.linear(x, q, s, glu=True)
     finally:

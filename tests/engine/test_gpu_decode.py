@@ -1,5 +1,6 @@
 """GPU checks (run on the device with `pytest -m gpu`): row invariance in bf16, CUDA-graph first-call
 discipline, and token identity bf16 == exact AR, mtp == bf16, on the Qwen3.5-9B shape (random weights)."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,9 @@ PROMPT, NEW = int(os.environ.get("BATON_GPU_PROMPT", "512")), int(os.environ.get
 @cuda
 @pytest.mark.parametrize("fast", [True, False], ids=["fused", "eager"])
 def test_row_invariance_bf16_every_k(fast):
-    from baton.random_init import shape
-    from baton.loading import random_model
     from baton.engine.runner import ModelRunner
+    from baton.loading import random_model
+    from baton.random_init import shape
 
     lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
     r = ModelRunner(lm.model, max_len=512, width=16, fast=fast)
@@ -41,10 +42,10 @@ def test_row_invariance_bf16_every_k(fast):
 def test_row_checkpoints_rewind_equals_recompute_under_graphs():
     """Fused kernels + CUDA graphs: a K+1-row block cut to m+1 rows by the per-row checkpoints leaves
     bitwise the state of running the m+1 rows alone, for every m."""
-    from baton.random_init import shape
-    from baton.loading import random_model
-    from baton.engine.runner import ModelRunner
     from baton.engine import graph
+    from baton.engine.runner import ModelRunner
+    from baton.loading import random_model
+    from baton.random_init import shape
 
     lm = random_model(shape("tiny"), dtype="bf16", device="cuda", seed=0, mtp=False)
     ck = ModelRunner(lm.model, max_len=512, width=16, checkpoints=True)
@@ -70,16 +71,18 @@ def test_row_checkpoints_rewind_equals_recompute_under_graphs():
 
 @pytest.fixture(scope="module")
 def big():
-    from baton.random_init import shape
     from baton.loading import random_model
+    from baton.random_init import shape
+
     return random_model(shape(SHAPE), dtype="bf16", device="cuda", seed=0, mtp=True)
 
 
 def _decode_engine(lm, engine, graphs=True):
     from baton.engine import graph
-    from decode_worker.engine import DecodeEngine
     from baton.engine.runner import ModelRunner
-    r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16, checkpoints=True)   # as served
+    from decode_worker.engine import DecodeEngine
+
+    r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16, checkpoints=True)  # as served
     if graphs:
         graph.capture_all(r, max_draft=4)
     return DecodeEngine({"bf16": r, "mtp": r}, default_engine=engine), r
@@ -88,6 +91,7 @@ def _decode_engine(lm, engine, graphs=True):
 def _exact(lm):
     from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
+
     return ExactEngine(ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16))
 
 
@@ -104,7 +108,7 @@ def _run(eng, exact, prompt, engine, n=None):
 
 def _diverge(a, b, what):
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return f"{what}: first difference at token {i} of {len(a)}/{len(b)}: {a[i:i + 4]} vs {b[i:i + 4]}"
+    return f"{what}: first difference at token {i} of {len(a)}/{len(b)}: {a[i : i + 4]} vs {b[i : i + 4]}"
 
 
 @cuda
@@ -126,8 +130,8 @@ def test_first_call_equals_tenth_and_matches_exact_ar(big):
 def test_fused_rows_match_eager_rows_on_the_trained_default_model():
     """The fused CUDA rows kernels compute the same function as the eager reference: teacher-forced
     logits close, greedy tokens equal, and the GDN / conv / KV state close after 64 steps."""
-    from baton.loading import load_model
     from baton.engine.runner import ModelRunner
+    from baton.loading import load_model
     from baton.tokenizer import Tokenizer
 
     lm = load_model(None, dtype="bf16", device="cuda", mtp=False)
@@ -142,9 +146,9 @@ def test_fused_rows_match_eager_rows_on_the_trained_default_model():
         gb, lb = eager.rows_with_logits(0, eager.pad_ids([t]), 1)
         worst = max(worst, float((la[0].float() - lb[0].float()).abs().max() / lb[0].float().abs().max()))
         agree += int(ga[0] == gb[0])
-        t = int(gb[0])                            # teacher-forced on the eager path
+        t = int(gb[0])  # teacher-forced on the eager path
     assert worst < 3e-2, worst
-    assert agree >= 58, agree                     # bf16 rounding flips a few near-ties (61/64 measured)
+    assert agree >= 58, agree  # bf16 rounding flips a few near-ties (61/64 measured)
     for i in eager.state.recurrent:
         a, b = fused.state.recurrent[i][0], eager.state.recurrent[i][0]
         assert (a - b).abs().max() <= 3e-2 * b.abs().max() + 1e-3, i
@@ -158,10 +162,10 @@ def test_pipelined_ar_under_graphs_equals_plain_ar_and_undoes_past_a_stop():
     """ModelRunner(pipeline=True) on CUDA: ar0 / ar1 graphs (fused kernels reading one GDN buffer set and
     writing the other), the next step launched before the token is read. Tokens equal the plain graph
     loop; after a stop the session state is bitwise the plain loop's, and decoding continues equal."""
-    from baton.random_init import shape
-    from baton.loading import random_model
-    from baton.engine.runner import ModelRunner
     from baton.engine import graph
+    from baton.engine.runner import ModelRunner
+    from baton.loading import random_model
+    from baton.random_init import shape
     from decode_worker.engine import DecodeEngine
     from prefill_worker.engine import ExactEngine
 
@@ -178,7 +182,7 @@ def test_pipelined_ar_under_graphs_equals_plain_ar_and_undoes_past_a_stop():
     tensors, pos, nxt = exact.export(s.id)
     host = {t.name: t.tensor.clone() for t in tensors}
     ref = None
-    for stop_at in (None, 6, 7):                  # the stop token from a phase-0 and a phase-1 step
+    for stop_at in (None, 6, 7):  # the stop token from a phase-0 and a phase-1 step
         outs = []
         for eng in engines:
             sess = eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)

@@ -1,6 +1,7 @@
 """Row invariance (issue 4), CPU: at width W=16, row i of a K+1-row verify block is bitwise equal
 (torch.equal on the logits) to the AR step at the same position, for every K in 1..15, in fp32 and
 bf16, over 20 random states. The same check runs on the H200 in tests/engine/test_gpu_decode.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,13 +9,24 @@ import torch
 from transformers import Qwen3_5TextConfig
 
 from baton.config import ModelConfig
-from baton.loading import random_model
 from baton.engine.runner import ModelRunner
+from baton.loading import random_model
 
-CFG = ModelConfig.from_dict(Qwen3_5TextConfig(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-    linear_key_head_dim=16, linear_value_head_dim=16).to_dict())
+CFG = ModelConfig.from_dict(
+    Qwen3_5TextConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    ).to_dict()
+)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -76,14 +88,19 @@ def test_fused_kernels_compile_one_binary_for_every_row_count():
     without do_not_specialize an AR step (n = 1) runs another binary than a verify block, with other
     layouts and reduction orders, and row invariance holds only by luck (the interpreter cannot see it)."""
     triton = pytest.importorskip("triton")
-    from baton.kernels import gdn, gemv, rows
-    kernels = [getattr(mod, name) for mod in (rows, gdn, gemv) for name in dir(mod)      # launched ones, not helpers
-               if isinstance(getattr(mod, name), triton.runtime.jit.JITFunction)
-               and (name.endswith("_kernel") or name == "_skinny")]
+    from baton.kernels import attention, gdn, gemv, rows
+
+    kernels = [
+        getattr(mod, name)
+        for mod in (rows, attention, gdn, gemv)
+        for name in dir(mod)  # launched ones, not helpers
+        if isinstance(getattr(mod, name), triton.runtime.jit.JITFunction)
+        and (name.endswith("_kernel") or name == "_skinny")
+    ]
     counted = 0
     for k in kernels:
         for p in k.params:
             if p.name in ("n", "rows", "M"):
                 counted += 1
                 assert p.do_not_specialize, (k.__name__, p.name)
-    assert counted >= 8, counted           # skinny M, rows; norm rows; conv, gdn, gated norm, rope, merge n
+    assert counted >= 8, counted  # skinny M, rows; norm rows; conv, gdn, gated norm, rope, merge n

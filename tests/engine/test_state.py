@@ -1,5 +1,6 @@
 """HybridState (issue 3): O(1) GDN bytes, KV bytes linear in the prompt, snapshot/restore keep addresses,
 export -> wire -> import is bitwise and decodes identically; no pickle in runtime code."""
+
 from __future__ import annotations
 
 import ast
@@ -9,12 +10,11 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.handoff import wire
-from baton.loading import load_model
 from baton.engine.runner import ModelRunner
 from baton.engine.state import ATTN_KEY, ATTN_VALUE, GDN_CONV, GDN_RECURRENT
-from baton.handoff import encode
-from baton.handoff import decode
+from baton.handoff import decode, encode, wire
+from baton.handoff import layout as wire_layout
+from baton.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ["baton", "prefill_worker", "decode_worker", "router", "deploy"]
@@ -63,11 +63,19 @@ def test_export_wire_import_is_bitwise_and_decodes_the_same(lm):
     dst = ModelRunner(lm.model, slots=2, max_len=128)
     first = src.prefill(0, torch.randint(0, lm.cfg.vocab_size, (37,)).tolist())
     tensors = src.state.export(0)
-    chunks = list(encode.encode_state(session_id="s", fingerprint=lm.fingerprint, position=37, next_token=first,
-                                    tensors=[wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors],
-                                    chunk_bytes=4096))
-    layout = decode.ExpectedLayout.from_tensors([wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors],
-                                              max_position=128)
+    chunks = list(
+        encode.encode_state(
+            session_id="s",
+            fingerprint=lm.fingerprint,
+            position=37,
+            next_token=first,
+            tensors=[wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors],
+            chunk_bytes=4096,
+        )
+    )
+    layout = wire_layout.ExpectedLayout.from_tensors(
+        [wire.WireTensor(t.name, t.kind, t.tensor) for t in tensors], max_position=128
+    )
     got = decode.decode_stream(chunks, layout, lm.fingerprint, 1 << 30)
     dst.state.import_(1, got.tensors, position=got.position, next_token=got.next_token)
     for a, b in zip(src.state.export(0), dst.state.export(1)):

@@ -1,4 +1,5 @@
 """baton.fingerprint: content-sensitive, runtime-independent, cached by (name, size, mtime_ns)."""
+
 from __future__ import annotations
 
 import os

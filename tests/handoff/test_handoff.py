@@ -1,5 +1,6 @@
 """State hand-off prefill -> decode over real loopback gRPC: exact tokens, bitwise state, MTP policy,
 migration (ExportState), failures of the target, tampered streams."""
+
 import json
 import math
 import random
@@ -10,19 +11,18 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.handoff import timeline
-from baton.handoff import wire
 from baton.complete import complete
+from baton.engine.runner import ModelRunner
+from baton.handoff import push, receive, timeline, wire
+from baton.handoff.wire import StateCorrupt, StateInvalid
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
-from baton.engine.runner import ModelRunner
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
-from baton.handoff.wire import StateCorrupt, StateInvalid
-from decode_worker.service import SERVICE as DECODE, DecodeServicer, add_to_server, serve_decode
-from prefill_worker.service import serve_prefill
-from baton.handoff import receive
-from baton.handoff import push
+from decode_worker.serve import serve_decode
+from decode_worker.service import SERVICE as DECODE
+from decode_worker.service import DecodeServicer, add_to_server
+from prefill_worker.serve import serve_prefill
 
 MAX_LEN, W, T = 256, 16, 30
 FAST, EXACT = common_pb2.FAST, common_pb2.EXACT
@@ -51,15 +51,20 @@ def _serve_pair(prefill_lm, decode_lm, **kw):
 def workers(tiny, lm):
     (ph, ps), (dh, ds) = _serve_pair(lm, load_model(tiny, dtype="fp32"))
     with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
-        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), D=decode_pb2_grpc.DecodeWorkerStub(dc),
-                   ps=ps, ds=ds, target=dh.address)
+        yield dict(
+            P=prefill_pb2_grpc.PrefillWorkerStub(pc),
+            D=decode_pb2_grpc.DecodeWorkerStub(dc),
+            ps=ps,
+            ds=ds,
+            target=dh.address,
+        )
     ph.stop(0)
     dh.stop(0)
 
 
 def _settled(stub):
     """GetStats once nothing is in flight (a cancelled call may still be finishing server-side)."""
-    for _ in range(500):   # up to 10 s: the box may be busy
+    for _ in range(500):  # up to 10 s: the box may be busy
         st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
         if st.outstanding == 0 and st.sessions == 0:
             break
@@ -79,8 +84,10 @@ def no_leaks(request):
 
 def _decode(D, sid, n, engine=0):
     out, last = [], None
-    for m in D.Decode(decode_pb2.DecodeRequest(session_id=sid, max_new_tokens=n, ignore_eos=True, engine=engine,
-                                               release_at_end=True), timeout=T):
+    for m in D.Decode(
+        decode_pb2.DecodeRequest(session_id=sid, max_new_tokens=n, ignore_eos=True, engine=engine, release_at_end=True),
+        timeout=T,
+    ):
         out += m.token_ids
         last = m
     assert last.finish_reason == common_pb2.LENGTH
@@ -95,8 +102,12 @@ def test_prefill_handoff_decode_equals_complete(workers, lm, engine):
     P, D = workers["P"], workers["D"]
     for i, prompt in enumerate(PROMPTS):
         ref = complete(None, prompt, 24, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id=f"h{i}", prompt_ids=prompt, mode=FAST, engine=engine,
-                                                 decode_target=workers["target"]), timeout=T)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id=f"h{i}", prompt_ids=prompt, mode=FAST, engine=engine, decode_target=workers["target"]
+            ),
+            timeout=T,
+        )
         b = r.bridge
         assert b.tokens == len(prompt) and b.chunks >= 1 and b.seconds > 0
         assert b.total_bytes == sum(b.bytes_by_kind.values())
@@ -106,8 +117,12 @@ def test_prefill_handoff_decode_equals_complete(workers, lm, engine):
 
 def test_received_state_is_bitwise_the_exported_one(workers):
     P, ps, ds = workers["P"], workers["ps"], workers["ds"]
-    P.Prefill(prefill_pb2.PrefillRequest(session_id="bit", prompt_ids=PROMPTS[1], mode=EXACT,
-                                         decode_target=workers["target"]), timeout=T)
+    P.Prefill(
+        prefill_pb2.PrefillRequest(
+            session_id="bit", prompt_ids=PROMPTS[1], mode=EXACT, decode_target=workers["target"]
+        ),
+        timeout=T,
+    )
     sent, pos, nxt = ps.engine.export("bit")
     s = ds.engine.get("bit")
     got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
@@ -127,16 +142,23 @@ def test_small_chunks_and_export_state_migration(workers, lm):
     ref = complete(None, prompt, 30, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
     ps.chunk_bytes = 1000
     try:
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="mig", prompt_ids=prompt, mode=EXACT,
-                                                 decode_target=workers["target"]), timeout=T)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id="mig", prompt_ids=prompt, mode=EXACT, decode_target=workers["target"]
+            ),
+            timeout=T,
+        )
         assert r.bridge.chunks == -(-r.bridge.total_bytes // 1000)
         out = [r.first_token]
         for _ in range(2):
-            v = P.Verify(prefill_pb2.VerifyRequest(session_id="mig", tokens=[out[-1]] + ref[len(out):len(out) + 3]),
-                         timeout=T)
-            out += ref[len(out):len(out) + v.accepted] + [v.next_token]
-        e = P.ExportState(prefill_pb2.ExportStateRequest(session_id="mig", decode_target=workers["target"],
-                                                         target_session_id="mig2"), timeout=T)
+            v = P.Verify(
+                prefill_pb2.VerifyRequest(session_id="mig", tokens=[out[-1]] + ref[len(out) : len(out) + 3]), timeout=T
+            )
+            out += ref[len(out) : len(out) + v.accepted] + [v.next_token]
+        e = P.ExportState(
+            prefill_pb2.ExportStateRequest(session_id="mig", decode_target=workers["target"], target_session_id="mig2"),
+            timeout=T,
+        )
         assert (e.position, e.next_token) == (len(prompt) + len(out) - 1, out[-1])
         assert e.bridge.tokens == e.position
     finally:
@@ -154,10 +176,14 @@ def test_prefill_without_mtp_head_feeds_mtp_decode_unchanged(tiny, lm):
         D = decode_pb2_grpc.DecodeWorkerStub(make_channel(dh.address, Settings()))
         prompt = PROMPTS[1]
         ref = complete(None, prompt, 20, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="z", prompt_ids=prompt, engine=common_pb2.MTP,
-                                                 decode_target=dh.address), timeout=T)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id="z", prompt_ids=prompt, engine=common_pb2.MTP, decode_target=dh.address
+            ),
+            timeout=T,
+        )
         s = ds.engine.get("z")
-        assert not s.runner.state.key[s.runner.state.mtp_layer][s.slot, :, :len(prompt)].any()   # zero-filled
+        assert not s.runner.state.key[s.runner.state.mtp_layer][s.slot, :, : len(prompt)].any()  # zero-filled
         assert [r.first_token] + _decode(D, "z", 19, common_pb2.MTP) == ref
     finally:
         ph.stop(0)
@@ -172,28 +198,42 @@ def test_prefill_ships_mtp_kv_only_for_sessions_that_can_read_it(workers, lm):
     prompt = PROMPTS[1]
     ref = complete(None, prompt, 12, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
     kv_bytes = {}
-    for sid, engine, shipped in (("b", common_pb2.BF16, False), ("u", common_pb2.ENGINE_UNSPECIFIED, True),
-                                 ("m", common_pb2.MTP, True)):
+    for sid, engine, shipped in (
+        ("b", common_pb2.BF16, False),
+        ("u", common_pb2.ENGINE_UNSPECIFIED, True),
+        ("m", common_pb2.MTP, True),
+    ):
         mtp = ds.engine.runners["mtp"].state
-        mtp.key[mtp.mtp_layer].fill_(1.0)     # whatever slot it lands in held other rows before
+        mtp.key[mtp.mtp_layer].fill_(1.0)  # whatever slot it lands in held other rows before
         mtp.value[mtp.mtp_layer].fill_(1.0)
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, engine=engine,
-                                                 decode_target=workers["target"]), timeout=T)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id=sid, prompt_ids=prompt, engine=engine, decode_target=workers["target"]
+            ),
+            timeout=T,
+        )
         kv_bytes[sid] = r.bridge.bytes_by_kind["attn_kv"]
         s = ds.engine.get(sid)
         st = s.runner.state
-        assert bool(st.key[st.mtp_layer][s.slot, :, :len(prompt)].any()) == shipped, sid
-        assert bool(st.value[st.mtp_layer][s.slot, :, :len(prompt)].any()) == shipped, sid
+        assert bool(st.key[st.mtp_layer][s.slot, :, : len(prompt)].any()) == shipped, sid
+        assert bool(st.value[st.mtp_layer][s.slot, :, : len(prompt)].any()) == shipped, sid
         assert [r.first_token] + _decode(D, sid, 11, engine) == ref, sid
         assert P.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T) is not None
     layers = len(lm.cfg.attn_layers)
     assert kv_bytes["u"] == kv_bytes["m"] == kv_bytes["b"] * (layers + 1) // layers
 
 
-@pytest.mark.parametrize("mode,engine,to_target,computed", [
-    (FAST, common_pb2.BF16, True, False), (FAST, common_pb2.MTP, True, True),
-    (FAST, common_pb2.ENGINE_UNSPECIFIED, True, True), (FAST, common_pb2.ENGINE_UNSPECIFIED, False, False),
-    (EXACT, common_pb2.BF16, True, True), (EXACT, common_pb2.BF16, False, True)])
+@pytest.mark.parametrize(
+    "mode,engine,to_target,computed",
+    [
+        (FAST, common_pb2.BF16, True, False),
+        (FAST, common_pb2.MTP, True, True),
+        (FAST, common_pb2.ENGINE_UNSPECIFIED, True, True),
+        (FAST, common_pb2.ENGINE_UNSPECIFIED, False, False),
+        (EXACT, common_pb2.BF16, True, True),
+        (EXACT, common_pb2.BF16, False, True),
+    ],
+)
 def test_prefill_computes_mtp_kv_only_when_it_can_be_shipped(workers, lm, mode, engine, to_target, computed):
     """The MTP layer's prefill (~1/(layers+1) of the compute) runs only when the hand-off ships its KV or
     the session is kept (EXACT: ExportState ships it later); the first token is the exact one either way."""
@@ -201,13 +241,21 @@ def test_prefill_computes_mtp_kv_only_when_it_can_be_shipped(workers, lm, mode, 
     prompt = PROMPTS[1]
     st = ps.engine.runner.state
     for t in (st.key[st.mtp_layer], st.value[st.mtp_layer]):
-        t.fill_(7.0)                          # every slot: the one the Prefill takes is not known here
+        t.fill_(7.0)  # every slot: the one the Prefill takes is not known here
     ref = complete(None, prompt, 1, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
-    r = P.Prefill(prefill_pb2.PrefillRequest(session_id="c", prompt_ids=prompt, mode=mode, engine=engine,
-                                             decode_target=workers["target"] if to_target else ""), timeout=T)
+    r = P.Prefill(
+        prefill_pb2.PrefillRequest(
+            session_id="c",
+            prompt_ids=prompt,
+            mode=mode,
+            engine=engine,
+            decode_target=workers["target"] if to_target else "",
+        ),
+        timeout=T,
+    )
     assert [r.first_token] == ref
     # the Prefill's slot is reset (zeros), then computed or not; the other slots keep the 7s
-    rows = st.key[st.mtp_layer][:, :, :len(prompt)].flatten(1)       # [slots, ...]
+    rows = st.key[st.mtp_layer][:, :, : len(prompt)].flatten(1)  # [slots, ...]
     assert any(bool(r.any()) and not bool((r == 7.0).all()) for r in rows) == computed
     if mode == EXACT:
         assert P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T).released
@@ -222,21 +270,24 @@ def test_receive_state_mtp_entries_are_optional_both_ways(lm):
     kw = dict(session_id="m", fingerprint="fp", position=4, next_token=9)
     no_mtp = ModelRunner(load_model(lm.model_dir, dtype="fp32", mtp=False).model, slots=1, max_len=64, width=W)
     # sender with MTP -> receiver without: accepted, the MTP rows dropped
-    got = receive.receive_state(push.stream_state(sent, **kw, frames=True), **receive.layout_of(no_mtp.state),
-                                fingerprint="fp")
+    got = receive.receive_state(
+        push.stream_state(sent, **kw, frames=True), **receive.layout_of(no_mtp.state), fingerprint="fp"
+    )
     assert set(got.tensors) == set(no_mtp.state.layout()) and "mtp.key" not in got.tensors
     # sender without MTP -> receiver with: accepted, MTP rows zero
     bare = [t for t in sent if not t.name.startswith("mtp.")]
-    got = receive.receive_state(push.stream_state(bare, **kw), **receive.layout_of(with_mtp.state),
-                                fingerprint="fp")
+    got = receive.receive_state(push.stream_state(bare, **kw), **receive.layout_of(with_mtp.state), fingerprint="fp")
     assert set(got.tensors) == set(with_mtp.state.layout())
     assert got.tensors["mtp.key"].shape == (lm.cfg.num_key_value_heads, 4, lm.cfg.head_dim)
     assert not got.tensors["mtp.key"].any() and not got.tensors["mtp.value"].any()
     assert all(torch.equal(got.tensors[t.name], t.tensor) for t in bare)
     # only one of the pair: the receiver with MTP refuses it
     with pytest.raises(StateInvalid, match="mtp.value"):
-        receive.receive_state(push.stream_state([t for t in sent if t.name != "mtp.value"], **kw),
-                              **receive.layout_of(with_mtp.state), fingerprint="fp")
+        receive.receive_state(
+            push.stream_state([t for t in sent if t.name != "mtp.value"], **kw),
+            **receive.layout_of(with_mtp.state),
+            fingerprint="fp",
+        )
     with pytest.raises(StateCorrupt):
         receive.receive_state([], **receive.layout_of(with_mtp.state), fingerprint="fp")
 
@@ -264,15 +315,15 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
     """Raw frames (the prefill worker's own path) to the real decode worker's LoadState: corrupt, reordered,
     dropped or truncated chunks and an altered header are DATA_LOSS; another model or format version is
     FAILED_PRECONDITION; the decode worker keeps nothing. Chunks are verified in its hashing pool."""
-    monkeypatch.setattr(wire, "PARALLEL_MIN_BYTES", 1)    # the receiver is in this process: use the pool
+    monkeypatch.setattr(wire, "PARALLEL_MIN_BYTES", 1)  # the receiver is in this process: use the pool
     good = _frames(workers, "t")
     n = len(good) - 2
     assert n >= 4 and wire._data_frame(good[2]) is not None
     flip = bytearray(good[2])
     flip[100] ^= 0x04
-    tail = _frames(workers, "t", tail_from=8192, tail_chunk_bytes=1024)   # all but the first chunk: 1 KiB
+    tail = _frames(workers, "t", tail_from=8192, tail_chunk_bytes=1024)  # all but the first chunk: 1 KiB
 
-    def reindexed(i, j):   # chunks i and j swapped, each with the other's index: per-chunk digests still hold
+    def reindexed(i, j):  # chunks i and j swapped, each with the other's index: per-chunk digests still hold
         out = list(good)
         out[i + 1] = _edit(good[j + 1], lambda c: setattr(c, "chunk_index", i))
         out[j + 1] = _edit(good[i + 1], lambda c: setattr(c, "chunk_index", j))
@@ -289,32 +340,49 @@ def test_tampered_streams_get_the_documented_status_and_load_nothing(workers, mo
         "truncated: no trailer": (good[:-1], "DATA_LOSS", "before the trailer"),
         "truncated: last chunk": (good[:-2] + good[-1:], "DATA_LOSS", "truncated"),
         "altered header": (header(session_id="other"), "DATA_LOSS", "manifest_sha256 mismatch"),
-        "altered next_token": ([*good[:-1], _edit(good[-1], lambda c: setattr(c.trailer, "next_token", 3))],
-                               "DATA_LOSS", "manifest_sha256 mismatch"),
-        "foreign fingerprint": (_frames(workers, "t", fingerprint="sha256:" + "0" * 64), "FAILED_PRECONDITION",
-                                "model_fingerprint"),
+        "altered next_token": (
+            [*good[:-1], _edit(good[-1], lambda c: setattr(c.trailer, "next_token", 3))],
+            "DATA_LOSS",
+            "manifest_sha256 mismatch",
+        ),
+        "foreign fingerprint": (
+            _frames(workers, "t", fingerprint="sha256:" + "0" * 64),
+            "FAILED_PRECONDITION",
+            "model_fingerprint",
+        ),
         "format_version 1": (header(format_version=1), "FAILED_PRECONDITION", "format_version 1; this worker speaks 4"),
         "format_version 2": (header(format_version=2), "FAILED_PRECONDITION", "format_version 2; this worker speaks 4"),
         "format_version 5": (header(format_version=5), "FAILED_PRECONDITION", "format_version 5; this worker speaks 4"),
-        "tail_from off the chunk grid": (header(tail_from=100, tail_chunk_bytes=1024), "INVALID_ARGUMENT",
-                                         "tail_from 100 is not a multiple of chunk_bytes 8192"),
-        "tail chunk size past chunk_bytes": (header(tail_from=8192, tail_chunk_bytes=8193), "INVALID_ARGUMENT",
-                                             "tail_chunk_bytes 8193 not in 1..chunk_bytes 8192"),
-        "tail chunks, the header says none": (good[:1] + tail[1:], "DATA_LOSS", "data chunk 1: 1024 bytes, expected 8192"),
+        "tail_from off the chunk grid": (
+            header(tail_from=100, tail_chunk_bytes=1024),
+            "INVALID_ARGUMENT",
+            "tail_from 100 is not a multiple of chunk_bytes 8192",
+        ),
+        "tail chunk size past chunk_bytes": (
+            header(tail_from=8192, tail_chunk_bytes=8193),
+            "INVALID_ARGUMENT",
+            "tail_chunk_bytes 8193 not in 1..chunk_bytes 8192",
+        ),
+        "tail chunks, the header says none": (
+            good[:1] + tail[1:],
+            "DATA_LOSS",
+            "data chunk 1: 1024 bytes, expected 8192",
+        ),
         "no tail, the header says one": (tail[:1] + good[1:], "DATA_LOSS", "data chunk 1: 8192 bytes, expected 1024"),
     }
     with make_channel(workers["target"], Settings()) as ch:
-        load = ch.stream_unary(push.LOAD_STATE, request_serializer=None,
-                               response_deserializer=decode_pb2.LoadStateResponse.FromString)
+        load = ch.stream_unary(
+            push.LOAD_STATE, request_serializer=None, response_deserializer=decode_pb2.LoadStateResponse.FromString
+        )
         for what, (frames, code, msg) in cases.items():
             with pytest.raises(grpc.RpcError) as ei:
                 load(iter(frames), timeout=T)
             assert (ei.value.code().name, msg in ei.value.details()) == (code, True), (what, ei.value.details())
             assert workers["ds"].engine.session_count() == 0, what
-        r = load(iter(good), timeout=T)                 # the intact stream loads
+        r = load(iter(good), timeout=T)  # the intact stream loads
         assert (r.session_id, r.bridge.chunks) == ("t", n)
         workers["D"].Release(common_pb2.ReleaseRequest(session_id="t"), timeout=T)
-        r = load(iter(tail), timeout=T)                 # and so does the stream with a tail segment
+        r = load(iter(tail), timeout=T)  # and so does the stream with a tail segment
         assert (r.session_id, r.bridge.chunks) == ("t", len(tail) - 2) and len(tail) - 2 > n
         workers["D"].Release(common_pb2.ReleaseRequest(session_id="t"), timeout=T)
 
@@ -330,19 +398,20 @@ def test_release_while_the_state_streams_leaves_no_session(workers):
 
     def paced():
         for i, f in enumerate(good):
-            if i == 2:           # header and one data chunk are in: the slot is reserved
+            if i == 2:  # header and one data chunk are in: the slot is reserved
                 half.set()
                 assert go.wait(T)
             yield f
 
     with make_channel(workers["target"], Settings()) as ch:
-        load = ch.stream_unary(push.LOAD_STATE, request_serializer=None,
-                               response_deserializer=decode_pb2.LoadStateResponse.FromString)
+        load = ch.stream_unary(
+            push.LOAD_STATE, request_serializer=None, response_deserializer=decode_pb2.LoadStateResponse.FromString
+        )
         fut = load.future(paced(), timeout=T)
         assert half.wait(T)
-        time.sleep(0.2)                                   # the decode worker has read the header
+        time.sleep(0.2)  # the decode worker has read the header
         r = workers["D"].Release(common_pb2.ReleaseRequest(session_id="rel"), timeout=T)
-        assert r.released                                 # deferred to the end of the LoadState
+        assert r.released  # deferred to the end of the LoadState
         go.set()
         assert fut.result(timeout=T).session_id == "rel"
     assert _settled(workers["D"]).sessions == 0
@@ -357,15 +426,18 @@ def test_dead_target_is_unavailable_and_leaves_nothing(workers, free_port):
     dead = f"127.0.0.1:{free_port}"
     for mode in (FAST, EXACT):
         with pytest.raises(grpc.RpcError) as ei:
-            P.Prefill(prefill_pb2.PrefillRequest(session_id="dead", prompt_ids=[1, 2, 3], mode=mode,
-                                                 decode_target=dead), timeout=T)
+            P.Prefill(
+                prefill_pb2.PrefillRequest(session_id="dead", prompt_ids=[1, 2, 3], mode=mode, decode_target=dead),
+                timeout=T,
+            )
         assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and dead in ei.value.details()
     pool = push.ChannelPool()
     assert pool.get(dead, Settings()) is pool.get(dead, Settings())
     t = workers["ps"].engine.runner.state.export(0, position=0)
     with pytest.raises(push.HandoffError) as ei:
-        push.push_state(dead, Settings(), tensors=t, session_id="x", fingerprint="f", position=0,
-                           next_token=0, timeout=5, pool=pool)
+        push.push_state(
+            dead, Settings(), tensors=t, session_id="x", fingerprint="f", position=0, next_token=0, timeout=5, pool=pool
+        )
     assert ei.value.code == grpc.StatusCode.UNAVAILABLE and dead in str(ei.value)
     pool.close()
 
@@ -378,8 +450,10 @@ def test_decode_refusal_is_passed_through_with_the_target(workers, lm):
     try:
         for mode in (FAST, EXACT):
             with pytest.raises(grpc.RpcError) as ei:
-                workers["P"].Prefill(prefill_pb2.PrefillRequest(session_id="f", prompt_ids=[1, 2], mode=mode,
-                                                                decode_target=h.address), timeout=T)
+                workers["P"].Prefill(
+                    prefill_pb2.PrefillRequest(session_id="f", prompt_ids=[1, 2], mode=mode, decode_target=h.address),
+                    timeout=T,
+                )
             assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert h.address in ei.value.details() and "model_fingerprint" in ei.value.details()
     finally:
@@ -392,13 +466,17 @@ def test_cancelled_prefill_releases_on_both_workers(workers):
     P, D = workers["P"], workers["D"]
     rng, cancelled = random.Random(3), 0
     for i in range(3):
-        fut = P.Prefill.future(prefill_pb2.PrefillRequest(session_id="c", prompt_ids=[rng.randrange(512)] * 150,
-                                                          mode=EXACT, decode_target=workers["target"]), timeout=T)
+        fut = P.Prefill.future(
+            prefill_pb2.PrefillRequest(
+                session_id="c", prompt_ids=[rng.randrange(512)] * 150, mode=EXACT, decode_target=workers["target"]
+            ),
+            timeout=T,
+        )
         time.sleep(0.01 * i)
         if fut.cancel():
             cancelled += 1
             assert _settled(P).sessions == 0 and _settled(D).sessions == 0, "a cancelled Prefill left a session"
-        else:   # it finished first: release it the normal way
+        else:  # it finished first: release it the normal way
             P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
             D.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
     assert cancelled > 0
@@ -418,8 +496,10 @@ def test_layer_state_is_final_when_marked_and_marked_before_its_mlp(lm):
         views = {t.name: t.tensor for t in r.state.export(0, len(prompt))}
         at_mark[i] = {n: views[n].clone() for n in names[i]}
 
-    hooks = [layer.mlp.register_forward_pre_hook(lambda m, a, i=i: order.append(("mlp", i)))
-             for i, layer in enumerate(lm.model.model.layers)]   # lm.model: the nn.Module
+    hooks = [
+        layer.mlp.register_forward_pre_hook(lambda m, a, i=i: order.append(("mlp", i)))
+        for i, layer in enumerate(lm.model.model.layers)
+    ]  # lm.model: the nn.Module
     try:
         r.prefill(0, prompt, on_layer=on_layer)
     finally:
@@ -458,14 +538,16 @@ def test_state_streams_while_prefill_runs(workers, lm, monkeypatch):
     monkeypatch.setattr(workers["ps"], "chunk_bytes", 1024)
     prompt = PROMPTS[1]
     ref = complete(None, prompt, 8, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True)
-    r = workers["P"].Prefill(prefill_pb2.PrefillRequest(session_id="st", prompt_ids=prompt, mode=FAST,
-                                                        decode_target=workers["target"]), timeout=T)
+    r = workers["P"].Prefill(
+        prefill_pb2.PrefillRequest(session_id="st", prompt_ids=prompt, mode=FAST, decode_target=workers["target"]),
+        timeout=T,
+    )
     layers = lm.cfg.num_hidden_layers
     last_layer = next(t for k, s, t in events if k == "mark" and s == layers - 1)
     first_place = min(t for k, _, t in events if k == "place")
     assert first_place < last_layer, events
     placed = [s for k, s, _ in events if k == "place"]
-    assert placed[0] == "layers.0.conv" or placed[0].startswith("layers.0.")   # layer-major order
+    assert placed[0] == "layers.0.conv" or placed[0].startswith("layers.0.")  # layer-major order
     assert r.prefill_seconds >= 0.15 * layers and r.bridge.seconds > 0
     assert [r.first_token] + _decode(workers["D"], "st", 7) == ref
 
@@ -485,8 +567,12 @@ def test_prefill_failing_mid_stream_loads_nothing(workers, monkeypatch):
     monkeypatch.setattr(PrefillProgress, "mark", failing_mark)
     monkeypatch.setattr(workers["ps"], "chunk_bytes", 1024)
     with pytest.raises(grpc.RpcError) as e:
-        workers["P"].Prefill(prefill_pb2.PrefillRequest(session_id="fail", prompt_ids=PROMPTS[1], mode=FAST,
-                                                        decode_target=workers["target"]), timeout=T)
+        workers["P"].Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id="fail", prompt_ids=PROMPTS[1], mode=FAST, decode_target=workers["target"]
+            ),
+            timeout=T,
+        )
     assert e.value.code() != grpc.StatusCode.OK
     with pytest.raises(grpc.RpcError) as e:
         workers["D"].Decode(decode_pb2.DecodeRequest(session_id="fail", max_new_tokens=1), timeout=T).next()
@@ -499,18 +585,23 @@ def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
     """CUDA end to end: the state streamed during prefill (per-layer events, pinned staging, side-stream
     H2D into a reserved slot) arrives bitwise, and the decode worker's graphs continue it exactly."""
     lm_p, lm_d = (load_model(tiny, dtype="bf16", device="cuda") for _ in range(2))
-    ph, ps = serve_prefill(lm_p, device="cuda", max_len=MAX_LEN, width=W, slots=2, settings=Settings(),
-                           chunk_bytes=64 << 10)
-    dh, ds = serve_decode(lm_d, device="cuda", engines=("bf16", "mtp"), max_len=MAX_LEN, width=W, slots=2,
-                          settings=Settings())
+    ph, ps = serve_prefill(
+        lm_p, device="cuda", max_len=MAX_LEN, width=W, slots=2, settings=Settings(), chunk_bytes=64 << 10
+    )
+    dh, ds = serve_decode(
+        lm_d, device="cuda", engines=("bf16", "mtp"), max_len=MAX_LEN, width=W, slots=2, settings=Settings()
+    )
     try:
         with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
             P, D = prefill_pb2_grpc.PrefillWorkerStub(pc), decode_pb2_grpc.DecodeWorkerStub(dc)
             for i, prompt in enumerate(PROMPTS):
-                ref = complete(None, prompt, 16, max_len=MAX_LEN, width=W, loaded=lm_p, ignore_eos=True,
-                               device="cuda")
-                P.Prefill(prefill_pb2.PrefillRequest(session_id=f"g{i}", prompt_ids=prompt, mode=EXACT,
-                                                     decode_target=dh.address), timeout=T)
+                ref = complete(None, prompt, 16, max_len=MAX_LEN, width=W, loaded=lm_p, ignore_eos=True, device="cuda")
+                P.Prefill(
+                    prefill_pb2.PrefillRequest(
+                        session_id=f"g{i}", prompt_ids=prompt, mode=EXACT, decode_target=dh.address
+                    ),
+                    timeout=T,
+                )
                 sent, pos, nxt = ps.engine.export(f"g{i}")
                 s = ds.engine.get(f"g{i}")
                 got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
@@ -523,10 +614,14 @@ def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
             # an earlier session left in the slot
             st = ds.engine.runners["bf16"].state
             st.key[st.mtp_layer].fill_(1.0)
-            r = P.Prefill(prefill_pb2.PrefillRequest(session_id="gb", prompt_ids=PROMPTS[1], engine=common_pb2.BF16,
-                                                     decode_target=dh.address), timeout=T)
+            r = P.Prefill(
+                prefill_pb2.PrefillRequest(
+                    session_id="gb", prompt_ids=PROMPTS[1], engine=common_pb2.BF16, decode_target=dh.address
+                ),
+                timeout=T,
+            )
             s = ds.engine.get("gb")
-            assert not st.key[st.mtp_layer][s.slot, :, :len(PROMPTS[1])].any()
+            assert not st.key[st.mtp_layer][s.slot, :, : len(PROMPTS[1])].any()
             ref = complete(None, PROMPTS[1], 16, max_len=MAX_LEN, width=W, loaded=lm_p, ignore_eos=True, device="cuda")
             assert [r.first_token] + _decode(D, "gb", 15, common_pb2.BF16) == ref
     finally:
@@ -539,10 +634,14 @@ def test_prefill_timeline_with_the_thread_sender(workers):
     """The thread sender has every mark but the sender process's staging and child marks; finite, one clock,
     in causal order; series per data chunk."""
     P, D, ps = workers["P"], workers["D"], workers["ps"]
-    proc, ps.sender, ps.chunk_bytes = ps.sender, None, 4096   # NOTE: between requests only
+    proc, ps.sender, ps.chunk_bytes = ps.sender, None, 4096  # NOTE: between requests only
     try:
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tlt", prompt_ids=PROMPTS[1], mode=FAST,
-                                                 decode_target=workers["target"], timeline=True), timeout=T)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id="tlt", prompt_ids=PROMPTS[1], mode=FAST, decode_target=workers["target"], timeline=True
+            ),
+            timeout=T,
+        )
     finally:
         ps.sender, ps.chunk_bytes = proc, wire.DEFAULT_CHUNK_BYTES
     assert D.Release(common_pb2.ReleaseRequest(session_id="tlt"), timeout=T).released
@@ -562,8 +661,9 @@ def test_load_state_reports_the_receiver_marks_only_when_asked(workers):
     s, _ = ps.engine.prefill(PROMPTS[0])
     try:
         tensors, pos, nxt = ps.engine.export(s.id)
-        kw = dict(tensors=tensors, fingerprint=ps.fingerprint, position=pos, next_token=nxt, timeout=T,
-                  chunk_bytes=2048)
+        kw = dict(
+            tensors=tensors, fingerprint=ps.fingerprint, position=pos, next_token=nxt, timeout=T, chunk_bytes=2048
+        )
         plain, _ = push.push_state(workers["target"], Settings(), session_id="lt0", **kw)
         resp, report = push.push_state(workers["target"], Settings(), session_id="lt1", timeline=True, **kw)
     finally:
@@ -575,29 +675,49 @@ def test_load_state_reports_the_receiver_marks_only_when_asked(workers):
     assert set(rx.marks_ns) == {m for m in timeline.MARKS if m.startswith("decode.")}
     assert dict(rx.clocks) == {"decode": timeline.CLOCK_ID} and len(rx.series_ns["decode.received"].ns) == report.chunks
     # the sender's report carries the receiver's marks and its own (no prefill ran: no compute_end)
-    assert set(rx.marks_ns) | {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= \
-        set(report.timeline.marks_ns)
+    assert set(rx.marks_ns) | {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= set(
+        report.timeline.marks_ns
+    )
     m = report.timeline.marks_ns
-    order = ["sender.last_chunk_handed", "decode.last_chunk_received", "decode.last_chunk_fed", "decode.verified",
-             "decode.received", "decode.loaded", "decode.reply", "sender.reply", "prefill.reply_received"]
+    order = [
+        "sender.last_chunk_handed",
+        "decode.last_chunk_received",
+        "decode.last_chunk_fed",
+        "decode.verified",
+        "decode.received",
+        "decode.loaded",
+        "decode.reply",
+        "sender.reply",
+        "prefill.reply_received",
+    ]
     assert [m[k] for k in order] == sorted(m[k] for k in order)
 
 
 def test_timeline_helpers_compare_one_clock_and_name_what_breaks_causality():
     tl = timeline.Timeline({"prefill": "A", "sender": "A", "decode": "B"})
-    tl.update({"prefill.compute_end": 1_000_000, "sender.last_chunk_handed": 2_000_000, "prefill.rpc_reply": 3_500_000,
-               "decode.reply": 5}, series={"sender.handed": [900_000, 2_000_000], "decode.received": [1, 2]})
+    tl.update(
+        {
+            "prefill.compute_end": 1_000_000,
+            "sender.last_chunk_handed": 2_000_000,
+            "prefill.rpc_reply": 3_500_000,
+            "decode.reply": 5,
+        },
+        series={"sender.handed": [900_000, 2_000_000], "decode.received": [1, 2]},
+    )
     assert timeline.Timeline().merge_json(json.loads(json.dumps(tl.to_json()))).to_proto() == tl.to_proto()
     pb = tl.to_proto()
-    assert timeline.offsets_ms(pb) == {"prefill.compute_end": 0.0, "sender.last_chunk_handed": 1.0,
-                                       "prefill.rpc_reply": 2.5}   # decode's clock is another host's
+    assert timeline.offsets_ms(pb) == {
+        "prefill.compute_end": 0.0,
+        "sender.last_chunk_handed": 1.0,
+        "prefill.rpc_reply": 2.5,
+    }  # decode's clock is another host's
     assert not timeline.shared_clock(pb) and timeline.violations(pb) == []
     assert timeline.behind_at(pb) == {"sender.handed": 1}
-    pb.clocks["decode"] = "A"   # one clock: decode.reply (5 ns) before the hand-off and chunks received before sent
+    pb.clocks["decode"] = "A"  # one clock: decode.reply (5 ns) before the hand-off and chunks received before sent
     v = timeline.violations(pb)
     assert any(x.startswith("sender.last_chunk_handed 1.000 > decode.reply") for x in v)
     assert "chunk 0: decode.received before sender.handed" in v and "chunk 1: decode.received before sender.handed" in v
-    empty = timeline.Timeline().to_proto()   # no reference mark: nothing to compare
+    empty = timeline.Timeline().to_proto()  # no reference mark: nothing to compare
     assert timeline.offsets_ms(empty) == {} and timeline.behind_at(empty) == {} and timeline.violations(empty) == []
 
 

@@ -1,6 +1,7 @@
 """The hand-off sender process (baton/handoff/sender/process.py, baton/handoff/sender/child.py) over real loopback gRPC:
 byte-identical frames to the in-thread sender, bitwise state at a real decode worker, cancellation,
 a kill -9 of the child (clear error, respawn), nothing left behind (shared memory, fds, threads)."""
+
 import math
 import os
 import signal
@@ -13,18 +14,16 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.handoff import timeline
-from baton.handoff import wire
-from baton.loading import load_model
+from baton.handoff import decode, layout, timeline, wire
+from baton.handoff import push as handoff
 from baton.handoff.progress import PrefillProgress
-from baton.rpc import make_channel
 from baton.handoff.sender.process import SenderProcess
+from baton.loading import load_model
+from baton.rpc import make_channel
 from baton.settings import Settings, SettingsError
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, state_pb2
-from decode_worker.service import serve_decode
-from prefill_worker.service import serve_prefill
-from baton.handoff import push as handoff
-from baton.handoff import decode
+from decode_worker.serve import serve_decode
+from prefill_worker.serve import serve_prefill
 
 MAX_LEN, W, T = 256, 16, 30
 PROMPT = list(range(40, 90))
@@ -41,14 +40,15 @@ def ring_traces(inode: int | None = None) -> list[str]:
     out = []
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if "baton-sender-ring" in os.readlink(f"/proc/self/fd/{fd}") and \
-                    inode in (None, os.stat(f"/proc/self/fd/{fd}").st_ino):
+            if "baton-sender-ring" in os.readlink(f"/proc/self/fd/{fd}") and inode in (
+                None,
+                os.stat(f"/proc/self/fd/{fd}").st_ino,
+            ):
                 out.append(f"fd {fd}")
         except OSError:
             pass
     with open("/proc/self/maps") as f:
-        out += [line.strip() for line in f if "baton-sender-ring" in line
-                and inode in (None, int(line.split()[4]))]
+        out += [line.strip() for line in f if "baton-sender-ring" in line and inode in (None, int(line.split()[4]))]
     return out
 
 
@@ -64,8 +64,9 @@ class Recorder:
         self.streams: list[list[bytes]] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         h = grpc.stream_unary_rpc_method_handler(lambda it, ctx: self.streams.append(list(it)) or b"")
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "baton.v1.DecodeWorker", {"LoadState": h}),))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("baton.v1.DecodeWorker", {"LoadState": h}),)
+        )
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
 
@@ -82,10 +83,12 @@ def sender():
 
 def random_state(seed: int) -> list[wire.WireTensor]:
     g = torch.Generator().manual_seed(seed)
-    return [wire.WireTensor("layers.0.conv", state_pb2.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16()),
-            wire.WireTensor("layers.0.recurrent", state_pb2.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
-            wire.WireTensor("layers.1.key", state_pb2.ATTN_KEY, torch.randn(2, 700, 64, generator=g).bfloat16()[:, :600]),
-            wire.WireTensor("hidden", state_pb2.HIDDEN, torch.randn(77, generator=g).half())]
+    return [
+        wire.WireTensor("layers.0.conv", state_pb2.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16()),
+        wire.WireTensor("layers.0.recurrent", state_pb2.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
+        wire.WireTensor("layers.1.key", state_pb2.ATTN_KEY, torch.randn(2, 700, 64, generator=g).bfloat16()[:, :600]),
+        wire.WireTensor("hidden", state_pb2.HIDDEN, torch.randn(77, generator=g).half()),
+    ]
 
 
 def _three_pushes(ts, sender, **kw):
@@ -93,8 +96,10 @@ def _three_pushes(ts, sender, **kw):
     the process sender pulling tensors as a running prefill marks them -> (their streams, their results)."""
     rec = Recorder()
     try:
-        res = [handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result(),
-               handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result()]
+        res = [
+            handoff.start_push(rec.address, Settings(), tensors=ts, sender=sender, **kw).result(),
+            handoff.start_push(rec.address, Settings(), tensors=ts, **kw).result(),
+        ]
         progress = PrefillProgress(2, torch.device("cpu"))
         push = handoff.start_push(rec.address, Settings(), tensors=ts, progress=progress, sender=sender, **kw)
         progress.mark(0)
@@ -106,18 +111,27 @@ def _three_pushes(ts, sender, **kw):
     return rec.streams, res
 
 
-@pytest.mark.parametrize("chunk_bytes", [1000, 65521, 1 << 17, 300_007])   # 300_007: frames built outside the GIL
+@pytest.mark.parametrize("chunk_bytes", [1000, 65521, 1 << 17, 300_007])  # 300_007: frames built outside the GIL
 def test_frames_are_byte_identical_to_the_thread_sender(sender, chunk_bytes):
     ts = random_state(chunk_bytes)
     total = sum(t.tensor.numel() * t.tensor.element_size() for t in ts)
     assert any(total > chunk_bytes and (sum(x.tensor.nbytes for x in ts[:i]) % chunk_bytes) for i in range(1, 4))
     (proc, thr, lazy), ((_, b_proc), (_, b_thr), _) = _three_pushes(
-        ts, sender, session_id="s", fingerprint="sha256:x", position=600, next_token=4242, chunk_bytes=chunk_bytes,
-        mode=common_pb2.EXACT, engine="mtp", timeout=T)
+        ts,
+        sender,
+        session_id="s",
+        fingerprint="sha256:x",
+        position=600,
+        next_token=4242,
+        chunk_bytes=chunk_bytes,
+        mode=common_pb2.EXACT,
+        engine="mtp",
+        timeout=T,
+    )
     assert len(proc) == -(-total // chunk_bytes) + 2
     assert proc == thr == lazy
     assert (b_proc.total_bytes, b_proc.chunks, b_proc.tokens) == (b_thr.total_bytes, b_thr.chunks, b_thr.tokens)
-    got = decode.decode_stream(proc, decode.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
+    got = decode.decode_stream(proc, layout.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
     assert got.next_token == 4242
     for t in ts:
         assert torch.equal(got.tensors[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8))
@@ -129,7 +143,7 @@ def test_the_child_imports_no_torch(sender):
         if child.ready is not None:
             break
         time.sleep(0.02)
-    assert child.ready == {"pid": child.proc.pid, "torch": False}   # so it never initialises CUDA
+    assert child.ready == {"pid": child.proc.pid, "torch": False}  # so it never initialises CUDA
 
 
 def test_setting_env_and_cli():
@@ -143,13 +157,20 @@ def test_setting_env_and_cli():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tiny = make_tiny_dir(tmp_path_factory.mktemp("m"))
-    ph, ps = serve_prefill(load_model(tiny, dtype="fp32"), max_len=MAX_LEN, width=W, slots=3,
-                           settings=Settings(handoff_sender="process"))
-    dh, ds = serve_decode(load_model(tiny, dtype="fp32"), engines=("bf16",), max_len=MAX_LEN, width=W, slots=3,
-                          settings=Settings())
+    ph, ps = serve_prefill(
+        load_model(tiny, dtype="fp32"), max_len=MAX_LEN, width=W, slots=3, settings=Settings(handoff_sender="process")
+    )
+    dh, ds = serve_decode(
+        load_model(tiny, dtype="fp32"), engines=("bf16",), max_len=MAX_LEN, width=W, slots=3, settings=Settings()
+    )
     with make_channel(ph.address, Settings()) as pc, make_channel(dh.address, Settings()) as dc:
-        yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), D=decode_pb2_grpc.DecodeWorkerStub(dc),
-                   ps=ps, ds=ds, target=dh.address)
+        yield dict(
+            P=prefill_pb2_grpc.PrefillWorkerStub(pc),
+            D=decode_pb2_grpc.DecodeWorkerStub(dc),
+            ps=ps,
+            ds=ds,
+            target=dh.address,
+        )
     ph.stop(0)
     dh.stop(0)
 
@@ -167,9 +188,13 @@ def test_prefill_rpc_streams_through_the_sender_process_bitwise(cluster):
     assert ps.sender is not None
     child = ps.sender.child()
     streams = child._ids
-    P.Prefill(prefill_pb2.PrefillRequest(session_id="b", prompt_ids=PROMPT, mode=common_pb2.EXACT,
-                                         decode_target=cluster["target"]), timeout=T)
-    assert child._ids == streams + 1 and ps.sender.child() is child   # the child streamed it
+    P.Prefill(
+        prefill_pb2.PrefillRequest(
+            session_id="b", prompt_ids=PROMPT, mode=common_pb2.EXACT, decode_target=cluster["target"]
+        ),
+        timeout=T,
+    )
+    assert child._ids == streams + 1 and ps.sender.child() is child  # the child streamed it
     sent, pos, nxt = ps.engine.export("b")
     s = ds.engine.get("b")
     got = {t.name: t.tensor for t in s.runner.state.export(s.slot)}
@@ -180,16 +205,27 @@ def test_prefill_rpc_streams_through_the_sender_process_bitwise(cluster):
     cluster["D"].Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T)
 
 
-def running_push(cluster, sender, sid: str, chunk_bytes: int = 1024, *, timeout: float = T,
-                 settings: Settings | None = None):
+def running_push(
+    cluster, sender, sid: str, chunk_bytes: int = 1024, *, timeout: float = T, settings: Settings | None = None
+):
     """A push whose source is a prefill stopped after layer 0: (push, progress, session to release)."""
     eng = cluster["ps"].engine
     s, _ = eng.prefill(PROMPT)
     tensors, pos, _ = eng.export(s.id)
     progress = PrefillProgress(eng.runner.model.cfg.num_hidden_layers, torch.device("cpu"))
-    push = handoff.start_push(cluster["target"], settings or Settings(), tensors=tensors, session_id=sid,
-                              fingerprint=cluster["ps"].fingerprint, position=pos, next_token=0,
-                              chunk_bytes=chunk_bytes, timeout=timeout, progress=progress, sender=sender)
+    push = handoff.start_push(
+        cluster["target"],
+        settings or Settings(),
+        tensors=tensors,
+        session_id=sid,
+        fingerprint=cluster["ps"].fingerprint,
+        position=pos,
+        next_token=0,
+        chunk_bytes=chunk_bytes,
+        timeout=timeout,
+        progress=progress,
+        sender=sender,
+    )
     progress.mark(0)
     return push, progress, s.id
 
@@ -251,14 +287,23 @@ def test_child_killed_mid_stream_is_a_clear_error_and_the_next_push_respawns(clu
         push.join(5)
         first.reader.join(5)
         assert settled(cluster["ds"]) == 0
-        assert ring_traces(first_ring) == []   # the dead child's ring: unmapped, its fd closed
+        assert ring_traces(first_ring) == []  # the dead child's ring: unmapped, its fd closed
         eng = cluster["ps"].engine
         s, _ = eng.prefill(PROMPT)
         try:
             tensors, pos, nxt = eng.export(s.id)
-            resp, bridge = handoff.push_state(cluster["target"], Settings(), tensors=tensors, session_id="again",
-                                              fingerprint=cluster["ps"].fingerprint, position=pos, next_token=nxt,
-                                              chunk_bytes=8192, timeout=T, sender=sender)
+            resp, bridge = handoff.push_state(
+                cluster["target"],
+                Settings(),
+                tensors=tensors,
+                session_id="again",
+                fingerprint=cluster["ps"].fingerprint,
+                position=pos,
+                next_token=nxt,
+                chunk_bytes=8192,
+                timeout=T,
+                sender=sender,
+            )
         finally:
             eng.release(s.id)
         second, second_ring = sender.child(), ring_inode(sender)
@@ -292,18 +337,30 @@ def big_state_model():
     from baton.config import ModelConfig
     from baton.loading import random_model
 
-    cfg = ModelConfig.from_dict(Qwen3_5TextConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=40, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, linear_num_key_heads=8, linear_num_value_heads=32,
-        linear_key_head_dim=128, linear_value_head_dim=128).to_dict())
+    cfg = ModelConfig.from_dict(
+        Qwen3_5TextConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=40,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+            linear_num_key_heads=8,
+            linear_num_value_heads=32,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+        ).to_dict()
+    )
     return random_model(cfg, dtype="fp32", seed=0, mtp=False)
 
 
 @pytest.fixture(scope="module")
 def big_cluster():
     lm = big_state_model()
-    ph, ps = serve_prefill(lm, max_len=64, width=4, slots=1, chunk_bytes=wire.MAX_CHUNK_BYTES,
-                           settings=Settings(handoff_sender="process"))
+    ph, ps = serve_prefill(
+        lm, max_len=64, width=4, slots=1, chunk_bytes=wire.MAX_CHUNK_BYTES, settings=Settings(handoff_sender="process")
+    )
     dh, ds = serve_decode(lm, engines=("bf16",), max_len=64, width=4, slots=1, settings=Settings())
     with make_channel(ph.address, Settings()) as pc:
         yield dict(P=prefill_pb2_grpc.PrefillWorkerStub(pc), ps=ps, ds=ds, target=dh.address)
@@ -324,11 +381,17 @@ def test_max_size_chunks_of_a_state_made_layer_by_layer_land_bitwise_with_both_s
             ps.chunk_bytes, ps.sender, ps.tail_chunk_bytes = chunk_bytes, sender, 0
             streams = proc.child()._ids
             t0 = time.perf_counter()
-            r = P.Prefill(prefill_pb2.PrefillRequest(session_id="big", prompt_ids=list(range(10, 40)),
-                                                     mode=common_pb2.EXACT, decode_target=big_cluster["target"]),
-                          timeout=T)
+            r = P.Prefill(
+                prefill_pb2.PrefillRequest(
+                    session_id="big",
+                    prompt_ids=list(range(10, 40)),
+                    mode=common_pb2.EXACT,
+                    decode_target=big_cluster["target"],
+                ),
+                timeout=T,
+            )
             assert time.perf_counter() - t0 < 20
-            assert proc.child()._ids == streams + (sender is not None)   # who streamed it
+            assert proc.child()._ids == streams + (sender is not None)  # who streamed it
             sent, pos, nxt = ps.engine.export("big")
             total = sum(t.tensor.numel() * t.tensor.element_size() for t in sent)
             assert total > 3 * wire.MAX_CHUNK_BYTES
@@ -353,20 +416,29 @@ def test_chunk_bytes_past_the_cap_or_the_message_limit_is_refused_at_configurati
         with pytest.raises(ValueError, match="chunk_bytes must be in"):
             wire.check_chunk_bytes(bad)
     with pytest.raises(ValueError, match="max_message_bytes=16777216"):
-        wire.check_chunk_bytes(cap, max_message_bytes=cap)   # the frame is a few bytes more than its chunk
+        wire.check_chunk_bytes(cap, max_message_bytes=cap)  # the frame is a few bytes more than its chunk
     ps = cluster["ps"]
     before = sender_threads()
     for chunk, settings in [(cap + 1, Settings()), (cap, Settings(max_message_bytes=cap))]:
         with pytest.raises(ValueError, match="chunk_bytes"):
             PrefillServicer(ps.engine, fingerprint=ps.fingerprint, settings=settings, chunk_bytes=chunk)
-        with pytest.raises(ValueError, match="chunk_bytes"):   # before the model loads
+        with pytest.raises(ValueError, match="chunk_bytes"):  # before the model loads
             serve_prefill("/nonexistent/model", chunk_bytes=chunk, settings=settings)
-    assert sender_threads() == before   # no sender process started
+    assert sender_threads() == before  # no sender process started
     tensors = random_state(5)
     for sender in (ps.sender, None):
         with pytest.raises(ValueError, match="chunk_bytes must be in"):
-            handoff.start_push(cluster["target"], Settings(), tensors=tensors, session_id="x", fingerprint="f",
-                               position=600, next_token=1, chunk_bytes=cap + 1, sender=sender)
+            handoff.start_push(
+                cluster["target"],
+                Settings(),
+                tensors=tensors,
+                session_id="x",
+                fingerprint="f",
+                position=600,
+                next_token=1,
+                chunk_bytes=cap + 1,
+                sender=sender,
+            )
 
 
 def push_ok(cluster, sender, sid: str) -> None:
@@ -374,9 +446,18 @@ def push_ok(cluster, sender, sid: str) -> None:
     s, _ = eng.prefill(PROMPT)
     try:
         tensors, pos, nxt = eng.export(s.id)
-        resp, _ = handoff.push_state(cluster["target"], Settings(), tensors=tensors, session_id=sid,
-                                     fingerprint=cluster["ps"].fingerprint, position=pos, next_token=nxt,
-                                     chunk_bytes=8192, timeout=T, sender=sender)
+        resp, _ = handoff.push_state(
+            cluster["target"],
+            Settings(),
+            tensors=tensors,
+            session_id=sid,
+            fingerprint=cluster["ps"].fingerprint,
+            position=pos,
+            next_token=nxt,
+            chunk_bytes=8192,
+            timeout=T,
+            sender=sender,
+        )
     finally:
         eng.release(s.id)
     assert resp.session_id == sid
@@ -422,7 +503,7 @@ def test_a_cancel_the_child_does_not_read_kills_it(cluster, monkeypatch):
         child = push.child
         try:
             wait_streaming(cluster["ds"])
-            with child.conn._lock:   # as a stager stuck in sendall to a child that reads nothing would
+            with child.conn._lock:  # as a stager stuck in sendall to a child that reads nothing would
                 push.cancel()
             with pytest.raises(handoff.HandoffError) as ei:
                 push.result()
@@ -453,7 +534,7 @@ def test_a_call_the_child_cannot_start_fails_that_push_only(cluster):
             cluster["ps"].engine.release(sid)
         push.join(5)
         push_ok(cluster, sender, "after-badtls")
-        assert sender.child() is child and child.proc.poll() is None   # the same child served it
+        assert sender.child() is child and child.proc.poll() is None  # the same child served it
     finally:
         sender.close()
 
@@ -471,7 +552,8 @@ def test_a_broken_control_channel_kills_the_child_and_fails_its_pushes(cluster):
 
         def broken():
             raise ValueError("sender control message of 99999999999 bytes")
-        child.conn.recv = broken   # NOTE: the reader's next call, after the message it waits for now
+
+        child.conn.recv = broken  # NOTE: the reader's next call, after the message it waits for now
         push, progress, sid = running_push(cluster, sender, "broken")
         try:
             with pytest.raises(handoff.HandoffError) as ei:
@@ -494,32 +576,45 @@ def data_sizes(frames: list[bytes]) -> list[int]:
     return [len(state_pb2.StateChunk.FromString(f).data) for f in frames[1:-1]]
 
 
-@pytest.mark.parametrize("chunk_bytes,tail_chunk_bytes,tail_layers", [(65521, 4099, 1), (300_007, 65536, 1),
-                                                                      (1 << 17, 1000, 0), (1 << 17, 1 << 17, 1)])
-def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sender, chunk_bytes, tail_chunk_bytes,
-                                                                             tail_layers):
+@pytest.mark.parametrize(
+    "chunk_bytes,tail_chunk_bytes,tail_layers",
+    [(65521, 4099, 1), (300_007, 65536, 1), (1 << 17, 1000, 0), (1 << 17, 1 << 17, 1)],
+)
+def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(
+    sender, chunk_bytes, tail_chunk_bytes, tail_layers
+):
     """The last `tail_layers` layers' bytes (+ hidden) in tail_chunk_bytes chunks, from tail_offset rounded down to
     chunk_bytes: the same frames from the sender process, the thread sender and a running prefill's source."""
-    from baton.handoff.progress import tail_offset
     from baton.handoff.encode import chunk_plan
+    from baton.handoff.progress import tail_offset
 
     ts = random_state(7)
     specs = [wire.TensorDesc.of(t) for t in ts]
     total = sum(s.nbytes for s in specs)
     plan = chunk_plan(total, chunk_bytes, tail_offset(specs, tail_layers), tail_chunk_bytes)
-    assert plan.tail_from == (0 if tail_chunk_bytes == chunk_bytes else
-                              tail_offset(specs, tail_layers) // chunk_bytes * chunk_bytes)
-    (proc, thr, lazy), _ = _three_pushes(ts, sender, session_id="s", fingerprint="sha256:x", position=600,
-                                         next_token=77, chunk_bytes=chunk_bytes, timeout=T,
-                                         tail_chunk_bytes=tail_chunk_bytes, tail_layers=tail_layers)
+    assert plan.tail_from == (
+        0 if tail_chunk_bytes == chunk_bytes else tail_offset(specs, tail_layers) // chunk_bytes * chunk_bytes
+    )
+    (proc, thr, lazy), _ = _three_pushes(
+        ts,
+        sender,
+        session_id="s",
+        fingerprint="sha256:x",
+        position=600,
+        next_token=77,
+        chunk_bytes=chunk_bytes,
+        timeout=T,
+        tail_chunk_bytes=tail_chunk_bytes,
+        tail_layers=tail_layers,
+    )
     assert proc == thr == lazy
     h = state_pb2.StateChunk.FromString(proc[0]).header
     assert (h.format_version, h.tail_from, h.tail_chunk_bytes) == (4, plan.tail_from, plan.tail_chunk_bytes)
     assert data_sizes(proc) == [plan.span(i)[1] for i in range(plan.count)]
     if plan.tail_chunk_bytes:
-        assert set(data_sizes(proc)[plan.head_chunks:-1]) == {tail_chunk_bytes}
+        assert set(data_sizes(proc)[plan.head_chunks : -1]) == {tail_chunk_bytes}
         assert len(proc) - 2 > -(-total // chunk_bytes)
-    got = decode.decode_stream(proc, decode.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
+    got = decode.decode_stream(proc, layout.ExpectedLayout.from_tensors(ts, 600), "sha256:x", 1 << 24)
     for t in ts:
         assert torch.equal(got.tensors[t.name].view(torch.uint8), t.tensor.contiguous().view(torch.uint8))
 
@@ -527,17 +622,21 @@ def test_tail_frames_are_byte_identical_from_both_senders_and_cut_as_planned(sen
 def test_prefill_rpc_with_a_tail_lands_bitwise_through_both_senders(cluster):
     """The prefill worker's own path (the setting, via PrefillServicer.tail_chunk_bytes) to the real decode
     worker: the streamed state is bitwise the exported one and the chunk count is the plan's."""
-    from baton.handoff.progress import tail_offset
     from baton.handoff.encode import chunk_plan
+    from baton.handoff.progress import tail_offset
 
     P, ps, ds = cluster["P"], cluster["ps"], cluster["ds"]
     proc = ps.sender
     try:
         for sender, tail in [(proc, 1000), (None, 1000), (proc, 0)]:
-            ps.chunk_bytes, ps.tail_chunk_bytes, ps.sender = 4096, tail, sender   # NOTE: between requests only
+            ps.chunk_bytes, ps.tail_chunk_bytes, ps.sender = 4096, tail, sender  # NOTE: between requests only
             streams = proc.child()._ids
-            r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tail", prompt_ids=PROMPT, mode=common_pb2.EXACT,
-                                                     decode_target=cluster["target"]), timeout=T)
+            r = P.Prefill(
+                prefill_pb2.PrefillRequest(
+                    session_id="tail", prompt_ids=PROMPT, mode=common_pb2.EXACT, decode_target=cluster["target"]
+                ),
+                timeout=T,
+            )
             assert proc.child()._ids == streams + (sender is not None)
             sent, pos, nxt = ps.engine.export("tail")
             specs = [wire.TensorDesc.of(t) for t in sent]
@@ -559,14 +658,22 @@ def test_tail_chunk_bytes_past_chunk_bytes_is_capped_at_the_chunk_size(cluster):
     from prefill_worker.service import PrefillServicer
 
     ps = cluster["ps"]
-    big = PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
-                          settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8193))
+    big = PrefillServicer(
+        ps.engine,
+        fingerprint=ps.fingerprint,
+        chunk_bytes=8192,
+        settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8193),
+    )
     try:
         assert big.tail_chunk_bytes == 8192
     finally:
         big.close()
-    ok = PrefillServicer(ps.engine, fingerprint=ps.fingerprint, chunk_bytes=8192,
-                         settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8192, handoff_tail_layers=3))
+    ok = PrefillServicer(
+        ps.engine,
+        fingerprint=ps.fingerprint,
+        chunk_bytes=8192,
+        settings=Settings(handoff_sender="thread", handoff_tail_chunk_bytes=8192, handoff_tail_layers=3),
+    )
     try:
         assert (ok.tail_chunk_bytes, ok.tail_layers) == (8192, 3)
     finally:
@@ -580,12 +687,20 @@ def test_prefill_timeline_through_the_sender_process_has_every_mark_in_causal_or
     the order causality imposes, inside the Prefill call; one reading per data chunk and stage. Not asked
     for: no timeline."""
     P, D, ps, ds = cluster["P"], cluster["D"], cluster["ps"], cluster["ds"]
-    ps.chunk_bytes = 4096   # many chunks
+    ps.chunk_bytes = 4096  # many chunks
     try:
-        r = P.Prefill(prefill_pb2.PrefillRequest(session_id="tl", prompt_ids=PROMPT, mode=common_pb2.FAST,
-                                                 decode_target=cluster["target"], timeline=True), timeout=T)
-        plain = P.Prefill(prefill_pb2.PrefillRequest(session_id="tl0", prompt_ids=PROMPT, mode=common_pb2.FAST,
-                                                     decode_target=cluster["target"]), timeout=T)
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id="tl", prompt_ids=PROMPT, mode=common_pb2.FAST, decode_target=cluster["target"], timeline=True
+            ),
+            timeout=T,
+        )
+        plain = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id="tl0", prompt_ids=PROMPT, mode=common_pb2.FAST, decode_target=cluster["target"]
+            ),
+            timeout=T,
+        )
     finally:
         ps.chunk_bytes = wire.DEFAULT_CHUNK_BYTES
     for sid in ("tl", "tl0"):
@@ -600,7 +715,7 @@ def test_prefill_timeline_through_the_sender_process_has_every_mark_in_causal_or
     off = timeline.offsets_ms(tl)
     assert off["prefill.compute_end"] == 0 and all(math.isfinite(v) for v in off.values())
     assert all(off["prefill.rpc_start"] <= v <= off["prefill.rpc_reply"] for v in off.values())
-    assert 0 < -off["prefill.rpc_start"] <= r.prefill_seconds * 1e3   # the same interval as prefill_seconds, inside it
+    assert 0 < -off["prefill.rpc_start"] <= r.prefill_seconds * 1e3  # the same interval as prefill_seconds, inside it
     series = {k: list(v.ns) for k, v in tl.series_ns.items()}
     assert {k: len(v) for k, v in series.items()} == {"prefill.staged": n, "sender.handed": n, "decode.received": n}
     assert series["prefill.staged"][-1] == tl.marks_ns["prefill.last_chunk_staged"]
@@ -616,6 +731,7 @@ def test_timeline_does_not_change_the_frames(sender):
     (proc, thr, lazy), _ = _three_pushes(ts, sender, **kw)
     (proc_t, thr_t, lazy_t), res = _three_pushes(ts, sender, timeline=True, **kw)
     assert proc == thr == lazy == proc_t == thr_t == lazy_t
-    for _, report in res:   # a receiver that reports no marks: the sender's own still come back
-        assert {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= \
-            set(report.timeline.marks_ns)
+    for _, report in res:  # a receiver that reports no marks: the sender's own still come back
+        assert {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= set(
+            report.timeline.marks_ns
+        )

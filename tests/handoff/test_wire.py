@@ -1,5 +1,6 @@
 """baton.handoff.wire: bitwise round trips, and every corruption / mismatch / lie refused with the right code.
 Every test runs twice: chunks verified inline, and in the hashing pool (PARALLEL_MIN_BYTES = 1)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,10 +13,11 @@ import grpc
 import pytest
 import torch
 
-from baton.handoff import wire
-from baton.v1 import common_pb2, state_pb2 as pb
 from baton.handoff import decode as wire_decode
 from baton.handoff import encode as wire_encode
+from baton.handoff import layout, wire
+from baton.v1 import common_pb2
+from baton.v1 import state_pb2 as pb
 
 FP = "sha256:test-model"
 POS = 7
@@ -41,12 +43,14 @@ def make_tensors(seed: int = 0, pos: int = POS) -> list[wire.WireTensor]:
 
 TENSORS = make_tensors()
 TOTAL = sum(t.tensor.numel() * t.tensor.element_size() for t in TENSORS)  # 30+128+112+112+16 = 398
-LAYOUT = wire_decode.ExpectedLayout.from_tensors(TENSORS, max_position=64)
+LAYOUT = layout.ExpectedLayout.from_tensors(TENSORS, max_position=64)
 
 
 def encode(chunk_bytes=64, tensors=TENSORS, **kw):
-    args = dict(session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=tensors,
-                chunk_bytes=chunk_bytes) | kw
+    args = (
+        dict(session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=tensors, chunk_bytes=chunk_bytes)
+        | kw
+    )
     return list(wire_encode.encode_state(**args))
 
 
@@ -110,8 +114,11 @@ def test_round_trip_bitwise_across_chunk_sizes(chunk_bytes):
 
 
 def test_frames_are_the_same_messages_and_decode_zero_copy():
-    frames = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS,
-                                           next_token=11, tensors=TENSORS, chunk_bytes=50))
+    frames = list(
+        wire_encode.encode_state_frames(
+            session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=TENSORS, chunk_bytes=50
+        )
+    )
     assert frames == [c.SerializeToString() for c in encode(50)]
     assert_bitwise(decode(frames))
     assert_bitwise(decode([pb.StateChunk.FromString(f) for f in frames]))
@@ -119,11 +126,14 @@ def test_frames_are_the_same_messages_and_decode_zero_copy():
 
 def test_big_fp32_bf16_tensors_round_trip_with_uneven_chunks():
     g = torch.Generator().manual_seed(1)
-    ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
-          wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16())]
-    lay = wire_decode.ExpectedLayout.from_tensors(ts, 0)
-    chunks = wire_encode.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
-                               chunk_bytes=65521)  # prime: never divides a tensor's size
+    ts = [
+        wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(3, 128, 129, generator=g)),
+        wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16()),
+    ]
+    lay = layout.ExpectedLayout.from_tensors(ts, 0)
+    chunks = wire_encode.encode_state(
+        session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts, chunk_bytes=65521
+    )  # prime: never divides a tensor's size
     assert_bitwise(wire_decode.decode_stream(wire.pipelined(chunks), lay, FP, 1 << 24), ts)
 
 
@@ -133,15 +143,18 @@ def test_large_frames_built_outside_the_gil_equal_protobuf(chunk_bytes, new_byte
     """Frames >= 256 KiB are filled by numpy (not b"".join) into an uninitialized bytes object (C API),
     or a zero-filled BytesIO where that API is missing: same bytes, same state, plain immutable bytes."""
     from baton.handoff import frames
+
     if new_bytes == "bytesio":
         monkeypatch.setattr(frames, "_new_bytes", None)
     else:
-        assert frames._new_bytes is not None   # CPython
+        assert frames._new_bytes is not None  # CPython
     g = torch.Generator().manual_seed(2)
-    ts = [wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(5, 128, 129, generator=g)),
-          wire.WireTensor("k", pb.ATTN_KEY, torch.randn(4, 700, 256, generator=g).bfloat16()[:, :600]),
-          wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16())]
-    lay = wire_decode.ExpectedLayout.from_tensors(ts, 600)
+    ts = [
+        wire.WireTensor("a", pb.GDN_RECURRENT, torch.randn(5, 128, 129, generator=g)),
+        wire.WireTensor("k", pb.ATTN_KEY, torch.randn(4, 700, 256, generator=g).bfloat16()[:, :600]),
+        wire.WireTensor("b", pb.GDN_CONV, torch.randn(1000, 3, generator=g).bfloat16()),
+    ]
+    lay = layout.ExpectedLayout.from_tensors(ts, 600)
     kw = dict(session_id="x", fingerprint=FP, position=600, next_token=0, tensors=ts, chunk_bytes=chunk_bytes)
     frames = list(wire_encode.encode_state_frames(**kw))
     assert frames == [c.SerializeToString() for c in wire_encode.encode_state(**kw)]
@@ -157,8 +170,15 @@ def test_lazy_source_is_read_only_after_the_header_is_sent():
             touched.append(t.name)
             yield t.tensor
 
-    it = wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=11, chunk_bytes=64,
-                           specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source())
+    it = wire_encode.encode_state(
+        session_id="s1",
+        fingerprint=FP,
+        position=POS,
+        next_token=11,
+        chunk_bytes=64,
+        specs=[wire.TensorDesc.of(t) for t in TENSORS],
+        tensor_source=source(),
+    )
     assert next(it).WhichOneof("part") == "header" and touched == []
     assert_bitwise(decode([encode()[0], *it]))
     assert touched == [t.name for t in TENSORS]
@@ -168,11 +188,17 @@ def test_lazy_source_must_match_its_table():
     specs = [wire.TensorDesc.of(t) for t in TENSORS]
     bad = [t.tensor for t in TENSORS[:-1]] + [torch.zeros(9, dtype=torch.bfloat16)]
     with pytest.raises(ValueError, match="hidden"):
-        list(wire_encode.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
-                               specs=specs, tensor_source=iter(bad)))
+        list(
+            wire_encode.encode_state(
+                session_id="s", fingerprint=FP, position=POS, next_token=0, specs=specs, tensor_source=iter(bad)
+            )
+        )
     with pytest.raises(ValueError):  # one tensor short
-        list(wire_encode.encode_state(session_id="s", fingerprint=FP, position=POS, next_token=0,
-                               specs=specs, tensor_source=iter(bad[:3])))
+        list(
+            wire_encode.encode_state(
+                session_id="s", fingerprint=FP, position=POS, next_token=0, specs=specs, tensor_source=iter(bad[:3])
+            )
+        )
 
 
 def test_pipelined_reraises_producer_errors():
@@ -188,8 +214,11 @@ def test_pipelined_reraises_producer_errors():
 
 def test_non_canonical_data_frames_are_parsed_by_protobuf():
     """Fields in another order (valid protobuf, not what the sender writes): the slow path, same result."""
-    frames = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
-                                           tensors=TENSORS, chunk_bytes=64))
+    frames = list(
+        wire_encode.encode_state_frames(
+            session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=TENSORS, chunk_bytes=64
+        )
+    )
     for i in range(1, len(frames) - 1):
         c = pb.StateChunk.FromString(frames[i])
         sha = pb.StateChunk(chunk_sha256=c.chunk_sha256).SerializeToString()
@@ -210,8 +239,11 @@ def test_flipped_byte_in_any_data_chunk_is_data_loss(index):
 @pytest.mark.parametrize("frames", [False, True])
 def test_flipped_bit_anywhere_in_a_data_frame_is_data_loss(frames):
     """Every byte of a serialized data chunk (tag, length, data, index, digest) flipped in turn."""
-    good = list(wire_encode.encode_state_frames(session_id="s1", fingerprint=FP, position=POS, next_token=11,
-                                         tensors=TENSORS, chunk_bytes=64))
+    good = list(
+        wire_encode.encode_state_frames(
+            session_id="s1", fingerprint=FP, position=POS, next_token=11, tensors=TENSORS, chunk_bytes=64
+        )
+    )
     for i in range(len(good[2])):
         bad = good[:2] + [flipped(good[2], i)] + good[3:]
         expect(wire.StateCorrupt, "DATA_LOSS", bad if frames else [pb.StateChunk.FromString(bad[0])] + bad[1:])
@@ -227,8 +259,12 @@ def test_flipped_chunk_digest_is_data_loss():
 
 def test_reordered_duplicated_or_dropped_chunks_are_data_loss():
     chunks = encode(64)
-    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:1] + [chunks[2], chunks[1]] + chunks[3:],
-           match="data chunk 0: chunk_index 1")
+    expect(
+        wire.StateCorrupt,
+        "DATA_LOSS",
+        chunks[:1] + [chunks[2], chunks[1]] + chunks[3:],
+        match="data chunk 0: chunk_index 1",
+    )
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:3] + chunks[2:], match="data chunk 2: chunk_index 1")
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + chunks[3:], match="data chunk 1: chunk_index 2")
 
@@ -277,9 +313,18 @@ def test_next_token_may_be_given_late():
     def late():
         assert pulled == [t.name for t in TENSORS]
         return 42
-    chunks = list(wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=late,
-                                    specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=source(),
-                                    chunk_bytes=64))
+
+    chunks = list(
+        wire_encode.encode_state(
+            session_id="s1",
+            fingerprint=FP,
+            position=POS,
+            next_token=late,
+            specs=[wire.TensorDesc.of(t) for t in TENSORS],
+            tensor_source=source(),
+            chunk_bytes=64,
+        )
+    )
     assert decode(chunks).next_token == 42
 
 
@@ -303,10 +348,15 @@ def test_chunk_sizes_must_follow_chunk_bytes():
 
 def test_index_or_digest_on_header_or_trailer_is_data_loss():
     chunks = encode(64)
-    expect(wire.StateCorrupt, "DATA_LOSS", [copied(chunks[0], chunk_index=3)] + chunks[1:],
-           match="set on a header message")
-    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [copied(chunks[-1], chunk_sha256=b"x" * 32)],
-           match="set on a trailer message")
+    expect(
+        wire.StateCorrupt, "DATA_LOSS", [copied(chunks[0], chunk_index=3)] + chunks[1:], match="set on a header message"
+    )
+    expect(
+        wire.StateCorrupt,
+        "DATA_LOSS",
+        chunks[:-1] + [copied(chunks[-1], chunk_sha256=b"x" * 32)],
+        match="set on a trailer message",
+    )
 
 
 def test_missing_last_data_chunk_is_data_loss():
@@ -333,8 +383,12 @@ def test_chunks_after_trailer_are_data_loss():
 
 def test_more_bytes_than_declared_and_out_of_order_are_data_loss():
     chunks = encode(64)
-    expect(wire.StateCorrupt, "DATA_LOSS", chunks[:-1] + [pb.StateChunk(data=b"x")] + chunks[-1:],
-           match="more than the declared")
+    expect(
+        wire.StateCorrupt,
+        "DATA_LOSS",
+        chunks[:-1] + [pb.StateChunk(data=b"x")] + chunks[-1:],
+        match="more than the declared",
+    )
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + [pb.StateChunk()], match="no part")
     expect(wire.StateCorrupt, "DATA_LOSS", chunks[:2] + [b"\xff\xff\xff"], match="unparsable")
 
@@ -352,13 +406,21 @@ def test_failure_or_abort_with_chunks_in_flight_waits_for_them_and_writes_nothin
     still writes into the caller's buffers (they may be reused for the next stream)."""
     g = torch.Generator().manual_seed(3)
     ts = [wire.WireTensor(f"r{i}", pb.GDN_RECURRENT, torch.randn(64, 1024, generator=g)) for i in range(8)]
-    lay = wire_decode.ExpectedLayout.from_tensors(ts, 0)
-    chunks = list(wire_encode.encode_state(session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts,
-                                    chunk_bytes=96 << 10))
+    lay = layout.ExpectedLayout.from_tensors(ts, 0)
+    chunks = list(
+        wire_encode.encode_state(
+            session_id="x", fingerprint=FP, position=0, next_token=0, tensors=ts, chunk_bytes=96 << 10
+        )
+    )
     chunks[4] = copied(chunks[4], data=flipped(chunks[4].data, 7))
     bufs = []
-    rx = wire_decode.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
-                            alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1])
+    rx = wire_decode.StateReceiver(
+        lay,
+        fingerprint=FP,
+        max_total_bytes=1 << 24,
+        workers=4,
+        alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1],
+    )
     with pytest.raises(wire.StateCorrupt, match="data chunk 3: chunk_sha256 mismatch"):
         for c in chunks:
             rx.feed(c)
@@ -368,8 +430,13 @@ def test_failure_or_abort_with_chunks_in_flight_waits_for_them_and_writes_nothin
     assert all(torch.equal(x, y) for x, y in zip(before, bufs))
     # the caller stops feeding (the client cancelled): abort() waits for the pool the same way
     bufs.clear()
-    rx = wire_decode.StateReceiver(lay, fingerprint=FP, max_total_bytes=1 << 24, workers=4,
-                            alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1])
+    rx = wire_decode.StateReceiver(
+        lay,
+        fingerprint=FP,
+        max_total_bytes=1 << 24,
+        workers=4,
+        alloc=lambda s, d: bufs.append(torch.zeros(s, dtype=d)) or bufs[-1],
+    )
     for c in chunks[:4]:
         rx.feed(c)
     rx.abort()
@@ -405,18 +472,27 @@ def test_format_version_mismatch(version):
     """Older (v1: one serial SHA-256; v2: next_token in the header), newer or unset: refused at the
     header, before any allocation. (Format 3 is still read: tests/handoff/test_wire_tail.py.)"""
     calls = []
-    with pytest.raises(wire.StateMismatch, match=f"format_version {version}; this worker speaks 4 "
-                                                 r"\(and reads 3, 4\)") as e:
-        decode(with_header(encode(), format_version=version),
-               alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d))
+    with pytest.raises(
+        wire.StateMismatch,
+        match=f"format_version {version}; this worker speaks 4 "
+        r"\(and reads 3, 4\)",
+    ) as e:
+        decode(
+            with_header(encode(), format_version=version), alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d)
+        )
     assert e.value.code == "FAILED_PRECONDITION" and calls == []
 
 
 # ---- invalid table: INVALID_ARGUMENT, before any allocation -------------------------------------
 def invalid_before_alloc(chunks, match):
     calls = []
-    err = expect(wire.StateInvalid, "INVALID_ARGUMENT", chunks, match=match,
-                 alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d))
+    err = expect(
+        wire.StateInvalid,
+        "INVALID_ARGUMENT",
+        chunks,
+        match=match,
+        alloc=lambda s, d: calls.append(s) or torch.empty(s, dtype=d),
+    )
     assert calls == []
     return err
 
@@ -461,11 +537,12 @@ def test_table_names_kinds_dtypes_checked():
 
 
 def test_layout_from_tuples_and_validation():
-    lay = wire_decode.ExpectedLayout({"k": ("attn_key", torch.bfloat16, None, (2, 4)),
-                               "h": (pb.HIDDEN, torch.bfloat16, (8,), None)}, max_position=10)
+    lay = layout.ExpectedLayout(
+        {"k": ("attn_key", torch.bfloat16, None, (2, 4)), "h": (pb.HIDDEN, torch.bfloat16, (8,), None)}, max_position=10
+    )
     assert lay.entries["k"].shape_at(5) == (2, 5, 4) and lay.entries["h"].kind == pb.HIDDEN
     with pytest.raises(ValueError):
-        wire_decode.ExpectedLayout({"x": (pb.HIDDEN, torch.float32, None, None)}, max_position=1)
+        layout.ExpectedLayout({"x": (pb.HIDDEN, torch.float32, None, None)}, max_position=1)
 
 
 # ---- a real loopback gRPC socket -----------------------------------------------------------------
@@ -482,20 +559,25 @@ def test_over_loopback_grpc():
         return st.stats.to_proto()
 
     handler = grpc.stream_unary_rpc_method_handler(
-        load, request_deserializer=pb.StateChunk.FromString,
-        response_serializer=common_pb2.BridgeReport.SerializeToString)
+        load,
+        request_deserializer=pb.StateChunk.FromString,
+        response_serializer=common_pb2.BridgeReport.SerializeToString,
+    )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=opts)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Bridge", {"Load": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) as ch:
-            call = ch.stream_unary("/test.Bridge/Load", request_serializer=pb.StateChunk.SerializeToString,
-                                   response_deserializer=common_pb2.BridgeReport.FromString)
+            call = ch.stream_unary(
+                "/test.Bridge/Load",
+                request_serializer=pb.StateChunk.SerializeToString,
+                response_deserializer=common_pb2.BridgeReport.FromString,
+            )
             report = call(wire.pipelined(iter(encode(50))), timeout=10)
             assert report.total_bytes == TOTAL and report.tokens == POS and report.chunks == 8
             assert dict(report.bytes_by_kind)["attn_kv"] == 224
-            assert_bitwise(wire_decode.ReceivedState("s1", FP, POS, 11, 0, 0, (), received, None))
+            assert_bitwise(layout.ReceivedState("s1", FP, POS, 11, 0, 0, (), received, None))
             bad = encode(50)
             bad[2] = copied(bad[2], data=bytes(50))
             with pytest.raises(grpc.RpcError) as e:
@@ -524,8 +606,11 @@ def test_failed_decode_stops_the_pipeline_thread():
 def test_cuda_tensors_round_trip_bitwise():
     dev = [wire.WireTensor(t.name, t.kind, t.tensor.to("cuda")) for t in TENSORS]
     dev[2] = wire.WireTensor(dev[2].name, dev[2].kind, torch.randn(2, 16, 4, device="cuda").half()[:, :POS])
-    chunks = wire.pipelined(wire_encode.encode_state(session_id="g", fingerprint=FP, position=POS, next_token=1,
-                                              tensors=dev, chunk_bytes=33))
+    chunks = wire.pipelined(
+        wire_encode.encode_state(
+            session_id="g", fingerprint=FP, position=POS, next_token=1, tensors=dev, chunk_bytes=33
+        )
+    )
     assert_bitwise(decode(chunks), [wire.WireTensor(t.name, t.kind, t.tensor.cpu()) for t in dev])
 
 
@@ -536,14 +621,21 @@ def test_encoder_sends_layers_before_the_prefill_ends():
 
     from baton.handoff.progress import PrefillProgress
 
-    layers = 2    # TENSORS: layers.0.*, layers.1.*, hidden
+    layers = 2  # TENSORS: layers.0.*, layers.1.*, hidden
     prog = PrefillProgress(layers, torch.device("cpu"))
-    it = wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
-                           specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=prog.source(TENSORS),
-                           chunk_bytes=16, workers=2)
-    assert next(it).WhichOneof("part") == "header"   # before any stage is final
+    it = wire_encode.encode_state(
+        session_id="s1",
+        fingerprint=FP,
+        position=POS,
+        next_token=prog.next_token,
+        specs=[wire.TensorDesc.of(t) for t in TENSORS],
+        tensor_source=prog.source(TENSORS),
+        chunk_bytes=16,
+        workers=2,
+    )
+    assert next(it).WhichOneof("part") == "header"  # before any stage is final
     prog.mark(0)
-    first = next(it)                                   # layer 0's bytes, layer 1 not final yet
+    first = next(it)  # layer 0's bytes, layer 1 not final yet
     assert first.WhichOneof("part") == "data" and prog._marked == 1
     threading.Timer(0.05, lambda: (prog.mark(1), prog.finish(99))).start()
     rest = list(it)
@@ -554,9 +646,16 @@ def test_encoder_stops_when_the_prefill_fails():
     from baton.handoff.progress import PrefillFailed, PrefillProgress
 
     prog = PrefillProgress(2, torch.device("cpu"))
-    it = wire_encode.encode_state(session_id="s1", fingerprint=FP, position=POS, next_token=prog.next_token,
-                           specs=[wire.TensorDesc.of(t) for t in TENSORS], tensor_source=prog.source(TENSORS),
-                           chunk_bytes=16, workers=2)
+    it = wire_encode.encode_state(
+        session_id="s1",
+        fingerprint=FP,
+        position=POS,
+        next_token=prog.next_token,
+        specs=[wire.TensorDesc.of(t) for t in TENSORS],
+        tensor_source=prog.source(TENSORS),
+        chunk_bytes=16,
+        workers=2,
+    )
     next(it)
     prog.fail(RuntimeError("oom"))
     with pytest.raises(PrefillFailed, match="oom"):

@@ -1,17 +1,25 @@
 """baton.checkpoint: loading tiny HF checkpoints into modules with HF state_dict names."""
+
 import json
 
 import pytest
 import torch
+from helpers import make_tiny_dir
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from baton.checkpoint import (
-    CheckpointError, MissingFileError, MissingTensorError, ShapeMismatchError, UnexpectedTensorError,
-    checkpoint_files, checkpoint_tensor_table, dequant_fp8_blocks, load_into,
+    CheckpointError,
+    MissingFileError,
+    MissingTensorError,
+    ShapeMismatchError,
+    UnexpectedTensorError,
+    checkpoint_files,
+    checkpoint_tensor_table,
+    dequant_fp8_blocks,
+    load_into,
 )
 from baton.config import ConfigError, ModelConfig
-from helpers import make_tiny_dir
 
 tf = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 

@@ -2,6 +2,7 @@
 its MTP head, the MTP head really drafts (acceptance >= 1.8 tokens per round at K=3 on held-out code),
 mtp and FP8-draft exact mode stay token-identical to the exact AR reference, and Baton matches
 transformers on it. Full figures: benchmarks/acceptance_default_model.py."""
+
 from __future__ import annotations
 
 import copy
@@ -9,8 +10,8 @@ import copy
 import pytest
 import torch
 
-from baton.loading import DEFAULT_MODEL_DIR, load_model
 from baton.engine.runner import ModelRunner
+from baton.loading import DEFAULT_MODEL_DIR, load_model
 from baton.tokenizer import Tokenizer
 from decode_worker.engine import DecodeEngine
 from decode_worker.fp8 import quantize_model
@@ -23,7 +24,7 @@ PROMPTS = [
     "    def __init__(self, **kw):\n        \"\"\"Create new Policy, possibly overriding some defaults.\n",
 ]
 NEW, MAX_LEN = 48, 160
-pytestmark = pytest.mark.timeout(600)   # ~15 s alone; CPU contention can stretch it
+pytestmark = pytest.mark.timeout(600)  # ~15 s alone; CPU contention can stretch it
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,7 @@ def env():
     fp8 = copy.deepcopy(lm.model)
     del fp8.mtp
     quantize_model(fp8, "full")
-    dec = DecodeEngine({"bf16": r, "mtp": r, "fp8": ModelRunner(fp8, slots=1, max_len=MAX_LEN)},
-                       default_engine="mtp")
+    dec = DecodeEngine({"bf16": r, "mtp": r, "fp8": ModelRunner(fp8, slots=1, max_len=MAX_LEN)}, default_engine="mtp")
     return lm, tok, exact, dec
 
 
@@ -79,7 +79,7 @@ def test_exact_mode_with_fp8_drafts(env):
     while len(out) < NEW:
         drafts = dec.draft(sess.id, 4, verdict)
         v = exact.verify(es.id, [out[-1]] + drafts)
-        out += drafts[:v.accepted] + [v.next_token]
+        out += drafts[: v.accepted] + [v.next_token]
         verdict, drafted, accepted = (v.accepted, v.next_token), drafted + 4, accepted + v.accepted
     exact.release(es.id)
     dec.release(sess.id)
@@ -92,6 +92,7 @@ def test_matches_transformers(env):
     from transformers import Qwen3_5ForCausalLM as HF
 
     from baton.models.qwen3_5 import StepContext
+
     lm, tok, _, _ = env
     ids = tok.encode(PROMPTS[0] + PROMPTS[1])
     ref = HF.from_pretrained(str(DEFAULT_MODEL_DIR), dtype=torch.float32).eval()(torch.tensor([ids])).logits[0]

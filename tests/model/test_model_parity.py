@@ -1,4 +1,5 @@
 """HF parity (issue 2): Baton's Qwen3.5 code vs transformers' own Qwen3_5ForCausalLM, fp32 on CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,16 +7,27 @@ import torch
 from helpers import make_tiny_dir
 
 from baton.checkpoint import load_into
+from baton.engine.runner import ModelRunner
 from baton.loading import build_model
 from baton.models import gdn_ops
-from baton.engine.runner import ModelRunner
 
 CONFIGS = {
     "small": dict(seed=1, layers=4, hidden=64, vocab=512),
-    "wide": dict(seed=2, layers=6, hidden=96, vocab=640, heads=6, kv_heads=2, head_dim=16,
-                 linear_heads=(2, 6), linear_head_dim=16, mtp=False, tie=True),
+    "wide": dict(
+        seed=2,
+        layers=6,
+        hidden=96,
+        vocab=640,
+        heads=6,
+        kv_heads=2,
+        head_dim=16,
+        linear_heads=(2, 6),
+        linear_head_dim=16,
+        mtp=False,
+        tie=True,
+    ),
 }
-PROMPT_LENS = [1, 63, 64, 65, 200, 7, 128, 129]   # crosses the GDN chunk size (64)
+PROMPT_LENS = [1, 63, 64, 65, 200, 7, 128, 129]  # crosses the GDN chunk size (64)
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -25,6 +37,7 @@ def pair(request, tmp_path_factory):
     d = make_tiny_dir(tmp_path_factory.mktemp(request.param), **CONFIGS[request.param])
     hf = HF.from_pretrained(d, dtype=torch.float32).eval()
     from baton.config import ModelConfig
+
     cfg = ModelConfig.from_hf(d)
     ours = build_model(cfg, with_mtp=False, dtype=torch.float32, device="cpu")
     load_into(ours, d, dtype=torch.float32, device="cpu", strict=False)
@@ -56,7 +69,7 @@ def test_prompt_and_decode_logits_and_greedy_match_hf(pair):
         ref_last = out.logits[0, -1]
         assert (ours.logits(r.state.hidden[0][None])[0] - ref_last).abs().max() < TOL
         assert tok == int(ref_last.argmax())
-        cache, nxt, ours_tokens, hf_tokens = _cache(out), tok, [tok], [tok]
+        cache, ours_tokens, hf_tokens = _cache(out), [tok], [tok]
         for _ in range(32):
             o2 = hf(torch.tensor([[hf_tokens[-1]]]), cache=cache, use_cache=True)
             cache = _cache(o2)
@@ -76,6 +89,7 @@ def test_full_prompt_logits_match_hf(pair):
         ref = hf(ids[None]).logits[0]
         r = ModelRunner(ours, max_len=256)
         from baton.models.qwen3_5 import StepContext
+
         r.state.reset(0)
         h = ours(ids, r.state, StepContext(slot=0, width=None, n=130))
         assert (ours.logits(h) - ref).abs().max() < TOL
@@ -91,8 +105,11 @@ def test_chunked_and_recurrent_gdn_agree():
     s0 = torch.randn(Hv, dk, dv, generator=g) * 0.1
     s_chunk, s_rec = s0.clone(), s0.clone()
     o_chunk = gdn_ops.chunked(q, k, v, gate, beta, s_chunk)
-    o_rec = torch.cat([gdn_ops.recurrent_rows(q[i:i + 1], k[i:i + 1], v[i:i + 1], gate[i:i + 1],
-                                              beta[i:i + 1], s_rec, 1) for i in range(T)])
+    o_rec = torch.cat(
+        [
+            gdn_ops.recurrent_rows(q[i : i + 1], k[i : i + 1], v[i : i + 1], gate[i : i + 1], beta[i : i + 1], s_rec, 1)
+            for i in range(T)
+        ]
+    )
     assert (o_chunk - o_rec).abs().max() < 1e-5
     assert (s_chunk - s_rec).abs().max() < 1e-5
-

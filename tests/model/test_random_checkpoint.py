@@ -1,16 +1,17 @@
 """baton.random_checkpoint (make-tiny) and baton.tokenizer."""
+
 import json
 import random
 
 import pytest
 import torch
+from helpers import make_tiny_dir
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from baton.config import ModelConfig
 from baton.random_checkpoint import _layer_types, main
 from baton.tokenizer import Tokenizer, TokenizerError
-from helpers import make_tiny_dir
 
 
 def _keys(path):
@@ -46,8 +47,8 @@ def test_config_layout_and_mtp_sidecar(tmp_path):
     assert mtp["mtp.fc.weight"] == (64, 128)
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         assert mtp[f"mtp.{n}.weight"] == (64,)
-    full = {k[len("model.layers.3."):]: s for k, s in main_keys.items() if k.startswith("model.layers.3.")}
-    assert {k[len("mtp.layers.0."):]: s for k, s in mtp.items() if k.startswith("mtp.layers.0.")} == full
+    full = {k[len("model.layers.3.") :]: s for k, s in main_keys.items() if k.startswith("model.layers.3.")}
+    assert {k[len("mtp.layers.0.") :]: s for k, s in mtp.items() if k.startswith("mtp.layers.0.")} == full
     assert "self_attn.q_norm.weight" in full
     assert all(load_file(str(d / "mtp.safetensors"))[k].abs().sum() > 0 for k in mtp)
 
@@ -73,8 +74,10 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
 
 def test_cli_no_mtp_tie_bf16(tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main([str(out), "--seed", "1", "--layers", "2", "--hidden", "32", "--no-mtp", "--tie",
-                 "--dtype", "bfloat16"]) == 0
+    assert (
+        main([str(out), "--seed", "1", "--layers", "2", "--hidden", "32", "--no-mtp", "--tie", "--dtype", "bfloat16"])
+        == 0
+    )
     assert str(out) in capsys.readouterr().out
     assert not (out / "mtp.safetensors").exists()
     keys = load_file(str(out / "model.safetensors"))

@@ -1,4 +1,5 @@
 """deploy/train_default_model.py: the tiny default model's trainer (smoke mode on CPU) and its MTP head."""
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ def _table(path):
 
 def _small_pair(seed=0):
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
+
     torch.manual_seed(seed)
     cfg = train_default_model.model_config(vocab=300, eos_id=0, hidden=64, layers=4, intermediate=96)
     return Qwen3_5ForCausalLM(cfg).eval(), train_default_model.MTPHead(cfg).eval()
@@ -38,8 +40,10 @@ def _assert_mtp_causal(model, mtp, T=20, j=11):
     ids2 = ids.clone()
     ids2[0, j] = (ids[0, j] + 1) % model.config.vocab_size
     with torch.no_grad():
-        a, b = (train_default_model.mtp_chain(model, mtp, x, model.model(input_ids=x[:, :T]).last_hidden_state, 1)[0]
-                for x in (ids, ids2))
+        a, b = (
+            train_default_model.mtp_chain(model, mtp, x, model.model(input_ids=x[:, :T]).last_hidden_state, 1)[0]
+            for x in (ids, ids2)
+        )
     assert torch.allclose(a[:, : j - 1], b[:, : j - 1], atol=1e-5)
     assert not torch.allclose(a[:, j - 1], b[:, j - 1], atol=1e-4)
     assert not torch.allclose(a[:, -1], b[:, -1], atol=1e-4)  # later rows see it through attention and h
@@ -47,8 +51,9 @@ def _assert_mtp_causal(model, mtp, T=20, j=11):
 
 # ---- fast unit tests -------------------------------------------------------------------------------
 def test_split_is_a_stable_hash_of_the_path():
-    assert [default_model_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")] == \
-        [default_model_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")]
+    assert [default_model_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")] == [
+        default_model_corpus.split_of(p) for p in ("os.py", "json/decoder.py", "asyncio/tasks.py")
+    ]
     names = [f"pkg/mod{i}.py" for i in range(2000)]
     share = sum(default_model_corpus.split_of(n) == "test" for n in names) / len(names)
     assert 0.03 < share < 0.07
@@ -95,8 +100,13 @@ def test_gdn_kernel_preflight_passes_on_the_torch_path():
 @pytest.fixture(scope="module")
 def smoke_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny") / "out"
-    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "train_default_model.py"), "--smoke", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "train_default_model.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -105,6 +115,7 @@ def smoke_dir(tmp_path_factory):
 @pytest.mark.timeout(900)
 def test_smoke_writes_a_loadable_checkpoint(smoke_dir):
     from transformers.models.qwen3_5 import Qwen3_5ForCausalLM
+
     from baton.config import ModelConfig
 
     for name in FILES:

@@ -1,4 +1,5 @@
 """PrefillWorker over real loopback gRPC: Verify exactness (issue 4), bad input, deadlines, auth, TTL."""
+
 import random
 import time
 
@@ -7,16 +8,17 @@ import pytest
 from helpers import make_tiny_dir
 
 from baton.complete import complete
+from baton.engine.runner import ModelRunner
 from baton.loading import load_model
 from baton.rpc import build_server, make_channel
-from baton.engine.runner import ModelRunner
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from prefill_worker.engine import ExactEngine
-from prefill_worker.service import SERVICE, PrefillServicer, serve_prefill
+from prefill_worker.serve import serve_prefill
+from prefill_worker.service import SERVICE, PrefillServicer
 
-MAX_LEN, W, T = 256, 16, 30   # window (same for complete()), row width, per-call deadline (s)
-N = 64                         # tokens per prompt in the exactness test
+MAX_LEN, W, T = 256, 16, 30  # window (same for complete()), row width, per-call deadline (s)
+N = 64  # tokens per prompt in the exactness test
 EXACT = common_pb2.EXACT
 
 
@@ -46,7 +48,7 @@ def no_leaks(request):
     yield
     if "stub" in request.fixturenames:
         stub = request.getfixturevalue("stub")
-        for _ in range(200):   # up to 10 s: a cancelled call may still be finishing on the server
+        for _ in range(200):  # up to 10 s: a cancelled call may still be finishing on the server
             st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
             if st.sessions == 0 and st.outstanding == 0:
                 break
@@ -88,12 +90,16 @@ def test_verify_with_mixed_drafter_is_token_identical_to_complete(stub, lm, refs
         out, rnd = [r.first_token], 0
         while len(out) < N:
             base = len(out)
-            drafts = ref[base:base + K]
+            drafts = ref[base : base + K]
             # forced pattern: all right / wrong first / all right / wrong last / wrong middle / seeded
             kind = ("ok", "first", "ok", "last", "middle", "rng")[rnd % 6]
-            j = {"ok": None, "first": 0, "last": K - 1,
-                 "middle": rng.randrange(1, K - 1) if K > 2 else None,
-                 "rng": rng.choice([None, rng.randrange(K)])}[kind]
+            j = {
+                "ok": None,
+                "first": 0,
+                "last": K - 1,
+                "middle": rng.randrange(1, K - 1) if K > 2 else None,
+                "rng": rng.choice([None, rng.randrange(K)]),
+            }[kind]
             if j is not None:
                 drafts[j] = (drafts[j] + 1 + rng.randrange(vocab - 1)) % vocab
             v = stub.Verify(prefill_pb2.VerifyRequest(session_id=sid, tokens=[out[-1]] + drafts), timeout=T)
@@ -101,7 +107,7 @@ def test_verify_with_mixed_drafter_is_token_identical_to_complete(stub, lm, refs
             assert v.next_token == ref[base + v.accepted]
             if v.accepted < K:
                 rejected_at.add("first" if v.accepted == 0 else "last" if v.accepted == K - 1 else "middle")
-            out += drafts[:v.accepted] + [v.next_token]
+            out += drafts[: v.accepted] + [v.next_token]
             assert v.position == len(prompt) + len(out) - 1
             assert v.counters.verify_blocks == rnd + 1
             rnd += 1
@@ -151,10 +157,12 @@ def test_verify_bad_input(stub, lm):
     _normal(stub, lm)
     r = stub.Prefill(prefill_pb2.PrefillRequest(session_id="b", prompt_ids=[4, 5, 6], mode=EXACT), timeout=T)
     t0 = r.first_token
-    cases = [([t0], "tokens"),                          # K = 0
-             ([t0] + [1] * W, "tokens"),                # K = W
-             ([t0, 512], "tokens"),                     # id out of range
-             ([(t0 + 1) % 512, 1], "tokens[0]")]        # not the pending token
+    cases = [
+        ([t0], "tokens"),  # K = 0
+        ([t0] + [1] * W, "tokens"),  # K = W
+        ([t0, 512], "tokens"),  # id out of range
+        ([(t0 + 1) % 512, 1], "tokens[0]"),
+    ]  # not the pending token
     for tokens, field in cases:
         code, details = _err(_verify(stub, "b", tokens))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field), details
@@ -162,7 +170,7 @@ def test_verify_bad_input(stub, lm):
         t0 = v.next_token
     assert stub.Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T).released
     assert not stub.Release(common_pb2.ReleaseRequest(session_id="b"), timeout=T).released
-    code, details = _err(_verify(stub, "b", [t0, 1]))                      # after Release
+    code, details = _err(_verify(stub, "b", [t0, 1]))  # after Release
     assert code == grpc.StatusCode.NOT_FOUND and "session_id" in details
     _normal(stub, lm)
 
@@ -172,7 +180,7 @@ def test_verify_past_the_window_is_out_of_range(stub, lm):
     r = stub.Prefill(prefill_pb2.PrefillRequest(session_id="w", prompt_ids=prompt, mode=EXACT), timeout=T)
     wrong = (r.first_token + 1) % 512
     v = stub.Verify(prefill_pb2.VerifyRequest(session_id="w", tokens=[r.first_token] + [wrong] * (W - 1)), timeout=T)
-    assert v.position == MAX_LEN - W + 1                                    # m = 0: one row consumed
+    assert v.position == MAX_LEN - W + 1  # m = 0: one row consumed
     code, details = _err(_verify(stub, "w", [v.next_token] + [1] * (W - 1)))  # 16 rows at 241 > 256
     assert code == grpc.StatusCode.OUT_OF_RANGE and details.startswith("tokens") and "window" in details
     stub.Verify(prefill_pb2.VerifyRequest(session_id="w", tokens=[v.next_token, 1]), timeout=T)  # fits
@@ -206,8 +214,11 @@ def test_stats_and_counters(stub, server, lm):
 
 def test_expired_deadline_leaves_no_session(stub, lm):
     for mode in (EXACT, common_pb2.FAST):
-        code, details = _err(lambda timeout: stub.Prefill(
-            prefill_pb2.PrefillRequest(session_id=f"late{mode}", prompt_ids=[5] * 200, mode=mode), timeout=0.001))
+        code, details = _err(
+            lambda timeout: stub.Prefill(
+                prefill_pb2.PrefillRequest(session_id=f"late{mode}", prompt_ids=[5] * 200, mode=mode), timeout=0.001
+            )
+        )
         assert code == grpc.StatusCode.DEADLINE_EXCEEDED, details
     # no_leaks (autouse) waits for the server side to finish and checks sessions == 0
     _normal(stub, lm)
@@ -230,22 +241,27 @@ def test_ttl_reaper_releases_idle_sessions(lm):
 
 def test_every_rpc_needs_the_token(lm):
     settings = Settings(token="t0k3n")
-    svc = PrefillServicer(ExactEngine(ModelRunner(lm.model, slots=1, max_len=64, width=W)),
-                          fingerprint=lm.fingerprint)
-    handle = build_server([(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, svc)],
-                          service_names=[SERVICE], port=0, settings=settings)
+    svc = PrefillServicer(ExactEngine(ModelRunner(lm.model, slots=1, max_len=64, width=W)), fingerprint=lm.fingerprint)
+    handle = build_server(
+        [(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, svc)],
+        service_names=[SERVICE],
+        port=0,
+        settings=settings,
+    )
     try:
-        with make_channel(handle.address, Settings()) as ch:    # no token
+        with make_channel(handle.address, Settings()) as ch:  # no token
             s = prefill_pb2_grpc.PrefillWorkerStub(ch)
-            calls = {"Prefill": prefill_pb2.PrefillRequest(prompt_ids=[1]),
-                     "Verify": prefill_pb2.VerifyRequest(session_id="a", tokens=[1, 2]),
-                     "Release": common_pb2.ReleaseRequest(session_id="a"),
-                     "ExportState": prefill_pb2.ExportStateRequest(session_id="a"),
-                     "GetStats": common_pb2.WorkerStatsRequest()}
+            calls = {
+                "Prefill": prefill_pb2.PrefillRequest(prompt_ids=[1]),
+                "Verify": prefill_pb2.VerifyRequest(session_id="a", tokens=[1, 2]),
+                "Release": common_pb2.ReleaseRequest(session_id="a"),
+                "ExportState": prefill_pb2.ExportStateRequest(session_id="a"),
+                "GetStats": common_pb2.WorkerStatsRequest(),
+            }
             assert set(calls) == set(prefill_pb2.DESCRIPTOR.services_by_name["PrefillWorker"].methods_by_name)
             for name, req in calls.items():
                 assert _err(getattr(s, name), req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
-        with make_channel(handle.address, settings) as ch:      # with the token: served
+        with make_channel(handle.address, settings) as ch:  # with the token: served
             r = prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(prompt_ids=[1]), timeout=T)
             assert r.prompt_tokens == 1
         assert svc.engine.session_count() == 0
@@ -254,7 +270,7 @@ def test_every_rpc_needs_the_token(lm):
         svc.close()
 
 
-class _FlakyRelease(decode_pb2_grpc.DecodeWorkerServicer):   # the other RPCs: UNIMPLEMENTED
+class _FlakyRelease(decode_pb2_grpc.DecodeWorkerServicer):  # the other RPCs: UNIMPLEMENTED
     """A decode worker whose Release answers `codes` in turn (then OK), counting the calls."""
 
     def __init__(self, codes):
@@ -267,11 +283,14 @@ class _FlakyRelease(decode_pb2_grpc.DecodeWorkerServicer):   # the other RPCs: U
         return common_pb2.ReleaseResponse(released=True)
 
 
-@pytest.mark.parametrize("codes,calls", [
-    ([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED], 3),   # transient: retried until OK
-    ([grpc.StatusCode.UNAVAILABLE] * 5, 3),                                  # gives up after 3 attempts
-    ([grpc.StatusCode.NOT_FOUND], 1),                                        # never loaded: no retry
-])
+@pytest.mark.parametrize(
+    "codes,calls",
+    [
+        ([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED], 3),  # transient: retried until OK
+        ([grpc.StatusCode.UNAVAILABLE] * 5, 3),  # gives up after 3 attempts
+        ([grpc.StatusCode.NOT_FOUND], 1),  # never loaded: no retry
+    ],
+)
 def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes, calls):
     """PrefillServicer._release_remote (a cancelled Prefill whose state may have landed), against a real
     loopback decode worker endpoint whose Release fails first."""
@@ -281,8 +300,9 @@ def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes,
     from decode_worker.service import SERVICE as DECODE
 
     svc = _FlakyRelease(codes)
-    h = build_server([(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, svc)], service_names=[DECODE], port=0,
-                     settings=Settings())
+    h = build_server(
+        [(decode_pb2_grpc.add_DecodeWorkerServicer_to_server, svc)], service_names=[DECODE], port=0, settings=Settings()
+    )
     me = SimpleNamespace(channels=ChannelPool(), settings=Settings())
     try:
         t0 = time.perf_counter()
@@ -296,15 +316,16 @@ def test_release_after_a_cancelled_prefill_is_retried_on_transient_errors(codes,
 def test_warm_up_prefills_leave_no_session_and_exact_results(tmp_path):
     """ExactEngine.warm_up (run before a CUDA prefill worker serves) releases every slot it used and
     leaves later results bitwise unchanged."""
-    from baton.loading import load_model
-    from baton.engine.runner import ModelRunner
-    from prefill_worker.engine import ExactEngine
     from helpers import make_tiny_dir
+
+    from baton.engine.runner import ModelRunner
+    from baton.loading import load_model
+    from prefill_worker.engine import ExactEngine
 
     lm = load_model(make_tiny_dir(tmp_path), dtype="fp32")
     eng = ExactEngine(ModelRunner(lm.model, max_len=128, width=8, slots=2))
     prompt = [5, 17, 33, 200, 7]
     before = eng.generate(prompt, 6)
-    assert eng.warm_up(lengths=(1, 17, 500)) > 0          # 500 is capped at max_len - W
+    assert eng.warm_up(lengths=(1, 17, 500)) > 0  # 500 is capped at max_len - W
     assert eng.session_count() == 0
     assert eng.generate(prompt, 6) == before

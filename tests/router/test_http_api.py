@@ -10,6 +10,7 @@ streaming clients (BATON_HTTP_LOAD_CLIENTS=64 for the full size) get only 200 / 
 In process, routers without workers (no model compute): 401 on every path but /health, 429 / 503 mapping,
 a large body fuzz, TLS, chat templates (the embedded one, a Qwen3.5 one in tests/data), and the lazy import.
 """
+
 import datetime
 import ipaddress
 import json
@@ -27,17 +28,19 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conftest import pick_free_port  # noqa: E402
+
 from baton.client import Client  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from benchmarks.bench_http import Stack, grpc_text, load  # noqa: E402
 from benchmarks.load import worker_sessions  # noqa: E402
-from conftest import pick_free_port  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
 MODEL = "default-model"
@@ -90,7 +93,7 @@ def metric(text: str, line_start: str) -> float:
 
 # ---------------------------------------------------------------------------------- real stack
 def test_health_models_metrics(stack):
-    r = httpx.get(stack.url + "/health", timeout=10)            # no token: a probe
+    r = httpx.get(stack.url + "/health", timeout=10)  # no token: a probe
     assert (r.status_code, r.json()) == (200, {"status": "SERVING"})
     models = stack.openai().models.list()
     assert [m.id for m in models.data] == [MODEL]
@@ -110,8 +113,16 @@ def test_completion_equals_grpc_streamed_or_not(stack, tok, mode):
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(tok.encode(PROMPT)), 12)
     stats = r.model_extra["baton"]["stats"]
     assert stats["request_id"] == r.id and (stats["drafted"] > 0) == (mode == "exact"), stats
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, stream=True, extra_body=ext,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            stream=True,
+            extra_body=ext,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
@@ -129,8 +140,16 @@ def test_completion_token_prompt_and_batches(stack, tok):
         r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, extra_body=ext)
         assert [(c.index, c.text) for c in r.choices] == [(0, want[0]), (1, want[1])]
         assert r.usage.completion_tokens == 12
-    chunks = list(client.completions.create(model=MODEL, prompt=[PROMPT, other], max_tokens=6, stream=True,
-                                            extra_body=ext, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=[PROMPT, other],
+            max_tokens=6,
+            stream=True,
+            extra_body=ext,
+            stream_options={"include_usage": True},
+        )
+    )
     texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)]
     assert texts == want and chunks[-1].usage.completion_tokens == 12
 
@@ -147,8 +166,16 @@ def test_chat_streamed_or_not_equals_the_rendered_prompt(stack, tok):
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == want
     assert r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(tok.encode(rendered)), 10)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10,
-                                                 stream=True, stream_options={"include_usage": True}, extra_body=ext))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_completion_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=ext,
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-2].choices[0].finish_reason == "length"
@@ -160,17 +187,34 @@ def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
         deltas = list(c.generate(PROMPT, max_new_tokens=24, ignore_eos=True))
     ids, text = [t for d in deltas for t in d.token_ids], "".join(d.text for d in deltas)
     client = stack.openai()
-    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24,
-                                  extra_body={"baton": {"ignore_eos": True, "stop_token_ids": [ids[3]]}})
+    r = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=24,
+        extra_body={"baton": {"ignore_eos": True, "stop_token_ids": [ids[3]]}},
+    )
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == ids.index(ids[3]) + 1
     stop = text[10:13]
     cut = text.find(stop)
-    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, stop=[stop, "never-there"],
-                                  extra_body={"baton": {"ignore_eos": True}})
+    r = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=24,
+        stop=[stop, "never-there"],
+        extra_body={"baton": {"ignore_eos": True}},
+    )
     assert (r.choices[0].text, r.choices[0].finish_reason) == (text[:cut], "stop")
     assert r.usage.completion_tokens < 24
-    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, stop=stop, stream=True,
-                                            extra_body={"baton": {"ignore_eos": True}}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=24,
+            stop=stop,
+            stream=True,
+            extra_body={"baton": {"ignore_eos": True}},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == text[:cut] and chunks[-1].choices[0].finish_reason == "stop"
     assert not any(sessions_settle(stack).values())
 
@@ -178,8 +222,13 @@ def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
 def test_streaming_is_live(stack):
     """The first content chunk arrives while the decode worker still holds the request's session (it
     releases it after the last token): an order of events, not a time."""
-    stream = stack.openai().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                    max_tokens=48, stream=True, extra_body={"baton": {"ignore_eos": True}})
+    stream = stack.openai().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=48,
+        stream=True,
+        extra_body={"baton": {"ignore_eos": True}},
+    )
     seen_live, content_chunks = None, 0
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -191,17 +240,25 @@ def test_streaming_is_live(stack):
 
 
 def test_a_client_that_leaves_releases_both_workers_sessions(stack):
-    base = metric(httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {stack.token}"}).text,
-                  'baton_router_requests_total{mode="fast",status="CANCELLED"}')
-    stream = stack.openai().completions.create(model=MODEL, prompt=PROMPT, max_tokens=400, stream=True,
-                                               extra_body={"baton": {"ignore_eos": True}})
+    base = metric(
+        httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {stack.token}"}).text,
+        'baton_router_requests_total{mode="fast",status="CANCELLED"}',
+    )
+    stream = stack.openai().completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=400, stream=True, extra_body={"baton": {"ignore_eos": True}}
+    )
     it = iter(stream)
     next(it), next(it)
     assert worker_sessions(stack.workers, stack.token)["decode-0"] == 1
     stream.close()
-    with pytest.raises(httpx.ReadTimeout):                       # non-streaming: the client gives up
-        post(stack.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 400, "baton": {"ignore_eos": True}},
-             token=stack.token, timeout=1.0)
+    with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up
+        post(
+            stack.url,
+            "/v1/completions",
+            {"prompt": PROMPT, "max_tokens": 400, "baton": {"ignore_eos": True}},
+            token=stack.token,
+            timeout=1.0,
+        )
     left = sessions_settle(stack)
     assert not any(left.values()), left
     text = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {stack.token}"}).text
@@ -215,10 +272,10 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": "8"}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 100000}, 400, "max_tokens"),          # the router's limit
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 490}, 400, "max_tokens"),             # past the window
-    ("/v1/completions", {"prompt": [7] * 600}, 400, "prompt"),                                 # the router's window
-    ("/v1/completions", {"prompt": [1, 99999999]}, 400, "prompt"),                             # out of the vocabulary
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 100000}, 400, "max_tokens"),  # the router's limit
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 490}, 400, "max_tokens"),  # past the window
+    ("/v1/completions", {"prompt": [7] * 600}, 400, "prompt"),  # the router's window
+    ("/v1/completions", {"prompt": [1, 99999999]}, 400, "prompt"),  # out of the vocabulary
     ("/v1/completions", {"prompt": [1, -1]}, 400, "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [PROMPT, 3]}, 400, "prompt"),
@@ -237,12 +294,20 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "model": "gpt-4"}, 404, "model"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages[0].content[0]"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "messages[0].content[0]",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400,
-     "tools"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        400,
+        "tools",
+    ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 20000}]}, 400, "messages"),
 ]
 
@@ -254,7 +319,7 @@ def test_bad_input_gets_its_status_and_the_next_request_is_served(stack):
         assert_error(r, status, field)
     big = json.dumps({"prompt": "a" * (4 << 20)})
     assert_error(post(stack.url, "/v1/completions", token=stack.token, content=big), 413)
-    chunked = (b"x" * 65536 for _ in range(70))                      # no Content-Length: counted as it arrives
+    chunked = (b"x" * 65536 for _ in range(70))  # no Content-Length: counted as it arrives
     assert_error(post(stack.url, "/v1/completions", token=stack.token, content=chunked), 413)
     assert_error(httpx.get(stack.url + "/v1/completions", headers={"Authorization": f"Bearer {stack.token}"}), 405)
     assert_error(httpx.get(stack.url + "/v2/nothing", headers={"Authorization": f"Bearer {stack.token}"}), 404)
@@ -264,22 +329,50 @@ def test_bad_input_gets_its_status_and_the_next_request_is_served(stack):
 
 def _body_strategy(valid_model: bool = True):
     small = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(allow_nan=False), st.text(max_size=8))
-    value = st.recursive(small, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
-                         max_leaves=6)
-    prompt = st.one_of(st.text(max_size=30), st.lists(st.integers(-2, 9000), max_size=6),
-                       st.lists(st.text(max_size=10), max_size=3), value)
-    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "x"]),
-                                     "content": st.one_of(st.text(max_size=20), value)})
-    fields = {"prompt": prompt, "messages": st.one_of(st.lists(message, max_size=3), value),
-              "max_tokens": st.one_of(st.integers(-1, 3), value), "stream": st.one_of(st.booleans(), value),
-              "temperature": st.one_of(st.just(0), value), "top_p": st.one_of(st.just(1), value),
-              "stop": st.one_of(st.text(max_size=4), st.lists(st.text(max_size=4), max_size=3), value),
-              "n": value, "seed": value, "logprobs": value, "stream_options": value, "user": value,
-              "chat_template_kwargs": value, "model": st.sampled_from([MODEL]) if valid_model else value,
-              "baton": st.one_of(st.fixed_dictionaries({}, optional={
-                  "mode": st.sampled_from(["fast", "exact", "x"]), "engine": st.sampled_from(["bf16", "fp8", "mtp"]),
-                  "draft_block": st.integers(-1, 20), "ignore_eos": st.booleans(),
-                  "stop_token_ids": st.lists(st.integers(-1, 9000), max_size=3)}), value)}
+    value = st.recursive(
+        small, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=6
+    )
+    prompt = st.one_of(
+        st.text(max_size=30),
+        st.lists(st.integers(-2, 9000), max_size=6),
+        st.lists(st.text(max_size=10), max_size=3),
+        value,
+    )
+    message = st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "system", "assistant", "x"]),
+            "content": st.one_of(st.text(max_size=20), value),
+        }
+    )
+    fields = {
+        "prompt": prompt,
+        "messages": st.one_of(st.lists(message, max_size=3), value),
+        "max_tokens": st.one_of(st.integers(-1, 3), value),
+        "stream": st.one_of(st.booleans(), value),
+        "temperature": st.one_of(st.just(0), value),
+        "top_p": st.one_of(st.just(1), value),
+        "stop": st.one_of(st.text(max_size=4), st.lists(st.text(max_size=4), max_size=3), value),
+        "n": value,
+        "seed": value,
+        "logprobs": value,
+        "stream_options": value,
+        "user": value,
+        "chat_template_kwargs": value,
+        "model": st.sampled_from([MODEL]) if valid_model else value,
+        "baton": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "mode": st.sampled_from(["fast", "exact", "x"]),
+                    "engine": st.sampled_from(["bf16", "fp8", "mtp"]),
+                    "draft_block": st.integers(-1, 20),
+                    "ignore_eos": st.booleans(),
+                    "stop_token_ids": st.lists(st.integers(-1, 9000), max_size=3),
+                },
+            ),
+            value,
+        ),
+    }
     return st.one_of(st.fixed_dictionaries({}, optional=fields), value)
 
 
@@ -316,9 +409,14 @@ class Bare:
         from router.service import RouterConfig
 
         self.handle, self.servicer = serve_router(
-            prefill=["127.0.0.1:9"], decode=["127.0.0.1:9"], model_dir=str(model_dir), port=0,
-            settings=settings or Settings(token=token), config=RouterConfig(max_inflight=max_inflight),
-            http_port=pick_free_port())
+            prefill=["127.0.0.1:9"],
+            decode=["127.0.0.1:9"],
+            model_dir=str(model_dir),
+            port=0,
+            settings=settings or Settings(token=token),
+            config=RouterConfig(max_inflight=max_inflight),
+            http_port=pick_free_port(),
+        )
         self.url = self.servicer.http.url
 
     def close(self):
@@ -336,14 +434,23 @@ def refusing():
 
 
 def test_401_on_every_endpoint_but_health(refusing):
-    paths = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-             ("GET", "/metrics"), ("GET", "/nowhere")]
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
-                    {"Authorization": f"bearer {TOKEN}x"}):
+    paths = [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/chat/completions"),
+        ("GET", "/metrics"),
+        ("GET", "/nowhere"),
+    ]
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"bearer {TOKEN}x"},
+    ):
         for method, path in paths:
             r = httpx.request(method, refusing.url + path, headers=headers, content=b"{}", timeout=10)
             assert assert_error(r, 401, "authorization")["type"] == "authentication_error"
-    r = httpx.get(refusing.url + "/health", timeout=10)   # no token needed; no workers: NOT_SERVING
+    r = httpx.get(refusing.url + "/health", timeout=10)  # no token needed; no workers: NOT_SERVING
     assert (r.status_code, r.json()) == (503, {"status": "NOT_SERVING"})
     assert refusing.url.startswith("http://127.0.0.1:")
 
@@ -360,21 +467,36 @@ def test_router_statuses_map_to_http(refusing):
     try:
         err = assert_error(post(bare.url, "/v1/completions", body, token=TOKEN), 503)
         assert "no prefill worker" in err["message"]
-        assert_error(post(bare.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
-                          token=TOKEN), 503)
+        assert_error(
+            post(bare.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, token=TOKEN), 503
+        )
     finally:
         bare.close()
     C = grpc.StatusCode
-    got = {c: ApiError.from_status(c, "x").status for c in (C.INVALID_ARGUMENT, C.UNAUTHENTICATED, C.RESOURCE_EXHAUSTED,
-                                                           C.UNAVAILABLE, C.DEADLINE_EXCEEDED, C.OUT_OF_RANGE, C.INTERNAL)}
+    got = {
+        c: ApiError.from_status(c, "x").status
+        for c in (
+            C.INVALID_ARGUMENT,
+            C.UNAUTHENTICATED,
+            C.RESOURCE_EXHAUSTED,
+            C.UNAVAILABLE,
+            C.DEADLINE_EXCEEDED,
+            C.OUT_OF_RANGE,
+            C.INTERNAL,
+        )
+    }
     assert list(got.values()) == [400, 401, 429, 503, 504, 500, 500]
-    assert ApiError.from_status(C.INVALID_ARGUMENT, "max_new_tokens: 9 > 8", {"max_new_tokens": "max_tokens"}
-                                ).message == "max_tokens: 9 > 8"
+    assert (
+        ApiError.from_status(C.INVALID_ARGUMENT, "max_new_tokens: 9 > 8", {"max_new_tokens": "max_tokens"}).message
+        == "max_tokens: 9 > 8"
+    )
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-@given(path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
-       body=st.one_of(_body_strategy(), st.binary(max_size=40)))
+@given(
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+    body=st.one_of(_body_strategy(), st.binary(max_size=40)),
+)
 def test_fuzz_bodies_only_200_400_413_429(refusing, path, body):
     raw = body if isinstance(body, bytes) else None
     r = post(refusing.url, path, body, token=TOKEN, content=raw)
@@ -387,10 +509,14 @@ def test_tls_from_the_routers_settings(tmp_path):
     bare = Bare(settings=Settings(token=TOKEN, tls_cert=cert, tls_key=key))
     try:
         assert bare.url.startswith("https://127.0.0.1:")
-        r = httpx.get(bare.url + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10,
-                      verify=ssl.create_default_context(cafile=cert))
+        r = httpx.get(
+            bare.url + "/v1/models",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+            verify=ssl.create_default_context(cafile=cert),
+        )
         assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL
-        with pytest.raises(httpx.ConnectError):                   # plaintext or an untrusted certificate
+        with pytest.raises(httpx.ConnectError):  # plaintext or an untrusted certificate
             httpx.get(bare.url + "/health", timeout=10)
     finally:
         bare.close()
@@ -405,16 +531,23 @@ def _cert(tmp):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "baton-http-test")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     c, k = tmp / "cert.pem", tmp / "key.pem"
     c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
+    k.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(c), str(k)
 
 
@@ -429,16 +562,20 @@ def test_qwen35_template_renders_and_feeds_the_prompt(tok, tmp_path):
     from router.http.chat import ChatTemplate, ChatTemplateError
     from router.http.schemas import parse_chat
 
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": QWEN35_TEMPLATE.read_text(), "eos_token": "<|im_end|>", "bos_token": None}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": QWEN35_TEMPLATE.read_text(), "eos_token": "<|im_end|>", "bos_token": None})
+    )
     t = ChatTemplate.from_dir(tmp_path)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert t.render(msgs) == head + "<think>\n"
     assert t.render(msgs, kwargs={"enable_thinking": False}) == head + "<think>\n\n</think>\n\n"
     assert t.render(msgs, add_generation_prompt=False) == head.removesuffix("<|im_start|>assistant\n")
-    turns = msgs + [{"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello!"}, {"role": "user", "content": "Bye"}]
-    assert "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye" in t.render(turns)   # old thinking dropped
+    turns = msgs + [
+        {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello!"},
+        {"role": "user", "content": "Bye"},
+    ]
+    assert "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye" in t.render(turns)  # old thinking dropped
     with pytest.raises(ChatTemplateError, match="No user query"):
         t.render([{"role": "system", "content": "x"}])
     body = {"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 5}
@@ -455,24 +592,35 @@ def test_template_sources_sandbox_and_a_model_without_one(tok, tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     assert ChatTemplate.from_dir(d) is None
-    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
-        {"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ messages[0].content }}!"}]}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": [
+                    {"name": "tool_use", "template": "T"},
+                    {"name": "default", "template": "{{ messages[0].content }}!"},
+                ]
+            }
+        )
+    )
     assert ChatTemplate.from_dir(d).render([{"role": "user", "content": "a"}]) == "a!"
-    (d / "chat_template.jinja").write_text("J{{ messages | length }}")                # the file wins
+    (d / "chat_template.jinja").write_text("J{{ messages | length }}")  # the file wins
     assert ChatTemplate.from_dir(d).render([{"role": "user", "content": "a"}]) == "J1"
     evil = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ChatTemplateError):
         evil.render([{"role": "user", "content": "a"}])
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{% for %}")
-    bare_dir = tmp_path / "no-template"                                               # the real router's answer
+    bare_dir = tmp_path / "no-template"  # the real router's answer
     bare_dir.mkdir()
     for f in ("config.json", "tokenizer.json"):
         shutil.copy(DEFAULT_DIR / f, bare_dir / f)
     bare = Bare(model_dir=bare_dir)
     try:
-        err = assert_error(post(bare.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
-                                token=TOKEN), 400, "messages")
+        err = assert_error(
+            post(bare.url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, token=TOKEN),
+            400,
+            "messages",
+        )
         assert "no chat template" in err["message"]
     finally:
         bare.close()
@@ -480,14 +628,16 @@ def test_template_sources_sandbox_and_a_model_without_one(tok, tmp_path):
 
 # ---------------------------------------------------------------------------------- units
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet="ab\n", max_size=30), stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3),
-                                                                   min_size=1, max_size=3),
-       cuts=st.lists(st.integers(0, 30), max_size=6))
+@given(
+    text=st.text(alphabet="ab\n", max_size=30),
+    stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 30), max_size=6),
+)
 def test_stop_matcher_cuts_at_the_earliest_stop_whatever_the_chunking(text, stops, cuts):
     from router.http.stops import StopMatcher
 
     hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
-    want = text[:min(hits)[1]] if hits else text       # the stop string that completes first
+    want = text[: min(hits)[1]] if hits else text  # the stop string that completes first
     m, out, hit = StopMatcher(tuple(stops)), [], False
     bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
     for a, b in zip(bounds, bounds[1:]):
@@ -501,34 +651,58 @@ def test_stop_matcher_cuts_at_the_earliest_stop_whatever_the_chunking(text, stop
 
 
 def test_http_stack_is_imported_only_when_asked_for():
-    code = ("import sys; sys.modules['fastapi'] = None\n"
-            "from router.__main__ import main\n"
-            "sys.exit(main(['--port', '0', '--prefill', '127.0.0.1:9', '--decode', '127.0.0.1:9', '--model', sys.argv[1],"
-            " '--http-port', sys.argv[2]]))")
+    code = (
+        "import sys; sys.modules['fastapi'] = None\n"
+        "from router.__main__ import main\n"
+        "sys.exit(main(['--port', '0', '--prefill', '127.0.0.1:9', '--decode', '127.0.0.1:9', '--model', sys.argv[1],"
+        " '--http-port', sys.argv[2]]))"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BATON_LOG_LEVEL": "WARNING"}
-    r = subprocess.run([sys.executable, "-c", code, str(DEFAULT_DIR), str(pick_free_port())], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(DEFAULT_DIR), str(pick_free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and "needs fastapi, uvicorn and jinja2" in r.stderr, r.stderr
-    probe = ("import sys; sys.modules['fastapi'] = None\n"
-             "from router.__main__ import serve_router, stop_router\n"
-             "h, s = serve_router(prefill=['127.0.0.1:9'], decode=['127.0.0.1:9'], model_dir=sys.argv[1])\n"
-             "stop_router(h, s, 0); print('uvicorn' in sys.modules, 'jinja2' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", probe, str(DEFAULT_DIR)], env=env, capture_output=True, text=True,
-                       timeout=60)
+    probe = (
+        "import sys; sys.modules['fastapi'] = None\n"
+        "from router.__main__ import serve_router, stop_router\n"
+        "h, s = serve_router(prefill=['127.0.0.1:9'], decode=['127.0.0.1:9'], model_dir=sys.argv[1])\n"
+        "stop_router(h, s, 0); print('uvicorn' in sys.modules, 'jinja2' in sys.modules)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(DEFAULT_DIR)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stderr
 
 
 def test_python_m_router_serves_http_and_a_busy_port_is_a_clear_error():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BATON_LOG_LEVEL": "WARNING", "BATON_TOKEN": ""}
     port = pick_free_port()
-    argv = [sys.executable, "-u", "-m", "router", "--port", "0", "--prefill", "127.0.0.1:9", "--decode", "127.0.0.1:9",
-            "--model", str(DEFAULT_DIR), "--http-port", str(port)]
+    argv = [
+        sys.executable,
+        "-u",
+        "-m",
+        "router",
+        "--port",
+        "0",
+        "--prefill",
+        "127.0.0.1:9",
+        "--decode",
+        "127.0.0.1:9",
+        "--model",
+        str(DEFAULT_DIR),
+        "--http-port",
+        str(port),
+    ]
     p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = [p.stdout.readline().strip() for _ in range(2)]
         assert lines[1] == f"router: http on http://127.0.0.1:{port}", lines
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 503   # no worker up
-        busy = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)     # the same port again
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 503  # no worker up
+        busy = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)  # the same port again
         assert busy.returncode == 1 and f"--http-port {port}: cannot listen on 127.0.0.1:{port}" in busy.stderr
     finally:
         p.terminate()

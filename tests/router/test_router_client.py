@@ -1,13 +1,14 @@
 """baton.client.Client and the `baton generate` / `baton health` commands against a fake cluster."""
+
 import json
 
 import grpc
 import pytest
+from fakes import Cluster, reference
 
 from baton import cli
 from baton.client import Client, Delta
 from baton.settings import Settings
-from fakes import Cluster, reference
 
 TOKEN = "cli-token"
 
@@ -50,8 +51,24 @@ def test_client_health_of_nothing():
 
 
 def test_cli_generate_json(cluster, token_file, capsys):
-    rc = cli.main(["generate", "--addr", cluster.address, "--token-file", token_file, "--prompt-ids", "4,5",
-                   "--max-new-tokens", "6", "--mode", "exact", "--engine", "fp8", "--json"])
+    rc = cli.main(
+        [
+            "generate",
+            "--addr",
+            cluster.address,
+            "--token-file",
+            token_file,
+            "--prompt-ids",
+            "4,5",
+            "--max-new-tokens",
+            "6",
+            "--mode",
+            "exact",
+            "--engine",
+            "fp8",
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["token_ids"] == reference([4, 5], 6) and out["finish_reason"] == "LENGTH"
     assert out["usage"] == {"prompt_tokens": 2, "completion_tokens": 6} and "ttft_ms" in out["stats"]
@@ -60,7 +77,7 @@ def test_cli_generate_json(cluster, token_file, capsys):
 def test_cli_generate_errors(cluster, token_file, capsys):
     rc = cli.main(["generate", "--addr", cluster.address, "--token-file", token_file, "--prompt-ids", "4,500"])
     assert rc == 1 and "INVALID_ARGUMENT: token_ids:" in capsys.readouterr().err
-    rc = cli.main(["generate", "--addr", cluster.address, "--prompt-ids", "4,5"])     # no token
+    rc = cli.main(["generate", "--addr", cluster.address, "--prompt-ids", "4,5"])  # no token
     assert rc == 1 and "UNAUTHENTICATED" in capsys.readouterr().err
     rc = cli.main(["generate", "--addr", cluster.address, "--token-file", token_file])
     assert rc == 2

@@ -1,13 +1,14 @@
 """Router Generate against fake workers over loopback: relays, stop conditions, validation, limits,
 cancellation, deadlines, prefill retry, migration on decode death (both modes)."""
+
 import threading
 import time
 
+import fakes
 import grpc
 import pytest
-
-import fakes
 from fakes import EOS, SAY_EOS, Cluster, draft_next, exact_next, reference
+
 from router.service import RouterConfig
 
 PROMPT = [5, 6, 7]
@@ -44,7 +45,7 @@ def test_fast_bf16_relay_and_final_message(cluster):
     assert last.usage == {"prompt_tokens": 3, "completion_tokens": 12}
     assert last.stats["request_id"] == "r-1" and last.stats["ttft_ms"] > 0 and last.stats["bridge_bytes"] > 0
     decodes = [r for w in cluster.decode for m, r in w.servicer.calls if m == "Decode"]
-    assert [r.max_new_tokens for r in decodes] == [11]          # the first token comes from Prefill
+    assert [r.max_new_tokens for r in decodes] == [11]  # the first token comes from Prefill
     assert cluster.wait_sessions_zero()
 
 
@@ -65,7 +66,7 @@ def test_exact_mode_is_token_identical(cluster, engine, k):
         out, deltas = cluster.run(prompt, max_new_tokens=30, mode="exact", engine=engine, draft_block=k)
         assert out == reference(prompt, 30)
         st = deltas[-1].stats
-        assert 0 < st["accepted"] < st["drafted"]                  # the fake drafter is sometimes wrong
+        assert 0 < st["accepted"] < st["drafted"]  # the fake drafter is sometimes wrong
         assert st["acceptance_rate"] == pytest.approx(st["accepted"] / st["drafted"])
     assert cluster.wait_sessions_zero()
     ks = {r.k for w in cluster.decode for m, r in w.servicer.calls if m == "Draft"}
@@ -73,7 +74,8 @@ def test_exact_mode_is_token_identical(cluster, engine, k):
 
 
 def test_text_prompt_and_text_deltas():
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
 
     from baton.tokenizer import Tokenizer
     from router.service import ModelMeta
@@ -113,24 +115,27 @@ def test_stop_eos_and_max_new_tokens(cluster, mode):
 
 
 # ---- validation and limits ----------------------------------------------------------------------
-@pytest.mark.parametrize("kw, field", [
-    (dict(prompt=""), "prompt"),
-    (dict(prompt=[]), "prompt"),
-    (dict(prompt=[1, fakes.VOCAB]), "token_ids"),
-    (dict(prompt=[1] * 4090), "prompt"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(max_new_tokens=5000), "max_new_tokens"),
-    (dict(max_new_tokens=4090), "max_new_tokens"),
-    (dict(draft_block=15), "draft_block"),
-    (dict(stop_token_ids=[fakes.VOCAB + 1]), "stop_token_ids"),
-    (dict(request_id="x" * 200), "request_id"),
-    (dict(prompt="text"), "prompt"),        # this router has no tokenizer
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(prompt=""), "prompt"),
+        (dict(prompt=[]), "prompt"),
+        (dict(prompt=[1, fakes.VOCAB]), "token_ids"),
+        (dict(prompt=[1] * 4090), "prompt"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=5000), "max_new_tokens"),
+        (dict(max_new_tokens=4090), "max_new_tokens"),
+        (dict(draft_block=15), "draft_block"),
+        (dict(stop_token_ids=[fakes.VOCAB + 1]), "stop_token_ids"),
+        (dict(request_id="x" * 200), "request_id"),
+        (dict(prompt="text"), "prompt"),  # this router has no tokenizer
+    ],
+)
 def test_invalid_arguments_name_the_field(cluster, kw, field):
     kw = {"prompt": PROMPT, "max_new_tokens": 8, **kw}
     code, details = _code(lambda: cluster.run(kw.pop("prompt"), **kw))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field + ":"), details
-    assert cluster.run(PROMPT, max_new_tokens=3)[0] == reference(PROMPT, 3)   # still serving
+    assert cluster.run(PROMPT, max_new_tokens=3)[0] == reference(PROMPT, 3)  # still serving
 
 
 def test_unknown_enum_values(cluster):
@@ -161,6 +166,7 @@ def test_unspecified_engine_is_named_in_the_prefill_as_the_decode_workers_defaul
     so the router names the picked decode worker's default engine instead of leaving it UNSPECIFIED;
     an explicit engine passes through as asked."""
     from baton.v1 import common_pb2
+
     c = Cluster(n_prefill=1, n_decode=1, engines=engines)
     try:
         for kw in ({}, {"engine": "bf16"}):
@@ -179,7 +185,7 @@ def test_resource_exhausted_past_max_inflight():
             w.servicer.delay = 0.05
         streams = [c.client.generate(PROMPT, max_new_tokens=40, timeout=10) for _ in range(2)]
         for s in streams:
-            next(s)                                  # both admitted and streaming
+            next(s)  # both admitted and streaming
         t0 = time.monotonic()
         code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() - t0 < 1.0
@@ -208,7 +214,7 @@ def test_full_decode_worker_is_resource_exhausted_not_unavailable():
                 else:
                     assert c.run(PROMPT, max_new_tokens=4, mode=mode)[0] == reference(PROMPT, 4)
                 for w in c.servicer.registry.workers("decode"):
-                    w.full_until = 0.0      # end the router's hold on a worker that refused (tested below)
+                    w.full_until = 0.0  # end the router's hold on a worker that refused (tested below)
             assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)
             assert c.wait_sessions_zero()
         finally:
@@ -223,16 +229,16 @@ def test_a_full_decode_worker_gets_no_prefill_until_one_of_its_requests_ends():
     try:
         c.decode[0].servicer.delay = 0.02
         running = c.client.generate(PROMPT, max_new_tokens=40, timeout=10)
-        first = next(running)                              # one request holds a session on the decode worker
+        first = next(running)  # one request holds a session on the decode worker
         c.prefill[0].servicer.fail["Prefill"] = full
         assert _code(lambda: c.run(PROMPT, max_new_tokens=4))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
         prefills = sum(m == "Prefill" for m, _ in c.prefill[0].servicer.calls)
         code, details = _code(lambda: c.run(PROMPT, max_new_tokens=4))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "all session slots" in details, details
-        assert sum(m == "Prefill" for m, _ in c.prefill[0].servicer.calls) == prefills   # refused before Prefill
+        assert sum(m == "Prefill" for m, _ in c.prefill[0].servicer.calls) == prefills  # refused before Prefill
         assert first.token_ids + [t for d in running for t in d.token_ids] == reference(PROMPT, 40)
         assert c.wait_sessions_zero()
-        assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)   # its slot is free: served
+        assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)  # its slot is free: served
     finally:
         c.close()
 
@@ -246,7 +252,7 @@ def test_client_cancel_releases_both_sessions(cluster, mode):
     got = [next(stream) for _ in range(3)]
     assert len(got) == 3 and cluster.sessions() >= 1
     t0 = time.monotonic()
-    stream.close()                                   # cancels the call
+    stream.close()  # cancels the call
     assert cluster.wait_sessions_zero(2.0), [w.sessions for w in cluster.workers]
     assert time.monotonic() - t0 < 2.0
 
@@ -265,7 +271,7 @@ def test_prefill_failure_is_retried_once(cluster):
     cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.INTERNAL
     cluster.prefill[1].servicer.fail["Prefill"] = grpc.StatusCode.INTERNAL
     code, _ = _code(lambda: cluster.run(PROMPT, max_new_tokens=5))
-    assert code == grpc.StatusCode.UNAVAILABLE                      # two failures: no third try
+    assert code == grpc.StatusCode.UNAVAILABLE  # two failures: no third try
     cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.UNAVAILABLE
     for mode in ("fast", "exact"):
         out, _ = cluster.run(PROMPT, max_new_tokens=8, mode=mode)
@@ -296,7 +302,7 @@ def test_unavailable_without_workers():
 
 @pytest.mark.parametrize("engine", ["bf16", "fp8"])
 def test_fast_migration_on_decode_death(cluster, engine):
-    shared = {"Decode.token": 5}                         # whichever decode worker streams dies at its 5th
+    shared = {"Decode.token": 5}  # whichever decode worker streams dies at its 5th
     for w in cluster.decode:
         w.servicer.die_on = shared
     out, deltas = cluster.run(PROMPT, max_new_tokens=40, engine=engine)
@@ -319,18 +325,18 @@ def test_exact_migration_on_decode_death(cluster, engine):
 
 
 def test_exact_migration_on_hung_decode_worker(cluster):
-    cluster.decode[0].servicer.hang.add("Draft")         # a fresh cluster picks decode[0] first
+    cluster.decode[0].servicer.hang.add("Draft")  # a fresh cluster picks decode[0] first
     out, deltas = cluster.run(PROMPT, max_new_tokens=12, mode="exact", engine="fp8", timeout=15)
     assert out == reference(PROMPT, 12) and deltas[-1].stats["migrations"] == 1
     assert cluster.wait_sessions_zero()
 
 
 def test_fast_migration_on_frozen_decode_stream(cluster):
-    cluster.decode[0].servicer.freeze_after = 4          # a fresh cluster picks decode[0] first
+    cluster.decode[0].servicer.freeze_after = 4  # a fresh cluster picks decode[0] first
     t0 = time.monotonic()
     out, deltas = cluster.run(PROMPT, max_new_tokens=20, engine="bf16", timeout=15)
     assert out == reference(PROMPT, 20) and deltas[-1].stats["migrations"] == 1
-    assert 2.0 <= time.monotonic() - t0 < 6.0            # call_timeout_s = 2 in the fake cluster
+    assert 2.0 <= time.monotonic() - t0 < 6.0  # call_timeout_s = 2 in the fake cluster
     assert cluster.wait_sessions_zero()
 
 

@@ -1,5 +1,6 @@
 """deploy/cluster.yaml passes Ray's own cluster-launcher validation (what `ray up` runs first), and
 its launch command matches deploy/launch.py's options and the node types' custom resources."""
+
 from __future__ import annotations
 
 import shlex

@@ -4,6 +4,7 @@ health went NOT_SERVING then SERVING and that it serves through the restarted ac
 
 The head is `ray start --head` on loopback with its own temp dir; it is stopped by killing exactly
 the processes that carry that temp dir (`ray stop` would stop every Ray instance of the machine)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import pick_free_port
 from test_deploy_serve import ROOT, cmdline_matches, generate, port_open
 
@@ -51,15 +51,32 @@ def ray_head():
     temp_dir = tempfile.mkdtemp(prefix="baton-rt-", dir="/tmp")  # short: Ray's unix sockets live here
     port = pick_free_port()
     # `python -m ray.scripts.scripts` is the `ray` CLI, without relying on PATH
-    r = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                        f"--temp-dir={temp_dir}", "--num-cpus=4", "--include-dashboard=false",
-                        "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
-                       env=_env(), capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--temp-dir={temp_dir}",
+            "--num-cpus=4",
+            "--include-dashboard=false",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         # NOTE: Ray advertises the node's routable IP even when asked for 127.0.0.1.
-        addr = next((ln.split("'")[1] for ln in (r.stdout + r.stderr).splitlines()
-                     if "ray start --address=" in ln), f"127.0.0.1:{port}")
+        addr = next(
+            (ln.split("'")[1] for ln in (r.stdout + r.stderr).splitlines() if "ray start --address=" in ln),
+            f"127.0.0.1:{port}",
+        )
         yield addr, temp_dir
     finally:
         _stop_head(temp_dir)
@@ -77,8 +94,7 @@ def _ray_script(address: str, body: str) -> str:
         import ray
         ray.init(address={address!r}, namespace={NAMESPACE!r}, logging_level="WARNING", log_to_driver=False)
     """) + textwrap.dedent(body)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                       timeout=180)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.strip().splitlines()[-1]
 
@@ -113,10 +129,34 @@ def test_launch_on_ray_head_survives_decode_actor_restart(ray_head):
     router_port = pick_free_port()
     t0 = time.monotonic()
     launch = subprocess.run(
-        [sys.executable, "deploy/launch.py", "--address", address, "--namespace", NAMESPACE, "--prefill", "1",
-         "--decode", "1", "--gpus-per-worker", "0", "--worker-host", "127.0.0.1", "--router-host", "127.0.0.1",
-         "--router-port", str(router_port), "--timeout", "240"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "deploy/launch.py",
+            "--address",
+            address,
+            "--namespace",
+            NAMESPACE,
+            "--prefill",
+            "1",
+            "--decode",
+            "1",
+            "--gpus-per-worker",
+            "0",
+            "--worker-host",
+            "127.0.0.1",
+            "--router-host",
+            "127.0.0.1",
+            "--router-port",
+            str(router_port),
+            "--timeout",
+            "240",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert launch.returncode == 0, launch.stdout + launch.stderr
     router = f"127.0.0.1:{router_port}"
     assert f"baton: serving on {router}" in launch.stdout.splitlines(), launch.stdout + launch.stderr
@@ -130,12 +170,15 @@ def test_launch_on_ray_head_survives_decode_actor_restart(ray_head):
         health.start()
         assert health.wait_for("SERVING", 10)
         t_kill = time.monotonic()
-        old_addr = _ray_script(address, """
+        old_addr = _ray_script(
+            address,
+            """
             a = ray.get_actor("baton-decode-0")
             addr = ray.get(a.address.remote())
             ray.kill(a, no_restart=False)
             print(addr)
-        """)
+        """,
+        )
         assert health.wait_for("NOT_SERVING", 30), health.changes
         assert health.wait_for("SERVING", 120), health.changes
         health.done.set()
@@ -146,18 +189,27 @@ def test_launch_on_ray_head_survives_decode_actor_restart(ray_head):
         again = generate(router, env=env)
         assert again["token_ids"] == fast["token_ids"]
         assert generate(router, "--mode", "exact", env=env)["token_ids"] == fast["token_ids"]
-        out = _ray_script(address, """
+        out = _ray_script(
+            address,
+            """
             a = ray.get_actor("baton-decode-0")
             print(json.dumps([ray.get(a.address.remote()), ray.get(a.stats.remote())["requests_total"]]))
-        """)
+        """,
+        )
         new_addr, served = json.loads(out)
         assert new_addr != old_addr, "the decode actor was not restarted"
         assert served > 0, "the router did not use the restarted decode actor"
         old_host, old_port = old_addr.rsplit(":", 1)
         assert not port_open(old_host, int(old_port)), "the killed actor's port is still open"
     finally:
-        stop = subprocess.run([sys.executable, "deploy/launch.py", "--address", address, "--namespace", NAMESPACE,
-                               "--stop"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+        stop = subprocess.run(
+            [sys.executable, "deploy/launch.py", "--address", address, "--namespace", NAMESPACE, "--stop"],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert "stopped 3 actor(s)" in stop.stderr, stop.stderr
     end = time.monotonic() + 10

@@ -5,6 +5,7 @@ it opened is still open. In --processes mode the decode worker is also SIGKILLed
 back on its port (health NOT_SERVING, then SERVING) and serve again.
 
 The process-tree helpers read /proc (psutil is not a dependency)."""
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ def _stat(pid: int) -> tuple[int, str, int] | None:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()
+    fields = raw[raw.rindex(")") + 2 :].split()
     return int(fields[1]), fields[0], int(fields[19])
 
 
@@ -106,9 +107,16 @@ class Served:
 
     def __init__(self, *args: str, env: dict[str, str] | None = None):
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "serve", *args], cwd=ROOT,
-                                     env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "baton.cli", "serve", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: "queue.Queue[str]" = queue.Queue()
         self.stdout: list[str] = []
         self.stderr: list[str] = []
@@ -154,8 +162,26 @@ class Served:
 
 
 def generate(addr: str, *extra: str, env=None) -> dict:
-    r = subprocess.run([sys.executable, "-m", "baton.cli", "generate", "--addr", addr, "--max-new-tokens", "12",
-                        "--json", *extra, PROMPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "baton.cli",
+            "generate",
+            "--addr",
+            addr,
+            "--max-new-tokens",
+            "12",
+            "--json",
+            *extra,
+            PROMPT,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, f"baton generate {extra} failed ({r.returncode}): {r.stderr}"
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["token_ids"], out
@@ -197,8 +223,9 @@ def answer_line(srv: Served, timeout: float = 60) -> dict:
     pytest.fail(f"no answer line in {timeout} s\n{srv.log()}")
 
 
-def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode: bool = False
-                        ) -> tuple[Served, dict[int, str], float]:
+def serve_generate_stop(
+    tmp_path, *args: str, start_timeout: float, kill_decode: bool = False
+) -> tuple[Served, dict[int, str], float]:
     """Serve, check fast + exact generation, SIGTERM. Returns (server, pid -> cmdline of the process tree
     it had started, seconds to exit). With `--ask PROMPT --ask-tokens 12` in args, its answer must be the
     fast generation's."""
@@ -216,9 +243,14 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
         if "--ask" in args:
             ans = answer_line(srv)
             assert (ans["prompt"], ans["token_ids"], ans["text"]) == (PROMPT, fast["token_ids"], fast["text"]), ans
-        no_token = subprocess.run([sys.executable, "-m", "baton.cli", "generate", "--addr", addr, PROMPT],
-                                  cwd=ROOT, env={**srv.env, "BATON_TOKEN": "", "BATON_TOKEN_FILE": ""},
-                                  capture_output=True, text=True, timeout=60)
+        no_token = subprocess.run(
+            [sys.executable, "-m", "baton.cli", "generate", "--addr", addr, PROMPT],
+            cwd=ROOT,
+            env={**srv.env, "BATON_TOKEN": "", "BATON_TOKEN_FILE": ""},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert no_token.returncode != 0 and "UNAUTHENTICATED" in no_token.stderr
         if kill_decode:
             kill_decode_worker(srv, addr, env)
@@ -258,12 +290,16 @@ def serve_generate_stop(tmp_path, *args: str, start_timeout: float, kill_decode:
 # ---------------------------------------------------------------------------------- tests
 @pytest.mark.timeout(300)
 def test_serve_processes_generate_and_sigterm(tmp_path):
-    srv, tree, took = serve_generate_stop(tmp_path, "--processes", "--ask", PROMPT, "--ask-tokens", "12",
-                                          start_timeout=180, kill_decode=True)
+    srv, tree, took = serve_generate_stop(
+        tmp_path, "--processes", "--ask", PROMPT, "--ask-tokens", "12", start_timeout=180, kill_decode=True
+    )
     assert len(srv.worker_ports()) == 2, srv.log()
     # the prefill worker's hand-off sender process (baton/handoff/sender/process.py) is part of its tree
-    assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == ["baton.handoff.sender.child", "decode_worker",
-                                                                             "prefill_worker"]
+    assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == [
+        "baton.handoff.sender.child",
+        "decode_worker",
+        "prefill_worker",
+    ]
     assert not any("ray" in line.lower() for line in srv.stderr if line.startswith("baton:")), srv.log()
     print(f"processes mode: exit {took:.1f} s after SIGTERM, {len(tree)} processes")
 
@@ -293,6 +329,6 @@ def test_cpu_workers_split_the_cores_unless_the_caller_set_omp_threads():
     gpu = WorkerSpec("decode", 0, device="cuda:0")
     assert worker_env(cpu, 2, {"PATH": "/bin"}, 16) == {"PATH": "/bin", "OMP_NUM_THREADS": "8"}
     assert worker_env(cpu, 3, {}, 2) == {"OMP_NUM_THREADS": "1"}
-    assert worker_env(cpu, 2, {"OMP_NUM_THREADS": "4"}, 16) is None      # the caller's choice stands
-    assert worker_env(cpu, 1, {}, 16) is None                             # a lone worker keeps every core
+    assert worker_env(cpu, 2, {"OMP_NUM_THREADS": "4"}, 16) is None  # the caller's choice stands
+    assert worker_env(cpu, 1, {}, 16) is None  # a lone worker keeps every core
     assert worker_env(gpu, 2, {}, 16) is None

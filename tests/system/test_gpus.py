@@ -1,4 +1,5 @@
 """baton/gpus.py: one GPU per worker process, chosen through CUDA_VISIBLE_DEVICES (no CUDA here)."""
+
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from deploy.processes import Progress, WorkerSpec
 def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does(tmp_path):
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-ab,GPU-cd"}) == ["GPU-ab", "GPU-cd"]
-    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]       # CUDA stops at an invalid entry
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == ["1"]  # CUDA stops at an invalid entry
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
     for i in range(3):
         (tmp_path / f"0000:0{i}:00.0").mkdir()
@@ -54,12 +55,15 @@ def test_start_processes_gives_each_gpu_worker_its_own_gpu(monkeypatch):
 
     monkeypatch.setattr(processes, "WorkerProcess", FakeWorker)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
-    specs = [WorkerSpec("prefill", 0, device="cuda"), WorkerSpec("decode", 0, device="cuda"),
-             WorkerSpec("decode", 1, device="cuda")]
+    specs = [
+        WorkerSpec("prefill", 0, device="cuda"),
+        WorkerSpec("decode", 0, device="cuda"),
+        WorkerSpec("decode", 1, device="cuda"),
+    ]
     processes.start_processes(specs, progress=Progress(), timeout=5)
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in started] == ["6", "7", "6"]
     started.clear()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")        # one GPU: everyone shares it, env inherited
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: everyone shares it, env inherited
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
     assert [w.env for w in started] == [None, None]
 
@@ -71,8 +75,16 @@ def test_worker_entry_points_do_not_import_fla(tmp_path):
     (tmp_path / "fla").mkdir()
     (tmp_path / "fla" / "__init__.py").write_text("raise SystemExit('fla imported')\n")
     root = str(Path(__file__).resolve().parents[2])
-    code = ("import sys; import decode_worker.__main__, prefill_worker.__main__, router.__main__; "
-            "from baton.models import gdn_ops; print('fla' in sys.modules)")
-    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": f"{root}:{tmp_path}"})
+    code = (
+        "import sys; import decode_worker.__main__, prefill_worker.__main__, router.__main__; "
+        "from baton.models import gdn_ops; print('fla' in sys.modules)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{root}:{tmp_path}"},
+    )
     assert (p.returncode, p.stdout.strip()) == (0, "False"), p.stderr[-2000:]

@@ -1,5 +1,6 @@
 """baton/lifeline.py: a worker process dies with its parent, armed by the child itself (no preexec_fn,
 so no real fork running gRPC's fork handlers in the child: grpc/grpc#43055)."""
+
 import os
 import signal
 import subprocess
@@ -14,8 +15,10 @@ from deploy import processes
 from deploy.processes import WorkerProcess, WorkerSpec
 
 ROOT = str(Path(__file__).resolve().parents[2])
-CHILD = ("import sys, time; sys.path.insert(0, %r); from baton.lifeline import die_with_parent; "
-         "print(die_with_parent(), flush=True); time.sleep(60)" % ROOT)
+CHILD = (
+    "import sys, time; sys.path.insert(0, %r); from baton.lifeline import die_with_parent; "
+    "print(die_with_parent(), flush=True); time.sleep(60)" % ROOT
+)
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 
 
@@ -35,17 +38,19 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
 
 @linux
 def test_child_gets_sigterm_when_its_parent_is_killed():
-    parent_code = ("import subprocess, sys; sys.path.insert(0, %r); from baton.lifeline import child_env; "
-                   "c = subprocess.Popen([sys.executable, '-c', %r], env=child_env(), stdout=subprocess.PIPE, "
-                   "text=True); print(c.pid, c.stdout.readline().strip(), flush=True); "
-                   "import time; time.sleep(60)" % (ROOT, CHILD))
+    parent_code = (
+        "import subprocess, sys; sys.path.insert(0, %r); from baton.lifeline import child_env; "
+        "c = subprocess.Popen([sys.executable, '-c', %r], env=child_env(), stdout=subprocess.PIPE, "
+        "text=True); print(c.pid, c.stdout.readline().strip(), flush=True); "
+        "import time; time.sleep(60)" % (ROOT, CHILD)
+    )
     parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
     try:
         pid, armed = parent.stdout.readline().split()
         assert armed == "True"
         pid = int(pid)
-        assert not _gone(pid, timeout=0.3)       # alive while the parent is
-        parent.kill()                             # SIGKILL: no clean-up code of the parent runs
+        assert not _gone(pid, timeout=0.3)  # alive while the parent is
+        parent.kill()  # SIGKILL: no clean-up code of the parent runs
         parent.wait(10)
         assert _gone(pid), "the child outlived its SIGKILLed parent"
     finally:

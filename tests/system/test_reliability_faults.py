@@ -15,6 +15,7 @@ Already covered elsewhere, not repeated: SIGKILL of the serving decode worker mi
 tests/system/test_router_e2e.py), corrupt / truncated / reordered chunk lists sent to LoadState
 (tests/decode_worker/test_decode_service.py), hung fake workers (tests/router/test_router_service.py).
 """
+
 from __future__ import annotations
 
 import time
@@ -22,17 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from faultkit import CutProxy
+from faultkit import until as _until
+from helpers import make_tiny_dir
+from realcluster import RealCluster, grpc_code, reference, tokens
 
 from baton.rpc import make_channel
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
-from helpers import make_tiny_dir
-from faultkit import CutProxy, until as _until
-from realcluster import RealCluster, grpc_code, reference, tokens
 
 CALL_TIMEOUT = 3.0
 TTL = 6.0
 MAX_LEN = 256
-LONG = 200                     # tokens of a "long" request: still running when the fault lands
+LONG = 200  # tokens of a "long" request: still running when the fault lands
 UP = "baton_router_workers_up"
 C = grpc.StatusCode
 pytestmark = pytest.mark.timeout(150)
@@ -42,10 +44,17 @@ pytestmark = pytest.mark.timeout(150)
 def cl(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
     tiny = make_tiny_dir(tmp)
-    c = RealCluster(tmp, prefill=2, decode=2, max_len=MAX_LEN, model_dir=tiny, worker_args=("--ttl", str(TTL)),
-                    router_args=("--call-timeout", str(CALL_TIMEOUT)))
+    c = RealCluster(
+        tmp,
+        prefill=2,
+        decode=2,
+        max_len=MAX_LEN,
+        model_dir=tiny,
+        worker_args=("--ttl", str(TTL)),
+        router_args=("--call-timeout", str(CALL_TIMEOUT)),
+    )
     try:
-        c.ref = reference(tiny, MAX_LEN)          # loads the model here while the processes boot
+        c.ref = reference(tiny, MAX_LEN)  # loads the model here while the processes boot
         c.start()
         yield c
     finally:
@@ -81,7 +90,7 @@ def test_decode_killed_during_loadstate_is_retried_on_the_other(cl):
     SIGKILLed: the prefill worker's Prefill fails UNAVAILABLE naming the target, the router retries the
     Prefill with the other decode worker; the client sees nothing of it: same tokens, no migration."""
     want, busy_want = cl.ref("import json", 20), cl.ref("def main(", LONG)
-    busy = _gen(cl, "def main(")                         # keeps one decode worker loaded: the next pick is the other
+    busy = _gen(cl, "def main(")  # keeps one decode worker loaded: the next pick is the other
     first_busy = next(busy)
     dx = _holder(cl, "decode")
     (dy,) = [n for n in cl.live("decode") if n != dx]
@@ -91,14 +100,14 @@ def test_decode_killed_during_loadstate_is_retried_on_the_other(cl):
         fut = pool.submit(lambda: list(_gen(cl, "import json", 20, engine="bf16")))
         _until(lambda: any(cl.stats(p).outstanding for p in cl.live("prefill")), 5, "the Prefill in the hand-off")
         time.sleep(0.1)
-        assert not fut.done()                            # stuck in LoadState on the frozen worker
+        assert not fut.done()  # stuck in LoadState on the frozen worker
         t0 = time.monotonic()
         cl.kill(dy)
         deltas = fut.result(timeout=CALL_TIMEOUT + 5)
     assert tokens(deltas) == want and deltas[-1].stats["migrations"] == 0
     assert time.monotonic() - t0 < CALL_TIMEOUT
     assert cl.metric("baton_router_prefill_retries_total") == retries0 + 1
-    assert first_busy.token_ids + tokens(busy) == busy_want          # the other stream never noticed
+    assert first_busy.token_ids + tokens(busy) == busy_want  # the other stream never noticed
     cl.wait_metric(UP, 1, 5, role="decode")
     assert cl.client.health() == "SERVING"
     _next_request_is_served(cl)
@@ -112,7 +121,7 @@ def test_decode_killed_during_decode_streams_migrate(cl):
     prompts = ["def main(", "import json", "class Counter:", "for token in tokens:"]
     fast0 = cl.metric("baton_router_migrations_total", mode="fast")
     streams = [_gen(cl, p, engine="bf16") for p in prompts]
-    firsts = [next(s) for s in streams]                     # all 4 admitted and streaming
+    firsts = [next(s) for s in streams]  # all 4 admitted and streaming
     held = {n: cl.stats(n) for n in cl.live("decode")}
     victim = max(held, key=lambda n: held[n].sessions)
     on_victim = held[victim].sessions
@@ -124,7 +133,7 @@ def test_decode_killed_during_decode_streams_migrate(cl):
     for p, f, r in zip(prompts, firsts, rest):
         assert f.token_ids + tokens(r) == cl.ref(p, LONG), p
         migrated += r[-1].stats["migrations"]
-    assert migrated >= on_victim - 1 and migrated <= on_victim   # NOTE: one may finish before the kill lands
+    assert migrated >= on_victim - 1 and migrated <= on_victim  # NOTE: one may finish before the kill lands
     assert cl.metric("baton_router_migrations_total", mode="fast") == fast0 + migrated
     cl.wait_metric(UP, 1, 5, role="decode")
     _next_request_is_served(cl, "fast")
@@ -141,7 +150,7 @@ def test_decode_killed_between_draft_rounds_exact_same_tokens(cl):
     cl.freeze(p)
     time.sleep(0.3)
     st = cl.stats(d)
-    assert (st.sessions, st.outstanding) == (1, 0), st      # between rounds
+    assert (st.sessions, st.outstanding) == (1, 0), st  # between rounds
     cl.kill(d)
     cl.thaw(p)
     got += list(stream)
@@ -161,7 +170,7 @@ def test_decode_killed_during_a_draft_call_exact_same_tokens(cl):
     p, d = _holder(cl, "prefill"), _holder(cl, "decode")
     cl.freeze(d)
     time.sleep(0.3)
-    assert cl.stats(p).outstanding == 0                      # the router is in Draft on the frozen worker
+    assert cl.stats(p).outstanding == 0  # the router is in Draft on the frozen worker
     t0 = time.monotonic()
     cl.kill(d)
     got.append(next(stream))
@@ -179,8 +188,9 @@ def _kill_prefill_in_handoff(cl) -> str:
     decs = cl.live("decode")
     cl.freeze(*decs)
     try:
-        p = _until(lambda: next((n for n in cl.live("prefill") if cl.stats(n).outstanding), None), 5,
-                   "a Prefill in flight")
+        p = _until(
+            lambda: next((n for n in cl.live("prefill") if cl.stats(n).outstanding), None), 5, "a Prefill in flight"
+        )
         cl.kill(p)
     finally:
         cl.thaw(*decs)
@@ -229,14 +239,14 @@ def test_prefill_killed_during_verify_is_unavailable(cl):
     p, d = _holder(cl, "prefill"), _holder(cl, "decode")
     cl.freeze(p)
     time.sleep(0.3)
-    assert cl.stats(d).outstanding == 0                      # the router waits on Verify
+    assert cl.stats(d).outstanding == 0  # the router waits on Verify
     t0 = time.monotonic()
     cl.kill(p)
     code, details = grpc_code(lambda: got.extend(stream))
     assert code == C.UNAVAILABLE and "exact worker" in details, details
     assert time.monotonic() - t0 < CALL_TIMEOUT
     sent = tokens(got)
-    assert sent == cl.ref("raise ValueError(f\"", 64)[:len(sent)]
+    assert sent == cl.ref("raise ValueError(f\"", 64)[: len(sent)]
     cl.wait_no_sessions(5)
     cl.wait_metric(UP, 1, 5, role="prefill")
     assert cl.client.health() == "SERVING"
@@ -260,7 +270,7 @@ def test_frozen_decode_stream_migrates_after_the_call_timeout(cl):
     assert tokens(got) == cl.ref("self.seen += len(", LONG) and got[-1].stats["migrations"] == 1
     gap = max(b - a for a, b in zip([t0] + stamps, stamps))
     assert CALL_TIMEOUT - 0.5 < gap < CALL_TIMEOUT + 3, gap
-    assert cl.metric(UP, role="decode") == 1                  # the frozen one is down
+    assert cl.metric(UP, role="decode") == 1  # the frozen one is down
     cl.thaw(d)
     cl.wait_metric(UP, 2, 5, role="decode")
     cl.wait_no_sessions(5)
@@ -300,7 +310,7 @@ def test_frozen_exact_worker_in_verify_is_unavailable_and_its_session_expires(cl
     assert code == C.UNAVAILABLE and "exact worker" in details, details
     assert CALL_TIMEOUT - 0.5 < time.monotonic() - t0 < CALL_TIMEOUT + 2.5
     sent = tokens(got)
-    assert sent == cl.ref("@dataclass(frozen=True)", 64)[:len(sent)]
+    assert sent == cl.ref("@dataclass(frozen=True)", 64)[: len(sent)]
     cl.thaw(p)
     t1 = time.monotonic()
     cl.wait_no_sessions(TTL + 4)
@@ -323,14 +333,18 @@ def test_state_stream_cut_or_corrupted_on_the_wire(cl):
             stub = prefill_pb2_grpc.PrefillWorkerStub(ch)
 
             def prefill(sid):
-                return stub.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=prompt, mode=common_pb2.EXACT,
-                                                               decode_target=proxy.address), timeout=20)
+                return stub.Prefill(
+                    prefill_pb2.PrefillRequest(
+                        session_id=sid, prompt_ids=prompt, mode=common_pb2.EXACT, decode_target=proxy.address
+                    ),
+                    timeout=20,
+                )
 
             def release(sid):
                 for n in (p, d):
                     cl.release(n, sid)
 
-            prefill("warm")                           # the connection through the proxy exists
+            prefill("warm")  # the connection through the proxy exists
             release("warm")
             proxy.arm()
             r = prefill("measure")
@@ -345,7 +359,7 @@ def test_state_stream_cut_or_corrupted_on_the_wire(cl):
                 assert code == want and "decode_target" in details, (kind, frac, code, details)
                 assert cl.stats(p).sessions == 0 and cl.stats(d).sessions == 0, (kind, frac)
             proxy.arm()
-            prefill("after")                          # the same path works again
+            prefill("after")  # the same path works again
             release("after")
     finally:
         proxy.close()

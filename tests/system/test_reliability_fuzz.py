@@ -16,6 +16,7 @@ hang past the deadline. Afterwards the servers' RSS is
 within a fixed bound, health is SERVING, no session is left and a normal request is served.
 Huge repeated fields (1e6 ids) are refused by validation, naming the field, before any list is built.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,31 +25,63 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
 from google.protobuf.internal.encoder import _VarintBytes
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 pass
-from baton.v1 import common_pb2, decode_pb2, prefill_pb2, router_pb2, state_pb2
-from baton.handoff import push
 from helpers import make_tiny_dir
 from realcluster import RealCluster, rss_mib, tokens
 
+from baton.handoff import push
+from baton.v1 import common_pb2, decode_pb2, prefill_pb2, router_pb2, state_pb2
+
 C = grpc.StatusCode
 MAX_LEN, TTL = 128, 4.0
-HANDOFF = {C.UNAVAILABLE, C.DATA_LOSS, C.FAILED_PRECONDITION, C.UNAUTHENTICATED}   # decode_target's, passed on
-DOCUMENTED = {   # from the services' docstrings (router/service.py, prefill_worker/service.py, decode_worker/...)
-    "baton.v1.Router": {C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED, C.UNAVAILABLE, C.OUT_OF_RANGE,
-                        C.DEADLINE_EXCEEDED, C.CANCELLED},
-    "baton.v1.PrefillWorker": {C.INVALID_ARGUMENT, C.NOT_FOUND, C.RESOURCE_EXHAUSTED, C.OUT_OF_RANGE, C.ABORTED,
-                               C.DEADLINE_EXCEEDED, C.CANCELLED} | HANDOFF,
-    "baton.v1.DecodeWorker": {C.INVALID_ARGUMENT, C.NOT_FOUND, C.RESOURCE_EXHAUSTED, C.OUT_OF_RANGE, C.ABORTED,
-                              C.DATA_LOSS, C.FAILED_PRECONDITION, C.DEADLINE_EXCEEDED, C.CANCELLED},
+HANDOFF = {C.UNAVAILABLE, C.DATA_LOSS, C.FAILED_PRECONDITION, C.UNAUTHENTICATED}  # decode_target's, passed on
+DOCUMENTED = {  # from the services' docstrings (router/service.py, prefill_worker/service.py, decode_worker/...)
+    "baton.v1.Router": {
+        C.INVALID_ARGUMENT,
+        C.RESOURCE_EXHAUSTED,
+        C.UNAVAILABLE,
+        C.OUT_OF_RANGE,
+        C.DEADLINE_EXCEEDED,
+        C.CANCELLED,
+    },
+    "baton.v1.PrefillWorker": {
+        C.INVALID_ARGUMENT,
+        C.NOT_FOUND,
+        C.RESOURCE_EXHAUSTED,
+        C.OUT_OF_RANGE,
+        C.ABORTED,
+        C.DEADLINE_EXCEEDED,
+        C.CANCELLED,
+    }
+    | HANDOFF,
+    "baton.v1.DecodeWorker": {
+        C.INVALID_ARGUMENT,
+        C.NOT_FOUND,
+        C.RESOURCE_EXHAUSTED,
+        C.OUT_OF_RANGE,
+        C.ABORTED,
+        C.DATA_LOSS,
+        C.FAILED_PRECONDITION,
+        C.DEADLINE_EXCEEDED,
+        C.CANCELLED,
+    },
 }
-SERVICES = [(router_pb2, "Router", "router"), (prefill_pb2, "PrefillWorker", "prefill-0"),
-            (decode_pb2, "DecodeWorker", "decode-0")]
-METHODS = [(svc, m, where) for mod, name, where in SERVICES
-           for svc in [mod.DESCRIPTOR.services_by_name[name]] for m in svc.methods]
+SERVICES = [
+    (router_pb2, "Router", "router"),
+    (prefill_pb2, "PrefillWorker", "prefill-0"),
+    (decode_pb2, "DecodeWorker", "decode-0"),
+]
+METHODS = [
+    (svc, m, where)
+    for mod, name, where in SERVICES
+    for svc in [mod.DESCRIPTOR.services_by_name[name]]
+    for m in svc.methods
+]
 SIDS = ["fz-a", "fz-b", ""]
-RSS_GROWTH_MIB = 300          # allowed growth of each server's RSS over the whole run
+RSS_GROWTH_MIB = 300  # allowed growth of each server's RSS over the whole run
 seen: dict[str, dict[str, int]] = {}
 
 
@@ -59,7 +92,7 @@ def cl(tmp_path_factory):
     c = RealCluster(tmp, prefill=1, decode=1, max_len=MAX_LEN, model_dir=tiny, worker_args=("--ttl", str(TTL)))
     try:
         c.start()
-        c.stream = _real_state(tiny, c)               # a valid LoadState stream, to lie around
+        c.stream = _real_state(tiny, c)  # a valid LoadState stream, to lie around
         c.rss0 = {n: rss_mib(c.pid(n)) for n in ("router", "prefill-0", "decode-0")}
         yield c
     finally:
@@ -70,8 +103,8 @@ def cl(tmp_path_factory):
 def _real_state(tiny, c) -> list[state_pb2.StateChunk]:
     import torch
 
-    from baton.loading import load_model
     from baton.engine.runner import ModelRunner
+    from baton.loading import load_model
     from prefill_worker.engine import ExactEngine
 
     torch.set_num_threads(1)
@@ -79,8 +112,11 @@ def _real_state(tiny, c) -> list[state_pb2.StateChunk]:
     eng = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN, width=16))
     eng.prefill([5, 6, 7, 8], session_id="src")
     tensors, pos, nxt = eng.export("src")
-    return list(push.stream_state(tensors, session_id="fz-a", fingerprint=lm.fingerprint, position=pos,
-                                     next_token=nxt, chunk_bytes=8192))
+    return list(
+        push.stream_state(
+            tensors, session_id="fz-a", fingerprint=lm.fingerprint, position=pos, next_token=nxt, chunk_bytes=8192
+        )
+    )
 
 
 def _call(cl, svc, m, where, body, timeout=8.0):
@@ -117,12 +153,12 @@ def _check(cl, svc, m, where, body, msg_sids=()):
     took = time.monotonic() - t0
     seen.setdefault(f"{svc.name}.{m.name}", {}).setdefault(code.name, 0)
     seen[f"{svc.name}.{m.name}"][code.name] += 1
-    for sid in {*SIDS, *msg_sids} - {""}:             # leave no session behind
+    for sid in {*SIDS, *msg_sids} - {""}:  # leave no session behind
         for n in ("prefill-0", "decode-0"):
             cl.release(n, sid)
-    assert code != C.UNKNOWN, details                 # an exception Baton did not handle
+    assert code != C.UNKNOWN, details  # an exception Baton did not handle
     assert took < 8.0 + 2, f"{m.name} took {took:.1f}s"
-    if not m.client_streaming and not _parses(_cls(m.input_type), body):   # refused before Baton saw it
+    if not m.client_streaming and not _parses(_cls(m.input_type), body):  # refused before Baton saw it
         assert code == C.INVALID_ARGUMENT and m.input_type.full_name in details, (m.name, code, details)
         return code
     assert code == C.OK or code in DOCUMENTED[svc.full_name], (m.name, code, details)
@@ -139,9 +175,23 @@ def _cls(desc):
 U32 = st.one_of(st.integers(0, 40), st.sampled_from([511, 512, 2**31 - 1, 2**31, 2**32 - 1]), st.integers(0, 2**32 - 1))
 U64 = st.one_of(U32, st.sampled_from([2**63, 2**64 - 1]), st.integers(0, 2**64 - 1))
 ENUM = st.one_of(st.integers(0, 4), st.sampled_from([-1, -(2**31), 2**31 - 1, 99]))
-TARGETS = st.one_of(st.just(""), st.sampled_from(["127.0.0.1:1", "localhost:0", "[::1]:1", "no.such.host:80",
-                                                  "\x00", "ipv4:1.2.3.4:5", "dns://8.8.8.8/x:1", "unix:/x", ":::"]),
-                    st.text(max_size=30))
+TARGETS = st.one_of(
+    st.just(""),
+    st.sampled_from(
+        [
+            "127.0.0.1:1",
+            "localhost:0",
+            "[::1]:1",
+            "no.such.host:80",
+            "\x00",
+            "ipv4:1.2.3.4:5",
+            "dns://8.8.8.8/x:1",
+            "unix:/x",
+            ":::",
+        ]
+    ),
+    st.text(max_size=30),
+)
 
 
 @st.composite
@@ -162,9 +212,15 @@ def messages(draw, desc, depth=0, cl=None):
             else:
                 val = draw(st.text(max_size=60))
         else:
-            val = {F.TYPE_UINT32: U32, F.TYPE_UINT64: U64, F.TYPE_ENUM: ENUM, F.TYPE_BOOL: st.booleans(),
-                   F.TYPE_BYTES: st.binary(max_size=64), F.TYPE_DOUBLE: st.floats(),
-                   F.TYPE_INT32: st.integers(-(2**31), 2**31 - 1)}[f.type]
+            val = {
+                F.TYPE_UINT32: U32,
+                F.TYPE_UINT64: U64,
+                F.TYPE_ENUM: ENUM,
+                F.TYPE_BOOL: st.booleans(),
+                F.TYPE_BYTES: st.binary(max_size=64),
+                F.TYPE_DOUBLE: st.floats(),
+                F.TYPE_INT32: st.integers(-(2**31), 2**31 - 1),
+            }[f.type]
             if f.is_repeated:
                 val = draw(st.lists(val, max_size=40))
             else:
@@ -189,8 +245,12 @@ def _bad_utf8(desc, body: bytes, junk: bytes) -> bytes:
     return body + _VarintBytes(f.number << 3 | 2) + _VarintBytes(len(raw)) + raw
 
 
-SETTINGS = settings(max_examples=30, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 # ---- the properties --------------------------------------------------------------------------------------
@@ -210,28 +270,41 @@ def test_random_bytes_get_documented_codes(cl, svc, m, where, data):
 @given(data=st.data())
 @example(data=None)
 def test_hostile_messages_get_documented_codes(cl, svc, m, where, data):
-    if data is None:              # an @example: the decode_target strings that used to leak odd codes
+    if data is None:  # an @example: the decode_target strings that used to leak odd codes
         if m.name in ("Prefill", "ExportState"):
             for target in ("\x00", "ipv4:1.2.3.4:5", "dns://8.8.8.8/x:1", "127.0.0.1:99999"):
                 req = _cls(m.input_type)(session_id="fz-a", decode_target=target)
                 if m.name == "Prefill":
                     req.prompt_ids.extend([1, 2, 3])
-                else:                   # ExportState needs a kept (EXACT) session
-                    _call(cl, svc, svc.methods_by_name["Prefill"], where, prefill_pb2.PrefillRequest(
-                        session_id="fz-a", prompt_ids=[1, 2], mode=common_pb2.EXACT).SerializeToString())
+                else:  # ExportState needs a kept (EXACT) session
+                    _call(
+                        cl,
+                        svc,
+                        svc.methods_by_name["Prefill"],
+                        where,
+                        prefill_pb2.PrefillRequest(
+                            session_id="fz-a", prompt_ids=[1, 2], mode=common_pb2.EXACT
+                        ).SerializeToString(),
+                    )
                 assert _check(cl, svc, m, where, req.SerializeToString()) == C.INVALID_ARGUMENT, target
         return
-    if m.name in ("Verify", "ExportState", "Decode", "Draft"):   # a live session "fz-a" on both workers
+    if m.name in ("Verify", "ExportState", "Decode", "Draft"):  # a live session "fz-a" on both workers
         prefill = _m("PrefillWorker", "Prefill")
-        _call(cl, *prefill, prefill_pb2.PrefillRequest(session_id="fz-a", prompt_ids=[3, 4, 5], mode=common_pb2.EXACT,
-                                                       decode_target=cl.addr["decode-0"]).SerializeToString())
+        _call(
+            cl,
+            *prefill,
+            prefill_pb2.PrefillRequest(
+                session_id="fz-a", prompt_ids=[3, 4, 5], mode=common_pb2.EXACT, decode_target=cl.addr["decode-0"]
+            ).SerializeToString(),
+        )
     msg = data.draw(messages(m.input_type, cl=cl))
     body = msg.SerializeToString()
     if data.draw(st.integers(0, 3)) == 0:
         body = _bad_utf8(m.input_type, body, data.draw(st.binary(max_size=8)))
     if m.client_streaming:
-        chunks = [body] + [c.SerializeToString() for c in data.draw(st.lists(messages(m.input_type, cl=cl),
-                                                                             max_size=3))]
+        chunks = [body] + [
+            c.SerializeToString() for c in data.draw(st.lists(messages(m.input_type, cl=cl), max_size=3))
+        ]
         _check(cl, svc, m, where, chunks, _sids(msg.header) if msg.HasField("header") else ())
     else:
         _check(cl, svc, m, where, body, _sids(msg))
@@ -259,19 +332,22 @@ def test_loadstate_headers_that_lie_about_sizes(cl, data):
     elif lie == "count":
         h.tensors.add().CopyFrom(t)
     else:
-        chunks = chunks[:data.draw(st.integers(0, len(chunks) - 1))]
+        chunks = chunks[: data.draw(st.integers(0, len(chunks) - 1))]
     code = _check(cl, svc, m, "decode-0", [c.SerializeToString() for c in chunks])
     assert code in {C.INVALID_ARGUMENT, C.DATA_LOSS, C.FAILED_PRECONDITION}, (lie, code)
 
 
-@pytest.mark.parametrize("svc,m,where", [x for x in METHODS if not x[1].client_streaming],
-                         ids=[f"{s.name}.{m.name}" for s, m, _ in METHODS if not m.client_streaming])
+@pytest.mark.parametrize(
+    "svc,m,where",
+    [x for x in METHODS if not x[1].client_streaming],
+    ids=[f"{s.name}.{m.name}" for s, m, _ in METHODS if not m.client_streaming],
+)
 def test_a_body_that_does_not_parse_is_invalid_argument_naming_the_type(cl, svc, m, where):
     """Invalid UTF-8 in the request's first string field (or, without one, a truncated field): INVALID_ARGUMENT
     "request: the body does not parse as <type>", not grpc's INTERNAL."""
     body = _bad_utf8(m.input_type, b"", b"x")
     if body == b"":
-        body = b"\x0a\x05"                              # field 1, length 5, no bytes follow
+        body = b"\x0a\x05"  # field 1, length 5, no bytes follow
     assert not _parses(_cls(m.input_type), body)
     code, details = _call(cl, svc, m, where, body)
     assert (code, details.split(":")[0]) == (C.INVALID_ARGUMENT, "request"), (code, details)
@@ -283,18 +359,26 @@ def test_huge_repeated_fields_are_refused_by_validation(cl):
     text: INVALID_ARGUMENT naming the field, at once (the length is checked before any list is built)."""
     n = 1_000_000
     r = prefill_pb2.PrefillRequest(session_id="big", prompt_ids=[5, 6, 7], decode_target=cl.addr["decode-0"])
-    _call(cl, *_m("PrefillWorker", "Prefill"), r.SerializeToString())      # a session "big" on D (FAST)
+    _call(cl, *_m("PrefillWorker", "Prefill"), r.SerializeToString())  # a session "big" on D (FAST)
     stops = router_pb2.GenerateRequest(text="a", max_new_tokens=4)
     stops.stop_token_ids.extend([1] * n)
     cases = [
-        ("Router", "Generate", router_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=[1] * n), max_new_tokens=4),
-         "prompt"),
+        (
+            "Router",
+            "Generate",
+            router_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(ids=[1] * n), max_new_tokens=4),
+            "prompt",
+        ),
         ("Router", "Generate", router_pb2.GenerateRequest(text="x" * (4 * n), max_new_tokens=4), "prompt"),
         ("Router", "Generate", stops, "stop_token_ids"),
         ("PrefillWorker", "Prefill", prefill_pb2.PrefillRequest(prompt_ids=[1] * n), "prompt_ids"),
         ("PrefillWorker", "Verify", prefill_pb2.VerifyRequest(session_id="big", tokens=[1] * n), "tokens"),
-        ("DecodeWorker", "Decode", decode_pb2.DecodeRequest(session_id="big", max_new_tokens=1,
-                                                            stop_token_ids=[1] * n), "stop_token_ids"),
+        (
+            "DecodeWorker",
+            "Decode",
+            decode_pb2.DecodeRequest(session_id="big", max_new_tokens=1, stop_token_ids=[1] * n),
+            "stop_token_ids",
+        ),
     ]
     try:
         for svc, meth, req, field in cases:

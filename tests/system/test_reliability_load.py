@@ -8,6 +8,7 @@ what was streamed; no client hangs; afterwards 0 sessions on every worker (GetSt
 workers exit 0 on SIGTERM. p50 / p99 TTFT, inter-token latency and tokens/s go to the test output.
 The long run (64 clients, 60 s) is benchmarks/load.py; its figures are in benchmarks/results/.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -24,9 +25,23 @@ from benchmarks.load import run  # noqa: E402
 @pytest.mark.timeout(240)
 def test_16_clients_10_s_against_serve_processes(capsys):
     r = run(clients=16, duration=10, max_new_tokens=16, max_len=512, settle=5, request_timeout=60)
-    figures = {k: r[k] for k in ("requests", "completed", "completed_by_kind", "errors_by_status", "ttft_ms",
-                                 "itl_ms", "tpot_ms", "tokens_per_s", "requests_per_s", "sessions_left", "boot_s")}
-    with capsys.disabled():              # the figures go to the test output, captured or not
+    figures = {
+        k: r[k]
+        for k in (
+            "requests",
+            "completed",
+            "completed_by_kind",
+            "errors_by_status",
+            "ttft_ms",
+            "itl_ms",
+            "tpot_ms",
+            "tokens_per_s",
+            "requests_per_s",
+            "sessions_left",
+            "boot_s",
+        )
+    }
+    with capsys.disabled():  # the figures go to the test output, captured or not
         print("\nload (16 clients, 10 s):", json.dumps(figures))
     assert set(r["errors_by_status"]) <= {"RESOURCE_EXHAUSTED"}, r["error_examples"]
     assert r["completed"] >= 8 and r["checked_streams"] >= 4, figures

@@ -6,6 +6,7 @@ exact mtp / fast bf16), bad input + auth, the CLI, cancellation, SIGKILL of the 
 mid-stream (exact, then fast: each kill leaves one worker fewer), health while the last decode worker
 is frozen (SIGSTOP: it cannot answer) and after it is back (SIGCONT), finally SIGTERM of the router.
 """
+
 import importlib.util
 import os
 import signal
@@ -18,24 +19,37 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import pick_free_port
+from helpers import make_tiny_dir
 
 from baton.client import Client
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-from conftest import pick_free_port
-from helpers import make_tiny_dir
 
-_MISSING = [m for m in ("prefill_worker.service", "decode_worker.service", "prefill_worker.__main__",
-                        "decode_worker.__main__") if importlib.util.find_spec(m) is None]
+_MISSING = [
+    m
+    for m in ("prefill_worker.service", "decode_worker.service", "prefill_worker.__main__", "decode_worker.__main__")
+    if importlib.util.find_spec(m) is None
+]
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"worker services not built yet: {_MISSING}")
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_LEN = 256          # NOTE: the workers' window and complete()'s must agree (exactness contract)
+MAX_LEN = 256  # NOTE: the workers' window and complete()'s must agree (exactness contract)
 TOKEN = "e2e-secret"
 N = 20
 DECODE = ("d0", "d1", "d2")
-PROMPTS = ["def main(", "import json", "class Counter:", "return [e / total", "for token in tokens:",
-           "@dataclass(frozen=True)", "self.seen += len(", "values: list[float]", "raise ValueError(f\"", "x"]
+PROMPTS = [
+    "def main(",
+    "import json",
+    "class Counter:",
+    "return [e / total",
+    "for token in tokens:",
+    "@dataclass(frozen=True)",
+    "self.seen += len(",
+    "values: list[float]",
+    "raise ValueError(f\"",
+    "x",
+]
 
 
 class Proc:
@@ -43,12 +57,12 @@ class Proc:
 
     def __init__(self, name: str, args: list[str]):
         # NOTE: one thread per process: five processes share a CI-sized machine
-        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
         env.pop("BATON_TOKEN", None)
         self.name, self.lines = name, []
-        self.p = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True)
+        self.p = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -87,13 +101,31 @@ def env(tmp_path_factory):
     procs = {"prefill": Proc("prefill", ["-m", "prefill_worker", "--port", str(ports["prefill"]), *common])}
     procs.update({k: decode(ports[k]) for k in DECODE})
     addr = {k: f"127.0.0.1:{p}" for k, p in ports.items()}
-    procs["router"] = Proc("router", ["-m", "router", "--port", "0", "--prefill", addr["prefill"],
-                                      "--decode", ",".join(addr[k] for k in DECODE), "--model", str(tiny),
-                                      "--token-file", str(token_file), "--call-timeout", "20", "--grace", "5"])
+    procs["router"] = Proc(
+        "router",
+        [
+            "-m",
+            "router",
+            "--port",
+            "0",
+            "--prefill",
+            addr["prefill"],
+            "--decode",
+            ",".join(addr[k] for k in DECODE),
+            "--model",
+            str(tiny),
+            "--token-file",
+            str(token_file),
+            "--call-timeout",
+            "20",
+            "--grace",
+            "5",
+        ],
+    )
     ns = type("Env", (), {})()
     ns.tiny, ns.procs, ns.ports, ns.addr, ns.decode = tiny, procs, ports, addr, decode
     try:
-        ns.ref = _reference(tiny)                     # loads the model here while the processes boot
+        ns.ref = _reference(tiny)  # loads the model here while the processes boot
         ns.router = procs["router"].wait_serving()
         for k in ("prefill", *DECODE):
             procs[k].wait_serving()
@@ -127,7 +159,7 @@ def _reference(tiny):
         return cache[key]
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # the workers run single-threaded too (OMP_NUM_THREADS=1)
+    torch.set_num_threads(1)  # the workers run single-threaded too (OMP_NUM_THREADS=1)
     try:
         for p in PROMPTS:
             get(p)
@@ -155,8 +187,9 @@ def _stats(env, key):
     ch = grpc.insecure_channel(env.addr[key])
     stub = (prefill_pb2_grpc.PrefillWorkerStub if key == "prefill" else decode_pb2_grpc.DecodeWorkerStub)(ch)
     try:
-        return stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=2, metadata=(("authorization",
-                                                                                    f"Bearer {TOKEN}"),))
+        return stub.GetStats(
+            common_pb2.WorkerStatsRequest(), timeout=2, metadata=(("authorization", f"Bearer {TOKEN}"),)
+        )
     finally:
         ch.close()
 
@@ -188,12 +221,18 @@ def test_fast_bf16_is_token_identical_to_complete(env, ref):
     for prompt in PROMPTS:
         deltas = list(env.client.generate(prompt, max_new_tokens=N, engine="bf16", timeout=60))
         assert _tokens(deltas) == ref(prompt), prompt
-        assert "".join(d.text for d in deltas)   # text deltas come through
+        assert "".join(d.text for d in deltas)  # text deltas come through
 
 
 def test_bad_input_and_auth(env, ref):
-    bad = [dict(prompt=""), dict(prompt=[1, 512]), dict(max_new_tokens=0), dict(draft_block=15, mode="exact"),
-           dict(prompt=[1] * 250), dict(max_new_tokens=250)]
+    bad = [
+        dict(prompt=""),
+        dict(prompt=[1, 512]),
+        dict(max_new_tokens=0),
+        dict(draft_block=15, mode="exact"),
+        dict(prompt=[1] * 250),
+        dict(max_new_tokens=250),
+    ]
     for kw in bad:
         kw = {"prompt": "def", "max_new_tokens": 4, **kw}
         with pytest.raises(grpc.RpcError) as ei:
@@ -211,22 +250,41 @@ def test_cli_generate_and_health(env, ref, tmp_path):
     tf.write_text(TOKEN)
     cmd = [sys.executable, "-m", "baton.cli"]
     envv = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(cmd + ["generate", "--addr", env.router, "--token-file", str(tf), "--json", "--mode",
-                                "exact", "--max-new-tokens", "8", "class Counter:"], env=envv, cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        cmd
+        + [
+            "generate",
+            "--addr",
+            env.router,
+            "--token-file",
+            str(tf),
+            "--json",
+            "--mode",
+            "exact",
+            "--max-new-tokens",
+            "8",
+            "class Counter:",
+        ],
+        env=envv,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     import json
+
     assert json.loads(out.stdout)["token_ids"] == ref("class Counter:", 8)
-    h = subprocess.run(cmd + ["health", "--addr", env.router], env=envv, cwd=ROOT, capture_output=True,
-                       text=True, timeout=30)
+    h = subprocess.run(
+        cmd + ["health", "--addr", env.router], env=envv, cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
     assert h.returncode == 0 and h.stdout.strip() == "SERVING"
 
 
 # ---- cancellation -------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["fast", "exact"])
 def test_cancel_after_three_tokens_releases_sessions(env, mode):
-    stream = env.client.generate("def main(", max_new_tokens=200, mode=mode, engine="mtp", ignore_eos=True,
-                                 timeout=60)
+    stream = env.client.generate("def main(", max_new_tokens=200, mode=mode, engine="mtp", ignore_eos=True, timeout=60)
     got = [next(stream) for _ in range(3)]
     assert all(g.token_ids for g in got)
     stream.close()
@@ -248,8 +306,9 @@ def _kill_serving_decode_after(env, stream, n):
 
 def test_sigkill_decode_exact_mode_same_tokens(env, ref):
     want = ref("def main(", 64, ignore_eos=True)
-    stream = env.client.generate("def main(", max_new_tokens=64, mode="exact", engine="fp8", ignore_eos=True,
-                                 timeout=120)
+    stream = env.client.generate(
+        "def main(", max_new_tokens=64, mode="exact", engine="fp8", ignore_eos=True, timeout=120
+    )
     got, killed = _kill_serving_decode_after(env, stream, 5)
     deltas = got + list(stream)
     assert _tokens(deltas) == want
@@ -261,13 +320,13 @@ def test_sigkill_decode_fast_mode_nothing_lost(env, ref):
     stream = env.client.generate("import json", max_new_tokens=64, engine="bf16", ignore_eos=True, timeout=120)
     got, killed = _kill_serving_decode_after(env, stream, 5)
     deltas = got + list(stream)
-    assert _tokens(deltas) == want                             # bf16 == complete: no token lost or repeated
+    assert _tokens(deltas) == want  # bf16 == complete: no token lost or repeated
     assert deltas[-1].stats["migrations"] == 1 and deltas[-1].usage["completion_tokens"] == 64
 
 
 def test_health_follows_decode_workers(env, ref):
     (last,) = [k for k in DECODE if env.procs[k].p.poll() is None]
-    os.kill(env.procs[last].p.pid, signal.SIGSTOP)             # no decode worker can answer
+    os.kill(env.procs[last].p.pid, signal.SIGSTOP)  # no decode worker can answer
     try:
         _wait_health(env.client, "NOT_SERVING", 5)
         with pytest.raises(grpc.RpcError) as ei:

@@ -13,6 +13,7 @@
 Not here: no pickle/marshal in runtime code (tests/engine/test_state.py); in-process auth/TLS/limits of
 baton.rpc (tests/test_rpc.py).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,19 +23,21 @@ import subprocess
 
 import grpc
 import pytest
-
-from baton.client import Client
-from baton.settings import Settings
-from baton.v1 import decode_pb2, prefill_pb2, router_pb2
 from conftest import pick_free_port
 from helpers import make_tiny_dir
 from realcluster import TOKEN, Cmd, RealCluster, reference, start_cmd, tokens
 
+from baton.client import Client
+from baton.settings import Settings
+from baton.v1 import decode_pb2, prefill_pb2, router_pb2
+
 C = grpc.StatusCode
 MAX_LEN = 128
-SERVICES = {"router": router_pb2.DESCRIPTOR.services_by_name["Router"],
-            "prefill": prefill_pb2.DESCRIPTOR.services_by_name["PrefillWorker"],
-            "decode": decode_pb2.DESCRIPTOR.services_by_name["DecodeWorker"]}
+SERVICES = {
+    "router": router_pb2.DESCRIPTOR.services_by_name["Router"],
+    "prefill": prefill_pb2.DESCRIPTOR.services_by_name["PrefillWorker"],
+    "decode": decode_pb2.DESCRIPTOR.services_by_name["DecodeWorker"],
+}
 ALL = [(role, m) for role, svc in SERVICES.items() for m in svc.methods]
 
 
@@ -46,14 +49,33 @@ def plain(tmp_path_factory):
     tf = tmp / "token"
     tf.write_text(TOKEN)
     common = ["--model", str(tiny), "--max-len", str(MAX_LEN), "--token-file", str(tf)]
-    procs = {"prefill": start_cmd(Cmd("prefill", "prefill_worker", ["--port", "0", *common])),
-             "decode": start_cmd(Cmd("decode", "decode_worker", ["--port", "0", *common]))}
+    procs = {
+        "prefill": start_cmd(Cmd("prefill", "prefill_worker", ["--port", "0", *common])),
+        "decode": start_cmd(Cmd("decode", "decode_worker", ["--port", "0", *common])),
+    }
     try:
         addr = {k: p.wait_ready(timeout=120, settings=Settings(token=TOKEN)) for k, p in procs.items()}
         metrics = pick_free_port()
-        procs["router"] = start_cmd(Cmd("router", "router", [
-            "--port", "0", "--prefill", addr["prefill"], "--decode", addr["decode"], "--model", str(tiny),
-            "--token-file", str(tf), "--metrics-port", str(metrics)]))
+        procs["router"] = start_cmd(
+            Cmd(
+                "router",
+                "router",
+                [
+                    "--port",
+                    "0",
+                    "--prefill",
+                    addr["prefill"],
+                    "--decode",
+                    addr["decode"],
+                    "--model",
+                    str(tiny),
+                    "--token-file",
+                    str(tf),
+                    "--metrics-port",
+                    str(metrics),
+                ],
+            )
+        )
         addr["router"] = procs["router"].wait_ready(timeout=60, settings=Settings(token=TOKEN))
         yield type("Plain", (), dict(procs=procs, addr=addr, metrics=metrics))
     finally:
@@ -84,8 +106,13 @@ def _raw(addr: str, m, metadata=(), body: bytes = b"", timeout: float = 10.0, cr
 @pytest.mark.parametrize("role,m", ALL, ids=[f"{r}.{m.name}" for r, m in ALL])
 def test_every_rpc_refuses_a_missing_or_wrong_token(plain, role, m):
     addr = plain.addr[role]
-    for md in [(), (("authorization", "Bearer wrong"),), (("authorization", TOKEN),),
-               (("authorization", f"bearer {TOKEN}"),), (("x-token", TOKEN),)]:
+    for md in [
+        (),
+        (("authorization", "Bearer wrong"),),
+        (("authorization", TOKEN),),
+        (("authorization", f"bearer {TOKEN}"),),
+        (("x-token", TOKEN),),
+    ]:
         assert _raw(addr, m, md) == C.UNAUTHENTICATED, (m.name, md)
     # with the token the call reaches the service (an empty request is then OK or a validation error)
     assert _raw(addr, m, (("authorization", f"Bearer {TOKEN}"),)) != C.UNAUTHENTICATED
@@ -93,9 +120,11 @@ def test_every_rpc_refuses_a_missing_or_wrong_token(plain, role, m):
 
 def test_the_enumeration_covers_every_method():
     assert {(r, m.name) for r, m in ALL} == {
-        ("router", "Generate"), ("router", "GetModelInfo"),
+        ("router", "Generate"),
+        ("router", "GetModelInfo"),
         *(("prefill", n) for n in ("Prefill", "Verify", "Release", "ExportState", "GetStats")),
-        *(("decode", n) for n in ("LoadState", "Decode", "Draft", "Release", "GetStats"))}
+        *(("decode", n) for n in ("LoadState", "Decode", "Draft", "Release", "GetStats")),
+    }
 
 
 # ---- loopback -------------------------------------------------------------------------------------------
@@ -106,18 +135,21 @@ def _listening(pid: int) -> list[str]:
 
 def test_every_server_binds_loopback_by_default(plain):
     for role, p in plain.procs.items():
-        assert plain.addr[role].startswith("127.0.0.1:"), plain.addr[role]     # the printed serving line
+        assert plain.addr[role].startswith("127.0.0.1:"), plain.addr[role]  # the printed serving line
         socks = _listening(p.pid)
         assert socks, f"{role}: no listening socket found for pid {p.pid}"
         # 127.0.0.1, or its IPv4-mapped form on a dual-stack socket: never 0.0.0.0 / [::] / a real interface
         assert all(s.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for s in socks), (role, socks)
     assert {f"127.0.0.1:{plain.metrics}", f"[::ffff:127.0.0.1]:{plain.metrics}"} & set(
-        _listening(plain.procs["router"].pid))
+        _listening(plain.procs["router"].pid)
+    )
     import argparse
 
-    from deploy.local import _worker_specs   # `baton serve` (Ray or --processes) gives its workers 127.0.0.1
-    ns = argparse.Namespace(model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0,
-                            prefill=1, decode=2, engine=None)
+    from deploy.local import _worker_specs  # `baton serve` (Ray or --processes) gives its workers 127.0.0.1
+
+    ns = argparse.Namespace(
+        model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0, prefill=1, decode=2, engine=None
+    )
     assert {s.host for s in _worker_specs(ns)} == {"127.0.0.1"}
     assert Settings.from_env({}).host == "127.0.0.1"
 
@@ -127,11 +159,12 @@ def test_every_server_binds_loopback_by_default(plain):
 def test_a_message_over_the_default_limit_is_resource_exhausted(plain, role, method):
     """65 MiB (the limit is 64 MiB, BATON_MAX_MESSAGE_BYTES): refused by the transport, before parsing."""
     m = SERVICES[role].methods_by_name[method]
-    body = b"\x12" + bytes([0x80 | 0x7F, 0xFF, 0xFF, 0x1F]) + b"x" * (65 << 20)   # one bytes/string field
-    assert _raw(plain.addr[role], m, (("authorization", f"Bearer {TOKEN}"),), body, timeout=30) \
-        == C.RESOURCE_EXHAUSTED
-    assert _raw(plain.addr[role], SERVICES[role].methods[-1], (("authorization", f"Bearer {TOKEN}"),)) \
-        in (C.OK, C.INVALID_ARGUMENT)                                               # still serving
+    body = b"\x12" + bytes([0x80 | 0x7F, 0xFF, 0xFF, 0x1F]) + b"x" * (65 << 20)  # one bytes/string field
+    assert _raw(plain.addr[role], m, (("authorization", f"Bearer {TOKEN}"),), body, timeout=30) == C.RESOURCE_EXHAUSTED
+    assert _raw(plain.addr[role], SERVICES[role].methods[-1], (("authorization", f"Bearer {TOKEN}"),)) in (
+        C.OK,
+        C.INVALID_ARGUMENT,
+    )  # still serving
 
 
 # ---- TLS end to end ------------------------------------------------------------------------------------
@@ -144,18 +177,26 @@ def _cert(tmp):
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "baton-test")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     c, k = tmp / "cert.pem", tmp / "key.pem"
     c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
+    k.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(c), str(k)
 
 
@@ -164,26 +205,35 @@ def test_tls_end_to_end(tmp_path):
     cert, key = _cert(tmp_path)
     tiny = make_tiny_dir(tmp_path)
     mtls = Settings(token=TOKEN, tls_cert=cert, tls_key=key, tls_ca=cert)
-    cl = RealCluster(tmp_path, prefill=1, decode=1, max_len=MAX_LEN, model_dir=tiny, client_settings=mtls,
-                     env={"BATON_TLS_CERT": cert, "BATON_TLS_KEY": key, "BATON_TLS_CA": cert})
+    cl = RealCluster(
+        tmp_path,
+        prefill=1,
+        decode=1,
+        max_len=MAX_LEN,
+        model_dir=tiny,
+        client_settings=mtls,
+        env={"BATON_TLS_CERT": cert, "BATON_TLS_KEY": key, "BATON_TLS_CA": cert},
+    )
     try:
         ref = reference(tiny, MAX_LEN)
         cl.start()
-        for mode in ("fast", "exact"):                # client -> router -> prefill -> decode, all TLS
+        for mode in ("fast", "exact"):  # client -> router -> prefill -> decode, all TLS
             got = tokens(cl.client.generate("def main(", max_new_tokens=10, mode=mode, ignore_eos=True, timeout=60))
             assert got == ref("def main(", 10), mode
-        refused = {"plaintext": Settings(token=TOKEN),
-                   "no CA (system roots)": Settings(token=TOKEN, tls_cert=cert, tls_key=key),
-                   "CA but no client certificate": Settings(token=TOKEN, tls_ca=cert)}
+        refused = {
+            "plaintext": Settings(token=TOKEN),
+            "no CA (system roots)": Settings(token=TOKEN, tls_cert=cert, tls_key=key),
+            "CA but no client certificate": Settings(token=TOKEN, tls_ca=cert),
+        }
         for what, s in refused.items():
             with Client(cl.router_addr, settings=s) as c:
                 with pytest.raises(grpc.RpcError) as ei:
                     list(c.generate("def", max_new_tokens=2, timeout=10))
                 assert ei.value.code() == C.UNAVAILABLE, what
-        for name, addr in cl.addr.items():            # the workers refuse plaintext too
+        for name, addr in cl.addr.items():  # the workers refuse plaintext too
             m = SERVICES[name.split("-")[0]].methods_by_name["GetStats"]
             assert _raw(addr, m, (("authorization", f"Bearer {TOKEN}"),)) == C.UNAVAILABLE, name
-        with Client(cl.router_addr, settings=mtls.replace(token="wrong")) as c:   # TLS does not replace the token
+        with Client(cl.router_addr, settings=mtls.replace(token="wrong")) as c:  # TLS does not replace the token
             with pytest.raises(grpc.RpcError) as ei:
                 list(c.generate("def", max_new_tokens=2, timeout=10))
             assert ei.value.code() == C.UNAUTHENTICATED

@@ -1,4 +1,5 @@
 """The workers as processes (`python -m prefill_worker|decode_worker`) and as Ray actors, over real gRPC."""
+
 import os
 import signal
 import subprocess
@@ -25,11 +26,14 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 def _roundtrip(prefill_addr: str, decode_addr: str, settings: Settings, n: int = 12) -> list[int]:
     """Prefill with hand-off to the decode worker, then Decode: the tokens of one FAST request."""
     with make_channel(prefill_addr, settings) as pc, make_channel(decode_addr, settings) as dc:
-        r = prefill_pb2_grpc.PrefillWorkerStub(pc).Prefill(prefill_pb2.PrefillRequest(
-            session_id="r", prompt_ids=PROMPT, decode_target=decode_addr), timeout=T)
+        r = prefill_pb2_grpc.PrefillWorkerStub(pc).Prefill(
+            prefill_pb2.PrefillRequest(session_id="r", prompt_ids=PROMPT, decode_target=decode_addr), timeout=T
+        )
         out = [r.first_token]
-        for m in decode_pb2_grpc.DecodeWorkerStub(dc).Decode(decode_pb2.DecodeRequest(
-                session_id="r", max_new_tokens=n - 1, ignore_eos=True, release_at_end=True), timeout=T):
+        for m in decode_pb2_grpc.DecodeWorkerStub(dc).Decode(
+            decode_pb2.DecodeRequest(session_id="r", max_new_tokens=n - 1, ignore_eos=True, release_at_end=True),
+            timeout=T,
+        ):
             out += m.token_ids
         return out
 
@@ -46,7 +50,7 @@ def _reference(model_dir, n=12):
     from baton.complete import complete
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # the same as the workers (OMP_NUM_THREADS=1)
+    torch.set_num_threads(1)  # the same as the workers (OMP_NUM_THREADS=1)
     try:
         return complete(model_dir, PROMPT, n, max_len=MAX_LEN, ignore_eos=True)
     finally:
@@ -67,17 +71,35 @@ def test_entry_points_serve_and_stop_on_sigterm(tmp_path):
     model = make_tiny_dir(tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
-    common = ["--model", str(model), "--port", "0", "--max-len", str(MAX_LEN), "--slots", "2",
-              "--token-file", str(token_file)]
-    procs = {role: subprocess.Popen([sys.executable, "-m", f"{role}_worker", *common, *extra], cwd=tmp_path,
-                                    env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for role, extra in (("prefill", []), ("decode", ["--engine", "mtp", "--engines", "bf16,mtp"]))}
+    common = [
+        "--model",
+        str(model),
+        "--port",
+        "0",
+        "--max-len",
+        str(MAX_LEN),
+        "--slots",
+        "2",
+        "--token-file",
+        str(token_file),
+    ]
+    procs = {
+        role: subprocess.Popen(
+            [sys.executable, "-m", f"{role}_worker", *common, *extra],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for role, extra in (("prefill", []), ("decode", ["--engine", "mtp", "--engines", "bf16,mtp"]))
+    }
     try:
         addr = {role: _serving_line(p, role) for role, p in procs.items()}
         settings = Settings(token="s3cret")
         assert {_health(a, settings) for a in addr.values()} == {"SERVING"}
         assert _roundtrip(addr["prefill"], addr["decode"], settings) == _reference(model)
-        with make_channel(addr["decode"], Settings()) as ch:   # the token file is in force
+        with make_channel(addr["decode"], Settings()) as ch:  # the token file is in force
             with pytest.raises(grpc.RpcError) as ei:
                 decode_pb2_grpc.DecodeWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
             assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -98,9 +120,14 @@ def test_ray_actors_serve_over_grpc(tmp_path):
     from prefill_worker.actor import make_actor_class as prefill_actor
 
     model = str(make_tiny_dir(tmp_path))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
     try:
         opts = dict(model_dir=model, port=0, max_len=MAX_LEN, slots=2)
         p = prefill_actor(num_gpus=0, max_restarts=1).options(num_cpus=0).remote(**opts)

@@ -27,6 +27,7 @@ the process keeps serving the others. EOF on the control socket (the prefill pro
 cancel everything, exit; any other error: exit too (never a hang in interpreter teardown), so the parent
 sees EOF and fails the pushes in flight.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,33 +43,44 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from baton.handoff.channels import ChannelPool
-from baton.handoff.sender.ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
-from baton.settings import Settings
-from baton.handoff.timeline import CLOCK_ID, METADATA as TIMELINE_METADATA, now
-from baton.v1 import state_pb2
 from baton.handoff.frames import Manifest, frame, trailer_frame
+from baton.handoff.sender.ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
+from baton.handoff.timeline import CLOCK_ID, now
+from baton.handoff.timeline import METADATA as TIMELINE_METADATA
+from baton.settings import Settings
+from baton.v1 import state_pb2
 
 
 class _Stream:
-    def __init__(self, sid: int, meta: dict, conn: Channel, ring: Ring, pool: ThreadPoolExecutor,
-                 channel: grpc.Channel, depth: int, on_end):
+    def __init__(
+        self,
+        sid: int,
+        meta: dict,
+        conn: Channel,
+        ring: Ring,
+        pool: ThreadPoolExecutor,
+        channel: grpc.Channel,
+        depth: int,
+        on_end,
+    ):
         self.sid, self.conn, self.ring, self.pool, self.on_end = sid, conn, ring, pool, on_end
         self.header = base64.b64decode(meta["header"])
         h = state_pb2.StateChunk.FromString(self.header).header
         self.manifest, self.total = Manifest(h), h.total_bytes
-        self.posted: queue.SimpleQueue = queue.SimpleQueue()   # ("chunk", slot, index, n) | ("end", token) | None
-        self.out: queue.SimpleQueue = queue.SimpleQueue()      # Future of (frame, digest, made) | ("end", token) | None
-        self.window = threading.Semaphore(depth)               # frames made but not yet taken by gRPC
+        self.posted: queue.SimpleQueue = queue.SimpleQueue()  # ("chunk", slot, index, n) | ("end", token) | None
+        self.out: queue.SimpleQueue = queue.SimpleQueue()  # Future of (frame, digest, made) | ("end", token) | None
+        self.window = threading.Semaphore(depth)  # frames made but not yet taken by gRPC
         self.lock, self.closed, self.finished = threading.Lock(), False, threading.Event()
         self.tl = bool(meta.get("timeline"))
-        self.marks: dict[str, int] = {}   # with a timeline: baton/handoff/timeline.py's sender.* marks
-        self.handed: list[int] = []       # ... when each data chunk was handed to gRPC
-        self._in = self._submitted = 0    # ... when the latest chunk was read / submitted to the pool
+        self.marks: dict[str, int] = {}  # with a timeline: baton/handoff/timeline.py's sender.* marks
+        self.handed: list[int] = []  # ... when each data chunk was handed to gRPC
+        self._in = self._submitted = 0  # ... when the latest chunk was read / submitted to the pool
         self.feeder = threading.Thread(target=self._feed, daemon=True, name=f"baton-sender-feed-{sid}")
         self.feeder.start()
         method = channel.stream_unary(meta["method"], request_serializer=None, response_deserializer=None)
-        self.call = method.future(self._requests(), timeout=float(meta["timeout"]),
-                                  metadata=TIMELINE_METADATA if self.tl else None)
+        self.call = method.future(
+            self._requests(), timeout=float(meta["timeout"]), metadata=TIMELINE_METADATA if self.tl else None
+        )
         self.call.add_done_callback(self._done)
 
     def post(self, item) -> None:
@@ -102,7 +114,7 @@ class _Stream:
         finally:
             with self.lock:
                 self.closed = True
-            while True:   # NOTE: after closed: nothing is queued any more
+            while True:  # NOTE: after closed: nothing is queued any more
                 try:
                     item = self.posted.get_nowait()
                 except queue.Empty:
@@ -122,7 +134,7 @@ class _Stream:
         tl, framed, handed = self.tl, 0, 0
         yield self.header
         while (x := self.out.get()) is not None:
-            if isinstance(x, tuple):   # ("end", next_token)
+            if isinstance(x, tuple):  # ("end", next_token)
                 last = trailer_frame(self.manifest, self.total, x[1])
                 if tl:
                     self.marks["sender.trailer_handed"] = now()
@@ -137,9 +149,15 @@ class _Stream:
                 framed, handed = made, now()
                 self.handed.append(handed)
             yield data
-            if tl:   # gRPC asks for the next message once this one's send completed
-                self.marks.update({"sender.last_chunk_submitted": self._submitted, "sender.last_chunk_framed": framed,
-                                   "sender.last_chunk_handed": handed, "sender.last_chunk_sent": now()})
+            if tl:  # gRPC asks for the next message once this one's send completed
+                self.marks.update(
+                    {
+                        "sender.last_chunk_submitted": self._submitted,
+                        "sender.last_chunk_framed": framed,
+                        "sender.last_chunk_handed": handed,
+                        "sender.last_chunk_sent": now(),
+                    }
+                )
 
     def _done(self, call) -> None:
         self.finished.set()
@@ -156,8 +174,11 @@ class _Stream:
             msg["response"] = base64.b64encode(call.result()).decode()
         if self.tl:
             self.marks["sender.reply"] = now()
-            msg["timeline"] = {"marks": {k: v for k, v in self.marks.items() if v}, "clocks": {"sender": CLOCK_ID},
-                               "series": {"sender.handed": self.handed}}
+            msg["timeline"] = {
+                "marks": {k: v for k, v in self.marks.items() if v},
+                "clocks": {"sender": CLOCK_ID},
+                "series": {"sender.handed": self.handed},
+            }
         self.on_end(self.sid)
         self.conn.send(DONE, self.sid, payload=msg)
 
@@ -169,7 +190,7 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
     """The main loop: control messages until EOF."""
     pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="baton-sender-frame")
     streams: dict[int, _Stream] = {}
-    channels = ChannelPool()   # bounded LRU; a stream leases its channel until its call ends
+    channels = ChannelPool()  # bounded LRU; a stream leases its channel until its call ends
     leases = {}
     lock = threading.Lock()
 
@@ -191,15 +212,22 @@ def serve(conn: Channel, ring: Ring, workers: int) -> None:
                     settings = Settings(**meta["settings"])
                     lease = channels.lease(meta["target"], settings)
                     with lock:
-                        leases[sid] = lease   # NOTE: before the call starts: its done callback ends the lease
+                        leases[sid] = lease  # NOTE: before the call starts: its done callback ends the lease
                     s = _Stream(sid, meta, conn, ring, pool, lease.channel, max(1, workers) + 2, ended)
                 except Exception as e:  # noqa: BLE001 - this stream's failure, not the process's
                     # NOTE: e.g. a TLS file that cannot be read: DONE for this stream (its CHUNKs then find no
                     # stream and are FREEd at once); the child keeps serving the others
                     ended(sid)
-                    conn.send(DONE, sid, payload={"code": "INTERNAL", "response": "", "chunks": 0,
-                                                  "details": f"the hand-off sender process could not start "
-                                                             f"the call: {type(e).__name__}: {e}"})
+                    conn.send(
+                        DONE,
+                        sid,
+                        payload={
+                            "code": "INTERNAL",
+                            "response": "",
+                            "chunks": 0,
+                            "details": f"the hand-off sender process could not start the call: {type(e).__name__}: {e}",
+                        },
+                    )
                     continue
                 with lock:
                     if not s.finished.is_set():
@@ -235,7 +263,7 @@ def main(argv=None) -> int:
     ring = Ring(a.ring_fd, a.slots, a.slot_bytes)
     try:
         serve(conn, ring, a.workers)
-    except (BrokenPipeError, ConnectionResetError):   # the prefill process went away
+    except (BrokenPipeError, ConnectionResetError):  # the prefill process went away
         pass
     return 0
 
@@ -244,7 +272,7 @@ if __name__ == "__main__":
     code = 1
     try:
         code = main()
-    except SystemExit as e:   # argparse
+    except SystemExit as e:  # argparse
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:  # noqa: BLE001 - printed; the exit below must happen whatever failed
         traceback.print_exc()

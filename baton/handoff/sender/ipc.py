@@ -22,6 +22,7 @@ and JSON kinds are followed by n bytes of UTF-8 JSON. Tensor bytes never go thro
         DONE    stream; JSON {code: grpc.StatusCode name, details, response (base64), chunks, and with
                 a timeline: timeline {marks, clocks, series} (baton.handoff.timeline.Timeline.to_json)}
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ import threading
 HEAD = struct.Struct("<B3xIIIQ")
 OPEN, CHUNK, END, CANCEL, READY, FREE, DONE = range(1, 8)
 _JSON = {OPEN, READY, DONE}
-MAX_JSON = 64 << 20   # a header of a huge table stays far below this
+MAX_JSON = 64 << 20  # a header of a huge table stays far below this
 
 
 class Channel:
@@ -44,8 +45,9 @@ class Channel:
         self.sock, self._lock = sock, threading.Lock()
         self._head = bytearray(HEAD.size)
 
-    def send(self, kind: int, stream: int = 0, a: int = 0, b: int = 0, n: int = 0, payload=None,
-             timeout: float | None = None) -> None:
+    def send(
+        self, kind: int, stream: int = 0, a: int = 0, b: int = 0, n: int = 0, payload=None, timeout: float | None = None
+    ) -> None:
         """timeout: the most seconds to wait for another sender's message to go out first (TimeoutError past
         it: the other side stopped reading); None: no limit."""
         body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
@@ -75,7 +77,7 @@ class Channel:
     def _read_into(self, mv: memoryview) -> bool:
         got = 0
         while got < len(mv):
-            k = self.sock.recv_into(mv[got:])   # NOTE: blocks without the GIL
+            k = self.sock.recv_into(mv[got:])  # NOTE: blocks without the GIL
             if k == 0:
                 return False
             got += k
@@ -105,7 +107,7 @@ class Ring:
     def view(self, slot: int, n: int) -> memoryview:
         """Bytes [0, n) of `slot` (a view: release it before close())."""
         off = slot * self.slot_bytes
-        return memoryview(self.mm)[off:off + n]
+        return memoryview(self.mm)[off : off + n]
 
     def close(self) -> None:
         """Unmaps and closes the file; raises BufferError while a view of it is alive."""

@@ -32,6 +32,7 @@ the bytes runs under it; none of gRPC's Python runs here at all.
 Shared memory: a memfd (never under /dev/shm); unmapped here once the child is gone and no stager
 still uses it; the kernel frees it with the last mapping, so a kill -9 on either side leaks nothing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -48,16 +49,16 @@ from typing import Callable
 
 import torch
 
-from baton.handoff.sender.ipc import DONE, FREE, OPEN, READY, Channel, Ring
-from baton.settings import Settings
-from baton.handoff.wire import DEFAULT_CHUNK_BYTES, default_workers
-from baton.handoff.frames import header_frame
-from baton.handoff.sender.stream import ANSWER_GRACE_S, ProcessPush, _Stop
 from baton.handoff.encode import Plan
+from baton.handoff.frames import header_frame
+from baton.handoff.sender.ipc import DONE, FREE, OPEN, READY, Channel, Ring
+from baton.handoff.sender.stream import ANSWER_GRACE_S, ProcessPush, _Stop
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, default_workers
+from baton.settings import Settings
 
 log = logging.getLogger("baton.sender")
 DEFAULT_SLOTS = 8
-_ROOT = str(Path(__file__).resolve().parents[3])   # the directory holding the baton package
+_ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the baton package
 
 
 class _Child:
@@ -65,18 +66,35 @@ class _Child:
 
     def __init__(self, slots: int, slot_bytes: int, per_stream: int, workers: int):
         self.ring = Ring.create(slots, slot_bytes)
-        self.buf = torch.frombuffer(self.ring.mm, dtype=torch.uint8)   # [slots * slot_bytes], shared
+        self.buf = torch.frombuffer(self.ring.mm, dtype=torch.uint8)  # [slots * slot_bytes], shared
         self.per_stream = per_stream
-        self._pinned: bool | None = None   # None: not tried yet (CUDA untouched)
+        self._pinned: bool | None = None  # None: not tried yet (CUDA untouched)
         mine, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + ([os.environ["PYTHONPATH"]]
-                                                                    if os.environ.get("PYTHONPATH") else [])))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([_ROOT] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+        )
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "baton.handoff.sender.child", "--control-fd", str(theirs.fileno()),
-                 "--ring-fd", str(self.ring.fd), "--slots", str(slots), "--slot-bytes", str(slot_bytes),
-                 "--workers", str(workers)],
-                pass_fds=(theirs.fileno(), self.ring.fd), env=env, stdin=subprocess.DEVNULL)
+                [
+                    sys.executable,
+                    "-m",
+                    "baton.handoff.sender.child",
+                    "--control-fd",
+                    str(theirs.fileno()),
+                    "--ring-fd",
+                    str(self.ring.fd),
+                    "--slots",
+                    str(slots),
+                    "--slot-bytes",
+                    str(slot_bytes),
+                    "--workers",
+                    str(workers),
+                ],
+                pass_fds=(theirs.fileno(), self.ring.fd),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
         except BaseException:
             mine.close()
             self._unmap()
@@ -85,13 +103,13 @@ class _Child:
             theirs.close()
         self.conn = Channel(mine)
         self.ready: dict | None = None
-        self.dead: str | None = None        # why the child is gone
+        self.dead: str | None = None  # why the child is gone
         self._cv = threading.Condition()
         self._free = list(range(slots))
-        self._owner: dict[int, ProcessPush] = {}   # slot -> the push holding it (staging or posted)
+        self._owner: dict[int, ProcessPush] = {}  # slot -> the push holding it (staging or posted)
         self._pushes: dict[int, ProcessPush] = {}  # stream id -> push in flight
         self._ids = 0
-        self._users = 0                            # stagers running: the ring stays mapped for them
+        self._users = 0  # stagers running: the ring stays mapped for them
         self.reader = threading.Thread(target=self._read, daemon=True, name=f"baton-sender-reader-{self.proc.pid}")
         self.reader.start()
 
@@ -109,7 +127,7 @@ class _Child:
         try:
             self.conn.send(OPEN, push.sid, payload=meta)
         except OSError:
-            pass   # the reader sees the EOF and fails the push
+            pass  # the reader sees the EOF and fails the push
         return True
 
     def take(self, push: "ProcessPush") -> int:
@@ -131,7 +149,7 @@ class _Child:
     def slot(self, slot: int, n: int) -> torch.Tensor:
         if n > self.ring.slot_bytes:
             raise ValueError(f"chunk of {n} bytes > ring slot of {self.ring.slot_bytes}")
-        return self.buf[slot * self.ring.slot_bytes:(slot + 1) * self.ring.slot_bytes]
+        return self.buf[slot * self.ring.slot_bytes : (slot + 1) * self.ring.slot_bytes]
 
     def pin(self) -> None:
         """Page-locks the ring for async D2H (first CUDA chunk only: a CPU-only process never touches CUDA).
@@ -141,8 +159,10 @@ class _Child:
                 r = torch.cuda.cudart().cudaHostRegister(self.buf.data_ptr(), self.buf.numel(), 0)
                 self._pinned = int(getattr(r, "value", r)) == 0
                 if not self._pinned:
-                    log.warning("hand-off sender: cudaHostRegister of the ring failed (%s); D2H copies into it "
-                                "are synchronous", r)
+                    log.warning(
+                        "hand-off sender: cudaHostRegister of the ring failed (%s); D2H copies into it are synchronous",
+                        r,
+                    )
 
     def post(self, kind: int, sid: int, a: int = 0, b: int = 0, n: int = 0) -> None:
         try:
@@ -172,7 +192,7 @@ class _Child:
             self._unmap()
 
     # ---- the reader thread ------------------------------------------------------------------------
-    def _release(self, slot: int) -> None:   # NOTE: under self._cv
+    def _release(self, slot: int) -> None:  # NOTE: under self._cv
         owner = self._owner.pop(slot, None)
         if owner is not None:
             owner.held -= 1
@@ -196,7 +216,7 @@ class _Child:
                     self.ready = payload
         except Exception as e:  # noqa: BLE001 - whatever broke the channel, the pushes must not wait forever
             log.error("hand-off sender: control channel failed: %r", e)
-            self.kill(f"the hand-off sender's control channel failed ({e!r})")   # NOTE: else wait() may never return
+            self.kill(f"the hand-off sender's control channel failed ({e!r})")  # NOTE: else wait() may never return
         rc = self.proc.wait()
         with self._cv:
             if self.dead is None:
@@ -214,10 +234,10 @@ class _Child:
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.buf.data_ptr())
         self._pinned = False
-        self.buf = None   # NOTE: the tensor's export of the mmap goes first
+        self.buf = None  # NOTE: the tensor's export of the mmap goes first
         try:
             self.ring.close()
-        except BufferError:   # a view still alive somewhere: the mapping goes with it
+        except BufferError:  # a view still alive somewhere: the mapping goes with it
             log.warning("hand-off sender: ring still referenced at close")
 
     def close(self, timeout: float = 3.0) -> None:
@@ -240,8 +260,14 @@ class SenderProcess:
     """The prefill worker's sender process, respawned on the first push after it died; close() on shutdown.
     slot_bytes bounds the chunk size it carries (fits()); per_stream: ring slots one push may hold."""
 
-    def __init__(self, slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_CHUNK_BYTES,
-                 per_stream: int | None = None, workers: int | None = None, answer_grace_s: float = ANSWER_GRACE_S):
+    def __init__(
+        self,
+        slots: int = DEFAULT_SLOTS,
+        slot_bytes: int = DEFAULT_CHUNK_BYTES,
+        per_stream: int | None = None,
+        workers: int | None = None,
+        answer_grace_s: float = ANSWER_GRACE_S,
+    ):
         self.slots, self.slot_bytes, self.answer_grace_s = slots, slot_bytes, answer_grace_s
         self.per_stream = per_stream or max(1, slots - 2)
         self.workers = default_workers() if workers is None else workers
@@ -266,18 +292,34 @@ class SenderProcess:
 
     start = child
 
-    def start_push(self, target: str, settings: Settings, plan: Plan, *, method: str,
-                   deserialize: Callable[[bytes], object], timeout: float, position: int,
-                   timeline: bool = False) -> ProcessPush:
+    def start_push(
+        self,
+        target: str,
+        settings: Settings,
+        plan: Plan,
+        *,
+        method: str,
+        deserialize: Callable[[bytes], object],
+        timeout: float,
+        position: int,
+        timeline: bool = False,
+    ) -> ProcessPush:
         """timeline: stamp the hand-off's marks here and in the child (baton/handoff/timeline.py), and ask the
         receiver for its own; ProcessPush.result() reports them in the BridgeReport."""
         if not self.fits(plan.header.chunk_bytes):
             raise ValueError(f"chunk_bytes {plan.header.chunk_bytes} > the sender ring's slots ({self.slot_bytes})")
-        meta = {"target": target, "method": method, "timeout": timeout, "settings": dataclasses.asdict(settings),
-                "header": base64.b64encode(header_frame(plan.header)).decode(), "timeline": bool(timeline)}
-        json.dumps(meta)   # NOTE: fails here, not in the child, if a setting is not plain data
-        return ProcessPush(target, plan, deserialize, position, timeout, self.answer_grace_s,
-                           timeline=timeline)._start(self.child(), meta)
+        meta = {
+            "target": target,
+            "method": method,
+            "timeout": timeout,
+            "settings": dataclasses.asdict(settings),
+            "header": base64.b64encode(header_frame(plan.header)).decode(),
+            "timeline": bool(timeline),
+        }
+        json.dumps(meta)  # NOTE: fails here, not in the child, if a setting is not plain data
+        return ProcessPush(target, plan, deserialize, position, timeout, self.answer_grace_s, timeline=timeline)._start(
+            self.child(), meta
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ With a timeline (baton/handoff/timeline.py; the push's `timeline` is not None), 
 prefill.last_chunk_ready / _slot / _staged, prefill.end_posted and each CHUNK post (series prefill.staged);
 result() merges the child's marks (its DONE JSON) and the receiver's (the LoadState answer's bridge).
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,18 +20,18 @@ from typing import TYPE_CHECKING, Callable
 
 import grpc
 
+from baton.handoff.encode import Plan, chunk_segments
 from baton.handoff.push import HandoffError
 from baton.handoff.sender.ipc import CANCEL, CHUNK, END
+from baton.handoff.staging import stage_into
 from baton.handoff.timeline import CLOCK_ID, Timeline, now
 from baton.handoff.wire import BridgeStats
-from baton.handoff.encode import Plan, chunk_segments
-from baton.handoff.staging import stage_into
 
 if TYPE_CHECKING:
     from baton.handoff.sender.process import _Child
 
-ANSWER_GRACE_S = 10.0   # past a push's deadline: no DONE by then means the child is wedged
-CANCEL_SEND_S = 2.0     # a CANCEL not sent by then: the child is not reading its control channel
+ANSWER_GRACE_S = 10.0  # past a push's deadline: no DONE by then means the child is wedged
+CANCEL_SEND_S = 2.0  # a CANCEL not sent by then: the child is not reading its control channel
 
 
 class _Stop(Exception):
@@ -40,14 +41,22 @@ class _Stop(Exception):
 class ProcessPush:
     """One LoadState call streamed by the sender process; handoff.Push's contract."""
 
-    def __init__(self, target: str, plan: Plan, deserialize: Callable[[bytes], object], position: int,
-                 timeout: float, grace: float = ANSWER_GRACE_S, timeline: bool = False):
+    def __init__(
+        self,
+        target: str,
+        plan: Plan,
+        deserialize: Callable[[bytes], object],
+        position: int,
+        timeout: float,
+        grace: float = ANSWER_GRACE_S,
+        timeline: bool = False,
+    ):
         self.target, self._plan, self._deserialize, self._position = target, plan, deserialize, position
         self._timeout, self._grace = timeout, grace
-        self.sid, self.child, self.held = 0, None, 0   # held: ring slots this push owns (under child._cv)
+        self.sid, self.child, self.held = 0, None, 0  # held: ring slots this push owns (under child._cv)
         self.done = threading.Event()
         self._outcome: dict | None = None
-        self._error: BaseException | None = None   # raised while staging (e.g. the prefill failed)
+        self._error: BaseException | None = None  # raised while staging (e.g. the prefill failed)
         self._cancelled = False
         self._t0 = time.perf_counter()
         self._stager: threading.Thread | None = None
@@ -63,9 +72,9 @@ class ProcessPush:
 
     def _stage(self) -> None:
         child, p, sid, tl = self.child, self._plan, self.sid, self.timeline
-        pending = None   # (slot, index, n, done event): a CUDA chunk whose copy is queued
-        staged: list[int] = []   # with a timeline: each chunk staged (stamped just before its CHUNK)
-        ready = got = 0          # ... when the latest chunk's tensors were pulled / its slot taken
+        pending = None  # (slot, index, n, done event): a CUDA chunk whose copy is queued
+        staged: list[int] = []  # with a timeline: each chunk staged (stamped just before its CHUNK)
+        ready = got = 0  # ... when the latest chunk's tensors were pulled / its slot taken
         try:
             for index, segs in chunk_segments(p.specs, p.tensor_source, p.chunks, p.ready_now):
                 n = sum(b - a for _, _, a, b in segs)
@@ -82,8 +91,8 @@ class ProcessPush:
                     child.give(slot)
                     raise
                 if pending is not None:
-                    pending[3].synchronize()   # NOTE: no GIL while waiting
-                    if tl is not None:   # NOTE: each stamp before its message: the child reads it after
+                    pending[3].synchronize()  # NOTE: no GIL while waiting
+                    if tl is not None:  # NOTE: each stamp before its message: the child reads it after
                         staged.append(now())
                     child.post(CHUNK, sid, *pending[:3])
                     pending = None
@@ -105,9 +114,17 @@ class ProcessPush:
             end = now() if tl is not None else 0
             child.post(END, sid, n=token)
             if tl is not None:
-                tl.update({"prefill.end_posted": end, "prefill.last_chunk_ready": ready, "prefill.last_chunk_slot": got,
-                           "prefill.last_chunk_staged": staged[-1]} if staged else {},
-                          series={"prefill.staged": staged})
+                tl.update(
+                    {
+                        "prefill.end_posted": end,
+                        "prefill.last_chunk_ready": ready,
+                        "prefill.last_chunk_slot": got,
+                        "prefill.last_chunk_staged": staged[-1],
+                    }
+                    if staged
+                    else {},
+                    series={"prefill.staged": staged},
+                )
         except _Stop:
             pass
         except BaseException as e:  # noqa: BLE001 - result() raises it
@@ -116,7 +133,7 @@ class ProcessPush:
         finally:
             if pending is not None:
                 if pending[3] is not None:
-                    pending[3].synchronize()   # the copy must land before the slot is reused
+                    pending[3].synchronize()  # the copy must land before the slot is reused
                 child.give(pending[0])
             child.leave()
 
@@ -126,7 +143,7 @@ class ProcessPush:
         self._outcome = outcome
         self.done.set()
         with self.child._cv:
-            self.child._cv.notify_all()   # a stager waiting for a slot stops
+            self.child._cv.notify_all()  # a stager waiting for a slot stops
 
     def cancel(self) -> None:
         self._cancelled = True
@@ -134,8 +151,10 @@ class ProcessPush:
             try:
                 self.child.conn.send(CANCEL, self.sid, timeout=CANCEL_SEND_S)
             except TimeoutError:
-                self.child.kill(f"the hand-off sender process does not read its control channel (a CANCEL "
-                                f"waited {CANCEL_SEND_S:g} s)")
+                self.child.kill(
+                    f"the hand-off sender process does not read its control channel (a CANCEL "
+                    f"waited {CANCEL_SEND_S:g} s)"
+                )
             except OSError:
                 pass
 
@@ -148,11 +167,13 @@ class ProcessPush:
                 self.cancel()
                 raise HandoffError(self.target, grpc.StatusCode.CANCELLED, "the calling RPC ended")
             if time.perf_counter() > deadline and not self.done.is_set():
-                why = (f"the hand-off sender process gave no answer {self._grace:g} s past the call's deadline "
-                       f"({self._timeout:g} s)")
+                why = (
+                    f"the hand-off sender process gave no answer {self._grace:g} s past the call's deadline "
+                    f"({self._timeout:g} s)"
+                )
                 if self.child is not None:
                     self.child.kill(why)
-                self._finish({"code": "DEADLINE_EXCEEDED", "details": why, "chunks": 0})   # the stager stops
+                self._finish({"code": "DEADLINE_EXCEEDED", "details": why, "chunks": 0})  # the stager stops
                 raise HandoffError(self.target, grpc.StatusCode.DEADLINE_EXCEEDED, why)
         o = self._outcome
         if o["code"] != "OK":
@@ -161,11 +182,12 @@ class ProcessPush:
             if o["code"] == "CANCELLED" and self._cancelled:
                 raise HandoffError(self.target, grpc.StatusCode.CANCELLED, "hand-off cancelled")
             raise HandoffError(self.target, grpc.StatusCode[o["code"]], o["details"])
-        stats = BridgeStats.from_specs(self._plan.specs, tokens=self._position, chunks=o["chunks"],
-                                       seconds=time.perf_counter() - self._t0)
+        stats = BridgeStats.from_specs(
+            self._plan.specs, tokens=self._position, chunks=o["chunks"], seconds=time.perf_counter() - self._t0
+        )
         resp, report = self._deserialize(base64.b64decode(o["response"])), stats.to_proto()
         if self.timeline is not None:
-            self.join(1.0)   # NOTE: the stager stamps its last marks just after END went out
+            self.join(1.0)  # NOTE: the stager stamps its last marks just after END went out
             self.timeline.merge_json(o.get("timeline", {}))
             bridge = getattr(resp, "bridge", None)
             if bridge is not None and bridge.HasField("timeline"):

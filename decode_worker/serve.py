@@ -1,0 +1,144 @@
+"""serve_decode: builds a decode worker (model -> runners -> FP8 copy -> CUDA graphs -> DecodeEngine ->
+DecodeServicer -> gRPC server) and reports SERVING once all of it is done."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
+from baton.engine.speculation import GREEDY, Drafter
+from baton.loading import LoadedModel, load_model
+from baton.rpc import build_server
+from baton.settings import Settings
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.process import WorkerHandle
+from decode_worker.engine import ENGINES, DecodeEngine
+from decode_worker.service import DEFAULT_MTP_K, SERVICE, DecodeServicer, add_to_server
+
+log = logging.getLogger("baton.decode")
+
+
+def available_engines(lm: LoadedModel, wanted=ENGINES) -> tuple[str, ...]:
+    """`wanted` filtered to what this checkpoint and install support: mtp needs the checkpoint's MTP
+    head; fp8 needs decode_worker.fp8 (quantize_model)."""
+    out = []
+    for e in wanted:
+        if e not in ENGINES:
+            raise ValueError(f"engines: unknown engine {e!r}; choose from {', '.join(ENGINES)}")
+        if e == "mtp" and not lm.has_mtp:
+            log.warning("decode: no MTP head in the checkpoint, engine mtp disabled")
+        elif e == "fp8" and _fp8_module() is None:
+            log.warning("decode: decode_worker.fp8 is not importable, engine fp8 disabled")
+        elif e not in out:
+            out.append(e)
+    return tuple(out)
+
+
+def _fp8_module():
+    try:
+        from decode_worker import fp8
+    except ImportError:
+        return None
+    return fp8 if hasattr(fp8, "quantize_model") else None
+
+
+def serve_decode(
+    model: str | Path | LoadedModel | None,
+    *,
+    engines=ENGINES,
+    default_engine: str | None = None,
+    host: str | None = None,
+    port: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    width: int = DEFAULT_WIDTH,
+    max_len: int = DEFAULT_MAX_LEN,
+    slots: int = DEFAULT_SLOTS,
+    ttl_s: float = DEFAULT_TTL_S,
+    settings: Settings | None = None,
+    capture_graphs: bool = True,
+    fp8_mode: str = "full",
+    mtp_k: int = DEFAULT_MTP_K,
+    max_workers: int = 16,
+    max_concurrent_rpcs: int = 256,
+    pipeline: bool = True,
+    drafter: Drafter | None = None,
+) -> tuple[WorkerHandle, DecodeServicer]:
+    """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
+    (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
+    pipeline (default on): bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True),
+    one more GDN state per slot); tokens identical to the plain loop. False: the plain AR loop. mtp
+    sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain.
+    drafter: chooses the draft tokens (baton.engine.speculation.Drafter; None = the model's own greedy)."""
+    settings = Settings.from_env() if settings is None else settings
+    if isinstance(model, LoadedModel):
+        lm = model
+    else:
+        log.info("decode: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
+        lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
+    names = available_engines(lm, engines)
+    default_engine = (default_engine or names[0]) if names else default_engine
+    if default_engine not in names:
+        raise ValueError(f"engine: {default_engine!r} is not available here (have {', '.join(names) or 'none'})")
+    runners: dict[str, ModelRunner] = {}
+    if "bf16" in names or "mtp" in names:
+        shared = ModelRunner(
+            lm.model,
+            slots=slots,
+            max_len=max_len,
+            width=width,
+            checkpoints="mtp" in names,
+            pipeline=pipeline and "bf16" in names,
+        )
+        runners.update({e: shared for e in ("bf16", "mtp") if e in names})
+    if "fp8" in names:
+        log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)
+        fp8_model = copy.deepcopy(lm.model)
+        if hasattr(fp8_model, "mtp"):
+            del fp8_model.mtp  # fp8 sessions never draft with the MTP head
+        _fp8_module().quantize_model(fp8_model, fp8_mode)
+        runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline)
+    if capture_graphs and str(device).startswith("cuda"):
+        _capture(runners)
+    engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s, drafter=drafter or GREEDY)
+    servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
+    try:
+        base = build_server(
+            [(add_to_server, servicer)],
+            service_names=[SERVICE],
+            host=host,
+            port=port,
+            settings=settings,
+            max_workers=max_workers,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+        )
+    except BaseException:
+        servicer.close()
+        raise
+    handle = WorkerHandle(base, servicer)
+    handle.set_serving(True)
+    log.info(
+        "decode: ready on %s (engines=%s, default=%s, slots=%d, max_len=%d, W=%d)",
+        handle.address,
+        ",".join(names),
+        default_engine,
+        slots,
+        max_len,
+        width,
+    )
+    return handle, servicer
+
+
+def _capture(runners: dict[str, ModelRunner]) -> None:
+    try:
+        from baton.engine import graph
+    except ImportError:
+        log.warning("decode: baton.engine.graph not available; running eagerly (no CUDA graphs)")
+        return
+    for r in {id(r): r for r in runners.values()}.values():
+        t0 = time.perf_counter()
+        graph.capture_all(r)
+        log.info("decode: captured CUDA graphs in %.1fs", time.perf_counter() - t0)

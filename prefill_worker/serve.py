@@ -1,0 +1,84 @@
+"""serve_prefill: builds a prefill worker (model -> ModelRunner -> ExactEngine -> warm-up -> PrefillServicer
+-> gRPC server) and reports SERVING once all of it is done."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
+from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
+from baton.loading import LoadedModel, load_model
+from baton.rpc import build_server
+from baton.settings import Settings
+from baton.v1 import prefill_pb2_grpc
+from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.process import WorkerHandle
+from prefill_worker.engine import ExactEngine
+from prefill_worker.service import SERVICE, PrefillServicer
+
+log = logging.getLogger("baton.prefill")
+
+
+def serve_prefill(
+    model: str | Path | LoadedModel | None,
+    *,
+    host: str | None = None,
+    port: int = 0,
+    device: str = "cpu",
+    dtype: str | None = None,
+    width: int = DEFAULT_WIDTH,
+    max_len: int = DEFAULT_MAX_LEN,
+    slots: int = DEFAULT_SLOTS,
+    ttl_s: float = DEFAULT_TTL_S,
+    settings: Settings | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    max_workers: int = 16,
+    max_concurrent_rpcs: int = 256,
+) -> tuple[WorkerHandle, PrefillServicer]:
+    """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
+    builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
+    settings = Settings.from_env() if settings is None else settings
+    check_chunk_bytes(chunk_bytes, settings.max_message_bytes)  # NOTE: before the model loads
+    if isinstance(model, LoadedModel):
+        lm = model
+    else:
+        log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
+        lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
+    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True)
+    if str(device).startswith("cuda"):  # AR steps, verify blocks (n=K+1) and re-advances (n=m+1)
+        from baton.engine.graph import capture_all
+
+        st = capture_all(runner, ns={"rows": range(1, width + 1)})
+        log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
+    engine = ExactEngine(runner, ttl_s=ttl_s)
+    if str(device).startswith("cuda"):
+        log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")
+        log.info("prefill: warm-up done in %.1fs", engine.warm_up())
+    servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
+    if servicer.sender is not None:
+        servicer.sender.start()  # spawned now: the first hand-off does not wait for it
+    try:
+        base = build_server(
+            [(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer)],
+            service_names=[SERVICE],
+            host=host,
+            port=port,
+            settings=settings,
+            max_workers=max_workers,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+        )
+    except BaseException:
+        servicer.close()
+        raise
+    handle = WorkerHandle(base, servicer)
+    handle.set_serving(True)
+    log.info(
+        "prefill: ready on %s (slots=%d, max_len=%d, W=%d, mtp=%s)",
+        handle.address,
+        slots,
+        max_len,
+        width,
+        runner.has_mtp,
+    )
+    return handle, servicer
