@@ -111,7 +111,7 @@ def test_replace_frees_the_old_slot_even_when_the_pool_was_full(clock):
 def test_publish_over_a_live_session_frees_the_old_slot(clock):
     t = SlotTable(60, {0: 2})
     a = _open(t, 0, "a")
-    sid, slot = t.take(0, None, replace=False, what="x")   # a re-sent state reserves a fresh slot ...
+    _sid, slot = t.take(0, None, replace=False, what="x")   # a re-sent state reserves a fresh slot ...
     assert slot != a.slot
     new = t.publish(0, "a", Sess("a", slot))              # ... and replaces "a" when it commits
     assert t.get("a") is new and len(t) == 1 and _free(t, 0) == [a.slot]
@@ -122,7 +122,7 @@ def test_publish_over_a_live_session_frees_the_old_slot(clock):
 
 def test_give_back_returns_a_reserved_slot(clock):
     t = SlotTable(60, {0: 1})
-    sid, slot = t.take(0, "a", replace=False, what="x")
+    _sid, slot = t.take(0, "a", replace=False, what="x")
     with pytest.raises(SessionLimit):
         t.take(0, "b", replace=False, what="x")
     t.give_back(0, slot)

@@ -172,7 +172,7 @@ def test_decoding_goes_on_exactly_after_an_undo(env):
 
 def test_undo_step_writes_only_its_slot(env):
     """Interleaved sessions: slot 1 has a step pending while slot 0 launches and undoes one."""
-    piped, ref_states, ref_tokens = env
+    piped, ref_states, _ref_tokens = env
     _fresh(piped)
     st = piped.state
     piped.ar_launch(1, 0)

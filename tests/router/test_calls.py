@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import fakes
 import grpc
 import pytest
 
-import fakes
 from baton.rpc import StatusError
 from baton.v1 import decode_pb2, prefill_pb2
 from router.calls import Calls, Cancelled, WorkerFault

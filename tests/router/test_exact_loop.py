@@ -4,13 +4,13 @@ in round r its first plan[r] drafts are the exact tokens and the next one is wro
 accepts exactly min(plan[r], k) of them. Only verified tokens may come out: drafts[:m] + [next]."""
 from __future__ import annotations
 
+import fakes
 import grpc
 import pytest
+from fakes import EOS, SAY_EOS, exact_next, reference
 
-import fakes
 from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
-from fakes import EOS, SAY_EOS, exact_next, reference
 from router.exact import ExactLoop, RunStats
 from router.session import Budget, start_session
 
@@ -95,13 +95,13 @@ def _reqs(fake, method):
 @pytest.mark.parametrize("plan", [[0, 0, 0, 0], [4, 4, 4], [1, 3, 0, 2, 4, 1], [2] * 10])
 def test_yields_exactly_the_verified_tokens(fake_pool, plan):
     K, N = 4, 20
-    loop, h, budget, stats, _, pf, (df,) = _setup(fake_pool, n=N, k=K,
-                                                  decodes=[Controlled(fake_pool.settings, plan)])
+    loop, h, _budget, stats, _, pf, (df,) = _setup(fake_pool, n=N, k=K,
+                                                   decodes=[Controlled(fake_pool.settings, plan)])
     out, batches = _run(loop, h)
     assert out == reference(IDS, N)
     drafts, verifies = df.servicer.sent, _reqs(pf, "Verify")
     assert len(batches) == len(drafts) == len(verifies)
-    emitted, pending, prev = 1, h.first_token, None
+    emitted, pending = 1, h.first_token
     for r, ((toks, finish), d, v) in enumerate(zip(batches, drafts, verifies)):
         m = min(plan[r], len(d)) if r < len(plan) else len(d)
         assert list(v.tokens) == [pending, *d]                      # Verify gets [pending, d1..dk]
@@ -116,7 +116,7 @@ def test_yields_exactly_the_verified_tokens(fake_pool, plan):
 
 
 def test_each_draft_carries_the_previous_verdict(fake_pool):
-    loop, h, _, _, _, pf, (df,) = _setup(fake_pool, n=15, decodes=[Controlled(fake_pool.settings, [1, 0, 3, 4])])
+    loop, h, _, _, _, _pf, (df,) = _setup(fake_pool, n=15, decodes=[Controlled(fake_pool.settings, [1, 0, 3, 4])])
     _run(loop, h)
     drafts = _reqs(df, "Draft")
     assert drafts[0].has_verdict is False
@@ -205,7 +205,7 @@ def test_a_decode_worker_that_lost_the_session_may_take_it_back(fake_pool):
 
 def test_a_failed_migration_target_is_skipped(fake_pool):
     d1 = Controlled(fake_pool.settings, [2, 2])
-    loop, h, _, stats, _, pf, (f1, f2, f3) = _setup(
+    loop, h, _, stats, _, pf, (_f1, f2, f3) = _setup(
         fake_pool, n=20, decodes=[d1, Controlled(fake_pool.settings), Controlled(fake_pool.settings)])
     f2.stop()                                   # still "up" in the registry: ExportState to it fails
     d1.die_on["Draft"] = 2
@@ -253,7 +253,7 @@ def test_a_decode_worker_returning_the_wrong_number_of_drafts_is_internal(fake_p
 
 @pytest.mark.parametrize("how", ["fails", "dies"])
 def test_an_exact_worker_lost_is_unavailable(fake_pool, how):
-    loop, h, _, _, _, pf, (df,) = _setup(fake_pool, n=20, decodes=[Controlled(fake_pool.settings, [1, 2, 3])])
+    loop, h, _, _, _, pf, (_df,) = _setup(fake_pool, n=20, decodes=[Controlled(fake_pool.settings, [1, 2, 3])])
     it = loop.run(h.first_token)
     first_block, _ = next(it)
     if how == "fails":

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
+import fakes
 import grpc
 import pytest
 
-import fakes
 from baton.rpc import StatusError
 from baton.v1 import common_pb2
 from router import session as session_mod
@@ -105,7 +105,7 @@ def test_a_fault_before_the_first_token_is_retried_once_on_another_prefill_worke
     sent = _prefills(p1, p2)
     assert len(sent) == 2 and retried == [1]
     (f_a, first), = [(f, r) for f, r in sent if r.session_id != h.session_id]   # the failed attempt
-    (f_b, second), = [(f, r) for f, r in sent if r.session_id == h.session_id]
+    (f_b, _second), = [(f, r) for f, r in sent if r.session_id == h.session_id]
     assert {f_a.address, f_b.address} == {w1.address, w2.address}       # two different workers
     assert h.prefill.address == f_b.address
     assert h.first_token == fakes.exact_next(IDS) and set(d.servicer.sessions) == {h.session_id}
@@ -178,7 +178,7 @@ def test_a_full_prefill_worker_is_skipped(fake_pool):
     msg = "all 1 exact slots are in use"
     p1, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, budget, C.RESOURCE_EXHAUSTED, msg))
     p2, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, budget, C.RESOURCE_EXHAUSTED, msg))
-    d, _ = fake_pool.add("decode")
+    _d, _ = fake_pool.add("decode")
     h = _start(fake_pool.calls())
     assert len(_prefills(p1, p2)) == 2 and h.first_token == fakes.exact_next(IDS)
     assert len({f.address for f, _ in _prefills(p1, p2)}) == 2
@@ -187,8 +187,8 @@ def test_a_full_prefill_worker_is_skipped(fake_pool):
 def test_every_prefill_worker_full_is_resource_exhausted(fake_pool):
     budget = [5]
     msg = "all 1 exact slots are in use"
-    p1, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, budget, C.RESOURCE_EXHAUSTED, msg))
-    p2, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, budget, C.RESOURCE_EXHAUSTED, msg))
+    _p1, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, budget, C.RESOURCE_EXHAUSTED, msg))
+    _p2, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, budget, C.RESOURCE_EXHAUSTED, msg))
     fake_pool.add("decode")
     with pytest.raises(StatusError) as ei:
         _start(fake_pool.calls())
@@ -200,8 +200,8 @@ FULL_D = "decode_target: all 4 bf16 decode slots are in use"
 
 def test_a_full_decode_target_is_skipped_for_another(fake_pool):
     p, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, [1], C.RESOURCE_EXHAUSTED, FULL_D))
-    d1, w1 = fake_pool.add("decode")
-    d2, w2 = fake_pool.add("decode")
+    _d1, w1 = fake_pool.add("decode")
+    _d2, w2 = fake_pool.add("decode")
     h = _start(fake_pool.calls())
     reqs = [r for _, r in _prefills(p)]
     assert [r.decode_target for r in reqs] == [w1.address, w2.address] and h.decode is w2
@@ -210,7 +210,7 @@ def test_a_full_decode_target_is_skipped_for_another(fake_pool):
 
 def test_a_full_only_decode_worker_is_resource_exhausted_and_then_refused_before_a_prefill(fake_pool):
     p, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, [1], C.RESOURCE_EXHAUSTED, FULL_D))
-    _, d = fake_pool.add("decode")
+    _, _d = fake_pool.add("decode")
     calls = fake_pool.calls()
     with pytest.raises(StatusError) as ei:
         _start(calls)
@@ -242,7 +242,7 @@ def test_a_full_decode_worker_takes_requests_again_once_one_of_ours_ended(fake_p
 
 def test_a_full_decode_worker_is_tried_again_after_the_hold(fake_pool, monkeypatch):
     monkeypatch.setattr(session_mod, "FULL_HOLD_S", 0.2)
-    p, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, [1], C.RESOURCE_EXHAUSTED, FULL_D))
+    _p, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, [1], C.RESOURCE_EXHAUSTED, FULL_D))
     fake_pool.add("decode")
     with pytest.raises(StatusError):
         _start(fake_pool.calls())
