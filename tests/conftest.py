@@ -28,3 +28,56 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+class FakePool:
+    """Fake prefill / decode workers (tests/fakes.py) on loopback plus a router Registry over them,
+    probed up once and without its background poller: for unit tests of router.calls / session / exact.
+
+        pool.add("decode", servicer=None, **kw) -> (FakeWorker, registry Worker)
+        pool.calls(timeout=5.0, call_timeout=2.0) -> a router.calls.Calls with that deadline from now
+    Every server, Calls and the registry are closed at teardown."""
+
+    def __init__(self):
+        from baton.settings import Settings
+        from router.registry import Registry
+
+        self.settings = Settings(token=None)
+        self.registry = Registry(self.settings, check_timeout=0.5)
+        self.fakes: list = []
+        self._calls: list = []
+
+    def add(self, role: str, servicer=None, **kw):
+        import fakes
+
+        if servicer is None:
+            servicer = (fakes.FakePrefill if role == "prefill" else fakes.FakeDecode)(self.settings, **kw)
+        fake = fakes.FakeWorker(servicer, self.settings)
+        self.fakes.append(fake)
+        w = self.registry.add(role, fake.address)
+        assert self.registry.probe(w), f"fake {role} worker {fake.address} is not up"
+        return fake, w
+
+    def calls(self, timeout: float = 5.0, call_timeout: float = 2.0):
+        import time
+
+        from router.calls import Calls
+
+        c = Calls(self.registry, deadline=time.monotonic() + timeout, call_timeout=call_timeout)
+        self._calls.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self._calls:
+            c.close()
+        self.registry.stop()
+        for f in self.fakes:
+            f.stop()
+
+
+@pytest.fixture
+def fake_pool():
+    """A FakePool (see its docstring); closed after the test."""
+    pool = FakePool()
+    yield pool
+    pool.close()
