@@ -1,7 +1,5 @@
 """baton.rpc over real loopback sockets: auth on all call shapes, health, reflection, TLS, limits."""
 
-import datetime
-import ipaddress
 import socket
 import threading
 
@@ -11,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
+from helpers import self_signed_cert
 
 from baton import rpc
 from baton.settings import Settings
@@ -244,40 +243,8 @@ def test_max_concurrent_rpcs_answers_resource_exhausted():
 
 
 # ---------------------------------------------------------------- TLS
-def _self_signed(tmp_path):
-    x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return str(cert_path), str(key_path)
-
-
 def test_tls_call_succeeds_and_plaintext_fails(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     server_settings = Settings(token=TOKEN, tls_cert=cert, tls_key=key)
     handle, router, _ = _start(server_settings)
     try:
@@ -295,7 +262,7 @@ def test_tls_call_succeeds_and_plaintext_fails(tmp_path):
 
 
 def test_mutual_tls_requires_client_cert(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     handle, _, _ = _start(Settings(tls_cert=cert, tls_key=key, tls_ca=cert), serving=True)
     try:
         with rpc.make_channel(handle.address, Settings(tls_ca=cert)) as ch:  # no client cert

@@ -11,8 +11,6 @@ In process, routers without workers (no model compute): 401 on every path but /h
 a large body fuzz, TLS, chat templates (the embedded one, a Qwen3.5 one in tests/data), and the lazy import.
 """
 
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -35,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conftest import pick_free_port  # noqa: E402
+from conftest import pick_free_port
+from helpers import self_signed_cert  # noqa: E402
 
 from baton.client import Client  # noqa: E402
 from baton.settings import Settings  # noqa: E402
@@ -505,7 +504,7 @@ def test_fuzz_bodies_only_200_400_413_429(refusing, path, body):
 
 
 def test_tls_from_the_routers_settings(tmp_path):
-    cert, key = _cert(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     bare = Bare(settings=Settings(token=TOKEN, tls_cert=cert, tls_key=key))
     try:
         assert bare.url.startswith("https://127.0.0.1:")
@@ -520,35 +519,6 @@ def test_tls_from_the_routers_settings(tmp_path):
             httpx.get(bare.url + "/health", timeout=10)
     finally:
         bare.close()
-
-
-def _cert(tmp):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "baton-http-test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    c, k = tmp / "cert.pem", tmp / "key.pem"
-    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return str(c), str(k)
 
 
 # ---------------------------------------------------------------------------------- chat templates

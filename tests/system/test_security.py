@@ -16,15 +16,13 @@ baton.rpc (tests/test_rpc.py).
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import re
 import subprocess
 
 import grpc
 import pytest
 from conftest import pick_free_port
-from helpers import make_tiny_dir
+from helpers import make_tiny_dir, self_signed_cert
 from realcluster import TOKEN, Cmd, RealCluster, reference, start_cmd, tokens
 
 from baton.client import Client
@@ -168,41 +166,9 @@ def test_a_message_over_the_default_limit_is_resource_exhausted(plain, role, met
 
 
 # ---- TLS end to end ------------------------------------------------------------------------------------
-def _cert(tmp):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "baton-test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    c, k = tmp / "cert.pem", tmp / "key.pem"
-    c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    k.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return str(c), str(k)
-
-
 @pytest.mark.slow
 def test_tls_end_to_end(tmp_path):
-    cert, key = _cert(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     tiny = make_tiny_dir(tmp_path)
     mtls = Settings(token=TOKEN, tls_cert=cert, tls_key=key, tls_ca=cert)
     cl = RealCluster(
