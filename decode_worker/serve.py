@@ -11,10 +11,9 @@ from pathlib import Path
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.engine.speculation import GREEDY, Drafter
 from baton.loading import LoadedModel, load_model
-from baton.rpc import build_server
 from baton.settings import Settings
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
-from baton.worker.process import WorkerHandle
+from baton.worker.process import WorkerHandle, start_serving
 from decode_worker.engine import ENGINES, DecodeEngine
 from decode_worker.service import DEFAULT_MTP_K, SERVICE, DecodeServicer, add_to_server
 
@@ -105,21 +104,16 @@ def serve_decode(
         _capture(runners)
     engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s, drafter=drafter or GREEDY)
     servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
-    try:
-        base = build_server(
-            [(add_to_server, servicer)],
-            service_names=[SERVICE],
-            host=host,
-            port=port,
-            settings=settings,
-            max_workers=max_workers,
-            max_concurrent_rpcs=max_concurrent_rpcs,
-        )
-    except BaseException:
-        servicer.close()
-        raise
-    handle = WorkerHandle(base, servicer)
-    handle.set_serving(True)
+    handle = start_serving(
+        servicer,
+        add_to_server,
+        SERVICE,
+        host=host,
+        port=port,
+        settings=settings,
+        max_workers=max_workers,
+        max_concurrent_rpcs=max_concurrent_rpcs,
+    )
     log.info(
         "decode: ready on %s (engines=%s, default=%s, slots=%d, max_len=%d, W=%d)",
         handle.address,

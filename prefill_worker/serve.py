@@ -9,11 +9,10 @@ from pathlib import Path
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from baton.loading import LoadedModel, load_model
-from baton.rpc import build_server
 from baton.settings import Settings
 from baton.v1 import prefill_pb2_grpc
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
-from baton.worker.process import WorkerHandle
+from baton.worker.process import WorkerHandle, start_serving
 from prefill_worker.engine import ExactEngine
 from prefill_worker.service import SERVICE, PrefillServicer
 
@@ -58,21 +57,16 @@ def serve_prefill(
     servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
     if servicer.sender is not None:
         servicer.sender.start()  # spawned now: the first hand-off does not wait for it
-    try:
-        base = build_server(
-            [(prefill_pb2_grpc.add_PrefillWorkerServicer_to_server, servicer)],
-            service_names=[SERVICE],
-            host=host,
-            port=port,
-            settings=settings,
-            max_workers=max_workers,
-            max_concurrent_rpcs=max_concurrent_rpcs,
-        )
-    except BaseException:
-        servicer.close()
-        raise
-    handle = WorkerHandle(base, servicer)
-    handle.set_serving(True)
+    handle = start_serving(
+        servicer,
+        prefill_pb2_grpc.add_PrefillWorkerServicer_to_server,
+        SERVICE,
+        host=host,
+        port=port,
+        settings=settings,
+        max_workers=max_workers,
+        max_concurrent_rpcs=max_concurrent_rpcs,
+    )
     log.info(
         "prefill: ready on %s (slots=%d, max_len=%d, W=%d, mtp=%s)",
         handle.address,

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from baton.rpc import ServerHandle
+from baton.rpc import ServerHandle, build_server
 from baton.worker.options import DEFAULT_GRACE_S
 from baton.worker.servicer import ServicerBase
 
@@ -68,3 +68,26 @@ def exit_process(code: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def start_serving(
+    servicer, add_to_server, service: str, *, host, port, settings, max_workers: int, max_concurrent_rpcs: int
+) -> "WorkerHandle":
+    """The last step of serve_prefill / serve_decode: bind the gRPC server for `servicer`, then report
+    SERVING. A failure to bind closes the servicer (its threads, sender process) before re-raising."""
+    try:
+        base = build_server(
+            [(add_to_server, servicer)],
+            service_names=[service],
+            host=host,
+            port=port,
+            settings=settings,
+            max_workers=max_workers,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+        )
+    except BaseException:
+        servicer.close()
+        raise
+    handle = WorkerHandle(base, servicer)
+    handle.set_serving(True)
+    return handle
