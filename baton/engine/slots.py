@@ -97,7 +97,12 @@ class SlotTable(Generic[S]):
             return entry is not None
 
     def reap_expired(self) -> int:
+        """Releases every session idle longer than the TTL. The choice and the releases happen under
+        one hold of the lock, so a session that get() touches meanwhile is never reaped."""
         now = time.monotonic()
         with self._lock:
             dead = [sid for sid, (_, s) in self._sessions.items() if now - s.last_used > self.ttl_s]
-        return sum(self.release(sid) for sid in dead)
+            for sid in dead:
+                pool, s = self._sessions.pop(sid)
+                self._free[pool].append(s.slot)
+        return len(dead)

@@ -4,6 +4,7 @@ Invariant under test throughout: a slot is in exactly one place, a pool's free l
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -241,27 +242,55 @@ def test_every_slot_is_free_again_after_random_takes_and_releases(clock):
     assert {p: _free(t, p) for p in pools} == {p: list(range(n)) for p, n in pools.items()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: reap_expired picks expired ids under the lock but releases them "
-    "after dropping it, without re-checking last_used; a get() landing in between hands out a "
-    "session whose slot the reaper then frees (and take() gives to another session)",
-)
-def test_a_session_used_while_the_reaper_runs_is_not_reaped(clock):
+class _CountingLock:
+    """A lock that counts its acquisitions (stands in for SlotTable._lock)."""
+
+    def __init__(self):
+        self._lock, self.acquired = threading.Lock(), 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.acquired += 1
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_the_reaper_chooses_and_frees_under_one_hold_of_the_lock(clock):
+    """Choosing the expired sessions and freeing their slots must be one critical section: between
+    two, a get() could hand out a session whose slot the reaper then frees (and take() gives away)."""
     t = SlotTable(10.0, {0: 2})
     _open(t, 0, "a", now=clock.t)
-    clock.t += 11  # "a" idle past its TTL ...
-    release = t.release
-    used = []
+    _open(t, 0, "b", now=clock.t + 5)
+    clock.t += 11  # "a" idle past its TTL, "b" not
+    t._lock = lock = _CountingLock()
+    assert t.reap_expired() == 1
+    assert lock.acquired == 1
+    assert [x.id for x in t.sessions()] == ["b"] and len(_free(t, 0)) == 1
 
-    def get_lands_first(sid):  # ... and a call for it arrives while the reaper runs:
-        if not used:  # after reap_expired chose it, before it releases it
-            used.append(t.get(sid))
-        return release(sid)
 
-    t.release = get_lands_first
-    t.reap_expired()
-    s = used[0]
-    assert s.last_used == clock.t  # the caller holds a session used just now ...
-    assert s.slot not in t._free[0]  # ... whose slot must not be free for another session
-    assert t.get("a") is s
+def test_a_session_used_while_the_reaper_runs_is_either_reaped_first_or_kept(clock):
+    """A get() racing the reaper: either the reaper wins (get raises NotFound) or get wins and the
+    session stays live with its slot; never a session handed out and then freed."""
+    for _ in range(200):
+        t = SlotTable(10.0, {0: 1})
+        _open(t, 0, "a", now=clock.t)
+        clock.t += 11
+        got, start = [], threading.Barrier(2)
+
+        def user():
+            start.wait()
+            try:
+                got.append(t.get("a"))
+            except SessionNotFound:
+                pass
+
+        th = threading.Thread(target=user)
+        th.start()
+        start.wait()
+        t.reap_expired()
+        th.join()
+        if got:  # get() won: it refreshed last_used, so the session must still be live
+            assert t.get("a") is got[0] and _free(t, 0) == []
+        else:
+            assert len(t) == 0 and _free(t, 0) == [0]
