@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 
 import grpc
 
+from baton import names
 from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
 from baton.v1 import decode_pb2, prefill_pb2
@@ -64,6 +65,9 @@ class ExactLoop:
         on_migrate: Callable[[], None] | None = None,
         on_bridge: Callable[[object], None] | None = None,
     ):
+        # ExportState re-sends the engine the prefill worker kept from the Prefill, so a migration target
+        # must offer that engine (the request's, else the first decode worker's default)
+        self.export_engine = engine_name or names.engine_name(handoff.engine)
         self.calls, self.budget, self.stats = calls, budget, stats
         self.sid, self.exact, self.decode = handoff.session_id, handoff.prefill, handoff.decode
         self.k, self.engine, self.engine_name = k, engine, engine_name
@@ -126,7 +130,7 @@ class ExactLoop:
                 raise unavailable(f"decode workers failed {self._attempts - 1} times: {fault}")
             try:
                 wait = min(self.migrate_wait_s, max(0.0, self.calls.remaining()))
-                target = reg.wait_pick("decode", self.engine_name, exclude=dead, timeout=wait)
+                target = reg.wait_pick("decode", self.export_engine, exclude=dead, timeout=wait)
             except NoWorker as e:
                 raise unavailable(f"cannot migrate: {e}") from None
             self.calls.lease(target)
@@ -153,7 +157,7 @@ class ExactLoop:
             if self.on_migrate is not None:
                 self.on_migrate()
             self.decode = target
-            # NOTE: ExportState carries no engine, so the new worker loaded S with its default engine;
-            # UNSPECIFIED = "as loaded". Drafts may now come from another engine: the output cannot change.
+            # NOTE: ExportState re-sends the engine named in the Prefill (export_engine), which the new
+            # worker offers; UNSPECIFIED = "as loaded" from now on. The output cannot change either way.
             self.engine = 0
             return

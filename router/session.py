@@ -64,6 +64,7 @@ class Handoff:
     prefill: Worker
     decode: Worker
     response: prefill_pb2.PrefillResponse
+    engine: int = 0  # the engine named in the Prefill (the request's, else D's default): P keeps it for ExportState
 
     @property
     def first_token(self) -> int:
@@ -142,7 +143,7 @@ def start_session(
             session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address, engine=engine or _default_engine(d)
         )
         try:
-            return Handoff(sid, p, d, calls.unary(p, "Prefill", req))
+            return Handoff(sid, p, d, calls.unary(p, "Prefill", req), req.engine)
         except StatusError as e:
             calls.mark_uncertain(sid)
             if e.code != C.RESOURCE_EXHAUSTED or attempt == retries:

@@ -283,3 +283,19 @@ def test_an_exact_worker_lost_is_unavailable(fake_pool, how):
     assert ei.value.code == C.UNAVAILABLE and "exact worker lost the session" in ei.value.message
     assert _reqs(pf, "ExportState") == []  # no migration: the reference state is gone
     assert [h.first_token] + first_block == reference(IDS, 1 + len(first_block))
+
+
+def test_a_migration_goes_to_a_worker_that_offers_the_kept_engine(fake_pool):
+    """No engine in the request: the Prefill names D's default (mtp here) and the exact worker keeps it
+    for ExportState, so the new decode worker must offer mtp; a bf16-only worker is passed over."""
+    d1 = Controlled(fake_pool.settings, [1, 2, 0, 3], engines=("mtp", "bf16"))
+    d2 = Controlled(fake_pool.settings, engines=("bf16",))
+    d3 = Controlled(fake_pool.settings, engines=("mtp",))
+    loop, h, _, stats, _, pf, (_f1, f2, f3) = _setup(fake_pool, n=20, decodes=[d1, d2, d3])
+    assert h.engine == common_pb2.MTP
+    d1.die_on["Draft"] = 2
+    out, _ = _run(loop, h)
+    assert out == reference(IDS, 20) and stats.migrations == 1
+    (exp,) = _reqs(pf, "ExportState")
+    assert exp.decode_target == f3.address and loop.decode.address == f3.address
+    assert _reqs(f2, "Draft") == []

@@ -260,12 +260,12 @@ def test_ray_discovery(monkeypatch):
 
 
 def test_tls_on_the_public_port_with_plaintext_workers(tmp_path):
-    from test_rpc import _self_signed
+    from helpers import self_signed_cert
 
     from router.__main__ import serve_router, stop_router
     from router.service import ModelMeta
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     p, d = fakes.prefill_worker(Settings()), fakes.decode_worker(Settings())
     handle, servicer = serve_router(
         prefill=[p.address],
