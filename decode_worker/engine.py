@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from baton.engine.runner import ModelRunner
+from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay, verify_block
 from baton.handoff.slot_fill import SlotFill
@@ -57,14 +58,25 @@ class DecodeSession:
 
 class DecodeEngine:
     def __init__(
-        self, runners: dict[str, ModelRunner], *, default_engine: str, ttl_s: float = 300.0, drafter: Drafter = GREEDY
+        self,
+        runners: dict[str, ModelRunner],
+        *,
+        default_engine: str,
+        ttl_s: float = 300.0,
+        drafter: Drafter = GREEDY,
+        batch_steps: bool | None = None,
     ):
         """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head).
-        drafter: picks every draft token (baton.engine.speculation.Drafter; the default, the model's own)."""
+        drafter: picks every draft token (baton.engine.speculation.Drafter; the default, the model's own).
+        batch_steps: bf16 / fp8 fast-mode sessions step together through one StepScheduler
+        (baton/engine/scheduler.py); None = for eager runners (the CPU path), while fused CUDA runners keep
+        the per-session pipelined loop until the batched graphs exist."""
         if default_engine not in runners:
             raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
         self.runners, self.default_engine, self.ttl_s, self.drafter = runners, default_engine, ttl_s, drafter
         self._compute = threading.Lock()
+        self.batch_steps = batch_steps
+        self._scheduler: StepScheduler | None = None
         self._table: SlotTable[DecodeSession] = SlotTable(ttl_s, {id(r): r.state.slots for r in runners.values()})
 
     @property
@@ -159,6 +171,9 @@ class DecodeEngine:
         extra = k + 2 if s.engine == "mtp" else 0
         r.check_window(pos, max_new_tokens, extra)
         ends = set(stop_ids) | set(eos_ids)
+        if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else r.fast is None):
+            yield from self._ar_batched(s, max_new_tokens, ends)
+            return
         if s.engine != "mtp" and r.state.pingpong:
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
@@ -213,6 +228,30 @@ class DecodeEngine:
                     r.state.undo_step(slot, pending, fed)
                 else:
                     r.state.settle(slot, kept)
+
+    def _ar_batched(self, s: DecodeSession, max_new_tokens: int, ends: set):
+        """bf16 / fp8 AR through the step scheduler: this session's steps run together with every other
+        session's (one ModelRunner.ar_batch per step and runner); the state is always that of the tokens
+        yielded, as in the plain loop."""
+        if max_new_tokens <= 0:
+            return
+        with self._compute:  # the scheduler is started once, under the lock its steps take
+            if self._scheduler is None:
+                self._scheduler = StepScheduler(lambda r, slots: r.ar_batch(slots), self._compute)
+        job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends)
+        try:
+            while (tok := job.next()) is not None:
+                s.last_used = time.monotonic()
+                yield [tok]
+        finally:
+            job.close()
+
+    def close(self) -> None:
+        """Stops the step scheduler's thread, if it runs; a later decode starts a new one."""
+        with self._compute:
+            sched, self._scheduler = self._scheduler, None
+        if sched is not None:
+            sched.close()
 
     def _ar_step(self, s: DecodeSession) -> list[int]:
         return [s.runner.ar_step(s.slot)]  # window checked once by decode()

@@ -83,6 +83,10 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         self.mtp_k = mtp_k
 
     # ---- helpers ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        super().close()
+        self.engine.close()  # the step scheduler's thread
+
     def _session(self, sid: str, engine: int):
         """The session, checking the request's engine (UNSPECIFIED = whatever the session was loaded as)."""
         s = self.engine.get(sid)

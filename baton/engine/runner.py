@@ -187,6 +187,11 @@ class ModelRunner:
         g = self.graphs.get(("rows", slot, n))
         g.replay() if g is not None else self.compute_rows(slot, n)
 
+    def ar_batch(self, slots: list[int]) -> list[int]:
+        """One AR step for each slot (distinct slots): consumes each next_token, returns the new ones.
+        Each slot's bits are those of ar_step(slot) alone (the step scheduler's step function)."""
+        return [self.ar_step(slot) for slot in slots]
+
     @torch.inference_mode()
     def ar_step(self, slot: int) -> int:
         """Consumes next_token[slot] (window checked by the caller); returns the new next token."""

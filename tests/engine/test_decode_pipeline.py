@@ -28,8 +28,10 @@ def env(tmp_path_factory):
     host = {t.name: t.tensor.clone() for t in tensors}
     exact.release(s.id)
     plain = DecodeEngine({"bf16": ModelRunner(lm.model, slots=2, max_len=MAX_LEN)}, default_engine="bf16")
-    piped = DecodeEngine(
-        {"bf16": ModelRunner(lm.model, slots=2, max_len=MAX_LEN, pipeline=True)}, default_engine="bf16"
+    piped = DecodeEngine(  # the per-session pipelined loop (the fused CUDA path's), run here on the CPU
+        {"bf16": ModelRunner(lm.model, slots=2, max_len=MAX_LEN, pipeline=True)},
+        default_engine="bf16",
+        batch_steps=False,
     )
     assert piped.runners["bf16"].state.pingpong and not plain.runners["bf16"].state.pingpong
     return host, pos, nxt, plain, piped

@@ -1,0 +1,137 @@
+"""The step scheduler (baton/engine/scheduler.py) under DecodeEngine on the eager CPU path: concurrent
+bf16 / fp8 sessions step together, and each gets exactly the tokens and the state it gets alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton.engine.runner import ModelRunner
+from baton.engine.scheduler import StepScheduler
+from baton.loading import load_model
+from decode_worker.engine import DecodeEngine
+from prefill_worker.engine import ExactEngine
+
+MAX_LEN, N = 96, 24
+PROMPTS = [[(7 * i + j) % 250 + 3 for j in range(5 + i)] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = make_tiny_dir(tmp_path_factory.mktemp("sched"), seed=5, layers=4, hidden=64, vocab=300)
+    lm = load_model(d, dtype="fp32", mtp=False)
+    exact = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
+    states = []
+    for p in PROMPTS:
+        s, _ = exact.prefill(p)
+        tensors, pos, nxt = exact.export(s.id)
+        states.append(({t.name: t.tensor.clone() for t in tensors}, pos, nxt))
+        exact.release(s.id)
+    eng = DecodeEngine({"bf16": ModelRunner(lm.model, slots=8, max_len=MAX_LEN)}, default_engine="bf16")
+    assert eng.batch_steps is None and eng.runners["bf16"].fast is None  # eager: the scheduler path
+    alone = DecodeEngine(
+        {"bf16": ModelRunner(lm.model, slots=1, max_len=MAX_LEN)}, default_engine="bf16", batch_steps=False
+    )
+    yield eng, alone, states
+    eng.close()
+
+
+def _slot_state(eng, sid):
+    s = eng.get(sid)
+    st = s.runner.state
+    out = {t.name: t.tensor.clone() for t in st.export(s.slot)}
+    out["position"], out["next_token"] = st.position[s.slot].clone(), st.next_token[s.slot].clone()
+    return out
+
+
+def _decode(eng, sid, n, **kw):
+    return [t for b in eng.decode(sid, n, **kw) for t in b]
+
+
+def test_concurrent_sessions_get_exactly_their_tokens_and_state_alone(env):
+    eng, alone, states = env
+    want = []
+    for host, pos, nxt in states:  # the reference: each session alone, plain per-session loop
+        s = alone.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+        want.append((_decode(alone, s.id, N), _slot_state(alone, s.id)))
+        alone.release(s.id)
+    sids = [eng.load({k: v.clone() for k, v in h.items()}, position=p, next_token=x).id for h, p, x in states]
+    got, start = [None] * len(sids), threading.Barrier(len(sids))
+
+    def run(i):
+        start.wait()
+        got[i] = _decode(eng, sids[i], N)
+
+    steps0, rows0 = (eng._scheduler.steps, eng._scheduler.rows) if eng._scheduler else (0, 0)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sids))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        for i, sid in enumerate(sids):
+            assert got[i] == want[i][0], f"session {i}"
+            st = _slot_state(eng, sid)
+            assert st.keys() == want[i][1].keys() and all(torch.equal(st[k], want[i][1][k]) for k in st), i
+        sched = eng._scheduler
+        steps, rows = sched.steps - steps0, sched.rows - rows0
+        assert rows == len(sids) * N
+        assert rows / steps > 2.0, (rows, steps)  # they really stepped together
+    finally:
+        for sid in sids:
+            eng.release(sid)
+
+
+def test_a_stop_token_ends_the_job_and_the_next_decode_continues(env):
+    eng, alone, states = env
+    host, pos, nxt = states[0]
+    s = alone.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+    ref = _decode(alone, s.id, N)
+    alone.release(s.id)
+    s = eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+    try:
+        stop = ref[6]
+        first = _decode(eng, s.id, N, stop_ids={stop})
+        assert first == ref[: ref.index(stop) + 1]
+        rest = _decode(eng, s.id, N - len(first))
+        assert first + rest == ref
+    finally:
+        eng.release(s.id)
+
+
+def test_one_decode_per_slot_and_a_stopped_scheduler_refuses():
+    lock = threading.Lock()
+    sched = StepScheduler(lambda r, slots: [0] * len(slots), lock)
+    job = sched.join("r", 0, 3, ())
+    with pytest.raises(RuntimeError, match="slot 0 already"):
+        sched.join("r", 0, 3, ())
+    assert [job.next() for _ in range(4)] == [0, 0, 0, None]  # max_new_tokens, then done
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sched.join("r", 1, 0, ())
+    sched.close()
+    with pytest.raises(RuntimeError, match="stopped"):
+        sched.join("r", 1, 3, ())
+
+
+def test_a_failing_step_reaches_its_consumer_and_the_thread_goes_on():
+    calls = []
+
+    def step(r, slots):
+        calls.append(list(slots))
+        if len(calls) == 1:
+            raise ValueError("boom")
+        return [9] * len(slots)
+
+    sched = StepScheduler(step, threading.Lock())
+    try:
+        job = sched.join("r", 0, 5, ())
+        with pytest.raises(ValueError, match="boom"):
+            job.next()
+        job.close()
+        job = sched.join("r", 0, 5, ())
+        assert job.next() == 9
+    finally:
+        sched.close()
