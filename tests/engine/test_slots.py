@@ -1,5 +1,6 @@
 """SlotTable (baton/engine/slots.py): sessions keyed by id, each owning one slot of a pool, with a TTL.
 Invariant under test throughout: a slot is in exactly one place, a pool's free list or one live session."""
+
 from __future__ import annotations
 
 import random
@@ -56,7 +57,7 @@ def test_take_publish_get_release(clock):
     t = SlotTable(60, {"r": 2})
     sid, slot = t.take("r", "a", replace=False, what="test")
     assert (sid, slot) == ("a", slot) and slot in (0, 1)
-    with pytest.raises(SessionNotFound):       # reserved, not yet visible
+    with pytest.raises(SessionNotFound):  # reserved, not yet visible
         t.get("a")
     assert len(t) == 0
     s = t.publish("r", sid, Sess(sid, slot))
@@ -66,7 +67,7 @@ def test_take_publish_get_release(clock):
     assert len(t) == 0 and _free(t, "r") == [0, 1]
     with pytest.raises(SessionNotFound) as ei:
         t.get("a")
-    assert "'a'" in str(ei.value) and not str(ei.value).startswith('"')   # no KeyError quoting
+    assert "'a'" in str(ei.value) and not str(ei.value).startswith('"')  # no KeyError quoting
 
 
 def test_open_without_an_id_makes_a_unique_one(clock):
@@ -82,7 +83,7 @@ def test_slot_limit_is_session_limit_and_frees_on_release(clock):
     assert {a.slot, b.slot} == {0, 1}
     with pytest.raises(SessionLimit, match="all decode slots are in use"):
         t.take(0, "c", replace=False, what="decode")
-    assert len(t) == 2 and _free(t, 0) == []           # the refusal took nothing
+    assert len(t) == 2 and _free(t, 0) == []  # the refusal took nothing
     t.release("a")
     c = _open(t, 0, "c")
     assert c.slot == a.slot
@@ -103,7 +104,7 @@ def test_a_duplicate_id_is_refused_unless_replace(clock):
 def test_replace_frees_the_old_slot_even_when_the_pool_was_full(clock):
     t = SlotTable(60, {0: 1})
     a = _open(t, 0, "a")
-    a2 = _open(t, 0, "a", replace=True)          # the old session's slot is the only one: reused
+    a2 = _open(t, 0, "a", replace=True)  # the old session's slot is the only one: reused
     assert a2.slot == a.slot == 0 and t.get("a") is a2
     _check_invariant(t, {0: 1})
 
@@ -111,11 +112,11 @@ def test_replace_frees_the_old_slot_even_when_the_pool_was_full(clock):
 def test_publish_over_a_live_session_frees_the_old_slot(clock):
     t = SlotTable(60, {0: 2})
     a = _open(t, 0, "a")
-    _sid, slot = t.take(0, None, replace=False, what="x")   # a re-sent state reserves a fresh slot ...
+    _sid, slot = t.take(0, None, replace=False, what="x")  # a re-sent state reserves a fresh slot ...
     assert slot != a.slot
-    new = t.publish(0, "a", Sess("a", slot))              # ... and replaces "a" when it commits
+    new = t.publish(0, "a", Sess("a", slot))  # ... and replaces "a" when it commits
     assert t.get("a") is new and len(t) == 1 and _free(t, 0) == [a.slot]
-    t.publish(0, "a", new)                                # publishing the same object again frees nothing
+    t.publish(0, "a", new)  # publishing the same object again frees nothing
     assert _free(t, 0) == [a.slot]
     _check_invariant(t, {0: 2})
 
@@ -134,26 +135,26 @@ def test_release_of_an_unknown_id_is_false_and_frees_nothing(clock):
     a = _open(t, 0, "a")
     assert t.release("nope") is False
     assert t.release("a") is True
-    assert t.release("a") is False                # twice: the slot is not freed twice
+    assert t.release("a") is False  # twice: the slot is not freed twice
     assert _free(t, 0) == [0, 1] and a.slot in (0, 1)
     _check_invariant(t, {0: 2})
 
 
 def test_pools_are_counted_separately(clock):
-    fp8, bf16 = object(), object()                # DecodeEngine keys pools by id(runner)
+    fp8, bf16 = object(), object()  # DecodeEngine keys pools by id(runner)
     t = SlotTable(60, {id(fp8): 1, id(bf16): 2})
     x = _open(t, id(fp8), "x")
-    with pytest.raises(SessionLimit):             # fp8 full ...
+    with pytest.raises(SessionLimit):  # fp8 full ...
         _open(t, id(fp8), "y")
-    y, z = _open(t, id(bf16), "y"), _open(t, id(bf16), "z")   # ... bf16 still has both its slots
-    assert x.slot == 0 and {y.slot, z.slot} == {0, 1}          # slot numbers are per pool
+    y, z = _open(t, id(bf16), "y"), _open(t, id(bf16), "z")  # ... bf16 still has both its slots
+    assert x.slot == 0 and {y.slot, z.slot} == {0, 1}  # slot numbers are per pool
     with pytest.raises(SessionLimit):
         _open(t, id(bf16), "w")
-    t.release("x")                                # freeing fp8 does not make room on bf16
+    t.release("x")  # freeing fp8 does not make room on bf16
     with pytest.raises(SessionLimit):
         _open(t, id(bf16), "w")
     assert _free(t, id(fp8)) == [0] and _free(t, id(bf16)) == []
-    t.release("y")                                # a released slot goes back to its own pool
+    t.release("y")  # a released slot goes back to its own pool
     assert _free(t, id(bf16)) == [y.slot] and _free(t, id(fp8)) == [0]
     _check_invariant(t, {id(fp8): 1, id(bf16): 2})
 
@@ -161,7 +162,7 @@ def test_pools_are_counted_separately(clock):
 def test_replace_across_pools_frees_the_slot_in_the_old_pool(clock):
     t = SlotTable(60, {"fp8": 1, "bf16": 1})
     _open(t, "fp8", "a")
-    b = _open(t, "bf16", "a", replace=True)       # a re-sent state for another engine
+    b = _open(t, "bf16", "a", replace=True)  # a re-sent state for another engine
     assert t.get("a") is b and _free(t, "fp8") == [0] and _free(t, "bf16") == []
     _check_invariant(t, {"fp8": 1, "bf16": 1})
 
@@ -171,14 +172,14 @@ def test_ttl_expiry_reaps_idle_sessions_only(clock):
     a = _open(t, 0, "a", now=clock.t)
     b = _open(t, 0, "b", now=clock.t)
     clock.t += 6
-    t.get("b")                                    # get() refreshes last_used
+    t.get("b")  # get() refreshes last_used
     assert b.last_used == clock.t
-    clock.t += 4.5                                # a idle 10.5 s > ttl, b idle 4.5 s
+    clock.t += 4.5  # a idle 10.5 s > ttl, b idle 4.5 s
     assert t.reap_expired() == 1
     with pytest.raises(SessionNotFound):
         t.get("a")
     assert t.get("b") is b and _free(t, 0) == sorted({0, 1, 2} - {b.slot})
-    clock.t += 10.0                               # exactly ttl idle: not yet expired (strictly older)
+    clock.t += 10.0  # exactly ttl idle: not yet expired (strictly older)
     assert t.reap_expired() == 0
     clock.t += 0.5
     assert t.reap_expired() == 1 and len(t) == 0 and _free(t, 0) == [0, 1, 2]
@@ -190,7 +191,7 @@ def test_take_reaps_expired_sessions_first(clock):
     _open(t, 0, "old", now=clock.t)
     with pytest.raises(SessionLimit):
         _open(t, 0, "new", now=clock.t)
-    clock.t += 5.1                                # "old" expired: take() reaps it and reuses its slot
+    clock.t += 5.1  # "old" expired: take() reaps it and reuses its slot
     new = _open(t, 0, "new", now=clock.t)
     assert new.slot == 0 and [s.id for s in t.sessions()] == ["new"]
 
@@ -211,15 +212,15 @@ def test_every_slot_is_free_again_after_random_takes_and_releases(clock):
             except SessionLimit:
                 refused += 1
                 assert sum(1 for p in live.values() if p == pool) == pools[pool]
-        elif op < 0.55 and live:                  # re-send an existing id into some pool
+        elif op < 0.55 and live:  # re-send an existing id into some pool
             sid = rng.choice(sorted(live))
             try:
                 _open(t, pool, sid, replace=True)
                 live[sid] = pool
             except SessionLimit:
-                live.pop(sid)                     # the old session was dropped before the refusal
+                live.pop(sid)  # the old session was dropped before the refusal
                 refused += 1
-        elif op < 0.62:                           # a reservation that never opens
+        elif op < 0.62:  # a reservation that never opens
             try:
                 _, slot = t.take(pool, None, replace=False, what="x")
                 t.give_back(pool, slot)
@@ -233,31 +234,34 @@ def test_every_slot_is_free_again_after_random_takes_and_releases(clock):
             assert t.release(f"gone{i}") is False
         assert len(t) == len(live)
         _check_invariant(t, pools)
-    assert refused > 0                            # the limits were actually hit
+    assert refused > 0  # the limits were actually hit
     for sid in list(live):
         assert t.release(sid)
     assert len(t) == 0
     assert {p: _free(t, p) for p in pools} == {p: list(range(n)) for p, n in pools.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: reap_expired picks expired ids under the lock but releases them "
-                   "after dropping it, without re-checking last_used; a get() landing in between hands out a "
-                   "session whose slot the reaper then frees (and take() gives to another session)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: reap_expired picks expired ids under the lock but releases them "
+    "after dropping it, without re-checking last_used; a get() landing in between hands out a "
+    "session whose slot the reaper then frees (and take() gives to another session)",
+)
 def test_a_session_used_while_the_reaper_runs_is_not_reaped(clock):
     t = SlotTable(10.0, {0: 2})
     _open(t, 0, "a", now=clock.t)
-    clock.t += 11                                  # "a" idle past its TTL ...
+    clock.t += 11  # "a" idle past its TTL ...
     release = t.release
     used = []
 
-    def get_lands_first(sid):                      # ... and a call for it arrives while the reaper runs:
-        if not used:                               # after reap_expired chose it, before it releases it
+    def get_lands_first(sid):  # ... and a call for it arrives while the reaper runs:
+        if not used:  # after reap_expired chose it, before it releases it
             used.append(t.get(sid))
         return release(sid)
 
     t.release = get_lands_first
     t.reap_expired()
     s = used[0]
-    assert s.last_used == clock.t                  # the caller holds a session used just now ...
-    assert s.slot not in t._free[0]                # ... whose slot must not be free for another session
+    assert s.last_used == clock.t  # the caller holds a session used just now ...
+    assert s.slot not in t._free[0]  # ... whose slot must not be free for another session
     assert t.get("a") is s

@@ -5,6 +5,7 @@ Driven through ModelRunner(pipeline=True).ar_launch / ar_collect in the order de
 model on CPU. The reference is a run that never launched the unwanted step: plain in-place ar_step on
 a runner without ping-pong buffers. "The slot's state" is every tensor a later step can read: GDN conv
 and recurrent state, the KV rows [0, position) of every attention layer, position, next_token, hidden."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MAX_LEN = 64
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 11]
-OTHER = [9, 8, 7, 6, 5]          # a second session in the other slot: never touched by slot 0's steps
+OTHER = [9, 8, 7, 6, 5]  # a second session in the other slot: never touched by slot 0's steps
 N_REF = 10
 
 
@@ -30,14 +31,14 @@ def env(tmp_path_factory):
     plain = ModelRunner(lm.model, slots=2, max_len=MAX_LEN)
     assert piped.state.pingpong and not plain.state.pingpong and piped.fast is None
     cfg = lm.cfg
-    assert cfg.gdn_layers and cfg.attn_layers   # both kinds of state are exercised
+    assert cfg.gdn_layers and cfg.attn_layers  # both kinds of state are exercised
     # the reference: plain AR after PROMPT; ref_states[j] = the slot's state after j tokens
     plain.prefill(0, PROMPT)
     ref_states, ref_tokens = [_state(plain, 0)], []
     for _ in range(N_REF):
         ref_tokens.append(plain.ar_step(0))
         ref_states.append(_state(plain, 0))
-    assert len(set(ref_tokens)) > 2, ref_tokens     # a random model that does not loop on one token
+    assert len(set(ref_tokens)) > 2, ref_tokens  # a random model that does not loop on one token
     return piped, ref_states, ref_tokens
 
 
@@ -105,7 +106,7 @@ def test_a_step_launched_past_a_stop_token_is_undone_bitwise(env, j):
     """Stop at the j-th token: step j+1 (phase j % 2: both phases covered) was already launched."""
     piped, ref_states, ref_tokens = env
     stop = ref_tokens[j - 1]
-    j = ref_tokens.index(stop) + 1          # the first occurrence is where the loop stops
+    j = ref_tokens.index(stop) + 1  # the first occurrence is where the loop stops
     other = _fresh(piped)
     assert _pipelined(piped, 0, N_REF, ends={stop}) == ref_tokens[:j]
     _assert_same(_state(piped, 0), ref_states[j])
@@ -125,7 +126,7 @@ def test_undo_step_of_each_phase_restores_the_state_before_it(env, j):
         if t < j:
             assert piped.ar_collect(0, t % 2) == ref_tokens[t]
             fed = ref_tokens[t]
-    assert int(st.position[0]) == len(PROMPT) + j + 1     # the unwanted step did run
+    assert int(st.position[0]) == len(PROMPT) + j + 1  # the unwanted step did run
     assert piped.ar_collect(0, j % 2) == ref_tokens[j]
     st.undo_step(0, j % 2, fed)
     _assert_same(_state(piped, 0), ref_states[j])
@@ -158,7 +159,7 @@ def test_decoding_goes_on_exactly_after_an_undo(env):
     out = []
     for stop_after in (3, 2, 4):
         stop = ref_tokens[len(out) + stop_after - 1]
-        want = ref_tokens[len(out):]
+        want = ref_tokens[len(out) :]
         want = want[: want.index(stop) + 1]
         got = _pipelined(piped, 0, N_REF - len(out), ends={stop})
         assert got == want
@@ -181,7 +182,7 @@ def test_undo_step_writes_only_its_slot(env):
     piped.ar_launch(0, 0)
     st.undo_step(0, 0, fed)
     _assert_same(_state(piped, 0), ref_states[0])
-    _assert_same(_state(piped, 1), other_after_step)    # slot 1's alt (phase-0 output) untouched
+    _assert_same(_state(piped, 1), other_after_step)  # slot 1's alt (phase-0 output) untouched
     st.settle(1, 0)
     piped.ar_collect(1, 0)
     ref = ModelRunner(piped.model, slots=1, max_len=MAX_LEN)
@@ -203,7 +204,7 @@ def test_snapshot_restore_round_trip_over_pipelined_steps(env):
     assert _pipelined(piped, 0, 5, ends={ref_tokens[4]}) == after[: after.index(ref_tokens[4]) + 1]
     assert not torch.equal(st.position[0], ref_states[2]["position"])
     st.restore(0)
-    assert {k: t.data_ptr() for k, t in st.items_all()} == addrs   # no buffer replaced
+    assert {k: t.data_ptr() for k, t in st.items_all()} == addrs  # no buffer replaced
     _assert_same(_state(piped, 0), ref_states[2])
     _assert_same(_state(piped, 1), other)
     assert _pipelined(piped, 0, 4) == ref_tokens[2:6]

@@ -1,5 +1,6 @@
 """router.calls.Calls: the downstream calls of one request over real loopback gRPC (tests/fakes.py
 workers, through the `fake_pool` fixture): deadlines, cancellation, error triage, session release."""
+
 from __future__ import annotations
 
 import threading
@@ -105,11 +106,14 @@ def test_a_stream_gets_the_clients_deadline_not_call_timeout(fake_pool):
     fake, w = fake_pool.add("decode", Recording(fake_pool.settings))
     _load(fake, "s")
     calls = fake_pool.calls(timeout=4.0, call_timeout=0.5)
-    out = [t for r in calls.stream(w, "Decode", decode_pb2.DecodeRequest(session_id="s", max_new_tokens=3))
-           for t in r.token_ids]
+    out = [
+        t
+        for r in calls.stream(w, "Decode", decode_pb2.DecodeRequest(session_id="s", max_new_tokens=3))
+        for t in r.token_ids
+    ]
     assert len(out) == 3
     (rem,) = fake.servicer.remaining
-    assert 3.0 < rem <= 4.0 + SLACK          # the whole stream may run to the client's deadline
+    assert 3.0 < rem <= 4.0 + SLACK  # the whole stream may run to the client's deadline
 
 
 def test_a_spent_deadline_fails_before_any_call(fake_pool):
@@ -129,7 +133,7 @@ def test_the_clients_deadline_passing_is_deadline_exceeded_not_a_fault(fake_pool
     with pytest.raises(StatusError) as ei:
         calls.unary(w, "Draft", DRAFT)
     assert ei.value.code == C.DEADLINE_EXCEEDED
-    assert w.up                       # the worker is not blamed for the client's deadline
+    assert w.up  # the worker is not blamed for the client's deadline
 
 
 def test_a_hung_unary_call_is_a_worker_fault_and_marks_it_down(fake_pool):
@@ -146,7 +150,7 @@ def test_a_hung_unary_call_is_a_worker_fault_and_marks_it_down(fake_pool):
 def test_a_stalled_stream_is_a_worker_fault(fake_pool):
     fake, w = fake_pool.add("decode", Recording(fake_pool.settings))
     _load(fake, "s")
-    fake.servicer.freeze_after = 3        # sends two tokens, then nothing
+    fake.servicer.freeze_after = 3  # sends two tokens, then nothing
     calls = fake_pool.calls(timeout=10.0, call_timeout=0.4)
     got = []
     t0 = time.monotonic()
@@ -163,12 +167,12 @@ def test_cancel_reaches_an_active_unary_call(fake_pool):
     fake.servicer.hang.add("Draft")
     calls = fake_pool.calls(timeout=10.0, call_timeout=10.0)
     t, box = _in_thread(lambda: calls.unary(w, "Draft", DRAFT))
-    assert _wait(lambda: fake.servicer.calls)       # the call is on the worker
+    assert _wait(lambda: fake.servicer.calls)  # the call is on the worker
     calls.cancel()
     t.join(3)
     assert isinstance(box.get("exc"), Cancelled)
-    assert fake.servicer.ended.wait(3)              # the worker saw its caller go away
-    assert w.up                                     # a cancel blames no one
+    assert fake.servicer.ended.wait(3)  # the worker saw its caller go away
+    assert w.up  # a cancel blames no one
 
 
 def test_cancel_reaches_an_active_stream(fake_pool):
@@ -188,7 +192,7 @@ def test_cancel_reaches_an_active_stream(fake_pool):
     t.join(3)
     assert isinstance(box.get("exc"), Cancelled)
     n = len(fake.servicer.sessions["s"]["ctx"])
-    time.sleep(0.3)                                 # the worker stopped producing
+    time.sleep(0.3)  # the worker stopped producing
     assert len(fake.servicer.sessions["s"]["ctx"]) <= n + 1 and len(got) < 100
     assert w.up
 
@@ -237,7 +241,7 @@ def test_codes_that_blame_the_worker_are_worker_faults(fake_pool, code):
     with pytest.raises(WorkerFault) as ei:
         fake_pool.calls().unary(w, "Draft", DRAFT)
     assert ei.value.code == code and ei.value.worker is w and ei.value.details == f"boom {code.name}"
-    assert w.up          # alive (UNAVAILABLE: probed, answers SERVING): not marked down
+    assert w.up  # alive (UNAVAILABLE: probed, answers SERVING): not marked down
 
 
 @pytest.mark.parametrize("code", PASSED)
@@ -254,10 +258,10 @@ def test_not_found_is_a_fault_on_a_decode_worker_only(fake_pool):
     _, d = fake_pool.add("decode")
     _, p = fake_pool.add("prefill")
     calls = fake_pool.calls()
-    with pytest.raises(WorkerFault) as ei:      # the decode worker lost the session: migrate
+    with pytest.raises(WorkerFault) as ei:  # the decode worker lost the session: migrate
         calls.unary(d, "Draft", DRAFT)
     assert ei.value.code == C.NOT_FOUND
-    with pytest.raises(StatusError) as ei:      # the exact worker's session is the reference: pass it on
+    with pytest.raises(StatusError) as ei:  # the exact worker's session is the reference: pass it on
         calls.unary(p, "Verify", prefill_pb2.VerifyRequest(session_id="nope", tokens=[1, 2]))
     assert ei.value.code == C.NOT_FOUND
     assert d.up and p.up
@@ -282,7 +286,7 @@ def test_a_dead_worker_is_a_fault_and_is_probed_down(fake_pool):
 
 def test_a_worker_removed_from_the_pool_is_a_fault(fake_pool):
     _, w = fake_pool.add("decode")
-    fake_pool.registry.remove(w)               # its channel closed (e.g. a restarted Ray actor)
+    fake_pool.registry.remove(w)  # its channel closed (e.g. a restarted Ray actor)
     calls = fake_pool.calls()
     for call in (lambda: calls.unary(w, "Draft", DRAFT), lambda: list(calls.stream(w, "Decode", DECODE))):
         with pytest.raises(WorkerFault) as ei:
@@ -293,7 +297,7 @@ def test_a_worker_removed_from_the_pool_is_a_fault(fake_pool):
 def test_a_stream_error_mid_way_is_triaged_too(fake_pool):
     fake, w = fake_pool.add("decode")
     _load(fake, "s")
-    fake.servicer.die_on["Decode.token"] = 3    # dies after two tokens
+    fake.servicer.die_on["Decode.token"] = 3  # dies after two tokens
     got = []
     with pytest.raises(WorkerFault) as ei:
         for r in fake_pool.calls().stream(w, "Decode", DECODE):
@@ -321,7 +325,7 @@ def test_close_releases_every_tracked_session_and_drops_leases(fake_pool):
     calls = fake_pool.calls()
     calls.lease(p)
     calls.lease(d)
-    calls.lease(d)                              # a worker is leased once per request
+    calls.lease(d)  # a worker is leased once per request
     assert (p.outstanding, d.outstanding) == (1, 1)
     calls.track(p, "s1")
     calls.track(d, "s1")
@@ -344,7 +348,7 @@ def test_close_with_a_dead_worker_still_releases_the_others(fake_pool):
     calls.track(b, "s")
     dead.stop()
     t0 = time.monotonic()
-    calls.close()                               # no exception; bounded by RELEASE_TIMEOUT_S
+    calls.close()  # no exception; bounded by RELEASE_TIMEOUT_S
     assert time.monotonic() - t0 < 3.0
     assert live.servicer.sessions == {} and (a.outstanding, b.outstanding) == (0, 0)
 
@@ -357,8 +361,8 @@ def test_an_uncertain_session_is_released_again_later(fake_pool):
     calls.track(d, "sure")
     calls.mark_uncertain("late")
     calls.close()
-    _load(df, "late")                           # the hand-off lands after the first Release
-    _load(df, "sure")                           # (a certain session is released once only)
+    _load(df, "late")  # the hand-off lands after the first Release
+    _load(df, "sure")  # (a certain session is released once only)
     assert _wait(lambda: "late" not in df.servicer.sessions, timeout=3.0)
     rel = [r.session_id for m, r in df.servicer.calls if m == "Release"]
     assert sorted(rel) == ["late", "late", "sure"] and "sure" in df.servicer.sessions

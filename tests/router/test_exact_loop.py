@@ -2,6 +2,7 @@
 (tests/fakes.py via the `fake_pool` fixture). The decode fake drafts with a controlled acceptance:
 in round r its first plan[r] drafts are the exact tokens and the next one is wrong, so the exact fake
 accepts exactly min(plan[r], k) of them. Only verified tokens may come out: drafts[:m] + [next]."""
+
 from __future__ import annotations
 
 import fakes
@@ -67,19 +68,27 @@ class LosesEverySession(Controlled):
         context.abort(C.NOT_FOUND, f"session_id: unknown session {request.session_id!r}")
 
 
-def _setup(pool, *, n=20, stop=(), ignore_eos=False, ids=IDS, k=4, engine=0, prefill=None, decodes=None,
-           **loop_kw):
+def _setup(pool, *, n=20, stop=(), ignore_eos=False, ids=IDS, k=4, engine=0, prefill=None, decodes=None, **loop_kw):
     """-> (loop, handoff, budget, stats, calls, prefill fake, [decode fakes]); the first token taken."""
     pf, _ = pool.add("prefill", prefill)
     dfs = [pool.add("decode", d)[0] for d in (decodes or [Controlled(pool.settings)])]
     calls = pool.calls(timeout=10.0, call_timeout=2.0)
     h = start_session(calls, ids, mode=common_pb2.EXACT, engine=engine, engine_name=None)
-    assert h.decode.address == dfs[0].address          # the hand-off went to the first decode worker
+    assert h.decode.address == dfs[0].address  # the hand-off went to the first decode worker
     budget = Budget(n, stop, (EOS,), ignore_eos)
     stats = RunStats()
     assert budget.take([h.first_token]) == ([h.first_token], None)
-    loop = ExactLoop(calls, h, budget, stats, k=k, engine=engine, engine_name=None,
-                     migrate_wait_s=loop_kw.pop("migrate_wait_s", 0.3), **loop_kw)
+    loop = ExactLoop(
+        calls,
+        h,
+        budget,
+        stats,
+        k=k,
+        engine=engine,
+        engine_name=None,
+        migrate_wait_s=loop_kw.pop("migrate_wait_s", 0.3),
+        **loop_kw,
+    )
     return loop, h, budget, stats, calls, pf, dfs
 
 
@@ -95,8 +104,7 @@ def _reqs(fake, method):
 @pytest.mark.parametrize("plan", [[0, 0, 0, 0], [4, 4, 4], [1, 3, 0, 2, 4, 1], [2] * 10])
 def test_yields_exactly_the_verified_tokens(fake_pool, plan):
     K, N = 4, 20
-    loop, h, _budget, stats, _, pf, (df,) = _setup(fake_pool, n=N, k=K,
-                                                   decodes=[Controlled(fake_pool.settings, plan)])
+    loop, h, _budget, stats, _, pf, (df,) = _setup(fake_pool, n=N, k=K, decodes=[Controlled(fake_pool.settings, plan)])
     out, batches = _run(loop, h)
     assert out == reference(IDS, N)
     drafts, verifies = df.servicer.sent, _reqs(pf, "Verify")
@@ -104,8 +112,8 @@ def test_yields_exactly_the_verified_tokens(fake_pool, plan):
     emitted, pending = 1, h.first_token
     for r, ((toks, finish), d, v) in enumerate(zip(batches, drafts, verifies)):
         m = min(plan[r], len(d)) if r < len(plan) else len(d)
-        assert list(v.tokens) == [pending, *d]                      # Verify gets [pending, d1..dk]
-        block = d[:m] + [reference(IDS, emitted + m + 1)[-1]]        # drafts[:m] + [next]
+        assert list(v.tokens) == [pending, *d]  # Verify gets [pending, d1..dk]
+        block = d[:m] + [reference(IDS, emitted + m + 1)[-1]]  # drafts[:m] + [next]
         assert toks == block[: N - emitted]
         assert finish == (common_pb2.LENGTH if emitted + len(toks) == N else None)
         emitted += len(toks)
@@ -121,7 +129,7 @@ def test_each_draft_carries_the_previous_verdict(fake_pool):
     drafts = _reqs(df, "Draft")
     assert drafts[0].has_verdict is False
     ctx = list(IDS) + [h.first_token]
-    for req, sent in zip(drafts[1:], df.servicer.sent):      # Draft r + 1 carries round r's verdict
+    for req, sent in zip(drafts[1:], df.servicer.sent):  # Draft r + 1 carries round r's verdict
         m = 0
         while m < len(sent) and sent[m] == exact_next(ctx + sent[:m]):
             m += 1
@@ -133,14 +141,14 @@ def test_each_draft_carries_the_previous_verdict(fake_pool):
 
 @pytest.mark.parametrize("K, N", [(4, 20), (14, 9), (14, 4), (3, 2), (1, 6)])
 def test_k_never_exceeds_remaining_minus_one(fake_pool, K, N):
-    loop, h, _, _, _, _, (df,) = _setup(fake_pool, n=N, k=K)   # every draft accepted: blocks of k + 1
+    loop, h, _, _, _, _, (df,) = _setup(fake_pool, n=N, k=K)  # every draft accepted: blocks of k + 1
     out, batches = _run(loop, h)
     assert out == reference(IDS, N)
     emitted = 1
     for (toks, _), req in zip(batches, _reqs(df, "Draft")):
         remaining = N - emitted
         assert req.k == max(1, min(K, remaining - 1))
-        assert len(toks) == min(req.k + 1, remaining)     # a block overshoots only when 1 token is left
+        assert len(toks) == min(req.k + 1, remaining)  # a block overshoots only when 1 token is left
         emitted += len(toks)
     assert emitted == N
 
@@ -149,12 +157,13 @@ def test_stops_at_a_stop_id_inclusive(fake_pool):
     ref = reference(IDS, 30)
     stop = ref[11]
     want = ref[: ref.index(stop) + 1]
-    loop, h, _, _, _, pf, (df,) = _setup(fake_pool, n=30, stop=[stop],
-                                         decodes=[Controlled(fake_pool.settings, [2, 0, 4, 1, 3] * 4)])
+    loop, h, _, _, _, pf, (df,) = _setup(
+        fake_pool, n=30, stop=[stop], decodes=[Controlled(fake_pool.settings, [2, 0, 4, 1, 3] * 4)]
+    )
     out, batches = _run(loop, h)
     assert out == want and batches[-1][1] == common_pb2.STOP
     assert all(f is None for _, f in batches[:-1])
-    assert len(_reqs(df, "Draft")) == len(_reqs(pf, "Verify")) == len(batches)    # nothing after the stop
+    assert len(_reqs(df, "Draft")) == len(_reqs(pf, "Verify")) == len(batches)  # nothing after the stop
 
 
 def test_stops_at_eos_unless_ignored(fake_pool):
@@ -168,8 +177,9 @@ def test_stops_at_eos_unless_ignored(fake_pool):
 
 def test_ignore_eos_runs_to_max_tokens(fake_pool):
     ids = [SAY_EOS, 3, 4]
-    loop, h, _, _, _, _, _ = _setup(fake_pool, n=25, ids=ids, ignore_eos=True,
-                                    decodes=[Controlled(fake_pool.settings, [1, 2, 0])])
+    loop, h, _, _, _, _, _ = _setup(
+        fake_pool, n=25, ids=ids, ignore_eos=True, decodes=[Controlled(fake_pool.settings, [1, 2, 0])]
+    )
     out, batches = _run(loop, h)
     assert out == reference(ids, 25, eos=False) and EOS in out[:-1] and batches[-1][1] == common_pb2.LENGTH
 
@@ -178,36 +188,43 @@ def test_migrates_when_the_decode_worker_dies(fake_pool):
     d1 = Controlled(fake_pool.settings, [1, 4, 0, 2, 3, 1, 0, 4])
     d2 = Controlled(fake_pool.settings, [3, 0, 1])
     bridges, migrated = [], []
-    loop, h, _, stats, _, pf, (f1, f2) = _setup(fake_pool, n=30, engine=common_pb2.FP8, decodes=[d1, d2],
-                                                on_bridge=bridges.append, on_migrate=lambda: migrated.append(1))
-    d1.die_on["Draft"] = 3                       # the third Draft: the worker dies mid-call
+    loop, h, _, stats, _, pf, (f1, f2) = _setup(
+        fake_pool,
+        n=30,
+        engine=common_pb2.FP8,
+        decodes=[d1, d2],
+        on_bridge=bridges.append,
+        on_migrate=lambda: migrated.append(1),
+    )
+    d1.die_on["Draft"] = 3  # the third Draft: the worker dies mid-call
     out, _ = _run(loop, h)
-    assert out == reference(IDS, 30)             # the output is unchanged by the migration
+    assert out == reference(IDS, 30)  # the output is unchanged by the migration
     assert stats.migrations == 1 and migrated == [1] and len(bridges) == 1 and bridges[0].total_bytes > 0
     (exp,) = _reqs(pf, "ExportState")
     assert exp.decode_target == f2.address and exp.session_id == exp.target_session_id == h.session_id
     d2_drafts = _reqs(f2, "Draft")
     assert d2_drafts and d2_drafts[0].has_verdict is False
     assert all(r.engine == common_pb2.FP8 for r in _reqs(f1, "Draft"))
-    assert all(r.engine == common_pb2.ENGINE_UNSPECIFIED for r in d2_drafts)   # "as loaded" after it
+    assert all(r.engine == common_pb2.ENGINE_UNSPECIFIED for r in d2_drafts)  # "as loaded" after it
     assert loop.decode.address == f2.address and stats.bridge_bytes == bridges[0].total_bytes
 
 
 def test_a_decode_worker_that_lost_the_session_may_take_it_back(fake_pool):
     d = Controlled(fake_pool.settings, [2, 1, 0, 3])
     loop, h, _, stats, _, pf, (f,) = _setup(fake_pool, n=20, decodes=[d])
-    d.fail["Draft"] = (C.NOT_FOUND, "session_id: unknown session")   # its next Draft
+    d.fail["Draft"] = (C.NOT_FOUND, "session_id: unknown session")  # its next Draft
     out, _ = _run(loop, h)
     assert out == reference(IDS, 20) and stats.migrations == 1
     (exp,) = _reqs(pf, "ExportState")
-    assert exp.decode_target == f.address       # the only decode worker, and it is not dead
+    assert exp.decode_target == f.address  # the only decode worker, and it is not dead
 
 
 def test_a_failed_migration_target_is_skipped(fake_pool):
     d1 = Controlled(fake_pool.settings, [2, 2])
     loop, h, _, stats, _, pf, (_f1, f2, f3) = _setup(
-        fake_pool, n=20, decodes=[d1, Controlled(fake_pool.settings), Controlled(fake_pool.settings)])
-    f2.stop()                                   # still "up" in the registry: ExportState to it fails
+        fake_pool, n=20, decodes=[d1, Controlled(fake_pool.settings), Controlled(fake_pool.settings)]
+    )
+    f2.stop()  # still "up" in the registry: ExportState to it fails
     d1.die_on["Draft"] = 2
     out, _ = _run(loop, h)
     assert out == reference(IDS, 20) and stats.migrations == 1
@@ -224,12 +241,13 @@ def test_no_decode_worker_to_migrate_to_is_unavailable(fake_pool):
         for toks, _ in loop.run(h.first_token):
             got += toks
     assert ei.value.code == C.UNAVAILABLE and "cannot migrate" in ei.value.message
-    assert [h.first_token] + got == reference(IDS, 1 + len(got))     # what was sent was verified
+    assert [h.first_token] + got == reference(IDS, 1 + len(got))  # what was sent was verified
 
 
 def test_migrations_are_bounded(fake_pool):
-    loop, h, _, stats, _, pf, _ = _setup(fake_pool, n=20, decodes=[LosesEverySession(fake_pool.settings)],
-                                         max_migrations=2)
+    loop, h, _, stats, _, pf, _ = _setup(
+        fake_pool, n=20, decodes=[LosesEverySession(fake_pool.settings)], max_migrations=2
+    )
     with pytest.raises(StatusError) as ei:
         list(loop.run(h.first_token))
     assert ei.value.code == C.UNAVAILABLE and "failed 2 times" in ei.value.message
@@ -248,7 +266,7 @@ def test_a_decode_worker_returning_the_wrong_number_of_drafts_is_internal(fake_p
     with pytest.raises(StatusError) as ei:
         next(loop.run(h.first_token))
     assert ei.value.code == C.INTERNAL and "3 drafts for k=4" in ei.value.message
-    assert _reqs(pf, "Verify") == []            # never verified, never sent
+    assert _reqs(pf, "Verify") == []  # never verified, never sent
 
 
 @pytest.mark.parametrize("how", ["fails", "dies"])
@@ -263,5 +281,5 @@ def test_an_exact_worker_lost_is_unavailable(fake_pool, how):
     with pytest.raises(StatusError) as ei:
         next(it)
     assert ei.value.code == C.UNAVAILABLE and "exact worker lost the session" in ei.value.message
-    assert _reqs(pf, "ExportState") == []       # no migration: the reference state is gone
+    assert _reqs(pf, "ExportState") == []  # no migration: the reference state is gone
     assert [h.first_token] + first_block == reference(IDS, 1 + len(first_block))

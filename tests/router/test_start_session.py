@@ -1,6 +1,7 @@
 """router.session: start_session (Prefill on one prefill worker, the state pushed to a decode target;
 retry once on a worker fault before the first token; full decode workers) over loopback fake workers
 (tests/fakes.py via the `fake_pool` fixture), and Budget's stop conditions."""
+
 from __future__ import annotations
 
 import threading
@@ -52,18 +53,17 @@ def test_prefill_goes_to_one_prefill_worker_with_the_decode_target_set(fake_pool
     d2, _ = fake_pool.add("decode")
     calls = fake_pool.calls()
     h = _start(calls, mode=common_pb2.EXACT)
-    (fake, req), = _prefills(p1, p2)            # exactly one Prefill
+    ((fake, req),) = _prefills(p1, p2)  # exactly one Prefill
     assert h.prefill.address == fake.address and req.session_id == h.session_id
     assert list(req.prompt_ids) == IDS and req.mode == common_pb2.EXACT
     assert req.decode_target == h.decode.address in (d1.address, d2.address)
     target = d1 if h.decode.address == d1.address else d2
-    assert set(target.servicer.sessions) == {h.session_id}       # the state went P -> D
+    assert set(target.servicer.sessions) == {h.session_id}  # the state went P -> D
     assert target.servicer.sessions[h.session_id]["ctx"] == IDS
     assert h.first_token == fakes.exact_next(IDS) == int(h.response.first_token)
-    assert set(fake.servicer.sessions) == {h.session_id}          # EXACT: P keeps the exact session
-    assert h.prefill.outstanding == h.decode.outstanding == 1      # both leased for the request
-    assert sorted((w.role, s) for w, s, _ in calls._sessions) == [("decode", h.session_id),
-                                                                  ("prefill", h.session_id)]
+    assert set(fake.servicer.sessions) == {h.session_id}  # EXACT: P keeps the exact session
+    assert h.prefill.outstanding == h.decode.outstanding == 1  # both leased for the request
+    assert sorted((w.role, s) for w, s, _ in calls._sessions) == [("decode", h.session_id), ("prefill", h.session_id)]
     calls.close()
     assert target.servicer.sessions == {} and fake.servicer.sessions == {}
     assert h.prefill.outstanding == h.decode.outstanding == 0
@@ -81,16 +81,19 @@ def test_the_least_loaded_workers_are_picked(fake_pool):
     assert (h.prefill, h.decode) == (pb, da)
 
 
-@pytest.mark.parametrize("engines, engine, want", [
-    (("fp8", "bf16"), 0, common_pb2.FP8),          # UNSPECIFIED: named as the target's default engine
-    (("bf16", "mtp"), 0, common_pb2.BF16),
-    (("fp8", "bf16"), common_pb2.BF16, common_pb2.BF16),   # an engine asked for is passed as is
-])
+@pytest.mark.parametrize(
+    "engines, engine, want",
+    [
+        (("fp8", "bf16"), 0, common_pb2.FP8),  # UNSPECIFIED: named as the target's default engine
+        (("bf16", "mtp"), 0, common_pb2.BF16),
+        (("fp8", "bf16"), common_pb2.BF16, common_pb2.BF16),  # an engine asked for is passed as is
+    ],
+)
 def test_the_engine_is_named_in_the_prefill(fake_pool, engines, engine, want):
     p, _ = fake_pool.add("prefill")
     fake_pool.add("decode", engines=engines)
     _start(fake_pool.calls(), engine=engine)
-    (_, req), = _prefills(p)
+    ((_, req),) = _prefills(p)
     assert req.engine == want
 
 
@@ -104,9 +107,9 @@ def test_a_fault_before_the_first_token_is_retried_once_on_another_prefill_worke
     h = _start(calls, on_retry=lambda: retried.append(1))
     sent = _prefills(p1, p2)
     assert len(sent) == 2 and retried == [1]
-    (f_a, first), = [(f, r) for f, r in sent if r.session_id != h.session_id]   # the failed attempt
-    (f_b, _second), = [(f, r) for f, r in sent if r.session_id == h.session_id]
-    assert {f_a.address, f_b.address} == {w1.address, w2.address}       # two different workers
+    ((f_a, first),) = [(f, r) for f, r in sent if r.session_id != h.session_id]  # the failed attempt
+    ((f_b, _second),) = [(f, r) for f, r in sent if r.session_id == h.session_id]
+    assert {f_a.address, f_b.address} == {w1.address, w2.address}  # two different workers
     assert h.prefill.address == f_b.address
     assert h.first_token == fakes.exact_next(IDS) and set(d.servicer.sessions) == {h.session_id}
     # the failed attempt's session is tracked as uncertain (its hand-off may still land)
@@ -130,7 +133,7 @@ def test_two_faults_are_unavailable(fake_pool):
     with pytest.raises(StatusError) as ei:
         _start(fake_pool.calls(), on_retry=lambda: retried.append(1))
     assert ei.value.code == C.UNAVAILABLE and "after 2 attempts" in ei.value.message
-    assert len(_prefills(p1, p2)) == 2 and retried == [1]       # retried once, not more
+    assert len(_prefills(p1, p2)) == 2 and retried == [1]  # retried once, not more
 
 
 def test_retries_zero_means_no_retry(fake_pool):
@@ -148,7 +151,7 @@ def test_a_dead_decode_target_is_excluded_on_the_retry(fake_pool):
     p2, _ = fake_pool.add("prefill")
     d_dead, w_dead = fake_pool.add("decode")
     d_live, w_live = fake_pool.add("decode")
-    d_dead.stop()                      # the registry still has it up: the Prefill's hand-off fails
+    d_dead.stop()  # the registry still has it up: the Prefill's hand-off fails
     assert w_dead.up
     h = _start(fake_pool.calls())
     reqs = [r for _, r in _prefills(p1, p2)]
@@ -162,7 +165,7 @@ def test_the_requests_own_error_is_not_retried(fake_pool):
     p2, _ = fake_pool.add("prefill")
     fake_pool.add("decode")
     with pytest.raises(StatusError) as ei:
-        _start(fake_pool.calls(), ids=[])          # the fake refuses an empty prompt
+        _start(fake_pool.calls(), ids=[])  # the fake refuses an empty prompt
     assert ei.value.code == C.INVALID_ARGUMENT and len(_prefills(p1, p2)) == 1
 
 
@@ -205,7 +208,7 @@ def test_a_full_decode_target_is_skipped_for_another(fake_pool):
     h = _start(fake_pool.calls())
     reqs = [r for _, r in _prefills(p)]
     assert [r.decode_target for r in reqs] == [w1.address, w2.address] and h.decode is w2
-    assert w1.full_until > time.monotonic()          # held off new requests for a while
+    assert w1.full_until > time.monotonic()  # held off new requests for a while
 
 
 def test_a_full_only_decode_worker_is_resource_exhausted_and_then_refused_before_a_prefill(fake_pool):
@@ -214,10 +217,10 @@ def test_a_full_only_decode_worker_is_resource_exhausted_and_then_refused_before
     calls = fake_pool.calls()
     with pytest.raises(StatusError) as ei:
         _start(calls)
-    assert (ei.value.code, ei.value.message) == (C.RESOURCE_EXHAUSTED, FULL_D)   # not UNAVAILABLE
+    assert (ei.value.code, ei.value.message) == (C.RESOURCE_EXHAUSTED, FULL_D)  # not UNAVAILABLE
     calls.close()
     assert len(_prefills(p)) == 1
-    with pytest.raises(StatusError) as ei:             # within FULL_HOLD_S: refused here, no Prefill spent
+    with pytest.raises(StatusError) as ei:  # within FULL_HOLD_S: refused here, no Prefill spent
         _start(fake_pool.calls())
     assert ei.value.code == C.RESOURCE_EXHAUSTED and "slots are in use" in ei.value.message
     assert len(_prefills(p)) == 1
@@ -227,15 +230,15 @@ def test_a_full_decode_worker_takes_requests_again_once_one_of_ours_ended(fake_p
     p, _ = fake_pool.add("prefill", Flaky(fake_pool.settings, [1], C.RESOURCE_EXHAUSTED, FULL_D))
     _, d = fake_pool.add("decode")
     other = fake_pool.calls()
-    other.lease(d)                                    # another request of ours holds a slot on d
-    for _ in range(2):                                # refused by d, then (still full) refused here
+    other.lease(d)  # another request of ours holds a slot on d
+    for _ in range(2):  # refused by d, then (still full) refused here
         calls = fake_pool.calls()
         with pytest.raises(StatusError) as ei:
             _start(calls)
         assert ei.value.code == C.RESOURCE_EXHAUSTED
         calls.close()
     assert d.full_at == 1 and len(_prefills(p)) == 1
-    other.close()                                     # that request ended: its slot is free
+    other.close()  # that request ended: its slot is free
     h = _start(fake_pool.calls())
     assert h.decode is d and len(_prefills(p)) == 2
 
@@ -279,7 +282,7 @@ def test_budget_length():
     b = Budget(5, stop_ids=(), eos_ids=(99,), ignore_eos=False)
     assert b.take([1]) == ([1], None) and b.remaining == 4
     assert b.take([2, 3]) == ([2, 3], None)
-    assert b.take([4, 5, 6, 7]) == ([4, 5], common_pb2.LENGTH)     # truncated at max_new_tokens
+    assert b.take([4, 5, 6, 7]) == ([4, 5], common_pb2.LENGTH)  # truncated at max_new_tokens
     assert b.emitted == [1, 2, 3, 4, 5] and b.remaining == 0
     assert b.take([8]) == ([], common_pb2.LENGTH)
 
@@ -313,7 +316,7 @@ def test_budget_a_stop_id_that_is_also_eos_is_stop():
 def test_budget_takes_numpy_like_ints_and_empty_batches():
     b = Budget(2, stop_ids=[7], eos_ids=(), ignore_eos=False)
     assert b.take([]) == ([], None)
-    out, fin = b.take(iter([True, 7]))                      # anything int() accepts
+    out, fin = b.take(iter([True, 7]))  # anything int() accepts
     assert out == [1, 7] and all(type(t) is int for t in out) and fin == common_pb2.STOP
 
 
