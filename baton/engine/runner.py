@@ -2,6 +2,8 @@
 
     prefill(slot, ids)      wide kernels over the prompt; sets position, next_token, hidden
     rows(slot, tokens)      n <= W decode-time rows at fixed width W (AR step: n=1, verify: n=K+1)
+    rows_batch(groups)      rows of several slots in one eager step, [(slot, tokens), ...]; each slot
+                            bitwise as rows(slot, tokens) alone (baton/engine/batch.py)
     ar_step(slot)           one AR row fed from next_token on the device (the decode worker's fast path)
     ar_launch / ar_collect  the same, pipelined (pipeline=True): a step is launched before the previous
                             step's token is read; GDN state ping-pongs (HybridState.gdn_io) so an
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.engine import fast_rows
+from baton.engine import batch, fast_rows
 from baton.engine.state import HybridState
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 
@@ -189,8 +191,15 @@ class ModelRunner:
 
     def ar_batch(self, slots: list[int]) -> list[int]:
         """One AR step for each slot (distinct slots): consumes each next_token, returns the new ones.
-        Each slot's bits are those of ar_step(slot) alone (the step scheduler's step function)."""
-        return [self.ar_step(slot) for slot in slots]
+        Each slot's bits are those of ar_step(slot) alone (the step scheduler's step function): eager
+        runners run all slots as one rows_batch; fused CUDA runners, one ar_step per slot for now."""
+        if self.fast is not None:
+            return [self.ar_step(slot) for slot in slots]
+        nxt = self.state.next_token
+        toks = [t[0] for t in self.rows_batch([(slot, [int(nxt[slot])]) for slot in slots])]
+        for slot, t in zip(slots, toks):
+            nxt[slot] = t
+        return toks
 
     @torch.inference_mode()
     def ar_step(self, slot: int) -> int:
@@ -246,6 +255,11 @@ class ModelRunner:
         else:
             self.state.restore(slot)
             self.rows(slot, tokens[: m + 1])
+
+    def rows_batch(self, groups: list[tuple[int, list[int]]]) -> list[list[int]]:
+        """rows() of several slots in one batched eager step: groups = [(slot, tokens)] with distinct
+        slots, 1 <= len(tokens) <= W; returns each group's greedy tokens. See baton/engine/batch.py."""
+        return batch.rows_batch(self, groups)
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
         """Feeds tokens (1 <= n <= W) and returns the greedy token after each of them."""

@@ -7,6 +7,13 @@ One entry point, `Qwen3_5ForCausalLM.forward(ids, state, ctx)`, serves every use
       - every GEMM / norm / elementwise op sees a padded [W, ...] input,
       - attention scores every row against the whole [max_len] window with a position mask,
       - the GDN recurrence runs token by token with identical kernels.
+  * batched rows (`ctx.groups`, issue 20): several slots' rows flattened into C chunks of W rows
+    (each group's rows contiguous and in order). Per-row ops (GEMMs, norms, MLP, RoPE, gates) run
+    chunk by chunk on [W, ...] inputs, the shape of the one-slot step; each group's mixer (GDN conv +
+    delta rule, attention against its own slot's KV) runs on its rows padded to [W, ...] at rows
+    [0, n), exactly the call of the one-slot step. One-slot rows are the case of one group at offset
+    0 in one chunk (`ctx.groups is None`), the same code: so a slot's rows are bitwise the same alone
+    or inside any batch.
 State lives in `baton.engine.state.HybridState`, never in the modules. In rows mode the position comes
 from the device buffer `state.position[slot]`, so the step is CUDA-graph capturable.
 """
@@ -25,6 +32,15 @@ from baton.models import gdn_ops
 
 
 @dataclass(frozen=True)
+class RowGroup:
+    """One slot's rows inside a batched rows step: rows [off, off + n) of the flattened rows."""
+
+    slot: int
+    n: int
+    off: int
+
+
+@dataclass(frozen=True)
 class StepContext:
     slot: int = 0
     width: int | None = None  # None = prefill (wide kernels); W = fixed-width rows mode
@@ -36,6 +52,34 @@ class StepContext:
     # and recurrent state; before its MLP); never a
     # host sync (see baton/handoff/progress.py)
     phase: int | None = None  # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
+    groups: tuple[RowGroup, ...] | None = None  # batched rows (eager only); None = one group (slot, n, 0)
+
+    def row_groups(self) -> tuple[RowGroup, ...]:
+        """Rows mode: the slots' row groups (the one-slot step is one group at offset 0)."""
+        return self.groups if self.groups is not None else (RowGroup(self.slot, self.n, 0),)
+
+    def map(self, fn, *ts: torch.Tensor):
+        """fn applied to every chunk of W rows of ts (dim 0) and the results concatenated; one call on
+        the whole tensors in prefill or when they hold one chunk. fn may return a tuple of tensors.
+        This keeps every per-row op of a batched step at the one-slot step's [W, ...] shape."""
+        T = ts[0].shape[0]
+        if self.width is None or T == self.width:
+            return fn(*ts)
+        W = self.width
+        outs = [fn(*(t[c : c + W] for t in ts)) for c in range(0, T, W)]
+        if isinstance(outs[0], tuple):
+            return tuple(torch.cat(parts) for parts in zip(*outs))
+        return torch.cat(outs)
+
+    def group_rows(self, t: torch.Tensor, grp: RowGroup) -> torch.Tensor:
+        """Rows [off, off+n) of t as a [W, ...] tensor at rows [0, n) (the one-slot step's own tensor
+        when t is one chunk and grp is at offset 0; rows >= n are never read by a valid row)."""
+        W = self.width
+        if grp.off == 0 and t.shape[0] == W:
+            return t
+        out = torch.zeros((W,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        out[: grp.n] = t[grp.off : grp.off + grp.n]
+        return out
 
     def state_written(self, layer: int) -> None:
         """Prefill streaming: layer `layer`'s state is final once the work enqueued so far has run (the
@@ -118,19 +162,40 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
-        T = x.shape[0]  # x [T, hidden]
+    def _project(self, x: torch.Tensor, pos: torch.Tensor, rope_offset: int):
+        """x [T, hidden], pos [T] -> q [T, nh, d], k, v [T, nkv, d] (RoPE applied), gate [T, nh*d]."""
+        T = x.shape[0]
         qg = self.q_proj(x).view(T, self.nh, 2 * self.d)
         q, gate = qg[..., : self.d], qg[..., self.d :].reshape(T, self.nh * self.d)
         q = self.q_norm(q)  # [T, nh, d]
         k = self.k_norm(self.k_proj(x).view(T, self.nkv, self.d))  # [T, nkv, d]
         v = self.v_proj(x).view(T, self.nkv, self.d)
-        cos, sin = rope_cos_sin(self.cfg, pos + ctx.rope_offset if ctx.rope_offset else pos, x.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kc, vc = state.kv(self.layer_idx)  # [S, nkv, L, d] each
-        kc, vc = kc[ctx.slot], vc[ctx.slot]  # [nkv, L, d] views
-        g = self.nh // self.nkv
+        cos, sin = rope_cos_sin(self.cfg, pos + rope_offset if rope_offset else pos, x.dtype)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+
+    def _attend_rows(self, q, k, v, pos, kc, vc, n: int) -> torch.Tensor:
+        """One slot's rows: q [W, nh, d], k, v [W, nkv, d], pos [W] (first n valid), kc, vc [nkv, L, d]
+        (the slot's KV; rows pos[:n] written) -> o [W, nh*d]. Row-invariant: fixed shapes
+        [nkv, g*W, L]; row i sees keys j <= pos[i]."""
+        T, g = q.shape[0], self.nh // self.nkv
+        kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
+        vc.index_copy_(1, pos[:n], v[:n].transpose(0, 1))
+        qh = q.view(T, self.nkv, g, self.d).permute(1, 2, 0, 3).reshape(self.nkv, g * T, self.d)
+        scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (self.d**-0.5)  # [nkv, g*W, L]
+        L = kc.shape[1]
+        mask = torch.arange(L, device=q.device)[None, :] > pos[:, None]  # [W, L]
+        scores = scores.view(self.nkv, g, T, L).masked_fill(mask, float("-inf"))
+        p = torch.softmax(scores, dim=-1).to(vc.dtype).view(self.nkv, g * T, L)
+        o = torch.matmul(p, vc)  # [nkv, g*W, d]
+        return o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
+        T = x.shape[0]  # x [T, hidden]
+        kc_all, vc_all = state.kv(self.layer_idx)  # [S, nkv, L, d] each
         if ctx.width is None:
+            q, k, v, gate = self._project(x, pos, ctx.rope_offset)
+            kc, vc = kc_all[ctx.slot], vc_all[ctx.slot]  # [nkv, L, d] views
+            g = self.nh // self.nkv
             s0 = ctx.start
             kc[:, s0 : s0 + T].copy_(k.transpose(0, 1))
             vc[:, s0 : s0 + T].copy_(v.transpose(0, 1))
@@ -146,21 +211,19 @@ class Attention(nn.Module):
                 j = torch.arange(s0 + T, device=x.device)[None, :]
                 o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=(j <= i))[0]
             o = o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
-        else:
-            n = ctx.n
-            kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
-            vc.index_copy_(1, pos[:n], v[:n].transpose(0, 1))
-            # Row-invariant: fixed shapes [nkv, g*W, L]; row i sees keys j <= pos[i].
-            qh = q.view(T, self.nkv, g, self.d).permute(1, 2, 0, 3).reshape(self.nkv, g * T, self.d)
-            scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (self.d**-0.5)  # [nkv, g*W, L]
-            L = kc.shape[1]
-            mask = torch.arange(L, device=x.device)[None, :] > pos[:, None]  # [W, L]
-            scores = scores.view(self.nkv, g, T, L).masked_fill(mask, float("-inf"))
-            p = torch.softmax(scores, dim=-1).to(vc.dtype).view(self.nkv, g * T, L)
-            o = torch.matmul(p, vc)  # [nkv, g*W, d]
-            o = o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
-        o = o * torch.sigmoid(gate)
-        return self.o_proj(o)
+            return self.o_proj(o * torch.sigmoid(gate))
+        q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
+        groups = ctx.row_groups()
+        o = None if len(groups) == 1 and T == ctx.width else torch.zeros_like(gate)
+        for grp in groups:  # each slot's rows against its own KV, at the one-slot shape
+            og = self._attend_rows(
+                *(ctx.group_rows(t, grp) for t in (q, k, v, pos)), kc_all[grp.slot], vc_all[grp.slot], grp.n
+            )
+            if o is None:
+                o = og
+            else:
+                o[grp.off : grp.off + grp.n] = og[: grp.n]
+        return ctx.map(lambda oc, gc: self.o_proj(oc * torch.sigmoid(gc)), o, gate)
 
 
 class GatedDeltaNet(nn.Module):
@@ -189,34 +252,61 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(h, self.nv, bias=False)
         self.in_proj_a = nn.Linear(h, self.nv, bias=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
-        T = x.shape[0]  # x [T, hidden]
-        if ctx.phase is None:
+    def _gdn_state(self, state, slot: int, phase: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv [C, K-1], recurrent [Hv, dk, dv]) of `slot` that this step advances in place."""
+        if phase is None:
             conv_state, rec_state = state.gdn(self.layer_idx)  # [S, C, K-1], [S, Hv, dk, dv]
         else:  # ping-pong step: advance a copy in the other buffers (the fused kernels read in, write out)
-            c_in, conv_state, r_in, rec_state = state.gdn_io(self.layer_idx, ctx.phase)
-            conv_state[ctx.slot].copy_(c_in[ctx.slot])
-            rec_state[ctx.slot].copy_(r_in[ctx.slot])
-        cs, rs = conv_state[ctx.slot], rec_state[ctx.slot]
-        mixed = self.in_proj_qkv(x)  # [T, C]
+            c_in, conv_state, r_in, rec_state = state.gdn_io(self.layer_idx, phase)
+            conv_state[slot].copy_(c_in[slot])
+            rec_state[slot].copy_(r_in[slot])
+        return conv_state[slot], rec_state[slot]
+
+    def _project(self, x: torch.Tensor):
+        """x [T, hidden] -> mixed [T, C] (pre-conv), beta, g [T, Hv], z [T, value_dim]."""
+        beta = torch.sigmoid(self.in_proj_b(x))  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        return self.in_proj_qkv(x), beta, g, self.in_proj_z(x)
+
+    def _mix(self, mixed, beta, g, cs, rs, n: int, wide: bool, ck) -> torch.Tensor:
+        """One slot's rows: conv + delta rule on its state (cs, rs updated in place) -> o [T, Hv, dv].
+        Rows mode: T = W rows, the first n valid; ck = (conv, recurrent) per-row checkpoints or None."""
+        T = mixed.shape[0]
         w = self.conv1d.weight[:, 0, :]  # [C, K]
-        n = T if ctx.width is None else ctx.n
-        ck = state.row_ckpt(self.layer_idx) if ctx.width is not None and n > 1 else None  # per-row ckpts
-        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ctx.width is None, ck and ck[0])  # [T, C], updates cs
+        mixed = gdn_ops.causal_conv(mixed, cs, w, n, wide, ck and ck[0])  # [T, C], updates cs
         kd = self.cfg.key_dim
         q = mixed[:, :kd].reshape(T, self.nk, self.dk)
         k = mixed[:, kd : 2 * kd].reshape(T, self.nk, self.dk)
         v = mixed[:, 2 * kd :].reshape(T, self.nv, self.dv)
-        beta = torch.sigmoid(self.in_proj_b(x))  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        if wide:
+            return gdn_ops.chunked(q, k, v, g, beta, rs)  # [T, Hv, dv]
+        return gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])  # [W, Hv, dv]
+
+    def _out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        T = o.shape[0]
+        o = self.norm(o.reshape(T * self.nv, self.dv), z.reshape(T * self.nv, self.dv))
+        return self.out_proj(o.reshape(T, self.nv * self.dv))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
+        T = x.shape[0]  # x [T, hidden]
         if ctx.width is None:
-            o = gdn_ops.chunked(q, k, v, g, beta, rs)  # [T, Hv, dv]
+            cs, rs = self._gdn_state(state, ctx.slot, ctx.phase)
+            mixed, beta, g, z = self._project(x)
+            o = self._mix(mixed, beta, g, cs, rs, T, True, None)
             ctx.state_written(self.layer_idx)  # conv + recurrent final
-        else:
-            o = gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])  # [W, Hv, dv]
-        z = self.in_proj_z(x).reshape(T * self.nv, self.dv)
-        o = self.norm(o.reshape(T * self.nv, self.dv), z).reshape(T, self.nv * self.dv)
-        return self.out_proj(o)
+            return self._out(o, z)
+        mixed, beta, g, z = ctx.map(self._project, x)
+        groups = ctx.row_groups()
+        o = None if len(groups) == 1 and T == ctx.width else x.new_zeros(T, self.nv, self.dv)
+        for grp in groups:  # each slot's rows in order against its own state, at the one-slot shape
+            cs, rs = self._gdn_state(state, grp.slot, ctx.phase)
+            ck = state.row_ckpt(self.layer_idx) if grp.n > 1 else None  # per-row ckpts (one set per runner)
+            og = self._mix(*(ctx.group_rows(t, grp) for t in (mixed, beta, g)), cs, rs, grp.n, False, ck)
+            if o is None:
+                o = og
+            else:
+                o[grp.off : grp.off + grp.n] = og[: grp.n]
+        return ctx.map(self._out, o, z)
 
 
 class DecoderLayer(nn.Module):
@@ -233,8 +323,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, pos, state, ctx: StepContext):
         mixer = self.linear_attn if hasattr(self, "linear_attn") else self.self_attn
-        x = x + mixer(self.input_layernorm(x), pos, state, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + mixer(ctx.map(self.input_layernorm, x), pos, state, ctx)
+        return ctx.map(lambda xc: xc + self.mlp(self.post_attention_layernorm(xc)), x)
 
 
 class TextModel(nn.Module):
@@ -263,20 +353,29 @@ class Qwen3_5ForCausalLM(nn.Module):
     def positions(self, state, ctx: StepContext, T: int, device) -> torch.Tensor:
         if ctx.width is None:
             return torch.arange(ctx.start, ctx.start + T, device=device)
-        return state.position[ctx.slot] + torch.arange(T, device=device)  # [W] device-side
+        if ctx.groups is None:
+            return state.position[ctx.slot] + torch.arange(T, device=device)  # [W] device-side
+        pos = torch.zeros(T, dtype=torch.long, device=device)  # [C*W]; padding rows 0
+        ar = torch.arange(ctx.width, device=device)
+        for grp in ctx.groups:
+            pos[grp.off : grp.off + grp.n] = state.position[grp.slot] + ar[: grp.n]
+        return pos
 
     def forward(self, ids: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
-        """ids [T] (prefill) or [W] (rows, padded) -> final-normed hidden [T, hidden].
+        """ids [T] (prefill), [W] (rows, padded) or [C*W] (batched rows, ctx.groups) -> final-normed
+        hidden [T, hidden].
 
-        Rows mode advances `state.position[slot]` by n on the device; prefill leaves it to the caller.
+        Rows mode advances `state.position[slot]` by n on the device for every group; prefill leaves
+        it to the caller.
         """
         x = self.model.embed_tokens(ids)  # [T, hidden]
         pos = self.positions(state, ctx, ids.shape[0], ids.device)
         for layer in self.model.layers:
             x = layer(x, pos, state, ctx)  # prefill: marks ctx.state_written(i) mid-layer
         if ctx.width is not None:
-            state.position[ctx.slot] += ctx.n
-        return self.model.norm(x)
+            for grp in ctx.row_groups():
+                state.position[grp.slot] += grp.n
+        return ctx.map(self.model.norm, x)
 
     def logits(self, hidden: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """hidden [T, h] -> [T, vocab]; `rows`: only the first rows are live (the FP8 head skips the rest)."""

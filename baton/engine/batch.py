@@ -1,0 +1,96 @@
+"""Batched rows (issue 20, first step): one eager step over several sessions' slots.
+
+    rows_batch(runner, [(slot, tokens), ...])  ->  [greedy tokens after each of tokens, ...]
+
+Each group is one slot's rows (1 <= len(tokens) <= W, distinct slots). The rows of all groups are
+flattened, each group contiguous and in order, and padded to C chunks of W rows. The model
+(baton/models/qwen3_5.py, `StepContext.groups`) then runs
+
+  * every per-row op (embedding, GEMMs, norms, MLP, RoPE, gates, the head) chunk by chunk on
+    [W, ...] inputs: the exact shape of the one-slot step, so BLAS picks the same kernel for a row
+    whatever the batch (DESIGN.md section 3: BLAS kernels change with M);
+  * each group's mixer on its own rows padded to [W, ...] at rows [0, n): the GDN conv and delta rule
+    against its slot's state, token by token; the attention against its slot's KV [nkv, L, d] with
+    the mask j <= its position. These are the one-slot step's calls with the same inputs.
+
+A row's result therefore depends only on its own inputs, its slot's state and its index inside its
+W-chunk; the rows GEMMs' row independence at M = W (the row-invariance contract, which already lets
+row 0 of an AR step equal row i of a verify block) covers the index. The one-slot `rows` eager path is
+the case of one group in one chunk of the same code, so alone and batched agree bitwise
+(tests/engine/test_batch_invariance.py).
+
+Each slot advances exactly as `rows(slot, tokens)` alone would: position, conv, recurrent, KV rows at
+[position, position + n), hidden (the last row's final-normed hidden). next_token is not touched (as
+`rows`). A batch of one group also leaves tok_out / h_rows as `rows` does (accept_prefix reads them).
+
+Row checkpoints (`ModelRunner(checkpoints=True)`) are one set per runner (HybridState), written by a
+multi-row pass: with them, a batch of more than one group must have one row per group (AR steps write
+none); a lone multi-row group writes them as `rows` does.
+
+The fused CUDA path (`runner.fast`) has no per-row slot index yet: there rows_batch runs the groups
+one after another through `rows` (same results, no batching). Eager only; no CUDA graph covers it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from baton.models.qwen3_5 import RowGroup, StepContext
+
+
+def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
+    """Validates a batch (before any state is touched); returns it as [(slot, [tokens])]."""
+    out: list[tuple[int, list[int]]] = []
+    if not groups:
+        raise ValueError("rows_batch: no groups")
+    seen: set[int] = set()
+    W = runner.width
+    for i, (slot, tokens) in enumerate(groups):
+        slot, tokens = int(slot), [int(t) for t in tokens]
+        if not 0 <= slot < runner.state.slots:
+            raise ValueError(f"rows_batch: group {i}: slot {slot} out of range [0, {runner.state.slots})")
+        if slot in seen:
+            raise ValueError(f"rows_batch: group {i}: duplicate slot {slot}")
+        seen.add(slot)
+        if not 1 <= len(tokens) <= W:
+            raise ValueError(f"rows_batch: group {i} (slot {slot}): {len(tokens)} tokens, expected 1..{W}")
+        runner.check_ids(tokens, f"rows_batch: group {i} (slot {slot})")
+        out.append((slot, tokens))
+    if runner.state.ckpt_conv and len(out) > 1 and any(len(t) > 1 for _, t in out):
+        raise ValueError(
+            "rows_batch: row checkpoints are kept (one set per runner): a batch of several groups must have"
+            " one row per group"
+        )
+    for slot, tokens in out:  # window: after the cheap checks, one host read per slot
+        runner.check_window(int(runner.state.position[slot]), len(tokens))
+    return out
+
+
+@torch.inference_mode()
+def rows_batch(runner, groups) -> list[list[int]]:
+    """See the module docstring. Raises ValueError / WindowError (state untouched) on a bad batch."""
+    batch = check_groups(runner, groups)
+    if runner.fast is not None:  # no per-row slots in the fused kernels yet: one group at a time
+        return [runner.rows(slot, tokens) for slot, tokens in batch]
+    W, dev, state = runner.width, runner.device, runner.state
+    total = sum(len(t) for _, t in batch)
+    T = -(-total // W) * W  # C chunks of W rows
+    flat: list[int] = []
+    rgroups = []
+    for slot, tokens in batch:
+        rgroups.append(RowGroup(slot, len(tokens), len(flat)))
+        flat.extend(tokens)
+    ids = torch.zeros(T, dtype=torch.long, device=dev)
+    ids[:total] = torch.tensor(flat, dtype=torch.long, device=dev)
+    ctx = StepContext(slot=batch[0][0], width=W, n=len(batch[0][1]), groups=tuple(rgroups))
+    model = runner.model
+    h = model(ids, state, ctx)  # [T, hidden]
+    live = rgroups[0].n if len(rgroups) == 1 else None  # the fp8 head's live rows, as compute_rows
+    tok = ctx.map(lambda hc: model.logits(hc, rows=live).argmax(-1), h)  # [T]; head at [W, hidden]
+    for g in rgroups:
+        state.hidden[g.slot].copy_(h[g.off + g.n - 1])
+    if len(rgroups) == 1:  # as rows(): the static buffers hold this block
+        runner.tok_out.copy_(tok[:W])
+        runner.h_rows.copy_(h[:W])
+    tl = tok.tolist()
+    return [tl[g.off : g.off + g.n] for g in rgroups]
