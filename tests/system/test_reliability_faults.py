@@ -140,6 +140,30 @@ def test_decode_killed_during_decode_streams_migrate(cl):
     cl.wait_no_sessions(5)
 
 
+def test_decode_worker_holding_eight_sessions_killed_all_migrate(cl):
+    """8 fast bf16 streams all on one decode worker (the other is down while they start), stepping
+    together in its batch; the worker is frozen, the other comes back, then the frozen one is SIGKILLed:
+    every stream is re-prefilled onto the survivor and each output equals `baton complete`."""
+    prompts = [f"def f{i}(x):" for i in range(8)]
+    fast0 = cl.metric("baton_router_migrations_total", mode="fast")
+    cl.kill("decode-1")
+    cl.wait_metric(UP, 1, 15, role="decode")
+    streams = [_gen(cl, p, engine="bf16") for p in prompts]
+    firsts = [next(s) for s in streams]  # all 8 admitted and streaming, on decode-0
+    assert cl.stats("decode-0").sessions == 8
+    cl.freeze("decode-0")
+    cl.restart("decode-1")
+    cl.wait_metric(UP, 1, 30, role="decode")  # decode-1 up (decode-0 frozen: down or about to be)
+    cl.kill("decode-0")
+    with ThreadPoolExecutor(8) as pool:
+        rest = list(pool.map(list, streams, timeout=120))
+    for p, f, r in zip(prompts, firsts, rest):
+        assert f.token_ids + tokens(r) == cl.ref(p, LONG), p
+        assert r[-1].stats["migrations"] == 1, p
+    assert cl.metric("baton_router_migrations_total", mode="fast") == fast0 + 8
+    _next_request_is_served(cl, "fast")
+
+
 def test_decode_killed_between_draft_rounds_exact_same_tokens(cl):
     """Exact mode; the exact worker is frozen for a moment so the router waits in Verify and the decode
     worker has no call in flight (1 session, 0 outstanding); SIGKILL it, thaw: the next Draft fails, the
