@@ -3,7 +3,7 @@
     python benchmarks/bench_serve.py [--concurrency 1,2,4,8] [--requests 2] [--max-new-tokens 48]
                                      [--engine bf16] [--out FILE]
 
-Starts `baton serve --processes` (CPU, the embedded model unless --model; 8 session slots a worker, so N <= 8),
+Starts `baton serve --processes` (CPU, the embedded model unless --model; --slots max(8, N) a worker),
 then for each N: N client threads, each sending --requests Generate calls one after another (a fixed
 prompt per client, ignore_eos, max_new_tokens tokens). Every stream is checked against `baton complete`
 of its prompt: the batch must not change a token. Prints one JSON object, per N:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         tf = Path(tmp) / "token"
         tf.write_text(token)
         args = ["--port", "0", "--http-port", "0", "--token-file", str(tf), "--max-len", str(a.max_len)]
-        args += ["--engine", a.engine] + (["--model", a.model] if a.model else [])  # 8 session slots a worker
+        args += ["--engine", a.engine, "--slots", str(max(8, max(points)))] + (["--model", a.model] if a.model else [])
         serve = Serve(*args)
         try:
             ref = make_reference(a.model, a.max_len, PROMPTS[: max(points)], a.max_new_tokens)

@@ -61,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
     )
     p.add_argument("--max-len", type=int, default=None, help="context window of each worker")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent sessions each worker holds (default: the workers' 8); a decode worker steps them together",
+    )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
@@ -256,6 +263,7 @@ def _worker_specs(args) -> list[WorkerSpec]:
         device=args.device,
         dtype=args.dtype,
         max_len=args.max_len,
+        slots=args.slots,
         token_file=args.token_file,
         grace=min(args.grace, 1.0),
     )
@@ -273,6 +281,8 @@ def _check(args) -> str | None:
         return "--http-port must be in 0..65535 (0 = off)"
     if args.ask_tokens < 1:
         return "--ask-tokens must be >= 1"
+    if args.slots is not None and args.slots < 1:
+        return "--slots must be >= 1"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)

@@ -51,6 +51,7 @@ class WorkerSpec:
     dtype: str | None = None  # None = the worker's default
     engine: str | None = None  # decode only
     max_len: int | None = None
+    slots: int | None = None  # session slots (None = the worker's default)
     token_file: str | None = None
     grace: float | None = None  # subprocess only: the worker's own drain time on SIGTERM
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # more --flag value pairs
@@ -68,6 +69,7 @@ class WorkerSpec:
             "device": self.device,
             "dtype": self.dtype,
             "max_len": self.max_len,
+            "slots": self.slots,
             "token_file": self.token_file,
         }
         if self.role == "decode":

@@ -332,3 +332,18 @@ def test_cpu_workers_split_the_cores_unless_the_caller_set_omp_threads():
     assert worker_env(cpu, 2, {"OMP_NUM_THREADS": "4"}, 16) is None  # the caller's choice stands
     assert worker_env(cpu, 1, {}, 16) is None  # a lone worker keeps every core
     assert worker_env(gpu, 2, {}, 16) is None
+
+
+def test_slots_reach_every_worker_process_and_actor():
+    """`baton serve --slots N` sets each worker's session slots, as a process flag and as an actor
+    keyword; without it the workers keep their own default."""
+    import argparse
+
+    from deploy.local import _worker_specs
+
+    base = dict(model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0, engine=None)
+    specs = _worker_specs(argparse.Namespace(**base, slots=16, prefill=1, decode=2))
+    assert [s.options()["slots"] for s in specs] == [16, 16, 16]
+    assert all(s.argv()[s.argv().index("--slots") + 1] == "16" for s in specs)
+    unset = _worker_specs(argparse.Namespace(**base, slots=None, prefill=1, decode=1))
+    assert all("slots" not in s.options() and "--slots" not in s.argv() for s in unset)

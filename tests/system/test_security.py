@@ -146,7 +146,16 @@ def test_every_server_binds_loopback_by_default(plain):
     from deploy.local import _worker_specs  # `baton serve` (Ray or --processes) gives its workers 127.0.0.1
 
     ns = argparse.Namespace(
-        model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0, prefill=1, decode=2, engine=None
+        model=None,
+        device="cpu",
+        dtype=None,
+        max_len=None,
+        slots=None,
+        token_file=None,
+        grace=1.0,
+        prefill=1,
+        decode=2,
+        engine=None,
     )
     assert {s.host for s in _worker_specs(ns)} == {"127.0.0.1"}
     assert Settings.from_env({}).host == "127.0.0.1"
