@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     if not table:
         p.error(f"no commands registered (entry point group {GROUP!r}): is baton installed?")
     name = next((a for a in argv if not a.startswith("-")), None)
+    listing = name not in table  # the command list is shown: read every command's help, else none
     for cmd, mod in table.items():
-        sp = sub.add_parser(cmd, help=_help(mod.split(":")[0], cmd))
+        sp = sub.add_parser(cmd, help=_help(mod.split(":")[0], cmd) if listing else None)
         if cmd == name:
             module = importlib.import_module(mod.split(":")[0])
             if hasattr(module, "add_arguments_for"):

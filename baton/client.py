@@ -18,13 +18,14 @@ from typing import Iterator, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from baton.names import ENGINE_VALUES
 from baton.rpc import make_channel
 from baton.settings import Settings
 from baton.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 DEFAULT_ADDR = "127.0.0.1:50051"
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
-ENGINES = {None: common_pb2.ENGINE_UNSPECIFIED, "bf16": common_pb2.BF16, "fp8": common_pb2.FP8, "mtp": common_pb2.MTP}
+ENGINES = {None: common_pb2.ENGINE_UNSPECIFIED, **ENGINE_VALUES}
 
 
 @dataclass

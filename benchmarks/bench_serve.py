@@ -60,8 +60,9 @@ def _point(addr: str, token: str, n: int, requests: int, max_new: int, engine: s
                             toks += d.token_ids
                 except Exception as e:  # noqa: BLE001 - counted by status
                     code = getattr(e, "code", lambda: None)()
+                    key = str(getattr(code, "name", type(e).__name__))
                     with lock:
-                        errors[str(getattr(code, "name", type(e).__name__))] = errors.get(str(code), 0) + 1
+                        errors[key] = errors.get(key, 0) + 1
                     continue
                 with lock:
                     total += len(toks)

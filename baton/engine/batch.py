@@ -8,7 +8,7 @@ flattened, each group contiguous and in order, and padded to C chunks of W rows.
 
   * every per-row op (embedding, GEMMs, norms, MLP, RoPE, gates, the head) chunk by chunk on
     [W, ...] inputs: the exact shape of the one-slot step, so BLAS picks the same kernel for a row
-    whatever the batch (DESIGN.md section 3: BLAS kernels change with M);
+    whatever the batch (BLAS kernels change with M: docs/CONTRACTS.md, "Batch invariance");
   * each group's mixer on its own rows padded to [W, ...] at rows [0, n): the GDN conv and delta rule
     against its slot's state, token by token; the attention against its slot's KV [nkv, L, d] with
     the mask j <= its position. These are the one-slot step's calls with the same inputs.

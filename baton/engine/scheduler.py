@@ -45,7 +45,7 @@ class Job:
         self._ready.wait()
         if self.error is not None:
             raise self.error
-        return None if self.token is None else self.token
+        return self.token
 
     def close(self) -> None:
         self._sched._leave(self)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from baton.names import ENGINE_VALUES
 from baton.v1 import common_pb2, router_pb2
 from router.http.errors import ApiError, bad
 
@@ -29,7 +30,6 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 U32 = 1 << 32
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
-ENGINES = {"bf16": common_pb2.BF16, "fp8": common_pb2.FP8, "mtp": common_pb2.MTP}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos")
 
@@ -142,9 +142,9 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
                 raise bad("baton.mode", f"{mode!r:.40} is not one of fast, exact")
             gen["mode"], job.mode = MODES[mode], mode
         if engine is not None:
-            if engine not in ENGINES:
+            if engine not in ENGINE_VALUES:
                 raise bad("baton.engine", f"{engine!r:.40} is not one of bf16, fp8, mtp")
-            gen["engine"] = ENGINES[engine]
+            gen["engine"] = ENGINE_VALUES[engine]
         gen["draft_block"] = _int(ext, "draft_block", 0, where="baton.") or 0
         gen["ignore_eos"] = _bool(ext, "ignore_eos", False, "baton.")
         ids = ext.get("stop_token_ids")
