@@ -69,8 +69,8 @@ class DecodeEngine:
         """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head).
         drafter: picks every draft token (baton.engine.speculation.Drafter; the default, the model's own).
         batch_steps: bf16 / fp8 fast-mode sessions step together through one StepScheduler
-        (baton/engine/scheduler.py); None = for eager runners (the CPU path), while fused CUDA runners keep
-        the per-session pipelined loop until the batched graphs exist."""
+        (baton/engine/scheduler.py); None = for eager runners (the CPU path) and fused runners with a
+        batched step (ModelRunner.enable_batching); other fused runners keep the per-session pipelined loop."""
         if default_engine not in runners:
             raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
         self.runners, self.default_engine, self.ttl_s, self.drafter = runners, default_engine, ttl_s, drafter
@@ -171,7 +171,8 @@ class DecodeEngine:
         extra = k + 2 if s.engine == "mtp" else 0
         r.check_window(pos, max_new_tokens, extra)
         ends = set(stop_ids) | set(eos_ids)
-        if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else r.fast is None):
+        batched = r.fast is None or r.batched is not None
+        if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
             yield from self._ar_batched(s, max_new_tokens, ends)
             return
         if s.engine != "mtp" and r.state.pingpong:

@@ -100,6 +100,10 @@ def serve_decode(
             del fp8_model.mtp  # fp8 sessions never draft with the MTP head
         _fp8_module().quantize_model(fp8_model, fp8_mode)
         runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline)
+    if str(device).startswith("cuda"):  # bf16 / fp8 sessions step together (fused_batch.BatchedAR)
+        for e in ("bf16", "fp8"):
+            if e in runners:
+                runners[e].enable_batching()
     if capture_graphs and str(device).startswith("cuda"):
         _capture(runners)
     engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s, drafter=drafter or GREEDY)

@@ -98,7 +98,7 @@ def rows_linear(mod: nn.Module, x: "torch.Tensor | gemv.QuantX", n: int, partial
     if partial or isinstance(x, gemv.QuantX):
         return gemv.linear(x, w, getattr(mod, "scale", None), rows=n, partial=partial)
     if type(mod) is nn.Linear:
-        if w.dtype == x.dtype == torch.bfloat16 and (False, *w.shape) in gemv.TUNED:
+        if w.dtype == x.dtype == torch.bfloat16:  # every bf16 projection: cuBLAS rows change with M
             return gemv.linear(x, w, rows=n)
         return mod(x)
     return mod(x, rows=n)
@@ -178,33 +178,56 @@ class FastRows:
     #            gated norm hand the next GEMM its input already quantised (gemv.QuantX), and the GDN
     #            qkv|z|b|a GEMM hands conv_rows / gdn_rows its partials too.
     def forward(
-        self, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor, phase: int | None = None
+        self,
+        ids: torch.Tensor,
+        state,
+        slots: torch.Tensor,
+        n: int,
+        pos: torch.Tensor,
+        phase: int | None = None,
+        gs: int | None = None,
     ) -> torch.Tensor:
-        """ids [W] (first n valid), pos [W] positions -> final-normed hidden [W, hidden].
-        Advances state.position[slot] by n (as the eager rows path). phase: GDN state read from one
-        ping-pong set and written to the other (HybridState.gdn_io); None = in place."""
+        """ids [M] (first n valid), pos [M] positions -> final-normed hidden [M, hidden]; slots [G] int64
+        on the device: the slot of each group of gs rows (gs None: one group, slots [1], the first n of
+        M = W rows; a batch: G groups of gs = n rows each, M = G * gs, slot < 0 = a padding group). Every
+        kernel reads the slot from the device, so one captured graph serves any slots. Each group's rows
+        are bitwise the one-slot step's (the same kernels; GEMM rows are independent of M, gemv).
+        The caller advances state.position. phase: GDN state read from one ping-pong set and written to
+        the other (HybridState.gdn_io); None = in place."""
         m, layers = self.model, self.model.model.layers
-        x = m.model.embed_tokens(ids)  # [W, h]
+        live = n if gs is None else ids.shape[0]  # rows the GEMMs and norms compute
+        gs = ids.shape[0] if gs is None else gs
+        b = dict(slots=slots, gs=gs)
+        x = m.model.embed_tokens(ids)  # [M, h]
         eps = self.cfg.rms_norm_eps
         q8 = self.w8a8 is not None and self.w8a8.use_kernel
         part = q8 or self.bf16_partial
         res, xn = rk.add_rmsnorm(x, None, layers[0].input_layernorm.weight, eps, quant=q8)
         for i, layer in enumerate(layers):
             if hasattr(layer, "linear_attn"):
-                proj = _call(self.mixer[i], xn, n, partial=q8)
-                y = self._gdn(layer.linear_attn, proj, state, slot, n, phase, partial=part, quant=q8)
+                proj = _call(self.mixer[i], xn, live, partial=q8)
+                y = self._gdn(layer.linear_attn, proj, state, n, phase, b, live, partial=part, quant=q8)
             else:
-                proj = _call(self.mixer[i], xn, n)
-                y = self._attn(layer.self_attn, proj, state, slot, n, pos, partial=part)
-            res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps, rows=n, quant=q8)
-            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, n), n, partial=part)
+                proj = _call(self.mixer[i], xn, live)
+                y = self._attn(layer.self_attn, proj, state, n, pos, b, live, partial=part)
+            res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps, rows=live, quant=q8)
+            y = rows_linear(layer.mlp.down_proj, self.gate_up[i].act(xn, live), live, partial=part)
             last = i + 1 == len(layers)
             nxt = m.model.norm if last else layers[i + 1].input_layernorm
-            res, xn = rk.add_rmsnorm(y, res, nxt.weight, eps, rows=n, quant=q8 and not last)
-        state.position[slot] += n
+            res, xn = rk.add_rmsnorm(y, res, nxt.weight, eps, rows=live, quant=q8 and not last)
         return xn
 
-    def mtp(self, hidden: torch.Tensor, ids: torch.Tensor, state, slot: int, n: int, pos: torch.Tensor) -> torch.Tensor:
+    def head(self, h: torch.Tensor, rows: int) -> torch.Tensor:
+        """The LM head of the fused step: h [M, hidden] -> logits [M, vocab] (rows >= `rows` junk). The
+        bf16 head runs in the rows GEMM (its rows are independent of M; cuBLAS's are not), fp8 in its own."""
+        m = self.model
+        if getattr(m, "fp8_head", None) is not None:
+            return m.logits(h, rows=rows)
+        return gemv.linear(h, m.head_weight(), rows=rows)
+
+    def mtp(
+        self, hidden: torch.Tensor, ids: torch.Tensor, state, slots: torch.Tensor, n: int, pos: torch.Tensor
+    ) -> torch.Tensor:
         """The MTP head in rows mode (baton/models/mtp.py): pairs (hidden[i], ids[i]) at KV indexes pos[i],
         RoPE position pos[i] + 1 -> normed out [W, hidden]. Writes the MTP KV rows of the first n pairs."""
         head, eps = self.model.mtp, self.cfg.rms_norm_eps
@@ -214,7 +237,8 @@ class FastRows:
         res, xn = rk.add_rmsnorm(
             rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None, layer.input_layernorm.weight, eps
         )
-        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, slot, n, pos, rope_offset=1)
+        b = dict(slots=slots, gs=ids.shape[0])
+        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, n, pos, b, n, rope_offset=1)
         res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
         y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
         return rk.add_rmsnorm(y, res, head.norm.weight, eps)[1]
@@ -224,42 +248,55 @@ class FastRows:
         a: GatedDeltaNet,
         proj,
         state,
-        slot: int,
         n: int,
-        phase: int | None = None,
+        phase: int | None,
+        b: dict,
+        live: int,
         partial: bool = False,
         quant: bool = False,
     ) -> torch.Tensor:
-        mixed, z, b, alpha = proj  # [W, C], [W, Hv*dv], [W, Hv] x2 (or [S, W, .] partials)
-        c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)
-        ck = state.row_ckpt(a.layer_idx) if n > 1 else None  # per-row checkpoints (blocks only)
-        cv = gdn.conv_rows(mixed, c_in[slot], a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out[slot])
+        """b: slots / gs of the groups (see forward); live: the rows the GEMM computes."""
+        mixed, z, beta, alpha = proj  # [M, C], [M, Hv*dv], [M, Hv] x2 (or [S, M, .] partials)
+        c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)  # [S, ...] each
+        # per-row checkpoints: one-slot blocks only
+        ck = state.row_ckpt(a.layer_idx) if n > 1 and b["slots"].numel() == 1 else None
+        cv = gdn.conv_rows(mixed, c_in, a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out, **b)
         o = gdn.gdn_rows(
             cv,
-            b,
+            beta,
             alpha,
             z,
             a.A_log,
             a.dt_bias,
             a.norm.weight,
-            r_in[slot],
+            r_in,
             n,
             nk=a.nk,
             eps=a.norm.eps,
             ckpt=ck and ck[1],
-            S_out=r_out[slot],
+            S_out=r_out,
             quant=quant,
+            **b,
         )
-        return rows_linear(a.out_proj, o, n, partial)
+        return rows_linear(a.out_proj, o, live, partial)
 
     def _attn(
-        self, a: Attention, proj, state, slot: int, n: int, pos, rope_offset: int = 0, partial: bool = False
+        self,
+        a: Attention,
+        proj,
+        state,
+        n: int,
+        pos,
+        b: dict,
+        live: int,
+        rope_offset: int = 0,
+        partial: bool = False,
     ) -> torch.Tensor:
+        """b: slots / gs of the groups (see forward); live: the rows the GEMM computes."""
         qg, k, v = proj
         W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
         qg = qg.view(W, nh, 2 * d)
-        kc, vc = state.kv(a.layer_idx)
-        kc, vc = kc[slot], vc[slot]  # [nkv, L, d]
+        kc, vc = state.kv(a.layer_idx)  # [S, nkv, L, d]
         q = attn.qk_rope_kv(
             qg[..., :d],
             k.view(W, nkv, d),
@@ -274,9 +311,10 @@ class FastRows:
             n,
             a.q_norm.eps,
             rope_offset,
-        )  # KV rows < n written
-        o = attn.attention_rows(q, kc, vc, pos, qg[..., d:], n)  # [W, nh*d], gated
-        return rows_linear(a.o_proj, o, n, partial)
+            **b,
+        )  # KV rows of the live rows written
+        o = attn.attention_rows(q, kc, vc, pos, qg[..., d:], n, **b)  # [W, nh*d], gated
+        return rows_linear(a.o_proj, o, live, partial)
 
 
 def _all_fp8(model: Qwen3_5ForCausalLM, fr: FastRows) -> type | None:

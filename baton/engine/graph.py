@@ -1,16 +1,20 @@
 """CUDA-graph capture of the whole decode step (embedding -> layers -> norm -> head -> argmax ->
-position increment), one graph per (kind, slot, n).
+position increment), one graph per (kind, n), serving every slot: the fused path reads the slot from the
+device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost does not grow with slots.
 
     kind "rows": ModelRunner.compute_rows(slot, n)  — AR step (n=1), verify (n=K+1), re-advance (n=m+1)
     kind "ar":   ModelRunner.compute_ar(slot)       — AR step fed from next_token on the device (n=1)
     kind "ar0", "ar1": ModelRunner.compute_ar(slot, phase) — the ping-pong AR steps (runner pipeline=True)
     kind "mtp":  ModelRunner.compute_mtp(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
+    kind "arb":  BatchedAR.compute(P)                — the batched AR step over a bucket of P rows
+                 (baton/engine/fused_batch.py; runner.enable_batching), captured with every row padding
 
 First-call discipline (so the first served token is bitwise the same as every later one):
     1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
     2. capture into a shared memory pool;
     3. prime with one replay;
     4. roll every slot back to zero (GDN state, scalars, and the KV rows the warm-up wrote).
+One-slot kinds warm up and capture on slot 0.
 Captured graphs read the runner's static buffers (ids_buf, mtp_h, ...) and the HybridState tensors,
 whose addresses never change (import/restore copy into them).
 """
@@ -43,6 +47,7 @@ def _bodies(runner: ModelRunner):
         "ar": lambda slot, n: runner.compute_ar(slot),
         "ar0": lambda slot, n: runner.compute_ar(slot, 0),
         "ar1": lambda slot, n: runner.compute_ar(slot, 1),
+        "arb": lambda slot, n: runner.batched.compute(n),
     }
 
 
@@ -55,6 +60,8 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
         ns.update(ar0=range(1, 2), ar1=range(1, 2))
     if runner.has_mtp:
         ns["mtp"] = range(1, k + 3)
+    if runner.batched is not None:
+        ns["arb"] = runner.batched.buckets
     return ns
 
 
@@ -63,40 +70,41 @@ def capture_all(
     runner: ModelRunner,
     *,
     max_draft: int = 8,
-    slots: list[int] | None = None,
     ns: dict[str, range] | None = None,
     warmup: int = 2,
 ) -> GraphStats:
-    """Captures every (kind, slot, n) graph into runner.graphs; leaves all slots zeroed."""
+    """Captures every (kind, n) graph into runner.graphs; leaves all slots zeroed."""
     if runner.device.type != "cuda":
         raise RuntimeError("capture_all: CUDA graphs need a CUDA device")
     t0 = time.perf_counter()
     ns = ns or default_ns(runner, max_draft)
-    slots = list(range(runner.state.slots)) if slots is None else slots
     bodies = _bodies(runner)
+    slot = 0
     pool = torch.cuda.graph_pool_handle()
     mem0 = torch.cuda.memory_allocated(runner.device)
     stats = GraphStats()
     side = torch.cuda.Stream(device=runner.device)
     for kind, n_range in ns.items():
         body = bodies[kind]
-        for slot in slots:
-            for n in n_range:
-                runner.state.snapshot(slot)
-                side.wait_stream(torch.cuda.current_stream(runner.device))
-                with torch.cuda.stream(side):
-                    for _ in range(warmup):
-                        body(slot, n)
-                        runner.state.restore(slot)
-                torch.cuda.current_stream(runner.device).wait_stream(side)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
+        for n in n_range:
+            runner.select(slot)
+            if kind == "arb":
+                runner.batched.pad(n)  # every row padding: the warm-up and the prime write no slot
+            runner.state.snapshot(slot)
+            side.wait_stream(torch.cuda.current_stream(runner.device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
                     body(slot, n)
-                g.replay()  # prime
-                runner.state.restore(slot)
-                runner.graphs[(kind, slot, n)] = g
-                stats.graphs += 1
-                stats.keys.append((kind, slot, n))
+                    runner.state.restore(slot)
+            torch.cuda.current_stream(runner.device).wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                body(slot, n)
+            g.replay()  # prime
+            runner.state.restore(slot)
+            runner.graphs[(kind, n)] = g
+            stats.graphs += 1
+            stats.keys.append((kind, n))
     for slot in range(runner.state.slots):  # roll back: zero state and every KV row warm-up wrote
         runner.state.reset(slot)
     torch.cuda.synchronize(runner.device)

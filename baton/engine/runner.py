@@ -10,7 +10,7 @@
                             unwanted step can be undone (HybridState.undo_step)
 Three layers of names: compute_rows / compute_ar / compute_mtp are the pure tensor code on static
 buffers (what a CUDA graph captures); replay_rows / replay_mtp run the captured graph of (kind, slot, n)
-if there is one, else that code; rows / ar_step / ar_launch are the host API (tokens in, tokens out).
+if there is one (graphs are keyed (kind, n) and read the slot from the device: `select`), else that code; rows / ar_step / ar_launch are the host API (tokens in, tokens out).
 rows_with_logits is the eager path that also returns logits (tests).
 
 Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.py), which is what
@@ -76,7 +76,10 @@ class ModelRunner:
         self.mtp_start = torch.zeros((), dtype=torch.long, device=dev)  # MTP KV index of row 0
         self.mtp_tok = torch.zeros(W, dtype=torch.long, device=dev)  # [W] MTP drafts
         self.mtp_out = torch.zeros(W, H, dtype=self.dtype, device=dev)  # [W] MTP normed outputs
-        self.graphs: dict[tuple[str, int, int], object] = {}  # (kind, slot, n) -> graph
+        self.graphs: dict[tuple[str, int], object] = {}  # (kind, n) -> graph, for any slot
+        # the slot a one-slot step works on, read on the device by every kernel and index op of the fused
+        # path (so one graph serves every slot); set by `select` before each step, never inside a capture
+        self.slot_buf = torch.zeros(1, dtype=torch.long, device=dev)
         if pipeline:
             self.state.enable_pingpong()
         pin = dev.type == "cuda"
@@ -88,6 +91,19 @@ class ModelRunner:
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
+        self.batched = None  # fused_batch.BatchedAR, made by enable_batching (fused runners)
+
+    def enable_batching(self, max_rows: int | None = None) -> None:
+        """Fused runners: build the bucketed batched AR step (baton/engine/fused_batch.py) for up to
+        max_rows sessions a step (default: every slot)."""
+        from baton.engine.fused_batch import BatchedAR
+
+        if self.fast is not None and self.batched is None:
+            self.batched = BatchedAR(self, max_rows or self.state.slots)
+
+    def select(self, slot: int) -> None:
+        """The slot of the next one-slot step (the device-side slot_buf; no host sync)."""
+        self.slot_buf.fill_(slot)
 
     def check_window(self, prompt_len: int, new_tokens: int, extra_rows: int = 0) -> None:
         need = prompt_len + new_tokens + extra_rows
@@ -145,33 +161,39 @@ class ModelRunner:
         """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
         Returns logits [W, vocab] (tests compare them; graphs ignore them). phase: see ar_launch."""
-        if self.fast is not None:
-            pos = self.state.position[slot] + self.arange_w  # [W] device-side
-            h = self.fast.forward(self.ids_buf, self.state, slot, n, pos, phase)
+        st, sb = self.state, self.slot_buf
+        if self.fast is not None:  # the slot comes from slot_buf (select), on the device
+            pos = st.position[sb] + self.arange_w  # [W]
+            h = self.fast.forward(self.ids_buf, st, sb, n, pos, phase)
+            logits = self.fast.head(h, rows=n)  # [W, vocab]; rows >= n junk
+            st.position.index_copy_(0, sb, st.position[sb] + n)
+            st.hidden.index_copy_(0, sb, h[n - 1 : n])
         else:
-            h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n, phase=phase))
-        logits = self.model.logits(h, rows=n)  # [W, vocab]; rows >= n junk
+            h = self.model(self.ids_buf, st, StepContext(slot=slot, width=self.width, n=n, phase=phase))
+            logits = self.model.logits(h, rows=n)  # [W, vocab]; rows >= n junk
+            st.hidden[slot].copy_(h[n - 1])
         self.tok_out.copy_(logits.argmax(-1))
         self.h_rows.copy_(h)
-        self.state.hidden[slot].copy_(h[n - 1])
         return logits
 
     def compute_ar(self, slot: int, phase: int | None = None) -> None:
         """One AR step fed on the device: next_token[slot] -> rows(n=1) -> next_token[slot] = greedy.
         The host reads tok_out[0] once per token and writes nothing. phase 0 / 1: a ping-pong step
-        (GDN state main -> alt / alt -> main; hidden saved to hidden_prev first)."""
+        (GDN state main -> alt / alt -> main; hidden saved to hidden_prev first). The slot is slot_buf's
+        (select(slot) first; the eager model also takes `slot`)."""
+        st, sb = self.state, self.slot_buf
         self.ids_buf.zero_()
-        self.ids_buf[:1].copy_(self.state.next_token[slot : slot + 1])
+        self.ids_buf[:1].copy_(st.next_token[sb])
         if phase is not None:
-            self.state.hidden_prev[slot].copy_(self.state.hidden[slot])
+            st.hidden_prev.index_copy_(0, sb, st.hidden[sb])
         self.compute_rows(slot, 1, phase)
-        self.state.next_token[slot : slot + 1].copy_(self.tok_out[:1])
+        st.next_token.index_copy_(0, sb, self.tok_out[:1])
 
     def compute_mtp(self, slot: int, n: int) -> None:
         """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
         pos = self.mtp_start + self.arange_w
         if self.fast is not None:
-            out = self.fast.mtp(self.mtp_h, self.mtp_ids, self.state, slot, n, pos)
+            out = self.fast.mtp(self.mtp_h, self.mtp_ids, self.state, self.slot_buf, n, pos)
         else:
             out = self.model.mtp(
                 self.model.model.embed_tokens,
@@ -181,19 +203,25 @@ class ModelRunner:
                 self.state,
                 StepContext(slot=slot, width=self.width, n=n, rope_offset=1),
             )
-        self.mtp_tok.copy_(self.model.logits(out, rows=n).argmax(-1))
+        head = self.fast.head if self.fast is not None else self.model.logits
+        self.mtp_tok.copy_(head(out, rows=n).argmax(-1))
         self.mtp_out.copy_(out)
 
     @torch.inference_mode()
     def replay_rows(self, slot: int, n: int) -> None:
-        g = self.graphs.get(("rows", slot, n))
+        self.select(slot)
+        g = self.graphs.get(("rows", n))
         g.replay() if g is not None else self.compute_rows(slot, n)
 
     def ar_batch(self, slots: list[int]) -> list[int]:
         """One AR step for each slot (distinct slots): consumes each next_token, returns the new ones.
         Each slot's bits are those of ar_step(slot) alone (the step scheduler's step function): eager
-        runners run all slots as one rows_batch; fused CUDA runners, one ar_step per slot for now."""
+        runners run all slots as one rows_batch; fused runners, one bucketed batched step (enable_batching;
+        without it, one ar_step per slot)."""
         if self.fast is not None:
+            if self.batched is not None:
+                m = self.batched.max_rows
+                return [t for i in range(0, len(slots), m) for t in self.batched.step(slots[i : i + m])]
             return [self.ar_step(slot) for slot in slots]
         nxt = self.state.next_token
         toks = [t[0] for t in self.rows_batch([(slot, [int(nxt[slot])]) for slot in slots])]
@@ -204,7 +232,8 @@ class ModelRunner:
     @torch.inference_mode()
     def ar_step(self, slot: int) -> int:
         """Consumes next_token[slot] (window checked by the caller); returns the new next token."""
-        g = self.graphs.get(("ar", slot, 1))
+        self.select(slot)
+        g = self.graphs.get(("ar", 1))
         g.replay() if g is not None else self.compute_ar(slot)
         return int(self.tok_out[0])
 
@@ -213,7 +242,8 @@ class ModelRunner:
         """Enqueues a ping-pong AR step of `phase` (graph ("ar<phase>", slot, 1), else eager) and the
         copy of its token to the host; returns at once on CUDA. Phases alternate 0, 1, 0, ... from the
         main buffers, so at most two steps (one per phase) of a slot are unread."""
-        g = self.graphs.get((f"ar{phase}", slot, 1))
+        self.select(slot)
+        g = self.graphs.get((f"ar{phase}", 1))
         g.replay() if g is not None else self.compute_ar(slot, phase)
         self._tok_host[slot, phase].copy_(self.tok_out[0], non_blocking=True)
         if self._tok_ev is not None:
@@ -227,13 +257,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def replay_mtp(self, slot: int, n: int) -> None:
-        g = self.graphs.get(("mtp", slot, n))
+        self.select(slot)
+        g = self.graphs.get(("mtp", n))
         g.replay() if g is not None else self.compute_mtp(slot, n)
 
     @torch.inference_mode()
     def rows_with_logits(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager rows with logits (tests): ids_w [W] -> (greedy [W], logits [W, vocab])."""
         self.ids_buf.copy_(ids_w)
+        self.select(slot)
         logits = self.compute_rows(slot, n)
         return self.tok_out.clone(), logits
 

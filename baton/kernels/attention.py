@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from baton.kernels.pdl import launch_kw, pdl_enter
+from baton.kernels.gdn import _slot0
 from baton.kernels.rows import _p2
 
 # ---- attention over the KV window ------------------------------------------------------------------
@@ -25,15 +26,27 @@ ATTN_SPLIT = 256
 
 
 @triton.jit
+def _row_slot(slot_ptr, t, n, gs):
+    """Row t of a batched call: (its slot, whether it is live). Group g = t // gs holds rows
+    [g*gs, g*gs + n) of slot slots[g]; slot < 0 is a padding group."""
+    g = t // gs
+    slot = tl.load(slot_ptr + g)
+    return tl.maximum(slot, 0).to(tl.int64), (slot >= 0) & (t - g * gs < n)
+
+
+@triton.jit(do_not_specialize=["n", "gs"])
 def _attn_split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     pos_ptr,
+    slot_ptr,
     acc_ptr,
     ml_ptr,
     L,
     NS,
+    n,
+    gs,
     scale,
     NH: tl.constexpr,
     G: tl.constexpr,
@@ -49,7 +62,10 @@ def _attn_split_kernel(
     s = tl.program_id(2)
     p = tl.load(pos_ptr + t)
     start = s * SPLIT
-    if start <= p:
+    slot, live = _row_slot(slot_ptr, t, n, gs)
+    k_ptr += slot * (tl.num_programs(1) * L * D)  # [S, nkv, L, D]: this row's slot
+    v_ptr += slot * (tl.num_programs(1) * L * D)
+    if live & (start <= p):
         rg = tl.arange(0, GP)
         rd = tl.arange(0, D)
         gm = rg < G
@@ -76,16 +92,18 @@ def _attn_split_kernel(
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=gm)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "gs"])
 def _attn_merge_kernel(
     acc_ptr,
     ml_ptr,
     pos_ptr,
+    slot_ptr,
     gate_ptr,
     sgt,
     sgh,
     o_ptr,
     n,
+    gs,
     NS,
     NH: tl.constexpr,
     D: tl.constexpr,
@@ -96,7 +114,8 @@ def _attn_merge_kernel(
     t = tl.program_id(0)
     h = tl.program_id(1)
     rd = tl.arange(0, D)
-    if t < n:
+    _, live = _row_slot(slot_ptr, t, n, gs)
+    if live:
         npieces = tl.load(pos_ptr + t) // SPLIT + 1
         base = (t * NH + h) * NS
         m = tl.load(ml_ptr + base * 2)
@@ -116,28 +135,45 @@ def _attn_merge_kernel(
 
 
 def attention_rows(
-    q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor, gate: torch.Tensor, n: int
+    q: torch.Tensor,
+    kc: torch.Tensor,
+    vc: torch.Tensor,
+    pos: torch.Tensor,
+    gate: torch.Tensor,
+    n: int,
+    *,
+    slots: torch.Tensor | None = None,
+    gs: int = 0,
 ) -> torch.Tensor:
     """q [W, nh, d] contiguous (normed, rotated); kc, vc [nkv, L, d] (this slot's window, already holding
     the rows being computed); pos [W] int64; gate [W, nh, d] (unit last stride). Returns
-    softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero."""
+    softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero.
+    Batched (slots [G] int64 on the device): kc, vc are [S, nkv, L, d] and row t is row t - g*gs of group
+    g = t // gs, live if that is < n, against slot slots[g] (< 0: padding, the row comes out 0)."""
     W, nh, d = q.shape
-    nkv, L, _ = kc.shape
+    if slots is None:
+        kc, vc, slots, gs, rows = kc[None], vc[None], _slot0(q.device), W, n
+    else:
+        rows = W  # every row may be live
+    nkv, L, _ = kc.shape[1:]
     assert q.is_contiguous() and kc.is_contiguous() and vc.is_contiguous() and gate.stride(2) == 1
     assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
     g = nh // nkv
     ns = triton.cdiv(L, ATTN_SPLIT)
-    acc = torch.empty(n, nh, ns, d, dtype=torch.float32, device=q.device)
-    ml = torch.empty(n, nh, ns, 2, dtype=torch.float32, device=q.device)
-    _attn_split_kernel[(n, nkv, ns)](
+    acc = torch.empty(rows, nh, ns, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(rows, nh, ns, 2, dtype=torch.float32, device=q.device)
+    _attn_split_kernel[(rows, nkv, ns)](
         q,
         kc,
         vc,
         pos,
+        slots,
         acc,
         ml,
         L,
         ns,
+        n,
+        gs,
         d**-0.5,
         NH=nh,
         G=g,
@@ -153,11 +189,13 @@ def attention_rows(
         acc,
         ml,
         pos,
+        slots,
         gate,
         gate.stride(0),
         gate.stride(1),
         o,
         n,
+        gs,
         ns,
         NH=nh,
         D=d,
@@ -186,7 +224,7 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.cons
     return tl.where(rd < RD, xn * c + rot * s, xn)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "gs"])
 def _qk_rope_kv_kernel(
     q_ptr,
     sqt,
@@ -202,11 +240,13 @@ def _qk_rope_kv_kernel(
     cos_ptr,
     sin_ptr,
     pos_ptr,
+    slot_ptr,
     qo_ptr,
     kc_ptr,
     vc_ptr,
     L,
     n,
+    gs,
     eps,
     rope_off,
     NH: tl.constexpr,
@@ -223,11 +263,14 @@ def _qk_rope_kv_kernel(
     if j < NH:
         y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
         tl.store(qo_ptr + (t * NH + j) * D + rd, y.to(qo_ptr.dtype.element_ty))
-    elif t < n:
-        hk = j - NH
-        y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
-        tl.store(kc_ptr + (hk * L + p) * D + rd, y.to(kc_ptr.dtype.element_ty))
-        tl.store(vc_ptr + (hk * L + p) * D + rd, tl.load(v_ptr + t * svt + hk * svh + rd))
+    else:
+        slot, live = _row_slot(slot_ptr, t, n, gs)
+        if live:
+            hk = j - NH
+            kv = (slot * (tl.num_programs(1) - NH) + hk) * L + p  # [S, nkv, L, D] row of (slot, hk, p)
+            y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
+            tl.store(kc_ptr + kv * D + rd, y.to(kc_ptr.dtype.element_ty))
+            tl.store(vc_ptr + kv * D + rd, tl.load(v_ptr + t * svt + hk * svh + rd))
 
 
 def qk_rope_kv(
@@ -244,13 +287,20 @@ def qk_rope_kv(
     n: int,
     eps: float,
     rope_offset: int = 0,
+    *,
+    slots: torch.Tensor | None = None,
+    gs: int = 0,
 ) -> torch.Tensor:
     """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables (RoPE position
     = pos[t] + rope_offset; KV index = pos[t]); kc, vc
     [nkv, L, d] this slot's window. Writes normed+rotated k and v of rows < n at pos[t]; returns the
-    normed+rotated q [W, nh, d] contiguous."""
+    normed+rotated q [W, nh, d] contiguous.
+    Batched (slots [G] int64 on the device): kc, vc are [S, nkv, L, d]; the rows of group g = t // gs
+    (live while t - g*gs < n) write into slot slots[g] (< 0: padding, nothing written), as attention_rows."""
     W, nh, d = q.shape
-    nkv, L = kc.shape[0], kc.shape[1]
+    if slots is None:
+        kc, vc, slots, gs = kc[None], vc[None], _slot0(q.device), W
+    nkv, L = kc.shape[1], kc.shape[2]
     rd = cos.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and cos.is_contiguous()
     assert kc.is_contiguous() and vc.is_contiguous() and d == _p2(d) and rd % 2 == 0
@@ -270,11 +320,13 @@ def qk_rope_kv(
         cos,
         sin,
         pos,
+        slots,
         qo,
         kc,
         vc,
         L,
         n,
+        gs,
         eps,
         rope_offset,
         NH=nh,

@@ -24,18 +24,20 @@ from baton.kernels.rows import _ld, _p2, _store_w8a8
 
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["n", "ckpt"])
+@triton.jit(do_not_specialize=["n", "ckpt", "gs"])
 def _conv_rows_kernel(
     x_ptr,
     sx,
     xp,
     st_ptr,
     so_ptr,
+    slot_ptr,
     w_ptr,
     y_ptr,
     ck_ptr,
     C,
     n,
+    gs,
     ckpt,
     KW: tl.constexpr,
     KP: tl.constexpr,
@@ -44,6 +46,15 @@ def _conv_rows_kernel(
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
+    # group g: rows [g*gs, g*gs + n) against the state of slot slots[g]; a slot < 0 is a padding group
+    g = tl.program_id(1)
+    slot = tl.load(slot_ptr + g)
+    if slot < 0:
+        return
+    st_ptr += slot.to(tl.int64) * (C * (KW - 1))
+    so_ptr += slot.to(tl.int64) * (C * (KW - 1))
+    x_ptr += (g * gs).to(tl.int64) * sx
+    y_ptr += (g * gs).to(tl.int64) * C
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
     j = tl.arange(0, KP)
@@ -97,33 +108,46 @@ def conv_rows(
     n: int,
     ckpt: torch.Tensor | None = None,
     out_state: torch.Tensor | None = None,
+    *,
+    slots: torch.Tensor | None = None,
+    gs: int = 0,
 ) -> torch.Tensor:
     """x [W, C] (row-strided, unit column stride); conv_state [C, KW-1] contiguous, advanced by the
     first n rows in place, or written advanced into out_state (same layout; conv_state is then only
     read); w [C, KW] contiguous; ckpt [W, C, KW-1] (optional): ckpt[t] := the state after row t, t < n.
     Returns silu(conv) [W, C]; rows >= n are left unwritten (nothing reads them: gdn_rows consumes the
     first n rows only). x may be the split-K partials [S, W, C] fp32 (a column slice of them) of the
-    projection GEMM (gemv.linear(partial=True)), taken as their sum rounded to conv_state.dtype."""
+    projection GEMM (gemv.linear(partial=True)), taken as their sum rounded to conv_state.dtype.
+    Batched (slots [G] int64 on the device): conv_state / out_state are [S, C, KW-1], and group g is
+    rows [g*gs, g*gs + n) against slot slots[g] (each group exactly the one-slot call; slots[g] < 0: a
+    padding group, nothing read or written). ckpt is for one group only."""
     parts = x.shape[0] if x.dim() == 3 else 0
     W, C = x.shape[-2:]
     KW = w.shape[1]
     assert x.stride(-1) == 1 and conv_state.is_contiguous() and w.is_contiguous()
+    if slots is None:
+        conv_state = conv_state[None]
+        out_state = None if out_state is None else out_state[None]
+        slots, gs = _slot0(x.device), W
+    assert ckpt is None or slots.numel() == 1
     y = torch.empty(W, C, dtype=conv_state.dtype if parts else x.dtype, device=x.device)
     B = 128
     assert ckpt is None or ckpt.is_contiguous()
     out_state = conv_state if out_state is None else out_state
     assert out_state.is_contiguous() and out_state.shape == conv_state.shape
-    _conv_rows_kernel[(triton.cdiv(C, B),)](
+    _conv_rows_kernel[(triton.cdiv(C, B), slots.numel())](
         x,
         x.stride(-2),
         x.stride(0) if parts else 0,
         conv_state,
         out_state,
+        slots,
         w,
         y,
         ckpt if ckpt is not None else y,
         C,
         n,
+        gs,
         int(ckpt is not None),
         KW=KW,
         KP=_p2(KW),
@@ -140,7 +164,7 @@ def conv_rows(
 # on its own (kv, u, the rank-1 update and o are per column), so a head's 64 KB state is spread over
 # dv / BVS SMs instead of one. Its raw output o (fp32) goes to a second, per-row kernel for the gated
 # RMSNorm over each head's dv columns, which can also quantise for an fp8 out_proj (gemv.QuantX).
-@triton.jit(do_not_specialize=["n", "ckpt"])
+@triton.jit(do_not_specialize=["n", "ckpt", "gs"])
 def _gdn_rows_kernel(
     cv_ptr,
     scv,
@@ -153,9 +177,11 @@ def _gdn_rows_kernel(
     dtb_ptr,
     S_ptr,
     So_ptr,
+    slot_ptr,
     o_ptr,
     ck_ptr,
     n,
+    gs,
     ckpt,
     scale,
     HV: tl.constexpr,
@@ -175,6 +201,20 @@ def _gdn_rows_kernel(
     rv = tl.program_id(1) * BVS + tl.arange(0, BVS)  # this program's dv columns
     mk = rk < DK
     mv = rv < DV
+    # group g: rows [g*gs, g*gs + n) against slot slots[g]; a padding group (slot < 0) writes o = 0
+    g = tl.program_id(2)
+    slot = tl.load(slot_ptr + g)
+    r0 = (g * gs).to(tl.int64)
+    cv_ptr += r0 * scv
+    b_ptr += r0 * sb
+    a_ptr += r0 * sa
+    o_ptr += r0 * (HV * DV)
+    if slot < 0:
+        for t in range(0, n):
+            tl.store(o_ptr + t * (HV * DV) + h * DV + rv, tl.zeros([BVS], tl.float32), mask=mv)
+        return
+    S_ptr += slot.to(tl.int64) * (HV * DK * DV)
+    So_ptr += slot.to(tl.int64) * (HV * DK * DV)
     s_off = h * DK * DV + rk[:, None] * DV + rv[None, :]
     smask = mk[:, None] & mv[None, :]
     S = tl.load(S_ptr + s_off, mask=smask, other=0.0)  # [BK, BVS] fp32
@@ -260,17 +300,31 @@ def gdn_rows(
     ckpt: torch.Tensor | None = None,
     S_out: torch.Tensor | None = None,
     quant: bool = False,
+    slots: torch.Tensor | None = None,
+    gs: int = 0,
 ):
     """cv [W, 2*nk*dk + Hv*dv] conv output (q | k | v); b, a [W, Hv] projections (row-strided);
     z [W, Hv*dv]; S [Hv, dk, dv] fp32, advanced in place by the first n rows (or written advanced into
     S_out, same layout, S only read); ckpt [W, Hv, dk, dv] fp32 (optional): ckpt[t] := S after row t.
     Returns the gated-normed output [W, Hv*dv] in cv.dtype (rows >= n are zero), or with quant=True (and
     Hv, dv powers of two) a gemv.QuantX of it (columns in groups of 128) for an fp8 out_proj.
-    b, a, z may be column slices [S, W, .] of the projection GEMM's split-K partials (as conv_rows' x)."""
+    b, a, z may be column slices [S, W, .] of the projection GEMM's split-K partials (as conv_rows' x).
+    Batched (slots [G] int64 on the device, as conv_rows): S / S_out are [S, Hv, dk, dv], group g is rows
+    [g*gs, g*gs + n) against slot slots[g] (n == gs: the groups tile the rows); a padding group's rows come
+    out 0. With G > 1 every row is a group's row, so the gated norm runs on all G*gs of them."""
     parts = z.shape[0] if z.dim() == 3 else 0
     assert (b.dim() == 3) == (a.dim() == 3) == (parts > 0) and (not parts or b.stride(0) == a.stride(0) == z.stride(0))
     W = cv.shape[0]
-    Hv, dk, dv = S.shape
+    norm_rows = n
+    if slots is None:
+        S = S[None]
+        S_out = None if S_out is None else S_out[None]
+        slots, gs = _slot0(cv.device), W
+    elif slots.numel() > 1:
+        assert n == gs and slots.numel() * gs <= W, (n, gs, slots.numel(), W)
+        norm_rows = slots.numel() * gs  # every row of every group (padding groups' rows are 0)
+    assert ckpt is None or slots.numel() == 1
+    Hv, dk, dv = S.shape[1:]
     assert S.is_contiguous() and S.dtype == torch.float32
     assert cv.stride(1) == 1 and b.stride(-1) == 1 and a.stride(-1) == 1 and z.stride(-1) == 1
     assert ckpt is None or (ckpt.is_contiguous() and ckpt.dtype == torch.float32)
@@ -279,7 +333,7 @@ def gdn_rows(
     o = torch.empty(W, Hv * dv, dtype=torch.float32, device=cv.device)  # raw delta-rule output, rows < n
     BV = _p2(dv)
     BVS = min(BV, GDN_SLICE)
-    _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS))](
+    _gdn_rows_kernel[(Hv, triton.cdiv(dv, BVS), slots.numel())](
         cv,
         cv.stride(0),
         b,
@@ -291,9 +345,11 @@ def gdn_rows(
         dt_bias,
         S,
         S_out,
+        slots,
         o,
         ckpt if ckpt is not None else S,
         n,
+        gs,
         int(ckpt is not None),
         dk**-0.5,
         HV=Hv,
@@ -324,7 +380,7 @@ def gdn_rows(
         norm_w,
         y,
         sc,
-        n,
+        norm_rows,
         eps,
         HV=Hv,
         DV=dv,
@@ -337,6 +393,18 @@ def gdn_rows(
         **launch_kw(cv.device),
     )
     return gemv.QuantX(y, sc, cv.dtype) if quant else y
+
+
+_SLOT0: dict[str, torch.Tensor] = {}
+
+
+def _slot0(device: torch.device) -> torch.Tensor:
+    """[1] int64 zero on `device`: the one-slot calls are the batched kernels' group 0 on slot 0 (one
+    binary for both). Cached; allocated at the first (warm-up) call, never during a capture."""
+    key = str(device)
+    if key not in _SLOT0:
+        _SLOT0[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _SLOT0[key]
 
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}

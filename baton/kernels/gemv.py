@@ -1,4 +1,5 @@
-"""Skinny GEMM for decode rows (Triton): y[M, N] = x[M, K] @ W[N, K]^T (* scale[N]), M <= 16 in decode.
+"""Skinny GEMM for decode rows (Triton): y[M, N] = x[M, K] @ W[N, K]^T (* scale[N]), M <= 16 rows of one
+session, or M <= 128 rows of a batch of sessions.
 
 Two weight kinds, one kernel:
     bf16 W            acc += W_tile @ x_tile^T                     (the bf16 / exact engines' rows GEMMs)
@@ -21,8 +22,9 @@ NOTE (determinism): data is summed in fixed orders only; the config is a pure fu
 (M-bucket, N, K, weight kind, SM count). Bitwise repeatable.
 NOTE (row invariance): `rows` (<= M, a runtime int) rows are valid; x rows >= rows are not read and
 y rows >= rows are written as 0. Output row m depends on x row m only (the MMA's output column m;
-fp8: its own group scales), and every M <= 16 shares one config, so row m is bitwise independent of
-the other rows and of M, rows in 1..16.
+fp8: its own group scales), and every M shares one config but for BLOCK_M (16 up to M = 16, then up to
+BATCH_BLOCK_M rows on the MMA's N side: the same K order and split for every column), so row m is
+bitwise independent of the other rows and of M (batch invariance: tests/engine/test_gpu_batch.py).
 NOTE (CUDA graphs): no host syncs. Partials and counters are cached per device, shared by every call
 (stream-ordered work only: one stream / one graph at a time), allocated at the first call (warm-up)
 and never freed (a captured graph may hold them). Counters are back at 0 after every call.
@@ -221,17 +223,18 @@ def pick_config(
 ) -> Config:
     """Tile config from (M-bucket, N, K, weight kind, SM count): the TUNED entry, else a heuristic that
     splits K until >= programs_per_sm programs per SM. The overrides are for sweeps."""
-    block_m = 16 if M <= 16 else min(64, _pow2(M))  # every M <= 16 shares one config (row invariance)
-    tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if M <= 16 and sms >= 132 else None
+    # batch invariance: everything but BLOCK_M is the M <= 16 config, so the K order of every row is the
+    # same for every M; BLOCK_M only sets how many rows share a weight tile (the MMA's N side)
+    block_m = 16 if M <= 16 else min(BATCH_BLOCK_M, _pow2(M))
+    tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if sms >= 132 else None
     if tuned and block_n is block_k is split is num_warps is num_stages is None:
         block_n, block_k, split, num_warps, num_stages = tuned
-    m_tiles = triton.cdiv(M, block_m)
     bk = block_k or 128
     assert not fp8 or bk % FP8_GROUP == 0, "fp8: block_k is a whole number of quantisation groups"
     bn = block_n or 64
     k_iters = triton.cdiv(K, bk)
     if split is None:
-        tiles = m_tiles * triton.cdiv(N, bn)
+        tiles = triton.cdiv(N, bn)  # of one 16-row tile: the split does not depend on M
         split = 1
         while tiles * split < programs_per_sm * sms and split * 2 <= k_iters:
             split *= 2
@@ -241,6 +244,7 @@ def pick_config(
     return Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages or 4)
 
 
+BATCH_BLOCK_M = 64  # the widest row tile (M > 16); the MMA's N side, which leaves each column's sum alone
 _SMS: dict[int, int] = {}
 _PARTIALS: dict[str, torch.Tensor] = {}
 _LOCKS: dict[str, torch.Tensor] = {}

@@ -171,3 +171,34 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     B = min(2048, _p2(I))
     _silu_mul_kernel[(W, triton.cdiv(I, B))](gu, y, I, gu.stride(0), BLOCK=B, num_warps=4, **launch_kw(gu.device))
     return y
+
+
+# ---- batched AR: commit each live row's step into its slot -------------------------------------------
+@triton.jit
+def _ar_commit_kernel(slot_ptr, tok_ptr, h_ptr, nt_ptr, pos_ptr, hid_ptr, H, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        s = slot.to(tl.int64)
+        tl.store(nt_ptr + s, tl.load(tok_ptr + t))
+        tl.store(pos_ptr + s, tl.load(pos_ptr + s) + 1)
+        for c in range(0, H, BLOCK):
+            offs = c + tl.arange(0, BLOCK)
+            m = offs < H
+            tl.store(hid_ptr + s * H + offs, tl.load(h_ptr + t * H + offs, mask=m), mask=m)
+
+
+def ar_commit(
+    slots: torch.Tensor,
+    tok: torch.Tensor,
+    h: torch.Tensor,
+    next_token: torch.Tensor,
+    position: torch.Tensor,
+    hidden: torch.Tensor,
+) -> None:
+    """After a batched AR step of P rows: for every row t with slots[t] >= 0 (padding rows: < 0, skipped),
+    next_token[slot] = tok[t], position[slot] += 1, hidden[slot] = h[t]. slots, tok [P] int64; h [P, H]
+    contiguous; next_token, position [S] int64; hidden [S, H] (distinct live slots)."""
+    P, H = h.shape
+    assert h.is_contiguous() and hidden.is_contiguous() and h.dtype == hidden.dtype
+    _ar_commit_kernel[(P,)](slots, tok, h, next_token, position, hidden, H, BLOCK=1024, num_warps=4)

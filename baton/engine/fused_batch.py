@@ -1,0 +1,91 @@
+"""BatchedAR: one AR step for many sessions of a fused (CUDA) runner, in one captured graph per bucket.
+
+    step(slots)   -> each slot's new token: consumes next_token[slot] of every slot, sets the new one,
+                     advances position, stores hidden; each slot bitwise as ModelRunner.ar_step(slot)
+    compute(P)    the tensor code of a bucket of P rows (what graph.capture_all captures as ("arb", P))
+
+A step of B sessions runs in the smallest bucket P >= B (BUCKETS); rows B..P-1 are padding rows, whose
+slot is -1. The slot of every row is a device input (`slots`), so one graph per bucket serves any set of
+sessions, and capture cost does not grow with the slot count.
+
+Why a row's bits do not depend on the batch (docs/CONTRACTS.md, "Batch invariance"):
+  * the GEMMs (gemv.linear) run one config for every M, but for how many rows share a weight tile: the
+    K order and split of each row are those of the one-slot step, and no row reads another's inputs;
+  * the norms, RoPE, gates and the argmax are per row;
+  * the GDN conv and delta rule run per (slot, head): a row reads and writes only its slot's state;
+  * the attention of a row reduces over its own slot's keys in fixed 256-key pieces (attention_rows).
+The kernels are the very binaries of the one-slot step (a one-slot step is group 0 of the same kernels),
+and padding rows read no slot state and write nothing: the GDN and attention kernels skip them.
+
+Lifecycle: built by ModelRunner.enable_batching (its buffers are allocated once and never replaced, so
+captured graphs stay valid); used under the engine's compute lock by the step scheduler
+(ModelRunner.ar_batch). The caller checks each session's window.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from baton.kernels import rows as rk
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def bucket(b: int) -> int:
+    """The smallest bucket >= b rows."""
+    for p in BUCKETS:
+        if p >= b:
+            return p
+    raise ValueError(f"a batched step holds at most {BUCKETS[-1]} rows, got {b}")
+
+
+class BatchedAR:
+    def __init__(self, runner, max_rows: int):
+        self.runner = runner
+        self.max_rows = min(max_rows, BUCKETS[-1])
+        top = bucket(self.max_rows)
+        self.buckets = [p for p in BUCKETS if p <= top]
+        dev, H = runner.device, runner.cfg.hidden_size
+        self.slots = torch.full((top,), -1, dtype=torch.long, device=dev)  # [P] row -> slot, -1 = padding
+        self.tok = torch.zeros(top, dtype=torch.long, device=dev)  # [P] each row's greedy next token
+        self.h = torch.zeros(top, H, dtype=runner.dtype, device=dev)  # [P] final-normed hidden rows
+        pin = dev.type == "cuda"
+        self._host_slots = torch.full((top,), -1, dtype=torch.long, pin_memory=pin)
+        self._host_tok = torch.zeros(top, dtype=torch.long, pin_memory=pin)
+
+    def pad(self, p: int) -> None:
+        """Every row of the first p padding (capture: a warm-up that writes no slot)."""
+        self.slots[:p].fill_(-1)
+
+    def compute(self, p: int) -> None:
+        """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit)."""
+        r = self.runner
+        st, fast = r.state, r.fast
+        idx = self.slots[:p]
+        safe = idx.clamp(min=0)  # padding rows read slot 0's token and position, and write nothing
+        ids = st.next_token[safe]  # [P]
+        pos = st.position[safe]  # [P]
+        h = fast.forward(ids, st, idx, 1, pos, None, gs=1)  # [P, hidden]
+        tok = fast.head(h, rows=p).argmax(-1)  # [P]
+        self.tok[:p].copy_(tok)
+        self.h[:p].copy_(h)
+        rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)
+
+    @torch.inference_mode()
+    def step(self, slots: list[int]) -> list[int]:
+        b = len(slots)
+        if not 1 <= b <= self.max_rows:
+            raise ValueError(f"a batched step of {b} sessions (1..{self.max_rows})")
+        if len(set(slots)) != b:
+            raise ValueError(f"a batched step needs distinct slots, got {slots}")
+        p = bucket(b)
+        hs = self._host_slots
+        hs[:b] = torch.tensor(slots, dtype=torch.long)
+        hs[b:p] = -1
+        self.slots[:p].copy_(hs[:p], non_blocking=True)
+        g = self.runner.graphs.get(("arb", p))
+        g.replay() if g is not None else self.compute(p)
+        self._host_tok[:b].copy_(self.tok[:b], non_blocking=True)
+        if self.runner.device.type == "cuda":
+            torch.cuda.current_stream(self.runner.device).synchronize()
+        return self._host_tok[:b].tolist()
