@@ -8,7 +8,8 @@ live (the first chunk arrives while the decode worker still holds the session); 
 error and the next request is served; a hypothesis fuzz gets only 200 / 400 / 413 / 429; 16 concurrent
 streaming clients (BATON_HTTP_LOAD_CLIENTS=64 for the full size) get only 200 / 429 and lose nothing.
 In process, routers without workers (no model compute): 401 on every path but /health, 429 / 503 mapping,
-a large body fuzz, TLS, chat templates (the embedded one, a Qwen3.5 one in tests/data), and the lazy import.
+a large body fuzz, TLS, chat templates (the embedded one, and Qwen3.5's published one in tests/router/data),
+and the lazy import.
 """
 
 import json
@@ -528,32 +529,224 @@ def _limits(tok, template):
     return Limits(MODEL, 4096, 16, tok, template)
 
 
-def test_qwen35_template_renders_and_feeds_the_prompt(tok, tmp_path):
-    from router.http.chat import ChatTemplate, ChatTemplateError
-    from router.http.schemas import parse_chat
+# The published Qwen3.5 template, byte for byte (provenance: tests/router/data/README.md). The expected
+# strings below are written from the template's logic, not copied from a render.
+QWEN35_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
+QWEN35_TOOLS_INSTRUCTIONS = (
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n"
+    "- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested "
+    "within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n"
+    "- You may provide optional reasoning for your function call in natural language BEFORE the function call, "
+    "but NOT after\n"
+    "- If there is no function call available, answer the question like normal with your current knowledge and do "
+    "not tell the user about function calls\n"
+    "</IMPORTANT>"
+)
 
-    (tmp_path / "tokenizer_config.json").write_text(
-        json.dumps({"chat_template": QWEN35_TEMPLATE.read_text(), "eos_token": "<|im_end|>", "bos_token": None})
-    )
-    t = ChatTemplate.from_dir(tmp_path)
+
+@pytest.fixture(scope="module", params=["chat_template.jinja", "tokenizer_config.json"])
+def qwen35(request, tmp_path_factory):
+    """The Qwen3.5 template as a model directory ships it: chat_template.jinja, or tokenizer_config.json's."""
+    from router.http.chat import ChatTemplate
+
+    d = tmp_path_factory.mktemp("qwen35")
+    source = QWEN35_TEMPLATE.read_bytes().decode("utf-8")
+    cfg = {"eos_token": "<|im_end|>", "bos_token": None}
+    if request.param == "chat_template.jinja":
+        (d / "chat_template.jinja").write_text(source, encoding="utf-8")
+    else:
+        cfg["chat_template"] = source
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    t = ChatTemplate.from_dir(d)
+    assert t.source == source
+    return t
+
+
+def test_qwen35_fixture_is_the_published_text():
+    import hashlib
+
+    data = QWEN35_TEMPLATE.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == QWEN35_SHA256, "the fixture must stay the published bytes"
+    assert data.startswith(b"{%- set image_count = namespace(value=0) %}\n") and data.endswith(b"{%- endif %}")
+
+
+def test_qwen35_generation_prompt_and_enable_thinking(qwen35):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    assert t.render(msgs) == head + "<think>\n"
-    assert t.render(msgs, kwargs={"enable_thinking": False}) == head + "<think>\n\n</think>\n\n"
-    assert t.render(msgs, add_generation_prompt=False) == head.removesuffix("<|im_start|>assistant\n")
-    turns = msgs + [
-        {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello!"},
+    assert qwen35.render(msgs) == head + "<think>\n"  # enable_thinking undefined: thinking on
+    assert qwen35.render(msgs, kwargs={"enable_thinking": True}) == head + "<think>\n"
+    assert qwen35.render(msgs, kwargs={"enable_thinking": False}) == head + "<think>\n\n</think>\n\n"
+    assert qwen35.render(msgs, add_generation_prompt=False) == head.removesuffix("<|im_start|>assistant\n")
+    # no system message: none is invented; content is trimmed; text parts are joined by the template
+    parts = [{"role": "user", "content": [{"type": "text", "text": " Hi "}, {"type": "text", "text": "there"}]}]
+    assert qwen35.render(parts) == "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n<think>\n"
+
+
+def test_qwen35_multi_turn_keeps_reasoning_only_after_the_last_user_query(qwen35):
+    turns = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello!"},  # reasoning inline, in content
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "\n  add them  \n"},  # reasoning as a field
         {"role": "user", "content": "Bye"},
     ]
-    assert "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye" in t.render(turns)  # old thinking dropped
-    with pytest.raises(ChatTemplateError, match="No user query"):
-        t.render([{"role": "system", "content": "x"}])
-    body = {"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}, "max_tokens": 5}
-    job = parse_chat(body, _limits(tok, t))
-    assert list(job.requests[0].token_ids.ids) == tok.encode(head + "<think>\n\n</think>\n\n")
+    assert qwen35.render(turns, kwargs={"enable_thinking": False}) == (
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n"  # before the last user query: the thinking is dropped
+        "<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n4<|im_end|>\n"
+        "<|im_start|>user\nBye<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    # after the last user query (an agent's tool loop) the reasoning is kept, trimmed, in a <think> block
+    loop = turns[:3] + [
+        {"role": "assistant", "content": "Let me check.", "reasoning_content": "\n  add them  \n"},
+        {"role": "tool", "content": "4", "tool_call_id": "c1"},
+    ]
+    assert qwen35.render(loop, add_generation_prompt=False).endswith(
+        "<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nadd them\n</think>\n\nLet me check.<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n"
+    )
+
+
+def test_qwen35_tools_tool_calls_and_tool_responses(qwen35):
+    """The template's tool syntax (tojson, |items, |safe, loop.previtem / nextitem). The HTTP API still refuses
+    `tools` and `tool_calls` (400), so this is the renderer's own test."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city, e.g. Zürich",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    call2 = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome", "days": [1, 2]}}}
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "reasoning_content": "Two calls.",
+            "tool_calls": [call, call2],
+        },
+        {"role": "tool", "content": "Paris: 18C"},
+        {"role": "tool", "content": "Rome: 24C"},
+    ]
+    tool_json = (
+        '{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city, '
+        'e.g. Zürich", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, '
+        '"required": ["city"]}}}'
+    )
+    system = (
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+        + tool_json
+        + "\n</tools>"
+        + QWEN35_TOOLS_INSTRUCTIONS
+        + "\n\nBe brief.<|im_end|>\n"
+    )
+    calls = (
+        "\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+        "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+        "<parameter=days>\n[1, 2]\n</parameter>\n</function>\n</tool_call>"
+    )
+    assert qwen35.render(msgs, tools=[tool]) == (
+        system
+        + "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n"
+        + "<|im_start|>assistant\n<think>\nTwo calls.\n</think>\n\nLet me check."
+        + calls
+        + "<|im_end|>\n"
+        + "<|im_start|>user\n<tool_response>\nParis: 18C\n</tool_response>"
+        + "\n<tool_response>\nRome: 24C\n</tool_response><|im_end|>\n"
+        + "<|im_start|>assistant\n<think>\n"
+    )
+    # without a system message the tools block stands alone; an assistant call with no text has no blank line
+    bare = [msgs[1], {"role": "assistant", "content": None, "tool_calls": [call]}, msgs[3]]
+    assert qwen35.render(bare, tools=[tool], add_generation_prompt=False) == (
+        system.removesuffix("\n\nBe brief.<|im_end|>\n")
+        + "<|im_end|>\n<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n"
+        + "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n"
+        + "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+        + "<|im_start|>user\n<tool_response>\nParis: 18C\n</tool_response><|im_end|>\n"
+    )
+
+
+def test_qwen35_template_refusals(qwen35):
+    from router.http.chat import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="No user query found in messages"):
+        qwen35.render([{"role": "system", "content": "x"}])
+    with pytest.raises(ChatTemplateError, match="No user query found in messages"):  # only tool responses
+        qwen35.render([{"role": "user", "content": "<tool_response>\n1\n</tool_response>"}])
+    with pytest.raises(ChatTemplateError, match="System message must be at the beginning"):
+        qwen35.render([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
+    with pytest.raises(ChatTemplateError, match="Unexpected message role"):
+        qwen35.render([{"role": "developer", "content": "a"}, {"role": "user", "content": "b"}])
+    with pytest.raises(ChatTemplateError, match="No messages provided"):
+        qwen35.render([])
+
+
+def test_qwen35_template_feeds_the_prompt(tok, qwen35):
+    from router.http.schemas import parse_chat
+
+    body = {
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "Calling.", "reasoning_content": "need the tool"},
+            {"role": "tool", "content": "18C", "tool_call_id": "c1"},
+        ],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "max_tokens": 5,
+    }
+    text = (
+        "<|im_start|>user\nWeather?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nneed the tool\n</think>\n\nCalling.<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    job = parse_chat(body, _limits(tok, qwen35))
+    assert list(job.requests[0].token_ids.ids) == tok.encode(text)
     assert job.requests[0].max_new_tokens == 5
     with pytest.raises(Exception, match="messages: No user query"):
-        parse_chat({"messages": [{"role": "system", "content": "x"}]}, _limits(tok, t))
+        parse_chat({"messages": [{"role": "system", "content": "x"}]}, _limits(tok, qwen35))
+    with pytest.raises(Exception, match="messages: Unexpected message role"):  # the API accepts developer; Qwen3.5 not
+        dev = [{"role": "developer", "content": "x"}, {"role": "user", "content": "y"}]
+        parse_chat({"messages": dev}, _limits(tok, qwen35))
+
+
+def test_qwen35_renders_as_transformers_does(qwen35):
+    """Where HF transformers is installed (it is not a test dependency): its renderer gives the same text."""
+    chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    call = {"type": "function", "function": {"name": "f", "arguments": {"x": "é", "y": {"z": [1, "2"]}}}}
+    cases = [
+        ([{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}], None, {}),
+        ([{"role": "user", "content": "Hi"}], None, {"enable_thinking": False}),
+        (
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "<think>r</think>b"},
+                {"role": "user", "content": "c"},
+                {"role": "assistant", "content": "", "reasoning_content": " r2 ", "tool_calls": [call, call]},
+                {"role": "tool", "content": "t1"},
+                {"role": "tool", "content": "t2"},
+            ],
+            [tool],
+            {"enable_thinking": True},
+        ),
+    ]
+    for messages, tools, kwargs in cases:
+        for gen in (True, False):
+            (want,), _ = chat_template_utils.render_jinja_template(
+                [messages], tools=tools, chat_template=qwen35.source, add_generation_prompt=gen, **kwargs
+            )
+            assert qwen35.render(messages, tools=tools, add_generation_prompt=gen, kwargs=kwargs) == want
 
 
 def test_template_sources_sandbox_and_a_model_without_one(tok, tmp_path):
