@@ -82,7 +82,7 @@ def graph_ms(r: ModelRunner, reps: int = 50) -> dict:
     synced_ms: replay + read the token each step, as the AR loop does; launch_us: host time of
     one replay() call."""
     graph.capture_all(r, ns={"rows": range(1, 2)})
-    g = r.graphs[("rows", 0, 1)]
+    g = r.graphs[("rows", 1)]
     times, synced, launch = [], [], []
     for _ in range(5):
         r.state.snapshot(0)

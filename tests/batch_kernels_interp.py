@@ -60,7 +60,11 @@ def attn_case(slots: list[int], gs: int, seed: int) -> dict:
     kc0, vc0 = torch.randn(S, nkv, L, d, generator=g), torch.randn(S, nkv, L, d, generator=g)
     base = torch.randint(0, L - gs, (len(slots),), generator=g)  # each group's first position
     pos = (base[:, None] + torch.arange(gs)[None, :]).reshape(P)
-    q, k, v = torch.randn(P, nh, d, generator=g), torch.randn(P, nkv, d, generator=g), torch.randn(P, nkv, d, generator=g)
+    q, k, v = (
+        torch.randn(P, nh, d, generator=g),
+        torch.randn(P, nkv, d, generator=g),
+        torch.randn(P, nkv, d, generator=g),
+    )
     gate = torch.randn(P, nh, d, generator=g)
     wq, wk = torch.randn(d, generator=g) * 0.1, torch.randn(d, generator=g) * 0.1
     cos, sin = torch.randn(L + 1, rd, generator=g), torch.randn(L + 1, rd, generator=g)

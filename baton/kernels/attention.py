@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from baton.kernels.pdl import launch_kw, pdl_enter
 from baton.kernels.gdn import _slot0
+from baton.kernels.pdl import launch_kw, pdl_enter
 from baton.kernels.rows import _p2
 
 # ---- attention over the KV window ------------------------------------------------------------------
