@@ -31,6 +31,7 @@ from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_rep
 from baton.handoff.slot_fill import SlotFill
 
 ENGINES = ("bf16", "fp8", "mtp")
+RUN_AHEAD = 2  # tokens a released-at-end batched decode may be computed ahead of its reader
 
 
 @dataclass
@@ -163,8 +164,13 @@ class DecodeEngine:
         return self._table.publish(id(runner), sid, s)
 
     # ---- fast mode -----------------------------------------------------------------------------
-    def decode(self, session_id: str, max_new_tokens: int, *, stop_ids=(), eos_ids=(), k: int = 4):
-        """Yields lists of new tokens (after the state's next_token) until a stop condition."""
+    def decode(
+        self, session_id: str, max_new_tokens: int, *, stop_ids=(), eos_ids=(), k: int = 4, run_ahead: bool = False
+    ):
+        """Yields lists of new tokens (after the state's next_token) until a stop condition.
+        run_ahead: the session is released when the caller stops (Decode release_at_end), so batched
+        steps may run up to RUN_AHEAD tokens ahead of the caller (StepScheduler `ahead`); else the
+        state is always exactly that of the tokens yielded."""
         s = self.get(session_id)
         r = s.runner
         pos = int(r.state.position[s.slot])
@@ -173,7 +179,7 @@ class DecodeEngine:
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
         if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
-            yield from self._ar_batched(s, max_new_tokens, ends)
+            yield from self._ar_batched(s, max_new_tokens, ends, RUN_AHEAD if run_ahead else 0)
             return
         if s.engine != "mtp" and r.state.pingpong:
             yield from self._ar_pipelined(s, max_new_tokens, ends)
@@ -230,16 +236,16 @@ class DecodeEngine:
                 else:
                     r.state.settle(slot, kept)
 
-    def _ar_batched(self, s: DecodeSession, max_new_tokens: int, ends: set):
+    def _ar_batched(self, s: DecodeSession, max_new_tokens: int, ends: set, ahead: int = 0):
         """bf16 / fp8 AR through the step scheduler: this session's steps run together with every other
-        session's (one ModelRunner.ar_batch per step and runner); the state is always that of the tokens
-        yielded, as in the plain loop."""
+        session's (one ModelRunner.ar_batch per step and runner); with ahead = 0 the state is always that
+        of the tokens yielded, as in the plain loop, else up to `ahead` tokens past them."""
         if max_new_tokens <= 0:
             return
         with self._compute:  # the scheduler is started once, under the lock its steps take
             if self._scheduler is None:
                 self._scheduler = StepScheduler(lambda r, slots: r.ar_batch(slots), self._compute)
-        job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends)
+        job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
             while (tok := job.next()) is not None:
                 s.last_used = time.monotonic()

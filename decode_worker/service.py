@@ -188,7 +188,9 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 stop = set(self._ids("stop_token_ids", request.stop_token_ids))
                 eos = set() if request.ignore_eos else set(self.eos_ids)
                 rounds0, emitted0 = s.rounds, s.emitted_in_rounds
-                gen = self.engine.decode(sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k)
+                gen = self.engine.decode(
+                    sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k, run_ahead=request.release_at_end
+                )
                 produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
                 try:
                     with window_field("max_new_tokens"):  # the first next() checks the window

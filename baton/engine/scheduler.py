@@ -1,21 +1,27 @@
 """StepScheduler: one thread runs the AR steps of every joined session, together, one step at a time.
 
 Lifecycle of a job (one Decode call of one bf16 / fp8 session):
-    join(runner, slot, max_new_tokens, ends) -> Job    registered; takes part from the next step on
-    Job.next() -> int | None    asks for the next token and blocks until a step produced it; None once
-                                the job is done (max_new_tokens reached, or the last token was an end)
+    join(runner, slot, max_new_tokens, ends, ahead=0) -> Job    registered; steps from the next step on
+    Job.next() -> int | None    the next token: from the job's queue, else blocks until a step made one;
+                                None once the job is done (max_new_tokens reached, or the last token was
+                                an end) and its queue is drained
     Job.close()                 leaves at the next step boundary (the consumer stopped early)
-A step: every job that is asking, grouped by runner; each group is one `step(runner, slots)` call under
+A step: every job that wants a token, grouped by runner; each group is one `step(runner, slots)` call under
 the engine's compute lock, which feeds every slot its pending token and sets the slot's next one
-(ModelRunner.ar_batch). A job is in a step only while its consumer asks, so a session's state is always
-exactly that of the tokens its consumer was given: nothing runs ahead, nothing is undone.
-Gathering: a step starts once every job is asking, or `gather_s` after the first one asked, so the
+(ModelRunner.ar_batch). The new token goes to the job's queue.
+A job wants a token while it is not done and either its consumer is asking (ahead = 0: the session's
+state is always exactly that of the tokens its consumer was given) or its queue holds fewer than `ahead`
+tokens (ahead > 0: steps run back to back, without waiting for the consumers; a consumer that stops
+early leaves the state up to `ahead` tokens past what it read, so only a session that is released at
+the end of its call may run ahead).
+Gathering: a step starts once every job wants a token, or `gather_s` after the first one did, so the
 consumers that just got a token join the same next step instead of one step each.
 Batch invariance is the step function's: ar_batch gives each slot the bits it would get alone.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,23 +35,35 @@ class Job:
     max_new_tokens: int
     ends: frozenset
     _sched: StepScheduler
+    ahead: int = 0
     produced: int = 0
     done: bool = False
     asking: bool = False
-    token: int | None = None
     error: BaseException | None = None
+    queue: collections.deque = field(default_factory=collections.deque)
     _ready: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def wants(self) -> bool:
+        """Takes part in the next step (read under the scheduler's lock)."""
+        return not self.done and (self.asking or len(self.queue) < self.ahead)
+
     def next(self) -> int | None:
-        """The job's next token (blocks for one step), or None once it is done."""
-        if self.done:
-            return None
-        self._ready.clear()
-        self._sched._ask(self)
-        self._ready.wait()
-        if self.error is not None:
-            raise self.error
-        return self.token
+        """The job's next token (blocks for a step when none is queued), or None once it is done."""
+        while True:
+            with self._sched._cv:
+                if self.queue:
+                    tok = self.queue.popleft()
+                    if self.ahead:
+                        self._sched._cv.notify_all()  # room in the queue
+                    return tok
+                if self.error is not None:
+                    raise self.error
+                if self.done:
+                    return None
+                self._ready.clear()
+                self._sched._ask(self)
+            self._ready.wait()
 
     def close(self) -> None:
         self._sched._leave(self)
@@ -70,16 +88,17 @@ class StepScheduler:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def join(self, runner, slot: int, max_new_tokens: int, ends) -> Job:
+    def join(self, runner, slot: int, max_new_tokens: int, ends, ahead: int = 0) -> Job:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens: must be >= 1")
-        job = Job(runner, slot, max_new_tokens, frozenset(ends), self)
+        job = Job(runner, slot, max_new_tokens, frozenset(ends), self, ahead=max(0, ahead))
         with self._cv:
             if self._stopped:
                 raise RuntimeError("the step scheduler is stopped")
             if any(j.slot == slot and j.runner is runner for j in self._jobs):
                 raise RuntimeError(f"slot {slot} already has a running decode")
             self._jobs.append(job)
+            self._cv.notify_all()  # a run-ahead job wants a token at once
         return job
 
     def close(self) -> None:
@@ -91,13 +110,13 @@ class StepScheduler:
 
     # ---- consumer side ----------------------------------------------------------------------------
     def _ask(self, job: Job) -> None:
-        with self._cv:
-            if self._stopped:
-                job.error = RuntimeError("the step scheduler is stopped")
-                job._ready.set()
-                return
-            job.asking = True
-            self._cv.notify_all()
+        """Under self._cv: the consumer of `job` waits for its next token."""
+        if self._stopped:
+            job.error = RuntimeError("the step scheduler is stopped")
+            job._ready.set()
+            return
+        job.asking = True
+        self._cv.notify_all()
 
     def _leave(self, job: Job) -> None:
         with self._cv:
@@ -108,12 +127,12 @@ class StepScheduler:
 
     # ---- the thread -------------------------------------------------------------------------------
     def _gather(self) -> list[Job] | None:
-        """Waits for a step's jobs: all joined jobs asking, or gather_s after the first asked."""
+        """Waits for a step's jobs: all joined jobs wanting a token, or gather_s after the first did."""
         with self._cv:
-            while not self._stopped and not any(j.asking for j in self._jobs):
+            while not self._stopped and not any(j.wants for j in self._jobs):
                 self._cv.wait()
             end = time.monotonic() + self.gather_s
-            while not self._stopped and not all(j.asking for j in self._jobs):
+            while not self._stopped and not all(j.wants for j in self._jobs):
                 left = end - time.monotonic()
                 if left <= 0:
                     break
@@ -124,7 +143,7 @@ class StepScheduler:
                         j.error = RuntimeError("the step scheduler is stopped")
                         j._ready.set()
                 return None
-            return [j for j in self._jobs if j.asking]
+            return [j for j in self._jobs if j.wants]
 
     def _run(self) -> None:
         while True:
@@ -146,8 +165,13 @@ class StepScheduler:
                 self.rows += len(jobs)
                 with self._cv:
                     for j, t in zip(jobs, toks):
-                        j.asking, j.token, j.error = False, t, err
-                        if err is None:
+                        j.asking, j.error = False, err
+                        if err is not None:  # the consumer raises it (after its queued tokens)
+                            j.done = True
+                            if j in self._jobs:
+                                self._jobs.remove(j)
+                        else:
+                            j.queue.append(t)
                             j.produced += 1
                             if t in j.ends or j.produced >= j.max_new_tokens:
                                 j.done = True

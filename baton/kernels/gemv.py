@@ -14,7 +14,8 @@ glu=True: W's rows interleave (gate_i, up_i) and the epilogue writes silu(gate) 
 Layout: swap-AB. A program owns BLOCK_N weight rows and all (<= BLOCK_M) x rows, so the weight tile is
 the MMA's M side (>= 64 rows fill a wgmma) and the decode rows are its N side (16).
 
-    grid (n_tiles, SPLIT, m_tiles). SPLIT > 1 splits K; every split stores its fp32 partial [BM, BN],
+    grid (m_tiles, n_tiles, SPLIT), row tiles fastest so the row tiles of one weight tile share its read
+    (L2). SPLIT > 1 splits K; every split stores its fp32 partial [BM, BN],
     bumps the tile's arrival counter, and the last to arrive adds the SPLIT partials in the fixed
     order s = 0, 1, ..., writes y and resets the counter. One kernel, no atomics on data.
 
@@ -80,9 +81,9 @@ def _skinny(
     # XQ: x arrives quantised (x_ptr e4m3 [M, K], sx_ptr fp32 [M, K / SUB] = amax / 448), bitwise what
     # the FP8 branch computes in registers. PARTIAL: every split stores its scaled fp32 partial into
     # y_ptr [SPLIT, M, N] (live rows only) and the consumer sums them (rows.add_rmsnorm).
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    pid_m = tl.program_id(0)  # fastest: the row tiles of one weight tile run together (one HBM read)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rk = tl.arange(0, SUB)  # [SUB]
@@ -124,7 +125,7 @@ def _skinny(
     elif SPLIT == 1:
         _store_tile(y_ptr, acc, rm, pid_n, M, N, stride_ym, BLOCK_M, BLOCK_N, GLU)
     else:
-        tile = pid_m * tl.num_programs(0) + pid_n
+        tile = pid_m * tl.num_programs(1) + pid_n
         tile_sz = BLOCK_M * BLOCK_N
         p_tile = (
             p_ptr
@@ -346,7 +347,7 @@ def linear(
         locks = _workspace(_LOCKS, x2.device, tiles, torch.int32)
     else:
         part = locks = y
-    _skinny[(n_tiles, cfg.split, m_tiles)](
+    _skinny[(m_tiles, n_tiles, cfg.split)](
         x2,
         sx,
         w,

@@ -4,6 +4,7 @@ bf16 / fp8 sessions step together, and each gets exactly the tokens and the stat
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -135,3 +136,49 @@ def test_a_failing_step_reaches_its_consumer_and_the_thread_goes_on():
         assert job.next() == 9
     finally:
         sched.close()
+
+
+def test_run_ahead_steps_without_the_reader_and_keeps_the_tokens(env):
+    """ahead = 2 (a Decode released at its end): steps run before the consumer asks, at most 2 tokens
+    ahead; the tokens read are those of ahead = 0, and concurrent run-ahead sessions step together."""
+    eng, alone, states = env
+    host, pos, nxt = states[0]
+    s = alone.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+    want = _decode(alone, s.id, N)
+    alone.release(s.id)
+    lock = threading.Lock()
+    sched = StepScheduler(lambda r, slots: r.ar_batch(slots), lock)
+    try:
+        s = eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+        r = eng.get(s.id).runner
+        job = sched.join(r, s.slot, N, (), ahead=2)
+        deadline = time.monotonic() + 10
+        while sched.steps < 2 and time.monotonic() < deadline:  # nobody reads: two steps, then it waits
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert sched.steps == 2 and list(job.queue) == want[:2]
+        assert int(r.state.position[s.slot]) == pos + 2
+        got = [job.next() for _ in range(N)]
+        assert got == want and job.next() is None
+        eng.release(s.id)
+    finally:
+        sched.close()
+        eng.release(s.id)
+    # through the engine: run_ahead decodes of 8 sessions at once, each equal to its run alone
+    outs, sids = {}, []
+    for host, pos, nxt in states:
+        sids.append(eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt).id)
+
+    def run(i):
+        outs[i] = _decode(eng, sids[i], N, run_ahead=True)
+
+    th = [threading.Thread(target=run, args=(i,)) for i in range(len(sids))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    for i, (host, pos, nxt) in enumerate(states):
+        a = alone.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+        assert outs[i] == _decode(alone, a.id, N), i
+        alone.release(a.id)
+        eng.release(sids[i])
