@@ -20,7 +20,7 @@ import triton.language as tl
 
 from baton.kernels import gemv
 from baton.kernels.pdl import launch_kw, pdl_enter
-from baton.kernels.rows import _ld, _p2, _store_w8a8
+from baton.kernels.rows import _ld, _p2, _slot0, _store_w8a8
 
 
 # ---- GDN: causal conv ----------------------------------------------------------------------------
@@ -393,18 +393,6 @@ def gdn_rows(
         **launch_kw(cv.device),
     )
     return gemv.QuantX(y, sc, cv.dtype) if quant else y
-
-
-_SLOT0: dict[str, torch.Tensor] = {}
-
-
-def _slot0(device: torch.device) -> torch.Tensor:
-    """[1] int64 zero on `device`: the one-slot calls are the batched kernels' group 0 on slot 0 (one
-    binary for both). Cached; allocated at the first (warm-up) call, never during a capture."""
-    key = str(device)
-    if key not in _SLOT0:
-        _SLOT0[key] = torch.zeros(1, dtype=torch.int64, device=device)
-    return _SLOT0[key]
 
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}

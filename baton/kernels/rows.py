@@ -30,6 +30,18 @@ def _p2(n: int) -> int:
     return triton.next_power_of_2(int(n))
 
 
+_SLOT0: dict[str, torch.Tensor] = {}
+
+
+def _slot0(device: torch.device) -> torch.Tensor:
+    """[1] int64 zero on `device`: the one-slot calls are the batched kernels' group 0 on slot 0 (one
+    binary for both). Cached; allocated at the first (warm-up) call, never during a capture."""
+    key = str(device)
+    if key not in _SLOT0:
+        _SLOT0[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return _SLOT0[key]
+
+
 @triton.jit
 def _ld(ptr, off, mask, s_part, PARTS: tl.constexpr, DT: tl.constexpr):
     """x[off] of an activation, or (PARTS > 0) of the split-K partials [PARTS, ...] fp32 of the GEMM that
