@@ -243,9 +243,14 @@ def prepare(a) -> dict:
     if a.random_init:
         d, lm, sec = write_random_checkpoint(a.random_init, a.ckpt_dir, seed=a.seed, device=a.device, mtp=a.mtp)
         res["checkpoint"] = {"dir": str(d), "random_init": a.random_init, "seed": a.seed, "written_s": round(sec, 1)}
-        if lm is not None and dtype != "bf16":
+        if dtype != "bf16":
             lm = None  # the workers load the bf16 file into their dtype: so must the reference
-        if lm is not None and lm.mtp:
+        elif lm is None:  # reused: the same seeded weights again, faster than reading the file
+            from baton.loading import random_model
+            from baton.random_init import config_of
+
+            lm = random_model(config_of(a.random_init), dtype="bf16", device=a.device, seed=a.seed, mtp=False)
+        if lm is not None and hasattr(lm.model, "mtp"):
             del lm.model.mtp
     else:
         d = resolve_model_dir(a.model)

@@ -681,7 +681,7 @@ def plot(res: dict, path: Path) -> bool:
         return False
     pts = res.get("points", [])
     closed = [p for p in pts if p.get("mode") == "concurrency"]
-    rated = [p for p in pts if p.get("mode") == "rate"]
+    rated = [p for p in pts if p.get("mode") == "rate" and math.isfinite(p["rate"])]  # rate inf: a burst
     ncol = 2 + bool(rated)
     fig, axes = plt.subplots(1, ncol, figsize=(5.5 * ncol, 4.2))
     ax, lat = axes[0], axes[1]
@@ -718,8 +718,9 @@ def plot(res: dict, path: Path) -> bool:
         a_.grid(True, which="both", alpha=0.3)
     ax.set_ylabel("output tokens/s, all streams")
     lat.set_ylabel("seconds")
-    ax.legend(fontsize=7)
-    lat.legend(fontsize=7)
+    for a_ in (ax, lat):
+        if a_.get_legend_handles_labels()[0]:
+            a_.legend(fontsize=7)
     m = res.get("machine", {})
     ax.set_title(f"{m.get('gpu') or 'CPU'}: throughput", fontsize=9)
     lat.set_title("latency", fontsize=9)
