@@ -24,6 +24,7 @@ JOBS.json: {"prompts": [[ids]...], "references": {"i": n_tokens}, "hf_batches": 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -238,14 +239,16 @@ def prepare(a) -> dict:
 
     jobs = json.loads(Path(a.jobs).read_text())
     dtype = a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32")
-    res: dict = {"device": a.device, "dtype": dtype}
+    res: dict = {"device": a.device, "dtype": dtype, "bandwidth": measure_bandwidth(a.device)}  # on an idle device
+    ask = sorted(jobs.get("references", {}).items(), key=lambda kv: int(kv[0]))
+    batches = jobs.get("hf_batches") or []
     lm = None
     if a.random_init:
         d, lm, sec = write_random_checkpoint(a.random_init, a.ckpt_dir, seed=a.seed, device=a.device, mtp=a.mtp)
         res["checkpoint"] = {"dir": str(d), "random_init": a.random_init, "seed": a.seed, "written_s": round(sec, 1)}
         if dtype != "bf16":
             lm = None  # the workers load the bf16 file into their dtype: so must the reference
-        elif lm is None:  # reused: the same seeded weights again, faster than reading the file
+        elif lm is None and (ask or batches):  # reused: the same seeded weights again, faster than the file
             from baton.loading import random_model
             from baton.random_init import config_of
 
@@ -255,6 +258,9 @@ def prepare(a) -> dict:
     else:
         d = resolve_model_dir(a.model)
     res["model_dir"] = str(Path(d).resolve())
+    res["references"], res["hf"] = {}, {}
+    if not (ask or batches):
+        return res
     if lm is None:
         t0 = time.perf_counter()
         lm = load_model(d, dtype=dtype, device=a.device, mtp=False)
@@ -262,21 +268,19 @@ def prepare(a) -> dict:
     cfg = lm.cfg
     prompts = jobs["prompts"]
     t0 = time.perf_counter()
-    refs = {}
-    for i, n in sorted(jobs.get("references", {}).items(), key=lambda kv: int(kv[0])):
-        refs[i] = complete(d, prompts[int(i)], int(n), max_len=a.max_len, ignore_eos=True, loaded=lm)
+    for i, n in ask:
+        res["references"][i] = complete(d, prompts[int(i)], int(n), max_len=a.max_len, ignore_eos=True, loaded=lm)
         _sync(a.device)
-    res["references"] = refs
     res["reference_s"] = round(time.perf_counter() - t0, 1)
-    res["bandwidth"] = measure_bandwidth(a.device)
-    hf = {}
-    batches = jobs.get("hf_batches") or []
+    hf = res["hf"]
     if batches:
         try:
             model = hf_model(lm.model, cfg)
         except Exception as e:  # noqa: BLE001 - recorded: the run goes on without HF
-            hf = {"skipped": f"transformers cannot build this model: {type(e).__name__}: {e}"[:500]}
+            hf["skipped"] = f"transformers cannot build this model: {type(e).__name__}: {e}"[:500]
             batches = []
+        del lm  # HF holds its own copy of the weights: room for its activations at large batches
+        gc.collect()
         pool = [prompts[i] for i in jobs.get("hf_prompts", range(len(prompts)))]
         for b in batches:
             try:
@@ -288,7 +292,6 @@ def prepare(a) -> dict:
             print(f"baselines: HF batch {b}: {hf[str(b)]}", file=sys.stderr, flush=True)
             if torch.device(a.device).type == "cuda":
                 torch.cuda.empty_cache()
-    res["hf"] = hf
     return res
 
 

@@ -77,8 +77,12 @@ from benchmarks.load import Serve, pct  # noqa: E402
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULTS = {  # per --device: what a plain run sweeps
-    "cpu": dict(concurrency="1,2,4,8", input_len=32, output_len=48, requests=2, check_prompts=-1, hf_new=16),
-    "cuda": dict(concurrency="1,8,32,64,128", input_len=512, output_len=256, requests=1, check_prompts=8, hf_new=32),
+    "cpu": dict(
+        concurrency="1,2,4,8", input_len=32, output_len=48, requests=2, check_prompts=-1, hf_new=16, warmup="1"
+    ),
+    "cuda": dict(
+        concurrency="1,8,32,64,128", input_len=512, output_len=256, requests=1, check_prompts=8, hf_new=32, warmup="1,8"
+    ),
 }
 
 
@@ -399,7 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-check", dest="check", action="store_const", const="none")
     p.add_argument("--check-prompts", type=int, default=None, help="prompts checked per workload (-1: all)")
-    p.add_argument("--warmup", default="1", help="concurrencies of the warm-up rounds (8 tokens a stream)")
+    p.add_argument(
+        "--warmup", default=None, help="concurrencies of the warm-up rounds, 8 tokens a stream (CPU 1, CUDA 1,8)"
+    )
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--hf-new", type=int, default=None, help="HF generate: new tokens (default 16 CPU, 32 CUDA)")
     p.add_argument("--hf-runs", type=int, default=1)
@@ -510,9 +516,6 @@ def run(a, argv: list[str]) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git": _git_commit(),
     }
-    from benchmarks.report import machine
-
-    res["machine"] = machine(device=a.device)
     res["config"] = {k: v for k, v in vars(a).items() if k not in ("report", "out", "no_plot") and not callable(v)}
     res["workloads"] = {w.name: w.info for w in workloads}
     with tempfile.TemporaryDirectory(prefix="baton-bench-serve-") as tmp:
@@ -581,6 +584,9 @@ def run(a, argv: list[str]) -> dict:
             if serve.proc.returncode not in (0, None) or not points:
                 res["serve"]["stderr_tail"] = serve.err[-40:]
     res["warmup"] = warm
+    from benchmarks.report import machine
+
+    res["machine"] = machine(device=a.device)  # after the servers: torch.cuda here touches the GPU
     by_w = {w.name: w for w in workloads}
     for p in points:
         w = by_w[p["workload"]]
