@@ -732,24 +732,17 @@ def plot(res: dict, path: Path) -> bool:
     lat.set_title("latency", fontsize=9)
     if rated:
         rx = axes[2]
-        for w in sorted({p["workload"] for p in rated}):
-            rows = sorted(
-                (p for p in rated if p["workload"] == w and math.isfinite(p["rate"])), key=lambda p: p["rate"]
-            )
-            if rows:
-                rx.plot([p["rate"] for p in rows], [p["tok_s"] for p in rows], marker="o", label=f"tok/s, {w}")
-        rx.set_xlabel("Poisson request rate (req/s)")
-        rx.set_ylabel("output tokens/s")
         tw = rx.twinx()
         for w in sorted({p["workload"] for p in rated}):
-            rows = sorted(
-                (p for p in rated if p["workload"] == w and math.isfinite(p["rate"])), key=lambda p: p["rate"]
+            rows = sorted((p for p in rated if p["workload"] == w), key=lambda p: p["rate"])
+            xs = [p["rate"] for p in rows]
+            (line,) = rx.plot(xs, [p["tok_s"] for p in rows], marker="o", label=f"tok/s, {w}")
+            tw.plot(
+                xs, [p["ttft_s_p50"] for p in rows], ":", color=line.get_color(), marker="x", label=f"TTFT p50, {w}"
             )
-            if rows:
-                tw.plot(
-                    [p["rate"] for p in rows], [p["ttft_s_p50"] for p in rows], "r:", marker="x", label=f"TTFT p50, {w}"
-                )
-        tw.set_ylabel("TTFT p50 (s)")
+        rx.set_xlabel("Poisson request rate (req/s)")
+        rx.set_ylabel("output tokens/s (solid)")
+        tw.set_ylabel("TTFT p50, s (dotted)")
         rx.legend(fontsize=7, loc="upper left")
         tw.legend(fontsize=7, loc="lower right")
         rx.set_title("Poisson arrivals", fontsize=9)
