@@ -484,7 +484,7 @@ def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Pat
         cmd += ["--random-init", a.random_init, "--ckpt-dir", a.ckpt_dir]
     elif a.model:
         cmd += ["--model", a.model]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if a.device == "cpu":
         env["OMP_NUM_THREADS"] = "1"  # as the workers (benchmarks/load.py Serve): the same CPU kernels
     print(f"bench_serve: prepare: {shlex.join(cmd)}", file=sys.stderr, flush=True)
