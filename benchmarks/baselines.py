@@ -142,10 +142,25 @@ def hf_model(model, cfg):
     return hf
 
 
-def hf_generate(hf, prompts: list[list[int]], new: int, runs: int = 1) -> dict:
+class _Stamps:
+    """A `generate` streamer that only stamps the time of each put: the prompt, then every new token
+    (HF hands it over as a host tensor, so the step is done by then)."""
+
+    def __init__(self):
+        self.t: list[float] = []
+
+    def put(self, value) -> None:
+        self.t.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def hf_generate(hf, prompts: list[list[int]], new: int, runs: int = 1, warmup: bool = True) -> dict:
     """HF `generate` on a batch of same-length prompts (no padding), greedy, exactly `new` tokens each.
-    tok_s: batch * new / the whole call (prefill included); decode_tok_s: batch * (new - 1) / (that call -
-    a call for one new token), the steady decode rate. Medians of `runs` after one short warm-up."""
+    tok_s: batch * new / the whole call (prefill included); decode_tok_s: batch * (new - 1) / (last token -
+    first token), the steady decode rate, from a streamer's time stamps. Medians of `runs` (after one
+    short warm-up call when `warmup`)."""
     import torch
 
     if len({len(p) for p in prompts}) != 1:
@@ -154,29 +169,30 @@ def hf_generate(hf, prompts: list[list[int]], new: int, runs: int = 1) -> dict:
     ids = torch.tensor(prompts, device=dev)
     b = len(prompts)
 
-    def timed(n: int) -> float:
+    def timed(n: int) -> tuple[float, float | None]:
+        st = _Stamps()
         _sync(dev)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, streamer=st)
         _sync(dev)
+        total = time.perf_counter() - t0
         assert out.shape[1] - ids.shape[1] == n, out.shape
-        return time.perf_counter() - t0
+        news = st.t[1:]  # st.t[0]: the prompt
+        return total, (news[-1] - news[0] if len(news) == n and n > 1 else None)
 
-    timed(2)  # warm-up
-    full, one = [], []
-    for _ in range(runs):
-        one.append(timed(1))
-        full.append(timed(new))
-    t_full, t_one = statistics.median(full), statistics.median(one)
+    if warmup:
+        timed(2)
+    got = [timed(new) for _ in range(runs)]
+    total = statistics.median(t for t, _ in got)
+    dec = [d for _, d in got if d]
     return {
         "batch": b,
         "prompt_len": ids.shape[1],
         "new_tokens": new,
-        "tok_s": b * new / t_full,
-        "decode_tok_s": b * (new - 1) / (t_full - t_one) if new > 1 and t_full > t_one else None,
-        "seconds": t_full,
-        "seconds_one_token": t_one,
+        "tok_s": b * new / total,
+        "decode_tok_s": b * (new - 1) / statistics.median(dec) if dec else None,
+        "seconds": total,
     }
 
 
@@ -282,10 +298,10 @@ def prepare(a) -> dict:
         del lm  # HF holds its own copy of the weights: room for its activations at large batches
         gc.collect()
         pool = [prompts[i] for i in jobs.get("hf_prompts", range(len(prompts)))]
-        for b in batches:
+        for k, b in enumerate(batches):
             try:
                 hf[str(b)] = hf_generate(
-                    model, [pool[i % len(pool)] for i in range(b)], jobs["hf_new"], jobs["hf_runs"]
+                    model, [pool[i % len(pool)] for i in range(b)], jobs["hf_new"], jobs["hf_runs"], warmup=k == 0
                 )
             except Exception as e:  # noqa: BLE001 - e.g. out of memory at a large batch: recorded, go on
                 hf[str(b)] = {"batch": b, "skipped": f"{type(e).__name__}: {e}"[:500]}
