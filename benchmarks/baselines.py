@@ -220,6 +220,8 @@ def write_random_checkpoint(spec: str, out_dir, *, seed: int = 0, device: str = 
     for f in out.glob("*.safetensors"):
         f.unlink()
     sd = lm.model.state_dict()
+    if cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)  # the embedding's storage: a checkpoint of a tied model leaves it out
     shards, cur, size = [], {}, 0
     for name in sorted(sd):
         t = sd[name]

@@ -237,3 +237,19 @@ def test_a_short_cpu_run_end_to_end(tmp_path):
         assert p["hf_tok_s"] > 0 and p["floor_tok_s"] > 0
     assert r["git"]["commit"] and r["machine"]["cores_usable"] >= 1 and r["command"].startswith("python benchmarks/")
     assert out.with_suffix(".md").is_file()
+
+
+def test_random_checkpoint_loads_bitwise_and_is_reused(tmp_path):
+    """`--random-init tiny` written as a checkpoint: the workers' load_model gives the same tensors; a
+    second call with the same shape and seed reuses the files, another seed rewrites them."""
+    import torch
+
+    from baton.loading import load_model
+
+    d, lm, _ = baselines.write_random_checkpoint("tiny", tmp_path / "ck", seed=2)
+    got = load_model(d, dtype="bf16", mtp=False).model.state_dict()
+    want = lm.model.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert baselines.write_random_checkpoint("tiny", d, seed=2)[1] is None
+    _, again, _ = baselines.write_random_checkpoint("tiny", d, seed=3)
+    assert again is not None and not torch.equal(again.model.state_dict()["lm_head.weight"], want["lm_head.weight"])
