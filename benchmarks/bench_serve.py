@@ -7,13 +7,14 @@ batch N and the memory-bandwidth floor at N, in one run.
     ... --rate 4,16 --num-prompts 128                                  # Poisson arrivals as well
     ... --workload fixed,mixed [--mixed-input 64:1024 --mixed-output 32:512 --long-frac 0.1 --long-input 4096:16384]
     python benchmarks/bench_serve.py --report benchmarks/results/serve-....json   # the .md and .png again
+    python benchmarks/bench_serve.py --report A.json B.json --out AB.json         # two runs as one (+ .md, .png)
 
 Steps, in order:
  1. prepare (benchmarks/baselines.py, a child process, so that its GPU memory is free again before the
     servers start): --random-init SHAPE writes the seeded random bf16 weights of SHAPE as a checkpoint in
     --ckpt-dir (reused when it holds the same shape and seed); `baton complete` tokens of the checked prompts
     (the exact engine on --device, the workers' dtype and window); the memory bandwidth (CUDA: a device
-    copy; CPU: a host memcpy); HF `generate` at each batch N of --concurrency (N distinct prompts of
+    copy; CPU: a host memcpy); HF `generate` at each batch N of --concurrency, or of --hf-batches (N prompts of
     --input-len, no padding; skipped with the reason in the JSON when transformers cannot build the model).
  2. `baton serve --processes` on --device with that model (--slots, default max(8, N), --max-len, --engine;
     --serve-args for anything else), then a warm-up (--warmup concurrencies, 8 tokens a stream).
@@ -409,11 +410,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--hf-new", type=int, default=None, help="HF generate: new tokens (default 16 CPU, 32 CUDA)")
     p.add_argument("--hf-runs", type=int, default=1)
+    p.add_argument("--hf-batches", default=None, help="HF generate's batches (default: the --concurrency points)")
     p.add_argument("--timeout", type=float, default=900.0, help="one Generate call's deadline (s)")
     p.add_argument("--boot-timeout", type=float, default=900.0, help="seconds for `baton serve` to start")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve-DEVICE-DATE.json)")
     p.add_argument("--no-plot", action="store_true", help="no .md / .png beside the JSON")
-    p.add_argument("--report", default=None, metavar="JSON", help="only write the .md and .png of a result file")
+    p.add_argument(
+        "--report",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="only write the .md and .png of a result file; of several: merge them into --out first",
+    )
     return p
 
 
@@ -423,6 +431,7 @@ def resolve(a) -> None:
         if getattr(a, k) is None:
             setattr(a, k, v)
     a.points = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    a.hf_batches = [int(x) for x in a.hf_batches.split(",") if x.strip()] if a.hf_batches is not None else a.points
     a.rates = [float(x) for x in a.rate.split(",") if x.strip()]
     a.workloads = [w.strip() for w in a.workload.split(",") if w.strip()]
     if set(a.workloads) - {"fixed", "mixed"} or not a.workloads:
@@ -472,7 +481,7 @@ def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Pat
     jobs = {
         "prompts": prompts,
         "references": ask,
-        "hf_batches": [] if a.no_hf else sorted(set(a.points)),
+        "hf_batches": [] if a.no_hf else sorted(set(a.hf_batches)),
         "hf_prompts": list(range(hf_off, len(prompts))),
         "hf_new": a.hf_new,
         "hf_runs": a.hf_runs,
@@ -508,7 +517,7 @@ def floor_at(cfg, rows: int, context: float, bandwidth: float, engine: str, dtyp
 def run(a, argv: list[str]) -> dict:
     cfg = _model_config(a)
     workloads = make_workloads(a, cfg.vocab_size)
-    top = max(a.points, default=1)
+    top = max(a.hf_batches, default=1)
     hf_prompts = fixed_workload(top, top, a.input_len, 1, cfg.vocab_size, a.seed + 1).prompts  # HF's batches
     res: dict = {
         "benchmark": "bench_serve",
@@ -603,13 +612,37 @@ def run(a, argv: list[str]) -> dict:
         if n:
             p["floor_tok_s"] = round(floor_at(cfg, n, ctx, bandwidth, a.engine, prep["dtype"]), 1)
             p["pct_of_floor"] = round(100 * p["tok_s"] / p["floor_tok_s"], 1) if p["tok_s"] else None
-        hf = res["hf"].get(str(n)) if n and w.name == "fixed" else None
-        if hf and "tok_s" in hf:
-            p["hf_tok_s"] = round(hf["tok_s"], 2)
-            p["hf_decode_tok_s"] = round(hf["decode_tok_s"], 2) if hf.get("decode_tok_s") else None
+    attach_hf(points, res["hf"])
     res["bandwidth_bytes_per_s"] = bandwidth
     res["points"] = points
     return res
+
+
+def attach_hf(points: list[dict], hf: dict) -> None:
+    """HF generate at batch N beside each closed-loop point of the fixed workload at N."""
+    for p in points:
+        h = hf.get(str(p.get("concurrency"))) if p.get("mode") == "concurrency" and p["workload"] == "fixed" else None
+        if h and "tok_s" in h:
+            p["hf_tok_s"] = round(h["tok_s"], 2)
+            p["hf_decode_tok_s"] = round(h["decode_tok_s"], 2) if h.get("decode_tok_s") else None
+
+
+def merge(results: list[dict], paths: list[str]) -> dict:
+    """Several result files of one setup (e.g. N = 1,8,32 in one command, 64,128 in another) as one: the
+    first file's metadata, every point (sorted), HF's batches of all, each point's HF filled in."""
+    out = dict(results[0])
+    out["merged_from"] = [
+        {"file": str(f), "command": r.get("command"), "date": r.get("date")} for f, r in zip(paths, results)
+    ]
+    out["hf"] = {k: v for r in results for k, v in r.get("hf", {}).items()}
+    key = lambda p: (p["workload"], p["mode"], p.get("concurrency") or 0, p.get("rate") or 0)  # noqa: E731
+    out["points"] = sorted((p for r in results for p in r.get("points", [])), key=key)
+    attach_hf(out["points"], out["hf"])
+    for p in out["points"]:
+        base = next((q for q in out["points"] if q["workload"] == p["workload"] and q.get("concurrency") == 1), None)
+        if p["mode"] == "concurrency" and base and base["tok_s"]:
+            p["scaling"] = round(p["tok_s"] / base["tok_s"], 2)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -630,6 +663,8 @@ def markdown(res: dict) -> str:
         f"`{res.get('serve', {}).get('argv', '')}`. Bandwidth "
         f"{res.get('bandwidth_bytes_per_s', 0) / 1e9:.0f} GB/s ({res.get('prepare', {}).get('bandwidth', {}).get('how', '')}).\n",
     ]
+    for m_ in res.get("merged_from", [])[1:]:
+        lines.append(f"Merged with `{m_['command']}` ({m_['date']}).\n")
     closed = [p for p in res.get("points", []) if p.get("mode") == "concurrency"]
     if closed:
         lines += [
@@ -771,8 +806,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = build_parser().parse_args(argv)
     if a.report:
-        path = Path(a.report)
-        for f in write_report(json.loads(path.read_text()), path):
+        res = [json.loads(Path(f).read_text()) for f in a.report]
+        if len(res) > 1 and not a.out:
+            raise SystemExit("--report with several files merges them: give --out MERGED.json")
+        path = Path(a.out or a.report[0])
+        if len(res) > 1:
+            from benchmarks.report import emit
+
+            emit(merge(res, a.report), path)
+        for f in write_report(merge(res, a.report) if len(res) > 1 else res[0], path):
             print(f)
         return 0
     resolve(a)

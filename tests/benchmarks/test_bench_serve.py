@@ -253,3 +253,24 @@ def test_random_checkpoint_loads_bitwise_and_is_reused(tmp_path):
     assert baselines.write_random_checkpoint("tiny", d, seed=2)[1] is None
     _, again, _ = baselines.write_random_checkpoint("tiny", d, seed=3)
     assert again is not None and not torch.equal(again.model.state_dict()["lm_head.weight"], want["lm_head.weight"])
+
+
+def test_report_merges_two_runs(tmp_path):
+    """N = 1, 8 from one command and N = 64 (HF measured in the first) from another: one table and plot."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    first = {**RESULT, "hf": {**RESULT["hf"], "64": {"tok_s": 300.0, "decode_tok_s": 390.0}}}
+    a.write_text(json.dumps(first))
+    p64 = {**RESULT["points"][1], "concurrency": 64, "tok_s": 338.0, "scaling": None}
+    p64.pop("hf_tok_s", None)
+    b.write_text(
+        json.dumps({**RESULT, "command": "python benchmarks/bench_serve.py --concurrency 64", "points": [p64]})
+    )
+    with pytest.raises(SystemExit):
+        bs.main(["--report", str(a), str(b)])
+    out = tmp_path / "ab.json"
+    assert bs.main(["--report", str(a), str(b), "--out", str(out)]) == 0
+    m = json.loads(out.read_text())
+    closed = [p for p in m["points"] if p["mode"] == "concurrency"]
+    assert [p["concurrency"] for p in closed] == [1, 8, 64] and closed[-1]["hf_decode_tok_s"] == 390.0
+    assert closed[-1]["scaling"] == 2.0 and len(m["merged_from"]) == 2
+    assert "Merged with `python benchmarks/bench_serve.py --concurrency 64`" in out.with_suffix(".md").read_text()
