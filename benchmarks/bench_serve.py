@@ -415,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--boot-timeout", type=float, default=900.0, help="seconds for `baton serve` to start")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve-DEVICE-DATE.json)")
     p.add_argument("--no-plot", action="store_true", help="no .md / .png beside the JSON")
+    p.add_argument("--commit", default=None, help="the git commit to record where the checkout has no .git")
     p.add_argument(
         "--report",
         nargs="+",
@@ -523,7 +524,7 @@ def run(a, argv: list[str]) -> dict:
         "benchmark": "bench_serve",
         "command": shlex.join(["python", "benchmarks/bench_serve.py", *argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "git": _git_commit(),
+        "git": _git_commit() if not a.commit else {"commit": a.commit, "dirty": None, "given": True},
     }
     res["config"] = {k: v for k, v in vars(a).items() if k not in ("report", "out", "no_plot") and not callable(v)}
     res["workloads"] = {w.name: w.info for w in workloads}
