@@ -38,26 +38,11 @@ from baton.engine import graph  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.loading import random_model  # noqa: E402
 from baton.random_init import shape  # noqa: E402
+from benchmarks.baselines import hbm_bandwidth, hf_model  # noqa: E402
+from benchmarks.baselines import hf_generate as baselines_hf_generate  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 from decode_worker.engine import DecodeEngine  # noqa: E402
 from prefill_worker.engine import ExactEngine  # noqa: E402
-
-
-def hbm_bandwidth(gb: float = 4.0) -> float:
-    """Read+write bytes/s of a large device copy (median of 10)."""
-    n = int(gb * 1e9 / 2)
-    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    times = []
-    for _ in range(12):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    del a, b
-    return 2 * n * 2 / statistics.median(times[2:])
 
 
 def step_bytes(model, state, context: int) -> int:
@@ -102,24 +87,12 @@ def time_decode(eng: DecodeEngine, exact: ExactEngine, prompt: list[int], engine
 
 
 def hf_generate(model, cfg, prompt: list[int], new: int, runs: int) -> float:
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    hc = Qwen3_5TextConfig.from_dict(cfg.hf_text_config)
-    with torch.device("cuda"):
-        hf = Qwen3_5ForCausalLM(hc).to(torch.bfloat16).eval()
-    hf.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("mtp.")}, strict=False)
-    ids = torch.tensor([prompt], device="cuda")
-    rates = []
-    for i in range(runs + 1):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        torch.cuda.synchronize()
-        if i:
-            rates.append((out.shape[1] - len(prompt)) / (time.perf_counter() - t0))
+    """HF `generate` at batch 1 on the same weights: end-to-end tok/s (benchmarks/baselines.py)."""
+    hf = hf_model(model, cfg)
+    rate = baselines_hf_generate(hf, [prompt], new, runs)["tok_s"]
     del hf
     torch.cuda.empty_cache()
-    return statistics.median(rates)
+    return rate
 
 
 def main(argv=None) -> int:

@@ -1,21 +1,54 @@
-"""Serving benchmark: N concurrent fast-mode streams through the router over gRPC, at several N.
+"""Serving benchmark: concurrent fast-mode streams through the router over gRPC, against HF `generate` at
+batch N and the memory-bandwidth floor at N, in one run.
 
-    python benchmarks/bench_serve.py [--concurrency 1,2,4,8] [--requests 2] [--max-new-tokens 48]
-                                     [--engine bf16] [--out FILE]
+    python benchmarks/bench_serve.py                                   # CPU, the embedded model, N = 1,2,4,8
+    python benchmarks/bench_serve.py --device cuda --random-init qwen3.5-9b --engine bf16 \\
+        --concurrency 1,8,32,64,128 --input-len 512 --output-len 256   # the GPU defaults, written out
+    ... --rate 4,16 --num-prompts 128                                  # Poisson arrivals as well
+    ... --workload fixed,mixed [--mixed-input 64:1024 --mixed-output 32:512 --long-frac 0.1 --long-input 4096:16384]
+    python benchmarks/bench_serve.py --report benchmarks/results/serve-....json   # the .md and .png again
+    python benchmarks/bench_serve.py --report A.json B.json --out AB.json         # two runs as one (+ .md, .png)
 
-Starts `baton serve --processes` (CPU, the embedded model unless --model; --slots max(8, N) a worker),
-then for each N: N client threads, each sending --requests Generate calls one after another (a fixed
-prompt per client, ignore_eos, max_new_tokens tokens). Every stream is checked against `baton complete`
-of its prompt: the batch must not change a token. Prints one JSON object, per N:
-    tok_s          output tokens of all streams / wall time of the point
-    stream_tok_s   p50 of each stream's tokens / (last token - first token)
-    ttft_s         p50 / p99 time to the first token
-    itl_s          p50 / p99 gap between streamed tokens
-    errors         by gRPC status; mismatched: streams whose tokens differ from `baton complete`
-    scaling        tok_s / tok_s at N = 1
-What is not here yet (the continuous-batching issue): the Poisson-rate and mixed-length sweeps, HF
-`generate` at batch N and the bandwidth floor side by side, and the GPU run (the fused CUDA path does
-not batch yet: its sessions still step one at a time).
+Steps, in order:
+ 1. prepare (benchmarks/baselines.py, a child process, so that its GPU memory is free again before the
+    servers start): --random-init SHAPE writes the seeded random bf16 weights of SHAPE as a checkpoint in
+    --ckpt-dir (reused when it holds the same shape and seed); `baton complete` tokens of the checked prompts
+    (the exact engine on --device, the workers' dtype and window); the memory bandwidth (CUDA: a device
+    copy; CPU: a host memcpy); HF `generate` at each batch N of --concurrency, or of --hf-batches (N prompts of
+    --input-len, no padding; skipped with the reason in the JSON when transformers cannot build the model).
+ 2. `baton serve --processes` on --device with that model (--slots, default max(8, N), --max-len, --engine;
+    --serve-args for anything else), then a warm-up (--warmup concurrencies, 8 tokens a stream).
+ 3. the points. Closed loop: for each N of --concurrency, N clients (threads, a channel each) start
+    together and each sends --requests Generate calls one after another; --requests 1 is a burst of N
+    prompts. Poisson: for each R of --rate, --num-prompts requests at exponential inter-arrival times of mean
+    1/R s (seeded), each on its own thread, as vLLM's benchmark_serving sends them. Fast mode, ignore_eos.
+    Workloads: fixed (every prompt --input-len random token ids, --output-len new tokens; --prompts distinct
+    prompts, default max N, so no two concurrent streams share a prompt) and mixed (input and output
+    lengths uniform in --mixed-input / --mixed-output; with probability --long-frac the input is uniform in
+    --long-input instead); all seeded by --seed.
+ 4. the servers stop; JSON to --out (default benchmarks/results/serve-<device>-<date>.json) with the command,
+    machine, date and git commit; beside it the same stem .md (tables) and .png (throughput against
+    concurrency: Baton, HF, the floor; latencies; the Poisson points) when matplotlib is installed (the
+    `bench` extra), else `--report FILE.json` makes them later on any machine.
+
+Per point:
+    tok_s              output tokens of every stream / wall time of the point (first start -> last token)
+    stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
+    ttft_s_*, itl_s_*  time to the first token, gap between streamed messages: p50 / p99
+    errors             by gRPC status (a refused request is not retried)
+    checked, mismatched  streams compared with their reference / that differ from it: the batch must not
+                       change a token. --check complete: `baton complete` (default for bf16: the exact engine,
+                       which bf16 fast mode equals bitwise); alone: the same prompt through the router alone,
+                       before the sweep (default for fp8: batch invariance); none. --check-prompts K checks
+                       the first K prompts of each workload (default: all on the CPU, 8 on CUDA)
+    mean_inflight      requests in flight on average (sum of request times / wall)
+    client_cpu         this process's CPU seconds / wall (near 1.0: the load generator's GIL is the limit)
+    scaling            tok_s / tok_s at N = 1
+    hf_*               HF generate at batch N (closed fixed points): hf_tok_s (whole call, prefill included,
+                       --hf-new tokens), hf_decode_tok_s (without the prefill)
+    floor_tok_s        N * bandwidth / step_bytes(N rows at context input + output / 2) (benchmarks/baselines.py:
+                       the weights once, per row its GDN state read + written and its KV); pct_of_floor
+Exit status 1 when any checked stream differs from its reference.
 """
 
 from __future__ import annotations
@@ -23,122 +56,782 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
-import platform
 import random
+import shlex
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from benchmarks.load import Serve, make_reference, pct  # noqa: E402
+from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
+from benchmarks.load import Serve, pct  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
+RESULTS = ROOT / "benchmarks" / "results"
+DEFAULTS = {  # per --device: what a plain run sweeps
+    "cpu": dict(
+        concurrency="1,2,4,8", input_len=32, output_len=48, requests=2, check_prompts=-1, hf_new=16, warmup="1"
+    ),
+    "cuda": dict(
+        concurrency="1,8,32,64,128", input_len=512, output_len=256, requests=1, check_prompts=8, hf_new=32, warmup="1,8"
+    ),
+}
 
 
-def _point(addr: str, token: str, n: int, requests: int, max_new: int, engine: str, ref: dict) -> dict:
+# ------------------------------------------------------------------------------------------ workloads
+@dataclass(frozen=True)
+class Job:
+    """One Generate call: a prompt (text or token ids), its new tokens, the tokens it must give (a prefix
+    of `ref`; None = unchecked)."""
+
+    prompt: str | tuple[int, ...]
+    max_new: int
+    ref: tuple[int, ...] | None = None
+
+
+@dataclass
+class Workload:
+    """prompts[i]: token ids; requests[j] = (prompt index, new tokens), in the order they are sent."""
+
+    name: str
+    prompts: list[list[int]]
+    requests: list[tuple[int, int]]
+    info: dict = field(default_factory=dict)
+
+    def ref_lengths(self, limit: int) -> dict[int, int]:
+        """The first `limit` prompts in order of use (-1 = all) -> the most new tokens asked of each."""
+        out: dict[int, int] = {}
+        for p, n in self.requests:
+            if p in out or limit < 0 or len(out) < limit:
+                out[p] = max(n, out.get(p, 0))
+        return out
+
+    def jobs(self, refs: dict[int, list[int]], start: int = 0, count: int | None = None) -> list[Job]:
+        reqs = self.requests[start : None if count is None else start + count]
+        return [Job(tuple(self.prompts[p]), n, tuple(refs[p]) if p in refs else None) for p, n in reqs]
+
+
+def random_prompts(lengths: list[int], vocab: int, rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+def fixed_workload(n_requests: int, n_prompts: int, input_len: int, output_len: int, vocab: int, seed: int = 0):
+    """n_prompts distinct prompts of input_len random ids; request j asks prompt j % n_prompts for output_len."""
+    rng = random.Random(f"fixed:{seed}")
+    prompts = random_prompts([input_len] * n_prompts, vocab, rng)
+    reqs = [(j % n_prompts, output_len) for j in range(n_requests)]
+    return Workload("fixed", prompts, reqs, {"input_len": input_len, "output_len": output_len, "prompts": n_prompts})
+
+
+def mixed_workload(
+    n_requests: int,
+    input_range: tuple[int, int],
+    output_range: tuple[int, int],
+    vocab: int,
+    seed: int = 0,
+    long_frac: float = 0.0,
+    long_range: tuple[int, int] = (4096, 16384),
+):
+    """Every request its own prompt: input length uniform in input_range (in long_range with probability
+    long_frac), output length uniform in output_range; all bounds inclusive, all draws from `seed`."""
+    rng = random.Random(f"mixed:{seed}")
+    lens, outs = [], []
+    for _ in range(n_requests):
+        lo, hi = long_range if rng.random() < long_frac else input_range
+        lens.append(rng.randint(lo, hi))
+        outs.append(rng.randint(*output_range))
+    prompts = random_prompts(lens, vocab, rng)
+    info = {
+        "input_range": list(input_range),
+        "output_range": list(output_range),
+        "long_frac": long_frac,
+        "long_range": list(long_range),
+        "input_mean": round(sum(lens) / max(1, len(lens)), 1),
+        "output_mean": round(sum(outs) / max(1, len(outs)), 1),
+        "long_prompts": sum(n >= long_range[0] for n in lens) if long_frac else 0,
+    }
+    return Workload("mixed", prompts, list(zip(range(n_requests), outs)), info)
+
+
+def poisson_schedule(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival offsets (s) of n requests: the first at 0, then exponential gaps of mean 1/rate (rate = inf:
+    all at 0, a burst)."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(f"poisson:{seed}:{rate}")
+    t, out = 0.0, []
+    for j in range(n):
+        if j:
+            t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def span(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    lo, hi = int(lo), int(hi or lo)
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: want LO:HI with 1 <= LO <= HI")
+    return lo, hi
+
+
+# ------------------------------------------------------------------------------------------ measurement
+@dataclass
+class Sample:
+    start: float
+    times: list[float]  # arrival of each message that carried tokens
+    tokens: list[int]
+    status: str
+    end: float = 0.0
+    job: Job | None = None
+
+
+def run_job(client, job: Job, engine: str, timeout: float) -> Sample:
+    s = Sample(time.monotonic(), [], [], "OK", job=job)
+    try:
+        for d in client.generate(
+            job.prompt, max_new_tokens=job.max_new, engine=engine, ignore_eos=True, timeout=timeout
+        ):
+            if d.token_ids:
+                s.times.append(time.monotonic())
+                s.tokens += d.token_ids
+    except Exception as e:  # noqa: BLE001 - counted by status
+        code = getattr(e, "code", lambda: None)()
+        s.status = str(getattr(code, "name", type(e).__name__))
+    s.end = time.monotonic()
+    return s
+
+
+def summarize(samples: list[Sample], wall: float, cpu_s: float) -> dict:
+    ok = [s for s in samples if s.status == "OK"]
+    ttft = [s.times[0] - s.start for s in ok if s.times]
+    itl = [b - a for s in ok for a, b in zip(s.times, s.times[1:])]
+    per = [
+        (len(s.tokens) - 1) / (s.times[-1] - s.times[0]) for s in ok if len(s.times) > 1 and s.times[-1] > s.times[0]
+    ]
+    checked = [s for s in ok if s.job is not None and s.job.ref is not None]
+    mismatched = sum(tuple(s.tokens) != s.job.ref[: s.job.max_new] for s in checked)
+    tokens = sum(len(s.tokens) for s in ok)
+    msgs = sum(len(s.times) for s in ok)
+    r = lambda x, n=3: None if x is None else round(x, n)  # noqa: E731
+    return {
+        "streams": len(samples),
+        "completed": len(ok),
+        "tokens": tokens,
+        "prompt_tokens": sum(len(s.job.prompt) for s in ok if s.job is not None and not isinstance(s.job.prompt, str)),
+        "wall_s": round(wall, 3),
+        "tok_s": round(tokens / wall, 2) if wall > 0 else None,
+        "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
+        "stream_tok_s_p50": r(pct(per, 0.5), 2) or 0.0,
+        "stream_tok_s_min": r(min(per), 2) if per else None,
+        "stream_tok_s_max": r(max(per), 2) if per else None,
+        "ttft_s_p50": pct(ttft, 0.5),
+        "ttft_s_p99": pct(ttft, 0.99),
+        "ttft_s_max": pct(ttft, 1.0),
+        "itl_s_p50": pct(itl, 0.5),
+        "itl_s_p99": pct(itl, 0.99),
+        "tokens_per_message": round(tokens / msgs, 3) if msgs else None,
+        "errors": dict(sorted(Counter(s.status for s in samples if s.status != "OK").items())),
+        "short": sum(len(s.tokens) != s.job.max_new for s in ok if s.job is not None),
+        "checked": len(checked),
+        "mismatched": mismatched,
+        "mean_inflight": round(sum(s.end - s.start for s in samples) / wall, 2) if wall > 0 else None,
+        "client_cpu": round(cpu_s / wall, 2) if wall > 0 else None,
+    }
+
+
+def closed_point(addr: str, token: str | None, per_client: list[list[Job]], engine: str, timeout: float = 600) -> dict:
+    """len(per_client) clients start together; each sends its jobs one after another on its own channel."""
     from baton.client import Client
 
-    ttft, itl, stream_tok_s, errors, mismatched, total = [], [], [], {}, 0, 0
+    n = len(per_client)
+    samples: list[Sample] = []
     lock = threading.Lock()
     start = threading.Barrier(n + 1)
 
-    def client(i: int) -> None:
-        nonlocal mismatched, total
-        prompt = PROMPTS[i % len(PROMPTS)]
+    def client(jobs: list[Job]) -> None:
         with Client(addr, token=token) as c:
             start.wait()
-            for _ in range(requests):
-                t0, times, toks = time.monotonic(), [], []
-                try:
-                    for d in c.generate(prompt, max_new_tokens=max_new, engine=engine, ignore_eos=True, timeout=300):
-                        if d.token_ids:
-                            times.append(time.monotonic())
-                            toks += d.token_ids
-                except Exception as e:  # noqa: BLE001 - counted by status
-                    code = getattr(e, "code", lambda: None)()
-                    key = str(getattr(code, "name", type(e).__name__))
-                    with lock:
-                        errors[key] = errors.get(key, 0) + 1
-                    continue
+            for job in jobs:
+                s = run_job(c, job, engine, timeout)
                 with lock:
-                    total += len(toks)
-                    mismatched += toks != ref[prompt]
-                    ttft.append(times[0] - t0)
-                    itl.extend(b - a for a, b in zip(times, times[1:]))
-                    if len(times) > 1:
-                        stream_tok_s.append((len(toks) - 1) / (times[-1] - times[0]))
+                    samples.append(s)
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+    threads = [threading.Thread(target=client, args=(j,), daemon=True) for j in per_client]
     for t in threads:
         t.start()
     start.wait()
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     for t in threads:
         t.join()
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    return {"mode": "concurrency", "concurrency": n, "requests_per_client": len(per_client[0]) if n else 0} | summarize(
+        samples, wall, cpu
+    )
+
+
+def rate_point(
+    addr: str, token: str | None, rate: float, jobs: list[Job], schedule: list[float], engine: str, timeout: float = 600
+) -> dict:
+    """jobs[j] sent at schedule[j] s after the start, each on its own thread, over a pool of channels."""
+    from baton.client import Client
+
+    clients = [Client(addr, token=token) for _ in range(min(len(jobs), 32))]
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    late = 0.0
+
+    def one(j: int) -> None:
+        s = run_job(clients[j % len(clients)], jobs[j], engine, timeout)
+        with lock:
+            samples.append(s)
+
+    threads = []
+    try:
+        t0, c0 = time.monotonic(), time.process_time()
+        for j, off in enumerate(schedule):
+            wait = t0 + off - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            late = max(late, time.monotonic() - t0 - off)
+            th = threading.Thread(target=one, args=(j,), daemon=True)
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join()
+        wall = max((s.end for s in samples), default=t0) - t0
+        cpu = time.process_time() - c0
+    finally:
+        for c in clients:
+            c.close()
     return {
-        "concurrency": n,
-        "streams": n * requests,
-        "tokens": total,
-        "wall_s": round(wall, 3),
-        "tok_s": round(total / wall, 2),
-        "stream_tok_s_p50": round(pct(stream_tok_s, 0.5) or 0.0, 2),
-        "ttft_s_p50": pct(ttft, 0.5),
-        "ttft_s_p99": pct(ttft, 0.99),
-        "itl_s_p50": pct(itl, 0.5),
-        "itl_s_p99": pct(itl, 0.99),
-        "errors": errors,
-        "mismatched": mismatched,
+        "mode": "rate",
+        "rate": rate,
+        "num_prompts": len(jobs),
+        "arrivals_s": round(schedule[-1], 3) if schedule else 0.0,
+        "dispatch_late_s_max": round(late, 4),
+    } | summarize(samples, wall, cpu)
+
+
+def _point(addr: str, token: str, n: int, requests: int, max_new: int, engine: str, ref: dict) -> dict:
+    """n clients, each sending PROMPTS[i] (text) `requests` times; ref: prompt text -> tokens (tests/system)."""
+    per = [
+        [Job(PROMPTS[i % len(PROMPTS)], max_new, tuple(ref[PROMPTS[i % len(PROMPTS)]]))] * requests for i in range(n)
+    ]
+    return closed_point(addr, token, per, engine)
+
+
+# ------------------------------------------------------------------------------------------ the run
+def _git_commit() -> dict:
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "HEAD")
+    return {
+        "commit": head or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if head else None,
     }
+
+
+def _serve_has(flag: str) -> bool:
+    """Whether this checkout's `baton serve` takes `flag` (the runtime grows options in parallel)."""
+    from deploy.local import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return flag in p._option_string_actions
+
+
+def _model_config(a):
+    from baton.config import ModelConfig
+
+    if a.random_init:
+        from baton.random_init import config_of
+
+        return config_of(a.random_init)
+    if a.model:
+        return ModelConfig.from_hf(a.model)
+    import baton
+
+    return ModelConfig.from_hf(Path(baton.__file__).parent / "assets" / "default-model")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/bench_serve.py", description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="checkpoint directory (default: the embedded default model)")
+    src.add_argument(
+        "--random-init",
+        default=None,
+        metavar="SHAPE",
+        help="seeded random weights of SHAPE (qwen3.5-9b, tiny), as a checkpoint",
+    )
+    p.add_argument("--ckpt-dir", default=None, help="--random-init: where (default /tmp/baton-bench-ckpt/SHAPE-seedN)")
+    p.add_argument("--seed", type=int, default=0, help="weights (--random-init), prompts, lengths and arrivals")
+    p.add_argument("--engine", default="bf16", choices=("bf16", "fp8"))
+    p.add_argument("--slots", type=int, default=None, help="session slots a worker (default max(8, max N))")
+    p.add_argument("--max-len", type=int, default=None, help="the workers' window (default: the longest request + 64)")
+    p.add_argument("--serve-args", default="", help="more `baton serve` options, one string")
+    p.add_argument("--concurrency", default=None, help="closed-loop points, e.g. 1,8,32 (empty: none)")
+    p.add_argument("--requests", type=int, default=None, help="Generate calls per client, one after another")
+    p.add_argument("--rate", default="", help="Poisson points: requests/s, e.g. 2,8,inf")
+    p.add_argument("--num-prompts", type=int, default=None, help="requests of a Poisson point (default 4 x max N)")
+    p.add_argument("--workload", default="fixed", help="fixed, mixed or fixed,mixed")
+    p.add_argument("--input-len", type=int, default=None)
+    p.add_argument("--output-len", "--max-new-tokens", dest="output_len", type=int, default=None)
+    p.add_argument("--prompts", type=int, default=None, help="fixed workload: distinct prompts (default max N)")
+    p.add_argument("--mixed-input", type=span, default=None, help="LO:HI (default input-len/4 : 2 x input-len)")
+    p.add_argument("--mixed-output", type=span, default=None, help="LO:HI (default output-len/4 : 2 x output-len)")
+    p.add_argument("--long-frac", type=float, default=0.0, help="mixed: share of prompts drawn from --long-input")
+    p.add_argument("--long-input", type=span, default=(4096, 16384))
+    p.add_argument(
+        "--check", default=None, choices=("complete", "alone", "none"), help="default: complete (bf16), alone (fp8)"
+    )
+    p.add_argument("--no-check", dest="check", action="store_const", const="none")
+    p.add_argument("--check-prompts", type=int, default=None, help="prompts checked per workload (-1: all)")
+    p.add_argument(
+        "--warmup", default=None, help="concurrencies of the warm-up rounds, 8 tokens a stream (CPU 1, CUDA 1,8)"
+    )
+    p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--hf-new", type=int, default=None, help="HF generate: new tokens (default 16 CPU, 32 CUDA)")
+    p.add_argument("--hf-runs", type=int, default=1)
+    p.add_argument("--hf-batches", default=None, help="HF generate's batches (default: the --concurrency points)")
+    p.add_argument("--timeout", type=float, default=900.0, help="one Generate call's deadline (s)")
+    p.add_argument("--boot-timeout", type=float, default=900.0, help="seconds for `baton serve` to start")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve-DEVICE-DATE.json)")
+    p.add_argument("--no-plot", action="store_true", help="no .md / .png beside the JSON")
+    p.add_argument("--commit", default=None, help="the git commit to record where the checkout has no .git")
+    p.add_argument(
+        "--report",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="only write the .md and .png of a result file; of several: merge them into --out first",
+    )
+    return p
+
+
+def resolve(a) -> None:
+    """Fill the per-device defaults and the derived sizes in `a`."""
+    for k, v in DEFAULTS[a.device].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    a.points = [int(x) for x in a.concurrency.split(",") if x.strip()]
+    a.hf_batches = [int(x) for x in a.hf_batches.split(",") if x.strip()] if a.hf_batches is not None else a.points
+    a.rates = [float(x) for x in a.rate.split(",") if x.strip()]
+    a.workloads = [w.strip() for w in a.workload.split(",") if w.strip()]
+    if set(a.workloads) - {"fixed", "mixed"} or not a.workloads:
+        raise SystemExit(f"--workload: fixed and/or mixed, got {a.workload!r}")
+    if not a.points and not a.rates:
+        raise SystemExit("nothing to measure: give --concurrency and/or --rate")
+    top = max(a.points, default=1)
+    a.num_prompts = a.num_prompts or 4 * top
+    a.prompts = a.prompts or max(top, 1)
+    a.mixed_input = a.mixed_input or (max(1, a.input_len // 4), 2 * a.input_len)
+    a.mixed_output = a.mixed_output or (max(1, a.output_len // 4), 2 * a.output_len)
+    a.check = a.check or ("complete" if a.engine == "bf16" else "alone")
+    a.slots = a.slots or max(8, top, *(() if not a.rates else (min(a.num_prompts, 64),)))
+    a.n_requests = max(top * a.requests if a.points else 0, a.num_prompts if a.rates else 0)
+    longest_in = max([a.input_len] + ([a.mixed_input[1]] + ([a.long_input[1]] if a.long_frac else []))
+                     * ("mixed" in a.workloads))  # fmt: skip
+    longest_out = max([a.output_len] + [a.mixed_output[1]] * ("mixed" in a.workloads))
+    a.max_len = a.max_len or max(512, -(-(longest_in + longest_out + 64) // 256) * 256)
+    a.ckpt_dir = a.ckpt_dir or (
+        f"/tmp/baton-bench-ckpt/{Path(a.random_init).name}-seed{a.seed}" if a.random_init else None
+    )
+
+
+def make_workloads(a, vocab: int) -> list[Workload]:
+    out = []
+    for w in a.workloads:
+        if w == "fixed":
+            out.append(fixed_workload(a.n_requests, a.prompts, a.input_len, a.output_len, vocab, a.seed))
+        else:
+            out.append(
+                mixed_workload(a.n_requests, a.mixed_input, a.mixed_output, vocab, a.seed, a.long_frac, a.long_input)
+            )
+    return out
+
+
+def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Path) -> tuple[dict, list[dict]]:
+    """Runs benchmarks/baselines.py in a child process; returns its JSON and, per workload, the references
+    it computed (prompt index -> tokens). Only the prompts it needs are sent to it."""
+    prompts, ask, where = [], {}, []
+    for wi, w in enumerate(workloads):
+        for pi, n in (w.ref_lengths(a.check_prompts) if a.check == "complete" else {}).items():
+            ask[str(len(prompts))] = n
+            where.append((wi, pi))
+            prompts.append(w.prompts[pi])
+    hf_off = len(prompts)
+    prompts += hf_prompts
+    jobs = {
+        "prompts": prompts,
+        "references": ask,
+        "hf_batches": [] if a.no_hf else sorted(set(a.hf_batches)),
+        "hf_prompts": list(range(hf_off, len(prompts))),
+        "hf_new": a.hf_new,
+        "hf_runs": a.hf_runs,
+    }
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "baselines.py"), "--device", a.device, "--max-len", str(a.max_len)]
+    cmd += ["--jobs", str(tmp / "jobs.json"), "--out", str(tmp / "prep.json"), "--seed", str(a.seed)]
+    if a.random_init:
+        cmd += ["--random-init", a.random_init, "--ckpt-dir", a.ckpt_dir]
+    elif a.model:
+        cmd += ["--model", a.model]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if a.device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"  # as the workers (benchmarks/load.py Serve): the same CPU kernels
+    print(f"bench_serve: prepare: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    subprocess.run(cmd, env=env, check=True)
+    prep = json.loads((tmp / "prep.json").read_text())
+    prep["seconds"] = round(time.monotonic() - t0, 1)
+    got = prep.pop("references")
+    refs: list[dict] = [{} for _ in workloads]
+    for j, (wi, pi) in enumerate(where):
+        refs[wi][pi] = got[str(j)]
+    return prep, refs
+
+
+def floor_at(cfg, rows: int, context: float, bandwidth: float, engine: str, dtype: str) -> float:
+    """The floor of N rows on the workers' weights: fp8 for the fp8 engine, else their dtype (bf16 on CUDA,
+    fp32 on the CPU); KV and conv state in their dtype."""
+    return floor_tok_s(cfg, rows, int(context), bandwidth, "fp8" if engine == "fp8" else dtype, DTYPE_BYTES[dtype])
+
+
+def run(a, argv: list[str]) -> dict:
+    cfg = _model_config(a)
+    workloads = make_workloads(a, cfg.vocab_size)
+    top = max(a.hf_batches, default=1)
+    hf_prompts = fixed_workload(top, top, a.input_len, 1, cfg.vocab_size, a.seed + 1).prompts  # HF's batches
+    res: dict = {
+        "benchmark": "bench_serve",
+        "command": shlex.join(["python", "benchmarks/bench_serve.py", *argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": _git_commit() if not a.commit else {"commit": a.commit, "dirty": None, "given": True},
+    }
+    res["config"] = {k: v for k, v in vars(a).items() if k not in ("report", "out", "no_plot") and not callable(v)}
+    res["workloads"] = {w.name: w.info for w in workloads}
+    with tempfile.TemporaryDirectory(prefix="baton-bench-serve-") as tmp:
+        tmp = Path(tmp)
+        prep, refs = _prepare(a, workloads, hf_prompts, tmp)
+        bandwidth = prep["bandwidth"]["bytes_per_s"]
+        res["prepare"] = {k: v for k, v in prep.items() if k != "hf"}
+        res["hf"] = prep["hf"]
+        res["model"] = {
+            "dir": prep["model_dir"],
+            "random_init": a.random_init,
+            "vocab": cfg.vocab_size,
+            "hidden": cfg.hidden_size,
+            "layers": cfg.num_hidden_layers,
+            "weight_bytes": weight_bytes(cfg, "fp8" if a.engine == "fp8" else prep["dtype"]),
+        }
+        token = f"serve-{os.getpid()}-{random.randrange(1 << 30)}"
+        (tmp / "token").write_text(token)
+        args = ["--port", "0", "--http-port", "0", "--token-file", str(tmp / "token"), "--max-len", str(a.max_len)]
+        args += ["--engine", a.engine, "--slots", str(a.slots), "--device", a.device, "--model", prep["model_dir"]]
+        inflight = max(a.slots, max(a.points, default=1), a.num_prompts if a.rates else 0)
+        if _serve_has("--max-inflight"):
+            args += ["--max-inflight", str(inflight)]
+        elif inflight > 64:
+            res["note_max_inflight"] = "baton serve has no --max-inflight: its router refuses past 64 in flight"
+        args += shlex.split(a.serve_args)
+        serve = Serve(*args)
+        res["serve"] = {"argv": "baton " + shlex.join(serve.argv[3:])}
+        points, warm = [], []
+        try:
+            t0 = time.monotonic()
+            addr = serve.wait(a.boot_timeout)
+            res["serve"]["boot_s"] = round(time.monotonic() - t0, 1)
+            w0 = workloads[0]
+            for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
+                per = [[Job(tuple(w0.prompts[i % len(w0.prompts)]), min(8, a.output_len))] for i in range(n)]
+                p = closed_point(addr, token, per, a.engine, a.timeout)
+                warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors")})
+                print(f"bench_serve: warm-up {warm[-1]}", file=sys.stderr, flush=True)
+            if a.check == "alone":  # each checked prompt through the router by itself: the reference
+                from baton.client import Client
+
+                t1 = time.monotonic()
+                with Client(addr, token=token) as c:
+                    for w, r in zip(workloads, refs):
+                        for pi, n in w.ref_lengths(a.check_prompts).items():
+                            s = run_job(c, Job(tuple(w.prompts[pi]), n), a.engine, a.timeout)
+                            if s.status == "OK":
+                                r[pi] = s.tokens
+                res["prepare"]["alone_reference_s"] = round(time.monotonic() - t1, 1)
+            for w, r in zip(workloads, refs):
+                for n in a.points:
+                    jobs = w.jobs(r, 0, n * a.requests)
+                    per = [[jobs[i + k * n] for k in range(a.requests)] for i in range(n)]
+                    points.append({"workload": w.name} | closed_point(addr, token, per, a.engine, a.timeout))
+                    print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
+                for rate in a.rates:
+                    jobs = w.jobs(r, 0, a.num_prompts)
+                    sched = poisson_schedule(len(jobs), rate, a.seed)
+                    pt = rate_point(addr, token, rate, jobs, sched, a.engine, a.timeout)
+                    points.append({"workload": w.name} | pt)
+                    print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
+        finally:
+            res["serve"]["exit_code"] = serve.stop()
+            res["serve"]["worker_exits"] = [ln.split("baton: ", 1)[1] for ln in serve.err if " exited with code " in ln]
+            if serve.proc.returncode not in (0, None) or not points:
+                res["serve"]["stderr_tail"] = serve.err[-40:]
+    res["warmup"] = warm
+    from benchmarks.report import machine
+
+    res["machine"] = machine(device=a.device)  # after the servers: torch.cuda here touches the GPU
+    by_w = {w.name: w for w in workloads}
+    for p in points:
+        w = by_w[p["workload"]]
+        if p["mode"] == "concurrency":
+            base = next((q for q in points if q["workload"] == p["workload"] and q.get("concurrency") == 1), None)
+            p["scaling"] = round(p["tok_s"] / base["tok_s"], 2) if base and base["tok_s"] else None
+            n = p["concurrency"]
+            reqs = w.requests[: n * a.requests]
+        else:
+            n = None
+            reqs = w.requests[: p["num_prompts"]]
+        ctx = sum(len(w.prompts[pi]) + m / 2 for pi, m in reqs) / max(1, len(reqs))
+        p["floor_context"] = round(ctx, 1)
+        if n:
+            p["floor_tok_s"] = round(floor_at(cfg, n, ctx, bandwidth, a.engine, prep["dtype"]), 1)
+            p["pct_of_floor"] = round(100 * p["tok_s"] / p["floor_tok_s"], 1) if p["tok_s"] else None
+    attach_hf(points, res["hf"])
+    res["bandwidth_bytes_per_s"] = bandwidth
+    res["points"] = points
+    return res
+
+
+def attach_hf(points: list[dict], hf: dict) -> None:
+    """HF generate at batch N beside each closed-loop point of the fixed workload at N."""
+    for p in points:
+        h = hf.get(str(p.get("concurrency"))) if p.get("mode") == "concurrency" and p["workload"] == "fixed" else None
+        if h and "tok_s" in h:
+            p["hf_tok_s"] = round(h["tok_s"], 2)
+            p["hf_decode_tok_s"] = round(h["decode_tok_s"], 2) if h.get("decode_tok_s") else None
+
+
+def merge(results: list[dict], paths: list[str]) -> dict:
+    """Several result files of one setup (e.g. N = 1,8,32 in one command, 64,128 in another) as one: the
+    first file's metadata, every point (sorted), HF's batches of all, each point's HF filled in."""
+    out = dict(results[0])
+    out["merged_from"] = [
+        {"file": str(f), "command": r.get("command"), "date": r.get("date")} for f, r in zip(paths, results)
+    ]
+    out["hf"] = {k: v for r in results for k, v in r.get("hf", {}).items()}
+    key = lambda p: (p["workload"], p["mode"], p.get("concurrency") or 0, p.get("rate") or 0)  # noqa: E731
+    out["points"] = sorted((p for r in results for p in r.get("points", [])), key=key)
+    attach_hf(out["points"], out["hf"])
+    for p in out["points"]:
+        base = next((q for q in out["points"] if q["workload"] == p["workload"] and q.get("concurrency") == 1), None)
+        if p["mode"] == "concurrency" and base and base["tok_s"]:
+            p["scaling"] = round(p["tok_s"] / base["tok_s"], 2)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ report
+def _fmt(x, nd=1) -> str:
+    return "" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def markdown(res: dict) -> str:
+    c = res.get("config", {})
+    m = res.get("machine", {})
+    g = res.get("git", {})
+    lines = [
+        f"# bench_serve, {res.get('date', '')}\n",
+        f"`{res.get('command', '')}`\n",
+        f"Machine: {m.get('gpu') or m.get('cpu', '')} ({m.get('host', '')}); torch {m.get('torch', '')}; "
+        f"commit {(g.get('commit') or '?')[:10]}{' (dirty)' if g.get('dirty') else ''}. Model: "
+        f"{res.get('model', {}).get('random_init') or res.get('model', {}).get('dir', '')}, engine {c.get('engine')}, "
+        f"`{res.get('serve', {}).get('argv', '')}`. Bandwidth "
+        f"{res.get('bandwidth_bytes_per_s', 0) / 1e9:.0f} GB/s ({res.get('prepare', {}).get('bandwidth', {}).get('how', '')}).\n",
+    ]
+    for m_ in res.get("merged_from", [])[1:]:
+        lines.append(f"Merged with `{m_['command']}` ({m_['date']}).\n")
+    closed = [p for p in res.get("points", []) if p.get("mode") == "concurrency"]
+    if closed:
+        lines += [
+            "| workload | N | all streams tok/s | x N=1 | each stream p50 (min) | TTFT p50 / p99 s | ITL p50 / p99 s "
+            "| HF batch N tok/s (decode) | floor tok/s | % floor | errors | differing / checked |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in closed:
+            hf = f"{_fmt(p.get('hf_tok_s'))} ({_fmt(p.get('hf_decode_tok_s'))})" if "hf_tok_s" in p else ""
+            lines.append(
+                f"| {p['workload']} | {p['concurrency']} | {_fmt(p['tok_s'])} | {_fmt(p.get('scaling'), 2)} | "
+                f"{_fmt(p['stream_tok_s_p50'])} ({_fmt(p.get('stream_tok_s_min'))}) | "
+                f"{_fmt(p['ttft_s_p50'], 3)} / {_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / "
+                f"{_fmt(p['itl_s_p99'], 3)} | {hf} | {_fmt(p.get('floor_tok_s'))} | {_fmt(p.get('pct_of_floor'))} | "
+                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
+            )
+    rated = [p for p in res.get("points", []) if p.get("mode") == "rate"]
+    if rated:
+        lines += [
+            "",
+            "| workload | rate req/s | requests | tok/s | req/s done | mean in flight | TTFT p50 / p99 s | "
+            "ITL p50 / p99 s | errors | differing / checked |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in rated:
+            lines.append(
+                f"| {p['workload']} | {p['rate']:g} | {p['num_prompts']} | {_fmt(p['tok_s'])} | "
+                f"{_fmt(p['requests_per_s'], 2)} | {_fmt(p['mean_inflight'])} | {_fmt(p['ttft_s_p50'], 3)} / "
+                f"{_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / {_fmt(p['itl_s_p99'], 3)} | "
+                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
+            )
+    hf = res.get("hf", {})
+    if hf.get("skipped"):
+        lines.append(f"\nHF generate skipped: {hf['skipped']}")
+    for k, v in sorted(
+        ((k, v) for k, v in hf.items() if isinstance(v, dict) and "skipped" in v), key=lambda kv: int(kv[0])
+    ):
+        lines.append(f"\nHF generate at batch {k} skipped: {v['skipped']}")
+    for k in ("note_max_inflight",):
+        if k in res:
+            lines.append(f"\nNote: {res[k]}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: Path) -> bool:
+    """Throughput against concurrency (Baton per workload, HF at batch N, the floor), latencies, and the
+    Poisson points when there are any. False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return False
+    pts = res.get("points", [])
+    closed = [p for p in pts if p.get("mode") == "concurrency"]
+    rated = [p for p in pts if p.get("mode") == "rate" and math.isfinite(p["rate"])]  # rate inf: a burst
+    ncol = 2 + bool(rated)
+    fig, axes = plt.subplots(1, ncol, figsize=(5.5 * ncol, 4.2))
+    ax, lat = axes[0], axes[1]
+    eng = res.get("config", {}).get("engine", "")
+    for w in sorted({p["workload"] for p in closed}):
+        rows = [p for p in closed if p["workload"] == w]
+        xs = [p["concurrency"] for p in rows]
+        ax.plot(xs, [p["tok_s"] for p in rows], marker="o", label=f"Baton {eng}, {w}")
+        lat.plot(xs, [p["ttft_s_p50"] for p in rows], marker="o", label=f"TTFT p50, {w}")
+        lat.plot(xs, [p["ttft_s_p99"] for p in rows], marker="o", linestyle=":", label=f"TTFT p99, {w}")
+        lat.plot(xs, [p["itl_s_p50"] for p in rows], marker="s", label=f"inter-token p50, {w}")
+    fixed = [p for p in closed if p["workload"] == "fixed"] or closed
+    hf = [p for p in fixed if p.get("hf_decode_tok_s") or p.get("hf_tok_s")]
+    if hf:
+        ax.plot(
+            [p["concurrency"] for p in hf],
+            [p.get("hf_decode_tok_s") or p["hf_tok_s"] for p in hf],
+            marker="^",
+            color="grey",
+            linestyle="--",
+            label="HF generate, batch N (decode rate)",
+        )
+    fl = [p for p in fixed if p.get("floor_tok_s")]
+    if fl:
+        ax.plot(
+            [p["concurrency"] for p in fl], [p["floor_tok_s"] for p in fl], "k--", label="bandwidth floor (measured BW)"
+        )
+    for a_ in (ax, lat):
+        a_.set_xscale("log", base=2)
+        a_.set_yscale("log")
+        a_.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        a_.set_xticks(sorted({p["concurrency"] for p in closed}))
+        a_.set_xlabel("concurrent streams")
+        a_.grid(True, which="both", alpha=0.3)
+    ax.set_ylabel("output tokens/s, all streams")
+    lat.set_ylabel("seconds")
+    for a_ in (ax, lat):
+        if a_.get_legend_handles_labels()[0]:
+            a_.legend(fontsize=7)
+    m = res.get("machine", {})
+    ax.set_title(f"{m.get('gpu') or 'CPU'}: throughput", fontsize=9)
+    lat.set_title("latency", fontsize=9)
+    if rated:
+        rx = axes[2]
+        tw = rx.twinx()
+        for w in sorted({p["workload"] for p in rated}):
+            rows = sorted((p for p in rated if p["workload"] == w), key=lambda p: p["rate"])
+            xs = [p["rate"] for p in rows]
+            (line,) = rx.plot(xs, [p["tok_s"] for p in rows], marker="o", label=f"tok/s, {w}")
+            tw.plot(
+                xs, [p["ttft_s_p50"] for p in rows], ":", color=line.get_color(), marker="x", label=f"TTFT p50, {w}"
+            )
+        rx.set_xlabel("Poisson request rate (req/s)")
+        rx.set_ylabel("output tokens/s (solid)")
+        tw.set_ylabel("TTFT p50, s (dotted)")
+        rx.legend(fontsize=7, loc="upper left")
+        tw.legend(fontsize=7, loc="lower right")
+        rx.set_title("Poisson arrivals", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_report(res: dict, json_path: Path) -> list[Path]:
+    """The .md and (matplotlib permitting) .png beside json_path; returns what was written."""
+    md = json_path.with_suffix(".md")
+    md.write_text(markdown(res))
+    out = [md]
+    png = json_path.with_suffix(".png")
+    if plot(res, png):
+        out.append(png)
+    else:
+        print(
+            "bench_serve: no matplotlib here: no plot (pip install -e '.[bench]', or --report later)", file=sys.stderr
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/bench_serve.py", description=__doc__.split("\n")[0])
-    p.add_argument("--concurrency", default="1,2,4,8")
-    p.add_argument("--requests", type=int, default=2, help="Generate calls per client, one after another")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--engine", default="bf16", choices=("bf16", "fp8"))
-    p.add_argument("--model", default=None)
-    p.add_argument("--out", default=None)
-    a = p.parse_args(argv)
-    points = [int(x) for x in a.concurrency.split(",")]
-    with tempfile.TemporaryDirectory(prefix="baton-serve-") as tmp:
-        token = f"serve-{os.getpid()}-{random.randrange(1 << 30)}"
-        tf = Path(tmp) / "token"
-        tf.write_text(token)
-        args = ["--port", "0", "--http-port", "0", "--token-file", str(tf), "--max-len", str(a.max_len)]
-        args += ["--engine", a.engine, "--slots", str(max(8, max(points)))] + (["--model", a.model] if a.model else [])
-        serve = Serve(*args)
-        try:
-            ref = make_reference(a.model, a.max_len, PROMPTS[: max(points)], a.max_new_tokens)
-            addr = serve.wait()
-            _point(addr, token, 1, 1, a.max_new_tokens, a.engine, ref)  # warm-up
-            rows = [_point(addr, token, n, a.requests, a.max_new_tokens, a.engine, ref) for n in points]
-        finally:
-            serve.stop()
-    base = rows[0]["tok_s"] if rows and rows[0]["concurrency"] == 1 else None
-    for r in rows:
-        r["scaling"] = round(r["tok_s"] / base, 2) if base else None
-    out = {
-        "benchmark": "bench_serve",
-        "command": "python " + " ".join([os.path.relpath(__file__, Path.cwd()), *(argv or sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "engine": a.engine,
-        "max_new_tokens": a.max_new_tokens,
-        "points": rows,
-    }
-    text = json.dumps(out, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = build_parser().parse_args(argv)
+    if a.report:
+        res = [json.loads(Path(f).read_text()) for f in a.report]
+        if len(res) > 1 and not a.out:
+            raise SystemExit("--report with several files merges them: give --out MERGED.json")
+        path = Path(a.out or a.report[0])
+        if len(res) > 1:
+            from benchmarks.report import emit
+
+            emit(merge(res, a.report), path)
+        for f in write_report(merge(res, a.report) if len(res) > 1 else res[0], path):
+            print(f)
+        return 0
+    resolve(a)
+    res = run(a, argv)
+    from benchmarks.report import emit
+
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
+    out = Path(a.out) if a.out else RESULTS / f"serve-{a.device}-{stamp}.json"
+    emit(res, out)
+    if not a.no_plot:
+        for f in write_report(res, out):
+            print(f"bench_serve: wrote {f}", file=sys.stderr)
+    bad = sum(p["mismatched"] for p in res["points"])
+    if bad:
+        print(f"bench_serve: FAIL: {bad} streams differ from their reference", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

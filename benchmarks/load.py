@@ -78,7 +78,8 @@ class Serve:
         # process) oversubscribes and OpenMP spin-waits make each step 10-50x slower
         self.env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            # NOTE: ROOT first, the caller's path kept: on the GPU machine it holds /tmp/gpu-site (fla, grpc wheels)
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1",
             "BATON_LOG_LEVEL": "WARNING",
             "OMP_NUM_THREADS": "1",

@@ -16,6 +16,11 @@ Parts (each also runs alone; see its script):
     exact    bench_exact.py   exact mode through the router (workers as processes) vs bf16 AR: real FP8 /
                               MTP drafts, the acceptance-controlled drafter at FP8-step cost, the analytic bound
     exact_mtp bench_exact.py  the acceptance-controlled drafter at the cost of an MTP chain (K=8)
+    serve    bench_serve.py   concurrent streams through `baton serve --processes` (bf16; 512-token prompts,
+                              --new tokens; N = 1, 8, 32, 64, 128) against HF generate at batch N and the
+                              bandwidth floor at N; writes its own .md and .png beside its JSON
+    serve_fp8 bench_serve.py  the same with the fp8 engine (N = 1, 8, 32)
+serve and serve_fp8 are not in the default --parts (they start servers of their own): ask for them.
 Writes <out-dir>/<date>-<machine>.json (decode), <stem>-<part>.json for the others, <stem>.md with every
 part's headline figures, and <stem>.png (tok/s against context, HF and the floor drawn).
 """
@@ -126,6 +131,24 @@ def _script(part: str, args, js: Path) -> list[str]:
         )
     if part == "bridge":
         return py + ["--device", "cuda", "--repeats", str(args.runs), "--out", str(js)]
+    if part in ("serve", "serve_fp8"):
+        fp8 = part == "serve_fp8"
+        return py + [
+            "--device",
+            "cuda",
+            "--random-init",
+            args.random_init,
+            "--engine",
+            "fp8" if fp8 else "bf16",
+            "--concurrency",
+            "1,8,32" if fp8 else "1,8,32,64,128",
+            "--input-len",
+            "512",
+            "--output-len",
+            str(args.new),
+            "--out",
+            str(js),
+        ]
     exact = (
         py
         + shape
@@ -152,6 +175,8 @@ def _script(part: str, args, js: Path) -> list[str]:
 
 
 SCRIPTS = {
+    "serve": "bench_serve",
+    "serve_fp8": "bench_serve",
     "profile": "profile_step",
     "ttft": "bench_ttft",
     "bridge": "bench_bridge",
@@ -168,6 +193,10 @@ def summary(part: str, res: dict) -> list[str]:
             f"{r['kernels']} kernels; " + ", ".join(f"{k} {v:.2f} ms" for k, v in r["groups_ms"].items())
             for r in res.get("runs", [])
         ]
+    if part in ("serve", "serve_fp8"):
+        from benchmarks.bench_serve import markdown as serve_markdown
+
+        return serve_markdown(res).splitlines()[4:]
     if part == "bridge":
         e = res.get("results", {}).get("e2e_frames", {})
         return [
