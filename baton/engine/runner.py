@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from baton.engine import batch, fast_rows
+from baton.engine.sampling import SamplingTable
 from baton.engine.state import HybridState
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 
@@ -85,6 +86,7 @@ class ModelRunner:
         self._tok_host = torch.zeros(slots, 2, dtype=torch.long, pin_memory=pin)
         self._tok_ev = [[torch.cuda.Event() for _ in range(2)] for _ in range(slots)] if pin else None
         self.arange_w = torch.arange(W, device=dev)
+        self.sampling = SamplingTable(slots, dev, W)  # per-slot sampling parameters (baton/engine/sampling.py)
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
@@ -106,7 +108,8 @@ class ModelRunner:
     # ---- prefill -------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None, mtp: bool = True) -> int:
-        """Consumes ids at positions [start, start+T); returns the greedy next token.
+        """Consumes ids at positions [start, start+T); returns the next token (greedy, or sampled by the
+        slot's parameters at position start+T).
         on_layer(i): called once layer i's state writes are enqueued (StepContext.state_written).
         mtp=False skips the MTP layer's KV (~1/(layers+1) of the compute): the slot's MTP rows for
         [start, start+T) are then left as they were, for a session that will never read them."""
@@ -117,7 +120,7 @@ class ModelRunner:
             self.state.reset(slot)
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start, on_layer=on_layer))
-        tok = int(self.model.logits(h[-1:]).argmax(-1))
+        tok = int(self.sampling.pick_slot(self.model.logits(h[-1:]), slot, start + len(ids))[0])
         if self.has_mtp and mtp:  # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
             nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])
             pos = torch.arange(start, start + len(ids), device=self.device)
@@ -142,16 +145,17 @@ class ModelRunner:
         return buf
 
     def compute_rows(self, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
-        """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
+        """ids_buf [W] (first n valid) -> tok_out [W] (picked by the slot's sampling parameters:
+        greedy unless set), h_rows [W, h]; advances position by n and
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
         Returns logits [W, vocab] (tests compare them; graphs ignore them). phase: see ar_launch."""
+        pos = self.state.position[slot] + self.arange_w  # [W] device-side, before the step advances it
         if self.fast is not None:
-            pos = self.state.position[slot] + self.arange_w  # [W] device-side
             h = self.fast.forward(self.ids_buf, self.state, slot, n, pos, phase)
         else:
             h = self.model(self.ids_buf, self.state, StepContext(slot=slot, width=self.width, n=n, phase=phase))
         logits = self.model.logits(h, rows=n)  # [W, vocab]; rows >= n junk
-        self.tok_out.copy_(logits.argmax(-1))
+        self.tok_out.copy_(self.sampling.pick_slot(logits, slot, pos[0] + 1))  # row i picks position pos+i+1
         self.h_rows.copy_(h)
         self.state.hidden[slot].copy_(h[n - 1])
         return logits
