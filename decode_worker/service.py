@@ -38,7 +38,9 @@ import time
 import grpc
 import torch
 
+from baton import sampling_rules
 from baton.engine.runner import WindowError
+from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff import timeline
 from baton.handoff.receive import layout_of, peek_header, receive_state
@@ -102,6 +104,15 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         if bad:
             raise StatusError(INVALID, f"{field}: token id {bad[0]} out of range [0, {self.vocab})")
         return list(ids)
+
+    @staticmethod
+    def _set_sampling(s, request) -> None:
+        """The session's sampling parameters for this call, on its runner's table (absent = greedy)."""
+        p = None
+        if request.HasField("sampling"):
+            sampling_rules.check(request.sampling, stops=False)  # ValueError naming `sampling.<field>`
+            p = Params.from_proto(request.sampling)
+        s.runner.sampling.set(s.slot, p)
 
     # ---- RPCs ------------------------------------------------------------------------------------
     def LoadState(self, request_iterator, context):
@@ -187,6 +198,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                     raise StatusError(INVALID, "max_new_tokens: must be >= 1")
                 stop = set(self._ids("stop_token_ids", request.stop_token_ids))
                 eos = set() if request.ignore_eos else set(self.eos_ids)
+                self._set_sampling(s, request)
+                table = s.runner.sampling
                 rounds0, emitted0 = s.rounds, s.emitted_in_rounds
                 gen = self.engine.decode(sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k)
                 produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
@@ -206,6 +219,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                             else finish
                         )
                         msg = decode_pb2.DecodeResponse(token_ids=toks, finish_reason=finish)
+                        if table.wants_logprobs(s.slot):  # the step that picked toks: rows 0..len-1
+                            msg.logprobs.extend(sampling_rules.logprob_protos(table.logprobs(s.slot, len(toks)), toks))
                         if finish and s.engine == "mtp":
                             msg.mean_accept_len = _mean(s.rounds - rounds0, s.emitted_in_rounds - emitted0)
                         if not context.is_active():
@@ -230,6 +245,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 verdict = (request.accepted, request.next_token)
             elif request.accepted or request.next_token:
                 raise StatusError(INVALID, "has_verdict: false, but accepted/next_token are set")
+            self._set_sampling(s, request)  # drafts picked with the exact engine's noise
             with window_field("k"):
                 drafts = self.engine.draft(request.session_id, request.k, verdict)
             pos = int(s.runner.state.position[s.slot])
