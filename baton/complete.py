@@ -1,4 +1,4 @@
-"""`baton complete`: decoding in-process with the exact engine, one token at a time.
+"""`baton complete`: greedy decoding (or seeded sampling) in-process with the exact engine, one token at a time.
 
 This is the reference every serving path is checked against: it runs ExactEngine.generate, i.e.
 prefill then fixed-width AR rows, exactly what the prefill worker's Verify compares drafts with.
