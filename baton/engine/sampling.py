@@ -113,9 +113,9 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 def uniform(seed_hi: torch.Tensor, seed_lo: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """[M] seeds (two 32-bit halves) and positions -> [M, vocab] float32 in (0, 1), bit-identical on
     every device: u = ((bits >> 9) + 0.5) / 2^23 is exact in float32."""
-    key = hash32(hash32(hash32(seed_lo ^ 0x5BD1E995) ^ seed_hi) ^ (positions & M32))  # [M]
+    key = hash32(hash32(hash32(seed_lo ^ 0x5BD1E995) ^ seed_hi) ^ (positions & M32)) ^ _GOLDEN  # [M]
     v = hash32(torch.arange(vocab, device=positions.device, dtype=torch.int64) * 2 + 1)  # [V]
-    bits = hash32((hash32(key[:, None] ^ v[None, :]) + _GOLDEN) & M32)  # [M, V], two rounds per element
+    bits = hash32(key[:, None] ^ v[None, :])  # [M, V]: one mix per element (key and v are mixed already)
     return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
