@@ -1,6 +1,8 @@
 """Batched rows (issue 20, first step): one eager step over several sessions' slots.
 
-    rows_batch(runner, [(slot, tokens), ...])  ->  [greedy tokens after each of tokens, ...]
+    rows_batch(runner, [(slot, tokens), ...])  ->  [the token picked after each of tokens, ...]
+    (greedy, or sampled by the slot's row of runner.sampling at its own positions: baton/engine/sampling.py,
+    whose pick also runs on W-row chunks with no cross-row op)
 
 Each group is one slot's rows (1 <= len(tokens) <= W, distinct slots). The rows of all groups are
 flattened, each group contiguous and in order, and padded to C chunks of W rows. The model
