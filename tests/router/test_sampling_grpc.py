@@ -226,3 +226,36 @@ def test_a_decode_worker_stopped_mid_stream_keeps_the_seeded_tokens(lm):
         assert stopped.is_set() and got == want
     finally:
         close()
+
+
+def test_cli_generate_and_complete_take_the_sampling_flags(client, capsys):
+    """`baton generate --temperature --top-p --seed --stop` over gRPC and `baton complete` in process with
+    the same flags print the same tokens and text (the exact engine's seeded decode)."""
+    import argparse
+    import json
+
+    from baton import client_cli, complete
+
+    flags = ["--max-new-tokens", "20", "--temperature", "0.8", "--top-p", "0.95", "--seed", "5", "--json"]
+    p = argparse.ArgumentParser()
+    complete.add_arguments(p)
+    assert (
+        complete.run(p.parse_args(["--prompt", "class Counter:", "--max-len", str(MAX_LEN), "--ignore-eos", *flags]))
+        == 0
+    )
+    ref = json.loads(capsys.readouterr().out)
+    g = argparse.ArgumentParser()
+    client_cli.add_arguments_for("generate", g)
+    args = g.parse_args(["--addr", client.addr, "--ignore-eos", *flags, "class Counter:"])
+    assert client_cli.run_for("generate", args) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["token_ids"] == ref["token_ids"] and got["text"] == ref["text"] and ref["seed"] == 5
+    assert got["stats"]["seed"] == 5 and len(got["token_ids"]) == 20
+    stop = ref["text"][4:7]
+    args = g.parse_args(["--addr", client.addr, "--ignore-eos", *flags, "--stop", stop, "class Counter:"])
+    assert client_cli.run_for("generate", args) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["text"] == ref["text"][: ref["text"].find(stop)] and cut["finish_reason"] == "STOP"
+    bad = g.parse_args(["--addr", client.addr, "--temperature", "-1", "x"])
+    assert client_cli.run_for("generate", bad) == 1
+    assert "INVALID_ARGUMENT: sampling.temperature" in capsys.readouterr().err
