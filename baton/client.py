@@ -38,11 +38,13 @@ class Delta:
     finish_reason: str | None = None
     usage: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
+    logprobs: list = field(default_factory=list)  # (token id, logprob, [(id, logprob)]) per token, when asked
 
     @classmethod
     def from_proto(cls, m: router_pb2.GenerateResponse) -> "Delta":
+        lps = [(e.token_id, e.logprob, [(a.token_id, a.logprob) for a in e.top]) for e in m.logprobs]
         if not m.finish_reason:
-            return cls(list(m.token_ids), m.text)
+            return cls(list(m.token_ids), m.text, logprobs=lps)
         usage = {"prompt_tokens": m.usage.prompt_tokens, "completion_tokens": m.usage.completion_tokens}
         s = m.stats
         stats = {
@@ -57,9 +59,10 @@ class Delta:
                 "migrations",
                 "decode_tokens_per_s",
                 "request_id",
+                "seed",
             )
         }
-        return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats)
+        return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats, lps)
 
 
 class Client:
@@ -91,8 +94,20 @@ class Client:
         draft_block: int = 0,
         timeout: float | None = None,
         request_id: str = "",
+        temperature: float = 0.0,
+        top_p: float = 0.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        logprobs: int = 0,
+        repetition_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
+        Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
+        delta's stats["seed"]); stop strings end the text before them; logprobs = N alternatives.
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -106,6 +121,18 @@ class Client:
             stop_token_ids=list(stop_token_ids),
             ignore_eos=ignore_eos,
             draft_block=draft_block,
+            sampling=common_pb2.SamplingParams(
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                min_p=min_p,
+                seed=seed,
+                stop=list(stop),
+                logprobs=logprobs,
+                repetition_penalty=repetition_penalty,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+            ),
         )
         if token_ids is None and prompt is not None and not isinstance(prompt, str):
             token_ids = prompt

@@ -1,6 +1,7 @@
 """`baton generate` and `baton health`: command-line clients of a running router (no torch imported).
 
-    baton generate [--addr A] [--mode fast|exact] [--engine bf16|fp8|mtp] [--max-new-tokens N] [--json] PROMPT
+    baton generate [--addr A] [--mode fast|exact] [--engine bf16|fp8|mtp] [--max-new-tokens N] [--json]
+                   [--temperature T --top-p P --top-k K --seed S --stop STR ...] PROMPT
         streams the text to stdout; --json prints one object at the end:
         {"token_ids", "text", "finish_reason", "usage", "stats"}
     baton health [--addr A]
@@ -37,8 +38,24 @@ def add_arguments_for(cmd: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--draft-block", type=int, default=0, help="exact mode K (0 = the router's default)")
     p.add_argument("--prompt-ids", default=None, help="comma-separated prompt token ids instead of PROMPT")
+    add_sampling_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     p.add_argument("prompt", nargs="?", default=None, help="prompt text")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, stop: bool = True) -> None:
+    """The sampling flags of `baton generate` and `baton complete` (SamplingParams)."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=0.0, help="nucleus sampling (0 or 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= min_p * p_max (0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: drawn, reported in stats.seed)")
+    if stop:
+        p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable, at most 16)")
+
+
+def sampling_kwargs(args) -> dict:
+    return dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed)
 
 
 def _ids(text: str, flag: str) -> list[int]:
@@ -86,6 +103,8 @@ def _generate(c: Client, args) -> int:
         ignore_eos=args.ignore_eos,
         draft_block=args.draft_block,
         timeout=args.timeout,
+        stop=args.stop,
+        **sampling_kwargs(args),
     ):
         ids += d.token_ids
         text.append(d.text)

@@ -1,7 +1,10 @@
-"""`baton complete`: greedy decoding in-process with the exact engine, one token at a time.
+"""`baton complete`: greedy decoding (or seeded sampling) in-process with the exact engine, one token at a time.
 
 This is the reference every serving path is checked against: it runs ExactEngine.generate, i.e.
 prefill then fixed-width AR rows, exactly what the prefill worker's Verify compares drafts with.
+Greedy by default; --temperature / --top-p / --top-k / --min-p / --seed sample exactly as the workers do
+(baton/engine/sampling.py: the same seed gives the same tokens as a served request with that seed);
+--stop ends the text before a stop string, as the router does (router/stops.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="window; must equal the workers' --max-len for bitwise-identical output",
     )
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text"}')
+    p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text", "seed"}')
+    from baton.client_cli import add_sampling_arguments
+
+    add_sampling_arguments(p)
 
 
 def complete(
@@ -44,14 +50,16 @@ def complete(
     max_len=0,
     ignore_eos=False,
     loaded=None,
+    sampling=None,
 ) -> list[int]:
+    """sampling: baton.engine.sampling.Params (None = greedy)."""
     from prefill_worker.engine import ExactEngine
 
     dtype = dtype or ("bf16" if str(device).startswith("cuda") else "fp32")
     lm = loaded or load_model(model_dir, dtype=dtype, device=device, mtp=False)
     runner = ModelRunner(lm.model, slots=1, max_len=max_len or DEFAULT_MAX_LEN, width=width)
     eos = () if ignore_eos else lm.cfg.eos_token_ids
-    return ExactEngine(runner).generate(prompt_ids, max_new_tokens, eos_ids=eos)
+    return ExactEngine(runner).generate(prompt_ids, max_new_tokens, eos_ids=eos, sampling=sampling)
 
 
 def run(args) -> int:
@@ -71,6 +79,10 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         print("baton complete: --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
+    sampling, seed = _sampling(args)
+    if isinstance(sampling, str):
+        print(f"baton complete: {sampling}", file=sys.stderr)
+        return 2
     try:
         out = complete(
             model_dir,
@@ -81,13 +93,40 @@ def run(args) -> int:
             width=args.width,
             max_len=args.max_len,
             ignore_eos=args.ignore_eos,
+            sampling=sampling,
         )
     except ValueError as e:
         print(f"baton complete: {e}", file=sys.stderr)
         return 2
-    text = tok.decode(out)
+    from router.stops import TextStream
+
+    stream = TextStream(tok.stream(), tuple(args.stop))
+    text, kept = stream.feed(out)
+    if not stream.stopped:
+        text += stream.finish()[0]
+    out = out[:kept]
     if args.json:
-        print(json.dumps({"prompt_ids": ids, "token_ids": out, "text": text}))
+        print(json.dumps({"prompt_ids": ids, "token_ids": out, "text": text, "seed": seed}))
     else:
         print((args.prompt or "") + text)
     return 0
+
+
+def _sampling(args):
+    """-> (Params, seed) from the flags (the same checks as the router), or (error message, None)."""
+    import secrets
+
+    from baton import sampling_rules
+    from baton.engine.sampling import Params
+    from baton.v1 import common_pb2
+
+    msg = common_pb2.SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, stop=args.stop
+    )
+    if args.seed is not None:
+        msg.seed = args.seed % (1 << 64)
+    try:
+        resolved, _ = sampling_rules.plan(msg, True, secrets.randbits(64))
+    except ValueError as e:
+        return str(e), None
+    return Params.from_proto(resolved), resolved.seed

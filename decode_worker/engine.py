@@ -181,7 +181,7 @@ class DecodeEngine:
         if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
             yield from self._ar_batched(s, max_new_tokens, ends, RUN_AHEAD if run_ahead else 0)
             return
-        if s.engine != "mtp" and r.state.pingpong:
+        if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
         produced = 0

@@ -9,7 +9,8 @@ Lifecycle of a request:
         -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot; with call
            metadata `baton-timeline: 1`: its timeline, the decode.* marks of baton/handoff/timeline.py, for which
            LoadState waits for the slot's device copies before it answers)
-    Decode(session, max_new_tokens, stop ids, ignore_eos)   fast mode, server stream:
+    Decode(session, max_new_tokens, stop ids, ignore_eos, sampling)   fast mode, server stream (sampling:
+        written into the session's row of its runner's SamplingTable first; logprobs per token if asked):
         one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
         ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
         mean_accept_len of this call. Tokens start AFTER the state's next_token (Prefill's first
@@ -38,7 +39,9 @@ import time
 import grpc
 import torch
 
+from baton import sampling_rules
 from baton.engine.runner import WindowError
+from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff import timeline
 from baton.handoff.receive import layout_of, peek_header, receive_state
@@ -102,6 +105,15 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         if bad:
             raise StatusError(INVALID, f"{field}: token id {bad[0]} out of range [0, {self.vocab})")
         return list(ids)
+
+    @staticmethod
+    def _set_sampling(s, request) -> None:
+        """The session's sampling parameters for this call, on its runner's table (absent = greedy)."""
+        p = None
+        if request.HasField("sampling"):
+            sampling_rules.check(request.sampling, stops=False)  # ValueError naming `sampling.<field>`
+            p = Params.from_proto(request.sampling)
+        s.runner.sampling.set(s.slot, p)
 
     # ---- RPCs ------------------------------------------------------------------------------------
     def LoadState(self, request_iterator, context):
@@ -187,6 +199,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                     raise StatusError(INVALID, "max_new_tokens: must be >= 1")
                 stop = set(self._ids("stop_token_ids", request.stop_token_ids))
                 eos = set() if request.ignore_eos else set(self.eos_ids)
+                self._set_sampling(s, request)
+                table = s.runner.sampling
                 rounds0, emitted0 = s.rounds, s.emitted_in_rounds
                 gen = self.engine.decode(
                     sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k, run_ahead=request.release_at_end
@@ -208,6 +222,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                             else finish
                         )
                         msg = decode_pb2.DecodeResponse(token_ids=toks, finish_reason=finish)
+                        if table.wants_logprobs(s.slot):  # the step that picked toks: rows 0..len-1
+                            msg.logprobs.extend(sampling_rules.logprob_protos(table.logprobs(s.slot, len(toks)), toks))
                         if finish and s.engine == "mtp":
                             msg.mean_accept_len = _mean(s.rounds - rounds0, s.emitted_in_rounds - emitted0)
                         if not context.is_active():
@@ -232,6 +248,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 verdict = (request.accepted, request.next_token)
             elif request.accepted or request.next_token:
                 raise StatusError(INVALID, "has_verdict: false, but accepted/next_token are set")
+            self._set_sampling(s, request)  # drafts picked with the exact engine's noise
             with window_field("k"):
                 drafts = self.engine.draft(request.session_id, request.k, verdict)
             pos = int(s.runner.state.position[s.slot])

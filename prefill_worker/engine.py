@@ -1,7 +1,8 @@
 """ExactEngine: the exact BF16 engine of the prefill worker, with kept sessions for exact mode.
 
 Lifecycle of a request through this engine:
-    prefill(prompt, keep)   -> a session in a free slot; wide kernels; first greedy token
+    prefill(prompt, keep)   -> a session in a free slot; wide kernels; first token (greedy, or sampled
+                               by the session's SamplingTable row, set at open, cleared at release)
                                (= open_prefill + run_prefill; in between a sender may take the slot's
                                views and stream each layer as run_prefill's PrefillProgress marks it)
     export(session)         -> the slot's state tensors (the service streams them to a decode worker)
@@ -22,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from baton.engine.runner import ModelRunner
+from baton.engine.sampling import Params
 from baton.engine.slots import SlotTable
 from baton.engine.speculation import verify_block
 from baton.handoff.progress import PrefillProgress
@@ -55,6 +57,7 @@ class VerifyResult:
     next_token: int
     position: int
     counters: Counters
+    logprobs: list = field(default_factory=list)  # SamplingTable.logprobs of d1..dm, next (when asked)
 
 
 class ExactEngine:
@@ -85,6 +88,10 @@ class ExactEngine:
         return self._table.get(session_id)
 
     def release(self, session_id: str) -> bool:
+        try:
+            self.runner.sampling.clear(self._table.get(session_id).slot)  # before the slot can be reused
+        except KeyError:
+            pass
         return self._table.release(session_id)
 
     def reap_expired(self) -> int:
@@ -97,16 +104,26 @@ class ExactEngine:
         self.runner.check_ids(ids, "prompt_ids")
         self.runner.check_window(len(ids), max_new_tokens, self.width)
 
-    def prefill(self, ids: list[int], *, session_id: str | None = None, mtp: bool = True) -> tuple[Session, int]:
+    def prefill(
+        self, ids: list[int], *, session_id: str | None = None, mtp: bool = True, sampling: Params | None = None
+    ) -> tuple[Session, int]:
         """Runs the prompt into a new session's slot; returns (session, first token). mtp: run_prefill."""
-        s = self.open_prefill(ids, session_id=session_id)
+        s = self.open_prefill(ids, session_id=session_id, sampling=sampling)
         return s, self.run_prefill(s, ids, mtp=mtp)
 
-    def open_prefill(self, ids: list[int], *, session_id: str | None = None) -> Session:
+    def open_prefill(self, ids: list[int], *, session_id: str | None = None, sampling: Params | None = None) -> Session:
         """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
-        slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender."""
+        slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender.
+        sampling: the session's parameters (None = greedy), set on the slot for its first token, every
+        Verify and step (baton/engine/sampling.py); cleared at release."""
         self.validate_prompt(ids)
-        return self._open(session_id)
+        s = self._open(session_id)
+        self.runner.sampling.set(s.slot, sampling)
+        return s
+
+    def last_logprobs(self, session_id: str, n: int) -> list:
+        """The session's logprobs of its last pass's rows 0..n-1 ([] unless its sampling asks)."""
+        return self.runner.sampling.logprobs(self.get(session_id).slot, n)
 
     def run_prefill(
         self, s: Session, ids: list[int], progress: PrefillProgress | None = None, *, mtp: bool = True
@@ -166,12 +183,13 @@ class ExactEngine:
                 raise ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
             m, nxt = verify_block(self.runner, s.slot, tokens)  # keeps tokens[0..m] only
             pos = int(st.position[s.slot])
+            lps = self.runner.sampling.logprobs(s.slot, m + 1)  # rows 0..m picked d1..dm, next
         c = s.counters
         c.drafted += k
         c.accepted += m
         c.rejected_blocks += int(m < k)
         c.verify_blocks += 1
-        return VerifyResult(m, nxt, pos, c)
+        return VerifyResult(m, nxt, pos, c, lps)
 
     def step(self, session_id: str) -> int:
         """One AR step: consumes the pending token, returns the new one."""
@@ -181,12 +199,15 @@ class ExactEngine:
             self.runner.state.next_token[s.slot] = tok
         return tok
 
-    def generate(self, ids: list[int], max_new_tokens: int, *, stop_ids=(), eos_ids=()) -> list[int]:
-        """The exact AR reference: prefill, then one fixed-width row per token."""
+    def generate(
+        self, ids: list[int], max_new_tokens: int, *, stop_ids=(), eos_ids=(), sampling: Params | None = None
+    ) -> list[int]:
+        """The exact AR reference: prefill, then one fixed-width row per token, each picked by
+        `sampling` (None = greedy; seeded noise keyed by position, baton/engine/sampling.py)."""
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens: must be >= 1")
         self.validate_prompt(ids, max_new_tokens)
-        s, tok = self.prefill(ids)
+        s, tok = self.prefill(ids, sampling=sampling)
         out = [tok]
         try:
             ends = set(stop_ids) | set(eos_ids)

@@ -39,7 +39,9 @@ import uuid
 
 import grpc
 
+from baton import sampling_rules
 from baton.engine.runner import WindowError
+from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff.channels import ChannelPool
 from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped
@@ -137,6 +139,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         if r.mode not in (common_pb2.MODE_UNSPECIFIED, common_pb2.FAST, common_pb2.EXACT):
             raise StatusError(INVALID, f"mode: unknown value {r.mode}")
         engine_name(r.engine)  # ValueError naming `engine`
+        if r.HasField("sampling"):
+            sampling_rules.check(r.sampling, stops=False)  # ValueError naming `sampling.<field>`
         exact = r.mode == common_pb2.EXACT
         if exact and not r.session_id:
             raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")
@@ -227,7 +231,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             ids, exact = self._validate(request)
             sid = request.session_id or uuid.uuid4().hex
             t0, t0_ns = time.perf_counter(), time.monotonic_ns()
-            session = self.engine.open_prefill(ids, session_id=sid)
+            sampling = Params.from_proto(request.sampling) if request.HasField("sampling") else None
+            session = self.engine.open_prefill(ids, session_id=sid, sampling=sampling)
             session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
             mtp = computes_mtp_kv(exact, request.engine, bool(target))
@@ -282,12 +287,15 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                             self._release_remote(target, sid)
                             raise self._ended(context)
                     keep = exact
+                    lps = self.engine.last_logprobs(sid, 1)
             finally:
                 if not keep:
                     self.engine.release(sid)
             resp = prefill_pb2.PrefillResponse(
                 first_token=first, bridge=bridge, prompt_tokens=len(ids), prefill_seconds=prefill_s
             )
+            if lps:
+                resp.first_logprob.CopyFrom(sampling_rules.logprob_protos(lps, [first])[0])
             if bridge.HasField("timeline"):
                 resp.bridge.timeline.marks_ns["prefill.rpc_reply"] = time.monotonic_ns()
             return resp
@@ -303,7 +311,9 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             with window_field("tokens"):
                 r = self.engine.verify(request.session_id, list(request.tokens))
             c = r.counters
+            picked = list(request.tokens[1 : r.accepted + 1]) + [r.next_token]
             return prefill_pb2.VerifyResponse(
+                logprobs=sampling_rules.logprob_protos(r.logprobs, picked),
                 accepted=r.accepted,
                 next_token=r.next_token,
                 position=r.position,

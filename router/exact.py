@@ -7,7 +7,9 @@ Lifecycle of one exact request after its Prefill (docs/ARCHITECTURE.md, "An exac
     send d1..dm, next   (truncated after the first stop / EOS, and at max_new_tokens)
     Draft(S, k, has_verdict=True, accepted=m, next_token=next) -> the next drafts
     ...                                           the caller Releases S on P and D at the end
-Only verified tokens are ever sent, so the output is the exact engine's greedy output whatever D drafts.
+Only verified tokens are ever sent, so the output is the exact engine's output whatever D drafts: its
+greedy tokens, or (sampling) its own picks with the request's seed; D drafts with the same noise, so a
+draft is accepted iff it equals the exact engine's pick at that position (issue 22, rule 3).
 
 Migration: when D fails (dies, hangs, loses S), ExportState(S, decode_target=D') on P re-streams the
 exact state (position, next_token = the pending token) to another decode worker and the loop goes on
@@ -48,6 +50,14 @@ class RunStats:
         self.bridge_bytes += int(report.total_bytes)
         self.bridge_seconds += float(report.seconds)
 
+    def fill(self, st, **extra) -> None:
+        """Writes these counters (and `extra` fields) into a router_pb2.Stats."""
+        st.migrations, st.bridge_bytes, st.bridge_seconds = self.migrations, self.bridge_bytes, self.bridge_seconds
+        st.drafted, st.accepted = self.drafted, self.accepted
+        st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
+        for k, v in extra.items():
+            setattr(st, k, v)
+
 
 class ExactLoop:
     def __init__(
@@ -64,6 +74,7 @@ class ExactLoop:
         max_migrations: int = 3,
         on_migrate: Callable[[], None] | None = None,
         on_bridge: Callable[[object], None] | None = None,
+        sampling=None,
     ):
         # ExportState re-sends the engine the prefill worker kept from the Prefill, so a migration target
         # must offer that engine (the request's, else the first decode worker's default)
@@ -74,9 +85,11 @@ class ExactLoop:
         self.migrate_wait_s, self.max_migrations = migrate_wait_s, max_migrations
         self.on_migrate, self.on_bridge = on_migrate, on_bridge
         self._attempts = 0
+        self.sampling = sampling  # SamplingParams (seed resolved): the drafts use the exact engine's noise
 
-    def run(self, pending: int) -> Iterator[tuple[list[int], int | None]]:
-        """pending = the last committed token (already sent). Yields (tokens, finish_reason | None)."""
+    def run(self, pending: int) -> Iterator[tuple[list[int], int | None, list]]:
+        """pending = the last committed token (already sent). Yields (tokens, finish_reason | None,
+        logprobs: the exact engine's TokenLogprob per token, when asked)."""
         verdict: tuple[int, int] | None = None  # (m, next) of the last Verify, for the next Draft
         while True:
             # k <= remaining - 1: one block then yields at most the tokens still wanted
@@ -87,17 +100,19 @@ class ExactLoop:
                 self._migrate(pending, e)
                 verdict = None
                 continue
-            m, nxt = self._verify(pending, drafts)
+            m, nxt, lps = self._verify(pending, drafts)
             self.stats.drafted += k
             self.stats.accepted += m
             toks, finish = self.budget.take(drafts[:m] + [nxt])
-            yield toks, finish
+            yield toks, finish, lps[: len(toks)]
             if finish is not None:
                 return
             pending, verdict = nxt, (m, nxt)
 
     def _draft(self, k: int, verdict: tuple[int, int] | None) -> list[int]:
-        req = decode_pb2.DraftRequest(session_id=self.sid, k=k, engine=self.engine, has_verdict=verdict is not None)
+        req = decode_pb2.DraftRequest(
+            session_id=self.sid, k=k, engine=self.engine, has_verdict=verdict is not None, sampling=self.sampling
+        )
         if verdict is not None:
             req.accepted, req.next_token = verdict
         resp = self.calls.unary(self.decode, "Draft", req)
@@ -106,7 +121,7 @@ class ExactLoop:
             raise StatusError(grpc.StatusCode.INTERNAL, f"decode worker returned {len(drafts)} drafts for k={k}")
         return drafts
 
-    def _verify(self, pending: int, drafts: list[int]) -> tuple[int, int]:
+    def _verify(self, pending: int, drafts: list[int]) -> tuple[int, int, list]:
         req = prefill_pb2.VerifyRequest(session_id=self.sid, tokens=[pending, *drafts])
         try:
             resp = self.calls.unary(self.exact, "Verify", req)
@@ -117,7 +132,7 @@ class ExactLoop:
             check_verdict(m, len(drafts))
         except ValueError:
             raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts") from None
-        return m, int(resp.next_token)
+        return m, int(resp.next_token), list(resp.logprobs)
 
     def _migrate(self, pending: int, fault: WorkerFault) -> None:
         """Moves S to another decode worker by ExportState from the exact worker."""

@@ -3,7 +3,8 @@
 Lifecycle of a Generate request:
     admit      past `max_inflight` requests in flight -> RESOURCE_EXHAUSTED at once
     validate   INVALID_ARGUMENT naming the field (prompt, token_ids, max_new_tokens, mode, engine,
-               draft_block, stop_token_ids, request_id); text prompts are tokenized here;
+               draft_block, stop_token_ids, request_id, sampling.<field>); text prompts are tokenized
+               here; a request without a seed gets a random one (returned in Stats.seed);
                no prefill or no decode worker up -> UNAVAILABLE
     hand-off   start_session: Prefill on P with decode_target=D, the state goes P -> D; the first
                token is sent at once (a failure before it is retried once on another prefill worker)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -37,6 +39,7 @@ from typing import Iterator
 
 import grpc
 
+from baton import sampling_rules
 from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES, engine_name, known_engine
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
@@ -45,6 +48,7 @@ from router.exact import ExactLoop, RunStats
 from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.session import Budget, start_session
+from router.stops import TextStream
 
 log = logging.getLogger("baton.router")
 C = grpc.StatusCode
@@ -98,6 +102,8 @@ class Plan:
     stop_ids: tuple[int, ...]
     ignore_eos: bool
     k: int  # draft block (exact mode)
+    sampling: common_pb2.SamplingParams  # the workers' copy: seed resolved, no stop strings
+    stops: tuple[str, ...] = ()  # stop strings, matched here on the text
 
     @property
     def engine_name(self) -> str | None:
@@ -242,52 +248,67 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             offered = ", ".join(sorted(self.registry.engines())) or "none"
             raise _bad("engine", f"{name} is not offered by any decode worker (offered: {offered})")
         mode = common_pb2.EXACT if r.mode == common_pb2.EXACT else common_pb2.FAST
-        return Plan(request_id, ids, n, mode, r.engine, tuple(r.stop_token_ids), r.ignore_eos, k)
+        try:
+            sampling, stops = sampling_rules.plan(r.sampling, meta.tokenizer is not None, secrets.randbits(64))
+        except ValueError as e:
+            raise StatusError(C.INVALID_ARGUMENT, str(e)) from None
+        return Plan(request_id, ids, n, mode, r.engine, tuple(r.stop_token_ids), r.ignore_eos, k, sampling, stops)
 
     # ---- relay -----------------------------------------------------------------------------------
     def _relay(self, plan: Plan, calls: Calls, rec: dict, t0: float) -> Iterator[router_pb2.GenerateResponse]:
         budget = Budget(plan.max_new_tokens, plan.stop_ids, self.meta.eos_ids, plan.ignore_eos)
         stats = RunStats()
-        dec = self.meta.tokenizer.stream() if self.meta.tokenizer is not None else None
+        out = TextStream(self.meta.tokenizer.stream() if self.meta.tokenizer is not None else None, plan.stops)
         t_first = last = None
         rec["prompt_tokens"] = len(plan.prompt_ids)
         self.metrics.prompt_tokens.inc(len(plan.prompt_ids))
-        for toks, finish in self._tokens(plan, calls, budget, stats):
-            now = time.monotonic()
-            if t_first is None:
-                t_first = now
-                rec["ttft_ms"] = round((now - t0) * 1e3, 2)
-                self.metrics.first_token(rec["mode"], now - t0)
-            self.metrics.tokens(rec["mode"], rec["engine"], len(toks), None if last is None else now - last)
-            last = now
-            text = "".join(dec.push(t) for t in toks) if dec is not None else ""
-            msg = router_pb2.GenerateResponse(token_ids=toks)
-            rec["tokens"], rec["migrations"] = len(budget.emitted), stats.migrations
-            if finish is not None:
-                text += dec.flush() if dec is not None else ""
-                n_out = len(budget.emitted)
-                msg.finish_reason = finish
-                msg.usage.prompt_tokens, msg.usage.completion_tokens = len(plan.prompt_ids), n_out
-                st = msg.stats
-                st.ttft_ms, st.request_id, st.migrations = rec["ttft_ms"], plan.request_id, stats.migrations
-                st.bridge_bytes, st.bridge_seconds = stats.bridge_bytes, stats.bridge_seconds
-                st.drafted, st.accepted = stats.drafted, stats.accepted
-                st.acceptance_rate = stats.accepted / stats.drafted if stats.drafted else 0.0
-                if n_out > 1 and now > t_first:
-                    st.decode_tokens_per_s = (n_out - 1) / (now - t_first)
-                rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted, accepted=stats.accepted)
-                if plan.mode == common_pb2.EXACT:
-                    self.metrics.exact(rec["engine"], stats.drafted, stats.accepted)
-            msg.text = text
-            yield msg
-            if finish is not None:
-                return
+        gen = self._tokens(plan, calls, budget, stats)
+        try:
+            for toks, finish, lps in gen:
+                now = time.monotonic()
+                if t_first is None:
+                    t_first = now
+                    rec["ttft_ms"] = round((now - t0) * 1e3, 2)
+                    self.metrics.first_token(rec["mode"], now - t0)
+                text, kept = out.feed(toks)
+                if kept < len(toks):  # a stop string ended the output at toks[kept - 1]
+                    del budget.emitted[len(budget.emitted) - (len(toks) - kept) :]
+                    toks = toks[:kept]
+                if out.stopped:
+                    finish = common_pb2.STOP
+                elif finish is not None:
+                    tail, hit = out.finish()
+                    text += tail
+                    finish = common_pb2.STOP if hit else finish
+                self.metrics.tokens(rec["mode"], rec["engine"], len(toks), None if last is None else now - last)
+                last = now
+                msg = router_pb2.GenerateResponse(token_ids=toks, text=text, logprobs=lps[: len(toks)])
+                rec["tokens"], rec["migrations"] = len(budget.emitted), stats.migrations
+                if finish is not None:
+                    self._last(msg, plan, rec, stats, len(budget.emitted), finish, now, t_first)
+                yield msg
+                if finish is not None:
+                    return
+        finally:
+            gen.close()  # a stop string: the downstream stream is cancelled (Calls.close releases)
+
+    def _last(self, msg, plan: Plan, rec: dict, stats: RunStats, n_out: int, finish: int, now: float, t_first):
+        """Fills the last message: finish_reason, usage, stats."""
+        msg.finish_reason = finish
+        msg.usage.prompt_tokens, msg.usage.completion_tokens = len(plan.prompt_ids), n_out
+        stats.fill(msg.stats, ttft_ms=rec["ttft_ms"], request_id=plan.request_id, seed=plan.sampling.seed)
+        if n_out > 1 and now > t_first:
+            msg.stats.decode_tokens_per_s = (n_out - 1) / (now - t_first)
+        rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted, accepted=stats.accepted)
+        if plan.mode == common_pb2.EXACT:
+            self.metrics.exact(rec["engine"], stats.drafted, stats.accepted)
 
     def _tokens(self, plan: Plan, calls: Calls, budget: Budget, stats: RunStats):
-        """Yields (tokens, finish_reason | None) batches; the batch with a finish_reason is the last."""
+        """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
+        last. logprobs: TokenLogprob per token when the request asked (else empty)."""
         h = self._start(plan, calls, plan.prompt_ids, stats, exclude=())
         toks, finish = budget.take([h.first_token])
-        yield toks, finish
+        yield toks, finish, _first_lp(h)
         if finish is not None:
             return
         if plan.mode == common_pb2.EXACT:
@@ -301,6 +322,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 engine_name=plan.engine_name,
                 migrate_wait_s=self.config.migrate_wait_s,
                 max_migrations=self.config.max_migrations,
+                sampling=plan.sampling,
                 on_migrate=lambda: self.metrics.migration("exact"),
                 on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
             )
@@ -315,17 +337,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 ignore_eos=plan.ignore_eos,
                 engine=plan.engine,
                 release_at_end=True,
+                sampling=plan.sampling,
             )
             try:
                 reason = None
                 for resp in calls.stream(h.decode, "Decode", req):
                     toks, finish = budget.take(resp.token_ids)
                     if toks or finish is not None:
-                        yield toks, finish
+                        yield toks, finish, list(resp.logprobs)
                     if finish is not None:
                         return
                     reason = resp.finish_reason or reason
-                yield [], reason or common_pb2.LENGTH  # the worker stopped on a condition of its own
+                yield [], reason or common_pb2.LENGTH, []  # the worker stopped on a condition of its own
                 return
             except WorkerFault as e:
                 attempts += 1
@@ -351,7 +374,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 stats.migrations += 1
                 self.metrics.migration("fast")
                 toks, finish = budget.take([h.first_token])
-                yield toks, finish
+                yield toks, finish, _first_lp(h)
                 if finish is not None:
                     return
 
@@ -364,8 +387,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             engine_name=plan.engine_name,
             exclude_decode=exclude,
             decode_wait_s=wait_s,
+            sampling=plan.sampling,
             on_retry=self.metrics.prefill_retries.inc,
         )
         stats.bridge(h.response.bridge)
         self.metrics.bridge(h.response.bridge.total_bytes, h.response.bridge.seconds)
         return h
+
+
+def _first_lp(h) -> list:
+    return [h.response.first_logprob] if h.response.HasField("first_logprob") else []

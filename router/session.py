@@ -104,6 +104,7 @@ def start_session(
     retries: int = 1,
     decode_wait_s: float = 0.0,
     on_retry=None,
+    sampling=None,
 ) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
@@ -111,7 +112,8 @@ def start_session(
     same one only when no other is up); a decode target that no longer answers its health check is
     excluded too. A decode worker that refused for full slots is skipped (see _full); with every one
     full the request is RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
-    decode worker to come up (migration).
+    decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
+    pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
     bad_p: list[Worker] = []
@@ -140,7 +142,12 @@ def start_session(
         calls.track(p, sid)
         calls.track(d, sid)
         req = prefill_pb2.PrefillRequest(
-            session_id=sid, prompt_ids=ids, mode=mode, decode_target=d.address, engine=engine or _default_engine(d)
+            session_id=sid,
+            prompt_ids=ids,
+            mode=mode,
+            decode_target=d.address,
+            engine=engine or _default_engine(d),
+            sampling=sampling,
         )
         try:
             return Handoff(sid, p, d, calls.unary(p, "Prefill", req), req.engine)

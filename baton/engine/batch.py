@@ -1,6 +1,8 @@
 """Batched rows (issue 20, first step): one eager step over several sessions' slots.
 
-    rows_batch(runner, [(slot, tokens), ...])  ->  [greedy tokens after each of tokens, ...]
+    rows_batch(runner, [(slot, tokens), ...])  ->  [the token picked after each of tokens, ...]
+    (greedy, or sampled by the slot's row of runner.sampling at its own positions: baton/engine/sampling.py,
+    whose pick also runs on W-row chunks with no cross-row op)
 
 Each group is one slot's rows (1 <= len(tokens) <= W, distinct slots). The rows of all groups are
 flattened, each group contiguous and in order, and padded to C chunks of W rows. The model
@@ -83,10 +85,19 @@ def rows_batch(runner, groups) -> list[list[int]]:
     ids = torch.zeros(T, dtype=torch.long, device=dev)
     ids[:total] = torch.tensor(flat, dtype=torch.long, device=dev)
     ctx = StepContext(slot=batch[0][0], width=W, n=len(batch[0][1]), groups=tuple(rgroups))
-    model = runner.model
+    model, smp = runner.model, runner.sampling
+    # each row's sampling slot, index in its group and picked position (scratch slot for padding rows)
+    slots = torch.full((T,), smp.scratch, dtype=torch.long)
+    rows = torch.zeros(T, dtype=torch.long)
+    for g in rgroups:
+        slots[g.off : g.off + g.n] = g.slot
+        rows[g.off : g.off + g.n] = torch.arange(g.n)
+    slots, rows = slots.to(dev), rows.to(dev)
+    positions = state.position[slots.clamp(max=state.slots - 1)] + rows + 1  # before the step advances them
     h = model(ids, state, ctx)  # [T, hidden]
     live = rgroups[0].n if len(rgroups) == 1 else None  # the fp8 head's live rows, as compute_rows
-    tok = ctx.map(lambda hc: model.logits(hc, rows=live).argmax(-1), h)  # [T]; head at [W, hidden]
+    logits = ctx.map(lambda hc: model.logits(hc, rows=live), h)  # [T, vocab]; head at [W, hidden]
+    tok = smp.pick(logits, slots, rows, positions, [g.slot for g in rgroups])  # [T], W-row chunks
     for g in rgroups:
         state.hidden[g.slot].copy_(h[g.off + g.n - 1])
     if len(rgroups) == 1:  # as rows(): the static buffers hold this block

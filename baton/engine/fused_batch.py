@@ -49,6 +49,7 @@ class BatchedAR:
         self.slots = torch.full((top,), -1, dtype=torch.long, device=dev)  # [P] row -> slot, -1 = padding
         self.tok = torch.zeros(top, dtype=torch.long, device=dev)  # [P] each row's greedy next token
         self.h = torch.zeros(top, H, dtype=runner.dtype, device=dev)  # [P] final-normed hidden rows
+        self.zeros = torch.zeros(top, dtype=torch.long, device=dev)  # [P] each row's index in its block
         pin = dev.type == "cuda"
         self._host_slots = torch.full((top,), -1, dtype=torch.long, pin_memory=pin)
         self._host_tok = torch.zeros(top, dtype=torch.long, pin_memory=pin)
@@ -57,8 +58,10 @@ class BatchedAR:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
         self.slots[:p].fill_(-1)
 
-    def compute(self, p: int) -> None:
-        """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit)."""
+    def compute(self, p: int, live: tuple[int, ...] = ()) -> None:
+        """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit). Captured:
+        greedy (argmax). Eager: each row picked by its slot's sampling parameters (runner.sampling;
+        `live` = the batch's slots on the host, for its greedy shortcut)."""
         r = self.runner
         st, fast = r.state, r.fast
         idx = self.slots[:p]
@@ -66,7 +69,12 @@ class BatchedAR:
         ids = st.next_token[safe]  # [P]
         pos = st.position[safe]  # [P]
         h = fast.forward(ids, st, idx, 1, pos, None, gs=1)  # [P, hidden]
-        tok = fast.head(h, rows=p).argmax(-1)  # [P]
+        logits = fast.head(h, rows=p)  # [P, vocab]
+        if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+            tok = logits.argmax(-1)  # [P]
+        else:  # the token at position pos + 1; padding rows use the table's greedy scratch slot
+            smp = r.sampling
+            tok = smp.pick(logits, torch.where(idx < 0, smp.scratch, idx), self.zeros[:p], pos + 1, live)
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)
@@ -84,7 +92,10 @@ class BatchedAR:
         hs[b:p] = -1
         self.slots[:p].copy_(hs[:p], non_blocking=True)
         g = self.runner.graphs.get(("arb", p))
-        g.replay() if g is not None else self.compute(p)
+        if g is not None and all(self.runner.sampling.plain(s) for s in slots):
+            g.replay()
+        else:  # a slot samples or asks for logprobs: the same kernels, eagerly (graphs are greedy)
+            self.compute(p, tuple(slots))
         self._host_tok[:b].copy_(self.tok[:b], non_blocking=True)
         if self.runner.device.type == "cuda":
             torch.cuda.current_stream(self.runner.device).synchronize()

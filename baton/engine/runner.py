@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from baton.engine import batch, fast_rows
+from baton.engine.sampling import SamplingTable
 from baton.engine.state import HybridState
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
 
@@ -88,6 +89,7 @@ class ModelRunner:
         self._tok_host = torch.zeros(slots, 2, dtype=torch.long, pin_memory=pin)
         self._tok_ev = [[torch.cuda.Event() for _ in range(2)] for _ in range(slots)] if pin else None
         self.arange_w = torch.arange(W, device=dev)
+        self.sampling = SamplingTable(slots, dev, W)  # per-slot sampling parameters (baton/engine/sampling.py)
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
@@ -100,6 +102,14 @@ class ModelRunner:
 
         if self.fast is not None and self.batched is None:
             self.batched = BatchedAR(self, max_rows or self.state.slots)
+
+    def graph_for(self, key: tuple[str, int], slot: int):
+        """The captured graph of `key`, or None: none captured, or `slot` samples / asks for logprobs
+        (graphs are captured greedy; such a slot runs the same kernels eagerly, bitwise the same step)."""
+        g = self.graphs.get(key)
+        if g is not None and key[0] != "mtp" and not self.sampling.plain(slot):
+            return None
+        return g
 
     def select(self, slot: int) -> None:
         """The slot of the next one-slot step (the device-side slot_buf; no host sync)."""
@@ -122,7 +132,8 @@ class ModelRunner:
     # ---- prefill -------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None, mtp: bool = True) -> int:
-        """Consumes ids at positions [start, start+T); returns the greedy next token.
+        """Consumes ids at positions [start, start+T); returns the next token (greedy, or sampled by the
+        slot's parameters at position start+T).
         on_layer(i): called once layer i's state writes are enqueued (StepContext.state_written).
         mtp=False skips the MTP layer's KV (~1/(layers+1) of the compute): the slot's MTP rows for
         [start, start+T) are then left as they were, for a session that will never read them."""
@@ -133,7 +144,7 @@ class ModelRunner:
             self.state.reset(slot)
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start, on_layer=on_layer))
-        tok = int(self.model.logits(h[-1:]).argmax(-1))
+        tok = int(self.sampling.pick_slot(self.model.logits(h[-1:]), slot, start + len(ids))[0])
         if self.has_mtp and mtp:  # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
             nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])
             pos = torch.arange(start, start + len(ids), device=self.device)
@@ -158,21 +169,26 @@ class ModelRunner:
         return buf
 
     def compute_rows(self, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
-        """ids_buf [W] (first n valid) -> tok_out [W], h_rows [W, h]; advances position by n and
+        """ids_buf [W] (first n valid) -> tok_out [W] (picked by the slot's sampling parameters:
+        greedy unless set), h_rows [W, h]; advances position by n and
         stores hidden row n-1. Pure tensor code on static buffers: this is what a CUDA graph captures.
         Returns logits [W, vocab] (tests compare them; graphs ignore them). phase: see ar_launch."""
         st, sb = self.state, self.slot_buf
         if self.fast is not None:  # the slot comes from slot_buf (select), on the device
-            pos = st.position[sb] + self.arange_w  # [W]
+            pos = st.position[sb] + self.arange_w  # [W], before the step advances it
             h = self.fast.forward(self.ids_buf, st, sb, n, pos, phase)
             logits = self.fast.head(h, rows=n)  # [W, vocab]; rows >= n junk
             st.position.index_copy_(0, sb, st.position[sb] + n)
             st.hidden.index_copy_(0, sb, h[n - 1 : n])
         else:
+            pos = st.position[slot] + self.arange_w
             h = self.model(self.ids_buf, st, StepContext(slot=slot, width=self.width, n=n, phase=phase))
             logits = self.model.logits(h, rows=n)  # [W, vocab]; rows >= n junk
             st.hidden[slot].copy_(h[n - 1])
-        self.tok_out.copy_(logits.argmax(-1))
+        if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+            self.tok_out.copy_(logits.argmax(-1))  # graphs are greedy; a sampled slot runs eagerly (graph_for)
+        else:  # row i picks position pos+i+1
+            self.tok_out.copy_(self.sampling.pick(logits, sb.expand(self.width), self.arange_w, pos + 1, (slot,)))
         self.h_rows.copy_(h)
         return logits
 
@@ -210,7 +226,7 @@ class ModelRunner:
     @torch.inference_mode()
     def replay_rows(self, slot: int, n: int) -> None:
         self.select(slot)
-        g = self.graphs.get(("rows", n))
+        g = self.graph_for(("rows", n), slot)
         g.replay() if g is not None else self.compute_rows(slot, n)
 
     def ar_batch(self, slots: list[int]) -> list[int]:
@@ -233,7 +249,7 @@ class ModelRunner:
     def ar_step(self, slot: int) -> int:
         """Consumes next_token[slot] (window checked by the caller); returns the new next token."""
         self.select(slot)
-        g = self.graphs.get(("ar", 1))
+        g = self.graph_for(("ar", 1), slot)
         g.replay() if g is not None else self.compute_ar(slot)
         return int(self.tok_out[0])
 
@@ -243,7 +259,7 @@ class ModelRunner:
         copy of its token to the host; returns at once on CUDA. Phases alternate 0, 1, 0, ... from the
         main buffers, so at most two steps (one per phase) of a slot are unread."""
         self.select(slot)
-        g = self.graphs.get((f"ar{phase}", 1))
+        g = self.graph_for((f"ar{phase}", 1), slot)
         g.replay() if g is not None else self.compute_ar(slot, phase)
         self._tok_host[slot, phase].copy_(self.tok_out[0], non_blocking=True)
         if self._tok_ev is not None:
@@ -258,7 +274,7 @@ class ModelRunner:
     @torch.inference_mode()
     def replay_mtp(self, slot: int, n: int) -> None:
         self.select(slot)
-        g = self.graphs.get(("mtp", n))
+        g = self.graph_for(("mtp", n), slot)
         g.replay() if g is not None else self.compute_mtp(slot, n)
 
     @torch.inference_mode()

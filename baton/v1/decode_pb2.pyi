@@ -19,46 +19,52 @@ class LoadStateResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("session_id", "max_new_tokens", "stop_token_ids", "ignore_eos", "engine", "release_at_end")
+    __slots__ = ("session_id", "max_new_tokens", "stop_token_ids", "ignore_eos", "engine", "release_at_end", "sampling")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_AT_END_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_new_tokens: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
     engine: _common_pb2.Engine
     release_at_end: bool
-    def __init__(self, session_id: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., release_at_end: _Optional[bool] = ...) -> None: ...
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, session_id: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., release_at_end: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("token_ids", "finish_reason", "mean_accept_len")
+    __slots__ = ("token_ids", "finish_reason", "mean_accept_len", "logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPT_LEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: _common_pb2.FinishReason
     mean_accept_len: float
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., mean_accept_len: _Optional[float] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., mean_accept_len: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine")
+    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine", "sampling")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     HAS_VERDICT_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     k: int
     has_verdict: bool
     accepted: int
     next_token: int
     engine: _common_pb2.Engine
-    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ...) -> None: ...
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
     __slots__ = ("draft_tokens", "position")

@@ -7,11 +7,11 @@
     body = await run.collect()                  # non-streaming: the whole response object
     run.cancel()                                # the client left (or a stop string matched): Generates end
 
-Per choice: text deltas pass through its StopMatcher; finish_reason is "length" (LENGTH) or "stop"
-(STOP, EOS, or a stop string); usage is the router's (prompt_tokens from the request, completion_tokens
-= tokens received, which the router's own usage equals when it ends the stream); `baton.stats` is the
-router's Stats of the last message ({} when a stop string ended the choice). An error after streaming
-began is sent as one {"error": ...} chunk, then the stream ends (OpenAI's servers do the same).
+Per choice: text deltas are the router's (it matches the stop strings, router/stops.py); finish_reason is
+"length" (LENGTH) or "stop" (STOP, EOS, or a stop string); usage is the router's (prompt_tokens from the
+request, completion_tokens = tokens received, which the router's own usage equals); `baton.stats` is the
+router's Stats of the last message; logprobs (when asked) in OpenAI's completion or chat shape. An error
+after streaming began is sent as one {"error": ...} chunk, then the stream ends (OpenAI's servers do too).
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from baton.client import Delta
 from baton.rpc import StatusError
 from router.http.bridge import END, GenerateStream
 from router.http.errors import ApiError
-from router.http.stops import StopMatcher
 
 FINISH = {"LENGTH": "length", "STOP": "stop", "EOS": "stop"}
 
 
 @dataclass
 class Choice:
-    matcher: StopMatcher
     prompt_tokens: int
     text: list[str] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # (token id, logprob, [(id, logprob)]) per token
+    lp_chars: int = 0  # streaming: the token texts' length sent so far (logprobs' text_offset)
     tokens: int = 0
     finish: str | None = None
     stats: dict = field(default_factory=dict)
@@ -47,14 +47,14 @@ class Run:
         self.job, self.model_id = job, model_id
         prefix = "chatcmpl-" if job.kind == "chat" else "cmpl-"
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
-        self.choices = [Choice(StopMatcher(job.stops), len(r.token_ids.ids)) for r in job.requests]
+        self.choices = [Choice(len(r.token_ids.ids)) for r in job.requests]
         self._q: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self._streams = []
         for i, r in enumerate(job.requests):
             r.request_id = self.id if len(job.requests) == 1 else f"{self.id}-{i}"
             self._streams.append(GenerateStream(servicer, r, out=self._q, index=i, loop=loop))
-        self._early: list[tuple[int, str, str | None]] = []  # events seen before every choice started
+        self._early: list[tuple] = []  # events seen before every choice started
 
     def cancel(self) -> None:
         """Ends the Generate calls still running (a finished one is left alone: it stays OK)."""
@@ -66,8 +66,8 @@ class Run:
     def done(self) -> bool:
         return all(c.finish is not None for c in self.choices)
 
-    async def _next(self) -> tuple[int, str, str | None]:
-        """The next (choice, text delta, finish_reason | None); raises ApiError for a router error."""
+    async def _next(self) -> tuple[int, str, str | None, list]:
+        """The next (choice, text delta, finish_reason | None, logprobs); ApiError for a router error."""
         while True:
             i, item = await self._q.get()
             c = self.choices[i]
@@ -79,20 +79,15 @@ class Run:
                 raise ApiError.from_status(item.code, item.message, self.job.rename)
             if item is END:  # ended without a finish reason: only when cancelled
                 c.finish = "stop"
-                return i, "", c.finish
+                return i, "", c.finish, []
             d = Delta.from_proto(item)
             c.final = bool(d.finish_reason)
             c.tokens += len(d.token_ids)
-            text, hit = c.matcher.push(d.text)
-            if hit:
-                c.finish = "stop"
-                if not c.final:
-                    self._streams[i].cancel()
-            elif d.finish_reason:
-                text += c.matcher.flush()
+            if d.finish_reason:
                 c.finish, c.stats = FINISH.get(d.finish_reason, "stop"), d.stats
-            c.text.append(text)
-            return i, text, c.finish
+            c.text.append(d.text)
+            c.logprobs.extend(d.logprobs)
+            return i, d.text, c.finish, d.logprobs
 
     async def start(self) -> None:
         """Returns once every choice has its first message; ApiError (nothing sent yet) otherwise."""
@@ -112,6 +107,26 @@ class Run:
         stats = [c.stats for c in self.choices]
         return {"stats": stats[0] if len(stats) == 1 else stats}
 
+    def _logprobs(self, lps: list, offset: int = 0):
+        """OpenAI's logprobs object for these tokens (None when not asked); text_offset counts the
+        tokens' own texts from `offset`."""
+        n, txt = self.job.top_logprobs, self.job.token_text
+        if n is None:
+            return None
+        if self.job.kind == "chat":
+            entry = lambda t, lp: {"token": txt(t), "logprob": lp, "bytes": list(txt(t).encode())}  # noqa: E731
+            return {
+                "content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top[:n]]} for t, lp, top in lps]
+            }
+        toks = [txt(t) for t, _, _ in lps]
+        offsets = [offset + sum(len(x) for x in toks[:j]) for j in range(len(toks))]
+        return {
+            "tokens": toks,
+            "token_logprobs": [lp for _, lp, _ in lps],
+            "top_logprobs": [{txt(a): v for a, v in top[:n]} for _, _, top in lps] if n else None,
+            "text_offset": offsets,
+        }
+
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id}
 
@@ -130,25 +145,32 @@ class Run:
                     {
                         "index": i,
                         "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
+                        "logprobs": self._logprobs(c.logprobs),
                         "finish_reason": c.finish,
                     }
                 )
             else:
-                out.append({"index": i, "text": text, "logprobs": None, "finish_reason": c.finish})
+                out.append(
+                    {"index": i, "text": text, "logprobs": self._logprobs(c.logprobs), "finish_reason": c.finish}
+                )
         obj = "chat.completion" if self.job.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": out, "usage": self.usage(), "baton": self._stats()}
 
     # ---- streaming ------------------------------------------------------------------------------------
-    def _chunk(self, i: int, text: str | None, finish: str | None, role: bool = False) -> dict:
+    def _chunk(self, i: int, text: str | None, finish: str | None, role: bool = False, lps=()) -> dict:
+        lp = None
+        if lps:
+            c = self.choices[i]
+            lp = self._logprobs(list(lps), c.lp_chars)
+            c.lp_chars += sum(len(self.job.token_text(t)) for t, _, _ in lps)
         if self.job.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
             out = {
                 **self._head("text_completion"),
-                "choices": [{"index": i, "text": text or "", "logprobs": None, "finish_reason": finish}],
+                "choices": [{"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}],
             }
         if self.job.include_usage:
             out["usage"] = None
@@ -156,12 +178,12 @@ class Run:
             out["baton"] = {"stats": self.choices[i].stats}
         return out
 
-    def _events(self, i: int, text: str, finish: str | None):
-        if text and (finish is None or self.job.kind == "chat"):
-            yield self._chunk(i, text, None)
-            text = ""
+    def _events(self, i: int, text: str, finish: str | None, lps: list):
+        if (text or lps) and (finish is None or self.job.kind == "chat"):
+            yield self._chunk(i, text, None, lps=lps)
+            text, lps = "", []
         if finish is not None:
-            yield self._chunk(i, text, finish)
+            yield self._chunk(i, text, finish, lps=lps)
 
     async def chunks(self):
         """OpenAI chunk objects; the caller frames them as SSE and adds `data: [DONE]`."""

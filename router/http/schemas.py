@@ -6,11 +6,13 @@
 
 Accepted as OpenAI defines them: model (the served id, or absent), prompt (string, token ids, or a batch
 of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage,
-stop (a string or up to 16: matched on the text here, see router/http/stops.py), user (ignored),
-seed (any integer: decoding is greedy), n = 1, temperature = 0, top_p = 1, presence / frequency penalty 0,
-and for chat add_generation_prompt, chat_template_kwargs. Refused with a 400 naming the field until Baton
-supports them: other temperature / top_p / n / penalty values, logprobs / top_logprobs, echo, suffix,
-best_of > 1, logit_bias, tools, non-text content parts, response_format other than text.
+user (ignored), n = 1, and for chat add_generation_prompt, chat_template_kwargs. Sampling goes to the
+router's SamplingParams (it validates the ranges; its "sampling.<field>" messages are renamed back):
+temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (any integer, taken mod
+2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
+(completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
+top_k, min_p, repetition_penalty. Refused with a 400 naming the field until Baton supports them: n > 1,
+echo, suffix, best_of > 1, logit_bias, tools, non-text content parts, response_format other than text.
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
 "stop_token_ids": [...], "ignore_eos": bool}. Other top-level fields are ignored, as OpenAI's servers do.
 Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
@@ -27,7 +29,7 @@ from router.http.errors import ApiError, bad
 
 MAX_BATCH = 64
 MAX_STOPS = 16
-MAX_STOP_CHARS = 256
+MAX_STOP_BYTES = 256
 U32 = 1 << 32
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -54,6 +56,8 @@ class Job:
     stops: tuple[str, ...] = ()
     rename: dict = field(default_factory=dict)
     mode: str = "fast"
+    top_logprobs: int | None = None  # logprobs asked: how many alternatives to show (None = no logprobs)
+    token_text: object = None  # token id -> its text (the tokenizer's decode), for logprobs
 
 
 # ---- typed getters ----------------------------------------------------------------------------------
@@ -85,6 +89,15 @@ def _bool(body: dict, name: str, default: bool, where: str = "") -> bool:
     return v
 
 
+def _num(body: dict, name: str) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_num(v):
+        raise bad(name, f"expected a finite number, got {v!r:.40}")
+    return float(v)
+
+
 def _only(body: dict, name: str, ok, why: str) -> None:
     """Refuse a field whose value is not one Baton supports yet (absent / null always passes)."""
     v = body.get(name)
@@ -113,23 +126,17 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if not isinstance(opts, dict):
             raise bad("stream_options", "expected an object")
         job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
-    zero = lambda v: _is_num(v) and v == 0  # noqa: E731
-    _only(body, "temperature", zero, "Baton decodes greedily until sampling lands: only 0 is supported")
-    _only(body, "top_p", lambda v: _is_num(v) and v == 1, "Baton decodes greedily: only 1 is supported")
-    _only(body, "presence_penalty", zero, "not supported: only 0")
-    _only(body, "frequency_penalty", zero, "not supported: only 0")
     _only(body, "logit_bias", lambda v: v == {}, "not supported")
-    _int(body, "seed", -(1 << 63), (1 << 64) - 1)  # accepted and unused: greedy decoding needs no seed
     n = _int(body, "n", 1, 1 << 31)
     if n is not None and n > 1:
-        raise bad(
-            "n", f"{n} choices are not supported: only n = 1 (decoding is greedy, every choice would be the same)"
-        )
+        raise bad("n", f"{n} choices are not supported: only n = 1 (send one request per choice, each with a seed)")
     job.stops = _stops(body.get("stop"))
-    ext = body.get("baton")
+    job.token_text = (lambda t: lim.tokenizer.decode([t])) if lim.tokenizer is not None else str
     gen = dict(
         mode=common_pb2.FAST, engine=common_pb2.ENGINE_UNSPECIFIED, draft_block=0, stop_token_ids=[], ignore_eos=False
     )
+    gen["sampling"] = _sampling(body, job.stops)
+    ext = body.get("baton")
     if ext is not None:
         if not isinstance(ext, dict):
             raise bad("baton", "expected an object")
@@ -150,13 +157,34 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         ids = ext.get("stop_token_ids")
         if ids is not None:
             gen["stop_token_ids"] = _ids(ids, "baton.stop_token_ids", allow_empty=True)
-    job.rename = {
+    job.rename = {**{f"sampling.{f}": f for f in SAMPLING_FIELDS}, "sampling.stop": "stop"}
+    job.rename |= {
         "draft_block": "baton.draft_block",
         "mode": "baton.mode",
         "engine": "baton.engine",
         "stop_token_ids": "baton.stop_token_ids",
     }
     return job, gen
+
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+SAMPLING_FIELDS += ("repetition_penalty", "seed", "logprobs")
+
+
+def _sampling(body: dict, stops: tuple[str, ...]) -> common_pb2.SamplingParams:
+    """The OpenAI sampling fields -> SamplingParams (ranges are the router's); logprobs are set per endpoint."""
+    sp = common_pb2.SamplingParams(stop=list(stops))
+    for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        v = _num(body, name)
+        if v is not None:
+            setattr(sp, name, v)
+    top_k = _int(body, "top_k", -1)  # vLLM's -1 = off
+    if top_k is not None and top_k > 0:
+        sp.top_k = top_k
+    seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
+    if seed is not None:
+        sp.seed = seed % (1 << 64)
+    return sp
 
 
 def _stops(v) -> tuple[str, ...]:
@@ -170,8 +198,8 @@ def _stops(v) -> tuple[str, ...]:
     for s in stops:
         if not s:
             raise bad("stop", "an empty string cannot stop anything")
-        if len(s) > MAX_STOP_CHARS:
-            raise bad("stop", f"a stop string is {len(s)} characters: at most {MAX_STOP_CHARS}")
+        if len(s.encode("utf-8")) > MAX_STOP_BYTES:
+            raise bad("stop", f"a stop string is {len(s.encode('utf-8'))} bytes of UTF-8: at most {MAX_STOP_BYTES}")
     return tuple(dict.fromkeys(stops))
 
 
@@ -215,7 +243,9 @@ def _window_rest(ids: list[int], lim: Limits) -> int:
 # ---- the two endpoints ------------------------------------------------------------------------------
 def parse_completion(body, lim: Limits) -> Job:
     job, gen = _common(body, lim, "completion")
-    _only(body, "logprobs", lambda v: False, "not supported yet: Baton returns no log-probabilities")
+    lp = _int(body, "logprobs", 0, 1 << 31)
+    if lp is not None:  # N alternatives (0: the chosen token's logprob only)
+        job.top_logprobs, gen["sampling"].logprobs = lp, max(lp, 1) if lp <= 20 else lp
     _only(body, "echo", lambda v: v is False, "not supported")
     _only(body, "suffix", lambda v: v == "", "not supported")
     _only(body, "best_of", lambda v: v == 1, "only 1 is supported")
@@ -279,8 +309,12 @@ def parse_chat(body, lim: Limits) -> Job:
     from router.http.chat import ChatTemplateError
 
     job, gen = _common(body, lim, "chat")
-    _only(body, "logprobs", lambda v: v is False, "not supported yet: Baton returns no log-probabilities")
-    _only(body, "top_logprobs", lambda v: False, "not supported yet: Baton returns no log-probabilities")
+    top = _int(body, "top_logprobs", 0, 20)
+    if _bool(body, "logprobs", False):
+        job.top_logprobs = top or 0
+        gen["sampling"].logprobs = max(job.top_logprobs, 1)
+    elif top is not None:
+        raise bad("top_logprobs", "needs logprobs: true")
     _only(body, "tools", lambda v: v == [], "tool calls are not supported yet")
     _only(body, "functions", lambda v: v == [], "function calls are not supported")
     _only(body, "tool_choice", lambda v: v == "none", "tool calls are not supported yet")
@@ -306,4 +340,5 @@ def parse_chat(body, lim: Limits) -> Job:
     n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None)
     job.requests = [_request(ids, n if n is not None else _window_rest(ids, lim), gen)]
     job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})
+    job.rename["sampling.logprobs"] = "top_logprobs"
     return job

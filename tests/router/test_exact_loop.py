@@ -93,7 +93,7 @@ def _setup(pool, *, n=20, stop=(), ignore_eos=False, ids=IDS, k=4, engine=0, pre
 
 
 def _run(loop, h):
-    batches = list(loop.run(h.first_token))
+    batches = [(toks, finish) for toks, finish, _lps in loop.run(h.first_token)]
     return [h.first_token] + [t for toks, _ in batches for t in toks], batches
 
 
@@ -238,7 +238,7 @@ def test_no_decode_worker_to_migrate_to_is_unavailable(fake_pool):
     d.die_on["Draft"] = 2
     got = []
     with pytest.raises(StatusError) as ei:
-        for toks, _ in loop.run(h.first_token):
+        for toks, _, _ in loop.run(h.first_token):
             got += toks
     assert ei.value.code == C.UNAVAILABLE and "cannot migrate" in ei.value.message
     assert [h.first_token] + got == reference(IDS, 1 + len(got))  # what was sent was verified
@@ -273,7 +273,7 @@ def test_a_decode_worker_returning_the_wrong_number_of_drafts_is_internal(fake_p
 def test_an_exact_worker_lost_is_unavailable(fake_pool, how):
     loop, h, _, _, _, pf, (_df,) = _setup(fake_pool, n=20, decodes=[Controlled(fake_pool.settings, [1, 2, 3])])
     it = loop.run(h.first_token)
-    first_block, _ = next(it)
+    first_block, _, _ = next(it)
     if how == "fails":
         pf.servicer.fail["Verify"] = C.UNAVAILABLE
     else:

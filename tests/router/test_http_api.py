@@ -219,6 +219,30 @@ def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
     assert not any(sessions_settle(stack).values())
 
 
+def test_sampling_seed_and_logprobs_equal_grpc(stack):
+    """OpenAI's sampling fields reach the router's SamplingParams: the same seed gives gRPC's tokens,
+    logprobs in the completion and chat shapes are the router's."""
+    kw = dict(temperature=0.9, top_p=0.95, seed=17)
+    with Client(stack.grpc, token=stack.token) as c:
+        deltas = list(c.generate(PROMPT, max_new_tokens=10, ignore_eos=True, logprobs=3, **kw))
+    text, lps = "".join(d.text for d in deltas), [e for d in deltas for e in d.logprobs]
+    client = stack.openai()
+    ext = {"baton": {"ignore_eos": True}}
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, logprobs=3, extra_body=ext, **kw)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == text and r.model_extra["baton"]["stats"]["seed"] == 17
+    assert lp.token_logprobs == pytest.approx([v for _, v, _ in lps], abs=1e-6) and len(lp.tokens) == 10
+    assert all(1 <= len(top) <= 3 for top in lp.top_logprobs)
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, stream=True, extra_body=ext, **kw)
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == text
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=6, extra_body=ext, **kw)
+    a = client.chat.completions.create(logprobs=True, top_logprobs=2, **chat)
+    content = a.choices[0].logprobs.content
+    assert len(content) == 6 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content)
+    b = client.chat.completions.create(**chat)
+    assert a.choices[0].message.content == b.choices[0].message.content and b.choices[0].logprobs is None
+
+
 def test_streaming_is_live(stack):
     """The first content chunk arrives while the decode worker still holds the request's session (it
     releases it after the last token): an order of events, not a time."""
@@ -279,10 +303,16 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": [1, -1]}, 400, "prompt"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": [PROMPT, 3]}, 400, "prompt"),
-    ("/v1/completions", {"prompt": PROMPT, "temperature": 0.7}, 400, "temperature"),
-    ("/v1/completions", {"prompt": PROMPT, "top_p": 0.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": 101}, 400, "temperature"),  # the router's range
+    ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": PROMPT, "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": PROMPT, "min_p": -1}, 400, "min_p"),
+    ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 0.5}, 400, "presence_penalty"),  # not applied yet
+    ("/v1/completions", {"prompt": PROMPT, "frequency_penalty": 9}, 400, "frequency_penalty"),
+    ("/v1/completions", {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n"),
-    ("/v1/completions", {"prompt": PROMPT, "logprobs": 2}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": PROMPT, "stop": ["x"] * 17}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "stop": 5}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "stop": [""]}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "echo": True}, 400, "echo"),
@@ -300,8 +330,14 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
         400,
         "messages[0].content[0]",
     ),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 3}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
     (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
@@ -790,29 +826,6 @@ def test_template_sources_sandbox_and_a_model_without_one(tok, tmp_path):
 
 
 # ---------------------------------------------------------------------------------- units
-@settings(max_examples=300, deadline=None)
-@given(
-    text=st.text(alphabet="ab\n", max_size=30),
-    stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
-    cuts=st.lists(st.integers(0, 30), max_size=6),
-)
-def test_stop_matcher_cuts_at_the_earliest_stop_whatever_the_chunking(text, stops, cuts):
-    from router.http.stops import StopMatcher
-
-    hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
-    want = text[: min(hits)[1]] if hits else text  # the stop string that completes first
-    m, out, hit = StopMatcher(tuple(stops)), [], False
-    bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
-    for a, b in zip(bounds, bounds[1:]):
-        piece, hit = m.push(text[a:b])
-        out.append(piece)
-        if hit:
-            break
-    if not hit:
-        out.append(m.flush())
-    assert ("".join(out), hit) == (want, bool(hits))
-
-
 def test_http_stack_is_imported_only_when_asked_for():
     code = (
         "import sys; sys.modules['fastapi'] = None\n"

@@ -1,0 +1,319 @@
+"""Sampling on the device: per-slot parameters and the token pick of every decode-time row (issue 22).
+
+    table = SamplingTable(slots, device, width)     # one per ModelRunner (runner.sampling)
+    table.set(slot, Params(temperature=0.8, top_p=0.9, seed=7, logprobs=5))   # when a session opens
+    table.clear(slot)                               # when it is released (greedy again)
+    tok = table.pick(logits, slots, rows, positions, live)   # [M] long; the eager entry point
+    toks, lp, top_lp, top_ids = sample(logits, slots, positions, table, logprobs=True)   # pure tensors
+    table.logprobs(slot, n)                         # host: [(chosen logprob, [(id, logprob) x N])] x n
+
+Shapes: logits [M, V] (any float dtype), slots [M] long (index into the table; the scratch slot S for
+padding rows), rows [M] long (the row's index inside its slot's block), positions [M] long: the
+sequence position of the token being picked (a row that consumes the token at position p picks the
+token at p + 1; prefill's first token is at len(prompt)). Per-slot parameters are [S + 1] device
+tensors (row S: the scratch slot, always greedy).
+
+What one row's token is (canonical order; `reference_probs` is the same in float64):
+    z = logits / T                                   (T = 0: greedy, exactly logits.argmax(-1))
+    keep the top_k largest z (0 = all), then the smallest prefix of them, by descending z, whose
+    probability reaches top_p (renormalised over the top-k; 0 or 1 = off), then those with
+    p >= min_p * p_max (0 = off); token = argmax over the kept ones of z + g
+    g = Gumbel noise = -log(-log(u)), u = uniform from a hash of (seed, position, vocab index)
+Gumbel-max makes the token a draw from softmax(z) restricted to the kept set, renormalised.
+Penalties (`penalize`) are pure tensor code here but not wired into serving: the router refuses
+non-neutral penalties (docs/CONTRACTS.md, "Sampling").
+
+Invariants
+- The randomness is a pure function of (seed, position, vocab index): same seed -> same tokens on
+  any worker, in any batch, after a migration (fast-mode re-prefill and exact-mode export keep
+  positions). The hash is integer-only (a 32-bit mix, every multiply split in 16-bit halves so no
+  int64 op can overflow), so u is bit-identical on CPU and CUDA; the float steps after it (log, the
+  logits) match within one device type, which is all exactness needs (workers never mix devices).
+- Greedy rows (T = 0) are exactly `logits.argmax(-1)`, bitwise today's token.
+- Batch invariance: a row's token, logprob and top-N depend only on its own logits row, its slot's
+  parameters and its position. No op reduces across rows; every op runs on chunks of exactly `width`
+  rows (padded), so kernels see the one-slot shape [W, V] whatever M (tests/engine/test_sampling.py
+  checks alone vs inside batches with torch.equal).
+- CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort per
+  chunk). `pick` adds a host-side shortcut (every live slot greedy and no logprobs -> argmax only);
+  it always takes the full path while a CUDA graph is being captured, since the graph outlives the
+  table's contents.
+- Logprobs: log_softmax(z) (after the temperature, before top-k / top-p / min-p: the alternatives a
+  client sees are not truncated), float32; chosen = the picked token's, top = the MAX_LOGPROBS
+  largest (a request asks for N <= 20 of them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+MAX_LOGPROBS = 20
+M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+
+@dataclass(frozen=True)
+class Params:
+    """One session's sampling parameters (host side). Neutral values are off."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # 0 or 1 = off
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int = 0  # uint64
+    repetition_penalty: float = 1.0  # 0 or 1 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int = 0  # top-N alternatives (<= MAX_LOGPROBS); > 0 also returns the chosen logprob
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @classmethod
+    def from_proto(cls, m) -> "Params":
+        """baton.v1.SamplingParams (validated by the router) -> Params; None / unset = greedy."""
+        if m is None:
+            return GREEDY
+        return cls(
+            temperature=float(m.temperature),
+            top_p=float(m.top_p),
+            top_k=int(m.top_k),
+            min_p=float(m.min_p),
+            seed=int(m.seed),
+            repetition_penalty=float(m.repetition_penalty),
+            presence_penalty=float(m.presence_penalty),
+            frequency_penalty=float(m.frequency_penalty),
+            logprobs=int(m.logprobs),
+        )
+
+
+GREEDY = Params()
+
+
+# ---- counter-based noise -------------------------------------------------------------------------
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2^32 for int64 x in [0, 2^32): split in 16-bit halves, every product < 2^49."""
+    return ((x & 0xFFFF) * c + (((x >> 16) * (c & 0xFFFF)) << 16)) & M32
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (lowbias32) on int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniform(seed_hi: torch.Tensor, seed_lo: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[M] seeds (two 32-bit halves) and positions -> [M, vocab] float32 in (0, 1), bit-identical on
+    every device: u = ((bits >> 9) + 0.5) / 2^23 is exact in float32."""
+    key = hash32(hash32(hash32(seed_lo ^ 0x5BD1E995) ^ seed_hi) ^ (positions & M32)) ^ _GOLDEN  # [M]
+    v = hash32(torch.arange(vocab, device=positions.device, dtype=torch.int64) * 2 + 1)  # [V]
+    bits = hash32(key[:, None] ^ v[None, :])  # [M, V]: one mix per element (key and v are mixed already)
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+def gumbel(seed_hi, seed_lo, positions, vocab: int) -> torch.Tensor:
+    """[M, vocab] float32 Gumbel(0, 1) noise of (seed, position, vocab index)."""
+    return -torch.log(-torch.log(uniform(seed_hi, seed_lo, positions, vocab)))
+
+
+# ---- the table -----------------------------------------------------------------------------------
+class SamplingTable:
+    """Per-slot sampling parameters on the device, [S + 1] each (row S: the scratch slot of padding
+    rows, always greedy), plus each slot's logprob outputs of its last pass, [S + 1, W(, 20)]. Set
+    when a session is loaded (`set`), cleared when it is released (`clear`); a host mirror `params`
+    serves the eager shortcut and `logprobs`."""
+
+    def __init__(self, slots: int, device, width: int):
+        dev, S = torch.device(device), slots + 1
+        self.slots, self.width, self.device = slots, width, dev
+        f = lambda v: torch.full((S,), v, dtype=torch.float32, device=dev)  # noqa: E731
+        i = lambda v: torch.full((S,), v, dtype=torch.int64, device=dev)  # noqa: E731
+        self.temperature, self.top_p, self.top_k, self.log_min_p = f(0.0), f(1.0), i(0), f(-math.inf)
+        self.seed_hi, self.seed_lo, self.n_logprobs = i(0), i(0), i(0)
+        self.repetition, self.presence, self.frequency = f(1.0), f(0.0), f(0.0)
+        self.lp_out = torch.zeros(S, width, dtype=torch.float32, device=dev)  # chosen token's logprob
+        self.top_lp = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.float32, device=dev)
+        self.top_ids = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.int64, device=dev)
+        self.slot_rows = torch.arange(S, device=dev)[:, None].expand(S, width).contiguous()  # [S+1, W]
+        self.row_ids = torch.arange(width, device=dev)  # [W]
+        self.params: list[Params] = [GREEDY] * S
+
+    @property
+    def scratch(self) -> int:
+        return self.slots
+
+    def set(self, slot: int, p: Params | None) -> None:
+        """Writes slot's parameters (host -> device scalars; not inside a captured region)."""
+        p = p or GREEDY
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} out of range [0, {self.slots})")
+        if not 0 <= p.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs: {p.logprobs} is over {MAX_LOGPROBS}")
+        top_p = p.top_p if 0.0 < p.top_p < 1.0 else 1.0
+        self.temperature[slot] = max(0.0, p.temperature)
+        self.top_p[slot] = top_p
+        self.top_k[slot] = max(0, p.top_k)
+        self.log_min_p[slot] = math.log(p.min_p) if 0.0 < p.min_p <= 1.0 else -math.inf
+        self.seed_hi[slot], self.seed_lo[slot] = (p.seed >> 32) & M32, p.seed & M32
+        self.repetition[slot] = p.repetition_penalty if p.repetition_penalty > 0 else 1.0
+        self.presence[slot], self.frequency[slot] = p.presence_penalty, p.frequency_penalty
+        self.n_logprobs[slot] = p.logprobs
+        self.params[slot] = p
+
+    def clear(self, slot: int) -> None:
+        self.set(slot, GREEDY)
+
+    def plain(self, slot: int) -> bool:
+        """Greedy with no logprobs: the token is exactly argmax (what the captured graphs compute)."""
+        p = self.params[slot]
+        return p.greedy and p.logprobs <= 0
+
+    def wants_logprobs(self, slot: int) -> bool:
+        return self.params[slot].logprobs > 0
+
+    def pick(
+        self,
+        logits: torch.Tensor,
+        slots: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        live: Sequence[int],
+    ) -> torch.Tensor:
+        """The eager entry point: logits [M, V] -> tokens [M] long; stores each row's logprobs at
+        (slots[i], rows[i]) when any live slot asked. live = the slots these rows belong to (host)."""
+        capturing = logits.is_cuda and torch.cuda.is_current_stream_capturing()
+        ps = [self.params[s] for s in live]
+        want_lp = capturing or any(p.logprobs > 0 for p in ps)
+        if not capturing and not want_lp and all(p.greedy for p in ps):
+            return logits.argmax(-1)
+        truncate = capturing or any(p.top_k > 0 or 0.0 < p.top_p < 1.0 for p in ps)
+        tok, lp, top_lp, top_ids = sample(
+            logits, slots, positions, self, logprobs=want_lp, truncate=truncate, width=self.width
+        )
+        if want_lp:
+            self.lp_out.index_put_((slots, rows), lp)
+            self.top_lp.index_put_((slots, rows), top_lp)
+            self.top_ids.index_put_((slots, rows), top_ids)
+        return tok
+
+    def pick_slot(self, logits: torch.Tensor, slot: int, first_position) -> torch.Tensor:
+        """pick for rows 0..M-1 of one slot, row i at first_position + i (an int or a device scalar)."""
+        M = logits.shape[0]
+        pos = first_position + self.row_ids[:M]
+        return self.pick(logits, self.slot_rows[slot, :M], self.row_ids[:M], pos, (slot,))
+
+    def logprobs(self, slot: int, n: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Host read of the slot's last pass, rows 0..n-1: (chosen logprob, top-N [(id, logprob)])."""
+        k = self.params[slot].logprobs
+        if k <= 0:
+            return []
+        lp = self.lp_out[slot, :n].tolist()
+        ids, vals = self.top_ids[slot, :n, :k].tolist(), self.top_lp[slot, :n, :k].tolist()
+        return [(lp[i], list(zip(ids[i], vals[i]))) for i in range(n)]
+
+
+# ---- the pure tensor code ------------------------------------------------------------------------
+def penalize(x, counts, repetition, presence, frequency):
+    """Penalties over the generated-token counts [M, V] (int): repetition divides positive / multiplies
+    negative logits of seen tokens; presence subtracts once per seen token, frequency per occurrence.
+    x [M, V] float32, the rest [M]. Not wired into serving (see the module docstring)."""
+    seen = counts > 0
+    rep = repetition[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    return x - presence[:, None] * seen.to(x.dtype) - frequency[:, None] * counts.to(x.dtype)
+
+
+def _chunk(logits, slots, positions, t: SamplingTable, logprobs: bool, truncate: bool):
+    """One chunk of exactly W rows: see the module docstring for the order of the steps. truncate=False
+    (no row of the chunk uses top-k / top-p: a host fact) skips the full-vocab sort."""
+    V = logits.shape[-1]
+    greedy_tok = logits.argmax(-1)
+    T = t.temperature[slots]
+    z = logits.float() / torch.where(T > 0, T, 1.0)[:, None]  # [W, V]
+    log_min_p = t.log_min_p[slots][:, None]
+    if truncate:
+        vals, idx = torch.sort(z, dim=-1, descending=True, stable=True)
+        rank = torch.arange(V, device=z.device)
+        k = t.top_k[slots]
+        keep = rank[None, :] < torch.where(k > 0, k, V)[:, None]  # top-k, a prefix of the sorted order
+        probs = torch.softmax(vals.masked_fill(~keep, -math.inf), dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each sorted token
+        top_p = t.top_p[slots][:, None]
+        keep &= (before < top_p) | (top_p >= 1.0)
+        keep &= (vals - vals[:, :1]) >= log_min_p  # min-p: p / p_max >= min_p
+        mask = torch.zeros_like(keep).scatter(1, idx, keep)
+    else:
+        mask = (z - z.max(-1, keepdim=True).values) >= log_min_p
+    score = (z + gumbel(t.seed_hi[slots], t.seed_lo[slots], positions, V)).masked_fill(~mask, -math.inf)
+    tok = torch.where(T > 0, score.argmax(-1), greedy_tok)
+    if not logprobs:
+        return tok, None, None, None
+    lp = torch.log_softmax(z, dim=-1)
+    top_lp, top_ids = torch.topk(lp, min(MAX_LOGPROBS, V), dim=-1)
+    if V < MAX_LOGPROBS:
+        pad = MAX_LOGPROBS - V
+        top_lp = torch.nn.functional.pad(top_lp, (0, pad), value=-math.inf)
+        top_ids = torch.nn.functional.pad(top_ids, (0, pad))
+    return tok, lp.gather(-1, tok[:, None])[:, 0], top_lp, top_ids
+
+
+def sample(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    table: SamplingTable,
+    *,
+    logprobs: bool = False,
+    truncate: bool = True,
+    width: int | None = None,
+):
+    """logits [M, V], slots [M] long, positions [M] long -> (tokens [M] long, chosen logprob [M],
+    top logprobs [M, 20], top ids [M, 20]) (the last three None unless logprobs). Runs in chunks of
+    `width` rows (default table.width), the last one padded with the scratch slot. Pure tensor code.
+    truncate=False skips top-k / top-p (only valid when no row uses them; graphs pass True)."""
+    W = width or table.width
+    M = logits.shape[0]
+    outs = []
+    for c in range(0, M, W):
+        n = min(W, M - c)
+        lg, sl, ps = logits[c : c + n], slots[c : c + n], positions[c : c + n]
+        if n < W:  # pad to the one-slot shape
+            lg = torch.cat([lg, lg.new_zeros(W - n, lg.shape[1])])
+            sl = torch.cat([sl, sl.new_full((W - n,), table.scratch)])
+            ps = torch.cat([ps, ps.new_zeros(W - n)])
+        out = _chunk(lg, sl, ps, table, logprobs, truncate)
+        outs.append(tuple(o[:n] if o is not None else None for o in out))
+    if len(outs) == 1:
+        return outs[0]
+    return tuple(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outs))
+
+
+def reference_probs(logits, p: Params) -> torch.Tensor:
+    """float64 reference of the distribution a row is drawn from: [V] logits -> [V] probabilities
+    (temperature, then top-k, top-p, min-p, renormalised). Tests compare the sampler against it."""
+    z = logits.double() / p.temperature
+    V = z.shape[0]
+    order = torch.sort(z, descending=True, stable=True).indices
+    keep = torch.zeros(V, dtype=torch.bool)
+    k = p.top_k if p.top_k > 0 else V
+    keep[order[:k]] = True
+    pr = torch.softmax(z.masked_fill(~keep, -math.inf), -1)
+    if 0.0 < p.top_p < 1.0:
+        cum, kept = 0.0, torch.zeros(V, dtype=torch.bool)
+        for i in order[:k].tolist():
+            kept[i] = True
+            cum += float(pr[i])
+            if cum >= p.top_p:
+                break
+        keep &= kept
+    if p.min_p > 0.0:
+        keep &= z - z.max() >= math.log(p.min_p)
+    return torch.softmax(z.masked_fill(~keep, -math.inf), -1)

@@ -1,0 +1,89 @@
+"""The rules of `baton.v1.SamplingParams`, shared by the router and the workers (no torch import).
+
+    check(params)                        # ValueError "sampling.<field>: why" (INVALID_ARGUMENT)
+    plan(params, has_tokenizer, seed)    # the router: check, -> (workers' copy, stop strings)
+    resolved(params, seed) -> params     # the workers' copy: the seed set, stop strings removed
+    logprob_protos(entries, tokens)      # SamplingTable.logprobs entries -> [baton.v1.TokenLogprob]
+
+Ranges (docs/CONTRACTS.md, "Sampling"): temperature in [0, 100] (0 = greedy); top_p in [0, 1] (0 or 1 =
+off); top_k any (0 = off; past the vocabulary = off); min_p in [0, 1] (0 = off); logprobs <= 20; at most
+16 stop strings, each 1..256 bytes of UTF-8; repetition_penalty in [0, 10] (0 or 1 = off),
+presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range). Penalties are validated but not
+applied yet: a non-neutral one is refused (INVALID_ARGUMENT naming it) rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_TEMPERATURE = 100.0
+MAX_LOGPROBS = 20
+MAX_STOPS = 16
+MAX_STOP_BYTES = 256
+MAX_REPETITION_PENALTY = 10.0
+MAX_ABS_PENALTY = 2.0
+
+
+def _bad(field: str, why: str) -> ValueError:
+    return ValueError(f"sampling.{field}: {why}")
+
+
+def _finite(field: str, v: float, lo: float, hi: float) -> None:
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise _bad(field, f"{v} is out of range [{lo:g}, {hi:g}]")
+
+
+def check(p, *, stops: bool = True) -> None:
+    """Validates a SamplingParams message; every field named as `sampling.<field>`. stops=False: the
+    workers' copy, which must carry none (the router matches stop strings)."""
+    _finite("temperature", p.temperature, 0.0, MAX_TEMPERATURE)
+    _finite("top_p", p.top_p, 0.0, 1.0)
+    _finite("min_p", p.min_p, 0.0, 1.0)
+    if p.logprobs > MAX_LOGPROBS:
+        raise _bad("logprobs", f"{p.logprobs} alternatives: at most {MAX_LOGPROBS}")
+    _finite("repetition_penalty", p.repetition_penalty, 0.0, MAX_REPETITION_PENALTY)
+    _finite("presence_penalty", p.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+    _finite("frequency_penalty", p.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+    for name, neutral in (
+        ("repetition_penalty", (0.0, 1.0)),
+        ("presence_penalty", (0.0,)),
+        ("frequency_penalty", (0.0,)),
+    ):
+        if getattr(p, name) not in neutral:
+            raise _bad(name, f"penalties are not supported yet (send {' or '.join(f'{v:g}' for v in neutral)})")
+    if len(p.stop) > (MAX_STOPS if stops else 0):
+        raise _bad("stop", f"{len(p.stop)} stop strings: at most {MAX_STOPS}" if stops else "not for workers")
+    for i, s in enumerate(p.stop):
+        n = len(s.encode("utf-8"))
+        if not 1 <= n <= MAX_STOP_BYTES:
+            raise _bad(f"stop[{i}]", f"{n} bytes: a stop string has 1..{MAX_STOP_BYTES} bytes of UTF-8")
+
+
+def plan(p, has_tokenizer: bool, random_seed: int):
+    """The router's view of a request's params: check them, then -> (the workers' copy with the seed
+    resolved (the request's, else random_seed), the distinct stop strings). ValueError naming the field."""
+    check(p)
+    if p.stop and not has_tokenizer:
+        raise _bad("stop", "this router has no tokenizer to match stop strings on the text")
+    return resolved(p, p.seed if p.HasField("seed") else random_seed), tuple(dict.fromkeys(p.stop))
+
+
+def resolved(p, seed: int):
+    """A copy for the workers: seed set, stop strings removed (the router matches them on the text)."""
+    out = type(p)()
+    out.CopyFrom(p)
+    out.seed = seed
+    del out.stop[:]
+    return out
+
+
+def logprob_protos(entries, tokens) -> list:
+    """[(chosen logprob, [(id, logprob)])] of SamplingTable.logprobs and their tokens -> TokenLogprob list."""
+    from baton.v1 import common_pb2
+
+    return [
+        common_pb2.TokenLogprob(
+            token_id=int(t), logprob=lp, top=[common_pb2.TopLogprob(token_id=int(i), logprob=v) for i, v in top]
+        )
+        for t, (lp, top) in zip(tokens, entries)
+    ]

@@ -1,0 +1,78 @@
+"""Stop strings, matched by the router on the detokenized text, for both doors (gRPC and HTTP).
+
+    m = StopMatcher(("\\n\\n", "```"))
+    out, hit = m.push(delta)    # text safe to send now; hit = a stop string was completed
+    out = m.flush()             # at the end of the stream (no stop string): what was held back
+    t = TextStream(tokenizer.stream(), stops)
+    text, kept = t.feed(tokens) # kept = how many of tokens to send (all, or up to the one completing a stop)
+    text, hit = t.finish()      # the rest of the text at the end of the stream
+
+Only text that cannot begin a stop string is released: a suffix of what was received that is a prefix
+of some stop string is held back until the next delta decides it. The text sent is the generated text
+cut just before the stop string that completed first (the earliest end in the text; on a tie the one
+starting first), whatever the chunking; the stop string itself is not sent, as in OpenAI's API. The
+router then ends the request with finish_reason STOP: token_ids and usage end with the token that
+completed the stop string (its text, and any after it, are not sent), and the downstream calls are
+cancelled and the sessions released.
+"""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+
+    def push(self, delta: str) -> tuple[str, bool]:
+        if not self.stops:
+            return delta, False
+        text = self._held + delta
+        hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in self.stops) if i >= 0]
+        if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
+            self._held = ""
+            return text[: min(hits)[1]], True
+        keep = 0
+        for s in self.stops:  # longest suffix of text that is a proper prefix of s
+            for k in range(min(len(s) - 1, len(text)), keep, -1):
+                if text.endswith(s[:k]):
+                    keep = k
+                    break
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        out, self._held = self._held, ""
+        return out
+
+
+class TextStream:
+    """One request's output text: a tokenizer stream decoder (None: token ids only, no text) and its
+    stop strings, fed token by token so that a stop string ends the output at the token completing it."""
+
+    def __init__(self, decoder, stops: tuple[str, ...] = ()):
+        self.decoder, self.matcher = decoder, StopMatcher(stops)
+        self.stopped = False
+
+    def feed(self, tokens) -> tuple[str, int]:
+        """-> (text to send, how many of `tokens` to send)."""
+        if self.decoder is None:
+            return "", len(tokens)
+        parts = []
+        for i, t in enumerate(tokens):
+            out, hit = self.matcher.push(self.decoder.push(t))
+            parts.append(out)
+            if hit:
+                self.stopped = True
+                return "".join(parts), i + 1
+        return "".join(parts), len(tokens)
+
+    def finish(self) -> tuple[str, bool]:
+        """At the end of the stream: the decoder's and the matcher's held text; hit = a stop string in it."""
+        if self.decoder is None:
+            return "", False
+        out, hit = self.matcher.push(self.decoder.flush())
+        if hit:
+            self.stopped = True
+            return out, True
+        return out + self.matcher.flush(), False

@@ -1,0 +1,261 @@
+"""Sampling over real loopback gRPC (issue 22): a router, a prefill worker and a decode worker (bf16, fp8,
+mtp) in this process on the embedded default model, checked against the exact engine's own seeded
+decode (what `baton complete --temperature T --seed S` prints).
+
+Validation (INVALID_ARGUMENT naming sampling.<field>); a seed gives the same tokens twice, alone and
+among 7 concurrent other requests, in fast bf16 / fp8 / mtp; two seeds differ; T = 0 is greedy; exact
+mode (fp8 and mtp drafts) and fast bf16 at T = 0.8 equal the exact engine's seeded decode; an unseeded
+request reports its seed and replays with it; a stop string split across two tokens; held-back text
+is released; logprobs equal a float64 log-softmax of the exact model's logits; a decode worker stopped
+mid-stream: the re-prefilled session goes on with the same seeded tokens.
+"""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import torch
+
+from baton.client import Client
+from baton.engine.sampling import Params
+from baton.settings import Settings
+
+MAX_LEN = 256
+PROMPTS = ["def main(", "import json", "class Counter:", "for token in tokens:", "x", "@dataclass", "return [", "if "]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from baton.loading import load_model
+
+    return load_model(None, dtype="fp32", device="cpu", mtp=True)
+
+
+def _cluster(lm, decodes: int = 1):
+    from decode_worker.serve import serve_decode
+    from prefill_worker.serve import serve_prefill
+    from router.__main__ import serve_router
+
+    st = Settings()
+    ph, _ = serve_prefill(lm, max_len=MAX_LEN, settings=st)
+    ds = [serve_decode(lm, max_len=MAX_LEN, settings=st, default_engine="bf16")[0] for _ in range(decodes)]
+    rh, rs = serve_router(prefill=[ph.address], decode=[d.address for d in ds], settings=st)
+    c = Client(rh.address)
+    end = time.monotonic() + 60
+    while c.health() != "SERVING" and time.monotonic() < end:
+        time.sleep(0.05)
+
+    def close():
+        from router.__main__ import stop_router
+
+        c.close()
+        stop_router(rh, rs, 0)
+        ph.stop(0)
+        for d in ds:
+            d.stop(0)
+
+    return c, ds, close
+
+
+@pytest.fixture(scope="module")
+def client(lm):
+    c, _, close = _cluster(lm)
+    yield c
+    close()
+
+
+@pytest.fixture(scope="module")
+def exact(lm):
+    """The exact engine the prefill worker runs, in process: the reference (`baton complete`)."""
+    from baton.engine.runner import ModelRunner
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+    from prefill_worker.engine import ExactEngine
+
+    tok = Tokenizer.from_dir(resolve_model_dir(None))
+    eng = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
+    return lambda prompt, n, p=None: eng.generate(tok.encode(prompt), n, sampling=p)
+
+
+def run(c, prompt="def main(", n=16, **kw):
+    ids, text, lps, last = [], [], [], None
+    for d in c.generate(prompt, max_new_tokens=n, ignore_eos=True, timeout=120, **kw):
+        ids += d.token_ids
+        text.append(d.text)
+        lps += d.logprobs
+        last = d
+    return ids, text, lps, last
+
+
+BAD = [
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=101.0), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_p=-0.1), "top_p"),
+    (dict(min_p=2.0), "min_p"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(stop=["s"] * 17), "stop"),
+    (dict(stop=["é" * 129]), "stop[0]"),  # 258 bytes
+    (dict(stop=["ok", ""]), "stop[1]"),
+    (dict(repetition_penalty=11.0), "repetition_penalty"),
+    (dict(repetition_penalty=1.2), "repetition_penalty"),  # in range, not applied yet: refused
+    (dict(presence_penalty=3.0), "presence_penalty"),
+    (dict(presence_penalty=0.5), "presence_penalty"),
+    (dict(frequency_penalty=-2.5), "frequency_penalty"),
+]
+
+
+def test_invalid_sampling_fields_are_named(client):
+    for kw, field in BAD:
+        with pytest.raises(grpc.RpcError) as ei:
+            run(client, n=2, **kw)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (kw, ei.value.details())
+        assert ei.value.details().startswith(f"sampling.{field}:"), (kw, ei.value.details())
+    ok = run(client, n=2, temperature=100.0, top_p=1.0, min_p=1.0, logprobs=20, repetition_penalty=1.0, stop=["s"] * 16)
+    assert len(ok[0]) >= 1
+
+
+@pytest.mark.parametrize("engine", ["bf16", "fp8", "mtp"])
+def test_a_seed_gives_the_same_tokens_twice_alone_and_among_7_others(client, engine):
+    kw = dict(engine=engine, temperature=0.9, top_p=0.95)
+    solo = {i: run(client, p, 12, seed=1000 + i, **kw)[0] for i, p in enumerate(PROMPTS)}
+    assert run(client, PROMPTS[0], 12, seed=1000, **kw)[0] == solo[0]
+    assert run(client, PROMPTS[0], 12, seed=1001, **kw)[0] != solo[0]  # another seed, other tokens
+    with ThreadPoolExecutor(len(PROMPTS)) as ex:
+        together = list(ex.map(lambda i: run(client, PROMPTS[i], 12, seed=1000 + i, **kw)[0], range(len(PROMPTS))))
+    assert together == [solo[i] for i in range(len(PROMPTS))]
+    greedy = run(client, PROMPTS[0], 12, engine=engine)[0]
+    assert run(client, PROMPTS[0], 12, engine=engine, temperature=0.0, seed=5, top_k=3)[0] == greedy
+
+
+@pytest.mark.parametrize(("mode", "engine"), [("exact", "fp8"), ("exact", "mtp"), ("fast", "bf16")])
+def test_seeded_T08_equals_the_exact_engines_seeded_decode(client, exact, mode, engine):
+    for seed in (7, 8):
+        want = exact("class Counter:", 24, Params(temperature=0.8, seed=seed))
+        ids, _, _, last = run(client, "class Counter:", 24, mode=mode, engine=engine, temperature=0.8, seed=seed)
+        assert ids == want, (mode, engine, seed)
+        assert last.stats["seed"] == seed
+        if mode == "exact":
+            assert 0 < last.stats["accepted"] <= last.stats["drafted"]
+
+
+def test_an_unseeded_request_reports_its_seed_and_replays_with_it(client):
+    a, _, _, last = run(client, temperature=1.0)
+    seed = last.stats["seed"]
+    b, _, _, last2 = run(client, temperature=1.0)
+    assert last2.stats["seed"] != seed  # drawn per request
+    assert run(client, temperature=1.0, seed=seed)[0] == a
+
+
+def test_a_stop_string_split_across_two_tokens(client, exact):
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_dir(None))
+    kw = dict(temperature=0.8, seed=31)
+    ids, text, _, _ = run(client, "def main(", 32, **kw)
+    full = "".join(text)
+    pieces = [tok.decode(ids[: i + 1]) for i in range(len(ids))]
+    # a boundary i | i+1 inside the text whose 2 + 2 characters around it occur first there
+    cut = next(
+        len(pieces[i])
+        for i in range(3, len(ids) - 2)
+        if len(pieces[i]) >= 2
+        and len(pieces[i + 1]) >= len(pieces[i]) + 2
+        and full.find(full[len(pieces[i]) - 2 : len(pieces[i]) + 2]) == len(pieces[i]) - 2
+    )
+    stop = full[cut - 2 : cut + 2]
+    i_end = next(i for i, p in enumerate(pieces) if len(p) >= cut + 2)  # the token completing it
+    got, gtext, _, last = run(client, "def main(", 32, stop=["never there", stop], **kw)
+    assert "".join(gtext) == full[: cut - 2] and last.finish_reason == "STOP"
+    assert got == ids[: i_end + 1] and last.usage["completion_tokens"] == i_end + 1
+    # never completed: the held-back text reaches the client by the end, the output is whole
+    got, gtext, _, last = run(client, "def main(", 32, stop=[stop + "\x00"], **kw)
+    assert "".join(gtext) == full and got == ids and last.finish_reason == "LENGTH"
+    sent = [len("".join(gtext[: j + 1])) for j in range(len(gtext))]
+    assert any(s < len(pieces[j]) for j, s in enumerate(sent[:-1])), "nothing was ever held back"
+
+
+def _ref_logprobs(lm, prompt_ids, out_ids, T):
+    """float64 log_softmax(logits / T) of every generated token, from one wide pass over the sequence."""
+    from baton.engine.state import HybridState
+    from baton.models.qwen3_5 import StepContext
+
+    seq = prompt_ids + out_ids
+    st = HybridState(lm.cfg, slots=1, max_len=MAX_LEN, dtype=torch.float32, device="cpu", mtp=False)
+    with torch.inference_mode():
+        h = lm.model(torch.tensor(seq), st, StepContext(slot=0, width=None, n=len(seq), start=0))
+        logits = lm.model.logits(h).double()
+    lp = torch.log_softmax(logits / T, -1)[len(prompt_ids) - 1 : -1]  # row t predicts seq[t + 1]
+    return lp
+
+
+@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("exact", "fp8"), ("fast", "mtp")])
+def test_logprobs_are_the_log_softmax_of_the_exact_logits(client, lm, mode, engine):
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    T, n = 0.9, 12
+    prompt = Tokenizer.from_dir(resolve_model_dir(None)).encode("import json")
+    ids, _, lps, _ = run(client, "import json", n, mode=mode, engine=engine, temperature=T, seed=4, logprobs=5)
+    assert len(lps) == len(ids) == n and [t for t, _, _ in lps] == ids
+    ref = _ref_logprobs(lm, prompt, ids, T)
+    for j, (t, lp, top) in enumerate(lps):
+        assert abs(lp - float(ref[j, t])) < 2e-4, (j, lp, float(ref[j, t]))
+        want = torch.topk(ref[j], 5)
+        assert len(top) == 5 and [a for a, _ in top][:3] == want.indices.tolist()[:3]
+        assert all(abs(v - w) < 2e-4 for (_, v), w in zip(top, want.values.tolist()))
+
+
+def test_a_decode_worker_stopped_mid_stream_keeps_the_seeded_tokens(lm):
+    c, ds, close = _cluster(lm, decodes=2)
+    try:
+        kw = dict(temperature=1.0, top_p=0.9, seed=77, engine="bf16")
+        want = run(c, "def main(", 40, **kw)[0]
+        got, stopped = [], threading.Event()
+        for d in c.generate("def main(", max_new_tokens=40, ignore_eos=True, timeout=120, **kw):
+            got += d.token_ids
+            if len(got) >= 6 and not stopped.is_set():
+                busy = [h for h in ds if h.servicer.engine.session_count()]
+                assert len(busy) == 1
+                busy[0].stop(0)  # its Decode stream breaks: the router re-prefills on the other worker
+                stopped.set()
+        assert stopped.is_set() and got == want
+    finally:
+        close()
+
+
+def test_cli_generate_and_complete_take_the_sampling_flags(client, capsys):
+    """`baton generate --temperature --top-p --seed --stop` over gRPC and `baton complete` in process with
+    the same flags print the same tokens and text (the exact engine's seeded decode)."""
+    import argparse
+    import json
+
+    from baton import client_cli, complete
+
+    flags = ["--max-new-tokens", "20", "--temperature", "0.8", "--top-p", "0.95", "--seed", "5", "--json"]
+    p = argparse.ArgumentParser()
+    complete.add_arguments(p)
+    assert (
+        complete.run(p.parse_args(["--prompt", "class Counter:", "--max-len", str(MAX_LEN), "--ignore-eos", *flags]))
+        == 0
+    )
+    ref = json.loads(capsys.readouterr().out)
+    g = argparse.ArgumentParser()
+    client_cli.add_arguments_for("generate", g)
+    args = g.parse_args(["--addr", client.addr, "--ignore-eos", *flags, "class Counter:"])
+    assert client_cli.run_for("generate", args) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["token_ids"] == ref["token_ids"] and got["text"] == ref["text"] and ref["seed"] == 5
+    assert got["stats"]["seed"] == 5 and len(got["token_ids"]) == 20
+    stop = ref["text"][4:7]
+    args = g.parse_args(["--addr", client.addr, "--ignore-eos", *flags, "--stop", stop, "class Counter:"])
+    assert client_cli.run_for("generate", args) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["text"] == ref["text"][: ref["text"].find(stop)] and cut["finish_reason"] == "STOP"
+    bad = g.parse_args(["--addr", client.addr, "--temperature", "-1", "x"])
+    assert client_cli.run_for("generate", bad) == 1
+    assert "INVALID_ARGUMENT: sampling.temperature" in capsys.readouterr().err

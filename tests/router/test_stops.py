@@ -1,0 +1,52 @@
+"""router/stops.py: stop strings on the streamed text (StopMatcher) and per token (TextStream)."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.stops import StopMatcher, TextStream
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="ab\n", max_size=30),
+    stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 30), max_size=6),
+)
+def test_stop_matcher_cuts_at_the_earliest_stop_whatever_the_chunking(text, stops, cuts):
+    hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
+    want = text[: min(hits)[1]] if hits else text  # the stop string that completes first
+    m, out, hit = StopMatcher(tuple(stops)), [], False
+    bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
+    for a, b in zip(bounds, bounds[1:]):
+        piece, hit = m.push(text[a:b])
+        out.append(piece)
+        if hit:
+            break
+    if not hit:
+        out.append(m.flush())
+    assert ("".join(out), hit) == (want, bool(hits))
+
+
+class Chars:
+    """A stream decoder whose tokens are characters (token t -> chr(t)); flush() returns nothing."""
+
+    def push(self, t):
+        return chr(t)
+
+    def flush(self):
+        return ""
+
+
+def test_text_stream_ends_at_the_token_completing_the_stop_string():
+    toks = [ord(c) for c in "abcXYdef"]
+    t = TextStream(Chars(), ("XY", "zz"))
+    assert t.feed(toks[:4]) == ("abc", 4)  # "X" held back: it may begin "XY"
+    assert t.feed(toks[4:]) == ("", 1) and t.stopped  # "Y" completes it: 1 token of these is sent
+    t = TextStream(Chars(), ("XZ",))
+    assert t.feed(toks[:4]) == ("abc", 4)
+    assert t.feed(toks[4:]) == ("XYdef", 4) and not t.stopped
+    assert t.finish() == ("", False)
+    t = TextStream(Chars(), ("f!",))
+    assert t.feed(toks) == ("abcXYde", 8)
+    assert t.finish() == ("f", False)  # the held-back text at the end of the stream
+    assert TextStream(None, ("x",)).feed([1, 2]) == ("", 2)  # no tokenizer: no text, nothing cut
