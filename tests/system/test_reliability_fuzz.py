@@ -219,6 +219,7 @@ def messages(draw, desc, depth=0, cl=None):
                 F.TYPE_BOOL: st.booleans(),
                 F.TYPE_BYTES: st.binary(max_size=64),
                 F.TYPE_DOUBLE: st.floats(),
+                F.TYPE_FLOAT: st.floats(width=32),  # SamplingParams: NaN, inf, out of range
                 F.TYPE_INT32: st.integers(-(2**31), 2**31 - 1),
             }[f.type]
             if f.is_repeated:
