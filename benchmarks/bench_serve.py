@@ -32,10 +32,13 @@ Steps, in order:
     `bench` extra), else `--report FILE.json` makes them later on any machine.
 
 Per point:
-    tok_s              output tokens of every stream / wall time of the point (first start -> last token)
+    tok_s              output tokens of every completed stream / wall time of the point (the start -> the
+                       last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
-    ttft_s_*, itl_s_*  time to the first token, gap between streamed messages: p50 / p99
-    errors             by gRPC status (a refused request is not retried)
+    ttft_s_*, itl_s_*  time to the first token (p50 / p99 / max), gap between streamed messages (p50 / p99);
+                       tokens_per_message: 1.0 when every token came in a message of its own
+    errors             by gRPC status (a refused request is not retried); short: streams of fewer tokens
+                       than asked (ignore_eos: should be 0)
     checked, mismatched  streams compared with their reference / that differ from it: the batch must not
                        change a token. --check complete: `baton complete` (default for bf16: the exact engine,
                        which bf16 fast mode equals bitwise); alone: the same prompt through the router alone,
@@ -46,8 +49,10 @@ Per point:
     scaling            tok_s / tok_s at N = 1
     hf_*               HF generate at batch N (closed fixed points): hf_tok_s (whole call, prefill included,
                        --hf-new tokens), hf_decode_tok_s (without the prefill)
-    floor_tok_s        N * bandwidth / step_bytes(N rows at context input + output / 2) (benchmarks/baselines.py:
-                       the weights once, per row its GDN state read + written and its KV); pct_of_floor
+    floor_tok_s        N * bandwidth / step_bytes(N rows at floor_context = the mean of input + output / 2)
+                       (benchmarks/baselines.py: the weights once, per row its GDN state read + written and its
+                       KV; fp8 weights for the fp8 engine); pct_of_floor
+    Poisson points also have rate, num_prompts, arrivals_s (the last arrival), dispatch_late_s_max.
 Exit status 1 when any checked stream differs from its reference.
 """
 
