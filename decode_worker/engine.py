@@ -10,7 +10,10 @@ Lifecycle of a request through this engine:
                     row invariance makes the output token-identical to bf16
     draft(session, k, verdict)  exact mode: apply the exact worker's verdict (m accepted, next
                     token), rolling back and re-advancing as needed, then propose K new drafts
-    release(session)       the slot is free (also on TTL expiry)
+    release(session)       the slot and its KV pages are free (also on TTL expiry, replace, failed hand-off)
+KV pages (baton/engine/pages.py): LoadState reserves [0, position + 1) (SlotFill); Decode reserves
+position + max_new_tokens + speculation rows before its first step; Draft grows them per round. Too few
+free: PagesExhausted (RESOURCE_EXHAUSTED) before the work, the session untouched.
 
 Session state lives in slot `session.slot` of `runner.state`; every engine step goes through
 ModelRunner.replay_rows / replay_mtp, which replay captured graphs when they exist.
@@ -78,7 +81,12 @@ class DecodeEngine:
         self._compute = threading.Lock()
         self.batch_steps = batch_steps
         self._scheduler: StepScheduler | None = None
-        self._table: SlotTable[DecodeSession] = SlotTable(ttl_s, {id(r): r.state.slots for r in runners.values()})
+        by_id = {id(r): r for r in runners.values()}  # every end of a session frees its KV pages
+        self._table: SlotTable[DecodeSession] = SlotTable(
+            ttl_s,
+            {k: r.state.slots for k, r in by_id.items()},
+            on_free=lambda k, slot: by_id[k].state.release_pages(slot),
+        )
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -176,6 +184,7 @@ class DecodeEngine:
         pos = int(r.state.position[s.slot])
         extra = k + 2 if s.engine == "mtp" else 0
         r.check_window(pos, max_new_tokens, extra)
+        r.reserve(s.slot, pos + max_new_tokens + extra)  # every KV page it may write, before any step
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
         if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
@@ -320,6 +329,7 @@ class DecodeEngine:
             # check before consuming the verdict, so a refusal leaves the session retryable
             pending = len(s.drafts) + 1 if verdict is not None else 0
             r.check_window(int(st.position[s.slot]) + pending, k + 2)
+            r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
             if verdict is not None:
                 self._apply_verdict(s, *verdict)
             if s.engine == "mtp":

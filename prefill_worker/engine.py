@@ -8,7 +8,10 @@ Lifecycle of a request through this engine:
     export(session)         -> the slot's state tensors (the service streams them to a decode worker)
     verify(session, block)  -> exact mode only: K+1 fixed-width rows, longest accepted prefix m and the
                                next token; on rejection restore the snapshot and re-advance m+1 rows
-    release(session)        -> the slot is free again (also on TTL expiry)
+    release(session)        -> the slot and its KV pages are free again (also on TTL expiry)
+KV pages (baton/engine/pages.py): open_prefill reserves the prompt's; generate the whole window it will
+write; Verify blocks grow them at the block boundary (ModelRunner.rows). Too few free: PagesExhausted
+(RESOURCE_EXHAUSTED) before the work.
     generate(prompt, n)     -> the reference: the same engine decoding one token at a time (AR);
                                `baton complete` prints exactly this
 
@@ -65,7 +68,10 @@ class ExactEngine:
         self.runner = runner
         self.ttl_s = ttl_s
         self._compute = threading.Lock()  # one model, one stream of work
-        self._table: SlotTable[Session] = SlotTable(ttl_s, {0: runner.state.slots})
+        # every end of a session frees its KV pages (SlotTable on_free)
+        self._table: SlotTable[Session] = SlotTable(
+            ttl_s, {0: runner.state.slots}, on_free=lambda _, slot: runner.state.release_pages(slot)
+        )
 
     # ---- sessions ------------------------------------------------------------------------------
     @property
@@ -118,6 +124,11 @@ class ExactEngine:
         Verify and step (baton/engine/sampling.py); cleared at release."""
         self.validate_prompt(ids)
         s = self._open(session_id)
+        try:
+            self.runner.reserve(s.slot, len(ids))  # its KV pages, before any work (PagesExhausted)
+        except BaseException:
+            self._table.release(s.id)
+            raise
         self.runner.sampling.set(s.slot, sampling)
         return s
 
@@ -165,8 +176,8 @@ class ExactEngine:
         With `position` given (a prefill not run yet): the views for that position, next_token None."""
         s = self.get(session_id)
         st = self.runner.state
-        if position is not None:
-            return st.export(s.slot, position), position, None
+        if position is not None:  # KV gathered from the pages only once each layer is final (lazy)
+            return st.export(s.slot, position, lazy=True), position, None
         pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
         return st.export(s.slot, pos), pos, nxt
 
@@ -207,8 +218,13 @@ class ExactEngine:
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens: must be >= 1")
         self.validate_prompt(ids, max_new_tokens)
-        s, tok = self.prefill(ids, sampling=sampling)
-        out = [tok]
+        s = self.open_prefill(ids, sampling=sampling)
+        try:
+            self.runner.reserve(s.slot, len(ids) + max_new_tokens)  # every page it will write, up front
+        except BaseException:
+            self.release(s.id)
+            raise
+        out = [self.run_prefill(s, ids)]
         try:
             ends = set(stop_ids) | set(eos_ids)
             while len(out) < max_new_tokens and out[-1] not in ends:

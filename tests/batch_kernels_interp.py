@@ -4,7 +4,8 @@ a JSON verdict; tests/engine/test_batch_kernels.py runs this in a subprocess wit
 A batch is G groups of gs rows, group g against slot slots[g] (-1: padding). Each live group must give,
 bitwise, what the one-slot call gives for that slot alone (outputs and its slot's state), padding
 groups must leave every slot untouched and produce zero rows, and slots outside the batch stay as they
-were."""
+were. The attention kernels read KV through a shuffled page table and must equal, bitwise, the
+contiguous-window kernels they replaced (tests/attn_contig_ref.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attn_contig_ref as REF  # noqa: E402  (the contiguous-window kernels before paging)
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
 import torch  # noqa: E402
 
@@ -23,6 +25,7 @@ from baton.kernels import rows as R  # noqa: E402
 S, KW, nk, Hv, dk, dv = 5, 4, 2, 4, 16, 32
 C = 2 * nk * dk + Hv * dv  # conv channels: q | k | v
 nh, nkv, d, L, rd = 4, 2, 16, 512, 8
+SP = A.ATTN_SPLIT  # keys per page
 
 
 def gdn_case(slots: list[int], gs: int, seed: int) -> dict:
@@ -54,10 +57,30 @@ def gdn_case(slots: list[int], gs: int, seed: int) -> dict:
     return {"equal": bool(ok)}
 
 
+def _to_pages(win: torch.Tensor, tab: torch.Tensor, pages: int, g) -> torch.Tensor:
+    """Windows [S, nkv, L, d] -> a pool [pages, nkv, SPLIT, d] holding slot s's piece j in page tab[s, j]
+    (the pages no slot owns: random junk)."""
+    pool = torch.randn(pages, nkv, SP, d, generator=g)
+    for s in range(win.shape[0]):
+        for j in range(tab.shape[1]):
+            pool[tab[s, j]] = win[s, :, j * SP : (j + 1) * SP]
+    return pool
+
+
+def _windows(pool: torch.Tensor, tab: torch.Tensor) -> torch.Tensor:
+    """The pool read back through the table as windows [S, nkv, L, d]."""
+    return torch.stack([torch.cat([pool[p] for p in row.tolist()], dim=1) for row in tab])
+
+
 def attn_case(slots: list[int], gs: int, seed: int) -> dict:
+    """Paged (a shuffled, non-identity page table with spare pages) == the contiguous window kernels
+    (tests/attn_contig_ref.py, the pre-paging attention.py) bitwise, batched == each slot alone bitwise."""
     g = torch.Generator().manual_seed(seed)
     P = len(slots) * gs
+    MP, spare = L // SP, 3
     kc0, vc0 = torch.randn(S, nkv, L, d, generator=g), torch.randn(S, nkv, L, d, generator=g)
+    tab = torch.randperm(S * MP + spare, generator=g)[: S * MP].reshape(S, MP).to(torch.int32)
+    kp0, vp0 = _to_pages(kc0, tab, S * MP + spare, g), _to_pages(vc0, tab, S * MP + spare, g)
     base = torch.randint(0, L - gs, (len(slots),), generator=g)  # each group's first position
     pos = (base[:, None] + torch.arange(gs)[None, :]).reshape(P)
     q, k, v = (
@@ -69,23 +92,47 @@ def attn_case(slots: list[int], gs: int, seed: int) -> dict:
     wq, wk = torch.randn(d, generator=g) * 0.1, torch.randn(d, generator=g) * 0.1
     cos, sin = torch.randn(L + 1, rd, generator=g), torch.randn(L + 1, rd, generator=g)
     sl = torch.tensor(slots, dtype=torch.long)
-    kc, vc = kc0.clone(), vc0.clone()
-    qo = A.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kc, vc, gs, 1e-6, slots=sl, gs=gs)
-    o = A.attention_rows(qo, kc, vc, pos, gate, gs, slots=sl, gs=gs)
+    kp, vp = kp0.clone(), vp0.clone()
+    qo = A.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kp, vp, gs, 1e-6, table=tab, slots=sl, gs=gs)
+    o = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs)
+    kc, vc = kc0.clone(), vc0.clone()  # the contiguous reference, batched
+    qr = REF.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kc, vc, gs, 1e-6, slots=sl, gs=gs)
+    orf = REF.attention_rows(qr, kc, vc, pos, gate, gs, slots=sl, gs=gs)
+    paged = torch.equal(o, orf) and torch.equal(qo, qr)
+    paged &= torch.equal(_windows(kp, tab), kc) and torch.equal(_windows(vp, tab), vc)
+    owned = set(tab.flatten().tolist())
+    for p in set(range(kp.shape[0])) - owned:  # pages of no slot: untouched
+        paged &= torch.equal(kp[p], kp0[p]) and torch.equal(vp[p], vp0[p])
     ok = True
     for gi, s in enumerate(slots):
         rows = slice(gi * gs, (gi + 1) * gs)
         if s < 0:
             ok &= bool((o[rows] == 0).all())
             continue
-        k1, v1 = kc0[s].clone(), vc0[s].clone()
-        q1 = A.qk_rope_kv(q[rows], k[rows], v[rows], wq, wk, cos, sin, pos[rows], k1, v1, gs, 1e-6)
-        o1 = A.attention_rows(q1, k1, v1, pos[rows], gate[rows], gs)
+        k1, v1 = kp0.clone(), vp0.clone()  # alone: the same pool, the slot's own table row
+        q1 = A.qk_rope_kv(
+            q[rows], k[rows], v[rows], wq, wk, cos, sin, pos[rows], k1, v1, gs, 1e-6, table=tab[s : s + 1]
+        )
+        o1 = A.attention_rows(q1, k1, v1, pos[rows], gate[rows], gs, table=tab[s : s + 1])
         ok &= torch.equal(o1, o[rows]) and torch.equal(q1, qo[rows])
-        ok &= torch.equal(k1, kc[s]) and torch.equal(v1, vc[s])
+        ok &= torch.equal(_windows(k1, tab[s : s + 1]), kc[s : s + 1]) and torch.equal(
+            _windows(v1, tab[s : s + 1]), vc[s : s + 1]
+        )
+        # alone with the identity table: the pool is the slot's window cut in pages, in order
+        ki = kc0[s].reshape(nkv, MP, SP, d).transpose(0, 1).contiguous()
+        vi = vc0[s].reshape(nkv, MP, SP, d).transpose(0, 1).contiguous()
+        qi = A.qk_rope_kv(q[rows], k[rows], v[rows], wq, wk, cos, sin, pos[rows], ki, vi, gs, 1e-6)
+        oi = A.attention_rows(qi, ki, vi, pos[rows], gate[rows], gs)
+        kr, vr = kc0[s].clone(), vc0[s].clone()
+        qr1 = REF.qk_rope_kv(q[rows], k[rows], v[rows], wq, wk, cos, sin, pos[rows], kr, vr, gs, 1e-6)
+        or1 = REF.attention_rows(qr1, kr, vr, pos[rows], gate[rows], gs)
+        paged &= torch.equal(oi, or1) and torch.equal(qi, qr1) and torch.equal(oi, o1)
+        paged &= torch.equal(ki.transpose(0, 1).reshape(nkv, L, d), kr) and torch.equal(
+            vi.transpose(0, 1).reshape(nkv, L, d), vr
+        )
     for s in set(range(S)) - set(slots):
         ok &= torch.equal(kc[s], kc0[s]) and torch.equal(vc[s], vc0[s])
-    return {"equal": bool(ok)}
+    return {"equal": bool(ok), "paged_equals_contiguous": bool(paged)}
 
 
 def commit_case() -> dict:

@@ -63,8 +63,10 @@ def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
             "rows_batch: row checkpoints are kept (one set per runner): a batch of several groups must have"
             " one row per group"
         )
-    for slot, tokens in out:  # window: after the cheap checks, one host read per slot
-        runner.check_window(int(runner.state.position[slot]), len(tokens))
+    for slot, tokens in out:  # window and KV pages: after the cheap checks, one host read per slot
+        pos = int(runner.state.position[slot])
+        runner.check_window(pos, len(tokens))
+        runner.reserve(slot, pos + len(tokens))  # PagesExhausted: no state touched (pages only grow)
     return out
 
 

@@ -296,7 +296,8 @@ class FastRows:
         qg, k, v = proj
         W, nh, nkv, d = qg.shape[0], a.nh, a.nkv, a.d
         qg = qg.view(W, nh, 2 * d)
-        kc, vc = state.kv(a.layer_idx)  # [S, nkv, L, d]
+        kc, vc = state.kv(a.layer_idx)  # page pools [P + 1, nkv, PAGE, d], read through the page table
+        b = dict(b, table=state.pages.table)
         q = attn.qk_rope_kv(
             qg[..., :d],
             k.view(W, nkv, d),

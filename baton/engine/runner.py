@@ -47,12 +47,19 @@ class ModelRunner:
         fast: bool | None = None,
         checkpoints: bool = False,
         pipeline: bool = False,
+        kv_pages: int | None = None,
     ):
         """fast: use the fused rows kernels (baton/engine/fast_rows.py); None = on CUDA. Every runner
         that must agree bitwise (exact engine, decode engines) must make the same choice.
         checkpoints: keep per-row GDN checkpoints so a rejected verify block rewinds by copying
         (`rewind`) instead of recomputing; costs W x the GDN state of one slot.
-        pipeline: ping-pong GDN buffers for ar_launch / ar_collect; costs 1 x the GDN state per slot."""
+        pipeline: ping-pong GDN buffers for ar_launch / ar_collect; costs 1 x the GDN state per slot.
+        kv_pages: the attention KV pool's pages (baton/engine/pages.py; None: slots x the window).
+        max_len: the per-request window (the page table's width), at most the model's max_position_embeddings."""
+        if max_len > model.cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_len: {max_len} exceeds the model's max_position_embeddings {model.cfg.max_position_embeddings}"
+            )
         p = next(model.parameters())
         self.model, self.cfg = model, model.cfg
         self.device, self.dtype = p.device, dtype or p.dtype
@@ -66,6 +73,7 @@ class ModelRunner:
             device=self.device,
             mtp=self.has_mtp,
             ckpt_rows=width if checkpoints else 0,
+            kv_pages=kv_pages,
         )
         # Static step buffers: the eager path and captured CUDA graphs read and write these.
         W, H, dev = width, self.cfg.hidden_size, self.device
@@ -124,6 +132,11 @@ class ModelRunner:
                 + f" = {need} exceeds the window of {self.max_len} tokens"
             )
 
+    def reserve(self, slot: int, tokens: int) -> None:
+        """The slot's KV pages cover positions [0, tokens), tokens capped at the window (check_window first);
+        raises PagesExhausted (RESOURCE_EXHAUSTED) with nothing changed when the pool is short."""
+        self.state.reserve(slot, min(tokens, self.max_len))
+
     def check_ids(self, ids, field: str = "prompt") -> None:
         bad = [t for t in ids if not 0 <= int(t) < self.cfg.vocab_size]
         if bad:
@@ -140,6 +153,7 @@ class ModelRunner:
         if not ids:
             raise ValueError("prompt: empty")
         self.check_window(start + len(ids), 0)
+        self.reserve(slot, start + len(ids))
         if start == 0:
             self.state.reset(slot)
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -316,6 +330,7 @@ class ModelRunner:
             raise ValueError(f"rows: {n} tokens, expected 1..{self.width}")
         pos = int(self.state.position[slot])
         self.check_window(pos, n)
+        self.reserve(slot, pos + n)  # grown at the step boundary if the session's reservation is short
         self.ids_buf.zero_()
         self.ids_buf[:n] = torch.tensor(tokens, dtype=torch.long, device=self.device)
         self.replay_rows(slot, n)

@@ -2,6 +2,8 @@
 
 Both engines keep their sessions here (ExactEngine: one pool; DecodeEngine: one pool per runner).
 Invariant: a slot is in exactly one place — a pool's free list or one live session.
+on_free(pool, slot) runs whenever a slot goes back to a free list (release, TTL reap, replace, give_back):
+the engines free the slot's KV pages there (baton/engine/pages.py), so every end of a session frees them.
 """
 
 from __future__ import annotations
@@ -24,12 +26,20 @@ class SessionLimit(RuntimeError):
 
 
 class SlotTable(Generic[S]):
-    def __init__(self, ttl_s: float, pools: dict[Hashable, int]):
-        """pools: pool key -> slot count."""
-        self.ttl_s = ttl_s
+    def __init__(
+        self, ttl_s: float, pools: dict[Hashable, int], on_free: Callable[[Hashable, int], None] | None = None
+    ):
+        """pools: pool key -> slot count; on_free(pool, slot): a slot is free again (under the table's lock)."""
+        self.ttl_s, self._on_free = ttl_s, on_free
         self._lock = threading.Lock()
         self._sessions: dict[str, tuple[Hashable, S]] = {}
         self._free = {k: list(range(n)) for k, n in pools.items()}
+
+    def _put(self, pool: Hashable, slot: int) -> None:
+        """A slot back to its free list (the lock held)."""
+        if self._on_free is not None:
+            self._on_free(pool, slot)
+        self._free[pool].append(slot)
 
     def __len__(self) -> int:
         with self._lock:
@@ -49,7 +59,7 @@ class SlotTable(Generic[S]):
                 if not replace:
                     raise ValueError(f"session_id: {sid!r} already exists")
                 old_pool, old = self._sessions.pop(sid)
-                self._free[old_pool].append(old.slot)
+                self._put(old_pool, old.slot)
             free = self._free[pool]
             if not free:
                 raise SessionLimit(f"all {what} slots are in use")
@@ -58,14 +68,14 @@ class SlotTable(Generic[S]):
     def give_back(self, pool: Hashable, slot: int) -> None:
         """Returns a slot reserved by take() whose session never opened."""
         with self._lock:
-            self._free[pool].append(slot)
+            self._put(pool, slot)
 
     def publish(self, pool: Hashable, session_id: str, session: S) -> S:
         """Makes `session` visible under session_id; a session already there is replaced and its slot freed."""
         with self._lock:
             old = self._sessions.get(session_id)
             if old is not None and old[1] is not session:
-                self._free[old[0]].append(old[1].slot)
+                self._put(old[0], old[1].slot)
             self._sessions[session_id] = (pool, session)
         return session
 
@@ -93,7 +103,7 @@ class SlotTable(Generic[S]):
         with self._lock:
             entry = self._sessions.pop(session_id, None)
             if entry is not None:
-                self._free[entry[0]].append(entry[1].slot)
+                self._put(entry[0], entry[1].slot)
             return entry is not None
 
     def reap_expired(self) -> int:
@@ -104,5 +114,5 @@ class SlotTable(Generic[S]):
             dead = [sid for sid, (_, s) in self._sessions.items() if now - s.last_used > self.ttl_s]
             for sid in dead:
                 pool, s = self._sessions.pop(sid)
-                self._free[pool].append(s.slot)
+                self._put(pool, s.slot)
         return len(dead)

@@ -4,7 +4,10 @@ Layout (S = slots, fixed at construction; every buffer is allocated once and nev
 captured CUDA graphs stay valid):
     conv[layer]      [S, conv_dim, KW-1]      activation dtype   (GDN layers)
     recurrent[layer] [S, Hv, dk, dv]         fp32               (GDN layers)
-    key/value[layer] [S, kv_heads, max_len, head_dim]  activation dtype (attention layers)
+    key/value[layer] [P + 1, kv_heads, PAGE, head_dim]  activation dtype (attention layers and the MTP
+                     layer): one pool of KV pages per layer, shared by the slots through one page table
+                     pages.table [S, max_pages] int32 (baton/engine/pages.py: PagePool, its lifecycle);
+                     a slot's KV row pos is in page table[slot, pos // PAGE] at pos % PAGE
     position         [S] int64   tokens consumed by the slot
     next_token       [S] int64   the token to feed next (not yet consumed)
     hidden           [S, hidden] last final-normed hidden row (MTP input)
@@ -26,18 +29,22 @@ into the main buffers. Between decode calls the state is always in the main buff
 
 Invariant: KV rows at positions >= position[slot] are never read unmasked, so a rollback only has to
 restore the O(1) part (GDN tensors and scalars); the stale KV rows are overwritten before use.
+KV is written only at positions the slot's pages cover (reserve(), before any work of a request).
 
-Export yields the O(1) GDN tensors plus KV rows [0, position) only; import writes such a state into
-this object's preallocated buffers.
+Export yields the O(1) GDN tensors plus KV rows [0, position) only, KV as [kv_heads, position, head_dim]
+(gathered from the slot's pages: the wire format of the contiguous window); import writes such a state
+into this object's preallocated buffers (KV scattered into the slot's pages: PagedRows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from baton.config import ModelConfig
+from baton.engine.pages import PAGE, PagePool, pages_for
 
 # state tensor kinds (mirrors baton.v1.TensorKind)
 GDN_CONV, GDN_RECURRENT, ATTN_KEY, ATTN_VALUE, HIDDEN = "gdn_conv", "gdn_recurrent", "attn_key", "attn_value", "hidden"
@@ -47,7 +54,37 @@ GDN_CONV, GDN_RECURRENT, ATTN_KEY, ATTN_VALUE, HIDDEN = "gdn_conv", "gdn_recurre
 class StateTensor:
     name: str
     kind: str
-    tensor: torch.Tensor  # a view into the state (no copy)
+    tensor: torch.Tensor  # a view into the state (GDN, hidden) or a gathered copy (KV); lazy: a meta tensor
+    gather: Callable[[], torch.Tensor] | None = None  # lazy KV (export(lazy=True)): gathers the rows when called
+
+    def materialize(self) -> torch.Tensor:
+        return self.tensor if self.gather is None else self.gather()
+
+
+class PagedRows:
+    """The import destination of one KV tensor [kv_heads, position, head_dim] of a slot: its pages.
+    copy_(src) / fill_(value) write rows [0, position) into the slot's pages on the current stream (a
+    host source is copied to the device first, non_blocking from pinned memory, then scattered)."""
+
+    def __init__(self, pool: torch.Tensor, pages: list[int], position: int):
+        self.pool, self.pages, self.position = pool, pages, position  # pages cover [0, position)
+        self.shape = (pool.shape[1], position, pool.shape[3])
+
+    def _spans(self):
+        for j, page in enumerate(self.pages[: pages_for(self.position)]):
+            a = j * PAGE
+            yield page, a, min(self.position, a + PAGE)
+
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PagedRows":
+        src = src.to(self.pool.device, non_blocking=non_blocking)
+        for page, a, b in self._spans():
+            self.pool[page, :, : b - a].copy_(src[:, a:b])
+        return self
+
+    def fill_(self, value) -> "PagedRows":
+        for page, a, b in self._spans():
+            self.pool[page, :, : b - a].fill_(value)
+        return self
 
 
 class HybridState:
@@ -61,7 +98,10 @@ class HybridState:
         device,
         mtp: bool = False,
         ckpt_rows: int = 0,
+        kv_pages: int | None = None,
     ):
+        """kv_pages: pages of PAGE keys in each attention layer's pool (None: slots x the window, so every
+        slot can hold a full window, as the contiguous layout did)."""
         self.cfg, self.slots, self.max_len, self.dtype = cfg, slots, max_len, dtype
         self.mtp_layer = cfg.num_hidden_layers if mtp else None  # the MTP layer's KV index
         self.device = torch.device(device)
@@ -74,7 +114,9 @@ class HybridState:
             )
             for i in cfg.gdn_layers
         }
-        kv_shape = (slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        max_pages = pages_for(max_len)
+        self.pages = PagePool(kv_pages or slots * max_pages, slots, max_pages, self.device)
+        kv_shape = (self.pages.pages + 1, cfg.num_key_value_heads, PAGE, cfg.head_dim)  # + the sink page
         self.attn_ids = cfg.attn_layers + ((self.mtp_layer,) if mtp else ())
         self.key = {i: z(*kv_shape) for i in self.attn_ids}
         self.value = {i: z(*kv_shape) for i in self.attn_ids}
@@ -149,7 +191,44 @@ class HybridState:
         return self.conv[layer], self.recurrent[layer]
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's page pools (key, value), [P + 1, kv_heads, PAGE, head_dim] each."""
         return self.key[layer], self.value[layer]
+
+    def slot_kv(self, layer: int, slot: int, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot's KV rows [0, length) (None: the whole window, max_len) gathered from its pages through
+        the device table (no host sync) -> key, value [kv_heads, length, head_dim], contiguous: the values
+        the contiguous window held (rows past the slot's pages read the sink: only ever read masked)."""
+        n = self.max_len if length is None else int(length)
+        idx = self.pages.table[slot, : pages_for(n)].long()
+        out = []
+        for pool in (self.key[layer], self.value[layer]):
+            g = pool.index_select(0, idx)  # [k, nkv, PAGE, d]
+            out.append(g.transpose(0, 1).reshape(g.shape[1], -1, g.shape[3])[:, :n].contiguous())
+        return out[0], out[1]
+
+    def write_kv(self, layer: int, slot: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """KV rows pos [n] (device int64) of `slot` := k, v [n, kv_heads, head_dim], through the table."""
+        page = self.pages.table[slot].long()[pos // PAGE]  # [n]
+        off = pos % PAGE
+        self.key[layer][page, :, off] = k
+        self.value[layer][page, :, off] = v
+
+    def reserve(self, slot: int, tokens: int, zero: bool = True) -> None:
+        """The slot's pages cover positions [0, tokens) (PagePool.ensure: all or none, PagesExhausted);
+        new pages are zeroed on the current stream (zero=False: the caller overwrites or zeroes them)."""
+        new = self.pages.ensure(slot, tokens)
+        if new and zero:
+            self._zero_pages(new)
+
+    def release_pages(self, slot: int) -> int:
+        """Every page of the slot back to the free list (an end of its session); -> how many."""
+        return self.pages.free(slot)
+
+    def _zero_pages(self, pages: list[int]) -> None:
+        idx = torch.tensor(pages, dtype=torch.long).to(self.device)
+        for i in self.attn_ids:
+            self.key[i].index_fill_(0, idx, 0)
+            self.value[i].index_fill_(0, idx, 0)
 
     def row_ckpt(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(ckpt_conv [W, C, KW-1], ckpt_rec [W, Hv, dk, dv]) of a GDN layer, or None when not kept."""
@@ -180,17 +259,28 @@ class HybridState:
             t[slot].copy_(self._snap[k][slot])
 
     def reset(self, slot: int) -> None:
-        """Zero a slot (GDN state, scalars and its KV rows)."""
+        """Zero a slot (GDN state, scalars and the KV rows of its pages; the pages stay its own)."""
         for _, t in self._o1_items():
             t[slot].zero_()
-        for i in self.attn_ids:
-            self.key[i][slot].zero_()
-            self.value[i][slot].zero_()
+        own = self.pages.owned(slot)
+        if own:
+            self._zero_pages(own)
 
     def zero_kv_rows(self, slot: int, start: int, end: int) -> None:
-        for i in self.attn_ids:
-            self.key[i][slot, :, start:end].zero_()
-            self.value[i][slot, :, start:end].zero_()
+        """Zero the KV rows [start, end) that the slot's pages hold."""
+        full = []
+        for j, page in enumerate(self.pages.owned(slot)):
+            a, b = max(start, j * PAGE), min(end, (j + 1) * PAGE)
+            if a >= b:
+                continue
+            if b - a == PAGE:
+                full.append(page)
+                continue
+            for i in self.attn_ids:
+                self.key[i][page, :, a - j * PAGE : b - j * PAGE].zero_()
+                self.value[i][page, :, a - j * PAGE : b - j * PAGE].zero_()
+        if full:
+            self._zero_pages(full)
 
     # ---- sizes ---------------------------------------------------------------------------------
     def kv_bytes_per_token(self) -> int:
@@ -200,21 +290,40 @@ class HybridState:
     def key_itemsize(self) -> int:
         return torch.empty(0, dtype=self.dtype).element_size()
 
+    def page_bytes(self) -> int:
+        """Bytes of one page across every attention layer's key and value pools (the MTP layer's included)."""
+        return sum(2 * t[0].numel() * t.element_size() for t in self.key.values())
+
     def slot_bytes(self) -> int:
-        """Bytes one slot holds (its full KV window included)."""
-        return sum(t[0].numel() * t.element_size() for _, t in self.items_all())
+        """Bytes one slot may hold: its O(1) state and the pages of a full window."""
+        o1 = sum(t[0].numel() * t.element_size() for _, t in self._o1_items())
+        return o1 + self.pages.max_pages * self.page_bytes()
 
     def items_all(self):
+        """Every buffer (the O(1) tensors, [S, ...], then the KV page pools and the page table)."""
         yield from self._o1_items()
         for i in self.attn_ids:
             yield f"key.{i}", self.key[i]
             yield f"value.{i}", self.value[i]
+        yield "page_table", self.pages.table
 
     # ---- export / import -----------------------------------------------------------------------
-    def export(self, slot: int, position: int | None = None) -> list[StateTensor]:
+    def _kv_tensors(self, names: tuple[str, str], layer: int, slot: int, p: int, lazy: bool) -> list[StateTensor]:
+        if not lazy:
+            k, v = self.slot_kv(layer, slot, p)
+            return [StateTensor(names[0], ATTN_KEY, k), StateTensor(names[1], ATTN_VALUE, v)]
+        meta = torch.empty(self.cfg.num_key_value_heads, p, self.cfg.head_dim, dtype=self.dtype, device="meta")
+        return [
+            StateTensor(names[j], kind, meta, lambda j=j: self.slot_kv(layer, slot, p)[j])
+            for j, kind in enumerate((ATTN_KEY, ATTN_VALUE))
+        ]
+
+    def export(self, slot: int, position: int | None = None, *, lazy: bool = False) -> list[StateTensor]:
         """Tensors describing one slot, in the order prefill finishes them (the wire's table order):
-        per layer its O(1) GDN tensors or KV rows [0, position), then the hidden row, then the MTP KV.
-        Returns views; the caller copies them off the device."""
+        per layer its O(1) GDN tensors or KV rows [0, position) [kv_heads, position, head_dim], then the
+        hidden row, then the MTP KV. GDN / hidden are views, KV is gathered from the pages now (a device
+        copy) or, lazy=True (a prefill not run yet: the sender pulls each tensor once its layer is final),
+        on StateTensor.materialize(). The caller copies them off the device."""
         p = int(self.position[slot]) if position is None else position
         out: list[StateTensor] = []
         for i in range(self.cfg.num_hidden_layers):
@@ -222,18 +331,16 @@ class HybridState:
                 out.append(StateTensor(f"layers.{i}.conv", GDN_CONV, self.conv[i][slot]))
                 out.append(StateTensor(f"layers.{i}.recurrent", GDN_RECURRENT, self.recurrent[i][slot]))
             else:
-                out.append(StateTensor(f"layers.{i}.key", ATTN_KEY, self.key[i][slot, :, :p]))
-                out.append(StateTensor(f"layers.{i}.value", ATTN_VALUE, self.value[i][slot, :, :p]))
+                out += self._kv_tensors((f"layers.{i}.key", f"layers.{i}.value"), i, slot, p, lazy)
         out.append(StateTensor("hidden", HIDDEN, self.hidden[slot]))
         if self.mtp_layer is not None:  # MTP pairs (h_t, x_{t+1}) for t < position: computed last
-            out.append(StateTensor("mtp.key", ATTN_KEY, self.key[self.mtp_layer][slot, :, :p]))
-            out.append(StateTensor("mtp.value", ATTN_VALUE, self.value[self.mtp_layer][slot, :, :p]))
+            out += self._kv_tensors(("mtp.key", "mtp.value"), self.mtp_layer, slot, p, lazy)
         return out
 
     def layout(self) -> dict[str, tuple[str, torch.dtype, tuple[int, ...] | None]]:
         """name -> (kind, dtype, fixed shape or None for KV rows [kv_heads, position, head_dim])."""
         out = {}
-        for t in self.export(0, position=0):
+        for t in self.export(0, position=0, lazy=True):
             fixed = None if t.kind in (ATTN_KEY, ATTN_VALUE) else tuple(t.tensor.shape)
             out[t.name] = (t.kind, t.tensor.dtype, fixed)
         return out
@@ -246,15 +353,28 @@ class HybridState:
             dst.copy_(tensors[name], non_blocking=True)
         self.finish_import(slot, position=position, next_token=next_token)
 
-    def import_views(self, slot: int, position: int) -> dict[str, torch.Tensor]:
-        """name -> the view of `slot` that an imported tensor of that name is copied into
-        (a state may be placed tensor by tensor, then finish_import)."""
+    def import_views(self, slot: int, position: int) -> dict[str, torch.Tensor | PagedRows]:
+        """name -> where an imported tensor of that name is copied into (`.copy_(src, non_blocking)`):
+        a view of `slot` (GDN, hidden) or its pages (KV: PagedRows); a state may be placed tensor by tensor,
+        then finish_import. Reserves the slot's pages for [0, position + 1) first (PagesExhausted), not
+        zeroed: every row below position is overwritten, finish_import zeroes the rest."""
         if position > self.max_len:
             raise ValueError(f"position {position} exceeds the window max_len={self.max_len}")
-        return {t.name: t.tensor for t in self.export(slot, position=position)}
+        self.reserve(slot, min(position + 1, self.max_len), zero=False)
+        own = self.pages.owned(slot)
+        out: dict[str, torch.Tensor | PagedRows] = {}
+        for t in self.export(slot, position=position, lazy=True):
+            if t.gather is None:
+                out[t.name] = t.tensor
+            else:
+                layer = self.mtp_layer if t.name.startswith("mtp.") else int(t.name.split(".")[1])
+                pool = (self.key if t.kind == ATTN_KEY else self.value)[layer]
+                out[t.name] = PagedRows(pool, own, position)
+        return out
 
     def finish_import(self, slot: int, *, position: int, next_token: int) -> None:
-        """After every tensor of import_views was copied in: zero the KV rows past position, set the scalars."""
-        self.zero_kv_rows(slot, position, self.max_len)
+        """After every tensor of import_views was copied in: zero the KV rows past position (in the slot's
+        pages), set the scalars."""
+        self.zero_kv_rows(slot, position, self.pages.capacity(slot))
         self.position[slot] = position
         self.next_token[slot] = next_token

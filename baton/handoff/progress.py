@@ -107,6 +107,22 @@ class PrefillProgress:
 
     def source(self, tensors):
         """(tensor, ready event) for each baton.engine.state.StateTensor, each once its stage is final:
-        a wire tensor_source."""
+        a wire tensor_source. A lazy tensor (paged KV: StateTensor.gather) is gathered then, on CUDA on
+        the copy stream after the stage's event (never a host sync), its own event recorded after it."""
         for t in tensors:
-            yield t.tensor, self.wait(stage_of(t.name, self.layers))
+            ev = self.wait(stage_of(t.name, self.layers))
+            if getattr(t, "gather", None) is None:
+                yield t.tensor, ev
+            elif not self._cuda:
+                yield t.gather(), None
+            else:
+                from baton.handoff.staging import copy_stream
+
+                stream = copy_stream(self._device)
+                with torch.cuda.stream(stream):
+                    if ev is not None:
+                        stream.wait_event(ev)
+                    out = t.gather()
+                    done = torch.cuda.Event()
+                    done.record(stream)
+                yield out, done

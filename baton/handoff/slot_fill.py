@@ -1,16 +1,18 @@
 """SlotFill: a received state placed into a reserved slot tensor by tensor, activated only at commit().
 
 Lifecycle (one LoadState stream):
-    DecodeEngine.reserve(engine, session_id, position)   a free slot, taken from the pool but invisible to
-        get() (a session of the same id keeps serving); when no slot is free but session_id already holds
-        one, the fill is deferred: tensors are kept on the host and the old slot is reused at commit
+    DecodeEngine.reserve(engine, session_id, position)   a free slot and the KV pages of rows
+        [0, position + 1), taken from the pools but invisible to get() (a session of the same id keeps
+        serving); when no slot (or too few pages) is free but session_id already holds a slot, the fill is
+        deferred: tensors are kept on the host and the old slot (and pages) are reused at commit
+        KV tensors go straight into the slot's pages (HybridState.import_views: PagedRows)
     place(name, cpu_tensor)   as soon as the wire has verified that tensor: copied into the slot
         (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
         the stream); the slot's other sessions never read it, and nothing marks it live yet
     commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
         (zero-filled MTP rows: filled on the device), waits for the copies, zeroes KV rows past position,
         sets the scalars, and publishes the session (replacing one of the same id)
-    abort()   any failure: the slot goes back to the pool; its half-written contents are never read
+    abort()   any failure: the slot and its pages go back to the pools; half-written contents are never read
         (a later fill overwrites every tensor, and finish_import the rest)
 """
 
@@ -44,6 +46,12 @@ class SlotFill:
         sid, self.slot = self.engine._table.take(
             id(r), self.session_id if replace else None, replace=replace, what=f"{r.state.slots} {e} decode"
         )
+        try:  # the KV pages of rows [0, position + 1), before a byte arrives (PagesExhausted)
+            r.state.reserve(self.slot, min(self.position + 1, r.max_len), zero=False)
+        except BaseException:
+            self.engine._table.give_back(id(r), self.slot)  # frees any pages too (on_free)
+            self.slot = None
+            raise
         self.session_id = self.session_id or sid
 
     def place(self, name: str, src: torch.Tensor) -> None:
@@ -52,6 +60,8 @@ class SlotFill:
             return
         if self._views is None:
             self._views = self.runner.state.import_views(self.slot, self.position)
+            if self._stream is not None:  # after all work already queued (a freed slot's or page's last use)
+                self._stream.wait_stream(torch.cuda.current_stream(self.runner.device))
         dst = self._views[name]
         if self._stream is not None:
             with torch.cuda.stream(self._stream):

@@ -1,11 +1,17 @@
 """Fused Triton kernels for the attention layers of the fixed-width rows step, under the contract of
 baton/kernels/rows.py (row-invariant by construction, n unspecialised, no host syncs, graph capturable).
 
-    qk_rope_kv(...)                q/k RMSNorm + partial RoPE; k and v rows < n written into the window
+    qk_rope_kv(...)                q/k RMSNorm + partial RoPE; k and v rows < n written into their pages
     attention_rows(...)            split-window attention up to each row's position, output gate applied:
                                    each row reduces over its own keys in fixed ATTN_SPLIT-key pieces, in a
                                    fixed order, so its bits do not depend on n or on the other rows
-"""
+
+KV lives in pages (baton/engine/pages.py): kc, vc are pools [P, nkv, ATTN_SPLIT, d] and a slot's row
+pos is in page table[slot, pos // ATTN_SPLIT] at pos % ATTN_SPLIT (table [S, MP] int32). A page is one
+attention piece, so piece s of a row reads page table[slot, s]: the same keys, in the same order, as the
+contiguous window (tests/batch_kernels_interp.py checks it bitwise against the contiguous kernels).
+One-slot calls (slots None) take table [1, MP], or None: the identity table (the pool is the window's
+pages in order)."""
 
 from __future__ import annotations
 
@@ -41,9 +47,9 @@ def _attn_split_kernel(
     v_ptr,
     pos_ptr,
     slot_ptr,
+    tab_ptr,
     acc_ptr,
     ml_ptr,
-    L,
     NS,
     n,
     gs,
@@ -63,9 +69,10 @@ def _attn_split_kernel(
     p = tl.load(pos_ptr + t)
     start = s * SPLIT
     slot, live = _row_slot(slot_ptr, t, n, gs)
-    k_ptr += slot * (tl.num_programs(1) * L * D)  # [S, nkv, L, D]: this row's slot
-    v_ptr += slot * (tl.num_programs(1) * L * D)
     if live & (start <= p):
+        page = tl.load(tab_ptr + slot * NS + s).to(tl.int64)  # piece s = page table[slot, s]
+        k_ptr += page * (tl.num_programs(1) * SPLIT * D)  # [P, nkv, SPLIT, D]: this piece's page
+        v_ptr += page * (tl.num_programs(1) * SPLIT * D)
         rg = tl.arange(0, GP)
         rd = tl.arange(0, D)
         gm = rg < G
@@ -74,10 +81,10 @@ def _attn_split_kernel(
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
         for b in tl.static_range(SPLIT // BN):
-            kk = start + b * BN + tl.arange(0, BN)
-            km = kk <= p
-            kt = tl.load(k_ptr + hk * L * D + kk[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
-            vt = tl.load(v_ptr + hk * L * D + kk[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
+            kr = b * BN + tl.arange(0, BN)  # rows of the page
+            km = start + kr <= p
+            kt = tl.load(k_ptr + hk * SPLIT * D + kr[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
+            vt = tl.load(v_ptr + hk * SPLIT * D + kr[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
             sc = tl.dot(q, tl.trans(kt)) * scale  # [GP, BN] fp32
             sc = tl.where(km[None, :], sc, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(sc, axis=1))
@@ -134,6 +141,23 @@ def _attn_merge_kernel(
     tl.store(o_ptr + (t * NH + h) * D + rd, y.to(o_ptr.dtype.element_ty))
 
 
+def identity_table(kc: torch.Tensor) -> torch.Tensor:
+    """[1, P] int32: the one-slot table whose pages are the pool's, in order."""
+    return torch.arange(kc.shape[0], dtype=torch.int32, device=kc.device)[None]
+
+
+def _paged(kc, vc, table, slots, W, n):
+    """-> (table, slots, gs, rows) of a call; slots None = one slot (table [1, MP], None: identity)."""
+    assert kc.dim() == 4 and kc.shape[2] == ATTN_SPLIT, "kc, vc: page pools [P, nkv, ATTN_SPLIT, d]"
+    assert kc.is_contiguous() and vc.is_contiguous() and kc.shape == vc.shape
+    if slots is None:
+        table = identity_table(kc) if table is None else table
+        assert table.shape[0] == 1
+        return table, _slot0(kc.device), W, n
+    assert table is not None, "a batched call needs the page table [S, MP]"
+    return table, slots, None, W
+
+
 def attention_rows(
     q: torch.Tensor,
     kc: torch.Tensor,
@@ -142,24 +166,25 @@ def attention_rows(
     gate: torch.Tensor,
     n: int,
     *,
+    table: torch.Tensor | None = None,
     slots: torch.Tensor | None = None,
     gs: int = 0,
 ) -> torch.Tensor:
-    """q [W, nh, d] contiguous (normed, rotated); kc, vc [nkv, L, d] (this slot's window, already holding
-    the rows being computed); pos [W] int64; gate [W, nh, d] (unit last stride). Returns
+    """q [W, nh, d] contiguous (normed, rotated); kc, vc page pools [P, nkv, ATTN_SPLIT, d] (already holding
+    the rows being computed) read through table [S, MP] int32 (piece s of a row of slot x: page
+    table[x, s]; MP pieces at most); pos [W] int64; gate [W, nh, d] (unit last stride). Returns
     softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero.
-    Batched (slots [G] int64 on the device): kc, vc are [S, nkv, L, d] and row t is row t - g*gs of group
-    g = t // gs, live if that is < n, against slot slots[g] (< 0: padding, the row comes out 0)."""
+    One slot (slots None): table [1, MP] or None (identity). Batched (slots [G] int64 on the device): row
+    t is row t - g*gs of group g = t // gs, live if that is < n, against slot slots[g] (< 0: padding, the
+    row comes out 0)."""
     W, nh, d = q.shape
-    if slots is None:
-        kc, vc, slots, gs, rows = kc[None], vc[None], _slot0(q.device), W, n
-    else:
-        rows = W  # every row may be live
-    nkv, L, _ = kc.shape[1:]
-    assert q.is_contiguous() and kc.is_contiguous() and vc.is_contiguous() and gate.stride(2) == 1
+    table, slots, gs1, rows = _paged(kc, vc, table, slots, W, n)
+    gs = gs1 or gs
+    nkv = kc.shape[1]
+    assert q.is_contiguous() and gate.stride(2) == 1 and table.dtype == torch.int32 and table.is_contiguous()
     assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
     g = nh // nkv
-    ns = triton.cdiv(L, ATTN_SPLIT)
+    ns = table.shape[1]
     acc = torch.empty(rows, nh, ns, d, dtype=torch.float32, device=q.device)
     ml = torch.empty(rows, nh, ns, 2, dtype=torch.float32, device=q.device)
     _attn_split_kernel[(rows, nkv, ns)](
@@ -168,9 +193,9 @@ def attention_rows(
         vc,
         pos,
         slots,
+        table,
         acc,
         ml,
-        L,
         ns,
         n,
         gs,
@@ -241,10 +266,11 @@ def _qk_rope_kv_kernel(
     sin_ptr,
     pos_ptr,
     slot_ptr,
+    tab_ptr,
     qo_ptr,
     kc_ptr,
     vc_ptr,
-    L,
+    MP,
     n,
     gs,
     eps,
@@ -252,6 +278,7 @@ def _qk_rope_kv_kernel(
     NH: tl.constexpr,
     D: tl.constexpr,
     RD: tl.constexpr,
+    SPLIT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -267,7 +294,8 @@ def _qk_rope_kv_kernel(
         slot, live = _row_slot(slot_ptr, t, n, gs)
         if live:
             hk = j - NH
-            kv = (slot * (tl.num_programs(1) - NH) + hk) * L + p  # [S, nkv, L, D] row of (slot, hk, p)
+            page = tl.load(tab_ptr + slot * MP + p // SPLIT).to(tl.int64)  # [P, nkv, SPLIT, D] pools
+            kv = (page * (tl.num_programs(1) - NH) + hk) * SPLIT + p % SPLIT  # row of (page, hk, p % SPLIT)
             y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
             tl.store(kc_ptr + kv * D + rd, y.to(kc_ptr.dtype.element_ty))
             tl.store(vc_ptr + kv * D + rd, tl.load(v_ptr + t * svt + hk * svh + rd))
@@ -288,22 +316,23 @@ def qk_rope_kv(
     eps: float,
     rope_offset: int = 0,
     *,
+    table: torch.Tensor | None = None,
     slots: torch.Tensor | None = None,
     gs: int = 0,
 ) -> torch.Tensor:
     """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables (RoPE position
-    = pos[t] + rope_offset; KV index = pos[t]); kc, vc
-    [nkv, L, d] this slot's window. Writes normed+rotated k and v of rows < n at pos[t]; returns the
-    normed+rotated q [W, nh, d] contiguous.
-    Batched (slots [G] int64 on the device): kc, vc are [S, nkv, L, d]; the rows of group g = t // gs
-    (live while t - g*gs < n) write into slot slots[g] (< 0: padding, nothing written), as attention_rows."""
+    = pos[t] + rope_offset; KV index = pos[t]); kc, vc page pools [P, nkv, ATTN_SPLIT, d] and table
+    [S, MP] int32 as attention_rows. Writes normed+rotated k and v of rows < n at KV index pos[t] (page
+    table[slot, pos // ATTN_SPLIT], row pos % ATTN_SPLIT); returns the normed+rotated q [W, nh, d] contiguous.
+    Batched (slots [G] int64 on the device): the rows of group g = t // gs (live while t - g*gs < n) write
+    into slot slots[g]'s pages (< 0: padding, nothing written), as attention_rows."""
     W, nh, d = q.shape
-    if slots is None:
-        kc, vc, slots, gs = kc[None], vc[None], _slot0(q.device), W
-    nkv, L = kc.shape[1], kc.shape[2]
+    table, slots, gs1, _ = _paged(kc, vc, table, slots, W, n)
+    gs = gs1 or gs
+    nkv = kc.shape[1]
     rd = cos.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and cos.is_contiguous()
-    assert kc.is_contiguous() and vc.is_contiguous() and d == _p2(d) and rd % 2 == 0
+    assert table.dtype == torch.int32 and table.is_contiguous() and d == _p2(d) and rd % 2 == 0
     qo = torch.empty(W, nh, d, dtype=q.dtype, device=q.device)
     _qk_rope_kv_kernel[(W, nh + nkv)](
         q,
@@ -321,10 +350,11 @@ def qk_rope_kv(
         sin,
         pos,
         slots,
+        table,
         qo,
         kc,
         vc,
-        L,
+        table.shape[1],
         n,
         gs,
         eps,
@@ -332,6 +362,7 @@ def qk_rope_kv(
         NH=nh,
         D=d,
         RD=rd,
+        SPLIT=ATTN_SPLIT,
         num_warps=2,
         **launch_kw(q.device),
     )

@@ -5,7 +5,8 @@ One entry point, `Qwen3_5ForCausalLM.forward(ids, state, ctx)`, serves every use
   * rows (`ctx.width == W`): n <= W decode-time rows (an AR step is n=1, a verify block n=K+1),
     computed at the fixed width W so that row i is bitwise independent of n:
       - every GEMM / norm / elementwise op sees a padded [W, ...] input,
-      - attention scores every row against the whole [max_len] window with a position mask,
+      - attention scores every row against the whole [max_len] window (gathered from the slot's KV
+        pages) with a position mask,
       - the GDN recurrence runs token by token with identical kernels.
   * batched rows (`ctx.groups`, issue 20): several slots' rows flattened into C chunks of W rows
     (each group's rows contiguous and in order). Per-row ops (GEMMs, norms, MLP, RoPE, gates) run
@@ -173,13 +174,14 @@ class Attention(nn.Module):
         cos, sin = rope_cos_sin(self.cfg, pos + rope_offset if rope_offset else pos, x.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
 
-    def _attend_rows(self, q, k, v, pos, kc, vc, n: int) -> torch.Tensor:
-        """One slot's rows: q [W, nh, d], k, v [W, nkv, d], pos [W] (first n valid), kc, vc [nkv, L, d]
-        (the slot's KV; rows pos[:n] written) -> o [W, nh*d]. Row-invariant: fixed shapes
-        [nkv, g*W, L]; row i sees keys j <= pos[i]."""
+    def _attend_rows(self, q, k, v, pos, state, slot: int, n: int) -> torch.Tensor:
+        """One slot's rows: q [W, nh, d], k, v [W, nkv, d], pos [W] (first n valid) -> o [W, nh*d]. The n
+        rows' KV is written into the slot's pages, then the whole window kc, vc [nkv, L = max_len, d] is
+        gathered from them (state.slot_kv: the contiguous window's values and layout). Row-invariant:
+        fixed shapes [nkv, g*W, L]; row i sees keys j <= pos[i]."""
         T, g = q.shape[0], self.nh // self.nkv
-        kc.index_copy_(1, pos[:n], k[:n].transpose(0, 1))
-        vc.index_copy_(1, pos[:n], v[:n].transpose(0, 1))
+        state.write_kv(self.layer_idx, slot, pos[:n], k[:n], v[:n])
+        kc, vc = state.slot_kv(self.layer_idx, slot)  # [nkv, L, d]
         qh = q.view(T, self.nkv, g, self.d).permute(1, 2, 0, 3).reshape(self.nkv, g * T, self.d)
         scores = torch.matmul(qh, kc.transpose(1, 2)).float() * (self.d**-0.5)  # [nkv, g*W, L]
         L = kc.shape[1]
@@ -190,17 +192,14 @@ class Attention(nn.Module):
         return o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
-        T = x.shape[0]  # x [T, hidden]
-        kc_all, vc_all = state.kv(self.layer_idx)  # [S, nkv, L, d] each
+        T = x.shape[0]  # x [T, hidden]; KV through the slot's pages (HybridState.write_kv / slot_kv)
         if ctx.width is None:
             q, k, v, gate = self._project(x, pos, ctx.rope_offset)
-            kc, vc = kc_all[ctx.slot], vc_all[ctx.slot]  # [nkv, L, d] views
             g = self.nh // self.nkv
             s0 = ctx.start
-            kc[:, s0 : s0 + T].copy_(k.transpose(0, 1))
-            vc[:, s0 : s0 + T].copy_(v.transpose(0, 1))
+            state.write_kv(self.layer_idx, ctx.slot, pos, k, v)  # pos = [s0, s0 + T)
             ctx.state_written(self.layer_idx)  # KV rows final
-            keys, vals = kc[:, : s0 + T], vc[:, : s0 + T]  # [nkv, s0+T, d]
+            keys, vals = state.slot_kv(self.layer_idx, ctx.slot, s0 + T)  # [nkv, s0+T, d]
             qh = q.transpose(0, 1)  # [nh, T, d]
             kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
             vv = vals.repeat_interleave(g, dim=0)
@@ -216,9 +215,7 @@ class Attention(nn.Module):
         groups = ctx.row_groups()
         o = None if len(groups) == 1 and T == ctx.width else torch.zeros_like(gate)
         for grp in groups:  # each slot's rows against its own KV, at the one-slot shape
-            og = self._attend_rows(
-                *(ctx.group_rows(t, grp) for t in (q, k, v, pos)), kc_all[grp.slot], vc_all[grp.slot], grp.n
-            )
+            og = self._attend_rows(*(ctx.group_rows(t, grp) for t in (q, k, v, pos)), state, grp.slot, grp.n)
             if o is None:
                 o = og
             else:

@@ -36,7 +36,7 @@ def _slot_state(r: ModelRunner, slot: int) -> dict[str, torch.Tensor]:
     for i in st.conv:
         out[f"conv.{i}"], out[f"rec.{i}"] = st.conv[i][slot].clone(), st.recurrent[i][slot].clone()
     for i in st.attn_ids:
-        out[f"key.{i}"], out[f"value.{i}"] = st.key[i][slot, :, :p].clone(), st.value[i][slot, :, :p].clone()
+        out[f"key.{i}"], out[f"value.{i}"] = st.slot_kv(i, slot, p)
     out["position"], out["next_token"] = st.position[slot].clone(), st.next_token[slot].clone()
     out["hidden"] = st.hidden[slot].clone()
     return out

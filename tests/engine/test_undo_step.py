@@ -50,8 +50,7 @@ def _state(r: ModelRunner, slot: int) -> dict[str, torch.Tensor]:
         out[f"conv.{i}"] = st.conv[i][slot].clone()
         out[f"rec.{i}"] = st.recurrent[i][slot].clone()
     for i in st.attn_ids:
-        out[f"key.{i}"] = st.key[i][slot, :, :pos].clone()
-        out[f"value.{i}"] = st.value[i][slot, :, :pos].clone()
+        out[f"key.{i}"], out[f"value.{i}"] = st.slot_kv(i, slot, pos)
     out["position"] = st.position[slot].clone()
     out["next_token"] = st.next_token[slot].clone()
     out["hidden"] = st.hidden[slot].clone()

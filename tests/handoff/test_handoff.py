@@ -183,7 +183,7 @@ def test_prefill_without_mtp_head_feeds_mtp_decode_unchanged(tiny, lm):
             timeout=T,
         )
         s = ds.engine.get("z")
-        assert not s.runner.state.key[s.runner.state.mtp_layer][s.slot, :, : len(prompt)].any()  # zero-filled
+        assert not s.runner.state.slot_kv(s.runner.state.mtp_layer, s.slot, len(prompt))[0].any()  # zero-filled
         assert [r.first_token] + _decode(D, "z", 19, common_pb2.MTP) == ref
     finally:
         ph.stop(0)
@@ -215,8 +215,8 @@ def test_prefill_ships_mtp_kv_only_for_sessions_that_can_read_it(workers, lm):
         kv_bytes[sid] = r.bridge.bytes_by_kind["attn_kv"]
         s = ds.engine.get(sid)
         st = s.runner.state
-        assert bool(st.key[st.mtp_layer][s.slot, :, : len(prompt)].any()) == shipped, sid
-        assert bool(st.value[st.mtp_layer][s.slot, :, : len(prompt)].any()) == shipped, sid
+        assert bool(st.slot_kv(st.mtp_layer, s.slot, len(prompt))[0].any()) == shipped, sid
+        assert bool(st.slot_kv(st.mtp_layer, s.slot, len(prompt))[1].any()) == shipped, sid
         assert [r.first_token] + _decode(D, sid, 11, engine) == ref, sid
         assert P.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T) is not None
     layers = len(lm.cfg.attn_layers)
@@ -254,8 +254,8 @@ def test_prefill_computes_mtp_kv_only_when_it_can_be_shipped(workers, lm, mode, 
         timeout=T,
     )
     assert [r.first_token] == ref
-    # the Prefill's slot is reset (zeros), then computed or not; the other slots keep the 7s
-    rows = st.key[st.mtp_layer][:, :, : len(prompt)].flatten(1)  # [slots, ...]
+    # the Prefill's page is reset (zeros), then computed or not; the other pages keep the 7s
+    rows = st.key[st.mtp_layer][:, :, : len(prompt)].flatten(1)  # [pages, ...]: the session's first page among them
     assert any(bool(r.any()) and not bool((r == 7.0).all()) for r in rows) == computed
     if mode == EXACT:
         assert P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T).released
@@ -621,7 +621,7 @@ def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
                 timeout=T,
             )
             s = ds.engine.get("gb")
-            assert not st.key[st.mtp_layer][s.slot, :, : len(PROMPTS[1])].any()
+            assert not st.slot_kv(st.mtp_layer, s.slot, len(PROMPTS[1]))[0].any()
             ref = complete(None, PROMPTS[1], 16, max_len=MAX_LEN, width=W, loaded=lm_p, ignore_eos=True, device="cuda")
             assert [r.first_token] + _decode(D, "gb", 15, common_pb2.BF16) == ref
     finally:

@@ -1,0 +1,122 @@
+"""PagePool: the attention layers' KV pages of one HybridState, a free list and a per-slot page table.
+
+Layout (P = pages, S = slots, MP = max_pages = ceil(max_len / PAGE)):
+    HybridState.key/value[layer]  [P + 1, kv_heads, PAGE, head_dim] per attention layer (and the MTP
+                                  layer); page P is the sink (below), never handed out
+    table                         [S, MP] int32 on the device: KV row `pos` of slot s lives in page
+                                  table[s, pos // PAGE] at row pos % PAGE, in every attention layer
+                                  (one page id stands for the same page of every layer's pool)
+A page holds PAGE = 256 keys: the split-window attention (baton/kernels/attention.py) reduces a row's
+keys in fixed 256-key pieces, so piece s of a row is exactly page table[slot, s]; reading through the
+table changes no value and no reduction order (bitwise the contiguous window of before).
+
+Lifecycle of a slot's pages:
+    ensure(slot, tokens)  a session is admitted for `tokens` positions (prefill: its prompt, plus the
+                          tokens it will decode when known; LoadState: its position + 1; Decode: position
+                          + max_new_tokens + speculation rows; rows / Draft: grown at the step boundary):
+                          the slot gets pages [owned, ceil(tokens / PAGE)) from the free list, all or none;
+                          raises PagesExhausted (RESOURCE_EXHAUSTED) before any work when too few are free
+    free(slot)            every end of a session (release, cancel, TTL reap, replace / migration, a
+                          failed hand-off: SlotTable's on_free hook): its pages go back to the free list and
+                          its table row points at the sink again
+Invariants: a page is in exactly one place, the free list or one slot's list; a slot's table row holds
+its pages in order, then the sink. Unowned entries point at the sink page, so a stray write (never
+expected: every write is at a position < the reserved tokens) can only land in the sink, never in
+another session's page; the sink is only ever read masked (eager path, positions past a row's own).
+Table writes are device copies on the current stream, issued between steps (never inside a capture),
+so a step enqueued before them reads the old table and one enqueued after reads the new one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from baton.engine.slots import SessionLimit
+
+PAGE = 256  # keys per page = baton.kernels.attention.ATTN_SPLIT (checked there)
+
+
+class PagesExhausted(SessionLimit):
+    """Too few free KV pages for a new request: RESOURCE_EXHAUSTED (as SessionLimit)."""
+
+
+def pages_for(tokens: int) -> int:
+    """Pages that hold KV rows [0, tokens)."""
+    return -(-max(int(tokens), 0) // PAGE)
+
+
+def pages_from_memory(free_bytes: int, fraction: float, page_bytes: int, cap: int) -> int:
+    """The pool size for a memory budget (like vLLM's gpu_memory_utilization): pages of page_bytes in
+    fraction x free_bytes, at most cap (every slot's full window), at least 1."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"gpu_memory_fraction: {fraction} must be in (0, 1]")
+    return max(1, min(int(cap), int(free_bytes * fraction) // max(int(page_bytes), 1)))
+
+
+class PagePool:
+    def __init__(self, pages: int, slots: int, max_pages: int, device):
+        if pages < 1:
+            raise ValueError(f"kv_pages: {pages} must be >= 1")
+        self.pages, self.slots, self.max_pages = int(pages), int(slots), int(max_pages)
+        self.sink = self.pages  # the pools hold pages + 1 pages; the last is the sink
+        self.table = torch.full((slots, max_pages), self.sink, dtype=torch.int32, device=device)
+        self._lock = threading.Lock()
+        self._free = list(range(self.pages - 1, -1, -1))  # pop() hands out low ids first
+        self._owned: list[list[int]] = [[] for _ in range(slots)]
+
+    @property
+    def free_pages(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def owned(self, slot: int) -> list[int]:
+        """The slot's pages, in position order (a copy)."""
+        with self._lock:
+            return list(self._owned[slot])
+
+    def capacity(self, slot: int) -> int:
+        """Tokens the slot's pages hold."""
+        with self._lock:
+            return len(self._owned[slot]) * PAGE
+
+    def ensure(self, slot: int, tokens: int) -> list[int]:
+        """The slot's pages cover positions [0, tokens) (tokens <= max_pages * PAGE); -> the pages newly
+        added (the caller zeroes them). All or none: PagesExhausted leaves everything as it was."""
+        need = pages_for(tokens)
+        if need > self.max_pages:
+            raise ValueError(f"{tokens} tokens exceed the window of {self.max_pages * PAGE} tokens")
+        with self._lock:
+            own = self._owned[slot]
+            more = need - len(own)
+            if more <= 0:
+                return []
+            if more > len(self._free):
+                raise PagesExhausted(
+                    f"KV pages exhausted: {tokens} tokens need {more} more pages of {PAGE} tokens, "
+                    f"{len(self._free)} of {self.pages} are free"
+                )
+            new = [self._free.pop() for _ in range(more)]
+            start = len(own)
+            own.extend(new)
+            ids = torch.tensor(new, dtype=torch.int32)
+            self.table[slot, start:need].copy_(ids)
+        return new
+
+    def free(self, slot: int) -> int:
+        """All of the slot's pages back to the free list; -> how many."""
+        with self._lock:
+            own = self._owned[slot]
+            n = len(own)
+            if n:
+                self._free.extend(reversed(own))
+                self._owned[slot] = []
+                self.table[slot, :n].fill_(self.sink)
+            return n
+
+    def check(self) -> None:
+        """The invariant (tests): every page is free or owned by one slot, exactly once."""
+        with self._lock:
+            seen = list(self._free) + [p for own in self._owned for p in own]
+            assert sorted(seen) == list(range(self.pages)), "a KV page is lost or held twice"

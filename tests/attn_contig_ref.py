@@ -1,0 +1,340 @@
+"""REFERENCE ONLY (tests): baton/kernels/attention.py as it was before paged KV, kernels over one
+contiguous window [S, nkv, L, d] per slot; tests/batch_kernels_interp.py checks the paged kernels bitwise
+against these. Fused Triton kernels for the attention layers of the fixed-width rows step, under the contract of
+baton/kernels/rows.py (row-invariant by construction, n unspecialised, no host syncs, graph capturable).
+
+    qk_rope_kv(...)                q/k RMSNorm + partial RoPE; k and v rows < n written into the window
+    attention_rows(...)            split-window attention up to each row's position, output gate applied:
+                                   each row reduces over its own keys in fixed ATTN_SPLIT-key pieces, in a
+                                   fixed order, so its bits do not depend on n or on the other rows
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from baton.kernels.gdn import _slot0
+from baton.kernels.pdl import launch_kw, pdl_enter
+from baton.kernels.rows import _p2
+
+# ---- attention over the KV window ------------------------------------------------------------------
+# Row t (position pos[t]) attends keys 0..pos[t]. The keys are cut into fixed SPLIT-key pieces; stage 1
+# computes an unnormalised partial (acc, max, sum) per (row, kv head, piece) with an online softmax,
+# stage 2 merges the pieces 0, 1, ... in order and applies the sigmoid output gate. The pieces depend
+# only on pos[t], never on n or on the other rows: row-invariant and deterministic.
+ATTN_SPLIT = 256
+
+
+@triton.jit
+def _row_slot(slot_ptr, t, n, gs):
+    """Row t of a batched call: (its slot, whether it is live). Group g = t // gs holds rows
+    [g*gs, g*gs + n) of slot slots[g]; slot < 0 is a padding group."""
+    g = t // gs
+    slot = tl.load(slot_ptr + g)
+    return tl.maximum(slot, 0).to(tl.int64), (slot >= 0) & (t - g * gs < n)
+
+
+@triton.jit(do_not_specialize=["n", "gs"])
+def _attn_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    slot_ptr,
+    acc_ptr,
+    ml_ptr,
+    L,
+    NS,
+    n,
+    gs,
+    scale,
+    NH: tl.constexpr,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    D: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BN: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    p = tl.load(pos_ptr + t)
+    start = s * SPLIT
+    slot, live = _row_slot(slot_ptr, t, n, gs)
+    k_ptr += slot * (tl.num_programs(1) * L * D)  # [S, nkv, L, D]: this row's slot
+    v_ptr += slot * (tl.num_programs(1) * L * D)
+    if live & (start <= p):
+        rg = tl.arange(0, GP)
+        rd = tl.arange(0, D)
+        gm = rg < G
+        q = tl.load(q_ptr + (t * NH + hk * G + rg)[:, None] * D + rd[None, :], mask=gm[:, None], other=0.0)
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for b in tl.static_range(SPLIT // BN):
+            kk = start + b * BN + tl.arange(0, BN)
+            km = kk <= p
+            kt = tl.load(k_ptr + hk * L * D + kk[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
+            vt = tl.load(v_ptr + hk * L * D + kk[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
+            sc = tl.dot(q, tl.trans(kt)) * scale  # [GP, BN] fp32
+            sc = tl.where(km[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
+            m_i = m_new
+        base = (t * NH + hk * G + rg) * NS + s  # [GP] rows of (t, head, piece)
+        tl.store(acc_ptr + base[:, None] * D + rd[None, :], acc, mask=gm[:, None])
+        tl.store(ml_ptr + base * 2, m_i, mask=gm)
+        tl.store(ml_ptr + base * 2 + 1, l_i, mask=gm)
+
+
+@triton.jit(do_not_specialize=["n", "gs"])
+def _attn_merge_kernel(
+    acc_ptr,
+    ml_ptr,
+    pos_ptr,
+    slot_ptr,
+    gate_ptr,
+    sgt,
+    sgh,
+    o_ptr,
+    n,
+    gs,
+    NS,
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    rd = tl.arange(0, D)
+    _, live = _row_slot(slot_ptr, t, n, gs)
+    if live:
+        npieces = tl.load(pos_ptr + t) // SPLIT + 1
+        base = (t * NH + h) * NS
+        m = tl.load(ml_ptr + base * 2)
+        for s in range(1, npieces):
+            m = tl.maximum(m, tl.load(ml_ptr + (base + s) * 2))
+        num = tl.zeros([D], tl.float32)
+        den = tl.zeros([D], tl.float32)  # the sum, broadcast over d
+        for s in range(0, npieces):
+            w = tl.exp(tl.load(ml_ptr + (base + s) * 2) - m)
+            num += w * tl.load(acc_ptr + (base + s) * D + rd)
+            den += w * tl.load(ml_ptr + (base + s) * 2 + 1)
+        gt = tl.load(gate_ptr + t * sgt + h * sgh + rd).to(tl.float32)
+        y = num / den * tl.sigmoid(gt)
+    else:
+        y = tl.zeros([D], tl.float32)
+    tl.store(o_ptr + (t * NH + h) * D + rd, y.to(o_ptr.dtype.element_ty))
+
+
+def attention_rows(
+    q: torch.Tensor,
+    kc: torch.Tensor,
+    vc: torch.Tensor,
+    pos: torch.Tensor,
+    gate: torch.Tensor,
+    n: int,
+    *,
+    slots: torch.Tensor | None = None,
+    gs: int = 0,
+) -> torch.Tensor:
+    """q [W, nh, d] contiguous (normed, rotated); kc, vc [nkv, L, d] (this slot's window, already holding
+    the rows being computed); pos [W] int64; gate [W, nh, d] (unit last stride). Returns
+    softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero.
+    Batched (slots [G] int64 on the device): kc, vc are [S, nkv, L, d] and row t is row t - g*gs of group
+    g = t // gs, live if that is < n, against slot slots[g] (< 0: padding, the row comes out 0)."""
+    W, nh, d = q.shape
+    if slots is None:
+        kc, vc, slots, gs, rows = kc[None], vc[None], _slot0(q.device), W, n
+    else:
+        rows = W  # every row may be live
+    nkv, L, _ = kc.shape[1:]
+    assert q.is_contiguous() and kc.is_contiguous() and vc.is_contiguous() and gate.stride(2) == 1
+    assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
+    g = nh // nkv
+    ns = triton.cdiv(L, ATTN_SPLIT)
+    acc = torch.empty(rows, nh, ns, d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(rows, nh, ns, 2, dtype=torch.float32, device=q.device)
+    _attn_split_kernel[(rows, nkv, ns)](
+        q,
+        kc,
+        vc,
+        pos,
+        slots,
+        acc,
+        ml,
+        L,
+        ns,
+        n,
+        gs,
+        d**-0.5,
+        NH=nh,
+        G=g,
+        GP=max(16, _p2(g)),
+        D=d,
+        SPLIT=ATTN_SPLIT,
+        BN=64,
+        num_warps=4,
+        **launch_kw(q.device),
+    )
+    o = torch.empty(W, nh * d, dtype=q.dtype, device=q.device)
+    _attn_merge_kernel[(W, nh)](
+        acc,
+        ml,
+        pos,
+        slots,
+        gate,
+        gate.stride(0),
+        gate.stride(1),
+        o,
+        n,
+        gs,
+        ns,
+        NH=nh,
+        D=d,
+        SPLIT=ATTN_SPLIT,
+        num_warps=1,
+        **launch_kw(acc.device),
+    )
+    return o
+
+
+# ---- attention input: q/k RMSNorm + partial RoPE + KV write ---------------------------------------
+@triton.jit
+def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.constexpr):
+    """Zero-centred RMSNorm over D features, then the half-split rotation of the first RD (fp32)."""
+    rd = tl.arange(0, D)
+    half = RD // 2
+    partner = tl.where(rd < half, rd + half, rd - half)
+    x = tl.load(x_ptr + rd).to(tl.float32)
+    xp = tl.load(x_ptr + partner, mask=rd < RD, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    xn = x * r * (1.0 + tl.load(w_ptr + rd).to(tl.float32))
+    xpn = xp * r * (1.0 + tl.load(w_ptr + partner, mask=rd < RD, other=0.0).to(tl.float32))
+    rot = tl.where(rd < half, -xpn, xpn)
+    c = tl.load(cos_ptr + rd, mask=rd < RD, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + rd, mask=rd < RD, other=0.0).to(tl.float32)
+    return tl.where(rd < RD, xn * c + rot * s, xn)
+
+
+@triton.jit(do_not_specialize=["n", "gs"])
+def _qk_rope_kv_kernel(
+    q_ptr,
+    sqt,
+    sqh,
+    k_ptr,
+    skt,
+    skh,
+    v_ptr,
+    svt,
+    svh,
+    wq_ptr,
+    wk_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    slot_ptr,
+    qo_ptr,
+    kc_ptr,
+    vc_ptr,
+    L,
+    n,
+    gs,
+    eps,
+    rope_off,
+    NH: tl.constexpr,
+    D: tl.constexpr,
+    RD: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    p = tl.load(pos_ptr + t)
+    pr = p + rope_off  # RoPE position (MTP layer: p + 1)
+    rd = tl.arange(0, D)
+    if j < NH:
+        y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
+        tl.store(qo_ptr + (t * NH + j) * D + rd, y.to(qo_ptr.dtype.element_ty))
+    else:
+        slot, live = _row_slot(slot_ptr, t, n, gs)
+        if live:
+            hk = j - NH
+            kv = (slot * (tl.num_programs(1) - NH) + hk) * L + p  # [S, nkv, L, D] row of (slot, hk, p)
+            y = _norm_rope(k_ptr + t * skt + hk * skh, wk_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
+            tl.store(kc_ptr + kv * D + rd, y.to(kc_ptr.dtype.element_ty))
+            tl.store(vc_ptr + kv * D + rd, tl.load(v_ptr + t * svt + hk * svh + rd))
+
+
+def qk_rope_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    kc: torch.Tensor,
+    vc: torch.Tensor,
+    n: int,
+    eps: float,
+    rope_offset: int = 0,
+    *,
+    slots: torch.Tensor | None = None,
+    gs: int = 0,
+) -> torch.Tensor:
+    """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables (RoPE position
+    = pos[t] + rope_offset; KV index = pos[t]); kc, vc
+    [nkv, L, d] this slot's window. Writes normed+rotated k and v of rows < n at pos[t]; returns the
+    normed+rotated q [W, nh, d] contiguous.
+    Batched (slots [G] int64 on the device): kc, vc are [S, nkv, L, d]; the rows of group g = t // gs
+    (live while t - g*gs < n) write into slot slots[g] (< 0: padding, nothing written), as attention_rows."""
+    W, nh, d = q.shape
+    if slots is None:
+        kc, vc, slots, gs = kc[None], vc[None], _slot0(q.device), W
+    nkv, L = kc.shape[1], kc.shape[2]
+    rd = cos.shape[1]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and cos.is_contiguous()
+    assert kc.is_contiguous() and vc.is_contiguous() and d == _p2(d) and rd % 2 == 0
+    qo = torch.empty(W, nh, d, dtype=q.dtype, device=q.device)
+    _qk_rope_kv_kernel[(W, nh + nkv)](
+        q,
+        q.stride(0),
+        q.stride(1),
+        k,
+        k.stride(0),
+        k.stride(1),
+        v,
+        v.stride(0),
+        v.stride(1),
+        wq,
+        wk,
+        cos,
+        sin,
+        pos,
+        slots,
+        qo,
+        kc,
+        vc,
+        L,
+        n,
+        gs,
+        eps,
+        rope_offset,
+        NH=nh,
+        D=d,
+        RD=rd,
+        num_warps=2,
+        **launch_kw(q.device),
+    )
+    return qo
