@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None, *, drafter=None) -> int:
             slots=opts.slots,
             ttl_s=opts.ttl_s,
             settings=settings,
+            kv_pages=opts.kv_pages,
+            gpu_memory_fraction=opts.gpu_memory_fraction,
             capture_graphs=not args.no_graphs,
             fp8_mode=args.fp8_mode,
             mtp_k=args.mtp_k,

@@ -10,6 +10,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.worker.actor import WorkerActor, make_remote
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
@@ -38,6 +39,8 @@ class DecodeActor(WorkerActor):
         mtp_k: int = 4,
         capture_graphs: bool = True,
         pipeline: bool = True,
+        kv_pages: int | None = None,
+        gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     ):
         from decode_worker.serve import serve_decode
 
@@ -58,6 +61,8 @@ class DecodeActor(WorkerActor):
             slots=int(slots),
             ttl_s=float(ttl),
             settings=settings,
+            kv_pages=int(kv_pages) if kv_pages not in (None, "") else None,
+            gpu_memory_fraction=float(gpu_memory_fraction),
             fp8_mode=fp8_mode,
             mtp_k=int(mtp_k),
             capture_graphs=_flag(capture_graphs),

@@ -8,6 +8,9 @@ import logging
 import time
 from pathlib import Path
 
+import torch
+
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.engine.speculation import GREEDY, Drafter
 from baton.loading import LoadedModel, load_model
@@ -65,13 +68,17 @@ def serve_decode(
     max_concurrent_rpcs: int = 256,
     pipeline: bool = True,
     drafter: Drafter | None = None,
+    kv_pages: int | None = None,
+    gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
 ) -> tuple[WorkerHandle, DecodeServicer]:
     """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
     (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
     pipeline (default on): bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True),
     one more GDN state per slot); tokens identical to the plain loop. False: the plain AR loop. mtp
     sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain.
-    drafter: chooses the draft tokens (baton.engine.speculation.Drafter; None = the model's own greedy)."""
+    drafter: chooses the draft tokens (baton.engine.speculation.Drafter; None = the model's own greedy).
+    kv_pages: each runner's KV pages (baton/engine/pages.py); None: on CUDA sized from gpu_memory_fraction
+    of the free memory (shared by the runners, at most slots x the window), on CPU slots x the window."""
     settings = Settings.from_env() if settings is None else settings
     if isinstance(model, LoadedModel):
         lm = model
@@ -83,6 +90,25 @@ def serve_decode(
     if default_engine not in names:
         raise ValueError(f"engine: {default_engine!r} is not available here (have {', '.join(names) or 'none'})")
     runners: dict[str, ModelRunner] = {}
+    fp8_model = None
+    if "fp8" in names:  # before any runner: the KV pool is sized from the memory left after both models
+        log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)
+        fp8_model = copy.deepcopy(lm.model)
+        if hasattr(fp8_model, "mtp"):
+            del fp8_model.mtp  # fp8 sessions never draft with the MTP head
+        _fp8_module().quantize_model(fp8_model, fp8_mode)
+    shares = int("bf16" in names or "mtp" in names) + int(fp8_model is not None)
+    page_b = page_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, lm.has_mtp and "mtp" in names)
+    pages = choose_pages(
+        device,
+        page_bytes=page_b,
+        slots=slots,
+        max_len=max_len,
+        runners=shares,
+        reserved_bytes=shares * o1_bytes_of(lm.cfg, 3 * slots + width, torch.float32),
+        kv_pages=kv_pages,
+        fraction=gpu_memory_fraction,
+    )
     if "bf16" in names or "mtp" in names:
         shared = ModelRunner(
             lm.model,
@@ -91,15 +117,16 @@ def serve_decode(
             width=width,
             checkpoints="mtp" in names,
             pipeline=pipeline and "bf16" in names,
+            kv_pages=pages,
         )
         runners.update({e: shared for e in ("bf16", "mtp") if e in names})
-    if "fp8" in names:
-        log.info("decode: quantizing an FP8 copy of the model (%s)", fp8_mode)
-        fp8_model = copy.deepcopy(lm.model)
-        if hasattr(fp8_model, "mtp"):
-            del fp8_model.mtp  # fp8 sessions never draft with the MTP head
-        _fp8_module().quantize_model(fp8_model, fp8_mode)
-        runners["fp8"] = ModelRunner(fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline)
+    if fp8_model is not None:
+        runners["fp8"] = ModelRunner(
+            fp8_model, slots=slots, max_len=max_len, width=width, pipeline=pipeline, kv_pages=pages
+        )
+    for e, r in {id(r): (e, r) for e, r in runners.items()}.values():
+        st = r.state
+        log.info("decode: %s runner %s", e, describe(st.pages.pages, st.page_bytes(), slots, max_len))
     if str(device).startswith("cuda"):  # bf16 / fp8 sessions step together (fused_batch.BatchedAR)
         for e in ("bf16", "fp8"):
             if e in runners:

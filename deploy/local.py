@@ -68,6 +68,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="concurrent sessions each worker holds (default: the workers' 8); a decode worker steps them together",
     )
+    p.add_argument(
+        "--kv-pages", type=int, default=None, help="attention KV pages of 256 tokens per worker runner (default: sized)"
+    )
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=None,
+        help="cuda: share of each worker's free GPU memory its KV pages may take (default: the workers' 0.9; "
+        "workers sharing one GPU need a smaller share each)",
+    )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
@@ -264,6 +274,8 @@ def _worker_specs(args) -> list[WorkerSpec]:
         dtype=args.dtype,
         max_len=args.max_len,
         slots=args.slots,
+        kv_pages=args.kv_pages,
+        gpu_memory_fraction=args.gpu_memory_fraction,
         token_file=args.token_file,
         grace=min(args.grace, 1.0),
     )
@@ -283,6 +295,10 @@ def _check(args) -> str | None:
         return "--ask-tokens must be >= 1"
     if args.slots is not None and args.slots < 1:
         return "--slots must be >= 1"
+    if args.kv_pages is not None and args.kv_pages < 1:
+        return "--kv-pages must be >= 1"
+    if args.gpu_memory_fraction is not None and not 0.0 < args.gpu_memory_fraction <= 1.0:
+        return "--gpu-memory-fraction must be in (0, 1]"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)

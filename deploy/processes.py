@@ -52,6 +52,8 @@ class WorkerSpec:
     engine: str | None = None  # decode only
     max_len: int | None = None
     slots: int | None = None  # session slots (None = the worker's default)
+    kv_pages: int | None = None  # KV pages per runner (None = the worker's sizing)
+    gpu_memory_fraction: float | None = None  # cuda KV sizing (None = the worker's default)
     token_file: str | None = None
     grace: float | None = None  # subprocess only: the worker's own drain time on SIGTERM
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # more --flag value pairs
@@ -70,6 +72,8 @@ class WorkerSpec:
             "dtype": self.dtype,
             "max_len": self.max_len,
             "slots": self.slots,
+            "kv_pages": self.kv_pages,
+            "gpu_memory_fraction": self.gpu_memory_fraction,
             "token_file": self.token_file,
         }
         if self.role == "decode":

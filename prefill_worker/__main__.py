@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             slots=opts.slots,
             ttl_s=opts.ttl_s,
             settings=settings,
+            kv_pages=opts.kv_pages,
+            gpu_memory_fraction=opts.gpu_memory_fraction,
             chunk_bytes=int(args.chunk_mib * (1 << 20)),
         )
         del model  # a random-init LoadedModel: the engines hold what they use

@@ -12,6 +12,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.worker.actor import WorkerActor, make_remote
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
@@ -33,6 +34,8 @@ class PrefillActor(WorkerActor):
         ttl: float = DEFAULT_TTL_S,
         token_file: str | None = None,
         chunk_mib: float = 4.0,
+        kv_pages: int | None = None,
+        gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     ):
         from prefill_worker.serve import serve_prefill
 
@@ -48,6 +51,8 @@ class PrefillActor(WorkerActor):
             slots=int(slots),
             ttl_s=float(ttl),
             settings=settings,
+            kv_pages=int(kv_pages) if kv_pages not in (None, "") else None,
+            gpu_memory_fraction=float(gpu_memory_fraction),
             chunk_bytes=int(float(chunk_mib) * (1 << 20)),
         )
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import torch
+
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from baton.loading import LoadedModel, load_model
@@ -34,9 +37,13 @@ def serve_prefill(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     max_workers: int = 16,
     max_concurrent_rpcs: int = 256,
+    kv_pages: int | None = None,
+    gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
 ) -> tuple[WorkerHandle, PrefillServicer]:
     """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
-    builds runner + ExactEngine + server; health turns SERVING once everything is ready."""
+    builds runner + ExactEngine + server; health turns SERVING once everything is ready.
+    kv_pages: the KV pool's pages (baton/engine/pages.py); None: on CUDA gpu_memory_fraction of the free
+    memory (at most slots x the window), on CPU slots x the window."""
     settings = Settings.from_env() if settings is None else settings
     check_chunk_bytes(chunk_bytes, settings.max_message_bytes)  # NOTE: before the model loads
     if isinstance(model, LoadedModel):
@@ -44,7 +51,18 @@ def serve_prefill(
     else:
         log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
         lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
-    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True)
+    page_b = page_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, lm.has_mtp)
+    pages = choose_pages(
+        device,
+        page_bytes=page_b,
+        slots=slots,
+        max_len=max_len,
+        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width, torch.float32),
+        kv_pages=kv_pages,
+        fraction=gpu_memory_fraction,
+    )
+    runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
+    log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))
     if str(device).startswith("cuda"):  # AR steps, verify blocks (n=K+1) and re-advances (n=m+1)
         from baton.engine.graph import capture_all
 

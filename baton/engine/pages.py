@@ -55,6 +55,57 @@ def pages_from_memory(free_bytes: int, fraction: float, page_bytes: int, cap: in
     return max(1, min(int(cap), int(free_bytes * fraction) // max(int(page_bytes), 1)))
 
 
+DEFAULT_GPU_MEMORY_FRACTION = 0.9  # of the free GPU memory at start-up, for the KV pages of every runner
+
+
+def page_bytes_of(cfg, dtype: torch.dtype, mtp: bool) -> int:
+    """Bytes of one page in every attention layer's key and value pool (the MTP layer's when mtp)."""
+    layers = len(cfg.attn_layers) + int(mtp)
+    return 2 * layers * cfg.num_key_value_heads * PAGE * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def o1_bytes_of(cfg, slots: int, dtype: torch.dtype, copies: int = 1) -> int:
+    """Bytes of the O(1) GDN state of `slots` slots, `copies` times (ping-pong, checkpoints: estimate)."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    conv = cfg.conv_dim * (cfg.linear_conv_kernel_dim - 1) * item
+    rec = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    return len(cfg.gdn_layers) * (conv + rec) * slots * copies
+
+
+def choose_pages(
+    device,
+    *,
+    page_bytes: int,
+    slots: int,
+    max_len: int,
+    runners: int = 1,
+    reserved_bytes: int = 0,
+    kv_pages: int | None = None,
+    fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
+) -> int | None:
+    """Pages of each runner's pool: kv_pages when given; on CUDA, fraction x the free memory now, less
+    reserved_bytes (the O(1) state still to be allocated), shared by `runners` pools, at most every slot's
+    full window; on CPU None (slots x the window: every slot can always hold a full window)."""
+    if kv_pages is not None:
+        if kv_pages < 1:
+            raise ValueError(f"kv_pages: {kv_pages} must be >= 1")
+        return int(kv_pages)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(dev)
+    budget = max(int(free * fraction) - reserved_bytes, 0) // max(runners, 1)
+    return pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len))
+
+
+def describe(pages: int, page_bytes: int, slots: int, max_len: int) -> str:
+    """The start-up line: what the pool holds (pages, tokens, GiB, full windows)."""
+    return (
+        f"KV pages: {pages} x {PAGE} tokens = {pages * PAGE} tokens ({pages * page_bytes / 2**30:.2f} GiB), "
+        f"{pages // max(pages_for(max_len), 1)} full windows of {max_len} for {slots} slots"
+    )
+
+
 class PagePool:
     def __init__(self, pages: int, slots: int, max_pages: int, device):
         if pages < 1:

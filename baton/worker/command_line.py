@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, PAGE
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.gpus import pin_device
 from baton.settings import Settings
@@ -28,6 +29,20 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W")
     p.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help="window: prompt + generated tokens")
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="concurrent sessions (static state slots)")
+    p.add_argument(
+        "--kv-pages",
+        type=int,
+        default=None,
+        help=f"attention KV pages of {PAGE} tokens per runner (default: on cuda from --gpu-memory-fraction, "
+        "on cpu slots x window)",
+    )
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_FRACTION,
+        help="cuda: share of the free GPU memory at start-up the KV pages may take (default %(default)s; "
+        "lower it when workers share a GPU)",
+    )
     p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped")
     p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE])")
     p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown")
@@ -62,8 +77,24 @@ def options_from_args(a: argparse.Namespace) -> WorkerOptions:
         device = pin_device(a.device)  # cuda:N -> this process sees only GPU N (baton/gpus.py)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    if a.kv_pages is not None and a.kv_pages < 1:
+        raise SystemExit("--kv-pages: must be >= 1")
+    if not 0.0 < a.gpu_memory_fraction <= 1.0:
+        raise SystemExit("--gpu-memory-fraction: must be in (0, 1]")
     return WorkerOptions(
-        a.model, a.port, a.host, device, a.dtype, a.width, a.max_len, a.slots, a.ttl, a.token_file, a.grace
+        a.model,
+        a.port,
+        a.host,
+        device,
+        a.dtype,
+        a.width,
+        a.max_len,
+        a.slots,
+        a.ttl,
+        a.token_file,
+        a.grace,
+        a.kv_pages,
+        a.gpu_memory_fraction,
     )
 
 

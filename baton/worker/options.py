@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping
 
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.settings import Settings, read_token_file
 
@@ -37,6 +38,8 @@ class WorkerOptions:
     ttl_s: float = DEFAULT_TTL_S
     token_file: str | None = None
     grace_s: float = DEFAULT_GRACE_S
+    kv_pages: int | None = None  # None: sized from gpu_memory_fraction on cuda, slots x window on cpu
+    gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION
 
     @property
     def resolved_dtype(self) -> str:

@@ -1,0 +1,156 @@
+"""Paged KV (baton/engine/pages.py): the free list and page table, the state's export / import through
+shuffled pages, and the engines freeing a session's pages on every end (release, generate's end, TTL
+reap, replace, a failed fill) and refusing a session the pool cannot hold before any work.
+Invariant checked throughout: every page is free or held by exactly one slot (PagePool.check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton.engine.pages import PAGE, PagePool, PagesExhausted, choose_pages, pages_for, pages_from_memory
+from baton.engine.runner import ModelRunner, WindowError
+from baton.engine.slots import SessionLimit
+from baton.loading import load_model
+from decode_worker.engine import DecodeEngine
+from prefill_worker.engine import ExactEngine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+MAX_LEN = 3 * PAGE  # three pages a window
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return load_model(make_tiny_dir(tmp_path_factory.mktemp("m")), dtype="fp32")
+
+
+# ---------------------------------------------------------------- the pool
+def test_pool_hands_out_pages_all_or_none_and_takes_them_back():
+    p = PagePool(5, slots=3, max_pages=3, device="cpu")
+    assert p.ensure(0, 1) == [0] and p.ensure(0, PAGE) == [] and p.ensure(0, PAGE + 1) == [1]
+    assert p.table[0].tolist() == [0, 1, p.sink] and p.capacity(0) == 2 * PAGE
+    assert p.ensure(1, 2 * PAGE) == [2, 3]
+    with pytest.raises(PagesExhausted, match="KV pages exhausted.*need 2 more pages.*1 of 5 are free"):
+        p.ensure(2, 2 * PAGE)  # all or none: nothing taken
+    assert p.free_pages == 1 and p.owned(2) == [] and p.table[2].tolist() == [p.sink] * 3
+    assert isinstance(PagesExhausted("x"), SessionLimit)  # RESOURCE_EXHAUSTED wherever SessionLimit is
+    with pytest.raises(ValueError, match="window"):
+        p.ensure(2, 3 * PAGE + 1)
+    p.check()
+    assert p.free(0) == 2 and p.table[0].tolist() == [p.sink] * 3 and p.free(0) == 0
+    assert p.ensure(2, 3 * PAGE) == [0, 1, 4]  # the last freed first, then any: the table maps them
+    p.check()
+    assert pages_for(0) == 0 and pages_for(1) == 1 and pages_for(PAGE) == 1 and pages_for(PAGE + 1) == 2
+
+
+def test_sizing_from_memory_and_the_cpu_default():
+    assert pages_from_memory(10 * 1000, 0.5, 1000, cap=100) == 5
+    assert pages_from_memory(10**12, 0.9, 1000, cap=64) == 64  # never more than every slot's full window
+    with pytest.raises(ValueError, match="gpu_memory_fraction"):
+        pages_from_memory(1, 0.0, 1, 1)
+    assert choose_pages("cpu", page_bytes=1, slots=4, max_len=1000) is None  # slots x window
+    assert choose_pages("cpu", page_bytes=1, slots=4, max_len=1000, kv_pages=7) == 7
+
+
+# ---------------------------------------------------------------- the state through pages
+def _scatter_pages(r: ModelRunner, slots=(0, 1), n=3) -> None:
+    """Interleaved growth: the slots' pages alternate in the pool, so no slot's table is the identity."""
+    for k in range(1, n + 1):
+        for s in slots:
+            r.reserve(s, k * PAGE)
+
+
+def test_export_import_round_trip_through_shuffled_pages(lm):
+    """A state prefilled in pages [1, 3, 5] of one runner, moved into pages [0, 2, 4] of another, exports
+    the same [kv_heads, position, head_dim] rows and decodes the same tokens as the source."""
+    src, dst = (ModelRunner(lm.model, slots=2, max_len=MAX_LEN) for _ in range(2))
+    _scatter_pages(src, (0, 1))
+    _scatter_pages(dst, (1, 0))
+    ids = torch.randint(0, lm.cfg.vocab_size, (PAGE + 40,), generator=torch.Generator().manual_seed(1)).tolist()
+    nxt = src.prefill(1, ids)
+    assert src.state.pages.owned(1) == [1, 3, 5] and dst.state.pages.owned(0) == [1, 3, 5]
+    ex = {t.name: t.tensor.clone() for t in src.state.export(1)}
+    kv = [n for n in ex if n.endswith((".key", ".value"))]
+    assert kv and all(ex[n].shape[1] == len(ids) for n in kv)
+    dst.state.release_pages(1)  # dst slot 1 gives its pages back; slot 0 keeps [1, 3, 5]: remap it
+    dst.state.release_pages(0)
+    dst.reserve(1, PAGE)  # a page for slot 1 first: slot 0's import lands in other pages than the source's
+    dst.state.import_(0, ex, position=len(ids), next_token=nxt)
+    assert dst.state.pages.owned(0)[0] != src.state.pages.owned(1)[0]
+    back = {t.name: t.tensor for t in dst.state.export(0)}
+    assert all(torch.equal(back[n], ex[n]) for n in ex)
+    lazy = dst.state.export(0, lazy=True)  # the streaming prefill's export: gathered on materialize()
+    assert all(t.tensor.device.type == "meta" for t in lazy if t.gather is not None)
+    assert all(torch.equal(t.materialize(), ex[t.name]) for t in lazy)
+    a = [src.rows(1, [nxt])[0] for _ in range(3)]
+    b = [dst.rows(0, [nxt])[0] for _ in range(3)]
+    assert a == b
+    for r in (src, dst):
+        r.state.pages.check()
+
+
+def test_a_request_over_the_model_ceiling_is_a_window_error(lm):
+    r = ModelRunner(lm.model, max_len=MAX_LEN)
+    with pytest.raises(WindowError):
+        r.check_window(MAX_LEN, 1)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        ModelRunner(lm.model, max_len=lm.cfg.max_position_embeddings + 1)
+
+
+# ---------------------------------------------------------------- the exact engine
+def test_exact_engine_frees_pages_on_every_end_and_refuses_before_work(lm, monkeypatch):
+    r = ModelRunner(lm.model, slots=3, max_len=MAX_LEN, kv_pages=3)
+    eng = ExactEngine(r, ttl_s=60)
+    pool = r.state.pages
+    s, _ = eng.prefill([5] * (PAGE + 1))  # two pages
+    assert len(pool.owned(s.slot)) == 2 and pool.free_pages == 1
+    with pytest.raises(PagesExhausted):  # a new prompt of two pages: refused, no session left behind
+        eng.prefill([6] * (PAGE + 1))
+    assert eng.session_count() == 1 and pool.free_pages == 1
+    with pytest.raises(PagesExhausted):  # generate reserves its whole window before the prefill
+        eng.generate([7] * 10, 300)
+    assert eng.session_count() == 1 and pool.free_pages == 1
+    assert eng.release(s.id) and pool.free_pages == 3
+    out = eng.generate([7] * 10, 5)  # ... and frees it at the end
+    assert len(out) == 5 and pool.free_pages == 3
+    s, _ = eng.prefill([8] * 3)
+    monkeypatch.setattr(eng._table, "ttl_s", -1.0)
+    assert eng.reap_expired() == 1 and pool.free_pages == 3  # TTL reap
+    pool.check()
+
+
+# ---------------------------------------------------------------- the decode engine
+def _exported(lm, n: int):
+    src = ModelRunner(lm.model, max_len=MAX_LEN)
+    nxt = src.prefill(0, [3] * n)
+    return {t.name: t.tensor.clone() for t in src.state.export(0)}, n, nxt
+
+
+def test_decode_engine_frees_pages_on_release_replace_reap_and_failed_fill(lm, monkeypatch):
+    r = ModelRunner(lm.model, slots=3, max_len=MAX_LEN, kv_pages=4)
+    eng = DecodeEngine({"bf16": r}, default_engine="bf16", batch_steps=False)
+    pool = r.state.pages
+    tensors, pos, nxt = _exported(lm, PAGE + 5)
+    s = eng.load(tensors, position=pos, next_token=nxt, session_id="a")
+    assert len(pool.owned(s.slot)) == 2
+    toks = [t for b in eng.decode("a", 3) for t in b]
+    assert len(toks) == 3 and len(pool.owned(s.slot)) == 2
+    s2 = eng.load(tensors, position=pos, next_token=nxt, session_id="a")  # replace (migration, retry)
+    assert eng.session_count() == 1 and pool.free_pages == 2 and len(pool.owned(s2.slot)) == 2
+    pool.check()
+    fill = eng.reserve(None, "b", pos)  # a hand-off that fails: its slot and pages come back
+    assert pool.free_pages == 0
+    with pytest.raises(PagesExhausted, match="KV pages"):  # nothing left for a third state
+        eng.reserve(None, "c", 5)
+    with pytest.raises(PagesExhausted):  # a Decode that would need pages it cannot have: refused first
+        next(eng.decode("a", 300))
+    assert int(r.state.position[s2.slot]) == pos and len(pool.owned(s2.slot)) == 2  # untouched
+    fill.abort()
+    assert pool.free_pages == 2 and eng.session_count() == 1
+    assert [t for b in eng.decode("a", 300) for t in b]  # with the pages back, it runs
+    assert eng.release("a") and pool.free_pages == 4
+    eng.load(tensors, position=pos, next_token=nxt, session_id="d")
+    monkeypatch.setattr(eng._table, "ttl_s", -1.0)
+    assert eng.reap_expired() == 1 and pool.free_pages == 4
+    pool.check()
