@@ -274,8 +274,8 @@ def _worker_specs(args) -> list[WorkerSpec]:
         dtype=args.dtype,
         max_len=args.max_len,
         slots=args.slots,
-        kv_pages=args.kv_pages,
-        gpu_memory_fraction=args.gpu_memory_fraction,
+        kv_pages=getattr(args, "kv_pages", None),  # NOTE: callers may build args without the newer options
+        gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
         token_file=args.token_file,
         grace=min(args.grace, 1.0),
     )
@@ -295,9 +295,10 @@ def _check(args) -> str | None:
         return "--ask-tokens must be >= 1"
     if args.slots is not None and args.slots < 1:
         return "--slots must be >= 1"
-    if args.kv_pages is not None and args.kv_pages < 1:
+    kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)
+    if kv_pages is not None and kv_pages < 1:
         return "--kv-pages must be >= 1"
-    if args.gpu_memory_fraction is not None and not 0.0 < args.gpu_memory_fraction <= 1.0:
+    if fraction is not None and not 0.0 < fraction <= 1.0:
         return "--gpu-memory-fraction must be in (0, 1]"
     import baton
 

@@ -91,6 +91,25 @@ def main() -> None:
         "logits_max_diff": float((m.logits(runs[False][1]) - m.logits(runs[True][1])).abs().max()),
         "state_max_diff": {"key": float((runs[False][2] - runs[True][2]).abs().max())},
     }
+    # paged KV: slot 0's pages scattered ([1, 3], other slots' pages around them) == in order ([0, 1]), bitwise
+    ids = torch.randint(0, 512, (300,), generator=g).tolist()
+    blk = torch.randint(0, 512, (4,), generator=g).tolist()
+    plain, scattered = ModelRunner(m, max_len=512, fast=True), ModelRunner(m, slots=3, max_len=512, fast=True)
+    for slot, tokens in ((2, 1), (0, 1), (1, 1), (0, 257)):
+        scattered.reserve(slot, tokens)
+    res = []
+    for r in (plain, scattered):
+        r.prefill(0, ids)
+        _, lg = r.rows_with_logits(0, r.pad_ids(blk), 4)
+        ar = [r.rows_with_logits(0, r.pad_ids([t]), 1)[1][0] for t in blk[:2]]
+        res.append((lg[:4], ar, [r.state.slot_kv(i, 0) for i in r.state.attn_ids]))
+    (la, aa, ka), (lb, ab, kb) = res
+    out["paged"] = {
+        "pages": scattered.state.pages.owned(0),
+        "equal": torch.equal(la, lb)
+        and all(torch.equal(x, y) for x, y in zip(aa, ab))
+        and all(torch.equal(x[j], y[j]) for x, y in zip(ka, kb) for j in (0, 1)),
+    }
     print(json.dumps(out))
 
 

@@ -31,6 +31,9 @@ def test_fused_rows_kernels_match_eager_and_are_row_invariant():
         if name == "ckpt":  # per-row checkpoints: rewinding == recomputing, bitwise
             assert r["state_equal"], r
             continue
+        if name == "paged":  # scattered KV pages == pages in order, bitwise (logits, AR rows, KV)
+            assert r["equal"] and r["pages"] == [1, 3], r
+            continue
         assert r["tokens_equal"], (name, r)
         assert r["logits_max_diff"] < 1e-4, (name, r)
         assert max(r["state_max_diff"].values()) < 1e-4, (name, r)
@@ -38,4 +41,4 @@ def test_fused_rows_kernels_match_eager_and_are_row_invariant():
             continue
         assert r["position"][0] == r["position"][1], (name, r)
         assert r["row_invariant"] and r["rec_state_equal_after_ar"], (name, r)
-    assert set(res) == {"short", "long", "ckpt", "mtp"}
+    assert set(res) == {"short", "long", "ckpt", "mtp", "paged"}

@@ -347,3 +347,32 @@ def test_slots_reach_every_worker_process_and_actor():
     assert all(s.argv()[s.argv().index("--slots") + 1] == "16" for s in specs)
     unset = _worker_specs(argparse.Namespace(**base, slots=None, prefill=1, decode=1))
     assert all("slots" not in s.options() and "--slots" not in s.argv() for s in unset)
+
+
+def test_kv_page_options_reach_every_worker_process_and_actor():
+    """`baton serve --kv-pages N --gpu-memory-fraction F` reach each worker as flags and actor keywords
+    (the workers' own command line and actors take them); unset, the workers size their pools."""
+    import argparse
+    import inspect
+
+    from decode_worker.actor import DecodeActor
+    from deploy.local import _worker_specs
+    from prefill_worker.actor import PrefillActor
+
+    base = dict(model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0, engine=None)
+    specs = _worker_specs(
+        argparse.Namespace(**base, slots=None, prefill=1, decode=1, kv_pages=64, gpu_memory_fraction=0.4)
+    )
+    for s in specs:
+        argv = s.argv()
+        assert argv[argv.index("--kv-pages") + 1] == "64" and argv[argv.index("--gpu-memory-fraction") + 1] == "0.4"
+        assert s.options()["kv_pages"] == 64
+    unset = _worker_specs(argparse.Namespace(**base, slots=None, prefill=1, decode=1))
+    assert all("--kv-pages" not in s.argv() and "--gpu-memory-fraction" not in s.argv() for s in unset)
+    for actor in (DecodeActor, PrefillActor):
+        params = inspect.signature(actor.__init__).parameters
+        assert {"kv_pages", "gpu_memory_fraction"} <= set(params)
+    from decode_worker.__main__ import build_parser
+
+    a = build_parser().parse_args(["--kv-pages", "9", "--gpu-memory-fraction", "0.5"])
+    assert (a.kv_pages, a.gpu_memory_fraction) == (9, 0.5)
