@@ -137,6 +137,14 @@ class ModelRunner:
         raises PagesExhausted (RESOURCE_EXHAUSTED) with nothing changed when the pool is short."""
         self.state.reserve(slot, min(tokens, self.max_len))
 
+    def reserve_next(self, slots: list[int]) -> None:
+        """Pages for the row each slot consumes next (ar_step / ar_batch called outside DecodeEngine.decode,
+        which reserves a whole decode up front): one host read of the positions; the steps sync anyway.
+        ar_launch (pipelined) reads nothing: its caller reserves first, as decode() does."""
+        pos = self.state.position[torch.tensor(slots, device=self.device)].tolist()
+        for slot, p in zip(slots, pos):
+            self.reserve(slot, p + 1)
+
     def check_ids(self, ids, field: str = "prompt") -> None:
         bad = [t for t in ids if not 0 <= int(t) < self.cfg.vocab_size]
         if bad:
@@ -250,6 +258,7 @@ class ModelRunner:
         without it, one ar_step per slot)."""
         if self.fast is not None:
             if self.batched is not None:
+                self.reserve_next(slots)
                 m = self.batched.max_rows
                 return [t for i in range(0, len(slots), m) for t in self.batched.step(slots[i : i + m])]
             return [self.ar_step(slot) for slot in slots]
@@ -262,6 +271,7 @@ class ModelRunner:
     @torch.inference_mode()
     def ar_step(self, slot: int) -> int:
         """Consumes next_token[slot] (window checked by the caller); returns the new next token."""
+        self.reserve_next([slot])
         self.select(slot)
         g = self.graph_for(("ar", 1), slot)
         g.replay() if g is not None else self.compute_ar(slot)
@@ -271,7 +281,10 @@ class ModelRunner:
     def ar_launch(self, slot: int, phase: int) -> None:
         """Enqueues a ping-pong AR step of `phase` (graph ("ar<phase>", slot, 1), else eager) and the
         copy of its token to the host; returns at once on CUDA. Phases alternate 0, 1, 0, ... from the
-        main buffers, so at most two steps (one per phase) of a slot are unread."""
+        main buffers, so at most two steps (one per phase) of a slot are unread. The KV pages of the row
+        must be reserved (DecodeEngine.decode); on CPU, where reading the position costs nothing, it grows them."""
+        if self.device.type != "cuda":
+            self.reserve_next([slot])
         self.select(slot)
         g = self.graph_for((f"ar{phase}", 1), slot)
         g.replay() if g is not None else self.compute_ar(slot, phase)

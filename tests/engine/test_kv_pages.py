@@ -154,3 +154,26 @@ def test_decode_engine_frees_pages_on_release_replace_reap_and_failed_fill(lm, m
     monkeypatch.setattr(eng._table, "ttl_s", -1.0)
     assert eng.reap_expired() == 1 and pool.free_pages == 4
     pool.check()
+
+
+def test_steps_outside_decode_grow_pages_across_a_page_boundary(lm):
+    """ar_step / ar_batch / rows called directly (tests, benchmarks) reserve the row they consume, so two
+    sessions crossing a page boundary never share the sink page: each equals itself alone."""
+    alone = []
+    for slot in (0, 1):
+        r = ModelRunner(lm.model, slots=2, max_len=MAX_LEN)
+        r.prefill(slot, [slot + 3] * (PAGE - 2))
+        alone.append([r.ar_step(slot) for _ in range(5)])
+    both = ModelRunner(lm.model, slots=2, max_len=MAX_LEN)
+    for slot in (0, 1):
+        both.prefill(slot, [slot + 3] * (PAGE - 2))
+    got = [[], []]
+    for _ in range(5):
+        for slot in (0, 1):
+            got[slot].append(both.ar_step(slot))
+    assert got == alone and all(len(both.state.pages.owned(s)) == 2 for s in (0, 1))
+    both.prefill(0, [3] * (PAGE - 2))  # the same prompt again; ar_batch crosses the boundary for both
+    both.prefill(1, [4] * (PAGE - 2))
+    steps = [both.ar_batch([0, 1]) for _ in range(5)]
+    assert [[t[0] for t in steps], [t[1] for t in steps]] == alone
+    both.state.pages.check()
