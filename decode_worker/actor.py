@@ -37,7 +37,7 @@ class DecodeActor(WorkerActor):
         fp8_mode: str = "full",
         mtp_k: int = 4,
         capture_graphs: bool = True,
-        pipeline: bool = True,
+        pipeline: bool = False,
     ):
         from decode_worker.serve import serve_decode
 

@@ -68,6 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="concurrent sessions each worker holds (default: the workers' 8); a decode worker steps them together",
     )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Generate calls the router admits at once, past it RESOURCE_EXHAUSTED (default: the larger of 64 "
+        "and the decode workers' sessions)",
+    )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
@@ -283,6 +291,8 @@ def _check(args) -> str | None:
         return "--ask-tokens must be >= 1"
     if args.slots is not None and args.slots < 1:
         return "--slots must be >= 1"
+    if args.max_inflight is not None and args.max_inflight < 1:
+        return "--max-inflight must be >= 1"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
@@ -364,6 +374,7 @@ def run(args) -> int:
             cleanup()
             raise
 
+        from baton.worker.options import DEFAULT_SLOTS
         from deploy.launch import router_kwargs, serve_router
 
         kw = router_kwargs(
@@ -375,6 +386,7 @@ def run(args) -> int:
             model_dir=args.model,
             token_file=args.token_file,
             http_port=args.http_port,
+            max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
         )
         on_serving = None
         if args.ask is not None:

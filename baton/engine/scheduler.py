@@ -85,6 +85,7 @@ class StepScheduler:
         self._stopped = False
         self.steps = 0  # steps run, and rows in them (stats; batch size = rows / steps)
         self.rows = 0
+        self.max_rows = 0  # the largest step
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -163,6 +164,7 @@ class StepScheduler:
                     err = None
                 self.steps += 1
                 self.rows += len(jobs)
+                self.max_rows = max(self.max_rows, len(jobs))
                 with self._cv:
                     for j, t in zip(jobs, toks):
                         j.asking, j.error = False, err
