@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton.engine.gather import Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
@@ -51,6 +52,7 @@ class DecodeSession:
     mtp_start: int = 0
     rounds: int = 0
     emitted_in_rounds: int = 0
+    exact: bool = False  # has drafted (exact mode): counted by the Draft gather
 
     @property
     def mean_accept_len(self) -> float:
@@ -79,6 +81,8 @@ class DecodeEngine:
         self.batch_steps = batch_steps
         self._scheduler: StepScheduler | None = None
         self._table: SlotTable[DecodeSession] = SlotTable(ttl_s, {id(r): r.state.slots for r in runners.values()})
+        # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
+        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions)
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -312,28 +316,70 @@ class DecodeEngine:
 
     # ---- exact mode ----------------------------------------------------------------------------
     def draft(self, session_id: str, k: int, verdict: tuple[int, int] | None) -> list[int]:
+        """Exact mode: apply the verdict on the last drafts, then propose k new ones; concurrent Draft calls
+        share their drafting steps (self.drafts -> _draft_batch), each bitwise as alone."""
         s = self.get(session_id)
         if not 1 <= k <= self.width - 2:
             raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
-        r, st = s.runner, s.runner.state
-        with self._compute:
-            # check before consuming the verdict, so a refusal leaves the session retryable
-            pending = len(s.drafts) + 1 if verdict is not None else 0
-            r.check_window(int(st.position[s.slot]) + pending, k + 2)
-            if verdict is not None:
-                self._apply_verdict(s, *verdict)
-            if s.engine == "mtp":
-                s.drafts = self._mtp_chain(s, k)
-                s.draft_t0 = int(st.next_token[s.slot])
-                return list(s.drafts)
-            s.draft_t0 = t = int(st.next_token[s.slot])
+        s.exact = True
+        got = self.drafts.call((s, k, verdict))
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _exact_sessions(self) -> int:
+        return sum(1 for s in self._table.sessions() if s.exact)
+
+    def _draft_batch(self, items: list) -> list:
+        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or the ValueError of that
+        item alone. Verdicts and mtp chains run per session; bf16 / fp8 drafting runs position by position
+        over every such session at once (feed the current token as next_token, ar_batch, propose)."""
+        out: list = [None] * len(items)
+        ar: list[int] = []
+        seen: set[str] = set()
+        for i, (s, k, verdict) in enumerate(items):
+            r, st = s.runner, s.runner.state
+            try:
+                if s.id in seen:
+                    raise ValueError("session: another Draft of this session is in flight")
+                seen.add(s.id)
+                # check before consuming the verdict, so a refusal leaves the session retryable
+                pending = len(s.drafts) + 1 if verdict is not None else 0
+                r.check_window(int(st.position[s.slot]) + pending, k + 2)
+                if verdict is not None:
+                    self._apply_verdict(s, *verdict)
+                if s.engine == "mtp":
+                    s.drafts = self._mtp_chain(s, k)
+                    s.draft_t0 = int(st.next_token[s.slot])
+                    out[i] = list(s.drafts)
+                    continue
+            except ValueError as e:
+                out[i] = e
+                continue
+            s.draft_t0 = int(st.next_token[s.slot])
             st.snapshot(s.slot)
-            drafts = []
-            for i in range(k):
-                t = self.drafter.propose(s, i, r.rows(s.slot, [t])[0])  # the proposal is what the state consumes
-                drafts.append(t)
-            s.drafts = drafts  # state consumed t0, d1..d_{k-1}; dk is pending
-            return list(drafts)
+            s.drafts = []
+            ar.append(i)
+        cur = {i: items[i][0].draft_t0 for i in ar}  # the token each session feeds next
+        for step in range(max((items[i][1] for i in ar), default=0)):
+            by_runner: dict[int, list[int]] = {}
+            for i in ar:
+                if items[i][1] > step:
+                    by_runner.setdefault(id(items[i][0].runner), []).append(i)
+            for idx in by_runner.values():
+                r = items[idx[0]][0].runner
+                for i in idx:
+                    r.state.next_token[items[i][0].slot] = cur[i]
+                owns = r.ar_batch([items[i][0].slot for i in idx])
+                for i, own in zip(idx, owns):
+                    s = items[i][0]
+                    cur[i] = self.drafter.propose(s, step, own)  # the proposal is what the state consumes next
+                    s.drafts.append(cur[i])
+        for i in ar:  # state consumed t0, d1..d_{k-1}; dk is pending; next_token is t0 again until the verdict
+            s = items[i][0]
+            s.runner.state.next_token[s.slot] = s.draft_t0
+            out[i] = list(s.drafts)
+        return out
 
     def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
         r, st = s.runner, s.runner.state

@@ -40,8 +40,9 @@ import torch
 from baton.models.qwen3_5 import RowGroup, StepContext
 
 
-def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
-    """Validates a batch (before any state is touched); returns it as [(slot, [tokens])]."""
+def check_groups(runner, groups, ckpt_unused: bool = False) -> list[tuple[int, list[int]]]:
+    """Validates a batch (before any state is touched); returns it as [(slot, [tokens])].
+    ckpt_unused: the caller will not read the row checkpoints (they may hold any group's rows)."""
     out: list[tuple[int, list[int]]] = []
     if not groups:
         raise ValueError("rows_batch: no groups")
@@ -58,7 +59,7 @@ def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
             raise ValueError(f"rows_batch: group {i} (slot {slot}): {len(tokens)} tokens, expected 1..{W}")
         runner.check_ids(tokens, f"rows_batch: group {i} (slot {slot})")
         out.append((slot, tokens))
-    if runner.state.ckpt_conv and len(out) > 1 and any(len(t) > 1 for _, t in out):
+    if not ckpt_unused and runner.state.ckpt_conv and len(out) > 1 and any(len(t) > 1 for _, t in out):
         raise ValueError(
             "rows_batch: row checkpoints are kept (one set per runner): a batch of several groups must have"
             " one row per group"
@@ -69,9 +70,11 @@ def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
 
 
 @torch.inference_mode()
-def rows_batch(runner, groups) -> list[list[int]]:
-    """See the module docstring. Raises ValueError / WindowError (state untouched) on a bad batch."""
-    batch = check_groups(runner, groups)
+def rows_batch(runner, groups, ckpt_unused: bool = False) -> list[list[int]]:
+    """See the module docstring. Raises ValueError / WindowError (state untouched) on a bad batch.
+    ckpt_unused: several multi-row groups even with row checkpoints kept, whose contents are then
+    undefined (speculation.verify_blocks rewinds from snapshots instead)."""
+    batch = check_groups(runner, groups, ckpt_unused)
     if runner.fast is not None:  # no per-row slots in the fused kernels yet: one group at a time
         return [runner.rows(slot, tokens) for slot, tokens in batch]
     W, dev, state = runner.width, runner.device, runner.state
