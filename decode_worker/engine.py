@@ -28,8 +28,9 @@ from baton.engine.gather import Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
-from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay, verify_block
+from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay
 from baton.handoff.slot_fill import SlotFill
+from decode_worker import mtp
 
 ENGINES = ("bf16", "fp8", "mtp")
 RUN_AHEAD = 2  # tokens a released-at-end batched decode may be computed ahead of its reader
@@ -83,6 +84,10 @@ class DecodeEngine:
         self._table: SlotTable[DecodeSession] = SlotTable(ttl_s, {id(r): r.state.slots for r in runners.values()})
         # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
         self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions)
+        self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
+        self.mtp_rounds = Gather(
+            lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active
+        )
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -188,20 +193,31 @@ class DecodeEngine:
         if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
-        produced = 0
-        while produced < max_new_tokens:
-            with self._compute:
-                toks = self._mtp_round(s, min(k, self.width - 2)) if s.engine == "mtp" else self._ar_step(s)
-            toks = toks[: max_new_tokens - produced]
-            for i, t in enumerate(toks):
-                if t in ends:
-                    toks = toks[: i + 1]
-                    break
-            produced += len(toks)
-            s.last_used = time.monotonic()
-            yield toks
-            if toks and toks[-1] in ends:
-                return
+        produced, kk = 0, min(k, self.width - 2)
+        if s.engine == "mtp":
+            with self._mtp_lock:
+                self._mtp_active += 1
+        try:
+            while produced < max_new_tokens:
+                if s.engine == "mtp":  # rounds of concurrent mtp sessions verify in one pass (mtp.rounds)
+                    toks = self.mtp_rounds.call((s, kk))
+                else:
+                    with self._compute:
+                        toks = self._ar_step(s)
+                toks = toks[: max_new_tokens - produced]
+                for i, t in enumerate(toks):
+                    if t in ends:
+                        toks = toks[: i + 1]
+                        break
+                produced += len(toks)
+                s.last_used = time.monotonic()
+                yield toks
+                if toks and toks[-1] in ends:
+                    return
+        finally:
+            if s.engine == "mtp":
+                with self._mtp_lock:
+                    self._mtp_active -= 1
 
     def _ar_pipelined(self, s: DecodeSession, max_new_tokens: int, ends: set):
         """bf16 / fp8 AR with step t+1 launched before token t is read, so the host's launch and
@@ -267,53 +283,6 @@ class DecodeEngine:
     def _ar_step(self, s: DecodeSession) -> list[int]:
         return [s.runner.ar_step(s.slot)]  # window checked once by decode()
 
-    def _mtp_chain(self, s: DecodeSession, k: int) -> list[int]:
-        """Finalises pending MTP pairs and drafts k tokens. Pending pairs: (h_{P-1}, x_P) ... ."""
-        r = s.runner
-        n = len(s.mtp_pairs_ids)
-        r.mtp_h.zero_()
-        r.mtp_h[:n].copy_(s.mtp_pairs_h)
-        r.mtp_ids.zero_()
-        r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
-        r.mtp_start.fill_(s.mtp_start)
-        r.replay_mtp(s.slot, n)
-        drafts = [self.drafter.propose(s, 0, int(r.mtp_tok[n - 1]))]
-        h = r.mtp_out[n - 1].clone()  # chained: the MTP output row is the next step's hidden
-        idx = s.mtp_start + n  # KV index of the next pair
-        for i in range(1, k):
-            r.mtp_h[0].copy_(h)
-            r.mtp_ids[0] = drafts[-1]
-            r.mtp_start.fill_(idx)
-            r.replay_mtp(s.slot, 1)
-            drafts.append(self.drafter.propose(s, i, int(r.mtp_tok[0])))
-            h = r.mtp_out[0].clone()
-            idx += 1
-        return drafts
-
-    def _accept(self, s: DecodeSession, t0: int, drafts: list[int]) -> tuple[int, int]:
-        """BF16 verify of [t0, drafts] -> (m, next); state left consumed t0, d1..dm; hidden rows kept."""
-        return verify_block(s.runner, s.slot, [t0] + drafts)
-
-    @staticmethod
-    def _pending_pairs(s: DecodeSession, p: int, ids: list[int]) -> None:
-        """After m+1 accepted rows from position p: pairs (h_{p-1}, ids[0]) .. (h_{p+m}, next) at KV
-        index p-1 onward; h_p.. come from the runner's h_rows of the accepting rows call."""
-        h_prev = s.mtp_pairs_h[-1:].clone()  # h_{p-1}
-        s.mtp_pairs_h = torch.cat([h_prev, s.runner.h_rows[: len(ids) - 1]])
-        s.mtp_pairs_ids = ids
-        s.mtp_start = p - 1
-
-    def _mtp_round(self, s: DecodeSession, k: int) -> list[int]:
-        r = s.runner
-        t0 = int(r.state.next_token[s.slot])
-        p = int(r.state.position[s.slot])
-        drafts = self._mtp_chain(s, k)
-        m, nxt = self._accept(s, t0, drafts)
-        self._pending_pairs(s, p, [t0] + drafts[:m] + [nxt])
-        s.rounds += 1
-        s.emitted_in_rounds += m + 1
-        return drafts[:m] + [nxt]
-
     # ---- exact mode ----------------------------------------------------------------------------
     def draft(self, session_id: str, k: int, verdict: tuple[int, int] | None) -> list[int]:
         """Exact mode: apply the verdict on the last drafts, then propose k new ones; concurrent Draft calls
@@ -349,7 +318,7 @@ class DecodeEngine:
                 if verdict is not None:
                     self._apply_verdict(s, *verdict)
                 if s.engine == "mtp":
-                    s.drafts = self._mtp_chain(s, k)
+                    s.drafts = mtp.chain(self, s, k)
                     s.draft_t0 = int(st.next_token[s.slot])
                     out[i] = list(s.drafts)
                     continue
@@ -389,7 +358,7 @@ class DecodeEngine:
         if s.engine == "mtp":  # MTP drafting consumed nothing on the BF16 state
             p = int(st.position[s.slot])
             r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
-            self._pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt])
+            mtp.pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt], r.h_rows)
         else:
             restore, replay = rows_to_replay(s.drafts, s.draft_t0, m)
             if restore:

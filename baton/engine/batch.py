@@ -70,13 +70,19 @@ def check_groups(runner, groups, ckpt_unused: bool = False) -> list[tuple[int, l
 
 
 @torch.inference_mode()
-def rows_batch(runner, groups, ckpt_unused: bool = False) -> list[list[int]]:
+def rows_batch(runner, groups, ckpt_unused: bool = False, hidden_out: list | None = None) -> list[list[int]]:
     """See the module docstring. Raises ValueError / WindowError (state untouched) on a bad batch.
     ckpt_unused: several multi-row groups even with row checkpoints kept, whose contents are then
-    undefined (speculation.verify_blocks rewinds from snapshots instead)."""
+    undefined (speculation.verify_blocks rewinds from snapshots instead). hidden_out: a list that gets
+    each group's final-normed hidden rows [n, hidden] (copies)."""
     batch = check_groups(runner, groups, ckpt_unused)
-    if runner.fast is not None:  # no per-row slots in the fused kernels yet: one group at a time
-        return [runner.rows(slot, tokens) for slot, tokens in batch]
+    if runner.fast is not None:  # no batched rows graph yet: one group at a time
+        out = []
+        for slot, tokens in batch:
+            out.append(runner.rows(slot, tokens))
+            if hidden_out is not None:
+                hidden_out.append(runner.h_rows[: len(tokens)].clone())
+        return out
     W, dev, state = runner.width, runner.device, runner.state
     total = sum(len(t) for _, t in batch)
     T = -(-total // W) * W  # C chunks of W rows
@@ -103,6 +109,8 @@ def rows_batch(runner, groups, ckpt_unused: bool = False) -> list[list[int]]:
     tok = smp.pick(logits, slots, rows, positions, [g.slot for g in rgroups])  # [T], W-row chunks
     for g in rgroups:
         state.hidden[g.slot].copy_(h[g.off + g.n - 1])
+        if hidden_out is not None:
+            hidden_out.append(h[g.off : g.off + g.n].clone())
     if len(rgroups) == 1:  # as rows(): the static buffers hold this block
         runner.tok_out.copy_(tok[:W])
         runner.h_rows.copy_(h[:W])

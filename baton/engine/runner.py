@@ -304,10 +304,12 @@ class ModelRunner:
             self.state.restore(slot)
             self.rows(slot, tokens[: m + 1])
 
-    def rows_batch(self, groups: list[tuple[int, list[int]]], ckpt_unused: bool = False) -> list[list[int]]:
+    def rows_batch(
+        self, groups: list[tuple[int, list[int]]], ckpt_unused: bool = False, hidden_out: list | None = None
+    ) -> list[list[int]]:
         """rows() of several slots in one batched eager step: groups = [(slot, tokens)] with distinct
         slots, 1 <= len(tokens) <= W; returns each group's greedy tokens. See baton/engine/batch.py."""
-        return batch.rows_batch(self, groups, ckpt_unused)
+        return batch.rows_batch(self, groups, ckpt_unused, hidden_out)
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
         """Feeds tokens (1 <= n <= W) and returns the greedy token after each of them."""

@@ -1,5 +1,6 @@
 """Exact mode for many sessions at once, over real loopback gRPC (router, prefill worker, decode worker
-in this process, a tiny random model): 8 concurrent exact requests with fp8 drafts (and bf16 drafts)
+in this process, a tiny random model with an MTP head): 8 concurrent exact requests with fp8, bf16 and
+mtp drafts, and 8 concurrent fast mtp requests,
 each give exactly the exact engine's own AR tokens (`baton complete`), while the prefill worker verifies
 several sessions' blocks in one pass and the decode worker drafts for several sessions in one step."""
 
@@ -14,7 +15,7 @@ from helpers import make_tiny_dir
 from baton.client import Client
 from baton.settings import Settings
 
-N, NEW, MAX_LEN = 8, 32, 160
+N, NEW, MAX_LEN = 8, 24, 160
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +28,19 @@ def cluster(tmp_path_factory):
     from router.__main__ import serve_router, stop_router
 
     d = make_tiny_dir(tmp_path_factory.mktemp("exb"), seed=6, layers=4, hidden=64, vocab=400)
-    lm = load_model(d, dtype="fp32", mtp=False)
+    lm = load_model(d, dtype="fp32", mtp=True)
     st = Settings()
     ph, ps = serve_prefill(lm, max_len=MAX_LEN, slots=N, settings=st)
-    dh, ds = serve_decode(lm, engines=("bf16", "fp8"), max_len=MAX_LEN, slots=N, settings=st, default_engine="fp8")
+    dh, ds = serve_decode(
+        lm, engines=("bf16", "fp8", "mtp"), max_len=MAX_LEN, slots=N, settings=st, default_engine="fp8"
+    )
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
     c = Client(rh.address)
     end = time.monotonic() + 60
     while c.health() != "SERVING" and time.monotonic() < end:
         time.sleep(0.05)
     ref = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
+    assert hasattr(lm.model, "mtp")
     yield c, ps, ds, ref
     c.close()
     stop_router(rh, rs, 0)
@@ -48,16 +52,16 @@ def _prompt(i):
     return [(31 * i + 7 * j) % 390 + 5 for j in range(4 + 2 * i)]
 
 
-def _gen(c, i, engine):
+def _gen(c, i, engine, mode="exact"):
     out = []
     for d in c.generate(
-        token_ids=_prompt(i), max_new_tokens=NEW, mode="exact", engine=engine, ignore_eos=True, timeout=120
+        token_ids=_prompt(i), max_new_tokens=NEW, mode=mode, engine=engine, ignore_eos=True, timeout=120
     ):
         out += d.token_ids
     return out
 
 
-@pytest.mark.parametrize("engine", ["fp8", "bf16"])
+@pytest.mark.parametrize("engine", ["fp8", "bf16", "mtp"])
 def test_concurrent_exact_sessions_equal_the_exact_engine_and_batch(cluster, engine):
     c, ps, ds, ref = cluster
     want = [ref.generate(_prompt(i), NEW) for i in range(N)]
@@ -67,3 +71,15 @@ def test_concurrent_exact_sessions_equal_the_exact_engine_and_batch(cluster, eng
     assert got == want
     assert ps.engine.verifies.max_items > 1 or v0 > 1  # verify blocks of several sessions in one pass
     assert ds.engine.drafts.max_items > 1 or d0 > 1  # drafts of several sessions in one step
+
+
+def test_concurrent_fast_mtp_sessions_verify_together_and_equal_bf16(cluster):
+    """Fast mode, engine mtp: each session's MTP chain, then one verify pass for every session's block
+    (decode_worker/mtp.py rounds); the output equals the exact AR tokens (mtp == bf16 == exact)."""
+    c, ps, ds, ref = cluster
+    want = [ref.generate(_prompt(i), NEW) for i in range(N)]
+    r0 = ds.engine.mtp_rounds.max_items
+    with ThreadPoolExecutor(N) as ex:
+        got = list(ex.map(lambda i: _gen(c, i, "mtp", mode="fast"), range(N)))
+    assert got == want
+    assert max(r0, ds.engine.mtp_rounds.max_items) > 1
