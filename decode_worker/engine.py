@@ -273,6 +273,20 @@ class DecodeEngine:
         finally:
             job.close()
 
+    def fill_step_stats(self, out, reset: bool = False) -> None:
+        """WorkerStats' batched-work fields (steps, their rows and durations, gathered batches)."""
+        sched = self._scheduler
+        if sched is not None:
+            times = sorted(sched.step_s)
+            if reset:
+                sched.step_s.clear()
+            out.steps, out.step_rows, out.max_step_rows = sched.steps, sched.rows, sched.max_rows
+            if times:
+                out.step_s_p50 = times[len(times) // 2]
+                out.step_s_p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+        gs = (self.drafts, self.mtp_rounds)
+        out.gathered_batches, out.gathered_items = sum(g.batches for g in gs), sum(g.items for g in gs)
+
     def close(self) -> None:
         """Stops the step scheduler's thread, if it runs; a later decode starts a new one."""
         with self._compute:

@@ -86,6 +86,7 @@ class StepScheduler:
         self.steps = 0  # steps run, and rows in them (stats; batch size = rows / steps)
         self.rows = 0
         self.max_rows = 0  # the largest step
+        self.step_s: collections.deque[float] = collections.deque(maxlen=4096)  # recent step durations
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -157,7 +158,9 @@ class StepScheduler:
             for jobs in groups.values():
                 try:
                     with self._lock:
+                        t0 = time.perf_counter()
                         toks = self._step(jobs[0].runner, [j.slot for j in jobs])
+                        self.step_s.append(time.perf_counter() - t0)
                 except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
                     toks, err = [None] * len(jobs), e
                 else:

@@ -16,6 +16,7 @@ from baton.client import Client
 from baton.settings import Settings
 
 N, NEW = 24, 40
+CLUSTER_ADDR: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,7 @@ def cluster(tmp_path_factory):
     ph, _ = serve_prefill(lm, max_len=160, slots=N, settings=st)
     dh, ds = serve_decode(lm, engines=("bf16",), max_len=160, slots=N, settings=st, default_engine="bf16")
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
+    CLUSTER_ADDR["decode"] = dh.address
     c = Client(rh.address)
     end = time.monotonic() + 60
     while c.health() != "SERVING" and time.monotonic() < end:
@@ -59,3 +61,24 @@ def test_24_streams_at_once_complete_exactly_and_step_together(cluster):
     assert all(len(t) == NEW for t in together)
     sched = ds.engine._scheduler
     assert sched.max_rows > 16, sched.max_rows  # the 24 sessions decoded in the same steps
+
+
+def test_get_stats_reports_the_batched_steps(cluster):
+    """WorkerStats over gRPC: the decode worker's steps, their rows and durations; reset_steps clears
+    the duration window only."""
+    import grpc
+
+    from baton.v1 import common_pb2, decode_pb2_grpc
+
+    c, ds = cluster
+    with ThreadPoolExecutor(4) as ex:
+        list(ex.map(lambda i: _gen(c, i), range(4)))
+    sched = ds.engine._scheduler  # the in-process servicer's: compare the RPC's numbers with it
+    ch = grpc.insecure_channel(CLUSTER_ADDR["decode"])
+    stub = decode_pb2_grpc.DecodeWorkerStub(ch)
+    st = stub.GetStats(common_pb2.WorkerStatsRequest(reset_steps=True), timeout=5)
+    assert st.steps == sched.steps > 0 and st.step_rows == sched.rows and st.max_step_rows == sched.max_rows
+    assert 0 < st.step_s_p50 <= st.step_s_p99
+    st2 = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+    assert st2.steps == st.steps and st2.step_s_p99 == 0.0  # the window was reset, the counters not
+    ch.close()
