@@ -5,7 +5,9 @@ Lifecycle of a job (one Decode call of one bf16 / fp8 session):
     Job.next() -> int | None    the next token: from the job's queue, else blocks until a step made one;
                                 None once the job is done (max_new_tokens reached, or the last token was
                                 an end) and its queue is drained
-    Job.close()                 leaves at the next step boundary (the consumer stopped early)
+    Job.close()                 leaves at the next step boundary (the consumer stopped early); returns
+                                once no step holds the job, so the caller may free the slot (and its KV
+                                pages) right after: a step gathered before the close skips it
 A step: every job that wants a token, grouped by runner; each group is one `step(runner, slots)` call under
 the engine's compute lock, which feeds every slot its pending token and sets the slot's next one
 (ModelRunner.ar_batch). The new token goes to the job's queue.
@@ -82,6 +84,7 @@ class StepScheduler:
         self._step, self._lock, self.gather_s = step, lock, gather_s
         self._cv = threading.Condition()
         self._jobs: list[Job] = []
+        self._running: set[Job] = set()  # the jobs of the step being run (close() waits for them)
         self._stopped = False
         self.steps = 0  # steps run, and rows in them (stats; batch size = rows / steps)
         self.rows = 0
@@ -126,6 +129,8 @@ class StepScheduler:
             if job in self._jobs:
                 self._jobs.remove(job)
             self._cv.notify_all()
+            while job in self._running:  # a step already running with it: its slot is in use until it ends
+                self._cv.wait()
 
     # ---- the thread -------------------------------------------------------------------------------
     def _gather(self) -> list[Job] | None:
@@ -156,6 +161,11 @@ class StepScheduler:
             for j in batch:
                 groups.setdefault(id(j.runner), []).append(j)
             for jobs in groups.values():
+                with self._cv:  # closed since the gather: left out (its slot may be freed already)
+                    jobs = [j for j in jobs if not j.done]
+                    self._running.update(jobs)
+                if not jobs:
+                    continue
                 try:
                     with self._lock:
                         t0 = time.perf_counter()
@@ -165,6 +175,10 @@ class StepScheduler:
                     toks, err = [None] * len(jobs), e
                 else:
                     err = None
+                finally:
+                    with self._cv:
+                        self._running.difference_update(jobs)
+                        self._cv.notify_all()
                 self.steps += 1
                 self.rows += len(jobs)
                 self.max_rows = max(self.max_rows, len(jobs))
