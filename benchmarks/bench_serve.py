@@ -32,6 +32,9 @@ Steps, in order:
     `bench` extra), else `--report FILE.json` makes them later on any machine.
 
 Per point:
+    decode_steps, decode_mean_rows, decode_step_s_p50 / _p99
+                       the decode workers' batched AR steps during the point (WorkerStats): how many, their
+                       mean rows, their duration (the worst worker's p99: decode steps while prefills run)
     tok_s              output tokens of every completed stream / wall time of the point (the start -> the
                        last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
@@ -78,7 +81,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
-from benchmarks.load import Serve, pct  # noqa: E402
+from benchmarks.load import Serve, decode_steps, pct  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -327,6 +330,35 @@ def rate_point(
         "arrivals_s": round(schedule[-1], 3) if schedule else 0.0,
         "dispatch_late_s_max": round(late, 4),
     } | summarize(samples, wall, cpu)
+
+
+class _StepStats:
+    """Per point: the decode workers' batched steps during it (load.decode_steps), as decode_* fields;
+    {} when the workers cannot tell (an older worker, or no address line)."""
+
+    def __init__(self, serve, token):
+        self.serve, self.token, self.s0 = serve, token, None
+
+    def start(self) -> None:
+        try:
+            self.s0 = decode_steps(self.serve.workers(), self.token, reset=True)
+        except Exception:  # noqa: BLE001 - the point runs without step stats
+            self.s0 = None
+
+    def read(self) -> dict:
+        if self.s0 is None:
+            return {}
+        try:
+            s1 = decode_steps(self.serve.workers(), self.token)
+        except Exception:  # noqa: BLE001
+            return {}
+        steps, rows = s1["steps"] - self.s0["steps"], s1["rows"] - self.s0["rows"]
+        return {
+            "decode_steps": steps,
+            "decode_mean_rows": round(rows / steps, 2) if steps else 0.0,
+            "decode_step_s_p50": round(s1["step_s_p50"], 5),
+            "decode_step_s_p99": round(s1["step_s_p99"], 5),
+        }
 
 
 def _point(addr: str, token: str, n: int, requests: int, max_new: int, engine: str, ref: dict) -> dict:
@@ -581,22 +613,26 @@ def run(a, argv: list[str]) -> dict:
                             if s.status == "OK":
                                 r[pi] = s.tokens
                 res["prepare"]["alone_reference_s"] = round(time.monotonic() - t1, 1)
+            steps = _StepStats(serve, token)
             for w, r in zip(workloads, refs):
                 for n in a.points:
                     jobs = w.jobs(r, 0, n * a.requests)
                     per = [[jobs[i + k * n] for k in range(a.requests)] for i in range(n)]
-                    points.append({"workload": w.name} | closed_point(addr, token, per, a.engine, a.timeout))
+                    steps.start()
+                    pt = closed_point(addr, token, per, a.engine, a.timeout)
+                    points.append({"workload": w.name} | pt | steps.read())
                     print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
                 for rate in a.rates:
                     jobs = w.jobs(r, 0, a.num_prompts)
                     sched = poisson_schedule(len(jobs), rate, a.seed)
+                    steps.start()
                     pt = rate_point(addr, token, rate, jobs, sched, a.engine, a.timeout)
-                    points.append({"workload": w.name} | pt)
+                    points.append({"workload": w.name} | pt | steps.read())
                     print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
         finally:
             res["serve"]["exit_code"] = serve.stop()
             res["serve"]["worker_exits"] = [ln.split("baton: ", 1)[1] for ln in serve.err if " exited with code " in ln]
-            if serve.proc.returncode not in (0, None) or not points:
+            if serve.proc.returncode not in (0, None) or not points or any(p.get("errors") for p in points):
                 res["serve"]["stderr_tail"] = serve.err[-40:]
     res["warmup"] = warm
     from benchmarks.report import machine

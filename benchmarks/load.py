@@ -144,6 +144,27 @@ def worker_sessions(addresses: dict[str, str], token: str | None) -> dict[str, i
     return out
 
 
+def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = False) -> dict:
+    """The decode workers' batched-step stats (WorkerStats): steps, mean rows a step, the largest step,
+    step duration p50 / p99 (the worst worker's) since the last reset; reset=True starts a new window."""
+    from baton.rpc import make_channel
+    from baton.settings import Settings
+    from baton.v1 import common_pb2, decode_pb2_grpc
+
+    steps = rows = biggest = 0
+    p50 = p99 = 0.0
+    for name, addr in addresses.items():
+        if not name.startswith("decode"):
+            continue
+        with make_channel(addr, Settings(token=token)) as ch:
+            st = decode_pb2_grpc.DecodeWorkerStub(ch).GetStats(
+                common_pb2.WorkerStatsRequest(reset_steps=reset), timeout=5
+            )
+        steps, rows, biggest = steps + st.steps, rows + st.step_rows, max(biggest, st.max_step_rows)
+        p50, p99 = max(p50, st.step_s_p50), max(p99, st.step_s_p99)
+    return {"steps": steps, "rows": rows, "max_rows": biggest, "step_s_p50": p50, "step_s_p99": p99}
+
+
 def settle_sessions(addresses, token, timeout: float) -> tuple[dict[str, int], float]:
     t0 = time.monotonic()
     while True:

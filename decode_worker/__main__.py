@@ -1,6 +1,7 @@
 """`python -m decode_worker --model DIR --port P --engine bf16|fp8|mtp [--engines bf16,mtp] ...`
 (benchmarks: `--random-init SHAPE --seed N` instead of --model, the same on every worker)
-bf16 / fp8 decode with the pipelined AR loop by default; `--no-pipeline`: the plain loop.
+bf16 / fp8 sessions step together (the batched step scheduler) by default; `--pipeline`: each session
+alone in the pipelined AR loop (batch 1's fastest, no batching).
 
 Lifecycle: parse options -> settings (env + --token-file) -> load the model (+ FP8 copy), capture
 CUDA graphs on cuda, log progress -> bind -> health SERVING -> print "decode: serving on HOST:PORT"
@@ -42,10 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pipeline",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="bf16 / fp8: launch each AR step before the previous token is read (ping-pong GDN "
-        "buffers: one more GDN state per slot; tokens identical); default on, "
-        "--no-pipeline: the plain AR loop",
+        default=False,
+        help="bf16 / fp8: each session alone in the pipelined AR loop (each step launched before the "
+        "previous token is read; ping-pong GDN buffers: one more GDN state per slot; no batching; tokens "
+        "identical). Default off: every session steps together in batched steps",
     )
     return p
 

@@ -38,7 +38,7 @@ class DecodeActor(WorkerActor):
         fp8_mode: str = "full",
         mtp_k: int = 4,
         capture_graphs: bool = True,
-        pipeline: bool = True,
+        pipeline: bool = False,
         kv_pages: int | None = None,
         gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     ):

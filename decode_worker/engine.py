@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton.engine.gather import Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
-from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay, verify_block
+from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay
 from baton.handoff.slot_fill import SlotFill
+from decode_worker import mtp
 
 ENGINES = ("bf16", "fp8", "mtp")
 RUN_AHEAD = 2  # tokens a released-at-end batched decode may be computed ahead of its reader
@@ -54,6 +56,7 @@ class DecodeSession:
     mtp_start: int = 0
     rounds: int = 0
     emitted_in_rounds: int = 0
+    exact: bool = False  # has drafted (exact mode): counted by the Draft gather
 
     @property
     def mean_accept_len(self) -> float:
@@ -86,6 +89,12 @@ class DecodeEngine:
             ttl_s,
             {k: r.state.slots for k, r in by_id.items()},
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
+        )
+        # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
+        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions)
+        self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
+        self.mtp_rounds = Gather(
+            lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active
         )
 
     @property
@@ -193,20 +202,31 @@ class DecodeEngine:
         if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
-        produced = 0
-        while produced < max_new_tokens:
-            with self._compute:
-                toks = self._mtp_round(s, min(k, self.width - 2)) if s.engine == "mtp" else self._ar_step(s)
-            toks = toks[: max_new_tokens - produced]
-            for i, t in enumerate(toks):
-                if t in ends:
-                    toks = toks[: i + 1]
-                    break
-            produced += len(toks)
-            s.last_used = time.monotonic()
-            yield toks
-            if toks and toks[-1] in ends:
-                return
+        produced, kk = 0, min(k, self.width - 2)
+        if s.engine == "mtp":
+            with self._mtp_lock:
+                self._mtp_active += 1
+        try:
+            while produced < max_new_tokens:
+                if s.engine == "mtp":  # rounds of concurrent mtp sessions verify in one pass (mtp.rounds)
+                    toks = self.mtp_rounds.call((s, kk))
+                else:
+                    with self._compute:
+                        toks = self._ar_step(s)
+                toks = toks[: max_new_tokens - produced]
+                for i, t in enumerate(toks):
+                    if t in ends:
+                        toks = toks[: i + 1]
+                        break
+                produced += len(toks)
+                s.last_used = time.monotonic()
+                yield toks
+                if toks and toks[-1] in ends:
+                    return
+        finally:
+            if s.engine == "mtp":
+                with self._mtp_lock:
+                    self._mtp_active -= 1
 
     def _ar_pipelined(self, s: DecodeSession, max_new_tokens: int, ends: set):
         """bf16 / fp8 AR with step t+1 launched before token t is read, so the host's launch and
@@ -262,6 +282,20 @@ class DecodeEngine:
         finally:
             job.close()
 
+    def fill_step_stats(self, out, reset: bool = False) -> None:
+        """WorkerStats' batched-work fields (steps, their rows and durations, gathered batches)."""
+        sched = self._scheduler
+        if sched is not None:
+            times = sorted(sched.step_s)
+            if reset:
+                sched.step_s.clear()
+            out.steps, out.step_rows, out.max_step_rows = sched.steps, sched.rows, sched.max_rows
+            if times:
+                out.step_s_p50 = times[len(times) // 2]
+                out.step_s_p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+        gs = (self.drafts, self.mtp_rounds)
+        out.gathered_batches, out.gathered_items = sum(g.batches for g in gs), sum(g.items for g in gs)
+
     def close(self) -> None:
         """Stops the step scheduler's thread, if it runs; a later decode starts a new one."""
         with self._compute:
@@ -272,78 +306,73 @@ class DecodeEngine:
     def _ar_step(self, s: DecodeSession) -> list[int]:
         return [s.runner.ar_step(s.slot)]  # window checked once by decode()
 
-    def _mtp_chain(self, s: DecodeSession, k: int) -> list[int]:
-        """Finalises pending MTP pairs and drafts k tokens. Pending pairs: (h_{P-1}, x_P) ... ."""
-        r = s.runner
-        n = len(s.mtp_pairs_ids)
-        r.mtp_h.zero_()
-        r.mtp_h[:n].copy_(s.mtp_pairs_h)
-        r.mtp_ids.zero_()
-        r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
-        r.mtp_start.fill_(s.mtp_start)
-        r.replay_mtp(s.slot, n)
-        drafts = [self.drafter.propose(s, 0, int(r.mtp_tok[n - 1]))]
-        h = r.mtp_out[n - 1].clone()  # chained: the MTP output row is the next step's hidden
-        idx = s.mtp_start + n  # KV index of the next pair
-        for i in range(1, k):
-            r.mtp_h[0].copy_(h)
-            r.mtp_ids[0] = drafts[-1]
-            r.mtp_start.fill_(idx)
-            r.replay_mtp(s.slot, 1)
-            drafts.append(self.drafter.propose(s, i, int(r.mtp_tok[0])))
-            h = r.mtp_out[0].clone()
-            idx += 1
-        return drafts
-
-    def _accept(self, s: DecodeSession, t0: int, drafts: list[int]) -> tuple[int, int]:
-        """BF16 verify of [t0, drafts] -> (m, next); state left consumed t0, d1..dm; hidden rows kept."""
-        return verify_block(s.runner, s.slot, [t0] + drafts)
-
-    @staticmethod
-    def _pending_pairs(s: DecodeSession, p: int, ids: list[int]) -> None:
-        """After m+1 accepted rows from position p: pairs (h_{p-1}, ids[0]) .. (h_{p+m}, next) at KV
-        index p-1 onward; h_p.. come from the runner's h_rows of the accepting rows call."""
-        h_prev = s.mtp_pairs_h[-1:].clone()  # h_{p-1}
-        s.mtp_pairs_h = torch.cat([h_prev, s.runner.h_rows[: len(ids) - 1]])
-        s.mtp_pairs_ids = ids
-        s.mtp_start = p - 1
-
-    def _mtp_round(self, s: DecodeSession, k: int) -> list[int]:
-        r = s.runner
-        t0 = int(r.state.next_token[s.slot])
-        p = int(r.state.position[s.slot])
-        drafts = self._mtp_chain(s, k)
-        m, nxt = self._accept(s, t0, drafts)
-        self._pending_pairs(s, p, [t0] + drafts[:m] + [nxt])
-        s.rounds += 1
-        s.emitted_in_rounds += m + 1
-        return drafts[:m] + [nxt]
-
     # ---- exact mode ----------------------------------------------------------------------------
     def draft(self, session_id: str, k: int, verdict: tuple[int, int] | None) -> list[int]:
+        """Exact mode: apply the verdict on the last drafts, then propose k new ones; concurrent Draft calls
+        share their drafting steps (self.drafts -> _draft_batch), each bitwise as alone."""
         s = self.get(session_id)
         if not 1 <= k <= self.width - 2:
             raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
-        r, st = s.runner, s.runner.state
-        with self._compute:
-            # check before consuming the verdict, so a refusal leaves the session retryable
-            pending = len(s.drafts) + 1 if verdict is not None else 0
-            r.check_window(int(st.position[s.slot]) + pending, k + 2)
-            r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
-            if verdict is not None:
-                self._apply_verdict(s, *verdict)
-            if s.engine == "mtp":
-                s.drafts = self._mtp_chain(s, k)
-                s.draft_t0 = int(st.next_token[s.slot])
-                return list(s.drafts)
-            s.draft_t0 = t = int(st.next_token[s.slot])
+        s.exact = True
+        got = self.drafts.call((s, k, verdict))
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def _exact_sessions(self) -> int:
+        return sum(1 for s in self._table.sessions() if s.exact)
+
+    def _draft_batch(self, items: list) -> list:
+        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or the ValueError of that
+        item alone. Verdicts and mtp chains run per session; bf16 / fp8 drafting runs position by position
+        over every such session at once (feed the current token as next_token, ar_batch, propose)."""
+        out: list = [None] * len(items)
+        ar: list[int] = []
+        seen: set[str] = set()
+        for i, (s, k, verdict) in enumerate(items):
+            r, st = s.runner, s.runner.state
+            try:
+                if s.id in seen:
+                    raise ValueError("session: another Draft of this session is in flight")
+                seen.add(s.id)
+                # check before consuming the verdict, so a refusal leaves the session retryable
+                pending = len(s.drafts) + 1 if verdict is not None else 0
+                r.check_window(int(st.position[s.slot]) + pending, k + 2)
+                r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
+                if verdict is not None:
+                    self._apply_verdict(s, *verdict)
+                if s.engine == "mtp":
+                    s.drafts = mtp.chain(self, s, k)
+                    s.draft_t0 = int(st.next_token[s.slot])
+                    out[i] = list(s.drafts)
+                    continue
+            except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
+                out[i] = e
+                continue
+            s.draft_t0 = int(st.next_token[s.slot])
             st.snapshot(s.slot)
-            drafts = []
-            for i in range(k):
-                t = self.drafter.propose(s, i, r.rows(s.slot, [t])[0])  # the proposal is what the state consumes
-                drafts.append(t)
-            s.drafts = drafts  # state consumed t0, d1..d_{k-1}; dk is pending
-            return list(drafts)
+            s.drafts = []
+            ar.append(i)
+        cur = {i: items[i][0].draft_t0 for i in ar}  # the token each session feeds next
+        for step in range(max((items[i][1] for i in ar), default=0)):
+            by_runner: dict[int, list[int]] = {}
+            for i in ar:
+                if items[i][1] > step:
+                    by_runner.setdefault(id(items[i][0].runner), []).append(i)
+            for idx in by_runner.values():
+                r = items[idx[0]][0].runner
+                for i in idx:
+                    r.state.next_token[items[i][0].slot] = cur[i]
+                owns = r.ar_batch([items[i][0].slot for i in idx])
+                for i, own in zip(idx, owns):
+                    s = items[i][0]
+                    cur[i] = self.drafter.propose(s, step, own)  # the proposal is what the state consumes next
+                    s.drafts.append(cur[i])
+        for i in ar:  # state consumed t0, d1..d_{k-1}; dk is pending; next_token is t0 again until the verdict
+            s = items[i][0]
+            s.runner.state.next_token[s.slot] = s.draft_t0
+            out[i] = list(s.drafts)
+        return out
 
     def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
         r, st = s.runner, s.runner.state
@@ -353,7 +382,7 @@ class DecodeEngine:
         if s.engine == "mtp":  # MTP drafting consumed nothing on the BF16 state
             p = int(st.position[s.slot])
             r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
-            self._pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt])
+            mtp.pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt], r.h_rows)
         else:
             restore, replay = rows_to_replay(s.drafts, s.draft_t0, m)
             if restore:

@@ -16,7 +16,7 @@ from baton.engine.speculation import GREEDY, Drafter
 from baton.loading import LoadedModel, load_model
 from baton.settings import Settings
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
-from baton.worker.process import WorkerHandle, start_serving
+from baton.worker.process import WorkerHandle, start_serving, worker_threads
 from decode_worker.engine import ENGINES, DecodeEngine
 from decode_worker.service import DEFAULT_MTP_K, SERVICE, DecodeServicer, add_to_server
 
@@ -64,18 +64,19 @@ def serve_decode(
     capture_graphs: bool = True,
     fp8_mode: str = "full",
     mtp_k: int = DEFAULT_MTP_K,
-    max_workers: int = 16,
+    max_workers: int | None = None,
     max_concurrent_rpcs: int = 256,
-    pipeline: bool = True,
+    pipeline: bool = False,
     drafter: Drafter | None = None,
     kv_pages: int | None = None,
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
 ) -> tuple[WorkerHandle, DecodeServicer]:
     """Loads the model, builds one runner for bf16 + mtp (BF16 model with its MTP head) and one for fp8
     (an FP8 copy), captures CUDA graphs (cuda only), serves; health SERVING once all of that is done.
-    pipeline (default on): bf16 / fp8 AR steps launched ahead of the token read (ModelRunner(pipeline=True),
-    one more GDN state per slot); tokens identical to the plain loop. False: the plain AR loop. mtp
-    sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain.
+    pipeline (default off): bf16 / fp8 sessions each alone in the pipelined AR loop (ModelRunner(pipeline=True),
+    one more GDN state per slot; no batching); tokens identical. Off: every bf16 / fp8 session steps
+    together through the step scheduler (on CUDA the bucketed batched step, fused_batch.BatchedAR).
+    mtp sessions never pipeline; the exact engine (prefill worker, `baton complete`) stays plain.
     drafter: chooses the draft tokens (baton.engine.speculation.Drafter; None = the model's own greedy).
     kv_pages: each runner's KV pages (baton/engine/pages.py); None: on CUDA sized from gpu_memory_fraction
     of the free memory (shared by the runners, at most slots x the window), on CPU slots x the window."""
@@ -127,13 +128,20 @@ def serve_decode(
     for e, r in {id(r): (e, r) for e, r in runners.items()}.values():
         st = r.state
         log.info("decode: %s runner %s", e, describe(st.pages.pages, st.page_bytes(), slots, max_len))
-    if str(device).startswith("cuda"):  # bf16 / fp8 sessions step together (fused_batch.BatchedAR)
+    if str(device).startswith("cuda") and not pipeline:  # bf16 / fp8 sessions step together (BatchedAR)
         for e in ("bf16", "fp8"):
             if e in runners:
                 runners[e].enable_batching()
     if capture_graphs and str(device).startswith("cuda"):
         _capture(runners)
-    engine = DecodeEngine(runners, default_engine=default_engine, ttl_s=ttl_s, drafter=drafter or GREEDY)
+    engine = DecodeEngine(
+        runners,
+        default_engine=default_engine,
+        ttl_s=ttl_s,
+        drafter=drafter or GREEDY,
+        batch_steps=False if pipeline else None,
+    )
+    sessions = slots * len({id(r) for r in runners.values()})  # bf16 and mtp share a runner
     servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
     handle = start_serving(
         servicer,
@@ -142,8 +150,8 @@ def serve_decode(
         host=host,
         port=port,
         settings=settings,
-        max_workers=max_workers,
-        max_concurrent_rpcs=max_concurrent_rpcs,
+        max_workers=max_workers or worker_threads(sessions),  # None: sized to the sessions
+        max_concurrent_rpcs=max(max_concurrent_rpcs, 4 * sessions),
     )
     log.info(
         "decode: ready on %s (engines=%s, default=%s, slots=%d, max_len=%d, W=%d)",

@@ -277,7 +277,9 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         )
 
     def GetStats(self, request, context):
-        return self.stats()
+        out = self.stats()
+        self.engine.fill_step_stats(out, reset=request.reset_steps)
+        return out
 
 
 def _mean(rounds: int, emitted: int) -> float:

@@ -189,9 +189,11 @@ def router_kwargs(
     model_dir=None,
     token_file=None,
     http_port: int = 0,
+    max_inflight: int | None = None,
 ) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
     return dict(
+        max_inflight=max_inflight,
         host=host,
         port=port,
         prefill=list(prefill),
@@ -228,9 +230,12 @@ def serve_router(
     model_dir=None,
     token_file=None,
     http_port: int = 0,
+    max_inflight: int | None = None,
 ) -> RouterHandle:
-    """Starts the router in this process (router.service / router.__main__ serve_router)."""
+    """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight
+    None: RouterConfig's default."""
     from baton.settings import Settings, read_token_file
+    from router.service import RouterConfig
 
     try:
         from router.service import serve_router as _serve
@@ -248,6 +253,7 @@ def serve_router(
         port=port,
         ray_namespace=ray_namespace,
         http_port=http_port,
+        **({"config": RouterConfig(max_inflight=max_inflight)} if max_inflight else {}),
     )
     return RouterHandle(handle, servicer, stop_router)
 

@@ -78,6 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cuda: share of each worker's free GPU memory its KV pages may take (default: the workers' 0.9; "
         "workers sharing one GPU need a smaller share each)",
     )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Generate calls the router admits at once, past it RESOURCE_EXHAUSTED (default: the larger of 64 "
+        "and the decode workers' sessions)",
+    )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
@@ -300,6 +308,8 @@ def _check(args) -> str | None:
         return "--kv-pages must be >= 1"
     if fraction is not None and not 0.0 < fraction <= 1.0:
         return "--gpu-memory-fraction must be in (0, 1]"
+    if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
+        return "--max-inflight must be >= 1"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
@@ -381,6 +391,7 @@ def run(args) -> int:
             cleanup()
             raise
 
+        from baton.worker.options import DEFAULT_SLOTS
         from deploy.launch import router_kwargs, serve_router
 
         kw = router_kwargs(
@@ -392,6 +403,7 @@ def run(args) -> int:
             model_dir=args.model,
             token_file=args.token_file,
             http_port=args.http_port,
+            max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
         )
         on_serving = None
         if args.ask is not None:

@@ -25,10 +25,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from baton.engine.gather import Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.sampling import Params
 from baton.engine.slots import SlotTable
-from baton.engine.speculation import verify_block
+from baton.engine.speculation import verify_blocks
 from baton.handoff.progress import PrefillProgress
 
 
@@ -72,6 +73,8 @@ class ExactEngine:
         self._table: SlotTable[Session] = SlotTable(
             ttl_s, {0: runner.state.slots}, on_free=lambda _, slot: runner.state.release_pages(slot)
         )
+        # concurrent Verify calls of different sessions run as one batched pass (verify_blocks)
+        self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count)
 
     # ---- sessions ------------------------------------------------------------------------------
     @property
@@ -182,25 +185,46 @@ class ExactEngine:
         return st.export(s.slot, pos), pos, nxt
 
     def verify(self, session_id: str, tokens: list[int]) -> VerifyResult:
+        """One session's block [t0, d1..dk]; concurrent calls of other sessions share its rows pass
+        (self.verifies), each bitwise as alone."""
         s = self.get(session_id)
         k = len(tokens) - 1
         if not 1 <= k < self.width:
             raise ValueError(f"tokens: a block of K={k} drafts; K must be in 1..{self.width - 1}")
         self.runner.check_ids(tokens, "tokens")
-        st = self.runner.state
-        with self._compute:
-            pending = int(st.next_token[s.slot])
-            if tokens[0] != pending:
-                raise ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
-            m, nxt = verify_block(self.runner, s.slot, tokens)  # keeps tokens[0..m] only
-            pos = int(st.position[s.slot])
-            lps = self.runner.sampling.logprobs(s.slot, m + 1)  # rows 0..m picked d1..dm, next
+        got = self.verifies.call((s, tokens))
+        if isinstance(got, BaseException):
+            raise got
+        m, nxt, pos, lps = got
         c = s.counters
         c.drafted += k
         c.accepted += m
         c.rejected_blocks += int(m < k)
         c.verify_blocks += 1
         return VerifyResult(m, nxt, pos, c, lps)
+
+    def _verify_batch(self, items: list[tuple[Session, list[int]]]) -> list:
+        """Under _compute: the blocks of distinct sessions in one verify_blocks pass -> per item (m, next,
+        position, logprobs), or the ValueError / WindowError of that item alone (the others go on)."""
+        st, out, ok = self.runner.state, [None] * len(items), []
+        for i, (s, tokens) in enumerate(items):
+            pending = int(st.next_token[s.slot])
+            if tokens[0] != pending:
+                out[i] = ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
+            elif any(s.slot == items[j][0].slot for j in ok):
+                out[i] = ValueError("tokens: another Verify of this session is in flight")
+            else:
+                try:
+                    self.runner.check_window(int(st.position[s.slot]), len(tokens))
+                    ok.append(i)
+                except ValueError as e:
+                    out[i] = e
+        if ok:
+            res = verify_blocks(self.runner, [(items[i][0].slot, items[i][1]) for i in ok])
+            for i, (m, nxt) in zip(ok, res):
+                slot = items[i][0].slot
+                out[i] = (m, nxt, int(st.position[slot]), self.runner.sampling.logprobs(slot, m + 1))
+        return out
 
     def step(self, session_id: str) -> int:
         """One AR step: consumes the pending token, returns the new one."""

@@ -15,7 +15,7 @@ from baton.loading import LoadedModel, load_model
 from baton.settings import Settings
 from baton.v1 import prefill_pb2_grpc
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
-from baton.worker.process import WorkerHandle, start_serving
+from baton.worker.process import WorkerHandle, start_serving, worker_threads
 from prefill_worker.engine import ExactEngine
 from prefill_worker.service import SERVICE, PrefillServicer
 
@@ -35,7 +35,7 @@ def serve_prefill(
     ttl_s: float = DEFAULT_TTL_S,
     settings: Settings | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    max_workers: int = 16,
+    max_workers: int | None = None,
     max_concurrent_rpcs: int = 256,
     kv_pages: int | None = None,
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
@@ -82,8 +82,8 @@ def serve_prefill(
         host=host,
         port=port,
         settings=settings,
-        max_workers=max_workers,
-        max_concurrent_rpcs=max_concurrent_rpcs,
+        max_workers=max_workers or worker_threads(slots),  # None: sized to the sessions
+        max_concurrent_rpcs=max(max_concurrent_rpcs, 4 * slots),
     )
     log.info(
         "prefill: ready on %s (slots=%d, max_len=%d, W=%d, mtp=%s)",

@@ -362,4 +362,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         )
 
     def GetStats(self, request, context):
-        return self.stats()
+        out = self.stats()
+        g = self.engine.verifies
+        out.gathered_batches, out.gathered_items = g.batches, g.items
+        return out

@@ -40,8 +40,9 @@ import torch
 from baton.models.qwen3_5 import RowGroup, StepContext
 
 
-def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
-    """Validates a batch (before any state is touched); returns it as [(slot, [tokens])]."""
+def check_groups(runner, groups, ckpt_unused: bool = False) -> list[tuple[int, list[int]]]:
+    """Validates a batch (before any state is touched); returns it as [(slot, [tokens])].
+    ckpt_unused: the caller will not read the row checkpoints (they may hold any group's rows)."""
     out: list[tuple[int, list[int]]] = []
     if not groups:
         raise ValueError("rows_batch: no groups")
@@ -58,7 +59,7 @@ def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
             raise ValueError(f"rows_batch: group {i} (slot {slot}): {len(tokens)} tokens, expected 1..{W}")
         runner.check_ids(tokens, f"rows_batch: group {i} (slot {slot})")
         out.append((slot, tokens))
-    if runner.state.ckpt_conv and len(out) > 1 and any(len(t) > 1 for _, t in out):
+    if not ckpt_unused and runner.state.ckpt_conv and len(out) > 1 and any(len(t) > 1 for _, t in out):
         raise ValueError(
             "rows_batch: row checkpoints are kept (one set per runner): a batch of several groups must have"
             " one row per group"
@@ -71,11 +72,19 @@ def check_groups(runner, groups) -> list[tuple[int, list[int]]]:
 
 
 @torch.inference_mode()
-def rows_batch(runner, groups) -> list[list[int]]:
-    """See the module docstring. Raises ValueError / WindowError (state untouched) on a bad batch."""
-    batch = check_groups(runner, groups)
-    if runner.fast is not None:  # no per-row slots in the fused kernels yet: one group at a time
-        return [runner.rows(slot, tokens) for slot, tokens in batch]
+def rows_batch(runner, groups, ckpt_unused: bool = False, hidden_out: list | None = None) -> list[list[int]]:
+    """See the module docstring. Raises ValueError / WindowError (state untouched) on a bad batch.
+    ckpt_unused: several multi-row groups even with row checkpoints kept, whose contents are then
+    undefined (speculation.verify_blocks rewinds from snapshots instead). hidden_out: a list that gets
+    each group's final-normed hidden rows [n, hidden] (copies)."""
+    batch = check_groups(runner, groups, ckpt_unused)
+    if runner.fast is not None:  # no batched rows graph yet: one group at a time
+        out = []
+        for slot, tokens in batch:
+            out.append(runner.rows(slot, tokens))
+            if hidden_out is not None:
+                hidden_out.append(runner.h_rows[: len(tokens)].clone())
+        return out
     W, dev, state = runner.width, runner.device, runner.state
     total = sum(len(t) for _, t in batch)
     T = -(-total // W) * W  # C chunks of W rows
@@ -102,6 +111,8 @@ def rows_batch(runner, groups) -> list[list[int]]:
     tok = smp.pick(logits, slots, rows, positions, [g.slot for g in rgroups])  # [T], W-row chunks
     for g in rgroups:
         state.hidden[g.slot].copy_(h[g.off + g.n - 1])
+        if hidden_out is not None:
+            hidden_out.append(h[g.off : g.off + g.n].clone())
     if len(rgroups) == 1:  # as rows(): the static buffers hold this block
         runner.tok_out.copy_(tok[:W])
         runner.h_rows.copy_(h[:W])

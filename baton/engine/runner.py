@@ -115,7 +115,7 @@ class ModelRunner:
         """The captured graph of `key`, or None: none captured, or `slot` samples / asks for logprobs
         (graphs are captured greedy; such a slot runs the same kernels eagerly, bitwise the same step)."""
         g = self.graphs.get(key)
-        if g is not None and key[0] != "mtp" and not self.sampling.plain(slot):
+        if g is not None and not self.sampling.plain(slot):
             return None
         return g
 
@@ -228,7 +228,9 @@ class ModelRunner:
         st.next_token.index_copy_(0, sb, self.tok_out[:1])
 
     def compute_mtp(self, slot: int, n: int) -> None:
-        """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out."""
+        """MTP head over n pairs (mtp_h[i], mtp_ids[i]) at KV indexes mtp_start + i -> mtp_tok, mtp_out.
+        mtp_tok[i] is picked as the exact model would pick the token at position mtp_start + i + 2 (the
+        slot's sampling row: greedy, or seeded noise), so sampled drafts agree with the exact picks."""
         pos = self.mtp_start + self.arange_w
         if self.fast is not None:
             out = self.fast.mtp(self.mtp_h, self.mtp_ids, self.state, self.slot_buf, n, pos)
@@ -242,7 +244,12 @@ class ModelRunner:
                 StepContext(slot=slot, width=self.width, n=n, rope_offset=1),
             )
         head = self.fast.head if self.fast is not None else self.model.logits
-        self.mtp_tok.copy_(head(out, rows=n).argmax(-1))
+        logits = head(out, rows=n)
+        if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+            self.mtp_tok.copy_(logits.argmax(-1))  # graphs are greedy (graph_for)
+        else:  # a draft with the noise the exact model's pick at its position uses: pair t predicts t + 2
+            sb = self.slot_buf if self.fast is not None else torch.full_like(self.slot_buf, slot)
+            self.mtp_tok.copy_(self.sampling.pick(logits, sb.expand(self.width), self.arange_w, pos + 2, (slot,)))
         self.mtp_out.copy_(out)
 
     @torch.inference_mode()
@@ -331,10 +338,15 @@ class ModelRunner:
             self.state.restore(slot)
             self.rows(slot, tokens[: m + 1])
 
-    def rows_batch(self, groups: list[tuple[int, list[int]]]) -> list[list[int]]:
+    def rows_batch(
+        self, groups: list[tuple[int, list[int]]], ckpt_unused: bool = False, hidden_out: list | None = None
+    ) -> list[list[int]]:
         """rows() of several slots in one batched eager step: groups = [(slot, tokens)] with distinct
-        slots, 1 <= len(tokens) <= W; returns each group's greedy tokens. See baton/engine/batch.py."""
-        return batch.rows_batch(self, groups)
+        slots, 1 <= len(tokens) <= W; returns each group's greedy tokens. See baton/engine/batch.py.
+        Each group's KV pages are grown first, as rows() does (a batched verify writes K+1 rows)."""
+        for slot, tokens in groups:
+            self.reserve(int(slot), int(self.state.position[int(slot)]) + len(tokens))
+        return batch.rows_batch(self, groups, ckpt_unused, hidden_out)
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
         """Feeds tokens (1 <= n <= W) and returns the greedy token after each of them."""

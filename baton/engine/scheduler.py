@@ -88,6 +88,8 @@ class StepScheduler:
         self._stopped = False
         self.steps = 0  # steps run, and rows in them (stats; batch size = rows / steps)
         self.rows = 0
+        self.max_rows = 0  # the largest step
+        self.step_s: collections.deque[float] = collections.deque(maxlen=4096)  # recent step durations
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -166,7 +168,9 @@ class StepScheduler:
                     continue
                 try:
                     with self._lock:
+                        t0 = time.perf_counter()
                         toks = self._step(jobs[0].runner, [j.slot for j in jobs])
+                        self.step_s.append(time.perf_counter() - t0)
                 except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
                     toks, err = [None] * len(jobs), e
                 else:
@@ -177,6 +181,7 @@ class StepScheduler:
                         self._cv.notify_all()
                 self.steps += 1
                 self.rows += len(jobs)
+                self.max_rows = max(self.max_rows, len(jobs))
                 with self._cv:
                     for j, t in zip(jobs, toks):
                         j.asking, j.error = False, err

@@ -60,6 +60,39 @@ def verify_block(runner, slot: int, tokens: list[int]) -> tuple[int, int]:
     return m, greedy[m]
 
 
+def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None) -> list[tuple[int, int]]:
+    """verify_block for several sessions' blocks [(slot, [t0, d1..dk])] (distinct slots) in one batched
+    rows pass (ModelRunner.rows_batch): each slot ends bitwise as verify_block alone would leave it.
+    A block that accepts m < k drafts is rewound from its slot's snapshot and its m+1 kept rows are
+    recomputed (one more batched pass for all such blocks): row and batch invariance make that state
+    the one of feeding t0, d1..dm alone. One block: verify_block itself (its row checkpoints).
+    hidden_out: a list that gets each block's final-normed hidden rows [k+1, hidden] (what the runner's
+    h_rows holds after verify_block alone; the MTP pairs read them)."""
+    if len(blocks) == 1:
+        res = verify_block(runner, *blocks[0])
+        if hidden_out is not None:
+            hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
+        return [res]
+    st = runner.state
+    for slot, tokens in blocks:
+        runner.check_window(int(st.position[slot]), len(tokens))
+    for slot, _ in blocks:
+        st.snapshot(slot)
+    picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
+    out, redo = [], []
+    for (slot, tokens), greedy in zip(blocks, picks):
+        m = accepted_length(tokens[1:], greedy)
+        out.append((m, greedy[m]))
+        if m + 1 < len(tokens):
+            st.restore(slot)
+            redo.append((slot, tokens[: m + 1]))
+    if redo:
+        runner.rows_batch(redo, ckpt_unused=True)
+    for (slot, _), (_, nxt) in zip(blocks, out):
+        st.next_token[slot] = nxt
+    return out
+
+
 def rows_to_replay(drafts: list[int], t0: int, m: int) -> tuple[bool, list[int]]:
     """The drafter's rewind after a verdict of m out of k drafts, for a drafting state that consumed
     t0, d1..d_{k-1} (a bf16 / fp8 Draft call: dk is pending). -> (restore the snapshot taken before t0?,

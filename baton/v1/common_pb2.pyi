@@ -99,11 +99,13 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class WorkerStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("reset_steps",)
+    RESET_STEPS_FIELD_NUMBER: _ClassVar[int]
+    reset_steps: bool
+    def __init__(self, reset_steps: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total")
+    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +113,13 @@ class WorkerStats(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_ROWS_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_P50_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_P99_FIELD_NUMBER: _ClassVar[int]
+    GATHERED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    GATHERED_ITEMS_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     session_bytes: int
     outstanding: int
@@ -118,7 +127,14 @@ class WorkerStats(_message.Message):
     model_fingerprint: str
     max_len: int
     requests_total: int
-    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ...) -> None: ...
+    steps: int
+    step_rows: int
+    max_step_rows: int
+    step_s_p50: float
+    step_s_p99: float
+    gathered_batches: int
+    gathered_items: int
+    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ...) -> None: ...
 
 class BridgeReport(_message.Message):
     __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks", "timeline")

@@ -70,6 +70,15 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+def worker_threads(sessions: int) -> int:
+    """gRPC handler threads a worker needs for `sessions` live sessions: each may hold a streaming call
+    (Decode, or Prefill waiting for its turn) and a hand-off stream at once, plus room for health,
+    Release and the control calls. A sync gRPC server runs one RPC per thread: with fewer, the calls
+    past the pool queue behind streams that last a whole generation (a LoadState then waits for a Decode
+    to finish, and the Prefill that pushes it times out)."""
+    return 2 * sessions + 16
+
+
 def start_serving(
     servicer, add_to_server, service: str, *, host, port, settings, max_workers: int, max_concurrent_rpcs: int
 ) -> "WorkerHandle":

@@ -148,20 +148,21 @@ def test_the_decode_worker_pipelines_by_default(tmp_path):
     from decode_worker.serve import serve_decode
 
     parse = build_parser().parse_args
-    assert parse([]).pipeline is True
+    assert parse([]).pipeline is False
     assert parse(["--pipeline"]).pipeline is True
     assert parse(["--no-pipeline"]).pipeline is False
-    assert inspect.signature(serve_decode).parameters["pipeline"].default is True
-    assert inspect.signature(DecodeActor.__init__).parameters["pipeline"].default is True
+    assert inspect.signature(serve_decode).parameters["pipeline"].default is False
+    assert inspect.signature(DecodeActor.__init__).parameters["pipeline"].default is False
     assert inspect.signature(ModelRunner).parameters["pipeline"].default is False
 
     lm = load_model(make_tiny_dir(tmp_path), dtype="fp32")
-    for kw, want in (({}, True), ({"pipeline": False}, False)):
+    for kw, want in (({}, False), ({"pipeline": True}, True)):
         h, s = serve_decode(lm, engines=("bf16", "fp8", "mtp"), max_len=64, width=4, slots=1, settings=Settings(), **kw)
         try:
             runners = s.engine.runners
             assert set(runners) == {"bf16", "fp8", "mtp"}
             assert runners["bf16"] is runners["mtp"]
             assert runners["bf16"].state.pingpong is want and runners["fp8"].state.pingpong is want
+            assert s.engine.batch_steps is (False if want else None)  # pipelined: each session alone
         finally:
             h.stop(0)

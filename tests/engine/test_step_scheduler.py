@@ -182,3 +182,27 @@ def test_run_ahead_steps_without_the_reader_and_keeps_the_tokens(env):
         assert outs[i] == _decode(alone, a.id, N), i
         alone.release(a.id)
         eng.release(sids[i])
+
+
+def test_close_waits_for_a_step_that_holds_the_job():
+    """Job.close() returns only once no running step holds the job, so the caller may free (and reuse)
+    the slot right after; a step gathered before the close leaves the job out."""
+    started, finished = threading.Event(), threading.Event()
+
+    def step(runner, slots):
+        started.set()
+        time.sleep(0.3)
+        finished.set()
+        return [7] * len(slots)
+
+    sched = StepScheduler(step, threading.Lock())
+    try:
+        job = sched.join(object(), 0, 100, (), ahead=2)  # runs ahead: a step starts without a reader
+        assert started.wait(5)
+        job.close()
+        assert finished.is_set()  # close() waited for the step that held the job
+        n = sched.steps
+        time.sleep(0.1)
+        assert sched.steps == n  # and no step ran it after
+    finally:
+        sched.close()

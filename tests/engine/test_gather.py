@@ -1,0 +1,91 @@
+"""baton/engine/gather.py Gather (concurrent calls run as one batch) and
+baton/engine/speculation.py verify_blocks (several sessions' verify blocks in one batched rows pass, each
+slot bitwise as verify_block alone, on the eager CPU path with row checkpoints kept as the exact engine
+keeps them)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton.engine.gather import Gather
+from baton.engine.runner import ModelRunner
+from baton.engine.speculation import verify_block, verify_blocks
+from baton.loading import load_model
+
+
+def test_concurrent_calls_share_batches_and_get_their_own_results():
+    seen = []
+
+    def run(items):
+        seen.append(list(items))
+        return [x * 10 for x in items]
+
+    g = Gather(run, threading.Lock(), expected=lambda: 8, gather_s=0.5)
+    out = {}
+    th = [threading.Thread(target=lambda i=i: out.__setitem__(i, g.call(i))) for i in range(8)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert out == {i: i * 10 for i in range(8)}
+    assert sum(len(b) for b in seen) == 8 and g.max_items > 1 and g.batches < 8
+    assert g.call(3) == 30  # a lone call leads its own batch
+
+
+def test_a_failing_batch_raises_in_each_caller_and_the_gather_goes_on():
+    calls = []
+
+    def run(items):
+        calls.append(items)
+        if -1 in items:
+            raise RuntimeError("boom")
+        return items
+
+    g = Gather(run, threading.Lock())
+    with pytest.raises(RuntimeError, match="boom"):
+        g.call(-1)
+    assert g.call(5) == 5
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = make_tiny_dir(tmp_path_factory.mktemp("vb"), seed=8, layers=4, hidden=64, vocab=300)
+    return load_model(d, dtype="fp32", mtp=False).model
+
+
+def _state(r, slot):
+    st = r.state
+    return [t.tensor.clone() for t in st.export(slot)] + [st.position[slot].clone(), st.next_token[slot].clone()]
+
+
+def test_verify_blocks_equal_each_block_alone(model):
+    """Five sessions at different positions; session s's drafts are the model's own continuation with
+    draft s (0-based) made wrong, so the blocks accept 0, 1, 2, 3 and all 4 drafts in one batch."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (5 + 3 * i,), generator=g).tolist() for i in range(5)]
+    alone = ModelRunner(model, slots=5, max_len=96, checkpoints=True)
+    batched = ModelRunner(model, slots=5, max_len=96, checkpoints=True)
+    for r in (alone, batched):
+        for slot, p in enumerate(prompts):
+            r.prefill(slot, p)
+    for _ in range(2):  # two rounds: the second starts from each session's own accepted position
+        blocks = []
+        for slot in range(5):
+            t, toks = int(alone.state.next_token[slot]), []
+            alone.state.snapshot(slot)
+            for _ in range(5):  # t0 and the model's own 4 next tokens
+                toks.append(t)
+                t = alone.rows(slot, [t])[0]
+            alone.state.restore(slot)
+            if slot < 4:
+                toks[slot + 1] = (toks[slot + 1] + 1) % 300  # draft slot+1 wrong: m = slot
+            blocks.append((slot, toks))
+        want = [verify_block(alone, slot, toks) for slot, toks in blocks]
+        got = verify_blocks(batched, blocks)
+        assert got == want and [m for m, _ in got] == [0, 1, 2, 3, 4]
+        for slot in range(5):
+            assert all(torch.equal(a, b) for a, b in zip(_state(alone, slot), _state(batched, slot))), slot

@@ -1,0 +1,85 @@
+"""Exact mode for many sessions at once, over real loopback gRPC (router, prefill worker, decode worker
+in this process, a tiny random model with an MTP head): 8 concurrent exact requests with fp8, bf16 and
+mtp drafts, and 8 concurrent fast mtp requests,
+each give exactly the exact engine's own AR tokens (`baton complete`), while the prefill worker verifies
+several sessions' blocks in one pass and the decode worker drafts for several sessions in one step."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from helpers import make_tiny_dir
+
+from baton.client import Client
+from baton.settings import Settings
+
+N, NEW, MAX_LEN = 8, 24, 160
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from baton.engine.runner import ModelRunner
+    from baton.loading import load_model
+    from decode_worker.serve import serve_decode
+    from prefill_worker.engine import ExactEngine
+    from prefill_worker.serve import serve_prefill
+    from router.__main__ import serve_router, stop_router
+
+    d = make_tiny_dir(tmp_path_factory.mktemp("exb"), seed=6, layers=4, hidden=64, vocab=400)
+    lm = load_model(d, dtype="fp32", mtp=True)
+    st = Settings()
+    ph, ps = serve_prefill(lm, max_len=MAX_LEN, slots=N, settings=st)
+    dh, ds = serve_decode(
+        lm, engines=("bf16", "fp8", "mtp"), max_len=MAX_LEN, slots=N, settings=st, default_engine="fp8"
+    )
+    rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
+    c = Client(rh.address)
+    end = time.monotonic() + 60
+    while c.health() != "SERVING" and time.monotonic() < end:
+        time.sleep(0.05)
+    ref = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
+    assert hasattr(lm.model, "mtp")
+    yield c, ps, ds, ref
+    c.close()
+    stop_router(rh, rs, 0)
+    ph.stop(0)
+    dh.stop(0)
+
+
+def _prompt(i):
+    return [(31 * i + 7 * j) % 390 + 5 for j in range(4 + 2 * i)]
+
+
+def _gen(c, i, engine, mode="exact"):
+    out = []
+    for d in c.generate(
+        token_ids=_prompt(i), max_new_tokens=NEW, mode=mode, engine=engine, ignore_eos=True, timeout=120
+    ):
+        out += d.token_ids
+    return out
+
+
+@pytest.mark.parametrize("engine", ["fp8", "bf16", "mtp"])
+def test_concurrent_exact_sessions_equal_the_exact_engine_and_batch(cluster, engine):
+    c, ps, ds, ref = cluster
+    want = [ref.generate(_prompt(i), NEW) for i in range(N)]
+    v0, d0 = ps.engine.verifies.max_items, ds.engine.drafts.max_items
+    with ThreadPoolExecutor(N) as ex:
+        got = list(ex.map(lambda i: _gen(c, i, engine), range(N)))
+    assert got == want
+    assert ps.engine.verifies.max_items > 1 or v0 > 1  # verify blocks of several sessions in one pass
+    assert ds.engine.drafts.max_items > 1 or d0 > 1  # drafts of several sessions in one step
+
+
+def test_concurrent_fast_mtp_sessions_verify_together_and_equal_bf16(cluster):
+    """Fast mode, engine mtp: each session's MTP chain, then one verify pass for every session's block
+    (decode_worker/mtp.py rounds); the output equals the exact AR tokens (mtp == bf16 == exact)."""
+    c, ps, ds, ref = cluster
+    want = [ref.generate(_prompt(i), NEW) for i in range(N)]
+    r0 = ds.engine.mtp_rounds.max_items
+    with ThreadPoolExecutor(N) as ex:
+        got = list(ex.map(lambda i: _gen(c, i, "mtp", mode="fast"), range(N)))
+    assert got == want
+    assert max(r0, ds.engine.mtp_rounds.max_items) > 1
