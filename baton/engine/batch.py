@@ -78,6 +78,8 @@ def rows_batch(runner, groups, ckpt_unused: bool = False, hidden_out: list | Non
     undefined (speculation.verify_blocks rewinds from snapshots instead). hidden_out: a list that gets
     each group's final-normed hidden rows [n, hidden] (copies)."""
     batch = check_groups(runner, groups, ckpt_unused)
+    for slot, tokens in batch:  # KV pages grown at the step boundary, as rows() does
+        runner.reserve(slot, int(runner.state.position[slot]) + len(tokens))
     if runner.fast is not None:  # no batched rows graph yet: one group at a time
         out = []
         for slot, tokens in batch:

@@ -344,8 +344,6 @@ class ModelRunner:
         """rows() of several slots in one batched eager step: groups = [(slot, tokens)] with distinct
         slots, 1 <= len(tokens) <= W; returns each group's greedy tokens. See baton/engine/batch.py.
         Each group's KV pages are grown first, as rows() does (a batched verify writes K+1 rows)."""
-        for slot, tokens in groups:
-            self.reserve(int(slot), int(self.state.position[int(slot)]) + len(tokens))
         return batch.rows_batch(self, groups, ckpt_unused, hidden_out)
 
     def rows(self, slot: int, tokens: list[int]) -> list[int]:
