@@ -35,10 +35,9 @@ if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root i
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
+from deploy.router_launch import TASK_RETRIES, router_kwargs, serve_router, start_router_actor  # noqa: E402
 
-ROUTER_NAME = "baton-router"
 DEFAULT_NAMESPACE = "baton"
-TASK_RETRIES = 3  # address()/health()/stats() calls survive an actor restart
 
 
 def actor_name(role: str, index: int) -> str:
@@ -177,126 +176,6 @@ def named_actors(namespace: str) -> dict[str, object]:
             except ValueError:
                 continue
     return out
-
-
-def router_kwargs(
-    *,
-    host: str,
-    port: int,
-    namespace: str | None,
-    prefill=(),
-    decode=(),
-    model_dir=None,
-    token_file=None,
-    http_port: int = 0,
-    max_inflight: int | None = None,
-) -> dict:
-    """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
-    return dict(
-        max_inflight=max_inflight,
-        host=host,
-        port=port,
-        prefill=list(prefill),
-        decode=list(decode),
-        ray_namespace=namespace,
-        model_dir=model_dir,
-        token_file=token_file,
-        http_port=http_port,
-    )
-
-
-class RouterHandle:
-    """The in-process router: `.address` ("host:port") and `.stop(grace)`."""
-
-    def __init__(self, handle, servicer, stop_fn):
-        self._handle, self._servicer, self._stop_fn = handle, servicer, stop_fn
-        self.address = handle.address
-        self.port = handle.port
-        http = getattr(servicer, "http", None)
-        self.http_url = http.url if http is not None else None  # the HTTP API (router/http), or None
-
-    def stop(self, grace: float = 2.5) -> None:
-        """Health NOT_SERVING, no new RPCs, in-flight ones get `grace` s; then polling stops."""
-        self._stop_fn(self._handle, self._servicer, grace)
-
-
-def serve_router(
-    *,
-    host: str,
-    port: int,
-    prefill=(),
-    decode=(),
-    ray_namespace=None,
-    model_dir=None,
-    token_file=None,
-    http_port: int = 0,
-    max_inflight: int | None = None,
-) -> RouterHandle:
-    """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight
-    None: RouterConfig's default."""
-    from baton.settings import Settings, read_token_file
-    from router.service import RouterConfig
-
-    try:
-        from router.service import serve_router as _serve
-        from router.service import stop_router
-    except ImportError:
-        from router.__main__ import serve_router as _serve
-        from router.__main__ import stop_router
-    settings = Settings.from_env(token=read_token_file(token_file) if token_file else None, host=host)
-    handle, servicer = _serve(
-        prefill=list(prefill),
-        decode=list(decode),
-        model_dir=model_dir,
-        settings=settings,
-        host=host,
-        port=port,
-        ray_namespace=ray_namespace,
-        http_port=http_port,
-        **({"config": RouterConfig(max_inflight=max_inflight)} if max_inflight else {}),
-    )
-    return RouterHandle(handle, servicer, stop_router)
-
-
-def _reachable(address: str) -> str:
-    """A wildcard bind address ("0.0.0.0:P") as this node's IP, for other nodes to dial."""
-    host, _, port = address.rpartition(":")
-    if host in ("0.0.0.0", "[::]", "::", ""):
-        import ray
-
-        host = ray.util.get_node_ip_address()
-    return f"{host}:{port}"
-
-
-def make_router_actor_class():
-    """A Ray actor hosting the router (placed on the head node, restarted on failure)."""
-    import ray
-
-    @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=TASK_RETRIES)
-    class RouterActor:
-        def __init__(self, **kw):
-            self._router = serve_router(**kw)
-
-        def address(self) -> str:
-            return _reachable(self._router.address)
-
-        def stop(self, grace: float = 2.0) -> None:
-            self._router.stop(grace)
-
-    return RouterActor
-
-
-def start_router_actor(*, namespace: str, env: dict[str, str] | None = None, **kw):
-    opts = dict(
-        name=ROUTER_NAME,
-        namespace=namespace,
-        lifetime="detached",
-        get_if_exists=True,
-        resources={"node:__internal_head__": 0.001},
-    )
-    if env:
-        opts["runtime_env"] = {"env_vars": dict(env)}
-    return make_router_actor_class().options(**opts).remote(**kw)
 
 
 # ------------------------------------------------------------------------------------------ CLI

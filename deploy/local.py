@@ -192,33 +192,6 @@ def serve_until_signalled(
     return rc
 
 
-def ask(address: str, prompt: str, max_new_tokens: int, *, token: str | None, progress: Progress) -> None:
-    """One Generate through the router (fast mode, the default engine) as a client sends it; prints
-    `baton: answer {"prompt", "text", "token_ids", "finish_reason", "seconds"}` on stdout. A failure is
-    one progress line; serving goes on either way."""
-    import json
-
-    import grpc
-
-    from baton.client import Client
-
-    t0 = time.monotonic()
-    try:
-        with Client(address, token=token) as c:
-            deltas = list(c.generate(prompt, max_new_tokens=max_new_tokens, timeout=120))
-    except grpc.RpcError as e:
-        progress.say(f"--ask failed: {e.code().name}: {e.details()}")
-        return
-    out = {
-        "prompt": prompt,
-        "text": "".join(d.text for d in deltas),
-        "token_ids": [t for d in deltas for t in d.token_ids],
-        "finish_reason": deltas[-1].finish_reason if deltas else None,
-        "seconds": round(time.monotonic() - t0, 3),
-    }
-    print(f"baton: answer {json.dumps(out)}", flush=True)
-
-
 # ------------------------------------------------------------------------------------------- Ray
 class _LocalRay:
     """ray.init into RAY_ADDRESS, or a private instance this object also shuts down."""
@@ -392,7 +365,7 @@ def run(args) -> int:
             raise
 
         from baton.worker.options import DEFAULT_SLOTS
-        from deploy.launch import router_kwargs, serve_router
+        from deploy.router_launch import router_kwargs, serve_router
 
         kw = router_kwargs(
             host=host,
@@ -410,6 +383,8 @@ def run(args) -> int:
             token = Path(args.token_file).read_text().strip() if args.token_file else None
 
             def on_serving(addr):
+                from deploy.router_launch import ask
+
                 return ask(addr, args.ask, args.ask_tokens, token=token, progress=progress)
 
         return serve_until_signalled(

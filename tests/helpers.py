@@ -74,3 +74,19 @@ def self_signed_cert(tmp_path: Path, common_name: str = "localhost") -> tuple[st
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return str(cert_path), str(key_path)
+
+
+def run_interp_script(name: str, timeout: float) -> dict:
+    """Runs tests/<name> in a subprocess under Triton's interpreter (TRITON_INTERPRET=1, the repo root on
+    PYTHONPATH) and returns the JSON verdict of its last stdout line; fails the test on a non-zero exit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / name)], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])

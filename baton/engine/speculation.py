@@ -74,9 +74,7 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
             hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
         return [res]
     st = runner.state
-    for slot, tokens in blocks:
-        runner.check_window(int(st.position[slot]), len(tokens))
-    for slot, _ in blocks:
+    for slot, _ in blocks:  # rows_batch validates the blocks (windows, ids) before it touches any state
         st.snapshot(slot)
     picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
     out, redo = [], []

@@ -7,29 +7,14 @@ kernels read KV through shuffled page tables, bitwise equal to the contiguous-wi
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from helpers import run_interp_script
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_batched_kernels_equal_each_slot_alone():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "batch_kernels_interp.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res = run_interp_script("batch_kernels_interp.py", timeout=120)
     assert len(res) == 9, res
     bad = {k: v for k, v in res.items() if not all(v.values())}  # attn: also paged == contiguous
     assert all("paged_equals_contiguous" in res[k] for k in res if k.startswith("attn_")), res

@@ -3,30 +3,15 @@ as the eager rows path (main model and MTP head), and row invariance (a K-row bl
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from helpers import run_interp_script
 
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fused_rows_kernels_match_eager_and_are_row_invariant():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "fast_rows_interp.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res = run_interp_script("fast_rows_interp.py", timeout=280)
     for name, r in res.items():
         if name == "ckpt":  # per-row checkpoints: rewinding == recomputing, bitwise
             assert r["state_equal"], r
