@@ -2,6 +2,8 @@
 
     python benchmarks/profile_prefill.py --random-init qwen3.5-9b --lengths 128,512,4096 --out R.json
 
+Prefill runs as `baton.engine.prefill.run_pass` does it (the row-invariant wide kernels on CUDA).
+"batched": --batches prompts of --batch-len in one pass against the same prompts one pass each.
 For each length: the wall time of `ModelRunner.prefill` (synchronized, median of --reps), the sum of its
 kernels' device time from the torch profiler, the number of kernels it launches, and the host time spent
 issuing them (wall while the GPU is idle is host-bound time: launches, Python, syncs). Kernel time is
@@ -24,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baton.engine.prefill import Piece, run_pass  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.loading import random_model  # noqa: E402
 from baton.random_init import shape  # noqa: E402
@@ -68,12 +71,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--random-init", default="qwen3.5-9b")
     ap.add_argument("--lengths", default="128,512,4096")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--batches", default="1,4,8,16", help="prompts of --batch-len in one pass (run_pass)")
+    ap.add_argument("--batch-len", type=int, default=512)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     lengths = [int(x) for x in a.lengths.split(",")]
     cfg = shape(a.random_init)
     lm = random_model(cfg, dtype="bf16", device="cuda", seed=0, mtp=False)
-    r = ModelRunner(lm.model, slots=1, max_len=max(lengths) + 64, width=16)
+    batches = [int(x) for x in a.batches.split(",") if x]
+    r = ModelRunner(lm.model, slots=max(batches + [1]), max_len=max(lengths + [a.batch_len]) + 64, width=16)
     for n in lengths:  # compile / autotune fla at every length first
         r.prefill(0, list(range(n)), mtp=False)
     dense = sum(p.numel() for k, p in lm.model.named_parameters() if "embed" not in k and "lm_head" not in k)
@@ -96,6 +102,35 @@ def main(argv=None) -> dict:
                 **prof,
             }
         )
+    batched = []
+    for b in batches:  # b prompts in one pass against the same b prompts one pass each
+        ps = [[(11 * i + 5 * j) % cfg.vocab_size for i in range(a.batch_len)] for j in range(b)]
+        one = [Piece(j, ps[j], mtp=False) for j in range(b)]
+        run_pass(r, one)
+        walls, serial = [], []
+        for _ in range(a.reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run_pass(r, one)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for p in one:
+                run_pass(r, [p])
+            torch.cuda.synchronize()
+            serial.append(time.perf_counter() - t0)
+        w, sr = statistics.median(walls), statistics.median(serial)
+        batched.append(
+            {
+                "prompts": b,
+                "prompt_len": a.batch_len,
+                "pass_ms": round(w * 1e3, 2),
+                "serial_ms": round(sr * 1e3, 2),
+                "tok_s": round(b * a.batch_len / w, 1),
+                "serial_tok_s": round(b * a.batch_len / sr, 1),
+                "speedup": round(sr / w, 2),
+            }
+        )
     res = {
         "benchmark": "profile_prefill",
         "command": "python benchmarks/profile_prefill.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -103,6 +138,7 @@ def main(argv=None) -> dict:
         "machine": {"host": socket.gethostname(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
         "model": a.random_init,
         "points": points,
+        "batched": batched,
     }
     emit(res, a.out)
     return res

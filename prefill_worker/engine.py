@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass, field
 
 from baton.engine.gather import Gather
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner
 from baton.engine.sampling import Params
-from baton.engine.slots import SlotTable
+from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import verify_blocks
 from baton.handoff.progress import PrefillProgress
 
@@ -64,8 +65,11 @@ class VerifyResult:
     logprobs: list = field(default_factory=list)  # SamplingTable.logprobs of d1..dm, next (when asked)
 
 
+PREFILL_BUDGET = PREFILL_CHUNK  # tokens per batched prefill pass (a whole piece always fits)
+
+
 class ExactEngine:
-    def __init__(self, runner: ModelRunner, *, ttl_s: float = 300.0):
+    def __init__(self, runner: ModelRunner, *, ttl_s: float = 300.0, prefill_budget: int = PREFILL_BUDGET):
         self.runner = runner
         self.ttl_s = ttl_s
         self._compute = threading.Lock()  # one model, one stream of work
@@ -75,6 +79,16 @@ class ExactEngine:
         )
         # concurrent Verify calls of different sessions run as one batched pass (verify_blocks)
         self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count)
+        # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (baton/engine/prefill.py);
+        # verify passes take the same lock, so they interleave with a long prompt's pieces
+        self._prefilling = 0  # callers inside run_prefill (the Gather waits up to 2 ms for them)
+        self.prefills = Gather(
+            self._prefill_batch,
+            self._compute,
+            expected=lambda: self._prefilling,
+            cost=lambda p: len(p.ids),
+            budget=prefill_budget,
+        )
 
     # ---- sessions ------------------------------------------------------------------------------
     @property
@@ -142,20 +156,48 @@ class ExactEngine:
     def run_prefill(
         self, s: Session, ids: list[int], progress: PrefillProgress | None = None, *, mtp: bool = True
     ) -> int:
-        """Computes the prompt into the session's slot; -> first token. `progress` is marked per layer
-        and finished with the token (or failed); on failure the session is released. mtp=False skips
-        the MTP layer's KV (ModelRunner.prefill): only for a session whose export never ships it."""
+        """Computes the prompt into the session's slot; -> first token. Its pieces (PREFILL_CHUNK tokens)
+        join the passes of other concurrent prompts (self.prefills, at most prefill_budget tokens a pass),
+        each bitwise as alone. `progress` is marked per layer during the last piece and finished with the
+        token (or failed); on failure the session is released. mtp=False skips the MTP layer's KV
+        (ModelRunner.prefill): only for a session whose export never ships it."""
+        with self.prefills._cv:
+            self._prefilling += 1
         try:
-            with self._compute:
-                tok = self.runner.prefill(s.slot, list(ids), on_layer=progress and progress.mark, mtp=mtp)
+            tok = None
+            for p in prefill_pieces(self.runner, s.slot, list(ids), on_layer=progress and progress.mark, mtp=mtp):
+                got = self.prefills.call(p)
+                if isinstance(got, BaseException):
+                    raise got
+                tok = got
         except BaseException as e:
             if progress is not None:
                 progress.fail(e)
             self.release(s.id)
             raise
+        finally:
+            with self.prefills._cv:
+                self._prefilling -= 1
         if progress is not None:
             progress.finish(tok)
         return tok
+
+    def _prefill_batch(self, items: list) -> list:
+        """Under _compute: concurrent sessions' pieces in one pass (baton/engine/prefill.py run_pass) ->
+        per item its token (None: not its last piece), or the refusal of that item alone (window, pages)
+        with the others run."""
+        out, ok = [None] * len(items), []
+        for i, p in enumerate(items):
+            try:
+                self.runner.check_window(p.start + len(p.ids), 0)
+                self.runner.reserve(p.slot, p.start + len(p.ids))
+                ok.append(i)
+            except (ValueError, SessionLimit) as e:  # WindowError; PagesExhausted
+                out[i] = e
+        if ok:
+            for i, tok in zip(ok, run_pass(self.runner, [items[i] for i in ok])):
+                out[i] = tok
+        return out
 
     def warm_up(self, lengths=(1, 17, 64, 100)) -> float:
         """Throw-away prefills of these prompt lengths (ids 0; each released), so the wide kernels compile

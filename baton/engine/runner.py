@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from baton.engine import batch, fast_rows
+from baton.engine.prefill import prefill_pieces, run_pass
 from baton.engine.sampling import SamplingTable
 from baton.engine.state import HybridState
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
@@ -151,37 +152,20 @@ class ModelRunner:
             raise ValueError(f"{field}: token id {bad[0]} out of range [0, {self.cfg.vocab_size})")
 
     # ---- prefill -------------------------------------------------------------------------------
-    @torch.inference_mode()
     def prefill(self, slot: int, ids: list[int], start: int = 0, on_layer=None, mtp: bool = True) -> int:
         """Consumes ids at positions [start, start+T); returns the next token (greedy, or sampled by the
-        slot's parameters at position start+T).
-        on_layer(i): called once layer i's state writes are enqueued (StepContext.state_written).
-        mtp=False skips the MTP layer's KV (~1/(layers+1) of the compute): the slot's MTP rows for
-        [start, start+T) are then left as they were, for a session that will never read them."""
+        slot's parameters at position start+T). The prompt runs as its pieces (baton/engine/prefill.py:
+        cut every PREFILL_CHUNK tokens), each a pass of its own: bitwise what the same pieces compute
+        inside any batched pass.
+        on_layer(i): called once layer i's state writes are enqueued (StepContext.state_written), during
+        the last piece. mtp=False skips the MTP layer's KV (~1/(layers+1) of the compute): the slot's MTP
+        rows for [start, start+T) are then left as they were, for a session that will never read them."""
         if not ids:
             raise ValueError("prompt: empty")
         self.check_window(start + len(ids), 0)
-        self.reserve(slot, start + len(ids))
-        if start == 0:
-            self.state.reset(slot)
-        x = torch.tensor(ids, dtype=torch.long, device=self.device)
-        h = self.model(x, self.state, StepContext(slot=slot, width=None, n=len(ids), start=start, on_layer=on_layer))
-        tok = int(self.sampling.pick_slot(self.model.logits(h[-1:]), slot, start + len(ids))[0])
-        if self.has_mtp and mtp:  # MTP KV for the pairs (h_t, x_{t+1}), t in [start, start+T)
-            nxt = torch.cat([x[1:], torch.tensor([tok], device=self.device)])
-            pos = torch.arange(start, start + len(ids), device=self.device)
-            self.model.mtp(
-                self.model.model.embed_tokens,
-                h,
-                nxt,
-                pos,
-                self.state,
-                StepContext(slot=slot, width=None, n=len(ids), start=start, rope_offset=1),
-            )
-        s = self.state
-        s.position[slot] = start + len(ids)
-        s.next_token[slot] = tok
-        s.hidden[slot].copy_(h[-1])
+        tok = None
+        for p in prefill_pieces(self, slot, ids, start, on_layer=on_layer, mtp=mtp):
+            tok = run_pass(self, [p])[0]
         return tok
 
     # ---- fixed-width rows ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from baton.config import ModelConfig
-from baton.models.qwen3_5 import DecoderLayer, RMSNorm, StepContext
+from baton.models.qwen3_5 import DecoderLayer, RMSNorm, StepContext, lin
 
 
 class MTPHead(nn.Module):
@@ -32,7 +32,9 @@ class MTPHead(nn.Module):
     ) -> torch.Tensor:
         """hidden [T, h] (h_t rows), ids [T] (x_{t+1}), pos [T] KV indexes t -> normed out [T, h].
         ctx.rope_offset must be 1; ctx.width/n as for the main model (rows mode writes n rows)."""
-        e = self.pre_fc_norm_embedding(embed(ids))
-        u = self.fc(torch.cat([e, self.pre_fc_norm_hidden(hidden)], dim=-1))
-        u = self.layers[0](u, pos, state, ctx)
-        return self.norm(u)
+
+        def fc(e, h):  # per row
+            return lin(self.fc, torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(h)], dim=-1))
+
+        u = self.layers[0](ctx.map(fc, embed(ids), hidden), pos, state, ctx)
+        return ctx.map(self.norm, u)

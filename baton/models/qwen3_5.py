@@ -1,7 +1,10 @@
 """Qwen3.5 text model (Gated DeltaNet + gated full attention), HF parameter names.
 
 One entry point, `Qwen3_5ForCausalLM.forward(ids, state, ctx)`, serves every use:
-  * prefill (`ctx.width is None`): T prompt rows computed wide — chunked GDN, causal SDPA;
+  * prefill (`ctx.width is None`): T prompt rows computed wide — chunked GDN, causal SDPA — for one
+    or several sessions' prompt pieces in one pass (`ctx.segments`, baton/models/context.py): per-row
+    ops once on all rows through the row-invariant wide kernels (CUDA) or once per segment, each
+    segment's mixer on its own rows, so a prompt's state is the same alone or in any pass;
   * rows (`ctx.width == W`): n <= W decode-time rows (an AR step is n=1, a verify block n=K+1),
     computed at the fixed width W so that row i is bitwise independent of n:
       - every GEMM / norm / elementwise op sees a padded [W, ...] input,
@@ -21,72 +24,13 @@ from the device buffer `state.position[slot]`, so the step is CUDA-graph captura
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from baton.config import ModelConfig
 from baton.models import gdn_ops
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    """One slot's rows inside a batched rows step: rows [off, off + n) of the flattened rows."""
-
-    slot: int
-    n: int
-    off: int
-
-
-@dataclass(frozen=True)
-class StepContext:
-    slot: int = 0
-    width: int | None = None  # None = prefill (wide kernels); W = fixed-width rows mode
-    n: int = 1  # valid rows in rows mode (n <= width); prefill: len(ids)
-    start: int = 0  # prefill only: position of ids[0] (host int)
-    rope_offset: int = 0  # RoPE position = KV index + rope_offset (the MTP layer uses 1)
-    on_layer: Callable[[int], None] | None = None  # prefill streaming: called with i once layer i's
-    # state writes are enqueued (its KV rows / GDN conv
-    # and recurrent state; before its MLP); never a
-    # host sync (see baton/handoff/progress.py)
-    phase: int | None = None  # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
-    groups: tuple[RowGroup, ...] | None = None  # batched rows (eager only); None = one group (slot, n, 0)
-
-    def row_groups(self) -> tuple[RowGroup, ...]:
-        """Rows mode: the slots' row groups (the one-slot step is one group at offset 0)."""
-        return self.groups if self.groups is not None else (RowGroup(self.slot, self.n, 0),)
-
-    def map(self, fn, *ts: torch.Tensor):
-        """fn applied to every chunk of W rows of ts (dim 0) and the results concatenated; one call on
-        the whole tensors in prefill or when they hold one chunk. fn may return a tuple of tensors.
-        This keeps every per-row op of a batched step at the one-slot step's [W, ...] shape."""
-        T = ts[0].shape[0]
-        if self.width is None or T == self.width:
-            return fn(*ts)
-        W = self.width
-        outs = [fn(*(t[c : c + W] for t in ts)) for c in range(0, T, W)]
-        if isinstance(outs[0], tuple):
-            return tuple(torch.cat(parts) for parts in zip(*outs))
-        return torch.cat(outs)
-
-    def group_rows(self, t: torch.Tensor, grp: RowGroup) -> torch.Tensor:
-        """Rows [off, off+n) of t as a [W, ...] tensor at rows [0, n) (the one-slot step's own tensor
-        when t is one chunk and grp is at offset 0; rows >= n are never read by a valid row)."""
-        W = self.width
-        if grp.off == 0 and t.shape[0] == W:
-            return t
-        out = torch.zeros((W,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-        out[: grp.n] = t[grp.off : grp.off + grp.n]
-        return out
-
-    def state_written(self, layer: int) -> None:
-        """Prefill streaming: layer `layer`'s state is final once the work enqueued so far has run (the
-        rest of the layer, o_proj and the MLP, reads it but writes none), so its hand-off can start."""
-        if self.on_layer is not None:
-            self.on_layer(layer)
+from baton.models.context import RowGroup, Segment, StepContext, lin, wide_kernels  # noqa: F401 (re-exported)
 
 
 class RMSNorm(nn.Module):
@@ -98,6 +42,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (k := wide_kernels()) is not None:
+            return k.rmsnorm(x, self.weight, self.eps, centred=True)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).type_as(x)
@@ -112,6 +58,8 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        if (k := wide_kernels()) is not None:
+            return k.gated_rmsnorm(x, gate, self.weight, self.eps)
         dt = x.dtype
         xf = x.float()
         y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(dt)
@@ -126,7 +74,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return lin(self.down_proj, F.silu(lin(self.gate_proj, x)) * lin(self.up_proj, x))
 
 
 def rope_cos_sin(cfg: ModelConfig, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,11 +114,11 @@ class Attention(nn.Module):
     def _project(self, x: torch.Tensor, pos: torch.Tensor, rope_offset: int):
         """x [T, hidden], pos [T] -> q [T, nh, d], k, v [T, nkv, d] (RoPE applied), gate [T, nh*d]."""
         T = x.shape[0]
-        qg = self.q_proj(x).view(T, self.nh, 2 * self.d)
+        qg = lin(self.q_proj, x).view(T, self.nh, 2 * self.d)
         q, gate = qg[..., : self.d], qg[..., self.d :].reshape(T, self.nh * self.d)
         q = self.q_norm(q)  # [T, nh, d]
-        k = self.k_norm(self.k_proj(x).view(T, self.nkv, self.d))  # [T, nkv, d]
-        v = self.v_proj(x).view(T, self.nkv, self.d)
+        k = self.k_norm(lin(self.k_proj, x).view(T, self.nkv, self.d))  # [T, nkv, d]
+        v = lin(self.v_proj, x).view(T, self.nkv, self.d)
         cos, sin = rope_cos_sin(self.cfg, pos + rope_offset if rope_offset else pos, x.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
 
@@ -191,26 +139,33 @@ class Attention(nn.Module):
         o = torch.matmul(p, vc)  # [nkv, g*W, d]
         return o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
 
+    def _attend_prefill(self, q: torch.Tensor, state, sg: Segment) -> torch.Tensor:
+        """One segment's queries q [n, nh, d] (positions [start, start + n), its KV already written)
+        against keys [0, start + n) of its slot, causal -> o [n, nh*d]: the call of the segment alone."""
+        T, g, s0 = q.shape[0], self.nh // self.nkv, sg.start
+        keys, vals = state.slot_kv(self.layer_idx, sg.slot, s0 + T)  # [nkv, s0+T, d]
+        qh = q.transpose(0, 1)  # [nh, T, d]
+        kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
+        vv = vals.repeat_interleave(g, dim=0)
+        if s0 == 0:
+            o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
+        else:
+            i = torch.arange(T, device=q.device)[:, None] + s0
+            j = torch.arange(s0 + T, device=q.device)[None, :]
+            o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=(j <= i))[0]
+        return o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
+
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]  # x [T, hidden]; KV through the slot's pages (HybridState.write_kv / slot_kv)
         if ctx.width is None:
-            q, k, v, gate = self._project(x, pos, ctx.rope_offset)
-            g = self.nh // self.nkv
-            s0 = ctx.start
-            state.write_kv(self.layer_idx, ctx.slot, pos, k, v)  # pos = [s0, s0 + T)
+            q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
+            segs = ctx.prefill_segments()
+            for sg in segs:  # pos = [start, start + n) of each segment
+                r = slice(sg.off, sg.off + sg.n)
+                state.write_kv(self.layer_idx, sg.slot, pos[r], k[r], v[r])
             ctx.state_written(self.layer_idx)  # KV rows final
-            keys, vals = state.slot_kv(self.layer_idx, ctx.slot, s0 + T)  # [nkv, s0+T, d]
-            qh = q.transpose(0, 1)  # [nh, T, d]
-            kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
-            vv = vals.repeat_interleave(g, dim=0)
-            if s0 == 0:
-                o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
-            else:
-                i = torch.arange(T, device=x.device)[:, None] + s0
-                j = torch.arange(s0 + T, device=x.device)[None, :]
-                o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=(j <= i))[0]
-            o = o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
-            return self.o_proj(o * torch.sigmoid(gate))
+            o = torch.cat([self._attend_prefill(q[sg.off : sg.off + sg.n], state, sg) for sg in segs])
+            return ctx.map(lambda oc, gc: lin(self.o_proj, oc * torch.sigmoid(gc)), o, gate)
         q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
         groups = ctx.row_groups()
         o = None if len(groups) == 1 and T == ctx.width else torch.zeros_like(gate)
@@ -220,7 +175,7 @@ class Attention(nn.Module):
                 o = og
             else:
                 o[grp.off : grp.off + grp.n] = og[: grp.n]
-        return ctx.map(lambda oc, gc: self.o_proj(oc * torch.sigmoid(gc)), o, gate)
+        return ctx.map(lambda oc, gc: lin(self.o_proj, oc * torch.sigmoid(gc)), o, gate)
 
 
 class GatedDeltaNet(nn.Module):
@@ -261,9 +216,9 @@ class GatedDeltaNet(nn.Module):
 
     def _project(self, x: torch.Tensor):
         """x [T, hidden] -> mixed [T, C] (pre-conv), beta, g [T, Hv], z [T, value_dim]."""
-        beta = torch.sigmoid(self.in_proj_b(x))  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        return self.in_proj_qkv(x), beta, g, self.in_proj_z(x)
+        beta = torch.sigmoid(lin(self.in_proj_b, x))  # [T, Hv]
+        g = -self.A_log.float().exp() * F.softplus(lin(self.in_proj_a, x).float() + self.dt_bias)
+        return lin(self.in_proj_qkv, x), beta, g, lin(self.in_proj_z, x)
 
     def _mix(self, mixed, beta, g, cs, rs, n: int, wide: bool, ck) -> torch.Tensor:
         """One slot's rows: conv + delta rule on its state (cs, rs updated in place) -> o [T, Hv, dv].
@@ -282,16 +237,19 @@ class GatedDeltaNet(nn.Module):
     def _out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         T = o.shape[0]
         o = self.norm(o.reshape(T * self.nv, self.dv), z.reshape(T * self.nv, self.dv))
-        return self.out_proj(o.reshape(T, self.nv * self.dv))
+        return lin(self.out_proj, o.reshape(T, self.nv * self.dv))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]  # x [T, hidden]
         if ctx.width is None:
-            cs, rs = self._gdn_state(state, ctx.slot, ctx.phase)
-            mixed, beta, g, z = self._project(x)
-            o = self._mix(mixed, beta, g, cs, rs, T, True, None)
+            mixed, beta, g, z = ctx.map(self._project, x)
+            parts = []
+            for sg in ctx.prefill_segments():  # each prompt piece against its own slot's state, alone
+                cs, rs = self._gdn_state(state, sg.slot, ctx.phase)
+                r = slice(sg.off, sg.off + sg.n)
+                parts.append(self._mix(mixed[r], beta[r], g[r], cs, rs, sg.n, True, None))
             ctx.state_written(self.layer_idx)  # conv + recurrent final
-            return self._out(o, z)
+            return ctx.map(self._out, torch.cat(parts) if len(parts) > 1 else parts[0], z)
         mixed, beta, g, z = ctx.map(self._project, x)
         groups = ctx.row_groups()
         o = None if len(groups) == 1 and T == ctx.width else x.new_zeros(T, self.nv, self.dv)
@@ -348,8 +306,11 @@ class Qwen3_5ForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
 
     def positions(self, state, ctx: StepContext, T: int, device) -> torch.Tensor:
-        if ctx.width is None:
-            return torch.arange(ctx.start, ctx.start + T, device=device)
+        if ctx.width is None:  # each segment's positions [start, start + n)
+            segs = ctx.prefill_segments()
+            if len(segs) == 1:
+                return torch.arange(ctx.start, ctx.start + T, device=device)
+            return torch.cat([torch.arange(sg.start, sg.start + sg.n, device=device) for sg in segs])
         if ctx.groups is None:
             return state.position[ctx.slot] + torch.arange(T, device=device)  # [W] device-side
         pos = torch.zeros(T, dtype=torch.long, device=device)  # [C*W]; padding rows 0

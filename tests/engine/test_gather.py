@@ -36,6 +36,35 @@ def test_concurrent_calls_share_batches_and_get_their_own_results():
     assert g.call(3) == 30  # a lone call leads its own batch
 
 
+def test_a_budget_cuts_batches_in_arrival_order_and_every_call_is_served():
+    """cost = the item, budget 10: the queue [6, 3, 5, 9, 1] runs as [6, 3], [5], [9, 1] (a batch is the
+    longest prefix within the budget, at least one item); a call left queued by a leader leads later."""
+    seen, go = [], threading.Event()
+
+    def run(items):
+        go.wait(5)
+        seen.append(list(items))
+        return [x + 100 for x in items]
+
+    g = Gather(run, threading.Lock(), cost=lambda x: x, budget=10)
+    out = {}
+    first = threading.Thread(target=lambda: out.__setitem__(0, g.call(0)))
+    first.start()  # leads a batch of [0] and holds it until go
+    while not g._leading:
+        pass
+    th = []
+    for x in (6, 3, 5, 9, 1):
+        th.append(threading.Thread(target=lambda x=x: out.__setitem__(x, g.call(x))))
+        th[-1].start()
+        while len(g._queue) < len(th):
+            pass
+    go.set()
+    for t in [first, *th]:
+        t.join(10)
+    assert out == {x: x + 100 for x in (0, 6, 3, 5, 9, 1)}
+    assert seen == [[0], [6, 3], [5], [9, 1]]
+
+
 def test_a_failing_batch_raises_in_each_caller_and_the_gather_goes_on():
     calls = []
 

@@ -1,0 +1,159 @@
+"""Prefill passes: one or several sessions' prompt pieces computed together (issue 20, batched prefill).
+
+    pieces(start, n)                  -> [(start, n), ...], the pieces a prompt is always cut into
+    run_pass(runner, [Piece, ...])    -> [token or None, ...]; one forward over every piece's rows
+
+A prompt of n tokens from position `start` is cut at start + k * PREFILL_CHUNK, whatever else is in
+flight, so its state is a function of the prompt alone: the same pieces run alone (`ModelRunner.prefill`,
+`baton complete`) or inside any pass (the prefill worker's gathered passes). A pass computes its pieces
+as `StepContext.segments` (baton/models/context.py): per-row ops on all rows through row-invariant
+kernels, each piece's mixers on its own rows; so a piece's state writes and its first token are bitwise
+what the piece computes alone.
+
+Lifecycle of a piece: its slot's KV pages are reserved up to start + n; a first piece (start 0) resets the
+slot's GDN state; the pass writes the piece's KV and GDN state; a `last` piece also picks the slot's next
+token (by the slot's sampling parameters at position start + n), stores position / next token / hidden
+and, when `mtp`, writes the MTP layer's KV for its pairs. A piece that is not last leaves position alone:
+the next piece continues from start + n. `on_layer` (the last piece only) is the streaming hand-off's
+per-layer mark (baton/handoff/progress.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from baton.models.context import Segment, StepContext, wide_prefill
+
+PREFILL_CHUNK = 8192  # tokens: a longer prompt runs as pieces of this size, each its own pass or part of one
+
+
+def pieces(start: int, n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """[(start, n), ...] covering [start, start + n): cut where (position - start) is a multiple of chunk."""
+    return [(start + o, min(chunk, n - o)) for o in range(0, n, chunk)]
+
+
+@dataclass
+class Piece:
+    """ids [n] of one slot at positions [start, start + n). last: the prompt's final piece (picks the
+    token); mtp: also write the MTP layer's KV; next_id: the token after ids[-1] when not last (the MTP
+    pair of the piece's last row); on_layer: the hand-off's per-layer mark (last pieces)."""
+
+    slot: int
+    ids: list[int]
+    start: int = 0
+    last: bool = True
+    mtp: bool = True
+    next_id: int | None = None
+    on_layer: Callable[[int], None] | None = None
+
+
+def prefill_pieces(
+    runner, slot: int, ids: list[int], start: int = 0, *, on_layer=None, mtp: bool = True
+) -> list[Piece]:
+    """The prompt ids at [start, start + len(ids)) of `slot` as its Pieces, in order (pieces())."""
+    cut = pieces(start, len(ids), getattr(runner, "prefill_chunk", PREFILL_CHUNK))
+    out = []
+    for k, (s0, n) in enumerate(cut):
+        o = s0 - start
+        last = k == len(cut) - 1
+        out.append(
+            Piece(
+                slot,
+                list(ids[o : o + n]),
+                s0,
+                last=last,
+                mtp=mtp,
+                next_id=None if last else int(ids[o + n]),
+                on_layer=on_layer if last else None,
+            )
+        )
+    return out
+
+
+def _marks(ps: list[Piece]):
+    fns = [p.on_layer for p in ps if p.on_layer is not None and p.last]
+    if not fns:
+        return None
+
+    def on_layer(i: int) -> None:
+        for f in fns:
+            f(i)
+
+    return on_layer
+
+
+def _context(ps: list[Piece], offs: list[int], **kw) -> StepContext:
+    segs = tuple(Segment(p.slot, p.start, len(p.ids), o) for p, o in zip(ps, offs))
+    first = segs[0]
+    return StepContext(
+        slot=first.slot,
+        width=None,
+        n=sum(len(p.ids) for p in ps),
+        start=first.start,
+        segments=segs if len(segs) > 1 else None,
+        **kw,
+    )
+
+
+@torch.inference_mode()
+def run_pass(runner, ps: list[Piece]) -> list[int | None]:
+    """Computes every piece in one pass (slots distinct) -> each last piece's token, None for the others.
+    Checks every piece's window and reserves its pages before any state changes (a refused pass changes
+    nothing: WindowError / ValueError / PagesExhausted)."""
+    if not ps:
+        return []
+    if len({p.slot for p in ps}) != len(ps):
+        raise ValueError("prefill pass: one piece per slot")
+    for p in ps:
+        if not p.ids:
+            raise ValueError("prompt: empty")
+        runner.check_window(p.start + len(p.ids), 0)
+    for p in ps:
+        runner.reserve(p.slot, p.start + len(p.ids))
+    st, dev = runner.state, runner.device
+    for p in ps:
+        if p.start == 0:
+            st.reset(p.slot)
+    offs, o = [], 0
+    for p in ps:
+        offs.append(o)
+        o += len(p.ids)
+    x = torch.tensor([t for p in ps for t in p.ids], dtype=torch.long, device=dev)
+    with wide_prefill(dev):
+        h = runner.model(x, st, _context(ps, offs, on_layer=_marks(ps)))  # [T, hidden]
+    toks: list[int | None] = []
+    for p, off in zip(ps, offs):  # each piece's pick from its own last row (the [1, vocab] head call alone)
+        if p.last:
+            end = p.start + len(p.ids)
+            toks.append(
+                int(runner.sampling.pick_slot(runner.model.logits(h[off + len(p.ids) - 1 :][:1]), p.slot, end)[0])
+            )
+        else:
+            toks.append(None)
+    mp = [i for i, p in enumerate(ps) if p.mtp and runner.has_mtp]
+    if mp:  # MTP KV for the pairs (h_t, x_{t+1}), t in each piece's [start, start + n)
+        nxt, rows, sub, so = [], [], [], []
+        o = 0
+        for i in mp:
+            p, off, n = ps[i], offs[i], len(ps[i].ids)
+            follow = toks[i] if p.last else p.next_id
+            nxt.extend(p.ids[1:] + [int(follow)])
+            rows.append(h[off : off + n])
+            sub.append(p)
+            so.append(o)
+            o += n
+        hm = torch.cat(rows) if len(rows) > 1 else rows[0]
+        pos = torch.cat([torch.arange(p.start, p.start + len(p.ids), device=dev) for p in sub])
+        nx = torch.tensor(nxt, dtype=torch.long, device=dev)
+        with wide_prefill(dev):
+            runner.model.mtp(runner.model.model.embed_tokens, hm, nx, pos, st, _context(sub, so, rope_offset=1))
+    for p, off, tok in zip(ps, offs, toks):
+        if p.last:
+            end = p.start + len(p.ids)
+            st.position[p.slot] = end
+            st.next_token[p.slot] = tok
+            st.hidden[p.slot].copy_(h[off + len(p.ids) - 1])
+    return toks

@@ -1,0 +1,164 @@
+"""Row-invariant wide kernels for the batched prefill (issue 20): a pass holds the rows of several
+prompts, and a prompt's state must not depend on which other prompts shared its pass.
+
+cuBLAS picks its GEMM kernel (tile, split-K, stream-K) by M, and torch's reductions pick their thread
+layout by the number of rows, so a row's arithmetic may change with the pass's total row count. These
+kernels have one configuration for every M, so row t is computed by the same instructions from row t's
+inputs whatever the other rows are:
+
+    linear(x [M, K], w [N, K])          x @ w.T, fp32 accumulate in K order, one tile shape, no split-K
+    rmsnorm(x [M, N], w, eps, centred)  y = x / rms(x) * (1 + w)  (centred)  or  * w
+    gated_rmsnorm(x, gate, w, eps)      (w * norm(x).to(dt) * silu(gate)).to(dt)  (the GDN output norm)
+
+`baton.models.context.wide_prefill(device)` switches them on for the prefill's per-row ops (`lin`,
+RMSNorm, GatedRMSNorm in baton/models/qwen3_5.py) on CUDA; on CPU nothing changes and the model runs each
+prompt's rows in its own call instead (StepContext.map), which is the solo call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# One configuration for every M (the point of this module). 128 x 256 output tiles, K in steps of 64.
+BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 256, 64, 8
+NUM_WARPS, NUM_STAGES = 8, 3
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    sxm,
+    swn,
+    sym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    m_tiles, n_tiles = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * n_tiles  # grouped order: GROUP_M row tiles share each weight tile's read (L2)
+    first_m = (pid // group) * GROUP_M
+    gm = tl.minimum(m_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gm
+    pid_n = (pid % group) // gm
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mm, mn = rm < M, rn < N
+    xp = x_ptr + rm[:, None].to(tl.int64) * sxm + rk[None, :]
+    wp = w_ptr + rn[None, :].to(tl.int64) * swn + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):  # every row: the same K order, whatever M is
+        mk = (k + rk) < K
+        a = tl.load(xp, mask=mm[:, None] & mk[None, :], other=0.0)
+        b = tl.load(wp, mask=mk[:, None] & mn[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        xp += BLOCK_K
+        wp += BLOCK_K
+    yp = y_ptr + rm[:, None].to(tl.int64) * sym + rn[None, :]
+    tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T -> [..., N] in x's dtype. Row invariant: row t of the result depends only
+    on row t of x (one tile configuration and K order for every M, no split-K)."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if w.stride(-1) != 1:
+        w = w.contiguous()
+    M, N = x2.shape[0], w.shape[0]
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M:
+        grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
+        _gemm_kernel[grid](
+            x2,
+            w,
+            y,
+            M,
+            N,
+            K,
+            x2.stride(0),
+            w.stride(0),
+            y.stride(0),
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+            GROUP_M=GROUP_M,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
+            num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
+        )
+    return y.view(*lead, N)
+
+
+@triton.jit
+def _norm_kernel(
+    x_ptr,
+    g_ptr,
+    w_ptr,
+    y_ptr,
+    N,
+    eps,
+    CENTRED: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    if GATED:  # (w * y.to(dt) * silu(gate.float())).to(dt), as GatedRMSNorm
+        g = tl.load(g_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+        y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
+        y = w.to(y_ptr.dtype.element_ty).to(tl.float32) * y
+        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) * (g * tl.sigmoid(g))
+    elif CENTRED:
+        y = y * (1.0 + w)
+    else:
+        y = y * w
+    tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
+def _norm(x: torch.Tensor, gate: torch.Tensor | None, w: torch.Tensor, eps: float, centred: bool) -> torch.Tensor:
+    N = x.shape[-1]
+    x2 = x.reshape(-1, N).contiguous()
+    g2 = gate.reshape(-1, N).contiguous() if gate is not None else x2
+    y = torch.empty_like(x2)
+    if x2.shape[0]:
+        block = triton.next_power_of_2(N)
+        _norm_kernel[(x2.shape[0],)](
+            x2,
+            g2,
+            w,
+            y,
+            N,
+            eps,
+            CENTRED=centred,
+            GATED=gate is not None,
+            BLOCK=block,
+            num_warps=8 if block >= 2048 else 4,
+        )
+    return y.view(x.shape)
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, centred: bool = True) -> torch.Tensor:
+    """Row-wise RMSNorm over the last dim, fp32 inside: one program per row (row invariant)."""
+    return _norm(x, None, w, eps, centred)
+
+
+def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """GatedRMSNorm's (w * norm(x).to(dt) * silu(gate.float())).to(dt), row by row."""
+    return _norm(x, gate, w, eps, False)

@@ -1,0 +1,138 @@
+"""Batched prefill (baton/engine/prefill.py): several sessions' prompt pieces in one pass leave every
+slot's state (GDN conv / recurrent, KV rows, hidden, MTP KV, position, next token) bitwise as the prompt
+alone does, whatever shares the pass, at any offset; long prompts are cut at fixed PREFILL_CHUNK
+boundaries, so a piece interleaved with others equals the same pieces alone; a refused pass changes
+nothing. (CPU: the per-row ops run once per segment; CUDA's row-invariant kernels: test_gpu_batch.py
+and tests/engine/test_wide_kernels.py.)"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton.engine.prefill import Piece, pieces, prefill_pieces, run_pass
+from baton.engine.runner import ModelRunner, WindowError
+from baton.engine.sampling import Params
+from baton.loading import load_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+MAX_LEN = 256
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def lm(request, tmp_path_factory):
+    return load_model(make_tiny_dir(tmp_path_factory.mktemp("m")), dtype=request.param)
+
+
+def _runner(lm, chunk: int | None = None) -> ModelRunner:
+    r = ModelRunner(lm.model, slots=4, max_len=MAX_LEN, width=8)
+    if chunk is not None:
+        r.prefill_chunk = chunk
+    return r
+
+
+def _state(r: ModelRunner, slot: int) -> dict:
+    st = r.state
+    out = {t.name: t.materialize().clone() for t in st.export(slot)}
+    out["position"] = int(st.position[slot])
+    out["next_token"] = int(st.next_token[slot])
+    return out
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def _prompts(lm, lengths, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(lm.cfg.vocab_size) for _ in range(n)] for n in lengths]
+
+
+def test_pieces_are_cut_at_fixed_boundaries():
+    assert pieces(0, 5, 4) == [(0, 4), (4, 1)]
+    assert pieces(10, 8, 4) == [(10, 4), (14, 4)]
+    assert pieces(3, 2, 4) == [(3, 2)]
+
+
+def test_a_pass_of_several_prompts_equals_each_alone(lm):
+    prompts = _prompts(lm, [5, 17, 1, 40])
+    alone = _runner(lm)
+    solo_tok, solo = [], []
+    for slot, ids in enumerate(prompts):
+        solo_tok.append(alone.prefill(slot, ids))
+        solo.append(_state(alone, slot))
+    batched = _runner(lm)
+    toks = run_pass(batched, [Piece(slot, ids) for slot, ids in enumerate(prompts)])
+    assert toks == solo_tok
+    for slot in range(len(prompts)):
+        _assert_same(_state(batched, slot), solo[slot])
+
+
+def test_companions_and_offsets_do_not_matter(lm):
+    a, b, c = _prompts(lm, [23, 9, 31], seed=1)
+    r1, r2 = _runner(lm), _runner(lm)
+    t1 = run_pass(r1, [Piece(0, a)])[0]
+    t2 = run_pass(r2, [Piece(1, c), Piece(2, b), Piece(3, a)])[2]  # a at offset 40, in another slot
+    assert t1 == t2
+    s1, s2 = _state(r1, 0), _state(r2, 3)
+    _assert_same(s1, s2)
+
+
+def test_sampled_first_token_is_the_same_alone_and_batched(lm):
+    a, b = _prompts(lm, [12, 30], seed=2)
+    p = Params(temperature=1.0, seed=1234)
+    r1, r2 = _runner(lm), _runner(lm)
+    r1.sampling.set(0, p)
+    r2.sampling.set(1, p)
+    t1 = run_pass(r1, [Piece(0, a)])[0]
+    t2 = run_pass(r2, [Piece(0, b), Piece(1, a)])[1]
+    assert t1 == t2
+
+
+def test_long_prompts_run_as_pieces_interleaved_with_others(lm):
+    """chunk 16: a 50-token prompt is 4 pieces; interleaved with other prompts over 4 passes it leaves
+    the state its pieces leave alone (ModelRunner.prefill), MTP KV included."""
+    long, x, y = _prompts(lm, [50, 7, 20], seed=3)
+    alone = _runner(lm, chunk=16)
+    t_long = alone.prefill(0, long)
+    ref_long = _state(alone, 0)
+    t_x, t_y = alone.prefill(1, x), alone.prefill(2, y)
+    ref_x, ref_y = _state(alone, 1), _state(alone, 2)
+    r = _runner(lm, chunk=16)
+    ps = prefill_pieces(r, 0, long)
+    assert [(p.start, len(p.ids), p.last) for p in ps] == [
+        (0, 16, False),
+        (16, 16, False),
+        (32, 16, False),
+        (48, 2, True),
+    ]
+    py = prefill_pieces(r, 2, y)  # 16 + 4
+    assert run_pass(r, [ps[0], Piece(1, x)]) == [None, t_x]
+    assert run_pass(r, [py[0], ps[1]]) == [None, None]
+    assert run_pass(r, [ps[2], py[1]]) == [None, t_y]
+    assert run_pass(r, [ps[3]]) == [t_long]
+    _assert_same(_state(r, 0), ref_long)
+    _assert_same(_state(r, 1), ref_x)
+    _assert_same(_state(r, 2), ref_y)
+
+
+def test_a_refused_pass_changes_nothing(lm):
+    a, b = _prompts(lm, [10, 5], seed=4)
+    r = _runner(lm)
+    r.prefill(0, a)
+    before = _state(r, 0)
+    with pytest.raises(WindowError):
+        run_pass(r, [Piece(1, b), Piece(0, [1] * (MAX_LEN + 1))])
+    _assert_same(_state(r, 0), before)
+    with pytest.raises(ValueError, match="one piece per slot"):
+        run_pass(r, [Piece(1, b), Piece(1, a)])
+    with pytest.raises(ValueError, match="empty"):
+        run_pass(r, [Piece(1, [])])

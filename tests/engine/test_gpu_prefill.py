@@ -1,0 +1,116 @@
+"""GPU checks of the batched prefill (run on the device with `pytest -m gpu`), Qwen3.5-9B shape, random
+weights:
+  * the wide GEMM (baton/kernels/wide.py): a row of an M-row call is bitwise that row in an M' call, for
+    the model's projection shapes and M from 1 to 4096;
+  * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
+    as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
+  * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+SHAPE = os.environ.get("BATON_GPU_SHAPE", "qwen3.5-9b")
+
+
+@cuda
+def test_wide_gemm_rows_do_not_depend_on_m():
+    from baton.kernels import wide
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for N, K in ((8192, 4096), (4096, 4096), (12288, 4096), (4096, 12288), (32, 4096), (1024, 4096)):
+        w = (torch.randn(N, K, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        x = torch.randn(4096, K, device="cuda", generator=g).to(torch.bfloat16)
+        ref = wide.linear(x, w)
+        close = torch.allclose(ref.float(), (x.float() @ w.float().T), atol=5e-2, rtol=2e-2)
+        assert close, (N, K)
+        for lo, hi in ((0, 1), (5, 42), (100, 612), (1000, 2000), (3000, 4096)):
+            assert torch.equal(wide.linear(x[lo:hi], w), ref[lo:hi]), (N, K, lo, hi)
+
+
+@pytest.fixture(scope="module")
+def big():
+    from baton.loading import random_model
+    from baton.random_init import shape
+
+    return random_model(shape(SHAPE), dtype="bf16", device="cuda", seed=0, mtp=True)
+
+
+def _runner(lm, chunk=None):
+    from baton.engine.runner import ModelRunner
+
+    r = ModelRunner(lm.model, slots=5, max_len=4096, width=16)
+    if chunk:
+        r.prefill_chunk = chunk
+    return r
+
+
+def _state(r, slot):
+    out = {t.name: t.materialize().clone() for t in r.state.export(slot)}
+    out["position"] = int(r.state.position[slot])
+    out["next_token"] = int(r.state.next_token[slot])
+    return out
+
+
+def _same(a, b):
+    for k in a:
+        same = torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+        assert same, k
+
+
+def _prompts(vocab, lengths, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+@cuda
+def test_batched_prefill_equals_each_prompt_alone(big):
+    from baton.engine.prefill import Piece, prefill_pieces, run_pass
+
+    prompts = _prompts(big.cfg.vocab_size, [37, 512, 1000, 130, 2100])
+    alone = _runner(big)
+    toks, ref = [], []
+    for slot, ids in enumerate(prompts):
+        toks.append(alone.prefill(slot, ids))
+        ref.append(_state(alone, slot))
+    r = _runner(big)
+    assert run_pass(r, [Piece(s, ids) for s, ids in enumerate(prompts)]) == toks
+    for slot in range(len(prompts)):
+        _same(_state(r, slot), ref[slot])
+    # other companions, other offsets and slots
+    r2 = _runner(big)
+    got = run_pass(r2, [Piece(0, prompts[3]), Piece(1, prompts[0]), Piece(2, prompts[2])])
+    assert got == [toks[3], toks[0], toks[2]]
+    _same(_state(r2, 2), ref[2])
+    # chunked: the 2100 prompt as 1024-token pieces interleaved with the others
+    a1, a2 = _runner(big, chunk=1024), _runner(big, chunk=1024)
+    t_long = a1.prefill(0, prompts[4])
+    ref_long = _state(a1, 0)
+    ps = prefill_pieces(a2, 0, prompts[4])
+    assert len(ps) == 3
+    run_pass(a2, [Piece(1, prompts[1]), ps[0]])
+    run_pass(a2, [ps[1], Piece(2, prompts[0]), Piece(3, prompts[3])])
+    assert run_pass(a2, [ps[2]]) == [t_long]
+    _same(_state(a2, 0), ref_long)
+
+
+@cuda
+def test_wide_prefill_computes_the_model(big, monkeypatch):
+    from baton.engine import prefill as pf
+
+    ids = _prompts(big.cfg.vocab_size, [700], seed=5)[0]
+    r = _runner(big)
+    r.prefill(0, ids)
+    h_wide = r.state.hidden[0].float().clone()
+    monkeypatch.setattr(pf, "wide_prefill", lambda dev: contextlib.nullcontext())  # cuBLAS / torch norms
+    r.prefill(1, ids)
+    h_ref = r.state.hidden[1].float()
+    rel = ((h_wide - h_ref).norm() / h_ref.norm()).item()
+    assert rel < 0.05, rel

@@ -1,0 +1,91 @@
+"""The prefill worker's batched prefill (ExactEngine.prefills, baton/engine/prefill.py): concurrent
+prompts run in shared passes and each session's first token and state are bitwise those of the prompt
+alone; long prompts run piece by piece beside the others; a piece refused in a pass fails alone."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+from helpers import make_tiny_dir
+
+from baton.engine.prefill import Piece
+from baton.engine.runner import ModelRunner, WindowError
+from baton.loading import load_model
+from prefill_worker.engine import ExactEngine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return load_model(make_tiny_dir(tmp_path_factory.mktemp("m")), dtype="bf16")
+
+
+def _engine(lm, chunk=None, budget=None) -> ExactEngine:
+    r = ModelRunner(lm.model, slots=8, max_len=256, width=8)
+    if chunk:
+        r.prefill_chunk = chunk
+    return ExactEngine(r, **({"prefill_budget": budget} if budget else {}))
+
+
+def _state(e: ExactEngine, sid: str) -> dict:
+    tensors, pos, nxt = e.export(sid)
+    return {**{t.name: t.materialize().clone() for t in tensors}, "pos": pos, "next": nxt}
+
+
+def _prompts(lm, lengths, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(lm.cfg.vocab_size) for _ in range(n)] for n in lengths]
+
+
+def _concurrent(e: ExactEngine, prompts) -> list:
+    """Every prompt from its own thread, all queued while the engine's compute lock is held."""
+    out = [None] * len(prompts)
+
+    def one(i):
+        s, tok = e.prefill(prompts[i])
+        out[i] = (s.id, tok)
+
+    with e._compute:
+        th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in th:
+            t.start()
+        while len(e.prefills._queue) < len(prompts) - 1:  # the first leader took its own and waits for the lock
+            pass
+    for t in th:
+        t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("chunk", [None, 16], ids=["whole", "pieces"])
+def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
+    prompts = _prompts(lm, [40, 3, 17, 29, 8, 33])
+    solo = _engine(lm, chunk)
+    ref = []
+    for ids in prompts:
+        s, tok = solo.prefill(ids)
+        ref.append((tok, _state(solo, s.id)))
+        solo.release(s.id)
+    e = _engine(lm, chunk, budget=64)
+    got = _concurrent(e, prompts)
+    assert e.prefills.max_items >= 2  # they did share passes
+    for (sid, tok), (rtok, rstate) in zip(got, ref):
+        assert tok == rtok
+        st = _state(e, sid)
+        for k in rstate:
+            same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
+            assert same, k
+
+
+def test_a_refused_piece_fails_alone_and_the_rest_of_its_pass_runs(lm):
+    e = _engine(lm)
+    a, b = _prompts(lm, [12, 9], seed=1)
+    sa, sb = e.open_prefill(a), e.open_prefill(b)
+    out = e._prefill_batch([Piece(sa.slot, a), Piece(sb.slot, [1] * 300)])
+    assert isinstance(out[1], WindowError) and isinstance(out[0], int)
+    solo = _engine(lm)
+    _, tok = solo.prefill(a)
+    assert out[0] == tok

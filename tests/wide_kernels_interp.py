@@ -1,0 +1,40 @@
+"""Run under TRITON_INTERPRET=1 (tests/engine/test_wide_kernels.py): baton/kernels/wide.py on CPU tensors,
+fp32 (the interpreter does not model bf16 arithmetic; bf16 runs on the H200 in test_gpu_batch.py).
+Prints one JSON verdict line: each check's result."""
+
+import json
+
+import torch
+
+import tests.interp_shim  # noqa: F401  (first: the interpreter's numpy fix)
+from baton.kernels import wide
+from baton.models.qwen3_5 import GatedRMSNorm, RMSNorm
+
+torch.manual_seed(0)
+out = {}
+K, N = 200, 300  # neither a multiple of the tiles: masked K and N edges
+w = torch.randn(N, K) * 0.05
+x = torch.randn(300, K)
+full = wide.linear(x, w)
+ref = x @ w.T
+out["linear_close"] = bool(torch.allclose(full.float(), ref.float(), atol=1e-4, rtol=1e-4))
+inv = True
+for lo, hi in ((0, 1), (3, 8), (100, 231), (5, 300)):  # the same rows inside passes of other sizes
+    inv &= bool(torch.equal(wide.linear(x[lo:hi], w), full[lo:hi]))
+out["linear_row_invariant"] = inv
+out["linear_shape"] = list(wide.linear(x[:6].view(2, 3, K), w).shape) == [2, 3, N]
+
+h = torch.randn(37, 96)
+nw = torch.randn(96) * 0.1
+m = RMSNorm(96, 1e-6)
+m.weight.data.copy_(nw)
+y = wide.rmsnorm(h, nw, 1e-6, centred=True)
+out["rmsnorm_close"] = bool(torch.allclose(y.float(), m(h).float(), atol=1e-4, rtol=1e-4))
+out["rmsnorm_row_invariant"] = bool(torch.equal(wide.rmsnorm(h[7:9], nw, 1e-6), y[7:9]))
+g = torch.randn(37, 96)
+gm = GatedRMSNorm(96, 1e-6)
+gm.weight.data.copy_(nw)
+yg = wide.gated_rmsnorm(h, g, nw, 1e-6)
+out["gated_close"] = bool(torch.allclose(yg.float(), gm(h, g).float(), atol=1e-4, rtol=1e-4))
+out["gated_row_invariant"] = bool(torch.equal(wide.gated_rmsnorm(h[30:], g[30:], nw, 1e-6), yg[30:]))
+print(json.dumps(out))
