@@ -51,6 +51,75 @@ def causal_conv(
     return F.silu(out).transpose(0, 1)
 
 
+def conv_segments(x: torch.Tensor, conv_all: torch.Tensor, slots: list[int], lens: list[int], w: torch.Tensor):
+    """The prefill's causal conv + SiLU for a pass of segments: x [T, C] (segment i's rows are the
+    next lens[i] rows), each segment continuing from its slot's conv state conv_all[slot] [C, KW-1]
+    (updated in place with its last KW-1 inputs). One set of ops for the whole pass, each output an
+    explicit fp32 sum over the KW taps in order, so a row's result depends on its own window only.
+    Returns [T, C] in x's dtype."""
+    C, KW = w.shape
+    parts, idx, base = [], [], 0
+    for slot, n, off in zip(slots, lens, _offsets(lens)):
+        parts += [conv_all[slot], x[off : off + n].transpose(0, 1)]
+        idx.append(torch.arange(base, base + n))
+        base += n + KW - 1
+    seq = torch.cat(parts, dim=1)  # [C, T + N (KW-1)]: each segment's state, then its inputs
+    L = seq.shape[1] - KW + 1
+    acc = seq[:, 0:L].float() * w[:, 0:1].float()
+    for j in range(1, KW):
+        acc = acc + seq[:, j : j + L].float() * w[:, j : j + 1].float()
+    out = acc[:, torch.cat(idx).to(x.device)]  # [C, T]: the windows that end on each segment's rows
+    tails = torch.stack([seq[:, b + n : b + n + KW - 1] for b, n in zip(_bases(lens, KW), lens)])
+    conv_all.index_copy_(0, torch.tensor(slots, device=x.device), tails)
+    return F.silu(out).to(x.dtype).transpose(0, 1)
+
+
+def _offsets(lens: list[int]) -> list[int]:
+    out, o = [], 0
+    for n in lens:
+        out.append(o)
+        o += n
+    return out
+
+
+def _bases(lens: list[int], KW: int) -> list[int]:
+    return [o + i * (KW - 1) for i, o in enumerate(_offsets(lens))]
+
+
+def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], lens: list[int]) -> torch.Tensor:
+    """The prefill's delta rule for a pass of segments (rows as conv_segments), each from its slot's
+    recurrent state rec_all[slot] [Hv, dk, dv] fp32 (updated in place). CUDA with fla: one varlen call
+    (cu_seqlens) for the whole pass, also for one segment, so a segment's arithmetic is the same alone or
+    in any pass (fla's chunks never cross a sequence; its autotune keys hold no length). Else each
+    segment through `chunked`. Returns [T, Hv, dv]."""
+    fla = _fla_chunk() if v.is_cuda else None
+    if fla is None:
+        outs = [
+            chunked(q[o : o + n], k[o : o + n], v[o : o + n], g[o : o + n], beta[o : o + n], rec_all[s])
+            for s, n, o in zip(slots, lens, _offsets(lens))
+        ]
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+    Hv = v.shape[1]
+    rep = Hv // q.shape[1]
+    qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
+    cu_cpu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.long)
+    st = torch.tensor(slots, device=v.device)
+    o, final = fla(
+        qr[None].contiguous(),
+        kr[None].contiguous(),
+        v[None].contiguous(),
+        g=g[None].float(),
+        beta=beta[None].to(v.dtype),
+        initial_state=rec_all.index_select(0, st),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_cpu.to(v.device),
+        cu_seqlens_cpu=cu_cpu,
+    )
+    rec_all.index_copy_(0, st, final.to(rec_all.dtype))
+    return o[0]
+
+
 def _prep(q, k, g_heads: int):
     """L2-normalise (fp32), scale q, repeat key heads to value heads. q,k [T, Hk, dk] -> [T, Hv, dk]."""
     q, k = q.float(), k.float()

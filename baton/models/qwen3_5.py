@@ -234,6 +234,19 @@ class GatedDeltaNet(nn.Module):
             return gdn_ops.chunked(q, k, v, g, beta, rs)  # [T, Hv, dv]
         return gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])  # [W, Hv, dv]
 
+    def _mix_segments(self, mixed, beta, g, state, segs) -> torch.Tensor:
+        """Prefill: every segment's conv + delta rule against its own slot's state (updated in place),
+        each as in a pass of its own (gdn_ops.conv_segments / chunked_segments) -> o [T, Hv, dv]."""
+        T = mixed.shape[0]
+        conv_all, rec_all = state.gdn(self.layer_idx)  # [S, C, K-1], [S, Hv, dk, dv]
+        slots, lens = [sg.slot for sg in segs], [sg.n for sg in segs]
+        mixed = gdn_ops.conv_segments(mixed, conv_all, slots, lens, self.conv1d.weight[:, 0, :])  # [T, C]
+        kd = self.cfg.key_dim
+        q = mixed[:, :kd].reshape(T, self.nk, self.dk)
+        k = mixed[:, kd : 2 * kd].reshape(T, self.nk, self.dk)
+        v = mixed[:, 2 * kd :].reshape(T, self.nv, self.dv)
+        return gdn_ops.chunked_segments(q, k, v, g, beta, rec_all, slots, lens)
+
     def _out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         T = o.shape[0]
         o = self.norm(o.reshape(T * self.nv, self.dv), z.reshape(T * self.nv, self.dv))
@@ -243,13 +256,9 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]  # x [T, hidden]
         if ctx.width is None:
             mixed, beta, g, z = ctx.map(self._project, x)
-            parts = []
-            for sg in ctx.prefill_segments():  # each prompt piece against its own slot's state, alone
-                cs, rs = self._gdn_state(state, sg.slot, ctx.phase)
-                r = slice(sg.off, sg.off + sg.n)
-                parts.append(self._mix(mixed[r], beta[r], g[r], cs, rs, sg.n, True, None))
+            o = self._mix_segments(mixed, beta, g, state, ctx.prefill_segments())
             ctx.state_written(self.layer_idx)  # conv + recurrent final
-            return ctx.map(self._out, torch.cat(parts) if len(parts) > 1 else parts[0], z)
+            return ctx.map(self._out, o, z)
         mixed, beta, g, z = ctx.map(self._project, x)
         groups = ctx.row_groups()
         o = None if len(groups) == 1 and T == ctx.width else x.new_zeros(T, self.nv, self.dv)
