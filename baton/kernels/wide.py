@@ -9,6 +9,8 @@ inputs whatever the other rows are:
     linear(x [M, K], w [N, K])          x @ w.T, fp32 accumulate in K order, one tile shape, no split-K
     rmsnorm(x [M, N], w, eps, centred)  y = x / rms(x) * (1 + w)  (centred)  or  * w
     gated_rmsnorm(x, gate, w, eps)      (w * norm(x).to(dt) * silu(gate)).to(dt)  (the GDN output norm)
+    l2norm(x, eps)                      x * rsqrt(sum(x^2) + eps) over the last dim (GDN q / k before fla:
+                                        fla's own l2norm picks its tile by the row count)
 
 `baton.models.context.wide_prefill(device)` switches them on for the prefill's per-row ops (`lin`,
 RMSNorm, GatedRMSNorm in baton/models/qwen3_5.py) on CUDA; on CPU nothing changes and the model runs each
@@ -21,8 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-# One configuration for every M (the point of this module). 128 x 256 output tiles, K in steps of 64.
-BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 256, 64, 8
+# One configuration for every M (the point of this module); K in steps of 64.
+# 128 x 128 x 64 with 8 warps: the best of benchmarks/sweep_wide.py's configurations from M = 128 to 4096
+# on the H200 (0.57-0.72 of cuBLAS; every configuration swept gave bitwise the same rows, BLOCK_K fixed).
+BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 128, 64, 8
 NUM_WARPS, NUM_STAGES = 8, 3
 
 
@@ -112,6 +116,7 @@ def _norm_kernel(
     eps,
     CENTRED: tl.constexpr,
     GATED: tl.constexpr,
+    L2: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -119,8 +124,13 @@ def _norm_kernel(
     m = offs < N
     x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    if GATED:  # (w * y.to(dt) * silu(gate.float())).to(dt), as GatedRMSNorm
+    if L2:
+        y = x * tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+    else:
+        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    if L2:
+        pass
+    elif GATED:  # (w * y.to(dt) * silu(gate.float())).to(dt), as GatedRMSNorm
         g = tl.load(g_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
         y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
         y = w.to(y_ptr.dtype.element_ty).to(tl.float32) * y
@@ -132,7 +142,9 @@ def _norm_kernel(
     tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
-def _norm(x: torch.Tensor, gate: torch.Tensor | None, w: torch.Tensor, eps: float, centred: bool) -> torch.Tensor:
+def _norm(
+    x: torch.Tensor, gate: torch.Tensor | None, w: torch.Tensor | None, eps: float, centred: bool, l2: bool = False
+) -> torch.Tensor:
     N = x.shape[-1]
     x2 = x.reshape(-1, N).contiguous()
     g2 = gate.reshape(-1, N).contiguous() if gate is not None else x2
@@ -142,12 +154,13 @@ def _norm(x: torch.Tensor, gate: torch.Tensor | None, w: torch.Tensor, eps: floa
         _norm_kernel[(x2.shape[0],)](
             x2,
             g2,
-            w,
+            w if w is not None else x2,
             y,
             N,
             eps,
             CENTRED=centred,
             GATED=gate is not None,
+            L2=l2,
             BLOCK=block,
             num_warps=8 if block >= 2048 else 4,
         )
@@ -162,3 +175,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, centred: bool = True) 
 def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """GatedRMSNorm's (w * norm(x).to(dt) * silu(gate.float())).to(dt), row by row."""
     return _norm(x, gate, w, eps, False)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(sum(x^2) + eps) over the last dim, fp32 inside, one program per row."""
+    return _norm(x, None, None, eps, False, l2=True)

@@ -33,20 +33,17 @@ def _fla_chunk():
 
 
 def causal_conv(
-    x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, wide: bool, ckpt: torch.Tensor | None = None
+    x: torch.Tensor, conv_state: torch.Tensor, w: torch.Tensor, n: int, ckpt: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Depthwise causal conv + SiLU. x [T, C]; conv_state [C, KW-1] (updated in place with the last
-    KW-1 inputs of the first n rows); w [C, KW]. `wide` (prefill) may use conv1d. ckpt [W, C, KW-1]
-    (rows mode, optional): ckpt[t] := the conv state after row t, t < n. Returns [T, C]."""
-    T, C = x.shape
+    """Rows mode: depthwise causal conv + SiLU over fixed-shape windows (row-invariant). x [W, C];
+    conv_state [C, KW-1] (updated in place with the last KW-1 inputs of the first n rows); w [C, KW].
+    ckpt [W, C, KW-1] (optional): ckpt[t] := the conv state after row t, t < n. Returns [W, C].
+    (The prefill's conv is conv_segments.)"""
     KW = w.shape[1]
-    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)  # [C, KW-1+T]
-    if wide:  # prefill: wide kernel
-        out = F.conv1d(seq[None], w[:, None, :], groups=C)[0]  # [C, T]
-    else:  # rows: fixed-shape windows, row-invariant
-        out = (seq.unfold(1, KW, 1) * w[:, None, :]).sum(-1)  # [C, T]
-        if ckpt is not None:
-            ckpt[:n].copy_(seq.unfold(1, KW - 1, 1)[:, 1 : n + 1].transpose(0, 1))
+    seq = torch.cat([conv_state, x.transpose(0, 1)], dim=1)  # [C, KW-1+W]
+    out = (seq.unfold(1, KW, 1) * w[:, None, :]).sum(-1)  # [C, W]
+    if ckpt is not None:
+        ckpt[:n].copy_(seq.unfold(1, KW - 1, 1)[:, 1 : n + 1].transpose(0, 1))
     conv_state.copy_(seq[:, n : n + KW - 1])
     return F.silu(out).transpose(0, 1)
 
@@ -91,7 +88,8 @@ def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], 
     recurrent state rec_all[slot] [Hv, dk, dv] fp32 (updated in place). CUDA with fla: one varlen call
     (cu_seqlens) for the whole pass, also for one segment, so a segment's arithmetic is the same alone or
     in any pass (fla's chunks never cross a sequence; its autotune keys hold no length). Else each
-    segment through `chunked`. Returns [T, Hv, dv]."""
+    segment through `chunked`. q / k are L2-normalised first by wide.l2norm (fla's own l2norm autotunes
+    its row tile per number of rows). Returns [T, Hv, dv]."""
     fla = _fla_chunk() if v.is_cuda else None
     if fla is None:
         outs = [
@@ -99,6 +97,9 @@ def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], 
             for s, n, o in zip(slots, lens, _offsets(lens))
         ]
         return torch.cat(outs) if len(outs) > 1 else outs[0]
+    from baton.kernels import wide  # CUDA only (Triton)
+
+    q, k = wide.l2norm(q), wide.l2norm(k)  # row-invariant; fla's in-kernel l2norm tiles by the row count
     Hv = v.shape[1]
     rep = Hv // q.shape[1]
     qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
@@ -112,7 +113,7 @@ def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], 
         beta=beta[None].to(v.dtype),
         initial_state=rec_all.index_select(0, st),
         output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
+        use_qk_l2norm_in_kernel=False,
         cu_seqlens=cu_cpu.to(v.device),
         cu_seqlens_cpu=cu_cpu,
     )

@@ -220,18 +220,16 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(lin(self.in_proj_a, x).float() + self.dt_bias)
         return lin(self.in_proj_qkv, x), beta, g, lin(self.in_proj_z, x)
 
-    def _mix(self, mixed, beta, g, cs, rs, n: int, wide: bool, ck) -> torch.Tensor:
+    def _mix(self, mixed, beta, g, cs, rs, n: int, ck) -> torch.Tensor:
         """One slot's rows: conv + delta rule on its state (cs, rs updated in place) -> o [T, Hv, dv].
         Rows mode: T = W rows, the first n valid; ck = (conv, recurrent) per-row checkpoints or None."""
         T = mixed.shape[0]
         w = self.conv1d.weight[:, 0, :]  # [C, K]
-        mixed = gdn_ops.causal_conv(mixed, cs, w, n, wide, ck and ck[0])  # [T, C], updates cs
+        mixed = gdn_ops.causal_conv(mixed, cs, w, n, ck and ck[0])  # [W, C], updates cs
         kd = self.cfg.key_dim
         q = mixed[:, :kd].reshape(T, self.nk, self.dk)
         k = mixed[:, kd : 2 * kd].reshape(T, self.nk, self.dk)
         v = mixed[:, 2 * kd :].reshape(T, self.nv, self.dv)
-        if wide:
-            return gdn_ops.chunked(q, k, v, g, beta, rs)  # [T, Hv, dv]
         return gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])  # [W, Hv, dv]
 
     def _mix_segments(self, mixed, beta, g, state, segs) -> torch.Tensor:
@@ -265,7 +263,7 @@ class GatedDeltaNet(nn.Module):
         for grp in groups:  # each slot's rows in order against its own state, at the one-slot shape
             cs, rs = self._gdn_state(state, grp.slot, ctx.phase)
             ck = state.row_ckpt(self.layer_idx) if grp.n > 1 else None  # per-row ckpts (one set per runner)
-            og = self._mix(*(ctx.group_rows(t, grp) for t in (mixed, beta, g)), cs, rs, grp.n, False, ck)
+            og = self._mix(*(ctx.group_rows(t, grp) for t in (mixed, beta, g)), cs, rs, grp.n, ck)
             if o is None:
                 o = og
             else:
