@@ -46,12 +46,24 @@ def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRA
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    dump_stacks_on_sigusr1(role)
     print(f"{role}: serving on {handle.address}", flush=True)
     while not done.wait(0.5):
         pass
     handle.stop(grace)
     log.info("%s: stopped", role)
     return 0
+
+
+def dump_stacks_on_sigusr1(role: str) -> None:
+    """`kill -USR1 <pid>` prints every thread's Python stack (faulthandler): to stderr, or with
+    BATON_STACK_DIR set to <dir>/<role>-<pid>.stacks (for a worker whose stderr is not at hand)."""
+    import faulthandler
+    import os
+
+    d = os.environ.get("BATON_STACK_DIR")
+    f = open(os.path.join(d, f"{role}-{os.getpid()}.stacks"), "a") if d else sys.stderr  # noqa: SIM115 - kept open
+    faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
 
 
 def exit_process(code: int) -> NoReturn:
