@@ -12,7 +12,8 @@ Lifecycle:
                                        first push, and again on the first push after it died
     start_push(target, settings, plan) -> ProcessPush: OPEN (target, settings, header) to the child, then
         a stager thread (per push): encode.chunk_segments(plan) -> per chunk: take a free slot (at
-        most `per_stream` slots per push), staging.stage_into(slot, segments): CUDA bytes D2H on the
+        most `per_stream` slots per push, and only while the push is one of the `streams` = slots / 2
+        oldest pushes staging: FIFO admission, so later streams never fill the ring), staging.stage_into(slot, segments): CUDA bytes D2H on the
         copy stream gated on each tensor's ready event (ring pinned with cudaHostRegister on first
         use), CPU bytes one copy; CHUNK(slot, index, n) once the copy is done (a CUDA chunk waits one
         chunk behind the copies queued); END(next_token) after the last
@@ -107,6 +108,9 @@ class _Child:
         self._cv = threading.Condition()
         self._free = list(range(slots))
         self._owner: dict[int, ProcessPush] = {}  # slot -> the push holding it (staging or posted)
+        self._order: list[ProcessPush] = []  # pushes that asked for slots, oldest first (take's admission)
+        self.streams = max(1, slots // 2)  # pushes staging at once; each may hold per_stream slots
+        self.per_stream = min(per_stream, max(1, slots // self.streams))
         self._pushes: dict[int, ProcessPush] = {}  # stream id -> push in flight
         self._ids = 0
         self._users = 0  # stagers running: the ring stays mapped for them
@@ -130,10 +134,25 @@ class _Child:
             pass  # the reader sees the EOF and fails the push
         return True
 
+    def _admitted(self, push: "ProcessPush") -> bool:
+        """Under _cv: the push is one of the `streams` oldest that asked for ring slots and are not done.
+        Later pushes wait: with many pushes staging at once (a batched prefill marks every session's layer
+        together) they would otherwise fill the ring with chunks of streams the receiver is not reading
+        yet, while the streams it is reading wait for slots (a hold-and-wait cycle; seen on the H200 with
+        32 sessions in flight)."""
+        self._order = [p for p in self._order if not p.done.is_set()]
+        if push not in self._order:
+            self._order.append(push)
+        return self._order.index(push) < self.streams
+
     def take(self, push: "ProcessPush") -> int:
         with self._cv:
-            while self.dead is None and not push.done.is_set() and (not self._free or push.held >= self.per_stream):
-                self._cv.wait()
+            while (
+                self.dead is None
+                and not push.done.is_set()
+                and (not self._free or push.held >= self.per_stream or not self._admitted(push))
+            ):
+                self._cv.wait(0.05)  # NOTE: a timeout: a push ending elsewhere (DONE, cancel) admits the next
             if self.dead is not None or push.done.is_set():
                 raise _Stop
             slot = self._free.pop()
