@@ -6,6 +6,8 @@ batch N and the memory-bandwidth floor at N, in one run.
         --concurrency 1,8,32,64,128 --input-len 512 --output-len 256   # the GPU defaults, written out
     ... --rate 4,16 --num-prompts 128                                  # Poisson arrivals as well
     ... --workload fixed,mixed [--mixed-input 64:1024 --mixed-output 32:512 --long-frac 0.1 --long-input 4096:16384]
+    ... --layout both                  # the same points with prefill GPU 0 + decode GPU 1, then both on GPU 0
+                                       # (benchmarks/serve_layouts.py: refused / skipped without two GPUs)
     python benchmarks/bench_serve.py --report benchmarks/results/serve-....json   # the .md and .png again
     python benchmarks/bench_serve.py --report A.json B.json --out AB.json         # two runs as one (+ .md, .png)
 
@@ -56,6 +58,8 @@ Per point:
                        (benchmarks/baselines.py: the weights once, per row its GDN state read + written and its
                        KV; fp8 weights for the fp8 engine); pct_of_floor
     Poisson points also have rate, num_prompts, arrivals_s (the last arrival), dispatch_late_s_max.
+    --layout points also have layout, gpus, goodput_per_gpu (tok_s / gpus); the JSON then has layouts,
+                       comparison and verdict (benchmarks/serve_layouts.py)
 Exit status 1 when any checked stream differs from its reference.
 """
 
