@@ -666,7 +666,14 @@ def run(a, argv: list[str]) -> dict:
                 if lay.get("skipped"):
                     print(f"bench_serve: layout {name} skipped: {lay['skipped']}", file=sys.stderr, flush=True)
                     continue
-                lay["serve"], pts, lay["warmup"] = _serve_points(a, args + lay["serve_args"], token, workloads, refs)
+                try:
+                    lay["serve"], pts, lay["warmup"] = _serve_points(
+                        a, args + lay["serve_args"], token, workloads, refs
+                    )
+                except (RuntimeError, TimeoutError) as e:  # this layout's serve did not come up: the other still runs
+                    lay["failed"] = f"baton serve: {e}"[-3000:]
+                    print(f"bench_serve: layout {name} FAILED: {lay['failed']}", file=sys.stderr, flush=True)
+                    continue
                 if "alone_reference_s" in lay["serve"]:
                     res["prepare"]["alone_reference_s"] = lay["serve"].pop("alone_reference_s")
                 lay["placement"] = layouts.placement(lay["serve"].pop("err", []))
@@ -947,7 +954,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = sum(p["mismatched"] for p in res["points"])
     if bad:
         print(f"bench_serve: FAIL: {bad} streams differ from their reference", file=sys.stderr)
-    return 1 if bad else 0
+    failed = [n for n, lay in res.get("layouts", {}).items() if lay.get("failed")]
+    if failed:
+        print(f"bench_serve: FAIL: layout {', '.join(failed)} did not run as asked (JSON: layouts)", file=sys.stderr)
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -162,3 +162,24 @@ def test_layout_both_on_the_cpu_end_to_end(tmp_path):
     assert r["comparison"] == [] and r["verdict"] == [f"No comparison: split: {r['layouts']['split']['skipped']}."]
     md = out.with_suffix(".md").read_text()
     assert "| split | 2 |" in md and "skipped: the split layout needs" in md and "No comparison" in md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_layout_whose_serve_fails_is_recorded_and_fails_the_run(tmp_path, monkeypatch):
+    """split's `baton serve` refuses to start (a bad option stands in for a worker that cannot load): the
+    run goes on with shared, records split as failed with serve's reason, and exits 1."""
+    real = sl.plan
+
+    def plan(layouts, device, serve_args="", env=None):
+        out = real(layouts, device, serve_args, env)
+        out["split"] = {"gpus": 2, "serve_args": ["--slots", "0"]}
+        return out
+
+    monkeypatch.setattr(sl, "plan", plan)
+    out = tmp_path / "r.json"
+    argv = ["--layout", "both", "--concurrency", "1", "--requests", "1", "--input-len", "8", "--output-len", "4"]
+    assert bs.main(argv + ["--no-hf", "--warmup", "", "--no-plot", "--out", str(out)]) == 1
+    r = json.loads(out.read_text())
+    assert "--slots must be >= 1" in r["layouts"]["split"]["failed"] and "serve" not in r["layouts"]["split"]
+    assert [(p["layout"], p["errors"]) for p in r["points"]] == [("shared", {})]
