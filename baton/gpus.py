@@ -2,7 +2,9 @@
 
 A worker process sees one GPU, through CUDA_VISIBLE_DEVICES, as Ray pins an actor. Two callers:
     deploy.processes.start_processes   spreads `--device cuda` workers over the visible GPUs, one each
-                                       round-robin (a disaggregated prefill / decode split on one host)
+                                       round-robin (a disaggregated prefill / decode split on one host:
+                                       prefill-0 on the first, decode-0 on the second); `baton serve
+                                       --colocate` puts them all on the first instead
     worker mains (`--device cuda:N`)   pin_device: N of the visible GPUs becomes the only one, "cuda";
                                        Triton launches and CUDA graphs then follow the tensors' device in
                                        every thread (a current-device setting is per thread)
@@ -19,14 +21,15 @@ _PROC_GPUS = "/proc/driver/nvidia/gpus"  # one entry per GPU the driver sees
 _CUDA_N = re.compile(r"cuda:(\d+)")
 
 
-def visible_gpus(env: Mapping[str, str] | None = None, proc_dir: str = _PROC_GPUS) -> list[str]:
+def visible_gpus(env: Mapping[str, str] | None = None, proc_dir: str | None = None) -> list[str]:
     """The GPUs a child process may use: CUDA_VISIBLE_DEVICES' entries (indexes or UUIDs, up to the
-    first empty or negative one, as CUDA reads it), else every GPU the NVIDIA driver lists; [] if none."""
+    first empty or negative one, as CUDA reads it), else every GPU the NVIDIA driver lists (proc_dir,
+    default _PROC_GPUS, read at call time); [] if none."""
     env = os.environ if env is None else env
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         try:
-            return [str(i) for i in range(len(os.listdir(proc_dir)))]
+            return [str(i) for i in range(len(os.listdir(proc_dir or _PROC_GPUS)))]
         except OSError:
             return []
     out = []
@@ -37,12 +40,13 @@ def visible_gpus(env: Mapping[str, str] | None = None, proc_dir: str = _PROC_GPU
     return out
 
 
-def spread(n_workers: int, gpus: list[str]) -> list[str | None]:
-    """GPU (a CUDA_VISIBLE_DEVICES value) for each of n GPU workers: round-robin over `gpus`; all None
-    (inherit the environment) with fewer than two GPUs, where there is nothing to choose."""
+def spread(n_workers: int, gpus: list[str], colocate: bool = False) -> list[str | None]:
+    """GPU (a CUDA_VISIBLE_DEVICES value) for each of n GPU workers: round-robin over `gpus`, or with
+    `colocate` all on gpus[0]; all None (inherit the environment) with fewer than two GPUs, where there
+    is nothing to choose."""
     if len(gpus) < 2:
         return [None] * n_workers
-    return [gpus[i % len(gpus)] for i in range(n_workers)]
+    return [gpus[0 if colocate else i % len(gpus)] for i in range(n_workers)]
 
 
 def pin_device(device: str, env: MutableMapping[str, str] | None = None) -> str:

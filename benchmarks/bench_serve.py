@@ -6,6 +6,8 @@ batch N and the memory-bandwidth floor at N, in one run.
         --concurrency 1,8,32,64,128 --input-len 512 --output-len 256   # the GPU defaults, written out
     ... --rate 4,16 --num-prompts 128                                  # Poisson arrivals as well
     ... --workload fixed,mixed [--mixed-input 64:1024 --mixed-output 32:512 --long-frac 0.1 --long-input 4096:16384]
+    ... --layout both                  # the same points with prefill GPU 0 + decode GPU 1, then both on GPU 0
+                                       # (benchmarks/serve_layouts.py: refused / skipped without two GPUs)
     python benchmarks/bench_serve.py --report benchmarks/results/serve-....json   # the .md and .png again
     python benchmarks/bench_serve.py --report A.json B.json --out AB.json         # two runs as one (+ .md, .png)
 
@@ -56,6 +58,8 @@ Per point:
                        (benchmarks/baselines.py: the weights once, per row its GDN state read + written and its
                        KV; fp8 weights for the fp8 engine); pct_of_floor
     Poisson points also have rate, num_prompts, arrivals_s (the last arrival), dispatch_late_s_max.
+    --layout points also have layout, gpus, goodput_per_gpu (tok_s / gpus); the JSON then has layouts,
+                       comparison and verdict (benchmarks/serve_layouts.py)
 Exit status 1 when any checked stream differs from its reference.
 """
 
@@ -80,6 +84,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import serve_layouts as layouts  # noqa: E402
 from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
 from benchmarks.load import Serve, decode_steps, pct  # noqa: E402
 
@@ -424,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=None, help="session slots a worker (default max(8, max N))")
     p.add_argument("--max-len", type=int, default=None, help="the workers' window (default: the longest request + 64)")
     p.add_argument("--serve-args", default="", help="more `baton serve` options, one string")
+    p.add_argument(
+        "--layout",
+        default=None,
+        choices=("split", "shared", "both"),
+        help="workers on two GPUs (split: prefill GPU 0, decode GPU 1), on one (shared: both GPU 0), or both "
+        "in one run, side by side (benchmarks/serve_layouts.py; default: one serve as given)",
+    )
     p.add_argument("--concurrency", default=None, help="closed-loop points, e.g. 1,8,32 (empty: none)")
     p.add_argument("--requests", type=int, default=None, help="Generate calls per client, one after another")
     p.add_argument("--rate", default="", help="Poisson points: requests/s, e.g. 2,8,inf")
@@ -472,6 +484,7 @@ def resolve(a) -> None:
     a.hf_batches = [int(x) for x in a.hf_batches.split(",") if x.strip()] if a.hf_batches is not None else a.points
     a.rates = [float(x) for x in a.rate.split(",") if x.strip()]
     a.workloads = [w.strip() for w in a.workload.split(",") if w.strip()]
+    a.layouts = layouts.parse(a.layout)
     if set(a.workloads) - {"fixed", "mixed"} or not a.workloads:
         raise SystemExit(f"--workload: fixed and/or mixed, got {a.workload!r}")
     if not a.points and not a.rates:
@@ -552,6 +565,58 @@ def floor_at(cfg, rows: int, context: float, bandwidth: float, engine: str, dtyp
     return floor_tok_s(cfg, rows, int(context), bandwidth, "fp8" if engine == "fp8" else dtype, DTYPE_BYTES[dtype])
 
 
+def _serve_points(a, args: list[str], token: str, workloads: list[Workload], refs: list[dict]):
+    """One `baton serve --processes ARGS`: the warm-up, the "alone" references (the first serve only: a
+    later one is checked against them), then every point; -> (serve info, points, warm-up)."""
+    serve = Serve(*args)
+    info = {"argv": "baton " + shlex.join(serve.argv[3:])}
+    points, warm = [], []
+    try:
+        t0 = time.monotonic()
+        addr = serve.wait(a.boot_timeout)
+        info["boot_s"] = round(time.monotonic() - t0, 1)
+        w0 = workloads[0]
+        for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
+            per = [[Job(tuple(w0.prompts[i % len(w0.prompts)]), min(8, a.output_len))] for i in range(n)]
+            p = closed_point(addr, token, per, a.engine, a.timeout)
+            warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors")})
+            print(f"bench_serve: warm-up {warm[-1]}", file=sys.stderr, flush=True)
+        if a.check == "alone" and not any(refs):  # each checked prompt through the router by itself
+            from baton.client import Client
+
+            t1 = time.monotonic()
+            with Client(addr, token=token) as c:
+                for w, r in zip(workloads, refs):
+                    for pi, n in w.ref_lengths(a.check_prompts).items():
+                        s = run_job(c, Job(tuple(w.prompts[pi]), n), a.engine, a.timeout)
+                        if s.status == "OK":
+                            r[pi] = s.tokens
+            info["alone_reference_s"] = round(time.monotonic() - t1, 1)
+        steps = _StepStats(serve, token)
+        for w, r in zip(workloads, refs):
+            for n in a.points:
+                jobs = w.jobs(r, 0, n * a.requests)
+                per = [[jobs[i + k * n] for k in range(a.requests)] for i in range(n)]
+                steps.start()
+                pt = closed_point(addr, token, per, a.engine, a.timeout)
+                points.append({"workload": w.name} | pt | steps.read())
+                print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
+            for rate in a.rates:
+                jobs = w.jobs(r, 0, a.num_prompts)
+                sched = poisson_schedule(len(jobs), rate, a.seed)
+                steps.start()
+                pt = rate_point(addr, token, rate, jobs, sched, a.engine, a.timeout)
+                points.append({"workload": w.name} | pt | steps.read())
+                print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
+    finally:
+        info["exit_code"] = serve.stop()
+        info["worker_exits"] = [ln.split("baton: ", 1)[1] for ln in serve.err if " exited with code " in ln]
+        if serve.proc.returncode not in (0, None) or not points or any(p.get("errors") for p in points):
+            info["stderr_tail"] = serve.err[-40:]
+        info["err"] = list(serve.err)  # the caller reads the placement lines, then drops it
+    return info, points, warm
+
+
 def run(a, argv: list[str]) -> dict:
     cfg = _model_config(a)
     workloads = make_workloads(a, cfg.vocab_size)
@@ -589,51 +654,37 @@ def run(a, argv: list[str]) -> dict:
         elif inflight > 64:
             res["note_max_inflight"] = "baton serve has no --max-inflight: its router refuses past 64 in flight"
         args += shlex.split(a.serve_args)
-        serve = Serve(*args)
-        res["serve"] = {"argv": "baton " + shlex.join(serve.argv[3:])}
         points, warm = [], []
-        try:
-            t0 = time.monotonic()
-            addr = serve.wait(a.boot_timeout)
-            res["serve"]["boot_s"] = round(time.monotonic() - t0, 1)
-            w0 = workloads[0]
-            for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
-                per = [[Job(tuple(w0.prompts[i % len(w0.prompts)]), min(8, a.output_len))] for i in range(n)]
-                p = closed_point(addr, token, per, a.engine, a.timeout)
-                warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors")})
-                print(f"bench_serve: warm-up {warm[-1]}", file=sys.stderr, flush=True)
-            if a.check == "alone":  # each checked prompt through the router by itself: the reference
-                from baton.client import Client
-
-                t1 = time.monotonic()
-                with Client(addr, token=token) as c:
-                    for w, r in zip(workloads, refs):
-                        for pi, n in w.ref_lengths(a.check_prompts).items():
-                            s = run_job(c, Job(tuple(w.prompts[pi]), n), a.engine, a.timeout)
-                            if s.status == "OK":
-                                r[pi] = s.tokens
-                res["prepare"]["alone_reference_s"] = round(time.monotonic() - t1, 1)
-            steps = _StepStats(serve, token)
-            for w, r in zip(workloads, refs):
-                for n in a.points:
-                    jobs = w.jobs(r, 0, n * a.requests)
-                    per = [[jobs[i + k * n] for k in range(a.requests)] for i in range(n)]
-                    steps.start()
-                    pt = closed_point(addr, token, per, a.engine, a.timeout)
-                    points.append({"workload": w.name} | pt | steps.read())
-                    print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
-                for rate in a.rates:
-                    jobs = w.jobs(r, 0, a.num_prompts)
-                    sched = poisson_schedule(len(jobs), rate, a.seed)
-                    steps.start()
-                    pt = rate_point(addr, token, rate, jobs, sched, a.engine, a.timeout)
-                    points.append({"workload": w.name} | pt | steps.read())
-                    print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
-        finally:
-            res["serve"]["exit_code"] = serve.stop()
-            res["serve"]["worker_exits"] = [ln.split("baton: ", 1)[1] for ln in serve.err if " exited with code " in ln]
-            if serve.proc.returncode not in (0, None) or not points or any(p.get("errors") for p in points):
-                res["serve"]["stderr_tail"] = serve.err[-40:]
+        if not a.layouts:  # one `baton serve` as given
+            res["serve"], points, warm = _serve_points(a, args, token, workloads, refs)
+            res["serve"].pop("err")
+            if "alone_reference_s" in res["serve"]:
+                res["prepare"]["alone_reference_s"] = res["serve"].pop("alone_reference_s")
+        else:
+            res["layouts"] = layouts.plan(a.layouts, a.device, a.serve_args)
+            for name, lay in res["layouts"].items():
+                if lay.get("skipped"):
+                    print(f"bench_serve: layout {name} skipped: {lay['skipped']}", file=sys.stderr, flush=True)
+                    continue
+                try:
+                    lay["serve"], pts, lay["warmup"] = _serve_points(
+                        a, args + lay["serve_args"], token, workloads, refs
+                    )
+                except (RuntimeError, TimeoutError) as e:  # this layout's serve did not come up: the other still runs
+                    lay["failed"] = f"baton serve: {e}"[-3000:]
+                    print(f"bench_serve: layout {name} FAILED: {lay['failed']}", file=sys.stderr, flush=True)
+                    continue
+                if "alone_reference_s" in lay["serve"]:
+                    res["prepare"]["alone_reference_s"] = lay["serve"].pop("alone_reference_s")
+                lay["placement"] = layouts.placement(lay["serve"].pop("err", []))
+                bad = layouts.placement_problem(name, lay["placement"], a.device)
+                if bad:  # the points ran elsewhere than the layout says: not reported as that layout
+                    lay["failed"] = bad
+                    print(f"bench_serve: layout {name} FAILED: {bad}", file=sys.stderr, flush=True)
+                    continue
+                points += layouts.annotate(pts, name, lay["gpus"])
+                warm = warm or lay["warmup"]
+                res.setdefault("serve", lay["serve"])
     res["warmup"] = warm
     from benchmarks.report import machine
 
@@ -642,7 +693,7 @@ def run(a, argv: list[str]) -> dict:
     for p in points:
         w = by_w[p["workload"]]
         if p["mode"] == "concurrency":
-            base = next((q for q in points if q["workload"] == p["workload"] and q.get("concurrency") == 1), None)
+            base = next((q for q in points if _same_series(q, p) and q.get("concurrency") == 1), None)
             p["scaling"] = round(p["tok_s"] / base["tok_s"], 2) if base and base["tok_s"] else None
             n = p["concurrency"]
             reqs = w.requests[: n * a.requests]
@@ -657,7 +708,15 @@ def run(a, argv: list[str]) -> dict:
     attach_hf(points, res["hf"])
     res["bandwidth_bytes_per_s"] = bandwidth
     res["points"] = points
+    if a.layouts:
+        res["comparison"] = layouts.compare(points)
+        res["verdict"] = layouts.verdict(res["comparison"], res["layouts"])
     return res
+
+
+def _same_series(q: dict, p: dict) -> bool:
+    """The same workload in the same layout (None where the run had no --layout)."""
+    return q["workload"] == p["workload"] and q.get("layout") == p.get("layout")
 
 
 def attach_hf(points: list[dict], hf: dict) -> None:
@@ -677,19 +736,61 @@ def merge(results: list[dict], paths: list[str]) -> dict:
         {"file": str(f), "command": r.get("command"), "date": r.get("date")} for f, r in zip(paths, results)
     ]
     out["hf"] = {k: v for r in results for k, v in r.get("hf", {}).items()}
-    key = lambda p: (p["workload"], p["mode"], p.get("concurrency") or 0, p.get("rate") or 0)  # noqa: E731
+    lays = {k: v for r in results for k, v in r.get("layouts", {}).items() if not v.get("skipped")}
+    if any("layouts" in r for r in results):  # a layout run in one file, skipped in another: the one that ran
+        out["layouts"] = {k: v for r in results for k, v in r.get("layouts", {}).items()} | lays
+    key = lambda p: (p.get("layout") or "", p["workload"], p["mode"], p.get("concurrency") or 0, p.get("rate") or 0)  # noqa: E731
     out["points"] = sorted((p for r in results for p in r.get("points", [])), key=key)
     attach_hf(out["points"], out["hf"])
     for p in out["points"]:
-        base = next((q for q in out["points"] if q["workload"] == p["workload"] and q.get("concurrency") == 1), None)
+        base = next((q for q in out["points"] if _same_series(q, p) and q.get("concurrency") == 1), None)
         if p["mode"] == "concurrency" and base and base["tok_s"]:
             p["scaling"] = round(p["tok_s"] / base["tok_s"], 2)
+    if "layouts" in out:
+        out["comparison"] = layouts.compare(out["points"])
+        out["verdict"] = layouts.verdict(out["comparison"], out["layouts"])
     return out
 
 
 # ------------------------------------------------------------------------------------------ report
 def _fmt(x, nd=1) -> str:
     return "" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def _tables(points: list[dict]) -> list[str]:
+    lines: list[str] = []
+    closed = [p for p in points if p.get("mode") == "concurrency"]
+    if closed:
+        lines += [
+            "| workload | N | all streams tok/s | x N=1 | each stream p50 (min) | TTFT p50 / p99 s | ITL p50 / p99 s "
+            "| HF batch N tok/s (decode) | floor tok/s | % floor | errors | differing / checked |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in closed:
+            hf = f"{_fmt(p.get('hf_tok_s'))} ({_fmt(p.get('hf_decode_tok_s'))})" if "hf_tok_s" in p else ""
+            lines.append(
+                f"| {p['workload']} | {p['concurrency']} | {_fmt(p['tok_s'])} | {_fmt(p.get('scaling'), 2)} | "
+                f"{_fmt(p['stream_tok_s_p50'])} ({_fmt(p.get('stream_tok_s_min'))}) | "
+                f"{_fmt(p['ttft_s_p50'], 3)} / {_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / "
+                f"{_fmt(p['itl_s_p99'], 3)} | {hf} | {_fmt(p.get('floor_tok_s'))} | {_fmt(p.get('pct_of_floor'))} | "
+                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
+            )
+    rated = [p for p in points if p.get("mode") == "rate"]
+    if rated:
+        lines += [
+            "",
+            "| workload | rate req/s | requests | tok/s | req/s done | mean in flight | TTFT p50 / p99 s | "
+            "ITL p50 / p99 s | errors | differing / checked |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in rated:
+            lines.append(
+                f"| {p['workload']} | {p['rate']:g} | {p['num_prompts']} | {_fmt(p['tok_s'])} | "
+                f"{_fmt(p['requests_per_s'], 2)} | {_fmt(p['mean_inflight'])} | {_fmt(p['ttft_s_p50'], 3)} / "
+                f"{_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / {_fmt(p['itl_s_p99'], 3)} | "
+                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
+            )
+    return lines
 
 
 def markdown(res: dict) -> str:
@@ -707,37 +808,14 @@ def markdown(res: dict) -> str:
     ]
     for m_ in res.get("merged_from", [])[1:]:
         lines.append(f"Merged with `{m_['command']}` ({m_['date']}).\n")
-    closed = [p for p in res.get("points", []) if p.get("mode") == "concurrency"]
-    if closed:
-        lines += [
-            "| workload | N | all streams tok/s | x N=1 | each stream p50 (min) | TTFT p50 / p99 s | ITL p50 / p99 s "
-            "| HF batch N tok/s (decode) | floor tok/s | % floor | errors | differing / checked |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for p in closed:
-            hf = f"{_fmt(p.get('hf_tok_s'))} ({_fmt(p.get('hf_decode_tok_s'))})" if "hf_tok_s" in p else ""
-            lines.append(
-                f"| {p['workload']} | {p['concurrency']} | {_fmt(p['tok_s'])} | {_fmt(p.get('scaling'), 2)} | "
-                f"{_fmt(p['stream_tok_s_p50'])} ({_fmt(p.get('stream_tok_s_min'))}) | "
-                f"{_fmt(p['ttft_s_p50'], 3)} / {_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / "
-                f"{_fmt(p['itl_s_p99'], 3)} | {hf} | {_fmt(p.get('floor_tok_s'))} | {_fmt(p.get('pct_of_floor'))} | "
-                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
-            )
-    rated = [p for p in res.get("points", []) if p.get("mode") == "rate"]
-    if rated:
-        lines += [
-            "",
-            "| workload | rate req/s | requests | tok/s | req/s done | mean in flight | TTFT p50 / p99 s | "
-            "ITL p50 / p99 s | errors | differing / checked |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for p in rated:
-            lines.append(
-                f"| {p['workload']} | {p['rate']:g} | {p['num_prompts']} | {_fmt(p['tok_s'])} | "
-                f"{_fmt(p['requests_per_s'], 2)} | {_fmt(p['mean_inflight'])} | {_fmt(p['ttft_s_p50'], 3)} / "
-                f"{_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / {_fmt(p['itl_s_p99'], 3)} | "
-                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
-            )
+    if res.get("layouts"):
+        lines.append(layouts.markdown(res))
+    lays = list(dict.fromkeys(p["layout"] for p in res.get("points", []) if p.get("layout")))
+    for lay in lays or [None]:
+        if lay:
+            g = res["layouts"].get(lay, {}).get("gpus")
+            lines.append(f"\n### {lay} layout ({g} GPU{'s' * (g != 1)}), every point\n")
+        lines += _tables([p for p in res.get("points", []) if p.get("layout") == lay])
     hf = res.get("hf", {})
     if hf.get("skipped"):
         lines.append(f"\nHF generate skipped: {hf['skipped']}")
@@ -762,6 +840,9 @@ def plot(res: dict, path: Path) -> bool:
         import matplotlib.ticker
     except ImportError:
         return False
+    if res.get("layouts"):  # the two layouts side by side
+        layouts.plot(res, path, plt)
+        return True
     pts = res.get("points", [])
     closed = [p for p in pts if p.get("mode") == "concurrency"]
     rated = [p for p in pts if p.get("mode") == "rate" and math.isfinite(p["rate"])]  # rate inf: a burst
@@ -860,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f)
         return 0
     resolve(a)
+    layouts.refuse(a.layouts, a.device)  # before the prepare: an explicit split never runs shared instead
     res = run(a, argv)
     from benchmarks.report import emit
 
@@ -872,7 +954,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = sum(p["mismatched"] for p in res["points"])
     if bad:
         print(f"bench_serve: FAIL: {bad} streams differ from their reference", file=sys.stderr)
-    return 1 if bad else 0
+    failed = [n for n, lay in res.get("layouts", {}).items() if lay.get("failed")]
+    if failed:
+        print(f"bench_serve: FAIL: layout {', '.join(failed)} did not run as asked (JSON: layouts)", file=sys.stderr)
+    return 1 if bad or failed else 0
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "and the decode workers' sessions)",
     )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
+    p.add_argument("--colocate", action="store_true", help="--processes, cuda: all workers on the first GPU")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
         "--namespace", default=None, help="Ray namespace (default: baton, or baton-serve-PID when joining RAY_ADDRESS)"
@@ -283,6 +284,8 @@ def _check(args) -> str | None:
         return "--gpu-memory-fraction must be in (0, 1]"
     if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
         return "--max-inflight must be >= 1"
+    if getattr(args, "colocate", False) and not args.processes:
+        return "--colocate places worker processes: use it with --processes (Ray places actors itself)"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
@@ -325,7 +328,8 @@ def run(args) -> int:
         try:
             if args.processes:
                 namespace = None
-                procs = start_processes(specs, progress=progress, timeout=args.timeout, stop=sig.stop)
+                place = dict(progress=progress, timeout=args.timeout, stop=sig.stop, colocate=args.colocate)
+                procs = start_processes(specs, **place)  # cuda, 2+ GPUs: one each (--colocate: the first)
                 # the router has drained by then: a worker gets 1 s to drain, then time to exit
                 cleanups.append(lambda: stop_processes(procs, grace=4.0, progress=progress))
                 supervisor = Supervisor(procs, progress=progress, timeout=args.timeout)

@@ -267,15 +267,23 @@ def worker_env(spec: WorkerSpec, n_cpu_workers: int, base: dict[str, str], cpus:
 
 
 def start_processes(
-    specs: list[WorkerSpec], *, progress: Progress, timeout: float, stop: threading.Event | None = None, settings=None
+    specs: list[WorkerSpec],
+    *,
+    progress: Progress,
+    timeout: float,
+    stop: threading.Event | None = None,
+    settings=None,
+    colocate: bool = False,
 ) -> list[WorkerProcess]:
-    """Starts every worker at once and waits until all are SERVING (one progress line each)."""
+    """Starts every worker at once and waits until all are SERVING (one progress line each). With two or
+    more GPUs visible each cuda worker gets one (round-robin in spec order: prefill-0 the first, decode-0
+    the next); with `colocate` every cuda worker gets the first."""
     n_cpu = sum(s.device == "cpu" for s in specs)
     base, cpus = dict(os.environ), os.cpu_count() or 1
     envs = [worker_env(s, n_cpu, base, cpus) for s in specs]
     gpu_workers = [i for i, s in enumerate(specs) if s.device == "cuda"]
-    for i, gpu in zip(gpu_workers, spread(len(gpu_workers), visible_gpus(base))):
-        if gpu is not None:  # one GPU each, round-robin: prefill and decode workers on their own GPUs
+    for i, gpu in zip(gpu_workers, spread(len(gpu_workers), visible_gpus(base), colocate)):
+        if gpu is not None:  # round-robin: prefill and decode workers on their own GPUs (colocate: one)
             envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
             progress.say(f"{specs[i].name} on GPU {gpu}")
     workers = [WorkerProcess(s, env=e) for s, e in zip(specs, envs)]

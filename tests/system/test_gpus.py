@@ -1,5 +1,6 @@
 """baton/gpus.py: one GPU per worker process, chosen through CUDA_VISIBLE_DEVICES (no CUDA here)."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -7,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from baton import gpus
 from baton.gpus import pin_device, spread, visible_gpus
-from deploy import processes
+from deploy import local, processes
 from deploy.processes import Progress, WorkerSpec
 
 
@@ -27,6 +29,8 @@ def test_spread_is_round_robin_from_two_gpus():
     assert spread(3, ["0"]) == [None, None, None]
     assert spread(3, ["4", "5"]) == ["4", "5", "4"]
     assert spread(2, ["0", "1", "2", "3"]) == ["0", "1"]
+    assert spread(3, ["4", "5"], colocate=True) == ["4", "4", "4"]
+    assert spread(2, ["0"], colocate=True) == [None, None]  # one GPU: inherited, as without colocate
 
 
 def test_pin_device_narrows_to_the_nth_visible_gpu():
@@ -66,6 +70,85 @@ def test_start_processes_gives_each_gpu_worker_its_own_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: everyone shares it, env inherited
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
     assert [w.env for w in started] == [None, None]
+
+
+class _FakePopen:
+    """A worker process that printed its serving line and exited: records the argv and environment
+    `baton serve` gave it (nothing is spawned, no signal is sent: poll() is never None)."""
+
+    spawned: list = []
+
+    def __init__(self, argv, *, env, **kw):
+        # NOTE: a pid past any pid_max (2**22): even a stray killpg would find no such group
+        self.argv, self.env, self.pid, self.returncode = list(argv), dict(env), 2**30, 0
+        role = argv[argv.index("-m") + 1].removesuffix("_worker")
+        self.stdout = iter([f"{role}: serving on 127.0.0.1:{4000 + len(self.spawned)}\n"])
+        self.spawned.append(self)
+
+    def poll(self):
+        return 0
+
+    def wait(self, timeout=None):
+        return 0
+
+    def terminate(self):
+        pass
+
+    kill = terminate
+
+
+def _serve_cuda(monkeypatch, tmp_path, n_gpus: int, *flags: str) -> dict[str, tuple[str | None, str]]:
+    """`baton serve --processes --device cuda FLAGS` with n_gpus fake driver entries (baton/gpus.py's
+    /proc/driver/nvidia/gpus) and no CUDA_VISIBLE_DEVICES: worker name -> (its CUDA_VISIBLE_DEVICES,
+    its --device), as launched. Only the spawn, the health wait and the router are faked."""
+    proc_dir = tmp_path / f"gpus{n_gpus}"
+    for i in range(n_gpus):
+        (proc_dir / f"0000:0{i}:00.0").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(gpus, "_PROC_GPUS", str(proc_dir))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(processes.subprocess, "Popen", _FakePopen)
+    monkeypatch.setattr(processes, "wait_serving", lambda *a, **kw: None)
+    routed = {}
+
+    def serve(start_router, *, cleanup, **kw):  # the router is not started: the launch is what is tested
+        routed["yes"] = True
+        cleanup()
+        return 0
+
+    monkeypatch.setattr(local, "serve_until_signalled", serve)
+    _FakePopen.spawned = []
+    p = argparse.ArgumentParser()
+    local.add_arguments(p)
+    assert local.run(p.parse_args(["--processes", "--device", "cuda", "--port", "0", "--http-port", "0", *flags])) == 0
+    assert routed
+    out = {}
+    for w in _FakePopen.spawned:
+        role = w.argv[w.argv.index("-m") + 1].removesuffix("_worker")
+        out[f"{role}-{sum(k.startswith(role) for k in out)}"] = (
+            w.env.get("CUDA_VISIBLE_DEVICES"),
+            w.argv[w.argv.index("--device") + 1],
+        )
+    return out
+
+
+def test_baton_serve_puts_prefill_on_gpu_0_and_decode_on_gpu_1(monkeypatch, tmp_path):
+    """Two visible GPUs: the disaggregated split, each worker process sees only its own GPU as "cuda"
+    (cuda:0 and cuda:1 of the machine); --colocate: both see GPU 0; one GPU: both inherit it."""
+    assert _serve_cuda(monkeypatch, tmp_path, 2) == {"prefill-0": ("0", "cuda"), "decode-0": ("1", "cuda")}
+    assert _serve_cuda(monkeypatch, tmp_path, 2, "--colocate") == {
+        "prefill-0": ("0", "cuda"),
+        "decode-0": ("0", "cuda"),
+    }
+    assert _serve_cuda(monkeypatch, tmp_path, 1) == {"prefill-0": (None, "cuda"), "decode-0": (None, "cuda")}
+    three = _serve_cuda(monkeypatch, tmp_path, 2, "--decode", "2")  # round-robin past two workers
+    assert three == {"prefill-0": ("0", "cuda"), "decode-0": ("1", "cuda"), "decode-1": ("0", "cuda")}
+
+
+def test_colocate_needs_processes(capsys):
+    p = argparse.ArgumentParser()
+    local.add_arguments(p)
+    assert local.run(p.parse_args(["--device", "cuda", "--colocate"])) == 2
+    assert "--colocate places worker processes: use it with --processes" in capsys.readouterr().err
 
 
 def test_worker_entry_points_do_not_import_fla(tmp_path):
