@@ -20,6 +20,9 @@ What one row's token is (canonical order; `reference_probs` is the same in float
     p >= min_p * p_max (0 = off); token = argmax over the kept ones of z + g
     g = Gumbel noise = -log(-log(u)), u = uniform from a hash of (seed, position, vocab index)
 Gumbel-max makes the token a draw from softmax(z) restricted to the kept set, renormalised.
+Exact mode's REJECTION policy (baton/engine/rejection.py) rides on `pick`: a proposing slot (the drafter,
+`set(proposing=True)`) draws from its cut q' and records it by position (`proposals`); a judging slot
+(the verifier, `judge`) has the rows at its drafts' positions accept or resample them.
 Penalties (`penalize`) are pure tensor code here but not wired into serving: the router refuses
 non-neutral penalties (docs/CONTRACTS.md, "Sampling").
 
