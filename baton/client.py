@@ -26,6 +26,11 @@ from baton.v1 import common_pb2, router_pb2, router_pb2_grpc
 DEFAULT_ADDR = "127.0.0.1:50051"
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
 ENGINES = {None: common_pb2.ENGINE_UNSPECIFIED, **ENGINE_VALUES}
+EXACT_POLICIES = {
+    None: common_pb2.EXACT_POLICY_UNSPECIFIED,
+    "coupling": common_pb2.COUPLING,
+    "rejection": common_pb2.REJECTION,
+}
 
 
 @dataclass
@@ -104,15 +109,20 @@ class Client:
         repetition_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
+        exact_policy: str | None = None,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
         delta's stats["seed"]); stop strings end the text before them; logprobs = N alternatives.
+        exact_policy (exact mode at T > 0): "coupling" (token-identical to the exact model's seeded
+        decode) or "rejection" (speculative rejection sampling, exact in distribution); None = the server's.
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
         if engine not in ENGINES:
             raise ValueError(f"engine: {engine!r} is not one of bf16, fp8, mtp")
+        if exact_policy not in EXACT_POLICIES:
+            raise ValueError(f"exact_policy: {exact_policy!r} is not one of coupling, rejection")
         req = router_pb2.GenerateRequest(
             request_id=request_id,
             max_new_tokens=max_new_tokens,
@@ -132,6 +142,7 @@ class Client:
                 repetition_penalty=repetition_penalty,
                 presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty,
+                exact_policy=EXACT_POLICIES[exact_policy],
             ),
         )
         if token_ids is None and prompt is not None and not isinstance(prompt, str):

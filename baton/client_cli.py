@@ -1,7 +1,7 @@
 """`baton generate` and `baton health`: command-line clients of a running router (no torch imported).
 
     baton generate [--addr A] [--mode fast|exact] [--engine bf16|fp8|mtp] [--max-new-tokens N] [--json]
-                   [--temperature T --top-p P --top-k K --seed S --stop STR ...] PROMPT
+                   [--temperature T --top-p P --top-k K --seed S --stop STR ...] [--exact-policy coupling|rejection] PROMPT
         streams the text to stdout; --json prints one object at the end:
         {"token_ids", "text", "finish_reason", "usage", "stats"}
     baton health [--addr A]
@@ -39,6 +39,13 @@ def add_arguments_for(cmd: str, p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-block", type=int, default=0, help="exact mode K (0 = the router's default)")
     p.add_argument("--prompt-ids", default=None, help="comma-separated prompt token ids instead of PROMPT")
     add_sampling_arguments(p)
+    p.add_argument(
+        "--exact-policy",
+        choices=("coupling", "rejection"),
+        default=None,
+        help="exact mode at T > 0: coupling (token-identical to `baton complete`) or rejection (speculative "
+        "rejection sampling, exact in distribution); default: the server's",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
     p.add_argument("prompt", nargs="?", default=None, help="prompt text")
 
@@ -104,6 +111,7 @@ def _generate(c: Client, args) -> int:
         draft_block=args.draft_block,
         timeout=args.timeout,
         stop=args.stop,
+        exact_policy=args.exact_policy,
         **sampling_kwargs(args),
     ):
         ids += d.token_ids

@@ -10,6 +10,7 @@ off); top_k any (0 = off; past the vocabulary = off); min_p in [0, 1] (0 = off);
 16 stop strings, each 1..256 bytes of UTF-8; repetition_penalty in [0, 10] (0 or 1 = off),
 presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range). Penalties are validated but not
 applied yet: a non-neutral one is refused (INVALID_ARGUMENT naming it) rather than silently ignored.
+exact_policy: a known ExactPolicy value; UNSPECIFIED resolves to DEFAULT_EXACT_POLICY for the workers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ MAX_STOPS = 16
 MAX_STOP_BYTES = 256
 MAX_REPETITION_PENALTY = 10.0
 MAX_ABS_PENALTY = 2.0
+EXACT_POLICIES = {0: "unspecified", 1: "coupling", 2: "rejection"}  # baton.v1.ExactPolicy
+DEFAULT_EXACT_POLICY = 1  # COUPLING: see docs/CONTRACTS.md, "Sampling" (the measured choice)
 
 
 def _bad(field: str, why: str) -> ValueError:
@@ -51,6 +54,8 @@ def check(p, *, stops: bool = True) -> None:
     ):
         if getattr(p, name) not in neutral:
             raise _bad(name, f"penalties are not supported yet (send {' or '.join(f'{v:g}' for v in neutral)})")
+    if p.exact_policy not in EXACT_POLICIES:
+        raise _bad("exact_policy", f"{p.exact_policy} is not an ExactPolicy (0 = default, 1 = COUPLING, 2 = REJECTION)")
     if len(p.stop) > (MAX_STOPS if stops else 0):
         raise _bad("stop", f"{len(p.stop)} stop strings: at most {MAX_STOPS}" if stops else "not for workers")
     for i, s in enumerate(p.stop):
@@ -69,10 +74,12 @@ def plan(p, has_tokenizer: bool, random_seed: int):
 
 
 def resolved(p, seed: int):
-    """A copy for the workers: seed set, stop strings removed (the router matches them on the text)."""
+    """A copy for the workers: seed set, exact_policy resolved, stop strings removed (the router matches
+    them on the text)."""
     out = type(p)()
     out.CopyFrom(p)
     out.seed = seed
+    out.exact_policy = p.exact_policy or DEFAULT_EXACT_POLICY
     del out.stop[:]
     return out
 

@@ -40,6 +40,7 @@ import grpc
 import torch
 
 from baton import sampling_rules
+from baton.engine import rejection
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
@@ -107,13 +108,14 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         return list(ids)
 
     @staticmethod
-    def _set_sampling(s, request) -> None:
-        """The session's sampling parameters for this call, on its runner's table (absent = greedy)."""
+    def _set_sampling(s, request, proposing: bool = False) -> None:
+        """The session's sampling parameters for this call, on its runner's table (absent = greedy).
+        proposing (Draft): a REJECTION-policy session's drafts come from the cut q', recorded."""
         p = None
         if request.HasField("sampling"):
             sampling_rules.check(request.sampling, stops=False)  # ValueError naming `sampling.<field>`
             p = Params.from_proto(request.sampling)
-        s.runner.sampling.set(s.slot, p)
+        s.runner.sampling.set(s.slot, p, proposing=proposing)
 
     # ---- RPCs ------------------------------------------------------------------------------------
     def LoadState(self, request_iterator, context):
@@ -248,13 +250,16 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 verdict = (request.accepted, request.next_token)
             elif request.accepted or request.next_token:
                 raise StatusError(INVALID, "has_verdict: false, but accepted/next_token are set")
-            self._set_sampling(s, request)  # drafts picked with the exact engine's noise
+            self._set_sampling(s, request, proposing=True)  # drafts picked with the exact engine's noise
             with window_field("k"):
                 drafts = self.engine.draft(request.session_id, request.k, verdict)
             pos = int(s.runner.state.position[s.slot])
             # NOTE: bf16/fp8 drafting consumed t0, d1..d(k-1) (k rows); the mtp chain consumes none
             committed = pos - (0 if s.engine == "mtp" else len(drafts))
-            return decode_pb2.DraftResponse(draft_tokens=drafts, position=committed)
+            table, probs = s.runner.sampling, []
+            if s.slot in table.proposed:  # REJECTION policy: each draft's q' (d_i is at committed + i)
+                probs = rejection.to_protos(table.proposals(s.slot, committed + 1, len(drafts)))
+            return decode_pb2.DraftResponse(draft_tokens=drafts, position=committed, draft_probs=probs)
 
     def Release(self, request, context):
         with self.call(context, "Release"):

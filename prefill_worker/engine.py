@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from baton.engine import rejection
 from baton.engine.gather import Gather
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner
@@ -226,15 +227,21 @@ class ExactEngine:
         pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
         return st.export(s.slot, pos), pos, nxt
 
-    def verify(self, session_id: str, tokens: list[int]) -> VerifyResult:
+    def verify(self, session_id: str, tokens: list[int], draft_probs=()) -> VerifyResult:
         """One session's block [t0, d1..dk]; concurrent calls of other sessions share its rows pass
-        (self.verifies), each bitwise as alone."""
+        (self.verifies), each bitwise as alone. draft_probs: the drafter's q' of d1..dk
+        (baton.v1.TokenDistribution), required iff the session samples with the REJECTION policy."""
         s = self.get(session_id)
         k = len(tokens) - 1
         if not 1 <= k < self.width:
             raise ValueError(f"tokens: a block of K={k} drafts; K must be in 1..{self.width - 1}")
         self.runner.check_ids(tokens, "tokens")
-        got = self.verifies.call((s, tokens))
+        dists = None
+        if self.runner.sampling.params[s.slot].rejection:
+            dists = rejection.parse(draft_probs, tokens[1:], self.runner.cfg.vocab_size)
+        elif len(draft_probs):
+            raise ValueError("draft_probs: only for a session sampled at T > 0 with exact_policy REJECTION")
+        got = self.verifies.call((s, tokens, dists))
         if isinstance(got, BaseException):
             raise got
         m, nxt, pos, lps = got
@@ -245,11 +252,12 @@ class ExactEngine:
         c.verify_blocks += 1
         return VerifyResult(m, nxt, pos, c, lps)
 
-    def _verify_batch(self, items: list[tuple[Session, list[int]]]) -> list:
+    def _verify_batch(self, items: list[tuple[Session, list[int], list | None]]) -> list:
         """Under _compute: the blocks of distinct sessions in one verify_blocks pass -> per item (m, next,
-        position, logprobs), or the ValueError / WindowError of that item alone (the others go on)."""
+        position, logprobs), or the ValueError / WindowError of that item alone (the others go on).
+        A rejection-policy block's rows judge its drafts against its q' (SamplingTable.judge)."""
         st, out, ok = self.runner.state, [None] * len(items), []
-        for i, (s, tokens) in enumerate(items):
+        for i, (s, tokens, _) in enumerate(items):
             pending = int(st.next_token[s.slot])
             if tokens[0] != pending:
                 out[i] = ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
@@ -262,7 +270,16 @@ class ExactEngine:
                 except ValueError as e:
                     out[i] = e
         if ok:
-            res = verify_blocks(self.runner, [(items[i][0].slot, items[i][1]) for i in ok])
+            table = self.runner.sampling
+            for i in ok:
+                s, tokens, dists = items[i]
+                if dists is not None:  # row j of the block picks position pos + j + 1: draft d_{j+1}'s
+                    table.judge(s.slot, int(st.position[s.slot]) + 1, tokens[1:], dists)
+            try:
+                res = verify_blocks(self.runner, [(items[i][0].slot, items[i][1]) for i in ok])
+            finally:
+                for i in ok:
+                    table.end_judge(items[i][0].slot)
             for i, (m, nxt) in zip(ok, res):
                 slot = items[i][0].slot
                 out[i] = (m, nxt, int(st.position[slot]), self.runner.sampling.logprobs(slot, m + 1))

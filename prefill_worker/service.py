@@ -309,7 +309,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                     f"d1..dK] with K < W = {self.engine.runner.width}",
                 )
             with window_field("tokens"):
-                r = self.engine.verify(request.session_id, list(request.tokens))
+                r = self.engine.verify(request.session_id, list(request.tokens), request.draft_probs)
             c = r.counters
             picked = list(request.tokens[1 : r.accepted + 1]) + [r.next_token]
             return prefill_pb2.VerifyResponse(

@@ -9,7 +9,9 @@ Lifecycle of one exact request after its Prefill (docs/ARCHITECTURE.md, "An exac
     ...                                           the caller Releases S on P and D at the end
 Only verified tokens are ever sent, so the output is the exact engine's output whatever D drafts: its
 greedy tokens, or (sampling) its own picks with the request's seed; D drafts with the same noise, so a
-draft is accepted iff it equals the exact engine's pick at that position (issue 22, rule 3).
+draft is accepted iff it equals the exact engine's pick at that position (issue 22, rule 3). With
+sampling.exact_policy = REJECTION (T > 0) D also returns each draft's proposal q' (draft_probs), which
+Verify judges by rejection sampling (baton/engine/rejection.py): exact in distribution only.
 
 Migration: when D fails (dies, hangs, loses S), ExportState(S, decode_target=D') on P re-streams the
 exact state (position, next_token = the pending token) to another decode worker and the loop goes on
@@ -95,12 +97,12 @@ class ExactLoop:
             # k <= remaining - 1: one block then yields at most the tokens still wanted
             k = max(1, min(self.k, self.budget.remaining - 1))
             try:
-                drafts = self._draft(k, verdict)
+                drafts, probs = self._draft(k, verdict)
             except WorkerFault as e:
                 self._migrate(pending, e)
                 verdict = None
                 continue
-            m, nxt, lps = self._verify(pending, drafts)
+            m, nxt, lps = self._verify(pending, drafts, probs)
             self.stats.drafted += k
             self.stats.accepted += m
             toks, finish = self.budget.take(drafts[:m] + [nxt])
@@ -109,7 +111,7 @@ class ExactLoop:
                 return
             pending, verdict = nxt, (m, nxt)
 
-    def _draft(self, k: int, verdict: tuple[int, int] | None) -> list[int]:
+    def _draft(self, k: int, verdict: tuple[int, int] | None) -> tuple[list[int], list]:
         req = decode_pb2.DraftRequest(
             session_id=self.sid, k=k, engine=self.engine, has_verdict=verdict is not None, sampling=self.sampling
         )
@@ -119,10 +121,11 @@ class ExactLoop:
         drafts = list(resp.draft_tokens)
         if len(drafts) != k:
             raise StatusError(grpc.StatusCode.INTERNAL, f"decode worker returned {len(drafts)} drafts for k={k}")
-        return drafts
+        # REJECTION policy: q' of each draft, relayed to the exact worker as is (empty otherwise)
+        return drafts, list(resp.draft_probs)
 
-    def _verify(self, pending: int, drafts: list[int]) -> tuple[int, int, list]:
-        req = prefill_pb2.VerifyRequest(session_id=self.sid, tokens=[pending, *drafts])
+    def _verify(self, pending: int, drafts: list[int], probs=()) -> tuple[int, int, list]:
+        req = prefill_pb2.VerifyRequest(session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs)
         try:
             resp = self.calls.unary(self.exact, "Verify", req)
         except WorkerFault as e:

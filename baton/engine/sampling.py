@@ -20,6 +20,9 @@ What one row's token is (canonical order; `reference_probs` is the same in float
     p >= min_p * p_max (0 = off); token = argmax over the kept ones of z + g
     g = Gumbel noise = -log(-log(u)), u = uniform from a hash of (seed, position, vocab index)
 Gumbel-max makes the token a draw from softmax(z) restricted to the kept set, renormalised.
+Exact mode's REJECTION policy (baton/engine/rejection.py) rides on `pick`: a proposing slot (the drafter,
+`set(proposing=True)`) draws from its cut q' and records it by position (`proposals`); a judging slot
+(the verifier, `judge`) has the rows at its drafts' positions accept or resample them.
 Penalties (`penalize`) are pure tensor code here but not wired into serving: the router refuses
 non-neutral penalties (docs/CONTRACTS.md, "Sampling").
 
@@ -51,7 +54,10 @@ from typing import Sequence
 
 import torch
 
+from baton.engine import rejection
+
 MAX_LOGPROBS = 20
+COUPLING, REJECTION = 1, 2  # baton.v1.ExactPolicy
 M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 
@@ -69,10 +75,16 @@ class Params:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int = 0  # top-N alternatives (<= MAX_LOGPROBS); > 0 also returns the chosen logprob
+    exact_policy: int = 0  # baton.v1.ExactPolicy: 0 / COUPLING = 1, REJECTION = 2 (baton/engine/rejection.py)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def rejection(self) -> bool:
+        """Exact mode judges this session's drafts by rejection sampling (T > 0 only)."""
+        return not self.greedy and self.exact_policy == REJECTION
 
     @classmethod
     def from_proto(cls, m) -> "Params":
@@ -89,6 +101,7 @@ class Params:
             presence_penalty=float(m.presence_penalty),
             frequency_penalty=float(m.frequency_penalty),
             logprobs=int(m.logprobs),
+            exact_policy=int(m.exact_policy),
         )
 
 
@@ -145,14 +158,23 @@ class SamplingTable:
         self.slot_rows = torch.arange(S, device=dev)[:, None].expand(S, width).contiguous()  # [S+1, W]
         self.row_ids = torch.arange(width, device=dev)  # [W]
         self.params: list[Params] = [GREEDY] * S
+        # rejection policy (baton/engine/rejection.py): drafting slots record each pick's proposal q'
+        # by position; a verifying slot's rows judge the drafts set for their positions
+        self.proposed: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.judging: dict[int, dict[int, tuple[int, torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def scratch(self) -> int:
         return self.slots
 
-    def set(self, slot: int, p: Params | None) -> None:
-        """Writes slot's parameters (host -> device scalars; not inside a captured region)."""
+    def set(self, slot: int, p: Params | None, *, proposing: bool = False) -> None:
+        """Writes slot's parameters (host -> device scalars; not inside a captured region). proposing: the
+        slot drafts for a rejection-policy Verify: its picks draw from the cut q' and record it."""
         p = p or GREEDY
+        self.proposed.pop(slot, None)
+        self.judging.pop(slot, None)
+        if proposing and p.rejection:
+            self.proposed[slot] = {}
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} out of range [0, {self.slots})")
         if not 0 <= p.logprobs <= MAX_LOGPROBS:
@@ -176,6 +198,20 @@ class SamplingTable:
         p = self.params[slot]
         return p.greedy and p.logprobs <= 0
 
+    def proposals(self, slot: int, first: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The q' (ids, probs) of the picks at positions first .. first + k - 1 of a proposing slot."""
+        rec = self.proposed.get(slot, {})
+        if any(first + i not in rec for i in range(k)):
+            raise RuntimeError(f"slot {slot}: no proposal recorded for positions {first}..{first + k - 1}")
+        return [rec[first + i] for i in range(k)]
+
+    def judge(self, slot: int, first: int, drafts: list[int], dists) -> None:
+        """The next pass's rows of slot picking positions first + i judge drafts[i] against q' dists[i]."""
+        self.judging[slot] = {first + i: (d, *q) for i, (d, q) in enumerate(zip(drafts, dists))}
+
+    def end_judge(self, slot: int) -> None:
+        self.judging.pop(slot, None)
+
     def wants_logprobs(self, slot: int) -> bool:
         return self.params[slot].logprobs > 0
 
@@ -195,9 +231,14 @@ class SamplingTable:
         if not capturing and not want_lp and all(p.greedy for p in ps):
             return logits.argmax(-1)
         truncate = capturing or any(p.top_k > 0 or 0.0 < p.top_p < 1.0 for p in ps)
-        tok, lp, top_lp, top_ids = sample(
-            logits, slots, positions, self, logprobs=want_lp, truncate=truncate, width=self.width
-        )
+        prop, judging = (None, None) if capturing else rejection.rows(self, logits, slots, positions, live)
+        tok, lp, top_lp, top_ids, q = sample(
+            logits, slots, positions, self, logprobs=want_lp, truncate=truncate, width=self.width,
+            prop=prop, judging=judging, with_q=True,
+        )  # fmt: skip
+        if q is not None:  # record each proposing row's q' by the position it picks
+            for i in prop.nonzero()[:, 0].tolist():
+                self.proposed[int(slots[i])][int(positions[i])] = rejection.sparse(q[i])
         if want_lp:
             self.lp_out.index_put_((slots, rows), lp)
             self.top_lp.index_put_((slots, rows), top_lp)
@@ -231,9 +272,11 @@ def penalize(x, counts, repetition, presence, frequency):
     return x - presence[:, None] * seen.to(x.dtype) - frequency[:, None] * counts.to(x.dtype)
 
 
-def _chunk(logits, slots, positions, t: SamplingTable, logprobs: bool, truncate: bool):
+def _chunk(logits, slots, positions, t: SamplingTable, logprobs: bool, truncate: bool, prop=None, judging=None):
     """One chunk of exactly W rows: see the module docstring for the order of the steps. truncate=False
-    (no row of the chunk uses top-k / top-p: a host fact) skips the full-vocab sort."""
+    (no row of the chunk uses top-k / top-p: a host fact) skips the full-vocab sort. prop [W] bool: rows
+    that draft for the rejection policy (their pick is restricted to the cut q', returned as the fifth
+    value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py)."""
     V = logits.shape[-1]
     greedy_tok = logits.argmax(-1)
     T = t.temperature[slots]
@@ -252,17 +295,24 @@ def _chunk(logits, slots, positions, t: SamplingTable, logprobs: bool, truncate:
         mask = torch.zeros_like(keep).scatter(1, idx, keep)
     else:
         mask = (z - z.max(-1, keepdim=True).values) >= log_min_p
-    score = (z + gumbel(t.seed_hi[slots], t.seed_lo[slots], positions, V)).masked_fill(~mask, -math.inf)
+    if prop is not None:
+        mask = rejection.cut(z, mask, prop)
+    seed_hi, seed_lo = t.seed_hi[slots], t.seed_lo[slots]
+    score = (z + gumbel(seed_hi, seed_lo, positions, V)).masked_fill(~mask, -math.inf)
     tok = torch.where(T > 0, score.argmax(-1), greedy_tok)
+    q = torch.softmax(z.masked_fill(~mask, -math.inf), dim=-1) if prop is not None or judging is not None else None
+    if judging is not None:  # q here is the verifier's own processed distribution p
+        tok = rejection.judge(q, judging[0], judging[1], seed_hi, seed_lo, positions, tok)
+    q = q if prop is not None else None
     if not logprobs:
-        return tok, None, None, None
+        return tok, None, None, None, q
     lp = torch.log_softmax(z, dim=-1)
     top_lp, top_ids = torch.topk(lp, min(MAX_LOGPROBS, V), dim=-1)
     if V < MAX_LOGPROBS:
         pad = MAX_LOGPROBS - V
         top_lp = torch.nn.functional.pad(top_lp, (0, pad), value=-math.inf)
         top_ids = torch.nn.functional.pad(top_ids, (0, pad))
-    return tok, lp.gather(-1, tok[:, None])[:, 0], top_lp, top_ids
+    return tok, lp.gather(-1, tok[:, None])[:, 0], top_lp, top_ids, q
 
 
 def sample(
@@ -274,26 +324,41 @@ def sample(
     logprobs: bool = False,
     truncate: bool = True,
     width: int | None = None,
+    prop: torch.Tensor | None = None,
+    judging: tuple[torch.Tensor, torch.Tensor] | None = None,
+    with_q: bool = False,
 ):
     """logits [M, V], slots [M] long, positions [M] long -> (tokens [M] long, chosen logprob [M],
     top logprobs [M, 20], top ids [M, 20]) (the last three None unless logprobs). Runs in chunks of
     `width` rows (default table.width), the last one padded with the scratch slot. Pure tensor code.
-    truncate=False skips top-k / top-p (only valid when no row uses them; graphs pass True)."""
+    truncate=False skips top-k / top-p (only valid when no row uses them; graphs pass True).
+    prop / judging: the rejection policy's rows ([M] bool; ([M] drafts or -1, [M, V] q')); with_q adds a
+    fifth value, the proposing rows' q' [M, V] (None without prop)."""
     W = width or table.width
     M = logits.shape[0]
     outs = []
     for c in range(0, M, W):
         n = min(W, M - c)
         lg, sl, ps = logits[c : c + n], slots[c : c + n], positions[c : c + n]
+        pr = prop[c : c + n] if prop is not None else None
+        jd = (judging[0][c : c + n], judging[1][c : c + n]) if judging is not None else None
         if n < W:  # pad to the one-slot shape
             lg = torch.cat([lg, lg.new_zeros(W - n, lg.shape[1])])
             sl = torch.cat([sl, sl.new_full((W - n,), table.scratch)])
             ps = torch.cat([ps, ps.new_zeros(W - n)])
-        out = _chunk(lg, sl, ps, table, logprobs, truncate)
+            pr = torch.cat([pr, pr.new_zeros(W - n)]) if pr is not None else None
+            if jd is not None:
+                jd = (
+                    torch.cat([jd[0], jd[0].new_full((W - n,), -1)]),
+                    torch.cat([jd[1], jd[1].new_zeros(W - n, lg.shape[1])]),
+                )
+        out = _chunk(lg, sl, ps, table, logprobs, truncate, pr, jd)
         outs.append(tuple(o[:n] if o is not None else None for o in out))
     if len(outs) == 1:
-        return outs[0]
-    return tuple(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outs))
+        res = outs[0]
+    else:
+        res = tuple(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outs))
+    return res if with_q else res[:4]
 
 
 def reference_probs(logits, p: Params) -> torch.Tensor:

@@ -26,6 +26,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LENGTH: _ClassVar[FinishReason]
     STOP: _ClassVar[FinishReason]
     EOS: _ClassVar[FinishReason]
+
+class ExactPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXACT_POLICY_UNSPECIFIED: _ClassVar[ExactPolicy]
+    COUPLING: _ClassVar[ExactPolicy]
+    REJECTION: _ClassVar[ExactPolicy]
 MODE_UNSPECIFIED: Mode
 FAST: Mode
 EXACT: Mode
@@ -37,9 +43,12 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 LENGTH: FinishReason
 STOP: FinishReason
 EOS: FinishReason
+EXACT_POLICY_UNSPECIFIED: ExactPolicy
+COUPLING: ExactPolicy
+REJECTION: ExactPolicy
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop", "exact_policy")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +59,7 @@ class SamplingParams(_message.Message):
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    EXACT_POLICY_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -60,7 +70,16 @@ class SamplingParams(_message.Message):
     frequency_penalty: float
     logprobs: int
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    exact_policy: ExactPolicy
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., exact_policy: _Optional[_Union[ExactPolicy, str]] = ...) -> None: ...
+
+class TokenDistribution(_message.Message):
+    __slots__ = ("token_ids", "probs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")

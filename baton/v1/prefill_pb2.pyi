@@ -40,12 +40,14 @@ class PrefillResponse(_message.Message):
     def __init__(self, first_token: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "tokens")
+    __slots__ = ("session_id", "tokens", "draft_probs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ...) -> None: ...
 
 class SessionCounters(_message.Message):
     __slots__ = ("drafted", "accepted", "rejected_blocks", "verify_blocks", "acceptance_rate")

@@ -14,7 +14,7 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 top_k, min_p, repetition_penalty. Refused with a 400 naming the field until Baton supports them: n > 1,
 echo, suffix, best_of > 1, logit_bias, tools, non-text content parts, response_format other than text.
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
-"stop_token_ids": [...], "ignore_eos": bool}. Other top-level fields are ignored, as OpenAI's servers do.
+"stop_token_ids": [...], "ignore_eos": bool, "exact_policy": "coupling" | "rejection"}. Other top-level fields are ignored, as OpenAI's servers do.
 Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
 """
 
@@ -33,7 +33,8 @@ MAX_STOP_BYTES = 256
 U32 = 1 << 32
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
 ROLES = ("system", "developer", "user", "assistant", "tool")
-BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos")
+BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos", "exact_policy")
+EXACT_POLICIES = {"coupling": common_pb2.COUPLING, "rejection": common_pb2.REJECTION}
 
 
 @dataclass
@@ -152,6 +153,11 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
             if engine not in ENGINE_VALUES:
                 raise bad("baton.engine", f"{engine!r:.40} is not one of bf16, fp8, mtp")
             gen["engine"] = ENGINE_VALUES[engine]
+        policy = ext.get("exact_policy")
+        if policy is not None:
+            if policy not in EXACT_POLICIES:
+                raise bad("baton.exact_policy", f"{policy!r:.40} is not one of coupling, rejection")
+            gen["sampling"].exact_policy = EXACT_POLICIES[policy]
         gen["draft_block"] = _int(ext, "draft_block", 0, where="baton.") or 0
         gen["ignore_eos"] = _bool(ext, "ignore_eos", False, "baton.")
         ids = ext.get("stop_token_ids")

@@ -329,3 +329,30 @@ def test_warm_up_prefills_leave_no_session_and_exact_results(tmp_path):
     assert eng.warm_up(lengths=(1, 17, 500)) > 0  # 500 is capped at max_len - W
     assert eng.session_count() == 0
     assert eng.generate(prompt, 6) == before
+
+
+def test_verify_draft_probs_follow_the_sessions_exact_policy(stub, lm):
+    """A REJECTION-policy session (T > 0) must send each draft's q' (TokenDistribution); a malformed one,
+    or one sent for a COUPLING / greedy session, is INVALID_ARGUMENT naming draft_probs."""
+    D = common_pb2.TokenDistribution
+    sp = common_pb2.SamplingParams(temperature=0.8, seed=3, exact_policy=common_pb2.REJECTION)
+    req = prefill_pb2.PrefillRequest(session_id="rj", prompt_ids=[4, 5, 6], mode=EXACT, sampling=sp)
+    t0 = stub.Prefill(req, timeout=T).first_token
+    bad = [
+        ([], "draft_probs: 0 distributions"),  # none
+        ([D(token_ids=[2], probs=[1.0])], "draft_probs[0]: the draft 1"),  # draft outside the support
+        ([D(token_ids=[1], probs=[0.5])], "draft_probs[0]: probs"),
+    ]
+    for probs, why in bad:
+        code, details = _err(stub.Verify, prefill_pb2.VerifyRequest(session_id="rj", tokens=[t0, 1], draft_probs=probs))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(why), details
+    ok = [D(token_ids=[1, 2], probs=[0.5, 0.5])]
+    v = stub.Verify(prefill_pb2.VerifyRequest(session_id="rj", tokens=[t0, 1], draft_probs=ok), timeout=T)
+    assert v.position == 3 + 1 + v.accepted
+    assert stub.Release(common_pb2.ReleaseRequest(session_id="rj"), timeout=T).released
+    r = stub.Prefill(prefill_pb2.PrefillRequest(session_id="cp", prompt_ids=[4, 5, 6], mode=EXACT), timeout=T)
+    code, details = _err(
+        stub.Verify, prefill_pb2.VerifyRequest(session_id="cp", tokens=[r.first_token, 1], draft_probs=ok)
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("draft_probs: only"), details
+    assert stub.Release(common_pb2.ReleaseRequest(session_id="cp"), timeout=T).released

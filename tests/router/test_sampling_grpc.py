@@ -142,6 +142,37 @@ def test_seeded_T08_equals_the_exact_engines_seeded_decode(client, exact, mode, 
             assert 0 < last.stats["accepted"] <= last.stats["drafted"]
 
 
+@pytest.mark.parametrize("engine", ["fp8", "mtp"])
+def test_exact_rejection_policy_replays_a_seed_identically(client, engine):
+    """The REJECTION policy (speculative rejection sampling, exact in distribution): a seeded exact-mode
+    request gives the same tokens twice, alone and among 3 concurrent others; another seed differs. (A
+    session of this policy must send each draft's q' with its Verify: the exact worker refuses one
+    without, tests/prefill_worker/test_exact_engine.py, so these runs went through rejection sampling.)"""
+    kw = dict(mode="exact", engine=engine, temperature=0.8, exact_policy="rejection")
+    a, _, _, last = run(client, "class Counter:", 16, seed=21, **kw)
+    assert len(a) == 16 and last.stats["seed"] == 21
+    assert 0 < last.stats["accepted"] <= last.stats["drafted"]
+    assert run(client, "class Counter:", 16, seed=21, **kw)[0] == a
+    assert run(client, "class Counter:", 16, seed=22, **kw)[0] != a
+    prompts = ["class Counter:", *PROMPTS[1:4]]
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        together = list(ex.map(lambda i: run(client, prompts[i], 16, seed=21 + 100 * i, **kw)[0], range(len(prompts))))
+    assert together[0] == a
+
+
+def test_exact_policy_is_validated(client):
+    from baton.v1 import common_pb2, router_pb2
+
+    req = router_pb2.GenerateRequest(text="x", max_new_tokens=2, mode=common_pb2.EXACT)
+    req.sampling.temperature, req.sampling.exact_policy = 0.8, 7
+    with pytest.raises(grpc.RpcError) as ei:
+        list(client._stub.Generate(req, timeout=30))
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details().startswith("sampling.exact_policy:"), ei.value.details()
+    with pytest.raises(ValueError, match="exact_policy"):
+        run(client, n=2, exact_policy="maybe")
+
+
 def test_an_unseeded_request_reports_its_seed_and_replays_with_it(client):
     a, _, _, last = run(client, temperature=1.0)
     seed = last.stats["seed"]
