@@ -1,0 +1,103 @@
+"""`baton serve`'s options: the argument parser (`add_arguments`) and the checks run before anything starts
+(`check`: a message for the first bad option, or None; it also resolves the model and token paths).
+deploy/local.py runs what they describe."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+ENGINES = ("bf16", "fp8", "mtp")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
+    p.add_argument("--port", type=int, default=50051, help="router port (0 = a free port)")
+    p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
+    p.add_argument(
+        "--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port on the router's host (0 = off)"
+    )
+    p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
+    p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")
+    p.add_argument("--engine", default=None, choices=ENGINES, help="decode engine (default: the worker's)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument(
+        "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
+    )
+    p.add_argument("--max-len", type=int, default=None, help="context window of each worker")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent sessions each worker holds (default: the workers' 8); a decode worker steps them together",
+    )
+    p.add_argument(
+        "--kv-pages", type=int, default=None, help="attention KV pages of 256 tokens per worker runner (default: sized)"
+    )
+    p.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=None,
+        help="cuda: share of each worker's free GPU memory its KV pages may take (default: the workers' 0.9; "
+        "workers sharing one GPU need a smaller share each)",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Generate calls the router admits at once, past it RESOURCE_EXHAUSTED (default: the larger of 64 "
+        "and the decode workers' sessions)",
+    )
+    p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
+    p.add_argument("--colocate", action="store_true", help="--processes, cuda: all workers on the first GPU")
+    p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
+    p.add_argument(
+        "--namespace", default=None, help="Ray namespace (default: baton, or baton-serve-PID when joining RAY_ADDRESS)"
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for workers to load")
+    p.add_argument("--grace", type=float, default=2.5, help="seconds in-flight requests get at shutdown")
+    p.add_argument(
+        "--ask",
+        default=None,
+        metavar="TEXT",
+        help="once serving, send TEXT through the router as a client would and print the answer "
+        "(`baton: answer {json}` on stdout); serving goes on",
+    )
+    p.add_argument("--ask-tokens", type=int, default=32, metavar="N", help="max new tokens of the --ask request")
+
+
+def check(args) -> str | None:
+    if args.prefill < 1 or args.decode < 1:
+        return "--prefill and --decode must be >= 1"
+    if not 0 <= args.port < 65536:
+        return "--port must be in 0..65535"
+    if not 0 <= args.http_port < 65536:
+        return "--http-port must be in 0..65535 (0 = off)"
+    if args.ask_tokens < 1:
+        return "--ask-tokens must be >= 1"
+    if args.slots is not None and args.slots < 1:
+        return "--slots must be >= 1"
+    kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)
+    if kv_pages is not None and kv_pages < 1:
+        return "--kv-pages must be >= 1"
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        return "--gpu-memory-fraction must be in (0, 1]"
+    if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
+        return "--max-inflight must be >= 1"
+    if getattr(args, "colocate", False) and not args.processes:
+        return "--colocate places worker processes: use it with --processes (Ray places actors itself)"
+    import baton
+
+    # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
+    d = Path(args.model) if args.model else Path(baton.__file__).parent / "assets" / "default-model"
+    if not (d / "config.json").is_file():
+        return f"model: no config.json in {d} (pass --model DIR: an HF checkpoint directory)"
+    args.model = str(d.resolve())
+    if args.token_file:
+        if not os.path.isfile(args.token_file):
+            return f"--token-file: no file {args.token_file}"
+        args.token_file = os.path.abspath(args.token_file)  # actors do not share our working directory
+    return None
