@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from baton.config import ModelConfig
 from baton.models import gdn_ops
@@ -149,10 +150,8 @@ class Attention(nn.Module):
         vv = vals.repeat_interleave(g, dim=0)
         if s0 == 0:
             o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
-        else:
-            i = torch.arange(T, device=q.device)[:, None] + s0
-            j = torch.arange(s0 + T, device=q.device)[None, :]
-            o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=(j <= i))[0]
+        else:  # a later piece: query i (position s0 + i) sees keys <= s0 + i; no [T, s0+T] mask is built
+            o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=causal_lower_right(T, s0 + T))[0]
         return o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:

@@ -124,6 +124,21 @@ def test_long_prompts_run_as_pieces_interleaved_with_others(lm):
     _assert_same(_state(r, 2), ref_y)
 
 
+def test_pieces_compute_the_prompt(lm):
+    """The chunked prefill is the prompt's prefill: a 50-token prompt in pieces of 16 (later pieces attend
+    to the earlier pieces' KV, the delta rule continues from their state) is close to one pass of 50."""
+    (ids,) = _prompts(lm, [50], seed=6)
+    one, cut = _runner(lm), _runner(lm, chunk=16)
+    t1, t2 = one.prefill(0, ids), cut.prefill(0, ids)
+    a, b = _state(one, 0), _state(cut, 0)
+    tol = 1e-4 if lm.model.head_weight().dtype == torch.float32 else 5e-2
+    for k in ("hidden", "layers.0.recurrent", "layers.3.key"):
+        if k in a:
+            assert torch.allclose(a[k].float(), b[k].float(), atol=tol, rtol=tol), k
+    if lm.model.head_weight().dtype == torch.float32:
+        assert t1 == t2
+
+
 def test_a_refused_pass_changes_nothing(lm):
     a, b = _prompts(lm, [10, 5], seed=4)
     r = _runner(lm)
