@@ -735,3 +735,37 @@ def test_timeline_does_not_change_the_frames(sender):
         assert {"sender.last_chunk_handed", "sender.trailer_sent", "prefill.reply_received"} <= set(
             report.timeline.marks_ns
         )
+
+
+def test_ring_admission_is_fifo_so_later_pushes_never_fill_the_ring():
+    """_Child.take: only the slots/2 oldest pushes asking for ring slots stage (2 slots each). A later
+    push waits even while slots are free, until an older push is done. (A batched prefill starts many
+    pushes at once; on the H200 32 of them filled the 8-slot ring and every hand-off hung.)"""
+    import threading
+
+    from baton.handoff.sender.process import _Child
+
+    class FakePush:
+        def __init__(self):
+            self.held, self.done = 0, threading.Event()
+
+    child = _Child(slots=4, slot_bytes=4096, per_stream=3, workers=1)
+    try:
+        assert child.streams == 2 and child.per_stream == 2
+        a, b, c = FakePush(), FakePush(), FakePush()
+        sa = [child.take(a), child.take(a)]
+        child.take(b)  # b holds one, one slot stays free
+        got = []
+        t = threading.Thread(target=lambda: got.append(child.take(c)), daemon=True)
+        t.start()
+        t.join(0.3)
+        assert not got  # a free slot, but c is the third push: not admitted
+        for s in sa:
+            child.give(s)
+        t.join(0.3)
+        assert not got  # a's slots are back, a is not done: still only a and b
+        a.done.set()
+        t.join(2.0)
+        assert len(got) == 1 and c.held == 1  # a done: c is admitted
+    finally:
+        child.close()
