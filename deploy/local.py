@@ -202,7 +202,9 @@ def _worker_specs(args) -> list[WorkerSpec]:
         token_file=args.token_file,
         grace=min(args.grace, 1.0),
     )
-    return [WorkerSpec("prefill", i, **common) for i in range(args.prefill)] + [
+    budget = getattr(args, "prefill_budget", None)
+    extra = (("prefill_budget", str(budget)),) if budget is not None else ()
+    return [WorkerSpec("prefill", i, extra=extra, **common) for i in range(args.prefill)] + [
         WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)
     ]
 

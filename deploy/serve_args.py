@@ -37,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-pages", type=int, default=None, help="attention KV pages of 256 tokens per worker runner (default: sized)"
     )
     p.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=None,
+        help="prompt tokens a prefill worker's batched pass may hold (default: the worker's, 8192)",
+    )
+    p.add_argument(
         "--gpu-memory-fraction",
         type=float,
         default=None,
@@ -83,6 +89,8 @@ def check(args) -> str | None:
     kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)
     if kv_pages is not None and kv_pages < 1:
         return "--kv-pages must be >= 1"
+    if getattr(args, "prefill_budget", None) is not None and args.prefill_budget < 1:
+        return "--prefill-budget must be >= 1"
     if fraction is not None and not 0.0 < fraction <= 1.0:
         return "--gpu-memory-fraction must be in (0, 1]"
     if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:

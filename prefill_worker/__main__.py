@@ -45,7 +45,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="layers the tail segment covers, counted from the last (default: BATON_HANDOFF_TAIL_LAYERS, else 1)",
     )
+    p.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=None,
+        help="prompt tokens one batched prefill pass may hold: concurrent prompts share passes up to it, "
+        "and a prompt's piece (baton/engine/prefill.py PREFILL_CHUNK) always gets one "
+        "(default: prefill_worker.engine.PREFILL_BUDGET, 8192)",
+    )
     args = p.parse_args(argv)
+    if args.prefill_budget is not None and args.prefill_budget < 1:
+        print("prefill: --prefill-budget must be >= 1", file=sys.stderr)
+        return 2
     opts = options_from_args(args)
     try:
         settings = settings_for(opts.token_file)
@@ -78,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_pages=opts.kv_pages,
             gpu_memory_fraction=opts.gpu_memory_fraction,
             chunk_bytes=int(args.chunk_mib * (1 << 20)),
+            prefill_budget=args.prefill_budget,
         )
         del model  # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:

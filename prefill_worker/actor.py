@@ -36,6 +36,7 @@ class PrefillActor(WorkerActor):
         chunk_mib: float = 4.0,
         kv_pages: int | None = None,
         gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
+        prefill_budget: int | None = None,
     ):
         from prefill_worker.serve import serve_prefill
 
@@ -54,6 +55,7 @@ class PrefillActor(WorkerActor):
             kv_pages=int(kv_pages) if kv_pages not in (None, "") else None,
             gpu_memory_fraction=float(gpu_memory_fraction),
             chunk_bytes=int(float(chunk_mib) * (1 << 20)),
+            prefill_budget=int(prefill_budget) if prefill_budget not in (None, "") else None,
         )
 
 

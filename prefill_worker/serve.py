@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
+from baton.engine.prefill import PREFILL_CHUNK
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from baton.loading import LoadedModel, load_model
@@ -16,7 +17,7 @@ from baton.settings import Settings
 from baton.v1 import prefill_pb2_grpc
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
 from baton.worker.process import WorkerHandle, start_serving, worker_threads
-from prefill_worker.engine import ExactEngine
+from prefill_worker.engine import PREFILL_BUDGET, ExactEngine
 from prefill_worker.service import SERVICE, PrefillServicer
 
 log = logging.getLogger("baton.prefill")
@@ -39,11 +40,13 @@ def serve_prefill(
     max_concurrent_rpcs: int = 256,
     kv_pages: int | None = None,
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
+    prefill_budget: int | None = None,
 ) -> tuple[WorkerHandle, PrefillServicer]:
     """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
     builds runner + ExactEngine + server; health turns SERVING once everything is ready.
     kv_pages: the KV pool's pages (baton/engine/pages.py); None: on CUDA gpu_memory_fraction of the free
-    memory (at most slots x the window), on CPU slots x the window."""
+    memory (at most slots x the window), on CPU slots x the window. prefill_budget: prompt tokens a batched
+    prefill pass may hold (None: PREFILL_BUDGET)."""
     settings = Settings.from_env() if settings is None else settings
     check_chunk_bytes(chunk_bytes, settings.max_message_bytes)  # NOTE: before the model loads
     if isinstance(model, LoadedModel):
@@ -68,7 +71,8 @@ def serve_prefill(
 
         st = capture_all(runner, ns={"rows": range(1, width + 1)})
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
-    engine = ExactEngine(runner, ttl_s=ttl_s)
+    engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET)
+    log.info("prefill: batched passes of up to %d prompt tokens (pieces of %d)", engine.prefills.budget, PREFILL_CHUNK)
     if str(device).startswith("cuda"):
         log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")
         log.info("prefill: warm-up done in %.1fs", engine.warm_up())

@@ -376,3 +376,31 @@ def test_kv_page_options_reach_every_worker_process_and_actor():
 
     a = build_parser().parse_args(["--kv-pages", "9", "--gpu-memory-fraction", "0.5"])
     assert (a.kv_pages, a.gpu_memory_fraction) == (9, 0.5)
+
+
+def test_prefill_budget_reaches_the_prefill_workers_only(tmp_path):
+    """`baton serve --prefill-budget N`: the prefill workers' flag and actor keyword (the decode workers
+    have no prefill); the worker's ExactEngine then cuts its batched passes at N tokens."""
+    import argparse
+    import inspect
+
+    from helpers import make_tiny_dir
+
+    from deploy.local import _worker_specs
+    from deploy.serve_args import check
+    from prefill_worker.actor import PrefillActor
+    from prefill_worker.serve import serve_prefill
+
+    base = dict(model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0, engine=None)
+    specs = _worker_specs(argparse.Namespace(**base, slots=None, prefill=1, decode=1, prefill_budget=300))
+    pre, dec = specs
+    assert pre.argv()[pre.argv().index("--prefill-budget") + 1] == "300" and pre.options()["prefill_budget"] == "300"
+    assert "--prefill-budget" not in dec.argv()
+    assert "prefill_budget" in inspect.signature(PrefillActor.__init__).parameters
+    bad = argparse.Namespace(prefill=1, decode=1, port=0, http_port=0, ask_tokens=1, slots=None, prefill_budget=0)
+    assert check(bad) == "--prefill-budget must be >= 1"
+    handle, svc = serve_prefill(make_tiny_dir(tmp_path), max_len=64, slots=2, prefill_budget=300)
+    try:
+        assert svc.engine.prefills.budget == 300
+    finally:
+        handle.stop(0)
