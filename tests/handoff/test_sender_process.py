@@ -751,9 +751,9 @@ def test_ring_admission_is_fifo_so_later_pushes_never_fill_the_ring():
 
     child = _Child(slots=4, slot_bytes=4096, per_stream=3, workers=1)
     try:
-        assert child.streams == 2 and child.per_stream == 2
+        assert child.streams == 2
         a, b, c = FakePush(), FakePush(), FakePush()
-        sa = [child.take(a), child.take(a)]
+        sa = [child.take(a), child.take(a)]  # a alone may hold per_stream (3); with b admitted its share is 2
         child.take(b)  # b holds one, one slot stays free
         got = []
         t = threading.Thread(target=lambda: got.append(child.take(c)), daemon=True)

@@ -13,7 +13,8 @@ Lifecycle:
     start_push(target, settings, plan) -> ProcessPush: OPEN (target, settings, header) to the child, then
         a stager thread (per push): encode.chunk_segments(plan) -> per chunk: take a free slot (at
         most `per_stream` slots per push, and only while the push is one of the `streams` = slots / 2
-        oldest pushes staging: FIFO admission, so later streams never fill the ring), staging.stage_into(slot, segments): CUDA bytes D2H on the
+        oldest pushes staging, each then holding at most its share of the ring: FIFO admission, so
+        later streams never fill the ring), staging.stage_into(slot, segments): CUDA bytes D2H on the
         copy stream gated on each tensor's ready event (ring pinned with cudaHostRegister on first
         use), CPU bytes one copy; CHUNK(slot, index, n) once the copy is done (a CUDA chunk waits one
         chunk behind the copies queued); END(next_token) after the last
@@ -109,8 +110,8 @@ class _Child:
         self._free = list(range(slots))
         self._owner: dict[int, ProcessPush] = {}  # slot -> the push holding it (staging or posted)
         self._order: list[ProcessPush] = []  # pushes that asked for slots, oldest first (take's admission)
-        self.streams = max(1, slots // 2)  # pushes staging at once; each may hold per_stream slots
-        self.per_stream = min(per_stream, max(1, slots // self.streams))
+        self.streams = max(1, slots // 2)  # pushes staging at once (FIFO admission, _admitted)
+        self.slots = slots
         self._pushes: dict[int, ProcessPush] = {}  # stream id -> push in flight
         self._ids = 0
         self._users = 0  # stagers running: the ring stays mapped for them
@@ -145,12 +146,18 @@ class _Child:
             self._order.append(push)
         return self._order.index(push) < self.streams
 
+    def _cap(self) -> int:
+        """Under _cv, after _admitted: the slots one admitted push may hold: per_stream when it stages
+        alone (a lone hand-off keeps its deep pipeline), an equal share of the ring when several do."""
+        share = self.slots // max(1, min(len(self._order), self.streams))
+        return max(1, min(self.per_stream, max(2, share)))
+
     def take(self, push: "ProcessPush") -> int:
         with self._cv:
             while (
                 self.dead is None
                 and not push.done.is_set()
-                and (not self._free or push.held >= self.per_stream or not self._admitted(push))
+                and (not self._free or not self._admitted(push) or push.held >= self._cap())
             ):
                 self._cv.wait(0.05)  # NOTE: a timeout: a push ending elsewhere (DONE, cancel) admits the next
             if self.dead is not None or push.done.is_set():
