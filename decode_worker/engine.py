@@ -120,7 +120,7 @@ class DecodeEngine:
         return len(self._table)
 
     def session_bytes(self) -> int:
-        return sum(s.runner.state.slot_bytes() for s in self._table.sessions())
+        return sum(s.runner.state.held_bytes(s.slot) for s in self._table.sessions())
 
     def get(self, session_id: str) -> DecodeSession:
         return self._table.get(session_id)

@@ -100,7 +100,8 @@ class ExactEngine:
         return len(self._table)
 
     def session_bytes(self) -> int:
-        return self.session_count() * self.runner.state.slot_bytes()
+        st = self.runner.state
+        return sum(st.held_bytes(s.slot) for s in self._table.sessions())
 
     def _open(self, session_id: str | None) -> Session:
         now = time.monotonic()

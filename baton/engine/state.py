@@ -296,8 +296,15 @@ class HybridState:
 
     def slot_bytes(self) -> int:
         """Bytes one slot may hold: its O(1) state and the pages of a full window."""
-        o1 = sum(t[0].numel() * t.element_size() for _, t in self._o1_items())
-        return o1 + self.pages.max_pages * self.page_bytes()
+        return self.o1_slot_bytes() + self.pages.max_pages * self.page_bytes()
+
+    def o1_slot_bytes(self) -> int:
+        """Bytes of one slot's O(1) state (GDN conv / recurrent, hidden, ...)."""
+        return sum(t[0].numel() * t.element_size() for _, t in self._o1_items())
+
+    def held_bytes(self, slot: int) -> int:
+        """Bytes the slot holds now: its O(1) state and the KV pages it owns (WorkerStats.session_bytes)."""
+        return self.o1_slot_bytes() + len(self.pages.owned(slot)) * self.page_bytes()
 
     def items_all(self):
         """Every buffer (the O(1) tensors, [S, ...], then the KV page pools and the page table)."""

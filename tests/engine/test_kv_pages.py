@@ -177,3 +177,15 @@ def test_steps_outside_decode_grow_pages_across_a_page_boundary(lm):
     steps = [both.ar_batch([0, 1]) for _ in range(5)]
     assert [[t[0] for t in steps], [t[1] for t in steps]] == alone
     both.state.pages.check()
+
+
+def test_held_bytes_count_the_pages_a_slot_owns_not_its_window(lm):
+    """WorkerStats.session_bytes: a slot's O(1) state plus the pages it holds (a short prompt in a
+    three-page window holds one page)."""
+    r = ModelRunner(lm.model, slots=2, max_len=MAX_LEN, width=8)
+    st = r.state
+    assert st.held_bytes(0) == st.o1_slot_bytes()
+    r.prefill(0, [1, 2, 3])
+    assert st.held_bytes(0) == st.o1_slot_bytes() + st.page_bytes() < st.slot_bytes()
+    r.prefill(1, list(range(PAGE + 5)))
+    assert st.held_bytes(1) == st.o1_slot_bytes() + 2 * st.page_bytes()

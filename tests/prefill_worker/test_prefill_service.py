@@ -207,8 +207,9 @@ def test_stats_and_counters(stub, server, lm):
     before = st.requests_total
     stub.Prefill(prefill_pb2.PrefillRequest(session_id="s", prompt_ids=[1, 2, 3], mode=EXACT), timeout=T)
     st = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
-    slot = server[1].engine.runner.state.slot_bytes()
-    assert (st.sessions, st.session_bytes, st.requests_total) == (1, slot, before + 1)
+    state = server[1].engine.runner.state
+    held = state.o1_slot_bytes() + 1 * state.page_bytes()  # a 3-token prompt holds one KV page (of the window's)
+    assert (st.sessions, st.session_bytes, st.requests_total) == (1, held, before + 1)
     stub.Release(common_pb2.ReleaseRequest(session_id="s"), timeout=T)
 
 
