@@ -199,8 +199,11 @@ class SamplingTable:
         return p.greedy and p.logprobs <= 0
 
     def proposals(self, slot: int, first: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The q' (ids, probs) of the picks at positions first .. first + k - 1 of a proposing slot."""
+        """The q' (ids, probs) of the picks at positions first .. first + k - 1 of a proposing slot; the
+        records of positions before `first` (earlier rounds: positions only advance) are dropped."""
         rec = self.proposed.get(slot, {})
+        for old in [q for q in rec if q < first]:  # rounds before this one: never asked for again
+            del rec[old]
         if any(first + i not in rec for i in range(k)):
             raise RuntimeError(f"slot {slot}: no proposal recorded for positions {first}..{first + k - 1}")
         return [rec[first + i] for i in range(k)]

@@ -140,3 +140,14 @@ def test_parse_refuses_what_is_not_a_proposal():
         with pytest.raises(ValueError, match="draft_probs") as e:
             rejection.parse(msgs, drafts, 8)
         assert why in str(e.value), (why, e.value)
+
+
+def test_proposals_of_earlier_rounds_are_dropped():
+    """A proposing slot keeps q' only for the rounds still to come: reading round r's drafts drops the
+    records of positions before it (a long generation does not grow the table)."""
+    from baton.engine.sampling import SamplingTable
+
+    t = SamplingTable(2, "cpu", 4)
+    t.proposed[0] = {p: (torch.tensor([1]), torch.tensor([1.0])) for p in range(10, 20)}
+    got = t.proposals(0, 15, 3)
+    assert len(got) == 3 and sorted(t.proposed[0]) == list(range(15, 20))
