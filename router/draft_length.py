@@ -21,7 +21,8 @@ Estimates:
            weighted least-squares line through the Ks run (a draft is K row steps, a verify one pass of
            K+1 rows: both near linear in K; slope >= 0), each K weighted by its (decayed) count. With a
            single K run there is no slope: the next round probes a neighbour (up if a >= 0.5). Every
-           `probe_every` rounds a neighbour whose figure is stale is probed again (the load changes).
+           `probe_every` rounds a neighbour whose figure is stale is probed again (the load changes),
+           if its predicted rate is within `probe_band` of the current K's (it could win).
 Hysteresis: K moves only when rate(best) > (1 + margin) rate(K) for `patience` rounds in a row, and by
 at most `max_step` at a time. K = 0 (plain AR) is a candidate only when k_min = 0; its cost is then what
 `observe(0, 0, 0, seconds)` reports (E(0) = 1). Exact mode cannot run K = 0 today (Draft and Verify
@@ -69,6 +70,7 @@ class DraftLength:
         patience: int = 2,
         max_step: int = 2,
         probe_every: int = 16,
+        probe_band: float = 0.15,
     ):
         if not 0 <= k_min <= k_max:
             raise ValueError(f"k_min {k_min} and k_max {k_max}: need 0 <= k_min <= k_max")
@@ -76,6 +78,7 @@ class DraftLength:
         self.k = min(max(prior_k, k_min), k_max)
         self.prior_a, self.prior_weight, self.decay, self.alpha = prior_a, prior_weight, decay, alpha
         self.margin, self.patience, self.max_step, self.probe_every = margin, patience, max_step, probe_every
+        self.probe_band = probe_band
         self.costs: dict[int, _Entry] = {}
         self.s = self.f = 0.0  # decayed accepted drafts / rejecting rounds
         self.rounds = 0
@@ -122,10 +125,15 @@ class DraftLength:
             want_up = self.acceptance >= 0.5
             order = (up, down) if want_up else (down, up)
             for j in order:
-                if lo <= j <= self.k_max and (len(runs) < 2 or self._stale(j)):
+                if lo <= j <= self.k_max and (len(runs) < 2 or (self._stale(j) and self._plausible(j))):
                     self._probe = j
                     return j
         return self.k
+
+    def _plausible(self, k: int) -> bool:
+        """A refresh probe is worth a round only if K = k could win (within probe_band of the current)."""
+        r, cur = self.rate(k), self.rate(self.k)
+        return r is None or cur is None or r >= (1.0 - self.probe_band) * cur
 
     def _stale(self, k: int) -> bool:
         e = self.costs.get(k)
