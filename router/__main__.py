@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         "--draft-length",
         choices=POLICIES,
         default=RouterConfig.draft_length,
-        help="exact mode's K per round: adaptive (per session, from its acceptance and the measured round "
-        "costs; the request's K is the prior) or fixed (the request's K every round)",
+        help="exact mode's K per round: fixed (the request's K every round; default) or adaptive (per session, "
+        "from its acceptance and the measured round costs; the request's K is the prior)",
     )
     p.add_argument(
         "--max-adaptive-k",

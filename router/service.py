@@ -62,7 +62,7 @@ class RouterConfig:
     max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
     max_new_tokens_limit: int = 4096
     default_draft_block: int = 4  # K when a request sends draft_block = 0 (the adaptive prior)
-    draft_length: str = "adaptive"  # exact mode's K per round: "adaptive" (per session) | "fixed" (the request's)
+    draft_length: str = "fixed"  # exact mode's K per round: "fixed" (the request's) | "adaptive" (per session)
     max_adaptive_k: int = 8  # the adaptive ceiling (or the request's K if larger; at most width - 2)
     width: int = 16  # W of the workers: draft_block in 1..W-2, W rows reserved
     max_context: int = 4096  # window used until workers report theirs (GetStats.max_len)
