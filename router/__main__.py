@@ -24,6 +24,7 @@ from baton.lifeline import die_with_parent
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
+from router.draft_length import POLICIES
 from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.service import ModelMeta, RouterConfig, RouterServicer
@@ -62,6 +63,8 @@ def serve_router(
         model_dir = _model_dir(model_dir)
     if meta is None:
         meta = ModelMeta.from_dir(model_dir)
+    if config.draft_length not in POLICIES:
+        raise ValueError(f"draft_length {config.draft_length!r}: one of {', '.join(POLICIES)}")
     metrics = RouterMetrics()
     box: dict[str, ServerHandle] = {}
 
@@ -154,6 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--default-draft-block", type=int, default=RouterConfig.default_draft_block)
     p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W")
     p.add_argument(
+        "--draft-length",
+        choices=POLICIES,
+        default=RouterConfig.draft_length,
+        help="exact mode's K per round: fixed (the request's K every round; default) or adaptive (per session, "
+        "from its acceptance and the measured round costs; the request's K is the prior)",
+    )
+    p.add_argument(
+        "--max-adaptive-k",
+        type=int,
+        default=RouterConfig.max_adaptive_k,
+        help="the adaptive ceiling on K (a request's larger K raises it; at most width - 2)",
+    )
+    p.add_argument(
         "--call-timeout",
         type=float,
         default=RouterConfig.call_timeout_s,
@@ -198,9 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         default_draft_block=args.default_draft_block,
         width=args.width,
         call_timeout_s=args.call_timeout,
+        draft_length=args.draft_length,
+        max_adaptive_k=args.max_adaptive_k,
     )
     if not 1 <= config.default_draft_block <= config.width - 2:
         p.error(f"--default-draft-block must be in 1..{config.width - 2}")
+    if not 1 <= config.max_adaptive_k <= config.width - 2:
+        p.error(f"--max-adaptive-k must be in 1..{config.width - 2}")
     if not (_addrs(args.prefill) and _addrs(args.decode)) and not args.ray_namespace:
         p.error("give --prefill and --decode addresses (or --ray-namespace)")
 

@@ -22,6 +22,7 @@ UNAVAILABLE (a re-prefill would change the reference state).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -30,8 +31,9 @@ import grpc
 from baton import names
 from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
-from baton.v1 import decode_pb2, prefill_pb2
+from baton.v1 import common_pb2, decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
+from router.draft_length import FixedLength, controller
 from router.registry import NoWorker
 from router.session import Budget, Handoff
 
@@ -77,6 +79,7 @@ class ExactLoop:
         on_migrate: Callable[[], None] | None = None,
         on_bridge: Callable[[object], None] | None = None,
         sampling=None,
+        draft_length=None,
     ):
         # ExportState re-sends the engine the prefill worker kept from the Prefill, so a migration target
         # must offer that engine (the request's, else the first decode worker's default)
@@ -88,6 +91,32 @@ class ExactLoop:
         self.on_migrate, self.on_bridge = on_migrate, on_bridge
         self._attempts = 0
         self.sampling = sampling  # SamplingParams (seed resolved): the drafts use the exact engine's noise
+        # K per round (router/draft_length.py): the request's K, or the adaptive controller's choice
+        self.draft_length = draft_length if draft_length is not None else FixedLength(k)
+
+    @classmethod
+    def for_plan(cls, calls, handoff, budget, stats, plan, config, **hooks) -> "ExactLoop":
+        """The loop of a validated request (router.service.Plan) under the router's RouterConfig: K per
+        round from config.draft_length (router/draft_length.py), the request's K as fixed K or prior."""
+        k_max = min(config.max_adaptive_k, config.width - 2)
+        s = plan.sampling
+        # NOTE: a REJECTION session's tokens depend on which positions are drafts (its seeded replay
+        # holds for one K schedule): K stays the request's, not timing-dependent
+        policy = "fixed" if s.temperature > 0 and s.exact_policy == common_pb2.REJECTION else config.draft_length
+        return cls(
+            calls,
+            handoff,
+            budget,
+            stats,
+            k=plan.k,
+            engine=plan.engine,
+            engine_name=plan.engine_name,
+            migrate_wait_s=config.migrate_wait_s,
+            max_migrations=config.max_migrations,
+            sampling=plan.sampling,
+            draft_length=controller(policy, plan.k, k_max),
+            **hooks,
+        )
 
     def run(self, pending: int) -> Iterator[tuple[list[int], int | None, list]]:
         """pending = the last committed token (already sent). Yields (tokens, finish_reason | None,
@@ -95,14 +124,18 @@ class ExactLoop:
         verdict: tuple[int, int] | None = None  # (m, next) of the last Verify, for the next Draft
         while True:
             # k <= remaining - 1: one block then yields at most the tokens still wanted
-            k = max(1, min(self.k, self.budget.remaining - 1))
+            k = max(1, min(self.draft_length.next_k(), self.budget.remaining - 1))
+            t0 = time.perf_counter()
             try:
                 drafts, probs = self._draft(k, verdict)
             except WorkerFault as e:
                 self._migrate(pending, e)
+                self.draft_length.forget_costs()  # another decode worker: other costs
                 verdict = None
                 continue
+            t1 = time.perf_counter()
             m, nxt, lps = self._verify(pending, drafts, probs)
+            self.draft_length.observe(k, m, t1 - t0, time.perf_counter() - t1)
             self.stats.drafted += k
             self.stats.accepted += m
             toks, finish = self.budget.take(drafts[:m] + [nxt])

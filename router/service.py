@@ -14,9 +14,10 @@ Lifecycle of a Generate request:
                EXACT: router.exact.ExactLoop (Draft on D / Verify on P; migration by ExportState)
     finish     the last message carries finish_reason, usage and stats; Release on P and D always
                (also when the client cancels: context callback -> downstream calls cancelled)
-Every downstream call has a deadline no later than the client's. One JSON log line per request.
-The HTTP API calls Generate in process (router/http/bridge.py), with a context that has only
-time_remaining(), add_callback() and abort(): Generate must use no other ServicerContext method.
+Every downstream call has a deadline no later than the client's. One JSON log line per request. The HTTP
+API calls Generate in process (router/http/bridge.py), with a context that has only time_remaining(),
+add_callback() and abort(): Generate must use no other ServicerContext method. Exact mode's K per round:
+RouterConfig.draft_length ("adaptive": router/draft_length.py; "fixed": the request's K every round).
 
 Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
 or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, the exact
@@ -60,7 +61,9 @@ MAX_REQUEST_ID = 128
 class RouterConfig:
     max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
     max_new_tokens_limit: int = 4096
-    default_draft_block: int = 4  # K when a request sends draft_block = 0
+    default_draft_block: int = 4  # K when a request sends draft_block = 0 (the adaptive prior)
+    draft_length: str = "fixed"  # exact mode's K per round: "fixed" (the request's) | "adaptive" (per session)
+    max_adaptive_k: int = 8  # the adaptive ceiling (or the request's K if larger; at most width - 2)
     width: int = 16  # W of the workers: draft_block in 1..W-2, W rows reserved
     max_context: int = 4096  # window used until workers report theirs (GetStats.max_len)
     call_timeout_s: float = 30.0  # cap on one unary downstream call (a hung worker)
@@ -312,17 +315,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if finish is not None:
             return
         if plan.mode == common_pb2.EXACT:
-            loop = ExactLoop(
+            loop = ExactLoop.for_plan(
                 calls,
                 h,
                 budget,
                 stats,
-                k=plan.k,
-                engine=plan.engine,
-                engine_name=plan.engine_name,
-                migrate_wait_s=self.config.migrate_wait_s,
-                max_migrations=self.config.max_migrations,
-                sampling=plan.sampling,
+                plan,
+                self.config,
                 on_migrate=lambda: self.metrics.migration("exact"),
                 on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
             )

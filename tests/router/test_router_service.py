@@ -61,7 +61,18 @@ def test_fast_fp8_tokens_come_from_the_decode_engine(cluster):
 
 @pytest.mark.parametrize("engine", ["fp8", "mtp"])
 @pytest.mark.parametrize("k", [1, 4, 14])
-def test_exact_mode_is_token_identical(cluster, engine, k):
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+def test_exact_mode_is_token_identical(engine, k, policy):
+    """Either draft-length policy: the verified tokens; fixed sends the request's K every round, adaptive
+    any K in 1..max(K_max, the request's K) (router/draft_length.py)."""
+    cluster = Cluster(config=RouterConfig(call_timeout_s=2.0, migrate_wait_s=1.0, draft_length=policy))
+    try:
+        _exact_identical(cluster, engine, k, policy)
+    finally:
+        cluster.close()
+
+
+def _exact_identical(cluster, engine, k, policy):
     for prompt in ([5, 6, 7], [1], [40, 2, 9, 33]):
         out, deltas = cluster.run(prompt, max_new_tokens=30, mode="exact", engine=engine, draft_block=k)
         assert out == reference(prompt, 30)
@@ -70,7 +81,10 @@ def test_exact_mode_is_token_identical(cluster, engine, k):
         assert st["acceptance_rate"] == pytest.approx(st["accepted"] / st["drafted"])
     assert cluster.wait_sessions_zero()
     ks = {r.k for w in cluster.decode for m, r in w.servicer.calls if m == "Draft"}
-    assert max(ks) == min(k, 29)
+    if policy == "fixed":
+        assert max(ks) == min(k, 29)
+    else:
+        assert 1 <= min(ks) and max(ks) <= max(k, RouterConfig.max_adaptive_k)
 
 
 def test_text_prompt_and_text_deltas():

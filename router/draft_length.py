@@ -1,0 +1,211 @@
+"""Adaptive draft length for exact mode (issue 21, point 4): K per session, from that session's recent
+acceptance and the measured cost of its rounds. Pure (no gRPC, no clock): the caller times the calls.
+
+    ctl = DraftLength(prior_k=4, k_max=8)       one per session; prior_k: the request's (or server's) K
+    k = ctl.next_k()                            before each round (the caller may cut it to the budget)
+    ctl.observe(k, m, draft_s, verify_s)        after it: k drafted, m accepted, the two calls' seconds
+
+The model. Each draft is accepted with probability a, independently (geometric), so a block of K drafts
+yields m + 1 tokens with
+    E(K, a)  = sum_{i=0..K} a^i = (1 - a^(K+1)) / (1 - a)       tokens per round (correction or bonus included)
+    cost(K)  = draft(K) + verify(K+1)                            seconds per round
+    rate(K)  = E(K, a) / cost(K)                                 the session's expected tokens/s
+and the controller runs argmax rate(K) over [k_min, k_max]. draft(K) and verify(K+1) are the router's
+wall-clock times of the Draft and Verify calls: each includes its gRPC round trip (the responses carry no
+worker-side timing, so the rpc term is part of each intercept) and the Draft also applies the last verdict.
+Estimates:
+  a        S / (S + F) over the session's rounds, each count decayed by `decay` per round: S = accepted
+           drafts, F = rounds that rejected a draft (a full block, m = K, is censored: no failure seen),
+           plus `prior_weight` pseudo-rounds at `prior_a` (the MLE of a censored geometric).
+  costs    per K, an EWMA (`alpha`) of each part's seconds at that K; a K never run is priced by the
+           weighted least-squares line through the Ks run (a draft is K row steps, a verify one pass of
+           K+1 rows: both near linear in K; slope >= 0), each K weighted by its (decayed) count. With a
+           single K run there is no slope: the next round probes a neighbour (up if a >= 0.5). Every
+           `probe_every` rounds a neighbour whose figure is stale is probed again (the load changes),
+           if its predicted rate is within `probe_band` of the current K's (it could win).
+Hysteresis: K moves only when rate(best) > (1 + margin) rate(K) for `patience` rounds in a row, and by
+at most `max_step` at a time. K = 0 (plain AR) is a candidate only when k_min = 0; its cost is then what
+`observe(0, 0, 0, seconds)` reports (E(0) = 1). Exact mode cannot run K = 0 today (Draft and Verify
+refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length").
+K changes speed only: every round is verified, so the tokens are the exact engine's whatever K is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_K_MAX = 8  # CUDA graphs of the verify / draft rows exist up to K = 8 (decode_worker/serve.py)
+POLICIES = ("adaptive", "fixed")
+
+
+def expected_tokens(k: int, a: float) -> float:
+    """E[tokens of one round | K = k, acceptance a] = sum_{i=0..k} a^i."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class _Entry:
+    draft_s: float
+    verify_s: float
+    weight: float  # decayed count of rounds at this K
+    age: int = 0  # rounds since last observed
+
+
+class DraftLength:
+    """The per-session controller (module doc)."""
+
+    def __init__(
+        self,
+        prior_k: int,
+        k_max: int = DEFAULT_K_MAX,
+        k_min: int = 1,
+        *,
+        prior_a: float = 0.5,
+        prior_weight: float = 1.0,
+        decay: float = 0.95,
+        alpha: float = 0.3,
+        margin: float = 0.05,
+        patience: int = 2,
+        max_step: int = 2,
+        probe_every: int = 16,
+        probe_band: float = 0.15,
+    ):
+        if not 0 <= k_min <= k_max:
+            raise ValueError(f"k_min {k_min} and k_max {k_max}: need 0 <= k_min <= k_max")
+        self.k_min, self.k_max = k_min, k_max
+        self.k = min(max(prior_k, k_min), k_max)
+        self.prior_a, self.prior_weight, self.decay, self.alpha = prior_a, prior_weight, decay, alpha
+        self.margin, self.patience, self.max_step, self.probe_every = margin, patience, max_step, probe_every
+        self.probe_band = probe_band
+        self.costs: dict[int, _Entry] = {}
+        self.s = self.f = 0.0  # decayed accepted drafts / rejecting rounds
+        self.rounds = 0
+        self._want: int | None = None  # the switch hysteresis is counting for
+        self._streak = 0
+        self._probe: int | None = None  # K of the round asked for by a probe (not the settled K)
+
+    # ---- estimates -------------------------------------------------------------------------------
+    @property
+    def acceptance(self) -> float:
+        return (self.s + self.prior_a * self.prior_weight) / (self.s + self.f + self.prior_weight)
+
+    def cost(self, k: int) -> float | None:
+        """Predicted seconds of a round at K = k; None when nothing is known."""
+        e = self.costs.get(k)
+        if e is not None:
+            return e.draft_s + e.verify_s
+        if k == 0:
+            return None  # plain AR is priced only by measuring it
+        pts = [(j, e.draft_s + e.verify_s, e.weight) for j, e in self.costs.items() if j > 0]
+        if len({j for j, *_ in pts}) < 2:
+            return None
+        w = sum(p[2] for p in pts)
+        mk = sum(j * wt for j, _, wt in pts) / w
+        mc = sum(c * wt for _, c, wt in pts) / w
+        var = sum(wt * (j - mk) ** 2 for j, _, wt in pts)
+        slope = max(0.0, sum(wt * (j - mk) * (c - mc) for j, c, wt in pts) / var)
+        return max(1e-9, mc + slope * (k - mk))
+
+    def rate(self, k: int) -> float | None:
+        c = self.cost(k)
+        return None if c is None else expected_tokens(k, self.acceptance) / c
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def next_k(self) -> int:
+        """K for the next round: the settled K, or a probe of a neighbour (module doc)."""
+        self._probe = None
+        if not self.costs:
+            return self.k
+        runs = [j for j in self.costs if j > 0]
+        up, down = self.k + 1, self.k - 1
+        lo = max(self.k_min, 1)
+        if len(runs) < 2 or (self.probe_every and self.rounds % self.probe_every == 0):
+            want_up = self.acceptance >= 0.5
+            order = (up, down) if want_up else (down, up)
+            for j in order:
+                if lo <= j <= self.k_max and (len(runs) < 2 or (self._stale(j) and self._plausible(j))):
+                    self._probe = j
+                    return j
+        return self.k
+
+    def _plausible(self, k: int) -> bool:
+        """A refresh probe is worth a round only if K = k could win (within probe_band of the current)."""
+        r, cur = self.rate(k), self.rate(self.k)
+        return r is None or cur is None or r >= (1.0 - self.probe_band) * cur
+
+    def _stale(self, k: int) -> bool:
+        e = self.costs.get(k)
+        return e is None or e.age >= self.probe_every
+
+    def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
+        """One finished round: k drafted (0 = a plain AR step), `accepted` of them kept, the seconds of its
+        Draft and Verify calls. Returns the settled K."""
+        if not 0 <= accepted <= k:
+            raise ValueError(f"accepted {accepted} out of range 0..{k}")
+        self.rounds += 1
+        if k > 0:
+            self.s = self.s * self.decay + accepted
+            self.f = self.f * self.decay + (1.0 if accepted < k else 0.0)
+        for e in self.costs.values():
+            e.weight *= self.decay
+            e.age += 1
+        e = self.costs.get(k)
+        if e is None:
+            self.costs[k] = _Entry(draft_s, verify_s, 1.0)
+        else:
+            e.draft_s += self.alpha * (draft_s - e.draft_s)
+            e.verify_s += self.alpha * (verify_s - e.verify_s)
+            e.weight, e.age = e.weight + 1.0, 0
+        self._decide()
+        return self.k
+
+    def forget_costs(self) -> None:
+        """The session moved to another worker (migration): its costs are someone else's now."""
+        self.costs.clear()
+        self._want, self._streak = None, 0
+
+    def _decide(self) -> None:
+        cur = self.rate(self.k)
+        cands = [(r, j) for j in range(self.k_min, self.k_max + 1) if (r := self.rate(j)) is not None]
+        if cur is None or not cands:
+            return
+        best_rate, best = max(cands)
+        if best == self.k or best_rate <= cur * (1.0 + self.margin):
+            self._want, self._streak = None, 0
+            return
+        if best == self._want:
+            self._streak += 1
+        else:
+            self._want, self._streak = best, 1
+        if self._streak >= self.patience:
+            step = max(-self.max_step, min(self.max_step, best - self.k))
+            self.k = self.k + step
+            self._want, self._streak = None, 0
+
+
+class FixedLength:
+    """K as the request (or the server's default) says, every round: today's behaviour."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
+        return self.k
+
+    def forget_costs(self) -> None:
+        pass
+
+
+def controller(policy: str, k: int, k_max: int):
+    """The draft-length controller of one exact session: `policy` in POLICIES; k: the request's K (the
+    adaptive prior); k_max: the adaptive ceiling (at most the router's W - 2)."""
+    if policy == "fixed":
+        return FixedLength(k)
+    if policy == "adaptive":
+        return DraftLength(prior_k=k, k_max=max(k_max, k, 1))
+    raise ValueError(f"draft length policy {policy!r}: one of {', '.join(POLICIES)}")

@@ -1,0 +1,157 @@
+"""router/draft_length.py: the adaptive draft-length controller, driven by a simulated session (geometric
+acceptance, round costs linear in K with noise): small K when acceptance is low, large K when it is high,
+K_max and the floor respected, hysteresis (no flapping between near-equal Ks), the prior for a new
+session, the cost fit, and the fixed policy."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from router.draft_length import DraftLength, FixedLength, controller, expected_tokens
+
+# a CPU-like worker pair: Draft = rpc + K row steps, Verify = rpc + one pass (K+1 rows, nearly flat)
+RPC, STEP, PASS = 0.5e-3, 3e-3, 4e-3
+
+
+def draft_s(k):
+    return RPC + k * STEP
+
+
+def verify_s(k):
+    return RPC + PASS + 1e-4 * (k + 1)
+
+
+def simulate(ctl, p, rounds=200, seed=0, noise=0.1, step=STEP):
+    """-> the K of every round; the controller sees each round's acceptance and (noisy) costs."""
+    rng, ks = random.Random(seed), []
+    for _ in range(rounds):
+        k = ctl.next_k()
+        m = 0
+        while m < k and rng.random() < p:
+            m += 1
+        d = (RPC + k * step) * (1 + noise * rng.uniform(-1, 1))
+        v = verify_s(k) * (1 + noise * rng.uniform(-1, 1))
+        ctl.observe(k, m, d, v)
+        ks.append(k)
+    return ks
+
+
+def best_k(p, k_min=1, k_max=8, step=STEP):
+    return max(range(k_min, k_max + 1), key=lambda k: expected_tokens(k, p) / (RPC + k * step + verify_s(k)))
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    for a in (0.0, 0.3, 0.9):
+        for k in range(6):
+            assert expected_tokens(k, a) == pytest.approx(sum(a**i for i in range(k + 1)))
+    assert expected_tokens(4, 1.0) == 5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_low_acceptance_gives_the_floor(seed):
+    ks = simulate(DraftLength(prior_k=4, k_max=8), p=0.2, seed=seed)
+    assert best_k(0.2) == 1
+    assert ks[0] == 4  # the prior first
+    assert ks[-100:].count(1) >= 90  # then the floor, but for rare probes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_high_acceptance_gives_a_large_k_capped_at_k_max(seed):
+    # drafting cheap next to a verify pass (a GPU-like pair): at p = 0.99 K_max pays most
+    ks = simulate(DraftLength(prior_k=4, k_max=8), p=0.99, seed=seed, step=0.3e-3)
+    assert best_k(0.99, step=0.3e-3) == 8
+    assert max(ks) == 8
+    assert sum(ks[-100:]) / 100 >= 7.0
+    ks = simulate(DraftLength(prior_k=4, k_max=6), p=0.99, seed=seed, step=0.3e-3)
+    assert max(ks) == 6 and ks[-1] == 6
+
+
+def test_the_floor_is_respected_and_k0_needs_a_measured_ar_cost():
+    ks = simulate(DraftLength(prior_k=4, k_max=8, k_min=2), p=0.0)
+    assert min(ks) == 2 and ks[-50:].count(2) >= 45
+    # k_min = 0: K = 0 (plain AR) is never chosen before its cost was measured ...
+    c = DraftLength(prior_k=2, k_max=4, k_min=0)
+    assert 0 not in simulate(c, p=0.0, rounds=60)
+    # ... and is, when a plain AR step is measured to beat every speculative round at p = 0
+    c.observe(0, 0, 0.0, RPC + PASS)
+    for _ in range(10):
+        c.observe(c.k, 0, draft_s(c.k), verify_s(c.k))
+        c.observe(0, 0, 0.0, RPC + PASS)
+    assert c.k == 0
+
+
+def test_hysteresis_holds_k_between_near_equal_choices():
+    """Rates within the margin never move K, and a better K must win `patience` rounds in a row."""
+    c = DraftLength(prior_k=3, k_max=8, margin=0.05, patience=2, probe_every=0)
+    # costs that make K = 3 and K = 4 equal to 2% at a = 0.8: K must stay
+    a = 0.8
+    cost = {k: expected_tokens(k, a) for k in range(1, 9)}
+    cost[4] *= 1 / 1.02
+    c.s, c.f, c.prior_weight = 800.0, 200.0, 0.0
+    for k in (3, 4):
+        c.observe(k, 1, cost[k] / 2, cost[k] / 2)
+    for _ in range(20):
+        c.observe(3, 2, cost[3] / 2, cost[3] / 2)
+        assert c.k == 3
+    # a clear win must repeat: one round of it is not enough
+    c2 = DraftLength(prior_k=4, k_max=8, patience=3, probe_every=0)
+    c2.observe(4, 4, draft_s(4), verify_s(4))
+    c2.observe(5, 5, draft_s(5), verify_s(5))
+    before = c2.k
+    c2.s, c2.f, c2.prior_weight = 0.0, 100.0, 0.0  # acceptance drops to 0: K = 1 is better
+    c2.observe(4, 0, draft_s(4), verify_s(4))
+    assert c2.k == before
+    c2.observe(4, 0, draft_s(4), verify_s(4))
+    assert c2.k == before
+    c2.observe(4, 0, draft_s(4), verify_s(4))
+    assert c2.k == before - 2  # after 3 rounds, by at most max_step = 2
+
+
+def test_no_flapping_at_a_stable_acceptance():
+    ks = simulate(DraftLength(prior_k=4, k_max=8), p=0.8, rounds=300, seed=1)
+    settled = ks[100:]
+    changes = sum(1 for x, y in zip(settled, settled[1:]) if x != y)
+    assert changes <= 2 * (200 // 16) + 4  # probes (out and back) and a few moves, not every round
+
+
+def test_the_prior_then_a_probe_gives_the_cost_slope():
+    c = DraftLength(prior_k=5, k_max=8)
+    assert c.next_k() == 5 and c.cost(5) is None
+    c.observe(5, 5, draft_s(5), verify_s(5))
+    assert c.cost(6) is None  # one K: no slope yet
+    assert c.next_k() == 6  # probe up (acceptance seen high)
+    c.observe(6, 6, draft_s(6), verify_s(6))
+    assert c.cost(8) == pytest.approx(draft_s(8) + verify_s(8), rel=1e-6)  # the line through both
+    c = DraftLength(prior_k=5, k_max=8)
+    c.observe(5, 0, draft_s(5), verify_s(5))
+    assert c.next_k() == 4  # acceptance seen low: probe down
+
+
+def test_prior_is_clamped_and_inputs_checked():
+    assert DraftLength(prior_k=12, k_max=8).next_k() == 8
+    assert DraftLength(prior_k=1, k_max=8, k_min=2).next_k() == 2
+    with pytest.raises(ValueError):
+        DraftLength(prior_k=4, k_max=3, k_min=4)
+    with pytest.raises(ValueError):
+        DraftLength(prior_k=4).observe(2, 3, 0.1, 0.1)
+
+
+def test_fixed_policy_and_the_factory():
+    f = controller("fixed", 5, 8)
+    assert isinstance(f, FixedLength)
+    assert simulate(f, p=0.1, rounds=20) == [5] * 20
+    a = controller("adaptive", 10, 8)  # a request's larger K raises the ceiling
+    assert isinstance(a, DraftLength) and a.k_max == 10 and a.next_k() == 10
+    with pytest.raises(ValueError):
+        controller("sometimes", 4, 8)
+
+
+def test_forget_costs_after_a_migration_keeps_acceptance():
+    c = DraftLength(prior_k=4, k_max=8)
+    simulate(c, p=0.9, rounds=30)
+    a = c.acceptance
+    c.forget_costs()
+    assert c.costs == {} and c.acceptance == a
+    assert c.next_k() == c.k
