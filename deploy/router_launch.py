@@ -21,10 +21,12 @@ def router_kwargs(
     token_file=None,
     http_port: int = 0,
     max_inflight: int | None = None,
+    draft_length: str | None = None,
 ) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
     return dict(
         max_inflight=max_inflight,
+        draft_length=draft_length,
         host=host,
         port=port,
         prefill=list(prefill),
@@ -62,9 +64,10 @@ def serve_router(
     token_file=None,
     http_port: int = 0,
     max_inflight: int | None = None,
+    draft_length: str | None = None,
 ) -> RouterHandle:
-    """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight
-    None: RouterConfig's default."""
+    """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight,
+    draft_length (exact mode's K per round: router/draft_length.py) None: RouterConfig's defaults."""
     from baton.settings import Settings, read_token_file
     from router.service import RouterConfig
 
@@ -84,7 +87,10 @@ def serve_router(
         port=port,
         ray_namespace=ray_namespace,
         http_port=http_port,
-        **({"config": RouterConfig(max_inflight=max_inflight)} if max_inflight else {}),
+        config=RouterConfig(
+            **({"max_inflight": max_inflight} if max_inflight else {}),
+            **({"draft_length": draft_length} if draft_length else {}),
+        ),
     )
     return RouterHandle(handle, servicer, stop_router)
 

@@ -8,6 +8,8 @@ import argparse
 import os
 from pathlib import Path
 
+from router.draft_length import POLICIES
+
 ENGINES = ("bf16", "fp8", "mtp")
 
 
@@ -35,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-pages", type=int, default=None, help="attention KV pages of 256 tokens per worker runner (default: sized)"
+    )
+    p.add_argument(
+        "--draft-length",
+        choices=POLICIES,
+        default=None,
+        help="exact mode's K per round (the router's --draft-length; default: fixed, the request's K)",
     )
     p.add_argument(
         "--prefill-budget",

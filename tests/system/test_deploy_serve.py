@@ -404,3 +404,29 @@ def test_prefill_budget_reaches_the_prefill_workers_only(tmp_path):
         assert svc.engine.prefills.budget == 300
     finally:
         handle.stop(0)
+
+
+def test_draft_length_reaches_the_router():
+    """`baton serve --draft-length adaptive` sets the router's exact-mode K policy (router/draft_length.py);
+    unset, the router keeps its default (fixed)."""
+    import argparse
+
+    from deploy.router_launch import router_kwargs, serve_router
+    from deploy.serve_args import add_arguments
+    from router.service import RouterConfig
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["--draft-length", "adaptive"]).draft_length == "adaptive"
+    assert p.parse_args([]).draft_length is None
+    kw = router_kwargs(host="127.0.0.1", port=0, namespace=None, draft_length="adaptive")
+    r = serve_router(**kw)
+    try:
+        assert r._servicer.config.draft_length == "adaptive"
+    finally:
+        r.stop(0)
+    d = serve_router(**router_kwargs(host="127.0.0.1", port=0, namespace=None))
+    try:
+        assert d._servicer.config.draft_length == RouterConfig.draft_length == "fixed"
+    finally:
+        d.stop(0)
