@@ -83,6 +83,7 @@ class ExactEngine:
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (baton/engine/prefill.py);
         # verify passes take the same lock, so they interleave with a long prompt's pieces
         self._prefilling = 0  # callers inside run_prefill (the Gather waits up to 2 ms for them)
+        self._prefilling_lock = threading.Lock()
         self.prefills = Gather(
             self._prefill_batch,
             self._compute,
@@ -163,7 +164,7 @@ class ExactEngine:
         each bitwise as alone. `progress` is marked per layer during the last piece and finished with the
         token (or failed); on failure the session is released. mtp=False skips the MTP layer's KV
         (ModelRunner.prefill): only for a session whose export never ships it."""
-        with self.prefills._cv:
+        with self._prefilling_lock:
             self._prefilling += 1
         try:
             tok = None
@@ -178,7 +179,7 @@ class ExactEngine:
             self.release(s.id)
             raise
         finally:
-            with self.prefills._cv:
+            with self._prefilling_lock:
                 self._prefilling -= 1
         if progress is not None:
             progress.finish(tok)

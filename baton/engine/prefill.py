@@ -20,6 +20,7 @@ per-layer mark (baton/handoff/progress.py).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -54,7 +55,7 @@ def prefill_pieces(
     runner, slot: int, ids: list[int], start: int = 0, *, on_layer=None, mtp: bool = True
 ) -> list[Piece]:
     """The prompt ids at [start, start + len(ids)) of `slot` as its Pieces, in order (pieces())."""
-    cut = pieces(start, len(ids), getattr(runner, "prefill_chunk", PREFILL_CHUNK))
+    cut = pieces(start, len(ids), runner.prefill_chunk)
     out = []
     for k, (s0, n) in enumerate(cut):
         o = s0 - start
@@ -85,14 +86,15 @@ def _marks(ps: list[Piece]):
     return on_layer
 
 
-def _context(ps: list[Piece], offs: list[int], **kw) -> StepContext:
+def _context(ps: list[Piece], **kw) -> StepContext:
+    """The pass's StepContext: each piece a Segment at its row offset (pieces in row order)."""
+    offs = itertools.accumulate((len(p.ids) for p in ps[:-1]), initial=0)
     segs = tuple(Segment(p.slot, p.start, len(p.ids), o) for p, o in zip(ps, offs))
-    first = segs[0]
     return StepContext(
-        slot=first.slot,
+        slot=segs[0].slot,
         width=None,
         n=sum(len(p.ids) for p in ps),
-        start=first.start,
+        start=segs[0].start,
         segments=segs if len(segs) > 1 else None,
         **kw,
     )
@@ -117,43 +119,27 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
     for p in ps:
         if p.start == 0:
             st.reset(p.slot)
-    offs, o = [], 0
-    for p in ps:
-        offs.append(o)
-        o += len(p.ids)
     x = torch.tensor([t for p in ps for t in p.ids], dtype=torch.long, device=dev)
     with wide_prefill(dev):
-        h = runner.model(x, st, _context(ps, offs, on_layer=_marks(ps)))  # [T, hidden]
-    toks: list[int | None] = []
-    for p, off in zip(ps, offs):  # each piece's pick from its own last row (the [1, vocab] head call alone)
-        if p.last:
-            end = p.start + len(p.ids)
-            toks.append(
-                int(runner.sampling.pick_slot(runner.model.logits(h[off + len(p.ids) - 1 :][:1]), p.slot, end)[0])
-            )
-        else:
-            toks.append(None)
+        h = runner.model(x, st, _context(ps, on_layer=_marks(ps)))  # [T, hidden]
+    rows = h.split([len(p.ids) for p in ps])  # each piece's hidden rows
+    toks: list[int | None] = [
+        # each piece's pick from its own last row: the [1, vocab] head call of the piece alone
+        int(runner.sampling.pick_slot(runner.model.logits(r[-1:]), p.slot, p.start + len(p.ids))[0]) if p.last else None
+        for p, r in zip(ps, rows)
+    ]
     mp = [i for i, p in enumerate(ps) if p.mtp and runner.has_mtp]
     if mp:  # MTP KV for the pairs (h_t, x_{t+1}), t in each piece's [start, start + n)
-        nxt, rows, sub, so = [], [], [], []
-        o = 0
-        for i in mp:
-            p, off, n = ps[i], offs[i], len(ps[i].ids)
-            follow = toks[i] if p.last else p.next_id
-            nxt.extend(p.ids[1:] + [int(follow)])
-            rows.append(h[off : off + n])
-            sub.append(p)
-            so.append(o)
-            o += n
-        hm = torch.cat(rows) if len(rows) > 1 else rows[0]
+        sub = [ps[i] for i in mp]
+        nxt = [t for i in mp for t in ps[i].ids[1:] + [int(toks[i] if ps[i].last else ps[i].next_id)]]
+        hm = torch.cat([rows[i] for i in mp])
         pos = torch.cat([torch.arange(p.start, p.start + len(p.ids), device=dev) for p in sub])
         nx = torch.tensor(nxt, dtype=torch.long, device=dev)
         with wide_prefill(dev):
-            runner.model.mtp(runner.model.model.embed_tokens, hm, nx, pos, st, _context(sub, so, rope_offset=1))
-    for p, off, tok in zip(ps, offs, toks):
+            runner.model.mtp(runner.model.model.embed_tokens, hm, nx, pos, st, _context(sub, rope_offset=1))
+    for p, r, tok in zip(ps, rows, toks):
         if p.last:
-            end = p.start + len(p.ids)
-            st.position[p.slot] = end
+            st.position[p.slot] = p.start + len(p.ids)
             st.next_token[p.slot] = tok
-            st.hidden[p.slot].copy_(h[off + len(p.ids) - 1])
+            st.hidden[p.slot].copy_(r[-1])
     return toks

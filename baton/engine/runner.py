@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from baton.engine import batch, fast_rows
-from baton.engine.prefill import prefill_pieces, run_pass
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.sampling import SamplingTable
 from baton.engine.state import HybridState
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
@@ -65,6 +65,7 @@ class ModelRunner:
         self.model, self.cfg = model, model.cfg
         self.device, self.dtype = p.device, dtype or p.dtype
         self.width, self.max_len = width, max_len
+        self.prefill_chunk = PREFILL_CHUNK  # a prompt runs as pieces of this many tokens (baton/engine/prefill.py)
         self.has_mtp = hasattr(model, "mtp")
         self.state = HybridState(
             self.cfg,

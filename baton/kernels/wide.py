@@ -123,22 +123,21 @@ def _norm_kernel(
     offs = tl.arange(0, BLOCK)
     m = offs < N
     x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    if L2:
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+    ss = tl.sum(x * x, axis=0)
+    if L2:  # no weight
+        y = x * tl.rsqrt(ss + eps)
     else:
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    if L2:
-        pass
-    elif GATED:  # (w * y.to(dt) * silu(gate.float())).to(dt), as GatedRMSNorm
-        g = tl.load(g_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
-        y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
-        y = w.to(y_ptr.dtype.element_ty).to(tl.float32) * y
-        y = y.to(y_ptr.dtype.element_ty).to(tl.float32) * (g * tl.sigmoid(g))
-    elif CENTRED:
-        y = y * (1.0 + w)
-    else:
-        y = y * w
+        y = x * tl.rsqrt(ss / N + eps)
+        w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        if GATED:  # (w * y.to(dt) * silu(gate.float())).to(dt), as GatedRMSNorm
+            g = tl.load(g_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+            y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
+            y = w.to(y_ptr.dtype.element_ty).to(tl.float32) * y
+            y = y.to(y_ptr.dtype.element_ty).to(tl.float32) * (g * tl.sigmoid(g))
+        elif CENTRED:
+            y = y * (1.0 + w)
+        else:
+            y = y * w
     tl.store(y_ptr + row * N + offs, y.to(y_ptr.dtype.element_ty), mask=m)
 
 

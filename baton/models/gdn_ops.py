@@ -5,8 +5,8 @@ Per value head, with S [dk, dv] (fp32):
 q and k are L2-normalised per head and q is scaled by dk^-0.5. Key heads are shared by
 Hv/Hk consecutive value heads (grouped value attention).
 
-`chunked` may use flash-linear-attention on CUDA; `recurrent_rows` is always plain torch, one
-token at a time with identical ops, so an AR step and a verify row are bitwise equal.
+The prefill (`conv_segments`, `chunked_segments`) uses flash-linear-attention's varlen kernel on CUDA
+and `chunked` (plain torch) elsewhere; `recurrent_rows` is always plain torch, one token at a time with identical ops, so an AR step and a verify row are bitwise equal.
 """
 
 from __future__ import annotations
@@ -55,32 +55,21 @@ def conv_segments(x: torch.Tensor, conv_all: torch.Tensor, slots: list[int], len
     explicit fp32 sum over the KW taps in order, so a row's result depends on its own window only.
     Returns [T, C] in x's dtype."""
     C, KW = w.shape
-    parts, idx, base = [], [], 0
-    for slot, n, off in zip(slots, lens, _offsets(lens)):
-        parts += [conv_all[slot], x[off : off + n].transpose(0, 1)]
+    parts, idx, tails, base = [], [], [], 0
+    for slot, xs in zip(slots, x.split(lens)):  # seq columns [base, base + KW-1 + n): state, then inputs
+        n = xs.shape[0]
+        parts += [conv_all[slot], xs.transpose(0, 1)]
         idx.append(torch.arange(base, base + n))
+        tails.append((base + n, base + n + KW - 1))  # the segment's last KW-1 inputs: its next conv state
         base += n + KW - 1
-    seq = torch.cat(parts, dim=1)  # [C, T + N (KW-1)]: each segment's state, then its inputs
+    seq = torch.cat(parts, dim=1)  # [C, T + N (KW-1)]
     L = seq.shape[1] - KW + 1
     acc = seq[:, 0:L].float() * w[:, 0:1].float()
     for j in range(1, KW):
         acc = acc + seq[:, j : j + L].float() * w[:, j : j + 1].float()
     out = acc[:, torch.cat(idx).to(x.device)]  # [C, T]: the windows that end on each segment's rows
-    tails = torch.stack([seq[:, b + n : b + n + KW - 1] for b, n in zip(_bases(lens, KW), lens)])
-    conv_all.index_copy_(0, torch.tensor(slots, device=x.device), tails)
+    conv_all.index_copy_(0, torch.tensor(slots, device=x.device), torch.stack([seq[:, a:b] for a, b in tails]))
     return F.silu(out).to(x.dtype).transpose(0, 1)
-
-
-def _offsets(lens: list[int]) -> list[int]:
-    out, o = [], 0
-    for n in lens:
-        out.append(o)
-        o += n
-    return out
-
-
-def _bases(lens: list[int], KW: int) -> list[int]:
-    return [o + i * (KW - 1) for i, o in enumerate(_offsets(lens))]
 
 
 def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], lens: list[int]) -> torch.Tensor:
@@ -92,10 +81,8 @@ def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], 
     its row tile per number of rows). Returns [T, Hv, dv]."""
     fla = _fla_chunk() if v.is_cuda else None
     if fla is None:
-        outs = [
-            chunked(q[o : o + n], k[o : o + n], v[o : o + n], g[o : o + n], beta[o : o + n], rec_all[s])
-            for s, n, o in zip(slots, lens, _offsets(lens))
-        ]
+        parts = zip(slots, *(t.split(lens) for t in (q, k, v, g, beta)))
+        outs = [chunked(qs, ks, vs, gs, bs, rec_all[s]) for s, qs, ks, vs, gs, bs in parts]
         return torch.cat(outs) if len(outs) > 1 else outs[0]
     from baton.kernels import wide  # CUDA only (Triton)
 
@@ -151,29 +138,8 @@ def recurrent_rows(q, k, v, g, beta, S: torch.Tensor, n: int, ckpt: torch.Tensor
 
 
 def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
-    """Prefill form. Same shapes as recurrent_rows with n = T; S updated in place. Returns [T, Hv, dv]."""
-    fla = _fla_chunk() if v.is_cuda else None
-    if fla is not None:
-        Hv = v.shape[1]
-        rep = Hv // q.shape[1]
-        qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
-        o, final = fla(
-            qr[None].contiguous(),
-            kr[None].contiguous(),
-            v[None].contiguous(),
-            g=g[None].float(),
-            beta=beta[None].to(v.dtype),
-            initial_state=S[None].clone(),
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
-        )
-        S.copy_(final[0])
-        return o[0]
-    return _chunked_torch(q, k, v, g, beta, S)
-
-
-def _chunked_torch(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
-    """WY form per chunk of C tokens, with G = in-chunk cumulative log decay:
+    """One sequence in plain torch (CUDA prefill: chunked_segments' fla call); S updated in place,
+    returns [T, Hv, dv]. WY form per chunk of C tokens, with G = in-chunk cumulative log decay:
     (I + A) U = beta*V - beta*exp(G)*K S0,   A[i,j] = beta_i exp(G_i-G_j) k_i.k_j  (j < i)
     O = exp(G) Q S0 + (Q K^T * D) U,         D[i,j] = exp(G_i-G_j)              (j <= i)
     S_C = exp(G_C) S0 + (K * exp(G_C - G))^T U

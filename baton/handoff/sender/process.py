@@ -111,7 +111,6 @@ class _Child:
         self._owner: dict[int, ProcessPush] = {}  # slot -> the push holding it (staging or posted)
         self._order: list[ProcessPush] = []  # pushes that asked for slots, oldest first (take's admission)
         self.streams = max(1, slots // 2)  # pushes staging at once (FIFO admission, _admitted)
-        self.slots = slots
         self._pushes: dict[int, ProcessPush] = {}  # stream id -> push in flight
         self._ids = 0
         self._users = 0  # stagers running: the ring stays mapped for them
@@ -149,7 +148,7 @@ class _Child:
     def _cap(self) -> int:
         """Under _cv, after _admitted: the slots one admitted push may hold: per_stream when it stages
         alone (a lone hand-off keeps its deep pipeline), an equal share of the ring when several do."""
-        share = self.slots // max(1, min(len(self._order), self.streams))
+        share = self.ring.slots // max(1, min(len(self._order), self.streams))
         return max(1, min(self.per_stream, max(2, share)))
 
     def take(self, push: "ProcessPush") -> int:
