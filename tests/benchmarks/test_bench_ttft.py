@@ -95,7 +95,10 @@ def test_bench_ttft_cpu_smoke(tmp_path):
         assert all(r["by_decode_worker"]["process"][k] == r[k] for k in ("split_s", "handoff_s", "split_s_runs"))
         for m in r["by_decode_worker"].values():
             assert m["split_s"] > 0 and m["handoff_GBps"] > 0 and len(m["handoff_s_runs"]) == 2
-        assert r["split_overhead_pct"] == pytest.approx(100 * (r["split_s"] / r["prefill_s"] - 1), abs=0.01)
+        # the pct is rounded to 0.01 from unrounded seconds; split_s / prefill_s are rounded to 1 us, which
+        # moves the recomputed pct by up to 100 * 1e-6 * (1 + split/prefill) / prefill (ms-scale CPU prefills)
+        slack = 0.005 + 100 * 1e-6 * (1 + r["split_s"] / r["prefill_s"]) / r["prefill_s"]
+        assert r["split_overhead_pct"] == pytest.approx(100 * (r["split_s"] / r["prefill_s"] - 1), abs=slack)
         assert r["state_bytes"] == state_bytes(r["prompt_tokens"], res["workers"]["max_len"])
         assert r["state_bytes"] == sum(r["state_bytes_by_kind"].values())
         assert r["data_chunks"] == chunk_count(r["state_bytes"], res["workers"], r["prompt_tokens"])
