@@ -1,9 +1,11 @@
 """State hand-off prefill -> decode over real loopback gRPC: exact tokens, bitwise state, MTP policy,
 migration (ExportState), failures of the target, tampered streams."""
 
+import collections
 import json
 import math
 import random
+import threading
 import time
 
 import grpc
@@ -461,25 +463,40 @@ def test_decode_refusal_is_passed_through_with_the_target(workers, lm):
         foreign.close()
 
 
-def test_cancelled_prefill_releases_on_both_workers(workers):
-    """The client gives up while prefill or the hand-off is in flight: neither worker keeps the session."""
-    P, D = workers["P"], workers["D"]
-    rng, cancelled = random.Random(3), 0
-    for i in range(3):
-        fut = P.Prefill.future(
+def test_cancelled_prefill_releases_on_both_workers(workers, lm, monkeypatch):
+    """The client gives up while prefill or the hand-off is in flight: neither worker keeps the session.
+
+    Each layer is made slow and the cancel is sent at a known point (before the compute, after the
+    first layer was streamed, after the last), so every cancel lands while the call is in flight:
+    a cancel that races the reply is the router's to clean up (it Releases on P and D at the end)."""
+    from baton.handoff.progress import PrefillProgress
+
+    mark, seen = PrefillProgress.mark, []
+    layers = lm.cfg.num_hidden_layers
+
+    def slow_mark(self, stage):
+        mark(self, stage)
+        seen[-1][stage].set()
+        if stage < self.layers:
+            time.sleep(0.1)
+
+    monkeypatch.setattr(PrefillProgress, "mark", slow_mark)
+    rng = random.Random(3)
+    for at in (None, 0, layers - 1):
+        seen.append(collections.defaultdict(threading.Event))
+        fut = workers["P"].Prefill.future(
             prefill_pb2.PrefillRequest(
                 session_id="c", prompt_ids=[rng.randrange(512)] * 150, mode=EXACT, decode_target=workers["target"]
             ),
             timeout=T,
         )
-        time.sleep(0.01 * i)
-        if fut.cancel():
-            cancelled += 1
-            assert _settled(P).sessions == 0 and _settled(D).sessions == 0, "a cancelled Prefill left a session"
-        else:  # it finished first: release it the normal way
-            P.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
-            D.Release(common_pb2.ReleaseRequest(session_id="c"), timeout=T)
-    assert cancelled > 0
+        if at is not None:
+            assert seen[-1][at].wait(T), f"layer {at} never marked"
+        assert fut.cancel(), f"the Prefill finished before the cancel at layer {at}"
+        with pytest.raises(grpc.FutureCancelledError):
+            fut.result()
+        assert _settled(workers["P"]).sessions == 0, f"a Prefill cancelled at layer {at} left a session on P"
+        assert _settled(workers["D"]).sessions == 0, f"a Prefill cancelled at layer {at} left a session on D"
 
 
 def test_layer_state_is_final_when_marked_and_marked_before_its_mlp(lm):
