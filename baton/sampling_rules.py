@@ -4,12 +4,14 @@
     plan(params, has_tokenizer, seed)    # the router: check, -> (workers' copy, stop strings)
     resolved(params, seed) -> params     # the workers' copy: the seed set, stop strings removed
     logprob_protos(entries, tokens)      # SamplingTable.logprobs entries -> [baton.v1.TokenLogprob]
+    penalized(params) -> bool            # any penalty on: the router sends the token history
+    history(params, ids, generated_from) # -> baton.v1.PenaltyHistory (None when not penalized)
 
 Ranges (docs/CONTRACTS.md, "Sampling"): temperature in [0, 100] (0 = greedy); top_p in [0, 1] (0 or 1 =
 off); top_k any (0 = off; past the vocabulary = off); min_p in [0, 1] (0 = off); logprobs <= 20; at most
 16 stop strings, each 1..256 bytes of UTF-8; repetition_penalty in [0, 10] (0 or 1 = off),
-presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range). Penalties are validated but not
-applied yet: a non-neutral one is refused (INVALID_ARGUMENT naming it) rather than silently ignored.
+presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range); their semantics are in
+baton/engine/penalties.py (vLLM's / OpenAI's).
 exact_policy: a known ExactPolicy value; UNSPECIFIED resolves to DEFAULT_EXACT_POLICY for the workers.
 """
 
@@ -47,13 +49,6 @@ def check(p, *, stops: bool = True) -> None:
     _finite("repetition_penalty", p.repetition_penalty, 0.0, MAX_REPETITION_PENALTY)
     _finite("presence_penalty", p.presence_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
     _finite("frequency_penalty", p.frequency_penalty, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
-    for name, neutral in (
-        ("repetition_penalty", (0.0, 1.0)),
-        ("presence_penalty", (0.0,)),
-        ("frequency_penalty", (0.0,)),
-    ):
-        if getattr(p, name) not in neutral:
-            raise _bad(name, f"penalties are not supported yet (send {' or '.join(f'{v:g}' for v in neutral)})")
     if p.exact_policy not in EXACT_POLICIES:
         raise _bad("exact_policy", f"{p.exact_policy} is not an ExactPolicy (0 = default, 1 = COUPLING, 2 = REJECTION)")
     if len(p.stop) > (MAX_STOPS if stops else 0):
@@ -82,6 +77,23 @@ def resolved(p, seed: int):
     out.exact_policy = p.exact_policy or DEFAULT_EXACT_POLICY
     del out.stop[:]
     return out
+
+
+def penalized(p) -> bool:
+    """A SamplingParams (or None) with any penalty on (the same test as sampling.Params.penalized)."""
+    return p is not None and (
+        p.repetition_penalty not in (0.0, 1.0) or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    )
+
+
+def history(p, ids, generated_from: int):
+    """The PenaltyHistory a decode worker needs with a penalized session's first Decode / Draft after a
+    LoadState: ids = the tokens at the state's positions [0, position); None when p has no penalty."""
+    if not penalized(p):
+        return None
+    from baton.v1 import common_pb2
+
+    return common_pb2.PenaltyHistory(token_ids=list(ids), generated_from=generated_from)
 
 
 def logprob_protos(entries, tokens) -> list:

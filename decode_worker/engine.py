@@ -163,6 +163,7 @@ class DecodeEngine:
         except BaseException:
             fill.abort()
             raise
+        s.runner.sampling.history.forget(s.slot)  # a penalized session sends its history (Decode / Draft)
         try:
             self.drafter.attach(s, position, next_token)
         except BaseException:

@@ -107,15 +107,31 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             raise StatusError(INVALID, f"{field}: token id {bad[0]} out of range [0, {self.vocab})")
         return list(ids)
 
-    @staticmethod
-    def _set_sampling(s, request, proposing: bool = False) -> None:
+    def _set_sampling(self, s, request, proposing: bool = False, fresh: bool = True) -> None:
         """The session's sampling parameters for this call, on its runner's table (absent = greedy).
-        proposing (Draft): a REJECTION-policy session's drafts come from the cut q', recorded."""
+        proposing (Draft): a REJECTION-policy session's drafts come from the cut q', recorded.
+        request.history (penalties): the tokens of the loaded state's positions, accepted only on a call
+        that starts from the loaded state (fresh: not a Draft with a verdict)."""
         p = None
         if request.HasField("sampling"):
             sampling_rules.check(request.sampling, stops=False)  # ValueError naming `sampling.<field>`
             p = Params.from_proto(request.sampling)
-        s.runner.sampling.set(s.slot, p, proposing=proposing)
+        table = s.runner.sampling
+        if request.HasField("history"):
+            h = request.history
+            pos = int(s.runner.state.position[s.slot])
+            if not fresh:
+                raise StatusError(INVALID, "history: only on the first Draft after LoadState (has_verdict false)")
+            if len(h.token_ids) != pos:  # NOTE: before list(): at most the window
+                raise StatusError(
+                    INVALID, f"history.token_ids: {len(h.token_ids)} ids; the session's state holds {pos}"
+                )
+            ids = list(h.token_ids)
+            bad = [t for t in ids if t >= self.vocab]
+            if bad:
+                raise StatusError(INVALID, f"history.token_ids: token id {bad[0]} out of range [0, {self.vocab})")
+            table.history.load(s.slot, ids, h.generated_from)  # ValueError naming history.generated_from
+        table.set(s.slot, p, proposing=proposing)
 
     # ---- RPCs ------------------------------------------------------------------------------------
     def LoadState(self, request_iterator, context):
@@ -250,7 +266,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 verdict = (request.accepted, request.next_token)
             elif request.accepted or request.next_token:
                 raise StatusError(INVALID, "has_verdict: false, but accepted/next_token are set")
-            self._set_sampling(s, request, proposing=True)  # drafts picked with the exact engine's noise
+            # drafts picked with the exact engine's noise
+            self._set_sampling(s, request, proposing=True, fresh=not request.has_verdict)
             with window_field("k"):
                 drafts = self.engine.draft(request.session_id, request.k, verdict)
             pos = int(s.runner.state.position[s.slot])

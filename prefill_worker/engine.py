@@ -131,25 +131,41 @@ class ExactEngine:
         self.runner.check_window(len(ids), max_new_tokens, self.width)
 
     def prefill(
-        self, ids: list[int], *, session_id: str | None = None, mtp: bool = True, sampling: Params | None = None
+        self,
+        ids: list[int],
+        *,
+        session_id: str | None = None,
+        mtp: bool = True,
+        sampling: Params | None = None,
+        generated: int = 0,
     ) -> tuple[Session, int]:
         """Runs the prompt into a new session's slot; returns (session, first token). mtp: run_prefill."""
-        s = self.open_prefill(ids, session_id=session_id, sampling=sampling)
+        s = self.open_prefill(ids, session_id=session_id, sampling=sampling, generated=generated)
         return s, self.run_prefill(s, ids, mtp=mtp)
 
-    def open_prefill(self, ids: list[int], *, session_id: str | None = None, sampling: Params | None = None) -> Session:
+    def open_prefill(
+        self, ids: list[int], *, session_id: str | None = None, sampling: Params | None = None, generated: int = 0
+    ) -> Session:
         """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
         slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender.
         sampling: the session's parameters (None = greedy), set on the slot for its first token, every
-        Verify and step (baton/engine/sampling.py); cleared at release."""
+        Verify and step (baton/engine/sampling.py); cleared at release. generated: the last `generated`
+        ids were generated (a migration's re-prefill): the penalties count them as generated."""
         self.validate_prompt(ids)
+        if not 0 <= generated < len(ids):
+            raise ValueError(f"generated_tokens: {generated} of {len(ids)} prompt ids (at most {len(ids) - 1})")
         s = self._open(session_id)
         try:
             self.runner.reserve(s.slot, len(ids))  # its KV pages, before any work (PagesExhausted)
         except BaseException:
             self._table.release(s.id)
             raise
-        self.runner.sampling.set(s.slot, sampling)
+        try:
+            self.runner.sampling.history.begin(s.slot, len(ids) - generated)  # the slot's passes record the rest
+            self.runner.sampling.set(s.slot, sampling)
+        except BaseException:
+            self.release(s.id)
+            raise
         return s
 
     def last_logprobs(self, session_id: str, n: int) -> list:

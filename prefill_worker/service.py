@@ -232,7 +232,9 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             sid = request.session_id or uuid.uuid4().hex
             t0, t0_ns = time.perf_counter(), time.monotonic_ns()
             sampling = Params.from_proto(request.sampling) if request.HasField("sampling") else None
-            session = self.engine.open_prefill(ids, session_id=sid, sampling=sampling)
+            session = self.engine.open_prefill(
+                ids, session_id=sid, sampling=sampling, generated=request.generated_tokens
+            )
             session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
             mtp = computes_mtp_kv(exact, request.engine, bool(target))

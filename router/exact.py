@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import grpc
 
-from baton import names
+from baton import names, sampling_rules
 from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
@@ -80,6 +80,7 @@ class ExactLoop:
         on_bridge: Callable[[object], None] | None = None,
         sampling=None,
         draft_length=None,
+        prompt_ids=(),
     ):
         # ExportState re-sends the engine the prefill worker kept from the Prefill, so a migration target
         # must offer that engine (the request's, else the first decode worker's default)
@@ -91,6 +92,8 @@ class ExactLoop:
         self.on_migrate, self.on_bridge = on_migrate, on_bridge
         self._attempts = 0
         self.sampling = sampling  # SamplingParams (seed resolved): the drafts use the exact engine's noise
+        # penalties: the tokens of the decode worker's loaded state, sent with the first Draft after a load
+        self.prompt_ids, self.loaded = list(prompt_ids), list(prompt_ids)
         # K per round (router/draft_length.py): the request's K, or the adaptive controller's choice
         self.draft_length = draft_length if draft_length is not None else FixedLength(k)
 
@@ -115,6 +118,7 @@ class ExactLoop:
             max_migrations=config.max_migrations,
             sampling=plan.sampling,
             draft_length=controller(policy, plan.k, k_max),
+            prompt_ids=plan.prompt_ids,
             **hooks,
         )
 
@@ -150,6 +154,10 @@ class ExactLoop:
         )
         if verdict is not None:
             req.accepted, req.next_token = verdict
+        else:  # the first Draft after a load: a penalized session's history
+            hist = sampling_rules.history(self.sampling, self.loaded, len(self.prompt_ids))
+            if hist is not None:
+                req.history.CopyFrom(hist)
         resp = self.calls.unary(self.decode, "Draft", req)
         drafts = list(resp.draft_tokens)
         if len(drafts) != k:
@@ -200,6 +208,12 @@ class ExactLoop:
             if int(resp.next_token) != pending:
                 raise StatusError(
                     grpc.StatusCode.INTERNAL, f"exported next_token {resp.next_token} != pending token {pending}"
+                )
+            self.loaded = (self.prompt_ids + self.budget.emitted)[: int(resp.position)]  # the exported state's tokens
+            if len(self.loaded) != int(resp.position):
+                raise StatusError(
+                    grpc.StatusCode.INTERNAL,
+                    f"exported position {resp.position} is past the {len(self.loaded)} tokens sent so far",
                 )
             self.stats.migrations += 1
             self.stats.bridge(resp.bridge)

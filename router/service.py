@@ -309,7 +309,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def _tokens(self, plan: Plan, calls: Calls, budget: Budget, stats: RunStats):
         """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
         last. logprobs: TokenLogprob per token when the request asked (else empty)."""
-        h = self._start(plan, calls, plan.prompt_ids, stats, exclude=())
+        h = self._start(plan, calls, stats, exclude=())
         toks, finish = budget.take([h.first_token])
         yield toks, finish, _first_lp(h)
         if finish is not None:
@@ -327,9 +327,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
             yield from loop.run(h.first_token)
             return
-        attempts = 0
+        attempts, sent = 0, []  # sent: what the decode worker's state was re-prefilled with (penalties)
         while True:
             req = decode_pb2.DecodeRequest(
+                history=sampling_rules.history(plan.sampling, plan.prompt_ids + sent, len(plan.prompt_ids)),
                 session_id=h.session_id,
                 max_new_tokens=budget.remaining,
                 stop_token_ids=plan.stop_ids,
@@ -362,14 +363,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 )
                 # NOTE: the re-prefill's first token is the next token to send: nothing lost or repeated
                 gone = [] if e.code == C.NOT_FOUND else [h.decode]  # NOT_FOUND: only the session is lost
-                h = self._start(
-                    plan,
-                    calls,
-                    plan.prompt_ids + budget.emitted,
-                    stats,
-                    exclude=gone,
-                    wait_s=self.config.migrate_wait_s,
-                )
+                sent = list(budget.emitted)
+                h = self._start(plan, calls, stats, exclude=gone, wait_s=self.config.migrate_wait_s, sent=sent)
                 stats.migrations += 1
                 self.metrics.migration("fast")
                 toks, finish = budget.take([h.first_token])
@@ -377,16 +372,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 if finish is not None:
                     return
 
-    def _start(self, plan: Plan, calls: Calls, ids: list[int], stats: RunStats, exclude, wait_s: float = 0.0):
+    def _start(self, plan: Plan, calls: Calls, stats: RunStats, exclude, wait_s: float = 0.0, sent=()):
+        """Prefill of the prompt + `sent` (a re-prefill: those count as generated for the penalties)."""
         h = start_session(
             calls,
-            ids,
+            plan.prompt_ids + list(sent),
             mode=plan.mode,
             engine=plan.engine,
             engine_name=plan.engine_name,
             exclude_decode=exclude,
             decode_wait_s=wait_s,
             sampling=plan.sampling,
+            generated=len(sent),
             on_retry=self.metrics.prefill_retries.inc,
         )
         stats.bridge(h.response.bridge)

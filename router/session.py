@@ -105,6 +105,7 @@ def start_session(
     decode_wait_s: float = 0.0,
     on_retry=None,
     sampling=None,
+    generated: int = 0,
 ) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
@@ -114,6 +115,7 @@ def start_session(
     full the request is RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
     decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
+    generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
     bad_p: list[Worker] = []
@@ -148,6 +150,7 @@ def start_session(
             decode_target=d.address,
             engine=engine or _default_engine(d),
             sampling=sampling,
+            generated_tokens=generated,
         )
         try:
             return Handoff(sid, p, d, calls.unary(p, "Prefill", req), req.engine)

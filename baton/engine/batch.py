@@ -107,6 +107,7 @@ def rows_batch(runner, groups, ckpt_unused: bool = False, hidden_out: list | Non
         rows[g.off : g.off + g.n] = torch.arange(g.n)
     slots, rows = slots.to(dev), rows.to(dev)
     positions = state.position[slots.clamp(max=state.slots - 1)] + rows + 1  # before the step advances them
+    smp.history.record(slots, positions - 1, ids)  # each row's token at its position (penalties)
     h = model(ids, state, ctx)  # [T, hidden]
     live = rgroups[0].n if len(rgroups) == 1 else None  # the fp8 head's live rows, as compute_rows
     logits = ctx.map(lambda hc: model.logits(hc, rows=live), h)  # [T, vocab]; head at [W, hidden]

@@ -74,7 +74,9 @@ class BatchedAR:
             tok = logits.argmax(-1)  # [P]
         else:  # the token at position pos + 1; padding rows use the table's greedy scratch slot
             smp = r.sampling
-            tok = smp.pick(logits, torch.where(idx < 0, smp.scratch, idx), self.zeros[:p], pos + 1, live)
+            rows = torch.where(idx < 0, smp.scratch, idx)
+            smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties)
+            tok = smp.pick(logits, rows, self.zeros[:p], pos + 1, live)
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)

@@ -120,6 +120,11 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
         if p.start == 0:
             st.reset(p.slot)
     x = torch.tensor([t for p in ps for t in p.ids], dtype=torch.long, device=dev)
+    runner.sampling.history.record(  # every piece's tokens at their positions, before its pick (penalties)
+        torch.tensor([p.slot for p in ps for _ in p.ids], device=dev),
+        torch.cat([torch.arange(p.start, p.start + len(p.ids), device=dev) for p in ps]),
+        x,
+    )
     with wide_prefill(dev):
         h = runner.model(x, st, _context(ps, on_layer=_marks(ps)))  # [T, hidden]
     rows = h.split([len(p.ids) for p in ps])  # each piece's hidden rows

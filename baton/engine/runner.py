@@ -99,7 +99,7 @@ class ModelRunner:
         self._tok_host = torch.zeros(slots, 2, dtype=torch.long, pin_memory=pin)
         self._tok_ev = [[torch.cuda.Event() for _ in range(2)] for _ in range(slots)] if pin else None
         self.arange_w = torch.arange(W, device=dev)
-        self.sampling = SamplingTable(slots, dev, W)  # per-slot sampling parameters (baton/engine/sampling.py)
+        self.sampling = SamplingTable(slots, dev, W, max_len)  # per-slot sampling parameters, token history
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
@@ -192,6 +192,7 @@ class ModelRunner:
             h = self.model(self.ids_buf, st, StepContext(slot=slot, width=self.width, n=n, phase=phase))
             logits = self.model.logits(h, rows=n)  # [W, vocab]; rows >= n junk
             st.hidden[slot].copy_(h[n - 1])
+        self.sampling.history.record(sb.expand(n), pos[:n], self.ids_buf[:n])  # before the pick (penalties)
         if logits.is_cuda and torch.cuda.is_current_stream_capturing():
             self.tok_out.copy_(logits.argmax(-1))  # graphs are greedy; a sampled slot runs eagerly (graph_for)
         else:  # row i picks position pos+i+1
@@ -230,10 +231,11 @@ class ModelRunner:
             )
         head = self.fast.head if self.fast is not None else self.model.logits
         logits = head(out, rows=n)
+        sb = self.slot_buf if self.fast is not None else torch.full_like(self.slot_buf, slot)
+        self.sampling.history.record(sb.expand(n), pos[:n] + 1, self.mtp_ids[:n])  # pair t's token is at t + 1
         if logits.is_cuda and torch.cuda.is_current_stream_capturing():
             self.mtp_tok.copy_(logits.argmax(-1))  # graphs are greedy (graph_for)
         else:  # a draft with the noise the exact model's pick at its position uses: pair t predicts t + 2
-            sb = self.slot_buf if self.fast is not None else torch.full_like(self.slot_buf, slot)
             self.mtp_tok.copy_(self.sampling.pick(logits, sb.expand(self.width), self.arange_w, pos + 2, (slot,)))
         self.mtp_out.copy_(out)
 

@@ -1,6 +1,6 @@
 """Sampling on the device: per-slot parameters and the token pick of every decode-time row (issue 22).
 
-    table = SamplingTable(slots, device, width)     # one per ModelRunner (runner.sampling)
+    table = SamplingTable(slots, device, width, max_len)   # one per ModelRunner (runner.sampling)
     table.set(slot, Params(temperature=0.8, top_p=0.9, seed=7, logprobs=5))   # when a session opens
     table.clear(slot)                               # when it is released (greedy again)
     tok = table.pick(logits, slots, rows, positions, live)   # [M] long; the eager entry point
@@ -14,7 +14,9 @@ token at p + 1; prefill's first token is at len(prompt)). Per-slot parameters ar
 tensors (row S: the scratch slot, always greedy).
 
 What one row's token is (canonical order; `reference_probs` is the same in float64):
-    z = logits / T                                   (T = 0: greedy, exactly logits.argmax(-1))
+    x = penalize(logits)      repetition / presence / frequency over the slot's token history
+                              (baton/engine/penalties.py; neutral = x unchanged, bitwise)
+    z = x / T                                        (T = 0: greedy, exactly x.argmax(-1))
     keep the top_k largest z (0 = all), then the smallest prefix of them, by descending z, whose
     probability reaches top_p (renormalised over the top-k; 0 or 1 = off), then those with
     p >= min_p * p_max (0 = off); token = argmax over the kept ones of z + g
@@ -23,8 +25,9 @@ Gumbel-max makes the token a draw from softmax(z) restricted to the kept set, re
 Exact mode's REJECTION policy (baton/engine/rejection.py) rides on `pick`: a proposing slot (the drafter,
 `set(proposing=True)`) draws from its cut q' and records it by position (`proposals`); a judging slot
 (the verifier, `judge`) has the rows at its drafts' positions accept or resample them.
-Penalties (`penalize`) are pure tensor code here but not wired into serving: the router refuses
-non-neutral penalties (docs/CONTRACTS.md, "Sampling").
+Penalties (vLLM / OpenAI semantics): presence and frequency count the generated tokens, repetition the
+prompt's and the generated ones; logprobs and rejection's q are of the penalized, tempered logits. The
+token history is `table.history` (penalties.History, [S + 1, max_len + W] int32; each pass records).
 
 Invariants
 - The randomness is a pure function of (seed, position, vocab index): same seed -> same tokens on
@@ -32,18 +35,17 @@ Invariants
   positions). The hash is integer-only (a 32-bit mix, every multiply split in 16-bit halves so no
   int64 op can overflow), so u is bit-identical on CPU and CUDA; the float steps after it (log, the
   logits) match within one device type, which is all exactness needs (workers never mix devices).
-- Greedy rows (T = 0) are exactly `logits.argmax(-1)`, bitwise today's token.
+- Greedy rows (T = 0) are exactly `logits.argmax(-1)` (bitwise today's token), penalized: of x.
 - Batch invariance: a row's token, logprob and top-N depend only on its own logits row, its slot's
   parameters and its position. No op reduces across rows; every op runs on chunks of exactly `width`
   rows (padded), so kernels see the one-slot shape [W, V] whatever M (tests/engine/test_sampling.py
   checks alone vs inside batches with torch.equal).
 - CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort per
-  chunk). `pick` adds a host-side shortcut (every live slot greedy and no logprobs -> argmax only);
-  it always takes the full path while a CUDA graph is being captured, since the graph outlives the
-  table's contents.
-- Logprobs: log_softmax(z) (after the temperature, before top-k / top-p / min-p: the alternatives a
-  client sees are not truncated), float32; chosen = the picked token's, top = the MAX_LOGPROBS
-  largest (a request asks for N <= 20 of them).
+  chunk). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
+  no slot penalized -> no history counts); it always takes the full path while a CUDA graph is being
+  captured, since the graph outlives the table's contents.
+- Logprobs: log_softmax(z) (after the penalties and the temperature, before top-k / top-p / min-p: not
+  truncated), float32; chosen = the picked token's, top = the MAX_LOGPROBS largest (N <= 20 asked).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Sequence
 import torch
 
 from baton.engine import rejection
+from baton.engine.penalties import History, penalize, penalized_reference
 
 MAX_LOGPROBS = 20
 COUPLING, REJECTION = 1, 2  # baton.v1.ExactPolicy
@@ -80,6 +83,10 @@ class Params:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:  # any penalty on: the slot's token history is read (penalties.History)
+        return self.repetition_penalty not in (0.0, 1.0) or bool(self.presence_penalty or self.frequency_penalty)
 
     @property
     def rejection(self) -> bool:
@@ -140,11 +147,12 @@ def gumbel(seed_hi, seed_lo, positions, vocab: int) -> torch.Tensor:
 # ---- the table -----------------------------------------------------------------------------------
 class SamplingTable:
     """Per-slot sampling parameters on the device, [S + 1] each (row S: the scratch slot of padding
-    rows, always greedy), plus each slot's logprob outputs of its last pass, [S + 1, W(, 20)]. Set
-    when a session is loaded (`set`), cleared when it is released (`clear`); a host mirror `params`
-    serves the eager shortcut and `logprobs`."""
+    rows, always greedy), plus each slot's logprob outputs of its last pass, [S + 1, W(, 20)], and its
+    token history (`history`, [S + 1, max_len + W], for the penalties). Set when a session is loaded
+    (`set`), cleared when it is released (`clear`); a host mirror `params` serves the eager shortcut
+    and `logprobs`."""
 
-    def __init__(self, slots: int, device, width: int):
+    def __init__(self, slots: int, device, width: int, max_len: int = 4096):
         dev, S = torch.device(device), slots + 1
         self.slots, self.width, self.device = slots, width, dev
         f = lambda v: torch.full((S,), v, dtype=torch.float32, device=dev)  # noqa: E731
@@ -158,6 +166,7 @@ class SamplingTable:
         self.slot_rows = torch.arange(S, device=dev)[:, None].expand(S, width).contiguous()  # [S+1, W]
         self.row_ids = torch.arange(width, device=dev)  # [W]
         self.params: list[Params] = [GREEDY] * S
+        self.history = History(slots, max_len + width, dev)  # each slot's tokens by position (penalties)
         # rejection policy (baton/engine/rejection.py): drafting slots record each pick's proposal q'
         # by position; a verifying slot's rows judge the drafts set for their positions
         self.proposed: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -179,6 +188,8 @@ class SamplingTable:
             raise ValueError(f"slot {slot} out of range [0, {self.slots})")
         if not 0 <= p.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: {p.logprobs} is over {MAX_LOGPROBS}")
+        if p.penalized and not self.history.known[slot]:
+            raise ValueError("history: a session with penalties needs its token history (none was given for it)")
         top_p = p.top_p if 0.0 < p.top_p < 1.0 else 1.0
         self.temperature[slot] = max(0.0, p.temperature)
         self.top_p[slot] = top_p
@@ -186,17 +197,19 @@ class SamplingTable:
         self.log_min_p[slot] = math.log(p.min_p) if 0.0 < p.min_p <= 1.0 else -math.inf
         self.seed_hi[slot], self.seed_lo[slot] = (p.seed >> 32) & M32, p.seed & M32
         self.repetition[slot] = p.repetition_penalty if p.repetition_penalty > 0 else 1.0
-        self.presence[slot], self.frequency[slot] = p.presence_penalty, p.frequency_penalty
+        # + 0.0: a -0.0 penalty is +0.0, so a neutral row's logits stay bitwise (x - (-0.0) turns -0.0 to +0.0)
+        self.presence[slot], self.frequency[slot] = p.presence_penalty + 0.0, p.frequency_penalty + 0.0
         self.n_logprobs[slot] = p.logprobs
         self.params[slot] = p
 
     def clear(self, slot: int) -> None:
         self.set(slot, GREEDY)
+        self.history.forget(slot)
 
     def plain(self, slot: int) -> bool:
-        """Greedy with no logprobs: the token is exactly argmax (what the captured graphs compute)."""
+        """Greedy, no penalties, no logprobs: the token is exactly argmax (what the captured graphs compute)."""
         p = self.params[slot]
-        return p.greedy and p.logprobs <= 0
+        return p.greedy and p.logprobs <= 0 and not p.penalized
 
     def proposals(self, slot: int, first: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The q' (ids, probs) of the picks at positions first .. first + k - 1 of a proposing slot; the
@@ -231,13 +244,14 @@ class SamplingTable:
         capturing = logits.is_cuda and torch.cuda.is_current_stream_capturing()
         ps = [self.params[s] for s in live]
         want_lp = capturing or any(p.logprobs > 0 for p in ps)
-        if not capturing and not want_lp and all(p.greedy for p in ps):
+        penal = capturing or any(p.penalized for p in ps)
+        if not capturing and not want_lp and not penal and all(p.greedy for p in ps):
             return logits.argmax(-1)
         truncate = capturing or any(p.top_k > 0 or 0.0 < p.top_p < 1.0 for p in ps)
         prop, judging = (None, None) if capturing else rejection.rows(self, logits, slots, positions, live)
         tok, lp, top_lp, top_ids, q = sample(
             logits, slots, positions, self, logprobs=want_lp, truncate=truncate, width=self.width,
-            prop=prop, judging=judging, with_q=True,
+            prop=prop, judging=judging, with_q=True, penal=penal,
         )  # fmt: skip
         if q is not None:  # record each proposing row's q' by the position it picks
             for i in prop.nonzero()[:, 0].tolist():
@@ -265,25 +279,21 @@ class SamplingTable:
 
 
 # ---- the pure tensor code ------------------------------------------------------------------------
-def penalize(x, counts, repetition, presence, frequency):
-    """Penalties over the generated-token counts [M, V] (int): repetition divides positive / multiplies
-    negative logits of seen tokens; presence subtracts once per seen token, frequency per occurrence.
-    x [M, V] float32, the rest [M]. Not wired into serving (see the module docstring)."""
-    seen = counts > 0
-    rep = repetition[:, None]
-    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-    return x - presence[:, None] * seen.to(x.dtype) - frequency[:, None] * counts.to(x.dtype)
-
-
-def _chunk(logits, slots, positions, t: SamplingTable, logprobs: bool, truncate: bool, prop=None, judging=None):
+def _chunk(logits, slots, positions, t: SamplingTable, logprobs, truncate, prop=None, judging=None, penal=True):
     """One chunk of exactly W rows: see the module docstring for the order of the steps. truncate=False
-    (no row of the chunk uses top-k / top-p: a host fact) skips the full-vocab sort. prop [W] bool: rows
+    (no row of the chunk uses top-k / top-p: a host fact) skips the full-vocab sort; penal=False (no row
+    is penalized) skips the history counts. prop [W] bool: rows
     that draft for the rejection policy (their pick is restricted to the cut q', returned as the fifth
     value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py)."""
     V = logits.shape[-1]
-    greedy_tok = logits.argmax(-1)
+    x = logits.float()  # [W, V]
+    if penal:  # neutral rows: x bitwise unchanged (penalties.py)
+        x = penalize(
+            x, *t.history.counts(slots, positions, V), t.repetition[slots], t.presence[slots], t.frequency[slots]
+        )
+    greedy_tok = x.argmax(-1) if penal else logits.argmax(-1)
     T = t.temperature[slots]
-    z = logits.float() / torch.where(T > 0, T, 1.0)[:, None]  # [W, V]
+    z = x / torch.where(T > 0, T, 1.0)[:, None]  # [W, V]
     log_min_p = t.log_min_p[slots][:, None]
     if truncate:
         vals, idx = torch.sort(z, dim=-1, descending=True, stable=True)
@@ -330,11 +340,13 @@ def sample(
     prop: torch.Tensor | None = None,
     judging: tuple[torch.Tensor, torch.Tensor] | None = None,
     with_q: bool = False,
+    penal: bool = True,
 ):
     """logits [M, V], slots [M] long, positions [M] long -> (tokens [M] long, chosen logprob [M],
     top logprobs [M, 20], top ids [M, 20]) (the last three None unless logprobs). Runs in chunks of
     `width` rows (default table.width), the last one padded with the scratch slot. Pure tensor code.
-    truncate=False skips top-k / top-p (only valid when no row uses them; graphs pass True).
+    truncate=False skips top-k / top-p (only valid when no row uses them; graphs pass True); penal=False
+    skips the penalties (only valid when no row is penalized).
     prop / judging: the rejection policy's rows ([M] bool; ([M] drafts or -1, [M, V] q')); with_q adds a
     fifth value, the proposing rows' q' [M, V] (None without prop)."""
     W = width or table.width
@@ -355,7 +367,7 @@ def sample(
                     torch.cat([jd[0], jd[0].new_full((W - n,), -1)]),
                     torch.cat([jd[1], jd[1].new_zeros(W - n, lg.shape[1])]),
                 )
-        out = _chunk(lg, sl, ps, table, logprobs, truncate, pr, jd)
+        out = _chunk(lg, sl, ps, table, logprobs, truncate, pr, jd, penal)
         outs.append(tuple(o[:n] if o is not None else None for o in out))
     if len(outs) == 1:
         res = outs[0]
@@ -364,10 +376,11 @@ def sample(
     return res if with_q else res[:4]
 
 
-def reference_probs(logits, p: Params) -> torch.Tensor:
+def reference_probs(logits, p: Params, history=(), generated_from: int = 0) -> torch.Tensor:
     """float64 reference of the distribution a row is drawn from: [V] logits -> [V] probabilities
-    (temperature, then top-k, top-p, min-p, renormalised). Tests compare the sampler against it."""
-    z = logits.double() / p.temperature
+    (penalties over `history`, the tokens at positions [0, q) of which [generated_from, q) were
+    generated; then temperature, top-k, top-p, min-p, renormalised). Tests compare the sampler to it."""
+    z = penalized_reference(logits, list(history), generated_from, p) / p.temperature
     V = z.shape[0]
     order = torch.sort(z, descending=True, stable=True).indices
     keep = torch.zeros(V, dtype=torch.bool)

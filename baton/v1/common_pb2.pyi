@@ -73,6 +73,14 @@ class SamplingParams(_message.Message):
     exact_policy: ExactPolicy
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., exact_policy: _Optional[_Union[ExactPolicy, str]] = ...) -> None: ...
 
+class PenaltyHistory(_message.Message):
+    __slots__ = ("token_ids", "generated_from")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FROM_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    generated_from: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., generated_from: _Optional[int] = ...) -> None: ...
+
 class TokenDistribution(_message.Message):
     __slots__ = ("token_ids", "probs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -17,7 +17,7 @@ from . import common_pb2 as baton_dot_v1_dot_common__pb2
 from . import state_pb2 as baton_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/decode.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\x1a\x14\x62\x61ton/v1/state.proto\"a\n\x11LoadStateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12&\n\x06\x62ridge\x18\x03 \x01(\x0b\x32\x16.baton.v1.BridgeReport\"\xcd\x01\n\rDecodeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\r\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12 \n\x06\x65ngine\x18\x05 \x01(\x0e\x32\x10.baton.v1.Engine\x12\x16\n\x0erelease_at_end\x18\x06 \x01(\x08\x12*\n\x08sampling\x18\x07 \x01(\x0b\x32\x18.baton.v1.SamplingParams\"\x95\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x17\n\x0fmean_accept_len\x18\x03 \x01(\x01\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\"\xb6\x01\n\x0c\x44raftRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12\x13\n\x0bhas_verdict\x18\x03 \x01(\x08\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x12\n\nnext_token\x18\x05 \x01(\r\x12 \n\x06\x65ngine\x18\x06 \x01(\x0e\x32\x10.baton.v1.Engine\x12*\n\x08sampling\x18\x07 \x01(\x0b\x32\x18.baton.v1.SamplingParams\"i\n\rDraftResponse\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x03(\r\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x30\n\x0b\x64raft_probs\x18\x03 \x03(\x0b\x32\x1b.baton.v1.TokenDistribution2\xca\x02\n\x0c\x44\x65\x63odeWorker\x12@\n\tLoadState\x12\x14.baton.v1.StateChunk\x1a\x1b.baton.v1.LoadStateResponse(\x01\x12=\n\x06\x44\x65\x63ode\x12\x17.baton.v1.DecodeRequest\x1a\x18.baton.v1.DecodeResponse0\x01\x12\x38\n\x05\x44raft\x12\x16.baton.v1.DraftRequest\x1a\x17.baton.v1.DraftResponse\x12>\n\x07Release\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12?\n\x08GetStats\x12\x1c.baton.v1.WorkerStatsRequest\x1a\x15.baton.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/decode.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\x1a\x14\x62\x61ton/v1/state.proto\"a\n\x11LoadStateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x04\x12&\n\x06\x62ridge\x18\x03 \x01(\x0b\x32\x16.baton.v1.BridgeReport\"\xf8\x01\n\rDecodeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0emax_new_tokens\x18\x02 \x01(\r\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\r\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12 \n\x06\x65ngine\x18\x05 \x01(\x0e\x32\x10.baton.v1.Engine\x12\x16\n\x0erelease_at_end\x18\x06 \x01(\x08\x12*\n\x08sampling\x18\x07 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12)\n\x07history\x18\x08 \x01(\x0b\x32\x18.baton.v1.PenaltyHistory\"\x95\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x17\n\x0fmean_accept_len\x18\x03 \x01(\x01\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\"\xe1\x01\n\x0c\x44raftRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12\x13\n\x0bhas_verdict\x18\x03 \x01(\x08\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x12\n\nnext_token\x18\x05 \x01(\r\x12 \n\x06\x65ngine\x18\x06 \x01(\x0e\x32\x10.baton.v1.Engine\x12*\n\x08sampling\x18\x07 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12)\n\x07history\x18\x08 \x01(\x0b\x32\x18.baton.v1.PenaltyHistory\"i\n\rDraftResponse\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x03(\r\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x30\n\x0b\x64raft_probs\x18\x03 \x03(\x0b\x32\x1b.baton.v1.TokenDistribution2\xca\x02\n\x0c\x44\x65\x63odeWorker\x12@\n\tLoadState\x12\x14.baton.v1.StateChunk\x1a\x1b.baton.v1.LoadStateResponse(\x01\x12=\n\x06\x44\x65\x63ode\x12\x17.baton.v1.DecodeRequest\x1a\x18.baton.v1.DecodeResponse0\x01\x12\x38\n\x05\x44raft\x12\x16.baton.v1.DraftRequest\x1a\x17.baton.v1.DraftResponse\x12>\n\x07Release\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12?\n\x08GetStats\x12\x1c.baton.v1.WorkerStatsRequest\x1a\x15.baton.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -27,13 +27,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOADSTATERESPONSE']._serialized_start=80
   _globals['_LOADSTATERESPONSE']._serialized_end=177
   _globals['_DECODEREQUEST']._serialized_start=180
-  _globals['_DECODEREQUEST']._serialized_end=385
-  _globals['_DECODERESPONSE']._serialized_start=388
-  _globals['_DECODERESPONSE']._serialized_end=537
-  _globals['_DRAFTREQUEST']._serialized_start=540
-  _globals['_DRAFTREQUEST']._serialized_end=722
-  _globals['_DRAFTRESPONSE']._serialized_start=724
-  _globals['_DRAFTRESPONSE']._serialized_end=829
-  _globals['_DECODEWORKER']._serialized_start=832
-  _globals['_DECODEWORKER']._serialized_end=1162
+  _globals['_DECODEREQUEST']._serialized_end=428
+  _globals['_DECODERESPONSE']._serialized_start=431
+  _globals['_DECODERESPONSE']._serialized_end=580
+  _globals['_DRAFTREQUEST']._serialized_start=583
+  _globals['_DRAFTREQUEST']._serialized_end=808
+  _globals['_DRAFTRESPONSE']._serialized_start=810
+  _globals['_DRAFTRESPONSE']._serialized_end=915
+  _globals['_DECODEWORKER']._serialized_start=918
+  _globals['_DECODEWORKER']._serialized_end=1248
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ class LoadStateResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("session_id", "max_new_tokens", "stop_token_ids", "ignore_eos", "engine", "release_at_end", "sampling")
+    __slots__ = ("session_id", "max_new_tokens", "stop_token_ids", "ignore_eos", "engine", "release_at_end", "sampling", "history")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class DecodeRequest(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_AT_END_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_new_tokens: int
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -34,7 +35,8 @@ class DecodeRequest(_message.Message):
     engine: _common_pb2.Engine
     release_at_end: bool
     sampling: _common_pb2.SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., release_at_end: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    history: _common_pb2.PenaltyHistory
+    def __init__(self, session_id: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., release_at_end: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history: _Optional[_Union[_common_pb2.PenaltyHistory, _Mapping]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("token_ids", "finish_reason", "mean_accept_len", "logprobs")
@@ -49,7 +51,7 @@ class DecodeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., mean_accept_len: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine", "sampling")
+    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine", "sampling", "history")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     HAS_VERDICT_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,7 @@ class DraftRequest(_message.Message):
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     k: int
     has_verdict: bool
@@ -64,7 +67,8 @@ class DraftRequest(_message.Message):
     next_token: int
     engine: _common_pb2.Engine
     sampling: _common_pb2.SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    history: _common_pb2.PenaltyHistory
+    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history: _Optional[_Union[_common_pb2.PenaltyHistory, _Mapping]] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
     __slots__ = ("draft_tokens", "position", "draft_probs")

@@ -15,7 +15,6 @@ from baton.engine.sampling import (
     SamplingTable,
     gumbel,
     hash32,
-    penalize,
     reference_probs,
     sample,
     uniform,
@@ -214,13 +213,6 @@ def test_logprobs_are_the_log_softmax_of_the_tempered_logits(model_logits):
     assert torch.allclose(lp.double(), ref[tok], atol=1e-5, rtol=0)
     want_lp, want_ids = torch.topk(ref, MAX_LOGPROBS)
     assert torch.equal(top_ids[0], want_ids) and torch.allclose(top_lp[0].double(), want_lp, atol=1e-5, rtol=0)
-
-
-def test_penalties_arithmetic():
-    x = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    counts = torch.tensor([[1, 2, 0, 3]])
-    out = penalize(x, counts, torch.tensor([2.0]), torch.tensor([0.5]), torch.tensor([0.25]))
-    assert out.tolist() == [[2.0 / 2 - 0.5 - 0.25, -2.0 * 2 - 0.5 - 0.5, 1.0, 0.5 / 2 - 0.5 - 0.75]]
 
 
 def test_table_set_clear_and_limits():
