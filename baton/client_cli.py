@@ -1,7 +1,8 @@
 """`baton generate` and `baton health`: command-line clients of a running router (no torch imported).
 
     baton generate [--addr A] [--mode fast|exact] [--engine bf16|fp8|mtp] [--max-new-tokens N] [--json]
-                   [--temperature T --top-p P --top-k K --seed S --stop STR ...] [--exact-policy coupling|rejection] PROMPT
+                   [--temperature T --top-p P --top-k K --seed S --stop STR ...
+                   --repetition-penalty R --presence-penalty P --frequency-penalty F] [--exact-policy coupling|rejection] PROMPT
         streams the text to stdout; --json prints one object at the end:
         {"token_ids", "text", "finish_reason", "usage", "stats"}
     baton health [--addr A]
@@ -57,12 +58,23 @@ def add_sampling_arguments(p: argparse.ArgumentParser, stop: bool = True) -> Non
     p.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0 = off)")
     p.add_argument("--min-p", type=float, default=0.0, help="keep tokens with p >= min_p * p_max (0 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: drawn, reported in stats.seed)")
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=0.0,
+        help="prompt and generated tokens: /r or *r, [0, 10] (0 or 1 = off)",
+    )
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="once per generated token, [-2, 2] (0 = off)")
+    p.add_argument(
+        "--frequency-penalty", type=float, default=0.0, help="per occurrence in the generated tokens, [-2, 2]"
+    )
     if stop:
         p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable, at most 16)")
 
 
 def sampling_kwargs(args) -> dict:
-    return dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed)
+    names = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty")
+    return {n: getattr(args, n) for n in names + ("frequency_penalty",)}
 
 
 def _ids(text: str, flag: str) -> list[int]:

@@ -123,6 +123,8 @@ def _sampling(args):
     msg = common_pb2.SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, stop=args.stop
     )
+    msg.repetition_penalty, msg.presence_penalty = args.repetition_penalty, args.presence_penalty
+    msg.frequency_penalty = args.frequency_penalty
     if args.seed is not None:
         msg.seed = args.seed % (1 << 64)
     try:

@@ -243,6 +243,26 @@ def test_sampling_seed_and_logprobs_equal_grpc(stack):
     assert a.choices[0].message.content == b.choices[0].message.content and b.choices[0].logprobs is None
 
 
+def test_penalties_equal_grpc_and_change_the_output(stack):
+    """OpenAI's presence_penalty / frequency_penalty and vLLM's repetition_penalty reach the router's
+    SamplingParams: the same tokens as gRPC with them, and not the tokens without them."""
+    pen = dict(presence_penalty=0.5, frequency_penalty=1.0, repetition_penalty=1.3)
+    with Client(stack.grpc, token=stack.token) as c:
+        text = "".join(d.text for d in c.generate(PROMPT, max_new_tokens=16, ignore_eos=True, **pen))
+        plain = "".join(d.text for d in c.generate(PROMPT, max_new_tokens=16, ignore_eos=True))
+    assert text != plain
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    r = client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=16,
+        presence_penalty=0.5,
+        frequency_penalty=1.0,
+        extra_body={**ext, "repetition_penalty": 1.3},
+    )
+    assert r.choices[0].text == text
+
+
 def test_streaming_is_live(stack):
     """The first content chunk arrives while the decode worker still holds the request's session (it
     releases it after the last token): an order of events, not a time."""
@@ -307,8 +327,10 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"prompt": PROMPT, "top_p": 1.5}, 400, "top_p"),
     ("/v1/completions", {"prompt": PROMPT, "min_p": -1}, 400, "min_p"),
-    ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 0.5}, 400, "presence_penalty"),  # not applied yet
+    ("/v1/completions", {"prompt": PROMPT, "presence_penalty": 2.5}, 400, "presence_penalty"),  # the router's range
     ("/v1/completions", {"prompt": PROMPT, "frequency_penalty": 9}, 400, "frequency_penalty"),
+    ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": -1}, 400, "repetition_penalty"),
+    ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": "x"}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),

@@ -7,7 +7,9 @@ among 7 concurrent other requests, in fast bf16 / fp8 / mtp; two seeds differ; T
 mode (fp8 and mtp drafts) and fast bf16 at T = 0.8 equal the exact engine's seeded decode; an unseeded
 request reports its seed and replays with it; a stop string split across two tokens; held-back text
 is released; logprobs equal a float64 log-softmax of the exact model's logits; a decode worker stopped
-mid-stream: the re-prefilled session goes on with the same seeded tokens.
+mid-stream: the re-prefilled session goes on with the same seeded tokens. Penalties (repetition, presence,
+frequency): fast bf16 / mtp and exact fp8 / mtp give the exact engine's tokens with the same penalties,
+greedy and at T = 0.8, also across a decode worker stopped mid-stream (fast re-prefill, exact ExportState).
 """
 
 import threading
@@ -101,10 +103,12 @@ BAD = [
     (dict(stop=["é" * 129]), "stop[0]"),  # 258 bytes
     (dict(stop=["ok", ""]), "stop[1]"),
     (dict(repetition_penalty=11.0), "repetition_penalty"),
-    (dict(repetition_penalty=1.2), "repetition_penalty"),  # in range, not applied yet: refused
+    (dict(repetition_penalty=-0.5), "repetition_penalty"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
     (dict(presence_penalty=3.0), "presence_penalty"),
-    (dict(presence_penalty=0.5), "presence_penalty"),
+    (dict(presence_penalty=-2.01), "presence_penalty"),
     (dict(frequency_penalty=-2.5), "frequency_penalty"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"),
 ]
 
 
@@ -116,6 +120,8 @@ def test_invalid_sampling_fields_are_named(client):
         assert ei.value.details().startswith(f"sampling.{field}:"), (kw, ei.value.details())
     ok = run(client, n=2, temperature=100.0, top_p=1.0, min_p=1.0, logprobs=20, repetition_penalty=1.0, stop=["s"] * 16)
     assert len(ok[0]) >= 1
+    edges = dict(repetition_penalty=10.0, presence_penalty=-2.0, frequency_penalty=2.0)  # the ranges' ends
+    assert len(run(client, n=2, **edges)[0]) == 2
 
 
 @pytest.mark.parametrize("engine", ["bf16", "fp8", "mtp"])
@@ -241,6 +247,47 @@ def test_logprobs_are_the_log_softmax_of_the_exact_logits(client, lm, mode, engi
         assert all(abs(v - w) < 2e-4 for (_, v), w in zip(top, want.values.tolist()))
 
 
+PEN = dict(repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.6)
+
+
+@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("fast", "mtp"), ("exact", "fp8"), ("exact", "mtp")])
+def test_penalties_give_exactly_the_exact_engines_tokens(client, exact, mode, engine):
+    """Greedy and seeded T = 0.8 with all three penalties: exactly the exact engine's AR decode with the
+    same penalties (`baton complete --repetition-penalty ...`); the penalties change that output."""
+    for extra in (dict(), dict(temperature=0.8, seed=7)):
+        want = exact("class Counter:", 24, Params(**PEN, **extra))
+        assert want != exact("class Counter:", 24, Params(**extra)), extra  # so this test can fail
+        ids, _, _, last = run(client, "class Counter:", 24, mode=mode, engine=engine, **PEN, **extra)
+        assert ids == want, (mode, engine, extra)
+        if mode == "exact":
+            assert 0 < last.stats["accepted"] <= last.stats["drafted"]
+
+
+@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("exact", "fp8")])
+def test_penalties_survive_a_decode_worker_stopped_mid_stream(lm, exact, mode, engine):
+    """Fast mode re-prefills prompt + sent tokens (generated_tokens: counted as generated), exact mode
+    re-streams the exact state (ExportState; the router sends the exported position's tokens as the new
+    worker's history): either way the tokens are the exact engine's with the same penalties."""
+    c, ds, close = _cluster(lm, decodes=2)
+    try:
+        kw = dict(temperature=1.0, seed=78, **PEN)
+        want = exact("def main(", 40, Params(**kw))
+        got, stopped, last = [], threading.Event(), None
+        for d in c.generate(
+            "def main(", max_new_tokens=40, ignore_eos=True, timeout=120, mode=mode, engine=engine, **kw
+        ):
+            got += d.token_ids
+            last = d
+            if len(got) >= 6 and not stopped.is_set():
+                busy = [h for h in ds if h.servicer.engine.session_count()]
+                assert len(busy) == 1
+                busy[0].stop(0)
+                stopped.set()
+        assert stopped.is_set() and got == want and last.stats["migrations"] == 1
+    finally:
+        close()
+
+
 def test_a_decode_worker_stopped_mid_stream_keeps_the_seeded_tokens(lm):
     c, ds, close = _cluster(lm, decodes=2)
     try:
@@ -268,6 +315,7 @@ def test_cli_generate_and_complete_take_the_sampling_flags(client, capsys):
     from baton import client_cli, complete
 
     flags = ["--max-new-tokens", "20", "--temperature", "0.8", "--top-p", "0.95", "--seed", "5", "--json"]
+    flags += ["--repetition-penalty", "1.2", "--presence-penalty", "0.3", "--frequency-penalty", "0.5"]
     p = argparse.ArgumentParser()
     complete.add_arguments(p)
     assert (
