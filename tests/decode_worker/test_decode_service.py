@@ -226,6 +226,49 @@ def test_bad_decode_and_draft_requests(w, ref):
     _rel(w, "ok")
 
 
+def test_penalty_history_is_checked_and_drafts_follow_it(w, lm):
+    """A penalized session's first Decode / Draft after LoadState must carry the state's token history
+    (PenaltyHistory); a wrong one is INVALID_ARGUMENT naming the field. With it, bf16 drafts are the exact
+    engine's penalized picks and the exact worker accepts them all; generated_tokens is checked."""
+    from baton.engine.sampling import Params
+
+    D, pen = w["D"], common_pb2.SamplingParams(repetition_penalty=1.5, frequency_penalty=1.0)
+    want = complete(
+        None, PROMPT, 8, max_len=MAX_LEN, width=W, loaded=lm, ignore_eos=True, sampling=Params.from_proto(pen)
+    )
+    r = w["P"].Prefill(
+        prefill_pb2.PrefillRequest(
+            session_id="pen", prompt_ids=PROMPT, mode=EXACT, engine=BF16, decode_target=w["target"], sampling=pen
+        ),
+        timeout=T,
+    )
+    assert r.first_token == want[0]
+    hist = lambda ids, g=len(PROMPT): common_pb2.PenaltyHistory(token_ids=ids, generated_from=g)  # noqa: E731
+    cases = [
+        (D.Decode, decode_pb2.DecodeRequest(session_id="pen", max_new_tokens=3, sampling=pen), "history"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="pen", k=3, sampling=pen), "history"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="pen", k=3, sampling=pen, history=hist(PROMPT[1:])),
+         "history.token_ids"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="pen", k=3, sampling=pen, history=hist(PROMPT[:-1] + [512])),
+         "history.token_ids"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="pen", k=3, sampling=pen, history=hist(PROMPT, 7)),
+         "history.generated_from"),
+        (D.Draft, decode_pb2.DraftRequest(session_id="pen", k=3, sampling=pen, history=hist(PROMPT), has_verdict=True),
+         "history"),
+    ]  # fmt: skip
+    for fn, req, field in cases:
+        got, details = _err(fn, req)
+        assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", field), details
+    d = D.Draft(decode_pb2.DraftRequest(session_id="pen", k=3, sampling=pen, history=hist(PROMPT)), timeout=T)
+    assert list(d.draft_tokens) == want[1:4]
+    v = w["P"].Verify(prefill_pb2.VerifyRequest(session_id="pen", tokens=want[:4]), timeout=T)
+    assert (v.accepted, v.next_token) == (3, want[4])
+    _rel(w, "pen")
+    req = prefill_pb2.PrefillRequest(session_id="g", prompt_ids=PROMPT, generated_tokens=len(PROMPT))
+    got, details = _err(w["P"].Prefill, req)
+    assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "generated_tokens"), details
+
+
 def _stream(w, sid, **over):
     """A valid state stream (small chunks) of PROMPT from the prefill engine, header fields overridden."""
     eng = w["ps"].engine
