@@ -113,7 +113,9 @@ class Client:
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
-        delta's stats["seed"]); stop strings end the text before them; logprobs = N alternatives.
+        delta's stats["seed"]); stop strings end the text before them; logprobs = N alternatives;
+        repetition_penalty (prompt + generated tokens), presence_penalty / frequency_penalty (generated
+        tokens) as in vLLM / OpenAI, neutral 0 (docs/CONTRACTS.md, "Sampling").
         exact_policy (exact mode at T > 0): "coupling" (token-identical to the exact model's seeded
         decode) or "rejection" (speculative rejection sampling, exact in distribution); None = the server's.
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""

@@ -10,7 +10,8 @@ Lifecycle of a request:
            metadata `baton-timeline: 1`: its timeline, the decode.* marks of baton/handoff/timeline.py, for which
            LoadState waits for the slot's device copies before it answers)
     Decode(session, max_new_tokens, stop ids, ignore_eos, sampling)   fast mode, server stream (sampling:
-        written into the session's row of its runner's SamplingTable first; logprobs per token if asked):
+        written into the session's row of its runner's SamplingTable first; logprobs per token if asked;
+        with a penalty, the first call after LoadState carries the state's tokens, `history`):
         one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
         ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
         mean_accept_len of this call. Tokens start AFTER the state's next_token (Prefill's first

@@ -75,7 +75,8 @@ class BatchedAR:
         else:  # the token at position pos + 1; padding rows use the table's greedy scratch slot
             smp = r.sampling
             rows = torch.where(idx < 0, smp.scratch, idx)
-            smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties)
+            smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties; eager only:
+            # a penalized slot never replays the greedy graphs, so they need not write it)
             tok = smp.pick(logits, rows, self.zeros[:p], pos + 1, live)
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
