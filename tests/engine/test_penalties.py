@@ -227,3 +227,31 @@ def test_a_re_prefill_counts_the_generated_part_as_generated(runner):
     while len(as_prompt) < 4:
         as_prompt.append(runner.rows(1, [as_prompt[-1]])[0])
     assert as_prompt != cont
+
+
+def test_an_undone_pipelined_step_leaves_nothing_behind(runner):
+    """ar_launch / undo_step (the decode worker's pipelined loop past a stop token): the undone step's
+    token is not counted; the token fed at its position instead is, and the picks are AR's."""
+    from baton.engine.runner import ModelRunner
+
+    p = PENALIZED[0]
+    piped = ModelRunner(runner.model, slots=1, max_len=128, pipeline=True)
+    ar = _ar(piped, 0, PROMPTS[3], p, 3)
+    x = (ar[2] + 7) % 100  # fed at ar[2]'s position instead
+    want = [_open(piped, 0, PROMPTS[3], p)]
+    want += piped.rows(0, [want[0]])
+    assert piped.rows(0, [want[1]]) == [ar[2]]  # consumes ar[1]; x then takes ar[2]'s place
+    want.append(x)
+    while len(want) < 8:
+        want.append(piped.rows(0, [want[-1]])[0])
+    assert _open(piped, 0, PROMPTS[3], p) == ar[0]
+    piped.ar_launch(0, 0)  # consumes ar[0]
+    assert piped.ar_collect(0, 0) == ar[1]
+    piped.ar_launch(0, 1)  # consumes ar[1]
+    assert piped.ar_collect(0, 1) == ar[2]
+    piped.ar_launch(0, 0)  # consumes ar[2]: undone, as past a stop token
+    piped.state.undo_step(0, 0, ar[2])
+    got = ar[:2] + [x]
+    while len(got) < 8:
+        got.append(piped.rows(0, [got[-1]])[0])
+    assert got == want

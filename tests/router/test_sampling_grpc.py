@@ -263,6 +263,16 @@ def test_penalties_give_exactly_the_exact_engines_tokens(client, exact, mode, en
             assert 0 < last.stats["accepted"] <= last.stats["drafted"]
 
 
+def test_penalties_with_the_rejection_policy_replay_a_seed(client):
+    """REJECTION (exact in distribution): drafter and verifier both judge the penalized distributions; a
+    seed replays identically, and the penalties change the tokens."""
+    kw = dict(mode="exact", engine="fp8", temperature=0.8, seed=23, exact_policy="rejection")
+    a, _, _, last = run(client, "class Counter:", 16, **kw, **PEN)
+    assert len(a) == 16 and 0 < last.stats["accepted"] <= last.stats["drafted"]
+    assert run(client, "class Counter:", 16, **kw, **PEN)[0] == a
+    assert run(client, "class Counter:", 16, **kw)[0] != a
+
+
 @pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("exact", "fp8")])
 def test_penalties_survive_a_decode_worker_stopped_mid_stream(lm, exact, mode, engine):
     """Fast mode re-prefills prompt + sent tokens (generated_tokens: counted as generated), exact mode
