@@ -35,11 +35,11 @@ Invariants
   positions). The hash is integer-only (a 32-bit mix, every multiply split in 16-bit halves so no
   int64 op can overflow), so u is bit-identical on CPU and CUDA; the float steps after it (log, the
   logits) match within one device type, which is all exactness needs (workers never mix devices).
-- Greedy rows (T = 0) are exactly `logits.argmax(-1)` (bitwise today's token), penalized: of x.
+- Greedy rows (T = 0) are exactly `logits.argmax(-1)` (today's token); with a penalty, `x.argmax(-1)`.
 - Batch invariance: a row's token, logprob and top-N depend only on its own logits row, its slot's
-  parameters and its position. No op reduces across rows; every op runs on chunks of exactly `width`
-  rows (padded), so kernels see the one-slot shape [W, V] whatever M (tests/engine/test_sampling.py
-  checks alone vs inside batches with torch.equal).
+  parameters, its position and its slot's history. No op reduces across rows; every op runs on chunks
+  of exactly `width` rows (padded), so kernels see the one-slot shape [W, V] whatever M
+  (tests/engine/test_sampling.py, test_penalties.py: alone vs inside batches, torch.equal).
 - CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort per
   chunk). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
   no slot penalized -> no history counts); it always takes the full path while a CUDA graph is being
