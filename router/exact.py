@@ -210,7 +210,7 @@ class ExactLoop:
                     grpc.StatusCode.INTERNAL, f"exported next_token {resp.next_token} != pending token {pending}"
                 )
             self.loaded = (self.prompt_ids + self.budget.emitted)[: int(resp.position)]  # the exported state's tokens
-            if len(self.loaded) != int(resp.position):
+            if len(self.loaded) != int(resp.position) and sampling_rules.penalized(self.sampling):
                 raise StatusError(
                     grpc.StatusCode.INTERNAL,
                     f"exported position {resp.position} is past the {len(self.loaded)} tokens sent so far",
