@@ -2,7 +2,8 @@
 
 Lifecycle of a request through this engine:
     prefill(prompt, keep)   -> a session in a free slot; wide kernels; first token (greedy, or sampled
-                               by the session's SamplingTable row, set at open, cleared at release)
+                               by the session's SamplingTable row, set at open, cleared at release;
+                               its token history begun at open: prompt [0, n - generated), penalties)
                                (= open_prefill + run_prefill; in between a sender may take the slot's
                                views and stream each layer as run_prefill's PrefillProgress marks it)
     export(session)         -> the slot's state tensors (the service streams them to a decode worker)
