@@ -2,8 +2,9 @@
 
 This is the reference every serving path is checked against: it runs ExactEngine.generate, i.e.
 prefill then fixed-width AR rows, exactly what the prefill worker's Verify compares drafts with.
-Greedy by default; --temperature / --top-p / --top-k / --min-p / --seed sample exactly as the workers do
-(baton/engine/sampling.py: the same seed gives the same tokens as a served request with that seed);
+Greedy by default; --temperature / --top-p / --top-k / --min-p / --seed sample and --repetition-penalty /
+--presence-penalty / --frequency-penalty penalize exactly as the workers do (baton/engine/sampling.py,
+penalties.py: the same seed and penalties give the same tokens as a served request with them);
 --stop ends the text before a stop string, as the router does (router/stops.py).
 """
 
