@@ -2,7 +2,12 @@
 
     step(slots)   -> each slot's new token: consumes next_token[slot] of every slot, sets the new one,
                      advances position, stores hidden; each slot bitwise as ModelRunner.ar_step(slot)
-    compute(P)    the tensor code of a bucket of P rows (what graph.capture_all captures as ("arb", P))
+    compute(P)    the tensor code of a bucket of P rows (what graph.capture_all captures as ("arb", P):
+                  greedy, and as ("arbs", P): every row picked by its slot's sampling parameters)
+
+A step whose slots are all greedy without logprobs replays "arb"; one with a sampling or logprob slot
+replays "arbs" (the pick runs on the device, no host round trip), unless a slot drafts or judges for the
+rejection policy, whose picks keep host-side records (SamplingTable.in_graph): that step runs eagerly.
 
 A step of B sessions runs in the smallest bucket P >= B (BUCKETS); rows B..P-1 are padding rows, whose
 slot is -1. The slot of every row is a device input (`slots`), so one graph per bucket serves any set of
@@ -58,10 +63,12 @@ class BatchedAR:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
         self.slots[:p].fill_(-1)
 
-    def compute(self, p: int, live: tuple[int, ...] = ()) -> None:
+    def compute(self, p: int, live: tuple[int, ...] = (), sampled: bool = False) -> None:
         """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit). Captured:
-        greedy (argmax). Eager: each row picked by its slot's sampling parameters (runner.sampling;
-        `live` = the batch's slots on the host, for its greedy shortcut)."""
+        greedy (argmax, kind "arb"), or with sampled=True (kind "arbs") each row picked by its slot's row
+        of runner.sampling on the device (SamplingTable.pick's full path: temperature, top-k / top-p /
+        min-p, Gumbel noise, logprobs into the table). Eager: the same pick (`live` = the batch's slots
+        on the host, for its greedy shortcut and the rejection policy's host-side records)."""
         r = self.runner
         st, fast = r.state, r.fast
         idx = self.slots[:p]
@@ -70,7 +77,7 @@ class BatchedAR:
         pos = st.position[safe]  # [P]
         h = fast.forward(ids, st, idx, 1, pos, None, gs=1)  # [P, hidden]
         logits = fast.head(h, rows=p)  # [P, vocab]
-        if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+        if logits.is_cuda and torch.cuda.is_current_stream_capturing() and not sampled:
             tok = logits.argmax(-1)  # [P]
         else:  # the token at position pos + 1; padding rows use the table's greedy scratch slot
             smp = r.sampling
@@ -91,10 +98,14 @@ class BatchedAR:
         hs[:b] = torch.tensor(slots, dtype=torch.long)
         hs[b:p] = -1
         self.slots[:p].copy_(hs[:p], non_blocking=True)
-        g = self.runner.graphs.get(("arb", p))
-        if g is not None and all(self.runner.sampling.plain(s) for s in slots):
+        smp, graphs = self.runner.sampling, self.runner.graphs
+        if all(smp.plain(s) for s in slots):
+            g = graphs.get(("arb", p))
+        else:  # a slot samples or asks for logprobs: the sampled graph, unless a slot needs host records
+            g = graphs.get(("arbs", p)) if all(smp.in_graph(s) for s in slots) else None
+        if g is not None:
             g.replay()
-        else:  # a slot samples or asks for logprobs: the same kernels, eagerly (graphs are greedy)
+        else:  # CPU, or not captured, or a rejection-policy slot: the same kernels, eagerly
             self.compute(p, tuple(slots))
         self._host_tok[:b].copy_(self.tok[:b], non_blocking=True)
         if self.runner.device.type == "cuda":
