@@ -82,8 +82,8 @@ def spawn(n: int, preexec) -> dict:
                 bad += 1
                 example = example or f"rc {p.returncode}: {err.decode(errors='replace').strip()[:300]}"
     finally:
-        if dumping:
-            faulthandler.enable()
+        if dumping:  # back on, to the process's own stderr (sys.stderr may be a capture without a fd)
+            faulthandler.enable(file=sys.__stderr__)
     return {"spawns": n, "bad": bad, "example": example}
 
 
