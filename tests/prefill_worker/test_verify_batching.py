@@ -110,3 +110,41 @@ def test_a_bad_block_fails_only_its_session(lm, case, bad):
     if bad == "stale_first_token":  # the refused session is untouched: its real block gives the alone result
         r = e.verify(*good)
         assert (r.accepted, r.next_token, r.position) == want[victim]
+
+
+def test_a_verify_runs_between_the_pieces_of_a_long_prefill(lm):
+    """Issue 21.3: a long prompt (7 pieces here) prefills while an exact session verifies. The Verify
+    waits for at most the piece in flight, not for the whole prompt: prefill and verify share the
+    compute lock piece by piece, and the verify's result is its alone result."""
+    import time
+
+    e = _engine(lm)
+    e.runner.prefill_chunk = 16
+    prompt = _prompts(lm, 1, seed=5)[0]
+    long = [(7 * i + 3) % lm.cfg.vocab_size for i in range(112)]  # 7 pieces of 16
+    s, _ = e.prefill(prompt)
+    drafts = [1, 2, 3]
+    want = _alone(lm, prompt, drafts)
+    passes, run = [], e.prefills._run
+
+    def slow(items):  # each piece pass takes >= 0.2 s
+        passes.append(time.monotonic())
+        out = run(items)
+        time.sleep(0.2)
+        return out
+
+    e.prefills._run = slow
+    done = {}
+    th = threading.Thread(target=lambda: done.setdefault("long", e.prefill(long)))
+    th.start()
+    end = time.monotonic() + 30
+    while len(passes) < 2 and time.monotonic() < end:  # the second piece is in flight
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    r = e.verify(s.id, _block(e, s.id, drafts))
+    waited = time.monotonic() - t0
+    th.join(30)
+    assert (r.accepted, r.next_token, r.position) == want
+    assert len(passes) == 7 and "long" in done
+    started_after = sum(1 for t in passes if t > t0)
+    assert waited < 0.6 and started_after >= 4, (waited, started_after)  # behind one piece, not five
