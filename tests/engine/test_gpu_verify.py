@@ -54,6 +54,13 @@ def refs(big):
     return prompts, [e.generate(p, NEW + K + 1) for p in prompts]
 
 
+def _drafts(right: list[int], rng: random.Random, vocab: int) -> list[int]:
+    """K drafts that follow the true continuation `right` up to a random point (or all the way), then
+    go wrong: the verifier accepts a different prefix length per block."""
+    cut = rng.randrange(K + 1)
+    return right[:cut] + [(t + 1) % vocab for t in right[cut:]]
+
+
 @cuda
 def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
     prompts, ref = refs
@@ -63,11 +70,8 @@ def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
     for p, r in zip(prompts, ref):
         s, first = e.prefill(p)
         assert first == r[0]
-        right = r[1 : 1 + K]  # the true continuation: accepted up to a random wrong draft (or all)
-        cut = rng.randrange(K + 1)
-        drafts = right[:cut] + [(t + 1) % big.cfg.vocab_size for t in right[cut:]]
         sids.append(s.id)
-        blocks.append([first] + drafts)
+        blocks.append([first] + _drafts(r[1 : 1 + K], rng, big.cfg.vocab_size))
     alone, st = [], e.runner.state
     for sid, block in zip(sids, blocks):
         slot = e.get(sid).slot
@@ -102,10 +106,8 @@ def test_exact_mode_under_a_batch_of_16_equals_exact_ar(big, refs):
     while any(len(o) < NEW for o in out):
         live = [i for i in range(S) if len(out[i]) < NEW]
         items = []
-        for i in live:  # a drafter right until a random point: m varies per session and round
-            right = ref[i][len(out[i]) : len(out[i]) + K]
-            cut = rng.randrange(K + 1)
-            drafts = right[:cut] + [(t + 7) % big.cfg.vocab_size for t in right[cut:]]
+        for i in live:  # m varies per session and round
+            drafts = _drafts(ref[i][len(out[i]) : len(out[i]) + K], rng, big.cfg.vocab_size)
             items.append((e.get(sids[i]), [out[i][-1]] + drafts, None))
         with e._compute:
             res = e._verify_batch(items)
