@@ -277,7 +277,11 @@ class DecodeEngine:
             return
         with self._compute:  # the scheduler is started once, under the lock its steps take
             if self._scheduler is None:
-                self._scheduler = StepScheduler(lambda r, slots: r.ar_batch(slots), self._compute)
+                self._scheduler = StepScheduler(
+                    lambda r, slots: r.ar_batch(slots),
+                    self._compute,
+                    launch=lambda r, slots: r.ar_batch_launch(slots),  # pages reserved by decode() above
+                )
         job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
             while (tok := job.next()) is not None:

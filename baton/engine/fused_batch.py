@@ -2,6 +2,8 @@
 
     step(slots)   -> each slot's new token: consumes next_token[slot] of every slot, sets the new one,
                      advances position, stores hidden; each slot bitwise as ModelRunner.ar_step(slot)
+    launch(slots) -> handle; collect(handle) -> the tokens: step() in two halves (step = collect(launch));
+                     launch enqueues the step and returns at once on CUDA
     compute(P)    the tensor code of a bucket of P rows (what graph.capture_all captures as ("arb", P):
                   greedy, and as ("arbs", P): every row picked by its slot's sampling parameters)
 
@@ -24,7 +26,9 @@ and padding rows read no slot state and write nothing: the GDN and attention ker
 
 Lifecycle: built by ModelRunner.enable_batching (its buffers are allocated once and never replaced, so
 captured graphs stay valid); used under the engine's compute lock by the step scheduler
-(ModelRunner.ar_batch). The caller checks each session's window.
+(ModelRunner.ar_batch, or ar_batch_launch then ar_batch_collect: the scheduler launches step t + 1 before
+it reads step t's tokens, so the host's work overlaps the device's). The caller checks each session's
+window and reserves its KV pages.
 """
 
 from __future__ import annotations
@@ -56,8 +60,12 @@ class BatchedAR:
         self.h = torch.zeros(top, H, dtype=runner.dtype, device=dev)  # [P] final-normed hidden rows
         self.zeros = torch.zeros(top, dtype=torch.long, device=dev)  # [P] each row's index in its block
         pin = dev.type == "cuda"
-        self._host_slots = torch.full((top,), -1, dtype=torch.long, pin_memory=pin)
-        self._host_tok = torch.zeros(top, dtype=torch.long, pin_memory=pin)
+        # two phases of host buffers: a step may be in flight (launched, not collected) while the next
+        # is launched; a phase is reused only once its step was collected (its copies are done)
+        self._host_slots = torch.full((2, top), -1, dtype=torch.long, pin_memory=pin)
+        self._host_tok = torch.zeros(2, top, dtype=torch.long, pin_memory=pin)
+        self._done = [torch.cuda.Event() for _ in range(2)] if pin else None
+        self._busy = [False, False]
 
     def pad(self, p: int) -> None:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
@@ -87,14 +95,20 @@ class BatchedAR:
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)
 
     @torch.inference_mode()
-    def step(self, slots: list[int]) -> list[int]:
+    def launch(self, slots: list[int]) -> tuple[int, int]:
+        """Enqueues one step of `slots` (their KV pages reserved by the caller) and the copy of its
+        tokens to the host; returns at once on CUDA -> a handle for collect. At most two steps are
+        uncollected at a time (one per phase of the host buffers)."""
         b = len(slots)
         if not 1 <= b <= self.max_rows:
             raise ValueError(f"a batched step of {b} sessions (1..{self.max_rows})")
         if len(set(slots)) != b:
             raise ValueError(f"a batched step needs distinct slots, got {slots}")
+        if all(self._busy):
+            raise RuntimeError("two batched steps are in flight: collect one first")
+        ph = self._busy.index(False)
         p = bucket(b)
-        hs = self._host_slots
+        hs = self._host_slots[ph]
         hs[:b] = torch.tensor(slots, dtype=torch.long)
         hs[b:p] = -1
         self.slots[:p].copy_(hs[:p], non_blocking=True)
@@ -107,7 +121,20 @@ class BatchedAR:
             g.replay()
         else:  # CPU, or not captured, or a rejection-policy slot: the same kernels, eagerly
             self.compute(p, tuple(slots))
-        self._host_tok[:b].copy_(self.tok[:b], non_blocking=True)
-        if self.runner.device.type == "cuda":
-            torch.cuda.current_stream(self.runner.device).synchronize()
-        return self._host_tok[:b].tolist()
+        self._host_tok[ph, :b].copy_(self.tok[:b], non_blocking=True)
+        if self._done is not None:
+            self._done[ph].record()
+        self._busy[ph] = True
+        return ph, b
+
+    def collect(self, handle: tuple[int, int]) -> list[int]:
+        """The tokens of a launched step (waits for that step only)."""
+        ph, b = handle
+        if self._done is not None:
+            self._done[ph].synchronize()
+        toks = self._host_tok[ph, :b].tolist()
+        self._busy[ph] = False
+        return toks
+
+    def step(self, slots: list[int]) -> list[int]:
+        return self.collect(self.launch(slots))
