@@ -8,15 +8,17 @@
 # COMMIT is the commit under test (the device checkout has no .git), recorded by bench_serve.
 #
 # Stages, in the order to run them:
-#   tests   the GPU tests never run on the H200 yet: batched prefill (incl. causal_lower_right pieces),
-#           batched AR and the sampled batched graph ("arbs"), decode, batched verify, the hand-off
+#   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
+#                  batched AR and the sampled batched graph ("arbs"), batched verify
+#   tests-serving  decode (the step pipeline), the served stack (seeded exact mode at T 0.8, 16 exact
+#                  sessions, sampled + greedy fast sessions together), the hand-off (dynamic ring share)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
 #   fp8     bench_serve fp8 at 32 streams, and bf16 sampling (T 0.8, top-p 0.9, seeded) at 1 and 32 streams:
 #           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
 set -uo pipefail
-stage=${1:?stage: tests|serve|fp8|long|verify}
+stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -31,12 +33,16 @@ serve() {  # name, then bench_serve arguments
   echo "$name: rc=$?"
 }
 case $stage in
-  tests)
-    python -m pytest -o addopts="" -m gpu -q -x --timeout 1200 \
-      tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py \
-      tests/engine/test_gpu_decode.py tests/handoff/test_handoff.py >"$out/gpu-tests.log" 2>&1
-    echo "tests: rc=$?"
-    tail -5 "$out/gpu-tests.log"
+  tests-engine | tests-serving)
+    if [ "$stage" = tests-engine ]; then
+      files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py"
+    else
+      files="tests/engine/test_gpu_decode.py tests/system/test_gpu_serving.py tests/handoff/test_handoff.py"
+    fi
+    # shellcheck disable=SC2086
+    python -m pytest -o addopts="" -m gpu -q --timeout 1200 $files >"$out/$stage.log" 2>&1
+    echo "$stage: rc=$?"
+    tail -5 "$out/$stage.log"
     ;;
   serve) serve serve-bf16 --engine bf16 --concurrency 1,8,32,64 ;;
   fp8)
