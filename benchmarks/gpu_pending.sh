@@ -17,8 +17,9 @@
 #           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
+#   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify}
+stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify|burst}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -54,6 +55,11 @@ case $stage in
     python benchmarks/bench_verify_under_prefill.py --device cuda --random-init qwen3.5-9b --long 32768 \
       --out "$out/verify-under-prefill.json" >"$out/verify-under-prefill.log" 2>&1
     echo "verify: rc=$?"
+    ;;
+  burst)
+    python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 --bursts 1,8,32 \
+      --out "$out/ttft-burst.json" >"$out/ttft-burst.log" 2>&1
+    echo "burst: rc=$?"
     ;;
   *)
     echo "unknown stage $stage" >&2
