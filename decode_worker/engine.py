@@ -36,7 +36,8 @@ from baton.handoff.slot_fill import SlotFill
 from decode_worker import mtp
 
 ENGINES = ("bf16", "fp8", "mtp")
-RUN_AHEAD = 2  # tokens a released-at-end batched decode may be computed ahead of its reader
+RUN_AHEAD = 3  # tokens a released-at-end batched decode may be computed ahead of its reader (>= 3: the
+# scheduler can launch step t + 1 while the reader still holds token t - 1 in its queue, so it pipelines)
 
 
 @dataclass

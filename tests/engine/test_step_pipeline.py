@@ -9,6 +9,7 @@ token, and that every job's tokens are those of the plain (unpipelined) schedule
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -23,6 +24,7 @@ class FakeRunner:
         self.log: list[tuple] = []  # ("launch", id, slots) / ("collect", id)
         self.lock = threading.Lock()
         self.steps = 0
+        self.step_s = 0.0
 
     def _next(self, slot: int) -> int:
         n = self.count.get(slot, 0)
@@ -33,6 +35,7 @@ class FakeRunner:
         return [self._next(s) for s in slots]
 
     def launch(self, slots):
+        step_s = self.step_s
         with self.lock:
             self.steps += 1
             sid = self.steps
@@ -40,6 +43,7 @@ class FakeRunner:
             toks = self.step(slots)
 
         def collect():
+            time.sleep(step_s)  # the device finishing the step
             with self.lock:
                 self.log.append(("collect", sid))
             return toks
@@ -47,8 +51,9 @@ class FakeRunner:
         return collect
 
 
-def _run(pipelined: bool, jobs_spec, ends=()):
+def _run(pipelined: bool, jobs_spec, ends=(), step_s: float = 0.0):
     r = FakeRunner()
+    r.step_s = step_s
     sched = StepScheduler(
         lambda rr, slots: rr.step(slots), threading.Lock(), launch=(lambda rr, s: rr.launch(s)) if pipelined else None
     )
@@ -116,3 +121,27 @@ def test_an_end_at_the_first_token_drops_the_step_launched_past_it(pipelined):
     out, r = _run(pipelined, [(3, 50, 2), (4, 20, 2)], ends=(end,))
     assert out[3] == [end] and r.count[3] == 1 + pipelined
     assert out[4] == [(400 + n) % 97 for n in range(20)] and r.count[4] == 20
+
+
+def _overlapped(log) -> int:
+    """Launches made while another step was still uncollected."""
+    live, n = set(), 0
+    for e in log:
+        if e[0] == "launch":
+            n += bool(live)
+            live.add(e[1])
+        else:
+            live.discard(e[1])
+    return n
+
+
+def test_with_decode_workers_run_ahead_the_pipeline_keeps_going():
+    """DecodeEngine's RUN_AHEAD: the scheduler gathers step t + 1 right after it handed out token t - 1,
+    often before the reader took it, so a job must be allowed 2 queued tokens past the one in flight
+    (ahead >= 3) for the steps to keep overlapping. Readers that keep up, a device step of 1 ms: most
+    launches find the step before still uncollected."""
+    from decode_worker.engine import RUN_AHEAD
+
+    assert RUN_AHEAD >= 3
+    _, r = _run(True, [(i, 60, RUN_AHEAD) for i in range(4)], step_s=0.001)
+    assert _overlapped(r.log) >= r.steps // 2, (_overlapped(r.log), r.steps)
