@@ -11,6 +11,9 @@ Measured, per prompt and in total (greedy, stop at EOS or after --new tokens):
   * bf16 and mtp engines of a DecodeEngine over one ModelRunner of the model loaded with its MTP head,
     each session loaded from an ExactEngine prefill + export (the in-process LoadState handoff);
     mtp: acceptance length per round (m + 1, the bonus token included) at K = --k-mtp;
+  * batched mtp (unless --no-batched): every prompt's mtp decode at once on one DecodeEngine, so rounds
+    of several sessions verify in one pass: the acceptance per round, and whether each session's tokens
+    and rounds equal its run alone;
   * exact mode with FP8 drafts: DecodeEngine("fp8") over a deep copy quantized with
     quantize_model(copy, "full"), Draft -> ExactEngine.verify -> Draft(verdict) ... at K = --k-fp8;
   * every path's tokens are checked against the reference (they must be identical);
@@ -30,6 +33,7 @@ import shlex
 import sys
 import sysconfig
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -92,6 +96,11 @@ def handoff(exact: ExactEngine, dec: DecodeEngine, ids: list[int], engine: str, 
 
 def run_decode(exact, dec, ids, engine, n, eos, k):
     _, sess, first = handoff(exact, dec, ids, engine)
+    return decode_loaded(dec, sess, first, n, eos, k)
+
+
+def decode_loaded(dec, sess, first, n, eos, k):
+    """Decodes a loaded session to EOS or n tokens, then releases it -> (tokens, stats)."""
     out, per_round = [first], []  # per_round: tokens each decode step yielded (m + 1, cut at the end)
     if first not in eos:
         for batch in dec.decode(sess.id, n - 1, eos_ids=eos, k=k):
@@ -100,6 +109,22 @@ def run_decode(exact, dec, ids, engine, n, eos, k):
     stats = {"rounds": sess.rounds, "emitted_in_rounds": sess.emitted_in_rounds, "per_round": per_round}
     dec.release(sess.id)
     return out, stats
+
+
+def run_batched_mtp(exact, lm, prompts, max_len, n, eos, k):
+    """Every prompt's mtp decode at once on one DecodeEngine (concurrent rounds verify in one pass:
+    DecodeEngine.mtp_rounds) -> ([(tokens, stats)] in prompt order, the largest round batch)."""
+    r = ModelRunner(lm.model, slots=len(prompts), max_len=max_len)
+    dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp")
+    loaded = [handoff(exact, dec, pr["ids"], "mtp") for pr in prompts]  # one at a time: exact has 2 slots
+
+    def one(i):
+        _, sess, first = loaded[i]
+        return decode_loaded(dec, sess, first, n, eos, k)
+
+    with ThreadPoolExecutor(len(prompts)) as ex:
+        outs = list(ex.map(one, range(len(prompts))))
+    return outs, dec.mtp_rounds.max_items
 
 
 def run_exact_fp8(exact, dec8, ids, n, eos, k):
@@ -167,6 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--early", type=int, default=32, help="also report rounds within the first N new tokens")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave the default)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers parity check")
+    p.add_argument("--no-batched", action="store_true", help="skip the batched mtp run (every prompt at once)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -230,6 +256,7 @@ def main(argv=None) -> int:
                     "tokens_per_round": (len(fp8) - 1) / max(fs["rounds"], 1),
                 },
                 "seconds": {"exact_ar": round(t_ref, 3), "mtp_decode": round(t_mtp, 3)},
+                "mtp_tokens": mtp,  # dropped before printing: the batched run is checked against it
             }
         )
         tot["mtp_rounds"] += ms["rounds"]
@@ -249,6 +276,28 @@ def main(argv=None) -> int:
             f"fp8 {rows[-1]['exact_fp8']['acceptance_rate']:.1%}, identical {same}",
             file=sys.stderr,
         )
+
+    batched = None
+    if not a.no_batched:  # the same prompts' mtp decodes all at once: rounds of several sessions per pass
+        t0 = time.perf_counter()
+        outs, widest = run_batched_mtp(exact, lm, prompts, max_len, a.new, eos, a.k_mtp)
+        rounds = sum(st["rounds"] for _, st in outs)
+        emitted = sum(st["emitted_in_rounds"] for _, st in outs)
+        same_tokens = [o == x["mtp_tokens"] for (o, _), x in zip(outs, rows)]
+        same_rounds = [st["per_round"] == x["mtp"]["per_round"] for (_, st), x in zip(outs, rows)]
+        all_identical &= all(same_tokens)
+        batched = {
+            "sessions": len(prompts),
+            "largest_round_batch": widest,
+            "rounds": rounds,
+            "accept_len_per_round": emitted / max(rounds, 1),
+            "tokens_identical_to_alone": all(same_tokens),
+            "rounds_identical_to_alone": all(same_rounds),
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+        print(f"batched mtp: {batched}", file=sys.stderr)
+    for x in rows:
+        x.pop("mtp_tokens")
 
     result = {
         "benchmark": "acceptance_default_model",
@@ -291,6 +340,7 @@ def main(argv=None) -> int:
                 "rounds": len(tot["early_mtp"]),
                 "accept_len_per_round": sum(tot["early_mtp"]) / max(len(tot["early_mtp"]), 1),
             },
+            "batched": batched,
         },
         "exact_fp8": {
             "K": a.k_fp8,

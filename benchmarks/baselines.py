@@ -16,8 +16,9 @@ byte of GPU memory it used is free again before the servers start:
 
     python benchmarks/baselines.py (--model DIR | --random-init SHAPE [--ckpt-dir DIR] [--seed N])
         --device cuda --max-len L --jobs JOBS.json --out PREP.json
-JOBS.json: {"prompts": [[ids]...], "references": {"i": n_tokens}, "hf_batches": [1, 8], "hf_prompts": [i...],
-"hf_new": 32, "hf_runs": 1}. PREP.json: the model directory, `baton complete` tokens of each prompt i asked for
+JOBS.json: {"prompts": [[ids]...], "references": {"i": n_tokens}, "sampling": {"i": {"temperature": T,
+"top_p": P, "seed": S}} (optional: reference i is that seeded sampled decode), "hf_batches": [1, 8],
+"hf_prompts": [i...], "hf_new": 32, "hf_runs": 1}. PREP.json: the model directory, `baton complete` tokens of each prompt i asked for
 (the exact engine, the workers' dtype and window), the measured bandwidth, and HF's rate at each batch.
 """
 
@@ -253,6 +254,7 @@ def prepare(a) -> dict:
     import torch
 
     from baton.complete import complete
+    from baton.engine.sampling import Params
     from baton.loading import load_model, resolve_model_dir
 
     jobs = json.loads(Path(a.jobs).read_text())
@@ -286,8 +288,12 @@ def prepare(a) -> dict:
     cfg = lm.cfg
     prompts = jobs["prompts"]
     t0 = time.perf_counter()
+    sampled = jobs.get("sampling", {})  # reference i -> {temperature, top_p, seed}: a seeded sampled decode
     for i, n in ask:
-        res["references"][i] = complete(d, prompts[int(i)], int(n), max_len=a.max_len, ignore_eos=True, loaded=lm)
+        sp = Params(**sampled[i]) if i in sampled else None
+        res["references"][i] = complete(
+            d, prompts[int(i)], int(n), max_len=a.max_len, ignore_eos=True, loaded=lm, sampling=sp
+        )
         _sync(a.device)
     res["reference_s"] = round(time.perf_counter() - t0, 1)
     hf = res["hf"]

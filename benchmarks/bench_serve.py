@@ -109,6 +109,7 @@ class Job:
     prompt: str | tuple[int, ...]
     max_new: int
     ref: tuple[int, ...] | None = None
+    sampling: tuple[tuple[str, float], ...] = ()  # client.generate keywords (temperature, top_p, seed)
 
 
 @dataclass
@@ -119,6 +120,19 @@ class Workload:
     prompts: list[list[int]]
     requests: list[tuple[int, int]]
     info: dict = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)  # {temperature, top_p, seed}: every request samples, seeded
+
+    def sampled(self, p: int) -> tuple[tuple[str, float], ...]:
+        """Prompt p's sampling keywords: its seed is sampling["seed"] + p, so every request of a prompt
+        (and its reference) draws the same tokens; () = greedy."""
+        if not self.sampling.get("temperature"):
+            return ()
+        sp = self.sampling
+        return (("temperature", sp["temperature"]), ("top_p", sp.get("top_p", 0.0)), ("seed", sp["seed"] + p))
+
+    def job(self, p: int, n: int, refs: dict[int, list[int]] | None = None) -> Job:
+        ref = tuple(refs[p]) if refs and p in refs else None
+        return Job(tuple(self.prompts[p]), n, ref, self.sampled(p))
 
     def ref_lengths(self, limit: int) -> dict[int, int]:
         """The first `limit` prompts in order of use (-1 = all) -> the most new tokens asked of each."""
@@ -130,7 +144,7 @@ class Workload:
 
     def jobs(self, refs: dict[int, list[int]], start: int = 0, count: int | None = None) -> list[Job]:
         reqs = self.requests[start : None if count is None else start + count]
-        return [Job(tuple(self.prompts[p]), n, tuple(refs[p]) if p in refs else None) for p, n in reqs]
+        return [self.job(p, n, refs) for p, n in reqs]
 
 
 def random_prompts(lengths: list[int], vocab: int, rng: random.Random) -> list[list[int]]:
@@ -214,7 +228,12 @@ def run_job(client, job: Job, engine: str, timeout: float) -> Sample:
     s = Sample(time.monotonic(), [], [], "OK", job=job)
     try:
         for d in client.generate(
-            job.prompt, max_new_tokens=job.max_new, engine=engine, ignore_eos=True, timeout=timeout
+            job.prompt,
+            max_new_tokens=job.max_new,
+            engine=engine,
+            ignore_eos=True,
+            timeout=timeout,
+            **dict(job.sampling),
         ):
             if d.token_ids:
                 s.times.append(time.monotonic())
@@ -426,6 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-dir", default=None, help="--random-init: where (default /tmp/baton-bench-ckpt/SHAPE-seedN)")
     p.add_argument("--seed", type=int, default=0, help="weights (--random-init), prompts, lengths and arrivals")
     p.add_argument("--engine", default="bf16", choices=("bf16", "fp8"))
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="every request samples (0: greedy), seeded per prompt"
+    )
+    p.add_argument("--top-p", type=float, default=0.0, help="with --temperature (0: off)")
     p.add_argument("--slots", type=int, default=None, help="session slots a worker (default max(8, max N))")
     p.add_argument("--max-len", type=int, default=None, help="the workers' window (default: the longest request + 64)")
     p.add_argument("--serve-args", default="", help="more `baton serve` options, one string")
@@ -508,6 +531,7 @@ def resolve(a) -> None:
 
 def make_workloads(a, vocab: int) -> list[Workload]:
     out = []
+    sampling = {"temperature": a.temperature, "top_p": a.top_p, "seed": a.seed * 1_000_003 + 1} if a.temperature else {}
     for w in a.workloads:
         if w == "fixed":
             out.append(fixed_workload(a.n_requests, a.prompts, a.input_len, a.output_len, vocab, a.seed))
@@ -515,15 +539,18 @@ def make_workloads(a, vocab: int) -> list[Workload]:
             out.append(
                 mixed_workload(a.n_requests, a.mixed_input, a.mixed_output, vocab, a.seed, a.long_frac, a.long_input)
             )
+        out[-1].sampling = sampling
     return out
 
 
 def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Path) -> tuple[dict, list[dict]]:
     """Runs benchmarks/baselines.py in a child process; returns its JSON and, per workload, the references
     it computed (prompt index -> tokens). Only the prompts it needs are sent to it."""
-    prompts, ask, where = [], {}, []
+    prompts, ask, where, sampling = [], {}, [], {}
     for wi, w in enumerate(workloads):
         for pi, n in (w.ref_lengths(a.check_prompts) if a.check == "complete" else {}).items():
+            if w.sampled(pi):  # the reference samples with the request's own seed
+                sampling[str(len(prompts))] = dict(w.sampled(pi))
             ask[str(len(prompts))] = n
             where.append((wi, pi))
             prompts.append(w.prompts[pi])
@@ -532,6 +559,7 @@ def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Pat
     jobs = {
         "prompts": prompts,
         "references": ask,
+        "sampling": sampling,
         "hf_batches": [] if a.no_hf else sorted(set(a.hf_batches)),
         "hf_prompts": list(range(hf_off, len(prompts))),
         "hf_new": a.hf_new,
@@ -577,7 +605,7 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
         info["boot_s"] = round(time.monotonic() - t0, 1)
         w0 = workloads[0]
         for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
-            per = [[Job(tuple(w0.prompts[i % len(w0.prompts)]), min(8, a.output_len))] for i in range(n)]
+            per = [[w0.job(i % len(w0.prompts), min(8, a.output_len))] for i in range(n)]
             p = closed_point(addr, token, per, a.engine, a.timeout)
             warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors")})
             print(f"bench_serve: warm-up {warm[-1]}", file=sys.stderr, flush=True)
@@ -588,7 +616,7 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
             with Client(addr, token=token) as c:
                 for w, r in zip(workloads, refs):
                     for pi, n in w.ref_lengths(a.check_prompts).items():
-                        s = run_job(c, Job(tuple(w.prompts[pi]), n), a.engine, a.timeout)
+                        s = run_job(c, w.job(pi, n), a.engine, a.timeout)
                         if s.status == "OK":
                             r[pi] = s.tokens
             info["alone_reference_s"] = round(time.monotonic() - t1, 1)
@@ -630,6 +658,7 @@ def run(a, argv: list[str]) -> dict:
     }
     res["config"] = {k: v for k, v in vars(a).items() if k not in ("report", "out", "no_plot") and not callable(v)}
     res["workloads"] = {w.name: w.info for w in workloads}
+    res["sampling"] = workloads[0].sampling or "greedy"
     with tempfile.TemporaryDirectory(prefix="baton-bench-serve-") as tmp:
         tmp = Path(tmp)
         prep, refs = _prepare(a, workloads, hf_prompts, tmp)

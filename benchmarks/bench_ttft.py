@@ -368,10 +368,10 @@ def main(argv=None) -> dict:
     return result
 
 
-def decode_process(a, max_len: int, token: str) -> WorkerProcess:
+def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess:
     """`python -m decode_worker` on a free port with this benchmark's model (the same --random-init
     shape and seed 0, or the same checkpoint: the same fingerprint), serving once health says so."""
-    extra = [("width", WIDTH), ("slots", 1), ("engines", "bf16")]
+    extra = [("width", WIDTH), ("slots", slots), ("engines", "bf16")]
     extra += [("random_init", a.random_init), ("seed", 0)] if a.random_init else []
     spec = WorkerSpec(
         "decode",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import faulthandler
 import signal
 import subprocess
 import sys
@@ -64,15 +65,25 @@ class BusyClient:
 
 
 def spawn(n: int, preexec) -> dict:
+    """n spawns of /bin/true. A child that crashes in gRPC's fork handlers (before its stderr is the pipe)
+    would print faulthandler's dump into this process's stderr, so faulthandler is off while they run;
+    the crash still counts (the child's exit status)."""
     bad, example = 0, ""
-    for _ in range(n):
-        p = subprocess.Popen(
-            ["/bin/true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec
-        )
-        _, err = p.communicate()
-        if p.returncode != 0 or err:
-            bad += 1
-            example = example or f"rc {p.returncode}: {err.decode(errors='replace').strip()[:300]}"
+    dumping = faulthandler.is_enabled()
+    faulthandler.disable()
+    try:
+        for _ in range(n):
+            p = subprocess.Popen(
+                ["/bin/true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=preexec,
+            )  # fmt: skip
+            _, err = p.communicate()
+            if p.returncode != 0 or err:
+                bad += 1
+                example = example or f"rc {p.returncode}: {err.decode(errors='replace').strip()[:300]}"
+    finally:
+        if dumping:  # back on, to the process's own stderr (sys.stderr may be a capture without a fd)
+            faulthandler.enable(file=sys.__stderr__)
     return {"spawns": n, "bad": bad, "example": example}
 
 

@@ -36,7 +36,8 @@ from baton.handoff.slot_fill import SlotFill
 from decode_worker import mtp
 
 ENGINES = ("bf16", "fp8", "mtp")
-RUN_AHEAD = 2  # tokens a released-at-end batched decode may be computed ahead of its reader
+RUN_AHEAD = 3  # tokens a released-at-end batched decode may be computed ahead of its reader (>= 3: the
+# scheduler can launch step t + 1 while the reader still holds token t - 1 in its queue, so it pipelines)
 
 
 @dataclass
@@ -187,8 +188,9 @@ class DecodeEngine:
     ):
         """Yields lists of new tokens (after the state's next_token) until a stop condition.
         run_ahead: the session is released when the caller stops (Decode release_at_end), so batched
-        steps may run up to RUN_AHEAD tokens ahead of the caller (StepScheduler `ahead`); else the
-        state is always exactly that of the tokens yielded."""
+        steps may run up to RUN_AHEAD tokens ahead of the caller (StepScheduler `ahead`), unless the
+        session asks for logprobs (read from the sampling table after each token); else the state is
+        always exactly that of the tokens yielded."""
         s = self.get(session_id)
         r = s.runner
         pos = int(r.state.position[s.slot])
@@ -198,7 +200,10 @@ class DecodeEngine:
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
         if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
-            yield from self._ar_batched(s, max_new_tokens, ends, RUN_AHEAD if run_ahead else 0)
+            # a logprob session never runs ahead: the caller reads each token's logprobs from the
+            # sampling table after the token, and a step run ahead would have overwritten them
+            ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
+            yield from self._ar_batched(s, max_new_tokens, ends, ahead)
             return
         if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
             yield from self._ar_pipelined(s, max_new_tokens, ends)
@@ -274,7 +279,11 @@ class DecodeEngine:
             return
         with self._compute:  # the scheduler is started once, under the lock its steps take
             if self._scheduler is None:
-                self._scheduler = StepScheduler(lambda r, slots: r.ar_batch(slots), self._compute)
+                self._scheduler = StepScheduler(
+                    lambda r, slots: r.ar_batch(slots),
+                    self._compute,
+                    launch=lambda r, slots: r.ar_batch_launch(slots),  # pages reserved by decode() above
+                )
         job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
             while (tok := job.next()) is not None:

@@ -68,6 +68,7 @@ class VerifyResult:
 
 
 PREFILL_BUDGET = PREFILL_CHUNK  # tokens per batched prefill pass (a whole piece always fits)
+PREFILL_GATHER_S = 0.010  # a pass waits at most this long for prompts already opened (never for a lone one)
 
 
 class ExactEngine:
@@ -83,12 +84,16 @@ class ExactEngine:
         self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count)
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (baton/engine/prefill.py);
         # verify passes take the same lock, so they interleave with a long prompt's pieces
-        self._prefilling = 0  # callers inside run_prefill (the Gather waits up to 2 ms for them)
+        # sessions opened for a prefill whose run_prefill has not ended: a pass's leader waits up to
+        # PREFILL_GATHER_S for their pieces (a burst's Prefill calls open a few ms apart: their hand-off
+        # streams start first), so a burst shares passes instead of the first prompt running alone
+        self._prefilling: set[str] = set()
         self._prefilling_lock = threading.Lock()
         self.prefills = Gather(
             self._prefill_batch,
             self._compute,
-            expected=lambda: self._prefilling,
+            expected=lambda: len(self._prefilling),
+            gather_s=PREFILL_GATHER_S,
             cost=lambda p: len(p.ids),
             budget=prefill_budget,
         )
@@ -115,6 +120,8 @@ class ExactEngine:
         return self._table.get(session_id)
 
     def release(self, session_id: str) -> bool:
+        with self._prefilling_lock:
+            self._prefilling.discard(session_id)
         try:
             self.runner.sampling.clear(self._table.get(session_id).slot)  # before the slot can be reused
         except KeyError:
@@ -122,7 +129,18 @@ class ExactEngine:
         return self._table.release(session_id)
 
     def reap_expired(self) -> int:
-        return self._table.reap_expired()
+        n = self._table.reap_expired()
+        if n:  # a reaped session no longer prefills: the passes stop waiting for it
+            with self._prefilling_lock:
+                self._prefilling = {sid for sid in self._prefilling if self._live(sid)}
+        return n
+
+    def _live(self, session_id: str) -> bool:
+        try:
+            self._table.get(session_id)
+            return True
+        except KeyError:
+            return False
 
     # ---- work ----------------------------------------------------------------------------------
     def validate_prompt(self, ids: list[int], max_new_tokens: int = 0) -> None:
@@ -167,6 +185,8 @@ class ExactEngine:
         except BaseException:
             self.release(s.id)
             raise
+        with self._prefilling_lock:
+            self._prefilling.add(s.id)
         return s
 
     def last_logprobs(self, session_id: str, n: int) -> list:
@@ -181,8 +201,6 @@ class ExactEngine:
         each bitwise as alone. `progress` is marked per layer during the last piece and finished with the
         token (or failed); on failure the session is released. mtp=False skips the MTP layer's KV
         (ModelRunner.prefill): only for a session whose export never ships it."""
-        with self._prefilling_lock:
-            self._prefilling += 1
         try:
             tok = None
             for p in prefill_pieces(self.runner, s.slot, list(ids), on_layer=progress and progress.mark, mtp=mtp):
@@ -197,7 +215,7 @@ class ExactEngine:
             raise
         finally:
             with self._prefilling_lock:
-                self._prefilling -= 1
+                self._prefilling.discard(s.id)
         if progress is not None:
             progress.finish(tok)
         return tok

@@ -267,7 +267,8 @@ _REF: dict = {}
 
 
 def reference(model_dir, max_len: int):
-    """-> get(prompt_or_ids, n, ignore_eos=True): `baton complete` tokens with the workers' window."""
+    """-> get(prompt_or_ids, n, ignore_eos=True, sampling=None): `baton complete` tokens with the workers'
+    window (sampling: baton.engine.sampling.Params, e.g. a seeded temperature)."""
     import torch
 
     from baton.complete import complete
@@ -282,16 +283,19 @@ def reference(model_dir, max_len: int):
     tok = Tokenizer.from_dir(d)
     cache: dict = {}
 
-    def get(prompt, n, ignore_eos=True):
+    def get(prompt, n, ignore_eos=True, sampling=None):
         ids = tuple(tok.encode(prompt) if isinstance(prompt, str) else prompt)
-        if (ids, n, ignore_eos) not in cache:
+        key = (ids, n, ignore_eos, sampling)
+        if key not in cache:
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # the workers run single-threaded too
             try:
-                cache[ids, n, ignore_eos] = complete(d, list(ids), n, max_len=max_len, ignore_eos=ignore_eos, loaded=lm)
+                cache[key] = complete(
+                    d, list(ids), n, max_len=max_len, ignore_eos=ignore_eos, loaded=lm, sampling=sampling
+                )
             finally:
                 torch.set_num_threads(threads)
-        return cache[ids, n, ignore_eos]
+        return cache[key]
 
     get.tokenizer = tok
     _REF[key] = get

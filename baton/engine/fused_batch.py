@@ -2,7 +2,14 @@
 
     step(slots)   -> each slot's new token: consumes next_token[slot] of every slot, sets the new one,
                      advances position, stores hidden; each slot bitwise as ModelRunner.ar_step(slot)
-    compute(P)    the tensor code of a bucket of P rows (what graph.capture_all captures as ("arb", P))
+    launch(slots) -> handle; collect(handle) -> the tokens: step() in two halves (step = collect(launch));
+                     launch enqueues the step and returns at once on CUDA
+    compute(P)    the tensor code of a bucket of P rows (what graph.capture_all captures as ("arb", P):
+                  greedy, and as ("arbs", P): every row picked by its slot's sampling parameters)
+
+A step whose slots are all greedy without logprobs replays "arb"; one with a sampling or logprob slot
+replays "arbs" (the pick runs on the device, no host round trip), unless a slot drafts or judges for the
+rejection policy, whose picks keep host-side records (SamplingTable.in_graph): that step runs eagerly.
 
 A step of B sessions runs in the smallest bucket P >= B (BUCKETS); rows B..P-1 are padding rows, whose
 slot is -1. The slot of every row is a device input (`slots`), so one graph per bucket serves any set of
@@ -19,7 +26,9 @@ and padding rows read no slot state and write nothing: the GDN and attention ker
 
 Lifecycle: built by ModelRunner.enable_batching (its buffers are allocated once and never replaced, so
 captured graphs stay valid); used under the engine's compute lock by the step scheduler
-(ModelRunner.ar_batch). The caller checks each session's window.
+(ModelRunner.ar_batch, or ar_batch_launch then ar_batch_collect: the scheduler launches step t + 1 before
+it reads step t's tokens, so the host's work overlaps the device's). The caller checks each session's
+window and reserves its KV pages.
 """
 
 from __future__ import annotations
@@ -51,17 +60,23 @@ class BatchedAR:
         self.h = torch.zeros(top, H, dtype=runner.dtype, device=dev)  # [P] final-normed hidden rows
         self.zeros = torch.zeros(top, dtype=torch.long, device=dev)  # [P] each row's index in its block
         pin = dev.type == "cuda"
-        self._host_slots = torch.full((top,), -1, dtype=torch.long, pin_memory=pin)
-        self._host_tok = torch.zeros(top, dtype=torch.long, pin_memory=pin)
+        # two phases of host buffers: a step may be in flight (launched, not collected) while the next
+        # is launched; a phase is reused only once its step was collected (its copies are done)
+        self._host_slots = torch.full((2, top), -1, dtype=torch.long, pin_memory=pin)
+        self._host_tok = torch.zeros(2, top, dtype=torch.long, pin_memory=pin)
+        self._done = [torch.cuda.Event() for _ in range(2)] if pin else None
+        self._busy = [False, False]
 
     def pad(self, p: int) -> None:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
         self.slots[:p].fill_(-1)
 
-    def compute(self, p: int, live: tuple[int, ...] = ()) -> None:
+    def compute(self, p: int, live: tuple[int, ...] = (), sampled: bool = False) -> None:
         """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit). Captured:
-        greedy (argmax). Eager: each row picked by its slot's sampling parameters (runner.sampling;
-        `live` = the batch's slots on the host, for its greedy shortcut)."""
+        greedy (argmax, kind "arb"), or with sampled=True (kind "arbs") each row picked by its slot's row
+        of runner.sampling on the device (SamplingTable.pick's full path: temperature, top-k / top-p /
+        min-p, Gumbel noise, logprobs into the table). Eager: the same pick (`live` = the batch's slots
+        on the host, for its greedy shortcut and the rejection policy's host-side records)."""
         r = self.runner
         st, fast = r.state, r.fast
         idx = self.slots[:p]
@@ -70,36 +85,59 @@ class BatchedAR:
         pos = st.position[safe]  # [P]
         h = fast.forward(ids, st, idx, 1, pos, None, gs=1)  # [P, hidden]
         logits = fast.head(h, rows=p)  # [P, vocab]
-        if logits.is_cuda and torch.cuda.is_current_stream_capturing():
+        if logits.is_cuda and torch.cuda.is_current_stream_capturing() and not sampled:
             tok = logits.argmax(-1)  # [P]
         else:  # the token at position pos + 1; padding rows use the table's greedy scratch slot
             smp = r.sampling
             rows = torch.where(idx < 0, smp.scratch, idx)
-            smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties; eager only:
-            # a penalized slot never replays the greedy graphs, so they need not write it)
+            smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties): eager and
+            # in the sampled graph; a penalized slot is never plain, so the greedy graph need not write it
             tok = smp.pick(logits, rows, self.zeros[:p], pos + 1, live)
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)
 
     @torch.inference_mode()
-    def step(self, slots: list[int]) -> list[int]:
+    def launch(self, slots: list[int]) -> tuple[int, int]:
+        """Enqueues one step of `slots` (their KV pages reserved by the caller) and the copy of its
+        tokens to the host; returns at once on CUDA -> a handle for collect. At most two steps are
+        uncollected at a time (one per phase of the host buffers)."""
         b = len(slots)
         if not 1 <= b <= self.max_rows:
             raise ValueError(f"a batched step of {b} sessions (1..{self.max_rows})")
         if len(set(slots)) != b:
             raise ValueError(f"a batched step needs distinct slots, got {slots}")
+        if all(self._busy):
+            raise RuntimeError("two batched steps are in flight: collect one first")
+        ph = self._busy.index(False)
         p = bucket(b)
-        hs = self._host_slots
+        hs = self._host_slots[ph]
         hs[:b] = torch.tensor(slots, dtype=torch.long)
         hs[b:p] = -1
         self.slots[:p].copy_(hs[:p], non_blocking=True)
-        g = self.runner.graphs.get(("arb", p))
-        if g is not None and all(self.runner.sampling.plain(s) for s in slots):
+        smp, graphs = self.runner.sampling, self.runner.graphs
+        if all(smp.plain(s) for s in slots):
+            g = graphs.get(("arb", p))
+        else:  # a slot samples or asks for logprobs: the sampled graph, unless a slot needs host records
+            g = graphs.get(("arbs", p)) if all(smp.in_graph(s) for s in slots) else None
+        if g is not None:
             g.replay()
-        else:  # a slot samples or asks for logprobs: the same kernels, eagerly (graphs are greedy)
+        else:  # CPU, or not captured, or a rejection-policy slot: the same kernels, eagerly
             self.compute(p, tuple(slots))
-        self._host_tok[:b].copy_(self.tok[:b], non_blocking=True)
-        if self.runner.device.type == "cuda":
-            torch.cuda.current_stream(self.runner.device).synchronize()
-        return self._host_tok[:b].tolist()
+        self._host_tok[ph, :b].copy_(self.tok[:b], non_blocking=True)
+        if self._done is not None:
+            self._done[ph].record()
+        self._busy[ph] = True
+        return ph, b
+
+    def collect(self, handle: tuple[int, int]) -> list[int]:
+        """The tokens of a launched step (waits for that step only)."""
+        ph, b = handle
+        if self._done is not None:
+            self._done[ph].synchronize()
+        toks = self._host_tok[ph, :b].tolist()
+        self._busy[ph] = False
+        return toks
+
+    def step(self, slots: list[int]) -> list[int]:
+        return self.collect(self.launch(slots))

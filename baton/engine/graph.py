@@ -8,6 +8,8 @@ device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost 
     kind "mtp":  ModelRunner.compute_mtp(slot, n)   — MTP pairs: catch-up + first draft (n<=K+2), chain (n=1)
     kind "arb":  BatchedAR.compute(P)                — the batched AR step over a bucket of P rows
                  (baton/engine/fused_batch.py; runner.enable_batching), captured with every row padding
+    kind "arbs": BatchedAR.compute(P, sampled=True)  — the same step with each row's sampling pick on the
+                 device (baton/engine/sampling.py: parameters and outputs are the table's tensors)
 
 First-call discipline (so the first served token is bitwise the same as every later one):
     1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
@@ -48,12 +50,13 @@ def _bodies(runner: ModelRunner):
         "ar0": lambda slot, n: runner.compute_ar(slot, 0),
         "ar1": lambda slot, n: runner.compute_ar(slot, 1),
         "arb": lambda slot, n: runner.batched.compute(n),
+        "arbs": lambda slot, n: runner.batched.compute(n, sampled=True),
     }
 
 
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
     """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step (ar0 / ar1 too with
-    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists)."""
+    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs: every batch bucket."""
     k = min(max_draft, runner.width - 2)
     ns = {"rows": range(1, k + 2), "ar": range(1, 2)}
     if runner.state.pingpong:
@@ -61,7 +64,7 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
     if runner.has_mtp:
         ns["mtp"] = range(1, k + 3)
     if runner.batched is not None:
-        ns["arb"] = runner.batched.buckets
+        ns["arb"] = ns["arbs"] = runner.batched.buckets
     return ns
 
 
@@ -88,7 +91,7 @@ def capture_all(
         body = bodies[kind]
         for n in n_range:
             runner.select(slot)
-            if kind == "arb":
+            if kind in ("arb", "arbs"):
                 runner.batched.pad(n)  # every row padding: the warm-up and the prime write no slot
             runner.state.snapshot(slot)
             side.wait_stream(torch.cuda.current_stream(runner.device))

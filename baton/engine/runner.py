@@ -245,6 +245,18 @@ class ModelRunner:
         g = self.graph_for(("rows", n), slot)
         g.replay() if g is not None else self.compute_rows(slot, n)
 
+    def ar_batch_launch(self, slots: list[int]):
+        """ar_batch in two halves: -> a callable that returns the tokens. A fused runner with batching
+        enqueues the step and returns at once (one step of this runner may be uncollected while the next
+        is launched: the step scheduler's pipeline); the slots' KV pages must be reserved (as
+        DecodeEngine.decode does), since launch reads nothing from the device. Other runners compute
+        the step now."""
+        if self.batched is not None and len(slots) <= self.batched.max_rows:
+            h = self.batched.launch(slots)
+            return lambda: self.batched.collect(h)
+        toks = self.ar_batch(slots)
+        return lambda: toks
+
     def ar_batch(self, slots: list[int]) -> list[int]:
         """One AR step for each slot (distinct slots): consumes each next_token, returns the new ones.
         Each slot's bits are those of ar_step(slot) alone (the step scheduler's step function): eager

@@ -211,6 +211,11 @@ class SamplingTable:
         p = self.params[slot]
         return p.greedy and p.logprobs <= 0 and not p.penalized
 
+    def in_graph(self, slot: int) -> bool:
+        """The slot's pick is pure device code (a captured sampled graph computes it): it neither drafts
+        nor judges for the rejection policy, whose picks keep host-side records."""
+        return slot not in self.proposed and slot not in self.judging
+
     def proposals(self, slot: int, first: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The q' (ids, probs) of the picks at positions first .. first + k - 1 of a proposing slot; the
         records of positions before `first` (earlier rounds: positions only advance) are dropped."""

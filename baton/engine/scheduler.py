@@ -18,6 +18,14 @@ early leaves the state up to `ahead` tokens past what it read, so only a session
 the end of its call may run ahead).
 Gathering: a step starts once every job wants a token, or `gather_s` after the first one did, so the
 consumers that just got a token join the same next step instead of one step each.
+The pipeline (with `launch`, as DecodeEngine runs it): step t + 1 is launched before the tokens of step t
+are collected, so the host's gather, launch and token hand-out overlap the device's step. Step t + 1
+holds the jobs that want a token now and are not in step t, and the jobs of step t that will still want
+one once its token lands: run-ahead jobs (ahead > 0) with room in their queue and tokens left. A job of
+step t whose token is an end is done; the token step t + 1 made for it is dropped (its state is past
+the end, which only a run-ahead session, released at the end of its call, may be). A job with ahead = 0
+is never in two uncollected steps, so its state stays exactly that of the tokens its consumer got.
+close() waits until no uncollected step holds the job.
 Batch invariance is the step function's: ar_batch gives each slot the bits it would get alone.
 """
 
@@ -77,14 +85,18 @@ class StepScheduler:
         step: Callable[[object, list[int]], list[int]],
         lock: threading.Lock,
         *,
+        launch: Callable[[object, list[int]], Callable[[], list[int]]] | None = None,
         gather_s: float = 0.002,
         name: str = "baton-steps",
     ):
-        """step(runner, slots) -> each slot's new token; run under `lock` (the engine's compute lock)."""
+        """step(runner, slots) -> each slot's new token; run under `lock` (the engine's compute lock).
+        launch(runner, slots) -> a callable returning those tokens: the pipelined form (step t + 1 is
+        launched before step t's tokens are collected); without it every step is step()."""
         self._step, self._lock, self.gather_s = step, lock, gather_s
+        self._launch = launch
         self._cv = threading.Condition()
         self._jobs: list[Job] = []
-        self._running: set[Job] = set()  # the jobs of the step being run (close() waits for them)
+        self._running: collections.Counter[Job] = collections.Counter()  # jobs of uncollected steps
         self._stopped = False
         self.steps = 0  # steps run, and rows in them (stats; batch size = rows / steps)
         self.rows = 0
@@ -129,13 +141,20 @@ class StepScheduler:
             if job in self._jobs:
                 self._jobs.remove(job)
             self._cv.notify_all()
-            while job in self._running:  # a step already running with it: its slot is in use until it ends
+            while self._running[job]:  # a step already running with it: its slot is in use until it ends
                 self._cv.wait()
 
     # ---- the thread -------------------------------------------------------------------------------
-    def _gather(self) -> list[Job] | None:
-        """Waits for a step's jobs: all joined jobs wanting a token, or gather_s after the first did."""
+    def _gather(self, inflight: collections.Counter | None = None) -> list[Job] | None:
+        """Waits for a step's jobs: all joined jobs wanting a token, or gather_s after the first did.
+        With a step in flight (`inflight`: its jobs) it does not wait: the jobs that want a token now,
+        and those of the step in flight that will still want one once its token lands (run-ahead jobs
+        with room in their queue and tokens left); [] when there are none."""
         with self._cv:
+            if inflight:
+                if self._stopped:
+                    return None
+                return [j for j in self._jobs if (j.wants and not inflight[j]) or (inflight[j] and self._goes_on(j))]
             while not self._stopped and not any(j.wants for j in self._jobs):
                 self._cv.wait()
             end = time.monotonic() + self.gather_s
@@ -152,11 +171,22 @@ class StepScheduler:
                 return None
             return [j for j in self._jobs if j.wants]
 
+    @staticmethod
+    def _goes_on(j: Job) -> bool:
+        """A job of the step in flight takes the next step too: it may run ahead, and after the token in
+        flight it still has room in its queue and tokens to make (if that token is an end, the extra
+        step's token is dropped: only a session released at the end of its call runs ahead)."""
+        return not j.done and j.ahead > 0 and len(j.queue) + 1 < j.ahead and j.produced + 1 < j.max_new_tokens
+
     def _run(self) -> None:
+        inflight: list[tuple[list[Job], Callable[[], list[int]] | None, BaseException | None, float]] = []
         while True:
-            batch = self._gather()
+            batch = self._gather(collections.Counter(j for jobs, *_ in inflight for j in jobs))
             if batch is None:
+                for step in inflight:
+                    self._deliver(*step)
                 return
+            launched = []
             groups: dict[int, list[Job]] = {}
             for j in batch:
                 groups.setdefault(id(j.runner), []).append(j)
@@ -166,34 +196,55 @@ class StepScheduler:
                     self._running.update(jobs)
                 if not jobs:
                     continue
+                t0 = time.perf_counter()
                 try:
                     with self._lock:
-                        t0 = time.perf_counter()
-                        toks = self._step(jobs[0].runner, [j.slot for j in jobs])
-                        self.step_s.append(time.perf_counter() - t0)
-                except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
-                    toks, err = [None] * len(jobs), e
-                else:
-                    err = None
-                finally:
-                    with self._cv:
-                        self._running.difference_update(jobs)
-                        self._cv.notify_all()
-                self.steps += 1
-                self.rows += len(jobs)
-                self.max_rows = max(self.max_rows, len(jobs))
-                with self._cv:
-                    for j, t in zip(jobs, toks):
-                        j.asking, j.error = False, err
-                        if err is not None:  # the consumer raises it (after its queued tokens)
-                            j.done = True
-                            if j in self._jobs:
-                                self._jobs.remove(j)
+                        if self._launch is None:
+                            toks = self._step(jobs[0].runner, [j.slot for j in jobs])
+                            get, err = (lambda toks=toks: toks), None
                         else:
-                            j.queue.append(t)
-                            j.produced += 1
-                            if t in j.ends or j.produced >= j.max_new_tokens:
-                                j.done = True
-                                if j in self._jobs:
-                                    self._jobs.remove(j)
-                        j._ready.set()
+                            get, err = self._launch(jobs[0].runner, [j.slot for j in jobs]), None
+                except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
+                    get, err = None, e
+                launched.append((jobs, get, err, t0))
+            if self._launch is None:  # unpipelined: each step's tokens now
+                for step in launched:
+                    self._deliver(*step)
+                continue
+            for step in inflight:  # step t's tokens, with step t + 1 already launched
+                self._deliver(*step)
+            inflight = launched
+
+    def _deliver(self, jobs: list[Job], get, err: BaseException | None, t0: float) -> None:
+        """Collects a step's tokens (get()) and hands each job its token, or the step's error."""
+        if err is None:
+            try:
+                toks = get()
+            except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
+                err = e
+        if err is not None:
+            toks = [None] * len(jobs)
+        self.step_s.append(time.perf_counter() - t0)
+        self.steps += 1
+        self.rows += len(jobs)
+        self.max_rows = max(self.max_rows, len(jobs))
+        with self._cv:
+            self._running.subtract(jobs)
+            for j, t in zip(jobs, toks):
+                if j.done:  # ended at the step before (an end token, an error) or closed: dropped
+                    continue
+                j.asking, j.error = False, err
+                if err is not None:  # the consumer raises it (after its queued tokens)
+                    j.done = True
+                    if j in self._jobs:
+                        self._jobs.remove(j)
+                else:
+                    j.queue.append(t)
+                    j.produced += 1
+                    if t in j.ends or j.produced >= j.max_new_tokens:
+                        j.done = True
+                        if j in self._jobs:
+                            self._jobs.remove(j)
+                j._ready.set()
+            self._running += collections.Counter()  # drops zero counts
+            self._cv.notify_all()

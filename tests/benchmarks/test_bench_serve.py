@@ -218,13 +218,16 @@ def test_suite_runs_bench_serve_on_the_gpu(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_short_cpu_run_end_to_end(tmp_path):
-    """The embedded model through `baton serve --processes`: concurrency 1, 2 and a Poisson point; every
-    stream equals `baton complete`; HF and the floor sit beside each closed point."""
+    """The embedded model through `baton serve --processes`, every request sampling (T 0.8, top-p 0.9,
+    seeded per prompt): concurrency 1, 2 and a Poisson point; every stream equals `baton complete` with
+    the same sampling and seed; HF and the floor sit beside each closed point."""
     out = tmp_path / "r.json"
     argv = ["--concurrency", "1,2", "--requests", "1", "--input-len", "8", "--output-len", "4", "--rate", "50"]
     argv += ["--num-prompts", "3", "--hf-new", "4", "--warmup", "", "--out", str(out)]
+    argv += ["--temperature", "0.8", "--top-p", "0.9"]
     assert bs.main(argv) == 0
     r = json.loads(out.read_text())
+    assert r["sampling"] == {"temperature": 0.8, "top_p": 0.9, "seed": 1}
     assert [(p["mode"], p.get("concurrency"), p.get("rate")) for p in r["points"]] == [
         ("concurrency", 1, None),
         ("concurrency", 2, None),
@@ -237,6 +240,16 @@ def test_a_short_cpu_run_end_to_end(tmp_path):
         assert p["hf_tok_s"] > 0 and p["floor_tok_s"] > 0
     assert r["git"]["commit"] and r["machine"]["cores_usable"] >= 1 and r["command"].startswith("python benchmarks/")
     assert out.with_suffix(".md").is_file()
+
+
+def test_sampled_workload_seeds_each_prompt_and_greedy_sends_nothing():
+    w = bs.fixed_workload(6, 3, 5, 2, 100, seed=0)
+    assert all(j.sampling == () for j in w.jobs({}))
+    w.sampling = {"temperature": 0.7, "top_p": 0.5, "seed": 11}
+    jobs = w.jobs({1: [4, 5]})
+    assert [dict(j.sampling)["seed"] for j in jobs] == [11, 12, 13, 11, 12, 13]  # one seed per prompt
+    assert dict(jobs[0].sampling) == {"temperature": 0.7, "top_p": 0.5, "seed": 11}
+    assert jobs[1].ref == (4, 5) and jobs[0].ref is None and jobs[4].prompt == tuple(w.prompts[1])
 
 
 def test_random_checkpoint_loads_bitwise_and_is_reused(tmp_path):

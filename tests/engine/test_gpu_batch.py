@@ -157,3 +157,61 @@ def test_concurrent_decodes_step_together_and_equal_alone(big):
     eng.close()
     assert together == alone
     assert rows == S * N and steps < rows / 4, (steps, rows)  # they stepped together
+
+
+@cuda
+def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big):
+    """Sessions that sample (seeded temperature with top-p, top-k with min-p, logprobs) beside greedy
+    ones: every batched step replays the captured sampled graph ("arbs": the pick on the device) and
+    each session's tokens and logprobs are bitwise those of the session stepping alone (eager pick)."""
+    from baton.engine.sampling import Params
+
+    S, T = 12, 16
+    r = _runner(big.model, S, 1024)
+    assert sorted(n for k, n in r.graphs if k == "arbs") == sorted(n for k, n in r.graphs if k == "arb")
+    g = torch.Generator().manual_seed(11)
+    V = big.cfg.vocab_size
+    kinds = [
+        Params(),
+        Params(temperature=0.8, top_p=0.9, seed=101),
+        Params(temperature=1.0, top_k=50, min_p=0.05, seed=7, logprobs=3),
+    ]
+    for s in range(S):
+        r.prefill(s, torch.randint(0, V, (int(torch.randint(20, 400, (1,), generator=g)),), generator=g).tolist())
+        r.sampling.set(s, kinds[s % 3])
+    targets, st = [1, 2, 5, 9], r.state
+    solo = {}
+    for s in targets:  # alone: the one-slot AR step (a sampled slot picks eagerly)
+        st.snapshot(s)
+        toks, lps = [], []
+        for _ in range(T):
+            toks.append(r.ar_step(s))
+            lps.append(r.sampling.logprobs(s, 1))
+        solo[s] = (toks, lps, [t.tensor.clone() for t in st.export(s)])
+        st.restore(s)
+    replays = {}
+    for key, graph_ in list(r.graphs.items()):
+        if key[0] in ("arb", "arbs"):
+
+            def counted(graph_=graph_, key=key):
+                replays[key] = replays.get(key, 0) + 1
+                graph_.replay()
+
+            r.graphs[key] = type("Counted", (), {"replay": staticmethod(counted)})()
+    got = {s: ([], []) for s in targets}
+    others = [s for s in range(S) if s not in targets]
+    for step in range(T):
+        b = len(targets) + step % (len(others) + 1)
+        pick = targets + [others[i] for i in torch.randperm(len(others), generator=g)[: b - len(targets)].tolist()]
+        order = torch.randperm(len(pick), generator=g).tolist()
+        toks = r.ar_batch([pick[i] for i in order])
+        for i, t in zip(order, toks):
+            if pick[i] in got:
+                got[pick[i]][0].append(t)
+        for s in targets:
+            got[s][1].append(r.sampling.logprobs(s, 1))
+    assert sum(n for (k, _), n in replays.items() if k == "arbs") == T and not any(k == "arb" for k, _ in replays)
+    for s in targets:
+        assert got[s][0] == solo[s][0], s
+        assert got[s][1] == solo[s][1], (s, "logprobs")
+        assert all(torch.equal(a, b.tensor) for a, b in zip(solo[s][2], st.export(s))), (s, "state")

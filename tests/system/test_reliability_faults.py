@@ -164,6 +164,37 @@ def test_decode_worker_holding_eight_sessions_killed_all_migrate(cl):
     _next_request_is_served(cl, "fast")
 
 
+def test_decode_worker_holding_eight_exact_sessions_killed_mid_round_all_resume(cl):
+    """Issue 21's fault case: 8 exact-mode sessions (fp8 and mtp drafts; half greedy, half sampling at
+    T = 0.8 with a seed) all on one decode worker, whose Draft calls it serves in shared steps; it is
+    frozen mid-round (the router waits in Draft), the other decode worker comes back, then the frozen one
+    is SIGKILLed: each session's exact state is re-exported from its prefill worker (ExportState) to the
+    survivor, and every output equals `baton complete` with the same sampling and seed."""
+    from baton.engine.sampling import Params
+
+    prompts = [f"x{i} = [" for i in range(8)]
+    sampled = [dict(temperature=0.8, seed=50 + i) if i % 4 >= 2 else {} for i in range(8)]
+    exact0 = cl.metric("baton_router_migrations_total", mode="exact")
+    cl.kill("decode-1")
+    cl.wait_metric(UP, 1, 15, role="decode")
+    streams = [_gen(cl, p, 96, mode="exact", engine=("fp8", "mtp")[i % 2], **sampled[i]) for i, p in enumerate(prompts)]
+    firsts = [next(s) for s in streams]  # all 8 admitted and in their draft / verify rounds, on decode-0
+    assert cl.stats("decode-0").sessions == 8
+    cl.freeze("decode-0")
+    cl.restart("decode-1")
+    cl.wait_metric(UP, 1, 30, role="decode")
+    cl.kill("decode-0")
+    with ThreadPoolExecutor(8) as pool:
+        rest = list(pool.map(list, streams, timeout=120))
+    for i, (p, f, r) in enumerate(zip(prompts, firsts, rest)):
+        want = cl.ref(p, 96, sampling=Params(**sampled[i]) if sampled[i] else None)
+        assert f.token_ids + tokens(r) == want, (p, sampled[i])
+        assert r[-1].stats["migrations"] == 1, p
+    assert cl.metric("baton_router_migrations_total", mode="exact") == exact0 + 8
+    _next_request_is_served(cl)
+    cl.wait_no_sessions(5)
+
+
 def test_decode_killed_between_draft_rounds_exact_same_tokens(cl):
     """Exact mode; the exact worker is frozen for a moment so the router waits in Verify and the decode
     worker has no call in flight (1 session, 0 outstanding); SIGKILL it, thaw: the next Draft fails, the

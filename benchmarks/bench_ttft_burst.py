@@ -1,0 +1,156 @@
+"""Where a burst's time to first token goes: N prompts sent at once to a prefill worker, each handed
+over to a decode worker process (issue 20's TTFT target: a burst of 32 x 512-token prompts, p50 <= 1 s).
+
+    python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 --bursts 1,8,32
+    python benchmarks/bench_ttft_burst.py --device cpu --prompt 32 --bursts 1,4        # the embedded model
+
+The prefill worker serves in this process (its batched prefill gathers the burst into passes of at most
+--prefill-budget tokens); the decode worker is `python -m decode_worker` (as bench_ttft.py runs it). Each
+burst: N threads send their Prefill (FAST, a real decode_target, the hand-off's timeline asked) at one
+barrier; per request the marks of baton/handoff/timeline.py are read on the host's shared monotonic
+clock, as ms after the burst's first send:
+    queued_ms       prefill.rpc_start: the Prefill began in the worker
+    compute_end_ms  prefill.compute_end: its pass (the one that computed its last piece) finished
+    loaded_ms       decode.loaded: its state verified and in its decode slot
+    reply_ms        client.reply: the first token is back here (the TTFT the router sees)
+and the per-request spans compute_ms = compute_end - rpc_start (waiting for and running its pass) and
+tail_ms = reply - compute_end (the hand-off after the compute). Each burst reports p50 / max over
+requests and --runs; `passes` is the prefill worker's gathered passes per burst. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from baton.rpc import make_channel  # noqa: E402
+from baton.settings import Settings  # noqa: E402
+from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
+from benchmarks.bench_ttft import WIDTH, build_model, decode_process, machine  # noqa: E402
+from benchmarks.report import emit  # noqa: E402
+from prefill_worker.serve import serve_prefill  # noqa: E402
+
+MARKS = {"queued_ms": "prefill.rpc_start", "compute_end_ms": "prefill.compute_end", "loaded_ms": "decode.loaded"}
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"p50": round(statistics.median(xs), 2), "max": round(max(xs), 2)} if xs else {}
+
+
+def burst(P, D, target: str, prompts: list[list[int]], tag: str) -> list[dict]:
+    """All prompts' Prefill calls at once -> per request the marks (ms after the first send)."""
+    n, out = len(prompts), [None] * len(prompts)
+    gate = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        gate.wait()
+        sent = time.monotonic_ns()
+        r = P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id=f"{tag}-{i}",
+                prompt_ids=prompts[i],
+                mode=common_pb2.FAST,
+                decode_target=target,
+                timeline=True,
+                engine=common_pb2.BF16,
+            ),
+            timeout=900,
+        )
+        out[i] = (sent, time.monotonic_ns(), dict(r.bridge.timeline.marks_ns))
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    for i in range(n):
+        assert D.Release(common_pb2.ReleaseRequest(session_id=f"{tag}-{i}"), timeout=60).released
+    t0 = min(sent for sent, _, _ in out)
+    rows = []
+    for sent, reply, marks in out:
+        row = {k: (marks[m] - t0) / 1e6 for k, m in MARKS.items() if m in marks}
+        row["reply_ms"] = (reply - t0) / 1e6
+        row["compute_ms"] = row["compute_end_ms"] - row["queued_ms"]
+        row["tail_ms"] = row["reply_ms"] - row["compute_end_ms"]
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--random-init", default=None, help="shape name (baton/random_init.py)")
+    src.add_argument("--model", default=None, help="checkpoint directory (default: the embedded default model)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--prompt", type=int, default=512, help="tokens per prompt")
+    ap.add_argument("--bursts", default="1,8,32", help="comma-separated burst sizes")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--prefill-budget", type=int, default=None, help="tokens a prefill pass may hold")
+    ap.add_argument("--sender", default=Settings().handoff_sender, choices=("process", "thread"))
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    a.no_mtp, a.decode_gpu = False, None  # what bench_ttft's helpers read
+    sizes = [int(x) for x in a.bursts.split(",") if x.strip()]
+    lm, model_desc = build_model(a)
+    settings = Settings(token="bench-ttft-burst", handoff_sender=a.sender)
+    max_len, top = a.prompt + WIDTH + 64, max(sizes)
+    ph, ps = serve_prefill(
+        lm, device=a.device, width=WIDTH, max_len=max_len, slots=top, settings=settings,
+        prefill_budget=a.prefill_budget,
+    )  # fmt: skip
+    dh = None
+    try:
+        dh = decode_process(a, max_len, settings.token, slots=top)
+        g = torch.Generator().manual_seed(1)
+        V = lm.cfg.vocab_size
+        results = []
+        with make_channel(ph.address, settings) as pc, make_channel(dh.address, settings) as dc:
+            P, D = prefill_pb2_grpc.PrefillWorkerStub(pc), decode_pb2_grpc.DecodeWorkerStub(dc)
+            for n in sizes:
+                rows, passes = [], []
+                for run in range(a.warmup + a.runs):
+                    prompts = [torch.randint(0, V, (a.prompt,), generator=g).tolist() for _ in range(n)]
+                    b0 = ps.engine.prefills.batches
+                    got = burst(P, D, dh.address, prompts, f"b{n}-{run}")
+                    if run >= a.warmup:
+                        rows += got
+                        passes.append(ps.engine.prefills.batches - b0)
+                res = {"burst": n, "prompt_tokens": a.prompt, "requests": len(rows), "passes_per_burst": passes}
+                res |= {
+                    k: _stats([r[k] for r in rows if k in r]) for k in (*MARKS, "reply_ms", "compute_ms", "tail_ms")
+                }
+                results.append(res)
+                print(f"bench_ttft_burst: {res}", file=sys.stderr, flush=True)
+    finally:
+        if dh is not None:
+            dh.stop()
+        ph.stop(0)
+    out = {
+        "benchmark": "ttft_burst",
+        "command": shlex.join(["python", "benchmarks/bench_ttft_burst.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "device": a.device,
+        "model": model_desc,
+        "sender": a.sender,
+        "prefill_budget": ps.engine.prefills.budget,
+        "results": results,
+    }
+    emit(out, a.out)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU runs still owed by issues 20-22, one stage per device call (each under the device's 10 minutes).
+#
+#   bash benchmarks/gpu_pending.sh STAGE COMMIT        on the GPU machine, in the checkout's root
+#
+# The checkout must carry .gpu-wheels and .whl (../shared/device/stage.sh, bash deploy/gpu_wheels.sh).
+# Every stage writes under $OUT (the device tool brings it back): logs and benchmark JSON, named by stage.
+# COMMIT is the commit under test (the device checkout has no .git), recorded by bench_serve.
+#
+# Stages, in the order to run them:
+#   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
+#                  batched AR and the sampled batched graph ("arbs"), batched verify
+#   tests-serving  decode (the step pipeline), the served stack (seeded exact mode at T 0.8, 16 exact
+#                  sessions, sampled + greedy fast sessions together), the hand-off (dynamic ring share)
+#   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
+#   fp8     bench_serve fp8 at 32 streams, and bf16 sampling (T 0.8, top-p 0.9, seeded) at 1 and 32 streams:
+#           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
+#   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
+#   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
+#   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512
+set -uo pipefail
+stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify|burst}
+commit=${2:?the commit under test}
+out=${OUT:?run through the device tool: \$OUT}
+bash .gpu-wheels/install.sh >/dev/null 2>&1
+bash .whl/install.sh >/dev/null 2>&1
+export PYTHONPATH="$PWD:/tmp/gpu-site:${PYTHONPATH:-}"
+nvidia-smi -L >"$out/gpus.txt" 2>&1
+serve() {  # name, then bench_serve arguments
+  local name=$1
+  shift
+  python benchmarks/bench_serve.py --device cuda --random-init qwen3.5-9b --no-hf --warmup 1 --check-prompts 2 \
+    --commit "$commit" --no-plot --out "$out/$name.json" "$@" >"$out/$name.log" 2>&1
+  echo "$name: rc=$?"
+}
+case $stage in
+  tests-engine | tests-serving)
+    if [ "$stage" = tests-engine ]; then
+      files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py"
+    else
+      files="tests/engine/test_gpu_decode.py tests/system/test_gpu_serving.py tests/handoff/test_handoff.py"
+    fi
+    # shellcheck disable=SC2086
+    python -m pytest -o addopts="" -m gpu -q --timeout 1200 $files >"$out/$stage.log" 2>&1
+    echo "$stage: rc=$?"
+    tail -5 "$out/$stage.log"
+    ;;
+  serve) serve serve-bf16 --engine bf16 --concurrency 1,8,32,64 ;;
+  fp8)
+    serve serve-fp8-32 --engine fp8 --concurrency 32
+    serve serve-bf16-topp --engine bf16 --concurrency 1,32 --temperature 0.8 --top-p 0.9
+    ;;
+  long) serve serve-bf16-16k --engine bf16 --concurrency 32 --max-len 17000 --input-len 16384 --output-len 256 ;;
+  verify)
+    python benchmarks/bench_verify_under_prefill.py --device cuda --random-init qwen3.5-9b --long 32768 \
+      --out "$out/verify-under-prefill.json" >"$out/verify-under-prefill.log" 2>&1
+    echo "verify: rc=$?"
+    ;;
+  burst)
+    python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 --bursts 1,8,32 \
+      --out "$out/ttft-burst.json" >"$out/ttft-burst.log" 2>&1
+    echo "burst: rc=$?"
+    ;;
+  *)
+    echo "unknown stage $stage" >&2
+    exit 2
+    ;;
+esac

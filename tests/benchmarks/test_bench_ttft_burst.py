@@ -1,0 +1,18 @@
+"""benchmarks/bench_ttft_burst.py, run small on the embedded model: bursts of 1 and 3 prompts through a
+real prefill worker and decode worker process; every request's marks are ordered in time."""
+
+import json
+
+
+def test_bench_ttft_burst_cpu_smoke(capsys):
+    from benchmarks import bench_ttft_burst as b
+
+    res = b.main(["--device", "cpu", "--prompt", "12", "--bursts", "1,3", "--runs", "1", "--warmup", "0"])
+    assert json.loads(capsys.readouterr().out) == res
+    one, three = res["results"]
+    assert (one["burst"], one["requests"], three["burst"], three["requests"]) == (1, 1, 3, 3)
+    for r in (one, three):
+        assert 1 <= sum(r["passes_per_burst"]) <= r["burst"]
+        q, c, lo, rep = (r[k]["max"] for k in ("queued_ms", "compute_end_ms", "loaded_ms", "reply_ms"))
+        assert 0 <= q <= c <= lo <= rep and r["tail_ms"]["p50"] >= 0
+    assert res["prefill_budget"] > 0 and res["command"].startswith("python benchmarks/")

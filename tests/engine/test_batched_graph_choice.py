@@ -1,0 +1,79 @@
+"""Which captured graph a batched AR step replays (baton/engine/fused_batch.py BatchedAR.step): "arb"
+(greedy argmax) when every slot is plain greedy, "arbs" (the sampling pick on the device) when a slot
+samples or asks for logprobs, and no graph (the same kernels eagerly) when a slot drafts or judges for
+the rejection policy, whose picks keep host-side records, or when the bucket was not captured. The
+graphs here record their replays; the step's tensor code is not run (the GPU test
+tests/engine/test_gpu_batch.py checks the sampled graph's tokens against the session alone)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from baton.engine.fused_batch import BatchedAR
+from baton.engine.sampling import REJECTION, Params, SamplingTable
+
+
+class _Graph:
+    def __init__(self, key, log):
+        self.key, self.log = key, log
+
+    def replay(self):
+        self.log.append(self.key)
+
+
+@pytest.fixture
+def batched():
+    log = []
+    table = SamplingTable(8, "cpu", 4)
+    runner = SimpleNamespace(
+        device=torch.device("cpu"), cfg=SimpleNamespace(hidden_size=4), dtype=torch.float32, sampling=table
+    )
+    b = BatchedAR(runner, 8)
+    runner.graphs = {(k, p): _Graph((k, p), log) for k in ("arb", "arbs") for p in b.buckets}
+    b.compute = lambda p, live=(), sampled=False: log.append(("eager", p))
+    return b, table, log
+
+
+def test_all_greedy_replays_the_greedy_graph(batched):
+    b, _, log = batched
+    b.step([0, 3, 5])
+    assert log == [("arb", 4)]
+
+
+@pytest.mark.parametrize("p", [Params(temperature=0.7, seed=3), Params(logprobs=2), Params(top_p=0.5, temperature=1)])
+def test_a_sampling_or_logprob_slot_replays_the_sampled_graph(batched, p):
+    b, table, log = batched
+    table.set(5, p)
+    b.step([0, 5])
+    b.step([5])
+    table.clear(5)
+    b.step([5])
+    assert log == [("arbs", 2), ("arbs", 1), ("arb", 1)]
+
+
+def test_a_rejection_drafting_or_judging_slot_runs_eagerly(batched):
+    b, table, log = batched
+    p = Params(temperature=0.9, seed=1, exact_policy=REJECTION)
+    table.set(2, p, proposing=True)  # drafts for a rejection-policy Verify: its q' is recorded on the host
+    b.step([1, 2, 6])
+    table.set(2, p)
+    b.step([1, 2, 6])
+    table.set(2, None)
+    table.set(6, p)
+    table.judge(6, 10, [4], [(torch.tensor([4]), torch.tensor([1.0]))])
+    b.step([1, 6])
+    table.end_judge(6)
+    b.step([1, 6])
+    assert log == [("eager", 4), ("arbs", 4), ("eager", 2), ("arbs", 2)]
+
+
+def test_an_uncaptured_bucket_runs_eagerly(batched):
+    b, table, log = batched
+    del b.runner.graphs[("arbs", 8)]
+    table.set(0, Params(temperature=1.0, seed=2))
+    b.step(list(range(5)))
+    b.step(list(range(1, 6)))
+    assert log == [("eager", 8), ("arb", 8)]

@@ -1,0 +1,120 @@
+"""GPU checks of the prefill worker's batched verify (issue 21; run on the device with `pytest -m gpu`),
+Qwen3.5-9B shape, random weights, on the exact engine a prefill worker serves (ExactEngine over a
+ModelRunner with per-row checkpoints, as prefill_worker/serve.py builds it):
+  * a verify pass of 16 sessions' blocks (ExactEngine._verify_batch, what concurrent Verify calls share)
+    leaves each session's accepted count, next token, position and state bitwise those of its block
+    verified alone;
+  * exact mode under a batch of 16: rounds of 16 sessions' blocks, drafted by a drafter that is right
+    only some of the time, accept exactly the exact engine's own AR tokens for every session."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+SHAPE = os.environ.get("BATON_GPU_SHAPE", "qwen3.5-9b")
+S, K, NEW = 16, 4, 24
+
+
+@pytest.fixture(scope="module")
+def big():
+    from baton.loading import random_model
+    from baton.random_init import shape
+
+    return random_model(shape(SHAPE), dtype="bf16", device="cuda", seed=0, mtp=False)
+
+
+def _engine(lm, slots=S + 1):
+    from baton.engine.runner import ModelRunner
+    from prefill_worker.engine import ExactEngine
+
+    return ExactEngine(ModelRunner(lm.model, slots=slots, max_len=2048, width=8, checkpoints=True))
+
+
+def _prompts(vocab, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randrange(20, 900))] for _ in range(S)]
+
+
+def _state(e, sid):
+    tensors, pos, nxt = e.export(sid)
+    return {**{t.name: t.materialize().clone() for t in tensors}, "position": pos, "next": nxt}
+
+
+@pytest.fixture(scope="module")
+def refs(big):
+    """Each prompt's exact AR continuation (ExactEngine.generate alone: what `baton complete` prints)."""
+    prompts = _prompts(big.cfg.vocab_size)
+    e = _engine(big, slots=1)
+    return prompts, [e.generate(p, NEW + K + 1) for p in prompts]
+
+
+def _drafts(right: list[int], rng: random.Random, vocab: int) -> list[int]:
+    """K drafts that follow the true continuation `right` up to a random point (or all the way), then
+    go wrong: the verifier accepts a different prefix length per block."""
+    cut = rng.randrange(K + 1)
+    return right[:cut] + [(t + 1) % vocab for t in right[cut:]]
+
+
+@cuda
+def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
+    prompts, ref = refs
+    e = _engine(big)
+    rng = random.Random(1)
+    sids, blocks = [], []
+    for p, r in zip(prompts, ref):
+        s, first = e.prefill(p)
+        assert first == r[0]
+        sids.append(s.id)
+        blocks.append([first] + _drafts(r[1 : 1 + K], rng, big.cfg.vocab_size))
+    alone, st = [], e.runner.state
+    for sid, block in zip(sids, blocks):
+        slot = e.get(sid).slot
+        st.snapshot(slot)
+        with e._compute:
+            (got,) = e._verify_batch([(e.get(sid), block, None)])
+        alone.append((got[:3], _state(e, sid)))
+        st.restore(slot)
+    with e._compute:
+        together = e._verify_batch([(e.get(sid), block, None) for sid, block in zip(sids, blocks)])
+    accepted = set()
+    for sid, got, (want, state) in zip(sids, together, alone):
+        assert got[:3] == want, sid
+        now = _state(e, sid)
+        for k, v in state.items():
+            assert torch.equal(now[k], v) if isinstance(v, torch.Tensor) else now[k] == v, (sid, k)
+        accepted.add(got[0])
+    assert len(accepted) > 1  # the blocks accepted different lengths in the same pass
+
+
+@cuda
+def test_exact_mode_under_a_batch_of_16_equals_exact_ar(big, refs):
+    prompts, ref = refs
+    e = _engine(big)
+    rng = random.Random(2)
+    sids, out = [], []
+    for p in prompts:
+        s, first = e.prefill(p)
+        sids.append(s.id)
+        out.append([first])
+    rounds = 0
+    while any(len(o) < NEW for o in out):
+        live = [i for i in range(S) if len(out[i]) < NEW]
+        items = []
+        for i in live:  # m varies per session and round
+            drafts = _drafts(ref[i][len(out[i]) : len(out[i]) + K], rng, big.cfg.vocab_size)
+            items.append((e.get(sids[i]), [out[i][-1]] + drafts, None))
+        with e._compute:
+            res = e._verify_batch(items)
+        for i, (_, block, _), got in zip(live, items, res):
+            m, nxt = got[0], got[1]
+            out[i] += block[1 : 1 + m] + [nxt]
+        rounds += 1
+    for i in range(S):
+        assert out[i][:NEW] == ref[i][:NEW], i
+    assert rounds < NEW  # several tokens per round on average: the rounds really verified drafts
