@@ -36,8 +36,7 @@ from baton.handoff.slot_fill import SlotFill
 from decode_worker import mtp
 
 ENGINES = ("bf16", "fp8", "mtp")
-RUN_AHEAD = 3  # tokens a released-at-end batched decode may be computed ahead of its reader (>= 3: the
-# scheduler can launch step t + 1 while the reader still holds token t - 1 in its queue, so it pipelines)
+RUN_AHEAD = 3  # tokens a released-at-end batched decode may run ahead of its reader (3: the pipeline keeps going)
 
 
 @dataclass
@@ -200,8 +199,7 @@ class DecodeEngine:
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
         if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
-            # a logprob session never runs ahead: the caller reads each token's logprobs from the
-            # sampling table after the token, and a step run ahead would have overwritten them
+            # never ahead with logprobs: read from the table after each token, a step ahead overwrites them
             ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
             yield from self._ar_batched(s, max_new_tokens, ends, ahead)
             return

@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from baton.engine.noise import gumbel, uniform
+
 CUT_EPS = 2.0**-16  # the proposal mass a cut may drop
 CUT_MAX = 512  # at most this many tokens in a proposal's support
 ACCEPT_SALT = 0x41CC3B7D  # xor-ed into the seed's high half: the acceptance uniform's stream
@@ -51,8 +53,6 @@ def judge(p, draft, q, seed_hi, seed_lo, positions, tok) -> torch.Tensor:
     """p, q [W, V] float32 (the verifier's processed distribution, the drafter's q'), draft [W] long
     (-1: no draft on that row), tok [W] the rows' own picks -> each row's token: the draft if accepted,
     else the residual draw; rows without a draft keep tok."""
-    from baton.engine.sampling import gumbel, uniform
-
     has = draft >= 0
     d = draft.clamp(min=0)[:, None]
     pd, qd = p.gather(1, d)[:, 0], q.gather(1, d)[:, 0]

@@ -9,16 +9,8 @@ import random
 import pytest
 import torch
 
-from baton.engine.sampling import (
-    MAX_LOGPROBS,
-    Params,
-    SamplingTable,
-    gumbel,
-    hash32,
-    reference_probs,
-    sample,
-    uniform,
-)
+from baton.engine.noise import gumbel, hash32, uniform
+from baton.engine.sampling import MAX_LOGPROBS, Params, SamplingTable, reference_probs, sample
 
 W = 16
 
