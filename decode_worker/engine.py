@@ -3,9 +3,8 @@
 Lifecycle of a request through this engine:
     load(engine, tensors, position, next_token)  -> a session in a free slot of that engine's runner
     decode(session, ...)   fast mode: yields token batches until EOS / stop id / max_new_tokens
-        bf16 / fp8: one fixed-width row per token (CUDA-graph replay on the GPU); pipelined (step t+1
-                    launched before token t is read) when the runner has ping-pong buffers, the
-                    decode worker's default (serve_decode(pipeline=True))
+        bf16 / fp8: every session's step together (baton/engine/scheduler.py, pipelined); opt-in,
+                    each alone in the ping-pong pipelined loop (serve_decode(pipeline=True))
         mtp:        the MTP head drafts K tokens, the BF16 model checks them in one K+1-row pass;
                     row invariance makes the output token-identical to bf16
     draft(session, k, verdict)  exact mode: apply the exact worker's verdict (m accepted, next
