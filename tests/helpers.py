@@ -90,3 +90,14 @@ def run_interp_script(name: str, timeout: float) -> dict:
     )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def rows_batch_steps(runner, slots, n: int) -> list[list[int]]:
+    """Each slot's pending token, then n - 1 AR steps of all slots together in one rows_batch each ->
+    per slot its n tokens (what each slot would decode alone, by batch invariance)."""
+    got = [[int(runner.state.next_token[s])] for s in slots]
+    for _ in range(n - 1):
+        toks = runner.rows_batch([(s, [g[-1]]) for s, g in zip(slots, got)])
+        for g, t in zip(got, toks):
+            g.append(t[0])
+    return got

@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+from helpers import rows_batch_steps
 
 from baton.engine.penalties import History, penalize, penalized_reference
 from baton.engine.sampling import Params, SamplingTable, gumbel, sample
@@ -206,12 +207,7 @@ def test_rows_batch_with_penalties_samples_each_slot_as_alone(runner):
     alone = [_ar(runner, s, PROMPTS[s], PENALIZED[s], 10) for s in range(4)]
     for s in range(4):
         _open(runner, s, PROMPTS[s], PENALIZED[s])
-    got = [[int(runner.state.next_token[s])] for s in range(4)]
-    for _ in range(9):
-        toks = runner.rows_batch([(s, [got[s][-1]]) for s in range(4)])
-        for s in range(4):
-            got[s].append(toks[s][0])
-    assert got == alone
+    assert rows_batch_steps(runner, range(4), 10) == alone
 
 
 def test_a_re_prefill_counts_the_generated_part_as_generated(runner):

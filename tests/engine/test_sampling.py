@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from helpers import rows_batch_steps
 
 from baton.engine.noise import gumbel, hash32, uniform
 from baton.engine.sampling import MAX_LOGPROBS, Params, SamplingTable, reference_probs, sample
@@ -255,12 +256,7 @@ def test_runner_rows_batch_samples_each_slot_as_alone(runner):
     for s in range(4):  # batched: every slot steps in one rows_batch
         runner.sampling.set(s, SAMPLED[s])
         runner.prefill(s, PROMPTS[s])
-    got = [[int(runner.state.next_token[s])] for s in range(4)]
-    for _ in range(9):
-        toks = runner.rows_batch([(s, [got[s][-1]]) for s in range(4)])
-        for s in range(4):
-            got[s].append(toks[s][0])
-    assert got == alone
+    assert rows_batch_steps(runner, range(4), 10) == alone
     lp = runner.sampling.logprobs(1, 1)
     assert len(lp) == 1 and len(lp[0][1]) == 2 and lp[0][1][0][1] >= lp[0][1][1][1]
 
