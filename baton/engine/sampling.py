@@ -150,16 +150,16 @@ class SamplingTable:
         """Writes slot's parameters (host -> device scalars; not inside a captured region). proposing: the
         slot drafts for a rejection-policy Verify: its picks draw from the cut q' and record it."""
         p = p or GREEDY
-        self.proposed.pop(slot, None)
-        self.judging.pop(slot, None)
-        if proposing and p.rejection:
-            self.proposed[slot] = {}
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} out of range [0, {self.slots})")
         if not 0 <= p.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: {p.logprobs} is over {MAX_LOGPROBS}")
         if p.penalized and not self.history.known[slot]:
             raise ValueError("history: a session with penalties needs its token history (none was given for it)")
+        self.proposed.pop(slot, None)  # a refused set (above) leaves the slot as it was
+        self.judging.pop(slot, None)
+        if proposing and p.rejection:
+            self.proposed[slot] = {}
         top_p = p.top_p if 0.0 < p.top_p < 1.0 else 1.0
         self.temperature[slot] = max(0.0, p.temperature)
         self.top_p[slot] = top_p
