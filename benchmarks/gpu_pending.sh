@@ -18,8 +18,11 @@
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
 #   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512
+#   layout-fixed, layout-mixed   issue 25's one-GPU half: bench_serve --layout both (split is recorded as
+#           skipped on one GPU; on nvidia-h200-x2 both layouts run): fixed 512/256 at 1, 8, 32, 64, and
+#           Poisson arrivals of mixed lengths with 10% 4K-16K prompts
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify|burst}
+stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -60,6 +63,14 @@ case $stage in
     python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 --bursts 1,8,32 \
       --out "$out/ttft-burst.json" >"$out/ttft-burst.log" 2>&1
     echo "burst: rc=$?"
+    ;;
+  layout-fixed)
+    serve serve-layouts-fixed --engine bf16 --layout both --workload fixed --input-len 512 --output-len 256 \
+      --concurrency 1,8,32,64
+    ;;
+  layout-mixed)
+    serve serve-layouts-mixed --engine bf16 --layout both --workload mixed --input-len 512 --output-len 256 \
+      --long-frac 0.1 --long-input 4096:16384 --concurrency "" --rate 2,8 --num-prompts 64
     ;;
   *)
     echo "unknown stage $stage" >&2
