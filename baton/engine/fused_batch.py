@@ -75,8 +75,9 @@ class BatchedAR:
         """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit). Captured:
         greedy (argmax, kind "arb"), or with sampled=True (kind "arbs") each row picked by its slot's row
         of runner.sampling on the device (SamplingTable.pick's full path: temperature, top-k / top-p /
-        min-p, Gumbel noise, logprobs into the table). Eager: the same pick (`live` = the batch's slots
-        on the host, for its greedy shortcut and the rejection policy's host-side records)."""
+        min-p, Gumbel noise, penalties, logprobs into the table), and its warm-up runs that same full path
+        eagerly. Eager steps (sampled=False off-capture): the same pick (`live` = the batch's slots on the
+        host, for its greedy shortcut and the rejection policy's host-side records)."""
         r = self.runner
         st, fast = r.state, r.fast
         idx = self.slots[:p]
@@ -92,7 +93,7 @@ class BatchedAR:
             rows = torch.where(idx < 0, smp.scratch, idx)
             smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties): eager and
             # in the sampled graph; a penalized slot is never plain, so the greedy graph need not write it
-            tok = smp.pick(logits, rows, self.zeros[:p], pos + 1, live)
+            tok = smp.pick(logits, rows, self.zeros[:p], pos + 1, live, full=sampled)  # sampled: the graph's path
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)

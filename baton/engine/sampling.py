@@ -213,10 +213,14 @@ class SamplingTable:
         rows: torch.Tensor,
         positions: torch.Tensor,
         live: Sequence[int],
+        *,
+        full: bool = False,
     ) -> torch.Tensor:
         """The eager entry point: logits [M, V] -> tokens [M] long; stores each row's logprobs at
-        (slots[i], rows[i]) when any live slot asked. live = the slots these rows belong to (host)."""
-        capturing = logits.is_cuda and torch.cuda.is_current_stream_capturing()
+        (slots[i], rows[i]) when any live slot asked. live = the slots these rows belong to (host).
+        full: the path a captured graph takes, whatever the table holds (a sampled graph's warm-up runs
+        its kernels eagerly first); it keeps no rejection-policy records."""
+        capturing = full or (logits.is_cuda and torch.cuda.is_current_stream_capturing())
         ps = [self.params[s] for s in live]
         want_lp = capturing or any(p.logprobs > 0 for p in ps)
         penal = capturing or any(p.penalized for p in ps)

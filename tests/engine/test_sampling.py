@@ -98,6 +98,27 @@ def test_a_rows_token_and_logprobs_do_not_depend_on_the_batch():
                 assert torch.equal(a, b), (M, r)
 
 
+def test_the_graph_path_picks_what_the_eager_shortcuts_pick():
+    """pick(full=True) is what a captured sampled graph computes whatever the table holds (every row
+    through the full sampler: truncation, logprobs, penalty counts); the eager pick takes its host
+    shortcuts from the live slots' parameters. Same tokens and logprobs, row for row, for greedy,
+    sampled, truncating and logprob slots together, and for an all-greedy batch."""
+    torch.manual_seed(4)
+    V = 4096
+    params = {0: Params(), 1: Params(temperature=0.8, seed=5), 2: Params(temperature=1.1, top_p=0.7, seed=6)}
+    params[3] = Params(temperature=0.9, top_k=20, seed=7, logprobs=3)
+    for live in ((0, 1, 2, 3), (0,)):
+        t = _table({s: params[s] for s in live})
+        slots = torch.tensor([s for s in live for _ in range(2)])
+        rows, pos = torch.tensor([0, 1] * len(live)), torch.tensor([9, 10] * len(live))
+        logits = torch.randn(len(slots), V) * 3
+        eager = t.pick(logits, slots, rows, pos, live)
+        lp_eager = {s: t.logprobs(s, 2) for s in live}
+        graph = t.pick(logits, slots, rows, pos, live, full=True)
+        assert torch.equal(eager, graph), live
+        assert {s: t.logprobs(s, 2) for s in live} == lp_eager
+
+
 def test_same_seed_same_tokens_other_seed_other_tokens():
     torch.manual_seed(3)
     logits = torch.randn(64, 2000)
