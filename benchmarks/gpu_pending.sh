@@ -6,12 +6,14 @@
 # The checkout must carry .gpu-wheels and .whl (../shared/device/stage.sh, bash deploy/gpu_wheels.sh).
 # Every stage writes under $OUT (the device tool brings it back): logs and benchmark JSON, named by stage.
 # COMMIT is the commit under test (the device checkout has no .git), recorded by bench_serve.
+# A device call ends at 600 s: if a tests stage runs out, run its files one call each (pytest -m gpu FILE).
 #
 # Stages, in the order to run them:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
 #                  batched AR and the sampled batched graph ("arbs"), batched verify
-#   tests-serving  decode (the step pipeline), the served stack (seeded exact mode at T 0.8, 16 exact
-#                  sessions, sampled + greedy fast sessions together), the hand-off (dynamic ring share)
+#   tests-decode   decode (the step pipeline), the hand-off (dynamic ring share)
+#   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
+#                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
 #   fp8     bench_serve fp8 at 32 streams, and bf16 sampling (T 0.8, top-p 0.9, seeded) at 1 and 32 streams:
 #           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
@@ -22,7 +24,7 @@
 #           skipped on one GPU; on nvidia-h200-x2 both layouts run): fixed 512/256 at 1, 8, 32, 64, and
 #           Poisson arrivals of mixed lengths with 10% 4K-16K prompts
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed}
+stage=${1:?stage: tests-engine|tests-decode|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -37,12 +39,12 @@ serve() {  # name, then bench_serve arguments
   echo "$name: rc=$?"
 }
 case $stage in
-  tests-engine | tests-serving)
-    if [ "$stage" = tests-engine ]; then
-      files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py"
-    else
-      files="tests/engine/test_gpu_decode.py tests/system/test_gpu_serving.py tests/handoff/test_handoff.py"
-    fi
+  tests-engine | tests-decode | tests-serving)
+    case $stage in
+      tests-engine) files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py" ;;
+      tests-decode) files="tests/engine/test_gpu_decode.py tests/handoff/test_handoff.py" ;;
+      *) files="tests/system/test_gpu_serving.py" ;;
+    esac
     # shellcheck disable=SC2086
     python -m pytest -o addopts="" -m gpu -q --timeout 1200 $files >"$out/$stage.log" 2>&1
     echo "$stage: rc=$?"
