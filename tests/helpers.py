@@ -101,3 +101,13 @@ def rows_batch_steps(runner, slots, n: int) -> list[list[int]]:
         for g, t in zip(got, toks):
             g.append(t[0])
     return got
+
+
+def wait_serving(client, timeout: float = 60.0, poll: float = 0.05) -> str:
+    """Polls the router's health until SERVING or `timeout`; -> the last status."""
+    import time
+
+    end = time.monotonic() + timeout
+    while (status := client.health()) != "SERVING" and time.monotonic() < end:
+        time.sleep(poll)
+    return status

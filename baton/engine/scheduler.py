@@ -92,8 +92,9 @@ class StepScheduler:
         """step(runner, slots) -> each slot's new token; run under `lock` (the engine's compute lock).
         launch(runner, slots) -> a callable returning those tokens: the pipelined form (step t + 1 is
         launched before step t's tokens are collected); without it every step is step()."""
-        self._step, self._lock, self.gather_s = step, lock, gather_s
-        self._launch = launch
+        self._lock, self.gather_s = lock, gather_s
+        self._pipelined = launch is not None
+        self._launch = launch or (lambda runner, slots: (lambda toks=step(runner, slots): toks))
         self._cv = threading.Condition()
         self._jobs: list[Job] = []
         self._running: collections.Counter[Job] = collections.Counter()  # jobs of uncollected steps
@@ -199,15 +200,11 @@ class StepScheduler:
                 t0 = time.perf_counter()
                 try:
                     with self._lock:
-                        if self._launch is None:
-                            toks = self._step(jobs[0].runner, [j.slot for j in jobs])
-                            get, err = (lambda toks=toks: toks), None
-                        else:
-                            get, err = self._launch(jobs[0].runner, [j.slot for j in jobs]), None
+                        get, err = self._launch(jobs[0].runner, [j.slot for j in jobs]), None
                 except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
                     get, err = None, e
                 launched.append((jobs, get, err, t0))
-            if self._launch is None:  # unpipelined: each step's tokens now
+            if not self._pipelined:  # each step's tokens now
                 for step in launched:
                     self._deliver(*step)
                 continue
@@ -229,7 +226,7 @@ class StepScheduler:
         self.rows += len(jobs)
         self.max_rows = max(self.max_rows, len(jobs))
         with self._cv:
-            self._running.subtract(jobs)
+            self._running -= collections.Counter(jobs)  # (drops the jobs no step holds any more)
             for j, t in zip(jobs, toks):
                 if j.done:  # ended at the step before (an end token, an error) or closed: dropped
                     continue
@@ -246,5 +243,4 @@ class StepScheduler:
                         if j in self._jobs:
                             self._jobs.remove(j)
                 j._ready.set()
-            self._running += collections.Counter()  # drops zero counts
             self._cv.notify_all()

@@ -61,17 +61,23 @@ def _drafts(right: list[int], rng: random.Random, vocab: int) -> list[int]:
     return right[:cut] + [(t + 1) % vocab for t in right[cut:]]
 
 
-@cuda
-def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
-    prompts, ref = refs
-    e = _engine(big)
-    rng = random.Random(1)
-    sids, blocks = [], []
+def _prefilled(lm, prompts, ref):
+    """A fresh engine with every prompt prefilled -> (engine, session ids); each first token checked."""
+    e = _engine(lm)
+    sids = []
     for p, r in zip(prompts, ref):
         s, first = e.prefill(p)
         assert first == r[0]
         sids.append(s.id)
-        blocks.append([first] + _drafts(r[1 : 1 + K], rng, big.cfg.vocab_size))
+    return e, sids
+
+
+@cuda
+def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
+    prompts, ref = refs
+    e, sids = _prefilled(big, prompts, ref)
+    rng = random.Random(1)
+    blocks = [[r[0]] + _drafts(r[1 : 1 + K], rng, big.cfg.vocab_size) for r in ref]
     alone, st = [], e.runner.state
     for sid, block in zip(sids, blocks):
         slot = e.get(sid).slot
@@ -95,13 +101,9 @@ def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
 @cuda
 def test_exact_mode_under_a_batch_of_16_equals_exact_ar(big, refs):
     prompts, ref = refs
-    e = _engine(big)
+    e, sids = _prefilled(big, prompts, ref)
     rng = random.Random(2)
-    sids, out = [], []
-    for p in prompts:
-        s, first = e.prefill(p)
-        sids.append(s.id)
-        out.append([first])
+    out = [[r[0]] for r in ref]
     rounds = 0
     while any(len(o) < NEW for o in out):
         live = [i for i in range(S) if len(out[i]) < NEW]

@@ -6,9 +6,8 @@ K every round."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from helpers import wait_serving
 
 import router.exact
 from baton.client import Client
@@ -41,9 +40,7 @@ def _cluster(lm, policy):
         prefill=[ph.address], decode=[dh.address], settings=st, config=RouterConfig(draft_length=policy)
     )
     c = Client(rh.address)
-    end = time.monotonic() + 60
-    while c.health() != "SERVING" and time.monotonic() < end:
-        time.sleep(0.05)
+    wait_serving(c)
 
     def close():
         c.close()

@@ -13,12 +13,12 @@ greedy and at T = 0.8, also across a decode worker stopped mid-stream (fast re-p
 """
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 import torch
+from helpers import wait_serving
 
 from baton.client import Client
 from baton.engine.sampling import Params
@@ -45,9 +45,7 @@ def _cluster(lm, decodes: int = 1):
     ds = [serve_decode(lm, max_len=MAX_LEN, settings=st, default_engine="bf16")[0] for _ in range(decodes)]
     rh, rs = serve_router(prefill=[ph.address], decode=[d.address for d in ds], settings=st)
     c = Client(rh.address)
-    end = time.monotonic() + 60
-    while c.health() != "SERVING" and time.monotonic() < end:
-        time.sleep(0.05)
+    wait_serving(c)
 
     def close():
         from router.__main__ import stop_router

@@ -6,11 +6,10 @@ several sessions' blocks in one pass and the decode worker drafts for several se
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import make_tiny_dir
+from helpers import make_tiny_dir, wait_serving
 
 from baton.client import Client
 from baton.settings import Settings
@@ -36,9 +35,7 @@ def cluster(tmp_path_factory):
     )
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
     c = Client(rh.address)
-    end = time.monotonic() + 60
-    while c.health() != "SERVING" and time.monotonic() < end:
-        time.sleep(0.05)
+    wait_serving(c)
     ref = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
     assert hasattr(lm.model, "mtp")
     yield c, ps, ds, ref

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from helpers import wait_serving
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]
 DEV = os.environ.get("BATON_GPU_DEVICE", "cuda")  # cpu: a dry run of the same code (with BATON_GPU_SHAPE=tiny)
@@ -42,10 +42,7 @@ def stack():
     )
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
     c = Client(rh.address)
-    end = time.monotonic() + 600
-    while c.health() != "SERVING" and time.monotonic() < end:
-        time.sleep(0.2)
-    assert c.health() == "SERVING"
+    assert wait_serving(c, timeout=600, poll=0.2) == "SERVING"
     yield c, lm, ps, ds
     c.close()
     stop_router(rh, rs, 0)

@@ -6,11 +6,10 @@ LoadState hand-offs behind them), so no step held more than 16 rows and bursts t
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import make_tiny_dir
+from helpers import make_tiny_dir, wait_serving
 
 from baton.client import Client
 from baton.settings import Settings
@@ -34,9 +33,7 @@ def cluster(tmp_path_factory):
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
     CLUSTER_ADDR["decode"] = dh.address
     c = Client(rh.address)
-    end = time.monotonic() + 60
-    while c.health() != "SERVING" and time.monotonic() < end:
-        time.sleep(0.05)
+    wait_serving(c)
     yield c, ds
     c.close()
     stop_router(rh, rs, 0)
