@@ -79,6 +79,16 @@ class Job:
         self._sched._leave(self)
 
 
+def _computed_at_once(step: Callable) -> Callable:
+    """The unpipelined launch: run the step now, return a collect() that hands back its tokens."""
+
+    def launch(runner, slots):
+        tokens = step(runner, slots)
+        return lambda: tokens
+
+    return launch
+
+
 class StepScheduler:
     def __init__(
         self,
@@ -94,7 +104,7 @@ class StepScheduler:
         launched before step t's tokens are collected); without it every step is step()."""
         self._lock, self.gather_s = lock, gather_s
         self._pipelined = launch is not None
-        self._launch = launch or (lambda runner, slots: (lambda toks=step(runner, slots): toks))
+        self._launch = launch or _computed_at_once(step)
         self._cv = threading.Condition()
         self._jobs: list[Job] = []
         self._running: collections.Counter[Job] = collections.Counter()  # jobs of uncollected steps
