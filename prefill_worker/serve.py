@@ -23,6 +23,17 @@ from prefill_worker.service import SERVICE, PrefillServicer
 log = logging.getLogger("baton.prefill")
 
 
+def prepare_cuda(runner: ModelRunner):
+    """The exact engine's CUDA runner made ready to serve: batching on (concurrent sessions' verify blocks
+    share one pass, baton/engine/fused_blocks.py) and the graphs captured: rows n = 1..W (AR steps,
+    verify blocks n = K+1, re-advances n = m+1) and the batched blocks, greedy and sampled. -> GraphStats."""
+    from baton.engine.graph import MAX_DRAFT, block_keys, capture_all
+
+    runner.enable_batching()
+    blocks = block_keys(runner, MAX_DRAFT + 1)
+    return capture_all(runner, ns={"rows": range(1, runner.width + 1), "rowsb": blocks, "rowsbs": blocks})
+
+
 def serve_prefill(
     model: str | Path | LoadedModel | None,
     *,
@@ -66,10 +77,8 @@ def serve_prefill(
     )
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
     log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))
-    if str(device).startswith("cuda"):  # AR steps, verify blocks (n=K+1) and re-advances (n=m+1)
-        from baton.engine.graph import capture_all
-
-        st = capture_all(runner, ns={"rows": range(1, width + 1)})
+    if str(device).startswith("cuda"):
+        st = prepare_cuda(runner)
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
     engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET)
     log.info("prefill: batched passes of up to %d prompt tokens (pieces of %d)", engine.prefills.budget, PREFILL_CHUNK)

@@ -29,8 +29,10 @@ Row checkpoints (`ModelRunner(checkpoints=True)`) are one set per runner (Hybrid
 multi-row pass: with them, a batch of more than one group must have one row per group (AR steps write
 none); a lone multi-row group writes them as `rows` does.
 
-The fused CUDA path (`runner.fast`) has no per-row slot index yet: there rows_batch runs the groups
-one after another through `rows` (same results, no batching). Eager only; no CUDA graph covers it.
+The fused CUDA path (`runner.fast`) runs several groups as baton/engine/fused_blocks.py's BatchedRows
+(one pass, or one per distinct group length, in captured graphs when they exist) once the runner has
+batching enabled (ModelRunner.enable_batching); without it, and for one group, it runs the groups one
+after another through `rows` (same results).
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ def rows_batch(runner, groups, ckpt_unused: bool = False, hidden_out: list | Non
     batch = check_groups(runner, groups, ckpt_unused)
     for slot, tokens in batch:  # KV pages grown at the step boundary, as rows() does
         runner.reserve(slot, int(runner.state.position[slot]) + len(tokens))
-    if runner.fast is not None:  # no batched rows graph yet: one group at a time
+    if runner.fast is not None and runner.batched_rows is not None and len(batch) > 1:
+        return runner.batched_rows.run(batch, hidden_out)  # fused: baton/engine/fused_blocks.py
+    if runner.fast is not None:  # fused without batching (or one group): one group at a time through rows
         out = []
         for slot, tokens in batch:
             out.append(runner.rows(slot, tokens))

@@ -10,6 +10,8 @@ device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost 
                  (baton/engine/fused_batch.py; runner.enable_batching), captured with every row padding
     kind "arbs": BatchedAR.compute(P, sampled=True)  — the same step with each row's sampling pick on the
                  device (baton/engine/sampling.py: parameters and outputs are the table's tensors)
+    kind "rowsb", "rowsbs": BatchedRows.compute(P, n), keyed (kind, (P, n)) — P sessions' blocks of n rows
+                 in one pass (baton/engine/fused_blocks.py: the batched verify), greedy / sampled
 
 First-call discipline (so the first served token is bitwise the same as every later one):
     1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
@@ -33,6 +35,8 @@ from baton.engine.runner import ModelRunner
 
 log = logging.getLogger("baton.graph")
 
+MAX_DRAFT = 8  # the longest draft block graphs exist for (K + 1 rows; router/draft_length.py DEFAULT_K_MAX)
+
 
 @dataclass
 class GraphStats:
@@ -51,20 +55,30 @@ def _bodies(runner: ModelRunner):
         "ar1": lambda slot, n: runner.compute_ar(slot, 1),
         "arb": lambda slot, n: runner.batched.compute(n),
         "arbs": lambda slot, n: runner.batched.compute(n, sampled=True),
+        "rowsb": lambda slot, pn: runner.batched_rows.compute(*pn),
+        "rowsbs": lambda slot, pn: runner.batched_rows.compute(*pn, sampled=True),
     }
 
 
-def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
+def block_keys(runner: ModelRunner, n_max: int) -> list[tuple[int, int]]:
+    """The (P, n) keys of the batched rows graphs: blocks of n = 1..n_max rows, every bucket P of n."""
+    return [(p, n) for n in range(1, min(n_max, runner.width) + 1) for p in runner.batched_rows.buckets(n)]
+
+
+def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
     """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step (ar0 / ar1 too with
-    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs: every batch bucket."""
+    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs: every batch bucket;
+    rowsb / rowsbs: every (bucket, n) of blocks of n = 1..max_draft+1 rows (batched verify)."""
     k = min(max_draft, runner.width - 2)
-    ns = {"rows": range(1, k + 2), "ar": range(1, 2)}
+    ns: dict[str, list | range] = {"rows": range(1, k + 2), "ar": range(1, 2)}
     if runner.state.pingpong:
         ns.update(ar0=range(1, 2), ar1=range(1, 2))
     if runner.has_mtp:
         ns["mtp"] = range(1, k + 3)
     if runner.batched is not None:
         ns["arb"] = ns["arbs"] = runner.batched.buckets
+    if runner.batched_rows is not None:
+        ns["rowsb"] = ns["rowsbs"] = block_keys(runner, k + 1)
     return ns
 
 
@@ -72,8 +86,8 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, range]:
 def capture_all(
     runner: ModelRunner,
     *,
-    max_draft: int = 8,
-    ns: dict[str, range] | None = None,
+    max_draft: int = MAX_DRAFT,
+    ns: dict[str, list | range] | None = None,
     warmup: int = 2,
 ) -> GraphStats:
     """Captures every (kind, n) graph into runner.graphs; leaves all slots zeroed."""
@@ -93,6 +107,8 @@ def capture_all(
             runner.select(slot)
             if kind in ("arb", "arbs"):
                 runner.batched.pad(n)  # every row padding: the warm-up and the prime write no slot
+            elif kind in ("rowsb", "rowsbs"):
+                runner.batched_rows.pad(n[0])  # every group padding
             runner.state.snapshot(slot)
             side.wait_stream(torch.cuda.current_stream(runner.device))
             with torch.cuda.stream(side):

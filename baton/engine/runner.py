@@ -104,14 +104,18 @@ class ModelRunner:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
         self.batched = None  # fused_batch.BatchedAR, made by enable_batching (fused runners)
+        self.batched_rows = None  # fused_blocks.BatchedRows, made by enable_batching (fused runners)
 
     def enable_batching(self, max_rows: int | None = None) -> None:
-        """Fused runners: build the bucketed batched AR step (baton/engine/fused_batch.py) for up to
-        max_rows sessions a step (default: every slot)."""
+        """Fused runners: build the bucketed batched AR step (baton/engine/fused_batch.py) and the batched
+        rows blocks (baton/engine/fused_blocks.py: rows_batch, the batched verify) for up to max_rows
+        sessions a step (default: every slot)."""
         from baton.engine.fused_batch import BatchedAR
+        from baton.engine.fused_blocks import BatchedRows
 
         if self.fast is not None and self.batched is None:
             self.batched = BatchedAR(self, max_rows or self.state.slots)
+            self.batched_rows = BatchedRows(self, max_rows or self.state.slots)
 
     def graph_for(self, key: tuple[str, int], slot: int):
         """The captured graph of `key`, or None: none captured, or `slot` samples / asks for logprobs

@@ -1,6 +1,6 @@
 """GPU checks of the prefill worker's batched verify (issue 21; run on the device with `pytest -m gpu`),
 Qwen3.5-9B shape, random weights, on the exact engine a prefill worker serves (ExactEngine over a
-ModelRunner with per-row checkpoints, as prefill_worker/serve.py builds it):
+ModelRunner with per-row checkpoints, batching and graphs, as prefill_worker/serve.py builds it):
   * a verify pass of 16 sessions' blocks (ExactEngine._verify_batch, what concurrent Verify calls share)
     leaves each session's accepted count, next token, position and state bitwise those of its block
     verified alone;
@@ -32,8 +32,11 @@ def big():
 def _engine(lm, slots=S + 1):
     from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
+    from prefill_worker.serve import prepare_cuda
 
-    return ExactEngine(ModelRunner(lm.model, slots=slots, max_len=2048, width=8, checkpoints=True))
+    runner = ModelRunner(lm.model, slots=slots, max_len=2048, width=8, checkpoints=True)
+    prepare_cuda(runner)  # as the worker serves it: batched blocks (fused_blocks.py) in captured graphs
+    return ExactEngine(runner)
 
 
 def _prompts(vocab, seed=0):

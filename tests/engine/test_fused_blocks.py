@@ -1,0 +1,18 @@
+"""The fused batched rows blocks (baton/engine/fused_blocks.py: the batched verify on CUDA), checked on CPU
+through Triton's interpreter: several sessions' blocks in one pass (one per block length) leave each
+block's picks, hidden rows, logprobs and slot state bitwise those of the block alone, and a batched
+verify_blocks with row checkpoints equals verify_block of each block alone, cut blocks included."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import run_interp_script
+
+pytest.importorskip("triton")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_batched_blocks_equal_each_block_alone():
+    res = run_interp_script("fused_blocks_interp.py", timeout=280)
+    assert res["rows"] == {"equal": True, "logprobs_equal": True, "outside_untouched": True}, res
+    assert res["verify"] == {"equal": True, "accepted": [3, 1, 0, 0]}, res

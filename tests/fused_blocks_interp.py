@@ -1,0 +1,129 @@
+"""Runs the fused batched rows blocks (baton/engine/fused_blocks.py) on CPU through Triton's interpreter
+(fp32) and prints a JSON verdict; tests/engine/test_fused_blocks.py runs this in a subprocess with
+TRITON_INTERPRET=1.
+
+  * rows: blocks of 3, 3, 2 and 3 rows of four slots (one seeded-sampled, one greedy with logprobs) in one
+    rows_batch: each block's picks, hidden rows and its slot's whole state are bitwise those of
+    rows(slot, tokens) alone on a runner without batching; a slot outside the batch is untouched;
+  * verify: verify_blocks of four blocks on a runner with row checkpoints (the exact engine's), drafts
+    right up to a different point in each block (all, one, none, none): each slot's (m, next), state and next token bitwise those of
+    verify_block alone (the rewind of a cut block included).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
+import torch  # noqa: E402
+from helpers import make_tiny_dir  # noqa: E402
+
+from baton.engine import fast_rows  # noqa: E402
+from baton.engine.runner import ModelRunner  # noqa: E402
+from baton.engine.sampling import Params  # noqa: E402
+from baton.engine.speculation import verify_block, verify_blocks  # noqa: E402
+from baton.kernels import gemv  # noqa: E402
+from baton.loading import load_model  # noqa: E402
+
+_rows_linear = fast_rows.rows_linear
+
+
+def _gemv_rows_linear(mod, x, n, partial=False):
+    """On CUDA every bf16 projection runs in the rows GEMM (gemv), whose rows are independent of M; this
+    fp32 run does the same (torch's CPU linear is not row-invariant across M, and is not what CUDA runs)."""
+    if type(mod) is torch.nn.Linear and not partial and mod.weight.dtype == x.dtype:
+        return gemv.linear(x, mod.weight, rows=n)
+    return _rows_linear(mod, x, n, partial)
+
+
+fast_rows.rows_linear = _gemv_rows_linear
+
+SLOTS = [3, 0, 4, 1]  # the batch's slots, not in order; slot 2 stays out
+PARAMS = {3: Params(temperature=0.9, seed=11), 4: Params(logprobs=3)}
+
+
+def _state(r: ModelRunner, slot: int) -> list[torch.Tensor]:
+    st = r.state
+    out = [st.conv[i][slot] for i in st.conv] + [st.recurrent[i][slot] for i in st.recurrent]
+    p = int(st.position[slot])
+    out += [x for i in st.attn_ids for x in st.slot_kv(i, slot, p)]
+    return out + [st.position[slot : slot + 1], st.next_token[slot : slot + 1], st.hidden[slot]]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _runner(m, prompts, batching: bool, checkpoints: bool = False) -> ModelRunner:
+    r = ModelRunner(m, slots=5, max_len=256, width=8, fast=True, checkpoints=checkpoints)
+    if batching:
+        r.enable_batching()
+    for slot, ids in prompts.items():
+        r.prefill(slot, ids)
+        if slot in PARAMS:
+            r.sampling.set(slot, PARAMS[slot])
+    return r
+
+
+def main() -> None:
+    global T0
+    T0 = time.perf_counter()
+    d = make_tiny_dir(Path(tempfile.mkdtemp()), seed=5, layers=4, hidden=64, vocab=512)
+    m = load_model(d, dtype=torch.float32, device="cpu", mtp=False).model
+    g = torch.Generator().manual_seed(0)
+    prompts = {
+        s: torch.randint(0, 512, (int(n),), generator=g).tolist() for s, n in zip(SLOTS + [2], (11, 5, 14, 8, 6))
+    }
+    out = {}
+
+    # rows: one batched pass per block length, each block as it is alone
+    lens = [3, 3, 2, 3]
+    blocks = [(s, torch.randint(0, 512, (n,), generator=g).tolist()) for s, n in zip(SLOTS, lens)]
+    batched = _runner(m, prompts, batching=True)
+    before2 = [t.clone() for t in _state(batched, 2)]
+    hid: list = []
+    picks = batched.rows_batch(blocks, hidden_out=hid)
+    alone = _runner(m, prompts, batching=False)
+    ok, lp = True, True
+    for (slot, toks), got, h in zip(blocks, picks, hid):
+        ref = alone.rows(slot, toks)
+        ok &= ref == got and torch.equal(alone.h_rows[: len(toks)], h)
+        ok &= _same(_state(alone, slot), _state(batched, slot))
+        if slot == 4:  # logprobs of the batched rows are the alone rows'
+            lp = alone.sampling.logprobs(4, len(toks)) == batched.sampling.logprobs(4, len(toks))
+    out["rows"] = {
+        "equal": bool(ok),
+        "logprobs_equal": bool(lp),
+        "outside_untouched": _same(before2, _state(batched, 2)),
+    }
+
+    # verify: blocks cut at different points (the rewind), then one AR step of every slot
+    ref_r = _runner(m, prompts, batching=False, checkpoints=True)
+    bat_r = _runner(m, prompts, batching=True, checkpoints=True)
+    vblocks = []
+    for slot in SLOTS:
+        t0 = int(ref_r.state.next_token[slot])
+        vblocks.append((slot, [t0] + torch.randint(0, 512, (3,), generator=g).tolist()))
+    # block 0's drafts all right (m = 3, no rewind), block 1's first one (m = 1): the probe feeds the blocks
+    probe = _runner(m, prompts, batching=False)
+    for b, right in ((0, 3), (1, 1)):
+        slot, toks = vblocks[b]
+        for i in range(right):
+            toks[i + 1] = probe.rows(slot, [toks[i]])[0]
+    res_b = verify_blocks(bat_r, vblocks)
+    res_a = [verify_block(ref_r, s, toks) for s, toks in vblocks]
+    ok = res_a == res_b
+    for s in SLOTS:  # the whole state, next_token (the verdict's next) included
+        ok &= _same(_state(ref_r, s), _state(bat_r, s))
+    out["verify"] = {"equal": bool(ok), "accepted": [m_ for m_, _ in res_b]}
+    out["seconds"] = round(time.perf_counter() - T0, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
