@@ -14,8 +14,7 @@ KV pages (baton/engine/pages.py): LoadState reserves [0, position + 1) (SlotFill
 position + max_new_tokens + speculation rows before its first step; Draft grows them per round. Too few
 free: PagesExhausted (RESOURCE_EXHAUSTED) before the work, the session untouched.
 
-Session state lives in slot `session.slot` of `runner.state`; every engine step goes through
-ModelRunner.replay_rows / replay_mtp, which replay captured graphs when they exist.
+Session state lives in slot `session.slot` of `runner.state`; the runner replays captured graphs when they exist.
 """
 
 from __future__ import annotations
@@ -331,10 +330,11 @@ class DecodeEngine:
 
     def _draft_batch(self, items: list) -> list:
         """Under _compute: items [(session, k, verdict)] -> per item its drafts, or the ValueError of that
-        item alone. Verdicts and mtp chains run per session; bf16 / fp8 drafting runs position by position
-        over every such session at once (feed the current token as next_token, ar_batch, propose)."""
+        item alone. Verdicts run per session; the mtp chains run together (mtp.chains); bf16 / fp8 drafting
+        runs position by position over every such session at once (next_token, ar_batch, propose)."""
         out: list = [None] * len(items)
-        ar: list[int] = []
+        ar: list[int] = []  # bf16 / fp8 sessions
+        chained: list[int] = []  # mtp sessions
         seen: set[str] = set()
         for i, (s, k, verdict) in enumerate(items):
             r, st = s.runner, s.runner.state
@@ -348,18 +348,18 @@ class DecodeEngine:
                 r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
                 if verdict is not None:
                     self._apply_verdict(s, *verdict)
+                s.draft_t0 = int(st.next_token[s.slot])
                 if s.engine == "mtp":
-                    s.drafts = mtp.chain(self, s, k)
-                    s.draft_t0 = int(st.next_token[s.slot])
-                    out[i] = list(s.drafts)
+                    chained.append(i)
                     continue
             except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
                 out[i] = e
                 continue
-            s.draft_t0 = int(st.next_token[s.slot])
             st.snapshot(s.slot)
             s.drafts = []
             ar.append(i)
+        for i, drafts in zip(chained, mtp.chains(self, [(items[i][0], items[i][1]) for i in chained])):
+            items[i][0].drafts, out[i] = drafts, list(drafts)
         cur = {i: items[i][0].draft_t0 for i in ar}  # the token each session feeds next
         for step in range(max((items[i][1] for i in ar), default=0)):
             by_runner: dict[int, list[int]] = {}

@@ -1,14 +1,16 @@
 """MTP speculation on the decode worker: the MTP head drafts, the BF16 model verifies (fast mode, engine
 mtp), for one session or for many at once.
 
-    chain(engine, s, k)              finalise the session's pending MTP pairs, draft k tokens (per session)
+    chains(engine, [(s, k), ...])    finalise each session's pending MTP pairs and draft k tokens, every
+                                     session's chain step in one pass (ModelRunner.mtp_batch)
     pending_pairs(s, p, ids, h)      after a verify that kept rows 0..m from position p: the pairs the
                                      next chain finalises, (h_{p-1}, ids[0]) .. (h_{p+m}, next)
-    rounds(engine, [(s, k), ...])    one round for each session: chains one after another, then one
-                                     verify pass over every session's block (speculation.verify_blocks)
+    rounds(engine, [(s, k), ...])    one round for each session: the chains together, then one verify
+                                     pass over every session's block (speculation.verify_blocks)
 
-Each session's round is bitwise the one it runs alone: the chain is its own, and verify_blocks leaves
-each slot as verify_block alone would (row and batch invariance), with the same hidden rows.
+Each session's round is bitwise the one it runs alone: each group of an MTP pass is its chain step
+alone (batch invariance of the fused MTP pass, baton/engine/fused_blocks.py; one group at a time on the
+eager path), and verify_blocks leaves each slot as verify_block alone would, with the same hidden rows.
 Runs under the engine's compute lock (DecodeEngine.mtp, a Gather of concurrent rounds).
 """
 
@@ -19,27 +21,33 @@ import torch
 from baton.engine.speculation import verify_blocks
 
 
-def chain(engine, s, k: int) -> list[int]:
-    """Finalises pending MTP pairs and drafts k tokens. Pending pairs: (h_{P-1}, x_P) ... ."""
-    r = s.runner
-    n = len(s.mtp_pairs_ids)
-    r.mtp_h.zero_()
-    r.mtp_h[:n].copy_(s.mtp_pairs_h)
-    r.mtp_ids.zero_()
-    r.mtp_ids[:n] = torch.tensor(s.mtp_pairs_ids, device=r.device)
-    r.mtp_start.fill_(s.mtp_start)
-    r.replay_mtp(s.slot, n)
-    drafts = [engine.drafter.propose(s, 0, int(r.mtp_tok[n - 1]))]
-    h = r.mtp_out[n - 1].clone()  # chained: the MTP output row is the next step's hidden
-    idx = s.mtp_start + n  # KV index of the next pair
-    for i in range(1, k):
-        r.mtp_h[0].copy_(h)
-        r.mtp_ids[0] = drafts[-1]
-        r.mtp_start.fill_(idx)
-        r.replay_mtp(s.slot, 1)
-        drafts.append(engine.drafter.propose(s, i, int(r.mtp_tok[0])))
-        h = r.mtp_out[0].clone()
-        idx += 1
+def chains(engine, items: list) -> list[list[int]]:
+    """items [(session, k)] of distinct sessions -> each session's k drafts: finalises its pending MTP
+    pairs (h_{P-1}, x_P) ... and drafts k tokens, the MTP output row chained as the next step's hidden.
+    Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
+    each session's pending pairs, then k - 1 one-pair steps), each bitwise its chain alone."""
+    drafts: list[list[int]] = [[] for _ in items]
+    h: list = [None] * len(items)
+    idx = [0] * len(items)  # KV index of each session's next pair
+    for step in range(max((k for _, k in items), default=0)):
+        by_runner: dict[int, list[int]] = {}
+        for i, (s, k) in enumerate(items):
+            if k > step:
+                by_runner.setdefault(id(s.runner), []).append(i)
+        for live in by_runner.values():
+            r, groups = items[live[0]][0].runner, []
+            for i in live:
+                s = items[i][0]
+                if step == 0:
+                    groups.append((s.slot, s.mtp_pairs_h, s.mtp_pairs_ids, s.mtp_start))
+                    idx[i] = s.mtp_start + len(s.mtp_pairs_ids)
+                else:
+                    groups.append((s.slot, h[i][None], [drafts[i][-1]], idx[i]))
+                    idx[i] += 1
+            toks, outs = r.mtp_batch(groups)
+            for i, t, o in zip(live, toks, outs):
+                drafts[i].append(engine.drafter.propose(items[i][0], step, t[-1]))
+                h[i] = o[-1]  # chained: the MTP output row is the next step's hidden
     return drafts
 
 
@@ -56,10 +64,9 @@ def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor) -> None:
 def rounds(engine, items: list) -> list[list[int]]:
     """items [(session, k)] of distinct sessions -> each session's emitted tokens d1..dm, next."""
     prep = []
-    for s, k in items:
+    for (s, _k), drafts in zip(items, chains(engine, items)):
         st = s.runner.state
-        t0, p = int(st.next_token[s.slot]), int(st.position[s.slot])
-        prep.append((s, t0, p, chain(engine, s, k)))
+        prep.append((s, int(st.next_token[s.slot]), int(st.position[s.slot]), drafts))
     by_runner: dict[int, list[int]] = {}
     for i, (s, *_rest) in enumerate(prep):
         by_runner.setdefault(id(s.runner), []).append(i)

@@ -7,7 +7,10 @@ TRITON_INTERPRET=1.
     rows(slot, tokens) alone on a runner without batching; a slot outside the batch is untouched;
   * verify: verify_blocks of four blocks on a runner with row checkpoints (the exact engine's), drafts
     right up to a different point in each block (all, one, none, none): each slot's (m, next), state and next token bitwise those of
-    verify_block alone (the rewind of a cut block included).
+    verify_block alone (the rewind of a cut block included);
+  * mtp: decode_worker.mtp.chains of four sessions with 2, 2, 3 and 1 pending pairs and 3, 2, 3, 1
+    drafts (one seeded-sampled, one with logprobs): each session's drafts and MTP KV rows bitwise those
+    of its chain alone (one group at a time through compute_mtp).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from types import SimpleNamespace  # noqa: E402
+
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
 import torch  # noqa: E402
 from helpers import make_tiny_dir  # noqa: E402
@@ -26,9 +31,10 @@ from helpers import make_tiny_dir  # noqa: E402
 from baton.engine import fast_rows  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.engine.sampling import Params  # noqa: E402
-from baton.engine.speculation import verify_block, verify_blocks  # noqa: E402
+from baton.engine.speculation import GREEDY, verify_block, verify_blocks  # noqa: E402
 from baton.kernels import gemv  # noqa: E402
 from baton.loading import load_model  # noqa: E402
+from decode_worker.mtp import chains  # noqa: E402
 
 _rows_linear = fast_rows.rows_linear
 
@@ -74,7 +80,7 @@ def main() -> None:
     global T0
     T0 = time.perf_counter()
     d = make_tiny_dir(Path(tempfile.mkdtemp()), seed=5, layers=4, hidden=64, vocab=512)
-    m = load_model(d, dtype=torch.float32, device="cpu", mtp=False).model
+    m = load_model(d, dtype=torch.float32, device="cpu", mtp=True).model
     g = torch.Generator().manual_seed(0)
     prompts = {
         s: torch.randint(0, 512, (int(n),), generator=g).tolist() for s, n in zip(SLOTS + [2], (11, 5, 14, 8, 6))
@@ -121,6 +127,33 @@ def main() -> None:
     for s in SLOTS:  # the whole state, next_token (the verdict's next) included
         ok &= _same(_state(ref_r, s), _state(bat_r, s))
     out["verify"] = {"equal": bool(ok), "accepted": [m_ for m_, _ in res_b]}
+
+    # mtp: the chains of four sessions together == each chain alone
+    def sessions(r):
+        gen = torch.Generator().manual_seed(9)
+        out_ = []
+        for slot, n in zip(SLOTS, (2, 2, 3, 1)):
+            p = int(r.state.position[slot])
+            h = torch.randn(n, m.cfg.hidden_size, generator=gen)
+            ids = torch.randint(0, 512, (n,), generator=gen).tolist()
+            out_.append(SimpleNamespace(slot=slot, runner=r, mtp_pairs_h=h, mtp_pairs_ids=ids, mtp_start=p - n))
+        return out_
+
+    eng = SimpleNamespace(drafter=GREEDY)
+    ks = (3, 2, 3, 1)
+    mb = _runner(m, prompts, batching=True)
+    got = chains(eng, list(zip(sessions(mb), ks)))
+    ma = _runner(m, prompts, batching=False)
+    want = [chains(eng, [(s, k)])[0] for s, k in zip(sessions(ma), ks)]
+    L = ma.state.mtp_layer
+    kv = all(
+        _same(
+            list(ma.state.slot_kv(L, s, int(ma.state.position[s]) + 3)),
+            list(mb.state.slot_kv(L, s, int(mb.state.position[s]) + 3)),
+        )
+        for s in SLOTS
+    )
+    out["mtp"] = {"equal": got == want, "kv_equal": bool(kv), "drafts": [len(x) for x in got]}
     out["seconds"] = round(time.perf_counter() - T0, 1)
     print(json.dumps(out))
 

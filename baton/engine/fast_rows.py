@@ -226,21 +226,31 @@ class FastRows:
         return gemv.linear(h, m.head_weight(), rows=rows)
 
     def mtp(
-        self, hidden: torch.Tensor, ids: torch.Tensor, state, slots: torch.Tensor, n: int, pos: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        ids: torch.Tensor,
+        state,
+        slots: torch.Tensor,
+        n: int,
+        pos: torch.Tensor,
+        gs: int | None = None,
     ) -> torch.Tensor:
         """The MTP head in rows mode (baton/models/mtp.py): pairs (hidden[i], ids[i]) at KV indexes pos[i],
-        RoPE position pos[i] + 1 -> normed out [W, hidden]. Writes the MTP KV rows of the first n pairs."""
+        RoPE position pos[i] + 1 -> normed out [M, hidden]. Writes the MTP KV rows of the live pairs.
+        Groups as in `forward`: gs None = one group (slots [1]), the first n of M = W pairs; else G groups
+        of gs = n pairs each (slots [G], < 0 = padding), M = G * gs, each group bitwise as it is alone."""
         head, eps = self.model.mtp, self.cfg.rms_norm_eps
         layer = head.layers[0]
+        live = n if gs is None else ids.shape[0]  # rows the GEMMs compute
+        b = dict(slots=slots, gs=ids.shape[0] if gs is None else gs)
         _, e = rk.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
         _, hn = rk.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
         res, xn = rk.add_rmsnorm(
-            rows_linear(head.fc, torch.cat([e, hn], dim=-1), n), None, layer.input_layernorm.weight, eps
+            rows_linear(head.fc, torch.cat([e, hn], dim=-1), live), None, layer.input_layernorm.weight, eps
         )
-        b = dict(slots=slots, gs=ids.shape[0])
-        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, n), state, n, pos, b, n, rope_offset=1)
+        y = self._attn(layer.self_attn, _call(self.mtp_mixer, xn, live), state, n, pos, b, live, rope_offset=1)
         res, xn = rk.add_rmsnorm(y, res, layer.post_attention_layernorm.weight, eps)
-        y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, n), n)
+        y = rows_linear(layer.mlp.down_proj, self.mtp_gate_up.act(xn, live), live)
         return rk.add_rmsnorm(y, res, head.norm.weight, eps)[1]
 
     def _gdn(

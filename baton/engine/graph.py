@@ -12,6 +12,7 @@ device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost 
                  device (baton/engine/sampling.py: parameters and outputs are the table's tensors)
     kind "rowsb", "rowsbs": BatchedRows.compute(P, n), keyed (kind, (P, n)) — P sessions' blocks of n rows
                  in one pass (baton/engine/fused_blocks.py: the batched verify), greedy / sampled
+    kind "mtpb", "mtpbs": BatchedRows.mtp_compute(P, n) — P sessions' MTP chain steps of n pairs each
 
 First-call discipline (so the first served token is bitwise the same as every later one):
     1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
@@ -57,6 +58,8 @@ def _bodies(runner: ModelRunner):
         "arbs": lambda slot, n: runner.batched.compute(n, sampled=True),
         "rowsb": lambda slot, pn: runner.batched_rows.compute(*pn),
         "rowsbs": lambda slot, pn: runner.batched_rows.compute(*pn, sampled=True),
+        "mtpb": lambda slot, pn: runner.batched_rows.mtp_compute(*pn),
+        "mtpbs": lambda slot, pn: runner.batched_rows.mtp_compute(*pn, sampled=True),
     }
 
 
@@ -68,7 +71,8 @@ def block_keys(runner: ModelRunner, n_max: int) -> list[tuple[int, int]]:
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
     """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step (ar0 / ar1 too with
     ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs: every batch bucket;
-    rowsb / rowsbs: every (bucket, n) of blocks of n = 1..max_draft+1 rows (batched verify)."""
+    with an MTP head and batching, rowsb / rowsbs: every (bucket, n) of blocks of n = 1..max_draft+1 rows
+    (the rounds' batched verify) and mtpb / mtpbs: n = 1..max_draft+2 pairs (the batched chains)."""
     k = min(max_draft, runner.width - 2)
     ns: dict[str, list | range] = {"rows": range(1, k + 2), "ar": range(1, 2)}
     if runner.state.pingpong:
@@ -77,8 +81,9 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
         ns["mtp"] = range(1, k + 3)
     if runner.batched is not None:
         ns["arb"] = ns["arbs"] = runner.batched.buckets
-    if runner.batched_rows is not None:
+    if runner.batched_rows is not None and runner.has_mtp:  # MTP rounds: batched chains and verify
         ns["rowsb"] = ns["rowsbs"] = block_keys(runner, k + 1)
+        ns["mtpb"] = ns["mtpbs"] = block_keys(runner, k + 2)
     return ns
 
 
@@ -107,7 +112,7 @@ def capture_all(
             runner.select(slot)
             if kind in ("arb", "arbs"):
                 runner.batched.pad(n)  # every row padding: the warm-up and the prime write no slot
-            elif kind in ("rowsb", "rowsbs"):
+            elif kind in ("rowsb", "rowsbs", "mtpb", "mtpbs"):
                 runner.batched_rows.pad(n[0])  # every group padding
             runner.state.snapshot(slot)
             side.wait_stream(torch.cuda.current_stream(runner.device))

@@ -314,6 +314,26 @@ class ModelRunner:
         g = self.graph_for(("mtp", n), slot)
         g.replay() if g is not None else self.compute_mtp(slot, n)
 
+    def mtp_batch(self, groups: list) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """The MTP head over several slots' pairs: groups [(slot, h [n, hidden], ids [n], start)] of
+        distinct slots (1 <= n <= W, pairs at KV indexes start..start+n-1) -> (each group's drafts [n],
+        its normed outputs [n, hidden]); each group bitwise as compute_mtp alone. Fused with batching:
+        one pass per pair count (fused_blocks.BatchedRows.mtp); else one group at a time (replay_mtp)."""
+        if self.batched_rows is not None and len(groups) > 1:
+            return self.batched_rows.mtp(groups)
+        toks, outs = [], []
+        for slot, h, ids, start in groups:
+            n = len(ids)
+            self.mtp_h.zero_()
+            self.mtp_h[:n].copy_(h)
+            self.mtp_ids.zero_()
+            self.mtp_ids[:n] = torch.tensor(ids, dtype=torch.long, device=self.device)
+            self.mtp_start.fill_(start)
+            self.replay_mtp(slot, n)
+            toks.append(self.mtp_tok[:n].tolist())
+            outs.append(self.mtp_out[:n].clone())
+        return toks, outs
+
     @torch.inference_mode()
     def rows_with_logits(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager rows with logits (tests): ids_w [W] -> (greedy [W], logits [W, vocab])."""

@@ -77,3 +77,55 @@ def test_an_uncaptured_bucket_runs_eagerly(batched):
     b.step(list(range(5)))
     b.step(list(range(1, 6)))
     assert log == [("eager", 8), ("arb", 8)]
+
+
+@pytest.fixture
+def blocks():
+    """BatchedRows (baton/engine/fused_blocks.py) over fake graphs of every (bucket, n) for n <= 4."""
+    from baton.engine.fused_blocks import BatchedRows
+
+    log = []
+    table = SamplingTable(8, "cpu", 4)
+    runner = SimpleNamespace(
+        device=torch.device("cpu"), cfg=SimpleNamespace(hidden_size=4), dtype=torch.float32, sampling=table
+    )
+    b = BatchedRows(runner, 8)
+    keys = [(k, (p, n)) for k in ("rowsb", "rowsbs", "mtpb", "mtpbs") for n in range(1, 5) for p in b.buckets(n)]
+    runner.graphs = {key: _Graph(key, log) for key in keys}
+    b.compute = lambda p, n, live=(): log.append(("eager rows", (p, n)))
+    b.mtp_compute = lambda p, n, live=(): log.append(("eager mtp", (p, n)))
+    return b, table, log
+
+
+def test_batched_blocks_replay_the_graph_of_their_bucket_and_length(blocks):
+    b, table, log = blocks
+    b.run([(0, [1, 2, 3]), (3, [4, 5, 6]), (5, [7, 8, 9])])  # one pass of 3 blocks of 3 rows: bucket 4
+    b.run([(0, [1, 2]), (3, [4, 5, 6]), (5, [7, 8])])  # two lengths: two passes
+    table.set(5, Params(temperature=0.7, seed=3))
+    b.run([(0, [1]), (5, [2])])
+    h = torch.zeros(2, 4)
+    b.mtp([(0, h, [1, 2], 7), (5, h, [3, 4], 9)])
+    table.set(5, Params(temperature=0.9, seed=1, exact_policy=REJECTION), proposing=True)  # host records
+    b.mtp([(0, h[:1], [1], 7), (5, h[:1], [3], 9)])
+    b.run([(0, [1]), (5, [2])])
+    assert log == [
+        ("rowsb", (4, 3)),
+        ("rowsb", (2, 2)),
+        ("rowsb", (1, 3)),
+        ("rowsbs", (2, 1)),
+        ("mtpbs", (2, 2)),
+        ("eager mtp", (2, 1)),
+        ("eager rows", (2, 1)),
+    ]
+
+
+def test_a_pass_never_exceeds_max_rows():
+    from baton.engine.fused_blocks import MAX_ROWS, BatchedRows
+
+    runner = SimpleNamespace(
+        device=torch.device("cpu"), cfg=SimpleNamespace(hidden_size=4), dtype=torch.float32, sampling=None
+    )
+    b = BatchedRows(runner, 128)
+    for n in range(1, 17):
+        assert b.buckets(n) and max(b.buckets(n)) * n <= MAX_ROWS, n
+    assert b.buckets(1)[-1] == 128 and b.buckets(9)[-1] == 16

@@ -1,7 +1,8 @@
 """The fused batched rows blocks (baton/engine/fused_blocks.py: the batched verify on CUDA), checked on CPU
 through Triton's interpreter: several sessions' blocks in one pass (one per block length) leave each
 block's picks, hidden rows, logprobs and slot state bitwise those of the block alone, and a batched
-verify_blocks with row checkpoints equals verify_block of each block alone, cut blocks included."""
+verify_blocks with row checkpoints equals verify_block of each block alone, cut blocks included; the
+MTP chains of several sessions together (decode_worker/mtp.py: chains) equal each chain alone."""
 
 from __future__ import annotations
 
@@ -16,3 +17,4 @@ def test_batched_blocks_equal_each_block_alone():
     res = run_interp_script("fused_blocks_interp.py", timeout=280)
     assert res["rows"] == {"equal": True, "logprobs_equal": True, "outside_untouched": True}, res
     assert res["verify"] == {"equal": True, "accepted": [3, 1, 0, 0]}, res
+    assert res["mtp"] == {"equal": True, "kv_equal": True, "drafts": [3, 2, 3, 1]}, res
