@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from baton.kernels import gdn, gemv, rows  # noqa: E402
+from baton.kernels import gdn, gdn_conv, gemv, rows  # noqa: E402
 
 
 @triton.jit
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     cv_in = torch.randn(1, cdim, device=dev, dtype=torch.bfloat16)
     cst = [torch.randn(cdim, 3, device=dev, dtype=torch.bfloat16) for _ in range(C)]
     cw = torch.randn(cdim, 4, device=dev, dtype=torch.bfloat16)
-    us["conv_rows"] = graph_us(lambda: [gdn.conv_rows(cv_in, s, cw, 1) for s in cst], C)
+    us["conv_rows"] = graph_us(lambda: [gdn_conv.conv_rows(cv_in, s, cw, 1) for s in cst], C)
     Ss = [torch.zeros(nv, dk, dv, device=dev) for _ in range(C)]
     b = torch.randn(1, nv, device=dev, dtype=torch.bfloat16)
     z = torch.randn(1, nv * dv, device=dev, dtype=torch.bfloat16)

@@ -5,7 +5,8 @@ A batch is G groups of gs rows, group g against slot slots[g] (-1: padding). Eac
 bitwise, what the one-slot call gives for that slot alone (outputs and its slot's state), padding
 groups must leave every slot untouched and produce zero rows, and slots outside the batch stay as they
 were. The attention kernels read KV through a shuffled page table and must equal, bitwise, the
-contiguous-window kernels they replaced (tests/attn_contig_ref.py)."""
+contiguous-window kernels they replaced (tests/attn_contig_ref.py). Ragged groups (lens: group g's
+first lens[g] rows live) must give each group what the one-slot call of n = lens[g] gives."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch  # noqa: E402
 
 from baton.kernels import attention as A  # noqa: E402
 from baton.kernels import gdn as G  # noqa: E402
+from baton.kernels import gdn_conv as GC  # noqa: E402
 from baton.kernels import rows as R  # noqa: E402
 
 S, KW, nk, Hv, dk, dv = 5, 4, 2, 4, 16, 32
@@ -28,8 +30,10 @@ nh, nkv, d, L, rd = 4, 2, 16, 512, 8
 SP = A.ATTN_SPLIT  # keys per page
 
 
-def gdn_case(slots: list[int], gs: int, seed: int) -> dict:
+def gdn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = None) -> dict:
+    """lens: ragged groups (group g's first lens[g] rows live), each against the one-slot call of n = lens[g]."""
     g = torch.Generator().manual_seed(seed)
+    ln = None if lens is None else torch.tensor(lens, dtype=torch.long)
     P = len(slots) * gs
     conv0 = torch.randn(S, C, KW - 1, generator=g)
     rec0 = torch.randn(S, Hv, dk, dv, generator=g) * 0.1
@@ -39,18 +43,19 @@ def gdn_case(slots: list[int], gs: int, seed: int) -> dict:
     A_log, dtb, nw = torch.randn(Hv, generator=g) * 0.5, torch.randn(Hv, generator=g) * 0.5, torch.randn(dv) + 1
     sl = torch.tensor(slots, dtype=torch.long)
     conv, rec = conv0.clone(), rec0.clone()
-    cv = G.conv_rows(x, conv, w, gs, slots=sl, gs=gs)
-    y = G.gdn_rows(cv, b, a, z, A_log, dtb, nw, rec, gs, nk=nk, eps=1e-6, slots=sl, gs=gs)
+    cv = GC.conv_rows(x, conv, w, gs, slots=sl, gs=gs, lens=ln)
+    y = G.gdn_rows(cv, b, a, z, A_log, dtb, nw, rec, gs, nk=nk, eps=1e-6, slots=sl, gs=gs, lens=ln)
     ok = True
     for gi, s in enumerate(slots):
         rows = slice(gi * gs, (gi + 1) * gs)
         if s < 0:
             ok &= bool((y[rows] == 0).all())
             continue
+        n = gs if lens is None else lens[gi]
         c1, r1 = conv0[s].clone(), rec0[s].clone()
-        cv1 = G.conv_rows(x[rows], c1, w, gs)
-        y1 = G.gdn_rows(cv1, b[rows], a[rows], z[rows], A_log, dtb, nw, r1, gs, nk=nk, eps=1e-6)
-        ok &= torch.equal(y1, y[rows]) and torch.equal(cv1, cv[rows])
+        cv1 = GC.conv_rows(x[rows], c1, w, n)
+        y1 = G.gdn_rows(cv1, b[rows], a[rows], z[rows], A_log, dtb, nw, r1, n, nk=nk, eps=1e-6)
+        ok &= torch.equal(y1, y[rows]) and torch.equal(cv1[:n], cv[rows][:n])
         ok &= torch.equal(c1, conv[s]) and torch.equal(r1, rec[s])
     for s in set(range(S)) - set(slots):
         ok &= torch.equal(conv[s], conv0[s]) and torch.equal(rec[s], rec0[s])
@@ -72,7 +77,7 @@ def _windows(pool: torch.Tensor, tab: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.cat([pool[p] for p in row.tolist()], dim=1) for row in tab])
 
 
-def attn_case(slots: list[int], gs: int, seed: int) -> dict:
+def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = None) -> dict:
     """Paged (a shuffled, non-identity page table with spare pages) == the contiguous window kernels
     (tests/attn_contig_ref.py, the pre-paging attention.py) bitwise, batched == each slot alone bitwise."""
     g = torch.Generator().manual_seed(seed)
@@ -93,8 +98,24 @@ def attn_case(slots: list[int], gs: int, seed: int) -> dict:
     cos, sin = torch.randn(L + 1, rd, generator=g), torch.randn(L + 1, rd, generator=g)
     sl = torch.tensor(slots, dtype=torch.long)
     kp, vp = kp0.clone(), vp0.clone()
-    qo = A.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kp, vp, gs, 1e-6, table=tab, slots=sl, gs=gs)
-    o = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs)
+    ln = None if lens is None else torch.tensor(lens, dtype=torch.long)
+    qo = A.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kp, vp, gs, 1e-6, table=tab, slots=sl, gs=gs, lens=ln)
+    o = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs, lens=ln)
+    if lens is not None:  # ragged: each live group against the one-slot call of n = lens[g] (no reference)
+        ok = True
+        for gi, s in enumerate(slots):
+            rows = slice(gi * gs, (gi + 1) * gs)
+            if s < 0:
+                ok &= bool((o[rows] == 0).all())
+                continue
+            k1, v1 = kp0.clone(), vp0.clone()
+            args = (wq, wk, cos, sin, pos[rows], k1, v1, lens[gi], 1e-6)
+            q1 = A.qk_rope_kv(q[rows], k[rows], v[rows], *args, table=tab[s : s + 1])
+            o1 = A.attention_rows(q1, k1, v1, pos[rows], gate[rows], lens[gi], table=tab[s : s + 1])
+            ok &= torch.equal(o1, o[rows]) and torch.equal(q1, qo[rows])
+            for p in tab[s].tolist():  # this slot's pages: the same KV rows written
+                ok &= torch.equal(k1[p], kp[p]) and torch.equal(v1[p], vp[p])
+        return {"equal": bool(ok)}
     kc, vc = kc0.clone(), vc0.clone()  # the contiguous reference, batched
     qr = REF.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kc, vc, gs, 1e-6, slots=sl, gs=gs)
     orf = REF.attention_rows(qr, kc, vc, pos, gate, gs, slots=sl, gs=gs)
@@ -155,6 +176,9 @@ def main() -> None:
     ):
         out[f"gdn_{name}"] = gdn_case(slots, gs, seed=len(slots) * 7 + gs)
         out[f"attn_{name}"] = attn_case(slots, gs, seed=len(slots) * 11 + gs)
+    for name, slots, gs, lens in (("ragged", [4, -1, 1, 2], 3, [3, 0, 1, 2]), ("ragged1", [0, 3], 4, [1, 4])):
+        out[f"gdn_{name}"] = gdn_case(slots, gs, seed=len(slots) * 5 + gs, lens=lens)
+        out[f"attn_{name}"] = attn_case(slots, gs, seed=len(slots) * 13 + gs, lens=lens)
     out["commit"] = commit_case()
     print(json.dumps(out))
 

@@ -27,10 +27,10 @@ from torch import nn
 
 try:
     from baton.kernels import attention as attn
-    from baton.kernels import gdn, gemv
+    from baton.kernels import gdn, gdn_conv, gemv
     from baton.kernels import rows as rk
 except ImportError:  # no Triton: the eager rows path is used everywhere
-    attn = rk = gdn = gemv = None
+    attn = rk = gdn = gdn_conv = gemv = None
 from baton.models.qwen3_5 import Attention, GatedDeltaNet, Qwen3_5ForCausalLM, rope_cos_sin
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, FastRows]" = weakref.WeakKeyDictionary()
@@ -186,10 +186,12 @@ class FastRows:
         pos: torch.Tensor,
         phase: int | None = None,
         gs: int | None = None,
+        lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids [M] (first n valid), pos [M] positions -> final-normed hidden [M, hidden]; slots [G] int64
         on the device: the slot of each group of gs rows (gs None: one group, slots [1], the first n of
-        M = W rows; a batch: G groups of gs = n rows each, M = G * gs, slot < 0 = a padding group). Every
+        M = W rows; a batch: G groups of gs = n rows each, M = G * gs, slot < 0 = a padding group; lens [G]
+        int64, ragged groups: group g's first lens[g] rows are live, the rest junk, never read back). Every
         kernel reads the slot from the device, so one captured graph serves any slots. Each group's rows
         are bitwise the one-slot step's (the same kernels; GEMM rows are independent of M, gemv).
         The caller advances state.position. phase: GDN state read from one ping-pong set and written to
@@ -197,7 +199,7 @@ class FastRows:
         m, layers = self.model, self.model.model.layers
         live = n if gs is None else ids.shape[0]  # rows the GEMMs and norms compute
         gs = ids.shape[0] if gs is None else gs
-        b = dict(slots=slots, gs=gs)
+        b = dict(slots=slots, gs=gs, lens=lens)
         x = m.model.embed_tokens(ids)  # [M, h]
         eps = self.cfg.rms_norm_eps
         q8 = self.w8a8 is not None and self.w8a8.use_kernel
@@ -234,15 +236,17 @@ class FastRows:
         n: int,
         pos: torch.Tensor,
         gs: int | None = None,
+        lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The MTP head in rows mode (baton/models/mtp.py): pairs (hidden[i], ids[i]) at KV indexes pos[i],
         RoPE position pos[i] + 1 -> normed out [M, hidden]. Writes the MTP KV rows of the live pairs.
         Groups as in `forward`: gs None = one group (slots [1]), the first n of M = W pairs; else G groups
-        of gs = n pairs each (slots [G], < 0 = padding), M = G * gs, each group bitwise as it is alone."""
+        of gs = n pairs each (slots [G], < 0 = padding; lens [G]: ragged, as forward), M = G * gs, each
+        group bitwise as it is alone."""
         head, eps = self.model.mtp, self.cfg.rms_norm_eps
         layer = head.layers[0]
         live = n if gs is None else ids.shape[0]  # rows the GEMMs compute
-        b = dict(slots=slots, gs=ids.shape[0] if gs is None else gs)
+        b = dict(slots=slots, gs=ids.shape[0] if gs is None else gs, lens=lens)
         _, e = rk.add_rmsnorm(self.model.model.embed_tokens(ids), None, head.pre_fc_norm_embedding.weight, eps)
         _, hn = rk.add_rmsnorm(hidden, None, head.pre_fc_norm_hidden.weight, eps)
         res, xn = rk.add_rmsnorm(
@@ -270,7 +274,7 @@ class FastRows:
         c_in, c_out, r_in, r_out = state.gdn_io(a.layer_idx, phase)  # [S, ...] each
         # per-row checkpoints: one-slot blocks only
         ck = state.row_ckpt(a.layer_idx) if n > 1 and b["slots"].numel() == 1 else None
-        cv = gdn.conv_rows(mixed, c_in, a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out, **b)
+        cv = gdn_conv.conv_rows(mixed, c_in, a.conv1d.weight[:, 0, :].contiguous(), n, ck and ck[0], c_out, **b)
         o = gdn.gdn_rows(
             cv,
             beta,

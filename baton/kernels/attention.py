@@ -32,27 +32,32 @@ ATTN_SPLIT = 256
 
 
 @triton.jit
-def _row_slot(slot_ptr, t, n, gs):
+def _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on):
     """Row t of a batched call: (its slot, whether it is live). Group g = t // gs holds rows
-    [g*gs, g*gs + n) of slot slots[g]; slot < 0 is a padding group."""
+    [g*gs, g*gs + n) of slot slots[g] (ragged groups, lens_on != 0: n = lens[g], a runtime branch so
+    every call runs one binary); slot < 0 is a padding group."""
     g = t // gs
     slot = tl.load(slot_ptr + g)
+    if lens_on != 0:
+        n = tl.load(len_ptr + g).to(tl.int32)
     return tl.maximum(slot, 0).to(tl.int64), (slot >= 0) & (t - g * gs < n)
 
 
-@triton.jit(do_not_specialize=["n", "gs"])
+@triton.jit(do_not_specialize=["n", "gs", "lens_on"])
 def _attn_split_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     pos_ptr,
     slot_ptr,
+    len_ptr,
     tab_ptr,
     acc_ptr,
     ml_ptr,
     NS,
     n,
     gs,
+    lens_on,
     scale,
     NH: tl.constexpr,
     G: tl.constexpr,
@@ -68,7 +73,7 @@ def _attn_split_kernel(
     s = tl.program_id(2)
     p = tl.load(pos_ptr + t)
     start = s * SPLIT
-    slot, live = _row_slot(slot_ptr, t, n, gs)
+    slot, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
     if live & (start <= p):
         page = tl.load(tab_ptr + slot * NS + s).to(tl.int64)  # piece s = page table[slot, s]
         k_ptr += page * (tl.num_programs(1) * SPLIT * D)  # [P, nkv, SPLIT, D]: this piece's page
@@ -99,18 +104,20 @@ def _attn_split_kernel(
         tl.store(ml_ptr + base * 2 + 1, l_i, mask=gm)
 
 
-@triton.jit(do_not_specialize=["n", "gs"])
+@triton.jit(do_not_specialize=["n", "gs", "lens_on"])
 def _attn_merge_kernel(
     acc_ptr,
     ml_ptr,
     pos_ptr,
     slot_ptr,
+    len_ptr,
     gate_ptr,
     sgt,
     sgh,
     o_ptr,
     n,
     gs,
+    lens_on,
     NS,
     NH: tl.constexpr,
     D: tl.constexpr,
@@ -121,7 +128,7 @@ def _attn_merge_kernel(
     t = tl.program_id(0)
     h = tl.program_id(1)
     rd = tl.arange(0, D)
-    _, live = _row_slot(slot_ptr, t, n, gs)
+    _, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
     if live:
         npieces = tl.load(pos_ptr + t) // SPLIT + 1
         base = (t * NH + h) * NS
@@ -169,6 +176,7 @@ def attention_rows(
     table: torch.Tensor | None = None,
     slots: torch.Tensor | None = None,
     gs: int = 0,
+    lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [W, nh, d] contiguous (normed, rotated); kc, vc page pools [P, nkv, ATTN_SPLIT, d] (already holding
     the rows being computed) read through table [S, MP] int32 (piece s of a row of slot x: page
@@ -176,7 +184,7 @@ def attention_rows(
     softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero.
     One slot (slots None): table [1, MP] or None (identity). Batched (slots [G] int64 on the device): row
     t is row t - g*gs of group g = t // gs, live if that is < n, against slot slots[g] (< 0: padding, the
-    row comes out 0)."""
+    row comes out 0); lens [G] int64: ragged groups, group g's rows live while < lens[g]."""
     W, nh, d = q.shape
     table, slots, gs1, rows = _paged(kc, vc, table, slots, W, n)
     gs = gs1 or gs
@@ -193,12 +201,14 @@ def attention_rows(
         vc,
         pos,
         slots,
+        slots if lens is None else lens,
         table,
         acc,
         ml,
         ns,
         n,
         gs,
+        int(lens is not None),
         d**-0.5,
         NH=nh,
         G=g,
@@ -215,12 +225,14 @@ def attention_rows(
         ml,
         pos,
         slots,
+        slots if lens is None else lens,
         gate,
         gate.stride(0),
         gate.stride(1),
         o,
         n,
         gs,
+        int(lens is not None),
         ns,
         NH=nh,
         D=d,
@@ -249,7 +261,7 @@ def _norm_rope(x_ptr, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, RD: tl.cons
     return tl.where(rd < RD, xn * c + rot * s, xn)
 
 
-@triton.jit(do_not_specialize=["n", "gs"])
+@triton.jit(do_not_specialize=["n", "gs", "lens_on"])
 def _qk_rope_kv_kernel(
     q_ptr,
     sqt,
@@ -266,6 +278,7 @@ def _qk_rope_kv_kernel(
     sin_ptr,
     pos_ptr,
     slot_ptr,
+    len_ptr,
     tab_ptr,
     qo_ptr,
     kc_ptr,
@@ -273,6 +286,7 @@ def _qk_rope_kv_kernel(
     MP,
     n,
     gs,
+    lens_on,
     eps,
     rope_off,
     NH: tl.constexpr,
@@ -291,7 +305,7 @@ def _qk_rope_kv_kernel(
         y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
         tl.store(qo_ptr + (t * NH + j) * D + rd, y.to(qo_ptr.dtype.element_ty))
     else:
-        slot, live = _row_slot(slot_ptr, t, n, gs)
+        slot, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
         if live:
             hk = j - NH
             page = tl.load(tab_ptr + slot * MP + p // SPLIT).to(tl.int64)  # [P, nkv, SPLIT, D] pools
@@ -319,13 +333,14 @@ def qk_rope_kv(
     table: torch.Tensor | None = None,
     slots: torch.Tensor | None = None,
     gs: int = 0,
+    lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [W, nh, d], k, v [W, nkv, d] (unit last stride); cos/sin [positions, rd] tables (RoPE position
     = pos[t] + rope_offset; KV index = pos[t]); kc, vc page pools [P, nkv, ATTN_SPLIT, d] and table
     [S, MP] int32 as attention_rows. Writes normed+rotated k and v of rows < n at KV index pos[t] (page
     table[slot, pos // ATTN_SPLIT], row pos % ATTN_SPLIT); returns the normed+rotated q [W, nh, d] contiguous.
     Batched (slots [G] int64 on the device): the rows of group g = t // gs (live while t - g*gs < n) write
-    into slot slots[g]'s pages (< 0: padding, nothing written), as attention_rows."""
+    into slot slots[g]'s pages (< 0: padding, nothing written), as attention_rows (lens too)."""
     W, nh, d = q.shape
     table, slots, gs1, _ = _paged(kc, vc, table, slots, W, n)
     gs = gs1 or gs
@@ -350,6 +365,7 @@ def qk_rope_kv(
         sin,
         pos,
         slots,
+        slots if lens is None else lens,
         table,
         qo,
         kc,
@@ -357,6 +373,7 @@ def qk_rope_kv(
         table.shape[1],
         n,
         gs,
+        int(lens is not None),
         eps,
         rope_offset,
         NH=nh,

@@ -186,13 +186,27 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 
 # ---- batched steps: commit each live group's rows into its slot -------------------------------------
-@triton.jit(do_not_specialize=["n"])
-def _commit_kernel(slot_ptr, tok_ptr, h_ptr, nt_ptr, pos_ptr, hid_ptr, n, H, TOKEN: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["gs"])
+def _commit_kernel(
+    slot_ptr,
+    len_ptr,
+    tok_ptr,
+    h_ptr,
+    nt_ptr,
+    pos_ptr,
+    hid_ptr,
+    gs,
+    H,
+    TOKEN: tl.constexpr,
+    LENS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     g = tl.program_id(0)
     slot = tl.load(slot_ptr + g)
     if slot >= 0:
         s = slot.to(tl.int64)
-        last = g.to(tl.int64) * n + n - 1  # the group's last row
+        n = tl.load(len_ptr + g) if LENS else gs  # copies and an add: a second binary changes no bits
+        last = g.to(tl.int64) * gs + n - 1  # the group's last row
         if TOKEN:
             tl.store(nt_ptr + s, tl.load(tok_ptr + last))
         tl.store(pos_ptr + s, tl.load(pos_ptr + s) + n)
@@ -215,14 +229,21 @@ def ar_commit(
     contiguous; next_token, position [S] int64; hidden [S, H] (distinct live slots)."""
     P, H = h.shape
     assert h.is_contiguous() and hidden.is_contiguous() and h.dtype == hidden.dtype
-    _commit_kernel[(P,)](slots, tok, h, next_token, position, hidden, 1, H, TOKEN=True, BLOCK=1024, num_warps=4)
+    _commit_kernel[(P,)](
+        slots, slots, tok, h, next_token, position, hidden, 1, H, TOKEN=True, LENS=False, BLOCK=1024, num_warps=4
+    )
 
 
-def blocks_commit(slots: torch.Tensor, n: int, h: torch.Tensor, position: torch.Tensor, hidden: torch.Tensor) -> None:
-    """After a batched pass of G groups of n rows (group g = rows [g*n, (g+1)*n) of slot slots[g]; < 0:
-    padding, skipped): position[slot] += n, hidden[slot] = h[g*n + n - 1] (next_token untouched, as
-    ModelRunner.rows). slots [G] int64; h [G*n, H] contiguous; position [S] int64; hidden [S, H]."""
+def blocks_commit(
+    slots: torch.Tensor, gs: int, h: torch.Tensor, position: torch.Tensor, hidden: torch.Tensor, lens: torch.Tensor
+) -> None:
+    """After a batched pass of G groups of gs rows (group g = rows [g*gs, (g+1)*gs) of slot slots[g], its
+    first lens[g] live; slot < 0: padding, skipped): position[slot] += lens[g], hidden[slot] = its last
+    live row's h (next_token untouched, as ModelRunner.rows). slots, lens [G] int64; h [G*gs, H]
+    contiguous; position [S] int64; hidden [S, H]."""
     G = slots.shape[0]
     H = h.shape[1]
-    assert h.shape[0] == G * n and h.is_contiguous() and hidden.is_contiguous() and h.dtype == hidden.dtype
-    _commit_kernel[(G,)](slots, position, h, position, position, hidden, n, H, TOKEN=False, BLOCK=1024, num_warps=4)
+    assert h.shape[0] == G * gs and h.is_contiguous() and hidden.is_contiguous() and h.dtype == hidden.dtype
+    _commit_kernel[(G,)](
+        slots, lens, position, h, position, position, hidden, gs, H, TOKEN=False, LENS=True, BLOCK=1024, num_warps=4
+    )

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 def test_batched_kernels_equal_each_slot_alone():
     res = run_interp_script("batch_kernels_interp.py", timeout=120)
-    assert len(res) == 9, res
+    assert len(res) == 13, res
     bad = {k: v for k, v in res.items() if not all(v.values())}  # attn: also paged == contiguous
-    assert all("paged_equals_contiguous" in res[k] for k in res if k.startswith("attn_")), res
+    assert all("paged_equals_contiguous" in res[k] for k in res if k.startswith("attn_") and "ragged" not in k), res
     assert not bad, bad

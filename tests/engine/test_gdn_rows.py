@@ -20,7 +20,7 @@ import json, sys, torch
 import torch.nn.functional as F
 sys.path.insert(0, "tests")
 import interp_shim
-from baton.kernels import gdn as G, gemv, rows as R
+from baton.kernels import gdn as G, gdn_conv as GC, gemv, rows as R
 from decode_worker.fp8 import quantize_rows
 torch.manual_seed(0)
 W, n, nk, Hv, dk, dv, eps = 6, 4, 2, 4, 32, 64, 1e-6          # dv = 64: 2 programs per value head
@@ -73,7 +73,7 @@ P = gemv.linear(xin, wp, sp, rows=n, cfg=cfg, partial=True)
 p = P.split(sizes, -1)
 w4, st = torch.randn(C, 4), torch.randn(C, 3)
 st1, st2, S1, S2 = st.clone(), st.clone(), S0.clone(), S0.clone()
-cv1, cv2 = G.conv_rows(f[0], st1, w4, n), G.conv_rows(p[0], st2, w4, n)
+cv1, cv2 = GC.conv_rows(f[0], st1, w4, n), GC.conv_rows(p[0], st2, w4, n)
 y1 = G.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S1, n, nk=nk, eps=eps)
 y2 = G.gdn_rows(cv2, p[2], p[3], p[1], A_log, dtb, nw, S2, n, nk=nk, eps=eps)
 q1 = G.gdn_rows(cv1, f[2], f[3], f[1], A_log, dtb, nw, S0.clone(), n, nk=nk, eps=eps, quant=True)
@@ -109,6 +109,7 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from baton.kernels import gdn as G
+    from baton.kernels import gdn_conv as GC
 
     g = torch.Generator(device="cuda").manual_seed(0)
     W, n, nk, Hv, dk, dv = 16, 5, 16, 32, 128, 128
@@ -124,7 +125,7 @@ def test_gpu_gdn_rows_block_equals_single_rows_at_9b_dims(quant, ckpt):
     ck_S = torch.zeros(W, Hv, dk, dv, device="cuda") if ckpt else None
 
     def step(lo, hi, st, S, cc=None, cs=None):
-        cv = G.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo, ckpt=cc)
+        cv = GC.conv_rows(x[lo:hi].contiguous(), st, w4, hi - lo, ckpt=cc)
         y = G.gdn_rows(
             cv,
             b[lo:hi].contiguous(),
