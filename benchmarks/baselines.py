@@ -201,8 +201,9 @@ def hf_generate(hf, prompts: list[list[int]], new: int, runs: int = 1, warmup: b
 def write_random_checkpoint(spec: str, out_dir, *, seed: int = 0, device: str = "cpu", mtp: bool = False):
     """The bf16 random weights `--random-init SPEC --seed N` gives (baton.loading.random_model) written as a
     safetensors checkpoint (config.json, shards of <= 4 GB, their index; no tokenizer: prompts are token
-    ids). Reused when out_dir already holds the same (spec, seed, mtp). Returns (dir, LoadedModel or None
-    when reused, seconds)."""
+    ids). Reused when out_dir already holds the same (spec, seed, mtp), or the same with the MTP head when
+    none is asked for (the same weights; a worker loads the head and offers mtp too). Returns (dir,
+    LoadedModel or None when reused, seconds)."""
     from safetensors.torch import save_file
 
     from baton.random_init import config_of
@@ -210,7 +211,8 @@ def write_random_checkpoint(spec: str, out_dir, *, seed: int = 0, device: str = 
     out = Path(out_dir)
     want = {"random_init": spec, "seed": seed, "mtp": mtp, "dtype": "bf16"}
     marker = out / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == want:
+    have = json.loads(marker.read_text()) if marker.is_file() else None
+    if have == want or (not mtp and have == {**want, "mtp": True}):
         return out, None, 0.0
     from baton.loading import random_model
 

@@ -92,38 +92,13 @@ from baton.client import Client  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
+from benchmarks.topology import Cmd, child_env  # noqa: E402 (shared with bench_serve)
 from deploy.processes import WorkerProcess, stop_processes, wait_serving  # noqa: E402
 
 ENGINE_ENUM = {"bf16": common_pb2.BF16, "fp8": common_pb2.FP8, "mtp": common_pb2.MTP}
 
 
 # ---------------------------------------------------------------- processes
-class Cmd:
-    """Quacks like deploy.processes.WorkerSpec for WorkerProcess: `python -u -m MODULE ARGS`."""
-
-    port = 0
-
-    def __init__(self, name: str, module: str, args: list[str]):
-        self.name, self.module, self.args = name, module, [str(a) for a in args]
-
-    def argv(self) -> list[str]:
-        return [sys.executable, "-u", "-m", self.module, *self.args]
-
-
-def child_env(threads: int) -> dict[str, str]:
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        PYTHONUNBUFFERED="1",
-    )
-    env.setdefault("BATON_LOG_LEVEL", "WARNING")
-    for k in ("BATON_TOKEN", "BATON_TOKEN_FILE", "BATON_TLS_CERT", "BATON_TLS_KEY", "BATON_TLS_CA", "BATON_HOST"):
-        env.pop(k, None)  # loopback, no auth: this process talks to them with Settings()
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
-
-
 def worker_args(a) -> list[str]:
     common = [
         "--device",

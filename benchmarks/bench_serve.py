@@ -1,5 +1,5 @@
-"""Serving benchmark: concurrent fast-mode streams through the router over gRPC, against HF `generate` at
-batch N and the memory-bandwidth floor at N, in one run.
+"""Serving benchmark: concurrent streams through the router over gRPC (fast mode, fast-mode MTP speculation,
+or exact mode), against HF `generate` at batch N and the memory-bandwidth floor at N, in one run.
 
     python benchmarks/bench_serve.py                                   # CPU, the embedded model, N = 1,2,4,8
     python benchmarks/bench_serve.py --device cuda --random-init qwen3.5-9b --engine bf16 \\
@@ -8,6 +8,10 @@ batch N and the memory-bandwidth floor at N, in one run.
     ... --workload fixed,mixed [--mixed-input 64:1024 --mixed-output 32:512 --long-frac 0.1 --long-input 4096:16384]
     ... --layout both                  # the same points with prefill GPU 0 + decode GPU 1, then both on GPU 0
                                        # (benchmarks/serve_layouts.py: refused / skipped without two GPUs)
+    ... --engine mtp                   # fast-mode MTP speculation (real drafts: the model's own MTP head)
+    ... --mode exact --engine fp8|mtp  # exact mode: fp8 / MTP drafts on the decode worker, verified on the prefill
+    ... --engine mtp --draft-p 0.9 --draft-k 4       # controlled acceptance: each draft right with p = 0.9
+    ... --mode exact --engine mtp --draft-p 0.95     # (random weights: real drafts are nearly all rejected)
     python benchmarks/bench_serve.py --report benchmarks/results/serve-....json   # the .md and .png again
     python benchmarks/bench_serve.py --report A.json B.json --out AB.json         # two runs as one (+ .md, .png)
 
@@ -20,10 +24,22 @@ Steps, in order:
     --input-len, no padding; skipped with the reason in the JSON when transformers cannot build the model).
  2. `baton serve --processes` on --device with that model (--slots, default max(8, N), --max-len, --engine;
     --serve-args for anything else), then a warm-up (--warmup concurrencies, 8 tokens a stream).
+    --draft-p P: the same topology with the acceptance-controlled decode worker instead
+    (benchmarks/topology.py ControlledServe: `baton serve`'s own option parser and worker specs, then
+    `python -m benchmarks.controlled_decode_worker --reference FILE --draft-p P --draft-seed S ... --mtp-k K`
+    in place of each decode worker, and `python -m router` over them as its own process); FILE holds every
+    prompt's `baton complete` tokens (so every prompt gets a reference: --check complete, all prompts), and
+    each draft (fast mtp rounds, exact-mode fp8 / bf16 / mtp drafts) is the reference token with
+    probability P, so a block of K accepts m with P(m) = P^m (1 - P), P(K) = P^K
+    (benchmarks/controlled_decode_worker.py). --random-init with --engine mtp writes the MTP head too.
  3. the points. Closed loop: for each N of --concurrency, N clients (threads, a channel each) start
     together and each sends --requests Generate calls one after another; --requests 1 is a burst of N
     prompts. Poisson: for each R of --rate, --num-prompts requests at exponential inter-arrival times of mean
-    1/R s (seeded), each on its own thread, as vLLM's benchmark_serving sends them. Fast mode, ignore_eos.
+    1/R s (seeded), each on its own thread, as vLLM's benchmark_serving sends them. ignore_eos; GenerateRequest
+    mode --mode (fast | exact), engine --engine (bf16 | fp8 | mtp: fast mode's decode engine, exact mode's
+    drafter), draft_block --draft-k (speculating runs: fast mtp or exact mode; default 4, the router's
+    default block and the decode worker's --mtp-k; fast mtp drafts the worker's --mtp-k, so another K
+    needs --draft-p, whose controlled worker is started with --mtp-k K).
     Workloads: fixed (every prompt --input-len random token ids, --output-len new tokens; --prompts distinct
     prompts, default max N, so no two concurrent streams share a prompt) and mixed (input and output
     lengths uniform in --mixed-input / --mixed-output; with probability --long-frac the input is uniform in
@@ -34,9 +50,17 @@ Steps, in order:
     `bench` extra), else `--report FILE.json` makes them later on any machine.
 
 Per point:
-    decode_steps, decode_mean_rows, decode_step_s_p50 / _p99
+    workload, mode     fixed | mixed; concurrency (closed loop: concurrency, requests_per_client) | rate
+    serve_mode, engine how it generated: --mode (fast | exact), --engine; controlled: true with --draft-p
+    streams, completed, wall_s   streams sent / completed OK; seconds from the start to the last token
+    decode_steps, decode_mean_rows, decode_step_s_p50, decode_step_s_p99
                        the decode workers' batched AR steps during the point (WorkerStats): how many, their
-                       mean rows, their duration (the worst worker's p99: decode steps while prefills run)
+                       mean rows, their duration (the worst worker's p99: decode steps while prefills run);
+                       0 steps for mtp (its rounds are gathered, not stepped)
+    decode_gathered_batches, decode_gathered_mean, prefill_gathered_batches, prefill_gathered_mean
+                       the workers' Gather batches during the point and their mean calls (WorkerStats
+                       gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
+                       calls verified in one pass (exact mode); 0.0 = none
     tok_s              output tokens of every completed stream / wall time of the point (the start -> the
                        last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
@@ -45,10 +69,11 @@ Per point:
     errors             by gRPC status (a refused request is not retried); short: streams of fewer tokens
                        than asked (ignore_eos: should be 0)
     checked, mismatched  streams compared with their reference / that differ from it: the batch must not
-                       change a token. --check complete: `baton complete` (default for bf16: the exact engine,
-                       which bf16 fast mode equals bitwise); alone: the same prompt through the router alone,
-                       before the sweep (default for fp8: batch invariance); none. --check-prompts K checks
-                       the first K prompts of each workload (default: all on the CPU, 8 on CUDA)
+                       change a token. --check complete: `baton complete` (default for bf16, mtp and exact
+                       mode: the exact engine, which bf16 fast mode, mtp fast mode and exact mode equal
+                       bitwise); alone: the same prompt through the router alone, before the sweep (default
+                       for fast fp8: batch invariance); none. --check-prompts K checks the first K prompts
+                       of each workload (default: all on the CPU, 8 on CUDA; --draft-p: all, always)
     mean_inflight      requests in flight on average (sum of request times / wall)
     client_cpu         this process's CPU seconds / wall (near 1.0: the load generator's GIL is the limit)
     scaling            tok_s / tok_s at N = 1
@@ -56,10 +81,30 @@ Per point:
                        --hf-new tokens), hf_decode_tok_s (without the prefill)
     floor_tok_s        N * bandwidth / step_bytes(N rows at floor_context = the mean of input + output / 2)
                        (benchmarks/baselines.py: the weights once, per row its GDN state read + written and its
-                       KV; fp8 weights for the fp8 engine); pct_of_floor
+                       KV; fp8 weights for the fp8 engine in fast mode; mtp and exact mode: the bf16 AR
+                       floor, which speculation may pass); pct_of_floor
+    draft_k, rounds, tokens_per_round, drafted, accepted, acceptance_rate
+                       speculating runs (fast mtp, exact mode): K; rounds = messages after each stream's
+                       first (each a round: exact mode, Draft + Verify; fast mtp, an MTP chain + its
+                       verify; the router sends one message a round); tokens_per_round = the tokens after
+                       each stream's first / rounds (cut last rounds included); drafted / accepted: exact
+                       mode, the router's Stats summed over streams (k = min(K, remaining - 1) a round);
+                       fast mtp, counted from the rounds: each round but a stream's last (which
+                       max_new_tokens may cut) drafted K and accepted its tokens - 1; acceptance_rate =
+                       accepted / drafted
+    draft_p, expected_acceptance_rate, expected_tokens_per_round
+                       --draft-p runs: p and the controlled drafter's steady-state law at K:
+                       sum_{i=1..K} p^i / K and sum_{i=0..K} p^i (exact mode's shorter last blocks and
+                       references that share a prompt length and first token move the measure off it a
+                       little; the JSON's `controlled` says how many share)
     Poisson points also have rate, num_prompts, arrivals_s (the last arrival), dispatch_late_s_max.
     --layout points also have layout, gpus, goodput_per_gpu (tok_s / gpus); the JSON then has layouts,
                        comparison and verdict (benchmarks/serve_layouts.py)
+The JSON's `controlled` (--draft-p runs): draft_p, draft_k, draft_seed, references (prompts in the
+reference file), shared_first_token (how many of them share their prompt length and first token with
+another of other tokens: the controlled drafter tells those apart as their tokens are verified, at
+the cost of a forced miss where two part). The report's tables get a run column ("fast mtp p=0.9 K=4")
+and the speculation columns when the points speculated or generated in more than one way (merged files).
 Exit status 1 when any checked stream differs from its reference.
 """
 
@@ -86,10 +131,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import serve_layouts as layouts  # noqa: E402
 from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
-from benchmarks.load import Serve, decode_steps, pct  # noqa: E402
+from benchmarks.load import Serve, decode_steps, gathers, pct, serve_env  # noqa: E402
+from router.service import RouterConfig  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
 RESULTS = ROOT / "benchmarks" / "results"
+DEFAULT_K = RouterConfig.default_draft_block  # 4: the router's draft block, and the decode worker's --mtp-k
+MAX_K = RouterConfig.width - 2  # the workers' width W = 16 (baton serve leaves it): K in 1..W-2
 DEFAULTS = {  # per --device: what a plain run sweeps
     "cpu": dict(
         concurrency="1,2,4,8", input_len=32, output_len=48, requests=2, check_prompts=-1, hf_new=16, warmup="1"
@@ -222,15 +270,34 @@ class Sample:
     status: str
     end: float = 0.0
     job: Job | None = None
+    sizes: list[int] = field(default_factory=list)  # tokens of each message that carried tokens
+    drafted: int = 0  # the router's Stats (last message): exact mode's drafted / accepted drafts
+    accepted: int = 0
 
 
-def run_job(client, job: Job, engine: str, timeout: float) -> Sample:
+@dataclass(frozen=True)
+class Gen:
+    """How every request of a run is sent: GenerateRequest engine, mode and draft_block (0 = default)."""
+
+    engine: str = "bf16"
+    mode: str = "fast"
+    draft_block: int = 0
+
+    @property
+    def speculates(self) -> bool:
+        return self.mode == "exact" or self.engine == "mtp"
+
+
+def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
+    gen = Gen(gen) if isinstance(gen, str) else gen
     s = Sample(time.monotonic(), [], [], "OK", job=job)
     try:
         for d in client.generate(
             job.prompt,
             max_new_tokens=job.max_new,
-            engine=engine,
+            engine=gen.engine,
+            mode=gen.mode,
+            draft_block=gen.draft_block,
             ignore_eos=True,
             timeout=timeout,
             **dict(job.sampling),
@@ -238,6 +305,9 @@ def run_job(client, job: Job, engine: str, timeout: float) -> Sample:
             if d.token_ids:
                 s.times.append(time.monotonic())
                 s.tokens += d.token_ids
+                s.sizes.append(len(d.token_ids))
+            if d.stats:
+                s.drafted, s.accepted = int(d.stats.get("drafted", 0)), int(d.stats.get("accepted", 0))
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
         s.status = str(getattr(code, "name", type(e).__name__))
@@ -245,7 +315,39 @@ def run_job(client, job: Job, engine: str, timeout: float) -> Sample:
     return s
 
 
-def summarize(samples: list[Sample], wall: float, cpu_s: float) -> dict:
+def speculation(ok: list[Sample], gen: Gen, k: int, p: float | None) -> dict:
+    """The speculation fields of a point (module doc): rounds = messages after each stream's first (one
+    round each); accepted / drafted from the router's Stats (exact mode) or, fast mtp, from the rounds
+    (each round but a stream's last, which max_new_tokens may cut, drafted k and accepted its tokens - 1)."""
+    rounds = sum(max(0, len(s.sizes) - 1) for s in ok)
+    after_first = sum(sum(s.sizes[1:]) for s in ok)
+    if gen.mode == "exact":
+        drafted, accepted = sum(s.drafted for s in ok), sum(s.accepted for s in ok)
+    else:
+        drafted = k * sum(max(0, len(s.sizes) - 2) for s in ok)
+        accepted = sum(n - 1 for s in ok for n in s.sizes[1:-1])
+    out = {
+        "draft_k": k,
+        "rounds": rounds,
+        "tokens_per_round": round(after_first / rounds, 3) if rounds else None,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+    }
+    if p is not None:
+        out |= {"draft_p": p} | expected_law(p, k)
+    return out
+
+
+def expected_law(p: float, k: int) -> dict:
+    """The controlled drafter's law at block k (benchmarks/controlled_decode_worker.py): P(m) = p^m (1-p),
+    P(k) = p^k; tokens a round sum_{i=0..k} p^i, accepted / drafted sum_{i=1..k} p^i / k."""
+    acc = sum(p**i for i in range(1, k + 1))
+    return {"expected_acceptance_rate": round(acc / k, 4), "expected_tokens_per_round": round(1 + acc, 3)}
+
+
+def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | None = None) -> dict:
+    """spec: (Gen, k, draft p or None) of a speculating run: adds speculation()'s fields."""
     ok = [s for s in samples if s.status == "OK"]
     ttft = [s.times[0] - s.start for s in ok if s.times]
     itl = [b - a for s in ok for a, b in zip(s.times, s.times[1:])]
@@ -280,11 +382,14 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float) -> dict:
         "mismatched": mismatched,
         "mean_inflight": round(sum(s.end - s.start for s in samples) / wall, 2) if wall > 0 else None,
         "client_cpu": round(cpu_s / wall, 2) if wall > 0 else None,
-    }
+    } | (speculation(ok, *spec) if spec else {})
 
 
-def closed_point(addr: str, token: str | None, per_client: list[list[Job]], engine: str, timeout: float = 600) -> dict:
-    """len(per_client) clients start together; each sends its jobs one after another on its own channel."""
+def closed_point(
+    addr: str, token: str | None, per_client: list[list[Job]], engine: Gen | str, timeout: float = 600, spec=None
+) -> dict:
+    """len(per_client) clients start together; each sends its jobs one after another on its own channel.
+    engine: a Gen (or an engine name: fast mode); spec: summarize's."""
     from baton.client import Client
 
     n = len(per_client)
@@ -309,12 +414,19 @@ def closed_point(addr: str, token: str | None, per_client: list[list[Job]], engi
         t.join()
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
     return {"mode": "concurrency", "concurrency": n, "requests_per_client": len(per_client[0]) if n else 0} | summarize(
-        samples, wall, cpu
+        samples, wall, cpu, spec
     )
 
 
 def rate_point(
-    addr: str, token: str | None, rate: float, jobs: list[Job], schedule: list[float], engine: str, timeout: float = 600
+    addr: str,
+    token: str | None,
+    rate: float,
+    jobs: list[Job],
+    schedule: list[float],
+    engine: Gen | str,
+    timeout: float = 600,
+    spec=None,
 ) -> dict:
     """jobs[j] sent at schedule[j] s after the start, each on its own thread, over a pool of channels."""
     from baton.client import Client
@@ -353,19 +465,21 @@ def rate_point(
         "num_prompts": len(jobs),
         "arrivals_s": round(schedule[-1], 3) if schedule else 0.0,
         "dispatch_late_s_max": round(late, 4),
-    } | summarize(samples, wall, cpu)
+    } | summarize(samples, wall, cpu, spec)
 
 
 class _StepStats:
-    """Per point: the decode workers' batched steps during it (load.decode_steps), as decode_* fields;
-    {} when the workers cannot tell (an older worker, or no address line)."""
+    """Per point: the decode workers' batched steps during it (load.decode_steps), as decode_* fields,
+    and the workers' gathered batches (load.gathers) as {prefill,decode}_gathered_* fields; {} when the
+    workers cannot tell (an older worker, or no address line)."""
 
     def __init__(self, serve, token):
-        self.serve, self.token, self.s0 = serve, token, None
+        self.serve, self.token, self.s0, self.g0 = serve, token, None, None
 
     def start(self) -> None:
         try:
             self.s0 = decode_steps(self.serve.workers(), self.token, reset=True)
+            self.g0 = gathers(self.serve.workers(), self.token)
         except Exception:  # noqa: BLE001 - the point runs without step stats
             self.s0 = None
 
@@ -374,15 +488,21 @@ class _StepStats:
             return {}
         try:
             s1 = decode_steps(self.serve.workers(), self.token)
+            g1 = gathers(self.serve.workers(), self.token)
         except Exception:  # noqa: BLE001
             return {}
         steps, rows = s1["steps"] - self.s0["steps"], s1["rows"] - self.s0["rows"]
-        return {
+        out = {
             "decode_steps": steps,
             "decode_mean_rows": round(rows / steps, 2) if steps else 0.0,
             "decode_step_s_p50": round(s1["step_s_p50"], 5),
             "decode_step_s_p99": round(s1["step_s_p99"], 5),
         }
+        for role, (b1, i1) in sorted(g1.items()):
+            b0, i0 = self.g0.get(role, (0, 0))
+            out[f"{role}_gathered_batches"] = b1 - b0
+            out[f"{role}_gathered_mean"] = round((i1 - i0) / (b1 - b0), 2) if b1 > b0 else 0.0
+        return out
 
 
 def _point(addr: str, token: str, n: int, requests: int, max_new: int, engine: str, ref: dict) -> dict:
@@ -444,7 +564,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ckpt-dir", default=None, help="--random-init: where (default /tmp/baton-bench-ckpt/SHAPE-seedN)")
     p.add_argument("--seed", type=int, default=0, help="weights (--random-init), prompts, lengths and arrivals")
-    p.add_argument("--engine", default="bf16", choices=("bf16", "fp8"))
+    p.add_argument(
+        "--engine",
+        default="bf16",
+        choices=("bf16", "fp8", "mtp"),
+        help="fast mode: the decode engine; exact: the drafter",
+    )
+    p.add_argument(
+        "--mode",
+        default="fast",
+        choices=("fast", "exact"),
+        help="exact: drafts on the decode worker, each block verified on the prefill worker (router/exact.py)",
+    )
+    p.add_argument(
+        "--draft-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"draft block: GenerateRequest.draft_block and, fast mtp, the decode worker's --mtp-k (default "
+        f"{DEFAULT_K}; fast mtp through plain `baton serve` drafts {DEFAULT_K} a round, so another K needs --draft-p)",
+    )
+    p.add_argument(
+        "--draft-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="controlled acceptance: the decode worker is benchmarks/controlled_decode_worker.py, each draft the "
+        "reference token with probability P (every prompt gets a `baton complete` reference); default: real drafts",
+    )
+    p.add_argument("--draft-seed", type=int, default=None, help="--draft-p: seed of the draws (default --seed)")
     p.add_argument(
         "--temperature", type=float, default=0.0, help="every request samples (0: greedy), seeded per prompt"
     )
@@ -500,6 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve(a) -> None:
     """Fill the per-device defaults and the derived sizes in `a`."""
+    given_check_prompts = a.check_prompts
     for k, v in DEFAULTS[a.device].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -517,9 +666,12 @@ def resolve(a) -> None:
     a.prompts = a.prompts or max(top, 1)
     a.mixed_input = a.mixed_input or (max(1, a.input_len // 4), 2 * a.input_len)
     a.mixed_output = a.mixed_output or (max(1, a.output_len // 4), 2 * a.output_len)
-    a.check = a.check or ("complete" if a.engine == "bf16" else "alone")
     a.slots = a.slots or max(8, top, *(() if not a.rates else (min(a.num_prompts, 64),)))
     a.n_requests = max(top * a.requests if a.points else 0, a.num_prompts if a.rates else 0)
+    speculates = Gen(a.engine, a.mode).speculates
+    a.check = a.check or ("complete" if a.engine == "bf16" or speculates else "alone")
+    _resolve_drafts(a, speculates, given_check_prompts)
+    a.gen = Gen(a.engine, a.mode, a.k if speculates else 0)
     longest_in = max([a.input_len] + ([a.mixed_input[1]] + ([a.long_input[1]] if a.long_frac else []))
                      * ("mixed" in a.workloads))  # fmt: skip
     longest_out = max([a.output_len] + [a.mixed_output[1]] * ("mixed" in a.workloads))
@@ -527,6 +679,51 @@ def resolve(a) -> None:
     a.ckpt_dir = a.ckpt_dir or (
         f"/tmp/baton-bench-ckpt/{Path(a.random_init).name}-seed{a.seed}" if a.random_init else None
     )
+
+
+def _resolve_drafts(a, speculates: bool, given_check_prompts: int | None) -> None:
+    """--draft-k / --draft-p / --draft-seed against the mode and engine (SystemExit when they clash)."""
+    if a.draft_k is not None and not 1 <= a.draft_k <= MAX_K:
+        raise SystemExit(f"--draft-k: 1..{MAX_K} (the workers' width - 2), got {a.draft_k}")
+    a.k = a.draft_k or DEFAULT_K
+    a.draft_seed = a.seed if a.draft_seed is None else a.draft_seed
+    fast_mtp = a.mode == "fast" and a.engine == "mtp"
+    if fast_mtp and a.k != DEFAULT_K and a.draft_p is None and not _serve_has("--mtp-k"):
+        raise SystemExit(
+            f"--draft-k {a.k}: `baton serve` has no --mtp-k (fast mtp drafts {DEFAULT_K} a round); with --draft-p "
+            "the controlled decode worker takes --mtp-k"
+        )
+    if a.draft_p is None:
+        return
+    if not speculates:
+        raise SystemExit("--draft-p controls drafts: give --engine mtp (fast) or --mode exact")
+    if not 0.0 <= a.draft_p <= 1.0:
+        raise SystemExit(f"--draft-p: a probability in [0, 1], got {a.draft_p}")
+    if a.temperature:
+        raise SystemExit("--draft-p: greedy only (the controlled drafter's references are greedy outputs)")
+    if a.check != "complete":
+        raise SystemExit(
+            "--draft-p: the controlled worker needs every prompt's `baton complete` reference: --check complete"
+        )
+    distinct = a.prompts if a.workloads == ["fixed"] else a.n_requests
+    if given_check_prompts not in (None, -1) and given_check_prompts < distinct:
+        raise SystemExit(
+            f"--draft-p: every prompt needs a reference ({distinct} prompts), --check-prompts {given_check_prompts} "
+            "gives fewer: drop it, or use fewer --prompts"
+        )
+    a.check_prompts = -1
+
+
+def reference_file(path: Path, workloads: list[Workload], refs: list[dict], p: float, seed: int) -> int:
+    """The controlled worker's reference file (benchmarks/controlled_decode_worker.py): every referenced
+    prompt's length and `baton complete` tokens; -> how many prompts share their (length, first token)
+    with a prompt of other tokens (the drafter tells them apart as their tokens are verified)."""
+    rows = [
+        {"prompt_len": len(w.prompts[pi]), "tokens": list(t)} for w, r in zip(workloads, refs) for pi, t in r.items()
+    ]
+    path.write_text(json.dumps({"references": rows, "p": p, "seed": seed}))
+    keys = Counter((r["prompt_len"], r["tokens"][0]) for r in {json.dumps(r): r for r in rows}.values() if r["tokens"])
+    return sum(n for n in keys.values() if n > 1)
 
 
 def make_workloads(a, vocab: int) -> list[Workload]:
@@ -570,6 +767,8 @@ def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Pat
     cmd += ["--jobs", str(tmp / "jobs.json"), "--out", str(tmp / "prep.json"), "--seed", str(a.seed)]
     if a.random_init:
         cmd += ["--random-init", a.random_init, "--ckpt-dir", a.ckpt_dir]
+        if a.engine == "mtp":  # the checkpoint needs the MTP head (a checkpoint with it serves bf16 / fp8 too)
+            cmd += ["--mtp"]
     elif a.model:
         cmd += ["--model", a.model]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -587,18 +786,35 @@ def _prepare(a, workloads: list[Workload], hf_prompts: list[list[int]], tmp: Pat
     return prep, refs
 
 
-def floor_at(cfg, rows: int, context: float, bandwidth: float, engine: str, dtype: str) -> float:
-    """The floor of N rows on the workers' weights: fp8 for the fp8 engine, else their dtype (bf16 on CUDA,
-    fp32 on the CPU); KV and conv state in their dtype."""
-    return floor_tok_s(cfg, rows, int(context), bandwidth, "fp8" if engine == "fp8" else dtype, DTYPE_BYTES[dtype])
+def floor_at(cfg, rows: int, context: float, bandwidth: float, engine: str, dtype: str, mode: str = "fast") -> float:
+    """The floor of N rows of AR on the workers' weights: fp8 for the fp8 engine in fast mode, else their
+    dtype (bf16 on CUDA, fp32 on the CPU: mtp and exact mode get the bf16 AR floor, which speculation may
+    pass); KV and conv state in their dtype."""
+    weights = "fp8" if engine == "fp8" and mode == "fast" else dtype
+    return floor_tok_s(cfg, rows, int(context), bandwidth, weights, DTYPE_BYTES[dtype])
 
 
-def _serve_points(a, args: list[str], token: str, workloads: list[Workload], refs: list[dict]):
-    """One `baton serve --processes ARGS`: the warm-up, the "alone" references (the first serve only: a
-    later one is checked against them), then every point; -> (serve info, points, warm-up)."""
-    serve = Serve(*args)
-    info = {"argv": "baton " + shlex.join(serve.argv[3:])}
+def _start_serve(a, args: list[str], reference: Path | None):
+    """`baton serve --processes ARGS`, or with --draft-p the same topology with the controlled decode
+    worker (benchmarks/topology.py ControlledServe) reading `reference`; -> (serve, its info)."""
+    if a.draft_p is None:
+        serve = Serve(*args)
+        return serve, {"argv": "baton " + shlex.join(serve.argv[3:])}
+    from benchmarks.topology import ControlledServe
+
+    serve = ControlledServe(
+        args, reference=str(reference), draft_p=a.draft_p, draft_seed=a.draft_seed, mtp_k=a.k, env=serve_env()
+    )
+    return serve, {"argv": serve.label, "baton_serve_args": shlex.join(args)}
+
+
+def _serve_points(a, args: list[str], token: str, workloads: list[Workload], refs: list[dict], reference=None):
+    """One `baton serve --processes ARGS` (--draft-p: with the controlled decode worker reading the file
+    `reference`): the warm-up, the "alone" references (the first serve only: a later one is checked
+    against them), then every point; -> (serve info, points, warm-up)."""
+    serve, info = _start_serve(a, args, reference)
     points, warm = [], []
+    spec = (a.gen, a.k, a.draft_p) if a.gen.speculates else None
     try:
         t0 = time.monotonic()
         addr = serve.wait(a.boot_timeout)
@@ -606,7 +822,7 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
         w0 = workloads[0]
         for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
             per = [[w0.job(i % len(w0.prompts), min(8, a.output_len))] for i in range(n)]
-            p = closed_point(addr, token, per, a.engine, a.timeout)
+            p = closed_point(addr, token, per, a.gen, a.timeout)
             warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors")})
             print(f"bench_serve: warm-up {warm[-1]}", file=sys.stderr, flush=True)
         if a.check == "alone" and not any(refs):  # each checked prompt through the router by itself
@@ -616,7 +832,7 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
             with Client(addr, token=token) as c:
                 for w, r in zip(workloads, refs):
                     for pi, n in w.ref_lengths(a.check_prompts).items():
-                        s = run_job(c, w.job(pi, n), a.engine, a.timeout)
+                        s = run_job(c, w.job(pi, n), a.gen, a.timeout)
                         if s.status == "OK":
                             r[pi] = s.tokens
             info["alone_reference_s"] = round(time.monotonic() - t1, 1)
@@ -626,23 +842,30 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
                 jobs = w.jobs(r, 0, n * a.requests)
                 per = [[jobs[i + k * n] for k in range(a.requests)] for i in range(n)]
                 steps.start()
-                pt = closed_point(addr, token, per, a.engine, a.timeout)
-                points.append({"workload": w.name} | pt | steps.read())
+                pt = closed_point(addr, token, per, a.gen, a.timeout, spec)
+                points.append({"workload": w.name} | _series(a) | pt | steps.read())
                 print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
             for rate in a.rates:
                 jobs = w.jobs(r, 0, a.num_prompts)
                 sched = poisson_schedule(len(jobs), rate, a.seed)
                 steps.start()
-                pt = rate_point(addr, token, rate, jobs, sched, a.engine, a.timeout)
-                points.append({"workload": w.name} | pt | steps.read())
+                pt = rate_point(addr, token, rate, jobs, sched, a.gen, a.timeout, spec)
+                points.append({"workload": w.name} | _series(a) | pt | steps.read())
                 print(f"bench_serve: {json.dumps(points[-1])}", file=sys.stderr, flush=True)
     finally:
         info["exit_code"] = serve.stop()
+        if a.draft_p is not None:
+            info["argv"] = serve.label  # with the router's addresses
         info["worker_exits"] = [ln.split("baton: ", 1)[1] for ln in serve.err if " exited with code " in ln]
-        if serve.proc.returncode not in (0, None) or not points or any(p.get("errors") for p in points):
+        if info["exit_code"] not in (0, None) or not points or any(p.get("errors") for p in points):
             info["stderr_tail"] = serve.err[-40:]
         info["err"] = list(serve.err)  # the caller reads the placement lines, then drops it
     return info, points, warm
+
+
+def _series(a) -> dict:
+    """What every point of this run says about how it generated (module doc: serve_mode, engine)."""
+    return {"serve_mode": a.mode, "engine": a.engine} | ({"controlled": True} if a.draft_p is not None else {})
 
 
 def run(a, argv: list[str]) -> dict:
@@ -656,7 +879,8 @@ def run(a, argv: list[str]) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git": _git_commit() if not a.commit else {"commit": a.commit, "dirty": None, "given": True},
     }
-    res["config"] = {k: v for k, v in vars(a).items() if k not in ("report", "out", "no_plot") and not callable(v)}
+    skip = ("report", "out", "no_plot", "gen")
+    res["config"] = {k: v for k, v in vars(a).items() if k not in skip and not callable(v)}
     res["workloads"] = {w.name: w.info for w in workloads}
     res["sampling"] = workloads[0].sampling or "greedy"
     with tempfile.TemporaryDirectory(prefix="baton-bench-serve-") as tmp:
@@ -671,7 +895,7 @@ def run(a, argv: list[str]) -> dict:
             "vocab": cfg.vocab_size,
             "hidden": cfg.hidden_size,
             "layers": cfg.num_hidden_layers,
-            "weight_bytes": weight_bytes(cfg, "fp8" if a.engine == "fp8" else prep["dtype"]),
+            "weight_bytes": weight_bytes(cfg, "fp8" if a.engine == "fp8" and a.mode == "fast" else prep["dtype"]),
         }
         token = f"serve-{os.getpid()}-{random.randrange(1 << 30)}"
         (tmp / "token").write_text(token)
@@ -683,9 +907,15 @@ def run(a, argv: list[str]) -> dict:
         elif inflight > 64:
             res["note_max_inflight"] = "baton serve has no --max-inflight: its router refuses past 64 in flight"
         args += shlex.split(a.serve_args)
+        ref_file = None
+        if a.draft_p is not None:  # the controlled decode worker's references: every prompt's `baton complete`
+            ref_file = tmp / "reference.json"
+            shared = reference_file(ref_file, workloads, refs, a.draft_p, a.draft_seed)
+            res["controlled"] = {"draft_p": a.draft_p, "draft_k": a.k, "draft_seed": a.draft_seed}
+            res["controlled"] |= {"references": sum(len(r) for r in refs), "shared_first_token": shared}
         points, warm = [], []
         if not a.layouts:  # one `baton serve` as given
-            res["serve"], points, warm = _serve_points(a, args, token, workloads, refs)
+            res["serve"], points, warm = _serve_points(a, args, token, workloads, refs, ref_file)
             res["serve"].pop("err")
             if "alone_reference_s" in res["serve"]:
                 res["prepare"]["alone_reference_s"] = res["serve"].pop("alone_reference_s")
@@ -697,7 +927,7 @@ def run(a, argv: list[str]) -> dict:
                     continue
                 try:
                     lay["serve"], pts, lay["warmup"] = _serve_points(
-                        a, args + lay["serve_args"], token, workloads, refs
+                        a, args + lay["serve_args"], token, workloads, refs, ref_file
                     )
                 except (RuntimeError, TimeoutError) as e:  # this layout's serve did not come up: the other still runs
                     lay["failed"] = f"baton serve: {e}"[-3000:]
@@ -732,7 +962,7 @@ def run(a, argv: list[str]) -> dict:
         ctx = sum(len(w.prompts[pi]) + m / 2 for pi, m in reqs) / max(1, len(reqs))
         p["floor_context"] = round(ctx, 1)
         if n:
-            p["floor_tok_s"] = round(floor_at(cfg, n, ctx, bandwidth, a.engine, prep["dtype"]), 1)
+            p["floor_tok_s"] = round(floor_at(cfg, n, ctx, bandwidth, a.engine, prep["dtype"], a.mode), 1)
             p["pct_of_floor"] = round(100 * p["tok_s"] / p["floor_tok_s"], 1) if p["tok_s"] else None
     attach_hf(points, res["hf"])
     res["bandwidth_bytes_per_s"] = bandwidth
@@ -743,9 +973,13 @@ def run(a, argv: list[str]) -> dict:
     return res
 
 
+SERIES = ("workload", "layout", "serve_mode", "engine", "draft_p", "draft_k")
+
+
 def _same_series(q: dict, p: dict) -> bool:
-    """The same workload in the same layout (None where the run had no --layout)."""
-    return q["workload"] == p["workload"] and q.get("layout") == p.get("layout")
+    """The same workload in the same layout (None where the run had no --layout), generated the same way
+    (mode, engine, controlled p and K: merged files may hold several)."""
+    return all(q.get(k) == p.get(k) for k in SERIES)
 
 
 def attach_hf(points: list[dict], hf: dict) -> None:
@@ -768,7 +1002,16 @@ def merge(results: list[dict], paths: list[str]) -> dict:
     lays = {k: v for r in results for k, v in r.get("layouts", {}).items() if not v.get("skipped")}
     if any("layouts" in r for r in results):  # a layout run in one file, skipped in another: the one that ran
         out["layouts"] = {k: v for r in results for k, v in r.get("layouts", {}).items()} | lays
-    key = lambda p: (p.get("layout") or "", p["workload"], p["mode"], p.get("concurrency") or 0, p.get("rate") or 0)  # noqa: E731
+    key = lambda p: (  # noqa: E731
+        p.get("layout") or "",
+        p["workload"],
+        p.get("serve_mode") or "",
+        p.get("engine") or "",
+        p.get("draft_p") if p.get("draft_p") is not None else -1.0,
+        p["mode"],
+        p.get("concurrency") or 0,
+        p.get("rate") or 0,
+    )
     out["points"] = sorted((p for r in results for p in r.get("points", [])), key=key)
     attach_hf(out["points"], out["hf"])
     for p in out["points"]:
@@ -786,40 +1029,79 @@ def _fmt(x, nd=1) -> str:
     return "" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
+def run_label(p: dict) -> str:
+    """How a point generated: "fast mtp p=0.9 K=4", "exact fp8 K=4", "fast bf16" ("" for an old file)."""
+    if not p.get("engine"):
+        return ""
+    out = f"{p.get('serve_mode', 'fast')} {p['engine']}"
+    if p.get("draft_p") is not None:
+        out += f" p={p['draft_p']:g}"
+    return out + (f" K={p['draft_k']}" if p.get("draft_k") else "")
+
+
+def _spec_cells(p: dict) -> str:
+    """accepted / drafted (rate, the law's) | tokens a round (the law's)."""
+    if "rounds" not in p:
+        return " | |"
+    rate = f"{p['accepted']} / {p['drafted']} ({_fmt(p.get('acceptance_rate'), 3)}"
+    rate += f", law {_fmt(p['expected_acceptance_rate'], 3)})" if "expected_acceptance_rate" in p else ")"
+    tpr = _fmt(p.get("tokens_per_round"), 2)
+    tpr += f" (law {_fmt(p['expected_tokens_per_round'], 2)})" if "expected_tokens_per_round" in p else ""
+    return f" {rate} | {tpr} |"
+
+
 def _tables(points: list[dict]) -> list[str]:
+    """The closed-loop and the Poisson tables; a "run" column where the points generated in more than one
+    way or speculated, and the speculation columns where any did."""
     lines: list[str] = []
+    spec = any("rounds" in p for p in points)
+    runs = spec or len({run_label(p) for p in points}) > 1
+    run_h, run_s = ("| run ", "|---") if runs else ("", "")
+    spec_h, spec_s = (" accepted / drafted | tokens / round |", "---|---|") if spec else ("", "")
+    run_c = lambda p: f"| {run_label(p)} " if runs else ""  # noqa: E731
+    spec_c = lambda p: _spec_cells(p) if spec else ""  # noqa: E731
     closed = [p for p in points if p.get("mode") == "concurrency"]
     if closed:
         lines += [
-            "| workload | N | all streams tok/s | x N=1 | each stream p50 (min) | TTFT p50 / p99 s | ITL p50 / p99 s "
-            "| HF batch N tok/s (decode) | floor tok/s | % floor | errors | differing / checked |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            f"{run_h}| workload | N | all streams tok/s | x N=1 | each stream p50 (min) | TTFT p50 / p99 s | "
+            "ITL p50 / p99 s | HF batch N tok/s (decode) | floor tok/s | % floor | errors | differing / checked |"
+            + spec_h,
+            f"{run_s}|---|---|---|---|---|---|---|---|---|---|---|---|" + spec_s,
         ]
         for p in closed:
             hf = f"{_fmt(p.get('hf_tok_s'))} ({_fmt(p.get('hf_decode_tok_s'))})" if "hf_tok_s" in p else ""
             lines.append(
-                f"| {p['workload']} | {p['concurrency']} | {_fmt(p['tok_s'])} | {_fmt(p.get('scaling'), 2)} | "
+                f"{run_c(p)}| {p['workload']} | {p['concurrency']} | {_fmt(p['tok_s'])} | {_fmt(p.get('scaling'), 2)} | "
                 f"{_fmt(p['stream_tok_s_p50'])} ({_fmt(p.get('stream_tok_s_min'))}) | "
                 f"{_fmt(p['ttft_s_p50'], 3)} / {_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / "
                 f"{_fmt(p['itl_s_p99'], 3)} | {hf} | {_fmt(p.get('floor_tok_s'))} | {_fmt(p.get('pct_of_floor'))} | "
-                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
+                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |{spec_c(p)}"
             )
     rated = [p for p in points if p.get("mode") == "rate"]
     if rated:
         lines += [
             "",
-            "| workload | rate req/s | requests | tok/s | req/s done | mean in flight | TTFT p50 / p99 s | "
-            "ITL p50 / p99 s | errors | differing / checked |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            f"{run_h}| workload | rate req/s | requests | tok/s | req/s done | mean in flight | TTFT p50 / p99 s | "
+            "ITL p50 / p99 s | errors | differing / checked |" + spec_h,
+            f"{run_s}|---|---|---|---|---|---|---|---|---|---|" + spec_s,
         ]
         for p in rated:
             lines.append(
-                f"| {p['workload']} | {p['rate']:g} | {p['num_prompts']} | {_fmt(p['tok_s'])} | "
+                f"{run_c(p)}| {p['workload']} | {p['rate']:g} | {p['num_prompts']} | {_fmt(p['tok_s'])} | "
                 f"{_fmt(p['requests_per_s'], 2)} | {_fmt(p['mean_inflight'])} | {_fmt(p['ttft_s_p50'], 3)} / "
                 f"{_fmt(p['ttft_s_p99'], 3)} | {_fmt(p['itl_s_p50'], 3)} / {_fmt(p['itl_s_p99'], 3)} | "
-                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |"
+                f"{json.dumps(p['errors']) if p['errors'] else 0} | {p['mismatched']} / {p['checked']} |{spec_c(p)}"
             )
     return lines
+
+
+def _controlled_note(c: dict | None) -> str:
+    if not c:
+        return ""
+    return (
+        f" (controlled drafts: right with p = {c['draft_p']:g}, K = {c['draft_k']}, seed {c['draft_seed']}; "
+        f"{c['references']} references, {c['shared_first_token']} sharing a prompt length and first token)"
+    )
 
 
 def markdown(res: dict) -> str:
@@ -831,7 +1113,9 @@ def markdown(res: dict) -> str:
         f"`{res.get('command', '')}`\n",
         f"Machine: {m.get('gpu') or m.get('cpu', '')} ({m.get('host', '')}); torch {m.get('torch', '')}; "
         f"commit {(g.get('commit') or '?')[:10]}{' (dirty)' if g.get('dirty') else ''}. Model: "
-        f"{res.get('model', {}).get('random_init') or res.get('model', {}).get('dir', '')}, engine {c.get('engine')}, "
+        f"{res.get('model', {}).get('random_init') or res.get('model', {}).get('dir', '')}, engine {c.get('engine')}"
+        f"{', ' + c['mode'] + ' mode' if c.get('mode') not in (None, 'fast') else ''}"
+        f"{_controlled_note(res.get('controlled'))}, "
         f"`{res.get('serve', {}).get('argv', '')}`. Bandwidth "
         f"{res.get('bandwidth_bytes_per_s', 0) / 1e9:.0f} GB/s ({res.get('prepare', {}).get('bandwidth', {}).get('how', '')}).\n",
     ]
@@ -879,10 +1163,11 @@ def plot(res: dict, path: Path) -> bool:
     fig, axes = plt.subplots(1, ncol, figsize=(5.5 * ncol, 4.2))
     ax, lat = axes[0], axes[1]
     eng = res.get("config", {}).get("engine", "")
-    for w in sorted({p["workload"] for p in closed}):
-        rows = [p for p in closed if p["workload"] == w]
+    for w, run_ in sorted({(p["workload"], run_label(p)) for p in closed}):
+        rows = [p for p in closed if p["workload"] == w and run_label(p) == run_]
         xs = [p["concurrency"] for p in rows]
-        ax.plot(xs, [p["tok_s"] for p in rows], marker="o", label=f"Baton {eng}, {w}")
+        ax.plot(xs, [p["tok_s"] for p in rows], marker="o", label=f"Baton {run_ or eng}, {w}")
+        w = f"{w}, {run_}" if run_ else w
         lat.plot(xs, [p["ttft_s_p50"] for p in rows], marker="o", label=f"TTFT p50, {w}")
         lat.plot(xs, [p["ttft_s_p99"] for p in rows], marker="o", linestyle=":", label=f"TTFT p99, {w}")
         lat.plot(xs, [p["itl_s_p50"] for p in rows], marker="s", label=f"inter-token p50, {w}")

@@ -70,21 +70,26 @@ READY_RE = re.compile(r"^baton: ((?:prefill|decode)-\d+) ready(?: again)? on (\S
 
 
 # ------------------------------------------------------------------------------------------ server
+def serve_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of the served processes (Serve, benchmarks/topology.py ControlledServe)."""
+    # NOTE: one intra-op thread per worker: on a small shared CPU box torch's default (all cores per
+    # process) oversubscribes and OpenMP spin-waits make each step 10-50x slower
+    return {
+        **os.environ,
+        # NOTE: ROOT first, the caller's path kept: on the GPU machine it holds /tmp/gpu-site (fla, grpc wheels)
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONUNBUFFERED": "1",
+        "BATON_LOG_LEVEL": "WARNING",
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+    }
+
+
 class Serve:
     """`baton serve --processes` in its own process group; stdout/stderr lines collected."""
 
     def __init__(self, *args: str, env: dict | None = None):
-        # NOTE: one intra-op thread per worker: on a small shared CPU box torch's default (all cores per
-        # process) oversubscribes and OpenMP spin-waits make each step 10-50x slower
-        self.env = {
-            **os.environ,
-            # NOTE: ROOT first, the caller's path kept: on the GPU machine it holds /tmp/gpu-site (fla, grpc wheels)
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "PYTHONUNBUFFERED": "1",
-            "BATON_LOG_LEVEL": "WARNING",
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
+        self.env = serve_env(env)
         self.argv = [sys.executable, "-m", "baton.cli", "serve", "--processes", *args]
         self.proc = subprocess.Popen(
             self.argv,
@@ -163,6 +168,25 @@ def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = Fal
         steps, rows, biggest = steps + st.steps, rows + st.step_rows, max(biggest, st.max_step_rows)
         p50, p99 = max(p50, st.step_s_p50), max(p99, st.step_s_p99)
     return {"steps": steps, "rows": rows, "max_rows": biggest, "step_s_p50": p50, "step_s_p99": p99}
+
+
+def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int, int]]:
+    """Per role (prefill, decode): the workers' Gather batches and the calls in them (WorkerStats
+    gathered_batches / gathered_items: Verify on a prefill worker, Draft and mtp rounds on a decode
+    worker), summed over the role's workers; counters since the worker started."""
+    from baton.rpc import make_channel
+    from baton.settings import Settings
+    from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+    out: dict[str, tuple[int, int]] = {}
+    for name, addr in addresses.items():
+        role = "prefill" if name.startswith("prefill") else "decode"
+        stub = prefill_pb2_grpc.PrefillWorkerStub if role == "prefill" else decode_pb2_grpc.DecodeWorkerStub
+        with make_channel(addr, Settings(token=token)) as ch:
+            st = stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+        b, i = out.get(role, (0, 0))
+        out[role] = (b + st.gathered_batches, i + st.gathered_items)
+    return out
 
 
 def settle_sessions(addresses, token, timeout: float) -> tuple[dict[str, int], float]:
