@@ -93,6 +93,19 @@ class Control:
         return self._got
 
 
+def _round_start(s) -> tuple[int, int]:
+    """(the BF16 state's position, the round's pending token t0) at a round's first draft. An mtp session
+    keeps both on the host: its pending MTP pairs end at the position, their last token is t0
+    (decode_worker/mtp.py pending_pairs; the state's device tensors would cost a sync per round and
+    session); bf16 / fp8 drafting has consumed t0 already (DecodeSession.draft_t0)."""
+    ids = getattr(s, "mtp_pairs_ids", None)
+    if s.engine == "mtp" and ids:
+        return int(s.mtp_start) + len(ids), int(ids[-1])
+    st = s.runner.state
+    t0 = int(st.next_token[s.slot]) if s.engine == "mtp" else int(s.draft_t0)
+    return int(st.position[s.slot]), t0
+
+
 class ControlledDrafter(Drafter):
     """Each session's drafts right with probability p, against its reference tokens (module doc)."""
 
@@ -124,8 +137,8 @@ class ControlledDrafter(Drafter):
         """A round starts: d1 is at reference index idx0 (module doc); the last round's drafts before
         idx0 - 1 were accepted and t0 (at idx0 - 1) is the verified pending token: the references that
         disagree with them are dropped."""
-        c.idx0 = int(s.runner.state.position[s.slot]) - c.base + (s.engine == "mtp")
-        t0 = int(s.runner.state.next_token[s.slot]) if s.engine == "mtp" else int(s.draft_t0)
+        position, t0 = _round_start(s)
+        c.idx0 = position - c.base + (s.engine == "mtp")
         known = {i: t for i, t in c.proposed.items() if i < c.idx0 - 1} | {c.idx0 - 1: t0}
         c.proposed = {}
         if len(c.refs) > 1:

@@ -23,8 +23,21 @@
 #   layout-fixed, layout-mixed   issue 25's one-GPU half: bench_serve --layout both (split is recorded as
 #           skipped on one GPU; on nvidia-h200-x2 both layouts run): fixed 512/256 at 1, 8, 32, 64, and
 #           Poisson arrivals of mixed lengths with 10% 4K-16K prompts
+#   spec-fast, spec-exact   issue 21 point 5, speculation through the router with the acceptance-controlled
+#           drafter (bench_serve --draft-p: random weights make real drafts meaningless), 512/256:
+#           spec-fast   fast mtp, each draft right with p = 0.9, K = 4, at 1, 8, 32 streams; fast bf16 at 32
+#                       (target: fast mtp at 32 >= 1.3x fast bf16 at 32)
+#           spec-exact  exact mode, mtp drafts right with p = 0.95, K = 8 (bench_exact's p = 0.95 K = 8), at 1,
+#                       8 and 32 streams; fast bf16 at 32 (targets: exact at 8 >= 5x exact at 1, exact at 32
+#                       >= 0.8x fast bf16 at 32)
+#           Fewer prompts than streams: --draft-p needs every prompt's `baton complete` reference, and the
+#           exact engine took ~30 s per 256-token reference of the 9B on the H200 (the serve stage's
+#           prepare: 60 s for 2), so 32 distinct prompts would not fit one 600 s call; 2 distinct prompts
+#           (each shared by N/2 streams; the controlled draws do not depend on the tokens, each session
+#           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
+#           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed}
+stage=${1:?stage: tests-engine|tests-decode|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -37,6 +50,30 @@ serve() {  # name, then bench_serve arguments
   python benchmarks/bench_serve.py --device cuda --random-init qwen3.5-9b --no-hf --warmup 1 --check-prompts 2 \
     --commit "$commit" --no-plot --out "$out/$name.json" "$@" >"$out/$name.log" 2>&1
   echo "$name: rc=$?"
+}
+ratio() {  # label, JSON A, N of A, JSON B, N of B, target: tok/s of A's point over B's
+  python - "$@" <<'EOF'
+import json, sys
+
+label, fa, na, fb, nb, target = sys.argv[1:]
+
+
+def tok_s(f, n):
+    try:
+        return next(p["tok_s"] for p in json.load(open(f))["points"] if p.get("concurrency") == int(n))
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
+
+
+a, b = tok_s(fa, na), tok_s(fb, nb)
+r = round(a / b, 2) if a and b else None
+print(f"{label}: {a} / {b} tok/s = {r}x (target >= {target}x)")
+EOF
+}
+spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 prompts, warm-up at 1 and 8
+  local name=$1
+  shift
+  serve "$name" --prompts 2 --warmup 1,8 "$@"
 }
 case $stage in
   tests-engine | tests-decode | tests-serving)
@@ -73,6 +110,20 @@ case $stage in
   layout-mixed)
     serve serve-layouts-mixed --engine bf16 --layout both --workload mixed --input-len 512 --output-len 256 \
       --long-frac 0.1 --long-input 4096:16384 --concurrency "" --rate 2,8 --num-prompts 64
+    ;;
+  spec-fast)
+    spec spec-fast-mtp --engine mtp --concurrency 1,8,32 --draft-p 0.9 --draft-k 4
+    spec spec-fast-bf16 --engine bf16 --concurrency 32 --check-prompts 1
+    ratio "fast mtp p=0.9 at 32 / fast bf16 at 32" "$out/spec-fast-mtp.json" 32 "$out/spec-fast-bf16.json" 32 1.3 |
+      tee "$out/spec-fast-ratios.txt"
+    ;;
+  spec-exact)
+    spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
+    spec spec-exact-bf16 --engine bf16 --concurrency 32 --check-prompts 1
+    {
+      ratio "exact mtp p=0.95 at 8 / at 1" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp.json" 1 5
+      ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-bf16.json" 32 0.8
+    } | tee "$out/spec-exact-ratios.txt"
     ;;
   *)
     echo "unknown stage $stage" >&2

@@ -66,9 +66,21 @@ def _fast(eng, d, first, n):
     return out, sizes
 
 
-def test_controlled_drafter_drives_fast_mtp_rounds(engines, tmp_path):
+def test_controlled_drafter_drives_fast_mtp_rounds(engines, tmp_path, monkeypatch):
     """Fast mode, engine mtp: p = 1 accepts every block whole (K + 1 tokens a round), p = 0 none (one
-    token a round); the tokens are the reference either way (the BF16 verify)."""
+    token a round); the tokens are the reference either way (the BF16 verify). The drafter's host-side
+    round start (position, pending token) is the state's own at every round."""
+    from benchmarks import controlled_decode_worker as cdw
+
+    host = cdw._round_start
+    seen = []
+
+    def checked(s):
+        st = s.runner.state
+        seen.append(host(s) == (int(st.position[s.slot]), int(st.next_token[s.slot])))
+        return host(s)
+
+    monkeypatch.setattr(cdw, "_round_start", checked)
     lm, exact, prompt, ref = engines
     for p, want in ((1.0, [K + 1] * 3), (0.0, [1] * 15)):
         eng = _controlled(lm, tmp_path / "ref.json", [{"prompt_len": len(prompt), "tokens": ref}], p)
@@ -77,6 +89,7 @@ def test_controlled_drafter_drives_fast_mtp_rounds(engines, tmp_path):
         out, sizes = _fast(eng, d, first, 15)
         assert out == ref[:16] and sizes == want, p
         eng.release(d.id)
+    assert len(seen) == 3 + 15 and all(seen)
 
 
 def test_controlled_drafter_drives_exact_mode_mtp_drafts(engines, tmp_path):
