@@ -100,6 +100,8 @@ Per point:
     Poisson points also have rate, num_prompts, arrivals_s (the last arrival), dispatch_late_s_max.
     --layout points also have layout, gpus, goodput_per_gpu (tok_s / gpus); the JSON then has layouts,
                        comparison and verdict (benchmarks/serve_layouts.py)
+The JSON's `serve`: argv (the `baton serve` command; --draft-p: the commands ControlledServe ran, `;`-separated,
+and baton_serve_args, the `baton serve` options they were built from), boot_s, exit_code, worker_exits.
 The JSON's `controlled` (--draft-p runs): draft_p, draft_k, draft_seed, references (prompts in the
 reference file), shared_first_token (how many of them share their prompt length and first token with
 another of other tokens: the controlled drafter tells those apart as their tokens are verified, at
