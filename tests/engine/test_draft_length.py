@@ -1,4 +1,4 @@
-"""router/draft_length.py: the adaptive draft-length controller, driven by a simulated session (geometric
+"""baton/engine/draft_length.py: the adaptive draft-length controller, driven by a simulated session (geometric
 acceptance, round costs linear in K with noise): small K when acceptance is low, large K when it is high,
 K_max and the floor respected, hysteresis (no flapping between near-equal Ks), the prior for a new
 session, the cost fit, and the fixed policy."""
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from router.draft_length import DraftLength, FixedLength, controller, expected_tokens
+from baton.engine.draft_length import DraftLength, FixedLength, controller, expected_tokens
 
 # a CPU-like worker pair: Draft = rpc + K row steps, Verify = rpc + one pass (K+1 rows, nearly flat)
 RPC, STEP, PASS = 0.5e-3, 3e-3, 4e-3
