@@ -26,7 +26,9 @@ Estimates:
 Hysteresis: K moves only when rate(best) > (1 + margin) rate(K) for `patience` rounds in a row, and by
 at most `max_step` at a time. K = 0 (plain AR) is a candidate only when k_min = 0; its cost is then what
 `observe(0, 0, 0, seconds)` reports (E(0) = 1). Exact mode cannot run K = 0 today (Draft and Verify
-refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length").
+refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
+MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0, so a
+session whose speculation costs more than it yields (large batches, low acceptance) falls back to AR.
 K changes speed only: every round is verified, so the tokens are the exact engine's whatever K is.
 """
 
@@ -120,7 +122,7 @@ class DraftLength:
             return self.k
         runs = [j for j in self.costs if j > 0]
         up, down = self.k + 1, self.k - 1
-        lo = max(self.k_min, 1)
+        lo = self.k_min  # K = 0 (k_min = 0): probed like any K, priced by what its rounds measured
         if len(runs) < 2 or (self.probe_every and self.rounds % self.probe_every == 0):
             want_up = self.acceptance >= 0.5
             order = (up, down) if want_up else (down, up)
@@ -201,11 +203,12 @@ class FixedLength:
         pass
 
 
-def controller(policy: str, k: int, k_max: int):
-    """The draft-length controller of one exact session: `policy` in POLICIES; k: the request's K (the
-    adaptive prior); k_max: the adaptive ceiling (at most the router's W - 2)."""
+def controller(policy: str, k: int, k_max: int, k_min: int = 1):
+    """The draft-length controller of one session: `policy` in POLICIES; k: the request's K (the
+    adaptive prior); k_max: the adaptive ceiling (at most the worker's W - 2); k_min: 0 where plain AR
+    rounds exist (fast-mode MTP), else 1 (exact mode)."""
     if policy == "fixed":
         return FixedLength(k)
     if policy == "adaptive":
-        return DraftLength(prior_k=k, k_max=max(k_max, k, 1))
+        return DraftLength(prior_k=k, k_max=max(k_max, k, 1), k_min=k_min)
     raise ValueError(f"draft length policy {policy!r}: one of {', '.join(POLICIES)}")
