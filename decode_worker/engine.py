@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES, controller
+from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
 from baton.engine.gather import Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
@@ -99,6 +99,7 @@ class DecodeEngine:
         # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
         self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
+        self._mtp_ctl = None  # their K per round (mtp.control)
         self.mtp_rounds = Gather(
             lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active
         )
@@ -214,8 +215,9 @@ class DecodeEngine:
         if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
-        if s.engine == "mtp":  # K per round from the session's controller, up to k_max (0: an AR round)
-            yield from mtp.decode(self, s, max_new_tokens, ends, controller(self.draft_length, kk, k_max, k_min=0))
+        if s.engine == "mtp":  # K per round from the worker's controller (mtp.control), up to k_max
+            mtp.control(self, kk)
+            yield from mtp.decode(self, s, max_new_tokens, ends, k_max)
             return
         produced = 0
         while produced < max_new_tokens:

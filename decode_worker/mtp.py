@@ -20,8 +20,20 @@ import time
 
 import torch
 
+from baton.engine.draft_length import controller
 from baton.engine.graph import MAX_DRAFT
 from baton.engine.speculation import verify_blocks
+
+
+def control(engine, k: int | None = None):
+    """The draft-length controller of every fast-mode mtp session of the engine (their rounds are one
+    batch): made at the first mtp Decode, its K the prior (baton/engine/draft_length.py, k_min 0; the
+    engine's draft_length policy; engine.k_max the adaptive ceiling)."""
+    with engine._mtp_lock:
+        if engine._mtp_ctl is None:
+            prior = k or 4
+            engine._mtp_ctl = controller(engine.draft_length, prior, engine.k_max or prior, k_min=0)
+        return engine._mtp_ctl
 
 
 def flush_at(runner) -> int:
@@ -79,7 +91,22 @@ def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor, kept: bool = 
 
 
 def rounds(engine, items: list) -> list[list[int]]:
-    """items [(session, k)] of distinct sessions (k >= 0) -> each session's emitted tokens d1..dm, next."""
+    """items [(session, cap)] of distinct sessions -> each session's emitted tokens d1..dm, next. The
+    round's K is the worker's controller's (control(engine): one K for the batch, 0 = a plain
+    round), cut to each session's cap (its tokens left, its window); the controller then observes the
+    pooled acceptance of the sessions that ran at K and the round's seconds."""
+    ctl = control(engine)
+    K = ctl.next_k()
+    items = [(s, min(K, cap)) for s, cap in items]
+    t = time.perf_counter()
+    out = _round(engine, items)
+    at_k = [len(o) - 1 for o, (_, k) in zip(out, items) if k == K]
+    if at_k:
+        ctl.observe_round(K, at_k, 0.0, time.perf_counter() - t)
+    return out
+
+
+def _round(engine, items: list) -> list[list[int]]:
     prep = []
     for (s, _k), drafts in zip(items, chains(engine, items)):
         st = s.runner.state
@@ -102,21 +129,17 @@ def rounds(engine, items: list) -> list[list[int]]:
     return out
 
 
-def decode(engine, s, max_new_tokens: int, ends: set, controller):
-    """Fast-mode MTP decode of session s: rounds (concurrent sessions' rounds share one chain and one
-    verify pass: engine.mtp_rounds) until max_new_tokens or a token of `ends`; yields each round's
-    tokens. controller (baton/engine/draft_length.py) picks each round's K, 0 = a plain AR round (a
-    one-row verify block), from the session's acceptance and the seconds its rounds take in the batch."""
+def decode(engine, s, max_new_tokens: int, ends: set, k_max: int):
+    """Fast-mode MTP decode of session s: rounds (concurrent sessions' rounds are one batch, one chain and
+    one verify pass: engine.mtp_rounds, K from the worker's controller) until max_new_tokens or a token
+    of `ends`; yields each round's tokens. A round's K is cut to k_max, the tokens left and the window."""
     produced, r = 0, s.runner
     with engine._mtp_lock:
         engine._mtp_active += 1
     try:
         while produced < max_new_tokens:
             room = r.max_len - int(r.state.position[s.slot]) - 2  # a round's rows stay in the window
-            k = max(0, min(controller.next_k(), max_new_tokens - produced - 1, room))
-            t = time.perf_counter()
-            toks = engine.mtp_rounds.call((s, k))
-            controller.observe(k, len(toks) - 1, 0.0, time.perf_counter() - t)
+            toks = engine.mtp_rounds.call((s, max(0, min(k_max, max_new_tokens - produced - 1, room))))
             toks, ended = cut(toks, max_new_tokens - produced, ends)
             produced += len(toks)
             s.last_used = time.monotonic()

@@ -27,8 +27,10 @@ Hysteresis: K moves only when rate(best) > (1 + margin) rate(K) for `patience` r
 at most `max_step` at a time. K = 0 (plain AR) is a candidate only when k_min = 0; its cost is then what
 `observe(0, 0, 0, seconds)` reports (E(0) = 1). Exact mode cannot run K = 0 today (Draft and Verify
 refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
-MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0, so a
-session whose speculation costs more than it yields (large batches, low acceptance) falls back to AR.
+MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0 and one
+controller for all the worker's mtp sessions, whose rounds are one batch (`observe_round`: the pooled
+acceptance, the round's seconds): when speculation costs the batch more than it yields (large batches,
+low acceptance) every session falls back to plain steps together.
 K changes speed only: every round is verified, so the tokens are the exact engine's whatever K is.
 """
 
@@ -144,12 +146,18 @@ class DraftLength:
     def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
         """One finished round: k drafted (0 = a plain AR step), `accepted` of them kept, the seconds of its
         Draft and Verify calls. Returns the settled K."""
-        if not 0 <= accepted <= k:
+        return self.observe_round(k, [accepted], draft_s, verify_s)
+
+    def observe_round(self, k: int, accepted: list[int], draft_s: float, verify_s: float) -> int:
+        """A round that several sessions ran together at K = k (one controller for a batch: fast-mode
+        mtp): accepted[i] drafts kept by session i (pooled into the acceptance), the round's seconds (so
+        rate(K) is each session's tokens/s, and the batch's over B). Returns the settled K."""
+        if any(not 0 <= m <= k for m in accepted):
             raise ValueError(f"accepted {accepted} out of range 0..{k}")
         self.rounds += 1
         if k > 0:
-            self.s = self.s * self.decay + accepted
-            self.f = self.f * self.decay + (1.0 if accepted < k else 0.0)
+            self.s = self.s * self.decay + sum(accepted)
+            self.f = self.f * self.decay + sum(1.0 for m in accepted if m < k)
         for e in self.costs.values():
             e.weight *= self.decay
             e.age += 1
@@ -197,6 +205,9 @@ class FixedLength:
         return self.k
 
     def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
+        return self.k
+
+    def observe_round(self, k: int, accepted: list[int], draft_s: float, verify_s: float) -> int:
         return self.k
 
     def forget_costs(self) -> None:

@@ -1,5 +1,5 @@
-"""Fast-mode MTP's K per round (decode_worker/mtp.py decode, baton/engine/draft_length.py), on the embedded
-default model (real MTP acceptance), CPU:
+"""Fast-mode MTP's K per round (decode_worker/mtp.py: rounds, one controller for the worker's mtp sessions;
+baton/engine/draft_length.py), on the embedded default model (real MTP acceptance), CPU:
   * any schedule of K, plain AR rounds (K = 0) included, gives the exact engine's tokens, and leaves the
     MTP KV of every finalised position bitwise what K = 3 every round leaves: a K = 0 round keeps its
     pending pairs for the next chain, and a run of them is flushed (finalised without a draft) before
@@ -32,7 +32,7 @@ def env():
 
 
 class Scripted:
-    """A controller that plays a fixed list of K (then its last), recording what it observed."""
+    """A controller that plays a fixed list of K (then its last), recording what each round observed."""
 
     def __init__(self, ks):
         self.ks, self.i, self.seen = list(ks), 0, []
@@ -42,7 +42,7 @@ class Scripted:
         self.i += 1
         return k
 
-    def observe(self, k, accepted, draft_s, verify_s):
+    def observe_round(self, k, accepted, draft_s, verify_s):
         self.seen.append((k, accepted))
 
 
@@ -68,11 +68,8 @@ def _decode(lm, exact, ids, ctl=None, drafter=None, policy="fixed"):
     tensors, pos, nxt = exact.export(es.id)
     s = eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine="mtp")
     exact.release(es.id)
-    if ctl is None:
-        toks = [t for b in eng.decode(s.id, NEW - 1, k=3) for t in b]
-    else:
-        r.reserve(s.slot, pos + NEW + 12)
-        toks = [t for b in mtp.decode(eng, s, NEW - 1, set(), ctl) for t in b]
+    eng._mtp_ctl = ctl  # None: the engine makes its own (mtp.control) at the first Decode
+    toks = [t for b in eng.decode(s.id, NEW - 1, k=3) for t in b]
     return [first] + toks, s, r
 
 
@@ -101,7 +98,7 @@ def test_a_k0_run_keeps_then_flushes_its_pending_pairs(env):
     toks, s, r = _decode(lm, exact, ids, ctl)
     assert toks == ref
     assert [k for k, _ in ctl.seen[1:]] == [0] * (len(ctl.seen) - 1)  # plain rounds: one token each
-    assert all(m == 0 for _, m in ctl.seen[1:])
+    assert all(m == [0] for _, m in ctl.seen[1:])
     cap = mtp.flush_at(r)
     assert 2 <= len(s.mtp_pairs_ids) <= cap  # flushed every time the kept pairs reached the cap
     assert s.mtp_start > len(ids) + 2  # the flushes moved the finalised prefix on

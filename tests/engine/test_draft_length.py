@@ -158,3 +158,28 @@ def test_forget_costs_after_a_migration_keeps_acceptance():
     c.forget_costs()
     assert c.costs == {} and c.acceptance == a
     assert c.next_k() == c.k
+
+
+@pytest.mark.parametrize("p, low", [(0.0, True), (0.9, False)])
+def test_one_controller_for_a_batch_pools_its_sessions(p, low):
+    """observe_round (fast-mode mtp: one K for all the worker's sessions, whose rounds are one batch):
+    the acceptance pooled over the round's sessions, the cost the round's: K = 0 when no draft is
+    accepted, the best K when most are."""
+    c, rng, ks = DraftLength(prior_k=2, k_max=6, k_min=0), random.Random(4), []
+    for _ in range(150):
+        k = c.next_k()
+        acc = []
+        for _ in range(8):
+            m = 0
+            while m < k and rng.random() < p:
+                m += 1
+            acc.append(m)
+        c.observe_round(k, acc, 0.0, RPC + k * STEP + verify_s(k))
+        ks.append(k)
+    with pytest.raises(ValueError):
+        c.observe_round(2, [0, 3], 0.0, 1.0)
+    tail = ks[-40:]
+    if low:
+        assert tail.count(0) >= 36, tail
+    else:  # the best K of this cost model (drafting is dear: K = 2 at p = 0.9), never K = 0
+        assert 0 not in tail and sorted(tail)[20] == best_k(p) == 2, tail
