@@ -115,7 +115,7 @@ def run_batched_mtp(exact, lm, prompts, max_len, n, eos, k):
     """Every prompt's mtp decode at once on one DecodeEngine (concurrent rounds verify in one pass:
     DecodeEngine.mtp_rounds) -> ([(tokens, stats)] in prompt order, the largest round batch)."""
     r = ModelRunner(lm.model, slots=len(prompts), max_len=max_len)
-    dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp")
+    dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     loaded = [handoff(exact, dec, pr["ids"], "mtp") for pr in prompts]  # one at a time: exact has 2 slots
 
     def one(i):
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
 
     exact = ExactEngine(ModelRunner(lm.model, slots=2, max_len=max_len))
     r = ModelRunner(lm.model, slots=1, max_len=max_len)
-    dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp")
+    dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     fp8_model = copy.deepcopy(lm.model)
     del fp8_model.mtp  # fp8 sessions never draft with the MTP head (decode_worker/service.py)
     q = quantize_model(fp8_model, "full")

@@ -1,4 +1,4 @@
-"""Exact mode's adaptive draft length (router/draft_length.py) against fixed K, through the router, with
+"""Exact mode's adaptive draft length (baton/engine/draft_length.py) against fixed K, through the router, with
 the acceptance-controlled drafter of bench_exact (benchmarks/controlled_decode_worker.py).
 
     python benchmarks/bench_adaptive_k.py --new 128 --runs 3 --ks 1,2,4,8 --ps 0.3,0.95 \\
@@ -78,7 +78,7 @@ def parse(argv):
 def spy_controllers():
     """Wraps router.exact's controller factory: -> the list of every adaptive session's K per round."""
     import router.exact
-    from router.draft_length import controller
+    from baton.engine.draft_length import controller
 
     made: list[list[int]] = []
 

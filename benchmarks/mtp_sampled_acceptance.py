@@ -28,7 +28,7 @@ def main() -> int:
     tok = Tokenizer.from_dir(resolve_model_dir(None))
     exact = ExactEngine(ModelRunner(lm.model, slots=1, max_len=256))
     r = ModelRunner(lm.model, slots=1, max_len=256, checkpoints=True)
-    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp")
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     out = {}
     for T in (0.7, 1.0):
         accept, same = [], True

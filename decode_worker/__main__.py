@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp8: all projections, or the state-safe tail (last MLP + LM head)",
     )
     p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
+    p.add_argument(
+        "--mtp-draft-length",
+        choices=("adaptive", "fixed"),
+        default="adaptive",
+        help="mtp engine, fast mode: K per round, adaptive (from the session's acceptance and its rounds' "
+        "cost in the batch, --mtp-k the prior, K = 0 a plain step when speculation does not pay) or "
+        "fixed (--mtp-k every round)",
+    )
     p.add_argument("--no-graphs", action="store_true", help="do not capture CUDA graphs (eager decode)")
     p.add_argument(
         "--pipeline",
@@ -88,6 +96,7 @@ def main(argv: list[str] | None = None, *, drafter=None) -> int:
             capture_graphs=not args.no_graphs,
             fp8_mode=args.fp8_mode,
             mtp_k=args.mtp_k,
+            mtp_draft_length=args.mtp_draft_length,
             pipeline=args.pipeline,
             drafter=drafter,
         )

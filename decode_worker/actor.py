@@ -37,6 +37,7 @@ class DecodeActor(WorkerActor):
         token_file: str | None = None,
         fp8_mode: str = "full",
         mtp_k: int = 4,
+        mtp_draft_length: str = "adaptive",
         capture_graphs: bool = True,
         pipeline: bool = False,
         kv_pages: int | None = None,
@@ -65,6 +66,7 @@ class DecodeActor(WorkerActor):
             gpu_memory_fraction=float(gpu_memory_fraction),
             fp8_mode=fp8_mode,
             mtp_k=int(mtp_k),
+            mtp_draft_length=mtp_draft_length,
             capture_graphs=_flag(capture_graphs),
             pipeline=_flag(pipeline),
         )

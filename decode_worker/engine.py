@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
 from baton.engine.gather import Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
@@ -70,15 +71,22 @@ class DecodeEngine:
         ttl_s: float = 300.0,
         drafter: Drafter = GREEDY,
         batch_steps: bool | None = None,
+        draft_length: str = "adaptive",
     ):
         """runners: engine name -> runner. "mtp" and "bf16" may share one runner (BF16 model + MTP head).
         drafter: picks every draft token (baton.engine.speculation.Drafter; the default, the model's own).
         batch_steps: bf16 / fp8 fast-mode sessions step together through one StepScheduler
         (baton/engine/scheduler.py); None = for eager runners (the CPU path) and fused runners with a
-        batched step (ModelRunner.enable_batching); other fused runners keep the per-session pipelined loop."""
+        batched step (ModelRunner.enable_batching); other fused runners keep the per-session pipelined loop.
+        draft_length: fast-mode MTP's K per round, "adaptive" (baton/engine/draft_length.py, K = 0 included)
+        or "fixed" (the Decode's K)."""
         if default_engine not in runners:
             raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
         self.runners, self.default_engine, self.ttl_s, self.drafter = runners, default_engine, ttl_s, drafter
+        if draft_length not in POLICIES:
+            raise ValueError(f"draft_length {draft_length!r}: one of {', '.join(POLICIES)}")
+        self.draft_length = draft_length
+        self.k_max = 0 if draft_length == "fixed" else min(DEFAULT_K_MAX, self.width - 2)
         self._compute = threading.Lock()
         self.batch_steps = batch_steps
         self._scheduler: StepScheduler | None = None
@@ -91,6 +99,7 @@ class DecodeEngine:
         # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
         self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
+        self._mtp_ctl = None  # their K per round (mtp.control)
         self.mtp_rounds = Gather(
             lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active
         )
@@ -191,9 +200,11 @@ class DecodeEngine:
         s = self.get(session_id)
         r = s.runner
         pos = int(r.state.position[s.slot])
-        extra = k + 2 if s.engine == "mtp" else 0
+        kk = min(k, self.width - 2)
+        k_max = max(kk, self.k_max)  # adaptive K's ceiling (fixed: k); a round's K also fits the window
+        extra = kk + 2 if s.engine == "mtp" else 0
         r.check_window(pos, max_new_tokens, extra)
-        r.reserve(s.slot, pos + max_new_tokens + extra)  # every KV page it may write, before any step
+        r.reserve(s.slot, pos + max_new_tokens + (k_max + 2 if extra else 0))  # every KV page it may write
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
         if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
@@ -204,31 +215,19 @@ class DecodeEngine:
         if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
-        produced, kk = 0, min(k, self.width - 2)
-        if s.engine == "mtp":
-            with self._mtp_lock:
-                self._mtp_active += 1
-        try:
-            while produced < max_new_tokens:
-                if s.engine == "mtp":  # rounds of concurrent mtp sessions verify in one pass (mtp.rounds)
-                    toks = self.mtp_rounds.call((s, kk))
-                else:
-                    with self._compute:
-                        toks = self._ar_step(s)
-                toks = toks[: max_new_tokens - produced]
-                for i, t in enumerate(toks):
-                    if t in ends:
-                        toks = toks[: i + 1]
-                        break
-                produced += len(toks)
-                s.last_used = time.monotonic()
-                yield toks
-                if toks and toks[-1] in ends:
-                    return
-        finally:
-            if s.engine == "mtp":
-                with self._mtp_lock:
-                    self._mtp_active -= 1
+        if s.engine == "mtp":  # K per round from the worker's controller (mtp.control), up to k_max
+            mtp.control(self, kk)
+            yield from mtp.decode(self, s, max_new_tokens, ends, k_max)
+            return
+        produced = 0
+        while produced < max_new_tokens:
+            with self._compute:
+                toks, ended = mtp.cut(self._ar_step(s), max_new_tokens - produced, ends)
+            produced += len(toks)
+            s.last_used = time.monotonic()
+            yield toks
+            if ended:
+                return
 
     def _ar_pipelined(self, s: DecodeSession, max_new_tokens: int, ends: set):
         """bf16 / fp8 AR with step t+1 launched before token t is read, so the host's launch and

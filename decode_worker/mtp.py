@@ -16,23 +16,46 @@ Runs under the engine's compute lock (DecodeEngine.mtp, a Gather of concurrent r
 
 from __future__ import annotations
 
+import time
+
 import torch
 
+from baton.engine.draft_length import controller
+from baton.engine.graph import MAX_DRAFT
 from baton.engine.speculation import verify_blocks
 
 
-def chains(engine, items: list) -> list[list[int]]:
+def control(engine, k: int | None = None):
+    """The draft-length controller of every fast-mode mtp session of the engine (their rounds are one
+    batch): made at the first mtp Decode, its K the prior (baton/engine/draft_length.py, k_min 0; the
+    engine's draft_length policy; engine.k_max the adaptive ceiling)."""
+    with engine._mtp_lock:
+        if engine._mtp_ctl is None:
+            prior = k or 4
+            engine._mtp_ctl = controller(engine.draft_length, prior, engine.k_max or prior, k_min=0)
+        return engine._mtp_ctl
+
+
+def flush_at(runner) -> int:
+    """Pending pairs at which a K = 0 session's chain runs anyway (finalising them, no draft): the most
+    pairs one MTP pass takes (its graphs: K_max + 2; at most W)."""
+    return min(MAX_DRAFT + 2, runner.width)
+
+
+def chains(engine, items: list) -> list[list[int] | None]:
     """items [(session, k)] of distinct sessions -> each session's k drafts: finalises its pending MTP
     pairs (h_{P-1}, x_P) ... and drafts k tokens, the MTP output row chained as the next step's hidden.
     Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
-    each session's pending pairs, then k - 1 one-pair steps), each bitwise its chain alone."""
-    drafts: list[list[int]] = [[] for _ in items]
+    each session's pending pairs, then k - 1 one-pair steps), each bitwise its chain alone.
+    k = 0 (fast mode's plain AR round): no chain, None, the pending pairs kept for a later one, unless
+    they reached flush_at: then they are finalised now, [] (no draft)."""
+    drafts: list = [[] if k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) else None for s, k in items]
     h: list = [None] * len(items)
     idx = [0] * len(items)  # KV index of each session's next pair
-    for step in range(max((k for _, k in items), default=0)):
+    for step in range(max((max(k, 1) for (_, k), d in zip(items, drafts) if d is not None), default=0)):
         by_runner: dict[int, list[int]] = {}
         for i, (s, k) in enumerate(items):
-            if k > step:
+            if drafts[i] is not None and max(k, 1) > step:
                 by_runner.setdefault(id(s.runner), []).append(i)
         for live in by_runner.values():
             r, groups = items[live[0]][0].runner, []
@@ -46,15 +69,21 @@ def chains(engine, items: list) -> list[list[int]]:
                     idx[i] += 1
             toks, outs = r.mtp_batch(groups)
             for i, t, o in zip(live, toks, outs):
-                drafts[i].append(engine.drafter.propose(items[i][0], step, t[-1]))
+                if items[i][1] > step:
+                    drafts[i].append(engine.drafter.propose(items[i][0], step, t[-1]))
                 h[i] = o[-1]  # chained: the MTP output row is the next step's hidden
     return drafts
 
 
-def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor) -> None:
+def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor, kept: bool = False) -> None:
     """After m+1 accepted rows from position p (ids = [t0, d1..dm, next]; h_rows [>= m+1, hidden] the
     final-normed hidden rows of the accepting rows pass): pairs (h_{p-1}, ids[0]) .. (h_{p+m}, next) at
-    KV index p-1 onward."""
+    KV index p-1 onward. kept (a round whose chain did not run, so the pairs were not finalised; then
+    m = 0): the pending pairs, whose last is (h_{p-1}, t0), plus (h_p, next)."""
+    if kept:
+        s.mtp_pairs_h = torch.cat([s.mtp_pairs_h, h_rows[:1]])
+        s.mtp_pairs_ids = s.mtp_pairs_ids + [ids[-1]]
+        return
     h_prev = s.mtp_pairs_h[-1:].clone()  # h_{p-1}
     s.mtp_pairs_h = torch.cat([h_prev, h_rows[: len(ids) - 1]])
     s.mtp_pairs_ids = ids
@@ -62,7 +91,22 @@ def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor) -> None:
 
 
 def rounds(engine, items: list) -> list[list[int]]:
-    """items [(session, k)] of distinct sessions -> each session's emitted tokens d1..dm, next."""
+    """items [(session, cap)] of distinct sessions -> each session's emitted tokens d1..dm, next. The
+    round's K is the worker's controller's (control(engine): one K for the batch, 0 = a plain
+    round), cut to each session's cap (its tokens left, its window); the controller then observes the
+    pooled acceptance of the sessions that ran at K and the round's seconds."""
+    ctl = control(engine)
+    K = ctl.next_k()
+    items = [(s, min(K, cap)) for s, cap in items]
+    t = time.perf_counter()
+    out = _round(engine, items)
+    at_k = [len(o) - 1 for o, (_, k) in zip(out, items) if k == K]
+    if at_k:
+        ctl.observe_round(K, at_k, 0.0, time.perf_counter() - t)
+    return out
+
+
+def _round(engine, items: list) -> list[list[int]]:
     prep = []
     for (s, _k), drafts in zip(items, chains(engine, items)):
         st = s.runner.state
@@ -74,11 +118,43 @@ def rounds(engine, items: list) -> list[list[int]]:
     for idx in by_runner.values():
         r = prep[idx[0]][0].runner
         hidden: list[torch.Tensor] = []
-        res = verify_blocks(r, [(prep[i][0].slot, [prep[i][1]] + prep[i][3]) for i in idx], hidden_out=hidden)
+        blocks = [(prep[i][0].slot, [prep[i][1]] + (prep[i][3] or [])) for i in idx]
+        res = verify_blocks(r, blocks, hidden_out=hidden)
         for i, (m, nxt), h in zip(idx, res, hidden):
             s, t0, p, drafts = prep[i]
-            pending_pairs(s, p, [t0] + drafts[:m] + [nxt], h)
+            pending_pairs(s, p, [t0] + (drafts or [])[:m] + [nxt], h, kept=drafts is None)
             s.rounds += 1
             s.emitted_in_rounds += m + 1
-            out[i] = drafts[:m] + [nxt]
+            out[i] = (drafts or [])[:m] + [nxt]
     return out
+
+
+def decode(engine, s, max_new_tokens: int, ends: set, k_max: int):
+    """Fast-mode MTP decode of session s: rounds (concurrent sessions' rounds are one batch, one chain and
+    one verify pass: engine.mtp_rounds, K from the worker's controller) until max_new_tokens or a token
+    of `ends`; yields each round's tokens. A round's K is cut to k_max, the tokens left and the window."""
+    produced, r = 0, s.runner
+    with engine._mtp_lock:
+        engine._mtp_active += 1
+    try:
+        while produced < max_new_tokens:
+            room = r.max_len - int(r.state.position[s.slot]) - 2  # a round's rows stay in the window
+            toks = engine.mtp_rounds.call((s, max(0, min(k_max, max_new_tokens - produced - 1, room))))
+            toks, ended = cut(toks, max_new_tokens - produced, ends)
+            produced += len(toks)
+            s.last_used = time.monotonic()
+            yield toks
+            if ended:
+                return
+    finally:
+        with engine._mtp_lock:
+            engine._mtp_active -= 1
+
+
+def cut(toks: list[int], room: int, ends: set) -> tuple[list[int], bool]:
+    """A step's tokens cut to `room` and after the first end token -> (tokens, ended at an end token)."""
+    toks = toks[:room]
+    for i, t in enumerate(toks):
+        if t in ends:
+            return toks[: i + 1], True
+    return toks, False

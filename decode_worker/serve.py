@@ -64,6 +64,7 @@ def serve_decode(
     capture_graphs: bool = True,
     fp8_mode: str = "full",
     mtp_k: int = DEFAULT_MTP_K,
+    mtp_draft_length: str = "adaptive",
     max_workers: int | None = None,
     max_concurrent_rpcs: int = 256,
     pipeline: bool = False,
@@ -140,6 +141,7 @@ def serve_decode(
         ttl_s=ttl_s,
         drafter=drafter or GREEDY,
         batch_steps=False if pipeline else None,
+        draft_length=mtp_draft_length,
     )
     sessions = slots * len({id(r) for r in runners.values()})  # bf16 and mtp share a runner
     servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)

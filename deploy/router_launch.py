@@ -67,7 +67,7 @@ def serve_router(
     draft_length: str | None = None,
 ) -> RouterHandle:
     """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight,
-    draft_length (exact mode's K per round: router/draft_length.py) None: RouterConfig's defaults."""
+    draft_length (exact mode's K per round: baton/engine/draft_length.py) None: RouterConfig's defaults."""
     from baton.settings import Settings, read_token_file
     from router.service import RouterConfig
 

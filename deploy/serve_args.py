@@ -8,7 +8,7 @@ import argparse
 import os
 from pathlib import Path
 
-from router.draft_length import POLICIES
+from baton.engine.draft_length import POLICIES
 
 ENGINES = ("bf16", "fp8", "mtp")
 

@@ -20,11 +20,11 @@ import sys
 import threading
 from pathlib import Path
 
+from baton.engine.draft_length import POLICIES
 from baton.lifeline import die_with_parent
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
-from router.draft_length import POLICIES
 from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.service import ModelMeta, RouterConfig, RouterServicer

@@ -29,11 +29,11 @@ from typing import Callable, Iterator
 import grpc
 
 from baton import names, sampling_rules
+from baton.engine.draft_length import FixedLength, controller
 from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
-from router.draft_length import FixedLength, controller
 from router.registry import NoWorker
 from router.session import Budget, Handoff
 
@@ -94,13 +94,13 @@ class ExactLoop:
         self.sampling = sampling  # SamplingParams (seed resolved): the drafts use the exact engine's noise
         # penalties: the tokens of the decode worker's loaded state, sent with the first Draft after a load
         self.prompt_ids, self.loaded = list(prompt_ids), list(prompt_ids)
-        # K per round (router/draft_length.py): the request's K, or the adaptive controller's choice
+        # K per round (baton/engine/draft_length.py): the request's K, or the adaptive controller's choice
         self.draft_length = draft_length if draft_length is not None else FixedLength(k)
 
     @classmethod
     def for_plan(cls, calls, handoff, budget, stats, plan, config, **hooks) -> "ExactLoop":
         """The loop of a validated request (router.service.Plan) under the router's RouterConfig: K per
-        round from config.draft_length (router/draft_length.py), the request's K as fixed K or prior."""
+        round from config.draft_length (baton/engine/draft_length.py), the request's K as fixed K or prior."""
         k_max = min(config.max_adaptive_k, config.width - 2)
         s = plan.sampling
         # NOTE: a REJECTION session's tokens depend on which positions are drafts (its seeded replay

@@ -17,7 +17,7 @@ Lifecycle of a Generate request:
 Every downstream call has a deadline no later than the client's. One JSON log line per request. The HTTP
 API calls Generate in process (router/http/bridge.py), with a context that has only time_remaining(),
 add_callback() and abort(): Generate must use no other ServicerContext method. Exact mode's K per round:
-RouterConfig.draft_length ("adaptive": router/draft_length.py; "fixed": the request's K every round).
+RouterConfig.draft_length ("adaptive": baton/engine/draft_length.py; "fixed": the request's K every round).
 
 Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
 or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, the exact

@@ -36,7 +36,7 @@ from baton.engine.runner import ModelRunner
 
 log = logging.getLogger("baton.graph")
 
-MAX_DRAFT = 8  # the longest draft block graphs exist for (K + 1 rows; router/draft_length.py DEFAULT_K_MAX)
+MAX_DRAFT = 8  # the longest draft block graphs exist for (K + 1 rows; baton/engine/draft_length.py DEFAULT_K_MAX)
 
 
 @dataclass

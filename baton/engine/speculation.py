@@ -52,7 +52,8 @@ def verify_block(runner, slot: int, tokens: list[int]) -> tuple[int, int]:
     st = runner.state
     pos0 = int(st.position[slot])
     runner.check_window(pos0, len(tokens))
-    runner.begin_block(slot)
+    if len(tokens) > 1:  # a one-row block (a plain step) is never cut: nothing to rewind to
+        runner.begin_block(slot)
     greedy = runner.rows(slot, tokens)
     m = accepted_length(tokens[1:], greedy)
     runner.accept_prefix(slot, pos0, tokens, m)
@@ -74,8 +75,9 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
             hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
         return [res]
     st = runner.state
-    for slot, _ in blocks:  # rows_batch validates the blocks (windows, ids) before it touches any state
-        st.snapshot(slot)
+    for slot, tokens in blocks:  # rows_batch validates the blocks (windows, ids) before it touches any state
+        if len(tokens) > 1:  # a one-row block (no drafts: a plain step) is never cut
+            st.snapshot(slot)
     picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
     out, redo = [], []
     for (slot, tokens), greedy in zip(blocks, picks):

@@ -85,7 +85,7 @@ def _decode_engine(lm, engine, graphs=True):
     r = ModelRunner(lm.model, slots=1, max_len=PROMPT + NEW + 64, width=16, checkpoints=True)  # as served
     if graphs:
         graph.capture_all(r, max_draft=4)
-    return DecodeEngine({"bf16": r, "mtp": r}, default_engine=engine), r
+    return DecodeEngine({"bf16": r, "mtp": r}, default_engine=engine, draft_length="fixed"), r
 
 
 def _exact(lm):

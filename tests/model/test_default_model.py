@@ -36,7 +36,11 @@ def env():
     fp8 = copy.deepcopy(lm.model)
     del fp8.mtp
     quantize_model(fp8, "full")
-    dec = DecodeEngine({"bf16": r, "mtp": r, "fp8": ModelRunner(fp8, slots=1, max_len=MAX_LEN)}, default_engine="mtp")
+    dec = DecodeEngine(
+        {"bf16": r, "mtp": r, "fp8": ModelRunner(fp8, slots=1, max_len=MAX_LEN)},
+        default_engine="mtp",
+        draft_length="fixed",
+    )  # fixed K: the acceptance at K=3
     return lm, tok, exact, dec
 
 

@@ -12,9 +12,9 @@ from helpers import wait_serving
 import router.exact
 from baton.client import Client
 from baton.complete import complete
+from baton.engine.draft_length import DraftLength, FixedLength
 from baton.engine.sampling import Params
 from baton.settings import Settings
-from router.draft_length import DraftLength, FixedLength
 from router.service import RouterConfig
 
 MAX_LEN, NEW = 256, 40

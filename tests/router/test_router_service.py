@@ -64,7 +64,7 @@ def test_fast_fp8_tokens_come_from_the_decode_engine(cluster):
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
 def test_exact_mode_is_token_identical(engine, k, policy):
     """Either draft-length policy: the verified tokens; fixed sends the request's K every round, adaptive
-    any K in 1..max(K_max, the request's K) (router/draft_length.py)."""
+    any K in 1..max(K_max, the request's K) (baton/engine/draft_length.py)."""
     cluster = Cluster(config=RouterConfig(call_timeout_s=2.0, migrate_wait_s=1.0, draft_length=policy))
     try:
         _exact_identical(cluster, engine, k, policy)

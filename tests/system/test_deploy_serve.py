@@ -407,7 +407,7 @@ def test_prefill_budget_reaches_the_prefill_workers_only(tmp_path):
 
 
 def test_draft_length_reaches_the_router():
-    """`baton serve --draft-length adaptive` sets the router's exact-mode K policy (router/draft_length.py);
+    """`baton serve --draft-length adaptive` sets the router's exact-mode K policy (baton/engine/draft_length.py);
     unset, the router keeps its default (fixed)."""
     import argparse
 

@@ -26,7 +26,11 @@ Estimates:
 Hysteresis: K moves only when rate(best) > (1 + margin) rate(K) for `patience` rounds in a row, and by
 at most `max_step` at a time. K = 0 (plain AR) is a candidate only when k_min = 0; its cost is then what
 `observe(0, 0, 0, seconds)` reports (E(0) = 1). Exact mode cannot run K = 0 today (Draft and Verify
-refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length").
+refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
+MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0 and one
+controller for all the worker's mtp sessions, whose rounds are one batch (`observe_round`: the pooled
+acceptance, the round's seconds): when speculation costs the batch more than it yields (large batches,
+low acceptance) every session falls back to plain steps together.
 K changes speed only: every round is verified, so the tokens are the exact engine's whatever K is.
 """
 
@@ -120,7 +124,7 @@ class DraftLength:
             return self.k
         runs = [j for j in self.costs if j > 0]
         up, down = self.k + 1, self.k - 1
-        lo = max(self.k_min, 1)
+        lo = self.k_min  # K = 0 (k_min = 0): probed like any K, priced by what its rounds measured
         if len(runs) < 2 or (self.probe_every and self.rounds % self.probe_every == 0):
             want_up = self.acceptance >= 0.5
             order = (up, down) if want_up else (down, up)
@@ -142,12 +146,18 @@ class DraftLength:
     def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
         """One finished round: k drafted (0 = a plain AR step), `accepted` of them kept, the seconds of its
         Draft and Verify calls. Returns the settled K."""
-        if not 0 <= accepted <= k:
+        return self.observe_round(k, [accepted], draft_s, verify_s)
+
+    def observe_round(self, k: int, accepted: list[int], draft_s: float, verify_s: float) -> int:
+        """A round that several sessions ran together at K = k (one controller for a batch: fast-mode
+        mtp): accepted[i] drafts kept by session i (pooled into the acceptance), the round's seconds (so
+        rate(K) is each session's tokens/s, and the batch's over B). Returns the settled K."""
+        if any(not 0 <= m <= k for m in accepted):
             raise ValueError(f"accepted {accepted} out of range 0..{k}")
         self.rounds += 1
         if k > 0:
-            self.s = self.s * self.decay + accepted
-            self.f = self.f * self.decay + (1.0 if accepted < k else 0.0)
+            self.s = self.s * self.decay + sum(accepted)
+            self.f = self.f * self.decay + sum(1.0 for m in accepted if m < k)
         for e in self.costs.values():
             e.weight *= self.decay
             e.age += 1
@@ -197,15 +207,19 @@ class FixedLength:
     def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
         return self.k
 
+    def observe_round(self, k: int, accepted: list[int], draft_s: float, verify_s: float) -> int:
+        return self.k
+
     def forget_costs(self) -> None:
         pass
 
 
-def controller(policy: str, k: int, k_max: int):
-    """The draft-length controller of one exact session: `policy` in POLICIES; k: the request's K (the
-    adaptive prior); k_max: the adaptive ceiling (at most the router's W - 2)."""
+def controller(policy: str, k: int, k_max: int, k_min: int = 1):
+    """The draft-length controller of one session: `policy` in POLICIES; k: the request's K (the
+    adaptive prior); k_max: the adaptive ceiling (at most the worker's W - 2); k_min: 0 where plain AR
+    rounds exist (fast-mode MTP), else 1 (exact mode)."""
     if policy == "fixed":
         return FixedLength(k)
     if policy == "adaptive":
-        return DraftLength(prior_k=k, k_max=max(k_max, k, 1))
+        return DraftLength(prior_k=k, k_max=max(k_max, k, 1), k_min=k_min)
     raise ValueError(f"draft length policy {policy!r}: one of {', '.join(POLICIES)}")

@@ -1,4 +1,4 @@
-"""router/draft_length.py: the adaptive draft-length controller, driven by a simulated session (geometric
+"""baton/engine/draft_length.py: the adaptive draft-length controller, driven by a simulated session (geometric
 acceptance, round costs linear in K with noise): small K when acceptance is low, large K when it is high,
 K_max and the floor respected, hysteresis (no flapping between near-equal Ks), the prior for a new
 session, the cost fit, and the fixed policy."""
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from router.draft_length import DraftLength, FixedLength, controller, expected_tokens
+from baton.engine.draft_length import DraftLength, FixedLength, controller, expected_tokens
 
 # a CPU-like worker pair: Draft = rpc + K row steps, Verify = rpc + one pass (K+1 rows, nearly flat)
 RPC, STEP, PASS = 0.5e-3, 3e-3, 4e-3
@@ -71,15 +71,18 @@ def test_high_acceptance_gives_a_large_k_capped_at_k_max(seed):
 def test_the_floor_is_respected_and_k0_needs_a_measured_ar_cost():
     ks = simulate(DraftLength(prior_k=4, k_max=8, k_min=2), p=0.0)
     assert min(ks) == 2 and ks[-50:].count(2) >= 45
-    # k_min = 0: K = 0 (plain AR) is never chosen before its cost was measured ...
+    # k_min = 0 (fast-mode MTP): K = 0, plain AR, is probed like any K; it is chosen when its rounds are
+    # measured to beat every speculative round (p = 0: no draft is ever accepted) ...
+    ks = simulate(DraftLength(prior_k=2, k_max=4, k_min=0), p=0.0, rounds=120)
+    assert ks[-40:].count(0) >= 36, ks[-40:]
+    # ... and not when speculation pays (high acceptance)
+    ks = simulate(DraftLength(prior_k=2, k_max=4, k_min=0), p=0.95, rounds=120)
+    assert ks[-40:].count(0) <= 4 and ks[-1] >= 3, ks[-40:]
+    # without a measured AR cost K = 0 has no rate, so it is never settled on from a prior alone
     c = DraftLength(prior_k=2, k_max=4, k_min=0)
-    assert 0 not in simulate(c, p=0.0, rounds=60)
-    # ... and is, when a plain AR step is measured to beat every speculative round at p = 0
+    assert c.rate(0) is None
     c.observe(0, 0, 0.0, RPC + PASS)
-    for _ in range(10):
-        c.observe(c.k, 0, draft_s(c.k), verify_s(c.k))
-        c.observe(0, 0, 0.0, RPC + PASS)
-    assert c.k == 0
+    assert c.rate(0) == pytest.approx(1 / (RPC + PASS))
 
 
 def test_hysteresis_holds_k_between_near_equal_choices():
@@ -155,3 +158,28 @@ def test_forget_costs_after_a_migration_keeps_acceptance():
     c.forget_costs()
     assert c.costs == {} and c.acceptance == a
     assert c.next_k() == c.k
+
+
+@pytest.mark.parametrize("p, low", [(0.0, True), (0.9, False)])
+def test_one_controller_for_a_batch_pools_its_sessions(p, low):
+    """observe_round (fast-mode mtp: one K for all the worker's sessions, whose rounds are one batch):
+    the acceptance pooled over the round's sessions, the cost the round's: K = 0 when no draft is
+    accepted, the best K when most are."""
+    c, rng, ks = DraftLength(prior_k=2, k_max=6, k_min=0), random.Random(4), []
+    for _ in range(150):
+        k = c.next_k()
+        acc = []
+        for _ in range(8):
+            m = 0
+            while m < k and rng.random() < p:
+                m += 1
+            acc.append(m)
+        c.observe_round(k, acc, 0.0, RPC + k * STEP + verify_s(k))
+        ks.append(k)
+    with pytest.raises(ValueError):
+        c.observe_round(2, [0, 3], 0.0, 1.0)
+    tail = ks[-40:]
+    if low:
+        assert tail.count(0) >= 36, tail
+    else:  # the best K of this cost model (drafting is dear: K = 2 at p = 0.9), never K = 0
+        assert 0 not in tail and sorted(tail)[20] == best_k(p) == 2, tail

@@ -1,0 +1,120 @@
+"""Fast-mode MTP's K per round (decode_worker/mtp.py: rounds, one controller for the worker's mtp sessions;
+baton/engine/draft_length.py), on the embedded default model (real MTP acceptance), CPU:
+  * any schedule of K, plain AR rounds (K = 0) included, gives the exact engine's tokens, and leaves the
+    MTP KV of every finalised position bitwise what K = 3 every round leaves: a K = 0 round keeps its
+    pending pairs for the next chain, and a run of them is flushed (finalised without a draft) before
+    the pairs outgrow one MTP pass;
+  * the adaptive controller (the decode worker's default) falls back to plain AR rounds when no draft is
+    ever accepted (no slowdown), and drafts long blocks when every draft is accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.engine.runner import ModelRunner
+from baton.engine.speculation import Drafter
+from baton.loading import DEFAULT_MODEL_DIR, load_model
+from baton.tokenizer import Tokenizer
+from decode_worker import mtp
+from decode_worker.engine import DecodeEngine
+from prefill_worker.engine import ExactEngine
+
+PROMPT = "def sub_debug(msg, *args):\n    if _logger:\n"
+NEW, MAX_LEN = 40, 128
+
+
+@pytest.fixture(scope="module")
+def env():
+    lm = load_model(None, dtype="fp32", mtp=True)
+    ids = Tokenizer.from_dir(DEFAULT_MODEL_DIR).encode(PROMPT)
+    exact = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
+    return lm, ids, exact, exact.generate(ids, NEW)
+
+
+class Scripted:
+    """A controller that plays a fixed list of K (then its last), recording what each round observed."""
+
+    def __init__(self, ks):
+        self.ks, self.i, self.seen = list(ks), 0, []
+
+    def next_k(self):
+        k = self.ks[min(self.i, len(self.ks) - 1)]
+        self.i += 1
+        return k
+
+    def observe_round(self, k, accepted, draft_s, verify_s):
+        self.seen.append((k, accepted))
+
+
+class Counting(Drafter):
+    """Proposes a token that is never the model's (wrong=True), or the true continuation `ref` (an oracle:
+    every draft accepted), recording the round of every proposal."""
+
+    def __init__(self, vocab, ids, ref, wrong):
+        self.vocab, self.start, self.ref, self.wrong, self.rounds = vocab, len(ids), ref, wrong, []
+
+    def propose(self, session, i, own):
+        self.rounds.append(session.rounds)
+        if self.wrong:
+            return (own + 1) % self.vocab
+        return self.ref[int(session.runner.state.position[session.slot]) - self.start + 1 + i]
+
+
+def _decode(lm, exact, ids, ctl=None, drafter=None, policy="fixed"):
+    """-> (tokens, session, engine): the prompt prefilled on the exact engine, decoded by fast mtp."""
+    r = ModelRunner(lm.model, slots=1, max_len=MAX_LEN)
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", drafter=drafter or Drafter(), draft_length=policy)
+    es, first = exact.prefill(ids)
+    tensors, pos, nxt = exact.export(es.id)
+    s = eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine="mtp")
+    exact.release(es.id)
+    eng._mtp_ctl = ctl  # None: the engine makes its own (mtp.control) at the first Decode
+    toks = [t for b in eng.decode(s.id, NEW - 1, k=3) for t in b]
+    return [first] + toks, s, r
+
+
+def _mtp_kv(r, s, upto):
+    L = r.state.mtp_layer
+    return [x[:, :upto] for x in r.state.slot_kv(L, s.slot, upto)]
+
+
+def test_plain_rounds_and_flushes_keep_tokens_and_mtp_kv(env):
+    lm, ids, exact, ref = env
+    steady, s0, r0 = _decode(lm, exact, ids, Scripted([3]))
+    # K = 0 runs: short ones (kept pairs), one long enough to flush (more than flush_at rounds), K changes
+    ks = [2, 0, 0, 3, 0, 1] + [0] * 14 + [3, 0, 2]
+    mixed, s1, r1 = _decode(lm, exact, ids, Scripted(ks))
+    assert steady == ref and mixed == ref
+    assert len(s1.mtp_pairs_ids) < mtp.flush_at(r1)
+    upto = min(s0.mtp_start, s1.mtp_start)  # pairs below both sessions' pending ones are final in both
+    assert upto > len(ids)
+    for a, b in zip(_mtp_kv(r0, s0, upto), _mtp_kv(r1, s1, upto)):
+        assert (a == b).all()
+
+
+def test_a_k0_run_keeps_then_flushes_its_pending_pairs(env):
+    lm, ids, exact, ref = env
+    ctl = Scripted([2] + [0] * 30)
+    toks, s, r = _decode(lm, exact, ids, ctl)
+    assert toks == ref
+    assert [k for k, _ in ctl.seen[1:]] == [0] * (len(ctl.seen) - 1)  # plain rounds: one token each
+    assert all(m == [0] for _, m in ctl.seen[1:])
+    cap = mtp.flush_at(r)
+    assert 2 <= len(s.mtp_pairs_ids) <= cap  # flushed every time the kept pairs reached the cap
+    assert s.mtp_start > len(ids) + 2  # the flushes moved the finalised prefix on
+
+
+def test_the_adaptive_controller_stops_speculating_when_no_draft_is_accepted(env):
+    lm, ids, exact, ref = env
+    d = Counting(lm.cfg.vocab_size, ids, ref, wrong=True)
+    toks, s, _ = _decode(lm, exact, ids, drafter=d, policy="adaptive")
+    assert toks == ref  # wrong drafts are never accepted: the tokens are the verifier's
+    assert s.rounds == NEW - 1  # one token a round
+    # it stops drafting (plain rounds, but for probes): far fewer drafts than K=3 a round, and runs of
+    # rounds without any (round costs are measured, so the exact schedule varies from run to run)
+    assert len(d.rounds) < 1.5 * (NEW - 1), d.rounds
+    quiet = max(b - a for a, b in zip(d.rounds, d.rounds[1:] + [NEW - 1]))
+    assert quiet >= 6, d.rounds
+    right = Counting(lm.cfg.vocab_size, ids, ref, wrong=False)
+    toks, s, _ = _decode(lm, exact, ids, drafter=right, policy="adaptive")
+    assert toks == ref and s.emitted_in_rounds / s.rounds > 3.0, (s.rounds, s.emitted_in_rounds)
