@@ -8,7 +8,7 @@
         what `baton serve --processes ARGS` starts (deploy/local.py: its option parser and check, its
         worker specs), with one change: every decode worker is the benchmark-only
         `python -m benchmarks.controlled_decode_worker --reference FILE --draft-p P --draft-seed S
-        <the decode worker's own options> --mtp-k K`, whose drafts are right with probability P
+        <the decode worker's own options> --mtp-k K --mtp-draft-length fixed`, whose drafts are right with probability P
         (benchmarks/controlled_decode_worker.py). Then the router as its own process (`python -m router`
         with the workers' addresses, --token-file, --max-inflight as baton serve sizes it, --draft-length),
         as `baton serve` runs it outside the load generator's process.
@@ -115,7 +115,10 @@ class ControlledServe:
         for s in _worker_specs(self.opts):
             flags = s.argv()[4:]  # [python, -u, -m, ROLE_worker, flags...]
             if s.role == "decode":
-                self.cmds.append(Cmd(s.name, CONTROLLED_MODULE, head + flags + ["--mtp-k", mtp_k], s.device))
+                # fixed K: a controlled figure is the one at the K asked (the adaptive controller, the worker's
+                # default, would move K off it: decode_worker --mtp-draft-length)
+                fixed = ["--mtp-k", mtp_k, "--mtp-draft-length", "fixed"]
+                self.cmds.append(Cmd(s.name, CONTROLLED_MODULE, head + flags + fixed, s.device))
             else:
                 self.cmds.append(Cmd(s.name, f"{s.role}_worker", flags, s.device))
         self.procs: list = []
