@@ -12,6 +12,8 @@
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
 #                  batched AR and the sampled batched graph ("arbs"), batched verify
 #   tests-decode   decode (the step pipeline), the hand-off (dynamic ring share)
+#   tests-mtp      batched MTP rounds: the chains' ("mtpb") and the verify's ("rowsb") graphs, ragged
+#                  groups, adaptive K (tests/engine/test_gpu_mtp_batch.py)
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
@@ -37,7 +39,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -76,8 +78,9 @@ spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 pro
   serve "$name" --prompts 2 --warmup 1,8 "$@"
 }
 case $stage in
-  tests-engine | tests-decode | tests-serving)
+  tests-engine | tests-decode | tests-mtp | tests-serving)
     case $stage in
+      tests-mtp) files="tests/engine/test_gpu_mtp_batch.py" ;;
       tests-engine) files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py" ;;
       tests-decode) files="tests/engine/test_gpu_decode.py tests/handoff/test_handoff.py" ;;
       *) files="tests/system/test_gpu_serving.py" ;;

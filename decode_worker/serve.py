@@ -129,8 +129,8 @@ def serve_decode(
     for e, r in {id(r): (e, r) for e, r in runners.items()}.values():
         st = r.state
         log.info("decode: %s runner %s", e, describe(st.pages.pages, st.page_bytes(), slots, max_len))
-    if str(device).startswith("cuda") and not pipeline:  # bf16 / fp8 sessions step together (BatchedAR)
-        for e in ("bf16", "fp8"):
+    if str(device).startswith("cuda") and not pipeline:  # bf16 / fp8 sessions step together (BatchedAR),
+        for e in ("bf16", "fp8", "mtp"):  # mtp rounds chain and verify together (BatchedRows)
             if e in runners:
                 runners[e].enable_batching()
     if capture_graphs and str(device).startswith("cuda"):
