@@ -769,3 +769,18 @@ def test_ring_admission_is_fifo_so_later_pushes_never_fill_the_ring():
         assert len(got) == 1 and c.held == 1  # a done: c is admitted
     finally:
         child.close()
+
+
+def test_the_ring_is_unmapped_once_whoever_sees_itself_last():
+    """The reader's end and the last stager's leave() may both see themselves last, on two threads: the
+    ring is closed once (two closes racing past Ring.close's fd check would close the fd twice, and the
+    second would close whatever file had reused its number)."""
+    s = SenderProcess(slots=2, slot_bytes=1 << 16, workers=1)
+    child = s.child()
+    s.close()
+    child.reader.join(5.0)
+    assert not child.reader.is_alive() and child.ring.fd == -1  # unmapped by the reader's end
+    closes = []
+    child.ring.close = lambda: closes.append(1)
+    child._unmap()  # a late second caller (leave() of the last stager calls it)
+    assert closes == []

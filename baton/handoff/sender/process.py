@@ -67,6 +67,7 @@ class _Child:
     """One incarnation of the sender process: the process, its ring, its control channel, its reader."""
 
     def __init__(self, slots: int, slot_bytes: int, per_stream: int, workers: int):
+        self._unmapped = threading.Lock()  # held once the ring is unmapped: _unmap runs once
         self.ring = Ring.create(slots, slot_bytes)
         self.buf = torch.frombuffer(self.ring.mm, dtype=torch.uint8)  # [slots * slot_bytes], shared
         self.per_stream = per_stream
@@ -256,6 +257,10 @@ class _Child:
             self._unmap()
 
     def _unmap(self) -> None:
+        """Once (the reader's end and the last stager's leave() can both see themselves last: a second
+        close of the ring's fd would close whatever file reused its number)."""
+        if not self._unmapped.acquire(blocking=False):
+            return
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.buf.data_ptr())
         self._pinned = False
