@@ -142,9 +142,12 @@ def test_a_verify_runs_between_the_pieces_of_a_long_prefill(lm):
         time.sleep(0.005)
     t0 = time.monotonic()
     r = e.verify(s.id, _block(e, s.id, drafts))
-    waited = time.monotonic() - t0
+    t1 = time.monotonic()
     th.join(30)
     assert (r.accepted, r.next_token, r.position) == want
     assert len(passes) == 7 and "long" in done
-    started_after = sum(1 for t in passes if t > t0)
-    assert waited < 0.6 and started_after >= 4, (waited, started_after)  # behind one piece, not five
+    # behind the piece in flight (at most one more, as the lock is not FIFO), not the 5 still to come: at
+    # least 3 pieces start after the verify is done, and it waited well under those 5 pieces' 1.0 s (the
+    # order is the claim; the time only a loose guard, so a loaded CI machine does not fail it)
+    after = sum(1 for t in passes if t > t1)
+    assert after >= 3 and t1 - t0 < 1.0, (t1 - t0, after)
