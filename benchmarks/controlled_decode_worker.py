@@ -95,12 +95,12 @@ class Control:
 
 def _round_start(s) -> tuple[int, int]:
     """(the BF16 state's position, the round's pending token t0) at a round's first draft. An mtp session
-    keeps both on the host: its pending MTP pairs end at the position, their last token is t0
-    (decode_worker/mtp.py pending_pairs; the state's device tensors would cost a sync per round and
-    session); bf16 / fp8 drafting has consumed t0 already (DecodeSession.draft_t0)."""
-    ids = getattr(s, "mtp_pairs_ids", None)
-    if s.engine == "mtp" and ids:
-        return int(s.mtp_start) + len(ids), int(ids[-1])
+    keeps both on the host (decode_worker/mtp.py round_start: no device sync); bf16 / fp8 drafting has
+    consumed t0 already (DecodeSession.draft_t0)."""
+    if s.engine == "mtp" and getattr(s, "mtp_pairs_ids", None):
+        from decode_worker.mtp import round_start
+
+        return round_start(s)
     st = s.runner.state
     t0 = int(st.next_token[s.slot]) if s.engine == "mtp" else int(s.draft_t0)
     return int(st.position[s.slot]), t0

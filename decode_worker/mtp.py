@@ -36,6 +36,13 @@ def control(engine, k: int | None = None):
         return engine._mtp_ctl
 
 
+def round_start(s) -> tuple[int, int]:
+    """(position, pending token t0) of an mtp session between rounds, from the host: its pending MTP
+    pairs end with (h_{p-1}, t0) at KV index p - 1 (_publish, pending_pairs), so p = mtp_start + their
+    count; reading the state's device tensors would cost a sync a round and session."""
+    return s.mtp_start + len(s.mtp_pairs_ids), s.mtp_pairs_ids[-1]
+
+
 def flush_at(runner) -> int:
     """Pending pairs at which a K = 0 session's chain runs anyway (finalising them, no draft): the most
     pairs one MTP pass takes (its graphs: K_max + 2; at most W)."""
@@ -109,8 +116,8 @@ def rounds(engine, items: list) -> list[list[int]]:
 def _round(engine, items: list) -> list[list[int]]:
     prep = []
     for (s, _k), drafts in zip(items, chains(engine, items)):
-        st = s.runner.state
-        prep.append((s, int(st.next_token[s.slot]), int(st.position[s.slot]), drafts))
+        p, t0 = round_start(s)
+        prep.append((s, t0, p, drafts))
     by_runner: dict[int, list[int]] = {}
     for i, (s, *_rest) in enumerate(prep):
         by_runner.setdefault(id(s.runner), []).append(i)
@@ -138,7 +145,7 @@ def decode(engine, s, max_new_tokens: int, ends: set, k_max: int):
         engine._mtp_active += 1
     try:
         while produced < max_new_tokens:
-            room = r.max_len - int(r.state.position[s.slot]) - 2  # a round's rows stay in the window
+            room = r.max_len - round_start(s)[0] - 2  # a round's rows stay in the window
             toks = engine.mtp_rounds.call((s, max(0, min(k_max, max_new_tokens - produced - 1, room))))
             toks, ended = cut(toks, max_new_tokens - produced, ends)
             produced += len(toks)

@@ -48,6 +48,20 @@ def bucket(b: int) -> int:
     raise ValueError(f"a batched step holds at most {BUCKETS[-1]} rows, got {b}")
 
 
+def pick_rows(smp, logits, slots, within, ids, record_at, pick_at, live, sampled: bool) -> torch.Tensor:
+    """The pick of a batched pass's M rows (BatchedAR, fused_blocks.BatchedRows): logits [M, V]; slots [M]
+    each row's slot (< 0: a padding or junk row, picked with the table's greedy scratch slot); within [M]
+    its index in its block; ids [M] the tokens the rows consumed, recorded in the token history at
+    record_at (penalties); the picked tokens are those at pick_at -> [M]. While a greedy graph is
+    captured: the argmax (a sampling or penalized slot is never plain, so it need not record); else the
+    history and SamplingTable.pick (sampled: the full path, what the sampled graph captures)."""
+    if logits.is_cuda and torch.cuda.is_current_stream_capturing() and not sampled:
+        return logits.argmax(-1)
+    rows = torch.where(slots < 0, smp.scratch, slots)
+    smp.history.record(rows, record_at, ids)
+    return smp.pick(logits, rows, within, pick_at, live, full=sampled)
+
+
 class BatchedAR:
     def __init__(self, runner, max_rows: int):
         self.runner = runner
@@ -86,14 +100,7 @@ class BatchedAR:
         pos = st.position[safe]  # [P]
         h = fast.forward(ids, st, idx, 1, pos, None, gs=1)  # [P, hidden]
         logits = fast.head(h, rows=p)  # [P, vocab]
-        if logits.is_cuda and torch.cuda.is_current_stream_capturing() and not sampled:
-            tok = logits.argmax(-1)  # [P]
-        else:  # the token at position pos + 1; padding rows use the table's greedy scratch slot
-            smp = r.sampling
-            rows = torch.where(idx < 0, smp.scratch, idx)
-            smp.history.record(rows, pos, ids)  # the consumed token at its position (penalties): eager and
-            # in the sampled graph; a penalized slot is never plain, so the greedy graph need not write it
-            tok = smp.pick(logits, rows, self.zeros[:p], pos + 1, live, full=sampled)  # sampled: the graph's path
+        tok = pick_rows(r.sampling, logits, idx, self.zeros[:p], ids, pos, pos + 1, live, sampled)  # [P]
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.engine.fused_batch import BUCKETS
+from baton.engine.fused_batch import BUCKETS, pick_rows
 from baton.kernels import rows as rk
 
 MAX_ROWS = 256  # rows of one pass (P x gs): bounds the logits buffer ([MAX_ROWS, vocab]) and the graphs
@@ -75,22 +75,14 @@ class BatchedRows:
 
     # ---- the tensor code (captured) ------------------------------------------------------------
     def _rows(self, p: int, n: int, base: torch.Tensor):
-        """-> (row_slot [M], within [M], pos [M], pick_slot [M]) of p groups of n rows: each row's slot,
-        index in its group and position (base[g] + within); junk and padding rows pick with the
-        table's greedy scratch slot."""
+        """-> (row_slot [M], within [M], pos [M]) of p groups of n rows: each row's slot (-1 for padding
+        groups and for a group's junk rows past its length: they pick with the scratch slot), its index in
+        its group and its position (base[g] + within)."""
         M, idx = p * n, self.slots[:p]
-        row_slot = idx.repeat_interleave(n)
         within = self.arange[:M] % n
-        live = (row_slot >= 0) & (within < self.lens[:p].repeat_interleave(n))
-        pick_slot = torch.where(live, row_slot, self.runner.sampling.scratch)
-        return row_slot, within, base.repeat_interleave(n) + within, pick_slot
-
-    def _pick(self, logits, rows, within, ids, record_at, pick_at, live, sampled) -> torch.Tensor:
-        if logits.is_cuda and torch.cuda.is_current_stream_capturing() and not sampled:
-            return logits.argmax(-1)  # the greedy graph; a sampling / penalized slot is never plain
-        smp = self.runner.sampling
-        smp.history.record(rows, record_at, ids)  # the consumed tokens by position (penalties)
-        return smp.pick(logits, rows, within, pick_at, live, full=sampled)
+        row_slot = idx.repeat_interleave(n)
+        live = within < self.lens[:p].repeat_interleave(n)
+        return torch.where(live, row_slot, -1), within, base.repeat_interleave(n) + within
 
     def compute(self, p: int, n: int, live: tuple[int, ...] = (), sampled: bool = False) -> None:
         """slots / lens[:p], ids[:p*n] -> tok, h [:p*n]; commits each live group into its slot
@@ -100,11 +92,11 @@ class BatchedRows:
         r = self.runner
         st, M = r.state, p * n
         idx, lens = self.slots[:p], self.lens[:p]
-        row_slot, within, pos, rows = self._rows(p, n, st.position[idx.clamp(min=0)])
+        rows, within, pos = self._rows(p, n, st.position[idx.clamp(min=0)])
         ids = self.ids[:M]
         h = r.fast.forward(ids, st, idx, n, pos, None, gs=n, lens=lens)  # [M, hidden]
         logits = r.fast.head(h, rows=M)  # [M, vocab]
-        self.tok[:M].copy_(self._pick(logits, rows, within, ids, pos, pos + 1, live, sampled))
+        self.tok[:M].copy_(pick_rows(r.sampling, logits, rows, within, ids, pos, pos + 1, live, sampled))
         self.h[:M].copy_(h)
         rk.blocks_commit(idx, n, self.h[:M], st.position, st.hidden, lens)
 
@@ -115,11 +107,11 @@ class BatchedRows:
         the slot's sampling row (as ModelRunner.compute_mtp)."""
         r = self.runner
         M, idx = p * n, self.slots[:p]
-        row_slot, within, pos, rows = self._rows(p, n, self.start[:p])
+        rows, within, pos = self._rows(p, n, self.start[:p])
         ids = self.ids[:M]
         out = r.fast.mtp(self.mtp_h[:M], ids, r.state, idx, n, pos, gs=n, lens=self.lens[:p])  # [M, hidden]
         logits = r.fast.head(out, rows=M)
-        self.tok[:M].copy_(self._pick(logits, rows, within, ids, pos + 1, pos + 2, live, sampled))
+        self.tok[:M].copy_(pick_rows(r.sampling, logits, rows, within, ids, pos + 1, pos + 2, live, sampled))
         self.h[:M].copy_(out)
 
     # ---- the host side -------------------------------------------------------------------------
