@@ -7,6 +7,7 @@
 # Every stage writes under $OUT (the device tool brings it back): logs and benchmark JSON, named by stage.
 # COMMIT is the commit under test (the device checkout has no .git), recorded by bench_serve.
 # A device call ends at 600 s: if a tests stage runs out, run its files one call each (pytest -m gpu FILE).
+# GPU_TEST_TIMEOUT: seconds a test may take, fixtures included (default 1200), so a hang fails one test.
 #
 # Stages, in the order to run them:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -86,7 +87,7 @@ case $stage in
       *) files="tests/system/test_gpu_serving.py" ;;
     esac
     # shellcheck disable=SC2086
-    python -m pytest -o addopts="" -m gpu -q --timeout 1200 $files >"$out/$stage.log" 2>&1
+    python -m pytest -o addopts="" -m gpu -q -rfE --durations=12 --timeout "${GPU_TEST_TIMEOUT:-1200}" $files >"$out/$stage.log" 2>&1
     echo "$stage: rc=$?"
     tail -5 "$out/$stage.log"
     ;;

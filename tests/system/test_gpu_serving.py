@@ -33,6 +33,7 @@ def stack():
     from decode_worker.serve import serve_decode
     from prefill_worker.serve import serve_prefill
     from router.__main__ import serve_router, stop_router
+    from router.service import ModelMeta
 
     lm = random_model(shape(SHAPE), dtype="bf16", device=DEV, seed=0, mtp=True)
     st = Settings()
@@ -40,7 +41,9 @@ def stack():
     dh, ds = serve_decode(
         lm, engines=("bf16", "fp8", "mtp"), device=DEV, max_len=MAX_LEN, slots=20, settings=st, kv_pages=96
     )
-    rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
+    # The router's limits from the served model (not the embedded default: its vocab is 8,192).
+    meta = ModelMeta(SHAPE, lm.cfg.vocab_size, tuple(lm.cfg.eos_token_ids))
+    rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], meta=meta, settings=st)
     c = Client(rh.address)
     assert wait_serving(c, timeout=600, poll=0.2) == "SERVING"
     yield c, lm, ps, ds
