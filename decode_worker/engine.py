@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
-from baton.engine.gather import Gather
+from baton.engine.gather import PERIODIC, Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
@@ -97,11 +97,11 @@ class DecodeEngine:
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
         )
         # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
-        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions)
+        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions, **PERIODIC)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)
         self.mtp_rounds = Gather(
-            lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active
+            lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active, **PERIODIC
         )
 
     @property
@@ -133,6 +133,8 @@ class DecodeEngine:
         return self._table.get(session_id)
 
     def release(self, session_id: str) -> bool:
+        self.drafts.forget(session_id)
+        self.mtp_rounds.forget(session_id)
         return self._table.release(session_id)
 
     def reap_expired(self) -> int:

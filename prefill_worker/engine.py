@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from baton.engine import rejection
-from baton.engine.gather import Gather
+from baton.engine.gather import PERIODIC, Gather
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner
 from baton.engine.sampling import Params
@@ -81,7 +81,7 @@ class ExactEngine:
             ttl_s, {0: runner.state.slots}, on_free=lambda _, slot: runner.state.release_pages(slot)
         )
         # concurrent Verify calls of different sessions run as one batched pass (verify_blocks)
-        self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count)
+        self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count, **PERIODIC)
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (baton/engine/prefill.py);
         # verify passes take the same lock, so they interleave with a long prompt's pieces
         # sessions opened for a prefill whose run_prefill has not ended: a pass's leader waits up to
@@ -120,6 +120,7 @@ class ExactEngine:
         return self._table.get(session_id)
 
     def release(self, session_id: str) -> bool:
+        self.verifies.forget(session_id)
         with self._prefilling_lock:
             self._prefilling.discard(session_id)
         try:

@@ -4,21 +4,44 @@ the prefill worker, Draft calls on the decode worker).
     g = Gather(run_batch, lock, expected=lambda: live_sessions)
     result = g.call(item)        # blocks; run_batch([item, ...]) -> [result, ...] ran it with others
 
-Lifecycle of a call: it is queued; if no call is leading, it leads: it waits until `expected()` calls
-are queued or `gather_s` passed (no wait when expected() <= 1), takes every queued call (with `cost`
-and `budget`: the queued calls in order while their summed cost fits the budget, at least one; the
-rest wait for the next leader, which may be one of them), runs
-run_batch on them under `lock`, hands each its result (or the batch's exception), then passes the lead
-to a waiting call, if any, and returns. No thread of its own: the callers take turns running batches,
-so an idle Gather costs nothing. run_batch must give each item the result it would get alone (batch
-invariance is the batch function's: baton/engine/speculation.py verify_blocks, batch.py rows_batch).
+Lifecycle of a call: it is queued; if no call is leading, it leads: it waits until the calls it expects
+are queued or the window passed (no wait when it expects <= 1), then takes `lock` and, holding it, every
+call queued by then (calls that arrived while it waited for the lock join; with `cost` and `budget`: the
+queued calls in order while their summed cost fits the budget, at least one; the rest wait for the next
+leader, which may be one of them), runs run_batch on them, hands each its result (or the batch's
+exception), then passes the lead to a waiting call, if any, and returns. No thread of its own: the callers
+take turns running batches, so an idle Gather costs nothing. run_batch must give each item the result it
+would get alone (batch invariance is the batch function's: baton/engine/speculation.py verify_blocks,
+batch.py rows_batch).
+
+Periodic callers (`key`: item -> the caller, a session): exact-mode sessions call once a round, so
+sessions that once ran in different batches would keep alternating (one group verifying while the other
+drafts), each group paying a whole pass: on one GPU that is twice the passes of one group. With `key`, a
+caller that has called at least twice is due again at its last call + its period (an EMA of its
+intervals) + a tenth of its period for jitter, and is live while less than two periods have passed since
+its last call. A leader
+  * waits for the live callers due within max_wait_s (until the latest one's due time): they join this
+    batch, and a pass of memory-bound rows costs about the same for 1 or 16 sessions;
+  * else, unless its batch holds the anchor (the live caller seen first), waits the whole max_wait_s:
+    each round such a group drifts that much later, towards the group due next, until that one is due
+    within the window and they merge. The anchor's group never drifts, so the groups cannot all drift
+    alike (as evenly spaced groups that each waited for the next would), and a newcomer drifts into the
+    long-running group rather than the other way round;
+  * else waits gather_s for `expected()` calls, as without `key`.
+Once merged, the callers of a batch return together and stay one batch a round. A caller that stops
+calling is live for two more of its periods at most; `forget(key)` (the session ended) ends that at once.
+`expected()` always caps what a leader waits for.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Hashable
+
+# Gather options for calls made once a round by sessions (items whose first element is the session):
+# exact-mode Draft and Verify, fast-mode MTP rounds. 50 ms: the most a leader waits for a late group.
+PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
 
 
 class _Call:
@@ -38,9 +61,13 @@ class Gather:
         gather_s: float = 0.002,
         cost: Callable[[object], int] | None = None,
         budget: int = 0,
+        key: Callable[[object], Hashable] | None = None,
+        max_wait_s: float = 0.0,
     ):
         self._run, self._lock, self._expected, self.gather_s = run_batch, lock, expected, gather_s
         self._cost, self.budget = cost, budget  # a batch: queued items in order while their cost <= budget
+        self._key, self.max_wait_s = key, max_wait_s
+        self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
         self._leading = False
@@ -51,6 +78,8 @@ class Gather:
     def call(self, item):
         c = _Call(item)
         with self._cv:
+            if self._key is not None:
+                self._arrived(self._key(item), time.monotonic())
             self._queue.append(c)
             self._cv.notify_all()
         while True:  # a leader's batch may leave this call queued (budget): lead again or wait again
@@ -80,19 +109,66 @@ class Gather:
         batch, self._queue = self._queue[:n], self._queue[n:]
         return batch
 
+    def forget(self, key: Hashable) -> None:
+        """The caller `key` ended (its session was released): leaders stop expecting it."""
+        with self._cv:
+            self._seen.pop(key, None)
+
+    def _arrived(self, k: Hashable, now: float) -> None:
+        """Under _cv: a call of `k` at `now` updates its period's EMA (from its second call on)."""
+        seen = self._seen.get(k)
+        if seen is None:
+            self._seen[k] = [now, 0.0, now]
+            return
+        dt = now - seen[0]
+        seen[0], seen[1] = now, dt if not seen[1] else 0.5 * seen[1] + 0.5 * dt
+
+    def _wanted(self, now: float) -> list[tuple[int, float]]:
+        """Under _cv: [(calls to wait for, until when: a monotonic time), ...]: the leader waits while
+        any of them is short of its calls and not past its time."""
+        cap = self._expected()
+        base = (cap, now + self.gather_s)  # expected() calls for gather_s, with or without key
+        if self._key is None:
+            return [base]
+        queued = {self._key(c.item) for c in self._queue}
+        periods = [v[1] for v in self._seen.values() if v[1]]
+        window = now + max(self.max_wait_s, self.gather_s, 0.25 * min(periods, default=0.0))
+        live, near, until, anchor = 0, 0, now + self.gather_s, (float("inf"), False)
+        for k, (last, period, first) in list(self._seen.items()):
+            if not period:
+                continue
+            if now - last >= 2 * period:
+                if now - last > 8 * period:
+                    del self._seen[k]  # long gone: forget it
+                continue
+            anchor = min(anchor, (first, k in queued))
+            if k in queued:
+                continue
+            live += 1
+            if last + period <= window:  # due within the window (+ a tenth of its period for jitter)
+                near, until = near + 1, max(until, last + period + max(self.gather_s, 0.1 * period))
+        if live > near and not anchor[1]:  # not the anchor's batch, and a group due later: drift a window
+            return [base, (min(cap, len(self._queue) + live), max(until, window))]
+        return [base, (min(cap, len(self._queue) + near), until)]
+
     def _lead(self) -> None:
         try:
             with self._cv:  # let the other expected calls arrive
-                end = time.monotonic() + self.gather_s
-                while len(self._queue) < self._expected() and (left := end - time.monotonic()) > 0:
-                    self._cv.wait(left)
-                batch = self._take()
-            try:
-                with self._lock:
+                waits = self._wanted(time.monotonic())
+                while True:
+                    now, cap = time.monotonic(), self._expected()
+                    left = [end - now for want, end in waits if len(self._queue) < min(want, cap) and end > now]
+                    if not left:
+                        break
+                    self._cv.wait(max(left))
+            with self._lock:
+                with self._cv:  # holding the lock: the calls queued while it was taken join this batch
+                    batch = self._take()
+                try:
                     values = self._run([c.item for c in batch])
-                err = None
-            except BaseException as e:  # noqa: BLE001 - every caller of the batch gets it
-                values, err = [None] * len(batch), e
+                    err = None
+                except BaseException as e:  # noqa: BLE001 - every caller of the batch gets it
+                    values, err = [None] * len(batch), e
             self.batches += 1
             self.items += len(batch)
             self.max_items = max(self.max_items, len(batch))

@@ -6,6 +6,7 @@ keeps them)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -78,6 +79,48 @@ def test_a_failing_batch_raises_in_each_caller_and_the_gather_goes_on():
     with pytest.raises(RuntimeError, match="boom"):
         g.call(-1)
     assert g.call(5) == 5
+
+
+@pytest.mark.parametrize("max_wait", [0.05, 0.012])  # the gap within one window; several: drift
+def test_periodic_callers_out_of_phase_merge_into_one_batch(max_wait):
+    """Two groups of 3 sessions, each calling once a round (a 5 ms pass here, then 45 ms elsewhere: the
+    other worker's stage), the second group 25 ms behind: the groups never contend for the lock, so
+    without `key` they would alternate forever. With key, a leader waits for a group due within its
+    window (0.05 s: at once), or the group without the anchor drifts a window a round until it is (0.012
+    s: several rounds); from then on one batch a round serves all 6. forget() ends the wait for a
+    session that is gone."""
+    batches = []
+
+    def run(items):
+        batches.append(sorted(s.id for s in items))
+        time.sleep(0.005)
+        return [s.id for s in items]
+
+    class S:
+        def __init__(self, i):
+            self.id = i
+
+    g = Gather(run, threading.Lock(), expected=lambda: 6, key=lambda s: s.id, max_wait_s=max_wait)
+    rounds = 30
+
+    def session(i):
+        time.sleep(0.025 if i >= 3 else 0.0)
+        for _ in range(rounds):
+            assert g.call(S(i)) == i
+            time.sleep(0.045)
+
+    th = [threading.Thread(target=session, args=(i,)) for i in range(6)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(30)
+    sizes = [len(b) for b in batches]
+    # merged: one batch of all 6 a round at the end (the very last may miss a session that has finished;
+    # a rare late wake-up on a loaded machine splits a round, and the next merges again)
+    assert sum(n == 6 for n in sizes[-7:-1]) >= 4, sizes
+    for i in range(6):
+        g.forget(i)
+    assert g._wanted(time.monotonic())[1][0] == 0  # nobody due: a lone call does not wait
 
 
 @pytest.fixture(scope="module")
