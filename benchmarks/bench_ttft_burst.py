@@ -15,7 +15,11 @@ clock, as ms after the burst's first send:
     reply_ms        client.reply: the first token is back here (the TTFT the router sees)
 and the per-request spans compute_ms = compute_end - rpc_start (waiting for and running its pass) and
 tail_ms = reply - compute_end (the hand-off after the compute). Each burst reports p50 / max over
-requests and --runs; `passes` is the prefill worker's gathered passes per burst. Prints one JSON object.
+requests and --runs; `passes_per_burst` is the prefill worker's gathered passes per burst, `passes` each
+pass's pieces, tokens and wall ms (ExactEngine.passes). Unless --no-plain, each burst is sent again with no
+decode_target (computed and released, no hand-off): plain_reply_ms and plain_passes, the same passes
+without the state streaming beside them. --profile FILE: one more burst of the largest size under
+torch.profiler, its op tables (self CPU time; device time) written to FILE. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -86,6 +90,50 @@ def burst(P, D, target: str, prompts: list[list[int]], tag: str) -> list[dict]:
     return rows
 
 
+def burst_plain(P, prompts: list[list[int]], tag: str) -> list[float]:
+    """The same burst with no decode_target (the prompt computed and released, no hand-off) -> per
+    request ms from its send to its reply: the passes without the state streaming beside them."""
+    n, out = len(prompts), [0.0] * len(prompts)
+    gate = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        gate.wait()
+        sent = time.monotonic_ns()
+        P.Prefill(
+            prefill_pb2.PrefillRequest(
+                session_id=f"{tag}-{i}", prompt_ids=prompts[i], mode=common_pb2.FAST, engine=common_pb2.BF16
+            ),
+            timeout=900,
+        )
+        out[i] = (time.monotonic_ns() - sent) / 1e6
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return out
+
+
+def _passes(engine) -> list[dict]:
+    """The prefill worker's passes since its log was last cleared: pieces, tokens, wall ms each."""
+    return [{"pieces": k, "tokens": t, "ms": round(1e3 * sec, 2)} for k, t, sec in engine.passes]
+
+
+def _profile(path: Path, fn) -> None:
+    """Runs fn under torch.profiler (CPU and, on CUDA, kernels) and writes the op tables to path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        fn()
+    ka = prof.key_averages()
+    text = ["# by self CPU time", ka.table(sort_by="self_cpu_time_total", row_limit=30)]
+    if torch.cuda.is_available():
+        text += ["# by device time", ka.table(sort_by="self_cuda_time_total", row_limit=20)]
+    path.write_text("\n".join(text))
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group()
@@ -99,6 +147,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--prefill-budget", type=int, default=None, help="tokens a prefill pass may hold")
     ap.add_argument("--sender", default=Settings().handoff_sender, choices=("process", "thread"))
+    ap.add_argument("--no-plain", action="store_true", help="skip each burst's run without a hand-off")
+    ap.add_argument("--profile", type=Path, default=None, help="profile one more burst of the largest size: op tables")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     a.no_mtp, a.decode_gpu = False, None  # what bench_ttft's helpers read
@@ -119,20 +169,33 @@ def main(argv=None) -> dict:
         with make_channel(ph.address, settings) as pc, make_channel(dh.address, settings) as dc:
             P, D = prefill_pb2_grpc.PrefillWorkerStub(pc), decode_pb2_grpc.DecodeWorkerStub(dc)
             for n in sizes:
-                rows, passes = [], []
+                rows, passes, logs, plain, plain_logs = [], [], [], [], []
                 for run in range(a.warmup + a.runs):
                     prompts = [torch.randint(0, V, (a.prompt,), generator=g).tolist() for _ in range(n)]
                     b0 = ps.engine.prefills.batches
+                    ps.engine.passes.clear()
                     got = burst(P, D, dh.address, prompts, f"b{n}-{run}")
                     if run >= a.warmup:
                         rows += got
                         passes.append(ps.engine.prefills.batches - b0)
+                        logs.append(_passes(ps.engine))
+                    if not a.no_plain:
+                        ps.engine.passes.clear()
+                        ms = burst_plain(P, prompts, f"p{n}-{run}")
+                        if run >= a.warmup:
+                            plain += ms
+                            plain_logs.append(_passes(ps.engine))
                 res = {"burst": n, "prompt_tokens": a.prompt, "requests": len(rows), "passes_per_burst": passes}
                 res |= {
                     k: _stats([r[k] for r in rows if k in r]) for k in (*MARKS, "reply_ms", "compute_ms", "tail_ms")
                 }
+                # each pass's wall time in the worker, with the hand-off streaming beside it and without
+                res |= {"passes": logs, "plain_reply_ms": _stats(plain), "plain_passes": plain_logs}
                 results.append(res)
                 print(f"bench_ttft_burst: {res}", file=sys.stderr, flush=True)
+            if a.profile is not None:
+                prompts = [torch.randint(0, V, (a.prompt,), generator=g).tolist() for _ in range(top)]
+                _profile(a.profile, lambda: burst(P, D, dh.address, prompts, f"prof{top}"))
     finally:
         if dh is not None:
             dh.stop()

@@ -22,7 +22,8 @@
 #           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
-#   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512
+#   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512 (BURSTS),
+#           each pass's wall time with the hand-off and without, and a profile of one burst of 32
 #   layout-fixed, layout-mixed   issue 25's one-GPU half: bench_serve --layout both (split is recorded as
 #           skipped on one GPU; on nvidia-h200-x2 both layouts run): fixed 512/256 at 1, 8, 32, 64, and
 #           Poisson arrivals of mixed lengths with 10% 4K-16K prompts
@@ -103,8 +104,8 @@ case $stage in
     echo "verify: rc=$?"
     ;;
   burst)
-    python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 --bursts 1,8,32 \
-      --out "$out/ttft-burst.json" >"$out/ttft-burst.log" 2>&1
+    python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 --bursts "${BURSTS:-1,8,32}" \
+      --profile "$out/ttft-burst-profile.txt" --out "$out/ttft-burst.json" >"$out/ttft-burst.log" 2>&1
     echo "burst: rc=$?"
     ;;
   layout-fixed)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from baton.engine import rejection
@@ -89,6 +90,7 @@ class ExactEngine:
         # streams start first), so a burst shares passes instead of the first prompt running alone
         self._prefilling: set[str] = set()
         self._prefilling_lock = threading.Lock()
+        self.passes: deque = deque(maxlen=256)  # recent prefill passes: (pieces, tokens, seconds), for stats
         self.prefills = Gather(
             self._prefill_batch,
             self._compute,
@@ -234,8 +236,10 @@ class ExactEngine:
             except (ValueError, SessionLimit) as e:  # WindowError; PagesExhausted
                 out[i] = e
         if ok:
+            t0 = time.perf_counter()
             for i, tok in zip(ok, run_pass(self.runner, [items[i] for i in ok])):
                 out[i] = tok
+            self.passes.append((len(ok), sum(len(items[i].ids) for i in ok), time.perf_counter() - t0))
         return out
 
     def warm_up(self, lengths=(1, 17, 64, 100)) -> float:
