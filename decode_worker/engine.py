@@ -30,9 +30,9 @@ from baton.engine.gather import PERIODIC, Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
-from baton.engine.speculation import GREEDY, Drafter, check_verdict, rows_to_replay
+from baton.engine.speculation import GREEDY, Drafter
 from baton.handoff.slot_fill import SlotFill
-from decode_worker import mtp
+from decode_worker import drafting, mtp
 
 ENGINES = ("bf16", "fp8", "mtp")
 RUN_AHEAD = 3  # tokens a released-at-end batched decode may run ahead of its reader (3: the pipeline keeps going)
@@ -330,72 +330,6 @@ class DecodeEngine:
         return sum(1 for s in self._table.sessions() if s.exact)
 
     def _draft_batch(self, items: list) -> list:
-        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or the ValueError of that
-        item alone. Verdicts run per session; the mtp chains run together (mtp.chains); bf16 / fp8 drafting
-        runs position by position over every such session at once (next_token, ar_batch, propose)."""
-        out: list = [None] * len(items)
-        ar: list[int] = []  # bf16 / fp8 sessions
-        chained: list[int] = []  # mtp sessions
-        seen: set[str] = set()
-        for i, (s, k, verdict) in enumerate(items):
-            r, st = s.runner, s.runner.state
-            try:
-                if s.id in seen:
-                    raise ValueError("session: another Draft of this session is in flight")
-                seen.add(s.id)
-                # check before consuming the verdict, so a refusal leaves the session retryable
-                pending = len(s.drafts) + 1 if verdict is not None else 0
-                r.check_window(int(st.position[s.slot]) + pending, k + 2)
-                r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
-                if verdict is not None:
-                    self._apply_verdict(s, *verdict)
-                s.draft_t0 = int(st.next_token[s.slot])
-                if s.engine == "mtp":
-                    chained.append(i)
-                    continue
-            except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
-                out[i] = e
-                continue
-            st.snapshot(s.slot)
-            s.drafts = []
-            ar.append(i)
-        for i, drafts in zip(chained, mtp.chains(self, [(items[i][0], items[i][1]) for i in chained])):
-            items[i][0].drafts, out[i] = drafts, list(drafts)
-        cur = {i: items[i][0].draft_t0 for i in ar}  # the token each session feeds next
-        for step in range(max((items[i][1] for i in ar), default=0)):
-            by_runner: dict[int, list[int]] = {}
-            for i in ar:
-                if items[i][1] > step:
-                    by_runner.setdefault(id(items[i][0].runner), []).append(i)
-            for idx in by_runner.values():
-                r = items[idx[0]][0].runner
-                for i in idx:
-                    r.state.next_token[items[i][0].slot] = cur[i]
-                owns = r.ar_batch([items[i][0].slot for i in idx])
-                for i, own in zip(idx, owns):
-                    s = items[i][0]
-                    cur[i] = self.drafter.propose(s, step, own)  # the proposal is what the state consumes next
-                    s.drafts.append(cur[i])
-        for i in ar:  # state consumed t0, d1..d_{k-1}; dk is pending; next_token is t0 again until the verdict
-            s = items[i][0]
-            s.runner.state.next_token[s.slot] = s.draft_t0
-            out[i] = list(s.drafts)
-        return out
-
-    def _apply_verdict(self, s: DecodeSession, m: int, nxt: int) -> None:
-        r, st = s.runner, s.runner.state
-        if not s.drafts:
-            raise ValueError("has_verdict: no drafts outstanding for this session")
-        check_verdict(m, len(s.drafts))
-        if s.engine == "mtp":  # MTP drafting consumed nothing on the BF16 state
-            p = int(st.position[s.slot])
-            r.rows(s.slot, [s.draft_t0] + s.drafts[:m])
-            mtp.pending_pairs(s, p, [s.draft_t0] + s.drafts[:m] + [nxt], r.h_rows)
-        else:
-            restore, replay = rows_to_replay(s.drafts, s.draft_t0, m)
-            if restore:
-                st.restore(s.slot)
-            if replay:
-                r.rows(s.slot, replay)
-        st.next_token[s.slot] = nxt
-        s.drafts = []
+        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or the error of that item
+        alone (decode_worker/drafting.py: the verdicts, then every session's drafting steps together)."""
+        return drafting.draft_batch(self, items)

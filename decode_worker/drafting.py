@@ -1,0 +1,123 @@
+"""Exact-mode drafting on the decode worker: concurrent sessions' Draft calls run as one batch.
+
+    draft_batch(engine, [(session, k, verdict), ...])  -> per item its k drafts, or the error of that item
+
+Runs under DecodeEngine._compute (DecodeEngine.drafts, a baton/engine/gather.py Gather). Lifecycle of one
+item, every phase over the whole batch before the next:
+    1. checks: one Draft in flight a session, the window and KV pages for the pending rows and k + 2
+       more, the verdict (m, next) against the drafts outstanding. A refused item fails alone, its
+       session untouched (retryable).
+    2. the verdict on the last round's drafts. bf16 / fp8 drafting consumed t0, d1..d(k-1), so the
+       state is restored from the round's snapshot and the accepted rows replayed (rows_to_replay), per
+       session. mtp drafting consumed nothing on the BF16 state: the accepted rows t0, d1..dm run now,
+       every mtp session's in one rows pass (baton/engine/batch.py rows_batch: ragged groups, each
+       bitwise as alone; on CUDA one fused BatchedRows pass), and their hidden rows become the
+       session's pending MTP pairs (mtp.pending_pairs). Before, each session was its own pass of the
+       9B: at 8 sessions the verdicts alone were most of a round.
+    3. k drafts from next_token t0: mtp sessions' chains together (mtp.chains); bf16 / fp8 sessions
+       snapshot their slot and draft position by position, one ar_batch per runner for all of them
+       (Drafter.propose: the proposal is what the state consumes next). After: bf16 / fp8 state has
+       consumed t0, d1..d(k-1), next_token is t0 again until the verdict.
+"""
+
+from __future__ import annotations
+
+from baton.engine.batch import rows_batch
+from baton.engine.slots import SessionLimit
+from baton.engine.speculation import check_verdict, rows_to_replay
+from decode_worker import mtp
+
+
+def draft_batch(engine, items: list) -> list:
+    """See the module docstring. items [(session, k, verdict or None)] -> per item list of k drafts, or the
+    ValueError / SessionLimit of that item alone."""
+    out: list = [None] * len(items)
+    ok: list[int] = []
+    seen: set[str] = set()
+    for i, (s, k, verdict) in enumerate(items):  # 1. checks, before anything is consumed
+        r, st = s.runner, s.runner.state
+        try:
+            if s.id in seen:
+                raise ValueError("session: another Draft of this session is in flight")
+            seen.add(s.id)
+            pending = len(s.drafts) + 1 if verdict is not None else 0
+            r.check_window(int(st.position[s.slot]) + pending, k + 2)
+            r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
+            if verdict is not None:
+                if not s.drafts:
+                    raise ValueError("has_verdict: no drafts outstanding for this session")
+                check_verdict(verdict[0], len(s.drafts))
+            ok.append(i)
+        except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
+            out[i] = e
+    _verdicts(items, [i for i in ok if items[i][2] is not None], out)  # 2.
+    chained, ar = [], []
+    for i in ok:
+        if out[i] is not None:
+            continue
+        s = items[i][0]
+        s.draft_t0 = int(s.runner.state.next_token[s.slot])
+        if s.engine == "mtp":
+            chained.append(i)
+        else:
+            s.runner.state.snapshot(s.slot)
+            s.drafts = []
+            ar.append(i)
+    for i, drafts in zip(chained, mtp.chains(engine, [(items[i][0], items[i][1]) for i in chained])):  # 3.
+        items[i][0].drafts, out[i] = drafts, list(drafts)
+    _ar_drafts(engine, items, ar, out)
+    return out
+
+
+def _verdicts(items: list, idx: list[int], out: list) -> None:
+    """Phase 2 for items idx (checked, each with a verdict); a batched pass that raises fails its items."""
+    by_runner: dict[int, list[int]] = {}
+    for i in idx:
+        s, _, (m, nxt) = items[i]
+        if s.engine != "mtp":
+            restore, replay = rows_to_replay(s.drafts, s.draft_t0, m)
+            if restore:
+                s.runner.state.restore(s.slot)
+            if replay:
+                s.runner.rows(s.slot, replay)
+            s.runner.state.next_token[s.slot], s.drafts = nxt, []
+        else:
+            by_runner.setdefault(id(s.runner), []).append(i)
+    for group in by_runner.values():
+        r = items[group[0]][0].runner
+        rows = [[items[i][0].draft_t0] + items[i][0].drafts[: items[i][2][0]] for i in group]
+        starts = [int(r.state.position[items[i][0].slot]) for i in group]
+        hidden: list = []
+        try:  # no row checkpoint is read after: the pairs take the hidden rows
+            rows_batch(r, [(items[i][0].slot, t) for i, t in zip(group, rows)], ckpt_unused=True, hidden_out=hidden)
+        except (ValueError, SessionLimit) as e:
+            for i in group:
+                out[i] = e
+            continue
+        for i, t, p, h in zip(group, rows, starts, hidden):
+            s, _, (_, nxt) = items[i]
+            mtp.pending_pairs(s, p, t + [nxt], h)
+            r.state.next_token[s.slot], s.drafts = nxt, []
+
+
+def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
+    """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner."""
+    cur = {i: items[i][0].draft_t0 for i in ar}  # the token each session feeds next
+    for step in range(max((items[i][1] for i in ar), default=0)):
+        by_runner: dict[int, list[int]] = {}
+        for i in ar:
+            if items[i][1] > step:
+                by_runner.setdefault(id(items[i][0].runner), []).append(i)
+        for idx in by_runner.values():
+            r = items[idx[0]][0].runner
+            for i in idx:
+                r.state.next_token[items[i][0].slot] = cur[i]
+            owns = r.ar_batch([items[i][0].slot for i in idx])
+            for i, own in zip(idx, owns):
+                s = items[i][0]
+                cur[i] = engine.drafter.propose(s, step, own)  # the proposal is what the state consumes next
+                s.drafts.append(cur[i])
+    for i in ar:
+        s = items[i][0]
+        s.runner.state.next_token[s.slot] = s.draft_t0
+        out[i] = list(s.drafts)
