@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from baton.engine import rejection
@@ -69,7 +70,8 @@ class VerifyResult:
 
 
 PREFILL_BUDGET = PREFILL_CHUNK  # tokens per batched prefill pass (a whole piece always fits)
-PREFILL_GATHER_S = 0.010  # a pass waits at most this long for prompts already opened (never for a lone one)
+PREFILL_GATHER_S = 0.020  # a pass waits at most this long for prompts already opened or arriving
+PREFILL_SETTLE_S = 0.003  # ... and until no prompt arrived for this long (gather.py settle_s: a burst's first joins)
 
 
 class ExactEngine:
@@ -85,17 +87,20 @@ class ExactEngine:
         self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count, **PERIODIC)
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (baton/engine/prefill.py);
         # verify passes take the same lock, so they interleave with a long prompt's pieces
-        # sessions opened for a prefill whose run_prefill has not ended: a pass's leader waits up to
-        # PREFILL_GATHER_S for their pieces (a burst's Prefill calls open a few ms apart: their hand-off
-        # streams start first), so a burst shares passes instead of the first prompt running alone
+        # sessions opened for a prefill whose run_prefill has not ended, and calls still being validated
+        # (arriving): a pass's leader waits up to PREFILL_GATHER_S for their pieces (a burst's Prefill calls
+        # open a few ms apart: their hand-off streams start first), and PREFILL_SETTLE_S past the last
+        # arrival, so a burst shares passes instead of the first prompt running alone
         self._prefilling: set[str] = set()
         self._prefilling_lock = threading.Lock()
+        self._arriving = 0  # Prefill calls received whose session is not open yet (arriving())
         self.passes: deque = deque(maxlen=256)  # recent prefill passes: (pieces, tokens, seconds), for stats
         self.prefills = Gather(
             self._prefill_batch,
             self._compute,
-            expected=lambda: len(self._prefilling),
+            expected=lambda: len(self._prefilling) + self._arriving,
             gather_s=PREFILL_GATHER_S,
+            settle_s=PREFILL_SETTLE_S,
             cost=lambda p: len(p.ids),
             budget=prefill_budget,
         )
@@ -191,6 +196,18 @@ class ExactEngine:
         with self._prefilling_lock:
             self._prefilling.add(s.id)
         return s
+
+    @contextmanager
+    def arriving(self):
+        """Around a Prefill call's validation and open_prefill: a pass's leader expects its prompt too, so a
+        burst whose calls are still being parsed joins the first pass (at most PREFILL_GATHER_S)."""
+        with self._prefilling_lock:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._prefilling_lock:
+                self._arriving -= 1
 
     def last_logprobs(self, session_id: str, n: int) -> list:
         """The session's logprobs of its last pass's rows 0..n-1 ([] unless its sampling asks)."""

@@ -228,13 +228,14 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     # ---- RPCs ------------------------------------------------------------------------------------
     def Prefill(self, request, context):
         with self.call(context, "Prefill"):
-            ids, exact = self._validate(request)
-            sid = request.session_id or uuid.uuid4().hex
             t0, t0_ns = time.perf_counter(), time.monotonic_ns()
-            sampling = Params.from_proto(request.sampling) if request.HasField("sampling") else None
-            session = self.engine.open_prefill(
-                ids, session_id=sid, sampling=sampling, generated=request.generated_tokens
-            )
+            with self.engine.arriving():  # a pass being gathered waits for this prompt too
+                ids, exact = self._validate(request)
+                sid = request.session_id or uuid.uuid4().hex
+                sampling = Params.from_proto(request.sampling) if request.HasField("sampling") else None
+                session = self.engine.open_prefill(
+                    ids, session_id=sid, sampling=sampling, generated=request.generated_tokens
+                )
             session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
             mtp = computes_mtp_kv(exact, request.engine, bool(target))

@@ -31,6 +31,11 @@ its last call. A leader
 Once merged, the callers of a batch return together and stay one batch a round. A caller that stops
 calling is live for two more of its periods at most; `forget(key)` (the session ended) ends that at once.
 `expected()` always caps what a leader waits for.
+
+Bursts (`settle_s`, prefill prompts): calls sent together reach the worker a few ms apart (the server
+hands them to its threads one by one), so `expected()` cannot see the late ones, and the first would run
+alone. The leader also waits until settle_s passes with no new call, at most gather_s: a lone call pays
+settle_s once (3 ms against a prefill pass of 75 ms or more), a burst runs as one batch.
 """
 
 from __future__ import annotations
@@ -63,8 +68,11 @@ class Gather:
         budget: int = 0,
         key: Callable[[object], Hashable] | None = None,
         max_wait_s: float = 0.0,
+        settle_s: float = 0.0,
     ):
         self._run, self._lock, self._expected, self.gather_s = run_batch, lock, expected, gather_s
+        self.settle_s = settle_s  # also wait until no call has arrived for this long (at most gather_s)
+        self._last_arrival = 0.0
         self._cost, self.budget = cost, budget  # a batch: queued items in order while their cost <= budget
         self._key, self.max_wait_s = key, max_wait_s
         self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
@@ -78,8 +86,9 @@ class Gather:
     def call(self, item):
         c = _Call(item)
         with self._cv:
+            self._last_arrival = time.monotonic()
             if self._key is not None:
-                self._arrived(self._key(item), time.monotonic())
+                self._arrived(self._key(item), self._last_arrival)
             self._queue.append(c)
             self._cv.notify_all()
         while True:  # a leader's batch may leave this call queued (budget): lead again or wait again
@@ -154,10 +163,15 @@ class Gather:
     def _lead(self) -> None:
         try:
             with self._cv:  # let the other expected calls arrive
-                waits = self._wanted(time.monotonic())
+                start = time.monotonic()
+                waits = self._wanted(start)
                 while True:
                     now, cap = time.monotonic(), self._expected()
                     left = [end - now for want, end in waits if len(self._queue) < min(want, cap) and end > now]
+                    if self.settle_s > 0:  # calls of a burst still arriving: until one settle_s passes with none
+                        quiet = self._last_arrival + self.settle_s - now
+                        if quiet > 0 and now < start + self.gather_s:
+                            left.append(min(quiet, start + self.gather_s - now))
                     if not left:
                         break
                     self._cv.wait(max(left))

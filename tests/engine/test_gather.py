@@ -123,6 +123,30 @@ def test_periodic_callers_out_of_phase_merge_into_one_batch(max_wait):
     assert g._wanted(time.monotonic())[1][0] == 0  # nobody due: a lone call does not wait
 
 
+@pytest.mark.parametrize("settle", [0.0, 0.05])
+def test_a_burst_settles_into_one_batch(settle):
+    """Six calls sent 5 ms apart that nothing announces (expected() = 1): with settle_s the first caller
+    leads once no call has arrived for settle_s, so all six are one batch; without, the first runs alone."""
+    batches = []
+
+    def run(items):
+        batches.append(sorted(items))
+        return items
+
+    g = Gather(run, threading.Lock(), gather_s=1.0, settle_s=settle)
+    th = [threading.Thread(target=g.call, args=(i,)) for i in range(6)]
+    for t in th:
+        t.start()
+        time.sleep(0.005)
+    for t in th:
+        t.join(10)
+    assert sum(len(b) for b in batches) == 6
+    if settle:
+        assert batches == [[0, 1, 2, 3, 4, 5]], batches
+    else:
+        assert batches[0] == [0], batches
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     d = make_tiny_dir(tmp_path_factory.mktemp("vb"), seed=8, layers=4, hidden=64, vocab=300)
