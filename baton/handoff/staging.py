@@ -113,6 +113,8 @@ def stage_into(
             for piece in byte_slices(t, a, b) if t.is_cuda else [t.reshape(-1).view(torch.uint8)[a:b]]:
                 buf[off : off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
                 off += piece.numel()
-        done = torch.cuda.Event()
+        # blocking: its waiter (the stager, the hashing pool) sleeps in synchronize() instead of spinning a
+        # core for as long as the prefill's later layers take (a push waits on each chunk's copy)
+        done = torch.cuda.Event(blocking=True)
         done.record(stream)
     return off, done
