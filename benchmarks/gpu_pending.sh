@@ -9,7 +9,13 @@
 # A device call ends at 600 s: if a tests stage runs out, run its files one call each (pytest -m gpu FILE).
 # GPU_TEST_TIMEOUT: seconds a test may take, fixtures included (default 1200), so a hang fails one test.
 #
-# Stages, in the order to run them:
+# Run on 2026-12-01 (benchmarks/results/gpu-tests-h200-2026-12-01.md): every tests-* stage passed (at be31f43,
+# tests-serving at cd86fee), serve, burst (without its per-pass log), spec-exact (mtp only, at be31f43; at
+# cd86fee up to 8 streams). Since then (3af1f92..): batched mtp verdicts, the prefill gather's settle, the
+# staging events. Next, in this order: tests-serving and tests-mtp (they cover those changes), spec-exact,
+# burst (per-pass log and profile), fp8, spec-fast, long, verify, layout-fixed, layout-mixed.
+#
+# Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
 #                  batched AR and the sampled batched graph ("arbs"), batched verify
 #   tests-decode   decode (the step pipeline), the hand-off (dynamic ring share)
