@@ -7,13 +7,13 @@ item, every phase over the whole batch before the next:
     1. checks: one Draft in flight a session, the window and KV pages for the pending rows and k + 2
        more, the verdict (m, next) against the drafts outstanding. A refused item fails alone, its
        session untouched (retryable).
-    2. the verdict on the last round's drafts. bf16 / fp8 drafting consumed t0, d1..d(k-1), so the
-       state is restored from the round's snapshot and the accepted rows replayed (rows_to_replay), per
-       session. mtp drafting consumed nothing on the BF16 state: the accepted rows t0, d1..dm run now,
-       every mtp session's in one rows pass (baton/engine/batch.py rows_batch: ragged groups, each
-       bitwise as alone; on CUDA one fused BatchedRows pass), and their hidden rows become the
-       session's pending MTP pairs (mtp.pending_pairs). Before, each session was its own pass of the
-       9B: at 8 sessions the verdicts alone were most of a round.
+    2. the verdict on the last round's drafts. bf16 / fp8 drafting consumed t0, d1..d(k-1), so a session
+       that did not accept them all is restored from the round's snapshot and the accepted rows replayed
+       (rows_to_replay). mtp drafting consumed nothing on the BF16 state: the accepted rows t0, d1..dm
+       run now, and their hidden rows become the session's pending MTP pairs (mtp.pending_pairs). The
+       rows of every session of a runner run as one pass (baton/engine/batch.py rows_batch: ragged
+       groups, each bitwise as alone; on CUDA one fused BatchedRows pass). Before, each session was its
+       own pass of the 9B: at 8 sessions the verdicts alone were most of a round.
     3. k drafts from next_token t0: mtp sessions' chains together (mtp.chains); bf16 / fp8 sessions
        snapshot their slot and draft position by position, one ar_batch per runner for all of them
        (Drafter.propose: the proposal is what the state consumes next). After: bf16 / fp8 state has
@@ -70,33 +70,36 @@ def draft_batch(engine, items: list) -> list:
 
 
 def _verdicts(items: list, idx: list[int], out: list) -> None:
-    """Phase 2 for items idx (checked, each with a verdict); a batched pass that raises fails its items."""
-    by_runner: dict[int, list[int]] = {}
+    """Phase 2 for items idx (checked, each with a verdict): per runner one rows pass over every session's
+    rows to run (bf16 / fp8: the replay after its restore; mtp: t0, d1..dm); a pass that raises fails
+    its items."""
+    by_runner: dict[int, list[tuple[int, list[int]]]] = {}
     for i in idx:
         s, _, (m, nxt) = items[i]
-        if s.engine != "mtp":
-            restore, replay = rows_to_replay(s.drafts, s.draft_t0, m)
+        if s.engine == "mtp":
+            rows = [s.draft_t0] + s.drafts[:m]  # MTP drafting consumed nothing on the BF16 state
+        else:
+            restore, rows = rows_to_replay(s.drafts, s.draft_t0, m)
             if restore:
                 s.runner.state.restore(s.slot)
-            if replay:
-                s.runner.rows(s.slot, replay)
-            s.runner.state.next_token[s.slot], s.drafts = nxt, []
+        if rows:
+            by_runner.setdefault(id(s.runner), []).append((i, rows))
         else:
-            by_runner.setdefault(id(s.runner), []).append(i)
+            s.runner.state.next_token[s.slot], s.drafts = nxt, []
     for group in by_runner.values():
-        r = items[group[0]][0].runner
-        rows = [[items[i][0].draft_t0] + items[i][0].drafts[: items[i][2][0]] for i in group]
-        starts = [int(r.state.position[items[i][0].slot]) for i in group]
+        r = items[group[0][0]][0].runner
+        starts = [int(r.state.position[items[i][0].slot]) for i, _ in group]
         hidden: list = []
-        try:  # no row checkpoint is read after: the pairs take the hidden rows
-            rows_batch(r, [(items[i][0].slot, t) for i, t in zip(group, rows)], ckpt_unused=True, hidden_out=hidden)
+        try:  # no row checkpoint is read after: drafting goes on from the state, the pairs from the hidden rows
+            rows_batch(r, [(items[i][0].slot, rows) for i, rows in group], ckpt_unused=True, hidden_out=hidden)
         except (ValueError, SessionLimit) as e:
-            for i in group:
+            for i, _ in group:
                 out[i] = e
             continue
-        for i, t, p, h in zip(group, rows, starts, hidden):
+        for (i, rows), p, h in zip(group, starts, hidden):
             s, _, (_, nxt) = items[i]
-            mtp.pending_pairs(s, p, t + [nxt], h)
+            if s.engine == "mtp":
+                mtp.pending_pairs(s, p, rows + [nxt], h)
             r.state.next_token[s.slot], s.drafts = nxt, []
 
 
