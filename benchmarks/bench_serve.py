@@ -61,6 +61,9 @@ Per point:
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
                        calls verified in one pass (exact mode); 0.0 = none
+    prefill_passes, prefill_pass_mean_pieces, prefill_pass_ms_mean
+                       the prefill workers' batched prefill passes during the point (WorkerStats
+                       prefill_*): how many, their mean prompt pieces, their mean wall time
     tok_s              output tokens of every completed stream / wall time of the point (the start -> the
                        last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
@@ -499,6 +502,13 @@ class _StepStats:
             "decode_mean_rows": round(rows / steps, 2) if steps else 0.0,
             "decode_step_s_p50": round(s1["step_s_p50"], 5),
             "decode_step_s_p99": round(s1["step_s_p99"], 5),
+        }
+        p1, p0 = g1.pop("prefill_pass", (0, 0, 0, 0.0)), self.g0.get("prefill_pass", (0, 0, 0, 0.0))
+        passes, pieces, _, secs = (a - b for a, b in zip(p1, p0))
+        out |= {
+            "prefill_passes": passes,
+            "prefill_pass_mean_pieces": round(pieces / passes, 2) if passes else 0.0,
+            "prefill_pass_ms_mean": round(1e3 * secs / passes, 2) if passes else 0.0,
         }
         for role, (b1, i1) in sorted(g1.items()):
             b0, i0 = self.g0.get(role, (0, 0))

@@ -173,7 +173,8 @@ def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = Fal
 def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int, int]]:
     """Per role (prefill, decode): the workers' Gather batches and the calls in them (WorkerStats
     gathered_batches / gathered_items: Verify on a prefill worker, Draft and mtp rounds on a decode
-    worker), summed over the role's workers; counters since the worker started."""
+    worker), summed over the role's workers; counters since the worker started. Also "prefill_pass": the
+    prefill workers' batched prefill passes, their pieces, tokens and summed seconds."""
     from baton.rpc import make_channel
     from baton.settings import Settings
     from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
@@ -186,6 +187,10 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int
             st = stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
         b, i = out.get(role, (0, 0))
         out[role] = (b + st.gathered_batches, i + st.gathered_items)
+        if role == "prefill":
+            prev = out.get("prefill_pass", (0, 0, 0, 0.0))
+            now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s)
+            out["prefill_pass"] = tuple(a + b for a, b in zip(prev, now_))
     return out
 
 

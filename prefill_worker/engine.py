@@ -95,6 +95,7 @@ class ExactEngine:
         self._prefilling_lock = threading.Lock()
         self._arriving = 0  # Prefill calls received whose session is not open yet (arriving())
         self.passes: deque = deque(maxlen=256)  # recent prefill passes: (pieces, tokens, seconds), for stats
+        self.pass_totals = [0, 0, 0, 0.0]  # passes, pieces, tokens, seconds since start (WorkerStats)
         self.prefills = Gather(
             self._prefill_batch,
             self._compute,
@@ -256,7 +257,9 @@ class ExactEngine:
             t0 = time.perf_counter()
             for i, tok in zip(ok, run_pass(self.runner, [items[i] for i in ok])):
                 out[i] = tok
-            self.passes.append((len(ok), sum(len(items[i].ids) for i in ok), time.perf_counter() - t0))
+            rec = (len(ok), sum(len(items[i].ids) for i in ok), time.perf_counter() - t0)
+            self.passes.append(rec)
+            self.pass_totals = [a + b for a, b in zip(self.pass_totals, (1, *rec))]
         return out
 
     def warm_up(self, lengths=(1, 17, 64, 100)) -> float:

@@ -368,4 +368,6 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         out = self.stats()
         g = self.engine.verifies
         out.gathered_batches, out.gathered_items = g.batches, g.items
+        t = self.engine.pass_totals
+        out.prefill_passes, out.prefill_pieces, out.prefill_tokens, out.prefill_pass_s = t
         return out

@@ -236,6 +236,10 @@ def test_a_short_cpu_run_end_to_end(tmp_path):
     for p in r["points"]:
         assert p["errors"] == {} and p["mismatched"] == 0 and p["checked"] == p["completed"] == p["streams"], p
         assert p["tokens"] == 4 * p["streams"]
+        # every stream's prompt (one piece) in one of the prefill worker's passes of the point
+        assert 1 <= p["prefill_passes"] <= p["streams"], p
+        assert round(p["prefill_pass_mean_pieces"] * p["prefill_passes"]) == p["streams"], p
+        assert p["prefill_pass_ms_mean"] > 0
     for p in r["points"][:2]:
         assert p["hf_tok_s"] > 0 and p["floor_tok_s"] > 0
     assert r["git"]["commit"] and r["machine"]["cores_usable"] >= 1 and r["command"].startswith("python benchmarks/")
