@@ -1252,6 +1252,7 @@ def write_report(res: dict, json_path: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    program = argv is None  # run as a program (not called by a test or baton bench)
     argv = sys.argv[1:] if argv is None else list(argv)
     a = build_parser().parse_args(argv)
     if a.report:
@@ -1268,8 +1269,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     resolve(a)
     layouts.refuse(a.layouts, a.device)  # before the prepare: an explicit split never runs shared instead
+    from benchmarks.report import emit, exit_on_sigterm
+
+    if program:
+        exit_on_sigterm()  # a cut run stops its `baton serve` (run's finally) instead of leaving it on the GPU
     res = run(a, argv)
-    from benchmarks.report import emit
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     out = Path(a.out) if a.out else RESULTS / f"serve-{a.device}-{stamp}.json"

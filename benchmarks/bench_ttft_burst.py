@@ -41,7 +41,7 @@ from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
 from benchmarks.bench_ttft import WIDTH, build_model, decode_process, machine  # noqa: E402
-from benchmarks.report import emit  # noqa: E402
+from benchmarks.report import emit, exit_on_sigterm  # noqa: E402
 from prefill_worker.serve import serve_prefill  # noqa: E402
 
 MARKS = {"queued_ms": "prefill.rpc_start", "compute_end_ms": "prefill.compute_end", "loaded_ms": "decode.loaded"}
@@ -152,6 +152,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     a.no_mtp, a.decode_gpu = False, None  # what bench_ttft's helpers read
+    if argv is None:  # as a program: a cut run stops its decode worker process (the finally below)
+        exit_on_sigterm()
     sizes = [int(x) for x in a.bursts.split(",") if x.strip()]
     lm, model_desc = build_model(a)
     settings = Settings(token="bench-ttft-burst", handoff_sender=a.sender)

@@ -1,10 +1,12 @@
-"""The one way a benchmark reports: its JSON object on stdout, and the same in --out when given."""
+"""The one way a benchmark reports: its JSON object on stdout, and the same in --out when given; and how a
+benchmark that starts workers ends when it is told to stop (exit_on_sigterm)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import signal
 import socket
 from pathlib import Path
 
@@ -40,3 +42,15 @@ def machine(**extra) -> dict:
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
     return out
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a `timeout`, the device call's limit) raises SystemExit(143) in the main thread, so the
+    benchmark's finally blocks stop the worker processes it started. Python's default SIGTERM ends the
+    process at once: its `baton serve` kept running and holding GPU memory (on the H200, a stage cut by
+    its time limit left 79 GB held and the next stage ran out of memory)."""
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
