@@ -35,7 +35,9 @@ def _stop_head(temp_dir: str) -> None:
     def pids():
         return [int(line.split(":")[0]) for line in cmdline_matches(temp_dir)]
 
-    for sig, wait in ((signal.SIGTERM, 8.0), (signal.SIGKILL, 3.0)):
+    # 2 s of SIGTERM: the dashboard and log monitor exit at once; gcs_server, raylet and the autoscaler
+    # monitor of a `ray start --head` were still up 30 s after SIGTERM here, so a longer wait only waits
+    for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 3.0)):
         for pid in pids():
             try:
                 os.kill(pid, sig)
