@@ -377,7 +377,7 @@ def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess
         "decode",
         0,
         model_dir=str(a.model) if a.model else None,
-        device=a.device,
+        device=getattr(a, "decode_device", None) or a.device,  # bench_ttft_burst --decode-device
         dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"),
         engine="bf16",
         max_len=max_len,
@@ -392,7 +392,7 @@ def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess
     env.pop("BATON_TOKEN_FILE", None)
     if a.decode_gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(a.decode_gpu)
-    if not a.device.startswith("cuda"):  # as many torch threads as this process uses
+    if not spec.device.startswith("cuda"):  # as many torch threads as this process uses
         env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     w = WorkerProcess(spec, env=env).start()
     try:

@@ -19,7 +19,9 @@ requests and --runs; `passes_per_burst` is the prefill worker's gathered passes 
 pass's pieces, tokens and wall ms (ExactEngine.passes). Unless --no-plain, each burst is sent again with no
 decode_target (computed and released, no hand-off): plain_reply_ms and plain_passes, the same passes
 without the state streaming beside them. --profile FILE: one more burst of the largest size under
-torch.profiler, its op tables (self CPU time; device time) written to FILE. Prints one JSON object.
+torch.profiler, its op tables (self CPU time; device time) written to FILE. --decode-device cpu: the
+decode worker on the CPU (the same bf16 model), to tell a pass slowed by this process's other threads from
+one slowed by the GPU's time-slicing between the two processes. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -147,6 +149,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--prefill-budget", type=int, default=None, help="tokens a prefill pass may hold")
     ap.add_argument("--sender", default=Settings().handoff_sender, choices=("process", "thread"))
+    ap.add_argument(
+        "--decode-device",
+        default=None,
+        help="the decode worker's device (default --device); cpu: its LoadState never touches the GPU, so "
+        "a pass slowed beside the hand-off is slowed in this process, not by the two processes sharing the GPU",
+    )
     ap.add_argument("--no-plain", action="store_true", help="skip each burst's run without a hand-off")
     ap.add_argument("--profile", type=Path, default=None, help="profile one more burst of the largest size: op tables")
     ap.add_argument("--out", type=Path)
@@ -208,6 +216,7 @@ def main(argv=None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
         "device": a.device,
+        "decode_device": a.decode_device or a.device,
         "model": model_desc,
         "sender": a.sender,
         "prefill_budget": ps.engine.prefills.budget,

@@ -152,7 +152,7 @@ class PagePool:
             start = len(own)
             own.extend(new)
             ids = torch.tensor(new, dtype=torch.int32)
-            self.table[slot, start:need].copy_(ids)
+            self.table[slot, start:need].copy_(ids)  # blocking: kernels of other streams may read it next
         return new
 
     def free(self, slot: int) -> int:

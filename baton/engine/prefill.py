@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from baton.models.context import Segment, StepContext, wide_prefill
+from baton.transfer import upload
 
 PREFILL_CHUNK = 8192  # tokens: a longer prompt runs as pieces of this size, each its own pass or part of one
 
@@ -119,29 +120,33 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
     for p in ps:
         if p.start == 0:
             st.reset(p.slot)
-    x = torch.tensor([t for p in ps for t in p.ids], dtype=torch.long, device=dev)
-    runner.sampling.history.record(  # every piece's tokens at their positions, before its pick (penalties)
-        torch.tensor([p.slot for p in ps for _ in p.ids], device=dev),
-        torch.cat([torch.arange(p.start, p.start + len(p.ids), device=dev) for p in ps]),
-        x,
-    )
+    # no host sync until the picks: every index is a PassIndex upload (baton/transfer.py)
+    x = upload([t for p in ps for t in p.ids], torch.long, dev)
+    ctx = _context(ps, on_layer=_marks(ps))
+    index = ctx.pass_index(dev)
+    runner.sampling.history.record(
+        index.row_slot, index.pos, x
+    )  # every piece's tokens at their positions, before its pick (penalties)
     with wide_prefill(dev):
-        h = runner.model(x, st, _context(ps, on_layer=_marks(ps)))  # [T, hidden]
+        h = runner.model(x, st, ctx)  # [T, hidden]
     rows = h.split([len(p.ids) for p in ps])  # each piece's hidden rows
-    toks: list[int | None] = [
-        # each piece's pick from its own last row: the [1, vocab] head call of the piece alone
-        int(runner.sampling.pick_slot(runner.model.logits(r[-1:]), p.slot, p.start + len(p.ids))[0]) if p.last else None
+    # each piece's pick from its own last row: the [1, vocab] head call of the piece alone; one host read for all
+    picks = [
+        runner.sampling.pick_slot(runner.model.logits(r[-1:]), p.slot, p.start + len(p.ids))[:1]
         for p, r in zip(ps, rows)
+        if p.last
     ]
+    got = iter(torch.cat(picks).tolist() if picks else [])
+    toks: list[int | None] = [int(next(got)) if p.last else None for p in ps]
     mp = [i for i, p in enumerate(ps) if p.mtp and runner.has_mtp]
     if mp:  # MTP KV for the pairs (h_t, x_{t+1}), t in each piece's [start, start + n)
         sub = [ps[i] for i in mp]
         nxt = [t for i in mp for t in ps[i].ids[1:] + [int(toks[i] if ps[i].last else ps[i].next_id)]]
         hm = torch.cat([rows[i] for i in mp])
-        pos = torch.cat([torch.arange(p.start, p.start + len(p.ids), device=dev) for p in sub])
-        nx = torch.tensor(nxt, dtype=torch.long, device=dev)
+        mctx = _context(sub, rope_offset=1)
+        nx = upload(nxt, torch.long, dev)
         with wide_prefill(dev):
-            runner.model.mtp(runner.model.model.embed_tokens, hm, nx, pos, st, _context(sub, rope_offset=1))
+            runner.model.mtp(runner.model.model.embed_tokens, hm, nx, mctx.pass_index(dev).pos, st, mctx)
     for p, r, tok in zip(ps, rows, toks):
         if p.last:
             st.position[p.slot] = p.start + len(p.ids)

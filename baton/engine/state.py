@@ -45,6 +45,7 @@ import torch
 
 from baton.config import ModelConfig
 from baton.engine.pages import PAGE, PagePool, pages_for
+from baton.transfer import upload
 
 # state tensor kinds (mirrors baton.v1.TensorKind)
 GDN_CONV, GDN_RECURRENT, ATTN_KEY, ATTN_VALUE, HIDDEN = "gdn_conv", "gdn_recurrent", "attn_key", "attn_value", "hidden"
@@ -213,6 +214,16 @@ class HybridState:
         self.key[layer][page, :, off] = k
         self.value[layer][page, :, off] = v
 
+    def write_kv_rows(
+        self, layer: int, slots: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """KV rows of several slots at once: row i (slot slots[i], position pos[i], device int64 [n]) :=
+        k[i], v[i] ([n, kv_heads, head_dim]), through the table (a prefill pass's rows, one write a layer)."""
+        page = self.pages.table[slots, pos // PAGE].long()  # [n]
+        off = pos % PAGE
+        self.key[layer][page, :, off] = k
+        self.value[layer][page, :, off] = v
+
     def reserve(self, slot: int, tokens: int, zero: bool = True) -> None:
         """The slot's pages cover positions [0, tokens) (PagePool.ensure: all or none, PagesExhausted);
         new pages are zeroed on the current stream (zero=False: the caller overwrites or zeroes them)."""
@@ -225,7 +236,7 @@ class HybridState:
         return self.pages.free(slot)
 
     def _zero_pages(self, pages: list[int]) -> None:
-        idx = torch.tensor(pages, dtype=torch.long).to(self.device)
+        idx = upload(pages, torch.long, self.device)
         for i in self.attn_ids:
             self.key[i].index_fill_(0, idx, 0)
             self.value[i].index_fill_(0, idx, 0)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
+
+from baton.transfer import upload
 
 _WIDE: contextvars.ContextVar = contextvars.ContextVar("baton_wide_kernels", default=None)
 
@@ -71,6 +74,48 @@ class Segment:
     off: int
 
 
+class PassIndex:
+    """The int64 index tensors of one prefill pass's segments, on its device: built on the host once per
+    pass and copied without a host sync (baton/transfer.py), then shared by every layer. A prefill pass is
+    launch-bound; a blocking H2D copy per layer (and per segment) drained the stream each time, and in a
+    worker whose other threads (hand-off stagers, gRPC) also want the GIL and the driver each drain
+    cost a wake-up. Lifecycle: made by StepContext.pass_index() on first use; dropped with the context.
+
+        slots    [N]      each segment's slot
+        cu       [N + 1]  cumulative row offsets (cu_cpu: the same on the host)
+        pos      [T]      each row's position (start .. start + n - 1 per segment)
+        row_slot [T]      each row's slot
+        ints(key, make)   any other pass constant: make() -> list of ints, copied once and kept by key
+    """
+
+    def __init__(self, segments, device):
+        self.segments, self.device = tuple(segments), torch.device(device)
+        self.cu_cpu = torch.tensor([0, *itertools.accumulate(s.n for s in self.segments)], dtype=torch.long)
+        self._kept: dict = {}
+
+    def ints(self, key, make: Callable[[], list[int]]) -> torch.Tensor:
+        t = self._kept.get(key)
+        if t is None:
+            t = self._kept[key] = upload(make(), torch.long, self.device)
+        return t
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self.ints("slots", lambda: [s.slot for s in self.segments])
+
+    @property
+    def cu(self) -> torch.Tensor:
+        return self.ints("cu", self.cu_cpu.tolist)
+
+    @property
+    def pos(self) -> torch.Tensor:
+        return self.ints("pos", lambda: [p for s in self.segments for p in range(s.start, s.start + s.n)])
+
+    @property
+    def row_slot(self) -> torch.Tensor:
+        return self.ints("row_slot", lambda: [s.slot for s in self.segments for _ in range(s.n)])
+
+
 @dataclass(frozen=True)
 class StepContext:
     slot: int = 0
@@ -85,6 +130,7 @@ class StepContext:
     phase: int | None = None  # rows only: ping-pong AR step (HybridState.gdn_io); None = GDN state in place
     groups: tuple[RowGroup, ...] | None = None  # batched rows (eager only); None = one group (slot, n, 0)
     segments: tuple[Segment, ...] | None = None  # batched prefill; None = one segment (slot, start, n, 0)
+    index: PassIndex | None = field(default=None, compare=False)  # prefill: pass_index(), made on first use
 
     def row_groups(self) -> tuple[RowGroup, ...]:
         """Rows mode: the slots' row groups (the one-slot step is one group at offset 0)."""
@@ -93,6 +139,12 @@ class StepContext:
     def prefill_segments(self) -> tuple[Segment, ...]:
         """Prefill: the pass's segments (one pass of one prompt is one segment at offset 0)."""
         return self.segments if self.segments is not None else (Segment(self.slot, self.start, self.n, 0),)
+
+    def pass_index(self, device) -> PassIndex:
+        """Prefill: the pass's device index tensors (PassIndex), made once per context."""
+        if self.index is None:
+            object.__setattr__(self, "index", PassIndex(self.prefill_segments(), device))  # frozen: lazily, once
+        return self.index
 
     def map(self, fn, *ts: torch.Tensor):
         """fn applied to the per-row op inputs ts (dim 0 = rows) -> fn's tensor or tuple of tensors.

@@ -48,41 +48,55 @@ def causal_conv(
     return F.silu(out).transpose(0, 1)
 
 
-def conv_segments(x: torch.Tensor, conv_all: torch.Tensor, slots: list[int], lens: list[int], w: torch.Tensor):
-    """The prefill's causal conv + SiLU for a pass of segments: x [T, C] (segment i's rows are the
-    next lens[i] rows), each segment continuing from its slot's conv state conv_all[slot] [C, KW-1]
-    (updated in place with its last KW-1 inputs). One set of ops for the whole pass, each output an
-    explicit fp32 sum over the KW taps in order, so a row's result depends on its own window only.
-    Returns [T, C] in x's dtype."""
+def _conv_columns(segs, K1: int) -> tuple[list[int], list[int], list[int]]:
+    """conv_segments' gathers for segments `segs` (Segment: n, off) and KW - 1 = K1 state columns:
+    seq columns (each segment's state, then its inputs) as columns of [states (K1 per segment) | x^T],
+    the windows that end on each segment's rows, and each segment's last K1 seq columns (its next state)."""
+    xb, seq, win, tail, base = len(segs) * K1, [], [], [], 0
+    for i, s in enumerate(segs):
+        seq += [*range(i * K1, (i + 1) * K1), *range(xb + s.off, xb + s.off + s.n)]
+        win += range(base, base + s.n)
+        tail += range(base + s.n, base + s.n + K1)
+        base += s.n + K1
+    return seq, win, tail
+
+
+def conv_segments(x: torch.Tensor, conv_all: torch.Tensor, index, w: torch.Tensor):
+    """The prefill's causal conv + SiLU for a pass of segments: x [T, C] (segment i's rows are
+    index.segments[i]'s rows), each segment continuing from its slot's conv state conv_all[slot]
+    [C, KW-1] (updated in place with its last KW-1 inputs). One set of ops for the whole pass, whatever
+    the segment count (index: the pass's PassIndex, baton/models/context.py: gathers copied once per
+    pass, no host sync), each output an explicit fp32 sum over the KW taps in order, so a row's result
+    depends on its own window only. Returns [T, C] in x's dtype."""
     C, KW = w.shape
-    parts, idx, tails, base = [], [], [], 0
-    for slot, xs in zip(slots, x.split(lens)):  # seq columns [base, base + KW-1 + n): state, then inputs
-        n = xs.shape[0]
-        parts += [conv_all[slot], xs.transpose(0, 1)]
-        idx.append(torch.arange(base, base + n))
-        tails.append((base + n, base + n + KW - 1))  # the segment's last KW-1 inputs: its next conv state
-        base += n + KW - 1
-    seq = torch.cat(parts, dim=1)  # [C, T + N (KW-1)]
+    N, K1, T = len(index.segments), KW - 1, x.shape[0]
+    cols = index.ints(("conv", K1), lambda: sum(_conv_columns(index.segments, K1), []))  # one copy a pass
+    seq_c, win_c, tail_c = cols.split([T + N * K1, T, N * K1])
+    states = conv_all.index_select(0, index.slots).transpose(0, 1).reshape(C, N * K1)  # [C, N (KW-1)]
+    seq = torch.cat([states, x.transpose(0, 1)], dim=1).index_select(1, seq_c)  # [C, T + N (KW-1)]
     L = seq.shape[1] - KW + 1
     acc = seq[:, 0:L].float() * w[:, 0:1].float()
     for j in range(1, KW):
         acc = acc + seq[:, j : j + L].float() * w[:, j : j + 1].float()
-    out = acc[:, torch.cat(idx).to(x.device)]  # [C, T]: the windows that end on each segment's rows
-    conv_all.index_copy_(0, torch.tensor(slots, device=x.device), torch.stack([seq[:, a:b] for a, b in tails]))
+    out = acc.index_select(1, win_c)  # [C, T]: the windows that end on each segment's rows
+    conv_all.index_copy_(0, index.slots, seq.index_select(1, tail_c).view(C, N, K1).transpose(0, 1))
     return F.silu(out).to(x.dtype).transpose(0, 1)
 
 
-def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], lens: list[int]) -> torch.Tensor:
+def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, index) -> torch.Tensor:
     """The prefill's delta rule for a pass of segments (rows as conv_segments), each from its slot's
     recurrent state rec_all[slot] [Hv, dk, dv] fp32 (updated in place). CUDA with fla: one varlen call
     (cu_seqlens) for the whole pass, also for one segment, so a segment's arithmetic is the same alone or
-    in any pass (fla's chunks never cross a sequence; its autotune keys hold no length). Else each
-    segment through `chunked`. q / k are L2-normalised first by wide.l2norm (fla's own l2norm autotunes
-    its row tile per number of rows). Returns [T, Hv, dv]."""
+    in any pass (fla's chunks never cross a sequence; its autotune keys hold no length). cu_seqlens are
+    the pass's PassIndex tensors, the same objects in every layer: fla's identity cache then derives its
+    chunk indices once per pass (each derivation is a blocking copy). Else each segment through `chunked`.
+    q / k are L2-normalised first by wide.l2norm (fla's own l2norm autotunes its row tile per number of
+    rows). Returns [T, Hv, dv]."""
     fla = _fla_chunk() if v.is_cuda else None
     if fla is None:
-        parts = zip(slots, *(t.split(lens) for t in (q, k, v, g, beta)))
-        outs = [chunked(qs, ks, vs, gs, bs, rec_all[s]) for s, qs, ks, vs, gs, bs in parts]
+        lens = [s.n for s in index.segments]
+        parts = zip(index.segments, *(t.split(lens) for t in (q, k, v, g, beta)))
+        outs = [chunked(qs, ks, vs, gs, bs, rec_all[sg.slot]) for sg, qs, ks, vs, gs, bs in parts]
         return torch.cat(outs) if len(outs) > 1 else outs[0]
     from baton.kernels import wide  # CUDA only (Triton)
 
@@ -90,8 +104,7 @@ def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], 
     Hv = v.shape[1]
     rep = Hv // q.shape[1]
     qr, kr = (q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)) if rep > 1 else (q, k)
-    cu_cpu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.long)
-    st = torch.tensor(slots, device=v.device)
+    st = index.slots
     o, final = fla(
         qr[None].contiguous(),
         kr[None].contiguous(),
@@ -101,8 +114,8 @@ def chunked_segments(q, k, v, g, beta, rec_all: torch.Tensor, slots: list[int], 
         initial_state=rec_all.index_select(0, st),
         output_final_state=True,
         use_qk_l2norm_in_kernel=False,
-        cu_seqlens=cu_cpu.to(v.device),
-        cu_seqlens_cpu=cu_cpu,
+        cu_seqlens=index.cu,
+        cu_seqlens_cpu=index.cu_cpu,
     )
     rec_all.index_copy_(0, st, final.to(rec_all.dtype))
     return o[0]

@@ -140,11 +140,16 @@ class Attention(nn.Module):
         o = torch.matmul(p, vc)  # [nkv, g*W, d]
         return o.view(self.nkv, g, T, self.d).permute(2, 0, 1, 3).reshape(T, self.nh * self.d)
 
-    def _attend_prefill(self, q: torch.Tensor, state, sg: Segment) -> torch.Tensor:
-        """One segment's queries q [n, nh, d] (positions [start, start + n), its KV already written)
-        against keys [0, start + n) of its slot, causal -> o [n, nh*d]: the call of the segment alone."""
+    def _attend_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state, sg: Segment) -> torch.Tensor:
+        """One segment's queries q [n, nh, d] (positions [start, start + n), its KV k, v [n, nkv, d]
+        already written) against keys [0, start + n) of its slot, causal -> o [n, nh*d]: the call of the
+        segment alone. A first piece (start 0) reads its keys from k, v (the values its pages now hold,
+        bitwise), a later one gathers them from the pages."""
         T, g, s0 = q.shape[0], self.nh // self.nkv, sg.start
-        keys, vals = state.slot_kv(self.layer_idx, sg.slot, s0 + T)  # [nkv, s0+T, d]
+        if s0 == 0 and state.key[self.layer_idx].dtype == k.dtype:
+            keys, vals = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()  # [nkv, T, d]
+        else:
+            keys, vals = state.slot_kv(self.layer_idx, sg.slot, s0 + T)  # [nkv, s0+T, d]
         qh = q.transpose(0, 1)  # [nh, T, d]
         kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
         vv = vals.repeat_interleave(g, dim=0)
@@ -158,12 +163,12 @@ class Attention(nn.Module):
         T = x.shape[0]  # x [T, hidden]; KV through the slot's pages (HybridState.write_kv / slot_kv)
         if ctx.width is None:
             q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
-            segs = ctx.prefill_segments()
-            for sg in segs:  # pos = [start, start + n) of each segment
-                r = slice(sg.off, sg.off + sg.n)
-                state.write_kv(self.layer_idx, sg.slot, pos[r], k[r], v[r])
+            segs = ctx.prefill_segments()  # pos = [start, start + n) of each segment
+            state.write_kv_rows(self.layer_idx, ctx.pass_index(x.device).row_slot, pos, k, v)
             ctx.state_written(self.layer_idx)  # KV rows final
-            o = torch.cat([self._attend_prefill(q[sg.off : sg.off + sg.n], state, sg) for sg in segs])
+            o = torch.cat(
+                [self._attend_prefill(*(t[sg.off : sg.off + sg.n] for t in (q, k, v)), state, sg) for sg in segs]
+            )
             return ctx.map(lambda oc, gc: lin(self.o_proj, oc * torch.sigmoid(gc)), o, gate)
         q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
         groups = ctx.row_groups()
@@ -231,18 +236,18 @@ class GatedDeltaNet(nn.Module):
         v = mixed[:, 2 * kd :].reshape(T, self.nv, self.dv)
         return gdn_ops.recurrent_rows(q, k, v, g, beta, rs, n, ck and ck[1])  # [W, Hv, dv]
 
-    def _mix_segments(self, mixed, beta, g, state, segs) -> torch.Tensor:
+    def _mix_segments(self, mixed, beta, g, state, index) -> torch.Tensor:
         """Prefill: every segment's conv + delta rule against its own slot's state (updated in place),
-        each as in a pass of its own (gdn_ops.conv_segments / chunked_segments) -> o [T, Hv, dv]."""
+        each as in a pass of its own (gdn_ops.conv_segments / chunked_segments; index: the pass's
+        PassIndex) -> o [T, Hv, dv]."""
         T = mixed.shape[0]
         conv_all, rec_all = state.gdn(self.layer_idx)  # [S, C, K-1], [S, Hv, dk, dv]
-        slots, lens = [sg.slot for sg in segs], [sg.n for sg in segs]
-        mixed = gdn_ops.conv_segments(mixed, conv_all, slots, lens, self.conv1d.weight[:, 0, :])  # [T, C]
+        mixed = gdn_ops.conv_segments(mixed, conv_all, index, self.conv1d.weight[:, 0, :])  # [T, C]
         kd = self.cfg.key_dim
         q = mixed[:, :kd].reshape(T, self.nk, self.dk)
         k = mixed[:, kd : 2 * kd].reshape(T, self.nk, self.dk)
         v = mixed[:, 2 * kd :].reshape(T, self.nv, self.dv)
-        return gdn_ops.chunked_segments(q, k, v, g, beta, rec_all, slots, lens)
+        return gdn_ops.chunked_segments(q, k, v, g, beta, rec_all, index)
 
     def _out(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         T = o.shape[0]
@@ -253,7 +258,7 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]  # x [T, hidden]
         if ctx.width is None:
             mixed, beta, g, z = ctx.map(self._project, x)
-            o = self._mix_segments(mixed, beta, g, state, ctx.prefill_segments())
+            o = self._mix_segments(mixed, beta, g, state, ctx.pass_index(x.device))
             ctx.state_written(self.layer_idx)  # conv + recurrent final
             return ctx.map(self._out, o, z)
         mixed, beta, g, z = ctx.map(self._project, x)
@@ -313,10 +318,9 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def positions(self, state, ctx: StepContext, T: int, device) -> torch.Tensor:
         if ctx.width is None:  # each segment's positions [start, start + n)
-            segs = ctx.prefill_segments()
-            if len(segs) == 1:
+            if ctx.segments is None or len(ctx.segments) == 1:
                 return torch.arange(ctx.start, ctx.start + T, device=device)
-            return torch.cat([torch.arange(sg.start, sg.start + sg.n, device=device) for sg in segs])
+            return ctx.pass_index(device).pos
         if ctx.groups is None:
             return state.position[ctx.slot] + torch.arange(T, device=device)  # [W] device-side
         pos = torch.zeros(T, dtype=torch.long, device=device)  # [C*W]; padding rows 0
