@@ -34,6 +34,7 @@ import threading
 import torch
 
 from baton.engine.slots import SessionLimit
+from baton.transfer import upload
 
 PAGE = 256  # keys per page = baton.kernels.attention.ATTN_SPLIT (checked there)
 
@@ -151,8 +152,10 @@ class PagePool:
             new = [self._free.pop() for _ in range(more)]
             start = len(own)
             own.extend(new)
-            ids = torch.tensor(new, dtype=torch.int32)
-            self.table[slot, start:need].copy_(ids)  # blocking: kernels of other streams may read it next
+            # on the current stream, as every reader of the table (passes, graph replays, the hand-off's
+            # gathers) and free()'s fill_: a pinned non-blocking copy, not a blocking one that waited for
+            # every pass already queued (baton/transfer.py)
+            self.table[slot, start:need].copy_(upload(new, torch.int32, self.table.device))
         return new
 
     def free(self, slot: int) -> int:

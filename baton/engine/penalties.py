@@ -55,7 +55,7 @@ class History:
     def begin(self, slot: int, generated_from: int) -> None:
         """A session opens on slot (its passes will record every token): positions >= generated_from are
         generated tokens (prefill: len(prompt); a migration's re-prefill: the original prompt's length)."""
-        self.generated_from[slot] = int(generated_from)
+        self.generated_from[slot].fill_(int(generated_from))  # a kernel, not a blocking copy (SamplingTable.set)
         self.known[slot] = True
 
     def load(self, slot: int, ids: list[int], generated_from: int) -> None:

@@ -149,7 +149,7 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
             runner.model.mtp(runner.model.model.embed_tokens, hm, nx, mctx.pass_index(dev).pos, st, mctx)
     for p, r, tok in zip(ps, rows, toks):
         if p.last:
-            st.position[p.slot] = p.start + len(p.ids)
-            st.next_token[p.slot] = tok
+            st.position[p.slot].fill_(p.start + len(p.ids))  # kernels, not blocking copies behind the MTP layer
+            st.next_token[p.slot].fill_(tok)
             st.hidden[p.slot].copy_(r[-1])
     return toks

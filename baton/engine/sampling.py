@@ -161,15 +161,23 @@ class SamplingTable:
         if proposing and p.rejection:
             self.proposed[slot] = {}
         top_p = p.top_p if 0.0 < p.top_p < 1.0 else 1.0
-        self.temperature[slot] = max(0.0, p.temperature)
-        self.top_p[slot] = top_p
-        self.top_k[slot] = max(0, p.top_k)
-        self.log_min_p[slot] = math.log(p.min_p) if 0.0 < p.min_p <= 1.0 else -math.inf
-        self.seed_hi[slot], self.seed_lo[slot] = (p.seed >> 32) & M32, p.seed & M32
-        self.repetition[slot] = p.repetition_penalty if p.repetition_penalty > 0 else 1.0
         # + 0.0: a -0.0 penalty is +0.0, so a neutral row's logits stay bitwise (x - (-0.0) turns -0.0 to +0.0)
-        self.presence[slot], self.frequency[slot] = p.presence_penalty + 0.0, p.frequency_penalty + 0.0
-        self.n_logprobs[slot] = p.logprobs
+        for t, v in (
+            (self.temperature, max(0.0, p.temperature)),
+            (self.top_p, top_p),
+            (self.top_k, max(0, p.top_k)),
+            (self.log_min_p, math.log(p.min_p) if 0.0 < p.min_p <= 1.0 else -math.inf),
+            (self.seed_hi, (p.seed >> 32) & M32),
+            (self.seed_lo, p.seed & M32),
+            (self.repetition, p.repetition_penalty if p.repetition_penalty > 0 else 1.0),
+            (self.presence, p.presence_penalty + 0.0),
+            (self.frequency, p.frequency_penalty + 0.0),
+            (self.n_logprobs, p.logprobs),
+        ):
+            # fill_: a kernel on the current stream (every reader's: the workers' passes and graph replays run
+            # on it), not `t[slot] = v`, a blocking H2D copy that waited for every pass already queued (a
+            # prefill worker's gRPC threads made ~20 of them per session while the passes ran)
+            t[slot].fill_(v)
         self.params[slot] = p
 
     def clear(self, slot: int) -> None:
