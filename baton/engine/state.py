@@ -199,13 +199,13 @@ class HybridState:
         """The slot's KV rows [0, length) (None: the whole window, max_len) gathered from its pages through
         the device table (no host sync) -> key, value [kv_heads, length, head_dim], contiguous: the values
         the contiguous window held (rows past the slot's pages read the sink: only ever read masked)."""
+        return self.slot_rows(self.key[layer], slot, length), self.slot_rows(self.value[layer], slot, length)
+
+    def slot_rows(self, pool: torch.Tensor, slot: int, length: int | None = None) -> torch.Tensor:
+        """One pool's rows [0, length) of the slot (slot_kv's key or value alone) [kv_heads, length, head_dim]."""
         n = self.max_len if length is None else int(length)
-        idx = self.pages.table[slot, : pages_for(n)].long()
-        out = []
-        for pool in (self.key[layer], self.value[layer]):
-            g = pool.index_select(0, idx)  # [k, nkv, PAGE, d]
-            out.append(g.transpose(0, 1).reshape(g.shape[1], -1, g.shape[3])[:, :n].contiguous())
-        return out[0], out[1]
+        g = pool.index_select(0, self.pages.table[slot, : pages_for(n)].long())  # [k, nkv, PAGE, d]
+        return g.transpose(0, 1).reshape(g.shape[1], -1, g.shape[3])[:, :n].contiguous()
 
     def write_kv(self, layer: int, slot: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """KV rows pos [n] (device int64) of `slot` := k, v [n, kv_heads, head_dim], through the table."""
@@ -332,8 +332,8 @@ class HybridState:
             return [StateTensor(names[0], ATTN_KEY, k), StateTensor(names[1], ATTN_VALUE, v)]
         meta = torch.empty(self.cfg.num_key_value_heads, p, self.cfg.head_dim, dtype=self.dtype, device="meta")
         return [
-            StateTensor(names[j], kind, meta, lambda j=j: self.slot_kv(layer, slot, p)[j])
-            for j, kind in enumerate((ATTN_KEY, ATTN_VALUE))
+            StateTensor(name, kind, meta, lambda pool=pool: self.slot_rows(pool, slot, p))  # the one it ships
+            for name, kind, pool in zip(names, (ATTN_KEY, ATTN_VALUE), (self.key[layer], self.value[layer]))
         ]
 
     def export(self, slot: int, position: int | None = None, *, lazy: bool = False) -> list[StateTensor]:
