@@ -11,9 +11,11 @@
 #
 # Run on 2026-12-01 (benchmarks/results/gpu-tests-h200-2026-12-01.md): every tests-* stage passed (at be31f43,
 # tests-serving at cd86fee), serve, burst (without its per-pass log), spec-exact (mtp only, at be31f43; at
-# cd86fee up to 8 streams). Since then (3af1f92..): batched mtp verdicts, the prefill gather's settle, the
-# staging events. Next, in this order: tests-serving and tests-mtp (they cover those changes), spec-exact,
-# burst (per-pass log and profile), fp8, spec-fast, long, verify, layout-fixed, layout-mixed.
+# cd86fee up to 8 streams). On 2026-12-02: tests-serving and tests-mtp at a3a234f (passed), burst with its
+# per-pass log and profile (a3a234f, 8ecea85, c13286c), tests/engine/test_gpu_prefill.py at 8ecea85 (passed),
+# serve at c13286c and bf16 top-p at 1 and 32 (README, Performance). Next, in this order: tests-serving and
+# tests-engine (the prefill's PassIndex, fill_ parameter writes: c13286c), fp8, spec-exact, spec-fast, long,
+# verify, layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
