@@ -1,0 +1,117 @@
+"""What a sampled pick costs against a greedy one: the sampler alone, on one chunk of rows (issue 22's bound:
+top-p within 5% of greedy's tok/s at 1 and 32 streams). Prints one JSON object.
+
+    python benchmarks/bench_sampling.py --device cuda --vocab 248320 --width 8
+    python benchmarks/bench_sampling.py --device cpu --vocab 8192 --reps 20
+
+For each case, the median over --reps of one `sample()` call on [width, vocab] bf16 logits (CUDA: device
+time between events after a warm-up; CPU: wall time), for the path a decode step takes:
+    greedy      every row greedy, no penalty: the argmax shortcut of SamplingTable.pick
+    temperature T 0.8, no truncation (truncate=False: no full-vocab sort)
+    top_p       T 0.8, top-p 0.9 (the full-vocab stable sort, softmax, cumsum, scatter)
+    graph_path  what a captured sampled graph runs for any table (truncate, penalties and logprobs on)
+and, to size a cheaper top-p, the stable descending sort alone of the fp32 z keys (what `_chunk` sorts)
+against the bf16 logits (the same order when no penalty applies). Random logits at --scale: with a
+trained model's peaked rows the sort costs the same (it sorts every vocabulary entry whatever the values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from baton.engine.sampling import Params, SamplingTable, sample  # noqa: E402
+from benchmarks.report import emit, machine  # noqa: E402
+
+
+def timed(fn, device: torch.device, reps: int) -> float:
+    """Median ms of fn() over reps (after 3 warm-up calls)."""
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t0))
+    return round(statistics.median(out), 4)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--vocab", type=int, default=248320, help="Qwen3.5's vocabulary")
+    ap.add_argument("--width", type=int, default=8, help="rows of one chunk (the worker's width W)")
+    ap.add_argument("--scale", type=float, default=2.0, help="std of the random logits")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    dev, W, V = torch.device(a.device), a.width, a.vocab
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = (torch.randn(W, V, generator=g, device=dev) * a.scale).to(torch.bfloat16)
+    table = SamplingTable(W, dev, W, max_len=64)
+    slots = torch.arange(W, device=dev)
+    positions = torch.full((W,), 10, dtype=torch.long, device=dev)
+    for s in range(W):
+        table.history.begin(s, 0)
+
+    def with_params(p: Params | None, **kw):
+        for s in range(W):
+            table.set(s, p)
+        return lambda: sample(logits, slots, positions, table, width=W, **kw)
+
+    cases = {
+        "greedy": lambda: logits.argmax(-1),
+        "temperature": with_params(Params(temperature=0.8, seed=1), truncate=False, penal=False),
+        "top_p": with_params(Params(temperature=0.8, top_p=0.9, seed=1), truncate=True, penal=False),
+    }
+    ms = {k: timed(fn, dev, a.reps) for k, fn in cases.items()}
+    ms["graph_path"] = timed(
+        with_params(Params(temperature=0.8, top_p=0.9, seed=1), truncate=True, penal=True, logprobs=True),
+        dev,
+        a.reps,
+    )
+    z = logits.float() / 0.8
+    sorts = {
+        "fp32_z": timed(lambda: torch.sort(z, dim=-1, descending=True, stable=True), dev, a.reps),
+        "bf16_logits": timed(lambda: torch.sort(logits, dim=-1, descending=True, stable=True), dev, a.reps),
+    }
+    same = bool(
+        torch.equal(
+            torch.sort(z, dim=-1, descending=True, stable=True).indices,
+            torch.sort(logits, dim=-1, descending=True, stable=True).indices,
+        )
+    )
+    out = {
+        "benchmark": "sampling",
+        "command": shlex.join(["python", "benchmarks/bench_sampling.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None),
+        "shape": [W, V],
+        "ms": ms,
+        "over_greedy_ms": {k: round(v - ms["greedy"], 4) for k, v in ms.items() if k != "greedy"},
+        "sort_ms": sorts,
+        "sort_same_order": same,
+    }
+    emit(out, a.out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
