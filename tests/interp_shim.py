@@ -8,7 +8,12 @@
     are all patched now is called without it: the launch's own (undone when the launch ends) and those a
     helper's call patched before (never undone, by the interpreter itself). The same functions run;
   * speed: the interpreter's tl dtype -> numpy dtype map (_get_np_dtype) was a dict of 19 np.dtype
-    built on every call (hundreds of thousands a run): the same map, built once.
+    built on every call (hundreds of thousands a run): the same map, built once;
+  * row invariance: tl.dot was one np.matmul of the block, and BLAS computes a row of a GEMM by the code
+    its position calls for (an M-tail of the micro-kernel sums in another order: on an AMD EPYC with
+    numpy 2.4's OpenBLAS 0.3.31, wide.linear's row t differed by ~5e-7 with its slice's start), which the
+    GPU's kernel never does; now each row of the block is its own [1, K] @ [K, N] product, a function of
+    that row alone, whatever the BLAS and the CPU.
 Importing it twice (as interp_shim and as tests.interp_shim) patches once."""
 
 import inspect
@@ -76,6 +81,17 @@ if not getattr(_interp, "_baton_shim", False):
             return _NP[tt_dtype.element_ty]
         return _NP[tt_dtype]
 
+    _orig_dot = _interp.InterpreterBuilder.create_dot
+
+    def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        fp8 = any(t.dtype.primitive_bitwidth == 8 and t.dtype.is_floating() for t in (a, b))
+        if fp8 or a.data.ndim != 2:  # converted to fp16 inside, or a batched dot: as the interpreter does it
+            return _orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data
+        rows = [_interp.np.matmul(a.data[i : i + 1], b.data, dtype=acc.dtype) for i in range(a.data.shape[0])]
+        return _interp.TensorHandle(_interp.np.concatenate(rows) + acc, d.dtype.scalar)
+
+    _interp.InterpreterBuilder.create_dot = _create_dot
     _interp._get_np_dtype = _get_np_dtype
     _interp._patch_lang_tensor = _patched_tensor
     _interp._patch_lang = _launch_patch  # looked up as a module global by GridExecutor.__call__
