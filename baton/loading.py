@@ -70,7 +70,7 @@ def build_model(cfg: ModelConfig, *, with_mtp: bool, dtype: torch.dtype, device)
     """Allocates the module on `device` without initialising values (weights come next)."""
     with torch.device("meta"), _SkipInit():
         m = Qwen3_5ForCausalLM(cfg, with_mtp=with_mtp)
-    m = m.to_empty(device=device).to(dtype)
+    m = m.to(dtype).to_empty(device=device)  # cast on meta: no float32 allocation converted value by value
     return m.eval().requires_grad_(False)
 
 
