@@ -20,6 +20,8 @@ from baton.settings import Settings
 from router.service import RouterConfig
 
 MAX_LEN, NEW = 256, 40
+# router, prefill and decode workers on threads of this process: tiny ops on 2 cores, one torch thread
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = [[5, 6, 7, 8], [101, 17, 3], [42] * 9]
 
 
