@@ -26,6 +26,8 @@ from baton.engine.sampling import Params
 from baton.settings import Settings
 
 MAX_LEN = 256
+# router, prefill and decode workers on threads of this process: tiny ops on 2 cores, one torch thread
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = ["def main(", "import json", "class Counter:", "for token in tokens:", "x", "@dataclass", "return [", "if "]
 
 
