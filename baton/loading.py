@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from baton.config import ModelConfig
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM
@@ -50,11 +51,26 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"dtype: unknown {name!r}; choose one of bf16, fp32") from None
 
 
+_INIT_FNS = frozenset(getattr(torch.nn.init, n) for n in dir(torch.nn.init) if n.endswith("_") and n[0] != "_")
+
+
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init's in-place fills (the modules' reset_parameters) return their tensor untouched: on the
+    meta device they compute nothing but still cost Python time. A torch function mode is per thread, so
+    another thread building a module meanwhile is not affected."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INIT_FNS:
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
 def build_model(cfg: ModelConfig, *, with_mtp: bool, dtype: torch.dtype, device) -> Qwen3_5ForCausalLM:
     """Allocates the module on `device` without initialising values (weights come next)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipInit():
         m = Qwen3_5ForCausalLM(cfg, with_mtp=with_mtp)
-    m = m.to_empty(device=device).to(dtype)
+    m = m.to(dtype).to_empty(device=device)  # cast on meta: no float32 allocation converted value by value
     return m.eval().requires_grad_(False)
 
 

@@ -81,3 +81,20 @@ def fake_pool():
     pool = FakePool()
     yield pool
     pool.close()
+
+
+def pytest_collection_finish(session):
+    """Starts in the background the long subprocess runs (tests/prestart.py) of the collected tests."""
+    import prestart
+
+    for item in session.items:
+        jobs = getattr(getattr(item, "module", None), "PRESTART", None)
+        for name, make in (jobs or {}).items():
+            if name == getattr(item, "originalname", None) or name in getattr(item, "fixturenames", ()):
+                prestart.start(make())
+
+
+def pytest_sessionfinish(session):
+    import prestart
+
+    prestart.stop_all()

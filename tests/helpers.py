@@ -76,18 +76,26 @@ def self_signed_cert(tmp_path: Path, common_name: str = "localhost") -> tuple[st
     return str(cert_path), str(key_path)
 
 
-def run_interp_script(name: str, timeout: float) -> dict:
-    """Runs tests/<name> in a subprocess under Triton's interpreter (TRITON_INTERPRET=1, the repo root on
-    PYTHONPATH) and returns the JSON verdict of its last stdout line; fails the test on a non-zero exit."""
-    import json
+def interp_job(name: str):
+    """tests/<name> in a subprocess under Triton's interpreter (TRITON_INTERPRET=1, the repo root on
+    PYTHONPATH), as a tests/prestart.py Job: a test module's PRESTART starts it in the background."""
     import os
-    import subprocess
     import sys
 
+    import prestart
+
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / name)], env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return prestart.Job(f"interp-{name}", [sys.executable, str(ROOT / "tests" / name)], env=env)
+
+
+def run_interp_script(name: str, timeout: float) -> dict:
+    """Runs tests/<name> under Triton's interpreter (interp_job: or waits for its prestarted run) and
+    returns the JSON verdict of its last stdout line; fails the test on a non-zero exit."""
+    import json
+
+    import prestart
+
+    p = prestart.run(interp_job(name), timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
 from baton.config import ModelConfig
 from baton.models import gdn_ops
@@ -156,6 +155,9 @@ class Attention(nn.Module):
         if s0 == 0:
             o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
         else:  # a later piece: query i (position s0 + i) sees keys <= s0 + i; no [T, s0+T] mask is built
+            # imported here: torch.nn.attention.bias imports torch._dynamo (~1 s of every process start)
+            from torch.nn.attention.bias import causal_lower_right
+
             o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=causal_lower_right(T, s0 + T))[0]
         return o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
 

@@ -8,9 +8,11 @@ kernels read KV through shuffled page tables, bitwise equal to the contiguous-wi
 from __future__ import annotations
 
 import pytest
-from helpers import run_interp_script
+from helpers import interp_job, run_interp_script
 
 pytest.importorskip("triton")
+# the interpreted run starts in the background at collection (tests/prestart.py)
+PRESTART = {"test_batched_kernels_equal_each_slot_alone": lambda: interp_job("batch_kernels_interp.py")}
 
 
 def test_batched_kernels_equal_each_slot_alone():

@@ -4,9 +4,11 @@ as the eager rows path (main model and MTP head), and row invariance (a K-row bl
 from __future__ import annotations
 
 import pytest
-from helpers import run_interp_script
+from helpers import interp_job, run_interp_script
 
 pytest.importorskip("triton")
+# the interpreted run starts in the background at collection (tests/prestart.py)
+PRESTART = {"test_fused_rows_kernels_match_eager_and_are_row_invariant": lambda: interp_job("fast_rows_interp.py")}
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 

@@ -7,9 +7,11 @@ MTP chains of several sessions together (decode_worker/mtp.py: chains) equal eac
 from __future__ import annotations
 
 import pytest
-from helpers import run_interp_script
+from helpers import interp_job, run_interp_script
 
 pytest.importorskip("triton")
+# the interpreted run starts in the background at collection (tests/prestart.py)
+PRESTART = {"test_batched_blocks_equal_each_block_alone": lambda: interp_job("fused_blocks_interp.py")}
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 

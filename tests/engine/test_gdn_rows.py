@@ -6,10 +6,10 @@ projection GEMM's split-K partials (bitwise its reduced output)."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import prestart
 import pytest
 
 pytest.importorskip("triton")
@@ -85,9 +85,17 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def test_gdn_rows_under_triton_interpreter():
+def _interp_job():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _INTERP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    return prestart.Job("interp-gdn-rows", [sys.executable, "-c", _INTERP], cwd=str(ROOT), env=env)
+
+
+# started in the background at collection (tests/prestart.py)
+PRESTART = {"test_gdn_rows_under_triton_interpreter": _interp_job}
+
+
+def test_gdn_rows_under_triton_interpreter():
+    p = prestart.run(_interp_job(), timeout=170)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout.split("RESULT", 1)[1])
     assert r["y_err"] < 1e-4 and r["S_err"] < 1e-5, r

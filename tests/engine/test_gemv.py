@@ -8,10 +8,10 @@ kernel on the device, CUDA graphs and programmatic dependent launch included.
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import prestart
 import pytest
 import torch
 
@@ -100,9 +100,17 @@ print("RESULT" + json.dumps(dict(cases=out, glu=glu, hand=hand)))
 """
 
 
-def test_kernel_under_triton_interpreter():
+def _interp_job():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _INTERP], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170)
+    return prestart.Job("interp-gemv", [sys.executable, "-c", _INTERP], cwd=str(ROOT), env=env)
+
+
+# started in the background at collection (tests/prestart.py)
+PRESTART = {"test_kernel_under_triton_interpreter": _interp_job}
+
+
+def test_kernel_under_triton_interpreter():
+    p = prestart.run(_interp_job(), timeout=170)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.split("RESULT", 1)[1])
     res = got["cases"]

@@ -5,9 +5,11 @@ the torch reference. (On the H200: tests/engine/test_gpu_batch.py runs them at t
 from __future__ import annotations
 
 import pytest
-from helpers import run_interp_script
+from helpers import interp_job, run_interp_script
 
 pytest.importorskip("triton")
+# the interpreted run starts in the background at collection (tests/prestart.py)
+PRESTART = {"test_wide_kernels_are_row_invariant_and_close_to_torch": lambda: interp_job("wide_kernels_interp.py")}
 
 
 def test_wide_kernels_are_row_invariant_and_close_to_torch():

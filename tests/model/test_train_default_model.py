@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
+import prestart
 import pytest
 import torch
 from safetensors import safe_open
@@ -97,18 +98,22 @@ def test_gdn_kernel_preflight_passes_on_the_torch_path():
 
 
 # ---- the smoke run (CPU) ---------------------------------------------------------------------------
+def _smoke_job():
+    out = prestart.workdir("train-smoke") / "out"
+    argv = [sys.executable, str(ROOT / "deploy" / "train_default_model.py"), "--smoke", "--out", str(out)]
+    return prestart.Job("train-smoke", argv, cwd=str(ROOT), env=dict(os.environ))
+
+
+# the smoke training starts in the background at collection (tests/prestart.py)
+PRESTART = {"smoke_dir": _smoke_job}
+
+
 @pytest.fixture(scope="module")
-def smoke_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny") / "out"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "deploy" / "train_default_model.py"), "--smoke", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def smoke_dir():
+    job = _smoke_job()
+    proc = prestart.run(job, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return Path(job.argv[-1])
 
 
 @pytest.mark.slow

@@ -15,6 +15,8 @@ from baton.client import Client
 from baton.settings import Settings
 
 N, NEW, MAX_LEN = 8, 24, 160
+# router, prefill and decode workers on threads of this process: tiny ops on 2 cores, one torch thread
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

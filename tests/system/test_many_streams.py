@@ -15,6 +15,8 @@ from baton.client import Client
 from baton.settings import Settings
 
 N, NEW = 24, 40
+# router, prefill and decode workers on threads of this process: tiny ops on 2 cores, one torch thread
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CLUSTER_ADDR: dict[str, str] = {}
 
 

@@ -1,0 +1,117 @@
+"""Long subprocess runs that a test (or its module fixture) only waits for and checks, started in the
+background as soon as pytest has collected a test that needs one (conftest.py pytest_collection_finish),
+at nice 19: they run on the CPU the rest of the suite leaves idle (the gRPC and process tests of a 2-core
+CI box wait on sockets and sleeps much of the time) and yield it to everything else. The command, its
+environment and working directory, the test's timeout (counted from when the test asks) and every check
+are as before; only the start moves earlier. A run that was not prestarted, or whose command or
+environment differ at the time of the test, runs in the foreground then, as before.
+
+A test module declares its runs: PRESTART = {name: make_job}, name the fixture or test that calls
+prestart.run(make_job(), timeout); make_job() -> Job (output files: under prestart.workdir(job.name)).
+BATON_PRESTART=0 turns the background starts off."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# the child lowers its own priority, then becomes the command (no preexec_fn in a threaded pytest)
+_NICE = "import os, sys; os.nice(19); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+@dataclass
+class Job:
+    name: str  # unique in the session: its workdir and its key
+    argv: list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+_root: Path | None = None
+_running: dict[str, tuple[Job, subprocess.Popen]] = {}
+
+
+def workdir(name: str) -> Path:
+    """A directory for the run `name`'s files, the same for the prestart and the test; removed by stop_all."""
+    global _root
+    if _root is None:
+        _root = Path(tempfile.mkdtemp(prefix="baton-prestart-"))
+        atexit.register(stop_all)
+    d = _root / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _out(job: Job) -> tuple[Path, Path]:
+    d = workdir(job.name) / ".run"
+    d.mkdir(exist_ok=True)
+    return d / "stdout", d / "stderr"
+
+
+def start(job: Job) -> None:
+    if job.name in _running or os.environ.get("BATON_PRESTART") == "0":
+        return
+    out, err = _out(job)
+    with open(out, "wb") as o, open(err, "wb") as e:
+        p = subprocess.Popen(
+            [sys.executable, "-c", _NICE, *job.argv],
+            cwd=job.cwd,
+            env=job.env,
+            stdin=subprocess.DEVNULL,
+            stdout=o,
+            stderr=e,
+            process_group=0,  # its own group, to kill; not its own session: a new session is a new
+            # scheduler autogroup, in which nice 19 would not yield to the tests' session
+        )
+    _running[job.name] = (job, p)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, 9)
+        except ProcessLookupError:
+            pass
+    p.wait()
+
+
+def _key(job: Job) -> tuple:
+    """What must be the same: the command, its directory and environment but for pytest's PYTEST_CURRENT_TEST
+    (the test of the moment, which no run reads)."""
+    env = None if job.env is None else {k: v for k, v in job.env.items() if k != "PYTEST_CURRENT_TEST"}
+    return job.argv, job.cwd, env
+
+
+def run(job: Job, timeout: float) -> subprocess.CompletedProcess:
+    """What subprocess.run(job.argv, cwd, env, capture_output=True, text=True, timeout=timeout) gives: the
+    prestarted run of the same job if there is one (waited for up to `timeout` from now), else run now."""
+    got = _running.pop(job.name, None)
+    if got is not None and _key(got[0]) != _key(job):  # another command or environment by now: run it afresh
+        _kill(got[1])
+        got = None
+    if got is None:
+        return subprocess.run(job.argv, cwd=job.cwd, env=job.env, capture_output=True, text=True, timeout=timeout)
+    p = got[1]
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(p)
+        raise
+    out, err = _out(job)
+    return subprocess.CompletedProcess(job.argv, p.returncode, out.read_text(), err.read_text())
+
+
+def stop_all() -> None:
+    """Kills the runs no test waited for (deselected, or the session stopped early); removes the files."""
+    global _root
+    while _running:
+        _kill(_running.popitem()[1][1])
+    if _root is not None:
+        shutil.rmtree(_root, ignore_errors=True)
+        _root = None
