@@ -37,11 +37,14 @@ Invariants
   logits) match within one device type, which is all exactness needs (workers never mix devices).
 - Greedy rows (T = 0) are exactly `logits.argmax(-1)` (today's token); with a penalty, `x.argmax(-1)`.
 - Batch invariance: a row's token, logprob and top-N depend only on its own logits row, its slot's
-  parameters, its position and its slot's history. No op reduces across rows; every op runs on chunks
-  of exactly `width` rows (padded), so kernels see the one-slot shape [W, V] whatever M
-  (tests/engine/test_sampling.py, test_penalties.py: alone vs inside batches, torch.equal).
-- CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort per
-  chunk). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
+  parameters, its position and its slot's history. No op reduces across rows; every float reduction
+  runs on chunks of exactly `width` rows (padded), so kernels see the one-slot shape [W, V] whatever M
+  (tests/engine/test_sampling.py, test_penalties.py: alone vs inside batches, torch.equal). Only
+  elementwise and integer steps (the penalties, the temperature) and the top-k / top-p sort, an exact
+  permutation (stable: ties by index), run once on the call's M rows: the sort of one live row is one
+  row's, not W's.
+- CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort of the
+  call's rows). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
   no slot penalized -> no history counts); it always takes the full path while a CUDA graph is being
   captured, since the graph outlives the table's contents.
 - Logprobs: log_softmax(z) (after the penalties and the temperature, before top-k / top-p / min-p: not
@@ -266,24 +269,32 @@ class SamplingTable:
 
 
 # ---- the pure tensor code ------------------------------------------------------------------------
-def _chunk(logits, slots, positions, t: SamplingTable, logprobs, truncate, prop=None, judging=None, penal=True):
-    """One chunk of exactly W rows: see the module docstring for the order of the steps. truncate=False
-    (no row of the chunk uses top-k / top-p: a host fact) skips the full-vocab sort; penal=False (no row
-    is penalized) skips the history counts. prop [W] bool: rows
-    that draft for the rejection policy (their pick is restricted to the cut q', returned as the fifth
-    value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py)."""
-    V = logits.shape[-1]
-    x = logits.float()  # [W, V]
+def _tempered(logits, slots, positions, t: SamplingTable, penal: bool):
+    """Rows' penalized logits x (float32) and tempered z = x / T (T = 0 rows: x), [M, V] each. Integer
+    counts and elementwise ops only: a row's values are bitwise the same for any row count."""
+    x = logits.float()
     if penal:  # neutral rows: x bitwise unchanged (penalties.py)
+        V = logits.shape[-1]
         x = penalize(
             x, *t.history.counts(slots, positions, V), t.repetition[slots], t.presence[slots], t.frequency[slots]
         )
+    T = t.temperature[slots]
+    return x, x / torch.where(T > 0, T, 1.0)[:, None]
+
+
+def _chunk(logits, x, z, ordered, slots, positions, t: SamplingTable, logprobs, prop=None, judging=None, penal=True):
+    """One chunk of exactly W rows: see the module docstring for the order of the steps. x, z: the rows'
+    _tempered values; ordered: (values, indices) of z sorted descending, stable (top-k / top-p), or None
+    when no row of the chunk truncates (a host fact: no full-vocab sort); penal=False (no row is
+    penalized): x is the logits, and greedy is their argmax. prop [W] bool: rows
+    that draft for the rejection policy (their pick is restricted to the cut q', returned as the fifth
+    value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py)."""
+    V = logits.shape[-1]
     greedy_tok = x.argmax(-1) if penal else logits.argmax(-1)
     T = t.temperature[slots]
-    z = x / torch.where(T > 0, T, 1.0)[:, None]  # [W, V]
     log_min_p = t.log_min_p[slots][:, None]
-    if truncate:
-        vals, idx = torch.sort(z, dim=-1, descending=True, stable=True)
+    if ordered is not None:
+        vals, idx = ordered
         rank = torch.arange(V, device=z.device)
         k = t.top_k[slots]
         keep = rank[None, :] < torch.where(k > 0, k, V)[:, None]  # top-k, a prefix of the sorted order
@@ -337,24 +348,34 @@ def sample(
     prop / judging: the rejection policy's rows ([M] bool; ([M] drafts or -1, [M, V] q')); with_q adds a
     fifth value, the proposing rows' q' [M, V] (None without prop)."""
     W = width or table.width
-    M = logits.shape[0]
+    M, V = logits.shape
+    x_all, z_all = _tempered(logits, slots, positions, table, penal)
+    # the sort is an exact permutation: one call for the M rows (not per chunk of W, padding rows included)
+    # gives every row the same order; at one live row it sorts one row instead of W
+    srt = torch.sort(z_all, dim=-1, descending=True, stable=True) if truncate else None
     outs = []
     for c in range(0, M, W):
         n = min(W, M - c)
         lg, sl, ps = logits[c : c + n], slots[c : c + n], positions[c : c + n]
+        x, z = x_all[c : c + n], z_all[c : c + n]
+        ordered = (srt.values[c : c + n], srt.indices[c : c + n]) if srt is not None else None
         pr = prop[c : c + n] if prop is not None else None
         jd = (judging[0][c : c + n], judging[1][c : c + n]) if judging is not None else None
-        if n < W:  # pad to the one-slot shape
-            lg = torch.cat([lg, lg.new_zeros(W - n, lg.shape[1])])
+        if n < W:  # pad to the one-slot shape: zero logits of the scratch slot (x = z = 0, sorted: in index order)
+            lg = torch.cat([lg, lg.new_zeros(W - n, V)])
+            x, z = (torch.cat([t, t.new_zeros(W - n, V)]) for t in (x, z))
+            if ordered is not None:
+                pad_idx = torch.arange(V, device=logits.device).expand(W - n, V)
+                ordered = (torch.cat([ordered[0], z.new_zeros(W - n, V)]), torch.cat([ordered[1], pad_idx]))
             sl = torch.cat([sl, sl.new_full((W - n,), table.scratch)])
             ps = torch.cat([ps, ps.new_zeros(W - n)])
             pr = torch.cat([pr, pr.new_zeros(W - n)]) if pr is not None else None
             if jd is not None:
                 jd = (
                     torch.cat([jd[0], jd[0].new_full((W - n,), -1)]),
-                    torch.cat([jd[1], jd[1].new_zeros(W - n, lg.shape[1])]),
+                    torch.cat([jd[1], jd[1].new_zeros(W - n, V)]),
                 )
-        out = _chunk(lg, sl, ps, table, logprobs, truncate, pr, jd, penal)
+        out = _chunk(lg, x, z, ordered, sl, ps, table, logprobs, pr, jd, penal)
         outs.append(tuple(o[:n] if o is not None else None for o in out))
     if len(outs) == 1:
         res = outs[0]
