@@ -41,10 +41,10 @@ Invariants
   runs on chunks of exactly `width` rows (padded), so kernels see the one-slot shape [W, V] whatever M
   (tests/engine/test_sampling.py, test_penalties.py: alone vs inside batches, torch.equal). Only
   elementwise and integer steps (the penalties, the temperature) and the top-k / top-p sort, an exact
-  permutation (stable: ties by index), run once on the call's M rows: the sort of one live row is one
-  row's, not W's.
-- CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort of the
-  call's rows). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
+  permutation (stable: ties by index), run on a chunk's live rows before its padding: the sort of one
+  live row is one row's, not W's.
+- CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort of each
+  chunk's live rows). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
   no slot penalized -> no history counts); it always takes the full path while a CUDA graph is being
   captured, since the graph outlives the table's contents.
 - Logprobs: log_softmax(z) (after the penalties and the temperature, before top-k / top-p / min-p: not
@@ -349,16 +349,14 @@ def sample(
     fifth value, the proposing rows' q' [M, V] (None without prop)."""
     W = width or table.width
     M, V = logits.shape
-    x_all, z_all = _tempered(logits, slots, positions, table, penal)
-    # the sort is an exact permutation: one call for the M rows (not per chunk of W, padding rows included)
-    # gives every row the same order; at one live row it sorts one row instead of W
-    srt = torch.sort(z_all, dim=-1, descending=True, stable=True) if truncate else None
     outs = []
     for c in range(0, M, W):
         n = min(W, M - c)
         lg, sl, ps = logits[c : c + n], slots[c : c + n], positions[c : c + n]
-        x, z = x_all[c : c + n], z_all[c : c + n]
-        ordered = (srt.values[c : c + n], srt.indices[c : c + n]) if srt is not None else None
+        # the chunk's live rows only: elementwise / integer steps, and the sort, an exact permutation (stable):
+        # each row gets the same values as inside any chunk; a lone row sorts one row, not W
+        x, z = _tempered(lg, sl, ps, table, penal)
+        ordered = tuple(torch.sort(z, dim=-1, descending=True, stable=True)) if truncate else None
         pr = prop[c : c + n] if prop is not None else None
         jd = (judging[0][c : c + n], judging[1][c : c + n]) if judging is not None else None
         if n < W:  # pad to the one-slot shape: zero logits of the scratch slot (x = z = 0, sorted: in index order)
