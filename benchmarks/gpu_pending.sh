@@ -14,8 +14,8 @@
 # cd86fee up to 8 streams). On 2026-12-02: tests-serving and tests-mtp at a3a234f (passed), burst with its
 # per-pass log and profile (a3a234f, 8ecea85, c13286c), tests/engine/test_gpu_prefill.py at 8ecea85 (passed),
 # serve at c13286c and bf16 top-p at 1 and 32 (README, Performance). Next, in this order: tests-serving and
-# tests-engine (the prefill's PassIndex, fill_ parameter writes: c13286c), fp8, spec-exact, spec-fast, long,
-# verify, layout-fixed, layout-mixed.
+# tests-engine (the prefill's PassIndex, fill_ parameter writes: c13286c; the sampler's per-chunk live-row
+# sort: 932e026), sampling, fp8, spec-exact, spec-fast, long, verify, layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -28,6 +28,9 @@
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
 #   fp8     bench_serve fp8 at 32 streams, and bf16 sampling (T 0.8, top-p 0.9, seeded) at 1 and 32 streams:
 #           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
+#   sampling   issue 22's bound in one call: bench_sampling (the sampler alone: greedy, top-p, one live row,
+#           the sort's keys), then bf16 greedy and top-p 0.9 (T 0.8, seeded) at 1 and 32 streams, and the
+#           ratios (target >= 0.95x)
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
 #   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512 (BURSTS),
@@ -49,7 +52,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|fp8|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
 commit=${2:?the commit under test}
 out=${OUT:?run through the device tool: \$OUT}
 bash .gpu-wheels/install.sh >/dev/null 2>&1
@@ -104,6 +107,16 @@ case $stage in
   fp8)
     serve serve-fp8-32 --engine fp8 --concurrency 32
     serve serve-bf16-topp --engine bf16 --concurrency 1,32 --temperature 0.8 --top-p 0.9
+    ;;
+  sampling)
+    python benchmarks/bench_sampling.py --out "$out/sampling.json" >"$out/sampling.log" 2>&1
+    echo "sampling: rc=$?"
+    serve serve-bf16-greedy-1-32 --engine bf16 --concurrency 1,32
+    serve serve-bf16-topp --engine bf16 --concurrency 1,32 --temperature 0.8 --top-p 0.9
+    ratio "top-p / greedy at 1" "$out/serve-bf16-topp.json" 1 "$out/serve-bf16-greedy-1-32.json" 1 0.95 |
+      tee "$out/sampling-ratios.txt"
+    ratio "top-p / greedy at 32" "$out/serve-bf16-topp.json" 32 "$out/serve-bf16-greedy-1-32.json" 32 0.95 |
+      tee -a "$out/sampling-ratios.txt"
     ;;
   long) serve serve-bf16-16k --engine bf16 --concurrency 32 --max-len 17000 --input-len 16384 --output-len 256 ;;
   verify)
