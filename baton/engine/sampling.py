@@ -13,7 +13,7 @@ sequence position of the token being picked (a row that consumes the token at po
 token at p + 1; prefill's first token is at len(prompt)). Per-slot parameters are [S + 1] device
 tensors (row S: the scratch slot, always greedy).
 
-What one row's token is (canonical order; `reference_probs` is the same in float64):
+What one row's token is (canonical order; baton/engine/sampling_reference.py is the same in float64):
     x = penalize(logits)      repetition / presence / frequency over the slot's token history
                               (baton/engine/penalties.py; neutral = x unchanged, bitwise)
     z = x / T                                        (T = 0: greedy, exactly x.argmax(-1))
@@ -61,7 +61,7 @@ import torch
 
 from baton.engine import rejection
 from baton.engine.noise import M32, gumbel
-from baton.engine.penalties import History, penalize, penalized_reference
+from baton.engine.penalties import History, penalize
 
 MAX_LOGPROBS = 20
 COUPLING, REJECTION = 1, 2  # baton.v1.ExactPolicy
@@ -380,27 +380,3 @@ def sample(
     else:
         res = tuple(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outs))
     return res if with_q else res[:4]
-
-
-def reference_probs(logits, p: Params, history=(), generated_from: int = 0) -> torch.Tensor:
-    """float64 reference of the distribution a row is drawn from: [V] logits -> [V] probabilities
-    (penalties over `history`, the tokens at positions [0, q) of which [generated_from, q) were
-    generated; then temperature, top-k, top-p, min-p, renormalised). Tests compare the sampler to it."""
-    z = penalized_reference(logits, list(history), generated_from, p) / p.temperature
-    V = z.shape[0]
-    order = torch.sort(z, descending=True, stable=True).indices
-    keep = torch.zeros(V, dtype=torch.bool)
-    k = p.top_k if p.top_k > 0 else V
-    keep[order[:k]] = True
-    pr = torch.softmax(z.masked_fill(~keep, -math.inf), -1)
-    if 0.0 < p.top_p < 1.0:
-        cum, kept = 0.0, torch.zeros(V, dtype=torch.bool)
-        for i in order[:k].tolist():
-            kept[i] = True
-            cum += float(pr[i])
-            if cum >= p.top_p:
-                break
-        keep &= kept
-    if p.min_p > 0.0:
-        keep &= z - z.max() >= math.log(p.min_p)
-    return torch.softmax(z.masked_fill(~keep, -math.inf), -1)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from baton.engine import rejection
-from baton.engine.sampling import REJECTION, Params, SamplingTable, reference_probs
+from baton.engine.sampling import REJECTION, Params, SamplingTable
+from baton.engine.sampling_reference import reference_probs
 from tests.engine.test_sampling import chi_square_p
 
 N = 3000

@@ -11,7 +11,8 @@ import torch
 from helpers import rows_batch_steps
 
 from baton.engine.noise import gumbel, hash32, uniform
-from baton.engine.sampling import MAX_LOGPROBS, Params, SamplingTable, reference_probs, sample
+from baton.engine.sampling import MAX_LOGPROBS, Params, SamplingTable, sample
+from baton.engine.sampling_reference import reference_probs
 
 W = 16
 
