@@ -113,7 +113,13 @@ def _watch_idle(address: str, settings: Settings, idle_s: float, out: dict) -> N
     try:
         stub = router_pb2_grpc.RouterStub(ch)
         stub.GetModelInfo(router_pb2.GetModelInfoRequest(), timeout=T)
-        ready_at = len(states)
+        # the subscription's callbacks come on grpc's own thread: READY may be recorded after the call
+        # returned (seen once in a full run: both at 0.0 s, READY counted as idle); wait for it, then
+        # watch every state after the first READY
+        end = time.monotonic() + T
+        while "READY" not in (s for _, s in states) and time.monotonic() < end:
+            time.sleep(0.01)
+        ready_at = next((i + 1 for i, (_, s) in enumerate(states) if s == "READY"), len(states))
         time.sleep(idle_s)
         after_idle = list(states[ready_at:])
         t1 = time.monotonic()
