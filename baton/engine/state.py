@@ -394,5 +394,7 @@ class HybridState:
         """After every tensor of import_views was copied in: zero the KV rows past position (in the slot's
         pages), set the scalars."""
         self.zero_kv_rows(slot, position, self.pages.capacity(slot))
-        self.position[slot] = position
-        self.next_token[slot] = next_token
+        # fill_: kernels on the stream the steps run on, not blocking copies that wait for every step already
+        # queued (a decode worker commits a hand-off under its compute lock: the steps would stall behind it)
+        self.position[slot].fill_(position)
+        self.next_token[slot].fill_(next_token)
