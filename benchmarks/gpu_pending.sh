@@ -15,7 +15,8 @@
 # per-pass log and profile (a3a234f, 8ecea85, c13286c), tests/engine/test_gpu_prefill.py at 8ecea85 (passed),
 # serve at c13286c and bf16 top-p at 1 and 32 (README, Performance). Next, in this order: tests-serving and
 # tests-engine (the prefill's PassIndex, fill_ parameter writes: c13286c; the sampler's per-chunk live-row
-# sort: 932e026), sampling, fp8, spec-exact, spec-fast, long, verify, layout-fixed, layout-mixed.
+# sort: 932e026; the decode side's hand-off commit with fill_: 687c4de), sampling, fp8, spec-exact, spec-fast,
+# long, verify, layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
