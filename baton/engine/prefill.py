@@ -124,9 +124,8 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
     x = upload([t for p in ps for t in p.ids], torch.long, dev)
     ctx = _context(ps, on_layer=_marks(ps))
     index = ctx.pass_index(dev)
-    runner.sampling.history.record(
-        index.row_slot, index.pos, x
-    )  # every piece's tokens at their positions, before its pick (penalties)
+    # every piece's tokens at their positions, before its pick (penalties)
+    runner.sampling.history.record(index.row_slot, index.pos, x)
     with wide_prefill(dev):
         h = runner.model(x, st, ctx)  # [T, hidden]
     rows = h.split([len(p.ids) for p in ps])  # each piece's hidden rows

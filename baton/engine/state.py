@@ -207,19 +207,10 @@ class HybridState:
         g = pool.index_select(0, self.pages.table[slot, : pages_for(n)].long())  # [k, nkv, PAGE, d]
         return g.transpose(0, 1).reshape(g.shape[1], -1, g.shape[3])[:, :n].contiguous()
 
-    def write_kv(self, layer: int, slot: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """KV rows pos [n] (device int64) of `slot` := k, v [n, kv_heads, head_dim], through the table."""
-        page = self.pages.table[slot].long()[pos // PAGE]  # [n]
-        off = pos % PAGE
-        self.key[layer][page, :, off] = k
-        self.value[layer][page, :, off] = v
-
-    def write_kv_rows(
-        self, layer: int, slots: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> None:
-        """KV rows of several slots at once: row i (slot slots[i], position pos[i], device int64 [n]) :=
-        k[i], v[i] ([n, kv_heads, head_dim]), through the table (a prefill pass's rows, one write a layer)."""
-        page = self.pages.table[slots, pos // PAGE].long()  # [n]
+    def write_kv(self, layer: int, slot, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """KV rows pos [n] (device int64) := k, v [n, kv_heads, head_dim], through the table: of `slot` (an
+        int), or row i of slot[i] (a device int64 [n]: a prefill pass's rows, one write a layer)."""
+        page = self.pages.table[slot, pos // PAGE].long()  # [n]
         off = pos % PAGE
         self.key[layer][page, :, off] = k
         self.value[layer][page, :, off] = v

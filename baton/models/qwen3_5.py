@@ -166,7 +166,7 @@ class Attention(nn.Module):
         if ctx.width is None:
             q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
             segs = ctx.prefill_segments()  # pos = [start, start + n) of each segment
-            state.write_kv_rows(self.layer_idx, ctx.pass_index(x.device).row_slot, pos, k, v)
+            state.write_kv(self.layer_idx, ctx.pass_index(x.device).row_slot, pos, k, v)
             ctx.state_written(self.layer_idx)  # KV rows final
             o = torch.cat(
                 [self._attend_prefill(*(t[sg.off : sg.off + sg.n] for t in (q, k, v)), state, sg) for sg in segs]
