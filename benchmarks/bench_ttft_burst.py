@@ -153,7 +153,8 @@ def main(argv=None) -> dict:
         "--decode-device",
         default=None,
         help="the decode worker's device (default --device); cpu: its LoadState never touches the GPU, so "
-        "a pass slowed beside the hand-off is slowed in this process, not by the two processes sharing the GPU",
+        "a pass slowed beside the hand-off is slowed in this process, not by the two processes sharing the GPU "
+        "(the 9B shape's random init takes minutes on the CPU: over 200 s on the H200 host)",
     )
     ap.add_argument("--no-plain", action="store_true", help="skip each burst's run without a hand-off")
     ap.add_argument("--profile", type=Path, default=None, help="profile one more burst of the largest size: op tables")
