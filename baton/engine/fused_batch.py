@@ -8,7 +8,8 @@
                   greedy, and as ("arbs", P): every row picked by its slot's sampling parameters)
 
 A step whose slots are all greedy without logprobs replays "arb"; one with a sampling or logprob slot
-replays "arbs" (the pick runs on the device, no host round trip), unless a slot drafts or judges for the
+replays "arbs" (the pick runs on the device, no host round trip), or "arbt" when no slot asks for
+penalties or logprobs (the pick alone), unless a slot drafts or judges for the
 rejection policy, whose picks keep host-side records (SamplingTable.in_graph): that step runs eagerly.
 
 A step of B sessions runs in the smallest bucket P >= B (BUCKETS); rows B..P-1 are padding rows, whose
@@ -48,18 +49,21 @@ def bucket(b: int) -> int:
     raise ValueError(f"a batched step holds at most {BUCKETS[-1]} rows, got {b}")
 
 
-def pick_rows(smp, logits, slots, within, ids, record_at, pick_at, live, sampled: bool) -> torch.Tensor:
+def pick_rows(
+    smp, logits, slots, within, ids, record_at, pick_at, live, sampled: bool, lite: bool = False
+) -> torch.Tensor:
     """The pick of a batched pass's M rows (BatchedAR, fused_blocks.BatchedRows): logits [M, V]; slots [M]
     each row's slot (< 0: a padding or junk row, picked with the table's greedy scratch slot); within [M]
     its index in its block; ids [M] the tokens the rows consumed, recorded in the token history at
     record_at (penalties); the picked tokens are those at pick_at -> [M]. While a greedy graph is
     captured: the argmax (a sampling or penalized slot is never plain, so it need not record); else the
-    history and SamplingTable.pick (sampled: the full path, what the sampled graph captures)."""
+    history and SamplingTable.pick (sampled: the full path, what the sampled graph captures; with lite, the
+    lite sampled graph's: no penalties, no logprobs)."""
     if logits.is_cuda and torch.cuda.is_current_stream_capturing() and not sampled:
         return logits.argmax(-1)
     rows = torch.where(slots < 0, smp.scratch, slots)
     smp.history.record(rows, record_at, ids)
-    return smp.pick(logits, rows, within, pick_at, live, full=sampled)
+    return smp.pick(logits, rows, within, pick_at, live, full=sampled, lite=lite)
 
 
 class BatchedAR:
@@ -85,12 +89,13 @@ class BatchedAR:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
         self.slots[:p].fill_(-1)
 
-    def compute(self, p: int, live: tuple[int, ...] = (), sampled: bool = False) -> None:
+    def compute(self, p: int, live: tuple[int, ...] = (), sampled: bool = False, lite: bool = False) -> None:
         """slots[:p] -> tok[:p], h[:p]; commits each live row into its slot (rk.ar_commit). Captured:
         greedy (argmax, kind "arb"), or with sampled=True (kind "arbs") each row picked by its slot's row
         of runner.sampling on the device (SamplingTable.pick's full path: temperature, top-k / top-p /
         min-p, Gumbel noise, penalties, logprobs into the table), and its warm-up runs that same full path
-        eagerly. Eager steps (sampled=False off-capture): the same pick (`live` = the batch's slots on the
+        eagerly; with lite=True too (kind "arbt") the pick without penalties and logprobs, for steps whose
+        slots all are SamplingTable.lite (the same tokens: penalties and logprobs never change a lite row's). Eager steps (sampled=False off-capture): the same pick (`live` = the batch's slots on the
         host, for its greedy shortcut and the rejection policy's host-side records)."""
         r = self.runner
         st, fast = r.state, r.fast
@@ -100,7 +105,7 @@ class BatchedAR:
         pos = st.position[safe]  # [P]
         h = fast.forward(ids, st, idx, 1, pos, None, gs=1)  # [P, hidden]
         logits = fast.head(h, rows=p)  # [P, vocab]
-        tok = pick_rows(r.sampling, logits, idx, self.zeros[:p], ids, pos, pos + 1, live, sampled)  # [P]
+        tok = pick_rows(r.sampling, logits, idx, self.zeros[:p], ids, pos, pos + 1, live, sampled, lite)  # [P]
         self.tok[:p].copy_(tok)
         self.h[:p].copy_(h)
         rk.ar_commit(idx, self.tok[:p], self.h[:p], st.next_token, st.position, st.hidden)
@@ -126,8 +131,11 @@ class BatchedAR:
         smp, graphs = self.runner.sampling, self.runner.graphs
         if all(smp.plain(s) for s in slots):
             g = graphs.get(("arb", p))
-        else:  # a slot samples or asks for logprobs: the sampled graph, unless a slot needs host records
-            g = graphs.get(("arbs", p)) if all(smp.in_graph(s) for s in slots) else None
+        elif all(smp.in_graph(s) for s in slots):  # a slot samples or asks for logprobs: a sampled graph
+            g = graphs.get(("arbt", p)) if all(smp.lite(s) for s in slots) else None
+            g = g or graphs.get(("arbs", p))
+        else:  # a slot drafts or judges for the rejection policy: its picks keep host records
+            g = None
         if g is not None:
             g.replay()
         else:  # CPU, or not captured, or a rejection-policy slot: the same kernels, eagerly

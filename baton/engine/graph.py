@@ -10,6 +10,8 @@ device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost 
                  (baton/engine/fused_batch.py; runner.enable_batching), captured with every row padding
     kind "arbs": BatchedAR.compute(P, sampled=True)  — the same step with each row's sampling pick on the
                  device (baton/engine/sampling.py: parameters and outputs are the table's tensors)
+    kind "arbt": BatchedAR.compute(P, sampled=True, lite=True) — the sampled step without penalties and
+                 logprobs (the pick alone), for batches whose slots ask for neither (SamplingTable.lite)
     kind "rowsb", "rowsbs": BatchedRows.compute(P, n), keyed (kind, (P, n)) — P sessions' blocks of n rows
                  in one pass (baton/engine/fused_blocks.py: the batched verify), greedy / sampled
     kind "mtpb", "mtpbs": BatchedRows.mtp_compute(P, n) — P sessions' MTP chain steps of n pairs each
@@ -56,6 +58,7 @@ def _bodies(runner: ModelRunner):
         "ar1": lambda slot, n: runner.compute_ar(slot, 1),
         "arb": lambda slot, n: runner.batched.compute(n),
         "arbs": lambda slot, n: runner.batched.compute(n, sampled=True),
+        "arbt": lambda slot, n: runner.batched.compute(n, sampled=True, lite=True),
         "rowsb": lambda slot, pn: runner.batched_rows.compute(*pn),
         "rowsbs": lambda slot, pn: runner.batched_rows.compute(*pn, sampled=True),
         "mtpb": lambda slot, pn: runner.batched_rows.mtp_compute(*pn),
@@ -70,7 +73,7 @@ def block_keys(runner: ModelRunner, n_max: int) -> list[tuple[int, int]]:
 
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
     """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step (ar0 / ar1 too with
-    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs: every batch bucket;
+    ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs / arbt: every batch bucket;
     with an MTP head and batching, rowsb / rowsbs: every (bucket, n) of blocks of n = 1..max_draft+1 rows
     (the rounds' batched verify) and mtpb / mtpbs: n = 1..max_draft+2 pairs (the batched chains)."""
     k = min(max_draft, runner.width - 2)
@@ -80,7 +83,7 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
     if runner.has_mtp:
         ns["mtp"] = range(1, k + 3)
     if runner.batched is not None:
-        ns["arb"] = ns["arbs"] = runner.batched.buckets
+        ns["arb"] = ns["arbs"] = ns["arbt"] = runner.batched.buckets
     if runner.batched_rows is not None and runner.has_mtp:  # MTP rounds: batched chains and verify
         ns["rowsb"] = ns["rowsbs"] = block_keys(runner, k + 1)
         ns["mtpb"] = ns["mtpbs"] = block_keys(runner, k + 2)
@@ -110,7 +113,7 @@ def capture_all(
         body = bodies[kind]
         for n in n_range:
             runner.select(slot)
-            if kind in ("arb", "arbs"):
+            if kind in ("arb", "arbs", "arbt"):
                 runner.batched.pad(n)  # every row padding: the warm-up and the prime write no slot
             elif kind in ("rowsb", "rowsbs", "mtpb", "mtpbs"):
                 runner.batched_rows.pad(n[0])  # every group padding

@@ -17,10 +17,14 @@ What one row's token is (canonical order; baton/engine/sampling_reference.py is 
     x = penalize(logits)      repetition / presence / frequency over the slot's token history
                               (baton/engine/penalties.py; neutral = x unchanged, bitwise)
     z = x / T                                        (T = 0: greedy, exactly x.argmax(-1))
-    keep the top_k largest z (0 = all), then the smallest prefix of them, by descending z, whose
-    probability reaches top_p (renormalised over the top-k; 0 or 1 = off), then those with
-    p >= min_p * p_max (0 = off); token = argmax over the kept ones of z + g
+    keep K = the tokens that pass three cuts, each a set of the largest z (whole tie groups, no order
+    among equal values): top-k keeps i iff fewer than k tokens have z > z_i (0 = off); top-p iff the
+    top-k-renormalised mass of the tokens with z > z_i is below top_p (0 or 1 = off); min-p iff
+    z_i - max(z) >= log(min_p) (0 = off); token = argmax over K of z + g (ties: the lowest index)
     g = Gumbel noise = -log(-log(u)), u = uniform from a hash of (seed, position, vocab index)
+On CUDA the token comes from baton/kernels/pick.py, which finds it without sorting the vocabulary (one
+program per row; ~2 passes over the row); on the CPU from the sorted z below (`_chunk`). The two never mix
+(workers do not mix devices); each is batch-invariant.
 Gumbel-max makes the token a draw from softmax(z) restricted to the kept set, renormalised.
 Exact mode's REJECTION policy (baton/engine/rejection.py) rides on `pick`: a proposing slot (the drafter,
 `set(proposing=True)`) draws from its cut q' and records it by position (`proposals`); a judging slot
@@ -43,8 +47,8 @@ Invariants
   elementwise and integer steps (the penalties, the temperature) and the top-k / top-p sort, an exact
   permutation (stable: ties by index), run on a chunk's live rows before its padding: the sort of one
   live row is one row's, not W's.
-- CUDA-graph capturable: `sample` has no host sync and static shapes (one full-vocab stable sort of each
-  chunk's live rows). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
+- CUDA-graph capturable: `sample` has no host sync and static shapes (on CUDA no sort at all, but for
+  the rejection policy's eager rows; on the CPU one full-vocab stable sort of each chunk's live rows). `pick` adds host-side shortcuts (every live slot greedy, unpenalized, no logprobs -> argmax;
   no slot penalized -> no history counts); it always takes the full path while a CUDA graph is being
   captured, since the graph outlives the table's contents.
 - Logprobs: log_softmax(z) (after the penalties and the temperature, before top-k / top-p / min-p: not
@@ -192,6 +196,12 @@ class SamplingTable:
         p = self.params[slot]
         return p.greedy and p.logprobs <= 0 and not p.penalized
 
+    def lite(self, slot: int) -> bool:
+        """No penalties and no logprobs: a sampled step of such slots replays the lite sampled graph (the
+        pick alone: the sort-free kernel on CUDA), not the full one (penalty counts, logprobs)."""
+        p = self.params[slot]
+        return p.logprobs <= 0 and not p.penalized
+
     def in_graph(self, slot: int) -> bool:
         """The slot's pick is pure device code (a captured sampled graph computes it): it neither drafts
         nor judges for the rejection policy, whose picks keep host-side records."""
@@ -226,15 +236,17 @@ class SamplingTable:
         live: Sequence[int],
         *,
         full: bool = False,
+        lite: bool = False,
     ) -> torch.Tensor:
         """The eager entry point: logits [M, V] -> tokens [M] long; stores each row's logprobs at
         (slots[i], rows[i]) when any live slot asked. live = the slots these rows belong to (host).
         full: the path a captured graph takes, whatever the table holds (a sampled graph's warm-up runs
-        its kernels eagerly first); it keeps no rejection-policy records."""
+        its kernels eagerly first); it keeps no rejection-policy records. lite (with full): the path of the lite
+        sampled graph, for tables whose live slots all are `lite`: no penalties, no logprobs."""
         capturing = full or (logits.is_cuda and torch.cuda.is_current_stream_capturing())
         ps = [self.params[s] for s in live]
-        want_lp = capturing or any(p.logprobs > 0 for p in ps)
-        penal = capturing or any(p.penalized for p in ps)
+        want_lp = (capturing and not lite) or any(p.logprobs > 0 for p in ps)
+        penal = (capturing and not lite) or any(p.penalized for p in ps)
         if not capturing and not want_lp and not penal and all(p.greedy for p in ps):
             return logits.argmax(-1)
         truncate = capturing or any(p.top_k > 0 or 0.0 < p.top_p < 1.0 for p in ps)
@@ -282,26 +294,35 @@ def _tempered(logits, slots, positions, t: SamplingTable, penal: bool):
     return x, x / torch.where(T > 0, T, 1.0)[:, None]
 
 
-def _chunk(logits, x, z, ordered, slots, positions, t: SamplingTable, logprobs, prop=None, judging=None, penal=True):
+def _chunk(
+    logits, x, z, ordered, slots, positions, t: SamplingTable, logprobs, prop=None, judging=None, penal=True, ktok=None
+):
     """One chunk of exactly W rows: see the module docstring for the order of the steps. x, z: the rows'
     _tempered values; ordered: (values, indices) of z sorted descending, stable (top-k / top-p), or None
     when no row of the chunk truncates (a host fact: no full-vocab sort); penal=False (no row is
     penalized): x is the logits, and greedy is their argmax. prop [W] bool: rows
     that draft for the rejection policy (their pick is restricted to the cut q', returned as the fifth
-    value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py)."""
+    value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py).
+    ktok [W]: the rows' tokens from the CUDA pick (baton/kernels/pick.py): every row but a proposing one
+    takes it (a judging row's draft is then judged), and without rejection rows the torch pick is skipped."""
     V = logits.shape[-1]
+    if ktok is not None and prop is None and judging is None:
+        return _logprobs(z, ktok, None) if logprobs else (ktok, None, None, None, None)
     greedy_tok = x.argmax(-1) if penal else logits.argmax(-1)
     T = t.temperature[slots]
     log_min_p = t.log_min_p[slots][:, None]
     if ordered is not None:
         vals, idx = ordered
-        rank = torch.arange(V, device=z.device)
+        rank = torch.arange(V, device=z.device).expand_as(vals)
+        new = torch.ones_like(vals, dtype=torch.bool)
+        new[:, 1:] = vals[:, 1:] != vals[:, :-1]
+        first = torch.cummax(torch.where(new, rank, 0), dim=-1).values  # its tie group's first rank: #{z > it}
         k = t.top_k[slots]
-        keep = rank[None, :] < torch.where(k > 0, k, V)[:, None]  # top-k, a prefix of the sorted order
+        keep = first < torch.where(k > 0, k, V)[:, None]  # top-k: fewer than k tokens above it
         probs = torch.softmax(vals.masked_fill(~keep, -math.inf), dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each sorted token
+        above = (torch.cumsum(probs, dim=-1) - probs).gather(1, first)  # the mass of the tokens with z > it
         top_p = t.top_p[slots][:, None]
-        keep &= (before < top_p) | (top_p >= 1.0)
+        keep &= (above < top_p) | (top_p >= 1.0)
         keep &= (vals - vals[:, :1]) >= log_min_p  # min-p: p / p_max >= min_p
         mask = torch.zeros_like(keep).scatter(1, idx, keep)
     else:
@@ -311,12 +332,18 @@ def _chunk(logits, x, z, ordered, slots, positions, t: SamplingTable, logprobs, 
     seed_hi, seed_lo = t.seed_hi[slots], t.seed_lo[slots]
     score = (z + gumbel(seed_hi, seed_lo, positions, V)).masked_fill(~mask, -math.inf)
     tok = torch.where(T > 0, score.argmax(-1), greedy_tok)
+    if ktok is not None:
+        tok = torch.where(prop, tok, ktok) if prop is not None else ktok
     q = torch.softmax(z.masked_fill(~mask, -math.inf), dim=-1) if prop is not None or judging is not None else None
     if judging is not None:  # q here is the verifier's own processed distribution p
         tok = rejection.judge(q, judging[0], judging[1], seed_hi, seed_lo, positions, tok)
     q = q if prop is not None else None
-    if not logprobs:
-        return tok, None, None, None, q
+    return _logprobs(z, tok, q) if logprobs else (tok, None, None, None, q)
+
+
+def _logprobs(z, tok, q):
+    """(tok, the chosen logprob [W], top logprobs [W, 20], top ids [W, 20], q) of log_softmax(z)."""
+    V = z.shape[-1]
     lp = torch.log_softmax(z, dim=-1)
     top_lp, top_ids = torch.topk(lp, min(MAX_LOGPROBS, V), dim=-1)
     if V < MAX_LOGPROBS:
@@ -349,6 +376,13 @@ def sample(
     fifth value, the proposing rows' q' [M, V] (None without prop)."""
     W = width or table.width
     M, V = logits.shape
+    cuda = logits.is_cuda  # the token comes from baton/kernels/pick.py (sort-free, per-row programs)
+    if cuda:
+        from baton.kernels import pick as pick_kernel  # triton: CUDA builds of torch ship it
+    if cuda and not penal and not logprobs and prop is None and judging is None:  # the common sampled step
+        tok = torch.where(table.temperature[slots] > 0, pick_kernel.pick(logits, slots, positions, table),
+                          logits.argmax(-1))  # fmt: skip
+        return (tok, None, None, None, None) if with_q else (tok, None, None, None)
     outs = []
     for c in range(0, M, W):
         n = min(W, M - c)
@@ -356,7 +390,11 @@ def sample(
         # the chunk's live rows only: elementwise / integer steps, and the sort, an exact permutation (stable):
         # each row gets the same values as inside any chunk; a lone row sorts one row, not W
         x, z = _tempered(lg, sl, ps, table, penal)
-        ordered = tuple(torch.sort(z, dim=-1, descending=True, stable=True)) if truncate else None
+        ktok = None
+        if cuda:  # the kernel's token (its own z = x / T); the torch pick below only for rejection-policy rows
+            ktok = torch.where(table.temperature[sl] > 0, pick_kernel.pick(x, sl, ps, table), x.argmax(-1))
+        rej = prop is not None or judging is not None
+        ordered = tuple(torch.sort(z, dim=-1, descending=True, stable=True)) if truncate and (rej or not cuda) else None
         pr = prop[c : c + n] if prop is not None else None
         jd = (judging[0][c : c + n], judging[1][c : c + n]) if judging is not None else None
         if n < W:  # pad to the one-slot shape: zero logits of the scratch slot (x = z = 0, sorted: in index order)
@@ -368,12 +406,13 @@ def sample(
             sl = torch.cat([sl, sl.new_full((W - n,), table.scratch)])
             ps = torch.cat([ps, ps.new_zeros(W - n)])
             pr = torch.cat([pr, pr.new_zeros(W - n)]) if pr is not None else None
+            ktok = torch.cat([ktok, ktok.new_zeros(W - n)]) if ktok is not None else None
             if jd is not None:
                 jd = (
                     torch.cat([jd[0], jd[0].new_full((W - n,), -1)]),
                     torch.cat([jd[1], jd[1].new_zeros(W - n, V)]),
                 )
-        out = _chunk(lg, x, z, ordered, sl, ps, table, logprobs, pr, jd, penal)
+        out = _chunk(lg, x, z, ordered, sl, ps, table, logprobs, pr, jd, penal, ktok)
         outs.append(tuple(o[:n] if o is not None else None for o in out))
     if len(outs) == 1:
         res = outs[0]

@@ -2,8 +2,10 @@
 
     reference_probs(logits [V], params, history, generated_from) -> [V] float64 probabilities
 
-Penalties over the token history, then temperature, top-k, top-p (the smallest prefix by descending z,
-ties by index, whose mass reaches top_p), min-p, renormalised: the distribution a row is drawn from.
+Penalties over the token history, then temperature, top-k, top-p, min-p, renormalised: the distribution a
+row is drawn from. Each cut is a set of the largest z, whole tie groups: top-k keeps a token iff fewer than
+k tokens have a larger z, top-p iff the (top-k renormalised) mass of the tokens with a larger z is below
+top_p, min-p iff z - max(z) >= log(min_p).
 """
 
 from __future__ import annotations
@@ -22,19 +24,23 @@ def reference_probs(logits, p: Params, history=(), generated_from: int = 0) -> t
     generated; then temperature, top-k, top-p, min-p, renormalised). Tests compare the sampler to it."""
     z = penalized_reference(logits, list(history), generated_from, p) / p.temperature
     V = z.shape[0]
-    order = torch.sort(z, descending=True, stable=True).indices
-    keep = torch.zeros(V, dtype=torch.bool)
-    k = p.top_k if p.top_k > 0 else V
-    keep[order[:k]] = True
-    pr = torch.softmax(z.masked_fill(~keep, -math.inf), -1)
+    zs, order = torch.sort(z, descending=True, stable=True)
+    new = torch.ones(V, dtype=torch.bool)
+    new[1:] = zs[1:] != zs[:-1]
+    first = torch.cummax(torch.where(new, torch.arange(V), 0), 0).values  # each sorted entry's tie group start
+
+    def above(w):  # [V]: w summed over the tokens with a larger z
+        ws = w[order]
+        out = torch.empty(V, dtype=torch.float64)
+        out[order] = (torch.cumsum(ws, 0) - ws)[first]
+        return out
+
+    keep = torch.ones(V, dtype=torch.bool)
+    if 0 < p.top_k < V:
+        keep = above(torch.ones(V, dtype=torch.float64)) < p.top_k
     if 0.0 < p.top_p < 1.0:
-        cum, kept = 0.0, torch.zeros(V, dtype=torch.bool)
-        for i in order[:k].tolist():
-            kept[i] = True
-            cum += float(pr[i])
-            if cum >= p.top_p:
-                break
-        keep &= kept
+        pr = torch.softmax(z.masked_fill(~keep, -math.inf), -1)
+        keep &= above(pr) < p.top_p
     if p.min_p > 0.0:
         keep &= z - z.max() >= math.log(p.min_p)
     return torch.softmax(z.masked_fill(~keep, -math.inf), -1)

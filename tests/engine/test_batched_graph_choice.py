@@ -1,6 +1,6 @@
 """Which captured graph a batched AR step replays (baton/engine/fused_batch.py BatchedAR.step): "arb"
 (greedy argmax) when every slot is plain greedy, "arbs" (the sampling pick on the device) when a slot
-samples or asks for logprobs, and no graph (the same kernels eagerly) when a slot drafts or judges for
+samples or asks for logprobs, "arbt" (the pick alone) when no slot asks for penalties or logprobs, and no graph (the same kernels eagerly) when a slot drafts or judges for
 the rejection policy, whose picks keep host-side records, or when the bucket was not captured. The
 graphs here record their replays; the step's tensor code is not run (the GPU test
 tests/engine/test_gpu_batch.py checks the sampled graph's tokens against the session alone)."""
@@ -32,8 +32,8 @@ def batched():
         device=torch.device("cpu"), cfg=SimpleNamespace(hidden_size=4), dtype=torch.float32, sampling=table
     )
     b = BatchedAR(runner, 8)
-    runner.graphs = {(k, p): _Graph((k, p), log) for k in ("arb", "arbs") for p in b.buckets}
-    b.compute = lambda p, live=(), sampled=False: log.append(("eager", p))
+    runner.graphs = {(k, p): _Graph((k, p), log) for k in ("arb", "arbs", "arbt") for p in b.buckets}
+    b.compute = lambda p, live=(), sampled=False, lite=False: log.append(("eager", p))
     return b, table, log
 
 
@@ -43,15 +43,36 @@ def test_all_greedy_replays_the_greedy_graph(batched):
     assert log == [("arb", 4)]
 
 
-@pytest.mark.parametrize("p", [Params(temperature=0.7, seed=3), Params(logprobs=2), Params(top_p=0.5, temperature=1)])
-def test_a_sampling_or_logprob_slot_replays_the_sampled_graph(batched, p):
+@pytest.mark.parametrize(
+    "p, kind",
+    [
+        (Params(temperature=0.7, seed=3), "arbt"),
+        (Params(top_p=0.5, temperature=1), "arbt"),
+        (Params(logprobs=2), "arbs"),
+        (Params(temperature=0.7, logprobs=1), "arbs"),
+        (Params(temperature=0.7, presence_penalty=0.5), "arbs"),
+    ],
+)
+def test_a_sampling_slot_replays_the_lite_or_the_full_sampled_graph(batched, p, kind):
+    """The lite graph ("arbt": the pick alone) when no slot asks for penalties or logprobs, else the full one."""
     b, table, log = batched
+    table.history.begin(5, 0)
     table.set(5, p)
     b.step([0, 5])
     b.step([5])
+    table.set(3, Params(logprobs=1))  # one full-path slot takes the whole batch to the full graph
+    b.step([3, 5])
     table.clear(5)
     b.step([5])
-    assert log == [("arbs", 2), ("arbs", 1), ("arb", 1)]
+    assert log == [(kind, 2), (kind, 1), ("arbs", 2), ("arb", 1)]
+
+
+def test_a_missing_lite_graph_falls_back_to_the_full_one(batched):
+    b, table, log = batched
+    del b.runner.graphs[("arbt", 2)]
+    table.set(1, Params(temperature=0.7, seed=3))
+    b.step([0, 1])
+    assert log == [("arbs", 2)]
 
 
 def test_a_rejection_drafting_or_judging_slot_runs_eagerly(batched):
@@ -67,12 +88,12 @@ def test_a_rejection_drafting_or_judging_slot_runs_eagerly(batched):
     b.step([1, 6])
     table.end_judge(6)
     b.step([1, 6])
-    assert log == [("eager", 4), ("arbs", 4), ("eager", 2), ("arbs", 2)]
+    assert log == [("eager", 4), ("arbt", 4), ("eager", 2), ("arbt", 2)]
 
 
 def test_an_uncaptured_bucket_runs_eagerly(batched):
     b, table, log = batched
-    del b.runner.graphs[("arbs", 8)]
+    del b.runner.graphs[("arbs", 8)], b.runner.graphs[("arbt", 8)]
     table.set(0, Params(temperature=1.0, seed=2))
     b.step(list(range(5)))
     b.step(list(range(1, 6)))

@@ -160,10 +160,12 @@ def test_concurrent_decodes_step_together_and_equal_alone(big):
 
 
 @cuda
-def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big):
-    """Sessions that sample (seeded temperature with top-p, top-k with min-p, logprobs) beside greedy
-    ones: every batched step replays the captured sampled graph ("arbs": the pick on the device) and
-    each session's tokens and logprobs are bitwise those of the session stepping alone (eager pick)."""
+@pytest.mark.parametrize("kind", ["arbs", "arbt"])
+def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kind):
+    """Sessions that sample (seeded temperature with top-p, top-k with min-p; with logprobs for "arbs")
+    beside greedy ones: every batched step replays the captured sampled graph ("arbs": the full pick on the
+    device; "arbt": the lite one, no penalties or logprobs asked) and each session's tokens and logprobs are
+    bitwise those of the session stepping alone (eager pick)."""
     from baton.engine.sampling import Params
 
     S, T = 12, 16
@@ -174,7 +176,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big):
     kinds = [
         Params(),
         Params(temperature=0.8, top_p=0.9, seed=101),
-        Params(temperature=1.0, top_k=50, min_p=0.05, seed=7, logprobs=3),
+        Params(temperature=1.0, top_k=50, min_p=0.05, seed=7, logprobs=3 if kind == "arbs" else 0),
     ]
     for s in range(S):
         r.prefill(s, torch.randint(0, V, (int(torch.randint(20, 400, (1,), generator=g)),), generator=g).tolist())
@@ -191,7 +193,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big):
         st.restore(s)
     replays = {}
     for key, graph_ in list(r.graphs.items()):
-        if key[0] in ("arb", "arbs"):
+        if key[0] in ("arb", "arbs", "arbt"):
 
             def counted(graph_=graph_, key=key):
                 replays[key] = replays.get(key, 0) + 1
@@ -210,7 +212,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big):
                 got[pick[i]][0].append(t)
         for s in targets:
             got[s][1].append(r.sampling.logprobs(s, 1))
-    assert sum(n for (k, _), n in replays.items() if k == "arbs") == T and not any(k == "arb" for k, _ in replays)
+    assert sum(n for (k, _), n in replays.items() if k == kind) == T and set(k for k, _ in replays) == {kind}
     for s in targets:
         assert got[s][0] == solo[s][0], s
         assert got[s][1] == solo[s][1], (s, "logprobs")

@@ -1,0 +1,73 @@
+"""Run under TRITON_INTERPRET=1 (tests/engine/test_pick_kernel.py): baton/kernels/pick.py, the CUDA token
+pick, on CPU tensors (fp32 logits: the interpreter does not model bf16). Prints one JSON verdict line.
+
+Checks: the kernel's hash is noise.uniform's; its token equals the torch sampler's (the CPU path of
+baton/engine/sampling.py, the same cut semantics: whole tie groups) for temperature alone, top-k, top-p,
+min-p, their combination, logits full of exact ties and greedy rows; a row's token is bitwise the same
+alone and inside batches (row invariance); a top-p row whose first candidate is outside the nucleus takes
+the loop (the candidates' passes), and still equals the torch pick."""
+
+import json
+
+import torch
+
+import tests.interp_shim  # noqa: F401  (first: the interpreter's numpy fix)
+from baton.engine.noise import gumbel
+from baton.engine.sampling import Params, SamplingTable, sample
+from baton.kernels import pick as pk
+
+torch.manual_seed(0)
+V = 3001  # not a multiple of the block: a masked tail
+out = {}
+cases = {
+    "temperature": Params(temperature=0.8, seed=3),
+    "top_p": Params(temperature=0.8, top_p=0.9, seed=4),
+    "top_p_low": Params(temperature=1.0, top_p=0.3, seed=5),
+    "top_k": Params(temperature=1.0, top_k=40, seed=6),
+    "min_p": Params(temperature=0.7, min_p=0.05, seed=7),
+    "all": Params(temperature=1.3, top_k=500, top_p=0.8, min_p=0.01, seed=2**40 + 9),
+    "greedy": Params(),
+}
+S = len(cases)
+table = SamplingTable(S, "cpu", 8, max_len=64)
+for s, p in enumerate(cases.values()):
+    table.set(s, p)
+R = 12  # rows per case: positions 100..111
+logits = torch.randn(S * R, V) * 3
+logits[R : 2 * R, :1500] = (logits[R : 2 * R, :1500] * 2).round() / 2  # top_p rows: exact ties in half the row
+slots = torch.arange(S).repeat_interleave(R)
+positions = torch.arange(100, 100 + R).repeat(S)
+ktok = pk.pick(logits, slots, positions, table)
+ref = sample(logits, slots, positions, table, width=8)[0]
+greedy_rows = slots == list(cases).index("greedy")
+ktok = torch.where(greedy_rows, logits.argmax(-1), ktok)
+for i, name in enumerate(cases):
+    rows = slots == i
+    out[f"equal_{name}"] = bool(torch.equal(ktok[rows], ref[rows]))
+out["differs_by_seed"] = len(set(ktok[slots == 0].tolist())) > R // 2
+# row invariance: each row alone, and inside another batch order
+alone = torch.stack(
+    [pk.pick(logits[i : i + 1], slots[i : i + 1], positions[i : i + 1], table)[0] for i in range(0, S * R, 5)]
+)
+out["row_invariant"] = bool(torch.equal(alone, pk.pick(logits, slots, positions, table)[0 : S * R : 5]))
+perm = torch.randperm(S * R)
+out["batch_order_invariant"] = bool(
+    torch.equal(
+        pk.pick(logits[perm], slots[perm], positions[perm], table), pk.pick(logits, slots, positions, table)[perm]
+    )
+)
+# the loop: a row where the unrestricted Gumbel-max lands outside a small nucleus (top_p 0.3 of a flat row)
+flat = torch.zeros(1, V)
+flat[0, :3] = 7.0  # the three hold 52% of the mass: the first candidate is outside about half the time
+t2 = SamplingTable(1, "cpu", 8, max_len=64)
+hits = taken = 0
+for pos in range(20):
+    t2.set(0, Params(temperature=1.0, top_p=0.3, seed=pos))
+    a = pk.pick(flat, torch.zeros(1, dtype=torch.long), torch.tensor([pos]), t2)
+    b = sample(flat, torch.zeros(1, dtype=torch.long), torch.tensor([pos]), t2, width=8)[0]
+    hits += int(torch.equal(a, b) and int(a) < 3)
+    g = gumbel(t2.seed_hi[:1], t2.seed_lo[:1], torch.tensor([pos]), V)
+    taken += int((flat + g).argmax() >= 3)  # the unrestricted Gumbel-max: outside the nucleus
+out["loop_equal"] = hits == 20
+out["loop_taken"] = 3 <= taken <= 17
+print(json.dumps(out))
