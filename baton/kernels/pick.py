@@ -83,7 +83,7 @@ def _kth_largest(row_ptr, V, T, k, BLOCK: tl.constexpr):
     prefix = tl.full((), 0, tl.uint32)
     kk = k
     for d in tl.static_range(8):
-        shift: tl.constexpr = 28 - 4 * d
+        shift = 28 - 4 * d
         cnt = tl.zeros((16,), tl.int32)
         for off in range(0, V, BLOCK):
             idx = off + ar
