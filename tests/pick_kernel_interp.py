@@ -16,8 +16,9 @@ from baton.engine.noise import gumbel
 from baton.engine.sampling import Params, SamplingTable, sample
 from baton.kernels import pick as pk
 
+pk.CHUNK, pk.BLOCK = 256, 128  # 5 chunks a row (the GPU's 4096 would give one at this vocabulary)
 torch.manual_seed(0)
-V = 3001  # not a multiple of the block: a masked tail
+V = 1201  # not a multiple of the chunk or block: masked tails
 out = {}
 cases = {
     "temperature": Params(temperature=0.8, seed=3),
@@ -32,9 +33,9 @@ S = len(cases)
 table = SamplingTable(S, "cpu", 8, max_len=64)
 for s, p in enumerate(cases.values()):
     table.set(s, p)
-R = 12  # rows per case: positions 100..111
+R = 4  # rows per case: positions 100..103
 logits = torch.randn(S * R, V) * 3
-logits[R : 2 * R, :1500] = (logits[R : 2 * R, :1500] * 2).round() / 2  # top_p rows: exact ties in half the row
+logits[R : 2 * R, :600] = (logits[R : 2 * R, :600] * 2).round() / 2  # top_p rows: exact ties in half the row
 slots = torch.arange(S).repeat_interleave(R)
 positions = torch.arange(100, 100 + R).repeat(S)
 ktok = pk.pick(logits, slots, positions, table)
@@ -61,13 +62,34 @@ flat = torch.zeros(1, V)
 flat[0, :3] = 7.0  # the three hold 52% of the mass: the first candidate is outside about half the time
 t2 = SamplingTable(1, "cpu", 8, max_len=64)
 hits = taken = 0
-for pos in range(20):
+for pos in range(8):
     t2.set(0, Params(temperature=1.0, top_p=0.3, seed=pos))
     a = pk.pick(flat, torch.zeros(1, dtype=torch.long), torch.tensor([pos]), t2)
     b = sample(flat, torch.zeros(1, dtype=torch.long), torch.tensor([pos]), t2, width=8)[0]
     hits += int(torch.equal(a, b) and int(a) < 3)
     g = gumbel(t2.seed_hi[:1], t2.seed_lo[:1], torch.tensor([pos]), V)
     taken += int((flat + g).argmax() >= 3)  # the unrestricted Gumbel-max: outside the nucleus
-out["loop_equal"] = hits == 20
-out["loop_taken"] = 3 <= taken <= 17
+out["loop_equal"] = hits == 8
+# the kernels read slots / positions element by element: an expanded (stride 0) slot column is the same
+one = slots[R : R + 1].expand(R)
+out["expanded_slots"] = bool(torch.equal(pk.pick(logits[R : 2 * R], one, positions[R : 2 * R], table), ktok[R : 2 * R]))
+out["loop_taken"] = 1 <= taken <= 7
+# a staircase: top-p 0.001 keeps token 0 alone; below it, groups of 4, 16, 64, 256 tokens, each a little
+# lower and about 4x the mass of all above it, so a candidate climbs about one group per check and most rows
+# take more candidates than the checks launched: they finish in _final's own loop
+stair = torch.zeros(1, V)
+stair[0, 0], stair[0, 1:5], stair[0, 5:21], stair[0, 21:85], stair[0, 85:341] = 10.0, 9.9, 9.8, 9.7, 9.6
+chains, same = [], 0
+for pos in range(6):
+    t2.set(0, Params(temperature=1.0, top_p=0.001, seed=1000 + pos))
+    a = pk.pick(stair, torch.zeros(1, dtype=torch.long), torch.tensor([pos]), t2)
+    b = sample(stair, torch.zeros(1, dtype=torch.long), torch.tensor([pos]), t2, width=8)[0]
+    same += int(torch.equal(a, b) and int(a) == 0)
+    sc = stair[0] + gumbel(t2.seed_hi[:1], t2.seed_lo[:1], torch.tensor([pos]), V)[0]
+    c, n = int(sc.argmax()), 1
+    while c != 0:
+        c, n = int(sc.masked_fill(stair[0] <= stair[0, c], -float("inf")).argmax()), n + 1
+    chains.append(n)
+out["fallback_equal"] = same == 6
+out["fallback_taken"] = max(chains) > pk.CHECKS + 1
 print(json.dumps(out))

@@ -47,6 +47,14 @@ def test_compiled_pick_equals_the_cpu_sampler_and_is_row_invariant():
     assert torch.equal(alone, raw)
     perm = torch.randperm(S * R, generator=g).cuda()
     assert torch.equal(pk.pick(lg[perm], sl[perm], ps[perm], tables["cuda"]), raw[perm])
+    # a staircase (top-p 0.001 keeps token 0 alone; each lower group ~4x the mass of those above it): most
+    # rows take more candidates than the launched checks, and finish in the last kernel's own loop
+    stair = torch.full((6, V), -10.0)
+    stair[:, 0], stair[:, 1:5], stair[:, 5:21], stair[:, 21:85], stair[:, 85:341] = 10.0, 9.9, 9.8, 9.7, 9.6
+    t1 = SamplingTable(1, "cuda", 16, max_len=64)
+    t1.set(0, Params(temperature=1.0, top_p=0.001, seed=77))
+    z6 = torch.zeros(6, dtype=torch.long, device="cuda")
+    assert pk.pick(stair.cuda(), z6, torch.arange(6, device="cuda"), t1).tolist() == [0] * 6
     graph, out = torch.cuda.CUDAGraph(), torch.empty_like(raw)
     with torch.cuda.graph(graph):
         out.copy_(pk.pick(lg, sl, ps, tables["cuda"]))
