@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_pending.sh STAGE COMMIT        on the GPU machine, in the checkout's root
 #
 # The checkout must carry .gpu-wheels and .whl (../shared/device/stage.sh, bash deploy/gpu_wheels.sh).
-# Every stage writes under $OUT (the device tool brings it back): logs and benchmark JSON, named by stage.
+# Every stage packs its logs and benchmark JSON into $OUT/STAGE.tgz (the device tool brings back 8 files at most).
 # COMMIT is the commit under test (the device checkout has no .git), recorded by bench_serve.
 # A device call ends at 600 s: if a tests stage runs out, run its files one call each (pytest -m gpu FILE).
 # GPU_TEST_TIMEOUT: seconds a test may take, fixtures included (default 1200), so a hang fails one test.
@@ -13,10 +13,13 @@
 # tests-serving at cd86fee), serve, burst (without its per-pass log), spec-exact (mtp only, at be31f43; at
 # cd86fee up to 8 streams). On 2026-12-02: tests-serving and tests-mtp at a3a234f (passed), burst with its
 # per-pass log and profile (a3a234f, 8ecea85, c13286c), tests/engine/test_gpu_prefill.py at 8ecea85 (passed),
-# serve at c13286c and bf16 top-p at 1 and 32 (README, Performance). Next, in this order: tests-serving and
-# tests-engine (the prefill's PassIndex, fill_ parameter writes: c13286c; the sampler's per-chunk live-row
-# sort: 932e026; the decode side's hand-off commit with fill_: 687c4de), sampling, fp8, spec-exact, spec-fast,
-# long, verify, layout-fixed, layout-mixed.
+# serve at c13286c and bf16 top-p at 1 and 32 (README, Performance). Later on 2026-12-02
+# (benchmarks/results/sampling-h200-2026-12-02.md): tests-engine, tests-decode, tests-serving at 7cd7cce (all
+# passed); tests/engine/test_gpu_pick.py and test_gpu_batch.py -k sampled at b503664 (passed); sampling at
+# b503664 (top-p / greedy 0.98x at 1 stream, 0.95x at 32; its serve JSON stayed behind: now packed). Next, in
+# this order: `python benchmarks/bench_sampling.py --device cuda --width 16` at ec6ad29 or later (top-k's radix
+# block: 1.74 ms at 16 rows before it), tests-engine (the lite sampled graph "arbt" is captured everywhere),
+# sampling again (for its JSON), fp8, spec-exact, spec-fast, long, verify, layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -55,7 +58,11 @@
 set -uo pipefail
 stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
 commit=${2:?the commit under test}
-out=${OUT:?run through the device tool: \$OUT}
+dest=${OUT:?run through the device tool: \$OUT}
+# the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
+# $OUT/STAGE.tgz when it ends (on 2026-12-02 the sampling stage's serve JSON stayed behind: 9 files)
+out=$(mktemp -d "/tmp/gpu-$stage-XXXX")
+trap 'tar -czf "$dest/$stage.tgz" -C "$out" .' EXIT
 bash .gpu-wheels/install.sh >/dev/null 2>&1
 bash .whl/install.sh >/dev/null 2>&1
 export PYTHONPATH="$PWD:/tmp/gpu-site:${PYTHONPATH:-}"
