@@ -70,6 +70,15 @@ for pos in range(8):
     g = gumbel(t2.seed_hi[:1], t2.seed_lo[:1], torch.tensor([pos]), V)
     taken += int((flat + g).argmax() >= 3)  # the unrestricted Gumbel-max: outside the nucleus
 out["loop_equal"] = hits == 8
+# top_k=False (no row uses top-k: the radix launches skipped) gives the same tokens to rows without it
+nok = slots != list(cases).index("top_k")
+nok &= slots != list(cases).index("all")
+out["skip_radix_same"] = bool(
+    torch.equal(
+        pk.pick(logits[nok], slots[nok], positions[nok], table, top_k=False),
+        ktok[nok] * (slots[nok] != list(cases).index("greedy")),
+    )
+)
 # the kernels read slots / positions element by element: an expanded (stride 0) slot column is the same
 one = slots[R : R + 1].expand(R)
 out["expanded_slots"] = bool(torch.equal(pk.pick(logits[R : 2 * R], one, positions[R : 2 * R], table), ktok[R : 2 * R]))

@@ -314,10 +314,11 @@ def _final_kernel(
     tl.store(out_ptr + r, tok)
 
 
-def pick(src: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, table) -> torch.Tensor:
+def pick(src: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, table, *, top_k: bool = True) -> torch.Tensor:
     """src [M, V] (rows contiguous), slots [M] long (the table's rows: the scratch slot for padding, T = 0),
     positions [M] long -> [M] long: each sampling row's token (0 for T = 0 rows). table: a SamplingTable
-    (its [S + 1] device parameters)."""
+    (its [S + 1] device parameters). top_k=False: no row uses top-k (a host fact; a captured graph serves
+    any table, so it passes True): the radix launches are skipped, the tokens are the same."""
     M, V = src.shape
     if src.stride(1) != 1:
         src = src.contiguous()
@@ -335,7 +336,7 @@ def pick(src: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, table)
     row = (src, src.stride(0), slots, positions, t.temperature)
     seeds = (t.seed_hi, t.seed_lo)
     kw = dict(CHUNK=CHUNK, BLOCK=BLOCK, PB=triton.next_power_of_2(P), num_warps=8)
-    for d in range(8):
+    for d in range(8 if top_k else 0):
         _radix_kernel[(M, P)](*row, t.top_k, *seeds, hist, V, P, D=d, RBLOCK=RBLOCK, **kw)
     _stats_kernel[(M, P)](*row, t.top_k, *seeds, hist, stat, stati, V, P, **kw)
     params = (t.top_p, t.log_min_p, *seeds, stat, stati, chk, chki)
