@@ -156,6 +156,12 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
                 self.sessions[request.session_id] = {"ctx": ctx, "pending": first}
         return prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ctx))
 
+    def PrefillStream(self, request, context):
+        """The real worker's early first token, simplified: the whole answer as the one message (the
+        hand-off above is done before it), so its call log stays "Prefill" (the two-message stream runs
+        against the real prefill worker: tests/router/test_early_first_token.py)."""
+        yield self.Prefill(request, context)
+
     def _session(self, sid, context):
         s = self.sessions.get(sid)
         if s is None:
