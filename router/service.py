@@ -313,13 +313,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
         last. logprobs: TokenLogprob per token when the request asked (else empty)."""
         h = self._start(plan, calls, stats, exclude=())
-        toks, finish = budget.take([h.first_token])
+        toks, finish = self._first(h, calls, stats, budget)
         yield toks, finish, _first_lp(h)
         if finish is not None:
-            if h.pending:  # the state may land on D after its Release: Release it again later
-                calls.mark_uncertain(h.session_id)
-            else:
-                self._land(h, stats)
             return
         if plan.mode == common_pb2.EXACT:
             loop = ExactLoop.for_plan(
@@ -382,7 +378,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 h = self._start(plan, calls, stats, exclude=gone, wait_s=self.config.migrate_wait_s, sent=sent)
                 stats.migrations += 1
                 self.metrics.migration("fast")
-                toks, finish = budget.take([h.first_token])
+                toks, finish = self._first(h, calls, stats, budget)
                 yield toks, finish, _first_lp(h)
                 if finish is not None:
                     return
@@ -402,6 +398,17 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             on_retry=self.metrics.prefill_retries.inc,
         )
         return h
+
+    def _first(self, h, calls: Calls, stats: RunStats, budget: Budget):
+        """h's first token through the budget -> (tokens, finish). When it ends the request (the caller stops
+        at that batch), a hand-off still in flight is marked: its session may land on D after the Release."""
+        toks, finish = budget.take([h.first_token])
+        if finish is not None:
+            if h.pending:
+                calls.mark_uncertain(h.session_id)
+            else:
+                self._land(h, stats)
+        return toks, finish
 
     def _land(self, h, stats: RunStats) -> None:
         """Waits for h's state to land on its decode worker and records the hand-off (once per Handoff:
