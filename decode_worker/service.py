@@ -46,6 +46,7 @@ from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff import timeline
+from baton.handoff.admission import ADMITTED
 from baton.handoff.receive import layout_of, peek_header, receive_state
 from baton.names import engine_name
 from baton.rpc import StatusError
@@ -152,6 +153,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 if header is not None
                 else None
             )
+            if fill is not None:  # the slot is reserved: no refusal for full slots can come any more
+                context.send_initial_metadata((ADMITTED,))  # the sender may let the first token go
             pinned = runner.device.type == "cuda"  # H2D straight from the receive buffers
             # NOTE: the session is held from the header on, so a Release that arrives while the state is
             # still streaming (a cancelled Prefill) is deferred to the end of this call and then finds

@@ -227,6 +227,18 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
 
     # ---- RPCs ------------------------------------------------------------------------------------
     def Prefill(self, request, context):
+        *_, last = self._prefill(request, context, early=False)  # one message: the whole answer
+        return last
+
+    def PrefillStream(self, request, context):
+        """Prefill with the first token sent at once (docs/CONTRACTS.md, "Early first token")."""
+        yield from self._prefill(request, context, early=True)
+
+    def _prefill(self, request, context, early: bool):
+        """Yields Prefill's answer: with early=True, first (while the hand-off is still in flight at the
+        pick) the same answer without its bridge, as soon as the first token is picked; then the whole
+        answer once the state has landed. A client gone after the early answer (the generator closed at
+        its yield) cancels the hand-off and releases the session on both sides."""
         with self.call(context, "Prefill"):
             t0, t0_ns = time.perf_counter(), time.monotonic_ns()
             with self.engine.arriving():  # a pass being gathered waits for this prompt too
@@ -249,6 +261,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                         prefill_s = time.perf_counter() - t0
                         if not context.is_active():  # NOTE: an EXACT session nobody will Verify
                             raise self._ended(context)
+                        lps = self.engine.last_logprobs(sid, 1)
                     else:
                         # NOTE: the stream starts before the compute: each layer goes out once it is done
                         progress = self.engine.progress()
@@ -270,6 +283,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                             push.cancel()
                             raise
                         prefill_s = time.perf_counter() - t0  # to the first token
+                        lps = self.engine.last_logprobs(sid, 1)
                         if push.timeline is not None:
                             push.timeline.update(
                                 {
@@ -278,6 +292,15 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                                     "prefill.compute_end": progress.finished_ns,
                                 }
                             )
+                        if early and push.admitted(context.is_active):
+                            # the decode worker reserved the slot (it can no longer refuse for full slots,
+                            # which must fail the call before any token: the router tries another one)
+                            try:
+                                yield self._answer(first, None, ids, prefill_s, lps)
+                            except GeneratorExit:  # the client went away: stop the stream, release both
+                                push.cancel()
+                                self._release_remote(target, sid)
+                                raise
                         try:
                             if not context.is_active():  # gone during the compute: stop the stream now
                                 push.cancel()
@@ -290,18 +313,22 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                             self._release_remote(target, sid)
                             raise self._ended(context)
                     keep = exact
-                    lps = self.engine.last_logprobs(sid, 1)
             finally:
                 if not keep:
                     self.engine.release(sid)
-            resp = prefill_pb2.PrefillResponse(
-                first_token=first, bridge=bridge, prompt_tokens=len(ids), prefill_seconds=prefill_s
-            )
-            if lps:
-                resp.first_logprob.CopyFrom(sampling_rules.logprob_protos(lps, [first])[0])
+            yield self._answer(first, bridge, ids, prefill_s, lps)
+
+    @staticmethod
+    def _answer(first: int, bridge, ids, prefill_s: float, lps) -> prefill_pb2.PrefillResponse:
+        """A PrefillResponse; bridge None: the early answer (the hand-off still in flight)."""
+        resp = prefill_pb2.PrefillResponse(first_token=first, prompt_tokens=len(ids), prefill_seconds=prefill_s)
+        if bridge is not None:
+            resp.bridge.CopyFrom(bridge)
             if bridge.HasField("timeline"):
                 resp.bridge.timeline.marks_ns["prefill.rpc_reply"] = time.monotonic_ns()
-            return resp
+        if lps:
+            resp.first_logprob.CopyFrom(sampling_rules.logprob_protos(lps, [first])[0])
+        return resp
 
     def Verify(self, request, context):
         with self.call(context, "Verify"), self.sessions.hold(request.session_id):

@@ -133,7 +133,7 @@ class ExactLoop:
             try:
                 drafts, probs = self._draft(k, verdict)
             except WorkerFault as e:
-                self._migrate(pending, e)
+                self.migrate(pending, e)
                 self.draft_length.forget_costs()  # another decode worker: other costs
                 verdict = None
                 continue
@@ -178,8 +178,9 @@ class ExactLoop:
             raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts") from None
         return m, int(resp.next_token), list(resp.logprobs)
 
-    def _migrate(self, pending: int, fault: WorkerFault) -> None:
-        """Moves S to another decode worker by ExportState from the exact worker."""
+    def migrate(self, pending: int, fault: WorkerFault) -> None:
+        """Moves S to another decode worker by ExportState from the exact worker (also when its first
+        hand-off failed after the first token was sent: RouterServicer._land)."""
         # NOTE: a worker that only lost the session (NOT_FOUND) may take it back
         reg, dead = self.calls.registry, [] if fault.code == grpc.StatusCode.NOT_FOUND else [self.decode]
         log.warning("exact session %s: decode worker failed (%s); migrating", self.sid, fault)

@@ -79,6 +79,7 @@ class Worker:
     engines_complete: bool = False  # True: `engines` is all it offers; False: others may exist
     max_len: int = 0  # window reported by GetStats; 0 = unknown
     fingerprint: str = ""
+    prefill_stream: bool = True  # prefill: answers PrefillStream (False once it said UNIMPLEMENTED: Prefill)
 
     def offers(self, engine: str | None) -> bool:
         """Known to offer it, or might (incomplete list)."""

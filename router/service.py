@@ -6,8 +6,11 @@ Lifecycle of a Generate request:
                draft_block, stop_token_ids, request_id, sampling.<field>); text prompts are tokenized
                here; a request without a seed gets a random one (returned in Stats.seed);
                no prefill or no decode worker up -> UNAVAILABLE
-    hand-off   start_session: Prefill on P with decode_target=D, the state goes P -> D; the first
-               token is sent at once (a failure before it is retried once on another prefill worker)
+    hand-off   start_session: PrefillStream on P with decode_target=D, the state goes P -> D; the
+               first token is sent as soon as P picks it, while the state may still be on its way
+               (a failure before it is retried once on another prefill worker; a hand-off that fails
+               after it is recovered as a decode worker lost mid-stream: FAST re-prefills prompt +
+               the first token, EXACT exports the state again)
     relay      FAST: D's Decode stream (max_new_tokens - 1 tokens after the first); if D dies, the
                      prompt + tokens sent so far are re-prefilled on a fresh session and another
                      decode worker: nothing is lost or repeated
@@ -310,7 +313,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
         last. logprobs: TokenLogprob per token when the request asked (else empty)."""
         h = self._start(plan, calls, stats, exclude=())
-        toks, finish = budget.take([h.first_token])
+        toks, finish = self._first(h, calls, stats, budget)
         yield toks, finish, _first_lp(h)
         if finish is not None:
             return
@@ -325,6 +328,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 on_migrate=lambda: self.metrics.migration("exact"),
                 on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
             )
+            try:
+                self._land(h, stats)
+            except WorkerFault as e:
+                if e.worker is not h.decode:
+                    raise unavailable(f"exact worker lost the session: {e}") from None
+                loop.migrate(h.first_token, e)  # the exact worker kept it: export the state again
             yield from loop.run(h.first_token)
             return
         attempts, sent = 0, []  # sent: what the decode worker's state was re-prefilled with (penalties)
@@ -341,6 +350,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
             try:
                 reason = None
+                self._land(h, stats)  # the state is on D before D is asked for it
                 for resp in calls.stream(h.decode, "Decode", req):
                     toks, finish = budget.take(resp.token_ids)
                     if toks or finish is not None:
@@ -362,12 +372,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     len(budget.emitted),
                 )
                 # NOTE: the re-prefill's first token is the next token to send: nothing lost or repeated
-                gone = [] if e.code == C.NOT_FOUND else [h.decode]  # NOT_FOUND: only the session is lost
+                # NOT_FOUND: only the session is lost; a prefill worker's fault (its hand-off stream broke): D is fine
+                gone = [] if e.code == C.NOT_FOUND or e.worker is not h.decode else [h.decode]
                 sent = list(budget.emitted)
                 h = self._start(plan, calls, stats, exclude=gone, wait_s=self.config.migrate_wait_s, sent=sent)
                 stats.migrations += 1
                 self.metrics.migration("fast")
-                toks, finish = budget.take([h.first_token])
+                toks, finish = self._first(h, calls, stats, budget)
                 yield toks, finish, _first_lp(h)
                 if finish is not None:
                     return
@@ -386,9 +397,36 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             generated=len(sent),
             on_retry=self.metrics.prefill_retries.inc,
         )
-        stats.bridge(h.response.bridge)
-        self.metrics.bridge(h.response.bridge.total_bytes, h.response.bridge.seconds)
         return h
+
+    def _first(self, h, calls: Calls, stats: RunStats, budget: Budget):
+        """h's first token through the budget -> (tokens, finish). When it ends the request (the caller stops
+        at that batch), a hand-off still in flight is marked: its session may land on D after the Release."""
+        toks, finish = budget.take([h.first_token])
+        if finish is not None:
+            if h.pending:
+                calls.mark_uncertain(h.session_id)
+            else:
+                self._land(h, stats)
+        return toks, finish
+
+    def _land(self, h, stats: RunStats) -> None:
+        """Waits for h's state to land on its decode worker and records the hand-off (once per Handoff:
+        _tokens calls it before D is first asked for the session). A failure (after
+        the first token was sent) is a WorkerFault of the worker at fault: D when the hand-off to it
+        failed (P names decode_target), else P; the client's deadline / cancel stay what they are."""
+        try:
+            resp = h.landed()
+        except WorkerFault as e:
+            if e.worker is h.prefill and "decode_target" in e.details:
+                raise WorkerFault(h.decode, e.code, e.details) from None
+            raise
+        except StatusError as e:
+            if e.code in (C.DEADLINE_EXCEEDED, C.CANCELLED):
+                raise
+            raise WorkerFault(h.decode if "decode_target" in e.message else h.prefill, e.code, e.message) from None
+        stats.bridge(resp.bridge)
+        self.metrics.bridge(resp.bridge.total_bytes, resp.bridge.seconds)
 
 
 def _first_lp(h) -> list:

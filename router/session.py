@@ -1,9 +1,13 @@
 """One request's session: its stop conditions (Budget) and its start on a worker pair (start_session).
 
 h = start_session(calls, ids, mode=..., engine=..., engine_name=..., exclude_decode=())
-    pick prefill P + decode D (least outstanding work), Prefill(session, decode_target=D): the
+    pick prefill P + decode D (least outstanding work), PrefillStream(session, decode_target=D): the
     state goes P -> D directly; EXACT keeps the exact session on P. A worker fault before the first
     token is retried once on another prefill worker (a dead decode target is excluded too).
+    h.first_token is known as soon as P picks it, while the state may still be on its way to D;
+h.landed()  waits for the state to land on D (the rest of the stream) -> P's whole PrefillResponse;
+    call it before D is asked for the session (Decode, Draft). A failure here comes after the first
+    token was sent: the caller recovers as from a decode worker lost mid-stream.
 budget = Budget(max_new_tokens, stop_ids, eos_ids, ignore_eos)
 toks, finish = budget.take(tokens)   # truncated after the first stop / EOS (inclusive) or at
                                      # max_new_tokens: every path reports the same finish_reason
@@ -14,7 +18,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Iterator
 
 import grpc
 
@@ -58,17 +63,51 @@ class Budget:
 
 @dataclass
 class Handoff:
-    """A prefilled session: P keeps it (exact mode) and D holds its state."""
+    """A prefilled session: P keeps it (exact mode) and D holds its state (once `landed`)."""
 
     session_id: str
     prefill: Worker
     decode: Worker
-    response: prefill_pb2.PrefillResponse
+    response: prefill_pb2.PrefillResponse  # P's answer so far: the early one (no bridge) until landed()
     engine: int = 0  # the engine named in the Prefill (the request's, else D's default): P keeps it for ExportState
+    rest: Iterator | None = field(default=None, repr=False)  # PrefillStream's messages still to come
 
     @property
     def first_token(self) -> int:
         return int(self.response.first_token)
+
+    @property
+    def pending(self) -> bool:
+        """The state may still be on its way to D (landed() not returned yet)."""
+        return self.rest is not None
+
+    def landed(self) -> prefill_pb2.PrefillResponse:
+        """Waits for P's last message (the state is on D) -> the whole PrefillResponse. Raises as the
+        stream does (WorkerFault, StatusError, Cancelled)."""
+        if self.rest is not None:
+            rest, self.rest = self.rest, None
+            for msg in rest:
+                self.response = msg
+        return self.response
+
+
+def _prefill(calls: Calls, p: Worker, d: Worker, sid: str, req) -> Handoff:
+    """P's PrefillStream: its first message now (the first token), the rest in Handoff.landed(). A prefill
+    worker without it (UNIMPLEMENTED: an older build) gets the unary Prefill, from then on."""
+    if p.prefill_stream:
+        stream = calls.stream(p, "PrefillStream", req)
+        try:
+            first = next(stream)
+        except StopIteration:
+            raise StatusError(C.INTERNAL, "prefill worker: PrefillStream ended without an answer") from None
+        except StatusError as e:
+            if e.code != C.UNIMPLEMENTED:
+                raise
+            p.prefill_stream = False
+            log.info("prefill worker %s has no PrefillStream: using Prefill", p.address)
+        else:
+            return Handoff(sid, p, d, first, req.engine, rest=stream)
+    return Handoff(sid, p, d, calls.unary(p, "Prefill", req), req.engine)
 
 
 FULL_HOLD_S = 2.0  # a decode worker that refused for full slots gets no new request for this long ...
@@ -153,7 +192,7 @@ def start_session(
             generated_tokens=generated,
         )
         try:
-            return Handoff(sid, p, d, calls.unary(p, "Prefill", req), req.engine)
+            return _prefill(calls, p, d, sid, req)
         except StatusError as e:
             calls.mark_uncertain(sid)
             if e.code != C.RESOURCE_EXHAUSTED or attempt == retries:

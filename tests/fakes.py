@@ -132,12 +132,33 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
         super().__init__()
         self.settings, self.max_len = settings, max_len
 
+    early = False  # PrefillStream sends the first token before the hand-off (the real worker's early first token)
+    fail_after_first: grpc.StatusCode | None = None  # with early: the next hand-off fails after the first token
+
     def Prefill(self, request, context):
+        *_, last = self._prefill(request, context, early=False)
+        return last
+
+    def PrefillStream(self, request, context):
+        """As the real worker: with `early`, the first token first (no bridge), then the whole answer once the
+        hand-off is done (or its failure, `fail_after_first`); else the whole answer alone. Logged as "Prefill"."""
+        yield from self._prefill(request, context, early=self.early)
+
+    def _prefill(self, request, context, early: bool):
         self._enter("Prefill", request, context)
         ctx = list(request.prompt_ids)
         if not ctx:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt_ids: empty prompt")
         first = exact_next(ctx)
+        if request.mode == common_pb2.EXACT:
+            with self.lock:
+                self.sessions[request.session_id] = {"ctx": ctx, "pending": first}
+        if early and request.decode_target:
+            yield prefill_pb2.PrefillResponse(first_token=first, prompt_tokens=len(ctx))
+            with self.lock:
+                fail, self.fail_after_first = self.fail_after_first, None
+            if fail is not None:
+                context.abort(fail, f"decode_target {request.decode_target}: hand-off failed: {fail.name}")
         try:
             bridge = _push_state(
                 request.decode_target,
@@ -151,10 +172,7 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
             )
         except grpc.RpcError as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"decode_target: hand-off failed: {e.code().name}")
-        if request.mode == common_pb2.EXACT:
-            with self.lock:
-                self.sessions[request.session_id] = {"ctx": ctx, "pending": first}
-        return prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ctx))
+        yield prefill_pb2.PrefillResponse(first_token=first, bridge=bridge, prompt_tokens=len(ctx))
 
     def _session(self, sid, context):
         s = self.sessions.get(sid)

@@ -15,12 +15,14 @@ sender's result() returns them all in BridgeReport.timeline.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, Iterable, Iterator
 
 import grpc
 
 from baton.handoff import encode
+from baton.handoff.admission import watch_admission
 from baton.handoff.channels import ChannelPool
 from baton.handoff.encode import encode_state, encode_state_frames
 from baton.handoff.progress import PrefillProgress, tail_offset
@@ -122,9 +124,19 @@ class Push:
             t0,
         )
         self.timeline = timeline  # baton/handoff/timeline.py; the caller may add its own prefill.* marks
+        self._admitted = threading.Event()
+        watch_admission(fut, self._admitted.set)
 
     def cancel(self) -> None:
         self._fut.cancel()
+
+    def admitted(self, is_active: Callable[[], bool] | None = None) -> bool:
+        """Waits until the decode worker admitted the session (its slot is reserved: it can no longer refuse
+        for full slots) -> True, or the call ended first (or `is_active()` turned False) -> False."""
+        while not self._admitted.wait(0.02):
+            if self._fut.done() or (is_active is not None and not is_active()):
+                return self._admitted.is_set()
+        return True
 
     def result(
         self,

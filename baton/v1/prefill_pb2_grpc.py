@@ -40,6 +40,11 @@ class PrefillWorkerStub:
                 request_serializer=baton_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
                 _registered_method=True)
+        self.PrefillStream = channel.unary_stream(
+                '/baton.v1.PrefillWorker/PrefillStream',
+                request_serializer=baton_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
+                _registered_method=True)
         self.Verify = channel.unary_unary(
                 '/baton.v1.PrefillWorker/Verify',
                 request_serializer=baton_dot_v1_dot_prefill__pb2.VerifyRequest.SerializeToString,
@@ -67,6 +72,16 @@ class PrefillWorkerServicer:
 
     def Prefill(self, request, context):
         """Runs the prompt, streams the state to decode_target's LoadState, returns the first token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrefillStream(self, request, context):
+        """Prefill, with the first token sent as soon as it is picked, before the state has landed: one or two
+        messages. The last is Prefill's whole answer (bridge included), sent once the state is on decode_target;
+        an earlier one (when the hand-off is still in flight at the pick) carries the same fields but the
+        bridge. A hand-off that fails after it ends the stream with Prefill's status for that failure.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,6 +118,11 @@ def add_PrefillWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Prefill': grpc.unary_unary_rpc_method_handler(
                     servicer.Prefill,
+                    request_deserializer=baton_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_prefill__pb2.PrefillResponse.SerializeToString,
+            ),
+            'PrefillStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.PrefillStream,
                     request_deserializer=baton_dot_v1_dot_prefill__pb2.PrefillRequest.FromString,
                     response_serializer=baton_dot_v1_dot_prefill__pb2.PrefillResponse.SerializeToString,
             ),
@@ -152,6 +172,33 @@ class PrefillWorker:
             request,
             target,
             '/baton.v1.PrefillWorker/Prefill',
+            baton_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
+            baton_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefillStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/baton.v1.PrefillWorker/PrefillStream',
             baton_dot_v1_dot_prefill__pb2.PrefillRequest.SerializeToString,
             baton_dot_v1_dot_prefill__pb2.PrefillResponse.FromString,
             options,

@@ -42,9 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from baton.handoff.admission import watch_admission
 from baton.handoff.channels import ChannelPool
 from baton.handoff.frames import Manifest, frame, trailer_frame
-from baton.handoff.sender.ipc import CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
+from baton.handoff.sender.ipc import ADMIT, CANCEL, CHUNK, DONE, END, FREE, OPEN, READY, Channel, Ring
 from baton.handoff.timeline import CLOCK_ID, now
 from baton.handoff.timeline import METADATA as TIMELINE_METADATA
 from baton.settings import Settings
@@ -82,6 +83,7 @@ class _Stream:
             self._requests(), timeout=float(meta["timeout"]), metadata=TIMELINE_METADATA if self.tl else None
         )
         self.call.add_done_callback(self._done)
+        watch_admission(self.call, lambda: self.conn.send(ADMIT, self.sid))
 
     def post(self, item) -> None:
         """From the main thread, in order. A chunk for a stream that stopped taking them is freed here."""

@@ -21,6 +21,7 @@ and JSON kinds are followed by n bytes of UTF-8 JSON. Tensor bytes never go thro
         FREE    a = slot: the child is done with it (framed, or dropped with its stream)
         DONE    stream; JSON {code: grpc.StatusCode name, details, response (base64), chunks, and with
                 a timeline: timeline {marks, clocks, series} (baton.handoff.timeline.Timeline.to_json)}
+        ADMIT   stream: the decode worker admitted the session (LoadState's initial metadata, before DONE)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import struct
 import threading
 
 HEAD = struct.Struct("<B3xIIIQ")
-OPEN, CHUNK, END, CANCEL, READY, FREE, DONE = range(1, 8)
+OPEN, CHUNK, END, CANCEL, READY, FREE, DONE, ADMIT = range(1, 9)
 _JSON = {OPEN, READY, DONE}
 MAX_JSON = 64 << 20  # a header of a huge table stays far below this
 

@@ -53,7 +53,7 @@ import torch
 
 from baton.handoff.encode import Plan
 from baton.handoff.frames import header_frame
-from baton.handoff.sender.ipc import DONE, FREE, OPEN, READY, Channel, Ring
+from baton.handoff.sender.ipc import ADMIT, DONE, FREE, OPEN, READY, Channel, Ring
 from baton.handoff.sender.stream import ANSWER_GRACE_S, ProcessPush, _Stop
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, default_workers
 from baton.settings import Settings
@@ -238,6 +238,11 @@ class _Child:
                         self._cv.notify_all()
                     if push is not None:
                         push._finish(payload)
+                elif kind == ADMIT:
+                    with self._cv:
+                        push = self._pushes.get(sid)
+                    if push is not None:
+                        push.admission.set()
                 elif kind == READY:
                     self.ready = payload
         except Exception as e:  # noqa: BLE001 - whatever broke the channel, the pushes must not wait forever

@@ -55,6 +55,7 @@ class ProcessPush:
         self._timeout, self._grace = timeout, grace
         self.sid, self.child, self.held = 0, None, 0  # held: ring slots this push owns (under child._cv)
         self.done = threading.Event()
+        self.admission = threading.Event()  # ADMIT from the child: the decode worker reserved the slot
         self._outcome: dict | None = None
         self._error: BaseException | None = None  # raised while staging (e.g. the prefill failed)
         self._cancelled = False
@@ -157,6 +158,13 @@ class ProcessPush:
                 )
             except OSError:
                 pass
+
+    def admitted(self, is_active: Callable[[], bool] | None = None) -> bool:
+        """handoff.Push.admitted: the child relays the decode worker's admission (ADMIT)."""
+        while not self.admission.wait(0.02):
+            if self.done.is_set() or (is_active is not None and not is_active()):
+                return self.admission.is_set()
+        return True
 
     def result(self, is_active: Callable[[], bool] | None = None):
         """(the decode worker's answer, BridgeReport), or HandoffError as handoff.Push.result; never waits
