@@ -6,13 +6,15 @@ over to a decode worker process (issue 20's TTFT target: a burst of 32 x 512-tok
 
 The prefill worker serves in this process (its batched prefill gathers the burst into passes of at most
 --prefill-budget tokens); the decode worker is `python -m decode_worker` (as bench_ttft.py runs it). Each
-burst: N threads send their Prefill (FAST, a real decode_target, the hand-off's timeline asked) at one
+burst: N threads send their PrefillStream (FAST, a real decode_target, the hand-off's timeline asked) at one
 barrier; per request the marks of baton/handoff/timeline.py are read on the host's shared monotonic
 clock, as ms after the burst's first send:
     queued_ms       prefill.rpc_start: the Prefill began in the worker
     compute_end_ms  prefill.compute_end: its pass (the one that computed its last piece) finished
     loaded_ms       decode.loaded: its state verified and in its decode slot
-    reply_ms        client.reply: the first token is back here (the TTFT the router sees)
+    first_ms        the first token is back here (the TTFT the router sees: PrefillStream's first message,
+                    sent once the decode worker admitted the session, before the state has landed)
+    reply_ms        client.reply: the whole answer is back (the state has landed on the decode worker)
 and the per-request spans compute_ms = compute_end - rpc_start (waiting for and running its pass) and
 tail_ms = reply - compute_end (the hand-off after the compute). Each burst reports p50 / max over
 requests and --runs; `passes_per_burst` is the prefill worker's gathered passes per burst, `passes` each
@@ -61,7 +63,7 @@ def burst(P, D, target: str, prompts: list[list[int]], tag: str) -> list[dict]:
     def one(i: int) -> None:
         gate.wait()
         sent = time.monotonic_ns()
-        r = P.Prefill(
+        stream = P.PrefillStream(
             prefill_pb2.PrefillRequest(
                 session_id=f"{tag}-{i}",
                 prompt_ids=prompts[i],
@@ -72,7 +74,10 @@ def burst(P, D, target: str, prompts: list[list[int]], tag: str) -> list[dict]:
             ),
             timeout=900,
         )
-        out[i] = (sent, time.monotonic_ns(), dict(r.bridge.timeline.marks_ns))
+        first = None
+        for r in stream:  # one or two messages: the last is the whole answer
+            first = first or time.monotonic_ns()
+        out[i] = (sent, first, time.monotonic_ns(), dict(r.bridge.timeline.marks_ns))
 
     th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in th:
@@ -81,10 +86,11 @@ def burst(P, D, target: str, prompts: list[list[int]], tag: str) -> list[dict]:
         t.join()
     for i in range(n):
         assert D.Release(common_pb2.ReleaseRequest(session_id=f"{tag}-{i}"), timeout=60).released
-    t0 = min(sent for sent, _, _ in out)
+    t0 = min(sent for sent, _, _, _ in out)
     rows = []
-    for sent, reply, marks in out:
+    for sent, first, reply, marks in out:
         row = {k: (marks[m] - t0) / 1e6 for k, m in MARKS.items() if m in marks}
+        row["first_ms"] = (first - t0) / 1e6
         row["reply_ms"] = (reply - t0) / 1e6
         row["compute_ms"] = row["compute_end_ms"] - row["queued_ms"]
         row["tail_ms"] = row["reply_ms"] - row["compute_end_ms"]
@@ -198,7 +204,8 @@ def main(argv=None) -> dict:
                             plain_logs.append(_passes(ps.engine))
                 res = {"burst": n, "prompt_tokens": a.prompt, "requests": len(rows), "passes_per_burst": passes}
                 res |= {
-                    k: _stats([r[k] for r in rows if k in r]) for k in (*MARKS, "reply_ms", "compute_ms", "tail_ms")
+                    k: _stats([r[k] for r in rows if k in r])
+                    for k in (*MARKS, "first_ms", "reply_ms", "compute_ms", "tail_ms")
                 }
                 # each pass's wall time in the worker, with the hand-off streaming beside it and without
                 res |= {"passes": logs, "plain_reply_ms": _stats(plain), "plain_passes": plain_logs}

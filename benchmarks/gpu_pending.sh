@@ -17,9 +17,12 @@
 # (benchmarks/results/sampling-h200-2026-12-02.md): tests-engine, tests-decode, tests-serving at 7cd7cce (all
 # passed); tests/engine/test_gpu_pick.py and test_gpu_batch.py -k sampled at b503664 (passed); sampling at
 # b503664 (top-p / greedy 0.98x at 1 stream, 0.95x at 32; its serve JSON stayed behind: now packed). Next, in
-# this order: `python benchmarks/bench_sampling.py --device cuda --width 16` at ec6ad29 or later (top-k's radix
-# block: 1.74 ms at 16 rows before it), tests-engine (the lite sampled graph "arbt" is captured everywhere),
-# sampling again (for its JSON), fp8, spec-exact, spec-fast, long, verify, layout-fixed, layout-mixed.
+# this order (one call: GPU_TEST_TIMEOUT=200, tests-serving, tests-decode, then the bench_sampling line):
+# tests-serving (seeded exact mode at T 0.8 on the sort-free pick; the early first token through the real
+# stack), tests-decode (the hand-off's admission metadata), `python benchmarks/bench_sampling.py --device cuda
+# --width 16` (top-k's radix block at ec6ad29: 1.74 ms at 16 rows before it); then burst (first_ms: the early
+# first token against the 1.0 s target), serve-steady, tests-engine ("arbt" captured everywhere), sampling
+# again (for its JSON), fp8, spec-exact, spec-fast, long, verify, layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -30,6 +33,8 @@
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
+#   serve-steady   the same at 8, 32, 64 streams with 4 requests a stream, one after another (--requests 4):
+#           the steady state of N streams, not one burst of N first tokens (issue 20's throughput targets)
 #   fp8     bench_serve fp8 at 32 streams, and bf16 sampling (T 0.8, top-p 0.9, seeded) at 1 and 32 streams:
 #           against the greedy `serve` stage, issue 22's 5% target; sampled tokens checked vs seeded complete
 #   sampling   issue 22's bound in one call: bench_sampling (the sampler alone: greedy, top-p, one live row,
@@ -56,7 +61,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
@@ -112,6 +117,7 @@ case $stage in
     tail -5 "$out/$stage.log"
     ;;
   serve) serve serve-bf16 --engine bf16 --concurrency 1,8,32,64 ;;
+  serve-steady) serve serve-bf16-steady --engine bf16 --concurrency 8,32,64 --requests 4 ;;
   fp8)
     serve serve-fp8-32 --engine fp8 --concurrency 32
     serve serve-bf16-topp --engine bf16 --concurrency 1,32 --temperature 0.8 --top-p 0.9

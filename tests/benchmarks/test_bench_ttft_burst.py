@@ -17,6 +17,7 @@ def test_bench_ttft_burst_cpu_smoke(capsys, tmp_path):
         assert 1 <= sum(r["passes_per_burst"]) <= r["burst"]
         q, c, lo, rep = (r[k]["max"] for k in ("queued_ms", "compute_end_ms", "loaded_ms", "reply_ms"))
         assert 0 <= q <= c <= lo <= rep and r["tail_ms"]["p50"] >= 0
+        assert 0 < r["first_ms"]["max"] <= rep  # the first token (PrefillStream's first message) by the reply
         # every prompt in one of the logged passes, with and without the hand-off
         for log in (r["passes"][0], r["plain_passes"][0]):
             assert sum(x["pieces"] for x in log) == r["burst"] and sum(x["tokens"] for x in log) == 12 * r["burst"]
