@@ -143,6 +143,17 @@ def _radix_kernel(
 
 
 @triton.jit
+def _better(sc, idx, best, bi):
+    """A block's best score sc [B] at vocab indices idx [B] against the best so far (best, bi): the block's
+    wins only if strictly greater (blocks come in index order: ties keep the lowest index)."""
+    bb = tl.max(sc, axis=0)
+    if bb > best:
+        best = bb
+        bi = tl.min(tl.where(sc == bb, idx, 2147483647), axis=0)
+    return best, bi
+
+
+@triton.jit
 def _chunk_stats(row, j, V, T, zk, rowkey, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk j over the top-k set (z >= zk): (max z, sum of exp(z - that max), best z + g, its index)."""
     ar = tl.arange(0, BLOCK)
@@ -158,11 +169,7 @@ def _chunk_stats(row, j, V, T, zk, rowkey, CHUNK: tl.constexpr, BLOCK: tl.conste
         scale = tl.where(m2 == float("-inf"), 1.0, tl.exp(m - m2))  # a block wholly outside the set: tot stays 0
         tot = tot * scale + tl.sum(tl.where(ink, tl.exp(z - m2), 0.0), axis=0)
         m = m2
-        sc = tl.where(ink, z + _noise(rowkey, idx), float("-inf"))
-        bb = tl.max(sc, axis=0)
-        if bb > best:
-            best = bb
-            bi = tl.min(tl.where(sc == bb, idx, 2147483647), axis=0)
+        best, bi = _better(tl.where(ink, z + _noise(rowkey, idx), float("-inf")), idx, best, bi)
     return m, tot, best, bi
 
 
@@ -178,11 +185,7 @@ def _chunk_above(row, j, V, T, zc, m, rowkey, CHUNK: tl.constexpr, BLOCK: tl.con
         z = _z(row, idx, V, T)
         up = (idx < V) & (z > zc)
         mass += tl.sum(tl.where(up, tl.exp(z - m), 0.0), axis=0)
-        sc = tl.where(up, z + _noise(rowkey, idx), float("-inf"))
-        bb = tl.max(sc, axis=0)
-        if bb > best:
-            best = bb
-            bi = tl.min(tl.where(sc == bb, idx, 2147483647), axis=0)
+        best, bi = _better(tl.where(up, z + _noise(rowkey, idx), float("-inf")), idx, best, bi)
     return mass, best, bi
 
 
