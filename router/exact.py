@@ -180,7 +180,7 @@ class ExactLoop:
 
     def migrate(self, pending: int, fault: WorkerFault) -> None:
         """Moves S to another decode worker by ExportState from the exact worker (also when its first
-        hand-off failed after the first token was sent: RouterServicer._land)."""
+        hand-off failed after the first token was sent: RouterServicer._tokens, router.session.land)."""
         # NOTE: a worker that only lost the session (NOT_FOUND) may take it back
         reg, dead = self.calls.registry, [] if fault.code == grpc.StatusCode.NOT_FOUND else [self.decode]
         log.warning("exact session %s: decode worker failed (%s); migrating", self.sid, fault)

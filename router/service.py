@@ -38,7 +38,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import grpc
@@ -48,54 +47,18 @@ from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES, engine_name, kn
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
 from router.calls import Calls, Cancelled, WorkerFault, unavailable
+from router.config import ModelMeta, RouterConfig
 from router.exact import ExactLoop, RunStats
 from router.metrics import RouterMetrics
 from router.registry import Registry
-from router.session import Budget, start_session
+from router.session import Budget, first_tokens, land, start_session
 from router.stops import TextStream
 
 log = logging.getLogger("baton.router")
 C = grpc.StatusCode
 MAX_STOP_IDS = 64
 MAX_REQUEST_ID = 128
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
-    max_new_tokens_limit: int = 4096
-    default_draft_block: int = 4  # K when a request sends draft_block = 0 (the adaptive prior)
-    draft_length: str = "fixed"  # exact mode's K per round: "fixed" (the request's) | "adaptive" (per session)
-    max_adaptive_k: int = 8  # the adaptive ceiling (or the request's K if larger; at most width - 2)
-    width: int = 16  # W of the workers: draft_block in 1..W-2, W rows reserved
-    max_context: int = 4096  # window used until workers report theirs (GetStats.max_len)
-    call_timeout_s: float = 30.0  # cap on one unary downstream call (a hung worker)
-    request_timeout_s: float = 600.0  # total when the client sets no deadline
-    migrate_wait_s: float = 3.0  # how long a migration waits for a decode worker to come up
-    max_migrations: int = 3
-
-
-@dataclass(frozen=True)
-class ModelMeta:
-    """What the router knows of the model without loading weights."""
-
-    model_id: str
-    vocab_size: int
-    eos_ids: tuple[int, ...]
-    tokenizer: object | None = None  # baton.tokenizer.Tokenizer; None = token_ids prompts only
-
-    @classmethod
-    def from_dir(cls, model_dir: str | Path) -> "ModelMeta":
-        from baton.config import ModelConfig
-        from baton.tokenizer import Tokenizer, TokenizerError
-
-        cfg = ModelConfig.from_hf(model_dir)
-        try:
-            tok = Tokenizer.from_dir(model_dir)
-        except TokenizerError as e:
-            log.warning("no tokenizer (%s): text prompts will be refused", e)
-            tok = None
-        return cls(Path(model_dir).name, cfg.vocab_size, tuple(cfg.eos_token_ids), tok)
+__all__ = ["ModelMeta", "RouterConfig", "RouterServicer"]  # the first two live in router/config.py
 
 
 @dataclass(frozen=True)
@@ -313,7 +276,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
         last. logprobs: TokenLogprob per token when the request asked (else empty)."""
         h = self._start(plan, calls, stats, exclude=())
-        toks, finish = self._first(h, calls, stats, budget)
+        toks, finish = first_tokens(h, calls, budget, self._record(stats))
         yield toks, finish, _first_lp(h)
         if finish is not None:
             return
@@ -329,7 +292,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
             )
             try:
-                self._land(h, stats)
+                land(h, self._record(stats))
             except WorkerFault as e:
                 if e.worker is not h.decode:
                     raise unavailable(f"exact worker lost the session: {e}") from None
@@ -350,7 +313,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
             try:
                 reason = None
-                self._land(h, stats)  # the state is on D before D is asked for it
+                land(h, self._record(stats))  # the state is on D before D is asked for it
                 for resp in calls.stream(h.decode, "Decode", req):
                     toks, finish = budget.take(resp.token_ids)
                     if toks or finish is not None:
@@ -378,7 +341,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 h = self._start(plan, calls, stats, exclude=gone, wait_s=self.config.migrate_wait_s, sent=sent)
                 stats.migrations += 1
                 self.metrics.migration("fast")
-                toks, finish = self._first(h, calls, stats, budget)
+                toks, finish = first_tokens(h, calls, budget, self._record(stats))
                 yield toks, finish, _first_lp(h)
                 if finish is not None:
                     return
@@ -399,34 +362,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         )
         return h
 
-    def _first(self, h, calls: Calls, stats: RunStats, budget: Budget):
-        """h's first token through the budget -> (tokens, finish). When it ends the request (the caller stops
-        at that batch), a hand-off still in flight is marked: its session may land on D after the Release."""
-        toks, finish = budget.take([h.first_token])
-        if finish is not None:
-            if h.pending:
-                calls.mark_uncertain(h.session_id)
-            else:
-                self._land(h, stats)
-        return toks, finish
+    def _record(self, stats: RunStats):
+        """-> a BridgeReport's recorder: the request's stats and the router's metrics."""
 
-    def _land(self, h, stats: RunStats) -> None:
-        """Waits for h's state to land on its decode worker and records the hand-off (once per Handoff:
-        _tokens calls it before D is first asked for the session). A failure (after
-        the first token was sent) is a WorkerFault of the worker at fault: D when the hand-off to it
-        failed (P names decode_target), else P; the client's deadline / cancel stay what they are."""
-        try:
-            resp = h.landed()
-        except WorkerFault as e:
-            if e.worker is h.prefill and "decode_target" in e.details:
-                raise WorkerFault(h.decode, e.code, e.details) from None
-            raise
-        except StatusError as e:
-            if e.code in (C.DEADLINE_EXCEEDED, C.CANCELLED):
-                raise
-            raise WorkerFault(h.decode if "decode_target" in e.message else h.prefill, e.code, e.message) from None
-        stats.bridge(resp.bridge)
-        self.metrics.bridge(resp.bridge.total_bytes, resp.bridge.seconds)
+        def record(bridge) -> None:
+            stats.bridge(bridge)
+            self.metrics.bridge(bridge.total_bytes, bridge.seconds)
+
+        return record
 
 
 def _first_lp(h) -> list:

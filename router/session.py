@@ -91,6 +91,36 @@ class Handoff:
         return self.response
 
 
+def land(h: Handoff, record) -> None:
+    """Waits for h's state to land on its decode worker; record(BridgeReport) once it has (call it once per
+    Handoff, before D is first asked for the session). A failure (after the first token was sent) is a
+    WorkerFault of the worker at fault: D when the hand-off to it failed (P names decode_target), else P;
+    the client's deadline / cancel stay what they are."""
+    try:
+        resp = h.landed()
+    except WorkerFault as e:
+        if e.worker is h.prefill and "decode_target" in e.details:
+            raise WorkerFault(h.decode, e.code, e.details) from None
+        raise
+    except StatusError as e:
+        if e.code in (C.DEADLINE_EXCEEDED, C.CANCELLED):
+            raise
+        raise WorkerFault(h.decode if "decode_target" in e.message else h.prefill, e.code, e.message) from None
+    record(resp.bridge)
+
+
+def first_tokens(h: Handoff, calls: Calls, budget: "Budget", record) -> tuple[list[int], int | None]:
+    """h's first token through the budget -> (tokens, finish). When it ends the request (the caller stops at
+    that batch), a hand-off still in flight is marked: its session may land on D after the Release."""
+    toks, finish = budget.take([h.first_token])
+    if finish is not None:
+        if h.pending:
+            calls.mark_uncertain(h.session_id)
+        else:
+            land(h, record)
+    return toks, finish
+
+
 def _prefill(calls: Calls, p: Worker, d: Worker, sid: str, req) -> Handoff:
     """P's PrefillStream: its first message now (the first token), the rest in Handoff.landed(). A prefill
     worker without it (UNIMPLEMENTED: an older build) gets the unary Prefill, from then on."""

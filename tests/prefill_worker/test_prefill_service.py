@@ -254,6 +254,7 @@ def test_every_rpc_needs_the_token(lm):
             s = prefill_pb2_grpc.PrefillWorkerStub(ch)
             calls = {
                 "Prefill": prefill_pb2.PrefillRequest(prompt_ids=[1]),
+                "PrefillStream": prefill_pb2.PrefillRequest(prompt_ids=[1]),
                 "Verify": prefill_pb2.VerifyRequest(session_id="a", tokens=[1, 2]),
                 "Release": common_pb2.ReleaseRequest(session_id="a"),
                 "ExportState": prefill_pb2.ExportStateRequest(session_id="a"),
@@ -261,7 +262,9 @@ def test_every_rpc_needs_the_token(lm):
             }
             assert set(calls) == set(prefill_pb2.DESCRIPTOR.services_by_name["PrefillWorker"].methods_by_name)
             for name, req in calls.items():
-                assert _err(getattr(s, name), req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
+                fn = getattr(s, name)
+                call = (lambda r, fn=fn, **kw: list(fn(r, **kw))) if name == "PrefillStream" else fn  # a stream
+                assert _err(call, req)[0] == grpc.StatusCode.UNAUTHENTICATED, name
         with make_channel(handle.address, settings) as ch:  # with the token: served
             r = prefill_pb2_grpc.PrefillWorkerStub(ch).Prefill(prefill_pb2.PrefillRequest(prompt_ids=[1]), timeout=T)
             assert r.prompt_tokens == 1

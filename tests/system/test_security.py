@@ -120,7 +120,7 @@ def test_the_enumeration_covers_every_method():
     assert {(r, m.name) for r, m in ALL} == {
         ("router", "Generate"),
         ("router", "GetModelInfo"),
-        *(("prefill", n) for n in ("Prefill", "Verify", "Release", "ExportState", "GetStats")),
+        *(("prefill", n) for n in ("Prefill", "PrefillStream", "Verify", "Release", "ExportState", "GetStats")),
         *(("decode", n) for n in ("LoadState", "Decode", "Draft", "Release", "GetStats")),
     }
 

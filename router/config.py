@@ -1,0 +1,49 @@
+"""The router's settings (RouterConfig) and what it knows of the model without loading weights (ModelMeta).
+Both are made once by `python -m router` (router/__main__.py) and read by RouterServicer (router/service.py,
+which re-exports them)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("baton.router")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
+    max_new_tokens_limit: int = 4096
+    default_draft_block: int = 4  # K when a request sends draft_block = 0 (the adaptive prior)
+    draft_length: str = "fixed"  # exact mode's K per round: "fixed" (the request's) | "adaptive" (per session)
+    max_adaptive_k: int = 8  # the adaptive ceiling (or the request's K if larger; at most width - 2)
+    width: int = 16  # W of the workers: draft_block in 1..W-2, W rows reserved
+    max_context: int = 4096  # window used until workers report theirs (GetStats.max_len)
+    call_timeout_s: float = 30.0  # cap on one unary downstream call (a hung worker)
+    request_timeout_s: float = 600.0  # total when the client sets no deadline
+    migrate_wait_s: float = 3.0  # how long a migration waits for a decode worker to come up
+    max_migrations: int = 3
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What the router knows of the model without loading weights."""
+
+    model_id: str
+    vocab_size: int
+    eos_ids: tuple[int, ...]
+    tokenizer: object | None = None  # baton.tokenizer.Tokenizer; None = token_ids prompts only
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> "ModelMeta":
+        from baton.config import ModelConfig
+        from baton.tokenizer import Tokenizer, TokenizerError
+
+        cfg = ModelConfig.from_hf(model_dir)
+        try:
+            tok = Tokenizer.from_dir(model_dir)
+        except TokenizerError as e:
+            log.warning("no tokenizer (%s): text prompts will be refused", e)
+            tok = None
+        return cls(Path(model_dir).name, cfg.vocab_size, tuple(cfg.eos_token_ids), tok)
