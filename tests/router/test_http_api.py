@@ -264,8 +264,9 @@ def test_penalties_equal_grpc_and_change_the_output(stack):
 
 
 def test_streaming_is_live(stack):
-    """The first content chunk arrives while the decode worker still holds the request's session (it
-    releases it after the last token): an order of events, not a time."""
+    """Content chunks arrive while the decode worker still holds the request's session (it releases it after
+    the last token): an order of events, not a time. (The very first may come before the state has landed
+    there: docs/CONTRACTS.md, "Early first token"; so the first few chunks are looked at.)"""
     stream = stack.openai().chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "x"}],
@@ -273,13 +274,13 @@ def test_streaming_is_live(stack):
         stream=True,
         extra_body={"baton": {"ignore_eos": True}},
     )
-    seen_live, content_chunks = None, 0
+    seen, content_chunks = [], 0
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             content_chunks += 1
-            if seen_live is None:
-                seen_live = worker_sessions(stack.workers, stack.token)["decode-0"]
-    assert seen_live == 1, "the first chunk came after the decode worker had finished"
+            if len(seen) < 4:
+                seen.append(worker_sessions(stack.workers, stack.token)["decode-0"])
+    assert 1 in seen, f"no chunk came while the decode worker held the session ({seen})"
     assert content_chunks > 2
 
 
@@ -293,6 +294,9 @@ def test_a_client_that_leaves_releases_both_workers_sessions(stack):
     )
     it = iter(stream)
     next(it), next(it)
+    end = time.monotonic() + 5  # the first token may come before the state lands on the decode worker
+    while worker_sessions(stack.workers, stack.token)["decode-0"] != 1 and time.monotonic() < end:
+        time.sleep(0.02)
     assert worker_sessions(stack.workers, stack.token)["decode-0"] == 1
     stream.close()
     with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up

@@ -129,6 +129,7 @@ def test_decode_killed_during_decode_streams_migrate(cl):
     fast0 = cl.metric("baton_router_migrations_total", mode="fast")
     streams = [_gen(cl, p, engine="bf16") for p in prompts]
     firsts = [next(s) for s in streams]  # all 4 admitted and streaming
+    _until(lambda: sum(cl.stats(n).sessions for n in cl.live("decode")) == 4, 10, "all 4 states landed")
     held = {n: cl.stats(n) for n in cl.live("decode")}
     victim = max(held, key=lambda n: held[n].sessions)
     on_victim = held[victim].sessions
