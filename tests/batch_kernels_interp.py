@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attn_contig_ref as REF  # noqa: E402  (the contiguous-window kernels before paging)
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
+import launch_record  # noqa: E402  (records each launch: compiled for sm_90 at the end)
 import torch  # noqa: E402
 
 from baton.kernels import attention as A  # noqa: E402
@@ -180,6 +181,7 @@ def main() -> None:
         out[f"gdn_{name}"] = gdn_case(slots, gs, seed=len(slots) * 5 + gs, lens=lens)
         out[f"attn_{name}"] = attn_case(slots, gs, seed=len(slots) * 13 + gs, lens=lens)
     out["commit"] = commit_case()
+    out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
     print(json.dumps(out))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
+import launch_record  # noqa: E402  (records each launch: compiled for sm_90 at the end)
 import torch  # noqa: E402
 from helpers import make_tiny_dir  # noqa: E402
 
@@ -118,6 +119,7 @@ def main() -> None:
         and all(torch.equal(x, y) for x, y in zip(aa, ab))
         and all(torch.equal(x[j], y[j]) for x, y in zip(ka, kb) for j in (0, 1)),
     }
+    out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
     print(json.dumps(out))
 
 

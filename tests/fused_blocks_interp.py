@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from types import SimpleNamespace  # noqa: E402
 
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
+import launch_record  # noqa: E402  (records each launch: compiled for sm_90 at the end)
 import torch  # noqa: E402
 from helpers import make_tiny_dir  # noqa: E402
 
@@ -156,6 +157,7 @@ def main() -> None:
     )
     out["mtp"] = {"equal": got == want, "kv_equal": bool(kv), "drafts": [None if x is None else len(x) for x in got]}
     out["seconds"] = round(time.perf_counter() - T0, 1)
+    out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
     print(json.dumps(out))
 
 

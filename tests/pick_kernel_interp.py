@@ -12,6 +12,7 @@ import json
 import torch
 
 import tests.interp_shim  # noqa: F401  (first: the interpreter's numpy fix)
+import tests.launch_record as launch_record  # records each launch: compiled for sm_90 at the end
 from baton.engine.noise import gumbel
 from baton.engine.sampling import Params, SamplingTable, sample
 from baton.kernels import pick as pk
@@ -101,4 +102,5 @@ for pos in range(6):
     chains.append(n)
 out["fallback_equal"] = same == 6
 out["fallback_taken"] = max(chains) > pk.CHECKS + 1
+out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
 print(json.dumps(out))

@@ -7,6 +7,7 @@ import json
 import torch
 
 import tests.interp_shim  # noqa: F401  (first: the interpreter's numpy fix)
+import tests.launch_record as launch_record  # records each launch: compiled for sm_90 at the end
 from baton.kernels import wide
 from baton.models.qwen3_5 import GatedRMSNorm, RMSNorm
 
@@ -39,4 +40,5 @@ out["gated_close"] = bool(torch.allclose(yg.float(), gm(h, g).float(), atol=1e-4
 out["gated_row_invariant"] = bool(torch.equal(wide.gated_rmsnorm(h[30:], g[30:], nw, 1e-6), yg[30:]))
 l2 = wide.l2norm(h)
 out["l2norm_close"] = bool(torch.allclose(l2, h * torch.rsqrt((h * h).sum(-1, keepdim=True) + 1e-6), atol=1e-5))
+out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
 print(json.dumps(out))
