@@ -109,7 +109,7 @@ def land(h: Handoff, record) -> None:
     record(resp.bridge)
 
 
-def first_tokens(h: Handoff, calls: Calls, budget: "Budget", record) -> tuple[list[int], int | None]:
+def first_tokens(h: Handoff, calls: Calls, budget: Budget, record) -> tuple[list[int], int | None]:
     """h's first token through the budget -> (tokens, finish). When it ends the request (the caller stops at
     that batch), a hand-off still in flight is marked: its session may land on D after the Release."""
     toks, finish = budget.take([h.first_token])

@@ -91,6 +91,14 @@ def _logprobs(z, tok, q):
     return tok, lp.gather(-1, tok[:, None])[:, 0], top_lp, top_ids, q
 
 
+def _cuda_pick(src, slots, positions, table, top_k: bool) -> torch.Tensor:
+    """Each row's token on CUDA: baton/kernels/pick.py for sampling rows, argmax of src for greedy ones."""
+    from baton.kernels import pick as pick_kernel  # triton: CUDA builds of torch ship it
+
+    sampled = pick_kernel.pick(src, slots, positions, table, top_k=top_k)
+    return torch.where(table.temperature[slots] > 0, sampled, src.argmax(-1))
+
+
 def sample(
     logits: torch.Tensor,
     slots: torch.Tensor,
@@ -117,11 +125,9 @@ def sample(
     W = width or table.width
     M, V = logits.shape
     cuda = logits.is_cuda  # the token comes from baton/kernels/pick.py (sort-free, per-row programs)
-    if cuda:
-        from baton.kernels import pick as pick_kernel  # triton: CUDA builds of torch ship it
+    top_k = truncate and top_k
     if cuda and not penal and not logprobs and prop is None and judging is None:  # the common sampled step
-        tok = torch.where(table.temperature[slots] > 0, pick_kernel.pick(logits, slots, positions, table, top_k=truncate and top_k),
-                          logits.argmax(-1))  # fmt: skip
+        tok = _cuda_pick(logits, slots, positions, table, top_k)
         return (tok, None, None, None, None) if with_q else (tok, None, None, None)
     outs = []
     for c in range(0, M, W):
@@ -130,11 +136,8 @@ def sample(
         # the chunk's live rows only: elementwise / integer steps, and the sort, an exact permutation (stable):
         # each row gets the same values as inside any chunk; a lone row sorts one row, not W
         x, z = _tempered(lg, sl, ps, table, penal)
-        ktok = None
-        if cuda:  # the kernel's token (its own z = x / T); the torch pick below only for rejection-policy rows
-            ktok = torch.where(
-                table.temperature[sl] > 0, pick_kernel.pick(x, sl, ps, table, top_k=truncate and top_k), x.argmax(-1)
-            )
+        # on CUDA the kernel's token (its own z = x / T); the torch pick below only for rejection-policy rows
+        ktok = _cuda_pick(x, sl, ps, table, top_k) if cuda else None
         rej = prop is not None or judging is not None
         ordered = tuple(torch.sort(z, dim=-1, descending=True, stable=True)) if truncate and (rej or not cuda) else None
         pr = prop[c : c + n] if prop is not None else None

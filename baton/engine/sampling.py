@@ -22,9 +22,10 @@ What one row's token is (canonical order; baton/engine/sampling_reference.py is 
     top-k-renormalised mass of the tokens with z > z_i is below top_p (0 or 1 = off); min-p iff
     z_i - max(z) >= log(min_p) (0 = off); token = argmax over K of z + g (ties: the lowest index)
     g = Gumbel noise = -log(-log(u)), u = uniform from a hash of (seed, position, vocab index)
-On CUDA the token comes from baton/kernels/pick.py, which finds it without sorting the vocabulary (one
-program per row; ~2 passes over the row); on the CPU from the sorted z below (`_chunk`). The two never mix
-(workers do not mix devices); each is batch-invariant.
+On CUDA the token comes from baton/kernels/pick.py, which finds it without sorting the vocabulary (each
+row cut into fixed chunks, one program each; ~2 passes over the row); on the CPU from the sorted z
+(baton/engine/sample_rows.py, `_chunk`). The two never mix (workers do not mix devices); each is
+batch-invariant.
 Gumbel-max makes the token a draw from softmax(z) restricted to the kept set, renormalised.
 Exact mode's REJECTION policy (baton/engine/rejection.py) rides on `pick`: a proposing slot (the drafter,
 `set(proposing=True)`) draws from its cut q' and records it by position (`proposals`); a judging slot
@@ -64,7 +65,7 @@ from typing import Sequence
 import torch
 
 from baton.engine import rejection
-from baton.engine.noise import M32, gumbel  # noqa: F401  (gumbel: re-exported, the tests' noise)
+from baton.engine.noise import M32
 from baton.engine.penalties import History
 from baton.engine.sample_rows import MAX_LOGPROBS, sample
 

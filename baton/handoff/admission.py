@@ -7,6 +7,7 @@ the sender child process (baton/handoff/sender/child.py) uses it too."""
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 ADMITTED = ("baton-admitted", "1")  # LoadState's initial metadata once the receiver reserved the session's slot
 
@@ -14,6 +15,15 @@ ADMITTED = ("baton-admitted", "1")  # LoadState's initial metadata once the rece
 def admitted_by(metadata) -> bool:
     """Whether a LoadState call's initial metadata says the receiver admitted the session."""
     return any(tuple(kv) == ADMITTED for kv in metadata or ())
+
+
+def wait_admitted(admitted: threading.Event, ended: Callable[[], bool], is_active: Callable[[], bool] | None) -> bool:
+    """Push.admitted / ProcessPush.admitted: waits until `admitted` is set -> True, or until the call ended
+    (ended()) or the calling RPC did (is_active() False) first -> whether it was set by then."""
+    while not admitted.wait(0.02):
+        if ended() or (is_active is not None and not is_active()):
+            return admitted.is_set()
+    return True
 
 
 def watch_admission(call, on_admitted) -> None:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import grpc
 
 from baton.handoff import encode
-from baton.handoff.admission import watch_admission
+from baton.handoff.admission import wait_admitted, watch_admission
 from baton.handoff.channels import ChannelPool
 from baton.handoff.encode import encode_state, encode_state_frames
 from baton.handoff.progress import PrefillProgress, tail_offset
@@ -133,10 +133,7 @@ class Push:
     def admitted(self, is_active: Callable[[], bool] | None = None) -> bool:
         """Waits until the decode worker admitted the session (its slot is reserved: it can no longer refuse
         for full slots) -> True, or the call ended first (or `is_active()` turned False) -> False."""
-        while not self._admitted.wait(0.02):
-            if self._fut.done() or (is_active is not None and not is_active()):
-                return self._admitted.is_set()
-        return True
+        return wait_admitted(self._admitted, self._fut.done, is_active)
 
     def result(
         self,

@@ -13,8 +13,9 @@ import pytest
 import torch
 from helpers import rows_batch_steps
 
+from baton.engine.noise import gumbel
 from baton.engine.penalties import History, penalize, penalized_reference
-from baton.engine.sampling import Params, SamplingTable, gumbel, sample
+from baton.engine.sampling import Params, SamplingTable, sample
 
 W = 16
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import grpc
 
+from baton.handoff.admission import wait_admitted
 from baton.handoff.encode import Plan, chunk_segments
 from baton.handoff.push import HandoffError
 from baton.handoff.sender.ipc import CANCEL, CHUNK, END
@@ -161,10 +162,7 @@ class ProcessPush:
 
     def admitted(self, is_active: Callable[[], bool] | None = None) -> bool:
         """handoff.Push.admitted: the child relays the decode worker's admission (ADMIT)."""
-        while not self.admission.wait(0.02):
-            if self.done.is_set() or (is_active is not None and not is_active()):
-                return self.admission.is_set()
-        return True
+        return wait_admitted(self.admission, self.done.is_set, is_active)
 
     def result(self, is_active: Callable[[], bool] | None = None):
         """(the decode worker's answer, BridgeReport), or HandoffError as handoff.Push.result; never waits
