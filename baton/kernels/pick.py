@@ -45,7 +45,7 @@ import triton.language as tl
 CHUNK = 4096  # entries of a row per program (248,320 -> 61 chunks)
 BLOCK = 2048
 CHECKS = 2  # _check launches; a row undecided after them finishes in _final
-RBLOCK = 256  # the radix counts' block: [RBLOCK, 16] one-hot compares (at 2048 they spilled: top-k cost 1.7 ms)
+RBLOCK = 256  # the radix counts' block: [RBLOCK, 16] one-hots (at 2048, top-k cost 1.7 ms: a register-pressure guess)
 
 
 @triton.jit
@@ -131,7 +131,7 @@ def _radix_kernel(
         bins = tl.arange(0, 16)
         ar = tl.arange(0, RBLOCK)
         cnt = tl.zeros((16,), tl.int32)
-        for off in range(j * CHUNK, j * CHUNK + CHUNK, RBLOCK):  # [RBLOCK, 16] one-hots: small, no spills
+        for off in range(j * CHUNK, j * CHUNK + CHUNK, RBLOCK):  # [RBLOCK, 16] one-hots, kept small
             idx = off + ar
             u = _key(_z(row, idx, V, T))
             match = idx < V
