@@ -94,7 +94,9 @@ Per point:
                        mode, the router's Stats summed over streams (k = min(K, remaining - 1) a round);
                        fast mtp, counted from the rounds: each round but a stream's last (which
                        max_new_tokens may cut) drafted K and accepted its tokens - 1; acceptance_rate =
-                       accepted / drafted
+                       accepted / drafted. --mtp-draft-length adaptive (fast mtp): draft_length
+                       "adaptive", K the prior, drafted / accepted / acceptance_rate and the law None (K
+                       moves round to round; a K = 0 round is one token)
     draft_p, expected_acceptance_rate, expected_tokens_per_round
                        --draft-p runs: p and the controlled drafter's steady-state law at K:
                        sum_{i=1..K} p^i / K and sum_{i=0..K} p^i (exact mode's shorter last blocks and
@@ -105,7 +107,7 @@ Per point:
                        comparison and verdict (benchmarks/serve_layouts.py)
 The JSON's `serve`: argv (the `baton serve` command; --draft-p: the commands ControlledServe ran, `;`-separated,
 and baton_serve_args, the `baton serve` options they were built from), boot_s, exit_code, worker_exits.
-The JSON's `controlled` (--draft-p runs): draft_p, draft_k, draft_seed, references (prompts in the
+The JSON's `controlled` (--draft-p runs): draft_p, draft_k, draft_seed, draft_length, references (prompts in the
 reference file), shared_first_token (how many of them share their prompt length and first token with
 another of other tokens: the controlled drafter tells those apart as their tokens are verified, at
 the cost of a forced miss where two part). The report's tables get a run column ("fast mtp p=0.9 K=4")
@@ -320,10 +322,12 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
     return s
 
 
-def speculation(ok: list[Sample], gen: Gen, k: int, p: float | None) -> dict:
+def speculation(ok: list[Sample], gen: Gen, k: int, p: float | None, adaptive: bool = False) -> dict:
     """The speculation fields of a point (module doc): rounds = messages after each stream's first (one
     round each); accepted / drafted from the router's Stats (exact mode) or, fast mtp, from the rounds
-    (each round but a stream's last, which max_new_tokens may cut, drafted k and accepted its tokens - 1)."""
+    (each round but a stream's last, which max_new_tokens may cut, drafted k and accepted its tokens - 1).
+    adaptive (fast mtp, the worker's controller): K moves round to round, so k is the prior only and
+    drafted / accepted / the law are None; tokens_per_round stays (a K = 0 round is one token)."""
     rounds = sum(max(0, len(s.sizes) - 1) for s in ok)
     after_first = sum(sum(s.sizes[1:]) for s in ok)
     if gen.mode == "exact":
@@ -339,6 +343,9 @@ def speculation(ok: list[Sample], gen: Gen, k: int, p: float | None) -> dict:
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
     }
+    if adaptive and gen.mode != "exact":
+        out |= {"draft_length": "adaptive", "drafted": None, "accepted": None, "acceptance_rate": None}
+        return out | ({"draft_p": p} if p is not None else {})
     if p is not None:
         out |= {"draft_p": p} | expected_law(p, k)
     return out
@@ -606,6 +613,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--draft-seed", type=int, default=None, help="--draft-p: seed of the draws (default --seed)")
     p.add_argument(
+        "--mtp-draft-length",
+        default="fixed",
+        choices=("fixed", "adaptive"),
+        help="--draft-p with fast mtp: the controlled decode worker's --mtp-draft-length. fixed (default): every "
+        "round drafts --draft-k, the figure at that K; adaptive: the worker's controller picks each round's K "
+        "from the prior --draft-k (K = 0, plain steps, when drafts do not pay at the batch)",
+    )
+    p.add_argument(
         "--temperature", type=float, default=0.0, help="every request samples (0: greedy), seeded per prompt"
     )
     p.add_argument("--top-p", type=float, default=0.0, help="with --temperature (0: off)")
@@ -705,6 +720,8 @@ def _resolve_drafts(a, speculates: bool, given_check_prompts: int | None) -> Non
             f"--draft-k {a.k}: `baton serve` has no --mtp-k (fast mtp drafts {DEFAULT_K} a round); with --draft-p "
             "the controlled decode worker takes --mtp-k"
         )
+    if a.mtp_draft_length != "fixed" and (a.draft_p is None or not fast_mtp):
+        raise SystemExit("--mtp-draft-length adaptive: fast mtp with --draft-p (plain `baton serve` is adaptive)")
     if a.draft_p is None:
         return
     if not speculates:
@@ -815,7 +832,13 @@ def _start_serve(a, args: list[str], reference: Path | None):
     from benchmarks.topology import ControlledServe
 
     serve = ControlledServe(
-        args, reference=str(reference), draft_p=a.draft_p, draft_seed=a.draft_seed, mtp_k=a.k, env=serve_env()
+        args,
+        reference=str(reference),
+        draft_p=a.draft_p,
+        draft_seed=a.draft_seed,
+        mtp_k=a.k,
+        mtp_draft_length=a.mtp_draft_length,
+        env=serve_env(),
     )
     return serve, {"argv": serve.label, "baton_serve_args": shlex.join(args)}
 
@@ -826,7 +849,7 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
     against them), then every point; -> (serve info, points, warm-up)."""
     serve, info = _start_serve(a, args, reference)
     points, warm = [], []
-    spec = (a.gen, a.k, a.draft_p) if a.gen.speculates else None
+    spec = (a.gen, a.k, a.draft_p, a.mtp_draft_length == "adaptive") if a.gen.speculates else None
     try:
         t0 = time.monotonic()
         addr = serve.wait(a.boot_timeout)
@@ -924,6 +947,7 @@ def run(a, argv: list[str]) -> dict:
             ref_file = tmp / "reference.json"
             shared = reference_file(ref_file, workloads, refs, a.draft_p, a.draft_seed)
             res["controlled"] = {"draft_p": a.draft_p, "draft_k": a.k, "draft_seed": a.draft_seed}
+            res["controlled"]["draft_length"] = a.mtp_draft_length
             res["controlled"] |= {"references": sum(len(r) for r in refs), "shared_first_token": shared}
         points, warm = [], []
         if not a.layouts:  # one `baton serve` as given
@@ -1048,7 +1072,8 @@ def run_label(p: dict) -> str:
     out = f"{p.get('serve_mode', 'fast')} {p['engine']}"
     if p.get("draft_p") is not None:
         out += f" p={p['draft_p']:g}"
-    return out + (f" K={p['draft_k']}" if p.get("draft_k") else "")
+    out += f" K={p['draft_k']}" if p.get("draft_k") else ""
+    return out + (" adaptive" if p.get("draft_length") == "adaptive" else "")
 
 
 def _spec_cells(p: dict) -> str:

@@ -54,6 +54,10 @@
 #           spec-exact  exact mode, mtp drafts right with p = 0.95, K = 8 (bench_exact's p = 0.95 K = 8), at 1,
 #                       8 and 32 streams; fast bf16 at 32 (targets: exact at 8 >= 5x exact at 1, exact at 32
 #                       >= 0.8x fast bf16 at 32)
+#           spec-adaptive   fast mtp as spec-fast, K chosen by the decode worker's controller from the prior 4
+#                       (--mtp-draft-length adaptive; K = 0, plain steps, when drafts do not pay at the batch),
+#                       and fast bf16, at 1, 8, 32 streams (target: >= 1.3x bf16 at 32, or K = 0 there and
+#                       within 5% of bf16; the speculation kept where it pays, at 1 stream)
 #           Fewer prompts than streams: --draft-p needs every prompt's `baton complete` reference, and the
 #           exact engine took ~30 s per 256-token reference of the 9B on the H200 (the serve stage's
 #           prepare: 60 s for 2), so 32 distinct prompts would not fit one 600 s call; 2 distinct prompts
@@ -61,7 +65,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-exact}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
@@ -156,6 +160,14 @@ case $stage in
     spec spec-fast-bf16 --engine bf16 --concurrency 32 --check-prompts 1
     ratio "fast mtp p=0.9 at 32 / fast bf16 at 32" "$out/spec-fast-mtp.json" 32 "$out/spec-fast-bf16.json" 32 1.3 |
       tee "$out/spec-fast-ratios.txt"
+    ;;
+  spec-adaptive)
+    spec spec-adaptive-mtp --engine mtp --concurrency 1,8,32 --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
+    spec spec-adaptive-bf16 --engine bf16 --concurrency 1,8,32 --check-prompts 1
+    for n in 1 8 32; do
+      ratio "fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-adaptive-mtp.json" $n \
+        "$out/spec-adaptive-bf16.json" $n 0.95
+    done | tee "$out/spec-adaptive-ratios.txt"
     ;;
   spec-exact)
     spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8

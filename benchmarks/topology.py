@@ -8,7 +8,7 @@
         what `baton serve --processes ARGS` starts (deploy/local.py: its option parser and check, its
         worker specs), with one change: every decode worker is the benchmark-only
         `python -m benchmarks.controlled_decode_worker --reference FILE --draft-p P --draft-seed S
-        <the decode worker's own options> --mtp-k K --mtp-draft-length fixed`, whose drafts are right with probability P
+        <the decode worker's own options> --mtp-k K --mtp-draft-length fixed|adaptive`, whose drafts are right with probability P
         (benchmarks/controlled_decode_worker.py). Then the router as its own process (`python -m router`
         with the workers' addresses, --token-file, --max-inflight as baton serve sizes it, --draft-length),
         as `baton serve` runs it outside the load generator's process.
@@ -102,7 +102,15 @@ class ControlledServe:
     """prefill worker(s) + controlled decode worker(s) + router, as processes (module doc)."""
 
     def __init__(
-        self, args: list[str], *, reference: str, draft_p: float, draft_seed: int = 0, mtp_k: int = 4, env=None
+        self,
+        args: list[str],
+        *,
+        reference: str,
+        draft_p: float,
+        draft_seed: int = 0,
+        mtp_k: int = 4,
+        mtp_draft_length: str = "fixed",
+        env=None,
     ):
         from deploy.local import _worker_specs  # NOTE: the specs `baton serve` builds, so the options match
 
@@ -115,10 +123,11 @@ class ControlledServe:
         for s in _worker_specs(self.opts):
             flags = s.argv()[4:]  # [python, -u, -m, ROLE_worker, flags...]
             if s.role == "decode":
-                # fixed K: a controlled figure is the one at the K asked (the adaptive controller, the worker's
-                # default, would move K off it: decode_worker --mtp-draft-length)
-                fixed = ["--mtp-k", mtp_k, "--mtp-draft-length", "fixed"]
-                self.cmds.append(Cmd(s.name, CONTROLLED_MODULE, head + flags + fixed, s.device))
+                # fixed K by default: a controlled figure is the one at the K asked (the adaptive controller, the
+                # worker's default, moves K off it: decode_worker --mtp-draft-length); adaptive: the
+                # controller's figure, from the prior mtp_k
+                k = ["--mtp-k", mtp_k, "--mtp-draft-length", mtp_draft_length]
+                self.cmds.append(Cmd(s.name, CONTROLLED_MODULE, head + flags + k, s.device))
             else:
                 self.cmds.append(Cmd(s.name, f"{s.role}_worker", flags, s.device))
         self.procs: list = []

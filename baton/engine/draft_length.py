@@ -17,7 +17,8 @@ Estimates:
   a        S / (S + F) over the session's rounds, each count decayed by `decay` per round: S = accepted
            drafts, F = rounds that rejected a draft (a full block, m = K, is censored: no failure seen),
            plus `prior_weight` pseudo-rounds at `prior_a` (the MLE of a censored geometric).
-  costs    per K, an EWMA (`alpha`) of each part's seconds at that K; a K never run is priced by the
+  costs    per K, an EWMA (`alpha`) of each part's seconds at that K (a figure older than 2 `probe_every`
+           rounds is replaced by the next measurement, not blended); a K never run is priced by the
            weighted least-squares line through the Ks run (a draft is K row steps, a verify one pass of
            K+1 rows: both near linear in K; slope >= 0), each K weighted by its (decayed) count. With a
            single K run there is no slope: the next round probes a neighbour (up if a >= 0.5). Every
@@ -25,7 +26,15 @@ Estimates:
            if its predicted rate is within `probe_band` of the current K's (it could win).
 Hysteresis: K moves only when rate(best) > (1 + margin) rate(K) for `patience` rounds in a row, and by
 at most `max_step` at a time. K = 0 (plain AR) is a candidate only when k_min = 0; its cost is then what
-`observe(0, 0, 0, seconds)` reports (E(0) = 1). Exact mode cannot run K = 0 today (Draft and Verify
+`observe(0, 0, 0, seconds)` reports (E(0) = 1). The cost line never prices it: a plain round has no chain
+and no block to cut, a different cost from any speculative K. So the switch between plain and speculative
+rounds has its own probe: at K > 0 it probes K = 0, at K = 0 the last speculative K. It runs once the other
+side's figure is stale (`probe_every` rounds old), not in a neighbour-probe round, and only if that side
+could win (within `probe_band`) or its probe is cheap: its predicted seconds at most `probe_share` of the
+seconds run since it was measured, so a dear probe (a K = 4 round under a heavy batch) comes rarely and
+costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s (at 32 streams on the H200 a batched K = 4 round cost ~84 ms
+for ~4 tokens a session against ~7 ms for a plain step, but K = 0 was never measured, so K stayed 4:
+fast mtp ran at 0.62x fast bf16). Exact mode cannot run K = 0 today (Draft and Verify
 refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
 MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0 and one
 controller for all the worker's mtp sessions, whose rounds are one batch (`observe_round`: the pooled
@@ -75,6 +84,7 @@ class DraftLength:
         max_step: int = 2,
         probe_every: int = 16,
         probe_band: float = 0.15,
+        probe_share: float = 0.05,
     ):
         if not 0 <= k_min <= k_max:
             raise ValueError(f"k_min {k_min} and k_max {k_max}: need 0 <= k_min <= k_max")
@@ -82,7 +92,8 @@ class DraftLength:
         self.k = min(max(prior_k, k_min), k_max)
         self.prior_a, self.prior_weight, self.decay, self.alpha = prior_a, prior_weight, decay, alpha
         self.margin, self.patience, self.max_step, self.probe_every = margin, patience, max_step, probe_every
-        self.probe_band = probe_band
+        self.probe_band, self.probe_share = probe_band, probe_share
+        self._spec_k = max(1, self.k)  # the speculative K a switch probe from K = 0 tries
         self.costs: dict[int, _Entry] = {}
         self.s = self.f = 0.0  # decayed accepted drafts / rejecting rounds
         self.rounds = 0
@@ -125,6 +136,9 @@ class DraftLength:
         runs = [j for j in self.costs if j > 0]
         up, down = self.k + 1, self.k - 1
         lo = self.k_min  # K = 0 (k_min = 0): probed like any K, priced by what its rounds measured
+        if (j := self._switch_probe(len(runs))) is not None:
+            self._probe = j
+            return j
         if len(runs) < 2 or (self.probe_every and self.rounds % self.probe_every == 0):
             want_up = self.acceptance >= 0.5
             order = (up, down) if want_up else (down, up)
@@ -133,6 +147,23 @@ class DraftLength:
                     self._probe = j
                     return j
         return self.k
+
+    def _switch_probe(self, runs: int) -> int | None:
+        """The plain <-> speculative probe (k_min = 0; module doc) due this round, or None: K = 0 from a
+        speculative K once the cost line exists (two Ks run), the last speculative K from K = 0."""
+        if self.k_min != 0 or not self.probe_every or self.rounds % self.probe_every == 0:
+            return None
+        if self.k > 0 and runs < 2:
+            return None
+        j = 0 if self.k > 0 else self._spec_k
+        e = self.costs.get(j)
+        if e is None:
+            return j
+        if e.age < self.probe_every:
+            return None
+        cost, cur = self.cost(j), self.cost(self.k)
+        cheap = cost is not None and cur is not None and cost <= self.probe_share * e.age * cur
+        return j if cheap or self._plausible(j) else None
 
     def _plausible(self, k: int) -> bool:
         """A refresh probe is worth a round only if K = k could win (within probe_band of the current)."""
@@ -162,8 +193,8 @@ class DraftLength:
             e.weight *= self.decay
             e.age += 1
         e = self.costs.get(k)
-        if e is None:
-            self.costs[k] = _Entry(draft_s, verify_s, 1.0)
+        if e is None or (self.probe_every and e.age > 2 * self.probe_every):
+            self.costs[k] = _Entry(draft_s, verify_s, 1.0)  # new, or stale: measured under another load
         else:
             e.draft_s += self.alpha * (draft_s - e.draft_s)
             e.verify_s += self.alpha * (verify_s - e.verify_s)
@@ -190,8 +221,12 @@ class DraftLength:
         else:
             self._want, self._streak = best, 1
         if self._streak >= self.patience:
-            step = max(-self.max_step, min(self.max_step, best - self.k))
-            self.k = self.k + step
+            if best == 0 or self.k == 0:  # plain AR <-> speculation: one move (module doc)
+                if best == 0:
+                    self._spec_k = self.k
+                self.k = best
+            else:
+                self.k += max(-self.max_step, min(self.max_step, best - self.k))
             self._want, self._streak = None, 0
 
 

@@ -159,6 +159,44 @@ def test_speculation_fields_from_the_rounds():
     )
 
 
+def test_adaptive_fast_mtp_counts_rounds_not_drafts():
+    """--mtp-draft-length adaptive: K moves round to round (K = 0 rounds are one token), so the point keeps
+    rounds and tokens a round and gives no drafted / accepted or law at the prior K."""
+    ok = [_sample([1, 5, 1, 1, 2]), _sample([1, 2, 5])]
+    fast = bs.speculation(ok, bs.Gen("mtp"), 4, 0.9, adaptive=True)
+    assert fast == {
+        "draft_k": 4,
+        "rounds": 6,
+        "tokens_per_round": round(16 / 6, 3),
+        "draft_length": "adaptive",
+        "drafted": None,
+        "accepted": None,
+        "acceptance_rate": None,
+        "draft_p": 0.9,
+    }
+    assert bs.run_label({"engine": "mtp", "draft_p": 0.9, "draft_k": 4, "draft_length": "adaptive"}) == (
+        "fast mtp p=0.9 K=4 adaptive"
+    )
+    # exact mode's K is the router's: the flag is refused there, and without --draft-p (plain serve: adaptive)
+    for bad in (
+        ["--engine", "mtp", "--mtp-draft-length", "adaptive"],
+        ["--mode", "exact", "--engine", "mtp", "--draft-p", "0.9", "--mtp-draft-length", "adaptive"],
+    ):
+        with pytest.raises(SystemExit):
+            _resolved(*bad)
+    a = _resolved("--engine", "mtp", "--draft-p", "0.9", "--prompts", "1", "--mtp-draft-length", "adaptive")
+    assert a.mtp_draft_length == "adaptive"
+
+
+def test_the_controlled_topology_passes_the_draft_length():
+    from benchmarks.topology import ControlledServe
+
+    for length in ("fixed", "adaptive"):
+        c = ControlledServe(["--device", "cpu"], reference="r.json", draft_p=0.9, mtp_k=3, mtp_draft_length=length)
+        (dec,) = [x for x in c.cmds if x.module == "benchmarks.controlled_decode_worker"]
+        assert dec.args[-4:] == ["--mtp-k", "3", "--mtp-draft-length", length]
+
+
 def _resolved(*argv):
     a = bs.build_parser().parse_args(list(argv))
     bs.resolve(a)
@@ -245,7 +283,14 @@ def test_fast_mtp_through_baton_serve(tmp_path):
 def test_exact_fp8_with_controlled_drafts(tmp_path):
     argv = ["--mode", "exact", "--engine", "fp8", "--draft-p", "0.9", "--concurrency", "2", "--output-len", "24"]
     r = _run(tmp_path, *argv)
-    assert r["controlled"] == {"draft_p": 0.9, "draft_k": K, "draft_seed": 0, "references": 2, "shared_first_token": 0}
+    assert r["controlled"] == {
+        "draft_p": 0.9,
+        "draft_k": K,
+        "draft_seed": 0,
+        "draft_length": "fixed",
+        "references": 2,
+        "shared_first_token": 0,
+    }
     assert "benchmarks.controlled_decode_worker --reference" in r["serve"]["argv"] and r["serve"]["exit_code"] == 0
     (p,) = r["points"]
     assert (p["serve_mode"], p["engine"], p["controlled"], p["errors"], p["mismatched"]) == (
