@@ -9,6 +9,8 @@ import torch
 import tests.interp_shim  # noqa: F401  (first: the interpreter's numpy fix)
 import tests.launch_record as launch_record  # records each launch: compiled for sm_90 at the end
 from baton.kernels import wide
+from baton.models import gdn_ops
+from baton.models.context import PassIndex, Segment
 from baton.models.qwen3_5 import GatedRMSNorm, RMSNorm
 
 torch.manual_seed(0)
@@ -40,5 +42,32 @@ out["gated_close"] = bool(torch.allclose(yg.float(), gm(h, g).float(), atol=1e-4
 out["gated_row_invariant"] = bool(torch.equal(wide.gated_rmsnorm(h[30:], g[30:], nw, 1e-6), yg[30:]))
 l2 = wide.l2norm(h)
 out["l2norm_close"] = bool(torch.allclose(l2, h * torch.rsqrt((h * h).sum(-1, keepdim=True) + 1e-6), atol=1e-5))
+
+# the prefill's causal conv: segments of a pass, each from its slot's state (n < KW - 1 included), C not a
+# multiple of the channel tile, a segment over several row tiles; against gdn_ops' torch path
+C, KW, S = 40, 4, 5
+cw = torch.randn(C, KW)
+state0 = torch.randn(S, C, KW - 1)
+shape = [(1, 0, 7), (3, 5, 2), (0, 9, 1), (4, 0, 40)]  # (slot, start, n)
+segs, off = [], 0
+for slot, start, n in shape:
+    segs.append(Segment(slot, start, n, off))
+    off += n
+xc = torch.randn(off, C)
+ref_state = state0.clone()
+ref = gdn_ops.conv_segments(xc, ref_state, PassIndex(segs, "cpu"), cw)  # CPU tensors: the torch path
+got_state = state0.clone()
+got = wide.causal_conv(xc, got_state, cw, PassIndex(segs, "cpu"))
+out["conv_close"] = bool(torch.allclose(got, ref, atol=1e-5, rtol=1e-5))
+out["conv_state_equal"] = bool(torch.equal(got_state, ref_state))
+inv = True
+for sg in segs:  # each segment alone: the same bits, rows and state
+    alone_state = state0.clone()
+    alone = wide.causal_conv(
+        xc[sg.off : sg.off + sg.n], alone_state, cw, PassIndex([Segment(sg.slot, sg.start, sg.n, 0)], "cpu")
+    )
+    inv &= bool(torch.equal(alone, got[sg.off : sg.off + sg.n]))
+    inv &= bool(torch.equal(alone_state[sg.slot], got_state[sg.slot]))
+out["conv_row_invariant"] = inv
 out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
 print(json.dumps(out))

@@ -11,6 +11,8 @@ inputs whatever the other rows are:
     gated_rmsnorm(x, gate, w, eps)      (w * norm(x).to(dt) * silu(gate)).to(dt)  (the GDN output norm)
     l2norm(x, eps)                      x * rsqrt(sum(x^2) + eps) over the last dim (GDN q / k before fla:
                                         fla's own l2norm picks its tile by the row count)
+    causal_conv(x, conv_all, w, index)  the GDN layers' depthwise causal conv + SiLU of a pass's segments,
+                                        each from its slot's conv state (advanced in place)
 
 `baton.models.context.wide_prefill(device)` switches them on for the prefill's per-row ops (`lin`,
 RMSNorm, GatedRMSNorm in baton/models/qwen3_5.py) on CUDA; on CPU nothing changes and the model runs each
@@ -179,3 +181,88 @@ def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, w: torch.Tensor, eps: flo
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x * rsqrt(sum(x^2) + eps) over the last dim, fp32 inside, one program per row."""
     return _norm(x, None, None, eps, False, l2=True)
+
+
+# ---- the prefill's causal conv -------------------------------------------------------------------
+CONV_T, CONV_C = 32, 128  # rows x channels of one program (any tile gives the same bits: per element)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _conv_kernel(
+    x_ptr, sx, st_ptr, s_slot, s_c, w_ptr, sw, slot_ptr, within_ptr, y_ptr, T, C,
+    KW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mt, mc = rt < T, rc < C
+    within = tl.load(within_ptr + rt, mask=mt, other=0)  # the row's index in its segment
+    slot = tl.load(slot_ptr + rt, mask=mt, other=0).to(tl.int64)
+    st_row = st_ptr + slot[:, None] * s_slot + rc[None, :].to(tl.int64) * s_c
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for j in tl.static_range(KW):  # tap j: input r = within - (KW - 1) + j of the segment, in tap order
+        r = within - (KW - 1) + j
+        fx, fs = mt & (r >= 0), mt & (r < 0)  # from x (the segment's rows) or from the slot's state
+        xv = tl.load(
+            x_ptr + (rt + j - (KW - 1))[:, None].to(tl.int64) * sx + rc[None, :],
+            mask=fx[:, None] & mc[None, :],
+            other=0.0,
+        )
+        sv = tl.load(st_row + (r + KW - 1)[:, None], mask=fs[:, None] & mc[None, :], other=0.0)
+        wj = tl.load(w_ptr + rc * sw + j, mask=mc, other=0.0).to(tl.float32)
+        acc = acc + tl.where(fx[:, None], xv, sv).to(tl.float32) * wj[None, :]
+    y = acc / (1.0 + tl.exp(-acc))  # SiLU
+    tl.store(y_ptr + rt[:, None].to(tl.int64) * C + rc[None, :], y.to(y_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])  # fmt: skip
+
+
+@triton.jit
+def _conv_state_kernel(
+    x_ptr, sx, st_ptr, s_slot, s_c, seg_ptr, N, C,
+    KW: tl.constexpr, KP: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0)  # segment i: seg = [slots (N) | row offsets (N) | lengths (N)]
+    slot = tl.load(seg_ptr + i).to(tl.int64)
+    off = tl.load(seg_ptr + N + i)
+    n = tl.load(seg_ptr + 2 * N + i)
+    rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ri = tl.arange(0, KP)
+    mc, mi = rc < C, ri < KW - 1
+    r = n - (KW - 1) + ri  # the new state's column ri: input r of the segment (r < 0: an old state column)
+    fx, fs = mi & (r >= 0), mi & (r < 0)
+    st_row = st_ptr + slot * s_slot + rc[:, None].to(tl.int64) * s_c
+    xv = tl.load(x_ptr + (off + r)[None, :].to(tl.int64) * sx + rc[:, None], mask=mc[:, None] & fx[None, :], other=0.0)
+    sv = tl.load(st_row + (r + KW - 1)[None, :], mask=mc[:, None] & fs[None, :], other=0.0)
+    v = tl.where(fx[None, :], xv, sv)  # every load before the store: the old columns are read first
+    tl.store(st_row + ri[None, :], v.to(st_ptr.dtype.element_ty), mask=mc[:, None] & mi[None, :])
+
+
+def causal_conv(x: torch.Tensor, conv_all: torch.Tensor, w: torch.Tensor, index) -> torch.Tensor:
+    """The prefill's depthwise causal conv + SiLU (baton/models/gdn_ops.py conv_segments on CUDA): x [T, C]
+    (segment i's rows are index.segments[i]'s), conv_all [S, C, KW-1] (each segment's slot's state: its
+    last KW-1 inputs, advanced in place to the segment's last KW-1), w [C, KW]. Output [T, C] in x's
+    dtype: row t, channel c = silu(sum_j in[t - (KW-1) + j, c] * w[c, j]) in fp32, taps in order, each
+    input from the segment's rows or, before its first row, from its slot's state. Every element is
+    computed from its own window alone, so a row's bits never depend on the pass's other rows or size.
+    Two launches, no host sync (index: the pass's PassIndex; its tensors are copied once a pass)."""
+    T, C = x.shape
+    KW = w.shape[1]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    segs = index.segments
+    within = index.ints("conv_within", lambda: [j for sg in segs for j in range(sg.n)])
+    seg = index.ints("conv_segs", lambda: [sg.slot for sg in segs] + [sg.off for sg in segs] + [sg.n for sg in segs])
+    y = torch.empty(T, C, dtype=x.dtype, device=x.device)
+    if T == 0:
+        return y
+    s_slot, s_c, s_k = conv_all.stride()
+    if s_k != 1:
+        raise ValueError("conv state: the KW-1 columns must be contiguous")
+    grid = (triton.cdiv(T, CONV_T), triton.cdiv(C, CONV_C))
+    _conv_kernel[grid](
+        x, x.stride(0), conv_all, s_slot, s_c, w, w.stride(0), index.row_slot, within, y, T, C,
+        KW=KW, BLOCK_T=CONV_T, BLOCK_C=CONV_C, num_warps=4,
+    )  # fmt: skip
+    _conv_state_kernel[(len(segs), triton.cdiv(C, CONV_C))](
+        x, x.stride(0), conv_all, s_slot, s_c, seg, len(segs), C,
+        KW=KW, KP=triton.next_power_of_2(max(KW - 1, 1)), BLOCK_C=CONV_C, num_warps=4,
+    )  # fmt: skip
+    return y
