@@ -74,6 +74,11 @@ def conv_segments(x: torch.Tensor, conv_all: torch.Tensor, index, w: torch.Tenso
         from baton.kernels import wide  # CUDA only (Triton)
 
         return wide.causal_conv(x, conv_all, w, index)
+    return conv_segments_torch(x, conv_all, index, w)
+
+
+def conv_segments_torch(x: torch.Tensor, conv_all: torch.Tensor, index, w: torch.Tensor):
+    """conv_segments in torch ops (the CPU path; on CUDA the reference of wide.causal_conv's GPU test)."""
     C, KW = w.shape
     N, K1, T = len(index.segments), KW - 1, x.shape[0]
     cols = index.ints(("conv", K1), lambda: sum(_conv_columns(index.segments, K1), []))  # one copy a pass

@@ -4,7 +4,9 @@ weights:
     the model's projection shapes and M from 1 to 4096;
   * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
     as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
-  * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's."""
+  * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's;
+  * the fused causal conv (wide.causal_conv) against its torch ops at the 9B conv width in bf16: the state
+    bitwise, the outputs within a bf16 rounding, and a prefill's hidden rows with either."""
 
 from __future__ import annotations
 
@@ -114,3 +116,37 @@ def test_wide_prefill_computes_the_model(big, monkeypatch):
     h_ref = r.state.hidden[1].float()
     rel = ((h_wide - h_ref).norm() / h_ref.norm()).item()
     assert rel < 0.05, rel
+
+
+@cuda
+def test_the_fused_conv_computes_the_torch_conv(big, monkeypatch):
+    from baton.kernels import wide
+    from baton.models import gdn_ops
+    from baton.models.context import PassIndex, Segment
+
+    C, KW = big.cfg.conv_dim, big.cfg.linear_conv_kernel_dim
+    g = torch.Generator(device="cuda").manual_seed(3)
+    shape, segs, off = [(1, 0, 700), (3, 40, 2), (0, 9, 1), (4, 0, 3000)], [], 0
+    for slot, start, n in shape:
+        segs.append(Segment(slot, start, n, off))
+        off += n
+    x = torch.randn(off, C, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(C, KW, device="cuda", generator=g) * 0.5).bfloat16()
+    state = torch.randn(5, C, KW - 1, device="cuda", generator=g).bfloat16()
+    s_ref, s_got = state.clone(), state.clone()
+    ref = gdn_ops.conv_segments_torch(x, s_ref, PassIndex(segs, "cuda"), w)
+    got = wide.causal_conv(x, s_got, w, PassIndex(segs, "cuda"))
+    assert torch.equal(s_got, s_ref)
+    diff = (got.float() - ref.float()).abs()
+    assert (diff <= 1e-2 * ref.float().abs() + 1e-3).all(), diff.max().item()  # a bf16 rounding at most
+    assert (got == ref).float().mean().item() > 0.95
+    # a whole prefill with either conv
+    ids = _prompts(big.cfg.vocab_size, [900], seed=6)[0]
+    r = _runner(big)
+    r.prefill(0, ids)
+    h_fused = r.state.hidden[0].float().clone()
+    monkeypatch.setattr(wide, "causal_conv", lambda x, st, w, index: gdn_ops.conv_segments_torch(x, st, index, w))
+    r.prefill(1, ids)
+    h_ref = r.state.hidden[1].float()
+    rel = ((h_fused - h_ref).norm() / h_ref.norm()).item()
+    assert rel < 0.02, rel
