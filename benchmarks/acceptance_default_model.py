@@ -113,7 +113,7 @@ def decode_loaded(dec, sess, first, n, eos, k):
 
 def run_batched_mtp(exact, lm, prompts, max_len, n, eos, k):
     """Every prompt's mtp decode at once on one DecodeEngine (concurrent rounds verify in one pass:
-    DecodeEngine.mtp_rounds) -> ([(tokens, stats)] in prompt order, the largest round batch)."""
+    DecodeEngine._mtp_batched, the rounds scheduler) -> ([(tokens, stats)] in prompt order, the largest round batch)."""
     r = ModelRunner(lm.model, slots=len(prompts), max_len=max_len)
     dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     loaded = [handoff(exact, dec, pr["ids"], "mtp") for pr in prompts]  # one at a time: exact has 2 slots
@@ -124,7 +124,7 @@ def run_batched_mtp(exact, lm, prompts, max_len, n, eos, k):
 
     with ThreadPoolExecutor(len(prompts)) as ex:
         outs = list(ex.map(one, range(len(prompts))))
-    return outs, dec.mtp_rounds.max_items
+    return outs, dec.mtp_round_max
 
 
 def run_exact_fp8(exact, dec8, ids, n, eos, k):

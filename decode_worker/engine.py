@@ -100,6 +100,8 @@ class DecodeEngine:
         self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions, **PERIODIC)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)
+        self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp.scheduled)
+        self.mtp_jobs: dict[tuple[int, int], tuple[DecodeSession, int]] = {}  # (runner id, slot) -> (s, k_max)
         self.mtp_rounds = Gather(
             lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active, **PERIODIC
         )
@@ -219,7 +221,11 @@ class DecodeEngine:
             return
         if s.engine == "mtp":  # K per round from the worker's controller (mtp.control), up to k_max
             mtp.control(self, kk)
-            yield from mtp.decode(self, s, max_new_tokens, ends, k_max)
+            if self.batch_steps if self.batch_steps is not None else batched:
+                ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
+                yield from self._mtp_batched(s, max_new_tokens, ends, k_max, ahead)
+            else:
+                yield from mtp.decode(self, s, max_new_tokens, ends, k_max)
             return
         produced = 0
         while produced < max_new_tokens:
@@ -289,6 +295,36 @@ class DecodeEngine:
         finally:
             job.close()
 
+    def _mtp_batched(self, s: DecodeSession, max_new_tokens: int, ends: set, k_max: int, ahead: int = 0):
+        """Fast-mode MTP through the rounds scheduler (StepScheduler(multi=True), its own thread): every
+        joined mtp session's round runs together (mtp.scheduled_round), back to back, a run-ahead session
+        (ahead > 0) not waiting for its reader. Yields each batch of tokens queued (a round's, or more)."""
+        if max_new_tokens <= 0:
+            return
+        with self._compute:
+            if self._rounds is None:
+                self._rounds = StepScheduler(
+                    lambda r, slots, left: mtp.scheduled_round(self, r, slots, left),
+                    self._compute,
+                    multi=True,
+                    name="baton-mtp-rounds",
+                )
+        key = (id(s.runner), s.slot)
+        self.mtp_jobs[key] = (s, k_max)  # before the join: a round reads it
+        job = self._rounds.join(s.runner, s.slot, max_new_tokens, ends, ahead)
+        try:
+            while (toks := job.next_many()) is not None:
+                s.last_used = time.monotonic()
+                yield toks
+        finally:
+            job.close()  # no round holds the job after this
+            self.mtp_jobs.pop(key, None)
+
+    @property
+    def mtp_round_max(self) -> int:
+        """The most mtp sessions one round has held (either path)."""
+        return max(self.mtp_rounds.max_items, self._rounds.max_rows if self._rounds else 0)
+
     def fill_step_stats(self, out, reset: bool = False) -> None:
         """WorkerStats' batched-work fields (steps, their rows and durations, gathered batches)."""
         sched = self._scheduler
@@ -302,13 +338,18 @@ class DecodeEngine:
                 out.step_s_p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
         gs = (self.drafts, self.mtp_rounds)
         out.gathered_batches, out.gathered_items = sum(g.batches for g in gs), sum(g.items for g in gs)
+        if self._rounds is not None:  # the scheduled mtp rounds count as gathered batches, as the Gather's did
+            out.gathered_batches += self._rounds.steps
+            out.gathered_items += self._rounds.rows
 
     def close(self) -> None:
         """Stops the step scheduler's thread, if it runs; a later decode starts a new one."""
         with self._compute:
-            sched, self._scheduler = self._scheduler, None
-        if sched is not None:
-            sched.close()
+            scheds = (self._scheduler, self._rounds)
+            self._scheduler = self._rounds = None
+        for sched in scheds:
+            if sched is not None:
+                sched.close()
 
     def _ar_step(self, s: DecodeSession) -> list[int]:
         return [s.runner.ar_step(s.slot)]  # window checked once by decode()

@@ -7,11 +7,17 @@ mtp), for one session or for many at once.
                                      next chain finalises, (h_{p-1}, ids[0]) .. (h_{p+m}, next)
     rounds(engine, [(s, k), ...])    one round for each session: the chains together, then one verify
                                      pass over every session's block (speculation.verify_blocks)
+    scheduled_round(engine, r, slots, left)   the rounds scheduler's step (batched engines: every mtp
+                                     session's round, back to back in the scheduler's thread)
 
 Each session's round is bitwise the one it runs alone: each group of an MTP pass is its chain step
 alone (batch invariance of the fused MTP pass, baton/engine/fused_blocks.py; one group at a time on the
 eager path), and verify_blocks leaves each slot as verify_block alone would, with the same hidden rows.
-Runs under the engine's compute lock (DecodeEngine.mtp, a Gather of concurrent rounds).
+Runs under the engine's compute lock: on batched engines in the rounds scheduler's thread
+(DecodeEngine._mtp_batched, baton/engine/scheduler.py with multi=True: sessions join and leave between
+rounds, a run-ahead session's rounds do not wait for its reader), else as a Gather of the sessions'
+concurrent calls (decode(): each round waits for every live session's call, up to PERIODIC's 50 ms; on
+the H200 at 32 streams a K = 0 round took ~22 ms that way against ~7 ms for a plain batched step).
 """
 
 from __future__ import annotations
@@ -136,9 +142,22 @@ def _round(engine, items: list) -> list[list[int]]:
     return out
 
 
+def scheduled_round(engine, runner, slots: list[int], left: list[int]) -> list[list[int]]:
+    """The rounds scheduler's step (DecodeEngine._mtp_batched): one round for the mtp sessions in `slots`
+    of `runner` (engine.mtp_jobs), each K cut to its k_max, its tokens left - 1 and its window, as
+    decode() cuts it."""
+    items = []
+    for slot, n in zip(slots, left):
+        s, k_max = engine.mtp_jobs[(id(runner), slot)]
+        room = runner.max_len - round_start(s)[0] - 2  # a round's rows stay in the window
+        items.append((s, max(0, min(k_max, n - 1, room))))
+    return rounds(engine, items)
+
+
 def decode(engine, s, max_new_tokens: int, ends: set, k_max: int):
-    """Fast-mode MTP decode of session s: rounds (concurrent sessions' rounds are one batch, one chain and
-    one verify pass: engine.mtp_rounds, K from the worker's controller) until max_new_tokens or a token
+    """Fast-mode MTP decode of session s on an engine without batched steps (a fused runner without
+    batching; batched engines run scheduled_round in their rounds scheduler): rounds (concurrent sessions'
+    rounds are one batch, one chain and one verify pass: engine.mtp_rounds, K from the worker's controller) until max_new_tokens or a token
     of `ends`; yields each round's tokens. A round's K is cut to k_max, the tokens left and the window."""
     produced, r = 0, s.runner
     with engine._mtp_lock:

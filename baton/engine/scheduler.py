@@ -27,6 +27,11 @@ the end, which only a run-ahead session, released at the end of its call, may be
 is never in two uncollected steps, so its state stays exactly that of the tokens its consumer got.
 close() waits until no uncollected step holds the job.
 Batch invariance is the step function's: ar_batch gives each slot the bits it would get alone.
+Rounds (`multi=True`, fast-mode MTP: decode_worker/mtp.py): a step is a speculation round that gives each
+job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left; they
+are queued in order, a job ending at its first end token or at max_new_tokens (the round's tokens after
+that are dropped, as for a run-ahead job's extra step). Not pipelined. `Job.next_many()` hands a consumer
+every token queued at once (one message a round).
 """
 
 from __future__ import annotations
@@ -75,6 +80,18 @@ class Job:
                 self._sched._ask(self)
             self._ready.wait()
 
+    def next_many(self) -> list[int] | None:
+        """Every token queued (blocks for at least one), or None once the job is done and drained."""
+        first = self.next()
+        if first is None:
+            return None
+        with self._sched._cv:
+            more = list(self.queue)
+            self.queue.clear()
+            if more and self.ahead:
+                self._sched._cv.notify_all()
+        return [first, *more]
+
     def close(self) -> None:
         self._sched._leave(self)
 
@@ -82,8 +99,8 @@ class Job:
 def _computed_at_once(step: Callable) -> Callable:
     """The unpipelined launch: run the step now, return a collect() that hands back its tokens."""
 
-    def launch(runner, slots):
-        tokens = step(runner, slots)
+    def launch(runner, slots, *more):
+        tokens = step(runner, slots, *more)
         return lambda: tokens
 
     return launch
@@ -98,11 +115,15 @@ class StepScheduler:
         launch: Callable[[object, list[int]], Callable[[], list[int]]] | None = None,
         gather_s: float = 0.002,
         name: str = "baton-steps",
+        multi: bool = False,
     ):
         """step(runner, slots) -> each slot's new token; run under `lock` (the engine's compute lock).
         launch(runner, slots) -> a callable returning those tokens: the pipelined form (step t + 1 is
-        launched before step t's tokens are collected); without it every step is step()."""
-        self._lock, self.gather_s = lock, gather_s
+        launched before step t's tokens are collected); without it every step is step().
+        multi: rounds (module doc): step(runner, slots, left) -> each slot's list of tokens; no launch."""
+        if multi and launch is not None:
+            raise ValueError("rounds (multi) are not pipelined: no launch")
+        self._lock, self.gather_s, self.multi = lock, gather_s, multi
         self._pipelined = launch is not None
         self._launch = launch or _computed_at_once(step)
         self._cv = threading.Condition()
@@ -209,8 +230,9 @@ class StepScheduler:
                     continue
                 t0 = time.perf_counter()
                 try:
+                    more = ([j.max_new_tokens - j.produced for j in jobs],) if self.multi else ()
                     with self._lock:
-                        get, err = self._launch(jobs[0].runner, [j.slot for j in jobs]), None
+                        get, err = self._launch(jobs[0].runner, [j.slot for j in jobs], *more), None
                 except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
                     get, err = None, e
                 launched.append((jobs, get, err, t0))
@@ -246,11 +268,13 @@ class StepScheduler:
                     if j in self._jobs:
                         self._jobs.remove(j)
                 else:
-                    j.queue.append(t)
-                    j.produced += 1
-                    if t in j.ends or j.produced >= j.max_new_tokens:
-                        j.done = True
-                        if j in self._jobs:
-                            self._jobs.remove(j)
+                    for tok in t if self.multi else (t,):
+                        j.queue.append(tok)
+                        j.produced += 1
+                        if tok in j.ends or j.produced >= j.max_new_tokens:
+                            j.done = True
+                            if j in self._jobs:
+                                self._jobs.remove(j)
+                            break
                 j._ready.set()
             self._cv.notify_all()

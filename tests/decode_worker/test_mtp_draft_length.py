@@ -128,3 +128,46 @@ def test_the_adaptive_controller_stops_speculating_when_no_draft_is_accepted(env
     right = Counting(lm.cfg.vocab_size, ids, ref, wrong=False)
     toks, s, _ = _decode(lm, exact, ids, Priced(prior_k=3, k_max=6, k_min=0), drafter=right)
     assert toks == ref and s.emitted_in_rounds / s.rounds > 3.0, (s.rounds, s.emitted_in_rounds)
+
+
+def test_concurrent_sessions_share_scheduled_rounds(env):
+    """Batched engines run every mtp session's rounds in one scheduler thread (DecodeEngine._mtp_batched,
+    StepScheduler(multi=True)): four run-ahead sessions decoding at once share rounds and each gives the
+    exact engine's tokens; a reader that stops early leaves the others exact and no job behind."""
+    import threading
+
+    lm, ids, exact, ref = env
+    prompts = [ids, ids[:-3], ids, ids[:-3]]
+    refs = [ref, exact.generate(ids[:-3], NEW)]
+    r = ModelRunner(lm.model, slots=4, max_len=MAX_LEN)
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
+    sessions, firsts = [], []
+    for p in prompts:
+        es, first = exact.prefill(p)
+        tensors, pos, nxt = exact.export(es.id)
+        sessions.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
+        exact.release(es.id)
+        firsts.append(first)
+    out: dict[int, list[int]] = {}
+    start = threading.Barrier(len(sessions))
+
+    def run(i):
+        start.wait()
+        got = [firsts[i]]
+        for batch in eng.decode(sessions[i].id, NEW - 1, k=3, run_ahead=True):
+            got += batch
+            if i == 3 and len(got) >= 8:  # stops reading early (the generator closes its job)
+                break
+        out[i] = got
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert out[0] == refs[0] and out[2] == refs[0]
+    assert out[1] == refs[1]
+    assert out[3] == refs[1][: len(out[3])] and len(out[3]) < NEW
+    assert eng.mtp_round_max >= 2 and eng.mtp_rounds.batches == 0  # the scheduler's rounds, not the Gather's
+    assert eng.mtp_jobs == {}
+    eng.close()

@@ -86,7 +86,7 @@ def _decode_all(setup, policy, drafter=None):
             t.start()
         for t in threads:
             t.join()
-        return outs, dec.mtp_rounds.max_items, log
+        return outs, dec.mtp_round_max, log
     finally:
         r.graphs.clear()
         r.graphs.update(graphs)
