@@ -57,7 +57,8 @@
 #           spec-adaptive   fast mtp as spec-fast, K chosen by the decode worker's controller from the prior 4
 #                       (--mtp-draft-length adaptive; K = 0, plain steps, when drafts do not pay at the batch),
 #                       and fast bf16, at 1, 8, 32 streams (target: >= 1.3x bf16 at 32, or K = 0 there and
-#                       within 5% of bf16; the speculation kept where it pays, at 1 stream)
+#                       within 5% of bf16; the speculation kept where it pays, at 1 stream). SPEC_POINTS /
+#                       BF16_POINTS: other concurrencies (a ratio needs both runs at that N)
 #           Fewer prompts than streams: --draft-p needs every prompt's `baton complete` reference, and the
 #           exact engine took ~30 s per 256-token reference of the 9B on the H200 (the serve stage's
 #           prepare: 60 s for 2), so 32 distinct prompts would not fit one 600 s call; 2 distinct prompts
@@ -162,9 +163,11 @@ case $stage in
       tee "$out/spec-fast-ratios.txt"
     ;;
   spec-adaptive)
-    spec spec-adaptive-mtp --engine mtp --concurrency 1,8,32 --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
-    spec spec-adaptive-bf16 --engine bf16 --concurrency 1,8,32 --check-prompts 1
-    for n in 1 8 32; do
+    spec spec-adaptive-mtp --engine mtp --concurrency "${SPEC_POINTS:-1,8,32}" --draft-p 0.9 --draft-k 4 \
+      --mtp-draft-length adaptive
+    spec spec-adaptive-bf16 --engine bf16 --concurrency "${BF16_POINTS:-1,8,32}" --check-prompts 1
+    points=${SPEC_POINTS:-1,8,32}
+    for n in ${points//,/ }; do
       ratio "fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-adaptive-mtp.json" $n \
         "$out/spec-adaptive-bf16.json" $n 0.95
     done | tee "$out/spec-adaptive-ratios.txt"
