@@ -61,8 +61,15 @@ def chains(engine, items: list) -> list[list[int] | None]:
     Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
     each session's pending pairs, then k - 1 one-pair steps), each bitwise its chain alone.
     k = 0 (fast mode's plain AR round): no chain, None, the pending pairs kept for a later one, unless
-    they reached flush_at: then they are finalised now, [] (no draft)."""
-    drafts: list = [[] if k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) else None for s, k in items]
+    they reached flush_at: then they are finalised now, [] (no draft). In a round where no session
+    drafts, one session's flush takes every session's pending pairs along: the plain sessions of a batch
+    then flush together (their pairs aligned after the first flush), one MTP pass every ~flush_at rounds
+    instead of a small one in nearly every round. Only the flush's timing depends on the batch: the MTP KV
+    of a finalised position is bitwise the same under any schedule, and the drafts and tokens with it."""
+    due = [k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
+    if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
+        due = [True] * len(items)
+    drafts: list = [[] if d else None for d in due]
     h: list = [None] * len(items)
     idx = [0] * len(items)  # KV index of each session's next pair
     for step in range(max((max(k, 1) for (_, k), d in zip(items, drafts) if d is not None), default=0)):

@@ -171,3 +171,40 @@ def test_concurrent_sessions_share_scheduled_rounds(env):
     assert eng.mtp_round_max >= 2 and eng.mtp_rounds.batches == 0  # the scheduler's rounds, not the Gather's
     assert eng.mtp_jobs == {}
     eng.close()
+
+
+def test_plain_sessions_of_a_batch_flush_together(env):
+    """In a round where no session drafts, one session's flush takes every session's pending pairs along
+    (decode_worker/mtp.py chains): after it the plain sessions' pairs are aligned and flush in the same
+    rounds; the tokens stay the exact engine's and the finalised MTP KV stays what K = 3 every round
+    leaves."""
+    lm, ids, exact, ref = env
+    _, s_ref, r_ref = _decode(lm, exact, ids, Scripted([3]))
+    r = ModelRunner(lm.model, slots=2, max_len=MAX_LEN)
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
+    eng._mtp_ctl = Scripted([0])
+    ss, outs = [], []
+    for _ in range(2):
+        es, first = exact.prefill(ids)
+        tensors, pos, nxt = exact.export(es.id)
+        ss.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
+        exact.release(es.id)
+        outs.append([first])
+    cap = mtp.flush_at(r)
+    for _ in range(3):  # the first session runs ahead alone: its pairs lead by 3
+        outs[0] += mtp.rounds(eng, [(ss[0], 0)])[0]
+    counts = []
+    while len(outs[1]) < NEW:
+        for o, got in zip(outs, mtp.rounds(eng, [(s, 0) for s in ss])):
+            o += got
+        counts.append([len(s.mtp_pairs_ids) for s in ss])
+    first_flush = next(i for i, c in enumerate(counts) if c[0] < cap and counts[i - 1][0] >= cap - 1)
+    assert counts[first_flush] == [2, 2], counts  # the lagging session flushed with the leading one
+    assert all(a == b for a, b in counts[first_flush:]), counts  # aligned from then on
+    assert sum(1 for c in counts if c == [2, 2]) >= 2  # and they flushed together again
+    assert outs[0][:NEW] == ref and outs[1] == ref
+    upto = min(s_ref.mtp_start, *(s.mtp_start for s in ss))
+    assert upto > len(ids)
+    for s in ss:
+        for a, b in zip(_mtp_kv(r_ref, s_ref, upto), _mtp_kv(r, s, upto)):
+            assert (a == b).all()
