@@ -162,22 +162,30 @@ def test_forget_costs_after_a_migration_keeps_acceptance():
     assert c.next_k() == c.k
 
 
+def _batch_rounds(c, rounds, p, cost, rng, sessions=16, noise=0.05):
+    """-> the K of each of `rounds` rounds of a batch of `sessions` under one controller (observe_round):
+    each draft accepted with probability p, cost(k) the round's seconds (times 1 +- noise)."""
+    ks = []
+    for _ in range(rounds):
+        k = c.next_k()
+        acc = []
+        for _ in range(sessions):
+            m = 0
+            while m < k and rng.random() < p:
+                m += 1
+            acc.append(m)
+        c.observe_round(k, acc, 0.0, cost(k) * (1 + noise * rng.uniform(-1, 1)) if noise else cost(k))
+        ks.append(k)
+    return ks
+
+
 @pytest.mark.parametrize("p, low", [(0.0, True), (0.9, False)])
 def test_one_controller_for_a_batch_pools_its_sessions(p, low):
     """observe_round (fast-mode mtp: one K for all the worker's sessions, whose rounds are one batch):
     the acceptance pooled over the round's sessions, the cost the round's: K = 0 when no draft is
     accepted, the best K when most are."""
-    c, rng, ks = DraftLength(prior_k=2, k_max=6, k_min=0), random.Random(4), []
-    for _ in range(150):
-        k = c.next_k()
-        acc = []
-        for _ in range(8):
-            m = 0
-            while m < k and rng.random() < p:
-                m += 1
-            acc.append(m)
-        c.observe_round(k, acc, 0.0, RPC + k * STEP + verify_s(k))
-        ks.append(k)
+    c = DraftLength(prior_k=2, k_max=6, k_min=0)
+    ks = _batch_rounds(c, 150, p, lambda k: RPC + k * STEP + verify_s(k), random.Random(4), sessions=8, noise=0.0)
     with pytest.raises(ValueError):
         c.observe_round(2, [0, 3], 0.0, 1.0)
     tail = ks[-40:]
@@ -186,22 +194,6 @@ def test_one_controller_for_a_batch_pools_its_sessions(p, low):
     else:  # the best K of this cost model (drafting is dear: K = 2 at p = 0.9); K = 0 only as its probe
         assert tail.count(0) <= 3 and sorted(tail)[20] == best_k(p) == 2, tail
         assert c.k == 2
-
-
-def _batch_rounds(c, rounds, p, cost, rng):
-    """Rounds of a batch of 16 sessions under one controller: cost(k) the round's seconds."""
-    ks = []
-    for _ in range(rounds):
-        k = c.next_k()
-        acc = []
-        for _ in range(16):
-            m = 0
-            while m < k and rng.random() < p:
-                m += 1
-            acc.append(m)
-        c.observe_round(k, acc, 0.0, cost(k) * (1 + 0.05 * rng.uniform(-1, 1)))
-        ks.append(k)
-    return ks
 
 
 def heavy(k):  # a large batch on the H200 (2026-12-02): a plain step ~7 ms, a speculative round ~60 ms + 6 ms/K
