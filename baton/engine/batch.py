@@ -66,8 +66,10 @@ def check_groups(runner, groups, ckpt_unused: bool = False) -> list[tuple[int, l
             "rows_batch: row checkpoints are kept (one set per runner): a batch of several groups must have"
             " one row per group"
         )
-    for slot, tokens in out:  # window and KV pages: after the cheap checks, one host read per slot
-        pos = int(runner.state.position[slot])
+    # window and KV pages, after the cheap checks: every group's position in one host read (a read per
+    # slot is a blocking device copy each on CUDA)
+    idx = torch.tensor([slot for slot, _ in out], dtype=torch.long, device=runner.state.position.device)
+    for (slot, tokens), pos in zip(out, runner.state.position[idx].tolist()):
         runner.check_window(pos, len(tokens))
         runner.reserve(slot, pos + len(tokens))  # PagesExhausted: no state touched (pages only grow)
     return out
@@ -79,9 +81,7 @@ def rows_batch(runner, groups, ckpt_unused: bool = False, hidden_out: list | Non
     ckpt_unused: several multi-row groups even with row checkpoints kept, whose contents are then
     undefined (speculation.verify_blocks rewinds from snapshots instead). hidden_out: a list that gets
     each group's final-normed hidden rows [n, hidden] (copies)."""
-    batch = check_groups(runner, groups, ckpt_unused)
-    for slot, tokens in batch:  # KV pages grown at the step boundary, as rows() does
-        runner.reserve(slot, int(runner.state.position[slot]) + len(tokens))
+    batch = check_groups(runner, groups, ckpt_unused)  # also grows each group's KV pages, as rows() does
     if runner.fast is not None and runner.batched_rows is not None and len(batch) > 1:
         return runner.batched_rows.run(batch, hidden_out)  # fused: baton/engine/fused_blocks.py
     if runner.fast is not None:  # fused without batching (or one group): one group at a time through rows
