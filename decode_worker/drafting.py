@@ -25,6 +25,7 @@ from __future__ import annotations
 from baton.engine.batch import rows_batch
 from baton.engine.slots import SessionLimit
 from baton.engine.speculation import check_verdict, rows_to_replay
+from baton.transfer import read_slots, write_slots
 from decode_worker import mtp
 
 
@@ -34,15 +35,16 @@ def draft_batch(engine, items: list) -> list:
     out: list = [None] * len(items)
     ok: list[int] = []
     seen: set[str] = set()
+    pos = _per_slot(items, range(len(items)), lambda st: st.position)  # one host read a runner
     for i, (s, k, verdict) in enumerate(items):  # 1. checks, before anything is consumed
-        r, st = s.runner, s.runner.state
+        r = s.runner
         try:
             if s.id in seen:
                 raise ValueError("session: another Draft of this session is in flight")
             seen.add(s.id)
             pending = len(s.drafts) + 1 if verdict is not None else 0
-            r.check_window(int(st.position[s.slot]) + pending, k + 2)
-            r.reserve(s.slot, int(st.position[s.slot]) + pending + k + 2)  # pages grown at the round boundary
+            r.check_window(pos[i] + pending, k + 2)
+            r.reserve(s.slot, pos[i] + pending + k + 2)  # pages grown at the round boundary
             if verdict is not None:
                 if not s.drafts:
                     raise ValueError("has_verdict: no drafts outstanding for this session")
@@ -52,11 +54,11 @@ def draft_batch(engine, items: list) -> list:
             out[i] = e
     _verdicts(items, [i for i in ok if items[i][2] is not None], out)  # 2.
     chained, ar = [], []
-    for i in ok:
-        if out[i] is not None:
-            continue
+    live = [i for i in ok if out[i] is None]
+    t0 = _per_slot(items, live, lambda st: st.next_token)
+    for i in live:
         s = items[i][0]
-        s.draft_t0 = int(s.runner.state.next_token[s.slot])
+        s.draft_t0 = t0[i]
         if s.engine == "mtp":
             chained.append(i)
         else:
@@ -69,11 +71,34 @@ def draft_batch(engine, items: list) -> list:
     return out
 
 
+def _per_slot(items: list, idx, field) -> dict[int, int]:
+    """{i: field(state)[slot of items[i]]} for i in idx, one host read per runner (transfer.read_slots)."""
+    by_runner: dict[int, list[int]] = {}
+    for i in idx:
+        by_runner.setdefault(id(items[i][0].runner), []).append(i)
+    got: dict[int, int] = {}
+    for group in by_runner.values():
+        st = items[group[0]][0].runner.state
+        got.update(zip(group, read_slots(field(st), [items[i][0].slot for i in group])))
+    return got
+
+
+def _set_next(items: list, pairs: list[tuple[int, int]]) -> None:
+    """next_token[slot of items[i]] = v for (i, v) in pairs, one copy per runner (transfer.write_slots)."""
+    by_runner: dict[int, list[tuple[int, int]]] = {}
+    for i, v in pairs:
+        by_runner.setdefault(id(items[i][0].runner), []).append((i, v))
+    for group in by_runner.values():
+        st = items[group[0][0]][0].runner.state
+        write_slots(st.next_token, [items[i][0].slot for i, _ in group], [v for _, v in group])
+
+
 def _verdicts(items: list, idx: list[int], out: list) -> None:
     """Phase 2 for items idx (checked, each with a verdict): per runner one rows pass over every session's
     rows to run (bf16 / fp8: the replay after its restore; mtp: t0, d1..dm); a pass that raises fails
     its items."""
     by_runner: dict[int, list[tuple[int, list[int]]]] = {}
+    nexts: list[tuple[int, int]] = []  # (item, its next token): written once a runner, at the end
     for i in idx:
         s, _, (m, nxt) = items[i]
         if s.engine == "mtp":
@@ -85,10 +110,11 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
         if rows:
             by_runner.setdefault(id(s.runner), []).append((i, rows))
         else:
-            s.runner.state.next_token[s.slot], s.drafts = nxt, []
+            nexts.append((i, nxt))
+            s.drafts = []
     for group in by_runner.values():
         r = items[group[0][0]][0].runner
-        starts = [int(r.state.position[items[i][0].slot]) for i, _ in group]
+        starts = read_slots(r.state.position, [items[i][0].slot for i, _ in group])
         hidden: list = []
         try:  # no row checkpoint is read after: drafting goes on from the state, the pairs from the hidden rows
             rows_batch(r, [(items[i][0].slot, rows) for i, rows in group], ckpt_unused=True, hidden_out=hidden)
@@ -100,7 +126,9 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
             s, _, (_, nxt) = items[i]
             if s.engine == "mtp":
                 mtp.pending_pairs(s, p, rows + [nxt], h)
-            r.state.next_token[s.slot], s.drafts = nxt, []
+            nexts.append((i, nxt))
+            s.drafts = []
+    _set_next(items, nexts)
 
 
 def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
@@ -113,14 +141,12 @@ def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
                 by_runner.setdefault(id(items[i][0].runner), []).append(i)
         for idx in by_runner.values():
             r = items[idx[0]][0].runner
-            for i in idx:
-                r.state.next_token[items[i][0].slot] = cur[i]
+            write_slots(r.state.next_token, [items[i][0].slot for i in idx], [cur[i] for i in idx])
             owns = r.ar_batch([items[i][0].slot for i in idx])
             for i, own in zip(idx, owns):
                 s = items[i][0]
                 cur[i] = engine.drafter.propose(s, step, own)  # the proposal is what the state consumes next
                 s.drafts.append(cur[i])
+    _set_next(items, [(i, items[i][0].draft_t0) for i in ar])
     for i in ar:
-        s = items[i][0]
-        s.runner.state.next_token[s.slot] = s.draft_t0
-        out[i] = list(s.drafts)
+        out[i] = list(items[i][0].drafts)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from baton.models.qwen3_5 import RowGroup, StepContext
+from baton.transfer import read_slots
 
 
 def check_groups(runner, groups, ckpt_unused: bool = False) -> list[tuple[int, list[int]]]:
@@ -66,10 +67,8 @@ def check_groups(runner, groups, ckpt_unused: bool = False) -> list[tuple[int, l
             "rows_batch: row checkpoints are kept (one set per runner): a batch of several groups must have"
             " one row per group"
         )
-    # window and KV pages, after the cheap checks: every group's position in one host read (a read per
-    # slot is a blocking device copy each on CUDA)
-    idx = torch.tensor([slot for slot, _ in out], dtype=torch.long, device=runner.state.position.device)
-    for (slot, tokens), pos in zip(out, runner.state.position[idx].tolist()):
+    # window and KV pages, after the cheap checks: every group's position in one host read
+    for (slot, tokens), pos in zip(out, read_slots(runner.state.position, [slot for slot, _ in out])):
         runner.check_window(pos, len(tokens))
         runner.reserve(slot, pos + len(tokens))  # PagesExhausted: no state touched (pages only grow)
     return out

@@ -88,14 +88,9 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
             redo.append((slot, tokens[: m + 1]))
     if redo:
         runner.rows_batch(redo, ckpt_unused=True)
-    # every block's next token in one write (a scalar write per slot is a blocking copy each on CUDA)
-    import torch  # here: the router imports this module without torch
+    from baton.transfer import write_slots  # here: the router imports this module without torch
 
-    from baton.transfer import upload
-
-    dev = st.next_token.device
-    slots = upload([slot for slot, _ in blocks], torch.long, dev)
-    st.next_token.index_copy_(0, slots, upload([nxt for _, nxt in out], st.next_token.dtype, dev))
+    write_slots(st.next_token, [slot for slot, _ in blocks], [nxt for _, nxt in out])  # one copy, not one a slot
     return out
 
 

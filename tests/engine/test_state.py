@@ -99,3 +99,19 @@ def test_no_pickle_marshal_or_cloudpickle_in_runtime_code():
                     names = [node.module.split(".")[0]]
                 hits += [f"{f.relative_to(ROOT)}: {n}" for n in names if n in banned]
     assert not hits, hits
+
+
+def test_slot_reads_and_writes_in_one_copy():
+    """baton/transfer.py read_slots / write_slots: per-slot scalars (positions, next tokens) of many slots
+    read and written at once, equal to the per-slot reads and writes they replace."""
+    import torch
+
+    from baton.transfer import read_slots, write_slots
+
+    t = torch.arange(10, dtype=torch.int64) * 7
+    assert read_slots(t, [3, 0, 9]) == [21, 0, 63] and read_slots(t, []) == []
+    write_slots(t, [4, 1], [-5, 11])
+    assert t.tolist() == [0, 11, 14, 21, -5, 35, 42, 49, 56, 63]
+    write_slots(t, [], [])
+    with pytest.raises(ValueError):
+        write_slots(t, [1, 2], [3])
