@@ -36,6 +36,7 @@ from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import verify_blocks
 from baton.handoff.progress import PrefillProgress
+from baton.transfer import read_slots
 
 
 @dataclass
@@ -319,15 +320,16 @@ class ExactEngine:
         position, logprobs), or the ValueError / WindowError of that item alone (the others go on).
         A rejection-policy block's rows judge its drafts against its q' (SamplingTable.judge)."""
         st, out, ok = self.runner.state, [None] * len(items), []
-        for i, (s, tokens, _) in enumerate(items):
-            pending = int(st.next_token[s.slot])
+        slots = [s.slot for s, _, _ in items]  # each session's pending token and position: one read each
+        pendings, starts = read_slots(st.next_token, slots), read_slots(st.position, slots)
+        for i, ((s, tokens, _), pending, pos) in enumerate(zip(items, pendings, starts)):
             if tokens[0] != pending:
                 out[i] = ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
             elif any(s.slot == items[j][0].slot for j in ok):
                 out[i] = ValueError("tokens: another Verify of this session is in flight")
             else:
                 try:
-                    self.runner.check_window(int(st.position[s.slot]), len(tokens))
+                    self.runner.check_window(pos, len(tokens))
                     ok.append(i)
                 except ValueError as e:
                     out[i] = e
@@ -336,15 +338,16 @@ class ExactEngine:
             for i in ok:
                 s, tokens, dists = items[i]
                 if dists is not None:  # row j of the block picks position pos + j + 1: draft d_{j+1}'s
-                    table.judge(s.slot, int(st.position[s.slot]) + 1, tokens[1:], dists)
+                    table.judge(s.slot, starts[i] + 1, tokens[1:], dists)
             try:
                 res = verify_blocks(self.runner, [(items[i][0].slot, items[i][1]) for i in ok])
             finally:
                 for i in ok:
                     table.end_judge(items[i][0].slot)
-            for i, (m, nxt) in zip(ok, res):
+            ends = read_slots(st.position, [items[i][0].slot for i in ok])
+            for i, (m, nxt), end in zip(ok, res, ends):
                 slot = items[i][0].slot
-                out[i] = (m, nxt, int(st.position[slot]), self.runner.sampling.logprobs(slot, m + 1))
+                out[i] = (m, nxt, end, self.runner.sampling.logprobs(slot, m + 1))
         return out
 
     def step(self, session_id: str) -> int:
