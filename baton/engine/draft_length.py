@@ -18,7 +18,9 @@ Estimates:
            drafts, F = rounds that rejected a draft (a full block, m = K, is censored: no failure seen),
            plus `prior_weight` pseudo-rounds at `prior_a` (the MLE of a censored geometric).
   costs    per K, an EWMA (`alpha`) of each part's seconds at that K (a figure older than 2 `probe_every`
-           rounds is replaced by the next measurement, not blended); a K never run is priced by the
+           rounds, or measured at a batch of sessions more than 2x off the current one, is replaced by
+           the next measurement, not blended, and prices nothing meanwhile: with one controller for a
+           batch, a round of 32 sessions costs several times one of 1); a K never run is priced by the
            weighted least-squares line through the Ks run (a draft is K row steps, a verify one pass of
            K+1 rows: both near linear in K; slope >= 0), each K weighted by its (decayed) count. With a
            single K run there is no slope: the next round probes a neighbour (up if a >= 0.5). Every
@@ -64,6 +66,7 @@ class _Entry:
     verify_s: float
     weight: float  # decayed count of rounds at this K
     age: int = 0  # rounds since last observed
+    batch: int = 1  # sessions in the round that measured it (observe_round: a batch's rounds)
 
 
 class DraftLength:
@@ -94,6 +97,7 @@ class DraftLength:
         self.margin, self.patience, self.max_step, self.probe_every = margin, patience, max_step, probe_every
         self.probe_band, self.probe_share = probe_band, probe_share
         self._spec_k = max(1, self.k)  # the speculative K a switch probe from K = 0 tries
+        self._batch = 1  # sessions in the last round observed
         self.costs: dict[int, _Entry] = {}
         self.s = self.f = 0.0  # decayed accepted drafts / rejecting rounds
         self.rounds = 0
@@ -109,11 +113,11 @@ class DraftLength:
     def cost(self, k: int) -> float | None:
         """Predicted seconds of a round at K = k; None when nothing is known."""
         e = self.costs.get(k)
-        if e is not None:
+        if e is not None and self._matched(e):
             return e.draft_s + e.verify_s
         if k == 0:
             return None  # plain AR is priced only by measuring it
-        pts = [(j, e.draft_s + e.verify_s, e.weight) for j, e in self.costs.items() if j > 0]
+        pts = [(j, e.draft_s + e.verify_s, e.weight) for j, e in self.costs.items() if j > 0 and self._matched(e)]
         if len({j for j, *_ in pts}) < 2:
             return None
         w = sum(p[2] for p in pts)
@@ -157,7 +161,7 @@ class DraftLength:
             return None
         j = 0 if self.k > 0 else self._spec_k
         e = self.costs.get(j)
-        if e is None:
+        if e is None or not self._matched(e):  # never run, or at another batch size: its figure says nothing
             return j
         if e.age < self.probe_every:
             return None
@@ -172,7 +176,12 @@ class DraftLength:
 
     def _stale(self, k: int) -> bool:
         e = self.costs.get(k)
-        return e is None or e.age >= self.probe_every
+        return e is None or e.age >= self.probe_every or not self._matched(e)
+
+    def _matched(self, e: _Entry) -> bool:
+        """Measured at about the current batch (within 2x): a round of 32 sessions costs several times
+        one of 1, so a figure from another batch size prices nothing now (module doc)."""
+        return e.batch <= 2 * self._batch and self._batch <= 2 * e.batch
 
     def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:
         """One finished round: k drafted (0 = a plain AR step), `accepted` of them kept, the seconds of its
@@ -192,9 +201,10 @@ class DraftLength:
         for e in self.costs.values():
             e.weight *= self.decay
             e.age += 1
+        self._batch = max(1, len(accepted))
         e = self.costs.get(k)
-        if e is None or (self.probe_every and e.age > 2 * self.probe_every):
-            self.costs[k] = _Entry(draft_s, verify_s, 1.0)  # new, or stale: measured under another load
+        if e is None or (self.probe_every and e.age > 2 * self.probe_every) or not self._matched(e):
+            self.costs[k] = _Entry(draft_s, verify_s, 1.0, batch=self._batch)  # new, or of another load
         else:
             e.draft_s += self.alpha * (draft_s - e.draft_s)
             e.verify_s += self.alpha * (verify_s - e.verify_s)

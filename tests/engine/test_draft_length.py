@@ -232,3 +232,19 @@ def test_a_light_batch_keeps_speculating():
     c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(9)
     ks = _batch_rounds(c, 200, 0.9, light, rng)
     assert c.k >= 3 and ks[-100:].count(0) <= 8, ks[-100:]
+
+
+def test_a_jump_in_the_batch_reprices_at_once():
+    """Costs are of a batch size: a figure measured at a batch more than 2x off the current one prices
+    nothing. A controller settled on speculation at one session, then given 16 sessions whose speculative
+    rounds cost 8x a plain step, falls back to K = 0 within a few rounds (priced by the old figures, this
+    simulation ran 9-10 speculative rounds of ~100 ms first); and back when the batch is one session again."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(5)
+    ks = _batch_rounds(c, 120, 0.9, light, rng, sessions=1)
+    assert c.k >= 3, ks[-20:]
+    ks = _batch_rounds(c, 40, 0.9, heavy, rng, sessions=16)
+    assert ks.index(0) <= 4 and c.k == 0, ks
+    assert sum(1 for k in ks[:12] if k) <= 5, ks
+    ks = _batch_rounds(c, 40, 0.9, light, rng, sessions=1)
+    first = next(i for i, k in enumerate(ks) if k)
+    assert first <= 4 and c.k >= 3, ks
