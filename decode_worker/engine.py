@@ -298,7 +298,7 @@ class DecodeEngine:
     def _mtp_batched(self, s: DecodeSession, max_new_tokens: int, ends: set, k_max: int, ahead: int = 0):
         """Fast-mode MTP through the rounds scheduler (StepScheduler(multi=True), its own thread): every
         joined mtp session's round runs together (mtp.scheduled_round), back to back, a run-ahead session
-        (ahead > 0) not waiting for its reader. Yields each batch of tokens queued (a round's, or more)."""
+        (ahead > 0: rounds) not waiting for its reader. Yields each round's tokens."""
         if max_new_tokens <= 0:
             return
         with self._compute:
@@ -313,7 +313,7 @@ class DecodeEngine:
         self.mtp_jobs[key] = (s, k_max)  # before the join: a round reads it
         job = self._rounds.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
-            while (toks := job.next_many()) is not None:
+            while (toks := job.next()) is not None:
                 s.last_used = time.monotonic()
                 yield toks
         finally:

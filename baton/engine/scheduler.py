@@ -28,10 +28,10 @@ is never in two uncollected steps, so its state stays exactly that of the tokens
 close() waits until no uncollected step holds the job.
 Batch invariance is the step function's: ar_batch gives each slot the bits it would get alone.
 Rounds (`multi=True`, fast-mode MTP: decode_worker/mtp.py): a step is a speculation round that gives each
-job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left; they
-are queued in order, a job ending at its first end token or at max_new_tokens (the round's tokens after
-that are dropped, as for a run-ahead job's extra step). Not pipelined. `Job.next_many()` hands a consumer
-every token queued at once (one message a round).
+job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left. The
+round's list is one queue item (Job.next() returns it: one message a round), cut after its first end
+token or at max_new_tokens (the tokens after are dropped, as for a run-ahead job's extra step); `ahead`
+then counts rounds. Not pipelined.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ class Job:
         """Takes part in the next step (read under the scheduler's lock)."""
         return not self.done and (self.asking or len(self.queue) < self.ahead)
 
-    def next(self) -> int | None:
-        """The job's next token (blocks for a step when none is queued), or None once it is done."""
+    def next(self):
+        """The job's next token (multi: its next round's list of tokens; blocks for a step when none is
+        queued), or None once it is done."""
         while True:
             with self._sched._cv:
                 if self.queue:
@@ -79,18 +80,6 @@ class Job:
                 self._ready.clear()
                 self._sched._ask(self)
             self._ready.wait()
-
-    def next_many(self) -> list[int] | None:
-        """Every token queued (blocks for at least one), or None once the job is done and drained."""
-        first = self.next()
-        if first is None:
-            return None
-        with self._sched._cv:
-            more = list(self.queue)
-            self.queue.clear()
-            if more and self.ahead:
-                self._sched._cv.notify_all()
-        return [first, *more]
 
     def close(self) -> None:
         self._sched._leave(self)
@@ -268,13 +257,15 @@ class StepScheduler:
                     if j in self._jobs:
                         self._jobs.remove(j)
                 else:
+                    got = []
                     for tok in t if self.multi else (t,):
-                        j.queue.append(tok)
+                        got.append(tok)
                         j.produced += 1
                         if tok in j.ends or j.produced >= j.max_new_tokens:
                             j.done = True
                             if j in self._jobs:
                                 self._jobs.remove(j)
                             break
+                    j.queue.append(got if self.multi else got[0])
                 j._ready.set()
             self._cv.notify_all()
