@@ -16,13 +16,16 @@
 # serve at c13286c and bf16 top-p at 1 and 32 (README, Performance). Later on 2026-12-02
 # (benchmarks/results/sampling-h200-2026-12-02.md): tests-engine, tests-decode, tests-serving at 7cd7cce (all
 # passed); tests/engine/test_gpu_pick.py and test_gpu_batch.py -k sampled at b503664 (passed); sampling at
-# b503664 (top-p / greedy 0.98x at 1 stream, 0.95x at 32; its serve JSON stayed behind: now packed). Next, in
-# this order (one call: GPU_TEST_TIMEOUT=200, tests-serving, tests-decode, then the bench_sampling line):
-# tests-serving (seeded exact mode at T 0.8 on the sort-free pick; the early first token through the real
-# stack), tests-decode (the hand-off's admission metadata), `python benchmarks/bench_sampling.py --device cuda
-# --width 16` (top-k's radix block at ec6ad29: 1.74 ms at 16 rows before it); then burst (first_ms: the early
-# first token against the 1.0 s target), serve-steady, tests-engine ("arbt" captured everywhere), sampling
-# again (for its JSON), fp8, spec-exact, spec-fast, long, verify, layout-fixed, layout-mixed.
+# b503664 (top-p / greedy 0.98x at 1 stream, 0.95x at 32; its serve JSON stayed behind: now packed). The
+# evening of 2026-12-02 (benchmarks/results/gpu-h200-2026-12-02-119828c.md, gpu-h200-2026-12-02-later.md):
+# tests-serving, tests-decode, burst, serve-steady, fp8, spec-fast at 119828c; spec-adaptive at e9216f8; at
+# b082b20 / c04fef7 test_gpu_prefill.py (the fused conv's model-level bound failed at 0.02, now 0.05, not
+# re-run), test_gpu_mtp_batch.py (passed), burst, spec-adaptive (its bf16 half cut by the call's limit).
+# Next, in this order: tests/engine/test_gpu_prefill.py (the fused conv at its new bound), tests-mtp and
+# tests-serving (the rounds scheduler, the batched slot reads / writes, the fused conv under the served
+# stack), tests-engine; then spec-adaptive (SPEC_POINTS=1,8,32: the batch-matched controller),
+# burst, serve-steady, spec-exact (after 3af1f92 and the batched Draft reads), long, verify, layout-fixed,
+# layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
