@@ -71,26 +71,24 @@ def draft_batch(engine, items: list) -> list:
     return out
 
 
+def _by_runner(items: list, idx) -> list[tuple[object, list[int], list[int]]]:
+    """[(runner's state, item indexes, their slots)] of items idx, one entry per runner, in order."""
+    groups: dict[int, list[int]] = {}
+    for i in idx:
+        groups.setdefault(id(items[i][0].runner), []).append(i)
+    return [(items[g[0]][0].runner.state, g, [items[i][0].slot for i in g]) for g in groups.values()]
+
+
 def _per_slot(items: list, idx, field) -> dict[int, int]:
     """{i: field(state)[slot of items[i]]} for i in idx, one host read per runner (transfer.read_slots)."""
-    by_runner: dict[int, list[int]] = {}
-    for i in idx:
-        by_runner.setdefault(id(items[i][0].runner), []).append(i)
-    got: dict[int, int] = {}
-    for group in by_runner.values():
-        st = items[group[0]][0].runner.state
-        got.update(zip(group, read_slots(field(st), [items[i][0].slot for i in group])))
-    return got
+    return {i: v for st, g, slots in _by_runner(items, idx) for i, v in zip(g, read_slots(field(st), slots))}
 
 
 def _set_next(items: list, pairs: list[tuple[int, int]]) -> None:
     """next_token[slot of items[i]] = v for (i, v) in pairs, one copy per runner (transfer.write_slots)."""
-    by_runner: dict[int, list[tuple[int, int]]] = {}
-    for i, v in pairs:
-        by_runner.setdefault(id(items[i][0].runner), []).append((i, v))
-    for group in by_runner.values():
-        st = items[group[0][0]][0].runner.state
-        write_slots(st.next_token, [items[i][0].slot for i, _ in group], [v for _, v in group])
+    value = dict(pairs)
+    for st, g, slots in _by_runner(items, value):
+        write_slots(st.next_token, slots, [value[i] for i in g])
 
 
 def _verdicts(items: list, idx: list[int], out: list) -> None:

@@ -211,9 +211,10 @@ class DecodeEngine:
         r.reserve(s.slot, pos + max_new_tokens + (k_max + 2 if extra else 0))  # every KV page it may write
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
-        if s.engine != "mtp" and (self.batch_steps if self.batch_steps is not None else batched):
-            # never ahead with logprobs: read from the table after each token, a step ahead overwrites them
-            ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
+        scheduled = self.batch_steps if self.batch_steps is not None else batched  # a scheduler thread steps it
+        # never ahead with logprobs: read from the table after each token, a step ahead overwrites them
+        ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
+        if s.engine != "mtp" and scheduled:
             yield from self._ar_batched(s, max_new_tokens, ends, ahead)
             return
         if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
@@ -221,8 +222,7 @@ class DecodeEngine:
             return
         if s.engine == "mtp":  # K per round from the worker's controller (mtp.control), up to k_max
             mtp.control(self, kk)
-            if self.batch_steps if self.batch_steps is not None else batched:
-                ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
+            if scheduled:
                 yield from self._mtp_batched(s, max_new_tokens, ends, k_max, ahead)
             else:
                 yield from mtp.decode(self, s, max_new_tokens, ends, k_max)

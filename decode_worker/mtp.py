@@ -16,8 +16,9 @@ eager path), and verify_blocks leaves each slot as verify_block alone would, wit
 Runs under the engine's compute lock: on batched engines in the rounds scheduler's thread
 (DecodeEngine._mtp_batched, baton/engine/scheduler.py with multi=True: sessions join and leave between
 rounds, a run-ahead session's rounds do not wait for its reader), else as a Gather of the sessions'
-concurrent calls (decode(): each round waits for every live session's call, up to PERIODIC's 50 ms; on
-the H200 at 32 streams a K = 0 round took ~22 ms that way against ~7 ms for a plain batched step).
+concurrent calls (decode(): each round waits for every live session's call, up to PERIODIC's 50 ms).
+On the H200 at 32 streams a batched K = 0 round took ~22 ms against ~7 ms for a plain batched step, and
+the scheduler thread did not measurably change that (benchmarks/results/gpu-h200-2026-12-02-later.md).
 """
 
 from __future__ import annotations
@@ -149,30 +150,35 @@ def _round(engine, items: list) -> list[list[int]]:
     return out
 
 
+def round_cap(s, k_max: int, left: int) -> int:
+    """The most drafts session s's next round may take: k_max, its tokens left - 1, and room for the
+    round's rows in the window."""
+    room = s.runner.max_len - round_start(s)[0] - 2
+    return max(0, min(k_max, left - 1, room))
+
+
 def scheduled_round(engine, runner, slots: list[int], left: list[int]) -> list[list[int]]:
     """The rounds scheduler's step (DecodeEngine._mtp_batched): one round for the mtp sessions in `slots`
-    of `runner` (engine.mtp_jobs), each K cut to its k_max, its tokens left - 1 and its window, as
-    decode() cuts it."""
+    of `runner` (engine.mtp_jobs: each session and its k_max), each capped by round_cap."""
     items = []
     for slot, n in zip(slots, left):
         s, k_max = engine.mtp_jobs[(id(runner), slot)]
-        room = runner.max_len - round_start(s)[0] - 2  # a round's rows stay in the window
-        items.append((s, max(0, min(k_max, n - 1, room))))
+        items.append((s, round_cap(s, k_max, n)))
     return rounds(engine, items)
 
 
 def decode(engine, s, max_new_tokens: int, ends: set, k_max: int):
     """Fast-mode MTP decode of session s on an engine without batched steps (a fused runner without
-    batching; batched engines run scheduled_round in their rounds scheduler): rounds (concurrent sessions'
-    rounds are one batch, one chain and one verify pass: engine.mtp_rounds, K from the worker's controller) until max_new_tokens or a token
-    of `ends`; yields each round's tokens. A round's K is cut to k_max, the tokens left and the window."""
-    produced, r = 0, s.runner
+    batching; batched engines run scheduled_round in their rounds scheduler): rounds (concurrent
+    sessions' rounds are one batch, one chain and one verify pass: engine.mtp_rounds, K from the worker's
+    controller) until max_new_tokens or a token of `ends`; yields each round's tokens. A round's K is
+    capped by round_cap."""
+    produced = 0
     with engine._mtp_lock:
         engine._mtp_active += 1
     try:
         while produced < max_new_tokens:
-            room = r.max_len - round_start(s)[0] - 2  # a round's rows stay in the window
-            toks = engine.mtp_rounds.call((s, max(0, min(k_max, max_new_tokens - produced - 1, room))))
+            toks = engine.mtp_rounds.call((s, round_cap(s, k_max, max_new_tokens - produced)))
             toks, ended = cut(toks, max_new_tokens - produced, ends)
             produced += len(toks)
             s.last_used = time.monotonic()

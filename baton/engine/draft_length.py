@@ -34,10 +34,10 @@ rounds has its own probe: at K > 0 it probes K = 0, at K = 0 the last speculativ
 side's figure is stale (`probe_every` rounds old), not in a neighbour-probe round, and only if that side
 could win (within `probe_band`) or its probe is cheap: its predicted seconds at most `probe_share` of the
 seconds run since it was measured, so a dear probe (a K = 4 round under a heavy batch) comes rarely and
-costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s (at 32 streams on the H200 a batched K = 4 round cost ~84 ms
-for ~4 tokens a session against ~7 ms for a plain step, but K = 0 was never measured, so K stayed 4:
-fast mtp ran at 0.62x fast bf16). Exact mode cannot run K = 0 today (Draft and Verify
-refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
+costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s. (At 32 streams on
+the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
+K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
+today (Draft and Verify refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
 MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0 and one
 controller for all the worker's mtp sessions, whose rounds are one batch (`observe_round`: the pooled
 acceptance, the round's seconds): when speculation costs the batch more than it yields (large batches,

@@ -68,8 +68,9 @@ def conv_segments(x: torch.Tensor, conv_all: torch.Tensor, index, w: torch.Tenso
     the segment count (index: the pass's PassIndex, baton/models/context.py: gathers copied once per
     pass, no host sync), each output an explicit fp32 sum over the KW taps in order, so a row's result
     depends on its own window only. Returns [T, C] in x's dtype. On CUDA the same sums in one kernel
-    (wide.causal_conv): the torch ops below write ~10 [C, T] fp32 temporaries, an estimated ~2.5 ms a layer for a
-    pass of 8,192 tokens on the H200 (2026-12-02 profile of a burst of 32 prompts)."""
+    (wide.causal_conv) instead of the torch ops below, which write ~10 [C, T] fp32 temporaries: with it a
+    burst of 32 x 512-token prompts took 636 ms of CUDA time on the H200 against 824 ms (the kernel 14 ms
+    of it; benchmarks/results/gpu-h200-2026-12-02-later.md)."""
     if x.is_cuda:  # one fused kernel (baton/kernels/wide.py causal_conv): the same sums, no [C, T] fp32 copies
         from baton.kernels import wide  # CUDA only (Triton)
 
