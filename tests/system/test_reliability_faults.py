@@ -129,14 +129,22 @@ def test_decode_killed_during_decode_streams_migrate(cl):
     fast0 = cl.metric("baton_router_migrations_total", mode="fast")
     streams = [_gen(cl, p, engine="bf16") for p in prompts]
     firsts = [next(s) for s in streams]  # all 4 admitted and streaming
-    _until(lambda: sum(cl.stats(n).sessions for n in cl.live("decode")) == 4, 10, "all 4 states landed")
-    held = {n: cl.stats(n) for n in cl.live("decode")}
-    victim = max(held, key=lambda n: held[n].sessions)
-    on_victim = held[victim].sessions
-    assert on_victim >= 1 and held[victim].outstanding >= 1, held
-    cl.kill(victim)
     with ThreadPoolExecutor(4) as pool:
-        rest = list(pool.map(list, streams, timeout=60))
+        # Read the streams from now on: a stream whose state landed first may finish all its tokens before the
+        # last state lands (a loaded 2-core CI box), so "landed" is: every stream still running holds a session.
+        futs = [pool.submit(list, s) for s in streams]
+
+        def landed():
+            running = sum(not f.done() for f in futs)
+            return running and sum(cl.stats(n).sessions for n in cl.live("decode")) == running
+
+        _until(lambda: landed() and (time.sleep(0.05) or landed()), 10, "every running stream's state landed")
+        held = {n: cl.stats(n) for n in cl.live("decode")}
+        victim = max(held, key=lambda n: held[n].sessions)
+        on_victim = held[victim].sessions
+        assert on_victim >= 1 and held[victim].outstanding >= 1, held
+        cl.kill(victim)
+        rest = [f.result(timeout=60) for f in futs]
     migrated = 0
     for p, f, r in zip(prompts, firsts, rest):
         assert f.token_ids + tokens(r) == cl.ref(p, LONG), p
