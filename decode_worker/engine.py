@@ -32,7 +32,7 @@ from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import GREEDY, Drafter
 from baton.handoff.slot_fill import SlotFill
-from decode_worker import drafting, mtp
+from decode_worker import drafting, mtp, mtp_launch
 
 ENGINES = ("bf16", "fp8", "mtp")
 RUN_AHEAD = 3  # tokens a released-at-end batched decode may run ahead of its reader (3: the pipeline keeps going)
@@ -53,6 +53,9 @@ class DecodeSession:
     mtp_pairs_h: torch.Tensor | None = None
     mtp_pairs_ids: list[int] = field(default_factory=list)
     mtp_start: int = 0
+    mtp_h_more: list = field(default_factory=list)  # plain rounds' hidden rows not joined yet (mtp.pairs_h)
+    mtp_inflight: int = 0  # plain rounds launched whose tokens were not read yet (mtp_launch)
+    mtp_undelivered: int = 0  # tokens read from rounds not handed to the scheduler's job yet (mtp_launch)
     rounds: int = 0
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather
@@ -100,7 +103,9 @@ class DecodeEngine:
         self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions, **PERIODIC)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)
-        self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp.scheduled)
+        self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp_launch)
+        self._mtp_launched: list = []  # its rounds not collected yet, in launch order (mtp_launch.Launched)
+        self._mtp_last_read = 0.0  # when the last round's tokens were read (perf_counter)
         self.mtp_jobs: dict[tuple[int, int], tuple[DecodeSession, int]] = {}  # (runner id, slot) -> (s, k_max)
         self.mtp_rounds = Gather(
             lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active, **PERIODIC
@@ -297,15 +302,17 @@ class DecodeEngine:
 
     def _mtp_batched(self, s: DecodeSession, max_new_tokens: int, ends: set, k_max: int, ahead: int = 0):
         """Fast-mode MTP through the rounds scheduler (StepScheduler(multi=True), its own thread): every
-        joined mtp session's round runs together (mtp.scheduled_round), back to back, a run-ahead session
-        (ahead > 0: rounds) not waiting for its reader. Yields each round's tokens."""
+        joined mtp session's round runs together (decode_worker/mtp_launch.py: plain rounds pipelined as
+        batched AR steps, speculative ones at once), back to back, a run-ahead session (ahead > 0:
+        rounds) not waiting for its reader. Yields each round's tokens."""
         if max_new_tokens <= 0:
             return
         with self._compute:
             if self._rounds is None:
                 self._rounds = StepScheduler(
-                    lambda r, slots, left: mtp.scheduled_round(self, r, slots, left),
+                    lambda r, slots, left: mtp_launch.launch(self, r, slots, left)(),
                     self._compute,
+                    launch=lambda r, slots, left: mtp_launch.launch(self, r, slots, left),
                     multi=True,
                     name="baton-mtp-rounds",
                 )

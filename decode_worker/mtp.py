@@ -7,8 +7,7 @@ mtp), for one session or for many at once.
                                      next chain finalises, (h_{p-1}, ids[0]) .. (h_{p+m}, next)
     rounds(engine, [(s, k), ...])    one round for each session: the chains together, then one verify
                                      pass over every session's block (speculation.verify_blocks)
-    scheduled_round(engine, r, slots, left)   the rounds scheduler's step (batched engines: every mtp
-                                     session's round, back to back in the scheduler's thread)
+    (batched engines run every mtp session's rounds in a scheduler thread: decode_worker/mtp_launch.py)
 
 Each session's round is bitwise the one it runs alone: each group of an MTP pass is its chain step
 alone (batch invariance of the fused MTP pass, baton/engine/fused_blocks.py; one group at a time on the
@@ -17,8 +16,9 @@ Runs under the engine's compute lock: on batched engines in the rounds scheduler
 (DecodeEngine._mtp_batched, baton/engine/scheduler.py with multi=True: sessions join and leave between
 rounds, a run-ahead session's rounds do not wait for its reader), else as a Gather of the sessions'
 concurrent calls (decode(): each round waits for every live session's call, up to PERIODIC's 50 ms).
-On the H200 at 32 streams a batched K = 0 round took ~22 ms against ~7 ms for a plain batched step, and
-the scheduler thread did not measurably change that (benchmarks/results/gpu-h200-2026-12-02-later.md).
+On the H200 at 32 streams a K = 0 round run by rounds() (a one-row verify) took ~22 ms against ~7 ms for
+a plain batched step (benchmarks/results/gpu-h200-2026-12-02-later.md): the rounds scheduler runs plain
+rounds as pipelined batched AR steps instead (decode_worker/mtp_launch.py).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def chains(engine, items: list) -> list[list[int] | None]:
             for i in live:
                 s = items[i][0]
                 if step == 0:
-                    groups.append((s.slot, s.mtp_pairs_h, s.mtp_pairs_ids, s.mtp_start))
+                    groups.append((s.slot, pairs_h(s), s.mtp_pairs_ids, s.mtp_start))
                     idx[i] = s.mtp_start + len(s.mtp_pairs_ids)
                 else:
                     groups.append((s.slot, h[i][None], [drafts[i][-1]], idx[i]))
@@ -96,28 +96,39 @@ def chains(engine, items: list) -> list[list[int] | None]:
     return drafts
 
 
+def pairs_h(s) -> torch.Tensor:
+    """The hidden rows of session s's pending pairs [len(mtp_pairs_ids), hidden]: mtp_pairs_h with the rows
+    plain rounds appended since (mtp_h_more, one [1, hidden] view a round: joined here, once a chain
+    needs them, not once a round)."""
+    if s.mtp_h_more:
+        s.mtp_pairs_h = torch.cat([s.mtp_pairs_h, *s.mtp_h_more])
+        s.mtp_h_more = []
+    return s.mtp_pairs_h
+
+
 def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor, kept: bool = False) -> None:
     """After m+1 accepted rows from position p (ids = [t0, d1..dm, next]; h_rows [>= m+1, hidden] the
     final-normed hidden rows of the accepting rows pass): pairs (h_{p-1}, ids[0]) .. (h_{p+m}, next) at
     KV index p-1 onward. kept (a round whose chain did not run, so the pairs were not finalised; then
     m = 0): the pending pairs, whose last is (h_{p-1}, t0), plus (h_p, next)."""
     if kept:
-        s.mtp_pairs_h = torch.cat([s.mtp_pairs_h, h_rows[:1]])
+        s.mtp_pairs_h = torch.cat([pairs_h(s), h_rows[:1]])
         s.mtp_pairs_ids = s.mtp_pairs_ids + [ids[-1]]
         return
-    h_prev = s.mtp_pairs_h[-1:].clone()  # h_{p-1}
+    h_prev = pairs_h(s)[-1:].clone()  # h_{p-1}
     s.mtp_pairs_h = torch.cat([h_prev, h_rows[: len(ids) - 1]])
     s.mtp_pairs_ids = ids
     s.mtp_start = p - 1
 
 
-def rounds(engine, items: list) -> list[list[int]]:
+def rounds(engine, items: list, K: int | None = None) -> list[list[int]]:
     """items [(session, cap)] of distinct sessions -> each session's emitted tokens d1..dm, next. The
     round's K is the worker's controller's (control(engine): one K for the batch, 0 = a plain
-    round), cut to each session's cap (its tokens left, its window); the controller then observes the
-    pooled acceptance of the sessions that ran at K and the round's seconds."""
+    round; K: already asked of it), cut to each session's cap (its tokens left, its window); the
+    controller then observes the pooled acceptance of the sessions that ran at K and the round's
+    seconds."""
     ctl = control(engine)
-    K = ctl.next_k()
+    K = ctl.next_k() if K is None else K
     items = [(s, min(K, cap)) for s, cap in items]
     t = time.perf_counter()
     out = _round(engine, items)
@@ -157,19 +168,9 @@ def round_cap(s, k_max: int, left: int) -> int:
     return max(0, min(k_max, left - 1, room))
 
 
-def scheduled_round(engine, runner, slots: list[int], left: list[int]) -> list[list[int]]:
-    """The rounds scheduler's step (DecodeEngine._mtp_batched): one round for the mtp sessions in `slots`
-    of `runner` (engine.mtp_jobs: each session and its k_max), each capped by round_cap."""
-    items = []
-    for slot, n in zip(slots, left):
-        s, k_max = engine.mtp_jobs[(id(runner), slot)]
-        items.append((s, round_cap(s, k_max, n)))
-    return rounds(engine, items)
-
-
 def decode(engine, s, max_new_tokens: int, ends: set, k_max: int):
     """Fast-mode MTP decode of session s on an engine without batched steps (a fused runner without
-    batching; batched engines run scheduled_round in their rounds scheduler): rounds (concurrent
+    batching; batched engines run decode_worker/mtp_launch.py in their rounds scheduler): rounds (concurrent
     sessions' rounds are one batch, one chain and one verify pass: engine.mtp_rounds, K from the worker's
     controller) until max_new_tokens or a token of `ends`; yields each round's tokens. A round's K is
     capped by round_cap."""

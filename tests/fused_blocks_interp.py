@@ -138,7 +138,9 @@ def main() -> None:
             p = int(r.state.position[slot])
             h = torch.randn(n, m.cfg.hidden_size, generator=gen)
             ids = torch.randint(0, 512, (n,), generator=gen).tolist()
-            out_.append(SimpleNamespace(slot=slot, runner=r, mtp_pairs_h=h, mtp_pairs_ids=ids, mtp_start=p - n))
+            out_.append(
+                SimpleNamespace(slot=slot, runner=r, mtp_pairs_h=h, mtp_pairs_ids=ids, mtp_start=p - n, mtp_h_more=[])
+            )
         return out_
 
     eng = SimpleNamespace(drafter=GREEDY)

@@ -39,6 +39,7 @@ import torch
 from baton.kernels import rows as rk
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PHASES = 4  # batched steps that may be uncollected at once (host buffer phases)
 
 
 def bucket(b: int) -> int:
@@ -78,12 +79,13 @@ class BatchedAR:
         self.h = torch.zeros(top, H, dtype=runner.dtype, device=dev)  # [P] final-normed hidden rows
         self.zeros = torch.zeros(top, dtype=torch.long, device=dev)  # [P] each row's index in its block
         pin = dev.type == "cuda"
-        # two phases of host buffers: a step may be in flight (launched, not collected) while the next
-        # is launched; a phase is reused only once its step was collected (its copies are done)
-        self._host_slots = torch.full((2, top), -1, dtype=torch.long, pin_memory=pin)
-        self._host_tok = torch.zeros(2, top, dtype=torch.long, pin_memory=pin)
-        self._done = [torch.cuda.Event() for _ in range(2)] if pin else None
-        self._busy = [False, False]
+        # PHASES of host buffers: a step may be in flight (launched, not collected) while the next is
+        # launched; a phase is reused only once its step was collected (its copies are done). Two
+        # schedulers may pipeline on one runner (bf16 sessions' steps, mtp sessions' plain rounds): 2 each
+        self._host_slots = torch.full((PHASES, top), -1, dtype=torch.long, pin_memory=pin)
+        self._host_tok = torch.zeros(PHASES, top, dtype=torch.long, pin_memory=pin)
+        self._done = [torch.cuda.Event() for _ in range(PHASES)] if pin else None
+        self._busy = [False] * PHASES
 
     def pad(self, p: int) -> None:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
@@ -113,7 +115,7 @@ class BatchedAR:
     @torch.inference_mode()
     def launch(self, slots: list[int]) -> tuple[int, int]:
         """Enqueues one step of `slots` (their KV pages reserved by the caller) and the copy of its
-        tokens to the host; returns at once on CUDA -> a handle for collect. At most two steps are
+        tokens to the host; returns at once on CUDA -> a handle for collect. At most PHASES steps are
         uncollected at a time (one per phase of the host buffers)."""
         b = len(slots)
         if not 1 <= b <= self.max_rows:
@@ -121,7 +123,7 @@ class BatchedAR:
         if len(set(slots)) != b:
             raise ValueError(f"a batched step needs distinct slots, got {slots}")
         if all(self._busy):
-            raise RuntimeError("two batched steps are in flight: collect one first")
+            raise RuntimeError(f"{PHASES} batched steps are in flight: collect one first")
         ph = self._busy.index(False)
         p = bucket(b)
         hs = self._host_slots[ph]

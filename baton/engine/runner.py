@@ -249,16 +249,21 @@ class ModelRunner:
         g = self.graph_for(("rows", n), slot)
         g.replay() if g is not None else self.compute_rows(slot, n)
 
-    def ar_batch_launch(self, slots: list[int]):
+    def ar_batch_launch(self, slots: list[int], hidden_out: list | None = None):
         """ar_batch in two halves: -> a callable that returns the tokens. A fused runner with batching
         enqueues the step and returns at once (one step of this runner may be uncollected while the next
         is launched: the step scheduler's pipeline); the slots' KV pages must be reserved (as
         DecodeEngine.decode does), since launch reads nothing from the device. Other runners compute
-        the step now."""
+        the step now. hidden_out: a list that gets the step's final-normed hidden rows [len(slots),
+        hidden] (a device copy, enqueued right after the step: what state.hidden[slot] holds after it)."""
         if self.batched is not None and len(slots) <= self.batched.max_rows:
             h = self.batched.launch(slots)
+            if hidden_out is not None:
+                hidden_out.append(self.batched.h[: len(slots)].clone())
             return lambda: self.batched.collect(h)
         toks = self.ar_batch(slots)
+        if hidden_out is not None:
+            hidden_out.append(self.state.hidden[torch.tensor(slots, device=self.device)].clone())
         return lambda: toks
 
     def ar_batch(self, slots: list[int]) -> list[int]:

@@ -31,7 +31,10 @@ Rounds (`multi=True`, fast-mode MTP: decode_worker/mtp.py): a step is a speculat
 job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left. The
 round's list is one queue item (Job.next() returns it: one message a round), cut after its first end
 token or at max_new_tokens (the tokens after are dropped, as for a run-ahead job's extra step); `ahead`
-then counts rounds. Not pipelined.
+then counts rounds. Rounds may be pipelined too (`launch` with multi, decode_worker/mtp_launch.py:
+a plain round is a launched AR step, a speculative one is computed inside launch); `left` is each job's
+tokens left as the scheduler knows them (not counting a step in flight), and a job of a round in flight
+takes the next round as a run-ahead job of one token would (its extra tokens are dropped).
 """
 
 from __future__ import annotations
@@ -109,9 +112,8 @@ class StepScheduler:
         """step(runner, slots) -> each slot's new token; run under `lock` (the engine's compute lock).
         launch(runner, slots) -> a callable returning those tokens: the pipelined form (step t + 1 is
         launched before step t's tokens are collected); without it every step is step().
-        multi: rounds (module doc): step(runner, slots, left) -> each slot's list of tokens; no launch."""
-        if multi and launch is not None:
-            raise ValueError("rounds (multi) are not pipelined: no launch")
+        multi: rounds (module doc): step(runner, slots, left) -> each slot's list of tokens (launch, if
+        given, takes the same arguments)."""
         self._lock, self.gather_s, self.multi = lock, gather_s, multi
         self._pipelined = launch is not None
         self._launch = launch or _computed_at_once(step)
@@ -266,6 +268,7 @@ class StepScheduler:
                             if j in self._jobs:
                                 self._jobs.remove(j)
                             break
-                    j.queue.append(got if self.multi else got[0])
+                    if got:  # (a round of a job that ended in the round before gives none)
+                        j.queue.append(got if self.multi else got[0])
                 j._ready.set()
             self._cv.notify_all()

@@ -208,3 +208,56 @@ def test_plain_sessions_of_a_batch_flush_together(env):
     for s in ss:
         for a, b in zip(_mtp_kv(r_ref, s_ref, upto), _mtp_kv(r, s, upto)):
             assert (a == b).all()
+
+
+def test_run_ahead_plain_rounds_pipeline_flush_and_stay_exact(env):
+    """Run-ahead sessions' plain rounds are batched AR steps launched before the previous round's tokens
+    are read (decode_worker/mtp_launch.py): with K = 0 runs long enough to flush while a round is in
+    flight, and speculative rounds between them (each first reading the rounds in flight), three
+    concurrent sessions each give the exact engine's tokens and leave the MTP KV of every finalised
+    position bitwise what K = 3 every round leaves; every round is handed over, nothing stays counted."""
+    import threading
+
+    lm, ids, exact, _ = env
+    prompts = [ids, ids[:-3], ids[:-5]]  # distinct sessions: a row handed to the wrong one shows
+    steady = [_decode(lm, exact, p, Scripted([3])) for p in prompts]  # (tokens, session, runner)
+    r = ModelRunner(lm.model, slots=3, max_len=MAX_LEN)
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
+    ctl = Scripted([2] + [0] * 14 + [3, 1] + [0] * 9 + [2, 0])
+    eng._mtp_ctl = ctl
+    sessions, outs = [], []
+    for p in prompts:
+        es, first = exact.prefill(p)
+        tensors, pos, nxt = exact.export(es.id)
+        sessions.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
+        exact.release(es.id)
+        outs.append([first])
+    kv: dict[int, tuple] = {}
+    start = threading.Barrier(3)
+
+    def run(i):
+        start.wait()
+        for got in eng.decode(sessions[i].id, NEW - 1, k=3, run_ahead=True):
+            outs[i] += got
+        s = sessions[i]
+        kv[i] = (s.mtp_start, [x.clone() for x in _mtp_kv(r, s, s.mtp_start)])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    refs = [exact.generate(p, NEW) for p in prompts]
+    assert [t for t, _, _ in steady] == refs and outs == refs
+    assert len({tuple(o) for o in outs}) == 3
+    plain = [k for k, _ in ctl.seen].count(0)
+    assert plain >= 14 and eng._rounds.max_rows >= 2  # plain rounds ran, sessions shared them
+    assert all(s.mtp_inflight == 0 and s.mtp_undelivered == 0 for s in sessions)
+    assert eng._mtp_launched == [] and eng.mtp_jobs == {}
+    for i, (_, s_ref, r_ref) in enumerate(steady):
+        start_i, got = kv[i]
+        upto = min(start_i, s_ref.mtp_start)
+        assert upto > len(prompts[i]) + 10  # the flushes and chains finalised most of the run
+        for a, b in zip(_mtp_kv(r_ref, s_ref, upto), got):
+            assert (a[:, :upto] == b[:, :upto]).all()
+    eng.close()

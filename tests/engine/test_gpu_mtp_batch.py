@@ -6,7 +6,10 @@ checkpoints, batching on, every graph captured):
     their rounds gathered (several sessions a round) and the batched graphs replayed: the chains'
     ("mtpb", (P, n)) and the verify's ("rowsb", (P, n));
   * the same under the adaptive draft length (K = 0 rounds included) and with a drafter that is right
-    only some of the time."""
+    only some of the time;
+  * run-ahead sessions whose plain rounds (K = 0) run as pipelined batched AR steps ("arb",
+    decode_worker/mtp_launch.py), flushed and interleaved with speculative rounds, give the exact AR
+    tokens and leave each session's finalised MTP KV bitwise what K = 3 every round leaves."""
 
 from __future__ import annotations
 
@@ -53,7 +56,24 @@ class _Counted:
         self.g.replay()
 
 
-def _decode_all(setup, policy, drafter=None):
+class _Scripted:
+    """A controller that plays a fixed list of K (then its last)."""
+
+    def __init__(self, ks):
+        self.ks, self.i = list(ks), 0
+
+    def next_k(self):
+        self.i += 1
+        return self.ks[min(self.i - 1, len(self.ks) - 1)]
+
+    def observe_round(self, k, accepted, draft_s, verify_s):
+        pass
+
+
+def _decode_all(setup, policy, drafter=None, ctl=None, run_ahead=False, kv=None):
+    """Every prompt's session decoded by fast mtp at once -> (tokens, most sessions in a round, the
+    batched graphs replayed). ctl: the engine's controller (default: `policy`'s); kv: a dict that gets
+    each session's (mtp_start, its finalised MTP KV) before its release."""
     from baton.engine.speculation import GREEDY
     from decode_worker.engine import DecodeEngine
 
@@ -61,10 +81,11 @@ def _decode_all(setup, policy, drafter=None):
     log: list[str] = []
     graphs = dict(r.graphs)
     for key, g in graphs.items():
-        if key[0] in ("mtpb", "rowsb"):
+        if key[0] in ("mtpb", "rowsb", "arb"):
             r.graphs[key] = _Counted(g, log, key)
     try:
         dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length=policy, drafter=drafter or GREEDY)
+        dec._mtp_ctl = ctl
         loaded = []
         for p in prompts:
             s, first = exact.prefill(p)
@@ -78,7 +99,10 @@ def _decode_all(setup, policy, drafter=None):
         def one(i):
             sess, first = loaded[i]
             start.wait()
-            outs[i] = [first] + [t for b in dec.decode(sess.id, NEW - 1, k=4) for t in b]
+            outs[i] = [first] + [t for b in dec.decode(sess.id, NEW - 1, k=4, run_ahead=run_ahead) for t in b]
+            if kv is not None:
+                L, n = r.state.mtp_layer, sess.mtp_start
+                kv[i] = (n, [x[:, :n].clone() for x in r.state.slot_kv(L, sess.slot, n)])
             dec.release(sess.id)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(S)]
@@ -133,3 +157,22 @@ def test_adaptive_k_and_partly_right_drafts_stay_exact(setup):
     for i in range(S):
         assert outs[i] == refs[i], i
     assert most > 1 and "rowsb" in log
+
+
+@cuda
+def test_pipelined_plain_rounds_keep_tokens_and_mtp_kv(setup):
+    prompts, refs = setup[2], setup[3]
+    steady: dict = {}
+    outs, _, _ = _decode_all(setup, "fixed", ctl=_Scripted([3]), kv=steady)
+    assert outs == refs
+    mixed: dict = {}
+    ks = [2] + [0] * 14 + [3, 1] + [0] * 9 + [4, 0]
+    outs, most, log = _decode_all(setup, "fixed", ctl=_Scripted(ks), run_ahead=True, kv=mixed)
+    for i in range(S):
+        assert outs[i] == refs[i], i
+    assert most > 1 and "arb" in log and "mtpb" in log
+    for i in range(S):
+        upto = min(steady[i][0], mixed[i][0])
+        assert upto > len(prompts[i]) + 10  # most of the run is final in both
+        for a, b in zip(steady[i][1], mixed[i][1]):
+            assert torch.equal(a[:, :upto], b[:, :upto]), i

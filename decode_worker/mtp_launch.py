@@ -1,0 +1,150 @@
+"""The mtp rounds scheduler's launch (DecodeEngine._mtp_batched): plain rounds pipelined as batched AR steps,
+speculative rounds computed at once.
+
+    launch(engine, runner, slots, left) -> Launched     StepScheduler(multi=True, launch=...)'s launch: one
+                                                          round of the mtp sessions in `slots` of `runner`
+
+Why. At a large batch the verify rows are no longer free and the controller (baton/engine/draft_length.py)
+runs K = 0: plain rounds. Run as a one-row verify (mtp.rounds) each such round paid the rows pass's host
+work (window checks, per-session hidden copies and pair joins, two host syncs) with the device idle: on
+the H200 at 32 streams ~22 ms a round against ~7 ms for a pipelined batched AR step. A plain round here IS
+that step (ModelRunner.ar_batch_launch: the "arb" graph, launched before the previous round's tokens are
+read), so fast mtp at K = 0 runs as fast bf16 does.
+
+A plain round (every session at K = 0). The step consumes each slot's pending token and sets the next;
+its final-normed hidden rows are copied on the device right after it (one copy a round: the rows
+state.hidden gets), and each session's pending MTP pair (h_p, next) is appended when its token is read
+(mtp_h_more, mtp_pairs_ids): the pairs mtp.chains finalises later, bitwise the ones a one-row verify
+leaves (the AR step and the one-row rows pass are the same row's arithmetic: row and batch invariance).
+Before a session's pending pairs would outgrow one MTP pass (mtp.flush_at), the round first flushes them:
+every session's pairs finalised together in one MTP pass (mtp.chains with K = 0), keeping the last pair
+(h_{p-1}, t0) pending, as a flushed one-row verify round leaves it.
+
+A speculative round (K > 0, or a session capped). The plain rounds still in flight are read first
+(drain: their tokens and pairs land on the host), then mtp.rounds runs the chains and the verify at once;
+its result is handed to the scheduler when it collects. `left` (the scheduler's count) is cut by the
+tokens read but not yet handed over (mtp_undelivered), so a round never drafts past a session's end.
+
+Bookkeeping per session: mtp_inflight (plain rounds launched, tokens not read), mtp_undelivered (tokens
+read, not yet collected by the scheduler). Launched.result() reads a round once (the drain, or the
+scheduler's collect, whichever comes first); Launched() is the scheduler's collect.
+The controller observes each round: a plain round's seconds are the device's between two reads (collect
+to collect, or from its launch if the device was idle), plus a flush it ran; a speculative round's, its
+own (measured after the drain).
+All of it runs in the rounds scheduler's thread: launch under the engine's compute lock, the collect
+outside it (as the bf16 step scheduler's).
+"""
+
+from __future__ import annotations
+
+import time
+
+from decode_worker import mtp
+
+
+class Launched:
+    """One round of the rounds scheduler (module doc): result() reads it once; calling it hands the
+    tokens to the scheduler (each session's list)."""
+
+    def __init__(self, engine, sessions: list, read):
+        self.engine, self.sessions, self._read = engine, sessions, read
+        self._out: list[list[int]] | None = None
+        self._err: BaseException | None = None
+        engine._mtp_launched.append(self)
+
+    def result(self) -> list[list[int]]:
+        if self._out is None and self._err is None:
+            try:
+                self._out = self._read()
+            except BaseException as e:  # noqa: BLE001 - re-raised to each caller
+                self._err = e
+            else:
+                for s, toks in zip(self.sessions, self._out):
+                    s.mtp_undelivered += len(toks)
+        if self._err is not None:
+            raise self._err
+        return self._out
+
+    def __call__(self) -> list[list[int]]:
+        try:
+            out = self.result()
+        finally:
+            if self in self.engine._mtp_launched:
+                self.engine._mtp_launched.remove(self)
+        for s, toks in zip(self.sessions, out):
+            s.mtp_undelivered -= len(toks)
+        return out
+
+
+def drain(engine) -> None:
+    """Reads every round still in flight, in launch order (their pairs land on the host)."""
+    for launched in list(engine._mtp_launched):
+        launched.result()
+
+
+def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
+    """One round of the sessions in `slots` (module doc): plain rounds launched, others computed now."""
+    jobs = [engine.mtp_jobs[(id(runner), slot)] for slot in slots]
+    sessions = [s for s, _ in jobs]
+    ctl = mtp.control(engine)
+    K = ctl.next_k()
+    if K == 0:
+        flush_s = 0.0
+        if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
+            drain(engine)
+            t = time.perf_counter()
+            _flush(engine, sessions)
+            flush_s = time.perf_counter() - t
+        return _plain(engine, ctl, runner, sessions, flush_s)
+    drain(engine)
+    live = [i for i, (s, n) in enumerate(zip(sessions, left)) if n - s.mtp_undelivered > 0]
+    items = []
+    for i in live:
+        s, k_max = jobs[i]
+        items.append((s, mtp.round_cap(s, k_max, left[i] - s.mtp_undelivered)))
+    got = mtp.rounds(engine, items, K) if items else []
+    engine._mtp_last_read = time.perf_counter()
+    out: list[list[int]] = [[] for _ in sessions]
+    for i, toks in zip(live, got):
+        out[i] = toks
+    return Launched(engine, sessions, lambda: out)
+
+
+def _flush(engine, sessions: list) -> None:
+    """Finalises every session's pending pairs in one MTP pass (no draft); the last pair, (h_{p-1}, t0),
+    stays pending: the next chain starts from it."""
+    mtp.chains(engine, [(s, 0) for s in sessions])
+    for s in sessions:
+        n = len(s.mtp_pairs_ids)
+        s.mtp_pairs_h = mtp.pairs_h(s)[-1:].clone()
+        s.mtp_pairs_ids = s.mtp_pairs_ids[-1:]
+        s.mtp_start += n - 1
+
+
+def _plain(engine, ctl, runner, sessions: list, flush_s: float) -> Launched:
+    """A plain round: one batched AR step of every session, launched (module doc)."""
+    hidden: list = []
+    t_launch = time.perf_counter()
+    get = runner.ar_batch_launch([s.slot for s in sessions], hidden_out=hidden)
+    for s in sessions:
+        s.mtp_inflight += 1
+
+    def read() -> list[list[int]]:
+        try:
+            toks = get()
+        finally:
+            for s in sessions:
+                s.mtp_inflight -= 1
+        h = hidden[0]
+        for i, (s, t) in enumerate(zip(sessions, toks)):
+            s.mtp_h_more.append(h[i : i + 1])
+            s.mtp_pairs_ids = s.mtp_pairs_ids + [t]
+            s.rounds += 1
+            s.emitted_in_rounds += 1
+        now = time.perf_counter()
+        seconds = now - max(engine._mtp_last_read, t_launch) + flush_s
+        engine._mtp_last_read = now
+        ctl.observe_round(0, [0] * len(sessions), 0.0, seconds)
+        return [[t] for t in toks]
+
+    return Launched(engine, sessions, read)
