@@ -35,7 +35,11 @@ from baton.handoff.slot_fill import SlotFill
 from decode_worker import drafting, mtp, mtp_launch
 
 ENGINES = ("bf16", "fp8", "mtp")
-RUN_AHEAD = 3  # tokens a released-at-end batched decode may run ahead of its reader (3: the pipeline keeps going)
+# tokens (mtp: rounds) a released-at-end batched decode may run ahead of its reader: at least 3, so the
+# pipeline keeps going; 8, so a reader that falls a few steps behind (32+ streams sharing the worker's
+# host) stays in every step and takes its queued tokens as one message (Job.take) instead of leaving
+# the batch until it catches up (on the H200 at 32 streams, ahead 3: steps of ~15 of 32 sessions)
+RUN_AHEAD = 8
 
 
 @dataclass
@@ -294,9 +298,9 @@ class DecodeEngine:
                 )
         job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
-            while (tok := job.next()) is not None:
+            while (toks := job.take()) is not None:  # what queued while the reader was away: one message
                 s.last_used = time.monotonic()
-                yield [tok]
+                yield toks
         finally:
             job.close()
 
@@ -320,9 +324,9 @@ class DecodeEngine:
         self.mtp_jobs[key] = (s, k_max)  # before the join: a round reads it
         job = self._rounds.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
-            while (toks := job.next()) is not None:
+            while (rounds := job.take()) is not None:  # the rounds queued since the last read: one message
                 s.last_used = time.monotonic()
-                yield toks
+                yield [t for toks in rounds for t in toks]
         finally:
             job.close()  # no round holds the job after this
             self.mtp_jobs.pop(key, None)

@@ -5,6 +5,9 @@ Lifecycle of a job (one Decode call of one bf16 / fp8 session):
     Job.next() -> int | None    the next token: from the job's queue, else blocks until a step made one;
                                 None once the job is done (max_new_tokens reached, or the last token was
                                 an end) and its queue is drained
+    Job.take() -> list | None   every queued token at once (blocks for one when none is queued): a reader
+                                that fell behind sends them as one message, so under load the messages
+                                grow instead of the reader falling out of the steps
     Job.close()                 leaves at the next step boundary (the consumer stopped early); returns
                                 once no step holds the job, so the caller may free the slot (and its KV
                                 pages) right after: a step gathered before the close skips it
@@ -83,6 +86,19 @@ class Job:
                 self._ready.clear()
                 self._sched._ask(self)
             self._ready.wait()
+
+    def take(self) -> list | None:
+        """Every queued item at once, in order (blocks for a step when none is queued), or None once the
+        job is done and drained."""
+        first = self.next()
+        if first is None:
+            return None
+        with self._sched._cv:
+            more = list(self.queue)
+            self.queue.clear()
+            if more and self.ahead:
+                self._sched._cv.notify_all()  # room in the queue
+        return [first, *more]
 
     def close(self) -> None:
         self._sched._leave(self)

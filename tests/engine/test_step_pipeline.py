@@ -145,3 +145,43 @@ def test_with_decode_workers_run_ahead_the_pipeline_keeps_going():
     assert RUN_AHEAD >= 3
     _, r = _run(True, [(i, 60, RUN_AHEAD) for i in range(4)], step_s=0.001)
     assert _overlapped(r.log) >= r.steps // 2, (_overlapped(r.log), r.steps)
+
+
+def test_a_reader_that_falls_behind_takes_its_queued_tokens_at_once_and_stays_in_every_step():
+    """DecodeEngine's consumers read with Job.take: a reader slower than the steps (32+ streams sharing a
+    worker's host) gets every token queued since its last read in one message, and with RUN_AHEAD of
+    room its job stays in every step instead of dropping out until it catches up (steps of part of the
+    batch). The tokens are those of the plain scheduler."""
+    from decode_worker.engine import RUN_AHEAD
+
+    spec = [(i, 40, RUN_AHEAD) for i in range(4)]
+    plain, _ = _run(False, spec)
+    r = FakeRunner()
+    r.step_s = 0.002
+    sched = StepScheduler(lambda rr, slots: rr.step(slots), threading.Lock(), launch=lambda rr, s: rr.launch(s))
+    out: dict = {}
+    sizes: dict = {slot: [] for slot, _, _ in spec}
+    try:
+        jobs = {slot: sched.join(r, slot, n, (), ahead=ahead) for slot, n, ahead in spec}
+
+        def read(slot):
+            got = []
+            while (toks := jobs[slot].take()) is not None:
+                got += toks
+                sizes[slot].append(len(toks))
+                time.sleep(0.010 if slot == 0 else 0.0)  # reader 0 reads once every ~5 steps
+            jobs[slot].close()
+            out[slot] = got
+
+        th = [threading.Thread(target=read, args=(slot,)) for slot in jobs]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(20)
+    finally:
+        sched.close()
+    assert out == plain
+    assert len(sizes[0]) < 40 / 2  # the slow reader: several tokens a message
+    launches = [e[2] for e in r.log if e[0] == "launch"]
+    full = sum(len(s) == 4 for s in launches)
+    assert full >= 0.7 * len(launches), [len(s) for s in launches]  # the batch stays whole (ahead 3: ~0.4)
