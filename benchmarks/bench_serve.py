@@ -69,6 +69,9 @@ Per point:
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
     ttft_s_*, itl_s_*  time to the first token (p50 / p99 / max), gap between streamed messages (p50 / p99);
                        tokens_per_message: 1.0 when every token came in a message of its own
+    handoff_gap_s_*    the gap between a stream's first message (the prefill's token) and its second (the
+                       decode worker's first): the state hand-off and the session's join, as the client
+                       sees it (p50 / p99); a part of every stream's ITL that its p99 hides
     errors             by gRPC status (a refused request is not retried); short: streams of fewer tokens
                        than asked (ignore_eos: should be 0)
     checked, mismatched  streams compared with their reference / that differ from it: the batch must not
@@ -362,6 +365,7 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
     """spec: (Gen, k, draft p or None) of a speculating run: adds speculation()'s fields."""
     ok = [s for s in samples if s.status == "OK"]
     ttft = [s.times[0] - s.start for s in ok if s.times]
+    handoff = [s.times[1] - s.times[0] for s in ok if len(s.times) > 1]  # first token (prefill) -> the decode's
     itl = [b - a for s in ok for a, b in zip(s.times, s.times[1:])]
     per = [
         (len(s.tokens) - 1) / (s.times[-1] - s.times[0]) for s in ok if len(s.times) > 1 and s.times[-1] > s.times[0]
@@ -387,6 +391,8 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
         "ttft_s_max": pct(ttft, 1.0),
         "itl_s_p50": pct(itl, 0.5),
         "itl_s_p99": pct(itl, 0.99),
+        "handoff_gap_s_p50": pct(handoff, 0.5),
+        "handoff_gap_s_p99": pct(handoff, 0.99),
         "tokens_per_message": round(tokens / msgs, 3) if msgs else None,
         "errors": dict(sorted(Counter(s.status for s in samples if s.status != "OK").items())),
         "short": sum(len(s.tokens) != s.job.max_new for s in ok if s.job is not None),
