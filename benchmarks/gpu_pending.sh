@@ -21,11 +21,13 @@
 # tests-serving, tests-decode, burst, serve-steady, fp8, spec-fast at 119828c; spec-adaptive at e9216f8; at
 # b082b20 / c04fef7 test_gpu_prefill.py (the fused conv's model-level bound failed at 0.02, now 0.05, not
 # re-run), test_gpu_mtp_batch.py (passed), burst, spec-adaptive (its bf16 half cut by the call's limit).
-# Next, in this order: tests/engine/test_gpu_prefill.py (the fused conv at its new bound), tests-mtp and
-# tests-serving (the rounds scheduler, the batched slot reads / writes, the fused conv under the served
-# stack), tests-engine; then spec-adaptive (SPEC_POINTS=1,8,32: the batch-matched controller),
-# burst, serve-steady, spec-exact (after 3af1f92 and the batched Draft reads), long, verify, layout-fixed,
-# layout-mixed.
+# On 2026-12-03 (benchmarks/results/gpu-h200-2026-12-03.md): tests-mtp at ddbf95d (passed, with the pipelined
+# plain rounds' test), spec-adaptive at 32 (ddbf95d, 343722f: 0.93x / 0.92x bf16), serve-steady at 343722f,
+# tests/engine/test_gpu_prefill.py at b4774a0 (passed); tests-decode at b4774a0 (6 passes, summary cut by
+# the timeout); tests-serving cut by its timeout with no log (now trapped: a cut stage packs its logs).
+# Next, in this order: tests-serving (give it 240 s: the served plain mtp rounds, Job.take), tests-engine;
+# then serve-steady (handoff_gap_s: where 64 streams' decode time goes), spec-adaptive (SPEC_POINTS=1,8,32),
+# burst, spec-exact (after 3af1f92 and the batched Draft reads), long, verify, layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -76,6 +78,9 @@ dest=${OUT:?run through the device tool: \$OUT}
 # $OUT/STAGE.tgz when it ends (on 2026-12-02 the sampling stage's serve JSON stayed behind: 9 files)
 out=$(mktemp -d "/tmp/gpu-$stage-XXXX")
 trap 'tar -czf "$dest/$stage.tgz" -C "$out" .' EXIT
+# a stage cut by `timeout` (SIGTERM to its process group) still packs what it logged: without this trap bash
+# dies on the signal without running the EXIT trap (on 2026-12-03 a cut tests-serving left nothing behind)
+trap 'echo "$stage: stopped by a signal (timeout?)" | tee -a "$out/stopped.txt"; exit 124' TERM INT
 bash .gpu-wheels/install.sh >/dev/null 2>&1
 bash .whl/install.sh >/dev/null 2>&1
 export PYTHONPATH="$PWD:/tmp/gpu-site:${PYTHONPATH:-}"
