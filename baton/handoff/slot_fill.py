@@ -9,9 +9,10 @@ Lifecycle (one LoadState stream):
     place(name, cpu_tensor)   as soon as the wire has verified that tensor: copied into the slot
         (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
         the stream); the slot's other sessions never read it, and nothing marks it live yet
-    commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
-        (zero-filled MTP rows: filled on the device), waits for the copies, zeroes KV rows past position,
-        sets the scalars, and publishes the session (replacing one of the same id)
+    commit(tensors, next_token)   after the whole stream verified (manifest included): waits for the copies
+        (outside the engine's compute lock: the steps go on meanwhile), then under it places what is left
+        (zero-filled MTP rows: filled on the device), zeroes KV rows past position, sets the scalars, and
+        publishes the session (replacing one of the same id)
     abort()   any failure: the slot and its pages go back to the pools; half-written contents are never read
         (a later fill overwrites every tensor, and finish_import the rest)
 """
@@ -77,9 +78,12 @@ class SlotFill:
             self._reserve(replace=True)
         st = r.state
         try:
+            if self._stream is not None:
+                # the H2D copies read pinned buffers the caller holds, and the load stream first waited for
+                # the work queued before the first place (decode steps in flight): wait for them here, not
+                # under the compute lock, so the step scheduler keeps launching meanwhile
+                self._stream.synchronize()
             with eng._compute:
-                if self._stream is not None:
-                    self._stream.synchronize()  # NOTE: the H2D copies read pinned buffers the caller holds
                 views = st.import_views(self.slot, self.position)
                 for name, dst in views.items():
                     if name not in self._placed:
