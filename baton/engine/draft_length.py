@@ -34,7 +34,13 @@ rounds has its own probe: at K > 0 it probes K = 0, at K = 0 the last speculativ
 side's figure is stale (`probe_every` rounds old), not in a neighbour-probe round, and only if that side
 could win (within `probe_band`) or its probe is cheap: its predicted seconds at most `probe_share` of the
 seconds run since it was measured, so a dear probe (a K = 4 round under a heavy batch) comes rarely and
-costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s. (At 32 streams on
+costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s. A speculative figure
+measured at another batch size prices nothing, so it is probed again at once, except when the batch has
+grown past the one where speculation lost to plain rounds: speculation pays less the larger the batch (its
+K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at
+its old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 (on the H200 the sessions of a 32-stream point land in waves, and each wave's
+batch re-probed K = 4 at ~84 ms a round: the likely cause of most of fast mtp's 0.92x against bf16 there,
+not profiled). (At 32 streams on
 the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
 K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
 today (Draft and Verify refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
@@ -98,6 +104,7 @@ class DraftLength:
         self.probe_band, self.probe_share = probe_band, probe_share
         self._spec_k = max(1, self.k)  # the speculative K a switch probe from K = 0 tries
         self._batch = 1  # sessions in the last round observed
+        self._lost_at: int | None = None  # the batch at which speculation last lost to plain rounds (K -> 0)
         self.costs: dict[int, _Entry] = {}
         self.s = self.f = 0.0  # decayed accepted drafts / rejecting rounds
         self.rounds = 0
@@ -143,6 +150,8 @@ class DraftLength:
         if (j := self._switch_probe(len(runs))) is not None:
             self._probe = j
             return j
+        if self.k == 0 and self._outgrown():  # speculation lost at fewer sessions: the switch probe's gate only
+            return self.k
         if len(runs) < 2 or (self.probe_every and self.rounds % self.probe_every == 0):
             want_up = self.acceptance >= 0.5
             order = (up, down) if want_up else (down, up)
@@ -161,13 +170,26 @@ class DraftLength:
             return None
         j = 0 if self.k > 0 else self._spec_k
         e = self.costs.get(j)
-        if e is None or not self._matched(e):  # never run, or at another batch size: its figure says nothing
+        if e is None:
             return j
+        if not self._matched(e):  # measured at another batch size: its figure prices nothing now
+            if j == 0 or not self._outgrown():
+                return j  # probe it now: it could win here
+            # more sessions than where speculation lost: it pays less the larger the batch (its verify
+            # rows stop being free), so only a dear probe, its old figure scaled by the batch's growth
+            cur = self.cost(self.k)
+            est = (e.draft_s + e.verify_s) * self._batch / e.batch
+            cheap = cur is not None and est <= self.probe_share * e.age * cur
+            return j if e.age >= self.probe_every and cheap else None
         if e.age < self.probe_every:
             return None
         cost, cur = self.cost(j), self.cost(self.k)
         cheap = cost is not None and cur is not None and cost <= self.probe_share * e.age * cur
         return j if cheap or self._plausible(j) else None
+
+    def _outgrown(self) -> bool:
+        """The batch is larger than the one where speculation last lost to plain rounds (module doc)."""
+        return self._lost_at is not None and self._batch > self._lost_at
 
     def _plausible(self, k: int) -> bool:
         """A refresh probe is worth a round only if K = k could win (within probe_band of the current)."""
@@ -233,7 +255,9 @@ class DraftLength:
         if self._streak >= self.patience:
             if best == 0 or self.k == 0:  # plain AR <-> speculation: one move (module doc)
                 if best == 0:
-                    self._spec_k = self.k
+                    self._spec_k, self._lost_at = self.k, self._batch
+                else:
+                    self._lost_at = None
                 self.k = best
             else:
                 self.k += max(-self.max_step, min(self.max_step, best - self.k))

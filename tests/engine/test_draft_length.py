@@ -248,3 +248,27 @@ def test_a_jump_in_the_batch_reprices_at_once():
     ks = _batch_rounds(c, 40, 0.9, light, rng, sessions=1)
     first = next(i for i, k in enumerate(ks) if k)
     assert first <= 4 and c.k >= 3, ks
+
+
+def _waves(b):
+    """Costs at a batch of b sessions (the H200's shape of them): a plain step grows slowly with the batch, a
+    speculative round with its b (K + 1) verify rows."""
+    return lambda k: 4e-3 + 1e-4 * b if k == 0 else 10e-3 + 5e-4 * b * (k + 1) + 1e-3 * k
+
+
+def test_a_growing_batch_does_not_reprobe_speculation_that_lost_at_a_smaller_one():
+    """Sessions land in waves (11, 22, then 33 of them): speculation lost to plain rounds at 11, and each
+    larger batch makes it lose more, so the batch outgrowing its figure (> 2x) is not a reason to probe it
+    at once (a K = 4 round there costs ~9 plain steps); a batch that shrinks below where it lost is."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(11)
+    assert 4.1 / _waves(11)(4) < 1 / _waves(11)(0)  # the model: at 11 sessions plain rounds win
+    _batch_rounds(c, 30, 0.9, _waves(11), rng, sessions=11)
+    assert c.k == 0
+    _batch_rounds(c, 20, 0.9, _waves(22), rng, sessions=22)
+    ks = _batch_rounds(c, 150, 0.9, _waves(33), rng, sessions=33)
+    assert sum(1 for k in ks[:30] if k) == 0, ks[:30]  # no probe because the batch outgrew the figure
+    spent = sum(_waves(33)(k) for k in ks)
+    assert sum(_waves(33)(k) for k in ks if k) <= 0.06 * spent, ks  # later ones only as dear probes
+    ks = _batch_rounds(c, 40, 0.9, light, rng, sessions=1)  # fewer sessions than where it lost: it wins
+    first = next(i for i, k in enumerate(ks) if k)
+    assert first <= 2 and c.k > 0, ks
