@@ -37,11 +37,10 @@ seconds run since it was measured, so a dear probe (a K = 4 round under a heavy 
 costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s. A speculative figure
 measured at another batch size prices nothing, so it is probed again at once, except when the batch has
 grown past the one where speculation lost to plain rounds: speculation pays less the larger the batch (its
-K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at
-its old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 (on the H200 the sessions of a 32-stream point land in waves, and each wave's
-batch re-probed K = 4 at ~84 ms a round: the likely cause of most of fast mtp's 0.92x against bf16 there,
-not profiled). (At 32 streams on
-the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
+K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at its
+old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 then. On the H200 the
+sessions of a 32-stream point land in waves, and each wave's batch re-probed K = 4 at ~84 ms a round: the
+likely cause of most of fast mtp's 0.92x against bf16 there (not profiled). (At 32 streams on the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
 K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
 today (Draft and Verify refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
 MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0 and one
