@@ -76,6 +76,18 @@ def _decode(lm, exact, ids, ctl=None, drafter=None):
     return [first] + toks, s, r
 
 
+def _load_all(eng, exact, prompts) -> tuple[list, list[int]]:
+    """Each prompt prefilled on the exact engine and handed over to `eng` -> (its sessions, first tokens)."""
+    sessions, firsts = [], []
+    for p in prompts:
+        es, first = exact.prefill(p)
+        tensors, pos, nxt = exact.export(es.id)
+        sessions.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
+        exact.release(es.id)
+        firsts.append(first)
+    return sessions, firsts
+
+
 def _mtp_kv(r, s, upto):
     L = r.state.mtp_layer
     return [x[:, :upto] for x in r.state.slot_kv(L, s.slot, upto)]
@@ -141,13 +153,7 @@ def test_concurrent_sessions_share_scheduled_rounds(env):
     refs = [ref, exact.generate(ids[:-3], NEW)]
     r = ModelRunner(lm.model, slots=4, max_len=MAX_LEN)
     eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
-    sessions, firsts = [], []
-    for p in prompts:
-        es, first = exact.prefill(p)
-        tensors, pos, nxt = exact.export(es.id)
-        sessions.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
-        exact.release(es.id)
-        firsts.append(first)
+    sessions, firsts = _load_all(eng, exact, prompts)
     out: dict[int, list[int]] = {}
     start = threading.Barrier(len(sessions))
 
@@ -183,13 +189,8 @@ def test_plain_sessions_of_a_batch_flush_together(env):
     r = ModelRunner(lm.model, slots=2, max_len=MAX_LEN)
     eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     eng._mtp_ctl = Scripted([0])
-    ss, outs = [], []
-    for _ in range(2):
-        es, first = exact.prefill(ids)
-        tensors, pos, nxt = exact.export(es.id)
-        ss.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
-        exact.release(es.id)
-        outs.append([first])
+    ss, firsts = _load_all(eng, exact, [ids, ids])
+    outs = [[f] for f in firsts]
     cap = mtp.flush_at(r)
     for _ in range(3):  # the first session runs ahead alone: its pairs lead by 3
         outs[0] += mtp.rounds(eng, [(ss[0], 0)])[0]
@@ -225,13 +226,8 @@ def test_run_ahead_plain_rounds_pipeline_flush_and_stay_exact(env):
     eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     ctl = Scripted([2] + [0] * 14 + [3, 1] + [0] * 9 + [2, 0])
     eng._mtp_ctl = ctl
-    sessions, outs = [], []
-    for p in prompts:
-        es, first = exact.prefill(p)
-        tensors, pos, nxt = exact.export(es.id)
-        sessions.append(eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt))
-        exact.release(es.id)
-        outs.append([first])
+    sessions, firsts = _load_all(eng, exact, prompts)
+    outs = [[f] for f in firsts]
     kv: dict[int, tuple] = {}
     start = threading.Barrier(3)
 

@@ -51,7 +51,9 @@ class FakeRunner:
         return collect
 
 
-def _run(pipelined: bool, jobs_spec, ends=(), step_s: float = 0.0):
+def _run(pipelined: bool, jobs_spec, ends=(), step_s: float = 0.0, sizes: dict | None = None, pause=None):
+    """-> ({slot: its tokens}, the fake runner). sizes: the readers take every queued token at once
+    (Job.take) and record each message's length there; pause(slot): seconds a reader sleeps after each."""
     r = FakeRunner()
     r.step_s = step_s
     sched = StepScheduler(
@@ -63,8 +65,14 @@ def _run(pipelined: bool, jobs_spec, ends=(), step_s: float = 0.0):
 
         def read(slot):
             got = []
-            while (t := jobs[slot].next()) is not None:
-                got.append(t)
+            while (toks := jobs[slot].take() if sizes is not None else jobs[slot].next()) is not None:
+                if sizes is None:
+                    got.append(toks)
+                else:
+                    got += toks
+                    sizes.setdefault(slot, []).append(len(toks))
+                if pause is not None:
+                    time.sleep(pause(slot))
             jobs[slot].close()
             out[slot] = got
 
@@ -156,30 +164,9 @@ def test_a_reader_that_falls_behind_takes_its_queued_tokens_at_once_and_stays_in
 
     spec = [(i, 40, RUN_AHEAD) for i in range(4)]
     plain, _ = _run(False, spec)
-    r = FakeRunner()
-    r.step_s = 0.002
-    sched = StepScheduler(lambda rr, slots: rr.step(slots), threading.Lock(), launch=lambda rr, s: rr.launch(s))
-    out: dict = {}
-    sizes: dict = {slot: [] for slot, _, _ in spec}
-    try:
-        jobs = {slot: sched.join(r, slot, n, (), ahead=ahead) for slot, n, ahead in spec}
-
-        def read(slot):
-            got = []
-            while (toks := jobs[slot].take()) is not None:
-                got += toks
-                sizes[slot].append(len(toks))
-                time.sleep(0.010 if slot == 0 else 0.0)  # reader 0 reads once every ~5 steps
-            jobs[slot].close()
-            out[slot] = got
-
-        th = [threading.Thread(target=read, args=(slot,)) for slot in jobs]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join(20)
-    finally:
-        sched.close()
+    sizes: dict = {}
+    # reader 0 reads once every ~5 steps
+    out, r = _run(True, spec, step_s=0.002, sizes=sizes, pause=lambda slot: 0.010 if slot == 0 else 0.0)
     assert out == plain
     assert len(sizes[0]) < 40 / 2  # the slow reader: several tokens a message
     launches = [e[2] for e in r.log if e[0] == "launch"]
