@@ -65,6 +65,8 @@ class Delta:
                 "decode_tokens_per_s",
                 "request_id",
                 "seed",
+                "handoff_ms",
+                "first_decode_ms",
             )
         }
         return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats, lps)

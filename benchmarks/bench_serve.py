@@ -72,6 +72,9 @@ Per point:
     handoff_gap_s_*    the gap between a stream's first message (the prefill's token) and its second (the
                        decode worker's first): the state hand-off and the session's join, as the client
                        sees it (p50 / p99); a part of every stream's ITL that its p99 hides
+    router_handoff_ms_*, first_decode_ms_*   that gap in two, from the router's Stats (handoff_ms,
+                       first_decode_ms): the first token -> the state landed on the decode worker (the
+                       push), then -> the decode worker's first tokens (the Decode call, the join, a step)
     errors             by gRPC status (a refused request is not retried); short: streams of fewer tokens
                        than asked (ignore_eos: should be 0)
     checked, mismatched  streams compared with their reference / that differ from it: the batch must not
@@ -283,6 +286,8 @@ class Sample:
     sizes: list[int] = field(default_factory=list)  # tokens of each message that carried tokens
     drafted: int = 0  # the router's Stats (last message): exact mode's drafted / accepted drafts
     accepted: int = 0
+    handoff_ms: float = 0.0  # the router's Stats: the first token -> the state landed on the decode worker
+    first_decode_ms: float = 0.0  # ... -> the decode worker's first tokens
 
 
 @dataclass(frozen=True)
@@ -318,6 +323,8 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
                 s.sizes.append(len(d.token_ids))
             if d.stats:
                 s.drafted, s.accepted = int(d.stats.get("drafted", 0)), int(d.stats.get("accepted", 0))
+                s.handoff_ms = float(d.stats.get("handoff_ms", 0.0))
+                s.first_decode_ms = float(d.stats.get("first_decode_ms", 0.0))
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
         s.status = str(getattr(code, "name", type(e).__name__))
@@ -393,6 +400,11 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
         "itl_s_p99": pct(itl, 0.99),
         "handoff_gap_s_p50": pct(handoff, 0.5),
         "handoff_gap_s_p99": pct(handoff, 0.99),
+        # the gap split by the router's Stats: the push (first token -> landed), then the decode's start
+        "router_handoff_ms_p50": pct([s.handoff_ms for s in ok if s.first_decode_ms], 0.5),
+        "router_handoff_ms_p99": pct([s.handoff_ms for s in ok if s.first_decode_ms], 0.99),
+        "first_decode_ms_p50": pct([s.first_decode_ms for s in ok if s.first_decode_ms], 0.5),
+        "first_decode_ms_p99": pct([s.first_decode_ms for s in ok if s.first_decode_ms], 0.99),
         "tokens_per_message": round(tokens / msgs, 3) if msgs else None,
         "errors": dict(sorted(Counter(s.status for s in samples if s.status != "OK").items())),
         "short": sum(len(s.tokens) != s.job.max_new for s in ok if s.job is not None),

@@ -49,10 +49,12 @@ class RunStats:
     migrations: int = 0
     bridge_bytes: int = 0
     bridge_seconds: float = 0.0
+    landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
 
     def bridge(self, report) -> None:
         self.bridge_bytes += int(report.total_bytes)
         self.bridge_seconds += float(report.seconds)
+        self.landed_at = self.landed_at or time.monotonic()
 
     def fill(self, st, **extra) -> None:
         """Writes these counters (and `extra` fields) into a router_pb2.Stats."""

@@ -228,7 +228,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         budget = Budget(plan.max_new_tokens, plan.stop_ids, self.meta.eos_ids, plan.ignore_eos)
         stats = RunStats()
         out = TextStream(self.meta.tokenizer.stream() if self.meta.tokenizer is not None else None, plan.stops)
-        t_first = last = None
+        t_first = t_second = last = None
         rec["prompt_tokens"] = len(plan.prompt_ids)
         self.metrics.prompt_tokens.inc(len(plan.prompt_ids))
         gen = self._tokens(plan, calls, budget, stats)
@@ -239,6 +239,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     t_first = now
                     rec["ttft_ms"] = round((now - t0) * 1e3, 2)
                     self.metrics.first_token(rec["mode"], now - t0)
+                elif t_second is None and toks:
+                    t_second = now  # the first tokens after the hand-off
                 text, kept = out.feed(toks)
                 if kept < len(toks):  # a stop string ended the output at toks[kept - 1]
                     del budget.emitted[len(budget.emitted) - (len(toks) - kept) :]
@@ -254,18 +256,26 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 msg = router_pb2.GenerateResponse(token_ids=toks, text=text, logprobs=lps[: len(toks)])
                 rec["tokens"], rec["migrations"] = len(budget.emitted), stats.migrations
                 if finish is not None:
-                    self._last(msg, plan, rec, stats, len(budget.emitted), finish, now, t_first)
+                    self._last(msg, plan, rec, stats, len(budget.emitted), finish, now, t_first, t_second)
                 yield msg
                 if finish is not None:
                     return
         finally:
             gen.close()  # a stop string: the downstream stream is cancelled (Calls.close releases)
 
-    def _last(self, msg, plan: Plan, rec: dict, stats: RunStats, n_out: int, finish: int, now: float, t_first):
-        """Fills the last message: finish_reason, usage, stats."""
+    def _last(
+        self, msg, plan: Plan, rec: dict, stats: RunStats, n_out: int, finish: int, now: float, t_first, t_second
+    ):
+        """Fills the last message: finish_reason, usage, stats (handoff_ms / first_decode_ms: the first
+        token -> the state landed -> the next tokens, where the request got that far)."""
         msg.finish_reason = finish
         msg.usage.prompt_tokens, msg.usage.completion_tokens = len(plan.prompt_ids), n_out
         stats.fill(msg.stats, ttft_ms=rec["ttft_ms"], request_id=plan.request_id, seed=plan.sampling.seed)
+        if stats.landed_at and t_first is not None:
+            msg.stats.handoff_ms = max(0.0, stats.landed_at - t_first) * 1e3
+            if t_second is not None:
+                msg.stats.first_decode_ms = max(0.0, t_second - stats.landed_at) * 1e3
+            rec["handoff_ms"] = round(msg.stats.handoff_ms, 2)
         if n_out > 1 and now > t_first:
             msg.stats.decode_tokens_per_s = (n_out - 1) / (now - t_first)
         rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted, accepted=stats.accepted)

@@ -44,6 +44,8 @@ def test_fast_bf16_relay_and_final_message(cluster):
     assert last.finish_reason == "LENGTH" and all(d.finish_reason is None for d in deltas[:-1])
     assert last.usage == {"prompt_tokens": 3, "completion_tokens": 12}
     assert last.stats["request_id"] == "r-1" and last.stats["ttft_ms"] > 0 and last.stats["bridge_bytes"] > 0
+    # the hand-off as the router saw it: the first token -> the state landed -> the decode worker's tokens
+    assert last.stats["handoff_ms"] > 0 and last.stats["first_decode_ms"] > 0
     decodes = [r for w in cluster.decode for m, r in w.servicer.calls if m == "Decode"]
     assert [r.max_new_tokens for r in decodes] == [11]  # the first token comes from Prefill
     assert cluster.wait_sessions_zero()
@@ -123,6 +125,7 @@ def test_stop_eos_and_max_new_tokens(cluster, mode):
     assert len(out) == 20 and EOS in out and d[-1].finish_reason == "LENGTH"
     out, d = cluster.run(PROMPT, max_new_tokens=1, mode=mode)
     assert out == ref[:1] and d[-1].finish_reason == "LENGTH" and len(d) == 1
+    assert d[-1].stats["first_decode_ms"] == 0  # no tokens after the first: no decode to time
     out, d = cluster.run(PROMPT, max_new_tokens=20, mode=mode, stop_token_ids=[ref[0]])
     assert out == ref[:1] and d[-1].finish_reason == "STOP"
     assert cluster.wait_sessions_zero()
