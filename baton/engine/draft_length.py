@@ -43,7 +43,7 @@ sessions of a 32-stream point land in waves, and each wave's batch re-probed K =
 likely cause of most of fast mtp's 0.92x against bf16 there (not profiled). (At 32 streams on the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
 K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
 today (Draft and Verify refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
-MTP on the decode worker runs it (a one-row verify block: decode_worker/mtp.py), with k_min = 0 and one
+MTP on the decode worker runs it (a batched AR step: decode_worker/mtp_launch.py), with k_min = 0 and one
 controller for all the worker's mtp sessions, whose rounds are one batch (`observe_round`: the pooled
 acceptance, the round's seconds): when speculation costs the batch more than it yields (large batches,
 low acceptance) every session falls back to plain steps together.
