@@ -39,7 +39,8 @@ ENGINES = ("bf16", "fp8", "mtp")
 # pipeline keeps going; 8, so a reader that falls a few steps behind (32+ streams sharing the worker's
 # host) stays in every step and takes its queued tokens as one message (Job.take) instead of leaving
 # the batch until it catches up. (On the H200 at 32-64 streams the readers kept up, 1.03 tokens a
-# message: the steps' missing sessions were still in their hand-off, benchmarks/results/gpu-h200-2026-12-03.md)
+# message: the steps' missing sessions were most likely still in their hand-off, not measured yet;
+# benchmarks/results/gpu-h200-2026-12-03.md)
 RUN_AHEAD = 8
 
 
