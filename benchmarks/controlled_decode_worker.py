@@ -65,6 +65,7 @@ class _Ctl:
     vocab: int
     idx0: int = 0  # reference index of draft 0 of the current round
     proposed: dict[int, int] = field(default_factory=dict)  # this round's drafts: reference index -> token
+    judge_rng: random.Random | None = None  # ControlledDrafter.judge's own draws
 
 
 class Control:
@@ -163,6 +164,16 @@ class ControlledDrafter(Drafter):
             out = (want + 1 + c.rng.randrange(c.vocab - 1)) % c.vocab
         c.proposed[idx] = out
         return out
+
+    def judge(self, s, own: int, actual: int) -> bool:
+        """A first draft judged without a round (plain rounds' flush): right with probability p, as a
+        proposed one is, from a generator of its own (propose's draws stay as they were)."""
+        c: _Ctl | None = getattr(s, "ctl", None)
+        if c is None:
+            return own == actual
+        if c.judge_rng is None:
+            c.judge_rng = random.Random(f"judge:{c.base}:{c.p}")
+        return c.judge_rng.random() < c.p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ def flush_at(runner) -> int:
     return min(MAX_DRAFT + 2, runner.width)
 
 
-def chains(engine, items: list) -> list[list[int] | None]:
+def chains(engine, items: list, own_out: dict | None = None) -> list[list[int] | None]:
     """items [(session, k)] of distinct sessions -> each session's k drafts: finalises its pending MTP
     pairs (h_{P-1}, x_P) ... and drafts k tokens, the MTP output row chained as the next step's hidden.
     Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
@@ -66,7 +66,8 @@ def chains(engine, items: list) -> list[list[int] | None]:
     drafts, one session's flush takes every session's pending pairs along: the plain sessions of a batch
     then flush together (their pairs aligned after the first flush), one MTP pass every ~flush_at rounds
     instead of a small one in nearly every round. Only the flush's timing depends on the batch: the MTP KV
-    of a finalised position is bitwise the same under any schedule, and the drafts and tokens with it."""
+    of a finalised position is bitwise the same under any schedule, and the drafts and tokens with it.
+    own_out: a dict that gets, per item index, the MTP head's own picks of its first pass (one a pair)."""
     due = [k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
     if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
         due = [True] * len(items)
@@ -90,6 +91,8 @@ def chains(engine, items: list) -> list[list[int] | None]:
                     idx[i] += 1
             toks, outs = r.mtp_batch(groups)
             for i, t, o in zip(live, toks, outs):
+                if own_out is not None and step == 0:
+                    own_out[i] = t  # the MTP head's own pick after each finalised pair
                 if items[i][1] > step:
                     drafts[i].append(engine.drafter.propose(items[i][0], step, t[-1]))
                 h[i] = o[-1]  # chained: the MTP output row is the next step's hidden

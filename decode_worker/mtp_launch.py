@@ -112,8 +112,22 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
 
 def _flush(engine, sessions: list) -> None:
     """Finalises every session's pending pairs in one MTP pass (no draft); the last pair, (h_{p-1}, t0),
-    stays pending: the next chain starts from it."""
-    mtp.chains(engine, [(s, 0) for s in sessions])
+    stays pending: the next chain starts from it. The pass's own picks are free first drafts: after pair j
+    the head picks the token after the next, which pair j + 1 holds, so the controller learns the
+    acceptance at K = 0 too (Drafter.judge, DraftLength.observe_drafts)."""
+    own: dict[int, list[int]] = {}
+    mtp.chains(engine, [(s, 0) for s in sessions], own_out=own)
+    hits = misses = 0
+    for i, s in enumerate(sessions):
+        ids = s.mtp_pairs_ids
+        for j, pick in enumerate(own.get(i, [])[: len(ids) - 1]):
+            if engine.drafter.judge(s, pick, ids[j + 1]):
+                hits += 1
+            else:
+                misses += 1
+    observe = getattr(mtp.control(engine), "observe_drafts", None)  # (a scripted test controller has none)
+    if observe is not None and hits + misses:
+        observe(hits, misses)
     for s in sessions:
         n = len(s.mtp_pairs_ids)
         s.mtp_pairs_h = mtp.pairs_h(s)[-1:].clone()

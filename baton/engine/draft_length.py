@@ -16,7 +16,8 @@ worker-side timing, so the rpc term is part of each intercept) and the Draft als
 Estimates:
   a        S / (S + F) over the session's rounds, each count decayed by `decay` per round: S = accepted
            drafts, F = rounds that rejected a draft (a full block, m = K, is censored: no failure seen),
-           plus `prior_weight` pseudo-rounds at `prior_a` (the MLE of a censored geometric).
+           plus `prior_weight` pseudo-rounds at `prior_a` (the MLE of a censored geometric). First drafts
+           judged without a round (`observe_drafts`: fast-mode mtp's plain rounds) count as K = 1 rounds.
   costs    per K, an EWMA (`alpha`) of each part's seconds at that K (a figure older than 2 `probe_every`
            rounds, or measured at a batch of sessions more than 2x off the current one, is replaced by
            the next measurement, not blended, and prices nothing meanwhile: with one controller for a
@@ -233,6 +234,15 @@ class DraftLength:
         self._decide()
         return self.k
 
+    def observe_drafts(self, accepted: int, rejected: int) -> None:
+        """First drafts judged without a round (fast-mode mtp's plain rounds: decode_worker/mtp_launch.py):
+        `accepted` would have been kept, `rejected` not. Each is a round of K = 1 to the acceptance
+        estimate, so at K = 0 the acceptance stays current and the switch probe's `_plausible` sees it."""
+        if accepted < 0 or rejected < 0:
+            raise ValueError(f"accepted {accepted}, rejected {rejected}: need >= 0")
+        self.s += accepted
+        self.f += rejected
+
     def forget_costs(self) -> None:
         """The session moved to another worker (migration): its costs are someone else's now."""
         self.costs.clear()
@@ -277,6 +287,9 @@ class FixedLength:
 
     def observe_round(self, k: int, accepted: list[int], draft_s: float, verify_s: float) -> int:
         return self.k
+
+    def observe_drafts(self, accepted: int, rejected: int) -> None:
+        pass
 
     def forget_costs(self) -> None:
         pass

@@ -27,6 +27,12 @@ class Drafter:
         """Draft i (0-based) of a round, given the drafting model's own greedy token `own`."""
         return own
 
+    def judge(self, session, own: int, actual: int) -> bool:
+        """Would a first draft have been accepted where the drafting model picked `own` and the verified
+        token is `actual`? (Plain rounds learn the acceptance from their flush: decode_worker/mtp_launch.py.)
+        Unlike propose, nothing is drafted: the drafter's state must not change what it proposes later."""
+        return own == actual
+
 
 GREEDY = Drafter()
 

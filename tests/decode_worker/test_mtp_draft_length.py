@@ -257,3 +257,40 @@ def test_run_ahead_plain_rounds_pipeline_flush_and_stay_exact(env):
         for a, b in zip(_mtp_kv(r_ref, s_ref, upto), got):
             assert (a[:, :upto] == b[:, :upto]).all()
     eng.close()
+
+
+class Judged(Scripted):
+    """Scripted, recording the first drafts a flush judged (observe_drafts)."""
+
+    def __init__(self, ks):
+        super().__init__(ks)
+        self.judged = []
+
+    def observe_drafts(self, accepted, rejected):
+        self.judged.append((accepted, rejected))
+
+
+def test_plain_rounds_learn_the_acceptance_from_their_flush(env):
+    """At K = 0 the flush's MTP pass picks a token after every pending pair, and the pair after it holds
+    the verified one: the controller is told how many of those first drafts would have been accepted.
+    On the trained default model that rate is the one K = 1 rounds measure (this prompt: ~0.4; an
+    off-by-one pairing would judge ~0); a drafter that is never right gets none."""
+    lm, ids, exact, ref = env
+    ctl = Judged([0])
+    toks, s, r = _decode(lm, exact, ids, ctl)
+    assert toks == ref
+    cap = mtp.flush_at(r)
+    assert len(ctl.judged) >= 2, ctl.judged  # NEW - 1 plain rounds: several flushes
+    assert all(a + b == cap - 1 for a, b in ctl.judged[1:]), (ctl.judged, cap)  # pairs 0..n-2 each judged
+    rate = sum(a for a, _ in ctl.judged) / sum(a + b for a, b in ctl.judged)
+    _, s1, _ = _decode(lm, exact, ids, Scripted([1]))
+    k1 = s1.emitted_in_rounds / s1.rounds - 1  # K = 1 rounds: the share of first drafts kept
+    assert rate > 0.25 and abs(rate - k1) < 0.2, (rate, k1, ctl.judged)
+
+    class Never(Drafter):
+        def judge(self, session, own, actual):
+            return False
+
+    ctl = Judged([0])
+    _decode(lm, exact, ids, ctl, drafter=Never())
+    assert ctl.judged and all(a == 0 and b > 0 for a, b in ctl.judged)

@@ -272,3 +272,27 @@ def test_a_growing_batch_does_not_reprobe_speculation_that_lost_at_a_smaller_one
     ks = _batch_rounds(c, 40, 0.9, light, rng, sessions=1)  # fewer sessions than where it lost: it wins
     first = next(i for i, k in enumerate(ks) if k)
     assert first <= 2 and c.k > 0, ks
+
+
+def test_first_drafts_judged_at_k0_keep_the_acceptance_current():
+    """At K = 0 no round drafts, so nothing updated the acceptance: after an unlucky start it stayed low
+    and speculation came back only through a dear probe. observe_drafts (plain rounds' flush: the MTP
+    head's own picks judged against the verified tokens) feeds it: the estimate follows, and with it the
+    switch probe's plausibility."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(3)
+    _batch_rounds(c, 60, 0.0, light, rng, sessions=1)  # nothing accepted: plain rounds win
+    assert c.k == 0 and c.acceptance < 0.2
+    before = c.acceptance
+    for _ in range(10):
+        c.observe_drafts(9, 1)  # a flush of 10 pairs: 9 of the head's picks were the next token
+    assert c.acceptance > 0.8 > before
+    with pytest.raises(ValueError):
+        c.observe_drafts(-1, 0)
+    ks = _batch_rounds(c, 20, 0.9, light, rng, sessions=1)
+    assert any(ks[:4]) and c.k > 0, ks  # speculation is probed and kept at once
+
+
+def test_first_drafts_are_no_op_for_the_fixed_policy():
+    f = controller("fixed", 3, 8)
+    f.observe_drafts(5, 5)
+    assert f.next_k() == 3
