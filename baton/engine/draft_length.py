@@ -57,6 +57,7 @@ from dataclasses import dataclass
 
 DEFAULT_K_MAX = 8  # CUDA graphs of the verify / draft rows exist up to K = 8 (decode_worker/serve.py)
 POLICIES = ("adaptive", "fixed")
+JUDGED_WEIGHT = 16.0  # the most rounds one observe_drafts call weighs (DraftLength.observe_drafts)
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -237,11 +238,15 @@ class DraftLength:
     def observe_drafts(self, accepted: int, rejected: int) -> None:
         """First drafts judged without a round (fast-mode mtp's plain rounds: decode_worker/mtp_launch.py):
         `accepted` would have been kept, `rejected` not. Each is a round of K = 1 to the acceptance
-        estimate, so at K = 0 the acceptance stays current and the switch probe's `_plausible` sees it."""
+        estimate, so at K = 0 the acceptance stays current and the switch probe's `_plausible` sees it.
+        One call (a flush: ~9 pairs a session of the batch) decays the counts as a round does and weighs
+        at most JUDGED_WEIGHT rounds, so hundreds of judged drafts do not freeze the estimate."""
         if accepted < 0 or rejected < 0:
             raise ValueError(f"accepted {accepted}, rejected {rejected}: need >= 0")
-        self.s += accepted
-        self.f += rejected
+        n = accepted + rejected
+        w = min(1.0, JUDGED_WEIGHT / n) if n else 0.0
+        self.s = self.s * self.decay + accepted * w
+        self.f = self.f * self.decay + rejected * w
 
     def forget_costs(self) -> None:
         """The session moved to another worker (migration): its costs are someone else's now."""

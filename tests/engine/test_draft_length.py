@@ -296,3 +296,14 @@ def test_first_drafts_are_no_op_for_the_fixed_policy():
     f = controller("fixed", 3, 8)
     f.observe_drafts(5, 5)
     assert f.next_k() == 3
+
+
+def test_a_large_flush_weighs_a_bounded_number_of_rounds():
+    """A flush of a large batch judges hundreds of first drafts at once: it weighs at most JUDGED_WEIGHT
+    rounds, so the rounds after it still move the estimate."""
+    c = DraftLength(prior_k=2, k_max=8, k_min=0)
+    c.observe_drafts(900, 100)
+    assert c.acceptance > 0.8
+    for _ in range(20):
+        c.observe_round(2, [0], 0.0, 1.0)  # nothing accepted any more
+    assert c.acceptance < 0.5, c.acceptance
