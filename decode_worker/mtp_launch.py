@@ -93,15 +93,13 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
             drain(engine)
             t = time.perf_counter()
-            _flush(engine, sessions)
+            _flush(engine, ctl, sessions)
             flush_s = time.perf_counter() - t
         return _plain(engine, ctl, runner, sessions, flush_s)
     drain(engine)
-    live = [i for i, (s, n) in enumerate(zip(sessions, left)) if n - s.mtp_undelivered > 0]
-    items = []
-    for i in live:
-        s, k_max = jobs[i]
-        items.append((s, mtp.round_cap(s, k_max, left[i] - s.mtp_undelivered)))
+    rest = [n - s.mtp_undelivered for s, n in zip(sessions, left)]  # tokens left once the drained are handed over
+    live = [i for i, n in enumerate(rest) if n > 0]
+    items = [(jobs[i][0], mtp.round_cap(jobs[i][0], jobs[i][1], rest[i])) for i in live]
     got = mtp.rounds(engine, items, K) if items else []
     engine._mtp_last_read = time.perf_counter()
     out: list[list[int]] = [[] for _ in sessions]
@@ -110,7 +108,7 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     return Launched(engine, sessions, lambda: out)
 
 
-def _flush(engine, sessions: list) -> None:
+def _flush(engine, ctl, sessions: list) -> None:
     """Finalises every session's pending pairs in one MTP pass (no draft); the last pair, (h_{p-1}, t0),
     stays pending: the next chain starts from it. The pass's own picks are free first drafts: after pair j
     the head picks the token after the next, which pair j + 1 holds, so the controller learns the
@@ -125,9 +123,8 @@ def _flush(engine, sessions: list) -> None:
                 hits += 1
             else:
                 misses += 1
-    observe = getattr(mtp.control(engine), "observe_drafts", None)  # (a scripted test controller has none)
-    if observe is not None and hits + misses:
-        observe(hits, misses)
+    if hits + misses:
+        ctl.observe_drafts(hits, misses)
     for s in sessions:
         n = len(s.mtp_pairs_ids)
         s.mtp_pairs_h = mtp.pairs_h(s)[-1:].clone()

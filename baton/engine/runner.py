@@ -263,7 +263,7 @@ class ModelRunner:
             return lambda: self.batched.collect(h)
         toks = self.ar_batch(slots)
         if hidden_out is not None:
-            hidden_out.append(self.state.hidden[torch.tensor(slots, device=self.device)].clone())
+            hidden_out.append(self.state.hidden[torch.tensor(slots, device=self.device)])  # (indexing copies)
         return lambda: toks
 
     def ar_batch(self, slots: list[int]) -> list[int]:

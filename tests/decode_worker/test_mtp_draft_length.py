@@ -46,6 +46,9 @@ class Scripted:
     def observe_round(self, k, accepted, draft_s, verify_s):
         self.seen.append((k, accepted))
 
+    def observe_drafts(self, accepted, rejected):
+        pass
+
 
 class Counting(Drafter):
     """Proposes a token that is never the model's (wrong=True), or the true continuation `ref` (an oracle:

@@ -292,12 +292,6 @@ def test_first_drafts_judged_at_k0_keep_the_acceptance_current():
     assert any(ks[:4]) and c.k > 0, ks  # speculation is probed and kept at once
 
 
-def test_first_drafts_are_no_op_for_the_fixed_policy():
-    f = controller("fixed", 3, 8)
-    f.observe_drafts(5, 5)
-    assert f.next_k() == 3
-
-
 def test_a_large_flush_weighs_a_bounded_number_of_rounds():
     """A flush of a large batch judges hundreds of first drafts at once: it weighs at most JUDGED_WEIGHT
     rounds, so the rounds after it still move the estimate."""

@@ -69,6 +69,9 @@ class _Scripted:
     def observe_round(self, k, accepted, draft_s, verify_s):
         pass
 
+    def observe_drafts(self, accepted, rejected):
+        pass
+
 
 def _decode_all(setup, policy, drafter=None, ctl=None, run_ahead=False, kv=None):
     """Every prompt's session decoded by fast mtp at once -> (tokens, most sessions in a round, the
