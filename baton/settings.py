@@ -25,6 +25,8 @@
                               default 1 MiB (DEFAULT_TAIL_CHUNK_BYTES)
     BATON_HANDOFF_TAIL_LAYERS how many of the last decoder layers (with what follows them: hidden, MTP KV)
                               the tail segment covers; default 1
+    BATON_HANDOFF_RING_SLOTS  the sender process's shared-memory ring: slots of one chunk each (4 MiB);
+                              half as many hand-offs stage at once; default 32 (DEFAULT_RING_SLOTS, 128 MiB)
 
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
@@ -52,6 +54,10 @@ HANDOFF_SENDERS = ("process", "thread")
 # The last layer's state in 1 MiB chunks: the final chunk's hashing on both ends is then short
 # (benchmarks/results/2026-11-30-h200-s6.md has the TTFT with and without).
 DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
+# The sender process's ring (slots of one 4 MiB chunk; slots / 2 hand-offs stage at once). With 8 slots a
+# co-located H200 under steady load (serve-steady, 64 streams) waited 2.7 s p50 from a request's first token to
+# its state landing; with 32, 0.64 s (benchmarks/results/gpu-h200-2026-12-03-ring.md).
+DEFAULT_RING_SLOTS = 32
 
 
 _POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings
@@ -113,6 +119,7 @@ class Settings:
     handoff_sender: str = "process"  # HANDOFF_SENDERS
     handoff_tail_chunk_bytes: int = DEFAULT_TAIL_CHUNK_BYTES  # 0: no tail segment; capped at the chunk size
     handoff_tail_layers: int = 1
+    handoff_ring_slots: int = DEFAULT_RING_SLOTS  # >= 2
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # the router's public port only (baton.rpc max_receive_bytes)
     keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS  # clients (baton.rpc.make_channel)
     keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
@@ -136,6 +143,8 @@ class Settings:
             )
         if not isinstance(self.handoff_tail_layers, int) or self.handoff_tail_layers < 0:
             raise SettingsError(f"BATON_HANDOFF_TAIL_LAYERS: must be >= 0, got {self.handoff_tail_layers!r}")
+        if not isinstance(self.handoff_ring_slots, int) or self.handoff_ring_slots < 2:
+            raise SettingsError(f"BATON_HANDOFF_RING_SLOTS: must be >= 2, got {self.handoff_ring_slots!r}")
         for name, val in (
             ("BATON_MAX_REQUEST_BYTES", self.max_request_bytes),
             ("BATON_KEEPALIVE_TIME_MS", self.keepalive_time_ms),
@@ -194,6 +203,9 @@ class Settings:
                 0,
             ),
             handoff_tail_layers=_parse_int("BATON_HANDOFF_TAIL_LAYERS", get("BATON_HANDOFF_TAIL_LAYERS") or "1", 0),
+            handoff_ring_slots=_parse_int(
+                "BATON_HANDOFF_RING_SLOTS", get("BATON_HANDOFF_RING_SLOTS") or str(DEFAULT_RING_SLOTS), 2
+            ),
             **{
                 field: _parse_positive_int(var, get(var)) if get(var) is not None else default
                 for field, var, default in _POSITIVE_INTS

@@ -110,7 +110,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         self.channels = ChannelPool()  # one channel per decode worker, LRU-bounded (DEFAULT_MAX_CHANNELS)
         # "process": hand-offs are streamed by a sender child process (this process only stages bytes)
         self.sender = (
-            SenderProcess(slot_bytes=max(chunk_bytes, DEFAULT_CHUNK_BYTES))
+            SenderProcess(slots=self.settings.handoff_ring_slots, slot_bytes=max(chunk_bytes, DEFAULT_CHUNK_BYTES))
             if self.settings.handoff_sender == "process"
             else None
         )

@@ -56,10 +56,9 @@ from baton.handoff.frames import header_frame
 from baton.handoff.sender.ipc import ADMIT, DONE, FREE, OPEN, READY, Channel, Ring
 from baton.handoff.sender.stream import ANSWER_GRACE_S, ProcessPush, _Stop
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, default_workers
-from baton.settings import Settings
+from baton.settings import DEFAULT_RING_SLOTS, Settings
 
 log = logging.getLogger("baton.sender")
-DEFAULT_SLOTS = 8
 _ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the baton package
 
 
@@ -297,7 +296,7 @@ class SenderProcess:
 
     def __init__(
         self,
-        slots: int = DEFAULT_SLOTS,
+        slots: int = DEFAULT_RING_SLOTS,
         slot_bytes: int = DEFAULT_CHUNK_BYTES,
         per_stream: int | None = None,
         workers: int | None = None,
