@@ -18,6 +18,7 @@ Lifecycle of a request:
            including a cancelled or timed-out call)
         -> first_token (the greedy token after the prompt = the decode state's pending next_token),
            bridge report, prompt_tokens, prefill_seconds
+    PrefillStream: Prefill with the first token sent early, after heartbeats if asked (prefill_worker/heartbeat.py)
     Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters
     ExportState(session_id, decode_target)        -> re-stream a kept session (migration)
     Release(session_id) / GetStats
@@ -53,6 +54,7 @@ from baton.rpc import StatusError
 from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from baton.worker.servicer import ServicerBase, window_field
+from prefill_worker import heartbeat
 from prefill_worker.engine import ExactEngine
 
 log = logging.getLogger("baton.prefill")
@@ -209,13 +211,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                     return
                 except grpc.RpcError as e:
                     if e.code() not in _RETRY_RELEASE or i + 1 == attempts:
-                        log.warning(
-                            "release of %s on %s after a cancelled Prefill failed (attempt %d): %s",
-                            sid,
-                            target,
-                            i + 1,
-                            e.code(),
-                        )
+                        msg = "release of %s on %s after a cancelled Prefill failed (attempt %d): %s"
+                        log.warning(msg, sid, target, i + 1, e.code())
                         return
                     time.sleep(backoff_s * 2**i)
 
@@ -255,9 +252,9 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                 with self.sessions.hold(sid):
                     if not context.is_active():
                         raise self._ended(context)
-                    bridge = common_pb2.BridgeReport()
+                    bridge, beat_ms = common_pb2.BridgeReport(), request.heartbeat_ms if early else 0
                     if not target:
-                        first = self.engine.run_prefill(session, ids, mtp=mtp)
+                        first = yield from heartbeat.prefill(self.engine, beat_ms, session, ids, mtp=mtp)
                         prefill_s = time.perf_counter() - t0
                         if not context.is_active():  # NOTE: an EXACT session nobody will Verify
                             raise self._ended(context)
@@ -278,9 +275,11 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                             mtp_kv=needs_mtp_kv(request.engine),
                         )
                         try:
-                            first = self.engine.run_prefill(session, ids, progress, mtp=mtp)
-                        except BaseException:
+                            first = yield from heartbeat.prefill(self.engine, beat_ms, session, ids, progress, mtp=mtp)
+                        except BaseException as e:
                             push.cancel()
+                            if isinstance(e, GeneratorExit):  # gone at a heartbeat: D may hold it already
+                                self._release_remote(target, sid)
                             raise
                         prefill_s = time.perf_counter() - t0  # to the first token
                         lps = self.engine.last_logprobs(sid, 1)

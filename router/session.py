@@ -3,7 +3,8 @@
 h = start_session(calls, ids, mode=..., engine=..., engine_name=..., exclude_decode=())
     pick prefill P + decode D (least outstanding work), PrefillStream(session, decode_target=D): the
     state goes P -> D directly; EXACT keeps the exact session on P. A worker fault before the first
-    token is retried once on another prefill worker (a dead decode target is excluded too).
+    token is retried once on another prefill worker (a dead decode target is excluded too). P sends
+    heartbeats while the prompt waits or computes (HEARTBEATS_PER_TIMEOUT), which h skips.
     h.first_token is known as soon as P picks it, while the state may still be on its way to D;
 h.landed()  waits for the state to land on D (the rest of the stream) -> P's whole PrefillResponse;
     call it before D is asked for the session (Decode, Draft). A failure here comes after the first
@@ -87,7 +88,8 @@ class Handoff:
         if self.rest is not None:
             rest, self.rest = self.rest, None
             for msg in rest:
-                self.response = msg
+                if not msg.heartbeat:
+                    self.response = msg
         return self.response
 
 
@@ -128,6 +130,8 @@ def _prefill(calls: Calls, p: Worker, d: Worker, sid: str, req) -> Handoff:
         stream = calls.stream(p, "PrefillStream", req)
         try:
             first = next(stream)
+            while first.heartbeat:  # the prompt is queued or computing: each one re-arms the stall check
+                first = next(stream)
         except StopIteration:
             raise StatusError(C.INTERNAL, "prefill worker: PrefillStream ended without an answer") from None
         except StatusError as e:
@@ -140,6 +144,9 @@ def _prefill(calls: Calls, p: Worker, d: Worker, sid: str, req) -> Handoff:
     return Handoff(sid, p, d, calls.unary(p, "Prefill", req), req.engine)
 
 
+# PrefillStream asks for this many heartbeats per call timeout: a prompt queued behind others for longer than
+# the timeout is not a stalled stream, while a worker whose passes stopped still goes silent (prefill_worker/heartbeat.py)
+HEARTBEATS_PER_TIMEOUT = 3
 FULL_HOLD_S = 2.0  # a decode worker that refused for full slots gets no new request for this long ...
 
 
@@ -220,6 +227,7 @@ def start_session(
             engine=engine or _default_engine(d),
             sampling=sampling,
             generated_tokens=generated,
+            heartbeat_ms=max(1, int(calls.call_timeout * 1e3 / HEARTBEATS_PER_TIMEOUT)),
         )
         try:
             return _prefill(calls, p, d, sid, req)

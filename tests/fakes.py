@@ -134,6 +134,8 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
 
     early = False  # PrefillStream sends the first token before the hand-off (the real worker's early first token)
     fail_after_first: grpc.StatusCode | None = None  # with early: the next hand-off fails after the first token
+    queued_s = 0.0  # with early: the prompt waits this long before its first token (heartbeats if asked)
+    heartbeats = True  # False: a worker that sends none however asked (an older build)
 
     def Prefill(self, request, context):
         *_, last = self._prefill(request, context, early=False)
@@ -153,6 +155,11 @@ class FakePrefill(_Base, prefill_pb2_grpc.PrefillWorkerServicer):
         if not ctx:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt_ids: empty prompt")
         first = exact_next(ctx)
+        end = time.monotonic() + (self.queued_s if early else 0.0)
+        while time.monotonic() < end:  # queued behind other prompts: the real worker's heartbeats
+            time.sleep(min(request.heartbeat_ms / 1e3 or 1.0, max(0.0, end - time.monotonic())))
+            if request.heartbeat_ms and self.heartbeats and time.monotonic() < end:
+                yield prefill_pb2.PrefillResponse(heartbeat=True)
         if request.mode == common_pb2.EXACT:
             with self.lock:
                 self.sessions[request.session_id] = {"ctx": ctx, "pending": first}

@@ -79,7 +79,7 @@ class PrefillWorkerServicer:
 
     def PrefillStream(self, request, context):
         """Prefill, with the first token sent as soon as it is picked, before the state has landed: one or two
-        messages. The last is Prefill's whole answer (bridge included), sent once the state is on decode_target;
+        messages (after heartbeats, when asked for). The last is Prefill's whole answer (bridge included), sent once the state is on decode_target;
         an earlier one (when the hand-off is still in flight at the pick) carries the same fields but the
         bridge. A hand-off that fails after it ends the stream with Prefill's status for that failure.
         """

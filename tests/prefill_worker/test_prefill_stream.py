@@ -166,3 +166,44 @@ def test_without_a_decode_target_the_stream_is_one_whole_answer(prefill):
     msgs = list(prefill.PrefillStream(prefill_pb2.PrefillRequest(session_id="s4", prompt_ids=PROMPT), timeout=T))
     assert len(msgs) == 1 and msgs[0].prompt_tokens == len(PROMPT)
     _idle(prefill)
+
+
+@pytest.fixture
+def slow_passes(monkeypatch):
+    """Every prefill pass takes 0.6 s more; `entered` is set when one begins."""
+    import prefill_worker.engine as engine_mod
+
+    real, entered = engine_mod.run_pass, threading.Event()
+
+    def slow(*a, **kw):
+        entered.set()
+        time.sleep(0.6)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(engine_mod, "run_pass", slow)
+    return entered
+
+
+def test_heartbeats_while_queued_behind_a_pass_and_none_while_no_pass_ends(prefill, slow_passes):
+    """Asked for (heartbeat_ms), a prompt that waits for another prompt's pass gets heartbeat messages
+    (only `heartbeat` set) once that pass ends, then its whole answer, with the token it gets unhurried; a
+    prompt alone in a slow pass gets none (heartbeats mean passes ended, not a timer: a wedged worker
+    stays silent); heartbeat_ms 0 (the default) sends none."""
+    other = [7, 7, 2, 9]
+    want = [m.first_token for m in prefill.PrefillStream(prefill_pb2.PrefillRequest(prompt_ids=other), timeout=T)]
+    slow_passes.clear()
+    first = threading.Thread(
+        target=lambda: list(prefill.PrefillStream(prefill_pb2.PrefillRequest(prompt_ids=PROMPT), timeout=T))
+    )
+    first.start()
+    assert slow_passes.wait(T)
+    msgs = list(prefill.PrefillStream(prefill_pb2.PrefillRequest(prompt_ids=other, heartbeat_ms=100), timeout=T))
+    first.join(T)
+    beats = [m for m in msgs if m.heartbeat]
+    assert (
+        beats and msgs[: len(beats)] == beats and all(m == prefill_pb2.PrefillResponse(heartbeat=True) for m in beats)
+    )
+    assert len(msgs) == len(beats) + 1 and [msgs[-1].first_token] == want and msgs[-1].prompt_tokens == len(other)
+    alone = list(prefill.PrefillStream(prefill_pb2.PrefillRequest(prompt_ids=other, heartbeat_ms=100), timeout=T))
+    assert [m.heartbeat for m in alone] == [False] and [alone[0].first_token] == want
+    _idle(prefill)

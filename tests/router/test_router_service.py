@@ -382,3 +382,33 @@ def test_concurrent_requests_spread_over_workers(cluster):
     used = [sum(m == "LoadState" for m, _ in w.servicer.calls) for w in cluster.decode]
     assert all(u > 0 for u in used), used
     assert cluster.wait_sessions_zero()
+
+
+def test_a_prompt_queued_past_the_call_timeout_is_served_through_heartbeats(cluster):
+    """A prefill worker whose prompt waits 3.5 s for its pass (longer than call_timeout_s = 2): the router
+    asked for heartbeats (call_timeout / HEARTBEATS_PER_TIMEOUT), they keep the stream from counting as
+    stalled, and the request completes on that worker with the reference tokens; nothing is marked down.
+    Without them (the same wait, no heartbeat_ms asked) the stream is a stalled worker: see the next test."""
+    from router.session import HEARTBEATS_PER_TIMEOUT
+
+    for w in cluster.prefill:
+        w.servicer.early, w.servicer.queued_s = True, 3.5
+    t0 = time.monotonic()
+    out, deltas = cluster.run(PROMPT, max_new_tokens=8, engine="bf16", timeout=20)
+    assert out == reference(PROMPT, 8) and time.monotonic() - t0 >= 3.5
+    assert deltas[-1].stats["migrations"] == 0
+    reqs = [r for w in cluster.prefill for m, r in w.servicer.calls if m == "Prefill"]
+    assert len(reqs) == 1 and reqs[0].heartbeat_ms == int(2.0 * 1e3 / HEARTBEATS_PER_TIMEOUT)
+    assert len(cluster.servicer.registry.up("prefill")) == 2
+    assert cluster.wait_sessions_zero()
+
+
+def test_a_silent_queued_prompt_past_the_call_timeout_is_a_stalled_worker(cluster):
+    """The same 3.5 s wait on both prefill workers without heartbeats (an older worker): each stream counts
+    as stalled after call_timeout_s, its worker is marked down, and the request ends UNAVAILABLE: what 32
+    prompts of 16K tokens on one H200 did before heartbeats (benchmarks/results/gpu-h200-2026-12-03-ring.md)."""
+    for w in cluster.prefill:
+        w.servicer.early, w.servicer.queued_s, w.servicer.heartbeats = True, 3.5, False
+    code, details = _code(lambda: cluster.run(PROMPT, max_new_tokens=8, engine="bf16", timeout=20))
+    assert code == grpc.StatusCode.UNAVAILABLE and "stalled" in details, details
+    assert [len([m for m, _ in w.servicer.calls if m == "Prefill"]) for w in cluster.prefill] == [1, 1]
