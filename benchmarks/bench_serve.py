@@ -56,7 +56,13 @@ Per point:
     decode_steps, decode_mean_rows, decode_step_s_p50, decode_step_s_p99
                        the decode workers' batched AR steps during the point (WorkerStats): how many, their
                        mean rows, their duration (the worst worker's p99: decode steps while prefills run);
-                       0 steps for mtp (its rounds are gathered, not stepped)
+                       0 steps for mtp (its rounds are gathered, not stepped). A step's duration spans about
+                       two step periods (the next step is launched before its tokens are read)
+    decode_step_interval_s_*, decode_step_device_s_*   (p50, p99)
+                       the step period (one launch to the next, steps back to back) and, on CUDA, a step's
+                       device time (events around its kernels): device time near the step alone
+                       (bench_batch_step) with a longer period means the decode worker's host falls behind;
+                       device time near the period means the GPU is shared (the prefill worker's passes)
     decode_gathered_batches, decode_gathered_mean, prefill_gathered_batches, prefill_gathered_mean
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
@@ -527,6 +533,10 @@ class _StepStats:
             "decode_mean_rows": round(rows / steps, 2) if steps else 0.0,
             "decode_step_s_p50": round(s1["step_s_p50"], 5),
             "decode_step_s_p99": round(s1["step_s_p99"], 5),
+            "decode_step_interval_s_p50": round(s1["step_interval_s_p50"], 5),
+            "decode_step_interval_s_p99": round(s1["step_interval_s_p99"], 5),
+            "decode_step_device_s_p50": round(s1["step_device_s_p50"], 5),
+            "decode_step_device_s_p99": round(s1["step_device_s_p99"], 5),
         }
         p1, p0 = g1.pop("prefill_pass", (0, 0, 0, 0.0)), self.g0.get("prefill_pass", (0, 0, 0, 0.0))
         passes, pieces, _, secs = (a - b for a, b in zip(p1, p0))

@@ -149,15 +149,26 @@ def worker_sessions(addresses: dict[str, str], token: str | None) -> dict[str, i
     return out
 
 
+_STEP_TIMES = (  # WorkerStats' step durations, s: the worst decode worker's of each
+    "step_s_p50",
+    "step_s_p99",
+    "step_interval_s_p50",
+    "step_interval_s_p99",
+    "step_device_s_p50",
+    "step_device_s_p99",
+)
+
+
 def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = False) -> dict:
     """The decode workers' batched-step stats (WorkerStats): steps, mean rows a step, the largest step,
-    step duration p50 / p99 (the worst worker's) since the last reset; reset=True starts a new window."""
+    step duration, step period and (CUDA) device time of a step, p50 / p99 (the worst worker's), since the
+    last reset; reset=True starts a new window."""
     from baton.rpc import make_channel
     from baton.settings import Settings
     from baton.v1 import common_pb2, decode_pb2_grpc
 
     steps = rows = biggest = 0
-    p50 = p99 = 0.0
+    worst = dict.fromkeys(_STEP_TIMES, 0.0)
     for name, addr in addresses.items():
         if not name.startswith("decode"):
             continue
@@ -166,8 +177,8 @@ def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = Fal
                 common_pb2.WorkerStatsRequest(reset_steps=reset), timeout=5
             )
         steps, rows, biggest = steps + st.steps, rows + st.step_rows, max(biggest, st.max_step_rows)
-        p50, p99 = max(p50, st.step_s_p50), max(p99, st.step_s_p99)
-    return {"steps": steps, "rows": rows, "max_rows": biggest, "step_s_p50": p50, "step_s_p99": p99}
+        worst = {k: max(v, getattr(st, k)) for k, v in worst.items()}
+    return {"steps": steps, "rows": rows, "max_rows": biggest} | worst
 
 
 def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int, int]]:

@@ -34,6 +34,8 @@ window and reserves its KV pages.
 
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from baton.kernels import rows as rk
@@ -84,8 +86,12 @@ class BatchedAR:
         # schedulers may pipeline on one runner (bf16 sessions' steps, mtp sessions' plain rounds): 2 each
         self._host_slots = torch.full((PHASES, top), -1, dtype=torch.long, pin_memory=pin)
         self._host_tok = torch.zeros(PHASES, top, dtype=torch.long, pin_memory=pin)
-        self._done = [torch.cuda.Event() for _ in range(PHASES)] if pin else None
+        self._done = [torch.cuda.Event(enable_timing=True) for _ in range(PHASES)] if pin else None
+        self._start = [torch.cuda.Event(enable_timing=True) for _ in range(PHASES)] if pin else None
         self._busy = [False] * PHASES
+        # CUDA: each collected step's device time, s (its start event to its token copy's end): a step in
+        # service against the step alone tells a GPU shared with other work from a host that falls behind
+        self.device_s: collections.deque = collections.deque(maxlen=4096)
 
     def pad(self, p: int) -> None:
         """Every row of the first p padding (capture: a warm-up that writes no slot)."""
@@ -129,6 +135,8 @@ class BatchedAR:
         hs = self._host_slots[ph]
         hs[:b] = torch.tensor(slots, dtype=torch.long)
         hs[b:p] = -1
+        if self._start is not None:
+            self._start[ph].record()
         self.slots[:p].copy_(hs[:p], non_blocking=True)
         smp, graphs = self.runner.sampling, self.runner.graphs
         if all(smp.plain(s) for s in slots):
@@ -153,6 +161,7 @@ class BatchedAR:
         ph, b = handle
         if self._done is not None:
             self._done[ph].synchronize()
+            self.device_s.append(self._start[ph].elapsed_time(self._done[ph]) / 1e3)
         toks = self._host_tok[ph, :b].tolist()
         self._busy[ph] = False
         return toks

@@ -141,6 +141,9 @@ class StepScheduler:
         self.rows = 0
         self.max_rows = 0  # the largest step
         self.step_s: collections.deque[float] = collections.deque(maxlen=4096)  # recent step durations
+        # from one launch to the next while a step was in flight (pipelined: the step period the sessions see)
+        self.interval_s: collections.deque[float] = collections.deque(maxlen=4096)
+        self._last_launch = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -236,6 +239,10 @@ class StepScheduler:
                 if not jobs:
                     continue
                 t0 = time.perf_counter()
+                if inflight and not launched:  # back to back with the step in flight: one step period
+                    self.interval_s.append(t0 - self._last_launch)
+                if not launched:
+                    self._last_launch = t0
                 try:
                     more = ([j.max_new_tokens - j.produced for j in jobs],) if self.multi else ()
                     with self._lock:

@@ -63,8 +63,8 @@ def test_24_streams_at_once_complete_exactly_and_step_together(cluster):
 
 
 def test_get_stats_reports_the_batched_steps(cluster):
-    """WorkerStats over gRPC: the decode worker's steps, their rows and durations; reset_steps clears
-    the duration window only."""
+    """WorkerStats over gRPC: the decode worker's steps, their rows, durations and periods; reset_steps
+    clears the duration windows only."""
     import grpc
 
     from baton.v1 import common_pb2, decode_pb2_grpc
@@ -78,6 +78,10 @@ def test_get_stats_reports_the_batched_steps(cluster):
     st = stub.GetStats(common_pb2.WorkerStatsRequest(reset_steps=True), timeout=5)
     assert st.steps == sched.steps > 0 and st.step_rows == sched.rows and st.max_step_rows == sched.max_rows
     assert 0 < st.step_s_p50 <= st.step_s_p99
+    assert 0 < st.step_interval_s_p50 <= st.step_interval_s_p99  # steps back to back: their period
+    assert st.step_interval_s_p50 <= st.step_s_p50 * 1.5  # a step spans about two periods (pipelined)
+    assert st.step_device_s_p50 == st.step_device_s_p99 == 0.0  # no device events on the CPU
     st2 = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
     assert st2.steps == st.steps and st2.step_s_p99 == 0.0  # the window was reset, the counters not
+    assert st2.step_interval_s_p99 == 0.0
     ch.close()
