@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from baton.engine.draft_length import POLICIES
+from baton.heap import freeze_startup_heap
 from baton.lifeline import die_with_parent
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
@@ -243,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, ImportError) as e:
         print(f"router: {e}", file=sys.stderr)
         return 1
+    freeze_startup_heap("router")
     print(f"router: serving on {handle.address}", flush=True)
     if servicer.http is not None:
         print(f"router: http on {servicer.http.url}", flush=True)
