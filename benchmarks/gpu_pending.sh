@@ -25,9 +25,14 @@
 # plain rounds' test), spec-adaptive at 32 (ddbf95d, 343722f: 0.93x / 0.92x bf16), serve-steady at 343722f,
 # tests/engine/test_gpu_prefill.py at b4774a0 (passed); tests-decode at b4774a0 (6 passes, summary cut by
 # the timeout); tests-serving cut by its timeout with no log (now trapped: a cut stage packs its logs).
-# Next, in this order: tests-serving (give it 240 s: the served plain mtp rounds, Job.take), tests-engine;
-# then serve-steady (handoff_gap_s: where 64 streams' decode time goes), spec-adaptive (SPEC_POINTS=1,8,32),
-# burst, spec-exact (after 3af1f92 and the batched Draft reads), long, verify, layout-fixed, layout-mixed.
+# Later on 2026-12-03 (benchmarks/results/gpu-h200-2026-12-03-ring.md): tests-serving at 9729775 (4 passed),
+# test_gpu_batch.py + test_gpu_verify.py at 55a3371 (9 passed), serve-steady at 9729775 (the hand-off wait:
+# 2.7 s p50 at 64 streams) and with BATON_HANDOFF_RING_SLOTS 32 / 128, long at 55a3371 (31 of 32: one
+# request failed the router's 30 s stall check while queued; heartbeats since 83a6f6d).
+# Next, in this order: serve-steady (decode_step_interval_s / decode_step_device_s: why a step in service
+# takes 2x the step alone), long (all 32 must complete now), tests-decode, spec-adaptive
+# (SPEC_POINTS=1,8,32), burst, spec-exact (after 3af1f92 and the batched Draft reads), verify,
+# layout-fixed, layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
