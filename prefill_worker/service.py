@@ -108,7 +108,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         )
         super().__init__(engine, reap_interval_s=reap_interval_s)
         self.fingerprint, self.chunk_bytes = fingerprint, chunk_bytes
-        self.handoff_timeout_s = handoff_timeout_s
+        self.handoff_timeout_s, self.handoffs_done = handoff_timeout_s, 0
         self.channels = ChannelPool()  # one channel per decode worker, LRU-bounded (DEFAULT_MAX_CHANNELS)
         # "process": hand-offs are streamed by a sender child process (this process only stages bytes)
         self.sender = (
@@ -189,13 +189,14 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         )
         return push, pos, nxt
 
-    @staticmethod
-    def _finish_push(context, push):
+    def finish_push(self, context, push):
         """-> (LoadStateResponse, BridgeReport); a failed hand-off is the decode worker's status."""
         try:
             return push.result(context.is_active)
         except HandoffError as e:
             raise StatusError(e.code, f"decode_target {push.target}: hand-off failed: {e.details}") from None
+        finally:
+            self.handoffs_done += 1  # progress for the heartbeats of the hand-offs still waiting
 
     def _release_remote(self, target: str, sid: str, attempts: int = RELEASE_ATTEMPTS, backoff_s: float = 0.2) -> None:
         """Best effort: the caller went away after the decode worker loaded (or while it loads) the state.
@@ -291,21 +292,17 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                                     "prefill.compute_end": progress.finished_ns,
                                 }
                             )
-                        if early and push.admitted(context.is_active):
-                            # the decode worker reserved the slot (it can no longer refuse for full slots,
-                            # which must fail the call before any token: the router tries another one)
-                            try:
-                                yield self._answer(first, None, ids, prefill_s, lps)
-                            except GeneratorExit:  # the client went away: stop the stream, release both
-                                push.cancel()
-                                self._release_remote(target, sid)
-                                raise
                         try:
+                            if early and push.admitted(context.is_active):
+                                # the decode worker reserved the slot (it can no longer refuse for full slots,
+                                # which must fail the call before any token: the router tries another one)
+                                yield self._answer(first, None, ids, prefill_s, lps)
                             if not context.is_active():  # gone during the compute: stop the stream now
                                 push.cancel()
-                            _, bridge = self._finish_push(context, push)
-                        except StatusError as e:
-                            if e.code in _GONE:  # the stream may have landed just before the cancel
+                            _, bridge = yield from heartbeat.landing(self, context, push, beat_ms)
+                        except (StatusError, GeneratorExit) as e:  # GeneratorExit: the client left at a yield
+                            if isinstance(e, GeneratorExit) or e.code in _GONE:  # it may have landed already
+                                push.cancel()
                                 self._release_remote(target, sid)
                             raise
                         if not context.is_active():
@@ -376,7 +373,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                 engine=kept.engine,
                 target_sid=request.target_session_id or request.session_id,
             )
-            _, bridge = self._finish_push(context, push)
+            _, bridge = self.finish_push(context, push)
             return prefill_pb2.ExportStateResponse(bridge=bridge, position=pos, next_token=nxt)
 
     def stats(self) -> common_pb2.WorkerStats:

@@ -207,3 +207,50 @@ def test_heartbeats_while_queued_behind_a_pass_and_none_while_no_pass_ends(prefi
     alone = list(prefill.PrefillStream(prefill_pb2.PrefillRequest(prompt_ids=other, heartbeat_ms=100), timeout=T))
     assert [m.heartbeat for m in alone] == [False] and [alone[0].first_token] == want
     _idle(prefill)
+
+
+def test_heartbeats_while_the_state_waits_to_land_then_a_client_gone_at_one_releases_both(prefill, gate):
+    """After the early first token, the state held at the gate: each heartbeat_ms in which another pass of
+    the worker ended brings a heartbeat, none while nothing moves; the whole answer comes once it lands.
+    A client that leaves at a heartbeat cancels the hand-off and releases the session on both sides."""
+    stream = prefill.PrefillStream(
+        prefill_pb2.PrefillRequest(session_id="b1", prompt_ids=PROMPT, decode_target=gate.address, heartbeat_ms=50),
+        timeout=T,
+    )
+    first = next(stream)
+    assert not first.heartbeat and first.prompt_tokens == len(PROMPT) and gate.read.wait(T)
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(stream))
+    reader.start()
+    time.sleep(0.3)
+    assert got == []  # no pass, no hand-off ended: silent
+    prefill.Prefill(prefill_pb2.PrefillRequest(prompt_ids=[5, 5, 5]), timeout=T)  # another prompt's pass
+    for _ in range(100):
+        if got:
+            break
+        time.sleep(0.02)
+    assert [m.heartbeat for m in got] == [True]
+    gate.opened.set()
+    reader.join(T)
+    assert [m.heartbeat for m in got] == [True, False] and got[-1].bridge.total_bytes > 0
+    assert got[-1].first_token == first.first_token
+    _idle(prefill)
+
+    for e in (gate.opened, gate.read, gate.cancelled):
+        e.clear()
+    stream = prefill.PrefillStream(
+        prefill_pb2.PrefillRequest(session_id="b2", prompt_ids=PROMPT, decode_target=gate.address, heartbeat_ms=50),
+        timeout=T,
+    )
+    next(stream)
+    assert gate.read.wait(T)
+    prefill.Prefill(prefill_pb2.PrefillRequest(prompt_ids=[5, 5, 5]), timeout=T)
+    assert next(stream).heartbeat
+    stream.cancel()
+    assert gate.cancelled.wait(T)
+    for _ in range(200):
+        if "b2" in gate.released:
+            break
+        time.sleep(0.05)
+    assert "b2" in gate.released
+    _idle(prefill)
