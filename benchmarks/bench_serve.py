@@ -63,6 +63,9 @@ Per point:
                        device time (events around its kernels): device time near the step alone
                        (bench_batch_step) with a longer period means the decode worker's host falls behind;
                        device time near the period means the GPU is shared (the prefill worker's passes)
+    decode_stall_s_*, decode_stall_share   (p99, max; share of the time) how late a Python thread of the
+                       decode worker's process woke up to run (the GIL held elsewhere, a garbage collection),
+                       from its probe (baton/stalls.py): a host that falls behind, and why
     decode_gathered_batches, decode_gathered_mean, prefill_gathered_batches, prefill_gathered_mean
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
@@ -537,6 +540,9 @@ class _StepStats:
             "decode_step_interval_s_p99": round(s1["step_interval_s_p99"], 5),
             "decode_step_device_s_p50": round(s1["step_device_s_p50"], 5),
             "decode_step_device_s_p99": round(s1["step_device_s_p99"], 5),
+            "decode_stall_s_p99": round(s1["stall_s_p99"], 5),
+            "decode_stall_s_max": round(s1["stall_s_max"], 5),
+            "decode_stall_share": round(s1["stall_share"], 4),
         }
         p1, p0 = g1.pop("prefill_pass", (0, 0, 0, 0.0)), self.g0.get("prefill_pass", (0, 0, 0, 0.0))
         passes, pieces, _, secs = (a - b for a, b in zip(p1, p0))

@@ -156,6 +156,9 @@ _STEP_TIMES = (  # WorkerStats' step durations, s: the worst decode worker's of 
     "step_interval_s_p99",
     "step_device_s_p50",
     "step_device_s_p99",
+    "stall_s_p99",
+    "stall_s_max",
+    "stall_share",
 )
 
 

@@ -10,6 +10,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+from baton import stalls
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.heap import freeze_startup_heap
@@ -72,6 +73,7 @@ class DecodeActor(WorkerActor):
             pipeline=_flag(pipeline),
         )
         freeze_startup_heap(self.role)  # the actor's process is this worker's: baton/heap.py
+        stalls.start()  # baton/stalls.py: WorkerStats' stall_* fields
 
 
 def _flag(value) -> bool:

@@ -40,7 +40,7 @@ import time
 import grpc
 import torch
 
-from baton import sampling_rules
+from baton import sampling_rules, stalls
 from baton.engine import rejection
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
@@ -305,6 +305,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
     def GetStats(self, request, context):
         out = self.stats()
         self.engine.fill_step_stats(out, reset=request.reset_steps)
+        out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read(reset=request.reset_steps)
         return out
 
 

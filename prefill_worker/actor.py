@@ -12,6 +12,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+from baton import stalls
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.heap import freeze_startup_heap
@@ -59,6 +60,7 @@ class PrefillActor(WorkerActor):
             prefill_budget=int(prefill_budget) if prefill_budget not in (None, "") else None,
         )
         freeze_startup_heap(self.role)  # the actor's process is this worker's: baton/heap.py
+        stalls.start()  # baton/stalls.py: WorkerStats' stall_* fields
 
 
 def make_actor_class(

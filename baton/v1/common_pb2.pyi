@@ -132,7 +132,7 @@ class WorkerStatsRequest(_message.Message):
     def __init__(self, reset_steps: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99")
+    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     SESSION_BYTES_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,9 @@ class WorkerStats(_message.Message):
     STEP_INTERVAL_S_P99_FIELD_NUMBER: _ClassVar[int]
     STEP_DEVICE_S_P50_FIELD_NUMBER: _ClassVar[int]
     STEP_DEVICE_S_P99_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_P99_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_MAX_FIELD_NUMBER: _ClassVar[int]
+    STALL_SHARE_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     session_bytes: int
     outstanding: int
@@ -177,7 +180,10 @@ class WorkerStats(_message.Message):
     step_interval_s_p99: float
     step_device_s_p50: float
     step_device_s_p99: float
-    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ...) -> None: ...
+    stall_s_p99: float
+    stall_s_max: float
+    stall_share: float
+    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ...) -> None: ...
 
 class BridgeReport(_message.Message):
     __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks", "timeline")

@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import NoReturn
 
+from baton import stalls
 from baton.heap import freeze_startup_heap
 from baton.rpc import ServerHandle, build_server
 from baton.worker.options import DEFAULT_GRACE_S
@@ -49,6 +50,7 @@ def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRA
     signal.signal(signal.SIGTERM, on_signal)
     dump_stacks_on_sigusr1(role)
     freeze_startup_heap(role)
+    stalls.start()
     print(f"{role}: serving on {handle.address}", flush=True)
     while not done.wait(0.5):
         pass

@@ -69,6 +69,9 @@ def test_get_stats_reports_the_batched_steps(cluster):
 
     from baton.v1 import common_pb2, decode_pb2_grpc
 
+    from baton import stalls
+
+    stalls.start()  # what a worker's process main starts (this process's probe: it stays on)
     c, ds = cluster
     with ThreadPoolExecutor(4) as ex:
         list(ex.map(lambda i: _gen(c, i), range(4)))
@@ -81,6 +84,7 @@ def test_get_stats_reports_the_batched_steps(cluster):
     assert 0 < st.step_interval_s_p50 <= st.step_interval_s_p99  # steps back to back: their period
     assert st.step_interval_s_p50 <= st.step_s_p50 * 1.5  # a step spans about two periods (pipelined)
     assert st.step_device_s_p50 == st.step_device_s_p99 == 0.0  # no device events on the CPU
+    assert 0 < st.stall_s_p99 <= st.stall_s_max and 0 < st.stall_share < 1  # the process's probe
     st2 = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
     assert st2.steps == st.steps and st2.step_s_p99 == 0.0  # the window was reset, the counters not
     assert st2.step_interval_s_p99 == 0.0
