@@ -29,8 +29,8 @@
 # test_gpu_batch.py + test_gpu_verify.py at 55a3371 (9 passed), serve-steady at 9729775 (the hand-off wait:
 # 2.7 s p50 at 64 streams) and with BATON_HANDOFF_RING_SLOTS 32 / 128, long at 55a3371 (31 of 32: one
 # request failed the router's 30 s stall check while queued; heartbeats since 83a6f6d).
-# Next, in this order: serve-steady (decode_step_interval_s / decode_step_device_s: why a step in service
-# takes 2x the step alone), long (all 32 must complete now), tests-decode, spec-adaptive
+# Next, in this order: serve-steady (decode_step_interval_s / decode_step_device_s / decode_stall_*: why a step
+# in service takes 2x the step alone), long (all 32 must complete now), tests-decode, spec-adaptive
 # (SPEC_POINTS=1,8,32), burst, spec-exact (after 3af1f92 and the batched Draft reads), verify,
 # layout-fixed, layout-mixed.
 #
