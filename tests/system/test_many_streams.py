@@ -67,9 +67,8 @@ def test_get_stats_reports_the_batched_steps(cluster):
     clears the duration windows only."""
     import grpc
 
-    from baton.v1 import common_pb2, decode_pb2_grpc
-
     from baton import stalls
+    from baton.v1 import common_pb2, decode_pb2_grpc
 
     stalls.start()  # what a worker's process main starts (this process's probe: it stays on)
     c, ds = cluster
