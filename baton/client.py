@@ -69,6 +69,8 @@ class Delta:
                 "first_decode_ms",
             )
         }
+        if s.HasField("handoff_timeline"):  # asked for: the first hand-off's marks, name -> monotonic ns
+            stats["handoff_timeline"] = dict(s.handoff_timeline.marks_ns)
         return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats, lps)
 
 
@@ -112,6 +114,7 @@ class Client:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         exact_policy: str | None = None,
+        handoff_timeline: bool = False,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -120,6 +123,8 @@ class Client:
         tokens) as in vLLM / OpenAI, neutral 0 (docs/CONTRACTS.md, "Sampling").
         exact_policy (exact mode at T > 0): "coupling" (token-identical to the exact model's seeded
         decode) or "rejection" (speculative rejection sampling, exact in distribution); None = the server's.
+        handoff_timeline (diagnostics): the last delta's stats["handoff_timeline"] holds the first state
+        hand-off's marks, name -> monotonic ns (baton/handoff/timeline.py).
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -135,6 +140,7 @@ class Client:
             stop_token_ids=list(stop_token_ids),
             ignore_eos=ignore_eos,
             draft_block=draft_block,
+            handoff_timeline=handoff_timeline,
             sampling=common_pb2.SamplingParams(
                 temperature=temperature,
                 top_p=top_p,

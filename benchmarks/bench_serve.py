@@ -58,6 +58,10 @@ Per point:
                        mean rows, their duration (the worst worker's p99: decode steps while prefills run);
                        0 steps for mtp (its rounds are gathered, not stepped). A step's duration spans about
                        two step periods (the next step is launched before its tokens are read)
+    handoff_timeline_ms   with --timeline-every N: every Nth request's first hand-off timeline (the marks of
+                       baton/handoff/timeline.py), per mark p50 / p99 ms after prefill.compute_end and how many
+                       requests had it: where the state's wait to land goes (a ring slot, framing, the wire,
+                       the receiver's checks, the commit)
     decode_step_interval_s_*, decode_step_device_s_*   (p50, p99)
                        the step period (one launch to the next, steps back to back) and, on CUDA, a step's
                        device time (events around its kernels): device time near the step alone
@@ -134,6 +138,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -297,6 +302,7 @@ class Sample:
     accepted: int = 0
     handoff_ms: float = 0.0  # the router's Stats: the first token -> the state landed on the decode worker
     first_decode_ms: float = 0.0  # ... -> the decode worker's first tokens
+    timeline: dict | None = None  # the first hand-off's marks (name -> monotonic ns), when asked for
 
 
 @dataclass(frozen=True)
@@ -306,15 +312,34 @@ class Gen:
     engine: str = "bf16"
     mode: str = "fast"
     draft_block: int = 0
+    timeline_every: int = 0  # every Nth request asks for the hand-off's timeline (0: none)
 
     @property
     def speculates(self) -> bool:
         return self.mode == "exact" or self.engine == "mtp"
 
 
+_SENT = itertools.count()  # requests sent by this process: which ask for a timeline (Gen.timeline_every)
+
+
+def timeline_ms(samples: list[Sample]) -> dict:
+    """The sampled hand-off timelines: per mark, p50 / p99 of its time after prefill.compute_end, ms (negative:
+    before it, e.g. chunks sent while the prefill ran), over the requests that carry that mark; {} if none."""
+    per: dict[str, list[float]] = {}
+    for s in samples:
+        t = s.timeline or {}
+        if "prefill.compute_end" in t:
+            for k, v in t.items():
+                per.setdefault(k, []).append((v - t["prefill.compute_end"]) / 1e6)
+    return {
+        k: {"p50": round(pct(v, 0.5), 2), "p99": round(pct(v, 0.99), 2), "n": len(v)} for k, v in sorted(per.items())
+    }
+
+
 def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
     gen = Gen(gen) if isinstance(gen, str) else gen
     s = Sample(time.monotonic(), [], [], "OK", job=job)
+    ask = gen.timeline_every > 0 and next(_SENT) % gen.timeline_every == 0
     try:
         for d in client.generate(
             job.prompt,
@@ -324,6 +349,7 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
             draft_block=gen.draft_block,
             ignore_eos=True,
             timeout=timeout,
+            handoff_timeline=ask,
             **dict(job.sampling),
         ):
             if d.token_ids:
@@ -334,6 +360,7 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
                 s.drafted, s.accepted = int(d.stats.get("drafted", 0)), int(d.stats.get("accepted", 0))
                 s.handoff_ms = float(d.stats.get("handoff_ms", 0.0))
                 s.first_decode_ms = float(d.stats.get("first_decode_ms", 0.0))
+                s.timeline = d.stats.get("handoff_timeline")
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
         s.status = str(getattr(code, "name", type(e).__name__))
@@ -415,6 +442,7 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
         "first_decode_ms_p50": pct([s.first_decode_ms for s in ok if s.first_decode_ms], 0.5),
         "first_decode_ms_p99": pct([s.first_decode_ms for s in ok if s.first_decode_ms], 0.99),
         "tokens_per_message": round(tokens / msgs, 3) if msgs else None,
+        "handoff_timeline_ms": timeline_ms(ok),
         "errors": dict(sorted(Counter(s.status for s in samples if s.status != "OK").items())),
         "short": sum(len(s.tokens) != s.job.max_new for s in ok if s.job is not None),
         "checked": len(checked),
@@ -670,6 +698,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--concurrency", default=None, help="closed-loop points, e.g. 1,8,32 (empty: none)")
     p.add_argument("--requests", type=int, default=None, help="Generate calls per client, one after another")
+    p.add_argument(
+        "--timeline-every",
+        type=int,
+        default=0,
+        help="every Nth request asks for its hand-off's timeline (GenerateRequest.handoff_timeline): a point's "
+        "handoff_timeline_ms; 0 (default): none",
+    )
     p.add_argument("--rate", default="", help="Poisson points: requests/s, e.g. 2,8,inf")
     p.add_argument("--num-prompts", type=int, default=None, help="requests of a Poisson point (default 4 x max N)")
     p.add_argument("--workload", default="fixed", help="fixed, mixed or fixed,mixed")
@@ -732,7 +767,7 @@ def resolve(a) -> None:
     speculates = Gen(a.engine, a.mode).speculates
     a.check = a.check or ("complete" if a.engine == "bf16" or speculates else "alone")
     _resolve_drafts(a, speculates, given_check_prompts)
-    a.gen = Gen(a.engine, a.mode, a.k if speculates else 0)
+    a.gen = Gen(a.engine, a.mode, a.k if speculates else 0, max(0, a.timeline_every))
     longest_in = max([a.input_len] + ([a.mixed_input[1]] + ([a.long_input[1]] if a.long_frac else []))
                      * ("mixed" in a.workloads))  # fmt: skip
     longest_out = max([a.output_len] + [a.mixed_output[1]] * ("mixed" in a.workloads))

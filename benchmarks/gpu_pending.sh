@@ -135,7 +135,7 @@ case $stage in
     tail -5 "$out/$stage.log"
     ;;
   serve) serve serve-bf16 --engine bf16 --concurrency 1,8,32,64 ;;
-  serve-steady) serve serve-bf16-steady --engine bf16 --concurrency 8,32,64 --requests 4 ;;
+  serve-steady) serve serve-bf16-steady --engine bf16 --concurrency 8,32,64 --requests 4 --timeline-every 8 ;;
   fp8)
     serve serve-fp8-32 --engine fp8 --concurrency 32
     serve serve-bf16-topp --engine bf16 --concurrency 1,32 --temperature 0.8 --top-p 0.9

@@ -50,17 +50,26 @@ class RunStats:
     bridge_bytes: int = 0
     bridge_seconds: float = 0.0
     landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
+    timeline: object = None  # the first hand-off's common_pb2.HandoffTimeline, when asked for
+
+    @property
+    def timeline_set(self) -> bool:
+        return self.timeline is not None
 
     def bridge(self, report) -> None:
         self.bridge_bytes += int(report.total_bytes)
         self.bridge_seconds += float(report.seconds)
         self.landed_at = self.landed_at or time.monotonic()
+        if self.timeline is None and report.HasField("timeline"):
+            self.timeline = report.timeline
 
     def fill(self, st, **extra) -> None:
         """Writes these counters (and `extra` fields) into a router_pb2.Stats."""
         st.migrations, st.bridge_bytes, st.bridge_seconds = self.migrations, self.bridge_bytes, self.bridge_seconds
         st.drafted, st.accepted = self.drafted, self.accepted
         st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
+        if self.timeline is not None:
+            st.handoff_timeline.CopyFrom(self.timeline)
         for k, v in extra.items():
             setattr(st, k, v)
 

@@ -73,6 +73,7 @@ class Plan:
     k: int  # draft block (exact mode)
     sampling: common_pb2.SamplingParams  # the workers' copy: seed resolved, no stop strings
     stops: tuple[str, ...] = ()  # stop strings, matched here on the text
+    timeline: bool = False  # the first hand-off's marks into the last Stats (GenerateRequest.handoff_timeline)
 
     @property
     def engine_name(self) -> str | None:
@@ -221,7 +222,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             sampling, stops = sampling_rules.plan(r.sampling, meta.tokenizer is not None, secrets.randbits(64))
         except ValueError as e:
             raise StatusError(C.INVALID_ARGUMENT, str(e)) from None
-        return Plan(request_id, ids, n, mode, r.engine, tuple(r.stop_token_ids), r.ignore_eos, k, sampling, stops)
+        stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
+        return Plan(request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline)
 
     # ---- relay -----------------------------------------------------------------------------------
     def _relay(self, plan: Plan, calls: Calls, rec: dict, t0: float) -> Iterator[router_pb2.GenerateResponse]:
@@ -369,6 +371,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             sampling=plan.sampling,
             generated=len(sent),
             on_retry=self.metrics.prefill_retries.inc,
+            timeline=plan.timeline and not stats.timeline_set,
         )
         return h
 

@@ -182,6 +182,7 @@ def start_session(
     on_retry=None,
     sampling=None,
     generated: int = 0,
+    timeline: bool = False,
 ) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
@@ -192,6 +193,7 @@ def start_session(
     decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
     generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.
+    timeline: P reports the hand-off's marks (PrefillRequest.timeline) in the landed answer's bridge.
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
     bad_p: list[Worker] = []
@@ -228,6 +230,7 @@ def start_session(
             sampling=sampling,
             generated_tokens=generated,
             heartbeat_ms=max(1, int(calls.call_timeout * 1e3 / HEARTBEATS_PER_TIMEOUT)),
+            timeline=timeline,
         )
         try:
             return _prefill(calls, p, d, sid, req)

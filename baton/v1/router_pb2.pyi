@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "max_new_tokens", "mode", "engine", "stop_token_ids", "ignore_eos", "draft_block", "sampling")
+    __slots__ = ("request_id", "text", "token_ids", "max_new_tokens", "mode", "engine", "stop_token_ids", "ignore_eos", "draft_block", "sampling", "handoff_timeline")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_BLOCK_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_TIMELINE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _common_pb2.TokenIds
@@ -29,7 +30,8 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     draft_block: int
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., draft_block: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    handoff_timeline: bool
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., draft_block: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., handoff_timeline: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -40,7 +42,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("ttft_ms", "bridge_bytes", "drafted", "accepted", "acceptance_rate", "migrations", "bridge_seconds", "decode_tokens_per_s", "request_id", "seed", "handoff_ms", "first_decode_ms")
+    __slots__ = ("ttft_ms", "bridge_bytes", "drafted", "accepted", "acceptance_rate", "migrations", "bridge_seconds", "decode_tokens_per_s", "request_id", "seed", "handoff_ms", "first_decode_ms", "handoff_timeline")
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     BRIDGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +55,7 @@ class Stats(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_MS_FIELD_NUMBER: _ClassVar[int]
     FIRST_DECODE_MS_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_TIMELINE_FIELD_NUMBER: _ClassVar[int]
     ttft_ms: float
     bridge_bytes: int
     drafted: int
@@ -65,7 +68,8 @@ class Stats(_message.Message):
     seed: int
     handoff_ms: float
     first_decode_ms: float
-    def __init__(self, ttft_ms: _Optional[float] = ..., bridge_bytes: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., migrations: _Optional[int] = ..., bridge_seconds: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., request_id: _Optional[str] = ..., seed: _Optional[int] = ..., handoff_ms: _Optional[float] = ..., first_decode_ms: _Optional[float] = ...) -> None: ...
+    handoff_timeline: _common_pb2.HandoffTimeline
+    def __init__(self, ttft_ms: _Optional[float] = ..., bridge_bytes: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., migrations: _Optional[int] = ..., bridge_seconds: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., request_id: _Optional[str] = ..., seed: _Optional[int] = ..., handoff_ms: _Optional[float] = ..., first_decode_ms: _Optional[float] = ..., handoff_timeline: _Optional[_Union[_common_pb2.HandoffTimeline, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finish_reason", "usage", "stats", "logprobs")

@@ -112,6 +112,17 @@ def _sample(start, times, tokens, status="OK", ref=None, n=None):
     return bs.Sample(start, times, tokens, status, end=(times[-1] if times else start) + 0.01, job=job)
 
 
+def test_timeline_ms_gives_each_marks_offsets_after_the_compute():
+    a, b, c = _sample(0.0, [0.5], [1]), _sample(0.0, [0.5], [1]), _sample(0.0, [0.5], [1])
+    a.timeline = {"prefill.rpc_start": 1_000_000, "prefill.compute_end": 5_000_000, "decode.loaded": 9_000_000}
+    b.timeline = {"prefill.compute_end": 10_000_000, "decode.loaded": 30_000_000}
+    got = bs.timeline_ms([a, b, c])  # c asked for none
+    assert got["prefill.rpc_start"] == {"p50": -4.0, "p99": -4.0, "n": 1}
+    assert got["prefill.compute_end"] == {"p50": 0.0, "p99": 0.0, "n": 2}
+    assert got["decode.loaded"]["n"] == 2 and 4.0 <= got["decode.loaded"]["p50"] <= got["decode.loaded"]["p99"] == 20.0
+    assert bs.timeline_ms([c]) == {}
+
+
 def test_summarize_streams():
     s = [
         _sample(0.0, [0.5, 0.6, 0.7], [1, 2, 3], ref=(1, 2, 3, 4)),
@@ -224,7 +235,7 @@ def test_a_short_cpu_run_end_to_end(tmp_path):
     out = tmp_path / "r.json"
     argv = ["--concurrency", "1,2", "--requests", "1", "--input-len", "8", "--output-len", "4", "--rate", "50"]
     argv += ["--num-prompts", "3", "--hf-new", "4", "--warmup", "", "--out", str(out)]
-    argv += ["--temperature", "0.8", "--top-p", "0.9"]
+    argv += ["--temperature", "0.8", "--top-p", "0.9", "--timeline-every", "1"]
     assert bs.main(argv) == 0
     r = json.loads(out.read_text())
     assert r["sampling"] == {"temperature": 0.8, "top_p": 0.9, "seed": 1}
@@ -240,6 +251,10 @@ def test_a_short_cpu_run_end_to_end(tmp_path):
         assert 1 <= p["prefill_passes"] <= p["streams"], p
         assert round(p["prefill_pass_mean_pieces"] * p["prefill_passes"]) == p["streams"], p
         assert p["prefill_pass_ms_mean"] > 0
+        # every request asked for its hand-off's timeline: the marks, on the host's one clock, after the compute
+        tl = p["handoff_timeline_ms"]
+        assert tl["decode.loaded"]["n"] == tl["prefill.compute_end"]["n"] == p["completed"], tl
+        assert tl["prefill.rpc_start"]["p99"] <= 0 == tl["prefill.compute_end"]["p50"] <= tl["decode.loaded"]["p50"]
     for p in r["points"][:2]:
         assert p["hf_tok_s"] > 0 and p["floor_tok_s"] > 0
     assert r["git"]["commit"] and r["machine"]["cores_usable"] >= 1 and r["command"].startswith("python benchmarks/")

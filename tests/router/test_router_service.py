@@ -412,3 +412,13 @@ def test_a_silent_queued_prompt_past_the_call_timeout_is_a_stalled_worker(cluste
     code, details = _code(lambda: cluster.run(PROMPT, max_new_tokens=8, engine="bf16", timeout=20))
     assert code == grpc.StatusCode.UNAVAILABLE and "stalled" in details, details
     assert [len([m for m, _ in w.servicer.calls if m == "Prefill"]) for w in cluster.prefill] == [1, 1]
+
+
+def test_handoff_timeline_is_asked_of_the_prefill_worker_only_when_the_client_asks(cluster):
+    """GenerateRequest.handoff_timeline -> PrefillRequest.timeline (the marks come back in the bridge, then in
+    the last Stats: tests/benchmarks/test_bench_serve.py runs it end to end); without it P is asked for none."""
+    out, _ = cluster.run(PROMPT, max_new_tokens=4, engine="bf16", handoff_timeline=True)
+    out2, deltas = cluster.run(PROMPT, max_new_tokens=4, engine="bf16")
+    assert out == out2 == reference(PROMPT, 4) and "handoff_timeline" not in deltas[-1].stats
+    asked = [r.timeline for w in cluster.prefill for m, r in w.servicer.calls if m == "Prefill"]
+    assert sorted(asked) == [False, True]
