@@ -5,10 +5,9 @@ hundred thousand objects the collector tracks (~400K with the embedded model on 
 long as the process. A full (generation 2) collection walks every one of them with the GIL held: 243 ms on
 a 2-core VM, a pause of every thread of the process (the decode steps, every Decode stream, the hand-off's
 receiver). gc.freeze() moves them to the permanent generation, which collections skip; objects made later
-are collected as before. vLLM's engine does the same after its start-up.
+are collected as before.
 
-Called by the process mains (baton/worker/process.py: run_until_signal; router/__main__.py) and the Ray
-actors, never by serve_*() themselves: a test process starts many servers and must keep collecting what
+Called by the process mains (baton/worker/process.py: ready; router/__main__.py) and the Ray actors, never by serve_*() themselves: a test process starts many servers and must keep collecting what
 they leave behind.
 """
 

@@ -8,7 +8,7 @@ collection, or the OS. A serving process whose decode steps are launched from Py
                         time the probe spent late; (0, 0, 0) when the probe never started. reset=True
                         starts a new window (a benchmark's point)
 
-Started by the worker process mains and Ray actors once ready (baton/worker/process.py, the actors), not
+Started by the worker process mains and Ray actors once ready (baton/worker/process.py: ready), not
 by serve_*(): a test process starts many servers. Cost: 200 wake-ups a second, a clock read and an append
 each. On a host with spare cores the OS adds little, so the lateness is the GIL's (benchmarks/gil_probe.py
 measures the same thing against a hand-off, the OS's share apart).

@@ -10,12 +10,11 @@ Lifecycle:
 
 from __future__ import annotations
 
-from baton import stalls
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
-from baton.heap import freeze_startup_heap
 from baton.worker.actor import WorkerActor, make_remote
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.process import ready
 
 ENGINES = "bf16,fp8,mtp"
 
@@ -72,8 +71,7 @@ class DecodeActor(WorkerActor):
             capture_graphs=_flag(capture_graphs),
             pipeline=_flag(pipeline),
         )
-        freeze_startup_heap(self.role)  # the actor's process is this worker's: baton/heap.py
-        stalls.start()  # baton/stalls.py: WorkerStats' stall_* fields
+        ready(self.role)  # the actor's process is this worker's
 
 
 def _flag(value) -> bool:

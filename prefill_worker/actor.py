@@ -12,12 +12,11 @@ Lifecycle:
 
 from __future__ import annotations
 
-from baton import stalls
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
-from baton.heap import freeze_startup_heap
 from baton.worker.actor import WorkerActor, make_remote
 from baton.worker.options import DEFAULT_SLOTS, DEFAULT_TTL_S, default_dtype
+from baton.worker.process import ready
 
 
 class PrefillActor(WorkerActor):
@@ -59,8 +58,7 @@ class PrefillActor(WorkerActor):
             chunk_bytes=int(float(chunk_mib) * (1 << 20)),
             prefill_budget=int(prefill_budget) if prefill_budget not in (None, "") else None,
         )
-        freeze_startup_heap(self.role)  # the actor's process is this worker's: baton/heap.py
-        stalls.start()  # baton/stalls.py: WorkerStats' stall_* fields
+        ready(self.role)  # the actor's process is this worker's
 
 
 def make_actor_class(

@@ -52,10 +52,6 @@ class RunStats:
     landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
     timeline: object = None  # the first hand-off's common_pb2.HandoffTimeline, when asked for
 
-    @property
-    def timeline_set(self) -> bool:
-        return self.timeline is not None
-
     def bridge(self, report) -> None:
         self.bridge_bytes += int(report.total_bytes)
         self.bridge_seconds += float(report.seconds)

@@ -371,7 +371,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             sampling=plan.sampling,
             generated=len(sent),
             on_retry=self.metrics.prefill_retries.inc,
-            timeline=plan.timeline and not stats.timeline_set,
+            timeline=plan.timeline and stats.timeline is None,
         )
         return h
 

@@ -239,9 +239,9 @@ class StepScheduler:
                 if not jobs:
                     continue
                 t0 = time.perf_counter()
-                if inflight and not launched:  # back to back with the step in flight: one step period
-                    self.interval_s.append(t0 - self._last_launch)
-                if not launched:
+                if not launched:  # the iteration's first launch; with a step in flight, one step period
+                    if inflight:
+                        self.interval_s.append(t0 - self._last_launch)
                     self._last_launch = t0
                 try:
                     more = ([j.max_new_tokens - j.produced for j in jobs],) if self.multi else ()

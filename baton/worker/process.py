@@ -38,6 +38,14 @@ class WorkerHandle(ServerHandle):
             self.servicer.close()
 
 
+def ready(role: str) -> None:
+    """A worker's process is ready to serve: its start-up heap frozen out of the collector (baton/heap.py) and
+    its stall probe started (baton/stalls.py: WorkerStats' stall_* fields). The process mains and the Ray
+    actors call it once, never serve_*() (a test process starts many servers)."""
+    freeze_startup_heap(role)
+    stalls.start()
+
+
 def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRACE_S) -> int:
     """Prints the serving line, blocks until SIGINT/SIGTERM, then stops cleanly. Returns 0."""
     done = threading.Event()
@@ -49,8 +57,7 @@ def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRA
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     dump_stacks_on_sigusr1(role)
-    freeze_startup_heap(role)
-    stalls.start()
+    ready(role)
     print(f"{role}: serving on {handle.address}", flush=True)
     while not done.wait(0.5):
         pass
