@@ -70,6 +70,11 @@ Per point:
     decode_stall_s_*, decode_stall_share   (p99, max; share of the time) how late a Python thread of the
                        decode worker's process woke up to run (the GIL held elsewhere, a garbage collection),
                        from its probe (baton/stalls.py): a host that falls behind, and why
+    decode_phase_share_*, decode_held_rows_mean   where the decode worker's step thread spent the point
+                       (baton/engine/scheduler.py, the phases: idle, held, gather, lock, launch, collect,
+                       deliver, and other = the rest: its bookkeeping and waits for the GIL between phases),
+                       each a share of the point's wall time; collect near 1 means the device is the limit,
+                       lock / launch / other the host; held_rows_mean: joined sessions left out of a step
     decode_gathered_batches, decode_gathered_mean, prefill_gathered_batches, prefill_gathered_mean
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
@@ -571,7 +576,13 @@ class _StepStats:
             "decode_stall_s_p99": round(s1["stall_s_p99"], 5),
             "decode_stall_s_max": round(s1["stall_s_max"], 5),
             "decode_stall_share": round(s1["stall_share"], 4),
+            "decode_held_rows_mean": round((s1["held_rows"]) / steps, 2) if steps else 0.0,
         }
+        shares = s1["phase_share"]
+        for phase, share in sorted(shares.items()):
+            out[f"decode_phase_share_{phase}"] = round(share, 4)
+        if shares:
+            out["decode_phase_share_other"] = round(max(0.0, 1.0 - sum(shares.values())), 4)
         p1, p0 = g1.pop("prefill_pass", (0, 0, 0, 0.0)), self.g0.get("prefill_pass", (0, 0, 0, 0.0))
         passes, pieces, _, secs = (a - b for a, b in zip(p1, p0))
         out |= {

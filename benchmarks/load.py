@@ -165,13 +165,16 @@ _STEP_TIMES = (  # WorkerStats' step durations, s: the worst decode worker's of 
 def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = False) -> dict:
     """The decode workers' batched-step stats (WorkerStats): steps, mean rows a step, the largest step,
     step duration, step period and (CUDA) device time of a step, p50 / p99 (the worst worker's), since the
-    last reset; reset=True starts a new window."""
+    last reset; held_rows (joined sessions left out of steps) and phase_share (the step threads' time per
+    phase, baton/engine/scheduler.py, as a share of their windows' wall time); reset=True starts a new window."""
     from baton.rpc import make_channel
     from baton.settings import Settings
     from baton.v1 import common_pb2, decode_pb2_grpc
 
-    steps = rows = biggest = 0
+    steps = rows = biggest = held = 0
     worst = dict.fromkeys(_STEP_TIMES, 0.0)
+    phases: dict[str, float] = {}  # the step thread's seconds per phase, the busiest worker's share
+    window = 0.0
     for name, addr in addresses.items():
         if not name.startswith("decode"):
             continue
@@ -180,8 +183,13 @@ def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = Fal
                 common_pb2.WorkerStatsRequest(reset_steps=reset), timeout=5
             )
         steps, rows, biggest = steps + st.steps, rows + st.step_rows, max(biggest, st.max_step_rows)
+        held += st.step_held_rows
         worst = {k: max(v, getattr(st, k)) for k, v in worst.items()}
-    return {"steps": steps, "rows": rows, "max_rows": biggest} | worst
+        for phase, secs in st.step_phase_s.items():
+            phases[phase] = phases.get(phase, 0.0) + secs
+        window += st.step_phase_window_s
+    shares = {p: secs / window for p, secs in phases.items()} if window > 0 else {}
+    return {"steps": steps, "rows": rows, "max_rows": biggest, "held_rows": held, "phase_share": shares} | worst
 
 
 def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int, int]]:

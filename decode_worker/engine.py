@@ -71,12 +71,6 @@ class DecodeSession:
         return self.emitted_in_rounds / self.rounds if self.rounds else 0.0
 
 
-def _p50_p99(xs) -> tuple[float, float]:
-    """(p50, p99) of a window of durations; (0, 0) when it is empty."""
-    xs = sorted(xs)
-    return (xs[len(xs) // 2], xs[min(len(xs) - 1, int(0.99 * len(xs)))]) if xs else (0.0, 0.0)
-
-
 class DecodeEngine:
     def __init__(
         self,
@@ -349,15 +343,7 @@ class DecodeEngine:
         sched = self._scheduler
         if sched is not None:
             batched = {id(r.batched): r.batched for r in self.runners.values() if r.batched is not None}
-            device = [t for b in batched.values() for t in b.device_s]
-            windows = [sched.step_s, sched.interval_s] + [b.device_s for b in batched.values()]
-            out.step_s_p50, out.step_s_p99 = _p50_p99(sched.step_s)
-            out.step_interval_s_p50, out.step_interval_s_p99 = _p50_p99(sched.interval_s)
-            out.step_device_s_p50, out.step_device_s_p99 = _p50_p99(device)
-            if reset:
-                for w in windows:
-                    w.clear()
-            out.steps, out.step_rows, out.max_step_rows = sched.steps, sched.rows, sched.max_rows
+            sched.fill_stats(out, [b.device_s for b in batched.values()], reset)
         gs = (self.drafts, self.mtp_rounds)
         out.gathered_batches, out.gathered_items = sum(g.batches for g in gs), sum(g.items for g in gs)
         if self._rounds is not None:  # the scheduled mtp rounds count as gathered batches, as the Gather's did

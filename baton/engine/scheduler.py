@@ -29,6 +29,13 @@ step t whose token is an end is done; the token step t + 1 made for it is droppe
 the end, which only a run-ahead session, released at the end of its call, may be). A job with ahead = 0
 is never in two uncollected steps, so its state stays exactly that of the tokens its consumer got.
 close() waits until no uncollected step holds the job.
+Where the thread's time goes (`phase_s`, seconds since fill_stats' last reset; WorkerStats.step_phase_s): "idle" (no
+job joined), "held" (jobs joined, none wants a token and no step is in flight: every consumer is behind, or
+every run-ahead queue is full), "gather" (the gather_s window), "lock" (waiting for the compute lock: a
+LoadState commit, a Draft, a Release holds it), "launch" (the launch call: the host's part of a step;
+unpipelined, the whole step),
+"collect" (waiting for a step's tokens: the device), "deliver" (the tokens handed out). `held_rows`: jobs
+joined but left out of a pipelined step (their run-ahead queue full, or done).
 Batch invariance is the step function's: ar_batch gives each slot the bits it would get alone.
 Rounds (`multi=True`, fast-mode MTP: decode_worker/mtp.py): a step is a speculation round that gives each
 job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left. The
@@ -114,6 +121,12 @@ def _computed_at_once(step: Callable) -> Callable:
     return launch
 
 
+def _p50_p99(xs) -> tuple[float, float]:
+    """(p50, p99) of a window of durations; (0, 0) when it is empty."""
+    xs = sorted(xs)
+    return (xs[len(xs) // 2], xs[min(len(xs) - 1, int(0.99 * len(xs)))]) if xs else (0.0, 0.0)
+
+
 class StepScheduler:
     def __init__(
         self,
@@ -144,6 +157,10 @@ class StepScheduler:
         # from one launch to the next while a step was in flight (pipelined: the step period the sessions see)
         self.interval_s: collections.deque[float] = collections.deque(maxlen=4096)
         self._last_launch = 0.0
+        self.phase_s: collections.Counter[str] = collections.Counter()
+        self.held_rows = 0
+        self.phase_since = time.monotonic()
+        self._waiting: list | None = None  # [phase, since]: the thread's wait for a job in progress
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -159,6 +176,29 @@ class StepScheduler:
             self._jobs.append(job)
             self._cv.notify_all()  # a run-ahead job wants a token at once
         return job
+
+    def fill_stats(self, out, device_windows: list, reset: bool = False) -> None:
+        """WorkerStats' step fields (`out`): steps, rows, the windows' p50 / p99 (step, period, and the
+        runners' device times `device_windows`), the phases; reset: the windows start again."""
+        out.step_s_p50, out.step_s_p99 = _p50_p99(self.step_s)
+        out.step_interval_s_p50, out.step_interval_s_p99 = _p50_p99(self.interval_s)
+        out.step_device_s_p50, out.step_device_s_p99 = _p50_p99([t for w in device_windows for t in w])
+        with self._cv:  # the thread's wait in progress counts up to now
+            phases = collections.Counter(self.phase_s)
+            if self._waiting is not None:
+                now = time.perf_counter()
+                phases[self._waiting[0]] += now - self._waiting[1]
+                if reset:
+                    self._waiting[1] = now
+            for phase, secs in phases.items():
+                out.step_phase_s[phase] = secs
+            out.step_phase_window_s = time.monotonic() - self.phase_since
+            out.step_held_rows = self.held_rows
+            out.steps, out.step_rows, out.max_step_rows = self.steps, self.rows, self.max_rows
+            if reset:
+                for w in [self.step_s, self.interval_s, *device_windows]:
+                    w.clear()
+                self.phase_s, self.held_rows, self.phase_since = collections.Counter(), 0, time.monotonic()
 
     def close(self) -> None:
         """Stops the thread; jobs still asking get RuntimeError."""
@@ -196,15 +236,23 @@ class StepScheduler:
             if inflight:
                 if self._stopped:
                     return None
-                return [j for j in self._jobs if (j.wants and not inflight[j]) or (inflight[j] and self._goes_on(j))]
+                batch = [j for j in self._jobs if (j.wants and not inflight[j]) or (inflight[j] and self._goes_on(j))]
+                self.held_rows += len(self._jobs) - len(batch)
+                return batch
             while not self._stopped and not any(j.wants for j in self._jobs):
+                self._waiting = ["held" if self._jobs else "idle", time.perf_counter()]  # fill_stats reads it
                 self._cv.wait()
+                phase, since = self._waiting
+                self._waiting = None
+                self._spent(phase, since)
+            t0 = time.perf_counter()
             end = time.monotonic() + self.gather_s
             while not self._stopped and not all(j.wants for j in self._jobs):
                 left = end - time.monotonic()
                 if left <= 0:
                     break
                 self._cv.wait(left)
+            self._spent("gather", t0)
             if self._stopped:
                 for j in self._jobs:
                     if j.asking:
@@ -212,6 +260,12 @@ class StepScheduler:
                         j._ready.set()
                 return None
             return [j for j in self._jobs if j.wants]
+
+    def _spent(self, phase: str, since: float) -> float:
+        """Adds the time since `since` to phase_s[phase]; returns now (perf_counter)."""
+        now = time.perf_counter()
+        self.phase_s[phase] += now - since
+        return now
 
     @staticmethod
     def _goes_on(j: Job) -> bool:
@@ -243,12 +297,16 @@ class StepScheduler:
                     if inflight:
                         self.interval_s.append(t0 - self._last_launch)
                     self._last_launch = t0
+                t1 = t0
                 try:
                     more = ([j.max_new_tokens - j.produced for j in jobs],) if self.multi else ()
                     with self._lock:
+                        t1 = time.perf_counter()
                         get, err = self._launch(jobs[0].runner, [j.slot for j in jobs], *more), None
                 except BaseException as e:  # noqa: BLE001 - handed to each consumer, the thread goes on
                     get, err = None, e
+                self.phase_s["lock"] += t1 - t0
+                self._spent("launch", t1)
                 launched.append((jobs, get, err, t0))
             if not self._pipelined:  # each step's tokens now
                 for step in launched:
@@ -260,6 +318,7 @@ class StepScheduler:
 
     def _deliver(self, jobs: list[Job], get, err: BaseException | None, t0: float) -> None:
         """Collects a step's tokens (get()) and hands each job its token, or the step's error."""
+        t1 = time.perf_counter()
         if err is None:
             try:
                 toks = get()
@@ -267,7 +326,8 @@ class StepScheduler:
                 err = e
         if err is not None:
             toks = [None] * len(jobs)
-        self.step_s.append(time.perf_counter() - t0)
+        t2 = self._spent("collect", t1)
+        self.step_s.append(t2 - t0)
         self.steps += 1
         self.rows += len(jobs)
         self.max_rows = max(self.max_rows, len(jobs))
@@ -295,3 +355,4 @@ class StepScheduler:
                         j.queue.append(got if self.multi else got[0])
                 j._ready.set()
             self._cv.notify_all()
+        self._spent("deliver", t2)

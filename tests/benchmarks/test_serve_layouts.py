@@ -158,6 +158,8 @@ def test_layout_both_on_the_cpu_end_to_end(tmp_path):
     for p in r["points"]:
         assert p["errors"] == {} and p["mismatched"] == 0 and p["checked"] == p["completed"] == p["streams"], p
         assert p["goodput_per_gpu"] == p["tok_s"] and p["decode_steps"] > 0 and p["decode_step_s_p99"] > 0
+        shares = {k: v for k, v in p.items() if k.startswith("decode_phase_share_")}
+        assert shares["decode_phase_share_launch"] > 0 and 0.99 <= sum(shares.values()) <= 1.01, shares
     assert r["workloads"]["mixed"]["long_prompts"] >= 1
     assert r["comparison"] == [] and r["verdict"] == [f"No comparison: split: {r['layouts']['split']['skipped']}."]
     md = out.with_suffix(".md").read_text()

@@ -206,3 +206,39 @@ def test_close_waits_for_a_step_that_holds_the_job():
         assert sched.steps == n  # and no step ran it after
     finally:
         sched.close()
+
+
+def test_phases_say_where_the_step_thread_waited():
+    """phase_s: time held behind the compute lock counts as "lock", a pipelined step's device wait as
+    "collect", a run-ahead job whose queue is full as "held"; fill_stats reports them and resets."""
+    from baton.v1 import common_pb2
+
+    lock = threading.Lock()
+
+    def launch(runner, slots):
+        return lambda: (time.sleep(0.05), [1] * len(slots))[1]  # the "device": 50 ms a step
+
+    sched = StepScheduler(lambda r, s: [1] * len(s), lock, launch=launch)
+    try:
+        with lock:  # a LoadState commit holding the compute lock
+            job = sched.join("r", 0, 100, (), ahead=3)
+            time.sleep(0.3)
+        assert job.next() == 1
+        deadline = time.monotonic() + 5
+        while len(job.queue) < 2 and time.monotonic() < deadline:  # queue full: the job is held out
+            time.sleep(0.01)
+        time.sleep(0.3)
+        out = common_pb2.WorkerStats()
+        sched.fill_stats(out, [], reset=True)
+        ph = dict(out.step_phase_s)
+        assert ph["lock"] >= 0.25, ph
+        assert ph["collect"] >= 0.1, ph  # at least the steps that filled the queue
+        assert ph["held"] >= 0.25, ph
+        assert sum(ph.values()) <= out.step_phase_window_s + 0.01
+        assert out.steps >= 3 and out.step_held_rows >= 1
+        out2 = common_pb2.WorkerStats()
+        sched.fill_stats(out2, [])
+        assert sum(out2.step_phase_s.values()) < 0.2 and out2.step_phase_window_s < 0.2  # reset
+    finally:
+        job.close()
+        sched.close()
