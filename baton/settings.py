@@ -27,6 +27,9 @@
                               the tail segment covers; default 1
     BATON_HANDOFF_RING_SLOTS  the sender process's shared-memory ring: slots of one chunk each (4 MiB);
                               half as many hand-offs stage at once; default 32 (DEFAULT_RING_SLOTS, 128 MiB)
+    BATON_SWITCH_INTERVAL_US  a worker process's GIL switch interval (sys.setswitchinterval), microseconds:
+                              how long a thread that wants the GIL back waits before it asks the holder to
+                              give it up; default DEFAULT_SWITCH_INTERVAL_US (CPython's own is 5000)
 
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
@@ -58,13 +61,17 @@ DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
 # co-located H200 under steady load (serve-steady, 64 streams) waited 2.7 s p50 from a request's first token to
 # its state landing; with 32, 0.64 s (benchmarks/results/gpu-h200-2026-12-03-ring.md).
 DEFAULT_RING_SLOTS = 32
+# A worker's step / pass thread gives the GIL up at every torch call and waits to get it back behind the
+# gRPC threads (tokens out, state chunks in); CPython's 5 ms interval bounds each such wait.
+DEFAULT_SWITCH_INTERVAL_US = 5000
 
 
-_POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings
+_POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings, the GIL's switch interval
     ("max_request_bytes", "BATON_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
     ("keepalive_time_ms", "BATON_KEEPALIVE_TIME_MS", DEFAULT_KEEPALIVE_TIME_MS),
     ("keepalive_timeout_ms", "BATON_KEEPALIVE_TIMEOUT_MS", DEFAULT_KEEPALIVE_TIMEOUT_MS),
     ("min_ping_interval_ms", "BATON_MIN_PING_INTERVAL_MS", DEFAULT_MIN_PING_INTERVAL_MS),
+    ("switch_interval_us", "BATON_SWITCH_INTERVAL_US", DEFAULT_SWITCH_INTERVAL_US),
 )
 
 
@@ -120,6 +127,7 @@ class Settings:
     handoff_tail_chunk_bytes: int = DEFAULT_TAIL_CHUNK_BYTES  # 0: no tail segment; capped at the chunk size
     handoff_tail_layers: int = 1
     handoff_ring_slots: int = DEFAULT_RING_SLOTS  # >= 2
+    switch_interval_us: int = DEFAULT_SWITCH_INTERVAL_US  # workers' sys.setswitchinterval, > 0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # the router's public port only (baton.rpc max_receive_bytes)
     keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS  # clients (baton.rpc.make_channel)
     keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
@@ -150,6 +158,7 @@ class Settings:
             ("BATON_KEEPALIVE_TIME_MS", self.keepalive_time_ms),
             ("BATON_KEEPALIVE_TIMEOUT_MS", self.keepalive_timeout_ms),
             ("BATON_MIN_PING_INTERVAL_MS", self.min_ping_interval_ms),
+            ("BATON_SWITCH_INTERVAL_US", self.switch_interval_us),
         ):
             if not isinstance(val, int) or val <= 0:
                 raise SettingsError(f"{name}: must be > 0, got {val!r}")

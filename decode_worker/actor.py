@@ -71,7 +71,7 @@ class DecodeActor(WorkerActor):
             capture_graphs=_flag(capture_graphs),
             pipeline=_flag(pipeline),
         )
-        ready(self.role)  # the actor's process is this worker's
+        ready(self.role, settings)  # the actor's process is this worker's
 
 
 def _flag(value) -> bool:

@@ -58,7 +58,7 @@ class PrefillActor(WorkerActor):
             chunk_bytes=int(float(chunk_mib) * (1 << 20)),
             prefill_budget=int(prefill_budget) if prefill_budget not in (None, "") else None,
         )
-        ready(self.role)  # the actor's process is this worker's
+        ready(self.role, settings)  # the actor's process is this worker's
 
 
 def make_actor_class(

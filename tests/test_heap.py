@@ -69,3 +69,25 @@ def test_the_router_process_freezes_its_heap_before_it_serves(tmp_path):
         p.terminate()
         _, err = p.communicate(timeout=30)
     assert re.search(r"router: \d+ start-up objects frozen out of the garbage collector", err), err
+
+
+READY = """
+import logging, sys
+logging.basicConfig(level=logging.INFO)
+from baton.settings import Settings
+from baton.worker.process import ready
+
+before = sys.getswitchinterval()
+ready("probe", Settings.from_env())
+print(before, sys.getswitchinterval())
+"""
+
+
+def test_ready_sets_the_gil_switch_interval_from_the_settings():
+    """baton/worker/process.py: ready(role, settings): BATON_SWITCH_INTERVAL_US reaches the process."""
+    env = child_env(BATON_SWITCH_INTERVAL_US="700")
+    out = subprocess.run([sys.executable, "-c", READY], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    before, after = map(float, out.stdout.split())
+    assert before == 0.005 and after == 0.0007
+    assert "probe: GIL switch interval 700 us" in out.stderr

@@ -36,6 +36,7 @@ def test_env_values_and_overrides(tmp_path):
     assert o.replace(token=None).token is None
     with pytest.raises(TypeError):
         Settings.from_env({}, no_such_field=1)
+    assert Settings.from_env({"BATON_SWITCH_INTERVAL_US": "700"}).switch_interval_us == 700
 
 
 def test_token_file(tmp_path):
@@ -60,6 +61,7 @@ def test_token_file(tmp_path):
         ({"BATON_LOG_JSON": "maybe"}, "BATON_LOG_JSON"),
         ({"BATON_TLS_CERT": "/c.pem"}, "BATON_TLS_KEY"),
         ({"BATON_TOKEN": "   "}, "BATON_TOKEN"),
+        ({"BATON_SWITCH_INTERVAL_US": "0"}, "BATON_SWITCH_INTERVAL_US"),
     ],
 )
 def test_bad_values_name_the_variable(env, field):

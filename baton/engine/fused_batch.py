@@ -86,6 +86,9 @@ class BatchedAR:
         # schedulers may pipeline on one runner (bf16 sessions' steps, mtp sessions' plain rounds): 2 each
         self._host_slots = torch.full((PHASES, top), -1, dtype=torch.long, pin_memory=pin)
         self._host_tok = torch.zeros(PHASES, top, dtype=torch.long, pin_memory=pin)
+        # numpy views of both: launch and collect write and read them without a torch call, each of which
+        # gives up the GIL and waits to get it back behind the worker's other threads
+        self._host_slots_np, self._host_tok_np = self._host_slots.numpy(), self._host_tok.numpy()
         self._done = [torch.cuda.Event(enable_timing=True) for _ in range(PHASES)] if pin else None
         self._start = [torch.cuda.Event(enable_timing=True) for _ in range(PHASES)] if pin else None
         self._busy = [False] * PHASES
@@ -132,12 +135,11 @@ class BatchedAR:
             raise RuntimeError(f"{PHASES} batched steps are in flight: collect one first")
         ph = self._busy.index(False)
         p = bucket(b)
-        hs = self._host_slots[ph]
-        hs[:b] = torch.tensor(slots, dtype=torch.long)
-        hs[b:p] = -1
+        self._host_slots_np[ph, :b] = slots
+        self._host_slots_np[ph, b:p] = -1
         if self._start is not None:
             self._start[ph].record()
-        self.slots[:p].copy_(hs[:p], non_blocking=True)
+        self.slots[:p].copy_(self._host_slots[ph, :p], non_blocking=True)
         smp, graphs = self.runner.sampling, self.runner.graphs
         if all(smp.plain(s) for s in slots):
             g = graphs.get(("arb", p))
@@ -162,7 +164,7 @@ class BatchedAR:
         if self._done is not None:
             self._done[ph].synchronize()
             self.device_s.append(self._start[ph].elapsed_time(self._done[ph]) / 1e3)
-        toks = self._host_tok[ph, :b].tolist()
+        toks = self._host_tok_np[ph, :b].tolist()
         self._busy[ph] = False
         return toks
 

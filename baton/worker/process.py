@@ -18,6 +18,7 @@ from typing import NoReturn
 from baton import stalls
 from baton.heap import freeze_startup_heap
 from baton.rpc import ServerHandle, build_server
+from baton.settings import Settings
 from baton.worker.options import DEFAULT_GRACE_S
 from baton.worker.servicer import ServicerBase
 
@@ -38,15 +39,18 @@ class WorkerHandle(ServerHandle):
             self.servicer.close()
 
 
-def ready(role: str) -> None:
-    """A worker's process is ready to serve: its start-up heap frozen out of the collector (baton/heap.py) and
-    its stall probe started (baton/stalls.py: WorkerStats' stall_* fields). The process mains and the Ray
-    actors call it once, never serve_*() (a test process starts many servers)."""
+def ready(role: str, settings: Settings) -> None:
+    """A worker's process is ready to serve: its start-up heap frozen out of the collector (baton/heap.py),
+    its GIL switch interval set (settings.switch_interval_us) and its stall probe started (baton/stalls.py:
+    WorkerStats' stall_* fields). The process mains and the Ray actors call it once, never serve_*() (a
+    test process starts many servers)."""
     freeze_startup_heap(role)
+    sys.setswitchinterval(settings.switch_interval_us / 1e6)
+    log.info("%s: GIL switch interval %d us", role, settings.switch_interval_us)
     stalls.start()
 
 
-def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRACE_S) -> int:
+def run_until_signal(role: str, handle: WorkerHandle, grace: float = DEFAULT_GRACE_S) -> int:
     """Prints the serving line, blocks until SIGINT/SIGTERM, then stops cleanly. Returns 0."""
     done = threading.Event()
 
@@ -57,7 +61,7 @@ def run_until_signal(role: str, handle: ServerHandle, grace: float = DEFAULT_GRA
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     dump_stacks_on_sigusr1(role)
-    ready(role)
+    ready(role, handle.servicer.settings)
     print(f"{role}: serving on {handle.address}", flush=True)
     while not done.wait(0.5):
         pass
