@@ -45,7 +45,7 @@ Steps, in order:
     lengths uniform in --mixed-input / --mixed-output; with probability --long-frac the input is uniform in
     --long-input instead); all seeded by --seed.
  4. the servers stop; JSON to --out (default benchmarks/results/serve-<device>-<date>.json) with the command,
-    machine, date and git commit; beside it the same stem .md (tables) and .png (throughput against
+    machine, date, git commit and `env` (the BATON_* variables the served processes inherited, tokens left out); beside it the same stem .md (tables) and .png (throughput against
     concurrency: Baton, HF, the floor; latencies; the Poisson points) when matplotlib is installed (the
     `bench` extra), else `--report FILE.json` makes them later on any machine.
 
@@ -996,6 +996,7 @@ def run(a, argv: list[str]) -> dict:
     }
     skip = ("report", "out", "no_plot", "gen")
     res["config"] = {k: v for k, v in vars(a).items() if k not in skip and not callable(v)}
+    res["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("BATON_") and "TOKEN" not in k}
     res["workloads"] = {w.name: w.info for w in workloads}
     res["sampling"] = workloads[0].sampling or "greedy"
     with tempfile.TemporaryDirectory(prefix="baton-bench-serve-") as tmp:
