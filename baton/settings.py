@@ -27,6 +27,10 @@
                               the tail segment covers; default 1
     BATON_HANDOFF_RING_SLOTS  the sender process's shared-memory ring: slots of one chunk each (4 MiB);
                               half as many hand-offs stage at once; default 32 (DEFAULT_RING_SLOTS, 128 MiB)
+    BATON_STREAM_MESSAGES_PER_S  a decode worker's Decode streams send about this many messages a second at
+                              most, together: under load a run-ahead stream's tokens group into fewer
+                              messages (decode_worker/pacing.py); 0: one message per step; default
+                              DEFAULT_STREAM_MESSAGES_PER_S
     BATON_SWITCH_INTERVAL_US  a worker process's GIL switch interval (sys.setswitchinterval), microseconds:
                               how long a thread that wants the GIL back waits before it asks the holder to
                               give it up; default DEFAULT_SWITCH_INTERVAL_US (CPython's own is 5000)
@@ -64,6 +68,9 @@ DEFAULT_RING_SLOTS = 32
 # A worker's step / pass thread gives the GIL up at every torch call and waits to get it back behind the
 # gRPC threads (tokens out, state chunks in); CPython's 5 ms interval bounds each such wait.
 DEFAULT_SWITCH_INTERVAL_US = 5000
+# Each Decode message costs the decode worker ~100-160 us under the GIL on a 2-core VM, whatever its tokens
+# (benchmarks/results/stream-messages-cpu-2026-12-03.json); at 2,000 a second streams group from ~16 on.
+DEFAULT_STREAM_MESSAGES_PER_S = 2000
 
 
 _POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings, the GIL's switch interval
@@ -128,6 +135,7 @@ class Settings:
     handoff_tail_layers: int = 1
     handoff_ring_slots: int = DEFAULT_RING_SLOTS  # >= 2
     switch_interval_us: int = DEFAULT_SWITCH_INTERVAL_US  # workers' sys.setswitchinterval, > 0
+    stream_messages_per_s: int = DEFAULT_STREAM_MESSAGES_PER_S  # decode worker, >= 0 (0: no grouping)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # the router's public port only (baton.rpc max_receive_bytes)
     keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS  # clients (baton.rpc.make_channel)
     keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
@@ -151,6 +159,8 @@ class Settings:
             )
         if not isinstance(self.handoff_tail_layers, int) or self.handoff_tail_layers < 0:
             raise SettingsError(f"BATON_HANDOFF_TAIL_LAYERS: must be >= 0, got {self.handoff_tail_layers!r}")
+        if not isinstance(self.stream_messages_per_s, int) or self.stream_messages_per_s < 0:
+            raise SettingsError(f"BATON_STREAM_MESSAGES_PER_S: must be >= 0, got {self.stream_messages_per_s!r}")
         if not isinstance(self.handoff_ring_slots, int) or self.handoff_ring_slots < 2:
             raise SettingsError(f"BATON_HANDOFF_RING_SLOTS: must be >= 2, got {self.handoff_ring_slots!r}")
         for name, val in (
@@ -212,6 +222,11 @@ class Settings:
                 0,
             ),
             handoff_tail_layers=_parse_int("BATON_HANDOFF_TAIL_LAYERS", get("BATON_HANDOFF_TAIL_LAYERS") or "1", 0),
+            stream_messages_per_s=_parse_int(
+                "BATON_STREAM_MESSAGES_PER_S",
+                get("BATON_STREAM_MESSAGES_PER_S") or str(DEFAULT_STREAM_MESSAGES_PER_S),
+                0,
+            ),
             handoff_ring_slots=_parse_int(
                 "BATON_HANDOFF_RING_SLOTS", get("BATON_HANDOFF_RING_SLOTS") or str(DEFAULT_RING_SLOTS), 2
             ),

@@ -53,6 +53,8 @@
 #   gil     serve-steady at 32 and 64 streams once per GIL switch interval of the workers
 #           (BATON_SWITCH_INTERVAL_US; SWITCH_POINTS, default 5000,500,100 us): the step thread's launch phase
 #           (decode_phase_share_launch) against the interval
+#   paced   serve-steady at 32 and 64 streams (one checked prompt): the Decode streams' message budget
+#           (decode_worker/pacing.py; BATON_STREAM_MESSAGES_PER_S, 0 = off) against the step thread's phases
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
 #   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512 (BURSTS),
@@ -79,7 +81,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|gil|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
@@ -158,6 +160,9 @@ case $stage in
     for us in ${points//,/ }; do
       BATON_SWITCH_INTERVAL_US=$us serve "serve-steady-switch-$us" --engine bf16 --concurrency 32,64 --requests 4
     done
+    ;;
+  paced)  # serve-steady at 32, 64 with the decode worker's message budget (BATON_STREAM_MESSAGES_PER_S)
+    serve serve-steady-paced --engine bf16 --concurrency 32,64 --requests 4 --check-prompts 1 --timeline-every 8
     ;;
   long) serve serve-bf16-16k --engine bf16 --concurrency 32 --max-len 17000 --input-len 16384 --output-len 256 ;;
   verify)

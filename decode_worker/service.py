@@ -12,7 +12,8 @@ Lifecycle of a request:
     Decode(session, max_new_tokens, stop ids, ignore_eos, sampling)   fast mode, server stream (sampling:
         written into the session's row of its runner's SamplingTable first; logprobs per token if asked;
         with a penalty, the first call after LoadState carries the state's tokens, `history`):
-        one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp); the message that
+        one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp; a release_at_end
+        stream without logprobs may group several steps' tokens under load: decode_worker/pacing.py); the message that
         ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
         mean_accept_len of this call. Tokens start AFTER the state's next_token (Prefill's first
         token), so a request of N tokens is Prefill's first token + Decode(max_new_tokens=N-1).
@@ -54,6 +55,7 @@ from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from baton.worker.servicer import ServicerBase, window_field
 from decode_worker.engine import DecodeEngine
+from decode_worker.pacing import MessagePace
 
 log = logging.getLogger("baton.decode")
 SERVICE = "baton.v1.DecodeWorker"
@@ -87,6 +89,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         self.vocab = runner.cfg.vocab_size
         self.eos_ids = tuple(runner.cfg.eos_token_ids if eos_ids is None else eos_ids)
         self.mtp_k = mtp_k
+        self.pace = MessagePace(self.settings.stream_messages_per_s)  # Decode streams' messages a second
 
     # ---- helpers ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -228,31 +231,38 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                     sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k, run_ahead=request.release_at_end
                 )
                 produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
+                # a run-ahead decode's tokens may wait for a shared message budget (decode_worker/pacing.py)
+                grouping = request.release_at_end and not table.wants_logprobs(s.slot)
+                paced = self.pace.stream() if grouping else contextlib.nullcontext(lambda: None)
                 try:
                     with window_field("max_new_tokens"):  # the first next() checks the window
                         first = next(gen, None)
-                    for toks in itertools.chain([first] if first is not None else [], gen):
-                        produced += len(toks)
-                        last = toks[-1] if toks else None
-                        finish = (
-                            common_pb2.STOP
-                            if last in stop
-                            else common_pb2.EOS
-                            if last in eos
-                            else common_pb2.LENGTH
-                            if produced >= n
-                            else finish
-                        )
-                        msg = decode_pb2.DecodeResponse(token_ids=toks, finish_reason=finish)
-                        if table.wants_logprobs(s.slot):  # the step that picked toks: rows 0..len-1
-                            msg.logprobs.extend(sampling_rules.logprob_protos(table.logprobs(s.slot, len(toks)), toks))
-                        if finish and s.engine == "mtp":
-                            msg.mean_accept_len = _mean(s.rounds - rounds0, s.emitted_in_rounds - emitted0)
-                        if not context.is_active():
-                            return  # cancelled or deadline passed: stop within one step
-                        yield msg
-                        if finish:
-                            break
+                    with paced as wait:
+                        for toks in itertools.chain([first] if first is not None else [], gen):
+                            produced += len(toks)
+                            last = toks[-1] if toks else None
+                            finish = (
+                                common_pb2.STOP
+                                if last in stop
+                                else common_pb2.EOS
+                                if last in eos
+                                else common_pb2.LENGTH
+                                if produced >= n
+                                else finish
+                            )
+                            msg = decode_pb2.DecodeResponse(token_ids=toks, finish_reason=finish)
+                            if table.wants_logprobs(s.slot):  # the step that picked toks: rows 0..len-1
+                                msg.logprobs.extend(
+                                    sampling_rules.logprob_protos(table.logprobs(s.slot, len(toks)), toks)
+                                )
+                            if finish and s.engine == "mtp":
+                                msg.mean_accept_len = _mean(s.rounds - rounds0, s.emitted_in_rounds - emitted0)
+                            if not context.is_active():
+                                return  # cancelled or deadline passed: stop within one step
+                            yield msg
+                            if finish:
+                                break
+                            wait()
                 finally:
                     gen.close()
                 if not finish:  # defensive: the engine ended without a stop condition

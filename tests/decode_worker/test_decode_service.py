@@ -153,6 +153,31 @@ def test_decode_continues_across_calls_and_stop_reasons(w, ref):
     assert w["ds"].engine.session_count() == 0  # release_at_end
 
 
+def test_a_paced_stream_groups_tokens_and_keeps_them_exact(w, ref):
+    """decode_worker/pacing.py: with a budget of 10 messages/s a release_at_end stream waits the most
+    (25 ms) between messages, and the tokens queued meanwhile (its steps ran ahead) ride together; the
+    tokens are those of the unpaced stream. A stream that does not run ahead (no release_at_end) is not
+    paced: one token a message."""
+    svc = DecodeServicer(w["ds"].engine, fingerprint=w["ds"].fingerprint, settings=Settings(stream_messages_per_s=10))
+    h = build_server([(add_to_server, svc)], service_names=[SERVICE], port=0, settings=Settings())
+    try:
+        with make_channel(h.address, Settings()) as ch:
+            D = decode_pb2_grpc.DecodeWorkerStub(ch)
+            first = _load(w, "p")
+            req = decode_pb2.DecodeRequest(session_id="p", max_new_tokens=10, ignore_eos=True)
+            plain = list(D.Decode(req, timeout=T))
+            assert [len(m.token_ids) for m in plain] == [1] * 10
+            req = decode_pb2.DecodeRequest(session_id="p", max_new_tokens=40, ignore_eos=True, release_at_end=True)
+            msgs = list(D.Decode(req, timeout=T))
+            assert svc.pace.active == 0
+    finally:
+        h.stop(0)
+        svc.close()
+    toks = [t for m in plain + msgs for t in m.token_ids]
+    assert [first] + toks == ref[:51] and msgs[-1].finish_reason == common_pb2.LENGTH
+    assert len(msgs) <= 20 and max(len(m.token_ids) for m in msgs) >= 3, [len(m.token_ids) for m in msgs]
+
+
 def test_mtp_decode_reports_acceptance(w, ref):
     first = _load(w, "m", engine=MTP)
     toks, last = _decode(w["D"], "m", 20, ignore_eos=True, release_at_end=True)
