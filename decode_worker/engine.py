@@ -291,14 +291,17 @@ class DecodeEngine:
         of the tokens yielded, as in the plain loop, else up to `ahead` tokens past them."""
         if max_new_tokens <= 0:
             return
-        with self._compute:  # the scheduler is started once, under the lock its steps take
-            if self._scheduler is None:
-                self._scheduler = StepScheduler(
-                    lambda r, slots: r.ar_batch(slots),
-                    self._compute,
-                    launch=lambda r, slots: r.ar_batch_launch(slots),  # pages reserved by decode() above
-                )
-        job = self._scheduler.join(s.runner, s.slot, max_new_tokens, ends, ahead)
+        sched = self._scheduler  # (a Decode takes the lock, which every launch holds, only to start it)
+        if sched is None:
+            with self._compute:  # the scheduler is started once, under the lock its steps take
+                if self._scheduler is None:
+                    self._scheduler = StepScheduler(
+                        lambda r, slots: r.ar_batch(slots),
+                        self._compute,
+                        launch=lambda r, slots: r.ar_batch_launch(slots),  # pages reserved by decode() above
+                    )
+                sched = self._scheduler
+        job = sched.join(s.runner, s.slot, max_new_tokens, ends, ahead)
         try:
             while (toks := job.take()) is not None:  # what queued while the reader was away: one message
                 s.last_used = time.monotonic()

@@ -83,11 +83,13 @@ class SlotFill:
                 # the work queued before the first place (decode steps in flight): wait for them here, not
                 # under the compute lock, so the step scheduler keeps launching meanwhile
                 self._stream.synchronize()
+            # the views place() built (~100 tensors' views and page lists: Python work, each torch call a
+            # GIL hand-over) are not built again under the lock the step scheduler's launches wait for
+            views = self._views if self._views is not None else st.import_views(self.slot, self.position)
+            left = {name: dst for name, dst in views.items() if name not in self._placed}
             with eng._compute:
-                views = st.import_views(self.slot, self.position)
-                for name, dst in views.items():
-                    if name not in self._placed:
-                        _copy_in(dst, tensors[name])
+                for name, dst in left.items():
+                    _copy_in(dst, tensors[name])
                 st.finish_import(self.slot, position=self.position, next_token=next_token)
         except BaseException:
             self.abort()
