@@ -29,10 +29,12 @@
 # test_gpu_batch.py + test_gpu_verify.py at 55a3371 (9 passed), serve-steady at 9729775 (the hand-off wait:
 # 2.7 s p50 at 64 streams) and with BATON_HANDOFF_RING_SLOTS 32 / 128, long at 55a3371 (31 of 32: one
 # request failed the router's 30 s stall check while queued; heartbeats since 83a6f6d).
-# Next, in this order: serve-steady (decode_step_interval_s / decode_step_device_s / decode_stall_*: why a step
-# in service takes 2x the step alone), long (all 32 must complete now), tests-decode, spec-adaptive
-# (SPEC_POINTS=1,8,32), burst, spec-exact (after 3af1f92 and the batched Draft reads), verify,
-# layout-fixed, layout-mixed.
+# In the evening of 2026-12-03 (benchmarks/results/gpu-h200-2026-12-03-phases.md): serve-steady at eabbc65 and
+# 0048ff6 (the step thread's phases: launch 57% at 64 streams, waiting for the GIL), long at eabbc65 (32 of
+# 32), gil at 56257b1 (a shorter switch interval does not help), layout-fixed at 0048ff6.
+# Next, in this order: paced (the message budget, 5292f83, and the commit's views, 4e4f3e0), tests-decode,
+# spec-adaptive (SPEC_POINTS=1,8,32), burst, layout-mixed, spec-exact (after 3af1f92 and the batched Draft
+# reads), verify.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -53,8 +55,9 @@
 #   gil     serve-steady at 32 and 64 streams once per GIL switch interval of the workers
 #           (BATON_SWITCH_INTERVAL_US; SWITCH_POINTS, default 5000,500,100 us): the step thread's launch phase
 #           (decode_phase_share_launch) against the interval
-#   paced   serve-steady at 32 and 64 streams (one checked prompt): the Decode streams' message budget
-#           (decode_worker/pacing.py; BATON_STREAM_MESSAGES_PER_S, 0 = off) against the step thread's phases
+#   paced   serve-steady at 32 and 64 streams (one checked prompt) once per Decode streams' message budget
+#           (decode_worker/pacing.py; BATON_STREAM_MESSAGES_PER_S; PACE_POINTS, default 2000,0: 0 = off):
+#           tok/s, tokens_per_message and the step thread's phases (decode_phase_share_launch) against it
 #   long    bench_serve bf16, 32 streams at 16K context each (pages, not a 4,096 window)
 #   verify  bench_verify_under_prefill: exact sessions' Verify latency beside a 32K prompt
 #   burst   bench_ttft_burst: where a burst's TTFT goes (queue, pass, hand-off tail) at 1, 8, 32 x 512 (BURSTS),
@@ -161,8 +164,12 @@ case $stage in
       BATON_SWITCH_INTERVAL_US=$us serve "serve-steady-switch-$us" --engine bf16 --concurrency 32,64 --requests 4
     done
     ;;
-  paced)  # serve-steady at 32, 64 with the decode worker's message budget (BATON_STREAM_MESSAGES_PER_S)
-    serve serve-steady-paced --engine bf16 --concurrency 32,64 --requests 4 --check-prompts 1 --timeline-every 8
+  paced)  # serve-steady at 32, 64 per decode worker's message budget (BATON_STREAM_MESSAGES_PER_S)
+    points=${PACE_POINTS:-2000,0}
+    for rate in ${points//,/ }; do
+      BATON_STREAM_MESSAGES_PER_S=$rate serve "serve-steady-paced-$rate" --engine bf16 --concurrency 32,64 \
+        --requests 4 --check-prompts 1 --timeline-every 8
+    done
     ;;
   long) serve serve-bf16-16k --engine bf16 --concurrency 32 --max-len 17000 --input-len 16384 --output-len 256 ;;
   verify)
