@@ -36,12 +36,11 @@ from decode_worker import drafting, mtp, mtp_launch
 
 ENGINES = ("bf16", "fp8", "mtp")
 # tokens (mtp: rounds) a released-at-end batched decode may run ahead of its reader: at least 3, so the
-# pipeline keeps going; 8, so a reader that falls a few steps behind (32+ streams sharing the worker's
-# host) stays in every step and takes its queued tokens as one message (Job.take) instead of leaving
-# the batch until it catches up. (On the H200 at 32-64 streams the readers kept up, 1.03 tokens a
-# message: the steps' missing sessions were most likely still in their hand-off, not measured yet;
-# benchmarks/results/gpu-h200-2026-12-03.md)
-RUN_AHEAD = 8
+# pipeline keeps going; 16, so a reader that waits out its message budget (decode_worker/pacing.py: up to
+# 25 ms, ~8 steps of the fastest) or falls behind stays in every step and takes its queued tokens as one
+# message (Job.take). Running ahead costs no step at an end token or max_new_tokens (the scheduler stops
+# the job at once); a reader that stops early (the router's stop string, a cancel) wastes up to 16 rows.
+RUN_AHEAD = 16
 
 
 @dataclass

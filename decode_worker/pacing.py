@@ -11,7 +11,7 @@ message, and the tokens queued meanwhile go as one message. Below rate / (step r
 waits: every step's token goes at once, as before.
 
 Only a run-ahead decode groups (Decode release_at_end without logprobs): its steps go on while its
-reader waits (StepScheduler `ahead`, RUN_AHEAD = 8 tokens), so the wait delays no step. The tokens and
+reader waits (StepScheduler `ahead`, RUN_AHEAD = 16 tokens), so the wait delays no step. The tokens and
 their order do not change, only how many ride in a message.
 
 Lifecycle: one MessagePace per DecodeServicer (settings.stream_messages_per_s; 0 = off);
@@ -24,7 +24,7 @@ import contextlib
 import threading
 import time
 
-MAX_WAIT_S = 0.025  # well under RUN_AHEAD (8) steps at any batch, so a waiting reader never holds a step
+MAX_WAIT_S = 0.025  # well under RUN_AHEAD (16) steps at any batch, so a waiting reader never holds a step
 
 
 class MessagePace:
