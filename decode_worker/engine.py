@@ -64,6 +64,9 @@ class DecodeSession:
     rounds: int = 0
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather
+    # the state's position as loaded, until a Decode or Draft moves it (each clears it first): the first
+    # Decode after LoadState reads it here, not from the device (a blocking read behind the steps in flight)
+    loaded_position: int | None = None
 
     @property
     def mean_accept_len(self) -> float:
@@ -195,7 +198,7 @@ class DecodeEngine:
     def _publish(
         self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int, now: float
     ) -> DecodeSession:
-        s = DecodeSession(sid, e, runner, slot, now, now)
+        s = DecodeSession(sid, e, runner, slot, now, now, loaded_position=position)
         if e == "mtp":
             s.mtp_pairs_h = runner.state.hidden[slot].clone()[None]
             s.mtp_pairs_ids = [next_token]
@@ -213,7 +216,8 @@ class DecodeEngine:
         always exactly that of the tokens yielded."""
         s = self.get(session_id)
         r = s.runner
-        pos = int(r.state.position[s.slot])
+        pos = s.loaded_position if s.loaded_position is not None else int(r.state.position[s.slot])
+        s.loaded_position = None
         kk = min(k, self.width - 2)
         k_max = max(kk, self.k_max)  # adaptive K's ceiling (fixed: k); a round's K also fits the window
         extra = kk + 2 if s.engine == "mtp" else 0
@@ -371,7 +375,7 @@ class DecodeEngine:
         s = self.get(session_id)
         if not 1 <= k <= self.width - 2:
             raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
-        s.exact = True
+        s.exact, s.loaded_position = True, None
         got = self.drafts.call((s, k, verdict))
         if isinstance(got, BaseException):
             raise got

@@ -242,3 +242,29 @@ def test_phases_say_where_the_step_thread_waited():
     finally:
         job.close()
         sched.close()
+
+
+def test_the_first_decode_after_a_load_takes_the_loaded_position(env):
+    """DecodeSession.loaded_position: the first decode after the load uses it instead of reading the device
+    (a blocking read behind the steps in flight); the decode clears it, so the next decode reads the
+    device, and a Draft clears it too. The tokens are those of the session alone either way."""
+    eng, alone, states = env
+    host, pos, nxt = states[1]
+    a = alone.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+    want = _decode(alone, a.id, 12)
+    alone.release(a.id)
+    s = eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+    try:
+        assert eng.get(s.id).loaded_position == pos
+        got = _decode(eng, s.id, 5)
+        assert eng.get(s.id).loaded_position is None
+        got += _decode(eng, s.id, 7)  # reads the device: pos + 5
+        assert got == want and int(eng.get(s.id).runner.state.position[eng.get(s.id).slot]) == pos + 12
+    finally:
+        eng.release(s.id)
+    s = eng.load({k: v.clone() for k, v in host.items()}, position=pos, next_token=nxt)
+    try:
+        eng.draft(s.id, 2, None)
+        assert eng.get(s.id).loaded_position is None
+    finally:
+        eng.release(s.id)
