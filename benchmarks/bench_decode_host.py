@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from baton.loading import load_model  # noqa: E402
 from baton.rpc import build_server  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc  # noqa: E402
+from benchmarks.report import emit, machine  # noqa: E402
 from decode_worker.engine import DecodeEngine  # noqa: E402
 from decode_worker.service import SERVICE, DecodeServicer, add_to_server  # noqa: E402
 from prefill_worker.engine import ExactEngine  # noqa: E402
@@ -189,14 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             ["python", "benchmarks/bench_decode_host.py", *(argv if argv is not None else sys.argv[1:])]
         ),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "machine": machine(),
         "device_ms": a.device_ms,
         "points": points,
     }
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(res, a.out)
     return 0
 
 

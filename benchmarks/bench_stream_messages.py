@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import platform
 import subprocess
 import sys
 import threading
@@ -31,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from baton.v1 import decode_pb2, decode_pb2_grpc  # noqa: E402
+from benchmarks.report import emit, machine  # noqa: E402
 
 
 def _client(port: int, streams: int) -> None:
@@ -97,16 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench_stream_messages",
         "command": " ".join(["python", "benchmarks/bench_stream_messages.py", *(argv or sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-        "grpcio": grpc.__version__,
+        "machine": machine(),
         "points": [
             point(s, t, a.messages) for s in map(int, a.streams.split(",")) for t in map(int, a.tokens.split(","))
         ],
     }
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(res, a.out)
     return 0
 
 
