@@ -32,9 +32,10 @@
 # In the evening of 2026-12-03 (benchmarks/results/gpu-h200-2026-12-03-phases.md): serve-steady at eabbc65 and
 # 0048ff6 (the step thread's phases: launch 57% at 64 streams, waiting for the GIL), long at eabbc65 (32 of
 # 32), gil at 56257b1 (a shorter switch interval does not help), layout-fixed at 0048ff6.
-# Next, in this order: paced (the message budget, 5292f83, and the commit's views, 4e4f3e0), tests-decode,
-# spec-adaptive (SPEC_POINTS=1,8,32), burst, layout-mixed, spec-exact (after 3af1f92 and the batched Draft
-# reads), verify.
+# Next, in this order: tests-engine and tests-decode (84eaf1b's numpy host buffers, 4e4f3e0's commit views,
+# 45ebe5f's loaded position on CUDA), paced (the message budget, 5292f83, on and off), spec-adaptive
+# (SPEC_POINTS=1,8,32), burst, layout-mixed, spec-exact (after 3af1f92 and the batched Draft reads), verify,
+# gil with SWITCH_POINTS=5000,20000.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
