@@ -7,8 +7,8 @@ a 2-core VM, a pause of every thread of the process (the decode steps, every Dec
 receiver). gc.freeze() moves them to the permanent generation, which collections skip; objects made later
 are collected as before.
 
-Called by the process mains (baton/worker/process.py: ready; router/__main__.py) and the Ray actors, never by serve_*() themselves: a test process starts many servers and must keep collecting what
-they leave behind.
+Called by the process mains (baton/worker/process.py: ready; router/__main__.py) and the Ray actors, never
+by serve_*() themselves: a test process starts many servers and must keep collecting what they leave behind.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
 # its state landing; with 32, 0.64 s (benchmarks/results/gpu-h200-2026-12-03-ring.md).
 DEFAULT_RING_SLOTS = 32
 # A worker's step / pass thread gives the GIL up at every torch call and waits to get it back behind the
-# gRPC threads (tokens out, state chunks in); CPython's 5 ms interval bounds each such wait.
+# gRPC threads (tokens out, state chunks in). CPython's own 5 ms: 500 and 100 us were no better for the decode
+# steps and slowed the prefill's passes (benchmarks/results/gpu-h200-2026-12-03-phases.md).
 DEFAULT_SWITCH_INTERVAL_US = 5000
 # Each Decode message costs the decode worker ~100-160 us under the GIL on a 2-core VM, whatever its tokens
 # (benchmarks/results/stream-messages-cpu-2026-12-03.json); at 2,000 a second streams group from ~16 on.

@@ -226,8 +226,7 @@ class DecodeEngine:
         ends = set(stop_ids) | set(eos_ids)
         batched = r.fast is None or r.batched is not None
         scheduled = self.batch_steps if self.batch_steps is not None else batched  # a scheduler thread steps it
-        # never ahead with logprobs: read from the table after each token, a step ahead overwrites them
-        ahead = RUN_AHEAD if run_ahead and not r.sampling.wants_logprobs(s.slot) else 0
+        ahead = RUN_AHEAD if self.runs_ahead(s, run_ahead) else 0
         if s.engine != "mtp" and scheduled:
             yield from self._ar_batched(s, max_new_tokens, ends, ahead)
             return
@@ -250,6 +249,13 @@ class DecodeEngine:
             yield toks
             if ended:
                 return
+
+    @staticmethod
+    def runs_ahead(s: DecodeSession, run_ahead: bool) -> bool:
+        """Whether decode(..., run_ahead) steps `s` ahead of its reader: a session released at the end of its
+        call, unless it asks for logprobs (read from the table after each token: a step ahead overwrites
+        them). Only such a reader may wait without holding a step (decode_worker/pacing.py)."""
+        return run_ahead and not s.runner.sampling.wants_logprobs(s.slot)
 
     def _ar_pipelined(self, s: DecodeSession, max_new_tokens: int, ends: set):
         """bf16 / fp8 AR with step t+1 launched before token t is read, so the host's launch and

@@ -13,8 +13,8 @@ Lifecycle of a request:
         written into the session's row of its runner's SamplingTable first; logprobs per token if asked;
         with a penalty, the first call after LoadState carries the state's tokens, `history`):
         one DecodeResponse per engine step (1 token for bf16/fp8, 1..K+1 for mtp; a release_at_end
-        stream without logprobs may group several steps' tokens under load: decode_worker/pacing.py); the message that
-        ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
+        stream without logprobs may group several steps' tokens under load: decode_worker/pacing.py); the
+        message that ends the stream carries finish_reason (STOP beats EOS beats LENGTH) and, for mtp,
         mean_accept_len of this call. Tokens start AFTER the state's next_token (Prefill's first
         token), so a request of N tokens is Prefill's first token + Decode(max_new_tokens=N-1).
         A cancelled or timed-out client stops it within one step; release_at_end releases the
@@ -232,8 +232,8 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 )
                 produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
                 # a run-ahead decode's tokens may wait for a shared message budget (decode_worker/pacing.py)
-                grouping = request.release_at_end and not table.wants_logprobs(s.slot)
-                paced = self.pace.stream() if grouping else contextlib.nullcontext(lambda: None)
+                ahead = self.engine.runs_ahead(s, request.release_at_end)
+                paced = self.pace.stream() if ahead else contextlib.nullcontext(lambda: None)
                 try:
                     with window_field("max_new_tokens"):  # the first next() checks the window
                         first = next(gen, None)

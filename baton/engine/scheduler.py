@@ -29,13 +29,13 @@ step t whose token is an end is done; the token step t + 1 made for it is droppe
 the end, which only a run-ahead session, released at the end of its call, may be). A job with ahead = 0
 is never in two uncollected steps, so its state stays exactly that of the tokens its consumer got.
 close() waits until no uncollected step holds the job.
-Where the thread's time goes (`phase_s`, seconds since fill_stats' last reset; WorkerStats.step_phase_s): "idle" (no
-job joined), "held" (jobs joined, none wants a token and no step is in flight: every consumer is behind, or
-every run-ahead queue is full), "gather" (the gather_s window), "lock" (waiting for the compute lock: a
-LoadState commit, a Draft, a Release holds it), "launch" (the launch call: the host's part of a step;
-unpipelined, the whole step),
-"collect" (waiting for a step's tokens: the device), "deliver" (the tokens handed out). `held_rows`: jobs
-joined but left out of a pipelined step (their run-ahead queue full, or done).
+Where the thread's time goes (`phase_s`, seconds since fill_stats' last reset; WorkerStats.step_phase_s):
+"idle" (no job joined), "held" (jobs joined, none wants a token and no step is in flight: every consumer is
+behind, or every run-ahead queue is full), "gather" (the gather_s window), "lock" (waiting for the compute
+lock: a LoadState commit, a Draft, a Release holds it), "launch" (the launch call: the host's part of a
+step; unpipelined, the whole step), "collect" (waiting for a step's tokens: the device), "deliver" (the
+tokens handed out). `held_rows`: jobs joined but left out of a pipelined step (their run-ahead queue full,
+or done).
 Batch invariance is the step function's: ar_batch gives each slot the bits it would get alone.
 Rounds (`multi=True`, fast-mode MTP: decode_worker/mtp.py): a step is a speculation round that gives each
 job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left. The
