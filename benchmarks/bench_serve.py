@@ -93,7 +93,8 @@ Per point:
     router_handoff_ms_*, first_decode_ms_*   that gap in two, from the router's Stats (handoff_ms,
                        first_decode_ms): the first token -> the state landed on the decode worker (the
                        push), then -> the decode worker's first tokens (the Decode call, the join, a step)
-    errors             by gRPC status (a refused request is not retried); short: streams of fewer tokens
+    errors             by gRPC status (a refused request is not retried); error_details: each status's first
+                       message (what refused it); short: streams of fewer tokens
                        than asked (ignore_eos: should be 0)
     checked, mismatched  streams compared with their reference / that differ from it: the batch must not
                        change a token. --check complete: `baton complete` (default for bf16, mtp and exact
@@ -130,7 +131,9 @@ Per point:
     --layout points also have layout, gpus, goodput_per_gpu (tok_s / gpus); the JSON then has layouts,
                        comparison and verdict (benchmarks/serve_layouts.py)
 The JSON's `serve`: argv (the `baton serve` command; --draft-p: the commands ControlledServe ran, `;`-separated,
-and baton_serve_args, the `baton serve` options they were built from), boot_s, exit_code, worker_exits.
+and baton_serve_args, the `baton serve` options they were built from), boot_s, exit_code, worker_exits, log
+(with --out: the whole `baton serve` stderr, saved beside the JSON as OUT.serve.log, OUT.serve-LAYOUT.log per
+layout; stderr_tail keeps its last lines in the JSON when a point failed).
 The JSON's `controlled` (--draft-p runs): draft_p, draft_k, draft_seed, draft_length, references (prompts in the
 reference file), shared_first_token (how many of them share their prompt length and first token with
 another of other tokens: the controlled drafter tells those apart as their tokens are verified, at
@@ -301,6 +304,7 @@ class Sample:
     tokens: list[int]
     status: str
     end: float = 0.0
+    detail: str = ""  # the error's message (status != OK)
     job: Job | None = None
     sizes: list[int] = field(default_factory=list)  # tokens of each message that carried tokens
     drafted: int = 0  # the router's Stats (last message): exact mode's drafted / accepted drafts
@@ -369,6 +373,8 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
         s.status = str(getattr(code, "name", type(e).__name__))
+        details = getattr(e, "details", None)
+        s.detail = str(details() if callable(details) else e)[:300]
     s.end = time.monotonic()
     return s
 
@@ -407,6 +413,15 @@ def expected_law(p: float, k: int) -> dict:
     P(k) = p^k; tokens a round sum_{i=0..k} p^i, accepted / drafted sum_{i=1..k} p^i / k."""
     acc = sum(p**i for i in range(1, k + 1))
     return {"expected_acceptance_rate": round(acc / k, 4), "expected_tokens_per_round": round(1 + acc, 3)}
+
+
+def first_details(samples: list[Sample]) -> dict:
+    """{status: the first failed request's message of that status}: why requests were refused."""
+    out: dict[str, str] = {}
+    for s in samples:
+        if s.status != "OK":
+            out.setdefault(s.status, s.detail)
+    return dict(sorted(out.items()))
 
 
 def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | None = None) -> dict:
@@ -449,6 +464,7 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
         "tokens_per_message": round(tokens / msgs, 3) if msgs else None,
         "handoff_timeline_ms": timeline_ms(ok),
         "errors": dict(sorted(Counter(s.status for s in samples if s.status != "OK").items())),
+        "error_details": first_details(samples),
         "short": sum(len(s.tokens) != s.job.max_new for s in ok if s.job is not None),
         "checked": len(checked),
         "mismatched": mismatched,
@@ -923,7 +939,9 @@ def _start_serve(a, args: list[str], reference: Path | None):
     return serve, {"argv": serve.label, "baton_serve_args": shlex.join(args)}
 
 
-def _serve_points(a, args: list[str], token: str, workloads: list[Workload], refs: list[dict], reference=None):
+def _serve_points(
+    a, args: list[str], token: str, workloads: list[Workload], refs: list[dict], reference=None, layout: str = ""
+):
     """One `baton serve --processes ARGS` (--draft-p: with the controlled decode worker reading the file
     `reference`): the warm-up, the "alone" references (the first serve only: a later one is checked
     against them), then every point; -> (serve info, points, warm-up)."""
@@ -938,7 +956,7 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
         for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
             per = [[w0.job(i % len(w0.prompts), min(8, a.output_len))] for i in range(n)]
             p = closed_point(addr, token, per, a.gen, a.timeout)
-            warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors")})
+            warm.append({k: p[k] for k in ("concurrency", "tok_s", "ttft_s_p50", "errors", "error_details")})
             print(f"bench_serve: warm-up {warm[-1]}", file=sys.stderr, flush=True)
         if a.check == "alone" and not any(refs):  # each checked prompt through the router by itself
             from baton.client import Client
@@ -975,7 +993,16 @@ def _serve_points(a, args: list[str], token: str, workloads: list[Workload], ref
         if info["exit_code"] not in (0, None) or not points or any(p.get("errors") for p in points):
             info["stderr_tail"] = serve.err[-40:]
         info["err"] = list(serve.err)  # the caller reads the placement lines, then drops it
+        if a.out:  # the whole log beside the result (the result keeps a tail only on failure)
+            info["log"] = str(serve_log_path(a.out, layout))
+            Path(info["log"]).write_text("\n".join(serve.err) + "\n")
     return info, points, warm
+
+
+def serve_log_path(out: str, layout: str = "") -> Path:
+    """Where a run's `baton serve` stderr goes: OUT.json -> OUT.serve.log (OUT.serve-LAYOUT.log per layout)."""
+    o = Path(out)
+    return o.with_name(o.stem + (f".serve-{layout}" if layout else ".serve") + ".log")
 
 
 def _series(a) -> dict:
@@ -1044,7 +1071,7 @@ def run(a, argv: list[str]) -> dict:
                     continue
                 try:
                     lay["serve"], pts, lay["warmup"] = _serve_points(
-                        a, args + lay["serve_args"], token, workloads, refs, ref_file
+                        a, args + lay["serve_args"], token, workloads, refs, ref_file, name
                     )
                 except (RuntimeError, TimeoutError) as e:  # this layout's serve did not come up: the other still runs
                     lay["failed"] = f"baton serve: {e}"[-3000:]

@@ -237,3 +237,5 @@ def _release(sessions: list[tuple[Worker, str, bool]]) -> None:
             f.result()
         except grpc.RpcError as e:
             log.debug("Release %s on %s: %s", s, w.address, e.code().name)
+        except ValueError:  # its channel closed meanwhile (an interceptor defers the error to the future)
+            log.debug("Release %s on %s: channel closed", s, w.address)

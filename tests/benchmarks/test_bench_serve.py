@@ -129,8 +129,12 @@ def test_summarize_streams():
         _sample(0.0, [1.0, 1.5, 2.0], [1, 2, 9], ref=(1, 2, 3)),
         _sample(0.1, [], [], status="RESOURCE_EXHAUSTED"),
         _sample(0.2, [0.4, 0.5], [5, 6]),
+        _sample(0.3, [], [], status="RESOURCE_EXHAUSTED"),
     ]
-    r = bs.summarize(s, wall=2.0, cpu_s=0.5)
+    s[2].detail, s[4].detail = "decode workers: all session slots are in use", "another"
+    r = bs.summarize(s[:4], wall=2.0, cpu_s=0.5)
+    assert r["error_details"] == {"RESOURCE_EXHAUSTED": "decode workers: all session slots are in use"}
+    assert bs.summarize(s, wall=2.0, cpu_s=0.5)["error_details"] == r["error_details"]  # the first one
     assert (r["streams"], r["completed"], r["tokens"], r["tok_s"]) == (4, 3, 8, 4.0)
     assert (r["checked"], r["mismatched"], r["errors"]) == (2, 1, {"RESOURCE_EXHAUSTED": 1})
     assert r["ttft_s_p50"] == 0.5 and r["ttft_s_max"] == 1.0 and r["client_cpu"] == 0.25

@@ -149,6 +149,8 @@ def test_layout_both_on_the_cpu_end_to_end(tmp_path):
     r = json.loads(out.read_text())
     assert r["layouts"]["split"]["skipped"].startswith("the split layout needs --device cuda")
     assert r["layouts"]["shared"]["serve"]["exit_code"] == 0 and r["layouts"]["shared"]["gpus"] == 1
+    log = tmp_path / "r.serve-shared.log"  # the whole `baton serve` stderr beside the JSON
+    assert r["layouts"]["shared"]["serve"]["log"] == str(log) and "decode-0 ready on" in log.read_text()
     got = [(p["layout"], p["workload"], p["mode"], p.get("concurrency"), p.get("rate")) for p in r["points"]]
     assert got == [
         ("shared", w, m, n, x)

@@ -393,3 +393,27 @@ def test_calls_of_two_requests_are_independent(fake_pool):
     assert d.outstanding == 2
     ca.close()
     assert d.outstanding == 1 and set(df.servicer.sessions) == {"b"}
+
+
+def test_release_survives_a_channel_closed_under_its_future():
+    """With an interceptor on the channel, a Release on a channel closed meanwhile fails in the future's
+    result() (ValueError), not at the call: the other sessions are still released and nothing is raised."""
+    from types import SimpleNamespace
+
+    from router import calls as calls_mod
+
+    done = []
+
+    class Fut:
+        def __init__(self, sid):
+            self.sid = sid
+
+        def result(self):
+            if self.sid == "closed":
+                raise ValueError("Cannot invoke RPC: Channel closed!")
+            done.append(self.sid)
+
+    stub = SimpleNamespace(Release=SimpleNamespace(future=lambda req, timeout: Fut(req.session_id)))
+    w = SimpleNamespace(stub=stub, address="127.0.0.1:1")
+    calls_mod._release([(w, "closed", True), (w, "open", True)])  # raised ValueError before the fix
+    assert done == ["open"]
