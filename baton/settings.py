@@ -70,8 +70,10 @@ DEFAULT_RING_SLOTS = 32
 # steps and slowed the prefill's passes (benchmarks/results/gpu-h200-2026-12-03-phases.md).
 DEFAULT_SWITCH_INTERVAL_US = 5000
 # Each Decode message costs the decode worker ~100-160 us under the GIL on a 2-core VM, whatever its tokens
-# (benchmarks/results/stream-messages-cpu-2026-12-03.json); at 2,000 a second streams group from ~16 on.
-DEFAULT_STREAM_MESSAGES_PER_S = 2000
+# (benchmarks/results/stream-messages-cpu-2026-12-03.json). A budget of 2,000 a second cut the step thread's
+# launch phase on the H200 (47% -> 36% at 32 streams) but not its tok/s (2,021 against 2,319 at 32, 2,870
+# against 2,876 at 64; benchmarks/results/gpu-h200-2026-12-03-paced.md): off by default, the knob kept.
+DEFAULT_STREAM_MESSAGES_PER_S = 0
 
 
 _POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings, the GIL's switch interval

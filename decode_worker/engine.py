@@ -325,7 +325,7 @@ class DecodeEngine:
         rounds) not waiting for its reader. Yields each round's tokens."""
         if max_new_tokens <= 0:
             return
-        with self._compute:
+        with self._mtp_lock:  # not the compute lock: a round computed at once holds it (a join waited ~200 ms)
             if self._rounds is None:
                 self._rounds = StepScheduler(
                     lambda r, slots, left: mtp_launch.launch(self, r, slots, left)(),

@@ -21,8 +21,9 @@ every session's pairs finalised together in one MTP pass (mtp.chains with K = 0)
 (h_{p-1}, t0) pending, as a flushed one-row verify round leaves it.
 
 A speculative round (K > 0, or a session capped). The plain rounds still in flight are read first
-(drain: their tokens and pairs land on the host), then mtp.rounds runs the chains and the verify at once;
-its result is handed to the scheduler when it collects. `left` (the scheduler's count) is cut by the
+(drain: their tokens and pairs land on the host) and handed to the consumers (StepScheduler.settle: not
+held back until after this round), then mtp.rounds runs the chains and the verify at once;
+its result is handed to the scheduler at once (Launched.ready). `left` (the scheduler's count) is cut by the
 tokens read but not yet handed over (mtp_undelivered), so a round never drafts past a session's end.
 
 Bookkeeping per session: mtp_inflight (plain rounds launched, tokens not read), mtp_undelivered (tokens
@@ -46,8 +47,9 @@ class Launched:
     """One round of the rounds scheduler (module doc): result() reads it once; calling it hands the
     tokens to the scheduler (each session's list)."""
 
-    def __init__(self, engine, sessions: list, read):
+    def __init__(self, engine, sessions: list, read, ready: bool = False):
         self.engine, self.sessions, self._read = engine, sessions, read
+        self.ready = ready  # computed at once: the scheduler hands it out now (StepScheduler, module doc)
         self._out: list[list[int]] | None = None
         self._err: BaseException | None = None
         engine._mtp_launched.append(self)
@@ -92,12 +94,14 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
         flush_s = 0.0
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
             drain(engine)
+            engine._rounds.settle()  # the drained rounds' tokens go out before the flush's pass
             t = time.perf_counter()
             _flush(engine, ctl, sessions)
             flush_s = time.perf_counter() - t
         return _plain(engine, ctl, runner, sessions, flush_s)
     drain(engine)
     rest = [n - s.mtp_undelivered for s, n in zip(sessions, left)]  # tokens left once the drained are handed over
+    engine._rounds.settle()  # ... handed over now, before this round's compute (counted in `rest` above)
     live = [i for i, n in enumerate(rest) if n > 0]
     items = [(jobs[i][0], mtp.round_cap(jobs[i][0], jobs[i][1], rest[i])) for i in live]
     got = mtp.rounds(engine, items, K) if items else []
@@ -105,7 +109,7 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     out: list[list[int]] = [[] for _ in sessions]
     for i, toks in zip(live, got):
         out[i] = toks
-    return Launched(engine, sessions, lambda: out)
+    return Launched(engine, sessions, lambda: out, ready=True)
 
 
 def _flush(engine, ctl, sessions: list) -> None:

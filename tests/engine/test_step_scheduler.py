@@ -268,3 +268,75 @@ def test_the_first_decode_after_a_load_takes_the_loaded_position(env):
         assert eng.get(s.id).loaded_position is None
     finally:
         eng.release(s.id)
+
+
+def test_settle_hands_out_the_steps_in_flight_before_a_computed_launch():
+    """Rounds (multi): a launch that computes at once calls settle() first, so the round in flight reaches
+    its consumer during that compute, not after it; the tokens stay in order; settle() from another thread
+    is refused. Without settle the first round's tokens wait the whole second launch."""
+    sched: StepScheduler | None = None
+    calls, release, got_first = [], threading.Event(), threading.Event()
+
+    def launch(runner, slots, left):
+        calls.append(list(left))
+        n = len(calls)
+        if n == 1:  # a plain round: launched, read later
+            return lambda: [[10]] * len(slots)
+        if n == 2:  # computed at once: settle, then the "compute" until the consumer got round 1
+            sched.settle()
+            release.wait(5)
+            return lambda: [[20, 21]] * len(slots)
+        return lambda: [[30 + n]] * len(slots)
+
+    sched = StepScheduler(lambda r, s, left: launch(r, s, left)(), threading.Lock(), launch=launch, multi=True)
+    try:
+        job = sched.join("r", 0, 4, (), ahead=4)
+
+        def read():
+            first = job.next()
+            got_first.set()
+            release.set()  # the second launch's compute ends only after round 1 reached us
+            return [first] + [t for r in iter(job.next, None) for t in [r]]
+
+        t = threading.Thread(target=lambda: calls.append(("read", read())))
+        t.start()
+        assert got_first.wait(3), "round 1 was held back by the launch after it"
+        t.join(5)
+        assert calls[-1] == ("read", [[10], [20, 21], [33]])  # order kept; max_new_tokens 4 cuts the rest
+        assert calls[0] == [4] and calls[1] == [4]  # `left` as the scheduler knew it at each launch
+        with pytest.raises(RuntimeError, match="only from a launch"):
+            sched.settle()
+    finally:
+        sched.close()
+
+
+def test_a_launch_computed_at_once_is_handed_out_before_the_next_launch():
+    """A launch result with ready = True (its tokens already on the host) reaches the consumer at once,
+    while the next launch runs; a plain launched result waits one launch (the pipeline)."""
+    got2, calls = threading.Event(), []
+
+    class Ready:
+        ready = True
+
+        def __init__(self, out):
+            self.out = out
+
+        def __call__(self):
+            return self.out
+
+    def launch(runner, slots, left):
+        calls.append(len(calls) + 1)
+        if calls[-1] == 1:
+            return Ready([[1, 2]] * len(slots))
+        if calls[-1] == 2:
+            assert got2.wait(3), "round 1 (ready) was held back until the next launch returned"
+        return lambda: [[3]] * len(slots)
+
+    sched = StepScheduler(lambda r, s, left: launch(r, s, left)(), threading.Lock(), launch=launch, multi=True)
+    try:
+        job = sched.join("r", 0, 3, (), ahead=4)
+        first = job.next()
+        got2.set()
+        assert [first, job.next(), job.next()] == [[1, 2], [3], None]
+    finally:
+        sched.close()
