@@ -32,10 +32,13 @@
 # In the evening of 2026-12-03 (benchmarks/results/gpu-h200-2026-12-03-phases.md): serve-steady at eabbc65 and
 # 0048ff6 (the step thread's phases: launch 57% at 64 streams, waiting for the GIL), long at eabbc65 (32 of
 # 32), gil at 56257b1 (a shorter switch interval does not help), layout-fixed at 0048ff6.
-# Next, in this order: tests-engine and tests-decode (84eaf1b's numpy host buffers, 4e4f3e0's commit views,
-# 45ebe5f's loaded position on CUDA), paced (the message budget, 5292f83, on and off), spec-adaptive
-# (SPEC_POINTS=1,8,32), burst, layout-mixed, spec-exact (after 3af1f92 and the batched Draft reads), verify,
-# gil with SWITCH_POINTS=5000,20000.
+# At night on 2026-12-03 (benchmarks/results/gpu-h200-2026-12-03-paced.md): tests-engine, tests-decode, paced,
+# spec-adaptive (1, 8, 32) at ebe3754; layout-mixed at ebe3754 (every request RESOURCE_EXHAUSTED, cause not
+# recorded; error_details and OUT.serve.log since) and again at 59e5217 (all completed); tests-mtp and
+# spec-adaptive at 32 at 59e5217 (0.94x).
+# Next, in this order: burst, spec-exact (after 3af1f92 and the batched Draft reads), verify, sampling (top-k
+# after ec6ad29), gil with SWITCH_POINTS=5000,20000, spec-adaptive (1, 8, 32) and serve-steady after 59e5217.
+# On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
