@@ -86,7 +86,9 @@ def choose_pages(
 ) -> int | None:
     """Pages of each runner's pool: kv_pages when given; on CUDA, fraction x the free memory now, less
     reserved_bytes (the O(1) state still to be allocated), shared by `runners` pools, at most every slot's
-    full window; on CPU None (slots x the window: every slot can always hold a full window)."""
+    full window; on CPU None (slots x the window: every slot can always hold a full window). On CUDA a
+    budget that cannot hold one full window raises ValueError at start-up (like vLLM's KV-cache check),
+    instead of a server that refuses every long request with RESOURCE_EXHAUSTED."""
     if kv_pages is not None:
         if kv_pages < 1:
             raise ValueError(f"kv_pages: {kv_pages} must be >= 1")
@@ -96,7 +98,15 @@ def choose_pages(
         return None
     free, _ = torch.cuda.mem_get_info(dev)
     budget = max(int(free * fraction) - reserved_bytes, 0) // max(runners, 1)
-    return pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len))
+    pages = pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len))
+    if pages < pages_for(max_len):  # not one request of the window would ever be admitted: say so now
+        raise ValueError(
+            f"KV pages: {fraction} of the {free / 2**30:.1f} GiB free on {dev}, less {reserved_bytes / 2**30:.1f} "
+            f"GiB for the O(1) state, leaves {pages} pages of {PAGE} tokens per runner ({runners}), less than one "
+            f"window of {max_len} tokens ({pages_for(max_len)} pages): free GPU memory (another process holds "
+            "it?), raise --gpu-memory-fraction, lower --max-len, or set --kv-pages"
+        )
+    return pages
 
 
 def describe(pages: int, page_bytes: int, slots: int, max_len: int) -> str:

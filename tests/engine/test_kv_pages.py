@@ -53,6 +53,23 @@ def test_sizing_from_memory_and_the_cpu_default():
     assert choose_pages("cpu", page_bytes=1, slots=4, max_len=1000, kv_pages=7) == 7
 
 
+def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
+    """On CUDA the pool comes from the free memory now; if it cannot hold one window of max_len the worker
+    stops at start-up with what to change, instead of refusing every such request later."""
+    free = {"b": 100 * 2**20}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (free["b"], 2 * free["b"]))
+    page_b = 2**20  # 1 MiB a page
+    # 0.5 x 100 MiB - 10 MiB reserved = 40 pages; a window of 10 * PAGE tokens needs 10
+    assert (
+        choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)
+        == 40
+    )
+    assert choose_pages("cuda", page_bytes=page_b, slots=2, max_len=10 * PAGE, fraction=0.5) == 20  # the cap
+    free["b"] = 30 * 2**20  # another process holds the rest: 0.5 x 30 MiB - 10 MiB = 5 pages < 10
+    with pytest.raises(ValueError, match=r"leaves 5 pages .* less than one window of 2560 tokens \(10 pages\)"):
+        choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)
+
+
 # ---------------------------------------------------------------- the state through pages
 def _scatter_pages(r: ModelRunner, slots=(0, 1), n=3) -> None:
     """Interleaved growth: the slots' pages alternate in the pool, so no slot's table is the identity."""
