@@ -75,6 +75,11 @@ Per point:
                        deliver, and other = the rest: its bookkeeping and waits for the GIL between phases),
                        each a share of the point's wall time; collect near 1 means the device is the limit,
                        lock / launch / other the host; held_rows_mean: joined sessions left out of a step
+    decode_thread_cpu, prefill_thread_cpu   {thread group: CPU seconds per wall second} of the role's
+                       workers over the point (WorkerStats thread_cpu_s, baton/thread_cpu.py; groups under
+                       0.5% left out): Python runs only with the GIL, so under a busy GIL these say who
+                       holds it (baton-steps: the step thread; ThreadPoolExecutor: the gRPC handlers, the
+                       Decode streams and the hand-off's LoadState; os:...: threads Python does not know)
     decode_gathered_batches, decode_gathered_mean, prefill_gathered_batches, prefill_gathered_mean
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
@@ -164,9 +169,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from baton.thread_cpu import share as thread_cpu_share  # noqa: E402
 from benchmarks import serve_layouts as layouts  # noqa: E402
 from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
-from benchmarks.load import Serve, decode_steps, gathers, pct, serve_env  # noqa: E402
+from benchmarks.load import Serve, decode_steps, gathers, pct, serve_env, thread_cpu  # noqa: E402
 from router.service import RouterConfig  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
@@ -304,7 +310,6 @@ class Sample:
     tokens: list[int]
     status: str
     end: float = 0.0
-    detail: str = ""  # the error's message (status != OK)
     job: Job | None = None
     sizes: list[int] = field(default_factory=list)  # tokens of each message that carried tokens
     drafted: int = 0  # the router's Stats (last message): exact mode's drafted / accepted drafts
@@ -312,6 +317,7 @@ class Sample:
     handoff_ms: float = 0.0  # the router's Stats: the first token -> the state landed on the decode worker
     first_decode_ms: float = 0.0  # ... -> the decode worker's first tokens
     timeline: dict | None = None  # the first hand-off's marks (name -> monotonic ns), when asked for
+    detail: str = ""  # the error's message (status != OK)
 
 
 @dataclass(frozen=True)
@@ -562,12 +568,13 @@ class _StepStats:
     workers cannot tell (an older worker, or no address line)."""
 
     def __init__(self, serve, token):
-        self.serve, self.token, self.s0, self.g0 = serve, token, None, None
+        self.serve, self.token, self.s0, self.g0, self.c0, self.t0 = serve, token, None, None, {}, 0.0
 
     def start(self) -> None:
         try:
             self.s0 = decode_steps(self.serve.workers(), self.token, reset=True)
             self.g0 = gathers(self.serve.workers(), self.token)
+            self.c0, self.t0 = thread_cpu(self.serve.workers(), self.token), time.monotonic()
         except Exception:  # noqa: BLE001 - the point runs without step stats
             self.s0 = None
 
@@ -577,6 +584,7 @@ class _StepStats:
         try:
             s1 = decode_steps(self.serve.workers(), self.token)
             g1 = gathers(self.serve.workers(), self.token)
+            c1, wall = thread_cpu(self.serve.workers(), self.token), time.monotonic() - self.t0
         except Exception:  # noqa: BLE001
             return {}
         steps, rows = s1["steps"] - self.s0["steps"], s1["rows"] - self.s0["rows"]
@@ -610,6 +618,8 @@ class _StepStats:
             b0, i0 = self.g0.get(role, (0, 0))
             out[f"{role}_gathered_batches"] = b1 - b0
             out[f"{role}_gathered_mean"] = round((i1 - i0) / (b1 - b0), 2) if b1 > b0 else 0.0
+        for role in ("decode", "prefill"):
+            out[f"{role}_thread_cpu"] = thread_cpu_share(self.c0.get(role, {}), c1.get(role, {}), wall)
         return out
 
 

@@ -216,6 +216,25 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int
     return out
 
 
+def thread_cpu(addresses: dict[str, str], token: str | None) -> dict[str, dict[str, float]]:
+    """Per role (prefill, decode): CPU seconds per thread group of the role's workers, summed
+    (WorkerStats thread_cpu_s, baton/thread_cpu.py); counters since each thread started."""
+    from baton.rpc import make_channel
+    from baton.settings import Settings
+    from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
+
+    out: dict[str, dict[str, float]] = {}
+    for name, addr in addresses.items():
+        role = "prefill" if name.startswith("prefill") else "decode"
+        stub = prefill_pb2_grpc.PrefillWorkerStub if role == "prefill" else decode_pb2_grpc.DecodeWorkerStub
+        with make_channel(addr, Settings(token=token)) as ch:
+            st = stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+        mine = out.setdefault(role, {})
+        for group, secs in st.thread_cpu_s.items():
+            mine[group] = mine.get(group, 0.0) + secs
+    return out
+
+
 def settle_sessions(addresses, token, timeout: float) -> tuple[dict[str, int], float]:
     t0 = time.monotonic()
     while True:

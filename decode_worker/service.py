@@ -41,7 +41,7 @@ import time
 import grpc
 import torch
 
-from baton import sampling_rules, stalls
+from baton import sampling_rules, stalls, thread_cpu
 from baton.engine import rejection
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
@@ -316,6 +316,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         out = self.stats()
         self.engine.fill_step_stats(out, reset=request.reset_steps)
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read(reset=request.reset_steps)
+        out.thread_cpu_s.update(thread_cpu.read())
         return out
 
 

@@ -40,7 +40,7 @@ import uuid
 
 import grpc
 
-from baton import sampling_rules, stalls
+from baton import sampling_rules, stalls, thread_cpu
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
@@ -394,4 +394,5 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         t = self.engine.pass_totals
         out.prefill_passes, out.prefill_pieces, out.prefill_tokens, out.prefill_pass_s = t
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read()
+        out.thread_cpu_s.update(thread_cpu.read())
         return out

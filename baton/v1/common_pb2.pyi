@@ -132,8 +132,15 @@ class WorkerStatsRequest(_message.Message):
     def __init__(self, reset_steps: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share", "step_phase_s", "step_phase_window_s", "step_held_rows")
+    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share", "step_phase_s", "step_phase_window_s", "step_held_rows", "thread_cpu_s")
     class StepPhaseSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class ThreadCpuSEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +175,7 @@ class WorkerStats(_message.Message):
     STEP_PHASE_S_FIELD_NUMBER: _ClassVar[int]
     STEP_PHASE_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     STEP_HELD_ROWS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_CPU_S_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     session_bytes: int
     outstanding: int
@@ -196,7 +204,8 @@ class WorkerStats(_message.Message):
     step_phase_s: _containers.ScalarMap[str, float]
     step_phase_window_s: float
     step_held_rows: int
-    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ..., step_phase_s: _Optional[_Mapping[str, float]] = ..., step_phase_window_s: _Optional[float] = ..., step_held_rows: _Optional[int] = ...) -> None: ...
+    thread_cpu_s: _containers.ScalarMap[str, float]
+    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ..., step_phase_s: _Optional[_Mapping[str, float]] = ..., step_phase_window_s: _Optional[float] = ..., step_held_rows: _Optional[int] = ..., thread_cpu_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class BridgeReport(_message.Message):
     __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks", "timeline")

@@ -370,6 +370,8 @@ def test_every_rpc_needs_the_token(w):
                 and st.max_len == MAX_LEN
                 and st.model_fingerprint == w["ds"].fingerprint
             )
+            # this process's threads by group (baton/thread_cpu.py): the gRPC handlers answered this call
+            assert "baton-rpc" in st.thread_cpu_s and st.thread_cpu_s["main"] > 0, dict(st.thread_cpu_s)
     finally:
         h.stop(0)
         svc.close()
