@@ -13,7 +13,8 @@ the H200, where at 64 streams it spent 57% of its time in launch (benchmarks/res
 
 Prints JSON: per (pace, streams) point: steps_per_s against device_steps_per_s (1 / device-ms), tok_s,
 messages, tokens_per_message, the step thread's phase shares (decode_phase_share_*: idle, held, gather,
-lock, launch, collect, deliver, other), server_cpu_s.
+lock, launch, collect, deliver, other), server_cpu_s, thread_cpu (the server process's CPU seconds per wall
+second by thread group, baton/thread_cpu.py: the step thread, the gRPC handlers of the Decode streams).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 import torch  # noqa: E402
 
+from baton import thread_cpu  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.loading import load_model  # noqa: E402
 from baton.rpc import build_server  # noqa: E402
@@ -115,11 +117,12 @@ def point(engine: DecodeEngine, state, pace: int, streams: int, tokens: int, dev
             raise RuntimeError("bench_decode_host --client did not start")
         before = common_pb2.WorkerStats()
         engine.fill_step_stats(before, reset=True)
-        t0, c0 = time.monotonic(), time.process_time()
+        t0, c0, th0 = time.monotonic(), time.process_time(), thread_cpu.read()
         child.stdin.write("go\n")
         child.stdin.flush()
         got = json.loads(child.stdout.readline())
         wall, cpu = time.monotonic() - t0, time.process_time() - c0
+        threads = thread_cpu.share(th0, thread_cpu.read(), wall)
         st = common_pb2.WorkerStats()
         engine.fill_step_stats(st)
         if child.wait(60) != 0:
@@ -144,6 +147,7 @@ def point(engine: DecodeEngine, state, pace: int, streams: int, tokens: int, dev
         "steps_per_s": round((st.steps - before.steps) / wall, 1),
         "device_steps_per_s": round(1 / device_s, 1),
         "server_cpu_s": round(cpu, 3),
+        "thread_cpu": threads,
     }
     out |= {f"decode_phase_share_{p}": round(v, 4) for p, v in sorted(shares.items())}
     if shares:
