@@ -197,16 +197,8 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int
     gathered_batches / gathered_items: Verify on a prefill worker, Draft and mtp rounds on a decode
     worker), summed over the role's workers; counters since the worker started. Also "prefill_pass": the
     prefill workers' batched prefill passes, their pieces, tokens and summed seconds."""
-    from baton.rpc import make_channel
-    from baton.settings import Settings
-    from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
-
     out: dict[str, tuple[int, int]] = {}
-    for name, addr in addresses.items():
-        role = "prefill" if name.startswith("prefill") else "decode"
-        stub = prefill_pb2_grpc.PrefillWorkerStub if role == "prefill" else decode_pb2_grpc.DecodeWorkerStub
-        with make_channel(addr, Settings(token=token)) as ch:
-            st = stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+    for role, st in _role_stats(addresses, token):
         b, i = out.get(role, (0, 0))
         out[role] = (b + st.gathered_batches, i + st.gathered_items)
         if role == "prefill":
@@ -216,19 +208,24 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int
     return out
 
 
-def thread_cpu(addresses: dict[str, str], token: str | None) -> dict[str, dict[str, float]]:
-    """Per role (prefill, decode): CPU seconds per thread group of the role's workers, summed
-    (WorkerStats thread_cpu_s, baton/thread_cpu.py); counters since each thread started."""
+def _role_stats(addresses: dict[str, str], token: str | None):
+    """Yields (role, WorkerStats) of each worker: role "prefill" or "decode" from its name."""
     from baton.rpc import make_channel
     from baton.settings import Settings
     from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
-    out: dict[str, dict[str, float]] = {}
     for name, addr in addresses.items():
         role = "prefill" if name.startswith("prefill") else "decode"
         stub = prefill_pb2_grpc.PrefillWorkerStub if role == "prefill" else decode_pb2_grpc.DecodeWorkerStub
         with make_channel(addr, Settings(token=token)) as ch:
-            st = stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+            yield role, stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+
+
+def thread_cpu(addresses: dict[str, str], token: str | None) -> dict[str, dict[str, float]]:
+    """Per role (prefill, decode): CPU seconds per thread group of the role's workers, summed
+    (WorkerStats thread_cpu_s, baton/thread_cpu.py); counters since each thread started."""
+    out: dict[str, dict[str, float]] = {}
+    for role, st in _role_stats(addresses, token):
         mine = out.setdefault(role, {})
         for group, secs in st.thread_cpu_s.items():
             mine[group] = mine.get(group, 0.0) + secs
