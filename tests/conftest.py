@@ -1,8 +1,30 @@
-"""Shared pytest fixtures. Markers (gpu, slow) and the default timeout live in pyproject.toml."""
+"""Shared pytest fixtures. Markers (gpu, slow), the default timeout and the two test processes (xdist's
+-n 2) live in pyproject.toml."""
 
+import os
 import socket
 
 import pytest
+
+
+def pytest_configure(config):
+    """Under xdist each test process gets its share of the cores for torch's threads (and so do the
+    processes its tests start, unless a test sets its own): two processes of all cores each only contend."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 0:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+@pytest.fixture
+def one_ray_at_a_time():
+    """The Ray tests start local Ray clusters (~1-2 GiB and many processes each): one at a time across the
+    test processes (an exclusive lock on a file in the temp dir; released when the test ends)."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "baton-tests-ray.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:

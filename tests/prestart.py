@@ -8,7 +8,9 @@ environment differ at the time of the test, runs in the foreground then, as befo
 
 A test module declares its runs: PRESTART = {name: make_job}, name the fixture or test that calls
 prestart.run(make_job(), timeout); make_job() -> Job (output files: under prestart.workdir(job.name)).
-BATON_PRESTART=0 turns the background starts off."""
+BATON_PRESTART=0 turns the background starts off; so does pytest-xdist (the suite's default, -n 2): each
+worker collects every test but runs only some, and the two workers already keep CI's two cores busy, so
+each run goes in the foreground of the worker that runs its test."""
 
 from __future__ import annotations
 
@@ -55,8 +57,8 @@ def _out(job: Job) -> tuple[Path, Path]:
 
 
 def start(job: Job) -> None:
-    if job.name in _running or os.environ.get("BATON_PRESTART") == "0":
-        return
+    if job.name in _running or os.environ.get("BATON_PRESTART") == "0" or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under xdist (pyproject's -n 2) every worker collects every test: each run in its test's worker
     out, err = _out(job)
     with open(out, "wb") as o, open(err, "wb") as e:
         p = subprocess.Popen(

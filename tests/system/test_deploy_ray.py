@@ -49,7 +49,7 @@ def _stop_head(temp_dir: str) -> None:
 
 
 @pytest.fixture
-def ray_head():
+def ray_head(one_ray_at_a_time):
     temp_dir = tempfile.mkdtemp(prefix="baton-rt-", dir="/tmp")  # short: Ray's unix sockets live here
     port = pick_free_port()
     # `python -m ray.scripts.scripts` is the `ray` CLI, without relying on PATH

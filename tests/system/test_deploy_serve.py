@@ -306,6 +306,7 @@ def test_serve_processes_generate_and_sigterm(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("one_ray_at_a_time")
 def test_serve_ray_generate_and_sigterm(tmp_path):
     env_addr = os.environ.pop("RAY_ADDRESS", None)
     try:

@@ -114,6 +114,7 @@ def test_entry_points_serve_and_stop_on_sigterm(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_ray_at_a_time")
 def test_ray_actors_serve_over_grpc(tmp_path):
     ray = pytest.importorskip("ray")
     from decode_worker.actor import make_actor_class as decode_actor
