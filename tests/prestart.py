@@ -23,8 +23,21 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# the child lowers its own priority, then becomes the command (no preexec_fn in a threaded pytest)
-_NICE = "import os, sys; os.nice(19); os.execvp(sys.argv[1], sys.argv[1:])"
+# The child lowers its own priority, then becomes the command (no preexec_fn in a threaded pytest). It runs in
+# its own session, so in its own scheduler autogroup (Linux, kernel.sched_autogroup_enabled), whose nice it sets
+# to 19 too: CPU time is shared between autogroups first, and nice only counts inside one. In the tests'
+# autogroup at nice 19, the runs still took half the CPU from every process a test starts in a new session
+# (baton serve --processes' workers, start_new_session=True), whenever pytest itself was waiting on them.
+_NICE = (
+    "import os, sys\n"
+    "os.nice(19)\n"
+    "try:\n"
+    "    with open('/proc/self/autogroup', 'w') as f:\n"
+    "        f.write('19')\n"
+    "except OSError:\n"
+    "    pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 @dataclass
@@ -68,8 +81,7 @@ def start(job: Job) -> None:
             stdin=subprocess.DEVNULL,
             stdout=o,
             stderr=e,
-            process_group=0,  # its own group, to kill; not its own session: a new session is a new
-            # scheduler autogroup, in which nice 19 would not yield to the tests' session
+            start_new_session=True,  # its own group, to kill; its own autogroup, at nice 19 (see _NICE)
         )
     _running[job.name] = (job, p)
 
