@@ -36,10 +36,10 @@
 # spec-adaptive (1, 8, 32) at ebe3754; layout-mixed at ebe3754 (every request RESOURCE_EXHAUSTED, cause not
 # recorded; error_details and OUT.serve.log since) and again at 59e5217 (all completed); tests-mtp and
 # spec-adaptive at 32 at 59e5217 (0.94x).
-# Next, in this order: burst, spec-exact (after 3af1f92 and the batched Draft reads), verify, sampling (top-k
-# after ec6ad29), gil with SWITCH_POINTS=5000,20000, spec-adaptive (1, 8, 32) and serve-steady after 59e5217.
-# serve-steady first: its decode_thread_cpu (a2cc26c) says which threads hold the GIL on the GPU, and its
-# start-up runs a0adf61's KV-budget check on CUDA (neither has run there yet).
+# Next, in this order: serve-steady (its decode_thread_cpu, a2cc26c: which threads hold the GIL on the GPU;
+# its start-up runs a0adf61's KV-budget check on CUDA), burst, spec-exact (after 3af1f92 and the batched
+# Draft reads), verify, sampling (top-k after ec6ad29), gil with SWITCH_POINTS=5000,20000, spec-adaptive
+# (1, 8, 32) after 59e5217.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
