@@ -8,10 +8,11 @@ Why. A worker's step thread that waits for the GIL shows as a long launch phase 
 and a late stall probe (baton/stalls.py), but neither says who holds the GIL. Python code runs only with
 the GIL, so the CPU a thread spends outside C code that drops it (torch kernels, hashing, socket I/O) is
 time it held the GIL: under a busy GIL the groups' shares say where it goes (the gRPC handler threads of
-the Decode streams, the hand-off's receive, the step thread itself, the garbage collector's host thread).
+the Decode streams and the hand-off's receive, grpc's server loop, the step thread itself).
 
 Groups. A thread Python knows goes by its name with its trailing counters cut: "ThreadPoolExecutor-0_12"
--> "ThreadPoolExecutor", "Thread-153 (run)" -> "Thread (run)", "baton-steps" as it is. A thread Python
+-> "ThreadPoolExecutor", "baton-rpc_3" -> "baton-rpc" (the workers' gRPC handlers), "Thread-153 (run)" ->
+"Thread (run)", "baton-steps" as it is. A thread Python
 does not know (gRPC's C-core pollers and timers, torch's intra-op pool) goes by the kernel's name of it,
 "os:" first ("os:grpc_global_tim"); the process's main thread is "main". Counters are per live thread: a
 thread that ended takes its seconds with it, so a share over a window counts only threads alive at its

@@ -45,9 +45,10 @@ Steps, in order:
     lengths uniform in --mixed-input / --mixed-output; with probability --long-frac the input is uniform in
     --long-input instead); all seeded by --seed.
  4. the servers stop; JSON to --out (default benchmarks/results/serve-<device>-<date>.json) with the command,
-    machine, date, git commit and `env` (the BATON_* variables the served processes inherited, tokens left out); beside it the same stem .md (tables) and .png (throughput against
-    concurrency: Baton, HF, the floor; latencies; the Poisson points) when matplotlib is installed (the
-    `bench` extra), else `--report FILE.json` makes them later on any machine.
+    machine, date, git commit and `env` (the BATON_* variables the served processes inherited, tokens left
+    out); beside it the same stem .md (tables) and .png (throughput against concurrency: Baton, HF, the
+    floor; latencies; the Poisson points) when matplotlib is installed (the `bench` extra), else `--report
+    FILE.json` makes them later on any machine.
 
 Per point:
     workload, mode     fixed | mixed; concurrency (closed loop: concurrency, requests_per_client) | rate
@@ -78,8 +79,9 @@ Per point:
     decode_thread_cpu, prefill_thread_cpu   {thread group: CPU seconds per wall second} of the role's
                        workers over the point (WorkerStats thread_cpu_s, baton/thread_cpu.py; groups under
                        0.5% left out): Python runs only with the GIL, so under a busy GIL these say who
-                       holds it (baton-steps: the step thread; ThreadPoolExecutor: the gRPC handlers, the
-                       Decode streams and the hand-off's LoadState; os:...: threads Python does not know)
+                       holds it (baton-steps: the step thread; baton-rpc: the gRPC handlers, the Decode
+                       streams and the hand-off's LoadState; Thread (_serve): grpc's server loop; os:...:
+                       threads Python does not know)
     decode_gathered_batches, decode_gathered_mean, prefill_gathered_batches, prefill_gathered_mean
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify

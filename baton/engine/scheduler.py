@@ -166,7 +166,8 @@ class StepScheduler:
         self.held_rows = 0
         self.phase_since = time.monotonic()
         self._waiting: list | None = None  # [phase, since]: the thread's wait for a job in progress
-        self._inflight: list = []  # the steps launched and not collected (the thread's; settle() empties it)
+        # the steps launched and not collected, (jobs, get, error, launched at): the thread's; settle() empties it
+        self._inflight: list[tuple[list[Job], Callable[[], list[int]] | None, BaseException | None, float]] = []
         self._settle_s = 0.0  # the time settle() took inside the current launch
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -292,8 +293,7 @@ class StepScheduler:
         self._settle_s += time.perf_counter() - t0
 
     def _run(self) -> None:
-        inflight: list[tuple[list[Job], Callable[[], list[int]] | None, BaseException | None, float]] = []
-        self._inflight = inflight
+        inflight = self._inflight  # (jobs, get, error, launched at) of each uncollected step, oldest first
         while True:
             batch = self._gather(collections.Counter(j for jobs, *_ in inflight for j in jobs))
             if batch is None:

@@ -22,6 +22,9 @@ def test_the_interval_grows_with_the_streams_and_is_capped():
     with many.stream():
         assert many.interval() == MAX_WAIT_S  # 0.1 s uncapped
     assert MessagePace(0).interval() == 0.0  # off
+    off = MessagePace(0)
+    with off.stream() as wait:  # off: nothing counted, wait() returns at once
+        assert off.active == 0 and wait() is None
     with pytest.raises(ValueError, match=">= 0"):
         MessagePace(-1)
 
