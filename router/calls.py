@@ -172,8 +172,11 @@ class Calls:
         self._sessions = [(w, s, u or s == session_id) for w, s, u in self._sessions]
 
     def close(self) -> None:
-        """Cancel what is still running, Release every tracked session (in parallel), drop leases."""
+        """Cancel what is still running, Release every tracked session (in parallel), drop leases.
+        A call started but not yet registered when close() runs is cancelled as it registers (the
+        closed Calls counts as cancelled), so no downstream call outlives its request."""
         with self._lock:
+            self._cancelled = True
             active = list(self._active)
         for call in active:
             call.cancel()

@@ -380,6 +380,19 @@ def test_close_cancels_calls_still_running(fake_pool):
     assert not t.is_alive() and "exc" in box
 
 
+def test_a_call_started_after_close_is_cancelled(fake_pool):
+    """close() racing a call between its start and its registration: the call is cancelled as it
+    registers (Cancelled), not left to run until its timeout."""
+    fake, w = fake_pool.add("decode", Recording(fake_pool.settings))
+    fake.servicer.hang.add("Draft")
+    calls = fake_pool.calls(timeout=10.0, call_timeout=10.0)
+    calls.close()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        calls.unary(w, "Draft", DRAFT)
+    assert time.monotonic() - t0 < 3
+
+
 def test_calls_of_two_requests_are_independent(fake_pool):
     """Two Calls on one registry: each keeps its own sessions and leases."""
     df, d = fake_pool.add("decode")
