@@ -62,9 +62,10 @@ def draft_batch(engine, items: list) -> list:
         if s.engine == "mtp":
             chained.append(i)
         else:
-            s.runner.state.snapshot(s.slot)
             s.drafts = []
             ar.append(i)
+    for st, _, slots in _by_runner(items, ar):  # one snapshot a runner, a few kernels for all its slots
+        st.snapshot_slots(slots)
     for i, drafts in zip(chained, mtp.chains(engine, [(items[i][0], items[i][1]) for i in chained])):  # 3.
         items[i][0].drafts, out[i] = drafts, list(drafts)
     _ar_drafts(engine, items, ar, out)
@@ -97,6 +98,7 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
     its items."""
     by_runner: dict[int, list[tuple[int, list[int]]]] = {}
     nexts: list[tuple[int, int]] = []  # (item, its next token): written once a runner, at the end
+    rewound: list[int] = []  # bf16 / fp8 items restored from the round's snapshot
     for i in idx:
         s, _, (m, nxt) = items[i]
         if s.engine == "mtp":
@@ -104,12 +106,14 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
         else:
             restore, rows = rows_to_replay(s.drafts, s.draft_t0, m)
             if restore:
-                s.runner.state.restore(s.slot)
+                rewound.append(i)
         if rows:
             by_runner.setdefault(id(s.runner), []).append((i, rows))
         else:
             nexts.append((i, nxt))
             s.drafts = []
+    for st, _, slots in _by_runner(items, rewound):  # before any rows pass; one restore a runner
+        st.restore_slots(slots)
     for group in by_runner.values():
         r = items[group[0][0]][0].runner
         starts = read_slots(r.state.position, [items[i][0].slot for i, _ in group])

@@ -42,6 +42,7 @@ import torch
 
 from baton.engine.fused_batch import BUCKETS, pick_rows
 from baton.kernels import rows as rk
+from baton.transfer import upload
 
 MAX_ROWS = 256  # rows of one pass (P x gs): bounds the logits buffer ([MAX_ROWS, vocab]) and the graphs
 
@@ -62,6 +63,8 @@ class BatchedRows:
         pin = dev.type == "cuda"
         self._host = torch.zeros(3, top, dtype=torch.long, pin_memory=pin)  # slots, lens, starts
         self._host_ids = torch.zeros(MAX_ROWS, dtype=torch.long, pin_memory=pin)
+        # numpy views of the pinned buffers: the host fills them without a torch op a group
+        self._host_np, self._host_ids_np = self._host.numpy(), self._host_ids.numpy()
 
     def buckets(self, gs: int) -> list[int]:
         """The buckets of a pass of groups of gs rows: P <= the bucket of max_groups, P x gs <= MAX_ROWS."""
@@ -118,16 +121,18 @@ class BatchedRows:
     def _load(self, slots: list[int], lens: list[int], ids: list[list[int]], p: int, gs: int, starts=None) -> None:
         """A pass's inputs to the device: slots / lens / starts [g] (padding groups to p), ids of each
         group at rows [g*gs, g*gs + lens[g]) (zeros elsewhere)."""
-        g, host, hi = len(slots), self._host, self._host_ids
+        g, host, hi = len(slots), self._host_np, self._host_ids_np
         host[:, :p] = 0
         host[0, :p] = -1
-        host[0, :g] = torch.tensor(slots, dtype=torch.long)
-        host[1, :g] = torch.tensor(lens, dtype=torch.long)
+        host[0, :g] = slots
+        host[1, :g] = lens
         if starts is not None:
-            host[2, :g] = torch.tensor(starts, dtype=torch.long)
+            host[2, :g] = starts
         hi[: p * gs] = 0
         for j, toks in enumerate(ids):
-            hi[j * gs : j * gs + len(toks)] = torch.tensor(toks, dtype=torch.long)
+            hi[j * gs : j * gs + len(toks)] = toks
+        host = self._host
+        hi = self._host_ids
         self.slots[:p].copy_(host[0, :p], non_blocking=True)
         self.lens[:p].copy_(host[1, :p], non_blocking=True)
         self.start[:p].copy_(host[2, :p], non_blocking=True)
@@ -161,10 +166,11 @@ class BatchedRows:
             setup(part, p, gs)
             self._launch(kind, [x[0] for x in part], p, gs, compute)
             toks = self.tok[: len(part) * gs].tolist()  # the one host sync of the pass
+            kept = self.h[: len(part) * gs].clone() if keep is not None else None  # one copy a pass
             for j, x in enumerate(part):
                 out[c + j] = toks[j * gs : j * gs + x[1]]
-                if keep is not None:
-                    keep.append(self.h[j * gs : j * gs + x[1]].clone())
+                if kept is not None:
+                    keep.append(kept[j * gs : j * gs + x[1]])  # views of the pass's copy: read, never written
         return out
 
     def run(self, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None) -> list[list[int]]:
@@ -182,8 +188,12 @@ class BatchedRows:
 
         def setup(part, p, gs):
             self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs, [x[4] for x in part])
-            for j, x in enumerate(part):
-                self.mtp_h[j * gs : j * gs + x[1]].copy_(x[3])
+            hs = [x[3] for x in part]
+            if all(x[1] == gs for x in part):  # no junk rows (a chain's one-pair steps): one copy
+                torch.cat(hs, out=self.mtp_h[: len(part) * gs])
+            else:  # each group's rows at g * gs: one scatter of them all
+                rows = [j * gs + i for j, x in enumerate(part) for i in range(x[1])]
+                self.mtp_h.index_copy_(0, upload(rows, torch.long, self.mtp_h.device), torch.cat(hs))
 
         items = [(int(s), len(ids), [int(t) for t in ids], h, int(start)) for s, h, ids, start in groups]
         outs: list[torch.Tensor] = []

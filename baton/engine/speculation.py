@@ -81,18 +81,18 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
             hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
         return [res]
     st = runner.state
-    for slot, tokens in blocks:  # rows_batch validates the blocks (windows, ids) before it touches any state
-        if len(tokens) > 1:  # a one-row block (no drafts: a plain step) is never cut
-            st.snapshot(slot)
+    # rows_batch validates the blocks (windows, ids) before it touches any state; a one-row block (no
+    # drafts: a plain step) is never cut. Snapshot and rewind: a few kernels for all the slots at once.
+    st.snapshot_slots([slot for slot, tokens in blocks if len(tokens) > 1])
     picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
     out, redo = [], []
     for (slot, tokens), greedy in zip(blocks, picks):
         m = accepted_length(tokens[1:], greedy)
         out.append((m, greedy[m]))
         if m + 1 < len(tokens):
-            st.restore(slot)
             redo.append((slot, tokens[: m + 1]))
     if redo:
+        st.restore_slots([slot for slot, _ in redo])
         runner.rows_batch(redo, ckpt_unused=True)
     from baton.transfer import write_slots  # here: the router imports this module without torch
 
