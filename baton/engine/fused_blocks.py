@@ -188,7 +188,8 @@ class BatchedRows:
 
         def setup(part, p, gs):
             self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs, [x[4] for x in part])
-            hs = [x[3] for x in part]
+            dt = self.mtp_h.dtype
+            hs = [x[3] if x[3].dtype == dt else x[3].to(dt) for x in part]  # (copy_ cast; cat must be given one dtype)
             if all(x[1] == gs for x in part):  # no junk rows (a chain's one-pair steps): one copy
                 torch.cat(hs, out=self.mtp_h[: len(part) * gs])
             else:  # each group's rows at g * gs: one scatter of them all

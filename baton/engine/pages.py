@@ -9,6 +9,7 @@ Layout (P = pages, S = slots, MP = max_pages = ceil(max_len / PAGE)):
 A page holds PAGE = 256 keys: the split-window attention (baton/kernels/attention.py) reduces a row's
 keys in fixed 256-key pieces, so piece s of a row is exactly page table[slot, s]; reading through the
 table changes no value and no reduction order (bitwise the contiguous window of before).
+PagedRows: a received KV tensor's destination, the slot's pages (HybridState.import_views).
 
 Lifecycle of a slot's pages:
     ensure(slot, tokens)  a session is admitted for `tokens` positions (prefill: its prompt, plus the
@@ -184,3 +185,29 @@ class PagePool:
         with self._lock:
             seen = list(self._free) + [p for own in self._owned for p in own]
             assert sorted(seen) == list(range(self.pages)), "a KV page is lost or held twice"
+
+
+class PagedRows:
+    """The import destination of one KV tensor [kv_heads, position, head_dim] of a slot: its pages.
+    copy_(src) / fill_(value) write rows [0, position) into the slot's pages on the current stream (a
+    host source is copied to the device first, non_blocking from pinned memory, then scattered)."""
+
+    def __init__(self, pool: torch.Tensor, pages: list[int], position: int):
+        self.pool, self.pages, self.position = pool, pages, position  # pages cover [0, position)
+        self.shape = (pool.shape[1], position, pool.shape[3])
+
+    def _spans(self):
+        for j, page in enumerate(self.pages[: pages_for(self.position)]):
+            a = j * PAGE
+            yield page, a, min(self.position, a + PAGE)
+
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PagedRows":
+        src = src.to(self.pool.device, non_blocking=non_blocking)
+        for page, a, b in self._spans():
+            self.pool[page, :, : b - a].copy_(src[:, a:b])
+        return self
+
+    def fill_(self, value) -> "PagedRows":
+        for page, a, b in self._spans():
+            self.pool[page, :, : b - a].fill_(value)
+        return self

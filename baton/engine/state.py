@@ -11,13 +11,13 @@ captured CUDA graphs stay valid):
     position         [S] int64   tokens consumed by the slot
     next_token       [S] int64   the token to feed next (not yet consumed)
     hidden           [S, hidden] last final-normed hidden row (MTP input)
-    row checkpoints (optional, `ckpt_rows=W`; one set shared by all slots: rows passes run one at a
-    time under the engine's compute lock):
+    row checkpoints (optional, `ckpt_rows=W`; one set shared by all slots: a one-slot multi-row pass
+    writes them, under the engine's compute lock), so a verify block that accepts m < K drafts rewinds
+    to row m by copying (`rewind_rows`), not by a snapshot restore and a recompute of m+1 rows:
     ckpt_conv[layer] [W, conv_dim, KW-1]     conv state after row t of the last multi-row pass
     ckpt_rec[layer]  [W, Hv, dk, dv] fp32   recurrent state after row t of the last multi-row pass
-    (single-row passes, i.e. AR steps, write none: nothing can cut a one-row block)
-    so a verify block that accepts m < K drafts rewinds to row m by copying, instead of restoring the
-    snapshot and recomputing m+1 rows (`rewind_rows`).
+Snapshots: one buffer set like the O(1) part; snapshot / restore one slot, snapshot_slots / restore_slots
+many at once (a batched verify: speculation.verify_blocks).
 
 Ping-pong buffers (optional, `enable_pingpong()`; the decode worker's pipelined AR loop):
     conv_alt[layer], rec_alt[layer]  same layout as conv / recurrent
@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from baton.config import ModelConfig
-from baton.engine.pages import PAGE, PagePool, pages_for
+from baton.engine.pages import PAGE, PagedRows, PagePool, pages_for
 from baton.transfer import upload
 
 # state tensor kinds (mirrors baton.v1.TensorKind)
@@ -60,32 +60,6 @@ class StateTensor:
 
     def materialize(self) -> torch.Tensor:
         return self.tensor if self.gather is None else self.gather()
-
-
-class PagedRows:
-    """The import destination of one KV tensor [kv_heads, position, head_dim] of a slot: its pages.
-    copy_(src) / fill_(value) write rows [0, position) into the slot's pages on the current stream (a
-    host source is copied to the device first, non_blocking from pinned memory, then scattered)."""
-
-    def __init__(self, pool: torch.Tensor, pages: list[int], position: int):
-        self.pool, self.pages, self.position = pool, pages, position  # pages cover [0, position)
-        self.shape = (pool.shape[1], position, pool.shape[3])
-
-    def _spans(self):
-        for j, page in enumerate(self.pages[: pages_for(self.position)]):
-            a = j * PAGE
-            yield page, a, min(self.position, a + PAGE)
-
-    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PagedRows":
-        src = src.to(self.pool.device, non_blocking=non_blocking)
-        for page, a, b in self._spans():
-            self.pool[page, :, : b - a].copy_(src[:, a:b])
-        return self
-
-    def fill_(self, value) -> "PagedRows":
-        for page, a, b in self._spans():
-            self.pool[page, :, : b - a].fill_(value)
-        return self
 
 
 class HybridState:
@@ -260,25 +234,18 @@ class HybridState:
         for k, t in self._o1_items():
             t[slot].copy_(self._snap[k][slot])
 
-    def snapshot_slots(self, slots: list[int]) -> None:
-        """snapshot(s) for every slot of `slots` (distinct): two kernels a tensor whatever the count, where
-        a loop of snapshot() launches one copy a tensor and slot (the 9B shape: 51 a slot, so a batched
-        verify of 32 sessions made ~1,600 launches to snapshot and as many views, the host's time)."""
-        self._copy_slots(slots, restore=False)
-
-    def restore_slots(self, slots: list[int]) -> None:
-        """restore(s) for every slot of `slots` (distinct), as snapshot_slots."""
-        self._copy_slots(slots, restore=True)
-
-    def _copy_slots(self, slots: list[int], restore: bool) -> None:
-        if not slots:
-            return
+    def snapshot_slots(self, slots: list[int], restore: bool = False) -> None:
+        """snapshot(s) (restore=True: restore(s)) of distinct slots in two kernels a tensor whatever their
+        count (a loop of snapshot() is one copy a tensor and slot: 51 a slot at the 9B shape)."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"snapshot / restore of slots: distinct slots, got {slots}")
-        idx = upload(slots, torch.long, self.device)
-        for k, t in self._o1_items():
+        idx = upload(slots, torch.long, self.device) if slots else None
+        for k, t in self._o1_items() if slots else ():
             src, dst = (self._snap[k], t) if restore else (t, self._snap[k])
             dst.index_copy_(0, idx, src.index_select(0, idx))  # exact copies: no arithmetic
+
+    def restore_slots(self, slots: list[int]) -> None:
+        self.snapshot_slots(slots, restore=True)
 
     def reset(self, slot: int) -> None:
         """Zero a slot (GDN state, scalars and the KV rows of its pages; the pages stay its own)."""
