@@ -118,8 +118,7 @@ def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor, kept: bool = 
         s.mtp_pairs_h = torch.cat([pairs_h(s), h_rows[:1]])
         s.mtp_pairs_ids = s.mtp_pairs_ids + [ids[-1]]
         return
-    h_prev = pairs_h(s)[-1:].clone()  # h_{p-1}
-    s.mtp_pairs_h = torch.cat([h_prev, h_rows[: len(ids) - 1]])
+    s.mtp_pairs_h = torch.cat([pairs_h(s)[-1:], h_rows[: len(ids) - 1]])  # h_{p-1}, then the kept rows (copies)
     s.mtp_pairs_ids = ids
     s.mtp_start = p - 1
 
