@@ -128,7 +128,7 @@ def main() -> None:
     ok = res_a == res_b
     for s in SLOTS:  # the whole state, next_token (the verdict's next) included
         ok &= _same(_state(ref_r, s), _state(bat_r, s))
-    out["verify"] = {"equal": bool(ok), "accepted": [m_ for m_, _ in res_b]}
+    out["verify"] = {"equal": bool(ok), "accepted": [m_ for m_, _ in res_b], "replays": bat_r.batched_rows.replays}
 
     # mtp: the chains of four sessions together == each chain alone
     def sessions(r):

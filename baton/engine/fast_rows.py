@@ -187,6 +187,7 @@ class FastRows:
         phase: int | None = None,
         gs: int | None = None,
         lens: torch.Tensor | None = None,
+        save=None,
     ) -> torch.Tensor:
         """ids [M] (first n valid), pos [M] positions -> final-normed hidden [M, hidden]; slots [G] int64
         on the device: the slot of each group of gs rows (gs None: one group, slots [1], the first n of
@@ -195,7 +196,8 @@ class FastRows:
         kernel reads the slot from the device, so one captured graph serves any slots. Each group's rows
         are bitwise the one-slot step's (the same kernels; GEMM rows are independent of M, gemv).
         The caller advances state.position. phase: GDN state read from one ping-pong set and written to
-        the other (HybridState.gdn_io); None = in place."""
+        the other (HybridState.gdn_io); None = in place. save(i, proj): called with each GDN layer's
+        projections (mixed, z, beta, alpha) before its conv (fused_blocks.BatchedRows keeps them)."""
         m, layers = self.model, self.model.model.layers
         live = n if gs is None else ids.shape[0]  # rows the GEMMs and norms compute
         gs = ids.shape[0] if gs is None else gs
@@ -208,6 +210,8 @@ class FastRows:
         for i, layer in enumerate(layers):
             if hasattr(layer, "linear_attn"):
                 proj = _call(self.mixer[i], xn, live, partial=q8)
+                if save is not None:
+                    save(i, proj)
                 y = self._gdn(layer.linear_attn, proj, state, n, phase, b, live, partial=part, quant=q8)
             else:
                 proj = _call(self.mixer[i], xn, live)

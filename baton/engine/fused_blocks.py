@@ -28,8 +28,15 @@ on CPU through Triton's interpreter (tests/engine/test_fused_blocks.py, tests/en
 and on the GPU (tests/engine/test_gpu_verify.py).
 
 Row checkpoints (ModelRunner(checkpoints=True)) are not written for several groups: callers cutting a
-block (speculation.verify_blocks) snapshot each slot first and recompute the kept rows (one more pass,
-whatever the kept lengths), as the eager batched path does.
+block (speculation.verify_blocks) snapshot each slot first and restore the cut ones. Their kept rows are
+then replayed through the GDN layers alone (`replay_kept`): a rows pass keeps each GDN layer's inputs
+(the conv's input rows and the gates' beta / alpha, [MAX_ROWS, .] a layer: ~100 MB at the 9B shape), and
+the replay runs the same conv and delta-rule kernels over the kept rows from the restored state, so each
+cut slot's GDN state is bitwise the recompute's (the kernels' inputs are those bits; a group's length is a
+runtime value and row t reads rows <= t) at the cost of 2 kernels a GDN layer instead of a whole-model
+pass. The attention KV of the kept rows was written by the pass itself (rows past them are rewritten
+before they are read); position and hidden are set from the pass. A pass that ran as several bucket-sized
+passes, or whose gate inputs were split-K partials (fp8), falls back to the recompute pass.
 
 Lifecycle: built by ModelRunner.enable_batching with BatchedAR (buffers allocated once, never replaced,
 so captured graphs stay valid); used under the engine's compute lock through ModelRunner.rows_batch and
@@ -41,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from baton.engine.fused_batch import BUCKETS, pick_rows
+from baton.kernels import gdn, gdn_conv
 from baton.kernels import rows as rk
 from baton.transfer import upload
 
@@ -65,6 +73,11 @@ class BatchedRows:
         self._host_ids = torch.zeros(MAX_ROWS, dtype=torch.long, pin_memory=pin)
         # numpy views of the pinned buffers: the host fills them without a torch op a group
         self._host_np, self._host_ids_np = self._host.numpy(), self._host_ids.numpy()
+        self.saved: dict[int, tuple[torch.Tensor, ...]] = {}  # GDN layer -> its inputs (mixed, beta, alpha)
+        self.saving = True  # False once a layer's gates came as split-K partials: no replay, the recompute
+        self._z: torch.Tensor | None = None  # [MAX_ROWS, Hv*dv] zeros: the replay's gate (its output is dropped)
+        self.last: tuple | None = None  # (slots, lens, gs, p) of the last run() when it was one pass
+        self.replays = 0
 
     def buckets(self, gs: int) -> list[int]:
         """The buckets of a pass of groups of gs rows: P <= the bucket of max_groups, P x gs <= MAX_ROWS."""
@@ -97,7 +110,7 @@ class BatchedRows:
         idx, lens = self.slots[:p], self.lens[:p]
         rows, within, pos = self._rows(p, n, st.position[idx.clamp(min=0)])
         ids = self.ids[:M]
-        h = r.fast.forward(ids, st, idx, n, pos, None, gs=n, lens=lens)  # [M, hidden]
+        h = r.fast.forward(ids, st, idx, n, pos, None, gs=n, lens=lens, save=self._save)  # [M, hidden]
         logits = r.fast.head(h, rows=M)  # [M, vocab]
         self.tok[:M].copy_(pick_rows(r.sampling, logits, rows, within, ids, pos, pos + 1, live, sampled))
         self.h[:M].copy_(h)
@@ -116,6 +129,57 @@ class BatchedRows:
         logits = r.fast.head(out, rows=M)
         self.tok[:M].copy_(pick_rows(r.sampling, logits, rows, within, ids, pos + 1, pos + 2, live, sampled))
         self.h[:M].copy_(out)
+
+    def _save(self, layer: int, proj) -> None:
+        """Keeps a GDN layer's inputs of this pass (in a captured graph: copies it replays)."""
+        mixed, z, beta, alpha = proj
+        ts = (mixed, beta, alpha)
+        if any(t.dim() != 2 for t in ts) or z.dim() != 2:
+            self.saving = False
+            return
+        buf = self.saved.get(layer)
+        if buf is None:  # once, at the first pass (a graph capture's eager warm-up): never replaced
+            buf = tuple(torch.empty((MAX_ROWS, t.shape[1]), dtype=t.dtype, device=t.device) for t in ts)
+            self.saved[layer] = buf
+            if self._z is None:
+                self._z = torch.zeros((MAX_ROWS, z.shape[1]), dtype=z.dtype, device=z.device)
+        for dst, src in zip(buf, ts):
+            dst[: src.shape[0]].copy_(src)
+
+    @torch.inference_mode()
+    def replay_kept(self, blocks: list[tuple[int, list[int]]], redo: list[tuple[int, list[int]]]) -> bool:
+        """After run(blocks) and the restore of the slots of `redo` [(slot, kept tokens)] to their state
+        before it: advances each such slot by its kept rows through the GDN layers alone (module doc),
+        and sets its position (+ kept) and hidden (the pass's row kept - 1); next_token is the caller's.
+        -> False (nothing done) when the last run was not `blocks` in one pass or kept no inputs."""
+        slots, lens = [s for s, _ in blocks], [len(t) for _, t in blocks]
+        if not self.saving or not self.saved or self.last is None or self.last[:2] != (slots, lens):
+            return False
+        gs, p = self.last[2:]
+        kept = {s: len(t) for s, t in redo}
+        if len(kept) != len(redo) or not set(kept) <= set(slots):
+            return False
+        r, st, dev = self.runner, self.runner.state, self.runner.device
+        self.slots[:p].copy_(upload([s if s in kept else -1 for s in slots] + [-1] * (p - len(slots)), torch.long, dev))
+        self.lens[:p].copy_(upload([kept.get(s, 0) for s in slots] + [0] * (p - len(slots)), torch.long, dev))
+        b, M = dict(slots=self.slots[:p], gs=gs, lens=self.lens[:p]), p * gs
+        layers = r.fast.model.model.layers
+        for i, (mixed, beta, alpha) in self.saved.items():
+            a = layers[i].linear_attn
+            c_in, c_out, r_in, r_out = st.gdn_io(a.layer_idx, None)
+            w = a.conv1d.weight[:, 0, :].contiguous()
+            cv = gdn_conv.conv_rows(mixed[:M], c_in, w, gs, None, c_out, **b)
+            gdn.gdn_rows(
+                cv, beta[:M], alpha[:M], self._z[:M], a.A_log, a.dt_bias, a.norm.weight, r_in, gs,
+                nk=a.nk, eps=a.norm.eps, S_out=r_out, **b,
+            )  # fmt: skip
+        cut = [s for s in slots if s in kept]
+        idx = upload(cut, torch.long, dev)
+        st.position.index_add_(0, idx, upload([kept[s] for s in cut], torch.long, dev))
+        rows = [j * gs + kept[s] - 1 for j, s in enumerate(slots) if s in kept]
+        st.hidden.index_copy_(0, idx, self.h.index_select(0, upload(rows, torch.long, dev)))
+        self.replays += 1
+        return True
 
     # ---- the host side -------------------------------------------------------------------------
     def _load(self, slots: list[int], lens: list[int], ids: list[list[int]], p: int, gs: int, starts=None) -> None:
@@ -179,12 +243,20 @@ class BatchedRows:
 
         def setup(part, p, gs):
             self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs)
+            layout.append((p, gs))
 
-        return self._passes("rowsb", [(s, len(t), t) for s, t in blocks], hidden_out, setup)
+        layout: list[tuple[int, int]] = []
+        self.last = None
+        out = self._passes("rowsb", [(s, len(t), t) for s, t in blocks], hidden_out, setup)
+        if len(layout) == 1:  # one pass: its kept inputs are every block's (replay_kept)
+            self.last = ([s for s, _ in blocks], [len(t) for _, t in blocks], layout[0][1], layout[0][0])
+        return out
 
     def mtp(self, groups: list) -> tuple[list[list[int]], list[torch.Tensor]]:
         """groups [(slot, h [n, H], ids [n], start)] of distinct slots, 1 <= n <= W -> (each group's drafts
         [n], each group's normed outputs [n, H]), in order (see mtp_compute)."""
+
+        self.last = None  # (an MTP pass keeps no rows inputs, but overwrites h, slots and lens)
 
         def setup(part, p, gs):
             self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs, [x[4] for x in part])

@@ -71,8 +71,9 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
     """verify_block for several sessions' blocks [(slot, [t0, d1..dk])] (distinct slots) in one batched
     rows pass (ModelRunner.rows_batch): each slot ends bitwise as verify_block alone would leave it.
     A block that accepts m < k drafts is rewound from its slot's snapshot and its m+1 kept rows are
-    recomputed (one more batched pass for all such blocks): row and batch invariance make that state
-    the one of feeding t0, d1..dm alone. One block: verify_block itself (its row checkpoints).
+    recomputed (one more batched pass for all such blocks; on the fused path only through the GDN
+    layers, from the pass's kept inputs: BatchedRows.replay_kept): row and batch invariance make that
+    state the one of feeding t0, d1..dm alone. One block: verify_block itself (its row checkpoints).
     hidden_out: a list that gets each block's final-normed hidden rows [k+1, hidden] (what the runner's
     h_rows holds after verify_block alone; the MTP pairs read them)."""
     if len(blocks) == 1:
@@ -93,7 +94,9 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
             redo.append((slot, tokens[: m + 1]))
     if redo:
         st.restore_slots([slot for slot, _ in redo])
-        runner.rows_batch(redo, ckpt_unused=True)
+        br = runner.batched_rows if runner.fast is not None else None
+        if br is None or not br.replay_kept(blocks, redo):  # fused: the kept rows through the GDN layers alone
+            runner.rows_batch(redo, ckpt_unused=True)
     from baton.transfer import write_slots  # here: the router imports this module without torch
 
     write_slots(st.next_token, [slot for slot, _ in blocks], [nxt for _, nxt in out])  # one copy, not one a slot
