@@ -27,6 +27,7 @@ from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.sampling import SamplingTable
 from baton.engine.state import HybridState
 from baton.models.qwen3_5 import Qwen3_5ForCausalLM, StepContext
+from baton.transfer import upload
 
 DEFAULT_WIDTH = 16
 DEFAULT_MAX_LEN = 4096  # window; part of the exactness contract: workers and `complete` must agree
@@ -147,7 +148,7 @@ class ModelRunner:
         """Pages for the row each slot consumes next (ar_step / ar_batch called outside DecodeEngine.decode,
         which reserves a whole decode up front): one host read of the positions; the steps sync anyway.
         ar_launch (pipelined) reads nothing: its caller reserves first, as decode() does."""
-        pos = self.state.position[torch.tensor(slots, device=self.device)].tolist()
+        pos = self.state.position[upload(slots, torch.long, self.device)].tolist()
         for slot, p in zip(slots, pos):
             self.reserve(slot, p + 1)
 
@@ -176,7 +177,7 @@ class ModelRunner:
     # ---- fixed-width rows ------------------------------------------------------------------------
     def pad_ids(self, tokens: list[int]) -> torch.Tensor:
         buf = torch.zeros(self.width, dtype=torch.long, device=self.device)
-        buf[: len(tokens)] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        buf[: len(tokens)].copy_(upload(tokens, torch.long, self.device))
         return buf
 
     def compute_rows(self, slot: int, n: int, phase: int | None = None) -> torch.Tensor:
@@ -263,7 +264,7 @@ class ModelRunner:
             return lambda: self.batched.collect(h)
         toks = self.ar_batch(slots)
         if hidden_out is not None:
-            hidden_out.append(self.state.hidden[torch.tensor(slots, device=self.device)])  # (indexing copies)
+            hidden_out.append(self.state.hidden[upload(slots, torch.long, self.device)])  # (indexing copies)
         return lambda: toks
 
     def ar_batch(self, slots: list[int]) -> list[int]:
@@ -332,7 +333,7 @@ class ModelRunner:
             self.mtp_h.zero_()
             self.mtp_h[:n].copy_(h)
             self.mtp_ids.zero_()
-            self.mtp_ids[:n] = torch.tensor(ids, dtype=torch.long, device=self.device)
+            self.mtp_ids[:n].copy_(upload(ids, torch.long, self.device))
             self.mtp_start.fill_(start)
             self.replay_mtp(slot, n)
             toks.append(self.mtp_tok[:n].tolist())
@@ -383,6 +384,6 @@ class ModelRunner:
         self.check_window(pos, n)
         self.reserve(slot, pos + n)  # grown at the step boundary if the session's reservation is short
         self.ids_buf.zero_()
-        self.ids_buf[:n] = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        self.ids_buf[:n].copy_(upload(tokens, torch.long, self.device))
         self.replay_rows(slot, n)
         return self.tok_out[:n].tolist()
