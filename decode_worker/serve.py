@@ -10,7 +10,14 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
+from baton.engine.pages import (
+    DEFAULT_GPU_MEMORY_FRACTION,
+    choose_pages,
+    describe,
+    kept_inputs_bytes_of,
+    o1_bytes_of,
+    page_bytes_of,
+)
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.engine.speculation import GREEDY, Drafter
 from baton.loading import LoadedModel, load_model
@@ -100,14 +107,20 @@ def serve_decode(
             del fp8_model.mtp  # fp8 sessions never draft with the MTP head
         _fp8_module().quantize_model(fp8_model, fp8_mode)
     shares = int("bf16" in names or "mtp" in names) + int(fp8_model is not None)
-    page_b = page_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, lm.has_mtp and "mtp" in names)
+    act = lm.model.model.embed_tokens.weight.dtype
+    page_b = page_bytes_of(lm.cfg, act, lm.has_mtp and "mtp" in names)
+    kept = 0  # the bf16 runner's batched verify keeps its GDN inputs (BatchedRows.replay_kept)
+    if str(device).startswith("cuda") and not pipeline and ("bf16" in names or "mtp" in names):
+        from baton.engine.fused_blocks import MAX_ROWS
+
+        kept = kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS)
     pages = choose_pages(
         device,
         page_bytes=page_b,
         slots=slots,
         max_len=max_len,
         runners=shares,
-        reserved_bytes=shares * o1_bytes_of(lm.cfg, 3 * slots + width, torch.float32),
+        reserved_bytes=shares * o1_bytes_of(lm.cfg, 3 * slots + width, torch.float32) + kept,
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
     )

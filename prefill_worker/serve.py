@@ -8,7 +8,14 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
+from baton.engine.pages import (
+    DEFAULT_GPU_MEMORY_FRACTION,
+    choose_pages,
+    describe,
+    kept_inputs_bytes_of,
+    o1_bytes_of,
+    page_bytes_of,
+)
 from baton.engine.prefill import PREFILL_CHUNK
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
@@ -32,6 +39,15 @@ def prepare_cuda(runner: ModelRunner):
     runner.enable_batching()
     blocks = block_keys(runner, MAX_DRAFT + 1)
     return capture_all(runner, ns={"rows": range(1, runner.width + 1), "rowsb": blocks, "rowsbs": blocks})
+
+
+def _kept_bytes(lm: LoadedModel, device) -> int:
+    """On CUDA the batched verify keeps its GDN inputs (fused_blocks.BatchedRows.replay_kept): counted."""
+    if not str(device).startswith("cuda"):
+        return 0
+    from baton.engine.fused_blocks import MAX_ROWS
+
+    return kept_inputs_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, MAX_ROWS)
 
 
 def serve_prefill(
@@ -71,7 +87,7 @@ def serve_prefill(
         page_bytes=page_b,
         slots=slots,
         max_len=max_len,
-        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width, torch.float32),
+        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width, torch.float32) + _kept_bytes(lm, device),
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
     )

@@ -30,6 +30,8 @@ import torch  # noqa: E402
 from helpers import make_tiny_dir  # noqa: E402
 
 from baton.engine import fast_rows  # noqa: E402
+from baton.engine.fused_blocks import MAX_ROWS  # noqa: E402
+from baton.engine.pages import kept_inputs_bytes_of  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.engine.sampling import Params  # noqa: E402
 from baton.engine.speculation import GREEDY, verify_block, verify_blocks  # noqa: E402
@@ -128,7 +130,10 @@ def main() -> None:
     ok = res_a == res_b
     for s in SLOTS:  # the whole state, next_token (the verdict's next) included
         ok &= _same(_state(ref_r, s), _state(bat_r, s))
-    out["verify"] = {"equal": bool(ok), "accepted": [m_ for m_, _ in res_b], "replays": bat_r.batched_rows.replays}
+    br = bat_r.batched_rows  # what the kept inputs take is what the workers' memory plans reserve
+    kept = sum(t.numel() * t.element_size() for buf in br.saved.values() for t in buf) + br._z.numel() * 4
+    counted = kept == kept_inputs_bytes_of(m.cfg, torch.float32, MAX_ROWS)
+    out["verify"] = {"equal": bool(ok), "accepted": [m_ for m_, _ in res_b], "replays": br.replays, "counted": counted}
 
     # mtp: the chains of four sessions together == each chain alone
     def sessions(r):

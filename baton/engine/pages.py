@@ -74,6 +74,14 @@ def o1_bytes_of(cfg, slots: int, dtype: torch.dtype, copies: int = 1) -> int:
     return len(cfg.gdn_layers) * (conv + rec) * slots * copies
 
 
+def kept_inputs_bytes_of(cfg, dtype: torch.dtype, rows: int) -> int:
+    """Bytes a fused runner's batched rows passes keep to replay cut verify blocks (fused_blocks.BatchedRows:
+    each GDN layer's conv input, beta and alpha, and one zero gate, at `rows` rows): ~100 MB at the 9B shape."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    per_row = len(cfg.gdn_layers) * (cfg.conv_dim + 2 * cfg.linear_num_value_heads) + cfg.value_dim
+    return rows * per_row * item
+
+
 def choose_pages(
     device,
     *,

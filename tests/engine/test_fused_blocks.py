@@ -20,5 +20,6 @@ def test_batched_blocks_equal_each_block_alone():
     assert res.pop("compiles_sm90") is True  # every launch also compiles for the H200 (tests/launch_record.py)
     assert res["rows"] == {"equal": True, "logprobs_equal": True, "outside_untouched": True}, res
     # the three cut blocks were rewound by one GDN-only replay of their kept rows (BatchedRows.replay_kept)
-    assert res["verify"] == {"equal": True, "accepted": [3, 1, 0, 0], "replays": 1}, res
+    # (and the bytes it kept are those kept_inputs_bytes_of reserves in the workers' memory plans)
+    assert res["verify"] == {"equal": True, "accepted": [3, 1, 0, 0], "replays": 1, "counted": True}, res
     assert res["mtp"] == {"equal": True, "kv_equal": True, "drafts": [2, 1, 2, None]}, res
