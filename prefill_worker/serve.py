@@ -8,14 +8,7 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.pages import (
-    DEFAULT_GPU_MEMORY_FRACTION,
-    choose_pages,
-    describe,
-    kept_inputs_bytes_of,
-    o1_bytes_of,
-    page_bytes_of,
-)
+from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.prefill import PREFILL_CHUNK
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
@@ -46,6 +39,7 @@ def _kept_bytes(lm: LoadedModel, device) -> int:
     if not str(device).startswith("cuda"):
         return 0
     from baton.engine.fused_blocks import MAX_ROWS
+    from baton.engine.pages import kept_inputs_bytes_of
 
     return kept_inputs_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, MAX_ROWS)
 
