@@ -52,3 +52,17 @@ def test_share_clamps_ended_threads_and_drops_small_groups():
     got = thread_cpu.share({"a": 5.0, "b": 1.0, "c": 0.0}, {"a": 2.0, "b": 3.0, "c": 0.004}, 2.0)
     assert got == {"b": 1.0}  # a: its threads ended (never < 0, left out); c: under 0.5%
     assert thread_cpu.share({}, {"a": 1.0}, 0.0) == {}
+
+
+def test_a_charged_call_counts_its_own_cpu_and_not_its_sleep():
+    before = thread_cpu.read().get("rpc:spin-call", 0.0)
+    with thread_cpu.charged("spin-call"):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.2:
+            sum(range(2000))
+        time.sleep(0.3)  # waiting uses no CPU: not charged
+    got = thread_cpu.read()["rpc:spin-call"] - before
+    assert 0.18 <= got < 0.45, got
+    with pytest.raises(KeyError), thread_cpu.charged("failing-call"):
+        raise KeyError("x")  # a call that raises is charged too
+    assert thread_cpu.read()["rpc:failing-call"] >= 0.0

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Mapping
 
 import grpc
 
+from baton import thread_cpu
 from baton.engine.runner import WindowError
 from baton.handoff.wire import StateError
 from baton.rpc import StatusError, abort_with
@@ -100,6 +101,11 @@ class ServicerBase:
 
     @contextmanager
     def call(self, context: grpc.ServicerContext, what: str) -> Iterator[None]:
+        with thread_cpu.charged(what), self._call(context, what):
+            yield
+
+    @contextmanager
+    def _call(self, context: grpc.ServicerContext, what: str) -> Iterator[None]:
         with self._count_lock:
             self.outstanding += 1
             self.requests_total += 1

@@ -372,6 +372,13 @@ def test_every_rpc_needs_the_token(w):
             )
             # this process's threads by group (baton/thread_cpu.py): the gRPC handlers answered this call
             assert "baton-rpc" in st.thread_cpu_s and st.thread_cpu_s["main"] > 0, dict(st.thread_cpu_s)
+            # and their CPU by call: a LoadState and a Decode charge theirs when they end
+            stub = decode_pb2_grpc.DecodeWorkerStub(ch)
+            stub.LoadState(iter(_stream(w, "cpu")), timeout=T)
+            _decode(stub, "cpu", 3, ignore_eos=True, release_at_end=True)
+            after = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=T).thread_cpu_s
+            for name in ("LoadState", "Decode"):
+                assert after[f"rpc:{name}"] > st.thread_cpu_s.get(f"rpc:{name}", 0.0), (name, dict(after))
     finally:
         h.stop(0)
         svc.close()
