@@ -198,24 +198,43 @@ class PagePool:
 class PagedRows:
     """The import destination of one KV tensor [kv_heads, position, head_dim] of a slot: its pages.
     copy_(src) / fill_(value) write rows [0, position) into the slot's pages on the current stream (a
-    host source is copied to the device first, non_blocking from pinned memory, then scattered)."""
+    host source is copied to the device first, non_blocking from pinned memory). The full pages take one
+    index_copy_ / index_fill_ together and the last, partial page one copy: a handful of torch calls
+    whatever the length (a 16K state's KV took ~200 a tensor, one a page, each a GIL hand-over).
+    `shared`: a dict the PagedRows of one slot's import share (HybridState.import_views), so the device
+    list of its full pages is uploaded once for every layer's key and value."""
 
-    def __init__(self, pool: torch.Tensor, pages: list[int], position: int):
+    def __init__(self, pool: torch.Tensor, pages: list[int], position: int, shared: dict | None = None):
         self.pool, self.pages, self.position = pool, pages, position  # pages cover [0, position)
         self.shape = (pool.shape[1], position, pool.shape[3])
+        self._shared = {} if shared is None else shared
 
-    def _spans(self):
-        for j, page in enumerate(self.pages[: pages_for(self.position)]):
-            a = j * PAGE
-            yield page, a, min(self.position, a + PAGE)
+    def _full(self) -> tuple[int, torch.Tensor | None]:
+        """(full pages n, their ids on the pool's device [n] or None when n = 0)."""
+        n = self.position // PAGE
+        if n == 0:
+            return 0, None
+        key = (self.pool.device, n)
+        idx = self._shared.get(key)
+        if idx is None:
+            idx = self._shared[key] = upload(self.pages[:n], torch.long, self.pool.device)
+        return n, idx
 
     def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> "PagedRows":
         src = src.to(self.pool.device, non_blocking=non_blocking)
-        for page, a, b in self._spans():
-            self.pool[page, :, : b - a].copy_(src[:, a:b])
+        n, idx = self._full()
+        if n:  # [H, n * PAGE, D] -> [n, H, PAGE, D], page j of the source into pool[pages[j]]
+            self.pool.index_copy_(0, idx, src[:, : n * PAGE].unflatten(1, (n, PAGE)).transpose(0, 1))
+        rest = self.position - n * PAGE
+        if rest:
+            self.pool[self.pages[n], :, :rest].copy_(src[:, n * PAGE :])
         return self
 
     def fill_(self, value) -> "PagedRows":
-        for page, a, b in self._spans():
-            self.pool[page, :, : b - a].fill_(value)
+        n, idx = self._full()
+        if n:
+            self.pool.index_fill_(0, idx, value)
+        rest = self.position - n * PAGE
+        if rest:
+            self.pool[self.pages[n], :, :rest].fill_(value)
         return self

@@ -359,13 +359,14 @@ class HybridState:
         self.reserve(slot, min(position + 1, self.max_len), zero=False)
         own = self.pages.owned(slot)
         out: dict[str, torch.Tensor | PagedRows] = {}
+        shared: dict = {}  # the slot's page ids on the device, uploaded once for every KV tensor
         for t in self.export(slot, position=position, lazy=True):
             if t.gather is None:
                 out[t.name] = t.tensor
             else:
                 layer = self.mtp_layer if t.name.startswith("mtp.") else int(t.name.split(".")[1])
                 pool = (self.key if t.kind == ATTN_KEY else self.value)[layer]
-                out[t.name] = PagedRows(pool, own, position)
+                out[t.name] = PagedRows(pool, own, position, shared)
         return out
 
     def finish_import(self, slot: int, *, position: int, next_token: int) -> None:

@@ -9,7 +9,15 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.engine.pages import PAGE, PagePool, PagesExhausted, choose_pages, pages_for, pages_from_memory
+from baton.engine.pages import (
+    PAGE,
+    PagedRows,
+    PagePool,
+    PagesExhausted,
+    choose_pages,
+    pages_for,
+    pages_from_memory,
+)
 from baton.engine.runner import ModelRunner, WindowError
 from baton.engine.slots import SessionLimit
 from baton.loading import load_model
@@ -42,6 +50,25 @@ def test_pool_hands_out_pages_all_or_none_and_takes_them_back():
     assert p.ensure(2, 3 * PAGE) == [0, 1, 4]  # the last freed first, then any: the table maps them
     p.check()
     assert pages_for(0) == 0 and pages_for(1) == 1 and pages_for(PAGE) == 1 and pages_for(PAGE + 1) == 2
+
+
+@pytest.mark.parametrize("position", [0, 5, PAGE, PAGE + 7, 3 * PAGE, 3 * PAGE + 1])
+def test_paged_rows_write_exactly_rows_below_position_into_the_slot_pages(position):
+    H, D = 2, 3
+    pool = torch.full((6, H, PAGE, D), -1.0)
+    pages = [4, 1, 5, 0]  # out of order: page j of the rows is pool[pages[j]]
+    shared: dict = {}
+    src = torch.randn(H, position, D)
+    PagedRows(pool, pages, position, shared).copy_(src)
+    want = torch.full_like(pool, -1.0)
+    for j in range(pages_for(position)):
+        a, b = j * PAGE, min(position, (j + 1) * PAGE)
+        want[pages[j], :, : b - a] = src[:, a:b]
+    assert torch.equal(pool, want)  # nothing past position, and no page that is not the slot's, written
+    other = torch.full_like(pool, -1.0)
+    PagedRows(other, pages, position, shared).fill_(0.0)  # the full pages' ids: uploaded once, reused
+    assert torch.equal(other, torch.where(want == -1.0, want, torch.zeros_like(want)))
+    assert len(shared) == (1 if position >= PAGE else 0)
 
 
 def test_sizing_from_memory_and_the_cpu_default():
