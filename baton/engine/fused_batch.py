@@ -38,6 +38,7 @@ import collections
 
 import torch
 
+from baton.engine import nogil
 from baton.kernels import rows as rk
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -92,6 +93,16 @@ class BatchedAR:
         self._done = [torch.cuda.Event(enable_timing=True) for _ in range(PHASES)] if pin else None
         self._start = [torch.cuda.Event(enable_timing=True) for _ in range(PHASES)] if pin else None
         self._busy = [False] * PHASES
+        # CUDA: the launch's copies, event records and graph replay through baton/engine/nogil.py, holding the
+        # GIL (torch's calls give it up, and the step thread then queued for it behind the worker's other
+        # threads); the events are created here (torch creates one at its first record)
+        self._nogil = nogil.launcher() if pin else None
+        if self._nogil is not None:
+            for e in self._done + self._start:
+                e.record()
+            self._dev_index = torch.device(dev).index or 0
+            self._isz = self._host_slots.element_size()  # slots and tokens: int64
+            self._row_bytes = top * self._isz
         # CUDA: each collected step's device time, s (its start event to its token copy's end): a step in
         # service against the step alone tells a GPU shared with other work from a host that falls behind
         self.device_s: collections.deque = collections.deque(maxlen=4096)
@@ -137,9 +148,16 @@ class BatchedAR:
         p = bucket(b)
         self._host_slots_np[ph, :b] = slots
         self._host_slots_np[ph, b:p] = -1
-        if self._start is not None:
-            self._start[ph].record()
-        self.slots[:p].copy_(self._host_slots[ph, :p], non_blocking=True)
+        fast = self._nogil is not None and torch.cuda.current_device() == self._dev_index
+        if fast:
+            nog, stream = self._nogil, torch.cuda.current_stream(self.runner.device).cuda_stream
+            nog.record(self._start[ph], stream)
+            at = ph * self._row_bytes
+            nog.copy(self.slots.data_ptr(), self._host_slots.data_ptr() + at, p * self._isz, stream)
+        else:
+            if self._start is not None:
+                self._start[ph].record()
+            self.slots[:p].copy_(self._host_slots[ph, :p], non_blocking=True)
         smp, graphs = self.runner.sampling, self.runner.graphs
         if all(smp.plain(s) for s in slots):
             g = graphs.get(("arb", p))
@@ -148,13 +166,19 @@ class BatchedAR:
             g = g or graphs.get(("arbs", p))
         else:  # a slot drafts or judges for the rejection policy: its picks keep host records
             g = None
-        if g is not None:
+        if g is not None and fast:
+            nog.replay(g, stream)
+        elif g is not None:
             g.replay()
         else:  # CPU, or not captured, or a rejection-policy slot: the same kernels, eagerly
             self.compute(p, tuple(slots))
-        self._host_tok[ph, :b].copy_(self.tok[:b], non_blocking=True)
-        if self._done is not None:
-            self._done[ph].record()
+        if fast:
+            nog.copy(self._host_tok.data_ptr() + at, self.tok.data_ptr(), b * self._isz, stream)
+            nog.record(self._done[ph], stream)
+        else:
+            self._host_tok[ph, :b].copy_(self.tok[:b], non_blocking=True)
+            if self._done is not None:
+                self._done[ph].record()
         self._busy[ph] = True
         return ph, b
 

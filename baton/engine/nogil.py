@@ -1,0 +1,117 @@
+"""CUDA host calls that keep the GIL: a graph launch, an event record and an async copy, made through the
+CUDA runtime library the process already loaded, with ctypes.PyDLL (which, unlike ctypes.CDLL and torch's
+own wrappers, does not give up the GIL around the call).
+
+Why. torch's wrappers of these calls release the GIL around each one (pybind's gil_scoped_release), and a
+thread that released it queues to get it back behind every other thread that wants it. On the H200 at 64
+streams the decode worker's step thread spent 57% of its time in a launch of five such calls (write the
+slots, record an event, replay the graph, copy the tokens back, record an event: well under a millisecond
+alone, 7.3 ms a step there; benchmarks/results/gpu-h200-2026-12-03-phases.md), behind the gRPC threads of
+the Decode streams and the hand-off. Each of these calls only enqueues work and returns in microseconds,
+so holding the GIL through it costs the other threads nothing, and the step thread keeps the GIL from the
+end of its wait for the previous step to the end of its launch.
+
+    launcher() -> Launcher | None     None: not on CUDA, no runtime library found in the process, torch
+                                      without CUDAGraph.raw_cuda_graph_exec, or BATON_NOGIL_LAUNCH=0
+    Launcher.replay(graph, stream)    cudaGraphLaunch of a captured torch.cuda.CUDAGraph (no RNG in it:
+                                      torch's replay would advance the Philox offsets of a graph that
+                                      draws random numbers; Baton's graphs draw none, noise is hashed)
+    Launcher.record(event, stream)    cudaEventRecord of a torch.cuda.Event already created (recorded once)
+    Launcher.copy(dst, src, nbytes, stream)   cudaMemcpyAsync between addresses (data_ptr() + offset) on
+                                      the device or in pinned host memory
+    stream: the cudaStream_t (torch.cuda.Stream.cuda_stream). A failing call raises RuntimeError naming
+    the call and the runtime's error string.
+Same work on the same stream in the same order as torch's calls: the results are the same bits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+
+import torch
+
+log = logging.getLogger("baton.engine")
+ENV = "BATON_NOGIL_LAUNCH"
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the pointers (unified addressing)
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _runtime_path() -> str | None:
+    """The CUDA runtime library this process mapped (torch's), from /proc/self/maps; None if none."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                at = line.find("/")
+                if at >= 0 and "libcudart.so" in line:
+                    return line[at:].strip()
+    except OSError:
+        pass
+    return None
+
+
+class Launcher:
+    def __init__(self, lib: ctypes.PyDLL):
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        self._launch = lib.cudaGraphLaunch
+        self._launch.argtypes, self._launch.restype = [vp, vp], i
+        self._record = lib.cudaEventRecord
+        self._record.argtypes, self._record.restype = [vp, vp], i
+        self._copy = lib.cudaMemcpyAsync
+        self._copy.argtypes, self._copy.restype = [vp, vp, ctypes.c_size_t, i, vp], i
+        self._why = lib.cudaGetErrorString
+        self._why.argtypes, self._why.restype = [i], ctypes.c_char_p
+        self._execs: dict[int, tuple[torch.cuda.CUDAGraph, int]] = {}  # id(graph) -> (graph, its exec)
+
+    def _check(self, what: str, err: int) -> None:
+        if err:
+            raise RuntimeError(f"{what}: CUDA error {err} ({self._why(err).decode(errors='replace')})")
+
+    def replay(self, graph: torch.cuda.CUDAGraph, stream: int) -> None:
+        got = self._execs.get(id(graph))
+        if got is None or got[0] is not graph:  # NOTE: the graph is kept, so its id is never reused
+            got = self._execs[id(graph)] = (graph, graph.raw_cuda_graph_exec())
+        self._check("cudaGraphLaunch", self._launch(got[1], stream))
+
+    def record(self, event: torch.cuda.Event, stream: int) -> None:
+        handle = event.cuda_event
+        if not handle:
+            raise RuntimeError("cudaEventRecord: the event was never recorded (not created yet)")
+        self._check("cudaEventRecord", self._record(handle, stream))
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """nbytes from address src to address dst (device or pinned host memory; the caller keeps both
+        alive and unchanged until the stream is past the copy)."""
+        if nbytes:
+            self._check("cudaMemcpyAsync", self._copy(dst, src, nbytes, _MEMCPY_DEFAULT, stream))
+
+
+def launcher() -> Launcher | None:
+    """The process's Launcher (module doc), or None where it cannot or must not be used."""
+    with _lock:
+        if "got" not in _state:
+            _state["got"] = _load()
+        return _state["got"]  # type: ignore[return-value]
+
+
+def _load() -> Launcher | None:
+    if os.environ.get(ENV, "1") == "0":
+        log.info("nogil: %s=0, CUDA launches through torch", ENV)
+        return None
+    if not torch.cuda.is_available() or not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        return None
+    torch.cuda.init()  # the runtime library is mapped once CUDA is initialised
+    path = _runtime_path()
+    if path is None:
+        log.warning("nogil: no libcudart mapped in this process; CUDA launches through torch")
+        return None
+    try:
+        got = Launcher(ctypes.PyDLL(path))
+    except (OSError, AttributeError) as e:
+        log.warning("nogil: %s unusable (%s); CUDA launches through torch", path, e)
+        return None
+    log.info("nogil: graph launches, event records and copies through %s, holding the GIL", path)
+    return got
