@@ -60,6 +60,9 @@
 #   sampling   issue 22's bound in one call: bench_sampling (the sampler alone: greedy, top-p, one live row,
 #           the sort's keys), then bf16 greedy and top-p 0.9 (T 0.8, seeded) at 1 and 32 streams, and the
 #           ratios (target >= 0.95x)
+#   nogil   serve-steady at 32 and 64 streams (NOGIL_STREAMS; one checked prompt) with the batched step's launch
+#           through baton/engine/nogil.py, holding the GIL (BATON_NOGIL_LAUNCH=1), then through torch's calls (0)
+#           (NOGIL_POINTS, default "1 0"): tok/s and decode_phase_share_launch against it
 #   gil     serve-steady at 32 and 64 streams once per GIL switch interval of the workers
 #           (BATON_SWITCH_INTERVAL_US; SWITCH_POINTS, default 5000,500,100 us): the step thread's launch phase
 #           (decode_phase_share_launch) against the interval
@@ -92,7 +95,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|nogil|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
@@ -152,6 +155,12 @@ case $stage in
     ;;
   serve) serve serve-bf16 --engine bf16 --concurrency 1,8,32,64 ;;
   serve-steady) serve serve-bf16-steady --engine bf16 --concurrency 8,32,64 --requests 4 --timeline-every 8 ;;
+  nogil)  # serve-steady at NOGIL_STREAMS once per BATON_NOGIL_LAUNCH (baton/engine/nogil.py): 1 = on, 0 = torch's calls
+    for v in ${NOGIL_POINTS:-1 0}; do
+      BATON_NOGIL_LAUNCH=$v serve "serve-bf16-steady-nogil$v" --engine bf16 --concurrency "${NOGIL_STREAMS:-32,64}" \
+        --requests 4 --check-prompts 1
+    done
+    ;;
   fp8)
     serve serve-fp8-32 --engine fp8 --concurrency 32
     serve serve-bf16-topp --engine bf16 --concurrency 1,32 --temperature 0.8 --top-p 0.9
