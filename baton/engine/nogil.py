@@ -17,6 +17,7 @@ end of its wait for the previous step to the end of its launch.
                                       torch's replay would advance the Philox offsets of a graph that
                                       draws random numbers; Baton's graphs draw none, noise is hashed)
     Launcher.record(event, stream)    cudaEventRecord of a torch.cuda.Event already created (recorded once)
+    Launcher.elapsed_ms(start, end)   cudaEventElapsedTime of two completed timing events
     Launcher.copy(dst, src, nbytes, stream)   cudaMemcpyAsync between addresses (data_ptr() + offset) on
                                       the device or in pinned host memory
     stream: the cudaStream_t (torch.cuda.Stream.cuda_stream). A failing call raises RuntimeError naming
@@ -62,6 +63,9 @@ class Launcher:
         self._record.argtypes, self._record.restype = [vp, vp], i
         self._copy = lib.cudaMemcpyAsync
         self._copy.argtypes, self._copy.restype = [vp, vp, ctypes.c_size_t, i, vp], i
+        self._elapsed = lib.cudaEventElapsedTime
+        self._elapsed.argtypes, self._elapsed.restype = [ctypes.POINTER(ctypes.c_float), vp, vp], i
+        self._ms = ctypes.c_float()
         self._why = lib.cudaGetErrorString
         self._why.argtypes, self._why.restype = [i], ctypes.c_char_p
         self._execs: dict[int, tuple[torch.cuda.CUDAGraph, int]] = {}  # id(graph) -> (graph, its exec)
@@ -81,6 +85,11 @@ class Launcher:
         if not handle:
             raise RuntimeError("cudaEventRecord: the event was never recorded (not created yet)")
         self._check("cudaEventRecord", self._record(handle, stream))
+
+    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        """Milliseconds between two completed events (timing events: enable_timing=True)."""
+        self._check("cudaEventElapsedTime", self._elapsed(ctypes.byref(self._ms), start.cuda_event, end.cuda_event))
+        return self._ms.value
 
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         """nbytes from address src to address dst (device or pinned host memory; the caller keeps both

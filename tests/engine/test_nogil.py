@@ -23,7 +23,7 @@ class _Fn:
 class _Lib:
     def __init__(self, fail: str | None = None):
         self.calls: list = []
-        for name in ("cudaGraphLaunch", "cudaEventRecord", "cudaMemcpyAsync"):
+        for name in ("cudaGraphLaunch", "cudaEventRecord", "cudaMemcpyAsync", "cudaEventElapsedTime"):
             setattr(self, name, _Fn(self.calls, name, 700 if name == fail else 0))
         self.cudaGetErrorString = lambda err: b"an illegal memory access was encountered"
 
@@ -84,3 +84,16 @@ def test_off_cuda_or_switched_off_there_is_no_launcher(monkeypatch):
     monkeypatch.delenv(nogil.ENV)
     monkeypatch.setattr(nogil.torch.cuda, "is_available", lambda: False)
     assert nogil.launcher() is None
+
+
+def test_elapsed_ms_reads_the_runtime_figure_for_the_two_events():
+    lib = _Lib()
+
+    def elapsed(out, start, end):
+        lib.calls.append(("cudaEventElapsedTime", (start, end)))
+        out._obj.value = 2.5  # what the runtime writes through the pointer
+        return 0
+
+    lib.cudaEventElapsedTime = elapsed
+    assert nogil.Launcher(lib).elapsed_ms(_Event(0x11), _Event(0x22)) == 2.5
+    assert lib.calls == [("cudaEventElapsedTime", (0x11, 0x22))]
