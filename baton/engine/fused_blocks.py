@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import torch
 
+from baton.engine import nogil
 from baton.engine.fused_batch import BUCKETS, pick_rows
 from baton.kernels import gdn, gdn_conv
 from baton.kernels import rows as rk
@@ -212,7 +213,7 @@ class BatchedRows:
         else:
             graph = graphs.get((kind + "s", (p, gs))) if all(smp.in_graph(s) for s in slots) else None
         if graph is not None:
-            graph.replay()
+            nogil.replay(graph)
         else:
             compute(p, gs, tuple(slots))
 

@@ -11,8 +11,10 @@ the Decode streams and the hand-off. Each of these calls only enqueues work and 
 so holding the GIL through it costs the other threads nothing, and the step thread keeps the GIL from the
 end of its wait for the previous step to the end of its launch.
 
-    launcher() -> Launcher | None     None: not on CUDA, no runtime library found in the process, torch
-                                      without CUDAGraph.raw_cuda_graph_exec, or BATON_NOGIL_LAUNCH=0
+    launcher() -> Launcher | None     None: not on CUDA, not exactly one GPU visible (a worker sees one),
+                                      no runtime library found in the process, torch without
+                                      CUDAGraph.raw_cuda_graph_exec, or BATON_NOGIL_LAUNCH=0
+    replay(graph)                     graph.replay() on the current stream, through the launcher if any
     Launcher.replay(graph, stream)    cudaGraphLaunch of a captured torch.cuda.CUDAGraph (no RNG in it:
                                       torch's replay would advance the Philox offsets of a graph that
                                       draws random numbers; Baton's graphs draw none, noise is hashed)
@@ -100,10 +102,22 @@ class Launcher:
 
 def launcher() -> Launcher | None:
     """The process's Launcher (module doc), or None where it cannot or must not be used."""
+    got = _state.get("got", _state)
+    if got is not _state:
+        return got  # type: ignore[return-value]
     with _lock:
         if "got" not in _state:
             _state["got"] = _load()
         return _state["got"]  # type: ignore[return-value]
+
+
+def replay(graph: torch.cuda.CUDAGraph) -> None:
+    """graph.replay() on the current stream: through the launcher where there is one."""
+    got = launcher()
+    if got is None:
+        graph.replay()
+    else:
+        got.replay(graph, torch.cuda.current_stream().cuda_stream)
 
 
 def _load() -> Launcher | None:
@@ -111,6 +125,9 @@ def _load() -> Launcher | None:
         log.info("nogil: %s=0, CUDA launches through torch", ENV)
         return None
     if not torch.cuda.is_available() or not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        return None
+    if torch.cuda.device_count() != 1:  # torch's replay sets the graph's device; a worker sees one GPU
+        log.info("nogil: %d GPUs visible, CUDA launches through torch", torch.cuda.device_count())
         return None
     torch.cuda.init()  # the runtime library is mapped once CUDA is initialised
     path = _runtime_path()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from baton.engine import batch, fast_rows
+from baton.engine import batch, fast_rows, nogil
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.sampling import SamplingTable
 from baton.engine.state import HybridState
@@ -248,7 +248,7 @@ class ModelRunner:
     def replay_rows(self, slot: int, n: int) -> None:
         self.select(slot)
         g = self.graph_for(("rows", n), slot)
-        g.replay() if g is not None else self.compute_rows(slot, n)
+        nogil.replay(g) if g is not None else self.compute_rows(slot, n)
 
     def ar_batch_launch(self, slots: list[int], hidden_out: list | None = None):
         """ar_batch in two halves: -> a callable that returns the tokens. A fused runner with batching
@@ -290,7 +290,7 @@ class ModelRunner:
         self.reserve_next([slot])
         self.select(slot)
         g = self.graph_for(("ar", 1), slot)
-        g.replay() if g is not None else self.compute_ar(slot)
+        nogil.replay(g) if g is not None else self.compute_ar(slot)
         return int(self.tok_out[0])
 
     @torch.inference_mode()
@@ -303,7 +303,7 @@ class ModelRunner:
             self.reserve_next([slot])
         self.select(slot)
         g = self.graph_for((f"ar{phase}", 1), slot)
-        g.replay() if g is not None else self.compute_ar(slot, phase)
+        nogil.replay(g) if g is not None else self.compute_ar(slot, phase)
         self._tok_host[slot, phase].copy_(self.tok_out[0], non_blocking=True)
         if self._tok_ev is not None:
             self._tok_ev[slot][phase].record()
@@ -318,7 +318,7 @@ class ModelRunner:
     def replay_mtp(self, slot: int, n: int) -> None:
         self.select(slot)
         g = self.graph_for(("mtp", n), slot)
-        g.replay() if g is not None else self.compute_mtp(slot, n)
+        nogil.replay(g) if g is not None else self.compute_mtp(slot, n)
 
     def mtp_batch(self, groups: list) -> tuple[list[list[int]], list[torch.Tensor]]:
         """The MTP head over several slots' pairs: groups [(slot, h [n, hidden], ids [n], start)] of

@@ -97,3 +97,16 @@ def test_elapsed_ms_reads_the_runtime_figure_for_the_two_events():
     lib.cudaEventElapsedTime = elapsed
     assert nogil.Launcher(lib).elapsed_ms(_Event(0x11), _Event(0x22)) == 2.5
     assert lib.calls == [("cudaEventElapsedTime", (0x11, 0x22))]
+
+
+def test_replay_without_a_launcher_is_torchs_replay(monkeypatch):
+    monkeypatch.setattr(nogil, "_state", {"got": None})
+    replayed = []
+
+    class Graph:
+        def replay(self):
+            replayed.append(self)
+
+    g = Graph()
+    nogil.replay(g)
+    assert replayed == [g]
