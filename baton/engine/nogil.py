@@ -11,9 +11,10 @@ the Decode streams and the hand-off. Each of these calls only enqueues work and 
 so holding the GIL through it costs the other threads nothing, and the step thread keeps the GIL from the
 end of its wait for the previous step to the end of its launch.
 
-    launcher() -> Launcher | None     None: not on CUDA, not exactly one GPU visible (a worker sees one),
-                                      no runtime library found in the process, torch without
-                                      CUDAGraph.raw_cuda_graph_exec, or BATON_NOGIL_LAUNCH=0
+    launcher() -> Launcher | None     None: BATON_NOGIL_LAUNCH is not 1 (the default, until the GPU run of
+                                      `benchmarks/gpu_pending.sh nogil` says it pays), not on CUDA, not
+                                      exactly one GPU visible (a worker sees one), no runtime library found
+                                      in the process, or torch without CUDAGraph.raw_cuda_graph_exec
     replay(graph)                     graph.replay() on the current stream, through the launcher if any
     Launcher.replay(graph, stream)    cudaGraphLaunch of a captured torch.cuda.CUDAGraph (no RNG in it:
                                       torch's replay would advance the Philox offsets of a graph that
@@ -38,6 +39,7 @@ import torch
 
 log = logging.getLogger("baton.engine")
 ENV = "BATON_NOGIL_LAUNCH"
+DEFAULT = "0"  # off until measured on the GPU (benchmarks/gpu_pending.sh nogil): opt in with BATON_NOGIL_LAUNCH=1
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the pointers (unified addressing)
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -121,8 +123,7 @@ def replay(graph: torch.cuda.CUDAGraph) -> None:
 
 
 def _load() -> Launcher | None:
-    if os.environ.get(ENV, "1") == "0":
-        log.info("nogil: %s=0, CUDA launches through torch", ENV)
+    if os.environ.get(ENV, DEFAULT) != "1":
         return None
     if not torch.cuda.is_available() or not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
         return None

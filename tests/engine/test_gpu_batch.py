@@ -64,7 +64,11 @@ def _runner(model, slots, max_len):
 
 @cuda
 @pytest.mark.parametrize("engine", ["bf16", "fp8"])
-def test_batched_ar_equals_each_session_alone_every_bucket(big, engine):
+def test_batched_ar_equals_each_session_alone_every_bucket(big, engine, monkeypatch):
+    from baton.engine import nogil
+
+    monkeypatch.setenv(nogil.ENV, "1")  # the batched steps through the GIL-holding launcher
+    monkeypatch.setattr(nogil, "_state", {})
     model = big.model
     if engine == "fp8":
         from decode_worker import fp8
