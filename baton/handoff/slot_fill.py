@@ -8,7 +8,9 @@ Lifecycle (one LoadState stream):
         KV tensors go straight into the slot's pages (HybridState.import_views: PagedRows)
     place(name, cpu_tensor)   as soon as the wire has verified that tensor: copied into the slot
         (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
-        the stream); the slot's other sessions never read it, and nothing marks it live yet
+        the stream; with BATON_NOGIL_LAUNCH=1 a GDN / hidden tensor's copy goes through
+        baton/engine/nogil.py, holding the GIL); the slot's other sessions never read it, and nothing marks
+        it live yet
     commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
         (zero-filled MTP rows: filled on the device), zeroes KV rows past position, sets the scalars, waits
         for all of it, and publishes the session (replacing one of the same id). CUDA: all on the load
@@ -27,6 +29,8 @@ import time
 
 import torch
 
+from baton.engine import nogil
+
 
 def _copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst := src; a constant source (zero strides: the zero-filled MTP rows) is filled on the device
@@ -37,6 +41,19 @@ def _copy_in(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)
 
 
+def _same_bytes(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """A plain byte copy does what dst.copy_(src) would: same dtype and shape, both contiguous, src pinned
+    host memory (the receiver's buffers on CUDA), dst on the device."""
+    return (
+        dst.dtype == src.dtype
+        and dst.shape == src.shape
+        and dst.is_contiguous()
+        and src.is_contiguous()
+        and dst.is_cuda
+        and not src.is_cuda
+    )
+
+
 class SlotFill:
     def __init__(self, engine, name: str, runner, session_id: str | None, position: int):
         self.engine, self.name, self.runner, self.position = engine, name, runner, position
@@ -44,6 +61,7 @@ class SlotFill:
         self._placed: set[str] = set()
         self._views: dict[str, torch.Tensor] | None = None
         self._stream = torch.cuda.Stream(runner.device) if runner.device.type == "cuda" else None
+        self._nogil = nogil.launcher() if self._stream is not None else None  # opt-in: BATON_NOGIL_LAUNCH=1
         self._done = False
 
     def _reserve(self, replace: bool) -> None:
@@ -68,7 +86,12 @@ class SlotFill:
             if self._stream is not None:  # after all work already queued (a freed slot's or page's last use)
                 self._stream.wait_stream(torch.cuda.current_stream(self.runner.device))
         dst = self._views[name]
-        if self._stream is not None:
+        fast = self._nogil
+        if fast is not None and isinstance(dst, torch.Tensor) and _same_bytes(dst, src):
+            # a GDN / hidden view of the slot from the pinned receive buffer, holding the GIL
+            # (baton/engine/nogil.py); the buffer lives until commit or abort has waited for the stream
+            fast.copy(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(), self._stream.cuda_stream)
+        elif self._stream is not None:
             with torch.cuda.stream(self._stream):
                 dst.copy_(src, non_blocking=True)
         else:

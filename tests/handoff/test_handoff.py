@@ -598,9 +598,15 @@ def test_prefill_failing_mid_stream_loads_nothing(workers, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny):
+@pytest.mark.parametrize("nogil_launch", ["0", "1"])
+def test_gpu_streamed_handoff_is_bitwise_and_decodes_exactly(tiny, nogil_launch, monkeypatch):
     """CUDA end to end: the state streamed during prefill (per-layer events, pinned staging, side-stream
-    H2D into a reserved slot) arrives bitwise, and the decode worker's graphs continue it exactly."""
+    H2D into a reserved slot) arrives bitwise, and the decode worker's graphs continue it exactly; with
+    the GIL-holding launcher (baton/engine/nogil.py: the slot's copies, the graphs' replays) and without."""
+    from baton.engine import nogil
+
+    monkeypatch.setenv(nogil.ENV, nogil_launch)
+    monkeypatch.setattr(nogil, "_state", {})
     lm_p, lm_d = (load_model(tiny, dtype="bf16", device="cuda") for _ in range(2))
     ph, ps = serve_prefill(
         lm_p, device="cuda", max_len=MAX_LEN, width=W, slots=2, settings=Settings(), chunk_bytes=64 << 10
