@@ -69,7 +69,7 @@ class BatchedRows:
         self.h = torch.zeros(MAX_ROWS, H, dtype=runner.dtype, device=dev)  # [P*gs] (normed) hidden rows
         self.mtp_h = torch.zeros(MAX_ROWS, H, dtype=runner.dtype, device=dev)  # [P*gs] MTP hidden inputs
         self.arange = torch.arange(MAX_ROWS, device=dev)
-        pin = dev.type == "cuda"
+        pin = self._pinned = dev.type == "cuda"
         self._host = torch.zeros(3, top, dtype=torch.long, pin_memory=pin)  # slots, lens, starts
         self._host_ids = torch.zeros(MAX_ROWS, dtype=torch.long, pin_memory=pin)
         # numpy views of the pinned buffers: the host fills them without a torch op a group
@@ -198,6 +198,13 @@ class BatchedRows:
             hi[j * gs : j * gs + len(toks)] = toks
         host = self._host
         hi = self._host_ids
+        fast = nogil.launcher() if self._pinned else None
+        if fast is not None:  # the four copies holding the GIL (BATON_NOGIL_LAUNCH=1)
+            stream, b, row = torch.cuda.current_stream().cuda_stream, host.element_size(), host.shape[1]
+            for i, dst in enumerate((self.slots, self.lens, self.start)):
+                fast.copy(dst.data_ptr(), host.data_ptr() + i * row * b, p * b, stream)
+            fast.copy(self.ids.data_ptr(), hi.data_ptr(), p * gs * b, stream)
+            return
         self.slots[:p].copy_(host[0, :p], non_blocking=True)
         self.lens[:p].copy_(host[1, :p], non_blocking=True)
         self.start[:p].copy_(host[2, :p], non_blocking=True)

@@ -76,7 +76,9 @@ def _prefilled(lm, prompts, ref):
 
 
 @cuda
-def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
+def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs, monkeypatch):
+    from baton.engine import nogil
+
     prompts, ref = refs
     e, sids = _prefilled(big, prompts, ref)
     rng = random.Random(1)
@@ -89,6 +91,11 @@ def test_a_verify_pass_of_16_blocks_equals_each_block_alone(big, refs):
             (got,) = e._verify_batch([(e.get(sid), block, None)])
         alone.append((got[:3], _state(e, sid)))
         st.restore(slot)
+    # together through the GIL-holding launcher (baton/engine/nogil.py: the pass's copies and replays),
+    # alone above through torch's calls
+    monkeypatch.setenv(nogil.ENV, "1")
+    monkeypatch.setattr(nogil, "_state", {})
+    assert nogil.launcher() is not None
     with e._compute:
         together = e._verify_batch([(e.get(sid), block, None) for sid, block in zip(sids, blocks)])
     accepted = set()
