@@ -36,10 +36,9 @@
 # spec-adaptive (1, 8, 32) at ebe3754; layout-mixed at ebe3754 (every request RESOURCE_EXHAUSTED, cause not
 # recorded; error_details and OUT.serve.log since) and again at 59e5217 (all completed); tests-mtp and
 # spec-adaptive at 32 at 59e5217 (0.94x).
-# Next, in this order (none could be started on 2026-12-05): tests-engine, tests-decode and tests-mtp after
-# d200d2d, the GDN-only replay of cut blocks (BatchedRows.replay_kept; test_gpu_verify's 16 blocks exercise
-# it), the commit off the compute lock (7fd4140), PagedRows' index_copy_ (6abfffb) and baton/engine/nogil.py
-# (test_gpu_batch.py opts in), on CUDA; then nogil (its default turns on only if it pays), spec-adaptive
+# On 2026-12-05 (benchmarks/results/gpu-h200-2026-12-05-nogil.md): tests-engine, tests-decode, tests-mtp at
+# 1b233ec (13, 8, 3 passed), nogil at 64 streams (the launch phase 64% -> 1.7%, 2,888 -> 3,223 tok/s).
+# Next, in this order: nogil at 32 and again at 64, spec-adaptive
 # (1, 8, 32) after d200d2d (what the round's host ops, 133 -> 13 a session on the CPU count, give), serve-steady
 # (its decode_thread_cpu, a2cc26c: which threads hold the GIL on the GPU; its start-up runs a0adf61's
 # KV-budget check on CUDA), burst, spec-exact (after 3af1f92, the batched Draft reads and d200d2d), verify,

@@ -199,7 +199,7 @@ class BatchedRows:
         host = self._host
         hi = self._host_ids
         fast = nogil.launcher() if self._pinned else None
-        if fast is not None:  # the four copies holding the GIL (BATON_NOGIL_LAUNCH=1)
+        if fast is not None:  # the four copies holding the GIL (baton/engine/nogil.py)
             stream, b, row = torch.cuda.current_stream().cuda_stream, host.element_size(), host.shape[1]
             for i, dst in enumerate((self.slots, self.lens, self.start)):
                 fast.copy(dst.data_ptr(), host.data_ptr() + i * row * b, p * b, stream)

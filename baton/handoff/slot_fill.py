@@ -8,7 +8,7 @@ Lifecycle (one LoadState stream):
         KV tensors go straight into the slot's pages (HybridState.import_views: PagedRows)
     place(name, cpu_tensor)   as soon as the wire has verified that tensor: copied into the slot
         (CUDA: non_blocking H2D from pinned memory on the engine's load stream, overlapping the rest of
-        the stream; with BATON_NOGIL_LAUNCH=1 a GDN / hidden tensor's copy goes through
+        the stream; a GDN / hidden tensor's copy goes through
         baton/engine/nogil.py, holding the GIL); the slot's other sessions never read it, and nothing marks
         it live yet
     commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
@@ -61,7 +61,7 @@ class SlotFill:
         self._placed: set[str] = set()
         self._views: dict[str, torch.Tensor] | None = None
         self._stream = torch.cuda.Stream(runner.device) if runner.device.type == "cuda" else None
-        self._nogil = nogil.launcher() if self._stream is not None else None  # opt-in: BATON_NOGIL_LAUNCH=1
+        self._nogil = nogil.launcher() if self._stream is not None else None  # BATON_NOGIL_LAUNCH=0: off
         self._done = False
 
     def _reserve(self, replace: bool) -> None:

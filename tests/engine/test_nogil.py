@@ -78,9 +78,9 @@ def test_an_event_not_created_yet_is_refused():
 
 def test_off_cuda_or_switched_off_there_is_no_launcher(monkeypatch):
     monkeypatch.setattr(nogil, "_state", {})
-    monkeypatch.delenv(nogil.ENV, raising=False)
-    monkeypatch.setattr(nogil.torch.cuda, "is_available", lambda: True)  # off by default even on CUDA
-    assert nogil.DEFAULT == "0" and nogil.launcher() is None
+    monkeypatch.setenv(nogil.ENV, "0")
+    monkeypatch.setattr(nogil.torch.cuda, "is_available", lambda: True)  # switched off, even on CUDA
+    assert nogil.DEFAULT == "1" and nogil.launcher() is None
     monkeypatch.setattr(nogil, "_state", {})
     monkeypatch.setenv(nogil.ENV, "1")
     monkeypatch.setattr(nogil.torch.cuda, "is_available", lambda: False)
