@@ -65,4 +65,4 @@ def test_a_charged_call_counts_its_own_cpu_and_not_its_sleep():
     assert 0.18 <= got < 0.45, got
     with pytest.raises(KeyError), thread_cpu.charged("failing-call"):
         raise KeyError("x")  # a call that raises is charged too
-    assert thread_cpu.read()["rpc:failing-call"] >= 0.0
+    assert "rpc:failing-call" in thread_cpu.read()

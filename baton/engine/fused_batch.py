@@ -100,7 +100,6 @@ class BatchedAR:
         if self._nogil is not None:
             for e in self._done + self._start:
                 e.record()
-            self._dev_index = torch.device(dev).index or 0
             self._isz = self._host_slots.element_size()  # slots and tokens: int64
             self._row_bytes = top * self._isz
         # CUDA: each collected step's device time, s (its start event to its token copy's end): a step in
@@ -148,7 +147,7 @@ class BatchedAR:
         p = bucket(b)
         self._host_slots_np[ph, :b] = slots
         self._host_slots_np[ph, b:p] = -1
-        fast = self._nogil is not None and torch.cuda.current_device() == self._dev_index
+        fast = self._nogil is not None  # (the launcher exists only where one GPU is visible: this runner's)
         if fast:
             nog, stream = self._nogil, torch.cuda.current_stream(self.runner.device).cuda_stream
             nog.record(self._start[ph], stream)
