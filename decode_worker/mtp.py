@@ -130,7 +130,7 @@ def rounds(engine, items: list, K: int | None = None) -> list[list[int]]:
     controller then observes the pooled acceptance of the sessions that ran at K and the round's
     seconds."""
     ctl = control(engine)
-    K = ctl.next_k() if K is None else K
+    K = ctl.next_k(batch=len(items)) if K is None else K
     items = [(s, min(K, cap)) for s, cap in items]
     t = time.perf_counter()
     out = _round(engine, items)

@@ -89,7 +89,7 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     jobs = [engine.mtp_jobs[(id(runner), slot)] for slot in slots]
     sessions = [s for s, _ in jobs]
     ctl = mtp.control(engine)
-    K = ctl.next_k()
+    K = ctl.next_k(batch=len(sessions))
     if K == 0:
         flush_s = 0.0
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):

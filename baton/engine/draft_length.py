@@ -39,7 +39,11 @@ costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_ste
 measured at another batch size prices nothing, so it is probed again at once, except when the batch has
 grown past the one where speculation lost to plain rounds: speculation pays less the larger the batch (its
 K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at its
-old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 then. On the H200 the
+old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 then. That batch is the
+smallest where speculation lost: a win at fewer sessions keeps it, a win at as many or more clears it. A
+caller that names the round's batch (next_k(batch): fast-mode mtp's launch) has a speculative K fall to
+K = 0 before a round at a batch past it: a wave of sessions joining a batch that speculates (learned while
+it was small) does not start with a speculative round of all of them, computed at once. On the H200 the
 sessions of a 32-stream point land in waves, and each wave's batch re-probed K = 4 at ~84 ms a round: the
 likely cause of most of fast mtp's 0.92x against bf16 there (not profiled). (At 32 streams on the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
 K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
@@ -105,7 +109,7 @@ class DraftLength:
         self.probe_band, self.probe_share = probe_band, probe_share
         self._spec_k = max(1, self.k)  # the speculative K a switch probe from K = 0 tries
         self._batch = 1  # sessions in the last round observed
-        self._lost_at: int | None = None  # the batch at which speculation last lost to plain rounds (K -> 0)
+        self._lost_at: int | None = None  # the smallest batch where speculation lost to plain rounds (K -> 0)
         self.costs: dict[int, _Entry] = {}
         self.s = self.f = 0.0  # decayed accepted drafts / rejecting rounds
         self.rounds = 0
@@ -140,9 +144,17 @@ class DraftLength:
         return None if c is None else expected_tokens(k, self.acceptance) / c
 
     # ---- the loop --------------------------------------------------------------------------------
-    def next_k(self) -> int:
-        """K for the next round: the settled K, or a probe of a neighbour (module doc)."""
+    def next_k(self, batch: int | None = None) -> int:
+        """K for the next round: the settled K, or a probe of a neighbour (module doc). batch: the sessions
+        the round will run (observe_round's callers know it before the round; None: the last round's). A
+        speculative K facing a batch larger than the one where speculation lost to plain rounds falls to
+        K = 0 before the round, not after a dear round at the new batch (a wave of sessions joining)."""
         self._probe = None
+        if batch is not None:
+            self._batch = max(1, batch)
+            if self.k > 0 and self.k_min == 0 and self._outgrown():
+                self._spec_k, self.k = self.k, 0
+                self._want, self._streak = None, 0
         if not self.costs:
             return self.k
         runs = [j for j in self.costs if j > 0]
@@ -268,10 +280,11 @@ class DraftLength:
             self._want, self._streak = best, 1
         if self._streak >= self.patience:
             if best == 0 or self.k == 0:  # plain AR <-> speculation: one move (module doc)
-                if best == 0:
-                    self._spec_k, self._lost_at = self.k, self._batch
-                else:
-                    self._lost_at = None
+                if best == 0:  # the smallest batch where speculation lost is kept
+                    self._spec_k = self.k
+                    self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
+                elif self._lost_at is not None and self._batch >= self._lost_at:
+                    self._lost_at = None  # it wins where it lost: the load changed (a win below it says nothing)
                 self.k = best
             else:
                 self.k += max(-self.max_step, min(self.max_step, best - self.k))
@@ -284,7 +297,7 @@ class FixedLength:
     def __init__(self, k: int):
         self.k = k
 
-    def next_k(self) -> int:
+    def next_k(self, batch: int | None = None) -> int:
         return self.k
 
     def observe(self, k: int, accepted: int, draft_s: float, verify_s: float) -> int:

@@ -38,7 +38,7 @@ class Scripted:
     def __init__(self, ks):
         self.ks, self.i, self.seen = list(ks), 0, []
 
-    def next_k(self):
+    def next_k(self, batch=None):
         k = self.ks[min(self.i, len(self.ks) - 1)]
         self.i += 1
         return k

@@ -162,12 +162,13 @@ def test_forget_costs_after_a_migration_keeps_acceptance():
     assert c.next_k() == c.k
 
 
-def _batch_rounds(c, rounds, p, cost, rng, sessions=16, noise=0.05):
+def _batch_rounds(c, rounds, p, cost, rng, sessions=16, noise=0.05, named=False):
     """-> the K of each of `rounds` rounds of a batch of `sessions` under one controller (observe_round):
-    each draft accepted with probability p, cost(k) the round's seconds (times 1 +- noise)."""
+    each draft accepted with probability p, cost(k) the round's seconds (times 1 +- noise). named: the
+    caller names the round's batch to next_k (fast-mode mtp's launch does)."""
     ks = []
     for _ in range(rounds):
-        k = c.next_k()
+        k = c.next_k(batch=sessions) if named else c.next_k()
         acc = []
         for _ in range(sessions):
             m = 0
@@ -272,6 +273,40 @@ def test_a_growing_batch_does_not_reprobe_speculation_that_lost_at_a_smaller_one
     ks = _batch_rounds(c, 40, 0.9, light, rng, sessions=1)  # fewer sessions than where it lost: it wins
     first = next(i for i, k in enumerate(ks) if k)
     assert first <= 2 and c.k > 0, ks
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_wave_joining_a_batch_that_speculates_starts_plain(named):
+    """The H200's 32-stream point after its warm-up (2026-12-03): speculation lost at 11 sessions, won again
+    at 1 (the 1-stream point), then sessions joined in waves of 4, 12 and 33. Told each round's batch before
+    it runs, the controller drops to K = 0 before the first round past 11 sessions, where it lost: no
+    speculative round of the whole wave (a K = 4 round of 33 costs ~9 plain steps). Told only after (the
+    batch of the last round observed), it runs such rounds first."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(12)
+    _batch_rounds(c, 30, 0.9, _waves(11), rng, sessions=11, named=named)
+    assert c.k == 0
+    _batch_rounds(c, 60, 0.9, light, rng, sessions=1, named=named)
+    assert c.k > 0  # speculation wins alone: the batch where it lost is kept
+    _batch_rounds(c, 3, 0.9, light, rng, sessions=4, named=named)
+    ks = _batch_rounds(c, 12, 0.9, _waves(12), rng, sessions=12, named=named)
+    ks += _batch_rounds(c, 60, 0.9, _waves(33), rng, sessions=33, named=named)
+    if named:
+        assert sum(1 for k in ks[:40] if k) == 0, ks[:40]
+        assert c.k == 0
+    else:
+        assert ks[0] > 0, ks[:5]  # the old way: the wave's first round speculates
+
+
+def test_speculation_winning_where_it_lost_clears_the_mark():
+    """The batch where speculation lost is forgotten only when it wins at as many sessions or more (the
+    acceptance rose): the batch may grow again without a forced fall to K = 0."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(13)
+    _batch_rounds(c, 30, 0.9, _waves(11), rng, sessions=11, named=True)
+    assert c.k == 0
+    ks = _batch_rounds(c, 400, 0.9, light, rng, sessions=11, named=True)  # cheaper speculation at 11
+    assert c.k > 0 and ks[-20:].count(0) <= 2, ks[-20:]
+    ks = _batch_rounds(c, 5, 0.9, light, rng, sessions=16, named=True)
+    assert all(ks), ks
 
 
 def test_first_drafts_judged_at_k0_keep_the_acceptance_current():

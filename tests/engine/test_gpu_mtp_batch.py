@@ -62,7 +62,7 @@ class _Scripted:
     def __init__(self, ks):
         self.ks, self.i = list(ks), 0
 
-    def next_k(self):
+    def next_k(self, batch=None):
         self.i += 1
         return self.ks[min(self.i - 1, len(self.ks) - 1)]
 
