@@ -34,6 +34,10 @@
     BATON_SWITCH_INTERVAL_US  a worker process's GIL switch interval (sys.setswitchinterval), microseconds:
                               how long a thread that wants the GIL back waits before it asks the holder to
                               give it up; default DEFAULT_SWITCH_INTERVAL_US (CPython's own is 5000)
+    BATON_GPU_WORKERS         how many workers share this worker's GPU (set by `baton serve` and the Ray
+                              launcher where they place several on one GPU); above 1 each sizes its KV
+                              pages from its share of the GPU's total memory, not from what is free when
+                              it starts (baton/engine/pages.py choose_pages); default 1
 
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
@@ -82,6 +86,7 @@ _POSITIVE_INTS = (  # (field, variable, default): the gRPC transport's settings,
     ("keepalive_timeout_ms", "BATON_KEEPALIVE_TIMEOUT_MS", DEFAULT_KEEPALIVE_TIMEOUT_MS),
     ("min_ping_interval_ms", "BATON_MIN_PING_INTERVAL_MS", DEFAULT_MIN_PING_INTERVAL_MS),
     ("switch_interval_us", "BATON_SWITCH_INTERVAL_US", DEFAULT_SWITCH_INTERVAL_US),
+    ("gpu_workers", "BATON_GPU_WORKERS", 1),
 )
 
 
@@ -138,6 +143,7 @@ class Settings:
     handoff_tail_layers: int = 1
     handoff_ring_slots: int = DEFAULT_RING_SLOTS  # >= 2
     switch_interval_us: int = DEFAULT_SWITCH_INTERVAL_US  # workers' sys.setswitchinterval, > 0
+    gpu_workers: int = 1  # workers sharing this worker's GPU (KV sizing: baton/engine/pages.py choose_pages)
     stream_messages_per_s: int = DEFAULT_STREAM_MESSAGES_PER_S  # decode worker, >= 0 (0: no grouping)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # the router's public port only (baton.rpc max_receive_bytes)
     keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS  # clients (baton.rpc.make_channel)
@@ -172,6 +178,7 @@ class Settings:
             ("BATON_KEEPALIVE_TIMEOUT_MS", self.keepalive_timeout_ms),
             ("BATON_MIN_PING_INTERVAL_MS", self.min_ping_interval_ms),
             ("BATON_SWITCH_INTERVAL_US", self.switch_interval_us),
+            ("BATON_GPU_WORKERS", self.gpu_workers),
         ):
             if not isinstance(val, int) or val <= 0:
                 raise SettingsError(f"{name}: must be > 0, got {val!r}")

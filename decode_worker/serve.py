@@ -123,6 +123,7 @@ def serve_decode(
         reserved_bytes=shares * o1_bytes_of(lm.cfg, 3 * slots + width, torch.float32) + kept,
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
+        gpu_workers=settings.gpu_workers,
     )
     if "bf16" in names or "mtp" in names:
         shared = ModelRunner(

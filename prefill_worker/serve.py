@@ -84,6 +84,7 @@ def serve_prefill(
         reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width, torch.float32) + _kept_bytes(lm, device),
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
+        gpu_workers=settings.gpu_workers,
     )
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
     log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))

@@ -17,6 +17,7 @@ from baton.engine.pages import (
     choose_pages,
     pages_for,
     pages_from_memory,
+    shared_budget,
 )
 from baton.engine.runner import ModelRunner, WindowError
 from baton.engine.slots import SessionLimit
@@ -95,6 +96,29 @@ def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
     free["b"] = 30 * 2**20  # another process holds the rest: 0.5 x 30 MiB - 10 MiB = 5 pages < 10
     with pytest.raises(ValueError, match=r"leaves 5 pages .* less than one window of 2560 tokens \(10 pages\)"):
         choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)
+
+
+def test_workers_sharing_a_gpu_size_the_same_whichever_starts_first(monkeypatch):
+    """Two workers on one GPU (BATON_GPU_WORKERS=2): each takes fraction x total / 2 less what it holds
+    (its weights), so the second to size gets as many pages as the first. From free memory alone the
+    first took 90% of what the other had not loaded yet (the H100's decode worker: 41 pages)."""
+    gib, page_b = 2**30, 2**20
+    total, weights = 80 * gib, 18 * gib
+    kw = dict(page_bytes=page_b, slots=10**6, max_len=10 * PAGE, fraction=0.9)
+    share = (int(0.9 * total) // 2 - weights) // page_b  # 18 GiB of pages each
+    for first_loaded_alone in (True, False):  # the other worker has not loaded its weights yet, or has
+        mem = {"free": total - weights * (1 if first_loaded_alone else 2)}
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (mem["free"], total))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: weights)
+        first = choose_pages("cuda", gpu_workers=2, **kw)
+        mem["free"] -= first * page_b + (weights if first_loaded_alone else 0)
+        second = choose_pages("cuda", gpu_workers=2, **kw)
+        assert first == second == share, (first_loaded_alone, first, second)
+    mem = {"free": total - weights}  # free memory only: the first takes 90% of what the other needs
+    first = choose_pages("cuda", **kw)
+    mem["free"] -= first * page_b + weights
+    assert mem["free"] < 0  # the second worker would not even fit
+    assert shared_budget(total, 0.9, 2, 40 * gib) == 0  # held more than its share: nothing more
 
 
 # ---------------------------------------------------------------- the state through pages

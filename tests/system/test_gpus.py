@@ -66,8 +66,18 @@ def test_start_processes_gives_each_gpu_worker_its_own_gpu(monkeypatch):
     ]
     processes.start_processes(specs, progress=Progress(), timeout=5)
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in started] == ["6", "7", "6"]
+    # GPU 6 holds two workers: each is told so (its KV pages are sized from its share); GPU 7 one
+    assert [w.env.get("BATON_GPU_WORKERS") for w in started] == ["2", None, "2"]
     started.clear()
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: everyone shares it, env inherited
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: everyone shares it, its index inherited
+    processes.start_processes(specs[:2], progress=Progress(), timeout=5)
+    assert [w.env.get("CUDA_VISIBLE_DEVICES") for w in started] == ["0", "0"]
+    assert [w.env["BATON_GPU_WORKERS"] for w in started] == ["2", "2"]
+    started.clear()
+    processes.start_processes(specs[1:2], progress=Progress(), timeout=5)  # alone on its GPU
+    assert [w.env for w in started] == [None]
+    started.clear()
+    monkeypatch.setenv("BATON_GPU_WORKERS", "3")  # the operator's own figure wins
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
     assert [w.env for w in started] == [None, None]
 
