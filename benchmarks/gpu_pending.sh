@@ -124,16 +124,19 @@ import json, sys
 label, fa, na, fb, nb, target = sys.argv[1:]
 
 
-def tok_s(f, n):
+def point(f, n):
     try:
-        return next(p["tok_s"] for p in json.load(open(f))["points"] if p.get("concurrency") == int(n))
+        return next(p for p in json.load(open(f))["points"] if p.get("concurrency") == int(n))
     except (OSError, ValueError, KeyError, StopIteration):
-        return None
+        return {}
 
 
-a, b = tok_s(fa, na), tok_s(fb, nb)
+pa, pb = point(fa, na), point(fb, nb)
+a, b = pa.get("tok_s"), pb.get("tok_s")
 r = round(a / b, 2) if a and b else None
-print(f"{label}: {a} / {b} tok/s = {r}x (target >= {target}x)")
+errors = {k: v for k, v in (("A", pa.get("errors")), ("B", pb.get("errors"))) if v}
+note = f" NOT COMPARABLE, failed requests: {errors}" if errors else ""
+print(f"{label}: {a} / {b} tok/s = {r}x (target >= {target}x){note}")
 EOF
 }
 spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 prompts, warm-up at 1 and 8
