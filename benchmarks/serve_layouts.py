@@ -5,8 +5,8 @@
              needs --device cuda and two visible GPUs (baton/gpus.py visible_gpus): else `--layout split`
              is refused before anything runs, and `--layout both` records split as skipped, with the reason
     shared   both workers on GPU 0: `baton serve ... --colocate` (on the CPU: the plain serve); on cuda
-             each worker's KV pages get --gpu-memory-fraction 0.4 of the free memory (two pools on one GPU,
-             sized at once) unless --serve-args sets it
+             the launcher tells each it shares the GPU (BATON_GPU_WORKERS=2: its KV pages from half the
+             --gpu-memory-fraction of the GPU, baton/engine/pages.py choose_pages)
     both     split, then shared, in one run: one prepare (references, HF, bandwidth), one `baton serve`
              per layout, every point in each
 
@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from collections.abc import Mapping
 
 LAYOUTS = ("split", "shared")
 GPUS = {"split": 2, "shared": 1}
-SHARED_FRACTION = "0.4"  # of the free GPU memory, each worker's KV pages, when both share one GPU
 # metric -> (label, better, unit scale, unit)
 METRICS = {
     "tok_s": ("output tok/s", "higher", 1.0, ""),
@@ -80,9 +78,7 @@ def plan(layouts: list[str], device: str, serve_args: str = "", env: Mapping[str
             if why:
                 lay["skipped"] = why
         elif device == "cuda":
-            lay["serve_args"] = ["--colocate"]
-            if "--gpu-memory-fraction" not in shlex.split(serve_args):
-                lay["serve_args"] += ["--gpu-memory-fraction", SHARED_FRACTION]
+            lay["serve_args"] = ["--colocate"]  # each worker sizes its KV from its share (BATON_GPU_WORKERS)
         out[name] = lay
     return out
 

@@ -31,7 +31,7 @@ def test_split_needs_two_visible_gpus():
     sl.refuse(["split", "shared"], "cuda", one)  # both: recorded as skipped instead (plan)
     got = sl.plan(["split", "shared"], "cuda", "", one)
     assert got["split"] == {"gpus": 2, "serve_args": [], "skipped": sl.split_unavailable("cuda", one)}
-    assert got["shared"] == {"gpus": 1, "serve_args": ["--colocate", "--gpu-memory-fraction", "0.4"]}
+    assert got["shared"] == {"gpus": 1, "serve_args": ["--colocate"]}
     got = sl.plan(["split", "shared"], "cuda", "--gpu-memory-fraction 0.3", two)
     assert got == {"split": {"gpus": 2, "serve_args": []}, "shared": {"gpus": 1, "serve_args": ["--colocate"]}}
     assert sl.plan(["shared"], "cpu") == {"shared": {"gpus": 1, "serve_args": []}}
