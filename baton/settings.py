@@ -34,10 +34,10 @@
     BATON_SWITCH_INTERVAL_US  a worker process's GIL switch interval (sys.setswitchinterval), microseconds:
                               how long a thread that wants the GIL back waits before it asks the holder to
                               give it up; default DEFAULT_SWITCH_INTERVAL_US (CPython's own is 5000)
-    BATON_GPU_WORKERS         how many workers share this worker's GPU (set by `baton serve` and the Ray
-                              launcher where they place several on one GPU); above 1 each sizes its KV
-                              pages from its share of the GPU's total memory, not from what is free when
-                              it starts (baton/engine/pages.py choose_pages); default 1
+    BATON_GPU_WORKERS, BATON_GPU_PLAN  set by `baton serve` where it places several workers on one GPU: how
+                              many, and this worker's file in that GPU's plan folder; each then sizes its
+                              KV pages from an equal share of what the workers' fixed needs leave
+                              (baton/engine/gpu_plan.py); default 1 and none: alone, from free memory
 
 Other modules take a `Settings` object; tests build one with `Settings(...)` or
 `Settings.from_env({}, token="t")` and never touch os.environ.
@@ -143,7 +143,8 @@ class Settings:
     handoff_tail_layers: int = 1
     handoff_ring_slots: int = DEFAULT_RING_SLOTS  # >= 2
     switch_interval_us: int = DEFAULT_SWITCH_INTERVAL_US  # workers' sys.setswitchinterval, > 0
-    gpu_workers: int = 1  # workers sharing this worker's GPU (KV sizing: baton/engine/pages.py choose_pages)
+    gpu_workers: int = 1  # workers sharing this worker's GPU (KV sizing: baton/engine/gpu_plan.py)
+    gpu_plan: str | None = None  # this worker's file in its GPU's plan folder (baton/engine/gpu_plan.py)
     stream_messages_per_s: int = DEFAULT_STREAM_MESSAGES_PER_S  # decode worker, >= 0 (0: no grouping)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # the router's public port only (baton.rpc max_receive_bytes)
     keepalive_time_ms: int = DEFAULT_KEEPALIVE_TIME_MS  # clients (baton.rpc.make_channel)
@@ -226,6 +227,7 @@ class Settings:
             log_level=(get("BATON_LOG_LEVEL") or "INFO").upper(),
             log_json=_parse_bool("BATON_LOG_JSON", get("BATON_LOG_JSON") or ""),
             handoff_sender=(get("BATON_HANDOFF_SENDER") or "process").strip().lower(),
+            gpu_plan=get("BATON_GPU_PLAN") or None,
             handoff_tail_chunk_bytes=_parse_int(
                 "BATON_HANDOFF_TAIL_CHUNK_BYTES",
                 get("BATON_HANDOFF_TAIL_CHUNK_BYTES") or str(DEFAULT_TAIL_CHUNK_BYTES),

@@ -5,8 +5,8 @@
              needs --device cuda and two visible GPUs (baton/gpus.py visible_gpus): else `--layout split`
              is refused before anything runs, and `--layout both` records split as skipped, with the reason
     shared   both workers on GPU 0: `baton serve ... --colocate` (on the CPU: the plain serve); on cuda
-             the launcher tells each it shares the GPU (BATON_GPU_WORKERS=2: its KV pages from half the
-             --gpu-memory-fraction of the GPU, baton/engine/pages.py choose_pages)
+             the launcher has the two agree on their KV budgets (BATON_GPU_WORKERS / BATON_GPU_PLAN,
+             baton/engine/gpu_plan.py)
     both     split, then shared, in one run: one prepare (references, HF, bandwidth), one `baton serve`
              per layout, every point in each
 
@@ -78,7 +78,7 @@ def plan(layouts: list[str], device: str, serve_args: str = "", env: Mapping[str
             if why:
                 lay["skipped"] = why
         elif device == "cuda":
-            lay["serve_args"] = ["--colocate"]  # each worker sizes its KV from its share (BATON_GPU_WORKERS)
+            lay["serve_args"] = ["--colocate"]  # the two agree on their KV budgets (gpu_plan.py)
         out[name] = lay
     return out
 

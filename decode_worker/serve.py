@@ -124,6 +124,7 @@ def serve_decode(
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,
+        gpu_plan=settings.gpu_plan,
     )
     if "bf16" in names or "mtp" in names:
         shared = ModelRunner(

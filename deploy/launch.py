@@ -75,11 +75,6 @@ def _actor_class(role: str, *, num_gpus: float, resources: dict[str, float] | No
     return make_actor_class(num_gpus=num_gpus, resources=resources or None, max_restarts=-1)
 
 
-def gpu_sharing(num_gpus: float) -> int:
-    """How many actors of num_gpus (< 1) Ray can pack on one GPU: floor(1 / num_gpus)."""
-    return max(1, int(1.0 / num_gpus + 1e-9))
-
-
 def start_workers(
     specs: list[WorkerSpec],
     *,
@@ -91,7 +86,6 @@ def start_workers(
     env: dict[str, str] | None = None,
 ) -> dict[str, object]:
     """Creates one named actor per spec (or reuses a live one of that name); returns name -> handle.
-    A fraction of a GPU each (num_gpus < 1: Ray packs several actors on one GPU) sets BATON_GPU_WORKERS.
 
     resources: role -> custom resource request, e.g. {"decode": {"decode_node": 1}}.
     env: extra environment for the actor processes (e.g. BATON_TOKEN)."""
@@ -108,11 +102,8 @@ def start_workers(
         )
         if detached:
             opts["lifetime"] = "detached"
-        env_vars = dict(env or {})
-        if 0.0 < num_gpus < 1.0 and spec.device == "cuda":  # a GPU shared: each sizes its KV from its share
-            env_vars.setdefault("BATON_GPU_WORKERS", str(gpu_sharing(num_gpus)))
-        if env_vars:
-            opts["runtime_env"] = {"env_vars": env_vars}
+        if env:
+            opts["runtime_env"] = {"env_vars": dict(env)}
         # NOTE: get_if_exists: a second launch reuses live actors (and ignores new options: --stop first)
         actors[opts["name"]] = cls.options(**opts).remote(**spec.options())
     return actors

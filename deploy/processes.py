@@ -18,11 +18,14 @@ worker state change), `WorkerSpec` (role + plain options -> CLI argv or actor kw
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -278,19 +281,26 @@ def start_processes(
     """Starts every worker at once and waits until all are SERVING (one progress line each). With two or
     more GPUs visible each cuda worker gets one (round-robin in spec order: prefill-0 the first, decode-0
     the next); with `colocate` every cuda worker gets the first. Workers that share a GPU are told how
-    many they are (BATON_GPU_WORKERS: each sizes its KV pages from its share, baton/engine/pages.py)."""
+    many they are and where they agree on their KV budgets (BATON_GPU_WORKERS, BATON_GPU_PLAN:
+    baton/engine/gpu_plan.py)."""
     n_cpu = sum(s.device == "cpu" for s in specs)
     base, cpus = dict(os.environ), os.cpu_count() or 1
     envs = [worker_env(s, n_cpu, base, cpus) for s in specs]
     gpu_workers = [i for i, s in enumerate(specs) if s.device == "cuda"]
     placed = spread(len(gpu_workers), visible_gpus(base), colocate)
+    plans: dict[str | None, str] = {}  # GPU (None: the one the environment gives) -> its plan folder
     for i, gpu in zip(gpu_workers, placed):
         if gpu is not None:  # round-robin: prefill and decode workers on their own GPUs (colocate: one)
             envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
             progress.say(f"{specs[i].name} on GPU {gpu}")
-        sharing = placed.count(gpu)  # None: every cuda worker on the one GPU the environment gives
-        if sharing > 1 and "BATON_GPU_WORKERS" not in base:  # each sizes its KV pages from its share
-            envs[i] = {**(envs[i] or base), "BATON_GPU_WORKERS": str(sharing)}
+        sharing = placed.count(gpu)
+        if sharing > 1 and "BATON_GPU_PLAN" not in base:  # they agree on their KV budgets (gpu_plan.py)
+            if gpu not in plans:
+                plans[gpu] = tempfile.mkdtemp(prefix="baton-gpu-plan-")
+                atexit.register(shutil.rmtree, plans[gpu], True)  # restarts reread it until the launcher ends
+            folder = plans[gpu]
+            plan = {"BATON_GPU_WORKERS": str(sharing), "BATON_GPU_PLAN": os.path.join(folder, specs[i].name)}
+            envs[i] = {**(envs[i] or base), **plan}
     workers = [WorkerProcess(s, env=e) for s, e in zip(specs, envs)]
     t0 = time.monotonic()
     try:

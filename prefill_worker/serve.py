@@ -85,6 +85,7 @@ def serve_prefill(
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,
+        gpu_plan=settings.gpu_plan,
     )
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
     log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))

@@ -34,6 +34,7 @@ import threading
 
 import torch
 
+from baton.engine.gpu_plan import agreed_budget
 from baton.engine.slots import SessionLimit
 from baton.transfer import upload
 
@@ -82,12 +83,6 @@ def kept_inputs_bytes_of(cfg, dtype: torch.dtype, rows: int) -> int:
     return rows * per_row * item
 
 
-def shared_budget(total: int, fraction: float, gpu_workers: int, held: int) -> int:
-    """Bytes one of `gpu_workers` workers on one GPU may still take: fraction x total / gpu_workers, less
-    `held` (what its process holds already), at least 0. Independent of the order the workers start in."""
-    return max(int(total * fraction) // max(int(gpu_workers), 1) - int(held), 0)
-
-
 def choose_pages(
     device,
     *,
@@ -99,16 +94,16 @@ def choose_pages(
     kv_pages: int | None = None,
     fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     gpu_workers: int = 1,
+    gpu_plan: str | None = None,
 ) -> int | None:
     """Pages of each runner's pool: kv_pages when given; on CUDA, fraction x the free memory now, less
     reserved_bytes (the O(1) state still to be allocated), shared by `runners` pools, at most every slot's
     full window; on CPU None (slots x the window: every slot can always hold a full window). On CUDA a
     budget that cannot hold one full window raises ValueError at start-up (like vLLM's KV-cache check),
     instead of a server that refuses every long request with RESOURCE_EXHAUSTED.
-    gpu_workers > 1 (workers placed on one GPU: Settings.gpu_workers): this worker's share is fraction x
-    the GPU's total memory / gpu_workers, less what this process holds already (its weights), and at most
-    fraction x the free memory. Free memory alone would hand the first worker to size 90% of what the
-    others have not loaded yet: on an 80 GiB H100 the decode worker was left 41 pages (2026-12-05)."""
+    gpu_workers > 1 with gpu_plan (workers placed on one GPU: Settings.gpu_workers / gpu_plan): the budget
+    the workers agreed (baton/engine/gpu_plan.py): an equal share of fraction x total less every worker's
+    fixed bytes, whichever starts first."""
     if kv_pages is not None:
         if kv_pages < 1:
             raise ValueError(f"kv_pages: {kv_pages} must be >= 1")
@@ -117,10 +112,12 @@ def choose_pages(
     if dev.type != "cuda":
         return None
     free, total = torch.cuda.mem_get_info(dev)
-    budget = int(free * fraction)
-    if gpu_workers > 1:
-        budget = min(budget, shared_budget(total, fraction, gpu_workers, torch.cuda.memory_reserved(dev)))
-    budget = max(budget - reserved_bytes, 0) // max(runners, 1)
+    agreed = None
+    if gpu_workers > 1 and gpu_plan:
+        held = torch.cuda.memory_reserved(dev)
+        agreed = agreed_budget(gpu_plan, gpu_workers, held + reserved_bytes, total, fraction)
+    budget = agreed if agreed is not None else max(int(free * fraction) - reserved_bytes, 0)
+    budget //= max(runners, 1)
     pages = pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len))
     if pages < pages_for(max_len):  # not one request of the window would ever be admitted: say so now
         raise ValueError(

@@ -5,10 +5,14 @@ Invariant checked throughout: every page is free or held by exactly one slot (Pa
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 from helpers import make_tiny_dir
 
+from baton.engine.gpu_plan import agreed_budget, read_fixed
 from baton.engine.pages import (
     PAGE,
     PagedRows,
@@ -17,7 +21,6 @@ from baton.engine.pages import (
     choose_pages,
     pages_for,
     pages_from_memory,
-    shared_budget,
 )
 from baton.engine.runner import ModelRunner, WindowError
 from baton.engine.slots import SessionLimit
@@ -98,27 +101,40 @@ def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
         choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)
 
 
-def test_workers_sharing_a_gpu_size_the_same_whichever_starts_first(monkeypatch):
-    """Two workers on one GPU (BATON_GPU_WORKERS=2): each takes fraction x total / 2 less what it holds
-    (its weights), so the second to size gets as many pages as the first. From free memory alone the
-    first took 90% of what the other had not loaded yet (the H100's decode worker: 41 pages)."""
+def test_workers_sharing_a_gpu_agree_on_their_budgets(monkeypatch, tmp_path):
+    """Two workers on one GPU (BATON_GPU_WORKERS=2, BATON_GPU_PLAN): each writes its fixed bytes (weights
+    held + O(1) state to come), waits for the other's, and takes half of fraction x total less both, so the
+    split is the same whichever sizes first, and a decode worker that holds more (an FP8 copy) is not left
+    short. From free memory alone the first took 90% of what the other had not loaded yet (the H100's
+    decode worker: 41 pages); an equal share of the total less its own weights refused to start it."""
     gib, page_b = 2**30, 2**20
-    total, weights = 80 * gib, 18 * gib
-    kw = dict(page_bytes=page_b, slots=10**6, max_len=10 * PAGE, fraction=0.9)
-    share = (int(0.9 * total) // 2 - weights) // page_b  # 18 GiB of pages each
-    for first_loaded_alone in (True, False):  # the other worker has not loaded its weights yet, or has
-        mem = {"free": total - weights * (1 if first_loaded_alone else 2)}
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (mem["free"], total))
-        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: weights)
-        first = choose_pages("cuda", gpu_workers=2, **kw)
-        mem["free"] -= first * page_b + (weights if first_loaded_alone else 0)
-        second = choose_pages("cuda", gpu_workers=2, **kw)
-        assert first == second == share, (first_loaded_alone, first, second)
-    mem = {"free": total - weights}  # free memory only: the first takes 90% of what the other needs
-    first = choose_pages("cuda", **kw)
-    mem["free"] -= first * page_b + weights
-    assert mem["free"] < 0  # the second worker would not even fit
-    assert shared_budget(total, 0.9, 2, 40 * gib) == 0  # held more than its share: nothing more
+    total = 80 * gib
+    held = {"prefill-0": 18 * gib, "decode-0": 27 * gib}
+    reserved = {"prefill-0": 4 * gib, "decode-0": 11 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (1 * gib, total))  # free: whatever, unused
+    me = threading.local()
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: held[me.name])
+    kw = dict(page_bytes=page_b, slots=10**6, max_len=4 * PAGE, fraction=0.9, gpu_workers=2)
+    got = {}
+
+    def size(name, delay):
+        me.name = name
+        time.sleep(delay)
+        got[name] = choose_pages("cuda", reserved_bytes=reserved[name], gpu_plan=str(tmp_path / name), **kw)
+
+    for delays in ((0.0, 0.3), (0.3, 0.0)):  # either worker first
+        for f in tmp_path.iterdir():
+            f.unlink()
+        ts = [threading.Thread(target=size, args=(n, d)) for n, d in zip(held, delays)]
+        [t.start() for t in ts]
+        [t.join(10) for t in ts]
+        want = (int(0.9 * total) - sum(held.values()) - sum(reserved.values())) // 2 // page_b
+        assert got == {"prefill-0": want, "decode-0": want}, (delays, got)
+    # the other worker never writes: the plan gives up and the worker sizes from free memory, as alone
+    (tmp_path / "prefill-0").unlink()
+    me.name = "decode-0"
+    assert agreed_budget(str(tmp_path / "decode-0"), 2, 1, total, 0.9, timeout_s=0.2) is None
+    assert read_fixed(str(tmp_path)) == {"decode-0": 1}
 
 
 # ---------------------------------------------------------------- the state through pages

@@ -66,18 +66,23 @@ def test_start_processes_gives_each_gpu_worker_its_own_gpu(monkeypatch):
     ]
     processes.start_processes(specs, progress=Progress(), timeout=5)
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in started] == ["6", "7", "6"]
-    # GPU 6 holds two workers: each is told so (its KV pages are sized from its share); GPU 7 one
+    # GPU 6 holds two workers: each is told so, with its file in that GPU's plan folder; GPU 7 one
     assert [w.env.get("BATON_GPU_WORKERS") for w in started] == ["2", None, "2"]
+    plans = [w.env.get("BATON_GPU_PLAN") for w in started]
+    assert plans[1] is None and os.path.dirname(plans[0]) == os.path.dirname(plans[2])
+    assert [os.path.basename(p) for p in (plans[0], plans[2])] == ["prefill-0", "decode-1"]
+    assert os.path.isdir(os.path.dirname(plans[0]))
     started.clear()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU: everyone shares it, its index inherited
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
     assert [w.env.get("CUDA_VISIBLE_DEVICES") for w in started] == ["0", "0"]
     assert [w.env["BATON_GPU_WORKERS"] for w in started] == ["2", "2"]
+    assert os.path.dirname(started[0].env["BATON_GPU_PLAN"]) != os.path.dirname(plans[0])  # a new folder
     started.clear()
     processes.start_processes(specs[1:2], progress=Progress(), timeout=5)  # alone on its GPU
     assert [w.env for w in started] == [None]
     started.clear()
-    monkeypatch.setenv("BATON_GPU_WORKERS", "3")  # the operator's own figure wins
+    monkeypatch.setenv("BATON_GPU_PLAN", "/x/mine")  # the operator's own plan wins
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
     assert [w.env for w in started] == [None, None]
 
