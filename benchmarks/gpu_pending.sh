@@ -38,6 +38,9 @@
 # spec-adaptive at 32 at 59e5217 (0.94x).
 # On 2026-12-05 (benchmarks/results/gpu-h200-2026-12-05-nogil.md): tests-engine, tests-decode, tests-mtp at
 # 1b233ec (13, 8, 3 passed), nogil at 64 streams (the launch phase 64% -> 1.7%, 2,888 -> 3,223 tok/s).
+# Later on 2026-12-05, on an H100 (benchmarks/results/gpu-h100-2026-12-05-sampling.md): sampling at 1be5ff7
+# (the one-GPU KV sizing race: 57 of 96 top-p requests refused at 32 streams), at eaf5f32 (the decode worker
+# refused to start), and a greedy 32-stream check of 7820f0b's plan (64 of 64 served). Owed first: sampling.
 # Next, in this order: nogil at 32 and again at 64, spec-adaptive
 # (1, 8, 32) after d200d2d (what the round's host ops, 133 -> 13 a session on the CPU count, give), serve-steady
 # (its decode_thread_cpu, a2cc26c: which threads hold the GIL on the GPU; its start-up runs a0adf61's
