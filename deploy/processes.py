@@ -294,7 +294,8 @@ def start_processes(
             envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
             progress.say(f"{specs[i].name} on GPU {gpu}")
         sharing = placed.count(gpu)
-        if sharing > 1 and "BATON_GPU_PLAN" not in base:  # they agree on their KV budgets (gpu_plan.py)
+        if sharing > 1:  # they agree on their KV budgets (gpu_plan.py): each its own file, so an inherited
+            # BATON_GPU_PLAN (one path for all) is replaced: the workers would overwrite one file and wait
             if gpu not in plans:
                 plans[gpu] = tempfile.mkdtemp(prefix="baton-gpu-plan-")
                 atexit.register(shutil.rmtree, plans[gpu], True)  # restarts reread it until the launcher ends

@@ -152,7 +152,7 @@ class DraftLength:
         self._probe = None
         if batch is not None:
             self._batch = max(1, batch)
-            if self.k > 0 and self.k_min == 0 and self._outgrown():
+            if self.k > 0 and self._outgrown():  # (a loss to K = 0 implies k_min = 0)
                 self._spec_k, self.k = self.k, 0
                 self._want, self._streak = None, 0
         if not self.costs:

@@ -120,10 +120,15 @@ def choose_pages(
     budget //= max(runners, 1)
     pages = pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len))
     if pages < pages_for(max_len):  # not one request of the window would ever be admitted: say so now
+        source = (
+            f"{fraction} of the {free / 2**30:.1f} GiB free on {dev}, less {reserved_bytes / 2**30:.1f} GiB for the "
+            "O(1) state"
+            if agreed is None
+            else f"the share of {fraction} x {total / 2**30:.1f} GiB on {dev} agreed by {gpu_workers} workers "
+            f"(baton/engine/gpu_plan.py: all their weights and O(1) state first)"
+        )
         raise ValueError(
-            f"KV pages: {fraction} of the {free / 2**30:.1f} GiB free on {dev}, less {reserved_bytes / 2**30:.1f} "
-            f"GiB for the O(1) state, leaves {pages} pages of {PAGE} tokens per runner ({runners}; "
-            f"{gpu_workers} worker(s) on this GPU), less than one "
+            f"KV pages: {source}, leaves {pages} pages of {PAGE} tokens per runner ({runners}), less than one "
             f"window of {max_len} tokens ({pages_for(max_len)} pages): free GPU memory (another process holds "
             "it?), raise --gpu-memory-fraction, lower --max-len, or set --kv-pages"
         )

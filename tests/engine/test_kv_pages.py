@@ -130,6 +130,11 @@ def test_workers_sharing_a_gpu_agree_on_their_budgets(monkeypatch, tmp_path):
         [t.join(10) for t in ts]
         want = (int(0.9 * total) - sum(held.values()) - sum(reserved.values())) // 2 // page_b
         assert got == {"prefill-0": want, "decode-0": want}, (delays, got)
+    # a plan that leaves less than one window says so, naming the plan (not the free memory)
+    (tmp_path / "prefill-0").write_text(str(60 * gib))
+    me.name = "decode-0"
+    with pytest.raises(ValueError, match=r"agreed by 2 workers .* leaves 1 pages"):
+        choose_pages("cuda", reserved_bytes=reserved["decode-0"], gpu_plan=str(tmp_path / "decode-0"), **kw)
     # the other worker never writes: the plan gives up and the worker sizes from free memory, as alone
     (tmp_path / "prefill-0").unlink()
     me.name = "decode-0"

@@ -82,9 +82,10 @@ def test_start_processes_gives_each_gpu_worker_its_own_gpu(monkeypatch):
     processes.start_processes(specs[1:2], progress=Progress(), timeout=5)  # alone on its GPU
     assert [w.env for w in started] == [None]
     started.clear()
-    monkeypatch.setenv("BATON_GPU_PLAN", "/x/mine")  # the operator's own plan wins
+    monkeypatch.setenv("BATON_GPU_PLAN", "/x/mine")  # inherited, one path for all: each gets its own file
     processes.start_processes(specs[:2], progress=Progress(), timeout=5)
-    assert [w.env for w in started] == [None, None]
+    mine = [w.env["BATON_GPU_PLAN"] for w in started]
+    assert "/x/mine" not in mine and len(set(mine)) == 2
 
 
 class _FakePopen:
