@@ -73,6 +73,14 @@ def _gen(cl, prompt, n=LONG, **kw):
     return cl.client.generate(prompt, max_new_tokens=n, ignore_eos=True, timeout=kw.pop("timeout", 60), **kw)
 
 
+def _first_tokens(streams) -> list:
+    """Each stream's first delta, the streams started together: a client stream's Generate call starts at
+    its first next(), so taking them one by one would start request i + 1 only after request i's first token,
+    and on a loaded 2-core box the first sessions could decode all their tokens before the last one lands."""
+    with ThreadPoolExecutor(len(streams)) as pool:
+        return list(pool.map(next, streams))
+
+
 def _holder(cl, role: str) -> str:
     """The live worker of `role` that holds a session (exactly one must). The first token can come before the
     state has landed (docs/CONTRACTS.md, "Early first token"): wait a moment for it."""
@@ -165,7 +173,7 @@ def test_decode_worker_holding_eight_sessions_killed_all_migrate(cl):
     cl.kill("decode-1")
     cl.wait_metric(UP, 1, 15, role="decode")
     streams = [_gen(cl, p, engine="bf16") for p in prompts]
-    firsts = [next(s) for s in streams]  # all 8 admitted and streaming, on decode-0
+    firsts = _first_tokens(streams)  # all 8 admitted and streaming, on decode-0
     _until(lambda: cl.stats("decode-0").sessions == 8, 10, "all 8 states landed on decode-0")  # early first tokens
     cl.freeze("decode-0")
     cl.restart("decode-1")
@@ -194,7 +202,7 @@ def test_decode_worker_holding_eight_exact_sessions_killed_mid_round_all_resume(
     cl.kill("decode-1")
     cl.wait_metric(UP, 1, 15, role="decode")
     streams = [_gen(cl, p, 96, mode="exact", engine=("fp8", "mtp")[i % 2], **sampled[i]) for i, p in enumerate(prompts)]
-    firsts = [next(s) for s in streams]  # all 8 admitted and in their draft / verify rounds, on decode-0
+    firsts = _first_tokens(streams)  # all 8 admitted and in their draft / verify rounds, on decode-0
     _until(lambda: cl.stats("decode-0").sessions == 8, 10, "all 8 states landed on decode-0")  # early first tokens
     cl.freeze("decode-0")
     cl.restart("decode-1")
