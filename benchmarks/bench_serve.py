@@ -138,7 +138,8 @@ Per point:
     --layout points also have layout, gpus, goodput_per_gpu (tok_s / gpus); the JSON then has layouts,
                        comparison and verdict (benchmarks/serve_layouts.py)
 The JSON's `serve`: argv (the `baton serve` command; --draft-p: the commands ControlledServe ran, `;`-separated,
-and baton_serve_args, the `baton serve` options they were built from), boot_s, exit_code, worker_exits, log
+and baton_serve_args, the `baton serve` options they were built from), boot_s, capacity (per worker, read
+once all are up: engines, slots, kv_pools, kv_pages, kv_pages_free, kv_page_tokens), exit_code, worker_exits, log
 (with --out: the whole `baton serve` stderr, saved beside the JSON as OUT.serve.log, OUT.serve-LAYOUT.log per
 layout; stderr_tail keeps its last lines in the JSON when a point failed).
 The JSON's `controlled` (--draft-p runs): draft_p, draft_k, draft_seed, draft_length, references (prompts in the
@@ -174,7 +175,7 @@ sys.path.insert(0, str(ROOT))
 from baton.thread_cpu import share as thread_cpu_share  # noqa: E402
 from benchmarks import serve_layouts as layouts  # noqa: E402
 from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
-from benchmarks.load import Serve, decode_steps, gathers, pct, serve_env, thread_cpu  # noqa: E402
+from benchmarks.load import Serve, capacity, decode_steps, gathers, pct, serve_env, thread_cpu  # noqa: E402
 from router.service import RouterConfig  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
@@ -964,6 +965,8 @@ def _serve_points(
         t0 = time.monotonic()
         addr = serve.wait(a.boot_timeout)
         info["boot_s"] = round(time.monotonic() - t0, 1)
+        info["capacity"] = capacity(serve.workers(), token)  # what each worker sized (KV pages, slots)
+        print(f"bench_serve: capacity {json.dumps(info['capacity'])}", file=sys.stderr, flush=True)
         w0 = workloads[0]
         for n in [int(x) for x in a.warmup.split(",") if x.strip()]:
             per = [[w0.job(i % len(w0.prompts), min(8, a.output_len))] for i in range(n)]

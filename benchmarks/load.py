@@ -221,6 +221,22 @@ def _role_stats(addresses: dict[str, str], token: str | None):
             yield role, stub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
 
 
+def capacity(addresses: dict[str, str], token: str | None) -> dict[str, dict]:
+    """Per worker name: what it sized at start-up and holds free now (WorkerStats engines, slots, kv_pools,
+    kv_pages, kv_pages_free, kv_page_tokens: docs/CONTRACTS.md, "KV pages")."""
+    out = {}
+    for name, (role, st) in zip(addresses, _role_stats(addresses, token)):
+        out[name] = {
+            "engines": list(st.engines),
+            "slots": st.slots,
+            "kv_pools": st.kv_pools,
+            "kv_pages": st.kv_pages,
+            "kv_pages_free": st.kv_pages_free,
+            "kv_page_tokens": st.kv_page_tokens,
+        }
+    return out
+
+
 def thread_cpu(addresses: dict[str, str], token: str | None) -> dict[str, dict[str, float]]:
     """Per role (prefill, decode): CPU seconds per thread group of the role's workers, summed
     (WorkerStats thread_cpu_s, baton/thread_cpu.py); counters since each thread started."""

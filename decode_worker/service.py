@@ -43,6 +43,7 @@ import torch
 
 from baton import sampling_rules, stalls, thread_cpu
 from baton.engine import rejection
+from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
@@ -314,6 +315,9 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
 
     def GetStats(self, request, context):
         out = self.stats()
+        d = self.engine.default_engine
+        out.engines.extend([d] + [e for e in self.engine.engines if e != d])
+        fill_capacity(out, self.engine.runners.values())
         self.engine.fill_step_stats(out, reset=request.reset_steps)
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read(reset=request.reset_steps)
         out.thread_cpu_s.update(thread_cpu.read())

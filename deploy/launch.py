@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root i
 
 from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
 from deploy.router_launch import TASK_RETRIES, router_kwargs, serve_router, start_router_actor  # noqa: E402
+from deploy.serve_args import engines_error  # noqa: E402
 
 DEFAULT_NAMESPACE = "baton"
 
@@ -189,6 +190,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", type=int, default=1, help="decode actors")
     p.add_argument("--engine", default=None, choices=("bf16", "fp8", "mtp"), help="decode engine")
     p.add_argument(
+        "--engines",
+        default=None,
+        metavar="LIST",
+        help="engines each decode actor offers, comma-separated (default: all the checkpoint supports; "
+        "without fp8 no FP8 weight copy is made)",
+    )
+    p.add_argument(
         "--device", default=None, choices=("cpu", "cuda"), help="default: cuda when --gpus-per-worker > 0, else cpu"
     )
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
@@ -220,7 +228,7 @@ def specs_from_args(args) -> list[WorkerSpec]:
         token_file=args.token_file,
     )
     return [WorkerSpec("prefill", i, **common) for i in range(args.prefill)] + [
-        WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)
+        WorkerSpec("decode", i, engine=args.engine, engines=args.engines, **common) for i in range(args.decode)
     ]
 
 
@@ -228,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploy/launch.py", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
+    if err := engines_error(args):
+        p.error(err)
     progress = Progress()
     connect(args.address, args.namespace)
     import ray

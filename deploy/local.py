@@ -205,7 +205,8 @@ def _worker_specs(args) -> list[WorkerSpec]:
     budget = getattr(args, "prefill_budget", None)
     extra = (("prefill_budget", str(budget)),) if budget is not None else ()
     return [WorkerSpec("prefill", i, extra=extra, **common) for i in range(args.prefill)] + [
-        WorkerSpec("decode", i, engine=args.engine, **common) for i in range(args.decode)
+        WorkerSpec("decode", i, engine=args.engine, engines=getattr(args, "engines", None), **common)
+        for i in range(args.decode)
     ]
 
 

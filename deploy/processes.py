@@ -53,6 +53,7 @@ class WorkerSpec:
     device: str = "cpu"
     dtype: str | None = None  # None = the worker's default
     engine: str | None = None  # decode only
+    engines: str | None = None  # decode only: "bf16,mtp" (None = the worker's default, every engine)
     max_len: int | None = None
     slots: int | None = None  # session slots (None = the worker's default)
     kv_pages: int | None = None  # KV pages per runner (None = the worker's sizing)
@@ -81,6 +82,7 @@ class WorkerSpec:
         }
         if self.role == "decode":
             opts["engine"] = self.engine
+            opts["engines"] = self.engines
         opts.update(dict(self.extra))
         return {k: v for k, v in opts.items() if v is not None}
 

@@ -23,6 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
     p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")
     p.add_argument("--engine", default=None, choices=ENGINES, help="decode engine (default: the worker's)")
+    p.add_argument(
+        "--engines",
+        default=None,
+        metavar="LIST",
+        help="engines each decode worker offers, comma-separated (default: bf16,fp8,mtp, those the checkpoint "
+        "supports); leaving out fp8 saves its FP8 weight copy (~9 GB for a 9B model) for KV pages",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument(
         "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
@@ -83,6 +90,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ask-tokens", type=int, default=32, metavar="N", help="max new tokens of the --ask request")
 
 
+def engines_error(args) -> str | None:
+    """Checks --engines (comma-separated names of ENGINES, at least one) against --engine, and normalizes it
+    to "a,b" (args.engines stays None when not given: the workers' default). A message, or None."""
+    text = getattr(args, "engines", None)
+    if text is None:
+        return None
+    names = [e.strip() for e in text.split(",") if e.strip()]
+    bad = [e for e in names if e not in ENGINES]
+    if bad or not names:
+        return f"--engines: {', '.join(bad) or 'empty'}: give one or more of {', '.join(ENGINES)}, comma-separated"
+    if args.engine is not None and args.engine not in names:
+        return f"--engine {args.engine} is not among --engines {','.join(names)}"
+    args.engines = ",".join(dict.fromkeys(names))
+    return None
+
+
 def check(args) -> str | None:
     if args.prefill < 1 or args.decode < 1:
         return "--prefill and --decode must be >= 1"
@@ -92,6 +115,8 @@ def check(args) -> str | None:
         return "--http-port must be in 0..65535 (0 = off)"
     if args.ask_tokens < 1:
         return "--ask-tokens must be >= 1"
+    if err := engines_error(args):
+        return err
     if args.slots is not None and args.slots < 1:
         return "--slots must be >= 1"
     kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)

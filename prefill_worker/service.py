@@ -41,6 +41,7 @@ import uuid
 import grpc
 
 from baton import sampling_rules, stalls, thread_cpu
+from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
@@ -395,4 +396,5 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         out.prefill_passes, out.prefill_pieces, out.prefill_tokens, out.prefill_pass_s = t
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read()
         out.thread_cpu_s.update(thread_cpu.read())
+        fill_capacity(out, (self.engine.runner,))
         return out

@@ -250,7 +250,10 @@ class Registry:
             log.warning("GetStats %s failed: %s", worker.address, e.code().name)
             return
         if worker.role == "decode":
-            worker.engines, worker.engines_complete = parse_engines(st.engine)
+            # WorkerStats.engines lists all it offers, even one; a worker without it: its `engine` text
+            worker.engines, worker.engines_complete = (
+                (tuple(st.engines), True) if st.engines else parse_engines(st.engine)
+            )
         worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
 
     def poll_once(self) -> None:

@@ -143,6 +143,17 @@ def describe(pages: int, page_bytes: int, slots: int, max_len: int) -> str:
     )
 
 
+def fill_capacity(out, runners) -> None:
+    """Sets a WorkerStats' capacity fields (slots, kv_pools, kv_pages, kv_pages_free, kv_page_tokens) from the
+    worker's runners (runners that share one state, bf16 and mtp, count once). `slots` is each runner's."""
+    states = list({id(r.state): r.state for r in runners}.values())
+    out.slots = max((st.slots for st in states), default=0)
+    out.kv_pools = len(states)
+    out.kv_pages = sum(st.pages.pages for st in states)
+    out.kv_pages_free = sum(st.pages.free_pages for st in states)
+    out.kv_page_tokens = PAGE
+
+
 class PagePool:
     def __init__(self, pages: int, slots: int, max_pages: int, device):
         if pages < 1:

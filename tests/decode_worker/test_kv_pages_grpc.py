@@ -135,3 +135,22 @@ def test_soak_random_lengths_leaves_every_page_free(w):
         t.join()
     assert not bad and len(done) + len(refused) == len(jobs) and done, (bad, refused)
     assert _all_free(w), (w["pool"]._owned, w["ppool"]._owned)
+
+
+def test_get_stats_reports_engines_slots_and_pages(w):
+    """GetStats' capacity (WorkerStats.engines, slots, kv_pools, kv_pages, kv_pages_free, kv_page_tokens) is
+    what each worker sized and holds: a session of PAGE + 10 tokens takes 2 of the decode worker's 3 pages,
+    and they come back when it is released. The decode worker lists its one engine (the router then knows
+    it offers no other)."""
+
+    def stats(role):
+        return w[role].GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+
+    d, p = stats("D"), stats("P")
+    assert list(d.engines) == ["bf16"] and list(p.engines) == []
+    assert (d.slots, d.kv_pools, d.kv_pages, d.kv_pages_free, d.kv_page_tokens) == (4, 1, PAGES, PAGES, PAGE)
+    assert (p.slots, p.kv_pools, p.kv_pages, p.kv_page_tokens) == (4, 1, w["ppool"].pages, PAGE)
+    _load(w, "cap", [9] * (PAGE + 10))
+    assert stats("D").kv_pages_free == PAGES - 2
+    w["D"].Release(common_pb2.ReleaseRequest(session_id="cap"), timeout=T)
+    assert _all_free(w) and stats("D").kv_pages_free == PAGES and stats("P").kv_pages_free == w["ppool"].pages

@@ -431,3 +431,41 @@ def test_draft_length_reaches_the_router():
         assert d._servicer.config.draft_length == RouterConfig.draft_length == "fixed"
     finally:
         d.stop(0)
+
+
+def test_engines_reach_the_decode_workers_only():
+    """`baton serve --engines bf16,mtp` (and deploy/launch.py's) reaches each decode worker as its --engines flag
+    and actor keyword; unset, the workers offer all they can; a bad list or an --engine outside it is refused
+    before anything starts."""
+    import argparse
+    import inspect
+
+    from decode_worker.__main__ import build_parser
+    from decode_worker.actor import DecodeActor
+    from deploy.launch import add_arguments as launch_arguments
+    from deploy.launch import specs_from_args
+    from deploy.local import _worker_specs
+    from deploy.serve_args import add_arguments, check
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--engines", " mtp, bf16,mtp", "--decode", "2"])
+    assert check(args) is None and args.engines == "mtp,bf16"
+    pre, *dec = _worker_specs(args)
+    assert "--engines" not in pre.argv() and "engines" not in pre.options()
+    for s in dec:
+        assert s.argv()[s.argv().index("--engines") + 1] == "mtp,bf16" and s.options()["engines"] == "mtp,bf16"
+    assert build_parser().parse_args(["--engines", "mtp,bf16"]).engines == "mtp,bf16"
+    assert "engines" in inspect.signature(DecodeActor.__init__).parameters
+    unset = p.parse_args([])
+    assert check(unset) is None and all("--engines" not in s.argv() for s in _worker_specs(unset))
+    for argv, msg in (
+        (["--engines", "bf16,fp9"], "--engines: fp9: give one or more of bf16, fp8, mtp, comma-separated"),
+        (["--engines", ","], "--engines: empty: give one or more of bf16, fp8, mtp, comma-separated"),
+        (["--engines", "bf16", "--engine", "fp8"], "--engine fp8 is not among --engines bf16"),
+    ):
+        assert check(p.parse_args(argv)) == msg
+    lp = argparse.ArgumentParser()
+    launch_arguments(lp)
+    la = lp.parse_args(["--engines", "bf16", "--gpus-per-worker", "0"])
+    assert [s.options().get("engines") for s in specs_from_args(la)] == [None, "bf16"]
