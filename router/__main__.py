@@ -83,6 +83,7 @@ def serve_router(
         on_change=on_change,
     )
     servicer = RouterServicer(registry, meta, config, metrics)
+    metrics.watch_workers(registry)
     handle = build_server(
         [(router_pb2_grpc.add_RouterServicer_to_server, servicer)],
         service_names=[SERVICE_NAME],

@@ -2,11 +2,13 @@
 
 Lifecycle:
     m = RouterMetrics()                  # own CollectorRegistry: several routers may live in one process
+    m.watch_workers(registry)            # + the workers' load and capacity, read at each scrape
+                                         #   (baton_worker_*: router/worker_metrics.py)
     m.start(port, host)                  # /metrics over HTTP on host:port (port 0 = off)
     ... RouterServicer records: request_done(), first_token(), tokens(), exact(), bridge(), migration()
     m.stop()
 
-Every name starts with `baton_router_`. Labels stay low-cardinality (mode, engine, status), never
+Every name of the router's own starts with `baton_router_`, the workers' with `baton_worker_`. Labels stay low-cardinality (mode, engine, status), never
 request ids.
 """
 
@@ -42,6 +44,14 @@ class RouterMetrics:
         self.prefill_retries = Counter(p + "prefill_retries", "Prefills retried on another worker", registry=r)
         self.workers_up = Gauge(p + "workers_up", "Workers answering SERVING", ["role"], registry=r)
         self._server = None
+        self._workers = None
+
+    def watch_workers(self, registry) -> None:
+        """The workers' figures (router/worker_metrics.py) join this registry: read from `registry`'s up
+        workers whenever /metrics is rendered."""
+        from router.worker_metrics import WorkerCollector
+
+        self._workers = WorkerCollector(registry).register(self.registry)
 
     # ---- HTTP endpoint ---------------------------------------------------------------------------
     def start(self, port: int, host: str = "127.0.0.1") -> int:
@@ -52,6 +62,8 @@ class RouterMetrics:
         return int(self._server.server_port)
 
     def stop(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

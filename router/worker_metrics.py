@@ -1,0 +1,91 @@
+"""The workers' load and capacity on the router's /metrics, read when /metrics is scraped.
+
+Lifecycle:
+    WorkerCollector(registry).register(metrics.registry)   # once, in serve_router
+    each scrape: collect() asks every up worker's GetStats at once (deadline DEADLINE_S each) and yields
+                 one gauge family per figure, labelled role and worker (its address); a worker that does
+                 not answer in time is left out of that scrape and counted in baton_worker_scrape_errors
+                 (no stale figure is ever shown as current)
+
+The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
+    baton_worker_sessions          sessions holding state now
+    baton_worker_outstanding       RPCs in flight
+    baton_worker_slots             session slots of each runner
+    baton_worker_kv_pages          attention KV pages of its pools (256 tokens each)
+    baton_worker_kv_pages_free     of them, free now
+    baton_worker_kv_usage          1 - free / pages: what vLLM calls KV-cache usage
+Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from baton.v1 import common_pb2
+
+DEADLINE_S = 1.0  # per GetStats: a scrape never waits longer than this for the slowest worker
+_FIGURES = (
+    ("sessions", "Sessions holding state on the worker"),
+    ("outstanding", "RPCs in flight on the worker"),
+    ("slots", "Session slots of each of the worker's runners"),
+    ("kv_pages", "Attention KV pages of the worker's pools (256 tokens each)"),
+    ("kv_pages_free", "Free attention KV pages of the worker's pools"),
+)
+
+
+class WorkerCollector:
+    """A prometheus_client collector over the router's Registry (router/registry.py)."""
+
+    def __init__(self, registry, deadline_s: float = DEADLINE_S):
+        self.registry, self.deadline_s = registry, deadline_s
+        self.errors = 0  # GetStats calls that failed or missed the deadline, since start
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="baton-metrics")
+
+    def register(self, prom_registry) -> WorkerCollector:
+        prom_registry.register(self)
+        return self
+
+    def describe(self):
+        return []  # no describe-time calls: the registry's auto-describe must not reach the workers
+
+    def _stats(self, worker) -> common_pb2.WorkerStats | None:
+        try:
+            return worker.stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=self.deadline_s)
+        except grpc.RpcError:
+            return None
+
+    def collect(self):
+        workers = self.registry.up("prefill") + self.registry.up("decode")
+        futs = {self._pool.submit(self._stats, w): w for w in workers}
+        wait(futs, timeout=self.deadline_s + 0.5)
+        got = []
+        for fut, w in futs.items():
+            st = fut.result() if fut.done() else None
+            if st is None:
+                with self._lock:
+                    self.errors += 1
+            else:
+                got.append((w, st))
+        for name, doc in _FIGURES:
+            fam = GaugeMetricFamily("baton_worker_" + name, doc, labels=["role", "worker"])
+            for w, st in got:
+                fam.add_metric([w.role, w.address], float(getattr(st, name)))
+            yield fam
+        usage = GaugeMetricFamily(
+            "baton_worker_kv_usage", "Share of the worker's KV pages in use", labels=["role", "worker"]
+        )
+        for w, st in got:
+            if st.kv_pages:
+                usage.add_metric([w.role, w.address], 1.0 - st.kv_pages_free / st.kv_pages)
+        yield usage
+        yield CounterMetricFamily(
+            "baton_worker_scrape_errors", "Worker GetStats calls of /metrics scrapes that failed", value=self.errors
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
