@@ -85,11 +85,14 @@ def start_workers(
     detached: bool = False,
     num_cpus: float = 1.0,
     env: dict[str, str] | None = None,
+    gpu_share=None,
 ) -> dict[str, object]:
     """Creates one named actor per spec (or reuses a live one of that name); returns name -> handle.
 
     resources: role -> custom resource request, e.g. {"decode": {"decode_node": 1}}.
-    env: extra environment for the actor processes (e.g. BATON_TOKEN)."""
+    env: extra environment for the actor processes (e.g. BATON_TOKEN).
+    gpu_share: a created deploy.ray_gpus.GpuShare: each actor in its GPU bundle, with the KV plan of the
+    actors that share it (num_gpus is then the share's)."""
     resources = resources or {}
     actors: dict[str, object] = {}
     for spec in specs:
@@ -103,8 +106,13 @@ def start_workers(
         )
         if detached:
             opts["lifetime"] = "detached"
-        if env:
-            opts["runtime_env"] = {"env_vars": dict(env)}
+        actor_env = dict(env or {})
+        if gpu_share is not None:
+            placed, plan_env = gpu_share.actor_options(opts["name"])
+            opts.update(placed)
+            actor_env.update(plan_env)
+        if actor_env:
+            opts["runtime_env"] = {"env_vars": actor_env}
         # NOTE: get_if_exists: a second launch reuses live actors (and ignores new options: --stop first)
         actors[opts["name"]] = cls.options(**opts).remote(**spec.options())
     return actors

@@ -174,13 +174,27 @@ class _LocalRay:
                 logging_level="WARNING",
             )
 
-    def gpus_per_worker(self, device: str, num_workers: int) -> float:
+    def gpu_share(self, names: list[str], device: str):
+        """cuda: the workers' GPU placement (deploy/ray_gpus.py: round-robin, a KV plan where they share one),
+        its placement group created; None on cpu."""
         if device != "cuda":
-            return 0.0
-        gpus = self.ray.cluster_resources().get("GPU", 0.0)
-        if gpus <= 0:
+            return None
+        from deploy.ray_gpus import GpuShare
+
+        gpus = int(self.ray.cluster_resources().get("GPU", 0.0))
+        if gpus < 1:
             raise StartupError("--device cuda: Ray sees no GPU on this machine")
-        return min(1.0, gpus / num_workers)
+        share, root = GpuShare.plan(names, gpus), tempfile.mkdtemp(prefix="baton-gpu-plan-")
+        try:
+            share.create(self.ray, root)
+        except TimeoutError as e:
+            shutil.rmtree(root, ignore_errors=True)
+            raise StartupError(str(e)) from None
+        return share
+
+    def unshare(self, share) -> None:
+        share.remove(self.ray)
+        shutil.rmtree(share.plan_root, ignore_errors=True)
 
     def shutdown(self) -> None:
         self.ray.shutdown()
@@ -257,11 +271,18 @@ def run(args) -> int:
                 progress.say(f"Ray ready ({time.monotonic() - t0:.1f} s, namespace {ray_ctx.namespace!r})")
                 namespace = ray_ctx.namespace
                 token = os.environ.get("BATON_TOKEN")
+                share = ray_ctx.gpu_share([launch.actor_name(s.role, s.index) for s in specs], args.device)
+                if share is not None:
+                    cleanups.append(lambda: ray_ctx.unshare(share))
+                    progress.say(
+                        "GPU bundles: "
+                        + ", ".join(f"{n.removeprefix('baton-')} on {b}" for n, b in share.bundle_of.items())
+                    )
                 actors = launch.start_workers(
                     specs,
                     namespace=namespace,
-                    num_gpus=ray_ctx.gpus_per_worker(args.device, len(specs)),
                     env={"BATON_TOKEN": token} if token else None,
+                    gpu_share=share,
                 )
                 cleanups.append(lambda: launch.stop_actors(actors, grace=args.grace))
                 got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)

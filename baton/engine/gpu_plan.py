@@ -6,8 +6,8 @@ would take the fraction of what the other has not loaded yet (on an 80 GiB H100 
 41 pages, 2026-12-05). Nor can each take fraction x total / N less its own weights: the decode worker holds
 more (an FP8 copy, O(1) state for two runners) than half of an H100 leaves it.
 
-So they agree through files. The launcher (deploy/processes.py start_processes) gives each worker placed on
-a shared GPU BATON_GPU_WORKERS=N and BATON_GPU_PLAN=DIR/NAME, one DIR per GPU. A worker writes its fixed
+So they agree through files. The launcher (deploy/processes.py start_processes; for Ray actors
+deploy/ray_gpus.py) gives each worker placed on a shared GPU BATON_GPU_WORKERS=N and BATON_GPU_PLAN=DIR/NAME, one DIR per GPU. A worker writes its fixed
 bytes (what its process holds, plus the O(1) state it will still allocate) to its own file, waits until N
 files are there, and takes
 
@@ -31,6 +31,7 @@ PLAN_TIMEOUT_S = 600.0  # the other workers' model loads: a 9B checkpoint takes 
 
 def write_fixed(path: str, fixed: int) -> None:
     """This worker's fixed bytes into its plan file, atomically (a reader never sees half a number)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # a Ray actor on another node makes its own
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(str(int(fixed)))
