@@ -3,7 +3,8 @@
 Lifecycle of a request through this engine:
     prefill(prompt, keep)   -> a session in a free slot; wide kernels; first token (greedy, or sampled
                                by the session's SamplingTable row, set at open, cleared at release;
-                               its token history begun at open: prompt [0, n - generated), penalties)
+                               its token history begun at open: prompt [0, n - generated), penalties;
+                               a re-prefill's `generated` tail runs as AR rows: replay_generated)
                                (= open_prefill + run_prefill; in between a sender may take the slot's
                                views and stream each layer as run_prefill's PrefillProgress marks it)
     export(session)         -> the slot's state tensors (the service streams them to a decode worker)
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 from baton.engine import rejection
 from baton.engine.gather import PERIODIC, Gather
-from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, replay_generated, run_pass
 from baton.engine.runner import ModelRunner
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SlotTable
@@ -59,6 +60,7 @@ class Session:
     last_used: float
     counters: Counters = field(default_factory=Counters)
     engine: int = 0  # decode engine (proto enum) the session was handed to; reused on migration
+    replay: int = 0  # the prompt's last `replay` ids were generated: run_prefill feeds them as AR rows
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ class ExactEngine:
         except BaseException:
             self.release(s.id)
             raise
+        s.replay = generated
         with self._prefilling_lock:
             self._prefilling.add(s.id)
         return s
@@ -223,13 +226,21 @@ class ExactEngine:
         each bitwise as alone. `progress` is marked per layer during the last piece and finished with the
         token (or failed); on failure the session is released. mtp=False skips the MTP layer's KV
         (ModelRunner.prefill): only for a session whose export never ships it."""
+        ids, g = list(ids), s.replay
         try:
             tok = None
-            for p in prefill_pieces(self.runner, s.slot, list(ids), on_layer=progress and progress.mark, mtp=mtp):
+            marks = progress.mark if progress is not None and not g else None
+            for p in prefill_pieces(self.runner, s.slot, ids[: len(ids) - g], on_layer=marks, mtp=mtp):
                 got = self.prefills.call(p)
                 if isinstance(got, BaseException):
                     raise got
                 tok = got
+            if g:  # no piece of it is to come (the passes stop waiting); every layer is final only after it
+                with self._prefilling_lock:
+                    self._prefilling.discard(s.id)
+                tok = replay_generated(self.runner, s.slot, ids[len(ids) - g :], self._compute)
+                for i in range(self.runner.cfg.num_hidden_layers if progress is not None else 0):
+                    progress.mark(i)
         except BaseException as e:
             if progress is not None:
                 progress.fail(e)
@@ -265,9 +276,8 @@ class ExactEngine:
 
     def warm_up(self, lengths=(1, 17, 64, 100)) -> float:
         """Throw-away prefills of these prompt lengths (ids 0; each released), so the wide kernels compile
-        before the worker serves: fla's chunked delta rule is Triton, compiled and autotuned on first use
-        (tens of seconds on a fresh cache: a first request would outlive the router's call timeout), and
-        Triton specialises integer arguments equal to 1 or divisible by 16. -> seconds taken."""
+        before the worker serves: fla's chunked delta rule is Triton, compiled and autotuned on first use (tens
+        of seconds on a fresh cache), and Triton specialises ints equal to 1 or divisible by 16. -> seconds."""
         t0 = time.perf_counter()
         for n in lengths:
             n = min(n, self.runner.max_len - self.width)

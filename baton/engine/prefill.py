@@ -2,6 +2,7 @@
 
     pieces(start, n)                  -> [(start, n), ...], the pieces a prompt is always cut into
     run_pass(runner, [Piece, ...])    -> [token or None, ...]; one forward over every piece's rows
+    replay_generated(runner, slot, ids, lock) -> token; a re-prefill's generated tail, as AR rows
 
 A prompt of n tokens from position `start` is cut at start + k * PREFILL_CHUNK, whatever else is in
 flight, so its state is a function of the prompt alone: the same pieces run alone (`ModelRunner.prefill`,
@@ -152,3 +153,19 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
             st.next_token[p.slot].fill_(tok)
             st.hidden[p.slot].copy_(r[-1])
     return toks
+
+
+def replay_generated(runner, slot: int, generated: list[int], lock) -> int:
+    """A migration's re-prefill (prompt + the tokens generated so far): after the prompt's pieces, the
+    generated tokens are fed as AR rows, W at a time (ModelRunner.rows, under `lock` per block), so the slot
+    is bitwise in the state the AR decode reached after them, on the exact engine and so on the decode
+    worker (a prefill piece over them is not: other kernels, other sums; a token can then differ at a
+    rounding edge). Costs len / W row passes instead of one piece. -> the token picked after the last one
+    (also the slot's next_token). The MTP layer's KV of these rows is not written (drafts only: as after
+    an ExportState)."""
+    tok = None
+    for i in range(0, len(generated), runner.width):
+        with lock:
+            tok = runner.rows(slot, generated[i : i + runner.width])[-1]
+            runner.state.next_token[slot] = tok
+    return tok

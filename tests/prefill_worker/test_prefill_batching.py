@@ -89,3 +89,24 @@ def test_a_refused_piece_fails_alone_and_the_rest_of_its_pass_runs(lm):
     solo = _engine(lm)
     _, tok = solo.prefill(a)
     assert out[0] == tok
+
+
+@pytest.mark.parametrize("g", [1, 8, 21])
+def test_a_re_prefill_replays_its_generated_tokens_as_the_ar_decode_did(lm, g):
+    """A migration's re-prefill (prompt + g generated tokens, generated=g) leaves the slot bitwise in the
+    state the exact AR decode reached after those tokens (prompt prefilled, then one row per token), and
+    picks the token that decode picked next; one prefill pass over prompt + tokens need not."""
+    e = _engine(lm)
+    prompt = _prompts(lm, [13], seed=5)[0]
+    ref = e.generate(prompt, g + 2)
+    s, first = e.prefill(prompt)
+    for want in ref[1 : g + 1]:
+        assert e.step(s.id) == want
+    alone = _state(e, s.id)
+    r, tok = e.prefill(prompt + ref[:g], generated=g)
+    assert tok == ref[g]
+    again = _state(e, r.id)
+    assert alone.keys() == again.keys() and (again["pos"], again["next"]) == (alone["pos"], alone["next"])
+    for name in alone:
+        if name not in ("pos", "next"):
+            assert torch.equal(alone[name], again[name]), name
