@@ -167,6 +167,13 @@ class Calls:
     def track(self, worker: Worker, session_id: str, uncertain: bool = False) -> None:
         self._sessions.append((worker, session_id, uncertain))
 
+    def release(self, worker: Worker, session_id: str) -> None:
+        """Releases one tracked session now (in the background: the request goes on) and stops tracking it."""
+        gone = [t for t in self._sessions if t[0] is worker and t[1] == session_id]
+        self._sessions = [t for t in self._sessions if t not in gone]
+        if gone:
+            threading.Thread(target=_release, args=(gone,), daemon=True, name="baton-release").start()
+
     def mark_uncertain(self, session_id: str) -> None:
         """A Prefill for this session was cut short: its hand-off may still land after the Release."""
         self._sessions = [(w, s, u or s == session_id) for w, s, u in self._sessions]

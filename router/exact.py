@@ -15,8 +15,12 @@ Verify judges by rejection sampling (baton/engine/rejection.py): exact in distri
 
 Migration: when D fails (dies, hangs, loses S), ExportState(S, decode_target=D') on P re-streams the
 exact state (position, next_token = the pending token) to another decode worker and the loop goes on
-with Draft(has_verdict=False): the output is unchanged. When P fails the exact state is gone:
-UNAVAILABLE (a re-prefill would change the reference state).
+with Draft(has_verdict=False): the output is unchanged. When P fails (its Verify, its ExportState, or the
+first hand-off after the first token) the exact state is rebuilt: `restart` re-prefills prompt + every token
+sent on another prefill worker (generated = those tokens, replayed as AR rows: bitwise the lost state,
+baton/engine/prefill.py replay_generated) with a fresh decode session (the old one on D is released); its
+first token is the next one to send, and the loop goes on from it. Without `restart`: UNAVAILABLE.
+Migrations and restarts together are bounded by max_migrations.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
 from router.registry import NoWorker
-from router.session import Budget, Handoff
+from router.session import Budget, Handoff, first_tokens, land
 
 log = logging.getLogger("baton.router")
 
@@ -88,6 +92,7 @@ class ExactLoop:
         sampling=None,
         draft_length=None,
         prompt_ids=(),
+        restart: Callable[[list[int], list], Handoff] | None = None,
     ):
         # ExportState re-sends the engine the prefill worker kept from the Prefill, so a migration target
         # must offer that engine (the request's, else the first decode worker's default)
@@ -103,6 +108,9 @@ class ExactLoop:
         self.prompt_ids, self.loaded = list(prompt_ids), list(prompt_ids)
         # K per round (baton/engine/draft_length.py): the request's K, or the adaptive controller's choice
         self.draft_length = draft_length if draft_length is not None else FixedLength(k)
+        # restart(sent, exclude_prefill) -> a Handoff of prompt + sent (the exact worker was lost)
+        self.restart = restart
+        self._unlanded: Handoff | None = handoff  # run() lands it before the first Draft
 
     @classmethod
     def for_plan(cls, calls, handoff, budget, stats, plan, config, **hooks) -> "ExactLoop":
@@ -133,19 +141,29 @@ class ExactLoop:
         """pending = the last committed token (already sent). Yields (tokens, finish_reason | None,
         logprobs: the exact engine's TokenLogprob per token, when asked)."""
         verdict: tuple[int, int] | None = None  # (m, next) of the last Verify, for the next Draft
+        if self._unlanded is not None:
+            h, self._unlanded = self._unlanded, None
+            try:
+                land(h, self._record)  # the state is on D before D is asked for it
+            except WorkerFault as e:
+                pending, done = yield from self._recover(pending, e)
+                if done:
+                    return
         while True:
             # k <= remaining - 1: one block then yields at most the tokens still wanted
             k = max(1, min(self.draft_length.next_k(), self.budget.remaining - 1))
             t0 = time.perf_counter()
             try:
                 drafts, probs = self._draft(k, verdict)
+                t1 = time.perf_counter()
+                m, nxt, lps = self._verify(pending, drafts, probs)
             except WorkerFault as e:
-                self.migrate(pending, e)
-                self.draft_length.forget_costs()  # another decode worker: other costs
+                self.draft_length.forget_costs()  # another decode (or exact) worker: other costs
                 verdict = None
+                pending, done = yield from self._recover(pending, e)
+                if done:
+                    return
                 continue
-            t1 = time.perf_counter()
-            m, nxt, lps = self._verify(pending, drafts, probs)
             self.draft_length.observe(k, m, t1 - t0, time.perf_counter() - t1)
             self.stats.drafted += k
             self.stats.accepted += m
@@ -174,10 +192,7 @@ class ExactLoop:
 
     def _verify(self, pending: int, drafts: list[int], probs=()) -> tuple[int, int, list]:
         req = prefill_pb2.VerifyRequest(session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs)
-        try:
-            resp = self.calls.unary(self.exact, "Verify", req)
-        except WorkerFault as e:
-            raise unavailable(f"exact worker lost the session: {e}") from None
+        resp = self.calls.unary(self.exact, "Verify", req)  # a WorkerFault of P: run() restarts the session
         m = int(resp.accepted)
         try:
             check_verdict(m, len(drafts))
@@ -209,7 +224,7 @@ class ExactLoop:
                 resp = self.calls.unary(self.exact, "ExportState", req)
             except WorkerFault as e:
                 if not reg.probe(self.exact):
-                    raise unavailable(f"exact worker lost the session: {e}") from None
+                    raise _ExactLost(WorkerFault(self.exact, e.code, e.details)) from None
                 dead.append(target)  # the exact worker is fine: the new target failed the hand-off
                 fault = e
                 continue
@@ -234,3 +249,70 @@ class ExactLoop:
             # worker offers; UNSPECIFIED = "as loaded" from now on. The output cannot change either way.
             self.engine = 0
             return
+
+    # ---- recovery ----------------------------------------------------------------------------------
+    def _record(self, bridge) -> None:
+        self.stats.bridge(bridge)
+        if self.on_bridge is not None:
+            self.on_bridge(bridge)
+
+    def _recover(self, pending: int, fault: WorkerFault):
+        """After `fault`: D's -> migrate (ExportState; the pending token stays); P's -> a restarted session
+        (yields its first token's batch). Generator; returns (pending, finished)."""
+        try:
+            if fault.worker is not self.exact:
+                self.migrate(pending, fault)
+                return pending, False
+        except _ExactLost as lost:
+            fault = lost.fault
+        while True:
+            h, toks, finish, lps = self._restart(fault)
+            yield toks, finish, lps
+            if finish is not None:
+                return pending, True
+            try:
+                land(h, self._record)
+                return h.first_token, False
+            except WorkerFault as e:
+                if e.worker is not h.decode:
+                    fault = e
+                    continue
+                try:
+                    self.migrate(h.first_token, e)
+                    return h.first_token, False
+                except _ExactLost as lost:
+                    fault = lost.fault
+
+    def _restart(self, fault: WorkerFault):
+        """Re-prefills prompt + every token sent on another prefill worker (module doc) -> (handoff, tokens,
+        finish, logprobs) of its first token, taken through the budget."""
+        self._attempts += 1
+        if self.restart is None:
+            raise unavailable(f"exact worker lost the session: {fault}")
+        if self._attempts > self.max_migrations:
+            raise unavailable(f"workers failed {self._attempts - 1} times: {fault}")
+        sent = list(self.budget.emitted)
+        log.warning(
+            "exact session %s: exact worker failed (%s); re-prefilling %d + %d tokens",
+            self.sid, fault, len(self.prompt_ids), len(sent),
+        )  # fmt: skip
+        self.calls.release(self.decode, self.sid)  # D's copy is stale: the re-prefill hands off a fresh one
+        h = self.restart(sent, [fault.worker])
+        self.sid, self.exact, self.decode = h.session_id, h.prefill, h.decode
+        self.export_engine = self.engine_name or names.engine_name(h.engine)
+        self.engine = 0  # as loaded: the Prefill named the engine
+        self.loaded = self.prompt_ids + sent  # the new state's tokens (its pending token is the first)
+        self.stats.migrations += 1
+        if self.on_migrate is not None:
+            self.on_migrate()
+        toks, finish = first_tokens(h, self.calls, self.budget, self._record)
+        lps = [h.response.first_logprob] if h.response.HasField("first_logprob") else []
+        return h, toks, finish, lps
+
+
+class _ExactLost(Exception):
+    """migrate() found the exact worker gone (its ExportState failed and it fails its health probe)."""
+
+    def __init__(self, fault: WorkerFault):
+        super().__init__(str(fault))
+        self.fault = fault

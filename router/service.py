@@ -14,7 +14,8 @@ Lifecycle of a Generate request:
     relay      FAST: D's Decode stream (max_new_tokens - 1 tokens after the first); if D dies, the
                      prompt + tokens sent so far are re-prefilled on a fresh session and another
                      decode worker: nothing is lost or repeated
-               EXACT: router.exact.ExactLoop (Draft on D / Verify on P; migration by ExportState)
+               EXACT: router.exact.ExactLoop (Draft on D / Verify on P; migration by ExportState; a lost
+                     exact worker: prompt + tokens sent re-prefilled on another, as FAST does)
     finish     the last message carries finish_reason, usage and stats; Release on P and D always
                (also when the client cancels: context callback -> downstream calls cancelled)
 Every downstream call has a deadline no later than the client's. One JSON log line per request. The HTTP
@@ -23,8 +24,8 @@ add_callback() and abort(): Generate must use no other ServicerContext method. E
 RouterConfig.draft_length ("adaptive": baton/engine/draft_length.py; "fixed": the request's K every round).
 
 Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
-or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, the exact
-worker lost an EXACT session, decode workers kept failing); DEADLINE_EXCEEDED / CANCELLED (the
+or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, workers
+kept failing past --max-migrations); DEADLINE_EXCEEDED / CANCELLED (the
 client's); OUT_OF_RANGE (a worker's window); INTERNAL (a worker refused the router's token, or broke
 the protocol); UNAUTHENTICATED (the client's token, checked by baton.rpc.AuthInterceptor).
 """
@@ -302,14 +303,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.config,
                 on_migrate=lambda: self.metrics.migration("exact"),
                 on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
+                # the exact worker lost: prompt + sent re-prefilled elsewhere (router/exact.py, "Migration")
+                restart=lambda sent, bad: self._start(plan, calls, stats, (), sent=sent, exclude_prefill=bad),
             )
-            try:
-                land(h, self._record(stats))
-            except WorkerFault as e:
-                if e.worker is not h.decode:
-                    raise unavailable(f"exact worker lost the session: {e}") from None
-                loop.migrate(h.first_token, e)  # the exact worker kept it: export the state again
-            yield from loop.run(h.first_token)
+            yield from loop.run(h.first_token)  # lands h first: a failure migrates or restarts the session
             return
         attempts, sent = 0, []  # sent: what the decode worker's state was re-prefilled with (penalties)
         while True:
@@ -358,8 +355,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 if finish is not None:
                     return
 
-    def _start(self, plan: Plan, calls: Calls, stats: RunStats, exclude, wait_s: float = 0.0, sent=()):
-        """Prefill of the prompt + `sent` (a re-prefill: those count as generated for the penalties)."""
+    def _start(
+        self, plan: Plan, calls: Calls, stats: RunStats, exclude, wait_s: float = 0.0, sent=(), exclude_prefill=()
+    ):
+        """Prefill of the prompt + `sent` (a re-prefill: those count as generated for the penalties, and the
+        prefill worker replays them as AR rows)."""
         h = start_session(
             calls,
             plan.prompt_ids + list(sent),
@@ -367,6 +367,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             engine=plan.engine,
             engine_name=plan.engine_name,
             exclude_decode=exclude,
+            exclude_prefill=exclude_prefill,
             decode_wait_s=wait_s,
             sampling=plan.sampling,
             generated=len(sent),

@@ -177,6 +177,7 @@ def start_session(
     engine: int,
     engine_name: str | None,
     exclude_decode=(),
+    exclude_prefill=(),
     retries: int = 1,
     decode_wait_s: float = 0.0,
     on_retry=None,
@@ -188,7 +189,7 @@ def start_session(
 
     A worker fault before the first token is retried `retries` times on another prefill worker (the
     same one only when no other is up); a decode target that no longer answers its health check is
-    excluded too. A decode worker that refused for full slots is skipped (see _full); with every one
+    excluded too (exclude_prefill / exclude_decode: workers to pass over from the start). A decode worker that refused for full slots is skipped (see _full); with every one
     full the request is RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
     decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
@@ -196,7 +197,7 @@ def start_session(
     timeline: P reports the hand-off's marks (PrefillRequest.timeline) in the landed answer's bridge.
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
-    bad_p: list[Worker] = []
+    bad_p: list[Worker] = list(exclude_prefill)  # passed over while another prefill worker is up
     bad_d: list[Worker] = list(exclude_decode)
     full_d: StatusError | None = None  # a decode target's refusal (its slots are full)
     for attempt in range(retries + 1):

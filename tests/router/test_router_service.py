@@ -9,6 +9,7 @@ import grpc
 import pytest
 from fakes import EOS, SAY_EOS, Cluster, draft_next, exact_next, reference
 
+from baton.v1 import common_pb2
 from router.service import RouterConfig
 
 PROMPT = [5, 6, 7]
@@ -357,11 +358,30 @@ def test_fast_migration_on_frozen_decode_stream(cluster):
     assert cluster.wait_sessions_zero()
 
 
-def test_exact_worker_death_is_unavailable(cluster):
+def test_exact_worker_death_restarts_the_session_on_the_other(cluster):
+    """Exact mode: the exact worker holding the session dies in a Verify; the router re-prefills prompt + the
+    tokens sent on the other prefill worker (generated_tokens = their count, so it replays them as AR rows)
+    with a fresh decode session, and goes on from its first token: the output is the reference, one migration."""
+    stream = cluster.client.generate(PROMPT, max_new_tokens=30, mode="exact", timeout=10)
+    first = next(stream)
+    (holder,) = [w for w in cluster.prefill if any(m.startswith("Prefill") for m, _ in w.servicer.calls)]
+    (other,) = [w for w in cluster.prefill if w is not holder]
+    holder.servicer.die_on = {"Verify": 2}
+    rest = list(stream)
+    assert first.token_ids + [t for d in rest for t in d.token_ids] == reference(PROMPT, 30)
+    assert rest[-1].stats["migrations"] == 1
+    (re,) = [r for m, r in other.servicer.calls if m.startswith("Prefill")]
+    sent = list(re.prompt_ids)[len(PROMPT) :]
+    assert re.mode == common_pb2.EXACT and re.generated_tokens == len(sent) > 0
+    assert sent == reference(PROMPT, len(sent))  # prompt + exactly the tokens sent before the death
+    assert cluster.wait_sessions_zero()
+
+
+def test_every_exact_worker_dead_is_unavailable(cluster):
     for w in cluster.prefill:
         w.servicer.die_on = {"Verify": 2}
     code, details = _code(lambda: cluster.run(PROMPT, max_new_tokens=30, mode="exact"))
-    assert code == grpc.StatusCode.UNAVAILABLE and "exact worker" in details
+    assert code == grpc.StatusCode.UNAVAILABLE and "prefill" in details, details
     assert cluster.wait_sessions_zero()
 
 
