@@ -47,7 +47,8 @@ class Run:
         self.job, self.model_id = job, model_id
         prefix = "chatcmpl-" if job.kind == "chat" else "cmpl-"
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
-        self.choices = [Choice(len(r.token_ids.ids)) for r in job.requests]
+        counts = job.counts_prompt or [True] * len(job.requests)  # usage counts each prompt once (n choices)
+        self.choices = [Choice(len(r.token_ids.ids) if c else 0) for r, c in zip(job.requests, counts)]
         self._q: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self._streams = []

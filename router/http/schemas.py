@@ -1,17 +1,19 @@
 """OpenAI request bodies -> the router's GenerateRequests (one per prompt), checked field by field.
 
     job = parse_completion(body, ctx) / parse_chat(body, ctx)   # ApiError(400) naming the field
-    job.requests                        # router_pb2.GenerateRequest, one per choice (a batch of prompts)
+    job.requests                        # router_pb2.GenerateRequest, one per choice: n per prompt of a batch
+    job.counts_prompt                   # per choice: True for the first of its prompt (usage counts it once)
     job.rename                          # router field names -> this request's ("max_new_tokens" -> "max_tokens")
 
 Accepted as OpenAI defines them: model (the served id, or absent), prompt (string, token ids, or a batch
 of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage,
-user (ignored), n = 1, and for chat add_generation_prompt, chat_template_kwargs. Sampling goes to the
+user (ignored), n (choices per prompt: each its own Generate; with a seed S, choice j of a prompt samples
+with seed S + j mod 2^64, so the response replays; without, each draws its own), and for chat add_generation_prompt, chat_template_kwargs. Sampling goes to the
 router's SamplingParams (it validates the ranges; its "sampling.<field>" messages are renamed back):
 temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (any integer, taken mod
 2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
-top_k, min_p, repetition_penalty. Refused with a 400 naming the field until Baton supports them: n > 1,
+top_k, min_p, repetition_penalty. Refused with a 400 naming the field until Baton supports them:
 echo, suffix, best_of > 1, logit_bias, tools, non-text content parts, response_format other than text.
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
 "stop_token_ids": [...], "ignore_eos": bool, "exact_policy": "coupling" | "rejection"}. Other top-level fields are ignored, as OpenAI's servers do.
@@ -59,6 +61,8 @@ class Job:
     mode: str = "fast"
     top_logprobs: int | None = None  # logprobs asked: how many alternatives to show (None = no logprobs)
     token_text: object = None  # token id -> its text (the tokenizer's decode), for logprobs
+    n: int = 1  # choices per prompt
+    counts_prompt: list = field(default_factory=list)  # per request: the first choice of its prompt
 
 
 # ---- typed getters ----------------------------------------------------------------------------------
@@ -128,9 +132,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
             raise bad("stream_options", "expected an object")
         job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
     _only(body, "logit_bias", lambda v: v == {}, "not supported")
-    n = _int(body, "n", 1, 1 << 31)
-    if n is not None and n > 1:
-        raise bad("n", f"{n} choices are not supported: only n = 1 (send one request per choice, each with a seed)")
+    job.n = _int(body, "n", 1, MAX_BATCH) or 1
     job.stops = _stops(body.get("stop"))
     job.token_text = (lambda t: lim.tokenizer.decode([t])) if lim.tokenizer is not None else str
     gen = dict(
@@ -241,6 +243,22 @@ def _request(ids: list[int], max_tokens: int, gen: dict) -> router_pb2.GenerateR
     return r
 
 
+def _choices(job: Job, requests: list) -> None:
+    """job.requests: job.n choices per prompt request, in prompt order (choice index = prompt * n + j); with a
+    seed S, choice j gets S + j (mod 2^64): distinct samples that replay."""
+    if len(requests) * job.n > MAX_BATCH:
+        raise bad("n", f"{job.n} choices x {len(requests)} prompts = {len(requests) * job.n}: at most {MAX_BATCH}")
+    job.requests, job.counts_prompt = [], []
+    for r in requests:
+        for j in range(job.n):
+            c = router_pb2.GenerateRequest()
+            c.CopyFrom(r)
+            if j and r.sampling.HasField("seed"):
+                c.sampling.seed = (r.sampling.seed + j) % (1 << 64)
+            job.requests.append(c)
+            job.counts_prompt.append(j == 0)
+
+
 def _window_rest(ids: list[int], lim: Limits) -> int:
     """Default max_tokens of a chat: what the window leaves (at least 1: the router names the problem)."""
     return max(1, lim.max_context - lim.width - len(ids))
@@ -273,7 +291,7 @@ def parse_completion(body, lim: Limits) -> Job:
         raise bad("prompt", "an empty batch")
     if len(prompts) > MAX_BATCH:
         raise bad("prompt", f"a batch of {len(prompts)} prompts: at most {MAX_BATCH}")
-    job.requests = [_request(ids, n, gen) for ids in prompts]
+    _choices(job, [_request(ids, n, gen) for ids in prompts])
     job.rename.update({"max_new_tokens": name, "token_ids": "prompt"})
     return job
 
@@ -344,7 +362,7 @@ def parse_chat(body, lim: Limits) -> Job:
         raise bad("messages", str(e)) from None
     ids = _encode(text, lim, "messages")
     n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None)
-    job.requests = [_request(ids, n if n is not None else _window_rest(ids, lim), gen)]
+    _choices(job, [_request(ids, n if n is not None else _window_rest(ids, lim), gen)])
     job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})
     job.rename["sampling.logprobs"] = "top_logprobs"
     return job

@@ -243,6 +243,38 @@ def test_sampling_seed_and_logprobs_equal_grpc(stack):
     assert a.choices[0].message.content == b.choices[0].message.content and b.choices[0].logprobs is None
 
 
+def test_n_choices_each_a_seeded_generate(stack):
+    """n choices per prompt: with a seed S, choice j equals one request with seed S + j (so the response
+    replays and the choices differ); greedy choices are all the greedy text; indexes run prompt * n + j, and
+    usage counts each prompt once; streamed, every choice arrives under its index."""
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    other = "for i in range("
+    kw = dict(model=MODEL, max_tokens=8, temperature=1.0, extra_body=ext)
+    alone = {
+        (p, s): client.completions.create(prompt=p, seed=s, **kw).choices[0].text
+        for p in (PROMPT, other)
+        for s in (40, 41, 42)
+    }
+    r = client.completions.create(prompt=[PROMPT, other], n=3, seed=40, **kw)
+    assert [(c.index, c.text) for c in r.choices] == [
+        (i * 3 + j, alone[(p, 40 + j)]) for i, p in enumerate((PROMPT, other)) for j in range(3)
+    ]
+    assert len({c.text for c in r.choices[:3]}) > 1  # distinct seeds, distinct samples
+    single = client.completions.create(prompt=[PROMPT, other], seed=40, **kw)
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens and r.usage.completion_tokens == 6 * 8
+    assert [s["seed"] for s in r.model_extra["baton"]["stats"]] == [40, 41, 42] * 2
+    chunks = list(client.completions.create(prompt=PROMPT, n=3, seed=40, stream=True, **kw))
+    assert ["".join(c.choices[0].text for c in chunks if c.choices[0].index == j) for j in range(3)] == [
+        alone[(PROMPT, 40 + j)] for j in range(3)
+    ]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=6, n=2, extra_body=ext
+    )
+    assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message.content == chat.choices[
+        1
+    ].message.content  # greedy
+
+
 def test_penalties_equal_grpc_and_change_the_output(stack):
     """OpenAI's presence_penalty / frequency_penalty and vLLM's repetition_penalty reach the router's
     SamplingParams: the same tokens as gRPC with them, and not the tokens without them."""
@@ -336,7 +368,9 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": -1}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": "x"}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),
-    ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": [PROMPT] * 5, "n": 13}, 400, "n"),  # 65 choices
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 1.5}, 400, "n"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"prompt": PROMPT, "stop": ["x"] * 17}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "stop": 5}, 400, "stop"),
