@@ -230,7 +230,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def _relay(self, plan: Plan, calls: Calls, rec: dict, t0: float) -> Iterator[router_pb2.GenerateResponse]:
         budget = Budget(plan.max_new_tokens, plan.stop_ids, self.meta.eos_ids, plan.ignore_eos)
         stats = RunStats()
-        out = TextStream(self.meta.tokenizer.stream() if self.meta.tokenizer is not None else None, plan.stops)
+        # the text leaves special tokens out (an EOS's "<|im_end|>"), as HF decode(skip_special_tokens=True) and
+        # OpenAI-style servers do; token_ids keep every id
+        tk = self.meta.tokenizer
+        out = TextStream(tk.stream(skip_special_tokens=True) if tk is not None else None, plan.stops)
         t_first = t_second = last = None
         rec["prompt_tokens"] = len(plan.prompt_ids)
         self.metrics.prompt_tokens.inc(len(plan.prompt_ids))

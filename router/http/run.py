@@ -25,6 +25,7 @@ from baton.client import Delta
 from baton.rpc import StatusError
 from router.http.bridge import END, GenerateStream
 from router.http.errors import ApiError
+from router.http.tools import ToolCalls
 
 FINISH = {"LENGTH": "length", "STOP": "stop", "EOS": "stop"}
 
@@ -40,6 +41,8 @@ class Choice:
     stats: dict = field(default_factory=dict)
     started: bool = False
     final: bool = False  # the router's last message arrived: its Generate ends on its own
+    tools: object = None  # router.http.tools.ToolCalls when the chat has tools: its text -> content + calls
+    calls: list = field(default_factory=list)  # the tool calls found so far
 
 
 class Run:
@@ -49,6 +52,9 @@ class Run:
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
         counts = job.counts_prompt or [True] * len(job.requests)  # usage counts each prompt once (n choices)
         self.choices = [Choice(len(r.token_ids.ids) if c else 0) for r, c in zip(job.requests, counts)]
+        if job.tools is not None:
+            for c in self.choices:
+                c.tools = ToolCalls(job.tools)
         self._q: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self._streams = []
@@ -142,12 +148,20 @@ class Run:
         for i, c in enumerate(self.choices):
             text = "".join(c.text)
             if self.job.kind == "chat":
+                message = {"role": "assistant", "content": text}
+                if c.tools is not None:
+                    content, c.calls = c.tools.feed(text)
+                    content += c.tools.finish()[0]
+                    if c.calls:  # OpenAI: content null when the message is only calls
+                        message = {"role": "assistant", "content": content.strip() or None, "tool_calls": c.calls}
+                    else:
+                        message["content"] = content
                 out.append(
                     {
                         "index": i,
-                        "message": {"role": "assistant", "content": text},
+                        "message": message,
                         "logprobs": self._logprobs(c.logprobs),
-                        "finish_reason": c.finish,
+                        "finish_reason": "tool_calls" if c.calls else c.finish,
                     }
                 )
             else:
@@ -158,7 +172,7 @@ class Run:
         return {**self._head(obj), "choices": out, "usage": self.usage(), "baton": self._stats()}
 
     # ---- streaming ------------------------------------------------------------------------------------
-    def _chunk(self, i: int, text: str | None, finish: str | None, role: bool = False, lps=()) -> dict:
+    def _chunk(self, i: int, text: str | None, finish: str | None, role: bool = False, lps=(), calls=()) -> dict:
         lp = None
         if lps:
             c = self.choices[i]
@@ -166,6 +180,9 @@ class Run:
             c.lp_chars += sum(len(self.job.token_text(t)) for t, _, _ in lps)
         if self.job.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if calls:  # each call whole, under its index among the choice's calls
+                first = len(self.choices[i].calls) - len(calls)
+                delta["tool_calls"] = [{"index": first + k, **c} for k, c in enumerate(calls)]
             choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
@@ -180,8 +197,16 @@ class Run:
         return out
 
     def _events(self, i: int, text: str, finish: str | None, lps: list):
-        if (text or lps) and (finish is None or self.job.kind == "chat"):
-            yield self._chunk(i, text, None, lps=lps)
+        c, calls = self.choices[i], []
+        if c.tools is not None:  # chat with tools: content now, calls once whole, held-back text at the end
+            text, calls = c.tools.feed(text)
+            if finish is not None:
+                text += c.tools.finish()[0]
+            c.calls += calls
+            if finish is not None and c.calls:
+                finish = "tool_calls"
+        if (text or lps or calls) and (finish is None or self.job.kind == "chat"):
+            yield self._chunk(i, text, None, lps=lps, calls=calls)
             text, lps = "", []
         if finish is not None:
             yield self._chunk(i, text, finish, lps=lps)

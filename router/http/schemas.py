@@ -14,7 +14,9 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
 top_k, min_p, repetition_penalty. Refused with a 400 naming the field until Baton supports them:
-echo, suffix, best_of > 1, logit_bias, tools, non-text content parts, response_format other than text.
+echo, suffix, best_of > 1, logit_bias, functions, tool_choice "required" or named, non-text content parts,
+response_format other than text. Chat `tools` (tool_choice "auto"): the template shows them, and each
+choice's text is split into content and `tool_calls` (router/http/tools.py).
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
 "stop_token_ids": [...], "ignore_eos": bool, "exact_policy": "coupling" | "rejection"}. Other top-level fields are ignored, as OpenAI's servers do.
 Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from baton.names import ENGINE_VALUES
 from baton.v1 import common_pb2, router_pb2
 from router.http.errors import ApiError, bad
+from router.http.tools import message_tool_calls, tool_choice
 
 MAX_BATCH = 64
 MAX_STOPS = 16
@@ -62,6 +65,7 @@ class Job:
     top_logprobs: int | None = None  # logprobs asked: how many alternatives to show (None = no logprobs)
     token_text: object = None  # token id -> its text (the tokenizer's decode), for logprobs
     n: int = 1  # choices per prompt
+    tools: dict | None = None  # chat with tools (tool_choice auto): function name -> parameters schema
     counts_prompt: list = field(default_factory=list)  # per request: the first choice of its prompt
 
 
@@ -321,10 +325,10 @@ def _messages(v) -> list[dict]:
             raise bad(
                 where + ".content", f"expected a string, a list of text parts, or null, got {type(content).__name__}"
             )
-        if m.get("tool_calls"):
-            raise bad(where + ".tool_calls", "tool calls are not supported yet")
         msg = {k: x for k, x in m.items() if k in ("name", "reasoning_content", "tool_call_id") and isinstance(x, str)}
         msg.update(role=role, content=content if content is not None else "")
+        if m.get("tool_calls"):
+            msg["tool_calls"] = message_tool_calls(m["tool_calls"], where + ".tool_calls")
         out.append(msg)
     return out
 
@@ -339,9 +343,8 @@ def parse_chat(body, lim: Limits) -> Job:
         gen["sampling"].logprobs = max(job.top_logprobs, 1)
     elif top is not None:
         raise bad("top_logprobs", "needs logprobs: true")
-    _only(body, "tools", lambda v: v == [], "tool calls are not supported yet")
-    _only(body, "functions", lambda v: v == [], "function calls are not supported")
-    _only(body, "tool_choice", lambda v: v == "none", "tool calls are not supported yet")
+    _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
+    tools, job.tools = tool_choice(body)
     _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
     messages = _messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
@@ -357,7 +360,7 @@ def parse_chat(body, lim: Limits) -> Job:
             f"chat_template in tokenizer_config.json): use /v1/completions",
         )
     try:
-        text = lim.chat_template.render(messages, add_generation_prompt=add_gen, kwargs=kwargs)
+        text = lim.chat_template.render(messages, add_generation_prompt=add_gen, tools=tools, kwargs=kwargs)
     except ChatTemplateError as e:
         raise bad("messages", str(e)) from None
     ids = _encode(text, lim, "messages")

@@ -402,7 +402,7 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
         400,
-        "tools",
+        "tools[0]",
     ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 20000}]}, 400, "messages"),
 ]
@@ -711,8 +711,8 @@ def test_qwen35_multi_turn_keeps_reasoning_only_after_the_last_user_query(qwen35
 
 
 def test_qwen35_tools_tool_calls_and_tool_responses(qwen35):
-    """The template's tool syntax (tojson, |items, |safe, loop.previtem / nextitem). The HTTP API still refuses
-    `tools` and `tool_calls` (400), so this is the renderer's own test."""
+    """The template's tool syntax (tojson, |items, |safe, loop.previtem / nextitem): the renderer's own test;
+    `tools` and `tool_calls` through the HTTP API: tests/router/test_http_tools.py."""
     tool = {
         "type": "function",
         "function": {
