@@ -101,7 +101,7 @@ def run(args) -> int:
         return 2
     from router.stops import TextStream
 
-    stream = TextStream(tok.stream(), tuple(args.stop))
+    stream = TextStream(tok.stream(skip_special_tokens=True), tuple(args.stop))  # as the router's text
     text, kept = stream.feed(out)
     if not stream.stopped:
         text += stream.finish()[0]

@@ -46,6 +46,9 @@
 # (its decode_thread_cpu, a2cc26c: which threads hold the GIL on the GPU; its start-up runs a0adf61's
 # KV-budget check on CUDA), burst, spec-exact (after 3af1f92, the batched Draft reads and d200d2d), verify,
 # sampling (top-k after ec6ad29), gil with SWITCH_POINTS=5000,20000.
+# Also owed since 2a3cc10 (no device time that session): tests-engine's new
+# test_a_re_prefill_replays_as_the_ar_decode_did (02bc7bf: a migration's re-prefill replays the sent tokens
+# as AR rows; bitwise the AR state on the worker's captured graphs) and tests-serving (the exact restart).
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:

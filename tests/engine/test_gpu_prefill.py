@@ -153,3 +153,33 @@ def test_the_fused_conv_computes_the_torch_conv(big, monkeypatch):
     # 9B weights amplify a bf16 rounding over 32 layers; 0.037 on the H200 at c04fef7 (it failed a first
     # bound of 0.02; the kernel-level checks above, state bitwise and each element within a rounding, held)
     assert rel < 0.05, rel
+
+
+@cuda
+def test_a_re_prefill_replays_as_the_ar_decode_did(big):
+    """A migration's re-prefill (prompt + g generated tokens, generated=g) on the prefill worker's runner (CUDA
+    graphs captured as the worker does) leaves the slot bitwise in the state the exact AR decode reached, and
+    picks the same next token (baton/engine/prefill.py replay_generated), for g below, at and past W."""
+    from baton.engine.runner import ModelRunner
+    from prefill_worker.engine import ExactEngine
+    from prefill_worker.serve import prepare_cuda
+
+    r = ModelRunner(big.model, slots=4, max_len=4096, width=16, checkpoints=True)
+    prepare_cuda(r)
+    e = ExactEngine(r)
+    prompt = _prompts(big.cfg.vocab_size, [300], seed=3)[0]
+    ref = e.generate(prompt, 42)
+    for g in (1, 16, 40):
+        s, _ = e.prefill(prompt)
+        for want in ref[1 : g + 1]:
+            assert e.step(s.id) == want
+        tensors, pos, nxt = e.export(s.id)
+        alone = {t.name: t.materialize().clone() for t in tensors}
+        e.release(s.id)
+        again, tok = e.prefill(prompt + ref[:g], generated=g)
+        assert tok == ref[g], g
+        tensors, pos2, nxt2 = e.export(again.id)
+        assert (pos2, nxt2) == (pos, nxt), g
+        for t in tensors:
+            assert torch.equal(t.materialize(), alone[t.name]), (g, t.name)
+        e.release(again.id)

@@ -80,7 +80,9 @@ def _exact_identical(cluster, engine, k, policy):
         out, deltas = cluster.run(prompt, max_new_tokens=30, mode="exact", engine=engine, draft_block=k)
         assert out == reference(prompt, 30)
         st = deltas[-1].stats
-        assert 0 < st["accepted"] < st["drafted"]  # the fake drafter is sometimes wrong
+        # the fake drafter is sometimes wrong: under fixed K in every request; adaptive K follows the timing, and
+        # a K = 1 schedule can meet only right drafts (CI at 2a3cc10: 19 of 19)
+        assert 0 < st["accepted"] < st["drafted"] if policy == "fixed" else 0 < st["accepted"] <= st["drafted"]
         assert st["acceptance_rate"] == pytest.approx(st["accepted"] / st["drafted"])
     assert cluster.wait_sessions_zero()
     ks = {r.k for w in cluster.decode for m, r in w.servicer.calls if m == "Draft"}
