@@ -209,7 +209,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
     p.add_argument("--max-len", type=int, default=None, help="context window per worker")
-    p.add_argument("--gpus-per-worker", type=float, default=1.0, help="num_gpus of each worker actor")
+    p.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        default=1.0,
+        help="num_gpus of each worker actor; F < 1: floor(1 / F) workers share a GPU, in placement-group bundles, "
+        "and agree on their KV budgets (deploy/ray_gpus.py)",
+    )
+    p.add_argument("--slots", type=int, default=None, help="concurrent sessions per worker (default: the workers')")
+    p.add_argument(
+        "--kv-pages", type=int, default=None, help="KV pages of 256 tokens per worker runner (default: sized)"
+    )
+    p.add_argument(
+        "--gpu-memory-fraction", type=float, default=None, help="cuda KV sizing: share of GPU memory (default 0.9)"
+    )
     p.add_argument("--prefill-resource", default=None, help='custom resource for prefill actors (e.g. prefill_node)')
     p.add_argument("--decode-resource", default=None, help='custom resource for decode actors (e.g. decode_node)')
     p.add_argument("--worker-host", default="0.0.0.0", help="bind host of the worker servers")
@@ -234,10 +247,43 @@ def specs_from_args(args) -> list[WorkerSpec]:
         dtype=args.dtype,
         max_len=args.max_len,
         token_file=args.token_file,
+        slots=getattr(args, "slots", None),
+        kv_pages=getattr(args, "kv_pages", None),
+        gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
     )
     return [WorkerSpec("prefill", i, **common) for i in range(args.prefill)] + [
         WorkerSpec("decode", i, engine=args.engine, engines=args.engines, **common) for i in range(args.decode)
     ]
+
+
+def _group_name(namespace: str) -> str:
+    return f"{namespace}-gpu-bundles"
+
+
+def _gpu_share(args, specs, resources, progress):
+    """--gpus-per-worker F < 1: the workers in GPU bundles with the KV plan of those that share one
+    (deploy/ray_gpus.py; plan folders under /tmp on each node, one per launch); None otherwise, or with a
+    custom resource (a bundle holds GPU and CPU only: the workers then size their KV alone, give each
+    --kv-pages)."""
+    if not 0 < args.gpus_per_worker < 1:
+        return None
+    if resources:
+        progress.say("--gpus-per-worker < 1 with a custom resource: no shared-GPU KV plan (give --kv-pages)")
+        return None
+    import uuid
+
+    import ray
+
+    from deploy.ray_gpus import GpuShare
+
+    share = GpuShare.for_fraction([actor_name(s.role, s.index) for s in specs], args.gpus_per_worker)
+    root = f"/tmp/baton-gpu-plan-{args.namespace}-{uuid.uuid4().hex[:8]}"
+    try:
+        share.create(ray, root, timeout=args.timeout, name=_group_name(args.namespace), detached=not args.foreground)
+    except TimeoutError as e:
+        raise StartupError(str(e)) from None
+    progress.say("GPU bundles: " + ", ".join(f"{n.removeprefix('baton-')} on {b}" for n, b in share.bundle_of.items()))
+    return share
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,24 +302,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.stop:
         found = named_actors(args.namespace)
         stop_actors(found)
-        progress.say(f"stopped {len(found)} actor(s) in namespace {args.namespace!r}")
+        from deploy.ray_gpus import remove_named
+
+        gone = remove_named(_group_name(args.namespace))
+        progress.say(
+            f"stopped {len(found)} actor(s) in namespace {args.namespace!r}" + (" and its GPU bundles" if gone else "")
+        )
         return 0
     res = {r: {name: 1.0} for r, name in (("prefill", args.prefill_resource), ("decode", args.decode_resource)) if name}
     token = os.environ.get("BATON_TOKEN")
     env = {"BATON_TOKEN": token} if token else None  # the actors' runtime_env; or --token-file
+    specs = specs_from_args(args)
+    share = _gpu_share(args, specs, res, progress)
     actors = start_workers(
-        specs_from_args(args),
+        specs,
         namespace=args.namespace,
         num_gpus=args.gpus_per_worker,
         resources=res,
         detached=not args.foreground,
         env=env,
+        gpu_share=share,
     )
     try:
         addrs = wait_workers(actors, progress=progress, timeout=args.timeout)
     except (KeyboardInterrupt, StartupError) as e:
         progress.say(f"start-up failed: {e or 'interrupted'}; stopping the actors")
         stop_actors(actors)
+        if share is not None:
+            share.remove(ray)
         return 1
     pre = [a for n, a in addrs.items() if "-prefill-" in n]
     dec = [a for n, a in addrs.items() if "-decode-" in n]
@@ -289,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.foreground:
         from deploy.local import serve_until_signalled
 
-        return serve_until_signalled(lambda: serve_router(**kw), cleanup=lambda: stop_actors(actors), progress=progress)
+        def cleanup():
+            stop_actors(actors)
+            if share is not None:
+                share.remove(ray)
+
+        return serve_until_signalled(lambda: serve_router(**kw), cleanup=cleanup, progress=progress)
     router = start_router_actor(namespace=args.namespace, env=env, **kw)
     address = ray.get(router.address.remote(), timeout=args.timeout)
     wait_serving(address, timeout=60.0, what="router")

@@ -11,6 +11,8 @@ places them itself, as `--processes` does (deploy/processes.py start_processes):
     cls.options(**plan.actor_options(name))   # that bundle, num_gpus = 1 / (actors in the bundle);
                                               # env: BATON_GPU_WORKERS / BATON_GPU_PLAN where k > 1
     plan.remove(ray)                    # at shutdown (ray.shutdown of a private instance removes it too)
+deploy/launch.py --gpus-per-worker F < 1 uses the same plan (GpuShare.for_fraction: floor(1 / F) a GPU), in a
+named detached group that `--stop` removes (remove_named).
 
 Every actor of a bundle sees the bundle's one GPU (Ray's fractional GPUs of one bundle are one device).
 The plan folder is one per bundle under `plan_root`, a directory on this machine: `baton serve` runs a private
@@ -32,19 +34,32 @@ class GpuShare:
     group: object = field(default=None, repr=False)  # the Ray placement group, once created
 
     @classmethod
+    def for_fraction(cls, names: list[str], fraction: float) -> GpuShare:
+        """deploy/launch.py --gpus-per-worker F < 1: floor(1 / F) workers a GPU, as few GPUs as that needs."""
+        k = max(1, int(1.0 / fraction + 1e-9))
+        return cls.plan(names, -(-len(names) // k))
+
+    @classmethod
     def plan(cls, names: list[str], gpus: int) -> GpuShare:
         """Round-robin over min(len(names), gpus) bundles (at least one)."""
         used = max(1, min(len(names), int(gpus)))
         bundle_of = {n: i % used for i, n in enumerate(names)}
         return cls(bundle_of, [sum(b == k for b in bundle_of.values()) for k in range(used)])
 
-    def create(self, ray, plan_root: str, timeout: float = 60.0) -> None:
-        """The placement group (one bundle per GPU used), ready; plan_root holds the plan folders."""
-        from ray.util.placement_group import placement_group
+    def create(self, ray, plan_root: str, timeout: float = 60.0, name: str = "", detached: bool = False) -> None:
+        """The placement group (one bundle per GPU used), ready; plan_root holds the plan folders. name /
+        detached: a group that outlives this driver (deploy/launch.py), removed by name (remove_named)."""
+        from ray.util.placement_group import get_placement_group, placement_group
 
         self.plan_root = plan_root
         bundles = [{"GPU": 1.0, "CPU": float(k)} for k in self.sharing]
-        self.group = placement_group(bundles, strategy="PACK")
+        if name:  # a live launch's group (its actors are reused too: --stop first to change the layout)
+            try:
+                self.group = get_placement_group(name)
+                return
+            except ValueError:
+                pass
+        self.group = placement_group(bundles, strategy="PACK", name=name, lifetime="detached" if detached else None)
         ready, _ = ray.wait([self.group.ready()], timeout=timeout)
         if not ready:
             raise TimeoutError(f"Ray could not reserve {len(bundles)} GPU bundle(s) {bundles} in {timeout:.0f} s")
@@ -74,3 +89,15 @@ class GpuShare:
 
             remove_placement_group(self.group)
             self.group = None
+
+
+def remove_named(name: str) -> bool:
+    """Removes the placement group `name` (deploy/launch.py --stop); False when there is none."""
+    from ray.util.placement_group import get_placement_group, remove_placement_group
+
+    try:
+        group = get_placement_group(name)
+    except ValueError:
+        return False
+    remove_placement_group(group)
+    return True

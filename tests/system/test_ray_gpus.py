@@ -18,6 +18,23 @@ def test_round_robin_over_the_gpus():
     three = GpuShare.plan(["p0", "d0", "d1"], 2)  # was 2/3 GPU each: Ray could place only two of them
     assert three.bundle_of == {"p0": 0, "d0": 1, "d1": 0} and three.sharing == [2, 1]
     assert GpuShare.plan(["p0", "d0"], 4).sharing == [1, 1]
+    # deploy/launch.py --gpus-per-worker F < 1: floor(1 / F) a GPU
+    assert GpuShare.for_fraction(["p0", "d0", "d1"], 0.5).sharing == [2, 1]
+    assert GpuShare.for_fraction(["p0", "p1", "d0", "d1"], 0.34).sharing == [2, 2]
+    assert GpuShare.for_fraction(["p0", "d0"], 0.25).sharing == [2]
+
+
+def test_launch_passes_the_kv_options_and_plans_fractional_gpus():
+    import argparse
+
+    from deploy.launch import add_arguments, specs_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    a = p.parse_args(["--gpus-per-worker", "0.5", "--slots", "16", "--kv-pages", "64", "--gpu-memory-fraction", "0.8"])
+    for s in specs_from_args(a):
+        assert (s.options()["slots"], s.options()["kv_pages"], s.options()["gpu_memory_fraction"]) == (16, 64, 0.8)
+        assert s.device == "cuda"
 
 
 @pytest.mark.slow
@@ -65,5 +82,14 @@ def test_actors_sharing_a_gpu_agree_on_their_kv_budget(tmp_path):
         assert b0 == b2 == want
         share.remove(ray)
         assert share.group is None
+        # a named, detached group (deploy/launch.py): a second launch reuses it; --stop removes it by name
+        from deploy.ray_gpus import remove_named
+
+        named = GpuShare.plan(names, 2)
+        named.create(ray, str(tmp_path / "plan2"), name="t-gpu-bundles", detached=True)
+        again = GpuShare.plan(names, 2)
+        again.create(ray, str(tmp_path / "plan3"), name="t-gpu-bundles", detached=True)
+        assert again.group.id == named.group.id
+        assert remove_named("t-gpu-bundles") is True and remove_named("t-gpu-bundles") is False
     finally:
         ray.shutdown()
