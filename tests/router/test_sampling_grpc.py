@@ -38,15 +38,15 @@ def lm():
     return load_model(None, dtype="fp32", device="cpu", mtp=True)
 
 
-def _cluster(lm, decodes: int = 1):
+def _cluster(lm, decodes: int = 1, prefills: int = 1):
     from decode_worker.serve import serve_decode
     from prefill_worker.serve import serve_prefill
     from router.__main__ import serve_router
 
     st = Settings()
-    ph, _ = serve_prefill(lm, max_len=MAX_LEN, settings=st)
+    ps = [serve_prefill(lm, max_len=MAX_LEN, settings=st)[0] for _ in range(prefills)]
     ds = [serve_decode(lm, max_len=MAX_LEN, settings=st, default_engine="bf16")[0] for _ in range(decodes)]
-    rh, rs = serve_router(prefill=[ph.address], decode=[d.address for d in ds], settings=st)
+    rh, rs = serve_router(prefill=[p.address for p in ps], decode=[d.address for d in ds], settings=st)
     c = Client(rh.address)
     wait_serving(c)
 
@@ -55,10 +55,10 @@ def _cluster(lm, decodes: int = 1):
 
         c.close()
         stop_router(rh, rs, 0)
-        ph.stop(0)
-        for d in ds:
-            d.stop(0)
+        for w in ps + ds:
+            w.stop(0)
 
+    close.prefills = ps  # the prefill workers' handles (a test stops one)
     return c, ds, close
 
 
@@ -300,6 +300,30 @@ def test_penalties_survive_a_decode_worker_stopped_mid_stream(lm, exact, mode, e
                 busy[0].stop(0)
                 stopped.set()
         assert stopped.is_set() and got == want and last.stats["migrations"] == 1
+    finally:
+        close()
+
+
+@pytest.mark.parametrize("engine", ["fp8", "mtp"])
+def test_penalties_and_a_seed_survive_the_exact_worker_stopped_mid_stream(lm, exact, engine):
+    """Exact mode at T = 1.0 with penalties; the prefill worker holding the exact session is stopped mid-stream:
+    the router re-prefills prompt + the tokens sent on the other one (generated_tokens: they count as
+    generated, replayed as AR rows), and the tokens are the exact engine's with the same seed and penalties."""
+    c, _, close = _cluster(lm, decodes=1, prefills=2)
+    try:
+        kw = dict(temperature=1.0, seed=79, **PEN)
+        want = exact("def main(", 40, Params(**kw))
+        got, stopped, last = [], False, None
+        for d in c.generate(
+            "def main(", max_new_tokens=40, ignore_eos=True, timeout=120, mode="exact", engine=engine, **kw
+        ):
+            got += d.token_ids
+            last = d
+            if len(got) >= 6 and not stopped:
+                (busy,) = [h for h in close.prefills if h.servicer.engine.session_count()]
+                busy.stop(0)
+                stopped = True
+        assert stopped and got == want and last.stats["migrations"] == 1
     finally:
         close()
 
