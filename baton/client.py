@@ -115,12 +115,14 @@ class Client:
         frequency_penalty: float = 0.0,
         exact_policy: str | None = None,
         handoff_timeline: bool = False,
+        logit_bias: dict[int, float] | None = None,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
         delta's stats["seed"]); stop strings end the text before them; logprobs = N alternatives;
         repetition_penalty (prompt + generated tokens), presence_penalty / frequency_penalty (generated
-        tokens) as in vLLM / OpenAI, neutral 0 (docs/CONTRACTS.md, "Sampling").
+        tokens) as in vLLM / OpenAI, neutral 0 (docs/CONTRACTS.md, "Sampling"); logit_bias {token id: value in
+        [-100, 100]} added to those logits after the penalties.
         exact_policy (exact mode at T > 0): "coupling" (token-identical to the exact model's seeded
         decode) or "rejection" (speculative rejection sampling, exact in distribution); None = the server's.
         handoff_timeline (diagnostics): the last delta's stats["handoff_timeline"] holds the first state
@@ -153,6 +155,7 @@ class Client:
                 presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty,
                 exact_policy=EXACT_POLICIES[exact_policy],
+                logit_bias=dict(logit_bias or {}),
             ),
         )
         if token_ids is None and prompt is not None and not isinstance(prompt, str):

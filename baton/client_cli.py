@@ -2,7 +2,8 @@
 
     baton generate [--addr A] [--mode fast|exact] [--engine bf16|fp8|mtp] [--max-new-tokens N] [--json]
                    [--temperature T --top-p P --top-k K --seed S --stop STR ...
-                   --repetition-penalty R --presence-penalty P --frequency-penalty F] [--exact-policy coupling|rejection] PROMPT
+                   --repetition-penalty R --presence-penalty P --frequency-penalty F --logit-bias ID=V ...]
+                   [--exact-policy coupling|rejection] PROMPT
         streams the text to stdout; --json prints one object at the end:
         {"token_ids", "text", "finish_reason", "usage", "stats"}
     baton health [--addr A]
@@ -68,13 +69,29 @@ def add_sampling_arguments(p: argparse.ArgumentParser, stop: bool = True) -> Non
     p.add_argument(
         "--frequency-penalty", type=float, default=0.0, help="per occurrence in the generated tokens, [-2, 2]"
     )
+    p.add_argument(
+        "--logit-bias",
+        action="append",
+        default=[],
+        type=_bias,
+        metavar="ID=VALUE",
+        help="add VALUE in [-100, 100] to token ID's logit (repeatable, at most 300 ids)",
+    )
     if stop:
         p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable, at most 16)")
 
 
+def _bias(text: str) -> tuple[int, float]:
+    tid, sep, val = text.partition("=")
+    try:
+        return int(tid), float(val)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TOKEN_ID=VALUE, e.g. 42=-100") from None
+
+
 def sampling_kwargs(args) -> dict:
     names = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty")
-    return {n: getattr(args, n) for n in names + ("frequency_penalty",)}
+    return {n: getattr(args, n) for n in names + ("frequency_penalty",)} | {"logit_bias": dict(args.logit_bias)}
 
 
 def _ids(text: str, flag: str) -> list[int]:

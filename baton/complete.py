@@ -80,7 +80,7 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         print("baton complete: --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
-    sampling, seed = _sampling(args)
+    sampling, seed = _sampling(args, tok.vocab_size)
     if isinstance(sampling, str):
         print(f"baton complete: {sampling}", file=sys.stderr)
         return 2
@@ -113,8 +113,9 @@ def run(args) -> int:
     return 0
 
 
-def _sampling(args):
-    """-> (Params, seed) from the flags (the same checks as the router), or (error message, None)."""
+def _sampling(args, vocab: int | None = None):
+    """-> (Params, seed) from the flags (the same checks as the router; logit_bias ids below `vocab`), or
+    (error message, None)."""
     import secrets
 
     from baton import sampling_rules
@@ -126,10 +127,12 @@ def _sampling(args):
     )
     msg.repetition_penalty, msg.presence_penalty = args.repetition_penalty, args.presence_penalty
     msg.frequency_penalty = args.frequency_penalty
+    for tid, val in args.logit_bias:
+        msg.logit_bias[tid] = val
     if args.seed is not None:
         msg.seed = args.seed % (1 << 64)
     try:
-        resolved, _ = sampling_rules.plan(msg, True, secrets.randbits(64))
+        resolved, _ = sampling_rules.plan(msg, True, secrets.randbits(64), vocab)
     except ValueError as e:
         return str(e), None
     return Params.from_proto(resolved), resolved.seed

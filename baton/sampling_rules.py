@@ -11,7 +11,8 @@ Ranges (docs/CONTRACTS.md, "Sampling"): temperature in [0, 100] (0 = greedy); to
 off); top_k any (0 = off; past the vocabulary = off); min_p in [0, 1] (0 = off); logprobs <= 20; at most
 16 stop strings, each 1..256 bytes of UTF-8; repetition_penalty in [0, 10] (0 or 1 = off),
 presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range); their semantics are in
-baton/engine/penalties.py (vLLM's / OpenAI's).
+baton/engine/penalties.py (vLLM's / OpenAI's); logit_bias: at most 300 token ids, each below the vocabulary
+(when the checker knows it), each value finite in [-100, 100] (OpenAI's).
 exact_policy: a known ExactPolicy value; UNSPECIFIED resolves to DEFAULT_EXACT_POLICY for the workers.
 """
 
@@ -25,6 +26,8 @@ MAX_STOPS = 16
 MAX_STOP_BYTES = 256
 MAX_REPETITION_PENALTY = 10.0
 MAX_ABS_PENALTY = 2.0
+MAX_BIAS_TOKENS = 300  # = baton.engine.sampling.MAX_BIAS (the table's per-slot room)
+MAX_ABS_BIAS = 100.0
 EXACT_POLICIES = {0: "unspecified", 1: "coupling", 2: "rejection"}  # baton.v1.ExactPolicy
 DEFAULT_EXACT_POLICY = 1  # COUPLING: see docs/CONTRACTS.md, "Sampling" (the measured choice)
 
@@ -38,9 +41,9 @@ def _finite(field: str, v: float, lo: float, hi: float) -> None:
         raise _bad(field, f"{v} is out of range [{lo:g}, {hi:g}]")
 
 
-def check(p, *, stops: bool = True) -> None:
+def check(p, *, stops: bool = True, vocab: int | None = None) -> None:
     """Validates a SamplingParams message; every field named as `sampling.<field>`. stops=False: the
-    workers' copy, which must carry none (the router matches stop strings)."""
+    workers' copy, which must carry none (the router matches stop strings). vocab: logit_bias ids below it."""
     _finite("temperature", p.temperature, 0.0, MAX_TEMPERATURE)
     _finite("top_p", p.top_p, 0.0, 1.0)
     _finite("min_p", p.min_p, 0.0, 1.0)
@@ -57,12 +60,18 @@ def check(p, *, stops: bool = True) -> None:
         n = len(s.encode("utf-8"))
         if not 1 <= n <= MAX_STOP_BYTES:
             raise _bad(f"stop[{i}]", f"{n} bytes: a stop string has 1..{MAX_STOP_BYTES} bytes of UTF-8")
+    if len(p.logit_bias) > MAX_BIAS_TOKENS:
+        raise _bad("logit_bias", f"{len(p.logit_bias)} token ids: at most {MAX_BIAS_TOKENS}")
+    for t, v in sorted(p.logit_bias.items()):
+        if vocab is not None and t >= vocab:
+            raise _bad("logit_bias", f"token id {t} is not below the vocabulary size {vocab}")
+        _finite(f"logit_bias[{t}]", v, -MAX_ABS_BIAS, MAX_ABS_BIAS)
 
 
-def plan(p, has_tokenizer: bool, random_seed: int):
+def plan(p, has_tokenizer: bool, random_seed: int, vocab: int | None = None):
     """The router's view of a request's params: check them, then -> (the workers' copy with the seed
     resolved (the request's, else random_seed), the distinct stop strings). ValueError naming the field."""
-    check(p)
+    check(p, vocab=vocab)
     if p.stop and not has_tokenizer:
         raise _bad("stop", "this router has no tokenizer to match stop strings on the text")
     return resolved(p, p.seed if p.HasField("seed") else random_seed), tuple(dict.fromkeys(p.stop))

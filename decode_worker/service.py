@@ -120,7 +120,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         that starts from the loaded state (fresh: not a Draft with a verdict)."""
         p = None
         if request.HasField("sampling"):
-            sampling_rules.check(request.sampling, stops=False)  # ValueError naming `sampling.<field>`
+            sampling_rules.check(request.sampling, stops=False, vocab=s.runner.cfg.vocab_size)  # names the field
             p = Params.from_proto(request.sampling)
         table = s.runner.sampling
         if request.HasField("history"):

@@ -143,7 +143,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             raise StatusError(INVALID, f"mode: unknown value {r.mode}")
         engine_name(r.engine)  # ValueError naming `engine`
         if r.HasField("sampling"):
-            sampling_rules.check(r.sampling, stops=False)  # ValueError naming `sampling.<field>`
+            sampling_rules.check(r.sampling, stops=False, vocab=self.engine.runner.cfg.vocab_size)  # names it
         exact = r.mode == common_pb2.EXACT
         if exact and not r.session_id:
             raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")

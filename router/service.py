@@ -220,7 +220,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise _bad("engine", f"{name} is not offered by any decode worker (offered: {offered})")
         mode = common_pb2.EXACT if r.mode == common_pb2.EXACT else common_pb2.FAST
         try:
-            sampling, stops = sampling_rules.plan(r.sampling, meta.tokenizer is not None, secrets.randbits(64))
+            sampling, stops = sampling_rules.plan(
+                r.sampling, meta.tokenizer is not None, secrets.randbits(64), meta.vocab_size
+            )
         except ValueError as e:
             raise StatusError(C.INVALID_ARGUMENT, str(e)) from None
         stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline

@@ -102,7 +102,7 @@ def penalize(x, counts, seen, repetition, presence, frequency):
 
 def penalized_reference(logits, ids: list[int], generated_from: int, p) -> torch.Tensor:
     """float64 reference: [V] logits, the tokens at positions [0, q) before the pick, the first generated
-    position and a Params -> [V] penalized logits (float64)."""
+    position and a Params -> [V] penalized logits (float64), with the Params' logit_bias added."""
     x = logits.double().clone()
     r = p.repetition_penalty if p.repetition_penalty > 0 else 1.0
     for v in set(ids):
@@ -110,4 +110,6 @@ def penalized_reference(logits, ids: list[int], generated_from: int, p) -> torch
     gen = ids[generated_from:]
     for v in set(gen):
         x[v] -= p.presence_penalty + p.frequency_penalty * gen.count(v)
+    for v, b in getattr(p, "logit_bias", ()):  # then the bias (baton/engine/sampling.py: the canonical order)
+        x[v] += b
     return x

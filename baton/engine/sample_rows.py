@@ -22,14 +22,16 @@ MAX_LOGPROBS = 20
 
 
 def _tempered(logits, slots, positions, t, penal: bool):
-    """Rows' penalized logits x (float32) and tempered z = x / T (T = 0 rows: x), [M, V] each. Integer
-    counts and elementwise ops only: a row's values are bitwise the same for any row count."""
+    """Rows' penalized and biased logits x (float32) and tempered z = x / T (T = 0 rows: x), [M, V] each.
+    Integer counts, elementwise ops and one add per (row, biased id): a row's values are bitwise the same
+    for any row count."""
     x = logits.float()
-    if penal:  # neutral rows: x bitwise unchanged (penalties.py)
+    if penal:  # neutral rows: x bitwise unchanged (penalties.py; the bias pads add -0.0)
         V = logits.shape[-1]
         x = penalize(
             x, *t.history.counts(slots, positions, V), t.repetition[slots], t.presence[slots], t.frequency[slots]
         )
+        x = x.scatter_add(1, t.bias_ids[slots], t.bias_vals[slots])  # distinct ids a row: one add each
     T = t.temperature[slots]
     return x, x / torch.where(T > 0, T, 1.0)[:, None]
 

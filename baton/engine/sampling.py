@@ -16,6 +16,9 @@ tensors (row S: the scratch slot, always greedy).
 What one row's token is (canonical order; baton/engine/sampling_reference.py is the same in float64):
     x = penalize(logits)      repetition / presence / frequency over the slot's token history
                               (baton/engine/penalties.py; neutral = x unchanged, bitwise)
+    x = x + bias              logit_bias: the slot's ids get their values added (one scatter-add per row
+                              of distinct ids, padded with id 0 and -0.0, the additive identity: an
+                              unbiased row stays bitwise)
     z = x / T                                        (T = 0: greedy, exactly x.argmax(-1))
     keep K = the tokens that pass three cuts, each a set of the largest z (whole tie groups, no order
     among equal values): top-k keeps i iff fewer than k tokens have z > z_i (0 = off); top-p iff the
@@ -70,6 +73,7 @@ from baton.engine.penalties import History
 from baton.engine.sample_rows import MAX_LOGPROBS, sample
 
 COUPLING, REJECTION = 1, 2  # baton.v1.ExactPolicy
+MAX_BIAS = 300  # logit_bias ids a slot holds (baton.sampling_rules.MAX_BIAS_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class Params:
     frequency_penalty: float = 0.0
     logprobs: int = 0  # top-N alternatives (<= MAX_LOGPROBS); > 0 also returns the chosen logprob
     exact_policy: int = 0  # baton.v1.ExactPolicy: 0 / COUPLING = 1, REJECTION = 2 (baton/engine/rejection.py)
+    logit_bias: tuple = ()  # ((token id, value), ...) by id, distinct: added after the penalties
 
     @property
     def greedy(self) -> bool:
@@ -94,6 +99,10 @@ class Params:
     @property
     def penalized(self) -> bool:  # any penalty on: the slot's token history is read (penalties.History)
         return self.repetition_penalty not in (0.0, 1.0) or bool(self.presence_penalty or self.frequency_penalty)
+
+    @property
+    def processed(self) -> bool:  # the logits are changed before the pick (penalties or a bias): not plain argmax
+        return self.penalized or bool(self.logit_bias)
 
     @property
     def rejection(self) -> bool:
@@ -116,6 +125,7 @@ class Params:
             frequency_penalty=float(m.frequency_penalty),
             logprobs=int(m.logprobs),
             exact_policy=int(m.exact_policy),
+            logit_bias=tuple(sorted((int(t), float(v)) for t, v in m.logit_bias.items())),
         )
 
 
@@ -138,6 +148,9 @@ class SamplingTable:
         self.temperature, self.top_p, self.top_k, self.log_min_p = f(0.0), f(1.0), i(0), f(-math.inf)
         self.seed_hi, self.seed_lo, self.n_logprobs = i(0), i(0), i(0)
         self.repetition, self.presence, self.frequency = f(1.0), f(0.0), f(0.0)
+        # logit_bias: [S + 1, MAX_BIAS] distinct ids and their values; padding: id 0 with -0.0 (x + -0.0 == x)
+        self.bias_ids = torch.zeros(S, MAX_BIAS, dtype=torch.int64, device=dev)
+        self.bias_vals = torch.full((S, MAX_BIAS), -0.0, dtype=torch.float32, device=dev)
         self.lp_out = torch.zeros(S, width, dtype=torch.float32, device=dev)  # chosen token's logprob
         self.top_lp = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.float32, device=dev)
         self.top_ids = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.int64, device=dev)
@@ -186,6 +199,13 @@ class SamplingTable:
             # on it), not `t[slot] = v`, a blocking H2D copy that waited for every pass already queued (a
             # prefill worker's gRPC threads made ~20 of them per session while the passes ran)
             t[slot].fill_(v)
+        if p.logit_bias or self.params[slot].logit_bias:
+            if len(p.logit_bias) > MAX_BIAS:
+                raise ValueError(f"logit_bias: {len(p.logit_bias)} token ids, at most {MAX_BIAS}")
+            ids = [t for t, _ in p.logit_bias] + [0] * (MAX_BIAS - len(p.logit_bias))
+            vals = [v + 0.0 for _, v in p.logit_bias] + [-0.0] * (MAX_BIAS - len(p.logit_bias))
+            self.bias_ids[slot].copy_(torch.tensor(ids, dtype=torch.int64))  # once a biased session opens
+            self.bias_vals[slot].copy_(torch.tensor(vals, dtype=torch.float32))
         self.params[slot] = p
 
     def clear(self, slot: int) -> None:
@@ -193,15 +213,15 @@ class SamplingTable:
         self.history.forget(slot)
 
     def plain(self, slot: int) -> bool:
-        """Greedy, no penalties, no logprobs: the token is exactly argmax (what the captured graphs compute)."""
+        """Greedy, no penalties or bias, no logprobs: the token is exactly argmax (what the captured graphs compute)."""
         p = self.params[slot]
-        return p.greedy and p.logprobs <= 0 and not p.penalized
+        return p.greedy and p.logprobs <= 0 and not p.processed
 
     def lite(self, slot: int) -> bool:
-        """No penalties and no logprobs: a sampled step of such slots replays the lite sampled graph (the
-        pick alone: the sort-free kernel on CUDA), not the full one (penalty counts, logprobs)."""
+        """No penalties or bias and no logprobs: a sampled step of such slots replays the lite sampled graph
+        (the pick alone: the sort-free kernel on CUDA), not the full one (penalty counts, bias, logprobs)."""
         p = self.params[slot]
-        return p.logprobs <= 0 and not p.penalized
+        return p.logprobs <= 0 and not p.processed
 
     def in_graph(self, slot: int) -> bool:
         """The slot's pick is pure device code (a captured sampled graph computes it): it neither drafts
@@ -247,7 +267,7 @@ class SamplingTable:
         capturing = full or (logits.is_cuda and torch.cuda.is_current_stream_capturing())
         ps = [self.params[s] for s in live]
         want_lp = (capturing and not lite) or any(p.logprobs > 0 for p in ps)
-        penal = (capturing and not lite) or any(p.penalized for p in ps)
+        penal = (capturing and not lite) or any(p.processed for p in ps)
         if not capturing and not want_lp and not penal and all(p.greedy for p in ps):
             return logits.argmax(-1)
         truncate = capturing or any(p.top_k > 0 or 0.0 < p.top_p < 1.0 for p in ps)

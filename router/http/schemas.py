@@ -13,8 +13,8 @@ router's SamplingParams (it validates the ranges; its "sampling.<field>" message
 temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (any integer, taken mod
 2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
-top_k, min_p, repetition_penalty. Refused with a 400 naming the field until Baton supports them:
-echo, suffix, best_of > 1, logit_bias, functions, tool_choice "required" or named, non-text content parts,
+top_k, min_p, repetition_penalty, and logit_bias ({"token id": value in [-100, 100]}, at most 300). Refused with a 400 naming the field until Baton supports them:
+echo, suffix, best_of > 1, functions, tool_choice "required" or named, non-text content parts,
 response_format other than text. Chat `tools` (tool_choice "auto"): the template shows them, and each
 choice's text is split into content and `tool_calls` (router/http/tools.py).
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
@@ -135,7 +135,6 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if not isinstance(opts, dict):
             raise bad("stream_options", "expected an object")
         job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
-    _only(body, "logit_bias", lambda v: v == {}, "not supported")
     job.n = _int(body, "n", 1, MAX_BATCH) or 1
     job.stops = _stops(body.get("stop"))
     job.token_text = (lambda t: lim.tokenizer.decode([t])) if lim.tokenizer is not None else str
@@ -180,7 +179,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
-SAMPLING_FIELDS += ("repetition_penalty", "seed", "logprobs")
+SAMPLING_FIELDS += ("repetition_penalty", "seed", "logprobs", "logit_bias")
 
 
 def _sampling(body: dict, stops: tuple[str, ...]) -> common_pb2.SamplingParams:
@@ -196,6 +195,14 @@ def _sampling(body: dict, stops: tuple[str, ...]) -> common_pb2.SamplingParams:
     seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
     if seed is not None:
         sp.seed = seed % (1 << 64)
+    bias = body.get("logit_bias")
+    if bias is not None:  # {"token id": value}: the router checks the ids against the vocabulary, the range
+        if not isinstance(bias, dict):
+            raise bad("logit_bias", "expected an object of token id -> number")
+        for k, v in bias.items():
+            if not (isinstance(k, str) and k.isdigit() and int(k) < U32) or not _is_num(v):
+                raise bad("logit_bias", f"{k!r:.20}: {v!r:.20}: expected a token id and a finite number")
+            sp.logit_bias[int(k)] = float(v)
     return sp
 
 

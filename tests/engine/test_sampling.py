@@ -79,9 +79,11 @@ def test_a_rows_token_and_logprobs_do_not_depend_on_the_batch():
         1: Params(temperature=1.3, top_p=0.8, seed=12),
         2: Params(temperature=1.0, top_k=40, min_p=0.05, seed=13),
         3: Params(),
+        4: Params(temperature=0.9, seed=14, logit_bias=((3, 5.0), (100, -2.0), (8000, 40.0)), logprobs=3),
+        5: Params(logit_bias=((7, 50.0),)),  # greedy, biased
     }
     t = _table(params)
-    rows = [(s, p) for s in range(4) for p in (5, 6, 900)]
+    rows = [(s, p) for s in range(6) for p in (5, 6, 900)]
     logits = {r: torch.randn(V) * 4 for r in rows}
 
     def run(batch):
@@ -185,6 +187,8 @@ CASES = {
     "top_p": Params(temperature=1.2, top_p=0.8, seed=103),
     "min_p": Params(temperature=1.1, min_p=0.02, seed=104),
     "combined": Params(temperature=0.8, top_k=30, top_p=0.9, min_p=0.01, seed=105),
+    # unlikely tokens boosted into the support, one banned: the reference adds the same bias in float64
+    "logit_bias": Params(temperature=1.0, top_p=0.95, seed=106, logit_bias=((10, 9.0), (11, 7.0), (12, -100.0))),
 }
 
 
@@ -291,3 +295,21 @@ def test_a_verify_block_picks_what_ar_steps_pick(runner):
     runner.sampling.set(0, p)
     runner.prefill(0, PROMPTS[0])
     assert runner.rows(0, ar[:7]) == ar[1:8]
+
+
+def test_logit_bias_moves_the_pick_and_leaves_other_rows_bitwise():
+    """+100 makes a token the greedy pick, -100 bans the argmax (the runner-up is picked); an unbiased row
+    beside biased ones (the table's -0.0 padding adds nothing) keeps its logits' exact argmax and logprobs."""
+    torch.manual_seed(3)
+    logits = torch.randn(3, 500) * 3
+    top2 = logits.topk(2, dim=-1).indices
+    t = _table(
+        {0: Params(logprobs=2), 1: Params(logit_bias=((7, 100.0),)), 2: Params(logit_bias=((int(top2[2, 0]), -100.0),))}
+    )
+    tok, lp, top_lp, _ = sample(logits, torch.tensor([0, 1, 2]), torch.tensor([4, 4, 4]), t, logprobs=True)
+    assert tok.tolist() == [int(top2[0, 0]), 7, int(top2[2, 1])]
+    assert torch.equal(lp[0], torch.log_softmax(logits[0].float(), -1)[tok[0]])
+    alone = sample(logits[:1], torch.tensor([0]), torch.tensor([4]), _table({0: Params(logprobs=2)}), logprobs=True)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, (tok, lp, top_lp)))
+    t.clear(1)  # a cleared slot has no bias left
+    assert t.pick(logits[1:2], torch.tensor([1]), torch.tensor([0]), torch.tensor([4]), [1]).item() == int(top2[1, 0])

@@ -275,6 +275,22 @@ def test_n_choices_each_a_seeded_generate(stack):
     ].message.content  # greedy
 
 
+def test_logit_bias_equals_grpc_and_changes_the_output(stack, tok):
+    """OpenAI's logit_bias ({"token id": value}) reaches the router's SamplingParams: the same text as gRPC with
+    the same bias, and banning the greedy answer's first token changes it."""
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body=ext).choices[0].text
+    first = tok.encode(plain)[0]
+    with Client(stack.grpc, token=stack.token) as c:
+        want = "".join(
+            d.text for d in c.generate(PROMPT, max_new_tokens=8, ignore_eos=True, logit_bias={first: -100.0})
+        )
+    r = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, logit_bias={str(first): -100}, extra_body=ext
+    )
+    assert r.choices[0].text == want != plain
+
+
 def test_penalties_equal_grpc_and_change_the_output(stack):
     """OpenAI's presence_penalty / frequency_penalty and vLLM's repetition_penalty reach the router's
     SamplingParams: the same tokens as gRPC with them, and not the tokens without them."""
@@ -369,6 +385,10 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "repetition_penalty": "x"}, 400, "repetition_penalty"),
     ("/v1/completions", {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),
     ("/v1/completions", {"prompt": PROMPT, "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": [1]}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"5": 200}}, 400, "logit_bias[5]"),  # the router's range
+    ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"99999999": 1}}, 400, "logit_bias"),  # the vocabulary
     ("/v1/completions", {"prompt": [PROMPT] * 5, "n": 13}, 400, "n"),  # 65 choices
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 1.5}, 400, "n"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 21}, 400, "logprobs"),

@@ -115,6 +115,10 @@ BAD = [
     (dict(presence_penalty=-2.01), "presence_penalty"),
     (dict(frequency_penalty=-2.5), "frequency_penalty"),
     (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    (dict(logit_bias={5: 101.0}), "logit_bias[5]"),
+    (dict(logit_bias={5: float("nan")}), "logit_bias[5]"),
+    (dict(logit_bias={10**7: 1.0}), "logit_bias"),  # past the vocabulary
+    (dict(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
 ]
 
 
@@ -269,6 +273,25 @@ def test_penalties_give_exactly_the_exact_engines_tokens(client, exact, mode, en
             assert 0 < last.stats["accepted"] <= last.stats["drafted"]
 
 
+@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("fast", "mtp"), ("exact", "fp8"), ("exact", "mtp")])
+def test_logit_bias_gives_exactly_the_exact_engines_tokens(client, exact, mode, engine):
+    """logit_bias (after the penalties, before the temperature), greedy and seeded T = 0.8, with penalties:
+    exactly the exact engine's AR decode with the same bias; a +100 bias makes every greedy token that id."""
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_dir(None))
+    for extra in (dict(), dict(temperature=0.8, seed=7, **PEN)):
+        plain = exact("class Counter:", 20, Params(**extra))
+        bias = {plain[0]: -100.0, plain[1]: -100.0, tok.encode(" x")[0]: 3.0}  # its first tokens banned
+        want = exact("class Counter:", 20, Params(logit_bias=tuple(sorted(bias.items())), **extra))
+        assert want != plain, extra  # so this test can fail
+        ids, _, _, last = run(client, "class Counter:", 20, mode=mode, engine=engine, logit_bias=bias, **extra)
+        assert ids == want, (mode, engine, extra)
+    forced = tok.encode(" x")[0]
+    assert run(client, "class Counter:", 8, mode=mode, engine=engine, logit_bias={forced: 100.0})[0] == [forced] * 8
+
+
 def test_penalties_with_the_rejection_policy_replay_a_seed(client):
     """REJECTION (exact in distribution): drafter and verifier both judge the penalized distributions; a
     seed replays identically, and the penalties change the tokens."""
@@ -378,3 +401,15 @@ def test_cli_generate_and_complete_take_the_sampling_flags(client, capsys):
     bad = g.parse_args(["--addr", client.addr, "--temperature", "-1", "x"])
     assert client_cli.run_for("generate", bad) == 1
     assert "INVALID_ARGUMENT: sampling.temperature" in capsys.readouterr().err
+    # --logit-bias ID=VALUE (repeatable): both print the same tokens, and a banned first token changes them
+    biased = [*flags, "--logit-bias", f"{ref['token_ids'][0]}=-100", "--logit-bias", "7=2.5"]
+    complete.run(p.parse_args(["--prompt", "class Counter:", "--max-len", str(MAX_LEN), "--ignore-eos", *biased]))
+    ref_b = json.loads(capsys.readouterr().out)
+    assert (
+        client_cli.run_for("generate", g.parse_args(["--addr", client.addr, "--ignore-eos", *biased, "class Counter:"]))
+        == 0
+    )
+    got_b = json.loads(capsys.readouterr().out)
+    assert got_b["token_ids"] == ref_b["token_ids"] != ref["token_ids"]
+    with pytest.raises(SystemExit):
+        g.parse_args(["--logit-bias", "7", "x"])
