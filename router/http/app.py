@@ -8,6 +8,7 @@
     GET  /v1/models             the served model
     POST /v1/completions        router/http/schemas.py parse_completion
     POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
+    POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
 Every path but /health needs `Authorization: Bearer <token>` when the router has a token (the gRPC
 one; constant-time compare): 401 otherwise. A body over `body_limit` bytes is 413 before it is parsed
@@ -38,11 +39,12 @@ from starlette.requests import ClientDisconnect
 from router.http.errors import ApiError, bad
 from router.http.run import Run
 from router.http.schemas import Limits, parse_chat, parse_completion
+from router.http.tokenize import detokenize, tokenize
 
 log = logging.getLogger("baton.router.http")
 DEFAULT_BODY_LIMIT = 4 << 20
 OPEN_PATHS = ("/health",)
-KNOWN = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+KNOWN = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _COUNTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -191,6 +193,16 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await generate(request, parse_chat)
+
+    @app.post("/tokenize")
+    async def tokenize_(request: Request):
+        body = await read_json(request, body_limit)
+        return JSONResponse(await asyncio.to_thread(tokenize, body, limits()))
+
+    @app.post("/detokenize")
+    async def detokenize_(request: Request):
+        body = await read_json(request, body_limit)
+        return JSONResponse(await asyncio.to_thread(detokenize, body, limits()))
 
     app.add_middleware(Gate, token=token, counter=counter)
     return app

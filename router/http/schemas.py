@@ -115,7 +115,8 @@ def _only(body: dict, name: str, ok, why: str) -> None:
 
 
 # ---- shared fields ------------------------------------------------------------------------------------
-def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
+def check_model(body, lim: Limits) -> None:
+    """The body is a JSON object whose `model`, when given, is the served id (404 otherwise)."""
     if not isinstance(body, dict):
         raise bad("body", f"expected a JSON object, got {type(body).__name__}")
     model = body.get("model")
@@ -129,6 +130,10 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
                 param="model",
                 code="model_not_found",
             )
+
+
+def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
+    check_model(body, lim)
     job = Job(kind, stream=_bool(body, "stream", False))
     opts = body.get("stream_options")
     if opts is not None:
@@ -340,19 +345,11 @@ def _messages(v) -> list[dict]:
     return out
 
 
-def parse_chat(body, lim: Limits) -> Job:
+def chat_ids(body: dict, lim: Limits, tools=None) -> list[int]:
+    """A chat body's messages rendered by the model's template (add_generation_prompt, chat_template_kwargs,
+    `tools` shown) and tokenized: the prompt ids (also /tokenize's)."""
     from router.http.chat import ChatTemplateError
 
-    job, gen = _common(body, lim, "chat")
-    top = _int(body, "top_logprobs", 0, 20)
-    if _bool(body, "logprobs", False):
-        job.top_logprobs = top or 0
-        gen["sampling"].logprobs = max(job.top_logprobs, 1)
-    elif top is not None:
-        raise bad("top_logprobs", "needs logprobs: true")
-    _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
-    tools, job.tools = tool_choice(body)
-    _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
     messages = _messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
     kwargs = body.get("chat_template_kwargs")
@@ -370,7 +367,21 @@ def parse_chat(body, lim: Limits) -> Job:
         text = lim.chat_template.render(messages, add_generation_prompt=add_gen, tools=tools, kwargs=kwargs)
     except ChatTemplateError as e:
         raise bad("messages", str(e)) from None
-    ids = _encode(text, lim, "messages")
+    return _encode(text, lim, "messages")
+
+
+def parse_chat(body, lim: Limits) -> Job:
+    job, gen = _common(body, lim, "chat")
+    top = _int(body, "top_logprobs", 0, 20)
+    if _bool(body, "logprobs", False):
+        job.top_logprobs = top or 0
+        gen["sampling"].logprobs = max(job.top_logprobs, 1)
+    elif top is not None:
+        raise bad("top_logprobs", "needs logprobs: true")
+    _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
+    tools, job.tools = tool_choice(body)
+    _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
+    ids = chat_ids(body, lim, tools)
     n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None)
     _choices(job, [_request(ids, n if n is not None else _window_rest(ids, lim), gen)])
     job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})

@@ -182,6 +182,41 @@ def test_chat_streamed_or_not_equals_the_rendered_prompt(stack, tok):
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (len(tok.encode(rendered)), 10)
 
 
+def test_tokenize_and_detokenize(stack, tok):
+    """/tokenize gives the ids a completion (prompt) or a chat (messages, rendered by the template) sends, and
+    the window; /detokenize turns ids back into text; bad bodies are 400 naming the field, a wrong model 404."""
+    from router.http.chat import ChatTemplate
+
+    def call(path, body):
+        return post(stack.url, path, body, token=stack.token)
+
+    r = call("/tokenize", {"model": MODEL, "prompt": PROMPT})
+    assert (
+        r.status_code == 200
+        and r.json()["tokens"] == tok.encode(PROMPT)
+        and r.json()["count"] == len(tok.encode(PROMPT))
+    )
+    assert r.json()["max_model_len"] == stack.openai().models.list().data[0].model_extra["max_model_len"]
+    messages = [{"role": "user", "content": "fibonacci"}]
+    rendered = ChatTemplate.from_dir(DEFAULT_DIR).render(messages)
+    assert call("/tokenize", {"messages": messages}).json()["tokens"] == tok.encode(rendered)
+    chat = stack.openai().chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert chat.usage.prompt_tokens == len(tok.encode(rendered))
+    d = call("/detokenize", {"tokens": tok.encode(PROMPT)})
+    assert d.status_code == 200 and d.json() == {"prompt": PROMPT}
+    for path, body, status, field in (
+        ("/tokenize", {}, 400, "prompt"),
+        ("/tokenize", {"prompt": 5}, 400, "prompt"),
+        ("/tokenize", {"prompt": "x", "messages": messages}, 400, "prompt"),
+        ("/tokenize", {"messages": []}, 400, "messages"),
+        ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
+        ("/detokenize", {"tokens": "x"}, 400, "tokens"),
+        ("/detokenize", {"tokens": [10**8]}, 400, "tokens"),
+    ):
+        assert_error(call(path, body), status, field)
+    assert post(stack.url, "/tokenize", {"prompt": "x"}, token=None).status_code == 401
+
+
 def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
     with Client(stack.grpc, token=stack.token) as c:
         deltas = list(c.generate(PROMPT, max_new_tokens=24, ignore_eos=True))
@@ -556,6 +591,8 @@ def test_401_on_every_endpoint_but_health(refusing):
         ("POST", "/v1/chat/completions"),
         ("GET", "/metrics"),
         ("GET", "/nowhere"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
     ]
     for headers in (
         {},
@@ -610,14 +647,15 @@ def test_router_statuses_map_to_http(refusing):
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
     body=st.one_of(_body_strategy(), st.binary(max_size=40)),
 )
 def test_fuzz_bodies_only_200_400_413_429(refusing, path, body):
     raw = body if isinstance(body, bytes) else None
     r = post(refusing.url, path, body, token=TOKEN, content=raw)
     assert r.status_code in (200, 400, 413, 429), (body, r.status_code, r.text)
-    assert_error(r, r.status_code)
+    if r.status_code != 200:  # a valid /tokenize or /detokenize body; the generating paths refuse (429)
+        assert_error(r, r.status_code)
 
 
 def test_tls_from_the_routers_settings(tmp_path):
