@@ -60,8 +60,9 @@ class Proc:
         env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
         env.pop("BATON_TOKEN", None)
         self.name, self.lines = name, []
+        # stderr too: a worker that cannot start says why (the error names it)
         self.p = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -76,7 +77,8 @@ class Proc:
             if hit:
                 return hit.rsplit(" ", 1)[-1]
             if self.p.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.p.returncode}")
+                time.sleep(0.2)  # the reader thread's last lines
+                raise RuntimeError(f"{self.name} exited with {self.p.returncode}: " + " | ".join(self.lines[-5:]))
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not start in {timeout}s")
 
@@ -97,6 +99,21 @@ def env(tmp_path_factory):
     def decode(port):
         return Proc(f"decode:{port}", ["-m", "decode_worker", "--port", str(port), "--engine", "fp8", *common])
 
+    ref = _reference(tiny)  # loads the model here (before the processes: a retry need not reload it)
+    for attempt in (1, 2):  # NOTE: a port picked free can be taken by another test process before a worker binds it
+        try:
+            yield from _start(tiny, token_file, common, decode, ref)
+            return
+        except _PortTaken as e:
+            if attempt == 2:
+                raise RuntimeError(str(e)) from None
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _start(tiny, token_file, common, decode, ref):
     ports = {k: pick_free_port() for k in ("prefill", *DECODE)}
     procs = {"prefill": Proc("prefill", ["-m", "prefill_worker", "--port", str(ports["prefill"]), *common])}
     procs.update({k: decode(ports[k]) for k in DECODE})
@@ -125,10 +142,15 @@ def env(tmp_path_factory):
     ns = type("Env", (), {})()
     ns.tiny, ns.procs, ns.ports, ns.addr, ns.decode = tiny, procs, ports, addr, decode
     try:
-        ns.ref = _reference(tiny)  # loads the model here while the processes boot
+        ns.ref = ref
         ns.router = procs["router"].wait_serving()
         for k in ("prefill", *DECODE):
-            procs[k].wait_serving()
+            try:
+                procs[k].wait_serving()
+            except RuntimeError as e:
+                if "address already in use" in str(e).lower() or "failed to bind" in str(e).lower():
+                    raise _PortTaken(str(e)) from None
+                raise
         ns.client = Client(ns.router, settings=Settings(token=TOKEN))
         _wait_health(ns.client, "SERVING", 10)
         yield ns
