@@ -44,12 +44,14 @@ class Delta:
     usage: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     logprobs: list = field(default_factory=list)  # (token id, logprob, [(id, logprob)]) per token, when asked
+    prompt_logprobs: list = field(default_factory=list)  # the first message, when asked: prompt tokens 1 .. n-1
 
     @classmethod
     def from_proto(cls, m: router_pb2.GenerateResponse) -> "Delta":
         lps = [(e.token_id, e.logprob, [(a.token_id, a.logprob) for a in e.top]) for e in m.logprobs]
+        plps = [(e.token_id, e.logprob, [(a.token_id, a.logprob) for a in e.top]) for e in m.prompt_logprobs]
         if not m.finish_reason:
-            return cls(list(m.token_ids), m.text, logprobs=lps)
+            return cls(list(m.token_ids), m.text, logprobs=lps, prompt_logprobs=plps)
         usage = {"prompt_tokens": m.usage.prompt_tokens, "completion_tokens": m.usage.completion_tokens}
         s = m.stats
         stats = {
@@ -71,7 +73,7 @@ class Delta:
         }
         if s.HasField("handoff_timeline"):  # asked for: the first hand-off's marks, name -> monotonic ns
             stats["handoff_timeline"] = dict(s.handoff_timeline.marks_ns)
-        return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats, lps)
+        return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats, lps, plps)
 
 
 class Client:
@@ -116,13 +118,15 @@ class Client:
         exact_policy: str | None = None,
         handoff_timeline: bool = False,
         logit_bias: dict[int, float] | None = None,
+        prompt_logprobs: int | None = None,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
         delta's stats["seed"]); stop strings end the text before them; logprobs = N alternatives;
         repetition_penalty (prompt + generated tokens), presence_penalty / frequency_penalty (generated
         tokens) as in vLLM / OpenAI, neutral 0 (docs/CONTRACTS.md, "Sampling"); logit_bias {token id: value in
-        [-100, 100]} added to those logits after the penalties.
+        [-100, 100]} added to those logits after the penalties. prompt_logprobs N (<= 20): the first delta's
+        prompt_logprobs, each prompt token's logprob given those before it (raw logits), with N alternatives.
         exact_policy (exact mode at T > 0): "coupling" (token-identical to the exact model's seeded
         decode) or "rejection" (speculative rejection sampling, exact in distribution); None = the server's.
         handoff_timeline (diagnostics): the last delta's stats["handoff_timeline"] holds the first state
@@ -158,6 +162,8 @@ class Client:
                 logit_bias=dict(logit_bias or {}),
             ),
         )
+        if prompt_logprobs is not None:
+            req.prompt_logprobs = prompt_logprobs
         if token_ids is None and prompt is not None and not isinstance(prompt, str):
             token_ids = prompt
         if token_ids is not None:

@@ -33,6 +33,7 @@ from baton.engine import rejection
 from baton.engine.gather import PERIODIC, Gather
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, replay_generated, run_pass
 from baton.engine.runner import ModelRunner
+from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import verify_blocks
@@ -61,6 +62,8 @@ class Session:
     counters: Counters = field(default_factory=Counters)
     engine: int = 0  # decode engine (proto enum) the session was handed to; reused on migration
     replay: int = 0  # the prompt's last `replay` ids were generated: run_prefill feeds them as AR rows
+    want_logprobs: int = -1  # open_prefill(prompt_logprobs=N >= 0): run_prefill fills prompt_logprobs (N alternatives)
+    prompt_logprobs: list = field(default_factory=list)  # [(logprob, top)] of prompt tokens 1 .. n-1
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,7 @@ class ExactEngine:
         return s, self.run_prefill(s, ids, mtp=mtp)
 
     def open_prefill(
-        self, ids: list[int], *, session_id: str | None = None, sampling: Params | None = None, generated: int = 0
+        self, ids, *, session_id=None, sampling: Params | None = None, generated: int = 0, prompt_logprobs: int = -1
     ) -> Session:
         """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
         slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender.
@@ -185,6 +188,8 @@ class ExactEngine:
         self.validate_prompt(ids)
         if not 0 <= generated < len(ids):
             raise ValueError(f"generated_tokens: {generated} of {len(ids)} prompt ids (at most {len(ids) - 1})")
+        if prompt_logprobs > MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs: {prompt_logprobs} alternatives, at most {MAX_LOGPROBS}")
         s = self._open(session_id)
         try:
             self.runner.reserve(s.slot, len(ids))  # its KV pages, before any work (PagesExhausted)
@@ -197,7 +202,7 @@ class ExactEngine:
         except BaseException:
             self.release(s.id)
             raise
-        s.replay = generated
+        s.replay, s.want_logprobs = generated, prompt_logprobs
         with self._prefilling_lock:
             self._prefilling.add(s.id)
         return s
@@ -225,16 +230,18 @@ class ExactEngine:
         join the passes of other concurrent prompts (self.prefills, at most prefill_budget tokens a pass),
         each bitwise as alone. `progress` is marked per layer during the last piece and finished with the
         token (or failed); on failure the session is released. mtp=False skips the MTP layer's KV
-        (ModelRunner.prefill): only for a session whose export never ships it."""
+        (ModelRunner.prefill): only for a session whose export never ships it. s.want_logprobs >= 0: s.prompt_logprobs
+        gets the prompt tokens' logprobs (baton/engine/prefill.py prompt_logprobs_of)."""
         ids, g = list(ids), s.replay
         try:
             tok = None
             marks = progress.mark if progress is not None and not g else None
             for p in prefill_pieces(self.runner, s.slot, ids[: len(ids) - g], on_layer=marks, mtp=mtp):
+                p.prompt_logprobs = s.want_logprobs
                 got = self.prefills.call(p)
                 if isinstance(got, BaseException):
                     raise got
-                tok = got
+                tok, s.prompt_logprobs = got, s.prompt_logprobs + (p.logprobs or [])
             if g:  # no piece of it is to come (the passes stop waiting); every layer is final only after it
                 with self._prefilling_lock:
                     self._prefilling.discard(s.id)

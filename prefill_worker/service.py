@@ -16,19 +16,16 @@ Lifecycle of a request:
            the hand-off's marks in this process, its sender child and the decode worker (baton/handoff/timeline.py)
         -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
            including a cancelled or timed-out call)
-        -> first_token (the greedy token after the prompt = the decode state's pending next_token),
-           bridge report, prompt_tokens, prefill_seconds
-    PrefillStream: Prefill with the first token sent early, after heartbeats if asked (prefill_worker/heartbeat.py)
+        -> first_token (the decode state's pending next_token), bridge, prompt_tokens, prefill_seconds,
+           prompt_logprobs when asked; PrefillStream: the first token early (after heartbeats if asked)
     Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters
     ExportState(session_id, decode_target)        -> re-stream a kept session (migration)
     Release(session_id) / GetStats
-A background thread reaps sessions idle for longer than the engine's TTL.
-
-Status codes: bad field -> INVALID_ARGUMENT (a decode_target that is not HOST:PORT included);
-unknown/released session -> NOT_FOUND; no free slot -> RESOURCE_EXHAUSTED; a Verify block that no
-longer fits the window -> OUT_OF_RANGE (a prompt that does not fit is INVALID_ARGUMENT: it is a bad
-request, not a session running out of room); a session already in use by another call -> ABORTED;
-hand-off failure -> the decode worker's status (UNAVAILABLE when it is down), message naming the target.
+A background thread reaps sessions idle for longer than the engine's TTL. Status codes: bad field ->
+INVALID_ARGUMENT (a decode_target that is not HOST:PORT, a prompt too long for the window included);
+unknown/released session -> NOT_FOUND; no free slot -> RESOURCE_EXHAUSTED; a Verify block that no longer
+fits the window -> OUT_OF_RANGE; a session already in use by another call -> ABORTED; hand-off failure
+-> the decode worker's status (UNAVAILABLE when it is down), message naming the target.
 """
 
 from __future__ import annotations
@@ -244,8 +241,9 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                 ids, exact = self._validate(request)
                 sid = request.session_id or uuid.uuid4().hex
                 sampling = Params.from_proto(request.sampling) if request.HasField("sampling") else None
+                plp = request.prompt_logprobs if request.HasField("prompt_logprobs") else -1
                 session = self.engine.open_prefill(
-                    ids, session_id=sid, sampling=sampling, generated=request.generated_tokens
+                    ids, session_id=sid, sampling=sampling, generated=request.generated_tokens, prompt_logprobs=plp
                 )
             session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target
@@ -297,7 +295,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                             if early and push.admitted(context.is_active):
                                 # the decode worker reserved the slot (it can no longer refuse for full slots,
                                 # which must fail the call before any token: the router tries another one)
-                                yield self._answer(first, None, ids, prefill_s, lps)
+                                yield self._answer(first, None, ids, prefill_s, lps, session.prompt_logprobs)
                             if not context.is_active():  # gone during the compute: stop the stream now
                                 push.cancel()
                             _, bridge = yield from heartbeat.landing(self, context, push, beat_ms)
@@ -313,11 +311,11 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             finally:
                 if not keep:
                     self.engine.release(sid)
-            yield self._answer(first, bridge, ids, prefill_s, lps)
+            yield self._answer(first, bridge, ids, prefill_s, lps, session.prompt_logprobs)
 
     @staticmethod
-    def _answer(first: int, bridge, ids, prefill_s: float, lps) -> prefill_pb2.PrefillResponse:
-        """A PrefillResponse; bridge None: the early answer (the hand-off still in flight)."""
+    def _answer(first: int, bridge, ids, prefill_s: float, lps, plps=()) -> prefill_pb2.PrefillResponse:
+        """A PrefillResponse; bridge None: the early answer (the hand-off still in flight). plps: the prompt's."""
         resp = prefill_pb2.PrefillResponse(first_token=first, prompt_tokens=len(ids), prefill_seconds=prefill_s)
         if bridge is not None:
             resp.bridge.CopyFrom(bridge)
@@ -325,6 +323,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                 resp.bridge.timeline.marks_ns["prefill.rpc_reply"] = time.monotonic_ns()
         if lps:
             resp.first_logprob.CopyFrom(sampling_rules.logprob_protos(lps, [first])[0])
+        resp.prompt_logprobs.extend(sampling_rules.logprob_protos(plps, ids[1:]))  # tokens 1 .. n-1 of the prompt
         return resp
 
     def Verify(self, request, context):

@@ -55,6 +55,7 @@ class RunStats:
     bridge_seconds: float = 0.0
     landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
     timeline: object = None  # the first hand-off's common_pb2.HandoffTimeline, when asked for
+    prompt_logprobs: list | None = None  # the Prefill's prompt logprobs, until the first message carries them
 
     def bridge(self, report) -> None:
         self.bridge_bytes += int(report.total_bytes)

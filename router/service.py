@@ -75,6 +75,7 @@ class Plan:
     sampling: common_pb2.SamplingParams  # the workers' copy: seed resolved, no stop strings
     stops: tuple[str, ...] = ()  # stop strings, matched here on the text
     timeline: bool = False  # the first hand-off's marks into the last Stats (GenerateRequest.handoff_timeline)
+    prompt_logprobs: int = -1  # >= 0: the first message carries the prompt's logprobs, with N alternatives
 
     @property
     def engine_name(self) -> str | None:
@@ -226,7 +227,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         except ValueError as e:
             raise StatusError(C.INVALID_ARGUMENT, str(e)) from None
         stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
-        return Plan(request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline)
+        plp = r.prompt_logprobs if r.HasField("prompt_logprobs") else -1
+        if plp > sampling_rules.MAX_LOGPROBS:
+            raise _bad("prompt_logprobs", f"{plp} alternatives: at most {sampling_rules.MAX_LOGPROBS}")
+        return Plan(request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp)
 
     # ---- relay -----------------------------------------------------------------------------------
     def _relay(self, plan: Plan, calls: Calls, rec: dict, t0: float) -> Iterator[router_pb2.GenerateResponse]:
@@ -262,6 +266,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.metrics.tokens(rec["mode"], rec["engine"], len(toks), None if last is None else now - last)
                 last = now
                 msg = router_pb2.GenerateResponse(token_ids=toks, text=text, logprobs=lps[: len(toks)])
+                if stats.prompt_logprobs is not None:  # the first message (the Prefill's answer)
+                    msg.prompt_logprobs.extend(stats.prompt_logprobs)
+                    stats.prompt_logprobs = None
                 rec["tokens"], rec["migrations"] = len(budget.emitted), stats.migrations
                 if finish is not None:
                     self._last(msg, plan, rec, stats, len(budget.emitted), finish, now, t_first, t_second)
@@ -293,7 +300,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def _tokens(self, plan: Plan, calls: Calls, budget: Budget, stats: RunStats):
         """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
         last. logprobs: TokenLogprob per token when the request asked (else empty)."""
-        h = self._start(plan, calls, stats, exclude=())
+        h = self._start(plan, calls, stats, prompt_logprobs=plan.prompt_logprobs)
+        if plan.prompt_logprobs >= 0:
+            stats.prompt_logprobs = list(h.response.prompt_logprobs)
         toks, finish = first_tokens(h, calls, budget, self._record(stats))
         yield toks, finish, _first_lp(h)
         if finish is not None:
@@ -309,7 +318,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 on_migrate=lambda: self.metrics.migration("exact"),
                 on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
                 # the exact worker lost: prompt + sent re-prefilled elsewhere (router/exact.py, "Migration")
-                restart=lambda sent, bad: self._start(plan, calls, stats, (), sent=sent, exclude_prefill=bad),
+                restart=lambda sent, bad: self._start(plan, calls, stats, sent, exclude_prefill=bad),
             )
             yield from loop.run(h.first_token)  # lands h first: a failure migrates or restarts the session
             return
@@ -352,7 +361,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 # NOT_FOUND: only the session is lost; a prefill worker's fault (its hand-off stream broke): D is fine
                 gone = [] if e.code == C.NOT_FOUND or e.worker is not h.decode else [h.decode]
                 sent = list(budget.emitted)
-                h = self._start(plan, calls, stats, exclude=gone, wait_s=self.config.migrate_wait_s, sent=sent)
+                h = self._start(plan, calls, stats, sent, exclude_decode=gone, decode_wait_s=self.config.migrate_wait_s)
                 stats.migrations += 1
                 self.metrics.migration("fast")
                 toks, finish = first_tokens(h, calls, budget, self._record(stats))
@@ -360,26 +369,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 if finish is not None:
                     return
 
-    def _start(
-        self, plan: Plan, calls: Calls, stats: RunStats, exclude, wait_s: float = 0.0, sent=(), exclude_prefill=()
-    ):
+    def _start(self, plan: Plan, calls: Calls, stats: RunStats, sent=(), **kw):
         """Prefill of the prompt + `sent` (a re-prefill: those count as generated for the penalties, and the
-        prefill worker replays them as AR rows)."""
-        h = start_session(
-            calls,
-            plan.prompt_ids + list(sent),
-            mode=plan.mode,
-            engine=plan.engine,
-            engine_name=plan.engine_name,
-            exclude_decode=exclude,
-            exclude_prefill=exclude_prefill,
-            decode_wait_s=wait_s,
-            sampling=plan.sampling,
-            generated=len(sent),
-            on_retry=self.metrics.prefill_retries.inc,
-            timeline=plan.timeline and stats.timeline is None,
+        prefill worker replays them as AR rows). kw: start_session's exclude_decode, exclude_prefill,
+        decode_wait_s, prompt_logprobs."""
+        ids, timeline = plan.prompt_ids + list(sent), plan.timeline and stats.timeline is None
+        kw |= dict(mode=plan.mode, engine=plan.engine, engine_name=plan.engine_name, sampling=plan.sampling)
+        return start_session(
+            calls, ids, generated=len(sent), on_retry=self.metrics.prefill_retries.inc, timeline=timeline, **kw
         )
-        return h
 
     def _record(self, stats: RunStats):
         """-> a BridgeReport's recorder: the request's stats and the router's metrics."""

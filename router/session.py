@@ -184,6 +184,7 @@ def start_session(
     sampling=None,
     generated: int = 0,
     timeline: bool = False,
+    prompt_logprobs: int = -1,
 ) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
@@ -195,6 +196,7 @@ def start_session(
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
     generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.
     timeline: P reports the hand-off's marks (PrefillRequest.timeline) in the landed answer's bridge.
+    prompt_logprobs >= 0: P's answer carries the prompt's logprobs (PrefillRequest.prompt_logprobs).
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
     bad_p: list[Worker] = list(exclude_prefill)  # passed over while another prefill worker is up
@@ -233,6 +235,8 @@ def start_session(
             heartbeat_ms=max(1, int(calls.call_timeout * 1e3 / HEARTBEATS_PER_TIMEOUT)),
             timeline=timeline,
         )
+        if prompt_logprobs >= 0:
+            req.prompt_logprobs = prompt_logprobs
         try:
             return _prefill(calls, p, d, sid, req)
         except StatusError as e:

@@ -3,6 +3,7 @@
     pieces(start, n)                  -> [(start, n), ...], the pieces a prompt is always cut into
     run_pass(runner, [Piece, ...])    -> [token or None, ...]; one forward over every piece's rows
     replay_generated(runner, slot, ids, lock) -> token; a re-prefill's generated tail, as AR rows
+    prompt_logprobs_of(runner, piece, h)      -> a piece's prompt tokens' logprobs (Piece.prompt_logprobs)
 
 A prompt of n tokens from position `start` is cut at start + k * PREFILL_CHUNK, whatever else is in
 flight, so its state is a function of the prompt alone: the same pieces run alone (`ModelRunner.prefill`,
@@ -49,6 +50,8 @@ class Piece:
     start: int = 0
     last: bool = True
     mtp: bool = True
+    prompt_logprobs: int = -1  # >= 0: run_pass sets `logprobs` (prompt_logprobs_of), with this many alternatives
+    logprobs: list | None = None  # [(logprob, [(id, logprob)] * N)] of the tokens at start + 1 .. of this piece
     next_id: int | None = None
     on_layer: Callable[[int], None] | None = None
 
@@ -130,6 +133,9 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
     with wide_prefill(dev):
         h = runner.model(x, st, ctx)  # [T, hidden]
     rows = h.split([len(p.ids) for p in ps])  # each piece's hidden rows
+    for p, r in zip(ps, rows):
+        if p.prompt_logprobs >= 0:
+            p.logprobs = prompt_logprobs_of(runner, p, r)
     # each piece's pick from its own last row: the [1, vocab] head call of the piece alone; one host read for all
     picks = [
         runner.sampling.pick_slot(runner.model.logits(r[-1:]), p.slot, p.start + len(p.ids))[:1]
@@ -169,3 +175,28 @@ def replay_generated(runner, slot: int, generated: list[int], lock) -> int:
             tok = runner.rows(slot, generated[i : i + runner.width])[-1]
             runner.state.next_token[slot] = tok
     return tok
+
+
+LOGPROB_ROWS = 256  # rows of [rows, vocab] fp32 logits at a time (256 x 248K x 4 B = 254 MB)
+
+
+@torch.inference_mode()
+def prompt_logprobs_of(runner, p: Piece, h: torch.Tensor) -> list:
+    """The piece's prompt logprobs from its hidden rows h [n, hidden]: row i (position start + i) scores the
+    token after it (ids[i + 1], or next_id past a piece that is not last; a last piece's last row scores the
+    generated token, not a prompt one: left out). log_softmax of the raw logits in float32 (no penalty, bias
+    or temperature: what the model gives each prompt token), with the p.prompt_logprobs largest alternatives.
+    -> [(logprob, [(id, logprob)] * N)] in token order. Costs a [LOGPROB_ROWS, vocab] head call per block."""
+    targets = p.ids[1:] + ([] if p.last or p.next_id is None else [p.next_id])
+    out = []
+    for c in range(0, len(targets), LOGPROB_ROWS):
+        want = targets[c : c + LOGPROB_ROWS]
+        lp = torch.log_softmax(runner.model.logits(h[c : c + len(want)]).float(), dim=-1)
+        chosen = lp.gather(1, upload(want, torch.long, lp.device)[:, None])[:, 0].tolist()
+        if p.prompt_logprobs:
+            top_v, top_i = lp.topk(p.prompt_logprobs, dim=-1)
+            tops = [list(zip(i, v)) for i, v in zip(top_i.tolist(), top_v.tolist())]
+        else:
+            tops = [[] for _ in want]
+        out += list(zip(chosen, tops))
+    return out

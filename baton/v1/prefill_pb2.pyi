@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline", "sampling", "generated_tokens", "heartbeat_ms")
+    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline", "sampling", "generated_tokens", "heartbeat_ms", "prompt_logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class PrefillRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     mode: _common_pb2.Mode
@@ -27,23 +28,26 @@ class PrefillRequest(_message.Message):
     sampling: _common_pb2.SamplingParams
     generated_tokens: int
     heartbeat_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: int
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token", "bridge", "prompt_tokens", "prefill_seconds", "first_logprob", "heartbeat")
+    __slots__ = ("first_token", "bridge", "prompt_tokens", "prefill_seconds", "first_logprob", "heartbeat", "prompt_logprobs")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BRIDGE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     bridge: _common_pb2.BridgeReport
     prompt_tokens: int
     prefill_seconds: float
     first_logprob: _common_pb2.TokenLogprob
     heartbeat: bool
-    def __init__(self, first_token: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., heartbeat: _Optional[bool] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, first_token: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "tokens", "draft_probs")

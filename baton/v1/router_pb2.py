@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as baton_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/router.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\"\xc7\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x1c\n\x04mode\x18\x05 \x01(\x0e\x32\x0e.baton.v1.Mode\x12 \n\x06\x65ngine\x18\x06 \x01(\x0e\x32\x10.baton.v1.Engine\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x13\n\x0b\x64raft_block\x18\t \x01(\r\x12*\n\x08sampling\x18\n \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x18\n\x10handoff_timeline\x18\x0b \x01(\x08\x42\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xb7\x02\n\x05Stats\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x14\n\x0c\x62ridge_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x12\n\nmigrations\x18\x06 \x01(\r\x12\x16\n\x0e\x62ridge_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x08 \x01(\x01\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0c\n\x04seed\x18\n \x01(\x04\x12\x12\n\nhandoff_ms\x18\x0b \x01(\x01\x12\x17\n\x0f\x66irst_decode_ms\x18\x0c \x01(\x01\x12\x33\n\x10handoff_timeline\x18\r \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\"\xcc\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12-\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x1e\n\x05stats\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Stats\x12(\n\x08logprobs\x18\x06 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\"\x15\n\x13GetModelInfoRequest\"\xe9\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0bmax_context\x18\x03 \x01(\x04\x12!\n\x07\x65ngines\x18\x04 \x03(\x0e\x32\x10.baton.v1.Engine\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x1c\n\x14max_new_tokens_limit\x18\x07 \x01(\r\x12\x1b\n\x13\x64\x65\x66\x61ult_draft_block\x18\x08 \x01(\r\x12\x17\n\x0fmax_draft_block\x18\t \x01(\r2\x91\x01\n\x06Router\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x42\n\x0cGetModelInfo\x12\x1d.baton.v1.GetModelInfoRequest\x1a\x13.baton.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/router.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\"\xf9\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x1c\n\x04mode\x18\x05 \x01(\x0e\x32\x0e.baton.v1.Mode\x12 \n\x06\x65ngine\x18\x06 \x01(\x0e\x32\x10.baton.v1.Engine\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x13\n\x0b\x64raft_block\x18\t \x01(\r\x12*\n\x08sampling\x18\n \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x18\n\x10handoff_timeline\x18\x0b \x01(\x08\x12\x1c\n\x0fprompt_logprobs\x18\x0c \x01(\rH\x01\x88\x01\x01\x42\x08\n\x06promptB\x12\n\x10_prompt_logprobs\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\xb7\x02\n\x05Stats\x12\x0f\n\x07ttft_ms\x18\x01 \x01(\x01\x12\x14\n\x0c\x62ridge_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x12\n\nmigrations\x18\x06 \x01(\r\x12\x16\n\x0e\x62ridge_seconds\x18\x07 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x08 \x01(\x01\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0c\n\x04seed\x18\n \x01(\x04\x12\x12\n\nhandoff_ms\x18\x0b \x01(\x01\x12\x17\n\x0f\x66irst_decode_ms\x18\x0c \x01(\x01\x12\x33\n\x10handoff_timeline\x18\r \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\"\xfd\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12-\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.baton.v1.Usage\x12\x1e\n\x05stats\x18\x05 \x01(\x0b\x32\x0f.baton.v1.Stats\x12(\n\x08logprobs\x18\x06 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\"\x15\n\x13GetModelInfoRequest\"\xe9\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0bmax_context\x18\x03 \x01(\x04\x12!\n\x07\x65ngines\x18\x04 \x03(\x0e\x32\x10.baton.v1.Engine\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\reos_token_ids\x18\x06 \x03(\r\x12\x1c\n\x14max_new_tokens_limit\x18\x07 \x01(\r\x12\x1b\n\x13\x64\x65\x66\x61ult_draft_block\x18\x08 \x01(\r\x12\x17\n\x0fmax_draft_block\x18\t \x01(\r2\x91\x01\n\x06Router\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x42\n\x0cGetModelInfo\x12\x1d.baton.v1.GetModelInfoRequest\x1a\x13.baton.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,17 +24,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.router_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=59
-  _globals['_GENERATEREQUEST']._serialized_end=386
-  _globals['_USAGE']._serialized_start=388
-  _globals['_USAGE']._serialized_end=445
-  _globals['_STATS']._serialized_start=448
-  _globals['_STATS']._serialized_end=759
-  _globals['_GENERATERESPONSE']._serialized_start=762
-  _globals['_GENERATERESPONSE']._serialized_end=966
-  _globals['_GETMODELINFOREQUEST']._serialized_start=968
-  _globals['_GETMODELINFOREQUEST']._serialized_end=989
-  _globals['_MODELINFO']._serialized_start=992
-  _globals['_MODELINFO']._serialized_end=1225
-  _globals['_ROUTER']._serialized_start=1228
-  _globals['_ROUTER']._serialized_end=1373
+  _globals['_GENERATEREQUEST']._serialized_end=436
+  _globals['_USAGE']._serialized_start=438
+  _globals['_USAGE']._serialized_end=495
+  _globals['_STATS']._serialized_start=498
+  _globals['_STATS']._serialized_end=809
+  _globals['_GENERATERESPONSE']._serialized_start=812
+  _globals['_GENERATERESPONSE']._serialized_end=1065
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1067
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1088
+  _globals['_MODELINFO']._serialized_start=1091
+  _globals['_MODELINFO']._serialized_end=1324
+  _globals['_ROUTER']._serialized_start=1327
+  _globals['_ROUTER']._serialized_end=1472
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "max_new_tokens", "mode", "engine", "stop_token_ids", "ignore_eos", "draft_block", "sampling", "handoff_timeline")
+    __slots__ = ("request_id", "text", "token_ids", "max_new_tokens", "mode", "engine", "stop_token_ids", "ignore_eos", "draft_block", "sampling", "handoff_timeline", "prompt_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class GenerateRequest(_message.Message):
     DRAFT_BLOCK_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_TIMELINE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _common_pb2.TokenIds
@@ -31,7 +32,8 @@ class GenerateRequest(_message.Message):
     draft_block: int
     sampling: _common_pb2.SamplingParams
     handoff_timeline: bool
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., draft_block: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., handoff_timeline: _Optional[bool] = ...) -> None: ...
+    prompt_logprobs: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., draft_block: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., handoff_timeline: _Optional[bool] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -72,20 +74,22 @@ class Stats(_message.Message):
     def __init__(self, ttft_ms: _Optional[float] = ..., bridge_bytes: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., migrations: _Optional[int] = ..., bridge_seconds: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., request_id: _Optional[str] = ..., seed: _Optional[int] = ..., handoff_ms: _Optional[float] = ..., first_decode_ms: _Optional[float] = ..., handoff_timeline: _Optional[_Union[_common_pb2.HandoffTimeline, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "text", "finish_reason", "usage", "stats", "logprobs")
+    __slots__ = ("token_ids", "text", "finish_reason", "usage", "stats", "logprobs", "prompt_logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
     finish_reason: _common_pb2.FinishReason
     usage: Usage
     stats: Stats
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -42,6 +42,8 @@ class Choice:
     started: bool = False
     final: bool = False  # the router's last message arrived: its Generate ends on its own
     tools: object = None  # router.http.tools.ToolCalls when the chat has tools: its text -> content + calls
+    echo: str | None = None  # completions with echo: the prompt's text, sent before the first token's
+    echo_first: int = 0  # ... and the prompt's first token id (its logprob is null)
     calls: list = field(default_factory=list)  # the tool calls found so far
 
 
@@ -55,6 +57,9 @@ class Run:
         if job.tools is not None:
             for c in self.choices:
                 c.tools = ToolCalls(job.tools)
+        if job.echo:
+            for i, (c, r) in enumerate(zip(self.choices, job.requests)):
+                c.echo, c.echo_first = job.echo_texts[i // job.n], (list(r.token_ids.ids) or [0])[0]
         self._q: asyncio.Queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self._streams = []
@@ -88,6 +93,10 @@ class Run:
                 c.finish = "stop"
                 return i, "", c.finish, []
             d = Delta.from_proto(item)
+            if c.echo is not None:  # the first message: the prompt's text (and its tokens' logprobs) first
+                d.text, c.echo = c.echo + d.text, None
+                if self.job.top_logprobs is not None:
+                    d.logprobs = [(c.echo_first, None, None), *d.prompt_logprobs, *d.logprobs]
             c.final = bool(d.finish_reason)
             c.tokens += len(d.token_ids)
             if d.finish_reason:
@@ -130,7 +139,10 @@ class Run:
         return {
             "tokens": toks,
             "token_logprobs": [lp for _, lp, _ in lps],
-            "top_logprobs": [{txt(a): v for a, v in top[:n]} for _, _, top in lps] if n else None,
+            # an echoed prompt's first token has neither (None, None)
+            "top_logprobs": [{txt(a): v for a, v in top[:n]} if top is not None else None for _, _, top in lps]
+            if n
+            else None,
             "text_offset": offsets,
         }
 

@@ -13,8 +13,9 @@ router's SamplingParams (it validates the ranges; its "sampling.<field>" message
 temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (any integer, taken mod
 2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
-top_k, min_p, repetition_penalty, and logit_bias ({"token id": value in [-100, 100]}, at most 300). Refused with a 400 naming the field until Baton supports them:
-echo, suffix, best_of > 1, functions, tool_choice "required" or named, non-text content parts,
+top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
+logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most 300). Refused with a 400 naming the field until Baton supports them:
+suffix, best_of > 1, functions, tool_choice "required" or named, non-text content parts,
 response_format other than text. Chat `tools` (tool_choice "auto"): the template shows them, and each
 choice's text is split into content and `tool_calls` (router/http/tools.py).
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
@@ -67,6 +68,8 @@ class Job:
     n: int = 1  # choices per prompt
     tools: dict | None = None  # chat with tools (tool_choice auto): function name -> parameters schema
     counts_prompt: list = field(default_factory=list)  # per request: the first choice of its prompt
+    echo: bool = False  # completions: each choice's text (and logprobs) begin with its prompt's
+    echo_texts: list = field(default_factory=list)  # per prompt: its text
 
 
 # ---- typed getters ----------------------------------------------------------------------------------
@@ -286,7 +289,7 @@ def parse_completion(body, lim: Limits) -> Job:
     lp = _int(body, "logprobs", 0, 1 << 31)
     if lp is not None:  # N alternatives (0: the chosen token's logprob only)
         job.top_logprobs, gen["sampling"].logprobs = lp, max(lp, 1) if lp <= 20 else lp
-    _only(body, "echo", lambda v: v is False, "not supported")
+    job.echo = _bool(body, "echo", False)
     _only(body, "suffix", lambda v: v == "", "not supported")
     _only(body, "best_of", lambda v: v == 1, "only 1 is supported")
     n, name = _max_tokens(body, ("max_tokens",), 16)
@@ -307,7 +310,15 @@ def parse_completion(body, lim: Limits) -> Job:
         raise bad("prompt", "an empty batch")
     if len(prompts) > MAX_BATCH:
         raise bad("prompt", f"a batch of {len(prompts)} prompts: at most {MAX_BATCH}")
-    _choices(job, [_request(ids, n, gen) for ids in prompts])
+    reqs = [_request(ids, n, gen) for ids in prompts]
+    if job.echo:  # the prompt's text (as given, else decoded) first; with logprobs, its tokens' too
+        texts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else [prompt]
+        dec = lim.tokenizer.decode if lim.tokenizer is not None else (lambda ids: "")
+        job.echo_texts = [t if isinstance(t, str) else dec(ids) for t, ids in zip(texts, prompts)]
+        for r in reqs:
+            if lp is not None:
+                r.prompt_logprobs = min(lp, 20)
+    _choices(job, reqs)
     job.rename.update({"max_new_tokens": name, "token_ids": "prompt"})
     return job
 

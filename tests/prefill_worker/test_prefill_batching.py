@@ -110,3 +110,32 @@ def test_a_re_prefill_replays_its_generated_tokens_as_the_ar_decode_did(lm, g):
     for name in alone:
         if name not in ("pos", "next"):
             assert torch.equal(alone[name], again[name]), name
+
+
+def test_prompt_logprobs_are_the_models_log_softmax_given_the_tokens_before(lm):
+    """open_prefill(prompt_logprobs=N): for prompt tokens 1 .. n-1, the log_softmax of the logits given the
+    tokens before each (against the AR rows path from position 0, in float64), with the N largest
+    alternatives; across pieces too (a prompt cut in pieces of 5 tokens: the pieces' borders use next_id);
+    the first token and the state are unchanged by asking."""
+    lm = load_model(lm.model_dir, dtype="fp32")  # float32: the wide kernels and the rows agree to ~1e-5
+    e = _engine(lm, chunk=5)
+    prompt = _prompts(lm, [13], seed=9)[0]
+    plain, tok0 = e.prefill(prompt)
+    s = e.open_prefill(prompt, prompt_logprobs=3)
+    assert e.run_prefill(s, prompt) == tok0 and len(s.prompt_logprobs) == len(prompt) - 1
+    ref = ModelRunner(lm.model, slots=1, max_len=256, width=8)
+    ref.state.reset(0)
+    rows = []
+    for c in range(0, len(prompt), 8):
+        blk = prompt[c : c + 8]
+        ids = torch.zeros(8, dtype=torch.long)
+        ids[: len(blk)] = torch.tensor(blk)
+        rows.append(torch.log_softmax(ref.rows_with_logits(0, ids, len(blk))[1][: len(blk)].double(), -1))
+    lp = torch.cat(rows)
+    for i, (v, top) in enumerate(s.prompt_logprobs):
+        assert abs(v - float(lp[i, prompt[i + 1]])) < 1e-4, i
+        assert [a for a, _ in top] == lp[i].topk(3).indices.tolist() and abs(top[0][1] - float(lp[i].max())) < 1e-4
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        e.open_prefill(prompt, prompt_logprobs=21)
+    e.release(plain.id)
+    e.release(s.id)

@@ -326,6 +326,33 @@ def test_logit_bias_equals_grpc_and_changes_the_output(stack, tok):
     assert r.choices[0].text == want != plain
 
 
+def test_echo_with_prompt_logprobs_scores_a_continuation(stack, tok):
+    """echo: the prompt's text first; with logprobs N, its tokens too: token_logprobs[0] is null, then each
+    prompt token's logprob given those before it (gRPC's prompt_logprobs), then the generated tokens'. What
+    lm-evaluation-harness reads to score a continuation (sum of token_logprobs[ctxlen:-1], greedy check)."""
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    ctx, cont = "def fibonacci(n):", "\n    return n"
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body=ext).choices[0].text
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, echo=True, extra_body=ext)
+    assert echoed.choices[0].text == PROMPT + plain
+    ids = tok.encode(ctx + cont)
+    with Client(stack.grpc, token=stack.token) as c:
+        first = next(iter(c.generate(ids, max_new_tokens=1, prompt_logprobs=1)))
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(ids) + 1 and r.choices[0].text.startswith(ctx + cont)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1 : len(ids)] == pytest.approx([v for _, v, _ in first.prompt_logprobs], abs=1e-6)
+    assert lp.tokens[: len(ids)] == [tok.decode([t]) for t in ids]
+    ctxlen = len(tok.encode(ctx))
+    score = sum(lp.token_logprobs[ctxlen:-1])
+    assert score == pytest.approx(sum(v for _, v, _ in first.prompt_logprobs[ctxlen - 1 :]), abs=1e-4) and score < 0
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, echo=True, stream=True, extra_body=ext)
+    )
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == PROMPT + plain
+
+
 def test_penalties_equal_grpc_and_change_the_output(stack):
     """OpenAI's presence_penalty / frequency_penalty and vLLM's repetition_penalty reach the router's
     SamplingParams: the same tokens as gRPC with them, and not the tokens without them."""
@@ -430,7 +457,7 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "stop": ["x"] * 17}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "stop": 5}, 400, "stop"),
     ("/v1/completions", {"prompt": PROMPT, "stop": [""]}, 400, "stop"),
-    ("/v1/completions", {"prompt": PROMPT, "echo": True}, 400, "echo"),
+    ("/v1/completions", {"prompt": PROMPT, "echo": "yes"}, 400, "echo"),
     ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": PROMPT, "baton": {"mode": "slow"}}, 400, "baton.mode"),
     ("/v1/completions", {"prompt": PROMPT, "baton": {"engine": "int4"}}, 400, "baton.engine"),

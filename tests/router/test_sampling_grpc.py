@@ -413,3 +413,29 @@ def test_cli_generate_and_complete_take_the_sampling_flags(client, capsys):
     assert got_b["token_ids"] == ref_b["token_ids"] != ref["token_ids"]
     with pytest.raises(SystemExit):
         g.parse_args(["--logit-bias", "7", "x"])
+
+
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_prompt_logprobs_come_with_the_first_message(client, lm, mode):
+    """GenerateRequest.prompt_logprobs N: the first message carries, for prompt tokens 1 .. n-1, each one's logprob
+    given the tokens before it and N alternatives: the exact engine's prefill in this process computes the same
+    values; only the first message has them; N over 20 is INVALID_ARGUMENT naming the field."""
+    from baton.engine.runner import ModelRunner
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+    from prefill_worker.engine import ExactEngine
+
+    ids = Tokenizer.from_dir(resolve_model_dir(None)).encode("def fibonacci(n):")
+    deltas = list(client.generate(ids, max_new_tokens=4, ignore_eos=True, mode=mode, prompt_logprobs=2, timeout=60))
+    got = deltas[0].prompt_logprobs
+    assert [t for t, _, _ in got] == ids[1:] and all(len(top) == 2 for _, _, top in got)
+    assert all(not d.prompt_logprobs for d in deltas[1:])
+    e = ExactEngine(ModelRunner(lm.model, slots=1, max_len=MAX_LEN))
+    s = e.open_prefill(ids, prompt_logprobs=2)
+    e.run_prefill(s, ids)
+    for (_, v, top), (rv, rtop) in zip(got, s.prompt_logprobs):
+        assert v == pytest.approx(rv, abs=1e-6) and [a for a, _ in top] == [a for a, _ in rtop]
+    e.release(s.id)
+    with pytest.raises(grpc.RpcError) as ei:
+        list(client.generate(ids, max_new_tokens=2, prompt_logprobs=21, timeout=30))
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and ei.value.details().startswith("prompt_logprobs:")
