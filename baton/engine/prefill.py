@@ -177,7 +177,7 @@ def replay_generated(runner, slot: int, generated: list[int], lock) -> int:
     return tok
 
 
-LOGPROB_ROWS = 256  # rows of [rows, vocab] fp32 logits at a time (256 x 248K x 4 B = 254 MB)
+LOGPROB_ROWS = 64  # rows of [rows, vocab] logits at a time (64 x 248K: ~64 MB each in fp32, a few such)
 
 
 @torch.inference_mode()
