@@ -1,7 +1,9 @@
 """Shared pytest fixtures. Markers (gpu, slow), the default timeout and the two test processes (xdist's
 -n 2) live in pyproject.toml."""
 
+import itertools
 import os
+import random
 import socket
 
 import pytest
@@ -27,10 +29,29 @@ def one_ray_at_a_time():
         yield
 
 
+# Ports handed out by pick_free_port: below the kernel's ephemeral range (32768-60999 on Linux), where no
+# outgoing connection's local port lands, and a block of its own per xdist process. A port picked by binding
+# port 0 came from the ephemeral range, and a gRPC channel of another test could take it before the worker
+# bound it (CI at a1963fd: a decode worker exited "address already in use").
+_PORT_BLOCK = 1500
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+_PORT_BASE = 20000 + _PORT_BLOCK * (int(_worker[2:]) if _worker[2:].isdigit() else 0) % 12000
+_next_port = itertools.count(random.Random(os.getpid()).randrange(_PORT_BLOCK))
+
+
 def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago. Prefer binding port 0 where the API allows it
-    (baton.rpc.build_server(port=0) does); use this only for things that need a number up front."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A TCP port that was free a moment ago, outside the ephemeral range and in this test process's own block
+    (above). Prefer binding port 0 where the API allows it (baton.rpc.build_server(port=0) does); use this
+    only for things that need a number up front."""
+    for _ in range(_PORT_BLOCK):
+        port = _PORT_BASE + next(_next_port) % _PORT_BLOCK
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # in use, or a closed server's port still in TIME_WAIT
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the block is exhausted: any free port
         s.bind((host, 0))
         return s.getsockname()[1]
 
