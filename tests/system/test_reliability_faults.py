@@ -136,21 +136,21 @@ def test_decode_killed_during_decode_streams_migrate(cl):
     prompts = ["def main(", "import json", "class Counter:", "for token in tokens:"]
     fast0 = cl.metric("baton_router_migrations_total", mode="fast")
     streams = [_gen(cl, p, engine="bf16") for p in prompts]
-    firsts = [next(s) for s in streams]  # all 4 admitted and streaming
+    firsts = _first_tokens(streams)  # all 4 admitted and streaming
     with ThreadPoolExecutor(4) as pool:
         # Read the streams from now on: a stream whose state landed first may finish all its tokens before the
         # last state lands (a loaded 2-core CI box), so "landed" is: every stream still running holds a session.
         futs = [pool.submit(list, s) for s in streams]
 
         def landed():
-            running = sum(not f.done() for f in futs)
-            return running and sum(cl.stats(n).sessions for n in cl.live("decode")) == running
+            running = sum(not f.done() for f in futs)  # 0: all ended already (a clear failure below, not a hang)
+            return not running or sum(cl.stats(n).sessions for n in cl.live("decode")) == running
 
         _until(lambda: landed() and (time.sleep(0.05) or landed()), 10, "every running stream's state landed")
         held = {n: cl.stats(n) for n in cl.live("decode")}
         victim = max(held, key=lambda n: held[n].sessions)
         on_victim = held[victim].sessions
-        assert on_victim >= 1 and held[victim].outstanding >= 1, held
+        assert on_victim >= 1 and held[victim].outstanding >= 1, ("every stream ended before the kill", held)
         cl.kill(victim)
         rest = [f.result(timeout=60) for f in futs]
     migrated = 0
