@@ -154,7 +154,8 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics():
-        return Response(servicer.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # off the event loop: rendering asks every worker's GetStats (router/worker_metrics.py, up to ~1.5 s)
+        return Response(await asyncio.to_thread(servicer.metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
