@@ -245,7 +245,7 @@ class ExactEngine:
             if g:  # no piece of it is to come (the passes stop waiting); every layer is final only after it
                 with self._prefilling_lock:
                     self._prefilling.discard(s.id)
-                tok = replay_generated(self.runner, s.slot, ids[len(ids) - g :], self._compute)
+                tok = replay_generated(self.runner, s.slot, ids[len(ids) - g :], self._compute, mtp=mtp)
                 for i in range(self.runner.cfg.num_hidden_layers if progress is not None else 0):
                     progress.mark(i)
         except BaseException as e:

@@ -161,19 +161,28 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
     return toks
 
 
-def replay_generated(runner, slot: int, generated: list[int], lock) -> int:
+def replay_generated(runner, slot: int, generated: list[int], lock, mtp: bool = False) -> int:
     """A migration's re-prefill (prompt + the tokens generated so far): after the prompt's pieces, the
     generated tokens are fed as AR rows, W at a time (ModelRunner.rows, under `lock` per block), so the slot
     is bitwise in the state the AR decode reached after them, on the exact engine and so on the decode
     worker (a prefill piece over them is not: other kernels, other sums; a token can then differ at a
     rounding edge). Costs len / W row passes instead of one piece. -> the token picked after the last one
-    (also the slot's next_token). The MTP layer's KV of these rows is not written (drafts only: as after
-    an ExportState)."""
+    (also the slot's next_token). mtp: the MTP layer's KV of the pairs (h_t, x_(t+1)) is written too, block by
+    block from the rows' hidden states (the prompt's last pair again with generated[0]), as a prefill would:
+    an mtp session drafts over all of it (drafts only: no token depends on it)."""
     tok = None
+    mtp = mtp and runner.has_mtp
     for i in range(0, len(generated), runner.width):
+        block = generated[i : i + runner.width]
         with lock:
-            tok = runner.rows(slot, generated[i : i + runner.width])[-1]
+            pos0 = int(runner.state.position[slot])
+            if mtp and i == 0:  # the prompt's last pair, with the token that followed it
+                runner.mtp_batch([(slot, runner.state.hidden[slot : slot + 1].clone(), block[:1], pos0 - 1)])
+            tok = runner.rows(slot, block)[-1]
             runner.state.next_token[slot] = tok
+            if mtp:
+                nxt = block[1:] + [generated[i + len(block)] if i + len(block) < len(generated) else tok]
+                runner.mtp_batch([(slot, runner.h_rows[: len(block)].clone(), nxt, pos0)])
     return tok
 
 

@@ -180,6 +180,7 @@ def test_a_re_prefill_replays_as_the_ar_decode_did(big):
         assert tok == ref[g], g
         tensors, pos2, nxt2 = e.export(again.id)
         assert (pos2, nxt2) == (pos, nxt), g
-        for t in tensors:
-            assert torch.equal(t.materialize(), alone[t.name]), (g, t.name)
+        for t in tensors:  # AR steps write no MTP KV; the replay writes it as a prefill would (not compared)
+            if not t.name.startswith("mtp."):
+                assert torch.equal(t.materialize(), alone[t.name]), (g, t.name)
         e.release(again.id)
