@@ -261,12 +261,14 @@ def test_decode_killed_during_a_draft_call_exact_same_tokens(cl):
 
 
 # ---- prefill worker SIGKILLed --------------------------------------------------------------------
-def _kill_prefill_in_handoff(cl) -> str:
-    """Decode workers frozen for a moment: the Prefill now in flight blocks in its hand-off; SIGKILL the
-    prefill worker running it (its state stream to the decode worker is cut mid-way), thaw."""
+def _kill_prefill_in_handoff(cl, start) -> str:
+    """Decode workers frozen for a moment, then start() sends the request: its Prefill blocks in the hand-off
+    (frozen first: a Prefill sent before could have landed already, CI at 36c9bc6); SIGKILL the prefill worker
+    running it (its state stream to the decode worker is cut mid-way), thaw."""
     decs = cl.live("decode")
     cl.freeze(*decs)
     try:
+        start()
         p = _until(
             lambda: next((n for n in cl.live("prefill") if cl.stats(n).outstanding), None), 5, "a Prefill in flight"
         )
@@ -281,9 +283,11 @@ def test_prefill_killed_during_prefill_is_retried_on_the_other(cl):
     the other prefill worker: same tokens. The decode worker that got a partial state stream from the
     killed sender keeps nothing of it."""
     with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(lambda: list(_gen(cl, "values: list[float]", 16, engine="bf16")))
-        _kill_prefill_in_handoff(cl)
-        deltas = fut.result(timeout=CALL_TIMEOUT + 5)
+        futs = []
+        _kill_prefill_in_handoff(
+            cl, lambda: futs.append(pool.submit(lambda: list(_gen(cl, "values: list[float]", 16, engine="bf16"))))
+        )
+        deltas = futs[0].result(timeout=CALL_TIMEOUT + 5)
     assert tokens(deltas) == cl.ref("values: list[float]", 16)
     cl.wait_metric(UP, 1, 5, role="prefill")
     assert cl.client.health() == "SERVING"
@@ -298,9 +302,11 @@ def test_last_prefill_worker_killed_during_prefill_is_unavailable(cl):
     cl.kill("prefill-0")
     cl.wait_metric(UP, 1, 5, role="prefill")
     with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(lambda: grpc_code(lambda: _gen(cl, "values: list[float]", 16)))
-        _kill_prefill_in_handoff(cl)
-        code, details = fut.result(timeout=CALL_TIMEOUT + 5)
+        futs = []
+        _kill_prefill_in_handoff(
+            cl, lambda: futs.append(pool.submit(lambda: grpc_code(lambda: _gen(cl, "values: list[float]", 16))))
+        )
+        code, details = futs[0].result(timeout=CALL_TIMEOUT + 5)
     assert code == C.UNAVAILABLE and "prefill" in details, details
     cl.wait_health("NOT_SERVING", 5)
     cl.restart("prefill-0", "prefill-1")
