@@ -26,7 +26,7 @@ MAX_STOPS = 16
 MAX_STOP_BYTES = 256
 MAX_REPETITION_PENALTY = 10.0
 MAX_ABS_PENALTY = 2.0
-MAX_BIAS_TOKENS = 300  # = baton.engine.sampling.MAX_BIAS (the table's per-slot room)
+MAX_BIAS_TOKENS = 300  # also the sampling table's per-slot room (baton.engine.sampling.MAX_BIAS)
 MAX_ABS_BIAS = 100.0
 EXACT_POLICIES = {0: "unspecified", 1: "coupling", 2: "rejection"}  # baton.v1.ExactPolicy
 DEFAULT_EXACT_POLICY = 1  # COUPLING: see docs/CONTRACTS.md, "Sampling" (the measured choice)

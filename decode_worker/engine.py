@@ -123,6 +123,10 @@ class DecodeEngine:
     def engines(self) -> tuple[str, ...]:
         return tuple(e for e in ENGINES if e in self.runners)
 
+    def offered(self) -> list[str]:
+        """The engines, the default first (WorkerStats.engines / engine)."""
+        return [self.default_engine] + [e for e in self.engines if e != self.default_engine]
+
     @property
     def width(self) -> int:
         return next(iter(self.runners.values())).width

@@ -305,9 +305,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             sessions=self.engine.session_count(),
             session_bytes=self.engine.session_bytes(),
             outstanding=self.outstanding,
-            engine=",".join(
-                [self.engine.default_engine] + [e for e in self.engine.engines if e != self.engine.default_engine]
-            ),
+            engine=",".join(self.engine.offered()),
             model_fingerprint=self.fingerprint,
             max_len=self.engine.max_len,
             requests_total=self.requests_total,
@@ -315,8 +313,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
 
     def GetStats(self, request, context):
         out = self.stats()
-        d = self.engine.default_engine
-        out.engines.extend([d] + [e for e in self.engine.engines if e != d])
+        out.engines.extend(self.engine.offered())
         fill_capacity(out, self.engine.runners.values())
         self.engine.fill_step_stats(out, reset=request.reset_steps)
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read(reset=request.reset_steps)

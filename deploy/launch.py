@@ -282,7 +282,7 @@ def _gpu_share(args, specs, resources, progress):
         share.create(ray, root, timeout=args.timeout, name=_group_name(args.namespace), detached=not args.foreground)
     except TimeoutError as e:
         raise StartupError(str(e)) from None
-    progress.say("GPU bundles: " + ", ".join(f"{n.removeprefix('baton-')} on {b}" for n, b in share.bundle_of.items()))
+    progress.say(share.describe())
     return share
 
 

@@ -274,10 +274,7 @@ def run(args) -> int:
                 share = ray_ctx.gpu_share([launch.actor_name(s.role, s.index) for s in specs], args.device)
                 if share is not None:
                     cleanups.append(lambda: ray_ctx.unshare(share))
-                    progress.say(
-                        "GPU bundles: "
-                        + ", ".join(f"{n.removeprefix('baton-')} on {b}" for n, b in share.bundle_of.items())
-                    )
+                    progress.say(share.describe())
                 actors = launch.start_workers(
                     specs,
                     namespace=namespace,

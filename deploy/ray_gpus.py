@@ -83,6 +83,10 @@ class GpuShare:
             env = {"BATON_GPU_WORKERS": str(k), "BATON_GPU_PLAN": os.path.join(self.plan_root, f"gpu{b}", name)}
         return opts, env
 
+    def describe(self) -> str:
+        """The progress line: which worker is in which GPU bundle."""
+        return "GPU bundles: " + ", ".join(f"{n.removeprefix('baton-')} on {b}" for n, b in self.bundle_of.items())
+
     def remove(self, ray) -> None:
         if self.group is not None:
             from ray.util.placement_group import remove_placement_group

@@ -39,7 +39,7 @@ from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
 from router.registry import NoWorker
-from router.session import Budget, Handoff, first_tokens, land
+from router.session import Budget, Handoff, first_logprob, first_tokens, land
 
 log = logging.getLogger("baton.router")
 
@@ -307,8 +307,7 @@ class ExactLoop:
         if self.on_migrate is not None:
             self.on_migrate()
         toks, finish = first_tokens(h, self.calls, self.budget, self._record)
-        lps = [h.response.first_logprob] if h.response.HasField("first_logprob") else []
-        return h, toks, finish, lps
+        return h, toks, finish, first_logprob(h)
 
 
 class _ExactLost(Exception):

@@ -25,7 +25,7 @@ RouterConfig.draft_length ("adaptive": baton/engine/draft_length.py; "fixed": th
 
 Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
 or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, workers
-kept failing past --max-migrations); DEADLINE_EXCEEDED / CANCELLED (the
+kept failing past RouterConfig.max_migrations); DEADLINE_EXCEEDED / CANCELLED (the
 client's); OUT_OF_RANGE (a worker's window); INTERNAL (a worker refused the router's token, or broke
 the protocol); UNAUTHENTICATED (the client's token, checked by baton.rpc.AuthInterceptor).
 """
@@ -52,7 +52,7 @@ from router.config import ModelMeta, RouterConfig
 from router.exact import ExactLoop, RunStats
 from router.metrics import RouterMetrics
 from router.registry import Registry
-from router.session import Budget, first_tokens, land, start_session
+from router.session import Budget, first_logprob, first_tokens, land, start_session
 from router.stops import TextStream
 
 log = logging.getLogger("baton.router")
@@ -304,7 +304,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if plan.prompt_logprobs >= 0:
             stats.prompt_logprobs = list(h.response.prompt_logprobs)
         toks, finish = first_tokens(h, calls, budget, self._record(stats))
-        yield toks, finish, _first_lp(h)
+        yield toks, finish, first_logprob(h)
         if finish is not None:
             return
         if plan.mode == common_pb2.EXACT:
@@ -365,7 +365,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 stats.migrations += 1
                 self.metrics.migration("fast")
                 toks, finish = first_tokens(h, calls, budget, self._record(stats))
-                yield toks, finish, _first_lp(h)
+                yield toks, finish, first_logprob(h)
                 if finish is not None:
                     return
 
@@ -387,7 +387,3 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             self.metrics.bridge(bridge.total_bytes, bridge.seconds)
 
         return record
-
-
-def _first_lp(h) -> list:
-    return [h.response.first_logprob] if h.response.HasField("first_logprob") else []

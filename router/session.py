@@ -93,6 +93,11 @@ class Handoff:
         return self.response
 
 
+def first_logprob(h: Handoff) -> list:
+    """[TokenLogprob] of h's first token when the request asked for logprobs, else []."""
+    return [h.response.first_logprob] if h.response.HasField("first_logprob") else []
+
+
 def land(h: Handoff, record) -> None:
     """Waits for h's state to land on its decode worker; record(BridgeReport) once it has (call it once per
     Handoff, before D is first asked for the session). A failure (after the first token was sent) is a
@@ -190,8 +195,9 @@ def start_session(
 
     A worker fault before the first token is retried `retries` times on another prefill worker (the
     same one only when no other is up); a decode target that no longer answers its health check is
-    excluded too (exclude_prefill / exclude_decode: workers to pass over from the start). A decode worker that refused for full slots is skipped (see _full); with every one
-    full the request is RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
+    excluded too (exclude_prefill / exclude_decode: workers to pass over from the start). A decode worker
+    that refused for full slots is skipped (see _full); with every one full the request is
+    RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
     decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
     generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.

@@ -172,10 +172,11 @@ def replay_generated(runner, slot: int, generated: list[int], lock, mtp: bool = 
     an mtp session drafts over all of it (drafts only: no token depends on it)."""
     tok = None
     mtp = mtp and runner.has_mtp
+    with lock:
+        start = int(runner.state.position[slot])  # the prompt's length: block i starts at start + i
     for i in range(0, len(generated), runner.width):
-        block = generated[i : i + runner.width]
+        block, pos0 = generated[i : i + runner.width], start + i
         with lock:
-            pos0 = int(runner.state.position[slot])
             if mtp and i == 0:  # the prompt's last pair, with the token that followed it
                 runner.mtp_batch([(slot, runner.state.hidden[slot : slot + 1].clone(), block[:1], pos0 - 1)])
             tok = runner.rows(slot, block)[-1]

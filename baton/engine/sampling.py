@@ -71,9 +71,10 @@ from baton.engine import rejection
 from baton.engine.noise import M32
 from baton.engine.penalties import History
 from baton.engine.sample_rows import MAX_LOGPROBS, sample
+from baton.sampling_rules import MAX_BIAS_TOKENS
 
 COUPLING, REJECTION = 1, 2  # baton.v1.ExactPolicy
-MAX_BIAS = 300  # logit_bias ids a slot holds (baton.sampling_rules.MAX_BIAS_TOKENS)
+MAX_BIAS = MAX_BIAS_TOKENS  # logit_bias ids a slot holds: the rules' limit
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ class Run:
         self.job, self.model_id = job, model_id
         prefix = "chatcmpl-" if job.kind == "chat" else "cmpl-"
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
-        counts = job.counts_prompt or [True] * len(job.requests)  # usage counts each prompt once (n choices)
-        self.choices = [Choice(len(r.token_ids.ids) if c else 0) for r, c in zip(job.requests, counts)]
+        # usage counts each prompt once: its first choice (choice i is prompt i // n's, j = i % n)
+        self.choices = [Choice(0 if i % job.n else len(r.token_ids.ids)) for i, r in enumerate(job.requests)]
         if job.tools is not None:
             for c in self.choices:
                 c.tools = ToolCalls(job.tools)

@@ -2,19 +2,20 @@
 
     job = parse_completion(body, ctx) / parse_chat(body, ctx)   # ApiError(400) naming the field
     job.requests                        # router_pb2.GenerateRequest, one per choice: n per prompt of a batch
-    job.counts_prompt                   # per choice: True for the first of its prompt (usage counts it once)
     job.rename                          # router field names -> this request's ("max_new_tokens" -> "max_tokens")
 
 Accepted as OpenAI defines them: model (the served id, or absent), prompt (string, token ids, or a batch
 of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage,
 user (ignored), n (choices per prompt: each its own Generate; with a seed S, choice j of a prompt samples
-with seed S + j mod 2^64, so the response replays; without, each draws its own), and for chat add_generation_prompt, chat_template_kwargs. Sampling goes to the
+with seed S + j mod 2^64, so the response replays; without, each draws its own), and for chat
+add_generation_prompt, chat_template_kwargs. Sampling goes to the
 router's SamplingParams (it validates the ranges; its "sampling.<field>" messages are renamed back):
 temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (any integer, taken mod
 2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
-logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most 300). Refused with a 400 naming the field until Baton supports them:
+logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
+300). Refused with a 400 naming the field until Baton supports them:
 suffix, best_of > 1, functions, tool_choice "required" or named, non-text content parts,
 response_format other than text. Chat `tools` (tool_choice "auto"): the template shows them, and each
 choice's text is split into content and `tool_calls` (router/http/tools.py).
@@ -67,7 +68,6 @@ class Job:
     token_text: object = None  # token id -> its text (the tokenizer's decode), for logprobs
     n: int = 1  # choices per prompt
     tools: dict | None = None  # chat with tools (tool_choice auto): function name -> parameters schema
-    counts_prompt: list = field(default_factory=list)  # per request: the first choice of its prompt
     echo: bool = False  # completions: each choice's text (and logprobs) begin with its prompt's
     echo_texts: list = field(default_factory=list)  # per prompt: its text
 
@@ -267,7 +267,7 @@ def _choices(job: Job, requests: list) -> None:
     seed S, choice j gets S + j (mod 2^64): distinct samples that replay."""
     if len(requests) * job.n > MAX_BATCH:
         raise bad("n", f"{job.n} choices x {len(requests)} prompts = {len(requests) * job.n}: at most {MAX_BATCH}")
-    job.requests, job.counts_prompt = [], []
+    job.requests = []
     for r in requests:
         for j in range(job.n):
             c = router_pb2.GenerateRequest()
@@ -275,7 +275,6 @@ def _choices(job: Job, requests: list) -> None:
             if j and r.sampling.HasField("seed"):
                 c.sampling.seed = (r.sampling.seed + j) % (1 << 64)
             job.requests.append(c)
-            job.counts_prompt.append(j == 0)
 
 
 def _window_rest(ids: list[int], lim: Limits) -> int:
