@@ -119,3 +119,41 @@ def wait_serving(client, timeout: float = 60.0, poll: float = 0.05) -> str:
     while (status := client.health()) != "SERVING" and time.monotonic() < end:
         time.sleep(poll)
     return status
+
+
+class CountedGraph:
+    """A captured graph stand-in that logs its key at each replay: through `replay()` (torch's call) or
+    through the GIL-holding launcher (baton/engine/nogil.py), which takes `raw_cuda_graph_exec()` of it
+    once and then launches that exec, so the launcher's `replay` is wrapped too (`count_graph_replays`)."""
+
+    def __init__(self, graph, log: list, key: tuple):
+        self.graph, self.log, self.key = graph, log, key
+
+    def replay(self) -> None:
+        self.log.append(self.key)
+        self.graph.replay()
+
+    def raw_cuda_graph_exec(self):
+        return self.graph.raw_cuda_graph_exec()
+
+
+def count_graph_replays(monkeypatch, runner, kinds) -> list[tuple]:
+    """Wrap `runner`'s captured graphs whose key's kind is in `kinds` -> the list each replay appends its key
+    to (in order), whichever path launches it. `monkeypatch` undoes the launcher's wrapper after the test."""
+    from baton.engine import nogil
+
+    log: list[tuple] = []
+    for key, graph in list(runner.graphs.items()):
+        if key[0] in kinds:
+            runner.graphs[key] = CountedGraph(graph, log, key)
+    launcher = nogil.launcher()
+    if launcher is not None:
+        launch = launcher.replay
+
+        def replay(graph, stream):
+            if isinstance(graph, CountedGraph):
+                graph.log.append(graph.key)
+            launch(graph, stream)
+
+        monkeypatch.setattr(launcher, "replay", replay)
+    return log

@@ -15,6 +15,7 @@ import threading
 
 import pytest
 import torch
+from helpers import count_graph_replays
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -167,7 +168,7 @@ def test_concurrent_decodes_step_together_and_equal_alone(big):
 
 @cuda
 @pytest.mark.parametrize("kind", ["arbs", "arbt"])
-def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kind):
+def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kind, monkeypatch):
     """Sessions that sample (seeded temperature with top-p, top-k with min-p; with logprobs for "arbs")
     beside greedy ones: every batched step replays the captured sampled graph ("arbs": the full pick on the
     device; "arbt": the lite one, no penalties or logprobs asked) and each session's tokens and logprobs are
@@ -197,15 +198,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
             lps.append(r.sampling.logprobs(s, 1))
         solo[s] = (toks, lps, [t.tensor.clone() for t in st.export(s)])
         st.restore(s)
-    replays = {}
-    for key, graph_ in list(r.graphs.items()):
-        if key[0] in ("arb", "arbs", "arbt"):
-
-            def counted(graph_=graph_, key=key):
-                replays[key] = replays.get(key, 0) + 1
-                graph_.replay()
-
-            r.graphs[key] = type("Counted", (), {"replay": staticmethod(counted)})()
+    replays = count_graph_replays(monkeypatch, r, ("arb", "arbs", "arbt"))
     got = {s: ([], []) for s in targets}
     others = [s for s in range(S) if s not in targets]
     for step in range(T):
@@ -218,7 +211,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
                 got[pick[i]][0].append(t)
         for s in targets:
             got[s][1].append(r.sampling.logprobs(s, 1))
-    assert sum(n for (k, _), n in replays.items() if k == kind) == T and set(k for k, _ in replays) == {kind}
+    assert sum(k == kind for k, _ in replays) == T and set(k for k, _ in replays) == {kind}
     for s in targets:
         assert got[s][0] == solo[s][0], s
         assert got[s][1] == solo[s][1], (s, "logprobs")

@@ -19,6 +19,7 @@ import threading
 
 import pytest
 import torch
+from helpers import count_graph_replays
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -47,15 +48,6 @@ def setup():
     return lm, exact, prompts, refs, r
 
 
-class _Counted:
-    def __init__(self, g, log, key):
-        self.g, self.log, self.key = g, log, key
-
-    def replay(self):
-        self.log.append(self.key[0])
-        self.g.replay()
-
-
 class _Scripted:
     """A controller that plays a fixed list of K (then its last)."""
 
@@ -81,11 +73,9 @@ def _decode_all(setup, policy, drafter=None, ctl=None, run_ahead=False, kv=None)
     from decode_worker.engine import DecodeEngine
 
     lm, exact, prompts, refs, r = setup
-    log: list[str] = []
     graphs = dict(r.graphs)
-    for key, g in graphs.items():
-        if key[0] in ("mtpb", "rowsb", "arb"):
-            r.graphs[key] = _Counted(g, log, key)
+    mp = pytest.MonkeyPatch()
+    replays = count_graph_replays(mp, r, ("mtpb", "rowsb", "arb"))
     try:
         dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length=policy, drafter=drafter or GREEDY)
         dec._mtp_ctl = ctl
@@ -113,8 +103,9 @@ def _decode_all(setup, policy, drafter=None, ctl=None, run_ahead=False, kv=None)
             t.start()
         for t in threads:
             t.join()
-        return outs, dec.mtp_round_max, log
+        return outs, dec.mtp_round_max, [key[0] for key in replays]
     finally:
+        mp.undo()
         r.graphs.clear()
         r.graphs.update(graphs)
 
