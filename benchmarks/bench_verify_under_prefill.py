@@ -108,8 +108,16 @@ def main(argv=None) -> dict:
     if max(a.long, a.prompt) + 64 > ceiling:
         ap.error(f"--long {a.long} / --prompt {a.prompt}: the model's window is {ceiling} tokens")
     max_len = min(max(a.long + 64, a.prompt + 4096), ceiling)  # room for the verifiers' rounds
-    r = ModelRunner(lm.model, slots=a.sessions + 1, max_len=max_len, width=a.k + 2)
+    # the served prefill worker's runner (prefill_worker/serve.py): row checkpoints, and on CUDA batching on and
+    # its graphs captured, so a Verify is the worker's captured pass (until 2026-12-05 this bench ran eager)
+    r = ModelRunner(lm.model, slots=a.sessions + 1, max_len=max_len, width=a.k + 2, checkpoints=True)
     r.prefill_chunk = a.chunk
+    graphs = None
+    if dev.type == "cuda":
+        from prefill_worker.serve import prepare_cuda
+
+        st = prepare_cuda(r)
+        graphs = {"graphs": st.graphs, "capture_s": round(st.seconds, 1)}
     e = ExactEngine(r)
     print(f"bench_verify_under_prefill: warming up ({a.long}-token prompt in {a.chunk}-token pieces)", file=sys.stderr)
     long_ids = [(7 * i + 3) % V for i in range(a.long)]
@@ -145,6 +153,7 @@ def main(argv=None) -> dict:
         "long_prompt": a.long,
         "pieces": len(pieces(0, a.long, a.chunk)),
         "chunk": a.chunk,
+        "captured": graphs,
         "verify_alone": _summary(lat_alone),
         "verify_during_long_prefill": _summary(lat_beside),
         "long_prefill_s": {"alone": round(prefill_alone, 3), "beside_verifies": round(prefill_beside, 3)},

@@ -40,15 +40,19 @@
 # 1b233ec (13, 8, 3 passed), nogil at 64 streams (the launch phase 64% -> 1.7%, 2,888 -> 3,223 tok/s).
 # Later on 2026-12-05, on an H100 (benchmarks/results/gpu-h100-2026-12-05-sampling.md): sampling at 1be5ff7
 # (the one-GPU KV sizing race: 57 of 96 top-p requests refused at 32 streams), at eaf5f32 (the decode worker
-# refused to start), and a greedy 32-stream check of 7820f0b's plan (64 of 64 served). Owed first: sampling.
-# Next, in this order: nogil at 32 and again at 64, spec-adaptive
+# refused to start), and a greedy 32-stream check of 7820f0b's plan (64 of 64 served). Then owed, in order: nogil at 32 and again at 64, spec-adaptive
 # (1, 8, 32) after d200d2d (what the round's host ops, 133 -> 13 a session on the CPU count, give), serve-steady
 # (its decode_thread_cpu, a2cc26c: which threads hold the GIL on the GPU; its start-up runs a0adf61's
 # KV-budget check on CUDA), burst, spec-exact (after 3af1f92, the batched Draft reads and d200d2d), verify,
 # sampling (top-k after ec6ad29), gil with SWITCH_POINTS=5000,20000.
-# Also owed since 2a3cc10 (no device time that session): tests-engine's new
-# test_a_re_prefill_replays_as_the_ar_decode_did (02bc7bf: a migration's re-prefill replays the sent tokens
-# as AR rows; bitwise the AR state on the worker's captured graphs) and tests-serving (the exact restart).
+# On the evening of 2026-12-05, on an H100 (benchmarks/results/gpu-h100-2026-12-05-evening.md): sampling at
+# 1e02dc4 (top-p / greedy 1.00x at 1, 1.02x at 32: issue 22's bound met), tests-engine at 1e02dc4 (12 passed;
+# the 2 sampled-graph cases failed in the test's replay counter, fixed in 62b42d2: test_gpu_batch.py 7 passed,
+# tests-mtp 3 passed), tests-serving at 1e02dc4 (4 passed), tests-decode at 8a4a653 (8 passed), spec-adaptive
+# at 8a4a653 (K = 0 at 8 and 32, 0.947x bf16 at 32), spec-exact at 8a4a653 (2.83x at 8, 0.56x bf16 at 32),
+# verify with --long 32000 (eager then; the bench captures the worker's graphs since).
+# Owed next: spec-exact with the per-round split (where a 147 ms round of 32 exact sessions goes), verify on
+# the captured graphs, nogil at 32, serve-steady, burst, gil with SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -204,7 +208,7 @@ case $stage in
     ;;
   long) serve serve-bf16-16k --engine bf16 --concurrency 32 --max-len 17000 --input-len 16384 --output-len 256 ;;
   verify)
-    python benchmarks/bench_verify_under_prefill.py --device cuda --random-init qwen3.5-9b --long 32768 \
+    python benchmarks/bench_verify_under_prefill.py --device cuda --random-init qwen3.5-9b --long 32000 \
       --out "$out/verify-under-prefill.json" >"$out/verify-under-prefill.log" 2>&1
     echo "verify: rc=$?"
     ;;
