@@ -69,6 +69,9 @@ class Delta:
                 "seed",
                 "handoff_ms",
                 "first_decode_ms",
+                "rounds",
+                "draft_ms",
+                "verify_ms",
             )
         }
         if s.HasField("handoff_timeline"):  # asked for: the first hand-off's marks, name -> monotonic ns

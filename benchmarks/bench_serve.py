@@ -129,6 +129,16 @@ Per point:
                        accepted / drafted. --mtp-draft-length adaptive (fast mtp): draft_length
                        "adaptive", K the prior, drafted / accepted / acceptance_rate and the law None (K
                        moves round to round; a K = 0 round is one token)
+    round_ms_p50, round_draft_ms_p50, round_verify_ms_p50, round_other_ms_p50
+                       exact mode: where a stream's round goes, from the router's Stats (rounds, draft_ms,
+                       verify_ms): per stream its decode time (first token -> last message) / rounds, and
+                       the Draft and the Verify calls' wall time a round as the router sees them; other =
+                       the rest (the router's own work and sending between rounds); p50 over the streams
+    decode_gathered_wait_ms, decode_gathered_lock_ms, decode_gathered_run_ms, prefill_gathered_wait_ms,
+    prefill_gathered_lock_ms, prefill_gathered_run_ms
+                       the workers' gathered batches during the point (WorkerStats.gathered_s), ms a batch:
+                       the leader waiting for the calls it expects, then for the compute lock, then the batch
+                       (decode: Draft calls and fast mtp rounds; prefill: Verify)
     draft_p, expected_acceptance_rate, expected_tokens_per_round
                        --draft-p runs: p and the controlled drafter's steady-state law at K:
                        sum_{i=1..K} p^i / K and sum_{i=0..K} p^i (exact mode's shorter last blocks and
@@ -319,6 +329,9 @@ class Sample:
     accepted: int = 0
     handoff_ms: float = 0.0  # the router's Stats: the first token -> the state landed on the decode worker
     first_decode_ms: float = 0.0  # ... -> the decode worker's first tokens
+    rounds: int = 0  # the router's Stats, exact mode: draft / verify rounds and their calls' summed wall time
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
     timeline: dict | None = None  # the first hand-off's marks (name -> monotonic ns), when asked for
     detail: str = ""  # the error's message (status != OK)
 
@@ -378,6 +391,8 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
                 s.drafted, s.accepted = int(d.stats.get("drafted", 0)), int(d.stats.get("accepted", 0))
                 s.handoff_ms = float(d.stats.get("handoff_ms", 0.0))
                 s.first_decode_ms = float(d.stats.get("first_decode_ms", 0.0))
+                s.rounds = int(d.stats.get("rounds", 0))
+                s.draft_ms, s.verify_ms = float(d.stats.get("draft_ms", 0.0)), float(d.stats.get("verify_ms", 0.0))
                 s.timeline = d.stats.get("handoff_timeline")
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
@@ -409,12 +424,28 @@ def speculation(ok: list[Sample], gen: Gen, k: int, p: float | None, adaptive: b
         "accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
     }
+    if gen.mode == "exact":
+        out |= _round_split(ok)
     if adaptive and gen.mode != "exact":
         out |= {"draft_length": "adaptive", "drafted": None, "accepted": None, "acceptance_rate": None}
         return out | ({"draft_p": p} if p is not None else {})
     if p is not None:
         out |= {"draft_p": p} | expected_law(p, k)
     return out
+
+
+def _round_split(ok: list[Sample]) -> dict:
+    """Exact mode: a round's time split (module doc, round_*_ms_p50), p50 over the streams that had rounds."""
+    timed = [s for s in ok if s.rounds and len(s.times) > 1]
+    if not timed:
+        return {}
+    per = {
+        "round": [1e3 * (s.times[-1] - s.times[0]) / s.rounds for s in timed],
+        "round_draft": [s.draft_ms / s.rounds for s in timed],
+        "round_verify": [s.verify_ms / s.rounds for s in timed],
+    }
+    per["round_other"] = [t - d - v for t, d, v in zip(per["round"], per["round_draft"], per["round_verify"])]
+    return {f"{k}_ms_p50": round(pct(v, 0.5), 2) for k, v in per.items()}
 
 
 def expected_law(p: float, k: int) -> dict:
@@ -617,10 +648,12 @@ class _StepStats:
             "prefill_pass_mean_pieces": round(pieces / passes, 2) if passes else 0.0,
             "prefill_pass_ms_mean": round(1e3 * secs / passes, 2) if passes else 0.0,
         }
-        for role, (b1, i1) in sorted(g1.items()):
-            b0, i0 = self.g0.get(role, (0, 0))
+        for role, (b1, i1, t1) in sorted(g1.items()):
+            b0, i0, t0 = self.g0.get(role, (0, 0, {}))
             out[f"{role}_gathered_batches"] = b1 - b0
             out[f"{role}_gathered_mean"] = round((i1 - i0) / (b1 - b0), 2) if b1 > b0 else 0.0
+            for k, secs in sorted(t1.items()):
+                out[f"{role}_gathered_{k}_ms"] = round(1e3 * (secs - t0.get(k, 0.0)) / (b1 - b0), 2) if b1 > b0 else 0.0
         for role in ("decode", "prefill"):
             out[f"{role}_thread_cpu"] = thread_cpu_share(self.c0.get(role, {}), c1.get(role, {}), wall)
         return out

@@ -192,15 +192,19 @@ def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = Fal
     return {"steps": steps, "rows": rows, "max_rows": biggest, "held_rows": held, "phase_share": shares} | worst
 
 
-def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple[int, int]]:
-    """Per role (prefill, decode): the workers' Gather batches and the calls in them (WorkerStats
-    gathered_batches / gathered_items: Verify on a prefill worker, Draft and mtp rounds on a decode
-    worker), summed over the role's workers; counters since the worker started. Also "prefill_pass": the
+def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
+    """Per role (prefill, decode): the workers' Gather batches, the calls in them and their summed seconds by
+    part ({"wait", "lock", "run"}: WorkerStats gathered_batches / gathered_items / gathered_s: Verify on a
+    prefill worker, Draft and mtp rounds on a decode worker), summed over the role's workers; counters since
+    the worker started. Also "prefill_pass": the
     prefill workers' batched prefill passes, their pieces, tokens and summed seconds."""
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, tuple] = {}
     for role, st in _role_stats(addresses, token):
-        b, i = out.get(role, (0, 0))
-        out[role] = (b + st.gathered_batches, i + st.gathered_items)
+        b, i, t = out.get(role, (0, 0, {}))
+        t = {k: t.get(k, 0.0) + v for k, v in st.gathered_s.items()} | {
+            k: v for k, v in t.items() if k not in st.gathered_s
+        }
+        out[role] = (b + st.gathered_batches, i + st.gathered_items, t)
         if role == "prefill":
             prev = out.get("prefill_pass", (0, 0, 0, 0.0))
             now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s)

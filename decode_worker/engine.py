@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
-from baton.engine.gather import PERIODIC, Gather
+from baton.engine.gather import PERIODIC, Gather, fill_stats
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
@@ -360,8 +360,7 @@ class DecodeEngine:
         if sched is not None:
             batched = {id(r.batched): r.batched for r in self.runners.values() if r.batched is not None}
             sched.fill_stats(out, [b.device_s for b in batched.values()], reset)
-        gs = (self.drafts, self.mtp_rounds)
-        out.gathered_batches, out.gathered_items = sum(g.batches for g in gs), sum(g.items for g in gs)
+        fill_stats(out, (self.drafts, self.mtp_rounds))
         if self._rounds is not None:  # the scheduled mtp rounds count as gathered batches, as the Gather's did
             out.gathered_batches += self._rounds.steps
             out.gathered_items += self._rounds.rows

@@ -38,6 +38,7 @@ import uuid
 import grpc
 
 from baton import sampling_rules, stalls, thread_cpu
+from baton.engine.gather import fill_stats
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
@@ -389,8 +390,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
 
     def GetStats(self, request, context):
         out = self.stats()
-        g = self.engine.verifies
-        out.gathered_batches, out.gathered_items = g.batches, g.items
+        fill_stats(out, (self.engine.verifies,))
         t = self.engine.pass_totals
         out.prefill_passes, out.prefill_pieces, out.prefill_tokens, out.prefill_pass_s = t
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read()

@@ -56,6 +56,9 @@ class RunStats:
     landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
     timeline: object = None  # the first hand-off's common_pb2.HandoffTimeline, when asked for
     prompt_logprobs: list | None = None  # the Prefill's prompt logprobs, until the first message carries them
+    rounds: int = 0  # exact mode: draft / verify rounds, and their calls' summed wall time (Stats.rounds ...)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
 
     def bridge(self, report) -> None:
         self.bridge_bytes += int(report.total_bytes)
@@ -68,6 +71,7 @@ class RunStats:
         """Writes these counters (and `extra` fields) into a router_pb2.Stats."""
         st.migrations, st.bridge_bytes, st.bridge_seconds = self.migrations, self.bridge_bytes, self.bridge_seconds
         st.drafted, st.accepted = self.drafted, self.accepted
+        st.rounds, st.draft_ms, st.verify_ms = self.rounds, 1e3 * self.draft_s, 1e3 * self.verify_s
         st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
         if self.timeline is not None:
             st.handoff_timeline.CopyFrom(self.timeline)
@@ -165,7 +169,13 @@ class ExactLoop:
                 if done:
                     return
                 continue
-            self.draft_length.observe(k, m, t1 - t0, time.perf_counter() - t1)
+            t2 = time.perf_counter()
+            self.draft_length.observe(k, m, t1 - t0, t2 - t1)
+            self.stats.rounds, self.stats.draft_s, self.stats.verify_s = (
+                self.stats.rounds + 1,
+                self.stats.draft_s + t1 - t0,
+                self.stats.verify_s + t2 - t1,
+            )
             self.stats.drafted += k
             self.stats.accepted += m
             toks, finish = self.budget.take(drafts[:m] + [nxt])

@@ -47,6 +47,16 @@ from typing import Callable, Hashable
 # Gather options for calls made once a round by sessions (items whose first element is the session):
 # exact-mode Draft and Verify, fast-mode MTP rounds. 50 ms: the most a leader waits for a late group.
 PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
+# A batch's times (Gather.seconds, WorkerStats.gathered_s): its leader waiting for the calls it expects,
+# then for the compute lock, then the batch function's run.
+TIMES = ("wait", "lock", "run")
+
+
+def fill_stats(out, gathers) -> None:
+    """WorkerStats' gathered_batches / gathered_items / gathered_s: these Gathers' counters summed."""
+    out.gathered_batches, out.gathered_items = sum(g.batches for g in gathers), sum(g.items for g in gathers)
+    for k in TIMES:
+        out.gathered_s[k] = sum(g.seconds[k] for g in gathers)
 
 
 class _Call:
@@ -82,6 +92,7 @@ class Gather:
         self.batches = 0  # stats: batches run, items in them, the largest
         self.items = 0
         self.max_items = 0
+        self.seconds = dict.fromkeys(TIMES, 0.0)  # stats: summed over the batches (TIMES)
 
     def call(self, item):
         c = _Call(item)
@@ -175,7 +186,9 @@ class Gather:
                     if not left:
                         break
                     self._cv.wait(max(left))
+            waited = time.monotonic()
             with self._lock:
+                locked = time.monotonic()
                 with self._cv:  # holding the lock: the calls queued while it was taken join this batch
                     batch = self._take()
                 try:
@@ -183,6 +196,12 @@ class Gather:
                     err = None
                 except BaseException as e:  # noqa: BLE001 - every caller of the batch gets it
                     values, err = [None] * len(batch), e
+            t = self.seconds
+            t["wait"], t["lock"], t["run"] = (
+                t["wait"] + waited - start,
+                t["lock"] + locked - waited,
+                t["run"] + (time.monotonic() - locked),
+            )
             self.batches += 1
             self.items += len(batch)
             self.max_items = max(self.max_items, len(batch))

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/common.proto\x12\x08\x62\x61ton.v1\"\xfb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x10\n\x08logprobs\x18\t \x01(\r\x12\x0c\n\x04stop\x18\n \x03(\t\x12+\n\x0c\x65xact_policy\x18\x0b \x01(\x0e\x32\x15.baton.v1.ExactPolicy\x12;\n\nlogit_bias\x18\x0c \x03(\x0b\x32\'.baton.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\";\n\x0ePenaltyHistory\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x16\n\x0egenerated_from\x18\x02 \x01(\r\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\")\n\x12WorkerStatsRequest\x12\x13\n\x0breset_steps\x18\x01 \x01(\x08\"\xc9\x07\n\x0bWorkerStats\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rsession_bytes\x18\x02 \x01(\x04\x12\x13\n\x0boutstanding\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07max_len\x18\x06 \x01(\x04\x12\x16\n\x0erequests_total\x18\x07 \x01(\x04\x12\r\n\x05steps\x18\x08 \x01(\x04\x12\x11\n\tstep_rows\x18\t \x01(\x04\x12\x15\n\rmax_step_rows\x18\n \x01(\r\x12\x12\n\nstep_s_p50\x18\x0b \x01(\x01\x12\x12\n\nstep_s_p99\x18\x0c \x01(\x01\x12\x18\n\x10gathered_batches\x18\r \x01(\x04\x12\x16\n\x0egathered_items\x18\x0e \x01(\x04\x12\x16\n\x0eprefill_passes\x18\x0f \x01(\x04\x12\x16\n\x0eprefill_pieces\x18\x10 \x01(\x04\x12\x16\n\x0eprefill_tokens\x18\x11 \x01(\x04\x12\x16\n\x0eprefill_pass_s\x18\x12 \x01(\x01\x12\x1b\n\x13step_interval_s_p50\x18\x13 \x01(\x01\x12\x1b\n\x13step_interval_s_p99\x18\x14 \x01(\x01\x12\x19\n\x11step_device_s_p50\x18\x15 \x01(\x01\x12\x19\n\x11step_device_s_p99\x18\x16 \x01(\x01\x12\x13\n\x0bstall_s_p99\x18\x17 \x01(\x01\x12\x13\n\x0bstall_s_max\x18\x18 \x01(\x01\x12\x13\n\x0bstall_share\x18\x19 \x01(\x01\x12;\n\x0cstep_phase_s\x18\x1a \x03(\x0b\x32%.baton.v1.WorkerStats.StepPhaseSEntry\x12\x1b\n\x13step_phase_window_s\x18\x1b \x01(\x01\x12\x16\n\x0estep_held_rows\x18\x1c \x01(\x04\x12;\n\x0cthread_cpu_s\x18\x1d \x03(\x0b\x32%.baton.v1.WorkerStats.ThreadCpuSEntry\x12\x0f\n\x07\x65ngines\x18\x1e \x03(\t\x12\r\n\x05slots\x18\x1f \x01(\r\x12\x10\n\x08kv_pools\x18  \x01(\r\x12\x10\n\x08kv_pages\x18! \x01(\x04\x12\x15\n\rkv_pages_free\x18\" \x01(\x04\x12\x16\n\x0ekv_page_tokens\x18# \x01(\r\x1a\x31\n\x0fStepPhaseSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x31\n\x0fThreadCpuSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf5\x01\n\x0c\x42ridgeReport\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12>\n\rbytes_by_kind\x18\x03 \x03(\x0b\x32\'.baton.v1.BridgeReport.BytesByKindEntry\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12+\n\x08timeline\x18\x06 \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\x1a\x32\n\x10\x42ytesByKindEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe4\x02\n\x0fHandoffTimeline\x12\x38\n\x08marks_ns\x18\x01 \x03(\x0b\x32&.baton.v1.HandoffTimeline.MarksNsEntry\x12\x35\n\x06\x63locks\x18\x02 \x03(\x0b\x32%.baton.v1.HandoffTimeline.ClocksEntry\x12:\n\tseries_ns\x18\x03 \x03(\x0b\x32\'.baton.v1.HandoffTimeline.SeriesNsEntry\x1a.\n\x0cMarksNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0b\x43locksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\rSeriesNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.baton.v1.MarkSeries:\x02\x38\x01\"\x18\n\nMarkSeries\x12\n\n\x02ns\x18\x01 \x03(\x03*1\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01\x12\t\n\x05\x45XACT\x10\x02*<\n\x06\x45ngine\x12\x16\n\x12\x45NGINE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42\x46\x31\x36\x10\x01\x12\x07\n\x03\x46P8\x10\x02\x12\x07\n\x03MTP\x10\x03*L\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\x07\n\x03\x45OS\x10\x03*H\n\x0b\x45xactPolicy\x12\x1c\n\x18\x45XACT_POLICY_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43OUPLING\x10\x01\x12\r\n\tREJECTION\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/common.proto\x12\x08\x62\x61ton.v1\"\xfb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x10\n\x08logprobs\x18\t \x01(\r\x12\x0c\n\x04stop\x18\n \x03(\t\x12+\n\x0c\x65xact_policy\x18\x0b \x01(\x0e\x32\x15.baton.v1.ExactPolicy\x12;\n\nlogit_bias\x18\x0c \x03(\x0b\x32\'.baton.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\";\n\x0ePenaltyHistory\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x16\n\x0egenerated_from\x18\x02 \x01(\r\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\")\n\x12WorkerStatsRequest\x12\x13\n\x0breset_steps\x18\x01 \x01(\x08\"\xb5\x08\n\x0bWorkerStats\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rsession_bytes\x18\x02 \x01(\x04\x12\x13\n\x0boutstanding\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07max_len\x18\x06 \x01(\x04\x12\x16\n\x0erequests_total\x18\x07 \x01(\x04\x12\r\n\x05steps\x18\x08 \x01(\x04\x12\x11\n\tstep_rows\x18\t \x01(\x04\x12\x15\n\rmax_step_rows\x18\n \x01(\r\x12\x12\n\nstep_s_p50\x18\x0b \x01(\x01\x12\x12\n\nstep_s_p99\x18\x0c \x01(\x01\x12\x18\n\x10gathered_batches\x18\r \x01(\x04\x12\x16\n\x0egathered_items\x18\x0e \x01(\x04\x12\x16\n\x0eprefill_passes\x18\x0f \x01(\x04\x12\x16\n\x0eprefill_pieces\x18\x10 \x01(\x04\x12\x16\n\x0eprefill_tokens\x18\x11 \x01(\x04\x12\x16\n\x0eprefill_pass_s\x18\x12 \x01(\x01\x12\x1b\n\x13step_interval_s_p50\x18\x13 \x01(\x01\x12\x1b\n\x13step_interval_s_p99\x18\x14 \x01(\x01\x12\x19\n\x11step_device_s_p50\x18\x15 \x01(\x01\x12\x19\n\x11step_device_s_p99\x18\x16 \x01(\x01\x12\x13\n\x0bstall_s_p99\x18\x17 \x01(\x01\x12\x13\n\x0bstall_s_max\x18\x18 \x01(\x01\x12\x13\n\x0bstall_share\x18\x19 \x01(\x01\x12;\n\x0cstep_phase_s\x18\x1a \x03(\x0b\x32%.baton.v1.WorkerStats.StepPhaseSEntry\x12\x1b\n\x13step_phase_window_s\x18\x1b \x01(\x01\x12\x16\n\x0estep_held_rows\x18\x1c \x01(\x04\x12;\n\x0cthread_cpu_s\x18\x1d \x03(\x0b\x32%.baton.v1.WorkerStats.ThreadCpuSEntry\x12\x0f\n\x07\x65ngines\x18\x1e \x03(\t\x12\r\n\x05slots\x18\x1f \x01(\r\x12\x10\n\x08kv_pools\x18  \x01(\r\x12\x10\n\x08kv_pages\x18! \x01(\x04\x12\x15\n\rkv_pages_free\x18\" \x01(\x04\x12\x16\n\x0ekv_page_tokens\x18# \x01(\r\x12\x38\n\ngathered_s\x18$ \x03(\x0b\x32$.baton.v1.WorkerStats.GatheredSEntry\x1a\x31\n\x0fStepPhaseSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x31\n\x0fThreadCpuSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0eGatheredSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf5\x01\n\x0c\x42ridgeReport\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12>\n\rbytes_by_kind\x18\x03 \x03(\x0b\x32\'.baton.v1.BridgeReport.BytesByKindEntry\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12+\n\x08timeline\x18\x06 \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\x1a\x32\n\x10\x42ytesByKindEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe4\x02\n\x0fHandoffTimeline\x12\x38\n\x08marks_ns\x18\x01 \x03(\x0b\x32&.baton.v1.HandoffTimeline.MarksNsEntry\x12\x35\n\x06\x63locks\x18\x02 \x03(\x0b\x32%.baton.v1.HandoffTimeline.ClocksEntry\x12:\n\tseries_ns\x18\x03 \x03(\x0b\x32\'.baton.v1.HandoffTimeline.SeriesNsEntry\x1a.\n\x0cMarksNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0b\x43locksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\rSeriesNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.baton.v1.MarkSeries:\x02\x38\x01\"\x18\n\nMarkSeries\x12\n\n\x02ns\x18\x01 \x03(\x03*1\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01\x12\t\n\x05\x45XACT\x10\x02*<\n\x06\x45ngine\x12\x16\n\x12\x45NGINE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42\x46\x31\x36\x10\x01\x12\x07\n\x03\x46P8\x10\x02\x12\x07\n\x03MTP\x10\x03*L\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\x07\n\x03\x45OS\x10\x03*H\n\x0b\x45xactPolicy\x12\x1c\n\x18\x45XACT_POLICY_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43OUPLING\x10\x01\x12\r\n\tREJECTION\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -28,6 +28,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSTATS_THREADCPUSENTRY']._loaded_options = None
   _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATS_GATHEREDSENTRY']._loaded_options = None
+  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_options = b'8\001'
   _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._loaded_options = None
   _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_options = b'8\001'
   _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._loaded_options = None
@@ -36,14 +38,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_options = b'8\001'
   _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._loaded_options = None
   _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_options = b'8\001'
-  _globals['_MODE']._serialized_start=2416
-  _globals['_MODE']._serialized_end=2465
-  _globals['_ENGINE']._serialized_start=2467
-  _globals['_ENGINE']._serialized_end=2527
-  _globals['_FINISHREASON']._serialized_start=2529
-  _globals['_FINISHREASON']._serialized_end=2605
-  _globals['_EXACTPOLICY']._serialized_start=2607
-  _globals['_EXACTPOLICY']._serialized_end=2679
+  _globals['_MODE']._serialized_start=2524
+  _globals['_MODE']._serialized_end=2573
+  _globals['_ENGINE']._serialized_start=2575
+  _globals['_ENGINE']._serialized_end=2635
+  _globals['_FINISHREASON']._serialized_start=2637
+  _globals['_FINISHREASON']._serialized_end=2713
+  _globals['_EXACTPOLICY']._serialized_start=2715
+  _globals['_EXACTPOLICY']._serialized_end=2787
   _globals['_SAMPLINGPARAMS']._serialized_start=36
   _globals['_SAMPLINGPARAMS']._serialized_end=415
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=358
@@ -65,23 +67,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATSREQUEST']._serialized_start=768
   _globals['_WORKERSTATSREQUEST']._serialized_end=809
   _globals['_WORKERSTATS']._serialized_start=812
-  _globals['_WORKERSTATS']._serialized_end=1781
-  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_start=1681
-  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_end=1730
-  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_start=1732
-  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_end=1781
-  _globals['_BRIDGEREPORT']._serialized_start=1784
-  _globals['_BRIDGEREPORT']._serialized_end=2029
-  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_start=1979
-  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_end=2029
-  _globals['_HANDOFFTIMELINE']._serialized_start=2032
-  _globals['_HANDOFFTIMELINE']._serialized_end=2388
-  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_start=2224
-  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_end=2270
-  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_start=2272
-  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_end=2317
-  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_start=2319
-  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_end=2388
-  _globals['_MARKSERIES']._serialized_start=2390
-  _globals['_MARKSERIES']._serialized_end=2414
+  _globals['_WORKERSTATS']._serialized_end=1889
+  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_start=1739
+  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_end=1788
+  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_start=1790
+  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_end=1839
+  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_start=1841
+  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_end=1889
+  _globals['_BRIDGEREPORT']._serialized_start=1892
+  _globals['_BRIDGEREPORT']._serialized_end=2137
+  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_start=2087
+  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_end=2137
+  _globals['_HANDOFFTIMELINE']._serialized_start=2140
+  _globals['_HANDOFFTIMELINE']._serialized_end=2496
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_start=2332
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_end=2378
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_start=2380
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_end=2425
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_start=2427
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_end=2496
+  _globals['_MARKSERIES']._serialized_start=2498
+  _globals['_MARKSERIES']._serialized_end=2522
 # @@protoc_insertion_point(module_scope)

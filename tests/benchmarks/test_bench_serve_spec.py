@@ -148,6 +148,16 @@ def test_speculation_fields_from_the_rounds():
     }
     exact = bs.speculation(ok[1:], bs.Gen("fp8", "exact"), 4, 0.9)
     assert (exact["drafted"], exact["accepted"], exact["draft_p"]) == (99, 98, 0.9)
+    assert "round_ms_p50" not in exact  # no rounds in the router's Stats: no split
+    timed = _sample([1, 2, 5], drafted=8, accepted=5)
+    timed.times, timed.rounds, timed.draft_ms, timed.verify_ms = [0.0, 0.1, 0.3], 2, 60.0, 100.0
+    split = bs.speculation([timed], bs.Gen("mtp", "exact"), 4, None)
+    assert {k: split[k] for k in split if k.startswith("round_")} == {
+        "round_ms_p50": 150.0,  # 0.3 s from the first token to the last message, 2 rounds
+        "round_draft_ms_p50": 30.0,
+        "round_verify_ms_p50": 50.0,
+        "round_other_ms_p50": 70.0,
+    }
     law = bs.expected_law(0.9, 4)
     assert law == {
         "expected_acceptance_rate": round((0.9 + 0.81 + 0.729 + 0.6561) / 4, 4),
@@ -307,4 +317,10 @@ def test_exact_fp8_with_controlled_drafts(tmp_path):
     assert abs(p["acceptance_rate"] - law["expected_acceptance_rate"]) < 0.25, p  # ~80 drafts: sd ~0.06
     assert abs(p["tokens_per_round"] - law["expected_tokens_per_round"]) < 1.5, p
     assert p["prefill_gathered_batches"] >= p["rounds"] / 2  # every round's Verify went through the gather
+    # where a round goes: the router's Draft / Verify calls, each within the stream's round, and the workers'
+    # gathered batches (a Verify batch ran for some time; its parts are not negative)
+    assert 0 < p["round_draft_ms_p50"] < p["round_ms_p50"] and 0 < p["round_verify_ms_p50"] < p["round_ms_p50"], p
+    assert p["round_other_ms_p50"] > -2.0  # per stream: its round less its calls (each p50 over the streams)
+    assert p["prefill_gathered_run_ms"] > 0 and p["decode_gathered_run_ms"] > 0, p
+    assert min(p[f"{r}_gathered_{k}_ms"] for r in ("prefill", "decode") for k in ("wait", "lock", "run")) >= 0, p
     assert _documented(r["points"]) == []

@@ -37,6 +37,23 @@ def test_concurrent_calls_share_batches_and_get_their_own_results():
     assert g.call(3) == 30  # a lone call leads its own batch
 
 
+def test_a_batch_s_wait_lock_and_run_times_are_counted():
+    lock = threading.Lock()
+    g = Gather(lambda items: time.sleep(0.05) or items, lock, expected=lambda: 2, gather_s=0.2)
+    assert g.seconds == {"wait": 0.0, "lock": 0.0, "run": 0.0}
+    first = threading.Thread(target=g.call, args=(1,))
+    lock.acquire()  # the batch finds the compute lock taken for 0.1 s after its wait
+    first.start()
+    time.sleep(0.05)
+    threading.Timer(0.1, lock.release).start()
+    assert g.call(2) == 2
+    first.join()
+    assert g.batches == 1 and g.items == 2
+    wait, locked, run = g.seconds["wait"], g.seconds["lock"], g.seconds["run"]
+    assert 0.03 <= wait < 0.15  # the leader waited for the second expected call (~0.05 s), not gather_s
+    assert 0.03 <= locked <= 0.3 and 0.05 <= run < 0.3, g.seconds
+
+
 def test_a_budget_cuts_batches_in_arrival_order_and_every_call_is_served():
     """cost = the item, budget 10: the queue [6, 3, 5, 9, 1] runs as [6, 3], [5], [9, 1] (a batch is the
     longest prefix within the budget, at least one item); a call left queued by a leader leads later."""
