@@ -14,6 +14,13 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
     baton_worker_kv_pages          attention KV pages of its pools (256 tokens each)
     baton_worker_kv_pages_free     of them, free now
     baton_worker_kv_usage          1 - free / pages: what vLLM calls KV-cache usage
+    baton_worker_gathered_batches_total, baton_worker_gathered_items_total
+                                   counters since the worker started: its gathered batches (exact mode's
+                                   Verify on a prefill worker; Draft calls and fast mtp rounds on a decode
+                                   worker) and the calls in them
+    baton_worker_gathered_seconds_total{part="wait"|"lock"|"run"}
+                                   their summed seconds: each batch's leader waiting for the calls it expects,
+                                   then for the compute lock, then the batch (baton/engine/gather.py)
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
 
@@ -83,9 +90,26 @@ class WorkerCollector:
             if st.kv_pages:
                 usage.add_metric([w.role, w.address], 1.0 - st.kv_pages_free / st.kv_pages)
         yield usage
+        yield from _gathered(got)
         yield CounterMetricFamily(
             "baton_worker_scrape_errors", "Worker GetStats calls of /metrics scrapes that failed", value=self.errors
         )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _gathered(got):
+    """The gathered-batch counters of the workers that answered (module doc)."""
+    labels = ["role", "worker"]
+    batches = CounterMetricFamily("baton_worker_gathered_batches", "Gathered batches the worker ran", labels=labels)
+    items = CounterMetricFamily("baton_worker_gathered_items", "Calls in the worker's gathered batches", labels=labels)
+    secs = CounterMetricFamily(
+        "baton_worker_gathered_seconds", "Seconds of the worker's gathered batches, by part", labels=[*labels, "part"]
+    )
+    for w, st in got:
+        batches.add_metric([w.role, w.address], float(st.gathered_batches))
+        items.add_metric([w.role, w.address], float(st.gathered_items))
+        for part, v in sorted(st.gathered_s.items()):
+            secs.add_metric([w.role, w.address, part], v)
+    yield from (batches, items, secs)

@@ -97,6 +97,27 @@ def test_metrics_show_each_workers_sessions_and_kv_pages(cluster):
     assert got["baton_worker_kv_usage" + lab] == 0.0 and got["baton_worker_scrape_errors_total"] == 0
 
 
+def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
+    """An exact-mode request's rounds are gathered Verify batches on the prefill worker and Draft batches on
+    the decode worker: /metrics counts them, with their seconds by part (wait, lock, run)."""
+    p, d = cluster["addr"]["prefill"], cluster["addr"]["decode"]
+    before = _scrape(cluster)
+    deltas = list(cluster["client"].generate([5, 6, 7], max_new_tokens=12, mode="exact", ignore_eos=True))
+    rounds = deltas[-1].stats["rounds"]
+    assert rounds >= 1 and deltas[-1].stats["verify_ms"] > 0 and deltas[-1].stats["draft_ms"] > 0
+    got = _scrape(cluster)
+    for role, addr in (("prefill", p), ("decode", d)):
+        lab = f'{{role="{role}",worker="{addr}"}}'
+        key = "baton_worker_gathered_batches_total" + lab
+        assert 1 <= got[key] - before.get(key, 0.0) <= rounds + 1, (role, got)
+        items = "baton_worker_gathered_items_total" + lab
+        assert got[items] - before.get(items, 0.0) >= got[key] - before.get(key, 0.0)
+        run = f'baton_worker_gathered_seconds_total{{part="run",role="{role}",worker="{addr}"}}'
+        assert got[run] > before.get(run, 0.0), (role, got)
+        for part in ("wait", "lock"):
+            assert got[f'baton_worker_gathered_seconds_total{{part="{part}",role="{role}",worker="{addr}"}}'] >= 0
+
+
 def test_a_worker_that_does_not_answer_is_left_out_and_counted():
     """GetStats to a port nothing listens on (real socket): that worker has no figure in the scrape, and
     baton_worker_scrape_errors counts it."""
