@@ -9,7 +9,14 @@ pairs), every aten op counted (a TorchDispatchMode). The passes' own ops (the in
 with B, so `ops_per_session`, the slope between the two smallest B, is the host code's. Drafts are the
 model's greedy picks over random weights: most blocks are cut, as at a low acceptance.
 
-    python benchmarks/bench_round_ops.py [--sessions 2,8] [--k 3] [--layers 8] [--out R.json]
+    python benchmarks/bench_round_ops.py [--sessions 2,8] [--k 3] [--layers 8] [--round mtp|exact] [--out R.json]
+
+--round exact: one exact-mode round instead, each worker's half counted apart: the decode worker's Draft
+batch with the last round's verdicts (decode_worker/drafting.py draft_batch, mtp drafts: the verdict rows,
+the pending pairs, the chains) and the prefill worker's Verify batch (ExactEngine._verify_batch: the
+blocks' pass and the rewind of the cut ones), after a first round that leaves every session a verdict:
+draft_ops / verify_ops per B and draft_ops_per_session / verify_ops_per_session. Host syncs (a tensor read
+back to Python: aten._local_scalar_dense, and .tolist()'s) are in ops_by_kind as any op.
 
 Prints JSON: per B: ops (all, in one round), ops_by_kind (the ten most frequent); ops_per_session; and
 o1_tensors (the GDN conv and recurrent tensors and 3 scalars a slot holds: a per-slot snapshot loop
@@ -79,18 +86,73 @@ def point(model, cfg, b: int, k: int) -> dict:
     return {"sessions": b, "ops": sum(c.n.values()), "ops_by_kind": dict(c.n.most_common(10))}
 
 
+def exact_point(lm, b: int, k: int) -> dict:
+    """One exact-mode round of b sessions (module doc): the Draft batch's and the Verify batch's ops."""
+    from decode_worker.engine import DecodeEngine
+    from prefill_worker.engine import ExactEngine
+
+    width = max(8, k + 2)
+    pre = ModelRunner(lm.model, slots=b, max_len=256, width=width, fast=True, checkpoints=True)
+    pre.enable_batching()
+    dr = ModelRunner(lm.model, slots=b, max_len=256, width=width, fast=True, checkpoints=True)
+    dr.enable_batching()
+    exact = ExactEngine(pre)
+    dec = DecodeEngine({"bf16": dr, "mtp": dr}, default_engine="mtp")
+    pairs = []
+    for i in range(b):
+        s, _ = exact.prefill([5 + i, 6, 7, 8])
+        tensors, pos, nxt = exact.export(s.id)
+        d = dec.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine="mtp")
+        pairs.append((exact.get(s.id), dec.get(d.id)))
+    verdicts = [None] * b
+
+    def round_(count: bool) -> dict:
+        drafts = dec._draft_batch([(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
+        blocks = [(es, [int(exact.runner.state.next_token[es.slot]), *d], None) for (es, _), d in zip(pairs, drafts)]
+        with _Count() as cv:
+            got = exact._verify_batch(blocks)
+        for i, (m, nxt, _, _) in enumerate(got):
+            verdicts[i] = (m, nxt)
+        return {"verify": cv.n}
+
+    round_(False)  # the first round: no verdicts yet; every session has one for the counted round
+    with _Count() as cd:
+        drafts = dec._draft_batch([(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
+    assert not any(isinstance(d, BaseException) for d in drafts), drafts
+    blocks = [(es, [int(exact.runner.state.next_token[es.slot]), *d], None) for (es, _), d in zip(pairs, drafts)]
+    with _Count() as cv:
+        got = exact._verify_batch(blocks)
+    assert not any(isinstance(g, BaseException) for g in got), got
+    return {
+        "sessions": b,
+        "draft_ops": sum(cd.n.values()),
+        "verify_ops": sum(cv.n.values()),
+        "draft_ops_by_kind": dict(cd.n.most_common(10)),
+        "verify_ops_by_kind": dict(cv.n.most_common(10)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", default="2,8", help="sessions a round (B), comma-separated")
     ap.add_argument("--k", type=int, default=3, help="drafts a session")
     ap.add_argument("--layers", type=int, default=8, help="the tiny model's layers (one in four attention)")
+    ap.add_argument("--round", choices=("mtp", "exact"), default="mtp", help="a fast mtp round, or an exact one")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     d = make_random_checkpoint(Path(tempfile.mkdtemp()) / "m", seed=5, layers=a.layers, hidden=64, vocab=512)
     lm = load_model(d, dtype=torch.float32, device="cpu", mtp=True)
     bs = sorted(int(x) for x in a.sessions.split(","))
-    points = [point(lm.model, lm.cfg, b, a.k) for b in bs]
-    slope = (points[1]["ops"] - points[0]["ops"]) / (bs[1] - bs[0]) if len(points) > 1 else None
+
+    def slope(points, key):
+        return (points[1][key] - points[0][key]) / (bs[1] - bs[0]) if len(points) > 1 else None
+
+    if a.round == "exact":
+        points = [exact_point(lm, b, a.k) for b in bs]
+        extra = {f"{w}_ops_per_session": slope(points, f"{w}_ops") for w in ("draft", "verify")}
+    else:
+        points = [point(lm.model, lm.cfg, b, a.k) for b in bs]
+        extra = {"ops_per_session": slope(points, "ops")}
     emit(
         {
             "benchmark": "bench_round_ops",
@@ -102,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             "gdn_layers": len(lm.cfg.gdn_layers),
             "o1_tensors": 2 * len(lm.cfg.gdn_layers) + 3,
             "o1_tensors_9b": 2 * GDN_LAYERS_9B + 3,
+            "round": a.round,
             "points": points,
-            "ops_per_session": slope,
-        },
+        }
+        | extra,
         a.out,
     )
     return 0

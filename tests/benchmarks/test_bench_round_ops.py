@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,3 +33,21 @@ def test_a_rounds_host_ops_per_session_do_not_grow_with_the_slot_state(tmp_path)
     assert [x["sessions"] for x in r["points"]] == [2, 3] and all(x["ops"] > 0 for x in r["points"])
     assert r["o1_tensors"] == 2 * r["gdn_layers"] + 3 == 9 and r["o1_tensors_9b"] == 51
     assert 0 < r["ops_per_session"] < 2 * r["o1_tensors"], r["ops_per_session"]
+
+
+@pytest.mark.slow  # ~20 s: two tiny exact rounds in Triton's interpreter
+def test_an_exact_rounds_host_ops_per_session_stay_flat(tmp_path):
+    """--round exact: the decode worker's Draft batch (verdict rows, pending pairs, mtp chains) and the prefill
+    worker's Verify batch of B sessions: the Verify's ops do not grow with B at all, the Draft's by a few
+    a session (its per-session slices of the chains' rows), below the four a slot's O(1) tensor a per-slot
+    snapshot and rewind took."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_round_ops.py"), "--round", "exact"]
+    cmd += ["--sessions", "2,3", "--k", "2", "--layers", "4", "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["round"] == "exact" and [x["sessions"] for x in r["points"]] == [2, 3]
+    assert all(x["draft_ops"] > 0 and x["verify_ops"] > 0 for x in r["points"])
+    assert 0 <= r["verify_ops_per_session"] <= 2, r["verify_ops_per_session"]
+    assert 0 <= r["draft_ops_per_session"] < 2 * r["o1_tensors"], r["draft_ops_per_session"]
