@@ -1,6 +1,7 @@
 """Chat templates: the model directory's own, rendered with jinja2's sandbox (as HF transformers does).
 
     t = ChatTemplate.from_dir(model_dir)       # None when the model has none
+    messages = chat_messages(body["messages"])  # OpenAI's messages checked (ApiError(400) naming the field)
     text = t.render(messages, add_generation_prompt=True, kwargs=chat_template_kwargs)
 
 Where the template comes from, first found wins: `chat_template.jinja`, then tokenizer_config.json's
@@ -18,8 +19,12 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from router.http.errors import bad
+from router.http.tools import message_tool_calls
+
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ChatTemplateError(ValueError):
@@ -95,3 +100,38 @@ class ChatTemplate:
             raise ChatTemplateError(f"the chat template failed: {e}") from e
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, ArithmeticError, RecursionError) as e:
             raise ChatTemplateError(f"the chat template failed on these messages: {type(e).__name__}: {e}") from e
+
+
+def chat_messages(v) -> list[dict]:
+    """A chat body's `messages` -> the template's messages: roles checked, text parts joined, content null
+    -> "", name / reasoning_content / tool_call_id kept, assistant tool_calls' arguments as objects."""
+    if not isinstance(v, list) or not v:
+        raise bad("messages", "expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(v):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, "expected an object with role and content")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(where + ".role", f"{role!r:.40} is not one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, p in enumerate(content):
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise bad(
+                        f"{where}.content[{j}]", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported"
+                    )
+                parts.append(p["text"])
+            content = "".join(parts)
+        elif content is not None and not isinstance(content, str):
+            raise bad(
+                where + ".content", f"expected a string, a list of text parts, or null, got {type(content).__name__}"
+            )
+        msg = {k: x for k, x in m.items() if k in ("name", "reasoning_content", "tool_call_id") and isinstance(x, str)}
+        msg.update(role=role, content=content if content is not None else "")
+        if m.get("tool_calls"):
+            msg["tool_calls"] = message_tool_calls(m["tool_calls"], where + ".tool_calls")
+        out.append(msg)
+    return out

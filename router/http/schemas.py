@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 
 from baton.names import ENGINE_VALUES
 from baton.v1 import common_pb2, router_pb2
+from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
-from router.http.tools import message_tool_calls, tool_choice
+from router.http.tools import tool_choice
 
 MAX_BATCH = 64
 MAX_STOPS = 16
 MAX_STOP_BYTES = 256
 U32 = 1 << 32
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
-ROLES = ("system", "developer", "user", "assistant", "tool")
 BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos", "exact_policy")
 EXACT_POLICIES = {"coupling": common_pb2.COUPLING, "rejection": common_pb2.REJECTION}
 
@@ -322,45 +322,10 @@ def parse_completion(body, lim: Limits) -> Job:
     return job
 
 
-def _messages(v) -> list[dict]:
-    if not isinstance(v, list) or not v:
-        raise bad("messages", "expected a non-empty list of messages")
-    out = []
-    for i, m in enumerate(v):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(where, "expected an object with role and content")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(where + ".role", f"{role!r:.40} is not one of {', '.join(ROLES)}")
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = []
-            for j, p in enumerate(content):
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise bad(
-                        f"{where}.content[{j}]", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported"
-                    )
-                parts.append(p["text"])
-            content = "".join(parts)
-        elif content is not None and not isinstance(content, str):
-            raise bad(
-                where + ".content", f"expected a string, a list of text parts, or null, got {type(content).__name__}"
-            )
-        msg = {k: x for k, x in m.items() if k in ("name", "reasoning_content", "tool_call_id") and isinstance(x, str)}
-        msg.update(role=role, content=content if content is not None else "")
-        if m.get("tool_calls"):
-            msg["tool_calls"] = message_tool_calls(m["tool_calls"], where + ".tool_calls")
-        out.append(msg)
-    return out
-
-
 def chat_ids(body: dict, lim: Limits, tools=None) -> list[int]:
     """A chat body's messages rendered by the model's template (add_generation_prompt, chat_template_kwargs,
     `tools` shown) and tokenized: the prompt ids (also /tokenize's)."""
-    from router.http.chat import ChatTemplateError
-
-    messages = _messages(body.get("messages"))
+    messages = chat_messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
