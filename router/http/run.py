@@ -25,7 +25,6 @@ from baton.client import Delta
 from baton.rpc import StatusError
 from router.http.bridge import END, GenerateStream
 from router.http.errors import ApiError
-from router.http.tools import ToolCalls
 
 FINISH = {"LENGTH": "length", "STOP": "stop", "EOS": "stop"}
 
@@ -54,9 +53,9 @@ class Run:
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
         # usage counts each prompt once: its first choice (choice i is prompt i // n's, j = i % n)
         self.choices = [Choice(0 if i % job.n else len(r.token_ids.ids)) for i, r in enumerate(job.requests)]
-        if job.tools is not None:
+        if job.tools is not None:  # each choice its own parser, a forced call's opening already fed
             for c in self.choices:
-                c.tools = ToolCalls(job.tools)
+                c.tools = job.tools.parser()
         if job.echo:
             for i, (c, r) in enumerate(zip(self.choices, job.requests)):
                 c.echo, c.echo_first = job.echo_texts[i // job.n], (list(r.token_ids.ids) or [0])[0]
@@ -162,8 +161,7 @@ class Run:
             if self.job.kind == "chat":
                 message = {"role": "assistant", "content": text}
                 if c.tools is not None:
-                    content, c.calls = c.tools.feed(text)
-                    content += c.tools.finish()[0]
+                    content, c.calls = c.tools.split(text)
                     if c.calls:  # OpenAI: content null when the message is only calls
                         message = {"role": "assistant", "content": content.strip() or None, "tool_calls": c.calls}
                     else:
@@ -212,8 +210,9 @@ class Run:
         c, calls = self.choices[i], []
         if c.tools is not None:  # chat with tools: content now, calls once whole, held-back text at the end
             text, calls = c.tools.feed(text)
-            if finish is not None:
-                text += c.tools.finish()[0]
+            if finish is not None:  # what was held back; a forced call the model left open may parse now
+                rest, last = c.tools.finish()
+                text, calls = text + rest, calls + last
             c.calls += calls
             if finish is not None and c.calls:
                 finish = "tool_calls"

@@ -16,9 +16,10 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
 300). Refused with a 400 naming the field until Baton supports them:
-suffix, best_of > 1, functions, tool_choice "required" or named, non-text content parts,
-response_format other than text. Chat `tools` (tool_choice "auto"): the template shows them, and each
-choice's text is split into content and `tool_calls` (router/http/tools.py).
+suffix, best_of > 1, functions, non-text content parts, response_format other than text. Chat `tools`
+(tool_choice "auto", "required" or a named function; parallel_tool_calls): the template shows them, each
+choice's text is split into content and `tool_calls`, and "required" / named force a call by writing its
+opening after the prompt (chat_prompt; router/http/tools.py).
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
 "stop_token_ids": [...], "ignore_eos": bool, "exact_policy": "coupling" | "rejection"}. Other top-level fields are ignored, as OpenAI's servers do.
 Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
@@ -33,7 +34,7 @@ from baton.names import ENGINE_VALUES
 from baton.v1 import common_pb2, router_pb2
 from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
-from router.http.tools import tool_choice
+from router.http.tools import ToolChoice, tool_choice
 
 MAX_BATCH = 64
 MAX_STOPS = 16
@@ -67,7 +68,7 @@ class Job:
     top_logprobs: int | None = None  # logprobs asked: how many alternatives to show (None = no logprobs)
     token_text: object = None  # token id -> its text (the tokenizer's decode), for logprobs
     n: int = 1  # choices per prompt
-    tools: dict | None = None  # chat with tools (tool_choice auto): function name -> parameters schema
+    tools: ToolChoice | None = None  # a chat whose text is parsed for tool calls (router/http/tools.py)
     echo: bool = False  # completions: each choice's text (and logprobs) begin with its prompt's
     echo_texts: list = field(default_factory=list)  # per prompt: its text
 
@@ -322,9 +323,10 @@ def parse_completion(body, lim: Limits) -> Job:
     return job
 
 
-def chat_ids(body: dict, lim: Limits, tools=None) -> list[int]:
-    """A chat body's messages rendered by the model's template (add_generation_prompt, chat_template_kwargs,
-    `tools` shown) and tokenized: the prompt ids (also /tokenize's)."""
+def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
+    """A chat body -> (the prompt text, its ToolChoice): the messages rendered by the model's template
+    (add_generation_prompt, chat_template_kwargs, the tools shown), then a forced call's opening
+    (ToolChoice.prompt). Chat completions and /tokenize both send exactly this text."""
     messages = chat_messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
     kwargs = body.get("chat_template_kwargs")
@@ -338,11 +340,14 @@ def chat_ids(body: dict, lim: Limits, tools=None) -> list[int]:
             f"the model {lim.model_id!r} has no chat template (no chat_template.jinja and no "
             f"chat_template in tokenizer_config.json): use /v1/completions",
         )
+    choice = tool_choice(body, lim.chat_template.source)
+    if choice.forced and not add_gen:
+        raise bad("tool_choice", "forcing a call opens it after the generation prompt: needs add_generation_prompt")
     try:
-        text = lim.chat_template.render(messages, add_generation_prompt=add_gen, tools=tools, kwargs=kwargs)
+        text = lim.chat_template.render(messages, add_generation_prompt=add_gen, tools=choice.shown, kwargs=kwargs)
     except ChatTemplateError as e:
         raise bad("messages", str(e)) from None
-    return _encode(text, lim, "messages")
+    return choice.prompt(text), choice
 
 
 def parse_chat(body, lim: Limits) -> Job:
@@ -354,9 +359,10 @@ def parse_chat(body, lim: Limits) -> Job:
     elif top is not None:
         raise bad("top_logprobs", "needs logprobs: true")
     _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
-    tools, job.tools = tool_choice(body)
     _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
-    ids = chat_ids(body, lim, tools)
+    text, choice = chat_prompt(body, lim)
+    job.tools = choice if choice.tools is not None else None
+    ids = _encode(text, lim, "messages")
     n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None)
     _choices(job, [_request(ids, n if n is not None else _window_rest(ids, lim), gen)])
     job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})

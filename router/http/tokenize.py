@@ -1,8 +1,9 @@
 """POST /tokenize and /detokenize (vLLM's shapes): the served model's tokenizer and chat template, no model.
 
     tokenize(body, lim)     {"prompt": str} or {"messages": [...], "add_generation_prompt", "chat_template_kwargs",
-                            "tools"} -> {"count", "max_model_len", "tokens"}: the ids a completion or a chat
-                            request with that body would send (router/http/schemas.py: the same rendering)
+                            "tools", "tool_choice"} -> {"count", "max_model_len", "tokens"}: the ids a completion
+                            or a chat request with that body would send (router/http/schemas.py: chat_prompt,
+                            a forced call's opening included)
     detokenize(body, lim)   {"tokens": [ids]} -> {"prompt": text} (every id below the vocabulary)
 "model" is checked as on the other endpoints. `add_special_tokens` is accepted and has no effect: Baton's
 tokenizer adds none (the chat template writes them), as Qwen's adds none. 400 naming the field otherwise.
@@ -11,8 +12,7 @@ tokenizer adds none (the chat template writes them), as Qwen's adds none. 400 na
 from __future__ import annotations
 
 from router.http.errors import bad
-from router.http.schemas import Limits, _bool, _encode, _ids, chat_ids, check_model
-from router.http.tools import tool_choice
+from router.http.schemas import Limits, _bool, _encode, _ids, chat_prompt, check_model
 
 
 def tokenize(body, lim: Limits) -> dict:
@@ -21,8 +21,8 @@ def tokenize(body, lim: Limits) -> dict:
     if "messages" in body:
         if "prompt" in body:
             raise bad("prompt", "give prompt or messages, not both")
-        shown, _ = tool_choice(body)
-        ids = chat_ids(body, lim, shown)
+        text, _ = chat_prompt(body, lim)
+        ids = _encode(text, lim, "messages")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

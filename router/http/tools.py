@@ -1,8 +1,10 @@
 """Tool calls in a chat completion's text: found as the model writes them, returned as OpenAI `tool_calls`.
 
-    shown, tools = tool_choice(body)            # chat body's tools / tool_choice; ApiError(400) naming the field
+    choice = tool_choice(body, template_source) # chat body's tools / tool_choice / parallel_tool_calls:
+                                                # ToolChoice (ApiError(400) naming the field)
+    text = choice.prompt(rendered)              # the template's prompt, then a forced call's opening (if any)
     msg["tool_calls"] = message_tool_calls(...) # an assistant message's calls, arguments as objects (templates)
-    p = ToolCalls(tools)                        # one per choice
+    p = choice.parser()                         # ToolCalls, one per choice (None when the text is not parsed)
     content, calls = p.feed(text_delta)         # text safe to send as content now, tool calls completed
     content, calls = p.finish()                 # at the end: what was held back (an unfinished call as text)
 
@@ -18,6 +20,19 @@ array: parsed as JSON, else kept as text; string: kept as text); a parameter the
 parsed as JSON when it is JSON. A block that parses as neither format is returned as content, as the model
 wrote it. Text that may still become "<tool_call>" is held back until it cannot (like stop strings).
 Each call gets an id "call_<24 hex>" and its arguments as a JSON string, as OpenAI sends them.
+
+tool_choice "required" or {"type": "function", "function": {"name": NAME}} forces a call by writing its
+opening after the rendered prompt (no constrained decoding): the model's text continues it. call_opening()
+is the one place that picks it: "<tool_call>\n" for "required"; for NAME, the format the template teaches
+("<function=" in its source: the XML "<tool_call>\n<function=NAME>\n", else the JSON
+"<tool_call>\n{"name": "NAME", "arguments": "); ToolChoice.prompt closes an open <think> block before it
+(a forced call skips reasoning). The parser is fed that opening first, so the call parses as
+if the model had written it, and the opening is never content: a forced block that does not parse is
+returned as the model's own text (the opening left out), and one the model did not close before its text
+ended is parsed as if closed (else returned likewise). A named choice accepts only calls to NAME: a block
+calling another function is returned as content, as a block that parses as neither format is. "required"
+accepts any name, as "auto" does. parallel_tool_calls false: only the first call is returned; later
+blocks that parse as calls are dropped (neither calls nor content); text around them is content.
 """
 
 from __future__ import annotations
@@ -25,10 +40,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import dataclass
 
 from router.http.errors import bad
 
 START, END = "<tool_call>", "</tool_call>"
+THINK, THINK_END = "<think>", "</think>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 _JSON_TYPES = ("integer", "number", "boolean", "object", "array", "null")
@@ -78,20 +95,78 @@ def message_tool_calls(v, where: str) -> list[dict]:
     return out
 
 
-def tool_choice(body: dict) -> tuple[list | None, dict | None]:
-    """A chat body's tools + tool_choice -> (the tools the template shows, {name: schema} when the text is
-    parsed for calls); both None without tools or with "none". "auto" (the default with tools) and "none"
-    only: "required" or a named function need constrained decoding, which Baton does not have."""
+@dataclass(frozen=True)
+class ToolChoice:
+    """What a chat body's tool fields ask of the prompt and of the parser.
+
+    shown: the tools the template renders (None: it shows none); tools: {function name: parameters schema}
+    the text is parsed against (None: the text is all content); forced: appended to the rendered prompt,
+    the opening of a call ("" unless tool_choice forces one; it always starts with START); only: the one
+    function a call may name (a named tool_choice), else None; parallel: more than one call may be returned.
+    """
+
+    shown: list | None = None
+    tools: dict[str, dict] | None = None
+    forced: str = ""
+    only: str | None = None
+    parallel: bool = True
+
+    def prompt(self, rendered: str) -> str:
+        """The prompt text to send: the template's rendering, then the forced opening (if any). A forced call
+        skips the model's reasoning: a <think> block the rendering leaves open (Qwen3.5 with thinking on
+        ends in "<think>\n") is closed empty first, as enable_thinking false renders it."""
+        if not self.forced:
+            return rendered
+        if rendered.rfind(THINK) > rendered.rfind(THINK_END):
+            rendered += "\n" + THINK_END + "\n\n"
+        return rendered + self.forced
+
+    def parser(self) -> "ToolCalls | None":
+        """A fresh parser for one choice's text, the forced opening already fed; None without tools."""
+        if self.tools is None:
+            return None
+        return ToolCalls(self.tools, forced=self.forced, only=self.only, parallel=self.parallel)
+
+
+def call_opening(name: str | None, template_source: str) -> str:
+    """The text that opens a forced call, appended to the rendered prompt: any call (name None) or one to
+    `name`, in the format the chat template teaches (module doc). `name` is a checked tool name
+    (check_tools: letters, digits, _ . : -), so it needs no escaping in either format."""
+    if name is None:
+        return START + "\n"
+    if "<function=" in template_source:
+        return f"{START}\n<function={name}>\n"
+    return START + '\n{"name": ' + json.dumps(name) + ', "arguments": '
+
+
+def tool_choice(body: dict, template_source: str = "") -> ToolChoice:
+    """A chat body's tools + tool_choice + parallel_tool_calls -> ToolChoice. "none" (or no tools): nothing
+    shown, nothing parsed. "auto" (the default with tools): shown and parsed. "required" or a named
+    function: also forced (call_opening, with `template_source`, the chat template's text); they need
+    tools, and a named function must be one of them (400 naming tool_choice)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice is not None and choice not in ("auto", "none"):
-        raise bad(
-            "tool_choice", f"{choice!r:.60}: only \"auto\" and \"none\" (forcing a call needs constrained decoding)"
-        )
-    if tools is None or tools == [] or choice == "none":
-        if tools is not None:
-            check_tools(tools)
-        return None, None
-    return tools, check_tools(tools)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise bad("parallel_tool_calls", f"expected true or false, got {type(parallel).__name__}")
+    name = None
+    if isinstance(choice, dict):
+        f = choice.get("function")
+        name = f.get("name") if isinstance(f, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise bad(
+                "tool_choice", f"{choice!r:.60}: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+            )
+    elif choice is not None and choice not in ("auto", "none", "required"):
+        raise bad("tool_choice", f"{choice!r:.60}: expected \"auto\", \"none\", \"required\" or a named function")
+    schemas = check_tools(tools) if tools is not None else {}
+    if choice == "none" or (not schemas and choice in (None, "auto")):
+        return ToolChoice()
+    if not schemas:
+        raise bad("tool_choice", f"{choice!r:.60} forces a call and needs a non-empty tools list")
+    if name is not None and name not in schemas:
+        raise bad("tool_choice", f"the function {name!r:.70} is not one of the tools' functions")
+    forced = call_opening(name, template_source) if choice not in (None, "auto") else ""
+    return ToolChoice(tools, schemas, forced, name, parallel)
 
 
 def _typed(value: str, schema: dict | None):
@@ -144,10 +219,33 @@ def _held(text: str, marker: str) -> int:
 
 
 class ToolCalls:
-    """One choice's text, split into content and tool calls as it streams (module doc)."""
+    """One choice's text, split into content and tool calls as it streams (module doc).
 
-    def __init__(self, tools: dict[str, dict]):
+    Invariants: content never holds a forced opening's text (`forced`, fed at construction: _ours counts
+    its characters at the head of the open block until that block ends); `calls` counts the calls returned.
+    """
+
+    def __init__(self, tools: dict[str, dict], *, forced: str = "", only: str | None = None, parallel: bool = True):
         self.tools, self._buf, self._inside, self.calls = tools, "", False, 0
+        self.only, self.parallel, self._ours = only, parallel, 0
+        if forced:
+            if not forced.startswith(START):
+                raise ValueError(f"a forced opening starts with {START}: {forced!r}")
+            self.feed(forced)  # all of it held: START opens the block, the rest waits for END
+            self._ours = len(forced)
+
+    def _block(self, body: str, closed: bool) -> tuple[str, list[dict]]:
+        """One <tool_call> block's inside (closed: END followed it) -> (its content, its calls)."""
+        call = parse_call(body, self.tools)
+        if call is not None and self.only is not None and call["function"]["name"] != self.only:
+            call = None  # a named tool_choice: a call to another function is text
+        ours, self._ours = self._ours, 0
+        if call is None:  # not a call after all: the model's text as it wrote it
+            return (START + body + (END if closed else ""))[ours:], []
+        if self.calls and not self.parallel:
+            return "", []  # parallel_tool_calls false: only the first call
+        self.calls += 1
+        return "", [call]
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self._buf += text
@@ -166,15 +264,21 @@ class ToolCalls:
                 if j < 0:
                     return content, calls
                 body, self._buf, self._inside = self._buf[:j], self._buf[j + len(END) :], False
-                call = parse_call(body, self.tools)
-                if call is None:
-                    content += START + body + END  # not a call after all: the model's text as it wrote it
-                else:
-                    calls.append(call)
-                    self.calls += 1
+                got, new = self._block(body, closed=True)
+                content, calls = content + got, calls + new
 
     def finish(self) -> tuple[str, list[dict]]:
-        """The end of the text: whatever was held back, an unfinished <tool_call> block as plain text."""
+        """The end of the text: whatever was held back. An unfinished <tool_call> block is plain text, unless
+        it is a forced call's (Baton opened it): then it is parsed as if closed, and is text if it fails."""
+        if self._inside and self._ours:
+            body, self._buf, self._inside = self._buf, "", False
+            return self._block(body, closed=False)
         rest = (START if self._inside else "") + self._buf
         self._buf, self._inside = "", False
         return rest, []
+
+    def split(self, text: str) -> tuple[str, list[dict]]:
+        """A whole text at once (feed, then finish): (content, calls)."""
+        content, calls = self.feed(text)
+        rest, last = self.finish()
+        return content + rest, calls + last

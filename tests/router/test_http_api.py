@@ -182,6 +182,56 @@ def test_chat_streamed_or_not_equals_the_rendered_prompt(stack, tok):
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (len(tok.encode(rendered)), 10)
 
 
+def test_a_named_tool_choice_through_the_real_model(stack, tok):
+    """tool_choice naming a function: the embedded model's template teaches no tool format, so the router
+    writes the JSON opening after the rendered prompt; the model's (random) text continues it. 200, a
+    finish_reason, tool_calls or content, and the opening never in the content: with greedy decoding the
+    content is exactly what the model writes after the opening (gRPC on the same prompt text). /tokenize
+    counts the opening as the chat does."""
+    from router.http.chat import ChatTemplate
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    opening = '<tool_call>\n{"name": "get_weather", "arguments": '
+    prompt = ChatTemplate.from_dir(DEFAULT_DIR).render(messages) + opening
+    want, _ = grpc_text(stack.grpc, stack.token, prompt, 8)
+    body = {"model": MODEL, "messages": messages, "tools": [tool], "tool_choice": choice, "max_tokens": 8}
+    body["baton"] = {"ignore_eos": True}
+    r = post(stack.url, "/v1/chat/completions", body, token=stack.token)
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    assert c["finish_reason"] in ("tool_calls", "length") and (
+        c["message"].get("tool_calls") or c["message"]["content"]
+    )
+    if not c["message"].get("tool_calls"):
+        assert c["message"]["content"] == want and "<tool_call>" not in want and c["finish_reason"] == "length"
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(prompt))
+    tokenized = post(
+        stack.url, "/tokenize", {k: body[k] for k in ("messages", "tools", "tool_choice")}, token=stack.token
+    )
+    assert tokenized.json()["tokens"] == tok.encode(prompt)
+    client = stack.openai()
+    for n, stream in ((2, False), (1, True)):
+        kw = dict(
+            model=MODEL, messages=messages, tools=[tool], tool_choice=choice, max_tokens=8, temperature=1.0, seed=3
+        )
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+            finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+            outs = [(text, calls, finish[-1])]
+        else:
+            res = client.chat.completions.create(n=n, **kw)
+            outs = [(ch.message.content, ch.message.tool_calls, ch.finish_reason) for ch in res.choices]
+            assert len(outs) == n
+        for text, calls, finish in outs:
+            assert finish in ("tool_calls", "stop", "length") and (calls or text is not None)
+            assert (finish == "tool_calls") == bool(calls)
+            assert opening not in (text or "") and not (text or "").startswith("<tool_call>"), text
+
+
 def test_tokenize_and_detokenize(stack, tok):
     """/tokenize gives the ids a completion (prompt) or a chat (messages, rendered by the template) sends, and
     the window; /detokenize turns ids back into text; bad bodies are 400 naming the field, a wrong model 404."""

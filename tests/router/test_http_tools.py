@@ -18,7 +18,7 @@ from test_http_api import DEFAULT_DIR, QWEN35_TEMPLATE, TOKEN, assert_error
 
 from baton.settings import Settings
 from router.http.errors import ApiError
-from router.http.tools import ToolCalls, check_tools, parse_call, tool_choice
+from router.http.tools import ToolCalls, ToolChoice, call_opening, check_tools, parse_call, tool_choice
 
 MODEL = "qwen-tools"  # the served id is the model directory's name
 WEATHER = {
@@ -32,8 +32,26 @@ WEATHER = {
         },
     },
 }
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"properties": {"tz": {"type": "string"}}}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+JSON_OPENING = '<tool_call>\n{"name": "get_weather", "arguments": '
+XML_TEMPLATE = QWEN35_TEMPLATE.read_text(encoding="utf-8")  # teaches <function=NAME> calls
+# A Qwen3-like template that teaches JSON calls (no "<function=" in it)
+JSON_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>\n{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n</tools>\n"
+    'Reply with <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{%- endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
 XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>"
 ANSWER = "Let me look that up.\n\n" + XML_CALL
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from baton.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(DEFAULT_DIR)
 
 
 def _split(parser: ToolCalls, text: str, cuts: list[int]) -> tuple[str, list]:
@@ -69,20 +87,113 @@ def test_json_calls_and_what_is_not_a_call():
 
 
 def test_tool_definitions_and_tool_choice_are_checked():
-    assert tool_choice({}) == (None, None) and tool_choice({"tools": [WEATHER], "tool_choice": "none"}) == (None, None)
-    shown, parsed = tool_choice({"tools": [WEATHER]})
-    assert shown == [WEATHER] and set(parsed) == {"get_weather"}
+    assert tool_choice({}) == ToolChoice() and tool_choice({"tools": [WEATHER], "tool_choice": "none"}) == ToolChoice()
+    assert tool_choice({}).parser() is None
+    auto = tool_choice({"tools": [WEATHER]}, XML_TEMPLATE)
+    assert auto.shown == [WEATHER] and set(auto.tools) == {"get_weather"} and auto.forced == "" and auto.parallel
     for body, field in (
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),  # forcing a call needs tools
+        ({"tools": [], "tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": NAMED}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "function": {"name": "get_weather"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "any"}, "tool_choice"),
+        ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"tools": {"a": 1}}, "tools"),
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
         ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "tools[0].function.parameters"),
     ):
         with pytest.raises(ApiError) as ei:
-            tool_choice(body)
+            tool_choice(body, XML_TEMPLATE)
         assert ei.value.status == 400 and ei.value.message.startswith(field + ":"), (body, ei.value.message)
+    with pytest.raises(ApiError, match="^tool_choice: the function 'get_time' is not one"):
+        tool_choice({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+
+
+# ---- forcing a call: tool_choice "required" or named -------------------------------------------------
+def test_the_forced_opening_follows_the_templates_format():
+    assert call_opening(None, XML_TEMPLATE) == call_opening(None, JSON_TEMPLATE) == "<tool_call>\n"
+    assert call_opening("get_weather", XML_TEMPLATE) == "<tool_call>\n<function=get_weather>\n"
+    assert call_opening("get_weather", JSON_TEMPLATE) == '<tool_call>\n{"name": "get_weather", "arguments": '
+    req = tool_choice({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}, XML_TEMPLATE)
+    assert (req.forced, req.only, req.parallel) == ("<tool_call>\n", None, False)
+    named = tool_choice({"tools": [WEATHER, TIME], "tool_choice": NAMED}, JSON_TEMPLATE)
+    assert named.only == "get_weather" and named.forced == JSON_OPENING and named.shown == [WEATHER, TIME]
+
+
+@pytest.mark.parametrize("source", ["xml", "json"])
+def test_the_rendered_prompt_ends_with_the_forced_opening(tok, source):
+    from router.http.chat import ChatTemplate
+    from router.http.schemas import Limits, chat_prompt, parse_chat
+    from router.http.tokenize import tokenize
+
+    template = ChatTemplate(QWEN35_TEMPLATE.read_text(encoding="utf-8") if source == "xml" else JSON_TEMPLATE)
+    lim = Limits(MODEL, 4096, 16, tok, template)
+    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER, TIME]}
+    if source == "xml":  # Qwen3.5 without thinking: its generation prompt ends in an empty, closed <think> block
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    plain, _ = chat_prompt(body, lim)
+    want = {"xml": "<tool_call>\n<function=get_weather>\n", "json": JSON_OPENING}[source]
+    for choice, opening in (
+        ("required", "<tool_call>\n"),
+        (NAMED, want),
+        ({"type": "function", "function": {"name": "get_time"}}, want.replace("weather", "time")),
+    ):
+        text, got = chat_prompt({**body, "tool_choice": choice}, lim)
+        assert text == plain + opening and got.forced == opening, choice  # the template's own prompt, then the opening
+        job = parse_chat({**body, "tool_choice": choice}, lim)
+        assert list(job.requests[0].token_ids.ids) == tok.encode(plain + opening)
+        assert job.tools.forced == opening
+        # /tokenize renders the same prompt: the opening's tokens counted
+        assert tokenize({**body, "tool_choice": choice}, lim)["count"] == len(tok.encode(plain + opening))
+    assert tokenize(body, lim)["count"] == len(tok.encode(plain)) < len(tok.encode(plain + want))
+    with pytest.raises(ApiError, match="^tool_choice: .*add_generation_prompt"):
+        chat_prompt({**body, "tool_choice": "required", "add_generation_prompt": False}, lim)
+    if source == "xml":  # thinking on: the prompt ends in an open "<think>\n"; a forced call closes it empty first
+        thinking = {**body, "chat_template_kwargs": {}, "tool_choice": NAMED}
+        assert chat_prompt({**thinking, "tool_choice": "auto"}, lim)[0].endswith("<|im_start|>assistant\n<think>\n")
+        assert chat_prompt(thinking, lim)[0] == plain + want and plain.endswith("<think>\n\n</think>\n\n")
+
+
+def test_a_forced_named_call_parses_as_if_the_model_wrote_its_opening():
+    tools = check_tools([WEATHER, TIME])
+    xml_rest = "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+    json_rest = '{"city": "Paris", "days": 2}}\n</tool_call>'
+    for opening, rest in (("<tool_call>\n<function=get_weather>\n", xml_rest), (JSON_OPENING, json_rest)):
+        for cuts in ([], list(range(1, len(rest))), [4, 17]):
+            p = ToolCalls(tools, forced=opening, only="get_weather")
+            content, calls = _split(p, rest + " Done.", cuts)
+            assert content == " Done." and [c["function"]["name"] for c in calls] == ["get_weather"], (opening, cuts)
+            assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 2}  # typed: 2 an int
+        # the model ends (EOS) without closing the call Baton opened: parsed as if closed
+        content, calls = ToolCalls(tools, forced=opening, only="get_weather").split(rest.replace("</tool_call>", ""))
+        assert content == "" and json.loads(calls[0]["function"]["arguments"])["city"] == "Paris"
+        # a forced block that is not a call: the model's own text, never the opening
+        for text in ("oops</tool_call> then text", "cut off by max_tokens"):
+            content, calls = ToolCalls(tools, forced=opening, only="get_weather").split(text)
+            assert (content, calls) == (text, []) and "<tool_call>" not in content
+
+
+def test_a_named_choice_accepts_only_its_function_and_parallel_false_only_the_first_call():
+    tools = check_tools([WEATHER, TIME])
+    other = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    # JSON's last duplicate key wins: the model renamed the forced call; returned as its text, opening left out
+    renamed = '{"tz": "UTC"}, "name": "get_time"}\n</tool_call>'
+    content, calls = ToolCalls(tools, forced=JSON_OPENING, only="get_weather").split(renamed)
+    assert (content, calls) == (renamed, [])
+    weather = '{"city": "Rome"}}\n</tool_call>\n'
+    content, calls = ToolCalls(tools, forced=JSON_OPENING, only="get_weather").split(weather + other)
+    assert content == "\n" + other and [c["function"]["name"] for c in calls] == ["get_weather"]
+    # "required": any function; parallel_tool_calls false: the first call only, later calls dropped
+    both = '{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n' + other
+    content, calls = ToolCalls(tools, forced="<tool_call>\n").split(both)
+    assert content == "\n" and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    content, calls = ToolCalls(tools, forced="<tool_call>\n", parallel=False).split(both + " end")
+    assert content == "\n end" and [c["function"]["name"] for c in calls] == ["get_weather"]
+    with pytest.raises(ValueError):
+        ToolCalls(tools, forced="{")
 
 
 # ---- through the HTTP API --------------------------------------------------------------------------------
@@ -150,7 +261,7 @@ def _client(s):
 
 
 def _say(s, text: str) -> None:
-    s["script"]["ids"] = s["tok"].encode(text)
+    s["script"]["ids"], s["script"]["prompt"] = s["tok"].encode(text), None  # the next Prefill starts it
     assert s["tok"].decode(s["script"]["ids"]) == text
 
 
@@ -222,7 +333,10 @@ def test_an_earlier_turns_calls_and_results_reach_the_template(scripted):
 def test_bad_tool_fields_are_400_naming_them(scripted):
     base = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
     for extra, field in (
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": NAMED}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "parallel_tool_calls": 0}, "parallel_tool_calls"),
         ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
         (
             {
@@ -240,3 +354,54 @@ def test_bad_tool_fields_are_400_naming_them(scripted):
             timeout=10,
         )
         assert_error(r, 400, field)
+
+
+XML_REST = "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
+
+
+def test_a_named_tool_choice_forces_the_call_streamed_or_not(scripted):
+    """The scripted model writes only the rest of the call: the router wrote its opening after the prompt."""
+    _say(scripted, XML_REST)
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    kw = dict(model=MODEL, messages=msgs, tools=[WEATHER, TIME], tool_choice=NAMED, max_tokens=200)
+    r = _client(scripted).chat.completions.create(n=2, **kw)
+    assert _prompt(scripted).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n"
+    )
+    for c in r.choices:  # n = 2: each choice forced the same way
+        assert c.finish_reason == "tool_calls" and c.message.content is None
+        (call,) = c.message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {
+            "city": "Paris",
+            "days": 2,
+        }
+    chunks = list(_client(scripted).chat.completions.create(stream=True, **kw))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert text == "" and [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_forced_call_that_does_not_parse_is_content_without_the_opening(scripted):
+    msgs = [{"role": "user", "content": "Weather?"}]
+    for choice in ("required", NAMED):
+        _say(scripted, "I would rather not.")  # the named prompt extends the required one: a new script
+        kw = dict(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice=choice, max_tokens=200)
+        r = _client(scripted).chat.completions.create(**kw)
+        assert _prompt(scripted).endswith("<tool_call>\n" + ("<function=get_weather>\n" if choice == NAMED else ""))
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("I would rather not.", "stop")
+        assert not r.choices[0].message.tool_calls
+        chunks = list(_client(scripted).chat.completions.create(stream=True, **kw))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "I would rather not."
+
+
+def test_required_with_parallel_calls_off_returns_the_first_call(scripted):
+    two = "<function=get_time>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n" + XML_REST
+    _say(scripted, two)
+    msgs = [{"role": "user", "content": "Time and weather?"}]
+    kw = dict(model=MODEL, messages=msgs, tools=[WEATHER, TIME], tool_choice="required", max_tokens=200)
+    r = _client(scripted).chat.completions.create(**kw)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time", "get_weather"]
+    r = _client(scripted).chat.completions.create(parallel_tool_calls=False, **kw)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
