@@ -405,3 +405,19 @@ def test_required_with_parallel_calls_off_returns_the_first_call(scripted):
     r = _client(scripted).chat.completions.create(parallel_tool_calls=False, **kw)
     assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+
+
+def test_a_forced_call_the_model_ends_without_closing_is_still_a_call(scripted):
+    """EOS right after </function>: the block Baton opened is parsed at the end, streamed or not."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    kw = dict(model=MODEL, messages=msgs, tools=[WEATHER], tool_choice=NAMED, max_tokens=200)
+    _say(scripted, XML_REST.replace("\n</tool_call>", ""))
+    c = _client(scripted).chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert json.loads(c.message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 2}
+    _say(scripted, XML_REST.replace("\n</tool_call>", ""))
+    chunks = list(_client(scripted).chat.completions.create(stream=True, **kw))
+    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
