@@ -136,7 +136,8 @@ def call_opening(name: str | None, template_source: str) -> str:
         return START + "\n"
     if "<function=" in template_source:
         return f"{START}\n<function={name}>\n"
-    return START + '\n{"name": ' + json.dumps(name) + ', "arguments": '
+    # (no space after "arguments": BPE vocabularies hold ' {' as one token, so the model writes it itself)
+    return START + '\n{"name": ' + json.dumps(name) + ', "arguments":'
 
 
 def tool_choice(body: dict, template_source: str = "") -> ToolChoice:

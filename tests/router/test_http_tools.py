@@ -34,7 +34,7 @@ WEATHER = {
 }
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"properties": {"tz": {"type": "string"}}}}}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
-JSON_OPENING = '<tool_call>\n{"name": "get_weather", "arguments": '
+JSON_OPENING = '<tool_call>\n{"name": "get_weather", "arguments":'
 XML_TEMPLATE = QWEN35_TEMPLATE.read_text(encoding="utf-8")  # teaches <function=NAME> calls
 # A Qwen3-like template that teaches JSON calls (no "<function=" in it)
 JSON_TEMPLATE = (
@@ -116,7 +116,7 @@ def test_tool_definitions_and_tool_choice_are_checked():
 def test_the_forced_opening_follows_the_templates_format():
     assert call_opening(None, XML_TEMPLATE) == call_opening(None, JSON_TEMPLATE) == "<tool_call>\n"
     assert call_opening("get_weather", XML_TEMPLATE) == "<tool_call>\n<function=get_weather>\n"
-    assert call_opening("get_weather", JSON_TEMPLATE) == '<tool_call>\n{"name": "get_weather", "arguments": '
+    assert call_opening("get_weather", JSON_TEMPLATE) == '<tool_call>\n{"name": "get_weather", "arguments":'
     req = tool_choice({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False}, XML_TEMPLATE)
     assert (req.forced, req.only, req.parallel) == ("<tool_call>\n", None, False)
     named = tool_choice({"tools": [WEATHER, TIME], "tool_choice": NAMED}, JSON_TEMPLATE)
