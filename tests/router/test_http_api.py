@@ -193,7 +193,7 @@ def test_a_named_tool_choice_through_the_real_model(stack, tok):
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    opening = '<tool_call>\n{"name": "get_weather", "arguments": '
+    opening = '<tool_call>\n{"name": "get_weather", "arguments":'
     prompt = ChatTemplate.from_dir(DEFAULT_DIR).render(messages) + opening
     want, _ = grpc_text(stack.grpc, stack.token, prompt, 8)
     body = {"model": MODEL, "messages": messages, "tools": [tool], "tool_choice": choice, "max_tokens": 8}
