@@ -9,7 +9,11 @@ are queued or the window passed (no wait when it expects <= 1), then takes `lock
 call queued by then (calls that arrived while it waited for the lock join; with `cost` and `budget`: the
 queued calls in order while their summed cost fits the budget, at least one; the rest wait for the next
 leader, which may be one of them), runs run_batch on them, hands each its result (or the batch's
-exception), then passes the lead to a waiting call, if any, and returns. No thread of its own: the callers
+exception), then passes the lead to the first queued call, if any, and returns. Wake-ups: each call waits
+on its own event, set when it is done or the lead passes to it; only the leader waits on the condition,
+which an arrival notifies alone (one wake-up a call and a batch, not one of every waiting call at each
+arrival: at 64 sessions the process's CPU a round went 12.4 -> 4.7 ms, benchmarks/bench_gather.py,
+results/gather-cpu-2026-12-05.json). No thread of its own: the callers
 take turns running batches, so an idle Gather costs nothing. run_batch must give each item the result it
 would get alone (batch invariance is the batch function's: baton/engine/speculation.py verify_blocks,
 batch.py rows_batch).
@@ -60,10 +64,11 @@ def fill_stats(out, gathers) -> None:
 
 
 class _Call:
-    __slots__ = ("item", "done", "value", "error")
+    __slots__ = ("item", "done", "value", "error", "wake")
 
     def __init__(self, item):
         self.item, self.done, self.value, self.error = item, False, None, None
+        self.wake = threading.Event()  # set when the call is done, or when the lead passes to it
 
 
 class Gather:
@@ -101,15 +106,22 @@ class Gather:
             if self._key is not None:
                 self._arrived(self._key(item), self._last_arrival)
             self._queue.append(c)
-            self._cv.notify_all()
-        while True:  # a leader's batch may leave this call queued (budget): lead again or wait again
-            with self._cv:
-                while not c.done and self._leading:
-                    self._cv.wait()
+            lead = not self._leading
+            if lead:
+                self._leading = True
+            else:
+                self._cv.notify()  # only the leader waits on _cv: the others on their own call's event
+        while True:  # a leader's batch may leave this call queued (budget): it may lead again or wait again
+            if not lead:
+                c.wake.wait()
+                c.wake.clear()
                 if c.done:
                     break
-                self._leading = True
-            self._lead()
+            lead = False
+            if self._lead(c) is c:  # the lead passed back to this call (still queued)
+                lead = True
+            elif c.done:
+                break
         if c.error is not None:
             raise c.error
         return c.value
@@ -171,7 +183,10 @@ class Gather:
             return [base, (min(cap, len(self._queue) + live), max(until, window))]
         return [base, (min(cap, len(self._queue) + near), until)]
 
-    def _lead(self) -> None:
+    def _lead(self, own: _Call) -> _Call | None:
+        """One batch, led by the thread of call `own` (it holds the lead: _leading). Returns the queued call
+        the lead passed to (the first in the queue, woken unless it is `own`), or None: the lead is free and
+        the next call to arrive takes it."""
         try:
             with self._cv:  # let the other expected calls arrive
                 start = time.monotonic()
@@ -208,7 +223,12 @@ class Gather:
             with self._cv:
                 for c, v in zip(batch, values):
                     c.value, c.error, c.done = v, err, True
+            for c in batch:
+                c.wake.set()
         finally:
-            with self._cv:
-                self._leading = False
-                self._cv.notify_all()  # a waiting call takes the lead for the next batch
+            with self._cv:  # the lead passes to the first queued call, if any (it leads the next batch)
+                nxt = self._queue[0] if self._queue else None
+                self._leading = nxt is not None
+            if nxt is not None and nxt is not own:
+                nxt.wake.set()
+        return nxt
