@@ -55,10 +55,10 @@ def draft_batch(engine, items: list) -> list:
     _verdicts(items, [i for i in ok if items[i][2] is not None], out)  # 2.
     chained, ar = [], []
     live = [i for i in ok if out[i] is None]
-    t0 = _per_slot(items, live, lambda st: st.next_token)
+    t0, at = _per_slot(items, live, lambda st: st.next_token), _per_slot(items, live, lambda st: st.position)
     for i in live:
         s = items[i][0]
-        s.draft_t0 = t0[i]
+        s.draft_t0, s.draft_at = t0[i], at[i]
         if s.engine == "mtp":
             chained.append(i)
         else:

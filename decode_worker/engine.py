@@ -53,7 +53,8 @@ class DecodeSession:
     last_used: float
     # exact-mode drafting (fp8 / bf16 drafts): drafts of the last Draft call and the token fed first
     drafts: list[int] = field(default_factory=list)
-    draft_t0: int = 0
+    draft_t0: int = 0  # exact mode, each Draft: the pending token and its position (the committed tokens')
+    draft_at: int = 0  # (read with the batch's other slots, not by each Draft handler from the device)
     # mtp: pairs (hidden row, token) whose MTP KV rows are not final yet, starting at KV index mtp_start
     mtp_pairs_h: torch.Tensor | None = None
     mtp_pairs_ids: list[int] = field(default_factory=list)

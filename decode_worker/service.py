@@ -285,9 +285,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             self._set_sampling(s, request, proposing=True, fresh=not request.has_verdict)
             with window_field("k"):
                 drafts = self.engine.draft(request.session_id, request.k, verdict)
-            pos = int(s.runner.state.position[s.slot])
-            # NOTE: bf16/fp8 drafting consumed t0, d1..d(k-1) (k rows); the mtp chain consumes none
-            committed = pos - (0 if s.engine == "mtp" else len(drafts))
+            committed = s.draft_at  # the pending token's position, before drafting consumed t0, d1..d(k-1)
             table, probs = s.runner.sampling, []
             if s.slot in table.proposed:  # REJECTION policy: each draft's q' (d_i is at committed + i)
                 probs = rejection.to_protos(table.proposals(s.slot, committed + 1, len(drafts)))

@@ -182,6 +182,8 @@ class SamplingTable:
         self.judging.pop(slot, None)
         if proposing and p.rejection:
             self.proposed[slot] = {}
+        if p == self.params[slot]:  # the device already holds them (exact mode's Draft sets them every round)
+            return
         top_p = p.top_p if 0.0 < p.top_p < 1.0 else 1.0
         # + 0.0: a -0.0 penalty is +0.0, so a neutral row's logits stay bitwise (x - (-0.0) turns -0.0 to +0.0)
         for t, v in (

@@ -313,3 +313,34 @@ def test_logit_bias_moves_the_pick_and_leaves_other_rows_bitwise():
     assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, (tok, lp, top_lp)))
     t.clear(1)  # a cleared slot has no bias left
     assert t.pick(logits[1:2], torch.tensor([1]), torch.tensor([0]), torch.tensor([4]), [1]).item() == int(top2[1, 0])
+
+
+def test_setting_a_slot_s_unchanged_parameters_writes_nothing_to_the_device():
+    """Exact mode's Draft sets its session's parameters every round: unchanged, the device scalars are already
+    them, so the set writes nothing (it was 10 fill kernels a session a round); a change writes them, and
+    going back writes the first ones again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Writes(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Writes.n += str(func.overloadpacket).endswith(("fill_", "copy_"))
+            return func(*args, **(kwargs or {}))
+
+    t = SamplingTable(3, "cpu", 4)
+    a = Params(temperature=0.8, top_p=0.9, seed=7, logit_bias=((3, 2.0),))
+    b = Params(temperature=0.5, top_k=20, seed=9)
+    t.set(1, a)
+    before = [x.clone() for x in (t.temperature, t.top_p, t.top_k, t.seed_lo, t.bias_ids, t.bias_vals)]
+    with Writes():
+        t.set(1, Params(temperature=0.8, top_p=0.9, seed=7, logit_bias=((3, 2.0),)))  # equal, not the same object
+    assert Writes.n == 0
+    with Writes():
+        t.set(1, b)
+    assert Writes.n >= 10 and float(t.temperature[1]) == 0.5 and int(t.top_k[1]) == 20
+    t.set(1, a)
+    after = [t.temperature, t.top_p, t.top_k, t.seed_lo, t.bias_ids, t.bias_vals]
+    assert all(torch.equal(x, y) for x, y in zip(before, after)) and t.params[1] == a
+    t.clear(1)
+    assert float(t.temperature[1]) == 0.0 and float(t.bias_vals[1].abs().sum()) == 0.0
