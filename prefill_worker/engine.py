@@ -4,7 +4,7 @@ Lifecycle of a request through this engine:
     prefill(prompt, keep)   -> a session in a free slot; wide kernels; first token (greedy, or sampled
                                by the session's SamplingTable row, set at open, cleared at release;
                                its token history begun at open: prompt [0, n - generated), penalties;
-                               a re-prefill's `generated` tail runs as AR rows: replay_generated)
+                               a re-prefill's `generated` tail runs as AR rows: replay.Replays)
                                (= open_prefill + run_prefill; in between a sender may take the slot's
                                views and stream each layer as run_prefill's PrefillProgress marks it)
     export(session)         -> the slot's state tensors (the service streams them to a decode worker)
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from baton.engine import rejection
 from baton.engine.gather import PERIODIC, Gather
-from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, replay_generated, run_pass
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
@@ -39,6 +39,7 @@ from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import verify_blocks
 from baton.handoff.progress import PrefillProgress
 from baton.transfer import read_slots
+from prefill_worker.replay import Replays
 
 
 @dataclass
@@ -91,12 +92,11 @@ class ExactEngine:
         )
         # concurrent Verify calls of different sessions run as one batched pass (verify_blocks)
         self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count, **PERIODIC)
-        # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (baton/engine/prefill.py);
-        # verify passes take the same lock, so they interleave with a long prompt's pieces
-        # sessions opened for a prefill whose run_prefill has not ended, and calls still being validated
-        # (arriving): a pass's leader waits up to PREFILL_GATHER_S for their pieces (a burst's Prefill calls
-        # open a few ms apart: their hand-off streams start first), and PREFILL_SETTLE_S past the last
-        # arrival, so a burst shares passes instead of the first prompt running alone
+        self.replays = Replays(self.runner, self._compute)  # re-prefills' generated tails, in shared passes
+        # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (verify passes take the
+        # same lock: they interleave with a long prompt's pieces). Sessions opened for a prefill not ended yet,
+        # and calls still being validated (arriving): a pass's leader waits up to PREFILL_GATHER_S for their
+        # pieces (a burst's calls open a few ms apart), and PREFILL_SETTLE_S past the last arrival
         self._prefilling: set[str] = set()
         self._prefilling_lock = threading.Lock()
         self._arriving = 0  # Prefill calls received whose session is not open yet (arriving())
@@ -245,7 +245,7 @@ class ExactEngine:
             if g:  # no piece of it is to come (the passes stop waiting); every layer is final only after it
                 with self._prefilling_lock:
                     self._prefilling.discard(s.id)
-                tok = replay_generated(self.runner, s.slot, ids[len(ids) - g :], self._compute, mtp=mtp)
+                tok = self.replays.run(s.slot, ids[len(ids) - g :], mtp)
                 for i in range(self.runner.cfg.num_hidden_layers if progress is not None else 0):
                     progress.mark(i)
         except BaseException as e:

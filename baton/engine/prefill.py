@@ -2,7 +2,7 @@
 
     pieces(start, n)                  -> [(start, n), ...], the pieces a prompt is always cut into
     run_pass(runner, [Piece, ...])    -> [token or None, ...]; one forward over every piece's rows
-    replay_generated(runner, slot, ids, lock) -> token; a re-prefill's generated tail, as AR rows
+    replay_step(runner, [Replay, ...])        one W-row block of each re-prefill's generated tail, as AR rows
     prompt_logprobs_of(runner, piece, h)      -> a piece's prompt tokens' logprobs (Piece.prompt_logprobs)
 
 A prompt of n tokens from position `start` is cut at start + k * PREFILL_CHUNK, whatever else is in
@@ -161,30 +161,55 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
     return toks
 
 
-def replay_generated(runner, slot: int, generated: list[int], lock, mtp: bool = False) -> int:
-    """A migration's re-prefill (prompt + the tokens generated so far): after the prompt's pieces, the
-    generated tokens are fed as AR rows, W at a time (ModelRunner.rows, under `lock` per block), so the slot
-    is bitwise in the state the AR decode reached after them, on the exact engine and so on the decode
-    worker (a prefill piece over them is not: other kernels, other sums; a token can then differ at a
-    rounding edge). Costs len / W row passes instead of one piece. -> the token picked after the last one
-    (also the slot's next_token). mtp: the MTP layer's KV of the pairs (h_t, x_(t+1)) is written too, block by
-    block from the rows' hidden states (the prompt's last pair again with generated[0]), as a prefill would:
-    an mtp session drafts over all of it (drafts only: no token depends on it)."""
-    tok = None
-    mtp = mtp and runner.has_mtp
-    with lock:
-        start = int(runner.state.position[slot])  # the prompt's length: block i starts at start + i
-    for i in range(0, len(generated), runner.width):
-        block, pos0 = generated[i : i + runner.width], start + i
-        with lock:
-            if mtp and i == 0:  # the prompt's last pair, with the token that followed it
-                runner.mtp_batch([(slot, runner.state.hidden[slot : slot + 1].clone(), block[:1], pos0 - 1)])
-            tok = runner.rows(slot, block)[-1]
-            runner.state.next_token[slot] = tok
-            if mtp:
-                nxt = block[1:] + [generated[i + len(block)] if i + len(block) < len(generated) else tok]
-                runner.mtp_batch([(slot, runner.h_rows[: len(block)].clone(), nxt, pos0)])
-    return tok
+@dataclass
+class Replay:
+    """One session's migration re-prefill (prompt + the tokens generated so far), past its prompt's pieces:
+    the generated tokens still to feed as AR rows, W a block (replay_step). Why rows: a prefill piece over
+    them is not bitwise the AR decode's state (other kernels, other sums: a token can then differ at a
+    rounding edge); W-row blocks are (ModelRunner.rows: row invariance). Costs len / W row passes, shared
+    with the other sessions replaying at the same time (each group of a rows_batch pass is bitwise alone)."""
+
+    slot: int
+    generated: list[int]
+    start: int  # the prompt's length (the slot's position before the first block)
+    mtp: bool = False  # write the MTP layer's KV of the replayed pairs too (a prefill's would be there)
+    at: int = 0  # tokens fed so far
+    token: int | None = None  # the token picked after the last block fed (also the slot's next_token)
+
+    @property
+    def done(self) -> bool:
+        return self.at >= len(self.generated)
+
+
+def replay_step(runner, replays: list[Replay]) -> None:
+    """One block (up to W tokens) of each replay (distinct slots, none done) in one rows pass: each slot ends
+    bitwise in the state the AR decode reached after the block, and picks the token that decode picked next.
+    mtp replays also get the MTP layer's KV of their pairs (h_t, x_(t+1)) from the rows' hidden states (the
+    prompt's last pair again, with generated[0], before the first block): an mtp session drafts over all of
+    it (drafts only: no token depends on it). Raises what batch.rows_batch raises (state untouched then)."""
+    from baton.engine.batch import rows_batch
+    from baton.transfer import write_slots
+
+    W, has_mtp = runner.width, runner.has_mtp
+    blocks = [r.generated[r.at : r.at + W] for r in replays]
+    firsts = [
+        (r.slot, runner.state.hidden[r.slot : r.slot + 1].clone(), b[:1], r.start - 1)
+        for r, b in zip(replays, blocks)
+        if r.mtp and has_mtp and r.at == 0
+    ]
+    hidden: list = []
+    toks = rows_batch(runner, [(r.slot, b) for r, b in zip(replays, blocks)], ckpt_unused=True, hidden_out=hidden)
+    if firsts:  # (after the rows pass checked the batch: a refused batch leaves every slot untouched)
+        runner.mtp_batch(firsts)
+    write_slots(runner.state.next_token, [r.slot for r in replays], [t[-1] for t in toks])
+    pairs = []
+    for r, b, t, h in zip(replays, blocks, toks, hidden):
+        end = r.at + len(b)
+        if r.mtp and has_mtp:
+            pairs.append((r.slot, h, b[1:] + [r.generated[end] if end < len(r.generated) else t[-1]], r.start + r.at))
+        r.at, r.token = end, t[-1]
+    if pairs:
+        runner.mtp_batch(pairs)
 
 
 LOGPROB_ROWS = 64  # rows of [rows, vocab] logits at a time (64 x 248K: ~64 MB each in fp32, a few such)

@@ -159,7 +159,7 @@ def test_the_fused_conv_computes_the_torch_conv(big, monkeypatch):
 def test_a_re_prefill_replays_as_the_ar_decode_did(big):
     """A migration's re-prefill (prompt + g generated tokens, generated=g) on the prefill worker's runner (CUDA
     graphs captured as the worker does) leaves the slot bitwise in the state the exact AR decode reached, and
-    picks the same next token (baton/engine/prefill.py replay_generated), for g below, at and past W."""
+    picks the same next token (baton/engine/prefill.py replay_step), for g below, at and past W."""
     from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
     from prefill_worker.serve import prepare_cuda
@@ -184,3 +184,57 @@ def test_a_re_prefill_replays_as_the_ar_decode_did(big):
             if not t.name.startswith("mtp."):
                 assert torch.equal(t.materialize(), alone[t.name]), (g, t.name)
         e.release(again.id)
+
+
+@cuda
+def test_concurrent_re_prefills_share_their_replay_passes_and_equal_the_ar_decode(big):
+    """Three re-prefills at once (a dead decode worker's sessions) on the worker's runner: their W-row blocks
+    share the fused batched rows passes ("rowsb" graphs), and each slot ends bitwise in its AR state."""
+    import threading
+
+    from baton.engine.runner import ModelRunner
+    from prefill_worker.engine import ExactEngine
+    from prefill_worker.serve import prepare_cuda
+
+    r = ModelRunner(big.model, slots=6, max_len=4096, width=16, checkpoints=True)
+    prepare_cuda(r)
+    e = ExactEngine(r)
+    prompts, gs = _prompts(big.cfg.vocab_size, [300, 120, 57], seed=4), [40, 16, 23]
+    refs, alone = [], []
+    for prompt, g in zip(prompts, gs):
+        ref = e.generate(prompt, g + 1)
+        s, _ = e.prefill(prompt)
+        for want in ref[1 : g + 1]:
+            assert e.step(s.id) == want
+        tensors, pos, nxt = e.export(s.id)
+        alone.append(({t.name: t.materialize().clone() for t in tensors}, pos, nxt))
+        refs.append(ref)
+        e.release(s.id)
+    call, started, met = e.replays.gather.call, set(), threading.Barrier(3)
+
+    def first_block_together(replay):
+        if id(replay) not in started:
+            started.add(id(replay))
+            met.wait(60)
+        return call(replay)
+
+    e.replays.gather.call = first_block_together
+    out = [None] * 3
+    th = [
+        threading.Thread(
+            target=lambda i=i: out.__setitem__(i, e.prefill(prompts[i] + refs[i][: gs[i]], generated=gs[i]))
+        )
+        for i in range(3)
+    ]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(300)
+    assert e.replays.gather.max_items == 3
+    for (again, tok), ref, g, (want, pos, nxt) in zip(out, refs, gs, alone):
+        assert tok == ref[g], g
+        tensors, pos2, nxt2 = e.export(again.id)
+        assert (pos2, nxt2) == (pos, nxt), g
+        for t in tensors:
+            if not t.name.startswith("mtp."):
+                assert torch.equal(t.materialize(), want[t.name]), (g, t.name)

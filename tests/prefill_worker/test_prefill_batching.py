@@ -125,6 +125,61 @@ def test_a_re_prefill_replays_its_generated_tokens_as_the_ar_decode_did(lm, g):
         assert not torch.allclose(alone[name].float(), full_bf[name].float(), atol=5e-2, rtol=5e-2), name  # AR: none
 
 
+def test_concurrent_re_prefills_share_their_replay_passes_and_each_equals_its_ar_decode(lm):
+    """Sessions re-prefilled at once (a dead decode worker's sessions: prompt + g generated tokens each, g of
+    various lengths, past W) replay their blocks in shared rows passes, and each slot ends bitwise in the
+    state its own AR decode reached, with the token that decode picked next."""
+    e = _engine(lm)
+    prompts, gs = _prompts(lm, [13, 5, 22, 9], seed=7), [21, 3, 17, 9]
+    refs, alone = [], []
+    for prompt, g in zip(prompts, gs):
+        ref = e.generate(prompt, g + 2)
+        s, _ = e.prefill(prompt)
+        for want in ref[1 : g + 1]:
+            assert e.step(s.id) == want
+        refs.append(ref)
+        alone.append(_state(e, s.id))
+        e.release(s.id)
+    before = (e.replays.gather.batches, e.replays.gather.items)
+    out = [None] * len(prompts)
+    call, started, met = e.replays.gather.call, set(), threading.Barrier(len(prompts))
+
+    def first_block_together(replay):  # every re-prefill is replaying (counted live) before the first pass
+        if id(replay) not in started:
+            started.add(id(replay))
+            met.wait(30)
+        return call(replay)
+
+    e.replays.gather.call = first_block_together
+
+    def one(i):
+        out[i] = e.prefill(prompts[i] + refs[i][: gs[i]], generated=gs[i])
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    blocks = sum(-(-g // e.width) for g in gs)  # W-row blocks: 3 + 1 + 3 + 2
+    batches, items = e.replays.gather.batches - before[0], e.replays.gather.items - before[1]
+    assert items == blocks and batches < blocks and batches >= max(-(-g // e.width) for g in gs), (batches, items)
+    solo = _engine(lm)  # each re-prefill alone: its MTP KV too is what it writes in the shared passes
+    for (r, tok), ref, g, want, prompt in zip(out, refs, gs, alone, prompts):
+        assert tok == ref[g]
+        got = _state(e, r.id)
+        assert (got["pos"], got["next"]) == (want["pos"], want["next"])
+        for name in want:
+            if name not in ("pos", "next") and not name.startswith("mtp."):  # AR steps write no MTP KV
+                assert torch.equal(want[name], got[name]), name
+        one, _ = solo.prefill(prompt + ref[:g], generated=g)
+        one_state = _state(solo, one.id)
+        solo.release(one.id)
+        assert any(n.startswith("mtp.") for n in got)
+        for name in got:
+            if name.startswith("mtp."):
+                assert torch.equal(one_state[name], got[name]), name
+
+
 def test_prompt_logprobs_are_the_models_log_softmax_given_the_tokens_before(lm):
     """open_prefill(prompt_logprobs=N): for prompt tokens 1 .. n-1, the log_softmax of the logits given the
     tokens before each (against the AR rows path from position 0, in float64), with the N largest
