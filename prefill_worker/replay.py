@@ -14,7 +14,8 @@ W = 16: 16,384 passes). Gathered (baton/engine/gather.py), the blocks of every r
 Lifecycle of one replay: its session counts as replaying from run() until its last block (a pass's leader
 waits up to the Gather's window for the blocks of every replaying session); each block is one Gather call
 under the compute lock, so verify and prefill passes interleave with a long replay; a failed pass fails
-each replay in it (its caller releases the session).
+each replay in it (its caller releases the session). Its KV pages are all reserved before (open_prefill
+reserves prompt + generated), so a block never runs short of them.
 """
 
 from __future__ import annotations
