@@ -51,8 +51,10 @@
 # tests-mtp 3 passed), tests-serving at 1e02dc4 (4 passed), tests-decode at 8a4a653 (8 passed), spec-adaptive
 # at 8a4a653 (K = 0 at 8 and 32, 0.947x bf16 at 32), spec-exact at 8a4a653 (2.83x at 8, 0.56x bf16 at 32),
 # verify with --long 32000 (eager then; the bench captures the worker's graphs since).
-# Owed next: spec-exact with the per-round split (where a 147 ms round of 32 exact sessions goes), verify on
-# the captured graphs, nogil at 32, serve-steady, burst, gil with SWITCH_POINTS=5000,20000.
+# Owed next: spec-exact with the per-round split (where a 147 ms round of 32 exact sessions goes; since then
+# the Gather wakes one call at a time and the Draft's per-round sampling writes and position read are gone),
+# tests-engine (test_gpu_prefill.py's concurrent re-prefills sharing their replay passes, cde490f),
+# verify on the captured graphs, nogil at 32, serve-steady, burst, gil with SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
