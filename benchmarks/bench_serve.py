@@ -76,6 +76,9 @@ Per point:
                        deliver, and other = the rest: its bookkeeping and waits for the GIL between phases),
                        each a share of the point's wall time; collect near 1 means the device is the limit,
                        lock / launch / other the host; held_rows_mean: joined sessions left out of a step
+    router_cpu         CPU seconds per wall second of the `baton serve` process over the point: the router
+                       (its gRPC server, the exact loops' Draft / Verify calls, HTTP) and nothing else there
+                       (the workers are its child processes); /proc, so Linux only (else absent)
     decode_thread_cpu, prefill_thread_cpu   {thread group: CPU seconds per wall second} of the role's
                        workers over the point (WorkerStats thread_cpu_s, baton/thread_cpu.py; groups under
                        0.5% left out): Python runs only with the GIL, so under a busy GIL these say who
@@ -185,7 +188,16 @@ sys.path.insert(0, str(ROOT))
 from baton.thread_cpu import share as thread_cpu_share  # noqa: E402
 from benchmarks import serve_layouts as layouts  # noqa: E402
 from benchmarks.baselines import DTYPE_BYTES, floor_tok_s, weight_bytes  # noqa: E402
-from benchmarks.load import Serve, capacity, decode_steps, gathers, pct, serve_env, thread_cpu  # noqa: E402
+from benchmarks.load import (  # noqa: E402
+    Serve,
+    capacity,
+    decode_steps,
+    gathers,
+    pct,
+    process_cpu_s,
+    serve_env,
+    thread_cpu,
+)
 from router.service import RouterConfig  # noqa: E402
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}\n\n\ndef g{i}(" for i in range(32)]
@@ -596,6 +608,12 @@ def rate_point(
     } | summarize(samples, wall, cpu, spec)
 
 
+def _router_cpu(serve) -> float | None:
+    """CPU seconds the router's process has used so far (router_cpu), None where it cannot be read."""
+    pid = serve.router_pid() if hasattr(serve, "router_pid") else None
+    return process_cpu_s(pid) if pid else None
+
+
 class _StepStats:
     """Per point: the decode workers' batched steps during it (load.decode_steps), as decode_* fields,
     and the workers' gathered batches (load.gathers) as {prefill,decode}_gathered_* fields; {} when the
@@ -603,12 +621,14 @@ class _StepStats:
 
     def __init__(self, serve, token):
         self.serve, self.token, self.s0, self.g0, self.c0, self.t0 = serve, token, None, None, {}, 0.0
+        self.r0: float | None = None
 
     def start(self) -> None:
         try:
             self.s0 = decode_steps(self.serve.workers(), self.token, reset=True)
             self.g0 = gathers(self.serve.workers(), self.token)
             self.c0, self.t0 = thread_cpu(self.serve.workers(), self.token), time.monotonic()
+            self.r0 = _router_cpu(self.serve)
         except Exception:  # noqa: BLE001 - the point runs without step stats
             self.s0 = None
 
@@ -656,6 +676,9 @@ class _StepStats:
                 out[f"{role}_gathered_{k}_ms"] = round(1e3 * (secs - t0.get(k, 0.0)) / (b1 - b0), 2) if b1 > b0 else 0.0
         for role in ("decode", "prefill"):
             out[f"{role}_thread_cpu"] = thread_cpu_share(self.c0.get(role, {}), c1.get(role, {}), wall)
+        r1 = _router_cpu(self.serve)
+        if r1 is not None and self.r0 is not None and wall > 0:
+            out["router_cpu"] = round((r1 - self.r0) / wall, 3)
         return out
 
 

@@ -119,6 +119,10 @@ class Serve:
             time.sleep(0.1)
         raise TimeoutError("baton serve printed no serving line in time:\n" + "\n".join(self.err[-30:]))
 
+    def router_pid(self) -> int:
+        """The router's process: `baton serve` runs it in its own (the workers are its children)."""
+        return self.proc.pid
+
     def workers(self) -> dict[str, str]:
         """name (prefill-0, decode-0, ...) -> address, from the progress lines (latest wins)."""
         return {m.group(1): m.group(2) for ln in self.err if (m := READY_RE.match(ln))}
@@ -239,6 +243,17 @@ def capacity(addresses: dict[str, str], token: str | None) -> dict[str, dict]:
             "kv_page_tokens": st.kv_page_tokens,
         }
     return out
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process `pid` has used, its own threads only (not its children's): from
+    /proc/PID/stat; None where there is no /proc or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": state is fields[0], utime fields[11]
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def thread_cpu(addresses: dict[str, str], token: str | None) -> dict[str, dict[str, float]]:

@@ -134,6 +134,10 @@ class ControlledServe:
         self.router = None
         self.addresses: dict[str, str] = {}
 
+    def router_pid(self) -> int | None:
+        """The router's process, once started."""
+        return self.router.pid if self.router is not None else None
+
     @property
     def label(self) -> str:
         """The commands, `;`-separated (the router's addresses once the workers are up)."""

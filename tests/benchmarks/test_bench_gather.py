@@ -18,3 +18,19 @@ def test_every_session_joins_one_batch_a_round_and_the_round_is_at_least_its_two
     for p in (one, six):
         assert p["round_ms"] >= p["ideal_round_ms"] == 6.0 and p["cpu_ms_per_round"] >= 0
         assert set(p["draft_batch_ms"]) == {"wait", "lock", "run"} and p["draft_batch_ms"]["run"] >= 3.0
+
+
+def test_process_cpu_counts_this_process_s_own_cpu_time():
+    """benchmarks/load.py process_cpu_s (bench_serve's router_cpu): half a second of busy loop here shows as
+    ~0.5 s more; a process that does not exist gives None."""
+    import os
+    import time
+
+    from benchmarks.load import process_cpu_s
+
+    before, t = process_cpu_s(os.getpid()), time.process_time()
+    while time.process_time() - t < 0.5:
+        pass
+    spent = process_cpu_s(os.getpid()) - before
+    assert 0.4 <= spent <= 0.7, spent
+    assert process_cpu_s(2**22 + 12345) is None

@@ -322,5 +322,6 @@ def test_exact_fp8_with_controlled_drafts(tmp_path):
     assert 0 < p["round_draft_ms_p50"] < p["round_ms_p50"] and 0 < p["round_verify_ms_p50"] < p["round_ms_p50"], p
     assert p["round_other_ms_p50"] > -2.0  # per stream: its round less its calls (each p50 over the streams)
     assert p["prefill_gathered_run_ms"] > 0 and p["decode_gathered_run_ms"] > 0, p
+    assert 0 < p["router_cpu"] < 4, p  # the router's process ran the exact loops: some CPU, within the cores
     assert min(p[f"{r}_gathered_{k}_ms"] for r in ("prefill", "decode") for k in ("wait", "lock", "run")) >= 0, p
     assert _documented(r["points"]) == []
