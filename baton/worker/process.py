@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from baton import stalls
+from baton import stack_sampler, stalls
 from baton.heap import freeze_startup_heap
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings
@@ -48,6 +48,7 @@ def ready(role: str, settings: Settings) -> None:
     sys.setswitchinterval(settings.switch_interval_us / 1e6)
     log.info("%s: GIL switch interval %d us", role, settings.switch_interval_us)
     stalls.start()
+    stack_sampler.start(role)  # BATON_STACK_SAMPLES only (baton/stack_sampler.py)
 
 
 def run_until_signal(role: str, handle: WorkerHandle, grace: float = DEFAULT_GRACE_S) -> int:
@@ -67,6 +68,9 @@ def run_until_signal(role: str, handle: WorkerHandle, grace: float = DEFAULT_GRA
         pass
     handle.stop(grace)
     log.info("%s: stopped", role)
+    written = stack_sampler.write()
+    if written:
+        log.info("%s: stack samples in %s", role, written)
     return 0
 
 

@@ -289,10 +289,16 @@ def serve_generate_stop(
 
 # ---------------------------------------------------------------------------------- tests
 @pytest.mark.timeout(300)
-def test_serve_processes_generate_and_sigterm(tmp_path):
+def test_serve_processes_generate_and_sigterm(tmp_path, monkeypatch):
+    # the workers inherit the environment: with BATON_STACK_SAMPLES each writes its stack samples on its clean
+    # stop (baton/stack_sampler.py)
+    monkeypatch.setenv("BATON_STACK_SAMPLES", str(tmp_path / "stacks-{role}-{pid}.txt"))
     srv, tree, took = serve_generate_stop(
         tmp_path, "--processes", "--ask", PROMPT, "--ask-tokens", "12", start_timeout=180, kill_decode=True
     )
+    written = {p.name.split("-")[1]: p.read_text() for p in tmp_path.glob("stacks-*.txt")}
+    assert set(written) == {"prefill", "decode"}, (written.keys(), srv.log())  # (the restarted decode worker's)
+    assert all(t.startswith("# stack samples every 5 ms") and "## " in t for t in written.values())
     assert len(srv.worker_ports()) == 2, srv.log()
     # the prefill worker's hand-off sender process (baton/handoff/sender/process.py) is part of its tree
     assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == [
