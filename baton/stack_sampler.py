@@ -2,9 +2,9 @@
 batch leaders and the step threads goes, on a machine with no py-spy (the GPU machine installs nothing).
 A diagnostic, off unless asked.
 
-    BATON_STACK_SAMPLES=PATH        start(role) (baton/worker/process.py ready) samples every thread; the report
-                                    is written to PATH at write() (run_until_signal, after the clean stop);
-                                    "{role}" and "{pid}" in PATH are filled in
+    BATON_STACK_SAMPLES=PATH        start(role) samples every thread (a worker: baton/worker/process.py ready;
+                                    the router: router/__main__.py, deploy/local.py); the report is written to
+                                    PATH at write() (after the clean stop); "{role}" and "{pid}" are filled in
     BATON_STACK_INTERVAL_MS=5       the sampling period
 
 Every period the sampler thread reads sys._current_frames() (it holds the GIL for that moment, so a sample

@@ -246,7 +246,9 @@ case $stage in
     done | tee "$out/spec-adaptive-ratios.txt"
     ;;
   spec-exact)
-    spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
+    # where the host time of the rounds goes: each process's stack samples (baton/stack_sampler.py)
+    BATON_STACK_SAMPLES="$out/stacks-{role}-{pid}.txt" spec spec-exact-mtp --mode exact --engine mtp \
+      --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
     spec spec-exact-bf16 --engine bf16 --concurrency 32 --check-prompts 1
     {
       ratio "exact mtp p=0.95 at 8 / at 1" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp.json" 1 5

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from baton import stack_sampler
 from deploy.processes import (
     Progress,
     StartupError,
@@ -100,6 +101,7 @@ def serve_until_signalled(
         router = start_router()
         wait_serving(_router_probe_address(router.address), timeout=120.0, what="router")
         sig.phase = "serving"
+        stack_sampler.start("router")  # BATON_STACK_SAMPLES only (baton/stack_sampler.py)
         print(f"baton: serving on {router.address}", flush=True)
         if getattr(router, "http_url", None):
             print(f"baton: http on {router.http_url}", flush=True)
@@ -123,6 +125,7 @@ def serve_until_signalled(
             try:
                 router.stop(grace)
                 progress.say(f"router stopped ({time.monotonic() - t0:.1f} s)")
+                stack_sampler.write()
             except Exception as e:  # keep going: the workers must still be stopped
                 progress.say(f"router stop failed: {e}")
         try:

@@ -20,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+from baton import stack_sampler
 from baton.engine.draft_length import POLICIES
 from baton.heap import freeze_startup_heap
 from baton.lifeline import die_with_parent
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"router: {e}", file=sys.stderr)
         return 1
     freeze_startup_heap("router")
+    stack_sampler.start("router")  # BATON_STACK_SAMPLES only (baton/stack_sampler.py)
     print(f"router: serving on {handle.address}", flush=True)
     if servicer.http is not None:
         print(f"router: http on {servicer.http.url}", flush=True)
@@ -253,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     logging.getLogger("baton.router").info("shutting down (grace %.1fs)", args.grace)
     stop_router(handle, servicer, args.grace)
+    stack_sampler.write()
     return 0
 
 

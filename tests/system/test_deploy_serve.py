@@ -297,7 +297,8 @@ def test_serve_processes_generate_and_sigterm(tmp_path, monkeypatch):
         tmp_path, "--processes", "--ask", PROMPT, "--ask-tokens", "12", start_timeout=180, kill_decode=True
     )
     written = {p.name.split("-")[1]: p.read_text() for p in tmp_path.glob("stacks-*.txt")}
-    assert set(written) == {"prefill", "decode"}, (written.keys(), srv.log())  # (the restarted decode worker's)
+    # both workers' (the restarted decode worker's) and the router's, in `baton serve`'s own process
+    assert set(written) == {"prefill", "decode", "router"}, (written.keys(), srv.log())
     assert all(t.startswith("# stack samples every 5 ms") and "## " in t for t in written.values())
     assert len(srv.worker_ports()) == 2, srv.log()
     # the prefill worker's hand-off sender process (baton/handoff/sender/process.py) is part of its tree
