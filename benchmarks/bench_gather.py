@@ -12,7 +12,6 @@ CPU time a round), batches and their mean calls, and the first Gather's wait / l
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.engine.gather import PERIODIC, Gather  # noqa: E402
-from benchmarks.report import emit, machine  # noqa: E402
+from benchmarks.report import emit, header  # noqa: E402
 
 
 class _Session:
@@ -77,13 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     emit(
-        {
-            "benchmark": "bench_gather",
-            "command": " ".join(
-                ["python", "benchmarks/bench_gather.py", *(argv if argv is not None else sys.argv[1:])]
-            ),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
+        header(__file__, argv)
+        | {
             "pass_ms": a.pass_ms,
             "rounds": a.rounds,
             "points": [point(int(n), a.rounds, a.pass_ms) for n in a.sessions.split(",")],

@@ -19,6 +19,21 @@ def emit(result: dict, out: str | Path | None) -> None:
         out.write_text(json.dumps(result, indent=1) + "\n")
 
 
+def header(script: str, argv: list[str] | None) -> dict:
+    """The fields every result starts with: benchmark (the script's name), command (as run: argv, or the
+    process's own arguments), date (UTC) and machine."""
+    import datetime
+    import sys
+
+    name = Path(script).stem
+    return {
+        "benchmark": name,
+        "command": " ".join(["python", f"benchmarks/{name}.py", *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+
+
 def machine(**extra) -> dict:
     """Where a benchmark ran: host, CPU model, usable cores, Python/torch/grpc versions, GPU; plus `extra`."""
     import grpc

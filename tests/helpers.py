@@ -157,3 +157,19 @@ def count_graph_replays(monkeypatch, runner, kinds) -> list[tuple]:
 
         monkeypatch.setattr(launcher, "replay", replay)
     return log
+
+
+def replays_start_together(engine, n: int) -> None:
+    """Makes `n` re-prefills on `engine` (an ExactEngine) start their replays together: each one's first block
+    waits for the others' (all counted live by then), so they share passes from the first block on."""
+    import threading
+
+    call, started, met = engine.replays.gather.call, set(), threading.Barrier(n)
+
+    def first_block_together(replay):
+        if id(replay) not in started:
+            started.add(id(replay))
+            met.wait(60)
+        return call(replay)
+
+    engine.replays.gather.call = first_block_together

@@ -12,6 +12,7 @@ def test_every_session_joins_one_batch_a_round_and_the_round_is_at_least_its_two
     assert bench_gather.main(["--sessions", "1,6", "--rounds", "12", "--pass-ms", "3", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out) == r
+    assert r["benchmark"] == "bench_gather" and r["command"].startswith("python benchmarks/bench_gather.py --sessions")
     one, six = r["points"]
     assert (one["sessions"], six["sessions"]) == (1, 6) and one["batches"] == 12 and one["mean_calls"] == 1
     assert six["batches"] >= 12 and six["mean_calls"] >= 3  # merged rounds (a late wake-up may split one)

@@ -16,6 +16,7 @@ import random
 
 import pytest
 import torch
+from helpers import replays_start_together
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -210,15 +211,7 @@ def test_concurrent_re_prefills_share_their_replay_passes_and_equal_the_ar_decod
         alone.append(({t.name: t.materialize().clone() for t in tensors}, pos, nxt))
         refs.append(ref)
         e.release(s.id)
-    call, started, met = e.replays.gather.call, set(), threading.Barrier(3)
-
-    def first_block_together(replay):
-        if id(replay) not in started:
-            started.add(id(replay))
-            met.wait(60)
-        return call(replay)
-
-    e.replays.gather.call = first_block_together
+    replays_start_together(e, 3)
     out = [None] * 3
     th = [
         threading.Thread(

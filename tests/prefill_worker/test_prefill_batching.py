@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import torch
-from helpers import make_tiny_dir
+from helpers import make_tiny_dir, replays_start_together
 
 from baton.engine.prefill import Piece
 from baton.engine.runner import ModelRunner, WindowError
@@ -142,15 +142,7 @@ def test_concurrent_re_prefills_share_their_replay_passes_and_each_equals_its_ar
         e.release(s.id)
     before = (e.replays.gather.batches, e.replays.gather.items)
     out = [None] * len(prompts)
-    call, started, met = e.replays.gather.call, set(), threading.Barrier(len(prompts))
-
-    def first_block_together(replay):  # every re-prefill is replaying (counted live) before the first pass
-        if id(replay) not in started:
-            started.add(id(replay))
-            met.wait(30)
-        return call(replay)
-
-    e.replays.gather.call = first_block_together
+    replays_start_together(e, len(prompts))
 
     def one(i):
         out[i] = e.prefill(prompts[i] + refs[i][: gs[i]], generated=gs[i])
