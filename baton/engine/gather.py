@@ -44,6 +44,7 @@ settle_s once (3 ms against a prefill pass of 75 ms or more), a burst runs as on
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable, Hashable
@@ -51,6 +52,22 @@ from typing import Callable, Hashable
 # Gather options for calls made once a round by sessions (items whose first element is the session):
 # exact-mode Draft and Verify, fast-mode MTP rounds. 50 ms: the most a leader waits for a late group.
 PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
+ENV_PERIODIC = "BATON_GATHER_PERIODIC"
+
+
+def rounds_share_a_device(device, gpu_workers: int) -> bool:
+    """Whether exact mode's Draft passes (decode worker) and Verify passes (prefill worker) share one device,
+    so that two groups of sessions cost twice the passes of one and PERIODIC's merging pays: on CUDA with
+    the workers on one GPU (gpu_workers > 1: BATON_GPU_WORKERS, set by the launchers). Else (the CPU, each
+    worker on its own cores; one GPU a worker) two groups pipeline through the two workers for free and
+    the leaders' waits for a group due later are pure loss (CPU, 8 exact sessions, bench_serve: 150 -> 198
+    tok/s without them). BATON_GATHER_PERIODIC=1 / 0 forces the answer."""
+    forced = os.environ.get(ENV_PERIODIC)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return str(device).startswith("cuda") and gpu_workers > 1
+
+
 # A batch's times (Gather.seconds, WorkerStats.gathered_s): its leader waiting for the calls it expects,
 # then for the compute lock, then the batch function's run.
 TIMES = ("wait", "lock", "run")
@@ -98,6 +115,14 @@ class Gather:
         self.items = 0
         self.max_items = 0
         self.seconds = dict.fromkeys(TIMES, 0.0)  # stats: summed over the batches (TIMES)
+
+    def pipelined(self) -> None:
+        """Drops PERIODIC's keying (its key and max_wait_s): a leader waits only for expected() calls, at most
+        gather_s. For calls whose groups pipeline through workers on different devices
+        (rounds_share_a_device)."""
+        with self._cv:
+            self._key, self.max_wait_s = None, 0.0
+            self._seen.clear()
 
     def call(self, item):
         c = _Call(item)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.engine.gather import Gather
+from baton.engine.gather import PERIODIC, Gather, rounds_share_a_device
 from baton.engine.runner import ModelRunner
 from baton.engine.speculation import verify_block, verify_blocks
 from baton.loading import load_model
@@ -204,3 +204,48 @@ def test_verify_blocks_equal_each_block_alone(model):
         assert got == want and [m for m, _ in got] == [0, 1, 2, 3, 4]
         for slot in range(5):
             assert all(torch.equal(a, b) for a, b in zip(_state(alone, slot), _state(batched, slot))), slot
+
+
+def test_rounds_share_a_device_only_on_one_gpu_for_several_workers(monkeypatch):
+    monkeypatch.delenv("BATON_GATHER_PERIODIC", raising=False)
+    assert rounds_share_a_device("cuda", 2) and rounds_share_a_device("cuda:0", 3)
+    assert not rounds_share_a_device("cuda", 1) and not rounds_share_a_device("cpu", 2)
+    monkeypatch.setenv("BATON_GATHER_PERIODIC", "1")
+    assert rounds_share_a_device("cpu", 1)
+    monkeypatch.setenv("BATON_GATHER_PERIODIC", "0")
+    assert not rounds_share_a_device("cuda", 2)
+
+
+def test_a_pipelined_gather_does_not_wait_for_a_group_due_later():
+    """Two groups of 2 sessions, out of phase by 40 ms, each calling once a round (80 ms apart): keyed
+    (PERIODIC) a leader waits for the other group, due within its window, and they merge; pipelined() it
+    waits for nothing but expected() calls within gather_s, so the groups stay apart and no batch waits
+    for the other group."""
+
+    class S:
+        def __init__(self, i):
+            self.id = i
+
+    def run_groups(g: Gather) -> list[int]:
+        def session(i):
+            time.sleep(0.04 if i >= 2 else 0.0)
+            for _ in range(12):
+                g.call((S(i),))
+                time.sleep(0.08)
+
+        th = [threading.Thread(target=session, args=(i,)) for i in range(4)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(30)
+        return sizes
+
+    sizes: list[int] = []
+    keyed = Gather(lambda items: sizes.append(len(items)) or items, threading.Lock(), expected=lambda: 4, **PERIODIC)
+    run_groups(keyed)
+    assert sizes[-4:-1].count(4) >= 2, sizes  # merged
+    sizes = []
+    plain = Gather(lambda items: sizes.append(len(items)) or items, threading.Lock(), expected=lambda: 4, **PERIODIC)
+    plain.pipelined()
+    run_groups(plain)
+    assert max(sizes) <= 2 and plain.seconds["wait"] / plain.batches < 0.01, (sizes, plain.seconds)
