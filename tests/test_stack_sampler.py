@@ -19,15 +19,17 @@ def test_a_busy_thread_s_function_leads_its_group_and_the_collapsed_stacks():
     t = threading.Thread(target=_spin_in_a_known_place, args=(stop,), name="busy-7")
     t.start()
     s = Sampler(0.002).start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while s.samples["busy"] < 40 and time.monotonic() < deadline:  # (a loaded machine samples less often)
+        time.sleep(0.05)
     s.stop()
     stop.set()
     t.join()
-    assert s.samples["busy"] >= 20, s.samples  # the group: the name without its counter
+    assert s.samples["busy"] >= 40, s.samples  # the group: the name without its counter
     report = s.report()
     section = report.split("## busy:")[1].split("\n## ")[0]
-    own = section.split("self: ")[1].split("\n")[0]
-    assert own.startswith("test_stack_sampler.py:_spin_in_a_known_place "), section  # most of the self samples
+    own = dict(x.rsplit(" ", 1) for x in section.split("self: ")[1].split("\n")[0].split(", "))
+    assert float(own["test_stack_sampler.py:_spin_in_a_known_place"].rstrip("%")) >= 50, section  # mostly there
     assert "test_stack_sampler.py:_spin_in_a_known_place 100.0%" in section.split("total: ")[1], section
     line = next(ln for ln in report.splitlines() if ln.startswith("busy;"))
     assert "_spin_in_a_known_place" in line and int(line.rsplit(" ", 1)[1]) >= 1

@@ -299,7 +299,7 @@ def test_serve_processes_generate_and_sigterm(tmp_path, monkeypatch):
     written = {p.name.split("-")[1]: p.read_text() for p in tmp_path.glob("stacks-*.txt")}
     # both workers' (the restarted decode worker's) and the router's, in `baton serve`'s own process
     assert set(written) == {"prefill", "decode", "router"}, (written.keys(), srv.log())
-    assert all(t.startswith("# stack samples every 5 ms") and "## " in t for t in written.values())
+    assert all(t.startswith("# stack samples every 10 ms") and "## " in t for t in written.values())
     assert len(srv.worker_ports()) == 2, srv.log()
     # the prefill worker's hand-off sender process (baton/handoff/sender/process.py) is part of its tree
     assert sorted(c.split(" -m ")[1].split()[0] for c in tree.values()) == [
