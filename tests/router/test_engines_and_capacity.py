@@ -118,6 +118,15 @@ def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
             assert got[f'baton_worker_gathered_seconds_total{{part="{part}",role="{role}",worker="{addr}"}}'] >= 0
 
 
+def test_cpu_served_workers_pipeline_exact_rounds_and_one_gpu_shared_merges_them(cluster, monkeypatch):
+    """serve_prefill / serve_decode on the CPU (each worker on its own cores): exact mode's Verify and Draft
+    gathers are pipelined, no periodic keying (baton/engine/gather.py rounds_share_a_device); the same
+    serve on one GPU shared by two workers would keep it (the rule itself: tests/engine/test_gather.py)."""
+    monkeypatch.delenv("BATON_GATHER_PERIODIC", raising=False)
+    assert cluster["prefill"].engine.verifies._key is None and cluster["decode"].engine.drafts._key is None
+    assert cluster["decode"].engine.mtp_rounds._key is not None  # one worker's own rounds: still merged
+
+
 def test_a_worker_that_does_not_answer_is_left_out_and_counted():
     """GetStats to a port nothing listens on (real socket): that worker has no figure in the scrape, and
     baton_worker_scrape_errors counts it."""
