@@ -98,6 +98,28 @@ def test_a_failing_batch_raises_in_each_caller_and_the_gather_goes_on():
     assert g.call(5) == 5
 
 
+class _Session:
+    def __init__(self, i):
+        self.id = i
+
+
+def _out_of_phase(call, n: int, *, lagging: int, lag: float, period: float, rounds: int) -> None:
+    """n sessions, each from its own thread, calling call(i) once a round (`period` s elsewhere between
+    calls); sessions lagging.. start `lag` s late: two groups out of phase."""
+
+    def session(i):
+        time.sleep(lag if i >= lagging else 0.0)
+        for _ in range(rounds):
+            call(i)
+            time.sleep(period)
+
+    th = [threading.Thread(target=session, args=(i,)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(30)
+
+
 # the times are those of a 2x slower machine (10 ms passes, 90 ms elsewhere), so that a late wake-up on a
 # loaded CI box (two test processes on two cores) stays well inside a window
 @pytest.mark.parametrize("max_wait", [0.1, 0.024])  # the gap within one window; several: drift
@@ -115,24 +137,12 @@ def test_periodic_callers_out_of_phase_merge_into_one_batch(max_wait):
         time.sleep(0.01)
         return [s.id for s in items]
 
-    class S:
-        def __init__(self, i):
-            self.id = i
-
     g = Gather(run, threading.Lock(), expected=lambda: 6, key=lambda s: s.id, max_wait_s=max_wait)
-    rounds = 30
 
-    def session(i):
-        time.sleep(0.05 if i >= 3 else 0.0)
-        for _ in range(rounds):
-            assert g.call(S(i)) == i
-            time.sleep(0.09)
+    def call(i):
+        assert g.call(_Session(i)) == i
 
-    th = [threading.Thread(target=session, args=(i,)) for i in range(6)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(30)
+    _out_of_phase(call, 6, lagging=3, lag=0.05, period=0.09, rounds=30)
     sizes = [len(b) for b in batches]
     # merged: one batch of all 6 a round at the end (the very last may miss a session that has finished;
     # a rare late wake-up on a loaded machine splits a round, and the next merges again)
@@ -222,22 +232,8 @@ def test_a_pipelined_gather_does_not_wait_for_a_group_due_later():
     waits for nothing but expected() calls within gather_s, so the groups stay apart and no batch waits
     for the other group."""
 
-    class S:
-        def __init__(self, i):
-            self.id = i
-
     def run_groups(g: Gather) -> list[int]:
-        def session(i):
-            time.sleep(0.04 if i >= 2 else 0.0)
-            for _ in range(12):
-                g.call((S(i),))
-                time.sleep(0.08)
-
-        th = [threading.Thread(target=session, args=(i,)) for i in range(4)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join(30)
+        _out_of_phase(lambda i: g.call((_Session(i),)), 4, lagging=2, lag=0.04, period=0.08, rounds=12)
         return sizes
 
     sizes: list[int] = []
