@@ -54,15 +54,21 @@ def group_of(name: str) -> str:
     return re.sub(r"\s+", " ", _COUNTER.sub("", name)).strip() or name
 
 
-def _cpu_s(tid: int) -> float | None:
-    """utime + stime of thread `tid` of this process, s; None when it is gone (or no /proc)."""
+def stat_cpu_s(path: str) -> float | None:
+    """utime + stime, s, of a /proc stat file (/proc/PID/stat: a process's own threads; /proc/self/task/TID/stat:
+    one thread); None when it is gone (or no /proc)."""
     try:
-        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read()
     except OSError:
         return None
     fields = raw[raw.rindex(b")") + 2 :].split()  # after "pid (comm) ": state is field 3, utime 14
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _cpu_s(tid: int) -> float | None:
+    """utime + stime of thread `tid` of this process, s; None when it is gone (or no /proc)."""
+    return stat_cpu_s(f"/proc/self/task/{tid}/stat")
 
 
 def _comm(tid: int) -> str:

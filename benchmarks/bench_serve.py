@@ -610,7 +610,7 @@ def rate_point(
 
 def _router_cpu(serve) -> float | None:
     """CPU seconds the router's process has used so far (router_cpu), None where it cannot be read."""
-    pid = serve.router_pid() if hasattr(serve, "router_pid") else None
+    pid = serve.router_pid()  # (Serve, ControlledServe)
     return process_cpu_s(pid) if pid else None
 
 

@@ -205,9 +205,9 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
     for role, st in _role_stats(addresses, token):
         b, i, t = out.get(role, (0, 0, {}))
-        t = {k: t.get(k, 0.0) + v for k, v in st.gathered_s.items()} | {
-            k: v for k, v in t.items() if k not in st.gathered_s
-        }
+        t = dict(t)
+        for part, secs in st.gathered_s.items():
+            t[part] = t.get(part, 0.0) + secs
         out[role] = (b + st.gathered_batches, i + st.gathered_items, t)
         if role == "prefill":
             prev = out.get("prefill_pass", (0, 0, 0, 0.0))
@@ -246,14 +246,11 @@ def capacity(addresses: dict[str, str], token: str | None) -> dict[str, dict]:
 
 
 def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) process `pid` has used, its own threads only (not its children's): from
-    /proc/PID/stat; None where there is no /proc or the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": state is fields[0], utime fields[11]
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    """CPU seconds (user + system) process `pid` has used, its own threads only (not its children's); None
+    where there is no /proc or the process is gone (baton/thread_cpu.py stat_cpu_s)."""
+    from baton.thread_cpu import stat_cpu_s
+
+    return stat_cpu_s(f"/proc/{pid}/stat")
 
 
 def thread_cpu(addresses: dict[str, str], token: str | None) -> dict[str, dict[str, float]]:

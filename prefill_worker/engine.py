@@ -245,7 +245,7 @@ class ExactEngine:
             if g:  # no piece of it is to come (the passes stop waiting); every layer is final only after it
                 with self._prefilling_lock:
                     self._prefilling.discard(s.id)
-                tok = self.replays.run(s.slot, ids[len(ids) - g :], mtp)
+                tok = self.replays.run(s.slot, len(ids) - g, ids[len(ids) - g :], mtp)
                 for i in range(self.runner.cfg.num_hidden_layers if progress is not None else 0):
                     progress.mark(i)
         except BaseException as e:

@@ -2,7 +2,7 @@
 tokens at the same time feeds its next W-row block in one shared rows pass.
 
     replays = Replays(runner, compute_lock)
-    token = replays.run(slot, generated, mtp)   # after the prompt's pieces; blocks until the tail is fed
+    token = replays.run(slot, start, generated, mtp)   # after the prompt's `start` tokens; blocks until fed
 
 Why. A re-prefill replays the tokens a session had generated as AR rows, W a block (baton/engine/prefill.py
 Replay), so the state is bitwise the AR decode's. Alone, a session of g generated tokens costs g / W passes,
@@ -28,15 +28,14 @@ from baton.engine.prefill import Replay, replay_step
 
 class Replays:
     def __init__(self, runner, lock):
-        self.runner, self._lock = runner, lock
+        self.runner = runner
         self._live = 0
         self._count = threading.Lock()
         self.gather = Gather(self._batch, lock, expected=lambda: self._live)
 
-    def run(self, slot: int, generated: list[int], mtp: bool) -> int:
-        """Feeds `generated` into `slot` (whose prompt is computed) as AR rows -> the token picked after them."""
-        with self._lock:
-            start = int(self.runner.state.position[slot])
+    def run(self, slot: int, start: int, generated: list[int], mtp: bool) -> int:
+        """Feeds `generated` into `slot`, whose prompt of `start` tokens is computed, as AR rows -> the token
+        picked after them."""
         r = Replay(slot, list(generated), start, mtp=mtp)
         with self._count:
             self._live += 1

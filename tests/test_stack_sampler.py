@@ -49,3 +49,18 @@ def test_off_unless_asked_and_written_where_asked(tmp_path, monkeypatch):
     text = open(path).read()
     assert text.startswith("# stack samples every 1 ms") and "## MainThread:" in text
     assert stack_sampler.write() is None  # stopped: nothing more to write
+
+
+def test_the_sampling_cost_bench_reports_a_sample_s_cost(tmp_path, capsys):
+    """benchmarks/bench_stack_sampler.py: the time of one sample over parked threads, and its share of the
+    default period (what the module doc's overhead figure comes from)."""
+    import json
+
+    from benchmarks import bench_stack_sampler as bench
+
+    out = tmp_path / "s.json"
+    assert bench.main(["--threads", "6", "--depth", "10", "--samples", "20", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == r and r["benchmark"] == "bench_stack_sampler"
+    assert r["threads"] == 6 and 0 < r["ms_per_sample"] < 50
+    assert abs(r["share_at_default_period"] - r["ms_per_sample"] / bench.DEFAULT_PERIOD_MS) < 1e-3
