@@ -18,7 +18,7 @@ exact state (position, next_token = the pending token) to another decode worker 
 with Draft(has_verdict=False): the output is unchanged. When P fails (its Verify, its ExportState, or the
 first hand-off after the first token) the exact state is rebuilt: `restart` re-prefills prompt + every token
 sent on another prefill worker (generated = those tokens, replayed as AR rows: bitwise the lost state,
-baton/engine/prefill.py replay_generated) with a fresh decode session (the old one on D is released); its
+prefill_worker/replay.py) with a fresh decode session (the old one on D is released); its
 first token is the next one to send, and the loop goes on from it. Without `restart`: UNAVAILABLE.
 Migrations and restarts together are bounded by max_migrations.
 """
@@ -171,11 +171,9 @@ class ExactLoop:
                 continue
             t2 = time.perf_counter()
             self.draft_length.observe(k, m, t1 - t0, t2 - t1)
-            self.stats.rounds, self.stats.draft_s, self.stats.verify_s = (
-                self.stats.rounds + 1,
-                self.stats.draft_s + t1 - t0,
-                self.stats.verify_s + t2 - t1,
-            )
+            self.stats.rounds += 1
+            self.stats.draft_s += t1 - t0
+            self.stats.verify_s += t2 - t1
             self.stats.drafted += k
             self.stats.accepted += m
             toks, finish = self.budget.take(drafts[:m] + [nxt])
