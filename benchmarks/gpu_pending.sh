@@ -96,6 +96,9 @@
 #           spec-exact  exact mode, mtp drafts right with p = 0.95, K = 8 (bench_exact's p = 0.95 K = 8), at 1,
 #                       8 and 32 streams; fast bf16 at 32 (targets: exact at 8 >= 5x exact at 1, exact at 32
 #                       >= 0.8x fast bf16 at 32)
+#           exact-passes   an exact round's device parts at B = 1, 8, 16, 32 alone in one process
+#                       (bench_exact_passes.py: the verify, verdict and chain passes, and a fast bf16 step), then
+#                       spec-exact's runs at 8 and 32 with the gathers pipelined (BATON_GATHER_PERIODIC=0)
 #           spec-adaptive   fast mtp as spec-fast, K chosen by the decode worker's controller from the prior 4
 #                       (--mtp-draft-length adaptive; K = 0, plain steps, when drafts do not pay at the batch),
 #                       and fast bf16, at 1, 8, 32 streams (target: >= 1.3x bf16 at 32, or K = 0 there and
@@ -253,13 +256,20 @@ case $stage in
     # the same exact runs with the Draft / Verify gathers pipelined (no PERIODIC merging: on the CPU, 150 -> 207
     # tok/s at 8 sessions; on one GPU the two workers' passes share it, so merging may pay there)
     BATON_GATHER_PERIODIC=0 spec spec-exact-mtp-pipelined --mode exact --engine mtp --concurrency 8,32 \
-      --draft-p 0.95 --draft-k 8 --check-prompts 1
+      --draft-p 0.95 --draft-k 8
     {
       ratio "exact mtp p=0.95 at 8 / at 1" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp.json" 1 5
       ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-bf16.json" 32 0.8
       ratio "pipelined exact at 8 / at 1" "$out/spec-exact-mtp-pipelined.json" 8 "$out/spec-exact-mtp.json" 1 5
       ratio "pipelined exact at 32 / fast bf16 at 32" "$out/spec-exact-mtp-pipelined.json" 32 "$out/spec-exact-bf16.json" 32 0.8
     } | tee "$out/spec-exact-ratios.txt"
+    ;;
+  exact-passes)  # a round's device parts alone, one process (bench_exact_passes.py), then the pipelined runs
+    python benchmarks/bench_exact_passes.py --random-init qwen3.5-9b --batch "${PASS_POINTS:-1,8,16,32}" --k 8 \
+      --out "$out/exact-passes.json" >"$out/exact-passes.log" 2>&1
+    echo "exact-passes: rc=$?"
+    BATON_GATHER_PERIODIC=0 spec spec-exact-mtp-pipelined --mode exact --engine mtp --concurrency 8,32 \
+      --draft-p 0.95 --draft-k 8
     ;;
   *)
     echo "unknown stage $stage" >&2
