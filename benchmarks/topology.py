@@ -18,7 +18,7 @@ ControlledServe quacks like benchmarks/load.py Serve for bench_serve: wait(timeo
 addr, ...}, stop() -> exit code (the first non-zero of the router's and the workers'), err (the progress
 lines `baton serve` prints: "baton: decode-0 on GPU 1", "baton: decode-0 ready on ADDR (s)", "baton: NAME
 exited with code N", and the children's stdout), label (the commands, one string). Placement is
-deploy/processes.py start_processes' own: with two or more GPUs visible each cuda worker gets its own
+deploy/processes.py place_workers (start_processes uses it): with two or more GPUs visible each cuda worker gets its own
 (prefill-0 the first), with --colocate all the first. The children's stderr (their logs) goes to this
 process's stderr. No Supervisor: a worker that dies stays dead (its requests fail, and the point says so).
 """
@@ -168,17 +168,18 @@ class ControlledServe:
 
     def wait(self, timeout: float = 300.0) -> str:
         """Starts the workers (placed as start_processes places them), then the router; -> its address."""
-        from baton.gpus import spread, visible_gpus
-        from deploy.processes import WorkerProcess, stop_processes
+        from deploy.processes import WorkerProcess, place_workers, stop_processes
 
         t0 = time.monotonic()
         left = lambda: max(1.0, timeout - (time.monotonic() - t0))  # noqa: E731
-        envs = [dict(self.env) for _ in self.cmds]
-        on_gpu = [i for i, c in enumerate(self.cmds) if c.device == "cuda"]
-        for i, gpu in zip(on_gpu, spread(len(on_gpu), visible_gpus(self.env), self.opts.colocate)):
-            if gpu is not None:
-                envs[i]["CUDA_VISIBLE_DEVICES"] = gpu
-                self._say(f"{self.cmds[i].name} on GPU {gpu}")
+        # placed as `baton serve` places them: on one GPU they are told so (BATON_GPU_WORKERS: their KV
+        # budgets agree, exact mode's gathers merge). Until 2026-12-06 they were not, so every controlled
+        # run on one GPU (spec-*) served its exact sessions with pipelined gathers
+        c = self.cmds
+        envs = place_workers(
+            [x.device for x in c], [x.name for x in c], [None] * len(c), self.env, self.opts.colocate, self._say
+        )
+        envs = [e if e is not None else dict(self.env) for e in envs]
         self.procs = [WorkerProcess(c, env=e, echo=self._stream) for c, e in zip(self.cmds, envs)]
         try:
             for w in self.procs:

@@ -271,6 +271,33 @@ def worker_env(spec: WorkerSpec, n_cpu_workers: int, base: dict[str, str], cpus:
     return {**base, "OMP_NUM_THREADS": str(max(1, cpus // n_cpu_workers))}
 
 
+def place_workers(devices: list[str], names: list[str], envs: list, base: dict[str, str], colocate: bool, say) -> list:
+    """Each worker's environment (envs[i], None: base unchanged) with its GPU placement: with two or more
+    GPUs visible each cuda worker gets one (round-robin in order), with `colocate` every cuda worker gets
+    the first; workers that share a GPU get BATON_GPU_WORKERS (how many share it: their KV budgets agree,
+    and exact mode's gathers merge, baton/engine/gather.py rounds_share_a_device) and BATON_GPU_PLAN
+    (where they agree: baton/engine/gpu_plan.py), one plan folder per GPU. The launchers' one placement:
+    start_processes (`baton serve --processes`) and the benchmarks' controlled topology."""
+    envs = list(envs)
+    gpu_workers = [i for i, d in enumerate(devices) if d == "cuda"]
+    placed = spread(len(gpu_workers), visible_gpus(base), colocate)
+    plans: dict[str | None, str] = {}  # GPU (None: the one the environment gives) -> its plan folder
+    for i, gpu in zip(gpu_workers, placed):
+        if gpu is not None:  # round-robin: prefill and decode workers on their own GPUs (colocate: one)
+            envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
+            say(f"{names[i]} on GPU {gpu}")
+        sharing = placed.count(gpu)
+        if sharing > 1:  # they agree on their KV budgets (gpu_plan.py): each its own file, so an inherited
+            # BATON_GPU_PLAN (one path for all) is replaced: the workers would overwrite one file and wait
+            if gpu not in plans:
+                plans[gpu] = tempfile.mkdtemp(prefix="baton-gpu-plan-")
+                atexit.register(shutil.rmtree, plans[gpu], True)  # restarts reread it until the launcher ends
+            folder = plans[gpu]
+            plan = {"BATON_GPU_WORKERS": str(sharing), "BATON_GPU_PLAN": os.path.join(folder, names[i])}
+            envs[i] = {**(envs[i] or base), **plan}
+    return envs
+
+
 def start_processes(
     specs: list[WorkerSpec],
     *,
@@ -288,22 +315,7 @@ def start_processes(
     n_cpu = sum(s.device == "cpu" for s in specs)
     base, cpus = dict(os.environ), os.cpu_count() or 1
     envs = [worker_env(s, n_cpu, base, cpus) for s in specs]
-    gpu_workers = [i for i, s in enumerate(specs) if s.device == "cuda"]
-    placed = spread(len(gpu_workers), visible_gpus(base), colocate)
-    plans: dict[str | None, str] = {}  # GPU (None: the one the environment gives) -> its plan folder
-    for i, gpu in zip(gpu_workers, placed):
-        if gpu is not None:  # round-robin: prefill and decode workers on their own GPUs (colocate: one)
-            envs[i] = {**(envs[i] or base), "CUDA_VISIBLE_DEVICES": gpu}
-            progress.say(f"{specs[i].name} on GPU {gpu}")
-        sharing = placed.count(gpu)
-        if sharing > 1:  # they agree on their KV budgets (gpu_plan.py): each its own file, so an inherited
-            # BATON_GPU_PLAN (one path for all) is replaced: the workers would overwrite one file and wait
-            if gpu not in plans:
-                plans[gpu] = tempfile.mkdtemp(prefix="baton-gpu-plan-")
-                atexit.register(shutil.rmtree, plans[gpu], True)  # restarts reread it until the launcher ends
-            folder = plans[gpu]
-            plan = {"BATON_GPU_WORKERS": str(sharing), "BATON_GPU_PLAN": os.path.join(folder, specs[i].name)}
-            envs[i] = {**(envs[i] or base), **plan}
+    envs = place_workers([s.device for s in specs], [s.name for s in specs], envs, base, colocate, progress.say)
     workers = [WorkerProcess(s, env=e) for s, e in zip(specs, envs)]
     t0 = time.monotonic()
     try:

@@ -30,7 +30,7 @@ and on the GPU (tests/engine/test_gpu_verify.py).
 Row checkpoints (ModelRunner(checkpoints=True)) are not written for several groups: callers cutting a
 block (speculation.verify_blocks) snapshot each slot first and restore the cut ones. Their kept rows are
 then replayed through the GDN layers alone (`replay_kept`): a rows pass keeps each GDN layer's inputs
-(the conv's input rows and the gates' beta / alpha, [MAX_ROWS, .] a layer: ~100 MB at the 9B shape), and
+(the conv's input rows and the gates' beta / alpha, [MAX_ROWS, .] a layer: ~125 MB at the 9B shape), and
 the replay runs the same conv and delta-rule kernels over the kept rows from the restored state, so each
 cut slot's GDN state is bitwise the recompute's (the kernels' inputs are those bits; a group's length is a
 runtime value and row t reads rows <= t) at the cost of 2 kernels a GDN layer instead of a whole-model
@@ -53,7 +53,10 @@ from baton.kernels import gdn, gdn_conv
 from baton.kernels import rows as rk
 from baton.transfer import upload
 
-MAX_ROWS = 256  # rows of one pass (P x gs): bounds the logits buffer ([MAX_ROWS, vocab]) and the graphs
+# rows of one pass (P x gs): bounds the logits buffer ([MAX_ROWS, vocab]) and the graphs. 320: 32 sessions'
+# blocks of K + 1 = 9 or 10 rows in one pass (at 256, 32 exact sessions at K = 8 verified as two passes:
+# 32.7 ms against 16.4 ms for 16 sessions on an H100, benchmarks/results/exact-passes-h100-2026-12-05.json)
+MAX_ROWS = 320
 
 
 class BatchedRows:

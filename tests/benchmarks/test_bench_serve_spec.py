@@ -11,6 +11,7 @@ sane (controlled: acceptance near the law), and every field of a point is docume
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -325,3 +326,36 @@ def test_exact_fp8_with_controlled_drafts(tmp_path):
     assert 0 < p["router_cpu"] < 4, p  # the router's process ran the exact loops: some CPU, within the cores
     assert min(p[f"{r}_gathered_{k}_ms"] for r in ("prefill", "decode") for k in ("wait", "lock", "run")) >= 0, p
     assert _documented(r["points"]) == []
+
+
+def test_the_controlled_topology_tells_workers_on_one_gpu_they_share_it(monkeypatch):
+    """As `baton serve` does (deploy/processes.py place_workers): on one visible GPU the prefill and decode
+    workers both get BATON_GPU_WORKERS=2 and their own plan files, so exact mode's gathers merge
+    (rounds_share_a_device) and their KV budgets agree; the router gets neither."""
+    from benchmarks.topology import ControlledServe
+    from deploy import processes
+
+    started = []
+
+    class FakeWorker:
+        def __init__(self, spec, env=None, echo=None):
+            self.spec, self.env, self.pid = spec, env, 1
+            started.append(self)
+
+        def start(self):
+            return self
+
+        def wait_ready(self, **kw):
+            return "127.0.0.1:1"
+
+    monkeypatch.setattr(processes, "WorkerProcess", FakeWorker)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_GPU_")} | {"CUDA_VISIBLE_DEVICES": "3"}
+    c = ControlledServe(["--device", "cuda"], reference="r.json", draft_p=0.9, env=env)
+    assert c.wait(timeout=5) == "127.0.0.1:1"
+    workers, router = started[:-1], started[-1]
+    assert [w.spec.name for w in workers] == ["prefill-0", "decode-0"]
+    assert [w.env["BATON_GPU_WORKERS"] for w in workers] == ["2", "2"]
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in workers] == ["3", "3"]
+    plans = [w.env["BATON_GPU_PLAN"] for w in workers]
+    assert len(set(plans)) == 2 and os.path.dirname(plans[0]) == os.path.dirname(plans[1])
+    assert "BATON_GPU_WORKERS" not in router.env
