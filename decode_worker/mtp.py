@@ -56,7 +56,7 @@ def flush_at(runner) -> int:
     return min(MAX_DRAFT + 2, runner.width)
 
 
-def chains(engine, items: list, own_out: dict | None = None) -> list[list[int] | None]:
+def chains(engine, items: list, own_out: dict | None = None, flush: bool = False) -> list[list[int] | None]:
     """items [(session, k)] of distinct sessions -> each session's k drafts: finalises its pending MTP
     pairs (h_{P-1}, x_P) ... and drafts k tokens, the MTP output row chained as the next step's hidden.
     Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
@@ -67,8 +67,10 @@ def chains(engine, items: list, own_out: dict | None = None) -> list[list[int] |
     then flush together (their pairs aligned after the first flush), one MTP pass every ~flush_at rounds
     instead of a small one in nearly every round. Only the flush's timing depends on the batch: the MTP KV
     of a finalised position is bitwise the same under any schedule, and the drafts and tokens with it.
-    own_out: a dict that gets, per item index, the MTP head's own picks of its first pass (one a pair)."""
-    due = [k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
+    own_out: a dict that gets, per item index, the MTP head's own picks of its first pass (one a pair).
+    flush: every item's pending pairs are finalised now (the pipelined plain rounds' flush, mtp_launch.py:
+    the pairs read so far, fewer than flush_at while rounds are in flight)."""
+    due = [flush or k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
     if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
         due = [True] * len(items)
     drafts: list = [[] if d else None for d in due]

@@ -17,8 +17,12 @@ state.hidden gets), and each session's pending MTP pair (h_p, next) is appended 
 (mtp_h_more, mtp_pairs_ids): the pairs mtp.chains finalises later, bitwise the ones a one-row verify
 leaves (the AR step and the one-row rows pass are the same row's arithmetic: row and batch invariance).
 Before a session's pending pairs would outgrow one MTP pass (mtp.flush_at), the round first flushes them:
-every session's pairs finalised together in one MTP pass (mtp.chains with K = 0), keeping the last pair
-(h_{p-1}, t0) pending, as a flushed one-row verify round leaves it.
+the pairs read so far, of every session, finalised together in one MTP pass (mtp.chains with K = 0),
+keeping the last of them pending, as a flushed one-row verify round leaves it. The rounds in flight stay in
+flight (their pairs are appended when read, after the kept one): the flush's pass queues behind them and
+writes only MTP KV rows and its own buffers, which they do not touch, so the pipeline never drains for it
+(until 2026-12-06 it drained first: every flush_at rounds the device idled while the host handed out the
+drained tokens and relaunched, part of fast mtp's 5% gap to bf16 at K = 0, 32 streams).
 
 A speculative round (K > 0, or a session capped). The plain rounds still in flight are read first
 (drain: their tokens and pairs land on the host) and handed to the consumers (StepScheduler.settle: not
@@ -30,8 +34,8 @@ Bookkeeping per session: mtp_inflight (plain rounds launched, tokens not read), 
 read, not yet collected by the scheduler). Launched.result() reads a round once (the drain, or the
 scheduler's collect, whichever comes first); Launched() is the scheduler's collect.
 The controller observes each round: a plain round's seconds are the device's between two reads (collect
-to collect, or from its launch if the device was idle), plus a flush it ran; a speculative round's, its
-own (measured after the drain).
+to collect, or from its launch if the device was idle; a flush's pass lies between two reads, so it is
+counted once, in the round read after it); a speculative round's, its own (measured after the drain).
 All of it runs in the rounds scheduler's thread: launch under the engine's compute lock, the collect
 outside it (as the bf16 step scheduler's).
 """
@@ -91,14 +95,9 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     ctl = mtp.control(engine)
     K = ctl.next_k(batch=len(sessions))
     if K == 0:
-        flush_s = 0.0
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
-            drain(engine)
-            engine._rounds.settle()  # the drained rounds' tokens go out before the flush's pass
-            t = time.perf_counter()
-            _flush(engine, ctl, sessions)
-            flush_s = time.perf_counter() - t
-        return _plain(engine, ctl, runner, sessions, flush_s)
+            _flush(engine, ctl, sessions)  # the pairs read so far; the rounds in flight stay in flight
+        return _plain(engine, ctl, runner, sessions)
     drain(engine)
     rest = [n - s.mtp_undelivered for s, n in zip(sessions, left)]  # tokens left once the drained are handed over
     engine._rounds.settle()  # ... handed over now, before this round's compute (counted in `rest` above)
@@ -118,7 +117,7 @@ def _flush(engine, ctl, sessions: list) -> None:
     the head picks the token after the next, which pair j + 1 holds, so the controller learns the
     acceptance at K = 0 too (Drafter.judge, DraftLength.observe_drafts)."""
     own: dict[int, list[int]] = {}
-    mtp.chains(engine, [(s, 0) for s in sessions], own_out=own)
+    mtp.chains(engine, [(s, 0) for s in sessions], own_out=own, flush=True)
     hits = misses = 0
     for i, s in enumerate(sessions):
         ids = s.mtp_pairs_ids
@@ -136,7 +135,7 @@ def _flush(engine, ctl, sessions: list) -> None:
         s.mtp_start += n - 1
 
 
-def _plain(engine, ctl, runner, sessions: list, flush_s: float) -> Launched:
+def _plain(engine, ctl, runner, sessions: list) -> Launched:
     """A plain round: one batched AR step of every session, launched (module doc)."""
     hidden: list = []
     t_launch = time.perf_counter()
@@ -157,7 +156,7 @@ def _plain(engine, ctl, runner, sessions: list, flush_s: float) -> Launched:
             s.rounds += 1
             s.emitted_in_rounds += 1
         now = time.perf_counter()
-        seconds = now - max(engine._mtp_last_read, t_launch) + flush_s
+        seconds = now - max(engine._mtp_last_read, t_launch)
         engine._mtp_last_read = now
         ctl.observe_round(0, [0] * len(sessions), 0.0, seconds)
         return [[t] for t in toks]
