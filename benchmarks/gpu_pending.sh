@@ -96,6 +96,8 @@
 #           spec-exact  exact mode, mtp drafts right with p = 0.95, K = 8 (bench_exact's p = 0.95 K = 8), at 1,
 #                       8 and 32 streams; fast bf16 at 32 (targets: exact at 8 >= 5x exact at 1, exact at 32
 #                       >= 0.8x fast bf16 at 32)
+#           spec-merged   spec-exact's exact runs (1, 8, 32), fast bf16 at 32 and spec-adaptive's mtp run at 32,
+#                       in one call
 #           exact-passes   an exact round's device parts at B = 1, 8, 16, 32 alone in one process
 #                       (bench_exact_passes.py: the verify, verdict and chain passes, and a fast bf16 step), then
 #                       spec-exact's runs at 8 and 32 with the gathers pipelined (BATON_GATHER_PERIODIC=0)
@@ -263,6 +265,17 @@ case $stage in
       ratio "pipelined exact at 8 / at 1" "$out/spec-exact-mtp-pipelined.json" 8 "$out/spec-exact-mtp.json" 1 5
       ratio "pipelined exact at 32 / fast bf16 at 32" "$out/spec-exact-mtp-pipelined.json" 32 "$out/spec-exact-bf16.json" 32 0.8
     } | tee "$out/spec-exact-ratios.txt"
+    ;;
+  spec-merged)  # one call for both speculation targets: exact mode at 1, 8, 32 (the workers told they share the GPU:
+    # merged gathers), fast bf16 at 32, fast mtp adaptive at 32 (the K = 0 flush without a drain)
+    spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
+    spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
+    spec spec-adaptive-mtp --engine mtp --concurrency 32 --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
+    {
+      ratio "exact mtp p=0.95 at 8 / at 1" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp.json" 1 5
+      ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-bf16.json" 32 0.8
+      ratio "fast mtp adaptive p=0.9 at 32 / fast bf16 at 32" "$out/spec-adaptive-mtp.json" 32 "$out/spec-bf16.json" 32 0.95
+    } | tee "$out/spec-merged-ratios.txt"
     ;;
   exact-passes)  # a round's device parts alone, one process (bench_exact_passes.py), then the pipelined runs
     python benchmarks/bench_exact_passes.py --random-init qwen3.5-9b --batch "${PASS_POINTS:-1,8,16,32}" --k 8 \
