@@ -23,7 +23,6 @@ The positions advance by each timed pass (windows sized for it); no state is res
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.engine.runner import ModelRunner  # noqa: E402
-from benchmarks.report import emit, machine  # noqa: E402
+from benchmarks.report import emit, header  # noqa: E402
 
 
 def _timed(fn, reps: int, sync) -> float:
@@ -123,10 +122,7 @@ def main(argv=None) -> dict:
         points.append(measure(r, B, a.k, a.accepted, a.prompt, a.reps))
         print(points[-1], file=sys.stderr)
     res = {
-        "benchmark": "bench_exact_passes",
-        "command": "python benchmarks/bench_exact_passes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
+        **header(__file__, argv),
         "model": a.random_init,
         "k": a.k,
         "accepted": a.accepted,
