@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
-from baton.engine.gather import PERIODIC, Gather, fill_stats
+from baton.engine.gather import PERIODIC, ROUND_BARRIER, Gather, fill_stats
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
@@ -108,8 +108,8 @@ class DecodeEngine:
             {k: r.state.slots for k, r in by_id.items()},
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
         )
-        # concurrent Draft calls of different sessions share their drafting steps (_draft_batch)
-        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions, **PERIODIC)
+        # concurrent Draft calls of different sessions share their drafting steps (_draft_batch), rounds merged
+        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions, **ROUND_BARRIER)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)
         self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp_launch)

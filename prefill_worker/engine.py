@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from baton.engine import rejection
-from baton.engine.gather import PERIODIC, Gather
+from baton.engine.gather import ROUND_SETTLE, Gather
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
@@ -90,8 +90,8 @@ class ExactEngine:
         self._table: SlotTable[Session] = SlotTable(
             ttl_s, {0: runner.state.slots}, on_free=lambda _, slot: runner.state.release_pages(slot)
         )
-        # concurrent Verify calls of different sessions run as one batched pass (verify_blocks)
-        self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count, **PERIODIC)
+        # concurrent Verify calls of different sessions run as one batched pass (verify_blocks), a merged group's settling
+        self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count, **ROUND_SETTLE)
         self.replays = Replays(self.runner, self._compute)  # re-prefills' generated tails, in shared passes
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (verify passes take the
         # same lock: they interleave with a long prompt's pieces). Sessions opened for a prefill not ended yet,

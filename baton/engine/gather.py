@@ -36,6 +36,18 @@ Once merged, the callers of a batch return together and stay one batch a round. 
 calling is live for two more of its periods at most; `forget(key)` (the session ended) ends that at once.
 `expected()` always caps what a leader waits for.
 
+Round barrier (`barrier=True`, ROUND_BARRIER: exact mode's Draft where the two workers share one GPU): a
+leader waits for every live keyed caller not queued yet, each until its due time plus a quarter of its
+period, at most max_wait_s, recomputed at every arrival and `forget`. Sessions out of phase merge at the
+first round where the leading group is here (the group verifying arrives within a period), and a newcomer
+(not live before its second call) is waited for from its second call on. Only one side of a round may be
+a barrier: two would wait for each other (the Draft group for the Verify group and back) until both time
+out. The other side (Verify) gathers plainly, with `settle_s`: the merged group's calls reach it a few ms
+apart. PERIODIC's due-window-and-drift rule did not merge served sessions: requests of 9-35 rounds, each a
+new key, ended before their groups drifted together (CPU, 8 exact sessions: batches of 4.2 of 8, the
+leaders waiting 41-52 ms each, results/exact-cpu-2026-12-05-periodic.json; with the barrier 6.0 of 8,
+results/exact-cpu-2026-12-05-round-barrier.json).
+
 Bursts (`settle_s`, prefill prompts): calls sent together reach the worker a few ms apart (the server
 hands them to its threads one by one), so `expected()` cannot see the late ones, and the first would run
 alone. The leader also waits until settle_s passes with no new call, at most gather_s: a lone call pays
@@ -52,6 +64,13 @@ from typing import Callable, Hashable
 # Gather options for calls made once a round by sessions (items whose first element is the session):
 # exact-mode Draft and Verify, fast-mode MTP rounds. 50 ms: the most a leader waits for a late group.
 PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
+# A round barrier for exact mode's Draft calls (module doc): each live session is waited for until it is due
+# (at most 250 ms: a round of 64 sessions); the Verify side gathers plainly, settling for 1 ms.
+ROUND_BARRIER = dict(key=lambda item: item[0].id, max_wait_s=0.25, barrier=True)
+# ... and the Verify side's: a merged group's calls arrive a few ms apart, so a pass waits until none arrived for
+# 1 ms, at most 5 ms (pipelined(): no settling, GATHER_S)
+ROUND_SETTLE = dict(gather_s=0.005, settle_s=0.001)
+GATHER_S = 0.002  # a plain leader's wait for the calls it expects
 ENV_PERIODIC = "BATON_GATHER_PERIODIC"
 
 
@@ -95,18 +114,19 @@ class Gather:
         lock,
         *,
         expected: Callable[[], int] = lambda: 1,
-        gather_s: float = 0.002,
+        gather_s: float = GATHER_S,
         cost: Callable[[object], int] | None = None,
         budget: int = 0,
         key: Callable[[object], Hashable] | None = None,
         max_wait_s: float = 0.0,
         settle_s: float = 0.0,
+        barrier: bool = False,
     ):
         self._run, self._lock, self._expected, self.gather_s = run_batch, lock, expected, gather_s
         self.settle_s = settle_s  # also wait until no call has arrived for this long (at most gather_s)
         self._last_arrival = 0.0
         self._cost, self.budget = cost, budget  # a batch: queued items in order while their cost <= budget
-        self._key, self.max_wait_s = key, max_wait_s
+        self._key, self.max_wait_s, self.barrier = key, max_wait_s, barrier and key is not None
         self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
@@ -117,11 +137,12 @@ class Gather:
         self.seconds = dict.fromkeys(TIMES, 0.0)  # stats: summed over the batches (TIMES)
 
     def pipelined(self) -> None:
-        """Drops PERIODIC's keying (its key and max_wait_s): a leader waits only for expected() calls, at most
-        gather_s. For calls whose groups pipeline through workers on different devices
-        (rounds_share_a_device)."""
+        """Plain from now on: no keying (PERIODIC's or ROUND_BARRIER's), no settling; a leader waits only for
+        expected() calls, at most GATHER_S. For calls whose groups pipeline through workers on different
+        devices (not rounds_share_a_device)."""
         with self._cv:
-            self._key, self.max_wait_s = None, 0.0
+            self._key, self.max_wait_s, self.barrier = None, 0.0, False
+            self.settle_s, self.gather_s = 0.0, GATHER_S
             self._seen.clear()
 
     def call(self, item):
@@ -170,6 +191,7 @@ class Gather:
         """The caller `key` ended (its session was released): leaders stop expecting it."""
         with self._cv:
             self._seen.pop(key, None)
+            self._cv.notify()  # a leader waiting for it stops
 
     def _arrived(self, k: Hashable, now: float) -> None:
         """Under _cv: a call of `k` at `now` updates its period's EMA (from its second call on)."""
@@ -188,6 +210,8 @@ class Gather:
         if self._key is None:
             return [base]
         queued = {self._key(c.item) for c in self._queue}
+        if self.barrier:
+            return [base, self._barrier(now, now, cap, queued)]
         periods = [v[1] for v in self._seen.values() if v[1]]
         window = now + max(self.max_wait_s, self.gather_s, 0.25 * min(periods, default=0.0))
         live, near, until, anchor = 0, 0, now + self.gather_s, (float("inf"), False)
@@ -208,6 +232,22 @@ class Gather:
             return [base, (min(cap, len(self._queue) + live), max(until, window))]
         return [base, (min(cap, len(self._queue) + near), until)]
 
+    def _barrier(self, start: float, now: float, cap: int, queued: set) -> tuple[int, float]:
+        """Under _cv: (calls to wait for, until when) of a round barrier (module doc) led since `start`: every
+        live keyed caller not queued, until the latest one's due time + a quarter of its period, at most
+        max_wait_s past start."""
+        live, until = 0, now
+        for k, (last, period, _) in list(self._seen.items()):
+            if not period or k in queued:
+                continue
+            if now - last >= 2 * period:
+                if now - last > 8 * period:
+                    del self._seen[k]  # long gone: forget it
+                continue
+            live += 1
+            until = max(until, last + period + max(self.gather_s, 0.25 * period))
+        return min(cap, len(self._queue) + live), min(until, start + self.max_wait_s)
+
     def _lead(self, own: _Call) -> _Call | None:
         """One batch, led by the thread of call `own` (it holds the lead: _leading). Returns the queued call
         the lead passed to (the first in the queue, woken unless it is `own`), or None: the lead is free and
@@ -218,6 +258,8 @@ class Gather:
                 waits = self._wanted(start)
                 while True:
                     now, cap = time.monotonic(), self._expected()
+                    if self.barrier:  # arrivals and forget() change whom it waits for
+                        waits = [waits[0], self._barrier(start, now, cap, {self._key(c.item) for c in self._queue})]
                     left = [end - now for want, end in waits if len(self._queue) < min(want, cap) and end > now]
                     if self.settle_s > 0:  # calls of a burst still arriving: until one settle_s passes with none
                         quiet = self._last_arrival + self.settle_s - now

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.engine.gather import PERIODIC, Gather, rounds_share_a_device
+from baton.engine.gather import PERIODIC, ROUND_BARRIER, ROUND_SETTLE, Gather, rounds_share_a_device
 from baton.engine.runner import ModelRunner
 from baton.engine.speculation import verify_block, verify_blocks
 from baton.loading import load_model
@@ -245,3 +245,76 @@ def test_a_pipelined_gather_does_not_wait_for_a_group_due_later():
     plain.pipelined()
     run_groups(plain)
     assert max(sizes) <= 2 and plain.seconds["wait"] / plain.batches < 0.01, (sizes, plain.seconds)
+
+
+def _exact_rounds(draft: Gather, verify: Gather, live: list, n: int, requests: int, rounds: int) -> None:
+    """n streams of exact requests (each a new session: a new key), started 7 ms apart: per request a
+    20 ms hand-off, then `rounds` of Draft then Verify (1 ms to the router between), then its release
+    reaching the workers 2 ms after its last Verify (forget). live[0]: the sessions in rounds."""
+
+    def stream(i):
+        time.sleep(0.007 * i)
+        for q in range(requests):
+            s = _Session(f"{i}-{q}")
+            live[0] += 1
+            time.sleep(0.02)
+            for _ in range(rounds):
+                draft.call((s,))
+                time.sleep(0.001)
+                verify.call((s,))
+                time.sleep(0.001)
+            live[0] -= 1
+            time.sleep(0.002)
+            draft.forget(s.id)
+
+    th = [threading.Thread(target=stream, args=(i,)) for i in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+
+
+def test_a_round_barrier_merges_exact_sessions_on_one_device():
+    """Exact mode on one GPU (a lock shared by a Draft and a Verify Gather, each pass 10 ms + 0.4 ms a
+    session), 6 streams of 3 short requests each, starting out of phase: plain gathers leave the sessions
+    in out-of-phase groups that take turns on the device; ROUND_BARRIER on the Draft side (ROUND_SETTLE on
+    the Verify side) merges them, newcomers included, so most Draft batches hold most sessions."""
+
+    def mean_batch(barrier: bool) -> float:
+        gpu, sizes, live = threading.Lock(), [], [0]
+
+        def run(items):
+            sizes.append(len(items))
+            time.sleep(0.010 + 0.0004 * len(items))
+            return items
+
+        opts = (ROUND_BARRIER, ROUND_SETTLE) if barrier else ({}, {})
+        draft = Gather(run, gpu, expected=lambda: live[0], **opts[0])
+        verify = Gather(lambda items: items, gpu, expected=lambda: live[0], **opts[1])
+        _exact_rounds(draft, verify, live, 6, 3, 8)
+        return draft.items / draft.batches
+
+    plain, merged = mean_batch(False), mean_batch(True)
+    assert merged >= 3.8 and merged >= 1.3 * plain, (plain, merged)  # ~4.9 and ~2.8 on a quiet 2-core VM
+
+
+def test_forget_ends_a_round_barrier_s_wait_for_that_session():
+    """A live session (two calls 0.2 s apart, with the other: due 0.2 s after its last) holds a leader at the
+    barrier until it is due; its forget() 30 ms in ends the wait at once, and the leader's batch runs
+    without it."""
+    batches = []
+    g = Gather(lambda items: batches.append(len(items)) or items, threading.Lock(), expected=lambda: 2, **ROUND_BARRIER)
+    gone, here = _Session("gone"), _Session("here")
+    for _ in range(2):  # both call together, a round apart: one batch a round
+        th = [threading.Thread(target=g.call, args=((s,),)) for s in (gone, here)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(5)
+        time.sleep(0.2)
+    threading.Timer(0.03, g.forget, args=("gone",)).start()
+    t0 = time.monotonic()
+    g.call((here,))
+    waited = time.monotonic() - t0
+    assert 0.025 <= waited < 0.15, waited  # not the ~0.2 s until "gone" was due
+    assert batches[-1] == 1
