@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.gather import rounds_share_a_device
+from baton.engine.gather import arrange_exact_rounds
 from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
     choose_pages,
@@ -159,8 +159,7 @@ def serve_decode(
         batch_steps=False if pipeline else None,
         draft_length=mtp_draft_length,
     )
-    if not rounds_share_a_device(device, settings.gpu_workers):
-        engine.drafts.pipelined()  # exact sessions' groups pipeline through the two workers' own devices
+    arrange_exact_rounds(engine.drafts, device, settings.gpu_workers, log, "decode")
     sessions = slots * len({id(r) for r in runners.values()})  # bf16 and mtp share a runner
     servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
     handle = start_serving(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.gather import rounds_share_a_device
+from baton.engine.gather import arrange_exact_rounds
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.prefill import PREFILL_CHUNK
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
@@ -94,8 +94,7 @@ def serve_prefill(
         st = prepare_cuda(runner)
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
     engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET)
-    if not rounds_share_a_device(device, settings.gpu_workers):
-        engine.verifies.pipelined()  # exact sessions' groups pipeline through the two workers' own devices
+    arrange_exact_rounds(engine.verifies, device, settings.gpu_workers, log, "prefill")
     log.info("prefill: batched passes of up to %d prompt tokens (pieces of %d)", engine.prefills.budget, PREFILL_CHUNK)
     if str(device).startswith("cuda"):
         log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")

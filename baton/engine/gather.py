@@ -87,6 +87,20 @@ def rounds_share_a_device(device, gpu_workers: int) -> bool:
     return str(device).startswith("cuda") and gpu_workers > 1
 
 
+def arrange_exact_rounds(g: "Gather", device, gpu_workers: int, log, role: str) -> str:
+    """A worker's exact-mode gather (decode: Draft, ROUND_BARRIER; prefill: Verify, ROUND_SETTLE) made plain
+    (`Gather.pipelined`) unless rounds_share_a_device; logs which, at start-up (a run's logs then say
+    whether its sessions' rounds merged). -> "merged" or "pipelined"."""
+    if rounds_share_a_device(device, gpu_workers):
+        how = "merged"
+        log.info("%s: exact rounds merged (the workers share one device: BATON_GPU_WORKERS=%d)", role, gpu_workers)
+    else:
+        how = "pipelined"
+        g.pipelined()
+        log.info("%s: exact rounds pipelined (one device a worker; BATON_GATHER_PERIODIC=1 forces merging)", role)
+    return how
+
+
 # A batch's times (Gather.seconds, WorkerStats.gathered_s): its leader waiting for the calls it expects,
 # then for the compute lock, then the batch function's run.
 TIMES = ("wait", "lock", "run")

@@ -12,7 +12,14 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.engine.gather import PERIODIC, ROUND_BARRIER, ROUND_SETTLE, Gather, rounds_share_a_device
+from baton.engine.gather import (
+    PERIODIC,
+    ROUND_BARRIER,
+    ROUND_SETTLE,
+    Gather,
+    arrange_exact_rounds,
+    rounds_share_a_device,
+)
 from baton.engine.runner import ModelRunner
 from baton.engine.speculation import verify_block, verify_blocks
 from baton.loading import load_model
@@ -318,3 +325,22 @@ def test_forget_ends_a_round_barrier_s_wait_for_that_session():
     waited = time.monotonic() - t0
     assert 0.025 <= waited < 0.15, waited  # not the ~0.2 s until "gone" was due
     assert batches[-1] == 1
+
+
+def test_a_worker_arranges_and_logs_its_exact_rounds(monkeypatch, caplog):
+    """arrange_exact_rounds: on one GPU shared by two workers the Draft gather keeps its round barrier and
+    the log says "merged"; on the CPU (or a GPU a worker) it is made plain and the log says "pipelined"."""
+    import logging
+
+    monkeypatch.delenv("BATON_GATHER_PERIODIC", raising=False)
+    log = logging.getLogger("baton.test-gather")
+    shared = Gather(lambda items: items, threading.Lock(), **ROUND_BARRIER)
+    with caplog.at_level(logging.INFO, logger="baton.test-gather"):
+        assert arrange_exact_rounds(shared, "cuda", 2, log, "decode") == "merged"
+        alone = Gather(lambda items: items, threading.Lock(), **ROUND_BARRIER)
+        assert arrange_exact_rounds(alone, "cpu", 1, log, "decode") == "pipelined"
+    assert shared.barrier and shared._key is not None
+    assert not alone.barrier and alone._key is None and alone.settle_s == 0
+    text = caplog.text
+    assert "decode: exact rounds merged" in text and "BATON_GPU_WORKERS=2" in text
+    assert "decode: exact rounds pipelined" in text
