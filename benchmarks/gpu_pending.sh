@@ -268,7 +268,7 @@ case $stage in
     ;;
   spec-merged)  # one call for both speculation targets: exact mode at 1, 8, 32 (the workers told they share the GPU:
     # merged gathers), fast bf16 at 32, fast mtp adaptive at 32 (the K = 0 flush without a drain)
-    spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
+    BATON_LOG_LEVEL=INFO spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
     grep -ho "[a-z]*: exact rounds [a-z]*" "$out/spec-exact-mtp.log" | sort | uniq -c  # merged, both (efde45a)
     spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
     if [ "${MERGED_ADAPTIVE:-1}" = 1 ]; then  # 0: the exact half alone (a short device budget)
