@@ -79,7 +79,7 @@ def serve_env(env: dict | None = None) -> dict[str, str]:
         # NOTE: ROOT first, the caller's path kept: on the GPU machine it holds /tmp/gpu-site (fla, grpc wheels)
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",
-        "BATON_LOG_LEVEL": "WARNING",
+        "BATON_LOG_LEVEL": os.environ.get("BATON_LOG_LEVEL", "WARNING"),  # quiet, unless the caller asks
         "OMP_NUM_THREADS": "1",
         **(env or {}),
     }
