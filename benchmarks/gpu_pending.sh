@@ -51,10 +51,14 @@
 # tests-mtp 3 passed), tests-serving at 1e02dc4 (4 passed), tests-decode at 8a4a653 (8 passed), spec-adaptive
 # at 8a4a653 (K = 0 at 8 and 32, 0.947x bf16 at 32), spec-exact at 8a4a653 (2.83x at 8, 0.56x bf16 at 32),
 # verify with --long 32000 (eager then; the bench captures the worker's graphs since).
-# Owed next: spec-exact with the per-round split (where a 147 ms round of 32 exact sessions goes; since then
-# the Gather wakes one call at a time and the Draft's per-round sampling writes and position read are gone),
-# tests-engine (test_gpu_prefill.py's concurrent re-prefills sharing their replay passes, cde490f),
-# verify on the captured graphs, nogil at 32, serve-steady, burst, gil with SWITCH_POINTS=5000,20000.
+# At night on 2026-12-05, on an H100 (benchmarks/results/gpu-h100-2026-12-05-night.md): spec-exact at 8b4ce9d
+# (the round split: 188 ms at 32, ~3 batches of ~10; the leaders wait for the device), exact-passes at 3b8c698
+# (a round's device parts alone: 62 ms for 32 sessions) and its pipelined runs. Every spec-* run until then had
+# served exact mode with pipelined gathers: the controlled topology never set BATON_GPU_WORKERS (31d0f37).
+# Owed next: spec-merged (exact mode with the Draft round barrier, 06ea828, and fast mtp at K = 0 with the
+# undrained flush, 8e5f1e9; MAX_ROWS 320), tests-mtp and tests-engine (MAX_ROWS 320's new (32, 9..10) graphs,
+# the flush without a drain, test_gpu_prefill.py's concurrent re-prefills), verify on the captured graphs,
+# nogil at 32, serve-steady, burst, gil with SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
