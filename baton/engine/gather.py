@@ -38,7 +38,8 @@ calling is live for two more of its periods at most; `forget(key)` (the session 
 
 Round barrier (`barrier=True`, ROUND_BARRIER: exact mode's Draft where the two workers share one GPU): a
 leader waits for every live keyed caller not queued yet, each until its due time plus a quarter of its
-period, at most max_wait_s, recomputed at every arrival and `forget`. Sessions out of phase merge at the
+period, at most max_wait_s, recomputed at every arrival and `forget`; not for a caller whose period is past
+SLOW x the median (a slow reader would hold every session to its pace). Sessions out of phase merge at the
 first round where the leading group is here (the group verifying arrives within a period), and a newcomer
 (not live before its second call) is waited for from its second call on. Only one side of a round may be
 a barrier: two would wait for each other (the Draft group for the Verify group and back) until both time
@@ -70,6 +71,7 @@ ROUND_BARRIER = dict(key=lambda item: item[0].id, max_wait_s=0.25, barrier=True)
 # ... and the Verify side's: a merged group's calls arrive a few ms apart, so a pass waits until none arrived for
 # 1 ms, at most 5 ms (pipelined(): no settling, GATHER_S)
 ROUND_SETTLE = dict(gather_s=0.005, settle_s=0.001)
+SLOW = 1.5  # a round barrier does not wait for a caller whose period is past SLOW x the median (_barrier)
 GATHER_S = 0.002  # a plain leader's wait for the calls it expects
 ENV_PERIODIC = "BATON_GATHER_PERIODIC"
 
@@ -248,19 +250,29 @@ class Gather:
 
     def _barrier(self, start: float, now: float, cap: int, queued: set) -> tuple[int, float]:
         """Under _cv: (calls to wait for, until when) of a round barrier (module doc) led since `start`: every
-        live keyed caller not queued, until the latest one's due time + a quarter of its period, at most
-        max_wait_s past start."""
-        live, until = 0, now
+        live keyed caller not queued whose period is at most SLOW x the live callers' median, until the
+        latest one's due time + a quarter of its period, at most max_wait_s past start. A slower caller (its
+        client reading slowly, its Verify elsewhere) joins whichever batch it meets: waiting for it would
+        hold every session to its pace."""
+        live: list[tuple[Hashable, float, float]] = []
         for k, (last, period, _) in list(self._seen.items()):
-            if not period or k in queued:
+            if not period:
                 continue
             if now - last >= 2 * period:
                 if now - last > 8 * period:
                     del self._seen[k]  # long gone: forget it
                 continue
-            live += 1
+            live.append((k, last, period))
+        if not live:
+            return len(self._queue), now
+        limit = SLOW * sorted(p for _, _, p in live)[len(live) // 2]
+        waited, until = 0, now
+        for k, last, period in live:
+            if k in queued or period > limit:
+                continue
+            waited += 1
             until = max(until, last + period + max(self.gather_s, 0.25 * period))
-        return min(cap, len(self._queue) + live), min(until, start + self.max_wait_s)
+        return min(cap, len(self._queue) + waited), min(until, start + self.max_wait_s)
 
     def _lead(self, own: _Call) -> _Call | None:
         """One batch, led by the thread of call `own` (it holds the lead: _leading). Returns the queued call

@@ -344,3 +344,30 @@ def test_a_worker_arranges_and_logs_its_exact_rounds(monkeypatch, caplog):
     text = caplog.text
     assert "decode: exact rounds merged" in text and "BATON_GPU_WORKERS=2" in text
     assert "decode: exact rounds pipelined" in text
+
+
+def test_a_round_barrier_does_not_hold_sessions_to_a_slow_one():
+    """Four sessions calling every ~30 ms and one whose client reads slowly (a call every ~150 ms), all
+    through one ROUND_BARRIER Gather: the barrier waits for callers of the common cadence only, so the four
+    keep their ~30 ms rounds (waiting for the slow one would stretch every round toward its 150 ms)."""
+    g = Gather(lambda items: (time.sleep(0.005), items)[1], threading.Lock(), expected=lambda: 5, **ROUND_BARRIER)
+    rounds = {i: [] for i in range(5)}
+    stop = threading.Event()
+
+    def session(i: int) -> None:
+        s = _Session(f"s{i}")
+        while not stop.is_set():
+            g.call((s,))
+            rounds[i].append(time.monotonic())
+            time.sleep(0.15 if i == 4 else 0.025)
+
+    th = [threading.Thread(target=session, args=(i,)) for i in range(5)]
+    for t in th:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in th:
+        t.join(5)
+    fast = [b - a for i in range(4) for a, b in zip(rounds[i][3:], rounds[i][4:])]
+    assert len(rounds[4]) >= 4 and fast
+    assert sorted(fast)[len(fast) // 2] < 0.08, sorted(fast)  # median round ~35 ms, not the slow one's 155
