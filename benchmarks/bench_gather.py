@@ -1,7 +1,7 @@
-"""The Gather's own cost (baton/engine/gather.py): N sessions calling once a round through two periodic
-Gathers that share one lock (exact mode's Draft on the decode worker and Verify on the prefill worker, on
-one GPU), each batch a fixed sleep (a captured pass: the same for 1 or 64 sessions). What grows with N is
-the Gather's: its leader's wait for the calls it expects, and the host CPU of its threads' wake-ups.
+"""The Gather's own cost (baton/engine/gather.py): N sessions calling once a round through two Gathers that
+share one lock, as exact mode's on one GPU (the Draft's ROUND_BARRIER on the decode worker, the Verify's
+ROUND_SETTLE on the prefill worker; until 2026-12-05 both PERIODIC: results/gather-cpu-2026-12-05.json),
+each batch a fixed sleep (a captured pass: the same for 1 or 64 sessions). What grows with N is the Gather's: its leader's wait for the calls it expects, and the host CPU of its threads' wake-ups.
 
     python benchmarks/bench_gather.py [--sessions 1,8,32,64] [--rounds 100] [--pass-ms 2] [--out R.json]
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from baton.engine.gather import PERIODIC, Gather  # noqa: E402
+from baton.engine.gather import ROUND_BARRIER, ROUND_SETTLE, Gather  # noqa: E402
 from benchmarks.report import emit, header  # noqa: E402
 
 
@@ -35,8 +35,8 @@ def point(n: int, rounds: int, pass_ms: float) -> dict:
         time.sleep(pass_ms / 1e3)
         return items
 
-    draft = Gather(run, gpu, expected=lambda: n, **PERIODIC)
-    verify = Gather(run, gpu, expected=lambda: n, **PERIODIC)
+    draft = Gather(run, gpu, expected=lambda: n, **ROUND_BARRIER)
+    verify = Gather(run, gpu, expected=lambda: n, **ROUND_SETTLE)
     start = threading.Barrier(n + 1)
 
     def session(i: int) -> None:

@@ -18,7 +18,8 @@ take turns running batches, so an idle Gather costs nothing. run_batch must give
 would get alone (batch invariance is the batch function's: baton/engine/speculation.py verify_blocks,
 batch.py rows_batch).
 
-Periodic callers (`key`: item -> the caller, a session): exact-mode sessions call once a round, so
+Periodic callers (`key`: item -> the caller, a session; PERIODIC: the decode worker's fast-mode MTP rounds,
+and exact mode's gathers until 2026-12-05): sessions call once a round, so
 sessions that once ran in different batches would keep alternating (one group verifying while the other
 drafts), each group paying a whole pass: on one GPU that is twice the passes of one group. With `key`, a
 caller that has called at least twice is due again at its last call + its period (an EMA of its
@@ -62,15 +63,15 @@ import threading
 import time
 from typing import Callable, Hashable
 
-# Gather options for calls made once a round by sessions (items whose first element is the session):
-# exact-mode Draft and Verify, fast-mode MTP rounds. 50 ms: the most a leader waits for a late group.
+# Gather options for calls made once a round by sessions (items whose first element is the session): PERIODIC
+# for fast-mode MTP rounds (decode_worker/mtp.py decode). 50 ms: the most a leader waits for a late group.
 PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
 # A round barrier for exact mode's Draft calls (module doc): each live session is waited for until it is due
 # (at most 250 ms: a round of 64 sessions); the Verify side gathers plainly, settling for 1 ms.
 ROUND_BARRIER = dict(key=lambda item: item[0].id, max_wait_s=0.25, barrier=True)
 # ... and the Verify side's: a merged group's calls arrive a few ms apart, so a pass waits until none arrived for
-# 1 ms, at most 5 ms (pipelined(): no settling, GATHER_S)
-ROUND_SETTLE = dict(gather_s=0.005, settle_s=0.001)
+# 1 ms, at most 5 ms, unless every session's call is here (pipelined(): no settling, GATHER_S)
+ROUND_SETTLE = dict(gather_s=0.005, settle_s=0.001, expected_all=True)
 SLOW = 1.5  # a round barrier does not wait for a caller whose period is past SLOW x the median (_barrier)
 GATHER_S = 0.002  # a plain leader's wait for the calls it expects
 ENV_PERIODIC = "BATON_GATHER_PERIODIC"
@@ -137,12 +138,16 @@ class Gather:
         max_wait_s: float = 0.0,
         settle_s: float = 0.0,
         barrier: bool = False,
+        expected_all: bool = False,
     ):
         self._run, self._lock, self._expected, self.gather_s = run_batch, lock, expected, gather_s
         self.settle_s = settle_s  # also wait until no call has arrived for this long (at most gather_s)
         self._last_arrival = 0.0
         self._cost, self.budget = cost, budget  # a batch: queued items in order while their cost <= budget
         self._key, self.max_wait_s, self.barrier = key, max_wait_s, barrier and key is not None
+        self._awaited: set = set()  # a barrier's leader: the keys it still waits for (arrivals, forget() drop them)
+        # expected() counts every caller that can come (Verify: the sessions): all of them queued, no settling
+        self.expected_all = expected_all
         self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
@@ -166,7 +171,9 @@ class Gather:
         with self._cv:
             self._last_arrival = time.monotonic()
             if self._key is not None:
-                self._arrived(self._key(item), self._last_arrival)
+                k = self._key(item)
+                self._arrived(k, self._last_arrival)
+                self._awaited.discard(k)
             self._queue.append(c)
             lead = not self._leading
             if lead:
@@ -207,7 +214,9 @@ class Gather:
         """The caller `key` ended (its session was released): leaders stop expecting it."""
         with self._cv:
             self._seen.pop(key, None)
-            self._cv.notify()  # a leader waiting for it stops
+            if key in self._awaited:
+                self._awaited.discard(key)
+                self._cv.notify()  # the barrier's leader waiting for it stops
 
     def _arrived(self, k: Hashable, now: float) -> None:
         """Under _cv: a call of `k` at `now` updates its period's EMA (from its second call on)."""
@@ -226,8 +235,8 @@ class Gather:
         if self._key is None:
             return [base]
         queued = {self._key(c.item) for c in self._queue}
-        if self.barrier:
-            return [base, self._barrier(now, now, cap, queued)]
+        if self.barrier:  # the leader's own wait (_lead: _awaited)
+            return [base]
         periods = [v[1] for v in self._seen.values() if v[1]]
         window = now + max(self.max_wait_s, self.gather_s, 0.25 * min(periods, default=0.0))
         live, near, until, anchor = 0, 0, now + self.gather_s, (float("inf"), False)
@@ -248,12 +257,12 @@ class Gather:
             return [base, (min(cap, len(self._queue) + live), max(until, window))]
         return [base, (min(cap, len(self._queue) + near), until)]
 
-    def _barrier(self, start: float, now: float, cap: int, queued: set) -> tuple[int, float]:
-        """Under _cv: (calls to wait for, until when) of a round barrier (module doc) led since `start`: every
+    def _barrier(self, now: float, queued: set) -> tuple[set, float]:
+        """Under _cv: (the keys to wait for, until when) of a round barrier (module doc) led from `now`: every
         live keyed caller not queued whose period is at most SLOW x the live callers' median, until the
-        latest one's due time + a quarter of its period, at most max_wait_s past start. A slower caller (its
-        client reading slowly, its Verify elsewhere) joins whichever batch it meets: waiting for it would
-        hold every session to its pace."""
+        latest one's due time + a quarter of its period, at most max_wait_s. A slower caller (its client
+        reading slowly, its Verify elsewhere) joins whichever batch it meets: waiting for it would hold every
+        session to its pace."""
         live: list[tuple[Hashable, float, float]] = []
         for k, (last, period, _) in list(self._seen.items()):
             if not period:
@@ -264,15 +273,15 @@ class Gather:
                 continue
             live.append((k, last, period))
         if not live:
-            return len(self._queue), now
+            return set(), now
         limit = SLOW * sorted(p for _, _, p in live)[len(live) // 2]
-        waited, until = 0, now
+        awaited, until = set(), now
         for k, last, period in live:
             if k in queued or period > limit:
                 continue
-            waited += 1
+            awaited.add(k)
             until = max(until, last + period + max(self.gather_s, 0.25 * period))
-        return min(cap, len(self._queue) + waited), min(until, start + self.max_wait_s)
+        return awaited, min(until, now + self.max_wait_s)
 
     def _lead(self, own: _Call) -> _Call | None:
         """One batch, led by the thread of call `own` (it holds the lead: _leading). Returns the queued call
@@ -282,18 +291,22 @@ class Gather:
             with self._cv:  # let the other expected calls arrive
                 start = time.monotonic()
                 waits = self._wanted(start)
+                if self.barrier:  # arrivals (call) and forget() drop keys from _awaited
+                    self._awaited, until = self._barrier(start, {self._key(c.item) for c in self._queue})
                 while True:
                     now, cap = time.monotonic(), self._expected()
-                    if self.barrier:  # arrivals and forget() change whom it waits for
-                        waits = [waits[0], self._barrier(start, now, cap, {self._key(c.item) for c in self._queue})]
                     left = [end - now for want, end in waits if len(self._queue) < min(want, cap) and end > now]
-                    if self.settle_s > 0:  # calls of a burst still arriving: until one settle_s passes with none
-                        quiet = self._last_arrival + self.settle_s - now
+                    if self._awaited and len(self._queue) < cap and until > now:
+                        left.append(until - now)
+                    settled = self.expected_all and len(self._queue) >= cap  # every caller that can come is here
+                    if self.settle_s > 0 and not settled:  # a burst's calls still arriving: until settle_s passes
+                        quiet = self._last_arrival + self.settle_s - now  # with none
                         if quiet > 0 and now < start + self.gather_s:
                             left.append(min(quiet, start + self.gather_s - now))
                     if not left:
                         break
                     self._cv.wait(max(left))
+                self._awaited = set()
             waited = time.monotonic()
             with self._lock:
                 locked = time.monotonic()

@@ -1,4 +1,4 @@
-"""benchmarks/bench_gather.py: sessions calling once a round through two periodic Gathers on one lock."""
+"""benchmarks/bench_gather.py: sessions calling once a round through exact mode's two Gathers on one lock."""
 
 from __future__ import annotations
 
