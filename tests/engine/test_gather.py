@@ -371,3 +371,18 @@ def test_a_round_barrier_does_not_hold_sessions_to_a_slow_one():
     fast = [b - a for i in range(4) for a, b in zip(rounds[i][3:], rounds[i][4:])]
     assert len(rounds[4]) >= 4 and fast
     assert sorted(fast)[len(fast) // 2] < 0.08, sorted(fast)  # median round ~35 ms, not the slow one's 155
+
+
+def test_a_settling_gather_does_not_settle_once_every_caller_is_here():
+    """settle_s waits for a burst's late calls; with expected_all (ROUND_SETTLE: expected() counts every
+    session that can call) a leader whose queue already holds expected() calls runs at once, while without
+    it a lone call pays the settle time."""
+
+    def lone_call_s(**kw) -> float:
+        g = Gather(lambda items: items, threading.Lock(), expected=lambda: 1, gather_s=0.2, settle_s=0.06, **kw)
+        t0 = time.monotonic()
+        g.call((_Session("a"),))
+        return time.monotonic() - t0
+
+    assert lone_call_s() >= 0.05
+    assert lone_call_s(expected_all=True) < 0.03
