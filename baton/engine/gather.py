@@ -227,19 +227,10 @@ class Gather:
         dt = now - seen[0]
         seen[0], seen[1] = now, dt if not seen[1] else 0.5 * seen[1] + 0.5 * dt
 
-    def _wanted(self, now: float) -> list[tuple[int, float]]:
-        """Under _cv: [(calls to wait for, until when: a monotonic time), ...]: the leader waits while
-        any of them is short of its calls and not past its time."""
-        cap = self._expected()
-        base = (cap, now + self.gather_s)  # expected() calls for gather_s, with or without key
-        if self._key is None:
-            return [base]
-        queued = {self._key(c.item) for c in self._queue}
-        if self.barrier:  # the leader's own wait (_lead: _awaited)
-            return [base]
-        periods = [v[1] for v in self._seen.values() if v[1]]
-        window = now + max(self.max_wait_s, self.gather_s, 0.25 * min(periods, default=0.0))
-        live, near, until, anchor = 0, 0, now + self.gather_s, (float("inf"), False)
+    def _live(self, now: float) -> list[tuple[Hashable, float, float, float]]:
+        """Under _cv: [(key, last call, period, first call)] of the live keyed callers (period known, called
+        within two periods); one gone past eight periods is forgotten."""
+        live = []
         for k, (last, period, first) in list(self._seen.items()):
             if not period:
                 continue
@@ -247,6 +238,23 @@ class Gather:
                 if now - last > 8 * period:
                     del self._seen[k]  # long gone: forget it
                 continue
+            live.append((k, last, period, first))
+        return live
+
+    def _wanted(self, now: float) -> list[tuple[int, float]]:
+        """Under _cv: [(calls to wait for, until when: a monotonic time), ...]: the leader waits while
+        any of them is short of its calls and not past its time."""
+        cap = self._expected()
+        base = (cap, now + self.gather_s)  # expected() calls for gather_s, with or without key
+        if self._key is None:
+            return [base]
+        if self.barrier:  # the leader's own wait (_lead: _awaited)
+            return [base]
+        queued = {self._key(c.item) for c in self._queue}
+        periods = [v[1] for v in self._seen.values() if v[1]]
+        window = now + max(self.max_wait_s, self.gather_s, 0.25 * min(periods, default=0.0))
+        live, near, until, anchor = 0, 0, now + self.gather_s, (float("inf"), False)
+        for k, last, period, first in self._live(now):
             anchor = min(anchor, (first, k in queued))
             if k in queued:
                 continue
@@ -263,20 +271,12 @@ class Gather:
         latest one's due time + a quarter of its period, at most max_wait_s. A slower caller (its client
         reading slowly, its Verify elsewhere) joins whichever batch it meets: waiting for it would hold every
         session to its pace."""
-        live: list[tuple[Hashable, float, float]] = []
-        for k, (last, period, _) in list(self._seen.items()):
-            if not period:
-                continue
-            if now - last >= 2 * period:
-                if now - last > 8 * period:
-                    del self._seen[k]  # long gone: forget it
-                continue
-            live.append((k, last, period))
+        live = self._live(now)
         if not live:
             return set(), now
-        limit = SLOW * sorted(p for _, _, p in live)[len(live) // 2]
+        limit = SLOW * sorted(x[2] for x in live)[len(live) // 2]
         awaited, until = set(), now
-        for k, last, period in live:
+        for k, last, period, _ in live:
             if k in queued or period > limit:
                 continue
             awaited.add(k)
