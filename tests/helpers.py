@@ -159,12 +159,35 @@ def count_graph_replays(monkeypatch, runner, kinds) -> list[tuple]:
     return log
 
 
-def replays_start_together(engine, n: int) -> None:
-    """Makes `n` re-prefills on `engine` (an ExactEngine) start their replays together: each one's first block
-    waits for the others' (all counted live by then), so they share passes from the first block on."""
+def exported(engine, sid: str) -> dict:
+    """An ExactEngine session's exported state: {tensor name: a copy, "pos": position, "next": next token}."""
+    tensors, pos, nxt = engine.export(sid)
+    return {**{t.name: t.materialize().clone() for t in tensors}, "pos": pos, "next": nxt}
+
+
+def decoded_alone(engine, prompts: list, gs: list) -> tuple[list, list]:
+    """Each prompt prefilled on `engine` (an ExactEngine) and decoded g AR steps alone, each step checked
+    against engine.generate -> (each prompt's reference tokens [g + 2], its state after the g steps:
+    exported); every session released."""
+    refs, states = [], []
+    for prompt, g in zip(prompts, gs):
+        ref = engine.generate(prompt, g + 2)
+        s, _ = engine.prefill(prompt)
+        for want in ref[1 : g + 1]:
+            assert engine.step(s.id) == want
+        refs.append(ref)
+        states.append(exported(engine, s.id))
+        engine.release(s.id)
+    return refs, states
+
+
+def re_prefill_together(engine, prompts: list, refs: list, gs: list, timeout: float) -> list:
+    """Re-prefills of every prompt + its first g reference tokens (generated=g: a dead decode worker's
+    sessions), all at once, each from its own thread; their first replay blocks wait for one another (all
+    counted live by then), so they share passes from the first block on. -> each (session, next token)."""
     import threading
 
-    call, started, met = engine.replays.gather.call, set(), threading.Barrier(n)
+    call, started, met = engine.replays.gather.call, set(), threading.Barrier(len(prompts))
 
     def first_block_together(replay):
         if id(replay) not in started:
@@ -173,3 +196,14 @@ def replays_start_together(engine, n: int) -> None:
         return call(replay)
 
     engine.replays.gather.call = first_block_together
+    out: list = [None] * len(prompts)
+
+    def one(i):
+        out[i] = engine.prefill(prompts[i] + refs[i][: gs[i]], generated=gs[i])
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(timeout)
+    return out

@@ -16,7 +16,7 @@ import random
 
 import pytest
 import torch
-from helpers import replays_start_together
+from helpers import decoded_alone, exported, re_prefill_together
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -191,7 +191,6 @@ def test_a_re_prefill_replays_as_the_ar_decode_did(big):
 def test_concurrent_re_prefills_share_their_replay_passes_and_equal_the_ar_decode(big):
     """Three re-prefills at once (a dead decode worker's sessions) on the worker's runner: their W-row blocks
     share the fused batched rows passes ("rowsb" graphs), and each slot ends bitwise in its AR state."""
-    import threading
 
     from baton.engine.runner import ModelRunner
     from prefill_worker.engine import ExactEngine
@@ -201,33 +200,13 @@ def test_concurrent_re_prefills_share_their_replay_passes_and_equal_the_ar_decod
     prepare_cuda(r)
     e = ExactEngine(r)
     prompts, gs = _prompts(big.cfg.vocab_size, [300, 120, 57], seed=4), [40, 16, 23]
-    refs, alone = [], []
-    for prompt, g in zip(prompts, gs):
-        ref = e.generate(prompt, g + 1)
-        s, _ = e.prefill(prompt)
-        for want in ref[1 : g + 1]:
-            assert e.step(s.id) == want
-        tensors, pos, nxt = e.export(s.id)
-        alone.append(({t.name: t.materialize().clone() for t in tensors}, pos, nxt))
-        refs.append(ref)
-        e.release(s.id)
-    replays_start_together(e, 3)
-    out = [None] * 3
-    th = [
-        threading.Thread(
-            target=lambda i=i: out.__setitem__(i, e.prefill(prompts[i] + refs[i][: gs[i]], generated=gs[i]))
-        )
-        for i in range(3)
-    ]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(300)
+    refs, alone = decoded_alone(e, prompts, gs)
+    out = re_prefill_together(e, prompts, refs, gs, timeout=300)
     assert e.replays.gather.max_items == 3
-    for (again, tok), ref, g, (want, pos, nxt) in zip(out, refs, gs, alone):
+    for (again, tok), ref, g, want in zip(out, refs, gs, alone):
         assert tok == ref[g], g
-        tensors, pos2, nxt2 = e.export(again.id)
-        assert (pos2, nxt2) == (pos, nxt), g
-        for t in tensors:
-            if not t.name.startswith("mtp."):
-                assert torch.equal(t.materialize(), want[t.name]), (g, t.name)
+        got = exported(e, again.id)
+        assert (got["pos"], got["next"]) == (want["pos"], want["next"]), g
+        for name in got:
+            if name not in ("pos", "next") and not name.startswith("mtp."):
+                assert torch.equal(got[name], want[name]), (g, name)

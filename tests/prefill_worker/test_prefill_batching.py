@@ -9,7 +9,7 @@ import threading
 
 import pytest
 import torch
-from helpers import make_tiny_dir, replays_start_together
+from helpers import decoded_alone, exported, make_tiny_dir, re_prefill_together
 
 from baton.engine.prefill import Piece
 from baton.engine.runner import ModelRunner, WindowError
@@ -29,11 +29,6 @@ def _engine(lm, chunk=None, budget=None) -> ExactEngine:
     if chunk:
         r.prefill_chunk = chunk
     return ExactEngine(r, **({"prefill_budget": budget} if budget else {}))
-
-
-def _state(e: ExactEngine, sid: str) -> dict:
-    tensors, pos, nxt = e.export(sid)
-    return {**{t.name: t.materialize().clone() for t in tensors}, "pos": pos, "next": nxt}
 
 
 def _prompts(lm, lengths, seed=0):
@@ -67,14 +62,14 @@ def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
     ref = []
     for ids in prompts:
         s, tok = solo.prefill(ids)
-        ref.append((tok, _state(solo, s.id)))
+        ref.append((tok, exported(solo, s.id)))
         solo.release(s.id)
     e = _engine(lm, chunk, budget=64)
     got = _concurrent(e, prompts)
     assert e.prefills.max_items >= 2  # they did share passes
     for (sid, tok), (rtok, rstate) in zip(got, ref):
         assert tok == rtok
-        st = _state(e, sid)
+        st = exported(e, sid)
         for k in rstate:
             same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
             assert same, k
@@ -102,10 +97,10 @@ def test_a_re_prefill_replays_its_generated_tokens_as_the_ar_decode_did(lm, g):
     s, first = e.prefill(prompt)
     for want in ref[1 : g + 1]:
         assert e.step(s.id) == want
-    alone = _state(e, s.id)
+    alone = exported(e, s.id)
     r, tok = e.prefill(prompt + ref[:g], generated=g)
     assert tok == ref[g]
-    again = _state(e, r.id)
+    again = exported(e, r.id)
     assert alone.keys() == again.keys() and (again["pos"], again["next"]) == (alone["pos"], alone["next"])
     for name in alone:
         if name not in ("pos", "next") and not name.startswith("mtp."):  # AR steps write no MTP KV
@@ -116,9 +111,9 @@ def test_a_re_prefill_replays_its_generated_tokens_as_the_ar_decode_did(lm, g):
     ref32 = e32.generate(prompt, g + 1)
     replayed, _ = e32.prefill(prompt + ref32[:g], generated=g)
     one, _ = e32.prefill(prompt + ref32[:g])
-    got, full = _state(e32, replayed.id), _state(e32, one.id)
+    got, full = exported(e32, replayed.id), exported(e32, one.id)
     one_bf, _ = e.prefill(prompt + ref[:g])
-    full_bf = _state(e, one_bf.id)
+    full_bf = exported(e, one_bf.id)
     for name in ("mtp.key", "mtp.value"):
         assert torch.allclose(got[name], full[name], atol=1e-4, rtol=0), name
         assert torch.allclose(again[name].float(), full_bf[name].float(), atol=5e-2, rtol=5e-2), name
@@ -131,40 +126,22 @@ def test_concurrent_re_prefills_share_their_replay_passes_and_each_equals_its_ar
     state its own AR decode reached, with the token that decode picked next."""
     e = _engine(lm)
     prompts, gs = _prompts(lm, [13, 5, 22, 9], seed=7), [21, 3, 17, 9]
-    refs, alone = [], []
-    for prompt, g in zip(prompts, gs):
-        ref = e.generate(prompt, g + 2)
-        s, _ = e.prefill(prompt)
-        for want in ref[1 : g + 1]:
-            assert e.step(s.id) == want
-        refs.append(ref)
-        alone.append(_state(e, s.id))
-        e.release(s.id)
+    refs, alone = decoded_alone(e, prompts, gs)
     before = (e.replays.gather.batches, e.replays.gather.items)
-    out = [None] * len(prompts)
-    replays_start_together(e, len(prompts))
-
-    def one(i):
-        out[i] = e.prefill(prompts[i] + refs[i][: gs[i]], generated=gs[i])
-
-    th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(60)
+    out = re_prefill_together(e, prompts, refs, gs, timeout=60)
     blocks = sum(-(-g // e.width) for g in gs)  # W-row blocks: 3 + 1 + 3 + 2
     batches, items = e.replays.gather.batches - before[0], e.replays.gather.items - before[1]
     assert items == blocks and batches < blocks and batches >= max(-(-g // e.width) for g in gs), (batches, items)
     solo = _engine(lm)  # each re-prefill alone: its MTP KV too is what it writes in the shared passes
     for (r, tok), ref, g, want, prompt in zip(out, refs, gs, alone, prompts):
         assert tok == ref[g]
-        got = _state(e, r.id)
+        got = exported(e, r.id)
         assert (got["pos"], got["next"]) == (want["pos"], want["next"])
         for name in want:
             if name not in ("pos", "next") and not name.startswith("mtp."):  # AR steps write no MTP KV
                 assert torch.equal(want[name], got[name]), name
         one, _ = solo.prefill(prompt + ref[:g], generated=g)
-        one_state = _state(solo, one.id)
+        one_state = exported(solo, one.id)
         solo.release(one.id)
         assert any(n.startswith("mtp.") for n in got)
         for name in got:
