@@ -22,6 +22,8 @@ item, every phase over the whole batch before the next:
 
 from __future__ import annotations
 
+import torch
+
 from baton.engine.batch import rows_batch
 from baton.engine.slots import SessionLimit
 from baton.engine.speculation import check_verdict, rows_to_replay
@@ -55,10 +57,10 @@ def draft_batch(engine, items: list) -> list:
     _verdicts(items, [i for i in ok if items[i][2] is not None], out)  # 2.
     chained, ar = [], []
     live = [i for i in ok if out[i] is None]
-    t0, at = _per_slot(items, live, lambda st: st.next_token), _per_slot(items, live, lambda st: st.position)
+    pending = _per_slot(items, live, lambda st: torch.stack((st.next_token, st.position), 1))  # one read a runner
     for i in live:
         s = items[i][0]
-        s.draft_t0, s.draft_at = t0[i], at[i]
+        s.draft_t0, s.draft_at = pending[i]
         if s.engine == "mtp":
             chained.append(i)
         else:
@@ -81,7 +83,8 @@ def _by_runner(items: list, idx) -> list[tuple[object, list[int], list[int]]]:
 
 
 def _per_slot(items: list, idx, field) -> dict[int, int]:
-    """{i: field(state)[slot of items[i]]} for i in idx, one host read per runner (transfer.read_slots)."""
+    """{i: field(state)[slot of items[i]]} for i in idx (a number; a list for an [S, n] field), one host read
+    per runner (transfer.read_slots)."""
     return {i: v for st, g, slots in _by_runner(items, idx) for i, v in zip(g, read_slots(field(st), slots))}
 
 
