@@ -1,6 +1,7 @@
 """Small host <-> device copies (index lists, token ids, page ids, per-slot scalars) with the fewest syncs.
 
     upload(values, dtype, device)   -> a tensor of `values` on `device`, without a host sync
+    to_device(t, device)            -> a host tensor's copy on `device`, without a host sync
     read_slots(t, slots)            -> [t[s] for s in slots] in one host read
     write_slots(t, slots, values)   t[s] = v for each pair, in one copy, without a host sync
 
@@ -26,6 +27,13 @@ def upload(values, dtype: torch.dtype, device) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=dev)
     host = torch.tensor(values, dtype=dtype, pin_memory=True)
     return host.to(dev, non_blocking=True)
+
+
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 def read_slots(t: torch.Tensor, slots: list[int]) -> list:

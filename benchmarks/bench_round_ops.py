@@ -13,7 +13,7 @@ model's greedy picks over random weights: most blocks are cut, as at a low accep
 
 --round exact: one exact-mode round instead, each worker's half counted apart: the decode worker's Draft
 batch with the last round's verdicts (decode_worker/drafting.py draft_batch, mtp drafts: the verdict rows,
-the pending pairs, the chains) and the prefill worker's Verify batch (ExactEngine._verify_batch: the
+the pending pairs, the chains) and the prefill worker's Verify batch (prefill_worker/verifying.py verify_batch: the
 blocks' pass and the rewind of the cut ones), after a first round that leaves every session a verdict:
 draft_ops / verify_ops per B and draft_ops_per_session / verify_ops_per_session. Host syncs (a tensor read
 back to Python: aten._local_scalar_dense, and .tolist()'s) are in ops_by_kind as any op.
@@ -47,6 +47,7 @@ from baton.loading import load_model  # noqa: E402
 from baton.random_checkpoint import make_random_checkpoint  # noqa: E402
 from benchmarks.report import emit, machine  # noqa: E402
 from decode_worker import mtp  # noqa: E402
+from prefill_worker.verifying import verify_batch  # noqa: E402
 
 GDN_LAYERS_9B = 24  # Qwen3.5-9B: 32 layers, full attention in one of every four
 
@@ -110,8 +111,8 @@ def exact_point(lm, b: int, k: int) -> dict:
         drafts = dec._draft_batch([(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
         blocks = [(es, [int(exact.runner.state.next_token[es.slot]), *d], None) for (es, _), d in zip(pairs, drafts)]
         with _Count() as cv:
-            got = exact._verify_batch(blocks)
-        for i, (m, nxt, _, _) in enumerate(got):
+            got = verify_batch(exact.runner, blocks)
+        for i, (m, nxt, *_) in enumerate(got):
             verdicts[i] = (m, nxt)
         return {"verify": cv.n}
 
@@ -121,7 +122,7 @@ def exact_point(lm, b: int, k: int) -> dict:
     assert not any(isinstance(d, BaseException) for d in drafts), drafts
     blocks = [(es, [int(exact.runner.state.next_token[es.slot]), *d], None) for (es, _), d in zip(pairs, drafts)]
     with _Count() as cv:
-        got = exact._verify_batch(blocks)
+        got = verify_batch(exact.runner, blocks)
     assert not any(isinstance(g, BaseException) for g in got), got
     return {
         "sessions": b,

@@ -100,8 +100,9 @@
 #           spec-exact  exact mode, mtp drafts right with p = 0.95, K = 8 (bench_exact's p = 0.95 K = 8), at 1,
 #                       8 and 32 streams; fast bf16 at 32 (targets: exact at 8 >= 5x exact at 1, exact at 32
 #                       >= 0.8x fast bf16 at 32)
-#           spec-merged   spec-exact's exact runs (1, 8, 32), fast bf16 at 32 and spec-adaptive's mtp run at 32,
-#                       in one call
+#           spec-merged   spec-exact's exact runs (1, 8, 32), fast bf16 at 32, exact at 8 and 32 with the decode
+#                       worker running the verdict rows (BATON_VERDICT_HIDDEN=0; VERDICT_AB=0 skips), and
+#                       spec-adaptive's mtp run at 32 (MERGED_ADAPTIVE=1), in one call
 #           exact-passes   an exact round's device parts at B = 1, 8, 16, 32 alone in one process
 #                       (bench_exact_passes.py: the verify, verdict and chain passes, and a fast bf16 step), then
 #                       spec-exact's runs at 8 and 32 with the gathers pipelined (BATON_GATHER_PERIODIC=0)
@@ -271,16 +272,24 @@ case $stage in
     } | tee "$out/spec-exact-ratios.txt"
     ;;
   spec-merged)  # one call for both speculation targets: exact mode at 1, 8, 32 (the workers told they share the GPU:
-    # merged gathers), fast bf16 at 32, fast mtp adaptive at 32 (the K = 0 flush without a drain)
+    # merged gathers; the verdict hidden rows relayed, so the decode worker runs no verdict rows), fast bf16 at
+    # 32, exact at 8 and 32 with the decode worker running the verdict rows itself (BATON_VERDICT_HIDDEN=0:
+    # the A/B of the relayed rows; VERDICT_AB=0 skips it), fast mtp adaptive at 32 (MERGED_ADAPTIVE=1)
     BATON_LOG_LEVEL=INFO spec spec-exact-mtp --mode exact --engine mtp --concurrency 1,8,32 --draft-p 0.95 --draft-k 8
     grep -ho "[a-z]*: exact rounds [a-z]*" "$out/spec-exact-mtp.log" | sort | uniq -c  # merged, both (efde45a)
     spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
-    if [ "${MERGED_ADAPTIVE:-1}" = 1 ]; then  # 0: the exact half alone (a short device budget)
+    if [ "${VERDICT_AB:-1}" = 1 ]; then
+      BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
+        --draft-k 8 --check-prompts 1
+    fi
+    if [ "${MERGED_ADAPTIVE:-0}" = 1 ]; then
       spec spec-adaptive-mtp --engine mtp --concurrency 32 --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
     fi
     {
       ratio "exact mtp p=0.95 at 8 / at 1" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp.json" 1 5
       ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-bf16.json" 32 0.8
+      ratio "exact at 8, hidden rows relayed / decode worker's rows" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp-rows.json" 8 1
+      ratio "exact at 32, hidden rows relayed / decode worker's rows" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-rows.json" 32 1
       ratio "fast mtp adaptive p=0.9 at 32 / fast bf16 at 32" "$out/spec-adaptive-mtp.json" 32 "$out/spec-bf16.json" 32 0.95
     } | tee "$out/spec-merged-ratios.txt"
     ;;

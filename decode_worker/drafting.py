@@ -14,6 +14,14 @@ item, every phase over the whole batch before the next:
        rows of every session of a runner run as one pass (baton/engine/batch.py rows_batch: ragged
        groups, each bitwise as alone; on CUDA one fused BatchedRows pass). Before, each session was its
        own pass of the 9B: at 8 sessions the verdicts alone were most of a round.
+       An mtp verdict with the exact worker's hidden rows of t0, d1..dm (DraftRequest.verdict_hidden, the
+       router's default) runs no rows at all: the pairs take those rows, bitwise the ones the pass would
+       give, and only the position and the pending token advance. The BF16 state's GDN, KV and hidden row
+       then stay behind, unread: an mtp session drafts from its MTP
+       pairs alone. So the session is draft_only from then on, and a later verdict without hidden rows
+       is refused (the rows it would run start from a stale state). This took the round's second pass of
+       the 9B away: ~30% of a round's device time at 1 to 32 sessions on the H100
+       (benchmarks/results/gpu-h100-2026-12-05-night.md, "verdict rows").
     3. k drafts from next_token t0: mtp sessions' chains together (mtp.chains); bf16 / fp8 sessions
        snapshot their slot and draft position by position, one ar_batch per runner for all of them
        (Drafter.propose: the proposal is what the state consumes next). After: bf16 / fp8 state has
@@ -27,7 +35,7 @@ import torch
 from baton.engine.batch import rows_batch
 from baton.engine.slots import SessionLimit
 from baton.engine.speculation import check_verdict, rows_to_replay
-from baton.transfer import read_slots, write_slots
+from baton.transfer import read_slots, to_device, write_slots
 from decode_worker import mtp
 
 
@@ -41,6 +49,8 @@ def draft_batch(engine, items: list) -> list:
     for i, (s, k, verdict) in enumerate(items):  # 1. checks, before anything is consumed
         r = s.runner
         try:
+            if verdict is not None and len(verdict) > 2 and verdict[2] is not None and s.engine != "mtp":
+                raise ValueError(f"verdict_hidden: only for mtp drafts, not {s.engine}")
             if s.id in seen:
                 raise ValueError("session: another Draft of this session is in flight")
             seen.add(s.id)
@@ -102,10 +112,20 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
     by_runner: dict[int, list[tuple[int, list[int]]]] = {}
     nexts: list[tuple[int, int]] = []  # (item, its next token): written once a runner, at the end
     rewound: list[int] = []  # bf16 / fp8 items restored from the round's snapshot
+    given: list[tuple[int, list[int], torch.Tensor]] = []  # mtp items whose verdict brought the rows' hidden
     for i in idx:
-        s, _, (m, nxt) = items[i]
+        s, _, (m, nxt, *h) = items[i]
         if s.engine == "mtp":
             rows = [s.draft_t0] + s.drafts[:m]  # MTP drafting consumed nothing on the BF16 state
+            if h and h[0] is not None:
+                given.append((i, rows, h[0]))
+                continue
+            if s.draft_only:
+                out[i] = ValueError(
+                    "verdict_hidden: required for this session: its earlier verdicts came with the exact"
+                    " worker's hidden rows, so its BF16 state did not advance"
+                )
+                continue
         else:
             restore, rows = rows_to_replay(s.drafts, s.draft_t0, m)
             if restore:
@@ -128,12 +148,32 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
                 out[i] = e
             continue
         for (i, rows), p, h in zip(group, starts, hidden):
-            s, _, (_, nxt) = items[i]
+            s, _, (_, nxt, *_) = items[i]
             if s.engine == "mtp":
                 mtp.pending_pairs(s, p, rows + [nxt], h)
             nexts.append((i, nxt))
             s.drafts = []
+    nexts += _given(items, given)
     _set_next(items, nexts)
+
+
+def _given(items: list, given: list[tuple[int, list[int], torch.Tensor]]) -> list[tuple[int, int]]:
+    """The mtp verdicts that came with their kept rows' hidden rows (host [m + 1, hidden]): per runner one
+    upload of them all, the pairs from them, and the position past the kept rows (what drafting reads of
+    what rows_batch would have left: the MTP pass records each pair's token in the token history itself,
+    runner.mtp_batch). -> (item, next token) of each."""
+    nexts = []
+    for st, g, slots in _by_runner(items, dict.fromkeys(i for i, _, _ in given)):
+        mine = [x for x in given if x[0] in set(g)]
+        starts = read_slots(st.position, slots)
+        h = to_device(torch.cat([x[2] for x in mine]), st.position.device).split([len(x[1]) for x in mine])
+        for (i, kept, _), p, hs in zip(mine, starts, h):
+            s, _, (_, nxt, _) = items[i]
+            mtp.pending_pairs(s, p, kept + [nxt], hs)
+            nexts.append((i, nxt))
+            s.drafts, s.draft_only = [], True
+        write_slots(st.position, slots, [p + len(x[1]) for p, x in zip(starts, mine)])
+    return nexts
 
 
 def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:

@@ -65,6 +65,7 @@ class DecodeSession:
     rounds: int = 0
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather
+    draft_only: bool = False  # exact mtp: verdicts came with the exact worker's hidden rows, BF16 state not advanced
     # the state's position as loaded, until a Decode or Draft moves it (each clears it first): the first
     # Decode after LoadState reads it here, not from the device (a blocking read behind the steps in flight)
     loaded_position: int | None = None
@@ -379,8 +380,8 @@ class DecodeEngine:
         return [s.runner.ar_step(s.slot)]  # window checked once by decode()
 
     # ---- exact mode ----------------------------------------------------------------------------
-    def draft(self, session_id: str, k: int, verdict: tuple[int, int] | None) -> list[int]:
-        """Exact mode: apply the verdict on the last drafts, then propose k new ones; concurrent Draft calls
+    def draft(self, session_id: str, k: int, verdict: tuple | None) -> list[int]:
+        """Exact mode: apply the verdict (m, next[, hidden rows]), then propose k new ones; concurrent Draft calls
         share their drafting steps (self.drafts -> _draft_batch), each bitwise as alone."""
         s = self.get(session_id)
         if not 1 <= k <= self.width - 2:
@@ -395,6 +396,5 @@ class DecodeEngine:
         return sum(1 for s in self._table.sessions() if s.exact)
 
     def _draft_batch(self, items: list) -> list:
-        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or the error of that item
-        alone (decode_worker/drafting.py: the verdicts, then every session's drafting steps together)."""
+        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or its error (drafting.py)."""
         return drafting.draft_batch(self, items)

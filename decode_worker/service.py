@@ -41,7 +41,7 @@ import time
 import grpc
 import torch
 
-from baton import sampling_rules, stalls, thread_cpu
+from baton import hidden_rows, sampling_rules, stalls, thread_cpu
 from baton.engine import rejection
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
@@ -104,6 +104,17 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
         if want is not None and want != s.engine:
             raise StatusError(INVALID, f"engine: session {sid!r} was loaded for {s.engine}, not {want}")
         return s
+
+    @staticmethod
+    def _hidden(s, request):
+        """The verdict's hidden rows [accepted + 1, hidden] (CPU), or None when not sent."""
+        if not request.HasField("verdict_hidden"):
+            return None
+        h = s.runner.state.hidden
+        try:
+            return hidden_rows.decode(request.verdict_hidden, request.accepted + 1, h.shape[-1], h.dtype)
+        except ValueError as e:
+            raise StatusError(INVALID, str(e)) from None
 
     def _ids(self, field: str, ids) -> list[int]:
         if len(ids) > MAX_IDS:  # NOTE: before scanning: a 64 MiB message holds ~60M ids
@@ -223,6 +234,10 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 n = request.max_new_tokens
                 if n < 1:
                     raise StatusError(INVALID, "max_new_tokens: must be >= 1")
+                if s.draft_only:  # its BF16 state stopped at its first verdict with hidden rows (drafting.py)
+                    raise StatusError(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"session {sid!r} drafts for exact mode only"
+                    )
                 stop = set(self._ids("stop_token_ids", request.stop_token_ids))
                 eos = set() if request.ignore_eos else set(self.eos_ids)
                 self._set_sampling(s, request)
@@ -278,9 +293,9 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             verdict = None
             if request.has_verdict:
                 self._ids("next_token", [request.next_token])
-                verdict = (request.accepted, request.next_token)
-            elif request.accepted or request.next_token:
-                raise StatusError(INVALID, "has_verdict: false, but accepted/next_token are set")
+                verdict = (request.accepted, request.next_token, self._hidden(s, request))
+            elif request.accepted or request.next_token or request.HasField("verdict_hidden"):
+                raise StatusError(INVALID, "has_verdict: false, but accepted/next_token/verdict_hidden are set")
             # drafts picked with the exact engine's noise
             self._set_sampling(s, request, proposing=True, fresh=not request.has_verdict)
             with window_field("k"):

@@ -28,6 +28,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather
@@ -36,10 +37,9 @@ from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SlotTable
-from baton.engine.speculation import verify_blocks
 from baton.handoff.progress import PrefillProgress
-from baton.transfer import read_slots
 from prefill_worker.replay import Replays
+from prefill_worker.verifying import VerifyItem, verify_batch
 
 
 @dataclass
@@ -74,6 +74,7 @@ class VerifyResult:
     position: int
     counters: Counters
     logprobs: list = field(default_factory=list)  # SamplingTable.logprobs of d1..dm, next (when asked)
+    hidden: object = None  # want_hidden: [m + 1, hidden] CPU tensor, the kept rows' final-normed hidden rows
 
 
 PREFILL_BUDGET = PREFILL_CHUNK  # tokens per batched prefill pass (a whole piece always fits)
@@ -91,7 +92,9 @@ class ExactEngine:
             ttl_s, {0: runner.state.slots}, on_free=lambda _, slot: runner.state.release_pages(slot)
         )
         # concurrent Verify calls of different sessions run as one batched pass (verify_blocks), a merged group's settling
-        self.verifies = Gather(self._verify_batch, self._compute, expected=self.session_count, **ROUND_SETTLE)
+        self.verifies = Gather(
+            partial(verify_batch, self.runner), self._compute, expected=self.session_count, **ROUND_SETTLE
+        )
         self.replays = Replays(self.runner, self._compute)  # re-prefills' generated tails, in shared passes
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (verify passes take the
         # same lock: they interleave with a long prompt's pieces). Sessions opened for a prefill not ended yet,
@@ -307,10 +310,11 @@ class ExactEngine:
         pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
         return st.export(s.slot, pos), pos, nxt
 
-    def verify(self, session_id: str, tokens: list[int], draft_probs=()) -> VerifyResult:
+    def verify(self, session_id: str, tokens: list[int], draft_probs=(), want_hidden: bool = False) -> VerifyResult:
         """One session's block [t0, d1..dk]; concurrent calls of other sessions share its rows pass
-        (self.verifies), each bitwise as alone. draft_probs: the drafter's q' of d1..dk
-        (baton.v1.TokenDistribution), required iff the session samples with the REJECTION policy."""
+        (self.verifies, prefill_worker/verifying.py), each bitwise as alone. draft_probs: the drafter's q' of
+        d1..dk (baton.v1.TokenDistribution), required iff the session samples with the REJECTION policy.
+        want_hidden: the result's hidden holds the kept rows' final-normed hidden rows [m + 1, hidden] (CPU)."""
         s = self.get(session_id)
         k = len(tokens) - 1
         if not 1 <= k < self.width:
@@ -321,51 +325,16 @@ class ExactEngine:
             dists = rejection.parse(draft_probs, tokens[1:], self.runner.cfg.vocab_size)
         elif len(draft_probs):
             raise ValueError("draft_probs: only for a session sampled at T > 0 with exact_policy REJECTION")
-        got = self.verifies.call((s, tokens, dists))
+        got = self.verifies.call(VerifyItem(s, tokens, dists, want_hidden))
         if isinstance(got, BaseException):
             raise got
-        m, nxt, pos, lps = got
+        m, nxt, pos, lps, hidden = got
         c = s.counters
         c.drafted += k
         c.accepted += m
         c.rejected_blocks += int(m < k)
         c.verify_blocks += 1
-        return VerifyResult(m, nxt, pos, c, lps)
-
-    def _verify_batch(self, items: list[tuple[Session, list[int], list | None]]) -> list:
-        """Under _compute: the blocks of distinct sessions in one verify_blocks pass -> per item (m, next,
-        position, logprobs), or the ValueError / WindowError of that item alone (the others go on).
-        A rejection-policy block's rows judge its drafts against its q' (SamplingTable.judge)."""
-        st, out, ok = self.runner.state, [None] * len(items), []
-        slots = [s.slot for s, _, _ in items]  # each session's pending token and position: one read each
-        pendings, starts = read_slots(st.next_token, slots), read_slots(st.position, slots)
-        for i, ((s, tokens, _), pending, pos) in enumerate(zip(items, pendings, starts)):
-            if tokens[0] != pending:
-                out[i] = ValueError(f"tokens[0]: {tokens[0]} is not the last committed token {pending}")
-            elif any(s.slot == items[j][0].slot for j in ok):
-                out[i] = ValueError("tokens: another Verify of this session is in flight")
-            else:
-                try:
-                    self.runner.check_window(pos, len(tokens))
-                    ok.append(i)
-                except ValueError as e:
-                    out[i] = e
-        if ok:
-            table = self.runner.sampling
-            for i in ok:
-                s, tokens, dists = items[i]
-                if dists is not None:  # row j of the block picks position pos + j + 1: draft d_{j+1}'s
-                    table.judge(s.slot, starts[i] + 1, tokens[1:], dists)
-            try:
-                res = verify_blocks(self.runner, [(items[i][0].slot, items[i][1]) for i in ok])
-            finally:
-                for i in ok:
-                    table.end_judge(items[i][0].slot)
-            ends = read_slots(st.position, [items[i][0].slot for i in ok])
-            for i, (m, nxt), end in zip(ok, res, ends):
-                slot = items[i][0].slot
-                out[i] = (m, nxt, end, self.runner.sampling.logprobs(slot, m + 1))
-        return out
+        return VerifyResult(m, nxt, pos, c, lps, hidden)
 
     def step(self, session_id: str) -> int:
         """One AR step: consumes the pending token, returns the new one."""

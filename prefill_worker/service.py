@@ -37,7 +37,7 @@ import uuid
 
 import grpc
 
-from baton import sampling_rules, stalls, thread_cpu
+from baton import hidden_rows, sampling_rules, stalls, thread_cpu
 from baton.engine.gather import fill_stats
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
@@ -330,13 +330,11 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     def Verify(self, request, context):
         with self.call(context, "Verify"), self.sessions.hold(request.session_id):
             if len(request.tokens) > self.engine.runner.width:  # before list(), as for prompt_ids
-                raise StatusError(
-                    INVALID,
-                    f"tokens: {len(request.tokens)} tokens; a block is [last committed, "
-                    f"d1..dK] with K < W = {self.engine.runner.width}",
-                )
+                n, w = len(request.tokens), self.engine.runner.width
+                raise StatusError(INVALID, f"tokens: {n} tokens; a block is [last committed, d1..dK] with K < W = {w}")
             with window_field("tokens"):
-                r = self.engine.verify(request.session_id, list(request.tokens), request.draft_probs)
+                tokens, probs = list(request.tokens), request.draft_probs
+                r = self.engine.verify(request.session_id, tokens, probs, request.want_hidden)
             c = r.counters
             picked = list(request.tokens[1 : r.accepted + 1]) + [r.next_token]
             return prefill_pb2.VerifyResponse(
@@ -351,6 +349,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                     verify_blocks=c.verify_blocks,
                     acceptance_rate=c.acceptance_rate,
                 ),
+                hidden=hidden_rows.encode(r.hidden) if r.hidden is not None else None,
             )
 
     def Release(self, request, context):

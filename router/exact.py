@@ -26,6 +26,7 @@ Migrations and restarts together are bounded by max_migrations.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -42,6 +43,10 @@ from router.registry import NoWorker
 from router.session import Budget, Handoff, first_logprob, first_tokens, land
 
 log = logging.getLogger("baton.router")
+# mtp drafts: each Verify returns the kept rows' hidden rows and the next Draft relays them, so the decode
+# worker's MTP head reads them instead of running those rows (decode_worker/drafting.py). "0": it runs them
+# (the A/B of benchmarks/gpu_pending.sh spec-merged)
+ENV_VERDICT_HIDDEN = "BATON_VERDICT_HIDDEN"
 
 
 @dataclass
@@ -145,7 +150,7 @@ class ExactLoop:
     def run(self, pending: int) -> Iterator[tuple[list[int], int | None, list]]:
         """pending = the last committed token (already sent). Yields (tokens, finish_reason | None,
         logprobs: the exact engine's TokenLogprob per token, when asked)."""
-        verdict: tuple[int, int] | None = None  # (m, next) of the last Verify, for the next Draft
+        verdict: tuple | None = None  # (m, next, hidden rows or None) of the last Verify, for the next Draft
         if self._unlanded is not None:
             h, self._unlanded = self._unlanded, None
             try:
@@ -161,7 +166,7 @@ class ExactLoop:
             try:
                 drafts, probs = self._draft(k, verdict)
                 t1 = time.perf_counter()
-                m, nxt, lps = self._verify(pending, drafts, probs)
+                m, nxt, lps, hidden = self._verify(pending, drafts, probs)
             except WorkerFault as e:
                 self.draft_length.forget_costs()  # another decode (or exact) worker: other costs
                 verdict = None
@@ -180,14 +185,16 @@ class ExactLoop:
             yield toks, finish, lps[: len(toks)]
             if finish is not None:
                 return
-            pending, verdict = nxt, (m, nxt)
+            pending, verdict = nxt, (m, nxt, hidden)
 
-    def _draft(self, k: int, verdict: tuple[int, int] | None) -> tuple[list[int], list]:
+    def _draft(self, k: int, verdict: tuple | None) -> tuple[list[int], list]:
         req = decode_pb2.DraftRequest(
             session_id=self.sid, k=k, engine=self.engine, has_verdict=verdict is not None, sampling=self.sampling
         )
         if verdict is not None:
-            req.accepted, req.next_token = verdict
+            req.accepted, req.next_token, hidden = verdict
+            if hidden is not None:
+                req.verdict_hidden.CopyFrom(hidden)
         else:  # the first Draft after a load: a penalized session's history
             hist = sampling_rules.history(self.sampling, self.loaded, len(self.prompt_ids))
             if hist is not None:
@@ -199,15 +206,21 @@ class ExactLoop:
         # REJECTION policy: q' of each draft, relayed to the exact worker as is (empty otherwise)
         return drafts, list(resp.draft_probs)
 
-    def _verify(self, pending: int, drafts: list[int], probs=()) -> tuple[int, int, list]:
-        req = prefill_pb2.VerifyRequest(session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs)
+    def _verify(self, pending: int, drafts: list[int], probs=()) -> tuple[int, int, list, object]:
+        want = self.export_engine == "mtp" and os.environ.get(ENV_VERDICT_HIDDEN, "1") != "0"
+        req = prefill_pb2.VerifyRequest(
+            session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs, want_hidden=want
+        )
         resp = self.calls.unary(self.exact, "Verify", req)  # a WorkerFault of P: run() restarts the session
         m = int(resp.accepted)
         try:
             check_verdict(m, len(drafts))
         except ValueError:
             raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts") from None
-        return m, int(resp.next_token), list(resp.logprobs)
+        hidden = resp.hidden if want and resp.HasField("hidden") else None  # absent: an exact worker without them
+        if hidden is not None and hidden.rows != m + 1:
+            raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker sent {hidden.rows} hidden rows for m={m}")
+        return m, int(resp.next_token), list(resp.logprobs), hidden
 
     def migrate(self, pending: int, fault: WorkerFault) -> None:
         """Moves S to another decode worker by ExportState from the exact worker (also when its first

@@ -51,7 +51,7 @@ class DecodeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., mean_accept_len: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine", "sampling", "history")
+    __slots__ = ("session_id", "k", "has_verdict", "accepted", "next_token", "engine", "sampling", "history", "verdict_hidden")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     HAS_VERDICT_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class DraftRequest(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     k: int
     has_verdict: bool
@@ -68,7 +69,8 @@ class DraftRequest(_message.Message):
     engine: _common_pb2.Engine
     sampling: _common_pb2.SamplingParams
     history: _common_pb2.PenaltyHistory
-    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history: _Optional[_Union[_common_pb2.PenaltyHistory, _Mapping]] = ...) -> None: ...
+    verdict_hidden: _common_pb2.HiddenRows
+    def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history: _Optional[_Union[_common_pb2.PenaltyHistory, _Mapping]] = ..., verdict_hidden: _Optional[_Union[_common_pb2.HiddenRows, _Mapping]] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
     __slots__ = ("draft_tokens", "position", "draft_probs")

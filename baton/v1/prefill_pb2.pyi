@@ -50,14 +50,16 @@ class PrefillResponse(_message.Message):
     def __init__(self, first_token: _Optional[int] = ..., bridge: _Optional[_Union[_common_pb2.BridgeReport, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., heartbeat: _Optional[bool] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "tokens", "draft_probs")
+    __slots__ = ("session_id", "tokens", "draft_probs", "want_hidden")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    WANT_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
-    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ...) -> None: ...
+    want_hidden: bool
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., want_hidden: _Optional[bool] = ...) -> None: ...
 
 class SessionCounters(_message.Message):
     __slots__ = ("drafted", "accepted", "rejected_blocks", "verify_blocks", "acceptance_rate")
@@ -74,18 +76,20 @@ class SessionCounters(_message.Message):
     def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted", "next_token", "position", "counters", "logprobs")
+    __slots__ = ("accepted", "next_token", "position", "counters", "logprobs", "hidden")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     next_token: int
     position: int
     counters: SessionCounters
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., position: _Optional[int] = ..., counters: _Optional[_Union[SessionCounters, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
+    hidden: _common_pb2.HiddenRows
+    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., position: _Optional[int] = ..., counters: _Optional[_Union[SessionCounters, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., hidden: _Optional[_Union[_common_pb2.HiddenRows, _Mapping]] = ...) -> None: ...
 
 class ExportStateRequest(_message.Message):
     __slots__ = ("session_id", "decode_target", "target_session_id")

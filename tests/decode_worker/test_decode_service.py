@@ -103,10 +103,12 @@ def _rel(w, sid):
 
 
 # ---------------------------------------------------------------- exact mode in miniature
-@pytest.mark.parametrize("engine", [BF16, MTP])
-def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine):
+@pytest.mark.parametrize("engine,hidden", [(BF16, False), (MTP, False), (MTP, True)])
+def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine, hidden):
     """LoadState via Prefill(EXACT) -> Draft -> Verify -> Draft(verdict) ... == complete(). bf16 drafts
-    are exact, so the loop also corrupts some drafts before Verify to force rollbacks on the decode side."""
+    are exact, so the loop also corrupts some drafts before Verify to force rollbacks on the decode side.
+    hidden: each Verify returns the kept rows' hidden rows, relayed with the verdict (what the router does
+    for mtp drafts): the same tokens, and the Draft positions move as with the decode worker's own rows."""
     P, D, rng = w["P"], w["D"], random.Random(engine)
     out = [_load(w, "ex", engine=engine, mode=EXACT)]
     verdict, rounds = {}, 0
@@ -118,9 +120,13 @@ def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine):
         if engine == BF16 and rng.random() < 0.5:
             j = rng.randrange(k)
             drafts[j] = (drafts[j] + 1) % 512
-        v = P.Verify(prefill_pb2.VerifyRequest(session_id="ex", tokens=[out[-1]] + drafts), timeout=T)
+        req = prefill_pb2.VerifyRequest(session_id="ex", tokens=[out[-1]] + drafts, want_hidden=hidden)
+        v = P.Verify(req, timeout=T)
+        assert v.HasField("hidden") == hidden and v.hidden.rows == (v.accepted + 1 if hidden else 0)
         out += drafts[: v.accepted] + [v.next_token]
         verdict = dict(has_verdict=True, accepted=v.accepted, next_token=v.next_token)
+        if hidden:
+            verdict["verdict_hidden"] = v.hidden
         rounds += 1
     assert out[:40] == ref[:40]
     # the last verdict applies too: the next draft starts at the committed state (bf16 drafts are exact)
@@ -249,6 +255,84 @@ def test_bad_decode_and_draft_requests(w, ref):
     )
     assert (v.accepted, v.next_token, list(d.draft_tokens)) == (3, ref[4], ref[5:7])
     _rel(w, "ok")
+
+
+def test_bad_verdict_hidden_rows_are_refused_and_the_session_goes_on(w, ref):
+    """DraftRequest.verdict_hidden: wrong rows, width, dtype or size, or without a verdict, or for bf16
+    drafts -> INVALID_ARGUMENT naming the field, the session untouched; once a verdict came with them,
+    one without is refused (the BF16 state did not advance) and so is a fast Decode (FAILED_PRECONDITION)."""
+    from baton import hidden_rows
+
+    P, D = w["P"], w["D"]
+    first = _load(w, "hv", engine=MTP, mode=EXACT)
+    d = D.Draft(decode_pb2.DraftRequest(session_id="hv", k=3), timeout=T)
+    v = P.Verify(
+        prefill_pb2.VerifyRequest(session_id="hv", tokens=[first, *d.draft_tokens], want_hidden=True), timeout=T
+    )
+    good, m = v.hidden, v.accepted
+    bad = [
+        (dict(rows=good.rows + 1), "verdict_hidden.rows"),
+        (dict(width=good.width - 1), "verdict_hidden.width"),
+        (dict(dtype="bfloat16" if good.dtype != "bfloat16" else "float32"), "verdict_hidden.dtype"),
+        (dict(data=good.data[:-4]), "verdict_hidden.data"),
+    ]
+    verdict = dict(has_verdict=True, accepted=m, next_token=v.next_token)
+    for change, field in bad:
+        h = common_pb2.HiddenRows()
+        h.CopyFrom(good)
+        for k_, val in change.items():
+            setattr(h, k_, val)
+        got, details = _err(D.Draft, decode_pb2.DraftRequest(session_id="hv", k=2, verdict_hidden=h, **verdict))
+        assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", field), details
+    got, details = _err(D.Draft, decode_pb2.DraftRequest(session_id="hv", k=2, verdict_hidden=good))
+    assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "has_verdict"), details
+    d = D.Draft(decode_pb2.DraftRequest(session_id="hv", k=2, verdict_hidden=good, **verdict), timeout=T)
+    assert hidden_rows.decode(good, m + 1, good.width, hidden_rows.DTYPES[good.dtype]).shape == (m + 1, good.width)
+    out = [first] + ref[1 : m + 1] + [v.next_token]
+    assert d.position == len(PROMPT) + len(out) - 1  # the position moved past the kept rows, none run
+    v = P.Verify(
+        prefill_pb2.VerifyRequest(session_id="hv", tokens=[out[-1], *d.draft_tokens], want_hidden=True), timeout=T
+    )
+    out += list(d.draft_tokens[: v.accepted]) + [v.next_token]
+    assert out == ref[: len(out)]
+    got, details = _err(
+        D.Draft,
+        decode_pb2.DraftRequest(session_id="hv", k=2, has_verdict=True, accepted=v.accepted, next_token=v.next_token),
+    )
+    assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "verdict_hidden"), details
+    got, details = _err(D.Decode, decode_pb2.DecodeRequest(session_id="hv", max_new_tokens=2))
+    assert got == grpc.StatusCode.FAILED_PRECONDITION, details
+    d = D.Draft(
+        decode_pb2.DraftRequest(
+            session_id="hv",
+            k=2,
+            has_verdict=True,
+            accepted=v.accepted,
+            next_token=v.next_token,
+            verdict_hidden=v.hidden,
+        ),
+        timeout=T,
+    )
+    assert d.position == len(PROMPT) + len(out) - 1
+    _rel(w, "hv")
+    first = _load(w, "hb", engine=BF16, mode=EXACT)
+    d = D.Draft(decode_pb2.DraftRequest(session_id="hb", k=3), timeout=T)
+    v = P.Verify(
+        prefill_pb2.VerifyRequest(session_id="hb", tokens=[first, *d.draft_tokens], want_hidden=True), timeout=T
+    )
+    got, details = _err(
+        D.Draft,
+        decode_pb2.DraftRequest(
+            session_id="hb",
+            k=2,
+            has_verdict=True,
+            accepted=v.accepted,
+            next_token=v.next_token,
+            verdict_hidden=v.hidden,
+        ),
+    )
+    assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "verdict_hidden"), details
+    _rel(w, "hb")
 
 
 def test_penalty_history_is_checked_and_drafts_follow_it(w, lm):

@@ -16,6 +16,8 @@ import random
 import pytest
 import torch
 
+from prefill_worker.verifying import verify_batch
+
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SHAPE = os.environ.get("BATON_GPU_SHAPE", "qwen3.5-9b")
@@ -91,7 +93,7 @@ def test_a_verify_pass_of_many_blocks_equals_each_block_alone(big, refs, monkeyp
         slot = e.get(sid).slot
         st.snapshot(slot)
         with e._compute:
-            (got,) = e._verify_batch([(e.get(sid), block, None)])
+            (got,) = verify_batch(e.runner, [(e.get(sid), block, None)])
         alone.append((got[:3], _state(e, sid)))
         st.restore(slot)
     # together through the GIL-holding launcher (baton/engine/nogil.py: the pass's copies and replays),
@@ -101,7 +103,7 @@ def test_a_verify_pass_of_many_blocks_equals_each_block_alone(big, refs, monkeyp
     assert nogil.launcher() is not None
     assert ("rowsb", (n, k + 1)) in e.runner.graphs  # one captured pass of n blocks of k + 1 rows
     with e._compute:
-        together = e._verify_batch([(e.get(sid), block, None) for sid, block in zip(sids, blocks)])
+        together = verify_batch(e.runner, [(e.get(sid), block, None) for sid, block in zip(sids, blocks)])
     accepted = set()
     for sid, got, (want, state) in zip(sids, together, alone):
         assert got[:3] == want, sid
@@ -127,7 +129,7 @@ def test_exact_mode_under_a_batch_of_16_equals_exact_ar(big, refs):
             drafts = _drafts(ref[i][len(out[i]) : len(out[i]) + K], rng, big.cfg.vocab_size)
             items.append((e.get(sids[i]), [out[i][-1]] + drafts, None))
         with e._compute:
-            res = e._verify_batch(items)
+            res = verify_batch(e.runner, items)
         for i, (_, block, _), got in zip(live, items, res):
             m, nxt = got[0], got[1]
             out[i] += block[1 : 1 + m] + [nxt]

@@ -51,10 +51,10 @@ def _prompt(i):
     return [(31 * i + 7 * j) % 390 + 5 for j in range(4 + 2 * i)]
 
 
-def _gen(c, i, engine, mode="exact"):
+def _gen(c, i, engine, mode="exact", **kw):
     out = []
     for d in c.generate(
-        token_ids=_prompt(i), max_new_tokens=NEW, mode=mode, engine=engine, ignore_eos=True, timeout=120
+        token_ids=_prompt(i), max_new_tokens=NEW, mode=mode, engine=engine, ignore_eos=True, timeout=120, **kw
     ):
         out += d.token_ids
     return out
@@ -82,3 +82,37 @@ def test_concurrent_fast_mtp_sessions_verify_together_and_equal_bf16(cluster):
         got = list(ex.map(lambda i: _gen(c, i, "mtp", mode="fast"), range(N)))
     assert got == want
     assert max(r0, ds.engine.mtp_round_max) > 1  # rounds of several sessions (the rounds scheduler)
+
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-penalized"])
+def test_verdict_hidden_rows_replace_the_decode_workers_rows_and_change_no_draft(cluster, monkeypatch, sampled):
+    """Exact mode, mtp drafts: each Verify returns the kept rows' hidden rows and the next Draft relays them
+    (router/exact.py, decode_worker/drafting.py), so the decode worker runs no rows pass for its verdicts.
+    The tokens equal the exact engine's, concurrent sessions too, and every draft is bitwise the one the
+    decode worker gives running the rows itself (BATON_VERDICT_HIDDEN=0), with seeded sampling and a
+    repetition penalty as well (the drafts then read the position and token history that the skipped pass
+    no longer advances)."""
+    from baton.engine.sampling import Params
+    from decode_worker import drafting
+
+    c, _, _, ref = cluster
+    kw = dict(temperature=0.8, seed=11, repetition_penalty=1.3) if sampled else {}
+    want = [ref.generate(_prompt(i), NEW, sampling=Params(**kw) if sampled else None) for i in range(N)]
+    passes, drafts = [], []
+    real_rows, real_batch = drafting.rows_batch, drafting.draft_batch
+    monkeypatch.setattr(drafting, "rows_batch", lambda *a, **k: passes.append(1) or real_rows(*a, **k))
+    monkeypatch.setattr(drafting, "draft_batch", lambda *a: drafts.append(real_batch(*a)) or drafts[-1])
+    seen = {}
+    for hidden in ("1", "0"):
+        monkeypatch.setenv("BATON_VERDICT_HIDDEN", hidden)
+        passes.clear()
+        with ThreadPoolExecutor(N) as ex:
+            got = list(ex.map(lambda i: _gen(c, i, "mtp", **kw), range(N)))
+        assert got == want
+        assert (len(passes) == 0) == (hidden == "1"), len(passes)  # no verdict rows run with the hidden rows
+        drafts.clear()  # one session at a time: its Draft calls in a fixed order, to compare every draft
+        assert [_gen(c, i, "mtp", **kw) for i in range(3)] == want[:3]
+        seen[hidden] = list(drafts)
+    assert seen["1"] == seen["0"]
+    assert len({d for batch in seen["1"] for got in batch for d in got}) > 3  # drafts of varied tokens

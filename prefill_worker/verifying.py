@@ -1,0 +1,80 @@
+"""Exact mode's Verify on the prefill worker: concurrent sessions' blocks in one batched rows pass.
+
+    verify_batch(runner, [VerifyItem, ...])  -> per item (m, next, position, logprobs, hidden), or the
+                                                ValueError / WindowError of that item alone
+
+Runs under ExactEngine._compute, as the Gather of concurrent Verify calls (ExactEngine.verifies). Every
+block runs through speculation.verify_blocks: each slot ends bitwise as verify_block alone would leave it,
+whatever other blocks share the pass. An item that fails its checks (its t0 is not the pending token,
+another Verify of its session in the batch, its window) fails alone, its state untouched.
+
+Verdict hidden rows (VerifyItem.want_hidden, exact mode with mtp drafts): the pass's final-normed hidden
+rows of the kept tokens t0, d1..dm, [m + 1, hidden] on the host, all items' rows in one device read. The
+decode worker's MTP head reads them instead of running the kept rows through its own BF16 model
+(decode_worker/drafting.py): the same rows, which it would compute bitwise equal (row and batch
+invariance), so its drafts are unchanged and the round's second pass of the model is gone.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from baton.engine.speculation import verify_blocks
+from baton.transfer import read_slots
+
+
+class VerifyItem(NamedTuple):
+    session: object  # prefill_worker.engine.Session
+    tokens: list[int]  # [t0, d1..dk]
+    dists: list | None  # REJECTION policy: the drafter's q' of d1..dk (rejection.parse)
+    want_hidden: bool = False
+
+
+def verify_batch(runner, items: list[VerifyItem]) -> list:
+    """See the module docstring. items: VerifyItem, or plain (session, tokens, dists[, want_hidden]) tuples."""
+    items = [VerifyItem(*it) for it in items]
+    st, out, ok = runner.state, [None] * len(items), []
+    slots = [it.session.slot for it in items]  # each session's pending token and position: one read each
+    pendings, starts = read_slots(st.next_token, slots), read_slots(st.position, slots)
+    for i, (it, pending, pos) in enumerate(zip(items, pendings, starts)):
+        if it.tokens[0] != pending:
+            out[i] = ValueError(f"tokens[0]: {it.tokens[0]} is not the last committed token {pending}")
+        elif any(it.session.slot == items[j].session.slot for j in ok):
+            out[i] = ValueError("tokens: another Verify of this session is in flight")
+        else:
+            try:
+                runner.check_window(pos, len(it.tokens))
+                ok.append(i)
+            except ValueError as e:
+                out[i] = e
+    if not ok:
+        return out
+    table = runner.sampling
+    for i in ok:
+        it = items[i]
+        if it.dists is not None:  # row j of the block picks position pos + j + 1: draft d_{j+1}'s
+            table.judge(it.session.slot, starts[i] + 1, it.tokens[1:], it.dists)
+    hidden: list | None = [] if any(items[i].want_hidden for i in ok) else None
+    try:
+        res = verify_blocks(runner, [(items[i].session.slot, items[i].tokens) for i in ok], hidden_out=hidden)
+    finally:
+        for i in ok:
+            table.end_judge(items[i].session.slot)
+    kept = _kept_rows([(items[i].want_hidden, m, h) for i, (m, _), h in zip(ok, res, hidden or [None] * len(ok))])
+    ends = read_slots(st.position, [items[i].session.slot for i in ok])
+    for i, (m, nxt), end, h in zip(ok, res, ends, kept):
+        out[i] = (m, nxt, end, table.logprobs(items[i].session.slot, m + 1), h)
+    return out
+
+
+def _kept_rows(rows: list[tuple[bool, int, torch.Tensor | None]]) -> list[torch.Tensor | None]:
+    """[(wanted, m, the block's hidden rows [k + 1, hidden])] -> per block its rows 0..m on the host (None
+    where not wanted), every wanted block's rows in one device read."""
+    want = [h[: m + 1] for w, m, h in rows if w]
+    if not want:
+        return [None] * len(rows)
+    host = torch.cat(want).to("cpu").split([h.shape[0] for h in want])
+    it = iter(host)
+    return [next(it) if w else None for w, _, _ in rows]
