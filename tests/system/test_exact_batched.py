@@ -84,7 +84,6 @@ def test_concurrent_fast_mtp_sessions_verify_together_and_equal_bf16(cluster):
     assert max(r0, ds.engine.mtp_round_max) > 1  # rounds of several sessions (the rounds scheduler)
 
 
-
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-penalized"])
 def test_verdict_hidden_rows_replace_the_decode_workers_rows_and_change_no_draft(cluster, monkeypatch, sampled):
     """Exact mode, mtp drafts: each Verify returns the kept rows' hidden rows and the next Draft relays them
