@@ -4,6 +4,9 @@ loopback gRPC, on the Qwen3.5-9B shape with random weights. Each output is compa
 on the same weights (the exact engine decoding one token at a time):
   * exact mode at T = 0.8 with a seed, mtp and fp8 drafts (issue 22);
   * 16 concurrent exact-mode sessions, greedy (issue 21: exact mode under a batch of 16);
+  * exact mode with mtp drafts: every draft the same whether the verdicts relay the exact worker's hidden
+    rows or the decode worker runs those rows itself (BATON_VERDICT_HIDDEN=0), so the two workers' rows
+    are bitwise equal at this shape;
   * 8 concurrent fast bf16 sessions sampling with seeds (the sampled batched graph, issue 22) and 8
     greedy ones beside them (issue 20)."""
 
@@ -93,6 +96,27 @@ def test_sixteen_concurrent_exact_sessions_equal_complete(stack):
         got = list(ex.map(lambda p: _gen(c, p, mode="exact", engine="mtp"), prompts))
     assert got == want
     assert max(v0, ps.engine.verifies.max_items) > 1  # blocks of several sessions shared a verify pass
+
+
+@cuda
+def test_relayed_hidden_rows_leave_every_exact_draft_unchanged(stack, monkeypatch):
+    from decode_worker import drafting
+
+    c, lm, _, _ = stack
+    prompts = [_prompt(lm, 40 + i) for i in range(3)]
+    want = [_complete(lm, p, NEW) for p in prompts]
+    drafts, passes = [], []
+    real_batch, real_rows = drafting.draft_batch, drafting.rows_batch
+    monkeypatch.setattr(drafting, "draft_batch", lambda *a: drafts.append(real_batch(*a)) or drafts[-1])
+    monkeypatch.setattr(drafting, "rows_batch", lambda *a, **k: passes.append(1) or real_rows(*a, **k))
+    seen = {}
+    for hidden in ("1", "0"):
+        monkeypatch.setenv("BATON_VERDICT_HIDDEN", hidden)
+        drafts.clear(), passes.clear()
+        assert [_gen(c, p, mode="exact", engine="mtp") for p in prompts] == want  # one at a time: a fixed order
+        assert (len(passes) == 0) == (hidden == "1")
+        seen[hidden] = list(drafts)
+    assert seen["1"] == seen["0"]
 
 
 @cuda
