@@ -280,7 +280,7 @@ case $stage in
     spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
     if [ "${VERDICT_AB:-1}" = 1 ]; then
       BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
-        --draft-k 8 --check-prompts 1
+        --draft-k 8
     fi
     if [ "${MERGED_ADAPTIVE:-0}" = 1 ]; then
       spec spec-adaptive-mtp --engine mtp --concurrency 32 --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
@@ -292,6 +292,9 @@ case $stage in
       ratio "exact at 32, hidden rows relayed / decode worker's rows" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-rows.json" 32 1
       ratio "fast mtp adaptive p=0.9 at 32 / fast bf16 at 32" "$out/spec-adaptive-mtp.json" 32 "$out/spec-bf16.json" 32 0.95
     } | tee "$out/spec-merged-ratios.txt"
+    ;;
+  spec-rows)  # spec-merged's A/B half alone: exact at 8 and 32 with the decode worker running the verdict rows
+    BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
     ;;
   exact-passes)  # a round's device parts alone, one process (bench_exact_passes.py), then the pipelined runs
     python benchmarks/bench_exact_passes.py --random-init qwen3.5-9b --batch "${PASS_POINTS:-1,8,16,32}" --k 8 \
