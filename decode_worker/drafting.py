@@ -1,6 +1,7 @@
 """Exact-mode drafting on the decode worker: concurrent sessions' Draft calls run as one batch.
 
-    draft_batch(engine, [(session, k, verdict), ...])  -> per item its k drafts, or the error of that item
+    draft_batch(engine, [(session, k, verdict), ...])  -> per item its k drafts (a Drafted list, tagged with
+                                                          the batch's round), or the error of that item
 
 Runs under DecodeEngine._compute (DecodeEngine.drafts, a baton/engine/gather.py Gather). Lifecycle of one
 item, every phase over the whole batch before the next:
@@ -30,6 +31,8 @@ item, every phase over the whole batch before the next:
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from baton.engine.batch import rows_batch
@@ -37,6 +40,14 @@ from baton.engine.slots import SessionLimit
 from baton.engine.speculation import check_verdict, rows_to_replay
 from baton.transfer import read_slots, to_device, write_slots
 from decode_worker import mtp
+
+
+class Drafted(list):
+    """A session's drafts, and `round`: (this batch's random id, how many of its sessions drafted), which the
+    router relays with the Verify so that the exact worker verifies the batch's sessions in one pass
+    (DraftResponse.round; baton/engine/gather.py, "Round groups")."""
+
+    round: tuple[int, int] = (0, 0)
 
 
 def draft_batch(engine, items: list) -> list:
@@ -81,6 +92,11 @@ def draft_batch(engine, items: list) -> list:
     for i, drafts in zip(chained, mtp.chains(engine, [(items[i][0], items[i][1]) for i in chained])):  # 3.
         items[i][0].drafts, out[i] = drafts, list(drafts)
     _ar_drafts(engine, items, ar, out)
+    done = [i for i in range(len(items)) if isinstance(out[i], list)]
+    tag = (random.getrandbits(63) or 1, len(done))
+    for i in done:
+        out[i] = Drafted(out[i])
+        out[i].round = tag
     return out
 
 

@@ -304,7 +304,11 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             table, probs = s.runner.sampling, []
             if s.slot in table.proposed:  # REJECTION policy: each draft's q' (d_i is at committed + i)
                 probs = rejection.to_protos(table.proposals(s.slot, committed + 1, len(drafts)))
-            return decode_pb2.DraftResponse(draft_tokens=drafts, position=committed, draft_probs=probs)
+            rid, size = getattr(drafts, "round", (0, 0))  # drafting.Drafted: the batch's round
+            resp = decode_pb2.DraftResponse(draft_tokens=drafts, position=committed, draft_probs=probs)
+            if size:
+                resp.round.id, resp.round.size = rid, size
+            return resp
 
     def Release(self, request, context):
         with self.call(context, "Release"):

@@ -310,11 +310,12 @@ class ExactEngine:
         pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
         return st.export(s.slot, pos), pos, nxt
 
-    def verify(self, session_id: str, tokens: list[int], draft_probs=(), want_hidden: bool = False) -> VerifyResult:
+    def verify(self, session_id: str, tokens: list[int], draft_probs=(), want_hidden=False, tag=None) -> VerifyResult:
         """One session's block [t0, d1..dk]; concurrent calls of other sessions share its rows pass
         (self.verifies, prefill_worker/verifying.py), each bitwise as alone. draft_probs: the drafter's q' of
         d1..dk (baton.v1.TokenDistribution), required iff the session samples with the REJECTION policy.
-        want_hidden: the result's hidden holds the kept rows' final-normed hidden rows [m + 1, hidden] (CPU)."""
+        want_hidden: the result's hidden holds the kept rows' final-normed hidden rows [m + 1, hidden] (CPU).
+        tag: (id, size) of the Draft batch of these drafts: the pass waits for that batch's other Verifys."""
         s = self.get(session_id)
         k = len(tokens) - 1
         if not 1 <= k < self.width:
@@ -325,7 +326,7 @@ class ExactEngine:
             dists = rejection.parse(draft_probs, tokens[1:], self.runner.cfg.vocab_size)
         elif len(draft_probs):
             raise ValueError("draft_probs: only for a session sampled at T > 0 with exact_policy REJECTION")
-        got = self.verifies.call(VerifyItem(s, tokens, dists, want_hidden))
+        got = self.verifies.call(VerifyItem(s, tokens, dists, want_hidden, tag))
         if isinstance(got, BaseException):
             raise got
         m, nxt, pos, lps, hidden = got

@@ -334,7 +334,8 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                 raise StatusError(INVALID, f"tokens: {n} tokens; a block is [last committed, d1..dK] with K < W = {w}")
             with window_field("tokens"):
                 tokens, probs = list(request.tokens), request.draft_probs
-                r = self.engine.verify(request.session_id, tokens, probs, request.want_hidden)
+                tag = (request.round.id, request.round.size) if request.round.size else None
+                r = self.engine.verify(request.session_id, tokens, probs, request.want_hidden, tag)
             c = r.counters
             picked = list(request.tokens[1 : r.accepted + 1]) + [r.next_token]
             return prefill_pb2.VerifyResponse(

@@ -30,6 +30,7 @@ class VerifyItem(NamedTuple):
     tokens: list[int]  # [t0, d1..dk]
     dists: list | None  # REJECTION policy: the drafter's q' of d1..dk (rejection.parse)
     want_hidden: bool = False
+    round: tuple | None = None  # (id, size) of the Draft batch the drafts came from (VerifyRequest.round)
 
 
 def verify_batch(runner, items: list[VerifyItem]) -> list:

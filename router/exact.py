@@ -121,6 +121,7 @@ class ExactLoop:
         # restart(sent, exclude_prefill) -> a Handoff of prompt + sent (the exact worker was lost)
         self.restart = restart
         self._unlanded: Handoff | None = handoff  # run() lands it before the first Draft
+        self._round = None  # the last Draft's DraftResponse.round, relayed with its Verify
 
     @classmethod
     def for_plan(cls, calls, handoff, budget, stats, plan, config, **hooks) -> "ExactLoop":
@@ -200,6 +201,7 @@ class ExactLoop:
             if hist is not None:
                 req.history.CopyFrom(hist)
         resp = self.calls.unary(self.decode, "Draft", req)
+        self._round = resp.round if resp.HasField("round") else None  # relayed with the Verify
         drafts = list(resp.draft_tokens)
         if len(drafts) != k:
             raise StatusError(grpc.StatusCode.INTERNAL, f"decode worker returned {len(drafts)} drafts for k={k}")
@@ -209,7 +211,7 @@ class ExactLoop:
     def _verify(self, pending: int, drafts: list[int], probs=()) -> tuple[int, int, list, object]:
         want = self.export_engine == "mtp" and os.environ.get(ENV_VERDICT_HIDDEN, "1") != "0"
         req = prefill_pb2.VerifyRequest(
-            session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs, want_hidden=want
+            session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs, want_hidden=want, round=self._round
         )
         resp = self.calls.unary(self.exact, "Verify", req)  # a WorkerFault of P: run() restarts the session
         m = int(resp.accepted)

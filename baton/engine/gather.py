@@ -50,6 +50,14 @@ new key, ended before their groups drifted together (CPU, 8 exact sessions: batc
 leaders waiting 41-52 ms each, results/exact-cpu-2026-12-05-periodic.json; with the barrier 6.0 of 8,
 results/exact-cpu-2026-12-05-round-barrier.json).
 
+Round groups (`group`: item -> (round id, size) or None; ROUND_SETTLE's, exact mode's Verify): the
+sessions that drafted in one Draft batch carry its tag (DraftResponse.round, relayed by the router), so a
+Verify leader whose own call is tagged waits until all `size` calls of its round are queued, at most
+group_wait_s, and then does not settle. Settling alone split the merged rounds: at 32 sessions on the H100
+the Draft batches held 26 sessions and the Verify passes 16 (their calls reached the prefill worker over
+more than settle_s's 1 ms gaps, through the router's threads), each pass paying the whole weight read
+(benchmarks/results/gpu-h100-2026-12-06.md).
+
 Bursts (`settle_s`, prefill prompts): calls sent together reach the worker a few ms apart (the server
 hands them to its threads one by one), so `expected()` cannot see the late ones, and the first would run
 alone. The leader also waits until settle_s passes with no new call, at most gather_s: a lone call pays
@@ -71,7 +79,14 @@ PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
 ROUND_BARRIER = dict(key=lambda item: item[0].id, max_wait_s=0.25, barrier=True)
 # ... and the Verify side's: a merged group's calls arrive a few ms apart, so a pass waits until none arrived for
 # 1 ms, at most 5 ms, unless every session's call is here (pipelined(): no settling, GATHER_S)
-ROUND_SETTLE = dict(gather_s=0.005, settle_s=0.001, expected_all=True)
+# A call tagged with its Draft round (module doc, "Round groups") waits for the round's others, at most 30 ms.
+ROUND_SETTLE = dict(
+    gather_s=0.005,
+    settle_s=0.001,
+    expected_all=True,
+    group=lambda item: getattr(item, "round", None),
+    group_wait_s=0.03,
+)
 SLOW = 1.5  # a round barrier does not wait for a caller whose period is past SLOW x the median (_barrier)
 GATHER_S = 0.002  # a plain leader's wait for the calls it expects
 ENV_PERIODIC = "BATON_GATHER_PERIODIC"
@@ -139,6 +154,8 @@ class Gather:
         settle_s: float = 0.0,
         barrier: bool = False,
         expected_all: bool = False,
+        group: Callable[[object], tuple[Hashable, int] | None] | None = None,
+        group_wait_s: float = 0.0,
     ):
         self._run, self._lock, self._expected, self.gather_s = run_batch, lock, expected, gather_s
         self.settle_s = settle_s  # also wait until no call has arrived for this long (at most gather_s)
@@ -148,6 +165,7 @@ class Gather:
         self._awaited: set = set()  # a barrier's leader: the keys it still waits for (arrivals, forget() drop them)
         # expected() counts every caller that can come (Verify: the sessions): all of them queued, no settling
         self.expected_all = expected_all
+        self._group, self.group_wait_s = group, group_wait_s  # a tagged leader waits for its round's calls
         self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
@@ -164,6 +182,7 @@ class Gather:
         with self._cv:
             self._key, self.max_wait_s, self.barrier = None, 0.0, False
             self.settle_s, self.gather_s = 0.0, GATHER_S
+            self._group = None
             self._seen.clear()
 
     def call(self, item):
@@ -283,6 +302,14 @@ class Gather:
             until = max(until, last + period + max(self.gather_s, 0.25 * period))
         return awaited, min(until, now + self.max_wait_s)
 
+    def _round_here(self, tag: tuple[Hashable, int]) -> bool:
+        """Under _cv: whether every call of the round `tag` = (id, size) is queued."""
+        n = 0
+        for c in self._queue:
+            t = self._group(c.item)
+            n += t is not None and t[0] == tag[0]
+        return n >= tag[1]
+
     def _lead(self, own: _Call) -> _Call | None:
         """One batch, led by the thread of call `own` (it holds the lead: _leading). Returns the queued call
         the lead passed to (the first in the queue, woken unless it is `own`), or None: the lead is free and
@@ -293,12 +320,19 @@ class Gather:
                 waits = self._wanted(start)
                 if self.barrier:  # arrivals (call) and forget() drop keys from _awaited
                     self._awaited, until = self._barrier(start, {self._key(c.item) for c in self._queue})
+                tag = self._group(own.item) if self._group is not None else None
                 while True:
                     now, cap = time.monotonic(), self._expected()
+                    grouped = tag is not None and self._round_here(tag)  # its round's calls: nothing else to wait for
                     left = [end - now for want, end in waits if len(self._queue) < min(want, cap) and end > now]
+                    if grouped:
+                        left = []
+                    elif tag is not None and now < start + self.group_wait_s:
+                        left.append(start + self.group_wait_s - now)
                     if self._awaited and len(self._queue) < cap and until > now:
                         left.append(until - now)
-                    settled = self.expected_all and len(self._queue) >= cap  # every caller that can come is here
+                    # every caller that can come is here, or every call of the leader's round
+                    settled = grouped or (self.expected_all and len(self._queue) >= cap)
                     if self.settle_s > 0 and not settled:  # a burst's calls still arriving: until settle_s passes
                         quiet = self._last_arrival + self.settle_s - now  # with none
                         if quiet > 0 and now < start + self.gather_s:

@@ -110,6 +110,14 @@ class HiddenRows(_message.Message):
     data: bytes
     def __init__(self, rows: _Optional[int] = ..., width: _Optional[int] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class RoundTag(_message.Message):
+    __slots__ = ("id", "size")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    size: int
+    def __init__(self, id: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]

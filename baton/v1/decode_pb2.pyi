@@ -73,11 +73,13 @@ class DraftRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history: _Optional[_Union[_common_pb2.PenaltyHistory, _Mapping]] = ..., verdict_hidden: _Optional[_Union[_common_pb2.HiddenRows, _Mapping]] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("draft_tokens", "position", "draft_probs")
+    __slots__ = ("draft_tokens", "position", "draft_probs", "round")
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     position: int
     draft_probs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenDistribution]
-    def __init__(self, draft_tokens: _Optional[_Iterable[int]] = ..., position: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ...) -> None: ...
+    round: _common_pb2.RoundTag
+    def __init__(self, draft_tokens: _Optional[_Iterable[int]] = ..., position: _Optional[int] = ..., draft_probs: _Optional[_Iterable[_Union[_common_pb2.TokenDistribution, _Mapping]]] = ..., round: _Optional[_Union[_common_pb2.RoundTag, _Mapping]] = ...) -> None: ...

@@ -116,11 +116,12 @@ def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine, hidden):
         k = rng.choice([1, 3, 6, W - 2])
         d = D.Draft(decode_pb2.DraftRequest(session_id="ex", k=k, engine=engine, **verdict), timeout=T)
         assert len(d.draft_tokens) == k and d.position == len(PROMPT) + len(out) - 1
+        assert d.round.size == 1 and d.round.id != 0  # a batch of this one session: its Verify waits for no other
         drafts = list(d.draft_tokens)
         if engine == BF16 and rng.random() < 0.5:
             j = rng.randrange(k)
             drafts[j] = (drafts[j] + 1) % 512
-        req = prefill_pb2.VerifyRequest(session_id="ex", tokens=[out[-1]] + drafts, want_hidden=hidden)
+        req = prefill_pb2.VerifyRequest(session_id="ex", tokens=[out[-1]] + drafts, want_hidden=hidden, round=d.round)
         v = P.Verify(req, timeout=T)
         assert v.HasField("hidden") == hidden and v.hidden.rows == (v.accepted + 1 if hidden else 0)
         out += drafts[: v.accepted] + [v.next_token]

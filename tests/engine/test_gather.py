@@ -386,3 +386,34 @@ def test_a_settling_gather_does_not_settle_once_every_caller_is_here():
 
     assert lone_call_s() >= 0.05
     assert lone_call_s(expected_all=True) < 0.03
+
+
+def test_a_verify_leader_waits_for_its_draft_round_s_calls():
+    """ROUND_SETTLE with round tags (module doc, "Round groups"): 6 Verify calls of one Draft round arriving
+    3 ms apart (more than settle_s's 1 ms) run as one batch when tagged, and split without the tags; a
+    round of one runs at once, with no settling."""
+    from collections import namedtuple
+
+    Item = namedtuple("Item", "session round")
+
+    def batches(tagged: bool) -> list[int]:
+        sizes = []
+        g = Gather(
+            lambda items: sizes.append(len(items)) or items, threading.Lock(), expected=lambda: 8, **ROUND_SETTLE
+        )
+        th = []
+        for i in range(6):
+            item = Item(_Session(f"v{i}"), (7, 6) if tagged else None)
+            th.append(threading.Thread(target=g.call, args=(item,)))
+            th[-1].start()
+            time.sleep(0.003)
+        for t in th:
+            t.join(5)
+        return sizes
+
+    assert batches(True) == [6]
+    assert len(batches(False)) > 1
+    g = Gather(lambda items: items, threading.Lock(), expected=lambda: 8, **ROUND_SETTLE)
+    t0 = time.monotonic()
+    g.call(Item(_Session("lone"), (8, 1)))
+    assert time.monotonic() - t0 < 0.004  # not the settle (1 ms quiet) nor the 5 ms gather
