@@ -55,10 +55,14 @@
 # (the round split: 188 ms at 32, ~3 batches of ~10; the leaders wait for the device), exact-passes at 3b8c698
 # (a round's device parts alone: 62 ms for 32 sessions) and its pipelined runs. Every spec-* run until then had
 # served exact mode with pipelined gathers: the controlled topology never set BATON_GPU_WORKERS (31d0f37).
-# Owed next: spec-merged (exact mode with the Draft round barrier, 06ea828, and fast mtp at K = 0 with the
-# undrained flush, 8e5f1e9; MAX_ROWS 320), tests-mtp and tests-engine (MAX_ROWS 320's new (32, 9..10) graphs,
-# the flush without a drain, test_gpu_prefill.py's concurrent re-prefills), verify on the captured graphs,
-# nogil at 32, serve-steady, burst, gil with SWITCH_POINTS=5000,20000.
+# On 2026-12-06, on an H100 (benchmarks/results/gpu-h100-2026-12-06.md): spec-merged at 1412b3d (exact mode
+# with the round barrier and the relayed hidden rows: 985 tok/s at 8, 1,571 at 32 = 0.68x bf16; its A/B half
+# failed on --check-prompts 1) and spec-rows at f8e7dcf (the A/B: 1.11x at 8 and 32), tests-serving at
+# 1412b3d (5 passed). Owed next: spec-merged VERDICT_AB=0 after 4a495bf (Verify passes grouped by the Draft
+# round's tag), tests-mtp and tests-engine (MAX_ROWS 320's new (32, 9..10) graphs, the flush without a drain,
+# test_gpu_prefill.py's concurrent re-prefills, test_gpu_verify.py's verify_batch), spec-adaptive at 32 (the
+# undrained flush, 8e5f1e9), verify on the captured graphs, nogil at 32, serve-steady, burst, gil with
+# SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
