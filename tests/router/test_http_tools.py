@@ -595,3 +595,97 @@ def test_a_forced_call_the_model_ends_without_closing_is_still_a_call(scripted):
     assert _streamed_calls(chunks) == [(0, "get_weather", '{"city": "Paris", "days": 2}')]
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+# ---- streamed calls through the HTTP API ------------------------------------------------------------
+def _sse(s, body: dict) -> list[dict]:
+    """A streamed chat completion's chunks as sent (raw JSON), `data: [DONE]` checked and left out."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.stream("POST", s["url"] + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        data = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def _post(s, body: dict) -> dict:
+    r = httpx.post(
+        s["url"] + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+TWO_FORMATS = (
+    'Checking both.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris", "fmt": "{iso}"}}\n'
+    "</tool_call>\n" + XML_CALL
+)
+
+
+def test_a_streamed_call_comes_in_pieces_that_join_into_the_non_streamed_arguments(scripted):
+    """A JSON call then an XML call (greedy, the same tokens both times): each call's first chunk has its id,
+    type and name, later ones only its index and a piece; the pieces join into the non-streamed arguments."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Time and weather?"}],
+        "tools": [WEATHER, TIME],
+        "max_tokens": 200,
+        "temperature": 0,
+        "seed": 7,
+    }
+    _say(scripted, TWO_FORMATS)
+    whole = _post(scripted, body)
+    want = whole["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in want] == ["get_time", "get_weather"]
+    assert want[0]["function"]["arguments"] == '{"tz": "Europe/Paris", "fmt": "{iso}"}'  # the model's text
+    _say(scripted, TWO_FORMATS)
+    chunks = _sse(scripted, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    entries = [[e for e in d.get("tool_calls", [])] for d in deltas]
+    assert all(len({e["index"] for e in es}) == len(es) for es in entries)  # an index once per chunk
+    content, calls = _assemble([d.get("content") or "" for d in deltas] + [e for es in entries for e in es])
+    assert content == "Checking both.\n\n" and [e["index"] for es in entries for e in es if "id" in e] == [0, 1]
+    assert [c["function"] for c in calls] == [c["function"] for c in want]  # byte-equal arguments, names
+    assert calls[0]["id"] != calls[1]["id"] and all(c["id"].startswith("call_") for c in calls)
+    for i, n in ((0, 5), (1, 4)):  # the JSON call's text, token by token; the XML call's 3 parameters and "}"
+        chunks_of_i = [es for es in entries if any(e["index"] == i for e in es)]
+        assert len(chunks_of_i) >= n, (i, chunks_of_i)
+    xml_pieces = [e["function"]["arguments"] for es in entries for e in es if e["index"] == 1 and "id" not in e]
+    assert xml_pieces == ['{"city": "New York"', ', "days": 3', ', "metric": true', "}"]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+
+
+def test_a_streamed_call_cut_short_keeps_its_pieces_and_the_routers_finish_reason(scripted):
+    """max_tokens ends the text inside a call's arguments: the stream has sent the call's entry and the
+    pieces so far and ends with "length"; the non-streamed response has the text as content (docs/HTTP.md).
+    A call whose block turns out malformed after its arguments were sent ends likewise, with "stop"."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Francisco", "days": 4}}\n</tool_call>'
+    ids = scripted["tok"].encode(text)
+    k = next(k for k in range(len(ids)) if '"city": "San' in scripted["tok"].decode(ids[:k]))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]}
+    _say(scripted, text)
+    whole = _post(scripted, {**body, "max_tokens": k})["choices"][0]
+    cut = scripted["tok"].decode(ids[:k])
+    assert whole["message"] == {"role": "assistant", "content": cut} and whole["finish_reason"] == "length"
+    _say(scripted, text)
+    chunks = _sse(scripted, {**body, "max_tokens": k, "stream": True})
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    content, calls = _assemble(
+        [d.get("content") or "" for d in deltas] + [e for d in deltas for e in d.get("tool_calls", [])]
+    )
+    assert content == "" and calls[0]["function"] == {"name": "get_weather", "arguments": cut[cut.index("{\"city") :]}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # closed, but not a call: junk after the arguments' value
+    junk = text.replace("4}}", "4}, oops}") + "\nSorry."
+    _say(scripted, junk)
+    whole = _post(scripted, {**body, "max_tokens": 200})["choices"][0]
+    assert whole["message"]["content"] == junk and whole["finish_reason"] == "stop"
+    _say(scripted, junk)
+    chunks = _sse(scripted, {**body, "max_tokens": 200, "stream": True})
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    content, calls = _assemble(
+        [d.get("content") or "" for d in deltas] + [e for d in deltas for e in d.get("tool_calls", [])]
+    )
+    assert content == "\nSorry." and calls[0]["function"]["arguments"] == '{"city": "San Francisco", "days": 4}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
