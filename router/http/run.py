@@ -40,10 +40,10 @@ class Choice:
     stats: dict = field(default_factory=dict)
     started: bool = False
     final: bool = False  # the router's last message arrived: its Generate ends on its own
-    tools: object = None  # router.http.tools.ToolCalls when the chat has tools: its text -> content + calls
+    tools: object = None  # router.http.tool_calls.ToolCalls when the chat has tools: text -> content + calls
     echo: str | None = None  # completions with echo: the prompt's text, sent before the first token's
     echo_first: int = 0  # ... and the prompt's first token id (its logprob is null)
-    calls: list = field(default_factory=list)  # the tool calls found so far
+    calls: list = field(default_factory=list)  # non-streaming: the tool calls found
 
 
 class Run:
@@ -55,7 +55,7 @@ class Run:
         self.choices = [Choice(0 if i % job.n else len(r.token_ids.ids)) for i, r in enumerate(job.requests)]
         if job.tools is not None:  # each choice its own parser, a forced call's opening already fed
             for c in self.choices:
-                c.tools = job.tools.parser()
+                c.tools = job.tools.parser(stream=job.stream)
         if job.echo:
             for i, (c, r) in enumerate(zip(self.choices, job.requests)):
                 c.echo, c.echo_first = job.echo_texts[i // job.n], (list(r.token_ids.ids) or [0])[0]
@@ -190,9 +190,8 @@ class Run:
             c.lp_chars += sum(len(self.job.token_text(t)) for t, _, _ in lps)
         if self.job.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            if calls:  # each call whole, under its index among the choice's calls
-                first = len(self.choices[i].calls) - len(calls)
-                delta["tool_calls"] = [{"index": first + k, **c} for k, c in enumerate(calls)]
+            if calls:  # delta.tool_calls entries, each with its index among the choice's calls
+                delta["tool_calls"] = list(calls)
             choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
@@ -207,20 +206,25 @@ class Run:
         return out
 
     def _events(self, i: int, text: str, finish: str | None, lps: list):
-        c, calls = self.choices[i], []
-        if c.tools is not None:  # chat with tools: content now, calls once whole, held-back text at the end
-            text, calls = c.tools.feed(text)
+        c = self.choices[i]
+        if self.job.kind != "chat":  # completions: the text rides on the finish chunk
+            if (text or lps) and finish is None:
+                yield self._chunk(i, text, None, lps=lps)
+            elif finish is not None:
+                yield self._chunk(i, text, finish, lps=lps)
+            return
+        items = [text] if text else []
+        if c.tools is not None:  # chat with tools: content and delta.tool_calls entries (tool_calls.py)
+            items = c.tools.deltas(text)
             if finish is not None:  # what was held back; a forced call the model left open may parse now
-                rest, last = c.tools.finish()
-                text, calls = text + rest, calls + last
-            c.calls += calls
-            if finish is not None and c.calls:
-                finish = "tool_calls"
-        if (text or lps or calls) and (finish is None or self.job.kind == "chat"):
-            yield self._chunk(i, text, None, lps=lps, calls=calls)
-            text, lps = "", []
+                items += c.tools.deltas_end()
+                if c.tools.calls and not c.tools.cut:  # a cut call keeps the router's reason
+                    finish = "tool_calls"
+        groups = _groups(items) or ([("", [])] if lps else [])
+        for k, (content, entries) in enumerate(groups):
+            yield self._chunk(i, content, None, lps=lps if k == 0 else (), calls=entries)
         if finish is not None:
-            yield self._chunk(i, text, finish, lps=lps)
+            yield self._chunk(i, "", finish)
 
     async def chunks(self):
         """OpenAI chunk objects; the caller frames them as SSE and adds `data: [DONE]`."""
@@ -247,3 +251,25 @@ class Run:
                 }
         finally:
             self.cancel()  # the client left early (CancelledError / GeneratorExit here), or the end
+
+
+def _groups(items: list) -> list[tuple[str, list[dict]]]:
+    """A choice's content strs and delta.tool_calls entries, in order -> one (content, entries) per chunk:
+    content before any entry of its chunk; an index at most once per chunk, a call's opening entry alone
+    for its index (OpenAI: the entry with the name has arguments ""), later pieces of one index joined."""
+    out: list[tuple[str, list[dict]]] = []
+    for it in items:
+        if isinstance(it, str):
+            if out and not out[-1][1]:
+                out[-1] = (out[-1][0] + it, [])
+            else:
+                out.append((it, []))
+            continue
+        same = [e for e in out[-1][1] if e["index"] == it["index"]] if out else []
+        if same and "id" not in same[-1] and "id" not in it:  # two pieces of one call's arguments: one
+            same[-1]["function"] = {"arguments": same[-1]["function"]["arguments"] + it["function"]["arguments"]}
+        elif same or not out:
+            out.append(("", [it]))
+        else:
+            out[-1][1].append(it)
+    return out

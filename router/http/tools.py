@@ -4,9 +4,8 @@
                                                 # ToolChoice (ApiError(400) naming the field)
     text = choice.prompt(rendered)              # the template's prompt, then a forced call's opening (if any)
     msg["tool_calls"] = message_tool_calls(...) # an assistant message's calls, arguments as objects (templates)
-    p = choice.parser()                         # ToolCalls, one per choice (None when the text is not parsed)
-    content, calls = p.feed(text_delta)         # text safe to send as content now, tool calls completed
-    content, calls = p.finish()                 # at the end: what was held back (an unfinished call as text)
+    p = choice.parser(stream)                   # ToolCalls, one per choice (None when the text is not parsed):
+                                                # whole calls, or streamed ones (router/http/tool_calls.py)
 
 The models' chat templates tell them to wrap a call in <tool_call> ... </tool_call>; inside, two formats:
     JSON (Qwen3, Hermes)     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -19,7 +18,10 @@ An XML parameter's text becomes the JSON type its tool's schema names (integer, 
 array: parsed as JSON, else kept as text; string: kept as text); a parameter the schema does not know is
 parsed as JSON when it is JSON. A block that parses as neither format is returned as content, as the model
 wrote it. Text that may still become "<tool_call>" is held back until it cannot (like stop strings).
-Each call gets an id "call_<24 hex>" and its arguments as a JSON string, as OpenAI sends them.
+Each call gets an id "call_<24 hex>" and its arguments as a JSON string, as OpenAI sends them: the
+model's own text of a JSON call's arguments object, an XML call's parameters built into one (the
+canonical form: router/http/tool_parse.py). Streamed, a call is sent in pieces as its text is read (its
+name, then its arguments' text); a streamed call its block then does not give is cut (tool_calls.py).
 
 tool_choice "required" or {"type": "function", "function": {"name": NAME}} forces a call by writing its
 opening after the rendered prompt (no constrained decoding): the model's text continues it. call_opening()
@@ -39,16 +41,14 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 
 from router.http.errors import bad
+from router.http.tool_calls import ToolCalls
+from router.http.tool_parse import END, START, parse_call
 
-START, END = "<tool_call>", "</tool_call>"
+__all__ = ["END", "START", "ToolCalls", "ToolChoice", "call_opening", "check_tools", "parse_call", "tool_choice"]
 THINK, THINK_END = "<think>", "</think>"
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-_JSON_TYPES = ("integer", "number", "boolean", "object", "array", "null")
 
 
 def check_tools(v) -> dict[str, dict]:
@@ -121,11 +121,12 @@ class ToolChoice:
             rendered += "\n" + THINK_END + "\n\n"
         return rendered + self.forced
 
-    def parser(self) -> "ToolCalls | None":
-        """A fresh parser for one choice's text, the forced opening already fed; None without tools."""
+    def parser(self, stream: bool = False) -> ToolCalls | None:
+        """A fresh parser for one choice's text, the forced opening already fed; None without tools. stream:
+        it hands out OpenAI's incremental delta.tool_calls entries (router/http/tool_calls.py)."""
         if self.tools is None:
             return None
-        return ToolCalls(self.tools, forced=self.forced, only=self.only, parallel=self.parallel)
+        return ToolCalls(self.tools, forced=self.forced, only=self.only, parallel=self.parallel, stream=stream)
 
 
 def call_opening(name: str | None, template_source: str) -> str:
@@ -168,118 +169,3 @@ def tool_choice(body: dict, template_source: str = "") -> ToolChoice:
         raise bad("tool_choice", f"the function {name!r:.70} is not one of the tools' functions")
     forced = call_opening(name, template_source) if choice not in (None, "auto") else ""
     return ToolChoice(tools, schemas, forced, name, parallel)
-
-
-def _typed(value: str, schema: dict | None):
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind == "string":
-        return value
-    if kind in _JSON_TYPES or kind is None:
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def parse_call(body: str, tools: dict[str, dict]) -> dict | None:
-    """The inside of one <tool_call> block -> OpenAI's tool call, or None when it is neither format."""
-    text = body.strip()
-    name = args = None
-    if text.startswith("{"):
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            return None
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            name, args = obj["name"], obj.get("arguments", obj.get("parameters", {}))
-            if isinstance(args, str):  # already a JSON string
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    return None
-    elif m := _FUNCTION.fullmatch(text):
-        name = m.group(1).strip()
-        props = tools.get(name, {}).get("properties", {}) if isinstance(tools.get(name), dict) else {}
-        args = {k.strip(): _typed(v, props.get(k.strip())) for k, v in _PARAMETER.findall(m.group(2))}
-    if name is None or not isinstance(args, dict):
-        return None
-    return {
-        "id": "call_" + uuid.uuid4().hex[:24],
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-    }
-
-
-def _held(text: str, marker: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of marker (it may still become it)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
-class ToolCalls:
-    """One choice's text, split into content and tool calls as it streams (module doc).
-
-    Invariants: content never holds a forced opening's text (`forced`, fed at construction: _ours counts
-    its characters at the head of the open block until that block ends); `calls` counts the calls returned.
-    """
-
-    def __init__(self, tools: dict[str, dict], *, forced: str = "", only: str | None = None, parallel: bool = True):
-        self.tools, self._buf, self._inside, self.calls = tools, "", False, 0
-        self.only, self.parallel, self._ours = only, parallel, 0
-        if forced:
-            if not forced.startswith(START):
-                raise ValueError(f"a forced opening starts with {START}: {forced!r}")
-            self.feed(forced)  # all of it held: START opens the block, the rest waits for END
-            self._ours = len(forced)
-
-    def _block(self, body: str, closed: bool) -> tuple[str, list[dict]]:
-        """One <tool_call> block's inside (closed: END followed it) -> (its content, its calls)."""
-        call = parse_call(body, self.tools)
-        if call is not None and self.only is not None and call["function"]["name"] != self.only:
-            call = None  # a named tool_choice: a call to another function is text
-        ours, self._ours = self._ours, 0
-        if call is None:  # not a call after all: the model's text as it wrote it
-            return (START + body + (END if closed else ""))[ours:], []
-        if self.calls and not self.parallel:
-            return "", []  # parallel_tool_calls false: only the first call
-        self.calls += 1
-        return "", [call]
-
-    def feed(self, text: str) -> tuple[str, list[dict]]:
-        self._buf += text
-        content, calls = "", []
-        while True:
-            if not self._inside:
-                i = self._buf.find(START)
-                if i < 0:
-                    keep = _held(self._buf, START)
-                    content += self._buf[: len(self._buf) - keep]
-                    self._buf = self._buf[len(self._buf) - keep :]
-                    return content, calls
-                content, self._buf, self._inside = content + self._buf[:i], self._buf[i + len(START) :], True
-            else:
-                j = self._buf.find(END)
-                if j < 0:
-                    return content, calls
-                body, self._buf, self._inside = self._buf[:j], self._buf[j + len(END) :], False
-                got, new = self._block(body, closed=True)
-                content, calls = content + got, calls + new
-
-    def finish(self) -> tuple[str, list[dict]]:
-        """The end of the text: whatever was held back. An unfinished <tool_call> block is plain text, unless
-        it is a forced call's (Baton opened it): then it is parsed as if closed, and is text if it fails."""
-        if self._inside and self._ours:
-            body, self._buf, self._inside = self._buf, "", False
-            return self._block(body, closed=False)
-        rest = (START if self._inside else "") + self._buf
-        self._buf, self._inside = "", False
-        return rest, []
-
-    def split(self, text: str) -> tuple[str, list[dict]]:
-        """A whole text at once (feed, then finish): (content, calls)."""
-        content, calls = self.feed(text)
-        rest, last = self.finish()
-        return content + rest, calls + last

@@ -1,9 +1,12 @@
-"""Chat tool calls (router/http/tools.py). The parser on its own: both formats, the schema's types, any split of
-the text into deltas, blocks that are not calls. Then through the real HTTP API with the `openai` client: a
-router in this process with the default model's tokenizer and the Qwen3.5 chat template, and loopback fake
-workers (tests/fakes.py) that write a scripted answer (its token ids, EOS after), so the response path is
-tested on a known text: content, tool_calls with typed JSON arguments, finish_reason "tool_calls", streamed
-and not; the template gets the tools and an earlier assistant turn's calls; refusals name their field."""
+"""Chat tool calls (router/http/tools.py, tool_calls.py, tool_parse.py). The parser on its own: both formats,
+the schema's types, any split of the text into deltas, blocks that are not calls; streamed calls (stream mode):
+the name entry, then argument pieces that join into the whole call's arguments (byte-equal), and cut calls.
+Then through the real HTTP API with the `openai` client (and httpx for the raw SSE chunks): a router in this
+process with the default model's tokenizer and the Qwen3.5 chat template, and loopback fake workers
+(tests/fakes.py) that write a scripted answer (its token ids, EOS after), so the response path is tested on
+a known text: content, tool_calls with typed JSON arguments, finish_reason "tool_calls", streamed (calls in
+pieces equal to the non-streamed arguments, cut calls) and not; the template gets the tools and an earlier
+assistant turn's calls; refusals name their field."""
 
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ JSON_TEMPLATE = (
 )
 XML_CALL = "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>"
 ANSWER = "Let me look that up.\n\n" + XML_CALL
+XML_REST = "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +200,169 @@ def test_a_named_choice_accepts_only_its_function_and_parallel_false_only_the_fi
         ToolCalls(tools, forced="{")
 
 
+# ---- streamed calls: delta.tool_calls in pieces ------------------------------------------------------
+XML_OPENING = "<tool_call>\n<function=get_weather>\n"
+JSON_TWO = (
+    'Both: <tool_call>\n{"name": "get_weather", "arguments": {"city":"Ro}me \\"x\\"", "days": 2,'
+    ' "opts": {"a": [1, {"b": null}]}}}\n</tool_call>\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+)
+
+
+def _deltas(p: ToolCalls, text: str, cuts: list[int]) -> list:
+    out, last = [], 0
+    for c in [*cuts, len(text)]:
+        out, last = out + p.deltas(text[last:c]), c
+    return out + p.deltas_end()
+
+
+def _assemble(items: list) -> tuple[str, list[dict]]:
+    """Streamed items -> (content, calls as whole mode gives them), checking OpenAI's shape: a call's first
+    entry has index, id, type and name with arguments "", every later one only index and a piece."""
+    content, calls = "", {}
+    for it in items:
+        if isinstance(it, str):
+            content += it
+        elif it["index"] not in calls:
+            assert set(it) == {"index", "id", "type", "function"} and it["type"] == "function", it
+            assert it["function"]["arguments"] == "" and it["index"] == len(calls), it
+            calls[it["index"]] = {"id": it["id"], "type": "function", "function": dict(it["function"])}
+        else:
+            assert set(it) == {"index", "function"} and set(it["function"]) == {"arguments"}, it
+            assert it["function"]["arguments"], it  # no empty pieces
+            calls[it["index"]]["function"]["arguments"] += it["function"]["arguments"]
+    return content, [calls[i] for i in sorted(calls)]
+
+
+def _pieces(items: list, index: int = 0) -> list[str]:
+    return [it["function"]["arguments"] for it in items if isinstance(it, dict) and it["index"] == index][1:]
+
+
+STREAM_CASES = [
+    ({}, ANSWER + " "),
+    ({}, JSON_TWO),
+    ({"forced": JSON_OPENING, "only": "get_weather"}, ' {"city": "Paris", "days": 2}}\n</tool_call> Done.'),
+    ({"forced": XML_OPENING, "only": "get_weather"}, XML_REST + " Done."),
+    ({"forced": XML_OPENING, "only": "get_weather"}, XML_REST.replace("\n</tool_call>", "")),  # parsed as closed
+    ({}, '<tool_call>\n{"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}\n</tool_call>'),  # a string
+    ({}, '<tool_call>\n{"arguments": {"tz": "UTC"}, "name": "get_time"}\n</tool_call>'),  # name last: whole
+    ({}, "<tool_call>\n<function=get_time>\n</function>\n</tool_call>x"),  # no parameters: "{}"
+    ({"parallel": False}, JSON_TWO),  # the second call is neither streamed nor content
+    ({"only": "get_time"}, JSON_TWO),  # get_weather is another function's call: content
+    ({}, "<tool_call>not a call</tool_call> after <tool_x>"),
+]
+
+
+@pytest.mark.parametrize("kw, text", STREAM_CASES)
+def test_streamed_pieces_join_into_the_whole_calls_arguments_under_any_split(kw, text):
+    """Stream mode gives the content and calls whole mode gives (arguments byte-equal), in OpenAI's shape."""
+    tools = check_tools([WEATHER, TIME])
+    want_content, want = ToolCalls(tools, **kw).split(text)
+    for cuts in ([], list(range(1, len(text))), [3, 17, 18, 40, 41, 90]):
+        p = ToolCalls(tools, stream=True, **kw)
+        content, calls = _assemble(_deltas(p, text, cuts))
+        assert content == want_content and p.cut == 0, (kw, cuts)
+        assert [c["function"] for c in calls] == [c["function"] for c in want], (kw, cuts)
+    assert want or "<tool_call>" in want_content or kw.get("only") == "get_time"
+
+
+def test_the_canonical_arguments_are_the_models_json_text_or_the_xml_parameters_built():
+    tools = check_tools([WEATHER, TIME])
+    _, calls = ToolCalls(tools).split(JSON_TWO)
+    assert [c["function"]["arguments"] for c in calls] == [
+        '{"city":"Ro}me \\"x\\"", "days": 2, "opts": {"a": [1, {"b": null}]}}',  # as written (no space after ":")
+        "{}",
+    ]
+    assert parse_call('{"name": "f", "arguments": "{\\"a\\":1}"}', tools)["function"]["arguments"] == '{"a":1}'
+    assert parse_call('{"name": "f"}', tools)["function"]["arguments"] == "{}"
+    dup = '{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}}'  # json.loads keeps the last
+    assert parse_call(dup, tools)["function"]["arguments"] == '{"b": 2}'
+    xml = "<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n<parameter=days>\n03\n</parameter>\n</function>"
+    assert parse_call(xml, tools)["function"]["arguments"] == '{"city": "São Paulo", "days": "03"}'  # 03: not JSON
+    _, (call,) = ToolCalls(tools).split(ANSWER)
+    assert call["function"]["arguments"] == '{"city": "New York", "days": 3, "metric": true}'
+
+
+def test_json_arguments_stream_as_written_and_never_past_their_closing_brace():
+    tools = check_tools([WEATHER])
+    text = 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    p, sent, seen = ToolCalls(tools, stream=True), [], []
+    for k, ch in enumerate(text):
+        items = p.deltas(ch)
+        sent += [it for it in items if isinstance(it, dict)]
+        seen.append((text[: k + 1], "".join(_pieces(sent))))
+    got = dict(seen)
+    assert got['Hi <tool_call>\n{"name": "get_weather", "arguments": '] == ""  # the name only: nothing sent yet
+    assert sent[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert got['Hi <tool_call>\n{"name": "get_weather", "arguments": {"ci'] == '{"ci'  # as it is written
+    assert got[text] == '{"city": "Rome"}'  # the outer "}" and the markup are never arguments
+    assert len(_pieces(sent)) == len('{"city": "Rome"}') and p.deltas_end() == []
+
+
+def test_xml_arguments_stream_one_piece_per_parameter():
+    tools = check_tools([WEATHER])
+    p = ToolCalls(tools, stream=True)
+    head = "Let me look that up.\n\n<tool_call>\n<function=get_weather>"
+    first = p.deltas(head)  # the model wrote the name: the call's entry is sent at once
+    assert first[-1] == {"index": 0, "id": first[-1]["id"], "type": "function", **_fn("get_weather", "")}
+    items = first + _deltas(p, ANSWER[len(head) :], list(range(1, len(ANSWER) - len(head))))
+    assert _pieces(items) == ['{"city": "New York"', ', "days": 3', ', "metric": true', "}"]
+    # a forced named call (Baton wrote <function=NAME>) is sent at the model's first complete parameter
+    p = ToolCalls(tools, forced=XML_OPENING, only="get_weather", stream=True)
+    assert p.deltas("<parameter=city>\nParis\n</parameter") == []
+    items = p.deltas(">")  # the call's entry, then its first piece
+    assert items[0]["function"] == {"name": "get_weather", "arguments": ""} and _pieces(items) == ['{"city": "Paris"']
+    p = ToolCalls(tools, forced=XML_OPENING, only="get_weather", stream=True)
+    assert _deltas(p, "I would rather not.", [3]) == ["I would rather not."]  # no call: its text, never a call
+
+
+def _fn(name, arguments):
+    return {"function": {"name": name, "arguments": arguments}}
+
+
+def test_a_streamed_call_its_block_does_not_give_is_cut():
+    """Once a call's entry is sent it stays: a block that ends malformed sends nothing more (cut)."""
+    tools = check_tools([WEATHER, TIME])
+    for kw, text, pieces, content in (
+        (
+            {},
+            'a<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}, oops}\n</tool_call>b',
+            '{"city": "Rome"}',
+            "ab",
+        ),
+        ({}, 'a<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro', '{"city": "Ro', "a"),  # text ended
+        (
+            {},
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Ro</tool_call>b',
+            '{"city": "Ro',
+            "b",
+        ),  # no markup
+        (
+            {},
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\njunk\n</tool_call>",
+            '{"city": "Rome"',
+            "",
+        ),
+        (
+            {"forced": JSON_OPENING, "only": "get_weather"},
+            ' {"tz": "UTC"}, "name": "get_time"}\n</tool_call>',
+            '{"tz": "UTC"}',
+            "",
+        ),
+    ):
+        p = ToolCalls(tools, stream=True, **kw)
+        items = _deltas(p, text, list(range(1, len(text))))
+        got, calls = _assemble(items)
+        assert (got, p.cut, p.calls) == (content, 1, 1), text
+        assert calls[0]["function"] == {"name": "get_weather", "arguments": pieces}, text
+        # not streamed: today's rule, the block is the model's text as written (a forced opening left out)
+        assert ToolCalls(tools, **kw).split(text) == (text, []), text
+    # parallel_tool_calls false: a cut call is the one call; the next is not streamed
+    p = ToolCalls(tools, stream=True, parallel=False)
+    text = '<tool_call>\n{"name": "get_time", "arguments": {}, x}</tool_call>' + JSON_TWO
+    got, calls = _assemble(_deltas(p, text, [30, 60]))
+    assert [c["function"]["name"] for c in calls] == ["get_time"] and (p.cut, got) == (1, "Both: \n")
+
+
 # ---- through the HTTP API --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory, monkeypatch_module):
@@ -270,6 +437,18 @@ def _prompt(s) -> str:
     return s["tok"].decode(list(last.prompt_ids))
 
 
+def _streamed_calls(chunks, choice: int = 0) -> list[tuple[int, str, str]]:
+    """The openai client's chunks -> (index, name, arguments) per call of one choice, the pieces joined."""
+    calls: dict[int, list] = {}
+    for ch in chunks:
+        for c in ch.choices:
+            for tc in (c.delta.tool_calls or []) if c.index == choice else []:
+                if tc.index not in calls:
+                    calls[tc.index] = [tc.function.name, ""]
+                calls[tc.index][1] += tc.function.arguments or ""
+    return [(i, name, args) for i, (name, args) in sorted(calls.items())]
+
+
 def test_a_tool_call_comes_back_as_tool_calls(scripted):
     _say(scripted, ANSWER)
     msgs = [{"role": "user", "content": "Weather in New York?"}]
@@ -292,9 +471,8 @@ def test_streamed_tool_calls_never_leak_the_markup(scripted):
     )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == "Let me look that up.\n\n" and "<" not in text
-    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
-    assert json.loads(calls[0].function.arguments)["days"] == 3
+    ((index, name, args),) = _streamed_calls(chunks)
+    assert (index, name) == (0, "get_weather") and json.loads(args)["days"] == 3
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -356,9 +534,6 @@ def test_bad_tool_fields_are_400_naming_them(scripted):
         assert_error(r, 400, field)
 
 
-XML_REST = "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"
-
-
 def test_a_named_tool_choice_forces_the_call_streamed_or_not(scripted):
     """The scripted model writes only the rest of the call: the router wrote its opening after the prompt."""
     _say(scripted, XML_REST)
@@ -375,11 +550,11 @@ def test_a_named_tool_choice_forces_the_call_streamed_or_not(scripted):
             "city": "Paris",
             "days": 2,
         }
-    chunks = list(_client(scripted).chat.completions.create(stream=True, **kw))
-    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert text == "" and [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    chunks = list(_client(scripted).chat.completions.create(stream=True, n=2, **kw))
+    text = "".join(c.delta.content or "" for ch in chunks for c in ch.choices)
+    assert text == "" and {c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason} == {"tool_calls"}
+    for j in (0, 1):  # each choice its own calls, indexes from 0, arguments as the non-streamed response's
+        assert _streamed_calls(chunks, j) == [(0, "get_weather", r.choices[j].message.tool_calls[0].function.arguments)]
 
 
 def test_a_forced_call_that_does_not_parse_is_content_without_the_opening(scripted):
@@ -417,7 +592,100 @@ def test_a_forced_call_the_model_ends_without_closing_is_still_a_call(scripted):
     assert json.loads(c.message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 2}
     _say(scripted, XML_REST.replace("\n</tool_call>", ""))
     chunks = list(_client(scripted).chat.completions.create(stream=True, **kw))
-    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
+    assert _streamed_calls(chunks) == [(0, "get_weather", '{"city": "Paris", "days": 2}')]
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+# ---- streamed calls through the HTTP API ------------------------------------------------------------
+def _sse(s, body: dict) -> list[dict]:
+    """A streamed chat completion's chunks as sent (raw JSON), `data: [DONE]` checked and left out."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.stream("POST", s["url"] + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        data = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def _post(s, body: dict) -> dict:
+    r = httpx.post(
+        s["url"] + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+TWO_FORMATS = (
+    'Checking both.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris", "fmt": "{iso}"}}\n'
+    "</tool_call>\n" + XML_CALL
+)
+
+
+def test_a_streamed_call_comes_in_pieces_that_join_into_the_non_streamed_arguments(scripted):
+    """A JSON call then an XML call (greedy, the same tokens both times): each call's first chunk has its id,
+    type and name, later ones only its index and a piece; the pieces join into the non-streamed arguments."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Time and weather?"}],
+        "tools": [WEATHER, TIME],
+        "max_tokens": 200,
+        "temperature": 0,
+        "seed": 7,
+    }
+    _say(scripted, TWO_FORMATS)
+    whole = _post(scripted, body)
+    want = whole["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in want] == ["get_time", "get_weather"]
+    assert want[0]["function"]["arguments"] == '{"tz": "Europe/Paris", "fmt": "{iso}"}'  # the model's text
+    _say(scripted, TWO_FORMATS)
+    chunks = _sse(scripted, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    entries = [[e for e in d.get("tool_calls", [])] for d in deltas]
+    assert all(len({e["index"] for e in es}) == len(es) for es in entries)  # an index once per chunk
+    content, calls = _assemble([d.get("content") or "" for d in deltas] + [e for es in entries for e in es])
+    assert content == "Checking both.\n\n" and [e["index"] for es in entries for e in es if "id" in e] == [0, 1]
+    assert [c["function"] for c in calls] == [c["function"] for c in want]  # byte-equal arguments, names
+    assert calls[0]["id"] != calls[1]["id"] and all(c["id"].startswith("call_") for c in calls)
+    for i, n in ((0, 5), (1, 4)):  # the JSON call's text, token by token; the XML call's 3 parameters and "}"
+        chunks_of_i = [es for es in entries if any(e["index"] == i for e in es)]
+        assert len(chunks_of_i) >= n, (i, chunks_of_i)
+    xml_pieces = [e["function"]["arguments"] for es in entries for e in es if e["index"] == 1 and "id" not in e]
+    assert xml_pieces == ['{"city": "New York"', ', "days": 3', ', "metric": true', "}"]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "tool_calls"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+
+
+def test_a_streamed_call_cut_short_keeps_its_pieces_and_the_routers_finish_reason(scripted):
+    """max_tokens ends the text inside a call's arguments: the stream has sent the call's entry and the
+    pieces so far and ends with "length"; the non-streamed response has the text as content (docs/HTTP.md).
+    A call whose block turns out malformed after its arguments were sent ends likewise, with "stop"."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "San Francisco", "days": 4}}\n</tool_call>'
+    ids = scripted["tok"].encode(text)
+    k = next(k for k in range(len(ids)) if '"city": "San' in scripted["tok"].decode(ids[:k]))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER]}
+    _say(scripted, text)
+    whole = _post(scripted, {**body, "max_tokens": k})["choices"][0]
+    cut = scripted["tok"].decode(ids[:k])
+    assert whole["message"] == {"role": "assistant", "content": cut} and whole["finish_reason"] == "length"
+    _say(scripted, text)
+    chunks = _sse(scripted, {**body, "max_tokens": k, "stream": True})
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    content, calls = _assemble(
+        [d.get("content") or "" for d in deltas] + [e for d in deltas for e in d.get("tool_calls", [])]
+    )
+    assert content == "" and calls[0]["function"] == {"name": "get_weather", "arguments": cut[cut.index("{\"city") :]}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # closed, but not a call: junk after the arguments' value
+    junk = text.replace("4}}", "4}, oops}") + "\nSorry."
+    _say(scripted, junk)
+    whole = _post(scripted, {**body, "max_tokens": 200})["choices"][0]
+    assert whole["message"]["content"] == junk and whole["finish_reason"] == "stop"
+    _say(scripted, junk)
+    chunks = _sse(scripted, {**body, "max_tokens": 200, "stream": True})
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    content, calls = _assemble(
+        [d.get("content") or "" for d in deltas] + [e for d in deltas for e in d.get("tool_calls", [])]
+    )
+    assert content == "\nSorry." and calls[0]["function"]["arguments"] == '{"city": "San Francisco", "days": 4}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
