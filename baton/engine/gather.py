@@ -33,9 +33,8 @@ its last call. A leader
     alike (as evenly spaced groups that each waited for the next would), and a newcomer drifts into the
     long-running group rather than the other way round;
   * else waits gather_s for `expected()` calls, as without `key`.
-Once merged, the callers of a batch return together and stay one batch a round. A caller that stops
-calling is live for two more of its periods at most; `forget(key)` (the session ended) ends that at once.
-`expected()` always caps what a leader waits for.
+Merged callers stay one batch a round. A caller that stops calling is live for two more periods at most;
+`forget(key)` (the session ended) ends that at once. `expected()` always caps what a leader waits for.
 
 Round barrier (`barrier=True`, ROUND_BARRIER: exact mode's Draft where the two workers share one GPU): a
 leader waits for every live keyed caller not queued yet, each until its due time plus a quarter of its
@@ -44,19 +43,22 @@ SLOW x the median (a slow reader would hold every session to its pace). Sessions
 first round where the leading group is here (the group verifying arrives within a period), and a newcomer
 (not live before its second call) is waited for from its second call on. Only one side of a round may be
 a barrier: two would wait for each other (the Draft group for the Verify group and back) until both time
-out. The other side (Verify) gathers plainly, with `settle_s`: the merged group's calls reach it a few ms
-apart. PERIODIC's due-window-and-drift rule did not merge served sessions: requests of 9-35 rounds, each a
-new key, ended before their groups drifted together (CPU, 8 exact sessions: batches of 4.2 of 8, the
-leaders waiting 41-52 ms each, results/exact-cpu-2026-12-05-periodic.json; with the barrier 6.0 of 8,
-results/exact-cpu-2026-12-05-round-barrier.json).
+out. The other side (Verify) gathers by round groups (below). PERIODIC's rule did not merge served sessions:
+requests of 9-35 rounds, each a new key, ended before their groups drifted together (CPU, 8 exact sessions:
+batches of 4.2 of 8, results/exact-cpu-2026-12-05-periodic.json; with the barrier 6.0, -round-barrier.json).
 
 Round groups (`group`: item -> (round id, size) or None; ROUND_SETTLE's, exact mode's Verify): the
 sessions that drafted in one Draft batch carry its tag (DraftResponse.round, relayed by the router), so a
 Verify leader whose own call is tagged waits until all `size` calls of its round are queued, at most
-group_wait_s, and then does not settle. Settling alone split the merged rounds: at 32 sessions on the H100
-the Draft batches held 26 sessions and the Verify passes 16 (their calls reached the prefill worker over
-more than settle_s's 1 ms gaps, through the router's threads), each pass paying the whole weight read
-(benchmarks/results/gpu-h100-2026-12-06.md).
+group_wait_s, and then does not settle. Settling alone split the rounds: at 32 sessions on the H100 Draft
+batches held 26, Verify passes 16 (calls over 1 ms apart through the router's threads), each paying the
+whole weight read; with the tags 26 and 26 (benchmarks/results/gpu-h100-2026-12-06.md).
+
+Giving way (`give_way`; exact mode's Verify beside prefill passes, ~190 ms each at 32 streams, mostly host
+launches): a job holding the lock calls give_way() between its steps (a prefill pass: each layer); if a
+leader waits for the lock, the job releases it until that leader took it, then takes it back. A Verify then
+waits for a layer, not the rest of a pass (at 32 streams on the H100 it waited 30 ms a batch). The two touch
+distinct slots, so neither changes the other's numbers (row and batch invariance).
 
 Bursts (`settle_s`, prefill prompts): calls sent together reach the worker a few ms apart (the server
 hands them to its threads one by one), so `expected()` cannot see the late ones, and the first would run
@@ -166,6 +168,8 @@ class Gather:
         # expected() counts every caller that can come (Verify: the sessions): all of them queued, no settling
         self.expected_all = expected_all
         self._group, self.group_wait_s = group, group_wait_s  # a tagged leader waits for its round's calls
+        self._taken = threading.Condition()  # give_way(): leaders waiting for the lock, and taking it
+        self._lock_wanted, self._lock_taken, self.gave_way = 0, 0, 0  # gave_way: stats, the times it did
         self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
@@ -302,6 +306,23 @@ class Gather:
             until = max(until, last + period + max(self.gather_s, 0.25 * period))
         return awaited, min(until, now + self.max_wait_s)
 
+    def give_way(self, timeout_s: float = 1.0) -> bool:
+        """Called by a job holding this Gather's lock (module doc, "Giving way"): when a leader waits for the
+        lock, release it until a leader has taken it (at most timeout_s), then block until it is free again
+        and take it back. -> whether it gave way."""
+        with self._taken:
+            if not self._lock_wanted:
+                return False
+            n = self._lock_taken
+        self._lock.release()
+        try:
+            with self._taken:
+                self._taken.wait_for(lambda: self._lock_taken != n or not self._lock_wanted, timeout_s)
+        finally:
+            self._lock.acquire()
+        self.gave_way += 1
+        return True
+
     def _round_here(self, tag: tuple[Hashable, int]) -> bool:
         """Under _cv: whether every call of the round `tag` = (id, size) is queued."""
         n = 0
@@ -342,7 +363,12 @@ class Gather:
                     self._cv.wait(max(left))
                 self._awaited = set()
             waited = time.monotonic()
+            with self._taken:
+                self._lock_wanted += 1
             with self._lock:
+                with self._taken:
+                    self._lock_wanted, self._lock_taken = self._lock_wanted - 1, self._lock_taken + 1
+                    self._taken.notify_all()
                 locked = time.monotonic()
                 with self._cv:  # holding the lock: the calls queued while it was taken join this batch
                     batch = self._take()

@@ -79,8 +79,10 @@ def prefill_pieces(
     return out
 
 
-def _marks(ps: list[Piece]):
+def _marks(ps: list[Piece], between_layers=None):
     fns = [p.on_layer for p in ps if p.on_layer is not None and p.last]
+    if between_layers is not None:
+        fns.append(between_layers)
     if not fns:
         return None
 
@@ -106,10 +108,12 @@ def _context(ps: list[Piece], **kw) -> StepContext:
 
 
 @torch.inference_mode()
-def run_pass(runner, ps: list[Piece]) -> list[int | None]:
+def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
     """Computes every piece in one pass (slots distinct) -> each last piece's token, None for the others.
     Checks every piece's window and reserves its pages before any state changes (a refused pass changes
-    nothing: WindowError / ValueError / PagesExhausted)."""
+    nothing: WindowError / ValueError / PagesExhausted). between_layers(i): called once layer i's state
+    writes are enqueued (the worker's compute lock may be given way there: Gather.give_way; work on other
+    slots may run in between, never on these)."""
     if not ps:
         return []
     if len({p.slot for p in ps}) != len(ps):
@@ -126,7 +130,7 @@ def run_pass(runner, ps: list[Piece]) -> list[int | None]:
             st.reset(p.slot)
     # no host sync until the picks: every index is a PassIndex upload (baton/transfer.py)
     x = upload([t for p in ps for t in p.ids], torch.long, dev)
-    ctx = _context(ps, on_layer=_marks(ps))
+    ctx = _context(ps, on_layer=_marks(ps, between_layers))
     index = ctx.pass_index(dev)
     # every piece's tokens at their positions, before its pick (penalties)
     runner.sampling.history.record(index.row_slot, index.pos, x)

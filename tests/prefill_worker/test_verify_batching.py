@@ -151,3 +151,52 @@ def test_a_verify_runs_between_the_pieces_of_a_long_prefill(lm):
     # order is the claim; the time only a loose guard, so a loaded CI machine does not fail it)
     after = sum(1 for t in passes if t > t1)
     assert after >= 3 and t1 - t0 < 1.0, (t1 - t0, after)
+
+
+def test_a_prefill_pass_gives_way_to_a_waiting_verify_between_layers(lm):
+    """A Verify that arrives during a prefill pass takes the compute lock at the pass's next layer
+    (Gather.give_way), not at its end, and both results are their alone results: the Verify's (accepted,
+    next, position) and the prompt's first token and exported state, bitwise."""
+    import time
+
+    import torch
+
+    e = _engine(lm)
+    prompt = _prompts(lm, 1, seed=7)[0]
+    long = [(5 * i + 1) % lm.cfg.vocab_size for i in range(60)]
+    s, _ = e.prefill(prompt)
+    drafts = [4, 5, 6]
+    want = _alone(lm, prompt, drafts)
+    ref = _engine(lm)
+    rs, ref_first = ref.prefill(long)
+    ref_state = {t.name: t.tensor.clone() for t in ref.export(rs.id)[0]}
+    layers, real = [], e.verifies.give_way
+
+    def slow_layer():  # each layer of the pass takes >= 60 ms
+        layers.append(time.monotonic())
+        time.sleep(0.06)
+        return real()
+
+    e.verifies.give_way = slow_layer
+    done = {}
+
+    def long_prefill():
+        done["long"] = e.prefill(long)
+        done["end"] = time.monotonic()
+
+    th = threading.Thread(target=long_prefill)
+    th.start()
+    end = time.monotonic() + 30
+    while not layers and time.monotonic() < end:  # the pass is in its first layer
+        time.sleep(0.002)
+    r = e.verify(s.id, _block(e, s.id, drafts))
+    t1 = time.monotonic()
+    th.join(30)
+    assert (r.accepted, r.next_token, r.position) == want
+    assert e.verifies.gave_way >= 1 and t1 < done["end"] and sum(t > t1 for t in layers) >= 1
+    ls, first = done["long"]
+    assert first == ref_first
+    got = {t.name: t.tensor for t in e.export(ls.id)[0]}
+    assert got.keys() == ref_state.keys()
+    for k, v in ref_state.items():
+        assert torch.equal(got[k], v), k
