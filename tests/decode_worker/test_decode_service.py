@@ -258,6 +258,13 @@ def test_bad_decode_and_draft_requests(w, ref):
     _rel(w, "ok")
 
 
+def _with_hidden(sid: str, v, k: int = 2):
+    """A Draft with the verdict of VerifyResponse v and its hidden rows."""
+    return decode_pb2.DraftRequest(
+        session_id=sid, k=k, has_verdict=True, accepted=v.accepted, next_token=v.next_token, verdict_hidden=v.hidden
+    )
+
+
 def test_bad_verdict_hidden_rows_are_refused_and_the_session_goes_on(w, ref):
     """DraftRequest.verdict_hidden: wrong rows, width, dtype or size, or without a verdict, or for bf16
     drafts -> INVALID_ARGUMENT naming the field, the session untouched; once a verdict came with them,
@@ -303,17 +310,7 @@ def test_bad_verdict_hidden_rows_are_refused_and_the_session_goes_on(w, ref):
     assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "verdict_hidden"), details
     got, details = _err(D.Decode, decode_pb2.DecodeRequest(session_id="hv", max_new_tokens=2))
     assert got == grpc.StatusCode.FAILED_PRECONDITION, details
-    d = D.Draft(
-        decode_pb2.DraftRequest(
-            session_id="hv",
-            k=2,
-            has_verdict=True,
-            accepted=v.accepted,
-            next_token=v.next_token,
-            verdict_hidden=v.hidden,
-        ),
-        timeout=T,
-    )
+    d = D.Draft(_with_hidden("hv", v), timeout=T)
     assert d.position == len(PROMPT) + len(out) - 1
     _rel(w, "hv")
     first = _load(w, "hb", engine=BF16, mode=EXACT)
@@ -321,17 +318,7 @@ def test_bad_verdict_hidden_rows_are_refused_and_the_session_goes_on(w, ref):
     v = P.Verify(
         prefill_pb2.VerifyRequest(session_id="hb", tokens=[first, *d.draft_tokens], want_hidden=True), timeout=T
     )
-    got, details = _err(
-        D.Draft,
-        decode_pb2.DraftRequest(
-            session_id="hb",
-            k=2,
-            has_verdict=True,
-            accepted=v.accepted,
-            next_token=v.next_token,
-            verdict_hidden=v.hidden,
-        ),
-    )
+    got, details = _err(D.Draft, _with_hidden("hb", v))
     assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "verdict_hidden"), details
     _rel(w, "hb")
 
