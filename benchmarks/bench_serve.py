@@ -89,9 +89,10 @@ Per point:
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
                        calls verified in one pass (exact mode); 0.0 = none
-    prefill_passes, prefill_pass_mean_pieces, prefill_pass_ms_mean
+    prefill_passes, prefill_pass_mean_pieces, prefill_pass_ms_mean, prefill_pass_gave_way
                        the prefill workers' batched prefill passes during the point (WorkerStats
-                       prefill_*): how many, their mean prompt pieces, their mean wall time
+                       prefill_*): how many, their mean prompt pieces, their mean wall time (a Verify that
+                       took the lock between layers counted in), and the times they gave it to one
     tok_s              output tokens of every completed stream / wall time of the point (the start -> the
                        last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
@@ -661,10 +662,11 @@ class _StepStats:
             out[f"decode_phase_share_{phase}"] = round(share, 4)
         if shares:
             out["decode_phase_share_other"] = round(max(0.0, 1.0 - sum(shares.values())), 4)
-        p1, p0 = g1.pop("prefill_pass", (0, 0, 0, 0.0)), self.g0.get("prefill_pass", (0, 0, 0, 0.0))
-        passes, pieces, _, secs = (a - b for a, b in zip(p1, p0))
+        p1, p0 = g1.pop("prefill_pass", (0, 0, 0, 0.0, 0)), self.g0.get("prefill_pass", (0, 0, 0, 0.0, 0))
+        passes, pieces, _, secs, gave = (a - b for a, b in zip(p1, p0))
         out |= {
             "prefill_passes": passes,
+            "prefill_pass_gave_way": gave,
             "prefill_pass_mean_pieces": round(pieces / passes, 2) if passes else 0.0,
             "prefill_pass_ms_mean": round(1e3 * secs / passes, 2) if passes else 0.0,
         }

@@ -201,7 +201,8 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
     part ({"wait", "lock", "run"}: WorkerStats gathered_batches / gathered_items / gathered_s: Verify on a
     prefill worker, Draft and mtp rounds on a decode worker), summed over the role's workers; counters since
     the worker started. Also "prefill_pass": the
-    prefill workers' batched prefill passes, their pieces, tokens and summed seconds."""
+    prefill workers' batched prefill passes, their pieces, tokens, summed seconds and the times they gave
+    the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way)."""
     out: dict[str, tuple] = {}
     for role, st in _role_stats(addresses, token):
         b, i, t = out.get(role, (0, 0, {}))
@@ -210,8 +211,8 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
             t[part] = t.get(part, 0.0) + secs
         out[role] = (b + st.gathered_batches, i + st.gathered_items, t)
         if role == "prefill":
-            prev = out.get("prefill_pass", (0, 0, 0, 0.0))
-            now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s)
+            prev = out.get("prefill_pass", (0, 0, 0, 0.0, 0))
+            now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s, st.gathered_gave_way)
             out["prefill_pass"] = tuple(a + b for a, b in zip(prev, now_))
     return out
 

@@ -127,8 +127,9 @@ TIMES = ("wait", "lock", "run")
 
 
 def fill_stats(out, gathers) -> None:
-    """WorkerStats' gathered_batches / gathered_items / gathered_s: these Gathers' counters summed."""
+    """WorkerStats' gathered_batches / _items / _s / _gave_way: these Gathers' counters summed."""
     out.gathered_batches, out.gathered_items = sum(g.batches for g in gathers), sum(g.items for g in gathers)
+    out.gathered_gave_way = sum(g.gave_way for g in gathers)
     for k in TIMES:
         out.gathered_s[k] = sum(g.seconds[k] for g in gathers)
 

@@ -194,6 +194,12 @@ def test_a_prefill_pass_gives_way_to_a_waiting_verify_between_layers(lm):
     th.join(30)
     assert (r.accepted, r.next_token, r.position) == want
     assert e.verifies.gave_way >= 1 and t1 < done["end"] and sum(t > t1 for t in layers) >= 1
+    from baton.engine.gather import fill_stats
+    from baton.v1 import common_pb2
+
+    stats = common_pb2.WorkerStats()
+    fill_stats(stats, [e.verifies, e.prefills])  # WorkerStats.gathered_gave_way: what bench_serve reports
+    assert stats.gathered_gave_way == e.verifies.gave_way
     ls, first = done["long"]
     assert first == ref_first
     got = {t.name: t.tensor for t in e.export(ls.id)[0]}
