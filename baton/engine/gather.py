@@ -99,8 +99,7 @@ def rounds_share_a_device(device, gpu_workers: int) -> bool:
     so that two groups of sessions cost twice the passes of one and PERIODIC's merging pays: on CUDA with
     the workers on one GPU (gpu_workers > 1: BATON_GPU_WORKERS, set by the launchers). Else (the CPU, each
     worker on its own cores; one GPU a worker) two groups pipeline through the two workers for free and
-    the leaders' waits for a group due later are pure loss (CPU, 8 exact sessions, bench_serve: 151 -> 207
-    tok/s without them, benchmarks/results/exact-cpu-2026-12-05-pipelined-gathers.json). BATON_GATHER_PERIODIC=1 / 0 forces the answer."""
+    merging waits are pure loss (CPU, 8 exact sessions: 151 -> 207 tok/s without). BATON_GATHER_PERIODIC forces it."""
     forced = os.environ.get(ENV_PERIODIC)
     if forced in ("0", "1"):
         return forced == "1"
