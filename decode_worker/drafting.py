@@ -75,7 +75,7 @@ def draft_batch(engine, items: list) -> list:
             ok.append(i)
         except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
             out[i] = e
-    _verdicts(items, [i for i in ok if items[i][2] is not None], out)  # 2.
+    _verdicts(items, [i for i in ok if items[i][2] is not None], out, pos)  # 2.
     chained, ar = [], []
     live = [i for i in ok if out[i] is None]
     pending = _per_slot(items, live, lambda st: torch.stack((st.next_token, st.position), 1))  # one read a runner
@@ -121,8 +121,8 @@ def _set_next(items: list, pairs: list[tuple[int, int]]) -> None:
         write_slots(st.next_token, slots, [value[i] for i in g])
 
 
-def _verdicts(items: list, idx: list[int], out: list) -> None:
-    """Phase 2 for items idx (checked, each with a verdict): per runner one rows pass over every session's
+def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int]) -> None:
+    """Phase 2 for items idx (checked, each with a verdict; pos: each item's position, read in phase 1): per runner one rows pass over every session's
     rows to run (bf16 / fp8: the replay after its restore; mtp: t0, d1..dm); a pass that raises fails
     its items."""
     by_runner: dict[int, list[tuple[int, list[int]]]] = {}
@@ -169,19 +169,20 @@ def _verdicts(items: list, idx: list[int], out: list) -> None:
                 mtp.pending_pairs(s, p, rows + [nxt], h)
             nexts.append((i, nxt))
             s.drafts = []
-    nexts += _given(items, given)
+    nexts += _given(items, given, pos)
     _set_next(items, nexts)
 
 
-def _given(items: list, given: list[tuple[int, list[int], torch.Tensor]]) -> list[tuple[int, int]]:
+def _given(items: list, given: list[tuple[int, list[int], torch.Tensor]], pos: dict[int, int]) -> list[tuple[int, int]]:
     """The mtp verdicts that came with their kept rows' hidden rows (host [m + 1, hidden]): per runner one
     upload of them all, the pairs from them, and the position past the kept rows (what drafting reads of
     what rows_batch would have left: the MTP pass records each pair's token in the token history itself,
     runner.mtp_batch). -> (item, next token) of each."""
     nexts = []
     for st, g, slots in _by_runner(items, dict.fromkeys(i for i, _, _ in given)):
-        mine = [x for x in given if x[0] in set(g)]
-        starts = read_slots(st.position, slots)
+        in_g = set(g)
+        mine = [x for x in given if x[0] in in_g]
+        starts = [pos[i] for i, _, _ in mine]  # read by the checks (phase 1): mtp slots have not moved since
         h = to_device(torch.cat([x[2] for x in mine]), st.position.device).split([len(x[1]) for x in mine])
         for (i, kept, _), p, hs in zip(mine, starts, h):
             s, _, (_, nxt, _) = items[i]
