@@ -66,6 +66,8 @@
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
+#   sweep-rows     benchmarks/sweep_rows_m.py: the rows GEMM's BLOCK_M / warps at M = 16..320, each variant
+#                  checked bitwise against the M <= 16 kernel (SWEEP_MS, SWEEP_KINDS)
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
 #                  batched AR and the sampled batched graph ("arbs"), batched verify
 #   tests-decode   decode (the step pipeline), the hand-off (dynamic ring share)
@@ -306,6 +308,12 @@ case $stage in
     echo "exact-passes: rc=$?"
     BATON_GATHER_PERIODIC=0 spec spec-exact-mtp-pipelined --mode exact --engine mtp --concurrency 8,32 \
       --draft-p 0.95 --draft-k 8
+    ;;
+  sweep-rows)  # the rows GEMM at M > 16 (batched steps and verify passes): BLOCK_M / warps per M, bitwise checked
+    python benchmarks/sweep_rows_m.py --ms "${SWEEP_MS:-16,32,64,72,128,144,288,320}" --kinds "${SWEEP_KINDS:-bf16,fp8}" \
+      --out "$out/sweep-rows.json" >"$out/sweep-rows.log" 2>&1
+    echo "sweep-rows: rc=$?"
+    tail -3 "$out/sweep-rows.log"
     ;;
   *)
     echo "unknown stage $stage" >&2
