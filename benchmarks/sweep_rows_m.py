@@ -43,13 +43,14 @@ SHAPES = {
 }
 
 
-def variants(base: gemv.Config, M: int, block_ms, warps, stages) -> list[gemv.Config]:
-    """base with BLOCK_M / warps / stages varied (never the K order: BLOCK_K, split, k_per_split kept)."""
+def variants(base: gemv.Config, M: int, block_ms, warps, stages, block_ns=()) -> list[gemv.Config]:
+    """base with BLOCK_M / BLOCK_N / warps / stages varied (never the K order: BLOCK_K, split, k_per_split
+    kept; BLOCK_N only sets how many weight rows share a program)."""
     out = []
-    for bm, w, s in itertools.product(block_ms, warps, stages or [base.num_stages]):
+    for bm, bn, w, s in itertools.product(block_ms, block_ns or [base.block_n], warps, stages or [base.num_stages]):
         if bm < 16 or (bm > 16 and bm // 2 >= M):
             continue  # a tile of rows more than twice M: only padding
-        out.append(gemv.Config(bm, base.block_n, base.block_k, base.split, base.k_per_split, w, s))
+        out.append(gemv.Config(bm, bn, base.block_k, base.split, base.k_per_split, w, s))
     return out
 
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--kinds", default="bf16,fp8")
     ap.add_argument("--block-ms", default="32,64,128,256")
+    ap.add_argument("--block-ns", default="base", help="BLOCK_N (weight rows a program) to try; base: M <= 16's")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--stages", default="base", help="num_stages to try; base: the M <= 16 config's")
     ap.add_argument("--calls", type=int, default=8)
@@ -67,6 +69,7 @@ def main(argv=None) -> int:
     ms = [int(m) for m in a.ms.split(",")]
     block_ms = [int(b) for b in a.block_ms.split(",")]
     warps = [int(w) for w in a.warps.split(",")]
+    block_ns = [] if a.block_ns == "base" else [int(b) for b in a.block_ns.split(",")]
     stages = [] if a.stages == "base" else [int(s) for s in a.stages.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
                         lambda xx, w: torch.nn.functional.linear(xx["bf16"], w.bf16), x, copies, a.calls
                     )
                 tried = []
-                for cfg in variants(base, M, block_ms, warps, stages):
+                for cfg in variants(base, M, block_ms, warps, stages, block_ns):
                     try:
                         y = lin(x["bf16"], w0, cfg)
                         us = time_shape(lambda xx, w, c=cfg: lin(xx["bf16"], w, c), x, copies, a.calls)
@@ -114,7 +117,16 @@ def main(argv=None) -> int:
                         tried.append({"cfg": cfg.__dict__, "error": f"{type(e).__name__}: {str(e)[:80]}"})
                         continue
                     ok = torch.equal(y[: min(M, 16)], ref16[: min(M, 16)])
-                    tried.append({"bm": cfg.block_m, "w": cfg.num_warps, "s": cfg.num_stages, "us": us, "bitwise": ok})
+                    tried.append(
+                        {
+                            "bm": cfg.block_m,
+                            "bn": cfg.block_n,
+                            "w": cfg.num_warps,
+                            "s": cfg.num_stages,
+                            "us": us,
+                            "bitwise": ok,
+                        }
+                    )
                 good = [t for t in tried if t.get("bitwise")]
                 if good:
                     best = min(good, key=lambda t: t["us"])
