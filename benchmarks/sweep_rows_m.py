@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from baton.kernels import gemv  # noqa: E402
+from baton.kernels import gemv, wide  # noqa: E402
 from benchmarks.bench_fp8_gemv import Weights, make_x, time_shape  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
 
@@ -108,6 +108,11 @@ def main(argv=None) -> int:
                     row["cublas_us"] = time_shape(
                         lambda xx, w: torch.nn.functional.linear(xx["bf16"], w.bf16), x, copies, a.calls
                     )
+                if not fp8 and base.split == 1:  # the prefill's GEMM (x rows on the MMA's M side, BLOCK_K 64)
+                    row["wide_us"] = time_shape(lambda xx, w: wide.linear(xx["bf16"], w.bf16), x, copies, a.calls)
+                    yw = wide.linear(x["bf16"], w0.bf16)[: min(M, 16)]
+                    row["wide_bitwise"] = torch.equal(yw, ref16[: min(M, 16)])
+                    row["wide_max_diff"] = (yw.float() - ref16[: min(M, 16)].float()).abs().max().item()
                 tried = []
                 for cfg in variants(base, M, block_ms, warps, stages, block_ns):
                     try:
@@ -136,7 +141,8 @@ def main(argv=None) -> int:
                 print(
                     f"{name:12s} {kind} M={M:4d} today {row['today_us']:8.1f} us"
                     f" best {row.get('best_us', float('nan')):8.1f} {row.get('best')}"
-                    f" cublas {row.get('cublas_us', float('nan')):8.1f}",
+                    f" cublas {row.get('cublas_us', float('nan')):8.1f}"
+                    f" wide {row.get('wide_us', float('nan')):8.1f} {row.get('wide_bitwise')}",
                     file=sys.stderr,
                     flush=True,
                 )
