@@ -113,6 +113,17 @@ def main(argv=None) -> int:
                     yw = wide.linear(x["bf16"], w0.bf16)[: min(M, 16)]
                     row["wide_bitwise"] = torch.equal(yw, ref16[: min(M, 16)])
                     row["wide_max_diff"] = (yw.float() - ref16[: min(M, 16)].float()).abs().max().item()
+                    bk0, wide.BLOCK_K = wide.BLOCK_K, 128  # the rows kernel's BLOCK_K: does the K chunking matter?
+                    try:
+                        yw = wide.linear(x["bf16"], w0.bf16)[: min(M, 16)]
+                        row["wide_bk128_bitwise"] = torch.equal(yw, ref16[: min(M, 16)])
+                        row["wide_bk128_us"] = time_shape(
+                            lambda xx, w: wide.linear(xx["bf16"], w.bf16), x, copies, a.calls
+                        )
+                    except Exception as e:
+                        row["wide_bk128_error"] = f"{type(e).__name__}: {str(e)[:80]}"
+                    finally:
+                        wide.BLOCK_K = bk0
                 tried = []
                 for cfg in variants(base, M, block_ms, warps, stages, block_ns):
                     try:
@@ -142,7 +153,8 @@ def main(argv=None) -> int:
                     f"{name:12s} {kind} M={M:4d} today {row['today_us']:8.1f} us"
                     f" best {row.get('best_us', float('nan')):8.1f} {row.get('best')}"
                     f" cublas {row.get('cublas_us', float('nan')):8.1f}"
-                    f" wide {row.get('wide_us', float('nan')):8.1f} {row.get('wide_bitwise')}",
+                    f" wide {row.get('wide_us', float('nan')):8.1f} {row.get('wide_bitwise')}"
+                    f" bk128 {row.get('wide_bk128_us', float('nan')):8.1f} {row.get('wide_bk128_bitwise')}",
                     file=sys.stderr,
                     flush=True,
                 )
