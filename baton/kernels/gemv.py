@@ -199,6 +199,28 @@ TUNED = {
 }
 
 
+# (fp8, N, K) -> ((largest M or None, BLOCK_M, num_warps), ...) for M > 16: the first entry whose M bound
+# holds. From benchmarks/sweep_rows_m.py on the H100 (benchmarks/results/sweep-rows-h100-2026-12-06.json):
+# every variant's rows were bitwise the M <= 16 kernel's, since only how many rows share a weight tile (the
+# MMA's N side) and how many warps split it change. Today's BLOCK_M 64 for every M > 32 ran 64-row tiles
+# that re-read each weight tile per 64 rows: at 72 rows (8 exact sessions' K = 8 verify blocks) 8.97 ms of
+# bf16 GEMMs a forward against 7.80 with this table; fp8 at 64-320 rows 12-25% slower than the table.
+TUNED_BATCH = {
+    (False, 12352, 4096): ((32, 32, 4), (64, 64, 4), (None, 128, 8)),
+    (False, 4096, 4096): ((32, 32, 4), (64, 64, 4), (None, 32, 4)),
+    (False, 10240, 4096): ((128, 32, 4), (None, 128, 8)),
+    (False, 24576, 4096): ((32, 32, 4), (64, 64, 8), (None, 128, 8)),
+    (False, 4096, 12288): ((32, 32, 4), (None, 64, 4)),
+    (False, 248320, 4096): ((32, 32, 4), (64, 64, 8), (None, 128, 8)),
+    (True, 12352, 4096): ((None, 32, 8),),
+    (True, 4096, 4096): ((None, 32, 8),),
+    (True, 10240, 4096): ((None, 32, 4),),
+    (True, 24576, 4096): ((32, 32, 4), (64, 64, 8), (128, 32, 4), (None, 64, 8)),
+    (True, 4096, 12288): ((32, 32, 8), (64, 64, 8), (None, 32, 8)),
+    (True, 248320, 4096): ((None, 32, 8),),
+}
+
+
 # partial=True (the consumer sums the splits): fewer splits where the summing norm's reads cost more than
 # the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json).
 TUNED_PARTIAL = {
@@ -228,8 +250,13 @@ def pick_config(
     # same for every M; BLOCK_M only sets how many rows share a weight tile (the MMA's N side)
     block_m = 16 if M <= 16 else min(BATCH_BLOCK_M, _pow2(M))
     tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if sms >= 132 else None
-    if tuned and block_n is block_k is split is num_warps is num_stages is None:
-        block_n, block_k, split, num_warps, num_stages = tuned
+    batch = TUNED_BATCH.get((fp8, N, K)) if sms >= 132 and M > 16 else None
+    if block_n is block_k is split is num_warps is num_stages is None:
+        if tuned:
+            block_n, block_k, split, num_warps, num_stages = tuned
+        if batch:  # M > 16: BLOCK_M and warps only, never the K order (BLOCK_K, split)
+            _, bm, num_warps = next(e for e in batch if e[0] is None or M <= e[0])
+            block_m = min(bm, _pow2(M))
     bk = block_k or 128
     assert not fp8 or bk % FP8_GROUP == 0, "fp8: block_k is a whole number of quantisation groups"
     bn = block_n or 64

@@ -140,7 +140,17 @@ def test_pick_config():
             tuned = gemv.TUNED.get((fp8, N, K))
             if tuned:
                 assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == tuned
-    assert gemv.pick_config(40, 4096, 4096, 132, fp8=True).block_m == 64
+    assert gemv.pick_config(40, 1024, 4096, 132, fp8=True).block_m == 64  # no batch entry: BATCH_BLOCK_M
+    for (fp8, N, K), entries in gemv.TUNED_BATCH.items():  # M > 16: the rows tile and warps, never the K order
+        c16 = gemv.pick_config(16, N, K, 132, fp8=fp8)
+        for M in (17, 32, 40, 64, 72, 128, 144, 320):
+            c = gemv.pick_config(M, N, K, 132, fp8=fp8)
+            same = ("block_n", "block_k", "split", "k_per_split", "num_stages")
+            assert all(getattr(c, f) == getattr(c16, f) for f in same), (N, K, M, c, c16)
+            _, bm, warps = next(e for e in entries if e[0] is None or M <= e[0])
+            assert (c.block_m, c.num_warps) == (min(bm, 1 << (M - 1).bit_length()), warps), (N, K, M, c)
+            assert c.block_m < 2 * M  # never a tile of more padding than rows
+        assert gemv.pick_config(72, N, K, 100, fp8=fp8).block_m == 64  # an untuned GPU: the heuristic
     for (fp8, N, K), t in gemv.TUNED_PARTIAL.items():  # partials out: the consumer's own table
         c = gemv.pick_config(16, N, K, 132, fp8=fp8, partial=True)
         assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == t
