@@ -35,6 +35,7 @@ nothing is read or written before pdl_enter.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -205,6 +206,7 @@ TUNED = {
 # MMA's N side) and how many warps split it change. Today's BLOCK_M 64 for every M > 32 ran 64-row tiles
 # that re-read each weight tile per 64 rows: at 72 rows (8 exact sessions' K = 8 verify blocks) 8.97 ms of
 # bf16 GEMMs a forward against 7.80 with this table; fp8 at 64-320 rows 12-25% slower than the table.
+BATCH_TABLE = os.environ.get("BATON_GEMV_BATCH_TABLE", "1") != "0"  # 0: BATCH_BLOCK_M for every M > 16 (A/B runs)
 TUNED_BATCH = {
     (False, 12352, 4096): ((32, 32, 4), (64, 64, 4), (None, 128, 8)),
     (False, 4096, 4096): ((32, 32, 4), (64, 64, 4), (None, 32, 4)),
@@ -250,7 +252,7 @@ def pick_config(
     # same for every M; BLOCK_M only sets how many rows share a weight tile (the MMA's N side)
     block_m = 16 if M <= 16 else min(BATCH_BLOCK_M, _pow2(M))
     tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if sms >= 132 else None
-    batch = TUNED_BATCH.get((fp8, N, K)) if sms >= 132 and M > 16 else None
+    batch = TUNED_BATCH.get((fp8, N, K)) if sms >= 132 and M > 16 and BATCH_TABLE else None
     if block_n is block_k is split is num_warps is num_stages is None:
         if tuned:
             block_n, block_k, split, num_warps, num_stages = tuned
