@@ -312,6 +312,7 @@ case $stage in
   sweep-rows)  # the rows GEMM at M > 16 (batched steps and verify passes): BLOCK_M / warps per M, bitwise checked
     python benchmarks/sweep_rows_m.py --ms "${SWEEP_MS:-16,32,64,72,128,144,288,320}" --kinds "${SWEEP_KINDS:-bf16,fp8}" \
       --block-ms "${SWEEP_BLOCK_MS:-32,64,128,256}" --block-ns "${SWEEP_BLOCK_NS:-base}" \
+      --xm "${SWEEP_XM:-0}" --shapes "${SWEEP_SHAPES:-gdn_qkvzba,gdn_out,attn_qkv,attn_o,mlp_gate_up,mlp_down,lm_head}" \
       --out "$out/sweep-rows.json" >"$out/sweep-rows.log" 2>&1
     echo "sweep-rows: rc=$?"
     tail -3 "$out/sweep-rows.log"

@@ -43,14 +43,16 @@ SHAPES = {
 }
 
 
-def variants(base: gemv.Config, M: int, block_ms, warps, stages, block_ns=()) -> list[gemv.Config]:
-    """base with BLOCK_M / BLOCK_N / warps / stages varied (never the K order: BLOCK_K, split, k_per_split
-    kept; BLOCK_N only sets how many weight rows share a program)."""
+def variants(base: gemv.Config, M: int, block_ms, warps, stages, block_ns=(), xms=(False,)) -> list[gemv.Config]:
+    """base with BLOCK_M / BLOCK_N / warps / stages / orientation varied (never the K order: BLOCK_K, split,
+    k_per_split kept; BLOCK_N only sets how many weight rows share a program). xm: the x rows on the MMA's
+    M side (Config.xm), tiles of >= 64 rows."""
     out = []
-    for bm, bn, w, s in itertools.product(block_ms, block_ns or [base.block_n], warps, stages or [base.num_stages]):
-        if bm < 16 or (bm > 16 and bm // 2 >= M):
+    grid = itertools.product(xms, block_ms, block_ns or [base.block_n], warps, stages or [base.num_stages])
+    for xm, bm, bn, w, s in grid:
+        if bm < 16 or (bm > 16 and bm // 2 >= M) or (xm and (bm < 64 or bn < 32)):
             continue  # a tile of rows more than twice M: only padding
-        out.append(gemv.Config(bm, bn, base.block_k, base.split, base.k_per_split, w, s))
+        out.append(gemv.Config(bm, bn, base.block_k, base.split, base.k_per_split, w, s, xm))
     return out
 
 
@@ -62,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-ms", default="32,64,128,256")
     ap.add_argument("--block-ns", default="base", help="BLOCK_N (weight rows a program) to try; base: M <= 16's")
     ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--xm", default="0", help="orientations: 0 swap-AB (today), 1 x rows on the MMA's M side")
     ap.add_argument("--stages", default="base", help="num_stages to try; base: the M <= 16 config's")
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--out", type=Path)
@@ -69,6 +72,7 @@ def main(argv=None) -> int:
     ms = [int(m) for m in a.ms.split(",")]
     block_ms = [int(b) for b in a.block_ms.split(",")]
     warps = [int(w) for w in a.warps.split(",")]
+    xms = [x == "1" for x in a.xm.split(",")]
     block_ns = [] if a.block_ns == "base" else [int(b) for b in a.block_ns.split(",")]
     stages = [] if a.stages == "base" else [int(s) for s in a.stages.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
                     finally:
                         wide.BLOCK_K = bk0
                 tried = []
-                for cfg in variants(base, M, block_ms, warps, stages, block_ns):
+                for cfg in variants(base, M, block_ms, warps, stages, block_ns, xms):
                     try:
                         y = lin(x["bf16"], w0, cfg)
                         us = time_shape(lambda xx, w, c=cfg: lin(xx["bf16"], w, c), x, copies, a.calls)

@@ -77,6 +77,7 @@ def _skinny(
     PARTIAL: tl.constexpr,
     GLU: tl.constexpr,
     PDL: tl.constexpr,
+    XM: tl.constexpr = False,
 ):
     # BLOCK_K = NSUB * SUB columns per iteration; fp8: SUB = FP8_GROUP, one quantisation group each.
     # XQ: x arrives quantised (x_ptr e4m3 [M, K], sx_ptr fp32 [M, K / SUB] = amax / 448), bitwise what
@@ -94,6 +95,7 @@ def _skinny(
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k0 + rk)[None, :]  # [BM, SUB]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]  # [BN, SUB]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    accx = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # XM: the x rows on the MMA's M side
     pdl_enter(PDL)  # x is the previous kernel's output
     for k in range(0, K_PER_SPLIT, BLOCK_K):
         for j in tl.static_range(BLOCK_K // SUB):
@@ -109,14 +111,24 @@ def _skinny(
                 sx = tl.load(
                     sx_ptr + rm.to(tl.int64) * stride_sxm + (k0 + kk) // SUB, mask=live & (k0 + kk < K), other=0.0
                 )
-                acc += tl.dot(wt, tl.trans(xt)) * sx[None, :]
+                if XM:
+                    accx += tl.dot(xt, tl.trans(wt)) * sx[:, None]
+                else:
+                    acc += tl.dot(wt, tl.trans(xt)) * sx[None, :]
             elif FP8:
                 xf = xt.to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30)  # [BM]; 0-rows stay 0
                 xq = (xf * (448.0 / amax)[:, None]).to(tl.float8e4nv)  # [BM, SUB] e4m3 (satfinite)
-                acc += tl.dot(wt, tl.trans(xq)) * (amax * (1.0 / 448.0))[None, :]
+                if XM:
+                    accx += tl.dot(xq, tl.trans(wt)) * (amax * (1.0 / 448.0))[:, None]
+                else:
+                    acc += tl.dot(wt, tl.trans(xq)) * (amax * (1.0 / 448.0))[None, :]
+            elif XM:
+                accx = tl.dot(xt, tl.trans(wt), accx)  # [BM, BN]
             else:
                 acc = tl.dot(wt, tl.trans(xt), acc)  # [BN, BM]
+    if XM:
+        acc = tl.trans(accx)
     if FP8:
         acc = acc * tl.load(s_ptr + rn, mask=mask_n, other=0.0)[:, None]
     # y^T tile: element (n, m) -> y[m, n]; dead rows (m >= rows) hold 0 (their x was 0)
@@ -175,6 +187,7 @@ class Config:
     k_per_split: int  # multiple of block_k; split * k_per_split >= K, no empty split
     num_warps: int = 4
     num_stages: int = 4
+    xm: bool = False  # the x rows on the MMA's M side (a plain GEMM tile) instead of swap-AB: experimental
 
 
 def _pow2(n: int) -> int:
@@ -403,6 +416,7 @@ def linear(
         XQ=xq is not None,
         PARTIAL=partial,
         GLU=glu,
+        XM=cfg.xm,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_kw(x2.device),
