@@ -31,7 +31,8 @@ def computes_mtp_kv(exact: bool, engine: int, handed_off: bool) -> bool:
 
 def draft_only_allowed(mode: int, engine: int) -> bool:
     """Whether a session may be handed off draft-only: EXACT (the exact worker keeps the whole state, and
-    ExportState can still send it) and engine MTP (only MTP drafts read nothing else)."""
+    ExportState can still send it) and engine MTP (of the BF16 state, MTP drafts fed verdict hidden rows
+    read nothing but DRAFT_ONLY_NAMES; bf16 / fp8 drafts run the whole model)."""
     return mode == common_pb2.EXACT and engine == common_pb2.MTP
 
 
