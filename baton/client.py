@@ -72,6 +72,8 @@ class Delta:
                 "rounds",
                 "draft_ms",
                 "verify_ms",
+                "handoffs",
+                "draft_only_handoffs",
             )
         }
         if s.HasField("handoff_timeline"):  # asked for: the first hand-off's marks, name -> monotonic ns

@@ -104,6 +104,9 @@ Per point:
     router_handoff_ms_*, first_decode_ms_*   that gap in two, from the router's Stats (handoff_ms,
                        first_decode_ms): the first token -> the state landed on the decode worker (the
                        push), then -> the decode worker's first tokens (the Decode call, the join, a step)
+    handoff_bytes_p50, draft_only_handoffs   a request's state bytes handed off (Stats.bridge_bytes: its
+                       hand-offs together), and how many hand-offs were draft-only (exact mtp: the hidden
+                       row and MTP KV alone; BATON_SLIM_HANDOFF=0 turns them off: the A/B of the bytes)
     errors             by gRPC status (a refused request is not retried); error_details: each status's first
                        message (what refused it); short: streams of fewer tokens
                        than asked (ignore_eos: should be 0)
@@ -346,6 +349,8 @@ class Sample:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     timeline: dict | None = None  # the first hand-off's marks (name -> monotonic ns), when asked for
+    bridge_bytes: int = 0  # the router's Stats: the state bytes of the request's hand-offs ...
+    draft_only_handoffs: int = 0  # ... and how many of them were draft-only
     detail: str = ""  # the error's message (status != OK)
 
 
@@ -407,6 +412,8 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
                 s.rounds = int(d.stats.get("rounds", 0))
                 s.draft_ms, s.verify_ms = float(d.stats.get("draft_ms", 0.0)), float(d.stats.get("verify_ms", 0.0))
                 s.timeline = d.stats.get("handoff_timeline")
+                s.bridge_bytes = int(d.stats.get("bridge_bytes", 0))
+                s.draft_only_handoffs = int(d.stats.get("draft_only_handoffs", 0))
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
         s.status = str(getattr(code, "name", type(e).__name__))
@@ -515,6 +522,8 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
         "first_decode_ms_p50": pct([s.first_decode_ms for s in ok if s.first_decode_ms], 0.5),
         "first_decode_ms_p99": pct([s.first_decode_ms for s in ok if s.first_decode_ms], 0.99),
         "tokens_per_message": round(tokens / msgs, 3) if msgs else None,
+        "handoff_bytes_p50": pct([s.bridge_bytes for s in ok], 0.5),
+        "draft_only_handoffs": sum(s.draft_only_handoffs for s in ok),
         "handoff_timeline_ms": timeline_ms(ok),
         "errors": dict(sorted(Counter(s.status for s in samples if s.status != "OK").items())),
         "error_details": first_details(samples),

@@ -65,7 +65,7 @@ class DecodeSession:
     rounds: int = 0
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather
-    draft_only: bool = False  # exact mtp: verdicts came with the exact worker's hidden rows, BF16 state not advanced
+    draft_only: bool = False  # exact mtp: verdicts with hidden rows, or a draft-only load: BF16 state never advanced
     # the state's position as loaded, until a Decode or Draft moves it (each clears it first): the first
     # Decode after LoadState reads it here, not from the device (a blocking read behind the steps in flight)
     loaded_position: int | None = None
@@ -182,14 +182,15 @@ class DecodeEngine:
         engine: str | None = None,
         session_id: str | None = None,
         fill: SlotFill | None = None,
+        draft_only: bool = False,
     ) -> DecodeSession:
         """Imports a verified state into a free slot (the wire layer has checked every tensor) and makes
         it live; a re-sent state replaces the session of the same id (migration, retry). `fill`: the
-        slot reserved for this state (LoadState placed tensors into it while they arrived)."""
-        if fill is None:
-            fill = self.reserve(engine, session_id, position)
+        slot reserved for this state (LoadState placed tensors into it while they arrived). draft_only: a
+        draft-only state (hidden row, MTP KV: baton/handoff/receive.py), the session draft_only at once."""
+        fill = fill or self.reserve(engine, session_id, position)
         try:
-            s = fill.commit(tensors, next_token)
+            s = fill.commit(tensors, next_token, draft_only)
         except BaseException:
             fill.abort()
             raise
@@ -201,10 +202,9 @@ class DecodeEngine:
             raise
         return s
 
-    def _publish(
-        self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int, now: float
-    ) -> DecodeSession:
-        s = DecodeSession(sid, e, runner, slot, now, now, loaded_position=position)
+    def _publish(self, sid: str, e: str, runner: ModelRunner, slot: int, position: int, next_token: int, now: float,
+                 draft_only: bool = False) -> DecodeSession:  # fmt: skip
+        s = DecodeSession(sid, e, runner, slot, now, now, draft_only=draft_only, loaded_position=position)
         if e == "mtp":
             s.mtp_pairs_h = runner.state.hidden[slot].clone()[None]
             s.mtp_pairs_ids = [next_token]

@@ -5,7 +5,8 @@ Lifecycle of a request:
         -> DecodeEngine.reserve: a slot, not live (baton/handoff/slot_fill.py)
         -> handoff.receive_state against that engine's HybridState layout (digest, fingerprint, table);
            each tensor is copied into the reserved slot (H2D) as soon as its chunks verified
-        -> SlotFill.commit once the whole stream verified: only then is the session live
+        -> SlotFill.commit once the whole stream verified: only then is the session live; a draft-only
+           state (StateHeader.draft_only, mtp only: the hidden row and MTP KV alone) makes it draft_only
         -> session_id, position, BridgeReport (seconds: first chunk received -> state in its slot; with call
            metadata `baton-timeline: 1`: its timeline, the decode.* marks of baton/handoff/timeline.py, for which
            LoadState waits for the slot's device copies before it answers)
@@ -190,6 +191,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                         fingerprint=self.fingerprint,
                         alloc=lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pinned),
                         on_tensor=place,
+                        draft_only_ok=(name or self.engine.default_engine) == "mtp",
                     )
                     if tl is not None:
                         tl.mark("decode.received")
@@ -200,6 +202,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                         engine=name,
                         session_id=got.session_id or None,
                         fill=fill,
+                        draft_only=got.draft_only,
                     )
                     if tl is not None:
                         if runner.device.type == "cuda":  # the slot's copies (and finish_import) done
@@ -214,6 +217,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
                 raise StatusError(grpc.StatusCode.CANCELLED, "LoadState: cancelled by the sender")
             got.stats.seconds = time.perf_counter() - t0
             resp = decode_pb2.LoadStateResponse(session_id=s.id, position=got.position, bridge=got.stats.to_proto())
+            resp.bridge.draft_only = got.draft_only
             if tl is not None:
                 data = arrivals.ns[:-1]  # NOTE: after the header: the data chunks, then the trailer
                 tl.update({f"decode.{k}": v for k, v in got.marks.items()}, series={"decode.received": data})
@@ -326,6 +330,7 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             model_fingerprint=self.fingerprint,
             max_len=self.engine.max_len,
             requests_total=self.requests_total,
+            draft_only_states=True,  # LoadState takes StateHeader.draft_only (baton/handoff/receive.py)
         )
 
     def GetStats(self, request, context):

@@ -37,6 +37,7 @@ from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SlotTable
+from baton.engine.state import StateTensor
 from baton.handoff.progress import PrefillProgress
 from prefill_worker.replay import Replays
 from prefill_worker.verifying import VerifyItem, verify_batch
@@ -302,15 +303,19 @@ class ExactEngine:
     def progress(self) -> PrefillProgress:
         return PrefillProgress(self.runner.cfg.num_hidden_layers, self.runner.device)
 
-    def export(self, session_id: str, position: int | None = None):
+    def export(self, session_id: str, position: int | None = None, only: tuple[str, ...] | None = None):
         """-> (state tensors of the slot, position, next_token). Views: copy before releasing.
-        With `position` given (a prefill not run yet): the views for that position, next_token None."""
+        With `position` given (a prefill not run yet): the views for that position, next_token None.
+        only: those names alone (a draft-only hand-off), the other layers' KV never gathered."""
         s = self.get(session_id)
         st = self.runner.state
         if position is not None:  # KV gathered from the pages only once each layer is final (lazy)
-            return st.export(s.slot, position, lazy=True), position, None
+            return [t for t in st.export(s.slot, position, lazy=True) if only is None or t.name in only], position, None
         pos, nxt = int(st.position[s.slot]), int(st.next_token[s.slot])
-        return st.export(s.slot, pos), pos, nxt
+        if only is None:
+            return st.export(s.slot, pos), pos, nxt
+        lazy = [t for t in st.export(s.slot, pos, lazy=True) if t.name in only]
+        return [StateTensor(t.name, t.kind, t.materialize()) for t in lazy], pos, nxt
 
     def verify(self, session_id: str, tokens: list[int], draft_probs=(), want_hidden=False, tag=None) -> VerifyResult:
         """One session's block [t0, d1..dk]; concurrent calls of other sessions share its rows pass

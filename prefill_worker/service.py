@@ -20,6 +20,8 @@ Lifecycle of a request:
            prompt_logprobs when asked; PrefillStream: the first token early (after heartbeats if asked)
     Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters
     ExportState(session_id, decode_target)        -> re-stream a kept session (migration)
+    draft_only (Prefill EXACT / ExportState, engine MTP): the hand-off ships the hidden row and the MTP KV
+        rows alone (baton/handoff/policy.py: DRAFT_ONLY_NAMES; StateHeader.draft_only), where the state has them
     Release(session_id) / GetStats
 A background thread reaps sessions idle for longer than the engine's TTL. Status codes: bad field ->
 INVALID_ARGUMENT (a decode_target that is not HOST:PORT, a prompt too long for the window included);
@@ -31,7 +33,6 @@ fits the window -> OUT_OF_RANGE; a session already in use by another call -> ABO
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 
@@ -44,7 +45,7 @@ from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff.channels import ChannelPool
-from baton.handoff.policy import computes_mtp_kv, needs_mtp_kv, shipped
+from baton.handoff.policy import DRAFT_ONLY_NAMES, computes_mtp_kv, needs_mtp_kv, shipped
 from baton.handoff.push import HandoffError, start_push
 from baton.handoff.sender.process import SenderProcess
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
@@ -54,6 +55,7 @@ from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from baton.worker.servicer import ServicerBase, window_field
 from prefill_worker import heartbeat
+from prefill_worker.checks import check_draft_only, check_tail_chunk_bytes, check_target
 from prefill_worker.engine import ExactEngine
 
 log = logging.getLogger("baton.prefill")
@@ -62,23 +64,6 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT
 _GONE = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)  # the Prefill caller went away
 _RETRY_RELEASE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 RELEASE_ATTEMPTS = 3
-
-
-_TARGET = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):(\d{1,5})")
-
-
-def check_target(target: str) -> None:
-    """decode_target must be HOST:PORT (a name, an IPv4 address or a bracketed IPv6 address): anything else
-    (a gRPC URI scheme, control characters, no port) is INVALID_ARGUMENT, not a dial with odd errors."""
-    m = _TARGET.fullmatch(target)
-    if m is None or not 0 < int(m.group(1)) < 65536:
-        raise StatusError(INVALID, f"decode_target: {target[:80]!r} is not HOST:PORT")
-
-
-def check_tail_chunk_bytes(settings: Settings, chunk_bytes: int) -> int:
-    """The tail segment's chunk size: settings.handoff_tail_chunk_bytes (0: no tail segment), at most the
-    worker's chunk size (a larger value is that size: the tail's chunks are never the bigger ones)."""
-    return min(settings.handoff_tail_chunk_bytes, chunk_bytes)
 
 
 class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
@@ -145,6 +130,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         exact = r.mode == common_pb2.EXACT
         if exact and not r.session_id:
             raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")
+        check_draft_only(r.draft_only, r.mode, r.engine)
         return ids, exact
 
     def _start_push(
@@ -160,12 +146,15 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         progress=None,
         timeline: bool = False,
         mtp_kv: bool = True,
+        draft_only: bool = False,
     ):
         """Starts streaming the session `sid` to `target` (with `progress`: while its prefill runs);
         -> (handoff.Push, position, next_token | None). timeline: the push stamps baton/handoff/timeline.py's marks.
-        mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff/)."""
-        tensors, pos, nxt = self.engine.export(sid, position)
-        tensors = shipped(tensors, mtp_kv)
+        mtp_kv=False leaves out the MTP layer's KV rows (the receiver zero-fills them: baton/handoff/);
+        draft_only: a draft-only state, where this worker's state has an MTP layer (else the whole state)."""
+        draft_only = draft_only and self.engine.runner.state.mtp_layer is not None
+        tensors, pos, nxt = self.engine.export(sid, position, DRAFT_ONLY_NAMES if draft_only else None)
+        tensors = shipped(tensors, mtp_kv, draft_only)
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
         push = start_push(
             target,
@@ -185,6 +174,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             tail_chunk_bytes=self.tail_chunk_bytes,
             tail_layers=self.tail_layers,
             timeline=timeline,
+            draft_only=draft_only,
         )
         return push, pos, nxt
 
@@ -274,6 +264,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                             progress=progress,
                             timeline=request.timeline,
                             mtp_kv=needs_mtp_kv(request.engine),
+                            draft_only=request.draft_only,
                         )
                         try:
                             first = yield from heartbeat.prefill(self.engine, beat_ms, session, ids, progress, mtp=mtp)
@@ -366,6 +357,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             if not request.decode_target:
                 raise StatusError(INVALID, "decode_target: required")
             check_target(request.decode_target)
+            check_draft_only(request.draft_only, common_pb2.EXACT, kept.engine)
             push, pos, nxt = self._start_push(
                 context,
                 request.session_id,
@@ -373,6 +365,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
                 mode=common_pb2.EXACT,
                 engine=kept.engine,
                 target_sid=request.target_session_id or request.session_id,
+                draft_only=request.draft_only,
             )
             _, bridge = self.finish_push(context, push)
             return prefill_pb2.ExportStateResponse(bridge=bridge, position=pos, next_token=nxt)

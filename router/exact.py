@@ -21,12 +21,18 @@ sent on another prefill worker (generated = those tokens, replayed as AR rows: b
 prefill_worker/replay.py) with a fresh decode session (the old one on D is released); its
 first token is the next one to send, and the loop goes on from it. Without `restart`: UNAVAILABLE.
 Migrations and restarts together are bounded by max_migrations.
+
+Draft-only states (mtp drafts relaying verdict hidden rows; router.session.draft_only_for): the first
+hand-off and a migration's ExportState may ship only the hidden row and the MTP KV rows, since D drafts from
+those and the relayed hidden rows alone. D's session is then draft_only, and so is one that applied a
+verdict with hidden rows: it cannot apply a verdict without them. If a Verify comes back without hidden rows
+all the same (an older exact worker), D gets the whole exact state again by ExportState (_refresh) and the
+loop goes on with Draft(has_verdict=False); later migrations of the request ship whole states.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -40,13 +46,9 @@ from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
 from router.calls import Calls, WorkerFault, unavailable
 from router.registry import NoWorker
-from router.session import Budget, Handoff, first_logprob, first_tokens, land
+from router.session import Budget, Handoff, draft_only_for, first_logprob, first_tokens, land, verdict_hidden
 
 log = logging.getLogger("baton.router")
-# mtp drafts: each Verify returns the kept rows' hidden rows and the next Draft relays them, so the decode
-# worker's MTP head reads them instead of running those rows (decode_worker/drafting.py). "0": it runs them
-# (the A/B of benchmarks/gpu_pending.sh spec-merged)
-ENV_VERDICT_HIDDEN = "BATON_VERDICT_HIDDEN"
 
 
 @dataclass
@@ -64,8 +66,12 @@ class RunStats:
     rounds: int = 0  # exact mode: draft / verify rounds, and their calls' summed wall time (Stats.rounds ...)
     draft_s: float = 0.0
     verify_s: float = 0.0
+    handoffs: int = 0  # state hand-offs, and how many of them were draft-only (Stats.handoffs ...)
+    draft_only_handoffs: int = 0
 
     def bridge(self, report) -> None:
+        self.handoffs += 1
+        self.draft_only_handoffs += bool(report.draft_only)
         self.bridge_bytes += int(report.total_bytes)
         self.bridge_seconds += float(report.seconds)
         self.landed_at = self.landed_at or time.monotonic()
@@ -77,6 +83,7 @@ class RunStats:
         st.migrations, st.bridge_bytes, st.bridge_seconds = self.migrations, self.bridge_bytes, self.bridge_seconds
         st.drafted, st.accepted = self.drafted, self.accepted
         st.rounds, st.draft_ms, st.verify_ms = self.rounds, 1e3 * self.draft_s, 1e3 * self.verify_s
+        st.handoffs, st.draft_only_handoffs = self.handoffs, self.draft_only_handoffs
         st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
         if self.timeline is not None:
             st.handoff_timeline.CopyFrom(self.timeline)
@@ -122,6 +129,10 @@ class ExactLoop:
         self.restart = restart
         self._unlanded: Handoff | None = handoff  # run() lands it before the first Draft
         self._round = None  # the last Draft's DraftResponse.round, relayed with its Verify
+        # D's session is draft-only (loaded so, or a verdict with hidden rows relayed since its last whole
+        # load): a verdict without hidden rows cannot be applied there (_refresh)
+        self.draft_only = False
+        self.slim = True  # False once the exact worker sent no hidden rows: migrations then ship the whole state
 
     @classmethod
     def for_plan(cls, calls, handoff, budget, stats, plan, config, **hooks) -> "ExactLoop":
@@ -163,8 +174,10 @@ class ExactLoop:
         while True:
             # k <= remaining - 1: one block then yields at most the tokens still wanted
             k = max(1, min(self.draft_length.next_k(), self.budget.remaining - 1))
-            t0 = time.perf_counter()
             try:
+                if verdict is not None and verdict[2] is None and self.draft_only:
+                    verdict = self._refresh(pending)  # None: the first Draft after a load
+                t0 = time.perf_counter()
                 drafts, probs = self._draft(k, verdict)
                 t1 = time.perf_counter()
                 m, nxt, lps, hidden = self._verify(pending, drafts, probs)
@@ -196,6 +209,7 @@ class ExactLoop:
             req.accepted, req.next_token, hidden = verdict
             if hidden is not None:
                 req.verdict_hidden.CopyFrom(hidden)
+                self.draft_only = True  # D's session advances from hidden rows only from now on
         else:  # the first Draft after a load: a penalized session's history
             hist = sampling_rules.history(self.sampling, self.loaded, len(self.prompt_ids))
             if hist is not None:
@@ -209,7 +223,7 @@ class ExactLoop:
         return drafts, list(resp.draft_probs)
 
     def _verify(self, pending: int, drafts: list[int], probs=()) -> tuple[int, int, list, object]:
-        want = self.export_engine == "mtp" and os.environ.get(ENV_VERDICT_HIDDEN, "1") != "0"
+        want = self.export_engine == "mtp" and verdict_hidden()
         req = prefill_pb2.VerifyRequest(
             session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs, want_hidden=want, round=self._round
         )
@@ -220,6 +234,7 @@ class ExactLoop:
         except ValueError:
             raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker accepted {m} of {len(drafts)} drafts") from None
         hidden = resp.hidden if want and resp.HasField("hidden") else None  # absent: an exact worker without them
+        self.slim = self.slim and (hidden is not None or not want)
         if hidden is not None and hidden.rows != m + 1:
             raise StatusError(grpc.StatusCode.INTERNAL, f"exact worker sent {hidden.rows} hidden rows for m={m}")
         return m, int(resp.next_token), list(resp.logprobs), hidden
@@ -241,41 +256,62 @@ class ExactLoop:
                 raise unavailable(f"cannot migrate: {e}") from None
             self.calls.lease(target)
             self.calls.track(target, self.sid)
-            req = prefill_pb2.ExportStateRequest(
-                session_id=self.sid, decode_target=target.address, target_session_id=self.sid
-            )
+            slim = self.slim and draft_only_for(common_pb2.EXACT, names.engine_value(self.export_engine), target)
             try:
-                resp = self.calls.unary(self.exact, "ExportState", req)
+                self._export(target, pending, slim)
             except WorkerFault as e:
                 if not reg.probe(self.exact):
                     raise _ExactLost(WorkerFault(self.exact, e.code, e.details)) from None
                 dead.append(target)  # the exact worker is fine: the new target failed the hand-off
                 fault = e
                 continue
-            if int(resp.next_token) != pending:
-                raise StatusError(
-                    grpc.StatusCode.INTERNAL, f"exported next_token {resp.next_token} != pending token {pending}"
-                )
-            self.loaded = (self.prompt_ids + self.budget.emitted)[: int(resp.position)]  # the exported state's tokens
-            if len(self.loaded) != int(resp.position) and sampling_rules.penalized(self.sampling):
-                raise StatusError(
-                    grpc.StatusCode.INTERNAL,
-                    f"exported position {resp.position} is past the {len(self.loaded)} tokens sent so far",
-                )
             self.stats.migrations += 1
-            self.stats.bridge(resp.bridge)
-            if self.on_bridge is not None:
-                self.on_bridge(resp.bridge)
             if self.on_migrate is not None:
                 self.on_migrate()
-            self.decode = target
-            # NOTE: ExportState re-sends the engine named in the Prefill (export_engine), which the new
-            # worker offers; UNSPECIFIED = "as loaded" from now on. The output cannot change either way.
-            self.engine = 0
             return
+
+    def _export(self, target, pending: int, draft_only: bool) -> None:
+        """ExportState of S to `target` (its session of that id replaced, or made there) -> D; the next Draft
+        starts from the exported state (has_verdict false). draft_only: a draft-only state (router.session:
+        draft_only_for)."""
+        req = prefill_pb2.ExportStateRequest(
+            session_id=self.sid, decode_target=target.address, target_session_id=self.sid, draft_only=draft_only
+        )
+        resp = self.calls.unary(self.exact, "ExportState", req)
+        if int(resp.next_token) != pending:
+            raise StatusError(
+                grpc.StatusCode.INTERNAL, f"exported next_token {resp.next_token} != pending token {pending}"
+            )
+        self.loaded = (self.prompt_ids + self.budget.emitted)[: int(resp.position)]  # the exported state's tokens
+        if len(self.loaded) != int(resp.position) and sampling_rules.penalized(self.sampling):
+            raise StatusError(
+                grpc.StatusCode.INTERNAL,
+                f"exported position {resp.position} is past the {len(self.loaded)} tokens sent so far",
+            )
+        self._record(resp.bridge)
+        self.decode = target
+        # NOTE: ExportState re-sends the engine named in the Prefill (export_engine), which the new
+        # worker offers; UNSPECIFIED = "as loaded" from now on. The output cannot change either way.
+        self.engine = 0
+
+    def _refresh(self, pending: int) -> None:
+        """The exact worker sent a verdict without hidden rows (an older one), but D's session is draft-only
+        (loaded so, or advanced by hidden rows alone): D cannot apply it, so D gets the whole exact state
+        again by ExportState (draft_only false; its session replaced) and the next Draft starts from it. The
+        tokens are the exact worker's either way; it costs one whole hand-off, and later migrations of this
+        request ship whole states (self.slim). -> None: the next Draft's verdict. A failed ExportState is a
+        fault of the exact worker if it fails its health probe, else of D (run() migrates or restarts)."""
+        log.warning("exact session %s: a verdict without hidden rows for a draft-only session; re-exporting", self.sid)
+        try:
+            self._export(self.decode, pending, False)
+        except WorkerFault as e:
+            if not self.calls.registry.probe(self.exact):
+                raise
+            raise WorkerFault(self.decode, e.code, e.details) from None
 
     # ---- recovery ----------------------------------------------------------------------------------
     def _record(self, bridge) -> None:
+        self.draft_only = bridge.draft_only  # a fresh load on D: draft-only or whole
         self.stats.bridge(bridge)
         if self.on_bridge is not None:
             self.on_bridge(bridge)

@@ -40,6 +40,9 @@ class RouterMetrics:
         self.bridge_seconds = Histogram(
             p + "bridge_seconds", "Duration of one state hand-off", buckets=_LATENCY_BUCKETS, registry=r
         )
+        # by what they shipped: state="full" or "draft_only" (exact mode, mtp drafts: hidden row and MTP KV alone)
+        self.handoffs = Counter(p + "handoffs", "State hand-offs by what they shipped", ["state"], registry=r)
+        self.handoff_bytes = Counter(p + "handoff_bytes", "State bytes by what was shipped", ["state"], registry=r)
         self.migrations = Counter(p + "migrations", "Requests moved to another decode worker", ["mode"], registry=r)
         self.prefill_retries = Counter(p + "prefill_retries", "Prefills retried on another worker", registry=r)
         self.workers_up = Gauge(p + "workers_up", "Workers answering SERVING", ["role"], registry=r)
@@ -90,9 +93,12 @@ class RouterMetrics:
         self.drafted.labels(engine).inc(drafted)
         self.accepted.labels(engine).inc(accepted)
 
-    def bridge(self, nbytes: int, seconds: float) -> None:
+    def bridge(self, nbytes: int, seconds: float, draft_only: bool = False) -> None:
         self.bridge_bytes.inc(nbytes)
         self.bridge_seconds.observe(seconds)
+        state = "draft_only" if draft_only else "full"
+        self.handoffs.labels(state).inc()
+        self.handoff_bytes.labels(state).inc(nbytes)
 
     def migration(self, mode: str) -> None:
         self.migrations.labels(mode).inc()

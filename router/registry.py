@@ -80,6 +80,7 @@ class Worker:
     max_len: int = 0  # window reported by GetStats; 0 = unknown
     fingerprint: str = ""
     prefill_stream: bool = True  # prefill: answers PrefillStream (False once it said UNIMPLEMENTED: Prefill)
+    draft_only_states: bool = False  # decode: its LoadState takes draft-only states (WorkerStats.draft_only_states)
 
     def offers(self, engine: str | None) -> bool:
         """Known to offer it, or might (incomplete list)."""
@@ -254,6 +255,7 @@ class Registry:
             worker.engines, worker.engines_complete = (
                 (tuple(st.engines), True) if st.engines else parse_engines(st.engine)
             )
+            worker.draft_only_states = st.draft_only_states
         worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
 
     def poll_once(self) -> None:

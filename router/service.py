@@ -316,7 +316,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 plan,
                 self.config,
                 on_migrate=lambda: self.metrics.migration("exact"),
-                on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds),
+                on_bridge=lambda b: self.metrics.bridge(b.total_bytes, b.seconds, b.draft_only),
                 # the exact worker lost: prompt + sent re-prefilled elsewhere (router/exact.py, "Migration")
                 restart=lambda sent, bad: self._start(plan, calls, stats, sent, exclude_prefill=bad),
             )
@@ -384,6 +384,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
         def record(bridge) -> None:
             stats.bridge(bridge)
-            self.metrics.bridge(bridge.total_bytes, bridge.seconds)
+            self.metrics.bridge(bridge.total_bytes, bridge.seconds, bridge.draft_only)
 
         return record

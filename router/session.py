@@ -2,7 +2,8 @@
 
 h = start_session(calls, ids, mode=..., engine=..., engine_name=..., exclude_decode=())
     pick prefill P + decode D (least outstanding work), PrefillStream(session, decode_target=D): the
-    state goes P -> D directly; EXACT keeps the exact session on P. A worker fault before the first
+    state goes P -> D directly; EXACT keeps the exact session on P; an EXACT mtp session's state is
+    draft-only where draft_only_for says so (the hidden row and the MTP KV rows alone). A worker fault before the first
     token is retried once on another prefill worker (a dead decode target is excluded too). P sends
     heartbeats while the prompt waits or computes (HEARTBEATS_PER_TIMEOUT), which h skips.
     h.first_token is known as soon as P picks it, while the state may still be on its way to D;
@@ -17,6 +18,7 @@ toks, finish = budget.take(tokens)   # truncated after the first stop / EOS (inc
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +33,33 @@ from router.registry import NoWorker, Worker
 
 log = logging.getLogger("baton.router")
 C = grpc.StatusCode
+# exact mode, mtp drafts: each Verify returns the kept rows' hidden rows and the next Draft relays them, so the
+# decode worker's MTP head reads them instead of running those rows (decode_worker/drafting.py). "0": it runs
+# them (the A/B of benchmarks/gpu_pending.sh spec-merged)
+ENV_VERDICT_HIDDEN = "BATON_VERDICT_HIDDEN"
+# ... and then the hand-offs of such a session ship a draft-only state: the hidden row and the MTP KV rows,
+# none of the GDN or attention state its decode worker would never read (docs/CONTRACTS.md, "Draft-only
+# states"). "0": the whole state (an A/B of the hand-off's bytes)
+ENV_SLIM_HANDOFF = "BATON_SLIM_HANDOFF"
+
+
+def verdict_hidden() -> bool:
+    """Whether this router asks the exact worker for verdict hidden rows (mtp drafts): ENV_VERDICT_HIDDEN."""
+    return os.environ.get(ENV_VERDICT_HIDDEN, "1") != "0"
+
+
+def draft_only_for(mode: int, engine: int, d: Worker) -> bool:
+    """Whether a hand-off to `d` asks for a draft-only state (PrefillRequest / ExportStateRequest.draft_only):
+    an EXACT session drafted by the mtp engine, while this router relays verdict hidden rows (so d never runs
+    that session's BF16 model; a Verify that still comes without them gets d the whole state again:
+    router/exact.py, ExactLoop._refresh), ENV_SLIM_HANDOFF not "0", and d says its LoadState takes one."""
+    return (
+        mode == common_pb2.EXACT
+        and engine == common_pb2.MTP
+        and d.draft_only_states
+        and verdict_hidden()
+        and os.environ.get(ENV_SLIM_HANDOFF, "1") != "0"
+    )
 
 
 class Budget:
@@ -241,6 +270,7 @@ def start_session(
             heartbeat_ms=max(1, int(calls.call_timeout * 1e3 / HEARTBEATS_PER_TIMEOUT)),
             timeline=timeline,
         )
+        req.draft_only = draft_only_for(mode, req.engine, d)
         if prompt_logprobs >= 0:
             req.prompt_logprobs = prompt_logprobs
         try:

@@ -179,6 +179,7 @@ def plan(
     workers: int | None = None,
     tail_from: int = 0,
     tail_chunk_bytes: int = 0,
+    draft_only: bool = False,
 ) -> Plan:
     """Checks the arguments (encode_state's) and notes what "final now" means on the device (an event on
     the caller's current stream) at call time."""
@@ -217,6 +218,7 @@ def plan(
         chunk_bytes=chunk_bytes,
         tail_from=chunks.tail_from,
         tail_chunk_bytes=chunks.tail_chunk_bytes,
+        draft_only=draft_only,
     )
     workers = default_workers() if workers is None else workers
     if chunk_bytes < _wire.PARALLEL_MIN_BYTES:  # NOTE: small tail chunks still go through the pool (head's)
@@ -284,6 +286,7 @@ def encode_state(
     workers: int | None = None,
     tail_from: int = 0,
     tail_chunk_bytes: int = 0,
+    draft_only: bool = False,
 ) -> Iterator[state_pb2.StateChunk]:
     """Header, data chunks of <= chunk_bytes, trailer. tail_chunk_bytes > 0: bytes from tail_from (rounded
     down to a multiple of chunk_bytes) on go in chunks of tail_chunk_bytes (see chunk_plan). Give either `tensors` (all known now), or
@@ -293,7 +296,9 @@ def encode_state(
     waits for it on the device, never on the host); without one a CUDA tensor must be final on the
     caller's current stream when encode_state is called. `next_token` goes in the trailer: an int, or
     a callable asked once every tensor was pulled (prefill knows it only after the logits). `workers`: chunks hashed in parallel
-    (None: default_workers(), 0: inline). A tensor must not change until the stream ends."""
+    (None: default_workers(), 0: inline). draft_only: the header marks a draft-only state
+    (StateHeader.draft_only; baton/handoff/policy.py: DRAFT_ONLY_NAMES). A tensor must not change until the
+    stream ends."""
     return _parts(
         session_id=session_id,
         fingerprint=fingerprint,
@@ -308,6 +313,7 @@ def encode_state(
         workers=workers,
         tail_from=tail_from,
         tail_chunk_bytes=tail_chunk_bytes,
+        draft_only=draft_only,
     )
 
 

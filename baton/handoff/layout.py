@@ -65,3 +65,4 @@ class ReceivedState:
     tensors: dict[str, torch.Tensor]  # name -> verified CPU tensor
     stats: BridgeStats  # seconds: first chunk fed -> finish()
     marks: dict[str, int] = field(default_factory=dict)  # "last_chunk_fed", "verified": monotonic ns
+    draft_only: bool = False  # the header's (StateHeader.draft_only): `tensors` holds policy.DRAFT_ONLY_NAMES alone

@@ -58,6 +58,7 @@ def stream_state(
     frames: bool = False,
     tail_from: int = 0,
     tail_chunk_bytes: int = 0,
+    draft_only: bool = False,
 ) -> Iterator[state_pb2.StateChunk] | Iterator[bytes]:
     """StateChunks (frames=True: their serialized bytes) for a list of baton.engine.state.StateTensor."""
     enc = encode_state_frames if frames else encode_state
@@ -72,6 +73,7 @@ def stream_state(
         engine=engine_value(engine),
         tail_from=tail_from,
         tail_chunk_bytes=tail_chunk_bytes,
+        draft_only=draft_only,
     )
 
 
@@ -114,6 +116,7 @@ class Push:
         position: int,
         t0: float,
         timeline: Timeline | None = None,
+        draft_only: bool = False,
     ):
         self.target, self._fut, self._frames, self._specs, self._position, self._t0 = (
             target,
@@ -123,6 +126,7 @@ class Push:
             position,
             t0,
         )
+        self.draft_only = draft_only  # the header's (BridgeReport.draft_only)
         self.timeline = timeline  # baton/handoff/timeline.py; the caller may add its own prefill.* marks
         self._admitted = threading.Event()
         watch_admission(fut, self._admitted.set)
@@ -163,6 +167,7 @@ class Push:
             self._specs, tokens=self._position, chunks=max(frames.count - 2, 0), seconds=time.perf_counter() - self._t0
         )
         report = stats.to_proto()
+        report.draft_only = self.draft_only
         if self.timeline is not None:  # frames: header, data..., trailer
             tl, h, sent = self.timeline, frames.handed, frames.sent
             tl.mark("sender.reply", t_reply)
@@ -202,6 +207,7 @@ def start_push(
     tail_chunk_bytes: int = 0,
     tail_layers: int = 1,
     timeline: bool = False,
+    draft_only: bool = False,
 ) -> Push:
     """Starts streaming the state to `target`'s LoadState and returns at once. `progress` (a prefill
     still running): each tensor is sent once its layer is marked, and next_token is taken from it at
@@ -211,7 +217,8 @@ def start_push(
     tail_chunk_bytes (settings.handoff_tail_chunk_bytes; 0 = none): the wire's tail segment, from the start of
     the last `tail_layers` layers' tensors (progress.tail_offset) rounded down to a multiple of chunk_bytes.
     timeline: stamp the hand-off's marks (baton/handoff/timeline.py) and ask the receiver for its own (LoadState
-    metadata); the push's `.timeline` takes the caller's marks, result()'s BridgeReport.timeline has them all."""
+    metadata); the push's `.timeline` takes the caller's marks, result()'s BridgeReport.timeline has them all.
+    draft_only: the header marks a draft-only state (the caller ships DRAFT_ONLY_NAMES alone: baton/handoff/policy.py)."""
     settings = Settings.from_env() if settings is None else settings
     tensors = list(tensors)
     specs = [TensorDesc.of(t) for t in tensors]
@@ -229,6 +236,7 @@ def start_push(
         engine=engine_value(engine),
         tail_chunk_bytes=tail_chunk_bytes,
         tail_from=tail_offset(specs, tail_layers) if tail_chunk_bytes else 0,
+        draft_only=draft_only,
         **what,
     )
     if sender is not None and sender.fits(chunk_bytes):
@@ -255,7 +263,7 @@ def start_push(
         lease.release()
         raise
     fut.add_done_callback(lambda _: lease.release())
-    return Push(target, fut, frames, specs, position, t0, tl)
+    return Push(target, fut, frames, specs, position, t0, tl, draft_only)
 
 
 def push_state(

@@ -11,14 +11,18 @@ Lifecycle (one LoadState stream):
         the stream; a GDN / hidden tensor's copy goes through
         baton/engine/nogil.py, holding the GIL); the slot's other sessions never read it, and nothing marks
         it live yet
-    commit(tensors, next_token)   after the whole stream verified (manifest included): places what is left
-        (zero-filled MTP rows: filled on the device), zeroes KV rows past position, sets the scalars, waits
-        for all of it, and publishes the session (replacing one of the same id). CUDA: all on the load
-        stream, without the engine's compute lock: the slot is not live, so no step reads or writes it, and
-        whatever a step queues after the publish finds the slot complete (the load stream was waited for);
-        the steps go on meanwhile (under load a commit's ~20 small ops, each a GIL hand-over, held the lock
-        the step thread's launches wait for: 15% of its time at 64 streams on the H200). CPU: under the lock
-        (no streams: the steps' kernels run in the step thread at the same time).
+    commit(tensors, next_token, draft_only)   after the whole stream verified (manifest included): places
+        what is left (zero-filled MTP rows: filled on the device), zeroes KV rows past position, sets the
+        scalars, waits for all of it, and publishes the session (replacing one of the same id). A draft-only
+        state (baton/handoff/receive.py) fills its hidden row and MTP KV rows alone: the slot's GDN state and
+        attention KV rows keep whatever they held (another session's), never read, since the session is
+        draft_only (its drafts read only the MTP pairs, the MTP KV, position and next_token). Its KV pages
+        are reserved as for any state: one page table serves every attention layer and the MTP layer.
+        CUDA: all on the load stream, without the engine's compute lock: the slot is not live, so no step
+        reads or writes it, and whatever a step queues after the publish finds the slot complete (the load
+        stream was waited for); the steps go on meanwhile (under load a commit's ~20 small ops, each a GIL
+        hand-over, held the lock the step thread's launches wait for: 15% of its time at 64 streams on the
+        H200). CPU: under the lock (no streams: the steps' kernels run in the step thread at the same time).
     abort()   any failure: the slot and its pages go back to the pools; half-written contents are never read
         (a later fill overwrites every tensor, and finish_import the rest)
 """
@@ -98,8 +102,9 @@ class SlotFill:
             dst.copy_(src)
         self._placed.add(name)
 
-    def commit(self, tensors: dict[str, torch.Tensor], next_token: int):
-        """The verified state's tensors (those already placed are skipped) -> the published session."""
+    def commit(self, tensors: dict[str, torch.Tensor], next_token: int, draft_only: bool = False):
+        """The verified state's tensors (those already placed are skipped) -> the published session;
+        draft_only: `tensors` is a draft-only state's (the names it lacks are left as they are)."""
         eng, r = self.engine, self.runner
         if self.slot is None:  # deferred: replace the old session's slot now
             self._reserve(replace=True)
@@ -108,7 +113,7 @@ class SlotFill:
             # the views place() built (~100 tensors' views and page lists: Python work, each torch call a
             # GIL hand-over) are not built again
             views = self._views if self._views is not None else st.import_views(self.slot, self.position)
-            left = {name: dst for name, dst in views.items() if name not in self._placed}
+            left = {n: dst for n, dst in views.items() if n not in self._placed and (n in tensors or not draft_only)}
             if self._stream is not None:
                 if self._views is None:  # nothing placed: after all work already queued, as place() does
                     self._stream.wait_stream(torch.cuda.current_stream(r.device))
@@ -128,7 +133,8 @@ class SlotFill:
             self.abort()
             raise
         self._done = True
-        return eng._publish(self.session_id, self.name, r, self.slot, self.position, next_token, time.monotonic())
+        now = time.monotonic()
+        return eng._publish(self.session_id, self.name, r, self.slot, self.position, next_token, now, draft_only)
 
     def abort(self) -> None:
         if self._done or self.slot is None:

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline", "sampling", "generated_tokens", "heartbeat_ms", "prompt_logprobs")
+    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline", "sampling", "generated_tokens", "heartbeat_ms", "prompt_logprobs", "draft_only")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class PrefillRequest(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ONLY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     mode: _common_pb2.Mode
@@ -29,7 +30,8 @@ class PrefillRequest(_message.Message):
     generated_tokens: int
     heartbeat_ms: int
     prompt_logprobs: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
+    draft_only: bool
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., draft_only: _Optional[bool] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token", "bridge", "prompt_tokens", "prefill_seconds", "first_logprob", "heartbeat", "prompt_logprobs")
@@ -94,14 +96,16 @@ class VerifyResponse(_message.Message):
     def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., position: _Optional[int] = ..., counters: _Optional[_Union[SessionCounters, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., hidden: _Optional[_Union[_common_pb2.HiddenRows, _Mapping]] = ...) -> None: ...
 
 class ExportStateRequest(_message.Message):
-    __slots__ = ("session_id", "decode_target", "target_session_id")
+    __slots__ = ("session_id", "decode_target", "target_session_id", "draft_only")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_TARGET_FIELD_NUMBER: _ClassVar[int]
     TARGET_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ONLY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     decode_target: str
     target_session_id: str
-    def __init__(self, session_id: _Optional[str] = ..., decode_target: _Optional[str] = ..., target_session_id: _Optional[str] = ...) -> None: ...
+    draft_only: bool
+    def __init__(self, session_id: _Optional[str] = ..., decode_target: _Optional[str] = ..., target_session_id: _Optional[str] = ..., draft_only: _Optional[bool] = ...) -> None: ...
 
 class ExportStateResponse(_message.Message):
     __slots__ = ("bridge", "position", "next_token")

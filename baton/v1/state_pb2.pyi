@@ -49,7 +49,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TensorKind, str]] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class StateHeader(_message.Message):
-    __slots__ = ("format_version", "session_id", "model_fingerprint", "position", "tensors", "total_bytes", "mode", "engine", "chunk_bytes", "tail_from", "tail_chunk_bytes")
+    __slots__ = ("format_version", "session_id", "model_fingerprint", "position", "tensors", "total_bytes", "mode", "engine", "chunk_bytes", "tail_from", "tail_chunk_bytes", "draft_only")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class StateHeader(_message.Message):
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     TAIL_FROM_FIELD_NUMBER: _ClassVar[int]
     TAIL_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ONLY_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     session_id: str
     model_fingerprint: str
@@ -72,7 +73,8 @@ class StateHeader(_message.Message):
     chunk_bytes: int
     tail_from: int
     tail_chunk_bytes: int
-    def __init__(self, format_version: _Optional[int] = ..., session_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., chunk_bytes: _Optional[int] = ..., tail_from: _Optional[int] = ..., tail_chunk_bytes: _Optional[int] = ...) -> None: ...
+    draft_only: bool
+    def __init__(self, format_version: _Optional[int] = ..., session_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., position: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., total_bytes: _Optional[int] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., chunk_bytes: _Optional[int] = ..., tail_from: _Optional[int] = ..., tail_chunk_bytes: _Optional[int] = ..., draft_only: _Optional[bool] = ...) -> None: ...
 
 class StateTrailer(_message.Message):
     __slots__ = ("total_bytes", "data_chunks", "manifest_sha256", "next_token")

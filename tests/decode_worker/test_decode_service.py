@@ -73,14 +73,16 @@ def no_leaks(request):
             assert (st.sessions, st.session_bytes, st.outstanding) == (0, 0, 0)
 
 
-def _load(w, sid, prompt=PROMPT, engine=0, mode=common_pb2.FAST):
-    r = w["P"].Prefill(
-        prefill_pb2.PrefillRequest(
-            session_id=sid, prompt_ids=prompt, mode=mode, engine=engine, decode_target=w["target"]
-        ),
-        timeout=T,
+def _handoff(w, sid, prompt=PROMPT, engine=0, mode=common_pb2.FAST, **kw):
+    """Prefill with the state handed to D -> the PrefillResponse (kw: more PrefillRequest fields)."""
+    req = prefill_pb2.PrefillRequest(
+        session_id=sid, prompt_ids=prompt, mode=mode, engine=engine, decode_target=w["target"], **kw
     )
-    return r.first_token
+    return w["P"].Prefill(req, timeout=T)
+
+
+def _load(w, sid, prompt=PROMPT, engine=0, mode=common_pb2.FAST, **kw):
+    return _handoff(w, sid, prompt, engine, mode, **kw).first_token
 
 
 def _decode(D, sid, n, **kw):
@@ -103,14 +105,18 @@ def _rel(w, sid):
 
 
 # ---------------------------------------------------------------- exact mode in miniature
-@pytest.mark.parametrize("engine,hidden", [(BF16, False), (MTP, False), (MTP, True)])
-def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine, hidden):
+@pytest.mark.parametrize(
+    "engine,hidden,draft_only", [(BF16, False, False), (MTP, False, False), (MTP, True, False), (MTP, True, True)]
+)
+def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine, hidden, draft_only):
     """LoadState via Prefill(EXACT) -> Draft -> Verify -> Draft(verdict) ... == complete(). bf16 drafts
     are exact, so the loop also corrupts some drafts before Verify to force rollbacks on the decode side.
     hidden: each Verify returns the kept rows' hidden rows, relayed with the verdict (what the router does
-    for mtp drafts): the same tokens, and the Draft positions move as with the decode worker's own rows."""
+    for mtp drafts): the same tokens, and the Draft positions move as with the decode worker's own rows.
+    draft_only: the hand-off was draft-only (the hidden row and the MTP KV alone): the same again."""
     P, D, rng = w["P"], w["D"], random.Random(engine)
-    out = [_load(w, "ex", engine=engine, mode=EXACT)]
+    out = [_load(w, "ex", engine=engine, mode=EXACT, draft_only=draft_only)]
+    assert w["ds"].engine.get("ex").draft_only == draft_only
     verdict, rounds = {}, 0
     while len(out) < 40:
         k = rng.choice([1, 3, 6, W - 2])
@@ -366,12 +372,13 @@ def test_penalty_history_is_checked_and_drafts_follow_it(w, lm):
     assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "generated_tokens"), details
 
 
-def _stream(w, sid, **over):
-    """A valid state stream (small chunks) of PROMPT from the prefill engine, header fields overridden."""
+def _stream(w, sid, only=None, **over):
+    """A valid state stream (small chunks) of PROMPT from the prefill engine, header fields overridden;
+    only: those tensors alone (ExactEngine.export)."""
     eng = w["ps"].engine
     s, first = eng.prefill(PROMPT, session_id=sid + "-src")
     try:
-        tensors, pos, nxt = eng.export(s.id)
+        tensors, pos, nxt = eng.export(s.id, only=only)
         kw = dict(session_id=sid, fingerprint=w["ps"].fingerprint, position=pos, next_token=nxt, chunk_bytes=4096)
         kw.update(over)
         return list(push.stream_state([t for t in tensors], **kw))
@@ -416,6 +423,87 @@ def test_bad_state_streams_are_refused_and_nothing_is_half_loaded(w, ref):
     assert [first] + toks == ref[:13]
     toks, _ = _decode(D, "bad", 5, ignore_eos=True, release_at_end=True)
     assert toks == ref[1:6]
+
+
+def test_a_draft_only_load_is_a_fraction_of_the_state_and_serves_exact_drafts_only(w, ref, lm):
+    """PrefillRequest.draft_only (EXACT, engine MTP): the hand-off ships the hidden row and the MTP KV rows
+    alone (bridge.draft_only; StateHeader.draft_only), and the decode worker's session is draft_only from its
+    load: a fast Decode is FAILED_PRECONDITION, a verdict without hidden rows INVALID_ARGUMENT naming
+    verdict_hidden (the session untouched), one with them goes on with the exact tokens. draft_only for
+    another session (FAST, bf16) is INVALID_ARGUMENT naming it, on Prefill and on ExportState."""
+    P, D, cfg = w["P"], w["D"], lm.cfg
+    full = _handoff(w, "whole", engine=MTP, mode=EXACT)
+    slim = _handoff(w, "slim", engine=MTP, mode=EXACT, draft_only=True)
+    assert slim.bridge.draft_only and not full.bridge.draft_only and slim.first_token == full.first_token == ref[0]
+    row = cfg.num_key_value_heads * cfg.head_dim * 4  # one position's key (or value) row, fp32
+    assert dict(slim.bridge.bytes_by_kind) == {"hidden": cfg.hidden_size * 4, "attn_kv": 2 * len(PROMPT) * row}
+    assert slim.bridge.total_bytes * 10 < full.bridge.total_bytes, (slim.bridge, full.bridge)
+    assert w["ds"].engine.get("slim").draft_only and not w["ds"].engine.get("whole").draft_only
+    got, details = _err(D.Decode, decode_pb2.DecodeRequest(session_id="slim", max_new_tokens=2))
+    assert got == grpc.StatusCode.FAILED_PRECONDITION, details
+    d = D.Draft(decode_pb2.DraftRequest(session_id="slim", k=3), timeout=T)  # from the prompt's pending pair
+    assert d.position == len(PROMPT)
+    req = prefill_pb2.VerifyRequest(session_id="slim", tokens=[ref[0], *d.draft_tokens], want_hidden=True)
+    v = P.Verify(req, timeout=T)
+    out = [ref[0], *d.draft_tokens[: v.accepted], v.next_token]
+    assert out == ref[: len(out)]
+    plain = dict(has_verdict=True, accepted=v.accepted, next_token=v.next_token)
+    got, details = _err(D.Draft, decode_pb2.DraftRequest(session_id="slim", k=2, **plain))
+    assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "verdict_hidden"), details
+    d = D.Draft(_with_hidden("slim", v), timeout=T)  # the same verdict with its hidden rows: applied
+    assert d.position == len(PROMPT) + len(out) - 1
+    for sid in ("slim", "whole"):
+        _rel(w, sid)
+    cases = [
+        (P.Prefill, prefill_pb2.PrefillRequest(session_id="f", prompt_ids=PROMPT, engine=MTP, draft_only=True)),
+        (P.Prefill, prefill_pb2.PrefillRequest(session_id="b", prompt_ids=PROMPT, mode=EXACT, engine=BF16,
+                                               draft_only=True)),
+    ]  # fmt: skip
+    for fn, req in cases:
+        got, details = _err(fn, req)
+        assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "draft_only"), details
+    _load(w, "kb", engine=BF16, mode=EXACT)
+    req = prefill_pb2.ExportStateRequest(session_id="kb", decode_target=w["target"], draft_only=True)
+    got, details = _err(P.ExportState, req)
+    assert (got.name, details.split(":")[0]) == ("INVALID_ARGUMENT", "draft_only"), details
+    _rel(w, "kb")
+
+
+def test_draft_only_states_are_loaded_only_when_marked_and_for_mtp(w, ref):
+    """LoadState: a state that lacks the GDN / attention entries is refused unless its header says
+    draft_only (INVALID_ARGUMENT "tensors"), and a draft-only header with more than the hidden row and the
+    MTP KV, for another engine or for FAST mode is refused too; the flag set in flight on a stream sent
+    without it fails the manifest (DATA_LOSS: it is part of the header); nothing is half-loaded. The intact
+    draft-only stream loads as a draft_only session."""
+    from baton.handoff.policy import DRAFT_ONLY_NAMES
+
+    D, names = w["D"], list(w["ds"].engine.runners["mtp"].state.layout())
+    exact = dict(mode=EXACT, engine=MTP)
+    good = _stream(w, "dro", DRAFT_ONLY_NAMES, draft_only=True, **exact)
+    cleared = _stream(w, "dro", DRAFT_ONLY_NAMES, draft_only=True, **exact)
+    cleared[0].header.draft_only = False
+    flipped = _stream(w, "dro", DRAFT_ONLY_NAMES, **exact)  # sent unmarked: its manifest covers that header
+    flipped[0].header.draft_only = True
+    cases = [
+        (cleared, "INVALID_ARGUMENT", "tensors"),
+        (_stream(w, "dro", DRAFT_ONLY_NAMES, **exact), "INVALID_ARGUMENT", "tensors"),
+        (_stream(w, "dro", [n for n in names if n != "layers.0.conv"], **exact), "INVALID_ARGUMENT", "tensors"),
+        (_stream(w, "dro", draft_only=True, **exact), "INVALID_ARGUMENT", "tensors"),
+        (_stream(w, "dro", DRAFT_ONLY_NAMES, draft_only=True, mode=EXACT, engine=BF16), "INVALID_ARGUMENT",
+         "draft_only"),
+        (_stream(w, "dro", DRAFT_ONLY_NAMES, draft_only=True, engine=MTP), "INVALID_ARGUMENT", "draft_only"),
+        (flipped, "DATA_LOSS", "manifest_sha256"),
+    ]  # fmt: skip
+    for chunks, code, field in cases:
+        with pytest.raises(grpc.RpcError) as ei:
+            D.LoadState(iter(chunks), timeout=T)
+        assert (ei.value.code().name, ei.value.details().split(" ")[0].rstrip(":")) == (code, field), ei.value.details()
+        assert w["ds"].engine.session_count() == 0  # nothing half-loaded
+    r = D.LoadState(iter(good), timeout=T)
+    assert r.bridge.draft_only and r.session_id == "dro" and w["ds"].engine.get("dro").draft_only
+    d = D.Draft(decode_pb2.DraftRequest(session_id="dro", k=2), timeout=T)
+    assert d.position == len(PROMPT)
+    assert D.Release(common_pb2.ReleaseRequest(session_id="dro"), timeout=T).released
 
 
 def test_every_rpc_needs_the_token(w):

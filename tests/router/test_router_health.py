@@ -147,6 +147,7 @@ def test_metrics_endpoint():
             'baton_router_requests_total{mode="exact",status="OK"} 1.0',
             'baton_router_tokens_total{engine="default",mode="fast"} 6.0',
             'baton_router_workers_up{role="decode"} 1.0',
+            'baton_router_handoffs_total{state="full"} 2.0',  # the fakes take no draft-only states
         ):
             assert line in body, line
         for name in (
@@ -156,6 +157,7 @@ def test_metrics_endpoint():
             "baton_router_accepted_tokens_total",
             "baton_router_bridge_bytes_total",
             "baton_router_bridge_seconds_count",
+            "baton_router_handoff_bytes_total",
             "baton_router_migrations_total",
         ):
             assert name in body or name.replace("_total", "") in body, name

@@ -302,11 +302,12 @@ def test_penalties_with_the_rejection_policy_replay_a_seed(client):
     assert run(client, "class Counter:", 16, **kw)[0] != a
 
 
-@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("exact", "fp8")])
+@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("exact", "fp8"), ("exact", "mtp")])
 def test_penalties_survive_a_decode_worker_stopped_mid_stream(lm, exact, mode, engine):
     """Fast mode re-prefills prompt + sent tokens (generated_tokens: counted as generated), exact mode
     re-streams the exact state (ExportState; the router sends the exported position's tokens as the new
-    worker's history): either way the tokens are the exact engine's with the same penalties."""
+    worker's history): either way the tokens are the exact engine's with the same penalties. Exact mode
+    with mtp drafts hands off draft-only states, the first and the migration's (Stats.draft_only_handoffs)."""
     c, ds, close = _cluster(lm, decodes=2)
     try:
         kw = dict(temperature=1.0, seed=78, **PEN)
@@ -323,6 +324,7 @@ def test_penalties_survive_a_decode_worker_stopped_mid_stream(lm, exact, mode, e
                 busy[0].stop(0)
                 stopped.set()
         assert stopped.is_set() and got == want and last.stats["migrations"] == 1
+        assert (last.stats["handoffs"], last.stats["draft_only_handoffs"]) == (2, 2 if engine == "mtp" else 0)
     finally:
         close()
 

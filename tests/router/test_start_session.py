@@ -97,6 +97,39 @@ def test_the_engine_is_named_in_the_prefill(fake_pool, engines, engine, want):
     assert req.engine == want
 
 
+class TakesDraftOnly(fakes.FakeDecode):
+    """A decode worker whose GetStats says its LoadState takes draft-only states."""
+
+    def GetStats(self, request, context):
+        st = super().GetStats(request, context)
+        st.draft_only_states = True
+        return st
+
+
+def test_a_draft_only_hand_off_is_asked_for_exact_mtp_sessions_only(fake_pool, monkeypatch):
+    """PrefillRequest.draft_only (router.session.draft_only_for): only for EXACT with engine MTP, to a decode
+    worker that reports WorkerStats.draft_only_states, while this router relays verdict hidden rows
+    (BATON_VERDICT_HIDDEN) and BATON_SLIM_HANDOFF is not "0"; else the whole state."""
+    p, _ = fake_pool.add("prefill")
+    _, d = fake_pool.add("decode", servicer=TakesDraftOnly(fake_pool.settings))
+    EXACT, MTP = common_pb2.EXACT, common_pb2.MTP
+
+    def asked(mode=EXACT, engine=MTP, **env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        n = len(_prefills(p))
+        _start(fake_pool.calls(), mode=mode, engine=engine)
+        return _prefills(p)[n][1].draft_only
+
+    assert d.draft_only_states and asked()  # learned from its GetStats
+    assert not asked(mode=common_pb2.FAST) and not asked(engine=common_pb2.FP8) and not asked(engine=0)
+    assert not asked(BATON_SLIM_HANDOFF="0")
+    assert not asked(BATON_SLIM_HANDOFF="1", BATON_VERDICT_HIDDEN="0")
+    assert asked(BATON_VERDICT_HIDDEN="1")
+    d.draft_only_states = False  # an older decode worker (its GetStats without the field)
+    assert not asked()
+
+
 def test_a_fault_before_the_first_token_is_retried_once_on_another_prefill_worker(fake_pool):
     budget = [1]
     p1, w1 = fake_pool.add("prefill", Flaky(fake_pool.settings, budget))

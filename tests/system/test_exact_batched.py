@@ -51,13 +51,19 @@ def _prompt(i):
     return [(31 * i + 7 * j) % 390 + 5 for j in range(4 + 2 * i)]
 
 
-def _gen(c, i, engine, mode="exact", **kw):
-    out = []
+def _run(c, i, engine, mode="exact", **kw):
+    """-> (the tokens of prompt i, the last delta: its stats)."""
+    out, last = [], None
     for d in c.generate(
         token_ids=_prompt(i), max_new_tokens=NEW, mode=mode, engine=engine, ignore_eos=True, timeout=120, **kw
     ):
         out += d.token_ids
-    return out
+        last = d
+    return out, last
+
+
+def _gen(c, i, engine, mode="exact", **kw):
+    return _run(c, i, engine, mode, **kw)[0]
 
 
 @pytest.mark.parametrize("engine", ["fp8", "bf16", "mtp"])
@@ -115,3 +121,78 @@ def test_verdict_hidden_rows_replace_the_decode_workers_rows_and_change_no_draft
         seen[hidden] = list(drafts)
     assert seen["1"] == seen["0"]
     assert len({d for batch in seen["1"] for got in batch for d in got}) > 3  # drafts of varied tokens
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """The decode worker's LoadStates: loads(n) -> [(bytes, draft_only)] of the session whose first load was
+    at position n (its prompt's length: each _prompt's is its own), one a load, in order; loads.clear()."""
+    import decode_worker.service as svc
+
+    by_session, real = {}, svc.receive_state
+
+    def spy(*a, **k):
+        state = real(*a, **k)
+        by_session.setdefault(state.session_id, []).append((state.position, state.stats.total_bytes, state.draft_only))
+        return state
+
+    def of(n: int) -> list:
+        return [(b, d) for got in by_session.values() if got[0][0] == n for _, b, d in got]
+
+    monkeypatch.setattr(svc, "receive_state", spy)
+    of.clear = by_session.clear
+    return of
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-penalized"])
+def test_draft_only_handoffs_load_a_fraction_of_the_state_and_change_no_token(cluster, monkeypatch, loads, sampled):
+    """Exact mode, mtp drafts relaying verdict hidden rows: each session's hand-off is draft-only (the
+    prompt's hidden row and MTP KV rows; Stats.draft_only_handoffs), so the decode worker loads a small
+    fraction of the whole state's bytes for the same prompt, and 8 concurrent sessions' tokens equal the
+    exact engine's, greedy and seeded with a penalty. BATON_SLIM_HANDOFF=0 (the A/B knob) hands off the whole
+    state, with the same tokens."""
+    from baton.engine.sampling import Params
+
+    c, _, _, ref = cluster
+    kw = dict(temperature=0.8, seed=12, repetition_penalty=1.3) if sampled else {}
+    want = [ref.generate(_prompt(i), NEW, sampling=Params(**kw) if sampled else None) for i in range(N)]
+    cfg = ref.runner.cfg
+    row = cfg.num_key_value_heads * cfg.head_dim * 4  # one position's MTP key (or value) row, fp32
+    seen = {}
+    for slim in ("1", "0"):
+        monkeypatch.setenv("BATON_SLIM_HANDOFF", slim)
+        loads.clear()
+        with ThreadPoolExecutor(N) as ex:
+            got = list(ex.map(lambda i: _run(c, i, "mtp", **kw), range(N)))
+        assert [toks for toks, _ in got] == want
+        for i, (_, last) in enumerate(got):
+            n, st = len(_prompt(i)), last.stats
+            assert (st["handoffs"], st["draft_only_handoffs"], st["migrations"]) == (1, int(slim == "1"), 0)
+            assert loads(n) == [(st["bridge_bytes"], slim == "1")], i  # what the decode worker loaded
+            seen[slim, i] = st["bridge_bytes"]
+    for i in range(N):
+        n = len(_prompt(i))
+        assert seen["1", i] == cfg.hidden_size * 4 + 2 * n * row  # the hidden row and the MTP KV rows alone
+        assert seen["1", i] * 4 < seen["0", i], (i, seen["1", i], seen["0", i])
+
+
+def test_a_verdict_without_hidden_rows_for_a_draft_only_session_reexports_the_whole_state(cluster, monkeypatch, loads):
+    """An exact worker that sends no hidden rows (an older one) behind a router that asked for draft-only
+    hand-offs: a session's first verdict comes back without them, which its decode worker, holding the
+    hidden row and MTP KV alone, cannot apply. The router hands the whole exact state to it again
+    (ExportState) and the session drafts on from there, running its verdict rows itself: the tokens equal
+    the exact engine's, with one draft-only and one whole hand-off a request and no migration."""
+    import types
+
+    monkeypatch.setattr("prefill_worker.service.hidden_rows", types.SimpleNamespace(encode=lambda h: None))
+    c, _, _, ref = cluster
+    want = [ref.generate(_prompt(i), NEW) for i in range(3)]
+    with ThreadPoolExecutor(3) as ex:
+        got = list(ex.map(lambda i: _run(c, i, "mtp"), range(3)))
+    assert [toks for toks, _ in got] == want
+    for i, (_, last) in enumerate(got):
+        st, n = last.stats, len(_prompt(i))
+        assert (st["handoffs"], st["draft_only_handoffs"], st["migrations"]) == (2, 1, 0), st
+        (slim, marked), (whole, unmarked) = loads(n)
+        assert marked and not unmarked and slim * 4 < whole
+        assert st["bridge_bytes"] == slim + whole

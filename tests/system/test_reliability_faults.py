@@ -214,6 +214,7 @@ def test_decode_worker_holding_eight_exact_sessions_killed_mid_round_all_resume(
         want = cl.ref(p, 96, sampling=Params(**sampled[i]) if sampled[i] else None)
         assert f.token_ids + tokens(r) == want, (p, sampled[i])
         assert r[-1].stats["migrations"] == 1, p
+        assert r[-1].stats["draft_only_handoffs"] == (2 if i % 2 else 0), p  # mtp: the first and the migration's
     assert cl.metric("baton_router_migrations_total", mode="exact") == exact0 + 8
     _next_request_is_served(cl)
     cl.wait_no_sessions(5)

@@ -192,6 +192,7 @@ class ProcessPush:
             self._plan.specs, tokens=self._position, chunks=o["chunks"], seconds=time.perf_counter() - self._t0
         )
         resp, report = self._deserialize(base64.b64decode(o["response"])), stats.to_proto()
+        report.draft_only = self._plan.header.draft_only
         if self.timeline is not None:
             self.join(1.0)  # NOTE: the stager stamps its last marks just after END went out
             self.timeline.merge_json(o.get("timeline", {}))
