@@ -63,6 +63,12 @@
 # test_gpu_prefill.py's concurrent re-prefills, test_gpu_verify.py's verify_batch), spec-adaptive at 32 (the
 # undrained flush, 8e5f1e9), verify on the captured graphs, nogil at 32, serve-steady, burst, gil with
 # SWITCH_POINTS=5000,20000.
+# Later on 2026-12-06, on an H100 (benchmarks/results/gpu-h100-2026-12-06-gemv-table.md): sweep-rows at 384bca0
+# (BLOCK_M / warps by M: gemv_config.TUNED_BATCH), test_gpu_batch.py (7 passed), test_gpu_verify.py (3),
+# test_gemv.py (31) with the table, bench_exact_passes A/B of the table (verify at 8 sessions 11.29 -> 10.15 ms),
+# and the xm orientation's sweep (bitwise; not in the table yet). Owed: spec-merged VERDICT_AB=0 after dbbf6d7
+# (the draft-only hand-offs and the table), xm entries in TUNED_BATCH with test_gpu_batch.py and
+# test_gpu_verify.py, and the rest owed above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
