@@ -66,12 +66,13 @@
 # Later on 2026-12-06, on an H100 (benchmarks/results/gpu-h100-2026-12-06-gemv-table.md): sweep-rows at 384bca0
 # (BLOCK_M / warps by M: gemv_config.TUNED_BATCH), test_gpu_batch.py (7 passed), test_gpu_verify.py (3),
 # test_gemv.py (31) with the table, bench_exact_passes A/B of the table (verify at 8 sessions 11.29 -> 10.15 ms),
-# and the xm orientation's sweep (bitwise; not in the table yet). Owed: spec-merged VERDICT_AB=0 after dbbf6d7
+# and the xm orientation's sweep (bitwise; its table gemv_config.TUNED_BATCH_XM is off by default). Owed: tests-xm, spec-merged VERDICT_AB=0 after dbbf6d7
 # (the draft-only hand-offs and the table), xm entries in TUNED_BATCH with test_gpu_batch.py and
 # test_gpu_verify.py, and the rest owed above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
+#   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
 #   sweep-rows     benchmarks/sweep_rows_m.py: the rows GEMM's BLOCK_M / warps at M = 16..320, each variant
 #                  checked bitwise against the M <= 16 kernel (SWEEP_MS, SWEEP_KINDS)
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -319,6 +320,19 @@ case $stage in
     echo "exact-passes: rc=$?"
     BATON_GATHER_PERIODIC=0 spec spec-exact-mtp-pipelined --mode exact --engine mtp --concurrency 8,32 \
       --draft-p 0.95 --draft-k 8
+    ;;
+  tests-xm)  # gemv_config.TUNED_BATCH_XM (BATON_GEMV_XM=1) end to end: the batch-invariance tests with it, then the
+    # verify pass A/B (bench_exact_passes, XM 0 then 1); if both hold, its default can become on
+    for f in tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py tests/engine/test_gemv.py; do
+      BATON_GEMV_XM=1 python -m pytest -o addopts="" -m gpu -q -rfE --timeout "${GPU_TEST_TIMEOUT:-1200}" "$f" \
+        >>"$out/tests-xm.log" 2>&1
+      echo "$f: $(tail -1 "$out/tests-xm.log")"
+    done
+    for x in 0 1; do
+      BATON_GEMV_XM=$x python benchmarks/bench_exact_passes.py --random-init qwen3.5-9b --batch 1,8,32 --k 8 --reps 5 \
+        --out "$out/exact-passes-xm$x.json" >"$out/exact-passes-xm$x.log" 2>&1
+      echo "exact-passes xm=$x: rc=$?"
+    done
     ;;
   sweep-rows)  # the rows GEMM at M > 16 (batched steps and verify passes): BLOCK_M / warps per M, bitwise checked
     python benchmarks/sweep_rows_m.py --ms "${SWEEP_MS:-16,32,64,72,128,144,288,320}" --kinds "${SWEEP_KINDS:-bf16,fp8}" \

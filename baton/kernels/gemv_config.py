@@ -7,6 +7,7 @@ MMA's N side) and the warps change, so a row's bits never depend on M (batch inv
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -72,6 +73,21 @@ TUNED_BATCH = {
     (True, 248320, 4096): ((None, 32, 8),),
 }
 
+# (fp8, N, K) -> (from M on, BLOCK_M, BLOCK_N, warps) of the plain orientation (Config.xm: the x rows on the
+# MMA's M side), EXPERIMENTAL: only with BATON_GEMV_XM=1 until the end-to-end GPU tests (test_gpu_batch.py,
+# test_gpu_verify.py: `gpu_pending.sh tests-xm`) have run with it. From the H100 sweep
+# (benchmarks/results/sweep-rows-xm-h100-2026-12-06.json), where every xm variant's rows were bitwise the
+# M <= 16 kernel's: bf16 at 144 / 320 rows lm_head 1,228 -> 1,100 / 1,959 -> 1,741 us, the GDN in-projection
+# 100 -> 81 / 159 -> 132; fp8 MLP gate|up at 72 / 320 rows 122 -> 91 / 315 -> 182 us.
+XM_TABLE = os.environ.get("BATON_GEMV_XM", "0") == "1"
+TUNED_BATCH_XM = {
+    (False, 12352, 4096): (129, 64, 128, 8),
+    (False, 24576, 4096): (129, 64, 128, 8),
+    (False, 248320, 4096): (129, 64, 128, 8),
+    (True, 24576, 4096): (65, 64, 256, 8),
+    (True, 248320, 4096): (65, 64, 256, 8),
+}
+
 
 # partial=True (the consumer sums the splits): fewer splits where the summing norm's reads cost more than
 # the GEMM gains (benchmarks/results/probe-overhead-handoff-h200-2026-11-30.json).
@@ -103,7 +119,8 @@ def pick_config(
     block_m = 16 if M <= 16 else min(BATCH_BLOCK_M, _pow2(M))
     tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if sms >= 132 else None
     batch = TUNED_BATCH.get((fp8, N, K)) if sms >= 132 and M > 16 and BATCH_TABLE else None
-    if block_n is block_k is split is num_warps is num_stages is None:
+    auto = block_n is block_k is split is num_warps is num_stages is None  # no sweep overrides
+    if auto:
         if tuned:
             block_n, block_k, split, num_warps, num_stages = tuned
         if batch:  # M > 16: BLOCK_M and warps only, never the K order (BLOCK_K, split)
@@ -121,7 +138,11 @@ def pick_config(
     split = max(1, min(split, k_iters))
     k_per_split = triton.cdiv(k_iters, split) * bk
     split = triton.cdiv(K, k_per_split)  # drop empty splits
-    return Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages or 4)
+    cfg = Config(block_m, bn, bk, split, k_per_split, num_warps or 4, num_stages or 4)
+    plain = TUNED_BATCH_XM.get((fp8, N, K)) if XM_TABLE and auto and batch else None
+    if plain and M >= plain[0]:  # after the split is fixed from the M <= 16 BLOCK_N: the K order stays
+        cfg = dataclasses.replace(cfg, block_m=plain[1], block_n=plain[2], num_warps=plain[3], xm=True)
+    return cfg
 
 
 BATCH_BLOCK_M = 64  # the widest row tile (M > 16); the MMA's N side, which leaves each column's sum alone

@@ -96,7 +96,28 @@ for W, n, H, K, split in [(16, 2, 256, 512, 4), (16, 16, 128, 256, 2)]:
     r2, y2 = R.add_rmsnorm(P, res, wn, 1e-6, rows=n)
     hand.append(dict(split=cfg.split, parts=P.shape[0], res=torch.equal(r1[:n], r2[:n]), out=torch.equal(y1[:n], y2[:n]),
                      glu=True, live=bool(y1[:n].abs().sum() > 0), dead_zero=True, first=True))
-print("RESULT" + json.dumps(dict(cases=out, glu=glu, hand=hand)))
+# Config.xm (the x rows on the MMA's M side): the same values through every epilogue (split 1 / 2, glu,
+# partial, QuantX); on the GPU the sweep and the GPU tests check the bits (benchmarks/sweep_rows_m.py --xm 1)
+import dataclasses
+xm = []
+for M, rows, N, K, split in [(70, 70, 96, 256, 1), (80, 33, 64, 512, 2)]:
+    x = torch.randn(M, K)
+    w = torch.randn(N, K) * 0.05
+    q, s = quantize_rows(w)
+    for kind, args in (("fp32", (w,)), ("fp8", (q, s))):
+        cfg = gemv.pick_config(M, N, K, 132, fp8=kind == "fp8", split=split, block_k=128)
+        cx = dataclasses.replace(cfg, xm=True, block_m=64, block_n=128)
+        same = lambda **kw: torch.equal(gemv.linear(x, *args, rows=rows, cfg=cfg, **kw),
+                                        gemv.linear(x, *args, rows=rows, cfg=cx, **kw))
+        r = dict(kind=kind, split=cfg.split, plain=same(), glu=same(glu=True))
+        if split > 1:
+            r["partial"] = torch.equal(gemv.linear(x, *args, rows=rows, cfg=cfg, partial=True)[:, :rows],
+                                       gemv.linear(x, *args, rows=rows, cfg=cx, partial=True)[:, :rows])
+        if kind == "fp8":
+            _, xq = R.add_rmsnorm(x, None, torch.ones(K), 1e-6, quant=True)
+            r["quantx"] = torch.equal(gemv.linear(xq, q, s, rows=rows, cfg=cfg), gemv.linear(xq, q, s, rows=rows, cfg=cx))
+        xm.append(r)
+print("RESULT" + json.dumps(dict(cases=out, glu=glu, hand=hand, xm=xm)))
 """
 
 
@@ -128,6 +149,11 @@ def test_kernel_under_triton_interpreter():
     assert {h["split"] for h in got["hand"]} == {1, 2, 4}
     for h in got["hand"]:
         assert h["parts"] == h["split"] and all(h[k] for k in ("res", "out", "glu", "live", "dead_zero", "first")), h
+    # the plain orientation (Config.xm): every epilogue gives swap-AB's values
+    assert {(r["kind"], r["split"]) for r in got["xm"]} == {("fp32", 1), ("fp32", 2), ("fp8", 1), ("fp8", 2)}
+    for r in got["xm"]:
+        assert all(v for k, v in r.items() if k not in ("kind", "split")), r
+        assert "partial" in r or r["split"] == 1
 
 
 def test_pick_config():
@@ -154,6 +180,21 @@ def test_pick_config():
     for (fp8, N, K), t in gemv.TUNED_PARTIAL.items():  # partials out: the consumer's own table
         c = gemv.pick_config(16, N, K, 132, fp8=fp8, partial=True)
         assert (c.block_n, c.block_k, c.split, c.num_warps, c.num_stages) == t
+
+
+def test_the_plain_orientation_table_changes_no_k_order(monkeypatch):
+    from baton.kernels import gemv_config
+
+    monkeypatch.setattr(gemv_config, "XM_TABLE", True)
+    for (fp8, N, K), (first, bm, bn, warps) in gemv_config.TUNED_BATCH_XM.items():
+        c16 = gemv.pick_config(16, N, K, 132, fp8=fp8)
+        for M in (17, 64, 72, 128, 129, 144, 320):
+            c = gemv.pick_config(M, N, K, 132, fp8=fp8)
+            assert (c.block_k, c.split, c.k_per_split) == (c16.block_k, c16.split, c16.k_per_split), (N, K, M)
+            assert c.xm == (M >= first) and (not c.xm or (c.block_m, c.block_n, c.num_warps) == (bm, bn, warps))
+        assert not gemv.pick_config(320, N, K, 132, fp8=fp8, split=c16.split).xm  # a sweep's overrides: as asked
+    monkeypatch.setattr(gemv_config, "XM_TABLE", False)
+    assert not any(gemv.pick_config(320, N, K, 132, fp8=fp8).xm for fp8, N, K in gemv_config.TUNED_BATCH_XM)
 
 
 def test_rejects_mismatched_weights():
