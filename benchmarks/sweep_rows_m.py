@@ -29,18 +29,13 @@ import torch  # noqa: E402
 from baton.kernels import gemv, wide  # noqa: E402
 from benchmarks.bench_fp8_gemv import Weights, make_x, time_shape  # noqa: E402
 from benchmarks.report import emit  # noqa: E402
+from benchmarks.sweep_gemv import SHAPES as GEMV_SHAPES  # noqa: E402
+from benchmarks.sweep_gemv import H  # noqa: E402
 
-H, I, V = 4096, 12288, 248320
-# the fused rows path's merged projections (baton/engine/fast_rows.py) -> (N, K, count per forward)
-SHAPES = {
-    "gdn_qkvzba": (12352, H, 24),
-    "gdn_out": (H, 4096, 24),
-    "attn_qkv": (10240, H, 8),
-    "attn_o": (H, 4096, 8),
-    "mlp_gate_up": (2 * I, H, 32),
-    "mlp_down": (H, I, 32),
-    "lm_head": (V, H, 1),
-}
+# the fused rows path's merged projections (baton/engine/fast_rows.py) -> (N, K, count per forward): sweep_gemv's,
+# with the GDN in-projection as the fused path runs it (qkv | z | b | a in one GEMM)
+SHAPES = {"gdn_qkvzba": (12352, H, 24)}
+SHAPES.update((k, v) for k, v in GEMV_SHAPES.items() if k not in ("gdn_qkvz", "gdn_ba"))
 
 
 def variants(base: gemv.Config, M: int, block_ms, warps, stages, block_ns=(), xms=(False,)) -> list[gemv.Config]:
