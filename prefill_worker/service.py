@@ -154,7 +154,7 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
         draft_only: a draft-only state, where this worker's state has an MTP layer (else the whole state)."""
         draft_only = draft_only and self.engine.runner.state.mtp_layer is not None
         tensors, pos, nxt = self.engine.export(sid, position, DRAFT_ONLY_NAMES if draft_only else None)
-        tensors = shipped(tensors, mtp_kv, draft_only)
+        tensors = shipped(tensors, mtp_kv)  # draft-only: EXACT mtp, so mtp_kv and the export is all shipped
         timeout = min(context.time_remaining(), self.handoff_timeout_s)
         push = start_push(
             target,

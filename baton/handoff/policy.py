@@ -36,9 +36,7 @@ def draft_only_allowed(mode: int, engine: int) -> bool:
     return mode == common_pb2.EXACT and engine == common_pb2.MTP
 
 
-def shipped(tensors: list, mtp_kv: bool, draft_only: bool = False) -> list:
+def shipped(tensors: list, mtp_kv: bool) -> list:
     """The exported tensors a hand-off sends: all of them, or (mtp_kv False: see needs_mtp_kv) all but the
-    MTP KV rows; draft_only: DRAFT_ONLY_NAMES alone (the caller has checked the export holds them)."""
-    if draft_only:
-        return [t for t in tensors if t.name in DRAFT_ONLY_NAMES]
+    MTP KV rows. A draft-only export (ExactEngine.export(only=DRAFT_ONLY_NAMES)) is already those alone."""
     return list(tensors) if mtp_kv else [t for t in tensors if t.name not in MTP_NAMES]

@@ -23,9 +23,9 @@ NOTE (determinism): data is summed in fixed orders only; the config is a pure fu
 (M-bucket, N, K, weight kind, SM count). Bitwise repeatable.
 NOTE (row invariance): `rows` (<= M, a runtime int) rows are valid; x rows >= rows are not read and
 y rows >= rows are written as 0. Output row m depends on x row m only (the MMA's output column m;
-fp8: its own group scales), and every M shares one config but for BLOCK_M (16 up to M = 16, then up to
-BATCH_BLOCK_M rows on the MMA's N side: the same K order and split for every column), so row m is
-bitwise independent of the other rows and of M (batch invariance: tests/engine/test_gpu_batch.py).
+fp8: its own group scales), and every M shares the M <= 16 config's K order (BLOCK_K and the split); only
+how a tile is laid out may change with M (BLOCK_M, BLOCK_N, warps, the orientation: gemv_config.py), so
+row m is bitwise independent of the other rows and of M (batch invariance: tests/engine/test_gpu_batch.py).
 NOTE (CUDA graphs): no host syncs. Partials and counters are cached per device, shared by every call
 (stream-ordered work only: one stream / one graph at a time), allocated at the first call (warm-up)
 and never freed (a captured graph may hold them). Counters are back at 0 after every call.

@@ -1,8 +1,9 @@
 """The rows GEMM's tile configurations (baton/kernels/gemv.py): `Config`, the tuned tables and `pick_config`.
 
 A config is a pure function of (M-bucket, N, K, weight kind, SM count). For M <= 16 it fixes everything,
-the K order included (BLOCK_K, the K split); for M > 16 only BLOCK_M (the rows sharing a weight tile, the
-MMA's N side) and the warps change, so a row's bits never depend on M (batch invariance).
+the K order included (BLOCK_K, the K split); for M > 16 only the tile's layout changes (TUNED_BATCH: BLOCK_M,
+the rows sharing a weight tile, and the warps; TUNED_BATCH_XM: also BLOCK_N and the orientation), so a
+row's bits never depend on M (batch invariance).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ TUNED = {
 # (fp8, N, K) -> ((largest M or None, BLOCK_M, num_warps), ...) for M > 16: the first entry whose M bound
 # holds. From benchmarks/sweep_rows_m.py on the H100 (benchmarks/results/sweep-rows-h100-2026-12-06.json):
 # every variant's rows were bitwise the M <= 16 kernel's, since only how many rows share a weight tile (the
-# MMA's N side) and how many warps split it change. Today's BLOCK_M 64 for every M > 32 ran 64-row tiles
+# MMA's N side) and how many warps split it change. BATCH_BLOCK_M (64) for every M > 32 runs 64-row tiles
 # that re-read each weight tile per 64 rows: at 72 rows (8 exact sessions' K = 8 verify blocks) 8.97 ms of
 # bf16 GEMMs a forward against 7.80 with this table; fp8 at 64-320 rows 12-25% slower than the table.
 BATCH_TABLE = os.environ.get("BATON_GEMV_BATCH_TABLE", "1") != "0"  # 0: BATCH_BLOCK_M for every M > 16 (A/B runs)
@@ -114,7 +115,7 @@ def pick_config(
 ) -> Config:
     """Tile config from (M-bucket, N, K, weight kind, SM count): the TUNED entry, else a heuristic that
     splits K until >= programs_per_sm programs per SM. The overrides are for sweeps."""
-    # batch invariance: everything but BLOCK_M is the M <= 16 config, so the K order of every row is the
+    # batch invariance: BLOCK_K and the split are the M <= 16 config's, so the K order of every row is the
     # same for every M; BLOCK_M only sets how many rows share a weight tile (the MMA's N side)
     block_m = 16 if M <= 16 else min(BATCH_BLOCK_M, _pow2(M))
     tuned = ((partial and TUNED_PARTIAL.get((fp8, N, K))) or TUNED.get((fp8, N, K))) if sms >= 132 else None
