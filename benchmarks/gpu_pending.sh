@@ -73,6 +73,7 @@
 #
 # Stages:
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
+#   slim-ab        exact mtp at 8 and 32 with draft-only and with whole hand-offs (BATON_SLIM_HANDOFF), bf16 at 32
 #   sweep-rows     benchmarks/sweep_rows_m.py: the rows GEMM's BLOCK_M / warps at M = 16..320, each variant
 #                  checked bitwise against the M <= 16 kernel (SWEEP_MS, SWEEP_KINDS)
 #   tests-engine   GPU tests never run on the H200 yet: batched prefill (causal_lower_right pieces),
@@ -310,6 +311,18 @@ case $stage in
       ratio "exact at 32, hidden rows relayed / decode worker's rows" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-rows.json" 32 1
       ratio "fast mtp adaptive p=0.9 at 32 / fast bf16 at 32" "$out/spec-adaptive-mtp.json" 32 "$out/spec-bf16.json" 32 0.95
     } | tee "$out/spec-merged-ratios.txt"
+    ;;
+  slim-ab)  # the draft-only hand-offs' A/B under load (BATON_SLIM_HANDOFF, dbbf6d7): exact mtp at 8 and 32 with slim
+    # hand-offs (the default) and with whole ones, and fast bf16 at 32 for the 0.8x ratio, in one call
+    spec spec-exact-mtp --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
+    BATON_SLIM_HANDOFF=0 spec spec-exact-mtp-whole --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
+      --draft-k 8
+    spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
+    {
+      ratio "exact at 8, draft-only / whole hand-offs" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp-whole.json" 8 1
+      ratio "exact at 32, draft-only / whole hand-offs" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-whole.json" 32 1
+      ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-bf16.json" 32 0.8
+    } | tee "$out/slim-ab-ratios.txt"
     ;;
   spec-rows)  # spec-merged's A/B half alone: exact at 8 and 32 with the decode worker running the verdict rows
     BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8

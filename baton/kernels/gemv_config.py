@@ -75,12 +75,13 @@ TUNED_BATCH = {
 }
 
 # (fp8, N, K) -> (from M on, BLOCK_M, BLOCK_N, warps) of the plain orientation (Config.xm: the x rows on the
-# MMA's M side), EXPERIMENTAL: only with BATON_GEMV_XM=1 until the end-to-end GPU tests (test_gpu_batch.py,
-# test_gpu_verify.py: `gpu_pending.sh tests-xm`) have run with it. From the H100 sweep
+# MMA's M side); BATON_GEMV_XM=0 turns it off (A/B). The end-to-end GPU tests passed with it on an H100
+# (`gpu_pending.sh tests-xm` at 7996845: test_gpu_batch.py 7, test_gpu_verify.py 3, test_gemv.py 31), and a
+# verify round of 32 sessions went 54.4 -> 51.9 ms (bench_exact_passes). From the H100 sweep
 # (benchmarks/results/sweep-rows-xm-h100-2026-12-06.json), where every xm variant's rows were bitwise the
 # M <= 16 kernel's: bf16 at 144 / 320 rows lm_head 1,228 -> 1,100 / 1,959 -> 1,741 us, the GDN in-projection
 # 100 -> 81 / 159 -> 132; fp8 MLP gate|up at 72 / 320 rows 122 -> 91 / 315 -> 182 us.
-XM_TABLE = os.environ.get("BATON_GEMV_XM", "0") == "1"
+XM_TABLE = os.environ.get("BATON_GEMV_XM", "1") == "1"
 TUNED_BATCH_XM = {
     (False, 12352, 4096): (129, 64, 128, 8),
     (False, 24576, 4096): (129, 64, 128, 8),
