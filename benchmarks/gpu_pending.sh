@@ -69,6 +69,12 @@
 # and the xm orientation's sweep (bitwise; its table gemv_config.TUNED_BATCH_XM is off by default). Owed: tests-xm, spec-merged VERDICT_AB=0 after dbbf6d7
 # (the draft-only hand-offs and the table), xm entries in TUNED_BATCH with test_gpu_batch.py and
 # test_gpu_verify.py, and the rest owed above.
+# Later on 2026-12-06, on three H100s (benchmarks/results/gpu-h100-2026-12-06-slim-xm.md): spec-merged
+# VERDICT_AB=0 at 7996845 (exact 3.74x at 8, 0.87x bf16 at 32), tests-xm at 7996845 (7, 3, 31 passed; a round
+# of 32 sessions 54.4 -> 51.9 ms: the xm table is on since ff5c4c1), slim-ab at 240b1ba (draft-only hand-offs
+# 1.30x at 8, 1.22x at 32, on a host ~1.5x slower: exact mode is host-bound), test_gpu_mtp_batch.py,
+# test_gpu_prefill.py, test_gpu_decode.py at 240b1ba (3, 6, 6 passed). Owed: spec-merged on an H200,
+# tests-serving, test_gpu_batch.py / test_gpu_verify.py at the default table, and the rest owed above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
