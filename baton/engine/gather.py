@@ -3,6 +3,7 @@ the prefill worker, Draft calls on the decode worker).
 
     g = Gather(run_batch, lock, expected=lambda: live_sessions)
     result = g.call(item)        # blocks; run_batch([item, ...]) -> [result, ...] ran it with others
+    results = g.call_many(items) # one caller's items (a batched RPC's) as if each called from its own thread
 
 Lifecycle of a call: it is queued; if no call is leading, it leads: it waits until the calls it expects
 are queued or the window passed (no wait when it expects <= 1), then takes `lock` and, holding it, every
@@ -136,9 +137,9 @@ def fill_stats(out, gathers) -> None:
 class _Call:
     __slots__ = ("item", "done", "value", "error", "wake")
 
-    def __init__(self, item):
+    def __init__(self, item, wake: threading.Event):
         self.item, self.done, self.value, self.error = item, False, None, None
-        self.wake = threading.Event()  # set when the call is done, or when the lead passes to it
+        self.wake = wake  # set when the call is done, or when the lead passes to it (shared by a call_many)
 
 
 class Gather:
@@ -174,6 +175,7 @@ class Gather:
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
         self._leading = False
+        self._next: _Call | None = None  # the queued call the lead passed to, until its thread takes it
         self.batches = 0  # stats: batches run, items in them, the largest
         self.items = 0
         self.max_items = 0
@@ -190,33 +192,48 @@ class Gather:
             self._seen.clear()
 
     def call(self, item):
-        c = _Call(item)
-        with self._cv:
-            self._last_arrival = time.monotonic()
-            if self._key is not None:
-                k = self._key(item)
-                self._arrived(k, self._last_arrival)
-                self._awaited.discard(k)
-            self._queue.append(c)
-            lead = not self._leading
-            if lead:
-                self._leading = True
-            else:
-                self._cv.notify()  # only the leader waits on _cv: the others on their own call's event
-        while True:  # a leader's batch may leave this call queued (budget): it may lead again or wait again
-            if not lead:
-                c.wake.wait()
-                c.wake.clear()
-                if c.done:
-                    break
-            lead = False
-            if self._lead(c) is c:  # the lead passed back to this call (still queued)
-                lead = True
-            elif c.done:
-                break
+        """Runs `item` in a batch (module doc) -> its result; the batch's exception is raised."""
+        (c,) = self._join([item])
         if c.error is not None:
             raise c.error
         return c.value
+
+    def call_many(self, items: list) -> list:
+        """Runs `items` (one caller's, e.g. a batched RPC's; distinct keys) in batches, as if each were
+        called at once from its own thread -> per item its result, or the exception its batch raised."""
+        return [c.error if c.error is not None else c.value for c in self._join(items)]
+
+    def _join(self, items: list) -> list[_Call]:
+        """Queues items as calls sharing one wake-up event, then takes the lead whenever it passes to one
+        of them, until every one is done."""
+        if not items:
+            return []
+        wake = threading.Event()
+        calls = [_Call(it, wake) for it in items]
+        with self._cv:
+            self._last_arrival = time.monotonic()
+            if self._key is not None:
+                for c in calls:
+                    k = self._key(c.item)
+                    self._arrived(k, self._last_arrival)
+                    self._awaited.discard(k)
+            self._queue.extend(calls)
+            if not self._leading:
+                self._leading, self._next = True, calls[0]
+            else:
+                self._cv.notify()  # only the leader waits on _cv: the others on their calls' event
+        while True:  # a batch may leave some of them queued (budget): one of them may lead again
+            with self._cv:
+                if all(c.done for c in calls):
+                    return calls
+                own = next((c for c in calls if c is self._next), None)
+                if own is not None:
+                    self._next = None  # this thread leads the next batch
+            if own is None:
+                wake.wait()
+                wake.clear()
+            else:
+                self._lead(own)
 
     def _take(self) -> list[_Call]:
         """Under _cv: the next batch off the queue (all of it, or the longest prefix within the budget;
@@ -394,7 +411,7 @@ class Gather:
         finally:
             with self._cv:  # the lead passes to the first queued call, if any (it leads the next batch)
                 nxt = self._queue[0] if self._queue else None
-                self._leading = nxt is not None
-            if nxt is not None and nxt is not own:
+                self._leading, self._next = nxt is not None, nxt
+            if nxt is not None:
                 nxt.wake.set()
         return nxt

@@ -110,6 +110,14 @@ class HiddenRows(_message.Message):
     data: bytes
     def __init__(self, rows: _Optional[int] = ..., width: _Optional[int] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class ItemStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class RoundTag(_message.Message):
     __slots__ = ("id", "size")
     ID_FIELD_NUMBER: _ClassVar[int]

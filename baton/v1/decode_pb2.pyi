@@ -72,6 +72,26 @@ class DraftRequest(_message.Message):
     verdict_hidden: _common_pb2.HiddenRows
     def __init__(self, session_id: _Optional[str] = ..., k: _Optional[int] = ..., has_verdict: _Optional[bool] = ..., accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., history: _Optional[_Union[_common_pb2.PenaltyHistory, _Mapping]] = ..., verdict_hidden: _Optional[_Union[_common_pb2.HiddenRows, _Mapping]] = ...) -> None: ...
 
+class DraftManyRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[DraftRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[DraftRequest, _Mapping]]] = ...) -> None: ...
+
+class DraftManyResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[DraftOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[DraftOutcome, _Mapping]]] = ...) -> None: ...
+
+class DraftOutcome(_message.Message):
+    __slots__ = ("status", "response")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    response: DraftResponse
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., response: _Optional[_Union[DraftResponse, _Mapping]] = ...) -> None: ...
+
 class DraftResponse(_message.Message):
     __slots__ = ("draft_tokens", "position", "draft_probs", "round")
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]

@@ -51,6 +51,11 @@ class DecodeWorkerStub:
                 request_serializer=baton_dot_v1_dot_decode__pb2.DraftRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_decode__pb2.DraftResponse.FromString,
                 _registered_method=True)
+        self.DraftMany = channel.unary_unary(
+                '/baton.v1.DecodeWorker/DraftMany',
+                request_serializer=baton_dot_v1_dot_decode__pb2.DraftManyRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_decode__pb2.DraftManyResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/baton.v1.DecodeWorker/Release',
                 request_serializer=baton_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -85,6 +90,15 @@ class DecodeWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DraftMany(self, request, context):
+        """Many sessions' Draft calls in one RPC (the router's round batcher, router/batcher.py): each request is
+        run exactly as its own Draft call would be, in one drafting batch, and answered in order, each with its
+        own status. The RPC itself fails only as a whole (deadline, credentials, a malformed message).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -114,6 +128,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.Draft,
                     request_deserializer=baton_dot_v1_dot_decode__pb2.DraftRequest.FromString,
                     response_serializer=baton_dot_v1_dot_decode__pb2.DraftResponse.SerializeToString,
+            ),
+            'DraftMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.DraftMany,
+                    request_deserializer=baton_dot_v1_dot_decode__pb2.DraftManyRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_decode__pb2.DraftManyResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -207,6 +226,33 @@ class DecodeWorker:
             '/baton.v1.DecodeWorker/Draft',
             baton_dot_v1_dot_decode__pb2.DraftRequest.SerializeToString,
             baton_dot_v1_dot_decode__pb2.DraftResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DraftMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.DecodeWorker/DraftMany',
+            baton_dot_v1_dot_decode__pb2.DraftManyRequest.SerializeToString,
+            baton_dot_v1_dot_decode__pb2.DraftManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,26 @@ class SessionCounters(_message.Message):
     acceptance_rate: float
     def __init__(self, drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected_blocks: _Optional[int] = ..., verify_blocks: _Optional[int] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
 
+class VerifyManyRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[VerifyRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[VerifyRequest, _Mapping]]] = ...) -> None: ...
+
+class VerifyManyResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[VerifyOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[VerifyOutcome, _Mapping]]] = ...) -> None: ...
+
+class VerifyOutcome(_message.Message):
+    __slots__ = ("status", "response")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.ItemStatus
+    response: VerifyResponse
+    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., response: _Optional[_Union[VerifyResponse, _Mapping]] = ...) -> None: ...
+
 class VerifyResponse(_message.Message):
     __slots__ = ("accepted", "next_token", "position", "counters", "logprobs", "hidden")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

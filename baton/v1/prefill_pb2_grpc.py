@@ -50,6 +50,11 @@ class PrefillWorkerStub:
                 request_serializer=baton_dot_v1_dot_prefill__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=baton_dot_v1_dot_prefill__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyMany = channel.unary_unary(
+                '/baton.v1.PrefillWorker/VerifyMany',
+                request_serializer=baton_dot_v1_dot_prefill__pb2.VerifyManyRequest.SerializeToString,
+                response_deserializer=baton_dot_v1_dot_prefill__pb2.VerifyManyResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/baton.v1.PrefillWorker/Release',
                 request_serializer=baton_dot_v1_dot_common__pb2.ReleaseRequest.SerializeToString,
@@ -94,6 +99,14 @@ class PrefillWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyMany(self, request, context):
+        """Many sessions' Verify calls in one RPC (router/batcher.py): each as its own Verify call would be, in
+        one verify pass, answered in order with its own status (as DecodeWorker.DraftMany).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -130,6 +143,11 @@ def add_PrefillWorkerServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=baton_dot_v1_dot_prefill__pb2.VerifyRequest.FromString,
                     response_serializer=baton_dot_v1_dot_prefill__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyMany,
+                    request_deserializer=baton_dot_v1_dot_prefill__pb2.VerifyManyRequest.FromString,
+                    response_serializer=baton_dot_v1_dot_prefill__pb2.VerifyManyResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -228,6 +246,33 @@ class PrefillWorker:
             '/baton.v1.PrefillWorker/Verify',
             baton_dot_v1_dot_prefill__pb2.VerifyRequest.SerializeToString,
             baton_dot_v1_dot_prefill__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.v1.PrefillWorker/VerifyMany',
+            baton_dot_v1_dot_prefill__pb2.VerifyManyRequest.SerializeToString,
+            baton_dot_v1_dot_prefill__pb2.VerifyManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

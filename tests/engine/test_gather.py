@@ -105,6 +105,49 @@ def test_a_failing_batch_raises_in_each_caller_and_the_gather_goes_on():
     assert g.call(5) == 5
 
 
+def test_call_many_runs_one_caller_s_items_as_concurrent_calls_and_alongside_others():
+    """A batched RPC's items (call_many) join the batch of calls from other threads, each gets its own result
+    (a per-item error value included), and a budget that cuts them runs the rest in the next batches, led
+    by the same caller."""
+    seen, go = [], threading.Event()
+
+    def run(items):
+        go.wait(5)
+        seen.append(list(items))
+        return [ValueError(x) if x == 7 else x * 10 for x in items]
+
+    g = Gather(run, threading.Lock(), cost=lambda x: 1, budget=3)
+    out = {}
+    first = threading.Thread(target=lambda: out.__setitem__("one", g.call(1)))
+    first.start()  # leads [1] and holds it until go
+    while not g._leading:
+        pass
+    many = threading.Thread(target=lambda: out.__setitem__("many", g.call_many([2, 3, 7, 5, 6])))
+    many.start()
+    while len(g._queue) < 5:
+        pass
+    go.set()
+    first.join(10)
+    many.join(10)
+    assert out["one"] == 10
+    got = out["many"]
+    assert got[:2] == [20, 30] and isinstance(got[2], ValueError) and got[3:] == [50, 60]
+    assert seen == [[1], [2, 3, 7], [5, 6]] and g.items == 6 and not g._leading
+    assert g.call_many([]) == [] and g.call_many([4]) == [40]
+
+
+def test_call_many_gets_the_batch_s_exception_per_item():
+    def run(items):
+        if -1 in items:
+            raise RuntimeError("boom")
+        return items
+
+    g = Gather(run, threading.Lock())
+    got = g.call_many([3, -1])
+    assert all(isinstance(x, RuntimeError) for x in got)
+    assert g.call_many([3, 4]) == [3, 4]
+
+
 class _Session:
     def __init__(self, i):
         self.id = i
