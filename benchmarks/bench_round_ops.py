@@ -46,7 +46,7 @@ from baton.engine.speculation import GREEDY  # noqa: E402
 from baton.loading import load_model  # noqa: E402
 from baton.random_checkpoint import make_random_checkpoint  # noqa: E402
 from benchmarks.report import emit, machine  # noqa: E402
-from decode_worker import mtp  # noqa: E402
+from decode_worker import drafting, mtp  # noqa: E402
 from prefill_worker.verifying import verify_batch  # noqa: E402
 
 GDN_LAYERS_9B = 24  # Qwen3.5-9B: 32 layers, full attention in one of every four
@@ -108,7 +108,7 @@ def exact_point(lm, b: int, k: int) -> dict:
     verdicts = [None] * b
 
     def round_(count: bool) -> dict:
-        drafts = dec._draft_batch([(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
+        drafts = drafting.draft_batch(dec, [(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
         blocks = [(es, [int(exact.runner.state.next_token[es.slot]), *d], None) for (es, _), d in zip(pairs, drafts)]
         with _Count() as cv:
             got = verify_batch(exact.runner, blocks)
@@ -118,7 +118,7 @@ def exact_point(lm, b: int, k: int) -> dict:
 
     round_(False)  # the first round: no verdicts yet; every session has one for the counted round
     with _Count() as cd:
-        drafts = dec._draft_batch([(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
+        drafts = drafting.draft_batch(dec, [(ds, k, v) for (_, ds), v in zip(pairs, verdicts)])
     assert not any(isinstance(d, BaseException) for d in drafts), drafts
     blocks = [(es, [int(exact.runner.state.next_token[es.slot]), *d], None) for (es, _), d in zip(pairs, drafts)]
     with _Count() as cv:

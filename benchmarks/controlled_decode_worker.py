@@ -16,7 +16,7 @@ worker's state stays consistent with what it proposed. Each proposal is an indep
 verifier accepts m drafts of a block of k with P(m) = p^m (1 - p) for m < k and p^k for m = k: about
 E = sum_{i=0..k} p^i tokens a round, accepted / drafted = sum_{i=1..k} p^i / k.
 Where the hook runs (every engine.drafter.propose call):
-    exact mode, bf16 / fp8 drafts   each Draft's k rows steps (DecodeEngine._draft_batch)
+    exact mode, bf16 / fp8 drafts   each Draft's k rows steps (decode_worker/drafting.py draft_batch)
     exact mode, mtp drafts          each Draft's MTP chain (mtp.chains), verified on the exact worker
     fast mode, mtp                  each round's MTP chain (mtp.rounds -> mtp.chains), verified here by the
                                     BF16 model: bitwise the exact engine's greedy tokens, so a draft is

@@ -22,11 +22,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
-from baton.engine.gather import PERIODIC, ROUND_BARRIER, Gather, fill_stats
+from baton.engine.gather import PERIODIC, ROUND_BARRIER, Gather, fill_stats, unwrap
 from baton.engine.runner import ModelRunner
 from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
@@ -109,8 +110,10 @@ class DecodeEngine:
             {k: r.state.slots for k, r in by_id.items()},
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
         )
-        # concurrent Draft calls of different sessions share their drafting steps (_draft_batch), rounds merged
-        self.drafts = Gather(self._draft_batch, self._compute, expected=self._exact_sessions, **ROUND_BARRIER)
+        # concurrent Draft calls of different sessions share their drafting steps (drafting.draft_batch), rounds merged
+        self.drafts = Gather(
+            partial(drafting.draft_batch, self), self._compute, expected=self._exact_sessions, **ROUND_BARRIER
+        )
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)
         self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp_launch)
@@ -382,19 +385,16 @@ class DecodeEngine:
     # ---- exact mode ----------------------------------------------------------------------------
     def draft(self, session_id: str, k: int, verdict: tuple | None) -> list[int]:
         """Exact mode: apply the verdict (m, next[, hidden rows]), then propose k new ones; concurrent Draft calls
-        share their drafting steps (self.drafts -> _draft_batch), each bitwise as alone."""
+        share their drafting steps (self.drafts -> drafting.draft_batch), each bitwise as alone."""
+        return unwrap(self.drafts.call(self.draft_item(session_id, k, verdict)))
+
+    def draft_item(self, session_id: str, k: int, verdict: tuple | None) -> tuple:
+        """A checked Draft's item for self.drafts: (session, k, verdict); DraftMany runs many by call_many."""
         s = self.get(session_id)
         if not 1 <= k <= self.width - 2:
             raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
         s.exact, s.loaded_position = True, None
-        got = self.drafts.call((s, k, verdict))
-        if isinstance(got, BaseException):
-            raise got
-        return got
+        return s, k, verdict
 
     def _exact_sessions(self) -> int:
         return sum(1 for s in self._table.sessions() if s.exact)
-
-    def _draft_batch(self, items: list) -> list:
-        """Under _compute: items [(session, k, verdict)] -> per item its drafts, or its error (drafting.py)."""
-        return drafting.draft_batch(self, items)

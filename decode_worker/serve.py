@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.gather import arrange_exact_rounds
+from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
     choose_pages,

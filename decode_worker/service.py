@@ -21,7 +21,7 @@ Lifecycle of a request:
         A cancelled or timed-out client stops it within one step; release_at_end releases the
         session however the stream ends.
     Draft(session, k, verdict)    exact mode: apply the exact worker's verdict, then K drafts that
-        follow the pending token; position = tokens consumed by the committed state (drafts excluded)
+        follow the pending token; DraftMany: many sessions' Drafts in one RPC (decode_worker/draft_calls.py)
     Release / GetStats
 A background thread reaps sessions idle longer than the TTL. One RPC at a time per session (ABORTED
 otherwise); Release of a busy session takes effect when its call ends.
@@ -43,7 +43,6 @@ import grpc
 import torch
 
 from baton import hidden_rows, sampling_rules, stalls, thread_cpu
-from baton.engine import rejection
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
@@ -56,6 +55,7 @@ from baton.rpc import StatusError
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from baton.worker.servicer import ServicerBase, window_field
+from decode_worker.draft_calls import DraftCalls
 from decode_worker.engine import DecodeEngine
 from decode_worker.pacing import MessagePace
 
@@ -66,7 +66,7 @@ DEFAULT_MTP_K = 4
 MAX_IDS = 1024  # stop_token_ids per Decode (the router sends at most 64)
 
 
-class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
+class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
     errors = {
         WindowError: grpc.StatusCode.OUT_OF_RANGE,
         SessionNotFound: grpc.StatusCode.NOT_FOUND,
@@ -291,29 +291,6 @@ class DecodeServicer(ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
             if request.release_at_end and held:
                 self.sessions.release_or_defer(sid, lambda: self.engine.release(sid))
 
-    def Draft(self, request, context):
-        with self.call(context, "Draft"), self.sessions.hold(request.session_id):
-            s = self._session(request.session_id, request.engine)
-            verdict = None
-            if request.has_verdict:
-                self._ids("next_token", [request.next_token])
-                verdict = (request.accepted, request.next_token, self._hidden(s, request))
-            elif request.accepted or request.next_token or request.HasField("verdict_hidden"):
-                raise StatusError(INVALID, "has_verdict: false, but accepted/next_token/verdict_hidden are set")
-            # drafts picked with the exact engine's noise
-            self._set_sampling(s, request, proposing=True, fresh=not request.has_verdict)
-            with window_field("k"):
-                drafts = self.engine.draft(request.session_id, request.k, verdict)
-            committed = s.draft_at  # the pending token's position, before drafting consumed t0, d1..d(k-1)
-            table, probs = s.runner.sampling, []
-            if s.slot in table.proposed:  # REJECTION policy: each draft's q' (d_i is at committed + i)
-                probs = rejection.to_protos(table.proposals(s.slot, committed + 1, len(drafts)))
-            rid, size = getattr(drafts, "round", (0, 0))  # drafting.Drafted: the batch's round
-            resp = decode_pb2.DraftResponse(draft_tokens=drafts, position=committed, draft_probs=probs)
-            if size:
-                resp.round.id, resp.round.size = rid, size
-            return resp
-
     def Release(self, request, context):
         with self.call(context, "Release"):
             sid = request.session_id
@@ -366,6 +343,11 @@ def add_to_server(servicer: DecodeServicer, server: grpc.Server) -> None:
             servicer.Draft,
             request_deserializer=decode_pb2.DraftRequest.FromString,
             response_serializer=decode_pb2.DraftResponse.SerializeToString,
+        ),
+        "DraftMany": grpc.unary_unary_rpc_method_handler(
+            servicer.DraftMany,
+            request_deserializer=decode_pb2.DraftManyRequest.FromString,
+            response_serializer=decode_pb2.DraftManyResponse.SerializeToString,
         ),
         "Release": grpc.unary_unary_rpc_method_handler(
             servicer.Release,

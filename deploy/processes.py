@@ -275,7 +275,7 @@ def place_workers(devices: list[str], names: list[str], envs: list, base: dict[s
     """Each worker's environment (envs[i], None: base unchanged) with its GPU placement: with two or more
     GPUs visible each cuda worker gets one (round-robin in order), with `colocate` every cuda worker gets
     the first; workers that share a GPU get BATON_GPU_WORKERS (how many share it: their KV budgets agree,
-    and exact mode's gathers merge, baton/engine/gather.py rounds_share_a_device) and BATON_GPU_PLAN
+    and exact mode's gathers merge, baton/engine/exact_rounds.py rounds_share_a_device) and BATON_GPU_PLAN
     (where they agree: baton/engine/gpu_plan.py), one plan folder per GPU. The launchers' one placement:
     start_processes (`baton serve --processes`) and the benchmarks' controlled topology."""
     envs = list(envs)

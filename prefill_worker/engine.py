@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from baton.engine import rejection
-from baton.engine.gather import ROUND_SETTLE, Gather
+from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
@@ -323,6 +323,11 @@ class ExactEngine:
         d1..dk (baton.v1.TokenDistribution), required iff the session samples with the REJECTION policy.
         want_hidden: the result's hidden holds the kept rows' final-normed hidden rows [m + 1, hidden] (CPU).
         tag: (id, size) of the Draft batch of these drafts: the pass waits for that batch's other Verifys."""
+        item = self.verify_item(session_id, tokens, draft_probs, want_hidden, tag)
+        return self.verified(item, self.verifies.call(item))
+
+    def verify_item(self, session_id: str, tokens: list[int], draft_probs=(), want_hidden=False, tag=None):
+        """A checked Verify's VerifyItem for self.verifies (VerifyMany runs many by call_many)."""
         s = self.get(session_id)
         k = len(tokens) - 1
         if not 1 <= k < self.width:
@@ -333,14 +338,16 @@ class ExactEngine:
             dists = rejection.parse(draft_probs, tokens[1:], self.runner.cfg.vocab_size)
         elif len(draft_probs):
             raise ValueError("draft_probs: only for a session sampled at T > 0 with exact_policy REJECTION")
-        got = self.verifies.call(VerifyItem(s, tokens, dists, want_hidden, tag))
-        if isinstance(got, BaseException):
-            raise got
-        m, nxt, pos, lps, hidden = got
-        c = s.counters
-        c.drafted += k
+        return VerifyItem(s, tokens, dists, want_hidden, tag)
+
+    @staticmethod
+    def verified(item: VerifyItem, got) -> VerifyResult:
+        """The VerifyResult of item's pass result `got` (raised if an exception), the session's counters updated."""
+        m, nxt, pos, lps, hidden = unwrap(got)
+        c = item.session.counters
+        c.drafted += len(item.tokens) - 1
         c.accepted += m
-        c.rejected_blocks += int(m < k)
+        c.rejected_blocks += int(m < len(item.tokens) - 1)
         c.verify_blocks += 1
         return VerifyResult(m, nxt, pos, c, lps, hidden)
 

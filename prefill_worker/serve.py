@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.gather import arrange_exact_rounds
+from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.prefill import PREFILL_CHUNK
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner

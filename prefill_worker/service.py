@@ -18,7 +18,8 @@ Lifecycle of a request:
            including a cancelled or timed-out call)
         -> first_token (the decode state's pending next_token), bridge, prompt_tokens, prefill_seconds,
            prompt_logprobs when asked; PrefillStream: the first token early (after heartbeats if asked)
-    Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters
+    Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters; VerifyMany:
+        many sessions' Verifys in one RPC (prefill_worker/verify_calls.py)
     ExportState(session_id, decode_target)        -> re-stream a kept session (migration)
     draft_only (Prefill EXACT / ExportState, engine MTP): the hand-off ships the hidden row and the MTP KV
         rows alone (baton/handoff/policy.py: DRAFT_ONLY_NAMES; StateHeader.draft_only), where the state has them
@@ -38,7 +39,7 @@ import uuid
 
 import grpc
 
-from baton import hidden_rows, sampling_rules, stalls, thread_cpu
+from baton import sampling_rules, stalls, thread_cpu
 from baton.engine.gather import fill_stats
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
@@ -53,10 +54,11 @@ from baton.names import engine_name
 from baton.rpc import StatusError
 from baton.settings import Settings
 from baton.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
-from baton.worker.servicer import ServicerBase, window_field
+from baton.worker.servicer import ServicerBase
 from prefill_worker import heartbeat
 from prefill_worker.checks import check_draft_only, check_tail_chunk_bytes, check_target
 from prefill_worker.engine import ExactEngine
+from prefill_worker.verify_calls import VerifyCalls
 
 log = logging.getLogger("baton.prefill")
 SERVICE = "baton.v1.PrefillWorker"
@@ -66,7 +68,7 @@ _RETRY_RELEASE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
 RELEASE_ATTEMPTS = 3
 
 
-class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
+class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
     errors = {
         WindowError: grpc.StatusCode.OUT_OF_RANGE,
         SessionNotFound: grpc.StatusCode.NOT_FOUND,
@@ -317,32 +319,6 @@ class PrefillServicer(ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
             resp.first_logprob.CopyFrom(sampling_rules.logprob_protos(lps, [first])[0])
         resp.prompt_logprobs.extend(sampling_rules.logprob_protos(plps, ids[1:]))  # tokens 1 .. n-1 of the prompt
         return resp
-
-    def Verify(self, request, context):
-        with self.call(context, "Verify"), self.sessions.hold(request.session_id):
-            if len(request.tokens) > self.engine.runner.width:  # before list(), as for prompt_ids
-                n, w = len(request.tokens), self.engine.runner.width
-                raise StatusError(INVALID, f"tokens: {n} tokens; a block is [last committed, d1..dK] with K < W = {w}")
-            with window_field("tokens"):
-                tokens, probs = list(request.tokens), request.draft_probs
-                tag = (request.round.id, request.round.size) if request.round.size else None
-                r = self.engine.verify(request.session_id, tokens, probs, request.want_hidden, tag)
-            c = r.counters
-            picked = list(request.tokens[1 : r.accepted + 1]) + [r.next_token]
-            return prefill_pb2.VerifyResponse(
-                logprobs=sampling_rules.logprob_protos(r.logprobs, picked),
-                accepted=r.accepted,
-                next_token=r.next_token,
-                position=r.position,
-                counters=prefill_pb2.SessionCounters(
-                    drafted=c.drafted,
-                    accepted=c.accepted,
-                    rejected_blocks=c.rejected_blocks,
-                    verify_blocks=c.verify_blocks,
-                    acceptance_rate=c.acceptance_rate,
-                ),
-                hidden=hidden_rows.encode(r.hidden) if r.hidden is not None else None,
-            )
 
     def Release(self, request, context):
         with self.call(context, "Release"):

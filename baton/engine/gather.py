@@ -69,7 +69,6 @@ settle_s once (3 ms against a prefill pass of 75 ms or more), a burst runs as on
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable, Hashable
@@ -92,33 +91,6 @@ ROUND_SETTLE = dict(
 )
 SLOW = 1.5  # a round barrier does not wait for a caller whose period is past SLOW x the median (_barrier)
 GATHER_S = 0.002  # a plain leader's wait for the calls it expects
-ENV_PERIODIC = "BATON_GATHER_PERIODIC"
-
-
-def rounds_share_a_device(device, gpu_workers: int) -> bool:
-    """Whether exact mode's Draft passes (decode worker) and Verify passes (prefill worker) share one device,
-    so that two groups of sessions cost twice the passes of one and PERIODIC's merging pays: on CUDA with
-    the workers on one GPU (gpu_workers > 1: BATON_GPU_WORKERS, set by the launchers). Else (the CPU, each
-    worker on its own cores; one GPU a worker) two groups pipeline through the two workers for free and
-    merging waits are pure loss (CPU, 8 exact sessions: 151 -> 207 tok/s without). BATON_GATHER_PERIODIC forces it."""
-    forced = os.environ.get(ENV_PERIODIC)
-    if forced in ("0", "1"):
-        return forced == "1"
-    return str(device).startswith("cuda") and gpu_workers > 1
-
-
-def arrange_exact_rounds(g: "Gather", device, gpu_workers: int, log, role: str) -> str:
-    """A worker's exact-mode gather (decode: Draft, ROUND_BARRIER; prefill: Verify, ROUND_SETTLE) made plain
-    (`Gather.pipelined`) unless rounds_share_a_device; logs which, at start-up (a run's logs then say
-    whether its sessions' rounds merged). -> "merged" or "pipelined"."""
-    if rounds_share_a_device(device, gpu_workers):
-        how = "merged"
-        log.info("%s: exact rounds merged (the workers share one device: BATON_GPU_WORKERS=%d)", role, gpu_workers)
-    else:
-        how = "pipelined"
-        g.pipelined()
-        log.info("%s: exact rounds pipelined (one device a worker; BATON_GATHER_PERIODIC=1 forces merging)", role)
-    return how
 
 
 # A batch's times (Gather.seconds, WorkerStats.gathered_s): its leader waiting for the calls it expects,
@@ -132,6 +104,13 @@ def fill_stats(out, gathers) -> None:
     out.gathered_gave_way = sum(g.gave_way for g in gathers)
     for k in TIMES:
         out.gathered_s[k] = sum(g.seconds[k] for g in gathers)
+
+
+def unwrap(got):
+    """A batch function's per-item result: raised if it is an exception (the item failed alone), else returned."""
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 class _Call:

@@ -99,6 +99,16 @@ class ServicerBase:
     def close(self) -> None:
         self._stop.set()
 
+    def status_of(self, e: BaseException) -> tuple[grpc.StatusCode, str]:
+        """The status a call that raised `e` ends with: StatusError's own, StateError's code, `errors`' mapping;
+        anything else is INTERNAL (a unary call would end UNKNOWN; an item of a batched RPC needs a code)."""
+        if isinstance(e, StatusError):
+            return e.code, e.message
+        if isinstance(e, StateError):
+            return getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e)
+        code = next((c for t, c in self.errors.items() if isinstance(e, t)), None)
+        return (code, _message(e)) if code is not None else (grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
     @contextmanager
     def call(self, context: grpc.ServicerContext, what: str) -> Iterator[None]:
         with thread_cpu.charged(what), self._call(context, what):
@@ -114,13 +124,8 @@ class ServicerBase:
                 if context.time_remaining() <= 0:
                     raise StatusError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{what}: deadline already passed")
                 yield
-            except StatusError as e:
-                abort_with(context, e.code, e.message)
-            except StateError as e:
-                abort_with(context, getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e))
-            except tuple(self.errors) as e:
-                code = next(c for t, c in self.errors.items() if isinstance(e, t))
-                abort_with(context, code, _message(e))
+            except (StatusError, StateError, *self.errors) as e:
+                abort_with(context, *self.status_of(e))
         finally:
             with self._count_lock:
                 self.outstanding -= 1

@@ -517,6 +517,7 @@ def test_every_rpc_needs_the_token(w):
                 "LoadState": iter(_stream(w, "auth")),
                 "Decode": decode_pb2.DecodeRequest(session_id="a", max_new_tokens=1),
                 "Draft": decode_pb2.DraftRequest(session_id="a", k=1),
+                "DraftMany": decode_pb2.DraftManyRequest(requests=[decode_pb2.DraftRequest(session_id="a", k=1)]),
                 "Release": common_pb2.ReleaseRequest(session_id="a"),
                 "GetStats": common_pb2.WorkerStatsRequest(),
             }

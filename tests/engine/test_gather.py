@@ -12,14 +12,8 @@ import pytest
 import torch
 from helpers import make_tiny_dir
 
-from baton.engine.gather import (
-    PERIODIC,
-    ROUND_BARRIER,
-    ROUND_SETTLE,
-    Gather,
-    arrange_exact_rounds,
-    rounds_share_a_device,
-)
+from baton.engine.exact_rounds import arrange_exact_rounds, rounds_share_a_device
+from baton.engine.gather import PERIODIC, ROUND_BARRIER, ROUND_SETTLE, Gather
 from baton.engine.runner import ModelRunner
 from baton.engine.speculation import verify_block, verify_blocks
 from baton.loading import load_model

@@ -256,6 +256,7 @@ def test_every_rpc_needs_the_token(lm):
                 "Prefill": prefill_pb2.PrefillRequest(prompt_ids=[1]),
                 "PrefillStream": prefill_pb2.PrefillRequest(prompt_ids=[1]),
                 "Verify": prefill_pb2.VerifyRequest(session_id="a", tokens=[1, 2]),
+                "VerifyMany": prefill_pb2.VerifyManyRequest(requests=[prefill_pb2.VerifyRequest(session_id="a")]),
                 "Release": common_pb2.ReleaseRequest(session_id="a"),
                 "ExportState": prefill_pb2.ExportStateRequest(session_id="a"),
                 "GetStats": common_pb2.WorkerStatsRequest(),

@@ -121,7 +121,7 @@ def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
 def test_cpu_served_workers_pipeline_exact_rounds_and_one_gpu_shared_merges_them(cluster, monkeypatch):
     """serve_prefill / serve_decode on the CPU (each worker on its own cores): exact mode's Verify and Draft
     gathers are pipelined: no round barrier on the Draft side, no settling on the Verify side
-    (baton/engine/gather.py rounds_share_a_device); the same serve on one GPU shared by two workers would
+    (baton/engine/exact_rounds.py rounds_share_a_device); the same serve on one GPU shared by two workers would
     keep them (the rule itself: tests/engine/test_gather.py)."""
     monkeypatch.delenv("BATON_GATHER_PERIODIC", raising=False)
     drafts, verifies = cluster["decode"].engine.drafts, cluster["prefill"].engine.verifies
