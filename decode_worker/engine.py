@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 
@@ -111,9 +110,8 @@ class DecodeEngine:
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
         )
         # concurrent Draft calls of different sessions share their drafting steps (drafting.draft_batch), rounds merged
-        self.drafts = Gather(
-            partial(drafting.draft_batch, self), self._compute, expected=self._exact_sessions, **ROUND_BARRIER
-        )
+        run = lambda items: drafting.draft_batch(self, items)  # noqa: E731 - looked up at each call
+        self.drafts = Gather(run, self._compute, expected=self._exact_sessions, **ROUND_BARRIER)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)
         self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp_launch)

@@ -5,6 +5,7 @@ Lifecycle of a request's calls:
     context.add_callback(calls.cancel)         # client gone -> every active downstream call cancelled
     calls.lease(worker); calls.track(worker, session_id)   # outstanding work; a session to release
     calls.unary(worker, "Draft", req) / calls.stream(worker, "Decode", req)
+    calls.batched(worker, "Draft", req)        # as unary, sent with other requests' in one DraftMany (router/batcher.py)
         # every call has a deadline <= the client's (unary calls also <= call_timeout; a stream
         # whose worker sends nothing for call_timeout is cancelled by one shared watchdog thread)
         # errors become: Cancelled (client gone), WorkerFault (worker died / hung / lost the session:
@@ -23,6 +24,7 @@ import grpc
 
 from baton.rpc import StatusError
 from baton.v1 import common_pb2
+from router import batcher
 from router.registry import Registry, Worker
 
 log = logging.getLogger("baton.router")
@@ -135,6 +137,29 @@ class Calls:
             raise self._error(worker, e, timeout) from None
         finally:
             self._unregister(fut)
+
+    def batched(self, worker: Worker, method: str, request):
+        """As unary(worker, method, request), but sent with other requests' calls of that method to that worker
+        in one batched RPC (router/batcher.py: Draft -> DraftMany, Verify -> VerifyMany); each request keeps
+        its own deadline, status and cancellation. A worker without the batched method gets unary calls."""
+        b = batcher.batcher_of(worker, method)
+        if b is None:
+            return self.unary(worker, method, request)
+        timeout = self._timeout(capped=True)
+        ticket = b.submit(request.session_id, request, timeout)
+        self._register(ticket)
+        try:
+            resp = ticket.result()
+            worker.last_answer = time.monotonic()
+            return resp
+        except batcher.Unbatched:
+            return self.unary(worker, method, request)
+        except batcher.CancelledError:
+            raise Cancelled() from None
+        except grpc.RpcError as e:
+            raise self._error(worker, e, timeout) from None
+        finally:
+            self._unregister(ticket)
 
     def stream(self, worker: Worker, method: str, request):
         """Yields the responses of a server stream; breaking out of the loop cancels the call.

@@ -44,6 +44,7 @@ from baton.engine.draft_length import FixedLength, controller
 from baton.engine.speculation import check_verdict
 from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
+from router import batcher
 from router.calls import Calls, WorkerFault, unavailable
 from router.registry import NoWorker
 from router.session import Budget, Handoff, draft_only_for, first_logprob, first_tokens, land, verdict_hidden
@@ -162,6 +163,12 @@ class ExactLoop:
     def run(self, pending: int) -> Iterator[tuple[list[int], int | None, list]]:
         """pending = the last committed token (already sent). Yields (tokens, finish_reason | None,
         logprobs: the exact engine's TokenLogprob per token, when asked)."""
+        try:
+            yield from self._rounds(pending)
+        finally:  # however it ends: the workers' round batchers stop expecting this session
+            batcher.forget(self.sid, self.decode, self.exact)
+
+    def _rounds(self, pending: int) -> Iterator[tuple[list[int], int | None, list]]:
         verdict: tuple | None = None  # (m, next, hidden rows or None) of the last Verify, for the next Draft
         if self._unlanded is not None:
             h, self._unlanded = self._unlanded, None
@@ -214,7 +221,7 @@ class ExactLoop:
             hist = sampling_rules.history(self.sampling, self.loaded, len(self.prompt_ids))
             if hist is not None:
                 req.history.CopyFrom(hist)
-        resp = self.calls.unary(self.decode, "Draft", req)
+        resp = self.calls.batched(self.decode, "Draft", req)  # with the round's other sessions (router/batcher.py)
         self._round = resp.round if resp.HasField("round") else None  # relayed with the Verify
         drafts = list(resp.draft_tokens)
         if len(drafts) != k:
@@ -227,7 +234,7 @@ class ExactLoop:
         req = prefill_pb2.VerifyRequest(
             session_id=self.sid, tokens=[pending, *drafts], draft_probs=probs, want_hidden=want, round=self._round
         )
-        resp = self.calls.unary(self.exact, "Verify", req)  # a WorkerFault of P: run() restarts the session
+        resp = self.calls.batched(self.exact, "Verify", req)  # a WorkerFault of P: run() restarts the session
         m = int(resp.accepted)
         try:
             check_verdict(m, len(drafts))
@@ -289,6 +296,8 @@ class ExactLoop:
                 f"exported position {resp.position} is past the {len(self.loaded)} tokens sent so far",
             )
         self._record(resp.bridge)
+        if target is not self.decode:
+            batcher.forget(self.sid, self.decode)
         self.decode = target
         # NOTE: ExportState re-sends the engine named in the Prefill (export_engine), which the new
         # worker offers; UNSPECIFIED = "as loaded" from now on. The output cannot change either way.
@@ -358,6 +367,7 @@ class ExactLoop:
         )  # fmt: skip
         self.calls.release(self.decode, self.sid)  # D's copy is stale: the re-prefill hands off a fresh one
         h = self.restart(sent, [fault.worker])
+        batcher.forget(self.sid, self.decode, self.exact)
         self.sid, self.exact, self.decode = h.session_id, h.prefill, h.decode
         self.export_engine = self.engine_name or names.engine_name(h.engine)
         self.engine = 0  # as loaded: the Prefill named the engine

@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent import futures
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import grpc
@@ -81,6 +81,7 @@ class Worker:
     fingerprint: str = ""
     prefill_stream: bool = True  # prefill: answers PrefillStream (False once it said UNIMPLEMENTED: Prefill)
     draft_only_states: bool = False  # decode: its LoadState takes draft-only states (WorkerStats.draft_only_states)
+    batchers: dict = field(default_factory=dict)  # method -> router.batcher.RoundBatcher (DraftMany, VerifyMany)
 
     def offers(self, engine: str | None) -> bool:
         """Known to offer it, or might (incomplete list)."""

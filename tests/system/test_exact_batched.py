@@ -184,7 +184,7 @@ def test_a_verdict_without_hidden_rows_for_a_draft_only_session_reexports_the_wh
     the exact engine's, with one draft-only and one whole hand-off a request and no migration."""
     import types
 
-    monkeypatch.setattr("prefill_worker.service.hidden_rows", types.SimpleNamespace(encode=lambda h: None))
+    monkeypatch.setattr("prefill_worker.verify_calls.hidden_rows", types.SimpleNamespace(encode=lambda h: None))
     c, _, _, ref = cluster
     want = [ref.generate(_prompt(i), NEW) for i in range(3)]
     with ThreadPoolExecutor(3) as ex:

@@ -120,8 +120,11 @@ def test_the_enumeration_covers_every_method():
     assert {(r, m.name) for r, m in ALL} == {
         ("router", "Generate"),
         ("router", "GetModelInfo"),
-        *(("prefill", n) for n in ("Prefill", "PrefillStream", "Verify", "Release", "ExportState", "GetStats")),
-        *(("decode", n) for n in ("LoadState", "Decode", "Draft", "Release", "GetStats")),
+        *(
+            ("prefill", n)
+            for n in ("Prefill", "PrefillStream", "Verify", "VerifyMany", "Release", "ExportState", "GetStats")
+        ),
+        *(("decode", n) for n in ("LoadState", "Decode", "Draft", "DraftMany", "Release", "GetStats")),
     }
 
 

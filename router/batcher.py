@@ -1,0 +1,208 @@
+"""The router's round batcher: exact mode's Draft (or Verify) calls of many sessions to one worker, sent as one
+DraftMany (VerifyMany) RPC instead of one RPC each.
+
+    b = batcher_of(worker, "Draft")          # one per worker and method (Worker.batchers); None: not batched
+    ticket = b.submit(session_id, request, timeout)
+    response = ticket.result()               # the item's own DraftResponse, or raises (below)
+    forget(session_id, worker, ...)          # the session left these workers (finished, migrated)
+
+Why: each unary call costs the router's and the worker's process CPU (~0.3 ms a side on a 2-core VM,
+benchmarks/bench_round_batcher.py), all under their GILs, and a round's calls then reach the worker one by
+one: at 32 exact sessions on an H100 the Draft leader waited ~21 ms a round for the last of them
+(benchmarks/results/gpu-h100-2026-12-06-slim-xm.md). One RPC a worker a round takes the per-call cost once.
+
+Lifecycle of a batch: the first item queued while no batch is forming leads it. The leader waits until every
+live session of this batcher is queued (live: submitted within LIVE_S and not forgotten; exact sessions
+submit once a round, so in lockstep they are all here at once and nobody waits), or until SETTLE_S passed
+with no new item, at most MAX_WAIT_S; then it takes the queue, and the next item to arrive leads the next
+batch while this one is in flight. The leader sends the batch (its timeout: the longest of its items'), and
+hands each item its outcome. A worker that answers UNIMPLEMENTED (an older build) is not batched again:
+its items, and later calls, go as unary calls (Calls.batched). Splitting a round into two batches costs no
+tokens and little time: the workers' gathers merge concurrent calls (baton/engine/gather.py: the Draft
+round barrier, the Verify round groups).
+
+An item's outcome: its response; ItemError (an RpcError with the item's own code and details: the caller
+triages it as it would its unary call's); the whole RPC's RpcError; Unbatched (send it as a unary call).
+A ticket's own deadline is the caller's: result() raises a DEADLINE_EXCEEDED ItemError when it passes,
+whatever the batch still does. cancel() (the client went away) wakes its caller with CancelledError; a
+queued item is dropped, one in flight is answered to nobody (the router releases the session anyway).
+Batch invariance is the workers': a session's drafts and verdict are the same in any batch.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import grpc
+
+from baton.v1 import decode_pb2, prefill_pb2
+
+LIVE_S = 0.5  # a session that submitted within this long is expected in the next batch (unless forgotten)
+SETTLE_S = 0.0015  # a leader missing someone sends once no item arrived for this long ...
+MAX_WAIT_S = 0.008  # ... and at most this long after it started leading
+ENV = "BATON_BATCHED_ROUNDS"  # "0": exact mode's Draft / Verify go as unary calls (A/B)
+
+# method -> (batched method, its request type, the request's list field)
+METHODS = {
+    "Draft": ("DraftMany", decode_pb2.DraftManyRequest),
+    "Verify": ("VerifyMany", prefill_pb2.VerifyManyRequest),
+}
+_LOCK = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def batcher_of(worker, method: str) -> "RoundBatcher | None":
+    """The worker's batcher of `method` (made on first use), or None: not batched (ENV off, not a round
+    method, or the worker answered UNIMPLEMENTED)."""
+    if method not in METHODS or not enabled():
+        return None
+    with _LOCK:
+        b = worker.batchers.get(method)
+        if b is None:
+            b = worker.batchers[method] = RoundBatcher(worker, method)
+    return None if b.unsupported else b
+
+
+def forget(sid: str, *workers) -> None:
+    """Session `sid` left these workers (its request ended, it migrated): their batchers stop expecting it."""
+    for w in workers:
+        for b in list(w.batchers.values()):
+            b.forget(sid)
+
+
+class ItemError(grpc.RpcError):
+    """One item's status inside a batched RPC, or its own deadline: triaged as its unary call's RpcError."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+class Unbatched(Exception):
+    """The worker does not serve the batched method: send this item as a unary call."""
+
+
+class CancelledError(Exception):
+    """The ticket was cancelled (its client went away)."""
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class Ticket:
+    __slots__ = ("sid", "request", "deadline", "timeout", "done", "outcome", "cancelled", "batcher", "lead")
+
+    def __init__(self, batcher: "RoundBatcher", sid: str, request, timeout: float):
+        self.batcher, self.sid, self.request = batcher, sid, request
+        self.timeout, self.deadline = timeout, time.monotonic() + timeout
+        self.done = threading.Event()
+        self.outcome = None  # the response, or the exception to raise
+        self.cancelled = False
+        self.lead = False  # this item's caller leads the batch it is in
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.done.set()
+
+    def result(self):
+        if self.lead:
+            self.batcher._lead()
+        if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
+            raise ItemError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.1f}s")
+        if self.cancelled:
+            raise CancelledError()
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+class RoundBatcher:
+    def __init__(self, worker, method: str):
+        self.worker, self.method = worker, method
+        self.many, self.request_type = METHODS[method]
+        self.unsupported = False
+        self._cv = threading.Condition()
+        self._queue: list[Ticket] = []
+        self._leading = False
+        self._last_arrival = 0.0
+        self._seen: dict[str, float] = {}  # session id -> its last submit
+        self.batches = 0  # stats: batched RPCs sent and the items in them
+        self.items = 0
+
+    def submit(self, sid: str, request, timeout: float) -> Ticket:
+        t = Ticket(self, sid, request, timeout)
+        with self._cv:
+            now = self._last_arrival = time.monotonic()
+            self._seen[sid] = now
+            self._queue.append(t)
+            if not self._leading:
+                self._leading = t.lead = True
+            else:
+                self._cv.notify()
+        return t
+
+    def forget(self, sid: str) -> None:
+        with self._cv:
+            if self._seen.pop(sid, None) is not None:
+                self._cv.notify()
+
+    def _expected(self, now: float) -> int:
+        """Under _cv: the live sessions (module doc); long-gone ones are dropped."""
+        for sid in [s for s, t in self._seen.items() if now - t > 8 * LIVE_S]:
+            del self._seen[sid]
+        return sum(1 for t in self._seen.values() if now - t <= LIVE_S)
+
+    def _lead(self) -> None:
+        with self._cv:
+            start = time.monotonic()
+            while True:
+                now = time.monotonic()
+                if len(self._queue) >= self._expected(now):
+                    break
+                left = min(self._last_arrival + SETTLE_S, start + MAX_WAIT_S) - now
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            batch = [t for t in self._queue if not t.cancelled]
+            self._queue, self._leading = [], False
+        if batch:
+            self._send(batch)
+
+    def _send(self, batch: list[Ticket]) -> None:
+        req = self.request_type(requests=[t.request for t in batch])
+        timeout = max(t.deadline for t in batch) - time.monotonic()
+        try:
+            resp = getattr(self.worker.stub, self.many)(req, timeout=max(timeout, 0.001))
+            if len(resp.outcomes) != len(batch):
+                raise ItemError(
+                    grpc.StatusCode.INTERNAL, f"{self.many}: {len(resp.outcomes)} outcomes for {len(batch)}"
+                )
+            outcomes = [
+                o.response
+                if not o.status.code
+                else ItemError(_CODES.get(o.status.code, grpc.StatusCode.UNKNOWN), o.status.message)
+                for o in resp.outcomes
+            ]
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.unsupported = True
+                e = Unbatched()
+            outcomes = [e] * len(batch)
+        except ValueError:  # "Channel closed": the worker left the pool
+            outcomes = [ItemError(grpc.StatusCode.UNAVAILABLE, "worker removed from the pool")] * len(batch)
+        self.batches += 1
+        self.items += len(batch)
+        for t, o in zip(batch, outcomes):
+            t.outcome = o
+            t.done.set()
