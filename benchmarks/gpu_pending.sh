@@ -79,6 +79,7 @@
 #
 # Stages:
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
+#   batched        exact mtp at 32 through the router's round batcher, short (one call of ~250 s)
 #   slim-ab        exact mtp at 8 and 32 with draft-only and with whole hand-offs (BATON_SLIM_HANDOFF), bf16 at 32
 #   sweep-rows     benchmarks/sweep_rows_m.py: the rows GEMM's BLOCK_M / warps at M = 16..320, each variant
 #                  checked bitwise against the M <= 16 kernel (SWEEP_MS, SWEEP_KINDS)
@@ -317,6 +318,12 @@ case $stage in
       ratio "exact at 32, hidden rows relayed / decode worker's rows" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-rows.json" 32 1
       ratio "fast mtp adaptive p=0.9 at 32 / fast bf16 at 32" "$out/spec-adaptive-mtp.json" 32 "$out/spec-bf16.json" 32 0.95
     } | tee "$out/spec-merged-ratios.txt"
+    ;;
+  batched)  # exact mtp at 32 with the router's round batcher (DraftMany / VerifyMany, router/batcher.py), short:
+    # one warm-up at 8, 2 requests a stream, so that it fits a call of ~250 s; compare round_ms / gathered_wait
+    # with spec-merged's at 7996845 (benchmarks/results/gpu-h100-2026-12-06-slim-xm.md)
+    spec spec-exact-mtp-batched --mode exact --engine mtp --concurrency 32 --draft-p 0.95 --draft-k 8 --warmup 8 \
+      --requests 2
     ;;
   slim-ab)  # the draft-only hand-offs' A/B under load (BATON_SLIM_HANDOFF, dbbf6d7): exact mtp at 8 and 32 with slim
     # hand-offs (the default) and with whole ones, and fast bf16 at 32 for the 0.8x ratio, in one call

@@ -6,10 +6,12 @@ DraftMany (VerifyMany) RPC instead of one RPC each.
     response = ticket.result()               # the item's own DraftResponse, or raises (below)
     forget(session_id, worker, ...)          # the session left these workers (finished, migrated)
 
-Why: each unary call costs the router's and the worker's process CPU (~0.3 ms a side on a 2-core VM,
-benchmarks/bench_round_batcher.py), all under their GILs, and a round's calls then reach the worker one by
-one: at 32 exact sessions on an H100 the Draft leader waited ~21 ms a round for the last of them
-(benchmarks/results/gpu-h100-2026-12-06-slim-xm.md). One RPC a worker a round takes the per-call cost once.
+Why: each unary call costs the router's and the worker's process CPU, all under their GILs, and a round's
+calls then reach the worker one by one: at 32 exact sessions on an H100 the Draft leader waited ~21 ms a
+round for the last of them (benchmarks/results/gpu-h100-2026-12-06-slim-xm.md). One RPC a worker a round
+takes the per-call cost once: a round of 32 sessions' Draft calls, client and server in one process on a
+2-core VM, 637 us of CPU a session and 15.4 ms a round as unary calls, 86 us and 2.8 ms as one DraftMany
+(benchmarks/bench_round_batcher.py, results/round-batcher-cpu-2026-12-06.json).
 
 Lifecycle of a batch: the first item queued while no batch is forming leads it. The leader waits until every
 live session of this batcher is queued (live: submitted within LIVE_S and not forgotten; exact sessions

@@ -81,6 +81,7 @@ class ServicerBase:
         self._count_lock = threading.Lock()
         self.outstanding = 0  # RPCs in flight (GetStats itself not counted)
         self.requests_total = 0
+        self.batched_rpcs = self.batched_items = 0  # DraftMany / VerifyMany calls, and the requests in them
         self._stop = threading.Event()
         self._reaper = threading.Thread(
             target=self._reap_loop, args=(reap_interval_s,), name=f"{type(self).__name__}-reaper", daemon=True

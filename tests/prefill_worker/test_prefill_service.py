@@ -361,3 +361,61 @@ def test_verify_draft_probs_follow_the_sessions_exact_policy(stub, lm):
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("draft_probs: only"), details
     assert stub.Release(common_pb2.ReleaseRequest(session_id="cp"), timeout=T).released
+
+
+def test_verify_many_answers_each_block_as_its_own_verify_would(stub, lm, refs):
+    """VerifyMany of [a good block, an unknown session, a block whose t0 is not the pending token, the same
+    session twice, a block too long] -> OK / NOT_FOUND / INVALID_ARGUMENT / ABORTED / INVALID_ARGUMENT
+    item by item (past the window: OUT_OF_RANGE); the good verdict equals a twin session's unary Verify."""
+    (p1, ref1), (p2, _) = refs[0], refs[1]
+    first = {}
+    for sid, p in (("m1", p1), ("t1", p1), ("m2", p2), ("w", [7] * (MAX_LEN - W))):
+        r = stub.Prefill(prefill_pb2.PrefillRequest(session_id=sid, prompt_ids=p, mode=EXACT), timeout=T)
+        first[sid] = r.first_token
+    block = [first["m1"], *ref1[1:4], (ref1[4] + 1) % 512]  # three right drafts, then a wrong one
+    wrong = (first["m2"] + 1) % 512
+    reqs = [
+        prefill_pb2.VerifyRequest(session_id="m1", tokens=block),
+        prefill_pb2.VerifyRequest(session_id="nope", tokens=[1, 2]),
+        prefill_pb2.VerifyRequest(session_id="m2", tokens=[wrong, 1]),
+        prefill_pb2.VerifyRequest(session_id="m1", tokens=block),
+        prefill_pb2.VerifyRequest(session_id="w", tokens=[first["w"]] + [1] * W),
+    ]
+    out = stub.VerifyMany(prefill_pb2.VerifyManyRequest(requests=reqs), timeout=T).outcomes
+    C = grpc.StatusCode
+    codes = [o.status.code for o in out]
+    assert codes == [
+        0,
+        C.NOT_FOUND.value[0],
+        C.INVALID_ARGUMENT.value[0],
+        C.ABORTED.value[0],
+        C.INVALID_ARGUMENT.value[0],
+    ]
+    assert out[2].status.message.startswith("tokens[0]") and "nope" in out[1].status.message
+    twin = stub.Verify(prefill_pb2.VerifyRequest(session_id="t1", tokens=block), timeout=T)
+    assert out[0].response.accepted == 3 and out[0].response == twin
+    # m2 was left untouched by its bad item: its right block still verifies; then a batch past the window
+    ok = stub.VerifyMany(
+        prefill_pb2.VerifyManyRequest(requests=[prefill_pb2.VerifyRequest(session_id="m2", tokens=[first["m2"], 1])]),
+        timeout=T,
+    )
+    assert (
+        ok.outcomes[0].status.code == 0
+        and ok.outcomes[0].response.position == len(p2) + 1 + ok.outcomes[0].response.accepted
+    )
+    v = stub.Verify(
+        prefill_pb2.VerifyRequest(session_id="w", tokens=[first["w"]] + [(first["w"] + 1) % 512] * (W - 1)), timeout=T
+    )
+    far = stub.VerifyMany(
+        prefill_pb2.VerifyManyRequest(
+            requests=[prefill_pb2.VerifyRequest(session_id="w", tokens=[v.next_token] + [1] * (W - 1))]
+        ),
+        timeout=T,
+    )
+    assert far.outcomes[0].status.code == C.OUT_OF_RANGE.value[0] and far.outcomes[0].status.message.startswith(
+        "tokens"
+    )
+    assert stub.VerifyMany(prefill_pb2.VerifyManyRequest(), timeout=T).outcomes == []
+    for sid in ("m1", "t1", "m2", "w"):
+        stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T)
+    _normal(stub, lm)

@@ -71,9 +71,13 @@ def test_concurrent_exact_sessions_equal_the_exact_engine_and_batch(cluster, eng
     c, ps, ds, ref = cluster
     want = [ref.generate(_prompt(i), NEW) for i in range(N)]
     v0, d0 = ps.engine.verifies.max_items, ds.engine.drafts.max_items
+    rpcs0 = [(s.batched_rpcs, s.batched_items) for s in (ps, ds)]
     with ThreadPoolExecutor(N) as ex:
         got = list(ex.map(lambda i: _gen(c, i, engine), range(N)))
     assert got == want
+    for s, (r0, i0) in zip((ps, ds), rpcs0):  # the router sent the rounds' calls as VerifyMany / DraftMany
+        rpcs, items = s.batched_rpcs - r0, s.batched_items - i0
+        assert rpcs > 0 and items > rpcs, (type(s).__name__, rpcs, items)
     assert ps.engine.verifies.max_items > 1 or v0 > 1  # verify blocks of several sessions in one pass
     assert ds.engine.drafts.max_items > 1 or d0 > 1  # drafts of several sessions in one step
 

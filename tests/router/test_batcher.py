@@ -1,0 +1,136 @@
+"""router/batcher.py: a round's calls to one worker go as one batched RPC, each item with its own outcome."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import grpc
+import pytest
+
+from baton.v1 import common_pb2, decode_pb2
+from router import batcher
+
+
+class _Stub:
+    """DraftMany of a fake decode worker: records each batch; session "bad" fails alone (INVALID_ARGUMENT)."""
+
+    def __init__(self, delay: float = 0.0, error: grpc.StatusCode | None = None):
+        self.batches, self.delay, self.error = [], delay, error
+
+    def DraftMany(self, req, timeout):
+        self.batches.append([r.session_id for r in req.requests])
+        time.sleep(self.delay)
+        if self.error is not None:
+            raise _RpcError(self.error)
+        out = []
+        for r in req.requests:
+            if r.session_id == "bad":
+                st = common_pb2.ItemStatus(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message="k: out of range")
+                out.append(decode_pb2.DraftOutcome(status=st))
+            else:
+                resp = decode_pb2.DraftResponse(draft_tokens=[len(r.session_id), r.k])
+                out.append(decode_pb2.DraftOutcome(response=resp))
+        return decode_pb2.DraftManyResponse(outcomes=out)
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "from the stub"
+
+
+def _worker(stub):
+    return types.SimpleNamespace(stub=stub, batchers={})
+
+
+def _round(b, sids, timeout=5.0):
+    """Each session submits from its own thread at once -> {sid: response or the exception raised}."""
+    out, go = {}, threading.Barrier(len(sids))
+
+    def one(sid):
+        go.wait()
+        t = b.submit(sid, decode_pb2.DraftRequest(session_id=sid, k=3), timeout)
+        try:
+            out[sid] = t.result()
+        except Exception as e:  # noqa: BLE001
+            out[sid] = e
+
+    th = [threading.Thread(target=one, args=(s,)) for s in sids]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(10)
+    return out
+
+
+def test_a_round_of_sessions_goes_as_one_rpc_and_each_gets_its_own_outcome():
+    stub = _Stub(delay=0.01)
+    b = batcher.batcher_of(_worker(stub), "Draft")
+    sids = ["a", "bb", "ccc", "bad", "eeeee", "ffffff"]
+    _round(b, sids)  # the first round: nobody is known yet, so it may split while the sessions arrive
+    stub.batches.clear()
+    out = _round(b, sids)  # every session live: the leader waits for all of them
+    assert len(stub.batches) == 1 and sorted(stub.batches[0]) == sorted(sids)
+    for sid in sids:
+        if sid == "bad":
+            assert isinstance(out[sid], batcher.ItemError) and out[sid].code() == grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            assert list(out[sid].draft_tokens) == [len(sid), 3]
+    batcher.forget("bad", b.worker)  # a finished session is not waited for: the rest go at once
+    stub.batches.clear()
+    t0 = time.monotonic()
+    _round(b, [s for s in sids if s != "bad"])
+    assert len(stub.batches) == 1 and time.monotonic() - t0 < 0.5
+
+
+def test_a_missing_session_delays_a_batch_by_the_settle_time_only():
+    stub = _Stub()
+    b = batcher.batcher_of(_worker(stub), "Draft")
+    _round(b, ["a", "b"])
+    t0 = time.monotonic()
+    out = _round(b, ["a"])  # "b" is live but does not come: the batch goes after SETTLE_S .. MAX_WAIT_S
+    assert list(out["a"].draft_tokens) == [1, 3] and time.monotonic() - t0 < 0.5
+
+
+def test_a_worker_without_the_batched_method_gets_unary_calls():
+    w = _worker(_Stub(error=grpc.StatusCode.UNIMPLEMENTED))
+    out = _round(batcher.batcher_of(w, "Draft"), ["a", "b"])
+    assert all(isinstance(v, batcher.Unbatched) for v in out.values())
+    assert batcher.batcher_of(w, "Draft") is None
+
+
+def test_a_failed_rpc_fails_every_item_with_its_code():
+    out = _round(batcher.batcher_of(_worker(_Stub(error=grpc.StatusCode.UNAVAILABLE)), "Draft"), ["a", "b"])
+    assert all(v.code() == grpc.StatusCode.UNAVAILABLE for v in out.values())
+
+
+def test_an_item_s_own_deadline_and_cancel():
+    b = batcher.batcher_of(_worker(_Stub(delay=0.5)), "Draft")
+    lead = b.submit("lead", decode_pb2.DraftRequest(session_id="lead", k=1), 5.0)
+    late = b.submit("late", decode_pb2.DraftRequest(session_id="late", k=1), 0.1)
+    th = threading.Thread(target=lead.result)  # sends the batch (0.5 s at the worker)
+    th.start()
+    t0 = time.monotonic()
+    with pytest.raises(batcher.ItemError) as ei:
+        late.result()  # its own deadline, while the batch is still in flight
+    assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 0.4
+    th.join(5)
+    t = b.submit("x", decode_pb2.DraftRequest(session_id="x", k=1), 5.0)
+    t.lead = False  # as if another caller led: a cancelled ticket's caller wakes at once
+    t.cancel()
+    with pytest.raises(batcher.CancelledError):
+        t.result()
+
+
+def test_batching_off_and_other_methods(monkeypatch):
+    w = _worker(_Stub())
+    assert batcher.batcher_of(w, "Release") is None
+    monkeypatch.setenv(batcher.ENV, "0")
+    assert batcher.batcher_of(w, "Draft") is None
