@@ -264,6 +264,32 @@ def test_bad_decode_and_draft_requests(w, ref):
     _rel(w, "ok")
 
 
+def test_draft_many_answers_each_session_as_its_own_draft_would(w, ref):
+    """DraftMany of [a good first Draft, an unknown session, k out of range, a verdict without drafts out,
+    the good session again] -> OK / NOT_FOUND / INVALID_ARGUMENT x2 / ABORTED; the good item's drafts equal
+    the reference (and a twin session's unary Draft); the bad items leave their sessions as they were."""
+    D, C = w["D"], grpc.StatusCode
+    for sid in ("dm", "dt", "dk"):
+        _load(w, sid, mode=EXACT)
+    reqs = [
+        decode_pb2.DraftRequest(session_id="dm", k=3),
+        decode_pb2.DraftRequest(session_id="nope", k=2),
+        decode_pb2.DraftRequest(session_id="dk", k=W - 1),
+        decode_pb2.DraftRequest(session_id="dt", k=2, has_verdict=True, accepted=1, next_token=1),
+        decode_pb2.DraftRequest(session_id="dm", k=3),
+    ]
+    out = D.DraftMany(decode_pb2.DraftManyRequest(requests=reqs), timeout=T).outcomes
+    codes = [C.OK if not o.status.code else next(c for c in C if c.value[0] == o.status.code) for o in out]
+    assert codes == [C.OK, C.NOT_FOUND, C.INVALID_ARGUMENT, C.INVALID_ARGUMENT, C.ABORTED], [o.status for o in out]
+    assert [o.status.message.split(":")[0] for o in out[1:4]] == ["session_id", "k", "has_verdict"]
+    assert list(out[0].response.draft_tokens) == ref[1:4]
+    twin = D.Draft(decode_pb2.DraftRequest(session_id="dt", k=3), timeout=T)
+    assert (twin.draft_tokens, twin.position) == (out[0].response.draft_tokens, out[0].response.position)
+    assert list(D.Draft(decode_pb2.DraftRequest(session_id="dk", k=3), timeout=T).draft_tokens) == ref[1:4]
+    for sid in ("dm", "dt", "dk"):
+        _rel(w, sid)
+
+
 def _with_hidden(sid: str, v, k: int = 2):
     """A Draft with the verdict of VerifyResponse v and its hidden rows."""
     return decode_pb2.DraftRequest(
