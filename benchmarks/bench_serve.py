@@ -89,6 +89,9 @@ Per point:
                        the workers' Gather batches during the point and their mean calls (WorkerStats
                        gathered_*): decode: Draft calls and fast mtp rounds run together; prefill: Verify
                        calls verified in one pass (exact mode); 0.0 = none
+    decode_batched_rpcs, decode_batched_mean, prefill_batched_rpcs, prefill_batched_mean
+                       the router's batched round RPCs during the point (DraftMany / VerifyMany, router/batcher.py;
+                       WorkerStats batched_*) and their mean requests; 0 = none (fast mode, or BATON_BATCHED_ROUNDS=0)
     prefill_passes, prefill_pass_mean_pieces, prefill_pass_ms_mean, prefill_pass_gave_way
                        the prefill workers' batched prefill passes during the point (WorkerStats
                        prefill_*): how many, their mean prompt pieces, their mean wall time (a Verify that
@@ -679,6 +682,10 @@ class _StepStats:
             "prefill_pass_mean_pieces": round(pieces / passes, 2) if passes else 0.0,
             "prefill_pass_ms_mean": round(1e3 * secs / passes, 2) if passes else 0.0,
         }
+        for role in ("decode", "prefill"):  # the router's round batcher: DraftMany / VerifyMany and their requests
+            (r1, n1), (r0, n0) = g1.pop(role + "_batched", (0, 0)), self.g0.get(role + "_batched", (0, 0))
+            out[f"{role}_batched_rpcs"] = r1 - r0
+            out[f"{role}_batched_mean"] = round((n1 - n0) / (r1 - r0), 2) if r1 > r0 else 0.0
         for role, (b1, i1, t1) in sorted(g1.items()):
             b0, i0, t0 = self.g0.get(role, (0, 0, {}))
             out[f"{role}_gathered_batches"] = b1 - b0

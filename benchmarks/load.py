@@ -200,7 +200,7 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
     """Per role (prefill, decode): the workers' Gather batches, the calls in them and their summed seconds by
     part ({"wait", "lock", "run"}: WorkerStats gathered_batches / gathered_items / gathered_s: Verify on a
     prefill worker, Draft and mtp rounds on a decode worker), summed over the role's workers; counters since
-    the worker started. Also "prefill_pass": the
+    the worker started. Also "ROLE_batched": its batched round RPCs and the requests in them. Also "prefill_pass": the
     prefill workers' batched prefill passes, their pieces, tokens, summed seconds and the times they gave
     the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way)."""
     out: dict[str, tuple] = {}
@@ -210,6 +210,8 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
         for part, secs in st.gathered_s.items():
             t[part] = t.get(part, 0.0) + secs
         out[role] = (b + st.gathered_batches, i + st.gathered_items, t)
+        r, n = out.get(role + "_batched", (0, 0))
+        out[role + "_batched"] = (r + st.batched_rpcs, n + st.batched_items)  # DraftMany / VerifyMany
         if role == "prefill":
             prev = out.get("prefill_pass", (0, 0, 0, 0.0, 0))
             now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s, st.gathered_gave_way)

@@ -307,6 +307,8 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
             model_fingerprint=self.fingerprint,
             max_len=self.engine.max_len,
             requests_total=self.requests_total,
+            batched_rpcs=self.batched_rpcs,
+            batched_items=self.batched_items,
             draft_only_states=True,  # LoadState takes StateHeader.draft_only (baton/handoff/receive.py)
         )
 

@@ -355,6 +355,8 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
             model_fingerprint=self.fingerprint,
             max_len=self.engine.runner.max_len,
             requests_total=self.requests_total,
+            batched_rpcs=self.batched_rpcs,
+            batched_items=self.batched_items,
         )
 
     def GetStats(self, request, context):

@@ -21,6 +21,9 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
     baton_worker_gathered_seconds_total{part="wait"|"lock"|"run"}
                                    their summed seconds: each batch's leader waiting for the calls it expects,
                                    then for the compute lock, then the batch (baton/engine/gather.py)
+    baton_worker_batched_rpcs_total, baton_worker_batched_items_total
+                                   the batched round RPCs it served (DraftMany, VerifyMany: router/batcher.py)
+                                   and the requests in them
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
 
@@ -107,9 +110,15 @@ def _gathered(got):
     secs = CounterMetricFamily(
         "baton_worker_gathered_seconds", "Seconds of the worker's gathered batches, by part", labels=[*labels, "part"]
     )
+    rpcs = CounterMetricFamily(
+        "baton_worker_batched_rpcs", "Batched round RPCs (DraftMany, VerifyMany) served", labels=labels
+    )
+    reqs = CounterMetricFamily("baton_worker_batched_items", "Requests in the batched round RPCs", labels=labels)
     for w, st in got:
         batches.add_metric([w.role, w.address], float(st.gathered_batches))
         items.add_metric([w.role, w.address], float(st.gathered_items))
         for part, v in sorted(st.gathered_s.items()):
             secs.add_metric([w.role, w.address, part], v)
-    yield from (batches, items, secs)
+        rpcs.add_metric([w.role, w.address], float(st.batched_rpcs))
+        reqs.add_metric([w.role, w.address], float(st.batched_items))
+    yield from (batches, items, secs, rpcs, reqs)

@@ -318,6 +318,9 @@ def test_exact_fp8_with_controlled_drafts(tmp_path):
     assert abs(p["acceptance_rate"] - law["expected_acceptance_rate"]) < 0.25, p  # ~80 drafts: sd ~0.06
     assert abs(p["tokens_per_round"] - law["expected_tokens_per_round"]) < 1.5, p
     assert p["prefill_gathered_batches"] >= p["rounds"] / 2  # every round's Verify went through the gather
+    # the router sent the rounds' calls as batched RPCs (router/batcher.py): all of them, at least one a round
+    for role in ("prefill", "decode"):
+        assert p["rounds"] / 4 <= p[f"{role}_batched_rpcs"] <= p["rounds"] and p[f"{role}_batched_mean"] >= 1, p
     # where a round goes: the router's Draft / Verify calls, each within the stream's round, and the workers'
     # gathered batches (a Verify batch ran for some time; its parts are not negative)
     assert 0 < p["round_draft_ms_p50"] < p["round_ms_p50"] and 0 < p["round_verify_ms_p50"] < p["round_ms_p50"], p

@@ -99,7 +99,8 @@ def test_metrics_show_each_workers_sessions_and_kv_pages(cluster):
 
 def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
     """An exact-mode request's rounds are gathered Verify batches on the prefill worker and Draft batches on
-    the decode worker: /metrics counts them, with their seconds by part (wait, lock, run)."""
+    the decode worker: /metrics counts them, with their seconds by part (wait, lock, run), and the router's
+    batched round RPCs (DraftMany, VerifyMany) with their requests."""
     p, d = cluster["addr"]["prefill"], cluster["addr"]["decode"]
     before = _scrape(cluster)
     deltas = list(cluster["client"].generate([5, 6, 7], max_new_tokens=12, mode="exact", ignore_eos=True))
@@ -116,6 +117,11 @@ def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
         assert got[run] > before.get(run, 0.0), (role, got)
         for part in ("wait", "lock"):
             assert got[f'baton_worker_gathered_seconds_total{{part="{part}",role="{role}",worker="{addr}"}}'] >= 0
+        # one session: each round's Draft and Verify went as a batched RPC of one request (router/batcher.py)
+        rpcs = "baton_worker_batched_rpcs_total" + lab
+        assert got[rpcs] - before.get(rpcs, 0.0) == rounds, (role, got)
+        reqs = "baton_worker_batched_items_total" + lab
+        assert got[reqs] - before.get(reqs, 0.0) == rounds
 
 
 def test_cpu_served_workers_pipeline_exact_rounds_and_one_gpu_shared_merges_them(cluster, monkeypatch):
