@@ -33,6 +33,7 @@ Batch invariance is the workers': a session's drafts and verdict are the same in
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -44,6 +45,7 @@ from baton.v1 import decode_pb2, prefill_pb2
 LIVE_S = 0.5  # a session that submitted within this long is expected in the next batch (unless forgotten)
 SETTLE_S = 0.0015  # a leader missing someone sends once no item arrived for this long ...
 MAX_WAIT_S = 0.008  # ... and at most this long after it started leading
+log = logging.getLogger("baton.router")
 ENV = "BATON_BATCHED_ROUNDS"  # "0": exact mode's Draft / Verify go as unary calls (A/B)
 
 # method -> (batched method, its request type, the request's list field)
@@ -203,6 +205,11 @@ class RoundBatcher:
             outcomes = [e] * len(batch)
         except ValueError:  # "Channel closed": the worker left the pool
             outcomes = [ItemError(grpc.StatusCode.UNAVAILABLE, "worker removed from the pool")] * len(batch)
+        except Exception as e:  # noqa: BLE001 - a bug here must not leave the other callers waiting
+            log.exception("%s to %s failed", self.many, self.worker.address)
+            outcomes = [ItemError(grpc.StatusCode.INTERNAL, f"router: {self.many}: {type(e).__name__}: {e}")] * len(
+                batch
+            )
         self.batches += 1
         self.items += len(batch)
         for t, o in zip(batch, outcomes):

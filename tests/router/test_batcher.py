@@ -47,7 +47,7 @@ class _RpcError(grpc.RpcError):
 
 
 def _worker(stub):
-    return types.SimpleNamespace(stub=stub, batchers={})
+    return types.SimpleNamespace(stub=stub, batchers={}, address="127.0.0.1:1")
 
 
 def _round(b, sids, timeout=5.0):
@@ -134,3 +134,14 @@ def test_batching_off_and_other_methods(monkeypatch):
     assert batcher.batcher_of(w, "Release") is None
     monkeypatch.setenv(batcher.ENV, "0")
     assert batcher.batcher_of(w, "Draft") is None
+
+
+def test_a_bug_while_sending_fails_the_items_instead_of_leaving_them_waiting():
+    class Broken:
+        def DraftMany(self, req, timeout):
+            raise KeyError("boom")
+
+    t0 = time.monotonic()
+    out = _round(batcher.batcher_of(_worker(Broken()), "Draft"), ["a", "b"])
+    assert all(v.code() == grpc.StatusCode.INTERNAL and "KeyError" in v.details() for v in out.values())
+    assert time.monotonic() - t0 < 1.0
