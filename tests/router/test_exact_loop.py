@@ -101,6 +101,18 @@ def _reqs(fake, method):
     return [r for m, r in fake.servicer.calls if m == method]
 
 
+def test_workers_without_batched_rpcs_get_unary_calls(fake_pool):
+    """These fakes are workers of an older build: their DraftMany / VerifyMany answer UNIMPLEMENTED. The
+    router's first batched call to each falls back to unary Draft / Verify, and every later one goes unary
+    at once (router/batcher.py); the tokens are the same."""
+    loop, h, _budget, stats, _, pf, (df,) = _setup(fake_pool, n=20, k=4, decodes=[Controlled(fake_pool.settings)])
+    out, batches = _run(loop, h)
+    assert out == reference(IDS, 20)
+    assert h.decode.batchers["Draft"].unsupported and h.prefill.batchers["Verify"].unsupported
+    assert h.decode.batchers["Draft"].batches == h.prefill.batchers["Verify"].batches == 1  # only the first try
+    assert len(_reqs(df, "Draft")) == len(_reqs(pf, "Verify")) == stats.rounds == len(batches)
+
+
 @pytest.mark.parametrize("plan", [[0, 0, 0, 0], [4, 4, 4], [1, 3, 0, 2, 4, 1], [2] * 10])
 def test_yields_exactly_the_verified_tokens(fake_pool, plan):
     K, N = 4, 20
