@@ -14,8 +14,10 @@ takes the per-call cost once: a round of 32 sessions' Draft calls, client and se
 (benchmarks/bench_round_batcher.py, results/round-batcher-cpu-2026-12-06.json).
 
 Lifecycle of a batch: the first item queued while no batch is forming leads it. The leader waits until every
-live session of this batcher is queued (live: submitted within LIVE_S and not forgotten; exact sessions
-submit once a round, so in lockstep they are all here at once and nobody waits), or until SETTLE_S passed
+live session of this batcher that may come is queued (live: submitted within LIVE_S and not forgotten; may
+come: not waiting on a batch elsewhere, such as its Verify while this is a Draft batcher: where the two
+workers' rounds pipeline, half the sessions are always there; exact sessions submit once a round, so in
+lockstep they are all here at once and nobody waits), or until SETTLE_S passed
 with no new item, at most MAX_WAIT_S; then it takes the queue, and the next item to arrive leads the next
 batch while this one is in flight. The leader sends the batch (its timeout: the longest of its items'), and
 hands each item its outcome. A worker that answers UNIMPLEMENTED (an older build) is not batched again:
@@ -102,10 +104,13 @@ class CancelledError(Exception):
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+# session id -> the Ticket its caller waits on (any batcher): a session waiting on another worker's batch
+# (its Verify, while this is the Draft batcher) cannot come now, so no leader waits for it
+_BUSY: dict = {}
 
 
 class Ticket:
-    __slots__ = ("sid", "request", "deadline", "timeout", "done", "outcome", "cancelled", "batcher", "lead")
+    __slots__ = ("sid", "request", "deadline", "timeout", "done", "outcome", "cancelled", "batcher", "lead", "sent")
 
     def __init__(self, batcher: "RoundBatcher", sid: str, request, timeout: float):
         self.batcher, self.sid, self.request = batcher, sid, request
@@ -114,16 +119,29 @@ class Ticket:
         self.outcome = None  # the response, or the exception to raise
         self.cancelled = False
         self.lead = False  # this item's caller leads the batch it is in
+        self.sent = False  # taken into a batch (in flight or answered)
 
     def cancel(self) -> None:
         self.cancelled = True
         self.done.set()
 
+    def abandon(self) -> None:
+        """Cancelled before its caller waited: leads the batch if it must (without this item), and forgets it."""
+        self.cancel()
+        try:
+            self.result()
+        except CancelledError:
+            pass
+
     def result(self):
-        if self.lead:
-            self.batcher._lead()
-        if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
-            raise ItemError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.1f}s")
+        try:
+            if self.lead:
+                self.batcher._lead()
+            if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
+                raise ItemError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.1f}s")
+        finally:
+            if _BUSY.get(self.sid) is self:
+                del _BUSY[self.sid]
         if self.cancelled:
             raise CancelledError()
         if isinstance(self.outcome, BaseException):
@@ -149,6 +167,7 @@ class RoundBatcher:
         with self._cv:
             now = self._last_arrival = time.monotonic()
             self._seen[sid] = now
+            _BUSY[sid] = t
             self._queue.append(t)
             if not self._leading:
                 self._leading = t.lead = True
@@ -165,7 +184,13 @@ class RoundBatcher:
         """Under _cv: the live sessions (module doc); long-gone ones are dropped."""
         for sid in [s for s, t in self._seen.items() if now - t > 8 * LIVE_S]:
             del self._seen[sid]
-        return sum(1 for t in self._seen.values() if now - t <= LIVE_S)
+        return sum(1 for sid, t in self._seen.items() if now - t <= LIVE_S and self._may_come(sid))
+
+    def _may_come(self, sid: str) -> bool:
+        """Whether live session `sid` may still join the batch forming here: not waiting on another batch (of
+        another batcher, or one of this batcher's already sent), or queued here."""
+        t = _BUSY.get(sid)
+        return t is None or (t.batcher is self and not t.sent)
 
     def _lead(self) -> None:
         with self._cv:
@@ -179,6 +204,8 @@ class RoundBatcher:
                     break
                 self._cv.wait(left)
             batch = [t for t in self._queue if not t.cancelled]
+            for t in batch:
+                t.sent = True
             self._queue, self._leading = [], False
         if batch:
             self._send(batch)
@@ -214,4 +241,6 @@ class RoundBatcher:
         self.items += len(batch)
         for t, o in zip(batch, outcomes):
             t.outcome = o
+            if _BUSY.get(t.sid) is t:  # answered: its caller comes back to a batcher soon (may come again)
+                del _BUSY[t.sid]
             t.done.set()

@@ -147,7 +147,11 @@ class Calls:
             return self.unary(worker, method, request)
         timeout = self._timeout(capped=True)
         ticket = b.submit(request.session_id, request, timeout)
-        self._register(ticket)
+        try:
+            self._register(ticket)
+        except Cancelled:
+            ticket.abandon()  # its caller may be the batch's leader: the others' batch still goes
+            raise
         try:
             resp = ticket.result()
             worker.last_answer = time.monotonic()

@@ -145,3 +145,32 @@ def test_a_bug_while_sending_fails_the_items_instead_of_leaving_them_waiting():
     out = _round(batcher.batcher_of(_worker(Broken()), "Draft"), ["a", "b"])
     assert all(v.code() == grpc.StatusCode.INTERNAL and "KeyError" in v.details() for v in out.values())
     assert time.monotonic() - t0 < 1.0
+
+
+def test_an_abandoned_leader_still_sends_the_others_and_nobody_waits_for_a_busy_session():
+    """A request cancelled between submit and result (Calls.batched's register) abandons its ticket: if it
+    was to lead, the others' batch still goes. A session waiting on another batcher's batch (its Verify) is
+    not waited for by this one (no settle wait)."""
+    stub = _Stub()
+    b = batcher.batcher_of(_worker(stub), "Draft")
+    _round(b, ["a", "b"])
+    lead = b.submit("a", decode_pb2.DraftRequest(session_id="a", k=2), 5.0)
+    other = b.submit("b", decode_pb2.DraftRequest(session_id="b", k=2), 5.0)
+    done = threading.Thread(target=other.result)
+    done.start()
+    lead.abandon()
+    done.join(2)
+    assert not done.is_alive() and stub.batches[-1] == ["b"] and list(other.outcome.draft_tokens) == [1, 2]
+    assert not batcher._BUSY  # nobody waits on anything any more
+    verify = batcher.RoundBatcher(_worker(stub), "Draft")  # stands for b's sessions' other worker
+    held = verify.submit("b", decode_pb2.DraftRequest(session_id="b", k=2), 5.0)  # "b" waits there
+    now = time.monotonic()
+    assert b._expected(now) == 1  # "a" only: "b" is queued at the other batcher
+    held.sent = True  # ... and in flight there
+    assert b._expected(now) == 1
+    held.cancel()
+    try:
+        held.result()
+    except batcher.CancelledError:
+        pass
+    assert b._expected(now) == 2 and not batcher._BUSY  # "b" is back: it may come to this batcher
