@@ -77,12 +77,13 @@
 # tests-serving, test_gpu_batch.py / test_gpu_verify.py at the default table, and the rest owed above.
 # Then batched at 8240ca8 on a fourth H100 (same report, section 5): exact mtp at 32 with the router's round
 # batcher, 2,004 tok/s, round 91 ms, the leaders' waits 21.3 -> 5.4 / 7.3 -> 0.02 ms (across machines). Owed:
-# its same-machine A/B (BATON_BATCHED_ROUNDS=0 against the default, with bf16 at 32, e.g. spec-merged twice).
+# its same-machine A/B: batched-ab (BATON_BATCHED_ROUNDS=0 against the default, with bf16 at 32).
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
 #   batched        exact mtp at 32 through the router's round batcher, short (one call of ~250 s)
+#   batched-ab     exact mtp at 8 and 32 batched and unary (BATON_BATCHED_ROUNDS), bf16 at 32 (~450 s)
 #   slim-ab        exact mtp at 8 and 32 with draft-only and with whole hand-offs (BATON_SLIM_HANDOFF), bf16 at 32
 #   sweep-rows     benchmarks/sweep_rows_m.py: the rows GEMM's BLOCK_M / warps at M = 16..320, each variant
 #                  checked bitwise against the M <= 16 kernel (SWEEP_MS, SWEEP_KINDS)
@@ -327,6 +328,25 @@ case $stage in
     # with spec-merged's at 7996845 (benchmarks/results/gpu-h100-2026-12-06-slim-xm.md)
     spec spec-exact-mtp-batched --mode exact --engine mtp --concurrency 32 --draft-p 0.95 --draft-k 8 --warmup 8 \
       --requests 2
+    ;;
+  batched-ab)  # the round batcher's same-machine A/B: exact mtp at 8 and 32 batched (the default), then with one
+    # unary call a session (BATON_BATCHED_ROUNDS=0), then fast bf16 at 32 for the 0.8x ratio (~450 s); with
+    # BATCHED_PIPELINED=1 also the batched run with pipelined gathers (BATON_GATHER_PERIODIC=0), which the
+    # batcher's may-come rule no longer slows (router/batcher.py)
+    spec spec-exact-mtp --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
+    BATON_BATCHED_ROUNDS=0 spec spec-exact-mtp-unary --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
+      --draft-k 8
+    spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
+    if [ "${BATCHED_PIPELINED:-0}" = 1 ]; then
+      BATON_GATHER_PERIODIC=0 spec spec-exact-mtp-pipelined --mode exact --engine mtp --concurrency 8,32 \
+        --draft-p 0.95 --draft-k 8
+    fi
+    {
+      ratio "exact at 8, batched / unary rounds" "$out/spec-exact-mtp.json" 8 "$out/spec-exact-mtp-unary.json" 8 1
+      ratio "exact at 32, batched / unary rounds" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-unary.json" 32 1
+      ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-bf16.json" 32 0.8
+      ratio "pipelined exact at 32 / fast bf16 at 32" "$out/spec-exact-mtp-pipelined.json" 32 "$out/spec-bf16.json" 32 0.8
+    } | tee "$out/batched-ab-ratios.txt"
     ;;
   slim-ab)  # the draft-only hand-offs' A/B under load (BATON_SLIM_HANDOFF, dbbf6d7): exact mtp at 8 and 32 with slim
     # hand-offs (the default) and with whole ones, and fast bf16 at 32 for the 0.8x ratio, in one call
