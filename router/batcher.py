@@ -50,7 +50,7 @@ MAX_WAIT_S = 0.008  # ... and at most this long after it started leading
 log = logging.getLogger("baton.router")
 ENV = "BATON_BATCHED_ROUNDS"  # "0": exact mode's Draft / Verify go as unary calls (A/B)
 
-# method -> (batched method, its request type, the request's list field)
+# method -> (its batched method, that method's request type)
 METHODS = {
     "Draft": ("DraftMany", decode_pb2.DraftManyRequest),
     "Verify": ("VerifyMany", prefill_pb2.VerifyManyRequest),
@@ -107,6 +107,14 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 # session id -> the Ticket its caller waits on (any batcher): a session waiting on another worker's batch
 # (its Verify, while this is the Draft batcher) cannot come now, so no leader waits for it
 _BUSY: dict = {}
+_BUSY_LOCK = threading.Lock()
+
+
+def _unbusy(t: "Ticket") -> None:
+    """t's session no longer waits on t (answered, or its caller stopped waiting)."""
+    with _BUSY_LOCK:
+        if _BUSY.get(t.sid) is t:
+            del _BUSY[t.sid]
 
 
 class Ticket:
@@ -140,8 +148,7 @@ class Ticket:
             if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
                 raise ItemError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.1f}s")
         finally:
-            if _BUSY.get(self.sid) is self:
-                del _BUSY[self.sid]
+            _unbusy(self)
         if self.cancelled:
             raise CancelledError()
         if isinstance(self.outcome, BaseException):
@@ -167,7 +174,8 @@ class RoundBatcher:
         with self._cv:
             now = self._last_arrival = time.monotonic()
             self._seen[sid] = now
-            _BUSY[sid] = t
+            with _BUSY_LOCK:
+                _BUSY[sid] = t
             self._queue.append(t)
             if not self._leading:
                 self._leading = t.lead = True
@@ -241,6 +249,5 @@ class RoundBatcher:
         self.items += len(batch)
         for t, o in zip(batch, outcomes):
             t.outcome = o
-            if _BUSY.get(t.sid) is t:  # answered: its caller comes back to a batcher soon (may come again)
-                del _BUSY[t.sid]
+            _unbusy(t)  # answered: its caller comes back to a batcher soon (it may come again)
             t.done.set()
