@@ -333,7 +333,9 @@ case $stage in
     # unary call a session (BATON_BATCHED_ROUNDS=0), then fast bf16 at 32 for the 0.8x ratio (~450 s); with
     # BATCHED_PIPELINED=1 also the batched run with pipelined gathers (BATON_GATHER_PERIODIC=0), which the
     # batcher's may-come rule no longer slows (router/batcher.py)
-    spec spec-exact-mtp --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
+    # the batched run with each process's stack samples (baton/stack_sampler.py): where the batch runs' host time goes
+    BATON_STACK_SAMPLES="$out/stacks-{role}-{pid}.txt" spec spec-exact-mtp --mode exact --engine mtp \
+      --concurrency 8,32 --draft-p 0.95 --draft-k 8
     BATON_BATCHED_ROUNDS=0 spec spec-exact-mtp-unary --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
       --draft-k 8
     spec spec-bf16 --engine bf16 --concurrency 32 --check-prompts 1
