@@ -344,10 +344,10 @@ class ExactEngine:
     def verified(item: VerifyItem, got) -> VerifyResult:
         """The VerifyResult of item's pass result `got` (raised if an exception), the session's counters updated."""
         m, nxt, pos, lps, hidden = unwrap(got)
-        c = item.session.counters
-        c.drafted += len(item.tokens) - 1
+        c, k = item.session.counters, len(item.tokens) - 1
+        c.drafted += k
         c.accepted += m
-        c.rejected_blocks += int(m < len(item.tokens) - 1)
+        c.rejected_blocks += int(m < k)
         c.verify_blocks += 1
         return VerifyResult(m, nxt, pos, c, lps, hidden)
 

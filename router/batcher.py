@@ -99,8 +99,8 @@ class Unbatched(Exception):
     """The worker does not serve the batched method: send this item as a unary call."""
 
 
-class CancelledError(Exception):
-    """The ticket was cancelled (its client went away)."""
+class CancelledError(grpc.FutureCancelledError):
+    """The ticket was cancelled (its client went away): as a cancelled grpc future's result()."""
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}

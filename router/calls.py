@@ -127,16 +127,7 @@ class Calls:
         timeout = self._timeout(capped=True)
         fut = self._start_call(worker, getattr(worker.stub, method).future, request, timeout)
         self._register(fut)
-        try:
-            resp = fut.result()
-            worker.last_answer = time.monotonic()  # alive, however late its health checks are
-            return resp
-        except grpc.FutureCancelledError:
-            raise Cancelled() from None
-        except grpc.RpcError as e:
-            raise self._error(worker, e, timeout) from None
-        finally:
-            self._unregister(fut)
+        return self._answer(worker, fut, timeout)
 
     def batched(self, worker: Worker, method: str, request):
         """As unary(worker, method, request), but sent with other requests' calls of that method to that worker
@@ -153,17 +144,22 @@ class Calls:
             ticket.abandon()  # its caller may be the batch's leader: the others' batch still goes
             raise
         try:
-            resp = ticket.result()
-            worker.last_answer = time.monotonic()
-            return resp
+            return self._answer(worker, ticket, timeout)
         except batcher.Unbatched:
             return self.unary(worker, method, request)
-        except batcher.CancelledError:
+
+    def _answer(self, worker: Worker, handle, timeout: float):
+        """The response of a registered call (a grpc future, or a batcher Ticket), its errors triaged."""
+        try:
+            resp = handle.result()
+            worker.last_answer = time.monotonic()  # alive, however late its health checks are
+            return resp
+        except grpc.FutureCancelledError:
             raise Cancelled() from None
         except grpc.RpcError as e:
             raise self._error(worker, e, timeout) from None
         finally:
-            self._unregister(ticket)
+            self._unregister(handle)
 
     def stream(self, worker: Worker, method: str, request):
         """Yields the responses of a server stream; breaking out of the loop cancels the call.

@@ -31,9 +31,7 @@ log = logging.getLogger("baton.worker")
 def serve_many(servicer, requests, prepare: Callable, run: Callable, respond: Callable) -> list:
     """See the module doc -> per request (common_pb2.ItemStatus, response or None)."""
     out: list = [None] * len(requests)
-    with servicer._count_lock:
-        servicer.batched_rpcs += 1
-        servicer.batched_items += len(requests)
+    servicer.count_batched(len(requests))
     with ExitStack() as held:
         todo: list[tuple[int, object]] = []
         for i, req in enumerate(requests):

@@ -100,6 +100,12 @@ class ServicerBase:
     def close(self) -> None:
         self._stop.set()
 
+    def count_batched(self, items: int) -> None:
+        """One batched RPC (DraftMany, VerifyMany) of `items` requests: WorkerStats.batched_rpcs / batched_items."""
+        with self._count_lock:
+            self.batched_rpcs += 1
+            self.batched_items += items
+
     def status_of(self, e: BaseException) -> tuple[grpc.StatusCode, str]:
         """The status a call that raised `e` ends with: StatusError's own, StateError's code, `errors`' mapping;
         anything else is INTERNAL (a unary call would end UNKNOWN; an item of a batched RPC needs a code)."""
