@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baton import op_profile  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
@@ -135,11 +136,7 @@ def _profile(path: Path, fn) -> None:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
         fn()
-    ka = prof.key_averages()
-    text = ["# by self CPU time", ka.table(sort_by="self_cpu_time_total", row_limit=30)]
-    if torch.cuda.is_available():
-        text += ["# by device time", ka.table(sort_by="self_cuda_time_total", row_limit=20)]
-    path.write_text("\n".join(text))
+    path.write_text(op_profile.tables(prof))
 
 
 def main(argv=None) -> dict:

@@ -84,6 +84,8 @@
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
 #   batched        exact mtp at 32 through the router's round batcher, short (one call of ~250 s)
 #   batched-ab     exact mtp at 8 and 32 batched and unary (BATON_BATCHED_ROUNDS), bf16 at 32 (~450 s)
+#   ops            exact mtp at 8, then 32, with torch.profiler over each worker's Draft / Verify batches
+#                  (BATON_OP_PROFILE): their ops, kernels and device time against the batches' wall time
 #   slim-ab        exact mtp at 8 and 32 with draft-only and with whole hand-offs (BATON_SLIM_HANDOFF), bf16 at 32
 #   sweep-rows     benchmarks/sweep_rows_m.py: the rows GEMM's BLOCK_M / warps at M = 16..320, each variant
 #                  checked bitwise against the M <= 16 kernel (SWEEP_MS, SWEEP_KINDS)
@@ -349,6 +351,15 @@ case $stage in
       ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-bf16.json" 32 0.8
       ratio "pipelined exact at 32 / fast bf16 at 32" "$out/spec-exact-mtp-pipelined.json" 32 "$out/spec-bf16.json" 32 0.8
     } | tee "$out/batched-ab-ratios.txt"
+    ;;
+  ops)  # where a served exact round's batch time goes: torch.profiler over each worker's Draft / Verify batches
+    # (baton/op_profile.py), exact mtp at 8 (60 batches after 60 of >= 4 sessions: past the warm-up at 8), then
+    # at 32 (50 batches after 30 of >= 16); each worker writes its op tables and the window's device time
+    BATON_OP_PROFILE="$out/ops8-{role}-{pid}.txt" BATON_OP_PROFILE_WINDOW=60:60:4 spec spec-exact-mtp-ops8 \
+      --mode exact --engine mtp --concurrency 8 --draft-p 0.95 --draft-k 8
+    BATON_OP_PROFILE="$out/ops32-{role}-{pid}.txt" BATON_OP_PROFILE_WINDOW=30:50:16 spec spec-exact-mtp-ops32 \
+      --mode exact --engine mtp --concurrency 32 --draft-p 0.95 --draft-k 8
+    head -3 "$out"/ops*.txt
     ;;
   slim-ab)  # the draft-only hand-offs' A/B under load (BATON_SLIM_HANDOFF, dbbf6d7): exact mtp at 8 and 32 with slim
     # hand-offs (the default) and with whole ones, and fast bf16 at 32 for the 0.8x ratio, in one call

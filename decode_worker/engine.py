@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton import op_profile
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
 from baton.engine.gather import PERIODIC, ROUND_BARRIER, Gather, fill_stats, unwrap
 from baton.engine.runner import ModelRunner
@@ -110,7 +111,7 @@ class DecodeEngine:
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
         )
         # concurrent Draft calls of different sessions share their drafting steps (drafting.draft_batch), rounds merged
-        run = lambda items: drafting.draft_batch(self, items)  # noqa: E731 - looked up at each call
+        run = op_profile.window(lambda items: drafting.draft_batch(self, items), "decode")  # looked up each call
         self.drafts = Gather(run, self._compute, expected=self._exact_sessions, **ROUND_BARRIER)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+from baton import op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
@@ -94,7 +95,10 @@ class ExactEngine:
         )
         # concurrent Verify calls of different sessions run as one batched pass (verify_blocks), a merged group's settling
         self.verifies = Gather(
-            partial(verify_batch, self.runner), self._compute, expected=self.session_count, **ROUND_SETTLE
+            op_profile.window(partial(verify_batch, self.runner), "prefill"),
+            self._compute,
+            expected=self.session_count,
+            **ROUND_SETTLE,
         )
         self.replays = Replays(self.runner, self._compute)  # re-prefills' generated tails, in shared passes
         # concurrent prompts' pieces run as one pass of at most prefill_budget tokens (verify passes take the
