@@ -10,10 +10,11 @@ with another process: the other worker, on one GPU). A diagnostic, off unless as
     text = op_profile.tables(prof)                       # a finished torch.profiler.profile's op tables
 
 Wired around the Draft batches (decode_worker/engine.py) and the Verify batches (prefill_worker/engine.py).
-Lifecycle: the profiler starts as the (A+1)-th counted batch starts and stops as the N-th profiled batch
-ends, in the batch's thread (batches of one Gather run one at a time, under its lock); the report is then
-built and written by a daemon thread. Everything the process runs in between is recorded (CPU ops of
-every thread, and its kernels), so a prefill pass interleaved with the Verify batches shows too; the
+Lifecycle: the profiler starts as the window's first batch starts and stops as its N-th batch ends (batches
+of one Gather run one at a time, under its lock); a daemon thread starts it, stops it (torch's profiler
+must stop on the thread that started it, and the batches' threads take turns) and writes the report.
+Everything the process runs in between is recorded (CPU ops of every thread where torch has
+profile_all_threads, and every kernel), so a prefill pass interleaved with the Verify batches shows too; the
 report's head gives the window's wall time, the time spent inside the batches, and the summed device time
 of the process's kernels. A process profiles one window once.
 """
@@ -52,6 +53,19 @@ def _device_us(e) -> float:
     return 0.0
 
 
+def _profiler():
+    """A torch profiler of CPU ops (every thread's, where torch can: profile_all_threads) and CUDA kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return profile(activities=acts, experimental_config=_ExperimentalConfig(profile_all_threads=True))
+    except (ImportError, TypeError):  # an older torch: the starting thread's ops (and every kernel) only
+        return profile(activities=acts)
+
+
 def tables(prof, rows: int = 30) -> str:
     """The op tables of a finished profile: by self CPU time, and (when it recorded kernels) by device time."""
     ka = prof.key_averages()
@@ -73,15 +87,18 @@ class Window:
         self.in_batches = 0.0  # seconds inside fn during the window
         self.prof = None
         self.done = threading.Event()  # set once the report is written (or failed)
-        self._t0 = 0.0
+        self._end = threading.Event()  # the window closed: the profiler thread stops and writes
+        self._t0 = self._wall = 0.0
+        self._started = False
 
     def __call__(self, items):
         if self.done.is_set() or self.profiled >= self.count:
             return self.fn(items)
-        if self.prof is None:
+        if not self._started:
             if self.counted < self.skip:
                 self.counted += len(items) >= self.min_items
                 return self.fn(items)
+            self._started = True
             self._start()
         t0 = time.perf_counter()
         try:
@@ -94,23 +111,35 @@ class Window:
                 self._stop()
 
     def _start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.prof = profile(activities=acts)
-        self.prof.start()
+        """Starts the profiler on a thread of its own, which stops it when _stop says so: torch's profiler
+        must be stopped on the thread that started it, and the batches' threads take turns."""
+        started = threading.Event()
+        threading.Thread(target=self._profile, args=(started,), name="baton-op-profile", daemon=True).start()
+        started.wait(30)
         self._t0 = time.perf_counter()
         log.info("op profile: started (%s)", self.path)
 
     def _stop(self) -> None:
-        wall = time.perf_counter() - self._t0
+        self._wall = time.perf_counter() - self._t0
+        self._end.set()
+
+    def _profile(self, started: threading.Event) -> None:
         try:
-            self.prof.stop()
+            self.prof = _profiler()
+            self.prof.start()
         except Exception:  # noqa: BLE001 - a diagnostic must not fail a batch
-            log.exception("op profile: stop failed")
+            log.exception("op profile: start failed")
             self.done.set()
             return
-        threading.Thread(target=self._write, args=(wall,), name="baton-op-profile", daemon=True).start()
+        finally:
+            started.set()
+        self._end.wait()
+        try:
+            self.prof.stop()
+            self._write(self._wall)
+        except Exception:  # noqa: BLE001
+            log.exception("op profile: stop failed")
+            self.done.set()
 
     def _write(self, wall: float) -> None:
         try:
