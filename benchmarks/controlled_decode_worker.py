@@ -165,6 +165,26 @@ class ControlledDrafter(Drafter):
         c.proposed[idx] = out
         return out
 
+    def ahead(self, s, k: int) -> list:
+        """propose's k draws, made before the chain runs (they do not depend on the model's picks): the same
+        draws in the same order, the same records; None where propose would return the model's own pick."""
+        c: _Ctl | None = getattr(s, "ctl", None)
+        if c is None:
+            return [None] * k
+        out: list = []
+        for i in range(k):
+            if i == 0:
+                self._new_round(s, c)
+            idx = c.idx0 + i
+            if not c.refs or idx >= len(c.refs[0]):
+                out.append(None)
+                continue
+            want = c.refs[0][idx]
+            d = want if c.rng.random() < c.p else (want + 1 + c.rng.randrange(c.vocab - 1)) % c.vocab
+            c.proposed[idx] = d
+            out.append(d)
+        return out
+
     def judge(self, s, own: int, actual: int) -> bool:
         """A first draft judged without a round (plain rounds' flush): right with probability p, as a
         proposed one is, from a generator of its own (propose's draws stay as they were)."""

@@ -73,6 +73,8 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
     due = [flush or k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
     if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
         due = [True] * len(items)
+    if own_out is None and all(due) and (on_device := _on_device(engine, items)) is not None:
+        return on_device
     drafts: list = [[] if d else None for d in due]
     h: list = [None] * len(items)
     idx = [0] * len(items)  # KV index of each session's next pair
@@ -99,6 +101,28 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
                     drafts[i].append(engine.drafter.propose(items[i][0], step, t[-1]))
                 h[i] = o[-1]  # chained: the MTP output row is the next step's hidden
     return drafts
+
+
+def _on_device(engine, items: list) -> list[list[int]] | None:
+    """chains() of items that all draft the same k >= 2 on one fused runner with batched rows (a Draft
+    batch of exact mode at a fixed K, a fast-mode round), when the drafter knows its drafts ahead or takes
+    the model's own (Drafter.ahead) and the chains fit one bucket: run on the device with one host read
+    (BatchedRows.mtp_chain: bitwise the host-chained steps, without a read and an upload a step). -> each
+    session's drafts, or None: chains() runs them step by step (nothing was run or drawn)."""
+    if len(items) < 2:
+        return None
+    k, r = items[0][1], items[0][0].runner
+    rows = getattr(r, "batched_rows", None)
+    if k < 2 or rows is None or any(kk != k or s.runner is not r for s, kk in items):
+        return None
+    groups = [(s.slot, pairs_h(s), s.mtp_pairs_ids, s.mtp_start) for s, _ in items]
+    if rows.chain_bucket(len(groups), max(len(g[2]) for g in groups)) is None:
+        return None
+    forced = [engine.drafter.ahead(s, k) for s, _ in items[:1]]
+    if forced[0] is None:  # not known ahead (the first answer tells: one drafter for every session)
+        return None
+    forced += [engine.drafter.ahead(s, k) for s, _ in items[1:]]
+    return rows.mtp_chain(groups, k, forced)
 
 
 def pairs_h(s) -> torch.Tensor:

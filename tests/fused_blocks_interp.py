@@ -10,7 +10,10 @@ TRITON_INTERPRET=1.
     and next token bitwise those of verify_block alone (the rewind of a cut block included);
   * mtp: decode_worker.mtp.chains of four sessions with 2, 2, 3 and 1 pending pairs and 2, 1, 2, 0
     drafts (0: no chain, the pairs kept; one seeded-sampled, one with logprobs): each session's drafts and MTP KV rows bitwise those
-    of its chain alone (one group at a time through compute_mtp).
+    of its chain alone (one group at a time through compute_mtp);
+  * mtp_device: the same four sessions each drafting 3 (the chain on the device, BatchedRows.mtp_chain),
+    with the model's own drafts and with some drafts forced (Drafter.ahead): drafts and MTP KV rows
+    bitwise each host-chained chain alone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from baton.engine.fused_blocks import MAX_ROWS  # noqa: E402
 from baton.engine.pages import kept_inputs_bytes_of  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.engine.sampling import Params  # noqa: E402
-from baton.engine.speculation import GREEDY, verify_block, verify_blocks  # noqa: E402
+from baton.engine.speculation import GREEDY, Drafter, verify_block, verify_blocks  # noqa: E402
 from baton.kernels import gemv  # noqa: E402
 from baton.loading import load_model  # noqa: E402
 from decode_worker.mtp import chains  # noqa: E402
@@ -163,6 +166,36 @@ def main() -> None:
         for s in SLOTS
     )
     out["mtp"] = {"equal": got == want, "kv_equal": bool(kv), "drafts": [None if x is None else len(x) for x in got]}
+
+    # mtp on the device: every session drafting k = 3 (BatchedRows.mtp_chain, one host read), with the model's
+    # own drafts and with a drafter that forces some of them (Drafter.ahead), == each host-chained chain alone
+    class Forced(Drafter):
+        TABLE = {3: [None, 7, None], 0: [5, None, None], 4: [None, None, None], 1: [1, 2, 3]}
+
+        def propose(self, s, i, own):
+            v = self.TABLE[s.slot][i]
+            return own if v is None else v
+
+        def ahead(self, s, k):
+            return list(self.TABLE[s.slot][:k])
+
+    dev = {}
+    for name, drafter in (("own", GREEDY), ("forced", Forced())):
+        e = SimpleNamespace(drafter=drafter)
+        mb = _runner(m, prompts, batching=True)
+        got = chains(e, [(s, 3) for s in sessions(mb)])
+        ma = _runner(m, prompts, batching=False)
+        want = [chains(e, [(s, 3)])[0] for s in sessions(ma)]
+        kv = all(
+            _same(
+                list(ma.state.slot_kv(L, s, int(ma.state.position[s]) + 3)),
+                list(mb.state.slot_kv(L, s, int(mb.state.position[s]) + 3)),
+            )
+            for s in SLOTS
+        )
+        dev[name] = {"equal": got == want, "kv_equal": bool(kv), "on_device": mb.batched_rows.device_chains}
+    dev["forced_kept"] = got[0][1] == 7 and got[3] == [1, 2, 3]
+    out["mtp_device"] = dev
     out["seconds"] = round(time.perf_counter() - T0, 1)
     out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
     print(json.dumps(out))

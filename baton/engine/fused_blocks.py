@@ -82,6 +82,7 @@ class BatchedRows:
         self._z: torch.Tensor | None = None  # [MAX_ROWS, Hv*dv] zeros: the replay's gate (its output is dropped)
         self.last: tuple | None = None  # (slots, lens, gs, p) of the last run() when it was one pass
         self.replays = 0
+        self.device_chains = 0  # mtp_chain calls (chains run with one host read)
 
     def buckets(self, gs: int) -> list[int]:
         """The buckets of a pass of groups of gs rows: P <= the bucket of max_groups, P x gs <= MAX_ROWS."""
@@ -263,22 +264,79 @@ class BatchedRows:
             self.last = ([s for s, _ in blocks], [len(t) for _, t in blocks], layout[0][1], layout[0][0])
         return out
 
+    def _mtp_load(self, part: list, p: int, gs: int) -> None:
+        """An MTP pass's inputs: part [(slot, n, ids, h [n, H], start)] -> slots / lens / start, ids and mtp_h."""
+        self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs, [x[4] for x in part])
+        dt = self.mtp_h.dtype
+        hs = [x[3] if x[3].dtype == dt else x[3].to(dt) for x in part]  # (copy_ cast; cat must be given one dtype)
+        if all(x[1] == gs for x in part):  # no junk rows (a chain's one-pair steps): one copy
+            torch.cat(hs, out=self.mtp_h[: len(part) * gs])
+        else:  # each group's rows at g * gs: one scatter of them all
+            rows = [j * gs + i for j, x in enumerate(part) for i in range(x[1])]
+            self.mtp_h.index_copy_(0, upload(rows, torch.long, self.mtp_h.device), torch.cat(hs))
+
+    @staticmethod
+    def _items(groups: list) -> list:
+        return [(int(s), len(ids), [int(t) for t in ids], h, int(start)) for s, h, ids, start in groups]
+
     def mtp(self, groups: list) -> tuple[list[list[int]], list[torch.Tensor]]:
         """groups [(slot, h [n, H], ids [n], start)] of distinct slots, 1 <= n <= W -> (each group's drafts
         [n], each group's normed outputs [n, H]), in order (see mtp_compute)."""
-
         self.last = None  # (an MTP pass keeps no rows inputs, but overwrites h, slots and lens)
-
-        def setup(part, p, gs):
-            self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs, [x[4] for x in part])
-            dt = self.mtp_h.dtype
-            hs = [x[3] if x[3].dtype == dt else x[3].to(dt) for x in part]  # (copy_ cast; cat must be given one dtype)
-            if all(x[1] == gs for x in part):  # no junk rows (a chain's one-pair steps): one copy
-                torch.cat(hs, out=self.mtp_h[: len(part) * gs])
-            else:  # each group's rows at g * gs: one scatter of them all
-                rows = [j * gs + i for j, x in enumerate(part) for i in range(x[1])]
-                self.mtp_h.index_copy_(0, upload(rows, torch.long, self.mtp_h.device), torch.cat(hs))
-
-        items = [(int(s), len(ids), [int(t) for t in ids], h, int(start)) for s, h, ids, start in groups]
         outs: list[torch.Tensor] = []
-        return self._passes("mtpb", items, outs, setup), outs
+        return self._passes("mtpb", self._items(groups), outs, self._mtp_load), outs
+
+    def chain_bucket(self, g: int, gs: int) -> int | None:
+        """The bucket of an on-device chain of g groups whose first step has gs pairs (mtp_chain), or None:
+        its first step would not be one pass, or its one-pair steps would run in another bucket."""
+        first, one = self.buckets(gs), self.buckets(1)
+        if not first or g > first[-1]:
+            return None
+        p = next(b for b in first if b >= g)
+        return p if p == next(b for b in one if b >= g) else None
+
+    @torch.inference_mode()
+    def mtp_chain(self, groups: list, k: int, forced: list | None = None) -> list[list[int]] | None:
+        """k chained MTP steps of several sessions with one host read, at the end: groups [(slot, h [n, H],
+        ids [n], start)] as mtp(). Step 0 finalises each group's pairs (one pass of gs = the most pairs);
+        step j >= 1 runs one pair per group, (the previous step's output row of the group's last row, the
+        previous draft), at KV index start + n + j - 1; draft j is step j's pick of the group's last row,
+        or forced[g][j] where that is given and not None (a drafter whose drafts are known ahead,
+        Drafter.ahead). Each step's inputs are gathered on the device from the previous step's outputs,
+        and every step is the pass mtp() runs for it (same graph, same inputs), so the drafts and the MTP
+        KV rows are bitwise those of the host-chained steps (decode_worker/mtp.py chains), without their
+        k - 1 host reads and uploads. -> each group's k drafts; None (nothing run) when chain_bucket is None."""
+        items = self._items(groups)
+        g, gs = len(items), max(x[1] for x in items)
+        p = self.chain_bucket(g, gs)
+        if p is None or k < 1:
+            return None
+        self.last = None
+        slots, dev = [x[0] for x in items], self.tok.device
+        self._mtp_load(items, p, gs)
+        self._launch("mtpb", slots, p, gs, self.mtp_compute)
+        last = upload([j * gs + x[1] - 1 for j, x in enumerate(items)] + [0] * (p - g), torch.long, dev)
+        fixed = None
+        if forced is not None and any(v is not None for f in forced for v in f):
+            vals = [[f[j] if j < len(f) and f[j] is not None else 0 for f in forced] + [0] * (p - g) for j in range(k)]
+            mask = [[j < len(f) and f[j] is not None for f in forced] + [False] * (p - g) for j in range(k)]
+            fixed = (upload(vals, torch.long, dev), upload(mask, torch.bool, dev))  # [k, p] each
+        drafts = torch.empty((k, p), dtype=torch.long, device=dev)
+        for j in range(k):
+            pick = self.tok.index_select(0, last)  # [p]: each group's pick of step j
+            if fixed is not None:
+                pick = torch.where(fixed[1][j], fixed[0][j], pick)
+            drafts[j].copy_(pick)
+            if j == k - 1:
+                break
+            torch.index_select(self.h, 0, last, out=self.mtp_h[:p])  # the chained hidden: the output row
+            self.ids[:p].copy_(pick)
+            if j == 0:  # one live pair a group from now on, at KV index start + n, then + 1 a step
+                self.lens[:p].copy_(upload([1] * g + [0] * (p - g), torch.long, dev))
+                self.start[:p].add_(upload([x[1] for x in items] + [0] * (p - g), torch.long, dev))
+                last = self.arange[:p]
+            else:
+                self.start[:p].add_(1)
+            self._launch("mtpb", slots, p, 1, self.mtp_compute)
+        self.device_chains += 1
+        return [list(col) for col in zip(*drafts[:, :g].tolist())]

@@ -27,6 +27,15 @@ class Drafter:
         """Draft i (0-based) of a round, given the drafting model's own greedy token `own`."""
         return own
 
+    def ahead(self, session, k: int) -> list | None:
+        """A round's k drafts as far as they are known before its chain runs (they do not depend on the
+        drafting model's picks): entry i is draft i, or None where draft i is the model's own pick (what
+        propose returns). Then the chain runs on the device with one host read (decode_worker/mtp.py,
+        BatchedRows.mtp_chain), and propose is not called; it must leave the drafter as k propose calls
+        would. None: not known (a subclass that overrides propose only): the chain reads every step's pick
+        and calls propose. The default drafter's drafts are the model's own: [None] * k."""
+        return [None] * k if type(self).propose is Drafter.propose else None
+
     def judge(self, session, own: int, actual: int) -> bool:
         """Would a first draft have been accepted where the drafting model picked `own` and the verified
         token is `actual`? (Plain rounds learn the acceptance from their flush: decode_worker/mtp_launch.py.)
