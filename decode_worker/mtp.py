@@ -104,25 +104,27 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
 
 
 def _on_device(engine, items: list) -> list[list[int]] | None:
-    """chains() of items that all draft the same k >= 2 on one fused runner with batched rows (a Draft
-    batch of exact mode at a fixed K, a fast-mode round), when the drafter knows its drafts ahead or takes
-    the model's own (Drafter.ahead) and the chains fit one bucket: run on the device with one host read
-    (BatchedRows.mtp_chain: bitwise the host-chained steps, without a read and an upload a step). -> each
-    session's drafts, or None: chains() runs them step by step (nothing was run or drawn)."""
+    """chains() of items of which every one is due, on one fused runner with batched rows (a Draft batch of
+    exact mode, a fast-mode round), when one drafts >= 2, the drafter knows its drafts ahead or takes the
+    model's own (Drafter.ahead), and the chains fit one bucket: run on the device with one host read
+    (BatchedRows.mtp_chain: bitwise the host-chained steps, without a read and an upload a step; each
+    session its own k). -> each session's drafts, or None: chains() runs them step by step (nothing was
+    run or drawn)."""
     if len(items) < 2:
         return None
-    k, r = items[0][1], items[0][0].runner
+    r = items[0][0].runner
     rows = getattr(r, "batched_rows", None)
-    if k < 2 or rows is None or any(kk != k or s.runner is not r for s, kk in items):
+    ks = [k for _, k in items]
+    if rows is None or max(ks) < 2 or any(s.runner is not r for s, _ in items):
         return None
     groups = [(s.slot, pairs_h(s), s.mtp_pairs_ids, s.mtp_start) for s, _ in items]
     if rows.chain_bucket(len(groups), max(len(g[2]) for g in groups)) is None:
         return None
-    forced = [engine.drafter.ahead(s, k) for s, _ in items[:1]]
-    if forced[0] is None:  # not known ahead (the first answer tells: one drafter for every session)
+    first = engine.drafter.ahead(*items[0])
+    if first is None:  # not known ahead (the first answer tells: one drafter for every session)
         return None
-    forced += [engine.drafter.ahead(s, k) for s, _ in items[1:]]
-    return rows.mtp_chain(groups, k, forced)
+    forced = [first] + [engine.drafter.ahead(s, k) for s, k in items[1:]]
+    return rows.mtp_chain(groups, ks, forced)
 
 
 def pairs_h(s) -> torch.Tensor:

@@ -11,7 +11,7 @@ TRITON_INTERPRET=1.
   * mtp: decode_worker.mtp.chains of four sessions with 2, 2, 3 and 1 pending pairs and 2, 1, 2, 0
     drafts (0: no chain, the pairs kept; one seeded-sampled, one with logprobs): each session's drafts and MTP KV rows bitwise those
     of its chain alone (one group at a time through compute_mtp);
-  * mtp_device: the same four sessions each drafting 3 (the chain on the device, BatchedRows.mtp_chain),
+  * mtp_device: the same four sessions drafting 3, 1, 2 and 3 (the chain on the device, BatchedRows.mtp_chain),
     with the model's own drafts and with some drafts forced (Drafter.ahead): drafts and MTP KV rows
     bitwise each host-chained chain alone.
 """
@@ -167,7 +167,7 @@ def main() -> None:
     )
     out["mtp"] = {"equal": got == want, "kv_equal": bool(kv), "drafts": [None if x is None else len(x) for x in got]}
 
-    # mtp on the device: every session drafting k = 3 (BatchedRows.mtp_chain, one host read), with the model's
+    # mtp on the device: the sessions drafting 3, 1, 2, 3 (BatchedRows.mtp_chain, one host read), with the model's
     # own drafts and with a drafter that forces some of them (Drafter.ahead), == each host-chained chain alone
     class Forced(Drafter):
         TABLE = {3: [None, 7, None], 0: [5, None, None], 4: [None, None, None], 1: [1, 2, 3]}
@@ -179,13 +179,14 @@ def main() -> None:
         def ahead(self, s, k):
             return list(self.TABLE[s.slot][:k])
 
+    KS = (3, 1, 2, 3)  # each session its own k: a group done drafting runs junk rows in the later steps
     dev = {}
     for name, drafter in (("own", GREEDY), ("forced", Forced())):
         e = SimpleNamespace(drafter=drafter)
         mb = _runner(m, prompts, batching=True)
-        got = chains(e, [(s, 3) for s in sessions(mb)])
+        got = chains(e, list(zip(sessions(mb), KS)))
         ma = _runner(m, prompts, batching=False)
-        want = [chains(e, [(s, 3)])[0] for s in sessions(ma)]
+        want = [chains(e, [(s, k)])[0] for s, k in zip(sessions(ma), KS)]
         kv = all(
             _same(
                 list(ma.state.slot_kv(L, s, int(ma.state.position[s]) + 3)),
@@ -194,7 +195,8 @@ def main() -> None:
             for s in SLOTS
         )
         dev[name] = {"equal": got == want, "kv_equal": bool(kv), "on_device": mb.batched_rows.device_chains}
-    dev["forced_kept"] = got[0][1] == 7 and got[3] == [1, 2, 3]
+    dev["forced_kept"] = got[0][1] == 7 and got[1] == [5] and got[3] == [1, 2, 3]
+    dev["drafts"] = [len(x) for x in got]
     out["mtp_device"] = dev
     out["seconds"] = round(time.perf_counter() - T0, 1)
     out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90

@@ -296,47 +296,53 @@ class BatchedRows:
         return p if p == next(b for b in one if b >= g) else None
 
     @torch.inference_mode()
-    def mtp_chain(self, groups: list, k: int, forced: list | None = None) -> list[list[int]] | None:
-        """k chained MTP steps of several sessions with one host read, at the end: groups [(slot, h [n, H],
-        ids [n], start)] as mtp(). Step 0 finalises each group's pairs (one pass of gs = the most pairs);
-        step j >= 1 runs one pair per group, (the previous step's output row of the group's last row, the
-        previous draft), at KV index start + n + j - 1; draft j is step j's pick of the group's last row,
-        or forced[g][j] where that is given and not None (a drafter whose drafts are known ahead,
-        Drafter.ahead). Each step's inputs are gathered on the device from the previous step's outputs,
-        and every step is the pass mtp() runs for it (same graph, same inputs), so the drafts and the MTP
-        KV rows are bitwise those of the host-chained steps (decode_worker/mtp.py chains), without their
-        k - 1 host reads and uploads. -> each group's k drafts; None (nothing run) when chain_bucket is None."""
+    def mtp_chain(self, groups: list, ks: list[int], forced: list | None = None) -> list[list[int]] | None:
+        """Chained MTP steps of several sessions with one host read, at the end: groups [(slot, h [n, H],
+        ids [n], start)] as mtp(), group g drafting ks[g] >= 0 tokens. Step 0 finalises each group's pairs
+        (one pass of gs = the most pairs); step j >= 1 runs one pair per group still drafting (ks[g] > j;
+        the others' rows are junk: no state written), (the previous step's output row of the group's last
+        row, the previous draft), at KV index start + n + j - 1; draft j is step j's pick of the group's
+        last row, or forced[g][j] where that is given and not None (a drafter whose drafts are known
+        ahead, Drafter.ahead). Each step's inputs are gathered on the device from the previous step's
+        outputs, and each group's rows of every step are those mtp() runs for it (the same kernels on the
+        same inputs; a group's bits do not depend on the others in its pass), so the drafts and the MTP KV
+        rows are bitwise those of the host-chained steps (decode_worker/mtp.py chains), without their host
+        read and upload a step. -> each group's ks[g] drafts; None (nothing run) when chain_bucket is None."""
         items = self._items(groups)
         g, gs = len(items), max(x[1] for x in items)
         p = self.chain_bucket(g, gs)
-        if p is None or k < 1:
+        if p is None or len(ks) != g or min(ks) < 0:
             return None
+        steps = max(max(ks), 1)
         self.last = None
-        slots, dev = [x[0] for x in items], self.tok.device
+        slots, dev, pad = [x[0] for x in items], self.tok.device, [0] * (p - g)
         self._mtp_load(items, p, gs)
         self._launch("mtpb", slots, p, gs, self.mtp_compute)
-        last = upload([j * gs + x[1] - 1 for j, x in enumerate(items)] + [0] * (p - g), torch.long, dev)
+        last = upload([j * gs + x[1] - 1 for j, x in enumerate(items)] + pad, torch.long, dev)
         fixed = None
         if forced is not None and any(v is not None for f in forced for v in f):
-            vals = [[f[j] if j < len(f) and f[j] is not None else 0 for f in forced] + [0] * (p - g) for j in range(k)]
-            mask = [[j < len(f) and f[j] is not None for f in forced] + [False] * (p - g) for j in range(k)]
-            fixed = (upload(vals, torch.long, dev), upload(mask, torch.bool, dev))  # [k, p] each
-        drafts = torch.empty((k, p), dtype=torch.long, device=dev)
-        for j in range(k):
+            vals = [[f[j] if j < len(f) and f[j] is not None else 0 for f in forced] + pad for j in range(steps)]
+            mask = [[j < len(f) and f[j] is not None for f in forced] + [False] * (p - g) for j in range(steps)]
+            fixed = (upload(vals, torch.long, dev), upload(mask, torch.bool, dev))  # [steps, p] each
+        if steps > 1:  # each later step's live groups ([steps, p]: 1 where ks[g] > j)
+            lens = upload([[int(k > j) for k in ks] + pad for j in range(steps)], torch.long, dev)
+        drafts = torch.empty((steps, p), dtype=torch.long, device=dev)
+        for j in range(steps):
             pick = self.tok.index_select(0, last)  # [p]: each group's pick of step j
             if fixed is not None:
                 pick = torch.where(fixed[1][j], fixed[0][j], pick)
             drafts[j].copy_(pick)
-            if j == k - 1:
+            if j == steps - 1:
                 break
             torch.index_select(self.h, 0, last, out=self.mtp_h[:p])  # the chained hidden: the output row
             self.ids[:p].copy_(pick)
-            if j == 0:  # one live pair a group from now on, at KV index start + n, then + 1 a step
-                self.lens[:p].copy_(upload([1] * g + [0] * (p - g), torch.long, dev))
-                self.start[:p].add_(upload([x[1] for x in items] + [0] * (p - g), torch.long, dev))
+            self.lens[:p].copy_(lens[j + 1])
+            if j == 0:  # one pair a group from now on, at KV index start + n, then + 1 a step
+                self.start[:p].add_(upload([x[1] for x in items] + pad, torch.long, dev))
                 last = self.arange[:p]
             else:
                 self.start[:p].add_(1)
             self._launch("mtpb", slots, p, 1, self.mtp_compute)
         self.device_chains += 1
-        return [list(col) for col in zip(*drafts[:, :g].tolist())]
+        cols = drafts[:, :g].tolist()
+        return [[cols[j][i] for j in range(k)] for i, k in enumerate(ks)]

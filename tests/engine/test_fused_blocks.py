@@ -23,7 +23,7 @@ def test_batched_blocks_equal_each_block_alone():
     # (and the bytes it kept are those kept_inputs_bytes_of reserves in the workers' memory plans)
     assert res["verify"] == {"equal": True, "accepted": [3, 1, 0, 0], "replays": 1, "counted": True}, res
     assert res["mtp"] == {"equal": True, "kv_equal": True, "drafts": [2, 1, 2, None]}, res
-    # every session drafting 3: one on-device chain each run, bitwise the host-chained steps
+    # the sessions drafting 3, 1, 2, 3: one on-device chain each run, bitwise the host-chained steps
     for name in ("own", "forced"):
         assert res["mtp_device"][name] == {"equal": True, "kv_equal": True, "on_device": 1}, res
-    assert res["mtp_device"]["forced_kept"] is True, res
+    assert res["mtp_device"]["forced_kept"] is True and res["mtp_device"]["drafts"] == [3, 1, 2, 3], res
