@@ -78,6 +78,12 @@
 # Then batched at 8240ca8 on a fourth H100 (same report, section 5): exact mtp at 32 with the router's round
 # batcher, 2,004 tok/s, round 91 ms, the leaders' waits 21.3 -> 5.4 / 7.3 -> 0.02 ms (across machines). Owed:
 # its same-machine A/B: batched-ab (BATON_BATCHED_ROUNDS=0 against the default, with bf16 at 32).
+# Later on 2026-12-06 (benchmarks/results/gpu-h100-2026-12-06-batched-ab.md): batched-ab, exact-passes and
+# tests-serving at 47f8af1 on one H100 (batched / unary 0.98x at 8, 1.01x at 32; exact 0.91x bf16 at 32; 5
+# passed), spec-merged at 47f8af1 on another (3.60x at 8, 0.88x at 32), ops at 1e093b9 (a Draft batch's host
+# reads: 58-64 blocking copies, ~half its time). Owed next: tests-mtp and tests-serving after 407a62b (the MTP
+# chains on the device, BatchedRows.mtp_chain), then spec-merged and ops there, spec-merged on an H200, and
+# the rest owed above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
