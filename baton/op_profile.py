@@ -17,6 +17,11 @@ Everything the process runs in between is recorded (CPU ops of every thread wher
 profile_all_threads, and every kernel), so a prefill pass interleaved with the Verify batches shows too; the
 report's head gives the window's wall time, the time spent inside the batches, and the summed device time
 of the process's kernels. A process profiles one window once.
+
+Cost: the profiler slows every op it records, and stopping it and building the report hold the process (and
+its GIL) for seconds after the window (at 32 exact streams on an H100 the run fell from ~1,840 to ~480 tok/s):
+a run's figures around a window are not its speed; the proportions inside the window are what this gives.
+The report says how long it took to build.
 """
 
 from __future__ import annotations
@@ -135,23 +140,26 @@ class Window:
             started.set()
         self._end.wait()
         try:
+            t0 = time.perf_counter()
             self.prof.stop()
-            self._write(self._wall)
+            self._write(self._wall, t0)
         except Exception:  # noqa: BLE001
             log.exception("op profile: stop failed")
             self.done.set()
 
-    def _write(self, wall: float) -> None:
+    def _write(self, wall: float, stopping: float) -> None:
         try:
             ka = self.prof.key_averages()
             device_s = sum(_device_us(e) for e in ka) / 1e6
+            text = tables(self.prof)
             head = (
                 f"# op profile, pid {os.getpid()}: {self.profiled} batches ({self.items} items) after "
                 f"{self.skip} of >= {self.min_items} items\n"
                 f"# window {wall:.3f} s, inside the batches {self.in_batches:.3f} s, the process's kernels "
                 f"{device_s:.3f} s of device time\n"
+                f"# stopping the profiler and building this took {time.perf_counter() - stopping:.1f} s\n"
             )
-            Path(self.path).write_text(head + tables(self.prof) + "\n")
+            Path(self.path).write_text(head + text + "\n")
             log.info("op profile: written to %s", self.path)
         except Exception:  # noqa: BLE001
             log.exception("op profile: writing %s failed", self.path)
