@@ -181,11 +181,17 @@ def main() -> None:
 
     KS = (3, 1, 2, 3)  # each session its own k: a group done drafting runs junk rows in the later steps
     dev = {}
-    for name, drafter in (("own", GREEDY), ("forced", Forced())):
+    # "rejection": slot 1 (3 drafts) drafts for exact mode's rejection policy (T 0.8): its picks record q'
+    # by position, in every step of the chain
+    reject = Params(temperature=0.8, seed=3, exact_policy=2)
+    for name, drafter in (("own", GREEDY), ("forced", Forced()), ("rejection", GREEDY)):
         e = SimpleNamespace(drafter=drafter)
         mb = _runner(m, prompts, batching=True)
-        got = chains(e, list(zip(sessions(mb), KS)))
         ma = _runner(m, prompts, batching=False)
+        if name == "rejection":
+            for r_ in (mb, ma):
+                r_.sampling.set(1, reject, proposing=True)
+        got = chains(e, list(zip(sessions(mb), KS)))
         want = [chains(e, [(s, k)])[0] for s, k in zip(sessions(ma), KS)]
         kv = all(
             _same(
@@ -194,9 +200,18 @@ def main() -> None:
             )
             for s in SLOTS
         )
+        if name == "forced":
+            forced_got = got
         dev[name] = {"equal": got == want, "kv_equal": bool(kv), "on_device": mb.batched_rows.device_chains}
-    dev["forced_kept"] = got[0][1] == 7 and got[1] == [5] and got[3] == [1, 2, 3]
-    dev["drafts"] = [len(x) for x in got]
+        if name == "rejection":  # the same q' recorded at the positions the batched passes pick (the alone
+            # path's one-group passes, at width W, also record their junk rows' positions)
+            qa, qb = ma.sampling.proposed.get(1, {}), mb.sampling.proposed.get(1, {})
+            dev[name]["positions"] = sorted(qb)
+            dev[name]["proposals_equal"] = (
+                bool(qb) and set(qb) <= set(qa) and all(_same(list(qa[k]), list(qb[k])) for k in qb)
+            )
+    dev["forced_kept"] = forced_got[0][1] == 7 and forced_got[1] == [5] and forced_got[3] == [1, 2, 3]
+    dev["drafts"] = [len(x) for x in forced_got]
     out["mtp_device"] = dev
     out["seconds"] = round(time.perf_counter() - T0, 1)
     out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90

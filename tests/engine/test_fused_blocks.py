@@ -26,4 +26,7 @@ def test_batched_blocks_equal_each_block_alone():
     # the sessions drafting 3, 1, 2, 3: one on-device chain each run, bitwise the host-chained steps
     for name in ("own", "forced"):
         assert res["mtp_device"][name] == {"equal": True, "kv_equal": True, "on_device": 1}, res
+    # a rejection-policy drafting slot (exact mode at T > 0): the same drafts and the same q' recorded
+    want = {"equal": True, "kv_equal": True, "on_device": 1, "positions": [9, 10, 11], "proposals_equal": True}
+    assert res["mtp_device"]["rejection"] == want, res
     assert res["mtp_device"]["forced_kept"] is True and res["mtp_device"]["drafts"] == [3, 1, 2, 3], res
