@@ -346,17 +346,19 @@ def test_a_round_barrier_merges_exact_sessions_on_one_device():
 def test_forget_ends_a_round_barrier_s_wait_for_that_session():
     """A live session (two calls 0.2 s apart, with the other: due 0.2 s after its last) holds a leader at the
     barrier until it is due; its forget() 30 ms in ends the wait at once, and the leader's batch runs
-    without it."""
+    without it. (The leader calls right after the second round, so "gone" is due ~0.2 s later however long
+    a loaded machine took to run the rounds: sleeping a period first made it due at once, and no wait.)"""
     batches = []
     g = Gather(lambda items: batches.append(len(items)) or items, threading.Lock(), expected=lambda: 2, **ROUND_BARRIER)
     gone, here = _Session("gone"), _Session("here")
-    for _ in range(2):  # both call together, a round apart: one batch a round
+    for i in range(2):  # both call together, a round apart: one batch a round
         th = [threading.Thread(target=g.call, args=((s,),)) for s in (gone, here)]
         for t in th:
             t.start()
         for t in th:
             t.join(5)
-        time.sleep(0.2)
+        if i == 0:
+            time.sleep(0.2)
     threading.Timer(0.03, g.forget, args=("gone",)).start()
     t0 = time.monotonic()
     g.call((here,))
