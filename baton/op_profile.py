@@ -7,6 +7,7 @@ with another process: the other worker, on one GPU). A diagnostic, off unless as
                                         then profile the next N batches of any size; default 200:100:1
 
     run_batch = op_profile.window(run_batch, "decode")   # run_batch itself when BATON_OP_PROFILE is unset
+    op_profile.finish()                                  # at the clean stop: an open window closed, reports waited for
     text = op_profile.tables(prof)                       # a finished torch.profiler.profile's op tables
 
 Wired around the Draft batches (decode_worker/engine.py) and the Verify batches (prefill_worker/engine.py).
@@ -167,10 +168,29 @@ class Window:
             self.done.set()
 
 
+_WINDOWS: list[Window] = []  # this process's windows (finish() at its clean stop)
+
+
 def window(fn, role: str):
     """fn wrapped in a profiling Window when BATON_OP_PROFILE is set (module doc), else fn itself."""
     path = os.environ.get(ENV)
     if not path:
         return fn
     skip, count, min_items = parse_window(os.environ.get(WINDOW_ENV))
-    return Window(fn, path.replace("{role}", role).replace("{pid}", str(os.getpid())), skip, count, min_items)
+    w = Window(fn, path.replace("{role}", role).replace("{pid}", str(os.getpid())), skip, count, min_items)
+    _WINDOWS.append(w)
+    return w
+
+
+def finish(timeout_s: float = 120.0) -> list[str]:
+    """At a worker's clean stop (baton/worker/process.py): a window still open is closed with the batches it
+    has (its report says how many), and every started window's report is waited for (building one takes
+    seconds: the process must not exit under it). -> the reports written."""
+    end = time.monotonic() + timeout_s
+    for w in _WINDOWS:
+        if w._started and not w._end.is_set():
+            w._stop()
+    for w in _WINDOWS:
+        if w._started:
+            w.done.wait(max(0.0, end - time.monotonic()))
+    return [w.path for w in _WINDOWS if w._started and w.done.is_set() and Path(w.path).exists()]

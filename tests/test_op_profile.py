@@ -64,3 +64,19 @@ def test_window_profiles_batches_after_the_skipped_ones(tmp_path, monkeypatch):
     assert "# by self CPU time" in text and "aten::mm" in text
     assert "aten::cumsum" not in text  # the skipped batches' ops are not in it
     assert w.profiled == 3 and w.items == 6 and w.in_batches > 0
+
+
+def test_finish_closes_an_open_window_and_waits_for_its_report(tmp_path, monkeypatch):
+    """A worker's clean stop (op_profile.finish): a window that did not fill is closed with the batches it
+    had, and its report is written before finish returns (the process would otherwise exit under it)."""
+    monkeypatch.setenv(op_profile.ENV, str(tmp_path / "ops-{role}.txt"))
+    monkeypatch.setenv(op_profile.WINDOW_ENV, "0:100")
+    monkeypatch.setattr(op_profile, "_WINDOWS", [])
+    w = op_profile.window(_batch, "decode")
+    idle = op_profile.window(_batch, "prefill")  # never called: no report
+    for _ in range(3):
+        assert w([1, 1]) == [8.0, 8.0]
+    assert not w.done.is_set()
+    written = op_profile.finish(timeout_s=30)
+    assert written == [str(tmp_path / "ops-decode.txt")] and not idle.done.is_set()
+    assert "3 batches (6 items)" in (tmp_path / "ops-decode.txt").read_text()

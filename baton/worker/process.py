@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from baton import stack_sampler, stalls
+from baton import op_profile, stack_sampler, stalls
 from baton.heap import freeze_startup_heap
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings
@@ -71,6 +71,8 @@ def run_until_signal(role: str, handle: WorkerHandle, grace: float = DEFAULT_GRA
     written = stack_sampler.write()
     if written:
         log.info("%s: stack samples in %s", role, written)
+    for path in op_profile.finish():  # BATON_OP_PROFILE only (baton/op_profile.py)
+        log.info("%s: op profile in %s", role, path)
     return 0
 
 
