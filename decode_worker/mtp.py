@@ -73,8 +73,12 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
     due = [flush or k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
     if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
         due = [True] * len(items)
-    if own_out is None and all(due) and (on_device := _on_device(engine, items)) is not None:
-        return on_device
+    live = [i for i, d in enumerate(due) if d]
+    if own_out is None and (on_device := _on_device(engine, [items[i] for i in live])) is not None:
+        out: list = [None] * len(items)  # a session not due keeps its pairs: None, as below
+        for i, d in zip(live, on_device):
+            out[i] = d
+        return out
     drafts: list = [[] if d else None for d in due]
     h: list = [None] * len(items)
     idx = [0] * len(items)  # KV index of each session's next pair
@@ -104,7 +108,7 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
 
 
 def _on_device(engine, items: list) -> list[list[int]] | None:
-    """chains() of items of which every one is due, on one fused runner with batched rows (a Draft batch of
+    """chains() of the due items (the others keep their pairs), on one fused runner with batched rows (a Draft batch of
     exact mode, a fast-mode round), when one drafts >= 2, the drafter knows its drafts ahead or takes the
     model's own (Drafter.ahead), and the chains fit one bucket: run on the device with one host read
     (BatchedRows.mtp_chain: bitwise the host-chained steps, without a read and an upload a step; each

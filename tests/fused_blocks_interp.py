@@ -165,7 +165,12 @@ def main() -> None:
         )
         for s in SLOTS
     )
-    out["mtp"] = {"equal": got == want, "kv_equal": bool(kv), "drafts": [None if x is None else len(x) for x in got]}
+    out["mtp"] = {
+        "equal": got == want,
+        "kv_equal": bool(kv),
+        "drafts": [None if x is None else len(x) for x in got],
+        "on_device": mb.batched_rows.device_chains,  # the three due sessions' chains (the fourth keeps its pairs)
+    }
 
     # mtp on the device: the sessions drafting 3, 1, 2, 3 (BatchedRows.mtp_chain, one host read), with the model's
     # own drafts and with a drafter that forces some of them (Drafter.ahead), == each host-chained chain alone

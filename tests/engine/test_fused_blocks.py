@@ -22,7 +22,7 @@ def test_batched_blocks_equal_each_block_alone():
     # the three cut blocks were rewound by one GDN-only replay of their kept rows (BatchedRows.replay_kept)
     # (and the bytes it kept are those kept_inputs_bytes_of reserves in the workers' memory plans)
     assert res["verify"] == {"equal": True, "accepted": [3, 1, 0, 0], "replays": 1, "counted": True}, res
-    assert res["mtp"] == {"equal": True, "kv_equal": True, "drafts": [2, 1, 2, None]}, res
+    assert res["mtp"] == {"equal": True, "kv_equal": True, "drafts": [2, 1, 2, None], "on_device": 1}, res
     # the sessions drafting 3, 1, 2, 3: one on-device chain each run, bitwise the host-chained steps
     for name in ("own", "forced"):
         assert res["mtp_device"][name] == {"equal": True, "kv_equal": True, "on_device": 1}, res
