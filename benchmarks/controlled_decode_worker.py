@@ -134,11 +134,13 @@ class ControlledDrafter(Drafter):
             s.id, p, seed, j, len(distinct[0]), len(distinct),
         )  # fmt: skip
 
-    def _new_round(self, s, c: _Ctl) -> None:
+    def _new_round(self, s, c: _Ctl, consumed: bool = True) -> None:
         """A round starts: d1 is at reference index idx0 (module doc); the last round's drafts before
         idx0 - 1 were accepted and t0 (at idx0 - 1) is the verified pending token: the references that
-        disagree with them are dropped."""
+        disagree with them are dropped. consumed: the state's position is past t0 (propose's first call,
+        after the first step; an mtp session's BF16 state consumes nothing), else one short of it (ahead)."""
         position, t0 = _round_start(s)
+        position += not consumed
         c.idx0 = position - c.base + (s.engine == "mtp")
         known = {i: t for i, t in c.proposed.items() if i < c.idx0 - 1} | {c.idx0 - 1: t0}
         c.proposed = {}
@@ -173,8 +175,8 @@ class ControlledDrafter(Drafter):
             return [None] * k
         out: list = []
         for i in range(k):
-            if i == 0:
-                self._new_round(s, c)
+            if i == 0:  # before the round's first step: a bf16 / fp8 state has not consumed t0 yet
+                self._new_round(s, c, consumed=s.engine == "mtp")
             idx = c.idx0 + i
             if not c.refs or idx >= len(c.refs[0]):
                 out.append(None)

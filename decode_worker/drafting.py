@@ -194,11 +194,16 @@ def _given(items: list, given: list[tuple[int, list[int], torch.Tensor]], pos: d
 
 
 def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
-    """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner."""
-    cur = {i: items[i][0].draft_t0 for i in ar}  # the token each session feeds next
-    for step in range(max((items[i][1] for i in ar), default=0)):
+    """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner (pipelined on a
+    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined)."""
+    left = []
+    for _, g, _ in _by_runner(items, ar):
+        if not _ar_pipelined(engine, items, g):
+            left += g
+    cur = {i: items[i][0].draft_t0 for i in left}  # the token each session feeds next
+    for step in range(max((items[i][1] for i in left), default=0)):
         by_runner: dict[int, list[int]] = {}
-        for i in ar:
+        for i in left:
             if items[i][1] > step:
                 by_runner.setdefault(id(items[i][0].runner), []).append(i)
         for idx in by_runner.values():
@@ -212,3 +217,45 @@ def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
     _set_next(items, [(i, items[i][0].draft_t0) for i in ar])
     for i in ar:
         out[i] = list(items[i][0].drafts)
+
+
+def _ar_pipelined(engine, items: list, idx: list[int]) -> bool:
+    """Phase 3 for the bf16 / fp8 items idx of one runner, its steps launched ahead of their reads: on a
+    fused runner with batching, whose batched step consumes and sets next_token on the device, when the
+    drafter knows its drafts ahead or takes the model's own (Drafter.ahead). Step j runs the sessions still
+    drafting (k > j), as the step-by-step loop does; a draft known ahead is written into next_token (a
+    non-blocking copy) before the step that consumes it, a model's own pick is already there. Up to the
+    runner's free phases of steps are in flight (the fast-mode scheduler's step may hold one), so the
+    host reads step j while step j + 1 runs, and no position read a step (ar_batch's reserve_next: the
+    pages were reserved in phase 1). -> False (nothing done) when it does not apply."""
+    r = items[idx[0]][0].runner
+    b = getattr(r, "batched", None)
+    if b is None or len(idx) > b.max_rows or getattr(r, "fast", None) is None:
+        return False
+    first = engine.drafter.ahead(items[idx[0]][0], items[idx[0]][1])
+    if first is None:  # not known ahead (one drafter for every session: the first answer tells)
+        return False
+    forced = {idx[0]: first} | {i: engine.drafter.ahead(items[i][0], items[i][1]) for i in idx[1:]}
+    st, own, flight = r.state, {}, []
+    room = max(1, b.free_phases())
+    write_slots(st.next_token, [items[i][0].slot for i in idx], [items[i][0].draft_t0 for i in idx])
+    for step in range(max(items[i][1] for i in idx)):
+        live = [i for i in idx if items[i][1] > step]
+        feed = [(i, forced[i][step - 1]) for i in live if step and forced[i][step - 1] is not None]
+        if feed:
+            write_slots(st.next_token, [items[i][0].slot for i, _ in feed], [v for _, v in feed])
+        if len(flight) >= room:
+            _collected(flight.pop(0), own)
+        flight.append((step, live, r.ar_batch_launch([items[i][0].slot for i in live])))
+    for f in flight:
+        _collected(f, own)
+    for i in idx:
+        k, f = items[i][1], forced[i]
+        items[i][0].drafts = [f[j] if f[j] is not None else own[i, j] for j in range(k)]
+    return True
+
+
+def _collected(launched, own: dict) -> None:
+    step, live, collect = launched
+    for i, t in zip(live, collect()):
+        own[i, step] = t

@@ -40,6 +40,8 @@ from baton.engine.sampling import Params  # noqa: E402
 from baton.engine.speculation import GREEDY, Drafter, verify_block, verify_blocks  # noqa: E402
 from baton.kernels import gemv  # noqa: E402
 from baton.loading import load_model  # noqa: E402
+from decode_worker import drafting  # noqa: E402
+from decode_worker.drafting import _ar_drafts  # noqa: E402
 from decode_worker.mtp import chains  # noqa: E402
 
 _rows_linear = fast_rows.rows_linear
@@ -218,6 +220,41 @@ def main() -> None:
     dev["forced_kept"] = forced_got[0][1] == 7 and forced_got[1] == [5] and forced_got[3] == [1, 2, 3]
     dev["drafts"] = [len(x) for x in forced_got]
     out["mtp_device"] = dev
+
+    # bf16 / fp8 drafts of exact mode (decode_worker/drafting.py _ar_drafts): on a batched runner the steps
+    # launch ahead of their reads (_ar_pipelined), drafts of 3, 1, 2, 3, the model's own and forced; each
+    # session's drafts and slot state == the step-by-step loop of that session alone
+    ar = {}
+    pipelined, piped = drafting._ar_pipelined, []  # counts the batched runs that took the pipelined path
+    drafting._ar_pipelined = lambda *a: piped.append(pipelined(*a)) or piped[-1]
+    for name, drafter in (("own", GREEDY), ("forced", Forced())):
+        e = SimpleNamespace(drafter=drafter)
+        res_, piped[:] = [], []
+        for batching in (True, False):
+            r_ = _runner(m, prompts, batching=batching)
+            ss = [
+                SimpleNamespace(slot=sl, runner=r_, engine="bf16", draft_t0=int(r_.state.next_token[sl]), drafts=[])
+                for sl in SLOTS
+            ]
+            its = [(x, k, None) for x, k in zip(ss, KS)]
+            if batching:
+                outs = [None] * len(its)
+                _ar_drafts(e, its, list(range(len(its))), outs)
+            else:  # alone: one session at a time
+                outs = []
+                for it in its:
+                    o1 = [None]
+                    _ar_drafts(e, [it], [0], o1)
+                    outs.append(o1[0])
+            res_.append((outs, {sl: _state(r_, sl) for sl in SLOTS}))
+        (got_b, st_b), (got_a, st_a) = res_
+        ar[name] = {
+            "equal": got_b == got_a,
+            "state_equal": all(_same(st_a[sl], st_b[sl]) for sl in SLOTS),
+            "pipelined": piped.count(True),  # the batched run's one runner; the alone runs have no batching
+        }
+    ar["forced_kept"] = got_b[0][1] == 7 and got_b[3] == [1, 2, 3]
+    out["ar_drafts"] = ar
     out["seconds"] = round(time.perf_counter() - T0, 1)
     out["compiles_sm90"] = launch_record.compile_verdict()  # every launch above, compiled for sm_90
     print(json.dumps(out))

@@ -196,3 +196,8 @@ class BatchedAR:
 
     def step(self, slots: list[int]) -> list[int]:
         return self.collect(self.launch(slots))
+
+    def free_phases(self) -> int:
+        """How many more steps may be launched before one is collected (the fast-mode scheduler's step in
+        flight holds one)."""
+        return self._busy.count(False)
