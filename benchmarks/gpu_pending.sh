@@ -82,14 +82,15 @@
 # tests-serving at 47f8af1 on one H100 (batched / unary 0.98x at 8, 1.01x at 32; exact 0.91x bf16 at 32; 5
 # passed), spec-merged at 47f8af1 on another (3.60x at 8, 0.88x at 32), ops at 1e093b9 (a Draft batch's host
 # reads: 58-64 blocking copies, ~half its time). Owed next: tests-mtp and tests-serving after 407a62b (the MTP
-# chains on the device, BatchedRows.mtp_chain), then spec-merged and ops there, spec-merged on an H200, and
-# the rest owed above.
+# chains on the device, BatchedRows.mtp_chain), tests-engine and exact-fp8 after 3904b69 (the pipelined AR
+# drafts), then spec-merged and ops there, spec-merged on an H200, and the rest owed above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
 #   batched        exact mtp at 32 through the router's round batcher, short (one call of ~250 s)
 #   batched-ab     exact mtp at 8 and 32 batched and unary (BATON_BATCHED_ROUNDS), bf16 at 32 (~450 s)
+#   exact-fp8      exact mode with fp8 drafts (the pipelined AR drafts) at 1 and 8 streams, tokens checked
 #   ops            exact mtp at 8, then 32, with torch.profiler over each worker's Draft / Verify batches
 #                  (BATON_OP_PROFILE): their ops, kernels and device time against the batches' wall time
 #   slim-ab        exact mtp at 8 and 32 with draft-only and with whole hand-offs (BATON_SLIM_HANDOFF), bf16 at 32
@@ -357,6 +358,11 @@ case $stage in
       ratio "exact mtp p=0.95 at 32 / fast bf16 at 32" "$out/spec-exact-mtp.json" 32 "$out/spec-bf16.json" 32 0.8
       ratio "pipelined exact at 32 / fast bf16 at 32" "$out/spec-exact-mtp-pipelined.json" 32 "$out/spec-bf16.json" 32 0.8
     } | tee "$out/batched-ab-ratios.txt"
+    ;;
+  exact-fp8)  # exact mode with fp8 drafts (the pipelined AR drafts, decode_worker/drafting.py _ar_pipelined) at 1
+    # and 8 streams, every stream checked against `baton complete`; the decode worker offers bf16 and fp8
+    serve spec-exact-fp8 --prompts 2 --warmup 1,8 --requests "${SPEC_REQUESTS:-3}" --serve-args "--engines bf16,fp8" \
+      --mode exact --engine fp8 --concurrency 1,8 --draft-p 0.95 --draft-k 8
     ;;
   ops)  # where a served exact round's batch time goes: torch.profiler over each worker's Draft / Verify batches
     # (baton/op_profile.py), exact mtp at 8 (60 batches after 60 of >= 4 sessions: past the warm-up at 8), then
