@@ -9,7 +9,8 @@ pairs), every aten op counted (a TorchDispatchMode). The passes' own ops (the in
 with B, so `ops_per_session`, the slope between the two smallest B, is the host code's. Drafts are the
 model's greedy picks over random weights: most blocks are cut, as at a low acceptance.
 
-    python benchmarks/bench_round_ops.py [--sessions 2,8] [--k 3] [--layers 8] [--round mtp|exact] [--out R.json]
+    python benchmarks/bench_round_ops.py [--sessions 2,8] [--k 3] [--layers 8] [--round mtp|exact]
+        [--drafts mtp|bf16] [--out R.json]
 
 --round exact: one exact-mode round instead, each worker's half counted apart: the decode worker's Draft
 batch with the last round's verdicts (decode_worker/drafting.py draft_batch, mtp drafts: the verdict rows,
@@ -87,8 +88,9 @@ def point(model, cfg, b: int, k: int) -> dict:
     return {"sessions": b, "ops": sum(c.n.values()), "ops_by_kind": dict(c.n.most_common(10))}
 
 
-def exact_point(lm, b: int, k: int) -> dict:
-    """One exact-mode round of b sessions (module doc): the Draft batch's and the Verify batch's ops."""
+def exact_point(lm, b: int, k: int, engine: str = "mtp") -> dict:
+    """One exact-mode round of b sessions drafting with `engine` (mtp, or bf16: the AR drafts that fp8
+    drafting runs too) (module doc): the Draft batch's and the Verify batch's ops."""
     from decode_worker.engine import DecodeEngine
     from prefill_worker.engine import ExactEngine
 
@@ -103,7 +105,7 @@ def exact_point(lm, b: int, k: int) -> dict:
     for i in range(b):
         s, _ = exact.prefill([5 + i, 6, 7, 8])
         tensors, pos, nxt = exact.export(s.id)
-        d = dec.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine="mtp")
+        d = dec.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine=engine)
         pairs.append((exact.get(s.id), dec.get(d.id)))
     verdicts = [None] * b
 
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=3, help="drafts a session")
     ap.add_argument("--layers", type=int, default=8, help="the tiny model's layers (one in four attention)")
     ap.add_argument("--round", choices=("mtp", "exact"), default="mtp", help="a fast mtp round, or an exact one")
+    ap.add_argument("--drafts", choices=("mtp", "bf16"), default="mtp", help="--round exact: the drafting engine")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     d = make_random_checkpoint(Path(tempfile.mkdtemp()) / "m", seed=5, layers=a.layers, hidden=64, vocab=512)
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return (points[1][key] - points[0][key]) / (bs[1] - bs[0]) if len(points) > 1 else None
 
     if a.round == "exact":
-        points = [exact_point(lm, b, a.k) for b in bs]
+        points = [exact_point(lm, b, a.k, a.drafts) for b in bs]
         extra = {f"{w}_ops_per_session": slope(points, f"{w}_ops") for w in ("draft", "verify")}
     else:
         points = [point(lm.model, lm.cfg, b, a.k) for b in bs]
@@ -166,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "o1_tensors": 2 * len(lm.cfg.gdn_layers) + 3,
             "o1_tensors_9b": 2 * GDN_LAYERS_9B + 3,
             "round": a.round,
+            "drafts": a.drafts if a.round == "exact" else "mtp",
             "points": points,
         }
         | extra,

@@ -51,3 +51,18 @@ def test_an_exact_rounds_host_ops_per_session_stay_flat(tmp_path):
     assert all(x["draft_ops"] > 0 and x["verify_ops"] > 0 for x in r["points"])
     assert 0 <= r["verify_ops_per_session"] <= 2, r["verify_ops_per_session"]
     assert 0 <= r["draft_ops_per_session"] < 2 * r["o1_tensors"], r["draft_ops_per_session"]
+
+
+@pytest.mark.slow  # ~20 s, as above
+def test_exact_round_with_bf16_drafts(tmp_path):
+    """--round exact --drafts bf16: the Draft batch drafts by AR steps (decode_worker/drafting.py _ar_drafts,
+    pipelined on the batched runner): its ops grow by a few a session, the Verify's not at all."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_round_ops.py"), "--round", "exact", "--drafts", "bf16"]
+    cmd += ["--sessions", "2,3", "--k", "2", "--layers", "4", "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["drafts"] == "bf16" and [x["sessions"] for x in r["points"]] == [2, 3]
+    assert 0 <= r["verify_ops_per_session"] <= 2, r["verify_ops_per_session"]
+    assert 0 <= r["draft_ops_per_session"] < 2 * r["o1_tensors"], r["draft_ops_per_session"]
