@@ -8,6 +8,7 @@ with another process: the other worker, on one GPU). A diagnostic, off unless as
 
     run_batch = op_profile.window(run_batch, "decode")   # run_batch itself when BATON_OP_PROFILE is unset
     op_profile.finish()                                  # at the clean stop: an open window closed, reports waited for
+    prof = op_profile.profiler()                         # a torch profiler of CPU ops (every thread's) and kernels
     text = op_profile.tables(prof)                       # a finished torch.profiler.profile's op tables
 
 Wired around the Draft batches (decode_worker/engine.py) and the Verify batches (prefill_worker/engine.py).
@@ -59,7 +60,7 @@ def _device_us(e) -> float:
     return 0.0
 
 
-def _profiler():
+def profiler():
     """A torch profiler of CPU ops (every thread's, where torch can: profile_all_threads) and CUDA kernels."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -131,7 +132,7 @@ class Window:
 
     def _profile(self, started: threading.Event) -> None:
         try:
-            self.prof = _profiler()
+            self.prof = profiler()
             self.prof.start()
         except Exception:  # noqa: BLE001 - a diagnostic must not fail a batch
             log.exception("op profile: start failed")

@@ -131,10 +131,7 @@ def _passes(engine) -> list[dict]:
 
 def _profile(path: Path, fn) -> None:
     """Runs fn under torch.profiler (CPU and, on CUDA, kernels) and writes the op tables to path."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
+    with op_profile.profiler() as prof:
         fn()
     path.write_text(op_profile.tables(prof))
 

@@ -37,7 +37,7 @@ import torch
 
 from baton.engine.batch import rows_batch
 from baton.engine.slots import SessionLimit
-from baton.engine.speculation import check_verdict, rows_to_replay
+from baton.engine.speculation import check_verdict, known_ahead, rows_to_replay
 from baton.transfer import read_slots, to_device, write_slots
 from decode_worker import mtp
 
@@ -232,10 +232,10 @@ def _ar_pipelined(engine, items: list, idx: list[int]) -> bool:
     b = getattr(r, "batched", None)
     if b is None or len(idx) > b.max_rows or getattr(r, "fast", None) is None:
         return False
-    first = engine.drafter.ahead(items[idx[0]][0], items[idx[0]][1])
-    if first is None:  # not known ahead (one drafter for every session: the first answer tells)
+    known = known_ahead(engine.drafter, [items[i][:2] for i in idx])
+    if known is None:
         return False
-    forced = {idx[0]: first} | {i: engine.drafter.ahead(items[i][0], items[i][1]) for i in idx[1:]}
+    forced = dict(zip(idx, known))
     st, own, flight = r.state, {}, []
     room = max(1, b.free_phases())
     write_slots(st.next_token, [items[i][0].slot for i in idx], [items[i][0].draft_t0 for i in idx])

@@ -29,7 +29,7 @@ import torch
 
 from baton.engine.draft_length import controller
 from baton.engine.graph import MAX_DRAFT
-from baton.engine.speculation import verify_blocks
+from baton.engine.speculation import known_ahead, verify_blocks
 
 
 def control(engine, k: int | None = None):
@@ -121,13 +121,12 @@ def _on_device(engine, items: list) -> list[list[int]] | None:
     ks = [k for _, k in items]
     if rows is None or max(ks) < 2 or any(s.runner is not r for s, _ in items):
         return None
+    if rows.chain_bucket(len(items), max(len(s.mtp_pairs_ids) for s, _ in items)) is None:
+        return None
+    forced = known_ahead(engine.drafter, items)
+    if forced is None:
+        return None
     groups = [(s.slot, pairs_h(s), s.mtp_pairs_ids, s.mtp_start) for s, _ in items]
-    if rows.chain_bucket(len(groups), max(len(g[2]) for g in groups)) is None:
-        return None
-    first = engine.drafter.ahead(*items[0])
-    if first is None:  # not known ahead (the first answer tells: one drafter for every session)
-        return None
-    forced = [first] + [engine.drafter.ahead(s, k) for s, k in items[1:]]
     return rows.mtp_chain(groups, ks, forced)
 
 

@@ -46,6 +46,13 @@ class Drafter:
 GREEDY = Drafter()
 
 
+def known_ahead(drafter: Drafter, rounds: list) -> list | None:
+    """Drafter.ahead of every (session, k) of rounds, or None when the drafter does not know its drafts ahead
+    (asked of the first session only: one drafter answers alike for all, and a None drew nothing)."""
+    first = drafter.ahead(*rounds[0])
+    return None if first is None else [first] + [drafter.ahead(s, k) for s, k in rounds[1:]]
+
+
 def accepted_length(drafts: list[int], greedy: list[int]) -> int:
     """m: how many drafts the verifier accepts. greedy[i] is its token after t0, d1..d_i."""
     m = 0
