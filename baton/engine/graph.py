@@ -15,6 +15,8 @@ device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost 
     kind "rowsb", "rowsbs": BatchedRows.compute(P, n), keyed (kind, (P, n)) — P sessions' blocks of n rows
                  in one pass (baton/engine/fused_blocks.py: the batched verify), greedy / sampled
     kind "mtpb", "mtpbs": BatchedRows.mtp_compute(P, n) — P sessions' MTP chain steps of n pairs each
+    and the state's slot copies (HybridState.snapshot_slots / restore_slots: baton/engine/slot_copies.py),
+    one graph per (bucket, direction), outside runner.graphs
 
 First-call discipline (so the first served token is bitwise the same as every later one):
     1. warm up eagerly on a side stream (kernel autotuning, lazily allocated buffers) — no tokens kept;
@@ -132,6 +134,9 @@ def capture_all(
             runner.graphs[(kind, n)] = g
             stats.graphs += 1
             stats.keys.append((kind, n))
+    # snapshot_slots / restore_slots (exact mode's Verify and bf16 / fp8 Draft batches): a replay a bucket
+    stats.graphs += runner.state.enable_slot_copies(runner.state.slots).capture(pool)
+    stats.keys.append(("slot_copies", tuple(runner.state.slot_copies.buckets)))
     for slot in range(runner.state.slots):  # roll back: zero state and every KV row warm-up wrote
         runner.state.reset(slot)
     torch.cuda.synchronize(runner.device)
@@ -143,5 +148,6 @@ def capture_all(
 
 def destroy(runner: ModelRunner) -> None:
     runner.graphs.clear()
+    runner.state.slot_copies = None
     if runner.device.type == "cuda":
         torch.cuda.empty_cache()

@@ -115,6 +115,7 @@ class HybridState:
         )
         # snapshot buffers for the O(1) part, same layout
         self._snap = {k: torch.zeros_like(t) for k, t in self._o1_items()}
+        self.slot_copies = None  # SlotCopies (enable_slot_copies): snapshot_slots as graph replays
         self.conv_alt: dict[int, torch.Tensor] = {}
         self.rec_alt: dict[int, torch.Tensor] = {}
         self.hidden_prev: torch.Tensor | None = None
@@ -236,13 +237,32 @@ class HybridState:
 
     def snapshot_slots(self, slots: list[int], restore: bool = False) -> None:
         """snapshot(s) (restore=True: restore(s)) of distinct slots in two kernels a tensor whatever their
-        count (a loop of snapshot() is one copy a tensor and slot: 51 a slot at the 9B shape)."""
+        count (a loop of snapshot() is one copy a tensor and slot: 51 a slot at the 9B shape); with slot
+        copies enabled (CUDA graphs: baton/engine/slot_copies.py) one graph replay a bucket of slots."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"snapshot / restore of slots: distinct slots, got {slots}")
-        idx = upload(slots, torch.long, self.device) if slots else None
-        for k, t in self._o1_items() if slots else ():
+        if not slots:
+            return
+        if self.slot_copies is not None:
+            self.slot_copies.run(list(slots), restore)
+        else:
+            self.copy_slots(upload(slots, torch.long, self.device), restore)
+
+    def copy_slots(self, idx: torch.Tensor, restore: bool) -> None:
+        """The copies of the slots in idx [n] (device; duplicates copy the same row again), every O(1)
+        tensor: state -> snapshot set, or back with restore. Capturable (no host read, no allocation
+        outside the caller's graph pool)."""
+        for k, t in self._o1_items():
             src, dst = (self._snap[k], t) if restore else (t, self._snap[k])
             dst.index_copy_(0, idx, src.index_select(0, idx))  # exact copies: no arithmetic
+
+    def enable_slot_copies(self, top: int):
+        """snapshot_slots / restore_slots through SlotCopies (buckets up to `top` slots); -> it (capture
+        it on CUDA: graph.capture_all does)."""
+        from baton.engine.slot_copies import SlotCopies
+
+        self.slot_copies = SlotCopies(self, top)
+        return self.slot_copies
 
     def restore_slots(self, slots: list[int]) -> None:
         self.snapshot_slots(slots, restore=True)

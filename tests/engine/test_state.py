@@ -103,6 +103,37 @@ def test_snapshot_and_restore_of_many_slots_equal_the_per_slot_ones_in_ops_indep
         r.state.snapshot_slots([1, 1])
 
 
+def test_slot_copies_pad_with_the_last_slot_and_chunk_bitwise_as_the_per_slot_copies(lm):
+    """With slot copies on (baton/engine/slot_copies.py: on CUDA a graph replay a bucket; here the same
+    padded copies run eagerly), snapshot_slots / restore_slots of 3 slots (bucket 4, padded with the last
+    slot) and of 7 (chunks of the top bucket, 4 and 3) leave every buffer bitwise as snapshot / restore of
+    each slot, and no slot outside the call is written (the padding copies its last slot again)."""
+    r = ModelRunner(lm.model, slots=8, max_len=64)
+    for s in range(8):
+        r.prefill(s, [1 + s, 2, 3, 4 + s])
+    copies = r.state.enable_slot_copies(4)
+    assert copies.buckets == [1, 2, 4]
+    for slots in ([6, 1, 3], [5, 1, 7, 2, 4, 0, 6]):
+        for k in r.state._snap:
+            r.state._snap[k].fill_(7)
+        want = {k: v.clone() for k, v in r.state._snap.items()}
+        for s in slots:
+            for k, t in r.state._o1_items():
+                want[k][s] = t[s]
+        r.state.snapshot_slots(slots)
+        assert all(torch.equal(r.state._snap[k], want[k]) for k in want), slots
+        before = {k: t.clone() for k, t in r.state._o1_items()}
+        for s in range(8):
+            r.rows(s, [9, 10])
+        after = {k: t.clone() for k, t in r.state._o1_items()}
+        r.state.restore_slots(slots)
+        for k, t in r.state._o1_items():
+            for s in range(8):
+                assert torch.equal(t[s], (before if s in slots else after)[k][s]), (k, s)
+        assert int(r.state.position[slots[0]]) == int(before["position"][slots[0]])
+    assert copies.replays == 0 and not copies.graphs  # no CUDA: the eager padded copies ran
+
+
 def test_export_wire_import_is_bitwise_and_decodes_the_same(lm):
     src = ModelRunner(lm.model, max_len=128)
     dst = ModelRunner(lm.model, slots=2, max_len=128)
