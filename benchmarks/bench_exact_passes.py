@@ -15,6 +15,9 @@ ends with its host read of the picks: the pass is done):
     pairs_ms     mtp_batch of B groups of `accepted` pairs: their pending MTP pairs, the chain's first step
     step_ms      mtp_batch of B groups of 1 pair: one later chain step (a round runs K - 1 of them)
     ar_ms        ar_batch of the B slots: one fast bf16 step (the baseline's cost a token)
+    rewind_ms    snapshot_slots + restore_slots of the B slots: a Verify batch's snapshot and its cut
+                 blocks' restore (graph replays: baton/engine/slot_copies.py); rewind_eager_ms the same as
+                 eager copy launches (BATON_SLOT_COPIES=0), in the same process (not in round_ms)
 round_ms = verify + verdict + pairs + (K - 1) x step, and tok_s = B x tokens_per_round / round_ms, with
 tokens_per_round = accepted + 1 (the controlled drafter's mean at p = 0.95, K = 8 is ~7.3: --accepted 6).
 The positions advance by each timed pass (windows sized for it); no state is restored (timing only).
@@ -78,6 +81,12 @@ def measure(r: ModelRunner, B: int, k: int, accepted: int, prompt: int, reps: in
         out["pairs_ms"] = _timed(pairs(accepted), reps, sync)
         out["step_ms"] = _timed(pairs(1), reps, sync)
     out["ar_ms"] = _timed(lambda: r.ar_batch(slots), reps, sync)
+    st, copies = r.state, r.state.slot_copies  # a Verify batch's snapshot and the cut blocks' restore
+    out["rewind_ms"] = _timed(lambda: (st.snapshot_slots(slots), st.restore_slots(slots)), reps, sync)
+    if copies is not None:  # the same copies as eager launches (BATON_SLOT_COPIES=0), for the A/B
+        st.slot_copies = None
+        out["rewind_eager_ms"] = _timed(lambda: (st.snapshot_slots(slots), st.restore_slots(slots)), reps, sync)
+        st.slot_copies = copies
     chain = out.get("pairs_ms", 0.0) + (k - 1) * out.get("step_ms", 0.0)
     out["round_ms"] = round(out["verify_ms"] + out["verdict_ms"] + chain, 3)
     out["tok_s"] = round(B * (accepted + 1) / out["round_ms"] * 1e3, 1)

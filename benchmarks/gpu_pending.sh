@@ -137,6 +137,8 @@
 #           spec-merged   spec-exact's exact runs (1, 8, 32), fast bf16 at 32, exact at 8 and 32 with the decode
 #                       worker running the verdict rows (BATON_VERDICT_HIDDEN=0; VERDICT_AB=0 skips), and
 #                       spec-adaptive's mtp run at 32 (MERGED_ADAPTIVE=1), in one call
+#           slot-copies   test_gpu_verify.py and bench_exact_passes' rewind A/B (the captured slot copies);
+#                       SLOT_SERVE=1: exact mtp at 8 and 32 served with them and without (BATON_SLOT_COPIES=0)
 #           exact-passes   an exact round's device parts at B = 1, 8, 16, 32 alone in one process
 #                       (bench_exact_passes.py: the verify, verdict and chain passes, and a fast bf16 step), then
 #                       spec-exact's runs at 8 and 32 with the gathers pipelined (BATON_GATHER_PERIODIC=0)
@@ -387,6 +389,27 @@ case $stage in
     ;;
   spec-rows)  # spec-merged's A/B half alone: exact at 8 and 32 with the decode worker running the verdict rows
     BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
+    ;;
+  slot-copies)  # the captured slot copies (baton/engine/slot_copies.py, e996170): test_gpu_verify.py (their
+    # replays counted, the batched verify bitwise alone), then bench_exact_passes at 8 and 32 (rewind_ms against
+    # rewind_eager_ms, one process); SLOT_SERVE=1 adds exact mtp at 8 and 32 served with them and without
+    # (BATON_SLOT_COPIES=0) and the ratios
+    python -m pytest -o addopts="" -m gpu -q -rfE --timeout "${GPU_TEST_TIMEOUT:-1200}" tests/engine/test_gpu_verify.py \
+      >"$out/slot-copies-tests.log" 2>&1
+    echo "test_gpu_verify.py: rc=$? $(tail -1 "$out/slot-copies-tests.log")"
+    python benchmarks/bench_exact_passes.py --random-init qwen3.5-9b --batch "${PASS_POINTS:-8,32}" --k 8 --reps 5 \
+      --out "$out/slot-copies-passes.json" >"$out/slot-copies-passes.log" 2>&1
+    echo "exact-passes: rc=$?"
+    grep -o "'batch': [0-9]*\|'rewind[a-z_]*': [0-9.]*" "$out/slot-copies-passes.log" | paste -sd' '
+    if [ "${SLOT_SERVE:-0}" = 1 ]; then
+      spec spec-exact-slot-copies --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
+      BATON_SLOT_COPIES=0 spec spec-exact-slot-eager --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
+        --draft-k 8
+      for n in 8 32; do
+        ratio "exact at $n, slot copies / eager" "$out/spec-exact-slot-copies.json" $n \
+          "$out/spec-exact-slot-eager.json" $n 1 | tee -a "$out/slot-copies-ratios.txt"
+      done
+    fi
     ;;
   exact-passes)  # a round's device parts alone, one process (bench_exact_passes.py), then the pipelined runs
     python benchmarks/bench_exact_passes.py --random-init qwen3.5-9b --batch "${PASS_POINTS:-1,8,16,32}" --k 8 \

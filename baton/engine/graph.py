@@ -31,6 +31,7 @@ whose addresses never change (import/restore copy into them).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from baton.engine.runner import ModelRunner
 
 log = logging.getLogger("baton.graph")
 
+SLOT_COPIES_ENV = "BATON_SLOT_COPIES"  # "0": snapshot_slots / restore_slots stay eager launches (A/B)
 MAX_DRAFT = 8  # the longest draft block graphs exist for (K + 1 rows; baton/engine/draft_length.py DEFAULT_K_MAX)
 
 
@@ -135,8 +137,9 @@ def capture_all(
             stats.graphs += 1
             stats.keys.append((kind, n))
     # snapshot_slots / restore_slots (exact mode's Verify and bf16 / fp8 Draft batches): a replay a bucket
-    stats.graphs += runner.state.enable_slot_copies(runner.state.slots).capture(pool)
-    stats.keys.append(("slot_copies", tuple(runner.state.slot_copies.buckets)))
+    if os.environ.get(SLOT_COPIES_ENV, "1") != "0":
+        stats.graphs += runner.state.enable_slot_copies(runner.state.slots).capture(pool)
+        stats.keys.append(("slot_copies", tuple(runner.state.slot_copies.buckets)))
     for slot in range(runner.state.slots):  # roll back: zero state and every KV row warm-up wrote
         runner.state.reset(slot)
     torch.cuda.synchronize(runner.device)
