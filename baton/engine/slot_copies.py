@@ -37,7 +37,8 @@ class SlotCopies:
         self.buckets = [p for p in BUCKETS if p <= top] or [1]
         if self.buckets[-1] < top:
             self.buckets.append(next(p for p in BUCKETS if p >= top))
-        self.idx = {p: torch.zeros(p, dtype=torch.long, device=state.device) for p in self.buckets}
+        with torch.inference_mode(False):  # built under capture_all's inference mode; written outside it
+            self.idx = {p: torch.zeros(p, dtype=torch.long, device=state.device) for p in self.buckets}
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.replays = 0  # graph replays (stats, tests)
 

@@ -111,7 +111,8 @@ def test_slot_copies_pad_with_the_last_slot_and_chunk_bitwise_as_the_per_slot_co
     r = ModelRunner(lm.model, slots=8, max_len=64)
     for s in range(8):
         r.prefill(s, [1 + s, 2, 3, 4 + s])
-    copies = r.state.enable_slot_copies(4)
+    with torch.inference_mode():  # as graph.capture_all builds it; used outside inference mode after
+        copies = r.state.enable_slot_copies(4)
     assert copies.buckets == [1, 2, 4]
     for slots in ([6, 1, 3], [5, 1, 7, 2, 4, 0, 6]):
         for k in r.state._snap:
