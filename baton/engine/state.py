@@ -248,13 +248,13 @@ class HybridState:
         else:
             self.copy_slots(upload(slots, torch.long, self.device), restore)
 
-    def copy_slots(self, idx: torch.Tensor, restore: bool) -> None:
-        """The copies of the slots in idx [n] (device; duplicates copy the same row again), every O(1)
-        tensor: state -> snapshot set, or back with restore. Capturable (no host read, no allocation
-        outside the caller's graph pool)."""
+    def copy_slots(self, idx: torch.Tensor, restore: bool, copy=None) -> None:
+        """The slots in idx [n] (device; a duplicate copies its row again), every O(1) tensor: state ->
+        snapshot set, or back (restore). Capturable. copy(src, dst, idx): how (SlotCopies passes
+        baton/kernels/copy_rows.py on CUDA: rows in place, no temporary). Exact copies: no arithmetic."""
         for k, t in self._o1_items():
             src, dst = (self._snap[k], t) if restore else (t, self._snap[k])
-            dst.index_copy_(0, idx, src.index_select(0, idx))  # exact copies: no arithmetic
+            copy(src, dst, idx) if copy is not None else dst.index_copy_(0, idx, src.index_select(0, idx))
 
     def enable_slot_copies(self, top: int):
         """snapshot_slots / restore_slots through SlotCopies (buckets up to `top` slots); -> it (capture
