@@ -84,6 +84,11 @@
 # reads: 58-64 blocking copies, ~half its time). Owed next: tests-mtp and tests-serving after 407a62b (the MTP
 # chains on the device, BatchedRows.mtp_chain), tests-engine and exact-fp8 after 3904b69 (the pipelined AR
 # drafts), then spec-merged and ops there, spec-merged on an H200, and the rest owed above.
+# The next session (benchmarks/results/gpu-h100-2026-12-06-tests-ops.md): tests-mtp, tests-serving, tests-engine,
+# exact-fp8, spec-merged (VERDICT_AB=0: 3.68x at 8, 0.83x at 32) and ops at 20b6962 on one H100, all passed;
+# slot-copies at c3e04fb (test_gpu_verify.py failed: inference-tensor index buffers, fixed in a136d2e; its
+# 16-session case then passed; rewind 2.39 / 2.66 ms graph / eager at 8). Owed next: tests-engine and
+# tests-serving at HEAD (baton/kernels/copy_rows.py on the GPU), SLOT_SERVE=1 slot-copies, then the rest.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
