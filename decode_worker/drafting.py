@@ -36,6 +36,7 @@ import random
 import torch
 
 from baton.engine.batch import rows_batch
+from baton.engine.parts import PartClock
 from baton.engine.slots import SessionLimit
 from baton.engine.speculation import check_verdict, known_ahead, rows_to_replay
 from baton.transfer import read_slots, to_device, write_slots
@@ -50,9 +51,12 @@ class Drafted(list):
     round: tuple[int, int] = (0, 0)
 
 
-def draft_batch(engine, items: list) -> list:
+def draft_batch(engine, items: list, parts: dict | None = None) -> list:
     """See the module docstring. items [(session, k, verdict or None)] -> per item list of k drafts, or the
-    ValueError / SessionLimit of that item alone."""
+    ValueError / SessionLimit of that item alone. parts: where the run's time goes (baton/engine/parts.py):
+    "run_checks", "run_verdicts" (the last round's verdicts applied), "run_snapshot" (the pending tokens read,
+    the bf16 / fp8 slots snapshotted), "run_chains" (mtp), "run_ar" (bf16 / fp8 drafts)."""
+    clock = PartClock(parts)
     out: list = [None] * len(items)
     ok: list[int] = []
     seen: set[str] = set()
@@ -75,7 +79,9 @@ def draft_batch(engine, items: list) -> list:
             ok.append(i)
         except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
             out[i] = e
+    clock.mark("checks")
     _verdicts(items, [i for i in ok if items[i][2] is not None], out, pos)  # 2.
+    clock.mark("verdicts")
     chained, ar = [], []
     live = [i for i in ok if out[i] is None]
     pending = _per_slot(items, live, lambda st: torch.stack((st.next_token, st.position), 1))  # one read a runner
@@ -89,9 +95,12 @@ def draft_batch(engine, items: list) -> list:
             ar.append(i)
     for st, _, slots in _by_runner(items, ar):  # one snapshot a runner, a few kernels for all its slots
         st.snapshot_slots(slots)
+    clock.mark("snapshot")
     for i, drafts in zip(chained, mtp.chains(engine, [(items[i][0], items[i][1]) for i in chained])):  # 3.
         items[i][0].drafts, out[i] = drafts, list(drafts)
+    clock.mark("chains")
     _ar_drafts(engine, items, ar, out)
+    clock.mark("ar")
     done = [i for i in range(len(items)) if isinstance(out[i], list)]
     tag = (random.getrandbits(63) or 1, len(done))
     for i in done:

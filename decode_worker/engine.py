@@ -111,7 +111,7 @@ class DecodeEngine:
             on_free=lambda k, slot: by_id[k].state.release_pages(slot),
         )
         # concurrent Draft calls of different sessions share their drafting steps (drafting.draft_batch), rounds merged
-        run = op_profile.window(lambda items: drafting.draft_batch(self, items), "decode")  # looked up each call
+        run = op_profile.window(lambda items: drafting.draft_batch(self, items, self.drafts.seconds), "decode")
         self.drafts = Gather(run, self._compute, expected=self._exact_sessions, **ROUND_BARRIER)
         self._mtp_lock, self._mtp_active = threading.Lock(), 0  # mtp sessions in a fast-mode decode
         self._mtp_ctl = None  # their K per round (mtp.control)

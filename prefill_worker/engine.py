@@ -28,7 +28,6 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 
 from baton import op_profile
 from baton.engine import rejection
@@ -95,7 +94,7 @@ class ExactEngine:
         )
         # concurrent Verify calls of different sessions run as one batched pass (verify_blocks), a merged group's settling
         self.verifies = Gather(
-            op_profile.window(partial(verify_batch, self.runner), "prefill"),
+            op_profile.window(lambda items: verify_batch(self.runner, items, self.verifies.seconds), "prefill"),
             self._compute,
             expected=self.session_count,
             **ROUND_SETTLE,

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from baton.engine.parts import PartClock
 from baton.engine.speculation import verify_blocks
 from baton.transfer import read_slots
 
@@ -33,8 +34,11 @@ class VerifyItem(NamedTuple):
     round: tuple | None = None  # (id, size) of the Draft batch the drafts came from (VerifyRequest.round)
 
 
-def verify_batch(runner, items: list[VerifyItem]) -> list:
-    """See the module docstring. items: VerifyItem, or plain (session, tokens, dists[, want_hidden]) tuples."""
+def verify_batch(runner, items: list[VerifyItem], parts: dict | None = None) -> list:
+    """See the module docstring. items: VerifyItem, or plain (session, tokens, dists[, want_hidden]) tuples.
+    parts: where the run's time goes (baton/engine/parts.py: "run_checks", then verify_blocks' parts, then
+    "run_finish": the kept hidden rows, positions and logprobs read back)."""
+    clock = PartClock(parts)
     items = [VerifyItem(*it) for it in items]
     st, out, ok = runner.state, [None] * len(items), []
     slots = [it.session.slot for it in items]  # each session's pending token and position: one read each
@@ -51,6 +55,7 @@ def verify_batch(runner, items: list[VerifyItem]) -> list:
             except ValueError as e:
                 out[i] = e
     if not ok:
+        clock.mark("checks")
         return out
     table = runner.sampling
     for i in ok:
@@ -58,8 +63,10 @@ def verify_batch(runner, items: list[VerifyItem]) -> list:
         if it.dists is not None:  # row j of the block picks position pos + j + 1: draft d_{j+1}'s
             table.judge(it.session.slot, starts[i] + 1, it.tokens[1:], it.dists)
     hidden: list | None = [] if any(items[i].want_hidden for i in ok) else None
+    clock.mark("checks")
     try:
-        res = verify_blocks(runner, [(items[i].session.slot, items[i].tokens) for i in ok], hidden_out=hidden)
+        blocks = [(items[i].session.slot, items[i].tokens) for i in ok]
+        res = verify_blocks(runner, blocks, hidden_out=hidden, clock=clock)
     finally:
         for i in ok:
             table.end_judge(items[i].session.slot)
@@ -67,6 +74,7 @@ def verify_batch(runner, items: list[VerifyItem]) -> list:
     ends = read_slots(st.position, [items[i].session.slot for i in ok])
     for i, (m, nxt), end, h in zip(ok, res, ends, kept):
         out[i] = (m, nxt, end, table.logprobs(items[i].session.slot, m + 1), h)
+    clock.mark("finish")
     return out
 
 

@@ -18,9 +18,12 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
                                    counters since the worker started: its gathered batches (exact mode's
                                    Verify on a prefill worker; Draft calls and fast mtp rounds on a decode
                                    worker) and the calls in them
-    baton_worker_gathered_seconds_total{part="wait"|"lock"|"run"}
+    baton_worker_gathered_seconds_total{part="wait"|"lock"|"run"|"run_PART"}
                                    their summed seconds: each batch's leader waiting for the calls it expects,
-                                   then for the compute lock, then the batch (baton/engine/gather.py)
+                                   then for the compute lock, then the batch (baton/engine/gather.py); run_PART:
+                                   the run by part (baton/engine/parts.py: a Verify batch's run_checks,
+                                   run_snapshot, run_pass, run_restore, run_replay, run_finish; a Draft batch's
+                                   run_checks, run_verdicts, run_snapshot, run_chains, run_ar)
     baton_worker_batched_rpcs_total, baton_worker_batched_items_total
                                    the batched round RPCs it served (DraftMany, VerifyMany: router/batcher.py)
                                    and the requests in them

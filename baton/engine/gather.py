@@ -102,8 +102,8 @@ def fill_stats(out, gathers) -> None:
     """WorkerStats' gathered_batches / _items / _s / _gave_way: these Gathers' counters summed."""
     out.gathered_batches, out.gathered_items = sum(g.batches for g in gathers), sum(g.items for g in gathers)
     out.gathered_gave_way = sum(g.gave_way for g in gathers)
-    for k in TIMES:
-        out.gathered_s[k] = sum(g.seconds[k] for g in gathers)
+    for k in {k: None for g in gathers for k in g.seconds}:  # TIMES, and the run's parts (baton/engine/parts.py)
+        out.gathered_s[k] = sum(g.seconds.get(k, 0.0) for g in gathers)
 
 
 def unwrap(got):

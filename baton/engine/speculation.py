@@ -14,6 +14,8 @@ No module-level torch import: the router checks verdicts with check_verdict too.
 
 from __future__ import annotations
 
+from baton.engine.parts import PartClock
+
 
 class Drafter:
     """Chooses each draft token. The default proposes the drafting model's own greedy token; a benchmark
@@ -83,7 +85,9 @@ def verify_block(runner, slot: int, tokens: list[int]) -> tuple[int, int]:
     return m, greedy[m]
 
 
-def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None) -> list[tuple[int, int]]:
+def verify_blocks(
+    runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None, clock=None
+) -> list[tuple[int, int]]:
     """verify_block for several sessions' blocks [(slot, [t0, d1..dk])] (distinct slots) in one batched
     rows pass (ModelRunner.rows_batch): each slot ends bitwise as verify_block alone would leave it.
     A block that accepts m < k drafts is rewound from its slot's snapshot and its m+1 kept rows are
@@ -91,17 +95,22 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
     layers, from the pass's kept inputs: BatchedRows.replay_kept): row and batch invariance make that
     state the one of feeding t0, d1..dm alone. One block: verify_block itself (its row checkpoints).
     hidden_out: a list that gets each block's final-normed hidden rows [k+1, hidden] (what the runner's
-    h_rows holds after verify_block alone; the MTP pairs read them)."""
+    h_rows holds after verify_block alone; the MTP pairs read them). clock: a parts.PartClock, marked
+    "snapshot", "pass" (ends with the picks' host read), "restore", "replay"."""
+    clock = clock or PartClock(None)
     if len(blocks) == 1:
         res = verify_block(runner, *blocks[0])
         if hidden_out is not None:
             hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
+        clock.mark("pass")
         return [res]
     st = runner.state
     # rows_batch validates the blocks (windows, ids) before it touches any state; a one-row block (no
     # drafts: a plain step) is never cut. Snapshot and rewind: a few kernels for all the slots at once.
     st.snapshot_slots([slot for slot, tokens in blocks if len(tokens) > 1])
+    clock.mark("snapshot")
     picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
+    clock.mark("pass")
     out, redo = [], []
     for (slot, tokens), greedy in zip(blocks, picks):
         m = accepted_length(tokens[1:], greedy)
@@ -110,9 +119,11 @@ def verify_blocks(runner, blocks: list[tuple[int, list[int]]], hidden_out: list 
             redo.append((slot, tokens[: m + 1]))
     if redo:
         st.restore_slots([slot for slot, _ in redo])
+        clock.mark("restore")
         br = runner.batched_rows if runner.fast is not None else None
         if br is None or not br.replay_kept(blocks, redo):  # fused: the kept rows through the GDN layers alone
             runner.rows_batch(redo, ckpt_unused=True)
+        clock.mark("replay")
     from baton.transfer import write_slots  # here: the router imports this module without torch
 
     write_slots(st.next_token, [slot for slot, _ in blocks], [nxt for _, nxt in out])  # one copy, not one a slot

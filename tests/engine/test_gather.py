@@ -14,6 +14,7 @@ from helpers import make_tiny_dir
 
 from baton.engine.exact_rounds import arrange_exact_rounds, rounds_share_a_device
 from baton.engine.gather import PERIODIC, ROUND_BARRIER, ROUND_SETTLE, Gather
+from baton.engine.parts import PartClock
 from baton.engine.runner import ModelRunner
 from baton.engine.speculation import verify_block, verify_blocks
 from baton.loading import load_model
@@ -254,7 +255,12 @@ def test_verify_blocks_equal_each_block_alone(model):
                 toks[slot + 1] = (toks[slot + 1] + 1) % 300  # draft slot+1 wrong: m = slot
             blocks.append((slot, toks))
         want = [verify_block(alone, slot, toks) for slot, toks in blocks]
-        got = verify_blocks(batched, blocks)
+        parts: dict = {}
+        t0 = time.monotonic()
+        got = verify_blocks(batched, blocks, clock=PartClock(parts))
+        # where the batch's time went (baton/engine/parts.py): each part once, adding up to its wall time
+        assert sorted(parts) == ["run_pass", "run_replay", "run_restore", "run_snapshot"], parts
+        assert all(v > 0 for v in parts.values()) and sum(parts.values()) <= time.monotonic() - t0
         assert got == want and [m for m, _ in got] == [0, 1, 2, 3, 4]
         for slot in range(5):
             assert all(torch.equal(a, b) for a, b in zip(_state(alone, slot), _state(batched, slot))), slot

@@ -117,6 +117,13 @@ def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
         assert got[run] > before.get(run, 0.0), (role, got)
         for part in ("wait", "lock"):
             assert got[f'baton_worker_gathered_seconds_total{{part="{part}",role="{role}",worker="{addr}"}}'] >= 0
+        # the run by part (baton/engine/parts.py): every part the batches passed through, adding up to at most the run
+        names = {"prefill": ("checks", "pass", "finish"), "decode": ("checks", "verdicts", "snapshot", "chains", "ar")}
+        parts = {k: v for k, v in got.items() if 'part="run_' in k and f'worker="{addr}"' in k}
+        for part in names[role]:
+            key = f'baton_worker_gathered_seconds_total{{part="run_{part}",role="{role}",worker="{addr}"}}'
+            assert got[key] > before.get(key, 0.0), (role, part, parts)
+        assert sum(parts.values()) <= got[run] + 1e-6, (role, parts)
         # one session: each round's Draft and Verify went as a batched RPC of one request (router/batcher.py)
         rpcs = "baton_worker_batched_rpcs_total" + lab
         assert got[rpcs] - before.get(rpcs, 0.0) == rounds, (role, got)
