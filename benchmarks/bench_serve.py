@@ -149,6 +149,10 @@ Per point:
                        the workers' gathered batches during the point (WorkerStats.gathered_s), ms a batch:
                        the leader waiting for the calls it expects, then for the compute lock, then the batch
                        (decode: Draft calls and fast mtp rounds; prefill: Verify)
+    decode_gathered_run_*, prefill_gathered_run_*
+                       the run by part (baton/engine/parts.py), ms a batch, host wall time: prefill: checks,
+                       snapshot, pass (ends with the picks' and the outputs' host reads), restore, replay,
+                       finish; decode: checks, verdicts, snapshot, chains (mtp), ar (bf16 / fp8 drafts)
     draft_p, expected_acceptance_rate, expected_tokens_per_round
                        --draft-p runs: p and the controlled drafter's steady-state law at K:
                        sum_{i=1..K} p^i / K and sum_{i=0..K} p^i (exact mode's shorter last blocks and
