@@ -36,13 +36,16 @@ class VerifyItem(NamedTuple):
 
 def verify_batch(runner, items: list[VerifyItem], parts: dict | None = None) -> list:
     """See the module docstring. items: VerifyItem, or plain (session, tokens, dists[, want_hidden]) tuples.
-    parts: where the run's time goes (baton/engine/parts.py: "run_checks", then verify_blocks' parts, then
-    "run_finish": the kept hidden rows, positions and logprobs read back)."""
+    parts: where the run's time goes (baton/engine/parts.py: "run_checks", then verify_blocks' parts; the
+    kept hidden rows and logprobs are read inside "run_pass", before the rewind is queued, so the reply
+    does not wait for the rewind's kernels: the next pass on the stream does)."""
     clock = PartClock(parts)
     items = [VerifyItem(*it) for it in items]
+    if not items:
+        return []
     st, out, ok = runner.state, [None] * len(items), []
-    slots = [it.session.slot for it in items]  # each session's pending token and position: one read each
-    pendings, starts = read_slots(st.next_token, slots), read_slots(st.position, slots)
+    slots = [it.session.slot for it in items]  # each session's pending token and position: one read for all
+    pendings, starts = zip(*read_slots(torch.stack((st.next_token, st.position), 1), slots))
     for i, (it, pending, pos) in enumerate(zip(items, pendings, starts)):
         if it.tokens[0] != pending:
             out[i] = ValueError(f"tokens[0]: {it.tokens[0]} is not the last committed token {pending}")
@@ -64,16 +67,20 @@ def verify_batch(runner, items: list[VerifyItem], parts: dict | None = None) -> 
             table.judge(it.session.slot, starts[i] + 1, it.tokens[1:], it.dists)
     hidden: list | None = [] if any(items[i].want_hidden for i in ok) else None
     clock.mark("checks")
+    read: list = []
+
+    def outputs(res: list) -> None:  # the pass's outputs, read before the rewind is queued: no wait for it
+        rows = [(items[i].want_hidden, m, h) for i, (m, _), h in zip(ok, res, hidden or [None] * len(ok))]
+        read.extend(zip(_kept_rows(rows), [table.logprobs(items[i].session.slot, m + 1) for i, (m, _) in zip(ok, res)]))
+
     try:
         blocks = [(items[i].session.slot, items[i].tokens) for i in ok]
-        res = verify_blocks(runner, blocks, hidden_out=hidden, clock=clock)
+        res = verify_blocks(runner, blocks, hidden_out=hidden, clock=clock, outputs=outputs)
     finally:
         for i in ok:
             table.end_judge(items[i].session.slot)
-    kept = _kept_rows([(items[i].want_hidden, m, h) for i, (m, _), h in zip(ok, res, hidden or [None] * len(ok))])
-    ends = read_slots(st.position, [items[i].session.slot for i in ok])
-    for i, (m, nxt), end, h in zip(ok, res, ends, kept):
-        out[i] = (m, nxt, end, table.logprobs(items[i].session.slot, m + 1), h)
+    for i, (m, nxt), (h, lp) in zip(ok, res, read):  # the slot now holds t0, d1..dm: position start + m + 1
+        out[i] = (m, nxt, starts[i] + m + 1, lp, h)
     clock.mark("finish")
     return out
 

@@ -86,7 +86,7 @@ def verify_block(runner, slot: int, tokens: list[int]) -> tuple[int, int]:
 
 
 def verify_blocks(
-    runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None, clock=None
+    runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None, clock=None, outputs=None
 ) -> list[tuple[int, int]]:
     """verify_block for several sessions' blocks [(slot, [t0, d1..dk])] (distinct slots) in one batched
     rows pass (ModelRunner.rows_batch): each slot ends bitwise as verify_block alone would leave it.
@@ -96,27 +96,33 @@ def verify_blocks(
     state the one of feeding t0, d1..dm alone. One block: verify_block itself (its row checkpoints).
     hidden_out: a list that gets each block's final-normed hidden rows [k+1, hidden] (what the runner's
     h_rows holds after verify_block alone; the MTP pairs read them). clock: a parts.PartClock, marked
-    "snapshot", "pass" (ends with the picks' host read), "restore", "replay"."""
+    "snapshot", "pass" (ends with the picks' host read), "restore", "replay". outputs(result): called once
+    the picks are read and before the rewind is queued (the host reads of the pass's outputs then wait for
+    nothing more)."""
     clock = clock or PartClock(None)
     if len(blocks) == 1:
-        res = verify_block(runner, *blocks[0])
+        res = [verify_block(runner, *blocks[0])]
         if hidden_out is not None:
             hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
+        if outputs is not None:
+            outputs(res)
         clock.mark("pass")
-        return [res]
+        return res
     st = runner.state
     # rows_batch validates the blocks (windows, ids) before it touches any state; a one-row block (no
     # drafts: a plain step) is never cut. Snapshot and rewind: a few kernels for all the slots at once.
     st.snapshot_slots([slot for slot, tokens in blocks if len(tokens) > 1])
     clock.mark("snapshot")
     picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
-    clock.mark("pass")
     out, redo = [], []
     for (slot, tokens), greedy in zip(blocks, picks):
         m = accepted_length(tokens[1:], greedy)
         out.append((m, greedy[m]))
         if m + 1 < len(tokens):
             redo.append((slot, tokens[: m + 1]))
+    if outputs is not None:
+        outputs(out)
+    clock.mark("pass")
     if redo:
         st.restore_slots([slot for slot, _ in redo])
         clock.mark("restore")

@@ -266,6 +266,44 @@ def test_verify_blocks_equal_each_block_alone(model):
             assert all(torch.equal(a, b) for a, b in zip(_state(alone, slot), _state(batched, slot))), slot
 
 
+def test_verify_batch_returns_each_block_alone_s_verdict_position_and_kept_hidden_rows(model):
+    """prefill_worker/verifying.py verify_batch over four sessions whose blocks accept 0, 1, 3 and all 3
+    drafts: each item's (m, next, position, logprobs, kept hidden rows) equals the item verified alone, the
+    position it reports (start + m + 1, not read back) is the slot's, and the kept rows [m + 1, hidden] are
+    the pass's own (read before the rewind is queued)."""
+    from types import SimpleNamespace
+
+    from prefill_worker.verifying import verify_batch
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 300, (4 + 5 * i,), generator=g).tolist() for i in range(4)]
+    alone = ModelRunner(model, slots=4, max_len=96, checkpoints=True)
+    batched = ModelRunner(model, slots=4, max_len=96, checkpoints=True)
+    for r in (alone, batched):
+        for slot, p in enumerate(prompts):
+            r.prefill(slot, p)
+    items, want = [], []
+    for slot in range(4):
+        t, toks = int(alone.state.next_token[slot]), []
+        alone.state.snapshot(slot)
+        for _ in range(4):  # t0 and the model's own 3 next tokens
+            toks.append(t)
+            t = alone.rows(slot, [t])[0]
+        alone.state.restore(slot)
+        if slot < 3:
+            toks[slot + 1] ^= 1  # draft slot + 1 wrong: m = slot
+        s = SimpleNamespace(slot=slot)
+        want.append(verify_batch(alone, [(s, toks, None, True)])[0])
+        items.append((s, toks, None, True))
+    got = verify_batch(batched, items)
+    assert [w[0] for w in want] == [0, 1, 2, 3]
+    for slot, (a, b) in enumerate(zip(want, got)):
+        assert a[:4] == b[:4], slot
+        assert b[2] == int(batched.state.position[slot]) == len(prompts[slot]) + b[0] + 1
+        assert b[4].shape == (b[0] + 1, batched.cfg.hidden_size) and torch.equal(a[4], b[4]), slot
+    assert verify_batch(batched, []) == []
+
+
 def test_rounds_share_a_device_only_on_one_gpu_for_several_workers(monkeypatch):
     monkeypatch.delenv("BATON_GATHER_PERIODIC", raising=False)
     assert rounds_share_a_device("cuda", 2) and rounds_share_a_device("cuda:0", 3)
