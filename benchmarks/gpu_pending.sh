@@ -142,6 +142,8 @@
 #           spec-merged   spec-exact's exact runs (1, 8, 32), fast bf16 at 32, exact at 8 and 32 with the decode
 #                       worker running the verdict rows (BATON_VERDICT_HIDDEN=0; VERDICT_AB=0 skips), and
 #                       spec-adaptive's mtp run at 32 (MERGED_ADAPTIVE=1), in one call
+#           prefill-sdpa   test_gpu_prefill.py and bench_ttft_burst with the prefill's attention off cuDNN SDPA
+#                       (BATON_PREFILL_CUDNN_SDPA=0) against the default; SDPA_SERVE=1: exact mtp at 1 and 8 without
 #           slot-copies   test_gpu_verify.py and bench_exact_passes' rewind A/B (the captured slot copies);
 #                       SLOT_SERVE=1: exact mtp at 8 and 32 served with them and without (BATON_SLOT_COPIES=0)
 #           exact-passes   an exact round's device parts at B = 1, 8, 16, 32 alone in one process
@@ -394,6 +396,22 @@ case $stage in
     ;;
   spec-rows)  # spec-merged's A/B half alone: exact at 8 and 32 with the decode worker running the verdict rows
     BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
+    ;;
+  prefill-sdpa)  # the prefill's attention off cuDNN SDPA (BATON_PREFILL_CUDNN_SDPA=0, flash): test_gpu_prefill.py with
+    # it, then bench_ttft_burst at BURSTS (default 1,8) with cuDNN (the default) and without, then exact mtp at 1
+    # and 8 without (SDPA_SERVE=1; set it against spec-merged's figures on the same machine)
+    BATON_PREFILL_CUDNN_SDPA=0 python -m pytest -o addopts="" -m gpu -q -rfE --timeout "${GPU_TEST_TIMEOUT:-1200}" \
+      tests/engine/test_gpu_prefill.py >"$out/prefill-sdpa-tests.log" 2>&1
+    echo "test_gpu_prefill.py without cuDNN SDPA: rc=$? $(tail -1 "$out/prefill-sdpa-tests.log")"
+    for v in 1 0; do
+      BATON_PREFILL_CUDNN_SDPA=$v python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 \
+        --bursts "${BURSTS:-1,8}" --out "$out/ttft-burst-cudnn$v.json" >"$out/ttft-burst-cudnn$v.log" 2>&1
+      echo "burst, cuDNN SDPA $v: rc=$?"
+    done
+    if [ "${SDPA_SERVE:-0}" = 1 ]; then
+      BATON_PREFILL_CUDNN_SDPA=0 spec spec-exact-no-cudnn --mode exact --engine mtp --concurrency 1,8 --draft-p 0.95 \
+        --draft-k 8
+    fi
     ;;
   slot-copies)  # the captured slot copies (baton/engine/slot_copies.py, e996170): test_gpu_verify.py (their
     # replays counted, the batched verify bitwise alone), then bench_exact_passes at 8 and 32 (rewind_ms against

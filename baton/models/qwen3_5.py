@@ -24,6 +24,8 @@ from the device buffer `state.position[slot]`, so the step is CUDA-graph captura
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +33,18 @@ from torch import nn
 from baton.config import ModelConfig
 from baton.models import gdn_ops
 from baton.models.context import RowGroup, Segment, StepContext, lin, wide_kernels  # noqa: F401 (re-exported)
+
+# BATON_PREFILL_CUDNN_SDPA=0: the prefill's attention never takes torch's cuDNN SDPA backend (flash instead, as
+# its later pieces already do through causal_lower_right). cuDNN's host side took 1.5-2.8 ms a call in the
+# H100 op profiles (benchmarks/results/gpu-h100-2026-12-06-tests-ops.md), one call a piece and attention
+# layer (8 at the 9B shape). An A/B knob while it is measured: it changes the prefill's bits, so every
+# process of a deployment (the workers, a reference run) must set it alike.
+CUDNN_SDPA_ENV = "BATON_PREFILL_CUDNN_SDPA"
+
+
+def _no_cudnn_sdpa() -> None:
+    if os.environ.get(CUDNN_SDPA_ENV, "1") == "0" and torch.backends.cuda.cudnn_sdp_enabled():
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 class RMSNorm(nn.Module):
@@ -145,6 +159,8 @@ class Attention(nn.Module):
         segment alone. A first piece (start 0) reads its keys from k, v (the values its pages now hold,
         bitwise), a later one gathers them from the pages."""
         T, g, s0 = q.shape[0], self.nh // self.nkv, sg.start
+        if q.is_cuda:
+            _no_cudnn_sdpa()
         if s0 == 0 and state.key[self.layer_idx].dtype == k.dtype:
             keys, vals = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()  # [nkv, T, d]
         else:

@@ -151,3 +151,25 @@ def test_a_refused_pass_changes_nothing(lm):
         run_pass(r, [Piece(1, b), Piece(1, a)])
     with pytest.raises(ValueError, match="empty"):
         run_pass(r, [Piece(1, [])])
+
+
+def test_the_cudnn_sdpa_knob_turns_torch_s_backend_off_only_when_asked(monkeypatch):
+    """BATON_PREFILL_CUDNN_SDPA=0 (baton/models/qwen3_5.py): the prefill's attention switches torch's cuDNN
+    SDPA backend off (a process-wide flag, so a worker and a reference run given the same setting compute
+    the same bits); unset or 1 leaves it as it is."""
+    from baton.models import qwen3_5
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        monkeypatch.delenv(qwen3_5.CUDNN_SDPA_ENV, raising=False)
+        qwen3_5._no_cudnn_sdpa()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv(qwen3_5.CUDNN_SDPA_ENV, "1")
+        qwen3_5._no_cudnn_sdpa()
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv(qwen3_5.CUDNN_SDPA_ENV, "0")
+        qwen3_5._no_cudnn_sdpa()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
