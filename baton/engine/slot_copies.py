@@ -21,7 +21,8 @@ index copies the same source row to the same destination row again, so the resul
 copy (the copies do no arithmetic). More than the top bucket: in chunks of the top bucket.
 
 Without graphs (CPU, or before capture) `run` executes the same padded copies eagerly, so the padding is
-tested on the CPU (tests/engine/test_slot_copies.py).
+tested on the CPU (tests/engine/test_state.py; with copy_rows under Triton's interpreter,
+tests/engine/test_copy_rows.py).
 
 Lifecycle: built by HybridState.enable_slot_copies (graph.capture_all, after the model's graphs), captured
 once; the buffers it reads (the state's tensors, the snapshot set, its index buffers) never move.
