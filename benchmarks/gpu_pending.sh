@@ -206,6 +206,31 @@ note = f" NOT COMPARABLE, failed requests: {errors}" if errors else ""
 print(f"{label}: {a} / {b} tok/s = {r}x (target >= {target}x){note}")
 EOF
 }
+rounds() {  # JSON: per point, the round and where each worker's gathered batch run went (baton/engine/parts.py)
+  python - "$1" <<'EOF'
+import json, sys
+
+try:
+    points = json.load(open(sys.argv[1]))["points"]
+except (OSError, ValueError, KeyError):
+    points = []
+for p in points:
+    parts = {
+        role: " ".join(
+            f"{k[len(role) + 14 : -3]} {v}"
+            for k, v in sorted(p.items())
+            if k.startswith(f"{role}_gathered_run_") and k != f"{role}_gathered_run_ms"
+        )
+        for role in ("decode", "prefill")
+    }
+    print(
+        f"at {p.get('concurrency')}: round {p.get('round_ms_p50')} ms (draft {p.get('round_draft_ms_p50')}, verify "
+        f"{p.get('round_verify_ms_p50')}); decode batch wait {p.get('decode_gathered_wait_ms')} run "
+        f"{p.get('decode_gathered_run_ms')} [{parts['decode']}]; prefill lock {p.get('prefill_gathered_lock_ms')} "
+        f"run {p.get('prefill_gathered_run_ms')} [{parts['prefill']}]"
+    )
+EOF
+}
 spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 prompts, warm-up at 1 and 8
   # The decode worker offers bf16 and mtp only (no FP8 copy, ~9 GB at the 9B shape): with all three engines on
   # an H100 (80 GB, both workers on it) the mtp worker was left 1 KV page and refused to start (2026-12-05)
@@ -342,6 +367,7 @@ case $stage in
       ratio "exact at 32, hidden rows relayed / decode worker's rows" "$out/spec-exact-mtp.json" 32 "$out/spec-exact-mtp-rows.json" 32 1
       ratio "fast mtp adaptive p=0.9 at 32 / fast bf16 at 32" "$out/spec-adaptive-mtp.json" 32 "$out/spec-bf16.json" 32 0.95
     } | tee "$out/spec-merged-ratios.txt"
+    rounds "$out/spec-exact-mtp.json" | tee -a "$out/spec-merged-ratios.txt"
     ;;
   batched)  # exact mtp at 32 with the router's round batcher (DraftMany / VerifyMany, router/batcher.py), short:
     # one warm-up at 8, 2 requests a stream, so that it fits a call of ~250 s; compare round_ms / gathered_wait
@@ -413,6 +439,7 @@ case $stage in
     if [ "${SDPA_SERVE:-0}" = 1 ]; then
       BATON_PREFILL_CUDNN_SDPA=0 spec spec-exact-no-cudnn --mode exact --engine mtp --concurrency 1,8 --draft-p 0.95 \
         --draft-k 8
+      rounds "$out/spec-exact-no-cudnn.json"
     fi
     ;;
   slot-copies)  # the captured slot copies (baton/engine/slot_copies.py, e996170): test_gpu_verify.py (their
@@ -434,6 +461,10 @@ case $stage in
         ratio "exact at $n, slot copies / eager" "$out/spec-exact-slot-copies.json" $n \
           "$out/spec-exact-slot-eager.json" $n 1 | tee -a "$out/slot-copies-ratios.txt"
       done
+      for f in slot-copies slot-eager; do
+        echo "$f:"
+        rounds "$out/spec-exact-$f.json"
+      done | tee -a "$out/slot-copies-ratios.txt"
     fi
     ;;
   exact-passes)  # a round's device parts alone, one process (bench_exact_passes.py), then the pipelined runs
