@@ -27,12 +27,14 @@ log = logging.getLogger("baton.prefill")
 def prepare_cuda(runner: ModelRunner):
     """The exact engine's CUDA runner made ready to serve: batching on (concurrent sessions' verify blocks
     share one pass, baton/engine/fused_blocks.py) and the graphs captured: rows n = 1..W (AR steps,
-    verify blocks n = K+1, re-advances n = m+1) and the batched blocks, greedy and sampled. -> GraphStats."""
+    verify blocks n = K+1, re-advances n = m+1) and the batched blocks, greedy and sampled, and their cut
+    blocks' replays. -> GraphStats."""
     from baton.engine.graph import MAX_DRAFT, block_keys, capture_all
 
     runner.enable_batching()
     blocks = block_keys(runner, MAX_DRAFT + 1)
-    return capture_all(runner, ns={"rows": range(1, runner.width + 1), "rowsb": blocks, "rowsbs": blocks})
+    ns = {"rows": range(1, runner.width + 1), "rowsb": blocks, "rowsbs": blocks, "replay": blocks}
+    return capture_all(runner, ns=ns)
 
 
 def _kept_bytes(lm: LoadedModel, device) -> int:

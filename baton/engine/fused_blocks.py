@@ -151,6 +151,23 @@ class BatchedRows:
         for dst, src in zip(buf, ts):
             dst[: src.shape[0]].copy_(src)
 
+    def replay_compute(self, p: int, gs: int) -> None:
+        """slots / lens[:p] (each cut group's slot and kept rows; -1 / 0 for the others and the padding), the
+        last pass's saved GDN inputs -> each cut group's GDN conv and recurrent state advanced by its kept
+        rows from its restored state (graph.capture_all captures it as ("replay", (p, gs)))."""
+        st, M = self.runner.state, p * gs
+        b = dict(slots=self.slots[:p], gs=gs, lens=self.lens[:p])
+        layers = self.runner.fast.model.model.layers
+        for i, (mixed, beta, alpha) in self.saved.items():
+            a = layers[i].linear_attn
+            c_in, c_out, r_in, r_out = st.gdn_io(a.layer_idx, None)
+            w = a.conv1d.weight[:, 0, :].contiguous()
+            cv = gdn_conv.conv_rows(mixed[:M], c_in, w, gs, None, c_out, **b)
+            gdn.gdn_rows(
+                cv, beta[:M], alpha[:M], self._z[:M], a.A_log, a.dt_bias, a.norm.weight, r_in, gs,
+                nk=a.nk, eps=a.norm.eps, S_out=r_out, **b,
+            )  # fmt: skip
+
     @torch.inference_mode()
     def replay_kept(self, blocks: list[tuple[int, list[int]]], redo: list[tuple[int, list[int]]]) -> bool:
         """After run(blocks) and the restore of the slots of `redo` [(slot, kept tokens)] to their state
@@ -167,17 +184,8 @@ class BatchedRows:
         r, st, dev = self.runner, self.runner.state, self.runner.device
         self.slots[:p].copy_(upload([s if s in kept else -1 for s in slots] + [-1] * (p - len(slots)), torch.long, dev))
         self.lens[:p].copy_(upload([kept.get(s, 0) for s in slots] + [0] * (p - len(slots)), torch.long, dev))
-        b, M = dict(slots=self.slots[:p], gs=gs, lens=self.lens[:p]), p * gs
-        layers = r.fast.model.model.layers
-        for i, (mixed, beta, alpha) in self.saved.items():
-            a = layers[i].linear_attn
-            c_in, c_out, r_in, r_out = st.gdn_io(a.layer_idx, None)
-            w = a.conv1d.weight[:, 0, :].contiguous()
-            cv = gdn_conv.conv_rows(mixed[:M], c_in, w, gs, None, c_out, **b)
-            gdn.gdn_rows(
-                cv, beta[:M], alpha[:M], self._z[:M], a.A_log, a.dt_bias, a.norm.weight, r_in, gs,
-                nk=a.nk, eps=a.norm.eps, S_out=r_out, **b,
-            )  # fmt: skip
+        g = r.graphs.get(("replay", (p, gs)))  # captured: one launch for 2 kernels a GDN layer
+        nogil.replay(g) if g is not None else self.replay_compute(p, gs)
         cut = [s for s in slots if s in kept]
         idx = upload(cut, torch.long, dev)
         st.position.index_add_(0, idx, upload([kept[s] for s in cut], torch.long, dev))

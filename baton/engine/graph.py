@@ -15,6 +15,9 @@ device (ModelRunner.slot_buf, set by `select` before a replay), so capture cost 
     kind "rowsb", "rowsbs": BatchedRows.compute(P, n), keyed (kind, (P, n)) — P sessions' blocks of n rows
                  in one pass (baton/engine/fused_blocks.py: the batched verify), greedy / sampled
     kind "mtpb", "mtpbs": BatchedRows.mtp_compute(P, n) — P sessions' MTP chain steps of n pairs each
+    kind "replay": BatchedRows.replay_compute(P, n) — the cut blocks' kept rows of a ("rowsb", (P, n)) pass
+                 through the GDN layers (replay_kept), captured after the rowsb graphs (their warm-ups
+                 allocate the kept inputs); none where the pass keeps none (fp8's split-K gates)
     and the state's slot copies (HybridState.snapshot_slots / restore_slots: baton/engine/slot_copies.py),
     one graph per (bucket, direction), outside runner.graphs
 
@@ -67,6 +70,7 @@ def _bodies(runner: ModelRunner):
         "rowsbs": lambda slot, pn: runner.batched_rows.compute(*pn, sampled=True),
         "mtpb": lambda slot, pn: runner.batched_rows.mtp_compute(*pn),
         "mtpbs": lambda slot, pn: runner.batched_rows.mtp_compute(*pn, sampled=True),
+        "replay": lambda slot, pn: runner.batched_rows.replay_compute(*pn),
     }
 
 
@@ -78,8 +82,9 @@ def block_keys(runner: ModelRunner, n_max: int) -> list[tuple[int, int]]:
 def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
     """rows: n = 1..max_draft+1 (verify, re-advance); ar: the device-fed AR step (ar0 / ar1 too with
     ping-pong buffers); mtp: n = 1..max_draft+2 (when a head exists); arb / arbs / arbt: every batch bucket;
-    with an MTP head and batching, rowsb / rowsbs: every (bucket, n) of blocks of n = 1..max_draft+1 rows
-    (the rounds' batched verify) and mtpb / mtpbs: n = 1..max_draft+2 pairs (the batched chains)."""
+    with an MTP head and batching, rowsb / rowsbs / replay: every (bucket, n) of blocks of n = 1..max_draft+1
+    rows (the rounds' batched verify, its cut blocks' replay) and mtpb / mtpbs: n = 1..max_draft+2 pairs
+    (the batched chains)."""
     k = min(max_draft, runner.width - 2)
     ns: dict[str, list | range] = {"rows": range(1, k + 2), "ar": range(1, 2)}
     if runner.state.pingpong:
@@ -89,7 +94,7 @@ def default_ns(runner: ModelRunner, max_draft: int) -> dict[str, list]:
     if runner.batched is not None:
         ns["arb"] = ns["arbs"] = ns["arbt"] = runner.batched.buckets
     if runner.batched_rows is not None and runner.has_mtp:  # MTP rounds: batched chains and verify
-        ns["rowsb"] = ns["rowsbs"] = block_keys(runner, k + 1)
+        ns["rowsb"] = ns["rowsbs"] = ns["replay"] = block_keys(runner, k + 1)
         ns["mtpb"] = ns["mtpbs"] = block_keys(runner, k + 2)
     return ns
 
@@ -119,7 +124,9 @@ def capture_all(
             runner.select(slot)
             if kind in ("arb", "arbs", "arbt"):
                 runner.batched.pad(n)  # every row padding: the warm-up and the prime write no slot
-            elif kind in ("rowsb", "rowsbs", "mtpb", "mtpbs"):
+            elif kind in ("rowsb", "rowsbs", "mtpb", "mtpbs", "replay"):
+                if kind == "replay" and not (runner.batched_rows.saving and runner.batched_rows.saved):
+                    continue  # no kept inputs (fp8's split-K gates): replay_kept recomputes instead
                 runner.batched_rows.pad(n[0])  # every group padding
             runner.state.snapshot(slot)
             side.wait_stream(torch.cuda.current_stream(runner.device))

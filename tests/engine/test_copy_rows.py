@@ -79,3 +79,26 @@ def test_copy_rows_and_the_slot_copies_under_triton_interpreter():
         "int64 [S]": True,
         "slot copies": [True, True, True, True],
     }, res
+
+
+@pytest.mark.parametrize("dtype", ["*fp32", "*bf16", "*i64"])  # the recurrent state, conv / hidden, position
+def test_copy_rows_compiles_for_sm90(dtype, tmp_path, monkeypatch):
+    """The interpreter accepts what the compiler may refuse: the kernel, at a long row (the 9B recurrent
+    state: 524,288 fp32 a slot, BLOCK_MAX a program) and a one-element one (position), goes through Triton's
+    compiler to a cubin for sm_90 with the wheel's ptxas, no GPU needed."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+        from triton.compiler import ASTSource
+    except ImportError:
+        pytest.skip("this Triton has no NVIDIA backend")
+    import triton
+
+    from baton.kernels import copy_rows as cr
+
+    sig = {"src_ptr": dtype, "dst_ptr": dtype, "idx_ptr": "*i64", "D": "i32", "BLOCK": "constexpr"}
+    for block in (cr.BLOCK_MAX, 1):
+        src = ASTSource(fn=cr._copy_rows_kernel, signature=sig, constexprs={"BLOCK": block})
+        built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        assert built.asm.get("cubin"), block

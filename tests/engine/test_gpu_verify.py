@@ -104,10 +104,11 @@ def test_a_verify_pass_of_many_blocks_equals_each_block_alone(big, refs, monkeyp
     assert ("rowsb", (n, k + 1)) in e.runner.graphs  # one captured pass of n blocks of k + 1 rows
     copies = st.slot_copies  # the snapshot and the cut blocks' restore: a graph replay each (slot_copies.py)
     assert copies is not None and copies.graphs
-    replays = copies.replays
+    assert ("replay", (n, k + 1)) in e.runner.graphs  # the cut blocks' kept rows through the GDN layers
+    replays, kept = copies.replays, e.runner.batched_rows.replays
     with e._compute:
         together = verify_batch(e.runner, [(e.get(sid), block, None) for sid, block in zip(sids, blocks)])
-    assert copies.replays - replays == 2
+    assert copies.replays - replays == 2 and e.runner.batched_rows.replays - kept == 1
     accepted = set()
     for sid, got, (want, state) in zip(sids, together, alone):
         assert got[:3] == want, sid
