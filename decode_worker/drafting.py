@@ -80,11 +80,13 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
         except (ValueError, SessionLimit) as e:  # SessionLimit: KV pages exhausted
             out[i] = e
     clock.mark("checks")
-    _verdicts(items, [i for i in ok if items[i][2] is not None], out, pos)  # 2.
+    known: dict[int, tuple[int, int]] = {}  # item -> (pending token, position) its verdict left, host-known
+    _verdicts(items, [i for i in ok if items[i][2] is not None], out, pos, known)  # 2.
     clock.mark("verdicts")
     chained, ar = [], []
     live = [i for i in ok if out[i] is None]
-    pending = _per_slot(items, live, lambda st: torch.stack((st.next_token, st.position), 1))  # one read a runner
+    unknown = [i for i in live if i not in known]  # one read a runner, of these alone (none in steady mtp rounds)
+    pending = {**_per_slot(items, unknown, lambda st: torch.stack((st.next_token, st.position), 1)), **known}
     for i in live:
         s = items[i][0]
         s.draft_t0, s.draft_at = pending[i]
@@ -130,7 +132,7 @@ def _set_next(items: list, pairs: list[tuple[int, int]]) -> None:
         write_slots(st.next_token, slots, [value[i] for i in g])
 
 
-def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int]) -> None:
+def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int], known: dict | None = None) -> None:
     """Phase 2 for items idx (checked, each with a verdict; pos: each item's position, read in phase 1): per runner one rows pass over every session's
     rows to run (bf16 / fp8: the replay after its restore; mtp: t0, d1..dm); a pass that raises fails
     its items."""
@@ -178,15 +180,18 @@ def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int]) -> No
                 mtp.pending_pairs(s, p, rows + [nxt], h)
             nexts.append((i, nxt))
             s.drafts = []
-    nexts += _given(items, given, pos)
+    nexts += _given(items, given, pos, known if known is not None else {})
     _set_next(items, nexts)
 
 
-def _given(items: list, given: list[tuple[int, list[int], torch.Tensor]], pos: dict[int, int]) -> list[tuple[int, int]]:
+def _given(
+    items: list, given: list[tuple[int, list[int], torch.Tensor]], pos: dict[int, int], known: dict
+) -> list[tuple[int, int]]:
     """The mtp verdicts that came with their kept rows' hidden rows (host [m + 1, hidden]): per runner one
     upload of them all, the pairs from them, and the position past the kept rows (what drafting reads of
     what rows_batch would have left: the MTP pass records each pair's token in the token history itself,
-    runner.mtp_batch). -> (item, next token) of each."""
+    runner.mtp_batch). -> (item, next token) of each; known[item] = (next token, position): what the slot
+    holds once these writes ran, so drafting need not read them back."""
     nexts = []
     for st, g, slots in _by_runner(items, dict.fromkeys(i for i, _, _ in given)):
         in_g = set(g)
@@ -197,6 +202,7 @@ def _given(items: list, given: list[tuple[int, list[int], torch.Tensor]], pos: d
             s, _, (_, nxt, _) = items[i]
             mtp.pending_pairs(s, p, kept + [nxt], hs)
             nexts.append((i, nxt))
+            known[i] = (nxt, p + len(kept))
             s.drafts, s.draft_only = [], True
         write_slots(st.position, slots, [p + len(x[1]) for p, x in zip(starts, mine)])
     return nexts

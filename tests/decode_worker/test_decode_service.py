@@ -123,6 +123,8 @@ def test_draft_verify_loop_drives_the_ar_sequence(w, ref, engine, hidden, draft_
         d = D.Draft(decode_pb2.DraftRequest(session_id="ex", k=k, engine=engine, **verdict), timeout=T)
         assert len(d.draft_tokens) == k and d.position == len(PROMPT) + len(out) - 1
         assert d.round.size == 1 and d.round.id != 0  # a batch of this one session: its Verify waits for no other
+        s = w["ds"].engine.get("ex")  # the pending token the drafting took (host-known after a relayed verdict)
+        assert s.draft_t0 == out[-1], (s.draft_t0, out[-1])
         drafts = list(d.draft_tokens)
         if engine == BF16 and rng.random() < 0.5:
             j = rng.randrange(k)
