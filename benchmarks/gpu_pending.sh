@@ -88,7 +88,8 @@
 # exact-fp8, spec-merged (VERDICT_AB=0: 3.68x at 8, 0.83x at 32) and ops at 20b6962 on one H100, all passed;
 # slot-copies at c3e04fb (test_gpu_verify.py failed: inference-tensor index buffers, fixed in a136d2e; its
 # 16-session case then passed; rewind 2.39 / 2.66 ms graph / eager at 8). Owed next, in order: tests-engine and
-# tests-serving at HEAD (baton/kernels/copy_rows.py and the Verify's early output reads on the GPU),
+# tests-serving at HEAD (baton/kernels/copy_rows.py, the ("replay", (P, n)) graphs, the Verify's early output
+# reads and the Draft batch's host-known pending tokens on the GPU: test_gpu_verify.py asserts the graphs ran),
 # SLOT_SERVE=1 slot-copies, VERDICT_AB=0 spec-merged (its JSON now has ROLE_gathered_run_*_ms: where a
 # served Verify / Draft batch's run goes, baton/engine/parts.py), prefill-sdpa (SDPA_SERVE=1), then the rest.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
