@@ -232,28 +232,37 @@ def _state(r, slot):
     return [t.tensor.clone() for t in st.export(slot)] + [st.position[slot].clone(), st.next_token[slot].clone()]
 
 
+def _twin_runners(model, prompts):
+    """Two runners, each slot s prefilled with prompts[s]: one verifies alone, one in batches."""
+    runners = [ModelRunner(model, slots=len(prompts), max_len=96, checkpoints=True) for _ in range(2)]
+    for r in runners:
+        for slot, p in enumerate(prompts):
+            r.prefill(slot, p)
+    return runners
+
+
+def _block_cut_at(r, slot: int, n: int, wrong: int | None) -> list[int]:
+    """[t0, d1..d(n-1)]: the slot's pending token and the model's own next tokens (its state left as it
+    was), draft `wrong` changed so the block accepts wrong - 1 drafts (None: all)."""
+    t, toks = int(r.state.next_token[slot]), []
+    r.state.snapshot(slot)
+    for _ in range(n):
+        toks.append(t)
+        t = r.rows(slot, [t])[0]
+    r.state.restore(slot)
+    if wrong is not None:
+        toks[wrong] = (toks[wrong] + 1) % 300
+    return toks
+
+
 def test_verify_blocks_equal_each_block_alone(model):
     """Five sessions at different positions; session s's drafts are the model's own continuation with
     draft s (0-based) made wrong, so the blocks accept 0, 1, 2, 3 and all 4 drafts in one batch."""
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 300, (5 + 3 * i,), generator=g).tolist() for i in range(5)]
-    alone = ModelRunner(model, slots=5, max_len=96, checkpoints=True)
-    batched = ModelRunner(model, slots=5, max_len=96, checkpoints=True)
-    for r in (alone, batched):
-        for slot, p in enumerate(prompts):
-            r.prefill(slot, p)
+    alone, batched = _twin_runners(model, prompts)
     for _ in range(2):  # two rounds: the second starts from each session's own accepted position
-        blocks = []
-        for slot in range(5):
-            t, toks = int(alone.state.next_token[slot]), []
-            alone.state.snapshot(slot)
-            for _ in range(5):  # t0 and the model's own 4 next tokens
-                toks.append(t)
-                t = alone.rows(slot, [t])[0]
-            alone.state.restore(slot)
-            if slot < 4:
-                toks[slot + 1] = (toks[slot + 1] + 1) % 300  # draft slot+1 wrong: m = slot
-            blocks.append((slot, toks))
+        blocks = [(slot, _block_cut_at(alone, slot, 5, slot + 1 if slot < 4 else None)) for slot in range(5)]
         want = [verify_block(alone, slot, toks) for slot, toks in blocks]
         parts: dict = {}
         t0 = time.monotonic()
@@ -277,21 +286,10 @@ def test_verify_batch_returns_each_block_alone_s_verdict_position_and_kept_hidde
 
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 300, (4 + 5 * i,), generator=g).tolist() for i in range(4)]
-    alone = ModelRunner(model, slots=4, max_len=96, checkpoints=True)
-    batched = ModelRunner(model, slots=4, max_len=96, checkpoints=True)
-    for r in (alone, batched):
-        for slot, p in enumerate(prompts):
-            r.prefill(slot, p)
+    alone, batched = _twin_runners(model, prompts)
     items, want = [], []
     for slot in range(4):
-        t, toks = int(alone.state.next_token[slot]), []
-        alone.state.snapshot(slot)
-        for _ in range(4):  # t0 and the model's own 3 next tokens
-            toks.append(t)
-            t = alone.rows(slot, [t])[0]
-        alone.state.restore(slot)
-        if slot < 3:
-            toks[slot + 1] ^= 1  # draft slot + 1 wrong: m = slot
+        toks = _block_cut_at(alone, slot, 4, slot + 1 if slot < 3 else None)
         s = SimpleNamespace(slot=slot)
         want.append(verify_batch(alone, [(s, toks, None, True)])[0])
         items.append((s, toks, None, True))
