@@ -60,7 +60,12 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
     out: list = [None] * len(items)
     ok: list[int] = []
     seen: set[str] = set()
-    pos = _per_slot(items, range(len(items)), lambda st: st.position)  # one host read a runner
+    # each session's position: host-known (loaded_position: as loaded, or as its last mtp Draft batch left it),
+    # else one read a runner; cleared until this batch ends (a failure leaves it to be read again)
+    pos = {i: s.loaded_position for i, (s, _, _) in enumerate(items) if s.loaded_position is not None}
+    pos |= _per_slot(items, [i for i in range(len(items)) if i not in pos], lambda st: st.position)
+    for s, _, _ in items:
+        s.loaded_position = None
     for i, (s, k, verdict) in enumerate(items):  # 1. checks, before anything is consumed
         r = s.runner
         try:
@@ -108,6 +113,8 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
     for i in done:
         out[i] = Drafted(out[i])
         out[i].round = tag
+        if items[i][0].engine == "mtp":  # MTP drafting leaves the BF16 position at the pending token's
+            items[i][0].loaded_position = items[i][0].draft_at
     return out
 
 

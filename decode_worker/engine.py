@@ -67,8 +67,8 @@ class DecodeSession:
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather
     draft_only: bool = False  # exact mtp: verdicts with hidden rows, or a draft-only load: BF16 state never advanced
-    # the state's position as loaded, until a Decode or Draft moves it (each clears it first): the first
-    # Decode after LoadState reads it here, not from the device (a blocking read behind the steps in flight)
+    # the slot's position while the host knows it (as loaded, or as an mtp Draft batch left it); a Decode or
+    # Draft batch reads it here, not from the device (a blocking read), and clears it before moving the state
     loaded_position: int | None = None
 
     @property
@@ -392,7 +392,7 @@ class DecodeEngine:
         s = self.get(session_id)
         if not 1 <= k <= self.width - 2:
             raise ValueError(f"k: {k} out of range 1..{self.width - 2}")
-        s.exact, s.loaded_position = True, None
+        s.exact = True  # its position, if known (loaded_position), is drafting.draft_batch's to read and clear
         return s, k, verdict
 
     def _exact_sessions(self) -> int:
