@@ -139,10 +139,10 @@ def _set_next(items: list, pairs: list[tuple[int, int]]) -> None:
         write_slots(st.next_token, slots, [value[i] for i in g])
 
 
-def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int], known: dict | None = None) -> None:
+def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int], known: dict) -> None:
     """Phase 2 for items idx (checked, each with a verdict; pos: each item's position, read in phase 1): per runner one rows pass over every session's
     rows to run (bf16 / fp8: the replay after its restore; mtp: t0, d1..dm); a pass that raises fails
-    its items."""
+    its items. known: gets _given's host-known (pending token, position) of its items."""
     by_runner: dict[int, list[tuple[int, list[int]]]] = {}
     nexts: list[tuple[int, int]] = []  # (item, its next token): written once a runner, at the end
     rewound: list[int] = []  # bf16 / fp8 items restored from the round's snapshot
@@ -187,7 +187,7 @@ def _verdicts(items: list, idx: list[int], out: list, pos: dict[int, int], known
                 mtp.pending_pairs(s, p, rows + [nxt], h)
             nexts.append((i, nxt))
             s.drafts = []
-    nexts += _given(items, given, pos, known if known is not None else {})
+    nexts += _given(items, given, pos, known)
     _set_next(items, nexts)
 
 

@@ -40,7 +40,7 @@ class SlotCopies:
     def __init__(self, state, top: int):
         self.state = state
         top = max(1, min(top, BUCKETS[-1]))
-        self.buckets = [p for p in BUCKETS if p <= top] or [1]
+        self.buckets = [p for p in BUCKETS if p <= top]  # top >= 1 = BUCKETS[0]
         if self.buckets[-1] < top:
             self.buckets.append(next(p for p in BUCKETS if p >= top))
         with torch.inference_mode(False):  # built under capture_all's inference mode; written outside it
