@@ -13,13 +13,18 @@ takes the per-call cost once: a round of 32 sessions' Draft calls, client and se
 2-core VM, 637 us of CPU a session and 15.4 ms a round as unary calls, 86 us and 2.8 ms as one DraftMany
 (benchmarks/bench_round_batcher.py, results/round-batcher-cpu-2026-12-06.json).
 
-Lifecycle of a batch: the first item queued while no batch is forming leads it. The leader waits until every
+Lifecycle of a batch: the first caller to wait for its item's answer (Ticket.result) while its item is queued and
+no batch is forming leads the batch; a submitter need not wait at once (exact mode submits the next round's
+Draft before it sends the round's tokens: router/exact.py), and its queued item goes with whoever leads. The
+leader waits until every
 live session of this batcher that may come is queued (live: submitted within LIVE_S and not forgotten; may
 come: not waiting on a batch elsewhere, such as its Verify while this is a Draft batcher: where the two
 workers' rounds pipeline, half the sessions are always there; exact sessions submit once a round, so in
 lockstep they are all here at once and nobody waits), or until SETTLE_S passed
-with no new item, at most MAX_WAIT_S; then it takes the queue, and the next item to arrive leads the next
-batch while this one is in flight. The leader sends the batch (its timeout: the longest of its items'), and
+with no new item, at most MAX_WAIT_S; then it takes the queue (every item queued so far, whether its
+caller waits or not), and the next caller to wait for an item queued after that leads the next batch while
+this one is in flight. Taking the queue and giving up the lead are one step under the batcher's lock, so a
+caller that finds a batch forming has its item in it. The leader sends the batch (its timeout: the longest of its items'), and
 hands each item its outcome. A worker that answers UNIMPLEMENTED (an older build) is not batched again:
 its items, and later calls, go as unary calls (Calls.batched). Splitting a round into two batches costs no
 tokens and little time: the workers' gathers merge concurrent calls (baton/engine/gather.py: the Draft
@@ -118,7 +123,7 @@ def _unbusy(t: "Ticket") -> None:
 
 
 class Ticket:
-    __slots__ = ("sid", "request", "deadline", "timeout", "done", "outcome", "cancelled", "batcher", "lead", "sent")
+    __slots__ = ("sid", "request", "deadline", "timeout", "done", "outcome", "cancelled", "batcher", "sent", "answered")
 
     def __init__(self, batcher: "RoundBatcher", sid: str, request, timeout: float):
         self.batcher, self.sid, self.request = batcher, sid, request
@@ -126,25 +131,24 @@ class Ticket:
         self.done = threading.Event()
         self.outcome = None  # the response, or the exception to raise
         self.cancelled = False
-        self.lead = False  # this item's caller leads the batch it is in
         self.sent = False  # taken into a batch (in flight or answered)
+        self.answered = 0.0  # time.monotonic() when its outcome came (0: not yet)
 
     def cancel(self) -> None:
-        self.cancelled = True
+        """Wakes its caller with CancelledError; an item not yet sent leaves the queue (nobody counts it)."""
+        self.batcher._drop(self)
         self.done.set()
 
     def abandon(self) -> None:
-        """Cancelled before its caller waited: leads the batch if it must (without this item), and forgets it."""
+        """Cancelled before (or instead of) its caller waiting: dropped from a batch not yet sent, answered to
+        nobody if one is in flight; its session no longer counts as busy here."""
         self.cancel()
-        try:
-            self.result()
-        except CancelledError:
-            pass
+        _unbusy(self)
 
     def result(self):
+        """Waits for the outcome (leading a batch first if this item is queued and none is forming)."""
         try:
-            if self.lead:
-                self.batcher._lead()
+            self.batcher._lead(self)
             if not self.done.wait(max(0.0, self.deadline - time.monotonic())):
                 raise ItemError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:.1f}s")
         finally:
@@ -177,11 +181,15 @@ class RoundBatcher:
             with _BUSY_LOCK:
                 _BUSY[sid] = t
             self._queue.append(t)
-            if not self._leading:
-                self._leading = t.lead = True
-            else:
-                self._cv.notify()
+            if self._leading:
+                self._cv.notify()  # the forming batch's leader counts its queue again
         return t
+
+    def _drop(self, t: Ticket) -> None:
+        with self._cv:
+            t.cancelled = True
+            if not t.sent and t in self._queue:
+                self._queue.remove(t)
 
     def forget(self, sid: str) -> None:
         with self._cv:
@@ -200,8 +208,12 @@ class RoundBatcher:
         t = _BUSY.get(sid)
         return t is None or (t.batcher is self and not t.sent)
 
-    def _lead(self) -> None:
+    def _lead(self, t: Ticket) -> None:
+        """t's caller: leads a batch if t waits in the queue and no batch is forming (else returns at once)."""
         with self._cv:
+            if t.sent or t.cancelled or self._leading:
+                return
+            self._leading = True
             start = time.monotonic()
             while True:
                 now = time.monotonic()
@@ -211,9 +223,9 @@ class RoundBatcher:
                 if left <= 0:
                     break
                 self._cv.wait(left)
-            batch = [t for t in self._queue if not t.cancelled]
-            for t in batch:
-                t.sent = True
+            batch = [x for x in self._queue if not x.cancelled]
+            for x in batch:
+                x.sent = True
             self._queue, self._leading = [], False
         if batch:
             self._send(batch)
@@ -247,7 +259,8 @@ class RoundBatcher:
             )
         self.batches += 1
         self.items += len(batch)
+        now = time.monotonic()
         for t, o in zip(batch, outcomes):
-            t.outcome = o
+            t.outcome, t.answered = o, now
             _unbusy(t)  # answered: its caller comes back to a batcher soon (it may come again)
             t.done.set()

@@ -6,6 +6,7 @@ Lifecycle of a request's calls:
     calls.lease(worker); calls.track(worker, session_id)   # outstanding work; a session to release
     calls.unary(worker, "Draft", req) / calls.stream(worker, "Decode", req)
     calls.batched(worker, "Draft", req)        # as unary, sent with other requests' in one DraftMany (router/batcher.py)
+    p = calls.submit(worker, "Draft", req); ...; calls.answer(p)   # batched(), started now, answered later
         # every call has a deadline <= the client's (unary calls also <= call_timeout; a stream
         # whose worker sends nothing for call_timeout is cancelled by one shared watchdog thread)
         # errors become: Cancelled (client gone), WorkerFault (worker died / hung / lost the session:
@@ -148,6 +149,41 @@ class Calls:
         except batcher.Unbatched:
             return self.unary(worker, method, request)
 
+    def submit(self, worker: Worker, method: str, request) -> "Pending":
+        """Starts a call as batched() does, without waiting for it: answer(pending) waits (exact mode's next
+        Draft, sent before the round's tokens go to the client). Never raises: an error to start the call is
+        raised by answer(). abandon(pending) when its answer is no longer wanted."""
+        p = Pending(worker, method, request)
+        try:
+            b = batcher.batcher_of(worker, method)
+            p.timeout = self._timeout(capped=True)
+            if b is None:
+                p.handle = self._start_call(worker, getattr(worker.stub, method).future, request, p.timeout)
+                p.handle.add_done_callback(p.mark)
+            else:
+                p.handle = b.submit(request.session_id, request, p.timeout)
+            self._register(p.handle)
+        except Exception as e:  # noqa: BLE001 - StatusError, WorkerFault, Cancelled: raised where it is answered
+            self.abandon(p)
+            p.error = e
+        return p
+
+    def answer(self, p: "Pending"):
+        """The response of a submitted call (or what submit met), errors triaged as unary()'s."""
+        if p.error is not None:
+            raise p.error
+        try:
+            return self._answer(p.worker, p.handle, p.timeout)
+        except batcher.Unbatched:
+            return self.unary(p.worker, p.method, p.request)
+
+    def abandon(self, p: "Pending") -> None:
+        """A submitted call nobody will answer: cancelled (a batched item leaves its queue, or is answered to
+        nobody if in flight)."""
+        if p.handle is not None:
+            (p.handle.abandon if isinstance(p.handle, batcher.Ticket) else p.handle.cancel)()
+            self._unregister(p.handle)
+
     def _answer(self, worker: Worker, handle, timeout: float):
         """The response of a registered call (a grpc future, or a batcher Ticket), its errors triaged."""
         try:
@@ -220,6 +256,25 @@ class Calls:
             t.daemon = True
             t.start()
         self._leases.close()
+
+
+class Pending:
+    """A call started by Calls.submit: handle (a batcher Ticket or a grpc future) or the error met starting it."""
+
+    __slots__ = ("worker", "method", "request", "handle", "timeout", "error", "started", "done_at")
+
+    def __init__(self, worker: Worker, method: str, request):
+        self.worker, self.method, self.request = worker, method, request
+        self.handle, self.timeout, self.error = None, 0.0, None
+        self.started, self.done_at = time.monotonic(), 0.0
+
+    def mark(self, _future=None) -> None:
+        self.done_at = self.done_at or time.monotonic()
+
+    def seconds(self) -> float:
+        """Start -> answer of the call (when the answer came, not when its caller came back for it)."""
+        end = self.handle.answered if isinstance(self.handle, batcher.Ticket) else self.done_at
+        return (end or time.monotonic()) - self.started
 
 
 class _Watchdog:

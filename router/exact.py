@@ -7,6 +7,8 @@ Lifecycle of one exact request after its Prefill (docs/ARCHITECTURE.md, "An exac
     send d1..dm, next   (truncated after the first stop / EOS, and at max_new_tokens)
     Draft(S, k, has_verdict=True, accepted=m, next_token=next) -> the next drafts
     ...                                           the caller Releases S on P and D at the end
+The next Draft is sent before the round's tokens are yielded (so it forms and runs while they go to the
+client; BATON_DRAFT_PREFETCH=0: after), and abandoned if the caller stops reading.
 Only verified tokens are ever sent, so the output is the exact engine's output whatever D drafts: its
 greedy tokens, or (sampling) its own picks with the request's seed; D drafts with the same noise, so a
 draft is accepted iff it equals the exact engine's pick at that position (issue 22, rule 3). With
@@ -33,8 +35,8 @@ loop goes on with Draft(has_verdict=False); later migrations of the request ship
 from __future__ import annotations
 
 import logging
+import os
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import grpc
@@ -47,49 +49,11 @@ from baton.v1 import common_pb2, decode_pb2, prefill_pb2
 from router import batcher
 from router.calls import Calls, WorkerFault, unavailable
 from router.registry import NoWorker
-from router.session import Budget, Handoff, draft_only_for, first_logprob, first_tokens, land, verdict_hidden
+from router.session import Budget, Handoff, RunStats, draft_only_for, first_logprob, first_tokens, land, verdict_hidden
 
 log = logging.getLogger("baton.router")
-
-
-@dataclass
-class RunStats:
-    """Per-request counters reported in the last GenerateResponse."""
-
-    drafted: int = 0
-    accepted: int = 0
-    migrations: int = 0
-    bridge_bytes: int = 0
-    bridge_seconds: float = 0.0
-    landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
-    timeline: object = None  # the first hand-off's common_pb2.HandoffTimeline, when asked for
-    prompt_logprobs: list | None = None  # the Prefill's prompt logprobs, until the first message carries them
-    rounds: int = 0  # exact mode: draft / verify rounds, and their calls' summed wall time (Stats.rounds ...)
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    handoffs: int = 0  # state hand-offs, and how many of them were draft-only (Stats.handoffs ...)
-    draft_only_handoffs: int = 0
-
-    def bridge(self, report) -> None:
-        self.handoffs += 1
-        self.draft_only_handoffs += bool(report.draft_only)
-        self.bridge_bytes += int(report.total_bytes)
-        self.bridge_seconds += float(report.seconds)
-        self.landed_at = self.landed_at or time.monotonic()
-        if self.timeline is None and report.HasField("timeline"):
-            self.timeline = report.timeline
-
-    def fill(self, st, **extra) -> None:
-        """Writes these counters (and `extra` fields) into a router_pb2.Stats."""
-        st.migrations, st.bridge_bytes, st.bridge_seconds = self.migrations, self.bridge_bytes, self.bridge_seconds
-        st.drafted, st.accepted = self.drafted, self.accepted
-        st.rounds, st.draft_ms, st.verify_ms = self.rounds, 1e3 * self.draft_s, 1e3 * self.verify_s
-        st.handoffs, st.draft_only_handoffs = self.handoffs, self.draft_only_handoffs
-        st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
-        if self.timeline is not None:
-            st.handoff_timeline.CopyFrom(self.timeline)
-        for k, v in extra.items():
-            setattr(st, k, v)
+# "0": a round's Draft is sent after the previous round's tokens went to the client, not before (A/B runs)
+PREFETCH_ENV = "BATON_DRAFT_PREFETCH"
 
 
 class ExactLoop:
@@ -134,6 +98,8 @@ class ExactLoop:
         # load): a verdict without hidden rows cannot be applied there (_refresh)
         self.draft_only = False
         self.slim = True  # False once the exact worker sent no hidden rows: migrations then ship the whole state
+        self._ahead: tuple | None = None  # (k, calls.Pending): the next round's Draft, sent before a yield
+        self.prefetch = os.environ.get(PREFETCH_ENV, "1") != "0"
 
     @classmethod
     def for_plan(cls, calls, handoff, budget, stats, plan, config, **hooks) -> "ExactLoop":
@@ -165,7 +131,10 @@ class ExactLoop:
         logprobs: the exact engine's TokenLogprob per token, when asked)."""
         try:
             yield from self._rounds(pending)
-        finally:  # however it ends: the workers' round batchers stop expecting this session
+        finally:  # however it ends: a Draft sent ahead is not waited for; the round batchers stop expecting S
+            if self._ahead is not None:
+                self.calls.abandon(self._ahead[1])
+                self._ahead = None
             batcher.forget(self.sid, self.decode, self.exact)
 
     def _rounds(self, pending: int) -> Iterator[tuple[list[int], int | None, list]]:
@@ -179,14 +148,14 @@ class ExactLoop:
                 if done:
                     return
         while True:
-            # k <= remaining - 1: one block then yields at most the tokens still wanted
-            k = max(1, min(self.draft_length.next_k(), self.budget.remaining - 1))
             try:
-                if verdict is not None and verdict[2] is None and self.draft_only:
-                    verdict = self._refresh(pending)  # None: the first Draft after a load
-                t0 = time.perf_counter()
-                drafts, probs = self._draft(k, verdict)
-                t1 = time.perf_counter()
+                if self._ahead is None:
+                    if verdict is not None and verdict[2] is None and self.draft_only:
+                        verdict = self._refresh(pending)  # None: the first Draft after a load
+                    self._ahead = self._submit_draft(self._next_k(), verdict)
+                (k, call), self._ahead = self._ahead, None
+                drafts, probs = self._drafts(k, call)
+                draft_s, t1 = call.seconds(), time.perf_counter()
                 m, nxt, lps, hidden = self._verify(pending, drafts, probs)
             except WorkerFault as e:
                 self.draft_length.forget_costs()  # another decode (or exact) worker: other costs
@@ -195,20 +164,30 @@ class ExactLoop:
                 if done:
                     return
                 continue
-            t2 = time.perf_counter()
-            self.draft_length.observe(k, m, t1 - t0, t2 - t1)
+            verify_s = time.perf_counter() - t1
+            self.draft_length.observe(k, m, draft_s, verify_s)
             self.stats.rounds += 1
-            self.stats.draft_s += t1 - t0
-            self.stats.verify_s += t2 - t1
+            self.stats.draft_s += draft_s
+            self.stats.verify_s += verify_s
             self.stats.drafted += k
             self.stats.accepted += m
             toks, finish = self.budget.take(drafts[:m] + [nxt])
+            pending, verdict = nxt, (m, nxt, hidden)
+            if finish is None and self.prefetch and not (hidden is None and self.draft_only):
+                # the next round's Draft goes now, before this round's tokens are sent to the client: its batch
+                # forms and runs while the tokens go out (run() abandons it if the client stops reading)
+                self._ahead = self._submit_draft(self._next_k(), verdict)
             yield toks, finish, lps[: len(toks)]
             if finish is not None:
                 return
-            pending, verdict = nxt, (m, nxt, hidden)
 
-    def _draft(self, k: int, verdict: tuple | None) -> tuple[list[int], list]:
+    def _next_k(self) -> int:
+        """The next round's K: the controller's, at most remaining - 1 (one block then yields at most the tokens
+        still wanted), at least 1."""
+        return max(1, min(self.draft_length.next_k(), self.budget.remaining - 1))
+
+    def _submit_draft(self, k: int, verdict: tuple | None) -> tuple[int, object]:
+        """Sends the Draft of k tokens (applying `verdict` first, when given) -> (k, its calls.Pending)."""
         req = decode_pb2.DraftRequest(
             session_id=self.sid, k=k, engine=self.engine, has_verdict=verdict is not None, sampling=self.sampling
         )
@@ -221,7 +200,11 @@ class ExactLoop:
             hist = sampling_rules.history(self.sampling, self.loaded, len(self.prompt_ids))
             if hist is not None:
                 req.history.CopyFrom(hist)
-        resp = self.calls.batched(self.decode, "Draft", req)  # with the round's other sessions (router/batcher.py)
+        return k, self.calls.submit(self.decode, "Draft", req)  # with the round's other sessions (router/batcher.py)
+
+    def _drafts(self, k: int, call) -> tuple[list[int], list]:
+        """The submitted Draft's answer -> (k drafts, their q' when the REJECTION policy is on)."""
+        resp = self.calls.answer(call)
         self._round = resp.round if resp.HasField("round") else None  # relayed with the Verify
         drafts = list(resp.draft_tokens)
         if len(drafts) != k:

@@ -49,10 +49,10 @@ from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
 from router.calls import Calls, Cancelled, WorkerFault, unavailable
 from router.config import ModelMeta, RouterConfig
-from router.exact import ExactLoop, RunStats
+from router.exact import ExactLoop
 from router.metrics import RouterMetrics
 from router.registry import Registry
-from router.session import Budget, first_logprob, first_tokens, land, start_session
+from router.session import Budget, RunStats, first_logprob, first_tokens, land, start_session
 from router.stops import TextStream
 
 log = logging.getLogger("baton.router")

@@ -13,6 +13,7 @@ h.landed()  waits for the state to land on D (the rest of the stream) -> P's who
 budget = Budget(max_new_tokens, stop_ids, eos_ids, ignore_eos)
 toks, finish = budget.take(tokens)   # truncated after the first stop / EOS (inclusive) or at
                                      # max_new_tokens: every path reports the same finish_reason
+stats = RunStats()                   # its counters (hand-offs, exact rounds), reported in the last message
 """
 
 from __future__ import annotations
@@ -299,3 +300,43 @@ def start_session(
             if on_retry is not None:
                 on_retry()
     raise AssertionError("unreachable")
+
+
+@dataclass
+class RunStats:
+    """Per-request counters reported in the last GenerateResponse."""
+
+    drafted: int = 0
+    accepted: int = 0
+    migrations: int = 0
+    bridge_bytes: int = 0
+    bridge_seconds: float = 0.0
+    landed_at: float = 0.0  # time.monotonic() when the first state landed on a decode worker (0: never)
+    timeline: object = None  # the first hand-off's common_pb2.HandoffTimeline, when asked for
+    prompt_logprobs: list | None = None  # the Prefill's prompt logprobs, until the first message carries them
+    rounds: int = 0  # exact mode: draft / verify rounds, and their calls' summed wall time (Stats.rounds ...)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    handoffs: int = 0  # state hand-offs, and how many of them were draft-only (Stats.handoffs ...)
+    draft_only_handoffs: int = 0
+
+    def bridge(self, report) -> None:
+        self.handoffs += 1
+        self.draft_only_handoffs += bool(report.draft_only)
+        self.bridge_bytes += int(report.total_bytes)
+        self.bridge_seconds += float(report.seconds)
+        self.landed_at = self.landed_at or time.monotonic()
+        if self.timeline is None and report.HasField("timeline"):
+            self.timeline = report.timeline
+
+    def fill(self, st, **extra) -> None:
+        """Writes these counters (and `extra` fields) into a router_pb2.Stats."""
+        st.migrations, st.bridge_bytes, st.bridge_seconds = self.migrations, self.bridge_bytes, self.bridge_seconds
+        st.drafted, st.accepted = self.drafted, self.accepted
+        st.rounds, st.draft_ms, st.verify_ms = self.rounds, 1e3 * self.draft_s, 1e3 * self.verify_s
+        st.handoffs, st.draft_only_handoffs = self.handoffs, self.draft_only_handoffs
+        st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
+        if self.timeline is not None:
+            st.handoff_timeline.CopyFrom(self.timeline)
+        for k, v in extra.items():
+            setattr(st, k, v)

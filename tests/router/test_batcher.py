@@ -119,16 +119,18 @@ def test_an_item_s_own_deadline_and_cancel():
     b = batcher.batcher_of(_worker(_Stub(delay=0.5)), "Draft")
     lead = b.submit("lead", decode_pb2.DraftRequest(session_id="lead", k=1), 5.0)
     late = b.submit("late", decode_pb2.DraftRequest(session_id="late", k=1), 0.1)
-    th = threading.Thread(target=lead.result)  # sends the batch (0.5 s at the worker)
+    th = threading.Thread(target=lead.result)  # leads: sends the batch (0.5 s at the worker)
     th.start()
+    while not late.sent:  # the first caller to wait leads: here lead's, so late only waits
+        time.sleep(0.001)
     t0 = time.monotonic()
     with pytest.raises(batcher.ItemError) as ei:
         late.result()  # its own deadline, while the batch is still in flight
     assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - t0 < 0.4
     th.join(5)
     t = b.submit("x", decode_pb2.DraftRequest(session_id="x", k=1), 5.0)
-    t.lead = False  # as if another caller led: a cancelled ticket's caller wakes at once
-    t.cancel()
+    t.cancel()  # leaves the queue: its caller wakes at once, and no batch counts it
+    assert not b._queue
     with pytest.raises(batcher.CancelledError):
         t.result()
 
@@ -152,17 +154,17 @@ def test_a_bug_while_sending_fails_the_items_instead_of_leaving_them_waiting():
 
 
 def test_an_abandoned_leader_still_sends_the_others_and_nobody_waits_for_a_busy_session():
-    """A request cancelled between submit and result (Calls.batched's register) abandons its ticket: if it
-    was to lead, the others' batch still goes. A session waiting on another batcher's batch (its Verify) is
-    not waited for by this one (no settle wait)."""
+    """A request cancelled between submit and result (Calls.batched's register, or a prefetched Draft whose
+    client went away) abandons its ticket: it leaves the queue and the others' batch goes without it. A session
+    waiting on another batcher's batch (its Verify) is not waited for by this one (no settle wait)."""
     stub = _Stub()
     b = batcher.batcher_of(_worker(stub), "Draft")
     _round(b, ["a", "b"])
     lead = b.submit("a", decode_pb2.DraftRequest(session_id="a", k=2), 5.0)
     other = b.submit("b", decode_pb2.DraftRequest(session_id="b", k=2), 5.0)
+    lead.abandon()
     done = threading.Thread(target=other.result)
     done.start()
-    lead.abandon()
     done.join(2)
     assert not done.is_alive() and stub.batches[-1] == ["b"] and list(other.outcome.draft_tokens) == [1, 2]
     assert not batcher._BUSY  # nobody waits on anything any more
@@ -178,3 +180,23 @@ def test_an_abandoned_leader_still_sends_the_others_and_nobody_waits_for_a_busy_
     except batcher.CancelledError:
         pass
     assert b._expected(now) == 2 and not batcher._BUSY  # "b" is back: it may come to this batcher
+
+
+def test_an_item_whose_caller_is_away_goes_with_the_batch_another_caller_leads(monkeypatch):
+    """Exact mode submits a session's next Draft before it sends the round's tokens (router/exact.py): that
+    caller is away, sending. The batch goes when every live session is queued, led by whoever waits first;
+    the away caller finds its answer there when it comes back, without leading or waiting."""
+    monkeypatch.setattr(batcher, "SETTLE_S", 0.5)  # a missing session would hold the batch 0.5 s
+    monkeypatch.setattr(batcher, "MAX_WAIT_S", 2.0)
+    stub = _Stub()
+    b = batcher.batcher_of(_worker(stub), "Draft")
+    _round(b, ["a", "b", "c"])
+    stub.batches.clear()
+    away = b.submit("a", decode_pb2.DraftRequest(session_id="a", k=2), 5.0)  # its caller does not wait (yet)
+    t0 = time.monotonic()
+    out = _round(b, ["b", "c"])
+    assert time.monotonic() - t0 < 0.4  # nobody waited for "a": it was queued
+    assert len(stub.batches) == 1 and sorted(stub.batches[0]) == ["a", "b", "c"]
+    assert away.sent and away.done.is_set() and away.answered >= t0
+    assert list(away.result().draft_tokens) == [1, 2] and list(out["c"].draft_tokens) == [1, 3]
+    assert not batcher._BUSY

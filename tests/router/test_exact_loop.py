@@ -12,8 +12,8 @@ from fakes import EOS, SAY_EOS, exact_next, reference
 
 from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
-from router.exact import ExactLoop, RunStats
-from router.session import Budget, start_session
+from router.exact import ExactLoop
+from router.session import Budget, RunStats, start_session
 
 C = grpc.StatusCode
 IDS = [5, 6, 7]
