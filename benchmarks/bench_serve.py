@@ -142,8 +142,10 @@ Per point:
     round_ms_p50, round_draft_ms_p50, round_verify_ms_p50, round_other_ms_p50
                        exact mode: where a stream's round goes, from the router's Stats (rounds, draft_ms,
                        verify_ms): per stream its decode time (first token -> last message) / rounds, and
-                       the Draft and the Verify calls' wall time a round as the router sees them; other =
-                       the rest (the router's own work and sending between rounds); p50 over the streams
+                       the Draft and the Verify calls' wall time a round as the router sees them (a Draft:
+                       sent -> answered, though sent ahead of the previous round's tokens); other = the rest
+                       (the router's own work and sending between rounds; below 0 where the next Draft ran
+                       while the tokens were sent: BATON_DRAFT_PREFETCH); p50 over the streams
     decode_gathered_wait_ms, decode_gathered_lock_ms, decode_gathered_run_ms, prefill_gathered_wait_ms,
     prefill_gathered_lock_ms, prefill_gathered_run_ms
                        the workers' gathered batches during the point (WorkerStats.gathered_s), ms a batch:

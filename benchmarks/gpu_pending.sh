@@ -426,6 +426,24 @@ case $stage in
   spec-rows)  # spec-merged's A/B half alone: exact at 8 and 32 with the decode worker running the verdict rows
     BATON_VERDICT_HIDDEN=0 spec spec-exact-mtp-rows --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 --draft-k 8
     ;;
+  prefetch-ab)  # exact mode's next Draft sent before the round's tokens are yielded (router/exact.py, 2833ba5):
+    # exact mtp at 1, 8, 32 with it (the default), then at 8 and 32 without (BATON_DRAFT_PREFETCH=0), the ratios
+    # and each run's round split (the Draft's time overlaps the sending: round_other_ms may go below 0)
+    BATON_LOG_LEVEL=INFO spec spec-exact-prefetch --mode exact --engine mtp --concurrency "${PREFETCH_POINTS:-1,8,32}" \
+      --draft-p 0.95 --draft-k 8
+    BATON_DRAFT_PREFETCH=0 spec spec-exact-no-prefetch --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
+      --draft-k 8
+    {
+      ratio "exact mtp p=0.95 at 8 / at 1 (prefetch)" "$out/spec-exact-prefetch.json" 8 "$out/spec-exact-prefetch.json" 1 5
+      for n in 8 32; do
+        ratio "exact at $n, prefetch / none" "$out/spec-exact-prefetch.json" $n "$out/spec-exact-no-prefetch.json" $n 1
+      done
+      for f in prefetch no-prefetch; do
+        echo "$f:"
+        rounds "$out/spec-exact-$f.json"
+      done
+    } | tee "$out/prefetch-ratios.txt"
+    ;;
   prefill-sdpa)  # the prefill's attention off cuDNN SDPA (BATON_PREFILL_CUDNN_SDPA=0, flash): test_gpu_prefill.py with
     # it, then bench_ttft_burst at BURSTS (default 1,8) with cuDNN (the default) and without, then exact mtp at 1
     # and 8 without (SDPA_SERVE=1; set it against spec-merged's figures on the same machine)
