@@ -431,7 +431,7 @@ case $stage in
     # and each run's round split (the Draft's time overlaps the sending: round_other_ms may go below 0)
     BATON_LOG_LEVEL=INFO spec spec-exact-prefetch --mode exact --engine mtp --concurrency "${PREFETCH_POINTS:-1,8,32}" \
       --draft-p 0.95 --draft-k 8
-    BATON_DRAFT_PREFETCH=0 spec spec-exact-no-prefetch --mode exact --engine mtp --concurrency 8,32 --draft-p 0.95 \
+    BATON_DRAFT_PREFETCH=0 spec spec-exact-no-prefetch --mode exact --engine mtp --concurrency "${NOPREFETCH_POINTS:-8,32}" --draft-p 0.95 \
       --draft-k 8
     {
       ratio "exact mtp p=0.95 at 8 / at 1 (prefetch)" "$out/spec-exact-prefetch.json" 8 "$out/spec-exact-prefetch.json" 1 5
