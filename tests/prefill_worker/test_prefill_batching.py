@@ -114,10 +114,18 @@ def test_a_re_prefill_replays_its_generated_tokens_as_the_ar_decode_did(lm, g):
     got, full = exported(e32, replayed.id), exported(e32, one.id)
     one_bf, _ = e.prefill(prompt + ref[:g])
     full_bf = exported(e, one_bf.id)
+    # in bf16 by the relative error of the whole tensor: an element-wise bound broke on one element of 1,088
+    # (0.055 off) on an AMD host at g = 21, where the tensors were 1% apart and AR's (no MTP KV) 78%
     for name in ("mtp.key", "mtp.value"):
         assert torch.allclose(got[name], full[name], atol=1e-4, rtol=0), name
-        assert torch.allclose(again[name].float(), full_bf[name].float(), atol=5e-2, rtol=5e-2), name
-        assert not torch.allclose(alone[name].float(), full_bf[name].float(), atol=5e-2, rtol=5e-2), name  # AR: none
+        assert _rel(again[name], full_bf[name]) < 0.03, name
+        assert _rel(alone[name], full_bf[name]) > 0.2, name  # AR rows write no MTP KV: far off
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float32."""
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
 
 
 def test_concurrent_re_prefills_share_their_replay_passes_and_each_equals_its_ar_decode(lm):
