@@ -5,6 +5,8 @@ accepts exactly min(plan[r], k) of them. Only verified tokens may come out: draf
 
 from __future__ import annotations
 
+import time
+
 import fakes
 import grpc
 import pytest
@@ -12,6 +14,7 @@ from fakes import EOS, SAY_EOS, exact_next, reference
 
 from baton.rpc import StatusError
 from baton.v1 import common_pb2, decode_pb2, prefill_pb2
+from router import exact
 from router.exact import ExactLoop
 from router.session import Budget, RunStats, start_session
 
@@ -312,3 +315,29 @@ def test_a_migration_goes_to_a_worker_that_offers_the_kept_engine(fake_pool):
     (exp,) = _reqs(pf, "ExportState")
     assert exp.decode_target == f3.address and loop.decode.address == f3.address
     assert _reqs(f2, "Draft") == []
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_the_next_draft_goes_before_the_round_s_tokens_are_yielded(fake_pool, monkeypatch, ahead):
+    """router/exact.py: with BATON_DRAFT_PREFETCH on (the default) the next round's Draft, carrying this
+    round's verdict, reaches D while the caller still holds the round's tokens (it runs while they are sent);
+    off, only once the caller asks for more. A caller that stops reading abandons it: the loop sends nothing
+    more, and the tokens are the same either way."""
+    monkeypatch.setenv(exact.PREFETCH_ENV, "1" if ahead else "0")
+    loop, h, _, _, calls, pf, (df,) = _setup(fake_pool, n=40, k=2, decodes=[Controlled(fake_pool.settings, [1, 2])])
+    rounds = loop.run(h.first_token)
+    toks, finish, _ = next(rounds)
+    assert finish is None and toks == reference(IDS, 3)[1:]  # 1 draft accepted + next
+    end = time.monotonic() + 1.0
+    while ahead and len(_reqs(df, "Draft")) < 2 and time.monotonic() < end:
+        time.sleep(0.01)
+    drafts = _reqs(df, "Draft")
+    assert len(drafts) == (2 if ahead else 1) and len(_reqs(pf, "Verify")) == 1
+    if ahead:
+        assert drafts[1].has_verdict and (drafts[1].accepted, drafts[1].next_token) == (1, toks[-1])
+    toks2, _, _ = next(rounds)
+    assert [h.first_token] + toks + toks2 == reference(IDS, 1 + len(toks) + len(toks2))
+    rounds.close()  # the client went away holding round 2's tokens: round 3's Draft (sent ahead) is abandoned
+    assert loop._ahead is None and not calls._active
+    time.sleep(0.2)
+    assert len(_reqs(df, "Draft")) == (3 if ahead else 2) and len(_reqs(pf, "Verify")) == 2
