@@ -92,6 +92,10 @@
 # reads and the Draft batch's host-known pending tokens on the GPU: test_gpu_verify.py asserts the graphs ran),
 # SLOT_SERVE=1 slot-copies, VERDICT_AB=0 spec-merged (its JSON now has ROLE_gathered_run_*_ms: where a
 # served Verify / Draft batch's run goes, baton/engine/parts.py), prefill-sdpa (SDPA_SERVE=1), then the rest.
+# Stop 48 (benchmarks/results/gpu-h100-2026-12-06-stop48.md): tests-engine (6, 7, 3 passed) and tests-serving (5)
+# at cd31a99 on one H100: the slot copies, copy_rows, the replay graphs, the early reads pass. No machine could be
+# started again that session. Owed, in order: prefetch-ab (the Draft sent ahead of a round's tokens, 2833ba5),
+# SLOT_SERVE=1 slot-copies, VERDICT_AB=0 spec-merged, SDPA_SERVE=1 prefill-sdpa, then the rest owed above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
