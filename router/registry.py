@@ -78,6 +78,7 @@ class Worker:
     engines: tuple[str, ...] = ()  # decode: engines it reported (first = its default)
     engines_complete: bool = False  # True: `engines` is all it offers; False: others may exist
     max_len: int = 0  # window reported by GetStats; 0 = unknown
+    slots: int = 0  # sessions it holds at once (WorkerStats.slots: per runner; a session takes one); 0 = unknown
     fingerprint: str = ""
     prefill_stream: bool = True  # prefill: answers PrefillStream (False once it said UNIMPLEMENTED: Prefill)
     draft_only_states: bool = False  # decode: its LoadState takes draft-only states (WorkerStats.draft_only_states)
@@ -211,6 +212,12 @@ class Registry:
         lens = [w.max_len for r in ROLES for w in self.up(r) if w.max_len]
         return min(lens) if lens else default
 
+    def capacity(self) -> int:
+        """Sessions the up workers can hold at once: the smaller of the prefill and the decode workers' summed
+        slots (a request holds one of each while it starts); 0 when a role has none that reported its slots."""
+        sums = [sum(w.slots for w in self.up(r)) for r in ROLES]
+        return min(sums) if all(sums) else 0
+
     def fingerprint(self) -> str:
         return next((w.fingerprint for w in self.up("prefill") + self.up("decode") if w.fingerprint), "")
 
@@ -258,6 +265,7 @@ class Registry:
             )
             worker.draft_only_states = st.draft_only_states
         worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
+        worker.slots = int(st.slots)
 
     def poll_once(self) -> None:
         due = self.ray_namespace and time.monotonic() - self._last_ray >= self.ray_every

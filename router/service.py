@@ -183,11 +183,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             ids = []
         if not ids:
             raise _bad("prompt", "empty (set text or token_ids)")
-        if len(ids) + W > max_ctx:
+        if len(ids) + W + 1 > max_ctx:
             raise _bad(
                 "prompt",
-                f"{len(ids)} tokens is too long: at most {max_ctx - W} fit the window of "
-                f"{max_ctx} ({W} rows are reserved for decoding)",
+                f"{len(ids)} tokens is too long: at most {max_ctx - W - 1} fit the window of "
+                f"{max_ctx} ({W} rows are reserved for decoding, and one token at least is generated)",
             )
         ids = list(ids)
         if which == "token_ids" and max(ids) >= meta.vocab_size:

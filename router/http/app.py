@@ -132,7 +132,9 @@ def create_app(
     meta, reg, cfg = servicer.meta, servicer.registry, servicer.config
 
     def limits() -> Limits:
-        return Limits(meta.model_id, reg.max_context(cfg.max_context), cfg.width, meta.tokenizer, chat_template)
+        return Limits(
+            meta.model_id, reg.max_context(cfg.max_context), cfg.width, meta.tokenizer, chat_template, reg.capacity()
+        )
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
@@ -164,7 +166,7 @@ def create_app(
             "object": "model",
             "created": started,
             "owned_by": "baton",
-            "max_model_len": reg.max_context(cfg.max_context),
+            "max_model_len": reg.max_context(cfg.max_context) - cfg.width,  # prompt + new tokens (Limits.usable)
         }
         return {"object": "list", "data": [card]}
 

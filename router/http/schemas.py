@@ -15,13 +15,16 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
-300). Refused with a 400 naming the field until Baton supports them:
-suffix, best_of > 1, functions, non-text content parts, response_format other than text. Chat `tools`
+300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s). Refused with a 400 naming the field until Baton
+supports them: suffix, best_of > 1, functions, non-text content parts, response_format other than text, tools on
+/v1/completions, vLLM's min_tokens > 0, skip_special_tokens false, include_stop_str_in_output true; and n x
+prompts beyond the sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
 (tool_choice "auto", "required" or a named function; parallel_tool_calls): the template shows them, each
 choice's text is split into content and `tool_calls`, and "required" / named force a call by writing its
 opening after the prompt (chat_prompt; router/http/tools.py).
 Baton's own fields: "baton": {"mode": "fast" | "exact", "engine": "bf16" | "fp8" | "mtp", "draft_block": K,
-"stop_token_ids": [...], "ignore_eos": bool, "exact_policy": "coupling" | "rejection"}. Other top-level fields are ignored, as OpenAI's servers do.
+"stop_token_ids": [...], "ignore_eos": bool, "exact_policy": "coupling" | "rejection"}. Other top-level fields are
+ignored, as OpenAI's servers do. max_tokens is at most the usable window less one prompt token (Limits.usable).
 Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for chat.
 """
 
@@ -54,6 +57,13 @@ class Limits:
     width: int  # W rows reserved for decoding
     tokenizer: object | None
     chat_template: object | None = None
+    capacity: int = 0  # sessions the workers hold at once (Registry.capacity); 0 = unknown
+
+    @property
+    def usable(self) -> int:
+        """Prompt + new tokens a request may have at most: the window less the W rows reserved for decoding
+        (what /v1/models reports as max_model_len)."""
+        return self.max_context - self.width
 
 
 @dataclass
@@ -71,6 +81,7 @@ class Job:
     tools: ToolChoice | None = None  # a chat whose text is parsed for tool calls (router/http/tools.py)
     echo: bool = False  # completions: each choice's text (and logprobs) begin with its prompt's
     echo_texts: list = field(default_factory=list)  # per prompt: its text
+    capacity: int = 0  # Limits.capacity: the sessions its choices may hold at once (0 = unknown)
 
 
 # ---- typed getters ----------------------------------------------------------------------------------
@@ -138,7 +149,7 @@ def check_model(body, lim: Limits) -> None:
 
 def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
     check_model(body, lim)
-    job = Job(kind, stream=_bool(body, "stream", False))
+    job = Job(kind, stream=_bool(body, "stream", False), capacity=lim.capacity)
     opts = body.get("stream_options")
     if opts is not None:
         if not isinstance(opts, dict):
@@ -151,6 +162,15 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         mode=common_pb2.FAST, engine=common_pb2.ENGINE_UNSPECIFIED, draft_block=0, stop_token_ids=[], ignore_eos=False
     )
     gen["sampling"] = _sampling(body, job.stops)
+    _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
+    _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
+    # vLLM's extra parameters: those Baton has are taken as its own; the others are refused, not ignored
+    _only(body, "min_tokens", lambda v: v == 0, "not supported")
+    _only(body, "skip_special_tokens", lambda v: v is True, "the text always leaves special tokens out")
+    _only(body, "include_stop_str_in_output", lambda v: v is False, "the text always ends before a stop string")
+    gen["ignore_eos"] = _bool(body, "ignore_eos", False)
+    if body.get("stop_token_ids") is not None:
+        gen["stop_token_ids"] = _ids(body["stop_token_ids"], "stop_token_ids", allow_empty=True)
     ext = body.get("baton")
     if ext is not None:
         if not isinstance(ext, dict):
@@ -173,7 +193,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
                 raise bad("baton.exact_policy", f"{policy!r:.40} is not one of coupling, rejection")
             gen["sampling"].exact_policy = EXACT_POLICIES[policy]
         gen["draft_block"] = _int(ext, "draft_block", 0, where="baton.") or 0
-        gen["ignore_eos"] = _bool(ext, "ignore_eos", False, "baton.")
+        gen["ignore_eos"] = _bool(ext, "ignore_eos", gen["ignore_eos"], "baton.")
         ids = ext.get("stop_token_ids")
         if ids is not None:
             gen["stop_token_ids"] = _ids(ids, "baton.stop_token_ids", allow_empty=True)
@@ -182,7 +202,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         "draft_block": "baton.draft_block",
         "mode": "baton.mode",
         "engine": "baton.engine",
-        "stop_token_ids": "baton.stop_token_ids",
+        "stop_token_ids": "stop_token_ids" if "stop_token_ids" in body else "baton.stop_token_ids",
     }
     return job, gen
 
@@ -248,9 +268,9 @@ def _encode(text: str, lim: Limits, name: str) -> list[int]:
     return lim.tokenizer.encode(text)
 
 
-def _max_tokens(body: dict, names: tuple[str, ...], default) -> tuple[int | None, str]:
+def _max_tokens(body: dict, names: tuple[str, ...], default, lim: Limits) -> tuple[int | None, str]:
     for name in names:
-        v = _int(body, name, 1)
+        v = _int(body, name, 1, max(1, lim.usable - 1))  # at least one prompt token
         if v is not None:
             return v, name
     return default, names[0]
@@ -268,6 +288,12 @@ def _choices(job: Job, requests: list) -> None:
     seed S, choice j gets S + j (mod 2^64): distinct samples that replay."""
     if len(requests) * job.n > MAX_BATCH:
         raise bad("n", f"{job.n} choices x {len(requests)} prompts = {len(requests) * job.n}: at most {MAX_BATCH}")
+    if job.capacity and len(requests) * job.n > job.capacity:  # all run at once: more could never all start
+        raise bad(
+            "n",
+            f"{job.n} choices x {len(requests)} prompts = {len(requests) * job.n} sessions at once, but the workers "
+            f"hold {job.capacity} (start them with more --slots, or send fewer choices per request)",
+        )
     job.requests = []
     for r in requests:
         for j in range(job.n):
@@ -280,7 +306,7 @@ def _choices(job: Job, requests: list) -> None:
 
 def _window_rest(ids: list[int], lim: Limits) -> int:
     """Default max_tokens of a chat: what the window leaves (at least 1: the router names the problem)."""
-    return max(1, lim.max_context - lim.width - len(ids))
+    return max(1, lim.usable - len(ids))
 
 
 # ---- the two endpoints ------------------------------------------------------------------------------
@@ -290,9 +316,11 @@ def parse_completion(body, lim: Limits) -> Job:
     if lp is not None:  # N alternatives (0: the chosen token's logprob only)
         job.top_logprobs, gen["sampling"].logprobs = lp, max(lp, 1) if lp <= 20 else lp
     job.echo = _bool(body, "echo", False)
+    for name in ("tools", "tool_choice"):
+        _only(body, name, lambda v: False, "tool calls are a chat completions feature (/v1/chat/completions)")
     _only(body, "suffix", lambda v: v == "", "not supported")
     _only(body, "best_of", lambda v: v == 1, "only 1 is supported")
-    n, name = _max_tokens(body, ("max_tokens",), 16)
+    n, name = _max_tokens(body, ("max_tokens",), 16, lim)
     prompt = body.get("prompt")
     if prompt is None:
         raise bad("prompt", "required: a string, a list of token ids, or a list of either")
@@ -312,7 +340,8 @@ def parse_completion(body, lim: Limits) -> Job:
         raise bad("prompt", f"a batch of {len(prompts)} prompts: at most {MAX_BATCH}")
     reqs = [_request(ids, n, gen) for ids in prompts]
     if job.echo:  # the prompt's text (as given, else decoded) first; with logprobs, its tokens' too
-        texts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else [prompt]
+        batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        texts = prompt if batch else [prompt]  # per prompt: its text, or its token ids (decoded)
         dec = lim.tokenizer.decode if lim.tokenizer is not None else (lambda ids: "")
         job.echo_texts = [t if isinstance(t, str) else dec(ids) for t, ids in zip(texts, prompts)]
         for r in reqs:
@@ -358,12 +387,10 @@ def parse_chat(body, lim: Limits) -> Job:
         gen["sampling"].logprobs = max(job.top_logprobs, 1)
     elif top is not None:
         raise bad("top_logprobs", "needs logprobs: true")
-    _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
-    _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
     text, choice = chat_prompt(body, lim)
     job.tools = choice if choice.tools is not None else None
     ids = _encode(text, lim, "messages")
-    n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None)
+    n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None, lim)
     _choices(job, [_request(ids, n if n is not None else _window_rest(ids, lim), gen)])
     job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})
     job.rename["sampling.logprobs"] = "top_logprobs"

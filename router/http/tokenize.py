@@ -28,7 +28,7 @@ def tokenize(body, lim: Limits) -> dict:
         if not isinstance(prompt, str):
             raise bad("prompt", "required: a string (or give messages)")
         ids = _encode(prompt, lim, "prompt")
-    return {"count": len(ids), "max_model_len": lim.max_context, "tokens": ids}
+    return {"count": len(ids), "max_model_len": lim.usable, "tokens": ids}
 
 
 def detokenize(body, lim: Limits) -> dict:

@@ -186,12 +186,12 @@ def test_an_item_whose_caller_is_away_goes_with_the_batch_another_caller_leads(m
     """Exact mode submits a session's next Draft before it sends the round's tokens (router/exact.py): that
     caller is away, sending. The batch goes when every live session is queued, led by whoever waits first;
     the away caller finds its answer there when it comes back, without leading or waiting."""
-    monkeypatch.setattr(batcher, "SETTLE_S", 0.5)  # a missing session would hold the batch 0.5 s
-    monkeypatch.setattr(batcher, "MAX_WAIT_S", 2.0)
     stub = _Stub()
     b = batcher.batcher_of(_worker(stub), "Draft")
-    _round(b, ["a", "b", "c"])
+    _round(b, ["a", "b", "c"])  # all three live now (a first round may split: with the default settle time, fast)
     stub.batches.clear()
+    monkeypatch.setattr(batcher, "SETTLE_S", 0.5)  # from here a missing session would hold the batch 0.5 s
+    monkeypatch.setattr(batcher, "MAX_WAIT_S", 2.0)
     away = b.submit("a", decode_pb2.DraftRequest(session_id="a", k=2), 5.0)  # its caller does not wait (yet)
     t0 = time.monotonic()
     out = _round(b, ["b", "c"])

@@ -537,6 +537,17 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
         "tools[0]",
     ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 20000}]}, 400, "messages"),
+    # what OpenAI / vLLM users may send that Baton does not do: refused, not silently ignored
+    ("/v1/completions", {"prompt": PROMPT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/completions", {"prompt": PROMPT, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/completions", {"prompt": PROMPT, "tool_choice": "auto"}, 400, "tool_choice"),
+    ("/v1/completions", {"prompt": PROMPT, "min_tokens": 4}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
+    ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**9}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 9}, 400, "n"),  # the stack's workers hold 8 sessions each
+    ("/v1/completions", {"prompt": [PROMPT] * 3, "n": 3}, 400, "n"),
 ]
 
 
@@ -1078,3 +1089,32 @@ def test_python_m_router_serves_http_and_a_busy_port_is_a_clear_error():
     finally:
         p.terminate()
         assert p.wait(20) == 0
+
+
+def test_vllm_clients_window_echo_batches_and_extras(stack, tok):
+    """What a vLLM / lm-evaluation-harness client does: max_model_len is what prompt + max_tokens may reach (the
+    window less the rows reserved for decoding), a batch of token-id prompts with echo gets each prompt's text
+    first, and vLLM's top-level stop_token_ids / ignore_eos act as Baton's own; max_tokens' range names the
+    window."""
+    client = stack.openai()
+    usable = client.models.list().data[0].model_extra["max_model_len"]
+    assert 0 < usable < 512  # the stack's window is 512
+    ids = (tok.encode(PROMPT) * usable)[: usable - 2]
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == usable and r.choices[0].finish_reason == "length"
+    err = assert_error(post(stack.url, "/v1/completions", {"prompt": ids + [ids[0]] * 2}, token=stack.token), 400)
+    assert err["param"] == "prompt" and f"at most {usable - 1} fit" in err["message"], err
+    err = assert_error(
+        post(stack.url, "/v1/completions", {"prompt": "x", "max_tokens": usable}, token=stack.token), 400
+    )
+    assert f"1..{usable - 1}" in err["message"], err
+    batch = [tok.encode("def main("), tok.encode("class A:")]
+    got = client.completions.create(model=MODEL, prompt=batch, max_tokens=2, echo=True, logprobs=1)
+    assert [c.text[: len(t)] for c, t in zip(got.choices, ("def main(", "class A:"))] == ["def main(", "class A:"]
+    assert [len(c.logprobs.tokens) for c in got.choices] == [len(b) + 2 for b in batch]
+    with Client(stack.grpc, token=stack.token) as c:
+        toks = [t for d in c.generate(PROMPT, max_new_tokens=12, ignore_eos=True) for t in d.token_ids]
+    for ext in ({"stop_token_ids": [toks[4]], "ignore_eos": True}, {"baton": {"stop_token_ids": [toks[4]]}}):
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body=ext)
+        assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", toks.index(toks[4]) + 1), ext
+    assert not any(sessions_settle(stack).values())
