@@ -142,7 +142,8 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
-        return error_response(ApiError(e.status_code, f"{request.url.path}: {e.detail}"))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return error_response(ApiError(e.status_code, f"{request.url.path}: {e.detail}", code=code))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):

@@ -154,6 +154,8 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
     if opts is not None:
         if not isinstance(opts, dict):
             raise bad("stream_options", "expected an object")
+        if not job.stream:  # as OpenAI's and vLLM's servers
+            raise bad("stream_options", "only allowed with stream: true")
         job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
     job.n = _int(body, "n", 1, MAX_BATCH) or 1
     job.stops = _stops(body.get("stop"))

@@ -542,6 +542,7 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/completions", {"prompt": PROMPT, "tool_choice": "auto"}, 400, "tool_choice"),
     ("/v1/completions", {"prompt": PROMPT, "min_tokens": 4}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/completions", {"prompt": PROMPT, "skip_special_tokens": False}, 400, "skip_special_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
@@ -560,8 +561,9 @@ def test_bad_input_gets_its_status_and_the_next_request_is_served(stack):
     assert_error(post(stack.url, "/v1/completions", token=stack.token, content=big), 413)
     chunked = (b"x" * 65536 for _ in range(70))  # no Content-Length: counted as it arrives
     assert_error(post(stack.url, "/v1/completions", token=stack.token, content=chunked), 413)
-    assert_error(httpx.get(stack.url + "/v1/completions", headers={"Authorization": f"Bearer {stack.token}"}), 405)
-    assert_error(httpx.get(stack.url + "/v2/nothing", headers={"Authorization": f"Bearer {stack.token}"}), 404)
+    auth = {"Authorization": f"Bearer {stack.token}"}
+    assert assert_error(httpx.get(stack.url + "/v1/completions", headers=auth), 405)["code"] == "method_not_allowed"
+    assert assert_error(httpx.get(stack.url + "/v2/nothing", headers=auth), 404)["code"] == "not_found"
     r = stack.openai().completions.create(model=MODEL, prompt=PROMPT, max_tokens=3)
     assert r.usage.completion_tokens >= 1 and httpx.get(stack.url + "/health").status_code == 200
 
