@@ -337,7 +337,11 @@ def test_the_next_draft_goes_before_the_round_s_tokens_are_yielded(fake_pool, mo
         assert drafts[1].has_verdict and (drafts[1].accepted, drafts[1].next_token) == (1, toks[-1])
     toks2, _, _ = next(rounds)
     assert [h.first_token] + toks + toks2 == reference(IDS, 1 + len(toks) + len(toks2))
+    end = time.monotonic() + 1.0
+    while ahead and len(_reqs(df, "Draft")) < 3 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert len(_reqs(df, "Draft")) == (3 if ahead else 2)
     rounds.close()  # the client went away holding round 2's tokens: round 3's Draft (sent ahead) is abandoned
     assert loop._ahead is None and not calls._active
-    time.sleep(0.2)
+    time.sleep(0.2)  # and nothing more is sent
     assert len(_reqs(df, "Draft")) == (3 if ahead else 2) and len(_reqs(pf, "Verify")) == 2
