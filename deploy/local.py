@@ -313,6 +313,7 @@ def run(args) -> int:
             http_port=args.http_port,
             max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
             draft_length=getattr(args, "draft_length", None),
+            queue_s=getattr(args, "queue_timeout", None),
         )
         on_serving = None
         if args.ask is not None:

@@ -22,11 +22,13 @@ def router_kwargs(
     http_port: int = 0,
     max_inflight: int | None = None,
     draft_length: str | None = None,
+    queue_s: float | None = None,
 ) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
     return dict(
         max_inflight=max_inflight,
         draft_length=draft_length,
+        queue_s=queue_s,
         host=host,
         port=port,
         prefill=list(prefill),
@@ -65,9 +67,11 @@ def serve_router(
     http_port: int = 0,
     max_inflight: int | None = None,
     draft_length: str | None = None,
+    queue_s: float | None = None,
 ) -> RouterHandle:
     """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight,
-    draft_length (exact mode's K per round: baton/engine/draft_length.py) None: RouterConfig's defaults."""
+    draft_length (exact mode's K per round: baton/engine/draft_length.py), queue_s (how long a new request
+    waits for a session slot: router/slot_line.py) None: RouterConfig's defaults."""
     from baton.settings import Settings, read_token_file
     from router.service import RouterConfig
 
@@ -90,6 +94,7 @@ def serve_router(
         config=RouterConfig(
             **({"max_inflight": max_inflight} if max_inflight else {}),
             **({"draft_length": draft_length} if draft_length else {}),
+            **({"queue_s": queue_s} if queue_s is not None else {}),
         ),
     )
     return RouterHandle(handle, servicer, stop_router)

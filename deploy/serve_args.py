@@ -72,6 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Generate calls the router admits at once, past it RESOURCE_EXHAUSTED (default: the larger of 64 "
         "and the decode workers' sessions)",
     )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a new request waits in line (first come first served) while the workers' session slots "
+        "are full, before RESOURCE_EXHAUSTED (default 0: refused at once)",
+    )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--colocate", action="store_true", help="--processes, cuda: all workers on the first GPU")
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
@@ -126,6 +134,8 @@ def check(args) -> str | None:
         return "--prefill-budget must be >= 1"
     if fraction is not None and not 0.0 < fraction <= 1.0:
         return "--gpu-memory-fraction must be in (0, 1]"
+    if getattr(args, "queue_timeout", None) is not None and not args.queue_timeout >= 0:
+        return "--queue-timeout must be >= 0"
     if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
         return "--max-inflight must be >= 1"
     if getattr(args, "colocate", False) and not args.processes:

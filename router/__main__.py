@@ -173,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the adaptive ceiling on K (a request's larger K raises it; at most width - 2)",
     )
     p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=RouterConfig.queue_s,
+        help="seconds a new request waits in line for a session slot while the workers' slots are full, "
+        "before RESOURCE_EXHAUSTED (0: refuse at once)",
+    )
+    p.add_argument(
         "--call-timeout",
         type=float,
         default=RouterConfig.call_timeout_s,
@@ -217,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         default_draft_block=args.default_draft_block,
         width=args.width,
         call_timeout_s=args.call_timeout,
+        queue_s=args.queue_timeout,
         draft_length=args.draft_length,
         max_adaptive_k=args.max_adaptive_k,
     )

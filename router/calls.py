@@ -73,6 +73,11 @@ class Calls:
             raise StatusError(C.DEADLINE_EXCEEDED, "deadline exceeded")
         return min(rem, self.call_timeout) if capped else rem
 
+    @property
+    def cancelled(self) -> bool:
+        """The client went away (cancel()) or the request ended (close())."""
+        return self._cancelled
+
     def cancel(self) -> None:
         """context.add_callback target: cancels active calls; later calls raise Cancelled."""
         with self._lock:

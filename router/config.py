@@ -14,6 +14,7 @@ log = logging.getLogger("baton.router")
 @dataclass(frozen=True)
 class RouterConfig:
     max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
+    queue_s: float = 0.0  # how long a new request waits in line for a session slot (router/slot_line.py); 0: none
     max_new_tokens_limit: int = 4096
     default_draft_block: int = 4  # K when a request sends draft_block = 0 (the adaptive prior)
     draft_length: str = "fixed"  # exact mode's K per round: "fixed" (the request's) | "adaptive" (per session)

@@ -6,6 +6,8 @@ Lifecycle of a Generate request:
                draft_block, stop_token_ids, request_id, sampling.<field>); text prompts are tokenized
                here; a request without a seed gets a random one (returned in Stats.seed);
                no prefill or no decode worker up -> UNAVAILABLE
+    line       the workers' session slots full: the request waits for a slot, first come first served, at
+               most RouterConfig.queue_s (router/slot_line.py), then RESOURCE_EXHAUSTED
     hand-off   start_session: PrefillStream on P with decode_target=D, the state goes P -> D; the
                first token is sent as soon as P picks it, while the state may still be on its way
                (a failure before it is retried once on another prefill worker; a hand-off that fails
@@ -24,7 +26,7 @@ add_callback() and abort(): Generate must use no other ServicerContext method. E
 RouterConfig.draft_length ("adaptive": baton/engine/draft_length.py; "fixed": the request's K every round).
 
 Status codes: INVALID_ARGUMENT (message starts with the field); RESOURCE_EXHAUSTED (past max_inflight,
-or the workers' session slots are full); UNAVAILABLE (no worker up, Prefill failed twice, workers
+or the workers' session slots stayed full for queue_s); UNAVAILABLE (no worker up, Prefill failed twice, workers
 kept failing past RouterConfig.max_migrations); DEADLINE_EXCEEDED / CANCELLED (the
 client's); OUT_OF_RANGE (a worker's window); INTERNAL (a worker refused the router's token, or broke
 the protocol); UNAUTHENTICATED (the client's token, checked by baton.rpc.AuthInterceptor).
@@ -53,6 +55,7 @@ from router.exact import ExactLoop
 from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.session import Budget, RunStats, first_logprob, first_tokens, land, start_session
+from router.slot_line import SlotLine
 from router.stops import TextStream
 
 log = logging.getLogger("baton.router")
@@ -97,6 +100,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.registry, self.meta, self.config = registry, meta, config
         self.metrics = metrics or RouterMetrics()
         self._admit = threading.BoundedSemaphore(config.max_inflight)
+        self.line = SlotLine(config.queue_s)  # new requests waiting for a session slot (router/slot_line.py)
 
     # ---- GetModelInfo ----------------------------------------------------------------------------
     def GetModelInfo(self, request, context):
@@ -152,6 +156,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         finally:
             if calls is not None:
                 calls.close()
+                self.line.freed()  # its sessions are released: the head of the line may start
             self._admit.release()
             self.metrics.inflight.dec()
             self._done(rec, t0, status)
@@ -300,7 +305,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def _tokens(self, plan: Plan, calls: Calls, budget: Budget, stats: RunStats):
         """Yields (tokens, finish_reason | None, logprobs) batches; the batch with a finish_reason is the
         last. logprobs: TokenLogprob per token when the request asked (else empty)."""
-        h = self._start(plan, calls, stats, prompt_logprobs=plan.prompt_logprobs)
+        h = self.line.start(  # in line while the workers' session slots are full (router/slot_line.py)
+            lambda: self._start(plan, calls, stats, prompt_logprobs=plan.prompt_logprobs),
+            calls.deadline,
+            lambda: calls.cancelled,
+        )
         if plan.prompt_logprobs >= 0:
             stats.prompt_logprobs = list(h.response.prompt_logprobs)
         toks, finish = first_tokens(h, calls, budget, self._record(stats))
