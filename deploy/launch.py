@@ -229,6 +229,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-host", default="0.0.0.0", help="bind host of the router")
     p.add_argument("--router-port", type=int, default=50051)
     p.add_argument("--token-file", default=None, help="bearer token file (the same path on every node)")
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Generate calls the router admits at once (default: the larger of 64 and the decode actors' sessions)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a new request waits in line while the session slots are full (default 0: refused at once)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workers")
     p.add_argument(
         "--foreground",
@@ -292,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if err := engines_error(args):
         p.error(err)
+    if args.max_inflight is not None and args.max_inflight < 1:
+        p.error("--max-inflight must be >= 1")
+    if args.queue_timeout is not None and not args.queue_timeout >= 0:
+        p.error("--queue-timeout must be >= 0")
     progress = Progress()
     connect(args.address, args.namespace)
     import ray
@@ -333,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     pre = [a for n, a in addrs.items() if "-prefill-" in n]
     dec = [a for n, a in addrs.items() if "-decode-" in n]
+    from baton.worker.options import DEFAULT_SLOTS
+
     kw = router_kwargs(
         host=args.router_host,
         port=args.router_port,
@@ -341,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         decode=dec,
         model_dir=args.model,
         token_file=args.token_file,
+        max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
+        queue_s=args.queue_timeout,
     )
     if args.foreground:
         from deploy.local import serve_until_signalled
