@@ -138,8 +138,9 @@ class Run:
         return {
             "tokens": toks,
             "token_logprobs": [lp for _, lp, _ in lps],
-            # an echoed prompt's first token has neither (None, None)
-            "top_logprobs": [{txt(a): v for a, v in top[:n]} if top is not None else None for _, _, top in lps]
+            # an echoed prompt's first token has neither (None, None); the sampled token is always there, as
+            # OpenAI's (so up to N + 1 entries)
+            "top_logprobs": [_with_sampled(txt, t, lp, top[:n]) if top is not None else None for t, lp, top in lps]
             if n
             else None,
             "text_offset": offsets,
@@ -272,4 +273,13 @@ def _groups(items: list) -> list[tuple[str, list[dict]]]:
             out.append(("", [it]))
         else:
             out[-1][1].append(it)
+    return out
+
+
+def _with_sampled(txt, t: int, lp, top: list) -> dict:
+    """A completion token's top_logprobs: its N alternatives {text: logprob}, and the sampled token t when it is
+    not among them (OpenAI's completions always show it)."""
+    out = {txt(a): v for a, v in top}
+    if lp is not None and all(a != t for a, _ in top):
+        out.setdefault(txt(t), lp)
     return out

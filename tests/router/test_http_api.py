@@ -1110,6 +1110,11 @@ def test_vllm_clients_window_echo_batches_and_extras(stack, tok):
         post(stack.url, "/v1/completions", {"prompt": "x", "max_tokens": usable}, token=stack.token), 400
     )
     assert f"1..{usable - 1}" in err["message"], err
+    hot = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=3.0, seed=7, logprobs=1)
+    lp = hot.choices[0].logprobs  # at T = 3 the sampled token is often not the likeliest: it is shown all the same
+    assert all(
+        t in top and top[t] == v and len(top) <= 2 for t, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)
+    )
     batch = [tok.encode("def main("), tok.encode("class A:")]
     got = client.completions.create(model=MODEL, prompt=batch, max_tokens=2, echo=True, logprobs=1)
     assert [c.text[: len(t)] for c, t in zip(got.choices, ("def main(", "class A:"))] == ["def main(", "class A:"]
