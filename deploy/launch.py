@@ -241,7 +241,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds a new request waits in line while the session slots are full (default 0: refused at once)",
+        help="seconds a new request waits in line while the session slots are full (default 30; 0: refused at once)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workers")
     p.add_argument(
@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     pre = [a for n, a in addrs.items() if "-prefill-" in n]
     dec = [a for n, a in addrs.items() if "-decode-" in n]
     from baton.worker.options import DEFAULT_SLOTS
+    from router.config import DEFAULT_QUEUE_S
 
     kw = router_kwargs(
         host=args.router_host,
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir=args.model,
         token_file=args.token_file,
         max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
-        queue_s=args.queue_timeout,
+        queue_s=DEFAULT_QUEUE_S if args.queue_timeout is None else args.queue_timeout,
     )
     if args.foreground:
         from deploy.local import serve_until_signalled

@@ -301,6 +301,7 @@ def run(args) -> int:
 
         from baton.worker.options import DEFAULT_SLOTS
         from deploy.router_launch import router_kwargs, serve_router
+        from router.config import DEFAULT_QUEUE_S
 
         kw = router_kwargs(
             host=host,
@@ -313,7 +314,7 @@ def run(args) -> int:
             http_port=args.http_port,
             max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
             draft_length=getattr(args, "draft_length", None),
-            queue_s=getattr(args, "queue_timeout", None),
+            queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
         )
         on_serving = None
         if args.ask is not None:

@@ -78,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="S",
         help="seconds a new request waits in line (first come first served) while the workers' session slots "
-        "are full, before RESOURCE_EXHAUSTED (default 0: refused at once)",
+        "are full, before RESOURCE_EXHAUSTED (default 30; 0: refused at once)",
     )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--colocate", action="store_true", help="--processes, cuda: all workers on the first GPU")

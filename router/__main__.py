@@ -27,6 +27,7 @@ from baton.lifeline import die_with_parent
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
+from router.config import DEFAULT_QUEUE_S
 from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.service import ModelMeta, RouterConfig, RouterServicer
@@ -175,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--queue-timeout",
         type=float,
-        default=RouterConfig.queue_s,
+        default=DEFAULT_QUEUE_S,
         help="seconds a new request waits in line for a session slot while the workers' slots are full, "
-        "before RESOURCE_EXHAUSTED (0: refuse at once)",
+        f"before RESOURCE_EXHAUSTED (default {DEFAULT_QUEUE_S:g}; 0: refuse at once)",
     )
     p.add_argument(
         "--call-timeout",

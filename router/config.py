@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("baton.router")
+DEFAULT_QUEUE_S = 30.0  # --queue-timeout's default: a new request waits up to this long for a session slot
 
 
 @dataclass(frozen=True)
 class RouterConfig:
     max_inflight: int = 64  # Generate calls in flight; past it RESOURCE_EXHAUSTED
     queue_s: float = 0.0  # how long a new request waits in line for a session slot (router/slot_line.py); 0: none
+    # (the servers' flags default to DEFAULT_QUEUE_S: `baton serve`, `python -m router`, deploy/launch.py)
     max_new_tokens_limit: int = 4096
     default_draft_block: int = 4  # K when a request sends draft_block = 0 (the adaptive prior)
     draft_length: str = "fixed"  # exact mode's K per round: "fixed" (the request's) | "adaptive" (per session)

@@ -7,7 +7,8 @@ Lifecycle of a Generate request:
                here; a request without a seed gets a random one (returned in Stats.seed);
                no prefill or no decode worker up -> UNAVAILABLE
     line       the workers' session slots full: the request waits for a slot, first come first served, at
-               most RouterConfig.queue_s (router/slot_line.py), then RESOURCE_EXHAUSTED
+               most RouterConfig.queue_s (--queue-timeout: 30 s; RouterConfig's own default 0: none;
+               router/slot_line.py), then RESOURCE_EXHAUSTED
     hand-off   start_session: PrefillStream on P with decode_target=D, the state goes P -> D; the
                first token is sent as soon as P picks it, while the state may still be on its way
                (a failure before it is retried once on another prefill worker; a hand-off that fails
