@@ -139,24 +139,11 @@ class Calls:
         """As unary(worker, method, request), but sent with other requests' calls of that method to that worker
         in one batched RPC (router/batcher.py: Draft -> DraftMany, Verify -> VerifyMany); each request keeps
         its own deadline, status and cancellation. A worker without the batched method gets unary calls."""
-        b = batcher.batcher_of(worker, method)
-        if b is None:
-            return self.unary(worker, method, request)
-        timeout = self._timeout(capped=True)
-        ticket = b.submit(request.session_id, request, timeout)
-        try:
-            self._register(ticket)
-        except Cancelled:
-            ticket.abandon()  # its caller may be the batch's leader: the others' batch still goes
-            raise
-        try:
-            return self._answer(worker, ticket, timeout)
-        except batcher.Unbatched:
-            return self.unary(worker, method, request)
+        return self.answer(self.submit(worker, method, request))
 
     def submit(self, worker: Worker, method: str, request) -> "Pending":
-        """Starts a call as batched() does, without waiting for it: answer(pending) waits (exact mode's next
-        Draft, sent before the round's tokens go to the client). Never raises: an error to start the call is
+        """Starts a batched() call without waiting for it: answer(pending) waits (exact mode's next Draft, sent
+        before the round's tokens go to the client). Never raises: an error to start the call is
         raised by answer(). abandon(pending) when its answer is no longer wanted."""
         p = Pending(worker, method, request)
         try:
