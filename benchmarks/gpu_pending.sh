@@ -99,6 +99,8 @@
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
+#   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
+#                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
 #   batched        exact mtp at 32 through the router's round batcher, short (one call of ~250 s)
 #   batched-ab     exact mtp at 8 and 32 batched and unary (BATON_BATCHED_ROUNDS), bf16 at 32 (~450 s)
@@ -517,6 +519,49 @@ case $stage in
       --out "$out/sweep-rows.json" >"$out/sweep-rows.log" 2>&1
     echo "sweep-rows: rc=$?"
     tail -3 "$out/sweep-rows.log"
+    ;;
+  wide-tma)  # the prefill GEMM's loads (baton/kernels/wide.py KERNEL, BATON_WIDE_GEMM): sweep_wide over pointer and
+    # TMA loads x tiles (each config's rows bitwise against the default's), the wide GEMM's GPU tests (the TMA
+    # loads' bits), then profile_prefill with each (a pass's wall and kernel time); WIDE_BURST=1 adds
+    # bench_ttft_burst at 8 and 32 with each
+    python benchmarks/sweep_wide.py --ms "${SWEEP_MS:-128,512,2048,4096,8192}" --out "$out/sweep-wide.json" \
+      >"$out/sweep-wide.log" 2>&1
+    echo "sweep-wide: rc=$?"
+    python - "$out/sweep-wide.json" <<'EOF' | tee "$out/sweep-wide-summary.txt"
+import json, sys
+
+rows = json.load(open(sys.argv[1]))["rows"]
+for m in sorted({r["M"] for r in rows}):
+    at = sorted((r for r in rows if r["M"] == m), key=lambda r: r["ms"])
+    print(f"M {m}: cuBLAS {at[0]['cublas_ms']} ms; " + ", ".join(
+        f"{r['config']} {r['ms']} ({r['of_cublas']}, bitwise {r['bitwise_as_first_config']})" for r in at))
+EOF
+    python -m pytest -o addopts="" -m gpu -q -rfE -k wide_gemm tests/engine/test_gpu_prefill.py >"$out/wide-tests.log" 2>&1
+    echo "test_gpu_prefill.py -k wide_gemm: rc=$? $(tail -1 "$out/wide-tests.log")"
+    for k in ptr tma; do
+      BATON_WIDE_GEMM=$k python benchmarks/profile_prefill.py --lengths 512,4096 --batches 1,8,16 --reps 5 \
+        --out "$out/profile-prefill-$k.json" >"$out/profile-prefill-$k.log" 2>&1
+      echo "profile_prefill $k: rc=$?"
+      python - "$out/profile-prefill-$k.json" <<'EOF'
+import json, sys
+
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(0)
+for p in d.get("points", []):
+    print(f"  {p['prompt_len']} tokens: wall {p['wall_ms']} ms, kernels {p['kernel_ms']} ms ({p['kernels']})")
+for b in d.get("batched", []):
+    print(f"  {b['prompts']} x {b['prompt_len']}: pass {b['pass_ms']} ms")
+EOF
+    done
+    if [ "${WIDE_BURST:-0}" = 1 ]; then
+      for k in ptr tma; do
+        BATON_WIDE_GEMM=$k python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 \
+          --bursts 8,32 --no-plain --out "$out/ttft-burst-$k.json" >"$out/ttft-burst-$k.log" 2>&1
+        echo "burst $k: rc=$?"
+      done
+    fi
     ;;
   *)
     echo "unknown stage $stage" >&2

@@ -1,9 +1,10 @@
 """Tile configurations of the prefill's row-invariant GEMM (baton/kernels/wide.py) against cuBLAS, at the
 9B shape's projections and several pass sizes M. Prints one JSON object: per config and M the summed time
 of one layer's worth of projections, cuBLAS's, and whether each config's result is bitwise the first's
-(if so, a config could be chosen by M without changing any row's arithmetic).
+(if so, a config could be chosen by M without changing any row's arithmetic). A config names its loads too:
+masked pointer loads ("ptr") or Hopper's TMA through tensor descriptors ("tma", wide.KERNEL).
 
-    python benchmarks/sweep_wide.py --out R.json
+    python benchmarks/sweep_wide.py --out R.json                  (bash benchmarks/gpu_pending.sh wide-tma COMMIT)
 """
 
 from __future__ import annotations
@@ -31,7 +32,19 @@ SHAPES = [
     (12288, 4096),
     (4096, 12288),
 ]
-CONFIGS = [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 256, 64, 8, 4)]
+# (loads, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the first is the default, every other is checked against
+# its bits. "ptr": masked pointer loads; "tma": tensor descriptors (sm_90+). --configs picks some by index.
+CONFIGS = [
+    ("ptr", 128, 128, 64, 8, 3),
+    ("ptr", 128, 256, 64, 8, 3),
+    ("ptr", 64, 128, 64, 4, 4),
+    ("tma", 128, 128, 64, 8, 3),
+    ("tma", 128, 128, 64, 8, 4),
+    ("tma", 128, 256, 64, 8, 3),
+    ("tma", 128, 256, 64, 8, 4),
+    ("tma", 64, 128, 64, 4, 4),
+    ("tma", 64, 256, 64, 4, 3),
+]
 
 
 def timed(fn, reps=10) -> float:
@@ -49,8 +62,10 @@ def timed(fn, reps=10) -> float:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="128,512,2048,4096,8192")
+    ap.add_argument("--configs", default=None, help="indices into CONFIGS, e.g. 0,3,5 (default: all)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    configs = [CONFIGS[int(i)] for i in a.configs.split(",")] if a.configs else CONFIGS
     g = torch.Generator(device="cuda").manual_seed(0)
     ws = {s: (torch.randn(*s, device="cuda", generator=g) * 0.02).to(torch.bfloat16) for s in set(SHAPES)}
     rows = []
@@ -58,8 +73,8 @@ def main(argv=None) -> dict:
         xs = {K: torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16) for K in {k for _, k in SHAPES}}
         cublas = sum(timed(lambda N=N, K=K: torch.nn.functional.linear(xs[K], ws[(N, K)])) for N, K in SHAPES)
         first = None
-        for cfg in CONFIGS:
-            wide.BLOCK_M, wide.BLOCK_N, wide.BLOCK_K, wide.NUM_WARPS, wide.NUM_STAGES = cfg
+        for cfg in configs:
+            wide.KERNEL, wide.BLOCK_M, wide.BLOCK_N, wide.BLOCK_K, wide.NUM_WARPS, wide.NUM_STAGES = cfg
             outs = [wide.linear(xs[K], ws[(N, K)]) for N, K in SHAPES]
             same = None if first is None else all(torch.equal(o, f) for o, f in zip(outs, first))
             first = first or outs
@@ -68,7 +83,7 @@ def main(argv=None) -> dict:
             rows.append(
                 {
                     "M": M,
-                    "config": "BM{}_BN{}_BK{}_w{}_s{}".format(*cfg),
+                    "config": "{}_BM{}_BN{}_BK{}_w{}_s{}".format(*cfg),
                     "ms": round(ms, 3),
                     "cublas_ms": round(cublas, 3),
                     "of_cublas": round(cublas / ms, 3),

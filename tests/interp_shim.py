@@ -13,7 +13,8 @@
     its position calls for (an M-tail of the micro-kernel sums in another order: on an AMD EPYC with
     numpy 2.4's OpenBLAS 0.3.31, wide.linear's row t differed by ~5e-7 with its slice's start), which the
     GPU's kernel never does; now each row of the block is its own [1, K] @ [K, N] product, a function of
-    that row alone, whatever the BLAS and the CPU.
+    that row alone, whatever the BLAS and the CPU, and of the operands' values alone (b made contiguous:
+    a transposed view summed in another order, where the GPU's MMA does not care how a tile was loaded).
 Importing it twice (as interp_shim and as tests.interp_shim) patches once."""
 
 import inspect
@@ -88,7 +89,8 @@ if not getattr(_interp, "_baton_shim", False):
         if fp8 or a.data.ndim != 2:  # converted to fp16 inside, or a batched dot: as the interpreter does it
             return _orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         acc = d.data
-        rows = [_interp.np.matmul(a.data[i : i + 1], b.data, dtype=acc.dtype) for i in range(a.data.shape[0])]
+        bd = _interp.np.ascontiguousarray(b.data)  # a transposed view (tl.dot(a, b.T)) takes another BLAS path
+        rows = [_interp.np.matmul(a.data[i : i + 1], bd, dtype=acc.dtype) for i in range(a.data.shape[0])]
         return _interp.TensorHandle(_interp.np.concatenate(rows) + acc, d.dtype.scalar)
 
     _interp.InterpreterBuilder.create_dot = _create_dot

@@ -27,6 +27,8 @@ def _type(kind) -> str:
     tag, v = kind
     if tag == "tensor":
         return "*" + CODES[v]
+    if tag == "desc":  # recorded as its signature type
+        return v
     if tag == "int":
         return "i32" if -(2**31) <= v < 2**31 else "i64"
     return {"float": "fp32", "bool": "i1"}[tag]

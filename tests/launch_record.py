@@ -7,7 +7,7 @@ code its compiler refuses (a reassigned constexpr cost a GPU call on 2026-12-02)
     out["compiles_sm90"] = rec.compile_verdict()
 
 A launch is recorded as its kernel (module, name), each argument's kind (a tensor's dtype, a number, a
-Triton dtype, None) and the launch options (num_warps, num_stages); two launches that would compile to the
+Triton dtype, None, a tensor descriptor) and the launch options (num_warps, num_stages); two launches that would compile to the
 same binary are one record. The interpreted run models fp32 (bf16 runs on the H200), so the dtypes compiled
 are the test's; what is checked is that the kernel's code compiles at all, for every path the test takes."""
 
@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import triton.language as tl
 import triton.runtime.interpreter as _interp
+from triton.runtime.jit import mangle_type
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = ("num_warps", "num_stages", "num_ctas")
@@ -30,6 +32,8 @@ _records: dict[str, dict] = {}
 
 
 def _kind(v):
+    if isinstance(v, TensorDescriptor):  # its signature type, e.g. "tensordesc<fp32[128, 64]>"
+        return ["desc", mangle_type(v)]
     if isinstance(v, torch.Tensor):
         return ["tensor", str(v.dtype).removeprefix("torch.")]
     if isinstance(v, bool):

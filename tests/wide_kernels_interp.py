@@ -26,6 +26,15 @@ for lo, hi in ((0, 1), (3, 8), (100, 231), (5, 300)):  # the same rows inside pa
     inv &= bool(torch.equal(wide.linear(x[lo:hi], w), full[lo:hi]))
 out["linear_row_invariant"] = inv
 out["linear_shape"] = list(wide.linear(x[:6].view(2, 3, K), w).shape) == [2, 3, N]
+# the same tiles through tensor descriptors (KERNEL "tma"): the pointer kernel's bits, inside passes of any size
+wide.KERNEL = "tma"
+assert wide._tma_ok(x, w, full)
+tma = wide.linear(x, w)
+inv = bool(torch.equal(tma, full))
+for lo, hi in ((0, 1), (3, 8), (100, 231), (5, 300)):
+    inv &= bool(torch.equal(wide.linear(x[lo:hi], w), full[lo:hi]))
+out["linear_tma_equal"] = inv
+wide.KERNEL = "ptr"
 
 h = torch.randn(37, 96)
 nw = torch.randn(96) * 0.1

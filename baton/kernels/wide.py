@@ -7,6 +7,7 @@ kernels have one configuration for every M, so row t is computed by the same ins
 inputs whatever the other rows are:
 
     linear(x [M, K], w [N, K])          x @ w.T, fp32 accumulate in K order, one tile shape, no split-K
+                                        (KERNEL: the tiles through pointer loads or Hopper's TMA, same bits)
     rmsnorm(x [M, N], w, eps, centred)  y = x / rms(x) * (1 + w)  (centred)  or  * w
     gated_rmsnorm(x, gate, w, eps)      (w * norm(x).to(dt) * silu(gate)).to(dt)  (the GDN output norm)
     l2norm(x, eps)                      x * rsqrt(sum(x^2) + eps) over the last dim (GDN q / k before fla:
@@ -21,15 +22,38 @@ prompt's rows in its own call instead (StepContext.map), which is the solo call.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+try:  # Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - an older Triton: the pointer loads only
+    TensorDescriptor = None
 
 # One configuration for every M (the point of this module); K in steps of 64.
 # 128 x 128 x 64 with 8 warps: the best of benchmarks/sweep_wide.py's configurations from M = 128 to 4096
 # on the H200 (0.57-0.72 of cuBLAS; every configuration swept gave bitwise the same rows, BLOCK_K fixed).
 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 128, 64, 8
 NUM_WARPS, NUM_STAGES = 8, 3
+# How the tiles are loaded: "ptr" (masked pointer loads, any GPU) or "tma" (Hopper's tensor memory
+# accelerator through host-built tensor descriptors: the same tiles, the same K order, the same dot, so the
+# same bits; out-of-range rows / K read as zeros, as the masks do). BATON_WIDE_GEMM; "tma" applies only on
+# sm_90+ with 16-byte aligned rows, anything else takes "ptr".
+KERNEL = os.environ.get("BATON_WIDE_GEMM", "ptr")
+
+
+@triton.jit
+def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """-> (row tile, column tile) of program pid, in grouped order: GROUP_M row tiles share each weight
+    tile's read (L2)."""
+    m_tiles, n_tiles = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * n_tiles
+    first_m = (pid // group) * GROUP_M
+    gm = tl.minimum(m_tiles - first_m, GROUP_M)
+    return first_m + (pid % group) % gm, (pid % group) // gm
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -49,13 +73,7 @@ def _gemm_kernel(
     GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    m_tiles, n_tiles = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * n_tiles  # grouped order: GROUP_M row tiles share each weight tile's read (L2)
-    first_m = (pid // group) * GROUP_M
-    gm = tl.minimum(m_tiles - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % gm
-    pid_n = (pid % group) // gm
+    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -74,6 +92,51 @@ def _gemm_kernel(
     tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=mm[:, None] & mn[None, :])
 
 
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_kernel(
+    x_desc,
+    w_desc,
+    y_desc,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """_gemm_kernel's tiles through tensor descriptors: x [M, K] in [BLOCK_M, BLOCK_K] boxes, w [N, K] in
+    [BLOCK_N, BLOCK_K] boxes (used transposed), y [M, N]; the box loads zero-fill past M, N and K."""
+    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):  # every row: the same K order, whatever M is
+        a = x_desc.load([pid_m * BLOCK_M, k])
+        b = w_desc.load([pid_n * BLOCK_N, k])
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+    y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+
+
+_SM90: dict = {}  # device index -> whether it has TMA (sm_90+)
+
+
+def _tma_ok(*ts: torch.Tensor) -> bool:
+    """Whether the "tma" loads apply: on CUDA sm_90+ (or Triton's interpreter, CPU tensors), every 2-D
+    operand's base and row stride 16-byte aligned."""
+    t0 = ts[0]
+    if TensorDescriptor is None:
+        return False
+    if t0.is_cuda:
+        i = t0.device.index if t0.device.index is not None else torch.cuda.current_device()
+        if i not in _SM90:
+            _SM90[i] = torch.cuda.get_device_capability(i)[0] >= 9
+        if not _SM90[i]:
+            return False
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in ts)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N] in x's dtype. Row invariant: row t of the result depends only
     on row t of x (one tile configuration and K order for every M, no split-K)."""
@@ -85,26 +148,18 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         w = w.contiguous()
     M, N = x2.shape[0], w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if M:
-        grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
-        _gemm_kernel[grid](
-            x2,
-            w,
-            y,
-            M,
-            N,
-            K,
-            x2.stride(0),
-            w.stride(0),
-            y.stride(0),
-            BLOCK_M=BLOCK_M,
-            BLOCK_N=BLOCK_N,
-            BLOCK_K=BLOCK_K,
-            GROUP_M=GROUP_M,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32: no TF32 rounding
-            num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
-        )
+    if not M:
+        return y.view(*lead, N)
+    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
+    tiles = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, num_warps=NUM_WARPS)
+    tiles.update(num_stages=NUM_STAGES, PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # fp32: no TF32
+    if KERNEL == "tma" and _tma_ok(x2, w, y):
+        xd = TensorDescriptor.from_tensor(x2, [BLOCK_M, BLOCK_K])
+        wd = TensorDescriptor.from_tensor(w, [BLOCK_N, BLOCK_K])
+        yd = TensorDescriptor.from_tensor(y, [BLOCK_M, BLOCK_N])
+        _gemm_tma_kernel[grid](xd, wd, yd, M, N, K, **tiles)
+    else:
+        _gemm_kernel[grid](x2, w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0), **tiles)
     return y.view(*lead, N)
 
 

@@ -1,7 +1,7 @@
 """GPU checks of the batched prefill (run on the device with `pytest -m gpu`), Qwen3.5-9B shape, random
 weights:
   * the wide GEMM (baton/kernels/wide.py): a row of an M-row call is bitwise that row in an M' call, for
-    the model's projection shapes and M from 1 to 4096;
+    the model's projection shapes and M from 1 to 4096; its TMA loads (BATON_WIDE_GEMM=tma) give the same bits;
   * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
     as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
   * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's;
@@ -35,6 +35,26 @@ def test_wide_gemm_rows_do_not_depend_on_m():
         close = torch.allclose(ref.float(), (x.float() @ w.float().T), atol=5e-2, rtol=2e-2)
         assert close, (N, K)
         for lo, hi in ((0, 1), (5, 42), (100, 612), (1000, 2000), (3000, 4096)):
+            assert torch.equal(wide.linear(x[lo:hi], w), ref[lo:hi]), (N, K, lo, hi)
+
+
+@cuda
+def test_wide_gemm_tma_loads_give_the_pointer_kernels_bits(monkeypatch):
+    """KERNEL "tma" (the tiles through tensor descriptors) against "ptr": bitwise the same rows, in calls
+    of any M, at the model's projection shapes (what lets BATON_WIDE_GEMM change without any state moving)."""
+    from baton.kernels import wide
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for N, K in ((8192, 4096), (12288, 4096), (4096, 12288), (32, 4096), (1024, 4096)):
+        w = (torch.randn(N, K, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        x = torch.randn(2048, K, device="cuda", generator=g).to(torch.bfloat16)
+        monkeypatch.setattr(wide, "KERNEL", "ptr")
+        ref = wide.linear(x, w)
+        monkeypatch.setattr(wide, "KERNEL", "tma")
+        assert wide._tma_ok(x, w, ref)
+        for lo, hi in ((0, 2048), (0, 1), (5, 42), (100, 612), (1000, 2048)):
             assert torch.equal(wide.linear(x[lo:hi], w), ref[lo:hi]), (N, K, lo, hi)
 
 
