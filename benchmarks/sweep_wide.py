@@ -33,7 +33,7 @@ SHAPES = [
     (4096, 12288),
 ]
 # (loads, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the first is the default, every other is checked against
-# its bits. "ptr": masked pointer loads; "tma": tensor descriptors (sm_90+). --configs picks some by index.
+# its bits. "ptr": masked pointer loads; "tma": tensor descriptors (sm_90+); "tma_persistent": one program an SM. --configs picks some by index.
 CONFIGS = [
     ("ptr", 128, 128, 64, 8, 3),
     ("ptr", 128, 256, 64, 8, 3),
@@ -44,6 +44,9 @@ CONFIGS = [
     ("tma", 128, 256, 64, 8, 4),
     ("tma", 64, 128, 64, 4, 4),
     ("tma", 64, 256, 64, 4, 3),
+    ("tma_persistent", 128, 128, 64, 8, 3),
+    ("tma_persistent", 128, 256, 64, 8, 3),
+    ("tma_persistent", 128, 256, 64, 8, 4),
 ]
 
 

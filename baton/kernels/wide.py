@@ -40,8 +40,9 @@ BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 128, 64, 8
 NUM_WARPS, NUM_STAGES = 8, 3
 # How the tiles are loaded: "ptr" (masked pointer loads, any GPU) or "tma" (Hopper's tensor memory
 # accelerator through host-built tensor descriptors: the same tiles, the same K order, the same dot, so the
-# same bits; out-of-range rows / K read as zeros, as the masks do). BATON_WIDE_GEMM; "tma" applies only on
-# sm_90+ with 16-byte aligned rows, anything else takes "ptr".
+# same bits; out-of-range rows / K read as zeros, as the masks do), or "tma_persistent" (the same with one
+# program per SM walking the tiles). BATON_WIDE_GEMM; the TMA kinds apply only on sm_90+ with 16-byte
+# aligned rows, anything else takes "ptr".
 KERNEL = os.environ.get("BATON_WIDE_GEMM", "ptr")
 
 
@@ -117,6 +118,35 @@ def _gemm_tma_kernel(
     y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
 
 
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_persistent_kernel(
+    x_desc,
+    w_desc,
+    y_desc,
+    M,
+    N,
+    K,
+    PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """_gemm_tma_kernel's tiles with one program per SM walking them (tiles pid, pid + PROGRAMS, ...): each
+    tile computed as there, so the same bits; the loop lets a tile's loads overlap the previous one's store."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for t in tl.range(tl.program_id(0), tiles, PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = x_desc.load([pid_m * BLOCK_M, k])
+            b = w_desc.load([pid_n * BLOCK_N, k])
+            acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+
+
+_SMS: dict = {}  # device index -> its SM count (the persistent kernel's programs)
 _SM90: dict = {}  # device index -> whether it has TMA (sm_90+)
 
 
@@ -137,6 +167,16 @@ def _tma_ok(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in ts)
 
 
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count (4 on CPU: Triton's interpreter, where it only sets how the tiles are walked)."""
+    if device.type != "cuda":
+        return 4
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SMS[i]
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N] in x's dtype. Row invariant: row t of the result depends only
     on row t of x (one tile configuration and K order for every M, no split-K)."""
@@ -153,11 +193,15 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
     tiles = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, num_warps=NUM_WARPS)
     tiles.update(num_stages=NUM_STAGES, PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # fp32: no TF32
-    if KERNEL == "tma" and _tma_ok(x2, w, y):
+    if KERNEL in ("tma", "tma_persistent") and _tma_ok(x2, w, y):
         xd = TensorDescriptor.from_tensor(x2, [BLOCK_M, BLOCK_K])
         wd = TensorDescriptor.from_tensor(w, [BLOCK_N, BLOCK_K])
         yd = TensorDescriptor.from_tensor(y, [BLOCK_M, BLOCK_N])
-        _gemm_tma_kernel[grid](xd, wd, yd, M, N, K, **tiles)
+        if KERNEL == "tma":
+            _gemm_tma_kernel[grid](xd, wd, yd, M, N, K, **tiles)
+        else:
+            sms = _sm_count(x.device)
+            _gemm_tma_persistent_kernel[(min(sms, grid[0]),)](xd, wd, yd, M, N, K, PROGRAMS=sms, **tiles)
     else:
         _gemm_kernel[grid](x2, w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0), **tiles)
     return y.view(*lead, N)

@@ -40,7 +40,7 @@ def test_wide_gemm_rows_do_not_depend_on_m():
 
 @cuda
 def test_wide_gemm_tma_loads_give_the_pointer_kernels_bits(monkeypatch):
-    """KERNEL "tma" (the tiles through tensor descriptors) against "ptr": bitwise the same rows, in calls
+    """KERNEL "tma" / "tma_persistent" (the tiles through tensor descriptors) against "ptr": bitwise the same rows, in calls
     of any M, at the model's projection shapes (what lets BATON_WIDE_GEMM change without any state moving)."""
     from baton.kernels import wide
 
@@ -52,10 +52,11 @@ def test_wide_gemm_tma_loads_give_the_pointer_kernels_bits(monkeypatch):
         x = torch.randn(2048, K, device="cuda", generator=g).to(torch.bfloat16)
         monkeypatch.setattr(wide, "KERNEL", "ptr")
         ref = wide.linear(x, w)
-        monkeypatch.setattr(wide, "KERNEL", "tma")
         assert wide._tma_ok(x, w, ref)
-        for lo, hi in ((0, 2048), (0, 1), (5, 42), (100, 612), (1000, 2048)):
-            assert torch.equal(wide.linear(x[lo:hi], w), ref[lo:hi]), (N, K, lo, hi)
+        for kind in ("tma", "tma_persistent"):
+            monkeypatch.setattr(wide, "KERNEL", kind)
+            for lo, hi in ((0, 2048), (0, 1), (5, 42), (100, 612), (1000, 2048)):
+                assert torch.equal(wide.linear(x[lo:hi], w), ref[lo:hi]), (kind, N, K, lo, hi)
 
 
 @pytest.fixture(scope="module")
