@@ -532,7 +532,7 @@ import json, sys
 
 rows = json.load(open(sys.argv[1]))["rows"]
 for m in sorted({r["M"] for r in rows}):
-    at = sorted((r for r in rows if r["M"] == m), key=lambda r: r["ms"])
+    at = sorted((r for r in rows if r["M"] == m and "ms" in r), key=lambda r: r["ms"])
     print(f"M {m}: cuBLAS {at[0]['cublas_ms']} ms; " + ", ".join(
         f"{r['config']} {r['ms']} ({r['of_cublas']}, bitwise {r['bitwise_as_first_config']})" for r in at))
 EOF

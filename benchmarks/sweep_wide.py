@@ -78,7 +78,13 @@ def main(argv=None) -> dict:
         first = None
         for cfg in configs:
             wide.KERNEL, wide.BLOCK_M, wide.BLOCK_N, wide.BLOCK_K, wide.NUM_WARPS, wide.NUM_STAGES = cfg
-            outs = [wide.linear(xs[K], ws[(N, K)]) for N, K in SHAPES]
+            name = "{}_BM{}_BN{}_BK{}_w{}_s{}".format(*cfg)
+            try:
+                outs = [wide.linear(xs[K], ws[(N, K)]) for N, K in SHAPES]
+            except Exception as e:  # noqa: BLE001 - e.g. a tile that needs more shared memory than the SM has
+                rows.append({"M": M, "config": name, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+                print(rows[-1], flush=True)
+                continue
             same = None if first is None else all(torch.equal(o, f) for o, f in zip(outs, first))
             first = first or outs
             ms = sum(timed(lambda N=N, K=K: wide.linear(xs[K], ws[(N, K)])) for N, K in SHAPES)
@@ -86,7 +92,7 @@ def main(argv=None) -> dict:
             rows.append(
                 {
                     "M": M,
-                    "config": "{}_BM{}_BN{}_BK{}_w{}_s{}".format(*cfg),
+                    "config": name,
                     "ms": round(ms, 3),
                     "cublas_ms": round(cublas, 3),
                     "of_cublas": round(cublas / ms, 3),
