@@ -521,13 +521,16 @@ case $stage in
     tail -3 "$out/sweep-rows.log"
     ;;
   wide-tma)  # the prefill GEMM's loads (baton/kernels/wide.py KERNEL, BATON_WIDE_GEMM): sweep_wide over pointer and
-    # TMA loads x tiles (each config's rows bitwise against the default's), the wide GEMM's GPU tests (the TMA
-    # loads' bits), then profile_prefill with each (a pass's wall and kernel time); WIDE_BURST=1 adds
+    # TMA loads x tiles (each config's rows bitwise against the default's; WIDE_SWEEP=0 skips), the wide GEMM's
+    # GPU tests (WIDE_TESTS: a -k expression; "not nothing" runs the whole file), then profile_prefill with
+    # each of WIDE_KINDS (default "ptr auto": a pass's wall and kernel time); WIDE_BURST=1 adds
     # bench_ttft_burst at 8 and 32 with each
-    python benchmarks/sweep_wide.py --ms "${SWEEP_MS:-128,512,2048,4096,8192}" --out "$out/sweep-wide.json" \
-      >"$out/sweep-wide.log" 2>&1
-    echo "sweep-wide: rc=$?"
-    python - "$out/sweep-wide.json" <<'EOF' | tee "$out/sweep-wide-summary.txt"
+    if [ "${WIDE_SWEEP:-1}" = 1 ]; then
+      python benchmarks/sweep_wide.py --ms "${SWEEP_MS:-128,512,2048,4096,8192}" --out "$out/sweep-wide.json" \
+        >"$out/sweep-wide.log" 2>&1
+      echo "sweep-wide: rc=$?"
+    fi
+    [ -f "$out/sweep-wide.json" ] && python - "$out/sweep-wide.json" <<'EOF' | tee "$out/sweep-wide-summary.txt"
 import json, sys
 
 rows = json.load(open(sys.argv[1]))["rows"]
@@ -536,9 +539,10 @@ for m in sorted({r["M"] for r in rows}):
     print(f"M {m}: cuBLAS {at[0]['cublas_ms']} ms; " + ", ".join(
         f"{r['config']} {r['ms']} ({r['of_cublas']}, bitwise {r['bitwise_as_first_config']})" for r in at))
 EOF
-    python -m pytest -o addopts="" -m gpu -q -rfE -k wide_gemm tests/engine/test_gpu_prefill.py >"$out/wide-tests.log" 2>&1
-    echo "test_gpu_prefill.py -k wide_gemm: rc=$? $(tail -1 "$out/wide-tests.log")"
-    for k in ptr tma; do
+    python -m pytest -o addopts="" -m gpu -q -rfE -k "${WIDE_TESTS:-wide_gemm}" tests/engine/test_gpu_prefill.py \
+      >"$out/wide-tests.log" 2>&1
+    echo "test_gpu_prefill.py -k ${WIDE_TESTS:-wide_gemm}: rc=$? $(tail -1 "$out/wide-tests.log")"
+    for k in ${WIDE_KINDS:-ptr auto}; do
       BATON_WIDE_GEMM=$k python benchmarks/profile_prefill.py --lengths 512,4096 --batches 1,8,16 --reps 5 \
         --out "$out/profile-prefill-$k.json" >"$out/profile-prefill-$k.log" 2>&1
       echo "profile_prefill $k: rc=$?"
@@ -556,7 +560,7 @@ for b in d.get("batched", []):
 EOF
     done
     if [ "${WIDE_BURST:-0}" = 1 ]; then
-      for k in ptr tma; do
+      for k in ${WIDE_KINDS:-ptr auto}; do
         BATON_WIDE_GEMM=$k python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 \
           --bursts 8,32 --no-plain --out "$out/ttft-burst-$k.json" >"$out/ttft-burst-$k.log" 2>&1
         echo "burst $k: rc=$?"

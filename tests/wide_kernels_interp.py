@@ -38,7 +38,16 @@ inv &= bool(torch.equal(wide.linear(x, w), full))
 for lo, hi in ((0, 1), (100, 231)):
     inv &= bool(torch.equal(wide.linear(x[lo:hi], w), full[lo:hi]))
 out["linear_tma_equal"] = inv
+# "auto" (the default): the tile and loads by M (wide.TILES) across its bounds, the same bits as one config
 wide.KERNEL = "ptr"
+xl = torch.randn(1100, K)
+one = wide.linear(xl, w)
+wide.KERNEL = "auto"
+assert wide._config(100)[0] == "ptr" and wide._config(1100)[0] == "tma_persistent"
+inv = bool(torch.equal(wide.linear(xl, w), one))
+for lo, hi in ((0, 100), (50, 600), (3, 1100)):
+    inv &= bool(torch.equal(wide.linear(xl[lo:hi], w), one[lo:hi]))
+out["linear_auto_equal"] = inv
 
 h = torch.randn(37, 96)
 nw = torch.randn(96) * 0.1

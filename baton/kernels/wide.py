@@ -3,11 +3,12 @@ prompts, and a prompt's state must not depend on which other prompts shared its 
 
 cuBLAS picks its GEMM kernel (tile, split-K, stream-K) by M, and torch's reductions pick their thread
 layout by the number of rows, so a row's arithmetic may change with the pass's total row count. These
-kernels have one configuration for every M, so row t is computed by the same instructions from row t's
-inputs whatever the other rows are:
+kernels sum every output in one order for every M (the GEMM's K in steps of 64 whatever its tile), so row t
+is computed by the same arithmetic from row t's inputs whatever the other rows are:
 
-    linear(x [M, K], w [N, K])          x @ w.T, fp32 accumulate in K order, one tile shape, no split-K
-                                        (KERNEL: the tiles through pointer loads or Hopper's TMA, same bits)
+    linear(x [M, K], w [N, K])          x @ w.T, fp32 accumulate in K order (BLOCK_K 64 for every M), no
+                                        split-K; tile shape and loads (pointer / Hopper's TMA) by M, TILES:
+                                        the same bits whichever runs
     rmsnorm(x [M, N], w, eps, centred)  y = x / rms(x) * (1 + w)  (centred)  or  * w
     gated_rmsnorm(x, gate, w, eps)      (w * norm(x).to(dt) * silu(gate)).to(dt)  (the GDN output norm)
     l2norm(x, eps)                      x * rsqrt(sum(x^2) + eps) over the last dim (GDN q / k before fla:
@@ -33,17 +34,34 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover - an older Triton: the pointer loads only
     TensorDescriptor = None
 
-# One configuration for every M (the point of this module); K in steps of 64.
-# 128 x 128 x 64 with 8 warps: the best of benchmarks/sweep_wide.py's configurations from M = 128 to 4096
-# on the H200 (0.57-0.72 of cuBLAS; every configuration swept gave bitwise the same rows, BLOCK_K fixed).
+# K in steps of 64 always: a row's sums are the same whatever the tile shape and loads (below). The default
+# tile: 128 x 128 x 64 with 8 warps, the best of benchmarks/sweep_wide.py's pointer-load configurations from M =
+# 128 to 4096 on the H200 (0.57-0.72 of cuBLAS).
 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 128, 128, 64, 8
 NUM_WARPS, NUM_STAGES = 8, 3
-# How the tiles are loaded: "ptr" (masked pointer loads, any GPU) or "tma" (Hopper's tensor memory
-# accelerator through host-built tensor descriptors: the same tiles, the same K order, the same dot, so the
-# same bits; out-of-range rows / K read as zeros, as the masks do), or "tma_persistent" (the same with one
-# program per SM walking the tiles). BATON_WIDE_GEMM; the TMA kinds apply only on sm_90+ with 16-byte
-# aligned rows, anything else takes "ptr".
-KERNEL = os.environ.get("BATON_WIDE_GEMM", "ptr")
+# How the tiles are loaded: "ptr" (masked pointer loads, any GPU), "tma" (Hopper's tensor memory accelerator
+# through host-built tensor descriptors: the same tiles, the same K order, the same dot, so the same bits;
+# out-of-range rows / K read as zeros, as the masks do), "tma_persistent" (the same with one program per SM
+# walking the tiles), or "auto": TILES by M. BATON_WIDE_GEMM; the TMA kinds apply only on sm_90+ with
+# 16-byte aligned rows, anything else takes "ptr" with the default tile.
+KERNEL = os.environ.get("BATON_WIDE_GEMM", "auto")
+# "auto": (largest M, loads, BLOCK_M, BLOCK_N, warps, stages), the first row whose M bound holds. Every
+# configuration swept gave bitwise the default's rows (BLOCK_K 64), so choosing by M changes no row: a row
+# is the same inside a pass of any size. benchmarks/results/gpu-h100-2026-12-06-wide-tma.md, H100, one
+# layer's projections of the 9B against cuBLAS: M 128 0.79x (the default tile 0.63x), 512 0.69x, 2048 0.94x
+# (0.69x), 4096 0.90x (0.64x), 8192 1.02x (0.72x).
+TILES = (
+    (128, "ptr", 64, 128, 4, 4),
+    (1024, "ptr", 128, 128, 8, 3),
+    (None, "tma_persistent", 128, 256, 8, 3),
+)
+
+
+def _config(M: int) -> tuple[str, int, int, int, int]:
+    """-> (loads, BLOCK_M, BLOCK_N, warps, stages) for a call of M rows."""
+    if KERNEL != "auto":
+        return KERNEL, BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
+    return next(t[1:] for t in TILES if t[0] is None or M <= t[0])
 
 
 @triton.jit
@@ -190,14 +208,17 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not M:
         return y.view(*lead, N)
-    grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)
-    tiles = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, num_warps=NUM_WARPS)
-    tiles.update(num_stages=NUM_STAGES, PRECISION="ieee" if x.dtype == torch.float32 else "tf32")  # fp32: no TF32
-    if KERNEL in ("tma", "tma_persistent") and _tma_ok(x2, w, y):
-        xd = TensorDescriptor.from_tensor(x2, [BLOCK_M, BLOCK_K])
-        wd = TensorDescriptor.from_tensor(w, [BLOCK_N, BLOCK_K])
-        yd = TensorDescriptor.from_tensor(y, [BLOCK_M, BLOCK_N])
-        if KERNEL == "tma":
+    loads, bm, bn, warps, stages = _config(M)
+    if loads != "ptr" and not _tma_ok(x2, w, y):
+        loads, bm, bn, warps, stages = "ptr", BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    tiles = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, num_warps=warps, num_stages=stages)
+    tiles["PRECISION"] = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32: no TF32 rounding
+    if loads != "ptr":
+        xd = TensorDescriptor.from_tensor(x2, [bm, BLOCK_K])
+        wd = TensorDescriptor.from_tensor(w, [bn, BLOCK_K])
+        yd = TensorDescriptor.from_tensor(y, [bm, bn])
+        if loads == "tma":
             _gemm_tma_kernel[grid](xd, wd, yd, M, N, K, **tiles)
         else:
             sms = _sm_count(x.device)
