@@ -96,6 +96,12 @@
 # at cd31a99 on one H100: the slot copies, copy_rows, the replay graphs, the early reads pass. No machine could be
 # started again that session. Owed, in order: prefetch-ab (the Draft sent ahead of a round's tokens, 2833ba5),
 # SLOT_SERVE=1 slot-copies, VERDICT_AB=0 spec-merged, SDPA_SERVE=1 prefill-sdpa, then the rest owed above.
+# Stop 49 (benchmarks/results/gpu-h100-2026-12-06-wide-tma.md), one H100 at cacce0a: wide-tma (the TMA loads bitwise
+# the pointer kernel's), prefetch-ab (1.12x at 8, 1.11x at 32), spec-merged VERDICT_AB=0 (4.58x at 8, 1.03x bf16 at
+# 32), SLOT_SERVE=1 slot-copies (1.08x at 8, 1.04x at 32; 3 passed), sweep_wide (tma_persistent 128 x 256: 0.90-1.02x
+# cuBLAS from 2,048 rows); another H100 at 0258cca: wide-tma with the table (test_gpu_prefill.py 7 passed; 16 x 512
+# 320 -> 256 ms). Owed, in order: WIDE_BURST=1 wide-tma and spec-merged at 0258cca or later (the table's TTFT and
+# exact mode at 8), serve-steady, burst, SDPA_SERVE=1 prefill-sdpa, spec-merged on an H200, then the rest above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:

@@ -49,7 +49,7 @@ KERNEL = os.environ.get("BATON_WIDE_GEMM", "auto")
 # configuration swept gave bitwise the default's rows (BLOCK_K 64), so choosing by M changes no row: a row
 # is the same inside a pass of any size. benchmarks/results/gpu-h100-2026-12-06-wide-tma.md, H100, one
 # layer's projections of the 9B against cuBLAS: M 128 0.79x (the default tile 0.63x), 512 0.69x, 2048 0.94x
-# (0.69x), 4096 0.90x (0.64x), 8192 1.02x (0.72x).
+# (0.69x), 4096 0.90x (0.64x), 8192 1.02x (0.67x).
 TILES = (
     (128, "ptr", 64, 128, 4, 4),
     (1024, "ptr", 128, 128, 8, 3),
