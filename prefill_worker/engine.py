@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from baton import op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
-from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, shared_firsts
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
@@ -285,7 +285,12 @@ class ExactEngine:
             give_way = lambda _: self.verifies.give_way()  # noqa: E731
             for i, tok in zip(ok, run_pass(self.runner, [items[i] for i in ok], give_way)):
                 out[i] = tok
-            rec = (len(ok), sum(len(items[i].ids) for i in ok), time.perf_counter() - t0)
+            shared = shared_firsts([items[i] for i in ok])  # computed once: the tokens counted are the computed
+            rec = (
+                len(ok),
+                sum(len(items[i].ids) for k, i in enumerate(ok) if k not in shared),
+                time.perf_counter() - t0,
+            )
             self.passes.append(rec)
             self.pass_totals = [a + b for a, b in zip(self.pass_totals, (1, *rec))]
         return out

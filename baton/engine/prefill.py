@@ -10,7 +10,7 @@ flight, so its state is a function of the prompt alone: the same pieces run alon
 `baton complete`) or inside any pass (the prefill worker's gathered passes). A pass computes its pieces
 as `StepContext.segments` (baton/models/context.py): per-row ops on all rows through row-invariant
 kernels, each piece's mixers on its own rows; so a piece's state writes and its first token are bitwise
-what the piece computes alone.
+what the piece computes alone. Equal prompts in one pass are computed once (shared_firsts): the same bits.
 
 Lifecycle of a piece: its slot's KV pages are reserved up to start + n; a first piece (start 0) resets the
 slot's GDN state; the pass writes the piece's KV and GDN state; a `last` piece also picks the slot's next
@@ -107,13 +107,46 @@ def _context(ps: list[Piece], **kw) -> StepContext:
     )
 
 
+def shared_firsts(ps: list[Piece]) -> dict[int, int]:
+    """-> {i: j}: piece i is a first piece (start 0) with the ids of the earlier first piece j. A prompt's
+    state is a function of its ids alone (module doc), so run_pass computes j and copies its state into
+    i's slot: the same bits as computing i (an `n` > 1 request's choices, best-of-n, equal prompts sent
+    together). Each slot still picks its own token (its sampling parameters, seed and penalties) from the
+    shared last row, and gets its own MTP pairs (they end with its own token)."""
+    first: dict[tuple, int] = {}
+    out = {}
+    for i, p in enumerate(ps):
+        if p.start == 0:
+            j = first.setdefault(tuple(p.ids), i)
+            if j != i:
+                out[i] = j
+    return out
+
+
+def _copy_prompt_state(st, src: int, dst: int, n: int) -> None:
+    """The main model's state of slot src after its first piece of n tokens -> slot dst (pages reserved):
+    every GDN layer's conv and recurrent state and every attention layer's KV rows [0, n). The MTP KV,
+    hidden, position and next token are the caller's (they depend on dst's own pick)."""
+    from baton.engine.pages import PagedRows
+
+    own, shared = st.pages.owned(dst), {}
+    for i in range(st.cfg.num_hidden_layers):
+        if i in st.conv:
+            st.conv[i][dst].copy_(st.conv[i][src])
+            st.recurrent[i][dst].copy_(st.recurrent[i][src])
+        else:
+            for pool in (st.key[i], st.value[i]):
+                PagedRows(pool, own, n, shared).copy_(st.slot_rows(pool, src, n))
+
+
 @torch.inference_mode()
 def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
     """Computes every piece in one pass (slots distinct) -> each last piece's token, None for the others.
     Checks every piece's window and reserves its pages before any state changes (a refused pass changes
     nothing: WindowError / ValueError / PagesExhausted). between_layers(i): called once layer i's state
     writes are enqueued (the worker's compute lock may be given way there: Gather.give_way; work on other
-    slots may run in between, never on these)."""
+    slots may run in between, never on these). First pieces with equal ids are computed once
+    (shared_firsts): the others' states are copied after the pass, and their on_layer marks come then."""
     if not ps:
         return []
     if len({p.slot for p in ps}) != len(ps):
@@ -128,15 +161,29 @@ def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
     for p in ps:
         if p.start == 0:
             st.reset(p.slot)
+    dup = shared_firsts(ps)
+    run = [p for i, p in enumerate(ps) if i not in dup]  # the pieces computed
     # no host sync until the picks: every index is a PassIndex upload (baton/transfer.py)
-    x = upload([t for p in ps for t in p.ids], torch.long, dev)
-    ctx = _context(ps, on_layer=_marks(ps, between_layers))
+    x = upload([t for p in run for t in p.ids], torch.long, dev)
+    ctx = _context(run, on_layer=_marks(run, between_layers))
     index = ctx.pass_index(dev)
     # every piece's tokens at their positions, before its pick (penalties)
     runner.sampling.history.record(index.row_slot, index.pos, x)
     with wide_prefill(dev):
         h = runner.model(x, st, ctx)  # [T, hidden]
-    rows = h.split([len(p.ids) for p in ps])  # each piece's hidden rows
+    computed = dict(zip((i for i in range(len(ps)) if i not in dup), h.split([len(p.ids) for p in run])))
+    rows = [computed[dup.get(i, i)] for i in range(len(ps))]  # each piece's hidden rows
+    if dup:
+        copies = [ps[i] for i in dup]
+        dix = _context(copies).pass_index(dev)
+        runner.sampling.history.record(
+            dix.row_slot, dix.pos, upload([t for p in copies for t in p.ids], torch.long, dev)
+        )
+        for i, j in dup.items():
+            _copy_prompt_state(st, ps[j].slot, ps[i].slot, len(ps[i].ids))
+            if ps[i].on_layer is not None and ps[i].last:  # its layers are final only now
+                for layer in range(runner.cfg.num_hidden_layers):
+                    ps[i].on_layer(layer)
     for p, r in zip(ps, rows):
         if p.prompt_logprobs >= 0:
             p.logprobs = prompt_logprobs_of(runner, p, r)
