@@ -21,7 +21,6 @@ Lifecycle:
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -228,16 +227,19 @@ def _worker_specs(args) -> list[WorkerSpec]:
 
 
 def run(args) -> int:
+    from baton.logs import setup_logging
     from baton.settings import Settings
 
     err = _check(args)
     if err:
         print(f"baton serve: {err}", file=sys.stderr)
         return 2
-    settings = Settings.from_env()
-    logging.basicConfig(
-        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        settings = Settings.from_env()
+    except ValueError as e:  # SettingsError: names the variable
+        print(f"baton serve: {e}", file=sys.stderr)
+        return 2
+    setup_logging(settings)
     host = args.host or settings.host
     progress = Progress()
     specs = _worker_specs(args)

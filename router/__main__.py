@@ -24,6 +24,7 @@ from baton import stack_sampler
 from baton.engine.draft_length import POLICIES
 from baton.heap import freeze_startup_heap
 from baton.lifeline import die_with_parent
+from baton.logs import setup_logging
 from baton.rpc import ServerHandle, build_server
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"router: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings)
     config = RouterConfig(
         max_inflight=args.max_inflight,
         max_new_tokens_limit=args.max_new_tokens_limit,

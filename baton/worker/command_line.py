@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, PAGE
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
@@ -99,9 +98,6 @@ def options_from_args(a: argparse.Namespace) -> WorkerOptions:
 
 
 def setup_logging(settings: Settings) -> None:
-    fmt = (
-        '{"t": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "msg": "%(message)s"}'
-        if settings.log_json
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.basicConfig(level=settings.log_level, format=fmt, stream=sys.stderr)
+    from baton.logs import setup_logging as setup
+
+    setup(settings)
