@@ -12,7 +12,8 @@ Lifecycle:
                  HTTP API on (--http-port, default 8000; 0 = off), `baton: http on http://HOST:PORT`
     --ask TEXT   then one request through the router, as a client sends it (gRPC, the token): its
                  answer is one more stdout line, `baton: answer {json}`; serving goes on
-    SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s;
+    SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s (then
+                 UNAVAILABLE "router: shutting down", router/drain.py);
                  then workers stop (actors stopped and killed / processes SIGTERM, then SIGKILL,
                  reaped); the Ray instance this command started is shut down and its temp dir
                  removed. Exit 0, within ~10 s. A signal during start-up aborts the start-up and

@@ -126,13 +126,22 @@ def _model_dir(model_dir) -> Path:
 
 
 def stop_router(handle: ServerHandle, servicer: RouterServicer, grace: float = 5.0) -> None:
-    """NOT_SERVING, refuse new calls, give in-flight ones `grace` s, then stop polling and /metrics."""
+    """NOT_SERVING, refuse new calls (both doors), give in-flight requests `grace` s, then end the rest
+    UNAVAILABLE "router: shutting down" (router/drain.py: gRPC status, HTTP 503 or an error chunk), then stop
+    polling and /metrics. Takes about `grace` s at most, whichever doors are open."""
     http = getattr(servicer, "http", None)
     if http is not None:
         http.begin_stop()  # no new HTTP connections; its requests in flight drain with the gRPC ones
-    handle.stop(grace)
+    handle.health.enter_graceful_shutdown()
+    stopped = handle.server.stop(grace + 1.0)  # new RPCs refused now; its own cut (a backstop) after grace + 1
+    cut = servicer.drain.stop(grace)
+    if cut:
+        logging.getLogger("baton.router").warning(
+            "shutdown: %d request(s) still running after %.1fs: ended", cut, grace
+        )
+    stopped.wait()
     if http is not None:
-        http.stop(grace)
+        http.stop(1.0)  # its Generate calls have ended: what is left is their last bytes
     servicer.registry.stop()
     servicer.metrics.stop()
 

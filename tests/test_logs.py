@@ -2,7 +2,8 @@
 
 A real `python -m router` subprocess in front of fake workers on loopback (tests/fakes.py): with
 BATON_LOG_JSON=1 every stderr line, the per-request line included, is one JSON object; a bad
-BATON_LOG_LEVEL is one line naming the variable and exit 2 from every entry point, no traceback."""
+BATON_LOG_LEVEL is one line naming the variable and exit 2 from every entry point, no traceback; a failed
+request's line carries its error message."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from fakes import decode_worker, prefill_worker
 
@@ -89,6 +91,8 @@ def test_router_process_json_logs_parse_line_by_line():
             while c.health() != "SERVING" and time.monotonic() < deadline:
                 time.sleep(0.05)
             got = list(c.generate([5, 6, 7], max_new_tokens=4, request_id="req-\"json\"", timeout=10))
+            with pytest.raises(grpc.RpcError):
+                list(c.generate([5], max_new_tokens=0, request_id="bad", timeout=10))
         assert sum(len(d.token_ids) for d in got) == 4
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
@@ -101,6 +105,9 @@ def test_router_process_json_logs_parse_line_by_line():
     assert proc.returncode == 0, err
     records = [json.loads(line) for line in err.splitlines() if line.strip()]  # every line is JSON
     requests = [r for r in records if r["msg"].startswith("request ")]
-    assert len(requests) == 1, err
-    rec = json.loads(requests[0]["msg"].removeprefix("request "))
-    assert rec["request_id"] == 'req-"json"' and rec["status"] == "OK" and rec["tokens"] == 4
+    assert len(requests) == 2, err
+    ok, bad = (json.loads(r["msg"].removeprefix("request ")) for r in requests)
+    assert ok["request_id"] == 'req-"json"' and ok["status"] == "OK" and ok["tokens"] == 4 and "error" not in ok
+    # a failed request's line says why (the message its client got), at INFO: the client's mistake
+    assert bad["status"] == "INVALID_ARGUMENT" and bad["error"].startswith("max_new_tokens: ")
+    assert requests[1]["level"] == "INFO"
