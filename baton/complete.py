@@ -67,8 +67,12 @@ def run(args) -> int:
     from baton.loading import resolve_model_dir
     from baton.tokenizer import Tokenizer
 
-    model_dir = resolve_model_dir(args.model)
-    tok = Tokenizer.from_dir(model_dir)
+    try:  # a missing directory or tokenizer.json: one line, not a traceback
+        model_dir = resolve_model_dir(args.model)
+        tok = Tokenizer.from_dir(model_dir)
+    except (OSError, ValueError) as e:
+        print(f"baton complete: {e}", file=sys.stderr)
+        return 2
     if args.prompt_ids is not None:
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
@@ -96,7 +100,7 @@ def run(args) -> int:
             ignore_eos=args.ignore_eos,
             sampling=sampling,
         )
-    except ValueError as e:
+    except (OSError, ValueError) as e:  # the checkpoint (missing weights, a config it cannot serve), --device
         print(f"baton complete: {e}", file=sys.stderr)
         return 2
     from router.stops import TextStream

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, PAGE
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
@@ -66,20 +67,26 @@ def model_from_args(a: argparse.Namespace, opts: "WorkerOptions", role: str):
     return random_init(a.random_init, seed=a.seed, dtype=opts.resolved_dtype, device=opts.device)
 
 
+def _usage(message: str):
+    """A bad option: its message on stderr and exit 2, as argparse's own errors."""
+    print(message, file=sys.stderr)
+    return SystemExit(2)
+
+
 def options_from_args(a: argparse.Namespace) -> WorkerOptions:
     if a.random_init and a.model:
-        raise SystemExit("give --model or --random-init, not both")
+        raise _usage("give --model or --random-init, not both")
     for name in ("width", "max_len", "slots"):
         if getattr(a, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
+            raise _usage(f"--{name.replace('_', '-')}: must be >= 1")
     try:
         device = pin_device(a.device)  # cuda:N -> this process sees only GPU N (baton/gpus.py)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise _usage(str(e)) from None
     if a.kv_pages is not None and a.kv_pages < 1:
-        raise SystemExit("--kv-pages: must be >= 1")
+        raise _usage("--kv-pages: must be >= 1")
     if not 0.0 < a.gpu_memory_fraction <= 1.0:
-        raise SystemExit("--gpu-memory-fraction: must be in (0, 1]")
+        raise _usage("--gpu-memory-fraction: must be in (0, 1]")
     return WorkerOptions(
         a.model,
         a.port,
