@@ -1,6 +1,8 @@
 """`baton serve`: the whole topology on one machine: N prefill + M decode workers and the router.
 
 Lifecycle:
+    check        options, model dir, token file; the router's --port / --http-port bindable (else one line,
+                 exit 2, before any worker loads)
     start        Ray (default): join RAY_ADDRESS, or start a private local instance (own temp dir,
                  no dashboard, no usage stats, Ray's token auth); N+M named actors via deploy/launch.py.
                  --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all),
@@ -242,6 +244,11 @@ def run(args) -> int:
         return 2
     setup_logging(settings)
     host = args.host or settings.host
+    from deploy.serve_args import ports_error
+
+    if err := ports_error(host, args.port, args.http_port):
+        print(f"baton serve: {err}", file=sys.stderr)
+        return 2
     progress = Progress()
     specs = _worker_specs(args)
     cleanups: list[Callable[[], None]] = []
