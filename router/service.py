@@ -85,6 +85,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._admit = threading.BoundedSemaphore(config.max_inflight)
         self.line = SlotLine(config.queue_s)  # new requests waiting for a session slot (router/slot_line.py)
         self.drain = Drain()  # the requests in flight, cut at shutdown (router/drain.py)
+        self.metrics.watch_line(self.line)
 
     # ---- GetModelInfo ----------------------------------------------------------------------------
     def GetModelInfo(self, request, context):
@@ -155,7 +156,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def _done(self, rec: dict, t0: float, status: grpc.StatusCode) -> None:
         rec.update(status=status.name, ms=round((time.monotonic() - t0) * 1e3, 2))
-        self.metrics.request_done(rec["mode"], status.name)
+        self.metrics.request_done(rec["mode"], status.name, rec["ms"] / 1e3)
         log.log(
             logging.WARNING if status in SERVER_FAULTS else logging.INFO, "request %s", json.dumps(rec, sort_keys=True)
         )
