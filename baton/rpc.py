@@ -23,6 +23,7 @@ token is configured) attaches the bearer metadata to every call, so stubs need n
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hmac
 from concurrent import futures
@@ -253,6 +254,17 @@ class ServerHandle:
         self.stop(0)
 
 
+def port_arg(text: str) -> int:
+    """argparse type of a port option: an int in 0..65535 (0: a free one, or off, as the option says)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535)")
+    return port
+
+
 def build_server(
     servicers: Sequence[tuple[AddFn, Any]],
     *,
@@ -277,6 +289,8 @@ def build_server(
     (the router's public port passes settings.max_request_bytes). Keepalive: settings.min_ping_interval_ms.
     Health starts NOT_SERVING unless serving=True. Raises OSError when the port cannot be bound.
     """
+    if not 0 <= port <= 65535:  # NOTE: grpc takes 99999 (as 34463) or -1 (as 65535) without a word
+        raise ValueError(f"port {port}: must be in 0..65535")
     settings = Settings.from_env() if settings is None else settings
     host = settings.host if host is None else host
     server = grpc.server(

@@ -25,7 +25,7 @@ from baton.engine.draft_length import POLICIES
 from baton.heap import freeze_startup_heap
 from baton.lifeline import die_with_parent
 from baton.logs import setup_logging
-from baton.rpc import ServerHandle, build_server
+from baton.rpc import ServerHandle, build_server, port_arg
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
 from router.config import DEFAULT_QUEUE_S
@@ -153,23 +153,33 @@ def _addrs(text: str | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     p = argparse.ArgumentParser(prog="python -m router", description="Baton router")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=port_arg, default=50051, help="gRPC port (default 50051; 0 = a free one, printed)")
     p.add_argument("--host", default=None, help="bind host (default BATON_HOST or 127.0.0.1)")
     p.add_argument("--prefill", default="", help="prefill worker addresses, comma-separated")
     p.add_argument("--decode", default="", help="decode worker addresses, comma-separated")
     p.add_argument("--model", default=None, help="model directory for the tokenizer/config (default: embedded)")
-    p.add_argument("--token-file", default=None)
-    p.add_argument("--tls-cert", default=None)
-    p.add_argument("--tls-key", default=None)
+    p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE]; none: no auth)")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate of the public port (default: BATON_TLS_CERT)")
+    p.add_argument("--tls-key", default=None, help="PEM key of --tls-cert (default: BATON_TLS_KEY)")
     p.add_argument(
         "--max-inflight",
         type=int,
         default=RouterConfig.max_inflight,
-        help="Generate calls in flight; past it RESOURCE_EXHAUSTED",
+        help=f"Generate calls in flight; past it RESOURCE_EXHAUSTED (default {RouterConfig.max_inflight})",
     )
-    p.add_argument("--max-new-tokens-limit", type=int, default=RouterConfig.max_new_tokens_limit)
-    p.add_argument("--default-draft-block", type=int, default=RouterConfig.default_draft_block)
-    p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W")
+    p.add_argument(
+        "--max-new-tokens-limit",
+        type=int,
+        default=RouterConfig.max_new_tokens_limit,
+        help="the largest max_new_tokens a request may ask (default %(default)s)",
+    )
+    p.add_argument(
+        "--default-draft-block",
+        type=int,
+        default=RouterConfig.default_draft_block,
+        help="exact mode's K for a request that sends none (default %(default)s)",
+    )
+    p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W (default %(default)s)")
     p.add_argument(
         "--draft-length",
         choices=POLICIES,
@@ -196,15 +206,22 @@ def main(argv: list[str] | None = None) -> int:
         default=RouterConfig.call_timeout_s,
         help="seconds a worker may take to answer one call (or send the next token) before it is treated as hung",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on --host (0 = off)")
+    p.add_argument(
+        "--metrics-port", type=port_arg, default=0, help="Prometheus /metrics port on --host, no token (0 = off)"
+    )
     p.add_argument(
         "--http-port",
-        type=int,
+        type=port_arg,
         default=0,
         help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)",
     )
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get at shutdown, then UNAVAILABLE (default %(default)s)",
+    )
     p.add_argument(
         "--max-request-bytes",
         type=int,
@@ -239,6 +256,16 @@ def main(argv: list[str] | None = None) -> int:
         draft_length=args.draft_length,
         max_adaptive_k=args.max_adaptive_k,
     )
+    for flag, bad in (
+        ("--max-inflight must be >= 1", config.max_inflight < 1),
+        ("--max-new-tokens-limit must be >= 1", config.max_new_tokens_limit < 1),
+        ("--width must be >= 3", config.width < 3),
+        ("--call-timeout must be > 0", not config.call_timeout_s > 0),
+        ("--queue-timeout must be >= 0", not config.queue_s >= 0),
+        ("--grace must be >= 0", not args.grace >= 0),
+    ):
+        if bad:
+            p.error(flag)
     if not 1 <= config.default_draft_block <= config.width - 2:
         p.error(f"--default-draft-block must be in 1..{config.width - 2}")
     if not 1 <= config.max_adaptive_k <= config.width - 2:

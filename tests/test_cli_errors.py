@@ -66,3 +66,36 @@ def test_cuda_on_a_machine_without_it_is_one_line():
 )
 def test_a_worker_refuses_a_bad_option_as_argparse_does(role, flag, value):
     one_line(run("-m", role, flag, value, "--port", "0", timeout=30), 2, flag)
+
+
+ROUTER = ("-m", "router", "--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2")
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        # grpc bound 99999 as 34463 and -1 as 65535 and served there; the HTTP and metrics ports raised OverflowError
+        ((*ROUTER, "--port", "99999"), "argument --port: '99999' is not a port (0..65535)"),
+        ((*ROUTER, "--port", "-1"), "argument --port: '-1' is not a port (0..65535)"),
+        ((*ROUTER, "--http-port", "70000"), "argument --http-port: '70000' is not a port (0..65535)"),
+        ((*ROUTER, "--metrics-port", "x"), "argument --metrics-port: 'x' is not a port (0..65535)"),
+        # accepted before, then every request refused or timed out
+        ((*ROUTER, "--max-inflight", "0"), "--max-inflight must be >= 1"),
+        ((*ROUTER, "--call-timeout", "0"), "--call-timeout must be > 0"),
+        ((*ROUTER, "--queue-timeout", "-1"), "--queue-timeout must be >= 0"),
+        ((*ROUTER, "--max-new-tokens-limit", "0"), "--max-new-tokens-limit must be >= 1"),
+        (("-m", "decode_worker", "--port", "99999"), "argument --port: '99999' is not a port (0..65535)"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_before_anything_starts(argv, says):
+    r = run(*argv, timeout=30)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(says) and r.stdout == "", r.stderr
+
+
+def test_build_server_refuses_a_port_grpc_would_wrap():
+    from baton.rpc import build_server
+
+    for port in (65536, -1):
+        with pytest.raises(ValueError, match=f"port {port}: must be in 0..65535"):
+            build_server([], service_names=[], port=port)

@@ -14,6 +14,7 @@ import sys
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, PAGE
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.gpus import pin_device
+from baton.rpc import port_arg
 from baton.settings import Settings
 from baton.worker.options import DEFAULT_GRACE_S, DEFAULT_SLOTS, DEFAULT_TTL_S, WorkerOptions
 
@@ -22,7 +23,7 @@ log = logging.getLogger("baton.worker")
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
-    p.add_argument("--port", type=int, default=0, help="port to bind (0 = pick a free one and print it)")
+    p.add_argument("--port", type=port_arg, default=0, help="port to bind (0 = pick a free one and print it)")
     p.add_argument("--host", default=None, help="bind host (default: BATON_HOST or 127.0.0.1)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
