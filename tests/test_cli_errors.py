@@ -62,6 +62,9 @@ def test_cuda_on_a_machine_without_it_is_one_line():
         ("prefill_worker", "--slots", "0"),
         ("decode_worker", "--kv-pages", "0"),
         ("decode_worker", "--gpu-memory-fraction", "2"),
+        ("prefill_worker", "--ttl", "0"),  # served, and reaped every session at once
+        ("decode_worker", "--max-len", "10"),  # served, and refused every request (16 rows reserved)
+        ("prefill_worker", "--width", "1"),
     ],
 )
 def test_a_worker_refuses_a_bad_option_as_argparse_does(role, flag, value):

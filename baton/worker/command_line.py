@@ -86,6 +86,14 @@ def options_from_args(a: argparse.Namespace) -> WorkerOptions:
         raise _usage(str(e)) from None
     if a.kv_pages is not None and a.kv_pages < 1:
         raise _usage("--kv-pages: must be >= 1")
+    if a.width < 3:  # K = W - 2 drafts at least one token
+        raise _usage("--width: must be >= 3")
+    if a.max_len <= a.width:  # W rows are reserved: a smaller window holds no prompt
+        raise _usage(f"--max-len: must be more than --width ({a.width})")
+    if not a.ttl > 0:  # 0 reaped every session as soon as it was made
+        raise _usage("--ttl: must be > 0")
+    if not a.grace >= 0:
+        raise _usage("--grace: must be >= 0")
     if not 0.0 < a.gpu_memory_fraction <= 1.0:
         raise _usage("--gpu-memory-fraction: must be in (0, 1]")
     return WorkerOptions(
