@@ -297,6 +297,32 @@ def run(args) -> int:
                 cleanups.append(lambda: launch.stop_actors(actors, grace=args.grace))
                 got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)
                 addresses = {n.removeprefix("baton-"): a for n, a in got.items()}
+            # NOTE: in the try: these imports take seconds (torch), and a signal then must still clean up
+            from baton.worker.options import DEFAULT_SLOTS
+            from deploy.router_launch import router_kwargs, serve_router
+            from router.config import DEFAULT_QUEUE_S
+
+            kw = router_kwargs(
+                host=host,
+                port=args.port,
+                namespace=namespace,
+                prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
+                decode=[a for n, a in addresses.items() if n.startswith("decode-")],
+                model_dir=args.model,
+                token_file=args.token_file,
+                http_port=args.http_port,
+                max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
+                draft_length=getattr(args, "draft_length", None),
+                queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
+            )
+            on_serving = None
+            if args.ask is not None:
+                token = Path(args.token_file).read_text().strip() if args.token_file else None
+
+                def on_serving(addr):
+                    from deploy.router_launch import ask
+
+                    return ask(addr, args.ask, args.ask_tokens, token=token, progress=progress)
         except KeyboardInterrupt:
             progress.say("interrupted while starting: stopping")
             cleanup()
@@ -308,32 +334,6 @@ def run(args) -> int:
         except BaseException:
             cleanup()
             raise
-
-        from baton.worker.options import DEFAULT_SLOTS
-        from deploy.router_launch import router_kwargs, serve_router
-        from router.config import DEFAULT_QUEUE_S
-
-        kw = router_kwargs(
-            host=host,
-            port=args.port,
-            namespace=namespace,
-            prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
-            decode=[a for n, a in addresses.items() if n.startswith("decode-")],
-            model_dir=args.model,
-            token_file=args.token_file,
-            http_port=args.http_port,
-            max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
-            draft_length=getattr(args, "draft_length", None),
-            queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
-        )
-        on_serving = None
-        if args.ask is not None:
-            token = Path(args.token_file).read_text().strip() if args.token_file else None
-
-            def on_serving(addr):
-                from deploy.router_launch import ask
-
-                return ask(addr, args.ask, args.ask_tokens, token=token, progress=progress)
 
         return serve_until_signalled(
             lambda: serve_router(**kw),
