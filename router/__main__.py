@@ -112,6 +112,21 @@ def serve_router(
         registry.stop()
         metrics.stop()
         raise
+    logging.getLogger("baton.router").info(  # what it chose, in one line (its workers: the registry's lines)
+        "router: model %s (vocab %d), max_inflight=%d queue_timeout=%gs call_timeout=%gs max_new_tokens_limit=%d "
+        "draft_length=%s auth=%s tls=%s metrics_port=%s http=%s",
+        meta.model_id,
+        meta.vocab_size,
+        config.max_inflight,
+        config.queue_s,
+        config.call_timeout_s,
+        config.max_new_tokens_limit,
+        config.draft_length,
+        "token" if settings.token else "off",
+        "on" if settings.tls_enabled else "off",
+        metrics_port or "off",
+        servicer.http.url if servicer.http is not None else "off",
+    )
     return handle, servicer
 
 

@@ -104,6 +104,9 @@ def test_router_process_json_logs_parse_line_by_line():
             w.stop()
     assert proc.returncode == 0, err
     records = [json.loads(line) for line in err.splitlines() if line.strip()]  # every line is JSON
+    chose = [r["msg"] for r in records if r["msg"].startswith("router: model ")]  # what it chose, at start
+    assert len(chose) == 1 and "max_inflight=64 queue_timeout=30s call_timeout=30s" in chose[0], err
+    assert "auth=off tls=off metrics_port=off http=off" in chose[0], chose
     requests = [r for r in records if r["msg"].startswith("request ")]
     assert len(requests) == 2, err
     ok, bad = (json.loads(r["msg"].removeprefix("request ")) for r in requests)
