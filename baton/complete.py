@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt", help="prompt text")
     g.add_argument("--prompt-ids", help="comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="default %(default)s")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="bf16 or fp32 (default: bf16 on cuda, fp32 on cpu, as the workers)")
     p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W of the exact engine")
     p.add_argument(
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_LEN,
         help="window; must equal the workers' --max-len for bitwise-identical output",
     )
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true", help="go on past the model's EOS tokens")
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text", "seed"}')
     from baton.client_cli import add_sampling_arguments
 

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="engines each decode worker offers, comma-separated (default: bf16,fp8,mtp, those the checkpoint "
         "supports); leaving out fp8 saves its FP8 weight copy (~9 GB for a 9B model) for KV pages",
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the workers run (default cpu)")
     p.add_argument(
         "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
     )

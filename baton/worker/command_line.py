@@ -27,9 +27,13 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="bind host (default: BATON_HOST or 127.0.0.1)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W")
-    p.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help="window: prompt + generated tokens")
-    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="concurrent sessions (static state slots)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W (default %(default)s)")
+    p.add_argument(
+        "--max-len", type=int, default=DEFAULT_MAX_LEN, help="window: prompt + generated tokens (default %(default)s)"
+    )
+    p.add_argument(
+        "--slots", type=int, default=DEFAULT_SLOTS, help="concurrent sessions (static state slots; default %(default)s)"
+    )
     p.add_argument(
         "--kv-pages",
         type=int,
@@ -44,9 +48,13 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         help="cuda: share of the free GPU memory at start-up the KV pages may take (default %(default)s; "
         "lower it when workers share a GPU)",
     )
-    p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped")
+    p.add_argument(
+        "--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped (default %(default)s)"
+    )
     p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE])")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown")
+    p.add_argument(
+        "--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown (default %(default)s)"
+    )
     p.add_argument(
         "--random-init",
         default=None,
