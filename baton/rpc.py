@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import hmac
+import logging
 from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +36,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton.rpc_guard import DecodeGuard
+from baton.rpc_guard import DecodeGuard, RateLimitedLog
 from baton.settings import Settings
 
 AUTH_HEADER = "authorization"
@@ -55,14 +56,16 @@ def call_metadata(token: str | None) -> tuple:
     return ((AUTH_HEADER, f"Bearer {token}"),) if token else ()
 
 
-def _deny(request_or_iterator, context: grpc.ServicerContext) -> NoReturn:
-    context.abort(grpc.StatusCode.UNAUTHENTICATED, AUTH_FAILED)
-
-
-def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming shape as `handler` that aborts with UNAUTHENTICATED.
+def _denying_handler(handler: grpc.RpcMethodHandler, method: str, why: str, log: RateLimitedLog):
+    """A handler of the same streaming shape as `handler` that aborts with UNAUTHENTICATED, after one
+    rate-limited warning line naming the method, the peer and `why` (no / a wrong token).
 
     NOTE: no request deserializer, so an unauthenticated request is never parsed."""
+
+    def _deny(request_or_iterator, context: grpc.ServicerContext) -> NoReturn:
+        log.warning("refused %s from %s: %s (UNAUTHENTICATED)", method, context.peer(), why)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, AUTH_FAILED)
+
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(_deny)
     if handler.request_streaming:
@@ -81,6 +84,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, token: str | None, *, protect_health: bool = False):
         self._expected = f"Bearer {token}".encode() if token else None
         self._protect_health = protect_health
+        self._log = RateLimitedLog(logging.getLogger("baton.rpc"))  # a client with a bad token cannot flood it
 
     def authorized(self, metadata: Iterable[tuple[str, Any]] | None) -> bool:
         if self._expected is None:
@@ -100,7 +104,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return handler
         if self.authorized(handler_call_details.invocation_metadata):
             return handler
-        return _denying_handler(handler)
+        sent = any(k.lower() == AUTH_HEADER for k, _ in handler_call_details.invocation_metadata or ())
+        why = "a bearer token that does not match" if sent else "no authorization header"
+        return _denying_handler(handler, handler_call_details.method, why, self._log)
 
 
 class _ClientCallDetails(
