@@ -135,3 +135,27 @@ def test_a_request_arriving_while_the_router_drains_is_refused_unavailable():
         c.client.close()
         for w in c.workers:
             w.stop()
+
+
+@pytest.mark.parametrize("mode, engine", [("fast", "mtp"), ("exact", "fp8"), ("exact", "mtp")])
+def test_a_stream_past_the_grace_ends_unavailable_in_every_mode_and_releases_its_sessions(mode, engine):
+    from fakes import Cluster
+
+    c = Cluster(n_prefill=1, n_decode=1)
+    try:
+        c.decode[0].servicer.delay = c.prefill[0].servicer.delay = 0.01
+        stream = c.client.generate([3, 4], max_new_tokens=800, ignore_eos=True, mode=mode, engine=engine, timeout=20)
+        next(stream)
+        t0 = time.monotonic()
+        stopper = threading.Thread(target=stop_router, args=(c.handle, c.servicer, 0.5))
+        stopper.start()
+        with pytest.raises(grpc.RpcError) as e:
+            list(stream)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and e.value.details() == SHUTTING_DOWN
+        assert 0.4 < time.monotonic() - t0 < 2.0
+        stopper.join(5)
+        assert not stopper.is_alive() and c.wait_sessions_zero()
+    finally:
+        c.client.close()
+        for w in c.workers:
+            w.stop()
