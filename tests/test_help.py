@@ -22,6 +22,7 @@ ENTRY_POINTS = [
     ("-m", "router"),
     ("-m", "prefill_worker"),
     ("-m", "decode_worker"),
+    ("deploy/launch.py",),
 ]
 
 
@@ -46,10 +47,10 @@ def test_bare_options_finds_an_option_without_help():
     assert bare_options(text) == ["--port PORT"]
 
 
-@pytest.mark.parametrize("argv", ENTRY_POINTS, ids=lambda a: " ".join(a[1:]))
+@pytest.mark.parametrize("argv", ENTRY_POINTS, ids=lambda a: " ".join(a[1:]) or a[0])
 def test_every_option_has_help(argv):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, *argv, "--help"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("usage: "), r.stderr
     assert bare_options(r.stdout) == []
