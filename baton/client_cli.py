@@ -33,11 +33,15 @@ def add_arguments_for(cmd: str, p: argparse.ArgumentParser) -> None:
     if cmd == "health":
         p.add_argument("--service", default="", help='health service name (default "": the whole server)')
         return
-    p.add_argument("--mode", choices=["fast", "exact"], default="fast")
-    p.add_argument("--engine", choices=["bf16", "fp8", "mtp"], default=None)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument(
+        "--mode", choices=["fast", "exact"], default="fast", help="exact: every token verified (default fast)"
+    )
+    p.add_argument(
+        "--engine", choices=["bf16", "fp8", "mtp"], default=None, help="decode engine (default: the worker's)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, help="default %(default)s")
     p.add_argument("--stop-token-ids", default="", help="comma-separated ids that end the completion")
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true", help="go on past the model's EOS tokens")
     p.add_argument("--draft-block", type=int, default=0, help="exact mode K (0 = the router's default)")
     p.add_argument("--prompt-ids", default=None, help="comma-separated prompt token ids instead of PROMPT")
     add_sampling_arguments(p)

@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt", help="prompt text")
     g.add_argument("--prompt-ids", help="comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="default %(default)s")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="bf16 or fp32 (default: bf16 on cuda, fp32 on cpu, as the workers)")
     p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W of the exact engine")
     p.add_argument(
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_LEN,
         help="window; must equal the workers' --max-len for bitwise-identical output",
     )
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true", help="go on past the model's EOS tokens")
     p.add_argument("--json", action="store_true", help='print {"prompt_ids", "token_ids", "text", "seed"}')
     from baton.client_cli import add_sampling_arguments
 
@@ -67,8 +67,12 @@ def run(args) -> int:
     from baton.loading import resolve_model_dir
     from baton.tokenizer import Tokenizer
 
-    model_dir = resolve_model_dir(args.model)
-    tok = Tokenizer.from_dir(model_dir)
+    try:  # a missing directory or tokenizer.json: one line, not a traceback
+        model_dir = resolve_model_dir(args.model)
+        tok = Tokenizer.from_dir(model_dir)
+    except (OSError, ValueError) as e:
+        print(f"baton complete: {e}", file=sys.stderr)
+        return 2
     if args.prompt_ids is not None:
         try:
             ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
@@ -96,7 +100,7 @@ def run(args) -> int:
             ignore_eos=args.ignore_eos,
             sampling=sampling,
         )
-    except ValueError as e:
+    except (OSError, ValueError) as e:  # the checkpoint (missing weights, a config it cannot serve), --device
         print(f"baton complete: {e}", file=sys.stderr)
         return 2
     from router.stops import TextStream

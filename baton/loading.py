@@ -81,11 +81,20 @@ def resolve_model_dir(model_dir: str | Path | None) -> Path:
     return d
 
 
+def check_device(device) -> None:
+    """ValueError naming the device when it is CUDA and torch has none (a CPU wheel, no driver, no GPU):
+    one line at start-up instead of torch's AssertionError from deep in the first .to(device)."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA device"
+        raise ValueError(f"--device {device}: CUDA is not available ({why}, torch {torch.__version__})")
+
+
 def load_model(model_dir: str | Path | None, *, dtype="bf16", device="cpu", mtp: bool | None = None) -> LoadedModel:
     from baton.checkpoint import checkpoint_tensor_table, load_into
     from baton.fingerprint import model_fingerprint
 
     t0 = time.perf_counter()
+    check_device(device)
     d = resolve_model_dir(model_dir)
     cfg = ModelConfig.from_hf(d)
     table = checkpoint_tensor_table(d)

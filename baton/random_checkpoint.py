@@ -288,13 +288,17 @@ def make_random_checkpoint(
 # ---- CLI -----------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", metavar="DIR", help="directory to write the checkpoint into")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0, help="weight seed (default %(default)s)")
+    p.add_argument(
+        "--layers", type=int, default=4, help="decoder layers, every 4th full attention (default %(default)s)"
+    )
+    p.add_argument("--hidden", type=int, default=64, help="hidden size (default %(default)s)")
+    p.add_argument("--vocab", type=int, default=512, help="vocabulary size (default %(default)s)")
     p.add_argument("--no-mtp", dest="mtp", action="store_false", help="do not write mtp.safetensors")
     p.add_argument("--tie", action="store_true", help="tie lm_head to the embeddings")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="stored dtype (default %(default)s)"
+    )
     p.add_argument("--shards", type=int, default=1, help="write N shards + model.safetensors.index.json")
     p.add_argument("--multimodal", action="store_true", help="qwen3_5 wrapper config, model.language_model.*")
 

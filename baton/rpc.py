@@ -23,8 +23,10 @@ token is configured) attaches the bearer metadata to every call, so stubs need n
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hmac
+import logging
 from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +36,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from baton.rpc_guard import DecodeGuard
+from baton.rpc_guard import DecodeGuard, RateLimitedLog
 from baton.settings import Settings
 
 AUTH_HEADER = "authorization"
@@ -54,14 +56,16 @@ def call_metadata(token: str | None) -> tuple:
     return ((AUTH_HEADER, f"Bearer {token}"),) if token else ()
 
 
-def _deny(request_or_iterator, context: grpc.ServicerContext) -> NoReturn:
-    context.abort(grpc.StatusCode.UNAUTHENTICATED, AUTH_FAILED)
-
-
-def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming shape as `handler` that aborts with UNAUTHENTICATED.
+def _denying_handler(handler: grpc.RpcMethodHandler, method: str, why: str, log: RateLimitedLog):
+    """A handler of the same streaming shape as `handler` that aborts with UNAUTHENTICATED, after one
+    rate-limited warning line naming the method, the peer and `why` (no / a wrong token).
 
     NOTE: no request deserializer, so an unauthenticated request is never parsed."""
+
+    def _deny(request_or_iterator, context: grpc.ServicerContext) -> NoReturn:
+        log.warning("refused %s from %s: %s (UNAUTHENTICATED)", method, context.peer(), why)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, AUTH_FAILED)
+
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(_deny)
     if handler.request_streaming:
@@ -80,6 +84,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, token: str | None, *, protect_health: bool = False):
         self._expected = f"Bearer {token}".encode() if token else None
         self._protect_health = protect_health
+        self._log = RateLimitedLog(logging.getLogger("baton.rpc"))  # a client with a bad token cannot flood it
 
     def authorized(self, metadata: Iterable[tuple[str, Any]] | None) -> bool:
         if self._expected is None:
@@ -99,7 +104,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return handler
         if self.authorized(handler_call_details.invocation_metadata):
             return handler
-        return _denying_handler(handler)
+        sent = any(k.lower() == AUTH_HEADER for k, _ in handler_call_details.invocation_metadata or ())
+        why = "a bearer token that does not match" if sent else "no authorization header"
+        return _denying_handler(handler, handler_call_details.method, why, self._log)
 
 
 class _ClientCallDetails(
@@ -253,6 +260,17 @@ class ServerHandle:
         self.stop(0)
 
 
+def port_arg(text: str) -> int:
+    """argparse type of a port option: an int in 0..65535 (0: a free one, or off, as the option says)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0..65535)")
+    return port
+
+
 def build_server(
     servicers: Sequence[tuple[AddFn, Any]],
     *,
@@ -277,6 +295,8 @@ def build_server(
     (the router's public port passes settings.max_request_bytes). Keepalive: settings.min_ping_interval_ms.
     Health starts NOT_SERVING unless serving=True. Raises OSError when the port cannot be bound.
     """
+    if not 0 <= port <= 65535:  # NOTE: grpc takes 99999 (as 34463) or -1 (as 65535) without a word
+        raise ValueError(f"port {port}: must be in 0..65535")
     settings = Settings.from_env() if settings is None else settings
     host = settings.host if host is None else host
     server = grpc.server(

@@ -15,8 +15,8 @@
     BATON_MIN_PING_INTERVAL_MS  servers: the shortest interval between a client's pings they accept (shorter:
                               a strike; 2 strikes: GOAWAY too_many_pings), default 10000; at most
                               BATON_KEEPALIVE_TIME_MS, so a server accepts the pings of its own clients
-    BATON_LOG_LEVEL           default INFO
-    BATON_LOG_JSON            1/true/yes/on = one JSON object per log line
+    BATON_LOG_LEVEL           DEBUG | INFO | WARNING | ERROR | CRITICAL (any case), default INFO
+    BATON_LOG_JSON            1/true/yes/on = one JSON object per log line (baton/logs.py)
     BATON_HANDOFF_SENDER      who streams a prefill worker's state hand-offs: "process" (default: a
                               sender child process, baton/handoff/sender/process.py) | "thread" (in the
                               prefill's own process, gRPC's and the wire's threads)
@@ -62,6 +62,7 @@ DEFAULT_MIN_PING_INTERVAL_MS = 10_000
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 HANDOFF_SENDERS = ("process", "thread")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # The last layer's state in 1 MiB chunks: the final chunk's hashing on both ends is then short
 # (benchmarks/results/2026-11-30-h200-s6.md has the TTFT with and without).
 DEFAULT_TAIL_CHUNK_BYTES = 1 << 20
@@ -158,6 +159,8 @@ class Settings:
             raise SettingsError("BATON_TLS_CERT and BATON_TLS_KEY must be set together")
         if self.max_message_bytes <= 0:
             raise SettingsError("BATON_MAX_MESSAGE_BYTES: must be > 0")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError(f"BATON_LOG_LEVEL: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         if self.handoff_sender not in HANDOFF_SENDERS:
             raise SettingsError(
                 f"BATON_HANDOFF_SENDER: expected one of {', '.join(HANDOFF_SENDERS)}, got {self.handoff_sender!r}"

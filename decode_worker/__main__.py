@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["full", "tail"],
         help="fp8: all projections, or the state-safe tail (last MLP + LM head)",
     )
-    p.add_argument("--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode")
+    p.add_argument(
+        "--mtp-k", type=int, default=4, help="mtp engine: drafts per verify round in Decode (default %(default)s)"
+    )
     p.add_argument(
         "--mtp-draft-length",
         choices=("adaptive", "fixed"),

@@ -34,6 +34,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baton.rpc import port_arg  # noqa: E402
 from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
 from deploy.router_launch import TASK_RETRIES, router_kwargs, serve_router, start_router_actor  # noqa: E402
 from deploy.serve_args import engines_error  # noqa: E402
@@ -207,7 +208,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default=None, choices=("cpu", "cuda"), help="default: cuda when --gpus-per-worker > 0, else cpu"
     )
-    p.add_argument("--dtype", default=None, choices=("bf16", "fp32"))
+    p.add_argument(
+        "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
+    )
     p.add_argument("--max-len", type=int, default=None, help="context window per worker")
     p.add_argument(
         "--gpus-per-worker",
@@ -227,7 +230,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-resource", default=None, help='custom resource for decode actors (e.g. decode_node)')
     p.add_argument("--worker-host", default="0.0.0.0", help="bind host of the worker servers")
     p.add_argument("--router-host", default="0.0.0.0", help="bind host of the router")
-    p.add_argument("--router-port", type=int, default=50051)
+    p.add_argument("--router-port", type=port_arg, default=50051, help="the router's gRPC port (default 50051)")
     p.add_argument("--token-file", default=None, help="bearer token file (the same path on every node)")
     p.add_argument(
         "--max-inflight",

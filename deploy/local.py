@@ -1,6 +1,8 @@
 """`baton serve`: the whole topology on one machine: N prefill + M decode workers and the router.
 
 Lifecycle:
+    check        options, model dir, token file; the router's --port / --http-port bindable (else one line,
+                 exit 2, before any worker loads)
     start        Ray (default): join RAY_ADDRESS, or start a private local instance (own temp dir,
                  no dashboard, no usage stats, Ray's token auth); N+M named actors via deploy/launch.py.
                  --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all),
@@ -12,7 +14,8 @@ Lifecycle:
                  HTTP API on (--http-port, default 8000; 0 = off), `baton: http on http://HOST:PORT`
     --ask TEXT   then one request through the router, as a client sends it (gRPC, the token): its
                  answer is one more stdout line, `baton: answer {json}`; serving goes on
-    SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s;
+    SIGINT/TERM  router health -> NOT_SERVING and no new RPCs; in-flight ones get `--grace` s (then
+                 UNAVAILABLE "router: shutting down", router/drain.py);
                  then workers stop (actors stopped and killed / processes SIGTERM, then SIGKILL,
                  reaped); the Ray instance this command started is shut down and its temp dir
                  removed. Exit 0, within ~10 s. A signal during start-up aborts the start-up and
@@ -21,7 +24,6 @@ Lifecycle:
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -228,17 +230,25 @@ def _worker_specs(args) -> list[WorkerSpec]:
 
 
 def run(args) -> int:
+    from baton.logs import setup_logging
     from baton.settings import Settings
 
     err = _check(args)
     if err:
         print(f"baton serve: {err}", file=sys.stderr)
         return 2
-    settings = Settings.from_env()
-    logging.basicConfig(
-        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        settings = Settings.from_env()
+    except ValueError as e:  # SettingsError: names the variable
+        print(f"baton serve: {e}", file=sys.stderr)
+        return 2
+    setup_logging(settings)
     host = args.host or settings.host
+    from deploy.serve_args import ports_error
+
+    if err := ports_error(host, args.port, args.http_port):
+        print(f"baton serve: {err}", file=sys.stderr)
+        return 2
     progress = Progress()
     specs = _worker_specs(args)
     cleanups: list[Callable[[], None]] = []
@@ -287,6 +297,32 @@ def run(args) -> int:
                 cleanups.append(lambda: launch.stop_actors(actors, grace=args.grace))
                 got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)
                 addresses = {n.removeprefix("baton-"): a for n, a in got.items()}
+            # NOTE: in the try: these imports take seconds (torch), and a signal then must still clean up
+            from baton.worker.options import DEFAULT_SLOTS
+            from deploy.router_launch import router_kwargs, serve_router
+            from router.config import DEFAULT_QUEUE_S
+
+            kw = router_kwargs(
+                host=host,
+                port=args.port,
+                namespace=namespace,
+                prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
+                decode=[a for n, a in addresses.items() if n.startswith("decode-")],
+                model_dir=args.model,
+                token_file=args.token_file,
+                http_port=args.http_port,
+                max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
+                draft_length=getattr(args, "draft_length", None),
+                queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
+            )
+            on_serving = None
+            if args.ask is not None:
+                token = Path(args.token_file).read_text().strip() if args.token_file else None
+
+                def on_serving(addr):
+                    from deploy.router_launch import ask
+
+                    return ask(addr, args.ask, args.ask_tokens, token=token, progress=progress)
         except KeyboardInterrupt:
             progress.say("interrupted while starting: stopping")
             cleanup()
@@ -298,32 +334,6 @@ def run(args) -> int:
         except BaseException:
             cleanup()
             raise
-
-        from baton.worker.options import DEFAULT_SLOTS
-        from deploy.router_launch import router_kwargs, serve_router
-        from router.config import DEFAULT_QUEUE_S
-
-        kw = router_kwargs(
-            host=host,
-            port=args.port,
-            namespace=namespace,
-            prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
-            decode=[a for n, a in addresses.items() if n.startswith("decode-")],
-            model_dir=args.model,
-            token_file=args.token_file,
-            http_port=args.http_port,
-            max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
-            draft_length=getattr(args, "draft_length", None),
-            queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
-        )
-        on_serving = None
-        if args.ask is not None:
-            token = Path(args.token_file).read_text().strip() if args.token_file else None
-
-            def on_serving(addr):
-                from deploy.router_launch import ask
-
-                return ask(addr, args.ask, args.ask_tokens, token=token, progress=progress)
 
         return serve_until_signalled(
             lambda: serve_router(**kw),

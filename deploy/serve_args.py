@@ -1,11 +1,14 @@
 """`baton serve`'s options: the argument parser (`add_arguments`) and the checks run before anything starts
-(`check`: a message for the first bad option, or None; it also resolves the model and token paths).
+(`check`: a message for the first bad option, or None; it also resolves the model and token paths; `ports_error`:
+the router's ports are free, checked before any worker loads).
 deploy/local.py runs what they describe."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 from pathlib import Path
 
 from baton.engine.draft_length import POLICIES
@@ -30,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="engines each decode worker offers, comma-separated (default: bf16,fp8,mtp, those the checkpoint "
         "supports); leaving out fp8 saves its FP8 weight copy (~9 GB for a 9B model) for KV pages",
     )
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the workers run (default cpu)")
     p.add_argument(
         "--dtype", default=None, choices=("bf16", "fp32"), help="worker dtype (default: bf16 on cuda, fp32 on cpu)"
     )
@@ -151,4 +154,20 @@ def check(args) -> str | None:
         if not os.path.isfile(args.token_file):
             return f"--token-file: no file {args.token_file}"
         args.token_file = os.path.abspath(args.token_file)  # actors do not share our working directory
+    return None
+
+
+def ports_error(host: str, port: int, http_port: int) -> str | None:
+    """A message when the router's gRPC or HTTP port cannot be bound on `host`, or None. Checked before the
+    workers start: a taken port is found in a second, not after minutes of loading a checkpoint. (The
+    router binds them again later; a port taken in between still fails there, with the same message.)"""
+    for flag, p in (("--port", port), ("--http-port", http_port)):
+        if not p:  # 0: a free port (--port) or off (--http-port)
+            continue
+        try:
+            socket.create_server((host, p), family=socket.getaddrinfo(host, p, type=socket.SOCK_STREAM)[0][0]).close()
+        except OSError as e:
+            why = (e.strerror or str(e)).split(" (while attempting")[0]
+            hint = f"pass another {flag}" if e.errno == errno.EADDRINUSE else "check --host / BATON_HOST"
+            return f"{flag} {p}: cannot listen on {host}:{p}: {why} ({hint})"
     return None

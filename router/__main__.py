@@ -24,7 +24,8 @@ from baton import stack_sampler
 from baton.engine.draft_length import POLICIES
 from baton.heap import freeze_startup_heap
 from baton.lifeline import die_with_parent
-from baton.rpc import ServerHandle, build_server
+from baton.logs import setup_logging
+from baton.rpc import ServerHandle, build_server, port_arg
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
 from router.config import DEFAULT_QUEUE_S
@@ -111,6 +112,21 @@ def serve_router(
         registry.stop()
         metrics.stop()
         raise
+    logging.getLogger("baton.router").info(  # what it chose, in one line (its workers: the registry's lines)
+        "router: model %s (vocab %d), max_inflight=%d queue_timeout=%gs call_timeout=%gs max_new_tokens_limit=%d "
+        "draft_length=%s auth=%s tls=%s metrics_port=%s http=%s",
+        meta.model_id,
+        meta.vocab_size,
+        config.max_inflight,
+        config.queue_s,
+        config.call_timeout_s,
+        config.max_new_tokens_limit,
+        config.draft_length,
+        "token" if settings.token else "off",
+        "on" if settings.tls_enabled else "off",
+        metrics_port or "off",
+        servicer.http.url if servicer.http is not None else "off",
+    )
     return handle, servicer
 
 
@@ -125,13 +141,22 @@ def _model_dir(model_dir) -> Path:
 
 
 def stop_router(handle: ServerHandle, servicer: RouterServicer, grace: float = 5.0) -> None:
-    """NOT_SERVING, refuse new calls, give in-flight ones `grace` s, then stop polling and /metrics."""
+    """NOT_SERVING, refuse new calls (both doors), give in-flight requests `grace` s, then end the rest
+    UNAVAILABLE "router: shutting down" (router/drain.py: gRPC status, HTTP 503 or an error chunk), then stop
+    polling and /metrics. Takes about `grace` s at most, whichever doors are open."""
     http = getattr(servicer, "http", None)
     if http is not None:
         http.begin_stop()  # no new HTTP connections; its requests in flight drain with the gRPC ones
-    handle.stop(grace)
+    handle.health.enter_graceful_shutdown()
+    stopped = handle.server.stop(grace + 1.0)  # new RPCs refused now; its own cut (a backstop) after grace + 1
+    cut = servicer.drain.stop(grace)
+    if cut:
+        logging.getLogger("baton.router").warning(
+            "shutdown: %d request(s) still running after %.1fs: ended", cut, grace
+        )
+    stopped.wait()
     if http is not None:
-        http.stop(grace)
+        http.stop(1.0)  # its Generate calls have ended: what is left is their last bytes
     servicer.registry.stop()
     servicer.metrics.stop()
 
@@ -143,23 +168,33 @@ def _addrs(text: str | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
     p = argparse.ArgumentParser(prog="python -m router", description="Baton router")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=port_arg, default=50051, help="gRPC port (default 50051; 0 = a free one, printed)")
     p.add_argument("--host", default=None, help="bind host (default BATON_HOST or 127.0.0.1)")
     p.add_argument("--prefill", default="", help="prefill worker addresses, comma-separated")
     p.add_argument("--decode", default="", help="decode worker addresses, comma-separated")
     p.add_argument("--model", default=None, help="model directory for the tokenizer/config (default: embedded)")
-    p.add_argument("--token-file", default=None)
-    p.add_argument("--tls-cert", default=None)
-    p.add_argument("--tls-key", default=None)
+    p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE]; none: no auth)")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate of the public port (default: BATON_TLS_CERT)")
+    p.add_argument("--tls-key", default=None, help="PEM key of --tls-cert (default: BATON_TLS_KEY)")
     p.add_argument(
         "--max-inflight",
         type=int,
         default=RouterConfig.max_inflight,
-        help="Generate calls in flight; past it RESOURCE_EXHAUSTED",
+        help=f"Generate calls in flight; past it RESOURCE_EXHAUSTED (default {RouterConfig.max_inflight})",
     )
-    p.add_argument("--max-new-tokens-limit", type=int, default=RouterConfig.max_new_tokens_limit)
-    p.add_argument("--default-draft-block", type=int, default=RouterConfig.default_draft_block)
-    p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W")
+    p.add_argument(
+        "--max-new-tokens-limit",
+        type=int,
+        default=RouterConfig.max_new_tokens_limit,
+        help="the largest max_new_tokens a request may ask (default %(default)s)",
+    )
+    p.add_argument(
+        "--default-draft-block",
+        type=int,
+        default=RouterConfig.default_draft_block,
+        help="exact mode's K for a request that sends none (default %(default)s)",
+    )
+    p.add_argument("--width", type=int, default=RouterConfig.width, help="workers' row width W (default %(default)s)")
     p.add_argument(
         "--draft-length",
         choices=POLICIES,
@@ -186,15 +221,22 @@ def main(argv: list[str] | None = None) -> int:
         default=RouterConfig.call_timeout_s,
         help="seconds a worker may take to answer one call (or send the next token) before it is treated as hung",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port on --host (0 = off)")
+    p.add_argument(
+        "--metrics-port", type=port_arg, default=0, help="Prometheus /metrics port on --host, no token (0 = off)"
+    )
     p.add_argument(
         "--http-port",
-        type=int,
+        type=port_arg,
         default=0,
         help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)",
     )
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight requests get at shutdown")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get at shutdown, then UNAVAILABLE (default %(default)s)",
+    )
     p.add_argument(
         "--max-request-bytes",
         type=int,
@@ -218,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"router: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings)
     config = RouterConfig(
         max_inflight=args.max_inflight,
         max_new_tokens_limit=args.max_new_tokens_limit,
@@ -229,6 +271,16 @@ def main(argv: list[str] | None = None) -> int:
         draft_length=args.draft_length,
         max_adaptive_k=args.max_adaptive_k,
     )
+    for flag, bad in (
+        ("--max-inflight must be >= 1", config.max_inflight < 1),
+        ("--max-new-tokens-limit must be >= 1", config.max_new_tokens_limit < 1),
+        ("--width must be >= 3", config.width < 3),
+        ("--call-timeout must be > 0", not config.call_timeout_s > 0),
+        ("--queue-timeout must be >= 0", not config.queue_s >= 0),
+        ("--grace must be >= 0", not args.grace >= 0),
+    ):
+        if bad:
+            p.error(flag)
     if not 1 <= config.default_draft_block <= config.width - 2:
         p.error(f"--default-draft-block must be in 1..{config.width - 2}")
     if not 1 <= config.max_adaptive_k <= config.width - 2:

@@ -1,12 +1,15 @@
 """The router's settings (RouterConfig) and what it knows of the model without loading weights (ModelMeta).
 Both are made once by `python -m router` (router/__main__.py) and read by RouterServicer (router/service.py,
-which re-exports them)."""
+which re-exports them). Plan: one Generate request as RouterServicer validated it."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+from baton.names import engine_name
+from baton.v1 import common_pb2
 
 log = logging.getLogger("baton.router")
 DEFAULT_QUEUE_S = 30.0  # --queue-timeout's default: a new request waits up to this long for a session slot
@@ -50,3 +53,23 @@ class ModelMeta:
             log.warning("no tokenizer (%s): text prompts will be refused", e)
             tok = None
         return cls(Path(model_dir).name, cfg.vocab_size, tuple(cfg.eos_token_ids), tok)
+
+
+@dataclass(frozen=True)
+class Plan:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    mode: int  # common_pb2.FAST | EXACT
+    engine: int  # common_pb2.Engine (0 = the decode worker's default)
+    stop_ids: tuple[int, ...]
+    ignore_eos: bool
+    k: int  # draft block (exact mode)
+    sampling: common_pb2.SamplingParams  # the workers' copy: seed resolved, no stop strings
+    stops: tuple[str, ...] = ()  # stop strings, matched here on the text
+    timeline: bool = False  # the first hand-off's marks into the last Stats (GenerateRequest.handoff_timeline)
+    prompt_logprobs: int = -1  # >= 0: the first message carries the prompt's logprobs, with N alternatives
+
+    @property
+    def engine_name(self) -> str | None:
+        return engine_name(self.engine)

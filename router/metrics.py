@@ -9,14 +9,28 @@ Lifecycle:
     m.stop()
 
 Every name of the router's own starts with `baton_router_`, the workers' with `baton_worker_`. Labels stay low-cardinality (mode, engine, status), never
-request ids.
+request ids. `baton_router_queued` (requests waiting in line for a session slot) is read from the servicer's
+SlotLine at each scrape (watch_line).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    start_http_server,
+)
+
+# NOTE: no `*_created` series (one more gauge per counter / histogram child, the creation time, that no
+# dashboard reads; vLLM turns them off too). Process-wide: the router's process has only this registry.
+disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
@@ -26,6 +40,14 @@ class RouterMetrics:
         p = "baton_router_"
         self.requests = Counter(p + "requests", "Generate calls by final status", ["mode", "status"], registry=r)
         self.inflight = Gauge(p + "inflight", "Generate calls in flight", registry=r)
+        self.queued = Gauge(p + "queued", "Generate calls waiting in line for a session slot", registry=r)
+        self.latency = Histogram(
+            p + "request_seconds",
+            "Request arrival to its end, by final status",
+            ["mode", "status"],
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             p + "ttft_seconds", "Request arrival to first token sent", ["mode"], buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -77,8 +99,14 @@ class RouterMetrics:
         return generate_latest(self.registry)
 
     # ---- recording -------------------------------------------------------------------------------
-    def request_done(self, mode: str, status: str) -> None:
+    def request_done(self, mode: str, status: str, seconds: float | None = None) -> None:
         self.requests.labels(mode, status).inc()
+        if seconds is not None:
+            self.latency.labels(mode, status).observe(seconds)
+
+    def watch_line(self, line) -> None:
+        """baton_router_queued reads len(line) (router/slot_line.py SlotLine) at each scrape."""
+        self.queued.set_function(lambda: len(line))
 
     def first_token(self, mode: str, seconds: float) -> None:
         self.ttft.labels(mode).observe(seconds)

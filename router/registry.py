@@ -37,6 +37,7 @@ from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2_grpc
 
 log = logging.getLogger("baton.router.registry")
 
+UNSEEN_NOTE_S = 30.0  # a worker never up yet: one "not up yet" line at its first failed check, then one per this
 ROLES = ("prefill", "decode")
 _STUBS = {"prefill": prefill_pb2_grpc.PrefillWorkerStub, "decode": decode_pb2_grpc.DecodeWorkerStub}
 # A restarted worker on the same address must be found again quickly, not after grpc's 120 s backoff.
@@ -70,6 +71,7 @@ class Worker:
     up: bool = False
     seen: bool = False  # has answered SERVING at least once
     late: int = 0  # consecutive health checks past their deadline
+    unseen_note: float = 0.0  # never up yet: when its "not up yet" line is next due (probe)
     last_answer: float = 0.0  # monotonic time of its last answer to a request call (router.calls)
     full_at: int = 0  # decode: our requests on it when it last refused for full slots ...
     full_until: float = 0.0  # ... and until when that keeps new requests off it (router.session)
@@ -241,6 +243,9 @@ class Registry:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and worker.up:
                 worker.late += 1
                 ok = worker.late < 2 or time.monotonic() - worker.last_answer < self.busy_s
+            elif not worker.seen and time.monotonic() >= worker.unseen_note:  # a wrong address says so
+                worker.unseen_note = time.monotonic() + UNSEEN_NOTE_S
+                log.warning("worker not up yet: %s %s: %s: %s", worker.role, worker.address, e.code().name, e.details())
         if ok and not worker.up:
             self._learn(worker)
             log.info("worker up: %s %s engines=%s", worker.role, worker.address, ",".join(worker.engines))

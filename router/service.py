@@ -21,7 +21,8 @@ Lifecycle of a Generate request:
                      exact worker: prompt + tokens sent re-prefilled on another, as FAST does)
     finish     the last message carries finish_reason, usage and stats; Release on P and D always
                (also when the client cancels: context callback -> downstream calls cancelled)
-Every downstream call has a deadline no later than the client's. One JSON log line per request. The HTTP
+Every downstream call has a deadline no later than the client's. One JSON log line per request (`error`: the
+message a failed one got; WARNING for SERVER_FAULTS). At shutdown router/drain.py cuts what is left. The HTTP
 API calls Generate in process (router/http/bridge.py), with a context that has only time_remaining(),
 add_callback() and abort(): Generate must use no other ServicerContext method. Exact mode's K per round:
 RouterConfig.draft_length ("adaptive": baton/engine/draft_length.py; "fixed": the request's K every round).
@@ -41,7 +42,6 @@ import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Iterator
 
 import grpc
@@ -51,7 +51,8 @@ from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES, engine_name, kn
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
 from router.calls import Calls, Cancelled, WorkerFault, unavailable
-from router.config import ModelMeta, RouterConfig
+from router.config import ModelMeta, Plan, RouterConfig
+from router.drain import SHUTTING_DOWN, Drain
 from router.exact import ExactLoop
 from router.metrics import RouterMetrics
 from router.registry import Registry
@@ -63,27 +64,8 @@ log = logging.getLogger("baton.router")
 C = grpc.StatusCode
 MAX_STOP_IDS = 64
 MAX_REQUEST_ID = 128
+SERVER_FAULTS = (C.UNAVAILABLE, C.INTERNAL, C.UNKNOWN, C.DATA_LOSS)  # the request line is a WARNING, else INFO
 __all__ = ["ModelMeta", "RouterConfig", "RouterServicer"]  # the first two live in router/config.py
-
-
-@dataclass(frozen=True)
-class Plan:
-    request_id: str
-    prompt_ids: list[int]
-    max_new_tokens: int
-    mode: int  # common_pb2.FAST | EXACT
-    engine: int  # common_pb2.Engine (0 = the decode worker's default)
-    stop_ids: tuple[int, ...]
-    ignore_eos: bool
-    k: int  # draft block (exact mode)
-    sampling: common_pb2.SamplingParams  # the workers' copy: seed resolved, no stop strings
-    stops: tuple[str, ...] = ()  # stop strings, matched here on the text
-    timeline: bool = False  # the first hand-off's marks into the last Stats (GenerateRequest.handoff_timeline)
-    prompt_logprobs: int = -1  # >= 0: the first message carries the prompt's logprobs, with N alternatives
-
-    @property
-    def engine_name(self) -> str | None:
-        return engine_name(self.engine)
 
 
 def _bad(field: str, why: str) -> StatusError:
@@ -102,6 +84,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.metrics = metrics or RouterMetrics()
         self._admit = threading.BoundedSemaphore(config.max_inflight)
         self.line = SlotLine(config.queue_s)  # new requests waiting for a session slot (router/slot_line.py)
+        self.drain = Drain()  # the requests in flight, cut at shutdown (router/drain.py)
+        self.metrics.watch_line(self.line)
 
     # ---- GetModelInfo ----------------------------------------------------------------------------
     def GetModelInfo(self, request, context):
@@ -130,12 +114,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             "migrations": 0,
         }
         if not self._admit.acquire(blocking=False):
+            rec["error"] = f"router: {self.config.max_inflight} requests in flight (max_inflight); retry later"
             self._done(rec, t0, C.RESOURCE_EXHAUSTED)
-            abort_with(
-                context,
-                C.RESOURCE_EXHAUSTED,
-                f"router: {self.config.max_inflight} requests in flight (max_inflight); retry later",
-            )
+            abort_with(context, C.RESOURCE_EXHAUSTED, rec["error"])
         self.metrics.inflight.inc()
         calls, status = None, C.UNKNOWN
         try:
@@ -145,17 +126,28 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             if remaining is not None:
                 budget = min(budget, remaining)
             calls = Calls(self.registry, deadline=t0 + budget, call_timeout=self.config.call_timeout_s)
+            if not self.drain.enter(calls):
+                calls = None
+                raise StatusError(C.UNAVAILABLE, SHUTTING_DOWN)
             if not context.add_callback(calls.cancel):
                 raise Cancelled()
             yield from self._relay(plan, calls, rec, t0)
             status = C.OK
         except StatusError as e:
             status = e.code
+            rec["error"] = e.message
             abort_with(context, e.code, e.message)
-        except (Cancelled, GeneratorExit):
+        except (Cancelled, GeneratorExit) as e:
             status = C.CANCELLED
+            if isinstance(e, Cancelled) and calls is not None and self.drain.cut(calls):  # stop_router cut it
+                status, rec["error"] = C.UNAVAILABLE, SHUTTING_DOWN
+                abort_with(context, status, SHUTTING_DOWN)
+        except Exception as e:  # a router bug: gRPC answers UNKNOWN (HTTP: INTERNAL) and logs the traceback
+            rec["error"] = f"{type(e).__name__}: {e}"
+            raise
         finally:
             if calls is not None:
+                self.drain.leave(calls)
                 calls.close()
                 self.line.freed()  # its sessions are released: the head of the line may start
             self._admit.release()
@@ -164,8 +156,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def _done(self, rec: dict, t0: float, status: grpc.StatusCode) -> None:
         rec.update(status=status.name, ms=round((time.monotonic() - t0) * 1e3, 2))
-        self.metrics.request_done(rec["mode"], status.name)
-        log.info("request %s", json.dumps(rec, sort_keys=True))
+        self.metrics.request_done(rec["mode"], status.name, rec["ms"] / 1e3)
+        log.log(
+            logging.WARNING if status in SERVER_FAULTS else logging.INFO, "request %s", json.dumps(rec, sort_keys=True)
+        )
 
     def _validate(self, r: router_pb2.GenerateRequest, request_id: str) -> Plan:
         cfg, meta, W = self.config, self.meta, self.config.width

@@ -276,3 +276,25 @@ def test_mutual_tls_requires_client_cert(tmp_path):
 def test_common_messages_roundtrip():
     r = common_pb2.BridgeReport(total_bytes=10, bytes_by_kind={"gdn_conv": 4, "attn_kv": 6})
     assert common_pb2.BridgeReport.FromString(r.SerializeToString()).bytes_by_kind["attn_kv"] == 6
+
+
+def test_refused_tokens_are_logged_with_method_peer_and_why_rate_limited(secured, caplog):
+    handle, router, _ = secured
+    caplog.set_level("WARNING", logger="baton.rpc")
+    for settings in (Settings(), Settings(token="wrong")):
+        with rpc.make_channel(handle.address, settings) as ch:
+            stub = router_pb2_grpc.RouterStub(ch)
+            _code(lambda: stub.GetModelInfo(router_pb2.GetModelInfoRequest(), timeout=T))
+    lines = [r.getMessage() for r in caplog.records if r.name == "baton.rpc"]
+    assert len(lines) == 2, lines
+    assert (
+        lines[0].startswith("refused /baton.v1.Router/GetModelInfo from ipv") and "no authorization header" in lines[0]
+    )
+    assert "a bearer token that does not match" in lines[1] and TOKEN not in lines[1] and "wrong" not in lines[1]
+    caplog.clear()
+    with rpc.make_channel(handle.address, Settings(token="wrong")) as ch:  # a flood: a few lines, then 1 a second
+        stub = router_pb2_grpc.RouterStub(ch)
+        for _ in range(40):
+            _code(lambda: stub.GetModelInfo(router_pb2.GetModelInfoRequest(), timeout=T))
+    assert 1 <= len([r for r in caplog.records if r.name == "baton.rpc"]) <= 6
+    assert router.calls == 0

@@ -14,6 +14,7 @@ import sys
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, PAGE
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH
 from baton.gpus import pin_device
+from baton.rpc import port_arg
 from baton.settings import Settings
 from baton.worker.options import DEFAULT_GRACE_S, DEFAULT_SLOTS, DEFAULT_TTL_S, WorkerOptions
 
@@ -22,13 +23,17 @@ log = logging.getLogger("baton.worker")
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
-    p.add_argument("--port", type=int, default=0, help="port to bind (0 = pick a free one and print it)")
+    p.add_argument("--port", type=port_arg, default=0, help="port to bind (0 = pick a free one and print it)")
     p.add_argument("--host", default=None, help="bind host (default: BATON_HOST or 127.0.0.1)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default=None, choices=["bf16", "fp32"], help="default: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W")
-    p.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help="window: prompt + generated tokens")
-    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS, help="concurrent sessions (static state slots)")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="fixed row width W (default %(default)s)")
+    p.add_argument(
+        "--max-len", type=int, default=DEFAULT_MAX_LEN, help="window: prompt + generated tokens (default %(default)s)"
+    )
+    p.add_argument(
+        "--slots", type=int, default=DEFAULT_SLOTS, help="concurrent sessions (static state slots; default %(default)s)"
+    )
     p.add_argument(
         "--kv-pages",
         type=int,
@@ -43,9 +48,13 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         help="cuda: share of the free GPU memory at start-up the KV pages may take (default %(default)s; "
         "lower it when workers share a GPU)",
     )
-    p.add_argument("--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped")
+    p.add_argument(
+        "--ttl", type=float, default=DEFAULT_TTL_S, help="idle seconds before a session is reaped (default %(default)s)"
+    )
     p.add_argument("--token-file", default=None, help="bearer token file (default: BATON_TOKEN[_FILE])")
-    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown")
+    p.add_argument(
+        "--grace", type=float, default=DEFAULT_GRACE_S, help="seconds to drain RPCs on shutdown (default %(default)s)"
+    )
     p.add_argument(
         "--random-init",
         default=None,
@@ -67,20 +76,34 @@ def model_from_args(a: argparse.Namespace, opts: "WorkerOptions", role: str):
     return random_init(a.random_init, seed=a.seed, dtype=opts.resolved_dtype, device=opts.device)
 
 
+def _usage(message: str):
+    """A bad option: its message on stderr and exit 2, as argparse's own errors."""
+    print(message, file=sys.stderr)
+    return SystemExit(2)
+
+
 def options_from_args(a: argparse.Namespace) -> WorkerOptions:
     if a.random_init and a.model:
-        raise SystemExit("give --model or --random-init, not both")
+        raise _usage("give --model or --random-init, not both")
     for name in ("width", "max_len", "slots"):
         if getattr(a, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: must be >= 1")
+            raise _usage(f"--{name.replace('_', '-')}: must be >= 1")
     try:
         device = pin_device(a.device)  # cuda:N -> this process sees only GPU N (baton/gpus.py)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise _usage(str(e)) from None
     if a.kv_pages is not None and a.kv_pages < 1:
-        raise SystemExit("--kv-pages: must be >= 1")
+        raise _usage("--kv-pages: must be >= 1")
+    if a.width < 3:  # K = W - 2 drafts at least one token
+        raise _usage("--width: must be >= 3")
+    if a.max_len <= a.width:  # W rows are reserved: a smaller window holds no prompt
+        raise _usage(f"--max-len: must be more than --width ({a.width})")
+    if not a.ttl > 0:  # 0 reaped every session as soon as it was made
+        raise _usage("--ttl: must be > 0")
+    if not a.grace >= 0:
+        raise _usage("--grace: must be >= 0")
     if not 0.0 < a.gpu_memory_fraction <= 1.0:
-        raise SystemExit("--gpu-memory-fraction: must be in (0, 1]")
+        raise _usage("--gpu-memory-fraction: must be in (0, 1]")
     return WorkerOptions(
         a.model,
         a.port,
@@ -99,9 +122,6 @@ def options_from_args(a: argparse.Namespace) -> WorkerOptions:
 
 
 def setup_logging(settings: Settings) -> None:
-    fmt = (
-        '{"t": "%(asctime)s", "level": "%(levelname)s", "logger": "%(name)s", "msg": "%(message)s"}'
-        if settings.log_json
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.basicConfig(level=settings.log_level, format=fmt, stream=sys.stderr)
+    from baton.logs import setup_logging as setup
+
+    setup(settings)

@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from baton.rpc_guard import RateLimitedLog
 from router.http.errors import ApiError, bad
 from router.http.run import Run
 from router.http.schemas import Limits, parse_chat, parse_completion
@@ -73,6 +74,7 @@ class Gate:
     def __init__(self, app, token: str | None, counter: Counter):
         self.app, self.counter = app, counter
         self._expected = f"Bearer {token}".encode() if token else None
+        self._refused = RateLimitedLog(log)  # one line a refused request, rate-limited (a flood cannot fill the log)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -94,6 +96,8 @@ class Gate:
         if ok:
             return await self.app(scope, receive, counted)
         why = "a wrong bearer token" if auth else "no Authorization: Bearer <token> header"
+        client = scope.get("client") or ("?", 0)
+        self._refused.warning("refused %s %s from %s:%s: %s (401)", scope.get("method"), endpoint, *client[:2], why)
         await error_response(ApiError(401, f"authorization: {why}", code="invalid_api_key"))(scope, receive, counted)
 
 

@@ -25,6 +25,7 @@ class HttpServer:
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=None,  # uvicorn's records go through the process's handler (baton/logs.py: plain or JSON)
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=grace,

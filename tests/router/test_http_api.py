@@ -723,6 +723,24 @@ def test_401_on_every_endpoint_but_health(refusing):
     assert refusing.url.startswith("http://127.0.0.1:")
 
 
+def test_a_refused_request_is_one_warning_line_rate_limited(caplog):
+    caplog.set_level("WARNING", logger="baton.router.http")
+    b = Bare()
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(b.url + "/v1/completions", headers=headers, content=b"{}", timeout=10)
+            assert r.status_code == 401
+        lines = [r.getMessage() for r in caplog.records if r.name == "baton.router.http"]
+        assert len(lines) == 2 and lines[0].startswith("refused POST /v1/completions from 127.0.0.1:"), lines
+        assert "no Authorization" in lines[0] and lines[1].endswith(": a wrong bearer token (401)")
+        caplog.clear()
+        for _ in range(30):  # a flood: a few lines, then one a second
+            httpx.get(b.url + "/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=10)
+        assert 1 <= len([r for r in caplog.records if r.name == "baton.router.http"]) <= 6
+    finally:
+        b.close()
+
+
 def test_router_statuses_map_to_http(refusing):
     import grpc
 

@@ -302,3 +302,21 @@ def test_prefill_resource_exhausted_tries_another_worker():
         assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         c.close()
+
+
+def test_a_worker_never_up_is_named_in_the_log_with_why_once_a_while(caplog):
+    """A router given a wrong worker address said nothing but `worker added`: NOT_SERVING, no reason."""
+    caplog.set_level("WARNING", logger="baton.router.registry")
+    reg = Registry(Settings(), prefill=["127.0.0.1:9"])  # nothing listens on port 9
+    try:
+        w = reg.workers("prefill")[0]
+        for _ in range(3):
+            assert reg.probe(w) is False
+        lines = [r.getMessage() for r in caplog.records if r.name == "baton.router.registry"]
+        assert len(lines) == 1 and lines[0].startswith("worker not up yet: prefill 127.0.0.1:9: UNAVAILABLE: ")
+        assert "127.0.0.1:9" in lines[0].split("UNAVAILABLE: ", 1)[1]  # grpc's reason: connection refused
+        w.unseen_note = 0.0  # UNSEEN_NOTE_S later
+        reg.probe(w)
+        assert len([r for r in caplog.records if r.name == "baton.router.registry"]) == 2
+    finally:
+        reg.stop()

@@ -1,0 +1,104 @@
+"""An operator's mistakes at start-up get one line on stderr and a non-zero exit, never a traceback: each
+case runs the real entry point in a subprocess (`baton complete`, the workers' `python -m`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "baton" / "assets" / "default-model"
+
+
+def run(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATON_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def one_line(r: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    errors = [line for line in r.stderr.splitlines() if " INFO " not in line]
+    assert r.returncode == code and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    assert len(errors) == 1 and all(w in errors[0] for w in words), r.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    (root / "no-tokenizer").mkdir()
+    (root / "no-tokenizer" / "config.json").write_text((DEFAULT / "config.json").read_text())
+    (root / "no-weights").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (root / "no-weights" / name).write_text((DEFAULT / name).read_text())
+    return root
+
+
+@pytest.mark.parametrize(
+    "model, words",
+    [("missing", ("no config.json",)), ("no-tokenizer", ("tokenizer.json",)), ("no-weights", ("safetensors",))],
+)
+def test_complete_with_a_broken_model_dir_is_one_line(broken_models, model, words):
+    r = run("-m", "baton", "complete", "--model", str(broken_models / model), "--prompt", "x")
+    assert one_line(r, 2, *words).startswith("baton complete: ")
+
+
+def test_cuda_on_a_machine_without_it_is_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    one_line(run("-m", "baton", "complete", "--device", "cuda", "--prompt", "x"), 2, "--device cuda", "CUDA")
+    one_line(run("-m", "decode_worker", "--device", "cuda", "--port", "0"), 2, "cannot start", "--device cuda")
+
+
+@pytest.mark.parametrize(
+    "role, flag, value",
+    [
+        ("prefill_worker", "--slots", "0"),
+        ("decode_worker", "--kv-pages", "0"),
+        ("decode_worker", "--gpu-memory-fraction", "2"),
+        ("prefill_worker", "--ttl", "0"),  # served, and reaped every session at once
+        ("decode_worker", "--max-len", "10"),  # served, and refused every request (16 rows reserved)
+        ("prefill_worker", "--width", "1"),
+    ],
+)
+def test_a_worker_refuses_a_bad_option_as_argparse_does(role, flag, value):
+    one_line(run("-m", role, flag, value, "--port", "0", timeout=30), 2, flag)
+
+
+ROUTER = ("-m", "router", "--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2")
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        # grpc bound 99999 as 34463 and -1 as 65535 and served there; the HTTP and metrics ports raised OverflowError
+        ((*ROUTER, "--port", "99999"), "argument --port: '99999' is not a port (0..65535)"),
+        ((*ROUTER, "--port", "-1"), "argument --port: '-1' is not a port (0..65535)"),
+        ((*ROUTER, "--http-port", "70000"), "argument --http-port: '70000' is not a port (0..65535)"),
+        ((*ROUTER, "--metrics-port", "x"), "argument --metrics-port: 'x' is not a port (0..65535)"),
+        # accepted before, then every request refused or timed out
+        ((*ROUTER, "--max-inflight", "0"), "--max-inflight must be >= 1"),
+        ((*ROUTER, "--call-timeout", "0"), "--call-timeout must be > 0"),
+        ((*ROUTER, "--queue-timeout", "-1"), "--queue-timeout must be >= 0"),
+        ((*ROUTER, "--max-new-tokens-limit", "0"), "--max-new-tokens-limit must be >= 1"),
+        (("-m", "decode_worker", "--port", "99999"), "argument --port: '99999' is not a port (0..65535)"),
+    ],
+)
+def test_a_bad_option_is_a_usage_error_before_anything_starts(argv, says):
+    r = run(*argv, timeout=30)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(says) and r.stdout == "", r.stderr
+
+
+def test_build_server_refuses_a_port_grpc_would_wrap():
+    from baton.rpc import build_server
+
+    for port in (65536, -1):
+        with pytest.raises(ValueError, match=f"port {port}: must be in 0..65535"):
+            build_server([], service_names=[], port=port)
