@@ -101,10 +101,12 @@
 # 32), SLOT_SERVE=1 slot-copies (1.08x at 8, 1.04x at 32; 3 passed), sweep_wide (tma_persistent 128 x 256: 0.90-1.02x
 # cuBLAS from 2,048 rows); another H100 at 0258cca: wide-tma with the table (test_gpu_prefill.py 7 passed; 16 x 512
 # 320 -> 256 ms). Owed, in order: WIDE_BURST=1 wide-tma and spec-merged at 0258cca or later (the table's TTFT and
-# exact mode at 8), serve-steady, burst, SDPA_SERVE=1 prefill-sdpa, spec-merged on an H200, then the rest above.
+# exact mode at 8), shared-prompt (da0b879: equal prompts computed once, its GPU test), serve-steady, burst,
+# SDPA_SERVE=1 prefill-sdpa, spec-merged on an H200, then the rest above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
+#   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
 #   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
 #                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
 #   tests-xm       the rows GEMM's plain-orientation table (BATON_GEMV_XM=1): batch-invariance GPU tests, verify A/B
@@ -572,6 +574,16 @@ EOF
         echo "burst $k: rc=$?"
       done
     fi
+    ;;
+  shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
+    # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)
+    python -m pytest -o addopts="" -m gpu -q -rfE -k "equal_prompts" tests/engine/test_gpu_prefill.py \
+      >"$out/shared-prompt-tests.log" 2>&1
+    echo "test_gpu_prefill.py -k equal_prompts: rc=$? $(tail -1 "$out/shared-prompt-tests.log")"
+    python benchmarks/bench_shared_prompt.py --device cuda --random-init qwen3.5-9b --prompt 512 --n 8 \
+      --out "$out/shared-prompt.json" >"$out/shared-prompt.log" 2>&1
+    echo "bench_shared_prompt: rc=$?"
+    grep -o '"[a-z_]*_ms": [0-9.]*\|"distinct_over_equal": [0-9.]*' "$out/shared-prompt.log" | paste -sd' '
     ;;
   *)
     echo "unknown stage $stage" >&2

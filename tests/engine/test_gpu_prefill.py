@@ -2,6 +2,7 @@
 weights:
   * the wide GEMM (baton/kernels/wide.py): a row of an M-row call is bitwise that row in an M' call, for
     the model's projection shapes and M from 1 to 4096; its TMA loads (BATON_WIDE_GEMM=tma) give the same bits;
+  * equal prompts in one pass (computed once, the state copied) end bitwise as each alone;
   * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
     as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
   * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's;
@@ -123,6 +124,28 @@ def test_batched_prefill_equals_each_prompt_alone(big):
     run_pass(a2, [ps[1], Piece(2, prompts[0]), Piece(3, prompts[3])])
     assert run_pass(a2, [ps[2]]) == [t_long]
     _same(_state(a2, 0), ref_long)
+
+
+@cuda
+def test_equal_prompts_in_one_pass_are_computed_once_and_end_as_each_alone(big):
+    """shared_firsts on the GPU: the copied slots' states (GDN, KV pages, MTP KV) and seeded picks are
+    bitwise what each prompt alone gives, beside a distinct prompt in the same pass."""
+    from baton.engine.prefill import Piece, run_pass
+    from baton.engine.sampling import Params
+
+    p, q = _prompts(big.cfg.vocab_size, [700, 300], seed=9)
+    params = [Params(temperature=1.0, seed=3), None, Params(temperature=0.7, top_p=0.9, seed=11)]
+    alone, ref = _runner(big), []
+    for slot, ids in enumerate([p, q, p]):
+        alone.sampling.set(slot, params[slot])
+        alone.prefill(slot, ids)
+        ref.append(_state(alone, slot))
+    r = _runner(big)
+    for slot in range(3):
+        r.sampling.set(slot, params[slot])
+    assert run_pass(r, [Piece(0, p), Piece(1, q), Piece(2, list(p))]) == [x["next_token"] for x in ref]
+    for slot in range(3):
+        _same(_state(r, slot), ref[slot])
 
 
 @cuda
