@@ -207,3 +207,23 @@ def re_prefill_together(engine, prompts: list, refs: list, gs: list, timeout: fl
     for t in th:
         t.join(timeout)
     return out
+
+
+def slot_state(runner, slot: int) -> dict:
+    """Every exported tensor of a runner's slot (cloned), its position and next token: what a prefill left."""
+    out = {t.name: t.materialize().clone() for t in runner.state.export(slot)}
+    out["position"] = int(runner.state.position[slot])
+    out["next_token"] = int(runner.state.next_token[slot])
+    return out
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    """Two slot_state()s bitwise equal, named by the first key that differs."""
+    import torch
+
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k

@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from helpers import make_tiny_dir
+from helpers import assert_same_state, make_tiny_dir, slot_state
 
 from baton.engine.prefill import Piece, pieces, prefill_pieces, run_pass
 from baton.engine.runner import ModelRunner, WindowError
@@ -34,21 +34,7 @@ def _runner(lm, chunk: int | None = None) -> ModelRunner:
     return r
 
 
-def _state(r: ModelRunner, slot: int) -> dict:
-    st = r.state
-    out = {t.name: t.materialize().clone() for t in st.export(slot)}
-    out["position"] = int(st.position[slot])
-    out["next_token"] = int(st.next_token[slot])
-    return out
-
-
-def _assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
+_state, _assert_same = slot_state, assert_same_state
 
 
 def _prompts(lm, lengths, seed=0):

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from helpers import make_tiny_dir
+from helpers import assert_same_state, make_tiny_dir, slot_state
 
 from baton.engine.prefill import Piece, prefill_pieces, run_pass, shared_firsts
 from baton.engine.runner import ModelRunner
@@ -28,20 +28,7 @@ def _runner(lm) -> ModelRunner:
     return ModelRunner(lm.model, slots=5, max_len=256, width=8)
 
 
-def _state(r: ModelRunner, slot: int) -> dict:
-    out = {t.name: t.materialize().clone() for t in r.state.export(slot)}
-    out["position"] = int(r.state.position[slot])
-    out["next_token"] = int(r.state.next_token[slot])
-    return out
-
-
-def _assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
+_state, _assert_same = slot_state, assert_same_state
 
 
 def _prompt(lm, n: int, seed: int) -> list[int]:
