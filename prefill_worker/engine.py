@@ -117,6 +117,7 @@ class ExactEngine:
             settle_s=PREFILL_SETTLE_S,
             cost=lambda p: len(p.ids),
             budget=prefill_budget,
+            share=lambda p: tuple(p.ids) if p.start == 0 else None,  # equal prompts: one pass computes them once
         )
 
     # ---- sessions ------------------------------------------------------------------------------

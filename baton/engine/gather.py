@@ -8,8 +8,9 @@ the prefill worker, Draft calls on the decode worker).
 Lifecycle of a call: it is queued; if no call is leading, it leads: it waits until the calls it expects
 are queued or the window passed (no wait when it expects <= 1), then takes `lock` and, holding it, every
 call queued by then (calls that arrived while it waited for the lock join; with `cost` and `budget`: the
-queued calls in order while their summed cost fits the budget, at least one; the rest wait for the next
-leader, which may be one of them), runs run_batch on them, hands each its result (or the batch's
+queued calls in order while their summed cost fits the budget, at least one, a call whose `share` key an
+earlier one of the batch has costing nothing (run_batch computes them once: equal prompts); the rest wait
+for the next leader, which may be one of them), runs run_batch on them, hands each its result (or the batch's
 exception), then passes the lead to the first queued call, if any, and returns. Wake-ups: each call waits
 on its own event, set when it is done or the lead passes to it; only the leader waits on the condition,
 which an arrival notifies alone (one wake-up a call and a batch, not one of every waiting call at each
@@ -106,8 +107,7 @@ def fill_stats(out, gathers) -> None:
         out.gathered_s[k] = sum(g.seconds.get(k, 0.0) for g in gathers)
 
 
-def unwrap(got):
-    """A batch function's per-item result: raised if it is an exception (the item failed alone), else returned."""
+def unwrap(got):  # a batch function's per-item result: raised if an exception (the item failed alone)
     if isinstance(got, BaseException):
         raise got
     return got
@@ -131,6 +131,7 @@ class Gather:
         gather_s: float = GATHER_S,
         cost: Callable[[object], int] | None = None,
         budget: int = 0,
+        share: Callable[[object], Hashable | None] | None = None,
         key: Callable[[object], Hashable] | None = None,
         max_wait_s: float = 0.0,
         settle_s: float = 0.0,
@@ -142,7 +143,7 @@ class Gather:
         self._run, self._lock, self._expected, self.gather_s = run_batch, lock, expected, gather_s
         self.settle_s = settle_s  # also wait until no call has arrived for this long (at most gather_s)
         self._last_arrival = 0.0
-        self._cost, self.budget = cost, budget  # a batch: queued items in order while their cost <= budget
+        self._cost, self.budget, self._share = cost, budget, share  # a batch: in order while cost <= budget
         self._key, self.max_wait_s, self.barrier = key, max_wait_s, barrier and key is not None
         self._awaited: set = set()  # a barrier's leader: the keys it still waits for (arrivals, forget() drop them)
         # expected() counts every caller that can come (Verify: the sessions): all of them queued, no settling
@@ -220,9 +221,11 @@ class Gather:
         if self._cost is None or not self.budget:
             batch, self._queue = self._queue, []
             return batch
-        total, n = 0, 0
+        total, n, shared = 0, 0, set()
         for c in self._queue:
-            total += self._cost(c.item)
+            k = self._share(c.item) if self._share is not None else None
+            total += 0 if k is not None and k in shared else self._cost(c.item)
+            shared.add(k)
             if n and total > self.budget:
                 break
             n += 1

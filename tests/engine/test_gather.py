@@ -85,6 +85,35 @@ def test_a_budget_cuts_batches_in_arrival_order_and_every_call_is_served():
     assert seen == [[0], [6, 3], [5], [9, 1]]
 
 
+def test_calls_sharing_a_key_cost_once_in_the_budget():
+    """share: a call whose key an earlier call of the batch has costs nothing (equal prompts, computed
+    once). Items (key, cost), budget 10: [(a, 8), (a, 8), (b, 2), (a, 8), (None, 5), (None, 5), (a, 8)] runs
+    as [(a, 8), (a, 8), (b, 2), (a, 8)] (10), then the two keyless (10), then (a, 8): a new batch pays for it."""
+    seen, go = [], threading.Event()
+
+    def run(items):
+        go.wait(5)
+        seen.append(list(items))
+        return items
+
+    g = Gather(run, threading.Lock(), cost=lambda x: x[1], budget=10, share=lambda x: x[0])
+    first = threading.Thread(target=lambda: g.call(("z", 1)))
+    first.start()  # leads a batch of its own and holds it until go
+    while not g._leading:
+        pass
+    items = [("a", 8), ("a", 8), ("b", 2), ("a", 8), (None, 5), (None, 5), ("a", 8)]
+    th = []
+    for x in items:
+        th.append(threading.Thread(target=g.call, args=(x,)))
+        th[-1].start()
+        while len(g._queue) < len(th):
+            pass
+    go.set()
+    for t in [first, *th]:
+        t.join(10)
+    assert seen == [[("z", 1)], items[:4], items[4:6], items[6:]]
+
+
 def test_a_failing_batch_raises_in_each_caller_and_the_gather_goes_on():
     calls = []
 

@@ -75,6 +75,29 @@ def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
             assert same, k
 
 
+def test_equal_prompts_share_one_pass_past_the_budget_and_equal_each_alone(lm):
+    """Five equal 40-token prompts and a 10-token one, budget 64: equal prompts cost one prompt's budget
+    (Gather share), so all six run in one pass, computing 50 tokens; each session ends as its prompt alone."""
+    p, q = _prompts(lm, [40, 10], seed=3)
+    solo = _engine(lm)
+    ref = {}
+    for ids in (p, q):
+        s, tok = solo.prefill(ids)
+        ref[len(ids)] = (tok, exported(solo, s.id))
+        solo.release(s.id)
+    e = _engine(lm, budget=64)
+    prompts = [p, p, q, p, p, p]
+    got = _concurrent(e, prompts)
+    assert e.pass_totals[:3] == [1, 6, 50]  # passes, pieces, tokens computed
+    for ids, (sid, tok) in zip(prompts, got):
+        rtok, rstate = ref[len(ids)]
+        assert tok == rtok
+        st = exported(e, sid)
+        for k in rstate:
+            same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
+            assert same, k
+
+
 def test_a_refused_piece_fails_alone_and_the_rest_of_its_pass_runs(lm):
     e = _engine(lm)
     a, b = _prompts(lm, [12, 9], seed=1)
