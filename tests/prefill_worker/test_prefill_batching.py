@@ -77,7 +77,8 @@ def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
 
 def test_equal_prompts_share_one_pass_past_the_budget_and_equal_each_alone(lm):
     """Five equal 40-token prompts and a 10-token one, budget 64: equal prompts cost one prompt's budget
-    (Gather share), so all six run in one pass, computing 50 tokens; each session ends as its prompt alone."""
+    (Gather share), so they run in one pass (two if the first leader ran alone), each prompt computed once a
+    pass; each session ends as its prompt alone."""
     p, q = _prompts(lm, [40, 10], seed=3)
     solo = _engine(lm)
     ref = {}
@@ -88,7 +89,10 @@ def test_equal_prompts_share_one_pass_past_the_budget_and_equal_each_alone(lm):
     e = _engine(lm, budget=64)
     prompts = [p, p, q, p, p, p]
     got = _concurrent(e, prompts)
-    assert e.pass_totals[:3] == [1, 6, 50]  # passes, pieces, tokens computed
+    # the first leader may run alone (_concurrent); every prompt queued behind it joins one pass: without
+    # the budget share at most one 40-token prompt fits a pass (five passes), and each would be computed
+    passes, pieces, tokens = e.pass_totals[:3]
+    assert passes <= 2 and pieces == 6 and tokens <= 90, e.pass_totals
     for ids, (sid, tok) in zip(prompts, got):
         rtok, rstate = ref[len(ids)]
         assert tok == rtok
