@@ -57,10 +57,11 @@ TILES = (
 )
 
 
-def _config(M: int) -> tuple[str, int, int, int, int]:
-    """-> (loads, BLOCK_M, BLOCK_N, warps, stages) for a call of M rows."""
-    if KERNEL != "auto":
-        return KERNEL, BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
+def _config(M: int, itemsize: int = 2) -> tuple[str, int, int, int, int]:
+    """-> (loads, BLOCK_M, BLOCK_N, warps, stages) for a call of M rows of `itemsize`-byte elements (TILES
+    were swept for bf16: a 4-byte call keeps the default tile, whose stages fit an SM's shared memory)."""
+    if KERNEL != "auto" or itemsize != 2:
+        return KERNEL if KERNEL != "auto" else "ptr", BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
     return next(t[1:] for t in TILES if t[0] is None or M <= t[0])
 
 
@@ -208,7 +209,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if not M:
         return y.view(*lead, N)
-    loads, bm, bn, warps, stages = _config(M)
+    loads, bm, bn, warps, stages = _config(M, x.element_size())
     if loads != "ptr" and not _tma_ok(x2, w, y):
         loads, bm, bn, warps, stages = "ptr", BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
