@@ -3,14 +3,16 @@
     app = create_app(servicer, serving=lambda: True, token="t", chat_template=ChatTemplate | None)
 
     GET  /health                200 {"status": "SERVING"} only while the router's gRPC health is SERVING,
-                                else 503; no token needed (a probe)
+                                else 503; no token needed (the readiness probe)
+    GET  /live                  200 {"status": "ALIVE"} while the process serves this event loop, workers up
+                                or not; no token needed (the liveness probe)
     GET  /metrics               the router's Prometheus registry (text exposition)
     GET  /v1/models             the served model
     POST /v1/completions        router/http/schemas.py parse_completion
     POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
-Every path but /health needs `Authorization: Bearer <token>` when the router has a token (the gRPC
+Every path but /health and /live needs `Authorization: Bearer <token>` when the router has a token (the gRPC
 one; constant-time compare): 401 otherwise. A body over `body_limit` bytes is 413 before it is parsed
 (Content-Length, or counted while it arrives); a body that is not JSON is 400. Errors are OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}; router statuses map as router/http/errors.py says.
@@ -44,8 +46,17 @@ from router.http.tokenize import detokenize, tokenize
 
 log = logging.getLogger("baton.router.http")
 DEFAULT_BODY_LIMIT = 4 << 20
-OPEN_PATHS = ("/health",)
-KNOWN = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}
+OPEN_PATHS = ("/health", "/live")
+KNOWN = {
+    "/health",
+    "/live",
+    "/metrics",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _COUNTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -68,7 +79,7 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 class Gate:
-    """Pure ASGI, outermost: a request to anything but /health needs the bearer token (401 before any
+    """Pure ASGI, outermost: a request to anything but /health and /live needs the bearer token (401 before any
     routing); every response is counted in baton_router_http_requests{endpoint, status}."""
 
     def __init__(self, app, token: str | None, counter: Counter):
@@ -158,6 +169,10 @@ def create_app(
     async def health():
         ok = serving()
         return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, status_code=200 if ok else 503)
+
+    @app.get("/live")
+    async def live():  # liveness: this loop answers; /health (readiness) is 503 while the workers are down
+        return {"status": "ALIVE"}
 
     @app.get("/metrics")
     async def metrics():
