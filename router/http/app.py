@@ -13,7 +13,10 @@
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
 Every path but /health and /live needs `Authorization: Bearer <token>` when the router has a token (the gRPC
-one; constant-time compare): 401 otherwise. A body over `body_limit` bytes is 413 before it is parsed
+one; constant-time compare): 401 otherwise, one rate-limited warning line. A request refused before it reaches
+the router's Generate (400 a body that is not JSON or a bad field, 404, 405, 413) is one rate-limited warning
+line too: method, path, client, status and the error's message (which never quotes the prompt or messages;
+the body is never logged); Generate's own refusals are in the router's request line. A body over `body_limit` bytes is 413 before it is parsed
 (Content-Length, or counted while it arrives); a body that is not JSON is 400. Errors are OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}; router statuses map as router/http/errors.py says.
 Streaming responses are SSE (fastapi.sse framing): one `data: {chunk}` per router message, then
@@ -112,6 +115,11 @@ class Gate:
         await error_response(ApiError(401, f"authorization: {why}", code="invalid_api_key"))(scope, receive, counted)
 
 
+def _printable(text: str) -> str:
+    """Control characters escaped: a client's path (%0A decoded) cannot forge a log line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 async def read_json(request: Request, limit: int):
     """The body as JSON: 413 past `limit` bytes (before parsing), 400 when it is not JSON."""
     length = request.headers.get("content-length")
@@ -151,14 +159,23 @@ def create_app(
             meta.model_id, reg.max_context(cfg.max_context), cfg.width, meta.tokenizer, chat_template, reg.capacity()
         )
 
+    refused = RateLimitedLog(log)  # a client flooding bad requests cannot flood the log
+
+    def answer(request: Request, e: ApiError) -> JSONResponse:
+        if not e.from_router and e.code != "client_disconnected":  # gone: nobody to answer, nothing to say
+            host, port = (request.client or ("?", 0))[:2]
+            path, why = _printable(request.url.path[:200]), _printable(e.message[:300])
+            refused.warning("%s %s from %s:%s: %d %s", request.method, path, host, port, e.status, why)
+        return error_response(e)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
-        return error_response(e)
+        return answer(request, e)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return error_response(ApiError(e.status_code, f"{request.url.path}: {e.detail}", code=code))
+        return answer(request, ApiError(e.status_code, f"{request.url.path[:200]}: {e.detail}", code=code))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
