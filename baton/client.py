@@ -191,9 +191,13 @@ class Client:
     def health(self, service: str = "", timeout: float = 5.0) -> str:
         """The serving status name, or the gRPC error code name when the check fails (e.g. UNAVAILABLE)."""
         try:
-            resp = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            return self.check_health(service, timeout)
         except grpc.RpcError as e:
             return e.code().name
+
+    def check_health(self, service: str = "", timeout: float = 5.0) -> str:
+        """The serving status name; grpc.RpcError when the check itself fails (its details say why)."""
+        resp = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
 
     def close(self) -> None:

@@ -6,9 +6,15 @@
                    [--exact-policy coupling|rejection] PROMPT
         streams the text to stdout; --json prints one object at the end:
         {"token_ids", "text", "finish_reason", "usage", "stats"}
-    baton health [--addr A]
-        prints SERVING / NOT_SERVING (or the error code); exit code 0 only when SERVING
-Exit codes: 0 ok, 1 the router answered with an error (printed as `CODE: details` on stderr), 2 usage.
+    baton health [--addr A] [--service NAME] [--timeout S]
+        prints the status on stdout (SERVING, NOT_SERVING, SERVICE_UNKNOWN, or the gRPC code of a failed
+        check, e.g. UNAVAILABLE) and, when not SERVING, why on stderr (grpc's reason: connection refused...)
+Exit codes of `baton generate`: 0 ok, 1 the router answered with an error (`CODE: details` on stderr), 2 usage.
+Exit codes of `baton health` (HEALTH_EXIT; distinct, as grpc_health_probe's are): 0 SERVING; 1 the server
+answered, not SERVING (NOT_SERVING, SERVICE_UNKNOWN, or NOT_FOUND: no such --service); 2 usage; 3 unreachable
+(UNAVAILABLE: refused, no route, name not resolved, TLS handshake; DEADLINE_EXCEEDED: no answer in
+--timeout); 4 another RPC error (e.g. UNAUTHENTICATED where health is protected, UNIMPLEMENTED: no health
+service there).
 """
 
 from __future__ import annotations
@@ -122,10 +128,31 @@ def run_for(cmd: str, args) -> int:
         return 1
 
 
+HEALTH_EXIT = {"serving": 0, "not_serving": 1, "usage": 2, "unreachable": 3, "rpc_error": 4}
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 def _health(c: Client, args) -> int:
-    status = c.health(args.service, timeout=args.timeout or 5.0)
+    timeout = args.timeout or 5.0
+    try:
+        status = c.check_health(args.service, timeout=timeout)
+    except grpc.RpcError as e:
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            details = f"no answer in {timeout:g} s ({details})"
+        if code == grpc.StatusCode.NOT_FOUND:  # grpc.health.v1: the server does not know --service
+            print("SERVICE_UNKNOWN")
+            print(f"baton health: {args.addr}: no health service {args.service!r} ({details})", file=sys.stderr)
+            return HEALTH_EXIT["not_serving"]
+        print(code.name)
+        what = "unreachable" if code in _UNREACHABLE else "health check failed"
+        print(f"baton health: {args.addr} {what}: {code.name}: {details}", file=sys.stderr)
+        return HEALTH_EXIT["unreachable" if code in _UNREACHABLE else "rpc_error"]
     print(status)
-    return 0 if status == "SERVING" else 1
+    if status != "SERVING":
+        name = f"service {args.service!r}" if args.service else "the server"
+        print(f"baton health: {args.addr} answered: {name} is {status}", file=sys.stderr)
+    return HEALTH_EXIT["serving" if status == "SERVING" else "not_serving"]
 
 
 def _generate(c: Client, args) -> int:

@@ -17,7 +17,7 @@ import sys
 from baton.lifeline import die_with_parent
 from baton.worker.command_line import add_common_arguments, model_from_args, options_from_args, setup_logging
 from baton.worker.options import settings_for
-from baton.worker.process import run_until_signal
+from baton.worker.process import LoadInterrupted, StopSignals, run_until_signal
 
 log = logging.getLogger("baton.decode")
 ENGINES = ("bf16", "fp8", "mtp")
@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, drafter=None) -> int:
     """drafter: a baton.engine.speculation.Drafter for every session (benchmarks only; None = the model's own)."""
     die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
+    signals = StopSignals("decode")  # a SIGTERM while starting (imports, load, warm-up) exits 0 at once
+    try:
+        return _main(argv, signals, drafter)
+    except LoadInterrupted:
+        return 0
+
+
+def _main(argv, signals: StopSignals, drafter) -> int:
     args = build_parser().parse_args(argv)
     opts = options_from_args(args)
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None, *, drafter=None) -> int:
     except (OSError, ValueError) as e:
         log.error("decode: cannot start: %s", e)
         return 2
-    return run_until_signal("decode", handle, opts.grace_s)
+    signals.serving()  # NOTE: before the serving line: a signal now drains what the worker serves
+    return run_until_signal("decode", handle, opts.grace_s, signals)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ Lifecycle:
     start        Ray (default): join RAY_ADDRESS, or start a private local instance (own temp dir,
                  no dashboard, no usage stats, Ray's token auth); N+M named actors via deploy/launch.py.
                  --processes: N+M worker subprocesses via deploy/processes.py (no Ray at all),
-                 restarted on the same port when one exits on its own (as Ray restarts actors).
+                 restarted on the same port when one exits on its own (as Ray restarts actors); a
+                 worker that exits more than --max-restarts times in 10 minutes is given up on: one
+                 line naming it, then the same clean-up as a signal's, exit 1.
                  One progress line per worker: loading, then ready with the seconds it took.
     serve        the router in this process, given the workers' addresses (and, with Ray, the
                  namespace, so an actor Ray restarts on a new port is found again); once its health
@@ -36,6 +38,7 @@ from typing import Callable
 
 from baton import stack_sampler
 from deploy.processes import (
+    GaveUp,
     Progress,
     StartupError,
     Supervisor,
@@ -117,6 +120,9 @@ def serve_until_signalled(
         progress.say("stopping: router no longer accepts requests")
     except KeyboardInterrupt:
         progress.say("interrupted: stopping")
+    except GaveUp as e:  # a worker kept dying (Supervisor): serving stops, the supervisor of this one decides
+        progress.say(f"{e}: stopping")
+        rc = 1
     except (StartupError, OSError, ValueError, ImportError) as e:
         progress.say(f"router failed to start: {e}")
         rc = 1
@@ -269,7 +275,10 @@ def run(args) -> int:
                 procs = start_processes(specs, **place)  # cuda, 2+ GPUs: one each (--colocate: the first)
                 # the router has drained by then: a worker gets 1 s to drain, then time to exit
                 cleanups.append(lambda: stop_processes(procs, grace=4.0, progress=progress))
-                supervisor = Supervisor(procs, progress=progress, timeout=args.timeout)
+                restarts = getattr(args, "max_restarts", None)
+                supervisor = Supervisor(
+                    procs, progress=progress, timeout=args.timeout, max_restarts=5 if restarts is None else restarts
+                )
                 tick = lambda: supervisor.check(sig.stop)  # noqa: E731
                 addresses = {p.spec.name: p.address for p in procs}
             else:

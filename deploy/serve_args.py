@@ -85,6 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--colocate", action="store_true", help="--processes, cuda: all workers on the first GPU")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        metavar="N",
+        help="--processes: a worker that exits more than N times in 10 minutes (a failed restart counts) is "
+        "given up on: serve stops and exits 1 (default %(default)s; 0: never restart; -1: restart forever)",
+    )
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
         "--namespace", default=None, help="Ray namespace (default: baton, or baton-serve-PID when joining RAY_ADDRESS)"

@@ -15,13 +15,21 @@ import sys
 from baton.lifeline import die_with_parent
 from baton.worker.command_line import add_common_arguments, model_from_args, options_from_args, setup_logging
 from baton.worker.options import settings_for
-from baton.worker.process import run_until_signal
+from baton.worker.process import LoadInterrupted, StopSignals, run_until_signal
 
 log = logging.getLogger("baton.prefill")
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # started by deploy.processes.WorkerProcess: SIGTERM when it dies
+    signals = StopSignals("prefill")  # a SIGTERM while starting (imports, load, warm-up) exits 0 at once
+    try:
+        return _main(argv, signals)
+    except LoadInterrupted:
+        return 0
+
+
+def _main(argv, signals: StopSignals) -> int:
     p = argparse.ArgumentParser(prog="python -m prefill_worker", description="Baton prefill worker (exact engine)")
     add_common_arguments(p)
     p.add_argument("--chunk-mib", type=float, default=4.0, help="state hand-off chunk size, MiB")
@@ -95,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         log.error("prefill: cannot start: %s", e)
         return 2
-    return run_until_signal("prefill", handle, opts.grace_s)
+    signals.serving()  # NOTE: before the serving line: a signal now drains what the worker serves
+    return run_until_signal("prefill", handle, opts.grace_s, signals)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Lifecycle:
     serve_router(prefill=[...], decode=[...], model_dir=DIR, settings=..., port=P)
         model metadata (tokenizer, vocab, EOS) from DIR -> worker registry (static addresses and/or
         named Ray actors) -> gRPC server (Router + health + reflection, auth interceptor, TLS)
-        -> first health poll -> health SERVING while >= 1 prefill and >= 1 decode worker serve
+        -> first health poll -> health SERVING while >= 1 prefill and >= 1 decode worker serve (readiness;
+           the health service "liveness" is SERVING from the start, workers up or not)
         -> /metrics on --metrics-port (0 = off)
         -> the OpenAI-compatible HTTP API on --http-port (0 = off; router/http, imported only then)
     prints `router: serving on HOST:PORT` (and `router: http on http://HOST:PORT` with --http-port)
@@ -20,6 +21,8 @@ import sys
 import threading
 from pathlib import Path
 
+from grpc_health.v1 import health_pb2
+
 from baton import stack_sampler
 from baton.engine.draft_length import POLICIES
 from baton.heap import freeze_startup_heap
@@ -34,6 +37,7 @@ from router.registry import Registry
 from router.service import ModelMeta, RouterConfig, RouterServicer
 
 SERVICE_NAME = "baton.v1.Router"
+LIVENESS_SERVICE = "liveness"  # grpc.health.v1 name SERVING from bind to shutdown, workers up or not
 
 
 def serve_router(
@@ -97,6 +101,9 @@ def serve_router(
         max_receive_bytes=min(settings.max_request_bytes, settings.max_message_bytes),
     )
     box["handle"] = handle
+    # liveness probes (k8s `grpc: {service: liveness}`): "" and baton.v1.Router are readiness (NOT_SERVING
+    # while no prefill or no decode worker is up); this one stays SERVING until the router shuts down
+    handle.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     servicer.http = None
     try:
         registry.start()

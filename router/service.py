@@ -277,6 +277,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     return
         finally:
             gen.close()  # a stop string: the downstream stream is cancelled (Calls.close releases)
+            if stats.decode:  # the log line names the workers and the engine that ran (metrics keep the asked one)
+                rec.update(
+                    prefill=stats.prefill, decode=stats.decode, engine=ENGINE_NAMES.get(stats.engine, rec["engine"])
+                )
 
     def _last(
         self, msg, plan: Plan, rec: dict, stats: RunStats, n_out: int, finish: int, now: float, t_first, t_second
@@ -379,9 +383,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         decode_wait_s, prompt_logprobs."""
         ids, timeline = plan.prompt_ids + list(sent), plan.timeline and stats.timeline is None
         kw |= dict(mode=plan.mode, engine=plan.engine, engine_name=plan.engine_name, sampling=plan.sampling)
-        return start_session(
+        h = start_session(
             calls, ids, generated=len(sent), on_retry=self.metrics.prefill_retries.inc, timeline=timeline, **kw
         )
+        stats.prefill, stats.decode, stats.engine = h.prefill.address, h.decode.address, h.engine
+        return h
 
     def _record(self, stats: RunStats):
         """-> a BridgeReport's recorder: the request's stats and the router's metrics."""

@@ -319,6 +319,9 @@ class RunStats:
     verify_s: float = 0.0
     handoffs: int = 0  # state hand-offs, and how many of them were draft-only (Stats.handoffs ...)
     draft_only_handoffs: int = 0
+    prefill: str = ""  # the session's workers (the last re-prefill's after a migration) and its engine, for the
+    decode: str = ""  # request's log line (router/service.py)
+    engine: int = 0  # common_pb2.Engine the Prefill named: the request's, else the decode worker's default
 
     def bridge(self, report) -> None:
         self.handoffs += 1

@@ -1,8 +1,13 @@
 """A worker process's life: serve until a signal, then drain and exit.
 
+signals = StopSignals(role)          first thing in main: SIGINT/SIGTERM while starting (the imports, the
+                                     model load, graph capture, warm-up) raise LoadInterrupted, so the
+                                     start-up unwinds and main returns 0 (was: killed by the signal, -15);
+                                     a "still starting" line every 30 s until serving
 serve_*(...) -> (WorkerHandle, servicer)
     model loaded -> engine -> gRPC server bound -> health SERVING
-run_until_signal(role, handle)       prints "<role>: serving on HOST:PORT"; SIGINT/SIGTERM ->
+run_until_signal(role, handle, grace, signals)
+                                     prints "<role>: serving on HOST:PORT"; SIGINT/SIGTERM ->
                                      health NOT_SERVING -> stop(grace) -> servicer.close()
 exit_process(code)                   flush, os._exit: no interpreter teardown (see its note)"""
 
@@ -13,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import NoReturn
 
 from baton import op_profile, stack_sampler, stalls
@@ -51,20 +57,69 @@ def ready(role: str, settings: Settings) -> None:
     stack_sampler.start(role)  # BATON_STACK_SAMPLES only (baton/stack_sampler.py)
 
 
-def run_until_signal(role: str, handle: WorkerHandle, grace: float = DEFAULT_GRACE_S) -> int:
-    """Prints the serving line, blocks until SIGINT/SIGTERM, then stops cleanly. Returns 0."""
-    done = threading.Event()
+class LoadInterrupted(BaseException):
+    """SIGINT / SIGTERM while the worker was starting: its start-up unwinds, and the process exits 0."""
 
-    def on_signal(signum, _frame):
-        log.info("%s: signal %d, shutting down (grace %.1fs)", role, signum, grace)
-        done.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+class StopSignals:
+    """A worker's SIGINT / SIGTERM handling from the first line of its main to its exit.
+
+    While starting (imports, model load, graph capture, warm-up: minutes on a GPU, and no port open yet) a
+    signal raises LoadInterrupted in the main thread, between two Python steps (a long native call, one
+    tensor's read, finishes first), so main unwinds and returns 0 at once; a thread logs "still starting"
+    every `every` s meanwhile. Once serving() is called a signal only sets `done` (run_until_signal drains)."""
+
+    def __init__(self, role: str, every: float = 30.0):
+        self.role, self.every, self.t0 = role, every, time.monotonic()
+        self.done, self.starting = threading.Event(), True
+        self.grace = DEFAULT_GRACE_S
+        self._old = {s: signal.signal(s, self._on) for s in (signal.SIGINT, signal.SIGTERM)}
+        threading.Thread(target=self._progress, name=f"{role}-starting", daemon=True).start()
+
+    def _on(self, signum, _frame) -> None:
+        self.done.set()
+        if self.starting:
+            self.starting = False
+            log.info("%s: signal %d while starting (%.1f s in): exiting", self.role, signum, self.since())
+            raise LoadInterrupted(signum)
+        log.info("%s: signal %d, shutting down (grace %.1fs)", self.role, signum, self.grace)
+
+    def since(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _progress(self) -> None:
+        while not self.done.wait(self.every) and self.starting:
+            log.info(
+                "%s: still starting, %.0f s so far (loading the model, capturing graphs, warming up; "
+                "the gRPC port opens once it is ready)",
+                self.role,
+                self.since(),
+            )
+
+    def serving(self) -> None:
+        """Started: from now on a signal sets `done` instead of interrupting."""
+        self.starting = False
+
+    def restore(self) -> None:
+        """The handlers from before (tests; a worker process keeps these until it exits)."""
+        self.starting = False
+        self.done.set()
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def run_until_signal(
+    role: str, handle: WorkerHandle, grace: float = DEFAULT_GRACE_S, signals: StopSignals | None = None
+) -> int:
+    """Prints the serving line, blocks until SIGINT/SIGTERM, then stops cleanly. Returns 0. `signals`: the
+    StopSignals main installed before the load (None: installed now)."""
+    signals = signals or StopSignals(role)
+    signals.grace = grace
+    signals.serving()
     dump_stacks_on_sigusr1(role)
     ready(role, handle.servicer.settings)
     print(f"{role}: serving on {handle.address}", flush=True)
-    while not done.wait(0.5):
+    while not signals.done.wait(0.5):
         pass
     handle.stop(grace)
     log.info("%s: stopped", role)

@@ -3,15 +3,20 @@
     app = create_app(servicer, serving=lambda: True, token="t", chat_template=ChatTemplate | None)
 
     GET  /health                200 {"status": "SERVING"} only while the router's gRPC health is SERVING,
-                                else 503; no token needed (a probe)
+                                else 503; no token needed (the readiness probe)
+    GET  /live                  200 {"status": "ALIVE"} while the process serves this event loop, workers up
+                                or not; no token needed (the liveness probe)
     GET  /metrics               the router's Prometheus registry (text exposition)
     GET  /v1/models             the served model
     POST /v1/completions        router/http/schemas.py parse_completion
     POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
-Every path but /health needs `Authorization: Bearer <token>` when the router has a token (the gRPC
-one; constant-time compare): 401 otherwise. A body over `body_limit` bytes is 413 before it is parsed
+Every path but /health and /live needs `Authorization: Bearer <token>` when the router has a token (the gRPC
+one; constant-time compare): 401 otherwise, one rate-limited warning line. A request refused before it reaches
+the router's Generate (400 a body that is not JSON or a bad field, 404, 405, 413) is one rate-limited warning
+line too: method, path, client, status and the error's message (which never quotes the prompt or messages;
+the body is never logged); Generate's own refusals are in the router's request line. A body over `body_limit` bytes is 413 before it is parsed
 (Content-Length, or counted while it arrives); a body that is not JSON is 400. Errors are OpenAI's shape,
 {"error": {"message", "type", "param", "code"}}; router statuses map as router/http/errors.py says.
 Streaming responses are SSE (fastapi.sse framing): one `data: {chunk}` per router message, then
@@ -44,8 +49,17 @@ from router.http.tokenize import detokenize, tokenize
 
 log = logging.getLogger("baton.router.http")
 DEFAULT_BODY_LIMIT = 4 << 20
-OPEN_PATHS = ("/health",)
-KNOWN = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}
+OPEN_PATHS = ("/health", "/live")
+KNOWN = {
+    "/health",
+    "/live",
+    "/metrics",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _COUNTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -68,7 +82,7 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 class Gate:
-    """Pure ASGI, outermost: a request to anything but /health needs the bearer token (401 before any
+    """Pure ASGI, outermost: a request to anything but /health and /live needs the bearer token (401 before any
     routing); every response is counted in baton_router_http_requests{endpoint, status}."""
 
     def __init__(self, app, token: str | None, counter: Counter):
@@ -99,6 +113,11 @@ class Gate:
         client = scope.get("client") or ("?", 0)
         self._refused.warning("refused %s %s from %s:%s: %s (401)", scope.get("method"), endpoint, *client[:2], why)
         await error_response(ApiError(401, f"authorization: {why}", code="invalid_api_key"))(scope, receive, counted)
+
+
+def _printable(text: str) -> str:
+    """Control characters escaped: a client's path (%0A decoded) cannot forge a log line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 async def read_json(request: Request, limit: int):
@@ -140,14 +159,23 @@ def create_app(
             meta.model_id, reg.max_context(cfg.max_context), cfg.width, meta.tokenizer, chat_template, reg.capacity()
         )
 
+    refused = RateLimitedLog(log)  # a client flooding bad requests cannot flood the log
+
+    def answer(request: Request, e: ApiError) -> JSONResponse:
+        if not e.from_router and e.code != "client_disconnected":  # gone: nobody to answer, nothing to say
+            host, port = (request.client or ("?", 0))[:2]
+            path, why = _printable(request.url.path[:200]), _printable(e.message[:300])
+            refused.warning("%s %s from %s:%s: %d %s", request.method, path, host, port, e.status, why)
+        return error_response(e)
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
-        return error_response(e)
+        return answer(request, e)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return error_response(ApiError(e.status_code, f"{request.url.path}: {e.detail}", code=code))
+        return answer(request, ApiError(e.status_code, f"{request.url.path[:200]}: {e.detail}", code=code))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
@@ -158,6 +186,10 @@ def create_app(
     async def health():
         ok = serving()
         return JSONResponse({"status": "SERVING" if ok else "NOT_SERVING"}, status_code=200 if ok else 503)
+
+    @app.get("/live")
+    async def live():  # liveness: this loop answers; /health (readiness) is 503 while the workers are down
+        return {"status": "ALIVE"}
 
     @app.get("/metrics")
     async def metrics():

@@ -44,12 +44,15 @@ class ApiError(Exception):
         m = _FIELD.match(message)
         self.param = param if param is not None else (m.group(1) if m and status == 400 else None)
         self.code = code
+        self.from_router = False  # Generate's own status: the router's request line logged it already
 
     @classmethod
     def from_status(cls, code: grpc.StatusCode, message: str, rename: dict[str, str] | None = None) -> "ApiError":
         for old, new in (rename or {}).items():
             message = re.sub(rf"\b{re.escape(old)}\b", new, message)
-        return cls(HTTP_STATUS.get(code, 500), message, code=code.name.lower())
+        e = cls(HTTP_STATUS.get(code, 500), message, code=code.name.lower())
+        e.from_router = True
+        return e
 
     def body(self) -> dict:
         return {
