@@ -2,10 +2,10 @@
 
 Lifecycle of a Generate request:
     admit      past `max_inflight` requests in flight -> RESOURCE_EXHAUSTED at once
-    validate   INVALID_ARGUMENT naming the field (prompt, token_ids, max_new_tokens, mode, engine,
-               draft_block, stop_token_ids, request_id, sampling.<field>); text prompts are tokenized
-               here; a request without a seed gets a random one (returned in Stats.seed);
-               no prefill or no decode worker up -> UNAVAILABLE
+    validate   router/validate.py plan_request: INVALID_ARGUMENT naming the field (prompt, token_ids,
+               max_new_tokens, mode, engine, draft_block, stop_token_ids, request_id, sampling.<field>);
+               text prompts are tokenized there; a request without a seed gets a random one (returned in
+               Stats.seed); no prefill or no decode worker up -> UNAVAILABLE
     line       the workers' session slots full: the request waits for a slot, first come first served, at
                most RouterConfig.queue_s (--queue-timeout: 30 s; RouterConfig's own default 0: none;
                router/slot_line.py), then RESOURCE_EXHAUSTED
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
 import time
 import uuid
@@ -47,7 +46,7 @@ from typing import Iterator
 import grpc
 
 from baton import sampling_rules
-from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES, engine_name, known_engine
+from baton.names import ENGINE_NAMES, ENGINE_VALUES, MODE_NAMES
 from baton.rpc import StatusError, abort_with
 from baton.v1 import common_pb2, decode_pb2, router_pb2, router_pb2_grpc
 from router.calls import Calls, Cancelled, WorkerFault, unavailable
@@ -59,17 +58,12 @@ from router.registry import Registry
 from router.session import Budget, RunStats, first_logprob, first_tokens, land, start_session
 from router.slot_line import SlotLine
 from router.stops import TextStream
+from router.validate import MAX_REQUEST_ID, plan_request
 
 log = logging.getLogger("baton.router")
 C = grpc.StatusCode
-MAX_STOP_IDS = 64
-MAX_REQUEST_ID = 128
 SERVER_FAULTS = (C.UNAVAILABLE, C.INTERNAL, C.UNKNOWN, C.DATA_LOSS)  # the request line is a WARNING, else INFO
 __all__ = ["ModelMeta", "RouterConfig", "RouterServicer"]  # the first two live in router/config.py
-
-
-def _bad(field: str, why: str) -> StatusError:
-    return StatusError(C.INVALID_ARGUMENT, f"{field}: {why}")
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -162,75 +156,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         )
 
     def _validate(self, r: router_pb2.GenerateRequest, request_id: str) -> Plan:
-        cfg, meta, W = self.config, self.meta, self.config.width
-        if len(r.request_id) > MAX_REQUEST_ID:
-            raise _bad("request_id", f"longer than {MAX_REQUEST_ID} characters")
-        if r.mode not in MODE_NAMES:
-            raise _bad("mode", f"unknown value {r.mode} (FAST=1, EXACT=2)")
-        if not known_engine(r.engine):
-            raise _bad("engine", f"unknown value {r.engine} (BF16=1, FP8=2, MTP=3)")
-        max_ctx = self.registry.max_context(cfg.max_context)
-        which = r.WhichOneof("prompt")
-        if which == "text" and r.text:
-            if meta.tokenizer is None:
-                raise _bad("prompt", "this router has no tokenizer; send token_ids")
-            if len(r.text) > 32 * max_ctx:
-                raise _bad("prompt", f"{len(r.text)} characters is far beyond the window of {max_ctx} tokens")
-            ids = meta.tokenizer.encode(r.text)
-        elif which == "token_ids":
-            ids = r.token_ids.ids
-        else:
-            ids = []
-        if not ids:
-            raise _bad("prompt", "empty (set text or token_ids)")
-        if len(ids) + W + 1 > max_ctx:
-            raise _bad(
-                "prompt",
-                f"{len(ids)} tokens is too long: at most {max_ctx - W - 1} fit the window of "
-                f"{max_ctx} ({W} rows are reserved for decoding, and one token at least is generated)",
-            )
-        ids = list(ids)
-        if which == "token_ids" and max(ids) >= meta.vocab_size:
-            i = next(i for i, t in enumerate(ids) if t >= meta.vocab_size)
-            raise _bad("token_ids", f"id {ids[i]} at index {i} is out of range [0, {meta.vocab_size})")
-        n = r.max_new_tokens
-        if n < 1:
-            raise _bad("max_new_tokens", "must be >= 1")
-        if n > cfg.max_new_tokens_limit:
-            raise _bad("max_new_tokens", f"{n} exceeds the limit of {cfg.max_new_tokens_limit}")
-        if len(ids) + n + W > max_ctx:
-            raise _bad(
-                "max_new_tokens",
-                f"prompt ({len(ids)}) + max_new_tokens ({n}) + {W} reserved rows "
-                f"exceeds the window of {max_ctx} tokens",
-            )
-        k = r.draft_block or cfg.default_draft_block
-        if not 1 <= k <= W - 2:
-            raise _bad("draft_block", f"{r.draft_block} is out of range 1..{W - 2} (0 = default)")
-        if len(r.stop_token_ids) > MAX_STOP_IDS:
-            raise _bad("stop_token_ids", f"at most {MAX_STOP_IDS} ids")
-        bad_stop = [t for t in r.stop_token_ids if t >= meta.vocab_size]
-        if bad_stop:
-            raise _bad("stop_token_ids", f"id {bad_stop[0]} is out of range [0, {meta.vocab_size})")
-        for role in ("prefill", "decode"):
-            if not self.registry.up(role):
-                raise unavailable(f"no {role} worker is available")
-        name = engine_name(r.engine)
-        if name and self.registry.engines_known() and name not in self.registry.engines():
-            offered = ", ".join(sorted(self.registry.engines())) or "none"
-            raise _bad("engine", f"{name} is not offered by any decode worker (offered: {offered})")
-        mode = common_pb2.EXACT if r.mode == common_pb2.EXACT else common_pb2.FAST
-        try:
-            sampling, stops = sampling_rules.plan(
-                r.sampling, meta.tokenizer is not None, secrets.randbits(64), meta.vocab_size
-            )
-        except ValueError as e:
-            raise StatusError(C.INVALID_ARGUMENT, str(e)) from None
-        stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
-        plp = r.prompt_logprobs if r.HasField("prompt_logprobs") else -1
-        if plp > sampling_rules.MAX_LOGPROBS:
-            raise _bad("prompt_logprobs", f"{plp} alternatives: at most {sampling_rules.MAX_LOGPROBS}")
-        return Plan(request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp)
+        return plan_request(r, request_id, self.config, self.meta, self.registry)
 
     # ---- relay -----------------------------------------------------------------------------------
     def _relay(self, plan: Plan, calls: Calls, rec: dict, t0: float) -> Iterator[router_pb2.GenerateResponse]:
