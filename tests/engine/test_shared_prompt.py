@@ -60,6 +60,17 @@ def test_equal_prompts_in_one_pass_end_as_each_alone(lm):
         _assert_same(_state(r, slot), want[slot])
 
 
+def test_a_prompt_over_several_kv_pages_is_copied_whole(lm):
+    """600 tokens: two full 256-token pages and a part of a third (PagedRows' index_copy_ and tail copy)."""
+    p = _prompt(lm, 600, 6)
+    alone = ModelRunner(lm.model, slots=2, max_len=704, width=8)
+    alone.prefill(1, p)
+    want = _state(alone, 1)
+    r = ModelRunner(lm.model, slots=2, max_len=704, width=8)
+    run_pass(r, [Piece(0, p), Piece(1, list(p))])
+    _assert_same(_state(r, 1), want)
+
+
 def test_penalties_read_each_copys_own_history(lm):
     p = _prompt(lm, 30, 3)
     pen = Params(temperature=1.0, seed=5, repetition_penalty=1.3, frequency_penalty=0.5)
