@@ -281,7 +281,7 @@ class ExactLoop:
         self._record(resp.bridge)
         if target is not self.decode:
             batcher.forget(self.sid, self.decode)
-        self.decode = target
+        self.decode, self.stats.decode = target, target.address  # the request's log line names the one now
         # NOTE: ExportState re-sends the engine named in the Prefill (export_engine), which the new
         # worker offers; UNSPECIFIED = "as loaded" from now on. The output cannot change either way.
         self.engine = 0

@@ -223,6 +223,7 @@ def test_migrates_when_the_decode_worker_dies(fake_pool):
     assert all(r.engine == common_pb2.FP8 for r in _reqs(f1, "Draft"))
     assert all(r.engine == common_pb2.ENGINE_UNSPECIFIED for r in d2_drafts)  # "as loaded" after it
     assert loop.decode.address == f2.address and stats.bridge_bytes == sum(b.total_bytes for b in bridges)
+    assert stats.decode == f2.address  # the request's log line names the decode worker that finished it
 
 
 def test_a_decode_worker_that_lost_the_session_may_take_it_back(fake_pool):
