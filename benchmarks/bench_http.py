@@ -13,6 +13,10 @@ OMP_NUM_THREADS=1), then:
             client (no retries), stream /v1/completions for --load-seconds over a few prompts; a 429 is
             counted and retried after a jittered back-off. Each completed stream's text must be the gRPC
             text of its prompt and its usage must be --load-tokens tokens: lost = streams that differ.
+  choices   with --choices N > 0: one /v1/completions of n = N choices of one --choice-prompt-token prompt
+            against N concurrent requests of N distinct prompts of that length (--choice-reps each, --load-tokens
+            new tokens): the wall time of each and the prompt tokens the prefill worker computed (GetStats
+            prefill_tokens; equal prompts in one pass are computed once, baton/engine/prefill.py shared_firsts).
 Prints one JSON object (benchmarks.report.emit). `load(...)` is what tests/router/test_http_api.py runs.
 """
 
@@ -214,6 +218,58 @@ def load(stack: Stack, *, clients: int, seconds: float, n: int, prompts=LOAD_PRO
     }
 
 
+def prefill_stats(stack: Stack):
+    """The prefill worker's WorkerStats (the stack has one)."""
+    from baton.rpc import make_channel
+    from baton.settings import Settings
+    from baton.v1 import common_pb2, prefill_pb2_grpc
+
+    (addr,) = [a for name, a in stack.workers.items() if name.startswith("prefill")]
+    with make_channel(addr, Settings(token=stack.token)) as ch:
+        return prefill_pb2_grpc.PrefillWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
+
+
+def choices(stack: Stack, *, n: int, prompt_tokens: int, tokens: int, reps: int) -> dict:
+    """An n-choice request against n concurrent requests of distinct prompts (module doc)."""
+    rng = random.Random(0)
+    client = stack.openai(max_retries=0, timeout=300)
+    kw = dict(model="default-model", max_tokens=tokens, temperature=1.0, extra_body={"baton": {"ignore_eos": True}})
+
+    def prompt() -> list[int]:
+        return [rng.randrange(1, 1000) for _ in range(prompt_tokens)]
+
+    def one(ids, **more):
+        return client.completions.create(prompt=ids, **kw, **more)
+
+    def timed(fn) -> tuple[float, int]:
+        before = prefill_stats(stack).prefill_tokens
+        t0 = time.monotonic()
+        fn()
+        return time.monotonic() - t0, prefill_stats(stack).prefill_tokens - before
+
+    def distinct() -> None:
+        ps = [prompt() for _ in range(n)]
+        threads = [threading.Thread(target=one, args=(q,), kwargs={"seed": 1}) for q in ps]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+
+    one(prompt(), n=n, seed=0)  # warm-up
+    shared = [timed(lambda: one(prompt(), n=n, seed=7)) for _ in range(reps)]
+    apart = [timed(distinct) for _ in range(reps)]
+    return {
+        "n": n,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": tokens,
+        "reps": reps,
+        "n_choices_s_median": round(statistics.median(t for t, _ in shared), 3),
+        "n_requests_s_median": round(statistics.median(t for t, _ in apart), 3),
+        "n_choices_prompt_tokens_computed": [c for _, c in shared],
+        "n_requests_prompt_tokens_computed": [c for _, c in apart],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     import platform
 
@@ -223,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-clients", type=int, default=int(os.environ.get("BATON_HTTP_LOAD_CLIENTS", "0")))
     p.add_argument("--load-seconds", type=float, default=30.0)
     p.add_argument("--load-tokens", type=int, default=16)
+    p.add_argument("--choices", type=int, default=0, help="choices: n of one request against n requests")
+    p.add_argument("--choice-prompt-tokens", type=int, default=300)
+    p.add_argument("--choice-reps", type=int, default=3)
     p.add_argument("--machine", default=platform.platform(), help="recorded in the JSON")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -240,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if a.load_clients:
             res["load"] = load(stack, clients=a.load_clients, seconds=a.load_seconds, n=a.load_tokens)
+        if a.choices:
+            res["choices"] = choices(
+                stack, n=a.choices, prompt_tokens=a.choice_prompt_tokens, tokens=a.load_tokens, reps=a.choice_reps
+            )
     finally:
         res_rc = stack.close()
     res["serve_exit_code"] = res_rc

@@ -39,7 +39,7 @@ from helpers import self_signed_cert  # noqa: E402
 
 from baton.client import Client  # noqa: E402
 from baton.settings import Settings  # noqa: E402
-from benchmarks.bench_http import Stack, grpc_text, load  # noqa: E402
+from benchmarks.bench_http import Stack, grpc_text, load, prefill_stats  # noqa: E402
 from benchmarks.load import worker_sessions  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
@@ -328,15 +328,6 @@ def test_sampling_seed_and_logprobs_equal_grpc(stack):
     assert a.choices[0].message.content == b.choices[0].message.content and b.choices[0].logprobs is None
 
 
-def _prefill_stats(stack):
-    from baton.rpc import make_channel
-    from baton.v1 import common_pb2, prefill_pb2_grpc
-
-    (addr,) = [a for name, a in stack.workers.items() if name.startswith("prefill")]
-    with make_channel(addr, Settings(token=stack.token)) as ch:
-        return prefill_pb2_grpc.PrefillWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
-
-
 def test_n_choices_share_one_prefill(stack):
     """The n choices of a prompt reach the prefill worker together and are computed once (their pass
     shares equal prompts: baton/engine/prefill.py shared_firsts): its prompt tokens computed grow by
@@ -345,9 +336,9 @@ def test_n_choices_share_one_prefill(stack):
     kw = dict(model=MODEL, max_tokens=4, temperature=1.0, extra_body=ext)
     prompt = "def fibonacci(n):\n    return"
     alone = [client.completions.create(prompt=prompt, seed=70 + j, **kw).choices[0].text for j in range(4)]
-    before = _prefill_stats(stack)
+    before = prefill_stats(stack)
     r = client.completions.create(prompt=prompt, n=4, seed=70, **kw)
-    after = _prefill_stats(stack)
+    after = prefill_stats(stack)
     assert [c.text for c in r.choices] == alone
     computed, pieces = after.prefill_tokens - before.prefill_tokens, after.prefill_pieces - before.prefill_pieces
     assert pieces == 4 and computed < 4 * r.usage.prompt_tokens, (computed, r.usage.prompt_tokens)
