@@ -30,19 +30,16 @@ Defaults: max_tokens 16 for completions (OpenAI's), the rest of the window for c
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from baton.names import ENGINE_VALUES
 from baton.v1 import common_pb2, router_pb2
 from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
+from router.http.fields import U32, _bool, _ids, _int, _is_int, _is_num, _num, _only, _stops
 from router.http.tools import ToolChoice, tool_choice
 
 MAX_BATCH = 64
-MAX_STOPS = 16
-MAX_STOP_BYTES = 256
-U32 = 1 << 32
 MODES = {"fast": common_pb2.FAST, "exact": common_pb2.EXACT}
 BATON_FIELDS = ("mode", "engine", "draft_block", "stop_token_ids", "ignore_eos", "exact_policy")
 EXACT_POLICIES = {"coupling": common_pb2.COUPLING, "rejection": common_pb2.REJECTION}
@@ -82,51 +79,6 @@ class Job:
     echo: bool = False  # completions: each choice's text (and logprobs) begin with its prompt's
     echo_texts: list = field(default_factory=list)  # per prompt: its text
     capacity: int = 0  # Limits.capacity: the sessions its choices may hold at once (0 = unknown)
-
-
-# ---- typed getters ----------------------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def _int(body: dict, name: str, lo: int, hi: int = U32 - 1, where: str = "") -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_int(v):
-        raise bad(where + name, f"expected an integer, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise bad(where + name, f"{v} is out of range {lo}..{hi}")
-    return v
-
-
-def _bool(body: dict, name: str, default: bool, where: str = "") -> bool:
-    v = body.get(name)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad(where + name, f"expected true or false, got {type(v).__name__}")
-    return v
-
-
-def _num(body: dict, name: str) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_num(v):
-        raise bad(name, f"expected a finite number, got {v!r:.40}")
-    return float(v)
-
-
-def _only(body: dict, name: str, ok, why: str) -> None:
-    """Refuse a field whose value is not one Baton supports yet (absent / null always passes)."""
-    v = body.get(name)
-    if v is not None and not ok(v):
-        raise bad(name, why + f" (got {v!r:.40})")
 
 
 # ---- shared fields ------------------------------------------------------------------------------------
@@ -235,31 +187,6 @@ def _sampling(body: dict, stops: tuple[str, ...]) -> common_pb2.SamplingParams:
                 raise bad("logit_bias", f"{k!r:.20}: {v!r:.20}: expected a token id and a finite number")
             sp.logit_bias[int(k)] = float(v)
     return sp
-
-
-def _stops(v) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise bad("stop", "expected a string or a list of strings")
-    if len(stops) > MAX_STOPS:
-        raise bad("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
-    for s in stops:
-        if not s:
-            raise bad("stop", "an empty string cannot stop anything")
-        if len(s.encode("utf-8")) > MAX_STOP_BYTES:
-            raise bad("stop", f"a stop string is {len(s.encode('utf-8'))} bytes of UTF-8: at most {MAX_STOP_BYTES}")
-    return tuple(dict.fromkeys(stops))
-
-
-def _ids(v, name: str, allow_empty: bool = False) -> list[int]:
-    if not isinstance(v, list) or not (v or allow_empty):
-        raise bad(name, "expected a non-empty list of token ids")
-    for i, t in enumerate(v):
-        if not _is_int(t) or not 0 <= t < U32:
-            raise bad(name, f"token id {t!r:.30} at index {i} is not an integer in 0..{U32 - 1}")
-    return list(v)
 
 
 def _encode(text: str, lim: Limits, name: str) -> list[int]:

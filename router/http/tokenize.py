@@ -12,7 +12,8 @@ tokenizer adds none (the chat template writes them), as Qwen's adds none. 400 na
 from __future__ import annotations
 
 from router.http.errors import bad
-from router.http.schemas import Limits, _bool, _encode, _ids, chat_prompt, check_model
+from router.http.fields import _bool, _ids
+from router.http.schemas import Limits, _encode, chat_prompt, check_model
 
 
 def tokenize(body, lim: Limits) -> dict:
