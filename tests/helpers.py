@@ -227,3 +227,23 @@ def assert_same_state(a: dict, b: dict) -> None:
             assert torch.equal(a[k], b[k]), k
         else:
             assert a[k] == b[k], k
+
+
+def router_without_workers(token: str, http_port: int, **config):
+    """serve_router (gRPC on a free port, HTTP on http_port) over the embedded model's metadata, its prefill
+    and decode workers an address nothing answers (127.0.0.1:9): never up. -> (handle, servicer); stop it
+    with router.__main__.stop_router. config: RouterConfig fields."""
+    from baton.settings import Settings
+    from router.__main__ import serve_router
+    from router.service import RouterConfig
+
+    model_dir = Path(__file__).resolve().parents[1] / "baton" / "assets" / "default-model"
+    return serve_router(
+        prefill=["127.0.0.1:9"],
+        decode=["127.0.0.1:9"],
+        model_dir=str(model_dir),
+        port=0,
+        settings=Settings(token=token),
+        config=RouterConfig(**config),
+        http_port=http_port,
+    )

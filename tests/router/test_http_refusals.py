@@ -14,8 +14,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from conftest import pick_free_port  # noqa: E402
-
-from baton.settings import Settings  # noqa: E402
+from helpers import router_without_workers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT / "baton" / "assets" / "default-model"
@@ -26,18 +25,10 @@ SECRET = "SECRET-PROMPT-TEXT"
 
 @pytest.fixture
 def router():
-    from router.__main__ import serve_router, stop_router
-    from router.service import RouterConfig
+    from router.__main__ import stop_router
 
-    handle, servicer = serve_router(
-        prefill=["127.0.0.1:9"],
-        decode=["127.0.0.1:9"],
-        model_dir=str(DEFAULT_DIR),
-        port=0,
-        settings=Settings(token=TOKEN),
-        config=RouterConfig(max_inflight=0),  # every Generate: RESOURCE_EXHAUSTED (429) at admission
-        http_port=pick_free_port(),
-    )
+    # every Generate: RESOURCE_EXHAUSTED (429) at admission
+    handle, servicer = router_without_workers(TOKEN, pick_free_port(), max_inflight=0)
     yield servicer.http.url
     stop_router(handle, servicer, 0.2)
 

@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 from conftest import pick_free_port  # noqa: E402
+from helpers import router_without_workers  # noqa: E402
 
 from baton.client_cli import HEALTH_EXIT  # noqa: E402
 from baton.settings import Settings  # noqa: E402
@@ -40,16 +41,9 @@ def baton_health(addr: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def router():
-    from router.__main__ import serve_router, stop_router
+    from router.__main__ import stop_router
 
-    handle, servicer = serve_router(
-        prefill=["127.0.0.1:9"],
-        decode=["127.0.0.1:9"],
-        model_dir=str(DEFAULT_DIR),
-        port=0,
-        settings=Settings(token=TOKEN),
-        http_port=pick_free_port(),
-    )
+    handle, servicer = router_without_workers(TOKEN, pick_free_port())
     yield handle, servicer
     stop_router(handle, servicer, 0.2)
 
