@@ -6,7 +6,6 @@ to the router's request line. A real router in this process (its workers never c
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,6 @@ pytest.importorskip("fastapi")
 from conftest import pick_free_port  # noqa: E402
 from helpers import router_without_workers  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DIR = ROOT / "baton" / "assets" / "default-model"
 TOKEN = "refusal-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SECRET = "SECRET-PROMPT-TEXT"
