@@ -13,7 +13,7 @@ channel also lost a call ("Socket closed") while such children forked.
 So the parent only names itself in the environment (`child_env`), and the child, first thing in its
 main(), calls `die_with_parent()`:
     prctl(PR_SET_PDEATHSIG, SIGTERM)    the kernel sends SIGTERM when the parent (the forking thread,
-                                        see deploy.processes.Supervisor) exits, however it dies
+                                        see deploy.supervisor.Supervisor) exits, however it dies
     getppid() != BATON_PARENT_PID       the parent died before the prctl: exit now (status 143)
 Linux only; elsewhere (or without the variable: started by hand, by Ray) it does nothing.
 """

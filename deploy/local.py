@@ -38,10 +38,8 @@ from typing import Callable
 
 from baton import stack_sampler
 from deploy.processes import (
-    GaveUp,
     Progress,
     StartupError,
-    Supervisor,
     WorkerSpec,
     start_processes,
     stop_processes,
@@ -49,6 +47,7 @@ from deploy.processes import (
 )
 from deploy.serve_args import ENGINES, add_arguments  # noqa: F401 (re-exported: bench_serve, tests)
 from deploy.serve_args import check as _check
+from deploy.supervisor import DEFAULT_MAX_RESTARTS, GaveUp, Supervisor
 
 
 class _Signals:
@@ -275,10 +274,8 @@ def run(args) -> int:
                 procs = start_processes(specs, **place)  # cuda, 2+ GPUs: one each (--colocate: the first)
                 # the router has drained by then: a worker gets 1 s to drain, then time to exit
                 cleanups.append(lambda: stop_processes(procs, grace=4.0, progress=progress))
-                restarts = getattr(args, "max_restarts", None)
-                supervisor = Supervisor(
-                    procs, progress=progress, timeout=args.timeout, max_restarts=5 if restarts is None else restarts
-                )
+                restarts = getattr(args, "max_restarts", DEFAULT_MAX_RESTARTS)
+                supervisor = Supervisor(procs, progress=progress, timeout=args.timeout, max_restarts=restarts)
                 tick = lambda: supervisor.check(sig.stop)  # noqa: E731
                 addresses = {p.spec.name: p.address for p in procs}
             else:

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from baton.engine.draft_length import POLICIES
+from deploy.supervisor import DEFAULT_MAX_RESTARTS
 
 ENGINES = ("bf16", "fp8", "mtp")
 
@@ -88,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-restarts",
         type=int,
-        default=5,
+        default=DEFAULT_MAX_RESTARTS,
         metavar="N",
         help="--processes: a worker that exits more than N times in 10 minutes (a failed restart counts) is "
         "given up on: serve stops and exits 1 (default %(default)s; 0: never restart; -1: restart forever)",

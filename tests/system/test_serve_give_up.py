@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.processes import GaveUp, Progress, Supervisor, WorkerProcess, WorkerSpec
+from deploy.processes import Progress, WorkerProcess, WorkerSpec
+from deploy.supervisor import GaveUp, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT / "baton" / "assets" / "default-model"
