@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from baton import op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
-from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, shared_firsts
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, share_key, shared_firsts
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
@@ -117,7 +117,7 @@ class ExactEngine:
             settle_s=PREFILL_SETTLE_S,
             cost=lambda p: len(p.ids),
             budget=prefill_budget,
-            share=lambda p: tuple(p.ids) if p.start == 0 else None,  # equal prompts: one pass computes them once
+            share=share_key,  # equal prompts: one pass computes them once
         )
 
     # ---- sessions ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from baton.engine.pages import PagedRows
 from baton.models.context import Segment, StepContext, wide_prefill
 from baton.transfer import upload
 
@@ -107,6 +108,12 @@ def _context(ps: list[Piece], **kw) -> StepContext:
     )
 
 
+def share_key(p: Piece) -> tuple | None:
+    """What makes two pieces' states equal: the ids of a first piece (start 0); None past position 0 (a
+    piece there continues its slot's own state). shared_firsts and the prefill Gather's budget use it."""
+    return tuple(p.ids) if p.start == 0 else None
+
+
 def shared_firsts(ps: list[Piece]) -> dict[int, int]:
     """-> {i: j}: piece i is a first piece (start 0) with the ids of the earlier first piece j. A prompt's
     state is a function of its ids alone (module doc), so run_pass computes j and copies its state into
@@ -116,10 +123,8 @@ def shared_firsts(ps: list[Piece]) -> dict[int, int]:
     first: dict[tuple, int] = {}
     out = {}
     for i, p in enumerate(ps):
-        if p.start == 0:
-            j = first.setdefault(tuple(p.ids), i)
-            if j != i:
-                out[i] = j
+        if (key := share_key(p)) is not None and (j := first.setdefault(key, i)) != i:
+            out[i] = j
     return out
 
 
@@ -127,8 +132,6 @@ def _copy_prompt_state(st, src: int, dst: int, n: int) -> None:
     """The main model's state of slot src after its first piece of n tokens -> slot dst (pages reserved):
     every GDN layer's conv and recurrent state and every attention layer's KV rows [0, n). The MTP KV,
     hidden, position and next token are the caller's (they depend on dst's own pick)."""
-    from baton.engine.pages import PagedRows
-
     own, shared = st.pages.owned(dst), {}
     for i in range(st.cfg.num_hidden_layers):
         if i in st.conv:

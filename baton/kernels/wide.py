@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.gemv import sm_count
+
 try:  # Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - an older Triton: the pointer loads only
@@ -165,7 +167,6 @@ def _gemm_tma_persistent_kernel(
         y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
 
 
-_SMS: dict = {}  # device index -> its SM count (the persistent kernel's programs)
 _SM90: dict = {}  # device index -> whether it has TMA (sm_90+)
 
 
@@ -186,19 +187,9 @@ def _tma_ok(*ts: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in ts)
 
 
-def _sm_count(device: torch.device) -> int:
-    """The device's SM count (4 on CPU: Triton's interpreter, where it only sets how the tiles are walked)."""
-    if device.type != "cuda":
-        return 4
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _SMS:
-        _SMS[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SMS[i]
-
-
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ w[N, K].T -> [..., N] in x's dtype. Row invariant: row t of the result depends only
-    on row t of x (one tile configuration and K order for every M, no split-K)."""
+    on row t of x (one K order for every M, whatever tile and loads _config picks; no split-K)."""
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
@@ -222,7 +213,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if loads == "tma":
             _gemm_tma_kernel[grid](xd, wd, yd, M, N, K, **tiles)
         else:
-            sms = _sm_count(x.device)
+            sms = sm_count(x.device)  # the persistent kernel's programs
             _gemm_tma_persistent_kernel[(min(sms, grid[0]),)](xd, wd, yd, M, N, K, PROGRAMS=sms, **tiles)
     else:
         _gemm_kernel[grid](x2, w, y, M, N, K, x2.stride(0), w.stride(0), y.stride(0), **tiles)
