@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root i
 from baton.rpc import port_arg  # noqa: E402
 from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
 from deploy.router_launch import TASK_RETRIES, router_kwargs, serve_router, start_router_actor  # noqa: E402
-from deploy.serve_args import engines_error  # noqa: E402
+from deploy.serve_args import engines_error, router_limits_error  # noqa: E402
 
 DEFAULT_NAMESPACE = "baton"
 
@@ -307,12 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploy/launch.py", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
-    if err := engines_error(args):
+    if err := engines_error(args) or router_limits_error(args):
         p.error(err)
-    if args.max_inflight is not None and args.max_inflight < 1:
-        p.error("--max-inflight must be >= 1")
-    if args.queue_timeout is not None and not args.queue_timeout >= 0:
-        p.error("--queue-timeout must be >= 0")
     progress = Progress()
     connect(args.address, args.namespace)
     import ray

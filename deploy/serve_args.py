@@ -126,6 +126,15 @@ def engines_error(args) -> str | None:
     return None
 
 
+def router_limits_error(args) -> str | None:
+    """The router's admission options of `baton serve` / deploy/launch.py that cannot work, as a usage message."""
+    if getattr(args, "queue_timeout", None) is not None and not args.queue_timeout >= 0:
+        return "--queue-timeout must be >= 0"
+    if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
+        return "--max-inflight must be >= 1"
+    return None
+
+
 def check(args) -> str | None:
     if args.prefill < 1 or args.decode < 1:
         return "--prefill and --decode must be >= 1"
@@ -146,10 +155,8 @@ def check(args) -> str | None:
         return "--prefill-budget must be >= 1"
     if fraction is not None and not 0.0 < fraction <= 1.0:
         return "--gpu-memory-fraction must be in (0, 1]"
-    if getattr(args, "queue_timeout", None) is not None and not args.queue_timeout >= 0:
-        return "--queue-timeout must be >= 0"
-    if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
-        return "--max-inflight must be >= 1"
+    if err := router_limits_error(args):
+        return err
     if getattr(args, "colocate", False) and not args.processes:
         return "--colocate places worker processes: use it with --processes (Ray places actors itself)"
     import baton
