@@ -106,6 +106,7 @@
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
+# MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
 #   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
 #                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
@@ -184,7 +185,28 @@ dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
 # $OUT/STAGE.tgz when it ends (on 2026-12-02 the sampling stage's serve JSON stayed behind: 9 files)
 out=$(mktemp -d "/tmp/gpu-$stage-XXXX")
-trap 'tar -czf "$dest/$stage.tgz" -C "$out" .' EXIT
+trap 'mps_stop; tar -czf "$dest/$stage.tgz" -C "$out" .' EXIT
+# MPS=1: every CUDA process of the stage shares one MPS server (nvidia-cuda-mps-control), so the two workers on
+# one GPU run their kernels side by side instead of in time slices of their own contexts. The daemon is this
+# stage's (its pipe and log folders in $out) and stops when the stage ends; the GPU's settings are untouched.
+mps_stop() {
+  if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+    echo "mps: stopped" >>"$out/mps.txt"
+  fi
+}
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/mps-pipe-XXXX) CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+  mkdir -p "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d >>"$out/mps.txt" 2>&1 &&
+    python -c "import torch; torch.ones(1, device='cuda').sum().item()" >>"$out/mps.txt" 2>&1; then
+    echo "mps: started" | tee -a "$out/mps.txt"
+  else  # no daemon, or a client that cannot reach its server: the stage runs without MPS
+    echo "mps: could not start (see mps.txt): running without MPS" | tee -a "$out/mps.txt"
+    mps_stop
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+fi
 # a stage cut by `timeout` (SIGTERM to its process group) still packs what it logged: without this trap bash
 # dies on the signal without running the EXIT trap (on 2026-12-03 a cut tests-serving left nothing behind)
 trap 'echo "$stage: stopped by a signal (timeout?)" | tee -a "$out/stopped.txt"; exit 124' TERM INT
