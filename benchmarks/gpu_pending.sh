@@ -103,6 +103,12 @@
 # 320 -> 256 ms). Owed, in order: WIDE_BURST=1 wide-tma and spec-merged at 0258cca or later (the table's TTFT and
 # exact mode at 8), shared-prompt (da0b879: equal prompts computed once, its GPU test), serve-steady, burst,
 # SDPA_SERVE=1 prefill-sdpa, spec-merged on an H200, then the rest above.
+# Stop 50 (benchmarks/results/gpu-h100-2026-12-06-mps.md), one H100 at 28602a6 (a slower host: compare within it):
+# spec-merged VERDICT_AB=0 (4.26x at 8, 0.94x bf16 at 32) and again with MPS=1 (4.70x, 0.99x; 1.085x plain at 32),
+# shared-prompt (its GPU test passed; 8 equal x 512 136 ms against 145 distinct), spec-adaptive at 32 (0.94x, not
+# K = 0 throughout), WIDE_BURST=1 wide-tma (burst of 32 first token p50 1.59 s with the table, 1.69 s without) and
+# bench_ttft_burst at 8 (a pass beside its hand-off 387-458 ms, without 203-217 ms; MPS no help). Owed, in order:
+# serve-steady, burst, SDPA_SERVE=1 prefill-sdpa, spec-merged on an H200, then verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
