@@ -147,8 +147,7 @@ def capture_all(
     if os.environ.get(SLOT_COPIES_ENV, "1") != "0":
         stats.graphs += runner.state.enable_slot_copies(runner.state.slots).capture(pool)
         stats.keys.append(("slot_copies", tuple(runner.state.slot_copies.buckets)))
-    for slot in range(runner.state.slots):  # roll back: zero state and every KV row warm-up wrote
-        runner.state.reset(slot)
+    runner.state.reset_slots(range(runner.state.slots))  # roll back: zero state and every KV row warm-up wrote
     torch.cuda.synchronize(runner.device)
     stats.seconds = time.perf_counter() - t0
     stats.pool_bytes = torch.cuda.memory_allocated(runner.device) - mem0

@@ -158,12 +158,20 @@ def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
         if not p.ids:
             raise ValueError("prompt: empty")
         runner.check_window(p.start + len(p.ids), 0)
-    for p in ps:
-        runner.reserve(p.slot, p.start + len(p.ids))
+    # pages first (a refused pass changes no state), then zeroed with the fresh prompts' slots in one launch a
+    # state tensor for the whole pass (HybridState.reset_slots), not ~70 a piece
     st, dev = runner.state, runner.device
-    for p in ps:
-        if p.start == 0:
-            st.reset(p.slot)
+    added: list[int] = []  # every page added; of continuing pieces' slots in `new` (a fresh slot is zeroed whole)
+    new: list[int] = []
+    try:
+        for p in ps:
+            got = runner.reserve(p.slot, p.start + len(p.ids), zero=False)
+            added += got
+            new += got if p.start > 0 else []
+    except BaseException:
+        st.reset_slots([], added)  # the pages kept by the pieces before the refused one: zeroed, as reserve() does
+        raise
+    st.reset_slots([p.slot for p in ps if p.start == 0], new)
     dup = shared_firsts(ps)
     run = [p for i, p in enumerate(ps) if i not in dup]  # the pieces computed
     # no host sync until the picks: every index is a PassIndex upload (baton/transfer.py)

@@ -139,10 +139,11 @@ class ModelRunner:
                 + f" = {need} exceeds the window of {self.max_len} tokens"
             )
 
-    def reserve(self, slot: int, tokens: int) -> None:
+    def reserve(self, slot: int, tokens: int, zero: bool = True) -> list[int]:
         """The slot's KV pages cover positions [0, tokens), tokens capped at the window (check_window first);
-        raises PagesExhausted (RESOURCE_EXHAUSTED) with nothing changed when the pool is short."""
-        self.state.reserve(slot, min(tokens, self.max_len))
+        raises PagesExhausted (RESOURCE_EXHAUSTED) with nothing changed when the pool is short. -> the pages
+        added (zero=False: not zeroed yet, the caller zeroes them: HybridState.reset_slots)."""
+        return self.state.reserve(slot, min(tokens, self.max_len), zero)
 
     def reserve_next(self, slots: list[int]) -> None:
         """Pages for the row each slot consumes next (ar_step / ar_batch called outside DecodeEngine.decode,

@@ -139,6 +139,27 @@ def test_a_refused_pass_changes_nothing(lm):
         run_pass(r, [Piece(1, [])])
 
 
+def test_a_pass_refused_for_pages_leaves_the_pages_it_took_zeroed(lm):
+    """A pass whose second piece finds no free KV page (PagesExhausted) keeps the page its first piece took
+    (all or none is per slot), and that page reads zeros, as reserve() leaves a new page: the pass zeroes
+    its pages with its fresh slots in one go (HybridState.reset_slots), so a refusal zeroes them first."""
+    from baton.engine.pages import PagesExhausted
+
+    r = ModelRunner(lm.model, slots=4, max_len=MAX_LEN, width=8, kv_pages=1)
+    st = r.state
+    for i in st.attn_ids:  # stale rows, as a page freed by an earlier session holds
+        st.key[i].fill_(7)
+        st.value[i].fill_(7)
+    a, b = _prompts(lm, [10, 5], seed=4)
+    with pytest.raises(PagesExhausted):
+        run_pass(r, [Piece(1, a), Piece(2, b)])
+    (page,) = st.pages.owned(1)
+    assert st.pages.owned(2) == []
+    for i in st.attn_ids:
+        assert not st.key[i][page].any() and not st.value[i][page].any(), i
+    assert int(st.position[1]) == 0
+
+
 def test_the_cudnn_sdpa_knob_turns_torch_s_backend_off_only_when_asked(monkeypatch):
     """BATON_PREFILL_CUDNN_SDPA=0 (baton/models/qwen3_5.py): the prefill's attention switches torch's cuDNN
     SDPA backend off (a process-wide flag, so a worker and a reference run given the same setting compute

@@ -103,6 +103,39 @@ def test_snapshot_and_restore_of_many_slots_equal_the_per_slot_ones_in_ops_indep
         r.state.snapshot_slots([1, 1])
 
 
+def test_reset_of_many_slots_equals_the_per_slot_resets_in_ops_independent_of_the_count(lm):
+    """HybridState.reset_slots (a prefill pass's fresh prompts, baton/engine/prefill.py run_pass): every
+    O(1) tensor and KV page of the slots zeroed, and the extra pages given, bitwise as reset() of each slot,
+    the other slots untouched, in the same number of torch ops for 1 slot or 3 (one loop of ~70 ops a slot
+    at the 9B shape before)."""
+    r = ModelRunner(lm.model, slots=6, max_len=64)
+    for s in range(6):
+        r.prefill(s, [1 + s, 2, 3, 4 + s] * (3 + s))
+    state = lambda: {k: t.clone() for k, t in r.state.items_all()}  # noqa: E731
+    before = state()
+    spare = r.state.pages.owned(4)  # another slot's pages, zeroed through `pages`
+    for s in (1, 3, 5):
+        r.state.reset(s)
+    for i in r.state.attn_ids:
+        r.state.key[i][spare] = 0
+        r.state.value[i][spare] = 0
+    want = state()
+    for k, t in r.state.items_all():  # back to the prefilled state
+        t.copy_(before[k])
+    ops = {}
+    for slots, pages in (([2], []), ([5, 1, 3], spare)):
+        if len(slots) > 1:
+            for k, t in r.state.items_all():
+                t.copy_(before[k])
+        with _Ops() as c:
+            r.state.reset_slots(slots, pages)
+        ops[len(slots)] = c.n
+    got = state()
+    assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])]
+    assert any(not torch.equal(before[k], want[k]) for k in want)  # the resets zeroed something
+    assert ops[1] == ops[3], ops
+
+
 def test_slot_copies_pad_with_the_last_slot_and_chunk_bitwise_as_the_per_slot_copies(lm):
     """With slot copies on (baton/engine/slot_copies.py: on CUDA a graph replay a bucket; here the same
     padded copies run eagerly), snapshot_slots / restore_slots of 3 slots (bucket 4, padded with the last
