@@ -108,11 +108,13 @@
 # shared-prompt (its GPU test passed; 8 equal x 512 136 ms against 145 distinct), spec-adaptive at 32 (0.94x, not
 # K = 0 throughout), WIDE_BURST=1 wide-tma (burst of 32 first token p50 1.59 s with the table, 1.69 s without) and
 # bench_ttft_burst at 8 (a pass beside its hand-off 387-458 ms, without 203-217 ms; MPS no help). Owed, in order:
-# serve-steady, burst, SDPA_SERVE=1 prefill-sdpa, spec-merged on an H200, then verify, nogil, gil above.
+# stage-ab (the staging by address, 2026-12-06), prefill-sdpa (cuDNN SDPA's host time: 1.3 ms a call, 64 calls a
+# pass of 8), serve-steady, burst, spec-merged on an H200, then verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
+#   stage-ab       the hand-off's staging by address (launcher on / off): its GPU test, bench_ttft_burst at 8 and 32
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
 #   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
 #                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
@@ -185,7 +187,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|nogil|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact|spec-merged|prefetch-ab|slot-copies|prefill-sdpa|wide-tma|shared-prompt|... (the Stages list above)}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|nogil|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact|spec-merged|prefetch-ab|slot-copies|prefill-sdpa|wide-tma|shared-prompt|stage-ab|... (the Stages list above)}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
@@ -602,6 +604,31 @@ EOF
         echo "burst $k: rc=$?"
       done
     fi
+    ;;
+  stage-ab)  # the hand-off's staging on addresses through the GIL-holding launcher (baton/handoff/staging.py
+    # byte_ranges, 2026-12-06): the streamed hand-off's GPU test (bitwise, launcher on and off), then
+    # bench_ttft_burst at 8 and 32 with the launcher (default) and without (BATON_NOGIL_LAUNCH=0: torch's calls,
+    # each giving the GIL up beside the prefill's thread); a pass of 8 x 512 beside its hand-offs took
+    # 387-458 ms against 203-217 ms without a hand-off on an H100 (benchmarks/results/gpu-h100-2026-12-06-mps.md)
+    python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff tests/handoff/test_handoff.py \
+      >"$out/stage-tests.log" 2>&1
+    echo "test_handoff.py -k streamed_handoff: rc=$? $(tail -1 "$out/stage-tests.log")"
+    for nogil in 1 0; do
+      BATON_NOGIL_LAUNCH=$nogil python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
+        --prompt 512 --bursts "${BURSTS:-8,32}" --out "$out/ttft-burst-nogil$nogil.json" >"$out/ttft-burst-nogil$nogil.log" 2>&1
+      echo "burst nogil=$nogil: rc=$?"
+      python - "$out/ttft-burst-nogil$nogil.json" <<'EOF'
+import json, sys
+
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(0)
+for r in d["results"]:
+    print(f"  burst {r['burst']}: first p50 {r['first_ms'].get('p50')} ms; passes beside the hand-off "
+          f"{[[p['ms'] for p in b] for b in r['passes']]}, plain {[[p['ms'] for p in b] for b in r['plain_passes']]}")
+EOF
+    done
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
     # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)

@@ -21,6 +21,8 @@ launch phase 64% -> 1.7% of its time (it now waits for the device 81%), 2,888 ->
                                       torch's replay would advance the Philox offsets of a graph that
                                       draws random numbers; Baton's graphs draw none, noise is hashed)
     Launcher.record(event, stream)    cudaEventRecord of a torch.cuda.Event already created (recorded once)
+    Launcher.wait_event(stream, event)   cudaStreamWaitEvent: the stream's later work waits for a torch.cuda.Event
+                                      already recorded (the hand-off's D2H copies wait for a prefill layer)
     Launcher.elapsed_ms(start, end)   cudaEventElapsedTime of two completed timing events
     Launcher.copy(dst, src, nbytes, stream)   cudaMemcpyAsync between addresses (data_ptr() + offset) on
                                       the device or in pinned host memory
@@ -68,6 +70,8 @@ class Launcher:
         self._record.argtypes, self._record.restype = [vp, vp], i
         self._copy = lib.cudaMemcpyAsync
         self._copy.argtypes, self._copy.restype = [vp, vp, ctypes.c_size_t, i, vp], i
+        self._wait = lib.cudaStreamWaitEvent
+        self._wait.argtypes, self._wait.restype = [vp, vp, ctypes.c_uint], i
         self._elapsed = lib.cudaEventElapsedTime
         self._elapsed.argtypes, self._elapsed.restype = [ctypes.POINTER(ctypes.c_float), vp, vp], i
         self._ms = ctypes.c_float()
@@ -90,6 +94,13 @@ class Launcher:
         if not handle:
             raise RuntimeError("cudaEventRecord: the event was never recorded (not created yet)")
         self._check("cudaEventRecord", self._record(handle, stream))
+
+    def wait_event(self, stream: int, event: torch.cuda.Event) -> None:
+        """The stream's work enqueued after this waits for the event's last record (already recorded)."""
+        handle = event.cuda_event
+        if not handle:
+            raise RuntimeError("cudaStreamWaitEvent: the event was never recorded (not created yet)")
+        self._check("cudaStreamWaitEvent", self._wait(stream, handle, 0))
 
     def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
         """Milliseconds between two completed events (timing events: enable_timing=True)."""

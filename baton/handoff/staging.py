@@ -7,7 +7,13 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
     stage(...)       stage_into(buf, ...): on the device's copy stream: wait for each piece's ready event (recorded by the
                      producer of the tensor, e.g. after a prefill layer), then non_blocking copies of the
                      pieces into the buffer, then a done event. Never a host sync: the caller's thread
-                     returns at once, and the copy stream runs beside the compute stream
+                     returns at once, and the copy stream runs beside the compute stream. With the
+                     GIL-holding launcher (baton/engine/nogil.py) the waits and copies of a chunk of CUDA
+                     tensors are runtime calls on addresses (byte_ranges), not torch calls: each torch call,
+                     a view included, gives the GIL up, and the prefill's thread, which launches a pass's
+                     kernels beside the stagers, waited for it behind them (on an H100 a pass of 8 x 512
+                     tokens took 387-458 ms beside its hand-offs, 203-217 ms without;
+                     benchmarks/results/gpu-h100-2026-12-06-mps.md)
     StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
     StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
 """
@@ -18,6 +24,8 @@ import threading
 from dataclasses import dataclass
 
 import torch
+
+from baton.engine import nogil
 
 _FREE: dict[int, list[torch.Tensor]] = {}  # chunk_bytes -> free pinned uint8 buffers
 _LOCK = threading.Lock()
@@ -46,6 +54,63 @@ def byte_slices(t: torch.Tensor, a: int, b: int) -> list[torch.Tensor]:
     for i in range(a // row, -(-b // row)):
         out += byte_slices(t[i], max(a, i * row) - i * row, min(b, (i + 1) * row) - i * row)
     return out
+
+
+def byte_ranges(t: torch.Tensor, a: int, b: int) -> list[tuple[int, int]] | None:
+    """byte_slices' pieces of bytes [a, b) of t's C-order layout as (byte offset from t.data_ptr(), length),
+    in order, adjacent pieces merged; from t's shape and strides alone, without a torch call. None where
+    byte_slices would copy (a strided last dimension)."""
+    size = t.element_size()
+    got = _ranges(tuple(t.shape), tuple(x * size for x in t.stride()), size, a, b, 0)
+    if got is None:
+        return None
+    out: list[tuple[int, int]] = []
+    for at, n in got:
+        if out and out[-1][0] + out[-1][1] == at:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        elif n:
+            out.append((at, n))
+    return out
+
+
+def _ranges(shape: tuple, strides: tuple, size: int, a: int, b: int, base: int) -> list[tuple[int, int]] | None:
+    expect, dense = size, True  # C-contiguous (torch's rule: a dimension of size 1 has any stride)
+    for n, st in zip(reversed(shape), reversed(strides)):
+        dense = dense and (n == 1 or st == expect)
+        expect *= n
+    if dense:
+        return [(base + a, b - a)] if b > a else []
+    if len(shape) <= 1:
+        return None
+    row = expect // shape[0]  # bytes of one index of dim 0, C order
+    out: list[tuple[int, int]] = []
+    for i in range(a // row, -(-b // row)):
+        lo, hi = max(a, i * row) - i * row, min(b, (i + 1) * row) - i * row
+        sub = _ranges(shape[1:], strides[1:], size, lo, hi, base + i * strides[0])
+        if sub is None:
+            return None
+        out += sub
+    return out
+
+
+def _stage_by_address(fast, s: int, dst: int, segments, device: bool = True) -> int | None:
+    """stage_into's copies through the launcher `fast` (module doc) on stream handle s into the buffer at
+    address dst: every segment a CUDA tensor (device=False: a CPU one, for the tests) whose bytes are
+    byte_ranges, each ready event recorded, else None (nothing enqueued). -> bytes staged."""
+    plan = []
+    for t, ready, a, b in segments:
+        ranges = byte_ranges(t, a, b) if t.is_cuda == device else None
+        if ranges is None or (ready is not None and not ready.cuda_event):
+            return None
+        plan.append((t.data_ptr(), ready, ranges))
+    off = 0
+    for base, ready, ranges in plan:
+        if ready is not None:
+            fast.wait_event(s, ready)
+        for at, n in ranges:
+            fast.copy(dst + off, base + at, n, s)
+            off += n
+    return off
 
 
 @dataclass
@@ -106,6 +171,12 @@ def stage_into(
             off += b - a
         return off, None
     stream = copy_stream(dev)
+    fast = nogil.launcher()
+    staged = _stage_by_address(fast, stream.cuda_stream, buf.data_ptr(), segments) if fast is not None else None
+    if staged is not None:
+        done = torch.cuda.Event(blocking=True)  # as below
+        done.record(stream)
+        return staged, done
     with torch.cuda.stream(stream):
         for t, ready, a, b in segments:
             if ready is not None:

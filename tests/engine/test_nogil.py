@@ -23,7 +23,13 @@ class _Fn:
 class _Lib:
     def __init__(self, fail: str | None = None):
         self.calls: list = []
-        for name in ("cudaGraphLaunch", "cudaEventRecord", "cudaMemcpyAsync", "cudaEventElapsedTime"):
+        for name in (
+            "cudaGraphLaunch",
+            "cudaEventRecord",
+            "cudaMemcpyAsync",
+            "cudaEventElapsedTime",
+            "cudaStreamWaitEvent",
+        ):
             setattr(self, name, _Fn(self.calls, name, 700 if name == fail else 0))
         self.cudaGetErrorString = lambda err: b"an illegal memory access was encountered"
 
@@ -52,28 +58,33 @@ def test_calls_pass_the_handles_and_cache_each_graphs_exec():
     L.record(_Event(0x55), 7)
     L.copy(1000, 2000, 64, 7)
     L.copy(1000, 2000, 0, 7)  # nothing to copy: no call
+    L.wait_event(9, _Event(0x66))
     assert lib.calls == [
         ("cudaGraphLaunch", (0xABC, 7)),
         ("cudaGraphLaunch", (0xABC, 7)),
         ("cudaGraphLaunch", (0xDEF, 9)),
         ("cudaEventRecord", (0x55, 7)),
         ("cudaMemcpyAsync", (1000, 2000, 64, 4, 7)),  # cudaMemcpyDefault
+        ("cudaStreamWaitEvent", (9, 0x66, 0)),
     ]
     assert (g.asked, h.asked) == (1, 1)
 
 
-@pytest.mark.parametrize("fail", ["cudaGraphLaunch", "cudaEventRecord", "cudaMemcpyAsync"])
+@pytest.mark.parametrize("fail", ["cudaGraphLaunch", "cudaEventRecord", "cudaMemcpyAsync", "cudaStreamWaitEvent"])
 def test_a_failing_call_raises_naming_it_and_the_runtime_error(fail):
     L = nogil.Launcher(_Lib(fail))
     with pytest.raises(RuntimeError, match=f"{fail}: CUDA error 700 \\(an illegal memory access"):
         L.replay(_Graph(1), 0)
         L.record(_Event(2), 0)
         L.copy(1, 2, 8, 0)
+        L.wait_event(0, _Event(3))
 
 
 def test_an_event_not_created_yet_is_refused():
     with pytest.raises(RuntimeError, match="never recorded"):
         nogil.Launcher(_Lib()).record(_Event(0), 0)
+    with pytest.raises(RuntimeError, match="cudaStreamWaitEvent: the event was never recorded"):
+        nogil.Launcher(_Lib()).wait_event(0, _Event(0))
 
 
 def test_off_cuda_or_switched_off_there_is_no_launcher(monkeypatch):
