@@ -158,11 +158,14 @@ class Ring:
 def stage_into(
     buf: torch.Tensor,
     segments: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]],
+    by_address: bool = True,
 ) -> tuple[int, torch.cuda.Event | None]:
     """Copies the segments' bytes, in order, into the front of `buf` (uint8, pinned for CUDA sources);
     -> (bytes staged, done event). With a CUDA tensor among them: on its device's copy stream, each piece
     gated on its ready event, non_blocking; the bytes are final once `done` completed (never a host sync
-    here). CPU only: plain copies (torch releases the GIL in them), done None: final on return."""
+    here). CPU only: plain copies (torch releases the GIL in them), done None: final on return.
+    by_address: the copies may go through the GIL-holding launcher (module doc); only into page-locked
+    memory (a copy into pageable memory waits on the host, here with the GIL held)."""
     dev = next((t.device for t, _, _, _ in segments if t.is_cuda), None)
     off = 0
     if dev is None:
@@ -171,7 +174,7 @@ def stage_into(
             off += b - a
         return off, None
     stream = copy_stream(dev)
-    fast = nogil.launcher()
+    fast = nogil.launcher() if by_address else None
     staged = _stage_by_address(fast, stream.cuda_stream, buf.data_ptr(), segments) if fast is not None else None
     if staged is not None:
         done = torch.cuda.Event(blocking=True)  # as below

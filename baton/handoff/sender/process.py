@@ -176,9 +176,10 @@ class _Child:
             raise ValueError(f"chunk of {n} bytes > ring slot of {self.ring.slot_bytes}")
         return self.buf[slot * self.ring.slot_bytes : (slot + 1) * self.ring.slot_bytes]
 
-    def pin(self) -> None:
+    def pin(self) -> bool:
         """Page-locks the ring for async D2H (first CUDA chunk only: a CPU-only process never touches CUDA).
-        If the driver refuses, the copies still land (pageable memory: each one then waits on the host)."""
+        If the driver refuses, the copies still land (pageable memory: each one then waits on the host).
+        -> whether the ring is page-locked."""
         with self._cv:
             if self._pinned is None:
                 r = torch.cuda.cudart().cudaHostRegister(self.buf.data_ptr(), self.buf.numel(), 0)
@@ -188,6 +189,7 @@ class _Child:
                         "hand-off sender: cudaHostRegister of the ring failed (%s); D2H copies into it are synchronous",
                         r,
                     )
+            return self._pinned
 
     def post(self, kind: int, sid: int, a: int = 0, b: int = 0, n: int = 0) -> None:
         try:

@@ -86,9 +86,8 @@ class ProcessPush:
                 if tl is not None:
                     got = now()
                 try:
-                    if any(t.is_cuda for t, _, _, _ in segs):
-                        child.pin()
-                    n, done = stage_into(child.slot(slot, n), segs)
+                    pinned = any(t.is_cuda for t, _, _, _ in segs) and child.pin()
+                    n, done = stage_into(child.slot(slot, n), segs, by_address=pinned)
                 except BaseException:
                     child.give(slot)
                     raise
