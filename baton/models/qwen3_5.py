@@ -33,6 +33,7 @@ from torch import nn
 from baton.config import ModelConfig
 from baton.models import gdn_ops
 from baton.models.context import RowGroup, Segment, StepContext, lin, wide_kernels  # noqa: F401 (re-exported)
+from baton.models.kept import kept, weights_key
 
 # BATON_PREFILL_CUDNN_SDPA=0: the prefill's attention never takes torch's cuDNN SDPA backend (flash instead, as
 # its later pieces already do through causal_lower_right). cuDNN's host side took 1.5-2.8 ms a call in the
@@ -91,10 +92,18 @@ class MLP(nn.Module):
         return lin(self.down_proj, F.silu(lin(self.gate_proj, x)) * lin(self.up_proj, x))
 
 
+_ROPE: dict = {}  # kept(): the inverse frequencies of one config and device
+
+
 def rope_cos_sin(cfg: ModelConfig, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """pos [T] int64 -> cos, sin [T, rotary_dim] (half-split layout, as HF)."""
     rd = cfg.rotary_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, device=pos.device, dtype=torch.float) / rd))
+    inv = kept(
+        _ROPE,
+        (rd, cfg.rope_theta, pos.device),
+        lambda: 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, device=pos.device, dtype=torch.float) / rd)),
+        pos.device,
+    )
     freqs = pos.float()[:, None] * inv[None, :]  # [T, rd/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, rd]
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -219,6 +228,7 @@ class GatedDeltaNet(nn.Module):
         )
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self._kept: dict = {}  # kept(): -exp(A_log), for the A_log it was computed from
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(cfg.value_dim, h, bias=False)
         self.in_proj_qkv = nn.Linear(h, cfg.conv_dim, bias=False)
@@ -239,7 +249,9 @@ class GatedDeltaNet(nn.Module):
     def _project(self, x: torch.Tensor):
         """x [T, hidden] -> mixed [T, C] (pre-conv), beta, g [T, Hv], z [T, value_dim]."""
         beta = torch.sigmoid(lin(self.in_proj_b, x))  # [T, Hv]
-        g = -self.A_log.float().exp() * F.softplus(lin(self.in_proj_a, x).float() + self.dt_bias)
+        a = self.A_log
+        decay = kept(self._kept, weights_key(a), lambda: -a.float().exp(), a.device)  # -exp(A_log) [Hv] fp32
+        g = decay * F.softplus(lin(self.in_proj_a, x).float() + self.dt_bias)
         return lin(self.in_proj_qkv, x), beta, g, lin(self.in_proj_z, x)
 
     def _mix(self, mixed, beta, g, cs, rs, n: int, ck) -> torch.Tensor:
