@@ -124,6 +124,7 @@ class Client:
         handoff_timeline: bool = False,
         logit_bias: dict[int, float] | None = None,
         prompt_logprobs: int | None = None,
+        equal_prompts: int = 0,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -135,7 +136,9 @@ class Client:
         exact_policy (exact mode at T > 0): "coupling" (token-identical to the exact model's seeded
         decode) or "rejection" (speculative rejection sampling, exact in distribution); None = the server's.
         handoff_timeline (diagnostics): the last delta's stats["handoff_timeline"] holds the first state
-        hand-off's marks, name -> monotonic ns (baton/handoff/timeline.py).
+        hand-off's marks, name -> monotonic ns (baton/handoff/timeline.py). equal_prompts N: this call is one of
+        N Generate calls of the same prompt sent together (samples of one prompt): the prefill worker waits a
+        few ms for the others so their prompt is computed once (a hint; the tokens never depend on it).
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -152,6 +155,7 @@ class Client:
             ignore_eos=ignore_eos,
             draft_block=draft_block,
             handoff_timeline=handoff_timeline,
+            equal_prompts=equal_prompts,
             sampling=common_pb2.SamplingParams(
                 temperature=temperature,
                 top_p=top_p,

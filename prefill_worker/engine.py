@@ -39,6 +39,7 @@ from baton.engine.sampling import Params
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.state import StateTensor
 from baton.handoff.progress import PrefillProgress
+from prefill_worker.announced import Announced
 from prefill_worker.replay import Replays
 from prefill_worker.verifying import VerifyItem, verify_batch
 
@@ -107,12 +108,13 @@ class ExactEngine:
         self._prefilling: set[str] = set()
         self._prefilling_lock = threading.Lock()
         self._arriving = 0  # Prefill calls received whose session is not open yet (arriving())
+        self.announced = Announced()  # equal prompts their callers announced and not here yet
         self.passes: deque = deque(maxlen=256)  # recent prefill passes: (pieces, tokens, seconds), for stats
         self.pass_totals = [0, 0, 0, 0.0]  # passes, pieces, tokens, seconds since start (WorkerStats)
         self.prefills = Gather(
             self._prefill_batch,
             self._compute,
-            expected=lambda: len(self._prefilling) + self._arriving,
+            expected=lambda: len(self._prefilling) + self._arriving + self.announced.pending(),
             gather_s=PREFILL_GATHER_S,
             settle_s=PREFILL_SETTLE_S,
             cost=lambda p: len(p.ids),
@@ -180,19 +182,21 @@ class ExactEngine:
         mtp: bool = True,
         sampling: Params | None = None,
         generated: int = 0,
+        equal_prompts: int = 0,
     ) -> tuple[Session, int]:
         """Runs the prompt into a new session's slot; returns (session, first token). mtp: run_prefill."""
-        s = self.open_prefill(ids, session_id=session_id, sampling=sampling, generated=generated)
+        s = self.open_prefill(ids, session_id=session_id, sampling=sampling, generated=generated, equal=equal_prompts)
         return s, self.run_prefill(s, ids, mtp=mtp)
 
     def open_prefill(
-        self, ids, *, session_id=None, sampling: Params | None = None, generated: int = 0, prompt_logprobs: int = -1
+        self, ids, *, session_id=None, sampling: Params | None = None, generated=0, prompt_logprobs=-1, equal=0
     ) -> Session:
         """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
         slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender.
         sampling: the session's parameters (None = greedy), set on the slot for its first token, every
         Verify and step (baton/engine/sampling.py); cleared at release. generated: the last `generated`
-        ids were generated (a migration's re-prefill): the penalties count them as generated."""
+        ids were generated (a migration's re-prefill): the penalties count them as generated. equal: the
+        caller's equal prompts sent together, this one included (prefill_worker/announced.py)."""
         self.validate_prompt(ids)
         if not 0 <= generated < len(ids):
             raise ValueError(f"generated_tokens: {generated} of {len(ids)} prompt ids (at most {len(ids) - 1})")
@@ -213,6 +217,7 @@ class ExactEngine:
         s.replay, s.want_logprobs = generated, prompt_logprobs
         with self._prefilling_lock:
             self._prefilling.add(s.id)
+        self.announced.arrive(ids, equal)
         return s
 
     @contextmanager

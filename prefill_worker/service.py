@@ -236,7 +236,12 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
                 sampling = Params.from_proto(request.sampling) if request.HasField("sampling") else None
                 plp = request.prompt_logprobs if request.HasField("prompt_logprobs") else -1
                 session = self.engine.open_prefill(
-                    ids, session_id=sid, sampling=sampling, generated=request.generated_tokens, prompt_logprobs=plp
+                    ids,
+                    session_id=sid,
+                    sampling=sampling,
+                    generated=request.generated_tokens,
+                    prompt_logprobs=plp,
+                    equal=request.equal_prompts,
                 )
             session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target

@@ -69,6 +69,7 @@ class Plan:
     stops: tuple[str, ...] = ()  # stop strings, matched here on the text
     timeline: bool = False  # the first hand-off's marks into the last Stats (GenerateRequest.handoff_timeline)
     prompt_logprobs: int = -1  # >= 0: the first message carries the prompt's logprobs, with N alternatives
+    equal_prompts: int = 0  # GenerateRequest.equal_prompts: its first Prefill announces them (a hint)
 
     @property
     def engine_name(self) -> str | None:

@@ -220,6 +220,7 @@ def start_session(
     generated: int = 0,
     timeline: bool = False,
     prompt_logprobs: int = -1,
+    equal_prompts: int = 0,
 ) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
@@ -230,6 +231,7 @@ def start_session(
     RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
     decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
+    equal_prompts: PrefillRequest.equal_prompts (the caller's equal prompts sent together; a hint).
     generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.
     timeline: P reports the hand-off's marks (PrefillRequest.timeline) in the landed answer's bridge.
     prompt_logprobs >= 0: P's answer carries the prompt's logprobs (PrefillRequest.prompt_logprobs).
@@ -272,6 +274,7 @@ def start_session(
             timeline=timeline,
         )
         req.draft_only = draft_only_for(mode, req.engine, d)
+        req.equal_prompts = equal_prompts  # the caller's equal prompts sent together (a hint for the pass)
         if prompt_logprobs >= 0:
             req.prompt_logprobs = prompt_logprobs
         try:

@@ -101,4 +101,7 @@ def plan_request(
     plp = r.prompt_logprobs if r.HasField("prompt_logprobs") else -1
     if plp > sampling_rules.MAX_LOGPROBS:
         raise _bad("prompt_logprobs", f"{plp} alternatives: at most {sampling_rules.MAX_LOGPROBS}")
-    return Plan(request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp)
+    return Plan(
+        request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp,
+        equal_prompts=r.equal_prompts,
+    )  # fmt: skip

@@ -214,7 +214,7 @@ def _request(ids: list[int], max_tokens: int, gen: dict) -> router_pb2.GenerateR
 
 def _choices(job: Job, requests: list) -> None:
     """job.requests: job.n choices per prompt request, in prompt order (choice index = prompt * n + j); with a
-    seed S, choice j gets S + j (mod 2^64): distinct samples that replay."""
+    seed S, choice j gets S + j (mod 2^64): distinct samples that replay. Each announces its n equal prompts."""
     if len(requests) * job.n > MAX_BATCH:
         raise bad("n", f"{job.n} choices x {len(requests)} prompts = {len(requests) * job.n}: at most {MAX_BATCH}")
     if job.capacity and len(requests) * job.n > job.capacity:  # all run at once: more could never all start
@@ -230,6 +230,8 @@ def _choices(job: Job, requests: list) -> None:
             c.CopyFrom(r)
             if j and r.sampling.HasField("seed"):
                 c.sampling.seed = (r.sampling.seed + j) % (1 << 64)
+            if job.n > 1:  # the choices' prompt computed once, in one pass (GenerateRequest.equal_prompts)
+                c.equal_prompts = job.n
             job.requests.append(c)
 
 

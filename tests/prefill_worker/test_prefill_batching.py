@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -73,6 +74,34 @@ def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
         for k in rstate:
             same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
             assert same, k
+
+
+def test_announced_equal_prompts_arriving_apart_share_one_pass(lm):
+    """Four equal prompts whose calls come 15 ms apart (past the settle time, 3 ms) and announce themselves
+    (open_prefill equal=4, PrefillRequest.equal_prompts): the first call's pass waits for the other three
+    and computes the prompt once; each first token is the prompt's alone."""
+    (ids,) = _prompts(lm, [24], seed=3)
+    solo = _engine(lm)
+    s, want = solo.prefill(ids)
+    solo.release(s.id)
+    e = _engine(lm)
+    e.prefills.gather_s = 1.0  # the wait's cap, generous for a loaded machine: the announcement is what waits
+    out = [None] * 4
+
+    def one(i):
+        time.sleep(0.015 * i)
+        s, tok = e.prefill(ids, equal_prompts=4)
+        out[i] = tok
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    assert out == [want] * 4
+    passes, pieces, tokens, _ = e.pass_totals
+    assert (passes, pieces, tokens) == (1, 4, len(ids)), e.pass_totals
+    assert e.announced.pending() == 0
 
 
 def test_equal_prompts_share_one_pass_past_the_budget_and_equal_each_alone(lm):

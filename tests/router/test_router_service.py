@@ -180,6 +180,19 @@ def test_engine_not_offered():
         c.close()
 
 
+def test_a_generate_s_equal_prompts_reach_its_prefill():
+    """GenerateRequest.equal_prompts (baton.client generate(equal_prompts=N)) is relayed to the Prefill of the
+    request's prompt: the prefill worker's pass waits for the announced others (prefill_worker/announced.py)."""
+    c = Cluster(n_prefill=1, n_decode=1)
+    try:
+        c.run(PROMPT, max_new_tokens=2, equal_prompts=3)
+        c.run(PROMPT, max_new_tokens=2)
+        got = [r.equal_prompts for m, r in c.prefill[0].servicer.calls if m == "Prefill"]
+        assert got == [3, 0]
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("engines,want", [(("fp8", "bf16", "mtp"), "FP8"), (("mtp", "bf16"), "MTP")])
 def test_unspecified_engine_is_named_in_the_prefill_as_the_decode_workers_default(engines, want):
     """The prefill worker ships the MTP KV only to sessions that can read it (baton.handoff.policy.needs_mtp_kv),

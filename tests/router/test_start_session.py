@@ -69,6 +69,18 @@ def test_prefill_goes_to_one_prefill_worker_with_the_decode_target_set(fake_pool
     assert h.prefill.outstanding == h.decode.outstanding == 0
 
 
+def test_equal_prompts_are_announced_in_the_prefill(fake_pool):
+    """start_session's equal_prompts (GenerateRequest.equal_prompts, the HTTP API's n) goes to the prefill
+    worker as PrefillRequest.equal_prompts; none by default."""
+    p, _ = fake_pool.add("prefill")
+    fake_pool.add("decode")
+    calls = fake_pool.calls()
+    _start(calls, equal_prompts=4)
+    _start(calls)
+    assert [r.equal_prompts for _, r in _prefills(p)] == [4, 0]
+    calls.close()
+
+
 def test_the_least_loaded_workers_are_picked(fake_pool):
     _, pa = fake_pool.add("prefill")
     _, pb = fake_pool.add("prefill")
