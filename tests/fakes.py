@@ -374,6 +374,16 @@ class Cluster:
     def sessions(self) -> int:
         return sum(w.sessions for w in self.workers)
 
+    def wait_up(self, timeout: float = 10.0) -> bool:
+        """Until the router's registry has every worker up (its health poll: a fault marks a worker down until
+        the next poll answers; on a loaded machine the first poll may come after the servers listen)."""
+        reg, end = self.servicer.registry, time.monotonic() + timeout
+        while time.monotonic() < end:
+            if len(reg.up("prefill")) == len(self.prefill) and len(reg.up("decode")) == len(self.decode):
+                return True
+            time.sleep(0.02)
+        return False
+
     def wait_sessions_zero(self, timeout: float = 2.0) -> bool:
         end = time.monotonic() + timeout
         while self.sessions() and time.monotonic() < end:

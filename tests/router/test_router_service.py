@@ -301,12 +301,15 @@ def test_deadline_reaches_downstream_calls(cluster):
 
 # ---- failures -----------------------------------------------------------------------------------
 def test_prefill_failure_is_retried_once(cluster):
+    assert cluster.wait_up()
     cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.INTERNAL
     cluster.prefill[1].servicer.fail["Prefill"] = grpc.StatusCode.INTERNAL
     code, _ = _code(lambda: cluster.run(PROMPT, max_new_tokens=5))
     assert code == grpc.StatusCode.UNAVAILABLE  # two failures: no third try
+    assert sum(m == "Prefill" for w in cluster.prefill for m, _ in w.servicer.calls) == 2
     cluster.prefill[0].servicer.fail["Prefill"] = grpc.StatusCode.UNAVAILABLE
     for mode in ("fast", "exact"):
+        assert cluster.wait_up()  # the faults marked the workers down until the health poll answers
         out, _ = cluster.run(PROMPT, max_new_tokens=8, mode=mode)
         assert out == reference(PROMPT, 8)
     assert b"baton_router_prefill_retries_total 2.0" in cluster.servicer.metrics.render()
