@@ -231,7 +231,8 @@ def start_session(
     RESOURCE_EXHAUSTED before any Prefill. decode_wait_s > 0 waits that long for a
     decode worker to come up (migration). sampling: the request's SamplingParams (seed resolved), which
     pick the first token (a re-prefill after a migration picks at the same positions with the same seed).
-    equal_prompts: PrefillRequest.equal_prompts (the caller's equal prompts sent together; a hint).
+    equal_prompts: PrefillRequest.equal_prompts (the caller's equal prompts sent together; a hint); above 1
+    the prefill worker is picked by the prompt (Registry.pick affinity), so the group meets on one.
     generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.
     timeline: P reports the hand-off's marks (PrefillRequest.timeline) in the landed answer's bridge.
     prompt_logprobs >= 0: P's answer carries the prompt's logprobs (PrefillRequest.prompt_logprobs).
@@ -240,11 +241,12 @@ def start_session(
     bad_p: list[Worker] = list(exclude_prefill)  # passed over while another prefill worker is up
     bad_d: list[Worker] = list(exclude_decode)
     full_d: StatusError | None = None  # a decode target's refusal (its slots are full)
+    group = tuple(ids) if equal_prompts > 1 else None  # equal prompts: one prefill worker computes them once
     for attempt in range(retries + 1):
         busy = [w for w in reg.up("decode") if _full(w) and w not in bad_d]
         try:
             try:
-                p = reg.pick("prefill", exclude=bad_p)
+                p = reg.pick("prefill", exclude=bad_p, affinity=group)
             except NoWorker:
                 p = reg.pick("prefill")
             d = reg.wait_pick("decode", engine_name, bad_d + busy, min(decode_wait_s, max(0.0, calls.remaining())))

@@ -81,6 +81,23 @@ def test_equal_prompts_are_announced_in_the_prefill(fake_pool):
     calls.close()
 
 
+def test_equal_prompts_meet_on_one_prefill_worker(fake_pool):
+    """Calls announcing equal prompts (equal_prompts > 1) go to the prefill worker their prompt hashes to,
+    whatever the load, so one worker computes the prompt once; unannounced calls spread by load."""
+    ps = [fake_pool.add("prefill")[0] for _ in range(3)]
+    fake_pool.add("decode")
+    calls = fake_pool.calls()
+    count = lambda: [len(_prefills(f)) for f in ps]  # noqa: E731
+    for _ in range(4):
+        _start(calls, equal_prompts=4)
+    assert sorted(count()) == [0, 0, 4]
+    before = count()
+    for _ in range(3):
+        _start(calls)
+    assert [a - b for a, b in zip(count(), before)] == [1, 1, 1]  # least loaded, least recently picked
+    calls.close()
+
+
 def test_the_least_loaded_workers_are_picked(fake_pool):
     _, pa = fake_pool.add("prefill")
     _, pb = fake_pool.add("prefill")
