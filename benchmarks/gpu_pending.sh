@@ -114,7 +114,7 @@
 #
 # Stages:
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
-#   stage-ab       the hand-off's staging by address (launcher on / off): its GPU test, bench_ttft_burst at 8 and 32
+#   stage-ab       the hand-off's staging by address (BATON_STAGE_BY_ADDRESS 1 / 0): its GPU test, bursts at 8 and 32
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
 #   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
 #                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
@@ -605,19 +605,20 @@ EOF
       done
     fi
     ;;
-  stage-ab)  # the hand-off's staging on addresses through the GIL-holding launcher (baton/handoff/staging.py
-    # byte_ranges, 2026-12-06): the streamed hand-off's GPU test (bitwise, launcher on and off), then
-    # bench_ttft_burst at 8 and 32 with the launcher (default) and without (BATON_NOGIL_LAUNCH=0: torch's calls,
-    # each giving the GIL up beside the prefill's thread); a pass of 8 x 512 beside its hand-offs took
-    # 387-458 ms against 203-217 ms without a hand-off on an H100 (benchmarks/results/gpu-h100-2026-12-06-mps.md)
-    python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff tests/handoff/test_handoff.py \
-      >"$out/stage-tests.log" 2>&1
-    echo "test_handoff.py -k streamed_handoff: rc=$? $(tail -1 "$out/stage-tests.log")"
-    for nogil in 1 0; do
-      BATON_NOGIL_LAUNCH=$nogil python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
-        --prompt 512 --bursts "${BURSTS:-8,32}" --out "$out/ttft-burst-nogil$nogil.json" >"$out/ttft-burst-nogil$nogil.log" 2>&1
-      echo "burst nogil=$nogil: rc=$?"
-      python - "$out/ttft-burst-nogil$nogil.json" <<'EOF'
+  stage-ab)  # the hand-off's staging by address through the GIL-holding launcher (baton/handoff/staging.py
+    # byte_ranges, BATON_STAGE_BY_ADDRESS=1, off by default until this runs): the streamed hand-off's GPU test with
+    # it, then bench_ttft_burst at 8 and 32 with it and without (torch's views and copies, each giving the GIL up
+    # beside the prefill's thread); a pass of 8 x 512 beside its hand-offs took 387-458 ms against 203-217 ms
+    # without a hand-off on an H100 (benchmarks/results/gpu-h100-2026-12-06-mps.md)
+    BATON_STAGE_BY_ADDRESS=1 python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff \
+      tests/handoff/test_handoff.py >"$out/stage-tests.log" 2>&1
+    echo "test_handoff.py -k streamed_handoff (by address): rc=$? $(tail -1 "$out/stage-tests.log")"
+    for by in 1 0; do
+      BATON_STAGE_BY_ADDRESS=$by python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
+        --prompt 512 --bursts "${BURSTS:-8,32}" --out "$out/ttft-burst-by-address$by.json" \
+        >"$out/ttft-burst-by-address$by.log" 2>&1
+      echo "burst by address=$by: rc=$?"
+      python - "$out/ttft-burst-by-address$by.json" <<'EOF'
 import json, sys
 
 try:

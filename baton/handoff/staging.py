@@ -13,13 +13,15 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
                      a view included, gives the GIL up, and the prefill's thread, which launches a pass's
                      kernels beside the stagers, waited for it behind them (on an H100 a pass of 8 x 512
                      tokens took 387-458 ms beside its hand-offs, 203-217 ms without;
-                     benchmarks/results/gpu-h100-2026-12-06-mps.md)
+                     benchmarks/results/gpu-h100-2026-12-06-mps.md). Off until measured on a GPU:
+                     BATON_STAGE_BY_ADDRESS=1 turns it on (gpu_pending.sh stage-ab: its GPU test and the A/B)
     StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
     StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -27,6 +29,7 @@ import torch
 
 from baton.engine import nogil
 
+BY_ADDRESS_ENV = "BATON_STAGE_BY_ADDRESS"  # "1": stage CUDA chunks by address (module doc); default off
 _FREE: dict[int, list[torch.Tensor]] = {}  # chunk_bytes -> free pinned uint8 buffers
 _LOCK = threading.Lock()
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> copy stream
@@ -174,7 +177,7 @@ def stage_into(
             off += b - a
         return off, None
     stream = copy_stream(dev)
-    fast = nogil.launcher() if by_address else None
+    fast = nogil.launcher() if by_address and os.environ.get(BY_ADDRESS_ENV, "0") == "1" else None
     staged = _stage_by_address(fast, stream.cuda_stream, buf.data_ptr(), segments) if fast is not None else None
     if staged is not None:
         done = torch.cuda.Event(blocking=True)  # as below
