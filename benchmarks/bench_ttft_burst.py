@@ -23,13 +23,17 @@ decode_target (computed and released, no hand-off): plain_reply_ms and plain_pas
 without the state streaming beside them. --profile FILE: one more burst of the largest size under
 torch.profiler, its op tables (self CPU time; device time) written to FILE. --decode-device cpu: the
 decode worker on the CPU (the same bf16 model), to tell a pass slowed by this process's other threads from
-one slowed by the GPU's time-slicing between the two processes. Prints one JSON object.
+one slowed by the GPU's time-slicing between the two processes. --prefill-process: the prefill worker is
+`python -m prefill_worker` too, so no thread of this benchmark shares its GIL, as in a deployment; its
+passes then come from WorkerStats (per burst: passes, pieces, mean pass ms; not each pass). Prints one
+JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import statistics
 import sys
@@ -42,10 +46,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton import op_profile  # noqa: E402
+from baton.config import ModelConfig  # noqa: E402
+from baton.loading import DEFAULT_MODEL_DIR  # noqa: E402
+from baton.random_init import config_of  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
-from benchmarks.bench_ttft import WIDTH, build_model, decode_process, machine  # noqa: E402
+from benchmarks.bench_ttft import REPO, WIDTH, build_model, decode_process, machine  # noqa: E402
 from benchmarks.report import emit, exit_on_sigterm  # noqa: E402
 from prefill_worker.serve import serve_prefill  # noqa: E402
 
@@ -124,6 +131,66 @@ def burst_plain(P, prompts: list[list[int]], tag: str) -> list[float]:
     return out
 
 
+class _PrefillProcess:
+    """The prefill worker as `python -m prefill_worker` (--prefill-process): what main() reads of an in-process
+    one, from its WorkerStats: the passes since the last mark, as one summary entry."""
+
+    def __init__(self, a, max_len: int, token: str, slots: int):
+        from deploy.processes import WorkerProcess, WorkerSpec
+
+        extra = [("width", WIDTH), ("slots", slots), ("handoff-sender", a.sender)]
+        extra += [("random-init", a.random_init), ("seed", 0)] if a.random_init else []
+        extra += [("prefill-budget", a.prefill_budget)] if a.prefill_budget else []
+        spec = WorkerSpec(
+            "prefill", 0, model_dir=str(a.model) if a.model else None, device=a.device,
+            dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"), max_len=max_len, grace=0.0,
+            extra=tuple((k.replace("-", "_"), str(v)) for k, v in extra),
+        )  # fmt: skip
+        pypath = [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        env = dict(os.environ, BATON_TOKEN=token, PYTHONPATH=os.pathsep.join(pypath))
+        env.pop("BATON_TOKEN_FILE", None)
+        self.proc = WorkerProcess(spec, env=env).start()
+        try:
+            self.proc.wait_ready(timeout=900, settings=Settings(token=token))
+        except BaseException:
+            self.proc.stop()
+            raise
+        self.address, self._mark = self.proc.address, None
+
+    def stats(self, P) -> common_pb2.WorkerStats:
+        return P.GetStats(common_pb2.WorkerStatsRequest(), timeout=30)
+
+    def mark(self, P) -> None:
+        self._mark = self.stats(P)
+
+    def passes(self, P) -> tuple[int, list[dict]]:
+        """-> (passes since mark(), [their summary: passes, pieces, tokens, mean ms])."""
+        now, was = self.stats(P), self._mark
+        n, sec = now.prefill_passes - was.prefill_passes, now.prefill_pass_s - was.prefill_pass_s
+        pieces, tokens = now.prefill_pieces - was.prefill_pieces, now.prefill_tokens - was.prefill_tokens
+        return n, [{"passes": n, "pieces": pieces, "tokens": tokens, "ms": round(1e3 * sec / max(n, 1), 2)}]
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+class _InProcess:
+    """The prefill worker served in this process (the default): each pass's log (ExactEngine.passes)."""
+
+    def __init__(self, ps, ph):
+        self.engine, self._ph, self.address, self._b0 = ps.engine, ph, ph.address, 0
+
+    def mark(self, P) -> None:
+        self._b0 = self.engine.prefills.batches
+        self.engine.passes.clear()
+
+    def passes(self, P) -> tuple[int, list[dict]]:
+        return self.engine.prefills.batches - self._b0, _passes(self.engine)
+
+    def stop(self) -> None:
+        self._ph.stop(0)
+
+
 def _passes(engine) -> list[dict]:
     """The prefill worker's passes since its log was last cleared: pieces, tokens, wall ms each."""
     return [{"pieces": k, "tokens": t, "ms": round(1e3 * sec, 2)} for k, t, sec in engine.passes]
@@ -157,6 +224,12 @@ def main(argv=None) -> dict:
         "(the 9B shape's random init takes minutes on the CPU: over 200 s on the H200 host)",
     )
     ap.add_argument("--no-plain", action="store_true", help="skip each burst's run without a hand-off")
+    ap.add_argument(
+        "--prefill-process",
+        action="store_true",
+        help="the prefill worker in its own process (python -m prefill_worker), not in this one: no thread of "
+        "the benchmark shares its GIL; passes from its WorkerStats (per burst, not each pass)",
+    )
     ap.add_argument("--profile", type=Path, default=None, help="profile one more burst of the largest size: op tables")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -164,38 +237,49 @@ def main(argv=None) -> dict:
     if argv is None:  # as a program: a cut run stops its decode worker process (the finally below)
         exit_on_sigterm()
     sizes = [int(x) for x in a.bursts.split(",") if x.strip()]
-    lm, model_desc = build_model(a)
+    if a.prefill_process and a.profile is not None:
+        ap.error("--profile profiles this process: not with --prefill-process")
     settings = Settings(token="bench-ttft-burst", handoff_sender=a.sender)
     max_len, top = a.prompt + WIDTH + 64, max(sizes)
-    ph, ps = serve_prefill(
-        lm, device=a.device, width=WIDTH, max_len=max_len, slots=top, settings=settings,
-        prefill_budget=a.prefill_budget,
-    )  # fmt: skip
+    if a.prefill_process:  # no model in this process: the vocabulary from the config
+        cfg = config_of(a.random_init) if a.random_init else ModelConfig.from_hf(a.model or DEFAULT_MODEL_DIR)
+        V, model_desc = (
+            cfg.vocab_size,
+            {"random_init": a.random_init} if a.random_init else {"model_dir": str(a.model or DEFAULT_MODEL_DIR)},
+        )
+        side = _PrefillProcess(a, max_len, settings.token, top)
+    else:
+        lm, model_desc = build_model(a)
+        V = lm.cfg.vocab_size
+        ph, ps = serve_prefill(
+            lm, device=a.device, width=WIDTH, max_len=max_len, slots=top, settings=settings,
+            prefill_budget=a.prefill_budget,
+        )  # fmt: skip
+        side = _InProcess(ps, ph)
     dh = None
     try:
         dh = decode_process(a, max_len, settings.token, slots=top)
         g = torch.Generator().manual_seed(1)
-        V = lm.cfg.vocab_size
         results = []
-        with make_channel(ph.address, settings) as pc, make_channel(dh.address, settings) as dc:
+        with make_channel(side.address, settings) as pc, make_channel(dh.address, settings) as dc:
             P, D = prefill_pb2_grpc.PrefillWorkerStub(pc), decode_pb2_grpc.DecodeWorkerStub(dc)
             for n in sizes:
                 rows, passes, logs, plain, plain_logs = [], [], [], [], []
                 for run in range(a.warmup + a.runs):
                     prompts = [torch.randint(0, V, (a.prompt,), generator=g).tolist() for _ in range(n)]
-                    b0 = ps.engine.prefills.batches
-                    ps.engine.passes.clear()
+                    side.mark(P)
                     got = burst(P, D, dh.address, prompts, f"b{n}-{run}")
                     if run >= a.warmup:
                         rows += got
-                        passes.append(ps.engine.prefills.batches - b0)
-                        logs.append(_passes(ps.engine))
+                        count, log = side.passes(P)
+                        passes.append(count)
+                        logs.append(log)
                     if not a.no_plain:
-                        ps.engine.passes.clear()
+                        side.mark(P)
                         ms = burst_plain(P, prompts, f"p{n}-{run}")
                         if run >= a.warmup:
                             plain += ms
-                            plain_logs.append(_passes(ps.engine))
+                            plain_logs.append(side.passes(P)[1])
                 res = {"burst": n, "prompt_tokens": a.prompt, "requests": len(rows), "passes_per_burst": passes}
                 res |= {
                     k: _stats([r[k] for r in rows if k in r])
@@ -211,7 +295,7 @@ def main(argv=None) -> dict:
     finally:
         if dh is not None:
             dh.stop()
-        ph.stop(0)
+        side.stop()
     out = {
         "benchmark": "ttft_burst",
         "command": shlex.join(["python", "benchmarks/bench_ttft_burst.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -221,7 +305,8 @@ def main(argv=None) -> dict:
         "decode_device": a.decode_device or a.device,
         "model": model_desc,
         "sender": a.sender,
-        "prefill_budget": ps.engine.prefills.budget,
+        "prefill_budget": a.prefill_budget if a.prefill_process else side.engine.prefills.budget,
+        "prefill_process": a.prefill_process,
         "results": results,
     }
     emit(out, a.out)

@@ -614,8 +614,9 @@ EOF
       tests/handoff/test_handoff.py >"$out/stage-tests.log" 2>&1
     echo "test_handoff.py -k streamed_handoff (by address): rc=$? $(tail -1 "$out/stage-tests.log")"
     for by in 1 0; do
+      # --prefill-process: the prefill worker in its own process, as deployed (no benchmark thread shares its GIL)
       BATON_STAGE_BY_ADDRESS=$by python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
-        --prompt 512 --bursts "${BURSTS:-8,32}" --out "$out/ttft-burst-by-address$by.json" \
+        --prompt 512 --bursts "${BURSTS:-8,32}" --prefill-process --out "$out/ttft-burst-by-address$by.json" \
         >"$out/ttft-burst-by-address$by.log" 2>&1
       echo "burst by address=$by: rc=$?"
       python - "$out/ttft-burst-by-address$by.json" <<'EOF'

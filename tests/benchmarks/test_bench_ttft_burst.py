@@ -25,3 +25,20 @@ def test_bench_ttft_burst_cpu_smoke(capsys, tmp_path):
         assert r["plain_reply_ms"]["p50"] > 0
     assert "self CPU" in (tmp_path / "prof.txt").read_text()
     assert res["prefill_budget"] > 0 and res["command"].startswith("python benchmarks/")
+
+
+def test_bench_ttft_burst_with_the_prefill_worker_in_its_own_process(capsys):
+    """--prefill-process: the prefill worker is `python -m prefill_worker`; each burst's passes come from its
+    WorkerStats (one summary: passes, pieces, tokens, mean ms), with the hand-off and without."""
+    from benchmarks import bench_ttft_burst as b
+
+    res = b.main(
+        ["--device", "cpu", "--prompt", "12", "--bursts", "3", "--runs", "1", "--warmup", "0", "--prefill-process"]
+    )
+    assert json.loads(capsys.readouterr().out) == res and res["prefill_process"] is True
+    (three,) = res["results"]
+    assert three["requests"] == 3 and 1 <= sum(three["passes_per_burst"]) <= 3
+    for (summary,) in (three["passes"][0], three["plain_passes"][0]):
+        assert summary["pieces"] == 3 and summary["tokens"] == 36 and summary["ms"] > 0
+        assert 1 <= summary["passes"] <= 3
+    assert three["first_ms"]["max"] <= three["reply_ms"]["max"]
