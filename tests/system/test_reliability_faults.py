@@ -95,6 +95,18 @@ def _holder(cl, role: str) -> str:
     return busy()[0]
 
 
+def _took(cl, role: str, before: dict) -> str:
+    """The live worker of `role` whose served RPCs (WorkerStats.requests_total) grew since `before` (exactly
+    one must): the one a request went to, even once its session has ended (the tiny model decodes 200
+    tokens in well under a second, and a loaded machine polled _holder after that)."""
+
+    def grew():
+        return [n for n in cl.live(role) if cl.stats(n).requests_total > before.get(n, 0)]
+
+    _until(lambda: len(grew()) == 1, 5, f"one {role} worker serving the request")
+    return grew()[0]
+
+
 def _next_request_is_served(cl, mode="exact"):
     assert tokens(_gen(cl, "x = 1", 12, mode=mode)) == cl.ref("x = 1", 12)
 
@@ -105,9 +117,10 @@ def test_decode_killed_during_loadstate_is_retried_on_the_other(cl):
     SIGKILLed: the prefill worker's Prefill fails UNAVAILABLE naming the target, the router retries the
     Prefill with the other decode worker; the client sees nothing of it: same tokens, no migration."""
     want, busy_want = cl.ref("import json", 20), cl.ref("def main(", LONG)
-    busy = _gen(cl, "def main(")  # keeps one decode worker loaded: the next pick is the other
+    before = {n: cl.stats(n).requests_total for n in cl.live("decode")}
+    busy = _gen(cl, "def main(")  # keeps one decode worker loaded (or, ended, picked last): the next pick is the other
     first_busy = next(busy)
-    dx = _holder(cl, "decode")
+    dx = _took(cl, "decode", before)
     (dy,) = [n for n in cl.live("decode") if n != dx]
     retries0 = cl.metric("baton_router_prefill_retries_total")
     cl.freeze(dy)
