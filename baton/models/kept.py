@@ -2,12 +2,14 @@
 a GDN layer's -exp(A_log)): the same ops on the same inputs give the same bits, and a prefill pass of the
 9B shape launches ~100 kernels fewer of its ~1,500 (each a GIL hand-over when the worker is busy).
 
-    kept(store, key, make, device)   make()'s tensor, kept in `store` (one entry) under key
+    kept(store, key, make, device)   make()'s tensor, kept in `store` under key
     weights_key(t)                   the key of a weight's values, None where it has none
 
-Lifecycle: an entry lives until a call with another key replaces it (a weight written in place bumps its
-version, so its key changes). Nothing is kept while a CUDA graph is captured (the kernels of make() would
-run only at replay), with autograd on, or for key None: make() then runs inline, as before.
+Lifecycle: an entry lives as long as its store (a module's, or the process's for the config's): never
+dropped, because a CUDA graph captured after it was kept reads its memory. A weight written in place bumps
+its version, so its key changes and a new entry is made (a few bytes each). Nothing is kept while a CUDA
+graph is captured (the kernels of make() would run only at replay), with autograd on, or for key None:
+make() then runs inline, as before.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ def kept(store: dict, key, make, device) -> torch.Tensor:
         got = make()
         capturing = torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
         if key is not None and not capturing and not torch.is_grad_enabled():
-            store.clear()  # one entry: a key that changed (the weights were replaced) never comes back
-            store[key] = got
+            store[key] = got  # NOTE: never dropped (module doc: a captured graph may read it)
     return got
 
 
