@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +33,7 @@ from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import GREEDY, Drafter
 from baton.handoff.slot_fill import SlotFill
 from decode_worker import drafting, mtp, mtp_launch
+from decode_worker.session import DecodeSession
 
 ENGINES = ("bf16", "fp8", "mtp")
 # tokens (mtp: rounds) a released-at-end batched decode may run ahead of its reader: at least 3, so the
@@ -42,38 +42,6 @@ ENGINES = ("bf16", "fp8", "mtp")
 # message (Job.take). Running ahead costs no step at an end token or max_new_tokens (the scheduler stops
 # the job at once); a reader that stops early (the router's stop string, a cancel) wastes up to 16 rows.
 RUN_AHEAD = 16
-
-
-@dataclass
-class DecodeSession:
-    id: str
-    engine: str
-    runner: ModelRunner
-    slot: int
-    created: float
-    last_used: float
-    # exact-mode drafting (fp8 / bf16 drafts): drafts of the last Draft call and the token fed first
-    drafts: list[int] = field(default_factory=list)
-    draft_t0: int = 0  # exact mode, each Draft: the pending token and its position (the committed tokens')
-    draft_at: int = 0  # (read with the batch's other slots, not by each Draft handler from the device)
-    # mtp: pairs (hidden row, token) whose MTP KV rows are not final yet, starting at KV index mtp_start
-    mtp_pairs_h: torch.Tensor | None = None
-    mtp_pairs_ids: list[int] = field(default_factory=list)
-    mtp_start: int = 0
-    mtp_h_more: list = field(default_factory=list)  # plain rounds' hidden rows not joined yet (mtp.pairs_h)
-    mtp_inflight: int = 0  # plain rounds launched whose tokens were not read yet (mtp_launch)
-    mtp_undelivered: int = 0  # tokens read from rounds not handed to the scheduler's job yet (mtp_launch)
-    rounds: int = 0
-    emitted_in_rounds: int = 0
-    exact: bool = False  # has drafted (exact mode): counted by the Draft gather
-    draft_only: bool = False  # exact mtp: verdicts with hidden rows, or a draft-only load: BF16 state never advanced
-    # the slot's position while the host knows it (as loaded, or as an mtp Draft batch left it); a Decode or
-    # Draft batch reads it here, not from the device (a blocking read), and clears it before moving the state
-    loaded_position: int | None = None
-
-    @property
-    def mean_accept_len(self) -> float:
-        return self.emitted_in_rounds / self.rounds if self.rounds else 0.0
 
 
 class DecodeEngine:

@@ -27,7 +27,6 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from baton import op_profile
 from baton.engine import rejection
@@ -41,43 +40,8 @@ from baton.engine.state import StateTensor
 from baton.handoff.progress import PrefillProgress
 from prefill_worker.announced import Announced
 from prefill_worker.replay import Replays
+from prefill_worker.session import Session, VerifyResult
 from prefill_worker.verifying import VerifyItem, verify_batch
-
-
-@dataclass
-class Counters:
-    drafted: int = 0
-    accepted: int = 0
-    rejected_blocks: int = 0
-    verify_blocks: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-
-@dataclass
-class Session:
-    id: str
-    slot: int
-    created: float
-    last_used: float
-    counters: Counters = field(default_factory=Counters)
-    engine: int = 0  # decode engine (proto enum) the session was handed to; reused on migration
-    replay: int = 0  # the prompt's last `replay` ids were generated: run_prefill feeds them as AR rows
-    want_logprobs: int = -1  # open_prefill(prompt_logprobs=N >= 0): run_prefill fills prompt_logprobs (N alternatives)
-    prompt_logprobs: list = field(default_factory=list)  # [(logprob, top)] of prompt tokens 1 .. n-1
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    accepted: int
-    next_token: int
-    position: int
-    counters: Counters
-    logprobs: list = field(default_factory=list)  # SamplingTable.logprobs of d1..dm, next (when asked)
-    hidden: object = None  # want_hidden: [m + 1, hidden] CPU tensor, the kept rows' final-normed hidden rows
-
 
 PREFILL_BUDGET = PREFILL_CHUNK  # tokens per batched prefill pass (a whole piece always fits)
 PREFILL_GATHER_S = 0.020  # a pass waits at most this long for prompts already opened or arriving

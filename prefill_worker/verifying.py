@@ -27,7 +27,7 @@ from baton.transfer import read_slots
 
 
 class VerifyItem(NamedTuple):
-    session: object  # prefill_worker.engine.Session
+    session: object  # prefill_worker.session.Session
     tokens: list[int]  # [t0, d1..dk]
     dists: list | None  # REJECTION policy: the drafter's q' of d1..dk (rejection.parse)
     want_hidden: bool = False
