@@ -74,6 +74,8 @@ import threading
 import time
 from typing import Callable, Hashable
 
+from baton.engine.gather_periods import Periods
+
 # Gather options for calls made once a round by sessions (items whose first element is the session): PERIODIC
 # for fast-mode MTP rounds (decode_worker/mtp.py decode). 50 ms: the most a leader waits for a late group.
 PERIODIC = dict(key=lambda item: item[0].id, max_wait_s=0.05)
@@ -90,7 +92,6 @@ ROUND_SETTLE = dict(
     group=lambda item: getattr(item, "round", None),
     group_wait_s=0.03,
 )
-SLOW = 1.5  # a round barrier does not wait for a caller whose period is past SLOW x the median (_barrier)
 GATHER_S = 0.002  # a plain leader's wait for the calls it expects
 
 
@@ -151,7 +152,7 @@ class Gather:
         self._group, self.group_wait_s = group, group_wait_s  # a tagged leader waits for its round's calls
         self._taken = threading.Condition()  # give_way(): leaders waiting for the lock, and taking it
         self._lock_wanted, self._lock_taken, self.gave_way = 0, 0, 0  # gave_way: stats, the times it did
-        self._seen: dict[Hashable, list[float]] = {}  # key -> [last call, its period's EMA or 0.0, first call]
+        self._periods = Periods()  # keyed callers' call periods (baton/engine/gather_periods.py)
         self._cv = threading.Condition()
         self._queue: list[_Call] = []
         self._leading = False
@@ -169,7 +170,7 @@ class Gather:
             self._key, self.max_wait_s, self.barrier = None, 0.0, False
             self.settle_s, self.gather_s = 0.0, GATHER_S
             self._group = None
-            self._seen.clear()
+            self._periods.clear()
 
     def call(self, item):
         """Runs `item` in a batch (module doc) -> its result; the batch's exception is raised."""
@@ -195,7 +196,7 @@ class Gather:
             if self._key is not None:
                 for c in calls:
                     k = self._key(c.item)
-                    self._arrived(k, self._last_arrival)
+                    self._periods.arrived(k, self._last_arrival)
                     self._awaited.discard(k)
             self._queue.extend(calls)
             if not self._leading:
@@ -235,33 +236,10 @@ class Gather:
     def forget(self, key: Hashable) -> None:
         """The caller `key` ended (its session was released): leaders stop expecting it."""
         with self._cv:
-            self._seen.pop(key, None)
+            self._periods.forget(key)
             if key in self._awaited:
                 self._awaited.discard(key)
                 self._cv.notify()  # the barrier's leader waiting for it stops
-
-    def _arrived(self, k: Hashable, now: float) -> None:
-        """Under _cv: a call of `k` at `now` updates its period's EMA (from its second call on)."""
-        seen = self._seen.get(k)
-        if seen is None:
-            self._seen[k] = [now, 0.0, now]
-            return
-        dt = now - seen[0]
-        seen[0], seen[1] = now, dt if not seen[1] else 0.5 * seen[1] + 0.5 * dt
-
-    def _live(self, now: float) -> list[tuple[Hashable, float, float, float]]:
-        """Under _cv: [(key, last call, period, first call)] of the live keyed callers (period known, called
-        within two periods); one gone past eight periods is forgotten."""
-        live = []
-        for k, (last, period, first) in list(self._seen.items()):
-            if not period:
-                continue
-            if now - last >= 2 * period:
-                if now - last > 8 * period:
-                    del self._seen[k]  # long gone: forget it
-                continue
-            live.append((k, last, period, first))
-        return live
 
     def _wanted(self, now: float) -> list[tuple[int, float]]:
         """Under _cv: [(calls to wait for, until when: a monotonic time), ...]: the leader waits while
@@ -273,10 +251,9 @@ class Gather:
         if self.barrier:  # the leader's own wait (_lead: _awaited)
             return [base]
         queued = {self._key(c.item) for c in self._queue}
-        periods = [v[1] for v in self._seen.values() if v[1]]
-        window = now + max(self.max_wait_s, self.gather_s, 0.25 * min(periods, default=0.0))
+        window = now + max(self.max_wait_s, self.gather_s, 0.25 * self._periods.shortest())
         live, near, until, anchor = 0, 0, now + self.gather_s, (float("inf"), False)
-        for k, last, period, first in self._live(now):
+        for k, last, period, first in self._periods.live(now):
             anchor = min(anchor, (first, k in queued))
             if k in queued:
                 continue
@@ -286,24 +263,6 @@ class Gather:
         if live > near and not anchor[1]:  # not the anchor's batch, and a group due later: drift a window
             return [base, (min(cap, len(self._queue) + live), max(until, window))]
         return [base, (min(cap, len(self._queue) + near), until)]
-
-    def _barrier(self, now: float, queued: set) -> tuple[set, float]:
-        """Under _cv: (the keys to wait for, until when) of a round barrier (module doc) led from `now`: every
-        live keyed caller not queued whose period is at most SLOW x the live callers' median, until the
-        latest one's due time + a quarter of its period, at most max_wait_s. A slower caller (its client
-        reading slowly, its Verify elsewhere) joins whichever batch it meets: waiting for it would hold every
-        session to its pace."""
-        live = self._live(now)
-        if not live:
-            return set(), now
-        limit = SLOW * sorted(x[2] for x in live)[len(live) // 2]
-        awaited, until = set(), now
-        for k, last, period, _ in live:
-            if k in queued or period > limit:
-                continue
-            awaited.add(k)
-            until = max(until, last + period + max(self.gather_s, 0.25 * period))
-        return awaited, min(until, now + self.max_wait_s)
 
     def give_way(self, timeout_s: float = 1.0) -> bool:
         """Called by a job holding this Gather's lock (module doc, "Giving way"): when a leader waits for the
@@ -339,7 +298,8 @@ class Gather:
                 start = time.monotonic()
                 waits = self._wanted(start)
                 if self.barrier:  # arrivals (call) and forget() drop keys from _awaited
-                    self._awaited, until = self._barrier(start, {self._key(c.item) for c in self._queue})
+                    queued = {self._key(c.item) for c in self._queue}
+                    self._awaited, until = self._periods.barrier(start, queued, self.gather_s, self.max_wait_s)
                 tag = self._group(own.item) if self._group is not None else None
                 while True:
                     now, cap = time.monotonic(), self._expected()
