@@ -7,8 +7,9 @@ Lifecycle:
     connect(address, namespace)     ray.init(address=...) into `namespace` (default "baton")
     start_workers(specs, ...)       one actor per WorkerSpec, named `baton-<role>-<i>`, with resource
                                     requests (num_gpus per worker, or a custom resource such as
-                                    {"prefill_node": 1} that only one node type offers), max_restarts=-1
-                                    and max_task_retries; detached when the launcher is to exit
+                                    {"prefill_node": 1} that only one node type offers), max_restarts
+                                    (--max-restarts: -1, forever, by default; N: at most N over the actor's
+                                    life) and max_task_retries; detached when the launcher is to exit
     wait_workers(actors, ...)       address() -> grpc.health.v1 SERVING; one progress line each
     router                          --foreground: serve_router() in this process until SIGINT/SIGTERM;
                                     default: a detached `baton-router` actor pinned to the head node
@@ -67,14 +68,14 @@ def connect(address: str | None, namespace: str) -> None:
         ray.init(address=address or "auto", namespace=namespace, log_to_driver=True, logging_level=logging.WARNING)
 
 
-def _actor_class(role: str, *, num_gpus: float, resources: dict[str, float] | None):
+def _actor_class(role: str, *, num_gpus: float, resources: dict[str, float] | None, max_restarts: int = -1):
     if role == "prefill":
         from prefill_worker.actor import make_actor_class
     elif role == "decode":
         from decode_worker.actor import make_actor_class
     else:
         raise ValueError(f"role: {role!r} is not prefill or decode")
-    return make_actor_class(num_gpus=num_gpus, resources=resources or None, max_restarts=-1)
+    return make_actor_class(num_gpus=num_gpus, resources=resources or None, max_restarts=max_restarts)
 
 
 def start_workers(
@@ -87,22 +88,24 @@ def start_workers(
     num_cpus: float = 1.0,
     env: dict[str, str] | None = None,
     gpu_share=None,
+    max_restarts: int = -1,
 ) -> dict[str, object]:
     """Creates one named actor per spec (or reuses a live one of that name); returns name -> handle.
 
     resources: role -> custom resource request, e.g. {"decode": {"decode_node": 1}}.
     env: extra environment for the actor processes (e.g. BATON_TOKEN).
     gpu_share: a created deploy.ray_gpus.GpuShare: each actor in its GPU bundle, with the KV plan of the
-    actors that share it (num_gpus is then the share's)."""
+    actors that share it (num_gpus is then the share's). max_restarts: Ray's, each actor's restarts over its
+    life (-1: forever; deploy/launch.py and `baton serve` --max-restarts)."""
     resources = resources or {}
     actors: dict[str, object] = {}
     for spec in specs:
-        cls = _actor_class(spec.role, num_gpus=num_gpus, resources=resources.get(spec.role))
+        cls = _actor_class(spec.role, num_gpus=num_gpus, resources=resources.get(spec.role), max_restarts=max_restarts)
         opts = dict(
             name=actor_name(spec.role, spec.index),
             namespace=namespace,
             get_if_exists=True,
-            max_task_retries=TASK_RETRIES,
+            max_task_retries=TASK_RETRIES if max_restarts else 0,  # Ray: none without restarts
             num_cpus=num_cpus,
         )
         if detached:
@@ -248,6 +251,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the workers")
     p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="each worker actor is restarted at most N times over its life (Ray's max_restarts), then stays dead "
+        "and the router serves with the others (default -1: forever; 0: never)",
+    )
+    p.add_argument(
         "--foreground",
         action="store_true",
         help="run the router in this process until signalled (the actors then live only as long as this process)",
@@ -339,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         detached=not args.foreground,
         env=env,
         gpu_share=share,
+        max_restarts=args.max_restarts,
     )
     try:
         addrs = wait_workers(actors, progress=progress, timeout=args.timeout)

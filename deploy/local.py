@@ -274,7 +274,7 @@ def run(args) -> int:
                 procs = start_processes(specs, **place)  # cuda, 2+ GPUs: one each (--colocate: the first)
                 # the router has drained by then: a worker gets 1 s to drain, then time to exit
                 cleanups.append(lambda: stop_processes(procs, grace=4.0, progress=progress))
-                restarts = getattr(args, "max_restarts", DEFAULT_MAX_RESTARTS)
+                restarts = DEFAULT_MAX_RESTARTS if getattr(args, "max_restarts", None) is None else args.max_restarts
                 supervisor = Supervisor(procs, progress=progress, timeout=args.timeout, max_restarts=restarts)
                 tick = lambda: supervisor.check(sig.stop)  # noqa: E731
                 addresses = {p.spec.name: p.address for p in procs}
@@ -299,6 +299,7 @@ def run(args) -> int:
                     namespace=namespace,
                     env={"BATON_TOKEN": token} if token else None,
                     gpu_share=share,
+                    max_restarts=-1 if getattr(args, "max_restarts", None) is None else args.max_restarts,
                 )
                 cleanups.append(lambda: launch.stop_actors(actors, grace=args.grace))
                 got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)

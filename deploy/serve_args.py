@@ -89,10 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-restarts",
         type=int,
-        default=DEFAULT_MAX_RESTARTS,
+        default=None,
         metavar="N",
-        help="--processes: a worker that exits more than N times in 10 minutes (a failed restart counts) is "
-        "given up on: serve stops and exits 1 (default %(default)s; 0: never restart; -1: restart forever)",
+        help=f"--processes: a worker that exits more than N times in 10 minutes (a failed restart counts) is "
+        f"given up on: serve stops and exits 1 (default {DEFAULT_MAX_RESTARTS}; 0: never restart; -1: restart "
+        "forever). Ray: each actor is restarted at most N times over its life, then stays dead and the router "
+        "serves with the others (default -1: forever)",
     )
     p.add_argument("--token-file", default=None, help="shared bearer token file (or set BATON_TOKEN)")
     p.add_argument(
@@ -127,7 +129,10 @@ def engines_error(args) -> str | None:
 
 
 def router_limits_error(args) -> str | None:
-    """The router's admission options of `baton serve` / deploy/launch.py that cannot work, as a usage message."""
+    """The router's admission options of `baton serve` / deploy/launch.py that cannot work, as a usage message
+    (and --max-restarts, which both take)."""
+    if getattr(args, "max_restarts", None) is not None and args.max_restarts < -1:
+        return "--max-restarts must be >= -1 (-1: restart forever)"
     if getattr(args, "queue_timeout", None) is not None and not args.queue_timeout >= 0:
         return "--queue-timeout must be >= 0"
     if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:

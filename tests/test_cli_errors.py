@@ -88,6 +88,9 @@ ROUTER = ("-m", "router", "--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2")
         ((*ROUTER, "--queue-timeout", "-1"), "--queue-timeout must be >= 0"),
         ((*ROUTER, "--max-new-tokens-limit", "0"), "--max-new-tokens-limit must be >= 1"),
         (("-m", "decode_worker", "--port", "99999"), "argument --port: '99999' is not a port (0..65535)"),
+        # Ray's max_restarts: -1 is forever, below it nothing (refused before Ray is joined)
+        (("deploy/launch.py", "--max-restarts", "-2"), "--max-restarts must be >= -1 (-1: restart forever)"),
+        (("-m", "baton", "serve", "--max-restarts", "-2"), "--max-restarts must be >= -1 (-1: restart forever)"),
     ],
 )
 def test_a_bad_option_is_a_usage_error_before_anything_starts(argv, says):

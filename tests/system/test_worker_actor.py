@@ -143,3 +143,16 @@ def test_ray_actors_serve_over_grpc(tmp_path):
         assert ray.get(p.health.remote()) == "UNREACHABLE"
     finally:
         ray.shutdown()
+
+
+def test_worker_actors_take_the_restarts_asked_for():
+    """deploy/launch.py and `baton serve` --max-restarts N: each worker actor class gets Ray's max_restarts N
+    (-1 by default: forever), and no task retries where it never restarts (Ray has none to give)."""
+    from deploy import launch
+
+    for role in ("prefill", "decode"):
+        assert launch._actor_class(role, num_gpus=0, resources=None)._default_options["max_restarts"] == -1
+        cls = launch._actor_class(role, num_gpus=0, resources=None, max_restarts=3)
+        assert cls._default_options["max_restarts"] == 3
+        never = launch._actor_class(role, num_gpus=0, resources=None, max_restarts=0)._default_options
+        assert never["max_restarts"] == 0 and never["max_task_retries"] == 0
