@@ -56,6 +56,25 @@ def test_a_batch_s_wait_lock_and_run_times_are_counted():
     assert 0.03 <= locked <= 0.3 and 0.05 <= run < 0.3, g.seconds
 
 
+def _queued_behind_a_held_leader(g: Gather, first, items: list, go: threading.Event) -> dict:
+    """g.call(first) leads a batch of its own that its run holds until `go`; then each of `items` is called
+    from its own thread, queued in order behind it; `go` set, every call joined -> {item: its result}."""
+    out = {}
+    th = [threading.Thread(target=lambda: out.__setitem__(first, g.call(first)))]
+    th[0].start()
+    while not g._leading:
+        pass
+    for x in items:
+        th.append(threading.Thread(target=lambda x=x: out.__setitem__(x, g.call(x))))
+        th[-1].start()
+        while len(g._queue) < len(th) - 1:
+            pass
+    go.set()
+    for t in th:
+        t.join(10)
+    return out
+
+
 def test_a_budget_cuts_batches_in_arrival_order_and_every_call_is_served():
     """cost = the item, budget 10: the queue [6, 3, 5, 9, 1] runs as [6, 3], [5], [9, 1] (a batch is the
     longest prefix within the budget, at least one item); a call left queued by a leader leads later."""
@@ -67,20 +86,7 @@ def test_a_budget_cuts_batches_in_arrival_order_and_every_call_is_served():
         return [x + 100 for x in items]
 
     g = Gather(run, threading.Lock(), cost=lambda x: x, budget=10)
-    out = {}
-    first = threading.Thread(target=lambda: out.__setitem__(0, g.call(0)))
-    first.start()  # leads a batch of [0] and holds it until go
-    while not g._leading:
-        pass
-    th = []
-    for x in (6, 3, 5, 9, 1):
-        th.append(threading.Thread(target=lambda x=x: out.__setitem__(x, g.call(x))))
-        th[-1].start()
-        while len(g._queue) < len(th):
-            pass
-    go.set()
-    for t in [first, *th]:
-        t.join(10)
+    out = _queued_behind_a_held_leader(g, 0, [6, 3, 5, 9, 1], go)
     assert out == {x: x + 100 for x in (0, 6, 3, 5, 9, 1)}
     assert seen == [[0], [6, 3], [5], [9, 1]]
 
@@ -97,20 +103,8 @@ def test_calls_sharing_a_key_cost_once_in_the_budget():
         return items
 
     g = Gather(run, threading.Lock(), cost=lambda x: x[1], budget=10, share=lambda x: x[0])
-    first = threading.Thread(target=lambda: g.call(("z", 1)))
-    first.start()  # leads a batch of its own and holds it until go
-    while not g._leading:
-        pass
     items = [("a", 8), ("a", 8), ("b", 2), ("a", 8), (None, 5), (None, 5), ("a", 8)]
-    th = []
-    for x in items:
-        th.append(threading.Thread(target=g.call, args=(x,)))
-        th[-1].start()
-        while len(g._queue) < len(th):
-            pass
-    go.set()
-    for t in [first, *th]:
-        t.join(10)
+    _queued_behind_a_held_leader(g, ("z", 1), items, go)
     assert seen == [[("z", 1)], items[:4], items[4:6], items[6:]]
 
 
