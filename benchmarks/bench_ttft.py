@@ -368,21 +368,21 @@ def main(argv=None) -> dict:
     return result
 
 
-def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess:
-    """`python -m decode_worker` on a free port with this benchmark's model (the same --random-init
-    shape and seed 0, or the same checkpoint: the same fingerprint), serving once health says so."""
-    extra = [("width", WIDTH), ("slots", slots), ("engines", "bf16")]
-    extra += [("random_init", a.random_init), ("seed", 0)] if a.random_init else []
+def worker_process(a, role: str, max_len: int, token: str, extra: list, device: str, gpu=None, **spec) -> WorkerProcess:
+    """`python -m {role}_worker` on a free port with this benchmark's model (the same --random-init shape and
+    seed 0, or the same checkpoint: the same fingerprint), serving once health says so. extra: more
+    (option, value) pairs; gpu: its CUDA_VISIBLE_DEVICES; spec: more WorkerSpec fields."""
+    extra = [("width", WIDTH), *extra] + ([("random_init", a.random_init), ("seed", 0)] if a.random_init else [])
     spec = WorkerSpec(
-        "decode",
+        role,
         0,
         model_dir=str(a.model) if a.model else None,
-        device=getattr(a, "decode_device", None) or a.device,  # bench_ttft_burst --decode-device
+        device=device,
         dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"),
-        engine="bf16",
         max_len=max_len,
         grace=0.0,
         extra=tuple((k, str(v)) for k, v in extra),
+        **spec,
     )
     env = dict(
         os.environ,
@@ -390,8 +390,8 @@ def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess
         PYTHONPATH=os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
     )
     env.pop("BATON_TOKEN_FILE", None)
-    if a.decode_gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(a.decode_gpu)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if not spec.device.startswith("cuda"):  # as many torch threads as this process uses
         env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     w = WorkerProcess(spec, env=env).start()
@@ -401,6 +401,13 @@ def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess
         w.stop()
         raise
     return w
+
+
+def decode_process(a, max_len: int, token: str, slots: int = 1) -> WorkerProcess:
+    """The benchmark's bf16 decode worker process (worker_process)."""
+    device = getattr(a, "decode_device", None) or a.device  # bench_ttft_burst --decode-device
+    extra = [("slots", slots), ("engines", "bf16")]
+    return worker_process(a, "decode", max_len, token, extra, device, gpu=a.decode_gpu, engine="bf16")
 
 
 def measure(a, ps, P, D: dict, targets: dict, ids: list[int], rate: float) -> dict:

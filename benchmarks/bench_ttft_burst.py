@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import shlex
 import statistics
 import sys
@@ -52,7 +51,7 @@ from baton.random_init import config_of  # noqa: E402
 from baton.rpc import make_channel  # noqa: E402
 from baton.settings import Settings  # noqa: E402
 from baton.v1 import common_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc  # noqa: E402
-from benchmarks.bench_ttft import REPO, WIDTH, build_model, decode_process, machine  # noqa: E402
+from benchmarks.bench_ttft import WIDTH, build_model, decode_process, machine, worker_process  # noqa: E402
 from benchmarks.report import emit, exit_on_sigterm  # noqa: E402
 from prefill_worker.serve import serve_prefill  # noqa: E402
 
@@ -136,25 +135,9 @@ class _PrefillProcess:
     one, from its WorkerStats: the passes since the last mark, as one summary entry."""
 
     def __init__(self, a, max_len: int, token: str, slots: int):
-        from deploy.processes import WorkerProcess, WorkerSpec
-
-        extra = [("width", WIDTH), ("slots", slots), ("handoff-sender", a.sender)]
-        extra += [("random-init", a.random_init), ("seed", 0)] if a.random_init else []
-        extra += [("prefill-budget", a.prefill_budget)] if a.prefill_budget else []
-        spec = WorkerSpec(
-            "prefill", 0, model_dir=str(a.model) if a.model else None, device=a.device,
-            dtype=a.dtype or ("bf16" if a.device.startswith("cuda") else "fp32"), max_len=max_len, grace=0.0,
-            extra=tuple((k.replace("-", "_"), str(v)) for k, v in extra),
-        )  # fmt: skip
-        pypath = [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        env = dict(os.environ, BATON_TOKEN=token, PYTHONPATH=os.pathsep.join(pypath))
-        env.pop("BATON_TOKEN_FILE", None)
-        self.proc = WorkerProcess(spec, env=env).start()
-        try:
-            self.proc.wait_ready(timeout=900, settings=Settings(token=token))
-        except BaseException:
-            self.proc.stop()
-            raise
+        extra = [("slots", slots), ("handoff_sender", a.sender)]
+        extra += [("prefill_budget", a.prefill_budget)] if a.prefill_budget else []
+        self.proc = worker_process(a, "prefill", max_len, token, extra, a.device)
         self.address, self._mark = self.proc.address, None
 
     def stats(self, P) -> common_pb2.WorkerStats:
