@@ -1,6 +1,7 @@
 """Tensors of the config or the weights alone, computed once and kept (the rotary inverse frequencies,
-a GDN layer's -exp(A_log)): the same ops on the same inputs give the same bits, and a prefill pass of the
-9B shape launches ~100 kernels fewer of its ~1,500 (each a GIL hand-over when the worker is busy).
+a GDN layer's -exp(A_log)): the same ops on the same inputs give the same bits, and a prefill pass launches
+3 kernels fewer a GDN layer and 4 a rotary table: 108 of the 9B shape's ~1,540 (counted from the ops it
+skips, not timed; each launch is a GIL hand-over when the worker is busy).
 
     kept(store, key, make, device)   make()'s tensor, kept in `store` under key
     weights_key(t)                   the key of a weight's values, None where it has none
@@ -19,7 +20,7 @@ import torch
 
 def kept(store: dict, key, make, device) -> torch.Tensor:
     """make() (of the config or of weights named by `key`), kept in `store` once computed: the same ops, the
-    same bits; ~100 of a 9B prefill pass's ~1,500 launches fewer. Not kept for key None, with autograd on
+    same bits (module doc: the launches it saves). Not kept for key None, with autograd on
     (training: the result must keep its graph to the weights), nor while a CUDA graph is captured (its
     kernels run only at replay)."""
     got = store.get(key) if key is not None else None
