@@ -168,7 +168,8 @@ class ExactEngine:
             raise ValueError(f"prompt_logprobs: {prompt_logprobs} alternatives, at most {MAX_LOGPROBS}")
         s = self._open(session_id)
         try:
-            self.runner.reserve(s.slot, len(ids))  # its KV pages, before any work (PagesExhausted)
+            # its KV pages, before any work (PagesExhausted); zeroed by its first piece's pass (run_pass: reset_slots)
+            self.runner.reserve(s.slot, len(ids), zero=False)
         except BaseException:
             self._table.release(s.id)
             raise

@@ -76,6 +76,23 @@ def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
             assert same, k
 
 
+def test_a_prompt_s_pages_read_zero_past_its_rows(lm):
+    """Pages an earlier session left rows in are zeroed once, by the prompt's first pass (run_pass's
+    reset_slots; open_prefill takes them unzeroed): past the prompt's rows every page of the slot reads zero."""
+    e = _engine(lm)
+    st = e.runner.state
+    for i in st.attn_ids:  # stale rows, as a page freed by an earlier session holds
+        st.key[i].fill_(7)
+        st.value[i].fill_(7)
+    (ids,) = _prompts(lm, [20], seed=5)
+    s, _ = e.prefill(ids)
+    pages = st.pages.owned(s.slot)
+    for i in lm.cfg.attn_layers:
+        for pool in (st.key[i], st.value[i]):
+            rows = pool[pages].transpose(0, 1).reshape(pool.shape[1], -1, pool.shape[3])  # [kv_heads, L, d]
+            assert rows[:, : len(ids)].any() and not rows[:, len(ids) :].any(), i
+
+
 def test_announced_equal_prompts_arriving_apart_share_one_pass(lm):
     """Four equal prompts whose calls come 15 ms apart (past the settle time, 3 ms) and announce themselves
     (open_prefill equal=4, PrefillRequest.equal_prompts): the first call's pass waits for the other three
