@@ -3,7 +3,7 @@ a GDN layer's -exp(A_log)): the same ops on the same inputs give the same bits, 
 3 kernels fewer a GDN layer and 4 a rotary table: 108 of the 9B shape's ~1,540 (counted from the ops it
 skips, not timed; each launch is a GIL hand-over when the worker is busy).
 
-    kept(store, key, make, device)   make()'s tensor, kept in `store` under key
+    kept(store, key, make)           make()'s tensor, kept in `store` under key
     weights_key(t)                   the key of a weight's values, None where it has none
 
 Lifecycle: an entry lives as long as its store (a module's, or the process's for the config's): never
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 
-def kept(store: dict, key, make, device) -> torch.Tensor:
+def kept(store: dict, key, make) -> torch.Tensor:
     """make() (of the config or of weights named by `key`), kept in `store` once computed: the same ops, the
     same bits (module doc: the launches it saves). Not kept for key None, with autograd on
     (training: the result must keep its graph to the weights), nor while a CUDA graph is captured (its
@@ -26,7 +26,7 @@ def kept(store: dict, key, make, device) -> torch.Tensor:
     got = store.get(key) if key is not None else None
     if got is None:
         got = make()
-        capturing = torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+        capturing = got.is_cuda and torch.cuda.is_current_stream_capturing()
         if key is not None and not capturing and not torch.is_grad_enabled():
             store[key] = got  # NOTE: never dropped (module doc: a captured graph may read it)
     return got

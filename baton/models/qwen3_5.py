@@ -102,7 +102,6 @@ def rope_cos_sin(cfg: ModelConfig, pos: torch.Tensor, dtype: torch.dtype) -> tup
         _ROPE,
         (rd, cfg.rope_theta, pos.device),
         lambda: 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, device=pos.device, dtype=torch.float) / rd)),
-        pos.device,
     )
     freqs = pos.float()[:, None] * inv[None, :]  # [T, rd/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [T, rd]
@@ -250,7 +249,7 @@ class GatedDeltaNet(nn.Module):
         """x [T, hidden] -> mixed [T, C] (pre-conv), beta, g [T, Hv], z [T, value_dim]."""
         beta = torch.sigmoid(lin(self.in_proj_b, x))  # [T, Hv]
         a = self.A_log
-        decay = kept(self._kept, weights_key(a), lambda: -a.float().exp(), a.device)  # -exp(A_log) [Hv] fp32
+        decay = kept(self._kept, weights_key(a), lambda: -a.float().exp())  # -exp(A_log) [Hv] fp32
         g = decay * F.softplus(lin(self.in_proj_a, x).float() + self.dt_bias)
         return lin(self.in_proj_qkv, x), beta, g, lin(self.in_proj_z, x)
 

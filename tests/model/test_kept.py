@@ -23,19 +23,19 @@ def test_kept_once_and_again_for_another_key():
     store, made = {}, []
     make = lambda: made.append(1) or torch.ones(2)  # noqa: E731
     with torch.no_grad():
-        a = kept(store, ("k", 1), make, "cpu")
-        assert kept(store, ("k", 1), make, "cpu") is a and len(made) == 1
-        b = kept(store, ("k", 2), make, "cpu")
+        a = kept(store, ("k", 1), make)
+        assert kept(store, ("k", 1), make) is a and len(made) == 1
+        b = kept(store, ("k", 2), make)
         assert list(store) == [("k", 1), ("k", 2)] and len(made) == 2  # kept both: a graph may read the first
-        assert kept(store, ("k", 1), make, "cpu") is a and kept(store, ("k", 2), make, "cpu") is b
-        kept(store, None, make, "cpu")
+        assert kept(store, ("k", 1), make) is a and kept(store, ("k", 2), make) is b
+        kept(store, None, make)
         assert len(made) == 3 and len(store) == 2
 
 
 def test_with_autograd_on_nothing_is_kept():
     store = {}
     w = torch.zeros(3, requires_grad=True)
-    x = kept(store, weights_key(w), lambda: -w.exp(), "cpu")
+    x = kept(store, weights_key(w), lambda: -w.exp())
     assert store == {} and x.requires_grad
     x.sum().backward()
     assert torch.equal(w.grad, -torch.ones(3))
