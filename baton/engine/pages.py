@@ -266,3 +266,60 @@ class PagedRows:
         if rest:
             self.pool[self.pages[n], :, :rest].fill_(value)
         return self
+
+
+class PagedSource:
+    """The export side of PagedRows: one KV tensor [kv_heads, position, head_dim] of a slot as a hand-off
+    source, read in place from its pages (the ids taken when it is made) rather than gathered into a new
+    tensor first. The stager copies address_ranges() D2H through the GIL-holding launcher
+    (baton/handoff/staging.py: stage_into): no torch call, so no GIL hand-over beside the prefill's thread
+    (a lazy gather was ~8 torch calls a tensor, 18 tensors a 9B hand-off). gather() makes the contiguous
+    tensor (HybridState.slot_rows' values) for a stager that cannot copy by address.
+    Lifetime: the pages must stay the slot's, unwritten at rows [0, position), until the copies are done,
+    as for any view of the state (the prefill keeps its session until the hand-off ends)."""
+
+    requires_grad = False
+    is_cuda = property(lambda self: self.pool.is_cuda)
+    device = property(lambda self: self.pool.device)
+    dtype = property(lambda self: self.pool.dtype)
+
+    def __init__(self, pool: torch.Tensor, pages: list[int], position: int):
+        if not pool.is_contiguous():
+            raise ValueError("PagedSource: the page pool must be contiguous")
+        if len(pages) < pages_for(position):
+            raise ValueError(f"PagedSource: {len(pages)} pages do not hold {position} rows")
+        self.pool, self.pages, self.position = pool, list(pages[: pages_for(position)]), int(position)
+        self.shape = (pool.shape[1], self.position, pool.shape[3])
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    def element_size(self) -> int:
+        return self.pool.element_size()
+
+    def gather(self) -> torch.Tensor:
+        """The rows as one contiguous tensor [kv_heads, position, head_dim] (device copies, current stream)."""
+        idx = upload(self.pages, torch.long, self.pool.device)
+        g = self.pool.index_select(0, idx)  # [n, H, PAGE, D]
+        return g.transpose(0, 1).reshape(self.shape[0], -1, self.shape[2])[:, : self.position].contiguous()
+
+    def address_ranges(self, a: int, b: int) -> list[tuple[int, int]]:
+        """Bytes [a, b) of the tensor's C-order layout as (device address, length) pieces, in order: head h's
+        rows of page j are one contiguous run of the pool (pool[pages[j], h, :rows])."""
+        row = self.shape[2] * self.element_size()  # bytes of one key row
+        head = self.position * row  # bytes of one head's rows in the tensor
+        page_stride, head_stride = (s * self.element_size() for s in self.pool.stride()[:2])
+        base, out = self.pool.data_ptr(), []
+        for h in range(a // head if head else 0, -(-b // head) if head else 0):
+            for j, page in enumerate(self.pages):
+                lo = h * head + j * PAGE * row  # the run's bytes in the tensor: [lo, lo + n)
+                n = min(PAGE, self.position - j * PAGE) * row
+                s, e = max(lo, a), min(lo + n, b)
+                if s >= e:
+                    continue
+                at = base + page * page_stride + h * head_stride + (s - lo)
+                if out and out[-1][0] + out[-1][1] == at:
+                    out[-1] = (out[-1][0], out[-1][1] + e - s)
+                else:
+                    out.append((at, e - s))
+        return out

@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from baton.config import ModelConfig
-from baton.engine.pages import PAGE, PagedRows, PagePool, pages_for
+from baton.engine.pages import PAGE, PagedRows, PagedSource, PagePool, pages_for
 from baton.transfer import upload
 
 # state tensor kinds (mirrors baton.v1.TensorKind)
@@ -57,6 +57,7 @@ class StateTensor:
     kind: str
     tensor: torch.Tensor  # a view into the state (GDN, hidden) or a gathered copy (KV); lazy: a meta tensor
     gather: Callable[[], torch.Tensor] | None = None  # lazy KV (export(lazy=True)): gathers the rows when called
+    paged: Callable[[], PagedSource] | None = None  # lazy KV: the rows read in place from the slot's pages
 
     def materialize(self) -> torch.Tensor:
         return self.tensor if self.gather is None else self.gather()
@@ -323,7 +324,13 @@ class HybridState:
             return [StateTensor(names[0], ATTN_KEY, k), StateTensor(names[1], ATTN_VALUE, v)]
         meta = torch.empty(self.cfg.num_key_value_heads, p, self.cfg.head_dim, dtype=self.dtype, device="meta")
         return [
-            StateTensor(name, kind, meta, lambda pool=pool: self.slot_rows(pool, slot, p))  # the one it ships
+            StateTensor(
+                name,
+                kind,
+                meta,
+                lambda pool=pool: self.slot_rows(pool, slot, p),  # the one it ships
+                lambda pool=pool: PagedSource(pool, self.pages.owned(slot), p),  # pages taken once final
+            )
             for name, kind, pool in zip(names, (ATTN_KEY, ATTN_VALUE), (self.key[layer], self.value[layer]))
         ]
 

@@ -54,7 +54,8 @@ def _sources(specs: list[TensorDesc], source: Iterable, ready_now) -> Iterator[t
         t, ready = item if isinstance(item, tuple) else (item, None)
         if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
             raise ValueError(f"{spec.name}: got {t.dtype} {tuple(t.shape)}, the table says {spec.dtype} {spec.shape}")
-        t = t.detach()
+        if t.requires_grad:  # NOTE: only then: each torch call gives the GIL up beside the prefill's thread
+            t = t.detach()
         if t.is_cuda:
             yield t, ready if ready is not None else ready_now(t.device)
         else:

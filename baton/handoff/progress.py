@@ -107,18 +107,23 @@ class PrefillProgress:
 
     def source(self, tensors):
         """(tensor, ready event) for each baton.engine.state.StateTensor, each once its stage is final:
-        a wire tensor_source. A lazy tensor (paged KV: StateTensor.gather) is gathered then, on CUDA on
-        the copy stream after the stage's event (never a host sync), its own event recorded after it."""
+        a wire tensor_source. A lazy tensor (paged KV: StateTensor.gather) on CUDA is, where the stager
+        copies by address (staging.by_address_on), its pages read in place (StateTensor.paged: a
+        PagedSource, gated on the stage's event); else gathered then, on the copy stream after the stage's
+        event (never a host sync), its own event recorded after it. On CPU: gathered."""
+        from baton.handoff import staging
+
+        in_place = self._cuda and staging.by_address_on()
         for t in tensors:
             ev = self.wait(stage_of(t.name, self.layers))
             if getattr(t, "gather", None) is None:
                 yield t.tensor, ev
             elif not self._cuda:
                 yield t.gather(), None
+            elif in_place and getattr(t, "paged", None) is not None:
+                yield t.paged(), ev
             else:
-                from baton.handoff.staging import copy_stream
-
-                stream = copy_stream(self._device)
+                stream = staging.copy_stream(self._device)
                 with torch.cuda.stream(stream):
                     if ev is not None:
                         stream.wait_event(ev)

@@ -13,8 +13,11 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
                      a view included, gives the GIL up, and the prefill's thread, which launches a pass's
                      kernels beside the stagers, waited for it behind them (on an H100 a pass of 8 x 512
                      tokens took 387-458 ms beside its hand-offs, 203-217 ms without;
-                     benchmarks/results/gpu-h100-2026-12-06-mps.md). Off until measured on a GPU:
-                     BATON_STAGE_BY_ADDRESS=1 turns it on (gpu_pending.sh stage-ab: its GPU test and the A/B)
+                     benchmarks/results/gpu-h100-2026-12-06-mps.md; on an H200 a burst of 32 x 512 tokens
+                     first token p50 890 -> 715 ms by address, benchmarks/results/gpu-h200-2026-12-06.md).
+                     A paged KV source (baton/engine/pages.py: PagedSource) is copied from its pages in
+                     place. On by default; BATON_STAGE_BY_ADDRESS=0 turns it off (torch's views and copies,
+                     a paged source gathered first)
     StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
     StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
 """
@@ -28,8 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from baton.engine import nogil
+from baton.engine.pages import PagedSource
 
-BY_ADDRESS_ENV = "BATON_STAGE_BY_ADDRESS"  # "1": stage CUDA chunks by address (module doc); default off
+BY_ADDRESS_ENV = "BATON_STAGE_BY_ADDRESS"  # "0": torch's views and copies (module doc); default on
 _FREE: dict[int, list[torch.Tensor]] = {}  # chunk_bytes -> free pinned uint8 buffers
 _LOCK = threading.Lock()
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> copy stream
@@ -96,22 +100,37 @@ def _ranges(shape: tuple, strides: tuple, size: int, a: int, b: int, base: int) 
     return out
 
 
+def by_address_on() -> bool:
+    """Whether stage_into may copy by address (BATON_STAGE_BY_ADDRESS, the launcher loaded): a sender then
+    keeps a paged KV source in place (PagedSource) instead of gathering it first."""
+    return os.environ.get(BY_ADDRESS_ENV, "1") != "0" and nogil.launcher() is not None
+
+
+def addresses(t, a: int, b: int) -> list[tuple[int, int]] | None:
+    """Bytes [a, b) of a segment's source as (address, length) pieces in order: a PagedSource's runs, or a
+    tensor's byte_ranges from its data_ptr(); None where byte_slices would copy."""
+    if isinstance(t, PagedSource):
+        return t.address_ranges(a, b)
+    ranges = byte_ranges(t, a, b)
+    return None if ranges is None else [(t.data_ptr() + at, n) for at, n in ranges]
+
+
 def _stage_by_address(fast, s: int, dst: int, segments, device: bool = True) -> int | None:
     """stage_into's copies through the launcher `fast` (module doc) on stream handle s into the buffer at
-    address dst: every segment a CUDA tensor (device=False: a CPU one, for the tests) whose bytes are
-    byte_ranges, each ready event recorded, else None (nothing enqueued). -> bytes staged."""
+    address dst: every segment a CUDA source (device=False: a CPU one, for the tests) whose bytes have
+    addresses(), each ready event recorded, else None (nothing enqueued). -> bytes staged."""
     plan = []
     for t, ready, a, b in segments:
-        ranges = byte_ranges(t, a, b) if t.is_cuda == device else None
+        ranges = addresses(t, a, b) if t.is_cuda == device else None
         if ranges is None or (ready is not None and not ready.cuda_event):
             return None
-        plan.append((t.data_ptr(), ready, ranges))
+        plan.append((ready, ranges))
     off = 0
-    for base, ready, ranges in plan:
+    for ready, ranges in plan:
         if ready is not None:
             fast.wait_event(s, ready)
         for at, n in ranges:
-            fast.copy(dst + off, base + at, n, s)
+            fast.copy(dst + off, at, n, s)
             off += n
     return off
 
@@ -168,16 +187,18 @@ def stage_into(
     gated on its ready event, non_blocking; the bytes are final once `done` completed (never a host sync
     here). CPU only: plain copies (torch releases the GIL in them), done None: final on return.
     by_address: the copies may go through the GIL-holding launcher (module doc); only into page-locked
-    memory (a copy into pageable memory waits on the host, here with the GIL held)."""
+    memory (a copy into pageable memory waits on the host, here with the GIL held). Otherwise a PagedSource
+    is gathered on the copy stream (each chunk it spans gathers it whole: the rare path)."""
     dev = next((t.device for t, _, _, _ in segments if t.is_cuda), None)
     off = 0
     if dev is None:
         for t, _, a, b in segments:
+            t = t.gather() if isinstance(t, PagedSource) else t
             buf[off : off + b - a].copy_(t.reshape(-1).view(torch.uint8)[a:b])
             off += b - a
         return off, None
     stream = copy_stream(dev)
-    fast = nogil.launcher() if by_address and os.environ.get(BY_ADDRESS_ENV, "0") == "1" else None
+    fast = nogil.launcher() if by_address and by_address_on() else None
     staged = _stage_by_address(fast, stream.cuda_stream, buf.data_ptr(), segments) if fast is not None else None
     if staged is not None:
         done = torch.cuda.Event(blocking=True)  # as below
@@ -187,6 +208,8 @@ def stage_into(
         for t, ready, a, b in segments:
             if ready is not None:
                 stream.wait_event(ready)
+            if isinstance(t, PagedSource):
+                t = t.gather()
             for piece in byte_slices(t, a, b) if t.is_cuda else [t.reshape(-1).view(torch.uint8)[a:b]]:
                 buf[off : off + piece.numel()].copy_(piece, non_blocking=t.is_cuda)
                 off += piece.numel()

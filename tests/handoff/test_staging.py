@@ -109,3 +109,46 @@ def test_a_chunk_it_cannot_stage_by_address_enqueues_nothing():
     assert _stage_by_address(fast, 7, buf.data_ptr(), segs, device=False) is None
     assert _stage_by_address(fast, 7, buf.data_ptr(), [(ts["contiguous"], None, 0, 32)]) is None  # not CUDA
     assert fast.calls == []
+
+
+def _paged(position: int, pages: list[int]):
+    from baton.engine.pages import PagedSource
+
+    g = torch.Generator().manual_seed(position)
+    pool = torch.randn(6, 2, 256, 4, generator=g).to(torch.bfloat16)  # [P + 1, kv_heads, PAGE, d]
+    return PagedSource(pool, pages, position)
+
+
+@pytest.mark.parametrize("position", [0, 1, 255, 256, 257, 600])
+def test_a_paged_source_addresses_the_bytes_of_its_gathered_rows(position):
+    """PagedSource.address_ranges names, in the pool, exactly the bytes gather() copies out (the rows of
+    HybridState.slot_rows), for any byte window: the stager copies them in place, no gather."""
+    src = _paged(position, [4, 0, 3, 1])  # out of order; only the first pages_for(position) are read
+    want = bytes(src.gather().view(torch.uint8).reshape(-1).numpy())
+    total = src.numel() * src.element_size()
+    assert total == len(want) and src.shape == (2, position, 4)
+    cuts = sorted({min(c, total) for c in (0, 1, 511, 2048, total // 3, total // 2 + 1, total - 5, total)})
+    for a in cuts:
+        for b in cuts:
+            if b < a:
+                continue
+            ranges = src.address_ranges(a, b)
+            assert b"".join(ctypes.string_at(at, n) for at, n in ranges) == want[a:b], (a, b)
+            assert all(n > 0 for _, n in ranges)
+
+
+def test_a_paged_source_must_hold_its_rows():
+    with pytest.raises(ValueError, match="do not hold"):
+        _paged(257, [2])
+
+
+def test_a_chunk_of_paged_kv_is_staged_from_the_pages_in_place():
+    """A chunk mixing a paged KV source and a tensor: one wait per ready event, then the pages' runs."""
+    src, ts, ev = _paged(300, [2, 5]), _tensors(), _Recorded()
+    segs = [(src, ev, 100, src.numel() * 2), (ts["contiguous"], None, 0, 40)]
+    want = bytes(src.gather().view(torch.uint8).reshape(-1).numpy())[100:] + _slices_bytes(ts["contiguous"], 0, 40)
+    buf, fast = torch.zeros(len(want) + 8, dtype=torch.uint8), _HostCopies()
+    assert _stage_by_address(fast, 3, buf.data_ptr(), segs, device=False) == len(want)
+    assert bytes(buf[: len(want)].numpy()) == want and not buf[len(want) :].any()
+    assert fast.calls[0] == ("wait", ev, 3)
+    assert len([c for c in fast.calls if c[0] == "copy"]) == 2 * 2 + 1  # 2 heads x 2 pages, then the tensor
