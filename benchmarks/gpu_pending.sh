@@ -110,11 +110,18 @@
 # bench_ttft_burst at 8 (a pass beside its hand-off 387-458 ms, without 203-217 ms; MPS no help). Owed, in order:
 # stage-ab (the staging by address, 2026-12-06), prefill-sdpa (cuDNN SDPA's host time: 1.3 ms a call, 64 calls a
 # pass of 8), serve-steady, burst, spec-merged on an H200, then verify, nogil, gil above.
+# Stop 51 (benchmarks/results/gpu-h200-2026-12-06.md), one H200 at 5672ba5: stage-ab (2 passed; burst of 32 first
+# token p50 890 -> 715 ms by address: on by default since 92af9a2), spec-merged VERDICT_AB=0 (336 / 1,405 / 2,627
+# tok/s: 4.18x at 8, 1.05x bf16 at 32), tests-engine (8, 7, 3 passed), shared-prompt (1 passed; 66.7 ms against
+# 56.2 for one), burst (profiled), serve-steady (1,126 / 2,550 / 3,259 at 8 / 32 / 64), SDPA_SERVE=1 prefill-sdpa
+# (8 passed; no decision), spec-adaptive at 32 (0.86x bf16). Owed, in order: stage-ab and burst after 92af9a2 (KV
+# staged from its pages in place), then verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
 #   stage-ab       the hand-off's staging by address (BATON_STAGE_BY_ADDRESS 1 / 0): its GPU test, bursts at 8 and 32
+#                  (on by default since 92af9a2; BURSTS, AB_POINTS="1" for the default alone)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
 #   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
 #                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
@@ -606,14 +613,14 @@ EOF
     fi
     ;;
   stage-ab)  # the hand-off's staging by address through the GIL-holding launcher (baton/handoff/staging.py
-    # byte_ranges, BATON_STAGE_BY_ADDRESS=1, off by default until this runs): the streamed hand-off's GPU test with
-    # it, then bench_ttft_burst at 8 and 32 with it and without (torch's views and copies, each giving the GIL up
-    # beside the prefill's thread); a pass of 8 x 512 beside its hand-offs took 387-458 ms against 203-217 ms
-    # without a hand-off on an H100 (benchmarks/results/gpu-h100-2026-12-06-mps.md)
+    # addresses, BATON_STAGE_BY_ADDRESS, on by default since 92af9a2): the streamed hand-off's GPU test with it,
+    # then bench_ttft_burst at 8 and 32 with it and without (torch's views and copies, each giving the GIL up
+    # beside the prefill's thread); at 5672ba5 on an H200 a burst of 32's first token p50 890 -> 715 ms
+    # (benchmarks/results/gpu-h200-2026-12-06.md). AB_POINTS="1": the default alone
     BATON_STAGE_BY_ADDRESS=1 python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff \
       tests/handoff/test_handoff.py >"$out/stage-tests.log" 2>&1
     echo "test_handoff.py -k streamed_handoff (by address): rc=$? $(tail -1 "$out/stage-tests.log")"
-    for by in 1 0; do
+    for by in ${AB_POINTS:-1 0}; do
       # --prefill-process: the prefill worker in its own process, as deployed (no benchmark thread shares its GIL)
       BATON_STAGE_BY_ADDRESS=$by python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
         --prompt 512 --bursts "${BURSTS:-8,32}" --prefill-process --out "$out/ttft-burst-by-address$by.json" \
