@@ -151,6 +151,10 @@ Per point:
                        the workers' gathered batches during the point (WorkerStats.gathered_s), ms a batch:
                        the leader waiting for the calls it expects, then for the compute lock, then the batch
                        (decode: Draft calls and fast mtp rounds; prefill: Verify)
+    mtp_rounds_by_k, mtp_round_ms_by_k
+                       fast mtp: the decode workers' rounds during the point by the K their controller ran
+                       ({"0": plain batched steps, "4": ...}) and their mean ms as it timed them (a plain
+                       step: from the later of its launch and the previous read to its read)
     decode_gathered_run_*, prefill_gathered_run_*
                        the run by part (baton/engine/parts.py), ms a batch, host wall time: prefill: checks,
                        snapshot, pass (ends with the picks' and the outputs' host reads), restore, replay,
@@ -688,6 +692,11 @@ class _StepStats:
             "prefill_pass_mean_pieces": round(pieces / passes, 2) if passes else 0.0,
             "prefill_pass_ms_mean": round(1e3 * secs / passes, 2) if passes else 0.0,
         }
+        k1, k0 = g1.pop("mtp_by_k", {}), self.g0.get("mtp_by_k", {})
+        if any(n != k0.get(k, (0, 0.0))[0] for k, (n, _) in k1.items()):  # fast mtp rounds by K during the point
+            d = {k: (n - k0.get(k, (0, 0.0))[0], t - k0.get(k, (0, 0.0))[1]) for k, (n, t) in sorted(k1.items())}
+            out["mtp_rounds_by_k"] = {str(k): n for k, (n, _) in d.items() if n}
+            out["mtp_round_ms_by_k"] = {str(k): round(1e3 * t / n, 2) for k, (n, t) in d.items() if n}
         for role in ("decode", "prefill"):  # the router's round batcher: DraftMany / VerifyMany and their requests
             (r1, n1), (r0, n0) = g1.pop(role + "_batched", (0, 0)), self.g0.get(role + "_batched", (0, 0))
             out[f"{role}_batched_rpcs"] = r1 - r0

@@ -375,7 +375,15 @@ case $stage in
   spec-adaptive)
     spec spec-adaptive-mtp --engine mtp --concurrency "${SPEC_POINTS:-1,8,32}" --draft-p 0.9 --draft-k 4 \
       --mtp-draft-length adaptive
-    spec spec-adaptive-bf16 --engine bf16 --concurrency "${BF16_POINTS:-1,8,32}" --check-prompts 1
+    if [ "${BF16_POINTS:-}" != none ]; then  # BF16_POINTS=none: mtp alone (the bf16 figures of an earlier call)
+      spec spec-adaptive-bf16 --engine bf16 --concurrency "${BF16_POINTS:-1,8,32}" --check-prompts 1
+    fi
+    python - "$out/spec-adaptive-mtp.json" <<'EOF' 2>/dev/null
+import json, sys
+
+for p in json.load(open(sys.argv[1]))["points"]:
+    print(f"  mtp at {p['concurrency']}: rounds by K {p.get('mtp_rounds_by_k')}, ms {p.get('mtp_round_ms_by_k')}")
+EOF
     points=${SPEC_POINTS:-1,8,32}
     for n in ${points//,/ }; do
       ratio "fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-adaptive-mtp.json" $n \

@@ -198,11 +198,12 @@ def decode_steps(addresses: dict[str, str], token: str | None, reset: bool = Fal
 
 def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
     """Per role (prefill, decode): the workers' Gather batches, the calls in them and their summed seconds by
-    part ({"wait", "lock", "run"}: WorkerStats gathered_batches / gathered_items / gathered_s: Verify on a
-    prefill worker, Draft and mtp rounds on a decode worker), summed over the role's workers; counters since
-    the worker started. Also "ROLE_batched": its batched round RPCs and the requests in them. Also "prefill_pass": the
-    prefill workers' batched prefill passes, their pieces, tokens, summed seconds and the times they gave
-    the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way)."""
+        part ({"wait", "lock", "run"}: WorkerStats gathered_batches / gathered_items / gathered_s: Verify on a
+        prefill worker, Draft and mtp rounds on a decode worker), summed over the role's workers; counters since
+        the worker started. Also "ROLE_batched": its batched round RPCs and the requests in them. Also "prefill_pass": the
+        prefill workers' batched prefill passes, their pieces, tokens, summed seconds and the times they gave
+        the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way). Also "mtp_by_k": the decode
+    workers' fast mtp rounds by K, {K: (rounds, seconds)} (WorkerStats.mtp_rounds_by_k / mtp_round_s_by_k)."""
     out: dict[str, tuple] = {}
     for role, st in _role_stats(addresses, token):
         b, i, t = out.get(role, (0, 0, {}))
@@ -212,6 +213,11 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
         out[role] = (b + st.gathered_batches, i + st.gathered_items, t)
         r, n = out.get(role + "_batched", (0, 0))
         out[role + "_batched"] = (r + st.batched_rpcs, n + st.batched_items)  # DraftMany / VerifyMany
+        by_k = dict(out.get("mtp_by_k", {}))  # fast mtp rounds by K: (rounds, seconds) (WorkerStats.mtp_*_by_k)
+        for k, n in st.mtp_rounds_by_k.items():
+            r0, s0 = by_k.get(k, (0, 0.0))
+            by_k[k] = (r0 + n, s0 + st.mtp_round_s_by_k.get(k, 0.0))
+        out["mtp_by_k"] = by_k
         if role == "prefill":
             prev = out.get("prefill_pass", (0, 0, 0, 0.0, 0))
             now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s, st.gathered_gave_way)

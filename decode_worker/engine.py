@@ -336,6 +336,9 @@ class DecodeEngine:
         if self._rounds is not None:  # the scheduled mtp rounds count as gathered batches, as the Gather's did
             out.gathered_batches += self._rounds.steps
             out.gathered_items += self._rounds.rows
+        ctl = self._mtp_ctl
+        for k, (n, secs) in dict(ctl.by_k if ctl is not None else {}).items():  # (a copy: the step thread adds)
+            out.mtp_rounds_by_k[k], out.mtp_round_s_by_k[k] = n, secs
 
     def close(self) -> None:
         """Stops the step scheduler's thread, if it runs; a later decode starts a new one."""

@@ -35,7 +35,11 @@ rounds has its own probe: at K > 0 it probes K = 0, at K = 0 the last speculativ
 side's figure is stale (`probe_every` rounds old), not in a neighbour-probe round, and only if that side
 could win (within `probe_band`) or its probe is cheap: its predicted seconds at most `probe_share` of the
 seconds run since it was measured, so a dear probe (a K = 4 round under a heavy batch) comes rarely and
-costs the batch at most ~5%. A switch to or from K = 0 is one move, not `max_step`s. A speculative figure
+costs the batch at most ~2% (5% until 2026-12-06: the whole of issue 21's tolerance). Plain rounds are
+priced by the median of their last PLAIN_WINDOW seconds, and from K = 0 a speculative K is switched to
+only on a figure of its own, measured within `probe_every` rounds at about this batch or a larger one
+(_fresh): a few plain rounds slowed by a prefill pass beside them no longer switch the batch to speculative
+rounds on an old figure (tests/engine/test_draft_length.py simulates it: one speculative round each time). A switch to or from K = 0 is one move, not `max_step`s. A speculative figure
 measured at another batch size prices nothing, so it is probed again at once, except when the batch has
 grown past the one where speculation lost to plain rounds: speculation pays less the larger the batch (its
 K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at its
@@ -71,6 +75,9 @@ def expected_tokens(k: int, a: float) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+PLAIN_WINDOW = 16  # plain rounds (K = 0) priced by the median of the last this many (DraftLength.cost)
+
+
 @dataclass
 class _Entry:
     draft_s: float
@@ -78,6 +85,7 @@ class _Entry:
     weight: float  # decayed count of rounds at this K
     age: int = 0  # rounds since last observed
     batch: int = 1  # sessions in the round that measured it (observe_round: a batch's rounds)
+    recent: list[float] | None = None  # K = 0: the last PLAIN_WINDOW rounds' seconds, oldest first
 
 
 class DraftLength:
@@ -98,7 +106,7 @@ class DraftLength:
         max_step: int = 2,
         probe_every: int = 16,
         probe_band: float = 0.15,
-        probe_share: float = 0.05,
+        probe_share: float = 0.02,
     ):
         if not 0 <= k_min <= k_max:
             raise ValueError(f"k_min {k_min} and k_max {k_max}: need 0 <= k_min <= k_max")
@@ -116,6 +124,7 @@ class DraftLength:
         self._want: int | None = None  # the switch hysteresis is counting for
         self._streak = 0
         self._probe: int | None = None  # K of the round asked for by a probe (not the settled K)
+        self.by_k: dict[int, tuple[int, float]] = {}  # K -> (rounds, their seconds) observed: WorkerStats
 
     # ---- estimates -------------------------------------------------------------------------------
     @property
@@ -126,6 +135,8 @@ class DraftLength:
         """Predicted seconds of a round at K = k; None when nothing is known."""
         e = self.costs.get(k)
         if e is not None and self._matched(e):
+            if e.recent and len(e.recent) >= 3:  # plain rounds: a median, so a moment's load (a prefill
+                return sorted(e.recent)[len(e.recent) // 2]  # pass beside a few steps) does not price them
             return e.draft_s + e.verify_s
         if k == 0:
             return None  # plain AR is priced only by measuring it
@@ -230,6 +241,8 @@ class DraftLength:
         if any(not 0 <= m <= k for m in accepted):
             raise ValueError(f"accepted {accepted} out of range 0..{k}")
         self.rounds += 1
+        n, secs = self.by_k.get(k, (0, 0.0))
+        self.by_k[k] = (n + 1, secs + draft_s + verify_s)
         if k > 0:
             self.s = self.s * self.decay + sum(accepted)
             self.f = self.f * self.decay + sum(1.0 for m in accepted if m < k)
@@ -239,11 +252,13 @@ class DraftLength:
         self._batch = max(1, len(accepted))
         e = self.costs.get(k)
         if e is None or (self.probe_every and e.age > 2 * self.probe_every) or not self._matched(e):
-            self.costs[k] = _Entry(draft_s, verify_s, 1.0, batch=self._batch)  # new, or of another load
+            e = self.costs[k] = _Entry(draft_s, verify_s, 1.0, batch=self._batch)  # new, or of another load
         else:
             e.draft_s += self.alpha * (draft_s - e.draft_s)
             e.verify_s += self.alpha * (verify_s - e.verify_s)
             e.weight, e.age = e.weight + 1.0, 0
+        if k == 0:
+            e.recent = (e.recent or [])[-(PLAIN_WINDOW - 1) :] + [draft_s + verify_s]
         self._decide()
         return self.k
 
@@ -265,9 +280,23 @@ class DraftLength:
         self.costs.clear()
         self._want, self._streak = None, 0
 
+    def _fresh(self, j: int) -> bool:
+        """From K = 0, a speculative K may be switched to only on a figure of its own, measured within
+        `probe_every` rounds at about this batch or a larger one (within 1.25x): a plain round's figure is
+        refreshed every round, so an old figure, or one from fewer sessions (a speculative round's cost
+        grows with the batch, a plain step's barely), would win against plain rounds slowed by a moment's
+        load (a prefill pass beside them) and cost the batch dear rounds until they are measured again.
+        Such a K is measured by the switch probe instead (_switch_probe), and wins from that."""
+        if self.k != 0 or j == 0:
+            return True
+        e = self.costs.get(j)
+        return e is not None and e.age < self.probe_every and 1.25 * e.batch >= self._batch
+
     def _decide(self) -> None:
         cur = self.rate(self.k)
-        cands = [(r, j) for j in range(self.k_min, self.k_max + 1) if (r := self.rate(j)) is not None]
+        cands = [
+            (r, j) for j in range(self.k_min, self.k_max + 1) if self._fresh(j) and (r := self.rate(j)) is not None
+        ]
         if cur is None or not cands:
             return
         best_rate, best = max(cands)
@@ -296,6 +325,7 @@ class FixedLength:
 
     def __init__(self, k: int):
         self.k = k
+        self.by_k: dict[int, tuple[int, float]] = {}  # as DraftLength's
 
     def next_k(self, batch: int | None = None) -> int:
         return self.k
@@ -304,6 +334,8 @@ class FixedLength:
         return self.k
 
     def observe_round(self, k: int, accepted: list[int], draft_s: float, verify_s: float) -> int:
+        n, secs = self.by_k.get(k, (0, 0.0))
+        self.by_k[k] = (n + 1, secs + draft_s + verify_s)
         return self.k
 
     def observe_drafts(self, accepted: int, rejected: int) -> None:

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/common.proto\x12\x08\x62\x61ton.v1\"\xfb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x10\n\x08logprobs\x18\t \x01(\r\x12\x0c\n\x04stop\x18\n \x03(\t\x12+\n\x0c\x65xact_policy\x18\x0b \x01(\x0e\x32\x15.baton.v1.ExactPolicy\x12;\n\nlogit_bias\x18\x0c \x03(\x0b\x32\'.baton.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\";\n\x0ePenaltyHistory\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x16\n\x0egenerated_from\x18\x02 \x01(\r\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"F\n\nHiddenRows\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\r\n\x05width\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"+\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"$\n\x08RoundTag\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\")\n\x12WorkerStatsRequest\x12\x13\n\x0breset_steps\x18\x01 \x01(\x08\"\x98\t\n\x0bWorkerStats\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rsession_bytes\x18\x02 \x01(\x04\x12\x13\n\x0boutstanding\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07max_len\x18\x06 \x01(\x04\x12\x16\n\x0erequests_total\x18\x07 \x01(\x04\x12\r\n\x05steps\x18\x08 \x01(\x04\x12\x11\n\tstep_rows\x18\t \x01(\x04\x12\x15\n\rmax_step_rows\x18\n \x01(\r\x12\x12\n\nstep_s_p50\x18\x0b \x01(\x01\x12\x12\n\nstep_s_p99\x18\x0c \x01(\x01\x12\x18\n\x10gathered_batches\x18\r \x01(\x04\x12\x16\n\x0egathered_items\x18\x0e \x01(\x04\x12\x16\n\x0eprefill_passes\x18\x0f \x01(\x04\x12\x16\n\x0eprefill_pieces\x18\x10 \x01(\x04\x12\x16\n\x0eprefill_tokens\x18\x11 \x01(\x04\x12\x16\n\x0eprefill_pass_s\x18\x12 \x01(\x01\x12\x1b\n\x13step_interval_s_p50\x18\x13 \x01(\x01\x12\x1b\n\x13step_interval_s_p99\x18\x14 \x01(\x01\x12\x19\n\x11step_device_s_p50\x18\x15 \x01(\x01\x12\x19\n\x11step_device_s_p99\x18\x16 \x01(\x01\x12\x13\n\x0bstall_s_p99\x18\x17 \x01(\x01\x12\x13\n\x0bstall_s_max\x18\x18 \x01(\x01\x12\x13\n\x0bstall_share\x18\x19 \x01(\x01\x12;\n\x0cstep_phase_s\x18\x1a \x03(\x0b\x32%.baton.v1.WorkerStats.StepPhaseSEntry\x12\x1b\n\x13step_phase_window_s\x18\x1b \x01(\x01\x12\x16\n\x0estep_held_rows\x18\x1c \x01(\x04\x12;\n\x0cthread_cpu_s\x18\x1d \x03(\x0b\x32%.baton.v1.WorkerStats.ThreadCpuSEntry\x12\x0f\n\x07\x65ngines\x18\x1e \x03(\t\x12\r\n\x05slots\x18\x1f \x01(\r\x12\x10\n\x08kv_pools\x18  \x01(\r\x12\x10\n\x08kv_pages\x18! \x01(\x04\x12\x15\n\rkv_pages_free\x18\" \x01(\x04\x12\x16\n\x0ekv_page_tokens\x18# \x01(\r\x12\x38\n\ngathered_s\x18$ \x03(\x0b\x32$.baton.v1.WorkerStats.GatheredSEntry\x12\x19\n\x11gathered_gave_way\x18% \x01(\x04\x12\x19\n\x11\x64raft_only_states\x18& \x01(\x08\x12\x14\n\x0c\x62\x61tched_rpcs\x18\' \x01(\x04\x12\x15\n\rbatched_items\x18( \x01(\x04\x1a\x31\n\x0fStepPhaseSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x31\n\x0fThreadCpuSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0eGatheredSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x89\x02\n\x0c\x42ridgeReport\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12>\n\rbytes_by_kind\x18\x03 \x03(\x0b\x32\'.baton.v1.BridgeReport.BytesByKindEntry\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12+\n\x08timeline\x18\x06 \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\x12\x12\n\ndraft_only\x18\x07 \x01(\x08\x1a\x32\n\x10\x42ytesByKindEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe4\x02\n\x0fHandoffTimeline\x12\x38\n\x08marks_ns\x18\x01 \x03(\x0b\x32&.baton.v1.HandoffTimeline.MarksNsEntry\x12\x35\n\x06\x63locks\x18\x02 \x03(\x0b\x32%.baton.v1.HandoffTimeline.ClocksEntry\x12:\n\tseries_ns\x18\x03 \x03(\x0b\x32\'.baton.v1.HandoffTimeline.SeriesNsEntry\x1a.\n\x0cMarksNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0b\x43locksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\rSeriesNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.baton.v1.MarkSeries:\x02\x38\x01\"\x18\n\nMarkSeries\x12\n\n\x02ns\x18\x01 \x03(\x03*1\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01\x12\t\n\x05\x45XACT\x10\x02*<\n\x06\x45ngine\x12\x16\n\x12\x45NGINE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42\x46\x31\x36\x10\x01\x12\x07\n\x03\x46P8\x10\x02\x12\x07\n\x03MTP\x10\x03*L\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\x07\n\x03\x45OS\x10\x03*H\n\x0b\x45xactPolicy\x12\x1c\n\x18\x45XACT_POLICY_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43OUPLING\x10\x01\x12\r\n\tREJECTION\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x62\x61ton/v1/common.proto\x12\x08\x62\x61ton.v1\"\xfb\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12\x10\n\x08logprobs\x18\t \x01(\r\x12\x0c\n\x04stop\x18\n \x03(\t\x12+\n\x0c\x65xact_policy\x18\x0b \x01(\x0e\x32\x15.baton.v1.ExactPolicy\x12;\n\nlogit_bias\x18\x0c \x03(\x0b\x32\'.baton.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\";\n\x0ePenaltyHistory\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x16\n\x0egenerated_from\x18\x02 \x01(\r\"5\n\x11TokenDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\r\n\x05probs\x18\x02 \x03(\x02\"F\n\nHiddenRows\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\r\n\x05width\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"+\n\nItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"$\n\x08RoundTag\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\")\n\x12WorkerStatsRequest\x12\x13\n\x0breset_steps\x18\x01 \x01(\x08\"\x87\x0b\n\x0bWorkerStats\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x15\n\rsession_bytes\x18\x02 \x01(\x04\x12\x13\n\x0boutstanding\x18\x03 \x01(\r\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0f\n\x07max_len\x18\x06 \x01(\x04\x12\x16\n\x0erequests_total\x18\x07 \x01(\x04\x12\r\n\x05steps\x18\x08 \x01(\x04\x12\x11\n\tstep_rows\x18\t \x01(\x04\x12\x15\n\rmax_step_rows\x18\n \x01(\r\x12\x12\n\nstep_s_p50\x18\x0b \x01(\x01\x12\x12\n\nstep_s_p99\x18\x0c \x01(\x01\x12\x18\n\x10gathered_batches\x18\r \x01(\x04\x12\x16\n\x0egathered_items\x18\x0e \x01(\x04\x12\x16\n\x0eprefill_passes\x18\x0f \x01(\x04\x12\x16\n\x0eprefill_pieces\x18\x10 \x01(\x04\x12\x16\n\x0eprefill_tokens\x18\x11 \x01(\x04\x12\x16\n\x0eprefill_pass_s\x18\x12 \x01(\x01\x12\x1b\n\x13step_interval_s_p50\x18\x13 \x01(\x01\x12\x1b\n\x13step_interval_s_p99\x18\x14 \x01(\x01\x12\x19\n\x11step_device_s_p50\x18\x15 \x01(\x01\x12\x19\n\x11step_device_s_p99\x18\x16 \x01(\x01\x12\x13\n\x0bstall_s_p99\x18\x17 \x01(\x01\x12\x13\n\x0bstall_s_max\x18\x18 \x01(\x01\x12\x13\n\x0bstall_share\x18\x19 \x01(\x01\x12;\n\x0cstep_phase_s\x18\x1a \x03(\x0b\x32%.baton.v1.WorkerStats.StepPhaseSEntry\x12\x1b\n\x13step_phase_window_s\x18\x1b \x01(\x01\x12\x16\n\x0estep_held_rows\x18\x1c \x01(\x04\x12;\n\x0cthread_cpu_s\x18\x1d \x03(\x0b\x32%.baton.v1.WorkerStats.ThreadCpuSEntry\x12\x0f\n\x07\x65ngines\x18\x1e \x03(\t\x12\r\n\x05slots\x18\x1f \x01(\r\x12\x10\n\x08kv_pools\x18  \x01(\r\x12\x10\n\x08kv_pages\x18! \x01(\x04\x12\x15\n\rkv_pages_free\x18\" \x01(\x04\x12\x16\n\x0ekv_page_tokens\x18# \x01(\r\x12\x38\n\ngathered_s\x18$ \x03(\x0b\x32$.baton.v1.WorkerStats.GatheredSEntry\x12\x19\n\x11gathered_gave_way\x18% \x01(\x04\x12\x19\n\x11\x64raft_only_states\x18& \x01(\x08\x12\x14\n\x0c\x62\x61tched_rpcs\x18\' \x01(\x04\x12\x15\n\rbatched_items\x18( \x01(\x04\x12@\n\x0fmtp_rounds_by_k\x18) \x03(\x0b\x32\'.baton.v1.WorkerStats.MtpRoundsByKEntry\x12\x41\n\x10mtp_round_s_by_k\x18* \x03(\x0b\x32\'.baton.v1.WorkerStats.MtpRoundSByKEntry\x1a\x31\n\x0fStepPhaseSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x31\n\x0fThreadCpuSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x30\n\x0eGatheredSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11MtpRoundsByKEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x33\n\x11MtpRoundSByKEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x89\x02\n\x0c\x42ridgeReport\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x04\x12>\n\rbytes_by_kind\x18\x03 \x03(\x0b\x32\'.baton.v1.BridgeReport.BytesByKindEntry\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x05 \x01(\r\x12+\n\x08timeline\x18\x06 \x01(\x0b\x32\x19.baton.v1.HandoffTimeline\x12\x12\n\ndraft_only\x18\x07 \x01(\x08\x1a\x32\n\x10\x42ytesByKindEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xe4\x02\n\x0fHandoffTimeline\x12\x38\n\x08marks_ns\x18\x01 \x03(\x0b\x32&.baton.v1.HandoffTimeline.MarksNsEntry\x12\x35\n\x06\x63locks\x18\x02 \x03(\x0b\x32%.baton.v1.HandoffTimeline.ClocksEntry\x12:\n\tseries_ns\x18\x03 \x03(\x0b\x32\'.baton.v1.HandoffTimeline.SeriesNsEntry\x1a.\n\x0cMarksNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a-\n\x0b\x43locksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\rSeriesNsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.baton.v1.MarkSeries:\x02\x38\x01\"\x18\n\nMarkSeries\x12\n\n\x02ns\x18\x01 \x03(\x03*1\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46\x41ST\x10\x01\x12\t\n\x05\x45XACT\x10\x02*<\n\x06\x45ngine\x12\x16\n\x12\x45NGINE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x42\x46\x31\x36\x10\x01\x12\x07\n\x03\x46P8\x10\x02\x12\x07\n\x03MTP\x10\x03*L\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\n\n\x06LENGTH\x10\x01\x12\x08\n\x04STOP\x10\x02\x12\x07\n\x03\x45OS\x10\x03*H\n\x0b\x45xactPolicy\x12\x1c\n\x18\x45XACT_POLICY_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x43OUPLING\x10\x01\x12\r\n\tREJECTION\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -30,6 +30,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_options = b'8\001'
   _globals['_WORKERSTATS_GATHEREDSENTRY']._loaded_options = None
   _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._loaded_options = None
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._serialized_options = b'8\001'
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._loaded_options = None
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._serialized_options = b'8\001'
   _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._loaded_options = None
   _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_options = b'8\001'
   _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._loaded_options = None
@@ -38,14 +42,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_options = b'8\001'
   _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._loaded_options = None
   _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_options = b'8\001'
-  _globals['_MODE']._serialized_start=2798
-  _globals['_MODE']._serialized_end=2847
-  _globals['_ENGINE']._serialized_start=2849
-  _globals['_ENGINE']._serialized_end=2909
-  _globals['_FINISHREASON']._serialized_start=2911
-  _globals['_FINISHREASON']._serialized_end=2987
-  _globals['_EXACTPOLICY']._serialized_start=2989
-  _globals['_EXACTPOLICY']._serialized_end=3061
+  _globals['_MODE']._serialized_start=3037
+  _globals['_MODE']._serialized_end=3086
+  _globals['_ENGINE']._serialized_start=3088
+  _globals['_ENGINE']._serialized_end=3148
+  _globals['_FINISHREASON']._serialized_start=3150
+  _globals['_FINISHREASON']._serialized_end=3226
+  _globals['_EXACTPOLICY']._serialized_start=3228
+  _globals['_EXACTPOLICY']._serialized_end=3300
   _globals['_SAMPLINGPARAMS']._serialized_start=36
   _globals['_SAMPLINGPARAMS']._serialized_end=415
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=358
@@ -73,25 +77,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERSTATSREQUEST']._serialized_start=923
   _globals['_WORKERSTATSREQUEST']._serialized_end=964
   _globals['_WORKERSTATS']._serialized_start=967
-  _globals['_WORKERSTATS']._serialized_end=2143
-  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_start=1993
-  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_end=2042
-  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_start=2044
-  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_end=2093
-  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_start=2095
-  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_end=2143
-  _globals['_BRIDGEREPORT']._serialized_start=2146
-  _globals['_BRIDGEREPORT']._serialized_end=2411
-  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_start=2361
-  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_end=2411
-  _globals['_HANDOFFTIMELINE']._serialized_start=2414
-  _globals['_HANDOFFTIMELINE']._serialized_end=2770
-  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_start=2606
-  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_end=2652
-  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_start=2654
-  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_end=2699
-  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_start=2701
-  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_end=2770
-  _globals['_MARKSERIES']._serialized_start=2772
-  _globals['_MARKSERIES']._serialized_end=2796
+  _globals['_WORKERSTATS']._serialized_end=2382
+  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_start=2126
+  _globals['_WORKERSTATS_STEPPHASESENTRY']._serialized_end=2175
+  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_start=2177
+  _globals['_WORKERSTATS_THREADCPUSENTRY']._serialized_end=2226
+  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_start=2228
+  _globals['_WORKERSTATS_GATHEREDSENTRY']._serialized_end=2276
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._serialized_start=2278
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._serialized_end=2329
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._serialized_start=2331
+  _globals['_WORKERSTATS_MTPROUNDSBYKENTRY']._serialized_end=2382
+  _globals['_BRIDGEREPORT']._serialized_start=2385
+  _globals['_BRIDGEREPORT']._serialized_end=2650
+  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_start=2600
+  _globals['_BRIDGEREPORT_BYTESBYKINDENTRY']._serialized_end=2650
+  _globals['_HANDOFFTIMELINE']._serialized_start=2653
+  _globals['_HANDOFFTIMELINE']._serialized_end=3009
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_start=2845
+  _globals['_HANDOFFTIMELINE_MARKSNSENTRY']._serialized_end=2891
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_start=2893
+  _globals['_HANDOFFTIMELINE_CLOCKSENTRY']._serialized_end=2938
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_start=2940
+  _globals['_HANDOFFTIMELINE_SERIESNSENTRY']._serialized_end=3009
+  _globals['_MARKSERIES']._serialized_start=3011
+  _globals['_MARKSERIES']._serialized_end=3035
 # @@protoc_insertion_point(module_scope)

@@ -221,7 +221,9 @@ def test_plain_steps_win_a_heavy_batch_from_a_speculative_prior():
 
 
 def test_speculation_comes_back_when_the_batch_lightens():
-    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(8)
+    # no judged drafts here (fast mtp's flush keeps the acceptance current at K = 0): it comes back through
+    # the cheap probe alone, whose share these recovery tests set at 5% (the default 2% takes 2.5x the rounds)
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0, probe_share=0.05), random.Random(8)
     _batch_rounds(c, 150, 0.9, heavy, rng)
     assert c.k == 0
     ks = _batch_rounds(c, 600, 0.9, light, rng)
@@ -240,7 +242,7 @@ def test_a_jump_in_the_batch_reprices_at_once():
     nothing. A controller settled on speculation at one session, then given 16 sessions whose speculative
     rounds cost 8x a plain step, falls back to K = 0 within a few rounds (priced by the old figures, this
     simulation ran 9-10 speculative rounds of ~100 ms first); and back when the batch is one session again."""
-    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(5)
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0, probe_share=0.05), random.Random(5)  # (as above)
     ks = _batch_rounds(c, 120, 0.9, light, rng, sessions=1)
     assert c.k >= 3, ks[-20:]
     ks = _batch_rounds(c, 40, 0.9, heavy, rng, sessions=16)
@@ -300,7 +302,7 @@ def test_a_wave_joining_a_batch_that_speculates_starts_plain(named):
 def test_speculation_winning_where_it_lost_clears_the_mark():
     """The batch where speculation lost is forgotten only when it wins at as many sessions or more (the
     acceptance rose): the batch may grow again without a forced fall to K = 0."""
-    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(13)
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0, probe_share=0.05), random.Random(13)  # (as above)
     _batch_rounds(c, 30, 0.9, _waves(11), rng, sessions=11, named=True)
     assert c.k == 0
     ks = _batch_rounds(c, 400, 0.9, light, rng, sessions=11, named=True)  # cheaper speculation at 11
@@ -336,3 +338,22 @@ def test_a_large_flush_weighs_a_bounded_number_of_rounds():
     for _ in range(20):
         c.observe_round(2, [0], 0.0, 1.0)  # nothing accepted any more
     assert c.acceptance < 0.5, c.acceptance
+
+
+def test_plain_rounds_slowed_for_a_moment_do_not_switch_to_speculation_on_an_old_figure():
+    """At K = 0 under a heavy batch, a prefill pass beside the steps slows a few plain rounds 3x. Their price
+    is a median of the last rounds (not an average a few slow rounds move), and a speculative K may be
+    switched to only on a figure of its own measured within probe_every rounds at about this batch or more:
+    no speculative round runs for a moment's load, and the dear probes stay within their share."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(21)
+    cost = _waves(20)
+    _batch_rounds(c, 40, 0.9, cost, rng, sessions=20, named=True)
+    assert c.k == 0
+    ks = []
+    for r in range(600):
+        slow = 3.0 if r % 40 < 4 else 1.0  # every 40 rounds, 4 plain rounds beside a prefill pass
+        ks += _batch_rounds(c, 1, 0.9, lambda k, s=slow: cost(k) * (s if k == 0 else 1.0), rng, sessions=20, named=True)
+    spec = [i for i, k in enumerate(ks) if k]
+    assert len(spec) <= 3, spec
+    spent = sum(cost(k) for k in ks)
+    assert sum(cost(k) for k in ks if k) <= 0.02 * spent, spec
