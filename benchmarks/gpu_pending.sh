@@ -114,8 +114,10 @@
 # token p50 890 -> 715 ms by address: on by default since 92af9a2), spec-merged VERDICT_AB=0 (336 / 1,405 / 2,627
 # tok/s: 4.18x at 8, 1.05x bf16 at 32), tests-engine (8, 7, 3 passed), shared-prompt (1 passed; 66.7 ms against
 # 56.2 for one), burst (profiled), serve-steady (1,126 / 2,550 / 3,259 at 8 / 32 / 64), SDPA_SERVE=1 prefill-sdpa
-# (8 passed; no decision), spec-adaptive at 32 (0.86x bf16). Owed, in order: stage-ab and burst after 92af9a2 (KV
-# staged from its pages in place), then verify, nogil, gil above.
+# (8 passed; no decision), spec-adaptive at 32 (0.86x bf16). Owed, in order: stage-ab after ce7c515 (KV staged from
+# its pages in place, BATON_STAGE_KV_IN_PLACE, off until then: AB_POINTS=1 BURSTS=32 is enough), SPEC_POINTS=32
+# BF16_POINTS=none spec-adaptive after ce7c515 (the controller's median plain price, 2% probes; rounds by K), then
+# verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -625,6 +627,7 @@ EOF
     # then bench_ttft_burst at 8 and 32 with it and without (torch's views and copies, each giving the GIL up
     # beside the prefill's thread); at 5672ba5 on an H200 a burst of 32's first token p50 890 -> 715 ms
     # (benchmarks/results/gpu-h200-2026-12-06.md). AB_POINTS="1": the default alone
+    export BATON_STAGE_KV_IN_PLACE=${KV_IN_PLACE:-1}  # (ce7c515) KV copied from its pages in place: its first GPU run
     BATON_STAGE_BY_ADDRESS=1 python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff \
       tests/handoff/test_handoff.py >"$out/stage-tests.log" 2>&1
     echo "test_handoff.py -k streamed_handoff (by address): rc=$? $(tail -1 "$out/stage-tests.log")"

@@ -107,13 +107,13 @@ class PrefillProgress:
 
     def source(self, tensors):
         """(tensor, ready event) for each baton.engine.state.StateTensor, each once its stage is final:
-        a wire tensor_source. A lazy tensor (paged KV: StateTensor.gather) on CUDA is, where the stager
-        copies by address (staging.by_address_on), its pages read in place (StateTensor.paged: a
-        PagedSource, gated on the stage's event); else gathered then, on the copy stream after the stage's
+        a wire tensor_source. A lazy tensor (paged KV: StateTensor.gather) on CUDA is, with staging.kv_in_place
+        (the stager copies by address), its pages read in place (StateTensor.paged: a PagedSource, gated on
+        the stage's event); else gathered then, on the copy stream after the stage's
         event (never a host sync), its own event recorded after it. On CPU: gathered."""
         from baton.handoff import staging
 
-        in_place = self._cuda and staging.by_address_on()
+        in_place = self._cuda and staging.kv_in_place()
         for t in tensors:
             ev = self.wait(stage_of(t.name, self.layers))
             if getattr(t, "gather", None) is None:

@@ -15,9 +15,10 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
                      tokens took 387-458 ms beside its hand-offs, 203-217 ms without;
                      benchmarks/results/gpu-h100-2026-12-06-mps.md; on an H200 a burst of 32 x 512 tokens
                      first token p50 890 -> 715 ms by address, benchmarks/results/gpu-h200-2026-12-06.md).
-                     A paged KV source (baton/engine/pages.py: PagedSource) is copied from its pages in
-                     place. On by default; BATON_STAGE_BY_ADDRESS=0 turns it off (torch's views and copies,
-                     a paged source gathered first)
+                     On by default; BATON_STAGE_BY_ADDRESS=0 turns it off (torch's views and copies).
+                     With BATON_STAGE_KV_IN_PLACE=1 too (kv_in_place; off until it has run on a GPU), a
+                     paged KV tensor (baton/engine/pages.py: PagedSource) is copied from its pages in place,
+                     not gathered on the sender's thread first
     StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
     StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
 """
@@ -34,6 +35,7 @@ from baton.engine import nogil
 from baton.engine.pages import PagedSource
 
 BY_ADDRESS_ENV = "BATON_STAGE_BY_ADDRESS"  # "0": torch's views and copies (module doc); default on
+KV_IN_PLACE_ENV = "BATON_STAGE_KV_IN_PLACE"  # "1": paged KV staged from its pages (kv_in_place); default off
 _FREE: dict[int, list[torch.Tensor]] = {}  # chunk_bytes -> free pinned uint8 buffers
 _LOCK = threading.Lock()
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> copy stream
@@ -101,9 +103,16 @@ def _ranges(shape: tuple, strides: tuple, size: int, a: int, b: int, base: int) 
 
 
 def by_address_on() -> bool:
-    """Whether stage_into may copy by address (BATON_STAGE_BY_ADDRESS, the launcher loaded): a sender then
-    keeps a paged KV source in place (PagedSource) instead of gathering it first."""
+    """Whether stage_into may copy by address (BATON_STAGE_BY_ADDRESS, the launcher loaded)."""
     return os.environ.get(BY_ADDRESS_ENV, "1") != "0" and nogil.launcher() is not None
+
+
+def kv_in_place() -> bool:
+    """Whether a sender keeps a paged KV source in place (PagedSource, copied from its pages by address)
+    instead of gathering it first: by_address_on() and BATON_STAGE_KV_IN_PLACE=1. Off by default until it
+    has run on a GPU (gpu_pending.sh stage-ab sets it: the streamed hand-off's GPU test, the burst); the
+    same bytes either way (tests/handoff/test_staging.py checks the addresses against the gather)."""
+    return os.environ.get(KV_IN_PLACE_ENV, "0") == "1" and by_address_on()
 
 
 def addresses(t, a: int, b: int) -> list[tuple[int, int]] | None:
