@@ -271,6 +271,13 @@ def run(args) -> int:
             if args.processes:
                 namespace = None
                 place = dict(progress=progress, timeout=args.timeout, stop=sig.stop, colocate=args.colocate)
+                if getattr(args, "mps", False):  # stopped last: cleanups run in reverse, after the workers'
+                    from deploy.mps import MpsDaemon
+
+                    mps = MpsDaemon().start()
+                    cleanups.append(mps.stop)
+                    progress.say(mps.describe())
+                    place["env"] = mps.env
                 procs = start_processes(specs, **place)  # cuda, 2+ GPUs: one each (--colocate: the first)
                 # the router has drained by then: a worker gets 1 s to drain, then time to exit
                 cleanups.append(lambda: stop_processes(procs, grace=4.0, progress=progress))

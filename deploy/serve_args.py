@@ -87,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--processes", action="store_true", help="plain subprocesses instead of Ray actors")
     p.add_argument("--colocate", action="store_true", help="--processes, cuda: all workers on the first GPU")
     p.add_argument(
+        "--mps",
+        action="store_true",
+        help="--processes, cuda: start an NVIDIA MPS daemon of this serve's own (nvidia-cuda-mps-control) so workers "
+        "sharing a GPU run their kernels side by side, not in turns; stopped when serve ends (deploy/mps.py)",
+    )
+    p.add_argument(
         "--max-restarts",
         type=int,
         default=None,
@@ -164,6 +170,8 @@ def check(args) -> str | None:
         return err
     if getattr(args, "colocate", False) and not args.processes:
         return "--colocate places worker processes: use it with --processes (Ray places actors itself)"
+    if getattr(args, "mps", False) and (not args.processes or args.device != "cuda"):
+        return "--mps runs CUDA worker processes under an MPS daemon: use it with --processes --device cuda"
     import baton
 
     # NOTE: baton.loading.DEFAULT_MODEL_DIR without importing torch (this process never needs it)
