@@ -27,6 +27,9 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
     baton_worker_batched_rpcs_total, baton_worker_batched_items_total
                                    the batched round RPCs it served (DraftMany, VerifyMany: router/batcher.py)
                                    and the requests in them
+    baton_worker_mtp_rounds_total{k}, baton_worker_mtp_round_seconds_total{k}
+                                   a decode worker's fast mtp rounds by the draft length K its controller ran
+                                   (0: a plain batched step; baton/engine/draft_length.py) and their seconds
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
 
@@ -117,11 +120,18 @@ def _gathered(got):
         "baton_worker_batched_rpcs", "Batched round RPCs (DraftMany, VerifyMany) served", labels=labels
     )
     reqs = CounterMetricFamily("baton_worker_batched_items", "Requests in the batched round RPCs", labels=labels)
+    by_k = CounterMetricFamily("baton_worker_mtp_rounds", "Fast mtp rounds by draft length K", labels=[*labels, "k"])
+    k_secs = CounterMetricFamily(
+        "baton_worker_mtp_round_seconds", "Seconds of the fast mtp rounds by draft length K", labels=[*labels, "k"]
+    )
     for w, st in got:
+        for k, n in sorted(st.mtp_rounds_by_k.items()):
+            by_k.add_metric([w.role, w.address, str(k)], float(n))
+            k_secs.add_metric([w.role, w.address, str(k)], st.mtp_round_s_by_k.get(k, 0.0))
         batches.add_metric([w.role, w.address], float(st.gathered_batches))
         items.add_metric([w.role, w.address], float(st.gathered_items))
         for part, v in sorted(st.gathered_s.items()):
             secs.add_metric([w.role, w.address, part], v)
         rpcs.add_metric([w.role, w.address], float(st.batched_rpcs))
         reqs.add_metric([w.role, w.address], float(st.batched_items))
-    yield from (batches, items, secs, rpcs, reqs)
+    yield from (batches, items, secs, rpcs, reqs, by_k, k_secs)

@@ -131,6 +131,25 @@ def test_metrics_count_the_workers_gathered_batches_by_part(cluster):
         assert got[reqs] - before.get(reqs, 0.0) == rounds
 
 
+def test_metrics_count_fast_mtp_rounds_by_draft_length():
+    """A decode worker's fast mtp rounds by the K its draft-length controller ran (WorkerStats.mtp_rounds_by_k,
+    filled by the worker: tests/benchmarks/test_bench_serve_spec.py) become /metrics counters, each K a label,
+    with their seconds; a worker without such rounds adds no sample."""
+    from types import SimpleNamespace
+
+    from baton.v1 import common_pb2
+    from router.worker_metrics import _gathered
+
+    st = common_pb2.WorkerStats(mtp_rounds_by_k={0: 40, 4: 3}, mtp_round_s_by_k={0: 0.28, 4: 0.25})
+    w, p = SimpleNamespace(role="decode", address="d:1"), SimpleNamespace(role="prefill", address="p:1")
+    fams = {f.name: f for f in _gathered([(w, st), (p, common_pb2.WorkerStats())])}
+    rounds = {(x.labels["worker"], x.labels["k"]): x.value for x in fams["baton_worker_mtp_rounds"].samples}
+    secs = {(x.labels["worker"], x.labels["k"]): x.value for x in fams["baton_worker_mtp_round_seconds"].samples}
+    assert rounds == {("d:1", "0"): 40.0, ("d:1", "4"): 3.0}
+    assert secs == pytest.approx({("d:1", "0"): 0.28, ("d:1", "4"): 0.25})
+    assert all(x.name.endswith("_total") for x in fams["baton_worker_mtp_rounds"].samples)
+
+
 def test_cpu_served_workers_pipeline_exact_rounds_and_one_gpu_shared_merges_them(cluster, monkeypatch):
     """serve_prefill / serve_decode on the CPU (each worker on its own cores): exact mode's Verify and Draft
     gathers are pipelined: no round barrier on the Draft side, no settling on the Verify side
