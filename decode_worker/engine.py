@@ -337,7 +337,7 @@ class DecodeEngine:
             out.gathered_batches += self._rounds.steps
             out.gathered_items += self._rounds.rows
         ctl = self._mtp_ctl
-        for k, (n, secs) in dict(ctl.by_k if ctl is not None else {}).items():  # (a copy: the step thread adds)
+        for k, (n, secs) in dict(getattr(ctl, "by_k", {})).items():  # (a copy: the step thread adds)
             out.mtp_rounds_by_k[k], out.mtp_round_s_by_k[k] = n, secs
 
     def close(self) -> None:
