@@ -115,7 +115,8 @@
 # tok/s: 4.18x at 8, 1.05x bf16 at 32), tests-engine (8, 7, 3 passed), shared-prompt (1 passed; 66.7 ms against
 # 56.2 for one), burst (profiled), serve-steady (1,126 / 2,550 / 3,259 at 8 / 32 / 64), SDPA_SERVE=1 prefill-sdpa
 # (8 passed; no decision), spec-adaptive at 32 (0.86x bf16). Owed, in order: stage-ab after ce7c515 (KV staged from
-# its pages in place, BATON_STAGE_KV_IN_PLACE, off until then: AB_POINTS=1 BURSTS=32 is enough), SPEC_POINTS=32
+# its pages in place, BATON_STAGE_KV_IN_PLACE, off until then: AB_POINTS=1 BURSTS=32 is enough), prefill-sdpa-batch
+# (equal-length first pieces in one SDPA call, BATON_PREFILL_SDPA_BATCH, off until then), SPEC_POINTS=32
 # BF16_POINTS=none spec-adaptive after ce7c515 (the controller's median plain price, 2% probes; rounds by K), then
 # verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
@@ -124,6 +125,8 @@
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
 #   stage-ab       the hand-off's staging by address (BATON_STAGE_BY_ADDRESS 1 / 0): its GPU test, bursts at 8 and 32
 #                  (on by default since 92af9a2; BURSTS, AB_POINTS="1" for the default alone)
+#   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
+#                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
 #   wide-tma       the prefill GEMM (baton/kernels/wide.py) with TMA loads: sweep_wide (pointer / TMA loads x tiles,
 #                  bitwise against the default), its GPU tests, profile_prefill with each (WIDE_BURST=1: TTFT bursts)
@@ -196,7 +199,7 @@
 #           draws its own), the same 2 in the bf16 run. Estimated per stage: ~3 min the speculating run
 #           (checkpoint with the MTP head, 2 references, boot, points), ~2 min the bf16 run.
 set -uo pipefail
-stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|nogil|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact|spec-merged|prefetch-ab|slot-copies|prefill-sdpa|wide-tma|shared-prompt|stage-ab|... (the Stages list above)}
+stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|nogil|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact|spec-merged|prefetch-ab|slot-copies|prefill-sdpa|prefill-sdpa-batch|wide-tma|shared-prompt|stage-ab|... (the Stages list above)}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
@@ -621,6 +624,30 @@ EOF
         echo "burst $k: rc=$?"
       done
     fi
+    ;;
+  prefill-sdpa-batch)  # equal-length first pieces in one SDPA call (baton/models/prefill_attention.py,
+    # BATON_PREFILL_SDPA_BATCH=1, off until this runs): its GPU test (bitwise each prompt alone, cuDNN and flash),
+    # then bench_ttft_burst at 8 and 32 with it and without (cuDNN's host side: ~1.3 ms a call, 64 a pass of 8)
+    python -m pytest -o addopts="" -m gpu -q -rfE -k sdpa_call tests/engine/test_gpu_prefill.py \
+      >"$out/sdpa-batch-tests.log" 2>&1
+    echo "test_gpu_prefill.py -k sdpa_call: rc=$? $(tail -1 "$out/sdpa-batch-tests.log")"
+    for b in ${AB_POINTS:-1 0}; do
+      BATON_PREFILL_SDPA_BATCH=$b python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
+        --prompt 512 --bursts "${BURSTS:-8,32}" --prefill-process --out "$out/ttft-burst-sdpa-batch$b.json" \
+        >"$out/ttft-burst-sdpa-batch$b.log" 2>&1
+      echo "burst sdpa batch=$b: rc=$?"
+      python - "$out/ttft-burst-sdpa-batch$b.json" <<'EOF'
+import json, sys
+
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(0)
+for r in d["results"]:
+    print(f"  burst {r['burst']}: first p50 {r['first_ms'].get('p50')} ms; passes beside the hand-off "
+          f"{[[p['ms'] for p in b] for b in r['passes']]}, plain {[[p['ms'] for p in b] for b in r['plain_passes']]}")
+EOF
+    done
     ;;
   stage-ab)  # the hand-off's staging by address through the GIL-holding launcher (baton/handoff/staging.py
     # addresses, BATON_STAGE_BY_ADDRESS, on by default since 92af9a2): the streamed hand-off's GPU test with it,

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.config import ModelConfig
-from baton.models import gdn_ops
+from baton.models import gdn_ops, prefill_attention
 from baton.models.context import RowGroup, Segment, StepContext, lin, wide_kernels  # noqa: F401 (re-exported)
 from baton.models.kept import kept, weights_key
 
@@ -164,26 +164,31 @@ class Attention(nn.Module):
     def _attend_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state, sg: Segment) -> torch.Tensor:
         """One segment's queries q [n, nh, d] (positions [start, start + n), its KV k, v [n, nkv, d]
         already written) against keys [0, start + n) of its slot, causal -> o [n, nh*d]: the call of the
-        segment alone. A first piece (start 0) reads its keys from k, v (the values its pages now hold,
-        bitwise), a later one gathers them from the pages."""
-        T, g, s0 = q.shape[0], self.nh // self.nkv, sg.start
-        if q.is_cuda:
-            _no_cudnn_sdpa()
+        segment alone (prefill_attention.attend_segment). A first piece (start 0) reads its keys from k, v
+        (the values its pages now hold, bitwise), a later one gathers them from the pages."""
+        T, s0 = q.shape[0], sg.start
         if s0 == 0 and state.key[self.layer_idx].dtype == k.dtype:
             keys, vals = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()  # [nkv, T, d]
         else:
             keys, vals = state.slot_kv(self.layer_idx, sg.slot, s0 + T)  # [nkv, s0+T, d]
-        qh = q.transpose(0, 1)  # [nh, T, d]
-        kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
-        vv = vals.repeat_interleave(g, dim=0)
-        if s0 == 0:
-            o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
-        else:  # a later piece: query i (position s0 + i) sees keys <= s0 + i; no [T, s0+T] mask is built
-            # imported here: torch.nn.attention.bias imports torch._dynamo (~1 s of every process start)
-            from torch.nn.attention.bias import causal_lower_right
+        return prefill_attention.attend_segment(q, keys, vals, s0, self.nh // self.nkv)
 
-            o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=causal_lower_right(T, s0 + T))[0]
-        return o.transpose(0, 1).reshape(T, self.nh * self.d)  # [T, nh*d]
+    def _attend_pass(self, q, k, v, state, segs: list) -> torch.Tensor:
+        """Every segment of a prefill pass -> o [T, nh*d]: each alone, or equal first pieces together
+        (prefill_attention.groups, BATON_PREFILL_SDPA_BATCH), each segment's rows the same either way."""
+        if q.is_cuda:
+            _no_cudnn_sdpa()
+        batch = prefill_attention.batching_on() and state.key[self.layer_idx].dtype == k.dtype
+        outs = []
+        for grp in prefill_attention.groups(segs, batch):
+            a, b = grp[0].off, grp[-1].off + grp[-1].n
+            if len(grp) == 1:
+                outs.append(self._attend_prefill(q[a:b], k[a:b], v[a:b], state, grp[0]))
+            else:
+                outs.append(
+                    prefill_attention.attend_first_pieces(q[a:b], k[a:b], v[a:b], len(grp), self.nh // self.nkv)
+                )
+        return torch.cat(outs)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]  # x [T, hidden]; KV through the slot's pages (HybridState.write_kv / slot_kv)
@@ -192,9 +197,7 @@ class Attention(nn.Module):
             segs = ctx.prefill_segments()  # pos = [start, start + n) of each segment
             state.write_kv(self.layer_idx, ctx.pass_index(x.device).row_slot, pos, k, v)
             ctx.state_written(self.layer_idx)  # KV rows final
-            o = torch.cat(
-                [self._attend_prefill(*(t[sg.off : sg.off + sg.n] for t in (q, k, v)), state, sg) for sg in segs]
-            )
+            o = self._attend_pass(q, k, v, state, segs)
             return ctx.map(lambda oc, gc: lin(self.o_proj, oc * torch.sigmoid(gc)), o, gate)
         q, k, v, gate = ctx.map(lambda xc, pc: self._project(xc, pc, ctx.rope_offset), x, pos)
         groups = ctx.row_groups()

@@ -8,6 +8,7 @@ and tests/engine/test_wide_kernels.py.)"""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -180,3 +181,43 @@ def test_the_cudnn_sdpa_knob_turns_torch_s_backend_off_only_when_asked(monkeypat
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+@pytest.mark.parametrize("batch", ["0", "1"])
+def test_equal_first_pieces_in_one_sdpa_call_equal_each_alone(lm, monkeypatch, batch):
+    """BATON_PREFILL_SDPA_BATCH=1 (baton/models/prefill_attention.py): consecutive first pieces of one length
+    attend in one SDPA call with a batch dimension: a pass of three 16-token first pieces and a 10-token
+    prompt makes two calls a layer (3 and 1), the next pass's three later pieces one each; every slot's
+    state stays bitwise its prompt's alone. 0: one call a segment. (CUDA: test_gpu_prefill.py under
+    gpu_pending.sh prefill-sdpa-batch.)"""
+    from baton.engine.prefill import prefill_pieces
+    from baton.models import prefill_attention
+
+    monkeypatch.setenv(prefill_attention.SDPA_BATCH_ENV, batch)
+    prompts = _prompts(lm, [24, 24, 24, 10], seed=3)
+    alone = _runner(lm, chunk=16)  # the same pieces (cut at fixed boundaries)
+    want = []
+    for slot, ids in enumerate(prompts):
+        alone.prefill(slot, ids)
+        want.append(_state(alone, slot))
+    calls: list[list[int]] = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def counting(q, *a, **kw):  # each call's batch size
+        calls[-1].append(q.shape[0])
+        return real(q, *a, **kw)
+
+    # the module's F only (torch's own stays: causal_lower_right dispatches through it)
+    monkeypatch.setattr(prefill_attention, "F", SimpleNamespace(scaled_dot_product_attention=counting))
+    r = _runner(lm, chunk=16)  # a 24-token prompt: a first piece of 16, then a later piece of 8
+    cut = [prefill_pieces(r, slot, ids) for slot, ids in enumerate(prompts)]
+    for k in range(2):
+        calls.append([])
+        run_pass(r, [ps[k] for ps in cut if len(ps) > k])
+    layers = len(r.state.key)  # the attention layers' KV pools, the MTP layer's included
+    if batch == "1":
+        assert calls == [[3, 1] * layers, [1, 1, 1] * layers], calls
+    else:
+        assert calls == [[1] * 4 * layers, [1] * 3 * layers], calls
+    for slot in range(len(prompts)):
+        _assert_same(_state(r, slot), want[slot])

@@ -127,6 +127,39 @@ def test_batched_prefill_equals_each_prompt_alone(big):
 
 
 @cuda
+@pytest.mark.parametrize("cudnn", ["1", "0"])
+def test_equal_length_first_pieces_in_one_sdpa_call_end_as_each_alone(big, monkeypatch, cudnn):
+    """BATON_PREFILL_SDPA_BATCH=1 (baton/models/prefill_attention.py): distinct prompts of one length attend in
+    one SDPA call with a batch dimension (4 of 512 tokens, then 2 of 256 beside a 37-token one), with cuDNN's
+    backend and with flash (BATON_PREFILL_CUDNN_SDPA=0): each slot's state and first token bitwise its prompt
+    alone (one call of its own)."""
+    from baton.engine.prefill import Piece, run_pass
+    from baton.models import prefill_attention
+
+    monkeypatch.setenv("BATON_PREFILL_CUDNN_SDPA", cudnn)
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        prompts = _prompts(big.cfg.vocab_size, [512, 512, 512, 512, 256, 256, 37], seed=7)
+        toks, ref = [], []
+        for group in (prompts[:4], prompts[4:]):  # each prompt alone: one call a segment
+            alone = _runner(big)
+            for slot, ids in enumerate(group):
+                toks.append(alone.prefill(slot, ids))
+                ref.append(_state(alone, slot))
+        monkeypatch.setenv(prefill_attention.SDPA_BATCH_ENV, "1")
+        r = _runner(big)
+        assert run_pass(r, [Piece(s, ids) for s, ids in enumerate(prompts[:4])]) == toks[:4]
+        for s in range(4):
+            _same(_state(r, s), ref[s])
+        r2 = _runner(big)
+        assert run_pass(r2, [Piece(s, ids) for s, ids in enumerate(prompts[4:])]) == toks[4:]
+        for s in range(3):
+            _same(_state(r2, s), ref[4 + s])
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+@cuda
 def test_equal_prompts_in_one_pass_are_computed_once_and_end_as_each_alone(big):
     """shared_firsts on the GPU: the copied slots' states (GDN, KV pages, MTP KV) and seeded picks are
     bitwise what each prompt alone gives, beside a distinct prompt in the same pass."""

@@ -1,0 +1,70 @@
+"""The prefill's attention over one pass's segments (Qwen3_5Attention.forward, `ctx.width is None`).
+
+Each segment (one slot's prompt piece, baton/models/context.py Segment) attends its own slot's keys
+[0, start + n), causal, in one scaled_dot_product_attention call: `attend_segment`, the call of the segment
+alone, so a prompt's state is the same alone or in any pass.
+
+First pieces of equal length (start 0, the same n: a burst of same-length prompts, an `n`-choice request's
+equal prompts) may go through one call with a batch dimension instead (`attend_first_pieces`,
+BATON_PREFILL_SDPA_BATCH=1): SDPA computes every (batch, head) on its own, with a tiling set by the
+sequence length and head size, so each segment's rows should be bitwise those of its call alone, and a pass
+of 8 x 512 tokens makes 8 calls a layer fewer (cuDNN's host side took ~1.3 ms a call on an H100, 64 calls
+in a pass of 8 prompts: benchmarks/results/gpu-h100-2026-12-06-mps.md). Whether a backend picks another
+kernel for another batch size is the backend's: off by default until the GPU tests ran with it
+(tests/engine/test_gpu_prefill.py under `gpu_pending.sh prefill-sdpa-batch`); on the CPU
+tests/engine/test_batched_prefill.py checks it bitwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+SDPA_BATCH_ENV = "BATON_PREFILL_SDPA_BATCH"  # "1": equal first pieces in one SDPA call (module doc); default off
+
+
+def batching_on() -> bool:
+    return os.environ.get(SDPA_BATCH_ENV, "0") == "1"
+
+
+def groups(segs: list, batch: bool) -> list[list]:
+    """The pass's segments in order, in runs attended by one call: consecutive first pieces of one length
+    (batch True) or one segment each."""
+    out: list[list] = []
+    for sg in segs:
+        last = out[-1] if out else None
+        if batch and last and sg.start == 0 and last[-1].start == 0 and sg.n == last[-1].n:
+            last.append(sg)
+        else:
+            out.append([sg])
+    return out
+
+
+def attend_segment(q, keys, vals, start: int, g: int) -> torch.Tensor:
+    """One segment: q [T, nh, d] at positions [start, start + T), keys, vals [nkv, start + T, d] of its
+    slot -> o [T, nh*d]. Each KV head serves g = nh / nkv query heads."""
+    T = q.shape[0]
+    qh = q.transpose(0, 1)  # [nh, T, d]
+    kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
+    vv = vals.repeat_interleave(g, dim=0)
+    if start == 0:
+        o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
+    else:  # a later piece: query i (position start + i) sees keys <= start + i; no [T, start+T] mask is built
+        # imported here: torch.nn.attention.bias imports torch._dynamo (~1 s of every process start)
+        from torch.nn.attention.bias import causal_lower_right
+
+        o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=causal_lower_right(T, start + T))[0]
+    return o.transpose(0, 1).reshape(T, -1)  # [T, nh*d]
+
+
+def attend_first_pieces(q, k, v, b: int, g: int) -> torch.Tensor:
+    """b first pieces of n rows each, consecutive in the pass: q [b*n, nh, d], k, v [b*n, nkv, d] (the
+    pieces' own keys: start 0) -> o [b*n, nh*d], piece j's rows at [j*n, (j+1)*n), each as attend_segment."""
+    n, nh, d = q.shape[0] // b, q.shape[1], q.shape[2]
+    qb = q.view(b, n, nh, d).transpose(1, 2)  # [b, nh, n, d]
+    kk = k.view(b, n, -1, d).transpose(1, 2).contiguous().repeat_interleave(g, dim=1)  # [b, nh, n, d]
+    vv = v.view(b, n, -1, d).transpose(1, 2).contiguous().repeat_interleave(g, dim=1)
+    o = F.scaled_dot_product_attention(qb, kk, vv, is_causal=True)  # [b, nh, n, d]
+    return o.transpose(1, 2).reshape(b * n, nh * d)
