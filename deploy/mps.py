@@ -57,7 +57,8 @@ class MpsDaemon:
             raise MpsError(f"{self.binary} is not on PATH (it comes with the NVIDIA driver's utilities): drop --mps")
         self.folder = tempfile.mkdtemp(prefix="baton-mps-")
         pipe, log = os.path.join(self.folder, "pipe"), os.path.join(self.folder, "log")
-        os.makedirs(pipe), os.makedirs(log)
+        os.makedirs(pipe)
+        os.makedirs(log)
         self.env = {PIPE_ENV: pipe, LOG_ENV: log}
         try:
             got = subprocess.run(
