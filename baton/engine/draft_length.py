@@ -39,8 +39,9 @@ costs the batch at most ~2% (5% until 2026-12-06: the whole of issue 21's tolera
 priced by the median of their last PLAIN_WINDOW seconds, and from K = 0 a speculative K is switched to
 only on a figure of its own, measured within `probe_every` rounds at about this batch or a larger one
 (_fresh): a few plain rounds slowed by a prefill pass beside them no longer switch the batch to speculative
-rounds on an old figure (tests/engine/test_draft_length.py simulates it: one speculative round each time). A switch to or from K = 0 is one move, not `max_step`s. A speculative figure
-measured at another batch size prices nothing, so it is probed again at once, except when the batch has
+rounds on an old figure (tests/engine/test_draft_length.py simulates it: before, one speculative round each
+time). A switch to or from K = 0 is one move, not `max_step`s. A speculative figure measured at another
+batch size prices nothing, so it is probed again at once, except when the batch has
 grown past the one where speculation lost to plain rounds: speculation pays less the larger the batch (its
 K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at its
 old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 then. That batch is the
