@@ -82,7 +82,8 @@ def test_stop_signals_interrupt_only_while_starting(caplog):
         os.kill(os.getpid(), signal.SIGTERM)  # serving: no exception, `done` is set
         assert s2.done.wait(2.0)
         time.sleep(0.2)
-        assert not [r for r in caplog.records if "still starting" in r.getMessage()]
+        # the serving one never ticks (a tick of the first one's thread may land late on a loaded machine)
+        assert not [r for r in caplog.records if r.getMessage().startswith("decode: still starting")]
         assert any("decode: signal 15, shutting down" in r.getMessage() for r in caplog.records)
         s2.restore()
     finally:
