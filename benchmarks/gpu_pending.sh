@@ -234,6 +234,28 @@ bash .gpu-wheels/install.sh >/dev/null 2>&1
 bash .whl/install.sh >/dev/null 2>&1
 export PYTHONPATH="$PWD:/tmp/gpu-site:${PYTHONPATH:-}"
 nvidia-smi -L >"$out/gpus.txt" 2>&1
+burst_ab() {  # VAR, NAME: bench_ttft_burst (--prefill-process: the prefill worker in its own process, as deployed,
+  # no benchmark thread sharing its GIL) once with VAR set to each of AB_POINTS (default "1 0"), at BURSTS (8,32),
+  # into $out/ttft-burst-NAME$value.json, and each burst's first token p50 and passes printed
+  local var=$1 name=$2 v
+  for v in ${AB_POINTS:-1 0}; do
+    env "$var=$v" python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda --prompt 512 \
+      --bursts "${BURSTS:-8,32}" --prefill-process --out "$out/ttft-burst-$name$v.json" >"$out/ttft-burst-$name$v.log" 2>&1
+    echo "burst $var=$v: rc=$?"
+    python - "$out/ttft-burst-$name$v.json" <<'EOF'
+import json, sys
+
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit(0)
+for r in d["results"]:
+    print(f"  burst {r['burst']}: first p50 {r['first_ms'].get('p50')} ms; passes beside the hand-off "
+          f"{[[p['ms'] for p in b] for b in r['passes']]}, plain {[[p['ms'] for p in b] for b in r['plain_passes']]}")
+EOF
+  done
+}
+
 serve() {  # name, then bench_serve arguments
   local name=$1
   shift
@@ -631,23 +653,7 @@ EOF
     python -m pytest -o addopts="" -m gpu -q -rfE -k sdpa_call tests/engine/test_gpu_prefill.py \
       >"$out/sdpa-batch-tests.log" 2>&1
     echo "test_gpu_prefill.py -k sdpa_call: rc=$? $(tail -1 "$out/sdpa-batch-tests.log")"
-    for b in ${AB_POINTS:-1 0}; do
-      BATON_PREFILL_SDPA_BATCH=$b python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
-        --prompt 512 --bursts "${BURSTS:-8,32}" --prefill-process --out "$out/ttft-burst-sdpa-batch$b.json" \
-        >"$out/ttft-burst-sdpa-batch$b.log" 2>&1
-      echo "burst sdpa batch=$b: rc=$?"
-      python - "$out/ttft-burst-sdpa-batch$b.json" <<'EOF'
-import json, sys
-
-try:
-    d = json.load(open(sys.argv[1]))
-except (OSError, ValueError):
-    sys.exit(0)
-for r in d["results"]:
-    print(f"  burst {r['burst']}: first p50 {r['first_ms'].get('p50')} ms; passes beside the hand-off "
-          f"{[[p['ms'] for p in b] for b in r['passes']]}, plain {[[p['ms'] for p in b] for b in r['plain_passes']]}")
-EOF
-    done
+    burst_ab BATON_PREFILL_SDPA_BATCH sdpa-batch
     ;;
   stage-ab)  # the hand-off's staging by address through the GIL-holding launcher (baton/handoff/staging.py
     # addresses, BATON_STAGE_BY_ADDRESS, on by default since 92af9a2): the streamed hand-off's GPU test with it,
@@ -658,24 +664,7 @@ EOF
     BATON_STAGE_BY_ADDRESS=1 python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff \
       tests/handoff/test_handoff.py >"$out/stage-tests.log" 2>&1
     echo "test_handoff.py -k streamed_handoff (by address): rc=$? $(tail -1 "$out/stage-tests.log")"
-    for by in ${AB_POINTS:-1 0}; do
-      # --prefill-process: the prefill worker in its own process, as deployed (no benchmark thread shares its GIL)
-      BATON_STAGE_BY_ADDRESS=$by python benchmarks/bench_ttft_burst.py --random-init qwen3.5-9b --device cuda \
-        --prompt 512 --bursts "${BURSTS:-8,32}" --prefill-process --out "$out/ttft-burst-by-address$by.json" \
-        >"$out/ttft-burst-by-address$by.log" 2>&1
-      echo "burst by address=$by: rc=$?"
-      python - "$out/ttft-burst-by-address$by.json" <<'EOF'
-import json, sys
-
-try:
-    d = json.load(open(sys.argv[1]))
-except (OSError, ValueError):
-    sys.exit(0)
-for r in d["results"]:
-    print(f"  burst {r['burst']}: first p50 {r['first_ms'].get('p50')} ms; passes beside the hand-off "
-          f"{[[p['ms'] for p in b] for b in r['passes']]}, plain {[[p['ms'] for p in b] for b in r['plain_passes']]}")
-EOF
-    done
+    burst_ab BATON_STAGE_BY_ADDRESS by-address
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
     # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)
