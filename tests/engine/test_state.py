@@ -225,3 +225,26 @@ def test_slot_reads_and_writes_in_one_copy():
     write_slots(t, [], [])
     with pytest.raises(ValueError):
         write_slots(t, [1, 2], [3])
+
+
+@pytest.mark.parametrize("n", [7, 256, 600])
+def test_a_lazy_kv_tensor_read_in_place_is_its_gathered_rows(lm, n):
+    """export(lazy=True)'s KV tensors (the hand-off sender's, prefill_worker/engine.py export) read in place
+    (StateTensor.paged: a PagedSource over the slot's pages, what the stager copies by address with
+    BATON_STAGE_KV_IN_PLACE=1) hold, address run by address run, exactly the rows their gather copies out,
+    for every attention layer's key and value, the slot's pages in any order in the pool."""
+    import ctypes
+
+    r = ModelRunner(lm.model, slots=3, max_len=1100)
+    r.prefill(1, torch.randint(0, lm.cfg.vocab_size, (300,)).tolist())  # slot 1's pages first: slot 2's land after
+    r.prefill(2, torch.randint(0, lm.cfg.vocab_size, (n,)).tolist())
+    lazy = [t for t in r.state.export(2, n, lazy=True) if t.kind in (ATTN_KEY, ATTN_VALUE)]
+    assert len(lazy) == 2 * len(lm.cfg.attn_layers)
+    for t in lazy:
+        want = t.gather()
+        src = t.paged()
+        assert src.shape == tuple(want.shape) and src.dtype == want.dtype and src.pages == r.state.pages.owned(2)
+        assert torch.equal(src.gather(), want), t.name
+        total = src.numel() * src.element_size()
+        got = b"".join(ctypes.string_at(at, k) for at, k in src.address_ranges(0, total))
+        assert got == bytes(want.contiguous().view(torch.uint8).reshape(-1).numpy()), t.name
