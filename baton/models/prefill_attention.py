@@ -4,9 +4,9 @@ Each segment (one slot's prompt piece, baton/models/context.py Segment) attends 
 [0, start + n), causal, in one scaled_dot_product_attention call: `attend_segment`, the call of the segment
 alone, so a prompt's state is the same alone or in any pass.
 
-First pieces of equal length (start 0, the same n: a burst of same-length prompts, an `n`-choice request's
-equal prompts) may go through one call with a batch dimension instead (`attend_first_pieces`,
-BATON_PREFILL_SDPA_BATCH=1): SDPA computes every (batch, head) on its own, with a tiling set by the
+Pieces of one shape (the same start and n: the first pieces of a burst of same-length prompts, then their
+later pieces when they are long) may go through one call with a batch dimension instead
+(`attend_first_pieces`, `attend_pieces`; BATON_PREFILL_SDPA_BATCH=1): SDPA computes every (batch, head) on its own, with a tiling set by the
 sequence length and head size, so each segment's rows should be bitwise those of its call alone, and a pass
 of 8 x 512 tokens makes 8 calls a layer fewer (cuDNN's host side took ~1.3 ms a call on an H100, 64 calls
 in a pass of 8 prompts: benchmarks/results/gpu-h100-2026-12-06-mps.md). Whether a backend picks another
@@ -30,12 +30,13 @@ def batching_on() -> bool:
 
 
 def groups(segs: list, batch: bool) -> list[list]:
-    """The pass's segments in order, in runs attended by one call: consecutive first pieces of one length
-    (batch True) or one segment each."""
+    """The pass's segments in order, in runs attended by one call: consecutive pieces of one shape (the same
+    start and length: first pieces of equal prompts' lengths, or the same piece of equal-length long
+    prompts) when batch is True, else one segment each."""
     out: list[list] = []
     for sg in segs:
         last = out[-1] if out else None
-        if batch and last and sg.start == 0 and last[-1].start == 0 and sg.n == last[-1].n:
+        if batch and last and sg.start == last[-1].start and sg.n == last[-1].n:
             last.append(sg)
         else:
             out.append([sg])
@@ -62,9 +63,24 @@ def attend_segment(q, keys, vals, start: int, g: int) -> torch.Tensor:
 def attend_first_pieces(q, k, v, b: int, g: int) -> torch.Tensor:
     """b first pieces of n rows each, consecutive in the pass: q [b*n, nh, d], k, v [b*n, nkv, d] (the
     pieces' own keys: start 0) -> o [b*n, nh*d], piece j's rows at [j*n, (j+1)*n), each as attend_segment."""
-    n, nh, d = q.shape[0] // b, q.shape[1], q.shape[2]
+    n, d = q.shape[0] // b, q.shape[2]
+    keys = k.view(b, n, -1, d).transpose(1, 2).contiguous()  # [b, nkv, n, d]
+    vals = v.view(b, n, -1, d).transpose(1, 2).contiguous()
+    return attend_pieces(q, keys, vals, 0, g)
+
+
+def attend_pieces(q, keys, vals, start: int, g: int) -> torch.Tensor:
+    """b pieces of n rows each at positions [start, start + n) of their own slots, consecutive in the pass:
+    q [b*n, nh, d], keys, vals [b, nkv, start + n, d] (piece j's slot's keys) -> o [b*n, nh*d], piece j's
+    rows at [j*n, (j+1)*n), each as attend_segment."""
+    b, n, nh, d = keys.shape[0], q.shape[0] // keys.shape[0], q.shape[1], q.shape[2]
     qb = q.view(b, n, nh, d).transpose(1, 2)  # [b, nh, n, d]
-    kk = k.view(b, n, -1, d).transpose(1, 2).contiguous().repeat_interleave(g, dim=1)  # [b, nh, n, d]
-    vv = v.view(b, n, -1, d).transpose(1, 2).contiguous().repeat_interleave(g, dim=1)
-    o = F.scaled_dot_product_attention(qb, kk, vv, is_causal=True)  # [b, nh, n, d]
+    kk = keys.repeat_interleave(g, dim=1)  # [b, nh, start + n, d]
+    vv = vals.repeat_interleave(g, dim=1)
+    if start == 0:
+        o = F.scaled_dot_product_attention(qb, kk, vv, is_causal=True)  # [b, nh, n, d]
+    else:  # (attend_segment's later piece)
+        from torch.nn.attention.bias import causal_lower_right
+
+        o = F.scaled_dot_product_attention(qb, kk, vv, attn_mask=causal_lower_right(n, start + n))
     return o.transpose(1, 2).reshape(b * n, nh * d)

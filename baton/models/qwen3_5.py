@@ -174,20 +174,22 @@ class Attention(nn.Module):
         return prefill_attention.attend_segment(q, keys, vals, s0, self.nh // self.nkv)
 
     def _attend_pass(self, q, k, v, state, segs: list) -> torch.Tensor:
-        """Every segment of a prefill pass -> o [T, nh*d]: each alone, or equal first pieces together
+        """Every segment of a prefill pass -> o [T, nh*d]: each alone, or pieces of one shape together
         (prefill_attention.groups, BATON_PREFILL_SDPA_BATCH), each segment's rows the same either way."""
         if q.is_cuda:
             _no_cudnn_sdpa()
-        batch = prefill_attention.batching_on() and state.key[self.layer_idx].dtype == k.dtype
-        outs = []
-        for grp in prefill_attention.groups(segs, batch):
-            a, b = grp[0].off, grp[-1].off + grp[-1].n
+        own = state.key[self.layer_idx].dtype == k.dtype  # a first piece's keys from k, v (else its pages)
+        outs, g, L = [], self.nh // self.nkv, self.layer_idx
+        for grp in prefill_attention.groups(segs, prefill_attention.batching_on()):
+            a, b, s0, n = grp[0].off, grp[-1].off + grp[-1].n, grp[0].start, grp[0].n
             if len(grp) == 1:
                 outs.append(self._attend_prefill(q[a:b], k[a:b], v[a:b], state, grp[0]))
-            else:
-                outs.append(
-                    prefill_attention.attend_first_pieces(q[a:b], k[a:b], v[a:b], len(grp), self.nh // self.nkv)
-                )
+            elif s0 == 0 and own:
+                outs.append(prefill_attention.attend_first_pieces(q[a:b], k[a:b], v[a:b], len(grp), g))
+            else:  # each piece's slot's keys [0, s0 + n) from its pages, stacked [b, nkv, s0 + n, d]
+                kv = [state.slot_kv(L, sg.slot, s0 + n) for sg in grp]
+                keys, vals = torch.stack([x[0] for x in kv]), torch.stack([x[1] for x in kv])
+                outs.append(prefill_attention.attend_pieces(q[a:b], keys, vals, s0, g))
         return torch.cat(outs)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, state, ctx: StepContext) -> torch.Tensor:

@@ -185,11 +185,11 @@ def test_the_cudnn_sdpa_knob_turns_torch_s_backend_off_only_when_asked(monkeypat
 
 @pytest.mark.parametrize("batch", ["0", "1"])
 def test_equal_first_pieces_in_one_sdpa_call_equal_each_alone(lm, monkeypatch, batch):
-    """BATON_PREFILL_SDPA_BATCH=1 (baton/models/prefill_attention.py): consecutive first pieces of one length
-    attend in one SDPA call with a batch dimension: a pass of three 16-token first pieces and a 10-token
-    prompt makes two calls a layer (3 and 1), the next pass's three later pieces one each; every slot's
-    state stays bitwise its prompt's alone. 0: one call a segment. (CUDA: test_gpu_prefill.py under
-    gpu_pending.sh prefill-sdpa-batch.)"""
+    """BATON_PREFILL_SDPA_BATCH=1 (baton/models/prefill_attention.py): consecutive pieces of one shape (start
+    and length) attend in one SDPA call with a batch dimension: a pass of three 16-token first pieces and a
+    10-token prompt makes two calls a layer (3 and 1); the next pass's three later pieces (8 tokens at 16,
+    their keys from their pages) one call; every slot's state stays bitwise its prompt's alone. 0: one call
+    a segment. (CUDA: test_gpu_prefill.py under gpu_pending.sh prefill-sdpa-batch.)"""
     from baton.engine.prefill import prefill_pieces
     from baton.models import prefill_attention
 
@@ -216,7 +216,7 @@ def test_equal_first_pieces_in_one_sdpa_call_equal_each_alone(lm, monkeypatch, b
         run_pass(r, [ps[k] for ps in cut if len(ps) > k])
     layers = len(r.state.key)  # the attention layers' KV pools, the MTP layer's included
     if batch == "1":
-        assert calls == [[3, 1] * layers, [1, 1, 1] * layers], calls
+        assert calls == [[3, 1] * layers, [3] * layers], calls
     else:
         assert calls == [[1] * 4 * layers, [1] * 3 * layers], calls
     for slot in range(len(prompts)):

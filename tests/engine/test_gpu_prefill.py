@@ -130,9 +130,10 @@ def test_batched_prefill_equals_each_prompt_alone(big):
 @pytest.mark.parametrize("cudnn", ["1", "0"])
 def test_equal_length_first_pieces_in_one_sdpa_call_end_as_each_alone(big, monkeypatch, cudnn):
     """BATON_PREFILL_SDPA_BATCH=1 (baton/models/prefill_attention.py): distinct prompts of one length attend in
-    one SDPA call with a batch dimension (4 of 512 tokens, then 2 of 256 beside a 37-token one), with cuDNN's
-    backend and with flash (BATON_PREFILL_CUDNN_SDPA=0): each slot's state and first token bitwise its prompt
-    alone (one call of its own)."""
+    one SDPA call with a batch dimension (4 of 512 tokens, then 2 of 256 beside a 37-token one; 3 of 2,048 in
+    1,024-token pieces, the later pieces' keys from their pages), with cuDNN's backend and with flash
+    (BATON_PREFILL_CUDNN_SDPA=0): each slot's state and first token bitwise its prompt alone (one call of
+    its own)."""
     from baton.engine.prefill import Piece, run_pass
     from baton.models import prefill_attention
 
@@ -155,6 +156,22 @@ def test_equal_length_first_pieces_in_one_sdpa_call_end_as_each_alone(big, monke
         assert run_pass(r2, [Piece(s, ids) for s, ids in enumerate(prompts[4:])]) == toks[4:]
         for s in range(3):
             _same(_state(r2, s), ref[4 + s])
+        # long prompts of one length in 1024-token pieces: the first pieces together, then the later ones
+        # (their keys from their pages) together
+        from baton.engine.prefill import prefill_pieces
+
+        monkeypatch.setenv(prefill_attention.SDPA_BATCH_ENV, "0")
+        long = _prompts(big.cfg.vocab_size, [2048, 2048, 2048], seed=8)
+        alone = _runner(big, chunk=1024)
+        want = [(alone.prefill(slot, ids), _state(alone, slot))[1] for slot, ids in enumerate(long)]
+        monkeypatch.setenv(prefill_attention.SDPA_BATCH_ENV, "1")
+        r3 = _runner(big, chunk=1024)
+        cut = [prefill_pieces(r3, slot, ids) for slot, ids in enumerate(long)]
+        assert [len(c) for c in cut] == [2, 2, 2]
+        for k in range(2):
+            run_pass(r3, [c[k] for c in cut])
+        for slot in range(3):
+            _same(_state(r3, slot), want[slot])
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
 
