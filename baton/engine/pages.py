@@ -323,3 +323,14 @@ class PagedSource:
                 else:
                     out.append((at, e - s))
         return out
+
+
+def rows_of(pool: torch.Tensor, pages: list[list[int]], length: int) -> torch.Tensor:
+    """KV rows [0, length) of several slots gathered from one pool in one index_select: pages[j] is slot j's
+    page ids in position order (PagePool.owned: at least pages_for(length) of them) -> [b, kv_heads, length,
+    head_dim], slot j's rows HybridState.slot_rows' values (a prefill pass's pieces of one shape attending
+    together: baton/models/prefill_attention.py)."""
+    k, (_, heads, _, d) = pages_for(length), pool.shape
+    ids = upload([p for ps in pages for p in ps[:k]], torch.long, pool.device)
+    g = pool.index_select(0, ids).view(len(pages), k, heads, PAGE, d)  # [b, k, H, PAGE, d]
+    return g.transpose(1, 2).reshape(len(pages), heads, k * PAGE, d)[:, :, :length].contiguous()

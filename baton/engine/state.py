@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from baton.config import ModelConfig
-from baton.engine.pages import PAGE, PagedRows, PagedSource, PagePool, pages_for
+from baton.engine.pages import PAGE, PagedRows, PagedSource, PagePool, pages_for, rows_of
 from baton.transfer import upload
 
 # state tensor kinds (mirrors baton.v1.TensorKind)
@@ -165,6 +165,12 @@ class HybridState:
         n = self.max_len if length is None else int(length)
         g = pool.index_select(0, self.pages.table[slot, : pages_for(n)].long())  # [k, nkv, PAGE, d]
         return g.transpose(0, 1).reshape(g.shape[1], -1, g.shape[3])[:, :n].contiguous()
+
+    def slots_kv(self, layer: int, slots: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """slot_kv of several slots at one length, each pool in one gather -> key, value [b, kv_heads, length,
+        head_dim] (pages.rows_of: the slots' pages from the host, not the device table)."""
+        owned = [self.pages.owned(s) for s in slots]
+        return rows_of(self.key[layer], owned, length), rows_of(self.value[layer], owned, length)
 
     def write_kv(self, layer: int, slot, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """KV rows pos [n] (device int64) := k, v [n, kv_heads, head_dim], through the table: of `slot` (an
@@ -323,16 +329,11 @@ class HybridState:
             k, v = self.slot_kv(layer, slot, p)
             return [StateTensor(names[0], ATTN_KEY, k), StateTensor(names[1], ATTN_VALUE, v)]
         meta = torch.empty(self.cfg.num_key_value_heads, p, self.cfg.head_dim, dtype=self.dtype, device="meta")
-        return [
-            StateTensor(
-                name,
-                kind,
-                meta,
-                lambda pool=pool: self.slot_rows(pool, slot, p),  # the one it ships
-                lambda pool=pool: PagedSource(pool, self.pages.owned(slot), p),  # pages taken once final
-            )
-            for name, kind, pool in zip(names, (ATTN_KEY, ATTN_VALUE), (self.key[layer], self.value[layer]))
-        ]
+        out = []  # gather: the rows it ships; paged: the same read in place (its pages taken once final)
+        for name, kind, pool in zip(names, (ATTN_KEY, ATTN_VALUE), (self.key[layer], self.value[layer])):
+            paged = lambda pool=pool: PagedSource(pool, self.pages.owned(slot), p)  # noqa: E731
+            out.append(StateTensor(name, kind, meta, lambda pool=pool: self.slot_rows(pool, slot, p), paged))
+        return out
 
     def export(self, slot: int, position: int | None = None, *, lazy: bool = False) -> list[StateTensor]:
         """Tensors describing one slot, in the order prefill finishes them (the wire's table order):

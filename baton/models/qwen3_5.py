@@ -186,9 +186,8 @@ class Attention(nn.Module):
                 outs.append(self._attend_prefill(q[a:b], k[a:b], v[a:b], state, grp[0]))
             elif s0 == 0 and own:
                 outs.append(prefill_attention.attend_first_pieces(q[a:b], k[a:b], v[a:b], len(grp), g))
-            else:  # each piece's slot's keys [0, s0 + n) from its pages, stacked [b, nkv, s0 + n, d]
-                kv = [state.slot_kv(L, sg.slot, s0 + n) for sg in grp]
-                keys, vals = torch.stack([x[0] for x in kv]), torch.stack([x[1] for x in kv])
+            else:  # each piece's slot's keys [0, s0 + n) from its pages [b, nkv, s0 + n, d], one gather for all
+                keys, vals = state.slots_kv(L, [sg.slot for sg in grp], s0 + n)
                 outs.append(prefill_attention.attend_pieces(q[a:b], keys, vals, s0, g))
         return torch.cat(outs)
 
