@@ -48,11 +48,12 @@ class MpsDaemon:
 
     def __init__(self, binary: str = CONTROL, timeout: float = 15.0):
         self.binary, self.timeout = binary, timeout
+        self.path: str | None = None  # the binary found on PATH by start()
         self.folder: str | None = None
         self.env: dict[str, str] = {}
 
     def start(self) -> "MpsDaemon":
-        path = shutil.which(self.binary)
+        path = self.path = shutil.which(self.binary)
         if path is None:
             raise MpsError(f"{self.binary} is not on PATH (it comes with the NVIDIA driver's utilities): drop --mps")
         self.folder = tempfile.mkdtemp(prefix="baton-mps-")
@@ -79,7 +80,7 @@ class MpsDaemon:
             return
         try:
             subprocess.run(
-                [shutil.which(self.binary) or self.binary],
+                [self.path or self.binary],
                 input="quit\n",
                 env={**os.environ, **self.env},
                 capture_output=True,

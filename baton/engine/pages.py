@@ -299,9 +299,7 @@ class PagedSource:
 
     def gather(self) -> torch.Tensor:
         """The rows as one contiguous tensor [kv_heads, position, head_dim] (device copies, current stream)."""
-        idx = upload(self.pages, torch.long, self.pool.device)
-        g = self.pool.index_select(0, idx)  # [n, H, PAGE, D]
-        return g.transpose(0, 1).reshape(self.shape[0], -1, self.shape[2])[:, : self.position].contiguous()
+        return rows_of(self.pool, [self.pages], self.position)[0]
 
     def address_ranges(self, a: int, b: int) -> list[tuple[int, int]]:
         """Bytes [a, b) of the tensor's C-order layout as (device address, length) pieces, in order: head h's

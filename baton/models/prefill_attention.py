@@ -47,16 +47,9 @@ def attend_segment(q, keys, vals, start: int, g: int) -> torch.Tensor:
     """One segment: q [T, nh, d] at positions [start, start + T), keys, vals [nkv, start + T, d] of its
     slot -> o [T, nh*d]. Each KV head serves g = nh / nkv query heads."""
     T = q.shape[0]
-    qh = q.transpose(0, 1)  # [nh, T, d]
     kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
     vv = vals.repeat_interleave(g, dim=0)
-    if start == 0:
-        o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], is_causal=True)[0]
-    else:  # a later piece: query i (position start + i) sees keys <= start + i; no [T, start+T] mask is built
-        # imported here: torch.nn.attention.bias imports torch._dynamo (~1 s of every process start)
-        from torch.nn.attention.bias import causal_lower_right
-
-        o = F.scaled_dot_product_attention(qh[None], kk[None], vv[None], attn_mask=causal_lower_right(T, start + T))[0]
+    o = _causal(q.transpose(0, 1)[None], kk[None], vv[None], start)[0]  # [nh, T, d]
     return o.transpose(0, 1).reshape(T, -1)  # [T, nh*d]
 
 
@@ -74,13 +67,17 @@ def attend_pieces(q, keys, vals, start: int, g: int) -> torch.Tensor:
     q [b*n, nh, d], keys, vals [b, nkv, start + n, d] (piece j's slot's keys) -> o [b*n, nh*d], piece j's
     rows at [j*n, (j+1)*n), each as attend_segment."""
     b, n, nh, d = keys.shape[0], q.shape[0] // keys.shape[0], q.shape[1], q.shape[2]
-    qb = q.view(b, n, nh, d).transpose(1, 2)  # [b, nh, n, d]
-    kk = keys.repeat_interleave(g, dim=1)  # [b, nh, start + n, d]
-    vv = vals.repeat_interleave(g, dim=1)
-    if start == 0:
-        o = F.scaled_dot_product_attention(qb, kk, vv, is_causal=True)  # [b, nh, n, d]
-    else:  # (attend_segment's later piece)
-        from torch.nn.attention.bias import causal_lower_right
-
-        o = F.scaled_dot_product_attention(qb, kk, vv, attn_mask=causal_lower_right(n, start + n))
+    qb = q.reshape(b, n, nh, d).transpose(1, 2)  # [b, nh, n, d]
+    o = _causal(qb, keys.repeat_interleave(g, dim=1), vals.repeat_interleave(g, dim=1), start)  # [b, nh, n, d]
     return o.transpose(1, 2).reshape(b * n, nh * d)
+
+
+def _causal(q, k, v, start: int) -> torch.Tensor:
+    """SDPA of queries q [b, nh, n, d] at positions [start, start + n) against keys k, v [b, nh, start + n, d]:
+    query i sees keys <= start + i (no [n, start + n] mask is built for a later piece)."""
+    if start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # imported here: torch.nn.attention.bias imports torch._dynamo (~1 s of every process start)
+    from torch.nn.attention.bias import causal_lower_right
+
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], start + q.shape[2]))
