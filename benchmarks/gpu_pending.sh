@@ -666,6 +666,15 @@ EOF
     echo "test_handoff.py -k streamed_handoff (by address): rc=$? $(tail -1 "$out/stage-tests.log")"
     burst_ab BATON_STAGE_BY_ADDRESS by-address
     ;;
+  kv-ab)  # the KV staged from its pages in place (baton/engine/pages.py PagedSource, BATON_STAGE_KV_IN_PLACE, off
+    # until this runs), staging by address on: the streamed hand-off's GPU test with it, then bench_ttft_burst at
+    # BURSTS with it and without (AB_POINTS "1 0")
+    export BATON_STAGE_BY_ADDRESS=1
+    BATON_STAGE_KV_IN_PLACE=1 python -m pytest -o addopts="" -m gpu -q -rfE -k streamed_handoff \
+      tests/handoff/test_handoff.py >"$out/kv-tests.log" 2>&1
+    echo "test_handoff.py -k streamed_handoff (KV in place): rc=$? $(tail -1 "$out/kv-tests.log")"
+    burst_ab BATON_STAGE_KV_IN_PLACE kv-in-place
+    ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
     # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)
     python -m pytest -o addopts="" -m gpu -q -rfE -k "equal_prompts" tests/engine/test_gpu_prefill.py \
