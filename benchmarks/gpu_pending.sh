@@ -125,6 +125,8 @@
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
 #   stage-ab       the hand-off's staging by address (BATON_STAGE_BY_ADDRESS 1 / 0): its GPU test, bursts at 8 and 32
 #                  (on by default since 92af9a2; BURSTS, AB_POINTS="1" for the default alone)
+#   kv-ab          the KV staged from its pages in place (BATON_STAGE_KV_IN_PLACE 1 / 0, by address on): its GPU
+#                  test, bursts at BURSTS (AB_POINTS)
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
