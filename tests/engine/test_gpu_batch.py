@@ -169,8 +169,9 @@ def test_concurrent_decodes_step_together_and_equal_alone(big):
 @cuda
 @pytest.mark.parametrize("kind", ["arbs", "arbt"])
 def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kind, monkeypatch):
-    """Sessions that sample (seeded temperature with top-p, top-k with min-p; with logprobs for "arbs")
-    beside greedy ones: every batched step replays the captured sampled graph ("arbs": the full pick on the
+    """Sessions that sample (seeded temperature with top-p, top-k with min-p; with logprobs for "arbs", and
+    for "arbs" a greedy and a sampled session with a logit_bias, the sampled one penalized too) beside greedy
+    ones: every batched step replays the captured sampled graph ("arbs": the full pick on the
     device; "arbt": the lite one, no penalties or logprobs asked) and each session's tokens and logprobs are
     bitwise those of the session stepping alone (eager pick)."""
     from baton.engine.sampling import Params
@@ -185,10 +186,16 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
         Params(temperature=0.8, top_p=0.9, seed=101),
         Params(temperature=1.0, top_k=50, min_p=0.05, seed=7, logprobs=3 if kind == "arbs" else 0),
     ]
+    if kind == "arbs":  # the full pick's bias and penalties in the captured graph (a1963fd): greedy and sampled
+        bias = ((3, 6.5), (17, -100.0), (V - 1, 2.25))
+        kinds += [
+            Params(logit_bias=bias),
+            Params(temperature=0.9, seed=5, logit_bias=bias, repetition_penalty=1.3, presence_penalty=0.4),
+        ]
     for s in range(S):
         r.prefill(s, torch.randint(0, V, (int(torch.randint(20, 400, (1,), generator=g)),), generator=g).tolist())
-        r.sampling.set(s, kinds[s % 3])
-    targets, st = [1, 2, 5, 9], r.state
+        r.sampling.set(s, kinds[s % len(kinds)])
+    targets, st = ([1, 2, 3, 4, 5] if kind == "arbs" else [1, 2, 5, 9]), r.state  # each kind of session
     solo = {}
     for s in targets:  # alone: the one-slot AR step (a sampled slot picks eagerly)
         st.snapshot(s)

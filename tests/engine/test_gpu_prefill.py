@@ -304,3 +304,56 @@ def test_concurrent_re_prefills_share_their_replay_passes_and_equal_the_ar_decod
         for name in got:
             if name not in ("pos", "next") and not name.startswith("mtp."):
                 assert torch.equal(got[name], want[name]), (g, name)
+
+
+@cuda
+def test_prompt_logprobs_at_the_9b_vocabulary_do_not_depend_on_the_pass(big):
+    """Prompt logprobs (482f8d2) at the 9B vocabulary (248K: [64, vocab] float32 head calls): a prompt's
+    logprobs and top-5 alternatives are bitwise the same alone and in a pass with other prompts, and so are
+    its 128-token pieces alone and beside other prompts (close to the whole prompt's: another cut); the first token is unchanged by asking; and they are the model's: within bf16 rounding of
+    the log_softmax of the eager rows path's logits from position 0 (float64)."""
+    from baton.engine.prefill import Piece, prefill_pieces, run_pass
+
+    prompt, other, third = _prompts(big.cfg.vocab_size, [300, 77, 512], seed=3)
+
+    def asked(pieces):
+        for p in pieces:
+            p.prompt_logprobs = 5
+        return pieces
+
+    plain = _runner(big)
+    tok = plain.prefill(0, prompt)
+    r = _runner(big)
+    (solo,) = asked([Piece(0, prompt)])
+    assert run_pass(r, [solo]) == [tok]
+    assert len(solo.logprobs) == len(prompt) - 1 and all(len(top) == 5 for _, top in solo.logprobs)
+    r2 = _runner(big)
+    mates = asked([Piece(1, other), Piece(0, prompt), Piece(2, third)])
+    assert run_pass(r2, mates)[1] == tok
+    assert mates[1].logprobs == solo.logprobs
+    r3, r4 = _runner(big, chunk=128), _runner(big, chunk=128)  # pieces: alone, and each beside another prompt
+    ps, qs = asked(prefill_pieces(r3, 0, prompt)), asked(prefill_pieces(r4, 0, prompt))
+    assert len(ps) == 3
+    for p in ps:
+        run_pass(r3, [p])
+    run_pass(r4, asked([Piece(1, other), qs[0]]))
+    run_pass(r4, [qs[1], *asked([Piece(2, third)])])
+    assert run_pass(r4, [qs[2]]) == [tok]
+    cut = [x for p in ps for x in p.logprobs]
+    assert [x for q in qs for x in q.logprobs] == cut
+    assert max(abs(a - b) for (a, _), (b, _) in zip(cut, solo.logprobs)) < 0.25
+    ref = _runner(big)  # the eager rows path, W = 16 rows a block from position 0
+    ref.state.reset(0)
+    rows = []
+    for c in range(0, len(prompt), ref.width):
+        blk = prompt[c : c + ref.width]
+        ids = torch.zeros(ref.width, dtype=torch.long, device="cuda")
+        ids[: len(blk)] = torch.tensor(blk)
+        rows.append(torch.log_softmax(ref.rows_with_logits(0, ids, len(blk))[1][: len(blk)].double(), -1))
+    lp = torch.cat(rows)
+    got = torch.tensor([v for v, _ in solo.logprobs], dtype=torch.float64)
+    want = lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].cpu()
+    assert (got - want).abs().max().item() < 0.25, (got - want).abs().max().item()
+    top_ids = torch.tensor([[i for i, _ in top] for _, top in solo.logprobs])
+    agree = (top_ids[:, 0] == lp[: len(prompt) - 1].argmax(-1).cpu()).float().mean().item()
+    assert agree > 0.5, agree  # random weights: the top logits lie close together
