@@ -127,6 +127,7 @@
 #                  (on by default since 92af9a2; BURSTS, AB_POINTS="1" for the default alone)
 #   kv-ab          the KV staged from its pages in place (BATON_STAGE_KV_IN_PLACE 1 / 0, by address on): its GPU
 #                  test, bursts at BURSTS (AB_POINTS)
+#   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
@@ -676,6 +677,25 @@ EOF
       tests/handoff/test_handoff.py >"$out/kv-tests.log" 2>&1
     echo "test_handoff.py -k streamed_handoff (KV in place): rc=$? $(tail -1 "$out/kv-tests.log")"
     burst_ab BATON_STAGE_KV_IN_PLACE kv-in-place
+    ;;
+  mps-serve)  # `baton serve --processes --device cuda --mps` (deploy/mps.py, d184a9e), its first GPU run: the
+    # embedded model served with a private MPS daemon, one --ask answered through the router, the daemon's server
+    # listed while the workers run, then SIGTERM: serve exits 0 and no control daemon of its own is left
+    python -m baton serve --processes --device cuda --mps --http-port 0 --port 50151 --ask "def fibonacci(n):" \
+      >"$out/mps-serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 240); do
+      grep -q "baton: answer\|Traceback\|error" "$out/mps-serve.log" && break
+      kill -0 $pid 2>/dev/null || break
+      sleep 1
+    done
+    grep "MPS\|baton: answer\|serving on" "$out/mps-serve.log" | cut -c1-300
+    pgrep -af "nvidia-cuda-mps" | tee "$out/mps-serve-daemons.txt"
+    nvidia-smi >"$out/mps-serve-smi.txt" 2>&1
+    grep -i "mps\|python" "$out/mps-serve-smi.txt" | head -8
+    kill -TERM $pid 2>/dev/null
+    wait $pid
+    echo "baton serve --mps: exit $? after SIGTERM; control daemons left: $(pgrep -c -f nvidia-cuda-mps-control)"
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
     # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)
