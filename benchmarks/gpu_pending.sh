@@ -128,6 +128,7 @@
 #   kv-ab          the KV staged from its pages in place (BATON_STAGE_KV_IN_PLACE 1 / 0, by address on): its GPU
 #                  test, bursts at BURSTS (AB_POINTS)
 #   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
+#   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
@@ -696,6 +697,16 @@ EOF
     kill -TERM $pid 2>/dev/null
     wait $pid
     echo "baton serve --mps: exit $? after SIGTERM; control daemons left: $(pgrep -c -f nvidia-cuda-mps-control)"
+    ;;
+  router-burst)  # issue 20's burst target through the router: 32 streams of one 512-token request each (one burst of
+    # 32 first tokens), bench_serve bf16 (BURST_POINTS, default 32); TTFT p50 target <= 1.0 s
+    serve serve-bf16-burst --engine bf16 --concurrency "${BURST_POINTS:-32}" --requests 1 --check-prompts 1
+    python - "$out/serve-bf16-burst.json" <<'EOF2'
+import json, sys
+
+for p in json.load(open(sys.argv[1]))["points"]:
+    print(f"  burst of {p['concurrency']} through the router: TTFT p50 {p['ttft_s_p50']} s, p99 {p['ttft_s_p99']} s")
+EOF2
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
     # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)
