@@ -129,6 +129,7 @@
 #                  test, bursts at BURSTS (AB_POINTS)
 #   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
+#   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
@@ -706,6 +707,22 @@ import json, sys
 
 for p in json.load(open(sys.argv[1]))["points"]:
     print(f"  burst of {p['concurrency']} through the router: TTFT p50 {p['ttft_s_p50']} s, p99 {p['ttft_s_p99']} s")
+EOF2
+    ;;
+  ctx-max)  # one prompt near the model's whole context through the router (LONG_INPUT tokens, default 260,000 of the
+    # 9B's 262,144), 128 new tokens, bf16: pages sized for it, the chunked prefill's TTFT with its heartbeats
+    n=${LONG_INPUT:-260000}
+    serve serve-bf16-ctx-max --engine bf16 --concurrency 1 --requests 1 --warmup 1 --check-prompts 0 --prompts 1 \
+      --input-len "$n" --output-len 128 --max-len $((n + 200))
+    python - "$out/serve-bf16-ctx-max.json" <<'EOF2'
+import json, sys
+
+try:
+    for p in json.load(open(sys.argv[1]))["points"]:
+        print(f"  {p['prompt_tokens']} prompt tokens: TTFT {p['ttft_s_p50']} s, {p['tok_s']} tok/s after it, "
+              f"ITL p50 {p['itl_s_p50']} s, errors {p['errors']}")
+except (OSError, ValueError, KeyError) as e:
+    print(f"  no result: {e!r}")
 EOF2
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
