@@ -44,11 +44,11 @@ import re
 from dataclasses import dataclass
 
 from router.http.errors import bad
+from router.http.reasoning import THINK_END, think_open
 from router.http.tool_calls import ToolCalls
 from router.http.tool_parse import END, START, parse_call
 
 __all__ = ["END", "START", "ToolCalls", "ToolChoice", "call_opening", "check_tools", "parse_call", "tool_choice"]
-THINK, THINK_END = "<think>", "</think>"
 
 
 def check_tools(v) -> dict[str, dict]:
@@ -114,10 +114,11 @@ class ToolChoice:
     def prompt(self, rendered: str) -> str:
         """The prompt text to send: the template's rendering, then the forced opening (if any). A forced call
         skips the model's reasoning: a <think> block the rendering leaves open (Qwen3.5 with thinking on
-        ends in "<think>\n") is closed empty first, as enable_thinking false renders it."""
+        ends in "<think>\n": router/http/reasoning.py think_open) is closed empty first, as enable_thinking
+        false renders it."""
         if not self.forced:
             return rendered
-        if rendered.rfind(THINK) > rendered.rfind(THINK_END):
+        if think_open(rendered):
             rendered += "\n" + THINK_END + "\n\n"
         return rendered + self.forced
 
