@@ -327,6 +327,7 @@ def run(args) -> int:
                 http_port=args.http_port,
                 max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
                 draft_length=getattr(args, "draft_length", None),
+                reasoning_parser=getattr(args, "reasoning_parser", None),
                 queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
             )
             on_serving = None

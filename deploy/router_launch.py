@@ -23,12 +23,14 @@ def router_kwargs(
     max_inflight: int | None = None,
     draft_length: str | None = None,
     queue_s: float | None = None,
+    reasoning_parser: str | None = None,
 ) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
     return dict(
         max_inflight=max_inflight,
         draft_length=draft_length,
         queue_s=queue_s,
+        reasoning_parser=reasoning_parser,
         host=host,
         port=port,
         prefill=list(prefill),
@@ -68,10 +70,12 @@ def serve_router(
     max_inflight: int | None = None,
     draft_length: str | None = None,
     queue_s: float | None = None,
+    reasoning_parser: str | None = None,
 ) -> RouterHandle:
     """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight,
     draft_length (exact mode's K per round: baton/engine/draft_length.py), queue_s (how long a new request
-    waits for a session slot: router/slot_line.py) None: RouterConfig's defaults."""
+    waits for a session slot: router/slot_line.py), reasoning_parser (HTTP chat's: router/http/reasoning.py)
+    None: RouterConfig's defaults."""
     from baton.settings import Settings, read_token_file
     from router.service import RouterConfig
 
@@ -95,6 +99,7 @@ def serve_router(
             **({"max_inflight": max_inflight} if max_inflight else {}),
             **({"draft_length": draft_length} if draft_length else {}),
             **({"queue_s": queue_s} if queue_s is not None else {}),
+            **({"reasoning_parser": reasoning_parser} if reasoning_parser else {}),
         ),
     )
     return RouterHandle(handle, servicer, stop_router)

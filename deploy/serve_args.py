@@ -13,6 +13,7 @@ from pathlib import Path
 
 from baton.engine.draft_length import POLICIES
 from deploy.supervisor import DEFAULT_MAX_RESTARTS
+from router.http.reasoning import PARSERS as REASONING_PARSERS
 
 ENGINES = ("bf16", "fp8", "mtp")
 
@@ -23,6 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
     p.add_argument(
         "--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port on the router's host (0 = off)"
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default="none",
+        help="the router's --reasoning-parser: qwen3 returns a chat's <think> reasoning as "
+        "message.reasoning_content, the answer as content; none: all content (default)",
     )
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
     p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")

@@ -32,6 +32,7 @@ from baton.rpc import ServerHandle, build_server, port_arg
 from baton.settings import Settings, read_token_file
 from baton.v1 import router_pb2_grpc
 from router.config import DEFAULT_QUEUE_S
+from router.http.reasoning import PARSERS as REASONING_PARSERS
 from router.metrics import RouterMetrics
 from router.registry import Registry
 from router.service import ModelMeta, RouterConfig, RouterServicer
@@ -73,6 +74,8 @@ def serve_router(
         meta = ModelMeta.from_dir(model_dir)
     if config.draft_length not in POLICIES:
         raise ValueError(f"draft_length {config.draft_length!r}: one of {', '.join(POLICIES)}")
+    if config.reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning_parser {config.reasoning_parser!r}: one of {', '.join(REASONING_PARSERS)}")
     metrics = RouterMetrics()
     box: dict[str, ServerHandle] = {}
 
@@ -237,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="OpenAI-compatible HTTP API port on --host (0 = off; needs fastapi, uvicorn, jinja2)",
     )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=RouterConfig.reasoning_parser,
+        help="HTTP chat completions: qwen3 returns the model's <think> reasoning as message.reasoning_content "
+        "(streamed: delta.reasoning_content) and the answer as content; none: all of it is content (default)",
+    )
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
     p.add_argument(
         "--grace",
@@ -277,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         queue_s=args.queue_timeout,
         draft_length=args.draft_length,
         max_adaptive_k=args.max_adaptive_k,
+        reasoning_parser=args.reasoning_parser,
     )
     for flag, bad in (
         ("--max-inflight must be >= 1", config.max_inflight < 1),

@@ -30,6 +30,8 @@ class RouterConfig:
     request_timeout_s: float = 600.0  # total when the client sets no deadline
     migrate_wait_s: float = 3.0  # how long a migration waits for a decode worker to come up
     max_migrations: int = 3
+    # HTTP chat completions: "qwen3" splits the reasoning into reasoning_content (router/http/reasoning.py)
+    reasoning_parser: str = "none"
 
 
 @dataclass(frozen=True)

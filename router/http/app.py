@@ -156,7 +156,13 @@ def create_app(
 
     def limits() -> Limits:
         return Limits(
-            meta.model_id, reg.max_context(cfg.max_context), cfg.width, meta.tokenizer, chat_template, reg.capacity()
+            meta.model_id,
+            reg.max_context(cfg.max_context),
+            cfg.width,
+            meta.tokenizer,
+            chat_template,
+            reg.capacity(),
+            cfg.reasoning_parser,
         )
 
     refused = RateLimitedLog(log)  # a client flooding bad requests cannot flood the log

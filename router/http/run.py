@@ -10,7 +10,10 @@
 Per choice: text deltas are the router's (it matches the stop strings, router/stops.py); finish_reason is
 "length" (LENGTH) or "stop" (STOP, EOS, or a stop string); usage is the router's (prompt_tokens from the
 request, completion_tokens = tokens received, which the router's own usage equals); `baton.stats` is the
-router's Stats of the last message; logprobs (when asked) in OpenAI's completion or chat shape. An error
+router's Stats of the last message; logprobs (when asked) in OpenAI's completion or chat shape.
+Chat with the reasoning parser on (--reasoning-parser qwen3): each choice's own ReasoningSplit
+(router/http/reasoning.py) splits its text into message.reasoning_content and content (streamed:
+delta.reasoning_content chunks, then delta.content); tool calls are read from the content alone. An error
 after streaming began is sent as one {"error": ...} chunk, then the stream ends (OpenAI's servers do too).
 """
 
@@ -25,6 +28,7 @@ from baton.client import Delta
 from baton.rpc import StatusError
 from router.http.bridge import END, GenerateStream
 from router.http.errors import ApiError
+from router.http.reasoning import ReasoningSplit
 
 FINISH = {"LENGTH": "length", "STOP": "stop", "EOS": "stop"}
 
@@ -44,6 +48,7 @@ class Choice:
     echo: str | None = None  # completions with echo: the prompt's text, sent before the first token's
     echo_first: int = 0  # ... and the prompt's first token id (its logprob is null)
     calls: list = field(default_factory=list)  # non-streaming: the tool calls found
+    think: ReasoningSplit | None = None  # the reasoning parser on: text -> reasoning_content + content
 
 
 class Run:
@@ -56,6 +61,9 @@ class Run:
         if job.tools is not None:  # each choice its own parser, a forced call's opening already fed
             for c in self.choices:
                 c.tools = job.tools.parser(stream=job.stream)
+        if job.reasoning is not None:  # each choice its own splitter
+            for c in self.choices:
+                c.think = ReasoningSplit(job.reasoning)
         if job.echo:
             for i, (c, r) in enumerate(zip(self.choices, job.requests)):
                 c.echo, c.echo_first = job.echo_texts[i // job.n], (list(r.token_ids.ids) or [0])[0]
@@ -160,13 +168,16 @@ class Run:
         for i, c in enumerate(self.choices):
             text = "".join(c.text)
             if self.job.kind == "chat":
+                reasoning, text = c.think.split(text) if c.think is not None else (None, text)
                 message = {"role": "assistant", "content": text}
-                if c.tools is not None:
+                if c.tools is not None and text is not None:  # the calls are the content's (none in reasoning)
                     content, c.calls = c.tools.split(text)
                     if c.calls:  # OpenAI: content null when the message is only calls
                         message = {"role": "assistant", "content": content.strip() or None, "tool_calls": c.calls}
                     else:
                         message["content"] = content
+                if reasoning is not None:
+                    message["reasoning_content"] = reasoning
                 out.append(
                     {
                         "index": i,
@@ -183,7 +194,9 @@ class Run:
         return {**self._head(obj), "choices": out, "usage": self.usage(), "baton": self._stats()}
 
     # ---- streaming ------------------------------------------------------------------------------------
-    def _chunk(self, i: int, text: str | None, finish: str | None, role: bool = False, lps=(), calls=()) -> dict:
+    def _chunk(
+        self, i: int, text: str | None, finish: str | None, role: bool = False, lps=(), calls=(), reasoning: str = ""
+    ) -> dict:
         lp = None
         if lps:
             c = self.choices[i]
@@ -191,6 +204,8 @@ class Run:
             c.lp_chars += sum(len(self.job.token_text(t)) for t, _, _ in lps)
         if self.job.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            if reasoning:
+                delta["reasoning_content"] = reasoning
             if calls:  # delta.tool_calls entries, each with its index among the choice's calls
                 delta["tool_calls"] = list(calls)
             choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
@@ -214,6 +229,12 @@ class Run:
             elif finish is not None:
                 yield self._chunk(i, text, finish, lps=lps)
             return
+        reasoning = ""
+        if c.think is not None:  # reasoning first, then the content (tool calls are read from it alone)
+            reasoning, text = c.think.feed(text)
+            if finish is not None:
+                rest = c.think.finish()
+                reasoning, text = reasoning + rest[0], text + rest[1]
         items = [text] if text else []
         if c.tools is not None:  # chat with tools: content and delta.tool_calls entries (tool_calls.py)
             items = c.tools.deltas(text)
@@ -221,9 +242,11 @@ class Run:
                 items += c.tools.deltas_end()
                 if c.tools.calls and not c.tools.cut:  # a cut call keeps the router's reason
                     finish = "tool_calls"
-        groups = _groups(items) or ([("", [])] if lps else [])
+        groups = _groups(items) or ([("", [])] if lps and not reasoning else [])
+        if reasoning:
+            yield self._chunk(i, None, None, lps=lps, reasoning=reasoning)
         for k, (content, entries) in enumerate(groups):
-            yield self._chunk(i, content, None, lps=lps if k == 0 else (), calls=entries)
+            yield self._chunk(i, content, None, lps=lps if k == 0 and not reasoning else (), calls=entries)
         if finish is not None:
             yield self._chunk(i, "", finish)
 

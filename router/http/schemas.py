@@ -37,6 +37,7 @@ from baton.v1 import common_pb2, router_pb2
 from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
 from router.http.fields import U32, _bool, _ids, _int, _is_int, _is_num, _num, _only, _stops
+from router.http.reasoning import think_open
 from router.http.tools import ToolChoice, tool_choice
 
 MAX_BATCH = 64
@@ -55,6 +56,7 @@ class Limits:
     tokenizer: object | None
     chat_template: object | None = None
     capacity: int = 0  # sessions the workers hold at once (Registry.capacity); 0 = unknown
+    reasoning_parser: str = "none"  # RouterConfig.reasoning_parser: "qwen3" splits a chat's reasoning
 
     @property
     def usable(self) -> int:
@@ -79,6 +81,7 @@ class Job:
     echo: bool = False  # completions: each choice's text (and logprobs) begin with its prompt's
     echo_texts: list = field(default_factory=list)  # per prompt: its text
     capacity: int = 0  # Limits.capacity: the sessions its choices may hold at once (0 = unknown)
+    reasoning: bool | None = None  # chat, the reasoning parser on: whether the text starts in reasoning
 
 
 # ---- shared fields ------------------------------------------------------------------------------------
@@ -320,6 +323,8 @@ def parse_chat(body, lim: Limits) -> Job:
         raise bad("top_logprobs", "needs logprobs: true")
     text, choice = chat_prompt(body, lim)
     job.tools = choice if choice.tools is not None else None
+    if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
+        job.reasoning = think_open(text)
     ids = _encode(text, lim, "messages")
     n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None, lim)
     _choices(job, [_request(ids, n if n is not None else _window_rest(ids, lim), gen)])

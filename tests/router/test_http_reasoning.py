@@ -11,7 +11,21 @@ from __future__ import annotations
 
 import random
 
+import httpx
 import pytest
+from test_http_api import TOKEN
+from test_http_tools import (
+    MODEL,
+    WEATHER,
+    XML_CALL,
+    XML_REST,
+    _client,
+    _post,
+    _prompt,
+    _say,
+    _sse,
+    scripted_routers,
+)
 
 from router.http.reasoning import ReasoningSplit, think_open
 
@@ -90,3 +104,166 @@ def test_where_the_prompt_leaves_reasoning():
     # thinking off: the prompt's closed empty block is not reasoning; the text is all content
     assert ReasoningSplit(think_open(CLOSED)).split("Hello!") == (None, "Hello!")
     assert ReasoningSplit(think_open(OPEN)).split("Hmm.\n</think>\n\nHello!") == ("Hmm.\n", "Hello!")
+
+
+# ---- through the HTTP API --------------------------------------------------------------------------------
+THOUGHT = "The user asks for 2 + 2.\nThat is <b>4</b>.\n"  # "<b>" starts like a tag: held, then reasoning
+REASONED = THOUGHT + "</think>\n\nThe answer is 4."
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Two routers over the same scripted fake workers (tests/router/test_http_tools.py): "url" with
+    --reasoning-parser qwen3, "off" without."""
+    from router.service import RouterConfig
+
+    mp = pytest.MonkeyPatch()
+    configs = {"url": RouterConfig(reasoning_parser="qwen3"), "off": RouterConfig()}
+    yield from scripted_routers(tmp_path_factory, mp, configs)
+    mp.undo()
+
+
+def _ask(s, text: str, url: str = "url", **kw) -> dict:
+    """The scripted model writes `text`: the chat response's JSON (raw), then its SSE chunks (raw)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 200, **kw}
+    _say(s, text)
+    whole = _post({"url": s[url]}, body)
+    _say(s, text)
+    return whole, _sse({"url": s[url]}, {**body, "stream": True})
+
+
+def _joined(chunks: list[dict], choice: int = 0) -> tuple[str, str, list[str]]:
+    """A choice's streamed reasoning_content and content joined, and the order its fields came in."""
+    deltas = [c["delta"] for ch in chunks for c in ch["choices"] if c["index"] == choice]
+    order = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
+    return (
+        "".join(d.get("reasoning_content", "") for d in deltas),
+        "".join(d.get("content") or "" for d in deltas),
+        order,
+    )
+
+
+def _fields(order: list[str]) -> list[str]:
+    return [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+
+
+def test_reasoning_content_then_content_streamed_or_not(two):
+    whole, chunks = _ask(two, REASONED)
+    (choice,) = whole["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "The answer is 4.", "reasoning_content": THOUGHT}
+    assert choice["finish_reason"] == "stop" and _prompt(two).endswith("<|im_start|>assistant\n<think>\n")
+    assert whole["usage"]["completion_tokens"] == len(two["tok"].encode(REASONED)) + 1  # the whole text's, EOS
+    reasoning, content, order = _joined(chunks)
+    assert (reasoning, content) == (THOUGHT, "The answer is 4.")  # the non-streamed fields, exactly
+    assert _fields(order) == ["reasoning_content", "content"] and len(order) > 5  # token by token, in that order
+    assert not any("think>" in (d or "") for ch in chunks for c in ch["choices"] for d in c["delta"].values())
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # the openai client reads the same fields
+    _say(two, REASONED)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    m = _client(two).chat.completions.create(model=MODEL, messages=msgs, max_tokens=200).choices[0].message
+    assert (m.reasoning_content, m.content) == (THOUGHT, "The answer is 4.")
+    _say(two, REASONED)
+    stream = _client(two).chat.completions.create(model=MODEL, messages=msgs, max_tokens=200, stream=True)
+    parts = [(getattr(c.delta, "reasoning_content", None), c.delta.content) for ch in stream for c in ch.choices]
+    assert "".join(r or "" for r, _ in parts) == THOUGHT and "".join(t or "" for _, t in parts) == "The answer is 4."
+
+
+def test_each_choice_has_its_own_splitter(two):
+    whole, chunks = _ask(two, REASONED, n=3)
+    for j in range(3):
+        assert whole["choices"][j]["message"]["reasoning_content"] == THOUGHT
+        assert _joined(chunks, j)[:2] == (THOUGHT, "The answer is 4.")
+
+
+def test_with_the_parser_off_the_text_is_content_as_before(two):
+    whole, chunks = _ask(two, REASONED, url="off")
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": REASONED}  # no reasoning_content key
+    assert _joined(chunks)[:2] == ("", REASONED) and _fields(_joined(chunks)[2]) == ["content"]
+    assert not any("reasoning_content" in c["delta"] for ch in chunks for c in ch["choices"])
+    # completions are never split, parser on or not
+    _say(two, REASONED)
+    body = {"model": MODEL, "prompt": "<|im_start|>assistant\n<think>\n", "max_tokens": 200}
+    r = httpx.post(two["url"] + "/v1/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert r.json()["choices"][0]["text"] == REASONED
+
+
+def test_thinking_off_or_a_model_that_opens_its_own_block(two):
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    whole, chunks = _ask(two, "Hello!", **off)  # the prompt's block is closed: all content
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello!"}
+    assert _joined(chunks)[:2] == ("", "Hello!") and _fields(_joined(chunks)[2]) == ["content"]
+    assert _prompt(two).endswith("<think>\n\n</think>\n\n")
+    whole, chunks = _ask(two, "<think>\nHm.\n</think>\n\nHello!", **off)  # the model opens one itself
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "Hello!", "reasoning_content": "Hm.\n"}
+    assert _joined(chunks)[:2] == ("Hm.\n", "Hello!")
+
+
+def test_a_tool_call_after_reasoning(two):
+    thought = "Maybe <tool_call> with get_weather.\n"  # markup in the reasoning is not a call
+    whole, chunks = _ask(two, thought + "</think>\n\n" + XML_CALL, tools=[WEATHER])
+    (choice,) = whole["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["message"]["reasoning_content"] == thought
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "New York", "days": 3, "metric": true}'}
+    reasoning, content, _ = _joined(chunks)
+    assert (reasoning, content) == (thought, "")
+    entries = [e for ch in chunks for c in ch["choices"] for e in c["delta"].get("tool_calls", [])]
+    assert entries[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert "".join(e["function"]["arguments"] for e in entries) == call["function"]["arguments"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # a forced call closes the prompt's block: no reasoning, the call parsed as with the parser off
+    forced = {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    whole, chunks = _ask(two, XML_REST, **forced)
+    msg = whole["choices"][0]["message"]
+    assert (
+        "reasoning_content" not in msg
+        and msg["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris", "days": 2}'
+    )
+    assert _joined(chunks)[:2] == ("", "")
+
+
+def test_a_length_cut_inside_the_reasoning_is_all_reasoning(two):
+    ids = two["tok"].encode(REASONED)
+    k = next(k for k in range(len(ids)) if "That is" in two["tok"].decode(ids[:k]))
+    cut = two["tok"].decode(ids[:k])
+    whole, chunks = _ask(two, REASONED, max_tokens=k)
+    (choice,) = whole["choices"]
+    assert choice["message"] == {"role": "assistant", "content": None, "reasoning_content": cut}
+    assert choice["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == k
+    assert _joined(chunks)[:2] == (cut, "") and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # a stop string inside the reasoning ends it there too (stop strings apply to the whole text)
+    whole, chunks = _ask(two, REASONED, stop=["<b>"])
+    assert whole["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "The user asks for 2 + 2.\nThat is ",
+    }
+    assert _joined(chunks)[:2] == ("The user asks for 2 + 2.\nThat is ", "")
+
+
+def test_the_option_is_checked_on_both_entry_points(capsys):
+    import argparse
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from deploy.serve_args import add_arguments
+
+    p = argparse.ArgumentParser(prog="baton serve")
+    add_arguments(p)
+    assert p.parse_args([]).reasoning_parser == "none" and p.parse_args(["--reasoning-parser", "qwen3"])
+    with pytest.raises(SystemExit) as ei:
+        p.parse_args(["--reasoning-parser", "deepseek"])
+    assert ei.value.code == 2 and "choose from none, qwen3" in capsys.readouterr().err.replace("'", "")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run(
+        [sys.executable, "-m", "router", "--reasoning-parser", "qwen", "--prefill", "x:1", "--decode", "x:2"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--reasoning-parser: invalid choice: " in r.stderr, r.stderr
+    assert "none, qwen3" in r.stderr.replace("'", "")

@@ -364,12 +364,11 @@ def test_a_streamed_call_its_block_does_not_give_is_cut():
 
 
 # ---- through the HTTP API --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def scripted(tmp_path_factory, monkeypatch_module):
-    """A router (HTTP on) over fake workers whose model writes `script["ids"]` after any prompt, then EOS."""
+def scripted_routers(tmp_path_factory, monkeypatch, configs: dict):
+    """Routers (HTTP on), one per RouterConfig of `configs`, over the same fake workers whose model writes
+    `script["ids"]` after any prompt, then EOS. Yields {name: that router's URL, "tok", "script", "prefill"}."""
     from baton.tokenizer import Tokenizer
     from router.__main__ import serve_router, stop_router
-    from router.service import RouterConfig
 
     d = tmp_path_factory.mktemp("scripted") / MODEL
     d.mkdir()
@@ -386,32 +385,44 @@ def scripted(tmp_path_factory, monkeypatch_module):
         i = len(ctx) - len(script["prompt"])
         return script["ids"][i] if i < len(script["ids"]) else (eos if isinstance(eos, int) else eos[0])
 
-    monkeypatch_module.setattr(fakes, "exact_next", scripted_next)
+    monkeypatch.setattr(fakes, "exact_next", scripted_next)
     st = Settings(token=TOKEN)
     p, dw = fakes.prefill_worker(st), fakes.decode_worker(st)
-    handle, servicer = serve_router(
-        prefill=[p.address],
-        decode=[dw.address],
-        model_dir=str(d),
-        port=0,
-        settings=st,
-        config=RouterConfig(),
-        http_port=pick_free_port(),
-        poll_interval=0.1,
-    )
-    s = dict(url=servicer.http.url, tok=tok, script=script, prefill=p)
-    end = httpx.get(s["url"] + "/health", timeout=10)
-    for _ in range(100):
-        if end.status_code == 200:
-            break
-        import time
+    s, routers = dict(tok=tok, script=script, prefill=p), []
+    for name, config in configs.items():
+        handle, servicer = serve_router(
+            prefill=[p.address],
+            decode=[dw.address],
+            model_dir=str(d),
+            port=0,
+            settings=st,
+            config=config,
+            http_port=pick_free_port(),
+            poll_interval=0.1,
+        )
+        routers.append((handle, servicer))
+        s[name] = servicer.http.url
+        end = httpx.get(s[name] + "/health", timeout=10)
+        for _ in range(100):
+            if end.status_code == 200:
+                break
+            import time
 
-        time.sleep(0.05)
-        end = httpx.get(s["url"] + "/health", timeout=10)
+            time.sleep(0.05)
+            end = httpx.get(s[name] + "/health", timeout=10)
     yield s
-    stop_router(handle, servicer, 0)
+    for handle, servicer in routers:
+        stop_router(handle, servicer, 0)
     p.stop()
     dw.stop()
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory, monkeypatch_module):
+    """A router (HTTP on) over fake workers whose model writes `script["ids"]` after any prompt, then EOS."""
+    from router.service import RouterConfig
+
+    yield from scripted_routers(tmp_path_factory, monkeypatch_module, {"url": RouterConfig()})
 
 
 @pytest.fixture(scope="module")
