@@ -194,6 +194,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
         ]
     for s in range(S):
         r.prefill(s, torch.randint(0, V, (int(torch.randint(20, 400, (1,), generator=g)),), generator=g).tolist())
+        r.sampling.history.begin(s, r.state.position[s].item())  # penalties read the slot's history
         r.sampling.set(s, kinds[s % len(kinds)])
     targets, st = ([1, 2, 3, 4, 5] if kind == "arbs" else [1, 2, 5, 9]), r.state  # each kind of session
     solo = {}

@@ -353,7 +353,8 @@ def test_prompt_logprobs_at_the_9b_vocabulary_do_not_depend_on_the_pass(big):
     lp = torch.cat(rows)
     got = torch.tensor([v for v, _ in solo.logprobs], dtype=torch.float64)
     want = lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].cpu()
-    assert (got - want).abs().max().item() < 0.25, (got - want).abs().max().item()
+    diff = (got - want).abs()  # bf16: two kernel paths' roundings (a wrong token's logprob is off by units)
+    assert diff.mean().item() < 0.1 and diff.max().item() < 1.0, (diff.mean().item(), diff.max().item())
     top_ids = torch.tensor([[i for i, _ in top] for _, top in solo.logprobs])
     agree = (top_ids[:, 0] == lp[: len(prompt) - 1].argmax(-1).cpu()).float().mean().item()
     assert agree > 0.5, agree  # random weights: the top logits lie close together
