@@ -16,9 +16,9 @@ Lifecycle of one staged chunk (CUDA sources only; CPU tensors are read in place,
                      benchmarks/results/gpu-h100-2026-12-06-mps.md; on an H200 a burst of 32 x 512 tokens
                      first token p50 890 -> 715 ms by address, benchmarks/results/gpu-h200-2026-12-06.md).
                      On by default; BATON_STAGE_BY_ADDRESS=0 turns it off (torch's views and copies).
-                     With BATON_STAGE_KV_IN_PLACE=1 too (kv_in_place; off until it has run on a GPU), a
-                     paged KV tensor (baton/engine/pages.py: PagedSource) is copied from its pages in place,
-                     not gathered on the sender's thread first
+                     With BATON_STAGE_KV_IN_PLACE=1 too (kv_in_place; off by default), a paged KV
+                     tensor (baton/engine/pages.py: PagedSource) is copied from its pages in place, not
+                     gathered on the sender's thread first
     StagedChunk.wait()   in the hashing pool: done.synchronize() (no GIL), then the bytes are final
     StagedChunk.release()  once the chunk is framed (its bytes copied out): the buffer is free again
 """
@@ -109,8 +109,9 @@ def by_address_on() -> bool:
 
 def kv_in_place() -> bool:
     """Whether a sender keeps a paged KV source in place (PagedSource, copied from its pages by address)
-    instead of gathering it first: by_address_on() and BATON_STAGE_KV_IN_PLACE=1. Off by default until it
-    has run on a GPU (gpu_pending.sh stage-ab sets it: the streamed hand-off's GPU test, the burst); the
+    instead of gathering it first: by_address_on() and BATON_STAGE_KV_IN_PLACE=1. Off by default: on an H100 it
+    passed the streamed hand-off's GPU test, but a burst of 32 x 512's states landed 233 ms later (p50) with it,
+    one copy a page run (benchmarks/results/gpu-h100-2026-12-06-stop52.md; gpu_pending.sh kv-ab); the
     same bytes either way (tests/handoff/test_staging.py checks the addresses against the gather)."""
     return os.environ.get(KV_IN_PLACE_ENV, "0") == "1" and by_address_on()
 
