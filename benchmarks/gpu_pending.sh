@@ -422,6 +422,8 @@ import json, sys
 for p in json.load(open(sys.argv[1]))["points"]:
     print(f"  mtp at {p['concurrency']}: rounds by K {p.get('mtp_rounds_by_k')}, ms {p.get('mtp_round_ms_by_k')}")
 EOF
+    # the decode worker's dear speculative rounds (>= 50 ms, one line a second at most: decode_worker/mtp_launch.py)
+    grep -h "speculative round of" "$out/spec-adaptive-mtp.serve.log" | sed 's/^.*mtp: //' | head -20
     points=${SPEC_POINTS:-1,8,32}
     for n in ${points//,/ }; do
       ratio "fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-adaptive-mtp.json" $n \

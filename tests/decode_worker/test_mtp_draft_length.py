@@ -297,3 +297,30 @@ def test_plain_rounds_learn_the_acceptance_from_their_flush(env):
     ctl = Judged([0])
     _decode(lm, exact, ids, ctl, drafter=Never())
     assert ctl.judged and all(a == 0 and b > 0 for a, b in ctl.judged)
+
+
+def test_dear_speculative_rounds_are_logged_with_their_batch_and_joins(env, monkeypatch, caplog):
+    """decode_worker/mtp_launch.py: a speculative round of at least DEAR_S (drain included) is logged with its
+    K, its sessions and how many were loaded within JOINED_S, at most once a LOG_EVERY_S; plain rounds never."""
+    import logging
+    import re
+
+    from decode_worker import mtp_launch
+
+    lm, ids, exact, ref = env
+    monkeypatch.setattr(mtp_launch, "DEAR_S", 0.0)  # every speculative round is dear
+    monkeypatch.setattr(mtp_launch, "LOG_EVERY_S", 0.0)
+    ks = [0, 0, 3, 0, 2, 3]
+    with caplog.at_level(logging.INFO, logger="baton.decode"):
+        toks, _, _ = _decode(lm, exact, ids, ctl=Scripted(ks))
+    assert toks == ref
+    lines = [r.getMessage() for r in caplog.records if "speculative round" in r.getMessage()]
+    # one session, loaded within JOINED_S or not (a slow machine): the count is 1 or 0
+    assert len(lines) >= 3 and all(re.search(r"1 sessions \([01] loaded within 0.5 s\)", m) for m in lines), lines
+    assert [m.split("K=")[1].split(",")[0] for m in lines[:3]] == ["3", "2", "3"]
+    caplog.clear()
+    monkeypatch.setattr(mtp_launch, "LOG_EVERY_S", 3600.0)  # at most one line an hour
+    with caplog.at_level(logging.INFO, logger="baton.decode"):
+        toks, _, _ = _decode(lm, exact, ids, ctl=Scripted([3]))
+    assert toks == ref
+    assert sum("speculative round" in r.getMessage() for r in caplog.records) == 1
