@@ -123,7 +123,7 @@
 # VERDICT_AB=0 MERGED_ADAPTIVE=1 spec-merged at 607785f (exact 4.57x at 8, 1.06x bf16 at 32; fast mtp 0.93x at
 # K = 0, 15 speculative rounds of 58-131 ms), kv-ab (2 passed; in place the states landed 233 ms later: stays
 # off), test_gpu_batch.py -k sampled (2 passed: logit_bias), test_gpu_prefill.py -k prompt_logprobs_at (its cut
-# compared with the whole prompt's token: fixed, not re-run). Owed, in order: prefill-sdpa-batch, spec-adaptive
+# compared with the whole prompt's token: fixed, not re-run). Owed, in order: fla-bits, prefill-sdpa-batch, spec-adaptive
 # at 32 without MPS on an H200, tests-engine, router-burst, mps-serve, ctx-max, then verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
@@ -136,6 +136,7 @@
 #   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
+#   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn)
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
@@ -731,6 +732,20 @@ try:
               f"ITL p50 {p['itl_s_p50']} s, errors {p['errors']}")
 except (OSError, ValueError, KeyError) as e:
     print(f"  no result: {e!r}")
+EOF2
+    ;;
+  fla-bits)  # whether fla's autotuned configs change the prefill's bits (benchmarks/fla_config_bits.py): the 9B's GDN
+    # delta rule, 300 tokens whole and in 128-token pieces, each used autotuner held to each of its configs
+    python benchmarks/fla_config_bits.py --random-init qwen3.5-9b --out "$out/fla-config-bits.json" \
+      >"$out/fla-config-bits.log" 2>&1
+    echo "fla_config_bits: rc=$?"
+    python - "$out/fla-config-bits.json" <<'EOF2'
+import json, sys
+
+d = json.load(open(sys.argv[1]))
+print(f"  repeatable {d.get('repeatable')}; kernels that vary: {d.get('kernels_that_vary')}")
+for k in d.get("kernels", []):
+    print(f"  {k['kernel']}: {k['valid']} of {k['configs']} configs ran, {k['distinct']} distinct results, tuned {k['tuned']}")
 EOF2
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
