@@ -30,6 +30,14 @@ held back until after this round), then mtp.rounds runs the chains and the verif
 its result is handed to the scheduler at once (Launched.ready). `left` (the scheduler's count) is cut by the
 tokens read but not yet handed over (mtp_undelivered), so a round never drafts past a session's end.
 
+Joins (BATON_MTP_JOIN_HOLD=1; off until it is measured on a GPU). A speculative round runs at once, so
+sessions loaded meanwhile wait for its end to join, and on a shared GPU its passes slow the prefill of the
+next prompts. While a wave of sessions joins (at least max(2, a quarter of the round's sessions) have run
+fewer than HOLD_ROUNDS rounds) the round is plain, whatever K the controller asked for; the controller
+observes a plain round. The tokens are the same either way (a session's tokens do not depend on its K).
+On an H100 at 32 streams fast mtp ran 15 speculative rounds of 58-131 ms beside 915 plain ones of 9.6 ms,
+and its TTFT p50 was 0.63 s against bf16's 0.37 (benchmarks/results/gpu-h100-2026-12-06-stop52.md).
+
 Bookkeeping per session: mtp_inflight (plain rounds launched, tokens not read), mtp_undelivered (tokens
 read, not yet collected by the scheduler). Launched.result() reads a round once (the drain, or the
 scheduler's collect, whichever comes first); Launched() is the scheduler's collect.
@@ -43,6 +51,7 @@ outside it (as the bf16 step scheduler's).
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from decode_worker import mtp
@@ -51,6 +60,8 @@ log = logging.getLogger("baton.decode")
 DEAR_S = 0.05  # a speculative round at least this long (drain included) is logged, at most once a LOG_EVERY_S
 LOG_EVERY_S = 1.0
 JOINED_S = 0.5  # ... with how many of its sessions were loaded this recently (a wave of sessions joining)
+HOLD_ENV = "BATON_MTP_JOIN_HOLD"  # "1": no speculative round while a wave of sessions joins (module doc)
+HOLD_ROUNDS = 4  # a session is joining for its first HOLD_ROUNDS rounds
 
 
 class Launched:
@@ -88,6 +99,15 @@ class Launched:
         return out
 
 
+def joining(sessions: list) -> bool:
+    """With BATON_MTP_JOIN_HOLD=1: a wave of sessions joins, at least max(2, a quarter of the sessions) have
+    launched fewer than HOLD_ROUNDS rounds (read or in flight). Always False with it off (the default)."""
+    if os.environ.get(HOLD_ENV, "0") != "1":
+        return False
+    young = sum(s.rounds + s.mtp_inflight < HOLD_ROUNDS for s in sessions)
+    return young >= max(2, len(sessions) // 4)
+
+
 def drain(engine) -> None:
     """Reads every round still in flight, in launch order (their pairs land on the host)."""
     for launched in list(engine._mtp_launched):
@@ -100,6 +120,8 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     sessions = [s for s, _ in jobs]
     ctl = mtp.control(engine)
     K = ctl.next_k(batch=len(sessions))
+    if K and joining(sessions):
+        K = 0  # a wave of sessions joins: a plain round (module doc, Joins)
     if K == 0:
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
             _flush(engine, ctl, sessions)  # the pairs read so far; the rounds in flight stay in flight

@@ -324,3 +324,51 @@ def test_dear_speculative_rounds_are_logged_with_their_batch_and_joins(env, monk
         toks, _, _ = _decode(lm, exact, ids, ctl=Scripted([3]))
     assert toks == ref
     assert sum("speculative round" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_joining_counts_a_wave_of_young_sessions(monkeypatch):
+    """mtp_launch.joining: off by default; with BATON_MTP_JOIN_HOLD=1, a wave is at least max(2, a quarter of
+    the round's sessions) that launched fewer than HOLD_ROUNDS rounds (read or still in flight)."""
+    from types import SimpleNamespace as S
+
+    from decode_worker import mtp_launch
+
+    old, young = S(rounds=9, mtp_inflight=1), S(rounds=2, mtp_inflight=1)
+    monkeypatch.delenv(mtp_launch.HOLD_ENV, raising=False)
+    assert not mtp_launch.joining([young] * 8)
+    monkeypatch.setenv(mtp_launch.HOLD_ENV, "1")
+    assert mtp_launch.joining([young, young]) and not mtp_launch.joining([young, old])
+    assert not mtp_launch.joining([young])  # one session joining alone: nobody waits for its round
+    assert mtp_launch.joining([young] * 2 + [old] * 6) and not mtp_launch.joining([young] * 2 + [old] * 10)
+    assert not mtp_launch.joining([S(rounds=3, mtp_inflight=1)] * 4)  # its 4th round is launched
+
+
+def test_a_joining_wave_runs_plain_rounds_and_stays_exact(env, monkeypatch):
+    """BATON_MTP_JOIN_HOLD=1: four sessions decoding at once with a controller that always asks K = 3 run
+    plain rounds while they join, then speculate; each gives the exact engine's tokens."""
+    import threading
+
+    from decode_worker import mtp_launch
+
+    monkeypatch.setenv(mtp_launch.HOLD_ENV, "1")
+    lm, ids, exact, ref = env
+    r = ModelRunner(lm.model, slots=4, max_len=MAX_LEN)
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
+    sessions, firsts = _load_all(eng, exact, [ids] * 4)
+    eng._mtp_ctl = ctl = Scripted([3])
+    out: dict[int, list[int]] = {}
+    start = threading.Barrier(len(sessions))
+
+    def run(i):
+        start.wait()
+        out[i] = [firsts[i]] + [t for b in eng.decode(sessions[i].id, NEW - 1, k=3, run_ahead=True) for t in b]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    eng.close()
+    assert all(out[i] == ref for i in range(4))
+    ks = [k for k, _ in ctl.seen]
+    assert 0 in ks and 3 in ks and ks.index(3) > ks.index(0), ks[:12]
