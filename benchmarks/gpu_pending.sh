@@ -123,7 +123,7 @@
 # VERDICT_AB=0 MERGED_ADAPTIVE=1 spec-merged at 607785f (exact 4.57x at 8, 1.06x bf16 at 32; fast mtp 0.93x at
 # K = 0, 15 speculative rounds of 58-131 ms), kv-ab (2 passed; in place the states landed 233 ms later: stays
 # off), test_gpu_batch.py -k sampled (2 passed: logit_bias), test_gpu_prefill.py -k prompt_logprobs_at (its cut
-# compared with the whole prompt's token: fixed, not re-run). Owed, in order: fla-bits, prefill-sdpa-batch, spec-adaptive
+# compared with the whole prompt's token: fixed, not re-run). Owed, in order: fla-bits, hold-ab, prefill-sdpa-batch, spec-adaptive
 # at 32 without MPS on an H200, tests-engine, router-burst, mps-serve, ctx-max, then verify, nogil, gil above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
@@ -137,6 +137,7 @@
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
 #   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn)
+#   hold-ab        fast mtp adaptive with the join hold (BATON_MTP_JOIN_HOLD 1 / 0) and bf16, at HOLD_POINTS
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
 #   shared-prompt  equal prompts in one prefill pass computed once: the GPU test, bench_shared_prompt at 8 x 512
@@ -747,6 +748,22 @@ print(f"  repeatable {d.get('repeatable')}; kernels that vary: {d.get('kernels_t
 for k in d.get("kernels", []):
     print(f"  {k['kernel']}: {k['valid']} of {k['configs']} configs ran, {k['distinct']} distinct results, tuned {k['tuned']}")
 EOF2
+    ;;
+  hold-ab)  # fast mtp adaptive at HOLD_POINTS (default 32) with the join hold (BATON_MTP_JOIN_HOLD=1,
+    # decode_worker/mtp_launch.py: no speculative round while a wave of sessions joins) and without, then bf16
+    points=${HOLD_POINTS:-32}
+    for h in 1 0; do
+      BATON_MTP_JOIN_HOLD=$h spec spec-adaptive-mtp-hold$h --engine mtp --concurrency "$points" --draft-p 0.9 \
+        --draft-k 4 --mtp-draft-length adaptive
+      grep -h "speculative round of" "$out/spec-adaptive-mtp-hold$h.serve.log" | sed 's/^.*mtp: //' | head -8
+    done
+    spec spec-adaptive-bf16 --engine bf16 --concurrency "$points" --check-prompts 1
+    for n in ${points//,/ }; do
+      for h in 1 0; do
+        ratio "fast mtp adaptive at $n, join hold $h / fast bf16" "$out/spec-adaptive-mtp-hold$h.json" $n \
+          "$out/spec-adaptive-bf16.json" $n 0.95
+      done
+    done | tee "$out/hold-ab-ratios.txt"
     ;;
   shared-prompt)  # equal prompts in one prefill pass computed once (baton/engine/prefill.py shared_firsts): the
     # GPU test of their bits, then bench_shared_prompt (8 equal 512-token prompts against 8 distinct, and one)
