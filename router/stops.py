@@ -19,6 +19,16 @@ cancelled and the sessions released.
 from __future__ import annotations
 
 
+def held_prefix(text: str, marker: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of marker: text that may still become the
+    marker, held back until the next delta decides it (stop strings here; the tool-call and reasoning tags of
+    router/http/tool_calls.py and router/http/reasoning.py)."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class StopMatcher:
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(s for s in stops if s)
@@ -32,12 +42,7 @@ class StopMatcher:
         if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
             self._held = ""
             return text[: min(hits)[1]], True
-        keep = 0
-        for s in self.stops:  # longest suffix of text that is a proper prefix of s
-            for k in range(min(len(s) - 1, len(text)), keep, -1):
-                if text.endswith(s[:k]):
-                    keep = k
-                    break
+        keep = max(held_prefix(text, s) for s in self.stops)  # what may still become a stop string
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
 

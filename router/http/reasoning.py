@@ -27,6 +27,8 @@ count the whole text, as before.
 
 from __future__ import annotations
 
+from router.stops import held_prefix
+
 THINK, THINK_END = "<think>", "</think>"
 ASSISTANT = "<|im_start|>assistant"  # the start of an assistant turn in Qwen's ChatML templates
 PARSERS = ("none", "qwen3")  # the router's --reasoning-parser values
@@ -38,14 +40,6 @@ def think_open(prompt: str) -> bool:
     test of it: a forced tool call closes that block (router/http/tools.py), the parser starts in it."""
     turn = prompt[max(0, prompt.rfind(ASSISTANT)) :]
     return turn.rfind(THINK) > turn.rfind(THINK_END)
-
-
-def _held(text: str, marker: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of marker (it may still become it)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class ReasoningSplit:
@@ -94,7 +88,7 @@ class ReasoningSplit:
                 reasoning += self._buf[:i]
                 self._buf, self._mode, self._strip_nl = self._buf[i + len(THINK_END) :], "content", True
                 continue
-            keep = len(self._buf) - _held(self._buf, THINK_END)
+            keep = len(self._buf) - held_prefix(self._buf, THINK_END)
             reasoning, self._buf = reasoning + self._buf[:keep], self._buf[keep:]
             break
         return reasoning, content

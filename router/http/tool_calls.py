@@ -31,14 +31,7 @@ its order among them.
 from __future__ import annotations
 
 from router.http.tool_parse import END, START, Scanner, new_id, parse_call
-
-
-def _held(text: str, marker: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of marker (it may still become it)."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
+from router.stops import held_prefix
 
 
 class ToolCalls:
@@ -106,7 +99,7 @@ class ToolCalls:
             if not self._inside:
                 i = self._buf.find(START)
                 if i < 0:
-                    keep = _held(self._buf, START)
+                    keep = held_prefix(self._buf, START)
                     self._content(self._buf[: len(self._buf) - keep])
                     self._buf = self._buf[len(self._buf) - keep :]
                     return
@@ -118,7 +111,7 @@ class ToolCalls:
                 j = self._buf.find(END)
                 if j < 0:
                     if self._scan is not None:
-                        self._step(self._buf[: len(self._buf) - _held(self._buf, END)])
+                        self._step(self._buf[: len(self._buf) - held_prefix(self._buf, END)])
                     return
                 body, self._buf, self._inside = self._buf[:j], self._buf[j + len(END) :], False
                 self._block(body, closed=True)
