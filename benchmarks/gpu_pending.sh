@@ -697,7 +697,7 @@ EOF
       >"$out/mps-serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 240); do
-      grep -q "baton: answer\|Traceback\|error" "$out/mps-serve.log" && break
+      grep -q "baton: answer\|Traceback" "$out/mps-serve.log" && break  # or serve exits (below)
       kill -0 $pid 2>/dev/null || break
       sleep 1
     done
