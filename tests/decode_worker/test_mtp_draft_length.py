@@ -345,7 +345,8 @@ def test_joining_counts_a_wave_of_young_sessions(monkeypatch):
 
 def test_a_joining_wave_runs_plain_rounds_and_stays_exact(env, monkeypatch):
     """BATON_MTP_JOIN_HOLD=1: four sessions decoding at once with a controller that always asks K = 3 run
-    plain rounds while they join, then speculate; each gives the exact engine's tokens."""
+    plain rounds while they join (at least two of them young), then speculate; each gives the exact engine's
+    tokens."""
     import threading
 
     from decode_worker import mtp_launch
@@ -370,5 +371,5 @@ def test_a_joining_wave_runs_plain_rounds_and_stays_exact(env, monkeypatch):
         t.join(120)
     eng.close()
     assert all(out[i] == ref for i in range(4))
-    ks = [k for k, _ in ctl.seen]
-    assert 0 in ks and 3 in ks and ks.index(3) > ks.index(0), ks[:12]
+    ks = [k for k, _ in ctl.seen]  # the controller asks K = 3 every round: a plain one is the hold's
+    assert 0 in ks and ks[-1] == 3, ks[:12]  # (the first round may speculate: one session joined by then)
