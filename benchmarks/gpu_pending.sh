@@ -119,7 +119,7 @@
 # (equal-length first pieces in one SDPA call, BATON_PREFILL_SDPA_BATCH, off until then), SPEC_POINTS=32
 # BF16_POINTS=none spec-adaptive after ce7c515 (the controller's median plain price, 2% probes; rounds by K), then
 # verify, nogil, gil above.
-# Stop 52 (benchmarks/results/gpu-h100-2026-12-06-stop52.md), one H100 (seven refused starts first, 901 s): MPS=1
+# Stop 52 (benchmarks/results/gpu-h100-2026-12-06-stop52.md), one H100 (eight refused starts first, 901 s): MPS=1
 # VERDICT_AB=0 MERGED_ADAPTIVE=1 spec-merged at 607785f (exact 4.57x at 8, 1.06x bf16 at 32; fast mtp 0.93x at
 # K = 0, 15 speculative rounds of 58-131 ms), kv-ab (2 passed; in place the states landed 233 ms later: stays
 # off), test_gpu_batch.py -k sampled (2 passed: logit_bias), test_gpu_prefill.py -k prompt_logprobs_at (its cut
