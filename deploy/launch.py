@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root i
 from baton.rpc import port_arg  # noqa: E402
 from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
 from deploy.router_launch import TASK_RETRIES, router_kwargs, serve_router, start_router_actor  # noqa: E402
-from deploy.serve_args import engines_error, router_limits_error  # noqa: E402
+from deploy.serve_args import add_router_options, engines_error, router_limits_error  # noqa: E402
 
 DEFAULT_NAMESPACE = "baton"
 
@@ -234,6 +234,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-host", default="0.0.0.0", help="bind host of the worker servers")
     p.add_argument("--router-host", default="0.0.0.0", help="bind host of the router")
     p.add_argument("--router-port", type=port_arg, default=50051, help="the router's gRPC port (default 50051)")
+    add_router_options(p, http_port=0)  # --http-port (off unless given), --reasoning-parser, --draft-length
     p.add_argument("--token-file", default=None, help="bearer token file (the same path on every node)")
     p.add_argument(
         "--max-inflight",
@@ -320,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if err := engines_error(args) or router_limits_error(args):
         p.error(err)
+    if not 0 <= args.http_port < 65536:
+        p.error("--http-port must be in 0..65535 (0 = off)")
     progress = Progress()
     connect(args.address, args.namespace)
     import ray
@@ -373,8 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         decode=dec,
         model_dir=args.model,
         token_file=args.token_file,
+        http_port=args.http_port,
         max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
+        draft_length=args.draft_length,
         queue_s=DEFAULT_QUEUE_S if args.queue_timeout is None else args.queue_timeout,
+        reasoning_parser=args.reasoning_parser,
     )
     if args.foreground:
         from deploy.local import serve_until_signalled
@@ -389,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     address = ray.get(router.address.remote(), timeout=args.timeout)
     wait_serving(address, timeout=60.0, what="router")
     print(f"baton: serving on {address}", flush=True)
+    if args.http_port and (url := ray.get(router.http_url.remote(), timeout=args.timeout)):
+        print(f"baton: http on {url}", flush=True)
     return 0
 
 

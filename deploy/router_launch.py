@@ -127,6 +127,10 @@ def make_router_actor_class():
         def address(self) -> str:
             return _reachable(self._router.address)
 
+        def http_url(self) -> str | None:
+            """The OpenAI HTTP API's URL (--http-port), or None when it is off."""
+            return getattr(self._router, "http_url", None)
+
         def stop(self, grace: float = 2.0) -> None:
             self._router.stop(grace)
 

@@ -18,12 +18,14 @@ from router.http.reasoning import PARSERS as REASONING_PARSERS
 ENGINES = ("bf16", "fp8", "mtp")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
-    p.add_argument("--port", type=int, default=50051, help="router port (0 = a free port)")
-    p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
+def add_router_options(p: argparse.ArgumentParser, http_port: int) -> None:
+    """The router's options that `baton serve` and the Ray cluster launcher (deploy/launch.py) share: its HTTP
+    door (default `http_port`; 0 = off), the chat reasoning parser, exact mode's K policy."""
     p.add_argument(
-        "--http-port", type=int, default=8000, help="OpenAI-compatible HTTP API port on the router's host (0 = off)"
+        "--http-port",
+        type=int,
+        default=http_port,
+        help=f"OpenAI-compatible HTTP API port on the router's host (0 = off; default {http_port})",
     )
     p.add_argument(
         "--reasoning-parser",
@@ -32,6 +34,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the router's --reasoning-parser: qwen3 returns a chat's <think> reasoning as "
         "message.reasoning_content, the answer as content; none: all content (default)",
     )
+    p.add_argument(
+        "--draft-length",
+        choices=POLICIES,
+        default=None,
+        help="exact mode's K per round (the router's --draft-length; default: fixed, the request's K)",
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF checkpoint directory (default: the embedded model)")
+    p.add_argument("--port", type=int, default=50051, help="router port (0 = a free port)")
+    p.add_argument("--host", default=None, help="router bind host (default: BATON_HOST or 127.0.0.1)")
+    add_router_options(p, http_port=8000)
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers")
     p.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers")
     p.add_argument("--engine", default=None, choices=ENGINES, help="decode engine (default: the worker's)")
@@ -56,12 +71,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-pages", type=int, default=None, help="attention KV pages of 256 tokens per worker runner (default: sized)"
-    )
-    p.add_argument(
-        "--draft-length",
-        choices=POLICIES,
-        default=None,
-        help="exact mode's K per round (the router's --draft-length; default: fixed, the request's K)",
     )
     p.add_argument(
         "--prefill-budget",

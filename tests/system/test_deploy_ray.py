@@ -1,5 +1,5 @@
-"""deploy/launch.py against a real Ray head: launch 1 prefill + 1 decode actor and the router actor,
-generate (fast, exact), kill the decode actor (Ray restarts it on a new port), check the router's
+"""deploy/launch.py against a real Ray head: launch 1 prefill + 1 decode actor and the router actor (its
+OpenAI HTTP door on, --http-port, with --reasoning-parser), generate (fast, exact; a completion over HTTP), kill the decode actor (Ray restarts it on a new port), check the router's
 health went NOT_SERVING then SERVING and that it serves through the restarted actor, then stop.
 
 The head is `ray start --head` on loopback with its own temp dir; it is stopped by killing exactly
@@ -18,9 +18,10 @@ import textwrap
 import threading
 import time
 
+import httpx
 import pytest
 from conftest import pick_free_port
-from test_deploy_serve import ROOT, cmdline_matches, generate, port_open
+from test_deploy_serve import PROMPT, ROOT, cmdline_matches, generate, port_open
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 NAMESPACE = "baton-deploy-test"
@@ -128,7 +129,7 @@ class HealthLog(threading.Thread):
 
 def test_launch_on_ray_head_survives_decode_actor_restart(ray_head):
     address, _ = ray_head
-    router_port = pick_free_port()
+    router_port, http_port = pick_free_port(), pick_free_port()
     t0 = time.monotonic()
     launch = subprocess.run(
         [
@@ -150,6 +151,10 @@ def test_launch_on_ray_head_survives_decode_actor_restart(ray_head):
             "127.0.0.1",
             "--router-port",
             str(router_port),
+            "--http-port",
+            str(http_port),
+            "--reasoning-parser",
+            "qwen3",
             "--timeout",
             "240",
         ],
@@ -163,9 +168,17 @@ def test_launch_on_ray_head_survives_decode_actor_restart(ray_head):
     router = f"127.0.0.1:{router_port}"
     assert f"baton: serving on {router}" in launch.stdout.splitlines(), launch.stdout + launch.stderr
     print(f"launch: serving after {time.monotonic() - t0:.1f} s")
+    assert f"baton: http on http://127.0.0.1:{http_port}" in launch.stdout.splitlines(), launch.stdout
     try:
         env = _env()
         fast = generate(router, env=env)
+        # the router actor's OpenAI door (--http-port): a completion equal to the gRPC one
+        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as h:
+            assert h.get("/health").status_code == 200
+            model = h.get("/v1/models").json()["data"][0]["id"]
+            got = h.post("/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 12})
+            assert got.status_code == 200, got.text
+            assert got.json()["choices"][0]["text"] == fast["text"]  # greedy: the same 12 tokens' text
         assert generate(router, "--mode", "exact", env=env)["token_ids"] == fast["token_ids"]
 
         health = HealthLog(router)
