@@ -13,7 +13,8 @@ Lifecycle:
     wait_workers(actors, ...)       address() -> grpc.health.v1 SERVING; one progress line each
     router                          --foreground: serve_router() in this process until SIGINT/SIGTERM;
                                     default: a detached `baton-router` actor pinned to the head node
-                                    (on --router-host:--router-port) and this process exits
+                                    (on --router-host:--router-port; --http-port: its OpenAI HTTP
+                                    door) and this process exits
     discovery                       the router re-lists `baton-{prefill,decode}-*` in the namespace,
                                     so an actor that Ray restarted (on a new port) is picked up again
     stop_actors(...) / --stop       stop() each (graceful), then ray.kill(no_restart=True)
@@ -37,7 +38,13 @@ if __package__ in (None, ""):  # `python deploy/launch.py`: make the repo root i
 
 from baton.rpc import port_arg  # noqa: E402
 from deploy.processes import Progress, StartupError, WorkerSpec, wait_serving  # noqa: E402
-from deploy.router_launch import TASK_RETRIES, router_kwargs, serve_router, start_router_actor  # noqa: E402
+from deploy.router_launch import (  # noqa: E402
+    TASK_RETRIES,
+    router_kwargs,
+    router_options,
+    serve_router,
+    start_router_actor,
+)
 from deploy.serve_args import add_router_options, engines_error, router_limits_error  # noqa: E402
 
 DEFAULT_NAMESPACE = "baton"
@@ -321,8 +328,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if err := engines_error(args) or router_limits_error(args):
         p.error(err)
-    if not 0 <= args.http_port < 65536:
-        p.error("--http-port must be in 0..65535 (0 = off)")
     progress = Progress()
     connect(args.address, args.namespace)
     import ray
@@ -365,23 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     pre = [a for n, a in addrs.items() if "-prefill-" in n]
     dec = [a for n, a in addrs.items() if "-decode-" in n]
-    from baton.worker.options import DEFAULT_SLOTS
-    from router.config import DEFAULT_QUEUE_S
-
     kw = router_kwargs(
-        host=args.router_host,
-        port=args.router_port,
-        namespace=args.namespace,
-        prefill=pre,
-        decode=dec,
-        model_dir=args.model,
-        token_file=args.token_file,
-        http_port=args.http_port,
-        max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
-        draft_length=args.draft_length,
-        queue_s=DEFAULT_QUEUE_S if args.queue_timeout is None else args.queue_timeout,
-        reasoning_parser=args.reasoning_parser,
-    )
+        host=args.router_host, port=args.router_port, namespace=args.namespace, prefill=pre, decode=dec,
+        **router_options(args),
+    )  # fmt: skip
     if args.foreground:
         from deploy.local import serve_until_signalled
 

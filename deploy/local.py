@@ -312,9 +312,7 @@ def run(args) -> int:
                 got = launch.wait_workers(actors, progress=progress, timeout=args.timeout, stop=sig.stop)
                 addresses = {n.removeprefix("baton-"): a for n, a in got.items()}
             # NOTE: in the try: these imports take seconds (torch), and a signal then must still clean up
-            from baton.worker.options import DEFAULT_SLOTS
-            from deploy.router_launch import router_kwargs, serve_router
-            from router.config import DEFAULT_QUEUE_S
+            from deploy.router_launch import router_kwargs, router_options, serve_router
 
             kw = router_kwargs(
                 host=host,
@@ -322,13 +320,7 @@ def run(args) -> int:
                 namespace=namespace,
                 prefill=[a for n, a in addresses.items() if n.startswith("prefill-")],
                 decode=[a for n, a in addresses.items() if n.startswith("decode-")],
-                model_dir=args.model,
-                token_file=args.token_file,
-                http_port=args.http_port,
-                max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
-                draft_length=getattr(args, "draft_length", None),
-                reasoning_parser=getattr(args, "reasoning_parser", None),
-                queue_s=DEFAULT_QUEUE_S if getattr(args, "queue_timeout", None) is None else args.queue_timeout,
+                **router_options(args),
             )
             on_serving = None
             if args.ask is not None:

@@ -57,6 +57,25 @@ class RouterHandle:
         self._stop_fn(self._handle, self._servicer, grace)
 
 
+def router_options(args) -> dict:
+    """The router_kwargs both launchers take from their parsed options alike (`baton serve`, deploy/launch.py;
+    deploy/serve_args.py: add_router_options): the model, the token, the HTTP door, the admission limits, exact
+    mode's K policy and the reasoning parser. Imports the workers' defaults (torch: seconds) when called."""
+    from baton.worker.options import DEFAULT_SLOTS
+    from router.config import DEFAULT_QUEUE_S
+
+    queue_s = getattr(args, "queue_timeout", None)
+    return dict(
+        model_dir=args.model,
+        token_file=args.token_file,
+        http_port=args.http_port,
+        max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
+        draft_length=getattr(args, "draft_length", None),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
+        queue_s=DEFAULT_QUEUE_S if queue_s is None else queue_s,
+    )
+
+
 def serve_router(
     *,
     host: str,

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from baton.engine.draft_length import POLICIES
+from baton.rpc import port_arg
 from deploy.supervisor import DEFAULT_MAX_RESTARTS
 from router.http.reasoning import PARSERS as REASONING_PARSERS
 
@@ -23,7 +24,7 @@ def add_router_options(p: argparse.ArgumentParser, http_port: int) -> None:
     door (default `http_port`; 0 = off), the chat reasoning parser, exact mode's K policy."""
     p.add_argument(
         "--http-port",
-        type=int,
+        type=port_arg,
         default=http_port,
         help=f"OpenAI-compatible HTTP API port on the router's host (0 = off; default {http_port})",
     )
@@ -168,8 +169,6 @@ def check(args) -> str | None:
         return "--prefill and --decode must be >= 1"
     if not 0 <= args.port < 65536:
         return "--port must be in 0..65535"
-    if not 0 <= args.http_port < 65536:
-        return "--http-port must be in 0..65535 (0 = off)"
     if args.ask_tokens < 1:
         return "--ask-tokens must be >= 1"
     if err := engines_error(args):
