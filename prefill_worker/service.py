@@ -15,7 +15,8 @@ Lifecycle of a request:
            answered (it overlaps prefill_seconds); with `timeline` (and a decode_target): bridge.timeline,
            the hand-off's marks in this process, its sender child and the decode worker (baton/handoff/timeline.py)
         -> FAST: release the session (always); EXACT: keep it for Verify (released on any failure,
-           including a cancelled or timed-out call)
+           including a cancelled or timed-out call, except a hand-off that failed after PrefillStream's early
+           answer: the router moves the session with ExportState, and the TTL reaps it if nobody does)
         -> first_token (the decode state's pending next_token), bridge, prompt_tokens, prefill_seconds,
            prompt_logprobs when asked; PrefillStream: the first token early (after heartbeats if asked)
     Verify(session_id, [last committed, d1..dK])  -> accepted m, next token, position, counters; VerifyMany:
@@ -290,10 +291,12 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
                                     "prefill.compute_end": progress.finished_ns,
                                 }
                             )
+                        answered = False
                         try:
                             if early and push.admitted(context.is_active):
                                 # the decode worker reserved the slot (it can no longer refuse for full slots,
                                 # which must fail the call before any token: the router tries another one)
+                                answered = True
                                 yield self._answer(first, None, ids, prefill_s, lps, session.prompt_logprobs)
                             if not context.is_active():  # gone during the compute: stop the stream now
                                 push.cancel()
@@ -302,6 +305,8 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
                             if isinstance(e, GeneratorExit) or e.code in _GONE:  # it may have landed already
                                 push.cancel()
                                 self._release_remote(target, sid)
+                            else:  # D failed after the first token: the router moves S by ExportState
+                                keep = exact and answered  # (router.exact: migrate); else the TTL reaps it
                             raise
                         if not context.is_active():
                             self._release_remote(target, sid)

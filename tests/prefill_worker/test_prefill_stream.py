@@ -128,6 +128,31 @@ def test_a_hand_off_that_fails_after_the_first_token_ends_the_stream_with_its_st
     _idle(prefill)
 
 
+def test_an_exact_session_whose_hand_off_fails_after_the_first_token_is_kept_for_export(prefill, gate):
+    """The router recovers an EXACT session whose hand-off failed after the early first token by moving it
+    with ExportState (router/exact.py: migrate), so the worker must keep it: it is exported to another
+    decode worker with the same pending token, then released (a CI run lost all 8 sessions' 8th this way)."""
+    req = prefill_pb2.PrefillRequest(
+        session_id="x1", prompt_ids=PROMPT, decode_target=gate.address, mode=common_pb2.EXACT
+    )
+    stream = prefill.PrefillStream(req, timeout=T)
+    first = next(stream)
+    gate.fail = grpc.StatusCode.UNAVAILABLE  # the decode worker died while the state was landing
+    gate.opened.set()
+    with pytest.raises(grpc.RpcError) as ei:
+        list(stream)
+    assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "decode_target" in ei.value.details()
+    assert prefill.GetStats(common_pb2.WorkerStatsRequest(), timeout=T).sessions == 1  # kept
+    gate.fail = None
+    moved = prefill.ExportState(
+        prefill_pb2.ExportStateRequest(session_id="x1", decode_target=gate.address, target_session_id="x1"),
+        timeout=T,
+    )
+    assert moved.next_token == first.first_token and moved.position == len(PROMPT)
+    assert prefill.Release(common_pb2.ReleaseRequest(session_id="x1"), timeout=T).released
+    _idle(prefill)
+
+
 def test_a_client_gone_after_the_first_token_cancels_the_hand_off_and_releases_both_sides(prefill, gate):
     stream = prefill.PrefillStream(
         prefill_pb2.PrefillRequest(session_id="s3", prompt_ids=PROMPT, decode_target=gate.address), timeout=T
