@@ -125,10 +125,18 @@
 # off), test_gpu_batch.py -k sampled (2 passed: logit_bias), test_gpu_prefill.py -k prompt_logprobs_at (its cut
 # compared with the whole prompt's token: fixed, not re-run). Owed, in order: fla-bits, hold-ab, prefill-sdpa-batch, spec-adaptive
 # at 32 without MPS on an H200, tests-engine, router-burst, mps-serve, ctx-max, then verify, nogil, gil above.
+# Stop 53 (no device time: 91 s left at its start) added `queue`; the owed runs as three calls of one machine:
+#   QUEUE="fla-bits:120 hold-ab:420" | QUEUE="prefill-sdpa-batch:240 tests-engine:300" |
+#   QUEUE="router-burst:150 mps-serve:150 ctx-max:240"
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
+#   queue          QUEUE="STAGE:SECONDS ..." (e.g. "fla-bits:120 hold-ab:330 tests-engine:120"): the stages in turn in
+#                  one device call, each under its own timeout and packing its own STAGE.tgz; one that no longer fits
+#                  QUEUE_BUDGET_S (default 570) is skipped; queue.txt lists each one's exit code. Each device start
+#                  costs minutes and a refused one 90-180 s, so a session spends its budget on a few queued calls
+#                  (the device tool brings back 8 files a call: 7 stages at most)
 #   stage-ab       the hand-off's staging by address (BATON_STAGE_BY_ADDRESS 1 / 0): its GPU test, bursts at 8 and 32
 #                  (on by default since 92af9a2; BURSTS, AB_POINTS="1" for the default alone)
 #   kv-ab          the KV staged from its pages in place (BATON_STAGE_KV_IN_PLACE 1 / 0, by address on): its GPU
@@ -215,6 +223,20 @@ set -uo pipefail
 stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-steady|nogil|gil|paced|fp8|sampling|long|verify|burst|layout-fixed|layout-mixed|spec-fast|spec-adaptive|spec-exact|spec-merged|prefetch-ab|slot-copies|prefill-sdpa|prefill-sdpa-batch|wide-tma|shared-prompt|stage-ab|... (the Stages list above)}
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
+if [ "$stage" = queue ]; then  # QUEUE="STAGE:SECONDS ...": one device call, several stages (Stages, queue)
+  start=$SECONDS
+  for item in ${QUEUE:?queue: set QUEUE=\"STAGE:SECONDS ...\"}; do
+    s=${item%%:*} t=${item##*:}
+    left=$((${QUEUE_BUDGET_S:-570} - (SECONDS - start)))
+    if [ "$t" -gt "$left" ]; then
+      echo "queue: $s skipped: $t s asked, $left s left"
+      continue
+    fi
+    timeout -k 10 "$t" bash "$0" "$s" "$commit" </dev/null
+    echo "queue: $s rc=$? at $((SECONDS - start)) s"
+  done 2>&1 | tee "$dest/queue.txt"
+  exit 0
+fi
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
 # $OUT/STAGE.tgz when it ends (on 2026-12-02 the sampling stage's serve JSON stayed behind: 9 files)
 out=$(mktemp -d "/tmp/gpu-$stage-XXXX")
