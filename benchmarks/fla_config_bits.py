@@ -16,7 +16,9 @@ every fla autotuner it used (a triton Autotuner with a cached choice) is listed.
 to each of its configs in turn (the others at their tuned choice) and the whole and the cut run again. The
 output and final state of each run are hashed. Reports per kernel: its configs, the tuned one, and how many
 distinct results its valid configs gave ("varies": more than one). A kernel that varies makes the bits depend
-on the timing of a process's first prefill.
+on the timing of a process's first prefill. Each config is also timed on a prefill pass's shape (--time-pass,
+default 16 prompts of 512 tokens: `ms`, and `tuned_ms` for the tuned choices), so that a kernel that varies can
+be pinned to its fastest config on that GPU (`gpu`) rather than chosen by each process's timing.
 """
 
 from __future__ import annotations
@@ -81,6 +83,34 @@ def _run(fla, x, cuts: list[int]) -> str:
     return _digest(torch.cat(outs, dim=1), state)
 
 
+def _timer(fla, cfg, seqs: int, seq_len: int, seed: int, reps: int = 5):
+    """-> timed(): the delta rule over a prefill pass's shape (seqs prompts of seq_len tokens, varlen, initial
+    and final states), the median ms of `reps` runs after one warm-up, by CUDA events."""
+    x = _inputs(cfg, seqs * seq_len, seed)
+    q, k, v, gate, beta, _ = x
+    s0 = torch.zeros(seqs, *x[5].shape[1:], device="cuda", dtype=torch.float32)
+    cu = torch.arange(0, seqs * seq_len + 1, seq_len, dtype=torch.int32, device="cuda")
+    cu_cpu = cu.cpu()
+
+    def once():
+        fla(q, k, v, g=gate, beta=beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=False,
+            cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)  # fmt: skip
+
+    def timed() -> float:
+        once()
+        ms = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            once()
+            b.record()
+            b.synchronize()
+            ms.append(a.elapsed_time(b))
+        return round(sorted(ms)[len(ms) // 2], 4)
+
+    return timed
+
+
 def _autotuners():
     """Every triton Autotuner object in fla's loaded modules, by qualified name."""
     from triton.runtime.autotuner import Autotuner
@@ -99,11 +129,12 @@ def _cfg_text(c) -> str:
     return f"{dict(c.kwargs)} w{c.num_warps} s{c.num_stages}"
 
 
-def sweep(autotuners, run) -> list[dict]:
+def sweep(autotuners, run, timed=None) -> list[dict]:
     """autotuners [(name, Autotuner)]; run() -> the digests of one run (a dict). For each autotuner with a cached
     choice (used by the runs so far): each of its configs held alone (its cache emptied, the others' kept),
-    run() again; then its configs and cache restored. -> per kernel: configs, the tuned ones, the valid ones,
-    how many distinct results they gave, varies (more than one), and each config's result or error."""
+    run() again (and timed() -> ms, when given: a pass's shape, for choosing a pinned config by speed); then
+    its configs and cache restored. -> per kernel: configs, the tuned ones, the valid ones, how many distinct
+    results they gave, varies (more than one), and each config's result (with its ms) or error."""
     kernels = []
     for name, at in autotuners:
         if not at.cache:
@@ -116,11 +147,15 @@ def sweep(autotuners, run) -> list[dict]:
                 at.configs, at.cache = [c], {}
                 try:
                     runs.append({"config": _cfg_text(c), **run()})
+                    if timed is not None:
+                        runs[-1]["ms"] = timed()
                 except Exception as e:  # noqa: BLE001 - a config this shape cannot run
                     runs.append({"config": _cfg_text(c), "error": f"{type(e).__name__}: {str(e)[:120]}"})
         finally:
             at.configs, at.cache = configs, cache
-        ok = [tuple(sorted((k, v) for k, v in r.items() if k != "config")) for r in runs if "error" not in r]
+        ok = [
+            tuple(sorted((k, v) for k, v in r.items() if k not in ("config", "ms"))) for r in runs if "error" not in r
+        ]
         distinct = len(set(ok))
         kernels.append(
             {"kernel": name, "configs": len(configs), "tuned": tuned, "valid": len(ok), "distinct": distinct,
@@ -135,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=300, help="prompt tokens")
     p.add_argument("--cut", type=int, default=128, help="the cut run's piece length (tokens)")
     p.add_argument("--seed", type=int, default=0, help="the random inputs' seed")
+    p.add_argument(
+        "--time-pass", default="16x512", help="each config also timed on a pass of PROMPTSxTOKENS (empty: no timing)"
+    )
     p.add_argument("--out", default="", help="also write the JSON here")
     a = p.parse_args(argv)
     res = header(__file__, argv)
@@ -149,8 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     whole, cut = [a.tokens], [*range(a.cut, a.tokens, a.cut), a.tokens]
     base = {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}
     again = {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}
-    kernels = sweep(_autotuners(), lambda: {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)})
+    timed = None
+    if a.time_pass:
+        seqs, seq_len = (int(n) for n in a.time_pass.split("x"))
+        timed = _timer(fla, cfg, seqs, seq_len, a.seed + 1)
+        res["tuned_ms"] = timed()  # every kernel at its own timed choice
+    kernels = sweep(_autotuners(), lambda: {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}, timed)
     res |= {
+        "gpu": torch.cuda.get_device_name(),
+        "time_pass": a.time_pass,
         "shape": a.random_init,
         "tokens": a.tokens,
         "cut": a.cut,

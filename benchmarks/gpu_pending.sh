@@ -766,9 +766,11 @@ EOF2
 import json, sys
 
 d = json.load(open(sys.argv[1]))
-print(f"  repeatable {d.get('repeatable')}; kernels that vary: {d.get('kernels_that_vary')}")
+print(f"  repeatable {d.get('repeatable')}; kernels that vary: {d.get('kernels_that_vary')}; tuned {d.get('tuned_ms')} ms")
 for k in d.get("kernels", []):
     print(f"  {k['kernel']}: {k['valid']} of {k['configs']} configs ran, {k['distinct']} distinct results, tuned {k['tuned']}")
+    if k["varies"]:
+        print("    ms by config: " + "; ".join(f"{r['config']} {r.get('ms', r.get('error'))}" for r in k["runs"]))
 EOF2
     ;;
   hold-ab)  # fast mtp adaptive at HOLD_POINTS (default 32) with the join hold (BATON_MTP_JOIN_HOLD=1,

@@ -1,7 +1,8 @@
 """benchmarks/fla_config_bits.py's sweep (the fla kernels themselves need CUDA): under Triton's interpreter, in a
 child process, an autotuned kernel whose configs tile a float32 reduction differently gives other bits per
 config ("varies"), one whose configs only tile independent elements does not, a kernel never called is left out,
-and every autotuner gets its configs and cached choice back."""
+every autotuner gets its configs and cached choice back, and a timed run's ms is kept beside each config's
+result without counting as a result."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ CHILD = textwrap.dedent(
     for k in (total, scale):  # "tuned": a cached choice, as a first call leaves it (the middle config)
         k.cache[KEY] = CONFIGS[1]
     tuners = [("total", total), ("scale", scale), ("unused", unused)]
-    out = sweep(tuners, run)
+    timings = iter(range(100))
+    out = sweep(tuners, run, timed=lambda: float(next(timings)))  # each config's ms follows its run
     restored = all(k.configs == CONFIGS and k.cache == {KEY: CONFIGS[1]} for k in (total, scale))
     print(json.dumps({"kernels": out, "restored": restored}))
     """
@@ -79,5 +81,6 @@ def test_a_config_that_tiles_a_reduction_otherwise_shows_as_varying():
     # holding `total` to each config changes the sum's bits; `scale`'s elements are each computed alone
     assert by["total"]["varies"] and by["total"]["distinct"] >= 2
     assert not by["scale"]["varies"] and by["scale"]["distinct"] == 1
+    assert [r["ms"] for k in ("total", "scale") for r in by[k]["runs"]] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     scales = {r["scale"] for r in by["total"]["runs"]} | {r["scale"] for r in by["scale"]["runs"]}
     assert len(scales) == 1
