@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from baton.models import fla_pins  # noqa: E402
 from baton.random_init import config_of  # noqa: E402
 from benchmarks.report import emit, header  # noqa: E402
 
@@ -158,10 +159,27 @@ def sweep(autotuners, run, timed=None) -> list[dict]:
         ]
         distinct = len(set(ok))
         kernels.append(
-            {"kernel": name, "configs": len(configs), "tuned": tuned, "valid": len(ok), "distinct": distinct,
-             "varies": distinct > 1, "runs": runs}
+            {"kernel": name, "kernel_name": _kernel_name(at), "configs": len(configs), "tuned": tuned,
+             "valid": len(ok), "distinct": distinct, "varies": distinct > 1, "runs": runs,
+             "pick": _fastest(configs, runs)}
         )  # fmt: skip
     return kernels
+
+
+def _kernel_name(at) -> str:
+    """The name fla files a kernel's config under ({kernel}.json: its CachedAutotuner.kernel_name)."""
+    fn = at.fn
+    return getattr(at, "kernel_name", None) or getattr(fn, "__name__", None) or fn.fn.__name__
+
+
+def _fastest(configs, runs) -> dict | None:
+    """The config that ran fastest on the timed pass (the first of equals), in fla's file format; None
+    without timings."""
+    timed = [(r["ms"], i) for i, r in enumerate(runs) if "ms" in r]
+    if not timed:
+        return None
+    c = configs[min(timed)[1]]
+    return fla_pins.config_entry(c.kwargs, c.num_warps, c.num_stages, getattr(c, "num_ctas", 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         "--time-pass", default="16x512", help="each config also timed on a pass of PROMPTSxTOKENS (empty: no timing)"
     )
     p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument(
+        "--write-pins",
+        default="",
+        help="also write each swept kernel's fastest config as Baton's pins for this GPU under this folder"
+        " (FOLDER/GPU/KERNEL.json, baton/models/fla_pins.py; needs --time-pass)",
+    )
     a = p.parse_args(argv)
     res = header(__file__, argv)
     if not torch.cuda.is_available():
@@ -204,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         "kernels_that_vary": [k["kernel"] for k in kernels if k["varies"]],
         "kernels": kernels,
     }
+    if a.write_pins:
+        import triton
+
+        picks = {k["kernel_name"]: k["pick"] for k in kernels if k["pick"] is not None}
+        files = fla_pins.write(Path(a.write_pins), torch.cuda.get_device_name(), picks, triton.__version__)
+        res["pins_written"] = [str(f) for f in files]
     emit(res, a.out)
     return 0
 

@@ -126,8 +126,8 @@
 # compared with the whole prompt's token: fixed, not re-run). Owed, in order: fla-bits, hold-ab, prefill-sdpa-batch, spec-adaptive
 # at 32 without MPS on an H200, tests-engine, router-burst, mps-serve, ctx-max, then verify, nogil, gil above.
 # Stop 53 (no device time: 91 s left at its start) added `queue`; the owed runs as three calls of one machine:
-#   QUEUE="fla-bits:120 hold-ab:420" | QUEUE="prefill-sdpa-batch:240 tests-engine:300" |
-#   QUEUE="router-burst:150 mps-serve:150 ctx-max:240"
+#   QUEUE="fla-bits:330 tests-engine:240" | QUEUE="hold-ab:400 router-burst:160" |
+#   QUEUE="prefill-sdpa-batch:240 mps-serve:150 ctx-max:180"; then commit the pins fla-bits wrote
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -144,7 +144,9 @@
 #   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
-#   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn)
+#   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn, timed
+#                  on a pass of 16 x 512); writes each kernel's fastest as pins ($out/fla-configs/GPU/) and runs
+#                  tests/model/test_gpu_fla_pins.py with them (two processes, fresh Triton caches: same bits)
 #   hold-ab        fast mtp adaptive with the join hold (BATON_MTP_JOIN_HOLD 1 / 0) and bf16, at HOLD_POINTS
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
@@ -759,9 +761,17 @@ EOF2
     ;;
   fla-bits)  # whether fla's autotuned configs change the prefill's bits (benchmarks/fla_config_bits.py): the 9B's GDN
     # delta rule, 300 tokens whole and in 128-token pieces, each used autotuner held to each of its configs
+    # --write-pins: each kernel's fastest config as Baton's pins (copy $out/fla-configs/GPU/ to
+    # baton/assets/fla-configs/ and commit); then tests/model/test_gpu_fla_pins.py with them in place
     python benchmarks/fla_config_bits.py --random-init qwen3.5-9b --out "$out/fla-config-bits.json" \
-      >"$out/fla-config-bits.log" 2>&1
+      --write-pins "$out/fla-configs" >"$out/fla-config-bits.log" 2>&1
     echo "fla_config_bits: rc=$?"
+    if [ "${PIN_TEST:-1}" = 1 ] && [ -d "$out/fla-configs" ]; then
+      cp -r "$out/fla-configs/." baton/assets/fla-configs/
+      timeout 600 python -m pytest -q -o addopts="" -m gpu tests/model/test_gpu_fla_pins.py >"$out/fla-pins-test.log" 2>&1
+      echo "test_gpu_fla_pins: rc=$?"
+      tail -3 "$out/fla-pins-test.log"
+    fi
     python - "$out/fla-config-bits.json" <<'EOF2'
 import json, sys
 

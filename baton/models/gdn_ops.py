@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from baton.models import fla_pins
+
 CHUNK = 64
 
 _FLA: list = []  # [chunk_gated_delta_rule or None], resolved on the first CUDA prefill
@@ -22,8 +24,11 @@ _FLA: list = []  # [chunk_gated_delta_rule or None], resolved on the first CUDA 
 def _fla_chunk():
     """flash-linear-attention's chunked kernel, or None where it is not installed. Imported lazily:
     importing fla initialises CUDA (it asks device 0 for its name), and a worker narrows
-    CUDA_VISIBLE_DEVICES (`--device cuda:N`, baton/gpus.py) after importing this module."""
+    CUDA_VISIBLE_DEVICES (`--device cuda:N`, baton/gpus.py) after importing this module. Its launch configs
+    are pinned first where Baton has them for this GPU (baton/models/fla_pins.py)."""
     if not _FLA:
+        if torch.cuda.is_available():  # fla's launch configs pinned, not timed (baton/models/fla_pins.py)
+            fla_pins.pin(torch.cuda.get_device_name())
         try:  # optional GPU kernels
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         except Exception:  # pragma: no cover - depends on the machine

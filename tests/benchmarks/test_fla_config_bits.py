@@ -2,7 +2,7 @@
 child process, an autotuned kernel whose configs tile a float32 reduction differently gives other bits per
 config ("varies"), one whose configs only tile independent elements does not, a kernel never called is left out,
 every autotuner gets its configs and cached choice back, and a timed run's ms is kept beside each config's
-result without counting as a result."""
+result without counting as a result; each kernel's pick (for Baton's pins) is its fastest config."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ CHILD = textwrap.dedent(
     for k in (total, scale):  # "tuned": a cached choice, as a first call leaves it (the middle config)
         k.cache[KEY] = CONFIGS[1]
     tuners = [("total", total), ("scale", scale), ("unused", unused)]
-    timings = iter(range(100))
-    out = sweep(tuners, run, timed=lambda: float(next(timings)))  # each config's ms follows its run
+    timings = iter([3.0, 1.0, 2.0, 2.0, 2.0, 1.0])
+    out = sweep(tuners, run, timed=lambda: next(timings))  # each config's ms follows its run
     restored = all(k.configs == CONFIGS and k.cache == {KEY: CONFIGS[1]} for k in (total, scale))
     print(json.dumps({"kernels": out, "restored": restored}))
     """
@@ -81,6 +81,11 @@ def test_a_config_that_tiles_a_reduction_otherwise_shows_as_varying():
     # holding `total` to each config changes the sum's bits; `scale`'s elements are each computed alone
     assert by["total"]["varies"] and by["total"]["distinct"] >= 2
     assert not by["scale"]["varies"] and by["scale"]["distinct"] == 1
-    assert [r["ms"] for k in ("total", "scale") for r in by[k]["runs"]] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [r["ms"] for k in ("total", "scale") for r in by[k]["runs"]] == [3.0, 1.0, 2.0, 2.0, 2.0, 1.0]
+    # the pin each kernel would get: its fastest config on the timed pass, in fla's file format
+    assert by["total"]["kernel_name"] == "total" and by["scale"]["kernel_name"] == "scale"
+    entry = {"num_warps": 4, "num_stages": 3, "num_ctas": 1, "maxnreg": None}
+    assert by["total"]["pick"] == {"kwargs": {"BLOCK": 64}, **entry}
+    assert by["scale"]["pick"] == {"kwargs": {"BLOCK": 256}, **entry}
     scales = {r["scale"] for r in by["total"]["runs"]} | {r["scale"] for r in by["scale"]["runs"]}
     assert len(scales) == 1
