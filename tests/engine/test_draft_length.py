@@ -357,3 +357,22 @@ def test_plain_rounds_slowed_for_a_moment_do_not_switch_to_speculation_on_an_old
     assert len(spec) <= 3, spec
     spent = sum(cost(k) for k in ks)
     assert sum(cost(k) for k in ks if k) <= 0.02 * spent, spec
+
+
+def test_a_switch_probe_that_loses_marks_its_batch_so_the_next_wave_runs_plain():
+    """A closed loop's waves (stop 52's H100 at 32 streams: 15 speculative rounds of 58-131 ms beside 915 plain
+    ones): speculation lost at 32; a wave ends and the batch drops to 12, where the switch probe tries K = 4
+    at once (its figure from 32 prices nothing there) and loses again; the batch falls to 2, where speculation
+    wins; then the next wave joins, 20 sessions. The probe's loss at 12 marks 12 as where speculation lost,
+    so the wave's first round is plain, and so are its others (a dear probe at most). Before, only a switch
+    from K > 0 to 0 marked a batch: the wave's batch was below the mark (32), and it probed K = 8 twice."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(21)
+    _batch_rounds(c, 30, 0.9, _waves(32), rng, sessions=32, named=True)
+    assert c.k == 0
+    ks = _batch_rounds(c, 1, 0.9, _waves(12), rng, sessions=12, named=True)
+    assert ks == [4] and c.k == 0  # the switch probe at the smaller batch, lost
+    assert 4.1 / _waves(12)(4) < 1 / _waves(12)(0)  # (the model: plain rounds win at 12)
+    _batch_rounds(c, 40, 0.9, light, rng, sessions=2, named=True)
+    assert c.k > 0  # speculation wins at 2
+    ks = _batch_rounds(c, 60, 0.9, _waves(20), rng, sessions=20, named=True)
+    assert ks[0] == 0 and sum(1 for k in ks if k) <= 1, ks
