@@ -1,6 +1,8 @@
 """Speculation acceptance of the embedded default model on held-out stdlib prompts (CPU, fp32 by default).
 
     python benchmarks/acceptance_default_model.py [--model DIR] [--new 128] [--prompt-tokens 48] [--k-mtp 3] [--k-fp8 4]
+    python benchmarks/acceptance_default_model.py --device cuda --dtype bf16 --no-hf     # on the GPU (batched rounds
+                                                                                         # as the decode worker's)
 
 Prompts: the first `--prompt-tokens` tokens from the first `def` of held-out files (deploy/default_model_corpus.py:
 sha256(relpath) mod 20 == 0) of this interpreter's stdlib, skipping the `test` packages. The split is by
@@ -115,6 +117,8 @@ def run_batched_mtp(exact, lm, prompts, max_len, n, eos, k):
     """Every prompt's mtp decode at once on one DecodeEngine (concurrent rounds verify in one pass:
     DecodeEngine._mtp_batched, the rounds scheduler) -> ([(tokens, stats)] in prompt order, the largest round batch)."""
     r = ModelRunner(lm.model, slots=len(prompts), max_len=max_len)
+    if r.device.type == "cuda":  # as the decode worker serves on CUDA: rounds chain and verify as one batch
+        r.enable_batching()
     dec = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
     loaded = [handoff(exact, dec, pr["ids"], "mtp") for pr in prompts]  # one at a time: exact has 2 slots
 
@@ -184,6 +188,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (the GPU figure of issue 21's batched MTP acceptance)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=48)
     p.add_argument("--new", type=int, default=128)
@@ -199,7 +204,7 @@ def main(argv=None) -> int:
     t_start = time.time()
     d = resolve_model_dir(a.model)
     tok = Tokenizer.from_dir(d)
-    lm = load_model(d, dtype=a.dtype, device="cpu", mtp=True)
+    lm = load_model(d, dtype=a.dtype, device=a.device, mtp=True)
     eos = tuple(lm.cfg.eos_token_ids)
     max_len = a.prompt_tokens + a.new + 32
     prompts = heldout_prompts(tok, a.prompt_tokens, a.prompts)
@@ -310,6 +315,7 @@ def main(argv=None) -> int:
             "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),
             "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
         },
         "model": {
             "dir": os.path.relpath(d, ROOT) if str(d).startswith(str(ROOT)) else str(d),

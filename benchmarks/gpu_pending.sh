@@ -127,7 +127,8 @@
 # at 32 without MPS on an H200, tests-engine, router-burst, mps-serve, ctx-max, then verify, nogil, gil above.
 # Stop 53 (no device time: 91 s left at its start) added `queue`; the owed runs as three calls of one machine:
 #   QUEUE="fla-bits:330 tests-engine:240" | QUEUE="hold-ab:400 router-burst:160" |
-#   QUEUE="prefill-sdpa-batch:240 mps-serve:150 ctx-max:180"; then commit the pins fla-bits wrote
+#   QUEUE="prefill-sdpa-batch:240 mps-serve:150 ctx-max:180" | QUEUE="accept-default:300 verify:250";
+#   then commit the pins fla-bits wrote
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -147,6 +148,8 @@
 #   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn, timed
 #                  on a pass of 16 x 512); writes each kernel's fastest as pins ($out/fla-configs/GPU/) and runs
 #                  tests/model/test_gpu_fla_pins.py with them (two processes, fresh Triton caches: same bits)
+#   accept-default the embedded default model's MTP tokens per round at K = 3 alone and batched, on the GPU
+#                  (acceptance_default_model.py --device cuda; CPU: 2.92, README)
 #   hold-ab        fast mtp adaptive with the join hold (BATON_MTP_JOIN_HOLD 1 / 0) and bf16, at HOLD_POINTS
 #   prefill-sdpa-batch  equal-length first pieces in one SDPA call (BATON_PREFILL_SDPA_BATCH 1 / 0): its GPU test,
 #                  bursts at 8 and 32 (AB_POINTS, BURSTS)
@@ -785,6 +788,14 @@ for k in d.get("kernels", []):
     if k["varies"]:
         print("    ms by config: " + "; ".join(f"{r['config']} {r.get('ms', r.get('error'))}" for r in k["runs"]))
 EOF2
+    ;;
+  accept-default)  # issue 21's "trained default model, MTP tokens per round at K = 3, batched" on the GPU
+    # (benchmarks/acceptance_default_model.py: every prompt's tokens equal the exact AR's, alone and batched)
+    python benchmarks/acceptance_default_model.py --device cuda --dtype bf16 --no-hf \
+      >"$out/acceptance-default-model.json" 2>"$out/acceptance-default-model.log"
+    echo "acceptance_default_model: rc=$?"
+    python -c "import json,sys; d=json.load(open(sys.argv[1])); m = d['mtp']; print({'identical': d['all_paths_identical_to_exact_ar'], 'mtp_per_round': m['accept_len_per_round'], 'batched': m['batched'], 'fp8_rate': d['exact_fp8']['acceptance_rate']})" \
+      "$out/acceptance-default-model.json" 2>&1 | cut -c1-900
     ;;
   hold-ab)  # fast mtp adaptive at HOLD_POINTS (default 32) with the join hold (BATON_MTP_JOIN_HOLD=1,
     # decode_worker/mtp_launch.py: no speculative round while a wave of sessions joins) and without, then bf16
