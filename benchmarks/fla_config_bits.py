@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.models import fla_pins  # noqa: E402
 from baton.random_init import config_of  # noqa: E402
+from benchmarks.bench_sampling import timed  # noqa: E402
 from benchmarks.report import emit, header  # noqa: E402
 
 
@@ -86,7 +87,7 @@ def _run(fla, x, cuts: list[int]) -> str:
 
 def _timer(fla, cfg, seqs: int, seq_len: int, seed: int, reps: int = 5):
     """-> timed(): the delta rule over a prefill pass's shape (seqs prompts of seq_len tokens, varlen, initial
-    and final states), the median ms of `reps` runs after one warm-up, by CUDA events."""
+    and final states), the median ms of `reps` runs after warm-ups, by CUDA events (bench_sampling.timed)."""
     x = _inputs(cfg, seqs * seq_len, seed)
     q, k, v, gate, beta, _ = x
     s0 = torch.zeros(seqs, *x[5].shape[1:], device="cuda", dtype=torch.float32)
@@ -97,19 +98,7 @@ def _timer(fla, cfg, seqs: int, seq_len: int, seed: int, reps: int = 5):
         fla(q, k, v, g=gate, beta=beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=False,
             cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)  # fmt: skip
 
-    def timed() -> float:
-        once()
-        ms = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            once()
-            b.record()
-            b.synchronize()
-            ms.append(a.elapsed_time(b))
-        return round(sorted(ms)[len(ms) // 2], 4)
-
-    return timed
+    return lambda: timed(once, torch.device("cuda"), reps)
 
 
 def _autotuners():
@@ -211,12 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     whole, cut = [a.tokens], [*range(a.cut, a.tokens, a.cut), a.tokens]
     base = {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}
     again = {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}
-    timed = None
+    time_fn = None
     if a.time_pass:
         seqs, seq_len = (int(n) for n in a.time_pass.split("x"))
-        timed = _timer(fla, cfg, seqs, seq_len, a.seed + 1)
-        res["tuned_ms"] = timed()  # every kernel at its own timed choice
-    kernels = sweep(_autotuners(), lambda: {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}, timed)
+        time_fn = _timer(fla, cfg, seqs, seq_len, a.seed + 1)
+        res["tuned_ms"] = time_fn()  # every kernel at its own timed choice
+    kernels = sweep(_autotuners(), lambda: {"whole": _run(fla, x, whole), "cut": _run(fla, x, cut)}, time_fn)
     res |= {
         "gpu": torch.cuda.get_device_name(),
         "time_pass": a.time_pass,
