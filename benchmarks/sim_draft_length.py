@@ -15,7 +15,8 @@ controller to match within 5% where speculation does not pay).
 --waves: the batch of a closed loop instead of a wandering one. --hi clients each send a request of --tokens
 tokens and, once it ends, the next after a first token 0.3-0.7 s away (a prefill under load), all starting
 together: sessions end in waves, so the batch drops to a few and grows again. Costs from stop 52's H100 at
-32 streams (a plain round ~9.6 ms, K = 1 / 3 / 4 rounds ~58 / 112 / 131 ms); no warm-up points first.
+32 streams (a plain round ~9.6 ms, K = 1 / 3 / 4 rounds ~58 / 112 / 131 ms); --warmup 1,8 runs the bench's
+warm-up points first (60 rounds at each batch).
 
 A model, not a measurement: its costs are assumed; the GPU's figures come from bench_serve (mtp_rounds_by_k).
 """
@@ -69,6 +70,16 @@ def run_waves(seed: int, args, plain: bool, seconds: float = 10.0) -> tuple[floa
     """-> (share of seconds in speculative rounds, tokens a second) of the closed loop (--waves, module doc)."""
     kw = {} if args.probe_share is None else {"probe_share": args.probe_share}
     c, rng = DraftLength(prior_k=4, k_max=8, k_min=0, **kw), random.Random(seed)
+    for b in [int(x) for x in args.warmup.split(",") if x]:  # the bench's warm-up points: rounds at b sessions
+        for _ in range(60):
+            k = 0 if plain else c.next_k(batch=b)
+            acc = []
+            for _ in range(b):
+                m = 0
+                while m < k and rng.random() < args.p:
+                    m += 1
+                acc.append(m)
+            c.observe_round(k, acc, 0.0, wave_cost(k, b))
     n = args.hi
     left, back, t, toks, spec = [args.tokens] * n, [0.0] * n, 0.0, 0, 0.0
     while t < seconds:
@@ -109,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-share", type=float, default=None, help="DraftLength's probe_share (default: its own)")
     p.add_argument("--waves", action="store_true", help="a closed loop of --hi clients (module doc)")
     p.add_argument("--tokens", type=int, default=256, help="--waves: tokens a request (default 256)")
+    p.add_argument(
+        "--warmup",
+        default="",
+        help="--waves: first 60 rounds at each of these batches, e.g. 1,8 (bench_serve's points)",
+    )
     args = p.parse_args(argv)
     out = {"benchmark": "sim_draft_length", "command": " ".join(["python", *sys.argv]), "model": "assumed costs"}
     for name, plain in (("adaptive", False), ("plain", True)):

@@ -45,10 +45,12 @@ batch size prices nothing, so it is probed again at once, except when the batch 
 grown past the one where speculation lost to plain rounds: speculation pays less the larger the batch (its
 K + 1 verify rows a session stop being free), so there it is probed only as a dear probe, priced at its
 old figure scaled by the batch's growth, and no neighbour K is probed from K = 0 then. That batch is the
-smallest where speculation lost, by a switch to K = 0 or by a switch probe from K = 0 that did not win
-(priced against plain rounds measured at as many sessions or more, when none were at about this batch: a
-wave's end drops the batch and probes at once; until 2026-12-07 such a loss marked nothing, and the next
-wave probed again above it): a win at fewer sessions keeps it, a win at as many or more clears it. A
+smallest where speculation lost, by a switch to K = 0 or by a switch probe from K = 0 that lost by more
+than `margin` (priced against plain rounds measured at as many sessions or more, when none were at about
+this batch: a wave's end drops the batch and probes at once; until 2026-12-07 such a loss marked nothing,
+and the next wave probed again above it; a near tie marks nothing, as a K = 1 probe that only just lost at
+2 sessions would make the next win there clear every mark): a win at fewer sessions keeps it, a win at as
+many or more clears it. A
 caller that names the round's batch (next_k(batch): fast-mode mtp's launch) has a speculative K fall to
 K = 0 before a round at a batch past it: a wave of sessions joining a batch that speculates (learned while
 it was small) does not start with a speculative round of all of them, computed at once. On the H200 the
@@ -269,14 +271,14 @@ class DraftLength:
         return self.k
 
     def _lost_probe(self, k: int) -> None:
-        """A speculative round at K = k measured from plain rounds (a switch probe) that did not win: this
-        batch is one where speculation lost, as a switch to K = 0 records it (_decide), so that the batch's
-        growth past it stops further probes but dear ones (_outgrown)."""
+        """A speculative round at K = k measured from plain rounds (a switch probe) that lost by more than
+        `margin`: this batch is one where speculation lost, as a switch to K = 0 records it (_decide), so
+        that the batch's growth past it stops further probes but dear ones (_outgrown)."""
         spec, plain = self.rate(k), self.rate(0)
         e = self.costs.get(0)
         if plain is None and e is not None and e.batch >= self._batch:  # plain rounds cost more the larger
             plain = 1.0 / (sorted(e.recent)[len(e.recent) // 2] if e.recent else e.draft_s + e.verify_s)
-        if spec is not None and plain is not None and spec <= plain * (1.0 + self.margin):
+        if spec is not None and plain is not None and spec * (1.0 + self.margin) < plain:  # lost clearly
             self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
 
     def observe_drafts(self, accepted: int, rejected: int) -> None:

@@ -376,3 +376,23 @@ def test_a_switch_probe_that_loses_marks_its_batch_so_the_next_wave_runs_plain()
     assert c.k > 0  # speculation wins at 2
     ks = _batch_rounds(c, 60, 0.9, _waves(20), rng, sessions=20, named=True)
     assert ks[0] == 0 and sum(1 for k in ks if k) <= 1, ks
+
+
+def test_a_probe_that_only_just_loses_marks_nothing():
+    """A switch probe at a near tie (K = 1 at 2 sessions, 2% under plain rounds' rate) is no sign that
+    speculation lost at that batch: a K = 8 round there wins. Marking 2 would have the next win
+    at 2 clear every mark (the one from 6 sessions too), and a wave growing past 6 would speculate again."""
+    c = DraftLength(prior_k=4, k_max=8, k_min=0)
+    for _ in range(20):  # speculation lost at 6 sessions (a K = 4 round of 6 ~ 30 ms, a plain one ~7.5)
+        k = c.next_k(batch=6)
+        c.observe_round(k, [min(k, 3)] * 6, 0.0, 7.5e-3 if k == 0 else 10e-3 + 4e-3 * k)
+    assert c.k == 0 and c._lost_at == 6
+    c._spec_k = 1
+    for _ in range(3):  # plain rounds at 2 sessions, then the switch probe: K = 1 only just loses
+        c.observe_round(0, [0, 0], 0.0, 7.2e-3)
+    a = c.acceptance
+    c.observe_round(1, [1, 1], 0.0, expected_tokens(1, a) * 7.2e-3 * 1.02)  # 2% under plain rounds' rate
+    assert abs(c.acceptance - a) < 0.02 and c.rate(1) < c.rate(0) < 1.03 * c.rate(1)
+    assert c.k == 0 and c._lost_at == 6  # not 2
+    c.observe_round(1, [0, 0], 0.0, expected_tokens(1, c.acceptance) * 7.2e-3 * 1.5)  # a clear loss marks 2
+    assert c.k == 0 and c._lost_at == 2
