@@ -11,8 +11,8 @@ Where two configs of one kernel round differently, two processes whose timings f
 different bits, and Baton's promise (a session's tokens bitwise the same on any worker, a restarted exact
 session's state bitwise the lost one) would rest on timing noise. On 2026-12-06 (an H100) a 300-token prompt
 cut in 128-token pieces gave first token 83504 in one process and 482 in four others (stop 52). fla 0.6
-itself caches nothing across processes unless told: FLA_CACHE_MODE defaults to "disabled", and Triton's
-on-disk autotune cache (FLA_CACHE_RESULTS) keeps one machine's choice, not a fleet's.
+reads no fixed configs unless told (FLA_CACHE_MODE defaults to "disabled"), and Triton's on-disk autotune
+cache (FLA_CACHE_RESULTS) keeps one machine's choice, not a fleet's.
 
 How. fla reads a fixed config per kernel from `$FLA_CONFIG_DIR/{kernel}.json` when FLA_CACHE_MODE is
 "default" (its fla/ops/utils/cache.py: the file's `default_config`, for every shape), and then never times.
