@@ -125,7 +125,7 @@
 # off), test_gpu_batch.py -k sampled (2 passed: logit_bias), test_gpu_prefill.py -k prompt_logprobs_at (its cut
 # compared with the whole prompt's token: fixed, not re-run). Owed, in order: fla-bits, hold-ab, prefill-sdpa-batch, spec-adaptive
 # at 32 without MPS on an H200, tests-engine, router-burst, mps-serve, ctx-max, then verify, nogil, gil above.
-# Stop 53 (no device time: 91 s left at its start) added `queue`; the owed runs as three calls of one machine:
+# Stop 53 (no device time: 91 s left at its start) added `queue`; the owed runs as four calls of one machine:
 #   QUEUE="fla-bits:330 tests-engine:240" | QUEUE="hold-ab:400 router-burst:160" |
 #   QUEUE="prefill-sdpa-batch:240 mps-serve:150 ctx-max:180" | QUEUE="accept-default:300 verify:250";
 #   then commit the pins fla-bits wrote
