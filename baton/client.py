@@ -125,6 +125,8 @@ class Client:
         logit_bias: dict[int, float] | None = None,
         prompt_logprobs: int | None = None,
         equal_prompts: int = 0,
+        skip_special_tokens: bool = True,
+        include_stop_str_in_output: bool = False,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -139,6 +141,8 @@ class Client:
         hand-off's marks, name -> monotonic ns (baton/handoff/timeline.py). equal_prompts N: this call is one of
         N Generate calls of the same prompt sent together (samples of one prompt): the prefill worker waits a
         few ms for the others so their prompt is computed once (a hint; the tokens never depend on it).
+        skip_special_tokens False: the text keeps special tokens (an EOS's "<|im_end|>"); include_stop_str_in_output:
+        the text ends with the stop string that ended it (vLLM's two options; token_ids never change).
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -156,6 +160,8 @@ class Client:
             draft_block=draft_block,
             handoff_timeline=handoff_timeline,
             equal_prompts=equal_prompts,
+            skip_special_tokens=skip_special_tokens,
+            include_stop_str_in_output=include_stop_str_in_output,
             sampling=common_pb2.SamplingParams(
                 temperature=temperature,
                 top_p=top_p,

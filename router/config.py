@@ -72,6 +72,8 @@ class Plan:
     timeline: bool = False  # the first hand-off's marks into the last Stats (GenerateRequest.handoff_timeline)
     prompt_logprobs: int = -1  # >= 0: the first message carries the prompt's logprobs, with N alternatives
     equal_prompts: int = 0  # GenerateRequest.equal_prompts: its first Prefill announces them (a hint)
+    skip_special: bool = True  # the text leaves special tokens out (GenerateRequest.skip_special_tokens)
+    include_stop: bool = False  # a stop string ending the output is in its text (include_stop_str_in_output)
 
     @property
     def engine_name(self) -> str | None:

@@ -163,9 +163,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         budget = Budget(plan.max_new_tokens, plan.stop_ids, self.meta.eos_ids, plan.ignore_eos)
         stats = RunStats()
         # the text leaves special tokens out (an EOS's "<|im_end|>"), as HF decode(skip_special_tokens=True) and
-        # OpenAI-style servers do; token_ids keep every id
+        # OpenAI-style servers do, unless the request says otherwise; token_ids keep every id
         tk = self.meta.tokenizer
-        out = TextStream(tk.stream(skip_special_tokens=True) if tk is not None else None, plan.stops)
+        decoder = tk.stream(skip_special_tokens=plan.skip_special) if tk is not None else None
+        out = TextStream(decoder, plan.stops, plan.include_stop)
         t_first = t_second = last = None
         rec["prompt_tokens"] = len(plan.prompt_ids)
         self.metrics.prompt_tokens.inc(len(plan.prompt_ids))

@@ -10,7 +10,8 @@
 Only text that cannot begin a stop string is released: a suffix of what was received that is a prefix
 of some stop string is held back until the next delta decides it. The text sent is the generated text
 cut just before the stop string that completed first (the earliest end in the text; on a tie the one
-starting first), whatever the chunking; the stop string itself is not sent, as in OpenAI's API. The
+starting first), whatever the chunking; the stop string itself is not sent, as in OpenAI's API (with
+include=True, vLLM's include_stop_str_in_output, the text ends with it instead). The
 router then ends the request with finish_reason STOP: token_ids and usage end with the token that
 completed the stop string (its text, and any after it, are not sent), and the downstream calls are
 cancelled and the sessions released.
@@ -30,8 +31,12 @@ def held_prefix(text: str, marker: str) -> int:
 
 
 class StopMatcher:
-    def __init__(self, stops: tuple[str, ...]):
+    """include: the text sent on a hit ends with the stop string (vLLM's include_stop_str_in_output), not
+    just before it."""
+
+    def __init__(self, stops: tuple[str, ...], include: bool = False):
         self.stops = tuple(s for s in stops if s)
+        self.include = include
         self._held = ""
 
     def push(self, delta: str) -> tuple[str, bool]:
@@ -41,7 +46,8 @@ class StopMatcher:
         hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in self.stops) if i >= 0]
         if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
             self._held = ""
-            return text[: min(hits)[1]], True
+            end, start = min(hits)
+            return text[: end if self.include else start], True
         keep = max(held_prefix(text, s) for s in self.stops)  # what may still become a stop string
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
@@ -55,8 +61,8 @@ class TextStream:
     """One request's output text: a tokenizer stream decoder (None: token ids only, no text) and its
     stop strings, fed token by token so that a stop string ends the output at the token completing it."""
 
-    def __init__(self, decoder, stops: tuple[str, ...] = ()):
-        self.decoder, self.matcher = decoder, StopMatcher(stops)
+    def __init__(self, decoder, stops: tuple[str, ...] = (), include_stop: bool = False):
+        self.decoder, self.matcher = decoder, StopMatcher(stops, include_stop)
         self.stopped = False
 
     def feed(self, tokens) -> tuple[str, int]:

@@ -104,4 +104,6 @@ def plan_request(
     return Plan(
         request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp,
         equal_prompts=r.equal_prompts,
+        skip_special=r.skip_special_tokens if r.HasField("skip_special_tokens") else True,
+        include_stop=r.include_stop_str_in_output,
     )  # fmt: skip

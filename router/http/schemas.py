@@ -15,9 +15,10 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 (completions: N alternatives; chat: true, with top_logprobs N), presence / frequency penalty, and vLLM's
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
-300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s). Refused with a 400 naming the field until Baton
-supports them: suffix, best_of > 1, functions, non-text content parts, response_format other than text, tools on
-/v1/completions, vLLM's min_tokens > 0, skip_special_tokens false, include_stop_str_in_output true; and n x
+300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
+(GenerateRequest's). Refused with a 400 naming the field until Baton supports them: suffix, best_of > 1,
+functions, non-text content parts, response_format other than text, tools on /v1/completions, vLLM's
+min_tokens > 0; and n x
 prompts beyond the sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
 (tool_choice "auto", "required" or a named function; parallel_tool_calls): the template shows them, each
 choice's text is split into content and `tool_calls`, and "required" / named force a call by writing its
@@ -123,8 +124,8 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
     _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
     # vLLM's extra parameters: those Baton has are taken as its own; the others are refused, not ignored
     _only(body, "min_tokens", lambda v: v == 0, "not supported")
-    _only(body, "skip_special_tokens", lambda v: v is True, "the text always leaves special tokens out")
-    _only(body, "include_stop_str_in_output", lambda v: v is False, "the text always ends before a stop string")
+    gen["skip_special_tokens"] = _bool(body, "skip_special_tokens", True)
+    gen["include_stop_str_in_output"] = _bool(body, "include_stop_str_in_output", False)
     gen["ignore_eos"] = _bool(body, "ignore_eos", False)
     if body.get("stop_token_ids") is not None:
         gen["stop_token_ids"] = _ids(body["stop_token_ids"], "stop_token_ids", allow_empty=True)

@@ -376,6 +376,39 @@ def test_n_choices_each_a_seeded_generate(stack):
     ].message.content  # greedy
 
 
+def test_include_stop_str_in_output_ends_the_text_with_the_stop_string(stack):
+    """vLLM's include_stop_str_in_output: the text ends with the stop string that ended it (as much text and as
+    many tokens as without it, plus the string), streamed or not; the default ends just before it."""
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, extra_body=ext).choices[0].text
+    stop = text[10:13]
+    cut = text.find(stop)
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=24, stop=[stop])
+    plain = client.completions.create(**kw, extra_body=ext)
+    both = client.completions.create(**kw, extra_body={**ext, "include_stop_str_in_output": True})
+    assert plain.choices[0].text == text[:cut] and both.choices[0].text == text[: cut + len(stop)]
+    assert both.choices[0].finish_reason == "stop" and both.usage.completion_tokens == plain.usage.completion_tokens
+    chunks = client.completions.create(**kw, stream=True, extra_body={**ext, "include_stop_str_in_output": True})
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text[: cut + len(stop)]
+
+
+def test_skip_special_tokens_false_keeps_an_eos_in_the_text(stack, tok):
+    """vLLM's skip_special_tokens: false puts special tokens in the text (here an EOS, forced first by logit_bias:
+    the request stops on it); by default the text leaves it out. token_ids are the same either way (gRPC)."""
+    eos = tok.eos_token_ids[0]
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=4, logit_bias={str(eos): 100})
+    client = stack.openai()
+    plain = client.completions.create(**kw)
+    kept = client.completions.create(**kw, extra_body={"skip_special_tokens": False})
+    assert plain.choices[0].finish_reason == kept.choices[0].finish_reason == "stop"
+    assert plain.choices[0].text == "" and kept.choices[0].text == tok.decode([eos]) != ""
+    with Client(stack.grpc, token=stack.token) as c:
+        a = list(c.generate(PROMPT, max_new_tokens=4, logit_bias={eos: 100.0}))
+        b = list(c.generate(PROMPT, max_new_tokens=4, logit_bias={eos: 100.0}, skip_special_tokens=False))
+    assert [t for d in a for t in d.token_ids] == [t for d in b for t in d.token_ids] == [eos]
+    assert "".join(d.text for d in a) == "" and "".join(d.text for d in b) == tok.decode([eos])
+
+
 def test_logit_bias_equals_grpc_and_changes_the_output(stack, tok):
     """OpenAI's logit_bias ({"token id": value}) reaches the router's SamplingParams: the same text as gRPC with
     the same bias, and banning the greedy answer's first token changes it."""
@@ -559,8 +592,8 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "tool_choice": "auto"}, 400, "tool_choice"),
     ("/v1/completions", {"prompt": PROMPT, "min_tokens": 4}, 400, "min_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ("/v1/completions", {"prompt": PROMPT, "skip_special_tokens": False}, 400, "skip_special_tokens"),
-    ("/v1/completions", {"prompt": PROMPT, "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
+    ("/v1/completions", {"prompt": PROMPT, "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "include_stop_str_in_output": 1}, 400, "include_stop_str_in_output"),
     ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [-1]}, 400, "stop_token_ids"),
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**9}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "n": 9}, 400, "n"),  # the stack's workers hold 8 sessions each

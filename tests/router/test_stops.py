@@ -11,11 +11,14 @@ from router.stops import StopMatcher, TextStream
     text=st.text(alphabet="ab\n", max_size=30),
     stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
     cuts=st.lists(st.integers(0, 30), max_size=6),
+    include=st.booleans(),
 )
-def test_stop_matcher_cuts_at_the_earliest_stop_whatever_the_chunking(text, stops, cuts):
+def test_stop_matcher_cuts_at_the_earliest_stop_whatever_the_chunking(text, stops, cuts, include):
+    """The text ends just before the stop string that completes first, or (include: vLLM's
+    include_stop_str_in_output) with it, however the text arrives."""
     hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
-    want = text[: min(hits)[1]] if hits else text  # the stop string that completes first
-    m, out, hit = StopMatcher(tuple(stops)), [], False
+    want = text[: min(hits)[0 if include else 1]] if hits else text  # the stop string that completes first
+    m, out, hit = StopMatcher(tuple(stops), include), [], False
     bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
     for a, b in zip(bounds, bounds[1:]):
         piece, hit = m.push(text[a:b])
