@@ -8,7 +8,7 @@ Accepted as OpenAI defines them: model (the served id, or absent), prompt (strin
 of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage,
 user (ignored), n (choices per prompt: each its own Generate; with a seed S, choice j of a prompt samples
 with seed S + j mod 2^64, so the response replays; without, each draws its own), and for chat
-add_generation_prompt, chat_template_kwargs. Sampling goes to the
+add_generation_prompt, continue_final_message (vLLM's), chat_template_kwargs. Sampling goes to the
 router's SamplingParams (it validates the ranges; its "sampling.<field>" messages are renamed back):
 temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (any integer, taken mod
 2^64), stop (a string or up to 16, matched on the text by the router: router/stops.py), logprobs
@@ -289,10 +289,14 @@ def parse_completion(body, lim: Limits) -> Job:
 
 def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
     """A chat body -> (the prompt text, its ToolChoice): the messages rendered by the model's template
-    (add_generation_prompt, chat_template_kwargs, the tools shown), then a forced call's opening
-    (ToolChoice.prompt). Chat completions and /tokenize both send exactly this text."""
+    (add_generation_prompt, chat_template_kwargs, the tools shown; continue_final_message: cut after the last
+    message's content, open_final), then a forced call's opening (ToolChoice.prompt). Chat completions and
+    /tokenize both send exactly this text."""
     messages = chat_messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
+    cont = _bool(body, "continue_final_message", False)
+    if cont and add_gen:
+        raise bad("continue_final_message", "cannot be used with add_generation_prompt: true (set it to false)")
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
         kwargs = {}
@@ -311,7 +315,21 @@ def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
         text = lim.chat_template.render(messages, add_generation_prompt=add_gen, tools=choice.shown, kwargs=kwargs)
     except ChatTemplateError as e:
         raise bad("messages", str(e)) from None
+    if cont:
+        text = open_final(text, messages[-1]["content"])
     return choice.prompt(text), choice
+
+
+def open_final(text: str, content: str) -> str:
+    """vLLM's continue_final_message (as transformers' apply_chat_template does it): the rendered chat cut just
+    after the last message's content, so the model continues that message (no end-of-turn after it). The
+    content as given, else stripped (templates often strip it); not found in the text: a 400 naming messages."""
+    for c in dict.fromkeys((content, content.strip())):
+        i = text.rfind(c) if c else -1
+        if i >= 0:
+            return text[: i + len(c)]
+    why = "it is empty" if not content.strip() else "the chat template does not render it as given"
+    raise bad("messages", f"continue_final_message: the last message cannot be continued: {why}")
 
 
 def parse_chat(body, lim: Limits) -> Job:

@@ -232,6 +232,33 @@ def test_a_named_tool_choice_through_the_real_model(stack, tok):
             assert opening not in (text or "") and not (text or "").startswith("<tool_call>"), text
 
 
+def test_continue_final_message_continues_the_assistants_text(stack, tok):
+    """vLLM's continue_final_message: the chat rendered without the generation prompt and cut after the last
+    message's content, so the model goes on with it: the prompt /tokenize gives ends with that content, and the
+    chat's answer is the completion of that text. With add_generation_prompt (its default true) it is a 400
+    naming continue_final_message; content the template does not render as given is a 400 naming messages."""
+    from router.http.chat import ChatTemplate
+
+    messages = [{"role": "user", "content": "add two numbers"}, {"role": "assistant", "content": "def add(a, b):"}]
+    full = ChatTemplate.from_dir(DEFAULT_DIR).render(messages, add_generation_prompt=False)
+    want = full[: full.rindex("def add(a, b):") + len("def add(a, b):")]
+    assert want != full  # the template closes a message after its content: cut here
+    body = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True}
+    r = post(stack.url, "/tokenize", body, token=stack.token)
+    assert r.status_code == 200 and r.json()["tokens"] == tok.encode(want)
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, extra_body={**ext, **body})
+    plain = client.completions.create(model=MODEL, prompt=want, max_tokens=8, extra_body=ext)
+    assert chat.choices[0].message.content == plain.choices[0].text and chat.usage.prompt_tokens == len(
+        tok.encode(want)
+    )
+    bad = {"messages": messages, "continue_final_message": True}
+    assert_error(post(stack.url, "/v1/chat/completions", bad, token=stack.token), 400, "continue_final_message")
+    lines = [messages[0], {"role": "assistant", "content": "a\nb"}]  # rendered as "a\n# b" by this template
+    body = {"messages": lines, "add_generation_prompt": False, "continue_final_message": True}
+    assert_error(post(stack.url, "/v1/chat/completions", body, token=stack.token), 400, "messages")
+
+
 def test_tokenize_and_detokenize(stack, tok):
     """/tokenize gives the ids a completion (prompt) or a chat (messages, rendered by the template) sends, and
     the window; /detokenize turns ids back into text; bad bodies are 400 naming the field, a wrong model 404."""
