@@ -16,7 +16,7 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
 300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
-(GenerateRequest's). Refused with a 400 naming the field until Baton supports them: suffix, best_of > 1,
+(GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves). Refused with a 400 naming the field until Baton supports them: suffix, best_of > 1,
 functions, non-text content parts, response_format other than text, tools on /v1/completions, vLLM's
 min_tokens > 0; and n x
 prompts beyond the sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
@@ -239,6 +239,18 @@ def _choices(job: Job, requests: list) -> None:
             job.requests.append(c)
 
 
+def _truncated(body: dict, ids: list[int], n: int | None, lim: Limits) -> list[int]:
+    """vLLM's truncate_prompt_tokens: k >= 1 keeps the prompt's last k tokens; -1 the most the window leaves
+    beside max_tokens (one new token when max_tokens is the chat's default); absent: the prompt as it is."""
+    k = body.get("truncate_prompt_tokens")
+    if k is None:
+        return ids
+    if not _is_int(k) or not (k == -1 or 1 <= k <= lim.usable - 1):
+        raise bad("truncate_prompt_tokens", f"{k!r:.20}: expected -1 or an integer in 1..{lim.usable - 1}")
+    keep = max(1, lim.usable - (n or 1)) if k == -1 else k
+    return ids[-keep:]
+
+
 def _window_rest(ids: list[int], lim: Limits) -> int:
     """Default max_tokens of a chat: what the window leaves (at least 1: the router names the problem)."""
     return max(1, lim.usable - len(ids))
@@ -273,12 +285,15 @@ def parse_completion(body, lim: Limits) -> Job:
         raise bad("prompt", "an empty batch")
     if len(prompts) > MAX_BATCH:
         raise bad("prompt", f"a batch of {len(prompts)} prompts: at most {MAX_BATCH}")
-    reqs = [_request(ids, n, gen) for ids in prompts]
-    if job.echo:  # the prompt's text (as given, else decoded) first; with logprobs, its tokens' too
+    cut = [_truncated(body, ids, n, lim) for ids in prompts]
+    reqs = [_request(ids, n, gen) for ids in cut]
+    if job.echo:  # the prompt's text (as given, else decoded; truncated: decoded) first; with logprobs, its tokens'
         batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
         texts = prompt if batch else [prompt]  # per prompt: its text, or its token ids (decoded)
         dec = lim.tokenizer.decode if lim.tokenizer is not None else (lambda ids: "")
-        job.echo_texts = [t if isinstance(t, str) else dec(ids) for t, ids in zip(texts, prompts)]
+        job.echo_texts = [
+            t if isinstance(t, str) and len(c) == len(ids) else dec(c) for t, ids, c in zip(texts, prompts, cut)
+        ]
         for r in reqs:
             if lp is not None:
                 r.prompt_logprobs = min(lp, 20)
@@ -344,8 +359,8 @@ def parse_chat(body, lim: Limits) -> Job:
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)
-    ids = _encode(text, lim, "messages")
     n, name = _max_tokens(body, ("max_completion_tokens", "max_tokens"), None, lim)
+    ids = _truncated(body, _encode(text, lim, "messages"), n, lim)
     _choices(job, [_request(ids, n if n is not None else _window_rest(ids, lim), gen)])
     job.rename.update({"max_new_tokens": name, "token_ids": "messages", "prompt": "messages"})
     job.rename["sampling.logprobs"] = "top_logprobs"

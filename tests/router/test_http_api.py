@@ -259,6 +259,34 @@ def test_continue_final_message_continues_the_assistants_text(stack, tok):
     assert_error(post(stack.url, "/v1/chat/completions", body, token=stack.token), 400, "messages")
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(stack, tok):
+    """vLLM's truncate_prompt_tokens: k keeps the prompt's last k tokens (the same answer as those tokens sent
+    as the prompt; echo shows them); -1 keeps what the window leaves beside max_tokens, so a prompt far too long
+    is served; other values are a 400 naming the field."""
+    client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
+    ids = tok.encode(PROMPT)
+    r = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=6, echo=True, extra_body={**ext, "truncate_prompt_tokens": 3}
+    )
+    want = client.completions.create(model=MODEL, prompt=ids[-3:], max_tokens=6, extra_body=ext).choices[0].text
+    assert r.usage.prompt_tokens == 3 and r.choices[0].text == tok.decode(ids[-3:]) + want
+    usable = client.models.list().data[0].model_extra["max_model_len"]
+    long = (PROMPT + " ") * (usable // len(ids) + 20)
+    assert_error(post(stack.url, "/v1/completions", {"prompt": long, "max_tokens": 4}, token=stack.token), 400)
+    r = client.completions.create(
+        model=MODEL, prompt=long, max_tokens=4, extra_body={**ext, "truncate_prompt_tokens": -1}
+    )
+    assert r.usage.prompt_tokens == usable - 4 and r.usage.completion_tokens == 4
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x " * 50}], max_tokens=2,
+        extra_body={**ext, "truncate_prompt_tokens": 5},
+    )  # fmt: skip
+    assert chat.usage.prompt_tokens == 5
+    for k in (0, -2, "3", usable):
+        body = {"prompt": PROMPT, "max_tokens": 2, "truncate_prompt_tokens": k}
+        assert_error(post(stack.url, "/v1/completions", body, token=stack.token), 400, "truncate_prompt_tokens")
+
+
 def test_tokenize_and_detokenize(stack, tok):
     """/tokenize gives the ids a completion (prompt) or a chat (messages, rendered by the template) sends, and
     the window; /detokenize turns ids back into text; bad bodies are 400 naming the field, a wrong model 404."""
