@@ -215,8 +215,8 @@ class Run:
                 **self._head("text_completion"),
                 "choices": [{"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}],
             }
-        if self.job.include_usage:
-            out["usage"] = None
+        if self.job.include_usage:  # the usage so far on each chunk (continuous_usage_stats), else on the last
+            out["usage"] = self.usage() if self.job.continuous_usage else None
         if finish is not None:
             out["baton"] = {"stats": self.choices[i].stats}
         return out

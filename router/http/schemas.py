@@ -5,7 +5,8 @@
     job.rename                          # router field names -> this request's ("max_new_tokens" -> "max_tokens")
 
 Accepted as OpenAI defines them: model (the served id, or absent), prompt (string, token ids, or a batch
-of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage,
+of either) / messages, max_tokens (chat also max_completion_tokens), stream, stream_options.include_usage (and
+vLLM's continuous_usage_stats: the usage so far on every chunk),
 user (ignored), n (choices per prompt: each its own Generate; with a seed S, choice j of a prompt samples
 with seed S + j mod 2^64, so the response replays; without, each draws its own), and for chat
 add_generation_prompt, continue_final_message (vLLM's), chat_template_kwargs. Sampling goes to the
@@ -72,6 +73,7 @@ class Job:
     requests: list = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): usage on every chunk
     stops: tuple[str, ...] = ()
     rename: dict = field(default_factory=dict)
     mode: str = "fast"
@@ -113,6 +115,9 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if not job.stream:  # as OpenAI's and vLLM's servers
             raise bad("stream_options", "only allowed with stream: true")
         job.include_usage = _bool(opts, "include_usage", False, "stream_options.")
+        job.continuous_usage = _bool(opts, "continuous_usage_stats", False, "stream_options.")
+        if job.continuous_usage and not job.include_usage:  # as vLLM: the per-chunk usage rides on include_usage
+            raise bad("stream_options.continuous_usage_stats", "needs stream_options.include_usage: true")
     job.n = _int(body, "n", 1, MAX_BATCH) or 1
     job.stops = _stops(body.get("stop"))
     job.token_text = (lambda t: lim.tokenizer.decode([t])) if lim.tokenizer is not None else str

@@ -129,6 +129,27 @@ def test_completion_equals_grpc_streamed_or_not(stack, tok, mode):
     assert chunks[-1].usage.prompt_tokens == len(tok.encode(PROMPT))
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(stack, tok):
+    """vLLM's stream_options.continuous_usage_stats: every chunk's usage counts the prompt and the tokens sent
+    so far (growing to max_tokens), the last chunk the whole; without include_usage it is a 400 naming it."""
+    client, n = stack.openai(), len(tok.encode(PROMPT))
+    for kind in ("completion", "chat"):
+        kw = dict(model=MODEL, max_tokens=10, stream=True, extra_body={"baton": {"ignore_eos": True}})
+        kw["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        if kind == "chat":
+            chunks = list(client.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **kw))
+        else:
+            chunks = list(client.completions.create(prompt=PROMPT, **kw))
+        got = [c.usage.completion_tokens for c in chunks]
+        assert all(c.usage is not None for c in chunks) and got == sorted(got) and got[-1] == 10, got
+        assert len(set(got)) > 2 and chunks[-1].choices == []  # it grew chunk by chunk; then the usage chunk
+        assert kind == "chat" or {c.usage.prompt_tokens for c in chunks} == {n}
+    body = {"prompt": PROMPT, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    assert_error(
+        post(stack.url, "/v1/completions", body, token=stack.token), 400, "stream_options.continuous_usage_stats"
+    )
+
+
 def test_completion_token_prompt_and_batches(stack, tok):
     other = "for i in range("
     want = [grpc_text(stack.grpc, stack.token, p, 6)[0] for p in (PROMPT, other)]
