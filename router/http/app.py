@@ -7,7 +7,8 @@
     GET  /live                  200 {"status": "ALIVE"} while the process serves this event loop, workers up
                                 or not; no token needed (the liveness probe)
     GET  /metrics               the router's Prometheus registry (text exposition)
-    GET  /v1/models             the served model
+    GET  /v1/models             the served model; GET /v1/models/{id}: its card (OpenAI's retrieve; 404 another id)
+    GET  /version               {"version": Baton's} (vLLM's)
     POST /v1/completions        router/http/schemas.py parse_completion
     POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
@@ -44,17 +45,31 @@ from starlette.requests import ClientDisconnect
 from baton.rpc_guard import RateLimitedLog
 from router.http.errors import ApiError, bad
 from router.http.run import Run
-from router.http.schemas import Limits, parse_chat, parse_completion
+from router.http.schemas import Limits, check_model, parse_chat, parse_completion
 from router.http.tokenize import detokenize, tokenize
 
 log = logging.getLogger("baton.router.http")
 DEFAULT_BODY_LIMIT = 4 << 20
 OPEN_PATHS = ("/health", "/live")
+
+
+def _version() -> str:
+    """Baton's installed version (pyproject.toml), or "unknown" when run from a checkout not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("baton")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
 KNOWN = {
     "/health",
     "/live",
     "/metrics",
     "/v1/models",
+    "/version",
     "/v1/completions",
     "/v1/chat/completions",
     "/tokenize",
@@ -202,16 +217,27 @@ def create_app(
         # off the event loop: rendering asks every worker's GetStats (router/worker_metrics.py, up to ~1.5 s)
         return Response(await asyncio.to_thread(servicer.metrics.render), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models():
-        card = {
+    def card() -> dict:
+        return {
             "id": meta.model_id,
             "object": "model",
             "created": started,
             "owned_by": "baton",
             "max_model_len": reg.max_context(cfg.max_context) - cfg.width,  # prompt + new tokens (Limits.usable)
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        check_model({"model": model}, limits())  # 404 naming `model` for another id
+        return card()
+
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}
 
     async def generate(request: Request, parse) -> Response:
         body = await read_json(request, body_limit)

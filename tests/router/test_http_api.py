@@ -308,6 +308,21 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(stack, tok):
         assert_error(post(stack.url, "/v1/completions", body, token=stack.token), 400, "truncate_prompt_tokens")
 
 
+def test_a_model_card_by_id_and_the_version(stack):
+    """OpenAI's retrieve (GET /v1/models/{id}: the card /v1/models lists, the openai client's models.retrieve)
+    and a 404 naming model for another id; vLLM's GET /version: Baton's installed version."""
+    from importlib.metadata import version
+
+    client = stack.openai()
+    listed = client.models.list().data[0]
+    got = client.models.retrieve(MODEL)
+    assert got.id == MODEL == listed.id and got.model_extra["max_model_len"] == listed.model_extra["max_model_len"]
+    auth = {"Authorization": f"Bearer {stack.token}"}
+    assert_error(httpx.get(stack.url + "/v1/models/other-model", headers=auth, timeout=10), 404, "model")
+    r = httpx.get(stack.url + "/version", headers=auth, timeout=10)
+    assert r.status_code == 200 and r.json() == {"version": version("baton")}
+
+
 def test_tokenize_and_detokenize(stack, tok):
     """/tokenize gives the ids a completion (prompt) or a chat (messages, rendered by the template) sends, and
     the window; /detokenize turns ids back into text; bad bodies are 400 naming the field, a wrong model 404."""
@@ -802,6 +817,8 @@ def refusing():
 def test_401_on_every_endpoint_but_health(refusing):
     paths = [
         ("GET", "/v1/models"),
+        ("GET", "/v1/models/x"),
+        ("GET", "/version"),
         ("POST", "/v1/completions"),
         ("POST", "/v1/chat/completions"),
         ("GET", "/metrics"),
