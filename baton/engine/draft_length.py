@@ -93,6 +93,13 @@ class _Entry:
     batch: int = 1  # sessions in the round that measured it (observe_round: a batch's rounds)
     recent: list[float] | None = None  # K = 0: the last PLAIN_WINDOW rounds' seconds, oldest first
 
+    def seconds(self) -> float:
+        """The round's price: plain rounds the median of their recent seconds (a moment's load, a prefill
+        pass beside a few steps, does not price them), else the EWMA of its parts."""
+        if self.recent and len(self.recent) >= 3:
+            return sorted(self.recent)[len(self.recent) // 2]
+        return self.draft_s + self.verify_s
+
 
 class DraftLength:
     """The per-session controller (module doc)."""
@@ -141,12 +148,10 @@ class DraftLength:
         """Predicted seconds of a round at K = k; None when nothing is known."""
         e = self.costs.get(k)
         if e is not None and self._matched(e):
-            if e.recent and len(e.recent) >= 3:  # plain rounds: a median, so a moment's load (a prefill
-                return sorted(e.recent)[len(e.recent) // 2]  # pass beside a few steps) does not price them
-            return e.draft_s + e.verify_s
+            return e.seconds()
         if k == 0:
             return None  # plain AR is priced only by measuring it
-        pts = [(j, e.draft_s + e.verify_s, e.weight) for j, e in self.costs.items() if j > 0 and self._matched(e)]
+        pts = [(j, e.seconds(), e.weight) for j, e in self.costs.items() if j > 0 and self._matched(e)]
         if len({j for j, *_ in pts}) < 2:
             return None
         w = sum(p[2] for p in pts)
@@ -208,7 +213,7 @@ class DraftLength:
             # more sessions than where speculation lost: it pays less the larger the batch (its verify
             # rows stop being free), so only a dear probe, its old figure scaled by the batch's growth
             cur = self.cost(self.k)
-            est = (e.draft_s + e.verify_s) * self._batch / e.batch
+            est = e.seconds() * self._batch / e.batch
             cheap = cur is not None and est <= self.probe_share * e.age * cur
             return j if e.age >= self.probe_every and cheap else None
         if e.age < self.probe_every:
@@ -277,9 +282,13 @@ class DraftLength:
         spec, plain = self.rate(k), self.rate(0)
         e = self.costs.get(0)
         if plain is None and e is not None and e.batch >= self._batch:  # plain rounds cost more the larger
-            plain = 1.0 / (sorted(e.recent)[len(e.recent) // 2] if e.recent else e.draft_s + e.verify_s)
+            plain = 1.0 / e.seconds()
         if spec is not None and plain is not None and spec * (1.0 + self.margin) < plain:  # lost clearly
-            self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
+            self._mark_lost()
+
+    def _mark_lost(self) -> None:
+        """This batch is one where speculation lost; the smallest such is kept (_outgrown)."""
+        self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
 
     def observe_drafts(self, accepted: int, rejected: int) -> None:
         """First drafts judged without a round (fast-mode mtp's plain rounds: decode_worker/mtp_launch.py):
@@ -330,7 +339,7 @@ class DraftLength:
             if best == 0 or self.k == 0:  # plain AR <-> speculation: one move (module doc)
                 if best == 0:  # the smallest batch where speculation lost is kept
                     self._spec_k = self.k
-                    self._lost_at = self._batch if self._lost_at is None else min(self._lost_at, self._batch)
+                    self._mark_lost()
                 elif self._lost_at is not None and self._batch >= self._lost_at:
                     self._lost_at = None  # it wins where it lost: the load changed (a win below it says nothing)
                 self.k = best

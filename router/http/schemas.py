@@ -17,10 +17,10 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
 300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
-(GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves). Refused with a 400 naming the field until Baton supports them: suffix, best_of > 1,
-functions, non-text content parts, response_format other than text, tools on /v1/completions, vLLM's
-min_tokens > 0; and n x
-prompts beyond the sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
+(GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves). Refused
+with a 400 naming the field until Baton supports them: suffix, best_of > 1, functions, non-text content parts,
+response_format other than text, tools on /v1/completions, vLLM's min_tokens > 0; and n x prompts beyond the
+sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
 (tool_choice "auto", "required" or a named function; parallel_tool_calls): the template shows them, each
 choice's text is split into content and `tool_calls`, and "required" / named force a call by writing its
 opening after the prompt (chat_prompt; router/http/tools.py).
