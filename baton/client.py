@@ -127,6 +127,7 @@ class Client:
         equal_prompts: int = 0,
         skip_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -143,6 +144,8 @@ class Client:
         few ms for the others so their prompt is computed once (a hint; the tokens never depend on it).
         skip_special_tokens False: the text keeps special tokens (an EOS's "<|im_end|>"); include_stop_str_in_output:
         the text ends with the stop string that ended it (vLLM's two options; token_ids never change).
+        min_tokens N (vLLM's, <= max_new_tokens): the first N tokens are never EOS or a stop token id, and no
+        stop string is matched before the (N + 1)th token completes it.
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -175,6 +178,7 @@ class Client:
                 frequency_penalty=frequency_penalty,
                 exact_policy=EXACT_POLICIES[exact_policy],
                 logit_bias=dict(logit_bias or {}),
+                min_tokens=min_tokens,
             ),
         )
         if prompt_logprobs is not None:

@@ -87,6 +87,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser, stop: bool = True) -> Non
         metavar="ID=VALUE",
         help="add VALUE in [-100, 100] to token ID's logit (repeatable, at most 300 ids)",
     )
+    p.add_argument(
+        "--min-tokens",
+        type=int,
+        default=0,
+        help="generate at least this many tokens before EOS, a stop id or a stop string may end (0 = off)",
+    )
     if stop:
         p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable, at most 16)")
 
@@ -101,7 +107,8 @@ def _bias(text: str) -> tuple[int, float]:
 
 def sampling_kwargs(args) -> dict:
     names = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty")
-    return {n: getattr(args, n) for n in names + ("frequency_penalty",)} | {"logit_bias": dict(args.logit_bias)}
+    names += ("frequency_penalty", "min_tokens")
+    return {n: getattr(args, n) for n in names} | {"logit_bias": dict(args.logit_bias)}
 
 
 def _ids(text: str, flag: str) -> list[int]:

@@ -5,7 +5,8 @@ prefill then fixed-width AR rows, exactly what the prefill worker's Verify compa
 Greedy by default; --temperature / --top-p / --top-k / --min-p / --seed sample and --repetition-penalty /
 --presence-penalty / --frequency-penalty penalize exactly as the workers do (baton/engine/sampling.py,
 penalties.py: the same seed and penalties give the same tokens as a served request with them);
---stop ends the text before a stop string, as the router does (router/stops.py).
+--stop ends the text before a stop string, as the router does (router/stops.py); --min-tokens N holds EOS
+back for the first N tokens (and stop strings, as the router: sampling_rules.ban_until).
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         print("baton complete: --max-new-tokens must be >= 1", file=sys.stderr)
         return 2
-    sampling, seed = _sampling(args, tok.vocab_size)
+    if not 0 <= args.min_tokens <= args.max_new_tokens:
+        print("baton complete: --min-tokens must be in 0..--max-new-tokens", file=sys.stderr)
+        return 2
+    eos = () if args.ignore_eos else _eos_ids(model_dir)
+    sampling, seed = _sampling(args, tok.vocab_size, len(ids), eos)
     if isinstance(sampling, str):
         print(f"baton complete: {sampling}", file=sys.stderr)
         return 2
@@ -105,7 +110,7 @@ def run(args) -> int:
         return 2
     from router.stops import TextStream
 
-    stream = TextStream(tok.stream(skip_special_tokens=True), tuple(args.stop))  # as the router's text
+    stream = TextStream(tok.stream(skip_special_tokens=True), tuple(args.stop), min_tokens=args.min_tokens)
     text, kept = stream.feed(out)
     if not stream.stopped:
         text += stream.finish()[0]
@@ -117,9 +122,15 @@ def run(args) -> int:
     return 0
 
 
-def _sampling(args, vocab: int | None = None):
-    """-> (Params, seed) from the flags (the same checks as the router; logit_bias ids below `vocab`), or
-    (error message, None)."""
+def _eos_ids(model_dir) -> tuple[int, ...]:
+    from baton.config import ModelConfig
+
+    return tuple(ModelConfig.from_hf(model_dir).eos_token_ids)
+
+
+def _sampling(args, vocab: int | None = None, prompt_len: int = 0, eos=()):
+    """-> (Params, seed) from the flags (the same checks as the router; logit_bias ids below `vocab`;
+    --min-tokens holds `eos` back below prompt_len + min_tokens), or (error message, None)."""
     import secrets
 
     from baton import sampling_rules
@@ -130,13 +141,14 @@ def _sampling(args, vocab: int | None = None):
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, stop=args.stop
     )
     msg.repetition_penalty, msg.presence_penalty = args.repetition_penalty, args.presence_penalty
-    msg.frequency_penalty = args.frequency_penalty
+    msg.frequency_penalty, msg.min_tokens = args.frequency_penalty, args.min_tokens
     for tid, val in args.logit_bias:
         msg.logit_bias[tid] = val
     if args.seed is not None:
         msg.seed = args.seed % (1 << 64)
     try:
         resolved, _ = sampling_rules.plan(msg, True, secrets.randbits(64), vocab)
+        sampling_rules.ban_until(resolved, prompt_len, eos)
     except ValueError as e:
         return str(e), None
     return Params.from_proto(resolved), resolved.seed

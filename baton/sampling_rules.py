@@ -2,6 +2,7 @@
 
     check(params)                        # ValueError "sampling.<field>: why" (INVALID_ARGUMENT)
     plan(params, has_tokenizer, seed)    # the router: check, -> (workers' copy, stop strings)
+    ban_until(copy, prompt_len, ids)     # the workers' copy of min_tokens: ids banned below prompt_len + min_tokens
     resolved(params, seed) -> params     # the workers' copy: the seed set, stop strings removed
     logprob_protos(entries, tokens)      # SamplingTable.logprobs entries -> [baton.v1.TokenLogprob]
     penalized(params) -> bool            # any penalty on: the router sends the token history
@@ -14,6 +15,9 @@ presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range); their semant
 baton/engine/penalties.py (vLLM's / OpenAI's); logit_bias: at most 300 token ids, each below the vocabulary
 (when the checker knows it), each value finite in [-100, 100] (OpenAI's).
 exact_policy: a known ExactPolicy value; UNSPECIFIED resolves to DEFAULT_EXACT_POLICY for the workers.
+min_tokens (vLLM's): any count up to the request's max_new_tokens (checked by the router). The workers
+get it resolved (`ban_until`): min_tokens_ids (at most MAX_BAN_TOKENS) cannot be picked at positions below
+min_tokens_end; a request's own min_tokens_end / min_tokens_ids are refused (the router sets them).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_ABS_PENALTY = 2.0
 MAX_BIAS_TOKENS = 300  # also the sampling table's per-slot room (baton.engine.sampling.MAX_BIAS)
 MAX_ABS_BIAS = 100.0
+MAX_BAN_TOKENS = 80  # min_tokens_ids: the router's 64 stop token ids and the model's EOS ids (the table's room)
 EXACT_POLICIES = {0: "unspecified", 1: "coupling", 2: "rejection"}  # baton.v1.ExactPolicy
 DEFAULT_EXACT_POLICY = 1  # COUPLING: see docs/CONTRACTS.md, "Sampling" (the measured choice)
 
@@ -66,6 +71,13 @@ def check(p, *, stops: bool = True, vocab: int | None = None) -> None:
         if vocab is not None and t >= vocab:
             raise _bad("logit_bias", f"token id {t} is not below the vocabulary size {vocab}")
         _finite(f"logit_bias[{t}]", v, -MAX_ABS_BIAS, MAX_ABS_BIAS)
+    if stops and (p.min_tokens_end or p.min_tokens_ids):
+        field = "min_tokens_end" if p.min_tokens_end else "min_tokens_ids"
+        raise _bad(field, "set by the router from min_tokens (send min_tokens)")
+    if len(p.min_tokens_ids) > MAX_BAN_TOKENS:
+        raise _bad("min_tokens_ids", f"{len(p.min_tokens_ids)} token ids: at most {MAX_BAN_TOKENS}")
+    if vocab is not None and any(t >= vocab for t in p.min_tokens_ids):
+        raise _bad("min_tokens_ids", f"a token id is not below the vocabulary size {vocab}")
 
 
 def plan(p, has_tokenizer: bool, random_seed: int, vocab: int | None = None):
@@ -86,6 +98,20 @@ def resolved(p, seed: int):
     out.exact_policy = p.exact_policy or DEFAULT_EXACT_POLICY
     del out.stop[:]
     return out
+
+
+def ban_until(p, prompt_len: int, ids) -> None:
+    """Resolves a workers' copy's min_tokens in place: `ids` (the request's stop token ids, and the model's
+    EOS ids unless ignore_eos) cannot be picked at positions below prompt_len + min_tokens, i.e. by the first
+    min_tokens generated tokens (the first generated token is at position prompt_len). min_tokens 0: off."""
+    del p.min_tokens_ids[:]
+    p.min_tokens_end = 0
+    ids = sorted(set(int(t) for t in ids))
+    if p.min_tokens and ids:
+        if len(ids) > MAX_BAN_TOKENS:
+            raise _bad("min_tokens", f"{len(ids)} stop and EOS token ids to hold back: at most {MAX_BAN_TOKENS}")
+        p.min_tokens_end = prompt_len + p.min_tokens
+        p.min_tokens_ids.extend(ids)
 
 
 def penalized(p) -> bool:

@@ -166,7 +166,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         # OpenAI-style servers do, unless the request says otherwise; token_ids keep every id
         tk = self.meta.tokenizer
         decoder = tk.stream(skip_special_tokens=plan.skip_special) if tk is not None else None
-        out = TextStream(decoder, plan.stops, plan.include_stop)
+        out = TextStream(decoder, plan.stops, plan.include_stop, plan.sampling.min_tokens)
         t_first = t_second = last = None
         rec["prompt_tokens"] = len(plan.prompt_ids)
         self.metrics.prompt_tokens.inc(len(plan.prompt_ids))

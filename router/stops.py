@@ -3,7 +3,7 @@
     m = StopMatcher(("\\n\\n", "```"))
     out, hit = m.push(delta)    # text safe to send now; hit = a stop string was completed
     out = m.flush()             # at the end of the stream (no stop string): what was held back
-    t = TextStream(tokenizer.stream(), stops)
+    t = TextStream(tokenizer.stream(), stops, min_tokens=0)
     text, kept = t.feed(tokens) # kept = how many of tokens to send (all, or up to the one completing a stop)
     text, hit = t.finish()      # the rest of the text at the end of the stream
 
@@ -15,6 +15,11 @@ include=True, vLLM's include_stop_str_in_output, the text ends with it instead).
 router then ends the request with finish_reason STOP: token_ids and usage end with the token that
 completed the stop string (its text, and any after it, are not sent), and the downstream calls are
 cancelled and the sessions released.
+
+min_tokens N (vLLM's): no stop string is matched before the (N + 1)th token. The text of the first N tokens
+is only watched for the start of a stop string (a suffix held back as above), so a stop string that begins
+there and is completed by a later token ends the output, and one that lies wholly inside it never does
+(vLLM's window: the new text and the len(stop) - 1 characters before it).
 """
 
 from __future__ import annotations
@@ -38,22 +43,27 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self.include = include
         self._held = ""
+        self._frozen = 0  # chars of _held pushed unarmed: a stop string must end after them
 
-    def push(self, delta: str) -> tuple[str, bool]:
+    def push(self, delta: str, armed: bool = True) -> tuple[str, bool]:
+        """armed=False (a token before min_tokens): no stop string is matched, only a possible start held."""
         if not self.stops:
             return delta, False
         text = self._held + delta
-        hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in self.stops) if i >= 0]
-        if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
-            self._held = ""
-            end, start = min(hits)
-            return text[: end if self.include else start], True
+        if armed:  # each stop string looked for where it would end in the armed text
+            found = ((s, text.find(s, max(0, self._frozen - len(s) + 1))) for s in self.stops)
+            hits = [(i + len(s), i) for s, i in found if i >= 0]
+            if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
+                self._held, self._frozen = "", 0
+                end, start = min(hits)
+                return text[: end if self.include else start], True
         keep = max(held_prefix(text, s) for s in self.stops)  # what may still become a stop string
         self._held = text[len(text) - keep :] if keep else ""
+        self._frozen = 0 if armed else keep
         return text[: len(text) - keep], False
 
     def flush(self) -> str:
-        out, self._held = self._held, ""
+        out, self._held, self._frozen = self._held, "", 0
         return out
 
 
@@ -61,9 +71,10 @@ class TextStream:
     """One request's output text: a tokenizer stream decoder (None: token ids only, no text) and its
     stop strings, fed token by token so that a stop string ends the output at the token completing it."""
 
-    def __init__(self, decoder, stops: tuple[str, ...] = (), include_stop: bool = False):
+    def __init__(self, decoder, stops: tuple[str, ...] = (), include_stop: bool = False, min_tokens: int = 0):
         self.decoder, self.matcher = decoder, StopMatcher(stops, include_stop)
         self.stopped = False
+        self.min_tokens, self.fed = min_tokens, 0  # stop strings are matched from token min_tokens + 1 on
 
     def feed(self, tokens) -> tuple[str, int]:
         """-> (text to send, how many of `tokens` to send)."""
@@ -71,7 +82,8 @@ class TextStream:
             return "", len(tokens)
         parts = []
         for i, t in enumerate(tokens):
-            out, hit = self.matcher.push(self.decoder.push(t))
+            self.fed += 1
+            out, hit = self.matcher.push(self.decoder.push(t), armed=self.fed > self.min_tokens)
             parts.append(out)
             if hit:
                 self.stopped = True
@@ -82,7 +94,7 @@ class TextStream:
         """At the end of the stream: the decoder's and the matcher's held text; hit = a stop string in it."""
         if self.decoder is None:
             return "", False
-        out, hit = self.matcher.push(self.decoder.flush())
+        out, hit = self.matcher.push(self.decoder.flush(), armed=self.fed > self.min_tokens)
         if hit:
             self.stopped = True
             return out, True

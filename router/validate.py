@@ -98,6 +98,12 @@ def plan_request(
     except ValueError as e:
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
+    if r.sampling.min_tokens > n:
+        raise _bad("sampling.min_tokens", f"{r.sampling.min_tokens} is more than max_new_tokens ({n})")
+    try:  # EOS and the stop ids held back for the first min_tokens tokens
+        sampling_rules.ban_until(sampling, len(ids), stop_ids + (() if r.ignore_eos else tuple(meta.eos_ids)))
+    except ValueError as e:
+        raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     plp = r.prompt_logprobs if r.HasField("prompt_logprobs") else -1
     if plp > sampling_rules.MAX_LOGPROBS:
         raise _bad("prompt_logprobs", f"{plp} alternatives: at most {sampling_rules.MAX_LOGPROBS}")

@@ -40,6 +40,8 @@ Invariants
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -102,7 +104,8 @@ def penalize(x, counts, seen, repetition, presence, frequency):
 
 def penalized_reference(logits, ids: list[int], generated_from: int, p) -> torch.Tensor:
     """float64 reference: [V] logits, the tokens at positions [0, q) before the pick, the first generated
-    position and a Params -> [V] penalized logits (float64), with the Params' logit_bias added."""
+    position and a Params -> [V] penalized logits (float64), with the Params' logit_bias added and its
+    min_tokens ban (-inf) at a position below its ban_end."""
     x = logits.double().clone()
     r = p.repetition_penalty if p.repetition_penalty > 0 else 1.0
     for v in set(ids):
@@ -112,4 +115,7 @@ def penalized_reference(logits, ids: list[int], generated_from: int, p) -> torch
         x[v] -= p.presence_penalty + p.frequency_penalty * gen.count(v)
     for v, b in getattr(p, "logit_bias", ()):  # then the bias (baton/engine/sampling.py: the canonical order)
         x[v] += b
+    if len(ids) < getattr(p, "ban_end", 0):  # then min_tokens' ban: the pick is at position len(ids)
+        for v in p.banned:
+            x[v] = -math.inf
     return x

@@ -22,7 +22,7 @@ MAX_LOGPROBS = 20
 
 
 def _tempered(logits, slots, positions, t, penal: bool):
-    """Rows' penalized and biased logits x (float32) and tempered z = x / T (T = 0 rows: x), [M, V] each.
+    """Rows' penalized, biased and banned logits x (float32) and tempered z = x / T (T = 0 rows: x), [M, V] each.
     Integer counts, elementwise ops and one add per (row, biased id): a row's values are bitwise the same
     for any row count."""
     x = logits.float()
@@ -32,6 +32,8 @@ def _tempered(logits, slots, positions, t, penal: bool):
             x, *t.history.counts(slots, positions, V), t.repetition[slots], t.presence[slots], t.frequency[slots]
         )
         x = x.scatter_add(1, t.bias_ids[slots], t.bias_vals[slots])  # distinct ids a row: one add each
+        banning = (positions < t.ban_end[slots])[:, None]  # min_tokens: -inf on the banned ids, -0.0 past the end
+        x = x.scatter_add(1, t.ban_ids[slots], torch.where(banning, t.ban_vals[slots], -0.0))
     T = t.temperature[slots]
     return x, x / torch.where(T > 0, T, 1.0)[:, None]
 

@@ -19,6 +19,9 @@ What one row's token is (canonical order; baton/engine/sampling_reference.py is 
     x = x + bias              logit_bias: the slot's ids get their values added (one scatter-add per row
                               of distinct ids, padded with id 0 and -0.0, the additive identity: an
                               unbiased row stays bitwise)
+    x = x + ban               min_tokens: at a position below the slot's ban_end, its banned ids (EOS and
+                              stop ids) get -inf (the same scatter-add, -0.0 elsewhere): never picked, by
+                              greedy or sampled rows, and a logprob of -inf
     z = x / T                                        (T = 0: greedy, exactly x.argmax(-1))
     keep K = the tokens that pass three cuts, each a set of the largest z (whole tie groups, no order
     among equal values): top-k keeps i iff fewer than k tokens have z > z_i (0 = off); top-p iff the
@@ -71,10 +74,11 @@ from baton.engine import rejection
 from baton.engine.noise import M32
 from baton.engine.penalties import History
 from baton.engine.sample_rows import MAX_LOGPROBS, sample
-from baton.sampling_rules import MAX_BIAS_TOKENS
+from baton.sampling_rules import MAX_BAN_TOKENS, MAX_BIAS_TOKENS
 
 COUPLING, REJECTION = 1, 2  # baton.v1.ExactPolicy
 MAX_BIAS = MAX_BIAS_TOKENS  # logit_bias ids a slot holds: the rules' limit
+MAX_BAN = MAX_BAN_TOKENS  # min_tokens' banned ids a slot holds
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class Params:
     logprobs: int = 0  # top-N alternatives (<= MAX_LOGPROBS); > 0 also returns the chosen logprob
     exact_policy: int = 0  # baton.v1.ExactPolicy: 0 / COUPLING = 1, REJECTION = 2 (baton/engine/rejection.py)
     logit_bias: tuple = ()  # ((token id, value), ...) by id, distinct: added after the penalties
+    ban_end: int = 0  # min_tokens: the ids in `banned` cannot be picked at positions below ban_end
+    banned: tuple = ()  # (token id, ...) distinct, sorted: the stop token ids and EOS (sampling_rules.ban_until)
 
     @property
     def greedy(self) -> bool:
@@ -102,8 +108,12 @@ class Params:
         return self.repetition_penalty not in (0.0, 1.0) or bool(self.presence_penalty or self.frequency_penalty)
 
     @property
-    def processed(self) -> bool:  # the logits are changed before the pick (penalties or a bias): not plain argmax
-        return self.penalized or bool(self.logit_bias)
+    def banning(self) -> bool:  # min_tokens holds some ids back at some positions
+        return self.ban_end > 0 and bool(self.banned)
+
+    @property
+    def processed(self) -> bool:  # the logits are changed before the pick (penalties, a bias, a ban): not plain argmax
+        return self.penalized or bool(self.logit_bias) or self.banning
 
     @property
     def rejection(self) -> bool:
@@ -127,6 +137,8 @@ class Params:
             logprobs=int(m.logprobs),
             exact_policy=int(m.exact_policy),
             logit_bias=tuple(sorted((int(t), float(v)) for t, v in m.logit_bias.items())),
+            ban_end=int(m.min_tokens_end) if m.min_tokens_ids else 0,
+            banned=tuple(sorted(set(int(t) for t in m.min_tokens_ids))) if m.min_tokens_end else (),
         )
 
 
@@ -152,6 +164,10 @@ class SamplingTable:
         # logit_bias: [S + 1, MAX_BIAS] distinct ids and their values; padding: id 0 with -0.0 (x + -0.0 == x)
         self.bias_ids = torch.zeros(S, MAX_BIAS, dtype=torch.int64, device=dev)
         self.bias_vals = torch.full((S, MAX_BIAS), -0.0, dtype=torch.float32, device=dev)
+        # min_tokens: [S + 1, MAX_BAN] ids with -inf (padding: id 0 with -0.0), added at positions < ban_end [S + 1]
+        self.ban_ids = torch.zeros(S, MAX_BAN, dtype=torch.int64, device=dev)
+        self.ban_vals = torch.full((S, MAX_BAN), -0.0, dtype=torch.float32, device=dev)
+        self.ban_end = i(0)
         self.lp_out = torch.zeros(S, width, dtype=torch.float32, device=dev)  # chosen token's logprob
         self.top_lp = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.float32, device=dev)
         self.top_ids = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.int64, device=dev)
@@ -176,6 +192,8 @@ class SamplingTable:
             raise ValueError(f"slot {slot} out of range [0, {self.slots})")
         if not 0 <= p.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: {p.logprobs} is over {MAX_LOGPROBS}")
+        if len(p.banned) > MAX_BAN:
+            raise ValueError(f"min_tokens: {len(p.banned)} token ids to ban, at most {MAX_BAN}")
         if p.penalized and not self.history.known[slot]:
             raise ValueError("history: a session with penalties needs its token history (none was given for it)")
         self.proposed.pop(slot, None)  # a refused set (above) leaves the slot as it was
@@ -197,6 +215,7 @@ class SamplingTable:
             (self.presence, p.presence_penalty + 0.0),
             (self.frequency, p.frequency_penalty + 0.0),
             (self.n_logprobs, p.logprobs),
+            (self.ban_end, p.ban_end if p.banning else 0),
         ):
             # fill_: a kernel on the current stream (every reader's: the workers' passes and graph replays run
             # on it), not `t[slot] = v`, a blocking H2D copy that waited for every pass already queued (a
@@ -209,6 +228,10 @@ class SamplingTable:
             vals = [v + 0.0 for _, v in p.logit_bias] + [-0.0] * (MAX_BIAS - len(p.logit_bias))
             self.bias_ids[slot].copy_(torch.tensor(ids, dtype=torch.int64))  # once a biased session opens
             self.bias_vals[slot].copy_(torch.tensor(vals, dtype=torch.float32))
+        if p.banned != self.params[slot].banned:
+            pad = MAX_BAN - len(p.banned)
+            self.ban_ids[slot].copy_(torch.tensor(list(p.banned) + [0] * pad, dtype=torch.int64))
+            self.ban_vals[slot].copy_(torch.tensor([-math.inf] * len(p.banned) + [-0.0] * pad))
         self.params[slot] = p
 
     def clear(self, slot: int) -> None:

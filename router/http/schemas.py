@@ -17,9 +17,10 @@ temperature (absent = 0, greedy: Baton's default, not OpenAI's 1), top_p, seed (
 top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logprobs, the prompt tokens'
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
 300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
-(GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves). Refused
+(GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves), min_tokens
+(SamplingParams': at most max_tokens, checked by the router). Refused
 with a 400 naming the field until Baton supports them: suffix, best_of > 1, functions, non-text content parts,
-response_format other than text, tools on /v1/completions, vLLM's min_tokens > 0; and n x prompts beyond the
+response_format other than text, tools on /v1/completions; and n x prompts beyond the
 sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
 (tool_choice "auto", "required" or a named function; parallel_tool_calls): the template shows them, each
 choice's text is split into content and `tool_calls`, and "required" / named force a call by writing its
@@ -128,7 +129,6 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
     _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
     _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
     # vLLM's extra parameters: those Baton has are taken as its own; the others are refused, not ignored
-    _only(body, "min_tokens", lambda v: v == 0, "not supported")
     gen["skip_special_tokens"] = _bool(body, "skip_special_tokens", True)
     gen["include_stop_str_in_output"] = _bool(body, "include_stop_str_in_output", False)
     gen["ignore_eos"] = _bool(body, "ignore_eos", False)
@@ -171,7 +171,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
 
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
-SAMPLING_FIELDS += ("repetition_penalty", "seed", "logprobs", "logit_bias")
+SAMPLING_FIELDS += ("repetition_penalty", "seed", "logprobs", "logit_bias", "min_tokens")
 
 
 def _sampling(body: dict, stops: tuple[str, ...]) -> common_pb2.SamplingParams:
@@ -184,6 +184,7 @@ def _sampling(body: dict, stops: tuple[str, ...]) -> common_pb2.SamplingParams:
     top_k = _int(body, "top_k", -1)  # vLLM's -1 = off
     if top_k is not None and top_k > 0:
         sp.top_k = top_k
+    sp.min_tokens = _int(body, "min_tokens", 0) or 0  # vLLM's; the router checks it against max_tokens
     seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
     if seed is not None:
         sp.seed = seed % (1 << 64)

@@ -10,6 +10,7 @@ random weights:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
 
@@ -170,7 +171,8 @@ def test_concurrent_decodes_step_together_and_equal_alone(big):
 @pytest.mark.parametrize("kind", ["arbs", "arbt"])
 def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kind, monkeypatch):
     """Sessions that sample (seeded temperature with top-p, top-k with min-p; with logprobs for "arbs", and
-    for "arbs" a greedy and a sampled session with a logit_bias, the sampled one penalized too) beside greedy
+    for "arbs" a greedy and a sampled session with a logit_bias, the sampled one penalized too, the greedy one
+    with min_tokens' ban of its biased ids for half the steps) beside greedy
     ones: every batched step replays the captured sampled graph ("arbs": the full pick on the
     device; "arbt": the lite one, no penalties or logprobs asked) and each session's tokens and logprobs are
     bitwise those of the session stepping alone (eager pick)."""
@@ -195,7 +197,10 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
     for s in range(S):
         r.prefill(s, torch.randint(0, V, (int(torch.randint(20, 400, (1,), generator=g)),), generator=g).tolist())
         r.sampling.history.begin(s, r.state.position[s].item())  # penalties read the slot's history
-        r.sampling.set(s, kinds[s % len(kinds)])
+        p = kinds[s % len(kinds)]
+        if p.logit_bias and p.greedy:  # min_tokens too: its biased ids banned for the first half of the steps
+            p = dataclasses.replace(p, ban_end=r.state.position[s].item() + T // 2, banned=(3, V - 1))
+        r.sampling.set(s, p)
     targets, st = ([1, 2, 3, 4, 5] if kind == "arbs" else [1, 2, 5, 9]), r.state  # each kind of session
     solo = {}
     for s in targets:  # alone: the one-slot AR step (a sampled slot picks eagerly)

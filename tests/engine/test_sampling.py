@@ -81,9 +81,11 @@ def test_a_rows_token_and_logprobs_do_not_depend_on_the_batch():
         3: Params(),
         4: Params(temperature=0.9, seed=14, logit_bias=((3, 5.0), (100, -2.0), (8000, 40.0)), logprobs=3),
         5: Params(logit_bias=((7, 50.0),)),  # greedy, biased
+        6: Params(temperature=0.8, seed=15, ban_end=6, banned=(0, 1, 2, 3)),  # min_tokens: banned at 5, not 6
+        7: Params(ban_end=900, banned=tuple(range(0, 8000, 100))),  # greedy, 80 ids banned at 5 and 6
     }
     t = _table(params)
-    rows = [(s, p) for s in range(6) for p in (5, 6, 900)]
+    rows = [(s, p) for s in range(8) for p in (5, 6, 900)]
     logits = {r: torch.randn(V) * 4 for r in rows}
 
     def run(batch):
@@ -344,3 +346,38 @@ def test_setting_a_slot_s_unchanged_parameters_writes_nothing_to_the_device():
     assert all(torch.equal(x, y) for x, y in zip(before, after)) and t.params[1] == a
     t.clear(1)
     assert float(t.temperature[1]) == 0.0 and float(t.bias_vals[1].abs().sum()) == 0.0
+
+
+def test_min_tokens_bans_its_ids_below_the_end_only_and_leaves_other_rows_bitwise():
+    """min_tokens' ban (Params.ban_end / banned): at a position below ban_end the banned ids are never picked,
+    greedy or sampled, and their logprob is -inf; from ban_end on the row is the unbanned row, bitwise; a row
+    of another slot beside banned ones is bitwise what it is alone (the -0.0 padding adds nothing)."""
+    torch.manual_seed(5)
+    logits = torch.randn(4, 500) * 3
+    top = logits.topk(3, dim=-1).indices
+    ban = tuple(sorted({int(top[0, 0]), int(top[1, 0]), int(top[1, 1])}))
+    greedy = Params(ban_end=10, banned=ban, logprobs=2)
+    sampled = Params(temperature=0.7, seed=3, ban_end=10, banned=ban, logprobs=2)
+    t = _table({0: greedy, 1: sampled, 2: Params(logprobs=2)})
+    slots, lp_on = torch.tensor([0, 1, 2, 0]), dict(logprobs=True)
+    tok, lp, top_lp, top_ids = sample(logits, slots, torch.tensor([9, 9, 9, 10]), t, **lp_on)
+    assert int(tok[0]) == int(top[0, 1])  # greedy's argmax banned at position 9: the runner-up
+    assert int(tok[3]) == int(top[3, 0])  # position 10 = ban_end: no ban
+    assert int(tok[1]) not in ban and int(tok[2]) == int(top[2, 0])
+    assert not any(int(i) in ban for i in top_ids[0]) and torch.isfinite(lp[:3]).all()
+    plain = _table({0: Params(logprobs=2), 1: Params(temperature=0.7, seed=3, logprobs=2), 2: Params(logprobs=2)})
+    unbanned = sample(logits, slots, torch.tensor([9, 9, 9, 10]), plain, **lp_on)
+    for a, b in zip((tok, lp, top_lp, top_ids), unbanned):  # row 2 (other slot), row 3 (past the end): bitwise
+        assert torch.equal(a[2:], b[2:])
+    alone = sample(logits[2:3], torch.tensor([2]), torch.tensor([9]), _table({2: Params(logprobs=2)}), **lp_on)
+    assert all(torch.equal(a[0], b[2]) for a, b in zip(alone, (tok, lp, top_lp, top_ids)))
+    x = torch.full((500,), 0.0)  # the float64 reference: -inf at a banned id below the end only
+    x[ban[0]] = 5.0
+    from baton.engine.penalties import penalized_reference
+
+    assert penalized_reference(x, [1] * 9, 0, greedy)[ban[0]] == -math.inf
+    assert penalized_reference(x, [1] * 10, 0, greedy)[ban[0]] == 5.0
+    many = SamplingTable(2, "cpu", W)
+    with pytest.raises(ValueError, match="min_tokens"):
+        many.set(0, Params(ban_end=3, banned=tuple(range(81))))
+    assert many.params[0] == Params()  # a refused set leaves the slot as it was

@@ -516,6 +516,22 @@ def test_logit_bias_equals_grpc_and_changes_the_output(stack, tok):
     assert r.choices[0].text == want != plain
 
 
+def test_min_tokens_equals_grpc_and_holds_the_stop_ids_back(stack, tok):
+    """vLLM's min_tokens reaches the router's SamplingParams: with a stop token id the plain answer ends at, the
+    answer goes on past it for min_tokens tokens, the same text as gRPC with the same min_tokens."""
+    client = stack.openai()
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body={"ignore_eos": True})
+    sid = tok.encode(plain.choices[0].text)[1]
+    ext = {"ignore_eos": True, "stop_token_ids": [sid]}
+    short = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body=ext)
+    assert short.usage.completion_tokens <= 2  # so this test can fail
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body={**ext, "min_tokens": 8})
+    with Client(stack.grpc, token=stack.token) as c:
+        want = list(c.generate(PROMPT, max_new_tokens=12, ignore_eos=True, stop_token_ids=[sid], min_tokens=8))
+    assert r.choices[0].text == "".join(d.text for d in want)
+    assert r.usage.completion_tokens == sum(len(d.token_ids) for d in want) >= 8
+
+
 def test_echo_with_prompt_logprobs_scores_a_continuation(stack, tok):
     """echo: the prompt's text first; with logprobs N, its tokens too: token_logprobs[0] is null, then each
     prompt token's logprob given those before it (gRPC's prompt_logprobs), then the generated tokens'. What
@@ -681,7 +697,8 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("/v1/completions", {"prompt": PROMPT, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/completions", {"prompt": PROMPT, "tool_choice": "auto"}, 400, "tool_choice"),
-    ("/v1/completions", {"prompt": PROMPT, "min_tokens": 4}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "min_tokens": 17}, 400, "min_tokens"),  # over max_tokens (16)
+    ("/v1/completions", {"prompt": PROMPT, "min_tokens": -1}, 400, "min_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("/v1/completions", {"prompt": PROMPT, "skip_special_tokens": "no"}, 400, "skip_special_tokens"),
     ("/v1/completions", {"prompt": PROMPT, "include_stop_str_in_output": 1}, 400, "include_stop_str_in_output"),

@@ -119,6 +119,7 @@ BAD = [
     (dict(logit_bias={5: float("nan")}), "logit_bias[5]"),
     (dict(logit_bias={10**7: 1.0}), "logit_bias"),  # past the vocabulary
     (dict(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
+    (dict(min_tokens=3), "min_tokens"),  # more than max_new_tokens (2)
 ]
 
 
@@ -441,3 +442,40 @@ def test_prompt_logprobs_come_with_the_first_message(client, lm, mode):
     with pytest.raises(grpc.RpcError) as ei:
         list(client.generate(ids, max_new_tokens=2, prompt_logprobs=21, timeout=30))
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and ei.value.details().startswith("prompt_logprobs:")
+
+
+@pytest.mark.parametrize(("mode", "engine"), [("fast", "bf16"), ("fast", "mtp"), ("exact", "fp8"), ("exact", "mtp")])
+def test_min_tokens_holds_the_stop_ids_back_exactly_as_the_exact_engine(client, exact, mode, engine):
+    """min_tokens m with a stop token id that the plain decode emits early: the first m tokens never hold it,
+    and the tokens are exactly the exact engine's decode with that id banned below prompt + m (greedy and
+    seeded T = 0.8), up to its first later occurrence, where the request stops (finish_reason STOP)."""
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    n_prompt = len(Tokenizer.from_dir(resolve_model_dir(None)).encode("class Counter:"))
+    for extra in (dict(), dict(temperature=0.8, seed=7)):
+        plain = exact("class Counter:", 24, Params(**extra))
+        sid = plain[2]  # without min_tokens the request would stop at its third token
+        ids, _, _, last = run(client, "class Counter:", 24, mode=mode, engine=engine, stop_token_ids=[sid], **extra)
+        assert ids == plain[: plain.index(sid) + 1]  # so this test can fail
+        want = exact("class Counter:", 24, Params(ban_end=n_prompt + 10, banned=(sid,), **extra))
+        assert sid not in want[:10] and want[:10] != plain[:10]
+        cut = want[: want.index(sid, 10) + 1] if sid in want[10:] else want
+        kw = dict(mode=mode, engine=engine, stop_token_ids=[sid], min_tokens=10, **extra)
+        ids, _, _, last = run(client, "class Counter:", 24, **kw)
+        assert ids == cut, (mode, engine, extra)
+        assert last.finish_reason == ("STOP" if sid in want[10:] else "LENGTH")
+
+
+def test_min_tokens_workers_fields_are_the_routers_to_set(client):
+    """min_tokens_end / min_tokens_ids are the workers' copy of min_tokens: a request that sets them is refused,
+    naming the field."""
+    from baton.v1 import common_pb2, router_pb2
+
+    for field, value in (("min_tokens_end", 40), ("min_tokens_ids", [5])):
+        sp = common_pb2.SamplingParams(**{field: value})
+        req = router_pb2.GenerateRequest(text="x", max_new_tokens=4, sampling=sp)
+        with pytest.raises(grpc.RpcError) as ei:
+            list(client._stub.Generate(req, timeout=30))
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ei.value.details().startswith(f"sampling.{field}:"), ei.value.details()

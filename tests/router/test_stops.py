@@ -53,3 +53,42 @@ def test_text_stream_ends_at_the_token_completing_the_stop_string():
     assert t.feed(toks) == ("abcXYde", 8)
     assert t.finish() == ("f", False)  # the held-back text at the end of the stream
     assert TextStream(None, ("x",)).feed([1, 2]) == ("", 2)  # no tokenizer: no text, nothing cut
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.text(alphabet="ab\n", max_size=24),
+    stops=st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
+    min_tokens=st.integers(0, 12),
+    cuts=st.lists(st.integers(0, 24), max_size=5),
+    include=st.booleans(),
+)
+def test_min_tokens_matches_only_stop_strings_completed_after_it(text, stops, min_tokens, cuts, include):
+    """vLLM's min_tokens: a stop string ends the output only when the token completing it comes after the
+    first min_tokens (it may begin before them); one wholly inside them never ends it. One char a token."""
+    ends = [(e, e - len(s)) for e in range(min_tokens + 1, len(text) + 1) for s in stops if text[:e].endswith(s)]
+    if ends:
+        end, start = min(ends)
+        want = (text[: end if include else start], True, end)
+    else:
+        want = (text, False, len(text))
+    t, out, sent = TextStream(Chars(), tuple(stops), include, min_tokens=min_tokens), [], 0
+    toks = [ord(c) for c in text]
+    bounds = sorted({0, len(toks), *[c for c in cuts if c <= len(toks)]})
+    for a, b in zip(bounds, bounds[1:]):
+        piece, kept = t.feed(toks[a:b])
+        out.append(piece)
+        sent += kept
+        if t.stopped:
+            break
+    if not t.stopped:
+        out.append(t.finish()[0])
+    assert ("".join(out), t.stopped, sent) == want
+
+
+def test_min_tokens_example():
+    toks = [ord(c) for c in "XYabXY"]
+    t = TextStream(Chars(), ("XY",), min_tokens=2)
+    assert t.feed(toks) == ("XYab", 6) and t.stopped  # the first "XY" is inside min_tokens: not a stop
+    t = TextStream(Chars(), ("XY",), min_tokens=1)
+    assert t.feed(toks) == ("", 2) and t.stopped  # "X" in the first token, "Y" completes it after: a stop
