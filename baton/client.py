@@ -128,6 +128,7 @@ class Client:
         skip_special_tokens: bool = True,
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
+        structured: dict | None = None,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -145,7 +146,10 @@ class Client:
         skip_special_tokens False: the text keeps special tokens (an EOS's "<|im_end|>"); include_stop_str_in_output:
         the text ends with the stop string that ended it (vLLM's two options; token_ids never change).
         min_tokens N (vLLM's, <= max_new_tokens): the first N tokens are never EOS or a stop token id, and no
-        stop string is matched before the (N + 1)th token completes it.
+        stop string is matched before the (N + 1)th token completes it. structured (fast mode, bf16 / fp8): one
+        of {"json_schema": dict or JSON text}, {"json_object": True}, {"regex": str}, {"grammar": EBNF str},
+        {"choice": [str, ...]} (StructuredOutput; "compact_whitespace": True beside json_schema): every token
+        is one the grammar allows, and the output ends at EOS once the structure is complete.
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -181,6 +185,8 @@ class Client:
                 min_tokens=min_tokens,
             ),
         )
+        if structured is not None:
+            req.sampling.structured.CopyFrom(structured_output(structured))
         if prompt_logprobs is not None:
             req.prompt_logprobs = prompt_logprobs
         if token_ids is None and prompt is not None and not isinstance(prompt, str):
@@ -222,3 +228,25 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def structured_output(spec: dict):
+    """{"json_schema": dict or str} | {"json_object": True} | {"regex": str} | {"grammar": str} |
+    {"choice": [str, ...]} (with "compact_whitespace" beside json_schema) -> baton.v1.StructuredOutput."""
+    import json
+
+    spec = dict(spec)
+    compact = bool(spec.pop("compact_whitespace", False))
+    if len(spec) != 1:
+        raise ValueError(f"structured: one of json_schema, json_object, regex, grammar, choice (got {sorted(spec)})")
+    ((kind, value),) = spec.items()
+    out = common_pb2.StructuredOutput(compact_whitespace=compact)
+    if kind == "json_schema":
+        out.json_schema = value if isinstance(value, str) else json.dumps(value)
+    elif kind == "choice":
+        out.choice.options.extend(value)
+    elif kind in ("json_object", "regex", "grammar"):
+        setattr(out, kind, value)
+    else:
+        raise ValueError(f"structured: unknown kind {kind!r}")
+    return out

@@ -55,13 +55,18 @@ def complete(
     sampling=None,
 ) -> list[int]:
     """sampling: baton.engine.sampling.Params (None = greedy)."""
+    from baton import grammar
     from prefill_worker.engine import ExactEngine
 
     dtype = dtype or ("bf16" if str(device).startswith("cuda") else "fp32")
     lm = loaded or load_model(model_dir, dtype=dtype, device=device, mtp=False)
     runner = ModelRunner(lm.model, slots=1, max_len=max_len or DEFAULT_MAX_LEN, width=width)
     eos = () if ignore_eos else lm.cfg.eos_token_ids
-    return ExactEngine(runner).generate(prompt_ids, max_new_tokens, eos_ids=eos, sampling=sampling)
+    engine = ExactEngine(runner)
+    engine.grammars = grammar.source(
+        model_dir if loaded is None else lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids
+    )
+    return engine.generate(prompt_ids, max_new_tokens, eos_ids=eos, sampling=sampling)
 
 
 def run(args) -> int:

@@ -6,7 +6,7 @@
     resolved(params, seed) -> params     # the workers' copy: the seed set, stop strings removed
     logprob_protos(entries, tokens)      # SamplingTable.logprobs entries -> [baton.v1.TokenLogprob]
     penalized(params) -> bool            # any penalty on: the router sends the token history
-    history(params, ids, generated_from) # -> baton.v1.PenaltyHistory (None when not penalized)
+    history(params, ids, generated_from) # -> baton.v1.PenaltyHistory (None when neither penalized nor structured)
 
 Ranges (docs/CONTRACTS.md, "Sampling"): temperature in [0, 100] (0 = greedy); top_p in [0, 1] (0 or 1 =
 off); top_k any (0 = off; past the vocabulary = off); min_p in [0, 1] (0 = off); logprobs <= 20; at most
@@ -18,6 +18,8 @@ exact_policy: a known ExactPolicy value; UNSPECIFIED resolves to DEFAULT_EXACT_P
 min_tokens (vLLM's): any count up to the request's max_new_tokens (checked by the router). The workers
 get it resolved (`ban_until`): min_tokens_ids (at most MAX_BAN_TOKENS) cannot be picked at positions below
 min_tokens_end; a request's own min_tokens_end / min_tokens_ids are refused (the router sets them).
+structured: one kind set, at most 64 KiB, a json_schema a JSON object (baton/grammar.py `check`; the workers
+compile it and name what xgrammar refuses).
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def check(p, *, stops: bool = True, vocab: int | None = None) -> None:
         if vocab is not None and t >= vocab:
             raise _bad("logit_bias", f"token id {t} is not below the vocabulary size {vocab}")
         _finite(f"logit_bias[{t}]", v, -MAX_ABS_BIAS, MAX_ABS_BIAS)
+    if p.HasField("structured"):
+        from baton import grammar  # (no torch, no xgrammar: the workers compile)
+
+        grammar.check(p.structured)
     if stops and (p.min_tokens_end or p.min_tokens_ids):
         field = "min_tokens_end" if p.min_tokens_end else "min_tokens_ids"
         raise _bad(field, "set by the router from min_tokens (send min_tokens)")
@@ -121,10 +127,16 @@ def penalized(p) -> bool:
     )
 
 
+def structured(p) -> bool:
+    """A SamplingParams (or None) with a grammar (sampling.Params.constrained)."""
+    return p is not None and p.HasField("structured")
+
+
 def history(p, ids, generated_from: int):
-    """The PenaltyHistory a decode worker needs with a penalized session's first Decode / Draft after a
-    LoadState: ids = the tokens at the state's positions [0, position); None when p has no penalty."""
-    if not penalized(p):
+    """The PenaltyHistory a decode worker needs with a penalized or structured session's first Decode / Draft
+    after a LoadState: ids = the tokens at the state's positions [0, position) (a grammar's matcher replays the
+    generated ones); None when p has neither."""
+    if not penalized(p) and not structured(p):
         return None
     from baton.v1 import common_pb2
 

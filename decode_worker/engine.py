@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from baton import op_profile
+from baton import grammar, op_profile
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
 from baton.engine.gather import PERIODIC, ROUND_BARRIER, Gather, fill_stats, unwrap
 from baton.engine.runner import ModelRunner
@@ -69,6 +69,7 @@ class DecodeEngine:
             raise ValueError(f"draft_length {draft_length!r}: one of {', '.join(POLICIES)}")
         self.draft_length = draft_length
         self.k_max = 0 if draft_length == "fixed" else min(DEFAULT_K_MAX, self.width - 2)
+        self.grammars = grammar.none  # structured outputs: the serve sets grammar.source(model_dir, ...)
         self._compute = threading.Lock()
         self.batch_steps = batch_steps
         self._scheduler: StepScheduler | None = None
@@ -183,13 +184,34 @@ class DecodeEngine:
 
     # ---- fast mode -----------------------------------------------------------------------------
     def decode(
-        self, session_id: str, max_new_tokens: int, *, stop_ids=(), eos_ids=(), k: int = 4, run_ahead: bool = False
+        self,
+        session_id: str,
+        max_new_tokens: int,
+        *,
+        stop_ids=(),
+        eos_ids=(),
+        k: int = 4,
+        run_ahead: bool = False,
+        masker=None,
     ):
         """Yields lists of new tokens (after the state's next_token) until a stop condition.
         run_ahead: the session is released when the caller stops (Decode release_at_end), so batched
         steps may run up to RUN_AHEAD tokens ahead of the caller (StepScheduler `ahead`), unless the
         session asks for logprobs (read from the sampling table after each token); else the state is
-        always exactly that of the tokens yielded."""
+        always exactly that of the tokens yielded. masker (structured outputs, baton/grammar.py): each
+        token list is accepted and the next pick's mask written before the session's next step is asked
+        for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 only."""
+        if masker is not None:
+            if self.get(session_id).engine == "mtp":
+                raise ValueError("sampling.structured: the mtp engine does not take a grammar (use bf16 or fp8)")
+            for toks in self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, False, plain=True):
+                if not (toks and toks[-1] in set(stop_ids) | set(eos_ids)):  # (a request's end needs no mask)
+                    masker.step(toks)
+                yield toks
+            return
+        yield from self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead)
+
+    def _decode(self, session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead, plain: bool = False):
         s = self.get(session_id)
         r = s.runner
         pos = s.loaded_position if s.loaded_position is not None else int(r.state.position[s.slot])
@@ -206,7 +228,7 @@ class DecodeEngine:
         if s.engine != "mtp" and scheduled:
             yield from self._ar_batched(s, max_new_tokens, ends, ahead)
             return
-        if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot):  # logprobs: plain
+        if s.engine != "mtp" and r.state.pingpong and not r.sampling.wants_logprobs(s.slot) and not plain:
             yield from self._ar_pipelined(s, max_new_tokens, ends)
             return
         if s.engine == "mtp":  # K per round from the worker's controller (mtp.control), up to k_max

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
@@ -161,6 +162,7 @@ def serve_decode(
     )
     arrange_exact_rounds(engine.drafts, device, settings.gpu_workers, log, "decode")
     sessions = slots * len({id(r) for r in runners.values()})  # bf16 and mtp share a runner
+    engine.grammars = grammar.source(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
     servicer = DecodeServicer(engine, fingerprint=lm.fingerprint, settings=settings, mtp_k=mtp_k)
     handle = start_serving(
         servicer,

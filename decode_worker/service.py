@@ -42,7 +42,7 @@ import time
 import grpc
 import torch
 
-from baton import hidden_rows, sampling_rules, stalls, thread_cpu
+from baton import grammar, hidden_rows, sampling_rules, stalls, thread_cpu
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
@@ -149,7 +149,22 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
             if bad:
                 raise StatusError(INVALID, f"history.token_ids: token id {bad[0]} out of range [0, {self.vocab})")
             table.history.load(s.slot, ids, h.generated_from)  # ValueError naming history.generated_from
+        if p is not None and p.constrained and proposing:
+            raise StatusError(INVALID, "sampling.structured: not in exact mode (a FAST session takes a grammar)")
         table.set(s.slot, p, proposing=proposing)
+
+    def _masker(self, s, request):
+        """A structured session's grammar masks (baton/grammar.py Masker), started from the generated tokens of
+        the history the router sends with its first Decode and the pending token; None when unconstrained."""
+        p = s.runner.sampling.params[s.slot]
+        if not p.constrained:
+            return None
+        if not request.HasField("history"):
+            raise StatusError(INVALID, "history: a structured session's Decode needs its token history")
+        m = grammar.Masker(self.engine.grammars().constraint(p.structured), s.runner.sampling, s.slot)
+        h = request.history
+        m.step([*h.token_ids[h.generated_from :], int(s.runner.state.next_token[s.slot])])  # ValueError: INVALID
+        return m
 
     # ---- RPCs ------------------------------------------------------------------------------------
     def LoadState(self, request_iterator, context):
@@ -245,10 +260,11 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
                 stop = set(self._ids("stop_token_ids", request.stop_token_ids))
                 eos = set() if request.ignore_eos else set(self.eos_ids)
                 self._set_sampling(s, request)
+                masker = self._masker(s, request)
                 table = s.runner.sampling
                 rounds0, emitted0 = s.rounds, s.emitted_in_rounds
                 gen = self.engine.decode(
-                    sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k, run_ahead=request.release_at_end
+                    sid, n, stop_ids=stop, eos_ids=eos, k=self.mtp_k, run_ahead=request.release_at_end, masker=masker
                 )
                 produced, finish = 0, common_pb2.FINISH_REASON_UNSPECIFIED
                 # a run-ahead decode's tokens may wait for a shared message budget (decode_worker/pacing.py)

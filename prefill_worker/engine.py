@@ -28,7 +28,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 
-from baton import op_profile
+from baton import grammar, op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, share_key, shared_firsts
@@ -52,6 +52,7 @@ class ExactEngine:
     def __init__(self, runner: ModelRunner, *, ttl_s: float = 300.0, prefill_budget: int = PREFILL_BUDGET):
         self.runner = runner
         self.ttl_s = ttl_s
+        self.grammars = grammar.none  # structured outputs: the serve sets grammar.source(model_dir, ...)
         self._compute = threading.Lock()  # one model, one stream of work
         # every end of a session frees its KV pages (SlotTable on_free)
         self._table: SlotTable[Session] = SlotTable(
@@ -176,6 +177,9 @@ class ExactEngine:
         try:
             self.runner.sampling.history.begin(s.slot, len(ids) - generated)  # the slot's passes record the rest
             self.runner.sampling.set(s.slot, sampling)
+            if sampling is not None and sampling.constrained:  # the first pick follows the generated tokens
+                s.masker = grammar.Masker(self.grammars().constraint(sampling.structured), self.runner.sampling, s.slot)
+                s.masker.step(ids[len(ids) - generated :])  # ValueError naming sampling.structured
         except BaseException:
             self.release(s.id)
             raise
@@ -356,6 +360,8 @@ class ExactEngine:
         try:
             ends = set(stop_ids) | set(eos_ids)
             while len(out) < max_new_tokens and out[-1] not in ends:
+                if s.masker is not None:  # structured outputs: the next pick's mask after the last token
+                    s.masker.step(out[-1:])
                 out.append(self.step(s.id))
         finally:
             self.release(s.id)

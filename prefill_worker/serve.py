@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.prefill import PREFILL_CHUNK
@@ -101,6 +102,7 @@ def serve_prefill(
     if str(device).startswith("cuda"):
         log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")
         log.info("prefill: warm-up done in %.1fs", engine.warm_up())
+    engine.grammars = grammar.source(lm.model_dir, lm.cfg.vocab_size, lm.cfg.eos_token_ids)
     servicer = PrefillServicer(engine, fingerprint=lm.fingerprint, settings=settings, chunk_bytes=chunk_bytes)
     if servicer.sender is not None:
         servicer.sender.start()  # spawned now: the first hand-off does not wait for it

@@ -98,6 +98,15 @@ def plan_request(
     except ValueError as e:
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
+    engine = r.engine
+    if sampling_rules.structured(sampling):  # the grammar's mask is kept per step by fast bf16 / fp8 sessions
+        if mode == common_pb2.EXACT:
+            raise _bad("sampling.structured", "exact mode does not take a grammar yet (use mode FAST)")
+        if name == "mtp":
+            raise _bad("sampling.structured", "the mtp engine does not take a grammar yet (use bf16 or fp8)")
+        if r.ignore_eos:
+            raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
+        engine = engine or common_pb2.BF16  # not the decode worker's default, which may be mtp
     if r.sampling.min_tokens > n:
         raise _bad("sampling.min_tokens", f"{r.sampling.min_tokens} is more than max_new_tokens ({n})")
     try:  # EOS and the stop ids held back for the first min_tokens tokens
@@ -108,7 +117,7 @@ def plan_request(
     if plp > sampling_rules.MAX_LOGPROBS:
         raise _bad("prompt_logprobs", f"{plp} alternatives: at most {sampling_rules.MAX_LOGPROBS}")
     return Plan(
-        request_id, ids, n, mode, r.engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp,
+        request_id, ids, n, mode, engine, stop_ids, r.ignore_eos, k, sampling, stops, timeline, plp,
         equal_prompts=r.equal_prompts,
         skip_special=r.skip_special_tokens if r.HasField("skip_special_tokens") else True,
         include_stop=r.include_stop_str_in_output,

@@ -100,7 +100,9 @@ class ModelRunner:
         self._tok_host = torch.zeros(slots, 2, dtype=torch.long, pin_memory=pin)
         self._tok_ev = [[torch.cuda.Event() for _ in range(2)] for _ in range(slots)] if pin else None
         self.arange_w = torch.arange(W, device=dev)
-        self.sampling = SamplingTable(slots, dev, W, max_len)  # per-slot sampling parameters, token history
+        self.sampling = SamplingTable(
+            slots, dev, W, max_len, self.cfg.vocab_size
+        )  # per-slot sampling parameters, token history
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None

@@ -1,7 +1,8 @@
 """Sampling on the device: per-slot parameters and the token pick of every decode-time row (issue 22).
 
-    table = SamplingTable(slots, device, width, max_len)   # one per ModelRunner (runner.sampling)
+    table = SamplingTable(slots, device, width, max_len, vocab_size)   # one per ModelRunner (runner.sampling)
     table.set(slot, Params(temperature=0.8, top_p=0.9, seed=7, logprobs=5))   # when a session opens
+    table.allow(slot, bits)                         # a constrained slot's next mask (structured outputs)
     table.clear(slot)                               # when it is released (greedy again)
     tok = table.pick(logits, slots, rows, positions, live)   # [M] long; the eager entry point
     toks, lp, top_lp, top_ids = sample(logits, slots, positions, table, logprobs=True)   # pure tensors
@@ -98,6 +99,7 @@ class Params:
     logit_bias: tuple = ()  # ((token id, value), ...) by id, distinct: added after the penalties
     ban_end: int = 0  # min_tokens: the ids in `banned` cannot be picked at positions below ban_end
     banned: tuple = ()  # (token id, ...) distinct, sorted: the stop token ids and EOS (sampling_rules.ban_until)
+    structured: bytes = b""  # a StructuredOutput, serialized: its tokens masked per step (baton/grammar.py)
 
     @property
     def greedy(self) -> bool:
@@ -112,8 +114,12 @@ class Params:
         return self.ban_end > 0 and bool(self.banned)
 
     @property
-    def processed(self) -> bool:  # the logits are changed before the pick (penalties, a bias, a ban): not plain argmax
-        return self.penalized or bool(self.logit_bias) or self.banning
+    def constrained(self) -> bool:  # structured outputs: the slot's mask (SamplingTable.allow) holds each pick
+        return bool(self.structured)
+
+    @property
+    def processed(self) -> bool:  # the logits are changed before the pick (penalties, a bias, a ban, a grammar)
+        return self.penalized or bool(self.logit_bias) or self.banning or self.constrained
 
     @property
     def rejection(self) -> bool:
@@ -139,6 +145,7 @@ class Params:
             logit_bias=tuple(sorted((int(t), float(v)) for t, v in m.logit_bias.items())),
             ban_end=int(m.min_tokens_end) if m.min_tokens_ids else 0,
             banned=tuple(sorted(set(int(t) for t in m.min_tokens_ids))) if m.min_tokens_end else (),
+            structured=m.structured.SerializeToString(deterministic=True) if m.HasField("structured") else b"",
         )
 
 
@@ -153,7 +160,7 @@ class SamplingTable:
     (`set`), cleared when it is released (`clear`); a host mirror `params` serves the eager shortcut
     and `logprobs`."""
 
-    def __init__(self, slots: int, device, width: int, max_len: int = 4096):
+    def __init__(self, slots: int, device, width: int, max_len: int = 4096, vocab_size: int = 0):
         dev, S = torch.device(device), slots + 1
         self.slots, self.width, self.device = slots, width, dev
         f = lambda v: torch.full((S,), v, dtype=torch.float32, device=dev)  # noqa: E731
@@ -168,6 +175,12 @@ class SamplingTable:
         self.ban_ids = torch.zeros(S, MAX_BAN, dtype=torch.int64, device=dev)
         self.ban_vals = torch.full((S, MAX_BAN), -0.0, dtype=torch.float32, device=dev)
         self.ban_end = i(0)
+        # structured outputs: [S + 1, words(V)] int32, bit t % 32 of word t // 32 = token t allowed, read where
+        # `masked` [S + 1] (a constrained slot: its mask is rewritten before each of its picks, `allow`)
+        self.vocab_size = vocab_size
+        self.mask_bits = torch.full((S, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=dev)
+        self.masked = torch.zeros(S, dtype=torch.bool, device=dev)
+        self.bit_shifts = torch.arange(32, dtype=torch.int32, device=dev)
         self.lp_out = torch.zeros(S, width, dtype=torch.float32, device=dev)  # chosen token's logprob
         self.top_lp = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.float32, device=dev)
         self.top_ids = torch.zeros(S, width, MAX_LOGPROBS, dtype=torch.int64, device=dev)
@@ -192,6 +205,8 @@ class SamplingTable:
             raise ValueError(f"slot {slot} out of range [0, {self.slots})")
         if not 0 <= p.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: {p.logprobs} is over {MAX_LOGPROBS}")
+        if p.constrained and self.mask_bits.shape[1] == 0:
+            raise ValueError("sampling.structured: this table has no token masks (vocab_size 0)")
         if len(p.banned) > MAX_BAN:
             raise ValueError(f"min_tokens: {len(p.banned)} token ids to ban, at most {MAX_BAN}")
         if p.penalized and not self.history.known[slot]:
@@ -216,6 +231,7 @@ class SamplingTable:
             (self.frequency, p.frequency_penalty + 0.0),
             (self.n_logprobs, p.logprobs),
             (self.ban_end, p.ban_end if p.banning else 0),
+            (self.masked, p.constrained),
         ):
             # fill_: a kernel on the current stream (every reader's: the workers' passes and graph replays run
             # on it), not `t[slot] = v`, a blocking H2D copy that waited for every pass already queued (a
@@ -233,6 +249,12 @@ class SamplingTable:
             self.ban_ids[slot].copy_(torch.tensor(list(p.banned) + [0] * pad, dtype=torch.int64))
             self.ban_vals[slot].copy_(torch.tensor([-math.inf] * len(p.banned) + [-0.0] * pad))
         self.params[slot] = p
+
+    def allow(self, slot: int, bits: torch.Tensor) -> None:
+        """A constrained slot's next picks may take only the tokens set in bits ([words] int32, CPU; pinned for
+        an asynchronous copy): written on the current stream, so steps launched after this call read it.
+        The caller keeps `bits` unchanged until a later step has read it (it reuses it after collecting one)."""
+        self.mask_bits[slot].copy_(bits, non_blocking=bits.is_pinned())
 
     def clear(self, slot: int) -> None:
         self.set(slot, GREEDY)

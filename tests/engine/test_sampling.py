@@ -381,3 +381,32 @@ def test_min_tokens_bans_its_ids_below_the_end_only_and_leaves_other_rows_bitwis
     with pytest.raises(ValueError, match="min_tokens"):
         many.set(0, Params(ban_end=3, banned=tuple(range(81))))
     assert many.params[0] == Params()  # a refused set leaves the slot as it was
+
+
+def test_a_constrained_slot_picks_only_its_allowed_tokens_and_other_rows_stay_bitwise():
+    """Structured outputs' mask (SamplingTable.allow): a constrained slot's greedy and sampled picks, logprobs and
+    top-N keep to the allowed bits; rows of other slots beside it are bitwise what they are alone; a slot set
+    unconstrained again ignores the bits it had."""
+    torch.manual_seed(7)
+    V = 500
+    logits = torch.randn(3, V) * 3
+    t = SamplingTable(4, "cpu", W, vocab_size=V)
+    ok = [3, 77, 499]
+    bits = torch.zeros((V + 31) // 32, dtype=torch.int32)
+    for i in ok:
+        bits[i // 32] |= torch.tensor(1 << (i % 32), dtype=torch.int64).to(torch.int32)
+    g, smp = Params(structured=b"x", logprobs=3), Params(structured=b"x", temperature=0.9, seed=2, logprobs=3)
+    t.set(0, g)
+    t.set(1, smp)
+    t.set(2, Params(logprobs=3))
+    t.allow(0, bits)
+    t.allow(1, bits)
+    tok, lp, top_lp, top_ids = sample(logits, torch.tensor([0, 1, 2]), torch.tensor([5, 5, 5]), t, logprobs=True)
+    assert int(tok[0]) == ok[int(logits[0, ok].argmax())] and int(tok[1]) in ok
+    assert set(top_ids[0, :3].tolist()) == set(ok) and torch.isinf(top_lp[0, 3:]).all()
+    alone = sample(logits[2:], torch.tensor([2]), torch.tensor([5]), _table({2: Params(logprobs=3)}), logprobs=True)
+    assert all(torch.equal(a[0], b[2]) for a, b in zip(alone, (tok, lp, top_lp, top_ids)))
+    t.set(0, Params(logprobs=3))  # no longer constrained: its stale bits are not read
+    assert int(sample(logits[:1], torch.tensor([0]), torch.tensor([5]), t)[0][0]) == int(logits[0].argmax())
+    with pytest.raises(ValueError, match="no token masks"):
+        SamplingTable(2, "cpu", W).set(0, g)

@@ -1,0 +1,178 @@
+"""Structured outputs: a request's grammar (`SamplingParams.structured`) as the set of tokens it allows next.
+
+    grammars = Grammars.of_model(model_dir, vocab_size, eos_ids)   # one per worker (compiled grammars cached)
+    engine.grammars = source(model_dir, vocab_size, eos_ids)       # the same, built on first use
+    c = grammars.constraint(spec_bytes)   # a matcher at the start of the output; ValueError for a bad grammar
+    c.accept(tokens)                      # advance over generated tokens; ValueError for one it does not allow
+    c.fill(bits)                          # bits [words(V)] int32: bit t of word t // 32 set = token t allowed
+    check(spec)                           # the router's cheap check of a StructuredOutput (no compile)
+
+Compiling and matching are xgrammar's (a well-kept library: vLLM's and SGLang's default backend). A spec is
+a `baton.v1.StructuredOutput`, carried serialized (deterministic bytes) in `Params.structured`, so equal
+grammars share one compile. The mask depends only on the grammar and the tokens accepted so far: any worker
+rebuilds it from the session's generated tokens (a hand-off, a migration's re-prefill), and the rows of one
+slot never see another's (batch invariance: baton/engine/sample_rows.py applies it per row).
+
+Lifecycle (docs/CONTRACTS.md, "Structured outputs"): the prefill worker builds a session's constraint, accepts
+the generated tokens a re-prefill replays, and masks the first pick; the decode worker builds it again from the
+history the router sends with the first Decode, accepts the pending token, then after every token it hands
+out accepts it and writes the next mask before the session's next step (such a session never runs ahead).
+The grammar's end allows only EOS, so a finished structure ends the request there.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from pathlib import Path
+
+MAX_SPEC_BYTES = 64 * 1024  # a schema / regex / grammar / the choices together
+MAX_CHOICES = 256
+KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+
+
+def words(vocab_size: int) -> int:
+    """int32 words of one row's mask."""
+    return (vocab_size + 31) // 32
+
+
+def check(spec) -> None:
+    """ValueError "sampling.structured...: why" for a StructuredOutput no worker could compile for sure: the
+    router's check, without xgrammar (a schema must be a JSON object; a regex / grammar non-empty)."""
+    kind = spec.WhichOneof("kind")
+    if kind is None:
+        raise ValueError("sampling.structured: set one of " + ", ".join(KINDS))
+    if spec.ByteSize() > MAX_SPEC_BYTES:
+        raise ValueError(f"sampling.structured: {spec.ByteSize()} bytes, at most {MAX_SPEC_BYTES}")
+    if kind == "json_schema":
+        try:
+            schema = json.loads(spec.json_schema)
+        except ValueError as e:
+            raise ValueError(f"sampling.structured.json_schema: not JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise ValueError("sampling.structured.json_schema: a JSON Schema is a JSON object")
+    elif kind == "json_object" and not spec.json_object:
+        raise ValueError("sampling.structured.json_object: true, or set another kind")
+    elif kind in ("regex", "grammar") and not getattr(spec, kind):
+        raise ValueError(f"sampling.structured.{kind}: empty")
+    elif kind == "choice":
+        opts = list(spec.choice.options)
+        if not opts or len(opts) > MAX_CHOICES or not all(opts):
+            raise ValueError(f"sampling.structured.choice: 1..{MAX_CHOICES} non-empty strings")
+
+
+def _choice_grammar(options) -> str:
+    """EBNF of exactly one of the strings (JSON string literals: xgrammar's EBNF reads the same escapes)."""
+    return "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in dict.fromkeys(options))
+
+
+class Constraint:
+    """One session's matcher: the tokens accepted so far and what may follow."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self._m, self.vocab_size = matcher, vocab_size
+
+    def accept(self, tokens) -> None:
+        for t in tokens:
+            if not self._m.accept_token(int(t)):
+                raise ValueError(f"sampling.structured: token {int(t)} does not continue the grammar")
+
+    def fill(self, bits) -> None:
+        """bits: a [words] int32 CPU tensor, overwritten with the allowed set (one bit a token)."""
+        self._m.fill_next_token_bitmask(bits.view(1, -1), 0)
+
+    @property
+    def finished(self) -> bool:
+        return self._m.is_terminated()
+
+
+class Grammars:
+    """xgrammar's compiler for one tokenizer; compiled grammars cached by spec bytes (thread-safe)."""
+
+    def __init__(self, tokenizer_info, vocab_size: int):
+        import xgrammar as xgr
+
+        self._xgr, self.vocab_size = xgr, vocab_size
+        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=2)
+        self._lock = threading.Lock()
+        self._compiled = functools.lru_cache(maxsize=256)(self._compile)
+
+    @classmethod
+    def of_model(cls, model_dir: str | Path | None, vocab_size: int, eos_ids) -> "Grammars":
+        """From the checkpoint's tokenizer.json. ValueError when the model has none (a random-init model)
+        or xgrammar is missing."""
+        if model_dir is None or not (Path(model_dir) / "tokenizer.json").is_file():
+            raise ValueError("sampling.structured: this worker's model has no tokenizer.json")
+        return _of_model(str(model_dir), vocab_size, tuple(sorted(eos_ids)))
+
+    def _compile(self, spec_bytes: bytes):
+        from baton.v1 import common_pb2
+
+        spec = common_pb2.StructuredOutput.FromString(spec_bytes)
+        kind, c = spec.WhichOneof("kind"), self._compiler
+        try:
+            if kind == "json_schema":
+                return c.compile_json_schema(spec.json_schema, any_whitespace=not spec.compact_whitespace)
+            if kind == "json_object":  # OpenAI's json_object: an object (the builtin grammar takes any value)
+                return c.compile_json_schema('{"type": "object"}', any_whitespace=not spec.compact_whitespace)
+            if kind == "regex":
+                return c.compile_regex(spec.regex)
+            if kind == "grammar":
+                return c.compile_grammar(spec.grammar)
+            if kind == "choice":
+                return c.compile_grammar(_choice_grammar(spec.choice.options))
+        except (RuntimeError, ValueError) as e:  # xgrammar's errors carry "[time] file:line: why"
+            why = str(e).strip().splitlines()[0].split(": ", 1)[-1]
+            raise ValueError(f"sampling.structured.{kind}: {why}") from None
+        raise ValueError("sampling.structured: set one of " + ", ".join(KINDS))
+
+    def constraint(self, spec_bytes: bytes) -> Constraint:
+        with self._lock:
+            compiled = self._compiled(bytes(spec_bytes))
+        return Constraint(self._xgr.GrammarMatcher(compiled), self.vocab_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _of_model(model_dir: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Grammars:
+    try:
+        import xgrammar as xgr
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerFast
+    except ImportError as e:  # noqa: F841 - a clear refusal, not a traceback
+        raise ValueError(f"sampling.structured: this worker cannot compile grammars ({e})") from None
+    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
+    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=list(eos_ids) or None)
+    return Grammars(info, vocab_size)
+
+
+def source(model_dir, vocab_size: int, eos_ids):
+    """-> a callable giving the model's Grammars, built on its first call (xgrammar and the tokenizer are
+    loaded only by a worker that gets a structured request); it raises the ValueError of_model raises."""
+    return lambda: Grammars.of_model(model_dir, vocab_size, eos_ids)
+
+
+def none():
+    """The grammars of an engine that was given none (a model without a tokenizer)."""
+    raise ValueError("sampling.structured: this worker's model has no tokenizer to compile grammars with")
+
+
+class Masker:
+    """One constrained session's masks on a SamplingTable: `start(history)` accepts the tokens generated before
+    this worker's first pick, then writes the mask of that pick; `step(tokens)` accepts the tokens handed out
+    and writes the next pick's mask (before the session's next step is launched). One pinned buffer, rewritten
+    only after a step that read the last copy has been collected."""
+
+    def __init__(self, constraint: Constraint, table, slot: int):
+        import torch
+
+        self.c, self.table, self.slot = constraint, table, slot
+        pin = table.mask_bits.is_cuda
+        self.bits = torch.empty(table.mask_bits.shape[1], dtype=torch.int32, pin_memory=pin)
+
+    def step(self, tokens=()) -> None:
+        if self.c.finished:  # EOS accepted (a caller that ignores EOS): the mask stays "EOS only"
+            return
+        self.c.accept(tokens)
+        self.c.fill(self.bits)
+        self.table.allow(self.slot, self.bits)

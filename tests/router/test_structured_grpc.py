@@ -1,0 +1,184 @@
+"""Structured outputs over real loopback gRPC (SamplingParams.structured): a router, a prefill worker and decode
+workers in this process on the embedded default model.
+
+Fast bf16 gives exactly the exact engine's constrained decode (`complete` with the same grammar), greedy and
+seeded, for a JSON Schema, JSON object, regex, EBNF grammar and a choice; each output follows its grammar and
+ends at EOS; fp8 outputs follow theirs; 8 concurrent requests (constrained and not) each give their tokens
+alone; a decode worker stopped mid-stream: the re-prefilled session goes on under the same grammar with the
+same tokens; refusals name sampling.structured (exact mode, the mtp engine, ignore_eos, a bad schema, a regex
+the workers' compiler refuses) and the next request is served.
+"""
+
+import json
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from helpers import wait_serving
+
+from baton.client import Client, structured_output
+from baton.engine.sampling import Params
+from baton.settings import Settings
+
+MAX_LEN = 256
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+PROMPT = "Describe a user as JSON:"
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+SPECS = {
+    "json_schema": {"json_schema": SCHEMA, "compact_whitespace": True},  # (the tiny model loves whitespace)
+    "json_object": {"json_object": True, "compact_whitespace": True},
+    "regex": {"regex": "[a-z]{2,8}@[a-z]{2,8}\\.(com|org)"},
+    "grammar": {"grammar": 'root ::= "(" num ("+" num)* ")"\nnum ::= [1-9] [0-9]?'},
+    "choice": {"choice": ["red", "green", "blue"]},
+}
+
+
+def follows(kind: str, text: str) -> bool:
+    if kind == "json_schema":
+        v = json.loads(text)
+        return set(v) == {"name", "age"} and isinstance(v["name"], str) and isinstance(v["age"], int)
+    if kind == "json_object":
+        return isinstance(json.loads(text), dict)
+    if kind == "regex":
+        return re.fullmatch(SPECS["regex"]["regex"], text) is not None
+    if kind == "grammar":
+        return re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?)*\)", text) is not None
+    return text in SPECS["choice"]["choice"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from baton.loading import load_model
+
+    return load_model(None, dtype="fp32", device="cpu", mtp=True)
+
+
+def _cluster(lm, decodes: int = 1):
+    from decode_worker.serve import serve_decode
+    from prefill_worker.serve import serve_prefill
+    from router.__main__ import serve_router, stop_router
+
+    st = Settings()
+    p = serve_prefill(lm, max_len=MAX_LEN, settings=st)[0]
+    ds = [serve_decode(lm, max_len=MAX_LEN, settings=st, default_engine="mtp")[0] for _ in range(decodes)]
+    rh, rs = serve_router(prefill=[p.address], decode=[d.address for d in ds], settings=st)
+    c = Client(rh.address)
+    wait_serving(c)
+
+    def close():
+        c.close()
+        stop_router(rh, rs, 0)
+        for w in [p, *ds]:
+            w.stop(0)
+
+    return c, ds, close
+
+
+@pytest.fixture(scope="module")
+def client(lm):
+    c, _, close = _cluster(lm)
+    yield c
+    close()
+
+
+@pytest.fixture(scope="module")
+def exact(lm):
+    """The exact engine's constrained decode in process (`baton complete`'s path), stopping at EOS."""
+    from baton.complete import complete
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_dir(None))
+
+    def ref(spec, n, **kw):
+        s = structured_output(spec).SerializeToString(deterministic=True)
+        return complete(None, tok.encode(PROMPT), n, loaded=lm, max_len=MAX_LEN, sampling=Params(structured=s, **kw))
+
+    return ref
+
+
+def run(c, n=48, **kw):
+    ids, text, last = [], "", None
+    for d in c.generate(PROMPT, max_new_tokens=n, timeout=120, **kw):
+        ids += d.token_ids
+        text += d.text
+        last = d
+    return ids, text, last
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_fast_bf16_is_the_exact_engines_constrained_decode_and_follows_the_grammar(client, exact, kind):
+    """Greedy and seeded T = 0.9: the tokens of the exact engine with the same grammar; the text follows it and
+    the request ends at EOS (the grammar allows nothing else once complete; JSON object's greedy one is cut by
+    max_new_tokens: the embedded model never closes its string)."""
+    for extra in (dict(), dict(temperature=0.9, seed=11)):
+        ids, text, last = run(client, structured=SPECS[kind], engine="bf16", **extra)
+        assert ids == exact(SPECS[kind], 48, **extra), (kind, extra)
+        if kind == "json_object" and last.finish_reason == "LENGTH":  # an open object: the tiny model rambles
+            assert text.startswith("{") and len(ids) == 48
+            continue
+        assert last.finish_reason == "EOS" and follows(kind, text), (kind, extra, text)
+
+
+def test_the_default_engine_is_bf16_for_a_grammar_and_fp8_follows_it_too(client, exact):
+    """The decode workers here default to mtp, which takes no grammar: an unnamed engine is bf16 for a
+    structured request (the exact engine's tokens); fp8's own tokens follow the grammar."""
+    assert run(client, structured=SPECS["regex"])[0] == exact(SPECS["regex"], 48)
+    for kind in sorted(SPECS):
+        _, text, last = run(client, structured=SPECS[kind], engine="fp8", temperature=0.9, seed=5)
+        assert last.finish_reason == "EOS" and follows(kind, text), (kind, text)
+
+
+def test_eight_concurrent_requests_constrained_or_not_each_give_their_tokens_alone(client):
+    jobs = [dict(structured=SPECS[k], temperature=0.8, seed=i) for i, k in enumerate(sorted(SPECS))]
+    jobs += [dict(temperature=0.8, seed=40), dict(), dict(structured=SPECS["json_schema"])]  # 8: the workers' slots
+    alone = [run(client, engine="bf16", **kw)[0] for kw in jobs]
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        together = list(ex.map(lambda kw: run(client, engine="bf16", **kw)[0], jobs))
+    assert together == alone
+
+
+def test_a_grammar_survives_a_decode_worker_stopped_mid_stream(lm, exact):
+    """The router re-prefills prompt + sent tokens on the other decode worker: the prefill worker's matcher
+    replays the generated tokens for the next pick's mask, the decode worker's matcher replays the history."""
+    c, ds, close = _cluster(lm, decodes=2)
+    try:
+        spec, kw = {"regex": "[a-z]{60,90}"}, dict(temperature=1.0, seed=8)
+        want = exact(spec, 40, **kw)
+        got, stopped, last = [], threading.Event(), None
+        for d in c.generate(PROMPT, max_new_tokens=40, timeout=120, structured=spec, engine="bf16", **kw):
+            got += d.token_ids
+            last = d
+            if len(got) >= 6 and not stopped.is_set():
+                (busy,) = [h for h in ds if h.servicer.engine.session_count()]
+                busy.stop(0)
+                stopped.set()
+        assert stopped.is_set() and got == want and last.stats["migrations"] == 1
+    finally:
+        close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        (dict(mode="exact"), "sampling.structured: exact mode"),
+        (dict(engine="mtp"), "sampling.structured: the mtp engine"),
+        (dict(ignore_eos=True), "sampling.structured: ends at EOS"),
+        (dict(structured={"json_schema": "{not json"}), "sampling.structured.json_schema: not JSON"),
+        (dict(structured={"regex": "(unclosed"}), "sampling.structured.regex: "),
+        (dict(structured={"json_schema": {"type": 7}}), "sampling.structured.json_schema: "),
+    ],
+)
+def test_refusals_name_the_field_and_the_next_request_is_served(client, kw, why):
+    kw = {"structured": SPECS["choice"], **kw}
+    with pytest.raises(grpc.RpcError) as ei:
+        run(client, n=8, **kw)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
+    assert ei.value.details().startswith(why), ei.value.details()
+    assert follows("choice", run(client, structured=SPECS["choice"])[1])

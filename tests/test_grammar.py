@@ -1,0 +1,117 @@
+"""baton/grammar.py: structured outputs' grammars (xgrammar) as per-token masks, and the router's cheap check."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from baton import grammar
+from baton.client import structured_output
+from baton.loading import resolve_model_dir
+from baton.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_dir(resolve_model_dir(None))
+
+
+@pytest.fixture(scope="module")
+def grammars(tok):
+    from baton.config import ModelConfig
+
+    cfg = ModelConfig.from_hf(resolve_model_dir(None))
+    return grammar.Grammars.of_model(resolve_model_dir(None), cfg.vocab_size, cfg.eos_token_ids)
+
+
+def spec(**kw) -> bytes:
+    return structured_output(kw).SerializeToString(deterministic=True)
+
+
+def allowed(c, V) -> set[int]:
+    bits = torch.empty(grammar.words(V), dtype=torch.int32)
+    c.fill(bits)
+    return {t for t in range(V) if (int(bits[t // 32]) >> (t % 32)) & 1}
+
+
+def walk(grammars, tok, s: bytes, text: str) -> list[int]:
+    """The tokens of text, each checked to be allowed where it comes; -> the allowed set's sizes."""
+    c = grammars.constraint(s)
+    sizes = []
+    for t in tok.encode(text):
+        ok = allowed(c, grammars.vocab_size)
+        assert t in ok, (text, t)
+        sizes.append(len(ok))
+        c.accept([t])
+    return sizes
+
+
+def test_a_choice_allows_exactly_its_strings_and_then_only_eos(grammars, tok):
+    s = spec(choice=['say "hi"', "back\\slash", "ünï"])
+    for text in ('say "hi"', "back\\slash", "ünï"):
+        walk(grammars, tok, s, text)
+        c = grammars.constraint(s)
+        c.accept(tok.encode(text))
+        assert allowed(c, grammars.vocab_size) <= set(tok.eos_token_ids)  # complete: EOS only
+    c = grammars.constraint(s)
+    with pytest.raises(ValueError, match="does not continue the grammar"):
+        c.accept(tok.encode("nope"))
+
+
+def test_json_schema_json_object_and_regex_masks(grammars, tok):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    walk(grammars, tok, spec(json_schema=schema), '{"n": 12}')
+    c = grammars.constraint(spec(json_schema=schema, compact_whitespace=True))
+    assert tok.encode("{")[0] in allowed(c, grammars.vocab_size)
+    c.accept(tok.encode("{"))
+    assert tok.encode(" ")[0] not in allowed(c, grammars.vocab_size)  # compact: no whitespace
+    first = allowed(grammars.constraint(spec(json_object=True)), grammars.vocab_size)
+    assert tok.encode("{")[0] in first and tok.encode("[")[0] not in first  # an object, not any JSON value
+    walk(grammars, tok, spec(regex="[0-9]{3}-x"), "123-x")
+    assert tok.encode("a")[0] not in allowed(grammars.constraint(spec(regex="[0-9]{3}-x")), grammars.vocab_size)
+    walk(grammars, tok, spec(grammar='root ::= "a" root | "b"'), "aab")
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        (dict(json_schema={"type": 5}), "json_schema"),
+        (dict(regex="(unclosed"), "regex"),
+        (dict(grammar="root ::= nothing_defined"), "grammar"),
+    ],
+)
+def test_what_xgrammar_refuses_is_a_value_error_naming_the_kind(grammars, kw, field):
+    with pytest.raises(ValueError, match=re.escape(f"sampling.structured.{field}: ")):
+        grammars.constraint(spec(**kw))
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        (dict(json_schema="not json"), "json_schema: not JSON"),
+        (dict(json_schema="[1]"), "json_schema: a JSON Schema is a JSON object"),
+        (dict(json_object=False), "json_object"),
+        (dict(regex=""), "regex: empty"),
+        (dict(choice=[]), "choice"),
+        (dict(choice=["a", ""]), "choice"),
+        (dict(regex="x" * (grammar.MAX_SPEC_BYTES + 1)), "bytes, at most"),
+    ],
+)
+def test_the_routers_check_names_the_field(kw, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        grammar.check(structured_output(kw))
+
+
+def test_check_of_an_unset_spec_and_a_model_without_tokenizer(tmp_path):
+    from baton.v1 import common_pb2
+
+    with pytest.raises(ValueError, match="set one of"):
+        grammar.check(common_pb2.StructuredOutput())
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        grammar.Grammars.of_model(tmp_path, 100, (1,))
+    with pytest.raises(ValueError, match="no tokenizer"):
+        grammar.none()
+    assert json.loads(structured_output({"json_schema": {"type": "object"}}).json_schema) == {"type": "object"}
+    with pytest.raises(ValueError, match="one of"):
+        structured_output({"regex": "a", "choice": ["b"]})
