@@ -18,9 +18,10 @@ top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logp
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
 300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
 (GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves), min_tokens
-(SamplingParams': at most max_tokens, checked by the router). Refused
+(SamplingParams': at most max_tokens, checked by the router), and structured outputs (response_format
+json_object / json_schema, vLLM's guided_* and structured_outputs: router/http/structured.py). Refused
 with a 400 naming the field until Baton supports them: suffix, best_of > 1, functions, non-text content parts,
-response_format other than text, tools on /v1/completions; and n x prompts beyond the
+tools on /v1/completions; and n x prompts beyond the
 sessions the workers hold at once (Limits.capacity: they could never all start). Chat `tools`
 (tool_choice "auto", "required" or a named function; parallel_tool_calls): the template shows them, each
 choice's text is split into content and `tool_calls`, and "required" / named force a call by writing its
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 
 from baton.names import ENGINE_VALUES
 from baton.v1 import common_pb2, router_pb2
+from router.http import structured
 from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
 from router.http.fields import U32, _bool, _ids, _int, _is_int, _is_num, _num, _only, _stops
@@ -127,7 +129,9 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
     )
     gen["sampling"] = _sampling(body, job.stops)
     _only(body, "functions", lambda v: v == [], "the legacy functions field is not supported: use tools")
-    _only(body, "response_format", lambda v: v == {"type": "text"}, "only {\"type\": \"text\"} is supported")
+    spec, structured_names = structured.parse(body)  # response_format, vLLM's guided_* / structured_outputs
+    if spec is not None:
+        gen["sampling"].structured.CopyFrom(spec)
     # vLLM's extra parameters: those Baton has are taken as its own; the others are refused, not ignored
     gen["skip_special_tokens"] = _bool(body, "skip_special_tokens", True)
     gen["include_stop_str_in_output"] = _bool(body, "include_stop_str_in_output", False)
@@ -161,6 +165,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if ids is not None:
             gen["stop_token_ids"] = _ids(ids, "baton.stop_token_ids", allow_empty=True)
     job.rename = {**{f"sampling.{f}": f for f in SAMPLING_FIELDS}, "sampling.stop": "stop"}
+    job.rename |= structured_names
     job.rename |= {
         "draft_block": "baton.draft_block",
         "mode": "baton.mode",

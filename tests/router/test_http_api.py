@@ -14,6 +14,7 @@ and the lazy import.
 
 import json
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -532,6 +533,40 @@ def test_min_tokens_equals_grpc_and_holds_the_stop_ids_back(stack, tok):
     assert r.usage.completion_tokens == sum(len(d.token_ids) for d in want) >= 8
 
 
+def test_structured_outputs_follow_their_grammar_and_equal_grpc(stack, tok):
+    """OpenAI's response_format (json_schema, json_object) and vLLM's guided_choice / guided_regex /
+    structured_outputs reach SamplingParams.structured: chat and completions outputs follow the grammar, the
+    same text as gRPC with the same StructuredOutput."""
+    client = stack.openai()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    msgs = [{"role": "user", "content": "A number as JSON"}]
+    r = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=40, temperature=0.8, seed=4,
+        extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}},
+    )  # fmt: skip
+    v = json.loads(r.choices[0].message.content)
+    assert set(v) == {"n"} and isinstance(v["n"], int) and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=30, extra_body={"guided_choice": ["alpha", "beta", "gamma"]}
+    )
+    assert r.choices[0].text in ("alpha", "beta", "gamma") and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, extra_body={"guided_regex": "[0-9]{4}"})
+    assert re.fullmatch("[0-9]{4}", r.choices[0].text)
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+    r = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=24, seed=2, extra_body={"response_format": fmt}
+    )
+    with Client(stack.grpc, token=stack.token) as c:
+        want = "".join(
+            d.text for d in c.generate(PROMPT, max_new_tokens=24, seed=2, structured={"json_schema": schema})
+        )
+    assert r.choices[0].text == want and want.lstrip().startswith("{")
+    r = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=8, response_format={"type": "json_object"}
+    )
+    assert r.choices[0].message.content.lstrip().startswith("{")
+
+
 def test_echo_with_prompt_logprobs_scores_a_continuation(stack, tok):
     """echo: the prompt's text first; with logprobs N, its tokens too: token_logprobs[0] is null, then each
     prompt token's logprob given those before it (gRPC's prompt_logprobs), then the generated tokens'. What
@@ -694,7 +729,18 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 20000}]}, 400, "messages"),
     # what OpenAI / vLLM users may send that Baton does not do: refused, not silently ignored
-    ("/v1/completions", {"prompt": PROMPT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/completions", {"prompt": PROMPT, "response_format": {"type": "xml"}}, 400, "response_format"),
+    (
+        "/v1/completions",
+        {"prompt": PROMPT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        400,
+        "response_format.json_schema.schema",
+    ),
+    ("/v1/completions", {"prompt": PROMPT, "guided_regex": "(open"}, 400, "guided_regex"),  # the workers' compiler
+    ("/v1/completions", {"prompt": PROMPT, "guided_json": "[1]"}, 400, "guided_json"),  # the router's check
+    ("/v1/completions", {"prompt": PROMPT, "guided_choice": ["a"], "guided_regex": "b"}, 400, "guided_choice"),
+    ("/v1/completions", {"prompt": PROMPT, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, None),
+    ("/v1/completions", {"prompt": PROMPT, "guided_choice": ["a"], "baton": {"mode": "exact"}}, 400, "guided_choice"),
     ("/v1/completions", {"prompt": PROMPT, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/completions", {"prompt": PROMPT, "tool_choice": "auto"}, 400, "tool_choice"),
     ("/v1/completions", {"prompt": PROMPT, "min_tokens": 17}, 400, "min_tokens"),  # over max_tokens (16)
