@@ -172,7 +172,8 @@ def test_concurrent_decodes_step_together_and_equal_alone(big):
 def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kind, monkeypatch):
     """Sessions that sample (seeded temperature with top-p, top-k with min-p; with logprobs for "arbs", and
     for "arbs" a greedy and a sampled session with a logit_bias, the sampled one penalized too, the greedy one
-    with min_tokens' ban of its biased ids for half the steps) beside greedy
+    with min_tokens' ban of its biased ids for half the steps, and a structured-output session under a fixed
+    mask) beside greedy
     ones: every batched step replays the captured sampled graph ("arbs": the full pick on the
     device; "arbt": the lite one, no penalties or logprobs asked) and each session's tokens and logprobs are
     bitwise those of the session stepping alone (eager pick)."""
@@ -193,7 +194,13 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
         kinds += [
             Params(logit_bias=bias),
             Params(temperature=0.9, seed=5, logit_bias=bias, repetition_penalty=1.3, presence_penalty=0.4),
+            Params(temperature=0.7, seed=9, structured=b"mask"),  # structured outputs: a fixed mask's bits
         ]
+        allowed = torch.randperm(V, generator=g)[:2000]
+        bits = torch.zeros(r.sampling.mask_bits.shape[1] * 32, dtype=torch.int64)
+        bits[allowed] = 1
+        bits = (bits.view(-1, 32) << torch.arange(32)).sum(1).to(torch.int64)
+        bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
     for s in range(S):
         r.prefill(s, torch.randint(0, V, (int(torch.randint(20, 400, (1,), generator=g)),), generator=g).tolist())
         r.sampling.history.begin(s, r.state.position[s].item())  # penalties read the slot's history
@@ -201,6 +208,8 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
         if p.logit_bias and p.greedy:  # min_tokens too: its biased ids banned for the first half of the steps
             p = dataclasses.replace(p, ban_end=r.state.position[s].item() + T // 2, banned=(3, V - 1))
         r.sampling.set(s, p)
+        if p.constrained:
+            r.sampling.allow(s, bits)
     targets, st = ([1, 2, 3, 4, 5] if kind == "arbs" else [1, 2, 5, 9]), r.state  # each kind of session
     solo = {}
     for s in targets:  # alone: the one-slot AR step (a sampled slot picks eagerly)
@@ -225,6 +234,8 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
         for s in targets:
             got[s][1].append(r.sampling.logprobs(s, 1))
     assert sum(k == kind for k, _ in replays) == T and set(k for k, _ in replays) == {kind}
+    if kind == "arbs":  # the constrained session picked only its allowed tokens
+        assert set(got[5][0]) <= set(allowed.tolist())
     for s in targets:
         assert got[s][0] == solo[s][0], s
         assert got[s][1] == solo[s][1], (s, "logprobs")
