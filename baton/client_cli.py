@@ -95,6 +95,14 @@ def add_sampling_arguments(p: argparse.ArgumentParser, stop: bool = True) -> Non
     )
     if stop:
         p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable, at most 16)")
+    g = p.add_mutually_exclusive_group()  # structured outputs (SamplingParams.structured)
+    g.add_argument(
+        "--json-schema", metavar="SCHEMA", help="the output is JSON valid against SCHEMA (JSON text, or @FILE)"
+    )
+    g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", help="the output matches this regular expression")
+    g.add_argument("--grammar", metavar="EBNF", help="the output follows this EBNF grammar (rule root; or @FILE)")
+    g.add_argument("--choice", action="append", help="the output is one of these strings (repeatable)")
 
 
 def _bias(text: str) -> tuple[int, float]:
@@ -108,7 +116,31 @@ def _bias(text: str) -> tuple[int, float]:
 def sampling_kwargs(args) -> dict:
     names = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty")
     names += ("frequency_penalty", "min_tokens")
-    return {n: getattr(args, n) for n in names} | {"logit_bias": dict(args.logit_bias)}
+    return {n: getattr(args, n) for n in names} | {"logit_bias": dict(args.logit_bias), "structured": structured(args)}
+
+
+def structured(args) -> dict | None:
+    """The structured-output flags -> Client.generate's `structured` (None: none given); @FILE reads a file."""
+
+    def text(v: str) -> str:
+        if not v.startswith("@"):
+            return v
+        try:
+            return open(v[1:], encoding="utf-8").read()
+        except OSError as e:
+            raise SystemExit(f"baton: {v}: {e.strerror}") from None
+
+    if getattr(args, "json_schema", None):
+        return {"json_schema": text(args.json_schema)}
+    if getattr(args, "json_object", False):
+        return {"json_object": True}
+    if getattr(args, "regex", None):
+        return {"regex": args.regex}
+    if getattr(args, "grammar", None):
+        return {"grammar": text(args.grammar)}
+    if getattr(args, "choice", None):
+        return {"choice": list(args.choice)}
+    return None
 
 
 def _ids(text: str, flag: str) -> list[int]:

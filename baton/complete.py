@@ -138,7 +138,8 @@ def _sampling(args, vocab: int | None = None, prompt_len: int = 0, eos=()):
     --min-tokens holds `eos` back below prompt_len + min_tokens), or (error message, None)."""
     import secrets
 
-    from baton import sampling_rules
+    from baton import client_cli, sampling_rules
+    from baton.client import structured_output
     from baton.engine.sampling import Params
     from baton.v1 import common_pb2
 
@@ -149,6 +150,9 @@ def _sampling(args, vocab: int | None = None, prompt_len: int = 0, eos=()):
     msg.frequency_penalty, msg.min_tokens = args.frequency_penalty, args.min_tokens
     for tid, val in args.logit_bias:
         msg.logit_bias[tid] = val
+    spec = client_cli.structured(args)
+    if spec is not None:
+        msg.structured.CopyFrom(structured_output(spec))
     if args.seed is not None:
         msg.seed = args.seed % (1 << 64)
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 MAX_SPEC_BYTES = 64 * 1024  # a schema / regex / grammar / the choices together
 MAX_CHOICES = 256
+MAX_WHITESPACE = 32  # JSON's whitespace characters in one run (an indent 8 levels deep fits)
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
 
 
@@ -112,10 +113,9 @@ class Grammars:
         spec = common_pb2.StructuredOutput.FromString(spec_bytes)
         kind, c = spec.WhichOneof("kind"), self._compiler
         try:
-            if kind == "json_schema":
-                return c.compile_json_schema(spec.json_schema, any_whitespace=not spec.compact_whitespace)
-            if kind == "json_object":  # OpenAI's json_object: an object (the builtin grammar takes any value)
-                return c.compile_json_schema('{"type": "object"}', any_whitespace=not spec.compact_whitespace)
+            if kind in ("json_schema", "json_object"):  # json_object: an object (xgrammar's builtin: any value)
+                schema = spec.json_schema if kind == "json_schema" else '{"type": "object"}'
+                return c.compile_json_schema(schema, **self._whitespace(spec))
             if kind == "regex":
                 return c.compile_regex(spec.regex)
             if kind == "grammar":
@@ -126,6 +126,14 @@ class Grammars:
             why = str(e).strip().splitlines()[0].split(": ", 1)[-1]
             raise ValueError(f"sampling.structured.{kind}: {why}") from None
         raise ValueError("sampling.structured: set one of " + ", ".join(KINDS))
+
+    @staticmethod
+    def _whitespace(spec) -> dict:
+        """JSON's whitespace: none (compact_whitespace), else any, in runs of at most MAX_WHITESPACE characters
+        (pretty-printed JSON fits; a model that would pad forever is stopped)."""
+        if spec.compact_whitespace:
+            return {"any_whitespace": False}
+        return {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE}
 
     def constraint(self, spec_bytes: bytes) -> Constraint:
         with self._lock:

@@ -115,3 +115,14 @@ def test_check_of_an_unset_spec_and_a_model_without_tokenizer(tmp_path):
     assert json.loads(structured_output({"json_schema": {"type": "object"}}).json_schema) == {"type": "object"}
     with pytest.raises(ValueError, match="one of"):
         structured_output({"regex": "a", "choice": ["b"]})
+
+
+def test_json_whitespace_runs_are_bounded(grammars, tok):
+    """Any whitespace, but at most MAX_WHITESPACE characters in a run: a model that would pad forever moves on."""
+    c = grammars.constraint(spec(json_schema={"type": "object"}))
+    c.accept(tok.encode("{"))
+    nl = tok.encode("\n")[0]
+    for _ in range(grammar.MAX_WHITESPACE):
+        assert nl in allowed(c, grammars.vocab_size)
+        c.accept([nl])
+    assert nl not in allowed(c, grammars.vocab_size) and tok.encode("}")[0] in allowed(c, grammars.vocab_size)
