@@ -170,6 +170,8 @@
 #   tests-decode   decode (the step pipeline), the hand-off (dynamic ring share)
 #   tests-mtp      batched MTP rounds: the chains' ("mtpb") and the verify's ("rowsb") graphs, ragged
 #                  groups, adaptive K (tests/engine/test_gpu_mtp_batch.py)
+#   structured     structured outputs on CUDA (tests/system/test_gpu_structured.py: the embedded model, 8 concurrent
+#                  constrained and plain sessions = the exact constrained decode; xgrammar from .whl)
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
@@ -360,9 +362,10 @@ spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 pro
   serve "$name" --prompts 2 --warmup 1,8 --requests "${SPEC_REQUESTS:-3}" --serve-args "--engines bf16,mtp" "$@"
 }
 case $stage in
-  tests-engine | tests-decode | tests-mtp | tests-serving)
+  tests-engine | tests-decode | tests-mtp | tests-serving | structured)
     case $stage in
       tests-mtp) files="tests/engine/test_gpu_mtp_batch.py" ;;
+      structured) files="tests/system/test_gpu_structured.py" ;;
       tests-engine) files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py" ;;
       tests-decode) files="tests/engine/test_gpu_decode.py tests/handoff/test_handoff.py" ;;
       *) files="tests/system/test_gpu_serving.py" ;;

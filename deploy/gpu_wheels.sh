@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage the gRPC wheels Baton needs to import on the GPU machine (Python 3.12, x86-64, no network).
+# Stage the gRPC wheels Baton needs to import on the GPU machine (Python 3.12, x86-64, no network), and xgrammar.
 #
 # The device image has grpcio and protobuf of unknown versions and lacks grpcio-health-checking and
 # grpcio-reflection. Those two are pure Python, but their generated stubs refuse to import unless
@@ -33,6 +33,14 @@ $py -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 
     "protobuf==$protobuf_version" \
     "grpcio-health-checking>=$series.0,<=$grpc_version" \
     "grpcio-reflection>=$series.0,<=$grpc_version"
+# structured outputs (baton/grammar.py): xgrammar and its compiled runtime, at the versions installed here (the
+# rest it needs, torch, transformers, triton, numpy, pydantic, is the device image's)
+rm -f "$dest"/xgrammar-*.whl "$dest"/apache_tvm_ffi-*.whl
+$py -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dest" \
+    "xgrammar==$($py -c 'import importlib.metadata as m; print(m.version("xgrammar"))')" \
+    "apache-tvm-ffi==$($py -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')"
 
 cat > "$dest/install.sh" <<'EOT'
 #!/usr/bin/env bash
