@@ -19,6 +19,7 @@ Session state lives in slot `session.slot` of `runner.state`; the runner replays
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -209,7 +210,22 @@ class DecodeEngine:
                     masker.step(toks)
                 yield toks
             return
-        yield from self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead)
+        s = self.get(session_id)
+        p = s.runner.sampling.params[s.slot]
+        if not p.banning:
+            yield from self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead)
+            return
+        # min_tokens: once every pick left is at or past the ban's end, the session drops the ban, so its steps
+        # may take the plain / lite graphs again (the ban adds -0.0 there: the same bits either way)
+        pos = s.loaded_position if s.loaded_position is not None else int(s.runner.state.position[s.slot])
+        produced = 0
+        for toks in self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead):
+            produced += len(toks)
+            if p is not None and pos + produced + 1 >= p.ban_end:
+                if s.runner.sampling.params[s.slot] is p:  # (unless the caller set others since)
+                    s.runner.sampling.set(s.slot, dataclasses.replace(p, ban_end=0, banned=()))
+                p = None
+            yield toks
 
     def _decode(self, session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead, plain: bool = False):
         s = self.get(session_id)
