@@ -17,6 +17,8 @@ Lifecycle (docs/CONTRACTS.md, "Structured outputs"): the prefill worker builds a
 the generated tokens a re-prefill replays, and masks the first pick; the decode worker builds it again from the
 history the router sends with the first Decode, accepts the pending token, then after every token it hands
 out accepts it and writes the next mask before the session's next step (such a session never runs ahead).
+In exact mode the prefill worker's Verify masks each block row after the drafts before it (`Masker.block`)
+and its matcher takes what the verify keeps (`Masker.commit`); the drafts themselves are unconstrained.
 The grammar's end allows only EOS, so a finished structure ends the request there.
 """
 
@@ -72,15 +74,23 @@ class Constraint:
     """One session's matcher: the tokens accepted so far and what may follow."""
 
     def __init__(self, matcher, vocab_size: int):
-        self._m, self.vocab_size = matcher, vocab_size
+        self._m, self.vocab_size = matcher, vocab_size  # (xgrammar's GrammarMatcher: rollback unlimited)
 
     def accept(self, tokens) -> None:
         for t in tokens:
             if not self._m.accept_token(int(t)):
                 raise ValueError(f"sampling.structured: token {int(t)} does not continue the grammar")
 
+    def try_accept(self, token: int) -> bool:
+        """Accepts token if the grammar allows it here; False (nothing accepted) if not."""
+        return bool(self._m.accept_token(int(token)))
+
+    def rollback(self, n: int) -> None:
+        """Undoes the last n accepted tokens."""
+        self._m.rollback(n)
+
     def fill(self, bits) -> None:
-        """bits: a [words] int32 CPU tensor, overwritten with the allowed set (one bit a token)."""
+        """bits: a [words] int32 CPU tensor (a row of a larger one is fine), overwritten with the allowed set."""
         self._m.fill_next_token_bitmask(bits.view(1, -1), 0)
 
     @property
@@ -166,21 +176,58 @@ def none():
 
 
 class Masker:
-    """One constrained session's masks on a SamplingTable: `start(history)` accepts the tokens generated before
-    this worker's first pick, then writes the mask of that pick; `step(tokens)` accepts the tokens handed out
-    and writes the next pick's mask (before the session's next step is launched). One pinned buffer, rewritten
-    only after a step that read the last copy has been collected."""
+    """One constrained session's masks on its slot of a SamplingTable (`SamplingTable.allow`: the mask of the
+    pick at position q lives in row q % W). `next` is the position of the session's next pick.
+
+        m.start(tokens, next)   # accept the tokens generated so far (a hand-off's, a re-prefill's), mask `next`
+        m.step(tokens)          # accept the tokens handed out (AR), mask the pick after them
+        m.block(start, tokens)  # a verify block [t0, d1..dK] (t0 at `start`): row j's mask after d1..dj
+        m.commit(tokens)        # accept a verify's kept drafts and its token (the next block masks its rows)
+
+    One pinned [W, words] buffer, rewritten only after a pass that read the last copy has been collected."""
 
     def __init__(self, constraint: Constraint, table, slot: int):
         import torch
 
-        self.c, self.table, self.slot = constraint, table, slot
-        pin = table.mask_bits.is_cuda
-        self.bits = torch.empty(table.mask_bits.shape[1], dtype=torch.int32, pin_memory=pin)
+        self.c, self.table, self.slot, self.next = constraint, table, slot, 0
+        W, n = table.mask_bits.shape[1:]
+        self.bits = torch.empty(W, n, dtype=torch.int32, pin_memory=table.mask_bits.is_cuda)
+
+    def start(self, tokens, next_position: int) -> None:
+        self.c.accept(tokens)
+        self.next = next_position
+        self._write(1)
 
     def step(self, tokens=()) -> None:
         if self.c.finished:  # EOS accepted (a caller that ignores EOS): the mask stays "EOS only"
             return
+        self.commit(tokens)
+        self._write(1)
+
+    def commit(self, tokens) -> None:
         self.c.accept(tokens)
-        self.c.fill(self.bits)
-        self.table.allow(self.slot, self.bits)
+        self.next += len(tokens)
+
+    def block(self, start: int, tokens) -> None:
+        """tokens = [t0, d1..dK], t0 the pending token at position `start`: rows start + 1 + j get the mask after
+        t0, d1..dj (t0 accepted first if this matcher has not seen it: the prefill's first token). A draft the
+        grammar refuses ends the masks (its row cannot pick it, so the verify keeps no draft past it); the rows
+        after it allow everything."""
+        if self.next == start:
+            self.commit(tokens[:1])
+        if self.next != start + 1:
+            raise RuntimeError(f"structured: the matcher is at position {self.next}, the block starts at {start}")
+        rows, taken = len(tokens), 0
+        self.bits[:rows].fill_(-1)
+        for j in range(rows):
+            self.c.fill(self.bits[j])
+            if j + 1 == rows or self.c.finished or not self.c.try_accept(tokens[j + 1]):
+                break
+            taken += 1
+        if taken:
+            self.c.rollback(taken)
+        self.table.allow(self.slot, start + 1, self.bits[:rows])
+
+    def _write(self, n: int) -> None:
+        self.c.fill(self.bits[0])
+        self.table.allow(self.slot, self.next, self.bits[:n])

@@ -35,6 +35,7 @@ FAILED_PRECONDITION foreign model/format, INVALID_ARGUMENT table/position).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -149,8 +150,8 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
             if bad:
                 raise StatusError(INVALID, f"history.token_ids: token id {bad[0]} out of range [0, {self.vocab})")
             table.history.load(s.slot, ids, h.generated_from)  # ValueError naming history.generated_from
-        if p is not None and p.constrained and proposing:
-            raise StatusError(INVALID, "sampling.structured: not in exact mode (a FAST session takes a grammar)")
+        if p is not None and p.constrained and proposing:  # exact mode's drafts: proposals, the Verify masks them
+            p = dataclasses.replace(p, structured=b"")
         table.set(s.slot, p, proposing=proposing)
 
     def _masker(self, s, request):
@@ -162,8 +163,9 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
         if not request.HasField("history"):
             raise StatusError(INVALID, "history: a structured session's Decode needs its token history")
         m = grammar.Masker(self.engine.grammars().constraint(p.structured), s.runner.sampling, s.slot)
-        h = request.history
-        m.step([*h.token_ids[h.generated_from :], int(s.runner.state.next_token[s.slot])])  # ValueError: INVALID
+        h, st = request.history, s.runner.state
+        pending, pos = int(st.next_token[s.slot]), int(st.position[s.slot])  # the first step picks pos + 1
+        m.start([*h.token_ids[h.generated_from :], pending], pos + 1)  # ValueError: INVALID_ARGUMENT
         return m
 
     # ---- RPCs ------------------------------------------------------------------------------------

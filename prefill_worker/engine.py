@@ -179,7 +179,7 @@ class ExactEngine:
             self.runner.sampling.set(s.slot, sampling)
             if sampling is not None and sampling.constrained:  # the first pick follows the generated tokens
                 s.masker = grammar.Masker(self.grammars().constraint(sampling.structured), self.runner.sampling, s.slot)
-                s.masker.step(ids[len(ids) - generated :])  # ValueError naming sampling.structured
+                s.masker.start(ids[len(ids) - generated :], len(ids))  # ValueError naming sampling.structured
         except BaseException:
             self.release(s.id)
             raise

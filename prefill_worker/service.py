@@ -133,8 +133,6 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
         exact = r.mode == common_pb2.EXACT
         if exact and not r.session_id:
             raise StatusError(INVALID, "session_id: required for EXACT mode (Verify addresses the session by it)")
-        if exact and sampling_rules.structured(r.sampling if r.HasField("sampling") else None):
-            raise StatusError(INVALID, "sampling.structured: not in EXACT mode (a FAST session takes a grammar)")
         check_draft_only(r.draft_only, r.mode, r.engine)
         return ids, exact
 

@@ -7,6 +7,8 @@ Runs under ExactEngine._compute, as the Gather of concurrent Verify calls (Exact
 block runs through speculation.verify_blocks: each slot ends bitwise as verify_block alone would leave it,
 whatever other blocks share the pass. An item that fails its checks (its t0 is not the pending token,
 another Verify of its session in the batch, its window) fails alone, its state untouched.
+A structured session (its masker, baton/grammar.py) gets each row's grammar mask before the pass (row j after
+t0, d1..dj) and its matcher takes the kept drafts and the new token after it.
 
 Verdict hidden rows (VerifyItem.want_hidden, exact mode with mtp drafts): the pass's final-normed hidden
 rows of the kept tokens t0, d1..dm, [m + 1, hidden] on the host, all items' rows in one device read. The
@@ -61,10 +63,21 @@ def verify_batch(runner, items: list[VerifyItem], parts: dict | None = None) -> 
         clock.mark("checks")
         return out
     table = runner.sampling
-    for i in ok:
+    for i in list(ok):
         it = items[i]
+        masker = getattr(it.session, "masker", None)
+        if masker is not None:  # structured outputs: row j's mask after t0, d1..dj (baton/grammar.py)
+            try:
+                masker.block(starts[i], it.tokens)
+            except (ValueError, RuntimeError) as e:
+                out[i] = ValueError(str(e))
+                ok.remove(i)
+                continue
         if it.dists is not None:  # row j of the block picks position pos + j + 1: draft d_{j+1}'s
             table.judge(it.session.slot, starts[i] + 1, it.tokens[1:], it.dists)
+    if not ok:
+        clock.mark("checks")
+        return out
     hidden: list | None = [] if any(items[i].want_hidden for i in ok) else None
     clock.mark("checks")
     read: list = []
@@ -81,6 +94,9 @@ def verify_batch(runner, items: list[VerifyItem], parts: dict | None = None) -> 
             table.end_judge(items[i].session.slot)
     for i, (m, nxt), (h, lp) in zip(ok, res, read):  # the slot now holds t0, d1..dm: position start + m + 1
         out[i] = (m, nxt, starts[i] + m + 1, lp, h)
+        masker = getattr(items[i].session, "masker", None)
+        if masker is not None:  # the kept drafts and the new pending token
+            masker.commit([*items[i].tokens[1 : m + 1], nxt])
     clock.mark("finish")
     return out
 

@@ -99,14 +99,13 @@ def plan_request(
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
     engine = r.engine
-    if sampling_rules.structured(sampling):  # the grammar's mask is kept per step by fast bf16 / fp8 sessions
-        if mode == common_pb2.EXACT:
-            raise _bad("sampling.structured", "exact mode does not take a grammar yet (use mode FAST)")
-        if name == "mtp":
-            raise _bad("sampling.structured", "the mtp engine does not take a grammar yet (use bf16 or fp8)")
+    if sampling_rules.structured(sampling):  # masked per pick: fast bf16 / fp8 steps, exact mode's verify rows
+        if name == "mtp" and mode != common_pb2.EXACT:  # (exact mode's mtp drafts are only proposals)
+            raise _bad("sampling.structured", "fast mtp does not take a grammar yet (use bf16 or fp8, or exact mode)")
         if r.ignore_eos:
             raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
-        engine = engine or common_pb2.BF16  # not the decode worker's default, which may be mtp
+        if mode != common_pb2.EXACT:
+            engine = engine or common_pb2.BF16  # not the decode worker's default, which may be mtp
     if r.sampling.min_tokens > n:
         raise _bad("sampling.min_tokens", f"{r.sampling.min_tokens} is more than max_new_tokens ({n})")
     try:  # EOS and the stop ids held back for the first min_tokens tokens

@@ -34,8 +34,9 @@ def _tempered(logits, slots, positions, t, penal: bool):
         x = x.scatter_add(1, t.bias_ids[slots], t.bias_vals[slots])  # distinct ids a row: one add each
         banning = (positions < t.ban_end[slots])[:, None]  # min_tokens: -inf on the banned ids, -0.0 past the end
         x = x.scatter_add(1, t.ban_ids[slots], torch.where(banning, t.ban_vals[slots], -0.0))
-        if t.mask_bits.shape[1] * 32 >= V:  # structured outputs: a masked slot's tokens outside its bits get -inf
-            bits = ((t.mask_bits[slots][:, :, None] >> t.bit_shifts) & 1).flatten(1)[:, :V]
+        if t.mask_bits.shape[2] * 32 >= V:  # structured outputs: a masked slot's tokens outside its bits get -inf
+            words = t.mask_bits[slots, positions % t.mask_bits.shape[1]]  # [M, words]: the row's position's mask
+            bits = ((words[:, :, None] >> t.bit_shifts) & 1).flatten(1)[:, :V]
             x = x.masked_fill((bits == 0) & t.masked[slots][:, None], -math.inf)
     T = t.temperature[slots]
     return x, x / torch.where(T > 0, T, 1.0)[:, None]

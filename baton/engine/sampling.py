@@ -2,7 +2,7 @@
 
     table = SamplingTable(slots, device, width, max_len, vocab_size)   # one per ModelRunner (runner.sampling)
     table.set(slot, Params(temperature=0.8, top_p=0.9, seed=7, logprobs=5))   # when a session opens
-    table.allow(slot, bits)                         # a constrained slot's next mask (structured outputs)
+    table.allow(slot, position, bits)               # a constrained slot's masks from that position (structured outputs)
     table.clear(slot)                               # when it is released (greedy again)
     tok = table.pick(logits, slots, rows, positions, live)   # [M] long; the eager entry point
     toks, lp, top_lp, top_ids = sample(logits, slots, positions, table, logprobs=True)   # pure tensors
@@ -175,10 +175,11 @@ class SamplingTable:
         self.ban_ids = torch.zeros(S, MAX_BAN, dtype=torch.int64, device=dev)
         self.ban_vals = torch.full((S, MAX_BAN), -0.0, dtype=torch.float32, device=dev)
         self.ban_end = i(0)
-        # structured outputs: [S + 1, words(V)] int32, bit t % 32 of word t // 32 = token t allowed, read where
-        # `masked` [S + 1] (a constrained slot: its mask is rewritten before each of its picks, `allow`)
+        # structured outputs: [S + 1, W, words(V)] int32, the mask of the pick at position q in row q % W (a
+        # verify block's rows pick W consecutive positions at most), bit t % 32 of word t // 32 = token t
+        # allowed, read where `masked` [S + 1] (a constrained slot: its masks are written before its picks, `allow`)
         self.vocab_size = vocab_size
-        self.mask_bits = torch.full((S, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=dev)
+        self.mask_bits = torch.full((S, width, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=dev)
         self.masked = torch.zeros(S, dtype=torch.bool, device=dev)
         self.bit_shifts = torch.arange(32, dtype=torch.int32, device=dev)
         self.lp_out = torch.zeros(S, width, dtype=torch.float32, device=dev)  # chosen token's logprob
@@ -205,7 +206,7 @@ class SamplingTable:
             raise ValueError(f"slot {slot} out of range [0, {self.slots})")
         if not 0 <= p.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs: {p.logprobs} is over {MAX_LOGPROBS}")
-        if p.constrained and self.mask_bits.shape[1] == 0:
+        if p.constrained and self.mask_bits.shape[2] == 0:
             raise ValueError("sampling.structured: this table has no token masks (vocab_size 0)")
         if len(p.banned) > MAX_BAN:
             raise ValueError(f"min_tokens: {len(p.banned)} token ids to ban, at most {MAX_BAN}")
@@ -250,11 +251,19 @@ class SamplingTable:
             self.ban_vals[slot].copy_(torch.tensor([-math.inf] * len(p.banned) + [-0.0] * pad))
         self.params[slot] = p
 
-    def allow(self, slot: int, bits: torch.Tensor) -> None:
-        """A constrained slot's next picks may take only the tokens set in bits ([words] int32, CPU; pinned for
-        an asynchronous copy): written on the current stream, so steps launched after this call read it.
-        The caller keeps `bits` unchanged until a later step has read it (it reuses it after collecting one)."""
-        self.mask_bits[slot].copy_(bits, non_blocking=bits.is_pinned())
+    def allow(self, slot: int, position: int, bits: torch.Tensor) -> None:
+        """A constrained slot's picks at positions position .. position + n - 1 may take only the tokens set in
+        bits ([n, words] int32, n <= W, CPU; pinned for an asynchronous copy): written on the current stream,
+        so passes launched after this call read them. The caller keeps `bits` unchanged until a later pass
+        has read them (it reuses them after collecting one)."""
+        n, W = bits.shape[0], self.width
+        rows = [(position + j) % W for j in range(n)]
+        if rows == list(range(rows[0], rows[0] + n)):  # one copy (no wrap past row W - 1)
+            self.mask_bits[slot, rows[0] : rows[0] + n].copy_(bits, non_blocking=bits.is_pinned())
+        else:
+            k = W - rows[0]
+            self.mask_bits[slot, rows[0] :].copy_(bits[:k], non_blocking=bits.is_pinned())
+            self.mask_bits[slot, : n - k].copy_(bits[k:], non_blocking=bits.is_pinned())
 
     def clear(self, slot: int) -> None:
         self.set(slot, GREEDY)

@@ -197,7 +197,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
             Params(temperature=0.7, seed=9, structured=b"mask"),  # structured outputs: a fixed mask's bits
         ]
         allowed = torch.randperm(V, generator=g)[:2000]
-        bits = torch.zeros(r.sampling.mask_bits.shape[1] * 32, dtype=torch.int64)
+        bits = torch.zeros(r.sampling.mask_bits.shape[2] * 32, dtype=torch.int64)
         bits[allowed] = 1
         bits = (bits.view(-1, 32) << torch.arange(32)).sum(1).to(torch.int64)
         bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
@@ -209,7 +209,7 @@ def test_sampled_batched_steps_run_in_the_sampled_graph_and_equal_alone(big, kin
             p = dataclasses.replace(p, ban_end=r.state.position[s].item() + T // 2, banned=(3, V - 1))
         r.sampling.set(s, p)
         if p.constrained:
-            r.sampling.allow(s, bits)
+            r.sampling.allow(s, 0, bits.expand(r.sampling.width, -1).contiguous())  # every position's row
     targets, st = ([1, 2, 3, 4, 5] if kind == "arbs" else [1, 2, 5, 9]), r.state  # each kind of session
     solo = {}
     for s in targets:  # alone: the one-slot AR step (a sampled slot picks eagerly)

@@ -399,13 +399,17 @@ def test_a_constrained_slot_picks_only_its_allowed_tokens_and_other_rows_stay_bi
     t.set(0, g)
     t.set(1, smp)
     t.set(2, Params(logprobs=3))
-    t.allow(0, bits)
-    t.allow(1, bits)
+    t.allow(0, 5, bits[None])  # the picks at position 5 (row 5 % W)
+    t.allow(1, 4, torch.stack([bits.new_full(bits.shape, -1), bits]))  # positions 4 (all allowed) and 5
     tok, lp, top_lp, top_ids = sample(logits, torch.tensor([0, 1, 2]), torch.tensor([5, 5, 5]), t, logprobs=True)
     assert int(tok[0]) == ok[int(logits[0, ok].argmax())] and int(tok[1]) in ok
     assert set(top_ids[0, :3].tolist()) == set(ok) and torch.isinf(top_lp[0, 3:]).all()
     alone = sample(logits[2:], torch.tensor([2]), torch.tensor([5]), _table({2: Params(logprobs=3)}), logprobs=True)
     assert all(torch.equal(a[0], b[2]) for a, b in zip(alone, (tok, lp, top_lp, top_ids)))
+    other = sample(logits[:1], torch.tensor([1]), torch.tensor([4]), t)[0]  # position 4: everything allowed
+    fresh = SamplingTable(4, "cpu", W, vocab_size=V)  # its masks start all allowed
+    fresh.set(3, smp)
+    assert int(other[0]) == int(sample(logits[:1], torch.tensor([3]), torch.tensor([4]), fresh)[0][0])
     t.set(0, Params(logprobs=3))  # no longer constrained: its stale bits are not read
     assert int(sample(logits[:1], torch.tensor([0]), torch.tensor([5]), t)[0][0]) == int(logits[0].argmax())
     with pytest.raises(ValueError, match="no token masks"):
