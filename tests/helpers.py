@@ -247,3 +247,30 @@ def router_without_workers(token: str, http_port: int, **config):
         config=RouterConfig(**config),
         http_port=http_port,
     )
+
+
+def inprocess_cluster(lm, max_len: int, *, decodes: int = 1, prefills: int = 1, default_engine: str = "bf16"):
+    """A router, `prefills` prefill workers and `decode` decode workers in this process, over loopback gRPC, on
+    the loaded model -> (client, decode worker handles, close); close.prefills: the prefill workers' handles
+    (a test stops one)."""
+    from baton.client import Client
+    from baton.settings import Settings
+    from decode_worker.serve import serve_decode
+    from prefill_worker.serve import serve_prefill
+    from router.__main__ import serve_router, stop_router
+
+    st = Settings()
+    ps = [serve_prefill(lm, max_len=max_len, settings=st)[0] for _ in range(prefills)]
+    ds = [serve_decode(lm, max_len=max_len, settings=st, default_engine=default_engine)[0] for _ in range(decodes)]
+    rh, rs = serve_router(prefill=[p.address for p in ps], decode=[d.address for d in ds], settings=st)
+    c = Client(rh.address)
+    wait_serving(c)
+
+    def close():
+        c.close()
+        stop_router(rh, rs, 0)
+        for w in ps + ds:
+            w.stop(0)
+
+    close.prefills = ps
+    return c, ds, close

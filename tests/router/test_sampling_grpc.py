@@ -19,11 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 import torch
-from helpers import wait_serving
+from helpers import inprocess_cluster
 
-from baton.client import Client
 from baton.engine.sampling import Params
-from baton.settings import Settings
 
 MAX_LEN = 256
 # router, prefill and decode workers on threads of this process: tiny ops on 2 cores, one torch thread
@@ -39,27 +37,7 @@ def lm():
 
 
 def _cluster(lm, decodes: int = 1, prefills: int = 1):
-    from decode_worker.serve import serve_decode
-    from prefill_worker.serve import serve_prefill
-    from router.__main__ import serve_router
-
-    st = Settings()
-    ps = [serve_prefill(lm, max_len=MAX_LEN, settings=st)[0] for _ in range(prefills)]
-    ds = [serve_decode(lm, max_len=MAX_LEN, settings=st, default_engine="bf16")[0] for _ in range(decodes)]
-    rh, rs = serve_router(prefill=[p.address for p in ps], decode=[d.address for d in ds], settings=st)
-    c = Client(rh.address)
-    wait_serving(c)
-
-    def close():
-        from router.__main__ import stop_router
-
-        c.close()
-        stop_router(rh, rs, 0)
-        for w in ps + ds:
-            w.stop(0)
-
-    close.prefills = ps  # the prefill workers' handles (a test stops one)
-    return c, ds, close
+    return inprocess_cluster(lm, MAX_LEN, decodes=decodes, prefills=prefills)
 
 
 @pytest.fixture(scope="module")

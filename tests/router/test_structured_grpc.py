@@ -16,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from helpers import wait_serving
+from helpers import inprocess_cluster
 
-from baton.client import Client, structured_output
+from baton.client import structured_output
 from baton.engine.sampling import Params
-from baton.settings import Settings
 
 MAX_LEN = 256
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,24 +59,7 @@ def lm():
 
 
 def _cluster(lm, decodes: int = 1):
-    from decode_worker.serve import serve_decode
-    from prefill_worker.serve import serve_prefill
-    from router.__main__ import serve_router, stop_router
-
-    st = Settings()
-    p = serve_prefill(lm, max_len=MAX_LEN, settings=st)[0]
-    ds = [serve_decode(lm, max_len=MAX_LEN, settings=st, default_engine="mtp")[0] for _ in range(decodes)]
-    rh, rs = serve_router(prefill=[p.address], decode=[d.address for d in ds], settings=st)
-    c = Client(rh.address)
-    wait_serving(c)
-
-    def close():
-        c.close()
-        stop_router(rh, rs, 0)
-        for w in [p, *ds]:
-            w.stop(0)
-
-    return c, ds, close
+    return inprocess_cluster(lm, MAX_LEN, decodes=decodes, default_engine="mtp")  # (mtp takes no grammar)
 
 
 @pytest.fixture(scope="module")
