@@ -316,7 +316,8 @@ def parse_completion(body, lim: Limits) -> Job:
 def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
     """A chat body -> (the prompt text, its ToolChoice): the messages rendered by the model's template
     (add_generation_prompt, chat_template_kwargs, the tools shown; continue_final_message: cut after the last
-    message's content, open_final), then a forced call's opening (ToolChoice.prompt). Chat completions and
+    message's content, open_final), then a forced call's opening (ToolChoice.prompt); a structured output
+    closes a <think> block the rendering leaves open (structured.skip_reasoning). Chat completions and
     /tokenize both send exactly this text."""
     messages = chat_messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
@@ -343,7 +344,10 @@ def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
         raise bad("messages", str(e)) from None
     if cont:
         text = open_final(text, messages[-1]["content"])
-    return choice.prompt(text), choice
+    text = choice.prompt(text)
+    if not choice.forced and structured.parse(body)[0] is not None:
+        text = structured.skip_reasoning(text)
+    return text, choice
 
 
 def open_final(text: str, content: str) -> str:

@@ -2,6 +2,7 @@
 the router's `SamplingParams.structured` (baton.v1.StructuredOutput; compiled by the workers, baton/grammar.py).
 
     spec, rename = parse(body)   # (None, {}) when the body asks for none; ApiError(400) naming the field
+    text = skip_reasoning(prompt)  # a chat prompt's open <think> closed empty: the structure starts at once
 
 Accepted, at most one of them in a body:
 - `response_format`: {"type": "text"} (none), {"type": "json_object"}, {"type": "json_schema", "json_schema":
@@ -20,6 +21,15 @@ import json
 
 from baton.v1 import common_pb2
 from router.http.errors import bad
+from router.http.reasoning import THINK_END, think_open
+
+
+def skip_reasoning(prompt: str) -> str:
+    """A structured output starts at the first generated token, so it skips the model's reasoning: a <think>
+    block the chat prompt leaves open (Qwen3.5 with thinking on) is closed empty first, as enable_thinking false
+    renders it (a forced tool call does the same, router/http/tools.py); the text is then content, not reasoning."""
+    return prompt + "\n" + THINK_END + "\n\n" if think_open(prompt) else prompt
+
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")

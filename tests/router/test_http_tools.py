@@ -700,3 +700,20 @@ def test_a_streamed_call_cut_short_keeps_its_pieces_and_the_routers_finish_reaso
     )
     assert content == "\nSorry." and calls[0]["function"]["arguments"] == '{"city": "San Francisco", "days": 4}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_structured_output_closes_an_open_think_block_first(tok):
+    """Qwen3.5 with thinking on leaves "<think>\\n" open: a structured output starts at the first generated
+    token, so the prompt closes the block empty (as enable_thinking false renders it) and the text is content;
+    without thinking, or without a structured output, the prompt is the template's."""
+    from router.http.chat import ChatTemplate
+    from router.http.schemas import Limits, chat_prompt
+
+    lim = Limits(MODEL, 4096, 16, tok, ChatTemplate(QWEN35_TEMPLATE.read_text(encoding="utf-8")))
+    body = {"messages": [{"role": "user", "content": "A number?"}]}
+    fmt = {"response_format": {"type": "json_object"}}
+    thinking, _ = chat_prompt(body, lim)
+    assert thinking.endswith("<think>\n")
+    assert chat_prompt({**body, **fmt}, lim)[0] == thinking + "\n</think>\n\n"
+    off = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+    assert chat_prompt({**off, **fmt}, lim)[0] == chat_prompt(off, lim)[0]
