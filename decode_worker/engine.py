@@ -19,7 +19,6 @@ Session state lives in slot `session.slot` of `runner.state`; the runner replays
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
@@ -33,7 +32,7 @@ from baton.engine.scheduler import StepScheduler
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import GREEDY, Drafter
 from baton.handoff.slot_fill import SlotFill
-from decode_worker import drafting, mtp, mtp_launch
+from decode_worker import constrained, drafting, mtp, mtp_launch
 from decode_worker.session import DecodeSession
 
 ENGINES = ("bf16", "fp8", "mtp")
@@ -201,31 +200,22 @@ class DecodeEngine:
         session asks for logprobs (read from the sampling table after each token); else the state is
         always exactly that of the tokens yielded. masker (structured outputs, baton/grammar.py): each
         token list is accepted and the next pick's mask written before the session's next step is asked
-        for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 only."""
-        if masker is not None:
+        for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 only.
+        A session with min_tokens' ban drops it once past its end (decode_worker/constrained.py)."""
+        if masker is not None:  # structured outputs
             if self.get(session_id).engine == "mtp":
                 raise ValueError("sampling.structured: the mtp engine does not take a grammar (use bf16 or fp8)")
-            for toks in self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, False, plain=True):
-                if not (toks and toks[-1] in set(stop_ids) | set(eos_ids)):  # (a request's end needs no mask)
-                    masker.step(toks)
-                yield toks
+            toks = self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, False, plain=True)
+            yield from constrained.masked(toks, masker, set(stop_ids) | set(eos_ids))
             return
         s = self.get(session_id)
-        p = s.runner.sampling.params[s.slot]
-        if not p.banning:
+        if not s.runner.sampling.params[s.slot].banning:
             yield from self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead)
             return
-        # min_tokens: once every pick left is at or past the ban's end, the session drops the ban, so its steps
-        # may take the plain / lite graphs again (the ban adds -0.0 there: the same bits either way)
         pos = s.loaded_position if s.loaded_position is not None else int(s.runner.state.position[s.slot])
-        produced = 0
-        for toks in self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead):
-            produced += len(toks)
-            if p is not None and pos + produced + 1 >= p.ban_end:
-                if s.runner.sampling.params[s.slot] is p:  # (unless the caller set others since)
-                    s.runner.sampling.set(s.slot, dataclasses.replace(p, ban_end=0, banned=()))
-                p = None
-            yield toks
+        yield from constrained.unbanning(
+            self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead), s, pos
+        )
 
     def _decode(self, session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead, plain: bool = False):
         s = self.get(session_id)
