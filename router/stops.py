@@ -59,7 +59,8 @@ class StopMatcher:
                 return text[: end if self.include else start], True
         keep = max(held_prefix(text, s) for s in self.stops)  # what may still become a stop string
         self._held = text[len(text) - keep :] if keep else ""
-        self._frozen = 0 if armed else keep
+        # the unarmed chars still held: all of it after an unarmed push, else those the armed delta left in it
+        self._frozen = max(0, self._frozen - (len(text) - keep)) if armed else keep
         return text[: len(text) - keep], False
 
     def flush(self) -> str:

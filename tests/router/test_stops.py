@@ -92,3 +92,5 @@ def test_min_tokens_example():
     assert t.feed(toks) == ("XYab", 6) and t.stopped  # the first "XY" is inside min_tokens: not a stop
     t = TextStream(Chars(), ("XY",), min_tokens=1)
     assert t.feed(toks) == ("", 2) and t.stopped  # "X" in the first token, "Y" completes it after: a stop
+    t = TextStream(Chars(), ("a", "a\na"), min_tokens=1)  # hypothesis found it: "a" held (it may begin "a\na")
+    assert t.feed([ord("a"), ord("\n")]) == ("", 2) and t.finish() == ("a\n", False)  # still inside min_tokens
