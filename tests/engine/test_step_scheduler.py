@@ -225,7 +225,7 @@ def test_phases_say_where_the_step_thread_waited():
             time.sleep(0.3)
         assert job.next() == 1
         deadline = time.monotonic() + 5
-        while len(job.queue) < 2 and time.monotonic() < deadline:  # queue full: the job is held out
+        while len(job.queue) < 3 and time.monotonic() < deadline:  # queue full (ahead = 3): the job is held out
             time.sleep(0.01)
         time.sleep(0.3)
         out = common_pb2.WorkerStats()
