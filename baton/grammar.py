@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -33,6 +34,11 @@ MAX_SPEC_BYTES = 64 * 1024  # a schema / regex / grammar / the choices together
 MAX_CHOICES = 256
 MAX_WHITESPACE = 32  # JSON's whitespace characters in one run (an indent 8 levels deep fits)
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+
+
+class Unavailable(ValueError):
+    """This worker cannot compile grammars: its model has no tokenizer.json, or xgrammar is missing or broken
+    (the workers answer FAILED_PRECONDITION)."""
 
 
 def words(vocab_size: int) -> int:
@@ -114,7 +120,7 @@ class Grammars:
         """From the checkpoint's tokenizer.json. ValueError when the model has none (a random-init model)
         or xgrammar is missing."""
         if model_dir is None or not (Path(model_dir) / "tokenizer.json").is_file():
-            raise ValueError("sampling.structured: this worker's model has no tokenizer.json")
+            raise Unavailable("sampling.structured: this worker's model has no tokenizer.json")
         return _of_model(str(model_dir), vocab_size, tuple(sorted(eos_ids)))
 
     def _compile(self, spec_bytes: bytes):
@@ -153,15 +159,19 @@ class Grammars:
 
 @functools.lru_cache(maxsize=4)
 def _of_model(model_dir: str, vocab_size: int, eos_ids: tuple[int, ...]) -> Grammars:
-    try:
+    try:  # an import that fails, or an xgrammar without its API (seen on the GPU machine): a clear refusal
         import xgrammar as xgr
         from tokenizers import Tokenizer
         from transformers import PreTrainedTokenizerFast
-    except ImportError as e:  # noqa: F841 - a clear refusal, not a traceback
-        raise ValueError(f"sampling.structured: this worker cannot compile grammars ({e})") from None
-    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
-    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=list(eos_ids) or None)
-    return Grammars(info, vocab_size)
+
+        hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")))
+        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=list(eos_ids) or None)
+        return Grammars(info, vocab_size)
+    except (ImportError, AttributeError) as e:
+        where = getattr(sys.modules.get("xgrammar"), "__file__", None)
+        raise Unavailable(
+            f"sampling.structured: this worker cannot compile grammars ({e}; xgrammar at {where})"
+        ) from None
 
 
 def source(model_dir, vocab_size: int, eos_ids):
@@ -172,7 +182,7 @@ def source(model_dir, vocab_size: int, eos_ids):
 
 def none():
     """The grammars of an engine that was given none (a model without a tokenizer)."""
-    raise ValueError("sampling.structured: this worker's model has no tokenizer to compile grammars with")
+    raise Unavailable("sampling.structured: this worker's model has no tokenizer to compile grammars with")
 
 
 class Masker:

@@ -102,7 +102,9 @@ def _timer(fla, cfg, seqs: int, seq_len: int, seed: int, reps: int = 5):
 
 
 def _autotuners():
-    """Every triton Autotuner object in fla's loaded modules, by qualified name."""
+    """Every triton Autotuner object in fla's loaded modules, by qualified name: a module attribute, or one a
+    decorator wraps (fla stacks `@triton.heuristics` over `@fla_cache_autotune`: the attribute is the
+    Heuristics, its `.fn` the autotuner; the H100 run of 2026-12-07 found none before this unwrapping)."""
     from triton.runtime.autotuner import Autotuner
 
     found = {}
@@ -110,8 +112,13 @@ def _autotuners():
         if not name.startswith("fla.") or mod is None:
             continue
         for attr, obj in list(vars(mod).items()):
-            if isinstance(obj, Autotuner):
-                found.setdefault(id(obj), (f"{name}.{attr}", obj))
+            for _ in range(4):  # Heuristics -> Autotuner -> JITFunction: a few wrappers deep at most
+                if isinstance(obj, Autotuner):
+                    found.setdefault(id(obj), (f"{name}.{attr}", obj))
+                    break
+                obj = getattr(obj, "fn", None)
+                if obj is None:
+                    break
     return list(found.values())
 
 

@@ -72,6 +72,7 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
         WindowError: grpc.StatusCode.OUT_OF_RANGE,
         SessionNotFound: grpc.StatusCode.NOT_FOUND,
         SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grammar.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,  # (a ValueError: before it)
         ValueError: INVALID,
     }
 

@@ -40,7 +40,7 @@ import uuid
 
 import grpc
 
-from baton import sampling_rules, stalls, thread_cpu
+from baton import grammar, sampling_rules, stalls, thread_cpu
 from baton.engine.gather import fill_stats
 from baton.engine.pages import fill_capacity
 from baton.engine.runner import WindowError
@@ -74,6 +74,7 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
         WindowError: grpc.StatusCode.OUT_OF_RANGE,
         SessionNotFound: grpc.StatusCode.NOT_FOUND,
         SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grammar.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,  # (a ValueError: before it)
         ValueError: INVALID,
     }
 

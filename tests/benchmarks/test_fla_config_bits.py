@@ -89,3 +89,28 @@ def test_a_config_that_tiles_a_reduction_otherwise_shows_as_varying():
     assert by["scale"]["pick"] == {"kwargs": {"BLOCK": 256}, **entry}
     scales = {r["scale"] for r in by["total"]["runs"]} | {r["scale"] for r in by["scale"]["runs"]}
     assert len(scales) == 1
+
+
+def test_autotuners_are_found_under_the_heuristics_fla_stacks_on_them():
+    """fla decorates its kernels `@triton.heuristics` over `@fla_cache_autotune`: the module attribute is the
+    Heuristics and the autotuner is its `.fn`. The H100 run of 2026-12-07 listed no kernel before this."""
+    import types
+
+    import triton
+    import triton.language as tl
+
+    from benchmarks.fla_config_bits import _autotuners
+
+    def kernel(x_ptr, BLOCK: tl.constexpr):
+        pass
+
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 16})], key=[])(triton.jit(kernel))
+    mod = types.ModuleType("fla.fake_kernels")
+    mod.wrapped = triton.heuristics({"BLOCK": lambda args: 16})(tuned)
+    mod.plain = triton.jit(kernel)  # no autotuner: not listed
+    sys.modules[mod.__name__] = mod
+    try:
+        found = {name: at for name, at in _autotuners() if name.startswith("fla.fake_kernels.")}
+    finally:
+        del sys.modules[mod.__name__]
+    assert list(found) == ["fla.fake_kernels.wrapped"] and found["fla.fake_kernels.wrapped"] is tuned

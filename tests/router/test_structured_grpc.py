@@ -183,3 +183,21 @@ def test_refusals_name_the_field_and_the_next_request_is_served(client, kw, why)
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value.details()
     assert ei.value.details().startswith(why), ei.value.details()
     assert follows("choice", run(client, structured=SPECS["choice"])[1])
+
+
+def test_a_worker_that_cannot_compile_grammars_answers_failed_precondition(lm):
+    """A prefill worker without grammars (a model without tokenizer.json, or xgrammar missing or broken):
+    FAILED_PRECONDITION naming sampling.structured, relayed by the router; plain requests are still served."""
+    from baton import grammar
+
+    c, _, close = _cluster(lm)
+    try:
+        (p,) = close.prefills
+        p.servicer.engine.grammars = grammar.none
+        with pytest.raises(grpc.RpcError) as ei:
+            run(c, n=8, structured=SPECS["choice"])
+        assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION, ei.value.details()
+        assert "sampling.structured: this worker's model has no tokenizer" in ei.value.details()
+        assert len(run(c, n=4)[0]) >= 1
+    finally:
+        close()
