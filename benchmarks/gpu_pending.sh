@@ -129,6 +129,10 @@
 #   QUEUE="fla-bits:330 tests-engine:240" | QUEUE="hold-ab:400 router-burst:160" |
 #   QUEUE="prefill-sdpa-batch:240 mps-serve:150 ctx-max:180" | QUEUE="accept-default:300 verify:250";
 #   then commit the pins fla-bits wrote
+# Stop 54 (benchmarks/results/gpu-h100-2026-12-07-stop54.md): 24 refused starts, then one H100 at 7e7aca8: fla-bits
+# listed no autotuner (a detection bug, fixed in 1dacd36: run it again), structured failed (xgrammar did not import
+# whole on the device: 'no attribute TokenizerInfo'). Owed: the four calls above (fla-bits first, then commit
+# its pins), with structured after tests-engine in the first.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
