@@ -212,15 +212,13 @@ class DecodeEngine:
         if not s.runner.sampling.params[s.slot].banning:
             yield from self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead)
             return
-        pos = s.loaded_position if s.loaded_position is not None else int(s.runner.state.position[s.slot])
-        yield from constrained.unbanning(
-            self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead), s, pos
-        )
+        toks = self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead)
+        yield from constrained.unbanning(toks, s, s.position())
 
     def _decode(self, session_id, max_new_tokens, stop_ids, eos_ids, k, run_ahead, plain: bool = False):
         s = self.get(session_id)
         r = s.runner
-        pos = s.loaded_position if s.loaded_position is not None else int(r.state.position[s.slot])
+        pos = s.position()
         s.loaded_position = None
         kk = min(k, self.width - 2)
         k_max = max(kk, self.k_max)  # adaptive K's ceiling (fixed: k); a round's K also fits the window

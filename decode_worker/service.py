@@ -164,9 +164,8 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
         if not request.HasField("history"):
             raise StatusError(INVALID, "history: a structured session's Decode needs its token history")
         m = grammar.Masker(self.engine.grammars().constraint(p.structured), s.runner.sampling, s.slot)
-        h, st = request.history, s.runner.state
-        pending, pos = int(st.next_token[s.slot]), int(st.position[s.slot])  # the first step picks pos + 1
-        m.start([*h.token_ids[h.generated_from :], pending], pos + 1)  # ValueError: INVALID_ARGUMENT
+        h, pending = request.history, int(s.runner.state.next_token[s.slot])
+        m.start([*h.token_ids[h.generated_from :], pending], s.position() + 1)  # the first step picks position + 1
         return m
 
     # ---- RPCs ------------------------------------------------------------------------------------

@@ -39,6 +39,10 @@ class DecodeSession:
     # Draft batch reads it here, not from the device (a blocking read), and clears it before moving the state
     loaded_position: int | None = None
 
+    def position(self) -> int:
+        """The slot's position: loaded_position while the host knows it, else read from the device (blocking)."""
+        return self.loaded_position if self.loaded_position is not None else int(self.runner.state.position[self.slot])
+
     @property
     def mean_accept_len(self) -> float:
         return self.emitted_in_rounds / self.rounds if self.rounds else 0.0

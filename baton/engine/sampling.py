@@ -143,8 +143,8 @@ class Params:
             logprobs=int(m.logprobs),
             exact_policy=int(m.exact_policy),
             logit_bias=tuple(sorted((int(t), float(v)) for t, v in m.logit_bias.items())),
-            ban_end=int(m.min_tokens_end) if m.min_tokens_ids else 0,
-            banned=tuple(sorted(set(int(t) for t in m.min_tokens_ids))) if m.min_tokens_end else (),
+            ban_end=int(m.min_tokens_end),  # (`banning` needs both this and `banned`)
+            banned=tuple(sorted(set(int(t) for t in m.min_tokens_ids))),
             structured=m.structured.SerializeToString(deterministic=True) if m.HasField("structured") else b"",
         )
 
