@@ -377,6 +377,15 @@ case $stage in
     # one pytest process a file: on an H100 (80 GB) test_gpu_verify.py's 9B fixtures ran out of memory in the
     # process test_gpu_batch.py's had run in (2026-12-06), while each file alone passed
     rc=0
+    if [ "$stage" = structured ]; then  # stop 54: xgrammar imported without TokenizerInfo here; record why
+      { bash .whl/install.sh; echo "install rc=$?"; ls /tmp/gpu-site | grep -iE 'xgr|tvm'
+        pip list 2>/dev/null | grep -iE 'xgrammar|tvm|pydantic|numpy|transformers|torch|triton'
+        python -c "import sys; print(sys.path)"
+        python -c "import xgrammar as x; print(x.__file__, getattr(x, '__version__', None), hasattr(x, 'TokenizerInfo'))"
+        python -c "import xgrammar.base" ; python -c "from xgrammar.tokenizer_info import TokenizerInfo"
+      } >"$out/xgrammar.txt" 2>&1
+      cat "$out/xgrammar.txt" | tail -20
+    fi
     for f in $files; do
       python -m pytest -o addopts="" -m gpu -q -rfE --durations=12 --timeout "${GPU_TEST_TIMEOUT:-1200}" "$f" \
         >>"$out/$stage.log" 2>&1 || rc=1
