@@ -133,6 +133,13 @@
 # listed no autotuner (a detection bug, fixed in 1dacd36: run it again), structured failed (xgrammar did not import
 # whole on the device: 'no attribute TokenizerInfo'). Owed: the four calls above (fla-bits first, then commit
 # its pins), with structured after tests-engine in the first.
+# Stop 55 (benchmarks/results/gpu-h100-2026-12-07.md), one H100 at dce08fe: fla-bits (no config changes the bits;
+# H100 pins committed), test_gpu_prefill.py (10 passed, the flash batched-SDPA case failed: declined since),
+# test_gpu_batch.py (7), test_gpu_verify.py (3), hold-ab (hold 0.80x, none 0.84x bf16 at 32: stays off),
+# router-burst (first token p50 0.831 s), prefill-sdpa-batch (no gain: stays off), mps-serve (passed); structured
+# failed on a missing pydantic (staged since), ctx-max did not fit the H100 (150,000 there since). Owed:
+# QUEUE="structured:200 accept-default:300" | QUEUE="ctx-max:300 verify:250" (ctx-max's 260,000 on an H200),
+# SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200, nogil at 32, gil SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -764,9 +771,12 @@ EOF2
     ;;
   ctx-max)  # one prompt near the model's whole context through the router (LONG_INPUT tokens, default 260,000 of the
     # 9B's 262,144), 128 new tokens, bf16: pages sized for it, the chunked prefill's TTFT with its heartbeats
-    n=${LONG_INPUT:-260000}
+    # On an H100 (80 GB) both workers' shares held 722 / 361 pages a runner, under the 1,017 of a 260,200-token
+    # window (2026-12-07): there the default is 150,000 tokens, and the decode worker serves bf16 alone (one pool)
+    gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    n=${LONG_INPUT:-$([ "${gib:-0}" -gt 100000 ] && echo 260000 || echo 150000)}
     serve serve-bf16-ctx-max --engine bf16 --concurrency 1 --requests 1 --warmup 1 --check-prompts 0 --prompts 1 \
-      --input-len "$n" --output-len 128 --max-len $((n + 200))
+      --input-len "$n" --output-len 128 --max-len $((n + 200)) --serve-args "--engines bf16"
     python - "$out/serve-bf16-ctx-max.json" <<'EOF2'
 import json, sys
 

@@ -33,14 +33,18 @@ $py -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 
     "protobuf==$protobuf_version" \
     "grpcio-health-checking>=$series.0,<=$grpc_version" \
     "grpcio-reflection>=$series.0,<=$grpc_version"
-# structured outputs (baton/grammar.py): xgrammar and its compiled runtime, at the versions installed here (the
-# rest it needs, torch, transformers, triton, numpy, pydantic, is the device image's)
-rm -f "$dest"/xgrammar-*.whl "$dest"/apache_tvm_ffi-*.whl
+# structured outputs (baton/grammar.py): xgrammar, its compiled runtime and pydantic (the device image has none:
+# xgrammar's import failed there on 2026-12-07, 'No module named pydantic'), at the versions installed here (the
+# rest it needs, torch, transformers, triton, numpy, is the device image's; typing_extensions as pydantic needs it)
+rm -f "$dest"/xgrammar-*.whl "$dest"/apache_tvm_ffi-*.whl "$dest"/pydantic*.whl "$dest"/annotated_types-*.whl \
+    "$dest"/typing_inspection-*.whl "$dest"/typing_extensions-*.whl
+v() { $py -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 $py -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dest" \
-    "xgrammar==$($py -c 'import importlib.metadata as m; print(m.version("xgrammar"))')" \
-    "apache-tvm-ffi==$($py -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')"
+    "xgrammar==$(v xgrammar)" "apache-tvm-ffi==$(v apache-tvm-ffi)" "pydantic==$(v pydantic)" \
+    "pydantic-core==$(v pydantic-core)" "annotated-types==$(v annotated-types)" \
+    "typing-inspection==$(v typing-inspection)" "typing-extensions==$(v typing_extensions)"
 
 cat > "$dest/install.sh" <<'EOT'
 #!/usr/bin/env bash

@@ -6,13 +6,15 @@ alone, so a prompt's state is the same alone or in any pass.
 
 Pieces of one shape (the same start and n: the first pieces of a burst of same-length prompts, then their
 later pieces when they are long) may go through one call with a batch dimension instead
-(`attend_first_pieces`, `attend_pieces`; BATON_PREFILL_SDPA_BATCH=1): SDPA computes every (batch, head) on its own, with a tiling set by the
-sequence length and head size, so each segment's rows should be bitwise those of its call alone, and a pass
-of 8 x 512 tokens makes 8 calls a layer fewer (cuDNN's host side took ~1.3 ms a call on an H100, 64 calls
-in a pass of 8 prompts: benchmarks/results/gpu-h100-2026-12-06-mps.md). Whether a backend picks another
-kernel for another batch size is the backend's: off by default until the GPU tests ran with it
-(tests/engine/test_gpu_prefill.py under `gpu_pending.sh prefill-sdpa-batch`); on the CPU
-tests/engine/test_batched_prefill.py checks it bitwise.
+(`attend_first_pieces`, `attend_pieces`; BATON_PREFILL_SDPA_BATCH=1), a pass of 8 x 512 tokens then making 8
+calls a layer fewer (cuDNN's host side took ~1.3 ms a call on an H100: benchmarks/results/
+gpu-h100-2026-12-06-mps.md). Whether a backend picks another kernel for another batch size is the backend's,
+so on CUDA only what the GPU test showed bitwise is batched: pieces under cuDNN's SDPA (first and later
+pieces passed on an H100). Flash's (BATON_PREFILL_CUDNN_SDPA=0) batched first pieces differed from each alone
+there (2026-12-07, tests/engine/test_gpu_prefill.py: layers.4.conv), so without cuDNN every segment runs
+its own call. On the CPU tests/engine/test_batched_prefill.py
+checks every grouping bitwise. Off by default: in a burst of 8 or 32 x 512 on the H100 the passes took the
+same time batched or not (benchmarks/results/gpu-h100-2026-12-07.md).
 """
 
 from __future__ import annotations
@@ -23,10 +25,17 @@ import torch
 import torch.nn.functional as F
 
 SDPA_BATCH_ENV = "BATON_PREFILL_SDPA_BATCH"  # "1": equal first pieces in one SDPA call (module doc); default off
+# BATON_PREFILL_CUDNN_SDPA=0: the prefill's attention never takes torch's cuDNN SDPA backend (flash instead, as
+# its later pieces already do through causal_lower_right). cuDNN's host side took 1.5-2.8 ms a call in the
+# H100 op profiles (benchmarks/results/gpu-h100-2026-12-06-tests-ops.md), one call a piece and attention
+# layer (8 at the 9B shape). An A/B knob while it is measured: it changes the prefill's bits, so every
+# process of a deployment (the workers, a reference run) must set it alike.
+CUDNN_SDPA_ENV = "BATON_PREFILL_CUDNN_SDPA"
 
 
-def batching_on() -> bool:
-    return os.environ.get(SDPA_BATCH_ENV, "0") == "1"
+def batching_on(cuda: bool = False) -> bool:
+    """BATON_PREFILL_SDPA_BATCH=1, and on CUDA cuDNN's SDPA on (module doc: flash's batched calls differ)."""
+    return os.environ.get(SDPA_BATCH_ENV, "0") == "1" and not (cuda and os.environ.get(CUDNN_SDPA_ENV, "1") == "0")
 
 
 def groups(segs: list, batch: bool) -> list[list]:

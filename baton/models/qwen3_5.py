@@ -35,12 +35,7 @@ from baton.models import gdn_ops, prefill_attention
 from baton.models.context import RowGroup, Segment, StepContext, lin, wide_kernels  # noqa: F401 (re-exported)
 from baton.models.kept import kept, weights_key
 
-# BATON_PREFILL_CUDNN_SDPA=0: the prefill's attention never takes torch's cuDNN SDPA backend (flash instead, as
-# its later pieces already do through causal_lower_right). cuDNN's host side took 1.5-2.8 ms a call in the
-# H100 op profiles (benchmarks/results/gpu-h100-2026-12-06-tests-ops.md), one call a piece and attention
-# layer (8 at the 9B shape). An A/B knob while it is measured: it changes the prefill's bits, so every
-# process of a deployment (the workers, a reference run) must set it alike.
-CUDNN_SDPA_ENV = "BATON_PREFILL_CUDNN_SDPA"
+CUDNN_SDPA_ENV = prefill_attention.CUDNN_SDPA_ENV  # the knob and why: baton/models/prefill_attention.py
 
 
 def _no_cudnn_sdpa() -> None:
@@ -180,7 +175,7 @@ class Attention(nn.Module):
             _no_cudnn_sdpa()
         own = state.key[self.layer_idx].dtype == k.dtype  # a first piece's keys from k, v (else its pages)
         outs, g, L = [], self.nh // self.nkv, self.layer_idx
-        for grp in prefill_attention.groups(segs, prefill_attention.batching_on()):
+        for grp in prefill_attention.groups(segs, prefill_attention.batching_on(q.is_cuda)):
             a, b, s0, n = grp[0].off, grp[-1].off + grp[-1].n, grp[0].start, grp[0].n
             if len(grp) == 1:
                 outs.append(self._attend_prefill(q[a:b], k[a:b], v[a:b], state, grp[0]))
