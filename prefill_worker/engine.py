@@ -32,6 +32,7 @@ from baton import grammar, op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, share_key, shared_firsts
+from baton.engine.prefix_cache import PrefixCache
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
@@ -49,9 +50,13 @@ PREFILL_SETTLE_S = 0.003  # ... and until no prompt arrived for this long (gathe
 
 
 class ExactEngine:
-    def __init__(self, runner: ModelRunner, *, ttl_s: float = 300.0, prefill_budget: int = PREFILL_BUDGET):
+    def __init__(
+        self, runner: ModelRunner, *, ttl_s: float = 300.0, prefill_budget: int = PREFILL_BUDGET, prefix_entries=0
+    ):
         self.runner = runner
         self.ttl_s = ttl_s
+        # prompt prefixes' states at piece boundaries (baton/engine/prefix_cache.py); None: off
+        self.prefix = PrefixCache(runner.state, runner.prefill_chunk, prefix_entries) if prefix_entries else None
         self.grammars = grammar.none  # structured outputs: the serve sets grammar.source(model_dir, ...)
         self._compute = threading.Lock()  # one model, one stream of work
         # every end of a session frees its KV pages (SlotTable on_free)
@@ -218,8 +223,18 @@ class ExactEngine:
         try:
             tok = None
             marks = progress.mark if progress is not None and not g else None
-            for p in prefill_pieces(self.runner, s.slot, ids[: len(ids) - g], on_layer=marks, mtp=mtp):
+            prompt, start = ids[: len(ids) - g], 0
+            keys = self.prefix.keys(prompt) if self.prefix is not None else []
+            if keys and s.want_logprobs < 0:  # the longest cached prefix: its pieces are not computed again
+                with self._compute:
+                    start = self.prefix.restore(s.slot, keys, mtp)
+                self.runner.sampling.history.put(s.slot, prompt[:start])
+            s.cached_tokens = start
+            keep = keys if mtp or not self.runner.has_mtp else []  # an entry holds the MTP layer's KV
+            for p in prefill_pieces(self.runner, s.slot, prompt[start:], start, on_layer=marks, mtp=mtp):
                 p.prompt_logprobs = s.want_logprobs
+                if not p.last and keep:  # a boundary: cached after its pass (_prefill_batch)
+                    p.prefix = (keep, (p.start + len(p.ids)) // self.runner.prefill_chunk - 1)
                 got = self.prefills.call(p)
                 if isinstance(got, BaseException):
                     raise got
@@ -260,6 +275,8 @@ class ExactEngine:
             give_way = lambda _: self.verifies.give_way()  # noqa: E731
             for i, tok in zip(ok, run_pass(self.runner, [items[i] for i in ok], give_way)):
                 out[i] = tok
+            for p in (items[i] for i in ok if items[i].prefix is not None and self.prefix is not None):
+                self.prefix.insert(p.slot, *p.prefix)
             shared = shared_firsts([items[i] for i in ok])  # computed once: the tokens counted are the computed
             rec = (
                 len(ok),

@@ -31,6 +31,7 @@ class Session:
     replay: int = 0  # the prompt's last `replay` ids were generated: run_prefill feeds them as AR rows
     want_logprobs: int = -1  # open_prefill(prompt_logprobs=N >= 0): run_prefill fills prompt_logprobs (N alternatives)
     prompt_logprobs: list = field(default_factory=list)  # [(logprob, top)] of prompt tokens 1 .. n-1
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache, not computed (run_prefill)
     masker: object = None  # structured outputs: the grammar's masks on the slot (baton/grammar.py Masker)
 
 

@@ -20,7 +20,11 @@ Lifecycle of a slot's pages:
     free(slot)            every end of a session (release, cancel, TTL reap, replace / migration, a
                           failed hand-off: SlotTable's on_free hook): its pages go back to the free list and
                           its table row points at the sink again
-Invariants: a page is in exactly one place, the free list or one slot's list; a slot's table row holds
+Pages may also be lent outside the slots (`lend` / `give_back`: the prefill worker's prefix cache,
+baton/engine/prefix_cache.py, keeps the KV of cached prompt prefixes in them). A lender may register
+`reclaim(n)`: when ensure() finds fewer than n more pages free, it asks the lender to give back at least
+that many first (the cache evicts its least recently used entries), so lent pages never refuse a request.
+Invariants: a page is in exactly one place, the free list, one slot's list or the lent set; a slot's table row holds
 its pages in order, then the sink. Unowned entries point at the sink page, so a stray write (never
 expected: every write is at a position < the reserved tokens) can only land in the sink, never in
 another session's page; the sink is only ever read masked (eager path, positions past a row's own).
@@ -31,6 +35,7 @@ so a step enqueued before them reads the old table and one enqueued after reads 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import torch
 
@@ -164,6 +169,8 @@ class PagePool:
         self._lock = threading.Lock()
         self._free = list(range(self.pages - 1, -1, -1))  # pop() hands out low ids first
         self._owned: list[list[int]] = [[] for _ in range(slots)]
+        self._lent: set[int] = set()  # pages lent outside the slots (lend / give_back)
+        self.reclaim: Callable[[int], object] | None = None  # reclaim(n): the lender gives back >= n pages if it can
 
     @property
     def free_pages(self) -> int:
@@ -180,12 +187,40 @@ class PagePool:
         with self._lock:
             return len(self._owned[slot]) * PAGE
 
+    @property
+    def lent_pages(self) -> int:
+        with self._lock:
+            return len(self._lent)
+
+    def lend(self, n: int) -> list[int] | None:
+        """n pages from the free list, held outside the slots until give_back; None (nothing taken) when
+        fewer are free. Never reclaims: a lender takes only what no request needs now."""
+        with self._lock:
+            if n > len(self._free):
+                return None
+            out = [self._free.pop() for _ in range(n)]
+            self._lent.update(out)
+            return out
+
+    def give_back(self, pages: list[int]) -> None:
+        """Lent pages back to the free list."""
+        with self._lock:
+            if not self._lent.issuperset(pages):
+                raise ValueError("give_back: a page that was not lent")
+            self._lent.difference_update(pages)
+            self._free.extend(reversed(pages))
+
     def ensure(self, slot: int, tokens: int) -> list[int]:
         """The slot's pages cover positions [0, tokens) (tokens <= max_pages * PAGE); -> the pages newly
-        added (the caller zeroes them). All or none: PagesExhausted leaves everything as it was."""
+        added (the caller zeroes them). All or none: PagesExhausted leaves everything as it was (but lent
+        pages the lender gave back on the way stay free)."""
         need = pages_for(tokens)
         if need > self.max_pages:
             raise ValueError(f"{tokens} tokens exceed the window of {self.max_pages * PAGE} tokens")
+        with self._lock:
+            short = need - len(self._owned[slot]) - len(self._free)
+        if short > 0 and self.reclaim is not None:  # outside the lock: the lender's give_back takes it
+            self.reclaim(short)
         with self._lock:
             own = self._owned[slot]
             more = need - len(own)
@@ -219,7 +254,7 @@ class PagePool:
     def check(self) -> None:
         """The invariant (tests): every page is free or owned by one slot, exactly once."""
         with self._lock:
-            seen = list(self._free) + [p for own in self._owned for p in own]
+            seen = list(self._free) + [p for own in self._owned for p in own] + list(self._lent)
             assert sorted(seen) == list(range(self.pages)), "a KV page is lost or held twice"
 
 

@@ -44,6 +44,8 @@ import math
 
 import torch
 
+from baton.transfer import upload
+
 
 class History:
     def __init__(self, slots: int, length: int, device):
@@ -69,6 +71,12 @@ class History:
         if ids:
             self.ids[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int32, device=self.ids.device)
         self.begin(slot, generated_from)
+
+    def put(self, slot: int, ids: list[int]) -> None:
+        """The tokens at positions [0, len(ids)) of slot, as its passes would have recorded them (a prompt's
+        prefix restored from the prefix cache, baton/engine/prefix_cache.py). Device only."""
+        if ids:
+            self.ids[slot, : len(ids)].copy_(upload(ids, torch.int32, self.ids.device))
 
     def forget(self, slot: int) -> None:
         self.known[slot] = False

@@ -55,6 +55,7 @@ class Piece:
     logprobs: list | None = None  # [(logprob, [(id, logprob)] * N)] of the tokens at start + 1 .. of this piece
     next_id: int | None = None
     on_layer: Callable[[int], None] | None = None
+    prefix: tuple[list[bytes], int] | None = None  # (keys, k): cache the state after it (PrefixCache.insert)
 
 
 def prefill_pieces(

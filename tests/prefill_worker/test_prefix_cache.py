@@ -1,0 +1,151 @@
+"""The prefill worker's prefix cache (baton/engine/prefix_cache.py): a prompt that begins with a cached
+prompt's first pieces starts from their state, and its state, first token and decode are bitwise what
+computing every piece gives; entries are evicted leaves first and their pages go back to requests."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from helpers import exported, make_tiny_dir
+
+from baton.engine.pages import PAGE, PagesExhausted
+from baton.engine.runner import ModelRunner
+from baton.engine.sampling import Params
+from baton.loading import load_model
+from prefill_worker.engine import ExactEngine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CHUNK = PAGE  # pieces of one page: boundaries every 256 tokens
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return load_model(make_tiny_dir(tmp_path_factory.mktemp("m")), dtype="bf16")
+
+
+def _engine(lm, entries=4, *, max_len=1280, kv_pages=None) -> ExactEngine:
+    r = ModelRunner(lm.model, slots=4, max_len=max_len, width=8, kv_pages=kv_pages)
+    r.prefill_chunk = CHUNK
+    return ExactEngine(r, prefix_entries=entries)
+
+
+def _ids(lm, n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(lm.cfg.vocab_size) for _ in range(n)]
+
+
+def _prefilled(e, ids, **kw):
+    s, tok = e.prefill(ids, **kw)
+    state = exported(e, s.id)
+    cached = s.cached_tokens
+    e.release(s.id)
+    return tok, state, cached
+
+
+def _same_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k], k
+
+
+@pytest.mark.parametrize("mtp", [True, False], ids=["mtp", "no-mtp"])
+def test_a_prompt_from_cached_pieces_equals_it_computed(lm, mtp):
+    assert lm.has_mtp
+    e, ref = _engine(lm), _engine(lm, entries=0)
+    assert ref.prefix is None
+    a = _ids(lm, 700, 1)
+    b = a[:600] + _ids(lm, 300, 2)  # shares boundaries 256 and 512 with a, not 768
+    _, _, cached = _prefilled(e, a)
+    assert cached == 0 and e.prefix.stats()["entries"] == 2
+    tokens_before = e.pass_totals[2]
+    tok, state, cached = _prefilled(e, b, mtp=mtp)  # mtp=False: the MTP layer's rows left zero, as computed
+    assert cached == 512
+    assert e.pass_totals[2] - tokens_before == 900 - 512  # only the rest was computed
+    want_tok, want_state, _ = _prefilled(ref, b, mtp=mtp)
+    assert tok == want_tok
+    _same_state(state, want_state)
+    st = e.prefix.stats()
+    # b's boundary 768 is added when its pass wrote the MTP layer's KV (an entry holds it)
+    assert (st["hits"], st["tokens_reused"], st["entries"]) == (1, 512, 3 if mtp else 2)
+    e.runner.state.pages.check()
+
+
+def test_decoding_after_a_cached_prefix_equals_the_uncached_decode(lm):
+    """Greedy and seeded sampling with penalties (the restored prefix is in the token history)."""
+    e, ref = _engine(lm, entries=8), _engine(lm, entries=0)
+    base = _ids(lm, 560, 3)
+    e.generate(base, 2)  # caches boundaries 256 and 512
+    prompt = base[:520] + _ids(lm, 100, 4)
+    for sp in (None, Params(temperature=0.9, seed=11, repetition_penalty=1.4, presence_penalty=0.5)):
+        e.generate(_ids(lm, 600, 7), 1)  # the slot's token history now holds other tokens
+        hits = e.prefix.hits
+        got = e.generate(prompt, 24, sampling=sp)
+        assert e.prefix.hits == hits + 1
+        assert got == ref.generate(prompt, 24, sampling=sp)
+
+
+def test_a_re_prefill_reuses_the_prompt_part(lm):
+    e, ref = _engine(lm), _engine(lm, entries=0)
+    prompt = _ids(lm, 530, 5)
+    gen = ref.generate(prompt, 12)
+    e.prefill(prompt)  # caches 256 and 512 (its session stays: a second slot for the re-prefill)
+    tok, state, cached = _prefilled(e, prompt + gen[:-1], generated=len(gen) - 1)
+    assert cached == 512
+    want_tok, want_state, _ = _prefilled(ref, prompt + gen[:-1], generated=len(gen) - 1)
+    assert tok == want_tok == gen[-1]
+    _same_state(state, want_state)
+
+
+def test_prompt_logprobs_compute_every_piece(lm):
+    e = _engine(lm)
+    prompt = _ids(lm, 600, 6)
+    e.generate(prompt, 1)
+    s = e.open_prefill(prompt, prompt_logprobs=2)
+    e.run_prefill(s, prompt)
+    assert s.cached_tokens == 0 and len(s.prompt_logprobs) == len(prompt) - 1
+    e.release(s.id)
+
+
+def test_eviction_takes_leaves_first_and_keeps_every_chain_whole(lm):
+    e = _engine(lm, entries=3)
+    pc, pool = e.prefix, e.runner.state.pages
+    prompts = [_ids(lm, 800, 10 + i) for i in range(3)]  # 3 boundaries each
+    for p in prompts:
+        e.generate(p, 1)
+        pool.check()
+        assert len(pc) <= 3 and pool.lent_pages == len(pc) * pc.pages_per_entry
+        for q in prompts:  # what is cached of a prompt is a chain from its first boundary
+            present = [k in pc._lru for k in pc.keys(q)]
+            assert present == sorted(present, reverse=True), present
+    assert pc.evicted == 9 - 3
+    # the last prompt's chain is whole: a prompt sharing it restores all of it
+    tok, _, cached = _prefilled(e, prompts[-1][:790] + _ids(lm, 50, 99))
+    assert cached == 768
+
+
+def test_requests_reclaim_the_cache_pages_and_a_full_pool_still_refuses(lm):
+    e = _engine(lm, max_len=2048, kv_pages=8)
+    pool = e.runner.state.pages
+    e.generate(_ids(lm, 700, 20), 1)  # two entries of one page each
+    assert pool.lent_pages == 2 and pool.free_pages == 6
+    s, _ = e.prefill(_ids(lm, 2000, 21))  # 8 pages: the cache gives its 2 back
+    assert pool.lent_pages == 0 and len(e.prefix) == 0 and pool.free_pages == 0
+    pool.check()
+    with pytest.raises(PagesExhausted):
+        e.prefill(_ids(lm, 10, 22))
+    e.release(s.id)
+    assert pool.free_pages == 8
+    pool.check()
+
+
+def test_entries_for_defaults_and_checks():
+    from baton.engine.prefix_cache import DEFAULT_PREFIX_ENTRIES, entries_for
+
+    assert entries_for(4096, 8192, None) == 0  # one piece holds the window: nothing to cache
+    assert entries_for(32768, 8192, None) == DEFAULT_PREFIX_ENTRIES
+    assert entries_for(32768, 8192, 0) == 0 and entries_for(4096, 8192, 5) == 5
+    with pytest.raises(ValueError, match="prefix_cache"):
+        entries_for(32768, 8192, -1)
