@@ -52,7 +52,11 @@ class Delta:
         plps = [(e.token_id, e.logprob, [(a.token_id, a.logprob) for a in e.top]) for e in m.prompt_logprobs]
         if not m.finish_reason:
             return cls(list(m.token_ids), m.text, logprobs=lps, prompt_logprobs=plps)
-        usage = {"prompt_tokens": m.usage.prompt_tokens, "completion_tokens": m.usage.completion_tokens}
+        usage = {
+            "prompt_tokens": m.usage.prompt_tokens,
+            "completion_tokens": m.usage.completion_tokens,
+            "cached_tokens": m.usage.cached_tokens,
+        }
         s = m.stats
         stats = {
             k: getattr(s, k)

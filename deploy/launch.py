@@ -45,7 +45,14 @@ from deploy.router_launch import (  # noqa: E402
     serve_router,
     start_router_actor,
 )
-from deploy.serve_args import add_router_options, engines_error, router_limits_error  # noqa: E402
+from deploy.serve_args import (  # noqa: E402
+    add_prefill_options,
+    add_router_options,
+    engines_error,
+    prefill_error,
+    prefill_extra,
+    router_limits_error,
+)
 
 DEFAULT_NAMESPACE = "baton"
 
@@ -236,6 +243,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu-memory-fraction", type=float, default=None, help="cuda KV sizing: share of GPU memory (default 0.9)"
     )
+    add_prefill_options(p)  # --prefill-budget, --prefix-cache
     p.add_argument("--prefill-resource", default=None, help='custom resource for prefill actors (e.g. prefill_node)')
     p.add_argument("--decode-resource", default=None, help='custom resource for decode actors (e.g. decode_node)')
     p.add_argument("--worker-host", default="0.0.0.0", help="bind host of the worker servers")
@@ -287,7 +295,7 @@ def specs_from_args(args) -> list[WorkerSpec]:
         kv_pages=getattr(args, "kv_pages", None),
         gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
     )
-    return [WorkerSpec("prefill", i, **common) for i in range(args.prefill)] + [
+    return [WorkerSpec("prefill", i, extra=prefill_extra(args), **common) for i in range(args.prefill)] + [
         WorkerSpec("decode", i, engine=args.engine, engines=args.engines, **common) for i in range(args.decode)
     ]
 
@@ -326,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploy/launch.py", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
-    if err := engines_error(args) or router_limits_error(args):
+    if err := engines_error(args) or router_limits_error(args) or prefill_error(args):
         p.error(err)
     progress = Progress()
     connect(args.address, args.namespace)

@@ -45,7 +45,7 @@ from deploy.processes import (
     stop_processes,
     wait_serving,
 )
-from deploy.serve_args import ENGINES, add_arguments  # noqa: F401 (re-exported: bench_serve, tests)
+from deploy.serve_args import ENGINES, add_arguments, prefill_extra  # noqa: F401 (re-exported: bench_serve, tests)
 from deploy.serve_args import check as _check
 from deploy.supervisor import DEFAULT_MAX_RESTARTS, GaveUp, Supervisor
 
@@ -226,8 +226,7 @@ def _worker_specs(args) -> list[WorkerSpec]:
         token_file=args.token_file,
         grace=min(args.grace, 1.0),
     )
-    budget = getattr(args, "prefill_budget", None)
-    extra = (("prefill_budget", str(budget)),) if budget is not None else ()
+    extra = prefill_extra(args)
     return [WorkerSpec("prefill", i, extra=extra, **common) for i in range(args.prefill)] + [
         WorkerSpec("decode", i, engine=args.engine, engines=getattr(args, "engines", None), **common)
         for i in range(args.decode)

@@ -73,12 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-pages", type=int, default=None, help="attention KV pages of 256 tokens per worker runner (default: sized)"
     )
-    p.add_argument(
-        "--prefill-budget",
-        type=int,
-        default=None,
-        help="prompt tokens a prefill worker's batched pass may hold (default: the worker's, 8192)",
-    )
+    add_prefill_options(p)
     p.add_argument(
         "--gpu-memory-fraction",
         type=float,
@@ -136,6 +131,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ask-tokens", type=int, default=32, metavar="N", help="max new tokens of the --ask request")
 
 
+def add_prefill_options(p: argparse.ArgumentParser) -> None:
+    """The prefill workers' options of `baton serve` and deploy/launch.py (prefill_extra passes them on)."""
+    p.add_argument(
+        "--prefill-budget",
+        type=int,
+        default=None,
+        help="prompt tokens a prefill worker's batched pass may hold (default: the worker's, 8192)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt prefixes each prefill worker keeps for later prompts that begin with them, one per "
+        "8192-token piece boundary (restored bitwise; their KV in idle pages); 0: off (default: 16 when "
+        "--max-len exceeds 8192, else off)",
+    )
+
+
+def prefill_error(args) -> str | None:
+    if getattr(args, "prefill_budget", None) is not None and args.prefill_budget < 1:
+        return "--prefill-budget must be >= 1"
+    if getattr(args, "prefix_cache", None) is not None and args.prefix_cache < 0:
+        return "--prefix-cache must be >= 0"
+    return None
+
+
+def prefill_extra(args) -> tuple[tuple[str, str], ...]:
+    """The prefill options given, as a WorkerSpec's extra (name, value) pairs (deploy/processes.py)."""
+    names = ("prefill_budget", "prefix_cache")  # NOTE: callers may build args without the newer options
+    return tuple((n, str(getattr(args, n))) for n in names if getattr(args, n, None) is not None)
+
+
 def engines_error(args) -> str | None:
     """Checks --engines (comma-separated names of ENGINES, at least one) against --engine, and normalizes it
     to "a,b" (args.engines stays None when not given: the workers' default). A message, or None."""
@@ -178,8 +206,8 @@ def check(args) -> str | None:
     kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)
     if kv_pages is not None and kv_pages < 1:
         return "--kv-pages must be >= 1"
-    if getattr(args, "prefill_budget", None) is not None and args.prefill_budget < 1:
-        return "--prefill-budget must be >= 1"
+    if err := prefill_error(args):
+        return err
     if fraction is not None and not 0.0 < fraction <= 1.0:
         return "--gpu-memory-fraction must be in (0, 1]"
     if err := router_limits_error(args):

@@ -61,9 +61,21 @@ def _main(argv, signals: StopSignals) -> int:
         "and a prompt's piece (baton/engine/prefill.py PREFILL_CHUNK) always gets one "
         "(default: prefill_worker.engine.PREFILL_BUDGET, 8192)",
     )
+    p.add_argument(
+        "--prefix-cache",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt prefixes kept for later prompts that begin with them, one per 8192-token piece boundary "
+        "(baton/engine/prefix_cache.py: their state restored bitwise, their KV in idle pages); 0: off "
+        "(default: 16 when --max-len exceeds 8192, else off)",
+    )
     args = p.parse_args(argv)
     if args.prefill_budget is not None and args.prefill_budget < 1:
         print("prefill: --prefill-budget must be >= 1", file=sys.stderr)
+        return 2
+    if args.prefix_cache is not None and args.prefix_cache < 0:
+        print("prefill: --prefix-cache must be >= 0", file=sys.stderr)
         return 2
     opts = options_from_args(args)
     try:
@@ -98,6 +110,7 @@ def _main(argv, signals: StopSignals) -> int:
             gpu_memory_fraction=opts.gpu_memory_fraction,
             chunk_bytes=int(args.chunk_mib * (1 << 20)),
             prefill_budget=args.prefill_budget,
+            prefix_cache=args.prefix_cache,
         )
         del model  # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError) as e:

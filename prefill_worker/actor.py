@@ -38,6 +38,7 @@ class PrefillActor(WorkerActor):
         kv_pages: int | None = None,
         gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
         prefill_budget: int | None = None,
+        prefix_cache: int | None = None,
     ):
         from prefill_worker.serve import serve_prefill
 
@@ -57,6 +58,7 @@ class PrefillActor(WorkerActor):
             gpu_memory_fraction=float(gpu_memory_fraction),
             chunk_bytes=int(float(chunk_mib) * (1 << 20)),
             prefill_budget=int(prefill_budget) if prefill_budget not in (None, "") else None,
+            prefix_cache=int(prefix_cache) if prefix_cache not in (None, "") else None,
         )
         ready(self.role, settings)  # the actor's process is this worker's
 

@@ -230,11 +230,10 @@ class ExactEngine:
                     start = self.prefix.restore(s.slot, keys, mtp)
                 self.runner.sampling.history.put(s.slot, prompt[:start])
             s.cached_tokens = start
-            keep = keys if mtp or not self.runner.has_mtp else []  # an entry holds the MTP layer's KV
             for p in prefill_pieces(self.runner, s.slot, prompt[start:], start, on_layer=marks, mtp=mtp):
                 p.prompt_logprobs = s.want_logprobs
-                if not p.last and keep:  # a boundary: cached after its pass (_prefill_batch)
-                    p.prefix = (keep, (p.start + len(p.ids)) // self.runner.prefill_chunk - 1)
+                if not p.last and keys:  # a boundary: cached after its pass (_prefill_batch)
+                    p.prefix = (keys, (p.start + len(p.ids)) // self.runner.prefill_chunk - 1)
                 got = self.prefills.call(p)
                 if isinstance(got, BaseException):
                     raise got
@@ -276,7 +275,7 @@ class ExactEngine:
             for i, tok in zip(ok, run_pass(self.runner, [items[i] for i in ok], give_way)):
                 out[i] = tok
             for p in (items[i] for i in ok if items[i].prefix is not None and self.prefix is not None):
-                self.prefix.insert(p.slot, *p.prefix)
+                self.prefix.insert(p.slot, *p.prefix, mtp=p.mtp)
             shared = shared_firsts([items[i] for i in ok])  # computed once: the tokens counted are the computed
             rec = (
                 len(ok),

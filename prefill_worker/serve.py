@@ -12,6 +12,7 @@ from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
 from baton.engine.prefill import PREFILL_CHUNK
+from baton.engine.prefix_cache import entries_for
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from baton.loading import LoadedModel, load_model
@@ -66,12 +67,14 @@ def serve_prefill(
     kv_pages: int | None = None,
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     prefill_budget: int | None = None,
+    prefix_cache: int | None = None,
 ) -> tuple[WorkerHandle, PrefillServicer]:
     """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
     builds runner + ExactEngine + server; health turns SERVING once everything is ready.
     kv_pages: the KV pool's pages (baton/engine/pages.py); None: on CUDA gpu_memory_fraction of the free
     memory (at most slots x the window), on CPU slots x the window. prefill_budget: prompt tokens a batched
-    prefill pass may hold (None: PREFILL_BUDGET)."""
+    prefill pass may hold (None: PREFILL_BUDGET). prefix_cache: prompt prefixes kept, one a PREFILL_CHUNK boundary
+    (baton/engine/prefix_cache.py; 0: off; None: DEFAULT_PREFIX_ENTRIES when the window exceeds one piece)."""
     settings = Settings.from_env() if settings is None else settings
     check_chunk_bytes(chunk_bytes, settings.max_message_bytes)  # NOTE: before the model loads
     if isinstance(model, LoadedModel):
@@ -80,12 +83,13 @@ def serve_prefill(
         log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
         lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
     page_b = page_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, lm.has_mtp)
+    entries = entries_for(max_len, PREFILL_CHUNK, prefix_cache)
     pages = choose_pages(
         device,
         page_bytes=page_b,
         slots=slots,
         max_len=max_len,
-        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width, torch.float32) + _kept_bytes(lm, device),
+        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width + entries, torch.float32) + _kept_bytes(lm, device),
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,
@@ -96,7 +100,22 @@ def serve_prefill(
     if str(device).startswith("cuda"):
         st = prepare_cuda(runner)
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
-    engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET)
+    engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET, prefix_entries=entries)
+    if engine.prefix is not None:
+        log.info(
+            "prefill: prefix cache: %d boundaries of %d tokens (GDN state %.2f GiB; their KV in idle pages, given "
+            "back to requests that need them)",
+            entries,
+            PREFILL_CHUNK,
+            engine.prefix.bytes() / 2**30,
+        )
+    else:
+        why = (
+            "--prefix-cache 0"
+            if prefix_cache == 0
+            else f"the window of {max_len} holds one {PREFILL_CHUNK}-token piece"
+        )
+        log.info("prefill: prefix cache off (%s)", why)
     arrange_exact_rounds(engine.verifies, device, settings.gpu_workers, log, "prefill")
     log.info("prefill: batched passes of up to %d prompt tokens (pieces of %d)", engine.prefills.budget, PREFILL_CHUNK)
     if str(device).startswith("cuda"):

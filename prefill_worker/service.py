@@ -298,7 +298,7 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
                                 # the decode worker reserved the slot (it can no longer refuse for full slots,
                                 # which must fail the call before any token: the router tries another one)
                                 answered = True
-                                yield self._answer(first, None, ids, prefill_s, lps, session.prompt_logprobs)
+                                yield self._answer(first, None, ids, prefill_s, lps, session)
                             if not context.is_active():  # gone during the compute: stop the stream now
                                 push.cancel()
                             _, bridge = yield from heartbeat.landing(self, context, push, beat_ms)
@@ -316,12 +316,16 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
             finally:
                 if not keep:
                     self.engine.release(sid)
-            yield self._answer(first, bridge, ids, prefill_s, lps, session.prompt_logprobs)
+            yield self._answer(first, bridge, ids, prefill_s, lps, session)
 
     @staticmethod
-    def _answer(first: int, bridge, ids, prefill_s: float, lps, plps=()) -> prefill_pb2.PrefillResponse:
-        """A PrefillResponse; bridge None: the early answer (the hand-off still in flight). plps: the prompt's."""
-        resp = prefill_pb2.PrefillResponse(first_token=first, prompt_tokens=len(ids), prefill_seconds=prefill_s)
+    def _answer(first: int, bridge, ids, prefill_s: float, lps, session) -> prefill_pb2.PrefillResponse:
+        """A PrefillResponse; bridge None: the early answer (the hand-off still in flight). session: the prompt's
+        logprobs and its tokens restored from the prefix cache."""
+        resp = prefill_pb2.PrefillResponse(
+            first_token=first, prompt_tokens=len(ids), prefill_seconds=prefill_s, cached_tokens=session.cached_tokens
+        )
+        plps = session.prompt_logprobs
         if bridge is not None:
             resp.bridge.CopyFrom(bridge)
             if bridge.HasField("timeline"):
@@ -378,4 +382,8 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read()
         out.thread_cpu_s.update(thread_cpu.read())
         fill_capacity(out, (self.engine.runner,))
+        if self.engine.prefix is not None:
+            pc = self.engine.prefix.stats()
+            out.prefix_cache_entries, out.prefix_cache_pages = pc["entries"], pc["pages"]
+            out.prefix_cache_hits, out.prefix_cache_tokens = pc["hits"], pc["tokens_reused"]
         return out

@@ -162,24 +162,34 @@ class Registry:
 
     # ---- choice ----------------------------------------------------------------------------------
     def pick(
-        self, role: str, engine: str | None = None, exclude: Iterable[Worker] = (), affinity: Hashable = None
+        self,
+        role: str,
+        engine: str | None = None,
+        exclude: Iterable[Worker] = (),
+        affinity: Hashable = None,
+        slack: int | None = None,
     ) -> Worker:
         """Least outstanding work among up workers (offering `engine`), least recently picked on ties. With an
         `affinity` key, the up worker that key hashes highest with instead (rendezvous hashing: every call of
         one key goes to one worker while the set is the same), whatever the load: the choices of one
-        prompt (start_session's equal_prompts) meet on one prefill worker, which computes it once."""
+        prompt (start_session's equal_prompts) meet on one prefill worker, which computes it once. slack:
+        the affinity's worker only while it has at most `slack` more calls in flight than the least loaded
+        (a prompt's cached prefix is worth a short wait, not a hot spot)."""
         skip = set(map(id, exclude))
         with self._lock:
             cands = [w for w in self._workers[role] if w.up and id(w) not in skip and w.offers(engine)]
             if not cands:
                 what = f"{role} worker" + (f" offering engine {engine}" if engine else "")
                 raise NoWorker(f"no {what} is available")
+            # workers known to offer the engine first, then least outstanding, then least recently picked
+            least = min(
+                cands, key=lambda c: (engine is not None and engine not in c.engines, c.outstanding, c.last_pick)
+            )
+            w = least
             if affinity is not None:
                 w = max(cands, key=lambda c: (engine is None or engine in c.engines, hash((affinity, c.address))))
-            else:  # workers known to offer the engine first, then least outstanding, then least recently picked
-                w = min(
-                    cands, key=lambda c: (engine is not None and engine not in c.engines, c.outstanding, c.last_pick)
-                )
+                if slack is not None and w.outstanding > least.outstanding + slack:
+                    w = least
             w.last_pick = next(self._seq)
             return w
 

@@ -216,6 +216,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         token -> the state landed -> the next tokens, where the request got that far)."""
         msg.finish_reason = finish
         msg.usage.prompt_tokens, msg.usage.completion_tokens = len(plan.prompt_ids), n_out
+        msg.usage.cached_tokens = rec["cached_tokens"] = stats.cached_tokens
         stats.fill(msg.stats, ttft_ms=rec["ttft_ms"], request_id=plan.request_id, seed=plan.sampling.seed)
         if stats.landed_at and t_first is not None:
             msg.stats.handoff_ms = max(0.0, stats.landed_at - t_first) * 1e3
@@ -315,6 +316,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             calls, ids, generated=len(sent), on_retry=self.metrics.prefill_retries.inc, timeline=timeline, **kw
         )
         stats.prefill, stats.decode, stats.engine = h.prefill.address, h.decode.address, h.engine
+        if not sent:  # the request's own prefill (a re-prefill's restored tokens are not the prompt's)
+            stats.cached_tokens = h.response.cached_tokens
         return h
 
     def _record(self, stats: RunStats):

@@ -18,10 +18,12 @@ stats = RunStats()                   # its counters (hand-offs, exact rounds), r
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
 import uuid
+from array import array
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -204,6 +206,17 @@ def _default_engine(d: Worker) -> int:
     return common_pb2.Engine.Value(name) if name in common_pb2.Engine.keys() else common_pb2.ENGINE_UNSPECIFIED
 
 
+PREFILL_PIECE = 8192  # baton/engine/prefill.py PREFILL_CHUNK (the router imports no torch; a test checks them equal)
+PREFIX_SLACK = 4  # a prompt's prefix worker is passed over when it has this many more calls in flight than the least
+
+
+def prefix_affinity(ids: list[int]) -> bytes:
+    """The Registry.pick affinity of a prompt longer than one prefill piece: a digest of its first piece, so
+    prompts that begin with the same PREFILL_PIECE tokens go to the prefill worker whose prefix cache holds
+    them (baton/engine/prefix_cache.py), unless it is PREFIX_SLACK calls busier than the least loaded."""
+    return hashlib.blake2b(array("i", ids[:PREFILL_PIECE]).tobytes(), digest_size=16).digest()
+
+
 def start_session(
     calls: Calls,
     ids: list[int],
@@ -242,11 +255,14 @@ def start_session(
     bad_d: list[Worker] = list(exclude_decode)
     full_d: StatusError | None = None  # a decode target's refusal (its slots are full)
     group = tuple(ids) if equal_prompts > 1 else None  # equal prompts: one prefill worker computes them once
+    slack = None
+    if group is None and len(ids) > PREFILL_PIECE:  # prompts that begin alike meet where their prefix is cached
+        group, slack = prefix_affinity(ids), PREFIX_SLACK
     for attempt in range(retries + 1):
         busy = [w for w in reg.up("decode") if _full(w) and w not in bad_d]
         try:
             try:
-                p = reg.pick("prefill", exclude=bad_p, affinity=group)
+                p = reg.pick("prefill", exclude=bad_p, affinity=group, slack=slack)
             except NoWorker:
                 p = reg.pick("prefill")
             d = reg.wait_pick("decode", engine_name, bad_d + busy, min(decode_wait_s, max(0.0, calls.remaining())))
@@ -327,6 +343,7 @@ class RunStats:
     prefill: str = ""  # the session's workers (the last re-prefill's after a migration) and its engine, for the
     decode: str = ""  # request's log line (router/service.py)
     engine: int = 0  # common_pb2.Engine the Prefill named: the request's, else the decode worker's default
+    cached_tokens: int = 0  # prompt tokens the first Prefill restored from its prefix cache (Usage.cached_tokens)
 
     def bridge(self, report) -> None:
         self.handoffs += 1

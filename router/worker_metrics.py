@@ -30,6 +30,13 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
     baton_worker_mtp_rounds_total{k}, baton_worker_mtp_round_seconds_total{k}
                                    a decode worker's fast mtp rounds by the draft length K its controller ran
                                    (0: a plain batched step; baton/engine/draft_length.py) and their seconds
+    baton_worker_prefix_cache_entries, baton_worker_prefix_cache_pages
+                                   a prefill worker's prefix cache now (baton/engine/prefix_cache.py): the
+                                   prompt prefixes it holds and the KV pages they hold (lent: not free, but
+                                   given back to a request that needs them)
+    baton_worker_prefix_cache_hits_total, baton_worker_prefix_cache_tokens_total
+                                   prompts that started from a cached prefix, and the prompt tokens restored
+                                   instead of computed, since the worker started
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
 
@@ -50,6 +57,8 @@ _FIGURES = (
     ("slots", "Session slots of each of the worker's runners"),
     ("kv_pages", "Attention KV pages of the worker's pools (256 tokens each)"),
     ("kv_pages_free", "Free attention KV pages of the worker's pools"),
+    ("prefix_cache_entries", "Prompt prefixes in the prefill worker's prefix cache"),
+    ("prefix_cache_pages", "KV pages the prefill worker's prefix cache holds (given back on demand)"),
 )
 
 
@@ -124,7 +133,14 @@ def _gathered(got):
     k_secs = CounterMetricFamily(
         "baton_worker_mtp_round_seconds", "Seconds of the fast mtp rounds by draft length K", labels=[*labels, "k"]
     )
+    hits = CounterMetricFamily("baton_worker_prefix_cache_hits", "Prompts started from a cached prefix", labels=labels)
+    reused = CounterMetricFamily(
+        "baton_worker_prefix_cache_tokens", "Prompt tokens restored from the prefix cache", labels=labels
+    )
     for w, st in got:
+        if w.role == "prefill":
+            hits.add_metric([w.role, w.address], float(st.prefix_cache_hits))
+            reused.add_metric([w.role, w.address], float(st.prefix_cache_tokens))
         for k, n in sorted(st.mtp_rounds_by_k.items()):
             by_k.add_metric([w.role, w.address, str(k)], float(n))
             k_secs.add_metric([w.role, w.address, str(k)], st.mtp_round_s_by_k.get(k, 0.0))
@@ -134,4 +150,4 @@ def _gathered(got):
             secs.add_metric([w.role, w.address, part], v)
         rpcs.add_metric([w.role, w.address], float(st.batched_rpcs))
         reqs.add_metric([w.role, w.address], float(st.batched_items))
-    yield from (batches, items, secs, rpcs, reqs, by_k, k_secs)
+    yield from (batches, items, secs, rpcs, reqs, by_k, k_secs, hits, reused)

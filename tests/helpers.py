@@ -249,10 +249,20 @@ def router_without_workers(token: str, http_port: int, **config):
     )
 
 
-def inprocess_cluster(lm, max_len: int, *, decodes: int = 1, prefills: int = 1, default_engine: str = "bf16"):
+def inprocess_cluster(
+    lm,
+    max_len: int,
+    *,
+    decodes: int = 1,
+    prefills: int = 1,
+    default_engine: str = "bf16",
+    prefix_cache: int | None = None,
+    http_port: int = 0,
+):
     """A router, `prefills` prefill workers and `decode` decode workers in this process, over loopback gRPC, on
     the loaded model -> (client, decode worker handles, close); close.prefills: the prefill workers' handles
-    (a test stops one)."""
+    (a test stops one). prefix_cache: the prefill workers' (serve_prefill's); http_port > 0: the router's HTTP
+    API there too."""
     from baton.client import Client
     from baton.settings import Settings
     from decode_worker.serve import serve_decode
@@ -260,9 +270,11 @@ def inprocess_cluster(lm, max_len: int, *, decodes: int = 1, prefills: int = 1, 
     from router.__main__ import serve_router, stop_router
 
     st = Settings()
-    ps = [serve_prefill(lm, max_len=max_len, settings=st)[0] for _ in range(prefills)]
+    ps = [serve_prefill(lm, max_len=max_len, settings=st, prefix_cache=prefix_cache)[0] for _ in range(prefills)]
     ds = [serve_decode(lm, max_len=max_len, settings=st, default_engine=default_engine)[0] for _ in range(decodes)]
-    rh, rs = serve_router(prefill=[p.address for p in ps], decode=[d.address for d in ds], settings=st)
+    rh, rs = serve_router(
+        prefill=[p.address for p in ps], decode=[d.address for d in ds], settings=st, http_port=http_port
+    )
     c = Client(rh.address)
     wait_serving(c)
 

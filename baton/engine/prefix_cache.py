@@ -31,8 +31,10 @@ each of its children: eviction takes leaves first, and every cached entry's chai
 Threads: one lock. restore and insert run under the worker's compute lock; their device copies go on the one
 stream every pass uses, so a page evicted and handed to a request is rewritten only after the copies that read it.
 
-Not cached: a prompt's last piece (its last MTP pair needs the token it picks), a piece whose pass skipped the
-MTP layer's KV on a model that has one, prompts whose boundaries are not whole pages (chunk % PAGE != 0).
+An entry made by a pass that skipped the MTP layer's KV (a fast bf16 session's prefill) serves prefills that
+skip it too; a pass that writes it completes the entry (the rest of its state is the same).
+Not cached: a prompt's last piece (its last MTP pair needs the token it picks), prompts whose boundaries are
+not whole pages (chunk % PAGE != 0).
 Not restored: prompts that ask for prompt logprobs (every row's hidden state is needed). Off when the window
 holds no more than one piece (no prompt has a boundary before its end).
 """
@@ -57,6 +59,7 @@ DEFAULT_PREFIX_ENTRIES = 16  # boundaries cached when the window exceeds one pie
 class Entry:
     row: int  # its GDN state's row in the cache's store
     pages: list[int]  # its chunk's KV pages, lent by the pool
+    mtp: bool  # they hold the MTP layer's KV too (its pass wrote it); a prefill without it may still use it
 
 
 def entries_for(max_len: int, chunk: int, asked: int | None) -> int:
@@ -105,12 +108,13 @@ class PrefixCache:
     # ---- use -----------------------------------------------------------------------------------
     def restore(self, slot: int, keys: list[bytes], mtp: bool = True) -> int:
         """The longest cached chain of the prompt's boundary keys into the slot (its pages reserved for the
-        prompt) -> tokens restored (0: none; the slot untouched). mtp=False: the MTP layer's KV is left
-        zero, as a prefill without it leaves it."""
+        prompt) -> tokens restored (0: none; the slot untouched). mtp: the prefill writes the MTP layer's KV
+        (only entries that hold it serve); mtp=False: it is left zero, as a prefill without it leaves it."""
+        mtp = mtp and self.state.mtp_layer is not None
         with self._lock:
             chain: list[Entry] = []
             for key in keys:
-                if (e := self._lru.get(key)) is None:
+                if (e := self._lru.get(key)) is None or (mtp and not e.mtp):
                     break
                 chain.append(e)
             if not chain:
@@ -128,14 +132,21 @@ class PrefixCache:
             self.tokens_reused += b
             return b
 
-    def insert(self, slot: int, keys: list[bytes], k: int) -> bool:
+    def insert(self, slot: int, keys: list[bytes], k: int, mtp: bool = True) -> bool:
         """The slot's state after its prompt's boundary k + 1 (a pass just computed the piece ending there)
-        as keys[k]'s entry, its parents keys[:k] cached. -> True if added (False: present already, a parent
-        missing, or no row / pages to be had without evicting the chain itself)."""
+        as keys[k]'s entry, its parents keys[:k] cached. mtp: the pass wrote the MTP layer's KV (an entry
+        without it gets it now). -> True if added or completed (False: present already, a parent missing, or
+        no row / pages to be had without evicting the chain itself)."""
         key, chain = keys[k], keys[:k]
+        mtp = mtp and self.state.mtp_layer is not None
         with self._lock:
-            if key in self._lru:
+            if (e := self._lru.get(key)) is not None:
                 self._touch(keys[: k + 1])
+                if mtp and not e.mtp:  # the same state: only the MTP layer's rows are new
+                    own = self.state.pages.owned(slot)[k * self.pages_per_entry : (k + 1) * self.pages_per_entry]
+                    self._copy_pages(own, e.pages, [self.state.mtp_layer])
+                    e.mtp = True
+                    return True
                 return False
             if any(p not in self._lru for p in chain):
                 return False
@@ -155,7 +166,7 @@ class PrefixCache:
             for i in st.conv:
                 self.conv[i][row].copy_(st.conv[i][slot])
                 self.recurrent[i][row].copy_(st.recurrent[i][slot])
-            self._lru[key] = Entry(row, pages)
+            self._lru[key] = Entry(row, pages, mtp)
             self._touch(keys[: k + 1])
             self.inserted += 1
             return True

@@ -199,7 +199,7 @@ class WorkerStatsRequest(_message.Message):
     def __init__(self, reset_steps: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share", "step_phase_s", "step_phase_window_s", "step_held_rows", "thread_cpu_s", "engines", "slots", "kv_pools", "kv_pages", "kv_pages_free", "kv_page_tokens", "gathered_s", "gathered_gave_way", "draft_only_states", "batched_rpcs", "batched_items", "mtp_rounds_by_k", "mtp_round_s_by_k")
+    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share", "step_phase_s", "step_phase_window_s", "step_held_rows", "thread_cpu_s", "engines", "slots", "kv_pools", "kv_pages", "kv_pages_free", "kv_page_tokens", "gathered_s", "gathered_gave_way", "draft_only_states", "batched_rpcs", "batched_items", "mtp_rounds_by_k", "mtp_round_s_by_k", "prefix_cache_entries", "prefix_cache_pages", "prefix_cache_hits", "prefix_cache_tokens")
     class StepPhaseSEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +277,10 @@ class WorkerStats(_message.Message):
     BATCHED_ITEMS_FIELD_NUMBER: _ClassVar[int]
     MTP_ROUNDS_BY_K_FIELD_NUMBER: _ClassVar[int]
     MTP_ROUND_S_BY_K_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     session_bytes: int
     outstanding: int
@@ -319,7 +323,11 @@ class WorkerStats(_message.Message):
     batched_items: int
     mtp_rounds_by_k: _containers.ScalarMap[int, int]
     mtp_round_s_by_k: _containers.ScalarMap[int, float]
-    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ..., step_phase_s: _Optional[_Mapping[str, float]] = ..., step_phase_window_s: _Optional[float] = ..., step_held_rows: _Optional[int] = ..., thread_cpu_s: _Optional[_Mapping[str, float]] = ..., engines: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., kv_pools: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_page_tokens: _Optional[int] = ..., gathered_s: _Optional[_Mapping[str, float]] = ..., gathered_gave_way: _Optional[int] = ..., draft_only_states: _Optional[bool] = ..., batched_rpcs: _Optional[int] = ..., batched_items: _Optional[int] = ..., mtp_rounds_by_k: _Optional[_Mapping[int, int]] = ..., mtp_round_s_by_k: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    prefix_cache_entries: int
+    prefix_cache_pages: int
+    prefix_cache_hits: int
+    prefix_cache_tokens: int
+    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ..., step_phase_s: _Optional[_Mapping[str, float]] = ..., step_phase_window_s: _Optional[float] = ..., step_held_rows: _Optional[int] = ..., thread_cpu_s: _Optional[_Mapping[str, float]] = ..., engines: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., kv_pools: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_page_tokens: _Optional[int] = ..., gathered_s: _Optional[_Mapping[str, float]] = ..., gathered_gave_way: _Optional[int] = ..., draft_only_states: _Optional[bool] = ..., batched_rpcs: _Optional[int] = ..., batched_items: _Optional[int] = ..., mtp_rounds_by_k: _Optional[_Mapping[int, int]] = ..., mtp_round_s_by_k: _Optional[_Mapping[int, float]] = ..., prefix_cache_entries: _Optional[int] = ..., prefix_cache_pages: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_tokens: _Optional[int] = ...) -> None: ...
 
 class BridgeReport(_message.Message):
     __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks", "timeline", "draft_only")

@@ -9,7 +9,8 @@
 
 Per choice: text deltas are the router's (it matches the stop strings, router/stops.py); finish_reason is
 "length" (LENGTH) or "stop" (STOP, EOS, or a stop string); usage is the router's (prompt_tokens from the
-request, completion_tokens = tokens received, which the router's own usage equals); `baton.stats` is the
+request, completion_tokens = tokens received, which the router's own usage equals; prompt_tokens_details.
+cached_tokens: those the prefill worker restored from its prefix cache); `baton.stats` is the
 router's Stats of the last message; logprobs (when asked) in OpenAI's completion or chat shape.
 Chat with the reasoning parser on (--reasoning-parser qwen3): each choice's own ReasoningSplit
 (router/http/reasoning.py) splits its text into message.reasoning_content and content (streamed:
@@ -49,6 +50,7 @@ class Choice:
     echo_first: int = 0  # ... and the prompt's first token id (its logprob is null)
     calls: list = field(default_factory=list)  # non-streaming: the tool calls found
     think: ReasoningSplit | None = None  # the reasoning parser on: text -> reasoning_content + content
+    cached: int = 0  # of prompt_tokens, those the prefill restored from its prefix cache (the last message's usage)
 
 
 class Run:
@@ -108,6 +110,7 @@ class Run:
             c.tokens += len(d.token_ids)
             if d.finish_reason:
                 c.finish, c.stats = FINISH.get(d.finish_reason, "stop"), d.stats
+                c.cached = d.usage.get("cached_tokens", 0) if c.prompt_tokens else 0  # a prompt's first choice
             c.text.append(d.text)
             c.logprobs.extend(d.logprobs)
             return i, d.text, c.finish, d.logprobs
@@ -124,7 +127,13 @@ class Run:
     def usage(self) -> dict:
         p = sum(c.prompt_tokens for c in self.choices)
         n = sum(c.tokens for c in self.choices)
-        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        cached = sum(c.cached for c in self.choices)
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": n,
+            "total_tokens": p + n,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     def _stats(self):
         stats = [c.stats for c in self.choices]

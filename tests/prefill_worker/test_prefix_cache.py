@@ -68,9 +68,24 @@ def test_a_prompt_from_cached_pieces_equals_it_computed(lm, mtp):
     assert tok == want_tok
     _same_state(state, want_state)
     st = e.prefix.stats()
-    # b's boundary 768 is added when its pass wrote the MTP layer's KV (an entry holds it)
-    assert (st["hits"], st["tokens_reused"], st["entries"]) == (1, 512, 3 if mtp else 2)
+    assert (st["hits"], st["tokens_reused"], st["entries"]) == (1, 512, 3)  # b's boundary 768 added
     e.runner.state.pages.check()
+
+
+def test_an_entry_without_the_mtp_layer_serves_prefills_without_it_until_one_with_it_completes_it(lm):
+    e, ref = _engine(lm), _engine(lm, entries=0)
+    a = _ids(lm, 600, 8)
+    _prefilled(e, a, mtp=False)  # entries at 256 and 512, no MTP layer KV
+    b = a[:550] + _ids(lm, 60, 9)
+    _, state, cached = _prefilled(e, b, mtp=True)  # cannot use them: computes every piece (and completes them)
+    assert cached == 0
+    _same_state(state, _prefilled(ref, b, mtp=True)[1])
+    for mtp in (False, True):
+        tok, state, cached = _prefilled(e, b, mtp=mtp)
+        assert cached == 512
+        want_tok, want_state, _ = _prefilled(ref, b, mtp=mtp)
+        assert tok == want_tok
+        _same_state(state, want_state)
 
 
 def test_decoding_after_a_cached_prefix_equals_the_uncached_decode(lm):

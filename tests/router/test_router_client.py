@@ -71,7 +71,9 @@ def test_cli_generate_json(cluster, token_file, capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["token_ids"] == reference([4, 5], 6) and out["finish_reason"] == "LENGTH"
-    assert out["usage"] == {"prompt_tokens": 2, "completion_tokens": 6} and "ttft_ms" in out["stats"]
+    assert (
+        out["usage"] == {"prompt_tokens": 2, "completion_tokens": 6, "cached_tokens": 0} and "ttft_ms" in out["stats"]
+    )
 
 
 def test_cli_generate_errors(cluster, token_file, capsys):

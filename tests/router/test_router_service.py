@@ -43,7 +43,7 @@ def test_fast_bf16_relay_and_final_message(cluster):
     assert out == reference(PROMPT, 12)
     last = deltas[-1]
     assert last.finish_reason == "LENGTH" and all(d.finish_reason is None for d in deltas[:-1])
-    assert last.usage == {"prompt_tokens": 3, "completion_tokens": 12}
+    assert last.usage == {"prompt_tokens": 3, "completion_tokens": 12, "cached_tokens": 0}
     assert last.stats["request_id"] == "r-1" and last.stats["ttft_ms"] > 0 and last.stats["bridge_bytes"] > 0
     # the hand-off as the router saw it: the first token -> the state landed -> the decode worker's tokens
     assert last.stats["handoff_ms"] > 0 and last.stats["first_decode_ms"] > 0
