@@ -156,6 +156,9 @@
 #   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
+#   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
+#                  PREFIX_LENGTHS (default 16384,32768) tokens, its first pieces restored against computed (its first
+#                  token and state bitwise the same)
 #   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn, timed
 #                  on a pass of 16 x 512); writes each kernel's fastest as pins ($out/fla-configs/GPU/) and runs
 #                  tests/model/test_gpu_fla_pins.py with them (two processes, fresh Triton caches: same bits)
@@ -787,6 +790,13 @@ try:
 except (OSError, ValueError, KeyError) as e:
     print(f"  no result: {e!r}")
 EOF2
+    ;;
+  prefix-cache)  # a long prompt's first token with its first pieces cached, against computed (module doc above)
+    python benchmarks/bench_prefix_cache.py --device cuda --random-init qwen3.5-9b \
+      --lengths "${PREFIX_LENGTHS:-16384,32768}" --repeat "${PREFIX_REPEAT:-3}" --out "$out/prefix-cache.json" \
+      >"$out/prefix-cache.log" 2>&1
+    echo "bench_prefix_cache: rc=$?"
+    grep "^  {" "$out/prefix-cache.log"
     ;;
   fla-bits)  # whether fla's autotuned configs change the prefill's bits (benchmarks/fla_config_bits.py): the 9B's GDN
     # delta rule, 300 tokens whole and in 128-token pieces, each used autotuner held to each of its configs
