@@ -133,6 +133,7 @@ class Client:
         include_stop_str_in_output: bool = False,
         min_tokens: int = 0,
         structured: dict | None = None,
+        cache_salt: str = "",
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -153,7 +154,8 @@ class Client:
         stop string is matched before the (N + 1)th token completes it. structured (fast mode, bf16 / fp8): one
         of {"json_schema": dict or JSON text}, {"json_object": True}, {"regex": str}, {"grammar": EBNF str},
         {"choice": [str, ...]} (StructuredOutput; "compact_whitespace": True beside json_schema): every token
-        is one the grammar allows, and the output ends at EOS once the structure is complete.
+        is one the grammar allows, and the output ends at EOS once the structure is complete. cache_salt: the
+        prefill workers' prefix cache is shared only with prompts of the same salt (vLLM's; "": unsalted).
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -173,6 +175,7 @@ class Client:
             equal_prompts=equal_prompts,
             skip_special_tokens=skip_special_tokens,
             include_stop_str_in_output=include_stop_str_in_output,
+            cache_salt=cache_salt,
             sampling=common_pb2.SamplingParams(
                 temperature=temperature,
                 top_p=top_p,

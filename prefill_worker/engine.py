@@ -159,14 +159,23 @@ class ExactEngine:
         return s, self.run_prefill(s, ids, mtp=mtp)
 
     def open_prefill(
-        self, ids, *, session_id=None, sampling: Params | None = None, generated=0, prompt_logprobs=-1, equal=0
+        self,
+        ids,
+        *,
+        session_id=None,
+        sampling: Params | None = None,
+        generated=0,
+        prompt_logprobs=-1,
+        equal=0,
+        cache_salt="",
     ) -> Session:
         """Validates the prompt and opens its session (a slot); run_prefill computes it. In between the
         slot's export views (`export(sid, position=len(ids))`) may already be handed to a sender.
         sampling: the session's parameters (None = greedy), set on the slot for its first token, every
         Verify and step (baton/engine/sampling.py); cleared at release. generated: the last `generated`
         ids were generated (a migration's re-prefill): the penalties count them as generated. equal: the
-        caller's equal prompts sent together, this one included (prefill_worker/announced.py)."""
+        caller's equal prompts sent together, this one included (prefill_worker/announced.py). cache_salt: the
+        prompt's prefix-cache keys start from it (baton/engine/prefix_cache.py)."""
         self.validate_prompt(ids)
         if not 0 <= generated < len(ids):
             raise ValueError(f"generated_tokens: {generated} of {len(ids)} prompt ids (at most {len(ids) - 1})")
@@ -188,7 +197,7 @@ class ExactEngine:
         except BaseException:
             self.release(s.id)
             raise
-        s.replay, s.want_logprobs = generated, prompt_logprobs
+        s.replay, s.want_logprobs, s.cache_salt = generated, prompt_logprobs, cache_salt
         with self._prefilling_lock:
             self._prefilling.add(s.id)
         self.announced.arrive(ids, equal)
@@ -224,7 +233,7 @@ class ExactEngine:
             tok = None
             marks = progress.mark if progress is not None and not g else None
             prompt, start = ids[: len(ids) - g], 0
-            keys = self.prefix.keys(prompt) if self.prefix is not None else []
+            keys = self.prefix.keys(prompt, s.cache_salt) if self.prefix is not None else []
             if keys and s.want_logprobs < 0:  # the longest cached prefix: its pieces are not computed again
                 with self._compute:
                     start = self.prefix.restore(s.slot, keys, mtp)

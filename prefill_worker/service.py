@@ -244,6 +244,7 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
                     generated=request.generated_tokens,
                     prompt_logprobs=plp,
                     equal=request.equal_prompts,
+                    cache_salt=request.cache_salt,
                 )
             session.engine = request.engine  # ExportState re-sends with the same engine
             keep, target = False, request.decode_target

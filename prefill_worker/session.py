@@ -32,6 +32,7 @@ class Session:
     want_logprobs: int = -1  # open_prefill(prompt_logprobs=N >= 0): run_prefill fills prompt_logprobs (N alternatives)
     prompt_logprobs: list = field(default_factory=list)  # [(logprob, top)] of prompt tokens 1 .. n-1
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache, not computed (run_prefill)
+    cache_salt: str = ""  # PrefillRequest.cache_salt: its prefix-cache keys start from it
     masker: object = None  # structured outputs: the grammar's masks on the slot (baton/grammar.py Masker)
 
 

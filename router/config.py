@@ -74,6 +74,7 @@ class Plan:
     equal_prompts: int = 0  # GenerateRequest.equal_prompts: its first Prefill announces them (a hint)
     skip_special: bool = True  # the text leaves special tokens out (GenerateRequest.skip_special_tokens)
     include_stop: bool = False  # a stop string ending the output is in its text (include_stop_str_in_output)
+    cache_salt: str = ""  # GenerateRequest.cache_salt: its Prefills' prefix-cache salt
 
     @property
     def engine_name(self) -> str | None:

@@ -310,7 +310,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         prefill worker replays them as AR rows). kw: start_session's exclude_decode, exclude_prefill,
         decode_wait_s, prompt_logprobs."""
         ids, timeline = plan.prompt_ids + list(sent), plan.timeline and stats.timeline is None
-        kw |= dict(mode=plan.mode, engine=plan.engine, engine_name=plan.engine_name, sampling=plan.sampling)
+        kw |= dict(
+            mode=plan.mode,
+            engine=plan.engine,
+            engine_name=plan.engine_name,
+            sampling=plan.sampling,
+            cache_salt=plan.cache_salt,
+        )
         kw.setdefault("equal_prompts", 0 if sent else plan.equal_prompts)  # a re-prefill comes alone
         h = start_session(
             calls, ids, generated=len(sent), on_retry=self.metrics.prefill_retries.inc, timeline=timeline, **kw

@@ -210,11 +210,13 @@ PREFILL_PIECE = 8192  # baton/engine/prefill.py PREFILL_CHUNK (the router import
 PREFIX_SLACK = 4  # a prompt's prefix worker is passed over when it has this many more calls in flight than the least
 
 
-def prefix_affinity(ids: list[int]) -> bytes:
+def prefix_affinity(ids: list[int], salt: str = "") -> bytes:
     """The Registry.pick affinity of a prompt longer than one prefill piece: a digest of its first piece, so
     prompts that begin with the same PREFILL_PIECE tokens go to the prefill worker whose prefix cache holds
-    them (baton/engine/prefix_cache.py), unless it is PREFIX_SLACK calls busier than the least loaded."""
-    return hashlib.blake2b(array("i", ids[:PREFILL_PIECE]).tobytes(), digest_size=16).digest()
+    them (baton/engine/prefix_cache.py), unless it is PREFIX_SLACK calls busier than the least loaded. salt:
+    the request's cache_salt (salted prompts meet where their own entries are)."""
+    data = salt.encode() + b"\0" + array("i", ids[:PREFILL_PIECE]).tobytes()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def start_session(
@@ -234,6 +236,7 @@ def start_session(
     timeline: bool = False,
     prompt_logprobs: int = -1,
     equal_prompts: int = 0,
+    cache_salt: str = "",
 ) -> Handoff:
     """Prefill `ids` on a prefill worker with the state pushed to a decode worker.
 
@@ -249,6 +252,7 @@ def start_session(
     generated: the last `generated` ids were generated (a re-prefill): the penalties count them so.
     timeline: P reports the hand-off's marks (PrefillRequest.timeline) in the landed answer's bridge.
     prompt_logprobs >= 0: P's answer carries the prompt's logprobs (PrefillRequest.prompt_logprobs).
+    cache_salt: PrefillRequest.cache_salt (the prompt's prefix-cache entries are keyed with it).
     Raises StatusError (UNAVAILABLE when no worker can serve), Cancelled."""
     reg = calls.registry
     bad_p: list[Worker] = list(exclude_prefill)  # passed over while another prefill worker is up
@@ -257,7 +261,7 @@ def start_session(
     group = tuple(ids) if equal_prompts > 1 else None  # equal prompts: one prefill worker computes them once
     slack = None
     if group is None and len(ids) > PREFILL_PIECE:  # prompts that begin alike meet where their prefix is cached
-        group, slack = prefix_affinity(ids), PREFIX_SLACK
+        group, slack = prefix_affinity(ids, cache_salt), PREFIX_SLACK
     for attempt in range(retries + 1):
         busy = [w for w in reg.up("decode") if _full(w) and w not in bad_d]
         try:
@@ -290,6 +294,7 @@ def start_session(
             generated_tokens=generated,
             heartbeat_ms=max(1, int(calls.call_timeout * 1e3 / HEARTBEATS_PER_TIMEOUT)),
             timeline=timeline,
+            cache_salt=cache_salt,
         )
         req.draft_only = draft_only_for(mode, req.engine, d)
         req.equal_prompts = equal_prompts  # the caller's equal prompts sent together (a hint for the pass)

@@ -23,6 +23,7 @@ from router.config import ModelMeta, Plan, RouterConfig
 from router.registry import Registry
 
 MAX_STOP_IDS = 64
+MAX_CACHE_SALT_BYTES = 256  # GenerateRequest.cache_salt
 MAX_REQUEST_ID = 128
 
 
@@ -112,6 +113,8 @@ def plan_request(
         sampling_rules.ban_until(sampling, len(ids), stop_ids + (() if r.ignore_eos else tuple(meta.eos_ids)))
     except ValueError as e:
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+    if len(r.cache_salt.encode()) > MAX_CACHE_SALT_BYTES:
+        raise _bad("cache_salt", f"{len(r.cache_salt.encode())} bytes: at most {MAX_CACHE_SALT_BYTES}")
     plp = r.prompt_logprobs if r.HasField("prompt_logprobs") else -1
     if plp > sampling_rules.MAX_LOGPROBS:
         raise _bad("prompt_logprobs", f"{plp} alternatives: at most {sampling_rules.MAX_LOGPROBS}")
@@ -120,4 +123,5 @@ def plan_request(
         equal_prompts=r.equal_prompts,
         skip_special=r.skip_special_tokens if r.HasField("skip_special_tokens") else True,
         include_stop=r.include_stop_str_in_output,
+        cache_salt=r.cache_salt,
     )  # fmt: skip

@@ -14,8 +14,9 @@ An entry, one per boundary b = k * chunk of a cached prompt (c = chunk, E = entr
     KV           rows [b - c, b) of every attention layer and of the MTP layer: c / P whole pages lent by the
                  runner's PagePool (PagePool.lend); an entry's KV is its own chunk's, so a hit needs entries
                  1..k all present (a chain)
-    key          a 16-byte blake2b digest of tokens [0, b), chained chunk by chunk, and the token at b: the MTP
-                 layer's pair of row b - 1 ends with that token, and the next piece begins with it
+    key          a 16-byte blake2b digest of tokens [0, b), chained chunk by chunk from the request's cache_salt
+                 (none: the shared chain), and the token at b: the MTP layer's pair of row b - 1 ends with that
+                 token, and the next piece begins with it
 Restoring k entries (`restore`): the slot is zeroed as a fresh prompt's slot is (HybridState.reset_slots), the
 chain's pages are copied into the slot's pages [0, b / P), entry k's GDN row into the slot; the caller records
 tokens [0, b) into the slot's token history (penalties) and runs the prompt's pieces from b.
@@ -97,9 +98,11 @@ class PrefixCache:
         with self._lock:
             return len(self._lru)
 
-    def keys(self, ids: list[int]) -> list[bytes]:
-        """The prompt's boundary keys: one per b = k * chunk < len(ids), k = 1, 2, ... (module doc)."""
-        out, digest, c = [], b"", self.chunk
+    def keys(self, ids: list[int], salt: str = "") -> list[bytes]:
+        """The prompt's boundary keys: one per b = k * chunk < len(ids), k = 1, 2, ... (module doc). salt (a
+        request's cache_salt): the chain starts from it, so salted prompts share entries only with their salt."""
+        out, c = [], self.chunk
+        digest = hashlib.blake2b(b"salt\0" + salt.encode(), digest_size=16).digest() if salt else b""
         for b in range(c, len(ids), c):
             digest = hashlib.blake2b(digest + array("i", ids[b - c : b]).tobytes(), digest_size=16).digest()
             out.append(digest + int(ids[b]).to_bytes(4, "little"))

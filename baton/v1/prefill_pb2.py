@@ -16,7 +16,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as baton_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x61ton/v1/prefill.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\"\xda\x02\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x1c\n\x04mode\x18\x03 \x01(\x0e\x32\x0e.baton.v1.Mode\x12\x15\n\rdecode_target\x18\x04 \x01(\t\x12 \n\x06\x65ngine\x18\x05 \x01(\x0e\x32\x10.baton.v1.Engine\x12\x10\n\x08timeline\x18\x06 \x01(\x08\x12*\n\x08sampling\x18\x07 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x18\n\x10generated_tokens\x18\x08 \x01(\r\x12\x14\n\x0cheartbeat_ms\x18\t \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x00\x88\x01\x01\x12\x12\n\ndraft_only\x18\x0b \x01(\x08\x12\x15\n\requal_prompts\x18\x0c \x01(\rB\x12\n\x10_prompt_logprobs\"\x88\x02\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12&\n\x06\x62ridge\x18\x02 \x01(\x0b\x32\x16.baton.v1.BridgeReport\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x17\n\x0fprefill_seconds\x18\x04 \x01(\x01\x12-\n\rfirst_logprob\x18\x05 \x01(\x0b\x32\x16.baton.v1.TokenLogprob\x12\x11\n\theartbeat\x18\x06 \x01(\x08\x12/\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"\x9d\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x30\n\x0b\x64raft_probs\x18\x03 \x03(\x0b\x32\x1b.baton.v1.TokenDistribution\x12\x13\n\x0bwant_hidden\x18\x04 \x01(\x08\x12!\n\x05round\x18\x05 \x01(\x0b\x32\x12.baton.v1.RoundTag\"}\n\x0fSessionCounters\x12\x0f\n\x07\x64rafted\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x04\x12\x17\n\x0frejected_blocks\x18\x03 \x01(\x04\x12\x15\n\rverify_blocks\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\">\n\x11VerifyManyRequest\x12)\n\x08requests\x18\x01 \x03(\x0b\x32\x17.baton.v1.VerifyRequest\"?\n\x12VerifyManyResponse\x12)\n\x08outcomes\x18\x01 \x03(\x0b\x32\x17.baton.v1.VerifyOutcome\"a\n\rVerifyOutcome\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.baton.v1.ItemStatus\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.baton.v1.VerifyResponse\"\xc5\x01\n\x0eVerifyResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nnext_token\x18\x02 \x01(\r\x12\x10\n\x08position\x18\x03 \x01(\x04\x12+\n\x08\x63ounters\x18\x04 \x01(\x0b\x32\x19.baton.v1.SessionCounters\x12(\n\x08logprobs\x18\x05 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12$\n\x06hidden\x18\x06 \x01(\x0b\x32\x14.baton.v1.HiddenRows\"n\n\x12\x45xportStateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rdecode_target\x18\x02 \x01(\t\x12\x19\n\x11target_session_id\x18\x03 \x01(\t\x12\x12\n\ndraft_only\x18\x04 \x01(\x08\"c\n\x13\x45xportStateResponse\x12&\n\x06\x62ridge\x18\x01 \x01(\x0b\x32\x16.baton.v1.BridgeReport\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x12\n\nnext_token\x18\x03 \x01(\r2\xea\x03\n\rPrefillWorker\x12>\n\x07Prefill\x12\x18.baton.v1.PrefillRequest\x1a\x19.baton.v1.PrefillResponse\x12\x46\n\rPrefillStream\x12\x18.baton.v1.PrefillRequest\x1a\x19.baton.v1.PrefillResponse0\x01\x12;\n\x06Verify\x12\x17.baton.v1.VerifyRequest\x1a\x18.baton.v1.VerifyResponse\x12G\n\nVerifyMany\x12\x1b.baton.v1.VerifyManyRequest\x1a\x1c.baton.v1.VerifyManyResponse\x12>\n\x07Release\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12J\n\x0b\x45xportState\x12\x1c.baton.v1.ExportStateRequest\x1a\x1d.baton.v1.ExportStateResponse\x12?\n\x08GetStats\x12\x1c.baton.v1.WorkerStatsRequest\x1a\x15.baton.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x61ton/v1/prefill.proto\x12\x08\x62\x61ton.v1\x1a\x15\x62\x61ton/v1/common.proto\"\xee\x02\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12\x1c\n\x04mode\x18\x03 \x01(\x0e\x32\x0e.baton.v1.Mode\x12\x15\n\rdecode_target\x18\x04 \x01(\t\x12 \n\x06\x65ngine\x18\x05 \x01(\x0e\x32\x10.baton.v1.Engine\x12\x10\n\x08timeline\x18\x06 \x01(\x08\x12*\n\x08sampling\x18\x07 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x18\n\x10generated_tokens\x18\x08 \x01(\r\x12\x14\n\x0cheartbeat_ms\x18\t \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\n \x01(\rH\x00\x88\x01\x01\x12\x12\n\ndraft_only\x18\x0b \x01(\x08\x12\x15\n\requal_prompts\x18\x0c \x01(\r\x12\x12\n\ncache_salt\x18\r \x01(\tB\x12\n\x10_prompt_logprobs\"\x88\x02\n\x0fPrefillResponse\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\r\x12&\n\x06\x62ridge\x18\x02 \x01(\x0b\x32\x16.baton.v1.BridgeReport\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x17\n\x0fprefill_seconds\x18\x04 \x01(\x01\x12-\n\rfirst_logprob\x18\x05 \x01(\x0b\x32\x16.baton.v1.TokenLogprob\x12\x11\n\theartbeat\x18\x06 \x01(\x08\x12/\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\"\x9d\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12\x30\n\x0b\x64raft_probs\x18\x03 \x03(\x0b\x32\x1b.baton.v1.TokenDistribution\x12\x13\n\x0bwant_hidden\x18\x04 \x01(\x08\x12!\n\x05round\x18\x05 \x01(\x0b\x32\x12.baton.v1.RoundTag\"}\n\x0fSessionCounters\x12\x0f\n\x07\x64rafted\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x04\x12\x17\n\x0frejected_blocks\x18\x03 \x01(\x04\x12\x15\n\rverify_blocks\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\">\n\x11VerifyManyRequest\x12)\n\x08requests\x18\x01 \x03(\x0b\x32\x17.baton.v1.VerifyRequest\"?\n\x12VerifyManyResponse\x12)\n\x08outcomes\x18\x01 \x03(\x0b\x32\x17.baton.v1.VerifyOutcome\"a\n\rVerifyOutcome\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.baton.v1.ItemStatus\x12*\n\x08response\x18\x02 \x01(\x0b\x32\x18.baton.v1.VerifyResponse\"\xc5\x01\n\x0eVerifyResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nnext_token\x18\x02 \x01(\r\x12\x10\n\x08position\x18\x03 \x01(\x04\x12+\n\x08\x63ounters\x18\x04 \x01(\x0b\x32\x19.baton.v1.SessionCounters\x12(\n\x08logprobs\x18\x05 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12$\n\x06hidden\x18\x06 \x01(\x0b\x32\x14.baton.v1.HiddenRows\"n\n\x12\x45xportStateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rdecode_target\x18\x02 \x01(\t\x12\x19\n\x11target_session_id\x18\x03 \x01(\t\x12\x12\n\ndraft_only\x18\x04 \x01(\x08\"c\n\x13\x45xportStateResponse\x12&\n\x06\x62ridge\x18\x01 \x01(\x0b\x32\x16.baton.v1.BridgeReport\x12\x10\n\x08position\x18\x02 \x01(\x04\x12\x12\n\nnext_token\x18\x03 \x01(\r2\xea\x03\n\rPrefillWorker\x12>\n\x07Prefill\x12\x18.baton.v1.PrefillRequest\x1a\x19.baton.v1.PrefillResponse\x12\x46\n\rPrefillStream\x12\x18.baton.v1.PrefillRequest\x1a\x19.baton.v1.PrefillResponse0\x01\x12;\n\x06Verify\x12\x17.baton.v1.VerifyRequest\x1a\x18.baton.v1.VerifyResponse\x12G\n\nVerifyMany\x12\x1b.baton.v1.VerifyManyRequest\x1a\x1c.baton.v1.VerifyManyResponse\x12>\n\x07Release\x12\x18.baton.v1.ReleaseRequest\x1a\x19.baton.v1.ReleaseResponse\x12J\n\x0b\x45xportState\x12\x1c.baton.v1.ExportStateRequest\x1a\x1d.baton.v1.ExportStateResponse\x12?\n\x08GetStats\x12\x1c.baton.v1.WorkerStatsRequest\x1a\x15.baton.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,25 +24,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'baton.v1.prefill_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=60
-  _globals['_PREFILLREQUEST']._serialized_end=406
-  _globals['_PREFILLRESPONSE']._serialized_start=409
-  _globals['_PREFILLRESPONSE']._serialized_end=673
-  _globals['_VERIFYREQUEST']._serialized_start=676
-  _globals['_VERIFYREQUEST']._serialized_end=833
-  _globals['_SESSIONCOUNTERS']._serialized_start=835
-  _globals['_SESSIONCOUNTERS']._serialized_end=960
-  _globals['_VERIFYMANYREQUEST']._serialized_start=962
-  _globals['_VERIFYMANYREQUEST']._serialized_end=1024
-  _globals['_VERIFYMANYRESPONSE']._serialized_start=1026
-  _globals['_VERIFYMANYRESPONSE']._serialized_end=1089
-  _globals['_VERIFYOUTCOME']._serialized_start=1091
-  _globals['_VERIFYOUTCOME']._serialized_end=1188
-  _globals['_VERIFYRESPONSE']._serialized_start=1191
-  _globals['_VERIFYRESPONSE']._serialized_end=1388
-  _globals['_EXPORTSTATEREQUEST']._serialized_start=1390
-  _globals['_EXPORTSTATEREQUEST']._serialized_end=1500
-  _globals['_EXPORTSTATERESPONSE']._serialized_start=1502
-  _globals['_EXPORTSTATERESPONSE']._serialized_end=1601
-  _globals['_PREFILLWORKER']._serialized_start=1604
-  _globals['_PREFILLWORKER']._serialized_end=2094
+  _globals['_PREFILLREQUEST']._serialized_end=426
+  _globals['_PREFILLRESPONSE']._serialized_start=429
+  _globals['_PREFILLRESPONSE']._serialized_end=693
+  _globals['_VERIFYREQUEST']._serialized_start=696
+  _globals['_VERIFYREQUEST']._serialized_end=853
+  _globals['_SESSIONCOUNTERS']._serialized_start=855
+  _globals['_SESSIONCOUNTERS']._serialized_end=980
+  _globals['_VERIFYMANYREQUEST']._serialized_start=982
+  _globals['_VERIFYMANYREQUEST']._serialized_end=1044
+  _globals['_VERIFYMANYRESPONSE']._serialized_start=1046
+  _globals['_VERIFYMANYRESPONSE']._serialized_end=1109
+  _globals['_VERIFYOUTCOME']._serialized_start=1111
+  _globals['_VERIFYOUTCOME']._serialized_end=1208
+  _globals['_VERIFYRESPONSE']._serialized_start=1211
+  _globals['_VERIFYRESPONSE']._serialized_end=1408
+  _globals['_EXPORTSTATEREQUEST']._serialized_start=1410
+  _globals['_EXPORTSTATEREQUEST']._serialized_end=1520
+  _globals['_EXPORTSTATERESPONSE']._serialized_start=1522
+  _globals['_EXPORTSTATERESPONSE']._serialized_end=1621
+  _globals['_PREFILLWORKER']._serialized_start=1624
+  _globals['_PREFILLWORKER']._serialized_end=2114
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline", "sampling", "generated_tokens", "heartbeat_ms", "prompt_logprobs", "draft_only", "equal_prompts")
+    __slots__ = ("session_id", "prompt_ids", "mode", "decode_target", "engine", "timeline", "sampling", "generated_tokens", "heartbeat_ms", "prompt_logprobs", "draft_only", "equal_prompts", "cache_salt")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class PrefillRequest(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_ONLY_FIELD_NUMBER: _ClassVar[int]
     EQUAL_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     mode: _common_pb2.Mode
@@ -33,7 +34,8 @@ class PrefillRequest(_message.Message):
     prompt_logprobs: int
     draft_only: bool
     equal_prompts: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., draft_only: _Optional[bool] = ..., equal_prompts: _Optional[int] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., decode_target: _Optional[str] = ..., engine: _Optional[_Union[_common_pb2.Engine, str]] = ..., timeline: _Optional[bool] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., heartbeat_ms: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., draft_only: _Optional[bool] = ..., equal_prompts: _Optional[int] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token", "bridge", "prompt_tokens", "prefill_seconds", "first_logprob", "heartbeat", "prompt_logprobs", "cached_tokens")

@@ -18,7 +18,8 @@ top_k, min_p, repetition_penalty, echo (completions: the prompt first; with logp
 logprobs from the prefill, the first one null), and logit_bias ({"token id": value in [-100, 100]}, at most
 300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
 (GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves), min_tokens
-(SamplingParams': at most max_tokens, checked by the router), and structured outputs (response_format
+(SamplingParams': at most max_tokens, checked by the router), cache_salt (GenerateRequest's: the prefill
+workers' prefix cache shared only with prompts of the same salt), and structured outputs (response_format
 json_object / json_schema, vLLM's guided_* and structured_outputs: router/http/structured.py). Refused
 with a 400 naming the field until Baton supports them: suffix, best_of > 1, functions, non-text content parts,
 tools on /v1/completions; and n x prompts beyond the
@@ -136,6 +137,11 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
     gen["skip_special_tokens"] = _bool(body, "skip_special_tokens", True)
     gen["include_stop_str_in_output"] = _bool(body, "include_stop_str_in_output", False)
     gen["ignore_eos"] = _bool(body, "ignore_eos", False)
+    salt = body.get("cache_salt")
+    if salt is not None:  # vLLM's: the prefix cache shared only with prompts of the same salt
+        if not isinstance(salt, str) or not salt:
+            raise bad("cache_salt", "expected a non-empty string")
+        gen["cache_salt"] = salt
     if body.get("stop_token_ids") is not None:
         gen["stop_token_ids"] = _ids(body["stop_token_ids"], "stop_token_ids", allow_empty=True)
     ext = body.get("baton")

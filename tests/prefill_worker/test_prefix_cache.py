@@ -164,3 +164,21 @@ def test_entries_for_defaults_and_checks():
     assert entries_for(32768, 8192, 0) == 0 and entries_for(4096, 8192, 5) == 5
     with pytest.raises(ValueError, match="prefix_cache"):
         entries_for(32768, 8192, -1)
+
+
+def test_a_cache_salt_shares_entries_only_with_the_same_salt(lm):
+    e, ref = _engine(lm, entries=8), _engine(lm, entries=0)
+    a = _ids(lm, 600, 30)
+    b = a[:560] + _ids(lm, 30, 31)
+    assert e.prefix.keys(a) != e.prefix.keys(a, "tenant-1") != e.prefix.keys(a, "tenant-2")
+
+    def cached(ids, salt):
+        s = e.open_prefill(ids, cache_salt=salt)
+        tok = e.run_prefill(s, ids)
+        e.release(s.id)
+        return s.cached_tokens, tok
+
+    assert cached(a, "tenant-1")[0] == 0
+    assert cached(b, "")[0] == 0 and cached(b, "tenant-2")[0] == 0  # other chains
+    n, tok = cached(b, "tenant-1")
+    assert n == 512 and tok == ref.prefill(b)[1]

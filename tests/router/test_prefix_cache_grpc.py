@@ -141,3 +141,29 @@ def test_prompts_that_begin_alike_meet_on_one_prefill_worker_unless_it_is_much_b
         assert reg.pick("prefill", affinity=keys[0]) is home  # equal prompts (no slack) keep to it
     finally:
         reg.stop()
+
+
+def test_a_cache_salt_keeps_prompts_apart_over_grpc_and_http(stack):
+    """GenerateRequest.cache_salt / vLLM's cache_salt: a salted prompt shares cached prefixes only with its salt;
+    the tokens are the reference's either way; a bad salt is refused naming the field, and the next is served."""
+    openai = pytest.importorskip("openai")
+    lm, c, _, url = stack
+    a = _ids(lm, 560, 40)
+    _run(c, a, n=2)  # unsalted: its boundaries cached
+    b = a[:520] + _ids(lm, 20, 41)
+    got, usage = _run(c, b, cache_salt="tenant-1")
+    assert usage["cached_tokens"] == 0 and got == _complete(lm, b)
+    got, usage = _run(c, b + [9], cache_salt="tenant-1")  # b's own boundaries, salted "tenant-1", now cached
+    assert usage["cached_tokens"] == 512 and got == _complete(lm, b + [9])
+    with pytest.raises(grpc.RpcError) as e:
+        _run(c, b, cache_salt="x" * 257)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cache_salt" in e.value.details()
+    api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    model = api.models.list().data[0].id
+    r = api.completions.create(model=model, prompt=b + [10], max_tokens=2, extra_body={"cache_salt": "tenant-1"})
+    assert r.usage.prompt_tokens_details.cached_tokens == 512
+    r = api.completions.create(model=model, prompt=b + [10], max_tokens=2, extra_body={"cache_salt": "tenant-3"})
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    with pytest.raises(openai.BadRequestError) as bad:
+        api.completions.create(model=model, prompt=b, max_tokens=2, extra_body={"cache_salt": ""})
+    assert "cache_salt" in str(bad.value)
