@@ -239,11 +239,13 @@ class Client:
 
 def structured_output(spec: dict):
     """{"json_schema": dict or str} | {"json_object": True} | {"regex": str} | {"grammar": str} |
-    {"choice": [str, ...]} (with "compact_whitespace" beside json_schema) -> baton.v1.StructuredOutput."""
+    {"choice": [str, ...]} (with "compact_whitespace" beside json_schema; "after_token": id beside any: the
+    structure applies after that token, a reasoning model's end of thinking) -> baton.v1.StructuredOutput."""
     import json
 
     spec = dict(spec)
     compact = bool(spec.pop("compact_whitespace", False))
+    after = spec.pop("after_token", None)
     if len(spec) != 1:
         raise ValueError(f"structured: one of json_schema, json_object, regex, grammar, choice (got {sorted(spec)})")
     ((kind, value),) = spec.items()
@@ -256,4 +258,6 @@ def structured_output(spec: dict):
         setattr(out, kind, value)
     else:
         raise ValueError(f"structured: unknown kind {kind!r}")
+    if after is not None:
+        out.after_token = int(after)
     return out

@@ -77,31 +77,61 @@ def _choice_grammar(options) -> str:
 
 
 class Constraint:
-    """One session's matcher: the tokens accepted so far and what may follow."""
+    """One session's matcher: the tokens accepted so far and what may follow.
 
-    def __init__(self, matcher, vocab_size: int):
+    after (StructuredOutput.after_token, a reasoning model's "</think>"): until that token is accepted every
+    token is allowed (all mask bits set: the pick is the unconstrained one, bitwise) and none reaches the
+    grammar; it and the tokens after it do. Each accepted token is logged (fed to the grammar or not), so a
+    rollback across the switch (a verify block's rows) returns to the free part."""
+
+    def __init__(self, matcher, vocab_size: int, after: int | None = None):
         self._m, self.vocab_size = matcher, vocab_size  # (xgrammar's GrammarMatcher: rollback unlimited)
+        self._after, self._free = after, after is not None
+        self._log: list[bool] = []  # with `after`: per accepted token, whether the grammar took it
+        self._switch = -1  # the index in _log of the `after` token that began the grammar
 
     def accept(self, tokens) -> None:
         for t in tokens:
-            if not self._m.accept_token(int(t)):
+            if not self.try_accept(t):
                 raise ValueError(f"sampling.structured: token {int(t)} does not continue the grammar")
 
     def try_accept(self, token: int) -> bool:
         """Accepts token if the grammar allows it here; False (nothing accepted) if not."""
-        return bool(self._m.accept_token(int(token)))
+        t = int(token)
+        if self._free:
+            if t == self._after:
+                self._free, self._switch = False, len(self._log)
+            self._log.append(False)
+            return True
+        if not self._m.accept_token(t):
+            return False
+        if self._after is not None:
+            self._log.append(True)
+        return True
 
     def rollback(self, n: int) -> None:
         """Undoes the last n accepted tokens."""
-        self._m.rollback(n)
+        if self._after is None:
+            self._m.rollback(n)
+            return
+        keep = len(self._log) - n
+        fed = sum(self._log[keep:])
+        del self._log[keep:]
+        if fed:
+            self._m.rollback(fed)
+        if self._switch >= keep:  # the `after` token itself was undone
+            self._free, self._switch = True, -1
 
     def fill(self, bits) -> None:
         """bits: a [words] int32 CPU tensor (a row of a larger one is fine), overwritten with the allowed set."""
-        self._m.fill_next_token_bitmask(bits.view(1, -1), 0)
+        if self._free:
+            bits.fill_(-1)
+        else:
+            self._m.fill_next_token_bitmask(bits.view(1, -1), 0)
 
     @property
     def finished(self) -> bool:
-        return self._m.is_terminated()
+        return not self._free and self._m.is_terminated()
 
 
 class Grammars:
@@ -152,9 +182,17 @@ class Grammars:
         return {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE}
 
     def constraint(self, spec_bytes: bytes) -> Constraint:
+        """A fresh matcher of the spec (compiled once per spec; its after_token is the Constraint's own)."""
+        from baton.v1 import common_pb2
+
+        spec = common_pb2.StructuredOutput.FromString(bytes(spec_bytes))
+        after = spec.after_token if spec.HasField("after_token") else None
+        if after is not None:
+            spec.ClearField("after_token")
+            spec_bytes = spec.SerializeToString(deterministic=True)
         with self._lock:
             compiled = self._compiled(bytes(spec_bytes))
-        return Constraint(self._xgr.GrammarMatcher(compiled), self.vocab_size)
+        return Constraint(self._xgr.GrammarMatcher(compiled), self.vocab_size, after)
 
 
 @functools.lru_cache(maxsize=4)

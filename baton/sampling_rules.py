@@ -77,6 +77,8 @@ def check(p, *, stops: bool = True, vocab: int | None = None) -> None:
         from baton import grammar  # (no torch, no xgrammar: the workers compile)
 
         grammar.check(p.structured)
+        if vocab is not None and p.structured.HasField("after_token") and p.structured.after_token >= vocab:
+            raise _bad("structured.after_token", f"token id {p.structured.after_token} is not below {vocab}")
     if stops and (p.min_tokens_end or p.min_tokens_ids):
         field = "min_tokens_end" if p.min_tokens_end else "min_tokens_ids"
         raise _bad(field, "set by the router from min_tokens (send min_tokens)")

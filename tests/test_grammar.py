@@ -126,3 +126,48 @@ def test_json_whitespace_runs_are_bounded(grammars, tok):
         assert nl in allowed(c, grammars.vocab_size)
         c.accept([nl])
     assert nl not in allowed(c, grammars.vocab_size) and tok.encode("}")[0] in allowed(c, grammars.vocab_size)
+
+
+def test_after_token_leaves_the_reasoning_free_and_applies_the_grammar_after_it(grammars, tok):
+    """StructuredOutput.after_token (a reasoning model's </think>): every token is allowed until it (all bits:
+    the unconstrained pick), the grammar applies from the token after it; a rollback across it (a verify
+    block's rows) frees the matcher again, and the compiled grammar is shared with the spec without it."""
+    V, END = grammars.vocab_size, 7
+    s = structured_output({"choice": ["yes", "no"], "after_token": END}).SerializeToString(deterministic=True)
+    c = grammars.constraint(s)
+    everything = allowed(c, V)
+    assert len(everything) == V and not c.finished
+    free = [t for t in tok.encode("any text at all, even nope") if t != END]
+    c.accept(free)
+    assert allowed(c, V) == everything
+    c.accept([END])  # the grammar begins
+    plain = grammars.constraint(spec(choice=["yes", "no"]))
+    assert allowed(c, V) == allowed(plain, V) and len(allowed(c, V)) < V
+    with pytest.raises(ValueError, match="does not continue the grammar"):
+        grammars.constraint(s).accept(free + [END] + tok.encode("nope"))
+    c.accept(tok.encode("yes"))
+    assert allowed(c, V) <= set(tok.eos_token_ids) and not c.finished
+    c.accept(tok.eos_token_ids[:1])
+    assert c.finished
+    c.rollback(len(tok.encode("yes")) + 2)  # back before END (and EOS): free again
+    assert allowed(c, V) == everything and not c.finished
+    assert c.try_accept(tok.encode("nope")[0])  # free text again
+    c.rollback(1)
+    c.accept([END, *tok.encode("no"), tok.eos_token_ids[0]])
+    assert c.finished
+    hits = grammars._compiled.cache_info().hits
+    grammars.constraint(s), grammars.constraint(spec(choice=["yes", "no"]))
+    assert grammars._compiled.cache_info().hits == hits + 2  # one compiled grammar, with after_token or not
+
+
+def test_after_token_beyond_the_vocabulary_is_refused_by_the_router():
+    from baton import sampling_rules
+    from baton.v1 import common_pb2
+
+    p = common_pb2.SamplingParams()
+    p.structured.regex = "[a-z]+"
+    p.structured.after_token = 1000
+    with pytest.raises(ValueError, match="structured.after_token"):
+        sampling_rules.check(p, vocab=1000)
+    p.structured.after_token = 999
+    sampling_rules.check(p, vocab=1000)

@@ -323,7 +323,8 @@ def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
     """A chat body -> (the prompt text, its ToolChoice): the messages rendered by the model's template
     (add_generation_prompt, chat_template_kwargs, the tools shown; continue_final_message: cut after the last
     message's content, open_final), then a forced call's opening (ToolChoice.prompt); a structured output
-    closes a <think> block the rendering leaves open (structured.skip_reasoning). Chat completions and
+    closes a <think> block the rendering leaves open (structured.skip_reasoning), unless the model reasons first
+    (structured.reasons_first: the reasoning parser on; the structure then applies after </think>). Chat completions and
     /tokenize both send exactly this text."""
     messages = chat_messages(body.get("messages"))
     add_gen = _bool(body, "add_generation_prompt", True)
@@ -351,7 +352,7 @@ def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
     if cont:
         text = open_final(text, messages[-1]["content"])
     text = choice.prompt(text)
-    if not choice.forced and structured.parse(body)[0] is not None:
+    if not choice.forced and structured.parse(body)[0] is not None and structured.reasons_first(text, lim) is None:
         text = structured.skip_reasoning(text)
     return text, choice
 
@@ -377,6 +378,9 @@ def parse_chat(body, lim: Limits) -> Job:
     elif top is not None:
         raise bad("top_logprobs", "needs logprobs: true")
     text, choice = chat_prompt(body, lim)
+    if gen["sampling"].HasField("structured") and not choice.forced:  # reasoning first: free until </think>
+        if (end := structured.reasons_first(text, lim)) is not None:
+            gen["sampling"].structured.after_token = end
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)

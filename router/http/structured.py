@@ -3,6 +3,7 @@ the router's `SamplingParams.structured` (baton.v1.StructuredOutput; compiled by
 
     spec, rename = parse(body)   # (None, {}) when the body asks for none; ApiError(400) naming the field
     text = skip_reasoning(prompt)  # a chat prompt's open <think> closed empty: the structure starts at once
+    end = reasons_first(prompt, lim)  # or, with the reasoning parser on, </think>'s id: the structure after it
 
 Accepted, at most one of them in a body:
 - `response_format`: {"type": "text"} (none), {"type": "json_object"}, {"type": "json_schema", "json_schema":
@@ -22,6 +23,18 @@ import json
 from baton.v1 import common_pb2
 from router.http.errors import bad
 from router.http.reasoning import THINK_END, think_open
+
+
+def reasons_first(prompt: str, lim) -> int | None:
+    """With the reasoning parser on (--reasoning-parser qwen3), a chat prompt that leaves a <think> block open
+    reasons first, as vLLM's structured outputs with a reasoning parser do: -> the id of "</think>" (one token
+    of the model's vocabulary), set as StructuredOutput.after_token, so the reasoning is free and the
+    structure is the content after it. None (the parser off, no open block, or no such token): the structure
+    starts at once, the block closed empty (skip_reasoning)."""
+    if lim.reasoning_parser == "none" or lim.tokenizer is None or not think_open(prompt):
+        return None
+    ids = lim.tokenizer.encode(THINK_END)
+    return ids[0] if len(ids) == 1 else None
 
 
 def skip_reasoning(prompt: str) -> str:

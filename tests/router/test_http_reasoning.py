@@ -267,3 +267,37 @@ def test_the_option_is_checked_on_both_entry_points(capsys):
     )
     assert r.returncode == 2 and "--reasoning-parser: invalid choice: " in r.stderr, r.stderr
     assert "none, qwen3" in r.stderr.replace("'", "")
+
+
+def test_a_structured_output_after_reasoning_with_the_parser_on():
+    """Chat with response_format and the reasoning parser on (vLLM's behaviour): a prompt that leaves <think>
+    open stays open and the structure applies after "</think>" (StructuredOutput.after_token = its id, when
+    it is one token of the vocabulary); with the parser off, or no such token, the block is closed empty
+    first and the structure starts at once (as before)."""
+    from test_http_tools import DEFAULT_DIR, QWEN35_TEMPLATE
+
+    from baton.tokenizer import Tokenizer
+    from router.http.chat import ChatTemplate
+    from router.http.schemas import Limits, parse_chat
+
+    real = Tokenizer.from_dir(DEFAULT_DIR)
+
+    class OneTag:  # the default model's tokenizer, with "</think>" as one token (Qwen3.5's is: 248069)
+        def encode(self, text):
+            return [7] if text == "</think>" else real.encode(text)
+
+        def decode(self, ids, **kw):
+            return real.decode(ids, **kw)
+
+    template = ChatTemplate(QWEN35_TEMPLATE.read_text(encoding="utf-8"))
+    body = {"messages": [{"role": "user", "content": "A user as JSON"}], "response_format": {"type": "json_object"}}
+    for tok, parser, after in ((OneTag(), "qwen3", 7), (OneTag(), "none", None), (real, "qwen3", None)):
+        job = parse_chat(body, Limits(MODEL, 4096, 16, tok, template, reasoning_parser=parser))
+        (r,) = job.requests
+        prompt = real.decode(list(r.token_ids.ids))
+        assert r.sampling.structured.json_object
+        if after is None:
+            assert not r.sampling.structured.HasField("after_token") and prompt.endswith("</think>\n\n")
+            assert not job.reasoning
+        else:
+            assert r.sampling.structured.after_token == after and think_open(prompt) and job.reasoning

@@ -166,6 +166,33 @@ def test_exact_mode_is_token_identical_to_the_exact_constrained_decode(client, e
         assert last.stats["drafted"] > 0
 
 
+def test_a_grammar_after_a_token_leaves_what_comes_before_it_free(client, exact, lm):
+    """StructuredOutput.after_token (a reasoning model's </think>; here a token the model writes fourth): the
+    tokens up to it are the unconstrained decode's, the text after it follows the grammar, and fast bf16 and
+    exact mode (mtp drafts, greedy and seeded) are token-identical to the exact engine's decode with the spec."""
+    from baton.complete import complete
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_dir(None))
+    free = complete(None, tok.encode(PROMPT), 8, loaded=lm, max_len=MAX_LEN)
+    at = next(i for i in range(3, 8) if free[i] not in free[:i])  # its first appearance: the switch
+    spec = {"regex": "[a-z]{3,12}@[a-z]{3,8}\\.com", "after_token": free[at]}
+    for extra in (dict(), dict(temperature=0.9, seed=27), dict(temperature=0.9, seed=21)):  # (27 writes it)
+        want = exact(spec, 48, **extra)
+        if not extra:
+            assert want[: at + 1] == free[: at + 1]  # before the switch: the unconstrained tokens
+        for kw in (dict(engine="bf16"), dict(mode="exact", engine="mtp")):
+            ids, text, last = run(client, structured=spec, **kw, **extra)
+            assert ids == want, (kw, extra)
+            if spec["after_token"] not in ids:  # a sampled decode that never wrote it (seed 21): free to the end
+                assert extra["seed"] == 21 and last.finish_reason == "LENGTH" and len(ids) == 48
+                continue
+            k = ids.index(spec["after_token"])
+            after = tok.decode(ids[k + 1 :], skip_special_tokens=True)
+            assert last.finish_reason == "EOS" and re.fullmatch(spec["regex"], after), (kw, extra, after)
+
+
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
