@@ -133,6 +133,15 @@ class Constraint:
     def finished(self) -> bool:
         return not self._free and self._m.is_terminated()
 
+    @property
+    def free(self) -> bool:
+        """Before its after_token: every token allowed (the grammar not begun)."""
+        return self._free
+
+    @property
+    def after(self) -> int | None:
+        return self._after
+
 
 class Grammars:
     """xgrammar's compiler for one tokenizer; compiled grammars cached by spec bytes (thread-safe)."""

@@ -1,7 +1,10 @@
 """A fast-mode decode's per-token sampling upkeep, around DecodeEngine's token generator (decode_worker/engine.py):
 
+    structured(engine, sid, n, ...)     structured outputs (DecodeEngine.decode's masker): reasoning, then masked
     masked(tokens, masker, ends)        structured outputs: each token list accepted by the session's grammar
                                         and the next pick's mask written before the next step is asked for
+    reasoning(engine, sid, n, ...)      structured outputs after a token (StructuredOutput.after_token): until
+                                        it, the session decodes unconstrained, as a plain one
     unbanning(tokens, session, start)   min_tokens: the ban dropped once every pick left is past its end
 
 Both run in the Decode handler's thread, between the token lists the generator yields: a yield returns only
@@ -14,6 +17,20 @@ from __future__ import annotations
 import dataclasses
 
 
+def structured(engine, session_id: str, n: int, stop_ids, eos_ids, k: int, masker):
+    """A structured session's decode (bf16 / fp8): reasoning() while its grammar has not begun, then masked()
+    over the engine's plain decode (no run-ahead, no pipelined one-session loop)."""
+    if engine.get(session_id).engine == "mtp":
+        raise ValueError("sampling.structured: the mtp engine does not take a grammar (use bf16 or fp8)")
+    ends = set(stop_ids) | set(eos_ids)
+    if masker.c.free:  # reasoning first (StructuredOutput.after_token): unconstrained until its token
+        left = yield from reasoning(engine, session_id, n, ends, masker, k)
+        if left is None:
+            return
+        n = left
+    yield from masked(engine._decode(session_id, n, stop_ids, eos_ids, k, False, plain=True), masker, ends)
+
+
 def masked(tokens, masker, ends):
     """tokens: the generator of a session that neither runs ahead nor pipelines its own steps (its next step
     waits for this loop). A list ending the request (an end token) needs no next mask."""
@@ -21,6 +38,37 @@ def masked(tokens, masker, ends):
         if not (toks and toks[-1] in ends):
             masker.step(toks)
         yield toks
+
+
+def reasoning(engine, session_id: str, n: int, ends: set, masker, k: int):
+    """A structured session before its grammar's after_token (a reasoning model's </think>), every token allowed:
+    its parameters lose the structure meanwhile, so its steps take the plain / lite graphs as any unconstrained
+    session's (all mask bits set is the unconstrained pick, bitwise: the same tokens) instead of the full sampled
+    graph for the whole batch, and the after_token is one more end (no run-ahead: a step past it is undone).
+    Each token list goes to the matcher (masker.commit); at the after_token the structure is set again and the
+    next pick's mask written. Yields the token lists; -> the tokens still allowed after the switch, or None when
+    the request ended first (an end token, n tokens). The parameters are restored however it ends."""
+    s = engine.get(session_id)
+    table, slot = s.runner.sampling, s.slot
+    p = table.params[slot]
+    free = dataclasses.replace(p, structured=b"")
+    table.set(slot, free)
+    produced, switched = 0, False
+    try:
+        for toks in engine._decode(session_id, n, tuple(ends | {masker.c.after}), (), k, False):
+            masker.commit(toks)
+            produced += len(toks)
+            if toks and toks[-1] == masker.c.after and not masker.c.free:
+                table.set(slot, p)
+                masker.step()  # the first constrained pick's mask, before the next step is asked for
+                switched = True
+            yield toks
+            if switched or (toks and toks[-1] in ends):
+                break
+    finally:
+        if table.params[slot] is free:
+            table.set(slot, p)
+    return n - produced if switched and produced < n else None
 
 
 def unbanning(tokens, s, start: int):

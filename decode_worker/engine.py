@@ -203,10 +203,7 @@ class DecodeEngine:
         for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 only.
         A session with min_tokens' ban drops it once past its end (decode_worker/constrained.py)."""
         if masker is not None:  # structured outputs
-            if self.get(session_id).engine == "mtp":
-                raise ValueError("sampling.structured: the mtp engine does not take a grammar (use bf16 or fp8)")
-            toks = self._decode(session_id, max_new_tokens, stop_ids, eos_ids, k, False, plain=True)
-            yield from constrained.masked(toks, masker, set(stop_ids) | set(eos_ids))
+            yield from constrained.structured(self, session_id, max_new_tokens, stop_ids, eos_ids, k, masker)
             return
         s = self.get(session_id)
         if not s.runner.sampling.params[s.slot].banning:
