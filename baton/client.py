@@ -256,6 +256,8 @@ def structured_output(spec: dict):
         out.choice.options.extend(value)
     elif kind in ("json_object", "regex", "grammar"):
         setattr(out, kind, value)
+    elif kind == "structural_tag":
+        out.structural_tag = value if isinstance(value, str) else json.dumps(value)
     else:
         raise ValueError(f"structured: unknown kind {kind!r}")
     if after is not None:

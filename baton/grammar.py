@@ -33,7 +33,7 @@ from pathlib import Path
 MAX_SPEC_BYTES = 64 * 1024  # a schema / regex / grammar / the choices together
 MAX_CHOICES = 256
 MAX_WHITESPACE = 32  # JSON's whitespace characters in one run (an indent 8 levels deep fits)
-KINDS = ("json_schema", "json_object", "regex", "grammar", "choice")
+KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag")
 
 
 class Unavailable(ValueError):
@@ -65,6 +65,20 @@ def check(spec) -> None:
         raise ValueError("sampling.structured.json_object: true, or set another kind")
     elif kind in ("regex", "grammar") and not getattr(spec, kind):
         raise ValueError(f"sampling.structured.{kind}: empty")
+    elif kind == "structural_tag":
+        try:
+            tag = json.loads(spec.structural_tag)
+        except ValueError as e:
+            raise ValueError(f"sampling.structured.structural_tag: not JSON: {e}") from None
+        if (
+            not isinstance(tag, dict)
+            or tag.get("type") != "structural_tag"
+            or not ({"format", "structures"} & set(tag))
+        ):
+            raise ValueError(
+                'sampling.structured.structural_tag: {"type": "structural_tag", "format": {...}} (or vLLM\'s '
+                '"structures" and "triggers")'
+            )
     elif kind == "choice":
         opts = list(spec.choice.options)
         if not opts or len(opts) > MAX_CHOICES or not all(opts):
@@ -177,10 +191,24 @@ class Grammars:
                 return c.compile_grammar(spec.grammar)
             if kind == "choice":
                 return c.compile_grammar(_choice_grammar(spec.choice.options))
-        except (RuntimeError, ValueError) as e:  # xgrammar's errors carry "[time] file:line: why"
-            why = str(e).strip().splitlines()[0].split(": ", 1)[-1]
+            if kind == "structural_tag":
+                return self._structural_tag(json.loads(spec.structural_tag))
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:  # xgrammar's carry "[time] file:line: why"
+            line = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+            why = line.split("is false: ", 1)[-1] if "is false: " in line else line.split(": ", 1)[-1]
             raise ValueError(f"sampling.structured.{kind}: {why}") from None
         raise ValueError("sampling.structured: set one of " + ", ".join(KINDS))
+
+    def _structural_tag(self, tag: dict):
+        """xgrammar's structural tag ({"format": ...}), or vLLM's older form: {"structures": [{"begin", "schema",
+        "end"}], "triggers": [...]} (each structure's schema between its begin and end once a trigger starts it)."""
+        if "format" in tag:
+            return self._compiler.compile_structural_tag(json.dumps(tag))
+        items = [
+            self._xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+            for s in tag["structures"]
+        ]
+        return self._compiler.compile_structural_tag(items, list(tag.get("triggers", ())))
 
     @staticmethod
     def _whitespace(spec) -> dict:

@@ -7,7 +7,8 @@ the router's `SamplingParams.structured` (baton.v1.StructuredOutput; compiled by
 
 Accepted, at most one of them in a body:
 - `response_format`: {"type": "text"} (none), {"type": "json_object"}, {"type": "json_schema", "json_schema":
-  {"name", "schema": {...}, "strict", "description"}} (OpenAI's);
+  {"name", "schema": {...}, "strict", "description"}} (OpenAI's), {"type": "structural_tag", "format": {...}}
+  (xgrammar's structural tag; vLLM's {"type": "structural_tag", "structures": [...], "triggers": [...]} too);
 - vLLM's `guided_json` (a schema: object or JSON text), `guided_regex`, `guided_choice` (strings),
   `guided_grammar` (EBNF), and `structured_outputs` {"json" | "regex" | "choice" | "grammar" | "json_object"};
 - `guided_whitespace_pattern` is refused (Baton's JSON is either any whitespace or none:
@@ -80,12 +81,17 @@ def parse(body: dict) -> tuple[common_pb2.StructuredOutput | None, dict[str, str
 
 
 def _response_format(v, out) -> None:
-    if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad("response_format", 'expected {"type": "text" | "json_object" | "json_schema", ...}')
+    if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
+        raise bad(
+            "response_format", 'expected {"type": "text" | "json_object" | "json_schema" | "structural_tag", ...}'
+        )
     if v["type"] == "text":
         raise bad("response_format", '{"type": "text"} takes no other field')
     if v["type"] == "json_object":
         out.json_object = True
+        return
+    if v["type"] == "structural_tag":  # xgrammar's (or vLLM's "structures" / "triggers"): the workers compile it
+        out.structural_tag = json.dumps(v)
         return
     js = v.get("json_schema")
     if not isinstance(js, dict) or not isinstance(js.get("name", ""), str):

@@ -24,7 +24,8 @@ canonical form: router/http/tool_parse.py). Streamed, a call is sent in pieces a
 name, then its arguments' text); a streamed call its block then does not give is cut (tool_calls.py).
 
 tool_choice "required" or {"type": "function", "function": {"name": NAME}} forces a call by writing its
-opening after the rendered prompt (no constrained decoding): the model's text continues it. call_opening()
+opening after the rendered prompt: the model's text continues it, held to the tools' schemas by a grammar
+(router/http/tool_grammar.py; not with fast mtp or ignore_eos, where it continues freely). call_opening()
 is the one place that picks it: "<tool_call>\n" for "required"; for NAME, the format the template teaches
 ("<function=" in its source: the XML "<tool_call>\n<function=NAME>\n", else the JSON
 "<tool_call>\n{"name": "NAME", "arguments": "); ToolChoice.prompt closes an open <think> block before it
