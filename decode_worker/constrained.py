@@ -53,22 +53,24 @@ def reasoning(engine, session_id: str, n: int, ends: set, masker, k: int):
     p = table.params[slot]
     free = dataclasses.replace(p, structured=b"")
     table.set(slot, free)
-    produced, switched = 0, False
+    produced = 0
     try:
         for toks in engine._decode(session_id, n, tuple(ends | {masker.c.after}), (), k, False):
             masker.commit(toks)
             produced += len(toks)
+            if toks and toks[-1] in ends:  # the request's own end (the after_token may be one too)
+                yield toks
+                return None
             if toks and toks[-1] == masker.c.after and not masker.c.free:
                 table.set(slot, p)
                 masker.step()  # the first constrained pick's mask, before the next step is asked for
-                switched = True
+                yield toks
+                return n - produced if produced < n else None
             yield toks
-            if switched or (toks and toks[-1] in ends):
-                break
     finally:
         if table.params[slot] is free:
             table.set(slot, p)
-    return n - produced if switched and produced < n else None
+    return None
 
 
 def unbanning(tokens, s, start: int):
