@@ -202,6 +202,9 @@ def test_a_grammar_after_a_token_leaves_what_comes_before_it_free(client, exact,
             k = ids.index(spec["after_token"])
             after = tok.decode(ids[k + 1 :], skip_special_tokens=True)
             assert last.finish_reason == "EOS" and re.fullmatch(spec["regex"], after), (kw, extra, after)
+    # the after_token also a stop token id: the request ends there (it is not taken for the switch)
+    ids, _, last = run(client, structured=spec, engine="bf16", stop_token_ids=[spec["after_token"]])
+    assert ids == free[: at + 1] and last.finish_reason == "STOP"
 
 
 @pytest.mark.parametrize(
