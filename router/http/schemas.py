@@ -357,22 +357,6 @@ def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
     return text, choice
 
 
-def _forced_call_structure(gen: dict, choice: ToolChoice, lim: Limits) -> None:
-    """A forced tool call's arguments held to its tool's schema (router/http/tool_grammar.py), where a grammar
-    may apply: not beside another structured output (a 400: the call is the output), not on fast mtp or with
-    ignore_eos (the router refuses grammars there: the call is then only opened, as before)."""
-    if not choice.forced:
-        return
-    if gen["sampling"].HasField("structured"):
-        raise bad("tool_choice", "a forced call is the output's structure: not with response_format / guided_*")
-    fast_mtp = gen["engine"] == common_pb2.MTP and gen["mode"] != common_pb2.EXACT
-    if fast_mtp or gen["ignore_eos"]:
-        return
-    spec = tool_grammar.call_structure(choice, lim.chat_template.source)
-    if spec is not None:
-        gen["sampling"].structured.CopyFrom(spec)
-
-
 def open_final(text: str, content: str) -> str:
     """vLLM's continue_final_message (as transformers' apply_chat_template does it): the rendered chat cut just
     after the last message's content, so the model continues that message (no end-of-turn after it). The
@@ -397,7 +381,7 @@ def parse_chat(body, lim: Limits) -> Job:
     if gen["sampling"].HasField("structured") and not choice.forced:  # reasoning first: free until </think>
         if (end := structured.reasons_first(text, lim)) is not None:
             gen["sampling"].structured.after_token = end
-    _forced_call_structure(gen, choice, lim)
+    tool_grammar.constrain(gen, choice, lim.chat_template.source)  # a forced call held to its tool's schema
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)

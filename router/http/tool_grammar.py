@@ -4,6 +4,7 @@ the prompt ends with (router/http/tools.py: call_opening), as an xgrammar struct
 in the same way.
 
     spec = call_structure(choice, template_source)   # StructuredOutput, or None when nothing is forced
+    constrain(gen, choice, template_source)          # a chat's Generate fields (router/http/schemas.py) get it
 
 The call's format is the one call_opening writes (the chat template's: "<function=" in its source is XML):
     XML (Qwen3.5)   [<function=NAME>\\n] <parameter=P>\\nvalue\\n</parameter>\\n ... </function>\\n</tool_call>
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 
 from baton.v1 import common_pb2
+from router.http.errors import bad
 from router.http.tools import END, START, ToolChoice
 
 # whitespace runs in the arguments: a call's JSON is one line, or indented a few levels (a model that would pad
@@ -64,3 +66,18 @@ def call_structure(choice: ToolChoice, template_source: str) -> common_pb2.Struc
             more = {"type": "sequence", "elements": [_const(f"\n{START}\n"), one]}
             fmt = {"type": "sequence", "elements": [one, {"type": "star", "content": more}]}
     return common_pb2.StructuredOutput(structural_tag=json.dumps({"type": "structural_tag", "format": fmt}))
+
+
+def constrain(gen: dict, choice: ToolChoice, template_source: str) -> None:
+    """A chat's Generate fields (`gen`: sampling, engine, mode, ignore_eos) get the forced call's structure,
+    where a grammar may apply: not beside another structured output (a 400: the call is the output), not on
+    fast mtp or with ignore_eos (the router refuses grammars there: the call is then only opened, as before)."""
+    if not choice.forced:
+        return
+    if gen["sampling"].HasField("structured"):
+        raise bad("tool_choice", "a forced call is the output's structure: not with response_format / guided_*")
+    if (gen["engine"] == common_pb2.MTP and gen["mode"] != common_pb2.EXACT) or gen["ignore_eos"]:
+        return
+    spec = call_structure(choice, template_source)
+    if spec is not None:
+        gen["sampling"].structured.CopyFrom(spec)

@@ -86,3 +86,30 @@ def test_json_calls_hold_their_arguments_to_the_schema(grammars, tok):
 def test_nothing_forced_is_no_structure():
     assert call_structure(tool_choice({"tools": [WEATHER]}, XML_TEMPLATE), XML_TEMPLATE) is None
     assert call_structure(tool_choice({}, XML_TEMPLATE), XML_TEMPLATE) is None
+
+
+def test_constrain_sets_the_structure_only_where_a_grammar_may_apply():
+    from baton.v1 import common_pb2
+    from router.http.errors import ApiError
+    from router.http.tool_grammar import constrain
+
+    choice = tool_choice({"tools": [CITY], "tool_choice": "required"}, XML_TEMPLATE)
+
+    def gen(**kw):
+        base = dict(sampling=common_pb2.SamplingParams(), engine=0, mode=common_pb2.FAST, ignore_eos=False)
+        return {**base, **kw}
+
+    g = gen()
+    constrain(g, choice, XML_TEMPLATE)
+    assert g["sampling"].structured.structural_tag == call_structure(choice, XML_TEMPLATE).structural_tag
+    for g in (gen(engine=common_pb2.MTP), gen(ignore_eos=True)):  # no grammar there: only the opening
+        constrain(g, choice, XML_TEMPLATE)
+        assert not g["sampling"].HasField("structured")
+    g = gen(engine=common_pb2.MTP, mode=common_pb2.EXACT)  # exact mode's verify masks: held
+    constrain(g, choice, XML_TEMPLATE)
+    assert g["sampling"].HasField("structured")
+    g = gen()
+    g["sampling"].structured.json_object = True
+    with pytest.raises(ApiError) as e:
+        constrain(g, choice, XML_TEMPLATE)
+    assert e.value.status == 400 and e.value.message.startswith("tool_choice:")
