@@ -17,7 +17,6 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baton.engine.prefill import PREFILL_CHUNK  # noqa: E402
 from baton.engine.runner import ModelRunner  # noqa: E402
-from benchmarks.report import emit, machine  # noqa: E402
+from benchmarks.report import emit, header  # noqa: E402
 from prefill_worker.engine import ExactEngine  # noqa: E402
 
 
@@ -129,10 +128,7 @@ def main(argv=None) -> dict:
         )
         print(f"  {points[-1]}", file=sys.stderr)
     res = {
-        "benchmark": "bench_prefix_cache",
-        "command": "python benchmarks/bench_prefix_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
+        **header(__file__, argv),
         "model": a.random_init or a.model or "default",
         "device": a.device,
         "chunk": a.chunk,
