@@ -11,6 +11,9 @@ Lifecycle of a request through this engine:
     verify(session, block)  -> exact mode only: K+1 fixed-width rows, longest accepted prefix m and the
                                next token; on rejection restore the snapshot and re-advance m+1 rows
     release(session)        -> the slot and its KV pages are free again (also on TTL expiry)
+Prefix cache (baton/engine/prefix_cache.py, `prefix_entries` > 0): run_prefill restores the longest cached
+chain of the prompt's piece boundaries into the slot before its first piece, and _prefill_batch caches a
+piece's end state after its pass (bitwise what computing the pieces gives: the cuts are the same).
 KV pages (baton/engine/pages.py): open_prefill reserves the prompt's; generate the whole window it will
 write; Verify blocks grow them at the block boundary (ModelRunner.rows). Too few free: PagesExhausted
 (RESOURCE_EXHAUSTED) before the work.

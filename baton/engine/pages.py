@@ -252,7 +252,7 @@ class PagePool:
             return n
 
     def check(self) -> None:
-        """The invariant (tests): every page is free or owned by one slot, exactly once."""
+        """The invariant (tests): every page is free, owned by one slot, or lent, exactly once."""
         with self._lock:
             seen = list(self._free) + [p for own in self._owned for p in own] + list(self._lent)
             assert sorted(seen) == list(range(self.pages)), "a KV page is lost or held twice"

@@ -3,6 +3,7 @@ weights:
   * the wide GEMM (baton/kernels/wide.py): a row of an M-row call is bitwise that row in an M' call, for
     the model's projection shapes and M from 1 to 4096; its TMA loads (BATON_WIDE_GEMM=tma) give the same bits;
   * equal prompts in one pass (computed once, the state copied) end bitwise as each alone;
+  * a prompt restored from the prefix cache's pieces is bitwise the prompt computed;
   * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
     as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
   * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's;
@@ -198,6 +199,34 @@ def test_equal_prompts_in_one_pass_are_computed_once_and_end_as_each_alone(big):
     assert run_pass(r, [Piece(0, p), Piece(1, q), Piece(2, list(p))]) == [x["next_token"] for x in ref]
     for slot in range(3):
         _same(_state(r, slot), ref[slot])
+
+
+@cuda
+def test_a_prompt_from_cached_pieces_is_bitwise_the_prompt_computed(big):
+    """The prefill worker's prefix cache on the GPU (baton/engine/prefix_cache.py), 1,024-token pieces: a
+    prompt that begins with a cached prompt's first two pieces starts after them, and its state (GDN, KV
+    pages, MTP KV, hidden) and first token are bitwise the whole prompt computed, fresh or in the same engine."""
+    from prefill_worker.engine import ExactEngine
+
+    def engine(entries):
+        r = _runner(big, chunk=1024)
+        return ExactEngine(r, prefix_entries=entries)
+
+    e, ref = engine(4), engine(0)
+    a = _prompts(big.cfg.vocab_size, [2600], seed=21)[0]
+    b = a[:2100] + _prompts(big.cfg.vocab_size, [300], seed=22)[0]
+    s, _ = e.prefill(a)
+    e.release(s.id)
+    s, tok = e.prefill(b)
+    assert s.cached_tokens == 2048
+    got = exported(e, s.id)
+    e.release(s.id)
+    s2, want_tok = ref.prefill(b)
+    assert tok == want_tok
+    want = exported(ref, s2.id)
+    assert got.keys() == want.keys()
+    for k in got:
+        assert torch.equal(got[k], want[k]) if isinstance(got[k], torch.Tensor) else got[k] == want[k], k
 
 
 @cuda
