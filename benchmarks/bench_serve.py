@@ -43,7 +43,8 @@ Steps, in order:
     Workloads: fixed (every prompt --input-len random token ids, --output-len new tokens; --prompts distinct
     prompts, default max N, so no two concurrent streams share a prompt) and mixed (input and output
     lengths uniform in --mixed-input / --mixed-output; with probability --long-frac the input is uniform in
-    --long-input instead); all seeded by --seed.
+    --long-input instead); all seeded by --seed. --shared-prefix N: every prompt's first N tokens are one
+    shared prefix (a system prompt), so the prefill workers' prefix cache serves their whole pieces.
  4. the servers stop; JSON to --out (default benchmarks/results/serve-<device>-<date>.json) with the command,
     machine, date, git commit and `env` (the BATON_* variables the served processes inherited, tokens left
     out); beside it the same stem .md (tables) and .png (throughput against concurrency: Baton, HF, the
@@ -362,6 +363,7 @@ class Sample:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     timeline: dict | None = None  # the first hand-off's marks (name -> monotonic ns), when asked for
+    cached: int = 0  # usage.cached_tokens: prompt tokens the prefill restored from its prefix cache
     bridge_bytes: int = 0  # the router's Stats: the state bytes of the request's hand-offs ...
     draft_only_handoffs: int = 0  # ... and how many of them were draft-only
     detail: str = ""  # the error's message (status != OK)
@@ -427,6 +429,8 @@ def run_job(client, job: Job, gen: Gen | str, timeout: float) -> Sample:
                 s.timeline = d.stats.get("handoff_timeline")
                 s.bridge_bytes = int(d.stats.get("bridge_bytes", 0))
                 s.draft_only_handoffs = int(d.stats.get("draft_only_handoffs", 0))
+            if d.usage:
+                s.cached = int(d.usage.get("cached_tokens", 0))
     except Exception as e:  # noqa: BLE001 - counted by status
         code = getattr(e, "code", lambda: None)()
         s.status = str(getattr(code, "name", type(e).__name__))
@@ -516,6 +520,7 @@ def summarize(samples: list[Sample], wall: float, cpu_s: float, spec: tuple | No
         "completed": len(ok),
         "tokens": tokens,
         "prompt_tokens": sum(len(s.job.prompt) for s in ok if s.job is not None and not isinstance(s.job.prompt, str)),
+        "cached_prompt_tokens": sum(s.cached for s in ok),  # restored from the prefill workers' prefix cache
         "wall_s": round(wall, 3),
         "tok_s": round(tokens / wall, 2) if wall > 0 else None,
         "requests_per_s": round(len(ok) / wall, 3) if wall > 0 else None,
@@ -843,6 +848,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mixed-input", type=span, default=None, help="LO:HI (default input-len/4 : 2 x input-len)")
     p.add_argument("--mixed-output", type=span, default=None, help="LO:HI (default output-len/4 : 2 x output-len)")
     p.add_argument("--long-frac", type=float, default=0.0, help="mixed: share of prompts drawn from --long-input")
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every prompt begins with the same N tokens (a system prompt; the prefill workers' prefix cache "
+        "reuses its whole 8,192-token pieces: cached_prompt_tokens); prompts must be longer",
+    )
     p.add_argument("--long-input", type=span, default=(4096, 16384))
     p.add_argument(
         "--check", default=None, choices=("complete", "alone", "none"), help="default: complete (bf16), alone (fp8)"
@@ -964,6 +977,13 @@ def make_workloads(a, vocab: int) -> list[Workload]:
                 mixed_workload(a.n_requests, a.mixed_input, a.mixed_output, vocab, a.seed, a.long_frac, a.long_input)
             )
         out[-1].sampling = sampling
+    if a.shared_prefix:  # a system prompt: every prompt begins with the same tokens
+        (prefix,) = random_prompts([a.shared_prefix], vocab, random.Random(f"prefix:{a.seed}"))
+        for w in out:
+            if min(map(len, w.prompts)) <= a.shared_prefix:
+                raise SystemExit(f"bench_serve: --shared-prefix {a.shared_prefix}: a {w.name} prompt is no longer")
+            w.prompts = [prefix + p[a.shared_prefix :] for p in w.prompts]
+            w.info["shared_prefix"] = a.shared_prefix
     return out
 
 

@@ -138,7 +138,7 @@
 # test_gpu_batch.py (7), test_gpu_verify.py (3), hold-ab (hold 0.80x, none 0.84x bf16 at 32: stays off),
 # router-burst (first token p50 0.831 s), prefill-sdpa-batch (no gain: stays off), mps-serve (passed); structured
 # failed on a missing pydantic (staged since), ctx-max did not fit the H100 (150,000 there since). Owed:
-# QUEUE="prefix-cache:200 structured:200 accept-default:170" (the prefix cache since 2b1a657) |
+# QUEUE="prefix-cache:200 structured:200 accept-default:170" (the prefix cache since 2b1a657) | QUEUE="prefix-serve:400" |
 # QUEUE="ctx-max:300 verify:250" (ctx-max's 260,000 on an H200),
 # SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200, nogil at 32, gil SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
@@ -160,6 +160,9 @@
 #   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
 #                  PREFIX_LENGTHS (default 16384,32768) tokens, its first pieces restored against computed (its first
 #                  token and state bitwise the same)
+#   prefix-serve   bench_serve with a 17,408-token shared prefix (a system prompt) + 2,048 own tokens, 64 new, at 1 and
+#                  8 streams, with the prefill workers' prefix cache (default) and without (--prefix-cache 0): TTFT
+#                  and cached_prompt_tokens
 #   fla-bits       whether fla's autotuned configs change the delta rule's bits (each config held in turn, timed
 #                  on a pass of 16 x 512); writes each kernel's fastest as pins ($out/fla-configs/GPU/) and runs
 #                  tests/model/test_gpu_fla_pins.py with them (two processes, fresh Triton caches: same bits)
@@ -791,6 +794,14 @@ try:
 except (OSError, ValueError, KeyError) as e:
     print(f"  no result: {e!r}")
 EOF2
+    ;;
+  prefix-serve)  # the prefix cache through the router (module doc above): a system prompt of 17K tokens, so both
+    # boundaries (8,192 and 16,384) and the token after each lie inside it: both pieces are reused
+    for v in 16 0; do
+      serve "serve-bf16-prefix$v" --engine bf16 --concurrency 1,8 --requests 2 --warmup 1 --check-prompts 2 \
+        --prompts 8 --input-len 19456 --shared-prefix 17408 --output-len 64 --max-len 19800 \
+        --serve-args "--engines bf16 --prefix-cache $v"
+    done
     ;;
   prefix-cache)  # a long prompt's first token with its first pieces cached, against computed (module doc above)
     python benchmarks/bench_prefix_cache.py --device cuda --random-init qwen3.5-9b \

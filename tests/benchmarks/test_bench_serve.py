@@ -310,3 +310,24 @@ def test_report_merges_two_runs(tmp_path):
     assert [p["concurrency"] for p in closed] == [1, 8, 64] and closed[-1]["hf_decode_tok_s"] == 390.0
     assert closed[-1]["scaling"] == 2.0 and len(m["merged_from"]) == 2
     assert "Merged with `python benchmarks/bench_serve.py --concurrency 64`" in out.with_suffix(".md").read_text()
+
+
+def test_a_shared_prefix_begins_every_prompt_and_keeps_the_rest():
+    """--shared-prefix N: every prompt of every workload begins with the same N tokens (the prefill workers'
+    prefix cache then serves them), the rest of each prompt and its length as drawn; prompts not longer stop."""
+    p = bs.build_parser()
+    a = p.parse_args(
+        ["--workload", "fixed,mixed", "--input-len", "40", "--mixed-input", "30:60", "--shared-prefix", "24"]
+    )
+    bs.resolve(a)
+    a.shared_prefix = 0
+    want = bs.make_workloads(a, 100)
+    a.shared_prefix = 24
+    got = bs.make_workloads(a, 100)
+    heads = {tuple(q[:24]) for w in got for q in w.prompts}
+    assert len(heads) == 1 and all(w.info["shared_prefix"] == 24 for w in got)
+    for w, v in zip(got, want):
+        assert [q[24:] for q in w.prompts] == [q[24:] for q in v.prompts] and w.requests == v.requests
+    a.shared_prefix = 40  # the fixed prompts of 40 tokens are not longer
+    with pytest.raises(SystemExit, match="shared-prefix"):
+        bs.make_workloads(a, 100)
