@@ -16,7 +16,7 @@ OMP_NUM_THREADS=1), then:
   choices   with --choices N > 0: one /v1/completions of n = N choices of one --choice-prompt-token prompt
             against N concurrent requests of N distinct prompts of that length (--choice-reps each, --load-tokens
             new tokens): the wall time of each and the prompt tokens the prefill worker computed (GetStats
-            prefill_tokens; equal prompts in one pass are computed once, baton/engine/prefill.py shared_firsts).
+            prefill_tokens; equal prompts in one pass are computed once, baton/engine/prefill.py shared_pieces).
 Prints one JSON object (benchmarks.report.emit). `load(...)` is what tests/router/test_http_api.py runs.
 """
 

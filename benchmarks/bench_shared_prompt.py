@@ -1,6 +1,6 @@
 """Equal prompts in one prefill pass (an `n` > 1 request's choices, best-of-n) against as many distinct prompts
 of the same length: the pass computes the equal ones once and copies the state (baton/engine/prefill.py
-shared_firsts). Prints one JSON object: the median wall time of a pass of N equal prompts, of N distinct
+shared_pieces). Prints one JSON object: the median wall time of a pass of N equal prompts, of N distinct
 prompts, and of one prompt alone.
 
     python benchmarks/bench_shared_prompt.py                                   # CPU, the embedded model

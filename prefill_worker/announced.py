@@ -1,6 +1,6 @@
 """Equal prompts announced by their callers: Prefill calls sent together with the same prompt (an OpenAI
 request's `n` choices: PrefillRequest.equal_prompts = n on each), so that a pass's leader waits for the ones
-not here yet and their prompt is computed once (baton/engine/prefill.py shared_firsts).
+not here yet and their prompt is computed once (baton/engine/prefill.py shared_pieces).
 
 Why: the choices' Prefill calls reach the worker a few milliseconds apart, and a pass's leader waits only
 until no call arrived for PREFILL_SETTLE_S. On the 2-core CPU the first of 8 choices led a pass alone and

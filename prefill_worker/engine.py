@@ -34,8 +34,8 @@ from contextlib import contextmanager
 from baton import grammar, op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
-from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, share_key, shared_firsts
-from baton.engine.prefix_cache import PrefixCache
+from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, share_key, shared_pieces
+from baton.engine.prefix_cache import PrefixCache, boundary_keys
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
@@ -235,17 +235,21 @@ class ExactEngine:
         try:
             tok = None
             marks = progress.mark if progress is not None and not g else None
-            prompt, start = ids[: len(ids) - g], 0
-            keys = self.prefix.keys(prompt, s.cache_salt) if self.prefix is not None else []
-            if keys and s.want_logprobs < 0:  # the longest cached prefix: its pieces are not computed again
+            prompt, start, chunk = ids[: len(ids) - g], 0, self.runner.prefill_chunk
+            keys = boundary_keys(prompt, chunk, s.cache_salt)  # equal keys: equal states (a pass's equal pieces)
+            if (
+                self.prefix is not None and keys and s.want_logprobs < 0
+            ):  # the longest cached prefix: its pieces are not computed again
                 with self._compute:
                     start = self.prefix.restore(s.slot, keys, mtp)
                 self.runner.sampling.history.put(s.slot, prompt[:start])
             s.cached_tokens = start
             for p in prefill_pieces(self.runner, s.slot, prompt[start:], start, on_layer=marks, mtp=mtp):
                 p.prompt_logprobs = s.want_logprobs
-                if not p.last and keys:  # a boundary: cached after its pass (_prefill_batch)
-                    p.prefix = (keys, (p.start + len(p.ids)) // self.runner.prefill_chunk - 1)
+                if p.start:  # a later piece: equal to another slot's after the same tokens (shared_pieces)
+                    p.before = keys[p.start // chunk - 1]
+                if not p.last and self.prefix is not None:  # a boundary: cached after its pass (_prefill_batch)
+                    p.prefix = (keys, (p.start + len(p.ids)) // chunk - 1)
                 got = self.prefills.call(p)
                 if isinstance(got, BaseException):
                     raise got
@@ -288,7 +292,7 @@ class ExactEngine:
                 out[i] = tok
             for p in (items[i] for i in ok if items[i].prefix is not None and self.prefix is not None):
                 self.prefix.insert(p.slot, *p.prefix, mtp=p.mtp)
-            shared = shared_firsts([items[i] for i in ok])  # computed once: the tokens counted are the computed
+            shared = shared_pieces([items[i] for i in ok])  # computed once: the tokens counted are the computed
             rec = (
                 len(ok),
                 sum(len(items[i].ids) for k, i in enumerate(ok) if k not in shared),

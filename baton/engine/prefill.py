@@ -10,7 +10,8 @@ flight, so its state is a function of the prompt alone: the same pieces run alon
 `baton complete`) or inside any pass (the prefill worker's gathered passes). A pass computes its pieces
 as `StepContext.segments` (baton/models/context.py): per-row ops on all rows through row-invariant
 kernels, each piece's mixers on its own rows; so a piece's state writes and its first token are bitwise
-what the piece computes alone. Equal prompts in one pass are computed once (shared_firsts): the same bits.
+what the piece computes alone. Equal pieces in one pass (the same tokens before them and the same ids) are
+computed once (shared_pieces): the same bits.
 
 Lifecycle of a piece: its slot's KV pages are reserved up to start + n; a first piece (start 0) resets the
 slot's GDN state; the pass writes the piece's KV and GDN state; a `last` piece also picks the slot's next
@@ -28,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from baton.engine.pages import pages_for
+from baton.engine.pages import PAGE, pages_for
 from baton.models.context import Segment, StepContext, wide_prefill
 from baton.transfer import upload
 
@@ -56,6 +57,7 @@ class Piece:
     next_id: int | None = None
     on_layer: Callable[[int], None] | None = None
     prefix: tuple[list[bytes], int] | None = None  # (keys, k): cache the state after it (PrefixCache.insert)
+    before: bytes | None = None  # start > 0: the prompt's boundary key at start (prefix_cache.boundary_keys)
 
 
 def prefill_pieces(
@@ -110,17 +112,21 @@ def _context(ps: list[Piece], **kw) -> StepContext:
 
 
 def share_key(p: Piece) -> tuple | None:
-    """What makes two pieces' states equal: the ids of a first piece (start 0); None past position 0 (a
-    piece there continues its slot's own state). shared_firsts and the prefill Gather's budget use it."""
-    return tuple(p.ids) if p.start == 0 else None
+    """What makes two pieces' states equal: the ids of a first piece (start 0); past position 0, the tokens
+    before it too (its `before` key: the slots' states at start are then equal), else None (a piece there
+    continues its slot's own state). shared_pieces and the prefill Gather's budget use it."""
+    if p.start == 0:
+        return tuple(p.ids)
+    return (p.before, tuple(p.ids)) if p.before is not None else None
 
 
-def shared_firsts(ps: list[Piece]) -> dict[int, int]:
-    """-> {i: j}: piece i is a first piece (start 0) with the ids of the earlier first piece j. A prompt's
-    state is a function of its ids alone (module doc), so run_pass computes j and copies its state into
-    i's slot: the same bits as computing i (an `n` > 1 request's choices, best-of-n, equal prompts sent
-    together). Each slot still picks its own token (its sampling parameters, seed and penalties) from the
-    shared last row, and gets its own MTP pairs (they end with its own token)."""
+def shared_pieces(ps: list[Piece]) -> dict[int, int]:
+    """-> {i: j}: piece i has the share_key of the earlier piece j (a first piece with the same ids, or a later
+    one after the same tokens, at the same start). A prompt's state is a function of its ids alone (module
+    doc), so run_pass computes j and copies its state into i's slot: the same bits as computing i (an `n` > 1
+    request's choices, best-of-n, equal prompts sent together, long ones piece by piece). Each slot still
+    picks its own token (its sampling parameters, seed and penalties) from the shared last row, and gets its
+    own MTP pairs (they end with its own token)."""
     first: dict[tuple, int] = {}
     out = {}
     for i, p in enumerate(ps):
@@ -129,17 +135,21 @@ def shared_firsts(ps: list[Piece]) -> dict[int, int]:
     return out
 
 
-def _copy_prompt_states(st, pairs: list[tuple[int, int, int]]) -> None:
-    """For each (src, dst, n): the main model's state of slot src after its first piece of n tokens -> slot
-    dst (pages reserved): every GDN layer's conv and recurrent state and every attention layer's KV rows
-    [0, n). The MTP KV, hidden, position and next token are the caller's (they depend on dst's own pick).
+def _copy_prompt_states(st, pairs: list[tuple[int, int, int, int]]) -> None:
+    """For each (src, dst, start, n): the main model's state of slot src after its piece of n tokens at start
+    (a multiple of PAGE: 0 or a piece boundary) -> slot dst (pages reserved): every GDN layer's conv and
+    recurrent state and every attention layer's KV rows [start, start + n). The MTP KV, hidden, position and
+    next token are the caller's (they depend on dst's own pick).
     One gather and one scatter a state tensor for all pairs, not 64 small copies a pair at the 9B shape (on
-    an H100 8 equal prompts' pass took 42 ms more than one prompt's, 136 against 94 ms, before). KV moves in whole pages: both slots are fresh (zeroed
-    at the pass's start, HybridState.reset_slots) and the pass wrote src's rows [0, n) only, so a page
-    copy leaves dst's rows past n zero, bitwise what a copy of rows [0, n) leaves."""
+    an H100 8 equal prompts' pass took 42 ms more than one prompt's, 136 against 94 ms, before). KV moves in
+    whole pages: both slots' pages were zeroed when their prompts began (HybridState.reset_slots: a first
+    piece's pass, or a prefix-cache restore) and hold the same rows [0, start); the pass wrote src's rows
+    [start, start + n) only, so a page copy leaves dst's rows past start + n zero, bitwise what a copy of
+    those rows leaves."""
     dev = st.device
     src, dst = (upload([p[k] for p in pairs], torch.long, dev) for k in (0, 1))
-    pages = [(st.pages.owned(s)[: pages_for(n)], st.pages.owned(d)[: pages_for(n)]) for s, d, n in pairs]
+    span = [(start // PAGE, pages_for(start + n)) for _, _, start, n in pairs]
+    pages = [(st.pages.owned(s)[a:b], st.pages.owned(d)[a:b]) for (s, d, _, _), (a, b) in zip(pairs, span)]
     src_pages, dst_pages = (upload([x for pp in pages for x in pp[k]], torch.long, dev) for k in (0, 1))
     for i in range(st.cfg.num_hidden_layers):
         if i in st.conv:
@@ -156,8 +166,8 @@ def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
     Checks every piece's window and reserves its pages before any state changes (a refused pass changes
     nothing: WindowError / ValueError / PagesExhausted). between_layers(i): called once layer i's state
     writes are enqueued (the worker's compute lock may be given way there: Gather.give_way; work on other
-    slots may run in between, never on these). First pieces with equal ids are computed once
-    (shared_firsts): the others' states are copied after the pass, and their on_layer marks come then."""
+    slots may run in between, never on these). Equal pieces are computed once
+    (shared_pieces): the others' states are copied after the pass, and their on_layer marks come then."""
     if not ps:
         return []
     if len({p.slot for p in ps}) != len(ps):
@@ -180,7 +190,7 @@ def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
         st.reset_slots([], added)  # the pages kept by the pieces before the refused one: zeroed, as reserve() does
         raise
     st.reset_slots([p.slot for p in ps if p.start == 0], new)
-    dup = shared_firsts(ps)
+    dup = shared_pieces(ps)
     run = [p for i, p in enumerate(ps) if i not in dup]  # the pieces computed
     # no host sync until the picks: every index is a PassIndex upload (baton/transfer.py)
     x = upload([t for p in run for t in p.ids], torch.long, dev)
@@ -198,7 +208,7 @@ def run_pass(runner, ps: list[Piece], between_layers=None) -> list[int | None]:
         runner.sampling.history.record(
             dix.row_slot, dix.pos, upload([t for p in copies for t in p.ids], torch.long, dev)
         )
-        _copy_prompt_states(st, [(ps[j].slot, ps[i].slot, len(ps[i].ids)) for i, j in dup.items()])
+        _copy_prompt_states(st, [(ps[j].slot, ps[i].slot, ps[i].start, len(ps[i].ids)) for i, j in dup.items()])
         for i in dup:
             if ps[i].on_layer is not None and ps[i].last:  # its layers are final only now
                 for layer in range(runner.cfg.num_hidden_layers):

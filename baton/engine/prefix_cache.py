@@ -6,7 +6,7 @@ tokens so far alone (docs/CONTRACTS.md, batched prefill). So the state after the
 is bitwise the state after the first k pieces of any prompt with the same first k * chunk tokens. A later
 prompt starts from a copy of it and computes only its remaining pieces: its state, first token and every
 token after are bitwise what computing all of its pieces gives, as equal prompts in one pass are
-(prefill.shared_firsts).
+(prefill.shared_pieces).
 
 An entry, one per boundary b = k * chunk of a cached prompt (c = chunk, E = entries, P = PAGE):
     GDN state    every GDN layer's conv and recurrent state after row b - 1: row `row` of the cache's store,
@@ -63,6 +63,19 @@ class Entry:
     mtp: bool  # they hold the MTP layer's KV too (its pass wrote it); a prefill without it may still use it
 
 
+def boundary_keys(ids: list[int], chunk: int, salt: str = "") -> list[bytes]:
+    """A prompt's boundary keys: one per b = k * chunk < len(ids), k = 1, 2, ...: a 16-byte blake2b digest of
+    ids[0:b], chained chunk by chunk, and ids[b] (module doc). Equal keys: equal states after b (the pieces
+    are cut there). salt (a request's cache_salt): the chain starts from it, so salted prompts share entries
+    (and passes' pieces, prefill.shared_pieces) only with their salt."""
+    out = []
+    digest = hashlib.blake2b(b"salt\0" + salt.encode(), digest_size=16).digest() if salt else b""
+    for b in range(chunk, len(ids), chunk):
+        digest = hashlib.blake2b(digest + array("i", ids[b - chunk : b]).tobytes(), digest_size=16).digest()
+        out.append(digest + int(ids[b]).to_bytes(4, "little"))
+    return out
+
+
 def entries_for(max_len: int, chunk: int, asked: int | None) -> int:
     """The entries a worker keeps: `asked` when given (0: off), else DEFAULT_PREFIX_ENTRIES when the window
     holds more than one piece and the piece is whole pages, else 0 (nothing could be cached)."""
@@ -99,14 +112,8 @@ class PrefixCache:
             return len(self._lru)
 
     def keys(self, ids: list[int], salt: str = "") -> list[bytes]:
-        """The prompt's boundary keys: one per b = k * chunk < len(ids), k = 1, 2, ... (module doc). salt (a
-        request's cache_salt): the chain starts from it, so salted prompts share entries only with their salt."""
-        out, c = [], self.chunk
-        digest = hashlib.blake2b(b"salt\0" + salt.encode(), digest_size=16).digest() if salt else b""
-        for b in range(c, len(ids), c):
-            digest = hashlib.blake2b(digest + array("i", ids[b - c : b]).tobytes(), digest_size=16).digest()
-            out.append(digest + int(ids[b]).to_bytes(4, "little"))
-        return out
+        """The prompt's boundary keys (boundary_keys at this cache's chunk)."""
+        return boundary_keys(ids, self.chunk, salt)
 
     # ---- use -----------------------------------------------------------------------------------
     def restore(self, slot: int, keys: list[bytes], mtp: bool = True) -> int:

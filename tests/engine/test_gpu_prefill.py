@@ -181,7 +181,7 @@ def test_equal_length_first_pieces_in_one_sdpa_call_end_as_each_alone(big, monke
 
 @cuda
 def test_equal_prompts_in_one_pass_are_computed_once_and_end_as_each_alone(big):
-    """shared_firsts on the GPU: the copied slots' states (GDN, KV pages, MTP KV) and seeded picks are
+    """shared_pieces on the GPU: the copied slots' states (GDN, KV pages, MTP KV) and seeded picks are
     bitwise what each prompt alone gives, beside a distinct prompt in the same pass."""
     from baton.engine.prefill import Piece, run_pass
     from baton.engine.sampling import Params

@@ -1,4 +1,4 @@
-"""Equal prompts in one prefill pass are computed once (baton/engine/prefill.py: shared_firsts, run_pass):
+"""Equal prompts in one prefill pass are computed once (baton/engine/prefill.py: shared_pieces, run_pass):
 every slot still ends bitwise as its prompt alone leaves it (GDN state, KV rows, hidden, MTP KV, position,
 next token), picks its own token by its own sampling parameters, records its own token history (the
 penalties read it) and gets its streaming marks for every layer, after its state is in place."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import assert_same_state, make_tiny_dir, slot_state
 
-from baton.engine.prefill import Piece, prefill_pieces, run_pass, shared_firsts
+from baton.engine.prefill import Piece, prefill_pieces, run_pass, shared_pieces
 from baton.engine.runner import ModelRunner
 from baton.engine.sampling import Params
 from baton.loading import load_model
@@ -39,8 +39,11 @@ def _prompt(lm, n: int, seed: int) -> list[int]:
 def test_which_pieces_share():
     a, b = [1, 2, 3], [4, 5]
     ps = [Piece(0, a), Piece(1, b), Piece(2, a), Piece(3, a, start=3), Piece(4, list(a))]
-    assert shared_firsts(ps) == {2: 0, 4: 0}  # a piece past position 0 continues its own state: never shared
-    assert shared_firsts([Piece(0, a), Piece(1, b)]) == {}
+    assert shared_pieces(ps) == {2: 0, 4: 0}  # a piece past position 0 without its `before`: never shared
+    assert shared_pieces([Piece(0, a), Piece(1, b)]) == {}
+    # past position 0: shared when the tokens before it are the same (its boundary key) and its ids are
+    later = [Piece(0, a, 3, before=b"k1"), Piece(1, a, 3, before=b"k2"), Piece(2, a, 3, before=b"k1")]
+    assert shared_pieces([*later, Piece(3, b, 3, before=b"k1")]) == {2: 0}
 
 
 def test_equal_prompts_in_one_pass_end_as_each_alone(lm):

@@ -257,3 +257,41 @@ def test_prompt_logprobs_are_the_models_log_softmax_given_the_tokens_before(lm):
         e.open_prefill(prompt, prompt_logprobs=21)
     e.release(plain.id)
     e.release(s.id)
+
+
+@pytest.mark.parametrize("shared", [60, 32], ids=["equal", "common-start"])
+def test_later_pieces_after_the_same_tokens_are_computed_once(lm, shared):
+    """Four prompts of 60 tokens in 16-token pieces, equal (announced: an `n` = 4 request's choices) or sharing
+    their first 32 tokens: in each pass a piece after the same tokens, with the same ids, is computed once
+    (prefill.shared_pieces: the boundary keys of the tokens before it), not only the first pieces; each
+    session's state and first token are its prompt's alone."""
+    base = _prompts(lm, [60], seed=5)[0]
+    prompts = [base[:shared] + t[shared:] for t in _prompts(lm, [60] * 4, seed=6)] if shared < 60 else [base] * 4
+    solo = _engine(lm, chunk=16)
+    ref = []
+    for ids in prompts:
+        s, tok = solo.prefill(ids)
+        ref.append((tok, exported(solo, s.id)))
+        solo.release(s.id)
+    e = _engine(lm, chunk=16)
+    e.prefills.gather_s = 1.0  # the wait's cap, generous for a loaded machine (every session is expected)
+    out = [None] * 4
+
+    def one(i):
+        s, tok = e.prefill(prompts[i], equal_prompts=4 if shared == 60 else 0)
+        out[i] = (s.id, tok)
+
+    th = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    computed = e.pass_totals[2]
+    want = 60 if shared == 60 else 32 + 4 * 28  # the common 32 once, each prompt's own 28
+    assert computed == want, e.pass_totals
+    for (sid, tok), (rtok, rstate) in zip(out, ref):
+        assert tok == rtok
+        st = exported(e, sid)
+        for k in rstate:
+            same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
+            assert same, k

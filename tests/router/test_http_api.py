@@ -427,7 +427,7 @@ def test_sampling_seed_and_logprobs_equal_grpc(stack):
 
 def test_n_choices_share_one_prefill(stack):
     """The n choices of a prompt reach the prefill worker together and are computed once (their pass
-    shares equal prompts: baton/engine/prefill.py shared_firsts): its prompt tokens computed grow by
+    shares equal prompts: baton/engine/prefill.py shared_pieces): its prompt tokens computed grow by
     fewer than n prompts' worth, and each choice is still the seeded single request's text."""
     client, ext = stack.openai(), {"baton": {"ignore_eos": True}}
     kw = dict(model=MODEL, max_tokens=4, temperature=1.0, extra_body=ext)
