@@ -3,7 +3,8 @@ weights:
   * the wide GEMM (baton/kernels/wide.py): a row of an M-row call is bitwise that row in an M' call, for
     the model's projection shapes and M from 1 to 4096; its TMA loads (BATON_WIDE_GEMM=tma) give the same bits;
   * equal prompts in one pass (computed once, the state copied) end bitwise as each alone;
-  * a prompt restored from the prefix cache's pieces is bitwise the prompt computed;
+  * a prompt restored from the prefix cache's pieces is bitwise the prompt computed, and equal later pieces in
+    one pass are computed once;
   * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
     as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
   * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's;
@@ -199,6 +200,31 @@ def test_equal_prompts_in_one_pass_are_computed_once_and_end_as_each_alone(big):
     assert run_pass(r, [Piece(0, p), Piece(1, q), Piece(2, list(p))]) == [x["next_token"] for x in ref]
     for slot in range(3):
         _same(_state(r, slot), ref[slot])
+
+
+@cuda
+def test_equal_later_pieces_in_one_pass_are_computed_once_and_end_as_each_alone(big):
+    """shared_pieces past position 0 (Piece.before: the boundary key of the tokens before the piece): two slots
+    of one 2,304-token prompt in 1,024-token pieces, each pass computing the piece once and copying it (GDN
+    state, KV pages [start, start + n), MTP KV computed per slot): both states bitwise the prompt alone."""
+    from baton.engine.prefill import prefill_pieces, run_pass, shared_pieces
+    from baton.engine.prefix_cache import boundary_keys
+
+    ids = _prompts(big.cfg.vocab_size, [2304], seed=23)[0]
+    alone = _runner(big, chunk=1024)
+    alone.prefill(0, ids)
+    want = _state(alone, 0)
+    r = _runner(big, chunk=1024)
+    keys = boundary_keys(ids, 1024)
+    cut = [prefill_pieces(r, slot, ids) for slot in (0, 1)]
+    for k in range(3):
+        ps = [c[k] for c in cut]
+        for p in ps:
+            p.before = keys[p.start // 1024 - 1] if p.start else None
+        assert shared_pieces(ps) == {1: 0}
+        run_pass(r, ps)
+    for slot in (0, 1):
+        _same(_state(r, slot), want)
 
 
 @cuda
