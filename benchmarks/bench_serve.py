@@ -98,7 +98,8 @@ Per point:
                        prefill_*): how many, their mean prompt pieces, their mean wall time (a Verify that
                        took the lock between layers counted in), and the times they gave it to one
     tok_s              output tokens of every completed stream / wall time of the point (the start -> the
-                       last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals
+                       last token); requests_per_s: completed streams / wall; tokens, prompt_tokens: totals;
+                       cached_prompt_tokens: of them, those the prefill workers restored from their prefix cache
     stream_tok_s_*     each stream's tokens / (its last token - its first): p50, min, max
     ttft_s_*, itl_s_*  time to the first token (p50 / p99 / max), gap between streamed messages (p50 / p99);
                        tokens_per_message: 1.0 when every token came in a message of its own
