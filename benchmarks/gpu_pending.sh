@@ -138,7 +138,8 @@
 # test_gpu_batch.py (7), test_gpu_verify.py (3), hold-ab (hold 0.80x, none 0.84x bf16 at 32: stays off),
 # router-burst (first token p50 0.831 s), prefill-sdpa-batch (no gain: stays off), mps-serve (passed); structured
 # failed on a missing pydantic (staged since), ctx-max did not fit the H100 (150,000 there since). Owed:
-# QUEUE="prefix-cache:200 structured:200 accept-default:170" (the prefix cache since 2b1a657) | QUEUE="prefix-serve:400" |
+# QUEUE="prefix-cache:200 structured:200 accept-default:170" (the prefix cache since 2b1a657) |
+# QUEUE="prefix-serve:400 tests-engine:190" (test_gpu_prefill.py: the cache's restore, equal later pieces) |
 # QUEUE="ctx-max:300 verify:250" (ctx-max's 260,000 on an H200),
 # SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200, nogil at 32, gil SWITCH_POINTS=5000,20000.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
