@@ -56,24 +56,34 @@ def _concurrent(e: ExactEngine, prompts) -> list:
     return out
 
 
-@pytest.mark.parametrize("chunk", [None, 16], ids=["whole", "pieces"])
-def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
-    prompts = _prompts(lm, [40, 3, 17, 29, 8, 33])
-    solo = _engine(lm, chunk)
+def _alone(solo: ExactEngine, prompts) -> list:
+    """Each prompt prefilled alone on `solo` -> [(first token, exported state)], every session released."""
     ref = []
     for ids in prompts:
         s, tok = solo.prefill(ids)
         ref.append((tok, exported(solo, s.id)))
         solo.release(s.id)
-    e = _engine(lm, chunk, budget=64)
-    got = _concurrent(e, prompts)
-    assert e.prefills.max_items >= 2  # they did share passes
+    return ref
+
+
+def _each_as_alone(e: ExactEngine, got, ref) -> None:
+    """got [(session id, first token)] on `e`: each token and exported state bitwise its `ref` (_alone)."""
     for (sid, tok), (rtok, rstate) in zip(got, ref):
         assert tok == rtok
         st = exported(e, sid)
         for k in rstate:
             same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
             assert same, k
+
+
+@pytest.mark.parametrize("chunk", [None, 16], ids=["whole", "pieces"])
+def test_concurrent_prompts_share_passes_and_equal_each_alone(lm, chunk):
+    prompts = _prompts(lm, [40, 3, 17, 29, 8, 33])
+    ref = _alone(_engine(lm, chunk), prompts)
+    e = _engine(lm, chunk, budget=64)
+    got = _concurrent(e, prompts)
+    assert e.prefills.max_items >= 2  # they did share passes
+    _each_as_alone(e, got, ref)
 
 
 def test_a_prompt_s_pages_read_zero_past_its_rows(lm):
@@ -126,26 +136,15 @@ def test_equal_prompts_share_one_pass_past_the_budget_and_equal_each_alone(lm):
     (Gather share), so they run in one pass (two if the first leader ran alone), each prompt computed once a
     pass; each session ends as its prompt alone."""
     p, q = _prompts(lm, [40, 10], seed=3)
-    solo = _engine(lm)
-    ref = {}
-    for ids in (p, q):
-        s, tok = solo.prefill(ids)
-        ref[len(ids)] = (tok, exported(solo, s.id))
-        solo.release(s.id)
-    e = _engine(lm, budget=64)
     prompts = [p, p, q, p, p, p]
+    ref = _alone(_engine(lm), prompts)
+    e = _engine(lm, budget=64)
     got = _concurrent(e, prompts)
     # the first leader may run alone (_concurrent); every prompt queued behind it joins one pass: without
     # the budget share at most one 40-token prompt fits a pass (five passes), and each would be computed
     passes, pieces, tokens = e.pass_totals[:3]
     assert passes <= 2 and pieces == 6 and tokens <= 90, e.pass_totals
-    for ids, (sid, tok) in zip(prompts, got):
-        rtok, rstate = ref[len(ids)]
-        assert tok == rtok
-        st = exported(e, sid)
-        for k in rstate:
-            same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
-            assert same, k
+    _each_as_alone(e, got, ref)
 
 
 def test_a_refused_piece_fails_alone_and_the_rest_of_its_pass_runs(lm):
@@ -267,12 +266,7 @@ def test_later_pieces_after_the_same_tokens_are_computed_once(lm, shared):
     session's state and first token are its prompt's alone."""
     base = _prompts(lm, [60], seed=5)[0]
     prompts = [base[:shared] + t[shared:] for t in _prompts(lm, [60] * 4, seed=6)] if shared < 60 else [base] * 4
-    solo = _engine(lm, chunk=16)
-    ref = []
-    for ids in prompts:
-        s, tok = solo.prefill(ids)
-        ref.append((tok, exported(solo, s.id)))
-        solo.release(s.id)
+    ref = _alone(_engine(lm, chunk=16), prompts)
     e = _engine(lm, chunk=16)
     e.prefills.gather_s = 1.0  # the wait's cap, generous for a loaded machine (every session is expected)
     out = [None] * 4
@@ -289,9 +283,4 @@ def test_later_pieces_after_the_same_tokens_are_computed_once(lm, shared):
     computed = e.pass_totals[2]
     want = 60 if shared == 60 else 32 + 4 * 28  # the common 32 once, each prompt's own 28
     assert computed == want, e.pass_totals
-    for (sid, tok), (rtok, rstate) in zip(out, ref):
-        assert tok == rtok
-        st = exported(e, sid)
-        for k in rstate:
-            same = torch.equal(st[k], rstate[k]) if isinstance(st[k], torch.Tensor) else st[k] == rstate[k]
-            assert same, k
+    _each_as_alone(e, out, ref)
