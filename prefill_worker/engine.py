@@ -246,8 +246,8 @@ class ExactEngine:
             s.cached_tokens = start
             for p in prefill_pieces(self.runner, s.slot, prompt[start:], start, on_layer=marks, mtp=mtp):
                 p.prompt_logprobs = s.want_logprobs
-                if p.start:  # a later piece: equal to another slot's after the same tokens (shared_pieces)
-                    p.before = keys[p.start // chunk - 1]
+                # equal to another slot's piece after the same tokens and salt (shared_pieces)
+                p.before = keys[p.start // chunk - 1] if p.start else s.cache_salt.encode() or None
                 if not p.last and self.prefix is not None:  # a boundary: cached after its pass (_prefill_batch)
                     p.prefix = (keys, (p.start + len(p.ids)) // chunk - 1)
                 got = self.prefills.call(p)

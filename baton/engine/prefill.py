@@ -57,7 +57,8 @@ class Piece:
     next_id: int | None = None
     on_layer: Callable[[int], None] | None = None
     prefix: tuple[list[bytes], int] | None = None  # (keys, k): cache the state after it (PrefixCache.insert)
-    before: bytes | None = None  # start > 0: the prompt's boundary key at start (prefix_cache.boundary_keys)
+    before: bytes | None = None  # start > 0: the prompt's boundary key at start (prefix_cache.boundary_keys);
+    # a first piece: its request's cache_salt, encoded (salted prompts share a pass's work only with their salt)
 
 
 def prefill_pieces(
@@ -112,11 +113,12 @@ def _context(ps: list[Piece], **kw) -> StepContext:
 
 
 def share_key(p: Piece) -> tuple | None:
-    """What makes two pieces' states equal: the ids of a first piece (start 0); past position 0, the tokens
-    before it too (its `before` key: the slots' states at start are then equal), else None (a piece there
-    continues its slot's own state). shared_pieces and the prefill Gather's budget use it."""
+    """What makes two pieces' states equal: the ids of a first piece (start 0; with its cache_salt, `before`,
+    when salted); past position 0, the tokens before it too (its `before` key: the slots' states at start are
+    then equal), else None (a piece there continues its slot's own state). shared_pieces and the prefill
+    Gather's budget use it."""
     if p.start == 0:
-        return tuple(p.ids)
+        return tuple(p.ids) if not p.before else (p.before, tuple(p.ids))
     return (p.before, tuple(p.ids)) if p.before is not None else None
 
 

@@ -44,6 +44,9 @@ def test_which_pieces_share():
     # past position 0: shared when the tokens before it are the same (its boundary key) and its ids are
     later = [Piece(0, a, 3, before=b"k1"), Piece(1, a, 3, before=b"k2"), Piece(2, a, 3, before=b"k1")]
     assert shared_pieces([*later, Piece(3, b, 3, before=b"k1")]) == {2: 0}
+    # first pieces of salted requests (cache_salt in `before`): shared only with the same salt
+    salted = [Piece(0, a, before=b"t1"), Piece(1, a), Piece(2, a, before=b"t2"), Piece(3, a, before=b"t1")]
+    assert shared_pieces([*salted, Piece(4, a)]) == {3: 0, 4: 1}
 
 
 def test_equal_prompts_in_one_pass_end_as_each_alone(lm):
