@@ -49,7 +49,7 @@ def _concurrent(e: ExactEngine, prompts) -> list:
         th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
         for t in th:
             t.start()
-        while len(e.prefills._queue) < len(prompts) - 1:  # the first leader took its own and waits for the lock
+        while len(e.prefills._queue) < len(prompts):  # every call queued (the leader's own too): one first pass
             pass
     for t in th:
         t.join(60)
@@ -133,14 +133,14 @@ def test_announced_equal_prompts_arriving_apart_share_one_pass(lm):
 
 def test_equal_prompts_share_one_pass_past_the_budget_and_equal_each_alone(lm):
     """Five equal 40-token prompts and a 10-token one, budget 64: equal prompts cost one prompt's budget
-    (Gather share), so they run in one pass (two if the first leader ran alone), each prompt computed once a
+    (Gather share), so they run in one pass (at most two: the budget), each prompt computed once a
     pass; each session ends as its prompt alone."""
     p, q = _prompts(lm, [40, 10], seed=3)
     prompts = [p, p, q, p, p, p]
     ref = _alone(_engine(lm), prompts)
     e = _engine(lm, budget=64)
     got = _concurrent(e, prompts)
-    # the first leader may run alone (_concurrent); every prompt queued behind it joins one pass: without
+    # every prompt is queued before the first pass (_concurrent) and joins it: without
     # the budget share at most one 40-token prompt fits a pass (five passes), and each would be computed
     passes, pieces, tokens = e.pass_totals[:3]
     assert passes <= 2 and pieces == 6 and tokens <= 90, e.pass_totals
