@@ -45,14 +45,7 @@ from deploy.router_launch import (  # noqa: E402
     serve_router,
     start_router_actor,
 )
-from deploy.serve_args import (  # noqa: E402
-    add_prefill_options,
-    add_router_options,
-    engines_error,
-    prefill_error,
-    prefill_extra,
-    router_limits_error,
-)
+from deploy.serve_args import add_prefill_options, add_router_options, options_error, prefill_extra  # noqa: E402
 
 DEFAULT_NAMESPACE = "baton"
 
@@ -334,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="deploy/launch.py", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
-    if err := engines_error(args) or router_limits_error(args) or prefill_error(args):
+    if err := options_error(args):
         p.error(err)
     progress = Progress()
     connect(args.address, args.namespace)

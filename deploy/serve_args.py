@@ -164,6 +164,23 @@ def prefill_extra(args) -> tuple[tuple[str, str], ...]:
     return tuple((n, str(getattr(args, n))) for n in names if getattr(args, n, None) is not None)
 
 
+def options_error(args) -> str | None:
+    """The worker and router options `baton serve` and deploy/launch.py share: engines, slots, KV sizing, the
+    prefill workers' options, the router's limits -> the first bad one's message, else None."""
+    if err := engines_error(args):
+        return err
+    if getattr(args, "slots", None) is not None and args.slots < 1:
+        return "--slots must be >= 1"
+    kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)
+    if kv_pages is not None and kv_pages < 1:
+        return "--kv-pages must be >= 1"
+    if err := prefill_error(args):
+        return err
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        return "--gpu-memory-fraction must be in (0, 1]"
+    return router_limits_error(args)
+
+
 def engines_error(args) -> str | None:
     """Checks --engines (comma-separated names of ENGINES, at least one) against --engine, and normalizes it
     to "a,b" (args.engines stays None when not given: the workers' default). A message, or None."""
@@ -199,18 +216,7 @@ def check(args) -> str | None:
         return "--port must be in 0..65535"
     if args.ask_tokens < 1:
         return "--ask-tokens must be >= 1"
-    if err := engines_error(args):
-        return err
-    if args.slots is not None and args.slots < 1:
-        return "--slots must be >= 1"
-    kv_pages, fraction = getattr(args, "kv_pages", None), getattr(args, "gpu_memory_fraction", None)
-    if kv_pages is not None and kv_pages < 1:
-        return "--kv-pages must be >= 1"
-    if err := prefill_error(args):
-        return err
-    if fraction is not None and not 0.0 < fraction <= 1.0:
-        return "--gpu-memory-fraction must be in (0, 1]"
-    if err := router_limits_error(args):
+    if err := options_error(args):
         return err
     if getattr(args, "colocate", False) and not args.processes:
         return "--colocate places worker processes: use it with --processes (Ray places actors itself)"
