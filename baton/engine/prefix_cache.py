@@ -24,7 +24,7 @@ tokens [0, b) into the slot's token history (penalties) and runs the prompt's pi
 Lifecycle and eviction (least recently used first):
     insert(slot, keys, k)   after a pass computed a prompt's piece ending at boundary k + 1 that is not its
                             last, its parents keys[:k] cached: a free row and c / P pages (evicting others)
-    restore(slot, ids)      before a prompt's first piece: the longest cached chain of its boundaries
+    restore(slot, keys)     before a prompt's first piece: the longest cached chain of its boundary_keys
     reclaim(n)              PagePool.ensure found n pages short for a request: entries evicted until n pages
                             are free or the cache is empty, so cached prefixes never refuse a request
 A hit or an insert touches its chain from the leaf to the root, so a parent is always more recently used than
@@ -110,10 +110,6 @@ class PrefixCache:
     def __len__(self) -> int:
         with self._lock:
             return len(self._lru)
-
-    def keys(self, ids: list[int], salt: str = "") -> list[bytes]:
-        """The prompt's boundary keys (boundary_keys at this cache's chunk)."""
-        return boundary_keys(ids, self.chunk, salt)
 
     # ---- use -----------------------------------------------------------------------------------
     def restore(self, slot: int, keys: list[bytes], mtp: bool = True) -> int:

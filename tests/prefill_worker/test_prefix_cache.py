@@ -11,6 +11,7 @@ import torch
 from helpers import exported, make_tiny_dir
 
 from baton.engine.pages import PAGE, PagesExhausted
+from baton.engine.prefix_cache import boundary_keys
 from baton.engine.runner import ModelRunner
 from baton.engine.sampling import Params
 from baton.loading import load_model
@@ -133,7 +134,7 @@ def test_eviction_takes_leaves_first_and_keeps_every_chain_whole(lm):
         pool.check()
         assert len(pc) <= 3 and pool.lent_pages == len(pc) * pc.pages_per_entry
         for q in prompts:  # what is cached of a prompt is a chain from its first boundary
-            present = [k in pc._lru for k in pc.keys(q)]
+            present = [k in pc._lru for k in boundary_keys(q, CHUNK)]
             assert present == sorted(present, reverse=True), present
     assert pc.evicted == 9 - 3
     # the last prompt's chain is whole: a prompt sharing it restores all of it
@@ -170,7 +171,7 @@ def test_a_cache_salt_shares_entries_only_with_the_same_salt(lm):
     e, ref = _engine(lm, entries=8), _engine(lm, entries=0)
     a = _ids(lm, 600, 30)
     b = a[:560] + _ids(lm, 30, 31)
-    assert e.prefix.keys(a) != e.prefix.keys(a, "tenant-1") != e.prefix.keys(a, "tenant-2")
+    assert boundary_keys(a, CHUNK) != boundary_keys(a, CHUNK, "tenant-1") != boundary_keys(a, CHUNK, "tenant-2")
 
     def cached(ids, salt):
         s = e.open_prefill(ids, cache_salt=salt)
