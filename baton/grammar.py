@@ -100,9 +100,9 @@ class Constraint:
 
     def __init__(self, matcher, vocab_size: int, after: int | None = None):
         self._m, self.vocab_size = matcher, vocab_size  # (xgrammar's GrammarMatcher: rollback unlimited)
-        self._after, self._free = after, after is not None
+        self._after = after
         self._log: list[bool] = []  # with `after`: per accepted token, whether the grammar took it
-        self._switch = -1  # the index in _log of the `after` token that began the grammar
+        self._switch = -1  # the index in _log of the `after` token that began the grammar (-1: not yet)
 
     def accept(self, tokens) -> None:
         for t in tokens:
@@ -112,9 +112,9 @@ class Constraint:
     def try_accept(self, token: int) -> bool:
         """Accepts token if the grammar allows it here; False (nothing accepted) if not."""
         t = int(token)
-        if self._free:
+        if self.free:
             if t == self._after:
-                self._free, self._switch = False, len(self._log)
+                self._switch = len(self._log)
             self._log.append(False)
             return True
         if not self._m.accept_token(t):
@@ -134,23 +134,23 @@ class Constraint:
         if fed:
             self._m.rollback(fed)
         if self._switch >= keep:  # the `after` token itself was undone
-            self._free, self._switch = True, -1
+            self._switch = -1
 
     def fill(self, bits) -> None:
         """bits: a [words] int32 CPU tensor (a row of a larger one is fine), overwritten with the allowed set."""
-        if self._free:
+        if self.free:
             bits.fill_(-1)
         else:
             self._m.fill_next_token_bitmask(bits.view(1, -1), 0)
 
     @property
     def finished(self) -> bool:
-        return not self._free and self._m.is_terminated()
+        return not self.free and self._m.is_terminated()
 
     @property
     def free(self) -> bool:
         """Before its after_token: every token allowed (the grammar not begun)."""
-        return self._free
+        return self._after is not None and self._switch < 0
 
     @property
     def after(self) -> int | None:
