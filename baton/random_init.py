@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from baton.config import ModelConfig
 
+QWEN35_WINDOW = 262_144  # Qwen3.5's native context (its config.json's max_position_embeddings)
+
 
 def qwen35_9b() -> ModelConfig:
-    """transformers' default Qwen3_5TextConfig: the Qwen3.5-9B text shape."""
+    """transformers' default Qwen3_5TextConfig: the Qwen3.5-9B text shape, with the released model's window.
+
+    transformers' default max_position_embeddings (32,768 in 5.x) is not the released checkpoint's 262,144;
+    the window is pinned here so long-context benchmarks (ctx-max, prefix-cache) run on any transformers."""
     from transformers import Qwen3_5TextConfig
 
     d = Qwen3_5TextConfig().to_dict()
     d["mtp_num_hidden_layers"] = 1
+    d["max_position_embeddings"] = QWEN35_WINDOW
     return ModelConfig.from_dict(d)
 
 

@@ -205,3 +205,13 @@ def test_fp8_weight_is_dequantised_at_load(tmp_path):
     load_into(model, d)
     want = torch.cat([fp8[:, :128].float() * scale[0, 0], fp8[:, 128:].float() * scale[0, 1]], 1)
     assert torch.equal(model.state_dict()[name], want)
+
+
+def test_the_9b_random_shape_has_the_released_models_window():
+    """`--random-init qwen3.5-9b` serves the released model's 262,144-token window on any transformers version
+    (5.x's default config says 32,768, which refused ctx-max's long prompt and prefix-cache's 32K turn)."""
+    from baton.random_init import shape
+
+    cfg = shape("qwen3.5-9b")
+    assert cfg.max_position_embeddings == 262_144
+    assert (cfg.num_hidden_layers, cfg.hidden_size) == (32, 4096)
