@@ -158,6 +158,8 @@
 #   mps-serve      `baton serve --processes --device cuda --mps --ask`: the answer, the daemon, SIGTERM
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
+#   window-ab      short requests (512 + 128, bf16 at 32 streams) under a 4,296- and a 131,072-token window: the
+#                  cost of the attention's programs over the whole window's pieces
 #   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
 #                  PREFIX_LENGTHS (default 16384,32768) tokens, its first pieces restored against computed (its first
 #                  token and state bitwise the same)
@@ -795,6 +797,16 @@ try:
 except (OSError, ValueError, KeyError) as e:
     print(f"  no result: {e!r}")
 EOF2
+    ;;
+  window-ab)  # what a long window costs short requests: the attention launches a program per (row, kv head, piece
+    # of the window) and most exit at once; bf16 at WINDOW_POINTS (default 32) streams of 512 + 128 tokens,
+    # --max-len 4,296 against WINDOW_LONG (default 131,072)
+    for w in 4296 "${WINDOW_LONG:-131072}"; do
+      serve "serve-bf16-window$w" --engine bf16 --concurrency "${WINDOW_POINTS:-32}" --requests 2 --check-prompts 2 \
+        --output-len 128 --max-len "$w" --serve-args "--engines bf16"
+    done
+    ratio "window ${WINDOW_LONG:-131072} / 4296 at ${WINDOW_POINTS:-32}" "$out/serve-bf16-window${WINDOW_LONG:-131072}.json" \
+      "${WINDOW_POINTS:-32}" "$out/serve-bf16-window4296.json" "${WINDOW_POINTS:-32}" 0.95
     ;;
   prefix-serve)  # the prefix cache through the router (module doc above): a system prompt of 17K tokens, so both
     # boundaries (8,192 and 16,384) and the token after each lie inside it: both pieces are reused

@@ -14,6 +14,7 @@ from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
+    attention_scratch_bytes_of,
     choose_pages,
     describe,
     kept_inputs_bytes_of,
@@ -112,10 +113,12 @@ def serve_decode(
     act = lm.model.model.embed_tokens.weight.dtype
     page_b = page_bytes_of(lm.cfg, act, lm.has_mtp and "mtp" in names)
     kept = 0  # the bf16 runner's batched verify keeps its GDN inputs (BatchedRows.replay_kept)
-    if str(device).startswith("cuda") and not pipeline and ("bf16" in names or "mtp" in names):
+    if str(device).startswith("cuda"):
         from baton.engine.fused_blocks import MAX_ROWS
 
-        kept = kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS)
+        if not pipeline and ("bf16" in names or "mtp" in names):
+            kept = kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS)
+        kept += shares * attention_scratch_bytes_of(lm.cfg, MAX_ROWS, max_len)  # each runner's graph pool
     pages = choose_pages(
         device,
         page_bytes=page_b,

@@ -39,14 +39,17 @@ def prepare_cuda(runner: ModelRunner):
     return capture_all(runner, ns=ns)
 
 
-def _kept_bytes(lm: LoadedModel, device) -> int:
-    """On CUDA the batched verify keeps its GDN inputs (fused_blocks.BatchedRows.replay_kept): counted."""
+def _graph_bytes(lm: LoadedModel, device, max_len: int) -> int:
+    """On CUDA, what the captured graphs hold besides the pages and the O(1) state: the batched verify's kept
+    GDN inputs (fused_blocks.BatchedRows.replay_kept) and the attention's partials over the window, both at
+    MAX_ROWS rows (the largest pass the graphs take)."""
     if not str(device).startswith("cuda"):
         return 0
     from baton.engine.fused_blocks import MAX_ROWS
-    from baton.engine.pages import kept_inputs_bytes_of
+    from baton.engine.pages import attention_scratch_bytes_of, kept_inputs_bytes_of
 
-    return kept_inputs_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, MAX_ROWS)
+    act = lm.model.model.embed_tokens.weight.dtype
+    return kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS) + attention_scratch_bytes_of(lm.cfg, MAX_ROWS, max_len)
 
 
 def serve_prefill(
@@ -89,7 +92,8 @@ def serve_prefill(
         page_bytes=page_b,
         slots=slots,
         max_len=max_len,
-        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width + entries, torch.float32) + _kept_bytes(lm, device),
+        reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width + entries, torch.float32)
+        + _graph_bytes(lm, device, max_len),
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,

@@ -165,6 +165,19 @@ def _paged(kc, vc, table, slots, W, n):
     return table, slots, None, W
 
 
+def split_scratch(rows: int, nh: int, ns: int, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The fp32 partials attention_rows allocates a call: acc [rows, nh, ns, d] and (max, sum) [rows, nh, ns, 2],
+    ns = the page table's width (the window's pieces, not the rows' positions): a captured graph's pool holds
+    them, so a long window's scratch (~3 GB at 320 rows of the 9B over 150K tokens) is counted in the KV sizing
+    (baton/engine/pages.py: attention_scratch_bytes_of)."""
+    return (rows, nh, ns, d), (rows, nh, ns, 2)
+
+
+def split_scratch_bytes(rows: int, nh: int, ns: int, d: int) -> int:
+    """Bytes of split_scratch's two fp32 buffers."""
+    return sum(4 * a * b * c * e for a, b, c, e in split_scratch(rows, nh, ns, d))
+
+
 def attention_rows(
     q: torch.Tensor,
     kc: torch.Tensor,
@@ -193,8 +206,7 @@ def attention_rows(
     assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
     g = nh // nkv
     ns = table.shape[1]
-    acc = torch.empty(rows, nh, ns, d, dtype=torch.float32, device=q.device)
-    ml = torch.empty(rows, nh, ns, 2, dtype=torch.float32, device=q.device)
+    acc, ml = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in split_scratch(rows, nh, ns, d))
     _attn_split_kernel[(rows, nkv, ns)](
         q,
         kc,

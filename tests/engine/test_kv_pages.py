@@ -101,6 +101,71 @@ def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
         choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)
 
 
+def test_the_sizing_counts_the_attention_partials_the_kernel_allocates_over_the_window(monkeypatch):
+    """attention_rows allocates fp32 partials for every piece of the page table's width (the window), not the
+    rows' positions: a captured graph's pool keeps them, so the KV sizing must count them (on 2026-12-07 a
+    150,200-token window on an H100 ran out of memory capturing). The bytes the kernel asks torch.empty for
+    are attention_scratch_bytes_of's, and the workers add them to what the pages must leave."""
+    from baton.engine import pages as pages_mod
+    from baton.kernels import attention
+    from baton.random_init import shape
+
+    cfg = shape("qwen3.5-9b")
+    rows, max_len = 40, 3 * PAGE + 5
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    real_empty = torch.empty
+
+    def empty(*shape, **kw):
+        if kw.get("dtype") == torch.float32:
+            asked.append(real_empty(0, dtype=torch.float32).element_size() * torch.Size(*shape).numel())
+            if len(asked) == 2:
+                raise Stop
+        return real_empty(*shape, **kw)
+
+    nh, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    kc = torch.zeros(8, nkv, PAGE, d, dtype=torch.bfloat16)
+    table = torch.zeros(3, pages_for(max_len), dtype=torch.int32)
+    q, gate = torch.zeros(rows, nh, d, dtype=torch.bfloat16), torch.zeros(rows, nh, d, dtype=torch.bfloat16)
+    monkeypatch.setattr(attention.torch, "empty", empty)
+    with pytest.raises(Stop):
+        attention.attention_rows(
+            q,
+            kc,
+            kc.clone(),
+            torch.zeros(rows, dtype=torch.long),
+            gate,
+            rows,
+            table=table,
+            slots=torch.zeros(4, dtype=torch.long),
+            gs=10,
+        )
+    monkeypatch.undo()
+    assert sum(asked) == pages_mod.attention_scratch_bytes_of(cfg, rows, max_len)
+    # ~3.1 GB at 320 rows over 150,200 tokens: more than the 10% a 0.9 fraction leaves on an 80 GB H100 / 2
+    assert pages_mod.attention_scratch_bytes_of(cfg, 320, 150_200) == 320 * nh * pages_for(150_200) * (d + 2) * 4
+    from prefill_worker import serve as prefill_serve
+
+    class LM:
+        pass
+
+    lm = LM()
+    lm.cfg = cfg
+    lm.model = torch.nn.Module()
+    lm.model.model = torch.nn.Module()
+    lm.model.model.embed_tokens = torch.nn.Embedding(2, 2).to(torch.bfloat16)
+    assert prefill_serve._graph_bytes(lm, "cpu", 150_200) == 0  # the CPU captures no graphs
+    grown = prefill_serve._graph_bytes(lm, "cuda", 150_200) - prefill_serve._graph_bytes(lm, "cuda", 4096)
+    from baton.engine.fused_blocks import MAX_ROWS
+
+    assert grown == pages_mod.attention_scratch_bytes_of(cfg, MAX_ROWS, 150_200) - (
+        pages_mod.attention_scratch_bytes_of(cfg, MAX_ROWS, 4096)
+    )
+
+
 def test_workers_sharing_a_gpu_agree_on_their_budgets(monkeypatch, tmp_path):
     """Two workers on one GPU (BATON_GPU_WORKERS=2, BATON_GPU_PLAN): each writes its fixed bytes (weights
     held + O(1) state to come), waits for the other's, and takes half of fraction x total less both, so the
