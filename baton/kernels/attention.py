@@ -22,6 +22,7 @@ import triton.language as tl
 from baton.kernels.gdn import _slot0
 from baton.kernels.pdl import launch_kw, pdl_enter
 from baton.kernels.rows import _p2
+from baton.kernels.split_scratch import split_buffers
 
 # ---- attention over the KV window ------------------------------------------------------------------
 # Row t (position pos[t]) attends keys 0..pos[t]. The keys are cut into fixed SPLIT-key pieces; stage 1
@@ -165,19 +166,6 @@ def _paged(kc, vc, table, slots, W, n):
     return table, slots, None, W
 
 
-def split_scratch(rows: int, nh: int, ns: int, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The fp32 partials attention_rows allocates a call: acc [rows, nh, ns, d] and (max, sum) [rows, nh, ns, 2],
-    ns = the page table's width (the window's pieces, not the rows' positions): a captured graph's pool holds
-    them, so a long window's scratch (~3 GB at 320 rows of the 9B over 150K tokens) is counted in the KV sizing
-    (baton/engine/pages.py: attention_scratch_bytes_of)."""
-    return (rows, nh, ns, d), (rows, nh, ns, 2)
-
-
-def split_scratch_bytes(rows: int, nh: int, ns: int, d: int) -> int:
-    """Bytes of split_scratch's two fp32 buffers."""
-    return sum(4 * a * b * c * e for a, b, c, e in split_scratch(rows, nh, ns, d))
-
-
 def attention_rows(
     q: torch.Tensor,
     kc: torch.Tensor,
@@ -206,7 +194,7 @@ def attention_rows(
     assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
     g = nh // nkv
     ns = table.shape[1]
-    acc, ml = (torch.empty(shape, dtype=torch.float32, device=q.device) for shape in split_scratch(rows, nh, ns, d))
+    acc, ml = split_buffers(rows, nh, ns, d, q.device)
     _attn_split_kernel[(rows, nkv, ns)](
         q,
         kc,
