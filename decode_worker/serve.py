@@ -118,7 +118,7 @@ def serve_decode(
 
         if not pipeline and ("bf16" in names or "mtp" in names):
             kept = kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS)
-        kept += attention_scratch_bytes_of(lm.cfg, MAX_ROWS, max_len)  # one buffer the runners share
+        kept += shares * attention_scratch_bytes_of(lm.cfg, MAX_ROWS, max_len)  # one buffer a runner
     pages = choose_pages(
         device,
         page_bytes=page_b,

@@ -332,7 +332,7 @@ class FastRows:
             rope_offset,
             **b,
         )  # KV rows of the live rows written
-        o = attn.attention_rows(q, kc, vc, pos, qg[..., d:], n, **b)  # [W, nh*d], gated
+        o = attn.attention_rows(q, kc, vc, pos, qg[..., d:], n, scratch=state.attn_scratch, **b)  # [W, nh*d], gated
         return rows_linear(a.o_proj, o, live, partial)
 
 

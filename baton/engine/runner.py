@@ -106,13 +106,10 @@ class ModelRunner:
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
-        if self.fast is not None and dev.type == "cuda":  # the attention's partials: one buffer the runners share
-            from baton.engine.fused_blocks import MAX_ROWS
-            from baton.engine.pages import pages_for
-            from baton.kernels.split_scratch import reserve_split_scratch
+        if self.fast is not None:  # the attention's partials: one buffer for every call (CUDA, long windows)
+            from baton.kernels.split_scratch import runner_scratch
 
-            c = self.cfg
-            reserve_split_scratch(dev, MAX_ROWS, c.num_attention_heads, pages_for(max_len), c.head_dim)
+            self.state.attn_scratch = runner_scratch(dev, self.cfg, max_len)
         self.batched = None  # fused_batch.BatchedAR, made by enable_batching (fused runners)
         self.batched_rows = None  # fused_blocks.BatchedRows, made by enable_batching (fused runners)
 

@@ -100,8 +100,8 @@ class HybridState:
         # snapshot buffers for the O(1) part, same layout
         self._snap = {k: torch.zeros_like(t) for k, t in self._o1_items()}
         self.slot_copies = None  # SlotCopies (enable_slot_copies): snapshot_slots as graph replays
-        self.conv_alt: dict[int, torch.Tensor] = {}
-        self.rec_alt: dict[int, torch.Tensor] = {}
+        self.conv_alt, self.rec_alt = {}, {}  # {layer: [S, ...]} ping-pong GDN buffers (enable_pingpong)
+        self.attn_scratch: torch.Tensor | None = None  # the attention's partials on CUDA (kernels/split_scratch.py)
         self.hidden_prev: torch.Tensor | None = None
 
     def enable_pingpong(self) -> None:

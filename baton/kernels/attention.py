@@ -178,6 +178,7 @@ def attention_rows(
     slots: torch.Tensor | None = None,
     gs: int = 0,
     lens: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [W, nh, d] contiguous (normed, rotated); kc, vc page pools [P, nkv, ATTN_SPLIT, d] (already holding
     the rows being computed) read through table [S, MP] int32 (piece s of a row of slot x: page
@@ -185,7 +186,8 @@ def attention_rows(
     softmax(q k^T / sqrt(d)) v * sigmoid(gate) as [W, nh*d]; rows >= n are zero.
     One slot (slots None): table [1, MP] or None (identity). Batched (slots [G] int64 on the device): row
     t is row t - g*gs of group g = t // gs, live if that is < n, against slot slots[g] (< 0: padding, the
-    row comes out 0); lens [G] int64: ragged groups, group g's rows live while < lens[g]."""
+    row comes out 0); lens [G] int64: ragged groups, group g's rows live while < lens[g]. scratch: the runner's
+    fp32 buffer for the partials (baton/kernels/split_scratch.py), else the call allocates them."""
     W, nh, d = q.shape
     table, slots, gs1, rows = _paged(kc, vc, table, slots, W, n)
     gs = gs1 or gs
@@ -194,7 +196,7 @@ def attention_rows(
     assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
     g = nh // nkv
     ns = table.shape[1]
-    acc, ml = split_buffers(rows, nh, ns, d, q.device)
+    acc, ml = split_buffers(rows, nh, ns, d, q.device, scratch)
     _attn_split_kernel[(rows, nkv, ns)](
         q,
         kc,

@@ -166,6 +166,31 @@ def test_the_sizing_counts_the_attention_partials_the_kernel_allocates_over_the_
     )
 
 
+def test_a_runner_scratch_serves_each_calls_partials_as_views_and_a_small_one_is_never_overrun(monkeypatch):
+    """split_buffers hands a call views of the runner's scratch (the bytes the kernel would allocate, at its
+    start: every call of the runner reuses the same memory) and allocates its own when the scratch is too
+    small; runner_scratch reserves nothing on the CPU, whatever BATON_ATTN_SCRATCH says."""
+    from baton.kernels import split_scratch as sc
+    from baton.random_init import shape
+
+    rows, nh, ns, d = 6, 4, 3, 16
+    scratch = torch.zeros(sc.split_scratch_bytes(rows, nh, ns, d) // 4)
+    acc, ml = sc.split_buffers(rows, nh, ns, d, scratch.device, scratch)
+    assert (acc.shape, ml.shape) == ((rows, nh, ns, d), (rows, nh, ns, 2))
+    assert acc.data_ptr() == scratch.data_ptr() and ml.data_ptr() == acc.data_ptr() + 4 * acc.numel()
+    acc2, _ = sc.split_buffers(2, nh, ns, d, scratch.device, scratch)  # fewer rows: the same memory
+    assert acc2.data_ptr() == scratch.data_ptr()
+    big_acc, big_ml = sc.split_buffers(rows + 1, nh, ns, d, scratch.device, scratch)  # more rows: its own
+    ends = scratch.data_ptr(), scratch.data_ptr() + 4 * scratch.numel()
+    assert not ends[0] <= big_acc.data_ptr() < ends[1] and not ends[0] <= big_ml.data_ptr() < ends[1]
+    for env in ("1", "0", None):
+        if env is None:
+            monkeypatch.delenv(sc.SCRATCH_ENV, raising=False)
+        else:
+            monkeypatch.setenv(sc.SCRATCH_ENV, env)
+        assert sc.runner_scratch("cpu", shape("qwen3.5-9b"), 150_000) is None
+
+
 def test_workers_sharing_a_gpu_agree_on_their_budgets(monkeypatch, tmp_path):
     """Two workers on one GPU (BATON_GPU_WORKERS=2, BATON_GPU_PLAN): each writes its fixed bytes (weights
     held + O(1) state to come), waits for the other's, and takes half of fraction x total less both, so the
