@@ -142,6 +142,13 @@
 # QUEUE="prefix-serve:400 tests-engine:190" (test_gpu_prefill.py: the cache's restore, equal later pieces) |
 # QUEUE="ctx-max:300 verify:250" (ctx-max's 260,000 on an H200),
 # SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200, nogil at 32, gil SWITCH_POINTS=5000,20000.
+# Stop 56 (benchmarks/results/gpu-h100-2026-12-07-stop56.md), H100s at d6286b1 .. 21ea4fe: structured (passed),
+# accept-default (2.73 a round alone and batched), prefix-cache (1.8x / 3.3x, bitwise), prefix-serve (TTFT 0.144
+# against 0.671 s at 1 stream; at 8 only 4 of 16 restored), test_gpu_prefill.py's cache and re-prefill cases (8
+# passed), verify (8.7 / 28.6 ms beside a 32K prefill), spec-adaptive at 32 (0.90x), ctx-max at 150,000 (TTFT
+# 1.97 s, after the KV sizing counted the attention's partials), window-ab (its halves on two hosts). Owed:
+# BATON_ATTN_SCRATCH=1 with test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py; window-ab on one host;
+# ctx-max and spec-adaptive at 32 on an H200; prefix-serve with page counts; nogil at 32; gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
