@@ -147,7 +147,8 @@
 # against 0.671 s at 1 stream; at 8 only 4 of 16 restored), test_gpu_prefill.py's cache and re-prefill cases (8
 # passed), verify (8.7 / 28.6 ms beside a 32K prefill), spec-adaptive at 32 (0.90x), ctx-max at 150,000 (TTFT
 # 1.97 s, after the KV sizing counted the attention's partials), window-ab (its halves on two hosts). Owed:
-# BATON_ATTN_SCRATCH=1 with test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py; window-ab on one host;
+# BATON_ATTN_SCRATCH=1 with test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py; attn-loop, then
+# WINDOW_LOOP=32 window-ab on one host;
 # ctx-max and spec-adaptive at 32 on an H200; prefix-serve with page counts; nogil at 32; gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
@@ -166,7 +167,8 @@
 #   router-burst   a burst of 32 x 512 through the router (bench_serve --requests 1): issue 20's TTFT target
 #   ctx-max        one prompt near the whole context (LONG_INPUT, default 260,000) through the router
 #   window-ab      short requests (512 + 128, bf16 at 32 streams) under a 4,296- and a 131,072-token window: the
-#                  cost of the attention's programs over the whole window's pieces
+#                  cost of the attention's programs over the whole window's pieces (WINDOW_LOOP=N: and looped)
+#   attn-loop      the looped split attention's GPU test (bitwise the plain kernel), test_gpu_batch.py with it on
 #   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
 #                  PREFIX_LENGTHS (default 16384,32768) tokens, its first pieces restored against computed (its first
 #                  token and state bitwise the same)
@@ -808,12 +810,31 @@ EOF2
   window-ab)  # what a long window costs short requests: the attention launches a program per (row, kv head, piece
     # of the window) and most exit at once; bf16 at WINDOW_POINTS (default 32) streams of 512 + 128 tokens,
     # --max-len 4,296 against WINDOW_LONG (default 131,072)
-    for w in 4296 "${WINDOW_LONG:-131072}"; do
+    # WINDOW_LOOP=N: a third run of the long window with BATON_ATTN_PIECE_PROGRAMS=N (baton/kernels/attention_loop.py)
+    long=${WINDOW_LONG:-131072}
+    for w in 4296 "$long"; do
       serve "serve-bf16-window$w" --engine bf16 --concurrency "${WINDOW_POINTS:-32}" --requests 2 --check-prompts 2 \
         --output-len 128 --max-len "$w" --serve-args "--engines bf16"
     done
-    ratio "window ${WINDOW_LONG:-131072} / 4296 at ${WINDOW_POINTS:-32}" "$out/serve-bf16-window${WINDOW_LONG:-131072}.json" \
+    if [ -n "${WINDOW_LOOP:-}" ]; then
+      BATON_ATTN_PIECE_PROGRAMS=$WINDOW_LOOP serve "serve-bf16-window$long-loop" --engine bf16 \
+        --concurrency "${WINDOW_POINTS:-32}" --requests 2 --check-prompts 2 --output-len 128 --max-len "$long" \
+        --serve-args "--engines bf16"
+      ratio "window $long looped / 4296" "$out/serve-bf16-window$long-loop.json" "${WINDOW_POINTS:-32}" \
+        "$out/serve-bf16-window4296.json" "${WINDOW_POINTS:-32}" 0.95
+    fi
+    ratio "window $long / 4296 at ${WINDOW_POINTS:-32}" "$out/serve-bf16-window$long.json" \
       "${WINDOW_POINTS:-32}" "$out/serve-bf16-window4296.json" "${WINDOW_POINTS:-32}" 0.95
+    ;;
+  attn-loop)  # the looped split attention (baton/kernels/attention_loop.py) bitwise the plain kernel at the 9B's
+    # attention shape (tests/engine/test_gpu_attention_loop.py), then test_gpu_batch.py with it on (32 programs)
+    timeout 300 python -m pytest -q -o addopts="" -m gpu tests/engine/test_gpu_attention_loop.py \
+      >"$out/attn-loop-test.log" 2>&1
+    echo "test_gpu_attention_loop: rc=$?"
+    BATON_ATTN_PIECE_PROGRAMS=32 timeout 600 python -m pytest -q -o addopts="" -m gpu tests/engine/test_gpu_batch.py \
+      >"$out/attn-loop-batch.log" 2>&1
+    echo "test_gpu_batch with 32 programs: rc=$?"
+    tail -n 3 "$out"/attn-loop-*.log
     ;;
   prefix-serve)  # the prefix cache through the router (module doc above): a system prompt of 17K tokens, so both
     # boundaries (8,192 and 16,384) and the token after each lie inside it: both pieces are reused

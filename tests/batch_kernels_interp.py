@@ -11,6 +11,7 @@ first lens[g] rows live) must give each group what the one-slot call of n = lens
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from baton.kernels import attention as A  # noqa: E402
 from baton.kernels import gdn as G  # noqa: E402
 from baton.kernels import gdn_conv as GC  # noqa: E402
 from baton.kernels import rows as R  # noqa: E402
+from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV  # noqa: E402
 
 S, KW, nk, Hv, dk, dv = 5, 4, 2, 4, 16, 32
 C = 2 * nk * dk + Hv * dv  # conv channels: q | k | v
@@ -102,6 +104,14 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
     ln = None if lens is None else torch.tensor(lens, dtype=torch.long)
     qo = A.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kp, vp, gs, 1e-6, table=tab, slots=sl, gs=gs, lens=ln)
     o = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs, lens=ln)
+    looped = True  # the partials from 1 or 2 programs a (row, head) looping its pieces (attention_loop.py)
+    for programs in ("1", "2"):
+        os.environ[PIECE_PROGRAMS_ENV] = programs
+        try:
+            ol = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs, lens=ln)
+        finally:
+            del os.environ[PIECE_PROGRAMS_ENV]
+        looped &= torch.equal(ol, o)
     if lens is not None:  # ragged: each live group against the one-slot call of n = lens[g] (no reference)
         ok = True
         for gi, s in enumerate(slots):
@@ -116,7 +126,7 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
             ok &= torch.equal(o1, o[rows]) and torch.equal(q1, qo[rows])
             for p in tab[s].tolist():  # this slot's pages: the same KV rows written
                 ok &= torch.equal(k1[p], kp[p]) and torch.equal(v1[p], vp[p])
-        return {"equal": bool(ok)}
+        return {"equal": bool(ok), "looped_equals": bool(looped)}
     kc, vc = kc0.clone(), vc0.clone()  # the contiguous reference, batched
     qr = REF.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kc, vc, gs, 1e-6, slots=sl, gs=gs)
     orf = REF.attention_rows(qr, kc, vc, pos, gate, gs, slots=sl, gs=gs)
@@ -154,7 +164,7 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
         )
     for s in set(range(S)) - set(slots):
         ok &= torch.equal(kc[s], kc0[s]) and torch.equal(vc[s], vc0[s])
-    return {"equal": bool(ok), "paged_equals_contiguous": bool(paged)}
+    return {"equal": bool(ok), "paged_equals_contiguous": bool(paged), "looped_equals": bool(looped)}
 
 
 def commit_case() -> dict:

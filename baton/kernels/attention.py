@@ -197,7 +197,11 @@ def attention_rows(
     g = nh // nkv
     ns = table.shape[1]
     acc, ml = split_buffers(rows, nh, ns, d, q.device, scratch)
-    _attn_split_kernel[(rows, nkv, ns)](
+    from baton.kernels import attention_loop  # it imports this module's _row_slot
+
+    programs = attention_loop.piece_programs(ns)  # BATON_ATTN_PIECE_PROGRAMS: a fixed grid looping pieces
+    kernel = attention_loop.attn_split_loop_kernel if programs else _attn_split_kernel
+    kernel[(rows, nkv, programs or ns)](
         q,
         kc,
         vc,

@@ -22,3 +22,18 @@ def test_batched_kernels_equal_each_slot_alone():
     bad = {k: v for k, v in res.items() if not all(v.values())}  # attn: also paged == contiguous
     assert all("paged_equals_contiguous" in res[k] for k in res if k.startswith("attn_") and "ragged" not in k), res
     assert not bad, bad
+
+
+def test_piece_programs_come_from_the_environment_capped_by_the_window(monkeypatch):
+    """BATON_ATTN_PIECE_PROGRAMS=N: min(N, the window's pieces) programs a (row, kv head); unset or 0: the
+    one-program-a-piece kernel (0); anything else is named, not guessed."""
+    from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV, piece_programs
+
+    monkeypatch.delenv(PIECE_PROGRAMS_ENV, raising=False)
+    assert piece_programs(513) == 0
+    for raw, want in (("0", 0), ("32", 32), (" 600 ", 513), ("-4", 0)):
+        monkeypatch.setenv(PIECE_PROGRAMS_ENV, raw)
+        assert piece_programs(513) == want, raw
+    monkeypatch.setenv(PIECE_PROGRAMS_ENV, "many")
+    with pytest.raises(ValueError, match="BATON_ATTN_PIECE_PROGRAMS: 'many'"):
+        piece_programs(513)

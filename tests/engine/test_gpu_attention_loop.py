@@ -1,0 +1,50 @@
+"""GPU check of the looped split attention (baton/kernels/attention_loop.py; run on the device with
+`pytest -m gpu`): at the Qwen3.5-9B attention shape (16 query heads, 4 kv heads, head_dim 256), bf16 KV in
+shuffled pages of a 64-piece window, rows of 8 sessions at positions from 0 to the window's end (short rows,
+rows ending inside a piece, rows at a piece's last key, full-window rows), batched with padding groups:
+attention_rows' output with N programs a (row, kv head) looping the row's pieces is bitwise the output of
+one program a piece, for N = 1, 7, 32 and the window's pieces; and its partials land in the runner's scratch
+as in buffers of their own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_looped_partials_give_the_one_program_a_piece_output_bitwise(monkeypatch):
+    from baton.kernels import attention as A
+    from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV
+    from baton.kernels.split_scratch import reserve_split_scratch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    nh, nkv, d, SP, MP, S, gs = 16, 4, 256, A.ATTN_SPLIT, 64, 8, 2
+    pages = S * MP + 5
+    kp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
+    vp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
+    tab = torch.randperm(pages, generator=g, device="cuda")[: S * MP].reshape(S, MP).to(torch.int32).contiguous()
+    slots = torch.tensor([0, 1, -1, 2, 3, 4, -1, 5, 6, 7], device="cuda")
+    ends = [0, 255, 0, 256, 1000, 5000, 0, 8191, 12345, MP * SP - 2]  # each group's first row's position
+    pos = torch.tensor([[e, e + 1] for e in ends], device="cuda").reshape(-1)
+    rows = pos.numel()
+    q = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
+    gate = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
+
+    def run(scratch=None):
+        o = A.attention_rows(q, kp, vp, pos, gate, gs, table=tab, slots=slots, gs=gs, scratch=scratch)
+        torch.cuda.synchronize()
+        return o
+
+    monkeypatch.delenv(PIECE_PROGRAMS_ENV, raising=False)
+    plain = run()
+    assert plain.abs().sum() > 0 and bool((plain[4:6] == 0).all())  # a padding group's rows are zero
+    for programs in ("1", "7", "32", str(MP)):
+        monkeypatch.setenv(PIECE_PROGRAMS_ENV, programs)
+        assert torch.equal(run(), plain), programs
+    monkeypatch.delenv(PIECE_PROGRAMS_ENV)
+    scratch = reserve_split_scratch("cuda", rows, nh, MP, d)
+    assert torch.equal(run(scratch), plain)
