@@ -93,6 +93,10 @@ Per point:
     decode_batched_rpcs, decode_batched_mean, prefill_batched_rpcs, prefill_batched_mean
                        the router's batched round RPCs during the point (DraftMany / VerifyMany, router/batcher.py;
                        WorkerStats batched_*) and their mean requests; 0 = none (fast mode, or BATON_BATCHED_ROUNDS=0)
+    prefix_cache_hits, prefix_cache_evicted, prefix_cache_reclaimed
+                       the prefill workers' prefix cache during the point (WorkerStats prefix_cache_*): prompts
+                       that started from a cached prefix, entries evicted, and of them those evicted because
+                       a request found too few free KV pages
     prefill_passes, prefill_pass_mean_pieces, prefill_pass_ms_mean, prefill_pass_gave_way
                        the prefill workers' batched prefill passes during the point (WorkerStats
                        prefill_*): how many, their mean prompt pieces, their mean wall time (a Verify that
@@ -698,6 +702,9 @@ class _StepStats:
             "prefill_pass_mean_pieces": round(pieces / passes, 2) if passes else 0.0,
             "prefill_pass_ms_mean": round(1e3 * secs / passes, 2) if passes else 0.0,
         }
+        pc1, pc0 = g1.pop("prefix_cache", (0, 0, 0)), self.g0.get("prefix_cache", (0, 0, 0))
+        hits, evicted, reclaimed = (a - b for a, b in zip(pc1, pc0))
+        out |= {"prefix_cache_hits": hits, "prefix_cache_evicted": evicted, "prefix_cache_reclaimed": reclaimed}
         k1, k0 = g1.pop("mtp_by_k", {}), self.g0.get("mtp_by_k", {})
         if any(n != k0.get(k, (0, 0.0))[0] for k, (n, _) in k1.items()):  # fast mtp rounds by K during the point
             d = {k: (n - k0.get(k, (0, 0.0))[0], t - k0.get(k, (0, 0.0))[1]) for k, (n, t) in sorted(k1.items())}

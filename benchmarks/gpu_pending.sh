@@ -842,6 +842,17 @@ EOF2
       serve "serve-bf16-prefix$v" --engine bf16 --concurrency 1,8 --requests 2 --warmup 1 --check-prompts 2 \
         --prompts 8 --input-len 19456 --shared-prefix 17408 --output-len 64 --max-len 19800 \
         --serve-args "--engines bf16 --prefix-cache $v"
+      python - "$out/serve-bf16-prefix$v.json" <<'EOF2'
+import json, sys
+
+try:
+    for p in json.load(open(sys.argv[1]))["points"]:
+        print(f"  {p['concurrency']} streams: TTFT p50 {p['ttft_s_p50']} s, cached {p['cached_prompt_tokens']} of "
+              f"{p['prompt_tokens']} prompt tokens, hits {p.get('prefix_cache_hits')}, evicted "
+              f"{p.get('prefix_cache_evicted')} (for pages {p.get('prefix_cache_reclaimed')})")
+except (OSError, ValueError, KeyError) as e:
+    print(f"  no result: {e!r}")
+EOF2
     done
     ;;
   prefix-cache)  # a long prompt's first token with its first pieces cached, against computed (module doc above)

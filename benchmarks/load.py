@@ -202,7 +202,8 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
         prefill worker, Draft and mtp rounds on a decode worker), summed over the role's workers; counters since
         the worker started. Also "ROLE_batched": its batched round RPCs and the requests in them. Also "prefill_pass": the
         prefill workers' batched prefill passes, their pieces, tokens, summed seconds and the times they gave
-        the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way). Also "mtp_by_k": the decode
+        the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way). Also "prefix_cache": the
+        prefill workers' prefix cache hits, evictions and evictions for a request's pages. Also "mtp_by_k": the decode
     workers' fast mtp rounds by K, {K: (rounds, seconds)} (WorkerStats.mtp_rounds_by_k / mtp_round_s_by_k)."""
     out: dict[str, tuple] = {}
     for role, st in _role_stats(addresses, token):
@@ -222,6 +223,9 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
             prev = out.get("prefill_pass", (0, 0, 0, 0.0, 0))
             now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s, st.gathered_gave_way)
             out["prefill_pass"] = tuple(a + b for a, b in zip(prev, now_))
+            prev = out.get("prefix_cache", (0, 0, 0))
+            now_ = (st.prefix_cache_hits, st.prefix_cache_evicted, st.prefix_cache_reclaimed)
+            out["prefix_cache"] = tuple(a + b for a, b in zip(prev, now_))
     return out
 
 

@@ -387,4 +387,5 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
             pc = self.engine.prefix.stats()
             out.prefix_cache_entries, out.prefix_cache_pages = pc["entries"], pc["pages"]
             out.prefix_cache_hits, out.prefix_cache_tokens = pc["hits"], pc["tokens_reused"]
+            out.prefix_cache_evicted, out.prefix_cache_reclaimed = pc["evicted"], pc["reclaimed"]
         return out

@@ -37,6 +37,9 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
     baton_worker_prefix_cache_hits_total, baton_worker_prefix_cache_tokens_total
                                    prompts that started from a cached prefix, and the prompt tokens restored
                                    instead of computed, since the worker started
+    baton_worker_prefix_cache_evictions_total{reason}
+                                   entries evicted since start: "pages" when a request found too few free KV
+                                   pages (the cache losing its prefixes to load), "capacity" for newer entries
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
 
@@ -137,10 +140,18 @@ def _gathered(got):
     reused = CounterMetricFamily(
         "baton_worker_prefix_cache_tokens", "Prompt tokens restored from the prefix cache", labels=labels
     )
+    evicted = CounterMetricFamily(
+        "baton_worker_prefix_cache_evictions",
+        "Prefix cache entries evicted: for a request's KV pages (reason pages) or for newer entries (capacity)",
+        labels=[*labels, "reason"],
+    )
     for w, st in got:
         if w.role == "prefill":
             hits.add_metric([w.role, w.address], float(st.prefix_cache_hits))
             reused.add_metric([w.role, w.address], float(st.prefix_cache_tokens))
+            pages = st.prefix_cache_reclaimed
+            evicted.add_metric([w.role, w.address, "pages"], float(pages))
+            evicted.add_metric([w.role, w.address, "capacity"], float(st.prefix_cache_evicted - pages))
         for k, n in sorted(st.mtp_rounds_by_k.items()):
             by_k.add_metric([w.role, w.address, str(k)], float(n))
             k_secs.add_metric([w.role, w.address, str(k)], st.mtp_round_s_by_k.get(k, 0.0))
@@ -150,4 +161,4 @@ def _gathered(got):
             secs.add_metric([w.role, w.address, part], v)
         rpcs.add_metric([w.role, w.address], float(st.batched_rpcs))
         reqs.add_metric([w.role, w.address], float(st.batched_items))
-    yield from (batches, items, secs, rpcs, reqs, by_k, k_secs, hits, reused)
+    yield from (batches, items, secs, rpcs, reqs, by_k, k_secs, hits, reused, evicted)

@@ -101,6 +101,7 @@ class PrefixCache:
         self._rows = list(range(entries - 1, -1, -1))
         self._lock = threading.Lock()
         self.hits = self.tokens_reused = self.inserted = self.evicted = 0
+        self.reclaimed = 0  # of the evicted, those a request's pages took (reclaim)
         state.pages.reclaim = self.reclaim
 
     def bytes(self) -> int:
@@ -183,6 +184,7 @@ class PrefixCache:
         with self._lock:
             while freed < n and self._lru:
                 freed += self._evict(next(iter(self._lru)))
+                self.reclaimed += 1
         return freed
 
     def clear(self) -> None:
@@ -199,6 +201,7 @@ class PrefixCache:
                 "tokens_reused": self.tokens_reused,
                 "inserted": self.inserted,
                 "evicted": self.evicted,
+                "reclaimed": self.reclaimed,
             }
 
     # ---- inside the lock -------------------------------------------------------------------------

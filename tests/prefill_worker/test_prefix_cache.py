@@ -136,7 +136,7 @@ def test_eviction_takes_leaves_first_and_keeps_every_chain_whole(lm):
         for q in prompts:  # what is cached of a prompt is a chain from its first boundary
             present = [k in pc._lru for k in boundary_keys(q, CHUNK)]
             assert present == sorted(present, reverse=True), present
-    assert pc.evicted == 9 - 3
+    assert pc.evicted == 9 - 3 and pc.reclaimed == 0  # evicted for newer entries, none for a request's pages
     # the last prompt's chain is whole: a prompt sharing it restores all of it
     tok, _, cached = _prefilled(e, prompts[-1][:790] + _ids(lm, 50, 99))
     assert cached == 768
@@ -149,6 +149,7 @@ def test_requests_reclaim_the_cache_pages_and_a_full_pool_still_refuses(lm):
     assert pool.lent_pages == 2 and pool.free_pages == 6
     s, _ = e.prefill(_ids(lm, 2000, 21))  # 8 pages: the cache gives its 2 back
     assert pool.lent_pages == 0 and len(e.prefix) == 0 and pool.free_pages == 0
+    assert e.prefix.stats()["reclaimed"] == e.prefix.stats()["evicted"] == 2  # WorkerStats prefix_cache_reclaimed
     pool.check()
     with pytest.raises(PagesExhausted):
         e.prefill(_ids(lm, 10, 22))

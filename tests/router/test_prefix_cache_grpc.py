@@ -76,6 +76,7 @@ def test_a_prompt_that_begins_with_a_cached_one_gives_the_reference_tokens(stack
     assert after.prefix_cache_hits - before.prefix_cache_hits == 1
     assert after.prefix_cache_tokens - before.prefix_cache_tokens == 512
     assert (after.prefix_cache_entries, after.prefix_cache_pages) == (2, 2 * CHUNK // 256)  # 256 and 512
+    assert after.prefix_cache_reclaimed == 0  # no request was short of pages
 
 
 @pytest.mark.parametrize(
@@ -112,6 +113,12 @@ def test_http_usage_reports_the_cached_tokens_and_metrics_count_them(stack):
     text = httpx.get(url + "/metrics", timeout=10).text
     hits = [ln for ln in text.splitlines() if ln.startswith("baton_worker_prefix_cache_hits_total{")]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 1
+    evictions = {  # no request was short of pages here: nothing reclaimed
+        ln.split('reason="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("baton_worker_prefix_cache_evictions_total{")
+    }
+    assert set(evictions) == {"pages", "capacity"} and evictions["pages"] == 0
 
 
 def test_prompts_that_begin_alike_meet_on_one_prefill_worker_unless_it_is_much_busier():
