@@ -10,7 +10,14 @@ import torch
 
 from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
-from baton.engine.pages import DEFAULT_GPU_MEMORY_FRACTION, choose_pages, describe, o1_bytes_of, page_bytes_of
+from baton.engine.pages import (
+    DEFAULT_GPU_MEMORY_FRACTION,
+    choose_pages,
+    describe,
+    o1_bytes_of,
+    page_bytes_of,
+    pages_for,
+)
 from baton.engine.prefill import PREFILL_CHUNK
 from baton.engine.prefix_cache import entries_for
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
@@ -75,7 +82,7 @@ def serve_prefill(
     """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
     builds runner + ExactEngine + server; health turns SERVING once everything is ready.
     kv_pages: the KV pool's pages (baton/engine/pages.py); None: on CUDA gpu_memory_fraction of the free
-    memory (at most slots x the window), on CPU slots x the window. prefill_budget: prompt tokens a batched
+    memory (at most slots x the window + the prefix cache's pages), on CPU exactly that. prefill_budget: prompt tokens a batched
     prefill pass may hold (None: PREFILL_BUDGET). prefix_cache: prompt prefixes kept, one a PREFILL_CHUNK boundary
     (baton/engine/prefix_cache.py; 0: off; None: DEFAULT_PREFIX_ENTRIES when the window exceeds one piece)."""
     settings = Settings.from_env() if settings is None else settings
@@ -98,6 +105,7 @@ def serve_prefill(
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,
         gpu_plan=settings.gpu_plan,
+        extra_pages=entries * pages_for(PREFILL_CHUNK),  # the prefix cache's KV beside every slot's full window
     )
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
     log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))

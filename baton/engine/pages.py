@@ -111,10 +111,14 @@ def choose_pages(
     fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     gpu_workers: int = 1,
     gpu_plan: str | None = None,
+    extra_pages: int = 0,
 ) -> int | None:
     """Pages of each runner's pool: kv_pages when given; on CUDA, fraction x the free memory now, less
     reserved_bytes (the O(1) state still to be allocated), shared by `runners` pools, at most every slot's
-    full window; on CPU None (slots x the window: every slot can always hold a full window). On CUDA a
+    full window + extra_pages; on CPU None (slots x the window: every slot can always hold a full window), or
+    that + extra_pages. extra_pages: what the pool may lend beyond the slots' windows (the prefill worker's
+    prefix cache entries' KV), so that a full set of sessions does not take the cached prefixes' pages (on
+    2026-12-07 a pool capped at 8 windows restored 4 of 16 prompts sharing a 17K-token prefix). On CUDA a
     budget that cannot hold one full window raises ValueError at start-up (like vLLM's KV-cache check),
     instead of a server that refuses every long request with RESOURCE_EXHAUSTED.
     gpu_workers > 1 with gpu_plan (workers placed on one GPU: Settings.gpu_workers / gpu_plan): the budget
@@ -126,7 +130,7 @@ def choose_pages(
         return int(kv_pages)
     dev = torch.device(device)
     if dev.type != "cuda":
-        return None
+        return slots * pages_for(max_len) + extra_pages if extra_pages else None
     free, total = torch.cuda.mem_get_info(dev)
     agreed = None
     if gpu_workers > 1 and gpu_plan:
@@ -134,7 +138,7 @@ def choose_pages(
         agreed = agreed_budget(gpu_plan, gpu_workers, held + reserved_bytes, total, fraction)
     budget = agreed if agreed is not None else max(int(free * fraction) - reserved_bytes, 0)
     budget //= max(runners, 1)
-    pages = pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len))
+    pages = pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len) + extra_pages)
     if pages < pages_for(max_len):  # not one request of the window would ever be admitted: say so now
         source = (
             f"{fraction} of the {free / 2**30:.1f} GiB free on {dev}, less {reserved_bytes / 2**30:.1f} GiB for the "

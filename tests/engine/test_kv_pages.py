@@ -82,6 +82,8 @@ def test_sizing_from_memory_and_the_cpu_default():
         pages_from_memory(1, 0.0, 1, 1)
     assert choose_pages("cpu", page_bytes=1, slots=4, max_len=1000) is None  # slots x window
     assert choose_pages("cpu", page_bytes=1, slots=4, max_len=1000, kv_pages=7) == 7
+    # the prefill worker's prefix cache lends pages beside every slot's full window
+    assert choose_pages("cpu", page_bytes=1, slots=4, max_len=1000, extra_pages=64) == 4 * pages_for(1000) + 64
 
 
 def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
@@ -96,6 +98,8 @@ def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
         == 40
     )
     assert choose_pages("cuda", page_bytes=page_b, slots=2, max_len=10 * PAGE, fraction=0.5) == 20  # the cap
+    cap = choose_pages("cuda", page_bytes=page_b, slots=2, max_len=10 * PAGE, fraction=0.5, extra_pages=7)
+    assert cap == 27  # the cap grows by the prefix cache's pages while memory allows (50 pages here)
     free["b"] = 30 * 2**20  # another process holds the rest: 0.5 x 30 MiB - 10 MiB = 5 pages < 10
     with pytest.raises(ValueError, match=r"leaves 5 pages .* less than one window of 2560 tokens \(10 pages\)"):
         choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)

@@ -419,3 +419,27 @@ def test_verify_many_answers_each_block_as_its_own_verify_would(stub, lm, refs):
     for sid in ("m1", "t1", "m2", "w"):
         stub.Release(common_pb2.ReleaseRequest(session_id=sid), timeout=T)
     _normal(stub, lm)
+
+
+def test_the_pool_holds_the_prefix_cache_beside_every_slots_full_window(lm):
+    """serve_prefill sizes the KV pool for every slot's full window plus the prefix cache's entries (a piece's
+    pages each), so that sessions filling every slot still leave the cached prefixes their pages (on an H100 a
+    pool capped at the slots' windows restored 4 of 16 prompts sharing a 17K-token system prompt)."""
+    from baton.engine.pages import pages_for
+    from baton.engine.prefill import PREFILL_CHUNK
+
+    handle, svc = serve_prefill(lm, max_len=MAX_LEN, width=W, slots=2, settings=Settings(), prefix_cache=3)
+    try:
+        with make_channel(handle.address, Settings()) as ch:
+            st = prefill_pb2_grpc.PrefillWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+        assert st.kv_pages == 2 * pages_for(MAX_LEN) + 3 * pages_for(PREFILL_CHUNK)
+        assert st.kv_pages_free == st.kv_pages and st.prefix_cache_entries == 0
+    finally:
+        handle.stop(0)
+    handle, _ = serve_prefill(lm, max_len=MAX_LEN, width=W, slots=2, settings=Settings(), prefix_cache=0)
+    try:
+        with make_channel(handle.address, Settings()) as ch:
+            st = prefill_pb2_grpc.PrefillWorkerStub(ch).GetStats(common_pb2.WorkerStatsRequest(), timeout=T)
+        assert st.kv_pages == 2 * pages_for(MAX_LEN)  # no cache: the slots' windows alone
+    finally:
+        handle.stop(0)
