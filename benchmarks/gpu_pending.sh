@@ -149,7 +149,7 @@
 # 1.97 s, after the KV sizing counted the attention's partials), window-ab (its halves on two hosts). Owed:
 # BATON_ATTN_SCRATCH=1 with test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py; attn-loop, then
 # WINDOW_LOOP=32 window-ab on one host;
-# ctx-max and spec-adaptive at 32 on an H200; prefix-serve with page counts; nogil at 32; gil SWITCH_POINTS.
+# ctx-max and spec-adaptive at 32 on an H200; prefix-serve again (the pool has room for the cache since 6a4bf81); nogil at 32; gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
