@@ -147,8 +147,8 @@
 # against 0.671 s at 1 stream; at 8 only 4 of 16 restored), test_gpu_prefill.py's cache and re-prefill cases (8
 # passed), verify (8.7 / 28.6 ms beside a 32K prefill), spec-adaptive at 32 (0.90x), ctx-max at 150,000 (TTFT
 # 1.97 s, after the KV sizing counted the attention's partials), window-ab (its halves on two hosts). Owed:
-# BATON_ATTN_SCRATCH=1 with test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py; attn-loop, then
-# WINDOW_LOOP=32 window-ab on one host;
+# QUEUE="tests-scratch:400 attn-loop:180" | WINDOW_LOOP=32 QUEUE="window-ab:420" (one host) |
+# QUEUE="prefix-serve:400 ctx-max:180";
 # ctx-max and spec-adaptive at 32 on an H200; prefix-serve again (the pool has room for the cache since 6a4bf81); nogil at 32; gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
@@ -169,6 +169,8 @@
 #   window-ab      short requests (512 + 128, bf16 at 32 streams) under a 4,296- and a 131,072-token window: the
 #                  cost of the attention's programs over the whole window's pieces (WINDOW_LOOP=N: and looped)
 #   attn-loop      the looped split attention's GPU test (bitwise the plain kernel), test_gpu_batch.py with it on
+#   tests-scratch  test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py with BATON_ATTN_SCRATCH=1 (the
+#                  attention's partials in one buffer a runner at every window; default: windows over 16,384)
 #   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
 #                  PREFIX_LENGTHS (default 16384,32768) tokens, its first pieces restored against computed (its first
 #                  token and state bitwise the same)
@@ -392,9 +394,12 @@ spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 pro
   serve "$name" --prompts 2 --warmup 1,8 --requests "${SPEC_REQUESTS:-3}" --serve-args "--engines bf16,mtp" "$@"
 }
 case $stage in
-  tests-engine | tests-decode | tests-mtp | tests-serving | structured)
+  tests-engine | tests-decode | tests-mtp | tests-serving | tests-scratch | structured)
     case $stage in
       tests-mtp) files="tests/engine/test_gpu_mtp_batch.py" ;;
+      tests-scratch)  # the attention's partials in one buffer a runner at every window (split_scratch.py)
+        export BATON_ATTN_SCRATCH=1
+        files="tests/engine/test_gpu_verify.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_mtp_batch.py" ;;
       structured) files="tests/system/test_gpu_structured.py" ;;
       tests-engine) files="tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch.py tests/engine/test_gpu_verify.py" ;;
       tests-decode) files="tests/engine/test_gpu_decode.py tests/handoff/test_handoff.py" ;;
