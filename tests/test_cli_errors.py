@@ -105,3 +105,44 @@ def test_build_server_refuses_a_port_grpc_would_wrap():
     for port in (65536, -1):
         with pytest.raises(ValueError, match=f"port {port}: must be in 0..65535"):
             build_server([], service_names=[], port=port)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_worker_out_of_gpu_memory_at_start_up_says_which_options_size_it(role, monkeypatch, caplog):
+    """A worker that runs out of GPU memory after sizing its KV pages (capturing graphs at a long window, or
+    another process on the GPU) exits 2 with one line naming the options that size its memory, not a CUDA
+    traceback; any other error keeps its traceback. The worker's own entry point, in this process."""
+    import importlib
+    import logging
+
+    import torch
+
+    from baton.worker.process import StopSignals
+
+    entry = importlib.import_module(f"{role}_worker.__main__")
+    serve = importlib.import_module(f"{role}_worker.serve")
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore detail")
+
+    def other(*a, **k):
+        raise RuntimeError("a bug")
+
+    argv = ["--port", "0", "--max-len", "2048", "--slots", "3"]
+    extra = (None,) if role == "decode" else ()  # the decode worker's drafter (benchmarks only)
+    for fail in (oom, other):
+        monkeypatch.setattr(serve, f"serve_{role}", fail)
+        signals = StopSignals(role)
+        try:
+            with caplog.at_level(logging.ERROR, logger=f"baton.{role}"):
+                if fail is other:
+                    with pytest.raises(RuntimeError, match="a bug"):
+                        entry._main(argv, signals, *extra)
+                else:
+                    assert entry._main(argv, signals, *extra) == 2
+        finally:
+            signals.restore()
+    (line,) = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert line.startswith(f"{role}: cannot start: out of GPU memory after sizing the KV pages (CUDA out of memory.")
+    assert "--gpu-memory-fraction (now 0.9), --max-len (now 2048) or --slots (now 3)" in line
+    assert "more detail" not in line

@@ -3,6 +3,7 @@
 add_common_arguments(parser)     the options both roles take
 options_from_args(args)          -> WorkerOptions (checks the combination)
 model_from_args(args, opts)      -> baton.loading.LoadedModel (a checkpoint, or --random-init SPEC)
+start_oom(error, opts)           -> why a start-up ran out of GPU memory and what to change, or None
 setup_logging(settings)"""
 
 from __future__ import annotations
@@ -125,3 +126,20 @@ def setup_logging(settings: Settings) -> None:
     from baton.logs import setup_logging as setup
 
     setup(settings)
+
+
+def start_oom(e: BaseException, opts: WorkerOptions) -> str | None:
+    """A start-up's CUDA out-of-memory error (torch.OutOfMemoryError, or a CUDA call's "out of memory" error,
+    e.g. creating a stream while capturing graphs) -> a one-line reason with the options that size the memory;
+    None for any other error. The KV pages are sized first from what is free, so running out later means the
+    rest of the start-up (graphs, buffers) or another process took more than the sizing left."""
+    import torch
+
+    if not isinstance(e, torch.OutOfMemoryError) and "out of memory" not in str(e).lower():
+        return None
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (
+        f"out of GPU memory after sizing the KV pages ({first}): lower --gpu-memory-fraction (now "
+        f"{opts.gpu_memory_fraction}), --max-len (now {opts.max_len}) or --slots (now {opts.slots}), set "
+        "--kv-pages, or free the GPU (another process on it?)"
+    )
