@@ -11,21 +11,19 @@ CUDA graphs on cuda, log progress -> bind -> health SERVING -> print "decode: se
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from baton.lifeline import die_with_parent
 from baton.worker.command_line import (
     add_common_arguments,
+    cannot_start,
     model_from_args,
     options_from_args,
     setup_logging,
-    start_oom,
 )
 from baton.worker.options import settings_for
 from baton.worker.process import LoadInterrupted, StopSignals, run_until_signal
 
-log = logging.getLogger("baton.decode")
 ENGINES = ("bf16", "fp8", "mtp")
 
 
@@ -117,15 +115,8 @@ def _main(argv, signals: StopSignals, drafter) -> int:
             drafter=drafter,
         )
         del model  # a random-init LoadedModel: the engines hold what they use
-    except (OSError, ValueError) as e:
-        log.error("decode: cannot start: %s", e)
-        return 2
-    except RuntimeError as e:  # CUDA out of memory: say which options size it (other errors keep their trace)
-        why = start_oom(e, opts)
-        if why is None:
-            raise
-        log.error("decode: cannot start: %s", why)
-        return 2
+    except (OSError, ValueError, RuntimeError) as e:  # one line and exit 2; other runtime errors re-raised
+        return cannot_start("decode", e, opts)
     signals.serving()  # NOTE: before the serving line: a signal now drains what the worker serves
     return run_until_signal("decode", handle, opts.grace_s, signals)
 

@@ -3,6 +3,7 @@
 add_common_arguments(parser)     the options both roles take
 options_from_args(args)          -> WorkerOptions (checks the combination)
 model_from_args(args, opts)      -> baton.loading.LoadedModel (a checkpoint, or --random-init SPEC)
+cannot_start(role, error, opts)  -> 2, after one log line on why the worker cannot start (or re-raises)
 start_oom(error, opts)           -> why a start-up ran out of GPU memory and what to change, or None
 setup_logging(settings)"""
 
@@ -143,3 +144,14 @@ def start_oom(e: BaseException, opts: WorkerOptions) -> str | None:
         f"{opts.gpu_memory_fraction}), --max-len (now {opts.max_len}) or --slots (now {opts.slots}), set "
         "--kv-pages, or free the GPU (another process on it?)"
     )
+
+
+def cannot_start(role: str, e: BaseException, opts: WorkerOptions) -> int:
+    """A worker's start-up error, called in its except block: a bad file or option (OSError, ValueError) or
+    CUDA out of memory (start_oom) -> one ERROR line "ROLE: cannot start: ..." and 2 (the exit code); any
+    other RuntimeError is re-raised with its traceback (a bug, not an operator's mistake)."""
+    why = start_oom(e, opts) if isinstance(e, RuntimeError) else str(e)
+    if why is None:
+        raise e
+    logging.getLogger(f"baton.{role}").error("%s: cannot start: %s", role, why)
+    return 2
