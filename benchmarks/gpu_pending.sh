@@ -169,6 +169,7 @@
 #   window-ab      short requests (512 + 128, bf16 at 32 streams) under a 4,296- and a 131,072-token window: the
 #                  cost of the attention's programs over the whole window's pieces (WINDOW_LOOP=N: and looped)
 #   attn-loop      the looped split attention's GPU test (bitwise the plain kernel), test_gpu_batch.py with it on
+#   pytest         PYTEST_FILES="F ..." [PYTEST_K=EXPR]: chosen GPU tests, one process a file, wheels installed
 #   tests-scratch  test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py with BATON_ATTN_SCRATCH=1 (the
 #                  attention's partials in one buffer a runner at every window; default: windows over 16,384)
 #   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
@@ -394,6 +395,18 @@ spec() {  # name, then bench_serve arguments: 512/256 (the cuda defaults), 2 pro
   serve "$name" --prompts 2 --warmup 1,8 --requests "${SPEC_REQUESTS:-3}" --serve-args "--engines bf16,mtp" "$@"
 }
 case $stage in
+  pytest)  # PYTEST_FILES (space-separated), PYTEST_K (pytest -k, optional): GPU tests of one's choice, one process a
+    # file, with the staged wheels installed (run outside the queue, a test that opens a gRPC server found no
+    # grpc_health on 2026-12-07)
+    rc=0
+    for f in ${PYTEST_FILES:?pytest: set PYTEST_FILES}; do
+      python -m pytest -o addopts="" -m gpu -q -rfE --timeout "${GPU_TEST_TIMEOUT:-1200}" ${PYTEST_K:+-k "$PYTEST_K"} \
+        "$f" >>"$out/pytest.log" 2>&1 || rc=1
+      echo "$f: $(tail -1 "$out/pytest.log")"
+    done
+    grep -E "^(FAILED|ERROR|E  )" "$out/pytest.log" | head -20
+    echo "pytest: rc=$rc"
+    ;;
   tests-engine | tests-decode | tests-mtp | tests-serving | tests-scratch | structured)
     case $stage in
       tests-mtp) files="tests/engine/test_gpu_mtp_batch.py" ;;
