@@ -115,11 +115,12 @@ def serve_prefill(
     engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET, prefix_entries=entries)
     if engine.prefix is not None:
         log.info(
-            "prefill: prefix cache: %d boundaries of %d tokens (GDN state %.2f GiB; their KV in idle pages, given "
-            "back to requests that need them)",
+            "prefill: prefix cache: %d boundaries of %d tokens (GDN state %.2f GiB; their KV in idle pages, up to %d "
+            "sized beside the slots' windows, given back to requests that need them)",
             entries,
             PREFILL_CHUNK,
             engine.prefix.bytes() / 2**30,
+            entries * pages_for(PREFILL_CHUNK),
         )
     else:
         why = (
