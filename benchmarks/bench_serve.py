@@ -113,6 +113,9 @@ Per point:
     router_handoff_ms_*, first_decode_ms_*   that gap in two, from the router's Stats (handoff_ms,
                        first_decode_ms): the first token -> the state landed on the decode worker (the
                        push), then -> the decode worker's first tokens (the Decode call, the join, a step)
+    decode_first_tokens_ms_p50, decode_first_tokens_ms_p99   the decode worker's part of first_decode_ms
+                       (WorkerStats first_tokens_s_*, the worst worker's): a Decode call's join of the step
+                       scheduler (bf16 / fp8 steps, fast mtp rounds) -> its first tokens handed out
     handoff_bytes_p50, draft_only_handoffs   a request's state bytes handed off (Stats.bridge_bytes: its
                        hand-offs together), and how many hand-offs were draft-only (exact mtp: the hidden
                        row and MTP KV alone; BATON_SLIM_HANDOFF=0 turns them off: the A/B of the bytes)
@@ -688,6 +691,8 @@ class _StepStats:
             "decode_stall_s_max": round(s1["stall_s_max"], 5),
             "decode_stall_share": round(s1["stall_share"], 4),
             "decode_held_rows_mean": round((s1["held_rows"]) / steps, 2) if steps else 0.0,
+            "decode_first_tokens_ms_p50": round(1e3 * s1["first_tokens_s_p50"], 2),
+            "decode_first_tokens_ms_p99": round(1e3 * s1["first_tokens_s_p99"], 2),
         }
         shares = s1["phase_share"]
         for phase, share in sorted(shares.items()):

@@ -162,6 +162,8 @@ _STEP_TIMES = (  # WorkerStats' step durations, s: the worst decode worker's of 
     "step_device_s_p99",
     "stall_s_p99",
     "stall_s_max",
+    "first_tokens_s_p50",
+    "first_tokens_s_p99",
     "stall_share",
 )
 

@@ -28,7 +28,7 @@ from baton import grammar, op_profile
 from baton.engine.draft_length import DEFAULT_K_MAX, POLICIES
 from baton.engine.gather import PERIODIC, ROUND_BARRIER, Gather, fill_stats, unwrap
 from baton.engine.runner import ModelRunner
-from baton.engine.scheduler import StepScheduler
+from baton.engine.scheduler import StepScheduler, p50_p99
 from baton.engine.slots import SessionLimit, SlotTable
 from baton.engine.speculation import GREEDY, Drafter
 from baton.handoff.slot_fill import SlotFill
@@ -352,6 +352,10 @@ class DecodeEngine:
     def fill_step_stats(self, out, reset: bool = False) -> None:
         """WorkerStats' batched-work fields (steps, their rows and durations, gathered batches)."""
         sched = self._scheduler
+        scheds = [x for x in (sched, self._rounds) if x is not None]  # a Decode call's join -> its first tokens
+        out.first_tokens_s_p50, out.first_tokens_s_p99 = p50_p99([t for x in scheds for t in x.first_s])
+        if reset and self._rounds is not None:
+            self._rounds.first_s.clear()  # (the step scheduler's clears with its windows, below)
         if sched is not None:
             batched = {id(r.batched): r.batched for r in self.runners.values() if r.batched is not None}
             sched.fill_stats(out, [b.device_s for b in batched.values()], reset)

@@ -75,6 +75,7 @@ class Job:
     error: BaseException | None = None
     queue: collections.deque = field(default_factory=collections.deque)
     _ready: threading.Event = field(default_factory=threading.Event)
+    joined: float = field(default_factory=time.perf_counter)  # when join() made it (StepScheduler.first_s)
 
     @property
     def wants(self) -> bool:
@@ -126,7 +127,7 @@ def _computed_at_once(step: Callable) -> Callable:
     return launch
 
 
-def _p50_p99(xs) -> tuple[float, float]:
+def p50_p99(xs) -> tuple[float, float]:
     """(p50, p99) of a window of durations; (0, 0) when it is empty."""
     xs = sorted(xs)
     return (xs[len(xs) // 2], xs[min(len(xs) - 1, int(0.99 * len(xs)))]) if xs else (0.0, 0.0)
@@ -161,6 +162,7 @@ class StepScheduler:
         self.step_s: collections.deque[float] = collections.deque(maxlen=4096)  # recent step durations
         # from one launch to the next while a step was in flight (pipelined: the step period the sessions see)
         self.interval_s: collections.deque[float] = collections.deque(maxlen=4096)
+        self.first_s: collections.deque[float] = collections.deque(maxlen=4096)  # join -> a job's first tokens out
         self._last_launch = 0.0
         self.phase_s: collections.Counter[str] = collections.Counter()
         self.held_rows = 0
@@ -188,9 +190,9 @@ class StepScheduler:
     def fill_stats(self, out, device_windows: list, reset: bool = False) -> None:
         """WorkerStats' step fields (`out`): steps, rows, the windows' p50 / p99 (step, period, and the
         runners' device times `device_windows`), the phases; reset: the windows start again."""
-        out.step_s_p50, out.step_s_p99 = _p50_p99(self.step_s)
-        out.step_interval_s_p50, out.step_interval_s_p99 = _p50_p99(self.interval_s)
-        out.step_device_s_p50, out.step_device_s_p99 = _p50_p99([t for w in device_windows for t in w])
+        out.step_s_p50, out.step_s_p99 = p50_p99(self.step_s)
+        out.step_interval_s_p50, out.step_interval_s_p99 = p50_p99(self.interval_s)
+        out.step_device_s_p50, out.step_device_s_p99 = p50_p99([t for w in device_windows for t in w])
         with self._cv:  # the thread's wait in progress counts up to now
             phases = collections.Counter(self.phase_s)
             if self._waiting is not None:
@@ -204,7 +206,7 @@ class StepScheduler:
             out.step_held_rows = self.held_rows
             out.steps, out.step_rows, out.max_step_rows = self.steps, self.rows, self.max_rows
             if reset:
-                for w in [self.step_s, self.interval_s, *device_windows]:
+                for w in [self.step_s, self.interval_s, self.first_s, *device_windows]:
                     w.clear()
                 self.phase_s, self.held_rows, self.phase_since = collections.Counter(), 0, time.monotonic()
 
@@ -376,6 +378,8 @@ class StepScheduler:
                             break
                     if got:  # (a round of a job that ended in the round before gives none)
                         j.queue.append(got if self.multi else got[0])
+                        if j.produced == len(got):  # its first tokens: the wait since join()
+                            self.first_s.append(time.perf_counter() - j.joined)
                 j._ready.set()
             self._cv.notify_all()
         self._spent("deliver", t2)

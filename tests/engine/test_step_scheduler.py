@@ -340,3 +340,20 @@ def test_a_launch_computed_at_once_is_handed_out_before_the_next_launch():
         assert [first, job.next(), job.next()] == [[1, 2], [3], None]
     finally:
         sched.close()
+
+
+def test_first_s_times_each_job_from_its_join_to_its_first_tokens():
+    """StepScheduler.first_s (WorkerStats first_tokens_s_*): one figure a job, the wait from join() to its
+    first tokens handed out, here a step held back 50 ms by the compute lock; later tokens add nothing."""
+    lock = threading.Lock()
+    sched = StepScheduler(lambda r, slots: [7] * len(slots), lock)
+    try:
+        with lock:  # a LoadState commit, a Draft: the step waits for the lock
+            job = sched.join("r", 0, 3, ())
+            time.sleep(0.05)
+        assert [job.next() for _ in range(4)] == [7, 7, 7, None]
+        assert len(sched.first_s) == 1 and 0.05 <= sched.first_s[0] < 2.0
+        job = sched.join("r", 1, 1, ())
+        assert job.next() == 7 and len(sched.first_s) == 2 and sched.first_s[1] < sched.first_s[0]
+    finally:
+        sched.close()
