@@ -14,10 +14,9 @@ from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
-    attention_scratch_bytes_of,
     choose_pages,
     describe,
-    kept_inputs_bytes_of,
+    graph_bytes_of,
     o1_bytes_of,
     page_bytes_of,
 )
@@ -112,20 +111,16 @@ def serve_decode(
     shares = int("bf16" in names or "mtp" in names) + int(fp8_model is not None)
     act = lm.model.model.embed_tokens.weight.dtype
     page_b = page_bytes_of(lm.cfg, act, lm.has_mtp and "mtp" in names)
-    kept = 0  # the bf16 runner's batched verify keeps its GDN inputs (BatchedRows.replay_kept)
-    if str(device).startswith("cuda"):
-        from baton.engine.fused_blocks import MAX_ROWS
-
-        if not pipeline and ("bf16" in names or "mtp" in names):
-            kept = kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS)
-        kept += shares * attention_scratch_bytes_of(lm.cfg, MAX_ROWS, max_len)  # one buffer a runner
+    # the bf16 runner's batched verify keeps its GDN inputs (BatchedRows.replay_kept), unless pipelined
+    kept = not pipeline and ("bf16" in names or "mtp" in names)
+    graphs = graph_bytes_of(lm.cfg, act, device, max_len, runners=shares, kept=kept)
     pages = choose_pages(
         device,
         page_bytes=page_b,
         slots=slots,
         max_len=max_len,
         runners=shares,
-        reserved_bytes=shares * o1_bytes_of(lm.cfg, 3 * slots + width, torch.float32) + kept,
+        reserved_bytes=shares * o1_bytes_of(lm.cfg, 3 * slots + width, torch.float32) + graphs,
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,

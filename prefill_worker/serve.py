@@ -14,6 +14,7 @@ from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
     choose_pages,
     describe,
+    graph_bytes_of,
     o1_bytes_of,
     page_bytes_of,
     pages_for,
@@ -44,19 +45,6 @@ def prepare_cuda(runner: ModelRunner):
     blocks = block_keys(runner, MAX_DRAFT + 1)
     ns = {"rows": range(1, runner.width + 1), "rowsb": blocks, "rowsbs": blocks, "replay": blocks}
     return capture_all(runner, ns=ns)
-
-
-def _graph_bytes(lm: LoadedModel, device, max_len: int) -> int:
-    """On CUDA, what the captured graphs hold besides the pages and the O(1) state: the batched verify's kept
-    GDN inputs (fused_blocks.BatchedRows.replay_kept) and the attention's partials over the window, both at
-    MAX_ROWS rows (the largest pass the graphs take)."""
-    if not str(device).startswith("cuda"):
-        return 0
-    from baton.engine.fused_blocks import MAX_ROWS
-    from baton.engine.pages import attention_scratch_bytes_of, kept_inputs_bytes_of
-
-    act = lm.model.model.embed_tokens.weight.dtype
-    return kept_inputs_bytes_of(lm.cfg, act, MAX_ROWS) + attention_scratch_bytes_of(lm.cfg, MAX_ROWS, max_len)
 
 
 def serve_prefill(
@@ -94,18 +82,19 @@ def serve_prefill(
         lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
     page_b = page_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, lm.has_mtp)
     entries = entries_for(max_len, PREFILL_CHUNK, prefix_cache)
+    cache_pages = entries * pages_for(PREFILL_CHUNK)  # the prefix cache's KV, beside every slot's full window
     pages = choose_pages(
         device,
         page_bytes=page_b,
         slots=slots,
         max_len=max_len,
         reserved_bytes=o1_bytes_of(lm.cfg, 2 * slots + width + entries, torch.float32)
-        + _graph_bytes(lm, device, max_len),
+        + graph_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, device, max_len),
         kv_pages=kv_pages,
         fraction=gpu_memory_fraction,
         gpu_workers=settings.gpu_workers,
         gpu_plan=settings.gpu_plan,
-        extra_pages=entries * pages_for(PREFILL_CHUNK),  # the prefix cache's KV beside every slot's full window
+        extra_pages=cache_pages,
     )
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
     log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))
@@ -120,7 +109,7 @@ def serve_prefill(
             entries,
             PREFILL_CHUNK,
             engine.prefix.bytes() / 2**30,
-            entries * pages_for(PREFILL_CHUNK),
+            cache_pages,
         )
     else:
         why = (

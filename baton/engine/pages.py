@@ -99,6 +99,18 @@ def attention_scratch_bytes_of(cfg, rows: int, max_len: int) -> int:
     return split_scratch_bytes(rows, cfg.num_attention_heads, pages_for(max_len), cfg.head_dim)
 
 
+def graph_bytes_of(cfg, dtype: torch.dtype, device, max_len: int, *, runners: int = 1, kept: bool = True) -> int:
+    """What a worker's captured graphs hold besides the pages and the O(1) state, for its KV sizing: on CUDA
+    each of its `runners`' attention partials and (kept) one runner's batched-verify GDN inputs
+    (fused_blocks.BatchedRows.replay_kept), at MAX_ROWS rows, the largest pass the graphs take; 0 elsewhere."""
+    if torch.device(device).type != "cuda":
+        return 0
+    from baton.engine.fused_blocks import MAX_ROWS
+
+    scratch = runners * attention_scratch_bytes_of(cfg, MAX_ROWS, max_len)
+    return scratch + (kept_inputs_bytes_of(cfg, dtype, MAX_ROWS) if kept else 0)
+
+
 def choose_pages(
     device,
     *,

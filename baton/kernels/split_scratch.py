@@ -16,6 +16,7 @@ No torch op here touches Triton, so the workers' memory plans import it on any m
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -31,7 +32,7 @@ def split_scratch(rows: int, nh: int, ns: int, d: int) -> tuple[tuple[int, ...],
 
 def split_scratch_bytes(rows: int, nh: int, ns: int, d: int) -> int:
     """Bytes of split_scratch's two fp32 buffers."""
-    return sum(4 * a * b * c * e for a, b, c, e in split_scratch(rows, nh, ns, d))
+    return sum(4 * math.prod(shape) for shape in split_scratch(rows, nh, ns, d))
 
 
 SCRATCH_ENV = "BATON_ATTN_SCRATCH"  # "1": always, "0": never; unset: windows over LONG_WINDOW tokens
@@ -51,13 +52,10 @@ def runner_scratch(device, cfg, max_len: int) -> torch.Tensor | None:
     return reserve_split_scratch(device, MAX_ROWS, cfg.num_attention_heads, pages_for(max_len), cfg.head_dim)
 
 
-def reserve_split_scratch(device, rows: int, nh: int, ns: int, d: int) -> torch.Tensor | None:
-    """The scratch of one runner (HybridState.attn_scratch) for calls of up to `rows` rows over ns pieces: an
-    fp32 buffer on CUDA, None on the CPU (a call allocates its own there)."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return None
-    return torch.empty(split_scratch_bytes(rows, nh, ns, d) // 4, dtype=torch.float32, device=dev)
+def reserve_split_scratch(device, rows: int, nh: int, ns: int, d: int) -> torch.Tensor:
+    """The scratch of one runner (HybridState.attn_scratch): an fp32 buffer for calls of up to `rows` rows
+    over ns pieces (runner_scratch decides whether a runner has one)."""
+    return torch.empty(split_scratch_bytes(rows, nh, ns, d) // 4, dtype=torch.float32, device=device)
 
 
 def split_buffers(
@@ -65,7 +63,7 @@ def split_buffers(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """acc, ml of a call: views of the runner's scratch when it holds them, else their own."""
     acc_shape, ml_shape = split_scratch(rows, nh, ns, d)
-    n_acc, n_ml = rows * nh * ns * d, rows * nh * ns * 2
+    n_acc, n_ml = math.prod(acc_shape), math.prod(ml_shape)
     if scratch is None or scratch.numel() < n_acc + n_ml:
         return tuple(torch.empty(shape, dtype=torch.float32, device=device) for shape in (acc_shape, ml_shape))
     return scratch[:n_acc].view(acc_shape), scratch[n_acc : n_acc + n_ml].view(ml_shape)

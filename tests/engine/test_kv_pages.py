@@ -151,23 +151,20 @@ def test_the_sizing_counts_the_attention_partials_the_kernel_allocates_over_the_
     assert sum(asked) == pages_mod.attention_scratch_bytes_of(cfg, rows, max_len)
     # ~3.1 GB at 320 rows over 150,200 tokens: more than the 10% a 0.9 fraction leaves on an 80 GB H100 / 2
     assert pages_mod.attention_scratch_bytes_of(cfg, 320, 150_200) == 320 * nh * pages_for(150_200) * (d + 2) * 4
-    from prefill_worker import serve as prefill_serve
-
-    class LM:
-        pass
-
-    lm = LM()
-    lm.cfg = cfg
-    lm.model = torch.nn.Module()
-    lm.model.model = torch.nn.Module()
-    lm.model.model.embed_tokens = torch.nn.Embedding(2, 2).to(torch.bfloat16)
-    assert prefill_serve._graph_bytes(lm, "cpu", 150_200) == 0  # the CPU captures no graphs
-    grown = prefill_serve._graph_bytes(lm, "cuda", 150_200) - prefill_serve._graph_bytes(lm, "cuda", 4096)
     from baton.engine.fused_blocks import MAX_ROWS
 
+    def graphs(device, window, **kw):  # what both workers' sizings reserve for their graphs
+        return pages_mod.graph_bytes_of(cfg, torch.bfloat16, device, window, **kw)
+
+    assert graphs("cpu", 150_200) == 0  # the CPU captures no graphs
+    grown = graphs("cuda", 150_200) - graphs("cuda", 4096)
     assert grown == pages_mod.attention_scratch_bytes_of(cfg, MAX_ROWS, 150_200) - (
         pages_mod.attention_scratch_bytes_of(cfg, MAX_ROWS, 4096)
     )
+    # two runners (bf16 + fp8), one of them keeping its verify's GDN inputs: a scratch each, the inputs once
+    two = graphs("cuda", 4096, runners=2) - graphs("cuda", 4096, runners=2, kept=False)
+    assert two == pages_mod.kept_inputs_bytes_of(cfg, torch.bfloat16, MAX_ROWS)
+    assert graphs("cuda", 4096, runners=2, kept=False) == 2 * pages_mod.attention_scratch_bytes_of(cfg, MAX_ROWS, 4096)
 
 
 def test_a_runner_scratch_serves_each_calls_partials_as_views_and_a_small_one_is_never_overrun(monkeypatch):
