@@ -36,7 +36,8 @@ def split_scratch_bytes(rows: int, nh: int, ns: int, d: int) -> int:
 
 
 SCRATCH_ENV = "BATON_ATTN_SCRATCH"  # "1": always, "0": never; unset: windows over LONG_WINDOW tokens
-LONG_WINDOW = 16_384  # above it each graph's own partials cost GBs (64+ pieces); at or below it, as before
+# at or below it, per-call partials as before (GPU-tested); above, one buffer (without: 11.4 GB of pools at 131K)
+LONG_WINDOW = 16_384
 
 
 def runner_scratch(device, cfg, max_len: int) -> torch.Tensor | None:
