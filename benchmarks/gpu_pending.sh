@@ -828,7 +828,8 @@ EOF2
   window-ab)  # what a long window costs short requests: the attention launches a program per (row, kv head, piece
     # of the window) and most exit at once; bf16 at WINDOW_POINTS (default 32) streams of 512 + 128 tokens,
     # --max-len 4,296 against WINDOW_LONG (default 131,072)
-    # WINDOW_LOOP=N: a third run of the long window with BATON_ATTN_PIECE_PROGRAMS=N (baton/kernels/attention_loop.py)
+    # WINDOW_LOOP=N: a third run of the long window with BATON_ATTN_PIECE_PROGRAMS=N (baton/kernels/attention_loop.py;
+    # 0 = one program a piece, the kernel before 2026-12-07)
     long=${WINDOW_LONG:-131072}
     for w in 4296 "$long"; do
       serve "serve-bf16-window$w" --engine bf16 --concurrency "${WINDOW_POINTS:-32}" --requests 2 --check-prompts 2 \
@@ -844,8 +845,9 @@ EOF2
     ratio "window $long / 4296 at ${WINDOW_POINTS:-32}" "$out/serve-bf16-window$long.json" \
       "${WINDOW_POINTS:-32}" "$out/serve-bf16-window4296.json" "${WINDOW_POINTS:-32}" 0.95
     ;;
-  attn-loop)  # the looped split attention (baton/kernels/attention_loop.py) bitwise the plain kernel at the 9B's
-    # attention shape (tests/engine/test_gpu_attention_loop.py), then test_gpu_batch.py with it on (32 programs)
+  attn-loop)  # the looped split attention (baton/kernels/attention_loop.py, the default since 2026-12-07) bitwise
+    # one program a piece at the 9B's attention shape (tests/engine/test_gpu_attention_loop.py), then
+    # test_gpu_batch.py with a fixed 32 programs
     timeout 300 python -m pytest -q -o addopts="" -m gpu tests/engine/test_gpu_attention_loop.py \
       >"$out/attn-loop-test.log" 2>&1
     echo "test_gpu_attention_loop: rc=$?"

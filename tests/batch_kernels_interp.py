@@ -104,8 +104,8 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
     ln = None if lens is None else torch.tensor(lens, dtype=torch.long)
     qo = A.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kp, vp, gs, 1e-6, table=tab, slots=sl, gs=gs, lens=ln)
     o = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs, lens=ln)
-    looped = True  # the partials from 1 or 2 programs a (row, head) looping its pieces (attention_loop.py)
-    for programs in ("1", "2"):
+    looped = True  # the partials from 1, 2 or one program a piece ("0") a (row, head) (attention_loop.py)
+    for programs in ("1", "2", "0"):
         os.environ[PIECE_PROGRAMS_ENV] = programs
         try:
             ol = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs, lens=ln)

@@ -106,7 +106,7 @@ class ModelRunner:
         if fast is None:
             fast = fast_rows.usable(model)
         self.fast = fast_rows.FastRows.for_model(model, max_len + W + 1) if fast else None
-        if self.fast is not None:  # the attention's partials: one buffer for every call (CUDA, long windows)
+        if self.fast is not None:  # the attention's partials: one buffer for every call (CUDA)
             from baton.kernels.split_scratch import runner_scratch
 
             self.state.attn_scratch = runner_scratch(dev, self.cfg, max_len)

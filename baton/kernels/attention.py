@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from baton.kernels.attention_loop import attn_split_loop_kernel, piece_programs, row_slot
 from baton.kernels.gdn import _slot0
 from baton.kernels.pdl import launch_kw, pdl_enter
 from baton.kernels.rows import _p2
@@ -26,83 +27,11 @@ from baton.kernels.split_scratch import split_buffers
 
 # ---- attention over the KV window ------------------------------------------------------------------
 # Row t (position pos[t]) attends keys 0..pos[t]. The keys are cut into fixed SPLIT-key pieces; stage 1
+# (baton/kernels/attention_loop.py: a fixed number of programs a (row, kv head) looping the row's pieces)
 # computes an unnormalised partial (acc, max, sum) per (row, kv head, piece) with an online softmax,
 # stage 2 merges the pieces 0, 1, ... in order and applies the sigmoid output gate. The pieces depend
 # only on pos[t], never on n or on the other rows: row-invariant and deterministic.
 ATTN_SPLIT = 256
-
-
-@triton.jit
-def _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on):
-    """Row t of a batched call: (its slot, whether it is live). Group g = t // gs holds rows
-    [g*gs, g*gs + n) of slot slots[g] (ragged groups, lens_on != 0: n = lens[g], a runtime branch so
-    every call runs one binary); slot < 0 is a padding group."""
-    g = t // gs
-    slot = tl.load(slot_ptr + g)
-    if lens_on != 0:
-        n = tl.load(len_ptr + g).to(tl.int32)
-    return tl.maximum(slot, 0).to(tl.int64), (slot >= 0) & (t - g * gs < n)
-
-
-@triton.jit(do_not_specialize=["n", "gs", "lens_on"])
-def _attn_split_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    pos_ptr,
-    slot_ptr,
-    len_ptr,
-    tab_ptr,
-    acc_ptr,
-    ml_ptr,
-    NS,
-    n,
-    gs,
-    lens_on,
-    scale,
-    NH: tl.constexpr,
-    G: tl.constexpr,
-    GP: tl.constexpr,
-    D: tl.constexpr,
-    SPLIT: tl.constexpr,
-    BN: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_enter(PDL)
-    t = tl.program_id(0)
-    hk = tl.program_id(1)
-    s = tl.program_id(2)
-    p = tl.load(pos_ptr + t)
-    start = s * SPLIT
-    slot, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
-    if live & (start <= p):
-        page = tl.load(tab_ptr + slot * NS + s).to(tl.int64)  # piece s = page table[slot, s]
-        k_ptr += page * (tl.num_programs(1) * SPLIT * D)  # [P, nkv, SPLIT, D]: this piece's page
-        v_ptr += page * (tl.num_programs(1) * SPLIT * D)
-        rg = tl.arange(0, GP)
-        rd = tl.arange(0, D)
-        gm = rg < G
-        q = tl.load(q_ptr + (t * NH + hk * G + rg)[:, None] * D + rd[None, :], mask=gm[:, None], other=0.0)
-        m_i = tl.full([GP], float("-inf"), tl.float32)
-        l_i = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, D], tl.float32)
-        for b in tl.static_range(SPLIT // BN):
-            kr = b * BN + tl.arange(0, BN)  # rows of the page
-            km = start + kr <= p
-            kt = tl.load(k_ptr + hk * SPLIT * D + kr[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
-            vt = tl.load(v_ptr + hk * SPLIT * D + kr[:, None] * D + rd[None, :], mask=km[:, None], other=0.0)
-            sc = tl.dot(q, tl.trans(kt)) * scale  # [GP, BN] fp32
-            sc = tl.where(km[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            pr = tl.exp(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(vt.dtype), vt)
-            m_i = m_new
-        base = (t * NH + hk * G + rg) * NS + s  # [GP] rows of (t, head, piece)
-        tl.store(acc_ptr + base[:, None] * D + rd[None, :], acc, mask=gm[:, None])
-        tl.store(ml_ptr + base * 2, m_i, mask=gm)
-        tl.store(ml_ptr + base * 2 + 1, l_i, mask=gm)
 
 
 @triton.jit(do_not_specialize=["n", "gs", "lens_on"])
@@ -129,7 +58,7 @@ def _attn_merge_kernel(
     t = tl.program_id(0)
     h = tl.program_id(1)
     rd = tl.arange(0, D)
-    _, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
+    _, live = row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
     if live:
         npieces = tl.load(pos_ptr + t) // SPLIT + 1
         base = (t * NH + h) * NS
@@ -197,11 +126,8 @@ def attention_rows(
     g = nh // nkv
     ns = table.shape[1]
     acc, ml = split_buffers(rows, nh, ns, d, q.device, scratch)
-    from baton.kernels import attention_loop  # it imports this module's _row_slot
-
-    programs = attention_loop.piece_programs(ns)  # BATON_ATTN_PIECE_PROGRAMS: a fixed grid looping pieces
-    kernel = attention_loop.attn_split_loop_kernel if programs else _attn_split_kernel
-    kernel[(rows, nkv, programs or ns)](
+    programs = piece_programs(ns, rows, nkv)  # each loops over its share of the row's pieces
+    attn_split_loop_kernel[(rows, nkv, programs)](
         q,
         kc,
         vc,
@@ -311,7 +237,7 @@ def _qk_rope_kv_kernel(
         y = _norm_rope(q_ptr + t * sqt + j * sqh, wq_ptr, cos_ptr + pr * RD, sin_ptr + pr * RD, eps, D, RD)
         tl.store(qo_ptr + (t * NH + j) * D + rd, y.to(qo_ptr.dtype.element_ty))
     else:
-        slot, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
+        slot, live = row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
         if live:
             hk = j - NH
             page = tl.load(tab_ptr + slot * MP + p // SPLIT).to(tl.int64)  # [P, nkv, SPLIT, D] pools

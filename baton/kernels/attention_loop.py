@@ -1,19 +1,21 @@
-"""The split-window attention's partials (baton/kernels/attention.py: attention_rows, stage 1) from a fixed
-number of programs per (row, kv head), each looping over the row's own pieces, instead of one program per
-piece of the whole window. Off unless BATON_ATTN_PIECE_PROGRAMS=N (N > 0) until its GPU test and A/B ran.
+"""Stage 1 of the split-window attention (baton/kernels/attention.py: attention_rows): each row's unnormalised
+partials (acc, max, sum), one per ATTN_SPLIT-key piece of its keys, from a fixed number of programs per
+(row, kv head), each looping over the row's own pieces. Program j of a (row, head) computes pieces j, j + N,
+j + 2N, ... up to the row's position: none past the row's keys.
 
-Why. attention_rows launches rows x kv heads x (the window's pieces) programs: at a 131,072-token window, 513
-a (row, head), and for a 640-token row all but three exit at once. With 32 short streams on an H100 the decode
-step took 11.4 ms at 12 rows, against 8.1 ms at 18 rows under a 4,296-token window (two hosts, 2026-12-07:
-benchmarks/results/gpu-h100-2026-12-07-stop56.md). Here program j of a (row, head) computes pieces j, j + N,
-j + 2N, ... up to the row's position: min(N, the window's pieces) programs, and none past the row's keys.
+Why. One program a piece of the whole window launched 513 a (row, head) at a 131,072-token window, and for a
+640-token row all but three exited at once: 32 short streams decoded at 0.94x the tokens of a 4,296-token
+window, and at 0.98x with 32 programs looping (one H100, 2026-12-07: benchmarks/results/gpu-h100-2026-12-07.md).
 
-Bits. Each piece's partial (acc, max, sum) is the same computation as attention.py's kernel's program for
-that piece, stored in the same place, and the merge is unchanged, so the output is meant to be bitwise the
-same for any N. The interpreter checks it (tests/batch_kernels_interp.py: "looped"); on the GPU,
-`BATON_ATTN_PIECE_PROGRAMS=32 pytest -m gpu tests/engine/test_gpu_batch.py` against the plain kernel's
-outputs is owed, then `gpu_pending.sh window-ab` with it (WINDOW_ENV). Once it holds, this kernel with
-N = the window's pieces replaces attention.py's (one program a piece is its N = ns case).
+Bits. A piece's partial is the same computation whichever program runs it (the same loads, the same dot
+order over its BN-key blocks, stored in the same place), and stage 2 merges the pieces in order, so the
+output does not depend on N: N may follow the call's rows. Checked bitwise under the interpreter against the
+contiguous window's kernels for N = 1, 2 and the window's pieces (tests/batch_kernels_interp.py), and on an
+H100 at the 9B's shape for N = 1, 7, 32, the window's pieces and the default (test_gpu_attention_loop.py).
+
+N (piece_programs): BATON_ATTN_PIECE_PROGRAMS=N > 0 fixes it, 0 = one program a piece; by default
+DEFAULT_PROGRAMS, raised for calls of few rows so the grid keeps MIN_GRID programs (a 150K-token prompt's
+one decoding row would otherwise run 4 x 32 programs of ~18 pieces each), and never more than the pieces.
 """
 
 from __future__ import annotations
@@ -23,21 +25,37 @@ import os
 import triton
 import triton.language as tl
 
-from baton.kernels.attention import _row_slot
 from baton.kernels.pdl import pdl_enter
 
 PIECE_PROGRAMS_ENV = "BATON_ATTN_PIECE_PROGRAMS"
+DEFAULT_PROGRAMS = 32  # programs a (row, kv head): the 131K-window A/B's figure (module doc)
+MIN_GRID = 1024  # programs a call keeps at least, window permitting (~8 an H100 / H200 SM)
 
 
-def piece_programs(ns: int) -> int:
-    """Programs per (row, kv head) for a window of ns pieces: min(N, ns) with BATON_ATTN_PIECE_PROGRAMS=N > 0,
-    else 0 (attention.py's kernel: one program a piece). Read at each call, so a graph keeps what it captured."""
-    raw = os.environ.get(PIECE_PROGRAMS_ENV, "").strip() or "0"
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{PIECE_PROGRAMS_ENV}: {raw!r} is not a whole number of programs") from None
-    return min(n, ns) if n > 0 else 0
+def piece_programs(ns: int, rows: int, nkv: int) -> int:
+    """Programs per (row, kv head) for a call of `rows` rows and nkv kv heads over a window of ns pieces, in
+    [1, ns]. BATON_ATTN_PIECE_PROGRAMS=N > 0: min(N, ns); 0: ns (one program a piece); unset: DEFAULT_PROGRAMS,
+    or more while rows x nkv x N < MIN_GRID. Read at each call, so a captured graph keeps what it captured."""
+    raw = os.environ.get(PIECE_PROGRAMS_ENV, "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"{PIECE_PROGRAMS_ENV}: {raw!r} is not a whole number of programs") from None
+        return min(n, ns) if n > 0 else ns
+    return min(ns, max(DEFAULT_PROGRAMS, -(-MIN_GRID // max(1, rows * nkv))))
+
+
+@triton.jit
+def row_slot(slot_ptr, len_ptr, t, n, gs, lens_on):
+    """Row t of a batched call: (its slot, whether it is live). Group g = t // gs holds rows
+    [g*gs, g*gs + n) of slot slots[g] (ragged groups, lens_on != 0: n = lens[g], a runtime branch so
+    every call runs one binary); slot < 0 is a padding group."""
+    g = t // gs
+    slot = tl.load(slot_ptr + g)
+    if lens_on != 0:
+        n = tl.load(len_ptr + g).to(tl.int32)
+    return tl.maximum(slot, 0).to(tl.int64), (slot >= 0) & (t - g * gs < n)
 
 
 @triton.jit(do_not_specialize=["n", "gs", "lens_on"])
@@ -64,12 +82,15 @@ def attn_split_loop_kernel(
     BN: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """attention.py's _attn_split_kernel, its arguments and stores, over grid (rows, kv heads, programs)."""
+    """Grid (rows, kv heads, programs): the partials of row t, kv head hk (its G query heads, padded to GP),
+    piece s into acc [rows, NH, NS, D] and ml [rows, NH, NS, 2] (max, sum), for each of this program's pieces
+    s <= pos[t] // SPLIT; piece s is page table[slot, s] of the pools [P, nkv, SPLIT, D]. Dead rows store
+    nothing (the merge zeroes them)."""
     pdl_enter(PDL)
     t = tl.program_id(0)
     hk = tl.program_id(1)
     p = tl.load(pos_ptr + t)
-    slot, live = _row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
+    slot, live = row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
     if live:
         rg = tl.arange(0, GP)
         rd = tl.arange(0, D)

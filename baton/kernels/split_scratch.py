@@ -5,8 +5,7 @@ Why one buffer: each captured graph used to keep partials sized by its own rows 
 (a prefill worker over a 131,072-token window on an H100 ran out of memory with 11.4 GB in graph pools,
 2026-12-07), where one buffer takes 2.7 GB.
 Lifecycle: the worker's KV sizing counts it as still to be allocated (pages.attention_scratch_bytes_of, like
-the O(1) state); each CUDA ModelRunner over a window of more than LONG_WINDOW tokens (or any, with
-BATON_ATTN_SCRATCH=1) reserves its own at construction (runner_scratch, kept as HybridState.attn_scratch:
+the O(1) state); each CUDA ModelRunner (unless BATON_ATTN_SCRATCH=0) reserves its own at construction (runner_scratch, kept as HybridState.attn_scratch:
 the most rows a call takes over its window's pieces), before any graph is captured; its captured graphs and
 eager calls then take views of it (split_buffers) and it lives as long as the runner.
 Why it is safe: a runner's calls are launched in order, under its engine's one compute lock, on the
@@ -35,17 +34,14 @@ def split_scratch_bytes(rows: int, nh: int, ns: int, d: int) -> int:
     return sum(4 * math.prod(shape) for shape in split_scratch(rows, nh, ns, d))
 
 
-SCRATCH_ENV = "BATON_ATTN_SCRATCH"  # "1": always, "0": never; unset: windows over LONG_WINDOW tokens
-# at or below it, per-call partials as before (GPU-tested); above, one buffer (without: 11.4 GB of pools at 131K)
-LONG_WINDOW = 16_384
+SCRATCH_ENV = "BATON_ATTN_SCRATCH"  # "0": each call allocates its own partials (a graph's pool keeps them)
+# on by default at every window since test_gpu_verify / batch / mtp_batch passed with it (H100, 2026-12-07)
 
 
 def runner_scratch(device, cfg, max_len: int) -> torch.Tensor | None:
-    """A CUDA runner's scratch (HybridState.attn_scratch) for its window, or None: the CPU, a window of at
-    most LONG_WINDOW tokens (unless BATON_ATTN_SCRATCH=1), or BATON_ATTN_SCRATCH=0. The default keeps the
-    short windows on per-call partials until the GPU tests have passed with the scratch at every window."""
-    env = os.environ.get(SCRATCH_ENV, "")
-    if torch.device(device).type != "cuda" or env == "0" or (env != "1" and max_len <= LONG_WINDOW):
+    """A CUDA runner's scratch (HybridState.attn_scratch) for its window, or None: the CPU (whose calls
+    allocate their own), or BATON_ATTN_SCRATCH=0."""
+    if torch.device(device).type != "cuda" or os.environ.get(SCRATCH_ENV, "").strip() == "0":
         return None
     from baton.engine.fused_blocks import MAX_ROWS
     from baton.engine.pages import pages_for

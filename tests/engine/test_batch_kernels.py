@@ -24,16 +24,21 @@ def test_batched_kernels_equal_each_slot_alone():
     assert not bad, bad
 
 
-def test_piece_programs_come_from_the_environment_capped_by_the_window(monkeypatch):
-    """BATON_ATTN_PIECE_PROGRAMS=N: min(N, the window's pieces) programs a (row, kv head); unset or 0: the
-    one-program-a-piece kernel (0); anything else is named, not guessed."""
+def test_piece_programs_default_to_32_a_row_head_keep_the_grid_full_and_follow_the_environment(monkeypatch):
+    """Unset: 32 programs a (row, kv head), more for calls of few rows (a grid of at least 1,024 programs),
+    never more than the window's pieces; BATON_ATTN_PIECE_PROGRAMS=N: min(N, pieces), 0 or less: one program a
+    piece; anything else is named, not guessed."""
     from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV, piece_programs
 
     monkeypatch.delenv(PIECE_PROGRAMS_ENV, raising=False)
-    assert piece_programs(513) == 0
-    for raw, want in (("0", 0), ("32", 32), (" 600 ", 513), ("-4", 0)):
+    assert piece_programs(513, rows=32, nkv=4) == 32  # 4,096 programs already
+    assert piece_programs(513, rows=1, nkv=4) == 256  # one long row: 1,024 programs, ~2 pieces each
+    assert piece_programs(513, rows=3, nkv=4) == 86  # ceil(1024 / 12)
+    assert piece_programs(17, rows=1, nkv=4) == 17  # a 4,296-token window: one program a piece, as before
+    assert piece_programs(17, rows=64, nkv=4) == 17
+    for raw, want in (("0", 513), ("32", 32), (" 600 ", 513), ("-4", 513), ("1", 1)):
         monkeypatch.setenv(PIECE_PROGRAMS_ENV, raw)
-        assert piece_programs(513) == want, raw
+        assert piece_programs(513, rows=1, nkv=4) == want, raw
     monkeypatch.setenv(PIECE_PROGRAMS_ENV, "many")
     with pytest.raises(ValueError, match="BATON_ATTN_PIECE_PROGRAMS: 'many'"):
-        piece_programs(513)
+        piece_programs(513, rows=1, nkv=4)

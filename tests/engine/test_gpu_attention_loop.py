@@ -3,8 +3,8 @@
 shuffled pages of a 64-piece window, rows of 8 sessions at positions from 0 to the window's end (short rows,
 rows ending inside a piece, rows at a piece's last key, full-window rows), batched with padding groups:
 attention_rows' output with N programs a (row, kv head) looping the row's pieces is bitwise the output of
-one program a piece, for N = 1, 7, 32 and the window's pieces; and its partials land in the runner's scratch
-as in buffers of their own."""
+one program a piece (BATON_ATTN_PIECE_PROGRAMS=0), for N = 1, 7, 32, the window's pieces and the default
+(which follows the rows); and its partials land in the runner's scratch as in buffers of their own."""
 
 from __future__ import annotations
 
@@ -39,12 +39,14 @@ def test_looped_partials_give_the_one_program_a_piece_output_bitwise(monkeypatch
         torch.cuda.synchronize()
         return o
 
-    monkeypatch.delenv(PIECE_PROGRAMS_ENV, raising=False)
+    monkeypatch.setenv(PIECE_PROGRAMS_ENV, "0")  # one program a piece
     plain = run()
     assert plain.abs().sum() > 0 and bool((plain[4:6] == 0).all())  # a padding group's rows are zero
-    for programs in ("1", "7", "32", str(MP)):
-        monkeypatch.setenv(PIECE_PROGRAMS_ENV, programs)
+    for programs in ("1", "7", "32", str(MP), None):
+        if programs is None:
+            monkeypatch.delenv(PIECE_PROGRAMS_ENV)
+        else:
+            monkeypatch.setenv(PIECE_PROGRAMS_ENV, programs)
         assert torch.equal(run(), plain), programs
-    monkeypatch.delenv(PIECE_PROGRAMS_ENV)
     scratch = reserve_split_scratch("cuda", rows, nh, MP, d)
     assert torch.equal(run(scratch), plain)
