@@ -150,6 +150,14 @@
 # QUEUE="tests-scratch:400 attn-loop:180" | WINDOW_LOOP=32 QUEUE="window-ab:420" (one host) |
 # QUEUE="prefix-serve:400 ctx-max:180";
 # ctx-max and spec-adaptive at 32 on an H200; prefix-serve again (the pool has room for the cache since 6a4bf81); nogil at 32; gil SWITCH_POINTS.
+# Stop 57 (benchmarks/results/gpu-h100-2026-12-07-stop57.md), one H100 host at d550050 / c6a5a84: tests-scratch (13
+# passed: the scratch on at every window since 31cb2c0), attn-loop (bitwise once the loop ran unpipelined, c6a5a84;
+# the default since 31cb2c0), prefix-serve (16 of 16 restored at 8 streams: TTFT 0.974 against 1.495 s), ctx-max
+# 150,000 (TTFT 1.94 s), window-ab with WINDOW_LOOP=32 (131K window 0.94x, looped 0.98x), spec-adaptive at 32
+# (0.93x; first decode 125 / 46 ms, the worker's join 28 / 19 ms). At 31cb2c0 on another host: test_gpu_attention_loop.py,
+# test_gpu_verify.py, test_gpu_mtp_batch.py passed; ctx-max cut by its 90 s while the checkpoint was written. Owed:
+# PYTEST_FILES="tests/engine/test_gpu_batch.py" QUEUE="pytest:150 tests-serving:300 ctx-max:150" (the looped default
+# for one long row: 256 programs a (row, kv head)); ctx-max and spec-adaptive at 32 on an H200; nogil at 32; gil.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
