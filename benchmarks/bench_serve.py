@@ -116,6 +116,10 @@ Per point:
     decode_first_tokens_ms_p50, decode_first_tokens_ms_p99   the decode worker's part of first_decode_ms
                        (WorkerStats first_tokens_s_*, the worst worker's): a Decode call's join of the step
                        scheduler (bf16 / fp8 steps, fast mtp rounds) -> its first tokens handed out
+    decode_called_ms_*, decode_first_message_ms_*   the rest of first_decode_ms, on the decode worker
+                       (WorkerStats decode_called_s_*, decode_first_message_s_*, the worst worker's;
+                       decode_worker/call_waits.py): a session's LoadState commit -> its Decode call's
+                       entry, and that entry -> the call's first message (its set-up, the join above)
     handoff_bytes_p50, draft_only_handoffs   a request's state bytes handed off (Stats.bridge_bytes: its
                        hand-offs together), and how many hand-offs were draft-only (exact mtp: the hidden
                        row and MTP KV alone; BATON_SLIM_HANDOFF=0 turns them off: the A/B of the bytes)
@@ -693,6 +697,10 @@ class _StepStats:
             "decode_held_rows_mean": round((s1["held_rows"]) / steps, 2) if steps else 0.0,
             "decode_first_tokens_ms_p50": round(1e3 * s1["first_tokens_s_p50"], 2),
             "decode_first_tokens_ms_p99": round(1e3 * s1["first_tokens_s_p99"], 2),
+            "decode_called_ms_p50": round(1e3 * s1["decode_called_s_p50"], 2),
+            "decode_called_ms_p99": round(1e3 * s1["decode_called_s_p99"], 2),
+            "decode_first_message_ms_p50": round(1e3 * s1["decode_first_message_s_p50"], 2),
+            "decode_first_message_ms_p99": round(1e3 * s1["decode_first_message_s_p99"], 2),
         }
         shares = s1["phase_share"]
         for phase, share in sorted(shares.items()):

@@ -164,6 +164,10 @@ _STEP_TIMES = (  # WorkerStats' step durations, s: the worst decode worker's of 
     "stall_s_max",
     "first_tokens_s_p50",
     "first_tokens_s_p99",
+    "decode_called_s_p50",
+    "decode_called_s_p99",
+    "decode_first_message_s_p50",
+    "decode_first_message_s_p99",
     "stall_share",
 )
 

@@ -56,6 +56,7 @@ from baton.rpc import StatusError
 from baton.settings import Settings
 from baton.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from baton.worker.servicer import ServicerBase, window_field
+from decode_worker.call_waits import CallWaits
 from decode_worker.draft_calls import DraftCalls
 from decode_worker.engine import DecodeEngine
 from decode_worker.pacing import MessagePace
@@ -94,6 +95,7 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
         self.eos_ids = tuple(runner.cfg.eos_token_ids if eos_ids is None else eos_ids)
         self.mtp_k = mtp_k
         self.pace = MessagePace(self.settings.stream_messages_per_s)  # Decode streams' messages a second
+        self.waits = CallWaits()  # what a Decode call waits for before its first message (WorkerStats decode_*_s)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -252,6 +254,7 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
             with self.call(context, "Decode"), self.sessions.hold(sid):
                 held = True
                 s = self._session(sid, request.engine)
+                entered = self.waits.called(s.created if s.loaded_position is not None else None)
                 n = request.max_new_tokens
                 if n < 1:
                     raise StatusError(INVALID, "max_new_tokens: must be >= 1")
@@ -275,6 +278,7 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
                 try:
                     with window_field("max_new_tokens"):  # the first next() checks the window
                         first = next(gen, None)
+                    self.waits.first(entered)
                     with paced as wait:
                         for toks in itertools.chain([first] if first is not None else [], gen):
                             produced += len(toks)
@@ -335,6 +339,7 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
         out.engines.extend(self.engine.offered())
         fill_capacity(out, self.engine.runners.values())
         self.engine.fill_step_stats(out, reset=request.reset_steps)
+        self.waits.fill(out, reset=request.reset_steps)
         out.stall_s_p99, out.stall_s_max, out.stall_share = stalls.read(reset=request.reset_steps)
         out.thread_cpu_s.update(thread_cpu.read())
         return out

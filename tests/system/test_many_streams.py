@@ -85,8 +85,13 @@ def test_get_stats_reports_the_batched_steps(cluster):
     assert st.step_device_s_p50 == st.step_device_s_p99 == 0.0  # no device events on the CPU
     assert 0 < st.stall_s_p99 <= st.stall_s_max and 0 < st.stall_share < 1  # the process's probe
     assert 0 < st.first_tokens_s_p50 <= st.first_tokens_s_p99 < 30  # each Decode's join -> its first token
+    assert 0 < st.decode_called_s_p50 <= st.decode_called_s_p99 < 30  # LoadState's commit -> the Decode call
+    # a call's entry -> its first message holds its join -> first tokens: call by call, so at each percentile
+    assert st.first_tokens_s_p50 <= st.decode_first_message_s_p50 <= st.decode_first_message_s_p99 < 30
+    assert st.first_tokens_s_p99 <= st.decode_first_message_s_p99
     st2 = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
     assert st2.steps == st.steps and st2.step_s_p99 == 0.0  # the window was reset, the counters not
     assert st2.first_tokens_s_p99 == 0.0
+    assert st2.decode_called_s_p99 == st2.decode_first_message_s_p99 == 0.0
     assert st2.step_interval_s_p99 == 0.0
     ch.close()
