@@ -168,6 +168,10 @@ Per point:
                        fast mtp: the decode workers' rounds during the point by the K their controller ran
                        ({"0": plain batched steps, "4": ...}) and their mean ms as it timed them (a plain
                        step: from the later of its launch and the previous read to its read)
+    mtp_spec_rounds    fast mtp: the speculative rounds (K > 0) during the point, as the controllers logged
+                       them (WorkerStats.mtp_spec_rounds, the last 256 a worker): [round number, K, sessions,
+                       ms, 1 if a probe asked for it]: whether a heavy batch's dear rounds are probes, and at
+                       which batch
     decode_gathered_run_*, prefill_gathered_run_*
                        the run by part (baton/engine/parts.py), ms a batch, host wall time: prefill: checks,
                        snapshot, pass (ends with the picks' and the outputs' host reads), restore, replay,
@@ -723,6 +727,10 @@ class _StepStats:
             d = {k: (n - k0.get(k, (0, 0.0))[0], t - k0.get(k, (0, 0.0))[1]) for k, (n, t) in sorted(k1.items())}
             out["mtp_rounds_by_k"] = {str(k): n for k, (n, _) in d.items() if n}
             out["mtp_round_ms_by_k"] = {str(k): round(1e3 * t / n, 2) for k, (n, t) in d.items() if n}
+        seen = set(self.g0.get("mtp_spec", ()))  # the speculative rounds logged during the point
+        spec = [r for r in g1.pop("mtp_spec", ()) if r not in seen]
+        if spec:
+            out["mtp_spec_rounds"] = [[n, k, b, round(1e3 * secs, 2), int(probe)] for n, k, b, secs, probe in spec]
         for role in ("decode", "prefill"):  # the router's round batcher: DraftMany / VerifyMany and their requests
             (r1, n1), (r0, n0) = g1.pop(role + "_batched", (0, 0)), self.g0.get(role + "_batched", (0, 0))
             out[f"{role}_batched_rpcs"] = r1 - r0

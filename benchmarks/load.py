@@ -210,7 +210,9 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
         prefill workers' batched prefill passes, their pieces, tokens, summed seconds and the times they gave
         the compute lock to a waiting Verify batch (WorkerStats.gathered_gave_way). Also "prefix_cache": the
         prefill workers' prefix cache hits, evictions and evictions for a request's pages. Also "mtp_by_k": the decode
-    workers' fast mtp rounds by K, {K: (rounds, seconds)} (WorkerStats.mtp_rounds_by_k / mtp_round_s_by_k)."""
+    workers' fast mtp rounds by K, {K: (rounds, seconds)} (WorkerStats.mtp_rounds_by_k / mtp_round_s_by_k), and
+    "mtp_spec": their controllers' last speculative rounds, (round, K, batch, seconds, probe) each
+    (WorkerStats.mtp_spec_rounds)."""
     out: dict[str, tuple] = {}
     for role, st in _role_stats(addresses, token):
         b, i, t = out.get(role, (0, 0, {}))
@@ -225,6 +227,8 @@ def gathers(addresses: dict[str, str], token: str | None) -> dict[str, tuple]:
             r0, s0 = by_k.get(k, (0, 0.0))
             by_k[k] = (r0 + n, s0 + st.mtp_round_s_by_k.get(k, 0.0))
         out["mtp_by_k"] = by_k
+        spec = st.mtp_spec_rounds  # the controllers' last speculative rounds: (round, K, batch, seconds, probe)
+        out["mtp_spec"] = (*out.get("mtp_spec", ()), *((r.round, r.k, r.batch, r.seconds, r.probe) for r in spec))
         if role == "prefill":
             prev = out.get("prefill_pass", (0, 0, 0, 0.0, 0))
             now_ = (st.prefill_passes, st.prefill_pieces, st.prefill_tokens, st.prefill_pass_s, st.gathered_gave_way)

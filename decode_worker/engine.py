@@ -366,6 +366,8 @@ class DecodeEngine:
         ctl = self._mtp_ctl
         for k, (n, secs) in dict(getattr(ctl, "by_k", {})).items():  # (a copy: the step thread adds)
             out.mtp_rounds_by_k[k], out.mtp_round_s_by_k[k] = n, secs
+        for n, k, b, secs, probe in list(getattr(ctl, "spec_log", ())):
+            out.mtp_spec_rounds.add(round=n, k=k, batch=b, seconds=secs, probe=probe)
 
     def close(self) -> None:
         """Stops the step scheduler's thread, if it runs; a later decode starts a new one."""

@@ -67,11 +67,13 @@ K changes speed only: every round is verified, so the tokens are the exact engin
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 DEFAULT_K_MAX = 8  # CUDA graphs of the verify / draft rows exist up to K = 8 (decode_worker/serve.py)
 POLICIES = ("adaptive", "fixed")
 JUDGED_WEIGHT = 16.0  # the most rounds one observe_drafts call weighs (DraftLength.observe_drafts)
+SPEC_LOG = 256  # speculative rounds DraftLength.spec_log keeps (WorkerStats.mtp_spec_rounds)
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -138,6 +140,9 @@ class DraftLength:
         self._streak = 0
         self._probe: int | None = None  # K of the round asked for by a probe (not the settled K)
         self.by_k: dict[int, tuple[int, float]] = {}  # K -> (rounds, their seconds) observed: WorkerStats
+        # the last SPEC_LOG speculative rounds, (round number, K, batch, seconds, probe): where the dear rounds
+        # of a heavy batch come from (WorkerStats.mtp_spec_rounds); appended by observe_round, read by copy
+        self.spec_log: collections.deque[tuple[int, int, int, float, bool]] = collections.deque(maxlen=SPEC_LOG)
 
     # ---- estimates -------------------------------------------------------------------------------
     @property
@@ -261,6 +266,8 @@ class DraftLength:
             e.weight *= self.decay
             e.age += 1
         self._batch = max(1, len(accepted))
+        if k > 0:
+            self.spec_log.append((self.rounds, k, self._batch, draft_s + verify_s, k == self._probe))
         e = self.costs.get(k)
         if e is None or (self.probe_every and e.age > 2 * self.probe_every) or not self._matched(e):
             e = self.costs[k] = _Entry(draft_s, verify_s, 1.0, batch=self._batch)  # new, or of another load

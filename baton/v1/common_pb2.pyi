@@ -203,7 +203,7 @@ class WorkerStatsRequest(_message.Message):
     def __init__(self, reset_steps: _Optional[bool] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share", "step_phase_s", "step_phase_window_s", "step_held_rows", "thread_cpu_s", "engines", "slots", "kv_pools", "kv_pages", "kv_pages_free", "kv_page_tokens", "gathered_s", "gathered_gave_way", "draft_only_states", "batched_rpcs", "batched_items", "mtp_rounds_by_k", "mtp_round_s_by_k", "prefix_cache_entries", "prefix_cache_pages", "prefix_cache_hits", "prefix_cache_tokens", "prefix_cache_evicted", "prefix_cache_reclaimed", "first_tokens_s_p50", "first_tokens_s_p99", "decode_called_s_p50", "decode_called_s_p99", "decode_first_message_s_p50", "decode_first_message_s_p99")
+    __slots__ = ("sessions", "session_bytes", "outstanding", "engine", "model_fingerprint", "max_len", "requests_total", "steps", "step_rows", "max_step_rows", "step_s_p50", "step_s_p99", "gathered_batches", "gathered_items", "prefill_passes", "prefill_pieces", "prefill_tokens", "prefill_pass_s", "step_interval_s_p50", "step_interval_s_p99", "step_device_s_p50", "step_device_s_p99", "stall_s_p99", "stall_s_max", "stall_share", "step_phase_s", "step_phase_window_s", "step_held_rows", "thread_cpu_s", "engines", "slots", "kv_pools", "kv_pages", "kv_pages_free", "kv_page_tokens", "gathered_s", "gathered_gave_way", "draft_only_states", "batched_rpcs", "batched_items", "mtp_rounds_by_k", "mtp_round_s_by_k", "prefix_cache_entries", "prefix_cache_pages", "prefix_cache_hits", "prefix_cache_tokens", "prefix_cache_evicted", "prefix_cache_reclaimed", "first_tokens_s_p50", "first_tokens_s_p99", "decode_called_s_p50", "decode_called_s_p99", "decode_first_message_s_p50", "decode_first_message_s_p99", "mtp_spec_rounds")
     class StepPhaseSEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +293,7 @@ class WorkerStats(_message.Message):
     DECODE_CALLED_S_P99_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIRST_MESSAGE_S_P50_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIRST_MESSAGE_S_P99_FIELD_NUMBER: _ClassVar[int]
+    MTP_SPEC_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     sessions: int
     session_bytes: int
     outstanding: int
@@ -347,7 +348,22 @@ class WorkerStats(_message.Message):
     decode_called_s_p99: float
     decode_first_message_s_p50: float
     decode_first_message_s_p99: float
-    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ..., step_phase_s: _Optional[_Mapping[str, float]] = ..., step_phase_window_s: _Optional[float] = ..., step_held_rows: _Optional[int] = ..., thread_cpu_s: _Optional[_Mapping[str, float]] = ..., engines: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., kv_pools: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_page_tokens: _Optional[int] = ..., gathered_s: _Optional[_Mapping[str, float]] = ..., gathered_gave_way: _Optional[int] = ..., draft_only_states: _Optional[bool] = ..., batched_rpcs: _Optional[int] = ..., batched_items: _Optional[int] = ..., mtp_rounds_by_k: _Optional[_Mapping[int, int]] = ..., mtp_round_s_by_k: _Optional[_Mapping[int, float]] = ..., prefix_cache_entries: _Optional[int] = ..., prefix_cache_pages: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_tokens: _Optional[int] = ..., prefix_cache_evicted: _Optional[int] = ..., prefix_cache_reclaimed: _Optional[int] = ..., first_tokens_s_p50: _Optional[float] = ..., first_tokens_s_p99: _Optional[float] = ..., decode_called_s_p50: _Optional[float] = ..., decode_called_s_p99: _Optional[float] = ..., decode_first_message_s_p50: _Optional[float] = ..., decode_first_message_s_p99: _Optional[float] = ...) -> None: ...
+    mtp_spec_rounds: _containers.RepeatedCompositeFieldContainer[MtpRound]
+    def __init__(self, sessions: _Optional[int] = ..., session_bytes: _Optional[int] = ..., outstanding: _Optional[int] = ..., engine: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., max_len: _Optional[int] = ..., requests_total: _Optional[int] = ..., steps: _Optional[int] = ..., step_rows: _Optional[int] = ..., max_step_rows: _Optional[int] = ..., step_s_p50: _Optional[float] = ..., step_s_p99: _Optional[float] = ..., gathered_batches: _Optional[int] = ..., gathered_items: _Optional[int] = ..., prefill_passes: _Optional[int] = ..., prefill_pieces: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., prefill_pass_s: _Optional[float] = ..., step_interval_s_p50: _Optional[float] = ..., step_interval_s_p99: _Optional[float] = ..., step_device_s_p50: _Optional[float] = ..., step_device_s_p99: _Optional[float] = ..., stall_s_p99: _Optional[float] = ..., stall_s_max: _Optional[float] = ..., stall_share: _Optional[float] = ..., step_phase_s: _Optional[_Mapping[str, float]] = ..., step_phase_window_s: _Optional[float] = ..., step_held_rows: _Optional[int] = ..., thread_cpu_s: _Optional[_Mapping[str, float]] = ..., engines: _Optional[_Iterable[str]] = ..., slots: _Optional[int] = ..., kv_pools: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., kv_page_tokens: _Optional[int] = ..., gathered_s: _Optional[_Mapping[str, float]] = ..., gathered_gave_way: _Optional[int] = ..., draft_only_states: _Optional[bool] = ..., batched_rpcs: _Optional[int] = ..., batched_items: _Optional[int] = ..., mtp_rounds_by_k: _Optional[_Mapping[int, int]] = ..., mtp_round_s_by_k: _Optional[_Mapping[int, float]] = ..., prefix_cache_entries: _Optional[int] = ..., prefix_cache_pages: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_tokens: _Optional[int] = ..., prefix_cache_evicted: _Optional[int] = ..., prefix_cache_reclaimed: _Optional[int] = ..., first_tokens_s_p50: _Optional[float] = ..., first_tokens_s_p99: _Optional[float] = ..., decode_called_s_p50: _Optional[float] = ..., decode_called_s_p99: _Optional[float] = ..., decode_first_message_s_p50: _Optional[float] = ..., decode_first_message_s_p99: _Optional[float] = ..., mtp_spec_rounds: _Optional[_Iterable[_Union[MtpRound, _Mapping]]] = ...) -> None: ...
+
+class MtpRound(_message.Message):
+    __slots__ = ("round", "k", "batch", "seconds", "probe")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    k: int
+    batch: int
+    seconds: float
+    probe: bool
+    def __init__(self, round: _Optional[int] = ..., k: _Optional[int] = ..., batch: _Optional[int] = ..., seconds: _Optional[float] = ..., probe: _Optional[bool] = ...) -> None: ...
 
 class BridgeReport(_message.Message):
     __slots__ = ("seconds", "total_bytes", "bytes_by_kind", "tokens", "chunks", "timeline", "draft_only")

@@ -293,6 +293,12 @@ def test_fast_mtp_through_baton_serve(tmp_path):
         assert by_k and all(0 <= int(k) <= 8 and n > 0 for k, n in by_k.items()), by_k
         assert sum(by_k.values()) <= p["streams"] * 11, by_k
         assert set(p["mtp_round_ms_by_k"]) == set(by_k) and all(ms > 0 for ms in p["mtp_round_ms_by_k"].values())
+        # the controller's log of the point's speculative rounds (WorkerStats.mtp_spec_rounds): as many a K as
+        # by_k counts (fewer than 256 here), each of at most the point's sessions, in round order
+        spec = p.get("mtp_spec_rounds", [])
+        assert all(by_k.get(str(k)) == sum(e[1] == k for e in spec) for k in range(1, 9) if str(k) in by_k), spec
+        assert all(1 <= e[2] <= p["concurrency"] and e[3] > 0 and e[4] in (0, 1) for e in spec), spec
+        assert [e[0] for e in spec] == sorted({e[0] for e in spec}), spec
     assert _documented(r["points"]) == []
 
 

@@ -396,3 +396,24 @@ def test_a_probe_that_only_just_loses_marks_nothing():
     assert c.k == 0 and c._lost_at == 6  # not 2
     c.observe_round(1, [0, 0], 0.0, expected_tokens(1, c.acceptance) * 7.2e-3 * 1.5)  # a clear loss marks 2
     assert c.k == 0 and c._lost_at == 2
+
+
+def test_the_speculative_rounds_are_logged_with_their_batch_cost_and_whether_a_probe_asked():
+    """DraftLength.spec_log (WorkerStats.mtp_spec_rounds): every round with K > 0 and only those, in order,
+    each with its round number, K, batch, seconds and whether next_k returned it as a probe; the prior's K is
+    settled, not a probe, and once plain rounds have won, the speculative rounds are the switch's probes."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(7)
+
+    def dear(k):  # plain rounds win at p = 0.5 (1.5 tokens / 26 ms at K = 1), yet a probe is due now and then
+        return 7e-3 if k == 0 else 20e-3 + 6e-3 * k
+
+    ks = _batch_rounds(c, 1000, 0.5, dear, rng, named=True)
+    log = list(c.spec_log)
+    assert [n for n, *_ in log] == [i + 1 for i, k in enumerate(ks) if k]  # round numbers count every round
+    assert [k for _, k, *_ in log] == [k for k in ks if k] and all(b == 16 for _, _, b, _, _ in log)
+    assert all(0.95 * dear(k) <= secs <= 1.05 * dear(k) for _, k, _, secs, _ in log)
+    assert log[0][1:3] == (4, 16) and not log[0][4]  # the prior's K, settled
+    settled = max(i for i in range(20) if ks[i])  # the last speculative round of the start: K settles at 0
+    later = [e for e in log if e[0] > settled + 1]
+    assert len(later) >= 2 and all(probe for *_, probe in later), log
+    assert sum(n for n, _ in c.by_k.values()) == 1000
