@@ -13,7 +13,8 @@ Lifecycle of a request through this engine:
     release(session)        -> the slot and its KV pages are free again (also on TTL expiry)
 Prefix cache (baton/engine/prefix_cache.py, `prefix_entries` > 0): run_prefill restores the longest cached
 chain of the prompt's piece boundaries into the slot before its first piece, and _prefill_batch caches a
-piece's end state after its pass (bitwise what computing the pieces gives: the cuts are the same).
+piece's end state after its pass (bitwise what computing the pieces gives: the cuts are the same), and restores
+instead of running a piece whose end another prompt's earlier pass cached since (restore_pieces: out of step).
 KV pages (baton/engine/pages.py): open_prefill reserves the prompt's; generate the whole window it will
 write; Verify blocks grow them at the block boundary (ModelRunner.rows). Too few free: PagesExhausted
 (RESOURCE_EXHAUSTED) before the work.
@@ -35,7 +36,7 @@ from baton import grammar, op_profile
 from baton.engine import rejection
 from baton.engine.gather import ROUND_SETTLE, Gather, unwrap
 from baton.engine.prefill import PREFILL_CHUNK, prefill_pieces, run_pass, share_key, shared_pieces
-from baton.engine.prefix_cache import PrefixCache, boundary_keys
+from baton.engine.prefix_cache import PrefixCache, boundary_keys, restore_pieces
 from baton.engine.runner import ModelRunner
 from baton.engine.sample_rows import MAX_LOGPROBS
 from baton.engine.sampling import Params
@@ -130,15 +131,8 @@ class ExactEngine:
         n = self._table.reap_expired()
         if n:  # a reaped session no longer prefills: the passes stop waiting for it
             with self._prefilling_lock:
-                self._prefilling = {sid for sid in self._prefilling if self._live(sid)}
+                self._prefilling = {sid for sid in self._prefilling if sid in self._table}
         return n
-
-    def _live(self, session_id: str) -> bool:
-        try:
-            self._table.get(session_id)
-            return True
-        except KeyError:
-            return False
 
     # ---- work ----------------------------------------------------------------------------------
     def validate_prompt(self, ids: list[int], max_new_tokens: int = 0) -> None:
@@ -254,6 +248,7 @@ class ExactEngine:
                 if isinstance(got, BaseException):
                     raise got
                 tok, s.prompt_logprobs = got, s.prompt_logprobs + (p.logprobs or [])
+                s.cached_tokens += len(p.ids) if p.restored else 0
             if g:  # no piece of it is to come (the passes stop waiting); every layer is final only after it
                 with self._prefilling_lock:
                     self._prefilling.discard(s.id)
@@ -284,6 +279,9 @@ class ExactEngine:
                 ok.append(i)
             except (ValueError, SessionLimit) as e:  # WindowError; PagesExhausted
                 out[i] = e
+        if self.prefix is not None:  # pieces another prompt's earlier pass cached meanwhile: restored, not run
+            cached = restore_pieces(self.prefix, self.runner.sampling.history, [items[i] for i in ok])
+            ok = [i for j, i in enumerate(ok) if j not in cached]
         if ok:
             t0 = time.perf_counter()
             # between layers a waiting Verify batch takes the lock (its sessions are not these)

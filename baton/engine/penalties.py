@@ -72,11 +72,11 @@ class History:
             self.ids[slot, : len(ids)] = torch.tensor(ids, dtype=torch.int32, device=self.ids.device)
         self.begin(slot, generated_from)
 
-    def put(self, slot: int, ids: list[int]) -> None:
-        """The tokens at positions [0, len(ids)) of slot, as its passes would have recorded them (a prompt's
-        prefix restored from the prefix cache, baton/engine/prefix_cache.py). Device only."""
+    def put(self, slot: int, ids: list[int], start: int = 0) -> None:
+        """The tokens at positions [start, start + len(ids)) of slot, as its passes would have recorded them (a
+        prompt's prefix, or one piece, restored from the prefix cache, baton/engine/prefix_cache.py). Device only."""
         if ids:
-            self.ids[slot, : len(ids)].copy_(upload(ids, torch.int32, self.ids.device))
+            self.ids[slot, start : start + len(ids)].copy_(upload(ids, torch.int32, self.ids.device))
 
     def forget(self, slot: int) -> None:
         self.known[slot] = False

@@ -57,6 +57,7 @@ class Piece:
     next_id: int | None = None
     on_layer: Callable[[int], None] | None = None
     prefix: tuple[list[bytes], int] | None = None  # (keys, k): cache the state after it (PrefixCache.insert)
+    restored: bool = False  # its pass took its end state from the prefix cache instead (ExactEngine._prefill_batch)
     before: bytes | None = None  # start > 0: the prompt's boundary key at start (prefix_cache.boundary_keys);
     # a first piece: its request's cache_salt, encoded (salted prompts share a pass's work only with their salt)
 

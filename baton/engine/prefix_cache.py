@@ -24,7 +24,8 @@ tokens [0, b) into the slot's token history (penalties) and runs the prompt's pi
 Lifecycle and eviction (least recently used first):
     insert(slot, keys, k)   after a pass computed a prompt's piece ending at boundary k + 1 that is not its
                             last, its parents keys[:k] cached: a free row and c / P pages (evicting others)
-    restore(slot, keys)     before a prompt's first piece: the longest cached chain of its boundary_keys
+    restore(slot, keys)     before a prompt's first piece: the longest cached chain of its boundary_keys;
+                            and in a pass, a piece whose end another prompt's earlier pass cached (have=)
     reclaim(n)              PagePool.ensure found n pages short for a request: entries evicted until n pages
                             are free or the cache is empty, so cached prefixes never refuse a request
 A hit or an insert touches its chain from the leaf to the root, so a parent is always more recently used than
@@ -113,10 +114,14 @@ class PrefixCache:
             return len(self._lru)
 
     # ---- use -----------------------------------------------------------------------------------
-    def restore(self, slot: int, keys: list[bytes], mtp: bool = True) -> int:
+    def restore(self, slot: int, keys: list[bytes], mtp: bool = True, have: int = 0) -> int:
         """The longest cached chain of the prompt's boundary keys into the slot (its pages reserved for the
-        prompt) -> tokens restored (0: none; the slot untouched). mtp: the prefill writes the MTP layer's KV
-        (only entries that hold it serve); mtp=False: it is left zero, as a prefill without it leaves it."""
+        prompt) -> the slot's tokens after it (have, the slot untouched, when the chain ends there or before).
+        mtp: the prefill writes the MTP layer's KV (only entries that hold it serve); mtp=False: it is left
+        zero, as a prefill without it leaves it. have: tokens the slot computed already (a multiple of the
+        chunk: its pieces so far, the same states as the chain's entries), so a prompt whose next piece was
+        cached by another prompt's pass meanwhile skips it (ExactEngine._prefill_batch); the slot is then
+        restored whole, as at its start."""
         mtp = mtp and self.state.mtp_layer is not None
         with self._lock:
             chain: list[Entry] = []
@@ -124,8 +129,8 @@ class PrefixCache:
                 if (e := self._lru.get(key)) is None or (mtp and not e.mtp):
                     break
                 chain.append(e)
-            if not chain:
-                return 0
+            if len(chain) * self.chunk <= have:
+                return have
             self._touch(keys[: len(chain)])
             st, b = self.state, len(chain) * self.chunk
             st.reset_slots([slot])
@@ -136,7 +141,7 @@ class PrefixCache:
                 st.conv[i][slot].copy_(self.conv[i][row])
                 st.recurrent[i][slot].copy_(self.recurrent[i][row])
             self.hits += 1
-            self.tokens_reused += b
+            self.tokens_reused += b - have
             return b
 
     def insert(self, slot: int, keys: list[bytes], k: int, mtp: bool = True) -> bool:
@@ -229,3 +234,22 @@ class PrefixCache:
         for i in layers:
             for pool in (st.key[i], st.value[i]):
                 pool.index_copy_(0, di, pool.index_select(0, si))
+
+
+def restore_pieces(cache: PrefixCache, history, pieces: list) -> set[int]:
+    """Of a pass's pieces (baton/engine/prefill.py: Piece), under the compute lock before the pass: those whose
+    end state an earlier pass of another prompt cached after this prompt began (the two out of step: its
+    start's restore found nothing then), each restored into its slot instead of computed (restore with have =
+    its start), its tokens put in the slot's token history (history: penalties.History) and marked
+    `restored`. -> their indices in `pieces` (the pass computes the others). Not for a piece that asks for
+    prompt logprobs (each row's hidden state is needed), nor a prompt's last piece (never cached)."""
+    done = set()
+    for i, p in enumerate(pieces):
+        if p.prefix is None or p.prompt_logprobs >= 0:
+            continue
+        keys, k = p.prefix
+        if cache.restore(p.slot, keys[: k + 1], p.mtp, have=p.start) > p.start:
+            history.put(p.slot, p.ids, p.start)
+            p.restored = True
+            done.add(i)
+    return done

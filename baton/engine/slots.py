@@ -45,6 +45,11 @@ class SlotTable(Generic[S]):
         with self._lock:
             return len(self._sessions)
 
+    def __contains__(self, session_id: str) -> bool:
+        """A live session of that id (get() would find it)."""
+        with self._lock:
+            return session_id in self._sessions
+
     def sessions(self) -> list[S]:
         with self._lock:
             return [s for _, s in self._sessions.values()]

@@ -60,12 +60,14 @@ def test_take_publish_get_release(clock):
     assert (sid, slot) == ("a", slot) and slot in (0, 1)
     with pytest.raises(SessionNotFound):  # reserved, not yet visible
         t.get("a")
-    assert len(t) == 0
+    assert len(t) == 0 and "a" not in t
     s = t.publish("r", sid, Sess(sid, slot))
+    clock.t += 5
+    assert "a" in t and s.last_used == 0.0  # `in` does not touch the session (a reap's check)
     assert t.get("a") is s and len(t) == 1 and t.sessions() == [s]
     assert _free(t, "r") == [1 - slot]
     assert t.release("a") is True
-    assert len(t) == 0 and _free(t, "r") == [0, 1]
+    assert len(t) == 0 and _free(t, "r") == [0, 1] and "a" not in t
     with pytest.raises(SessionNotFound) as ei:
         t.get("a")
     assert "'a'" in str(ei.value) and not str(ei.value).startswith('"')  # no KeyError quoting

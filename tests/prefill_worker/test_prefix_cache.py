@@ -184,3 +184,52 @@ def test_a_cache_salt_shares_entries_only_with_the_same_salt(lm):
     assert cached(b, "")[0] == 0 and cached(b, "tenant-2")[0] == 0  # other chains
     n, tok = cached(b, "tenant-1")
     assert n == 512 and tok == ref.prefill(b)[1]
+
+
+def test_a_piece_cached_by_another_prompt_s_earlier_pass_is_restored_not_computed(lm, monkeypatch):
+    """Two prompts sharing their first two pieces, out of step: b's start finds nothing cached, but its first
+    piece arrives only once a's first pass runs (one piece a pass), so a's pass caches it before b's pass of
+    it, which restores it instead of computing it (restore_pieces). b's tokens and state are bitwise what
+    computing every piece gives, and the shared pieces were computed once."""
+    import threading
+
+    import prefill_worker.engine as eng
+
+    r = ModelRunner(lm.model, slots=4, max_len=1280, width=8)
+    r.prefill_chunk = CHUNK
+    e, ref = ExactEngine(r, prefix_entries=4, prefill_budget=CHUNK), _engine(lm, entries=0)
+    a = _ids(lm, 700, 21)
+    b = a[:600] + _ids(lm, 50, 22)  # shares boundaries 256 and 512 with a
+    a_runs, got = threading.Event(), {}
+    give_way = e.verifies.give_way
+    monkeypatch.setattr(e.verifies, "give_way", lambda: (a_runs.set(), give_way())[1])  # a pass is running
+    pieces = eng.prefill_pieces
+
+    def late(*args, **kw):  # b: its start's restore done (nothing cached), its pieces only once a pass runs
+        if threading.current_thread().name == "b":
+            assert a_runs.wait(30)
+        return pieces(*args, **kw)
+
+    monkeypatch.setattr(eng, "prefill_pieces", late)
+
+    def run(name, ids):
+        got[name] = _prefilled(e, ids)
+
+    threads = [threading.Thread(target=run, args=(n, ids), name=n) for n, ids in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got.keys() == {"a", "b"}
+    dbg = (e.pass_totals, list(e.passes), e.prefix.stats())
+    # b's first piece came from the cache in its own pass; its second did too, or ran in a's pass of it (one
+    # computation for both: shared_pieces), as the threads fell
+    assert got["a"][2] == 0 and got["b"][2] in (256, 512), dbg
+    assert e.pass_totals[2] == 700 + 650 - 512, dbg  # each shared piece computed once (1,094 before)
+    assert e.prefix.stats()["tokens_reused"] == got["b"][2], dbg
+    for name, ids in (("a", a), ("b", b)):
+        tok, state, _ = got[name]
+        want_tok, want_state, _ = _prefilled(ref, ids)
+        assert tok == want_tok
+        _same_state(state, want_state)
+    e.runner.state.pages.check()
