@@ -156,8 +156,10 @@
 # 150,000 (TTFT 1.94 s), window-ab with WINDOW_LOOP=32 (131K window 0.94x, looped 0.98x), spec-adaptive at 32
 # (0.93x; first decode 125 / 46 ms, the worker's join 28 / 19 ms). At 31cb2c0 on another host: test_gpu_attention_loop.py,
 # test_gpu_verify.py, test_gpu_mtp_batch.py passed; ctx-max cut by its 90 s while the checkpoint was written. Owed:
-# PYTEST_FILES="tests/engine/test_gpu_batch.py" QUEUE="pytest:150 tests-serving:300 ctx-max:150" (the looped default
-# for one long row: 256 programs a (row, kv head)); ctx-max and spec-adaptive at 32 on an H200; nogil at 32; gil.
+# PYTEST_FILES="tests/engine/test_gpu_batch.py tests/engine/test_gpu_prefill.py" QUEUE="pytest:330 ctx-max:200" (the
+# looped default, one long row's 256 programs a (row, kv head); the prefix cache's in-pass restore, 3d84e66) |
+# SPEC_POINTS=32 BF16_POINTS=32 QUEUE="spec-adaptive:300 tests-serving:280" (it prints the first decode's parts,
+# decode_called / first_message, and the speculative rounds' log); ctx-max and spec-adaptive on an H200; nogil; gil.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -513,11 +515,25 @@ case $stage in
     if [ "${BF16_POINTS:-}" != none ]; then  # BF16_POINTS=none: mtp alone (the bf16 figures of an earlier call)
       spec spec-adaptive-bf16 --engine bf16 --concurrency "${BF16_POINTS:-1,8,32}" --check-prompts 1
     fi
-    python - "$out/spec-adaptive-mtp.json" <<'EOF' 2>/dev/null
+    python - "$out/spec-adaptive-mtp.json" "$out/spec-adaptive-bf16.json" <<'EOF' 2>/dev/null
 import json, sys
 
-for p in json.load(open(sys.argv[1]))["points"]:
-    print(f"  mtp at {p['concurrency']}: rounds by K {p.get('mtp_rounds_by_k')}, ms {p.get('mtp_round_ms_by_k')}")
+for f in sys.argv[1:]:
+    try:
+        points = json.load(open(f))["points"]
+    except OSError:
+        continue
+    for p in points:
+        e, n = p["engine"], p["concurrency"]
+        if e == "mtp":
+            print(f"  mtp at {n}: rounds by K {p.get('mtp_rounds_by_k')}, ms {p.get('mtp_round_ms_by_k')}")
+            spec = p.get("mtp_spec_rounds", [])  # [round, K, sessions, ms, probe]
+            print(f"    speculative rounds [round, K, sessions, ms, probe]: {spec[:24]}")
+        # the first decode (state landed -> first decode tokens at the router) in its parts (call_waits.py)
+        print(f"  {e} at {n}: first decode {p.get('first_decode_ms_p50')} ms p50 = LoadState -> Decode "
+              f"{p.get('decode_called_ms_p50')} + Decode -> first message {p.get('decode_first_message_ms_p50')} "
+              f"(of it the join {p.get('decode_first_tokens_ms_p50')}) + back to the router; TTFT "
+              f"{p.get('ttft_s_p50')} s, hand-off {p.get('router_handoff_ms_p50')} ms")
 EOF
     # the decode worker's dear speculative rounds (>= 50 ms, one line a second at most: decode_worker/mtp_launch.py)
     grep -h "speculative round of" "$out/spec-adaptive-mtp.serve.log" | sed 's/^.*mtp: //' | head -20
