@@ -5,7 +5,8 @@ j + 2N, ... up to the row's position: none past the row's keys.
 
 Why. One program a piece of the whole window launched 513 a (row, head) at a 131,072-token window, and for a
 640-token row all but three exited at once: 32 short streams decoded at 0.94x the tokens of a 4,296-token
-window, and at 0.98x with 32 programs looping (one H100, 2026-12-07: benchmarks/results/gpu-h100-2026-12-07.md).
+window, and at 0.98x with 32 programs looping (one H100, 2026-12-07:
+benchmarks/results/gpu-h100-2026-12-07-stop57.md).
 
 Bits. A piece's partial is the same computation whichever program runs it (the same loads, the same dot
 order over its BN-key blocks, stored in the same place), and stage 2 merges the pieces in order, so the
