@@ -3,8 +3,8 @@ weights:
   * the wide GEMM (baton/kernels/wide.py): a row of an M-row call is bitwise that row in an M' call, for
     the model's projection shapes and M from 1 to 4096; its TMA loads (BATON_WIDE_GEMM=tma) give the same bits;
   * equal prompts in one pass (computed once, the state copied) end bitwise as each alone;
-  * a prompt restored from the prefix cache's pieces is bitwise the prompt computed, and equal later pieces in
-    one pass are computed once;
+  * a prompt restored from the prefix cache's pieces is bitwise the prompt computed, also a piece restored in
+    its pass (another prompt's earlier pass cached it), and equal later pieces in one pass are computed once;
   * a pass of several prompts leaves each slot's state (GDN, KV, hidden, MTP KV) and first token bitwise
     as the prompt alone; long prompts cut into pieces and interleaved with others equal the pieces alone;
   * the wide kernels compute the model: the prefill's hidden rows are close to the cuBLAS / torch path's;
@@ -253,6 +253,52 @@ def test_a_prompt_from_cached_pieces_is_bitwise_the_prompt_computed(big):
     assert got.keys() == want.keys()
     for k in got:
         assert torch.equal(got[k], want[k]) if isinstance(got[k], torch.Tensor) else got[k] == want[k], k
+
+
+@cuda
+def test_a_piece_another_prompt_cached_meanwhile_is_restored_in_its_pass(big, monkeypatch):
+    """Out of step (prefix_cache.restore_pieces), 1,024-token pieces, one a pass: b starts before anything is
+    cached, its pieces arrive once a's first pass runs, so b's pass of a shared piece restores it from the cache
+    a's pass filled; b's state and first token are bitwise the prompt computed, and each shared piece ran once
+    (tests/prefill_worker/test_prefix_cache.py has the CPU twin)."""
+    import threading
+
+    import prefill_worker.engine as eng
+    from prefill_worker.engine import ExactEngine
+
+    e = ExactEngine(_runner(big, chunk=1024), prefix_entries=4, prefill_budget=1024)
+    ref = ExactEngine(_runner(big, chunk=1024))  # the same cuts, nothing cached
+    a = _prompts(big.cfg.vocab_size, [2600], seed=31)[0]
+    b = a[:2100] + _prompts(big.cfg.vocab_size, [300], seed=32)[0]  # shares boundaries 1,024 and 2,048
+    a_runs, got = threading.Event(), {}
+    give_way, pieces = e.verifies.give_way, eng.prefill_pieces
+    monkeypatch.setattr(e.verifies, "give_way", lambda: (a_runs.set(), give_way())[1])
+
+    def late(*args, **kw):
+        if threading.current_thread().name == "b":
+            assert a_runs.wait(60)
+        return pieces(*args, **kw)
+
+    monkeypatch.setattr(eng, "prefill_pieces", late)
+
+    def run(name, ids):
+        s, tok = e.prefill(ids)
+        got[name] = (tok, exported(e, s.id), s.cached_tokens)
+        e.release(s.id)
+
+    threads = [threading.Thread(target=run, args=(n, ids), name=n) for n, ids in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert got.keys() == {"a", "b"} and got["a"][2] == 0 and got["b"][2] in (1024, 2048), got.get("b", (0, 0, 0))[2]
+    assert e.pass_totals[2] == 2600 + 2400 - 2048  # each shared piece computed once
+    s, want_tok = ref.prefill(b)
+    want = exported(ref, s.id)
+    tok, have, _ = got["b"]
+    assert tok == want_tok and have.keys() == want.keys()
+    for k in have:
+        assert torch.equal(have[k], want[k]) if isinstance(have[k], torch.Tensor) else have[k] == want[k], k
 
 
 @cuda
