@@ -159,7 +159,8 @@
 # PYTEST_FILES="tests/engine/test_gpu_batch.py tests/engine/test_gpu_prefill.py" QUEUE="pytest:330 ctx-max:200" (the
 # looped default, one long row's 256 programs a (row, kv head); the prefix cache's in-pass restore, 3d84e66) |
 # SPEC_POINTS=32 BF16_POINTS=32 QUEUE="spec-adaptive:300 tests-serving:280" (it prints the first decode's parts,
-# decode_called / first_message, and the speculative rounds' log); ctx-max and spec-adaptive on an H200; nogil; gil.
+# decode_called / first_message, and the speculative rounds' log) | QUEUE="partials-ab:420" (program partials: then
+# on by default if bitwise and the ITL holds); ctx-max and spec-adaptive on an H200; nogil; gil.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -179,9 +180,11 @@
 #   window-ab      short requests (512 + 128, bf16 at 32 streams) under a 4,296- and a 131,072-token window: the
 #                  cost of the attention's programs over the whole window's pieces (WINDOW_LOOP=N: and looped)
 #   attn-loop      the looped split attention's GPU test (bitwise the plain kernel), test_gpu_batch.py with it on
+#   partials-ab    program partials (BATON_ATTN_PROGRAM_PARTIALS=32): their GPU test, one long prompt's ITL and the
+#                  KV pages without and with (LONG_INPUT, default 100,000)
 #   pytest         PYTEST_FILES="F ..." [PYTEST_K=EXPR]: chosen GPU tests, one process a file, wheels installed
 #   tests-scratch  test_gpu_verify.py, test_gpu_batch.py, test_gpu_mtp_batch.py with BATON_ATTN_SCRATCH=1 (the
-#                  attention's partials in one buffer a runner at every window; default: windows over 16,384)
+#                  attention's partials in one buffer a runner at every window: the default since 31cb2c0)
 #   prefix-cache   the prefill worker's prefix cache (bench_prefix_cache.py): a follow-up turn's prompt of
 #                  PREFIX_LENGTHS (default 16384,32768) tokens, its first pieces restored against computed (its first
 #                  token and state bitwise the same)
@@ -868,6 +871,34 @@ EOF2
     fi
     ratio "window $long / 4296 at ${WINDOW_POINTS:-32}" "$out/serve-bf16-window$long.json" \
       "${WINDOW_POINTS:-32}" "$out/serve-bf16-window4296.json" "${WINDOW_POINTS:-32}" 0.95
+    ;;
+  partials-ab)  # program partials (BATON_ATTN_PROGRAM_PARTIALS, baton/kernels/attention_loop.py, off): its GPU tests,
+    # then one long prompt (LONG_INPUT, default 100,000 tokens) decoded by bf16 alone without and with N = 32: the
+    # ITL of one row over a long window (128 programs looping ~12 pieces each, against 391 of one), and the KV
+    # pages the smaller scratch leaves
+    timeout 200 python -m pytest -q -o addopts="" -m gpu tests/engine/test_gpu_attention_loop.py \
+      >"$out/partials-test.log" 2>&1
+    echo "test_gpu_attention_loop: rc=$?"
+    tail -n 2 "$out/partials-test.log"
+    n=${LONG_INPUT:-100000}
+    for v in 0 32; do
+      BATON_ATTN_PROGRAM_PARTIALS=$v serve "serve-bf16-partials$v" --engine bf16 --concurrency 1 --requests 1 \
+        --warmup 1 --check-prompts 0 --prompts 1 --input-len "$n" --output-len 128 --max-len $((n + 200)) \
+        --serve-args "--engines bf16"
+    done
+    python - "$out"/serve-bf16-partials0.json "$out"/serve-bf16-partials32.json <<'EOF2'
+import json, sys
+
+for f in sys.argv[1:]:
+    try:
+        d = json.load(open(f))
+    except OSError:
+        continue
+    cap = d["serve"]["capacity"].get("decode-0", {})
+    for p in d["points"]:
+        print(f"  {f.rsplit('/', 1)[-1]}: TTFT {p['ttft_s_p50']} s, ITL p50 {p['itl_s_p50']} s, "
+              f"decode pages {cap.get('kv_pages')}, errors {p['errors']}")
+EOF2
     ;;
   attn-loop)  # the looped split attention (baton/kernels/attention_loop.py, the default since 2026-12-07) bitwise
     # one program a piece at the 9B's attention shape (tests/engine/test_gpu_attention_loop.py), then

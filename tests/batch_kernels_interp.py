@@ -26,6 +26,7 @@ from baton.kernels import gdn as G  # noqa: E402
 from baton.kernels import gdn_conv as GC  # noqa: E402
 from baton.kernels import rows as R  # noqa: E402
 from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV  # noqa: E402
+from baton.kernels.split_scratch import PARTIALS_ENV  # noqa: E402
 
 S, KW, nk, Hv, dk, dv = 5, 4, 2, 4, 16, 32
 C = 2 * nk * dk + Hv * dv  # conv channels: q | k | v
@@ -112,6 +113,24 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
         finally:
             del os.environ[PIECE_PROGRAMS_ENV]
         looped &= torch.equal(ol, o)
+    carried = True  # program partials (BATON_ATTN_PROGRAM_PARTIALS=N): N = 2 (the window's pieces, one a program)
+    # is `o` bitwise; N = 1 merges a row's pieces in its program: each group's rows are the one-slot call's
+    # bitwise (batch invariance holds for a fixed N), and close to `o`
+    for parts in ("2", "1"):
+        os.environ[PARTIALS_ENV] = parts
+        try:
+            oc = A.attention_rows(qo, kp, vp, pos, gate, gs, table=tab, slots=sl, gs=gs, lens=ln)
+            carried &= torch.equal(oc, o) if parts == "2" else torch.allclose(oc, o, rtol=1e-5, atol=1e-6)
+            for gi, s in enumerate(slots if parts == "1" else []):
+                rows = slice(gi * gs, (gi + 1) * gs)
+                n1 = gs if lens is None else lens[gi]
+                if s >= 0:
+                    o1 = A.attention_rows(
+                        qo[rows].contiguous(), kp, vp, pos[rows], gate[rows], n1, table=tab[s : s + 1]
+                    )
+                    carried &= torch.equal(o1, oc[rows])
+        finally:
+            del os.environ[PARTIALS_ENV]
     if lens is not None:  # ragged: each live group against the one-slot call of n = lens[g] (no reference)
         ok = True
         for gi, s in enumerate(slots):
@@ -126,7 +145,7 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
             ok &= torch.equal(o1, o[rows]) and torch.equal(q1, qo[rows])
             for p in tab[s].tolist():  # this slot's pages: the same KV rows written
                 ok &= torch.equal(k1[p], kp[p]) and torch.equal(v1[p], vp[p])
-        return {"equal": bool(ok), "looped_equals": bool(looped)}
+        return {"equal": bool(ok), "looped_equals": bool(looped), "carried": bool(carried)}
     kc, vc = kc0.clone(), vc0.clone()  # the contiguous reference, batched
     qr = REF.qk_rope_kv(q, k, v, wq, wk, cos, sin, pos, kc, vc, gs, 1e-6, slots=sl, gs=gs)
     orf = REF.attention_rows(qr, kc, vc, pos, gate, gs, slots=sl, gs=gs)
@@ -164,7 +183,8 @@ def attn_case(slots: list[int], gs: int, seed: int, lens: list[int] | None = Non
         )
     for s in set(range(S)) - set(slots):
         ok &= torch.equal(kc[s], kc0[s]) and torch.equal(vc[s], vc0[s])
-    return {"equal": bool(ok), "paged_equals_contiguous": bool(paged), "looped_equals": bool(looped)}
+    out = {"equal": bool(ok), "paged_equals_contiguous": bool(paged), "looped_equals": bool(looped)}
+    return out | {"carried": bool(carried)}
 
 
 def commit_case() -> dict:

@@ -23,7 +23,7 @@ from baton.kernels.attention_loop import attn_split_loop_kernel, piece_programs,
 from baton.kernels.gdn import _slot0
 from baton.kernels.pdl import launch_kw, pdl_enter
 from baton.kernels.rows import _p2
-from baton.kernels.split_scratch import split_buffers
+from baton.kernels.split_scratch import program_partials, split_buffers
 
 # ---- attention over the KV window ------------------------------------------------------------------
 # Row t (position pos[t]) attends keys 0..pos[t]. The keys are cut into fixed SPLIT-key pieces; stage 1
@@ -60,7 +60,7 @@ def _attn_merge_kernel(
     rd = tl.arange(0, D)
     _, live = row_slot(slot_ptr, len_ptr, t, n, gs, lens_on)
     if live:
-        npieces = tl.load(pos_ptr + t) // SPLIT + 1
+        npieces = tl.minimum(tl.load(pos_ptr + t) // SPLIT + 1, NS)  # NS: the programs' partials (CARRY)
         base = (t * NH + h) * NS
         m = tl.load(ml_ptr + base * 2)
         for s in range(1, npieces):
@@ -125,8 +125,10 @@ def attention_rows(
     assert d == _p2(d) and d >= 16, "head_dim must be a power of two >= 16"
     g = nh // nkv
     ns = table.shape[1]
-    acc, ml = split_buffers(rows, nh, ns, d, q.device, scratch)
     programs = piece_programs(ns, rows, nkv)  # each loops over its share of the row's pieces
+    carry = bool(program_partials())  # one partial a program (N of them), not one a piece of the window
+    parts = programs if carry else ns
+    acc, ml = split_buffers(rows, nh, parts, d, q.device, scratch)
     attn_split_loop_kernel[(rows, nkv, programs)](
         q,
         kc,
@@ -138,6 +140,7 @@ def attention_rows(
         acc,
         ml,
         ns,
+        parts,
         n,
         gs,
         int(lens is not None),
@@ -148,6 +151,7 @@ def attention_rows(
         D=d,
         SPLIT=ATTN_SPLIT,
         BN=64,
+        CARRY=carry,
         num_warps=4,
         **launch_kw(q.device),
     )
@@ -165,7 +169,7 @@ def attention_rows(
         n,
         gs,
         int(lens is not None),
-        ns,
+        parts,
         NH=nh,
         D=d,
         SPLIT=ATTN_SPLIT,

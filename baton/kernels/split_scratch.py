@@ -34,6 +34,27 @@ def split_scratch_bytes(rows: int, nh: int, ns: int, d: int) -> int:
     return sum(4 * math.prod(shape) for shape in split_scratch(rows, nh, ns, d))
 
 
+PARTIALS_ENV = "BATON_ATTN_PROGRAM_PARTIALS"  # N > 0: one partial a program, N programs (attention_loop.py)
+
+
+def program_partials() -> int:
+    """BATON_ATTN_PROGRAM_PARTIALS=N: the attention's programs merge their own pieces, so a (row, head) keeps N
+    partials, not one a piece of the window (baton/kernels/attention_loop.py, "Program partials"); 0 (unset):
+    one a piece. Every worker of a deployment must run the same N (a row's bits depend on it past N pieces)."""
+    raw = os.environ.get(PARTIALS_ENV, "").strip() or "0"
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{PARTIALS_ENV}: {raw!r} is not a whole number of programs") from None
+    return max(0, n)
+
+
+def partial_slots(ns: int) -> int:
+    """The partials a (row, head) keeps over a window of ns pieces: min(N, ns) with program partials on, else ns."""
+    n = program_partials()
+    return min(n, ns) if n else ns
+
+
 SCRATCH_ENV = "BATON_ATTN_SCRATCH"  # "0": each call allocates its own partials (a graph's pool keeps them)
 # on by default at every window since test_gpu_verify / batch / mtp_batch passed with it (H100, 2026-12-07)
 
@@ -46,7 +67,8 @@ def runner_scratch(device, cfg, max_len: int) -> torch.Tensor | None:
     from baton.engine.fused_blocks import MAX_ROWS
     from baton.engine.pages import pages_for
 
-    return reserve_split_scratch(device, MAX_ROWS, cfg.num_attention_heads, pages_for(max_len), cfg.head_dim)
+    ns = partial_slots(pages_for(max_len))
+    return reserve_split_scratch(device, MAX_ROWS, cfg.num_attention_heads, ns, cfg.head_dim)
 
 
 def reserve_split_scratch(device, rows: int, nh: int, ns: int, d: int) -> torch.Tensor:

@@ -42,3 +42,29 @@ def test_piece_programs_default_to_32_a_row_head_keep_the_grid_full_and_follow_t
     monkeypatch.setenv(PIECE_PROGRAMS_ENV, "many")
     with pytest.raises(ValueError, match="BATON_ATTN_PIECE_PROGRAMS: 'many'"):
         piece_programs(513, rows=1, nkv=4)
+
+
+def test_program_partials_fix_the_programs_and_size_the_partials_by_them(monkeypatch):
+    """BATON_ATTN_PROGRAM_PARTIALS=N: N programs a (row, kv head) whatever the rows or BATON_ATTN_PIECE_PROGRAMS
+    say (a row's bits depend on N past N pieces), at most the window's pieces; the partials and a runner's
+    scratch are sized by them, not by the window (~32x less at 262,144 tokens with N = 32)."""
+    from baton.engine import pages as pages_mod
+    from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV, piece_programs
+    from baton.kernels.split_scratch import PARTIALS_ENV, partial_slots, program_partials
+    from baton.random_init import shape
+
+    cfg = shape("qwen3.5-9b")
+    monkeypatch.delenv(PARTIALS_ENV, raising=False)
+    monkeypatch.setenv(PIECE_PROGRAMS_ENV, "7")
+    long = pages_mod.attention_scratch_bytes_of(cfg, 320, 262_144)
+    assert (program_partials(), partial_slots(1024), piece_programs(1024, rows=1, nkv=4)) == (0, 1024, 7)
+    monkeypatch.setenv(PARTIALS_ENV, "32")
+    assert (program_partials(), partial_slots(1024), partial_slots(17)) == (32, 32, 17)
+    assert [piece_programs(1024, rows=r, nkv=4) for r in (1, 64)] == [32, 32] and piece_programs(17, 1, 4) == 17
+    assert pages_mod.attention_scratch_bytes_of(cfg, 320, 262_144) * 32 == long  # 1,024 pieces -> 32 partials
+    for raw in ("0", "-3"):
+        monkeypatch.setenv(PARTIALS_ENV, raw)
+        assert program_partials() == 0 and partial_slots(1024) == 1024
+    monkeypatch.setenv(PARTIALS_ENV, "lots")
+    with pytest.raises(ValueError, match="BATON_ATTN_PROGRAM_PARTIALS: 'lots'"):
+        program_partials()

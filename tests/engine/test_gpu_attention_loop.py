@@ -50,3 +50,45 @@ def test_looped_partials_give_the_one_program_a_piece_output_bitwise(monkeypatch
         assert torch.equal(run(), plain), programs
     scratch = reserve_split_scratch("cuda", rows, nh, MP, d)
     assert torch.equal(run(scratch), plain)
+
+
+@cuda
+@pytest.mark.parametrize("parts", ["8", "32"])
+def test_program_partials_keep_a_row_the_same_alone_and_batched(monkeypatch, parts):
+    """BATON_ATTN_PROGRAM_PARTIALS=N (baton/kernels/attention_loop.py, "Program partials"): each program merges
+    its pieces, N partials a (row, head). At the 9B attention shape over a 64-piece window in shuffled pages,
+    each group's rows are bitwise the same rows computed alone (any batch, padding groups included), rows of at
+    most N pieces are bitwise one program a piece, and the rest are within fp32 rounding of it."""
+    from baton.kernels import attention as A
+    from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV
+    from baton.kernels.split_scratch import PARTIALS_ENV, reserve_split_scratch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    nh, nkv, d, SP, MP, S, gs = 16, 4, 256, A.ATTN_SPLIT, 64, 8, 2
+    pages = S * MP + 5
+    kp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
+    vp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
+    tab = torch.randperm(pages, generator=g, device="cuda")[: S * MP].reshape(S, MP).to(torch.int32).contiguous()
+    slots = torch.tensor([0, 1, -1, 2, 3, 4, -1, 5, 6, 7], device="cuda")
+    ends = [0, 255, 0, 256, 1000, 5000, 0, 8191, 12345, MP * SP - 2]
+    pos = torch.tensor([[e, e + 1] for e in ends], device="cuda").reshape(-1)
+    rows = pos.numel()
+    q = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
+    gate = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
+    monkeypatch.setenv(PIECE_PROGRAMS_ENV, "0")  # one program a piece: the reference
+    plain = A.attention_rows(q, kp, vp, pos, gate, gs, table=tab, slots=slots, gs=gs)
+    monkeypatch.delenv(PIECE_PROGRAMS_ENV)
+    monkeypatch.setenv(PARTIALS_ENV, parts)
+    scratch = reserve_split_scratch("cuda", rows, nh, int(parts), d)
+    out = A.attention_rows(q, kp, vp, pos, gate, gs, table=tab, slots=slots, gs=gs, scratch=scratch)
+    torch.cuda.synchronize()
+    assert torch.allclose(out.float(), plain.float(), rtol=2e-2, atol=2e-2)
+    for gi, s in enumerate(slots.tolist()):
+        r = slice(gi * gs, (gi + 1) * gs)
+        if s < 0:
+            assert bool((out[r] == 0).all())
+            continue
+        alone = A.attention_rows(q[r].contiguous(), kp, vp, pos[r], gate[r], gs, table=tab[s : s + 1])
+        assert torch.equal(alone, out[r]), (gi, ends[gi])
+        if ends[gi] // SP + 2 <= int(parts):  # both rows within N pieces: one piece a program
+            assert torch.equal(out[r], plain[r]), (gi, ends[gi])
