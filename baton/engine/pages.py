@@ -154,8 +154,8 @@ def choose_pages(
     pages = pages_from_memory(budget, 1.0, page_bytes, slots * pages_for(max_len) + extra_pages)
     if pages < pages_for(max_len):  # not one request of the window would ever be admitted: say so now
         source = (
-            f"{fraction} of the {free / 2**30:.1f} GiB free on {dev}, less {reserved_bytes / 2**30:.1f} GiB for the "
-            "O(1) state"
+            f"{fraction} of the {free / 2**30:.1f} GiB free on {dev}, less {reserved_bytes / 2**30:.1f} GiB still "
+            "to be allocated (the O(1) state, the attention's partials over the window, the graphs' kept inputs)"
             if agreed is None
             else f"the share of {fraction} x {total / 2**30:.1f} GiB on {dev} agreed by {gpu_workers} workers "
             f"(baton/engine/gpu_plan.py: all their weights and O(1) state first)"

@@ -101,8 +101,9 @@ def test_cuda_sizing_refuses_a_budget_below_one_window(monkeypatch):
     cap = choose_pages("cuda", page_bytes=page_b, slots=2, max_len=10 * PAGE, fraction=0.5, extra_pages=7)
     assert cap == 27  # the cap grows by the prefix cache's pages while memory allows (50 pages here)
     free["b"] = 30 * 2**20  # another process holds the rest: 0.5 x 30 MiB - 10 MiB = 5 pages < 10
-    with pytest.raises(ValueError, match=r"leaves 5 pages .* less than one window of 2560 tokens \(10 pages\)"):
+    with pytest.raises(ValueError, match=r"leaves 5 pages .* less than one window of 2560 tokens \(10 pages\)") as e:
         choose_pages("cuda", page_bytes=page_b, slots=8, max_len=10 * PAGE, reserved_bytes=10 * 2**20, fraction=0.5)
+    assert "less 0.0 GiB still to be allocated (the O(1) state, the attention's partials" in str(e.value)
 
 
 def test_the_sizing_counts_the_attention_partials_the_kernel_allocates_over_the_window(monkeypatch):
