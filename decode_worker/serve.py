@@ -143,7 +143,7 @@ def serve_decode(
         )
     for e, r in {id(r): (e, r) for e, r in runners.items()}.values():
         st = r.state
-        log.info("decode: %s runner %s", e, describe(st.pages.pages, st.page_bytes(), slots, max_len))
+        log.info("decode: %s runner %s", e, describe(st.pages.pages, st.page_bytes(), slots, max_len, st.attn_scratch))
     if str(device).startswith("cuda") and not pipeline:  # bf16 / fp8 sessions step together (BatchedAR),
         for e in ("bf16", "fp8", "mtp"):  # mtp rounds chain and verify together (BatchedRows)
             if e in runners:

@@ -97,7 +97,10 @@ def serve_prefill(
         extra_pages=cache_pages,
     )
     runner = ModelRunner(lm.model, slots=slots, max_len=max_len, width=width, checkpoints=True, kv_pages=pages)
-    log.info("prefill: %s", describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len))
+    log.info(
+        "prefill: %s",
+        describe(runner.state.pages.pages, runner.state.page_bytes(), slots, max_len, runner.state.attn_scratch),
+    )
     if str(device).startswith("cuda"):
         st = prepare_cuda(runner)
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)

@@ -370,3 +370,13 @@ def test_held_bytes_count_the_pages_a_slot_owns_not_its_window(lm):
     assert st.held_bytes(0) == st.o1_slot_bytes() + st.page_bytes() < st.slot_bytes()
     r.prefill(1, list(range(PAGE + 5)))
     assert st.held_bytes(1) == st.o1_slot_bytes() + 2 * st.page_bytes()
+
+
+def test_the_start_up_line_names_the_pool_and_the_attention_partials():
+    """pages.describe: the pool's pages, tokens, GiB and full windows; with a runner's scratch (CUDA), its GiB."""
+    from baton.engine.pages import describe
+
+    line = describe(40, 2**20, slots=8, max_len=10 * PAGE)
+    assert line == f"KV pages: 40 x {PAGE} tokens = {40 * PAGE} tokens (0.04 GiB), 4 full windows of 2560 for 8 slots"
+    scratch = torch.empty(2**28, dtype=torch.float32)  # 1 GiB
+    assert describe(40, 2**20, 8, 10 * PAGE, scratch) == line + "; attention partials 1.00 GiB"
