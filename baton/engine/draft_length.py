@@ -53,7 +53,9 @@ and the next wave probed again above it; a near tie marks nothing, as a K = 1 pr
 many or more clears it. A
 caller that names the round's batch (next_k(batch): fast-mode mtp's launch) has a speculative K fall to
 K = 0 before a round at a batch past it: a wave of sessions joining a batch that speculates (learned while
-it was small) does not start with a speculative round of all of them, computed at once. On the H200 the
+it was small) does not start with a speculative round of all of them, computed at once; nor, where speculation
+never lost, does a wave of JUMP_BATCH sessions or more that more than doubles the batch run the settled K: the
+switch probe tries K = min(K, REENTER_K) with them first (_jumped). On the H200 the
 sessions of a 32-stream point land in waves, and each wave's batch re-probed K = 4 at ~84 ms a round: the
 likely cause of most of fast mtp's 0.92x against bf16 there (not profiled). (At 32 streams on the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
 K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
@@ -74,6 +76,8 @@ DEFAULT_K_MAX = 8  # CUDA graphs of the verify / draft rows exist up to K = 8 (d
 POLICIES = ("adaptive", "fixed")
 JUDGED_WEIGHT = 16.0  # the most rounds one observe_drafts call weighs (DraftLength.observe_drafts)
 SPEC_LOG = 256  # speculative rounds DraftLength.spec_log keeps (WorkerStats.mtp_spec_rounds)
+REENTER_K = 2  # a wave joining a batch that speculates: the K its switch probe tries first (DraftLength._jumped)
+JUMP_BATCH = 8  # ... a wave of at least this many sessions (below, verify rows are nearly free: keep the K)
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -182,6 +186,9 @@ class DraftLength:
             if self.k > 0 and self._outgrown():  # (a loss to K = 0 implies k_min = 0)
                 self._spec_k, self.k = self.k, 0
                 self._want, self._streak = None, 0
+            elif self.k > 0 and self.k_min == 0 and self._jumped():  # a wave joined: re-enter from K <= 2
+                self._spec_k, self.k = min(self.k, REENTER_K), 0
+                self._want, self._streak = None, 0
         if not self.costs:
             return self.k
         runs = [j for j in self.costs if j > 0]
@@ -226,6 +233,17 @@ class DraftLength:
         cost, cur = self.cost(j), self.cost(self.k)
         cheap = cost is not None and cur is not None and cost <= self.probe_share * e.age * cur
         return j if cheap or self._plausible(j) else None
+
+    def _jumped(self) -> bool:
+        """The named batch is more than twice the one the settled speculative K was last measured at: a wave
+        of sessions joined a batch that speculates. Its settled K is then not run with all of them (on the
+        2-core VM two K = 8 rounds of 16 sessions took 551 and 537 ms, against ~42 ms a plain round, before
+        the switch to K = 0: benchmarks/results/spec-log-cpu-mtp16-2026-12-07.json). The switch probe then tries
+        K = min(K, REENTER_K) with them first: a cheaper round (K + 1 verify rows a session) that still wins where
+        speculation pays (K = 1 may tie plain rounds where K = 4 wins: E(1) = 1.9 tokens at p = 0.9), and the
+        neighbour probes climb from it."""
+        e = self.costs.get(self.k)
+        return e is not None and self._batch > 2 * e.batch and self._batch >= JUMP_BATCH
 
     def _outgrown(self) -> bool:
         """The batch is larger than the one where speculation last lost to plain rounds (module doc)."""

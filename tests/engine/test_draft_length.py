@@ -417,3 +417,21 @@ def test_the_speculative_rounds_are_logged_with_their_batch_cost_and_whether_a_p
     later = [e for e in log if e[0] > settled + 1]
     assert len(later) >= 2 and all(probe for *_, probe in later), log
     assert sum(n for n, _ in c.by_k.values()) == 1000
+
+
+def test_a_wave_joining_a_batch_that_speculates_reenters_from_k2():
+    """The 2-core VM's 16-stream point (2026-12-07, spec-log-cpu-mtp16): K climbed to 8 while one or two
+    sessions ran, then a wave of 16 joined and ran two K = 8 rounds at ~13x a plain round's cost. Told the
+    batch before each round, the controller now drops the settled K and probes K = 2 first (a cheaper round
+    that still wins where speculation pays), and no K > 2 with all of them; where speculation pays at the new
+    batch it climbs back."""
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(14)
+    _batch_rounds(c, 60, 0.9, light, rng, sessions=2, named=True)
+    assert c.k >= 4  # speculation wins with two sessions
+    ks = _batch_rounds(c, 60, 0.9, heavy, rng, sessions=16, named=True)
+    assert ks[0] == 2 and 0 in ks[1:4], ks[:6]  # the K = 2 probe, then plain rounds
+    assert max(ks) <= 2 and c.k == 0, ks
+    c, rng = DraftLength(prior_k=4, k_max=8, k_min=0), random.Random(15)
+    _batch_rounds(c, 60, 0.9, light, rng, sessions=2, named=True)
+    ks = _batch_rounds(c, 200, 0.9, light, rng, sessions=16, named=True)  # speculation still pays at 16
+    assert ks[0] == 2 and c.k >= 3 and ks[-40:].count(0) <= 4, ks
