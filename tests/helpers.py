@@ -42,6 +42,19 @@ def make_tiny_dir(tmp_path: Path, **kw) -> Path:
     return dest
 
 
+def local_ray(ray, **kw):
+    """ray.init of a test's local cluster, in a temp dir of its own; once more, in a new temp dir, when its raylet
+    did not register within Ray's fixed 30 s (ray._private.node; a CI run on 2 loaded cores at 1158421 timed
+    out so), the half-started cluster stopped first. Any other failure is raised at once."""
+    for attempt in (1, 2):
+        try:
+            return ray.init(_temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"), **kw)
+        except Exception as e:
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            ray.shutdown()
+
+
 def self_signed_cert(tmp_path: Path, common_name: str = "localhost") -> tuple[str, str]:
     """A self-signed certificate for localhost / 127.0.0.1 (a CA of itself): (cert.pem, key.pem) paths."""
     import datetime

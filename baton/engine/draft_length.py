@@ -50,14 +50,13 @@ than `margin` (priced against plain rounds measured at as many sessions or more,
 this batch: a wave's end drops the batch and probes at once; until 2026-12-07 such a loss marked nothing,
 and the next wave probed again above it; a near tie marks nothing, as a K = 1 probe that only just lost at
 2 sessions would make the next win there clear every mark): a win at fewer sessions keeps it, a win at as
-many or more clears it. A
-caller that names the round's batch (next_k(batch): fast-mode mtp's launch) has a speculative K fall to
-K = 0 before a round at a batch past it: a wave of sessions joining a batch that speculates (learned while
-it was small) does not start with a speculative round of all of them, computed at once; nor, where speculation
-never lost, does a wave of JUMP_BATCH sessions or more that more than doubles the batch run the settled K: the
-switch probe tries K = min(K, REENTER_K) with them first (_jumped). On the H200 the
-sessions of a 32-stream point land in waves, and each wave's batch re-probed K = 4 at ~84 ms a round: the
-likely cause of most of fast mtp's 0.92x against bf16 there (not profiled). (At 32 streams on the H200 a batched K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
+many or more clears it. A caller that names the round's batch (next_k(batch): fast-mode mtp's launch) has a
+speculative K fall to K = 0 before a round at a batch past it: a wave of sessions joining a batch that
+speculates (learned while it was small) does not start with a speculative round of all of them, computed at
+once; nor, where speculation never lost, does a wave that more than doubles it to JUMP_BATCH or more
+(_jumped). On the H200 the sessions of a 32-stream point land in waves, and each wave's batch re-probed K = 4
+at ~84 ms a round: the likely cause of most of fast mtp's 0.92x against bf16 there (not profiled). (At 32
+streams on the H200 a K = 4 round cost ~84 ms for ~4 tokens a session against ~7 ms for a plain step, but
 K = 0 was never measured, so K stayed 4: fast mtp ran at 0.62x fast bf16.) Exact mode cannot run K = 0
 today (Draft and Verify refuse a block of 0 drafts), so its floor is k_min = 1 (docs/CONTRACTS.md, "Draft length"); fast-mode
 MTP on the decode worker runs it (a batched AR step: decode_worker/mtp_launch.py), with k_min = 0 and one
@@ -144,8 +143,7 @@ class DraftLength:
         self._streak = 0
         self._probe: int | None = None  # K of the round asked for by a probe (not the settled K)
         self.by_k: dict[int, tuple[int, float]] = {}  # K -> (rounds, their seconds) observed: WorkerStats
-        # the last SPEC_LOG speculative rounds, (round number, K, batch, seconds, probe): where the dear rounds
-        # of a heavy batch come from (WorkerStats.mtp_spec_rounds); appended by observe_round, read by copy
+        # the last speculative rounds (round, K, batch, seconds, probe): WorkerStats.mtp_spec_rounds, read by copy
         self.spec_log: collections.deque[tuple[int, int, int, float, bool]] = collections.deque(maxlen=SPEC_LOG)
 
     # ---- estimates -------------------------------------------------------------------------------
@@ -183,11 +181,9 @@ class DraftLength:
         self._probe = None
         if batch is not None:
             self._batch = max(1, batch)
-            if self.k > 0 and self._outgrown():  # (a loss to K = 0 implies k_min = 0)
-                self._spec_k, self.k = self.k, 0
-                self._want, self._streak = None, 0
-            elif self.k > 0 and self.k_min == 0 and self._jumped():  # a wave joined: re-enter from K <= 2
-                self._spec_k, self.k = min(self.k, REENTER_K), 0
+            out, jumped = self._outgrown(), self.k_min == 0 and self._jumped()  # (a loss implies k_min = 0)
+            if self.k > 0 and (out or jumped):  # a wave joined: K = 0, the switch probe re-enters (_jumped)
+                self._spec_k, self.k = self.k if out else min(self.k, REENTER_K), 0
                 self._want, self._streak = None, 0
         if not self.costs:
             return self.k
@@ -235,13 +231,9 @@ class DraftLength:
         return j if cheap or self._plausible(j) else None
 
     def _jumped(self) -> bool:
-        """The named batch is more than twice the one the settled speculative K was last measured at: a wave
-        of sessions joined a batch that speculates. Its settled K is then not run with all of them (on the
-        2-core VM two K = 8 rounds of 16 sessions took 551 and 537 ms, against ~42 ms a plain round, before
-        the switch to K = 0: benchmarks/results/spec-log-cpu-mtp16-2026-12-07.json). The switch probe then tries
-        K = min(K, REENTER_K) with them first: a cheaper round (K + 1 verify rows a session) that still wins where
-        speculation pays (K = 1 may tie plain rounds where K = 4 wins: E(1) = 1.9 tokens at p = 0.9), and the
-        neighbour probes climb from it."""
+        """A wave joined a batch that speculates: the named batch is over twice the settled K's figure's (on 2
+        cores two K = 8 rounds of 16 then took ~545 ms each, ~42 ms plain: spec-log-cpu-mtp16). The switch
+        probe tries K = min(K, REENTER_K): cheaper, still a win where speculation pays (K = 1 may tie)."""
         e = self.costs.get(self.k)
         return e is not None and self._batch > 2 * e.batch and self._batch >= JUMP_BATCH
 
@@ -301,9 +293,8 @@ class DraftLength:
         return self.k
 
     def _lost_probe(self, k: int) -> None:
-        """A speculative round at K = k measured from plain rounds (a switch probe) that lost by more than
-        `margin`: this batch is one where speculation lost, as a switch to K = 0 records it (_decide), so
-        that the batch's growth past it stops further probes but dear ones (_outgrown)."""
+        """A switch probe at K = k that lost by more than `margin`: this batch is one where speculation lost,
+        as a switch to K = 0 records it (_decide): growth past it stops all but dear probes (_outgrown)."""
         spec, plain = self.rate(k), self.rate(0)
         e = self.costs.get(0)
         if plain is None and e is not None and e.batch >= self._batch:  # plain rounds cost more the larger

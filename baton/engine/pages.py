@@ -171,13 +171,10 @@ def choose_pages(
 def describe(pages: int, page_bytes: int, slots: int, max_len: int, scratch=None) -> str:
     """The start-up line: what the pool holds (pages, tokens, GiB, full windows), and the runner's attention
     partials when it has them (scratch: HybridState.attn_scratch, sized by the window: GiB at long ones)."""
-    line = (
-        f"KV pages: {pages} x {PAGE} tokens = {pages * PAGE} tokens ({pages * page_bytes / 2**30:.2f} GiB), "
-        f"{pages // max(pages_for(max_len), 1)} full windows of {max_len} for {slots} slots"
-    )
-    if scratch is not None:
-        line += f"; attention partials {scratch.numel() * scratch.element_size() / 2**30:.2f} GiB"
-    return line
+    line = f"KV pages: {pages} x {PAGE} tokens = {pages * PAGE} tokens ({pages * page_bytes / 2**30:.2f} GiB), "
+    line += f"{pages // max(pages_for(max_len), 1)} full windows of {max_len} for {slots} slots"
+    gib = None if scratch is None else scratch.numel() * scratch.element_size() / 2**30
+    return line if gib is None else f"{line}; attention partials {gib:.2f} GiB"
 
 
 def fill_capacity(out, runners) -> None:

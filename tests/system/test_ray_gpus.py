@@ -5,9 +5,8 @@ GPU bundle see one GPU id and get the KV plan's environment, and through it agre
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
+from helpers import local_ray
 
 from deploy.ray_gpus import GpuShare
 
@@ -41,13 +40,13 @@ def test_launch_passes_the_kv_options_and_plans_fractional_gpus():
 @pytest.mark.usefixtures("one_ray_at_a_time")
 def test_actors_sharing_a_gpu_agree_on_their_kv_budget(tmp_path):
     ray = pytest.importorskip("ray")
-    ray.init(
+    local_ray(
+        ray,
         num_cpus=4,
         num_gpus=2,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
-        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
     )
     try:
 

@@ -4,14 +4,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from helpers import make_tiny_dir
+from helpers import local_ray, make_tiny_dir
 
 from baton.rpc import make_channel
 from baton.settings import Settings
@@ -121,12 +120,12 @@ def test_ray_actors_serve_over_grpc(tmp_path):
     from prefill_worker.actor import make_actor_class as prefill_actor
 
     model = str(make_tiny_dir(tmp_path))
-    ray.init(
+    local_ray(
+        ray,
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
-        _temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"),
         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
     )
     try:
