@@ -15,24 +15,32 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+NH, NKV, D, MP, S, GS = 16, 4, 256, 64, 8, 2  # the 9B's attention heads; a 64-piece window, 8 slots, 2 rows a group
+SLOTS = [0, 1, -1, 2, 3, 4, -1, 5, 6, 7]  # groups' slots, two of them padding
+ENDS = [0, 255, 0, 256, 1000, 5000, 0, 8191, 12345, MP * 256 - 2]  # each group's first row's position
+
+
+def _case(seed: int):
+    """-> (kp, vp, table, slots, pos, q, gate) on CUDA: bf16 KV in shuffled pages (5 spare), two rows a group."""
+    from baton.kernels.attention import ATTN_SPLIT as SP
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages = S * MP + 5
+    kp, vp = (torch.randn(pages, NKV, SP, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
+    tab = torch.randperm(pages, generator=g, device="cuda")[: S * MP].reshape(S, MP).to(torch.int32).contiguous()
+    pos = torch.tensor([[e, e + 1] for e in ENDS], device="cuda").reshape(-1)
+    q, gate = (torch.randn(pos.numel(), NH, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
+    return kp, vp, tab, torch.tensor(SLOTS, device="cuda"), pos, q, gate
+
+
 @cuda
 def test_looped_partials_give_the_one_program_a_piece_output_bitwise(monkeypatch):
     from baton.kernels import attention as A
     from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV
     from baton.kernels.split_scratch import reserve_split_scratch
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    nh, nkv, d, SP, MP, S, gs = 16, 4, 256, A.ATTN_SPLIT, 64, 8, 2
-    pages = S * MP + 5
-    kp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
-    vp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
-    tab = torch.randperm(pages, generator=g, device="cuda")[: S * MP].reshape(S, MP).to(torch.int32).contiguous()
-    slots = torch.tensor([0, 1, -1, 2, 3, 4, -1, 5, 6, 7], device="cuda")
-    ends = [0, 255, 0, 256, 1000, 5000, 0, 8191, 12345, MP * SP - 2]  # each group's first row's position
-    pos = torch.tensor([[e, e + 1] for e in ends], device="cuda").reshape(-1)
-    rows = pos.numel()
-    q = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
-    gate = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
+    kp, vp, tab, slots, pos, q, gate = _case(0)
+    gs, rows = GS, pos.numel()
 
     def run(scratch=None):
         o = A.attention_rows(q, kp, vp, pos, gate, gs, table=tab, slots=slots, gs=gs, scratch=scratch)
@@ -48,7 +56,7 @@ def test_looped_partials_give_the_one_program_a_piece_output_bitwise(monkeypatch
         else:
             monkeypatch.setenv(PIECE_PROGRAMS_ENV, programs)
         assert torch.equal(run(), plain), programs
-    scratch = reserve_split_scratch("cuda", rows, nh, MP, d)
+    scratch = reserve_split_scratch("cuda", rows, NH, MP, D)
     assert torch.equal(run(scratch), plain)
 
 
@@ -63,23 +71,13 @@ def test_program_partials_keep_a_row_the_same_alone_and_batched(monkeypatch, par
     from baton.kernels.attention_loop import PIECE_PROGRAMS_ENV
     from baton.kernels.split_scratch import PARTIALS_ENV, reserve_split_scratch
 
-    g = torch.Generator(device="cuda").manual_seed(1)
-    nh, nkv, d, SP, MP, S, gs = 16, 4, 256, A.ATTN_SPLIT, 64, 8, 2
-    pages = S * MP + 5
-    kp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
-    vp = torch.randn(pages, nkv, SP, d, generator=g, device="cuda").to(torch.bfloat16)
-    tab = torch.randperm(pages, generator=g, device="cuda")[: S * MP].reshape(S, MP).to(torch.int32).contiguous()
-    slots = torch.tensor([0, 1, -1, 2, 3, 4, -1, 5, 6, 7], device="cuda")
-    ends = [0, 255, 0, 256, 1000, 5000, 0, 8191, 12345, MP * SP - 2]
-    pos = torch.tensor([[e, e + 1] for e in ends], device="cuda").reshape(-1)
-    rows = pos.numel()
-    q = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
-    gate = torch.randn(rows, nh, d, generator=g, device="cuda").to(torch.bfloat16)
+    kp, vp, tab, slots, pos, q, gate = _case(1)
+    gs, rows, SP = GS, pos.numel(), A.ATTN_SPLIT
     monkeypatch.setenv(PIECE_PROGRAMS_ENV, "0")  # one program a piece: the reference
     plain = A.attention_rows(q, kp, vp, pos, gate, gs, table=tab, slots=slots, gs=gs)
     monkeypatch.delenv(PIECE_PROGRAMS_ENV)
     monkeypatch.setenv(PARTIALS_ENV, parts)
-    scratch = reserve_split_scratch("cuda", rows, nh, int(parts), d)
+    scratch = reserve_split_scratch("cuda", rows, NH, int(parts), D)
     out = A.attention_rows(q, kp, vp, pos, gate, gs, table=tab, slots=slots, gs=gs, scratch=scratch)
     torch.cuda.synchronize()
     assert torch.allclose(out.float(), plain.float(), rtol=2e-2, atol=2e-2)
@@ -89,6 +87,6 @@ def test_program_partials_keep_a_row_the_same_alone_and_batched(monkeypatch, par
             assert bool((out[r] == 0).all())
             continue
         alone = A.attention_rows(q[r].contiguous(), kp, vp, pos[r], gate[r], gs, table=tab[s : s + 1])
-        assert torch.equal(alone, out[r]), (gi, ends[gi])
-        if ends[gi] // SP + 2 <= int(parts):  # both rows within N pieces: one piece a program
-            assert torch.equal(out[r], plain[r]), (gi, ends[gi])
+        assert torch.equal(alone, out[r]), (gi, ENDS[gi])
+        if ENDS[gi] // SP + 2 <= int(parts):  # both rows within N pieces: one piece a program
+            assert torch.equal(out[r], plain[r]), (gi, ENDS[gi])
