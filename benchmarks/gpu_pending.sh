@@ -159,7 +159,7 @@
 # PYTEST_FILES="tests/engine/test_gpu_batch.py tests/engine/test_gpu_prefill.py" QUEUE="pytest:330 ctx-max:200" (the
 # looped default, one long row's 256 programs a (row, kv head); the prefix cache's in-pass restore, 3d84e66) |
 # SPEC_POINTS=32 BF16_POINTS=32 QUEUE="spec-adaptive:300 tests-serving:280" (it prints the first decode's parts,
-# decode_called / first_message, and the speculative rounds' log) | QUEUE="partials-ab:420" (program partials: then
+# decode_called / first_message, and the speculative rounds' log; a joining wave re-enters at K = 2 since 1158421) | QUEUE="partials-ab:420" (program partials: then
 # on by default if bitwise and the ITL holds); ctx-max and spec-adaptive on an H200; nogil; gil.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
