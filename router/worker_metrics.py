@@ -40,6 +40,12 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
     baton_worker_prefix_cache_evictions_total{reason}
                                    entries evicted since start: "pages" when a request found too few free KV
                                    pages (the cache losing its prefixes to load), "capacity" for newer entries
+    baton_worker_decode_wait_seconds{part, quantile}
+                                   a decode worker's fast Decode calls before their first tokens, p50 / p99
+                                   (quantile "0.5" / "0.99") of its recent calls: part "called" (LoadState's
+                                   commit -> the call), "first_message" (the call -> its first message) and, within
+                                   it, "first_tokens" (the join of the step scheduler -> its first tokens):
+                                   decode_worker/call_waits.py; the router's first_decode_ms in parts
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
 
@@ -112,6 +118,7 @@ class WorkerCollector:
                 usage.add_metric([w.role, w.address], 1.0 - st.kv_pages_free / st.kv_pages)
         yield usage
         yield from _gathered(got)
+        yield _decode_waits(got)
         yield CounterMetricFamily(
             "baton_worker_scrape_errors", "Worker GetStats calls of /metrics scrapes that failed", value=self.errors
         )
@@ -162,3 +169,25 @@ def _gathered(got):
         rpcs.add_metric([w.role, w.address], float(st.batched_rpcs))
         reqs.add_metric([w.role, w.address], float(st.batched_items))
     yield from (batches, items, secs, rpcs, reqs, by_k, k_secs, hits, reused, evicted)
+
+
+_WAITS = (
+    ("called", "decode_called_s"),
+    ("first_message", "decode_first_message_s"),
+    ("first_tokens", "first_tokens_s"),
+)
+
+
+def _decode_waits(got) -> GaugeMetricFamily:
+    """baton_worker_decode_wait_seconds of the decode workers that answered (module doc)."""
+    fam = GaugeMetricFamily(
+        "baton_worker_decode_wait_seconds",
+        "A decode worker's Decode calls before their first tokens, by part, p50 / p99 of recent calls",
+        labels=["role", "worker", "part", "quantile"],
+    )
+    for w, st in got:
+        if w.role == "decode":
+            for part, field in _WAITS:
+                for q, suffix in (("0.5", "p50"), ("0.99", "p99")):
+                    fam.add_metric([w.role, w.address, part, q], getattr(st, f"{field}_{suffix}"))
+    return fam

@@ -150,6 +150,24 @@ def test_metrics_count_fast_mtp_rounds_by_draft_length():
     assert all(x.name.endswith("_total") for x in fams["baton_worker_mtp_rounds"].samples)
 
 
+def test_metrics_show_the_decode_workers_waits_before_first_tokens(cluster):
+    """baton_worker_decode_wait_seconds: after fast requests the decode worker's p50 / p99 of a session's
+    LoadState -> Decode call, the call -> its first message, and the join -> first tokens within it; the
+    prefill worker has none."""
+    for _ in range(2):
+        list(cluster["client"].generate([5, 6, 7], max_new_tokens=6, engine="bf16", ignore_eos=True))
+    got = _scrape(cluster)
+    d, p = cluster["addr"]["decode"], cluster["addr"]["prefill"]
+
+    def wait(part, q):
+        return got[f'baton_worker_decode_wait_seconds{{part="{part}",quantile="{q}",role="decode",worker="{d}"}}']
+
+    for part in ("called", "first_message", "first_tokens"):
+        assert 0 < wait(part, "0.5") <= wait(part, "0.99") < 30, (part, got)
+    assert wait("first_tokens", "0.5") <= wait("first_message", "0.5")  # the join is within the call's wait
+    assert not any("decode_wait" in k and f'worker="{p}"' in k for k in got)
+
+
 def test_cpu_served_workers_pipeline_exact_rounds_and_one_gpu_shared_merges_them(cluster, monkeypatch):
     """serve_prefill / serve_decode on the CPU (each worker on its own cores): exact mode's Verify and Draft
     gathers are pipelined: no round barrier on the Draft side, no settling on the Verify side
