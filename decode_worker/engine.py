@@ -354,8 +354,8 @@ class DecodeEngine:
         sched = self._scheduler
         scheds = [x for x in (sched, self._rounds) if x is not None]  # a Decode call's join -> its first tokens
         out.first_tokens_s_p50, out.first_tokens_s_p99 = p50_p99([t for x in scheds for t in x.first_s])
-        if reset and self._rounds is not None:
-            self._rounds.first_s.clear()  # (the step scheduler's clears with its windows, below)
+        for x in scheds if reset else ():
+            x.first_s.clear()
         if sched is not None:
             batched = {id(r.batched): r.batched for r in self.runners.values() if r.batched is not None}
             sched.fill_stats(out, [b.device_s for b in batched.values()], reset)

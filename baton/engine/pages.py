@@ -91,10 +91,9 @@ def kept_inputs_bytes_of(cfg, dtype: torch.dtype, rows: int) -> int:
 def attention_scratch_bytes_of(cfg, rows: int, max_len: int) -> int:
     """Bytes of the split-window attention's fp32 partials at `rows` rows over a max_len window
     (baton/kernels/split_scratch.py, sized by the window's pieces, or by N with BATON_ATTN_PROGRAM_PARTIALS=N):
-    one buffer a runner, which all
-    its calls share (~85 MB at 320 rows of the 9B over 4,096 tokens, ~3.1 GB over
-    150,000), so a long window's KV sizing leaves room for it (on 2026-12-07 a 150,200-token window on an H100
-    ran out of memory capturing)."""
+    one buffer a runner, which all its calls share (~85 MB at 320 rows of the 9B over 4,096 tokens, ~3.1 GB
+    over 150,000), so a long window's KV sizing leaves room for it (on 2026-12-07 a 150,200-token window on an
+    H100 ran out of memory capturing)."""
     from baton.kernels.split_scratch import partial_slots, split_scratch_bytes
 
     return split_scratch_bytes(rows, cfg.num_attention_heads, partial_slots(pages_for(max_len)), cfg.head_dim)

@@ -162,7 +162,8 @@ class StepScheduler:
         self.step_s: collections.deque[float] = collections.deque(maxlen=4096)  # recent step durations
         # from one launch to the next while a step was in flight (pipelined: the step period the sessions see)
         self.interval_s: collections.deque[float] = collections.deque(maxlen=4096)
-        self.first_s: collections.deque[float] = collections.deque(maxlen=4096)  # join -> a job's first tokens out
+        # join -> a job's first tokens out; read and reset by its owner (DecodeEngine.fill_step_stats)
+        self.first_s: collections.deque[float] = collections.deque(maxlen=4096)
         self._last_launch = 0.0
         self.phase_s: collections.Counter[str] = collections.Counter()
         self.held_rows = 0
@@ -206,7 +207,7 @@ class StepScheduler:
             out.step_held_rows = self.held_rows
             out.steps, out.step_rows, out.max_step_rows = self.steps, self.rows, self.max_rows
             if reset:
-                for w in [self.step_s, self.interval_s, self.first_s, *device_windows]:
+                for w in [self.step_s, self.interval_s, *device_windows]:
                     w.clear()
                 self.phase_s, self.held_rows, self.phase_since = collections.Counter(), 0, time.monotonic()
 
