@@ -347,10 +347,17 @@ def test_a_pipelined_gather_does_not_wait_for_a_group_due_later():
         _out_of_phase(lambda i: g.call((_Session(i),)), 4, lagging=2, lag=0.04, period=0.08, rounds=12)
         return sizes
 
-    sizes: list[int] = []
-    keyed = Gather(lambda items: sizes.append(len(items)) or items, threading.Lock(), expected=lambda: 4, **PERIODIC)
-    run_groups(keyed)
-    assert sizes[-4:-1].count(4) >= 2, sizes  # merged
+    tries = []
+    for _ in range(3):  # the control: a loaded VM can wake a group too late to merge in one run
+        sizes: list[int] = []
+        keyed = Gather(
+            lambda items: sizes.append(len(items)) or items, threading.Lock(), expected=lambda: 4, **PERIODIC
+        )
+        run_groups(keyed)
+        tries.append(sizes)
+        if sizes[-4:-1].count(4) >= 2:
+            break
+    assert sizes[-4:-1].count(4) >= 2, tries  # merged
     sizes = []
     plain = Gather(lambda items: sizes.append(len(items)) or items, threading.Lock(), expected=lambda: 4, **PERIODIC)
     plain.pipelined()

@@ -35,4 +35,6 @@ def test_eight_streams_batch_and_stay_exact():
     for p in (one, eight):
         assert p["errors"] == {} and p["mismatched"] == 0 and p["tokens"] == p["streams"] * NEW, p
     print(f"1 stream {one['tok_s']} tok/s, 8 streams {eight['tok_s']} tok/s")
-    assert eight["tok_s"] > 1.8 * one["tok_s"], (one, eight)  # 3.0x measured on 2 idle cores
+    # 3.0x measured on 2 idle cores; 1.71x once in a loaded CI run (two test processes): the bound only
+    # has to tell batching (well over 1x) from one stream at a time (about 1x)
+    assert eight["tok_s"] > 1.5 * one["tok_s"], (one, eight)
