@@ -79,18 +79,7 @@ def _flag(value) -> bool:
     return str(value).strip().lower() not in ("0", "false", "no", "off")
 
 
-def make_actor_class(
-    num_gpus: float = 0,
-    resources: dict | None = None,
-    max_restarts: int = -1,
-    max_task_retries: int | None = None,
-    num_cpus: float | None = None,
-):
-    return make_remote(
-        DecodeActor,
-        num_gpus=num_gpus,
-        resources=resources,
-        max_restarts=max_restarts,
-        max_task_retries=max_task_retries,
-        num_cpus=num_cpus,
-    )
+def make_actor_class(**options):
+    """The Ray actor class of DecodeActor: baton/worker/actor.py make_remote's options (num_gpus, resources,
+    max_restarts, max_task_retries, num_cpus)."""
+    return make_remote(DecodeActor, **options)

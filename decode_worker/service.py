@@ -45,9 +45,7 @@ import torch
 
 from baton import grammar, hidden_rows, sampling_rules, stalls, thread_cpu
 from baton.engine.pages import fill_capacity
-from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
-from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff import timeline
 from baton.handoff.admission import ADMITTED
 from baton.handoff.receive import layout_of, peek_header, receive_state
@@ -69,14 +67,6 @@ MAX_IDS = 1024  # stop_token_ids per Decode (the router sends at most 64)
 
 
 class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServicer):
-    errors = {
-        WindowError: grpc.StatusCode.OUT_OF_RANGE,
-        SessionNotFound: grpc.StatusCode.NOT_FOUND,
-        SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grammar.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,  # (a ValueError: before it)
-        ValueError: INVALID,
-    }
-
     def __init__(
         self,
         engine: DecodeEngine,

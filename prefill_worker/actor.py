@@ -63,18 +63,7 @@ class PrefillActor(WorkerActor):
         ready(self.role, settings)  # the actor's process is this worker's
 
 
-def make_actor_class(
-    num_gpus: float = 0,
-    resources: dict | None = None,
-    max_restarts: int = -1,
-    max_task_retries: int | None = None,
-    num_cpus: float | None = None,
-):
-    return make_remote(
-        PrefillActor,
-        num_gpus=num_gpus,
-        resources=resources,
-        max_restarts=max_restarts,
-        max_task_retries=max_task_retries,
-        num_cpus=num_cpus,
-    )
+def make_actor_class(**options):
+    """The Ray actor class of PrefillActor: baton/worker/actor.py make_remote's options (num_gpus, resources,
+    max_restarts, max_task_retries, num_cpus)."""
+    return make_remote(PrefillActor, **options)

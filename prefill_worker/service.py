@@ -40,12 +40,10 @@ import uuid
 
 import grpc
 
-from baton import grammar, sampling_rules, stalls, thread_cpu
+from baton import sampling_rules, stalls, thread_cpu
 from baton.engine.gather import fill_stats
 from baton.engine.pages import fill_capacity
-from baton.engine.runner import WindowError
 from baton.engine.sampling import Params
-from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff.channels import ChannelPool
 from baton.handoff.policy import DRAFT_ONLY_NAMES, computes_mtp_kv, needs_mtp_kv, shipped
 from baton.handoff.push import HandoffError, start_push
@@ -70,14 +68,6 @@ RELEASE_ATTEMPTS = 3
 
 
 class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerServicer):
-    errors = {
-        WindowError: grpc.StatusCode.OUT_OF_RANGE,
-        SessionNotFound: grpc.StatusCode.NOT_FOUND,
-        SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grammar.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,  # (a ValueError: before it)
-        ValueError: INVALID,
-    }
-
     def __init__(
         self,
         engine: ExactEngine,

@@ -13,8 +13,9 @@ from typing import Callable, Iterator, Mapping
 
 import grpc
 
-from baton import thread_cpu
+from baton import grammar, thread_cpu
 from baton.engine.runner import WindowError
+from baton.engine.slots import SessionLimit, SessionNotFound
 from baton.handoff.wire import StateError
 from baton.rpc import StatusError, abort_with
 
@@ -69,11 +70,21 @@ def _message(e: BaseException) -> str:
     return str(e.args[0]) if e.args else type(e).__name__
 
 
-class ServicerBase:
-    """Counters, deadline check, exception -> status mapping, TTL reaper. Subclasses set `errors`
-    (exception type -> status code; the first isinstance match wins, so list subclasses first)."""
+# both workers' engine exceptions -> status codes (the first isinstance match wins, so subclasses first)
+WORKER_ERRORS: Mapping[type[BaseException], grpc.StatusCode] = {
+    WindowError: grpc.StatusCode.OUT_OF_RANGE,
+    SessionNotFound: grpc.StatusCode.NOT_FOUND,
+    SessionLimit: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grammar.Unavailable: grpc.StatusCode.FAILED_PRECONDITION,  # (a ValueError: before it)
+    ValueError: grpc.StatusCode.INVALID_ARGUMENT,
+}
 
-    errors: Mapping[type[BaseException], grpc.StatusCode] = {}
+
+class ServicerBase:
+    """Counters, deadline check, exception -> status mapping, TTL reaper. `errors`: exception type -> status
+    code, the first isinstance match winning (WORKER_ERRORS unless a subclass sets its own)."""
+
+    errors: Mapping[type[BaseException], grpc.StatusCode] = WORKER_ERRORS
 
     def __init__(self, engine, *, reap_interval_s: float = 2.0):
         self.engine = engine
