@@ -11,6 +11,8 @@
     GET  /version               {"version": Baton's} (vLLM's)
     POST /v1/completions        router/http/schemas.py parse_completion
     POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
+    POST /v1/responses          OpenAI's Responses API: router/http/responses.py (the request, as a chat) and
+                                response_events.py (its output and events); GET /v1/responses/{id}: 404 (none stored)
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
 Every path but /health and /live needs `Authorization: Bearer <token>` when the router has a token (the gRPC
@@ -44,6 +46,8 @@ from starlette.requests import ClientDisconnect
 
 from baton.rpc_guard import RateLimitedLog
 from router.http.errors import ApiError, bad
+from router.http.response_events import ResponseEvents
+from router.http.responses import parse_responses
 from router.http.run import Run
 from router.http.schemas import Limits, check_model, parse_chat, parse_completion
 from router.http.tokenize import detokenize, tokenize
@@ -72,6 +76,7 @@ KNOWN = {
     "/version",
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/tokenize",
     "/detokenize",
 }
@@ -265,6 +270,35 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await generate(request, parse_chat)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await read_json(request, body_limit)
+        job, req = await asyncio.to_thread(parse_responses, body, limits())
+        run = Run(servicer, job, meta.model_id, id_prefix="resp_")
+        await run.start()
+        events = ResponseEvents(run, req, meta.model_id)
+        if not body.get("stream"):
+            watch = asyncio.create_task(_on_disconnect(request, run.cancel))
+            try:
+                return JSONResponse(await events.collect())
+            finally:
+                watch.cancel()
+
+        async def sse():  # each event named by its type, as OpenAI's (no [DONE] after the last)
+            async for event in events.stream():
+                yield format_sse_event(event=event["type"], data_str=json.dumps(event, ensure_ascii=False))
+
+        return EventSourceResponse(sse(), headers=SSE_HEADERS)
+
+    @app.get("/v1/responses/{response_id}")
+    async def response_by_id(response_id: str):
+        raise ApiError(
+            404,
+            f"response_id: {response_id[:80]!r} is not stored: Baton keeps no responses (store is always false)",
+            param="response_id",
+            code="not_found",
+        )
 
     @app.post("/tokenize")
     async def tokenize_(request: Request):

@@ -54,9 +54,9 @@ class Choice:
 
 
 class Run:
-    def __init__(self, servicer, job, model_id: str):
+    def __init__(self, servicer, job, model_id: str, id_prefix: str | None = None):
         self.job, self.model_id = job, model_id
-        prefix = "chatcmpl-" if job.kind == "chat" else "cmpl-"
+        prefix = id_prefix or ("chatcmpl-" if job.kind == "chat" else "cmpl-")  # (Responses: "resp_")
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
         # usage counts each prompt once: its first choice (choice i is prompt i // n's, j = i % n)
         self.choices = [Choice(0 if i % job.n else len(r.token_ids.ids)) for i, r in enumerate(job.requests)]
@@ -259,8 +259,9 @@ class Run:
         if finish is not None:
             yield self._chunk(i, "", finish)
 
-    async def chunks(self):
-        """OpenAI chunk objects; the caller frames them as SSE and adds `data: [DONE]`."""
+    async def chunks(self, errors_as_chunks: bool = True):
+        """OpenAI chunk objects; the caller frames them as SSE and adds `data: [DONE]`. An error after the
+        first token is one {"error": ...} chunk, last (errors_as_chunks False: the ApiError is raised)."""
         try:
             if self.job.kind == "chat":
                 for i in range(len(self.choices)):
@@ -272,6 +273,8 @@ class Run:
                 try:
                     ev = await self._next()
                 except ApiError as e:
+                    if not errors_as_chunks:
+                        raise
                     yield e.body()
                     return
                 for chunk in self._events(*ev):

@@ -425,6 +425,48 @@ def test_sampling_seed_and_logprobs_equal_grpc(stack):
     assert a.choices[0].message.content == b.choices[0].message.content and b.choices[0].logprobs is None
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_responses_equal_chat_completions(stack, mode):
+    """POST /v1/responses through the real model with the openai client: the same tokens as the chat
+    completion of the equivalent messages (instructions = a system message), streamed or not, greedy or
+    seeded; its logprobs the chat's; text.format json_schema follows its schema (router/http/responses.py)."""
+    client = stack.openai()
+    ext = {"baton": {"ignore_eos": True, "mode": mode}}
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "fibonacci"}]
+    for kw in ({}, {"temperature": 0.9, "top_p": 0.95, "seed": 5}):
+        chat = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, extra_body=ext, **kw)
+        seed = {"seed": kw["seed"]} if kw else {}
+        r = client.responses.create(
+            model=MODEL, instructions="You write Python.", input="fibonacci", max_output_tokens=12,
+            extra_body={**ext, **seed}, **{k: v for k, v in kw.items() if k != "seed"},
+        )  # fmt: skip
+        assert r.output_text == chat.choices[0].message.content and r.status == "incomplete"
+        assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, 12)
+        events = list(
+            client.responses.create(
+                model=MODEL, instructions="You write Python.", input=[{"role": "user", "content": "fibonacci"}],
+                max_output_tokens=12, stream=True, extra_body={**ext, **seed},
+                **{k: v for k, v in kw.items() if k != "seed"},
+            )
+        )  # fmt: skip
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+        assert events[-1].type == "response.incomplete" and events[-1].response.output_text == r.output_text
+    a = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, logprobs=True, top_logprobs=2)
+    r = client.responses.create(
+        model=MODEL, instructions="You write Python.", input="fibonacci", max_output_tokens=6,
+        include=["message.output_text.logprobs"], top_logprobs=2,
+    )  # fmt: skip
+    got = r.output[0].content[0].logprobs
+    want = a.choices[0].logprobs.content
+    assert [(x.token, x.logprob) for x in got] == [(x.token, x.logprob) for x in want] and len(got) == 6
+    assert all(len(x.top_logprobs) == 2 for x in got)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    fmt = {"type": "json_schema", "name": "n", "schema": schema, "strict": True}
+    r = client.responses.create(model=MODEL, input="A number as JSON", max_output_tokens=40, text={"format": fmt})
+    v = json.loads(r.output_text)
+    assert set(v) == {"n"} and isinstance(v["n"], int) and r.status == "completed"
+
+
 def test_n_choices_share_one_prefill(stack):
     """The n choices of a prompt reach the prefill worker together and are computed once (their pass
     shares equal prompts: baton/engine/prefill.py shared_pieces): its prompt tokens computed grow by

@@ -1,0 +1,324 @@
+"""OpenAI's Responses API (`POST /v1/responses`): a request as the chat request it means.
+
+    job, req = parse_responses(body, lim)    # ApiError(400 / 404) naming the Responses field
+
+A Responses request is a chat completion with other names, so it runs the chat path whole (the template,
+tools and forced calls, structured outputs, the reasoning parser, sampling, exact mode, admission): this
+module only translates the body (`to_chat`) and renames the chat path's errors back to the Responses
+fields; router/http/response_events.py turns the chat stream into the Responses output and events.
+
+Translation (docs/HTTP.md, "The Responses API"):
+    input (a string: one user message)   -> messages; items: messages (role + content: a string, or
+                                            input_text / output_text parts), function_call (-> an assistant
+                                            message's tool_calls, merged into the assistant message before it),
+                                            function_call_output (-> a tool message), reasoning (-> the next
+                                            assistant message's reasoning_content)
+    instructions                         -> a first system message
+    max_output_tokens                    -> max_completion_tokens
+    tools [{type: function, name, ...}]  -> tools [{type: function, function: {name, description, parameters}}]
+    tool_choice {type: function, name}   -> {type: function, function: {name}}
+    text.format                          -> response_format (text, json_object, json_schema)
+    include [message.output_text.logprobs] + top_logprobs -> logprobs: true, top_logprobs
+    temperature, top_p, parallel_tool_calls, stream, model, and Baton's / vLLM's extras (PASSED) as they are.
+Refused (400 naming the field): previous_response_id and conversation (Baton stores no responses: send the
+whole conversation in input), background, prompt, truncation other than "disabled", hosted tools, non-text
+content, item_reference. Read and echoed only: metadata, store (always false: nothing is stored), user,
+reasoning, service_tier, safety_identifier, prompt_cache_key, max_tool_calls (null only).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from router.http.errors import ApiError, bad
+from router.http.schemas import Job, Limits, parse_chat
+
+ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text", "text")
+# Baton's and vLLM's own fields, passed to the chat path as they are (its own checks name them)
+PASSED = (
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "seed",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "stop",
+    "logit_bias",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "truncate_prompt_tokens",
+    "chat_template_kwargs",
+    "cache_salt",
+    "baton",
+)
+REFUSED = {
+    "previous_response_id": "Baton stores no responses: send the whole conversation in input",
+    "conversation": "Baton stores no conversations: send the whole conversation in input",
+    "background": "background responses are not supported",
+    "prompt": "stored prompt templates are not supported",
+}
+LOGPROBS = "message.output_text.logprobs"
+# the chat path's field names -> the Responses request's (its errors, and the router's own statuses)
+_RENAMES = [
+    (re.compile(r"\bresponse_format\.json_schema\."), "text.format."),
+    (re.compile(r"\bresponse_format\b"), "text.format"),
+    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\bmessages\b"), "input"),
+    (re.compile(r"\btools\[(\d+)\]\.function\."), r"tools[\1]."),
+    (re.compile(r"\btool_choice\.function\."), "tool_choice."),
+]
+
+
+@dataclass
+class ResponsesRequest:
+    """What the response object echoes of its request (OpenAI's Response fields)."""
+
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list = field(default_factory=list)
+    tool_choice: object = "auto"
+    parallel_tool_calls: bool = True
+    text_format: dict = field(default_factory=lambda: {"type": "text"})
+    metadata: dict = field(default_factory=dict)
+    user: str | None = None
+    reasoning: dict = field(default_factory=lambda: {"effort": None, "summary": None})
+    top_logprobs: int | None = None  # logprobs asked (include message.output_text.logprobs): their count
+
+    def echo(self) -> dict:
+        return {
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "tools": self.tools,
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "text": {"format": self.text_format},
+            "metadata": self.metadata,
+            "user": self.user,
+            "reasoning": self.reasoning,
+            "previous_response_id": None,
+            "store": False,
+            "truncation": "disabled",
+            "background": False,
+            "service_tier": "default",
+            "top_logprobs": self.top_logprobs or 0,
+            "error": None,
+        }
+
+
+def rename(text: str) -> str:
+    for pattern, new in _RENAMES:
+        text = pattern.sub(new, text)
+    return text
+
+
+def parse_responses(body, lim: Limits) -> tuple[Job, ResponsesRequest]:
+    """The body -> the chat path's Job (streamed, with the usage chunk: response_events.py reads its chunks
+    whether the client streams or not) and what the response echoes. ApiError naming the Responses field."""
+    chat, req = to_chat(body)
+    try:
+        job = parse_chat(chat, lim)
+    except ApiError as e:
+        e.message, e.param = rename(e.message), rename(e.param) if e.param else e.param
+        raise
+    job.rename = {k: rename(v) for k, v in job.rename.items()}
+    job.rename.setdefault("max_new_tokens", "max_output_tokens")
+    return job, req
+
+
+def to_chat(body) -> tuple[dict, ResponsesRequest]:
+    """A Responses body -> the chat completion body it means, and the fields the response echoes."""
+    if not isinstance(body, dict):
+        raise bad("body", f"expected a JSON object, got {type(body).__name__}")
+    for name, why in REFUSED.items():
+        if body.get(name) not in (None, False):
+            raise bad(name, why)
+    if body.get("truncation", "disabled") not in ("disabled", None):
+        raise bad("truncation", 'only "disabled" (a prompt over the window is refused; see truncate_prompt_tokens)')
+    if body.get("max_tool_calls") is not None:
+        raise bad("max_tool_calls", "not supported (parallel_tool_calls: false keeps one call)")
+    chat = {k: body[k] for k in PASSED if k in body}
+    req = ResponsesRequest(
+        temperature=body.get("temperature"),
+        top_p=body.get("top_p"),
+        parallel_tool_calls=body.get("parallel_tool_calls", True) is not False,
+    )
+    if body.get("stream") not in (None, True, False):
+        raise bad("stream", "expected a boolean")
+    chat["stream"] = True  # the events are made from the chat stream, streamed to the client or not
+    chat["stream_options"] = {"include_usage": True}
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad("instructions", f"expected a string, got {type(instructions).__name__}")
+    req.instructions = instructions
+    messages = [{"role": "system", "content": instructions}] if instructions else []
+    chat["messages"] = messages + input_messages(body.get("input"))
+    if body.get("max_output_tokens") is not None:
+        chat["max_completion_tokens"] = req.max_output_tokens = body["max_output_tokens"]
+    if body.get("tools") is not None:
+        chat["tools"], req.tools = _tools(body["tools"]), body["tools"]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"], req.tool_choice = _tool_choice(body["tool_choice"]), body["tool_choice"]
+    _text(body.get("text"), chat, req)
+    _include(body, chat, req)
+    _echoed(body, req)
+    return chat, req
+
+
+def input_messages(v) -> list[dict]:
+    """`input` -> chat messages (module doc); errors name input[i]."""
+    if isinstance(v, str):
+        return [{"role": "user", "content": v}]
+    if not isinstance(v, list) or not v:
+        raise bad("input", "expected a string or a non-empty list of items")
+    out: list[dict] = []
+    reasoning: str | None = None  # a reasoning item's text, for the assistant message after it
+    for i, item in enumerate(v):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad(where, "expected an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise bad(where + ".role", f"{role!r:.40} is not one of {', '.join(ROLES)}")
+            msg = {"role": role, "content": _content(item.get("content"), where + ".content")}
+            if role == "assistant" and reasoning is not None:
+                msg["reasoning_content"], reasoning = reasoning, None
+            out.append(msg)
+        elif kind == "function_call":
+            call = {
+                "id": _str(item, "call_id", where),
+                "type": "function",
+                "function": {"name": _str(item, "name", where), "arguments": _str(item, "arguments", where)},
+            }
+            if out and out[-1]["role"] == "assistant":  # the message (or calls) it came with
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                if reasoning is not None:
+                    out[-1]["reasoning_content"], reasoning = reasoning, None
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _content(output, where + ".output")
+            out.append({"role": "tool", "tool_call_id": _str(item, "call_id", where), "content": text})
+        elif kind == "reasoning":
+            parts = [p for k in ("content", "summary") if isinstance(item.get(k), list) for p in item[k]]
+            reasoning = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+        else:
+            raise bad(where + ".type", f"{kind!r:.40}: only message, function_call, function_call_output and reasoning")
+    return out
+
+
+def _content(v, where: str) -> str:
+    """A message's content: a string, or a list of text parts (joined)."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        raise bad(where, f"expected a string or a list of text parts, got {type(v).__name__}")
+    texts = []
+    for j, p in enumerate(v):
+        if not isinstance(p, dict) or p.get("type") not in TEXT_PARTS or not isinstance(p.get("text"), str):
+            got = p.get("type") if isinstance(p, dict) else type(p).__name__
+            raise bad(f"{where}[{j}]", f"{got!r:.40}: only text parts (input_text, output_text) are served")
+        texts.append(p["text"])
+    return "".join(texts)
+
+
+def _str(item: dict, key: str, where: str) -> str:
+    v = item.get(key)
+    if not isinstance(v, str):
+        raise bad(f"{where}.{key}", f"expected a string, got {type(v).__name__}")
+    return v
+
+
+def _tools(v) -> list[dict]:
+    """Responses' flat function tools -> chat's {type, function: {...}}; the chat path checks the rest."""
+    if not isinstance(v, list):
+        raise bad("tools", "expected a list")
+    out = []
+    for i, t in enumerate(v):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            got = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise bad(f"tools[{i}].type", f"{got!r:.40}: only function tools (Baton runs no hosted tools)")
+        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(v):
+    if isinstance(v, dict):
+        if v.get("type") != "function" or not isinstance(v.get("name"), str):
+            raise bad("tool_choice", 'expected "auto", "none", "required" or {"type": "function", "name": NAME}')
+        return {"type": "function", "function": {"name": v["name"]}}
+    return v  # a string: the chat path checks it
+
+
+def _text(v, chat: dict, req: ResponsesRequest) -> None:
+    """text.format -> response_format."""
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise bad("text", "expected an object")
+    fmt = v.get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise bad("text.format", "expected an object")
+    kind = fmt.get("type")
+    if kind == "json_schema":
+        spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        chat["response_format"] = {"type": "json_schema", "json_schema": spec}
+    elif kind in ("text", "json_object"):
+        chat["response_format"] = {"type": kind}
+    else:
+        raise bad("text.format.type", f"{kind!r:.40} is not one of text, json_object, json_schema")
+    req.text_format = fmt
+
+
+def _include(body: dict, chat: dict, req: ResponsesRequest) -> None:
+    """include [message.output_text.logprobs] with top_logprobs N -> the chat's logprobs."""
+    include = body.get("include") or []
+    if not isinstance(include, list) or any(not isinstance(x, str) for x in include):
+        raise bad("include", "expected a list of strings")
+    other = [x for x in include if x != LOGPROBS]
+    if other:
+        raise bad("include", f"{other[0]!r:.60}: only {LOGPROBS!r} (Baton runs no hosted tools)")
+    top = body.get("top_logprobs")
+    if LOGPROBS in include:
+        chat["logprobs"], chat["top_logprobs"] = True, top if top is not None else 0
+        req.top_logprobs = chat["top_logprobs"]
+    elif top:
+        raise bad("top_logprobs", f"needs include: [{LOGPROBS!r}]")
+
+
+def _echoed(body: dict, req: ResponsesRequest) -> None:
+    """The fields the response only echoes: metadata (at most 16 string pairs, as OpenAI's), user, reasoning."""
+    meta = body.get("metadata")
+    if meta is not None:
+        ok = isinstance(meta, dict) and len(meta) <= 16
+        if not ok or any(not isinstance(k, str) or not isinstance(x, str) for k, x in meta.items()):
+            raise bad("metadata", "expected an object of at most 16 string keys and values")
+        req.metadata = meta
+    if isinstance(body.get("user"), str):
+        req.user = body["user"]
+    r = body.get("reasoning")
+    if r is not None:
+        if not isinstance(r, dict):
+            raise bad("reasoning", "expected an object")
+        req.reasoning = {"effort": r.get("effort"), "summary": r.get("summary")}
+    if body.get("store") not in (None, True, False):
+        raise bad("store", "expected a boolean")

@@ -1,0 +1,266 @@
+"""OpenAI's Responses API (POST /v1/responses: router/http/responses.py, response_events.py) with the official
+`openai` client and httpx, on a router in this process over the scripted fake workers of test_http_tools.py
+(the Qwen3.5 template, --reasoning-parser qwen3): a known answer's reasoning, content and tool call become
+reasoning, message and function_call items, streamed (the events in OpenAI's order, sequence numbers from 0,
+the deltas joining into the non-streamed fields) or not; input items render the prompt the equivalent chat
+messages render; max_output_tokens gives an incomplete response; refusals name the Responses field. Through
+the real model: test_http_api.py test_responses_equal_chat_completions."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_http_api import TOKEN, assert_error
+from test_http_tools import MODEL, WEATHER, XML_CALL, _client, _prompt, _say, scripted_routers
+
+THOUGHT = "The user wants the weather.\n"
+ANSWER = "Let me look that up.\n\n"
+TEXT = THOUGHT + "</think>\n\n" + ANSWER + XML_CALL
+TOOL = {"type": "function", **WEATHER["function"]}  # the Responses API's flat function tool
+ARGS = {"city": "New York", "days": 3, "metric": True}
+ASK = [{"role": "user", "content": "Weather in New York?"}]
+
+
+@pytest.fixture(scope="module")
+def s(tmp_path_factory):
+    from router.service import RouterConfig
+
+    mp = pytest.MonkeyPatch()
+    yield from scripted_routers(tmp_path_factory, mp, {"url": RouterConfig(reasoning_parser="qwen3")})
+    mp.undo()
+
+
+def _post(s, body: dict, path: str = "/v1/responses") -> httpx.Response:
+    return httpx.post(s["url"] + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+
+
+def _events(s, body: dict) -> list[tuple[str, dict]]:
+    """A streamed response's (event name, data) as sent."""
+    with httpx.stream(
+        "POST", s["url"] + "/v1/responses", json={**body, "stream": True}, headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line for line in r.iter_lines() if line]
+    names = [x[len("event: ") :] for x in lines if x.startswith("event: ")]
+    data = [json.loads(x[len("data: ") :]) for x in lines if x.startswith("data: ")]
+    assert len(names) == len(data) and "[DONE]" not in lines
+    return list(zip(names, data))
+
+
+def test_reasoning_message_and_call_items_streamed_or_not(s):
+    body = {"model": MODEL, "input": ASK, "tools": [TOOL], "max_output_tokens": 300}
+    _say(s, TEXT)
+    r = _client(s).responses.create(**body)
+    assert r.status == "completed" and r.id.startswith("resp_") and r.incomplete_details is None
+    assert [o.type for o in r.output] == ["reasoning", "message", "function_call"]
+    reasoning, message, call = r.output
+    assert reasoning.content[0].text == THOUGHT and reasoning.id.startswith("rs_")
+    assert message.role == "assistant" and message.status == "completed"
+    assert [p.type for p in message.content] == ["output_text"] and message.content[0].text.strip() == ANSWER.strip()
+    assert r.output_text == message.content[0].text  # the client's own join of the output_text parts
+    assert call.name == "get_weather" and json.loads(call.arguments) == ARGS and call.call_id.startswith("call_")
+    assert r.usage.output_tokens == len(s["tok"].encode(TEXT)) + 1  # the whole text's tokens and EOS
+    assert r.usage.input_tokens == len(s["tok"].encode(_prompt(s))) and r.usage.total_tokens > r.usage.input_tokens
+    assert r.tools[0].name == "get_weather" and r.store is False
+
+    _say(s, TEXT)
+    events = _events(s, body)
+    names = [n for n, _ in events]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(d["type"] == n for n, d in events)
+    assert names[:2] == ["response.created", "response.in_progress"] and names[-1] == "response.completed"
+    opened = [d["item"]["type"] for n, d in events if n == "response.output_item.added"]
+    assert opened == ["reasoning", "message", "function_call"]
+    done = [d["item"] for n, d in events if n == "response.output_item.done"]
+    final = events[-1][1]["response"]
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"] and final["output"] == done
+
+    def joined(kind):
+        return "".join(d["delta"] for n, d in events if n == kind)
+
+    assert joined("response.reasoning_text.delta") == THOUGHT == done[0]["content"][0]["text"]
+    assert joined("response.output_text.delta") == message.content[0].text == done[1]["content"][0]["text"]
+    assert joined("response.function_call_arguments.delta") == done[2]["arguments"] == call.arguments
+    assert len([n for n in names if n.endswith(".delta")]) > 10  # token by token
+    # every item's events lie between its added and done events, in output order
+    spans = [i for i, (n, _) in enumerate(events) if n in ("response.output_item.added", "response.output_item.done")]
+    assert [events[i][1]["output_index"] for i in spans] == [0, 0, 1, 1, 2, 2]
+    assert final["usage"]["output_tokens"] == r.usage.output_tokens and final["status"] == "completed"
+
+    # the openai client's own stream reads the same
+    _say(s, TEXT)
+    with _client(s).responses.stream(**body) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        got = stream.get_final_response()
+    assert text == message.content[0].text and got.output[2].arguments == call.arguments
+
+
+def test_input_items_render_the_equivalent_chat_prompt(s):
+    """instructions, a function_call after the assistant's text, its output, and an assistant reasoning item:
+    the prompt is the chat template's for the equivalent chat messages."""
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": calls, "reasoning_content": "Look it up."},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"},
+    ]
+    items = [
+        {
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Weather in "}, {"type": "input_text", "text": "Rome?"}],
+        },
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "Look it up."}],
+        },
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 24 C"},
+    ]
+    _say(s, "It is sunny.")
+    r = _post(s, {"input": items, "instructions": "Be brief.", "tools": [TOOL]})
+    assert r.status_code == 200, r.text
+    via_responses = _prompt(s)
+    assert r.json()["output"][-1]["content"][0]["text"] == "It is sunny."
+    _say(s, "It is sunny.")
+    c = _post(s, {"messages": chat, "tools": [WEATHER]}, "/v1/chat/completions")
+    assert c.status_code == 200, c.text
+    assert _prompt(s) == via_responses and "Sunny, 24 C" in via_responses and "Be brief." in via_responses
+    _say(s, "Hi.")
+    r = _post(s, {"input": "Hello"})  # a string: one user message
+    assert r.status_code == 200 and "Hello" in _prompt(s) and r.json()["output"][-1]["content"][0]["text"] == "Hi."
+
+
+def test_max_output_tokens_gives_an_incomplete_response(s):
+    _say(s, ANSWER * 20)
+    r = _post(s, {"input": ASK, "max_output_tokens": 5, "chat_template_kwargs": {"enable_thinking": False}})
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "incomplete", body
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"} and body["usage"]["output_tokens"] == 5
+    assert body["output"][-1]["status"] == "incomplete" and body["max_output_tokens"] == 5
+    _say(s, ANSWER * 20)
+    events = _events(s, {"input": ASK, "max_output_tokens": 5})
+    assert events[-1][0] == "response.incomplete" and events[-1][1]["response"]["status"] == "incomplete"
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": []}, "input"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": 3}}}, "text.format"),
+        ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [TOOL]}, "tool_choice"),
+        ({"input": "x", "include": ["file_search_call.results"]}, "include"),
+        ({"input": "x", "truncation": "auto"}, "truncation"),
+        ({"input": "x", "stream": "yes"}, "stream"),
+        ({"input": "x", "metadata": {"a": 1}}, "metadata"),
+    ],
+)
+def test_refusals_name_the_responses_field(s, body, field):
+    r = _post(s, body)
+    assert_error(r, 400)
+    err = r.json()["error"]
+    assert err["message"].startswith(field), err
+    _say(s, "ok")
+    assert _post(s, {"input": "x"}).status_code == 200  # and the next one is served
+
+
+def test_a_response_is_not_stored(s):
+    r = httpx.get(s["url"] + "/v1/responses/resp_123", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert_error(r, 404)
+    assert "keeps no responses" in r.json()["error"]["message"]
+
+
+_value = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.text(max_size=5),
+    st.lists(st.integers(-1, 3), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+_part = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["input_text", "output_text", "input_image", "x"]), "text": st.text(max_size=8)}
+    ),
+    _value,
+)
+_text = st.one_of(st.text(max_size=8), st.lists(_part, max_size=2), _value)
+_item = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer", "tool", "x"]), "content": _text}
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.one_of(st.just("call_1"), _value),
+            "name": st.one_of(st.just("get_weather"), _value),
+            "arguments": st.one_of(st.just('{"city": "Rome"}'), _value),
+        }
+    ),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.just("call_1"), "output": _text}),
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["reasoning", "item_reference"]), "content": _text, "summary": _value}
+    ),
+    _value,
+)
+_fields = {
+    "input": st.one_of(st.text(max_size=8), st.lists(_item, max_size=4), _value),
+    "instructions": st.one_of(st.text(max_size=8), _value),
+    "tools": st.one_of(
+        st.just([TOOL]),
+        st.lists(
+            st.fixed_dictionaries({"type": st.sampled_from(["function", "web_search"]), "name": _value}), max_size=2
+        ),
+        _value,
+    ),
+    "tool_choice": st.one_of(
+        st.sampled_from(["auto", "none", "required"]),
+        st.fixed_dictionaries({"type": st.just("function"), "name": st.sampled_from(["get_weather", "x"])}),
+        _value,
+    ),
+    "text": st.one_of(
+        st.fixed_dictionaries(
+            {
+                "format": st.one_of(
+                    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_schema", "x"])}), _value
+                )
+            }
+        ),
+        _value,
+    ),
+    "include": st.one_of(st.just(["message.output_text.logprobs"]), _value),
+    "top_logprobs": _value,
+    "metadata": _value,
+    "stream": st.one_of(st.booleans(), _value),
+    "max_output_tokens": st.one_of(st.integers(-1, 3), _value),
+    "reasoning": _value,
+    "store": _value,
+    "truncation": st.one_of(st.sampled_from(["disabled", "auto"]), _value),
+    "parallel_tool_calls": _value,
+    "temperature": _value,
+    "previous_response_id": _value,
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.one_of(st.fixed_dictionaries({}, optional=_fields), _value))
+def test_fuzz_never_500(s, body):
+    _say(s, "ok")
+    r = _post(s, body)
+    assert r.status_code in (200, 400, 413, 429), (body, r.status_code, r.text)
+    if r.status_code != 200:
+        assert_error(r, r.status_code)
