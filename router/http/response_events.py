@@ -183,14 +183,17 @@ class ResponseEvents:
 
     async def stream(self):
         """Every event of the response, the final one (completed / incomplete / failed) last."""
-        yield self._event("response.created", response=self.response("in_progress"))
-        yield self._event("response.in_progress", response=self.response("in_progress"))
-        async for chunk in self.run.chunks():
-            for event in self.feed(chunk):
-                yield event
-            if self.error is not None:
-                break
-        yield self._final()
+        try:
+            yield self._event("response.created", response=self.response("in_progress"))
+            yield self._event("response.in_progress", response=self.response("in_progress"))
+            async for chunk in self.run.chunks():
+                for event in self.feed(chunk):
+                    yield event
+                if self.error is not None:
+                    break
+            yield self._final()
+        finally:  # the client left mid-way: the Generate ends now, not when the chunks' generator is collected
+            self.run.cancel()
 
     async def collect(self) -> dict:
         """The final response object; ApiError for an error after the first token (nothing was sent yet)."""

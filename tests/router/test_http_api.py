@@ -705,10 +705,17 @@ def test_a_client_that_leaves_releases_both_workers_sessions(stack):
             token=stack.token,
             timeout=1.0,
         )
+    responses = stack.openai().responses.create(  # the Responses API's stream, left mid-way
+        model=MODEL, input=PROMPT, max_output_tokens=400, stream=True, extra_body={"baton": {"ignore_eos": True}}
+    )
+    it = iter(responses)
+    while next(it).type != "response.output_text.delta":
+        pass
+    responses.close()
     left = sessions_settle(stack)
     assert not any(left.values()), left
     text = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {stack.token}"}).text
-    assert metric(text, 'baton_router_requests_total{mode="fast",status="CANCELLED"}') == base + 2
+    assert metric(text, 'baton_router_requests_total{mode="fast",status="CANCELLED"}') == base + 3
 
 
 BAD = [  # (path, body or raw bytes, status, the field the message starts with)
