@@ -45,6 +45,7 @@ class Delta:
     stats: dict = field(default_factory=dict)
     logprobs: list = field(default_factory=list)  # (token id, logprob, [(id, logprob)]) per token, when asked
     prompt_logprobs: list = field(default_factory=list)  # the first message, when asked: prompt tokens 1 .. n-1
+    stop_string: str | None = None  # the last message: the stop string that ended the output, if one did
 
     @classmethod
     def from_proto(cls, m: router_pb2.GenerateResponse) -> "Delta":
@@ -82,7 +83,8 @@ class Delta:
         }
         if s.HasField("handoff_timeline"):  # asked for: the first hand-off's marks, name -> monotonic ns
             stats["handoff_timeline"] = dict(s.handoff_timeline.marks_ns)
-        return cls(list(m.token_ids), m.text, common_pb2.FinishReason.Name(m.finish_reason), usage, stats, lps, plps)
+        finish = common_pb2.FinishReason.Name(m.finish_reason)
+        return cls(list(m.token_ids), m.text, finish, usage, stats, lps, plps, m.stop_string or None)
 
 
 class Client:

@@ -199,6 +199,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 rec["tokens"], rec["migrations"] = len(budget.emitted), stats.migrations
                 if finish is not None:
                     self._last(msg, plan, rec, stats, len(budget.emitted), finish, now, t_first, t_second)
+                    msg.stop_string = out.matcher.matched or ""
                 yield msg
                 if finish is not None:
                     return

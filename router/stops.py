@@ -44,6 +44,7 @@ class StopMatcher:
         self.include = include
         self._held = ""
         self._frozen = 0  # chars of _held pushed unarmed: a stop string must end after them
+        self.matched: str | None = None  # the stop string that ended the text, once one did
 
     def push(self, delta: str, armed: bool = True) -> tuple[str, bool]:
         """armed=False (a token before min_tokens): no stop string is matched, only a possible start held."""
@@ -52,10 +53,10 @@ class StopMatcher:
         text = self._held + delta
         if armed:  # each stop string looked for where it would end in the armed text
             found = ((s, text.find(s, max(0, self._frozen - len(s) + 1))) for s in self.stops)
-            hits = [(i + len(s), i) for s, i in found if i >= 0]
+            hits = [(i + len(s), i, s) for s, i in found if i >= 0]
             if hits:  # the stop string completed first (the earliest end; on a tie, the longest)
                 self._held, self._frozen = "", 0
-                end, start = min(hits)
+                end, start, self.matched = min(hits)
                 return text[: end if self.include else start], True
         keep = max(held_prefix(text, s) for s in self.stops)  # what may still become a stop string
         self._held = text[len(text) - keep :] if keep else ""

@@ -51,6 +51,10 @@ class Choice:
     calls: list = field(default_factory=list)  # non-streaming: the tool calls found
     think: ReasoningSplit | None = None  # the reasoning parser on: text -> reasoning_content + content
     cached: int = 0  # of prompt_tokens, those the prefill restored from its prefix cache (the last message's usage)
+    last_token: int | None = None  # the last token id received
+    stop_reason: object = (
+        None  # vLLM's: the stop string, or the stop token id, that ended the choice (None: EOS, length)
+    )
 
 
 class Run:
@@ -108,8 +112,11 @@ class Run:
                     d.logprobs = [(c.echo_first, None, None), *d.prompt_logprobs, *d.logprobs]
             c.final = bool(d.finish_reason)
             c.tokens += len(d.token_ids)
+            c.last_token = d.token_ids[-1] if d.token_ids else c.last_token
             if d.finish_reason:
                 c.finish, c.stats = FINISH.get(d.finish_reason, "stop"), d.stats
+                if d.finish_reason == "STOP":  # a stop string, else one of stop_token_ids: the last token
+                    c.stop_reason = d.stop_string if d.stop_string is not None else c.last_token
                 c.cached = d.usage.get("cached_tokens", 0) if c.prompt_tokens else 0  # a prompt's first choice
             c.text.append(d.text)
             c.logprobs.extend(d.logprobs)
@@ -193,11 +200,13 @@ class Run:
                         "message": message,
                         "logprobs": self._logprobs(c.logprobs),
                         "finish_reason": "tool_calls" if c.calls else c.finish,
+                        "stop_reason": c.stop_reason,
                     }
                 )
             else:
+                lp = self._logprobs(c.logprobs)
                 out.append(
-                    {"index": i, "text": text, "logprobs": self._logprobs(c.logprobs), "finish_reason": c.finish}
+                    {"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish, "stop_reason": c.stop_reason}
                 )
         obj = "chat.completion" if self.job.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": out, "usage": self.usage(), "baton": self._stats()}
@@ -220,10 +229,9 @@ class Run:
             choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            out = {
-                **self._head("text_completion"),
-                "choices": [{"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}],
-            }
+            choice = {"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            out = {**self._head("text_completion"), "choices": [choice]}
+        choice["stop_reason"] = self.choices[i].stop_reason if finish is not None else None
         if self.job.include_usage:  # the usage so far on each chunk (continuous_usage_stats), else on the last
             out["usage"] = self.usage() if self.job.continuous_usage else None
         if finish is not None:

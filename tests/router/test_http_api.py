@@ -376,6 +376,7 @@ def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
         extra_body={"baton": {"ignore_eos": True, "stop_token_ids": [ids[3]]}},
     )
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == ids.index(ids[3]) + 1
+    assert r.choices[0].model_extra["stop_reason"] == ids[3]  # vLLM's: the stop token id
     stop = text[10:13]
     cut = text.find(stop)
     r = client.completions.create(
@@ -386,7 +387,10 @@ def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
         extra_body={"baton": {"ignore_eos": True}},
     )
     assert (r.choices[0].text, r.choices[0].finish_reason) == (text[:cut], "stop")
-    assert r.usage.completion_tokens < 24
+    assert r.usage.completion_tokens < 24 and r.choices[0].model_extra["stop_reason"] == stop  # ... the string
+    with Client(stack.grpc, token=stack.token) as c:  # gRPC: the last message names it
+        last = list(c.generate(PROMPT, max_new_tokens=24, ignore_eos=True, stop=[stop, "never-there"]))[-1]
+    assert (last.finish_reason, last.stop_string) == ("STOP", stop)
     chunks = list(
         client.completions.create(
             model=MODEL,
@@ -398,6 +402,9 @@ def test_finish_reason_stop_on_a_token_and_on_a_string(stack):
         )
     )
     assert "".join(c.choices[0].text for c in chunks) == text[:cut] and chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra["stop_reason"] == stop
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, extra_body={"baton": {"ignore_eos": True}})
+    assert (r.choices[0].finish_reason, r.choices[0].model_extra["stop_reason"]) == ("length", None)
     assert not any(sessions_settle(stack).values())
 
 

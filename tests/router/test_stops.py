@@ -94,3 +94,19 @@ def test_min_tokens_example():
     assert t.feed(toks) == ("", 2) and t.stopped  # "X" in the first token, "Y" completes it after: a stop
     t = TextStream(Chars(), ("a", "a\na"), min_tokens=1)  # hypothesis found it: "a" held (it may begin "a\na")
     assert t.feed([ord("a"), ord("\n")]) == ("", 2) and t.finish() == ("a\n", False)  # still inside min_tokens
+
+
+def test_the_matcher_names_the_stop_string_that_ended_the_text():
+    """StopMatcher.matched (GenerateResponse.stop_string, vLLM's stop_reason): the string that completed first,
+    whatever the chunking; None while none has, and when the text ends without one."""
+    for cuts in ([], [1], [3, 4], list(range(1, 12))):
+        m, text, pos = StopMatcher(("END", "xy", "never")), "ab xEND xy", 0
+        for c in [*cuts, len(text)]:
+            _, hit = m.push(text[pos:c])
+            pos = c
+            if hit:  # (the router ends the output there)
+                break
+        assert m.matched == "END", cuts
+    m = StopMatcher(("zz",))
+    m.push("abc z")
+    assert m.matched is None and m.flush() == "z"
