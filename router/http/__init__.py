@@ -6,7 +6,8 @@
 Imported only when an HTTP port is asked for (`python -m router --http-port P`, `baton serve --http-port
 P`): fastapi, uvicorn and jinja2 are needed then only. Without them: HttpUnavailable, which says so.
 Modules: app (routes, auth, body limit), schemas (request fields -> GenerateRequests), run (Generate
-calls -> OpenAI responses and chunks), responses / response_events (the Responses API over the chat path),
+calls -> OpenAI responses and chunks), responses / response_events and messages /
+message_events (OpenAI's Responses and Anthropic's Messages APIs over the chat path),
 bridge (Generate in process), chat (templates), errors (OpenAI
 error shape, status mapping), server (uvicorn on a thread); stop strings are matched by the router
 (router/stops.py). docs/HTTP.md describes the API.

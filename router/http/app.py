@@ -11,6 +11,8 @@
     GET  /version               {"version": Baton's} (vLLM's)
     POST /v1/completions        router/http/schemas.py parse_completion
     POST /v1/chat/completions   router/http/schemas.py parse_chat (the model's chat template)
+    POST /v1/messages           Anthropic's Messages API: router/http/messages.py and message_events.py, its errors
+                                in Anthropic's shape; POST /v1/messages/count_tokens: the prompt's tokens
     POST /v1/responses          OpenAI's Responses API: router/http/responses.py (the request, as a chat) and
                                 response_events.py (its output and events); GET /v1/responses/{id}: 404 (none stored)
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
@@ -46,6 +48,8 @@ from starlette.requests import ClientDisconnect
 
 from baton.rpc_guard import RateLimitedLog
 from router.http.errors import ApiError, bad
+from router.http.message_events import MessageEvents, error_body
+from router.http.messages import count_tokens, parse_messages
 from router.http.response_events import ResponseEvents
 from router.http.responses import parse_responses
 from router.http.run import Run
@@ -55,6 +59,7 @@ from router.http.tokenize import detokenize, tokenize
 log = logging.getLogger("baton.router.http")
 DEFAULT_BODY_LIMIT = 4 << 20
 OPEN_PATHS = ("/health", "/live")
+MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's shape
 
 
 def _version() -> str:
@@ -77,6 +82,8 @@ KNOWN = {
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/tokenize",
     "/detokenize",
 }
@@ -96,18 +103,22 @@ def _counter(registry) -> Counter:
     return _COUNTERS[registry]
 
 
-def error_response(e: ApiError) -> JSONResponse:
+def error_response(e: ApiError, path: str = "") -> JSONResponse:
+    """OpenAI's error body; Anthropic's on the Messages API's paths."""
     headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    body = error_body(e.status, e.message) if path.startswith(MESSAGES) else e.body()
+    return JSONResponse(body, status_code=e.status, headers=headers)
 
 
 class Gate:
-    """Pure ASGI, outermost: a request to anything but /health and /live needs the bearer token (401 before any
-    routing); every response is counted in baton_router_http_requests{endpoint, status}."""
+    """Pure ASGI, outermost: a request to anything but /health and /live needs the token (401 before any
+    routing), as `Authorization: Bearer <token>` or Anthropic's `x-api-key: <token>`; every response is counted
+    in baton_router_http_requests{endpoint, status}."""
 
     def __init__(self, app, token: str | None, counter: Counter):
         self.app, self.counter = app, counter
         self._expected = f"Bearer {token}".encode() if token else None
+        self._key = token.encode() if token else None
         self._refused = RateLimitedLog(log)  # one line a refused request, rate-limited (a flood cannot fill the log)
 
     async def __call__(self, scope, receive, send):
@@ -123,16 +134,27 @@ class Gate:
 
         if self._expected is None or path in OPEN_PATHS:
             return await self.app(scope, receive, counted)
-        auth = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+        headers = scope.get("headers", ())
+        auth = [v for k, v in headers if k == b"authorization"]
+        keys = [v for k, v in headers if k == b"x-api-key"]
         ok = False
         for v in auth:
             ok |= hmac.compare_digest(v, self._expected)
+        for v in keys:
+            ok |= hmac.compare_digest(v, self._key)
         if ok:
             return await self.app(scope, receive, counted)
-        why = "a wrong bearer token" if auth else "no Authorization: Bearer <token> header"
+        why = (
+            "a wrong bearer token"
+            if auth
+            else "a wrong x-api-key"
+            if keys
+            else "no Authorization: Bearer <token> (or x-api-key) header"
+        )
         client = scope.get("client") or ("?", 0)
         self._refused.warning("refused %s %s from %s:%s: %s (401)", scope.get("method"), endpoint, *client[:2], why)
-        await error_response(ApiError(401, f"authorization: {why}", code="invalid_api_key"))(scope, receive, counted)
+        refusal = error_response(ApiError(401, f"authorization: {why}", code="invalid_api_key"), path)
+        await refusal(scope, receive, counted)
 
 
 def _printable(text: str) -> str:
@@ -192,7 +214,7 @@ def create_app(
             host, port = (request.client or ("?", 0))[:2]
             path, why = _printable(request.url.path[:200]), _printable(e.message[:300])
             refused.warning("%s %s from %s:%s: %d %s", request.method, path, host, port, e.status, why)
-        return error_response(e)
+        return error_response(e, request.url.path)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):
@@ -206,7 +228,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         log.exception("HTTP %s %s failed", request.method, request.url.path)
-        return error_response(ApiError(500, "internal error (see the router's log)", code="internal"))
+        return error_response(ApiError(500, "internal error (see the router's log)", code="internal"), request.url.path)
 
     @app.get("/health")
     async def health():
@@ -290,6 +312,31 @@ def create_app(
                 yield format_sse_event(event=event["type"], data_str=json.dumps(event, ensure_ascii=False))
 
         return EventSourceResponse(sse(), headers=SSE_HEADERS)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        body = await read_json(request, body_limit)
+        job, req = await asyncio.to_thread(parse_messages, body, limits())
+        run = Run(servicer, job, meta.model_id, id_prefix="msg_")
+        await run.start()
+        events = MessageEvents(run, req, meta.model_id)
+        if not body.get("stream"):
+            watch = asyncio.create_task(_on_disconnect(request, run.cancel))
+            try:
+                return JSONResponse(await events.collect())
+            finally:
+                watch.cancel()
+
+        async def sse():  # each event named by its type, as Anthropic's
+            async for event in events.stream():
+                yield format_sse_event(event=event["type"], data_str=json.dumps(event, ensure_ascii=False))
+
+        return EventSourceResponse(sse(), headers=SSE_HEADERS)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(request: Request):
+        body = await read_json(request, body_limit)
+        return JSONResponse(await asyncio.to_thread(count_tokens, body, limits()))
 
     @app.get("/v1/responses/{response_id}")
     async def response_by_id(response_id: str):

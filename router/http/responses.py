@@ -67,16 +67,33 @@ REFUSED = {
     "prompt": "stored prompt templates are not supported",
 }
 LOGPROBS = "message.output_text.logprobs"
-# the chat path's field names -> the Responses request's (its errors, and the router's own statuses)
-_RENAMES = [
-    (re.compile(r"\bresponse_format\.json_schema\."), "text.format."),
-    (re.compile(r"\bresponse_format\b"), "text.format"),
-    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
-    (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
-    (re.compile(r"\bmessages\b"), "input"),
-    (re.compile(r"\btools\[(\d+)\]\.function\."), r"tools[\1]."),
-    (re.compile(r"\btool_choice\.function\."), "tool_choice."),
+# the chat path's field names -> the Responses request's (its errors' leading field, and the router's statuses)
+RENAMES = [
+    (r"^response_format\.json_schema\.", "text.format."),
+    (r"^response_format\b", "text.format"),
+    (r"^max_completion_tokens\b", "max_output_tokens"),
+    (r"^max_tokens\b", "max_output_tokens"),
+    (r"^messages\b", "input"),
+    (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
+    (r"^tool_choice\.function\.", "tool_choice."),
 ]
+
+
+def renamed(field: str, renames) -> str:
+    """A chat field's name in another API's request (renames: [(regex, replacement)], applied in order)."""
+    for pattern, new in renames:
+        field = re.sub(pattern, new, field)
+    return field
+
+
+def rename_error(e: ApiError, renames) -> ApiError:
+    """The chat path's 400 naming its field -> the same error naming the other API's field."""
+    if e.param:
+        new = renamed(e.param, renames)
+        if e.message.startswith(e.param):
+            e.message = new + e.message[len(e.param) :]
+        e.param = new
+    return e
 
 
 @dataclass
@@ -119,12 +136,6 @@ class ResponsesRequest:
         }
 
 
-def rename(text: str) -> str:
-    for pattern, new in _RENAMES:
-        text = pattern.sub(new, text)
-    return text
-
-
 def parse_responses(body, lim: Limits) -> tuple[Job, ResponsesRequest]:
     """The body -> the chat path's Job (streamed, with the usage chunk: response_events.py reads its chunks
     whether the client streams or not) and what the response echoes. ApiError naming the Responses field."""
@@ -132,9 +143,8 @@ def parse_responses(body, lim: Limits) -> tuple[Job, ResponsesRequest]:
     try:
         job = parse_chat(chat, lim)
     except ApiError as e:
-        e.message, e.param = rename(e.message), rename(e.param) if e.param else e.param
-        raise
-    job.rename = {k: rename(v) for k, v in job.rename.items()}
+        raise rename_error(e, RENAMES) from None
+    job.rename = {k: renamed(v, RENAMES) for k, v in job.rename.items()}
     job.rename.setdefault("max_new_tokens", "max_output_tokens")
     return job, req
 

@@ -474,6 +474,30 @@ def test_responses_equal_chat_completions(stack, mode):
     assert set(v) == {"n"} and isinstance(v["n"], int) and r.status == "completed"
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact"])
+def test_messages_equal_chat_completions(stack, mode):
+    """POST /v1/messages through the real model with the anthropic client: the same tokens as the chat
+    completion of the equivalent messages (system = a system message), streamed or not; count_tokens is its
+    input; the same request seeded samples the chat's tokens (router/http/messages.py)."""
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=stack.url, api_key=stack.token, max_retries=0)
+    ext = {"baton": {"ignore_eos": True, "mode": mode}}
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "fibonacci"}]
+    kw = dict(model=MODEL, system="You write Python.", messages=[{"role": "user", "content": "fibonacci"}])
+    for sampling in ({}, {"temperature": 0.9, "top_p": 0.95, "seed": 5}):
+        chat = stack.openai().chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=12, extra_body={**ext}, **sampling
+        )
+        extra = {**ext, **sampling}  # (this client's create() takes no temperature: the body does)
+        m = client.messages.create(max_tokens=12, extra_body=extra, **kw)
+        assert m.content[0].text == chat.choices[0].message.content and m.stop_reason == "max_tokens"
+        assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+        with client.messages.stream(max_tokens=12, extra_body=extra, **kw) as stream:
+            assert "".join(stream.text_stream) == m.content[0].text
+    count = client.messages.count_tokens(**kw)
+    assert count.input_tokens == chat.usage.prompt_tokens
+
+
 def test_n_choices_share_one_prefill(stack):
     """The n choices of a prompt reach the prefill worker together and are computed once (their pass
     shares equal prompts: baton/engine/prefill.py shared_pieces): its prompt tokens computed grow by
