@@ -205,6 +205,7 @@ def create_app(
             chat_template,
             reg.capacity(),
             cfg.reasoning_parser,
+            cfg.max_new_tokens_limit,
         )
 
     refused = RateLimitedLog(log)  # a client flooding bad requests cannot flood the log

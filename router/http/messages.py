@@ -14,7 +14,8 @@ Translation (docs/HTTP.md, "The Messages API"):
         thinking (assistant)               -> its reasoning_content (redacted_thinking: left out)
         tool_use (assistant: id, name, input) -> its tool_calls (arguments: the input as JSON)
         tool_result (user: tool_use_id, content) -> a tool message each, before the user's own text
-    max_tokens (required)                  -> max_completion_tokens
+    max_tokens (required)                  -> max_completion_tokens, capped to the router's max_new_tokens
+                                            limit and to what the window leaves after the prompt
     stop_sequences                         -> stop
     tools [{name, description, input_schema}] -> function tools; tool_choice auto / any / tool / none ->
                                             "auto" / "required" / the named function / "none";
@@ -80,12 +81,18 @@ class MessagesRequest:
 def parse_messages(body, lim: Limits) -> tuple[Job, MessagesRequest]:
     """The body -> the chat path's Job (streamed, with the usage chunk) and the request's MessagesRequest."""
     chat = to_chat(body)
-    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
-        raise bad("max_tokens", "required: an integer >= 1")
+    n = body.get("max_tokens")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise bad("max_tokens", f"{n!r:.20}: required, an integer >= 1")
+    # Anthropic's clients ask for far more than a window holds (32,000 is common): capped to the router's limit
+    # and to what the window leaves after the prompt; the cut reads as stop_reason "max_tokens"
+    chat["max_completion_tokens"] = max(1, min(n, lim.max_new_tokens or n, lim.usable - 1))
     try:
         job = parse_chat(chat, lim)
     except ApiError as e:
         raise rename_error(e, RENAMES) from None
+    r = job.requests[0]
+    r.max_new_tokens = max(1, min(r.max_new_tokens, lim.usable - len(r.token_ids.ids)))
     job.rename = {k: renamed(v, RENAMES) for k, v in job.rename.items()}
     job.rename.setdefault("max_new_tokens", "max_tokens")
     return job, MessagesRequest(len(job.requests[0].token_ids.ids), tuple(chat.get("stop") or ()))
@@ -93,7 +100,7 @@ def parse_messages(body, lim: Limits) -> tuple[Job, MessagesRequest]:
 
 def count_tokens(body, lim: Limits) -> dict:
     """POST /v1/messages/count_tokens: {"input_tokens": the ids the same request's prompt would send}."""
-    chat = to_chat(body, counting=True)
+    chat = to_chat(body)
     keep = ("model", "messages", "tools", "tool_choice", "chat_template_kwargs")
     try:
         ids = tokenize({k: chat[k] for k in keep if k in chat}, lim)
@@ -102,9 +109,8 @@ def count_tokens(body, lim: Limits) -> dict:
     return {"input_tokens": ids["count"]}
 
 
-def to_chat(body, counting: bool = False) -> dict:
-    """A Messages body -> the chat completion body it means (module doc). counting: count_tokens' body (no
-    max_tokens)."""
+def to_chat(body) -> dict:
+    """A Messages body -> the chat completion body it means (module doc), but max_tokens (parse_messages)."""
     if not isinstance(body, dict):
         raise bad("body", f"expected a JSON object, got {type(body).__name__}")
     for name, why in REFUSED.items():
@@ -117,8 +123,6 @@ def to_chat(body, counting: bool = False) -> dict:
     system = body.get("system")
     messages = [{"role": "system", "content": _text(system, "system")}] if system else []
     chat["messages"] = messages + chat_messages(body.get("messages"))
-    if not counting:
-        chat["max_completion_tokens"] = body.get("max_tokens")
     stops = body.get("stop_sequences")
     if stops is not None:
         chat["stop"] = stops

@@ -63,6 +63,7 @@ class Limits:
     chat_template: object | None = None
     capacity: int = 0  # sessions the workers hold at once (Registry.capacity); 0 = unknown
     reasoning_parser: str = "none"  # RouterConfig.reasoning_parser: "qwen3" splits a chat's reasoning
+    max_new_tokens: int = 0  # RouterConfig.max_new_tokens_limit (0 = unknown): the Messages API's cap
 
     @property
     def usable(self) -> int:

@@ -496,6 +496,11 @@ def test_messages_equal_chat_completions(stack, mode):
             assert "".join(stream.text_stream) == m.content[0].text
     count = client.messages.count_tokens(**kw)
     assert count.input_tokens == chat.usage.prompt_tokens
+    if mode == "fast":  # Anthropic clients ask for 32,000: capped to what the window leaves, cut as max_tokens
+        usable = stack.openai().models.list().data[0].model_extra["max_model_len"]
+        with client.messages.stream(max_tokens=32000, extra_body={"baton": {"ignore_eos": True}}, **kw) as stream:
+            m = stream.get_final_message()
+        assert m.stop_reason == "max_tokens" and m.usage.output_tokens == usable - count.input_tokens
 
 
 def test_n_choices_share_one_prefill(stack):

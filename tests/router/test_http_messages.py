@@ -162,6 +162,10 @@ def test_stop_sequences_and_max_tokens(s):
     _say(s, "one two three four five six")
     m = _client(s).messages.create(model=MODEL, max_tokens=3, messages=ASK, thinking={"type": "disabled"})
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3 and m.stop_sequence is None
+    _say(s, "short")  # far past the router's limit and the window: capped, not refused
+    with _client(s).messages.stream(model=MODEL, max_tokens=10**6, messages=ASK, thinking={"type": "disabled"}) as st_:
+        m = st_.get_final_message()
+    assert (m.content[0].text, m.stop_reason) == ("short", "end_turn")
     assert _prompt(s).endswith("<think>\n\n</think>\n\n")  # thinking disabled: the template closes the block
 
 
