@@ -17,6 +17,10 @@ OMP_NUM_THREADS=1), then:
             against N concurrent requests of N distinct prompts of that length (--choice-reps each, --load-tokens
             new tokens): the wall time of each and the prompt tokens the prefill worker computed (GetStats
             prefill_tokens; equal prompts in one pass are computed once, baton/engine/prefill.py shared_pieces).
+  doors     with --doors R > 0: R streaming requests of one chat (a system and a user message, --max-tokens
+            tokens, ignore_eos) through each HTTP door in turn: /v1/chat/completions (openai), /v1/responses
+            (openai) and /v1/messages (anthropic, when installed): each door's time to its first text and
+            per-token latency (medians), against chat's; every door's text must be chat's.
 Prints one JSON object (benchmarks.report.emit). `load(...)` is what tests/router/test_http_api.py runs.
 """
 
@@ -166,6 +170,74 @@ def latency(stack: Stack, streams: int, n: int) -> dict:
     }
 
 
+DOOR_SYSTEM, DOOR_USER = "You write Python.", "fibonacci"
+
+
+def door_text(stack: Stack, door: str, n: int) -> tuple[str, float, list[float]]:
+    """One streamed request of the doors' chat through `door`: (text, its start time, each text piece's arrival)."""
+    ext, t0, stamps = {"baton": {"ignore_eos": True}}, time.monotonic(), []
+    if door == "chat":
+        msgs = [{"role": "system", "content": DOOR_SYSTEM}, {"role": "user", "content": DOOR_USER}]
+        stream = stack.openai(max_retries=0).chat.completions.create(
+            model="default-model", messages=msgs, max_tokens=n, stream=True, extra_body=ext
+        )
+        pieces = (c.choices[0].delta.content for c in stream if c.choices)
+    elif door == "responses":
+        stream = stack.openai(max_retries=0).responses.create(
+            model="default-model", instructions=DOOR_SYSTEM, input=DOOR_USER, max_output_tokens=n, stream=True,
+            extra_body=ext,
+        )  # fmt: skip
+        pieces = (e.delta for e in stream if e.type == "response.output_text.delta")
+    else:
+        import anthropic
+
+        client = anthropic.Anthropic(base_url=stack.url, api_key=stack.token, max_retries=0)
+        msgs = [{"role": "user", "content": DOOR_USER}]
+        with client.messages.stream(
+            model="default-model", system=DOOR_SYSTEM, messages=msgs, max_tokens=n, extra_body=ext
+        ) as stream:
+            pieces = list(_stamped(stream.text_stream, stamps))
+        return "".join(pieces), t0, stamps
+    return "".join(_stamped(pieces, stamps)), t0, stamps
+
+
+def _stamped(pieces, stamps: list[float]):
+    for p in pieces:
+        if p:
+            stamps.append(time.monotonic())
+            yield p
+
+
+def doors(stack: Stack, reps: int, n: int) -> dict:
+    """The doors section (module doc): each door's first-text time and per-token latency, medians."""
+    try:
+        import anthropic  # noqa: F401
+
+        names = ["chat", "responses", "messages"]
+    except ImportError:
+        names = ["chat", "responses"]
+    for d in names:  # warm each path
+        door_text(stack, d, 4)
+    first, per, texts = {d: [] for d in names}, {d: [] for d in names}, {d: set() for d in names}
+    for i in range(reps):
+        for d in names[i % len(names) :] + names[: i % len(names)]:  # each door first in turn
+            text, t0, stamps = door_text(stack, d, n)
+            first[d].append(stamps[0] - t0)
+            per[d].append(per_token(stamps))
+            texts[d].add(text)
+    out = {"requests_each": reps, "max_tokens": n, "texts_equal_chat": all(texts[d] == texts["chat"] for d in names)}
+    for d in names:
+        out[d] = {
+            "first_text_ms_median": round(statistics.median(first[d]) * 1e3, 2),
+            "ms_per_piece_median": round(statistics.median(x for x in per[d] if x is not None) * 1e3, 3),
+        }
+    for d in names[1:]:
+        out[f"{d}_first_text_over_chat"] = round(
+            out[d]["first_text_ms_median"] / out["chat"]["first_text_ms_median"] - 1, 4
+        )
+    return out
+
+
 def load(stack: Stack, *, clients: int, seconds: float, n: int, prompts=LOAD_PROMPTS) -> dict:
     """N concurrent streaming HTTP clients; statuses, completed streams checked against gRPC."""
     import openai
@@ -282,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--choices", type=int, default=0, help="choices: n of one request against n requests")
     p.add_argument("--choice-prompt-tokens", type=int, default=300)
     p.add_argument("--choice-reps", type=int, default=3)
+    p.add_argument("--doors", type=int, default=0, help="doors: requests through each HTTP door")
     p.add_argument("--machine", default=platform.platform(), help="recorded in the JSON")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -299,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if a.load_clients:
             res["load"] = load(stack, clients=a.load_clients, seconds=a.load_seconds, n=a.load_tokens)
+        if a.doors:
+            res["doors"] = doors(stack, a.doors, a.max_tokens)
         if a.choices:
             res["choices"] = choices(
                 stack, n=a.choices, prompt_tokens=a.choice_prompt_tokens, tokens=a.load_tokens, reps=a.choice_reps
