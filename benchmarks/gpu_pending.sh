@@ -161,6 +161,9 @@
 # SPEC_POINTS=32 BF16_POINTS=32 QUEUE="spec-adaptive:300 tests-serving:280" (it prints the first decode's parts,
 # decode_called / first_message, and the speculative rounds' log; a joining wave re-enters at K = 2 since 1158421) | QUEUE="partials-ab:420" (program partials: then
 # on by default if bitwise and the ITL holds); ctx-max and spec-adaptive on an H200; nogil; gil.
+# Stop 58 had no device time (32 s left at its start). It added cut-probe (QUEUE="cut-probe:150"): whether a prompt
+# cut at page multiples keeps the whole prompt's state at the 9B shape (on the CPU it does at 256 / 512, not at
+# 300): a prefix cache finer than 8,192-token pieces rests on it. Owed: the stop-57 list above, then cut-probe.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -170,6 +173,8 @@
 #                  QUEUE_BUDGET_S (default 570) is skipped; queue.txt lists each one's exit code. Each device start
 #                  costs minutes and a refused one 90-180 s, so a session spends its budget on a few queued calls
 #                  (the device tool brings back 8 files a call: 7 stages at most)
+#   cut-probe      benchmarks/probe_cut_invariance.py at the 9B shape: a 2,600-token prompt whole against cut at
+#                  every CUT_GRAINS multiple (default 256,1024,2048,300): the tensors that differ
 #   stage-ab       the hand-off's staging by address (BATON_STAGE_BY_ADDRESS 1 / 0): its GPU test, bursts at 8 and 32
 #                  (on by default since 92af9a2; BURSTS, AB_POINTS="1" for the default alone)
 #   kv-ab          the KV staged from its pages in place (BATON_STAGE_KV_IN_PLACE 1 / 0, by address on): its GPU
@@ -936,6 +941,14 @@ EOF2
       >"$out/prefix-cache.log" 2>&1
     echo "bench_prefix_cache: rc=$?"
     grep "^  {" "$out/prefix-cache.log"
+    ;;
+  cut-probe)  # whether a prompt cut at page multiples keeps the whole prompt's state at the 9B shape (the
+    # question a prefix cache finer than 8,192-token pieces rests on; benchmarks/probe_cut_invariance.py; on
+    # the 2-core CPU 256 and 512 are bitwise, 300 is not)
+    timeout 300 python benchmarks/probe_cut_invariance.py --device cuda --shape qwen3.5-9b --tokens 2600 \
+      --grains "${CUT_GRAINS:-256,1024,2048,300}" --out "$out/cut-probe.json" >"$out/cut-probe.log" 2>&1
+    echo "probe_cut_invariance: rc=$?"
+    python -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['grains']))" "$out/cut-probe.json"
     ;;
   fla-bits)  # whether fla's autotuned configs change the prefill's bits (benchmarks/fla_config_bits.py): the 9B's GDN
     # delta rule, 300 tokens whole and in 128-token pieces, each used autotuner held to each of its configs
