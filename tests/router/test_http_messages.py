@@ -274,3 +274,36 @@ def test_fuzz_never_500(s, body):
                 "invalid_request_error",
                 "rate_limit_error",
             )
+
+
+def test_a_coding_agents_request_is_served(s):
+    """The shape of a coding agent's request (Claude Code's): system text blocks with cache_control, tools whose
+    input_schema carries $schema and additionalProperties, metadata, max_tokens far past the window, streamed."""
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "The command"}, "timeout": {"type": "number"}},
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    body = {
+        "model": MODEL,
+        "max_tokens": 32000,
+        "temperature": 1,
+        "stream": True,
+        "metadata": {"user_id": "user_abc"},
+        "system": [
+            {"type": "text", "text": "You are a coding agent."},
+            {"type": "text", "text": "Be careful.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "tools": [{"name": "Bash", "description": "Runs a command", "input_schema": schema, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "list files", "cache_control": {"type": "ephemeral"}}]}],
+    }  # fmt: skip
+    call = "<tool_call>\n<function=Bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>"
+    _say(s, "</think>\n\n" + call)
+    events = _events(s, body)
+    blocks = [d["content_block"] for n, d in events if n == "content_block_start"]
+    assert [b["type"] for b in blocks] == ["tool_use"] and blocks[0]["name"] == "Bash"
+    args = "".join(d["delta"].get("partial_json", "") for n, d in events if n == "content_block_delta")
+    assert json.loads(args) == {"command": "ls -la"} and events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    assert "You are a coding agent.Be careful." in _prompt(s)
