@@ -267,19 +267,28 @@ def create_app(
     async def version():
         return {"version": VERSION}
 
-    async def generate(request: Request, parse) -> Response:
+    async def generate(request: Request, parse, events_of=None, id_prefix: str | None = None) -> Response:
+        """One request through Run (router/http/run.py). Completions and chat: its response or its chunks as
+        SSE, then [DONE]. The Responses and Messages APIs (events_of): parse gives (Job, request), the chat
+        stream becomes events_of(run, request, model)'s object (collect) or its named events (stream)."""
         body = await read_json(request, body_limit)
-        job = await asyncio.to_thread(parse, body, limits())  # tokenizing and templating off the loop
-        run = Run(servicer, job, meta.model_id)
+        parsed = await asyncio.to_thread(parse, body, limits())  # tokenizing and templating off the loop
+        job, req = parsed if events_of is not None else (parsed, None)
+        run = Run(servicer, job, meta.model_id, id_prefix=id_prefix)
         await run.start()
-        if not job.stream:
+        out = events_of(run, req, meta.model_id) if events_of is not None else run
+        if not (body.get("stream") is True if events_of is not None else job.stream):
             watch = asyncio.create_task(_on_disconnect(request, run.cancel))
             try:
-                return JSONResponse(await run.collect())
+                return JSONResponse(await out.collect())
             finally:
                 watch.cancel()
 
         async def sse():
+            if events_of is not None:  # each event named by its type (no [DONE] after them, as OpenAI's)
+                async for event in out.stream():
+                    yield format_sse_event(event=event["type"], data_str=json.dumps(event, ensure_ascii=False))
+                return
             async for chunk in run.chunks():
                 yield format_sse_event(data_str=json.dumps(chunk, ensure_ascii=False))
             yield format_sse_event(data_str="[DONE]")
@@ -294,50 +303,22 @@ def create_app(
     async def chat_completions(request: Request):
         return await generate(request, parse_chat)
 
+    async def answered(request: Request, fn) -> JSONResponse:
+        """A body answered by the tokenizer and template alone (no worker), off the event loop."""
+        body = await read_json(request, body_limit)
+        return JSONResponse(await asyncio.to_thread(fn, body, limits()))
+
     @app.post("/v1/responses")
     async def responses(request: Request):
-        body = await read_json(request, body_limit)
-        job, req = await asyncio.to_thread(parse_responses, body, limits())
-        run = Run(servicer, job, meta.model_id, id_prefix="resp_")
-        await run.start()
-        events = ResponseEvents(run, req, meta.model_id)
-        if not body.get("stream"):
-            watch = asyncio.create_task(_on_disconnect(request, run.cancel))
-            try:
-                return JSONResponse(await events.collect())
-            finally:
-                watch.cancel()
-
-        async def sse():  # each event named by its type, as OpenAI's (no [DONE] after the last)
-            async for event in events.stream():
-                yield format_sse_event(event=event["type"], data_str=json.dumps(event, ensure_ascii=False))
-
-        return EventSourceResponse(sse(), headers=SSE_HEADERS)
+        return await generate(request, parse_responses, ResponseEvents, "resp_")
 
     @app.post("/v1/messages")
     async def messages(request: Request):
-        body = await read_json(request, body_limit)
-        job, req = await asyncio.to_thread(parse_messages, body, limits())
-        run = Run(servicer, job, meta.model_id, id_prefix="msg_")
-        await run.start()
-        events = MessageEvents(run, req, meta.model_id)
-        if not body.get("stream"):
-            watch = asyncio.create_task(_on_disconnect(request, run.cancel))
-            try:
-                return JSONResponse(await events.collect())
-            finally:
-                watch.cancel()
-
-        async def sse():  # each event named by its type, as Anthropic's
-            async for event in events.stream():
-                yield format_sse_event(event=event["type"], data_str=json.dumps(event, ensure_ascii=False))
-
-        return EventSourceResponse(sse(), headers=SSE_HEADERS)
+        return await generate(request, parse_messages, MessageEvents, "msg_")
 
     @app.post("/v1/messages/count_tokens")
     async def messages_count_tokens(request: Request):
-        body = await read_json(request, body_limit)
-        return JSONResponse(await asyncio.to_thread(count_tokens, body, limits()))
+        return await answered(request, count_tokens)
 
     @app.get("/v1/responses/{response_id}")
     async def response_by_id(response_id: str):
@@ -350,13 +331,11 @@ def create_app(
 
     @app.post("/tokenize")
     async def tokenize_(request: Request):
-        body = await read_json(request, body_limit)
-        return JSONResponse(await asyncio.to_thread(tokenize, body, limits()))
+        return await answered(request, tokenize)
 
     @app.post("/detokenize")
     async def detokenize_(request: Request):
-        body = await read_json(request, body_limit)
-        return JSONResponse(await asyncio.to_thread(detokenize, body, limits()))
+        return await answered(request, detokenize)
 
     app.add_middleware(Gate, token=token, counter=counter)
     return app

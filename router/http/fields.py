@@ -4,6 +4,9 @@ default when the field is absent or null, or raises ApiError(400) naming the fie
     _int(body, "n", 1, 64) / _bool(body, "stream", False) / _num(body, "temperature")
     _only(body, "suffix", ok, why)   a field Baton does not support (yet) in this value
     _stops(v), _ids(v, "prompt")     stop strings (at most MAX_STOPS, MAX_STOP_BYTES each), token-id lists
+    _str(item, "call_id", where)     a required string of an object inside the body (named where.key)
+    _text(v, where, kinds)           a string, or a list of text parts / blocks of those types, joined
+                                     (the Responses and Messages APIs' content)
 """
 
 from __future__ import annotations
@@ -84,3 +87,25 @@ def _ids(v, name: str, allow_empty: bool = False) -> list[int]:
         if not _is_int(t) or not 0 <= t < U32:
             raise bad(name, f"token id {t!r:.30} at index {i} is not an integer in 0..{U32 - 1}")
     return list(v)
+
+
+def _str(item: dict, key: str, where: str) -> str:
+    v = item.get(key)
+    if not isinstance(v, str):
+        raise bad(f"{where}.{key}", f"expected a string, got {type(v).__name__}")
+    return v
+
+
+def _text(v, where: str, kinds: tuple[str, ...]) -> str:
+    """A string, or a list of {"type": one of kinds, "text": str} parts, joined; 400 naming where[j] else."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        raise bad(where, f"expected a string or a list of text parts, got {type(v).__name__}")
+    texts = []
+    for j, p in enumerate(v):
+        if not isinstance(p, dict) or p.get("type") not in kinds or not isinstance(p.get("text"), str):
+            got = p.get("type") if isinstance(p, dict) else type(p).__name__
+            raise bad(f"{where}[{j}]", f"{got!r:.40}: only text parts ({', '.join(kinds)}) are served")
+        texts.append(p["text"])
+    return "".join(texts)

@@ -34,9 +34,11 @@ import json
 from dataclasses import dataclass
 
 from router.http.errors import ApiError, bad
+from router.http.fields import _str, _text
 from router.http.responses import rename_error, renamed
 from router.http.schemas import Job, Limits, parse_chat
 from router.http.tokenize import tokenize
+from router.http.tools import flat_tools
 
 PASSED = (
     "model",
@@ -59,6 +61,7 @@ PASSED = (
     "baton",
 )
 REFUSED = {"mcp_servers": "MCP servers are not supported", "container": "containers are not supported"}
+TEXT = ("text",)  # the blocks a system prompt or a tool_result holds
 TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 RENAMES = [  # the chat path's field names -> the Messages request's (responses.py rename_error)
     (r"^max_completion_tokens\b", "max_tokens"),
@@ -121,13 +124,15 @@ def to_chat(body) -> dict:
         raise bad("stream", "expected a boolean")
     chat["stream"], chat["stream_options"] = True, {"include_usage": True}
     system = body.get("system")
-    messages = [{"role": "system", "content": _text(system, "system")}] if system else []
+    messages = [{"role": "system", "content": _text(system, "system", TEXT)}] if system else []
     chat["messages"] = messages + chat_messages(body.get("messages"))
     stops = body.get("stop_sequences")
     if stops is not None:
         chat["stop"] = stops
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = flat_tools(
+            body["tools"], "custom", "input_schema", "only client tools (Baton runs no server tools)"
+        )
     if body.get("tool_choice") is not None:
         _tool_choice(body["tool_choice"], chat)
     thinking = body.get("thinking")
@@ -178,7 +183,7 @@ def chat_messages(v) -> list[dict]:
                 calls.append({"id": _str(b, "id", at), "type": "function", "function": fn})
             elif kind == "tool_result" and role == "user":
                 c = b.get("content", "")
-                text = _text(c, at + ".content") if c else ""
+                text = _text(c, at + ".content", TEXT) if c else ""
                 results.append({"role": "tool", "tool_call_id": _str(b, "tool_use_id", at), "content": text})
             else:
                 why = "a text block" if kind == "text" else f"{kind!r:.40} blocks are not served in a {role} message"
@@ -191,45 +196,6 @@ def chat_messages(v) -> list[dict]:
             if reasoning is not None:
                 msg["reasoning_content"] = reasoning
             out.append(msg)
-    return out
-
-
-def _text(v, where: str) -> str:
-    """A string, or a list of text blocks, joined."""
-    if isinstance(v, str):
-        return v
-    if not isinstance(v, list):
-        raise bad(where, f"expected a string or a list of text blocks, got {type(v).__name__}")
-    out = []
-    for j, b in enumerate(v):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            got = b.get("type") if isinstance(b, dict) else type(b).__name__
-            raise bad(f"{where}[{j}]", f"{got!r:.40}: only text blocks are served")
-        out.append(b["text"])
-    return "".join(out)
-
-
-def _str(b: dict, key: str, where: str) -> str:
-    v = b.get(key)
-    if not isinstance(v, str):
-        raise bad(f"{where}.{key}", f"expected a string, got {type(v).__name__}")
-    return v
-
-
-def _tools(v) -> list[dict]:
-    """Client tools -> chat function tools; the chat path checks names and schemas."""
-    if not isinstance(v, list):
-        raise bad("tools", "expected a list")
-    out = []
-    for i, t in enumerate(v):
-        if not isinstance(t, dict) or t.get("type", "custom") != "custom":
-            got = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise bad(f"tools[{i}].type", f"{got!r:.40}: only client tools (Baton runs no server tools)")
-        fn = {"name": t.get("name")}  # (in OpenAI's order: the template writes the tool as JSON)
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
-        fn["parameters"] = t.get("input_schema", {"type": "object"})
-        out.append({"type": "function", "function": fn})
     return out
 
 

@@ -32,7 +32,9 @@ import re
 from dataclasses import dataclass, field
 
 from router.http.errors import ApiError, bad
+from router.http.fields import _str, _text
 from router.http.schemas import Job, Limits, parse_chat
+from router.http.tools import flat_tools
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -179,10 +181,13 @@ def to_chat(body) -> tuple[dict, ResponsesRequest]:
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = req.max_output_tokens = body["max_output_tokens"]
     if body.get("tools") is not None:
-        chat["tools"], req.tools = _tools(body["tools"]), body["tools"]
+        chat["tools"], req.tools = (
+            flat_tools(body["tools"], "function", "parameters", "only function tools (Baton runs no hosted tools)"),
+            body["tools"],
+        )
     if body.get("tool_choice") is not None:
         chat["tool_choice"], req.tool_choice = _tool_choice(body["tool_choice"]), body["tool_choice"]
-    _text(body.get("text"), chat, req)
+    _text_format(body.get("text"), chat, req)
     _include(body, chat, req)
     _echoed(body, req)
     return chat, req
@@ -205,7 +210,7 @@ def input_messages(v) -> list[dict]:
             role = item.get("role")
             if role not in ROLES:
                 raise bad(where + ".role", f"{role!r:.40} is not one of {', '.join(ROLES)}")
-            msg = {"role": role, "content": _content(item.get("content"), where + ".content")}
+            msg = {"role": role, "content": _text(item.get("content"), where + ".content", TEXT_PARTS)}
             if role == "assistant" and reasoning is not None:
                 msg["reasoning_content"], reasoning = reasoning, None
             out.append(msg)
@@ -223,49 +228,13 @@ def input_messages(v) -> list[dict]:
                     out[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
             output = item.get("output")
-            text = output if isinstance(output, str) else _content(output, where + ".output")
+            text = output if isinstance(output, str) else _text(output, where + ".output", TEXT_PARTS)
             out.append({"role": "tool", "tool_call_id": _str(item, "call_id", where), "content": text})
         elif kind == "reasoning":
             parts = [p for k in ("content", "summary") if isinstance(item.get(k), list) for p in item[k]]
             reasoning = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
         else:
             raise bad(where + ".type", f"{kind!r:.40}: only message, function_call, function_call_output and reasoning")
-    return out
-
-
-def _content(v, where: str) -> str:
-    """A message's content: a string, or a list of text parts (joined)."""
-    if isinstance(v, str):
-        return v
-    if not isinstance(v, list):
-        raise bad(where, f"expected a string or a list of text parts, got {type(v).__name__}")
-    texts = []
-    for j, p in enumerate(v):
-        if not isinstance(p, dict) or p.get("type") not in TEXT_PARTS or not isinstance(p.get("text"), str):
-            got = p.get("type") if isinstance(p, dict) else type(p).__name__
-            raise bad(f"{where}[{j}]", f"{got!r:.40}: only text parts (input_text, output_text) are served")
-        texts.append(p["text"])
-    return "".join(texts)
-
-
-def _str(item: dict, key: str, where: str) -> str:
-    v = item.get(key)
-    if not isinstance(v, str):
-        raise bad(f"{where}.{key}", f"expected a string, got {type(v).__name__}")
-    return v
-
-
-def _tools(v) -> list[dict]:
-    """Responses' flat function tools -> chat's {type, function: {...}}; the chat path checks the rest."""
-    if not isinstance(v, list):
-        raise bad("tools", "expected a list")
-    out = []
-    for i, t in enumerate(v):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            got = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise bad(f"tools[{i}].type", f"{got!r:.40}: only function tools (Baton runs no hosted tools)")
-        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
-        out.append({"type": "function", "function": fn})
     return out
 
 
@@ -277,7 +246,7 @@ def _tool_choice(v):
     return v  # a string: the chat path checks it
 
 
-def _text(v, chat: dict, req: ResponsesRequest) -> None:
+def _text_format(v, chat: dict, req: ResponsesRequest) -> None:
     """text.format -> response_format."""
     if v is None:
         return

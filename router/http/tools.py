@@ -171,3 +171,24 @@ def tool_choice(body: dict, template_source: str = "") -> ToolChoice:
         raise bad("tool_choice", f"the function {name!r:.70} is not one of the tools' functions")
     forced = call_opening(name, template_source) if choice not in (None, "auto") else ""
     return ToolChoice(tools, schemas, forced, name, parallel)
+
+
+def flat_tools(v, kind: str, schema: str, why: str) -> list[dict]:
+    """Tools written flat, {"type": kind, "name", "description", <schema>} (the Responses API's function tools,
+    schema "parameters"; the Messages API's client tools, "input_schema", their type optional) -> chat's
+    {"type": "function", "function": {name, description, parameters}}, keys in that order (the template writes
+    them as JSON); check_tools checks the rest. A tool of another type: 400 naming tools[i].type, saying why."""
+    if not isinstance(v, list):
+        raise bad("tools", "expected a list")
+    out = []
+    for i, t in enumerate(v):
+        if not isinstance(t, dict) or t.get("type", kind) != kind:
+            got = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise bad(f"tools[{i}].type", f"{got!r:.40}: {why}")
+        fn = {"name": t.get("name")}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        if t.get(schema) is not None:
+            fn["parameters"] = t[schema]
+        out.append({"type": "function", "function": fn})
+    return out

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_http_api import TOKEN, assert_error
-from test_http_tools import MODEL, WEATHER, XML_CALL, _client, _prompt, _say, scripted_routers
+from test_http_tools import MODEL, WEATHER, XML_CALL, _client, _prompt, _say, reasoning_router
 
 THOUGHT = "The user wants the weather.\n"
 ANSWER = "Let me look that up.\n\n"
@@ -27,11 +27,7 @@ ASK = [{"role": "user", "content": "Weather in New York?"}]
 
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
-    from router.service import RouterConfig
-
-    mp = pytest.MonkeyPatch()
-    yield from scripted_routers(tmp_path_factory, mp, {"url": RouterConfig(reasoning_parser="qwen3")})
-    mp.undo()
+    yield from reasoning_router(tmp_path_factory)
 
 
 def _post(s, body: dict, path: str = "/v1/responses") -> httpx.Response:

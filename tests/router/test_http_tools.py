@@ -417,6 +417,15 @@ def scripted_routers(tmp_path_factory, monkeypatch, configs: dict):
     dw.stop()
 
 
+def reasoning_router(tmp_path_factory):
+    """scripted_routers' one router, "url", with --reasoning-parser qwen3 (the Responses and Messages APIs' tests)."""
+    from router.service import RouterConfig
+
+    mp = pytest.MonkeyPatch()
+    yield from scripted_routers(tmp_path_factory, mp, {"url": RouterConfig(reasoning_parser="qwen3")})
+    mp.undo()
+
+
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory, monkeypatch_module):
     """A router (HTTP on) over fake workers whose model writes `script["ids"]` after any prompt, then EOS."""
