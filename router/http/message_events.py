@@ -122,11 +122,10 @@ class MessageEvents:
             ev = self._open("tool_use", id=entry["id"], name=fn.get("name", ""), arguments="")
             self.calls[entry["index"]] = self.open
         piece, block = fn.get("arguments") or "", self.calls.get(entry["index"])
-        if piece and block is not None:
-            if block is not self.open:  # (the chat stream finishes a call before the next: never here)
-                raise RuntimeError(f"tool call {entry['index']}: arguments after the next block began")
+        if piece and block is not None:  # (its own block: the chat stream finishes a call before the next)
             block["arguments"] += piece
-            ev.append(self._delta({"type": "input_json_delta", "partial_json": piece}))
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            ev.append({"type": "content_block_delta", "index": self.blocks.index(block), "delta": delta})
         return ev
 
     # ---- the chat stream -> events ------------------------------------------------------------------

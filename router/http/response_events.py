@@ -145,11 +145,10 @@ class ResponseEvents:
             self.calls[entry["index"]] = self.open
         piece = fn.get("arguments") or ""
         item = self.calls.get(entry["index"])
-        if piece and item is not None:
-            if item is not self.open:  # (the chat stream finishes a call before the next: never here)
-                raise RuntimeError(f"tool call {entry['index']}: arguments after the next item began")
+        if piece and item is not None:  # (its own item: the chat stream finishes a call before the next)
             item["arguments"] += piece
-            ev.append(self._event("response.function_call_arguments.delta", **self._where(False), delta=piece))
+            at = {"item_id": item["id"], "output_index": self.output.index(item)}
+            ev.append(self._event("response.function_call_arguments.delta", **at, delta=piece))
         return ev
 
     # ---- the chat stream -> events ------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_http_api import TOKEN
-from test_http_tools import MODEL, WEATHER, XML_CALL, _prompt, _say, reasoning_router
+from test_http_tools import MODEL, TIME, TWO_FORMATS, WEATHER, XML_CALL, _prompt, _say, reasoning_router
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -303,3 +303,26 @@ def test_a_coding_agents_request_is_served(s):
     args = "".join(d["delta"].get("partial_json", "") for n, d in events if n == "content_block_delta")
     assert json.loads(args) == {"command": "ls -la"} and events[-2][1]["delta"]["stop_reason"] == "tool_use"
     assert "You are a coding agent.Be careful." in _prompt(s)
+
+
+def test_two_calls_are_two_tool_use_blocks(s):
+    tools = [TOOL, {"name": "get_time", "input_schema": TIME["function"]["parameters"]}]
+    _say(s, "</think>\n\n" + TWO_FORMATS)
+    body = _post(s, {"max_tokens": 300, "messages": ASK, "tools": tools}).json()
+    uses = [b for b in body["content"] if b["type"] == "tool_use"]
+    assert [b["name"] for b in uses] == ["get_time", "get_weather"] and uses[1]["input"] == ARGS
+    assert uses[0]["input"] == {"tz": "Europe/Paris", "fmt": "{iso}"} and body["stop_reason"] == "tool_use"
+    _say(s, "</think>\n\n" + TWO_FORMATS)
+    events = _events(s, {"max_tokens": 300, "messages": ASK, "tools": tools})
+    starts = {
+        d["content_block"]["name"]: d["index"]
+        for n, d in events
+        if n == "content_block_start" and d["content_block"]["type"] == "tool_use"
+    }
+    for b in uses:
+        got = "".join(
+            d["delta"]["partial_json"]
+            for n, d in events
+            if n == "content_block_delta" and d["index"] == starts[b["name"]]
+        )
+        assert json.loads(got) == b["input"], b["name"]

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_http_api import TOKEN, assert_error
-from test_http_tools import MODEL, WEATHER, XML_CALL, _client, _prompt, _say, reasoning_router
+from test_http_tools import MODEL, TIME, TWO_FORMATS, WEATHER, XML_CALL, _client, _prompt, _say, reasoning_router
 
 THOUGHT = "The user wants the weather.\n"
 ANSWER = "Let me look that up.\n\n"
@@ -260,3 +260,25 @@ def test_fuzz_never_500(s, body):
     assert r.status_code in (200, 400, 413, 429), (body, r.status_code, r.text)
     if r.status_code != 200:
         assert_error(r, r.status_code)
+
+
+def test_two_calls_are_two_function_call_items(s):
+    """Two calls in one answer (a JSON one, then an XML one): two function_call items in order, each streamed
+    call's argument deltas joining into its non-streamed arguments."""
+    tools = [TOOL, {"type": "function", **TIME["function"]}]
+    _say(s, "</think>\n\n" + TWO_FORMATS)
+    body = _post(s, {"input": ASK, "tools": tools}).json()
+    calls = [o for o in body["output"] if o["type"] == "function_call"]
+    assert [c["name"] for c in calls] == ["get_time", "get_weather"] and json.loads(calls[1]["arguments"]) == ARGS
+    _say(s, "</think>\n\n" + TWO_FORMATS)
+    events = _events(s, {"input": ASK, "tools": tools})
+    for c in calls:
+        at = next(
+            d["output_index"]
+            for n, d in events
+            if n == "response.output_item.added" and d["item"].get("name") == c["name"]
+        )
+        got = "".join(
+            d["delta"] for n, d in events if n == "response.function_call_arguments.delta" and d["output_index"] == at
+        )
+        assert got == c["arguments"], c["name"]
