@@ -13,12 +13,14 @@ Translation (docs/HTTP.md, "The Responses API"):
                                             message's tool_calls, merged into the assistant message before it),
                                             function_call_output (-> a tool message), reasoning (-> the next
                                             assistant message's reasoning_content)
-    instructions                         -> a first system message
+    instructions                         -> a first system message, with the system / developer messages
+                                            that open the input (one system message: leading_system)
     max_output_tokens                    -> max_completion_tokens
     tools [{type: function, name, ...}]  -> tools [{type: function, function: {name, description, parameters}}]
     tool_choice {type: function, name}   -> {type: function, function: {name}}
     text.format                          -> response_format (text, json_object, json_schema)
-    include [message.output_text.logprobs] + top_logprobs -> logprobs: true, top_logprobs
+    include [message.output_text.logprobs], top_logprobs -> logprobs: true, top_logprobs (other include values
+                                            add nothing: nothing they name is made)
     temperature, top_p, parallel_tool_calls, stream, model, and Baton's / vLLM's extras (PASSED) as they are.
 Refused (400 naming the field): previous_response_id and conversation (Baton stores no responses: send the
 whole conversation in input), background, prompt, truncation other than "disabled", hosted tools, non-text
@@ -176,8 +178,9 @@ def to_chat(body) -> tuple[dict, ResponsesRequest]:
     if instructions is not None and not isinstance(instructions, str):
         raise bad("instructions", f"expected a string, got {type(instructions).__name__}")
     req.instructions = instructions
-    messages = [{"role": "system", "content": instructions}] if instructions else []
-    chat["messages"] = messages + input_messages(body.get("input"))
+    chat["messages"] = leading_system(
+        [{"role": "system", "content": instructions or ""}] + input_messages(body.get("input"))
+    )
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = req.max_output_tokens = body["max_output_tokens"]
     if body.get("tools") is not None:
@@ -238,6 +241,16 @@ def input_messages(v) -> list[dict]:
     return out
 
 
+def leading_system(messages: list[dict]) -> list[dict]:
+    """The instructions and the system / developer messages before the conversation's first other message, as
+    one system message first (paragraphs in order; none when all are empty): templates such as Qwen3.5's take
+    one system message, at the start, and know no developer role (a coding agent sends its environment as
+    developer messages after the instructions)."""
+    n = next((i for i, m in enumerate(messages) if m["role"] not in ("system", "developer")), len(messages))
+    text = "\n\n".join(m["content"] for m in messages[:n] if m["content"])
+    return ([{"role": "system", "content": text}] if text else []) + messages[n:]
+
+
 def _tool_choice(v):
     if isinstance(v, dict):
         if v.get("type") != "function" or not isinstance(v.get("name"), str):
@@ -269,19 +282,16 @@ def _text_format(v, chat: dict, req: ResponsesRequest) -> None:
 
 
 def _include(body: dict, chat: dict, req: ResponsesRequest) -> None:
-    """include [message.output_text.logprobs] with top_logprobs N -> the chat's logprobs."""
+    """include [message.output_text.logprobs] (or top_logprobs N > 0 alone) -> the chat's logprobs. The other
+    include values name what hosted tools, images or encrypted reasoning would add: none of them is made here,
+    so they add nothing (a coding agent asks for reasoning.encrypted_content with store false)."""
     include = body.get("include") or []
     if not isinstance(include, list) or any(not isinstance(x, str) for x in include):
         raise bad("include", "expected a list of strings")
-    other = [x for x in include if x != LOGPROBS]
-    if other:
-        raise bad("include", f"{other[0]!r:.60}: only {LOGPROBS!r} (Baton runs no hosted tools)")
     top = body.get("top_logprobs")
-    if LOGPROBS in include:
+    if LOGPROBS in include or (top and top is not True):
         chat["logprobs"], chat["top_logprobs"] = True, top if top is not None else 0
         req.top_logprobs = chat["top_logprobs"]
-    elif top:
-        raise bad("top_logprobs", f"needs include: [{LOGPROBS!r}]")
 
 
 def _echoed(body: dict, req: ResponsesRequest) -> None:

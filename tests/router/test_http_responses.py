@@ -159,7 +159,8 @@ def test_max_output_tokens_gives_an_incomplete_response(s):
         ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": 3}}}, "text.format"),
         ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [TOOL]}, "tool_choice"),
-        ({"input": "x", "include": ["file_search_call.results"]}, "include"),
+        ({"input": "x", "include": "message.output_text.logprobs"}, "include"),
+        ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
         ({"input": "x", "truncation": "auto"}, "truncation"),
         ({"input": "x", "stream": "yes"}, "stream"),
         ({"input": "x", "metadata": {"a": 1}}, "metadata"),
@@ -282,3 +283,43 @@ def test_two_calls_are_two_function_call_items(s):
             d["delta"] for n, d in events if n == "response.function_call_arguments.delta" and d["output_index"] == at
         )
         assert got == c["arguments"], c["name"]
+
+
+def test_a_coding_agents_request_is_served(s):
+    """The shape of a coding agent's Responses request (Codex's, store false): a developer message, an earlier
+    reasoning item with encrypted content, include reasoning.encrypted_content, prompt_cache_key, text
+    verbosity, a strict function tool, streamed."""
+    shell = {
+        "type": "function",
+        "name": "shell",
+        "description": "Runs a command",
+        "strict": False,
+        "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}},
+    }
+    body = {
+        "model": MODEL,
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: none."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+            {"type": "reasoning", "id": "rs_0", "summary": [], "encrypted_content": "gAAAA..."},
+        ],
+        "tools": [shell],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "conv-1",
+        "text": {"verbosity": "medium"},
+    }
+    call = (
+        "<tool_call>\n<function=shell>\n<parameter=command>\n[\"ls\", \"-la\"]\n</parameter>\n</function>\n</tool_call>"
+    )
+    _say(s, "</think>\n\n" + call)
+    events = _events(s, body)
+    done = events[-1][1]["response"]
+    assert events[-1][0] == "response.completed" and [o["type"] for o in done["output"]] == ["function_call"]
+    assert json.loads(done["output"][0]["arguments"]) == {"command": ["ls", "-la"]}
+    assert "Sandbox: none." in _prompt(s) and "You are a coding agent." in _prompt(s)
