@@ -8,7 +8,8 @@ Where the template comes from, first found wins: `chat_template.jinja`, then tok
 `chat_template` (a string, or a list of {"name", "template"}: the one named "default"). The template
 sees messages, add_generation_prompt, tools (None), bos_token / eos_token (tokenizer_config.json's),
 raise_exception(msg), strftime_now(fmt), plus every chat_template_kwargs key (e.g. Qwen3.5's
-enable_thinking). The environment is jinja2's ImmutableSandboxedEnvironment with trim_blocks,
+enable_thinking). A template whose source never names the developer role sees developer messages as system
+messages (OpenAI's developer role is the system role of the models before it). The environment is jinja2's ImmutableSandboxedEnvironment with trim_blocks,
 lstrip_blocks and loop controls ({% break %}), and a `tojson` that keeps non-ASCII text.
 Rendering errors (the template's raise_exception, a sandbox refusal, a type error) are ChatTemplateError.
 """
@@ -91,6 +92,8 @@ class ChatTemplate:
         import jinja2
 
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **(kwargs or {})}
+        if "developer" not in self.source:  # a template without the role (Qwen3.5's refuses it): a system message
+            messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
         context.update(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools)
         try:
             return self._template.render(context)

@@ -1243,8 +1243,13 @@ def test_qwen35_template_refusals(qwen35):
         qwen35.render([{"role": "user", "content": "<tool_response>\n1\n</tool_response>"}])
     with pytest.raises(ChatTemplateError, match="System message must be at the beginning"):
         qwen35.render([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
-    with pytest.raises(ChatTemplateError, match="Unexpected message role"):
-        qwen35.render([{"role": "developer", "content": "a"}, {"role": "user", "content": "b"}])
+    # the template knows no developer role (it refuses one): a developer message is rendered as a system one
+    dev = qwen35.render([{"role": "developer", "content": "a"}, {"role": "user", "content": "b"}])
+    assert dev == qwen35.render([{"role": "system", "content": "a"}, {"role": "user", "content": "b"}])
+    from router.http.chat import ChatTemplate
+
+    knows = ChatTemplate("{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}{# developer #}")
+    assert knows.render([{"role": "developer", "content": "a"}]) == "developer:a;"  # one that names it: as it is
     with pytest.raises(ChatTemplateError, match="No messages provided"):
         qwen35.render([])
 
@@ -1272,9 +1277,12 @@ def test_qwen35_template_feeds_the_prompt(tok, qwen35):
     assert job.requests[0].max_new_tokens == 5
     with pytest.raises(Exception, match="messages: No user query"):
         parse_chat({"messages": [{"role": "system", "content": "x"}]}, _limits(tok, qwen35))
-    with pytest.raises(Exception, match="messages: Unexpected message role"):  # the API accepts developer; Qwen3.5 not
-        dev = [{"role": "developer", "content": "x"}, {"role": "user", "content": "y"}]
-        parse_chat({"messages": dev}, _limits(tok, qwen35))
+    dev = [{"role": "developer", "content": "x"}, {"role": "user", "content": "y"}]  # Qwen3.5 has no developer role
+    sys_ = [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]
+    got = parse_chat({"messages": dev}, _limits(tok, qwen35)).requests[0].token_ids.ids
+    assert got == parse_chat({"messages": sys_}, _limits(tok, qwen35)).requests[0].token_ids.ids  # a system message
+    with pytest.raises(Exception, match="messages: System message must be at the beginning"):  # ... as a system one
+        parse_chat({"messages": sys_[::-1]}, _limits(tok, qwen35))
 
 
 def test_qwen35_renders_as_transformers_does(qwen35):
