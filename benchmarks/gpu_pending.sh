@@ -163,7 +163,9 @@
 # on by default if bitwise and the ITL holds); ctx-max and spec-adaptive on an H200; nogil; gil.
 # Stop 58 had no device time (32 s left at its start). It added cut-probe (QUEUE="cut-probe:150"): whether a prompt
 # cut at page multiples keeps the whole prompt's state at the 9B shape (on the CPU it does at 256 / 512, not at
-# 300): a prefix cache finer than 8,192-token pieces rests on it. Owed: the stop-57 list above, then cut-probe.
+# 300): a prefix cache finer than 8,192-token pieces rests on it, and the prefill workers' --prefill-piece N now
+# takes N only where its start-up check (the same comparison) passes. Owed: the stop-57 list above, then cut-probe,
+# then (if it passes at 1024) PREFILL_PIECE=1024 QUEUE="prefix-serve:400".
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -917,11 +919,14 @@ EOF2
     tail -n 3 "$out"/attn-loop-*.log
     ;;
   prefix-serve)  # the prefix cache through the router (module doc above): a system prompt of 17K tokens, so both
-    # boundaries (8,192 and 16,384) and the token after each lie inside it: both pieces are reused
+    # boundaries (8,192 and 16,384) and the token after each lie inside it: both pieces are reused.
+    # PREFILL_PIECE=N: the prefill worker cuts prompts into N-token pieces (taken only if its start-up cut check
+    # passes: its log says which); at N = 1024 the boundaries every 1,024 tokens of the shared 17,408 restore 16,384
+    piece=${PREFILL_PIECE:+ --prefill-piece $PREFILL_PIECE}
     for v in 16 0; do
       serve "serve-bf16-prefix$v" --engine bf16 --concurrency 1,8 --requests 2 --warmup 1 --check-prompts 2 \
         --prompts 8 --input-len 19456 --shared-prefix 17408 --output-len 64 --max-len 19800 \
-        --serve-args "--engines bf16 --prefix-cache $v"
+        --serve-args "--engines bf16 --prefix-cache $v$piece"
       python - "$out/serve-bf16-prefix$v.json" <<'EOF2'
 import json, sys
 

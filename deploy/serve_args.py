@@ -149,18 +149,31 @@ def add_prefill_options(p: argparse.ArgumentParser) -> None:
         "--max-len exceeds 8192, else off)",
     )
 
+    p.add_argument(
+        "--prefill-piece",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the pieces each prefill worker cuts prompts into, and so its prefix cache's boundaries: a multiple "
+        "of 256, taken only if cut there a prompt ends bitwise as in 8192-token pieces on that device (checked at "
+        "start-up; else 8192, with a warning) (default: 8192)",
+    )
+
 
 def prefill_error(args) -> str | None:
     if getattr(args, "prefill_budget", None) is not None and args.prefill_budget < 1:
         return "--prefill-budget must be >= 1"
     if getattr(args, "prefix_cache", None) is not None and args.prefix_cache < 0:
         return "--prefix-cache must be >= 0"
+    piece = getattr(args, "prefill_piece", None)
+    if piece is not None and (piece < 1 or piece % 256):
+        return "--prefill-piece must be a positive multiple of 256"
     return None
 
 
 def prefill_extra(args) -> tuple[tuple[str, str], ...]:
     """The prefill options given, as a WorkerSpec's extra (name, value) pairs (deploy/processes.py)."""
-    names = ("prefill_budget", "prefix_cache")  # NOTE: callers may build args without the newer options
+    names = ("prefill_budget", "prefix_cache", "prefill_piece")  # NOTE: callers may build args without newer ones
     return tuple((n, str(getattr(args, n))) for n in names if getattr(args, n, None) is not None)
 
 

@@ -73,7 +73,20 @@ def _main(argv, signals: StopSignals) -> int:
         "(baton/engine/prefix_cache.py: their state restored bitwise, their KV in idle pages); 0: off "
         "(default: 16 when --max-len exceeds 8192, else off)",
     )
+    p.add_argument(
+        "--prefill-piece",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the pieces prompts are cut into, and so the prefix cache's boundaries: a multiple of 256 tokens, "
+        "taken only if a prompt cut there ends bitwise as in 8192-token pieces on this device (checked at start-up; "
+        "else 8192, with a warning). Smaller pieces let a conversation's next turn restore more of its prompt, "
+        "at the cost of more sequential passes for a long prompt (default: 8192)",
+    )
     args = p.parse_args(argv)
+    if args.prefill_piece is not None and (args.prefill_piece < 1 or args.prefill_piece % 256):
+        print("prefill: --prefill-piece must be a positive multiple of 256", file=sys.stderr)
+        return 2
     if args.prefill_budget is not None and args.prefill_budget < 1:
         print("prefill: --prefill-budget must be >= 1", file=sys.stderr)
         return 2
@@ -114,6 +127,7 @@ def _main(argv, signals: StopSignals) -> int:
             chunk_bytes=int(args.chunk_mib * (1 << 20)),
             prefill_budget=args.prefill_budget,
             prefix_cache=args.prefix_cache,
+            prefill_piece=args.prefill_piece,
         )
         del model  # a random-init LoadedModel: the engines hold what they use
     except (OSError, ValueError, RuntimeError) as e:  # one line and exit 2; other runtime errors re-raised

@@ -39,6 +39,7 @@ class PrefillActor(WorkerActor):
         gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
         prefill_budget: int | None = None,
         prefix_cache: int | None = None,
+        prefill_piece: int | None = None,
     ):
         from prefill_worker.serve import serve_prefill
 
@@ -59,6 +60,7 @@ class PrefillActor(WorkerActor):
             chunk_bytes=int(float(chunk_mib) * (1 << 20)),
             prefill_budget=int(prefill_budget) if prefill_budget not in (None, "") else None,
             prefix_cache=int(prefix_cache) if prefix_cache not in (None, "") else None,
+            prefill_piece=int(prefill_piece) if prefill_piece not in (None, "") else None,
         )
         ready(self.role, settings)  # the actor's process is this worker's
 

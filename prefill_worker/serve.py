@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from baton import grammar
 from baton.engine.exact_rounds import arrange_exact_rounds
 from baton.engine.pages import (
     DEFAULT_GPU_MEMORY_FRACTION,
+    PAGE,
     choose_pages,
     describe,
     graph_bytes_of,
@@ -19,7 +21,7 @@ from baton.engine.pages import (
     page_bytes_of,
     pages_for,
 )
-from baton.engine.prefill import PREFILL_CHUNK
+from baton.engine.prefill import PREFILL_CHUNK, cut_check
 from baton.engine.prefix_cache import entries_for
 from baton.engine.runner import DEFAULT_MAX_LEN, DEFAULT_WIDTH, ModelRunner
 from baton.handoff.wire import DEFAULT_CHUNK_BYTES, check_chunk_bytes
@@ -66,13 +68,17 @@ def serve_prefill(
     gpu_memory_fraction: float = DEFAULT_GPU_MEMORY_FRACTION,
     prefill_budget: int | None = None,
     prefix_cache: int | None = None,
+    prefill_piece: int | None = None,
 ) -> tuple[WorkerHandle, PrefillServicer]:
     """Loads the model (with its MTP head when the checkpoint has one, so prefill fills the MTP KV),
     builds runner + ExactEngine + server; health turns SERVING once everything is ready.
     kv_pages: the KV pool's pages (baton/engine/pages.py); None: on CUDA gpu_memory_fraction of the free
     memory (at most slots x the window + the prefix cache's pages), on CPU exactly that. prefill_budget: prompt tokens a batched
-    prefill pass may hold (None: PREFILL_BUDGET). prefix_cache: prompt prefixes kept, one a PREFILL_CHUNK boundary
-    (baton/engine/prefix_cache.py; 0: off; None: DEFAULT_PREFIX_ENTRIES when the window exceeds one piece)."""
+    prefill pass may hold (None: PREFILL_BUDGET). prefix_cache: prompt prefixes kept, one a piece boundary
+    (baton/engine/prefix_cache.py; 0: off; None: DEFAULT_PREFIX_ENTRIES when the window exceeds one piece).
+    prefill_piece: the pieces prompts are cut into (a multiple of PAGE; None: PREFILL_CHUNK), and so the prefix
+    cache's boundaries; taken only if cut there a prompt ends bitwise as in PREFILL_CHUNK pieces on this device
+    (baton/engine/prefill.py cut_check, at start-up), else PREFILL_CHUNK with a warning."""
     settings = Settings.from_env() if settings is None else settings
     check_chunk_bytes(chunk_bytes, settings.max_message_bytes)  # NOTE: before the model loads
     if isinstance(model, LoadedModel):
@@ -81,8 +87,11 @@ def serve_prefill(
         log.info("prefill: loading %s (%s, %s)", model, device, dtype or default_dtype(device))
         lm = load_model(model, dtype=dtype or default_dtype(device), device=device, mtp=None)
     page_b = page_bytes_of(lm.cfg, lm.model.model.embed_tokens.weight.dtype, lm.has_mtp)
-    entries = entries_for(max_len, PREFILL_CHUNK, prefix_cache)
-    cache_pages = entries * pages_for(PREFILL_CHUNK)  # the prefix cache's KV, beside every slot's full window
+    piece = prefill_piece or PREFILL_CHUNK
+    if piece < 1 or piece % PAGE:
+        raise ValueError(f"prefill_piece: {piece} tokens is not a positive multiple of the {PAGE}-token page")
+    entries = entries_for(max_len, piece, prefix_cache)
+    cache_pages = entries * pages_for(piece)  # the prefix cache's KV, beside every slot's full window
     pages = choose_pages(
         device,
         page_bytes=page_b,
@@ -104,25 +113,23 @@ def serve_prefill(
     if str(device).startswith("cuda"):
         st = prepare_cuda(runner)
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
+    runner.prefill_chunk = piece = checked_piece(runner, piece, max_len - width - 1)
+    entries = min(entries, entries_for(max_len, piece, prefix_cache))
     engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET, prefix_entries=entries)
     if engine.prefix is not None:
         log.info(
             "prefill: prefix cache: %d boundaries of %d tokens (GDN state %.2f GiB; their KV in idle pages, up to %d "
             "sized beside the slots' windows, given back to requests that need them)",
             entries,
-            PREFILL_CHUNK,
+            piece,
             engine.prefix.bytes() / 2**30,
             cache_pages,
         )
     else:
-        why = (
-            "--prefix-cache 0"
-            if prefix_cache == 0
-            else f"the window of {max_len} holds one {PREFILL_CHUNK}-token piece"
-        )
+        why = "--prefix-cache 0" if prefix_cache == 0 else f"the window of {max_len} holds one {piece}-token piece"
         log.info("prefill: prefix cache off (%s)", why)
     arrange_exact_rounds(engine.verifies, device, settings.gpu_workers, log, "prefill")
-    log.info("prefill: batched passes of up to %d prompt tokens (pieces of %d)", engine.prefills.budget, PREFILL_CHUNK)
+    log.info("prefill: batched passes of up to %d prompt tokens (pieces of %d)", engine.prefills.budget, piece)
     if str(device).startswith("cuda"):
         log.info("prefill: warm-up prefills (compiles the wide prefill kernels) ...")
         log.info("prefill: warm-up done in %.1fs", engine.warm_up())
@@ -149,3 +156,36 @@ def serve_prefill(
         runner.has_mtp,
     )
     return handle, servicer
+
+
+def checked_piece(runner, piece: int, room: int) -> int:
+    """The piece size the worker cuts prompts into: `piece` when cutting there leaves a prompt's state bitwise
+    as PREFILL_CHUNK pieces do on this device (cut_check on a prompt of two pieces and a part, as far as the
+    window allows), else PREFILL_CHUNK, with a warning naming what differs."""
+    if piece == PREFILL_CHUNK:
+        return piece
+    tokens = min(2 * piece + 301, room)
+    if tokens <= piece:  # no prompt the window holds is cut there: nothing to check, nothing to change
+        return piece
+    t0 = time.perf_counter()
+    differ = cut_check(runner, piece, tokens)
+    if differ:
+        log.warning(
+            "prefill: --prefill-piece %d not taken: on this device a %d-token prompt cut there differs from %d-token "
+            "pieces (%s); pieces of %d",
+            piece,
+            tokens,
+            PREFILL_CHUNK,
+            ", ".join(differ[:4]) + (", ..." if len(differ) > 4 else ""),
+            PREFILL_CHUNK,
+        )
+        return PREFILL_CHUNK
+    log.info(
+        "prefill: pieces of %d tokens: a %d-token prompt cut there ends bitwise as in %d-token pieces on this device "
+        "(checked in %.1fs)",
+        piece,
+        tokens,
+        PREFILL_CHUNK,
+        time.perf_counter() - t0,
+    )
+    return piece

@@ -4,8 +4,10 @@
     run_pass(runner, [Piece, ...])    -> [token or None, ...]; one forward over every piece's rows
     replay_step(runner, [Replay, ...])        one W-row block of each re-prefill's generated tail, as AR rows
     prompt_logprobs_of(runner, piece, h)      -> a piece's prompt tokens' logprobs (Piece.prompt_logprobs)
+    cut_check(runner, piece, tokens)  -> the state tensors that cutting at `piece` changes ([]: none)
 
-A prompt of n tokens from position `start` is cut at start + k * PREFILL_CHUNK, whatever else is in
+A prompt of n tokens from position `start` is cut at start + k * PREFILL_CHUNK (the runner's prefill_chunk:
+a prefill worker's --prefill-piece, taken only where cut_check finds it changes nothing), whatever else is in
 flight, so its state is a function of the prompt alone: the same pieces run alone (`ModelRunner.prefill`,
 `baton complete`) or inside any pass (the prefill worker's gathered passes). A pass computes its pieces
 as `StepContext.segments` (baton/models/context.py): per-row ops on all rows through row-invariant
@@ -34,6 +36,32 @@ from baton.models.context import Segment, StepContext, wide_prefill
 from baton.transfer import upload
 
 PREFILL_CHUNK = 8192  # tokens: a longer prompt runs as pieces of this size, each its own pass or part of one
+
+
+def cut_check(runner, piece: int, tokens: int, slot: int = 0, seed: int = 0) -> list[str]:
+    """Whether this runner cuts prompts into `piece`-token pieces without changing a bit: a random prompt of
+    `tokens` tokens prefilled in PREFILL_CHUNK pieces, then in `piece`-token pieces, both in `slot` -> the names
+    of the state tensors that differ (and "first token"); [] when all are bitwise the same. The slot is reset
+    and its pages freed after each (before any session: prefill_worker/serve.py runs it at start-up). On the
+    2-core CPU page multiples pass (benchmarks/probe_cut_invariance.py); a GPU passes only where its kernels
+    are cut-invariant there (gpu_pending.sh cut-probe)."""
+    import random
+
+    ids = [random.Random(seed).randrange(runner.cfg.vocab_size) for _ in range(tokens)]
+    keep, got = runner.prefill_chunk, []
+    try:
+        for chunk in (PREFILL_CHUNK, piece):
+            runner.prefill_chunk = chunk
+            try:
+                tok = runner.prefill(slot, ids)
+                got.append((tok, {t.name: t.materialize().clone() for t in runner.state.export(slot)}))
+            finally:
+                runner.state.reset_slots([slot])
+                runner.state.release_pages(slot)
+    finally:
+        runner.prefill_chunk = keep
+    (ta, a), (tb, b) = got
+    return (["first token"] if ta != tb else []) + [k for k in a if not torch.equal(a[k], b[k])]
 
 
 def pieces(start: int, n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:

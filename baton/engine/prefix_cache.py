@@ -1,7 +1,8 @@
 """PrefixCache: the prefill worker's states of prompt prefixes, for later prompts that begin with them.
 
 Why it is exact. A prompt is always cut into pieces at multiples of the runner's prefill chunk from its start
-(baton/engine/prefill.py: PREFILL_CHUNK, 8192 tokens), and its state after each piece is a function of its
+(baton/engine/prefill.py: PREFILL_CHUNK, 8192 tokens; a prefill worker's --prefill-piece where cut_check
+finds that cutting there changes no bit), and its state after each piece is a function of its
 tokens so far alone (docs/CONTRACTS.md, batched prefill). So the state after the first k pieces of one prompt
 is bitwise the state after the first k pieces of any prompt with the same first k * chunk tokens. A later
 prompt starts from a copy of it and computes only its remaining pieces: its state, first token and every

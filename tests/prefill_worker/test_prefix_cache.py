@@ -233,3 +233,39 @@ def test_a_piece_cached_by_another_prompt_s_earlier_pass_is_restored_not_compute
         assert tok == want_tok
         _same_state(state, want_state)
     e.runner.state.pages.check()
+
+
+def test_a_page_piece_that_passes_the_cut_check_equals_the_reference_pieces(lm):
+    """--prefill-piece 256 (prefill_worker/serve.py checked_piece): the tiny model cuts at a page without
+    changing a bit (baton/engine/prefill.py cut_check), so a prompt restored from 256-token boundaries and
+    computed in 256-token pieces ends bitwise as the reference's 8,192-token pieces leave it (`baton complete`
+    cuts there): first token and every state tensor. A cut elsewhere (300 tokens) does change bits."""
+    from baton.engine.prefill import cut_check
+    from prefill_worker.serve import checked_piece
+
+    e = _engine(lm)  # pieces of 256
+    assert checked_piece(e.runner, CHUNK, 1280 - 9) == CHUNK
+    assert cut_check(e.runner, 300, 900)  # the check can tell: a cut off the delta rule's 64-token chunks
+    ref = ExactEngine(ModelRunner(lm.model, slots=4, max_len=1280, width=8), prefix_entries=0)
+    assert ref.runner.prefill_chunk == 8192
+    a = _ids(lm, 700, 1)
+    b = a[:600] + _ids(lm, 300, 2)
+    _prefilled(e, a)
+    tok, state, cached = _prefilled(e, b)
+    assert cached == 512  # two page boundaries restored
+    want_tok, want, _ = _prefilled(ref, b)
+    assert tok == want_tok
+    _same_state(state, want)
+
+
+def test_a_piece_that_fails_the_cut_check_is_not_taken(lm, monkeypatch, caplog):
+    """Where cutting at the asked piece would change a prompt's bits on the device, the worker keeps 8,192-token
+    pieces and says why; a window too small to cut a prompt there needs no check."""
+    import prefill_worker.serve as serve
+
+    monkeypatch.setattr(serve, "cut_check", lambda *a, **k: ["layers.0.recurrent", "hidden"])
+    r = ModelRunner(lm.model, slots=1, max_len=1280, width=8)
+    with caplog.at_level("WARNING", logger="baton"):
+        assert serve.checked_piece(r, 512, 1271) == serve.PREFILL_CHUNK
+    assert "--prefill-piece 512 not taken" in caplog.text and "layers.0.recurrent, hidden" in caplog.text
+    assert serve.checked_piece(r, 1024, 900) == 1024  # no prompt is cut there: nothing to check

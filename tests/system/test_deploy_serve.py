@@ -414,6 +414,34 @@ def test_prefill_budget_reaches_the_prefill_workers_only(tmp_path):
         handle.stop(0)
 
 
+def test_prefill_piece_reaches_the_prefill_workers_and_is_checked(tmp_path):
+    """`baton serve --prefill-piece N`: the prefill workers' flag and actor keyword; the worker takes it after
+    its start-up cut check (the tiny model passes at a page), and its prefix cache keeps N-token boundaries."""
+    import argparse
+    import inspect
+
+    from helpers import make_tiny_dir
+
+    from deploy.local import _worker_specs
+    from deploy.serve_args import check
+    from prefill_worker.actor import PrefillActor
+    from prefill_worker.serve import serve_prefill
+
+    base = dict(model=None, device="cpu", dtype=None, max_len=None, token_file=None, grace=1.0, engine=None)
+    pre, dec = _worker_specs(argparse.Namespace(**base, slots=None, prefill=1, decode=1, prefill_piece=512))
+    assert pre.argv()[pre.argv().index("--prefill-piece") + 1] == "512" and pre.options()["prefill_piece"] == "512"
+    assert (
+        "--prefill-piece" not in dec.argv() and "prefill_piece" in inspect.signature(PrefillActor.__init__).parameters
+    )
+    bad = argparse.Namespace(prefill=1, decode=1, port=0, http_port=0, ask_tokens=1, slots=None, prefill_piece=300)
+    assert check(bad) == "--prefill-piece must be a positive multiple of 256"
+    handle, svc = serve_prefill(make_tiny_dir(tmp_path), max_len=1536, slots=2, prefill_piece=512)
+    try:
+        assert svc.engine.runner.prefill_chunk == 512 and svc.engine.prefix.chunk == 512
+    finally:
+        handle.stop(0)
+
+
 def test_draft_length_reaches_the_router():
     """`baton serve --draft-length adaptive` sets the router's exact-mode K policy (baton/engine/draft_length.py);
     unset, the router keeps its default (fixed)."""
