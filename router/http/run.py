@@ -52,9 +52,7 @@ class Choice:
     think: ReasoningSplit | None = None  # the reasoning parser on: text -> reasoning_content + content
     cached: int = 0  # of prompt_tokens, those the prefill restored from its prefix cache (the last message's usage)
     last_token: int | None = None  # the last token id received
-    stop_reason: object = (
-        None  # vLLM's: the stop string, or the stop token id, that ended the choice (None: EOS, length)
-    )
+    stop_reason: object = None  # vLLM's: the stop string or stop token id that ended it (None: EOS, length)
 
 
 class Run:
