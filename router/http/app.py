@@ -17,8 +17,8 @@
                                 response_events.py (its output and events); GET /v1/responses/{id}: 404 (none stored)
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
-Every path but /health and /live needs `Authorization: Bearer <token>` when the router has a token (the gRPC
-one; constant-time compare): 401 otherwise, one rate-limited warning line. A request refused before it reaches
+Every path but /health and /live needs `Authorization: Bearer <token>` (or Anthropic's `x-api-key: <token>`)
+when the router has a token (the gRPC one; constant-time compare): 401 otherwise, one rate-limited warning line. A request refused before it reaches
 the router's Generate (400 a body that is not JSON or a bad field, 404, 405, 413) is one rate-limited warning
 line too: method, path, client, status and the error's message (which never quotes the prompt or messages;
 the body is never logged); Generate's own refusals are in the router's request line. A body over `body_limit` bytes is 413 before it is parsed
