@@ -113,7 +113,9 @@ def serve_prefill(
     if str(device).startswith("cuda"):
         st = prepare_cuda(runner)
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
-    runner.prefill_chunk = piece = checked_piece(runner, piece, max_len - width - 1)
+    if prefill_piece:  # (else the runner's own pieces: PREFILL_CHUNK)
+        runner.prefill_chunk = checked_piece(runner, piece, max_len - width - 1)
+    piece = runner.prefill_chunk
     entries = min(entries, entries_for(max_len, piece, prefix_cache))
     engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET, prefix_entries=entries)
     if engine.prefix is not None:
