@@ -115,8 +115,8 @@ def serve_prefill(
         log.info("prefill: captured %d CUDA graphs in %.1fs", st.graphs, st.seconds)
     if prefill_piece:  # (else the runner's own pieces: PREFILL_CHUNK)
         runner.prefill_chunk = checked_piece(runner, piece, max_len - width - 1)
+        entries = min(entries, entries_for(max_len, runner.prefill_chunk, prefix_cache))  # (a failed check: 8192)
     piece = runner.prefill_chunk
-    entries = min(entries, entries_for(max_len, piece, prefix_cache))
     engine = ExactEngine(runner, ttl_s=ttl_s, prefill_budget=prefill_budget or PREFILL_BUDGET, prefix_entries=entries)
     if engine.prefix is not None:
         log.info(

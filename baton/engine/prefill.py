@@ -26,6 +26,7 @@ per-layer mark (baton/handoff/progress.py).
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,8 +46,6 @@ def cut_check(runner, piece: int, tokens: int, slot: int = 0, seed: int = 0) -> 
     and its pages freed after each (before any session: prefill_worker/serve.py runs it at start-up). On the
     2-core CPU page multiples pass (benchmarks/probe_cut_invariance.py); a GPU passes only where its kernels
     are cut-invariant there (gpu_pending.sh cut-probe)."""
-    import random
-
     ids = [random.Random(seed).randrange(runner.cfg.vocab_size) for _ in range(tokens)]
     keep, got = runner.prefill_chunk, []
     try:

@@ -1,7 +1,7 @@
 """Anthropic's Messages output, made from the chat path's stream (router/http/run.py Run.chunks), as
 router/http/response_events.py makes the Responses API's.
 
-    ev = MessageEvents(run, req, model_id)       # run: Run(servicer, job, id_prefix="msg_"), started
+    ev = MessageEvents(run, None, model_id)      # run: Run(servicer, job, id_prefix="msg_"), started
     async for event in ev.stream(): ...          # streaming: each a dict with "type"
     body = await ev.collect()                    # non-streaming: the message object
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 
+from router.http.errors import ERROR_TYPE as OPENAI_TYPES
+
 ERROR_TYPE = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -32,6 +34,7 @@ ERROR_TYPE = {
     503: "overloaded_error",
 }
 STOPS = {"length": "max_tokens", "tool_calls": "tool_use"}
+STATUS_OF = {t: s for s, t in reversed(OPENAI_TYPES.items())}  # an OpenAI error body's type -> its status
 
 
 def error_body(status: int, message: str) -> dict:
@@ -40,8 +43,8 @@ def error_body(status: int, message: str) -> dict:
 
 
 class MessageEvents:
-    def __init__(self, run, req, model_id: str):
-        self.run, self.req, self.model_id = run, req, model_id
+    def __init__(self, run, _request, model_id: str):  # (parse_messages' request part: None, nothing to echo)
+        self.run, self.model_id = run, model_id
         self.blocks: list[dict] = []  # content blocks, in order
         self.open: dict | None = None  # the block being written (the last), or None
         self.calls: dict[int, dict] = {}  # a tool call's index in the chat stream -> its block
@@ -56,7 +59,7 @@ class MessageEvents:
         u = self.usage or {}
         cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         return {
-            "input_tokens": u.get("prompt_tokens", self.req.prompt_tokens) - cached,
+            "input_tokens": u.get("prompt_tokens", self.run.choices[0].prompt_tokens) - cached,
             "output_tokens": u.get("completion_tokens", 0),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": cached,
@@ -133,8 +136,7 @@ class MessageEvents:
         """One chat chunk (or a Run.chunks error body) -> the Messages events it makes."""
         if "error" in chunk:
             e = chunk["error"]
-            status = {"rate_limit_error": 429, "service_unavailable": 503}.get(e.get("type"), 500)
-            self.error = error_body(status, e.get("message", ""))
+            self.error = error_body(STATUS_OF.get(e.get("type"), 500), e.get("message", ""))
             return self._close()
         if not chunk.get("choices"):  # the usage chunk, last
             self.usage = chunk.get("usage")

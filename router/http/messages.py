@@ -31,7 +31,6 @@ and ignored.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from router.http.errors import ApiError, bad
 from router.http.fields import _str, _text
@@ -73,16 +72,9 @@ RENAMES = [  # the chat path's field names -> the Messages request's (responses.
 ]
 
 
-@dataclass
-class MessagesRequest:
-    """What the Messages output needs of its request."""
-
-    prompt_tokens: int = 0
-    stop_sequences: tuple[str, ...] = ()
-
-
-def parse_messages(body, lim: Limits) -> tuple[Job, MessagesRequest]:
-    """The body -> the chat path's Job (streamed, with the usage chunk) and the request's MessagesRequest."""
+def parse_messages(body, lim: Limits) -> tuple[Job, None]:
+    """The body -> the chat path's Job (streamed, with the usage chunk); the output needs nothing more of the
+    request (message_events.py: its prompt tokens are the Run's)."""
     chat = to_chat(body)
     n = body.get("max_tokens")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -98,7 +90,7 @@ def parse_messages(body, lim: Limits) -> tuple[Job, MessagesRequest]:
     r.max_new_tokens = max(1, min(r.max_new_tokens, lim.usable - len(r.token_ids.ids)))
     job.rename = {k: renamed(v, RENAMES) for k, v in job.rename.items()}
     job.rename.setdefault("max_new_tokens", "max_tokens")
-    return job, MessagesRequest(len(job.requests[0].token_ids.ids), tuple(chat.get("stop") or ()))
+    return job, None
 
 
 def count_tokens(body, lim: Limits) -> dict:
@@ -140,10 +132,8 @@ def to_chat(body) -> dict:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
             raise bad("thinking", 'expected {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}')
         kwargs = chat.get("chat_template_kwargs")
-        kwargs = dict(kwargs) if isinstance(kwargs, dict) else kwargs
-        if isinstance(kwargs, dict) or kwargs is None:
-            kwargs = {"enable_thinking": thinking["type"] != "disabled", **(kwargs or {})}
-        chat["chat_template_kwargs"] = kwargs
+        if kwargs is None or isinstance(kwargs, dict):  # (another type: the chat path names it)
+            chat["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled", **(kwargs or {})}
     return chat
 
 

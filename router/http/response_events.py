@@ -113,7 +113,8 @@ class ResponseEvents:
             return ev
         status = "incomplete" if self.finish == "length" and self.error is None else "completed"
         if item["type"] == "function_call":
-            ev.append(self._event("response.function_call_arguments.done", **self._where(False), **_args(item)))
+            done = {"arguments": item["arguments"], "name": item["name"]}
+            ev.append(self._event("response.function_call_arguments.done", **self._where(False), **done))
         else:
             part = item["content"][0]
             if item["type"] == "message":
@@ -199,7 +200,3 @@ class ResponseEvents:
         async for chunk in self.run.chunks(errors_as_chunks=False):
             self.feed(chunk)
         return self._final()["response"]
-
-
-def _args(item: dict) -> dict:
-    return {"arguments": item["arguments"], "name": item["name"]}
