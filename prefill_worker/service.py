@@ -360,6 +360,7 @@ class PrefillServicer(VerifyCalls, ServicerBase, prefill_pb2_grpc.PrefillWorkerS
             engine="exact",
             model_fingerprint=self.fingerprint,
             max_len=self.engine.runner.max_len,
+            prefill_piece=self.engine.runner.prefill_chunk,
             requests_total=self.requests_total,
             batched_rpcs=self.batched_rpcs,
             batched_items=self.batched_items,

@@ -81,6 +81,7 @@ class Worker:
     engines_complete: bool = False  # True: `engines` is all it offers; False: others may exist
     max_len: int = 0  # window reported by GetStats; 0 = unknown
     slots: int = 0  # sessions it holds at once (WorkerStats.slots: per runner; a session takes one); 0 = unknown
+    prefill_piece: int = 0  # prefill: the tokens of a prompt's pieces (WorkerStats.prefill_piece); 0 = unknown
     fingerprint: str = ""
     prefill_stream: bool = True  # prefill: answers PrefillStream (False once it said UNIMPLEMENTED: Prefill)
     draft_only_states: bool = False  # decode: its LoadState takes draft-only states (WorkerStats.draft_only_states)
@@ -233,6 +234,12 @@ class Registry:
         lens = [w.max_len for r in ROLES for w in self.up(r) if w.max_len]
         return min(lens) if lens else default
 
+    def prefill_piece(self, default: int) -> int:
+        """The smallest piece among up prefill workers that reported one (`default` when none did): prompts
+        that share their first this many tokens share prefix-cache entries (router/session.py prefix_affinity)."""
+        pieces = [w.prefill_piece for w in self.up("prefill") if w.prefill_piece]
+        return min(pieces) if pieces else default
+
     def capacity(self) -> int:
         """Sessions the up workers can hold at once: the smaller of the prefill and the decode workers' summed
         slots (a request holds one of each while it starts); 0 when a role has none that reported its slots."""
@@ -290,6 +297,7 @@ class Registry:
             worker.draft_only_states = st.draft_only_states
         worker.max_len, worker.fingerprint = int(st.max_len), st.model_fingerprint
         worker.slots = int(st.slots)
+        worker.prefill_piece = int(st.prefill_piece) if worker.role == "prefill" else 0
 
     def poll_once(self) -> None:
         due = self.ray_namespace and time.monotonic() - self._last_ray >= self.ray_every

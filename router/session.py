@@ -206,16 +206,18 @@ def _default_engine(d: Worker) -> int:
     return common_pb2.Engine.Value(name) if name in common_pb2.Engine.keys() else common_pb2.ENGINE_UNSPECIFIED
 
 
-PREFILL_PIECE = 8192  # baton/engine/prefill.py PREFILL_CHUNK (the router imports no torch; a test checks them equal)
+PREFILL_PIECE = 8192  # baton/engine/prefill.py PREFILL_CHUNK (the router imports no torch; a test checks them equal):
+# the piece a prefill worker that reports none cuts prompts into
 PREFIX_SLACK = 4  # a prompt's prefix worker is passed over when it has this many more calls in flight than the least
 
 
-def prefix_affinity(ids: list[int], salt: str = "") -> bytes:
-    """The Registry.pick affinity of a prompt longer than one prefill piece: a digest of its first piece, so
-    prompts that begin with the same PREFILL_PIECE tokens go to the prefill worker whose prefix cache holds
-    them (baton/engine/prefix_cache.py), unless it is PREFIX_SLACK calls busier than the least loaded. salt:
-    the request's cache_salt (salted prompts meet where their own entries are)."""
-    data = salt.encode() + b"\0" + array("i", ids[:PREFILL_PIECE]).tobytes()
+def prefix_affinity(ids: list[int], salt: str = "", piece: int = PREFILL_PIECE) -> bytes:
+    """The Registry.pick affinity of a prompt longer than one prefill piece: a digest of its first `piece`
+    tokens (Registry.prefill_piece: the smallest the prefill workers cut prompts into), so prompts that begin
+    alike go to the prefill worker whose prefix cache holds their first pieces (baton/engine/prefix_cache.py),
+    unless it is PREFIX_SLACK calls busier than the least loaded. salt: the request's cache_salt (salted
+    prompts meet where their own entries are)."""
+    data = salt.encode() + b"\0" + array("i", ids[:piece]).tobytes()
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
@@ -259,9 +261,9 @@ def start_session(
     bad_d: list[Worker] = list(exclude_decode)
     full_d: StatusError | None = None  # a decode target's refusal (its slots are full)
     group = tuple(ids) if equal_prompts > 1 else None  # equal prompts: one prefill worker computes them once
-    slack = None
-    if group is None and len(ids) > PREFILL_PIECE:  # prompts that begin alike meet where their prefix is cached
-        group, slack = prefix_affinity(ids, cache_salt), PREFIX_SLACK
+    slack, piece = None, reg.prefill_piece(PREFILL_PIECE)
+    if group is None and len(ids) > piece:  # prompts that begin alike meet where their prefix is cached
+        group, slack = prefix_affinity(ids, cache_salt, piece), PREFIX_SLACK
     for attempt in range(retries + 1):
         busy = [w for w in reg.up("decode") if _full(w) and w not in bad_d]
         try:

@@ -68,6 +68,7 @@ def test_a_prompt_that_begins_with_a_cached_one_gives_the_reference_tokens(stack
     got, usage = _run(c, a)
     assert got == _complete(lm, a) and usage["cached_tokens"] == 0
     before = _prefill_stats(prefill)
+    assert before.prefill_piece == CHUNK  # what the router groups prompts by (Registry.prefill_piece)
     b = a[:530] + _ids(lm, 200, 2)  # shares pieces [0, 256) and [256, 512)
     got, usage = _run(c, b)
     assert got == _complete(lm, b)
@@ -146,6 +147,16 @@ def test_prompts_that_begin_alike_meet_on_one_prefill_worker_unless_it_is_much_b
         home.outstanding = PREFIX_SLACK + 1  # past it: the least loaded instead
         assert reg.pick("prefill", affinity=keys[0], slack=PREFIX_SLACK) in others
         assert reg.pick("prefill", affinity=keys[0]) is home  # equal prompts (no slack) keep to it
+        # workers that cut prompts finer (--prefill-piece): prompts group by their first piece of the finest
+        assert reg.prefill_piece(PREFILL_PIECE) == PREFILL_PIECE  # none reported one
+        for w, piece in zip(reg._workers["prefill"], (1024, 256, 0, 8192)):
+            w.prefill_piece = piece
+        assert reg.prefill_piece(PREFILL_PIECE) == 256
+        reg._workers["prefill"][1].up = False  # a down worker's piece does not count
+        assert reg.prefill_piece(PREFILL_PIECE) == 1024
+        short = [prefix_affinity(base[:256] + tail, piece=256) for tail in ([1], list(range(300)))]
+        assert short[0] == short[1] != prefix_affinity(base[:255] + [9, 1], piece=256)
+        assert prefix_affinity(base[:256] + [1], "salt", 256) != short[0]
     finally:
         reg.stop()
 
