@@ -87,6 +87,7 @@ class DecodeEngine:
         self._rounds: StepScheduler | None = None  # batched engines: every mtp session's rounds (mtp_launch)
         self._mtp_launched: list = []  # its rounds not collected yet, in launch order (mtp_launch.Launched)
         self._mtp_last_read = 0.0  # when the last round's tokens were read (perf_counter)
+        self._mtp_seq, self._mtp_judging = 0, []  # plain rounds launched; flushes not judged yet (mtp_launch.py)
         self.mtp_jobs: dict[tuple[int, int], tuple[DecodeSession, int]] = {}  # (runner id, slot) -> (s, k_max)
         self.mtp_rounds = Gather(
             lambda items: mtp.rounds(self, items), self._compute, expected=lambda: self._mtp_active, **PERIODIC

@@ -56,7 +56,7 @@ def flush_at(runner) -> int:
     return min(MAX_DRAFT + 2, runner.width)
 
 
-def chains(engine, items: list, own_out: dict | None = None, flush: bool = False) -> list[list[int] | None]:
+def chains(engine, items: list) -> list[list[int] | None]:
     """items [(session, k)] of distinct sessions -> each session's k drafts: finalises its pending MTP
     pairs (h_{P-1}, x_P) ... and drafts k tokens, the MTP output row chained as the next step's hidden.
     Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
@@ -67,14 +67,12 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
     then flush together (their pairs aligned after the first flush), one MTP pass every ~flush_at rounds
     instead of a small one in nearly every round. Only the flush's timing depends on the batch: the MTP KV
     of a finalised position is bitwise the same under any schedule, and the drafts and tokens with it.
-    own_out: a dict that gets, per item index, the MTP head's own picks of its first pass (one a pair).
-    flush: every item's pending pairs are finalised now (the pipelined plain rounds' flush, mtp_launch.py:
-    the pairs read so far, fewer than flush_at while rounds are in flight)."""
-    due = [flush or k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
+    (The pipelined plain rounds flush with flush_later.)"""
+    due = [k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
     if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
         due = [True] * len(items)
     live = [i for i, d in enumerate(due) if d]
-    if own_out is None and (on_device := _on_device(engine, [items[i] for i in live])) is not None:
+    if (on_device := _on_device(engine, [items[i] for i in live])) is not None:
         out: list = [None] * len(items)  # a session not due keeps its pairs: None, as below
         for i, d in zip(live, on_device):
             out[i] = d
@@ -99,12 +97,36 @@ def chains(engine, items: list, own_out: dict | None = None, flush: bool = False
                     idx[i] += 1
             toks, outs = r.mtp_batch(groups)
             for i, t, o in zip(live, toks, outs):
-                if own_out is not None and step == 0:
-                    own_out[i] = t  # the MTP head's own pick after each finalised pair
                 if items[i][1] > step:
                     drafts[i].append(engine.drafter.propose(items[i][0], step, t[-1]))
                 h[i] = o[-1]  # chained: the MTP output row is the next step's hidden
     return drafts
+
+
+def flush_later(sessions: list):
+    """The pipelined plain rounds' flush (mtp_launch.py): every session's pending pairs (those read so far)
+    finalised in one MTP pass per runner, launched without a host read -> a function giving each session's
+    head picks, one after each pair, to call once a later read of the stream has passed the pass (it then
+    waits for nothing). The same passes on the same inputs as chains' step 0: the same MTP KV bits."""
+    by_runner: dict[int, list[int]] = {}
+    for i, s in enumerate(sessions):
+        by_runner.setdefault(id(s.runner), []).append(i)
+    reads = []
+    for idx in by_runner.values():
+        # each session's rows as pieces (mtp_pairs_h, then a row a plain round): one copy of them all
+        groups = [
+            (s.slot, [s.mtp_pairs_h, *s.mtp_h_more], s.mtp_pairs_ids, s.mtp_start) for s in (sessions[i] for i in idx)
+        ]
+        reads.append((idx, sessions[idx[0]].runner.mtp_later(groups)))
+
+    def read() -> list[list[int]]:
+        out: list = [None] * len(sessions)
+        for idx, picks in reads:
+            for i, t in zip(idx, picks()):
+                out[i] = t
+        return out
+
+    return read
 
 
 def _on_device(engine, items: list) -> list[list[int]] | None:

@@ -17,12 +17,16 @@ state.hidden gets), and each session's pending MTP pair (h_p, next) is appended 
 (mtp_h_more, mtp_pairs_ids): the pairs mtp.chains finalises later, bitwise the ones a one-row verify
 leaves (the AR step and the one-row rows pass are the same row's arithmetic: row and batch invariance).
 Before a session's pending pairs would outgrow one MTP pass (mtp.flush_at), the round first flushes them:
-the pairs read so far, of every session, finalised together in one MTP pass (mtp.chains with K = 0),
-keeping the last of them pending, as a flushed one-row verify round leaves it. The rounds in flight stay in
-flight (their pairs are appended when read, after the kept one): the flush's pass queues behind them and
-writes only MTP KV rows and its own buffers, which they do not touch, so the pipeline never drains for it
-(until 2026-12-06 it drained first: every flush_at rounds the device idled while the host handed out the
-drained tokens and relaunched, part of fast mtp's 5% gap to bf16 at K = 0, 32 streams).
+the pairs read so far, of every session, finalised together in one MTP pass (mtp.flush_later: chains'
+first pass), keeping the last of them pending, as a flushed one-row verify round leaves it. The rounds in
+flight stay in flight (their pairs are appended when read, after the kept one): the flush's pass queues
+behind them and writes only MTP KV rows and its own buffers, which they do not touch, so the pipeline never
+drains for it (until 2026-12-06 it drained first: every flush_at rounds the device idled while the host
+handed out the drained tokens and relaunched, part of fast mtp's 5% gap to bf16 at K = 0, 32 streams).
+Nor does the host wait for it: its picks (the controller's judged first drafts, _flush) are read once a
+round launched after it is read, when the stream has passed the pass (until 2026-12-07 they were read at
+once: the host waited for the two rounds in flight and the pass before it launched the next round, and the
+device idled while it launched; BATON_MTP_FLUSH_LATER=0 reads them at once again, for the A/B).
 
 A speculative round (K > 0, or a session capped). The plain rounds still in flight are read first
 (drain: their tokens and pairs land on the host) and handed to the consumers (StepScheduler.settle: not
@@ -54,6 +58,8 @@ import logging
 import os
 import time
 
+import torch
+
 from decode_worker import mtp
 
 log = logging.getLogger("baton.decode")
@@ -62,6 +68,7 @@ LOG_EVERY_S = 1.0
 JOINED_S = 0.5  # ... with how many of its sessions were loaded this recently (a wave of sessions joining)
 HOLD_ENV = "BATON_MTP_JOIN_HOLD"  # "1": no speculative round while a wave of sessions joins (module doc)
 HOLD_ROUNDS = 4  # a session is joining for its first HOLD_ROUNDS rounds
+LATER_ENV = "BATON_MTP_FLUSH_LATER"  # "0": a flush's picks are read at once, as until 2026-12-07 (its A/B)
 
 
 class Launched:
@@ -124,7 +131,7 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
         K = 0  # a wave of sessions joins: a plain round (module doc, Joins)
     if K == 0:
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
-            _flush(engine, ctl, sessions)  # the pairs read so far; the rounds in flight stay in flight
+            _flush(engine, sessions)  # the pairs read so far; the rounds in flight stay in flight
         return _plain(engine, ctl, runner, sessions)
     t0 = time.perf_counter()
     drain(engine)
@@ -157,28 +164,37 @@ def _note_dear(engine, K: int, sessions: list, t0: float, t1: float, t2: float) 
     )  # fmt: skip
 
 
-def _flush(engine, ctl, sessions: list) -> None:
-    """Finalises every session's pending pairs in one MTP pass (no draft); the last pair, (h_{p-1}, t0),
-    stays pending: the next chain starts from it. The pass's own picks are free first drafts: after pair j
-    the head picks the token after the next, which pair j + 1 holds, so the controller learns the
-    acceptance at K = 0 too (Drafter.judge, DraftLength.observe_drafts)."""
-    own: dict[int, list[int]] = {}
-    mtp.chains(engine, [(s, 0) for s in sessions], own_out=own, flush=True)
-    hits = misses = 0
+def _flush(engine, sessions: list) -> None:
+    """Finalises every session's pending pairs in one MTP pass (no draft), launched without a host read
+    (mtp.flush_later); the last pair, (h_{p-1}, t0), stays pending: the next chain starts from it. The
+    pass's own picks are free first drafts: after pair j the head picks the token after the next, which
+    pair j + 1 holds, so the controller learns the acceptance at K = 0 too (Drafter.judge,
+    DraftLength.observe_drafts), once a round launched after the flush is read (_judge)."""
+    picks = mtp.flush_later(sessions)
+    engine._mtp_judging.append((engine._mtp_seq, sessions, [s.mtp_pairs_ids for s in sessions], picks))
+    if os.environ.get(LATER_ENV, "1") == "0":  # judged now: the host waits for the rounds in flight and the pass
+        _judge(engine, mtp.control(engine), engine._mtp_seq + 1)
+    lasts = torch.cat([s.mtp_h_more[-1] if s.mtp_h_more else s.mtp_pairs_h[-1:] for s in sessions])
     for i, s in enumerate(sessions):
-        ids = s.mtp_pairs_ids
-        for j, pick in enumerate(own.get(i, [])[: len(ids) - 1]):
-            if engine.drafter.judge(s, pick, ids[j + 1]):
-                hits += 1
-            else:
-                misses += 1
-    if hits + misses:
-        ctl.observe_drafts(hits, misses)
-    for s in sessions:
-        n = len(s.mtp_pairs_ids)
-        s.mtp_pairs_h = mtp.pairs_h(s)[-1:].clone()
+        s.mtp_start += len(s.mtp_pairs_ids) - 1
+        s.mtp_pairs_h, s.mtp_h_more = lasts[i : i + 1], []  # (views of one copy: the round's rows are freed)
         s.mtp_pairs_ids = s.mtp_pairs_ids[-1:]
-        s.mtp_start += n - 1
+
+
+def _judge(engine, ctl, read_seq: int) -> None:
+    """The flushes launched before round read_seq (just read: the stream has passed them) judge their
+    picks (_flush); a flush's picks are read once, without waiting."""
+    while engine._mtp_judging and engine._mtp_judging[0][0] < read_seq:
+        _, sessions, ids_of, picks = engine._mtp_judging.pop(0)
+        hits = misses = 0
+        for s, ids, own in zip(sessions, ids_of, picks()):
+            for j, pick in enumerate(own[: len(ids) - 1]):
+                if engine.drafter.judge(s, pick, ids[j + 1]):
+                    hits += 1
+                else:
+                    misses += 1
+        if hits + misses:
+            ctl.observe_drafts(hits, misses)
 
 
 def _plain(engine, ctl, runner, sessions: list) -> Launched:
@@ -186,6 +202,8 @@ def _plain(engine, ctl, runner, sessions: list) -> Launched:
     hidden: list = []
     t_launch = time.perf_counter()
     get = runner.ar_batch_launch([s.slot for s in sessions], hidden_out=hidden)
+    engine._mtp_seq += 1
+    seq = engine._mtp_seq
     for s in sessions:
         s.mtp_inflight += 1
 
@@ -195,6 +213,7 @@ def _plain(engine, ctl, runner, sessions: list) -> Launched:
         finally:
             for s in sessions:
                 s.mtp_inflight -= 1
+        _judge(engine, ctl, seq)
         h = hidden[0]
         for i, (s, t) in enumerate(zip(sessions, toks)):
             s.mtp_h_more.append(h[i : i + 1])

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import interp_shim  # noqa: E402,F401  (before torch/triton kernels are traced)
 import launch_record  # noqa: E402  (records each launch: compiled for sm_90 at the end)
 import torch  # noqa: E402
-from helpers import make_tiny_dir  # noqa: E402
+from helpers import make_tiny_dir, rows_with_logits  # noqa: E402
 
 from baton.engine.runner import ModelRunner  # noqa: E402
 from baton.loading import load_model  # noqa: E402
@@ -35,8 +35,8 @@ def main() -> None:
         t = eager.prefill(0, ids)
         assert fused.prefill(0, ids) == t
         toks = [t] + torch.randint(0, 512, (block - 1,), generator=g).tolist()
-        ge, le = eager.rows_with_logits(0, eager.pad_ids(toks), block)
-        gf, lf = fused.rows_with_logits(0, fused.pad_ids(toks), block)
+        ge, le = rows_with_logits(eager, 0, eager.pad_ids(toks), block)
+        gf, lf = rows_with_logits(fused, 0, fused.pad_ids(toks), block)
 
         def slot0(r, k, i):  # slot 0's tensor; KV: its whole window, read through its pages
             return r.state.slot_kv(i, 0)[0] if k == "key" else getattr(r.state, k)[i][0]
@@ -51,7 +51,7 @@ def main() -> None:
         # row invariance of the fused path: the same tokens one row at a time
         ar = ModelRunner(m, width=W, max_len=512, fast=True)
         ar.prefill(0, ids)
-        ar_logits = [ar.rows_with_logits(0, ar.pad_ids([x]), 1)[1][0] for x in toks]
+        ar_logits = [rows_with_logits(ar, 0, ar.pad_ids([x]), 1)[1][0] for x in toks]
         out[name] = {
             "logits_max_diff": float((le[:block] - lf[:block]).abs().max()),
             "tokens_equal": ge[:block].tolist() == gf[:block].tolist(),
@@ -109,8 +109,8 @@ def main() -> None:
     res = []
     for r in (plain, scattered):
         r.prefill(0, ids)
-        _, lg = r.rows_with_logits(0, r.pad_ids(blk), 4)
-        ar = [r.rows_with_logits(0, r.pad_ids([t]), 1)[1][0] for t in blk[:2]]
+        _, lg = rows_with_logits(r, 0, r.pad_ids(blk), 4)
+        ar = [rows_with_logits(r, 0, r.pad_ids([t]), 1)[1][0] for t in blk[:2]]
         res.append((lg[:4], ar, [r.state.slot_kv(i, 0) for i in r.state.attn_ids]))
     (la, aa, ka), (lb, ab, kb) = res
     out["paged"] = {

@@ -113,6 +113,17 @@ def run_interp_script(name: str, timeout: float) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def rows_with_logits(runner, slot: int, ids_w, n: int):
+    """ModelRunner's eager rows with logits: ids_w [W] -> (greedy [W], logits [W, vocab])."""
+    import torch
+
+    with torch.inference_mode():
+        runner.ids_buf.copy_(ids_w)
+        runner.select(slot)
+        logits = runner.compute_rows(slot, n)
+        return runner.tok_out.clone(), logits
+
+
 def rows_batch_steps(runner, slots, n: int) -> list[list[int]]:
     """Each slot's pending token, then n - 1 AR steps of all slots together in one rows_batch each ->
     per slot its n tokens (what each slot would decode alone, by batch invariance)."""

@@ -237,9 +237,12 @@ class BatchedRows:
             compute(p, gs, tuple(slots))
 
     @torch.inference_mode()
-    def _passes(self, kind: str, items: list, keep: list | None, setup) -> list[list[int]]:
+    def _passes(self, kind: str, items: list, keep: list | None, setup, later: bool = False):
         """items of (slot, length, ...) -> each item's picks, in order, in passes of at most a bucket of
-        groups; setup(part, p, gs) loads a pass's inputs. keep gets each item's h rows [len, H] (copies)."""
+        groups; setup(part, p, gs) loads a pass's inputs. keep gets each item's h rows [len, H] (copies).
+        later (keep None): the last pass's picks are copied on the device, not read: -> a function that
+        reads them and returns the picks (the passes before it are read at once: the next pass's setup
+        rewrites the pinned inputs its copies may not have read yet)."""
         out: list = [None] * len(items)
         gs = max(x[1] for x in items)
         step = self.buckets(gs)[-1]
@@ -249,6 +252,16 @@ class BatchedRows:
             p = next(b for b in self.buckets(gs) if b >= len(part))
             setup(part, p, gs)
             self._launch(kind, [x[0] for x in part], p, gs, compute)
+            if later and c + step >= len(items):
+                picks = self.tok[: len(part) * gs].clone()  # (later passes rewrite tok)
+
+                def read(c=c, part=part):
+                    toks = picks.tolist()
+                    for j, x in enumerate(part):
+                        out[c + j] = toks[j * gs : j * gs + x[1]]
+                    return out
+
+                return read
             toks = self.tok[: len(part) * gs].tolist()  # the one host sync of the pass
             kept = self.h[: len(part) * gs].clone() if keep is not None else None  # one copy a pass
             for j, x in enumerate(part):
@@ -273,10 +286,11 @@ class BatchedRows:
         return out
 
     def _mtp_load(self, part: list, p: int, gs: int) -> None:
-        """An MTP pass's inputs: part [(slot, n, ids, h [n, H], start)] -> slots / lens / start, ids and mtp_h."""
+        """An MTP pass's inputs: part [(slot, n, ids, h [n, H] or its pieces in order, start)] -> slots / lens /
+        start, ids and mtp_h."""
         self._load([x[0] for x in part], [x[1] for x in part], [x[2] for x in part], p, gs, [x[4] for x in part])
         dt = self.mtp_h.dtype
-        hs = [x[3] if x[3].dtype == dt else x[3].to(dt) for x in part]  # (copy_ cast; cat must be given one dtype)
+        hs = [h if h.dtype == dt else h.to(dt) for x in part for h in (x[3] if isinstance(x[3], list) else [x[3]])]
         if all(x[1] == gs for x in part):  # no junk rows (a chain's one-pair steps): one copy
             torch.cat(hs, out=self.mtp_h[: len(part) * gs])
         else:  # each group's rows at g * gs: one scatter of them all
@@ -293,6 +307,13 @@ class BatchedRows:
         self.last = None  # (an MTP pass keeps no rows inputs, but overwrites h, slots and lens)
         outs: list[torch.Tensor] = []
         return self._passes("mtpb", self._items(groups), outs, self._mtp_load), outs
+
+    def mtp_later(self, groups: list):
+        """mtp() launched without the host read of its (last) pass, outputs not kept: -> a function giving
+        each group's drafts [n]; call it once a later host read of this stream has passed the pass (it then
+        waits for nothing). Fast mtp's plain-round flush (decode_worker/mtp_launch.py)."""
+        self.last = None
+        return self._passes("mtpb", self._items(groups), None, self._mtp_load, later=True)
 
     def chain_bucket(self, g: int, gs: int) -> int | None:
         """The bucket of an on-device chain of g groups whose first step has gs pairs (mtp_chain), or None:

@@ -11,7 +11,6 @@
 Three layers of names: compute_rows / compute_ar / compute_mtp are the pure tensor code on static
 buffers (what a CUDA graph captures); replay_rows / replay_mtp run the captured graph of (kind, slot, n)
 if there is one (graphs are keyed (kind, n) and read the slot from the device: `select`), else that code; rows / ar_step / ar_launch are the host API (tokens in, tokens out).
-rows_with_logits is the eager path that also returns logits (tests).
 
 Rows computed at width W are bitwise independent of n (see baton/models/qwen3_5.py), which is what
 makes verification and MTP speculation exact. The decode worker replays `rows` from CUDA graphs
@@ -335,25 +334,29 @@ class ModelRunner:
         if self.batched_rows is not None and len(groups) > 1:
             return self.batched_rows.mtp(groups)
         toks, outs = [], []
-        for slot, h, ids, start in groups:
-            n = len(ids)
-            self.mtp_h.zero_()
-            self.mtp_h[:n].copy_(h)
-            self.mtp_ids.zero_()
-            self.mtp_ids[:n].copy_(upload(ids, torch.long, self.device))
-            self.mtp_start.fill_(start)
-            self.replay_mtp(slot, n)
+        for group in groups:
+            n = self._mtp_one(*group)
             toks.append(self.mtp_tok[:n].tolist())
             outs.append(self.mtp_out[:n].clone())
         return toks, outs
 
-    @torch.inference_mode()
-    def rows_with_logits(self, slot: int, ids_w: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eager rows with logits (tests): ids_w [W] -> (greedy [W], logits [W, vocab])."""
-        self.ids_buf.copy_(ids_w)
-        self.select(slot)
-        logits = self.compute_rows(slot, n)
-        return self.tok_out.clone(), logits
+    def mtp_later(self, groups: list):
+        """mtp_batch's passes without a host read (outputs not kept) -> a function giving each group's drafts,
+        to call once a later read of the stream passed them (the plain rounds' flush, mtp_launch.py)."""
+        if self.batched_rows is not None and len(groups) > 1:
+            return self.batched_rows.mtp_later(groups)
+        picks = [self.mtp_tok[: self._mtp_one(*group)].clone() for group in groups]
+        return lambda: [p.tolist() for p in picks]
+
+    def _mtp_one(self, slot: int, h: torch.Tensor, ids: list[int], start: int) -> int:
+        n = len(ids)  # one group's MTP pass: its n pairs at KV index start.. (replay_mtp) -> n
+        self.mtp_h.zero_()
+        self.mtp_h[:n].copy_(torch.cat(h) if isinstance(h, list) else h)  # (h: [n, H] or its pieces)
+        self.mtp_ids.zero_()
+        self.mtp_ids[:n].copy_(upload(ids, torch.long, self.device))
+        self.mtp_start.fill_(start)
+        self.replay_mtp(slot, n)
+        return n
 
     def begin_block(self, slot: int) -> None:
         """Before a rows block that `accept_prefix` may cut: snapshot, unless row checkpoints are kept."""

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from helpers import rows_with_logits
 from torch import nn
 
 from baton.config import ModelConfig
@@ -204,7 +205,7 @@ def test_tail_mode_keeps_the_recurrent_trajectory_bitwise():
 def _rows_logits(model, first: list[int], prompt=(3, 17, 42, 5, 99, 7, 1)):
     r = ModelRunner(model, max_len=64, width=16)
     r.prefill(0, list(prompt))
-    return r.rows_with_logits(0, r.pad_ids(first), len(first))[1]  # [W, vocab]
+    return rows_with_logits(r, 0, r.pad_ids(first), len(first))[1]  # [W, vocab]
 
 
 def test_full_mode_rows_stay_row_invariant():

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from helpers import rows_with_logits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -31,10 +32,10 @@ def test_row_invariance_bf16_every_k(fast):
         K = 1 + trial % 15
         toks = torch.randint(0, lm.cfg.vocab_size, (K + 1,), generator=g).tolist()
         r.state.snapshot(0)
-        _, verify = r.rows_with_logits(0, r.pad_ids(toks), K + 1)
+        _, verify = rows_with_logits(r, 0, r.pad_ids(toks), K + 1)
         r.state.restore(0)
         for i, t in enumerate(toks):
-            _, ar = r.rows_with_logits(0, r.pad_ids([t]), 1)
+            _, ar = rows_with_logits(r, 0, r.pad_ids([t]), 1)
             assert torch.equal(ar[0], verify[i]), f"trial {trial} K={K} row {i}"
 
 
@@ -142,8 +143,8 @@ def test_fused_rows_match_eager_rows_on_the_trained_default_model():
     assert eager.prefill(0, ids) == t
     agree, worst = 0, 0.0
     for _ in range(64):
-        ga, la = fused.rows_with_logits(0, fused.pad_ids([t]), 1)
-        gb, lb = eager.rows_with_logits(0, eager.pad_ids([t]), 1)
+        ga, la = rows_with_logits(fused, 0, fused.pad_ids([t]), 1)
+        gb, lb = rows_with_logits(eager, 0, eager.pad_ids([t]), 1)
         worst = max(worst, float((la[0].float() - lb[0].float()).abs().max() / lb[0].float().abs().max()))
         agree += int(ga[0] == gb[0])
         t = int(gb[0])  # teacher-forced on the eager path

@@ -19,7 +19,7 @@ import random
 
 import pytest
 import torch
-from helpers import decoded_alone, exported, re_prefill_together
+from helpers import decoded_alone, exported, re_prefill_together, rows_with_logits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -451,7 +451,7 @@ def test_prompt_logprobs_at_the_9b_vocabulary_do_not_depend_on_the_pass(big):
         blk = prompt[c : c + ref.width]
         ids = torch.zeros(ref.width, dtype=torch.long, device="cuda")
         ids[: len(blk)] = torch.tensor(blk)
-        rows.append(torch.log_softmax(ref.rows_with_logits(0, ids, len(blk))[1][: len(blk)].double(), -1))
+        rows.append(torch.log_softmax(rows_with_logits(ref, 0, ids, len(blk))[1][: len(blk)].double(), -1))
     lp = torch.cat(rows)
     got = torch.tensor([v for v, _ in solo.logprobs], dtype=torch.float64)
     want = lp[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])].cpu()

@@ -6,6 +6,7 @@ position), batch-invariant."""
 
 import pytest
 import torch
+from helpers import rows_with_logits
 
 from baton.engine import rejection
 from baton.engine.sampling import REJECTION, Params, SamplingTable
@@ -21,7 +22,7 @@ def _logits(lm, tok, text):
 
     runner = ModelRunner(lm.model, slots=1, max_len=64)
     runner.prefill(0, tok.encode(text))
-    _, logits = runner.rows_with_logits(0, runner.pad_ids([int(runner.state.next_token[0])]), 1)
+    _, logits = rows_with_logits(runner, 0, runner.pad_ids([int(runner.state.next_token[0])]), 1)
     return logits[0].clone()
 
 

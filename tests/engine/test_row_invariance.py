@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import rows_with_logits
 from transformers import Qwen3_5TextConfig
 
 from baton.config import ModelConfig
@@ -42,10 +43,10 @@ def test_verify_rows_equal_ar_steps_bitwise(dtype):
         ks.add(K)
         toks = torch.randint(0, CFG.vocab_size, (K + 1,), generator=g).tolist()
         r.state.snapshot(0)
-        _, verify = r.rows_with_logits(0, r.pad_ids(toks), K + 1)
+        _, verify = rows_with_logits(r, 0, r.pad_ids(toks), K + 1)
         r.state.restore(0)
         for i, t in enumerate(toks):
-            _, ar = r.rows_with_logits(0, r.pad_ids([t]), 1)
+            _, ar = rows_with_logits(r, 0, r.pad_ids([t]), 1)
             assert torch.equal(ar[0], verify[i]), f"{dtype} trial {trial} K={K} row {i}"
     assert ks == set(range(1, 16))
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from helpers import rows_batch_steps
+from helpers import rows_batch_steps, rows_with_logits
 
 from baton.engine.noise import gumbel, hash32, uniform
 from baton.engine.sampling import MAX_LOGPROBS, Params, SamplingTable, sample
@@ -150,7 +150,7 @@ def model_logits():
     ids = Tokenizer.from_dir(resolve_model_dir(None)).encode("def parse(self, text):\n    ")
     runner = ModelRunner(lm.model, slots=1, max_len=64)
     runner.prefill(0, ids)
-    _, logits = runner.rows_with_logits(0, runner.pad_ids([int(runner.state.next_token[0])]), 1)
+    _, logits = rows_with_logits(runner, 0, runner.pad_ids([int(runner.state.next_token[0])]), 1)
     return logits[0].clone()
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from helpers import decoded_alone, exported, make_tiny_dir, re_prefill_together
+from helpers import decoded_alone, exported, make_tiny_dir, re_prefill_together, rows_with_logits
 
 from baton.engine.prefill import Piece
 from baton.engine.runner import ModelRunner, WindowError
@@ -247,7 +247,7 @@ def test_prompt_logprobs_are_the_models_log_softmax_given_the_tokens_before(lm):
         blk = prompt[c : c + 8]
         ids = torch.zeros(8, dtype=torch.long)
         ids[: len(blk)] = torch.tensor(blk)
-        rows.append(torch.log_softmax(ref.rows_with_logits(0, ids, len(blk))[1][: len(blk)].double(), -1))
+        rows.append(torch.log_softmax(rows_with_logits(ref, 0, ids, len(blk))[1][: len(blk)].double(), -1))
     lp = torch.cat(rows)
     for i, (v, top) in enumerate(s.prompt_logprobs):
         assert abs(v - float(lp[i, prompt[i + 1]])) < 1e-4, i
