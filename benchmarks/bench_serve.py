@@ -120,6 +120,8 @@ Per point:
                        (WorkerStats decode_called_s_*, decode_first_message_s_*, the worst worker's;
                        decode_worker/call_waits.py): a session's LoadState commit -> its Decode call's
                        entry, and that entry -> the call's first message (its set-up, the join above)
+    decode_setup_ms_*  of decode_first_message_ms, the handler's own set-up until it asks the engine for the
+                       first tokens (WorkerStats decode_setup_s_*); the rest is the engine's (window, pages, join)
     handoff_bytes_p50, draft_only_handoffs   a request's state bytes handed off (Stats.bridge_bytes: its
                        hand-offs together), and how many hand-offs were draft-only (exact mtp: the hidden
                        row and MTP KV alone; BATON_SLIM_HANDOFF=0 turns them off: the A/B of the bytes)
@@ -705,6 +707,8 @@ class _StepStats:
             "decode_called_ms_p99": round(1e3 * s1["decode_called_s_p99"], 2),
             "decode_first_message_ms_p50": round(1e3 * s1["decode_first_message_s_p50"], 2),
             "decode_first_message_ms_p99": round(1e3 * s1["decode_first_message_s_p99"], 2),
+            "decode_setup_ms_p50": round(1e3 * s1["decode_setup_s_p50"], 2),
+            "decode_setup_ms_p99": round(1e3 * s1["decode_setup_s_p99"], 2),
         }
         shares = s1["phase_share"]
         for phase, share in sorted(shares.items()):

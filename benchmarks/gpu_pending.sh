@@ -542,7 +542,8 @@ for f in sys.argv[1:]:
         # the first decode (state landed -> first decode tokens at the router) in its parts (call_waits.py)
         print(f"  {e} at {n}: first decode {p.get('first_decode_ms_p50')} ms p50 = LoadState -> Decode "
               f"{p.get('decode_called_ms_p50')} + Decode -> first message {p.get('decode_first_message_ms_p50')} "
-              f"(of it the join {p.get('decode_first_tokens_ms_p50')}) + back to the router; TTFT "
+              f"(of it the handler's set-up {p.get('decode_setup_ms_p50')}, the join {p.get('decode_first_tokens_ms_p50')}"
+              f", prefill passes {p.get('prefill_passes')} of {p.get('prefill_pass_mean_pieces')} pieces) + back to the router; TTFT "
               f"{p.get('ttft_s_p50')} s, hand-off {p.get('router_handoff_ms_p50')} ms")
 EOF
     # the decode worker's dear speculative rounds (>= 50 ms, one line a second at most: decode_worker/mtp_launch.py)

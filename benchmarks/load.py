@@ -168,6 +168,8 @@ _STEP_TIMES = (  # WorkerStats' step durations, s: the worst decode worker's of 
     "decode_called_s_p99",
     "decode_first_message_s_p50",
     "decode_first_message_s_p99",
+    "decode_setup_s_p50",
+    "decode_setup_s_p99",
     "stall_share",
 )
 

@@ -266,6 +266,7 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
                 ahead = self.engine.runs_ahead(s, request.release_at_end)
                 paced = self.pace.stream() if ahead else contextlib.nullcontext(lambda: None)
                 try:
+                    self.waits.asked(entered)
                     with window_field("max_new_tokens"):  # the first next() checks the window
                         first = next(gen, None)
                     self.waits.first(entered)

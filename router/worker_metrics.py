@@ -44,7 +44,8 @@ The figures (WorkerStats; docs/CONTRACTS.md, "KV pages"):
                                    a decode worker's fast Decode calls before their first tokens, p50 / p99
                                    (quantile "0.5" / "0.99") of its recent calls: part "called" (LoadState's
                                    commit -> the call), "first_message" (the call -> its first message) and, within
-                                   it, "first_tokens" (the join of the step scheduler -> its first tokens):
+                                   it, "setup" (the handler's, until it asks the engine) and "first_tokens" (the
+                                   join of the step scheduler -> its first tokens):
                                    decode_worker/call_waits.py; the router's first_decode_ms in parts
 Labels stay low-cardinality: a deployment has few workers, and their addresses change only on a restart.
 """
@@ -174,6 +175,7 @@ def _gathered(got):
 _WAITS = (
     ("called", "decode_called_s"),
     ("first_message", "decode_first_message_s"),
+    ("setup", "decode_setup_s"),
     ("first_tokens", "first_tokens_s"),
 )
 

@@ -162,9 +162,10 @@ def test_metrics_show_the_decode_workers_waits_before_first_tokens(cluster):
     def wait(part, q):
         return got[f'baton_worker_decode_wait_seconds{{part="{part}",quantile="{q}",role="decode",worker="{d}"}}']
 
-    for part in ("called", "first_message", "first_tokens"):
+    for part in ("called", "first_message", "setup", "first_tokens"):
         assert 0 < wait(part, "0.5") <= wait(part, "0.99") < 30, (part, got)
     assert wait("first_tokens", "0.5") <= wait("first_message", "0.5")  # the join is within the call's wait
+    assert wait("setup", "0.5") <= wait("first_message", "0.5")  # as the handler's set-up is
     assert not any("decode_wait" in k and f'worker="{p}"' in k for k in got)
 
 

@@ -89,6 +89,7 @@ def test_get_stats_reports_the_batched_steps(cluster):
     # a call's entry -> its first message holds its join -> first tokens: call by call, so at each percentile
     assert st.first_tokens_s_p50 <= st.decode_first_message_s_p50 <= st.decode_first_message_s_p99 < 30
     assert st.first_tokens_s_p99 <= st.decode_first_message_s_p99
+    assert 0 < st.decode_setup_s_p50 <= st.decode_first_message_s_p50  # the handler's part of it, call by call
     st2 = stub.GetStats(common_pb2.WorkerStatsRequest(), timeout=5)
     assert st2.steps == st.steps and st2.step_s_p99 == 0.0  # the window was reset, the counters not
     assert st2.first_tokens_s_p99 == 0.0
