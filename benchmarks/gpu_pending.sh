@@ -166,6 +166,14 @@
 # 300): a prefix cache finer than 8,192-token pieces rests on it, and the prefill workers' --prefill-piece N now
 # takes N only where its start-up check (the same comparison) passes. Owed: the stop-57 list above, then cut-probe,
 # then (if it passes at 1024) PREFILL_PIECE=1024 QUEUE="prefix-serve:400".
+# Stop 59 (benchmarks/results/gpu-h100-2026-12-07-stop59.md), one H100 at 78f9a55: spec-adaptive at 32 four times
+# (fast mtp 0.86x / 0.71x bf16; BATON_MTP_FLUSH_LATER 1 / 0 runs 1,459 / 1,106 against 1,148 / 1,462 tok/s: runs
+# of one configuration differ by 30% there, the A/B decides nothing), test_gpu_mtp_batch.py (3 passed),
+# cut-probe (cuts at 256 / 1,024 / 2,048 change every state from layer 4 on: --prefill-piece keeps 8,192 on the
+# GPU, prefix-serve with PREFILL_PIECE is moot), test_gpu_batch.py, test_gpu_prefill.py (7, 14 passed),
+# tests-serving (5 passed). Owed: SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200 and on an H100 twice in
+# one call (decode_setup_ms: the handler's part of a fast mtp call's 110-175 ms before its join), ctx-max
+# (150,000 on an H100 at 31cb2c0 or later, 260,000 on an H200), partials-ab, nogil at 32, gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
