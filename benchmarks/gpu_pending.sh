@@ -172,7 +172,7 @@
 # cut-probe (cuts at 256 / 1,024 / 2,048 change every state from layer 4 on: --prefill-piece keeps 8,192 on the
 # GPU, prefix-serve with PREFILL_PIECE is moot), test_gpu_batch.py, test_gpu_prefill.py (7, 14 passed),
 # tests-serving (5 passed). Owed: SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200 and on an H100 twice in
-# one call (decode_setup_ms: the handler's part of a fast mtp call's 110-175 ms before its join), ctx-max
+# one call (QUEUE="spec-pairs:570": decode_setup_ms, the handler's part of a fast mtp call's 110-175 ms before its join), ctx-max
 # (150,000 on an H100 at 31cb2c0 or later, 260,000 on an H200), partials-ab, nogil at 32, gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
@@ -281,6 +281,8 @@
 #                       and fast bf16, at 1, 8, 32 streams (target: >= 1.3x bf16 at 32, or K = 0 there and
 #                       within 5% of bf16; the speculation kept where it pays, at 1 stream). SPEC_POINTS /
 #                       BF16_POINTS: other concurrencies (a ratio needs both runs at that N)
+#           spec-pairs   the same at PAIR_N (default 32) only, mtp and bf16 alternating PAIRS times (default 2):
+#                       each pair's ratio and their median (one host's runs differed by 30%, stop 59)
 #           Fewer prompts than streams: --draft-p needs every prompt's `baton complete` reference, and the
 #           exact engine took ~30 s per 256-token reference of the 9B on the H200 (the serve stage's
 #           prepare: 60 s for 2), so 32 distinct prompts would not fit one 600 s call; 2 distinct prompts
@@ -561,6 +563,22 @@ EOF
       ratio "fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-adaptive-mtp.json" $n \
         "$out/spec-adaptive-bf16.json" $n 0.95
     done | tee "$out/spec-adaptive-ratios.txt"
+    ;;
+  spec-pairs)  # fast mtp adaptive and bf16 at PAIR_N (default 32) streams, alternating, PAIRS times (default 2): one
+    # host's runs of one configuration differed by 30% (stop 59), so the ratio is each pair's and their median
+    n=${PAIR_N:-32}
+    for i in $(seq 1 "${PAIRS:-2}"); do
+      spec "spec-pair-mtp-$i" --engine mtp --concurrency "$n" --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
+      spec "spec-pair-bf16-$i" --engine bf16 --concurrency "$n" --check-prompts 1
+      ratio "pair $i: fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-pair-mtp-$i.json" "$n" \
+        "$out/spec-pair-bf16-$i.json" "$n" 0.95 | tee -a "$out/spec-pairs.txt"
+    done
+    python - "$out/spec-pairs.txt" <<'EOF'
+import re, statistics, sys
+
+rs = [float(m) for m in re.findall(r"tok/s = ([0-9.]+)x", open(sys.argv[1]).read())]
+print(f"spec-pairs: ratios {rs}, median {round(statistics.median(rs), 3) if rs else None}x (target >= 0.95x)")
+EOF
     ;;
   spec-exact)
     # where the host time of the rounds goes: each process's stack samples (baton/stack_sampler.py)
