@@ -5,6 +5,7 @@
     reasoning, content = r.split(text)          # a whole text: (str | None, str | None)
     reasoning_delta, content_delta = r.feed(d)  # streamed: the text safe to send now ("" when none)
     reasoning_delta, content_delta = r.finish() # at the end of the text: what was held back
+    r.count(token_text); r.tokens              # each generated token's text -> the reasoning's token count
 
 Qwen3 / Qwen3.5 think first: with thinking on their generation prompt ends inside an open block
 ("<|im_start|>assistant\\n<think>\\n"), so the text is "reasoning...</think>\\n\\nanswer"; some models write
@@ -52,6 +53,21 @@ class ReasoningSplit:
         self._buf = ""  # held back: leading whitespace / a partial tag
         self._skip_nl = False  # drop one "\n" right after a <think> the model wrote
         self._strip_nl = False  # drop the "\n"s right after </think>
+        self._counted, self._tail, self.closed = 0, "", False  # count(): tokens so far, the last texts, "</think>" seen
+
+    def count(self, token: str) -> None:
+        """One generated token's text, in order, for `tokens`: counted until the one that completes "</think>"
+        (`closed` from then on: the caller may stop decoding tokens for it)."""
+        if not self.closed:
+            self._counted += 1
+            self._tail = (self._tail + token)[-2 * len(THINK_END) :]
+            self.closed = THINK_END in self._tail
+
+    @property
+    def tokens(self) -> int:
+        """The reasoning's tokens (usage's reasoning_tokens): those counted up to and including the one that
+        completes "</think>" (all of them when none did); 0 when the text had no reasoning block."""
+        return self._counted if self.reasoned else 0
 
     def split(self, text: str) -> tuple[str | None, str | None]:
         """A whole text: (reasoning or None when there was none, content or None when there is none after

@@ -17,8 +17,8 @@ sequence numbers from 0:
     incomplete_details.reason "max_output_tokens"), or response.failed (an error after the first token:
     response.error {code, message}); no `data: [DONE]` after it, as OpenAI's.
 An empty answer is one message item with empty text. usage: input_tokens (input_tokens_details.cached_tokens:
-restored by the prefix cache), output_tokens (output_tokens_details.reasoning_tokens is 0: not counted
-apart), total_tokens. The router's Stats ride in "baton": {"stats"}, as in chat.
+restored by the prefix cache), output_tokens (output_tokens_details.reasoning_tokens: chat's completion_tokens_details.reasoning_tokens, the
+reasoning's tokens up to the one that closed </think>; 0 with the reasoning parser off), total_tokens. The router's Stats ride in "baton": {"stats"}, as in chat.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ class ResponseEvents:
                 "input_tokens": u["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": u.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
                 "output_tokens": u["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {
+                    "reasoning_tokens": u.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
+                },
                 "total_tokens": u["total_tokens"],
             }
         out = {

@@ -10,7 +10,8 @@
 Per choice: text deltas are the router's (it matches the stop strings, router/stops.py); finish_reason is
 "length" (LENGTH) or "stop" (STOP, EOS, or a stop string); usage is the router's (prompt_tokens from the
 request, completion_tokens = tokens received, which the router's own usage equals; prompt_tokens_details.
-cached_tokens: those the prefill worker restored from its prefix cache); `baton.stats` is the
+cached_tokens: those the prefill worker restored from its prefix cache; with the reasoning parser on,
+completion_tokens_details.reasoning_tokens: the tokens up to the one that closed </think>); `baton.stats` is the
 router's Stats of the last message; logprobs (when asked) in OpenAI's completion or chat shape.
 Chat with the reasoning parser on (--reasoning-parser qwen3): each choice's own ReasoningSplit
 (router/http/reasoning.py) splits its text into message.reasoning_content and content (streamed:
@@ -110,6 +111,10 @@ class Run:
                     d.logprobs = [(c.echo_first, None, None), *d.prompt_logprobs, *d.logprobs]
             c.final = bool(d.finish_reason)
             c.tokens += len(d.token_ids)
+            for t in d.token_ids if c.think is not None else ():  # usage's reasoning_tokens
+                if c.think.closed:
+                    break
+                c.think.count(self.job.token_text(t))
             c.last_token = d.token_ids[-1] if d.token_ids else c.last_token
             if d.finish_reason:
                 c.finish, c.stats = FINISH.get(d.finish_reason, "stop"), d.stats
@@ -133,12 +138,15 @@ class Run:
         p = sum(c.prompt_tokens for c in self.choices)
         n = sum(c.tokens for c in self.choices)
         cached = sum(c.cached for c in self.choices)
-        return {
+        out = {
             "prompt_tokens": p,
             "completion_tokens": n,
             "total_tokens": p + n,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+        if self.job.reasoning is not None:  # the reasoning parser on: its tokens, as OpenAI's o-series count them
+            out["completion_tokens_details"] = {"reasoning_tokens": sum(c.think.tokens for c in self.choices)}
+        return out
 
     def _stats(self):
         stats = [c.stats for c in self.choices]

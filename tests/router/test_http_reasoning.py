@@ -169,6 +169,42 @@ def test_reasoning_content_then_content_streamed_or_not(two):
     assert "".join(r or "" for r, _ in parts) == THOUGHT and "".join(t or "" for _, t in parts) == "The answer is 4."
 
 
+def _reasoning_tokens(tok, text: str) -> int:
+    """The tokens of `text` up to the one whose text completes "</think>" (decoded one by one, as the router)."""
+    acc = ""
+    for i, t in enumerate(tok.encode(text)):
+        acc += tok.decode([t])
+        if "</think>" in acc:
+            return i + 1
+    return len(tok.encode(text))
+
+
+def test_usage_counts_the_reasoning_tokens(two):
+    """usage.completion_tokens_details.reasoning_tokens: the tokens up to the one that completes </think>, in
+    the whole response, the streamed usage chunk and the openai client; all of a text cut inside its
+    reasoning; none when the text had no reasoning block (thinking off), and no field with the parser off."""
+    want = _reasoning_tokens(two["tok"], REASONED)
+    assert 5 < want < len(two["tok"].encode(REASONED))  # the answer's tokens come after
+    whole, _ = _ask(two, REASONED)
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
+    _say(two, REASONED)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 200}
+    streamed = _sse({"url": two["url"]}, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": want}
+    _say(two, REASONED)
+    r = _client(two).chat.completions.create(model=MODEL, messages=body["messages"], max_tokens=200)
+    assert r.usage.completion_tokens_details.reasoning_tokens == want
+    whole, _ = _ask(two, REASONED, n=2)  # each choice's own count
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2 * want}
+    whole, _ = _ask(two, REASONED, max_tokens=4)  # cut inside the reasoning: every token is reasoning
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 4}
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    whole, _ = _ask(two, "Hello! </think> is text here.", **off)
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    whole, _ = _ask(two, REASONED, url="off")
+    assert "completion_tokens_details" not in whole["usage"]
+
+
 def test_each_choice_has_its_own_splitter(two):
     whole, chunks = _ask(two, REASONED, n=3)
     for j in range(3):

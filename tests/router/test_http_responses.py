@@ -61,6 +61,9 @@ def test_reasoning_message_and_call_items_streamed_or_not(s):
     assert call.name == "get_weather" and json.loads(call.arguments) == ARGS and call.call_id.startswith("call_")
     assert r.usage.output_tokens == len(s["tok"].encode(TEXT)) + 1  # the whole text's tokens and EOS
     assert r.usage.input_tokens == len(s["tok"].encode(_prompt(s))) and r.usage.total_tokens > r.usage.input_tokens
+    ids, head = s["tok"].encode(TEXT), ""  # the reasoning's tokens: up to the one that completes </think>
+    thought = next(i + 1 for i, t in enumerate(ids) if "</think>" in (head := head + s["tok"].decode([t])))
+    assert r.usage.output_tokens_details.reasoning_tokens == thought < r.usage.output_tokens
     assert r.tools[0].name == "get_weather" and r.store is False
 
     _say(s, TEXT)
@@ -86,6 +89,7 @@ def test_reasoning_message_and_call_items_streamed_or_not(s):
     spans = [i for i, (n, _) in enumerate(events) if n in ("response.output_item.added", "response.output_item.done")]
     assert [events[i][1]["output_index"] for i in spans] == [0, 0, 1, 1, 2, 2]
     assert final["usage"]["output_tokens"] == r.usage.output_tokens and final["status"] == "completed"
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": thought}
 
     # the openai client's own stream reads the same
     _say(s, TEXT)
