@@ -24,6 +24,7 @@ def router_kwargs(
     draft_length: str | None = None,
     queue_s: float | None = None,
     reasoning_parser: str | None = None,
+    responses_store_mb: int | None = None,
 ) -> dict:
     """Plain keyword arguments for serve_router (they may cross into a Ray actor)."""
     return dict(
@@ -31,6 +32,7 @@ def router_kwargs(
         draft_length=draft_length,
         queue_s=queue_s,
         reasoning_parser=reasoning_parser,
+        responses_store_mb=responses_store_mb,
         host=host,
         port=port,
         prefill=list(prefill),
@@ -72,6 +74,7 @@ def router_options(args) -> dict:
         max_inflight=args.max_inflight or max(64, (args.slots or DEFAULT_SLOTS) * args.decode),
         draft_length=getattr(args, "draft_length", None),
         reasoning_parser=getattr(args, "reasoning_parser", None),
+        responses_store_mb=getattr(args, "responses_store_mb", None),
         queue_s=DEFAULT_QUEUE_S if queue_s is None else queue_s,
     )
 
@@ -90,10 +93,12 @@ def serve_router(
     draft_length: str | None = None,
     queue_s: float | None = None,
     reasoning_parser: str | None = None,
+    responses_store_mb: int | None = None,
 ) -> RouterHandle:
     """Starts the router in this process (router.service / router.__main__ serve_router); max_inflight,
     draft_length (exact mode's K per round: baton/engine/draft_length.py), queue_s (how long a new request
-    waits for a session slot: router/slot_line.py), reasoning_parser (HTTP chat's: router/http/reasoning.py)
+    waits for a session slot: router/slot_line.py), reasoning_parser (HTTP chat's: router/http/reasoning.py),
+    responses_store_mb (the Responses API's stored responses: router/http/response_store.py)
     None: RouterConfig's defaults."""
     from baton.settings import Settings, read_token_file
     from router.service import RouterConfig
@@ -119,6 +124,7 @@ def serve_router(
             **({"draft_length": draft_length} if draft_length else {}),
             **({"queue_s": queue_s} if queue_s is not None else {}),
             **({"reasoning_parser": reasoning_parser} if reasoning_parser else {}),
+            **({"responses_store_mb": responses_store_mb} if responses_store_mb is not None else {}),
         ),
     )
     return RouterHandle(handle, servicer, stop_router)

@@ -21,7 +21,8 @@ ENGINES = ("bf16", "fp8", "mtp")
 
 def add_router_options(p: argparse.ArgumentParser, http_port: int) -> None:
     """The router's options that `baton serve` and the Ray cluster launcher (deploy/launch.py) share: its HTTP
-    door (default `http_port`; 0 = off), the chat reasoning parser, exact mode's K policy."""
+    door (default `http_port`; 0 = off), the chat reasoning parser, exact mode's K policy, the Responses API's
+    store."""
     p.add_argument(
         "--http-port",
         type=port_arg,
@@ -40,6 +41,13 @@ def add_router_options(p: argparse.ArgumentParser, http_port: int) -> None:
         choices=POLICIES,
         default=None,
         help="exact mode's K per round (the router's --draft-length; default: fixed, the request's K)",
+    )
+    p.add_argument(
+        "--responses-store-mb",
+        type=int,
+        default=None,
+        help="the router's --responses-store-mb: MiB of the Responses API's stored responses (store: true) kept "
+        "for GET /v1/responses/{id} and previous_response_id (default 256; 0: off)",
     )
 
 

@@ -247,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         help="HTTP chat completions: qwen3 returns the model's <think> reasoning as message.reasoning_content "
         "(streamed: delta.reasoning_content) and the answer as content; none: all of it is content (default)",
     )
+    p.add_argument(
+        "--responses-store-mb",
+        type=int,
+        default=RouterConfig.responses_store_mb,
+        help="MiB of the Responses API's stored responses (store: true, the default) kept in this router's memory "
+        "for GET / DELETE /v1/responses/{id} and previous_response_id, least recently used out first "
+        "(default %(default)s; 0: off)",
+    )
     p.add_argument("--ray-namespace", default=None, help="also discover named Ray actors baton-{prefill,decode}-*")
     p.add_argument(
         "--grace",
@@ -288,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         draft_length=args.draft_length,
         max_adaptive_k=args.max_adaptive_k,
         reasoning_parser=args.reasoning_parser,
+        responses_store_mb=args.responses_store_mb,
     )
     for flag, bad in (
         ("--max-inflight must be >= 1", config.max_inflight < 1),
@@ -296,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         ("--call-timeout must be > 0", not config.call_timeout_s > 0),
         ("--queue-timeout must be >= 0", not config.queue_s >= 0),
         ("--grace must be >= 0", not args.grace >= 0),
+        ("--responses-store-mb must be >= 0", config.responses_store_mb < 0),
     ):
         if bad:
             p.error(flag)

@@ -32,6 +32,8 @@ class RouterConfig:
     max_migrations: int = 3
     # HTTP chat completions: "qwen3" splits the reasoning into reasoning_content (router/http/reasoning.py)
     reasoning_parser: str = "none"
+    # the Responses API's stored responses (store: true), in MiB of JSON (router/http/response_store.py); 0: off
+    responses_store_mb: int = 256
 
 
 @dataclass(frozen=True)

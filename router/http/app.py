@@ -14,7 +14,8 @@
     POST /v1/messages           Anthropic's Messages API: router/http/messages.py and message_events.py, its errors
                                 in Anthropic's shape; POST /v1/messages/count_tokens: the prompt's tokens
     POST /v1/responses          OpenAI's Responses API: router/http/responses.py (the request, as a chat) and
-                                response_events.py (its output and events); GET /v1/responses/{id}: 404 (none stored)
+                                response_events.py (its output and events); GET / DELETE /v1/responses/{id}:
+                                a stored response (store true: router/http/response_store.py), else 404
     POST /tokenize, /detokenize router/http/tokenize.py (vLLM's shapes: the tokenizer and template alone)
 
 Every path but /health and /live needs `Authorization: Bearer <token>` (or Anthropic's `x-api-key: <token>`)
@@ -51,6 +52,7 @@ from router.http.errors import ApiError, bad
 from router.http.message_events import MessageEvents, error_body
 from router.http.messages import count_tokens, parse_messages
 from router.http.response_events import ResponseEvents
+from router.http.response_store import ResponseStore
 from router.http.responses import parse_responses
 from router.http.run import Run
 from router.http.schemas import Limits, check_model, parse_chat, parse_completion
@@ -267,6 +269,8 @@ def create_app(
     async def version():
         return {"version": VERSION}
 
+    store = ResponseStore(cfg.responses_store_mb << 20) if cfg.responses_store_mb > 0 else None
+
     async def generate(request: Request, parse, events_of=None, id_prefix: str | None = None) -> Response:
         """One request through Run (router/http/run.py). Completions and chat: its response or its chunks as
         SSE, then [DONE]. The Responses and Messages APIs (events_of): parse gives (Job, request), the chat
@@ -310,7 +314,7 @@ def create_app(
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        return await generate(request, parse_responses, ResponseEvents, "resp_")
+        return await generate(request, lambda body, lim: parse_responses(body, lim, store), ResponseEvents, "resp_")
 
     @app.post("/v1/messages")
     async def messages(request: Request):
@@ -320,14 +324,24 @@ def create_app(
     async def messages_count_tokens(request: Request):
         return await answered(request, count_tokens)
 
+    def stored_miss(response_id: str) -> ApiError:
+        why = "never stored, deleted, evicted, or stored by another router" if store else "--responses-store-mb 0"
+        return ApiError(
+            404, f"response_id: {response_id[:80]!r} is not stored ({why})", param="response_id", code="not_found"
+        )
+
     @app.get("/v1/responses/{response_id}")
     async def response_by_id(response_id: str):
-        raise ApiError(
-            404,
-            f"response_id: {response_id[:80]!r} is not stored: Baton keeps no responses (store is always false)",
-            param="response_id",
-            code="not_found",
-        )
+        got = store.get(response_id) if store is not None else None
+        if got is None:
+            raise stored_miss(response_id)
+        return got
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        if store is None or not store.delete(response_id):
+            raise stored_miss(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     @app.post("/tokenize")
     async def tokenize_(request: Request):

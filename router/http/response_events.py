@@ -17,14 +17,19 @@ sequence numbers from 0:
     incomplete_details.reason "max_output_tokens"), or response.failed (an error after the first token:
     response.error {code, message}); no `data: [DONE]` after it, as OpenAI's.
 An empty answer is one message item with empty text. usage: input_tokens (input_tokens_details.cached_tokens:
-restored by the prefix cache), output_tokens (output_tokens_details.reasoning_tokens: chat's completion_tokens_details.reasoning_tokens, the
-reasoning's tokens up to the one that closed </think>; 0 with the reasoning parser off), total_tokens. The router's Stats ride in "baton": {"stats"}, as in chat.
+restored by the prefix cache), output_tokens (output_tokens_details.reasoning_tokens: chat's
+completion_tokens_details.reasoning_tokens, the reasoning's tokens up to the one that closed </think>; 0 with
+the reasoning parser off), total_tokens. The router's Stats ride in "baton": {"stats"}, as in chat.
+A completed or incomplete response with store true is kept (router/http/response_store.py: its object, and
+its request's input items with its output items after them), as its final event is made; a failed one is not.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 
+log = logging.getLogger("baton.router")
 FAILED_CODE = {"rate_limit_error": "rate_limit_exceeded", "invalid_request_error": "invalid_prompt"}
 
 
@@ -83,7 +88,12 @@ class ResponseEvents:
         if self.error is not None:
             return self._event("response.failed", response=self.response("failed"))
         status = "incomplete" if self.finish == "length" else "completed"
-        return self._event(f"response.{status}", response=self.response(status))
+        out = self._event(f"response.{status}", response=self.response(status))
+        if self.req.store is not None:  # store true: kept for GET and previous_response_id (response_store.py)
+            items = self.req.items + [dict(item) for item in self.output]  # the output items read back as input
+            if not self.req.store.put(out["response"], items, self.req.previous_response_id):
+                log.warning("response %s not stored: larger than the whole store", self.run.id)
+        return out
 
     # ---- items --------------------------------------------------------------------------------------
     def _open(self, kind: str, **fields) -> list[dict]:

@@ -1,6 +1,6 @@
 """OpenAI's Responses API (`POST /v1/responses`): a request as the chat request it means.
 
-    job, req = parse_responses(body, lim)    # ApiError(400 / 404) naming the Responses field
+    job, req = parse_responses(body, lim, store)   # ApiError(400 / 404) naming the Responses field
 
 A Responses request is a chat completion with other names, so it runs the chat path whole (the template,
 tools and forced calls, structured outputs, the reasoning parser, sampling, exact mode, admission): this
@@ -21,10 +21,15 @@ Translation (docs/HTTP.md, "The Responses API"):
     text.format                          -> response_format (text, json_object, json_schema)
     include [message.output_text.logprobs], top_logprobs -> logprobs: true, top_logprobs (other include values
                                             add nothing: nothing they name is made)
+    previous_response_id                 -> the stored conversation through that response (its input and
+                                            output items, router/http/response_store.py), before `input`
     temperature, top_p, parallel_tool_calls, stream, model, and Baton's / vLLM's extras (PASSED) as they are.
-Refused (400 naming the field): previous_response_id and conversation (Baton stores no responses: send the
-whole conversation in input), background, prompt, truncation other than "disabled", hosted tools, non-text
-content, item_reference. Read and echoed only: metadata, store (always false: nothing is stored), user,
+store (default true, as OpenAI's): the finished response is kept in the router's memory (ResponseEvents), for
+GET / DELETE /v1/responses/{id} and a later previous_response_id; false, or the router's store off
+(--responses-store-mb 0): not kept (echoed false).
+Refused (400 naming the field): conversation (Baton stores no conversations objects), background, prompt,
+truncation other than "disabled", hosted tools, non-text content, item_reference; a previous_response_id not
+stored (never, deleted, evicted, or stored by another router). Read and echoed only: metadata, user,
 reasoning, service_tier, safety_identifier, prompt_cache_key, max_tool_calls (null only).
 """
 
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 
 from router.http.errors import ApiError, bad
 from router.http.fields import _str, _text
+from router.http.response_store import ResponseStore, StoreMiss
 from router.http.schemas import Job, Limits, parse_chat
 from router.http.tools import flat_tools
 
@@ -65,8 +71,8 @@ PASSED = (
     "baton",
 )
 REFUSED = {
-    "previous_response_id": "Baton stores no responses: send the whole conversation in input",
-    "conversation": "Baton stores no conversations: send the whole conversation in input",
+    "conversation": "Baton keeps no conversation objects: continue with previous_response_id, or send the whole "
+    "conversation in input",
     "background": "background responses are not supported",
     "prompt": "stored prompt templates are not supported",
 }
@@ -116,6 +122,9 @@ class ResponsesRequest:
     user: str | None = None
     reasoning: dict = field(default_factory=lambda: {"effort": None, "summary": None})
     top_logprobs: int | None = None  # logprobs asked (include message.output_text.logprobs): their count
+    previous_response_id: str | None = None
+    items: list = field(default_factory=list)  # this request's input as items (a string: one user message)
+    store: ResponseStore | None = None  # where the finished response is kept (store true and the router's on)
 
     def echo(self) -> dict:
         return {
@@ -130,8 +139,8 @@ class ResponsesRequest:
             "metadata": self.metadata,
             "user": self.user,
             "reasoning": self.reasoning,
-            "previous_response_id": None,
-            "store": False,
+            "previous_response_id": self.previous_response_id,
+            "store": self.store is not None,
             "truncation": "disabled",
             "background": False,
             "service_tier": "default",
@@ -140,10 +149,11 @@ class ResponsesRequest:
         }
 
 
-def parse_responses(body, lim: Limits) -> tuple[Job, ResponsesRequest]:
+def parse_responses(body, lim: Limits, store: ResponseStore | None = None) -> tuple[Job, ResponsesRequest]:
     """The body -> the chat path's Job (streamed, with the usage chunk: response_events.py reads its chunks
-    whether the client streams or not) and what the response echoes. ApiError naming the Responses field."""
-    chat, req = to_chat(body)
+    whether the client streams or not) and what the response echoes. ApiError naming the Responses field.
+    store: the router's stored responses (None: off)."""
+    chat, req = to_chat(body, store)
     try:
         job = parse_chat(chat, lim)
     except ApiError as e:
@@ -153,7 +163,7 @@ def parse_responses(body, lim: Limits) -> tuple[Job, ResponsesRequest]:
     return job, req
 
 
-def to_chat(body) -> tuple[dict, ResponsesRequest]:
+def to_chat(body, store: ResponseStore | None = None) -> tuple[dict, ResponsesRequest]:
     """A Responses body -> the chat completion body it means, and the fields the response echoes."""
     if not isinstance(body, dict):
         raise bad("body", f"expected a JSON object, got {type(body).__name__}")
@@ -178,9 +188,16 @@ def to_chat(body) -> tuple[dict, ResponsesRequest]:
     if instructions is not None and not isinstance(instructions, str):
         raise bad("instructions", f"expected a string, got {type(instructions).__name__}")
     req.instructions = instructions
-    chat["messages"] = leading_system(
-        [{"role": "system", "content": instructions or ""}] + input_messages(body.get("input"))
+    earlier = _previous(body, store, req)
+    own = input_messages(body.get("input"))
+    req.items = (
+        [{"type": "message", "role": "user", "content": body["input"]}]
+        if isinstance(body["input"], str)
+        else body["input"]
     )
+    if body.get("store", True) is not False:
+        req.store = store
+    chat["messages"] = leading_system([{"role": "system", "content": instructions or ""}] + earlier + own)
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = req.max_output_tokens = body["max_output_tokens"]
     if body.get("tools") is not None:
@@ -194,6 +211,32 @@ def to_chat(body) -> tuple[dict, ResponsesRequest]:
     _include(body, chat, req)
     _echoed(body, req)
     return chat, req
+
+
+def _previous(body: dict, store: ResponseStore | None, req: ResponsesRequest) -> list[dict]:
+    """previous_response_id -> the stored conversation's chat messages (its instructions are not items: the
+    request's own replace them, as OpenAI's); [] without one. 400 naming it when it cannot be continued."""
+    prev = body.get("previous_response_id")
+    if prev is None:
+        return []
+    if not isinstance(prev, str) or not prev:
+        raise bad("previous_response_id", "expected a response id")
+    if store is None:
+        raise bad(
+            "previous_response_id",
+            "this router stores no responses (--responses-store-mb 0): send the whole conversation in input",
+        )
+    try:
+        items = store.items(prev)
+    except StoreMiss as e:
+        why = "not found" if e.missing == prev else f"an earlier response of its conversation ({e.missing[:80]}) is not"
+        raise bad(
+            "previous_response_id",
+            f"{prev[:80]!r}: {why} stored here (never stored, deleted, evicted, or stored by another router); "
+            "send the whole conversation in input",
+        ) from None
+    req.previous_response_id = prev
+    return input_messages(items)
 
 
 def input_messages(v) -> list[dict]:

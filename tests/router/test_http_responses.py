@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_http_api import TOKEN, assert_error
-from test_http_tools import MODEL, TIME, TWO_FORMATS, WEATHER, XML_CALL, _client, _prompt, _say, reasoning_router
+from test_http_tools import MODEL, TIME, TWO_FORMATS, WEATHER, XML_CALL, _client, _prompt, _say, scripted_routers
 
 THOUGHT = "The user wants the weather.\n"
 ANSWER = "Let me look that up.\n\n"
@@ -27,11 +27,21 @@ ASK = [{"role": "user", "content": "Weather in New York?"}]
 
 @pytest.fixture(scope="module")
 def s(tmp_path_factory):
-    yield from reasoning_router(tmp_path_factory)
+    """Routers with --reasoning-parser qwen3 over the scripted fake workers: "url" keeps responses (the
+    default store), "nostore" with --responses-store-mb 0."""
+    from router.service import RouterConfig
+
+    mp = pytest.MonkeyPatch()
+    configs = {
+        "url": RouterConfig(reasoning_parser="qwen3"),
+        "nostore": RouterConfig(reasoning_parser="qwen3", responses_store_mb=0),
+    }
+    yield from scripted_routers(tmp_path_factory, mp, configs)
+    mp.undo()
 
 
-def _post(s, body: dict, path: str = "/v1/responses") -> httpx.Response:
-    return httpx.post(s["url"] + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+def _post(s, body: dict, path: str = "/v1/responses", url: str = "url") -> httpx.Response:
+    return httpx.post(s[url] + path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
 
 
 def _events(s, body: dict) -> list[tuple[str, dict]]:
@@ -64,7 +74,7 @@ def test_reasoning_message_and_call_items_streamed_or_not(s):
     ids, head = s["tok"].encode(TEXT), ""  # the reasoning's tokens: up to the one that completes </think>
     thought = next(i + 1 for i, t in enumerate(ids) if "</think>" in (head := head + s["tok"].decode([t])))
     assert r.usage.output_tokens_details.reasoning_tokens == thought < r.usage.output_tokens
-    assert r.tools[0].name == "get_weather" and r.store is False
+    assert r.tools[0].name == "get_weather" and r.store is True
 
     _say(s, TEXT)
     events = _events(s, body)
@@ -154,6 +164,8 @@ def test_max_output_tokens_gives_an_incomplete_response(s):
     "body, field",
     [
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": 3}, "previous_response_id"),
+        ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
@@ -179,10 +191,101 @@ def test_refusals_name_the_responses_field(s, body, field):
     assert _post(s, {"input": "x"}).status_code == 200  # and the next one is served
 
 
-def test_a_response_is_not_stored(s):
-    r = httpx.get(s["url"] + "/v1/responses/resp_123", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-    assert_error(r, 404)
-    assert "keeps no responses" in r.json()["error"]["message"]
+def _get(s, rid: str, url: str = "url", method: str = "GET") -> httpx.Response:
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    return httpx.request(method, s[url] + "/v1/responses/" + rid, headers=h, timeout=10)
+
+
+def test_a_stored_response_is_read_back_and_continued(s):
+    """store (default true): GET /v1/responses/{id} gives the response object; previous_response_id continues
+    the conversation: the prompt holds the earlier turn's input, reasoning-free answer and the new input, with
+    the new request's instructions only (OpenAI's rule); a chain of three turns joins all of them."""
+    api = _client(s)
+    plain = {"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}  # the answers are all content
+    _say(s, "Paris is sunny.")
+    first = api.responses.create(model=MODEL, input="Weather in Paris?", instructions="Be brief.", **plain)
+    assert first.store is True and first.previous_response_id is None
+    got = api.responses.retrieve(first.id)
+    assert got.id == first.id and got.output_text == "Paris is sunny." and got.status == "completed"
+    assert got.model_dump() == first.model_dump()  # the object as created, field for field
+    raw = _post(s, {"input": "Hi", **plain["extra_body"]}).json()
+    assert _get(s, raw["id"]).json() == raw  # (raw JSON too)
+    _say(s, "Rome too.")
+    second = api.responses.create(
+        model=MODEL, input="And Rome?", previous_response_id=first.id, instructions="Answer in one line.", **plain
+    )
+    prompt = _prompt(s)
+    assert second.previous_response_id == first.id and second.output_text == "Rome too."
+    assert prompt.index("Weather in Paris?") < prompt.index("Paris is sunny.") < prompt.index("And Rome?")
+    assert "Answer in one line." in prompt and "Be brief." not in prompt  # instructions are not carried over
+    _say(s, "Yes.")
+    third = api.responses.create(model=MODEL, input="Both sunny?", previous_response_id=second.id, **plain)
+    prompt = _prompt(s)
+    order = ["Weather in Paris?", "Paris is sunny.", "And Rome?", "Rome too.", "Both sunny?"]
+    assert [prompt.index(x) for x in order] == sorted(prompt.index(x) for x in order), prompt
+    assert third.output_text == "Yes."
+    # the same conversation sent whole renders the same prompt
+    whole = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Paris is sunny."},
+        {"role": "user", "content": "And Rome?"},
+        {"role": "assistant", "content": "Rome too."},
+        {"role": "user", "content": "Both sunny?"},
+    ]
+    _say(s, "Yes.")
+    body = {"input": whole, "store": False, **plain["extra_body"]}
+    assert _post(s, body).status_code == 200 and _prompt(s) == prompt
+
+
+def test_a_tool_call_is_continued_with_its_output(s):
+    """The agent loop: a function_call answer, then only its function_call_output with previous_response_id."""
+    _say(s, TEXT)
+    r = _post(s, {"input": ASK, "tools": [TOOL]}).json()
+    call = r["output"][-1]
+    assert call["type"] == "function_call"
+    _say(s, "It is 20 C.")
+    body = {
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "20 C, clear"}],
+        "previous_response_id": r["id"],
+        "tools": [TOOL],
+    }
+    again = _post(s, body)
+    assert again.status_code == 200, again.text
+    prompt = _prompt(s)
+    at = prompt.index("Weather in New York?")
+    assert at < prompt.index("<tool_call>", at) < prompt.rindex("get_weather") < prompt.index("20 C, clear"), prompt
+    assert again.json()["output"][-1]["content"][0]["text"] == "It is 20 C."
+
+
+def test_store_false_deleted_and_off_are_not_continued(s):
+    _say(s, "a")
+    kept = _post(s, {"input": "one"}).json()
+    _say(s, "b")
+    child = _post(s, {"input": "two", "previous_response_id": kept["id"]}).json()
+    _say(s, "c")
+    unkept = _post(s, {"input": "three", "store": False}).json()
+    assert unkept["store"] is False
+    assert_error(_get(s, unkept["id"]), 404)
+    r = _post(s, {"input": "x", "previous_response_id": unkept["id"]})
+    assert_error(r, 400)
+    assert r.json()["error"]["param"] == "previous_response_id" and "not found" in r.json()["error"]["message"]
+    # DELETE: gone, and a later turn of its conversation can no longer be continued (it names the lost one)
+    d = _get(s, kept["id"], method="DELETE")
+    assert d.status_code == 200 and d.json() == {"id": kept["id"], "object": "response", "deleted": True}
+    assert_error(_get(s, kept["id"]), 404)
+    assert_error(_get(s, kept["id"], method="DELETE"), 404)
+    r = _post(s, {"input": "x", "previous_response_id": child["id"]})
+    assert_error(r, 400)
+    assert kept["id"] in r.json()["error"]["message"]
+    assert _get(s, child["id"]).status_code == 200  # itself still readable
+    # the router's store off: nothing kept, echoed store false, a previous_response_id names the option
+    _say(s, "d")
+    off = _post(s, {"input": "one"}, url="nostore").json()
+    assert off["store"] is False
+    assert_error(_get(s, off["id"], url="nostore"), 404)
+    r = _post(s, {"input": "x", "previous_response_id": off["id"]}, url="nostore")
+    assert_error(r, 400)
+    assert "--responses-store-mb 0" in r.json()["error"]["message"]
 
 
 _value = st.one_of(
