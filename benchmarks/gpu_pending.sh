@@ -171,9 +171,13 @@
 # of one configuration differ by 30% there, the A/B decides nothing), test_gpu_mtp_batch.py (3 passed),
 # cut-probe (cuts at 256 / 1,024 / 2,048 change every state from layer 4 on: --prefill-piece keeps 8,192 on the
 # GPU, prefix-serve with PREFILL_PIECE is moot), test_gpu_batch.py, test_gpu_prefill.py (7, 14 passed),
-# tests-serving (5 passed). Owed: SPEC_POINTS=32 BF16_POINTS=32 spec-adaptive on an H200 and on an H100 twice in
-# one call (QUEUE="spec-pairs:570": decode_setup_ms, the handler's part of a fast mtp call's 110-175 ms before its join), ctx-max
-# (150,000 on an H100 at 31cb2c0 or later, 260,000 on an H200), partials-ab, nogil at 32, gil SWITCH_POINTS.
+# tests-serving (5 passed). Owed, in order: QUEUE="spec-pairs:570" on one host (mtp and bf16 alternating twice:
+# decode_setup_ms, the handler's part of a fast mtp call's 110-175 ms before its join), then on the same host
+# BATON_MTP_CHAIN_ONE=1 QUEUE="spec-pairs:570" (a lone session's chain on the device: the dear 1-session
+# speculative rounds beside the next wave's prefill; bitwise under the interpreter, test_fused_blocks.py);
+# BATON_PREFILL_CUDNN_SDPA=0 QUEUE="cut-probe:150" (whether flash's SDPA, for first and later pieces alike, is
+# cut-invariant at 256-multiples where cuDNN's first pieces are not); ctx-max (150,000 on an H100 at 31cb2c0 or
+# later, 260,000 on an H200), spec-adaptive on an H200, partials-ab, nogil at 32, gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:

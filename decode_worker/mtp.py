@@ -23,6 +23,7 @@ rounds as pipelined batched AR steps instead (decode_worker/mtp_launch.py).
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -48,6 +49,13 @@ def round_start(s) -> tuple[int, int]:
     pairs end with (h_{p-1}, t0) at KV index p - 1 (_publish, pending_pairs), so p = mtp_start + their
     count; reading the state's device tensors would cost a sync a round and session."""
     return s.mtp_start + len(s.mtp_pairs_ids), s.mtp_pairs_ids[-1]
+
+
+# "1": a lone session's chain runs on the device too (one host read a chain instead of one a step). Off until
+# measured: on a GPU shared with the prefill worker a lone session's speculative rounds took 100-800 ms
+# (benchmarks/results/gpu-h100-2026-12-07-stop59.md), each of its K + 1 host reads waiting behind the other
+# worker's passes; alone on a GPU the step-by-step reads cost ~nothing.
+CHAIN_ONE_ENV = "BATON_MTP_CHAIN_ONE"
 
 
 def flush_at(runner) -> int:
@@ -136,7 +144,7 @@ def _on_device(engine, items: list) -> list[list[int]] | None:
     (BatchedRows.mtp_chain: bitwise the host-chained steps, without a read and an upload a step; each
     session its own k). -> each session's drafts, or None: chains() runs them step by step (nothing was
     run or drawn)."""
-    if len(items) < 2:
+    if len(items) < (1 if os.environ.get(CHAIN_ONE_ENV) == "1" else 2):
         return None
     r = items[0][0].runner
     rows = getattr(r, "batched_rows", None)

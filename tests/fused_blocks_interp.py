@@ -19,6 +19,7 @@ TRITON_INTERPRET=1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -42,7 +43,7 @@ from baton.kernels import gemv  # noqa: E402
 from baton.loading import load_model  # noqa: E402
 from decode_worker import drafting  # noqa: E402
 from decode_worker.drafting import _ar_drafts  # noqa: E402
-from decode_worker.mtp import chains  # noqa: E402
+from decode_worker.mtp import CHAIN_ONE_ENV, chains  # noqa: E402
 
 _rows_linear = fast_rows.rows_linear
 
@@ -217,6 +218,19 @@ def main() -> None:
             dev[name]["proposals_equal"] = (
                 bool(qb) and set(qb) <= set(qa) and all(_same(list(qa[k]), list(qb[k])) for k in qb)
             )
+    # a lone session's chain on the device (BATON_MTP_CHAIN_ONE=1), bitwise its host-chained steps
+    os.environ[CHAIN_ONE_ENV] = "1"
+    try:
+        mb, ma = _runner(m, prompts, batching=True), _runner(m, prompts, batching=False)
+        got, want = chains(eng, [(sessions(mb)[0], 3)]), chains(eng, [(sessions(ma)[0], 3)])
+    finally:
+        del os.environ[CHAIN_ONE_ENV]
+    s0 = SLOTS[0]
+    kv = _same(
+        list(ma.state.slot_kv(L, s0, int(ma.state.position[s0]) + 3)),
+        list(mb.state.slot_kv(L, s0, int(mb.state.position[s0]) + 3)),
+    )
+    dev["one"] = {"equal": got == want, "kv_equal": bool(kv), "on_device": mb.batched_rows.device_chains}
     dev["forced_kept"] = forced_got[0][1] == 7 and forced_got[1] == [5] and forced_got[3] == [1, 2, 3]
     dev["drafts"] = [len(x) for x in forced_got]
     out["mtp_device"] = dev

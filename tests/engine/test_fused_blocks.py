@@ -29,6 +29,8 @@ def test_batched_blocks_equal_each_block_alone():
     # a rejection-policy drafting slot (exact mode at T > 0): the same drafts and the same q' recorded
     want = {"equal": True, "kv_equal": True, "on_device": 1, "positions": [9, 10, 11], "proposals_equal": True}
     assert res["mtp_device"]["rejection"] == want, res
+    # one session alone (BATON_MTP_CHAIN_ONE=1): its chain on the device, bitwise its host-chained steps
+    assert res["mtp_device"]["one"] == {"equal": True, "kv_equal": True, "on_device": 1}, res
     # exact mode's bf16 / fp8 drafts, their steps launched ahead of their reads: bitwise each session alone
     for name in ("own", "forced"):
         assert res["ar_drafts"][name] == {"equal": True, "state_equal": True, "pipelined": 1}, res
