@@ -53,6 +53,7 @@ from router.http.message_events import MessageEvents, error_body
 from router.http.messages import count_tokens, parse_messages
 from router.http.response_events import ResponseEvents
 from router.http.response_store import ResponseStore
+from router.http.response_store import watch as watch_store
 from router.http.responses import parse_responses
 from router.http.run import Run
 from router.http.schemas import Limits, check_model, parse_chat, parse_completion
@@ -270,6 +271,8 @@ def create_app(
         return {"version": VERSION}
 
     store = ResponseStore(cfg.responses_store_mb << 20) if cfg.responses_store_mb > 0 else None
+    if store is not None:
+        watch_store(store, servicer.metrics.registry)
 
     async def generate(request: Request, parse, events_of=None, id_prefix: str | None = None) -> Response:
         """One request through Run (router/http/run.py). Completions and chat: its response or its chunks as

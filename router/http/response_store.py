@@ -9,6 +9,7 @@
                                             # of its chain is not stored
     store.get(id) -> dict | None            # its response object (GET /v1/responses/{id})
     store.delete(id) -> bool                # DELETE /v1/responses/{id}
+    watch(store, metrics_registry)          # /metrics: baton_router_responses_stored, _stored_bytes, _evicted_total
 
 A stored response keeps only its own items and its parent's id, so a long conversation costs its length once,
 not once a turn; items() joins the chain. A request with previous_response_id starts from those items, then
@@ -29,6 +30,8 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class StoreMiss(KeyError):
@@ -109,3 +112,28 @@ class ResponseStore:
         while at is not None and at in self._by_id:
             self._by_id.move_to_end(at)
             at = self._by_id[at].parent
+
+
+class _Collector:
+    """The store's figures at each scrape (the store it reads may be replaced: one collector a registry)."""
+
+    def __init__(self, store: ResponseStore):
+        self.store = store
+
+    def collect(self):
+        st, p = self.store, "baton_router_responses_"
+        yield GaugeMetricFamily(p + "stored", "Responses API responses kept (store: true)", value=len(st))
+        yield GaugeMetricFamily(p + "stored_bytes", "Their JSON bytes, of --responses-store-mb", value=st.used)
+        yield CounterMetricFamily(p + "evicted", "Stored responses evicted for room", value=st.evicted)
+
+
+_COLLECTORS: dict = {}  # metrics registry -> its _Collector
+
+
+def watch(store: ResponseStore, registry) -> None:
+    """The store's figures join `registry` (read at each scrape)."""
+    if registry in _COLLECTORS:
+        _COLLECTORS[registry].store = store
+    else:
+        _COLLECTORS[registry] = _Collector(store)
+        registry.register(_COLLECTORS[registry])

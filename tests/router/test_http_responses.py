@@ -278,6 +278,15 @@ def test_store_false_deleted_and_off_are_not_continued(s):
     assert_error(r, 400)
     assert kept["id"] in r.json()["error"]["message"]
     assert _get(s, child["id"]).status_code == 200  # itself still readable
+    # /metrics counts what is kept
+    text = httpx.get(s["url"] + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).text
+    stored = {
+        ln.split(" ")[0]: float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith("baton_router_responses_")
+    }
+    assert stored["baton_router_responses_stored"] >= 2 and stored["baton_router_responses_stored_bytes"] > 1000
+    assert stored["baton_router_responses_evicted_total"] == 0
     # the router's store off: nothing kept, echoed store false, a previous_response_id names the option
     _say(s, "d")
     off = _post(s, {"input": "one"}, url="nostore").json()
