@@ -34,13 +34,17 @@ held back until after this round), then mtp.rounds runs the chains and the verif
 its result is handed to the scheduler at once (Launched.ready). `left` (the scheduler's count) is cut by the
 tokens read but not yet handed over (mtp_undelivered), so a round never drafts past a session's end.
 
-Joins (BATON_MTP_JOIN_HOLD=1; off until it is measured on a GPU). A speculative round runs at once, so
+Joins (BATON_MTP_JOIN_HOLD=1, or 2; off until measured on a GPU). A speculative round runs at once, so
 sessions loaded meanwhile wait for its end to join, and on a shared GPU its passes slow the prefill of the
 next prompts. While a wave of sessions joins (at least max(2, a quarter of the round's sessions) have run
 fewer than HOLD_ROUNDS rounds) the round is plain, whatever K the controller asked for; the controller
-observes a plain round. The tokens are the same either way (a session's tokens do not depend on its K).
-On an H100 at 32 streams fast mtp ran 15 speculative rounds of 58-131 ms beside 915 plain ones of 9.6 ms,
-and its TTFT p50 was 0.63 s against bf16's 0.37 (benchmarks/results/gpu-h100-2026-12-06-stop52.md).
+observes a plain round. With 2, also while states land (`landing`: a LoadState in progress, or a
+fast mtp session loaded within JOINED_S that has not joined): a wave's tail, its last sessions speculating
+beside the next wave's prefill, ran rounds of one session at 100-800 ms on an H100 (a K = 1-2 round of 1-3
+sessions took 10-19 ms there; benchmarks/results/gpu-h100-2026-12-07-stop59.md). The tokens are the same
+either way (a session's tokens do not depend on its K). On an H100 at 32 streams fast mtp ran 15
+speculative rounds of 58-131 ms beside 915 plain ones of 9.6 ms, and its TTFT p50 was 0.63 s against
+bf16's 0.37 (benchmarks/results/gpu-h100-2026-12-06-stop52.md).
 
 Bookkeeping per session: mtp_inflight (plain rounds launched, tokens not read), mtp_undelivered (tokens
 read, not yet collected by the scheduler). Launched.result() reads a round once (the drain, or the
@@ -106,13 +110,24 @@ class Launched:
         return out
 
 
-def joining(sessions: list) -> bool:
-    """With BATON_MTP_JOIN_HOLD=1: a wave of sessions joins, at least max(2, a quarter of the sessions) have
-    launched fewer than HOLD_ROUNDS rounds (read or in flight). Always False with it off (the default)."""
-    if os.environ.get(HOLD_ENV, "0") != "1":
+def joining(sessions: list, engine=None) -> bool:
+    """With BATON_MTP_JOIN_HOLD=1 or 2: a wave of sessions joins, at least max(2, a quarter of the sessions)
+    have launched fewer than HOLD_ROUNDS rounds (read or in flight); with 2 also while engine.landing() (states
+    being received, or fast mtp sessions loaded within JOINED_S that have not joined yet: they would wait for
+    the round, and on a shared GPU their prompts' prefill runs beside it). Always False with it off (the
+    default)."""
+    mode = os.environ.get(HOLD_ENV, "0")
+    if mode not in ("1", "2"):
         return False
     young = sum(s.rounds + s.mtp_inflight < HOLD_ROUNDS for s in sessions)
-    return young >= max(2, len(sessions) // 4)
+    return young >= max(2, len(sessions) // 4) or (mode == "2" and engine is not None and landing(engine, JOINED_S) > 0)
+
+
+def landing(engine, within_s: float) -> int:
+    """States the engine is receiving, and its fast mtp sessions loaded within `within_s` not joined yet."""
+    now, joined, table = time.monotonic(), engine.mtp_jobs, engine._table
+    fresh = [s for s in table.sessions() if s.engine == "mtp" and not s.exact and now - s.created < within_s]
+    return table.reserved() + sum((id(s.runner), s.slot) not in joined for s in fresh)
 
 
 def drain(engine) -> None:
@@ -127,7 +142,7 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     sessions = [s for s, _ in jobs]
     ctl = mtp.control(engine)
     K = ctl.next_k(batch=len(sessions))
-    if K and joining(sessions):
+    if K and joining(sessions, engine):
         K = 0  # a wave of sessions joins: a plain round (module doc, Joins)
     if K == 0:
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):

@@ -34,6 +34,7 @@ class SlotTable(Generic[S]):
         self._lock = threading.Lock()
         self._sessions: dict[str, tuple[Hashable, S]] = {}
         self._free = {k: list(range(n)) for k, n in pools.items()}
+        self._slots = sum(pools.values())
 
     def _put(self, pool: Hashable, slot: int) -> None:
         """A slot back to its free list (the lock held)."""
@@ -49,6 +50,11 @@ class SlotTable(Generic[S]):
         """A live session of that id (get() would find it)."""
         with self._lock:
             return session_id in self._sessions
+
+    def reserved(self) -> int:
+        """Slots taken for sessions not yet published (a state being received)."""
+        with self._lock:
+            return self._slots - sum(len(f) for f in self._free.values()) - len(self._sessions)
 
     def sessions(self) -> list[S]:
         with self._lock:

@@ -343,15 +343,47 @@ def test_joining_counts_a_wave_of_young_sessions(monkeypatch):
     assert not mtp_launch.joining([S(rounds=3, mtp_inflight=1)] * 4)  # its 4th round is launched
 
 
-def test_a_joining_wave_runs_plain_rounds_and_stays_exact(env, monkeypatch):
-    """BATON_MTP_JOIN_HOLD=1: four sessions decoding at once with a controller that always asks K = 3 run
-    plain rounds while they join (at least two of them young), then speculate; each gives the exact engine's
-    tokens."""
+def test_the_landing_hold_also_waits_for_states_being_received(monkeypatch):
+    """BATON_MTP_JOIN_HOLD=2 (mtp_launch.joining / landing): the round is plain while a state is being
+    received or a fast mtp session loaded within JOINED_S has not joined; exact, joined and older sessions do
+    not count; mode 1 ignores them."""
+    import time
+    from types import SimpleNamespace as S
+
+    from decode_worker import mtp_launch
+
+    now, runner = time.monotonic(), object()
+
+    def engine(reserved=0, sessions=(), joined=()):
+        table = S(reserved=lambda: reserved, sessions=lambda: list(sessions))
+        return S(_table=table, mtp_jobs={(id(runner), s.slot): None for s in joined})
+
+    def sess(slot, age=0.0, exact=False, engine="mtp"):
+        return S(slot=slot, runner=runner, engine=engine, exact=exact, created=now - age)
+
+    old = [S(rounds=9, mtp_inflight=1)] * 4  # no young wave in the round
+    new, gone = sess(5), sess(6, age=mtp_launch.JOINED_S + 1)
+    monkeypatch.setenv(mtp_launch.HOLD_ENV, "2")
+    assert not mtp_launch.joining(old, engine())
+    assert mtp_launch.joining(old, engine(reserved=1))  # a LoadState in progress
+    assert mtp_launch.joining(old, engine(sessions=[new]))  # loaded, no Decode joined yet
+    assert not mtp_launch.joining(old, engine(sessions=[new], joined=[new]))
+    assert not mtp_launch.joining(old, engine(sessions=[gone, sess(7, exact=True), sess(8, engine="bf16")]))
+    assert mtp_launch.landing(engine(reserved=2, sessions=[new, gone]), mtp_launch.JOINED_S) == 3
+    monkeypatch.setenv(mtp_launch.HOLD_ENV, "1")
+    assert not mtp_launch.joining(old, engine(reserved=1, sessions=[new]))
+
+
+@pytest.mark.parametrize("hold", ["1", "2"])
+def test_a_joining_wave_runs_plain_rounds_and_stays_exact(env, monkeypatch, hold):
+    """BATON_MTP_JOIN_HOLD=1 (and 2, which also waits for states landing): four sessions decoding at once with a
+    controller that always asks K = 3 run plain rounds while they join (at least two of them young), then
+    speculate; each gives the exact engine's tokens."""
     import threading
 
     from decode_worker import mtp_launch
 
-    monkeypatch.setenv(mtp_launch.HOLD_ENV, "1")
+    monkeypatch.setenv(mtp_launch.HOLD_ENV, hold)
     lm, ids, exact, ref = env
     r = ModelRunner(lm.model, slots=4, max_len=MAX_LEN)
     eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")

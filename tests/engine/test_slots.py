@@ -298,3 +298,18 @@ def test_a_session_used_while_the_reaper_runs_is_either_reaped_first_or_kept(clo
             assert t.get("a") is got[0] and _free(t, 0) == []
         else:
             assert len(t) == 0 and _free(t, 0) == [0]
+
+
+def test_reserved_counts_slots_taken_for_states_not_yet_published(clock):
+    """SlotTable.reserved: a state being received holds a slot no session shows (mtp_launch.landing reads it)."""
+    t = SlotTable(ttl_s=60.0, pools={"a": 2, "b": 1})
+    assert t.reserved() == 0
+    sid, slot = t.take("a", "s1", replace=False, what="a")
+    _, slot2 = t.take("b", "s2", replace=False, what="b")
+    assert t.reserved() == 2
+    t.publish("a", sid, Sess(sid, slot))
+    assert t.reserved() == 1 and len(t) == 1
+    t.give_back("b", slot2)  # a stream that failed: its slot back, nothing published
+    assert t.reserved() == 0
+    t.release(sid)
+    assert t.reserved() == 0 and len(t) == 0
