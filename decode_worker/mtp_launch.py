@@ -70,7 +70,7 @@ log = logging.getLogger("baton.decode")
 DEAR_S = 0.05  # a speculative round at least this long (drain included) is logged, at most once a LOG_EVERY_S
 LOG_EVERY_S = 1.0
 JOINED_S = 0.5  # ... with how many of its sessions were loaded this recently (a wave of sessions joining)
-HOLD_ENV = "BATON_MTP_JOIN_HOLD"  # "1": no speculative round while a wave of sessions joins (module doc)
+HOLD_ENV = "BATON_MTP_JOIN_HOLD"  # "1": no speculative round while a wave joins; "2": nor while states land
 HOLD_ROUNDS = 4  # a session is joining for its first HOLD_ROUNDS rounds
 LATER_ENV = "BATON_MTP_FLUSH_LATER"  # "0": a flush's picks are read at once, as until 2026-12-07 (its A/B)
 
@@ -112,7 +112,7 @@ class Launched:
 
 def joining(sessions: list, engine=None) -> bool:
     """With BATON_MTP_JOIN_HOLD=1 or 2: a wave of sessions joins, at least max(2, a quarter of the sessions)
-    have launched fewer than HOLD_ROUNDS rounds (read or in flight); with 2 also while engine.landing() (states
+    have launched fewer than HOLD_ROUNDS rounds (read or in flight); with 2 also while landing(engine) (states
     being received, or fast mtp sessions loaded within JOINED_S that have not joined yet: they would wait for
     the round, and on a shared GPU their prompts' prefill runs beside it). Always False with it off (the
     default)."""
