@@ -100,6 +100,7 @@ def test_reasoning_message_and_call_items_streamed_or_not(s):
     assert [events[i][1]["output_index"] for i in spans] == [0, 0, 1, 1, 2, 2]
     assert final["usage"]["output_tokens"] == r.usage.output_tokens and final["status"] == "completed"
     assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": thought}
+    assert _get(s, final["id"]).json() == final  # a streamed response is stored as its final event holds it
 
     # the openai client's own stream reads the same
     _say(s, TEXT)
