@@ -28,11 +28,25 @@ count the whole text, as before.
 
 from __future__ import annotations
 
+from router.http.errors import bad
 from router.stops import held_prefix
 
 THINK, THINK_END = "<think>", "</think>"
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning effort values
 ASSISTANT = "<|im_start|>assistant"  # the start of an assistant turn in Qwen's ChatML templates
 PARSERS = ("none", "qwen3")  # the router's --reasoning-parser values
+
+
+def effort_kwargs(effort, kwargs: dict, field: str) -> dict:
+    """A reasoning effort (chat's reasoning_effort, the Responses API's reasoning.effort) -> the chat template's
+    kwargs: "none" / "minimal" set enable_thinking false (Qwen3.5's switch: the prompt closes an empty block),
+    the others leave thinking as the template has it (on); chat_template_kwargs' own enable_thinking wins.
+    None: kwargs unchanged. 400 naming `field` for another value."""
+    if effort is None:
+        return kwargs
+    if effort not in EFFORTS:
+        raise bad(field, f"{effort!r:.40} is not one of {', '.join(EFFORTS)}")
+    return {"enable_thinking": False, **kwargs} if effort in ("none", "minimal") else kwargs
 
 
 def think_open(prompt: str) -> bool:

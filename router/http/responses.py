@@ -19,6 +19,7 @@ Translation (docs/HTTP.md, "The Responses API"):
     tools [{type: function, name, ...}]  -> tools [{type: function, function: {name, description, parameters}}]
     tool_choice {type: function, name}   -> {type: function, function: {name}}
     text.format                          -> response_format (text, json_object, json_schema)
+    reasoning.effort                     -> reasoning_effort (none / minimal: the template's thinking off)
     include [message.output_text.logprobs], top_logprobs -> logprobs: true, top_logprobs (other include values
                                             add nothing: nothing they name is made)
     previous_response_id                 -> the stored conversation through that response (its input and
@@ -30,7 +31,7 @@ GET / DELETE /v1/responses/{id} and a later previous_response_id; false, or the 
 Refused (400 naming the field): conversation (Baton stores no conversations objects), background, prompt,
 truncation other than "disabled", hosted tools, non-text content, item_reference; a previous_response_id not
 stored (never, deleted, evicted, or stored by another router). Read and echoed only: metadata, user,
-reasoning, service_tier, safety_identifier, prompt_cache_key, max_tool_calls (null only).
+reasoning.summary, service_tier, safety_identifier, prompt_cache_key, max_tool_calls (null only).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ RENAMES = [
     (r"^response_format\b", "text.format"),
     (r"^max_completion_tokens\b", "max_output_tokens"),
     (r"^max_tokens\b", "max_output_tokens"),
+    (r"^reasoning_effort\b", "reasoning.effort"),
     (r"^messages\b", "input"),
     (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
     (r"^tool_choice\.function\.", "tool_choice."),
@@ -209,7 +211,7 @@ def to_chat(body, store: ResponseStore | None = None) -> tuple[dict, ResponsesRe
         chat["tool_choice"], req.tool_choice = _tool_choice(body["tool_choice"]), body["tool_choice"]
     _text_format(body.get("text"), chat, req)
     _include(body, chat, req)
-    _echoed(body, req)
+    _echoed(body, chat, req)
     return chat, req
 
 
@@ -337,8 +339,9 @@ def _include(body: dict, chat: dict, req: ResponsesRequest) -> None:
         req.top_logprobs = chat["top_logprobs"]
 
 
-def _echoed(body: dict, req: ResponsesRequest) -> None:
-    """The fields the response only echoes: metadata (at most 16 string pairs, as OpenAI's), user, reasoning."""
+def _echoed(body: dict, chat: dict, req: ResponsesRequest) -> None:
+    """The fields the response echoes: metadata (at most 16 string pairs, as OpenAI's), user, reasoning (its
+    effort also chat's reasoning_effort)."""
     meta = body.get("metadata")
     if meta is not None:
         ok = isinstance(meta, dict) and len(meta) <= 16
@@ -352,5 +355,7 @@ def _echoed(body: dict, req: ResponsesRequest) -> None:
         if not isinstance(r, dict):
             raise bad("reasoning", "expected an object")
         req.reasoning = {"effort": r.get("effort"), "summary": r.get("summary")}
+        if r.get("effort") is not None:  # none / minimal: the template's thinking off (reasoning.effort_kwargs)
+            chat["reasoning_effort"] = r["effort"]
     if body.get("store") not in (None, True, False):
         raise bad("store", "expected a boolean")

@@ -43,7 +43,7 @@ from router.http import structured, tool_grammar
 from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
 from router.http.fields import U32, _bool, _ids, _int, _is_int, _is_num, _num, _only, _stops
-from router.http.reasoning import think_open
+from router.http.reasoning import effort_kwargs, think_open
 from router.http.tools import ToolChoice, tool_choice
 
 MAX_BATCH = 64
@@ -337,6 +337,7 @@ def chat_prompt(body: dict, lim: Limits) -> tuple[str, ToolChoice]:
         kwargs = {}
     if not isinstance(kwargs, dict):
         raise bad("chat_template_kwargs", "expected an object")
+    kwargs = effort_kwargs(body.get("reasoning_effort"), kwargs, "reasoning_effort")  # none / minimal: no thinking
     if lim.chat_template is None:
         raise bad(
             "messages",

@@ -337,3 +337,30 @@ def test_a_structured_output_after_reasoning_with_the_parser_on():
             assert not job.reasoning
         else:
             assert r.sampling.structured.after_token == after and think_open(prompt) and job.reasoning
+
+
+def test_a_reasoning_effort_of_none_or_minimal_turns_thinking_off(two):
+    """chat's reasoning_effort / the Responses API's reasoning.effort (reasoning.effort_kwargs): none and minimal
+    render the prompt with thinking off (a closed empty block: all content), the others leave it on;
+    chat_template_kwargs' own enable_thinking wins; another value is a 400 naming the field."""
+    for effort, closed in (("none", True), ("minimal", True), ("low", False), ("high", False)):
+        whole, _ = _ask(two, "Hello!" if closed else REASONED, reasoning_effort=effort)
+        assert _prompt(two).endswith("<think>\n\n</think>\n\n") is closed, effort
+        msg = whole["choices"][0]["message"]
+        assert ("reasoning_content" not in msg) is closed and msg["content"] in ("Hello!", "The answer is 4.")
+    kw = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    _ask(two, REASONED, **kw)
+    assert _prompt(two).endswith("<|im_start|>assistant\n<think>\n")
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"}
+    r = httpx.post(
+        two["url"] + "/v1/chat/completions", json=ask, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+    _say(two, "Hello!")
+    body = {"model": MODEL, "input": "Hi", "reasoning": {"effort": "minimal"}}
+    got = httpx.post(two["url"] + "/v1/responses", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert got.status_code == 200 and _prompt(two).endswith("<think>\n\n</think>\n\n")
+    assert got.json()["reasoning"]["effort"] == "minimal" and got.json()["output"][-1]["content"][0]["text"] == "Hello!"
+    body["reasoning"] = {"effort": "extreme"}
+    bad = httpx.post(two["url"] + "/v1/responses", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning.effort", bad.text
