@@ -176,8 +176,9 @@
 # BATON_MTP_CHAIN_ONE=1 QUEUE="spec-pairs:570" (a lone session's chain on the device: the dear 1-session
 # speculative rounds beside the next wave's prefill; bitwise under the interpreter, test_fused_blocks.py) and
 # BATON_MTP_JOIN_HOLD=2 QUEUE="spec-pairs:570" (no speculative round while states land: the wave's tail);
-# BATON_PREFILL_CUDNN_SDPA=0 QUEUE="cut-probe:150" (whether flash's SDPA, for first and later pieces alike, is
-# cut-invariant at 256-multiples where cuDNN's first pieces are not); ctx-max (150,000 on an H100 at 31cb2c0 or
+# BATON_PREFILL_ATTN=fixed QUEUE="cut-probe:150" (baton/kernels/causal_fixed.py: every piece's attention through
+# one kernel whose rows do not depend on the piece's start), then BATON_PREFILL_ATTN=fixed PREFILL_PIECE=1024
+# QUEUE="prefix-serve:400" and BATON_PREFILL_CUDNN_SDPA=0 QUEUE="cut-probe:150" (flash's SDPA for every piece); ctx-max (150,000 on an H100 at 31cb2c0 or
 # later, 260,000 on an H200), spec-adaptive on an H200, partials-ab, nogil at 32, gil SWITCH_POINTS.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #

@@ -31,11 +31,24 @@ SDPA_BATCH_ENV = "BATON_PREFILL_SDPA_BATCH"  # "1": equal first pieces in one SD
 # layer (8 at the 9B shape). An A/B knob while it is measured: it changes the prefill's bits, so every
 # process of a deployment (the workers, a reference run) must set it alike.
 CUDNN_SDPA_ENV = "BATON_PREFILL_CUDNN_SDPA"
+# BATON_PREFILL_ATTN=fixed: on CUDA every segment's attention is baton/kernels/causal_fixed.py, whose rows do not
+# depend on where the piece starts, so a prompt cut at 64-multiples keeps the whole prompt's bits (the SDPA
+# backends' do not on an H100: a prefill worker's --prefill-piece needs it there). Off until measured; it
+# changes the prefill's bits, so every process of a deployment (the workers, a reference run) sets it alike.
+ATTN_ENV = "BATON_PREFILL_ATTN"
+
+
+def fixed_on(cuda: bool) -> bool:
+    """BATON_PREFILL_ATTN=fixed on CUDA (module doc; the CPU's SDPA is cut-invariant already)."""
+    return cuda and os.environ.get(ATTN_ENV, "sdpa") == "fixed"
 
 
 def batching_on(cuda: bool = False) -> bool:
-    """BATON_PREFILL_SDPA_BATCH=1, and on CUDA cuDNN's SDPA on (module doc: flash's batched calls differ)."""
-    return os.environ.get(SDPA_BATCH_ENV, "0") == "1" and not (cuda and os.environ.get(CUDNN_SDPA_ENV, "1") == "0")
+    """BATON_PREFILL_SDPA_BATCH=1, and on CUDA cuDNN's SDPA on (module doc: flash's batched calls differ) and
+    the fixed kernel off (it runs each segment alone)."""
+    if cuda and (os.environ.get(CUDNN_SDPA_ENV, "1") == "0" or fixed_on(cuda)):
+        return False
+    return os.environ.get(SDPA_BATCH_ENV, "0") == "1"
 
 
 def groups(segs: list, batch: bool) -> list[list]:
@@ -56,6 +69,10 @@ def attend_segment(q, keys, vals, start: int, g: int) -> torch.Tensor:
     """One segment: q [T, nh, d] at positions [start, start + T), keys, vals [nkv, start + T, d] of its
     slot -> o [T, nh*d]. Each KV head serves g = nh / nkv query heads."""
     T = q.shape[0]
+    if fixed_on(q.is_cuda):
+        from baton.kernels.causal_fixed import causal_fixed  # (Triton: imported where used)
+
+        return causal_fixed(q, keys, vals, start)
     kk = keys.repeat_interleave(g, dim=0)  # [nh, s0+T, d]
     vv = vals.repeat_interleave(g, dim=0)
     o = _causal(q.transpose(0, 1)[None], kk[None], vv[None], start)[0]  # [nh, T, d]
