@@ -396,6 +396,30 @@ note = f" NOT COMPARABLE, failed requests: {errors}" if errors else ""
 print(f"{label}: {a} / {b} tok/s = {r}x (target >= {target}x){note}")
 EOF
 }
+spec_parts() {  # bench_serve JSONs: per point, fast mtp's rounds by K and speculative rounds, and the first decode in
+  # its parts (call_waits.py), TTFT and hand-off
+  python - "$@" <<'EOF' 2>/dev/null
+import json, sys
+
+for f in sys.argv[1:]:
+    try:
+        points = json.load(open(f))["points"]
+    except OSError:
+        continue
+    for p in points:
+        e, n = p["engine"], p["concurrency"]
+        if e == "mtp":
+            print(f"  mtp at {n}: rounds by K {p.get('mtp_rounds_by_k')}, ms {p.get('mtp_round_ms_by_k')}")
+            spec = p.get("mtp_spec_rounds", [])  # [round, K, sessions, ms, probe]
+            print(f"    speculative rounds [round, K, sessions, ms, probe]: {spec[:24]}")
+        # the first decode (state landed -> first decode tokens at the router) in its parts (call_waits.py)
+        print(f"  {e} at {n}: first decode {p.get('first_decode_ms_p50')} ms p50 = LoadState -> Decode "
+              f"{p.get('decode_called_ms_p50')} + Decode -> first message {p.get('decode_first_message_ms_p50')} "
+              f"(of it the handler's set-up {p.get('decode_setup_ms_p50')}, the join {p.get('decode_first_tokens_ms_p50')}"
+              f", prefill passes {p.get('prefill_passes')} of {p.get('prefill_pass_mean_pieces')} pieces) + back to the router; TTFT "
+              f"{p.get('ttft_s_p50')} s, hand-off {p.get('router_handoff_ms_p50')} ms")
+EOF
+}
 rounds() {  # JSON: per point, the round and where each worker's gathered batch run went (baton/engine/parts.py)
   python - "$1" <<'EOF'
 import json, sys
@@ -541,27 +565,7 @@ case $stage in
     if [ "${BF16_POINTS:-}" != none ]; then  # BF16_POINTS=none: mtp alone (the bf16 figures of an earlier call)
       spec spec-adaptive-bf16 --engine bf16 --concurrency "${BF16_POINTS:-1,8,32}" --check-prompts 1
     fi
-    python - "$out/spec-adaptive-mtp.json" "$out/spec-adaptive-bf16.json" <<'EOF' 2>/dev/null
-import json, sys
-
-for f in sys.argv[1:]:
-    try:
-        points = json.load(open(f))["points"]
-    except OSError:
-        continue
-    for p in points:
-        e, n = p["engine"], p["concurrency"]
-        if e == "mtp":
-            print(f"  mtp at {n}: rounds by K {p.get('mtp_rounds_by_k')}, ms {p.get('mtp_round_ms_by_k')}")
-            spec = p.get("mtp_spec_rounds", [])  # [round, K, sessions, ms, probe]
-            print(f"    speculative rounds [round, K, sessions, ms, probe]: {spec[:24]}")
-        # the first decode (state landed -> first decode tokens at the router) in its parts (call_waits.py)
-        print(f"  {e} at {n}: first decode {p.get('first_decode_ms_p50')} ms p50 = LoadState -> Decode "
-              f"{p.get('decode_called_ms_p50')} + Decode -> first message {p.get('decode_first_message_ms_p50')} "
-              f"(of it the handler's set-up {p.get('decode_setup_ms_p50')}, the join {p.get('decode_first_tokens_ms_p50')}"
-              f", prefill passes {p.get('prefill_passes')} of {p.get('prefill_pass_mean_pieces')} pieces) + back to the router; TTFT "
-              f"{p.get('ttft_s_p50')} s, hand-off {p.get('router_handoff_ms_p50')} ms")
-EOF
+    spec_parts "$out/spec-adaptive-mtp.json" "$out/spec-adaptive-bf16.json"
     # the decode worker's dear speculative rounds (>= 50 ms, one line a second at most: decode_worker/mtp_launch.py)
     grep -h "speculative round of" "$out/spec-adaptive-mtp.serve.log" | sed 's/^.*mtp: //' | head -20
     points=${SPEC_POINTS:-1,8,32}
@@ -578,6 +582,7 @@ EOF
       spec "spec-pair-bf16-$i" --engine bf16 --concurrency "$n" --check-prompts 1
       ratio "pair $i: fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-pair-mtp-$i.json" "$n" \
         "$out/spec-pair-bf16-$i.json" "$n" 0.95 | tee -a "$out/spec-pairs.txt"
+      spec_parts "$out/spec-pair-mtp-$i.json" "$out/spec-pair-bf16-$i.json"
     done
     python - "$out/spec-pairs.txt" <<'EOF'
 import re, statistics, sys
