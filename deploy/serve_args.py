@@ -227,6 +227,8 @@ def router_limits_error(args) -> str | None:
         return "--queue-timeout must be >= 0"
     if getattr(args, "max_inflight", None) is not None and args.max_inflight < 1:
         return "--max-inflight must be >= 1"
+    if getattr(args, "responses_store_mb", None) is not None and args.responses_store_mb < 0:
+        return "--responses-store-mb must be >= 0"
     return None
 
 

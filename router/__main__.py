@@ -124,7 +124,7 @@ def serve_router(
         raise
     logging.getLogger("baton.router").info(  # what it chose, in one line (its workers: the registry's lines)
         "router: model %s (vocab %d), max_inflight=%d queue_timeout=%gs call_timeout=%gs max_new_tokens_limit=%d "
-        "draft_length=%s auth=%s tls=%s metrics_port=%s http=%s",
+        "draft_length=%s auth=%s tls=%s metrics_port=%s http=%s responses_store=%s",
         meta.model_id,
         meta.vocab_size,
         config.max_inflight,
@@ -136,6 +136,7 @@ def serve_router(
         "on" if settings.tls_enabled else "off",
         metrics_port or "off",
         servicer.http.url if servicer.http is not None else "off",
+        f"{config.responses_store_mb} MiB" if servicer.http is not None and config.responses_store_mb > 0 else "off",
     )
     return handle, servicer
 

@@ -87,6 +87,8 @@ ROUTER = ("-m", "router", "--prefill", "127.0.0.1:1", "--decode", "127.0.0.1:2")
         ((*ROUTER, "--call-timeout", "0"), "--call-timeout must be > 0"),
         ((*ROUTER, "--queue-timeout", "-1"), "--queue-timeout must be >= 0"),
         ((*ROUTER, "--max-new-tokens-limit", "0"), "--max-new-tokens-limit must be >= 1"),
+        ((*ROUTER, "--responses-store-mb", "-1"), "--responses-store-mb must be >= 0"),
+        (("-m", "baton", "serve", "--responses-store-mb", "-1"), "--responses-store-mb must be >= 0"),
         (("-m", "decode_worker", "--port", "99999"), "argument --port: '99999' is not a port (0..65535)"),
         # Ray's max_restarts: -1 is forever, below it nothing (refused before Ray is joined)
         (("deploy/launch.py", "--max-restarts", "-2"), "--max-restarts must be >= -1 (-1: restart forever)"),
