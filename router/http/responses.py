@@ -28,7 +28,7 @@ Translation (docs/HTTP.md, "The Responses API"):
 store (default true, as OpenAI's): the finished response is kept in the router's memory (ResponseEvents), for
 GET / DELETE /v1/responses/{id} and a later previous_response_id; false, or the router's store off
 (--responses-store-mb 0): not kept (echoed false).
-Refused (400 naming the field): conversation (Baton stores no conversations objects), background, prompt,
+Refused (400 naming the field): conversation (Baton keeps no conversation objects), background, prompt,
 truncation other than "disabled", hosted tools, non-text content, item_reference; a previous_response_id not
 stored (never, deleted, evicted, or stored by another router). Read and echoed only: metadata, user,
 reasoning.summary, service_tier, safety_identifier, prompt_cache_key, max_tool_calls (null only).
