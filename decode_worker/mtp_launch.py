@@ -201,15 +201,13 @@ def _judge(engine, ctl, read_seq: int) -> None:
     picks (_flush); a flush's picks are read once, without waiting."""
     while engine._mtp_judging and engine._mtp_judging[0][0] < read_seq:
         _, sessions, ids_of, picks = engine._mtp_judging.pop(0)
-        hits = misses = 0
-        for s, ids, own in zip(sessions, ids_of, picks()):
-            for j, pick in enumerate(own[: len(ids) - 1]):
-                if engine.drafter.judge(s, pick, ids[j + 1]):
-                    hits += 1
-                else:
-                    misses += 1
-        if hits + misses:
-            ctl.observe_drafts(hits, misses)
+        kept = [
+            engine.drafter.judge(s, pick, ids[j + 1])
+            for s, ids, own in zip(sessions, ids_of, picks())
+            for j, pick in enumerate(own[: len(ids) - 1])
+        ]
+        if kept:
+            ctl.observe_drafts(sum(kept), len(kept) - sum(kept))
 
 
 def _plain(engine, ctl, runner, sessions: list) -> Launched:

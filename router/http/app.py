@@ -328,7 +328,11 @@ def create_app(
         return await answered(request, count_tokens)
 
     def stored_miss(response_id: str) -> ApiError:
-        why = "never stored, deleted, evicted, or stored by another router" if store else "--responses-store-mb 0"
+        why = (
+            "never stored, deleted, evicted, or stored by another router"
+            if store is not None
+            else "--responses-store-mb 0"
+        )
         return ApiError(
             404, f"response_id: {response_id[:80]!r} is not stored ({why})", param="response_id", code="not_found"
         )

@@ -74,8 +74,9 @@ class ReasoningSplit:
         (`closed` from then on: the caller may stop decoding tokens for it)."""
         if not self.closed:
             self._counted += 1
-            self._tail = (self._tail + token)[-2 * len(THINK_END) :]
-            self.closed = THINK_END in self._tail
+            text = self._tail + token
+            self.closed = THINK_END in text
+            self._tail = text[1 - len(THINK_END) :]  # a tag split across tokens completes with the next
 
     @property
     def tokens(self) -> int:

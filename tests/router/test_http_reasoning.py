@@ -364,3 +364,18 @@ def test_a_reasoning_effort_of_none_or_minimal_turns_thinking_off(two):
     body["reasoning"] = {"effort": "extreme"}
     bad = httpx.post(two["url"] + "/v1/responses", json=body, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning.effort", bad.text
+
+
+def test_the_reasoning_token_count_ends_at_the_token_that_completes_the_tag():
+    """ReasoningSplit.count / tokens: a tag inside one long token, or split across two, closes the count there."""
+    r = ReasoningSplit(True)
+    for t in ("Hm.", "</think>\n\nThe answer is four, as asked.", "more"):
+        r.count(t)
+    assert r.closed and r.tokens == 2
+    r = ReasoningSplit(True)
+    for t in ("a", "</thi", "nk>", "b"):
+        r.count(t)
+    assert r.closed and r.tokens == 3
+    r = ReasoningSplit(False)  # no reasoning block entered: none counted
+    r.count("x")
+    assert r.tokens == 0
