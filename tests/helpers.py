@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import re
 import shutil
 import tempfile
@@ -43,14 +44,21 @@ def make_tiny_dir(tmp_path: Path, **kw) -> Path:
 
 
 def local_ray(ray, **kw):
-    """ray.init of a test's local cluster, in a temp dir of its own; once more, in a new temp dir, when its raylet
-    did not register within Ray's fixed 30 s (ray._private.node; a CI run on 2 loaded cores at 1158421 timed
-    out so), the half-started cluster stopped first. Any other failure is raised at once."""
+    """ray.init of a test's local cluster, in a temp dir of its own.
+
+    On 2 loaded cores Ray's own start-up waits can run out: its raylet must register within a fixed 30 s
+    (ray._private.node; a CI run at 1158421 timed out so) and its GCS must write its port file within
+    `RAY_gcs_server_port_wait_time_s` (30 s by default; a CI run at 5c4645e timed out so). The GCS wait is
+    raised to 120 s unless the environment sets it, and either time-out is retried once, in a new temp dir,
+    the half-started cluster stopped first. Any other failure is raised at once.
+    """
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")
     for attempt in (1, 2):
         try:
             return ray.init(_temp_dir=tempfile.mkdtemp(prefix="ray", dir="/tmp"), **kw)
         except Exception as e:
-            if attempt == 2 or "timed out during startup" not in str(e):
+            startup_timeout = "timed out during startup" in str(e) or "Timed out waiting for file" in str(e)
+            if attempt == 2 or not startup_timeout:
                 raise
             ray.shutdown()
 
