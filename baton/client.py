@@ -242,12 +242,15 @@ class Client:
 def structured_output(spec: dict):
     """{"json_schema": dict or str} | {"json_object": True} | {"regex": str} | {"grammar": str} |
     {"choice": [str, ...]} (with "compact_whitespace" beside json_schema; "after_token": id beside any: the
-    structure applies after that token, a reasoning model's end of thinking) -> baton.v1.StructuredOutput."""
+    structure applies after that token, a reasoning model's end of thinking; "after_budget": N beside it, a
+    thinking budget: at most N tokens before it; {"any_text": True} with both: the budget alone)
+    -> baton.v1.StructuredOutput."""
     import json
 
     spec = dict(spec)
     compact = bool(spec.pop("compact_whitespace", False))
     after = spec.pop("after_token", None)
+    budget = spec.pop("after_budget", None)
     if len(spec) != 1:
         raise ValueError(f"structured: one of json_schema, json_object, regex, grammar, choice (got {sorted(spec)})")
     ((kind, value),) = spec.items()
@@ -256,7 +259,7 @@ def structured_output(spec: dict):
         out.json_schema = value if isinstance(value, str) else json.dumps(value)
     elif kind == "choice":
         out.choice.options.extend(value)
-    elif kind in ("json_object", "regex", "grammar"):
+    elif kind in ("json_object", "regex", "grammar", "any_text"):
         setattr(out, kind, value)
     elif kind == "structural_tag":
         out.structural_tag = value if isinstance(value, str) else json.dumps(value)
@@ -264,4 +267,6 @@ def structured_output(spec: dict):
         raise ValueError(f"structured: unknown kind {kind!r}")
     if after is not None:
         out.after_token = int(after)
+    if budget is not None:
+        out.after_budget = int(budget)
     return out

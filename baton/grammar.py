@@ -33,7 +33,7 @@ from pathlib import Path
 MAX_SPEC_BYTES = 64 * 1024  # a schema / regex / grammar / the choices together
 MAX_CHOICES = 256
 MAX_WHITESPACE = 32  # JSON's whitespace characters in one run (an indent 8 levels deep fits)
-KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag")
+KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag", "any_text")
 
 
 class Unavailable(ValueError):
@@ -54,6 +54,13 @@ def check(spec) -> None:
         raise ValueError("sampling.structured: set one of " + ", ".join(KINDS))
     if spec.ByteSize() > MAX_SPEC_BYTES:
         raise ValueError(f"sampling.structured: {spec.ByteSize()} bytes, at most {MAX_SPEC_BYTES}")
+    if spec.HasField("after_budget") and not spec.HasField("after_token"):
+        raise ValueError("sampling.structured.after_budget: a budget of tokens before after_token: set after_token")
+    if kind == "any_text" and not (spec.any_text and spec.HasField("after_budget")):
+        raise ValueError(
+            "sampling.structured.any_text: true, with after_token and after_budget (a thinking budget alone); "
+            "for no structure leave sampling.structured unset"
+        )
     if kind == "json_schema":
         try:
             schema = json.loads(spec.json_schema)
@@ -96,11 +103,14 @@ class Constraint:
     after (StructuredOutput.after_token, a reasoning model's "</think>"): until that token is accepted every
     token is allowed (all mask bits set: the pick is the unconstrained one, bitwise) and none reaches the
     grammar; it and the tokens after it do. Each accepted token is logged (fed to the grammar or not), so a
-    rollback across the switch (a verify block's rows) returns to the free part."""
+    rollback across the switch (a verify block's rows) returns to the free part.
+    budget (StructuredOutput.after_budget, a thinking budget): once that many tokens were accepted before
+    `after`, only `after` is allowed (the mask's one bit; any other token is refused).
+    matcher None (StructuredOutput.any_text): no grammar after `after`, every token allowed there too."""
 
-    def __init__(self, matcher, vocab_size: int, after: int | None = None):
+    def __init__(self, matcher, vocab_size: int, after: int | None = None, budget: int | None = None):
         self._m, self.vocab_size = matcher, vocab_size  # (xgrammar's GrammarMatcher: rollback unlimited)
-        self._after = after
+        self._after, self.budget = after, budget
         self._log: list[bool] = []  # with `after`: per accepted token, whether the grammar took it
         self._switch = -1  # the index in _log of the `after` token that began the grammar (-1: not yet)
 
@@ -115,6 +125,11 @@ class Constraint:
         if self.free:
             if t == self._after:
                 self._switch = len(self._log)
+            elif self.spent:
+                return False
+            self._log.append(False)
+            return True
+        if self._m is None:  # any_text: nothing after the switch is refused
             self._log.append(False)
             return True
         if not self._m.accept_token(t):
@@ -138,14 +153,32 @@ class Constraint:
 
     def fill(self, bits) -> None:
         """bits: a [words] int32 CPU tensor (a row of a larger one is fine), overwritten with the allowed set."""
-        if self.free:
+        if self.spent:  # the budget's end: only the after token
+            bits.zero_()
+            bits[self._after // 32] = _bit(self._after % 32)
+        elif self.free or self._m is None:
             bits.fill_(-1)
         else:
             self._m.fill_next_token_bitmask(bits.view(1, -1), 0)
 
     @property
     def finished(self) -> bool:
-        return not self.free and self._m.is_terminated()
+        return not self.free and self._m is not None and self._m.is_terminated()
+
+    @property
+    def spent(self) -> bool:
+        """Still free, with its budget of tokens before `after` used up: the next token must be `after`."""
+        return self.free and self.budget is not None and len(self._log) >= self.budget
+
+    @property
+    def budget_left(self) -> int | None:
+        """While free: the tokens it may still accept before `after` must come (None: no budget)."""
+        return None if self.budget is None else max(self.budget - len(self._log), 0)
+
+    @property
+    def grammarless(self) -> bool:
+        """any_text: after its `after` token nothing is masked."""
+        return self._m is None
 
     @property
     def free(self) -> bool:
@@ -219,17 +252,39 @@ class Grammars:
         return {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE}
 
     def constraint(self, spec_bytes: bytes) -> Constraint:
-        """A fresh matcher of the spec (compiled once per spec; its after_token is the Constraint's own)."""
-        from baton.v1 import common_pb2
-
-        spec = common_pb2.StructuredOutput.FromString(bytes(spec_bytes))
-        after = spec.after_token if spec.HasField("after_token") else None
-        if after is not None:
-            spec.ClearField("after_token")
-            spec_bytes = spec.SerializeToString(deterministic=True)
+        """A fresh matcher of the spec (compiled once per spec; its after_token and after_budget are the
+        Constraint's own, so they share the grammar's compile)."""
+        spec, after, budget = _split(spec_bytes)
         with self._lock:
-            compiled = self._compiled(bytes(spec_bytes))
-        return Constraint(self._xgr.GrammarMatcher(compiled), self.vocab_size, after)
+            compiled = self._compiled(spec.SerializeToString(deterministic=True))
+        return Constraint(self._xgr.GrammarMatcher(compiled), self.vocab_size, after, budget)
+
+
+def _bit(i: int) -> int:
+    """Bit i (0..31) of an int32 word, as the signed value torch stores."""
+    return (1 << i) - (1 << 32) if i == 31 else 1 << i
+
+
+def _split(spec_bytes: bytes):
+    """-> (the StructuredOutput without after_token / after_budget, after_token or None, after_budget or None)."""
+    from baton.v1 import common_pb2
+
+    spec = common_pb2.StructuredOutput.FromString(bytes(spec_bytes))
+    after = spec.after_token if spec.HasField("after_token") else None
+    budget = spec.after_budget if spec.HasField("after_budget") else None
+    spec.ClearField("after_token")
+    spec.ClearField("after_budget")
+    return spec, after, budget
+
+
+def constraint(grammars, spec_bytes: bytes, vocab_size: int) -> Constraint:
+    """A session's Constraint of a serialized StructuredOutput. grammars: the engine's source of its Grammars
+    (`source`, `none`), asked only for a grammar: a thinking budget alone (any_text) compiles nothing, so a
+    worker without a tokenizer or xgrammar serves it."""
+    spec, after, budget = _split(spec_bytes)
+    if spec.WhichOneof("kind") == "any_text":
+        return Constraint(None, vocab_size, after, budget)
+    return grammars().constraint(spec_bytes)
 
 
 @functools.lru_cache(maxsize=4)

@@ -4,7 +4,8 @@
     masked(tokens, masker, ends)        structured outputs: each token list accepted by the session's grammar
                                         and the next pick's mask written before the next step is asked for
     reasoning(engine, sid, n, ...)      structured outputs after a token (StructuredOutput.after_token): until
-                                        it, the session decodes unconstrained, as a plain one
+                                        it, the session decodes unconstrained, as a plain one; with a thinking
+                                        budget (after_budget) at most that many tokens, then it is forced
     unbanning(tokens, session, start)   min_tokens: the ban dropped once every pick left is past its end
 
 Both run in the Decode handler's thread, between the token lists the generator yields: a yield returns only
@@ -17,17 +18,31 @@ from __future__ import annotations
 import dataclasses
 
 
-def structured(engine, session_id: str, n: int, stop_ids, eos_ids, k: int, masker):
-    """A structured session's decode (bf16 / fp8): reasoning() while its grammar has not begun, then masked()
-    over the engine's plain decode (no run-ahead, no pipelined one-session loop)."""
+def structured(engine, session_id: str, n: int, stop_ids, eos_ids, k: int, masker, run_ahead: bool = False):
+    """A structured session's decode (bf16 / fp8): reasoning() while its grammar has not begun (its budget's
+    forced after_token one masked step), then masked() over the engine's plain decode (no run-ahead, no
+    pipelined one-session loop), or, for a thinking budget alone (any_text), the engine's unconstrained
+    decode (run_ahead as decode's)."""
     if engine.get(session_id).engine == "mtp":
         raise ValueError("sampling.structured: the mtp engine does not take a grammar (use bf16 or fp8)")
-    ends = set(stop_ids) | set(eos_ids)
-    if masker.c.free:  # reasoning first (StructuredOutput.after_token): unconstrained until its token
+    ends, c = set(stop_ids) | set(eos_ids), masker.c
+    if c.free:  # reasoning first (StructuredOutput.after_token): unconstrained until its token
         left = yield from reasoning(engine, session_id, n, ends, masker, k)
         if left is None:
             return
         n = left
+    if c.free:  # the budget spent (after_budget): the next pick is the after_token, the only one its mask allows
+        for toks in masked(engine._decode(session_id, 1, stop_ids, eos_ids, k, False, plain=True), masker, ends):
+            n -= len(toks)
+            yield toks
+            if not n or (toks and toks[-1] in ends):
+                return
+    if c.grammarless:  # any_text: nothing is masked after the after_token
+        s = engine.get(session_id)
+        p = s.runner.sampling.params[s.slot]
+        s.runner.sampling.set(s.slot, dataclasses.replace(p, structured=b""))
+        yield from engine.decode(session_id, n, stop_ids=stop_ids, eos_ids=eos_ids, k=k, run_ahead=run_ahead)
+        return
     yield from masked(engine._decode(session_id, n, stop_ids, eos_ids, k, False, plain=True), masker, ends)
 
 
@@ -45,17 +60,22 @@ def reasoning(engine, session_id: str, n: int, ends: set, masker, k: int):
     its parameters lose the structure meanwhile, so its steps take the plain / lite graphs as any unconstrained
     session's (all mask bits set is the unconstrained pick, bitwise: the same tokens) instead of the full sampled
     graph for the whole batch, and the after_token is one more end (no run-ahead: a step past it is undone).
-    Each token list goes to the matcher (masker.commit); at the after_token the structure is set again and the
-    next pick's mask written. Yields the token lists; -> the tokens still allowed after the switch, or None when
-    the request ended first (an end token, n tokens). The parameters are restored however it ends."""
+    With a thinking budget (after_budget) it decodes at most the budget's tokens left. Each token list goes to
+    the matcher (masker.commit); at the after_token, or at the budget's end, the structure is set again and the
+    next pick's mask written (the grammar's, or the budget's: the after_token alone). Yields the token lists;
+    -> the tokens still allowed after, or None when the request ended first (an end token, n tokens). The
+    parameters are restored however it ends."""
     s = engine.get(session_id)
     table, slot = s.runner.sampling, s.slot
     p = table.params[slot]
     free = dataclasses.replace(p, structured=b"")
-    table.set(slot, free)
+    left = masker.c.budget_left
+    steps = n if left is None else min(n, left)
     produced = 0
+    if steps:
+        table.set(slot, free)
     try:
-        for toks in engine._decode(session_id, n, tuple(ends | {masker.c.after}), (), k, False):
+        for toks in engine._decode(session_id, steps, tuple(ends | {masker.c.after}), (), k, False) if steps else ():
             masker.commit(toks)
             produced += len(toks)
             if toks and toks[-1] in ends:  # the request's own end (the after_token may be one too)
@@ -67,6 +87,10 @@ def reasoning(engine, session_id: str, n: int, ends: set, masker, k: int):
                 yield toks
                 return n - produced if produced < n else None
             yield toks
+        if produced < n:  # the budget's end (spent): the after_token's mask, before the next step is asked for
+            table.set(slot, p)
+            masker.step()
+            return n - produced
     finally:
         if table.params[slot] is free:
             table.set(slot, p)

@@ -204,7 +204,7 @@ class DecodeEngine:
         for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 only.
         A session with min_tokens' ban drops it once past its end (decode_worker/constrained.py)."""
         if masker is not None:  # structured outputs
-            yield from constrained.structured(self, session_id, max_new_tokens, stop_ids, eos_ids, k, masker)
+            yield from constrained.structured(self, session_id, max_new_tokens, stop_ids, eos_ids, k, masker, run_ahead)
             return
         s = self.get(session_id)
         if not s.runner.sampling.params[s.slot].banning:

@@ -155,7 +155,9 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
             return None
         if not request.HasField("history"):
             raise StatusError(INVALID, "history: a structured session's Decode needs its token history")
-        m = grammar.Masker(self.engine.grammars().constraint(p.structured), s.runner.sampling, s.slot)
+        m = grammar.Masker(
+            grammar.constraint(self.engine.grammars, p.structured, self.vocab), s.runner.sampling, s.slot
+        )
         h, pending = request.history, int(s.runner.state.next_token[s.slot])
         m.start([*h.token_ids[h.generated_from :], pending], s.position() + 1)  # the first step picks position + 1
         return m

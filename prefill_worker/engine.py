@@ -189,7 +189,8 @@ class ExactEngine:
             self.runner.sampling.history.begin(s.slot, len(ids) - generated)  # the slot's passes record the rest
             self.runner.sampling.set(s.slot, sampling)
             if sampling is not None and sampling.constrained:  # the first pick follows the generated tokens
-                s.masker = grammar.Masker(self.grammars().constraint(sampling.structured), self.runner.sampling, s.slot)
+                c = grammar.constraint(self.grammars, sampling.structured, self.runner.cfg.vocab_size)
+                s.masker = grammar.Masker(c, self.runner.sampling, s.slot)
                 s.masker.start(ids[len(ids) - generated :], len(ids))  # ValueError naming sampling.structured
         except BaseException:
             self.release(s.id)

@@ -102,8 +102,11 @@ def plan_request(
     engine = r.engine
     if sampling_rules.structured(sampling):  # masked per pick: fast bf16 / fp8 steps, exact mode's verify rows
         if name == "mtp" and mode != common_pb2.EXACT:  # (exact mode's mtp drafts are only proposals)
-            raise _bad("sampling.structured", "fast mtp does not take a grammar yet (use bf16 or fp8, or exact mode)")
-        if r.ignore_eos:
+            raise _bad(
+                "sampling.structured",
+                "fast mtp does not take a grammar or a thinking budget yet (use bf16 or fp8, or exact mode)",
+            )
+        if r.ignore_eos and sampling.structured.WhichOneof("kind") != "any_text":
             raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
         if mode != common_pb2.EXACT:
             engine = engine or common_pb2.BF16  # not the decode worker's default, which may be mtp

@@ -160,6 +160,66 @@ def test_after_token_leaves_the_reasoning_free_and_applies_the_grammar_after_it(
     assert grammars._compiled.cache_info().hits == hits + 2  # one compiled grammar, with after_token or not
 
 
+def test_a_thinking_budget_forces_the_after_token_and_a_rollback_frees_it(grammars, tok):
+    """StructuredOutput.after_budget: after that many free tokens the mask holds the after_token alone (one bit,
+    also for bit 31 of its word) and any other token is refused; the after_token earlier is the switch as
+    before; a rollback below the budget frees the other tokens again; the grammar is the spec's without it."""
+    V = grammars.vocab_size
+    for END in (7, 31, 63):
+        c = grammars.constraint(spec(choice=["yes", "no"], after_token=END, after_budget=3))
+        free = [t for t in tok.encode("some free reasoning text here") if t != END][:3]
+        assert len(free) == 3 and c.budget_left == 3
+        c.accept(free[:2])
+        assert len(allowed(c, V)) == V and not c.spent and c.budget_left == 1
+        c.accept(free[2:])
+        assert allowed(c, V) == {END} and c.spent and c.budget_left == 0
+        assert not c.try_accept(free[0])
+        with pytest.raises(ValueError, match="does not continue"):
+            c.accept([free[0]])
+        c.rollback(1)
+        assert len(allowed(c, V)) == V and c.try_accept(free[2])
+        c.accept([END])  # the grammar begins
+        assert not c.free and allowed(c, V) == allowed(grammars.constraint(spec(choice=["yes", "no"])), V)
+        c.rollback(1)
+        assert allowed(c, V) == {END}
+    early = grammars.constraint(spec(choice=["yes", "no"], after_token=7, after_budget=3))
+    early.accept([free[0], 7, *tok.encode("no")])  # the after_token before the budget's end: the grammar's
+    assert not early.free and allowed(early, V) <= set(tok.eos_token_ids)
+    zero = grammars.constraint(spec(choice=["yes", "no"], after_token=7, after_budget=0))
+    assert allowed(zero, V) == {7}
+
+
+def test_a_thinking_budget_alone_compiles_nothing_and_frees_the_rest():
+    """any_text (with after_token and after_budget): no grammar, so a worker without one (grammar.none) builds
+    it; the budget is kept as above, and after the after_token every token is allowed and it never finishes."""
+    V, END = 1000, 5
+    c = grammar.constraint(grammar.none, spec(any_text=True, after_token=END, after_budget=2), V)
+    assert c.grammarless and len(allowed(c, V)) == V
+    c.accept([1, 2])
+    assert allowed(c, V) == {END} and not c.try_accept(3)
+    c.accept([END, 3, 4, 999, END])
+    assert len(allowed(c, V)) == V and not c.finished and not c.free
+    c.rollback(5)
+    assert allowed(c, V) == {END}
+    with pytest.raises(grammar.Unavailable):  # a grammar still needs the worker's grammars
+        grammar.constraint(grammar.none, spec(regex="a+", after_token=END, after_budget=2), V)
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        (dict(regex="a+", after_budget=4), "sampling.structured.after_budget: "),
+        (dict(any_text=True, after_token=5), "sampling.structured.any_text: "),
+        (dict(any_text=True), "sampling.structured.any_text: "),
+    ],
+)
+def test_a_budget_needs_its_after_token_and_any_text_needs_a_budget(kw, why):
+    with pytest.raises(ValueError) as ei:
+        grammar.check(structured_output(kw))
+    assert str(ei.value).startswith(why), str(ei.value)
+    grammar.check(structured_output(dict(any_text=True, after_token=5, after_budget=0)))
+
+
 def test_after_token_beyond_the_vocabulary_is_refused_by_the_router():
     from baton import sampling_rules
     from baton.v1 import common_pb2

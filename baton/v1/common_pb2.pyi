@@ -91,24 +91,28 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., exact_policy: _Optional[_Union[ExactPolicy, str]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., min_tokens_end: _Optional[int] = ..., min_tokens_ids: _Optional[_Iterable[int]] = ..., structured: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
-    __slots__ = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag", "compact_whitespace", "after_token")
+    __slots__ = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag", "any_text", "compact_whitespace", "after_token", "after_budget")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
+    ANY_TEXT_FIELD_NUMBER: _ClassVar[int]
     COMPACT_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     AFTER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    AFTER_BUDGET_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     json_object: bool
     regex: str
     grammar: str
     choice: Choices
     structural_tag: str
+    any_text: bool
     compact_whitespace: bool
     after_token: int
-    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., structural_tag: _Optional[str] = ..., compact_whitespace: _Optional[bool] = ..., after_token: _Optional[int] = ...) -> None: ...
+    after_budget: int
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., grammar: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., structural_tag: _Optional[str] = ..., any_text: _Optional[bool] = ..., compact_whitespace: _Optional[bool] = ..., after_token: _Optional[int] = ..., after_budget: _Optional[int] = ...) -> None: ...
 
 class Choices(_message.Message):
     __slots__ = ("options",)

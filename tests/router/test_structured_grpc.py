@@ -207,6 +207,40 @@ def test_a_grammar_after_a_token_leaves_what_comes_before_it_free(client, exact,
     assert ids == free[: at + 1] and last.finish_reason == "STOP"
 
 
+def test_a_thinking_budget_forces_the_after_token_at_its_end(client, exact, lm):
+    """StructuredOutput.after_budget: a session that has written `budget` tokens without the after_token (a
+    token this model does not write here) picks it next, then goes on free (any_text) or under its grammar.
+    Fast bf16 and exact mode (mtp drafts) are token-identical to the exact engine's decode with the spec, greedy
+    and seeded; budget 0 forces the first token (the prefill worker's pick), budget 6 one the decode worker
+    picks; a budget alone takes ignore_eos; fast mtp refuses it."""
+    from baton.complete import complete
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_model_dir(None))
+    free = complete(None, tok.encode(PROMPT), 48, loaded=lm, max_len=MAX_LEN)
+    end = next(t for t in range(100, 1000) if t not in free)
+    text, regex, seeded = {"any_text": True}, {"regex": "[a-z]{3,12}@[a-z]{3,8}\\.com"}, dict(temperature=0.9, seed=31)
+    for budget, grammar, extra in [(0, regex, {}), (6, text, {}), (6, text, seeded), (6, regex, seeded)]:
+        spec = {**grammar, "after_token": end, "after_budget": budget}
+        want = exact(spec, 40, **extra)
+        assert want[budget] == end, (budget, grammar, extra)
+        if not extra:
+            assert want[:budget] == free[:budget]
+        for kw in (dict(engine="bf16"), dict(mode="exact", engine="mtp")):
+            ids, _, last = run(client, n=40, structured=spec, **kw, **extra)
+            assert ids == want, (budget, grammar, kw, extra)
+            if "regex" in grammar:
+                after = tok.decode(ids[budget + 1 :], skip_special_tokens=True)
+                assert last.finish_reason == "EOS" and re.fullmatch(grammar["regex"], after), after
+    spec = {"any_text": True, "after_token": end, "after_budget": 3}
+    ids, _, last = run(client, n=30, structured=spec, engine="bf16", ignore_eos=True)
+    assert len(ids) == 30 and ids[3] == end and last.finish_reason == "LENGTH"
+    with pytest.raises(grpc.RpcError) as ei:
+        run(client, n=8, structured=spec, engine="mtp")
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "thinking budget" in ei.value.details()
+
+
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
