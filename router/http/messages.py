@@ -21,7 +21,9 @@ Translation (docs/HTTP.md, "The Messages API"):
                                             "auto" / "required" / the named function / "none";
                                             disable_parallel_tool_use -> parallel_tool_calls: false
     thinking {type: enabled | disabled}    -> chat_template_kwargs.enable_thinking (Qwen3.5's switch; a
-                                            chat_template_kwargs given wins); budget_tokens is not enforced
+                                            chat_template_kwargs given wins); budget_tokens -> the chat's
+                                            thinking_token_budget (enforced: at most that many thinking
+                                            tokens, then </think>)
     temperature, top_p, top_k, stream, model, and Baton's / vLLM's extras (PASSED) as they are.
 Refused (400 naming the field): image, document and other non-text blocks, server tools (a tool with a
 `type` other than "custom"), mcp_servers, container. cache_control marks, metadata and service_tier are read
@@ -69,6 +71,7 @@ RENAMES = [  # the chat path's field names -> the Messages request's (responses.
     (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
     (r"^tool_choice\.function\.", "tool_choice."),
     (r"^parallel_tool_calls\b", "tool_choice.disable_parallel_tool_use"),
+    (r"^thinking_token_budget\b", "thinking.budget_tokens"),
 ]
 
 
@@ -134,6 +137,8 @@ def to_chat(body) -> dict:
         kwargs = chat.get("chat_template_kwargs")
         if kwargs is None or isinstance(kwargs, dict):  # (another type: the chat path names it)
             chat["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled", **(kwargs or {})}
+        if thinking["type"] == "enabled" and thinking.get("budget_tokens") is not None:
+            chat["thinking_token_budget"] = thinking["budget_tokens"]  # enforced (the chat path checks it)
     return chat
 
 

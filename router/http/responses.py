@@ -66,6 +66,7 @@ PASSED = (
     "min_tokens",
     "skip_special_tokens",
     "include_stop_str_in_output",
+    "thinking_token_budget",
     "truncate_prompt_tokens",
     "chat_template_kwargs",
     "cache_salt",

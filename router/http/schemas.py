@@ -384,6 +384,10 @@ def parse_chat(body, lim: Limits) -> Job:
         if (end := structured.reasons_first(text, lim)) is not None:
             gen["sampling"].structured.after_token = end
     tool_grammar.constrain(gen, choice, lim.chat_template.source)  # a forced call held to its tool's schema
+    budget = _int(body, "thinking_token_budget", 0)  # vLLM's: at most this many reasoning tokens
+    structured.think_budget(gen["sampling"], text, lim, budget)
+    if gen["sampling"].structured.any_text:  # the budget alone: the router's refusals name it
+        job.rename["sampling.structured"] = "thinking_token_budget"
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)

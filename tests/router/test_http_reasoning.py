@@ -339,6 +339,82 @@ def test_a_structured_output_after_reasoning_with_the_parser_on():
             assert r.sampling.structured.after_token == after and think_open(prompt) and job.reasoning
 
 
+def test_a_thinking_budget_bounds_the_reasoning_on_every_api():
+    """vLLM's thinking_token_budget (chat, Responses) and Anthropic's thinking.budget_tokens -> the request's
+    StructuredOutput: alone, any_text with after_token = "</think>"'s id and after_budget; beside a structure
+    that reasons first, its after_budget. No effect where nothing is reasoned (thinking off, a structure that
+    skips the reasoning with the parser off, "</think>" not one token). A bad value is a 400 naming the field
+    the body used."""
+    import dataclasses
+
+    from test_http_tools import DEFAULT_DIR, QWEN35_TEMPLATE
+
+    from baton.tokenizer import Tokenizer
+    from router.http.chat import ChatTemplate
+    from router.http.errors import ApiError
+    from router.http.messages import parse_messages
+    from router.http.responses import parse_responses
+    from router.http.schemas import Limits, parse_chat
+
+    real = Tokenizer.from_dir(DEFAULT_DIR)
+
+    class OneTag:  # "</think>" as one token, as Qwen3.5's
+        def encode(self, text):
+            return [7] if text == "</think>" else real.encode(text)
+
+        def decode(self, ids, **kw):
+            return real.decode(ids, **kw)
+
+    template = ChatTemplate(QWEN35_TEMPLATE.read_text(encoding="utf-8"))
+    lim = Limits(MODEL, 4096, 16, OneTag(), template, reasoning_parser="qwen3")
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+
+    def spec(parse, body, limits=lim):
+        job = parse(body, limits)
+        job = job[0] if isinstance(job, tuple) else job
+        (r,) = job.requests
+        return r.sampling.structured if r.sampling.HasField("structured") else None, job
+
+    s, job = spec(parse_chat, {"messages": msgs, "thinking_token_budget": 12})
+    assert (s.any_text, s.after_token, s.after_budget) == (True, 7, 12)
+    assert job.rename["sampling.structured"] == "thinking_token_budget"
+    s, _ = spec(parse_chat, {"messages": msgs, "thinking_token_budget": 0, "response_format": {"type": "json_object"}})
+    assert s.json_object and (s.after_token, s.after_budget) == (7, 0)
+    s, _ = spec(
+        parse_messages, {"messages": msgs, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 30}}
+    )
+    assert (s.any_text, s.after_token, s.after_budget) == (True, 7, 30)
+    s, _ = spec(parse_responses, {"input": "What is 2 + 2?", "thinking_token_budget": 5})
+    assert (s.any_text, s.after_budget) == (True, 5)
+    # nothing reasoned: no budget
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert spec(parse_chat, {"messages": msgs, "thinking_token_budget": 12, **off})[0] is None
+    assert spec(parse_messages, {"messages": msgs, "max_tokens": 9, "thinking": {"type": "disabled"}})[0] is None
+    assert (
+        spec(parse_chat, {"messages": msgs, "thinking_token_budget": 12}, dataclasses.replace(lim, tokenizer=real))[0]
+        is None
+    )
+    parser_off = dataclasses.replace(lim, reasoning_parser="none")
+    s, _ = spec(
+        parse_chat,
+        {"messages": msgs, "thinking_token_budget": 3, "response_format": {"type": "json_object"}},
+        parser_off,
+    )
+    assert not s.HasField("after_budget") and not s.HasField("after_token")
+    for parse, body, field in (
+        (parse_chat, {"messages": msgs, "thinking_token_budget": -1}, "thinking_token_budget"),
+        (parse_chat, {"messages": msgs, "thinking_token_budget": "9"}, "thinking_token_budget"),
+        (
+            parse_messages,
+            {"messages": msgs, "max_tokens": 9, "thinking": {"type": "enabled", "budget_tokens": 1.5}},
+            "thinking.budget_tokens",
+        ),
+    ):
+        with pytest.raises(ApiError) as ei:
+            parse(body, lim)
+        assert ei.value.status == 400 and ei.value.param == field, (ei.value.param, ei.value.message)
+
+
 def test_a_reasoning_effort_of_none_or_minimal_turns_thinking_off(two):
     """chat's reasoning_effort / the Responses API's reasoning.effort (reasoning.effort_kwargs): none and minimal
     render the prompt with thinking off (a closed empty block: all content), the others leave it on;
