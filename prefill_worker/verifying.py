@@ -19,6 +19,7 @@ invariance), so its drafts are unchanged and the round's second pass of the mode
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -97,6 +98,10 @@ def verify_batch(runner, items: list[VerifyItem], parts: dict | None = None) -> 
         masker = getattr(items[i].session, "masker", None)
         if masker is not None:  # the kept drafts and the new pending token
             masker.commit([*items[i].tokens[1 : m + 1], nxt])
+            if masker.c.grammarless and not masker.c.free:  # a thinking budget alone, past its end: no more masks
+                slot = items[i].session.slot
+                items[i].session.masker = None
+                table.set(slot, dataclasses.replace(table.params[slot], structured=b""))
     clock.mark("finish")
     return out
 
