@@ -91,6 +91,20 @@ KNOWN = {
     "/detokenize",
 }
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_HEADER_ID = 120  # X-Request-Id: the router's 128-character request_id, less a choice's "-N" suffix
+
+
+def header_request_id(request: Request) -> str | None:
+    """The X-Request-Id a client or gateway set (vLLM's, Envoy's, nginx's): 1..MAX_HEADER_ID visible ASCII
+    characters, else a 400 naming the header; None when absent."""
+    v = request.headers.get("x-request-id")
+    if v is None:
+        return None
+    if not 0 < len(v) <= MAX_HEADER_ID or not all("!" <= ch <= "~" for ch in v):
+        raise ApiError(400, f"X-Request-Id: 1..{MAX_HEADER_ID} visible ASCII characters", param="X-Request-Id")
+    return v
+
+
 _COUNTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -278,16 +292,18 @@ def create_app(
         """One request through Run (router/http/run.py). Completions and chat: its response or its chunks as
         SSE, then [DONE]. The Responses and Messages APIs (events_of): parse gives (Job, request), the chat
         stream becomes events_of(run, request, model)'s object (collect) or its named events (stream)."""
+        rid = header_request_id(request)
         body = await read_json(request, body_limit)
         parsed = await asyncio.to_thread(parse, body, limits())  # tokenizing and templating off the loop
         job, req = parsed if events_of is not None else (parsed, None)
-        run = Run(servicer, job, meta.model_id, id_prefix=id_prefix)
+        run = Run(servicer, job, meta.model_id, id_prefix=id_prefix, request_id=rid)
         await run.start()
         out = events_of(run, req, meta.model_id) if events_of is not None else run
+        traced = {"X-Request-Id": run.request_id}  # the id the router's log lines name
         if not (body.get("stream") is True if events_of is not None else job.stream):
             watch = asyncio.create_task(_on_disconnect(request, run.cancel))
             try:
-                return JSONResponse(await out.collect())
+                return JSONResponse(await out.collect(), headers=traced)
             finally:
                 watch.cancel()
 
@@ -300,7 +316,7 @@ def create_app(
                 yield format_sse_event(data_str=json.dumps(chunk, ensure_ascii=False))
             yield format_sse_event(data_str="[DONE]")
 
-        return EventSourceResponse(sse(), headers=SSE_HEADERS)
+        return EventSourceResponse(sse(), headers={**SSE_HEADERS, **traced})
 
     @app.post("/v1/completions")
     async def completions(request: Request):

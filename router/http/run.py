@@ -57,10 +57,13 @@ class Choice:
 
 
 class Run:
-    def __init__(self, servicer, job, model_id: str, id_prefix: str | None = None):
+    def __init__(self, servicer, job, model_id: str, id_prefix: str | None = None, request_id: str | None = None):
+        """request_id (a client's X-Request-Id): the router's GenerateRequest.request_id (its log lines, Stats),
+        "-i" after it for choice i of several; default: the response's id."""
         self.job, self.model_id = job, model_id
         prefix = id_prefix or ("chatcmpl-" if job.kind == "chat" else "cmpl-")  # (Responses: "resp_")
         self.id, self.created = prefix + uuid.uuid4().hex, int(time.time())
+        self.request_id = request_id or self.id
         # usage counts each prompt once: its first choice (choice i is prompt i // n's, j = i % n)
         self.choices = [Choice(0 if i % job.n else len(r.token_ids.ids)) for i, r in enumerate(job.requests)]
         if job.tools is not None:  # each choice its own parser, a forced call's opening already fed
@@ -76,7 +79,7 @@ class Run:
         loop = asyncio.get_running_loop()
         self._streams = []
         for i, r in enumerate(job.requests):
-            r.request_id = self.id if len(job.requests) == 1 else f"{self.id}-{i}"
+            r.request_id = self.request_id if len(job.requests) == 1 else f"{self.request_id}-{i}"
             self._streams.append(GenerateStream(servicer, r, out=self._q, index=i, loop=loop))
         self._early: list[tuple] = []  # events seen before every choice started
 

@@ -130,6 +130,42 @@ def test_completion_equals_grpc_streamed_or_not(stack, tok, mode):
     assert chunks[-1].usage.prompt_tokens == len(tok.encode(PROMPT))
 
 
+def test_x_request_id_names_the_routers_request_and_comes_back(stack):
+    """A client's or gateway's X-Request-Id is the router's request_id (its log line, the Stats) and comes back
+    as a response header, streamed or not; n choices get "-i" after it; without one the header is the
+    response's id; a bad one is a 400 naming the header and the next request is served."""
+    client = stack.openai(max_retries=0)
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=3)
+    raw = client.completions.with_raw_response.create(**kw, extra_headers={"X-Request-Id": "trace-7f3/a"})
+    r = raw.parse()
+    assert (
+        raw.headers["x-request-id"] == "trace-7f3/a" and r.model_extra["baton"]["stats"]["request_id"] == "trace-7f3/a"
+    )
+    raw = client.completions.with_raw_response.create(**kw, n=2, seed=3, extra_headers={"X-Request-Id": "t-2"})
+    assert raw.headers["x-request-id"] == "t-2"
+    assert [st["request_id"] for st in raw.parse().model_extra["baton"]["stats"]] == ["t-2-0", "t-2-1"]
+    raw = client.completions.with_raw_response.create(**kw)
+    assert raw.headers["x-request-id"] == raw.parse().id
+    with client.chat.completions.with_streaming_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        stream=True,
+        extra_headers={"X-Request-Id": "stream-1"},
+    ) as streamed:
+        assert streamed.headers["x-request-id"] == "stream-1" and "[DONE]" in streamed.read().decode()
+    for bad_id in ("has space", "x" * 121, "\u00e9t\u00e9".encode()):  # (bytes: sent as they are)
+        r = post(
+            stack.url,
+            "/v1/completions",
+            {"model": MODEL, "prompt": PROMPT, "max_tokens": 2},
+            token=stack.token,
+            headers={"X-Request-Id": bad_id},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-Request-Id", r.text
+    assert client.completions.create(**kw).choices[0].finish_reason == "length"
+
+
 def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(stack, tok):
     """vLLM's stream_options.continuous_usage_stats: every chunk's usage counts the prompt and the tokens sent
     so far (growing to max_tokens), the last chunk the whole; without include_usage it is a 400 naming it."""
