@@ -173,6 +173,11 @@ def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
     (I + A) U = beta*V - beta*exp(G)*K S0,   A[i,j] = beta_i exp(G_i-G_j) k_i.k_j  (j < i)
     O = exp(G) Q S0 + (Q K^T * D) U,         D[i,j] = exp(G_i-G_j)              (j <= i)
     S_C = exp(G_C) S0 + (K * exp(G_C - G))^T U
+    Every op after the per-row prep runs on one chunk at a time, in shapes that do not depend on T, so a
+    sequence cut at multiples of C ends bitwise as the whole (a prefix-cache restore, --prefill-piece): batched
+    over all chunks at once, a batched GEMM's blocking and the vectorised loops' tails changed with the chunk
+    count on an AVX2 CPU (a cut 45 tokens before the end changed bits there; not on AVX-512), and it was slower
+    (14.3 against 6.7 ms for 813 tokens of the tiny model's shape on that CPU).
     """
     T, Hv, dv = v.shape
     q, k = _prep(q, k, Hv // q.shape[1])  # [T, Hv, dk] fp32
@@ -185,23 +190,19 @@ def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
     # -> [Hv, nc, C, *]
     q, k, vf = (t.view(nc, CHUNK, Hv, -1).permute(2, 0, 1, 3) for t in (q, k, vf))
     bf, gf = (t.view(nc, CHUNK, Hv).permute(2, 0, 1) for t in (bf, gf))
-    G = gf.cumsum(-1)  # [Hv, nc, C]
-    diff = G[..., :, None] - G[..., None, :]  # [Hv, nc, C, C]
     tri = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=v.device).tril()
-    D = diff.masked_fill(~tri, float("-inf")).exp()  # j <= i
     strict = tri & ~torch.eye(CHUNK, dtype=torch.bool, device=v.device)
-    A = (k @ k.transpose(-1, -2)) * D * bf[..., :, None]
-    A = A.masked_fill(~strict, 0.0)
     eye = torch.eye(CHUNK, device=v.device)
-    M = eye + A  # unit lower-triangular
-    QK = (q @ k.transpose(-1, -2)) * D  # [Hv, nc, C, C]
-    eG = G.exp()[..., None]  # [Hv, nc, C, 1]
     out = torch.empty_like(vf)
-    for c in range(nc):
-        rhs = bf[:, c, :, None] * (vf[:, c] - eG[:, c] * (k[:, c] @ S))
-        U = torch.linalg.solve_triangular(M[:, c], rhs, upper=False, unitriangular=True)
-        out[:, c] = eG[:, c] * (q[:, c] @ S) + QK[:, c] @ U
-        tail = (G[:, c, -1:, None] - G[:, c, :, None]).exp()  # [Hv, C, 1]
-        S.copy_(G[:, c, -1].exp()[:, None, None] * S + (k[:, c] * tail).transpose(-1, -2) @ U)
+    for c in range(nc):  # each chunk's tensors contiguous [Hv, C, *]: the same shapes for every chunk count
+        qc, kc, vc, bc = (t[:, c].contiguous() for t in (q, k, vf, bf))
+        G = gf[:, c].contiguous().cumsum(-1)  # [Hv, C]
+        D = (G[:, :, None] - G[:, None, :]).masked_fill(~tri, float("-inf")).exp()  # j <= i
+        M = eye + ((kc @ kc.transpose(-1, -2)) * D * bc[:, :, None]).masked_fill(~strict, 0.0)  # unit lower-tri
+        eG = G.exp()[..., None]  # [Hv, C, 1]
+        U = torch.linalg.solve_triangular(M, bc[:, :, None] * (vc - eG * (kc @ S)), upper=False, unitriangular=True)
+        out[:, c] = eG * (qc @ S) + ((qc @ kc.transpose(-1, -2)) * D) @ U
+        tail = (G[:, -1:, None] - G[:, :, None]).exp()  # [Hv, C, 1]
+        S.copy_(G[:, -1].exp()[:, None, None] * S + (kc * tail).transpose(-1, -2) @ U)
     out = out.permute(1, 2, 0, 3).reshape(nc * CHUNK, Hv, dv)[:T]
     return out.to(v.dtype)
