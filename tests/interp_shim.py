@@ -15,6 +15,10 @@
     GPU's kernel never does; now each row of the block is its own [1, K] @ [K, N] product, a function of
     that row alone, whatever the BLAS and the CPU, and of the operands' values alone (b made contiguous:
     a transposed view summed in another order, where the GPU's MMA does not care how a tile was loaded).
+    An fp8 x fp8 dot (the interpreter: both to fp16, then numpy's matmul into fp32, whose loop order follows the
+    CPU's SIMD and the operands' layout: on that EPYC gemv's two orientations differed) is summed exactly in
+    float64, then rounded once: each product has at most 8 significant bits, between 2^-18 and 2^17.6 (e4m3's
+    least subnormal and 448 squared), so a sum of up to 2^16 of them is exact in 53 bits, in any order.
 Importing it twice (as interp_shim and as tests.interp_shim) patches once."""
 
 import inspect
@@ -84,9 +88,17 @@ if not getattr(_interp, "_baton_shim", False):
 
     _orig_dot = _interp.InterpreterBuilder.create_dot
 
+    def _fp8(t) -> bool:
+        return t.dtype.primitive_bitwidth == 8 and t.dtype.is_floating()
+
+    def _exact(t):  # an fp8 operand's values in float64 (through fp16, as the interpreter converts them)
+        return _interp._convert_float(t.data, t.dtype, tl.float16, None).view(_interp.np.float16).astype("float64")
+
     def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        fp8 = any(t.dtype.primitive_bitwidth == 8 and t.dtype.is_floating() for t in (a, b))
-        if fp8 or a.data.ndim != 2:  # converted to fp16 inside, or a batched dot: as the interpreter does it
+        if _fp8(a) and _fp8(b) and a.data.ndim == 2:  # exact: see the module doc
+            exact = _interp.np.matmul(_exact(a), _exact(b))
+            return _interp.TensorHandle(exact.astype(d.data.dtype) + d.data, d.dtype.scalar)
+        if _fp8(a) or _fp8(b) or a.data.ndim != 2:  # converted to fp16 inside, or a batched dot: as the interpreter
             return _orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         acc = d.data
         bd = _interp.np.ascontiguousarray(b.data)  # a transposed view (tl.dot(a, b.T)) takes another BLAS path
