@@ -136,6 +136,7 @@ class Client:
         min_tokens: int = 0,
         structured: dict | None = None,
         cache_salt: str = "",
+        priority: int = 0,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -158,6 +159,7 @@ class Client:
         {"choice": [str, ...]} (StructuredOutput; "compact_whitespace": True beside json_schema): every token
         is one the grammar allows, and the output ends at EOS once the structure is complete. cache_salt: the
         prefill workers' prefix cache is shared only with prompts of the same salt (vLLM's; "": unsalted).
+        priority (vLLM's): while the workers' slots are full, lower values wait ahead in the router's line.
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -178,6 +180,7 @@ class Client:
             skip_special_tokens=skip_special_tokens,
             include_stop_str_in_output=include_stop_str_in_output,
             cache_salt=cache_salt,
+            priority=priority,
             sampling=common_pb2.SamplingParams(
                 temperature=temperature,
                 top_p=top_p,

@@ -77,6 +77,7 @@ class Plan:
     skip_special: bool = True  # the text leaves special tokens out (GenerateRequest.skip_special_tokens)
     include_stop: bool = False  # a stop string ending the output is in its text (include_stop_str_in_output)
     cache_salt: str = ""  # GenerateRequest.cache_salt: its Prefills' prefix-cache salt
+    priority: int = 0  # GenerateRequest.priority: its place in the slot line (router/slot_line.py), lower first
 
     @property
     def engine_name(self) -> str | None:

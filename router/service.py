@@ -6,7 +6,8 @@ Lifecycle of a Generate request:
                max_new_tokens, mode, engine, draft_block, stop_token_ids, request_id, sampling.<field>);
                text prompts are tokenized there; a request without a seed gets a random one (returned in
                Stats.seed); no prefill or no decode worker up -> UNAVAILABLE
-    line       the workers' session slots full: the request waits for a slot, first come first served, at
+    line       the workers' session slots full: the request waits for a slot, by priority (lower first),
+               then first come first served, at
                most RouterConfig.queue_s (--queue-timeout: 30 s; RouterConfig's own default 0: none;
                router/slot_line.py), then RESOURCE_EXHAUSTED
     hand-off   start_session: PrefillStream on P with decode_target=D, the state goes P -> D; the
@@ -237,6 +238,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             lambda: self._start(plan, calls, stats, prompt_logprobs=plan.prompt_logprobs),
             calls.deadline,
             lambda: calls.cancelled,
+            priority=plan.priority,
         )
         if plan.prompt_logprobs >= 0:
             stats.prompt_logprobs = list(h.response.prompt_logprobs)

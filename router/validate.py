@@ -127,4 +127,5 @@ def plan_request(
         skip_special=r.skip_special_tokens if r.HasField("skip_special_tokens") else True,
         include_stop=r.include_stop_str_in_output,
         cache_salt=r.cache_salt,
+        priority=r.priority,
     )  # fmt: skip

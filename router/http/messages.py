@@ -59,6 +59,7 @@ PASSED = (
     "truncate_prompt_tokens",
     "chat_template_kwargs",
     "cache_salt",
+    "priority",
     "baton",
 )
 REFUSED = {"mcp_servers": "MCP servers are not supported", "container": "containers are not supported"}

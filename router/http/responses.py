@@ -70,6 +70,7 @@ PASSED = (
     "truncate_prompt_tokens",
     "chat_template_kwargs",
     "cache_salt",
+    "priority",
     "baton",
 )
 REFUSED = {

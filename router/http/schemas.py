@@ -19,7 +19,8 @@ logprobs from the prefill, the first one null), and logit_bias ({"token id": val
 300), and vLLM's stop_token_ids and ignore_eos (as "baton"'s), skip_special_tokens and include_stop_str_in_output
 (GenerateRequest's), truncate_prompt_tokens (the prompt's last k tokens; -1: what the window leaves), min_tokens
 (SamplingParams': at most max_tokens, checked by the router), cache_salt (GenerateRequest's: the prefill
-workers' prefix cache shared only with prompts of the same salt), and structured outputs (response_format
+workers' prefix cache shared only with prompts of the same salt), priority (GenerateRequest's: lower values
+wait ahead in the router's slot line), and structured outputs (response_format
 json_object / json_schema, vLLM's guided_* and structured_outputs: router/http/structured.py). Refused
 with a 400 naming the field until Baton supports them: suffix, best_of > 1, functions, non-text content parts,
 tools on /v1/completions; and n x prompts beyond the
@@ -143,6 +144,9 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if not isinstance(salt, str) or not salt:
             raise bad("cache_salt", "expected a non-empty string")
         gen["cache_salt"] = salt
+    priority = _int(body, "priority", -(2**31), 2**31 - 1)  # vLLM's: lower first in the router's slot line
+    if priority:
+        gen["priority"] = priority
     if body.get("stop_token_ids") is not None:
         gen["stop_token_ids"] = _ids(body["stop_token_ids"], "stop_token_ids", allow_empty=True)
     ext = body.get("baton")
@@ -384,10 +388,7 @@ def parse_chat(body, lim: Limits) -> Job:
         if (end := structured.reasons_first(text, lim)) is not None:
             gen["sampling"].structured.after_token = end
     tool_grammar.constrain(gen, choice, lim.chat_template.source)  # a forced call held to its tool's schema
-    budget = _int(body, "thinking_token_budget", 0)  # vLLM's: at most this many reasoning tokens
-    structured.think_budget(gen["sampling"], text, lim, budget)
-    if gen["sampling"].structured.any_text:  # the budget alone: the router's refusals name it
-        job.rename["sampling.structured"] = "thinking_token_budget"
+    structured.think_budget(body, gen["sampling"], text, lim, job.rename)  # vLLM's thinking_token_budget
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)

@@ -1482,3 +1482,31 @@ def test_vllm_clients_window_echo_batches_and_extras(stack, tok):
         r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body=ext)
         assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", toks.index(toks[4]) + 1), ext
     assert not any(sessions_settle(stack).values())
+
+
+def test_priority_reaches_the_routers_request_on_every_api(tok):
+    """vLLM's priority (an integer, lower first in the router's slot line) -> GenerateRequest.priority for
+    completions, chat, Responses and Messages; absent: 0; not an integer: a 400 naming it."""
+    from router.http.chat import ChatTemplate
+    from router.http.errors import ApiError
+    from router.http.messages import parse_messages
+    from router.http.responses import parse_responses
+    from router.http.schemas import Limits, parse_chat, parse_completion
+
+    lim = Limits(MODEL, 4096, 16, tok, ChatTemplate(QWEN35_TEMPLATE.read_text(encoding="utf-8")))
+    msgs = [{"role": "user", "content": "hi"}]
+    bodies = [
+        (parse_completion, {"prompt": PROMPT, "max_tokens": 4}),
+        (parse_chat, {"messages": msgs}),
+        (parse_responses, {"input": "hi"}),
+        (parse_messages, {"messages": msgs, "max_tokens": 4}),
+    ]
+    for parse, body in bodies:
+        for value, want in ((None, 0), (-5, -5), (2**31 - 1, 2**31 - 1)):
+            job = parse({**body, **({} if value is None else {"priority": value})}, lim)
+            job = job[0] if isinstance(job, tuple) else job
+            assert [r.priority for r in job.requests] == [want], (parse.__name__, value)
+        for bad_value in ("high", 1.5, 2**31):
+            with pytest.raises(ApiError) as ei:
+                parse({**body, "priority": bad_value}, lim)
+            assert ei.value.status == 400 and ei.value.param == "priority", (parse.__name__, ei.value.message)

@@ -46,10 +46,10 @@ class Pool:
             self.line.freed()
 
 
-def _start(line, pool, name, out, wait=10.0):
+def _start(line, pool, name, out, wait=10.0, priority=0):
     def run():
         try:
-            out[name] = line.start(pool.take(name), time.monotonic() + wait)
+            out[name] = line.start(pool.take(name), time.monotonic() + wait, priority=priority)
         except Exception as e:  # noqa: BLE001
             out[name] = e
 
@@ -80,6 +80,24 @@ def test_requests_wait_in_line_and_start_first_come_first_served():
     for t in threads:
         t.join(2)
     assert pool.order == ["a", "b", "c", "d"] and len(line) == 0 and (line.waited, line.started) == (3, 3)
+
+
+def test_a_lower_priority_value_waits_ahead_and_equal_ones_keep_their_order():
+    """GenerateRequest.priority (vLLM's: lower first): waiters start in order of priority, then of arrival; a
+    request that arrives with a lower value than the waiters passes them; the running one is not preempted."""
+    line = SlotLine(10.0)
+    pool, out = Pool(1, line), {}
+    assert line.start(pool.take("run"), time.monotonic() + 5, priority=9) == "run"
+    threads = []
+    for name, prio in (("b0", 0), ("c5", 5), ("d0", 0), ("e-3", -3), ("f5", 5)):
+        threads.append(_start(line, pool, name, out, priority=prio))
+        _until(lambda n=len(threads): len(line) == n)
+    for _ in range(5):
+        pool.give()
+        _until(lambda n=len(pool.order): len(pool.order) == n + 1)
+    for t in threads:
+        t.join(2)
+    assert pool.order == ["run", "e-3", "b0", "d0", "c5", "f5"] and len(line) == 0
 
 
 def test_a_new_request_queues_behind_a_waiting_one_even_when_a_slot_is_free(monkeypatch):
@@ -159,3 +177,25 @@ def test_the_router_waits_for_a_slot_when_the_line_is_on():
             assert c.wait_sessions_zero()
         finally:
             c.close()
+
+
+def test_the_router_puts_a_requests_priority_in_line():
+    """GenerateRequest.priority through the router (loopback fakes): refused once for full slots, the request
+    waits in line at its priority (the line's start gets it) and is served."""
+    full = (grpc.StatusCode.RESOURCE_EXHAUSTED, "decode_target x: hand-off failed: all 8 session slots are in use")
+    c = Cluster(config=RouterConfig(call_timeout_s=2.0, migrate_wait_s=1.0, queue_s=5.0), n_decode=1)
+    try:
+        seen, start = [], c.servicer.line.start
+
+        def recorded(*a, priority=0, **kw):
+            seen.append(priority)
+            return start(*a, priority=priority, **kw)
+
+        c.servicer.line.start = recorded
+        c.prefill[0].servicer.fail["Prefill"] = full
+        assert c.run(PROMPT, max_new_tokens=4, priority=-7)[0] == reference(PROMPT, 4)
+        assert c.run(PROMPT, max_new_tokens=4)[0] == reference(PROMPT, 4)
+        assert seen == [-7, 0] and (c.servicer.line.waited, c.servicer.line.started) == (1, 1)
+        assert c.wait_sessions_zero()
+    finally:
+        c.close()

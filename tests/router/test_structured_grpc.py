@@ -130,7 +130,8 @@ def test_the_default_engine_is_bf16_for_a_grammar_and_fp8_follows_it_too(client,
 
 def test_eight_concurrent_requests_constrained_or_not_each_give_their_tokens_alone(client):
     jobs = [dict(structured=SPECS[k], temperature=0.8, seed=i) for i, k in enumerate(sorted(SPECS))]
-    jobs += [dict(temperature=0.8, seed=40), dict()][: 8 - len(jobs)]  # 8: the workers' slots
+    budget = {"any_text": True, "after_token": 500, "after_budget": 5}  # a thinking budget alone
+    jobs += [dict(structured=budget, temperature=0.8, seed=41), dict()][: 8 - len(jobs)]  # 8: the workers' slots
     alone = [run(client, engine="bf16", **kw)[0] for kw in jobs]
     with ThreadPoolExecutor(len(jobs)) as ex:
         together = list(ex.map(lambda kw: run(client, engine="bf16", **kw)[0], jobs))
