@@ -1,9 +1,9 @@
 """Structured outputs on the GPU (run on the device with `pytest -m gpu`; xgrammar staged by
 deploy/gpu_wheels.sh): the embedded default model in bf16 on CUDA, a prefill worker, a decode worker (CUDA
 graphs: a constrained session's picks in the full sampled graph) and the router over loopback gRPC. Eight
-concurrent requests, constrained (JSON Schema, regex, choice; greedy and seeded) and not, each give exactly the
-exact engine's decode of the same request (`baton complete --device cuda` with the same grammar), and each
-constrained text follows its grammar."""
+concurrent requests, constrained (JSON Schema, regex, choice, a thinking budget alone and before a regex; greedy and seeded) and not,
+each give exactly the exact engine's decode of the same request (`baton complete --device cuda` with the same
+grammar), each constrained text follows its grammar, and a budget's after_token comes at its end."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ JOBS = [
     dict(structured={"json_schema": SCHEMA, "compact_whitespace": True}, temperature=0.9, seed=1),
     dict(structured={"regex": "[a-z]{3,9}@[a-z]{3,9}\\.org"}, temperature=0.7, seed=2),
     dict(structured={"choice": ["north", "south", "east", "west"]}),
-    dict(structured={"choice": ["north", "south", "east", "west"]}, temperature=1.0, seed=3),
+    dict(structured={"any_text": True, "after_token": 500, "after_budget": 6}, temperature=1.0, seed=3),  # a budget
     dict(),
     dict(temperature=0.8, seed=4),
-    dict(structured={"regex": "[0-9]{2,6}"}),
+    dict(structured={"regex": "[0-9]{2,6}", "after_token": 500, "after_budget": 4}),  # a thinking budget, a grammar
 ]
 
 
@@ -74,7 +74,9 @@ def test_concurrent_constrained_sessions_on_cuda_equal_the_exact_constrained_dec
             assert toks == want, kw
             if spec is None:
                 continue
-            if "json_schema" in spec and len(toks) < 40:
+            if "after_budget" in spec:  # (500: a token this model does not write here) forced at the budget's end
+                assert toks[spec["after_budget"]] == spec["after_token"], (kw, toks)
+            elif "json_schema" in spec and len(toks) < 40:
                 assert set(json.loads(text)) == {"name"}, text
             elif "regex" in spec and len(toks) < 40:
                 assert re.fullmatch(spec["regex"], text), text
