@@ -180,6 +180,8 @@
 # one kernel whose rows do not depend on the piece's start), then BATON_PREFILL_ATTN=fixed PREFILL_PIECE=1024
 # QUEUE="prefix-serve:400" and BATON_PREFILL_CUDNN_SDPA=0 QUEUE="cut-probe:150" (flash's SDPA for every piece); ctx-max (150,000 on an H100 at 31cb2c0 or
 # later, 260,000 on an H200), spec-adaptive on an H200, partials-ab, nogil at 32, gil SWITCH_POINTS.
+# Stop 60 (no device time: 105 s left) added a thinking budget (StructuredOutput.after_budget) to
+# tests/system/test_gpu_structured.py: PYTEST_FILES="tests/system/test_gpu_structured.py" QUEUE="pytest:300".
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
