@@ -108,6 +108,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             "tokens": 0,
             "migrations": 0,
         }
+        if request.priority:  # (vLLM's; the slot line's order)
+            rec["priority"] = request.priority
         if not self._admit.acquire(blocking=False):
             rec["error"] = f"router: {self.config.max_inflight} requests in flight (max_inflight); retry later"
             self._done(rec, t0, C.RESOURCE_EXHAUSTED)

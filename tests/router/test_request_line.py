@@ -27,9 +27,13 @@ def test_the_line_names_the_workers_and_the_engine_that_ran(caplog):
             (rec,) = request_lines(caplog)
             assert rec["status"] == "OK" and rec["prefill"] == c.prefill[0].address, rec
             assert rec["decode"] == c.decode[0].address, rec
-            assert rec["engine"] == kw.get("engine", "fp8"), (kw, rec)
+            assert rec["engine"] == kw.get("engine", "fp8") and "priority" not in rec, (kw, rec)
         metrics = c.servicer.metrics.render().decode()
         assert 'baton_router_tokens_total{engine="default",mode="fast"} 4.0' in metrics
+        caplog.clear()  # a request's priority (vLLM's) is on its line when set
+        c.run(PROMPT, max_new_tokens=4, priority=-2, request_id="line-prio")
+        (rec,) = request_lines(caplog)
+        assert (rec["priority"], rec["request_id"], rec["status"]) == (-2, "line-prio", "OK"), rec
     finally:
         c.close()
 
