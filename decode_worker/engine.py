@@ -201,7 +201,7 @@ class DecodeEngine:
         session asks for logprobs (read from the sampling table after each token); else the state is
         always exactly that of the tokens yielded. masker (structured outputs, baton/grammar.py): each
         token list is accepted and the next pick's mask written before the session's next step is asked
-        for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 only.
+        for, so such a session neither runs ahead nor takes the pipelined one-session loop; bf16 / fp8 (mtp: a budget alone).
         A session with min_tokens' ban drops it once past its end (decode_worker/constrained.py)."""
         if masker is not None:  # structured outputs
             yield from constrained.structured(self, session_id, max_new_tokens, stop_ids, eos_ids, k, masker, run_ahead)

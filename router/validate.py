@@ -100,13 +100,14 @@ def plan_request(
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
     engine = r.engine
-    if sampling_rules.structured(sampling):  # masked per pick: fast bf16 / fp8 steps, exact mode's verify rows
+    budget_alone = sampling.structured.WhichOneof("kind") == "any_text"  # (a thinking budget: fast mtp too)
+    if sampling_rules.structured(sampling) and not budget_alone:  # masked per pick: fast bf16 / fp8 steps, verify rows
         if name == "mtp" and mode != common_pb2.EXACT:  # (exact mode's mtp drafts are only proposals)
             raise _bad(
                 "sampling.structured",
-                "fast mtp does not take a grammar or a thinking budget yet (use bf16 or fp8, or exact mode)",
+                "fast mtp does not take a grammar yet (use bf16 or fp8, or exact mode)",
             )
-        if r.ignore_eos and sampling.structured.WhichOneof("kind") != "any_text":
+        if r.ignore_eos:
             raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
         if mode != common_pb2.EXACT:
             engine = engine or common_pb2.BF16  # not the decode worker's default, which may be mtp

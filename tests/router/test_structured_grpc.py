@@ -208,21 +208,34 @@ def test_a_grammar_after_a_token_leaves_what_comes_before_it_free(client, exact,
     assert ids == free[: at + 1] and last.finish_reason == "STOP"
 
 
+def _no_token_written(lm) -> int:
+    """A token id the embedded model does not write in its first 48 greedy tokens after PROMPT (a budget's
+    after_token, so that it comes where the budget forces it)."""
+    from baton.complete import complete
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    free = complete(None, Tokenizer.from_dir(resolve_model_dir(None)).encode(PROMPT), 48, loaded=lm, max_len=MAX_LEN)
+    return next(t for t in range(100, 1000) if t not in free), free
+
+
+SEEDED = dict(temperature=0.9, seed=31)
+AN_EMAIL = {"regex": "[a-z]{3,12}@[a-z]{3,8}\\.com"}
+
+
 def test_a_thinking_budget_forces_the_after_token_at_its_end(client, exact, lm):
     """StructuredOutput.after_budget: a session that has written `budget` tokens without the after_token (a
     token this model does not write here) picks it next, then goes on free (any_text) or under its grammar.
     Fast bf16 and exact mode (mtp drafts) are token-identical to the exact engine's decode with the spec, greedy
     and seeded; budget 0 forces the first token (the prefill worker's pick), budget 6 one the decode worker
-    picks; a budget alone takes ignore_eos; fast mtp refuses it."""
-    from baton.complete import complete
+    picks; a budget alone takes ignore_eos."""
     from baton.loading import resolve_model_dir
     from baton.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(resolve_model_dir(None))
-    free = complete(None, tok.encode(PROMPT), 48, loaded=lm, max_len=MAX_LEN)
-    end = next(t for t in range(100, 1000) if t not in free)
-    text, regex, seeded = {"any_text": True}, {"regex": "[a-z]{3,12}@[a-z]{3,8}\\.com"}, dict(temperature=0.9, seed=31)
-    for budget, grammar, extra in [(0, regex, {}), (6, text, {}), (6, text, seeded), (6, regex, seeded)]:
+    end, free = _no_token_written(lm)
+    text = {"any_text": True}
+    for budget, grammar, extra in [(0, AN_EMAIL, {}), (6, text, {}), (6, text, SEEDED), (6, AN_EMAIL, SEEDED)]:
         spec = {**grammar, "after_token": end, "after_budget": budget}
         want = exact(spec, 40, **extra)
         assert want[budget] == end, (budget, grammar, extra)
@@ -234,12 +247,30 @@ def test_a_thinking_budget_forces_the_after_token_at_its_end(client, exact, lm):
             if "regex" in grammar:
                 after = tok.decode(ids[budget + 1 :], skip_special_tokens=True)
                 assert last.finish_reason == "EOS" and re.fullmatch(grammar["regex"], after), after
-    spec = {"any_text": True, "after_token": end, "after_budget": 3}
+    spec = {**text, "after_token": end, "after_budget": 3}
     ids, _, last = run(client, n=30, structured=spec, engine="bf16", ignore_eos=True)
     assert len(ids) == 30 and ids[3] == end and last.finish_reason == "LENGTH"
+
+
+def test_fast_mtp_takes_a_thinking_budget_alone(client, exact, lm):
+    """A budget alone (any_text) on fast mtp: its free part in mtp rounds, its forced pick one masked plain
+    round, then mtp rounds again: token-identical to the exact engine's decode with the spec (budget 0: the
+    prefill's pick; 6: the decode worker's), greedy and seeded, and the same alone and among other mtp sessions.
+    A grammar after the budget is refused on fast mtp."""
+    end, _ = _no_token_written(lm)
+    for budget, extra in ((0, {}), (6, {}), (6, SEEDED)):
+        spec = {"any_text": True, "after_token": end, "after_budget": budget}
+        want = exact(spec, 40, **extra)
+        assert want[budget] == end and run(client, n=40, structured=spec, engine="mtp", **extra)[0] == want
+    spec = {"any_text": True, "after_token": end, "after_budget": 3}
+    jobs = [dict(structured=spec), dict(structured=spec, **SEEDED), dict(), dict(**SEEDED)]
+    alone = [run(client, n=24, engine="mtp", **kw)[0] for kw in jobs]
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        assert list(ex.map(lambda kw: run(client, n=24, engine="mtp", **kw)[0], jobs)) == alone
+    assert alone[0][3] == alone[1][3] == end
     with pytest.raises(grpc.RpcError) as ei:
-        run(client, n=8, structured=spec, engine="mtp")
-    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "thinking budget" in ei.value.details()
+        run(client, n=8, structured={**AN_EMAIL, "after_token": end, "after_budget": 3}, engine="mtp")
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fast mtp" in ei.value.details()
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
 """Structured outputs on the GPU (run on the device with `pytest -m gpu`; xgrammar staged by
 deploy/gpu_wheels.sh): the embedded default model in bf16 on CUDA, a prefill worker, a decode worker (CUDA
 graphs: a constrained session's picks in the full sampled graph) and the router over loopback gRPC. Eight
-concurrent requests, constrained (JSON Schema, regex, choice, a thinking budget alone and before a regex; greedy and seeded) and not,
-each give exactly the exact engine's decode of the same request (`baton complete --device cuda` with the same
-grammar), each constrained text follows its grammar, and a budget's after_token comes at its end."""
+concurrent requests, constrained (JSON Schema, regex, choice, a thinking budget alone on bf16 and on fast mtp,
+one before a regex; greedy and seeded) and not, each give exactly the exact engine's decode of the same request
+(`baton complete --device cuda` with the same grammar), each constrained text follows its grammar, and a
+budget's after_token comes at its end."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ JOBS = [
     dict(structured={"regex": "[a-z]{3,9}@[a-z]{3,9}\\.org"}, temperature=0.7, seed=2),
     dict(structured={"choice": ["north", "south", "east", "west"]}),
     dict(structured={"any_text": True, "after_token": 500, "after_budget": 6}, temperature=1.0, seed=3),  # a budget
-    dict(),
+    dict(structured={"any_text": True, "after_token": 500, "after_budget": 5}, engine="mtp"),  # fast mtp: a budget
     dict(temperature=0.8, seed=4),
     dict(structured={"regex": "[0-9]{2,6}", "after_token": 500, "after_budget": 4}),  # a thinking budget, a grammar
 ]
@@ -49,7 +50,7 @@ def test_concurrent_constrained_sessions_on_cuda_equal_the_exact_constrained_dec
     lm = load_model(None, dtype="bf16" if DEV == "cuda" else "fp32", device=DEV, mtp=True)
     st = Settings()
     ph, _ = serve_prefill(lm, device=DEV, max_len=MAX_LEN, slots=8, settings=st)
-    dh, _ = serve_decode(lm, engines=("bf16",), device=DEV, max_len=MAX_LEN, slots=8, settings=st)
+    dh, _ = serve_decode(lm, engines=("bf16", "mtp"), device=DEV, max_len=MAX_LEN, slots=8, settings=st)
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
     c = Client(rh.address)
     try:
@@ -57,7 +58,7 @@ def test_concurrent_constrained_sessions_on_cuda_equal_the_exact_constrained_dec
 
         def run(kw):
             ids, text = [], ""
-            for d in c.generate(PROMPT, max_new_tokens=40, timeout=300, engine="bf16", **kw):
+            for d in c.generate(PROMPT, max_new_tokens=40, timeout=300, **{"engine": "bf16", **kw}):
                 ids += d.token_ids
                 text += d.text
             return ids, text
@@ -67,7 +68,7 @@ def test_concurrent_constrained_sessions_on_cuda_equal_the_exact_constrained_dec
         ids = Tokenizer.from_dir(resolve_model_dir(None)).encode(PROMPT)
         for kw, (toks, text) in zip(JOBS, got):
             spec = kw.get("structured")
-            p = dict(kw)
+            p = {k: v for k, v in kw.items() if k != "engine"}
             if spec is not None:
                 p["structured"] = structured_output(spec).SerializeToString(deterministic=True)
             want = complete(None, ids, 40, device=DEV, max_len=MAX_LEN, loaded=lm, sampling=Params(**p))
