@@ -137,6 +137,7 @@ class Client:
         structured: dict | None = None,
         cache_salt: str = "",
         priority: int = 0,
+        thinking_budget: int | None = None,
     ) -> Iterator[Delta]:
         """Stream a completion. `prompt` is text or a list of token ids (or pass token_ids=).
         Sampling (SamplingParams): temperature 0 = greedy; seed None = the router draws one (the last
@@ -160,6 +161,8 @@ class Client:
         is one the grammar allows, and the output ends at EOS once the structure is complete. cache_salt: the
         prefill workers' prefix cache is shared only with prompts of the same salt (vLLM's; "": unsalted).
         priority (vLLM's): while the workers' slots are full, lower values wait ahead in the router's line.
+        thinking_budget N (vLLM's thinking_token_budget): at most N tokens inside the <think> block the prompt
+        leaves open, then "</think>" comes next (no effect where none is open or "</think>" is not one token).
         Raises grpc.RpcError with the router's status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {sorted(MODES)}")
@@ -199,6 +202,8 @@ class Client:
         )
         if structured is not None:
             req.sampling.structured.CopyFrom(structured_output(structured))
+        if thinking_budget is not None:
+            req.sampling.thinking_budget = thinking_budget
         if prompt_logprobs is not None:
             req.prompt_logprobs = prompt_logprobs
         if token_ids is None and prompt is not None and not isinstance(prompt, str):

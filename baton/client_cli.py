@@ -88,6 +88,14 @@ def add_sampling_arguments(p: argparse.ArgumentParser, stop: bool = True) -> Non
         help="add VALUE in [-100, 100] to token ID's logit (repeatable, at most 300 ids)",
     )
     p.add_argument(
+        "--thinking-budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N tokens inside the <think> block the prompt leaves open, then </think> (vLLM's "
+        "thinking_token_budget; no effect where none is open or </think> is not one token)",
+    )
+    p.add_argument(
         "--min-tokens",
         type=int,
         default=0,
@@ -115,7 +123,7 @@ def _bias(text: str) -> tuple[int, float]:
 
 def sampling_kwargs(args) -> dict:
     names = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty")
-    names += ("frequency_penalty", "min_tokens")
+    names += ("frequency_penalty", "min_tokens", "thinking_budget")
     return {n: getattr(args, n) for n in names} | {"logit_bias": dict(args.logit_bias), "structured": structured(args)}
 
 

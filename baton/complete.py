@@ -94,7 +94,7 @@ def run(args) -> int:
         print("baton complete: --min-tokens must be in 0..--max-new-tokens", file=sys.stderr)
         return 2
     eos = () if args.ignore_eos else _eos_ids(model_dir)
-    sampling, seed = _sampling(args, tok.vocab_size, len(ids), eos)
+    sampling, seed = _sampling(args, tok.vocab_size, ids, eos, tok)
     if isinstance(sampling, str):
         print(f"baton complete: {sampling}", file=sys.stderr)
         return 2
@@ -133,9 +133,10 @@ def _eos_ids(model_dir) -> tuple[int, ...]:
     return tuple(ModelConfig.from_hf(model_dir).eos_token_ids)
 
 
-def _sampling(args, vocab: int | None = None, prompt_len: int = 0, eos=()):
+def _sampling(args, vocab: int | None = None, ids=(), eos=(), tok=None):
     """-> (Params, seed) from the flags (the same checks as the router; logit_bias ids below `vocab`;
-    --min-tokens holds `eos` back below prompt_len + min_tokens), or (error message, None)."""
+    --min-tokens holds `eos` back below len(ids) + min_tokens; --thinking-budget resolved on the prompt `ids`
+    with `tok`, as the router does), or (error message, None)."""
     import secrets
 
     from baton import client_cli, sampling_rules
@@ -155,9 +156,12 @@ def _sampling(args, vocab: int | None = None, prompt_len: int = 0, eos=()):
         msg.structured.CopyFrom(structured_output(spec))
     if args.seed is not None:
         msg.seed = args.seed % (1 << 64)
+    if getattr(args, "thinking_budget", None) is not None:
+        msg.thinking_budget = args.thinking_budget
     try:
         resolved, _ = sampling_rules.plan(msg, True, secrets.randbits(64), vocab)
-        sampling_rules.ban_until(resolved, prompt_len, eos)
+        sampling_rules.ban_until(resolved, len(ids), eos)
+        sampling_rules.think_budget(resolved, ids, tok)
     except ValueError as e:
         return str(e), None
     return Params.from_proto(resolved), resolved.seed

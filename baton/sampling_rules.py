@@ -3,6 +3,7 @@
     check(params)                        # ValueError "sampling.<field>: why" (INVALID_ARGUMENT)
     plan(params, has_tokenizer, seed)    # the router: check, -> (workers' copy, stop strings)
     ban_until(copy, prompt_len, ids)     # the workers' copy of min_tokens: ids banned below prompt_len + min_tokens
+    think_budget(copy, prompt_ids, tok)  # the workers' copy of thinking_budget: structured.after_budget, or none
     resolved(params, seed) -> params     # the workers' copy: the seed set, stop strings removed
     logprob_protos(entries, tokens)      # SamplingTable.logprobs entries -> [baton.v1.TokenLogprob]
     penalized(params) -> bool            # any penalty on: the router sends the token history
@@ -120,6 +121,34 @@ def ban_until(p, prompt_len: int, ids) -> None:
             raise _bad("min_tokens", f"{len(ids)} stop and EOS token ids to hold back: at most {MAX_BAN_TOKENS}")
         p.min_tokens_end = prompt_len + p.min_tokens
         p.min_tokens_ids.extend(ids)
+
+
+def think_budget(p, ids, tokenizer) -> None:
+    """A copy's thinking_budget resolved in place (and cleared): where the prompt `ids` leave a <think> block
+    open and "</think>" is one token of `tokenizer`, structured.after_budget with after_token = its id (beside a
+    structure that reasons first), or alone as any_text; elsewhere nothing (vLLM's: no reasoning block, nothing
+    to bound). ValueError naming sampling.thinking_budget beside structured.after_budget."""
+    if not p.HasField("thinking_budget"):
+        return
+    budget = p.thinking_budget
+    p.ClearField("thinking_budget")
+    has = p.HasField("structured")
+    if has and p.structured.HasField("after_budget"):
+        raise _bad("thinking_budget", "not with sampling.structured.after_budget (set one)")
+    if tokenizer is None:
+        return
+    from baton.think_tags import THINK_END, think_open
+
+    end = tokenizer.encode(THINK_END)
+    if len(end) != 1 or not think_open(tokenizer.decode(list(ids), skip_special_tokens=False)):
+        return
+    if has:
+        if p.structured.HasField("after_token"):  # a structure after the reasoning: bound the reasoning
+            p.structured.after_budget = budget
+        return
+    from baton.v1 import common_pb2
+
+    p.structured.CopyFrom(common_pb2.StructuredOutput(any_text=True, after_token=end[0], after_budget=budget))
 
 
 def penalized(p) -> bool:

@@ -96,6 +96,7 @@ def plan_request(
         sampling, stops = sampling_rules.plan(
             r.sampling, meta.tokenizer is not None, secrets.randbits(64), meta.vocab_size
         )
+        sampling_rules.think_budget(sampling, ids, meta.tokenizer)  # into structured (the workers never see it)
     except ValueError as e:
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline

@@ -48,7 +48,7 @@ COUPLING: ExactPolicy
 REJECTION: ExactPolicy
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop", "exact_policy", "logit_bias", "min_tokens", "min_tokens_end", "min_tokens_ids", "structured")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "stop", "exact_policy", "logit_bias", "min_tokens", "min_tokens_end", "min_tokens_ids", "structured", "thinking_budget")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class SamplingParams(_message.Message):
     MIN_TOKENS_END_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_IDS_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_FIELD_NUMBER: _ClassVar[int]
+    THINKING_BUDGET_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -88,7 +89,8 @@ class SamplingParams(_message.Message):
     min_tokens_end: int
     min_tokens_ids: _containers.RepeatedScalarFieldContainer[int]
     structured: StructuredOutput
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., exact_policy: _Optional[_Union[ExactPolicy, str]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., min_tokens_end: _Optional[int] = ..., min_tokens_ids: _Optional[_Iterable[int]] = ..., structured: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+    thinking_budget: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., exact_policy: _Optional[_Union[ExactPolicy, str]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., min_tokens_end: _Optional[int] = ..., min_tokens_ids: _Optional[_Iterable[int]] = ..., structured: _Optional[_Union[StructuredOutput, _Mapping]] = ..., thinking_budget: _Optional[int] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "json_object", "regex", "grammar", "choice", "structural_tag", "any_text", "compact_whitespace", "after_token", "after_budget")

@@ -28,12 +28,11 @@ count the whole text, as before.
 
 from __future__ import annotations
 
+from baton.think_tags import ASSISTANT, THINK, THINK_END, think_open  # noqa: F401 (the tags' one place)
 from router.http.errors import bad
 from router.stops import held_prefix
 
-THINK, THINK_END = "<think>", "</think>"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning effort values
-ASSISTANT = "<|im_start|>assistant"  # the start of an assistant turn in Qwen's ChatML templates
 PARSERS = ("none", "qwen3")  # the router's --reasoning-parser values
 
 
@@ -47,14 +46,6 @@ def effort_kwargs(effort, kwargs: dict, field: str) -> dict:
     if effort not in EFFORTS:
         raise bad(field, f"{effort!r:.40} is not one of {', '.join(EFFORTS)}")
     return {"enable_thinking": False, **kwargs} if effort in ("none", "minimal") else kwargs
-
-
-def think_open(prompt: str) -> bool:
-    """The rendered prompt leaves a <think> block open: the text of its last assistant turn (from the last
-    ASSISTANT on; the whole prompt when it has none) holds a "<think>" that no "</think>" follows. The one
-    test of it: a forced tool call closes that block (router/http/tools.py), the parser starts in it."""
-    turn = prompt[max(0, prompt.rfind(ASSISTANT)) :]
-    return turn.rfind(THINK) > turn.rfind(THINK_END)
 
 
 class ReasoningSplit:

@@ -39,12 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baton.names import ENGINE_VALUES
+from baton.think_tags import think_open
 from baton.v1 import common_pb2, router_pb2
 from router.http import structured, tool_grammar
 from router.http.chat import ChatTemplateError, chat_messages
 from router.http.errors import ApiError, bad
 from router.http.fields import U32, _bool, _ids, _int, _is_int, _is_num, _num, _only, _stops
-from router.http.reasoning import effort_kwargs, think_open
+from router.http.reasoning import effort_kwargs
 from router.http.tools import ToolChoice, tool_choice
 
 MAX_BATCH = 64
@@ -144,8 +145,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         if not isinstance(salt, str) or not salt:
             raise bad("cache_salt", "expected a non-empty string")
         gen["cache_salt"] = salt
-    priority = _int(body, "priority", -(2**31), 2**31 - 1)  # vLLM's: lower first in the router's slot line
-    if priority:
+    if priority := _int(body, "priority", -(2**31), 2**31 - 1):  # vLLM's: lower first in the router's slot line
         gen["priority"] = priority
     if body.get("stop_token_ids") is not None:
         gen["stop_token_ids"] = _ids(body["stop_token_ids"], "stop_token_ids", allow_empty=True)
@@ -388,7 +388,7 @@ def parse_chat(body, lim: Limits) -> Job:
         if (end := structured.reasons_first(text, lim)) is not None:
             gen["sampling"].structured.after_token = end
     tool_grammar.constrain(gen, choice, lim.chat_template.source)  # a forced call held to its tool's schema
-    structured.think_budget(body, gen["sampling"], text, lim, job.rename)  # vLLM's thinking_token_budget
+    structured.think_budget(body, gen["sampling"], job.rename)  # vLLM's thinking_token_budget (router-resolved)
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)

@@ -4,7 +4,7 @@ the router's `SamplingParams.structured` (baton.v1.StructuredOutput; compiled by
     spec, rename = parse(body)   # (None, {}) when the body asks for none; ApiError(400) naming the field
     text = skip_reasoning(prompt)  # a chat prompt's open <think> closed empty: the structure starts at once
     end = reasons_first(prompt, lim)  # or, with the reasoning parser on, </think>'s id: the structure after it
-    think_budget(body, sampling, prompt, lim, rename)  # thinking_token_budget: at most so many reasoning tokens
+    think_budget(body, sampling, rename)  # thinking_token_budget -> SamplingParams.thinking_budget
 
 Accepted, at most one of them in a body:
 - `response_format`: {"type": "text"} (none), {"type": "json_object"}, {"type": "json_schema", "json_schema":
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import json
 
+from baton.think_tags import THINK_END, think_open
 from baton.v1 import common_pb2
 from router.http.errors import bad
 from router.http.fields import _int
-from router.http.reasoning import THINK_END, think_open
 
 
 def reasons_first(prompt: str, lim) -> int | None:
@@ -40,27 +40,17 @@ def reasons_first(prompt: str, lim) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def think_budget(body: dict, sampling, prompt: str, lim, rename: dict) -> None:
+def think_budget(body: dict, sampling, rename: dict) -> None:
     """A chat body's thinking budget (vLLM's thinking_token_budget, Anthropic's thinking.budget_tokens: an
-    integer >= 0, else a 400 naming it) on its SamplingParams: at most that many reasoning tokens, then
-    "</think>" is the next token (its logprob 0) and the model answers (StructuredOutput.after_budget). Beside a
-    structure that reasons first (after_token set) it bounds that reasoning; alone it is
-    StructuredOutput.any_text (and `rename` names it in the router's refusals). No effect where the prompt
-    leaves no <think> block open (thinking off, a structure or forced call that skips the reasoning) or
-    "</think>" is not one token of the vocabulary: nothing is generated inside a reasoning block there (vLLM's
+    integer >= 0, else a 400 naming it) -> SamplingParams.thinking_budget, which the router resolves
+    (baton/sampling_rules.py think_budget): at most that many reasoning tokens, then "</think>" is the next
+    token (its logprob 0) and the model answers. No effect where the prompt leaves no <think> block open
+    (thinking off, a structure or forced call that skips the reasoning) or "</think>" is not one token (vLLM's
     behaviour)."""
     budget = _int(body, "thinking_token_budget", 0)
-    if budget is None or lim.tokenizer is None:
-        return
-    if sampling.HasField("structured"):
-        if sampling.structured.HasField("after_token"):
-            sampling.structured.after_budget = budget
-        return
-    ids = lim.tokenizer.encode(THINK_END)
-    if len(ids) == 1 and think_open(prompt):
-        spec = common_pb2.StructuredOutput(any_text=True, after_token=ids[0], after_budget=budget)
-        sampling.structured.CopyFrom(spec)
-        rename["sampling.structured"] = "thinking_token_budget"
+    if budget is not None:
+        sampling.thinking_budget = budget
+        rename["sampling.thinking_budget"] = "thinking_token_budget"
 
 
 def skip_reasoning(prompt: str) -> str:

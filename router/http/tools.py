@@ -44,8 +44,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from baton.think_tags import THINK_END, think_open
 from router.http.errors import bad
-from router.http.reasoning import THINK_END, think_open
 from router.http.tool_calls import ToolCalls
 from router.http.tool_parse import END, START, parse_call
 

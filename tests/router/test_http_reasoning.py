@@ -27,6 +27,7 @@ from test_http_tools import (
     scripted_routers,
 )
 
+from baton.v1 import common_pb2
 from router.http.reasoning import ReasoningSplit, think_open
 
 OPEN = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"  # Qwen3.5, thinking on
@@ -340,15 +341,17 @@ def test_a_structured_output_after_reasoning_with_the_parser_on():
 
 
 def test_a_thinking_budget_bounds_the_reasoning_on_every_api():
-    """vLLM's thinking_token_budget (chat, Responses) and Anthropic's thinking.budget_tokens -> the request's
-    StructuredOutput: alone, any_text with after_token = "</think>"'s id and after_budget; beside a structure
-    that reasons first, its after_budget. No effect where nothing is reasoned (thinking off, a structure that
-    skips the reasoning with the parser off, "</think>" not one token). A bad value is a 400 naming the field
-    the body used."""
+    """vLLM's thinking_token_budget (chat, Responses) and Anthropic's thinking.budget_tokens ->
+    SamplingParams.thinking_budget, which the router resolves (baton/sampling_rules.py think_budget) in the
+    workers' copy: alone, any_text with after_token = "</think>"'s id and after_budget; beside a structure that reasons
+    first, its after_budget. No effect where nothing is reasoned (thinking off, a structure that skips the
+    reasoning with the parser off, "</think>" not one token); beside structured.after_budget, refused.
+    A bad value is a 400 naming the field the body used."""
     import dataclasses
 
     from test_http_tools import DEFAULT_DIR, QWEN35_TEMPLATE
 
+    from baton.sampling_rules import think_budget
     from baton.tokenizer import Tokenizer
     from router.http.chat import ChatTemplate
     from router.http.errors import ApiError
@@ -369,38 +372,41 @@ def test_a_thinking_budget_bounds_the_reasoning_on_every_api():
     lim = Limits(MODEL, 4096, 16, OneTag(), template, reasoning_parser="qwen3")
     msgs = [{"role": "user", "content": "What is 2 + 2?"}]
 
-    def spec(parse, body, limits=lim):
+    def resolved(parse, body, limits=lim, tok=OneTag()):
+        """(the request's thinking_budget, the workers' structured after the router resolved it, job)."""
         job = parse(body, limits)
         job = job[0] if isinstance(job, tuple) else job
         (r,) = job.requests
-        return r.sampling.structured if r.sampling.HasField("structured") else None, job
+        asked = r.sampling.thinking_budget if r.sampling.HasField("thinking_budget") else None
+        think_budget(r.sampling, r.token_ids.ids, tok)
+        assert not r.sampling.HasField("thinking_budget")  # the workers never see it
+        return asked, (r.sampling.structured if r.sampling.HasField("structured") else None), job
 
-    s, job = spec(parse_chat, {"messages": msgs, "thinking_token_budget": 12})
-    assert (s.any_text, s.after_token, s.after_budget) == (True, 7, 12)
-    assert job.rename["sampling.structured"] == "thinking_token_budget"
-    s, _ = spec(parse_chat, {"messages": msgs, "thinking_token_budget": 0, "response_format": {"type": "json_object"}})
+    asked, s, job = resolved(parse_chat, {"messages": msgs, "thinking_token_budget": 12})
+    assert asked == 12 and (s.any_text, s.after_token, s.after_budget) == (True, 7, 12)
+    assert job.rename["sampling.thinking_budget"] == "thinking_token_budget"
+    json_obj = {"response_format": {"type": "json_object"}}
+    _, s, _ = resolved(parse_chat, {"messages": msgs, "thinking_token_budget": 0, **json_obj})
     assert s.json_object and (s.after_token, s.after_budget) == (7, 0)
-    s, _ = spec(
-        parse_messages, {"messages": msgs, "max_tokens": 64, "thinking": {"type": "enabled", "budget_tokens": 30}}
-    )
+    thinking = {"type": "enabled", "budget_tokens": 30}
+    _, s, _ = resolved(parse_messages, {"messages": msgs, "max_tokens": 64, "thinking": thinking})
     assert (s.any_text, s.after_token, s.after_budget) == (True, 7, 30)
-    s, _ = spec(parse_responses, {"input": "What is 2 + 2?", "thinking_token_budget": 5})
+    _, s, _ = resolved(parse_responses, {"input": "What is 2 + 2?", "thinking_token_budget": 5})
     assert (s.any_text, s.after_budget) == (True, 5)
     # nothing reasoned: no budget
     off = {"chat_template_kwargs": {"enable_thinking": False}}
-    assert spec(parse_chat, {"messages": msgs, "thinking_token_budget": 12, **off})[0] is None
-    assert spec(parse_messages, {"messages": msgs, "max_tokens": 9, "thinking": {"type": "disabled"}})[0] is None
-    assert (
-        spec(parse_chat, {"messages": msgs, "thinking_token_budget": 12}, dataclasses.replace(lim, tokenizer=real))[0]
-        is None
-    )
+    assert resolved(parse_chat, {"messages": msgs, "thinking_token_budget": 12, **off})[1] is None
+    assert resolved(parse_messages, {"messages": msgs, "max_tokens": 9, "thinking": {"type": "disabled"}})[0] is None
+    assert resolved(parse_chat, {"messages": msgs, "thinking_token_budget": 12}, tok=real)[1] is None
     parser_off = dataclasses.replace(lim, reasoning_parser="none")
-    s, _ = spec(
-        parse_chat,
-        {"messages": msgs, "thinking_token_budget": 3, "response_format": {"type": "json_object"}},
-        parser_off,
-    )
+    _, s, _ = resolved(parse_chat, {"messages": msgs, "thinking_token_budget": 3, **json_obj}, parser_off)
     assert not s.HasField("after_budget") and not s.HasField("after_token")
+    job = parse_chat({"messages": msgs, "thinking_token_budget": 3}, lim)
+    job.requests[0].sampling.structured.CopyFrom(
+        common_pb2.StructuredOutput(any_text=True, after_token=7, after_budget=1)
+    )
+    with pytest.raises(ValueError, match=r"^sampling.thinking_budget: not with sampling.structured.after_budget"):
+        think_budget(job.requests[0].sampling, job.requests[0].token_ids.ids, OneTag())
     for parse, body, field in (
         (parse_chat, {"messages": msgs, "thinking_token_budget": -1}, "thinking_token_budget"),
         (parse_chat, {"messages": msgs, "thinking_token_budget": "9"}, "thinking_token_budget"),

@@ -273,6 +273,19 @@ def test_fast_mtp_takes_a_thinking_budget_alone(client, exact, lm):
     assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fast mtp" in ei.value.details()
 
 
+def test_the_routers_thinking_budget_is_resolved_on_the_prompt(client):
+    """SamplingParams.thinking_budget over gRPC: the router resolves it on the prompt (baton/sampling_rules.py
+    think_budget). This model's prompt leaves no <think> open and its "</think>" is 5 tokens: no effect, the
+    tokens are the plain request's, in fast and exact mode. Beside structured.after_budget: INVALID_ARGUMENT."""
+    for kw in (dict(engine="bf16"), dict(engine="mtp"), dict(mode="exact", engine="mtp")):
+        assert run(client, n=12, thinking_budget=2, **kw)[0] == run(client, n=12, **kw)[0], kw
+    both = {"any_text": True, "after_token": 500, "after_budget": 3}
+    with pytest.raises(grpc.RpcError) as ei:
+        run(client, n=8, structured=both, thinking_budget=2)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details().startswith("sampling.thinking_budget: not with sampling.structured.after_budget")
+
+
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
