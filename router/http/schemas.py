@@ -183,6 +183,7 @@ def _common(body: dict, lim: Limits, kind: str) -> tuple[Job, dict]:
         "engine": "baton.engine",
         "stop_token_ids": "stop_token_ids" if "stop_token_ids" in body else "baton.stop_token_ids",
     }
+    structured.think_budget(body, gen["sampling"], job.rename)  # vLLM's thinking_token_budget (router-resolved)
     return job, gen
 
 
@@ -388,7 +389,6 @@ def parse_chat(body, lim: Limits) -> Job:
         if (end := structured.reasons_first(text, lim)) is not None:
             gen["sampling"].structured.after_token = end
     tool_grammar.constrain(gen, choice, lim.chat_template.source)  # a forced call held to its tool's schema
-    structured.think_budget(body, gen["sampling"], job.rename)  # vLLM's thinking_token_budget (router-resolved)
     job.tools = choice if choice.tools is not None else None
     if lim.reasoning_parser != "none":  # the prompt sent (a forced call's opening included) decides
         job.reasoning = think_open(text)

@@ -341,7 +341,7 @@ def test_a_structured_output_after_reasoning_with_the_parser_on():
 
 
 def test_a_thinking_budget_bounds_the_reasoning_on_every_api():
-    """vLLM's thinking_token_budget (chat, Responses) and Anthropic's thinking.budget_tokens ->
+    """vLLM's thinking_token_budget (chat, completions, Responses) and Anthropic's thinking.budget_tokens ->
     SamplingParams.thinking_budget, which the router resolves (baton/sampling_rules.py think_budget) in the
     workers' copy: alone, any_text with after_token = "</think>"'s id and after_budget; beside a structure that reasons
     first, its after_budget. No effect where nothing is reasoned (thinking off, a structure that skips the
@@ -357,7 +357,7 @@ def test_a_thinking_budget_bounds_the_reasoning_on_every_api():
     from router.http.errors import ApiError
     from router.http.messages import parse_messages
     from router.http.responses import parse_responses
-    from router.http.schemas import Limits, parse_chat
+    from router.http.schemas import Limits, parse_chat, parse_completion
 
     real = Tokenizer.from_dir(DEFAULT_DIR)
 
@@ -393,6 +393,10 @@ def test_a_thinking_budget_bounds_the_reasoning_on_every_api():
     assert (s.any_text, s.after_token, s.after_budget) == (True, 7, 30)
     _, s, _ = resolved(parse_responses, {"input": "What is 2 + 2?", "thinking_token_budget": 5})
     assert (s.any_text, s.after_budget) == (True, 5)
+    raw = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"  # completions: the prompt's own text
+    _, s, _ = resolved(parse_completion, {"prompt": raw, "max_tokens": 8, "thinking_token_budget": 4})
+    assert (s.any_text, s.after_token, s.after_budget) == (True, 7, 4)
+    assert resolved(parse_completion, {"prompt": "2 + 2 =", "max_tokens": 8, "thinking_token_budget": 4})[1] is None
     # nothing reasoned: no budget
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     assert resolved(parse_chat, {"messages": msgs, "thinking_token_budget": 12, **off})[1] is None
