@@ -181,7 +181,9 @@
 # QUEUE="prefix-serve:400" and BATON_PREFILL_CUDNN_SDPA=0 QUEUE="cut-probe:150" (flash's SDPA for every piece); ctx-max (150,000 on an H100 at 31cb2c0 or
 # later, 260,000 on an H200), spec-adaptive on an H200, partials-ab, nogil at 32, gil SWITCH_POINTS.
 # Stop 60 (no device time: 105 s left) added a thinking budget (StructuredOutput.after_budget) to
-# tests/system/test_gpu_structured.py: PYTEST_FILES="tests/system/test_gpu_structured.py" QUEUE="pytest:300".
+# tests/system/test_gpu_structured.py, alone on bf16 and on fast mtp (its forced pick a masked plain round in
+# the mtp rounds scheduler: run only on the CPU so far), and before a regex:
+# PYTEST_FILES="tests/system/test_gpu_structured.py" QUEUE="pytest:300".
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
