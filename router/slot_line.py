@@ -89,7 +89,6 @@ class SlotLine:
             me = (priority, next(self._arrivals))
             bisect.insort(self._line, me)
             self.waited += 1
-            self._cv.notify_all()  # (a head it passed waits again)
         try:
             while True:
                 with self._cv:

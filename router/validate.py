@@ -104,10 +104,7 @@ def plan_request(
     budget_alone = sampling.structured.WhichOneof("kind") == "any_text"  # (a thinking budget: fast mtp too)
     if sampling_rules.structured(sampling) and not budget_alone:  # masked per pick: fast bf16 / fp8 steps, verify rows
         if name == "mtp" and mode != common_pb2.EXACT:  # (exact mode's mtp drafts are only proposals)
-            raise _bad(
-                "sampling.structured",
-                "fast mtp does not take a grammar yet (use bf16 or fp8, or exact mode)",
-            )
+            raise _bad("sampling.structured", "fast mtp does not take a grammar yet (use bf16 or fp8, or exact mode)")
         if r.ignore_eos:
             raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
         if mode != common_pb2.EXACT:

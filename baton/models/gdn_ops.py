@@ -177,7 +177,8 @@ def chunked(q, k, v, g, beta, S: torch.Tensor) -> torch.Tensor:
     sequence cut at multiples of C ends bitwise as the whole (a prefix-cache restore, --prefill-piece): batched
     over all chunks at once, a batched GEMM's blocking and the vectorised loops' tails changed with the chunk
     count on an AVX2 CPU (a cut 45 tokens before the end changed bits there; not on AVX-512), and it was slower
-    (14.3 against 6.7 ms for 813 tokens of the tiny model's shape on that CPU).
+    (benchmarks/bench_gdn_chunked.py: 14.9 against 9.0 ms median for 813 tokens of the tiny model's shape there,
+    benchmarks/results/gdn-chunked-cpu-epyc-*2026-12-07.json).
     """
     T, Hv, dv = v.shape
     q, k = _prep(q, k, Hv // q.shape[1])  # [T, Hv, dk] fp32

@@ -1,6 +1,6 @@
 """A chat choice's reasoning, split from its answer (the router's --reasoning-parser qwen3; none: no split).
 
-    start = think_open(prompt)                  # the rendered prompt leaves a <think> block open
+    start = think_open(prompt)                  # baton/think_tags.py: the prompt leaves a <think> block open
     r = ReasoningSplit(start)                   # one per chat choice
     reasoning, content = r.split(text)          # a whole text: (str | None, str | None)
     reasoning_delta, content_delta = r.feed(d)  # streamed: the text safe to send now ("" when none)
@@ -28,7 +28,7 @@ count the whole text, as before.
 
 from __future__ import annotations
 
-from baton.think_tags import ASSISTANT, THINK, THINK_END, think_open  # noqa: F401 (the tags' one place)
+from baton.think_tags import THINK, THINK_END
 from router.http.errors import bad
 from router.stops import held_prefix
 

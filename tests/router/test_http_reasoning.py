@@ -27,8 +27,9 @@ from test_http_tools import (
     scripted_routers,
 )
 
+from baton.think_tags import think_open
 from baton.v1 import common_pb2
-from router.http.reasoning import ReasoningSplit, think_open
+from router.http.reasoning import ReasoningSplit
 
 OPEN = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"  # Qwen3.5, thinking on
 CLOSED = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"  # thinking off
