@@ -188,8 +188,10 @@
 #
 # Stages:
 # MPS=1 (any stage): the stage's CUDA processes share one MPS server (both workers' kernels side by side on one GPU)
-#   queue          QUEUE="STAGE:SECONDS ..." (e.g. "fla-bits:120 hold-ab:330 tests-engine:120"): the stages in turn in
-#                  one device call, each under its own timeout and packing its own STAGE.tgz; one that no longer fits
+#   queue          QUEUE="STAGE:SECONDS[:VAR=V,...] ..." (e.g. "fla-bits:120 cut-probe:150:BATON_PREFILL_ATTN=fixed"):
+#                  the stages in turn in one device call, each under its own timeout and packing its own STAGE.tgz
+#                  (a stage given VAR=V settings has them alone and packs STAGE-N.tgz, N its place in QUEUE); one
+#                  that no longer fits
 #                  QUEUE_BUDGET_S (default 570) is skipped; queue.txt lists each one's exit code. Each device start
 #                  costs minutes and a refused one 90-180 s, so a session spends its budget on a few queued calls
 #                  (the device tool brings back 8 files a call: 7 stages at most)
@@ -304,23 +306,26 @@ stage=${1:?stage: tests-engine|tests-decode|tests-mtp|tests-serving|serve|serve-
 commit=${2:?the commit under test}
 dest=${OUT:?run through the device tool: \$OUT}
 if [ "$stage" = queue ]; then  # QUEUE="STAGE:SECONDS ...": one device call, several stages (Stages, queue)
-  start=$SECONDS
-  for item in ${QUEUE:?queue: set QUEUE=\"STAGE:SECONDS ...\"}; do
-    s=${item%%:*} t=${item##*:}
+  start=$SECONDS n=0
+  for item in ${QUEUE:?queue: set QUEUE=\"STAGE:SECONDS[:VAR=V,...] ...\"}; do
+    IFS=: read -r s t envs <<<"$item"
     left=$((${QUEUE_BUDGET_S:-570} - (SECONDS - start)))
     if [ "$t" -gt "$left" ]; then
       echo "queue: $s skipped: $t s asked, $left s left"
       continue
     fi
-    timeout -k 10 "$t" bash "$0" "$s" "$commit" </dev/null
-    echo "queue: $s rc=$? at $((SECONDS - start)) s"
+    # a stage's own settings (VAR=V,VAR=V after its seconds) apply to it alone: A/Bs of one host in one call
+    IFS=, read -r -a vars <<<"${envs:-}"
+    n=$((n + 1))
+    env ${envs:+QUEUE_TAG=$n} "${vars[@]}" timeout -k 10 "$t" bash "$0" "$s" "$commit" </dev/null
+    echo "queue: $s${envs:+ ($envs)} rc=$? at $((SECONDS - start)) s"
   done 2>&1 | tee "$dest/queue.txt"
   exit 0
 fi
 # the device tool brings back at most 8 files from $OUT: a stage writes into its own folder, packed into one
 # $OUT/STAGE.tgz when it ends (on 2026-12-02 the sampling stage's serve JSON stayed behind: 9 files)
 out=$(mktemp -d "/tmp/gpu-$stage-XXXX")
-trap 'mps_stop; tar -czf "$dest/$stage.tgz" -C "$out" .' EXIT
+trap 'mps_stop; tar -czf "$dest/$stage${QUEUE_TAG:+-$QUEUE_TAG}.tgz" -C "$out" .' EXIT
 # MPS=1: every CUDA process of the stage shares one MPS server (nvidia-cuda-mps-control), so the two workers on
 # one GPU run their kernels side by side instead of in time slices of their own contexts. The daemon is this
 # stage's (its pipe and log folders in $out) and stops when the stage ends; the GPU's settings are untouched.
@@ -593,6 +598,46 @@ import re, statistics, sys
 
 rs = [float(m) for m in re.findall(r"tok/s = ([0-9.]+)x", open(sys.argv[1]).read())]
 print(f"spec-pairs: ratios {rs}, median {round(statistics.median(rs), 3) if rs else None}x (target >= 0.95x)")
+EOF
+    ;;
+  spec-variants)  # fast bf16 and fast mtp adaptive (p = 0.9, K <= 4) at PAIR_N (default 32) streams, one run per
+    # entry of VARIANTS in its order, on one host: ENGINE[:VAR=V,...] (default: bf16, mtp, mtp with
+    # BATON_MTP_CHAIN_ONE=1, mtp with BATON_MTP_JOIN_HOLD=2); each mtp run's tok/s over the median of the stage's
+    # bf16 runs. Runs of one configuration on one H100 host differed by 30% (stop 59): give the reverse order in a
+    # second call of the same host and compare medians
+    n=${PAIR_N:-32} i=0
+    for v in ${VARIANTS:-bf16 mtp mtp:BATON_MTP_CHAIN_ONE=1 mtp:BATON_MTP_JOIN_HOLD=2}; do
+      i=$((i + 1)) e=${v%%:*}
+      settings=${v#"$e"} && settings=${settings#:}
+      echo "spec-var-$i-$e ${settings:-default}" >>"$out/variants.txt"
+      (
+        IFS=, read -r -a kvs <<<"$settings"
+        for kv in "${kvs[@]}"; do export "${kv?}"; done
+        if [ "$e" = bf16 ]; then
+          spec "spec-var-$i-$e" --engine bf16 --concurrency "$n" --check-prompts 1
+        else
+          spec "spec-var-$i-$e" --engine mtp --concurrency "$n" --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
+        fi
+      )
+      spec_parts "$out/spec-var-$i-$e.json"
+    done
+    python - "$out" "$n" <<'EOF'
+import json, statistics, sys
+
+out, n = sys.argv[1], int(sys.argv[2])
+runs = []
+for line in open(f"{out}/variants.txt"):
+    name, label = line.split(maxsplit=1)
+    try:
+        p = next(p for p in json.load(open(f"{out}/{name}.json"))["points"] if p.get("concurrency") == n)
+    except (OSError, ValueError, KeyError, StopIteration):
+        p = {}
+    runs.append((name, label.strip(), p.get("tok_s"), p.get("errors")))
+bf16 = [t for name, _, t, err in runs if name.endswith("-bf16") and t and not err]
+base = statistics.median(bf16) if bf16 else None
+for name, label, t, err in runs:
+    r = round(t / base, 3) if t and base and not err else None
+    print(f"spec-variants: {name} ({label}): {t} tok/s, {r}x the bf16 median {base}" + (f" FAILED {err}" if err else ""))
 EOF
     ;;
   spec-exact)
