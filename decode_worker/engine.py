@@ -60,8 +60,7 @@ class DecodeEngine:
         batch_steps: bf16 / fp8 fast-mode sessions step together through one StepScheduler
         (baton/engine/scheduler.py); None = for eager runners (the CPU path) and fused runners with a
         batched step (ModelRunner.enable_batching); other fused runners keep the per-session pipelined loop.
-        draft_length: fast-mode MTP's K per round, "adaptive" (baton/engine/draft_length.py, K = 0 included)
-        or "fixed" (the Decode's K)."""
+        draft_length: fast MTP's K a round: "adaptive" (baton/engine/draft_length.py, K = 0 too) or "fixed" (the Decode's K)."""
         if default_engine not in runners:
             raise ValueError(f"engine: default {default_engine!r} not among {sorted(runners)}")
         self.runners, self.default_engine, self.ttl_s, self.drafter = runners, default_engine, ttl_s, drafter
@@ -235,6 +234,7 @@ class DecodeEngine:
             return
         if s.engine == "mtp":  # K per round from the worker's controller (mtp.control), up to k_max
             mtp.control(self, kk)
+            s.round_ends = frozenset(ends)  # a round's accept stops at one (DecodeSession.round_ends)
             if scheduled:
                 yield from self._mtp_batched(s, max_new_tokens, ends, k_max, ahead)
             else:

@@ -214,7 +214,7 @@ def _round(engine, items: list) -> list[list[int]]:
         r = prep[idx[0]][0].runner
         hidden: list[torch.Tensor] = []
         blocks = [(prep[i][0].slot, [prep[i][1]] + (prep[i][3] or [])) for i in idx]
-        res = verify_blocks(r, blocks, hidden_out=hidden)
+        res = verify_blocks(r, blocks, hidden_out=hidden, ends=[prep[i][0].round_ends for i in idx])
         for i, (m, nxt), h in zip(idx, res, hidden):
             s, t0, p, drafts = prep[i]
             pending_pairs(s, p, [t0] + (drafts or [])[:m] + [nxt], h, kept=drafts is None)

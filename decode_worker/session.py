@@ -31,6 +31,9 @@ class DecodeSession:
     mtp_h_more: list = field(default_factory=list)  # plain rounds' hidden rows not joined yet (mtp.pairs_h)
     mtp_inflight: int = 0  # plain rounds launched whose tokens were not read yet (mtp_launch)
     mtp_undelivered: int = 0  # tokens read from rounds not handed to the scheduler's job yet (mtp_launch)
+    # the ends of its fast mtp decode call (stop and EOS ids, a reasoning phase's after_token): a round's accept
+    # stops at one (speculation.accepted_length), so the state never holds a token past where the call ended
+    round_ends: frozenset = frozenset()
     rounds: int = 0
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather

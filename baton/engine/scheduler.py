@@ -40,7 +40,9 @@ Batch invariance is the step function's: ar_batch gives each slot the bits it wo
 Rounds (`multi=True`, fast-mode MTP: decode_worker/mtp.py): a step is a speculation round that gives each
 job a list of tokens (1 to K+1), called as step(runner, slots, left) with each job's tokens left. The
 round's list is one queue item (Job.next() returns it: one message a round), cut after its first end
-token or at max_new_tokens (the tokens after are dropped, as for a run-ahead job's extra step); `ahead`
+token or at max_new_tokens (the tokens after are dropped, as for a run-ahead job's extra step; fast mtp's
+rounds give none past either: their accept stops at an end, DecodeSession.round_ends, and round_cap caps
+K by the tokens left, so the session's state is exactly that of the tokens handed out); `ahead`
 then counts rounds. Rounds may be pipelined too (`launch` with multi, decode_worker/mtp_launch.py:
 a plain round is a launched AR step, a speculative one is computed inside launch); `left` is each job's
 tokens left as the scheduler knows them (not counting a step in flight), and a job of a round in flight

@@ -55,10 +55,13 @@ def known_ahead(drafter: Drafter, rounds: list) -> list | None:
     return None if first is None else [first] + [drafter.ahead(s, k) for s, k in rounds[1:]]
 
 
-def accepted_length(drafts: list[int], greedy: list[int]) -> int:
-    """m: how many drafts the verifier accepts. greedy[i] is its token after t0, d1..d_i."""
+def accepted_length(drafts: list[int], greedy: list[int], ends=()) -> int:
+    """m: how many drafts the verifier accepts. greedy[i] is its token after t0, d1..d_i. ends: tokens the
+    caller's decode stops at (a fast mtp round's: the call's stop and EOS ids, a reasoning phase's after_token):
+    an accepted draft that is one ends the accept before it, so it is `next` (greedy[m] == drafts[m]) and the
+    state holds nothing past it, as plain AR stopping there would leave it (the session may go on from it)."""
     m = 0
-    while m < len(drafts) and drafts[m] == greedy[m]:
+    while m < len(drafts) and drafts[m] == greedy[m] and drafts[m] not in ends:
         m += 1
     return m
 
@@ -69,24 +72,24 @@ def check_verdict(m: int, k: int) -> None:
         raise ValueError(f"accepted: {m} out of range 0..{k}")
 
 
-def verify_block(runner, slot: int, tokens: list[int]) -> tuple[int, int]:
+def verify_block(runner, slot: int, tokens: list[int], ends=()) -> tuple[int, int]:
     """The verify of one block on `runner`: tokens = [t0, d1..dk] fed from the slot's position; keeps
     t0, d1..dm and sets the pending token to next. -> (m, next). Row invariance makes the kept state
-    bitwise that of feeding t0, d1..dm alone."""
+    bitwise that of feeding t0, d1..dm alone. ends: accepted_length's."""
     st = runner.state
     pos0 = int(st.position[slot])
     runner.check_window(pos0, len(tokens))
     if len(tokens) > 1:  # a one-row block (a plain step) is never cut: nothing to rewind to
         runner.begin_block(slot)
     greedy = runner.rows(slot, tokens)
-    m = accepted_length(tokens[1:], greedy)
+    m = accepted_length(tokens[1:], greedy, ends)
     runner.accept_prefix(slot, pos0, tokens, m)
     st.next_token[slot] = greedy[m]
     return m, greedy[m]
 
 
 def verify_blocks(
-    runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None, clock=None, outputs=None
+    runner, blocks: list[tuple[int, list[int]]], hidden_out: list | None = None, clock=None, outputs=None, ends=None
 ) -> list[tuple[int, int]]:
     """verify_block for several sessions' blocks [(slot, [t0, d1..dk])] (distinct slots) in one batched
     rows pass (ModelRunner.rows_batch): each slot ends bitwise as verify_block alone would leave it.
@@ -98,10 +101,11 @@ def verify_blocks(
     h_rows holds after verify_block alone; the MTP pairs read them). clock: a parts.PartClock, marked
     "snapshot", "pass" (ends with the picks' host read), "restore", "replay". outputs(result): called once
     the picks are read and before the rewind is queued (the host reads of the pass's outputs then wait for
-    nothing more)."""
+    nothing more). ends: per block, accepted_length's (None: none)."""
     clock = clock or PartClock(None)
+    ends = ends or [()] * len(blocks)
     if len(blocks) == 1:
-        res = [verify_block(runner, *blocks[0])]
+        res = [verify_block(runner, *blocks[0], ends[0])]
         if hidden_out is not None:
             hidden_out.append(runner.h_rows[: len(blocks[0][1])].clone())
         if outputs is not None:
@@ -115,8 +119,8 @@ def verify_blocks(
     clock.mark("snapshot")
     picks = runner.rows_batch(blocks, ckpt_unused=True, hidden_out=hidden_out)
     out, redo = [], []
-    for (slot, tokens), greedy in zip(blocks, picks):
-        m = accepted_length(tokens[1:], greedy)
+    for (slot, tokens), greedy, stop in zip(blocks, picks, ends):
+        m = accepted_length(tokens[1:], greedy, stop)
         out.append((m, greedy[m]))
         if m + 1 < len(tokens):
             redo.append((slot, tokens[: m + 1]))

@@ -300,6 +300,28 @@ def test_verify_blocks_equal_each_block_alone(model):
             assert all(torch.equal(a, b) for a, b in zip(_state(alone, slot), _state(batched, slot))), slot
 
 
+def test_a_blocks_accept_stops_at_an_end_token_as_if_the_block_ended_there(model):
+    """verify_blocks / verify_block with ends (a fast mtp round's: the call's stop ids, a reasoning phase's
+    after_token): a block whose accepted drafts include an end accepts up to it, the end is `next`, and the
+    slot's state is bitwise that of the block cut right after the end (nothing past it consumed), alone and
+    in a batch; blocks without ends are untouched."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 300, (6 + 2 * i,), generator=g).tolist() for i in range(3)]
+    alone, batched = _twin_runners(model, prompts)
+    cut, _ = _twin_runners(model, prompts)
+    blocks = [(slot, _block_cut_at(alone, slot, 5, None)) for slot in range(3)]  # every draft right
+    ends = [{blocks[0][1][2]}, {blocks[1][1][1], blocks[1][1][4]}, set()]  # d2; d1 (and d4); none
+    want = [verify_block(alone, slot, toks, e) for (slot, toks), e in zip(blocks, ends)]
+    assert want == [(1, blocks[0][1][2]), (0, blocks[1][1][1]), (4, int(alone.state.next_token[2]))]
+    assert verify_blocks(batched, blocks, ends=ends) == want
+    for (slot, toks), (m, _) in zip(blocks[:2], want):  # the block as if it ended before its end: t0, d1..dm
+        assert verify_block(cut, slot, toks[: m + 1]) == (m, toks[m + 1])  # ... with the end pending
+        for r in (alone, batched):
+            assert int(r.state.position[slot]) == len(prompts[slot]) + m + 1
+            assert all(torch.equal(a, b) for a, b in zip(_state(r, slot), _state(cut, slot))), slot
+    assert all(torch.equal(a, b) for a, b in zip(_state(alone, 2), _state(batched, 2)))
+
+
 def test_verify_batch_returns_each_block_alone_s_verdict_position_and_kept_hidden_rows(model):
     """prefill_worker/verifying.py verify_batch over four sessions whose blocks accept 0, 1, 3 and all 3
     drafts: each item's (m, next, position, logprobs, kept hidden rows) equals the item verified alone, the

@@ -321,3 +321,22 @@ def test_a_worker_that_cannot_compile_grammars_answers_failed_precondition(lm):
         assert len(run(c, n=4)[0]) >= 1
     finally:
         close()
+
+
+def test_fast_mtp_stops_a_round_at_a_natural_after_token(client, exact, lm):
+    """A budget alone (any_text) on fast mtp whose after_token the model writes itself, before the budget: a
+    speculative round whose accepted drafts run past it keeps only the tokens up to it (the verify's accept
+    stops at a job's end token, speculation.accepted_length), so the session goes on from exactly there, and
+    the tokens are the exact engine's decode with the spec (here the plain decode: nothing is forced or
+    masked), for every switch point of the first 16 tokens."""
+    from baton.complete import complete
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    free = complete(None, Tokenizer.from_dir(resolve_model_dir(None)).encode(PROMPT), 40, loaded=lm, max_len=MAX_LEN)
+    switches = [i for i in range(2, 16) if free[i] not in free[:i]]
+    assert len(switches) >= 4, free
+    for at in switches:
+        spec = {"any_text": True, "after_token": free[at], "after_budget": 30}
+        assert exact(spec, 40) == free
+        assert run(client, n=40, structured=spec, engine="mtp")[0] == free, at
