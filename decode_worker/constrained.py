@@ -19,14 +19,12 @@ import dataclasses
 
 
 def structured(engine, session_id: str, n: int, stop_ids, eos_ids, k: int, masker, run_ahead: bool = False):
-    """A structured session's decode (bf16 / fp8; a thinking budget alone also mtp): reasoning() while its
-    grammar has not begun (its budget's forced after_token one masked step: on mtp a masked plain round, since
-    a round never drafts past a one-token decode's end), then masked() over the engine's plain decode (no
-    run-ahead, no pipelined one-session loop), or, for a thinking budget alone (any_text), the engine's
+    """A structured session's decode (bf16, fp8, mtp): reasoning() while its grammar has not begun (on mtp in
+    speculative rounds; its budget's forced after_token one masked step), then masked() over the engine's plain
+    decode (no run-ahead, no pipelined one-session loop; on mtp plain rounds, one token each: mtp.round_cap
+    drafts nothing for a masked session), or, for a thinking budget alone (any_text), the engine's
     unconstrained decode (run_ahead as decode's)."""
     ends, c = set(stop_ids) | set(eos_ids), masker.c
-    if engine.get(session_id).engine == "mtp" and not c.grammarless:  # (a budget alone: one masked plain round)
-        raise ValueError("sampling.structured: the mtp engine does not take a grammar (use bf16 or fp8)")
     if c.free:  # reasoning first (StructuredOutput.after_token): unconstrained until its token
         left = yield from reasoning(engine, session_id, n, ends, masker, k)
         if left is None:

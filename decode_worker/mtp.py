@@ -226,7 +226,11 @@ def _round(engine, items: list) -> list[list[int]]:
 
 def round_cap(s, k_max: int, left: int) -> int:
     """The most drafts session s's next round may take: k_max, its tokens left - 1, and room for the
-    round's rows in the window."""
+    round's rows in the window; none while its picks are masked (structured outputs: each pick's mask is the
+    grammar's after the token before, written by decode_worker/constrained.py between rounds; drafts would
+    need their masks first): a masked session's rounds are plain, one token each, as bf16's steps."""
+    if s.runner.sampling.params[s.slot].constrained:
+        return 0
     room = s.runner.max_len - round_start(s)[0] - 2
     return max(0, min(k_max, left - 1, room))
 

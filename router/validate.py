@@ -101,14 +101,12 @@ def plan_request(
         raise StatusError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
     stop_ids, timeline = tuple(r.stop_token_ids), r.handoff_timeline
     engine = r.engine
-    budget_alone = sampling.structured.WhichOneof("kind") == "any_text"  # (a thinking budget: fast mtp too)
-    if sampling_rules.structured(sampling) and not budget_alone:  # masked per pick: fast bf16 / fp8 steps, verify rows
-        if name == "mtp" and mode != common_pb2.EXACT:  # (exact mode's mtp drafts are only proposals)
-            raise _bad("sampling.structured", "fast mtp does not take a grammar yet (use bf16 or fp8, or exact mode)")
+    budget_alone = sampling.structured.WhichOneof("kind") == "any_text"  # (a thinking budget: the default engine)
+    if sampling_rules.structured(sampling) and not budget_alone:  # masked per pick: fast steps, verify rows
         if r.ignore_eos:
             raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
-        if mode != common_pb2.EXACT:
-            engine = engine or common_pb2.BF16  # not the decode worker's default, which may be mtp
+        if mode != common_pb2.EXACT and not engine and (not registry.engines_known() or "bf16" in registry.engines()):
+            engine = common_pb2.BF16  # not a default mtp, whose masked part runs plain rounds (mtp.round_cap)
     if r.sampling.min_tokens > n:
         raise _bad("sampling.min_tokens", f"{r.sampling.min_tokens} is more than max_new_tokens ({n})")
     try:  # EOS and the stop ids held back for the first min_tokens tokens

@@ -70,13 +70,13 @@ def call_structure(choice: ToolChoice, template_source: str) -> common_pb2.Struc
 
 def constrain(gen: dict, choice: ToolChoice, template_source: str) -> None:
     """A chat's Generate fields (`gen`: sampling, engine, mode, ignore_eos) get the forced call's structure,
-    where a grammar may apply: not beside another structured output (a 400: the call is the output), not on
-    fast mtp or with ignore_eos (the router refuses grammars there: the call is then only opened, as before)."""
+    where a grammar may apply: not beside another structured output (a 400: the call is the output), not with
+    ignore_eos (the router refuses grammars there: the call is then only opened, as before)."""
     if not choice.forced:
         return
     if gen["sampling"].HasField("structured"):
         raise bad("tool_choice", "a forced call is the output's structure: not with response_format / guided_*")
-    if (gen["engine"] == common_pb2.MTP and gen["mode"] != common_pb2.EXACT) or gen["ignore_eos"]:
+    if gen["ignore_eos"]:
         return
     spec = call_structure(choice, template_source)
     if spec is not None:

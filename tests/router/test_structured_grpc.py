@@ -5,8 +5,9 @@ Fast bf16 gives exactly the exact engine's constrained decode (`complete` with t
 seeded, for a JSON Schema, JSON object, regex, EBNF grammar and a choice; each output follows its grammar and
 ends at EOS; fp8 outputs follow theirs; 8 concurrent requests (constrained and not) each give their tokens
 alone; a decode worker stopped mid-stream: the re-prefilled session goes on under the same grammar with the
-same tokens; refusals name sampling.structured (exact mode, the mtp engine, ignore_eos, a bad schema, a regex
-the workers' compiler refuses) and the next request is served.
+same tokens; fast mtp gives the exact engine's tokens too (its masked picks in plain rounds); refusals name
+sampling.structured (ignore_eos, a bad schema, a regex the workers' compiler refuses) and the next request
+is served.
 """
 
 import json
@@ -70,7 +71,9 @@ def lm():
 
 
 def _cluster(lm, decodes: int = 1):
-    return inprocess_cluster(lm, MAX_LEN, decodes=decodes, default_engine="mtp")  # (mtp takes no grammar)
+    return inprocess_cluster(
+        lm, MAX_LEN, decodes=decodes, default_engine="mtp"
+    )  # (an unnamed engine is bf16 for a grammar)
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +122,37 @@ def test_fast_bf16_is_the_exact_engines_constrained_decode_and_follows_the_gramm
         assert last.finish_reason == "EOS" and follows(kind, text), (kind, extra, text)
 
 
+def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sessions(client, exact, lm):
+    """Fast mtp with a grammar: its masked picks run as plain rounds (mtp.round_cap drafts nothing for a masked
+    session), a reasoning part before an after_token in speculative rounds; the tokens are the exact engine's
+    constrained decode for every kind, greedy and seeded, and the same among other mtp sessions (plain ones
+    speculating, constrained ones, a thinking budget before a grammar) as alone."""
+    from baton.complete import complete
+    from baton.loading import resolve_model_dir
+    from baton.tokenizer import Tokenizer
+
+    for kind in sorted(SPECS):
+        for extra in (dict(), dict(temperature=0.9, seed=11)):
+            ids, text, last = run(client, structured=SPECS[kind], engine="mtp", **extra)
+            assert ids == exact(SPECS[kind], 48, **extra), (kind, extra)
+    free = complete(None, Tokenizer.from_dir(resolve_model_dir(None)).encode(PROMPT), 8, loaded=lm, max_len=MAX_LEN)
+    at = next(i for i in range(3, 8) if free[i] not in free[:i])
+    reasoning = {**AN_EMAIL, "after_token": free[at]}  # free, in mtp rounds, until the model writes it
+    end, _ = _no_token_written(lm)
+    budget = {**AN_EMAIL, "after_token": end, "after_budget": 5}  # free for 5 tokens, then forced, then masked
+    jobs = [dict(structured=reasoning), dict(structured=budget, **SEEDED), dict(structured=SPECS["grammar"])]
+    jobs += [dict(structured=SPECS["json_schema"], temperature=0.8, seed=3), dict(), dict(**SEEDED)]
+    for kw in jobs[:2]:
+        assert run(client, engine="mtp", **kw)[0] == exact(kw["structured"], 48, **SEEDED if "seed" in kw else {})
+    alone = [run(client, engine="mtp", **kw)[0] for kw in jobs]
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        assert list(ex.map(lambda kw: run(client, engine="mtp", **kw)[0], jobs)) == alone
+
+
 def test_the_default_engine_is_bf16_for_a_grammar_and_fp8_follows_it_too(client, exact):
-    """The decode workers here default to mtp, which takes no grammar: an unnamed engine is bf16 for a
-    structured request (the exact engine's tokens); fp8's own tokens follow the grammar."""
+    """The decode workers here default to mtp: an unnamed engine is bf16 for a structured request (its masked
+    steps are bf16's, not mtp's plain rounds; the exact engine's tokens either way); fp8's own tokens follow
+    the grammar."""
     assert run(client, structured=SPECS["regex"])[0] == exact(SPECS["regex"], 48)
     for kind in sorted(SPECS):
         _, text, last = run(client, structured=SPECS[kind], engine="fp8", temperature=0.9, seed=5)
@@ -255,8 +286,7 @@ def test_a_thinking_budget_forces_the_after_token_at_its_end(client, exact, lm):
 def test_fast_mtp_takes_a_thinking_budget_alone(client, exact, lm):
     """A budget alone (any_text) on fast mtp: its free part in mtp rounds, its forced pick one masked plain
     round, then mtp rounds again: token-identical to the exact engine's decode with the spec (budget 0: the
-    prefill's pick; 6: the decode worker's), greedy and seeded, and the same alone and among other mtp sessions.
-    A grammar after the budget is refused on fast mtp."""
+    prefill's pick; 6: the decode worker's), greedy and seeded, and the same alone and among other mtp sessions."""
     end, _ = _no_token_written(lm)
     for budget, extra in ((0, {}), (6, {}), (6, SEEDED)):
         spec = {"any_text": True, "after_token": end, "after_budget": budget}
@@ -268,9 +298,6 @@ def test_fast_mtp_takes_a_thinking_budget_alone(client, exact, lm):
     with ThreadPoolExecutor(len(jobs)) as ex:
         assert list(ex.map(lambda kw: run(client, n=24, engine="mtp", **kw)[0], jobs)) == alone
     assert alone[0][3] == alone[1][3] == end
-    with pytest.raises(grpc.RpcError) as ei:
-        run(client, n=8, structured={**AN_EMAIL, "after_token": end, "after_budget": 3}, engine="mtp")
-    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "fast mtp" in ei.value.details()
 
 
 def test_the_routers_thinking_budget_is_resolved_on_the_prompt(client):
@@ -289,7 +316,6 @@ def test_the_routers_thinking_budget_is_resolved_on_the_prompt(client):
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
-        (dict(engine="mtp"), "sampling.structured: fast mtp"),
         (dict(ignore_eos=True), "sampling.structured: ends at EOS"),
         (dict(structured={"json_schema": "{not json"}), "sampling.structured.json_schema: not JSON"),
         (dict(structured={"regex": "(unclosed"}), "sampling.structured.regex: "),
