@@ -1,8 +1,9 @@
 """Structured outputs on the GPU (run on the device with `pytest -m gpu`; xgrammar staged by
 deploy/gpu_wheels.sh): the embedded default model in bf16 on CUDA, a prefill worker, a decode worker (CUDA
 graphs: a constrained session's picks in the full sampled graph) and the router over loopback gRPC. Eight
-concurrent requests, constrained (JSON Schema, regex, choice, a thinking budget alone on bf16 and on fast mtp,
-one before a regex; greedy and seeded) and not, each give exactly the exact engine's decode of the same request
+concurrent requests, constrained (JSON Schema, regex, choice (on fast mtp: plain rounds), a thinking budget alone
+on bf16 and on fast mtp, one before a regex; greedy and seeded) and not (a fast mtp one speculating beside them),
+each give exactly the exact engine's decode of the same request
 (`baton complete --device cuda` with the same grammar), each constrained text follows its grammar, and a
 budget's after_token comes at its end."""
 
@@ -27,10 +28,10 @@ JOBS = [
     dict(structured={"json_schema": SCHEMA, "compact_whitespace": True}),
     dict(structured={"json_schema": SCHEMA, "compact_whitespace": True}, temperature=0.9, seed=1),
     dict(structured={"regex": "[a-z]{3,9}@[a-z]{3,9}\\.org"}, temperature=0.7, seed=2),
-    dict(structured={"choice": ["north", "south", "east", "west"]}),
+    dict(structured={"choice": ["north", "south", "east", "west"]}, engine="mtp"),  # fast mtp: a grammar
     dict(structured={"any_text": True, "after_token": 500, "after_budget": 6}, temperature=1.0, seed=3),  # a budget
     dict(structured={"any_text": True, "after_token": 500, "after_budget": 5}, engine="mtp"),  # fast mtp: a budget
-    dict(temperature=0.8, seed=4),
+    dict(temperature=0.8, seed=4, engine="mtp"),  # fast mtp speculating beside the masked ones
     dict(structured={"regex": "[0-9]{2,6}", "after_token": 500, "after_budget": 4}),  # a thinking budget, a grammar
 ]
 
