@@ -186,7 +186,9 @@ def _flush(engine, sessions: list) -> None:
     pair j + 1 holds, so the controller learns the acceptance at K = 0 too (Drafter.judge,
     DraftLength.observe_drafts), once a round launched after the flush is read (_judge)."""
     picks = mtp.flush_later(sessions)
-    engine._mtp_judging.append((engine._mtp_seq, sessions, [s.mtp_pairs_ids for s in sessions], picks))
+    # a masked session's (structured outputs) head picks read its mask rows of other positions: not judged
+    ids_of = [[] if s.runner.sampling.params[s.slot].constrained else s.mtp_pairs_ids for s in sessions]
+    engine._mtp_judging.append((engine._mtp_seq, sessions, ids_of, picks))
     if os.environ.get(LATER_ENV, "1") == "0":  # judged now: the host waits for the rounds in flight and the pass
         _judge(engine, mtp.control(engine), engine._mtp_seq + 1)
     lasts = torch.cat([s.mtp_h_more[-1] if s.mtp_h_more else s.mtp_pairs_h[-1:] for s in sessions])
@@ -204,7 +206,7 @@ def _judge(engine, ctl, read_seq: int) -> None:
         kept = [
             engine.drafter.judge(s, pick, ids[j + 1])
             for s, ids, own in zip(sessions, ids_of, picks())
-            for j, pick in enumerate(own[: len(ids) - 1])
+            for j, pick in enumerate(own[: max(0, len(ids) - 1)])
         ]
         if kept:
             ctl.observe_drafts(sum(kept), len(kept) - sum(kept))

@@ -13,6 +13,7 @@ import pytest
 
 from baton.engine.draft_length import DraftLength
 from baton.engine.runner import ModelRunner
+from baton.engine.sampling import Params
 from baton.engine.speculation import Drafter
 from baton.loading import DEFAULT_MODEL_DIR, load_model
 from baton.tokenizer import Tokenizer
@@ -64,8 +65,9 @@ class Counting(Drafter):
         return self.ref[int(session.runner.state.position[session.slot]) - self.start + 1 + i]
 
 
-def _decode(lm, exact, ids, ctl=None, drafter=None):
-    """-> (tokens, session, engine): the prompt prefilled on the exact engine, decoded by fast mtp."""
+def _decode(lm, exact, ids, ctl=None, drafter=None, params=None):
+    """-> (tokens, session, engine): the prompt prefilled on the exact engine, decoded by fast mtp (with the
+    slot's sampling params, if given)."""
     r = ModelRunner(lm.model, slots=1, max_len=MAX_LEN)
     eng = DecodeEngine(
         {"bf16": r, "mtp": r}, default_engine="mtp", drafter=drafter or Drafter(), draft_length="adaptive"
@@ -74,6 +76,8 @@ def _decode(lm, exact, ids, ctl=None, drafter=None):
     tensors, pos, nxt = exact.export(es.id)
     s = eng.load({t.name: t.tensor.clone() for t in tensors}, position=pos, next_token=nxt, engine="mtp")
     exact.release(es.id)
+    if params is not None:
+        r.sampling.set(s.slot, params)
     eng._mtp_ctl = ctl  # None: the engine makes its own (mtp.control) at the first Decode
     toks = [t for b in eng.decode(s.id, NEW - 1, k=3) for t in b]
     return [first] + toks, s, r
@@ -297,6 +301,22 @@ def test_plain_rounds_learn_the_acceptance_from_their_flush(env):
     ctl = Judged([0])
     _decode(lm, exact, ids, ctl, drafter=Never())
     assert ctl.judged and all(a == 0 and b > 0 for a, b in ctl.judged)
+
+
+def test_a_masked_session_drafts_nothing_and_its_flushes_judge_nothing(env):
+    """A session whose picks are masked (structured outputs; here masks allowing every token, so the tokens
+    are the plain ones) runs plain rounds whatever K the controller asks (mtp.round_cap), and its flushes'
+    head picks, which read mask rows of other positions, are not judged (mtp_launch._flush)."""
+    lm, ids, exact, ref = env
+    masked = Params(structured=b"\x08\x01")  # (any structure: the slot's masks are read, all bits set)
+    for ks in ([0], [3]):
+        ctl = Judged(ks)
+        toks, s, r = _decode(lm, exact, ids, ctl, params=masked)
+        assert toks == ref and s.rounds == NEW - 1 == s.emitted_in_rounds, (ks, s.rounds, s.emitted_in_rounds)
+        assert ctl.judged == [] and all(k == ks[0] for k, _ in ctl.seen), ctl.seen
+    ctl = Judged([0])
+    _decode(lm, exact, ids, ctl)
+    assert ctl.judged  # (unmasked, the same run judges its flushes)
 
 
 def test_dear_speculative_rounds_are_logged_with_their_batch_and_joins(env, monkeypatch, caplog):
