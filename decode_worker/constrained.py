@@ -19,11 +19,20 @@ import dataclasses
 
 
 def structured(engine, session_id: str, n: int, stop_ids, eos_ids, k: int, masker, run_ahead: bool = False):
-    """A structured session's decode (bf16, fp8, mtp): reasoning() while its grammar has not begun (on mtp in
-    speculative rounds; its budget's forced after_token one masked step), then masked() over the engine's plain
-    decode (no run-ahead, no pipelined one-session loop; on mtp plain rounds, one token each: mtp.round_cap
-    drafts nothing for a masked session), or, for a thinking budget alone (any_text), the engine's
+    """A structured session's decode (bf16, fp8, mtp): reasoning() while its grammar has not begun (its
+    budget's forced after_token one masked step), then masked() over the engine's plain decode (no run-ahead,
+    no pipelined one-session loop; on mtp speculative rounds too, whose verify rows the session's Masker
+    masks: DecodeSession.masker, mtp._round), or, for a thinking budget alone (any_text), the engine's
     unconstrained decode (run_ahead as decode's)."""
+    s = engine.get(session_id)
+    s.masker = masker  # a fast mtp round writes its verify rows' masks with it (mtp._round)
+    try:
+        yield from _structured(engine, session_id, n, stop_ids, eos_ids, k, masker, run_ahead)
+    finally:
+        s.masker = None
+
+
+def _structured(engine, session_id: str, n: int, stop_ids, eos_ids, k: int, masker, run_ahead: bool):
     ends, c = set(stop_ids) | set(eos_ids), masker.c
     if c.free:  # reasoning first (StructuredOutput.after_token): unconstrained until its token
         left = yield from reasoning(engine, session_id, n, ends, masker, k)

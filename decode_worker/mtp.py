@@ -202,9 +202,23 @@ def rounds(engine, items: list, K: int | None = None) -> list[list[int]]:
 
 
 def _round(engine, items: list) -> list[list[int]]:
+    """A masked session (structured outputs: DecodeSession.masker) drafts unconstrained (its mask rows hold
+    other positions' masks: off for the chain), then its Masker writes each verify row's mask, the grammar's
+    after t0, d1..dj (Masker.block: a draft the grammar refuses ends the accept there), so the verify keeps
+    exactly the masked AR picks; the caller's Masker.step takes the round's tokens."""
+    masked = [s for s, k in items if k and s.masker is not None and s.runner.sampling.params[s.slot].constrained]
+    for s in masked:
+        s.runner.sampling.unmasked(s.slot, True)
+    try:
+        drafted = chains(engine, items)
+    finally:
+        for s in masked:
+            s.runner.sampling.unmasked(s.slot, False)
     prep = []
-    for (s, _k), drafts in zip(items, chains(engine, items)):
+    for (s, _k), drafts in zip(items, drafted):
         p, t0 = round_start(s)
+        if drafts and any(s is x for x in masked):
+            s.masker.block(p, [t0] + drafts)
         prep.append((s, t0, p, drafts))
     by_runner: dict[int, list[int]] = {}
     for i, (s, *_rest) in enumerate(prep):
@@ -226,10 +240,9 @@ def _round(engine, items: list) -> list[list[int]]:
 
 def round_cap(s, k_max: int, left: int) -> int:
     """The most drafts session s's next round may take: k_max, its tokens left - 1, and room for the
-    round's rows in the window; none while its picks are masked (structured outputs: each pick's mask is the
-    grammar's after the token before, written by decode_worker/constrained.py between rounds; drafts would
-    need their masks first): a masked session's rounds are plain, one token each, as bf16's steps."""
-    if s.runner.sampling.params[s.slot].constrained:
+    round's rows in the window; none for a masked session (structured outputs) without its Masker (_round
+    writes a block's row masks with it)."""
+    if s.masker is None and s.runner.sampling.params[s.slot].constrained:
         return 0
     room = s.runner.max_len - round_start(s)[0] - 2
     return max(0, min(k_max, left - 1, room))

@@ -34,6 +34,7 @@ class DecodeSession:
     # the ends of its fast mtp decode call (stop and EOS ids, a reasoning phase's after_token): a round's accept
     # stops at one (speculation.accepted_length), so the state never holds a token past where the call ended
     round_ends: frozenset = frozenset()
+    masker: object = None  # its grammar's baton.grammar.Masker while a structured decode runs (constrained.py)
     rounds: int = 0
     emitted_in_rounds: int = 0
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather

@@ -265,6 +265,12 @@ class SamplingTable:
             self.mask_bits[slot, rows[0] :].copy_(bits[:k], non_blocking=bits.is_pinned())
             self.mask_bits[slot, : n - k].copy_(bits[k:], non_blocking=bits.is_pinned())
 
+    def unmasked(self, slot: int, on: bool) -> None:
+        """A constrained slot's picks without its masks (on) or with them again (off), its parameters kept:
+        a fast mtp round's drafts are unconstrained proposals, its verify rows masked (decode_worker/mtp.py
+        _round). Stream-ordered (the flag is read by the passes launched after this call)."""
+        self.masked[slot].fill_(self.params[slot].constrained and not on)
+
     def clear(self, slot: int) -> None:
         self.set(slot, GREEDY)
         self.history.forget(slot)

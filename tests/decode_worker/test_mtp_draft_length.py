@@ -305,8 +305,9 @@ def test_plain_rounds_learn_the_acceptance_from_their_flush(env):
 
 def test_a_masked_session_drafts_nothing_and_its_flushes_judge_nothing(env):
     """A session whose picks are masked (structured outputs; here masks allowing every token, so the tokens
-    are the plain ones) runs plain rounds whatever K the controller asks (mtp.round_cap), and its flushes'
-    head picks, which read mask rows of other positions, are not judged (mtp_launch._flush)."""
+    are the plain ones) without a Masker to write its verify rows' masks (DecodeSession.masker) runs plain
+    rounds whatever K the controller asks (mtp.round_cap), and its flushes' head picks, which read mask rows
+    of other positions, are not judged (mtp_launch._flush)."""
     lm, ids, exact, ref = env
     masked = Params(structured=b"\x08\x01")  # (any structure: the slot's masks are read, all bits set)
     for ks in ([0], [3]):

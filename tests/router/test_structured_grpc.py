@@ -122,14 +122,21 @@ def test_fast_bf16_is_the_exact_engines_constrained_decode_and_follows_the_gramm
         assert last.finish_reason == "EOS" and follows(kind, text), (kind, extra, text)
 
 
-def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sessions(client, exact, lm):
-    """Fast mtp with a grammar: its masked picks run as plain rounds (mtp.round_cap drafts nothing for a masked
-    session), a reasoning part before an after_token in speculative rounds; the tokens are the exact engine's
-    constrained decode for every kind, greedy and seeded, and the same among other mtp sessions (plain ones
-    speculating, constrained ones, a thinking budget before a grammar) as alone."""
+def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sessions(client, exact, lm, monkeypatch):
+    """Fast mtp with a grammar: a masked session speculates too, its drafts unconstrained and each verify row
+    masked by the grammar after the block's tokens before it (Masker.block, from mtp._round), a reasoning part
+    before an after_token unmasked; the tokens are the exact engine's constrained decode for every kind, greedy
+    and seeded, and the same among other mtp sessions (plain ones, constrained ones, a thinking budget before a
+    grammar) as alone."""
+    from baton import grammar
     from baton.complete import complete
     from baton.loading import resolve_model_dir
     from baton.tokenizer import Tokenizer
+
+    blocks, block = [], grammar.Masker.block
+    monkeypatch.setattr(
+        grammar.Masker, "block", lambda self, start, toks: (blocks.append(len(toks)), block(self, start, toks))[1]
+    )
 
     for kind in sorted(SPECS):
         for extra in (dict(), dict(temperature=0.9, seed=11)):
@@ -147,6 +154,7 @@ def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sess
     alone = [run(client, engine="mtp", **kw)[0] for kw in jobs]
     with ThreadPoolExecutor(len(jobs)) as ex:
         assert list(ex.map(lambda kw: run(client, engine="mtp", **kw)[0], jobs)) == alone
+    assert len(blocks) >= 5 and max(blocks) >= 3, blocks  # masked sessions' speculative rounds
 
 
 def test_the_default_engine_is_bf16_for_a_grammar_and_fp8_follows_it_too(client, exact):
