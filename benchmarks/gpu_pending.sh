@@ -610,8 +610,10 @@ EOF
     # entry of VARIANTS in its order, on one host: ENGINE[:VAR=V,...] (default: bf16, mtp, mtp with
     # BATON_MTP_CHAIN_ONE=1, mtp with BATON_MTP_JOIN_HOLD=2); each mtp run's tok/s over the median of the stage's
     # bf16 runs. Runs of one configuration on one H100 host differed by 30% (stop 59): give the reverse order in a
-    # second call of the same host and compare medians
+    # second call of the same host and compare medians. 2 requests a stream (SPEC_REQUESTS; spec's default 3): four
+    # runs of ~145 s at 3 did not fit one call
     n=${PAIR_N:-32} i=0
+    export SPEC_REQUESTS=${SPEC_REQUESTS:-2}
     for v in ${VARIANTS:-bf16 mtp mtp:BATON_MTP_CHAIN_ONE=1 mtp:BATON_MTP_JOIN_HOLD=2}; do
       i=$((i + 1)) e=${v%%:*}
       settings=${v#"$e"} && settings=${settings#:}
