@@ -1,7 +1,7 @@
 """Structured outputs on the GPU (run on the device with `pytest -m gpu`; xgrammar staged by
 deploy/gpu_wheels.sh): the embedded default model in bf16 on CUDA, a prefill worker, a decode worker (CUDA
 graphs: a constrained session's picks in the full sampled graph) and the router over loopback gRPC. Eight
-concurrent requests, constrained (JSON Schema, regex, choice (on fast mtp: plain rounds), a thinking budget alone
+concurrent requests, constrained (JSON Schema, regex, choice (on fast mtp: masked verify rows), a thinking budget alone
 on bf16 and on fast mtp, one before a regex; greedy and seeded) and not (a fast mtp one speculating beside them),
 each give exactly the exact engine's decode of the same request
 (`baton complete --device cuda` with the same grammar), each constrained text follows its grammar, and a
