@@ -73,6 +73,7 @@ class _Session:
         self.mtp_pairs_ids = [int(runner.state.next_token[slot])]
         self.mtp_start, self.mtp_h_more = p - 1, []
         self.rounds = self.emitted_in_rounds = 0
+        self.round_ends, self.masker = frozenset(), None  # (a plain session: no end tokens, no grammar)
 
 
 def point(model, cfg, b: int, k: int) -> dict:

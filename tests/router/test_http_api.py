@@ -866,7 +866,12 @@ BAD = [  # (path, body or raw bytes, status, the field the message starts with)
     ("/v1/completions", {"prompt": PROMPT, "guided_json": "[1]"}, 400, "guided_json"),  # the router's check
     ("/v1/completions", {"prompt": PROMPT, "guided_choice": ["a"], "guided_regex": "b"}, 400, "guided_choice"),
     ("/v1/completions", {"prompt": PROMPT, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, None),
-    ("/v1/completions", {"prompt": PROMPT, "guided_choice": ["a"], "baton": {"engine": "mtp"}}, 400, "guided_choice"),
+    (
+        "/v1/completions",
+        {"prompt": PROMPT, "guided_choice": ["a"], "baton": {"ignore_eos": True}},
+        400,
+        "guided_choice",
+    ),
     ("/v1/completions", {"prompt": PROMPT, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/completions", {"prompt": PROMPT, "tool_choice": "auto"}, 400, "tool_choice"),
     ("/v1/completions", {"prompt": PROMPT, "min_tokens": 17}, 400, "min_tokens"),  # over max_tokens (16)

@@ -1,0 +1,116 @@
+"""Fast mtp under a grammar against fast bf16 and unconstrained mtp (decode_worker/mtp.py _round: a masked
+session's drafts are unconstrained proposals, its verify rows masked by the grammar): tokens per MTP round
+and decode tok/s, the embedded default model over loopback gRPC in this process.
+
+    python benchmarks/bench_structured_mtp.py [--device cpu] [--new 64] [--out FILE]
+
+Per (grammar, engine): the tokens of each request (checked: mtp equals bf16, token for token), decode tok/s
+(tokens after the first / the time after the first message), and for mtp the tokens per round (the decode
+worker's WorkerStats.mtp_rounds_by_k over the run: one request at a time, so its rounds are the session's).
+Tokens per round is the figure that carries to the GPU (absolute times hold only there). Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["def sub_debug(msg, *args):\n    if _logger:\n", "Describe a user as JSON:", "class Config:\n"]
+GRAMMARS = {
+    "none": None,
+    "python_line": {"regex": "[^\\n]{1,160}\\n[^\\n]{1,160}\\n[^\\n]{1,160}\\n"},  # three lines: little binding
+    "json_object": {"json_object": True},  # binding: a code model writes no JSON of its own
+}
+
+
+def _rounds(engine, common_pb2) -> int:
+    """The decode worker's MTP rounds so far (WorkerStats.mtp_rounds_by_k: every K, 0 included)."""
+    out = common_pb2.WorkerStats()
+    engine.fill_step_stats(out)
+    return sum(out.mtp_rounds_by_k.values())
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", help="the workers' device (cpu, cuda)")
+    ap.add_argument("--new", type=int, default=64, help="new tokens a request")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+
+    from baton.client import Client
+    from baton.loading import load_model
+    from baton.settings import Settings
+    from baton.v1 import common_pb2
+    from decode_worker.serve import serve_decode
+    from prefill_worker.serve import serve_prefill
+    from router.__main__ import serve_router, stop_router
+
+    lm = load_model(None, dtype="fp32" if args.device == "cpu" else "bf16", device=args.device, mtp=True)
+    st = Settings()
+    ph, _ = serve_prefill(lm, device=args.device, max_len=512, settings=st)
+    dh, _ = serve_decode(lm, engines=("bf16", "mtp"), device=args.device, max_len=512, settings=st)
+    rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
+    c = Client(rh.address)
+    engine = dh.servicer.engine
+    rows = []
+    try:
+        for _ in range(50):  # serving
+            if c.health() == "SERVING":
+                break
+            time.sleep(0.2)
+        for name, spec in GRAMMARS.items():
+            got: dict = {}
+            for eng in ("bf16", "mtp"):
+                toks, decode_s, rounds = [], 0.0, 0
+                for prompt in PROMPTS:
+                    before = _rounds(engine, common_pb2)
+                    t_first, ids = None, []
+                    kw = {"structured": spec} if spec else {}
+                    for d in c.generate(prompt, max_new_tokens=args.new, timeout=600, engine=eng, **kw):
+                        if t_first is None:
+                            t_first = time.perf_counter()
+                        ids += d.token_ids
+                    decode_s += time.perf_counter() - t_first
+                    rounds += _rounds(engine, common_pb2) - before
+                    toks.append(ids)
+                got[eng] = toks
+                row = {"grammar": name, "engine": eng, "tokens": sum(map(len, toks))}
+                row["decode_tok_s"] = round(sum(len(t) - 1 for t in toks) / decode_s, 2)
+                if eng == "mtp":
+                    row["tokens_per_round"] = round(sum(len(t) - 1 for t in toks) / max(rounds, 1), 3)
+                    row["equals_bf16"] = toks == got["bf16"]
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    finally:
+        c.close()
+        stop_router(rh, rs, 0)
+        ph.stop(0)
+        dh.stop(0)
+    res = {
+        "benchmark": "bench_structured_mtp",
+        "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
+        "device": args.device,
+        "new_tokens": args.new,
+        "prompts": PROMPTS,
+        "grammars": GRAMMARS,
+        "results": rows,
+    }
+    print(json.dumps(res, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    return res
+
+
+if __name__ == "__main__":
+    main()
