@@ -79,6 +79,7 @@ class Delta:
                 "verify_ms",
                 "handoffs",
                 "draft_only_handoffs",
+                "mean_accept_len",
             )
         }
         if s.HasField("handoff_timeline"):  # asked for: the first hand-off's marks, name -> monotonic ns

@@ -230,6 +230,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if n_out > 1 and now > t_first:
             msg.stats.decode_tokens_per_s = (n_out - 1) / (now - t_first)
         rec.update(finish=common_pb2.FinishReason.Name(finish), drafted=stats.drafted, accepted=stats.accepted)
+        if stats.mean_accept_len:  # fast mtp: its tokens a round, on the request's log line too
+            rec["mean_accept_len"] = round(stats.mean_accept_len, 3)
         if plan.mode == common_pb2.EXACT:
             self.metrics.exact(rec["engine"], stats.drafted, stats.accepted)
 
@@ -279,6 +281,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 reason = None
                 land(h, self._record(stats))  # the state is on D before D is asked for it
                 for resp in calls.stream(h.decode, "Decode", req):
+                    stats.mean_accept_len = resp.mean_accept_len or stats.mean_accept_len  # (its last message)
                     toks, finish = budget.take(resp.token_ids)
                     if toks or finish is not None:
                         yield toks, finish, list(resp.logprobs)

@@ -351,6 +351,7 @@ class RunStats:
     decode: str = ""  # request's log line (router/service.py)
     engine: int = 0  # common_pb2.Engine the Prefill named: the request's, else the decode worker's default
     cached_tokens: int = 0  # prompt tokens the first Prefill restored from its prefix cache (Usage.cached_tokens)
+    mean_accept_len: float = 0.0  # fast mtp: the last Decode call's tokens a round (Stats.mean_accept_len)
 
     def bridge(self, report) -> None:
         self.handoffs += 1
@@ -367,6 +368,7 @@ class RunStats:
         st.drafted, st.accepted = self.drafted, self.accepted
         st.rounds, st.draft_ms, st.verify_ms = self.rounds, 1e3 * self.draft_s, 1e3 * self.verify_s
         st.handoffs, st.draft_only_handoffs = self.handoffs, self.draft_only_handoffs
+        st.mean_accept_len = self.mean_accept_len
         st.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
         if self.timeline is not None:
             st.handoff_timeline.CopyFrom(self.timeline)

@@ -56,7 +56,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("ttft_ms", "bridge_bytes", "drafted", "accepted", "acceptance_rate", "migrations", "bridge_seconds", "decode_tokens_per_s", "request_id", "seed", "handoff_ms", "first_decode_ms", "handoff_timeline", "rounds", "draft_ms", "verify_ms", "handoffs", "draft_only_handoffs")
+    __slots__ = ("ttft_ms", "bridge_bytes", "drafted", "accepted", "acceptance_rate", "migrations", "bridge_seconds", "decode_tokens_per_s", "request_id", "seed", "handoff_ms", "first_decode_ms", "handoff_timeline", "rounds", "draft_ms", "verify_ms", "handoffs", "draft_only_handoffs", "mean_accept_len")
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     BRIDGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class Stats(_message.Message):
     VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
     HANDOFFS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_ONLY_HANDOFFS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ACCEPT_LEN_FIELD_NUMBER: _ClassVar[int]
     ttft_ms: float
     bridge_bytes: int
     drafted: int
@@ -93,7 +94,8 @@ class Stats(_message.Message):
     verify_ms: float
     handoffs: int
     draft_only_handoffs: int
-    def __init__(self, ttft_ms: _Optional[float] = ..., bridge_bytes: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., migrations: _Optional[int] = ..., bridge_seconds: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., request_id: _Optional[str] = ..., seed: _Optional[int] = ..., handoff_ms: _Optional[float] = ..., first_decode_ms: _Optional[float] = ..., handoff_timeline: _Optional[_Union[_common_pb2.HandoffTimeline, _Mapping]] = ..., rounds: _Optional[int] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., handoffs: _Optional[int] = ..., draft_only_handoffs: _Optional[int] = ...) -> None: ...
+    mean_accept_len: float
+    def __init__(self, ttft_ms: _Optional[float] = ..., bridge_bytes: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., migrations: _Optional[int] = ..., bridge_seconds: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., request_id: _Optional[str] = ..., seed: _Optional[int] = ..., handoff_ms: _Optional[float] = ..., first_decode_ms: _Optional[float] = ..., handoff_timeline: _Optional[_Union[_common_pb2.HandoffTimeline, _Mapping]] = ..., rounds: _Optional[int] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., handoffs: _Optional[int] = ..., draft_only_handoffs: _Optional[int] = ..., mean_accept_len: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "text", "finish_reason", "usage", "stats", "logprobs", "prompt_logprobs", "stop_string")

@@ -141,6 +141,8 @@ def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sess
     for kind, extra in [(k, {}) for k in sorted(SPECS)] + [("regex", dict(temperature=0.9, seed=11))]:
         ids, text, last = run(client, structured=SPECS[kind], engine="mtp", **extra)
         assert ids == exact(SPECS[kind], 48, **extra), (kind, extra)
+        assert last.stats["mean_accept_len"] >= 1.0, last.stats  # tokens a round (Stats.mean_accept_len)
+    assert run(client, engine="bf16")[2].stats["mean_accept_len"] == 0.0  # (fast mtp's alone)
     free = complete(None, Tokenizer.from_dir(resolve_model_dir(None)).encode(PROMPT), 8, loaded=lm, max_len=MAX_LEN)
     at = next(i for i in range(3, 8) if free[i] not in free[:i])
     reasoning = {**AN_EMAIL, "after_token": free[at]}  # free, in mtp rounds, until the model writes it
