@@ -189,7 +189,7 @@
 # PYTEST_FILES="tests/system/test_gpu_structured.py tests/engine/test_gpu_mtp_batch.py" QUEUE="pytest:300
 # cut-probe:130:BATON_PREFILL_ATTN=fixed cut-probe:130:BATON_PREFILL_CUDNN_SDPA=0"; then QUEUE="spec-variants:570"
 # and, on the same host, VARIANTS="mtp:BATON_MTP_JOIN_HOLD=2 mtp:BATON_MTP_CHAIN_ONE=1 mtp bf16"
-# QUEUE="spec-variants:570" (the reverse order); then the rest owed at stop 59 above.
+# QUEUE="spec-variants:570" (the reverse order); then QUEUE="structured-mtp:200" and the rest owed at stop 59 above.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -251,6 +251,10 @@
 #                  groups, adaptive K (tests/engine/test_gpu_mtp_batch.py)
 #   structured     structured outputs on CUDA (tests/system/test_gpu_structured.py: the embedded model, 8 concurrent
 #                  constrained and plain sessions = the exact constrained decode; xgrammar from .whl)
+#   structured-mtp benchmarks/bench_structured_mtp.py on CUDA: fast mtp under a grammar against bf16 (tokens a
+#                  round, decode tok/s, the tokens equal)
+#   spec-variants  bf16 and fast mtp variants (VARIANTS="ENGINE[:VAR=V,...] ...") at PAIR_N streams on one host,
+#                  each mtp run's tok/s over the bf16 median (2 requests a stream)
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
@@ -647,6 +651,13 @@ for name, label, t, err in runs:
     r = round(t / base, 3) if t and base and not err else None
     print(f"spec-variants: {name} ({label}): {t} tok/s, {r}x the bf16 median {base}" + (f" FAILED {err}" if err else ""))
 EOF
+    ;;
+  structured-mtp)  # fast mtp under a grammar against bf16 on CUDA (benchmarks/bench_structured_mtp.py, the embedded
+    # model in bf16): tokens a round and decode tok/s per grammar, mtp's tokens checked equal to bf16's (on the CPU
+    # mtp ran 0.82-0.87x bf16 under a grammar: is a masked mtp session faster than bf16 on the GPU?)
+    python benchmarks/bench_structured_mtp.py --device cuda --out "$out/structured-mtp.json" >"$out/structured-mtp.log" 2>&1
+    echo "bench_structured_mtp: rc=$?"
+    grep '^{"grammar' "$out/structured-mtp.log"
     ;;
   spec-exact)
     # where the host time of the rounds goes: each process's stack samples (baton/stack_sampler.py)
