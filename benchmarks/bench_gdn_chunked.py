@@ -2,7 +2,7 @@
 tiny model's GDN shape (2 key heads, 4 value heads, 16-wide), and whether cutting the sequence at the given
 points leaves the whole sequence's bits. Prints one JSON object (and writes it to --out).
 
-    python benchmarks/bench_gdn_chunked.py --tokens 813 --cuts 768 --reps 20 --machine "..." --out FILE
+    python benchmarks/bench_gdn_chunked.py --tokens 813 --cuts 768 --reps 20 --out FILE
 
 Run at two commits from their checkouts to compare versions of `chunked` on one machine.
 """
@@ -10,10 +10,6 @@ Run at two commits from their checkouts to compare versions of `chunked` on one 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -23,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from baton.models import gdn_ops  # noqa: E402
+from benchmarks.report import emit, header  # noqa: E402
 
 
 def run(q, k, v, g, beta, cuts: list[int]):
@@ -42,7 +39,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--cuts", default="768", help="comma-separated cut points for the bits check ('' = none)")
     ap.add_argument("--reps", type=int, default=20, help="timed calls of the whole sequence (after one warm-up)")
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
-    ap.add_argument("--machine", default=platform.processor() or platform.machine(), help="recorded in the JSON")
     ap.add_argument("--out", default=None, help="the JSON's path (else stdout only)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -63,14 +59,9 @@ def main(argv=None) -> dict:
     except OSError:
         commit = ""
     times.sort()
-    res = {
-        "benchmark": "gdn_chunked_cpu",
-        "command": "python " + " ".join(shlex.quote(x) for x in sys.argv),
-        "machine": a.machine,
+    res = header(__file__, argv) | {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
         "commit": commit,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "tokens": T,
         "threads": a.threads,
         "ms_median": round(times[len(times) // 2] * 1e3, 3),
@@ -78,10 +69,7 @@ def main(argv=None) -> dict:
         "cuts": cuts,
         "cut_bits_equal": torch.equal(o, oc) and torch.equal(S, Sc),
     }
-    text = json.dumps(res, indent=1)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(res, a.out)
     return res
 
 

@@ -13,16 +13,14 @@ Tokens per round is the figure that carries to the GPU (absolute times hold only
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import shlex
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.report import emit, header  # noqa: E402
 
 PROMPTS = ["def sub_debug(msg, *args):\n    if _logger:\n", "Describe a user as JSON:", "class Config:\n"]
 GRAMMARS = {
@@ -95,20 +93,14 @@ def main(argv=None) -> dict:
         stop_router(rh, rs, 0)
         ph.stop(0)
         dh.stop(0)
-    res = {
-        "benchmark": "bench_structured_mtp",
-        "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
+    res = header(__file__, argv) | {
         "device": args.device,
         "new_tokens": args.new,
         "prompts": PROMPTS,
         "grammars": GRAMMARS,
         "results": rows,
     }
-    print(json.dumps(res, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    emit(res, args.out)
     return res
 
 

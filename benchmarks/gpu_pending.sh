@@ -253,8 +253,6 @@
 #                  constrained and plain sessions = the exact constrained decode; xgrammar from .whl)
 #   structured-mtp benchmarks/bench_structured_mtp.py on CUDA: fast mtp under a grammar against bf16 (tokens a
 #                  round, decode tok/s, the tokens equal)
-#   spec-variants  bf16 and fast mtp variants (VARIANTS="ENGINE[:VAR=V,...] ...") at PAIR_N streams on one host,
-#                  each mtp run's tok/s over the bf16 median (2 requests a stream)
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
@@ -303,8 +301,8 @@
 #                       and fast bf16, at 1, 8, 32 streams (target: >= 1.3x bf16 at 32, or K = 0 there and
 #                       within 5% of bf16; the speculation kept where it pays, at 1 stream). SPEC_POINTS /
 #                       BF16_POINTS: other concurrencies (a ratio needs both runs at that N)
-#           spec-pairs   the same at PAIR_N (default 32) only, mtp and bf16 alternating PAIRS times (default 2):
-#                       each pair's ratio and their median (one host's runs differed by 30%, stop 59)
+#           spec-variants  the same at PAIR_N (default 32) only, one run per VARIANTS entry on one host (e.g.
+#                       "mtp bf16 mtp bf16"; stop 59's spec-pairs): each mtp run over the bf16 runs' median
 #           Fewer prompts than streams: --draft-p needs every prompt's `baton complete` reference, and the
 #           exact engine took ~30 s per 256-token reference of the 9B on the H200 (the serve stage's
 #           prepare: 60 s for 2), so 32 distinct prompts would not fit one 600 s call; 2 distinct prompts
@@ -592,23 +590,6 @@ case $stage in
       ratio "fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-adaptive-mtp.json" $n \
         "$out/spec-adaptive-bf16.json" $n 0.95
     done | tee "$out/spec-adaptive-ratios.txt"
-    ;;
-  spec-pairs)  # fast mtp adaptive and bf16 at PAIR_N (default 32) streams, alternating, PAIRS times (default 2): one
-    # host's runs of one configuration differed by 30% (stop 59), so the ratio is each pair's and their median
-    n=${PAIR_N:-32}
-    for i in $(seq 1 "${PAIRS:-2}"); do
-      spec "spec-pair-mtp-$i" --engine mtp --concurrency "$n" --draft-p 0.9 --draft-k 4 --mtp-draft-length adaptive
-      spec "spec-pair-bf16-$i" --engine bf16 --concurrency "$n" --check-prompts 1
-      ratio "pair $i: fast mtp adaptive p=0.9 at $n / fast bf16 at $n" "$out/spec-pair-mtp-$i.json" "$n" \
-        "$out/spec-pair-bf16-$i.json" "$n" 0.95 | tee -a "$out/spec-pairs.txt"
-      spec_parts "$out/spec-pair-mtp-$i.json" "$out/spec-pair-bf16-$i.json"
-    done
-    python - "$out/spec-pairs.txt" <<'EOF'
-import re, statistics, sys
-
-rs = [float(m) for m in re.findall(r"tok/s = ([0-9.]+)x", open(sys.argv[1]).read())]
-print(f"spec-pairs: ratios {rs}, median {round(statistics.median(rs), 3) if rs else None}x (target >= 0.95x)")
-EOF
     ;;
   spec-variants)  # fast bf16 and fast mtp adaptive (p = 0.9, K <= 4) at PAIR_N (default 32) streams, one run per
     # entry of VARIANTS in its order, on one host: ENGINE[:VAR=V,...] (default: bf16, mtp, mtp with

@@ -206,18 +206,18 @@ def _round(engine, items: list) -> list[list[int]]:
     other positions' masks: off for the chain), then its Masker writes each verify row's mask, the grammar's
     after t0, d1..dj (Masker.block: a draft the grammar refuses ends the accept there), so the verify keeps
     exactly the masked AR picks; the caller's Masker.step takes the round's tokens."""
-    masked = [s for s, k in items if k and s.masker is not None and s.runner.sampling.params[s.slot].constrained]
-    for s in masked:
+    masked = {id(s): s for s, k in items if k and s.masker is not None and s.runner.sampling.params[s.slot].constrained}
+    for s in masked.values():
         s.runner.sampling.unmasked(s.slot, True)
     try:
         drafted = chains(engine, items)
     finally:
-        for s in masked:
+        for s in masked.values():
             s.runner.sampling.unmasked(s.slot, False)
     prep = []
     for (s, _k), drafts in zip(items, drafted):
         p, t0 = round_start(s)
-        if drafts and any(s is x for x in masked):
+        if drafts and id(s) in masked:
             s.masker.block(p, [t0] + drafts)
         prep.append((s, t0, p, drafts))
     by_runner: dict[int, list[int]] = {}

@@ -130,13 +130,17 @@ def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sess
     grammar) as alone."""
     from baton import grammar
     from baton.complete import complete
+    from baton.engine.draft_length import FixedLength
     from baton.loading import resolve_model_dir
     from baton.tokenizer import Tokenizer
+    from decode_worker import mtp
 
     blocks, block = [], grammar.Masker.block
     monkeypatch.setattr(
         grammar.Masker, "block", lambda self, start, toks: (blocks.append(len(toks)), block(self, start, toks))[1]
     )
+    fixed = FixedLength(3)  # K = 3 every round: the worker's adaptive K (shared, timed) may have settled on 0
+    monkeypatch.setattr(mtp, "control", lambda engine, k=None: fixed)
 
     for kind, extra in [(k, {}) for k in sorted(SPECS)] + [("regex", dict(temperature=0.9, seed=11))]:
         ids, text, last = run(client, structured=SPECS[kind], engine="mtp", **extra)
