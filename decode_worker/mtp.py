@@ -184,21 +184,39 @@ def pending_pairs(s, p: int, ids: list[int], h_rows: torch.Tensor, kept: bool = 
     s.mtp_start = p - 1
 
 
-def rounds(engine, items: list, K: int | None = None) -> list[list[int]]:
+def rounds(engine, items: list, K: int | None = None, own: list[int] | None = None) -> list[list[int]]:
     """items [(session, cap)] of distinct sessions -> each session's emitted tokens d1..dm, next. The
-    round's K is the worker's controller's (control(engine): one K for the batch, 0 = a plain
-    round; K: already asked of it), cut to each session's cap (its tokens left, its window); the
-    controller then observes the pooled acceptance of the sessions that ran at K and the round's
-    seconds."""
+    round's K is the worker's controller's (control(engine): one K for the batch, 0 = a plain round; K:
+    already asked of it, with `own` each session's own cap at K), cut to each session's own cap (own_caps:
+    its acceptance) and to its cap (its tokens left, its window). The controller then observes the round
+    at the most drafts the own caps left (the chain's steps): the pooled acceptance of the sessions that
+    took them and the round's seconds (not observed when caps cut every session below it); each
+    session's own cap observes its block."""
     ctl = control(engine)
-    K = ctl.next_k(batch=len(items)) if K is None else K
-    items = [(s, min(K, cap)) for s, cap in items]
+    if K is None:
+        K = ctl.next_k(batch=len(items))
+    if own is None:
+        own = own_caps(ctl, K, [s for s, _ in items])
+    target = max(own, default=0)
+    items = [(s, min(o, cap)) for (s, cap), o in zip(items, own)]
     t = time.perf_counter()
     out = _round(engine, items)
-    at_k = [len(o) - 1 for o, (_, k) in zip(out, items) if k == K]
-    if at_k:
-        ctl.observe_round(K, at_k, 0.0, time.perf_counter() - t)
+    at_k = [len(o) - 1 for o, (_, k) in zip(out, items) if k == target]
+    if target and at_k:
+        ctl.observe_round(target, at_k, 0.0, time.perf_counter() - t)
+    for o, (s, k) in zip(out, items):
+        if k:
+            s.draft_cap.observe(k, len(o) - 1)
     return out
+
+
+def own_caps(ctl, K: int, sessions: list) -> list[int]:
+    """Each session's most drafts at the batch's K, from its own acceptance (baton/engine/draft_cap.py);
+    K for every session under a controller without an acceptance estimate (the fixed policy)."""
+    a = getattr(ctl, "acceptance", None)
+    if a is None or K <= 0:
+        return [K] * len(sessions)
+    return [s.draft_cap.cap(K, a) for s in sessions]
 
 
 def _round(engine, items: list) -> list[list[int]]:

@@ -144,7 +144,8 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     K = ctl.next_k(batch=len(sessions))
     if K and joining(sessions, engine):
         K = 0  # a wave of sessions joins: a plain round (module doc, Joins)
-    if K == 0:
+    own = mtp.own_caps(ctl, K, sessions)
+    if not any(own):  # K = 0, or every session's own acceptance caps it at 0: a pipelined plain round
         if any(len(s.mtp_pairs_ids) + s.mtp_inflight >= mtp.flush_at(runner) for s in sessions):
             _flush(engine, sessions)  # the pairs read so far; the rounds in flight stay in flight
         return _plain(engine, ctl, runner, sessions)
@@ -155,7 +156,7 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     live = [i for i, n in enumerate(rest) if n > 0]
     items = [(jobs[i][0], mtp.round_cap(jobs[i][0], jobs[i][1], rest[i])) for i in live]
     t1 = time.perf_counter()
-    got = mtp.rounds(engine, items, K) if items else []
+    got = mtp.rounds(engine, items, K, [own[i] for i in live]) if items else []
     engine._mtp_last_read = time.perf_counter()
     _note_dear(engine, K, sessions, t0, t1, engine._mtp_last_read)
     out: list[list[int]] = [[] for _ in sessions]
@@ -203,11 +204,11 @@ def _judge(engine, ctl, read_seq: int) -> None:
     picks (_flush); a flush's picks are read once, without waiting."""
     while engine._mtp_judging and engine._mtp_judging[0][0] < read_seq:
         _, sessions, ids_of, picks = engine._mtp_judging.pop(0)
-        kept = [
-            engine.drafter.judge(s, pick, ids[j + 1])
-            for s, ids, own in zip(sessions, ids_of, picks())
-            for j, pick in enumerate(own[: max(0, len(ids) - 1)])
-        ]
+        kept = []
+        for s, ids, own in zip(sessions, ids_of, picks()):
+            mine = [engine.drafter.judge(s, pick, ids[j + 1]) for j, pick in enumerate(own[: max(0, len(ids) - 1)])]
+            s.draft_cap.observe_drafts(sum(mine), len(mine) - sum(mine))
+            kept += mine
         if kept:
             ctl.observe_drafts(sum(kept), len(kept) - sum(kept))
 

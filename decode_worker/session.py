@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from baton.engine.draft_cap import SessionCap
 from baton.engine.runner import ModelRunner
 
 
@@ -37,6 +38,7 @@ class DecodeSession:
     masker: object = None  # its grammar's baton.grammar.Masker while a structured decode runs (constrained.py)
     rounds: int = 0
     emitted_in_rounds: int = 0
+    draft_cap: SessionCap = field(default_factory=SessionCap)  # its own K under the batch's (fast mtp rounds)
     exact: bool = False  # has drafted (exact mode): counted by the Draft gather
     draft_only: bool = False  # exact mtp: verdicts with hidden rows, or a draft-only load: BF16 state never advanced
     # the slot's position while the host knows it (as loaded, or as an mtp Draft batch left it); a Decode or

@@ -62,8 +62,8 @@ today (Draft and Verify refuse a block of 0 drafts), so its floor is k_min = 1 (
 MTP on the decode worker runs it (a batched AR step: decode_worker/mtp_launch.py), with k_min = 0 and one
 controller for all the worker's mtp sessions, whose rounds are one batch (`observe_round`: the pooled
 acceptance, the round's seconds): when speculation costs the batch more than it yields (large batches,
-low acceptance) every session falls back to plain steps together.
-K changes speed only: every round is verified, so the tokens are the exact engine's whatever K is.
+low acceptance) every session falls back to plain steps together; a session's own acceptance cuts its K
+(baton/engine/draft_cap.py). K changes speed only: every round is verified, the tokens are the exact engine's.
 """
 
 from __future__ import annotations

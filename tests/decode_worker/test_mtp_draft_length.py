@@ -426,3 +426,76 @@ def test_a_joining_wave_runs_plain_rounds_and_stays_exact(env, monkeypatch, hold
     assert all(out[i] == ref for i in range(4))
     ks = [k for k, _ in ctl.seen]  # the controller asks K = 3 every round: a plain one is the hold's
     assert 0 in ks and ks[-1] == 3, ks[:12]  # (the first round may speculate: one session joined by then)
+
+
+class Pooled(Scripted):
+    """Scripted, with the pooled acceptance own caps are measured against (baton/engine/draft_cap.py)."""
+
+    acceptance = 0.9
+
+
+class Split(Drafter):
+    """Proposes the true continuation `ref` for every session but `bad`, whose drafts are never the model's;
+    records the (session, round) of every proposal."""
+
+    def __init__(self, vocab, ids, ref, bad):
+        self.vocab, self.start, self.ref, self.bad, self.rounds = vocab, len(ids), ref, bad, []
+
+    def propose(self, session, i, own):
+        self.rounds.append((session.id, session.rounds))
+        if session.id == self.bad:
+            return (own + 1) % self.vocab
+        return self.ref[int(session.runner.state.position[session.slot]) - self.start + 1 + i]
+
+
+def test_a_session_whose_drafts_are_rejected_stops_drafting_beside_one_that_speculates(env):
+    """Each session's own acceptance caps its K under the batch's (mtp.own_caps): in rounds of two sessions
+    at K = 3, the one whose drafts are all rejected drafts a few rounds, then one draft every PROBE_EVERY
+    rounds; the other keeps drafting 3 and the controller pools its acceptance alone. Tokens stay exact."""
+    from baton.engine.draft_cap import PROBE_EVERY
+
+    lm, ids, exact, ref = env
+    r = ModelRunner(lm.model, slots=2, max_len=MAX_LEN)
+    eng = DecodeEngine({"bf16": r, "mtp": r}, default_engine="mtp", draft_length="fixed")
+    ss, firsts = _load_all(eng, exact, [ids, ids])
+    eng.drafter = d = Split(lm.cfg.vocab_size, ids, ref, bad=ss[0].id)
+    eng._mtp_ctl = ctl = Pooled([3])
+    outs = [[f] for f in firsts]
+    while any(len(o) < NEW for o in outs):
+        live = [(s, o) for s, o in zip(ss, outs) if len(o) < NEW]
+        got = mtp.rounds(eng, [(s, mtp.round_cap(s, 3, NEW - len(o))) for s, o in live])
+        for (_, o), g in zip(live, got):
+            o += g
+    assert outs[0] == ref and outs[1] == ref
+    bad = sorted({n for sid, n in d.rounds if sid == ss[0].id})
+    good = sorted({n for sid, n in d.rounds if sid == ss[1].id})
+    assert ss[1].rounds < NEW / 3 and good == list(range(len(good))), good  # K = 3 every round it ran
+    assert len(bad) <= 8 + (NEW - 8) // PROBE_EVERY + 1 and ss[0].draft_cap.capped > NEW / 2, bad
+    gaps = [b - a for a, b in zip(bad, bad[1:])]
+    assert gaps and max(gaps) == PROBE_EVERY, bad  # capped at 0, then a probe every PROBE_EVERY rounds
+    # while both drafted 3 the pool had both; once capped, the rounds' pooled acceptance is the other's alone
+    both = [m for k, m in ctl.seen if k == 3 and len(m) == 2]
+    alone = [m for k, m in ctl.seen if k == 3 and len(m) == 1]
+    assert both and alone and all(m == [3] for m in alone), ctl.seen
+
+
+def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env):
+    """mtp_launch.launch: when every session's own acceptance caps it at 0 the round is a pipelined plain round
+    (the controller observes K = 0) though the controller asked K = 3; a probe drafts 1 now and then."""
+    from baton.engine.draft_cap import PROBE_EVERY
+
+    lm, ids, exact, ref = env
+
+    class Wrong(Counting):  # its first drafts judged at a flush are wrong too
+        def judge(self, session, own, actual):
+            return False
+
+    d = Wrong(lm.cfg.vocab_size, ids, ref, wrong=True)
+    ctl = Pooled([3])
+    toks, s, _ = _decode(lm, exact, ids, ctl, drafter=d)
+    assert toks == ref
+    ks = [k for k, _ in ctl.seen]
+    assert ks[0] == 3 and ks.count(0) > NEW / 2 and set(ks) <= {0, 1, 2, 3}, ks
+    drafted = sorted(set(d.rounds))
+    gaps = [b - a for a, b in zip(drafted, drafted[1:])]
+    assert len(drafted) < NEW / 3 and max(gaps) == PROBE_EVERY, (drafted, ks)  # capped at 0, then probes
