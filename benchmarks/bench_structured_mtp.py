@@ -7,14 +7,24 @@ and decode tok/s, the embedded default model over loopback gRPC in this process.
 Per (grammar, engine): the tokens of each request (checked: mtp equals bf16, token for token), decode tok/s
 (tokens after the first / the time after the first message), and for mtp the tokens per round (the decode
 worker's WorkerStats.mtp_rounds_by_k over the run: one request at a time, so its rounds are the session's).
-Tokens per round is the figure that carries to the GPU (absolute times hold only there). Prints one JSON object.
+Tokens per round is the figure that carries to the GPU (absolute times hold only there).
+
+Mixed (--mixed-runs N, default 2): a plain request and a json_object request on fast mtp at once, for each
+prompt, alternately with each session's own draft cap (baton/engine/draft_cap.py) and without it
+(BATON_MTP_OWN_CAPS=0): each request's tokens a round (Stats.mean_accept_len) and tok/s, its tokens checked
+against the same request alone. One controller serves both sessions, so without own caps the grammar's
+rejected drafts lower the K of the plain one. Prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,30 +51,16 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="the workers' device (cpu, cuda)")
     ap.add_argument("--new", type=int, default=64, help="new tokens a request")
+    ap.add_argument("--mixed-runs", type=int, default=2, help="mixed runs with own caps on, then off, each (0: none)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
 
-    from baton.client import Client
     from baton.loading import load_model
-    from baton.settings import Settings
     from baton.v1 import common_pb2
-    from decode_worker.serve import serve_decode
-    from prefill_worker.serve import serve_prefill
-    from router.__main__ import serve_router, stop_router
 
     lm = load_model(None, dtype="fp32" if args.device == "cpu" else "bf16", device=args.device, mtp=True)
-    st = Settings()
-    ph, _ = serve_prefill(lm, device=args.device, max_len=512, settings=st)
-    dh, _ = serve_decode(lm, engines=("bf16", "mtp"), device=args.device, max_len=512, settings=st)
-    rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
-    c = Client(rh.address)
-    engine = dh.servicer.engine
-    rows = []
-    try:
-        for _ in range(50):  # serving
-            if c.health() == "SERVING":
-                break
-            time.sleep(0.2)
+    rows, alone = [], {}
+    with _stack(lm, args.device) as (c, engine):
         for name, spec in GRAMMARS.items():
             got: dict = {}
             for eng in ("bf16", "mtp"):
@@ -88,20 +84,96 @@ def main(argv=None) -> dict:
                     row["equals_bf16"] = toks == got["bf16"]
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
-    finally:
-        c.close()
-        stop_router(rh, rs, 0)
-        ph.stop(0)
-        dh.stop(0)
+            alone[name] = got["mtp"]
+    mixed = _mixed(lm, args, alone) if args.mixed_runs else []
     res = header(__file__, argv) | {
         "device": args.device,
         "new_tokens": args.new,
         "prompts": PROMPTS,
         "grammars": GRAMMARS,
         "results": rows,
+        "mixed": mixed,
     }
     emit(res, args.out)
     return res
+
+
+@contextlib.contextmanager
+def _stack(lm, device: str):
+    """A prefill worker, a decode worker (bf16, mtp) and a router over loopback gRPC -> (client, decode engine)."""
+    from baton.client import Client
+    from baton.settings import Settings
+    from decode_worker.serve import serve_decode
+    from prefill_worker.serve import serve_prefill
+    from router.__main__ import serve_router, stop_router
+
+    st = Settings()
+    ph, _ = serve_prefill(lm, device=device, max_len=512, settings=st)
+    dh, _ = serve_decode(lm, engines=("bf16", "mtp"), device=device, max_len=512, settings=st)
+    rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
+    c = Client(rh.address)
+    try:
+        for _ in range(50):  # serving
+            if c.health() == "SERVING":
+                break
+            time.sleep(0.2)
+        yield c, dh.servicer.engine
+    finally:
+        c.close()
+        stop_router(rh, rs, 0)
+        ph.stop(0)
+        dh.stop(0)
+
+
+def _mixed(lm, args, alone: dict) -> list[dict]:
+    """The mixed runs (module doc), each mode on fresh workers (the worker's controller learns from every
+    request it served): per mode and run, each kind's mean tokens a round and tok/s over the prompts."""
+    from decode_worker.mtp import OWN_CAPS_ENV
+
+    kinds = {"plain": None, "json_object": GRAMMARS["json_object"]}
+    out = []
+    for run in range(args.mixed_runs):
+        for mode in ("on", "off"):
+            os.environ[OWN_CAPS_ENV] = "1" if mode == "on" else "0"
+            per = {k: {"accept": [], "tok_s": [], "equal": True} for k in kinds}
+            with _stack(lm, args.device) as (c, _):
+                _pairs(c, args, alone, kinds, per)
+            row = {"run": run, "own_caps": mode}
+            for kind, v in per.items():
+                row[kind] = {
+                    "tokens_per_round": round(statistics.mean(v["accept"]), 3),
+                    "tok_s": round(statistics.mean(v["tok_s"]), 2),
+                    "equals_alone": v["equal"],
+                }
+            out.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    os.environ.pop(OWN_CAPS_ENV, None)
+    return out
+
+
+def _pairs(c, args, alone: dict, kinds: dict, per: dict) -> None:
+    """For each prompt, one request of each kind at once on fast mtp; their figures appended to `per`."""
+    for i, prompt in enumerate(PROMPTS):
+        res: dict = {}
+
+        def one(kind, spec, prompt=prompt, res=res):
+            kw = {"structured": spec} if spec else {}
+            t_first, ids, last = None, [], None
+            for d in c.generate(prompt, max_new_tokens=args.new, timeout=600, engine="mtp", **kw):
+                t_first = t_first or time.perf_counter()
+                ids, last = ids + d.token_ids, d
+            res[kind] = (ids, (len(ids) - 1) / (time.perf_counter() - t_first), last.stats["mean_accept_len"])
+
+        ts = [threading.Thread(target=one, args=kv) for kv in kinds.items()]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for kind in kinds:
+            ids, tok_s, acc = res[kind]
+            per[kind]["equal"] &= ids == alone["none" if kind == "plain" else kind][i]
+            per[kind]["accept"].append(acc)
+            per[kind]["tok_s"].append(tok_s)
 
 
 if __name__ == "__main__":

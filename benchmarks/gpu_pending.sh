@@ -252,7 +252,8 @@
 #   structured     structured outputs on CUDA (tests/system/test_gpu_structured.py: the embedded model, 8 concurrent
 #                  constrained and plain sessions = the exact constrained decode; xgrammar from .whl)
 #   structured-mtp benchmarks/bench_structured_mtp.py on CUDA: fast mtp under a grammar against bf16 (tokens a
-#                  round, decode tok/s, the tokens equal)
+#                  round, decode tok/s, the tokens equal), and a plain + a json_object mtp request at once with
+#                  each session's own draft cap on and off (BATON_MTP_OWN_CAPS=0; stop 62)
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
@@ -638,7 +639,7 @@ EOF
     # mtp ran 0.82-0.87x bf16 under a grammar: is a masked mtp session faster than bf16 on the GPU?)
     python benchmarks/bench_structured_mtp.py --device cuda --out "$out/structured-mtp.json" >"$out/structured-mtp.log" 2>&1
     echo "bench_structured_mtp: rc=$?"
-    grep '^{"grammar' "$out/structured-mtp.log"
+    grep -E '^\{"(grammar|run)' "$out/structured-mtp.log"
     ;;
   spec-exact)
     # where the host time of the rounds goes: each process's stack samples (baton/stack_sampler.py)

@@ -210,11 +210,16 @@ def rounds(engine, items: list, K: int | None = None, own: list[int] | None = No
     return out
 
 
+# "0": every session drafts the batch's K (no own caps), as until 2026-12-07: the A/B of own caps
+OWN_CAPS_ENV = "BATON_MTP_OWN_CAPS"
+
+
 def own_caps(ctl, K: int, sessions: list) -> list[int]:
     """Each session's most drafts at the batch's K, from its own acceptance (baton/engine/draft_cap.py);
-    K for every session under a controller without an acceptance estimate (the fixed policy)."""
+    K for every session under a controller without an acceptance estimate (the fixed policy), or with
+    BATON_MTP_OWN_CAPS=0."""
     a = getattr(ctl, "acceptance", None)
-    if a is None or K <= 0:
+    if a is None or K <= 0 or os.environ.get(OWN_CAPS_ENV) == "0":
         return [K] * len(sessions)
     return [s.draft_cap.cap(K, a) for s in sessions]
 
