@@ -479,7 +479,7 @@ def test_a_session_whose_drafts_are_rejected_stops_drafting_beside_one_that_spec
     assert both and alone and all(m == [3] for m in alone), ctl.seen
 
 
-def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env):
+def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env, monkeypatch):
     """mtp_launch.launch: when every session's own acceptance caps it at 0 the round is a pipelined plain round
     (the controller observes K = 0) though the controller asked K = 3; a probe drafts 1 now and then."""
     from baton.engine.draft_cap import PROBE_EVERY
@@ -499,3 +499,7 @@ def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env):
     drafted = sorted(set(d.rounds))
     gaps = [b - a for a, b in zip(drafted, drafted[1:])]
     assert len(drafted) < NEW / 3 and max(gaps) == PROBE_EVERY, (drafted, ks)  # capped at 0, then probes
+    monkeypatch.setenv(mtp.OWN_CAPS_ENV, "0")  # the A/B switch: K = 3 every round again
+    ctl = Pooled([3])
+    toks, _, _ = _decode(lm, exact, ids, ctl, drafter=Wrong(lm.cfg.vocab_size, ids, ref, wrong=True))
+    assert toks == ref and {k for k, _ in ctl.seen} == {3}, ctl.seen
