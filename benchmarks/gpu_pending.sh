@@ -190,6 +190,8 @@
 # cut-probe:130:BATON_PREFILL_ATTN=fixed cut-probe:130:BATON_PREFILL_CUDNN_SDPA=0"; then QUEUE="spec-variants:570"
 # and, on the same host, VARIANTS="mtp:BATON_MTP_JOIN_HOLD=2 mtp:BATON_MTP_CHAIN_ONE=1 mtp bf16"
 # QUEUE="spec-variants:570" (the reverse order); then QUEUE="structured-mtp:200" and the rest owed at stop 59 above.
+# Stop 62 got no machine either. It added each fast mtp session's own draft cap (baton/engine/draft_cap.py; A/B:
+# BATON_MTP_OWN_CAPS=0), run by test_gpu_mtp_batch.py's rounds, and structured-mtp's mixed runs (own caps on/off).
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:

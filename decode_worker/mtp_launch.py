@@ -158,25 +158,27 @@ def launch(engine, runner, slots: list[int], left: list[int]) -> Launched:
     t1 = time.perf_counter()
     got = mtp.rounds(engine, items, K, [own[i] for i in live]) if items else []
     engine._mtp_last_read = time.perf_counter()
-    _note_dear(engine, K, sessions, t0, t1, engine._mtp_last_read)
+    _note_dear(engine, K, sessions, t0, t1, engine._mtp_last_read, sum(o < K for o in own))
     out: list[list[int]] = [[] for _ in sessions]
     for i, toks in zip(live, got):
         out[i] = toks
     return Launched(engine, sessions, lambda: out, ready=True)
 
 
-def _note_dear(engine, K: int, sessions: list, t0: float, t1: float, t2: float) -> None:
+def _note_dear(engine, K: int, sessions: list, t0: float, t1: float, t2: float, capped: int = 0) -> None:
     """Logs a dear speculative round (at least DEAR_S from its drain to its end; at most one line a
-    LOG_EVERY_S): its K, sessions, how many were loaded within JOINED_S, the drain's and the round's ms. Which
-    rounds cost fast mtp its time against bf16 under load (stop 52: 15 rounds of 58-131 ms at 32 sessions)."""
+    LOG_EVERY_S): its K, sessions, how many were loaded within JOINED_S and how many their own acceptance capped
+    below K (mtp.own_caps), the drain's and the round's ms. Which rounds cost fast mtp its time against bf16
+    under load (stop 52: 15 rounds of 58-131 ms at 32 sessions)."""
     if t2 - t0 < DEAR_S or t2 - getattr(engine, "_mtp_dear_logged", float("-inf")) < LOG_EVERY_S:
         return
     engine._mtp_dear_logged = t2
     now = time.monotonic()
     young = sum(now - s.created < JOINED_S for s in sessions)
     log.info(
-        "mtp: a speculative round of %.0f ms: K=%d, %d sessions (%d loaded within %.1f s), drain %.1f ms",
-        1e3 * (t2 - t0), K, len(sessions), young, JOINED_S, 1e3 * (t1 - t0),
+        "mtp: a speculative round of %.0f ms: K=%d, %d sessions (%d loaded within %.1f s, %d capped below K), "
+        "drain %.1f ms",
+        1e3 * (t2 - t0), K, len(sessions), young, JOINED_S, capped, 1e3 * (t1 - t0),
     )  # fmt: skip
 
 

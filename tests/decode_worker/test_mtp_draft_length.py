@@ -337,7 +337,9 @@ def test_dear_speculative_rounds_are_logged_with_their_batch_and_joins(env, monk
     assert toks == ref
     lines = [r.getMessage() for r in caplog.records if "speculative round" in r.getMessage()]
     # one session, loaded within JOINED_S or not (a slow machine): the count is 1 or 0
-    assert len(lines) >= 3 and all(re.search(r"1 sessions \([01] loaded within 0.5 s\)", m) for m in lines), lines
+    assert len(lines) >= 3 and all(
+        re.search(r"1 sessions \([01] loaded within 0.5 s, 0 capped below K\)", m) for m in lines
+    ), lines
     assert [m.split("K=")[1].split(",")[0] for m in lines[:3]] == ["3", "2", "3"]
     caplog.clear()
     monkeypatch.setattr(mtp_launch, "LOG_EVERY_S", 3600.0)  # at most one line an hour
@@ -479,7 +481,7 @@ def test_a_session_whose_drafts_are_rejected_stops_drafting_beside_one_that_spec
     assert both and alone and all(m == [3] for m in alone), ctl.seen
 
 
-def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env, monkeypatch):
+def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env, monkeypatch, caplog):
     """mtp_launch.launch: when every session's own acceptance caps it at 0 the round is a pipelined plain round
     (the controller observes K = 0) though the controller asked K = 3; a probe drafts 1 now and then."""
     from baton.engine.draft_cap import PROBE_EVERY
@@ -490,10 +492,19 @@ def test_a_batch_whose_sessions_are_all_capped_runs_plain_rounds(env, monkeypatc
         def judge(self, session, own, actual):
             return False
 
+    import logging
+
+    from decode_worker import mtp_launch
+
+    monkeypatch.setattr(mtp_launch, "DEAR_S", 0.0)  # every speculative round is logged
+    monkeypatch.setattr(mtp_launch, "LOG_EVERY_S", 0.0)
     d = Wrong(lm.cfg.vocab_size, ids, ref, wrong=True)
     ctl = Pooled([3])
-    toks, s, _ = _decode(lm, exact, ids, ctl, drafter=d)
+    with caplog.at_level(logging.INFO, logger="baton.decode"):
+        toks, s, _ = _decode(lm, exact, ids, ctl, drafter=d)
     assert toks == ref
+    lines = [r.getMessage() for r in caplog.records if "speculative round" in r.getMessage()]
+    assert any("1 capped below K" in m for m in lines), lines  # the probes: K=3 asked, 1 drafted
     ks = [k for k, _ in ctl.seen]
     assert ks[0] == 3 and ks.count(0) > NEW / 2 and set(ks) <= {0, 1, 2, 3}, ks
     drafted = sorted(set(d.rounds))

@@ -379,3 +379,6 @@ def test_fast_mtp_stops_a_round_at_a_natural_after_token(client, exact, lm):
     for at in switches:
         spec = {"any_text": True, "after_token": free[at], "after_budget": 30}
         assert run(client, n=40, structured=spec, engine="mtp")[0] == free, at
+    for at in switches[:2]:  # exact mode's rounds (mtp drafts) across a natural after_token
+        spec = {"any_text": True, "after_token": free[at], "after_budget": 30}
+        assert run(client, n=40, structured=spec, engine="mtp", mode="exact")[0] == free, at
