@@ -322,6 +322,7 @@ class Masker:
         m.start(tokens, next)   # accept the tokens generated so far (a hand-off's, a re-prefill's), mask `next`
         m.step(tokens)          # accept the tokens handed out (AR), mask the pick after them
         m.block(start, tokens)  # a verify block [t0, d1..dK] (t0 at `start`): row j's mask after d1..dj
+        m.draft_row(start, tokens)  # before a draft chain's step j (tokens [t0, d1..dj]): its pick's mask
         m.commit(tokens)        # accept a verify's kept drafts and its token (the next block masks its rows)
 
     One pinned [W, words] buffer, rewritten only after a pass that read the last copy has been collected."""
@@ -360,13 +361,42 @@ class Masker:
         rows, taken = len(tokens), 0
         self.bits[:rows].fill_(-1)
         for j in range(rows):
+            if self.c.finished:  # a draft ended the grammar (EOS): the verify ends there, the rows after are free
+                break
             self.c.fill(self.bits[j])
-            if j + 1 == rows or self.c.finished or not self.c.try_accept(tokens[j + 1]):
+            if j + 1 == rows or not self.c.try_accept(tokens[j + 1]):
                 break
             taken += 1
         if taken:
             self.c.rollback(taken)
         self.table.allow(self.slot, start + 1, self.bits[:rows])
+
+    def draft_row(self, start: int, tokens) -> None:
+        """tokens = [t0, d1..dj], t0 the pending token at position `start`, the drafts so far of a fast mtp
+        round's chain: row start + 1 + j gets the mask after them, so the MTP head's draft j + 1 follows the
+        grammar (block then writes the verify rows over the same positions). The matcher is left where it was
+        (t0 accepted first if it has not seen it, as block does). A draft the grammar refuses (a pick that did
+        not read its mask) leaves the row allowing everything: the verify's masks keep no draft past it.
+        Uses bits row W - 1 - j: not row 0, whose copy by step() may still be in flight (nothing synchronises
+        between the last round's step and this round's first chain step); a chain step's host read passes its
+        copy before block rewrites the rows."""
+        if self.next == start:
+            self.commit(tokens[:1])
+        if self.next != start + 1:
+            raise RuntimeError(f"structured: the matcher is at position {self.next}, the chain starts at {start}")
+        j, taken = len(tokens) - 1, 0
+        row = self.bits[self.bits.shape[0] - 1 - j]
+        for t in tokens[1:]:
+            if self.c.finished or not self.c.try_accept(t):
+                break
+            taken += 1
+        if taken == j and not self.c.finished:
+            self.c.fill(row)
+        else:  # refused, or after the grammar's end (a drafted EOS): the verify keeps nothing past it
+            row.fill_(-1)
+        if taken:
+            self.c.rollback(taken)
+        self.table.allow(self.slot, start + 1 + j, row[None])
 
     def _write(self, n: int) -> None:
         self.c.fill(self.bits[0])

@@ -52,6 +52,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default="cpu", help="the workers' device (cpu, cuda)")
     ap.add_argument("--new", type=int, default=64, help="new tokens a request")
     ap.add_argument("--mixed-runs", type=int, default=2, help="mixed runs with own caps on, then off, each (0: none)")
+    ap.add_argument(
+        "--mtp-draft-length",
+        default="adaptive",
+        choices=("adaptive", "fixed"),
+        help="the decode worker's K policy (fixed: --mtp-k every round, so tokens a round measure the acceptance)",
+    )
+    ap.add_argument("--mtp-k", type=int, default=3, help="the decode worker's K (fixed) or the adaptive prior")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
 
@@ -60,7 +67,7 @@ def main(argv=None) -> dict:
 
     lm = load_model(None, dtype="fp32" if args.device == "cpu" else "bf16", device=args.device, mtp=True)
     rows, alone = [], {}
-    with _stack(lm, args.device) as (c, engine):
+    with _stack(lm, args) as (c, engine):
         for name, spec in GRAMMARS.items():
             got: dict = {}
             for eng in ("bf16", "mtp"):
@@ -89,6 +96,8 @@ def main(argv=None) -> dict:
     res = header(__file__, argv) | {
         "device": args.device,
         "new_tokens": args.new,
+        "mtp_draft_length": args.mtp_draft_length,
+        "mtp_k": args.mtp_k,
         "prompts": PROMPTS,
         "grammars": GRAMMARS,
         "results": rows,
@@ -99,7 +108,7 @@ def main(argv=None) -> dict:
 
 
 @contextlib.contextmanager
-def _stack(lm, device: str):
+def _stack(lm, args):
     """A prefill worker, a decode worker (bf16, mtp) and a router over loopback gRPC -> (client, decode engine)."""
     from baton.client import Client
     from baton.settings import Settings
@@ -107,9 +116,17 @@ def _stack(lm, device: str):
     from prefill_worker.serve import serve_prefill
     from router.__main__ import serve_router, stop_router
 
-    st = Settings()
+    st, device = Settings(), args.device
     ph, _ = serve_prefill(lm, device=device, max_len=512, settings=st)
-    dh, _ = serve_decode(lm, engines=("bf16", "mtp"), device=device, max_len=512, settings=st)
+    dh, _ = serve_decode(
+        lm,
+        engines=("bf16", "mtp"),
+        device=device,
+        max_len=512,
+        settings=st,
+        mtp_k=args.mtp_k,
+        mtp_draft_length=args.mtp_draft_length,
+    )
     rh, rs = serve_router(prefill=[ph.address], decode=[dh.address], settings=st)
     c = Client(rh.address)
     try:
@@ -136,7 +153,7 @@ def _mixed(lm, args, alone: dict) -> list[dict]:
         for mode in ("on", "off"):
             os.environ[OWN_CAPS_ENV] = "1" if mode == "on" else "0"
             per = {k: {"accept": [], "tok_s": [], "equal": True} for k in kinds}
-            with _stack(lm, args.device) as (c, _):
+            with _stack(lm, args) as (c, _):
                 _pairs(c, args, alone, kinds, per)
             row = {"run": run, "own_caps": mode}
             for kind, v in per.items():

@@ -64,7 +64,7 @@ def flush_at(runner) -> int:
     return min(MAX_DRAFT + 2, runner.width)
 
 
-def chains(engine, items: list) -> list[list[int] | None]:
+def chains(engine, items: list, before_step=None) -> list[list[int] | None]:
     """items [(session, k)] of distinct sessions -> each session's k drafts: finalises its pending MTP
     pairs (h_{P-1}, x_P) ... and drafts k tokens, the MTP output row chained as the next step's hidden.
     Every session's chain step runs together (ModelRunner.mtp_batch per runner: the catch-up pass over
@@ -75,12 +75,14 @@ def chains(engine, items: list) -> list[list[int] | None]:
     then flush together (their pairs aligned after the first flush), one MTP pass every ~flush_at rounds
     instead of a small one in nearly every round. Only the flush's timing depends on the batch: the MTP KV
     of a finalised position is bitwise the same under any schedule, and the drafts and tokens with it.
-    (The pipelined plain rounds flush with flush_later.)"""
+    (The pipelined plain rounds flush with flush_later.) before_step(step, drafts), if given, runs before
+    each step's passes (drafts: each session's drafts so far): a masked session's grammar writes the mask of
+    the step's pick (_round); the chains then run step by step, not on the device."""
     due = [k > 0 or len(s.mtp_pairs_ids) >= flush_at(s.runner) for s, k in items]
     if any(due) and not any(k for _, k in items):  # a plain round's flush: every session's pairs join it
         due = [True] * len(items)
     live = [i for i, d in enumerate(due) if d]
-    if (on_device := _on_device(engine, [items[i] for i in live])) is not None:
+    if before_step is None and (on_device := _on_device(engine, [items[i] for i in live])) is not None:
         out: list = [None] * len(items)  # a session not due keeps its pairs: None, as below
         for i, d in zip(live, on_device):
             out[i] = d
@@ -89,6 +91,8 @@ def chains(engine, items: list) -> list[list[int] | None]:
     h: list = [None] * len(items)
     idx = [0] * len(items)  # KV index of each session's next pair
     for step in range(max((max(k, 1) for (_, k), d in zip(items, drafts) if d is not None), default=0)):
+        if before_step is not None:
+            before_step(step, drafts)
         by_runner: dict[int, list[int]] = {}
         for i, (s, k) in enumerate(items):
             if drafts[i] is not None and max(k, 1) > step:
@@ -212,6 +216,8 @@ def rounds(engine, items: list, K: int | None = None, own: list[int] | None = No
 
 # "0": every session drafts the batch's K (no own caps), as until 2026-12-07: the A/B of own caps
 OWN_CAPS_ENV = "BATON_MTP_OWN_CAPS"
+# "0": a masked session's drafts are unconstrained proposals (its mask off for the chain), as until 2026-12-07
+MASKED_DRAFTS_ENV = "BATON_MTP_MASKED_DRAFTS"
 
 
 def own_caps(ctl, K: int, sessions: list) -> list[int]:
@@ -225,17 +231,29 @@ def own_caps(ctl, K: int, sessions: list) -> list[int]:
 
 
 def _round(engine, items: list) -> list[list[int]]:
-    """A masked session (structured outputs: DecodeSession.masker) drafts unconstrained (its mask rows hold
-    other positions' masks: off for the chain), then its Masker writes each verify row's mask, the grammar's
-    after t0, d1..dj (Masker.block: a draft the grammar refuses ends the accept there), so the verify keeps
-    exactly the masked AR picks; the caller's Masker.step takes the round's tokens."""
+    """A masked session (structured outputs: DecodeSession.masker) drafts under its grammar: before each chain
+    step its Masker writes the mask of the step's pick, the grammar's after t0, d1..dj (Masker.draft_row), so
+    the head proposes only tokens the grammar allows (until 2026-12-07 its drafts were unconstrained: 1.08
+    tokens a round under json_object on the embedded model). Then its Masker writes each verify row's mask
+    (Masker.block: a draft the grammar refuses ends the accept there), so the verify keeps exactly the masked
+    AR picks; the caller's Masker.step takes the round's tokens. The chain's first pass also picks after each
+    older pending pair, through mask rows of other positions: those picks are not drafts (discarded)."""
     masked = {id(s): s for s, k in items if k and s.masker is not None and s.runner.sampling.params[s.slot].constrained}
-    for s in masked.values():
+    starts = {id(s): round_start(s) for s in masked.values()}
+
+    def masks(step: int, drafts: list) -> None:
+        for i, (s, k) in enumerate(items):
+            if id(s) in masked and k > step:
+                p, t0 = starts[id(s)]
+                s.masker.draft_row(p, [t0] + drafts[i])
+
+    free = os.environ.get(MASKED_DRAFTS_ENV) == "0"  # the A/B: unconstrained drafts, as until 2026-12-07
+    for s in masked.values() if free else ():
         s.runner.sampling.unmasked(s.slot, True)
     try:
-        drafted = chains(engine, items)
+        drafted = chains(engine, items, masks if masked and not free else None)
     finally:
-        for s in masked.values():
+        for s in masked.values() if free else ():
             s.runner.sampling.unmasked(s.slot, False)
     prep = []
     for (s, _k), drafts in zip(items, drafted):

@@ -123,8 +123,9 @@ def test_fast_bf16_is_the_exact_engines_constrained_decode_and_follows_the_gramm
 
 
 def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sessions(client, exact, lm, monkeypatch):
-    """Fast mtp with a grammar: a masked session speculates too, its drafts unconstrained and each verify row
-    masked by the grammar after the block's tokens before it (Masker.block, from mtp._round), a reasoning part
+    """Fast mtp with a grammar: a masked session speculates too, its drafts masked by the grammar
+    (Masker.draft_row) and each verify row masked by the grammar after the block's tokens before it
+    (Masker.block, from mtp._round), a reasoning part
     before an after_token unmasked; the tokens are the exact engine's constrained decode for every kind (greedy;
     seeded: a regex here, a schema and a budget before a regex below), and the same among other mtp sessions (plain ones, constrained ones, a thinking budget before a
     grammar) as alone."""
@@ -160,6 +161,51 @@ def test_fast_mtp_takes_a_grammar_token_identical_alone_and_among_other_mtp_sess
     with ThreadPoolExecutor(len(jobs)) as ex:
         assert list(ex.map(lambda kw: run(client, engine="mtp", **kw)[0], jobs)) == alone
     assert len(blocks) >= 5 and max(blocks) >= 3, blocks  # masked sessions' speculative rounds
+
+
+def test_a_masked_sessions_drafts_follow_its_grammar(client, exact, monkeypatch):
+    """Masker.draft_row: each chain step's pick is masked by the grammar after the drafts before it, so at K = 3
+    every draft a masked session proposes is one its grammar allows (until the grammar ends), and more of
+    them are kept than unconstrained drafts (BATON_MTP_MASKED_DRAFTS=0, the old path): the tokens are the exact
+    engine's constrained decode either way."""
+    from baton import grammar
+    from baton.engine.draft_length import FixedLength
+    from decode_worker import mtp
+
+    fixed = FixedLength(3)
+    monkeypatch.setattr(mtp, "control", lambda engine, k=None: fixed)
+    seen, block = [], grammar.Masker.block
+
+    def recording(self, start, toks):  # how many drafts of the block the grammar takes, before the verify
+        n, ended = 0, False
+        for t in toks[1:] if self.next == start + 1 else ():
+            if self.c.finished:  # a draft was EOS: the drafts after it are past the grammar's end
+                ended = True
+                break
+            if not self.c.try_accept(t):
+                break
+            n += 1
+        if n:
+            self.c.rollback(n)
+        seen.append((n, len(toks) - 1, ended))
+        return block(self, start, toks)
+
+    monkeypatch.setattr(grammar.Masker, "block", recording)
+    accept = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv(mtp.MASKED_DRAFTS_ENV, mode)
+        seen.clear()
+        accept[mode] = []
+        for kind in ("json_schema", "grammar", "choice"):
+            ids, _, last = run(client, structured=SPECS[kind], engine="mtp")
+            assert ids == exact(SPECS[kind], 48), (mode, kind)
+            accept[mode].append(last.stats["mean_accept_len"])
+        refused = [x for x in seen if x[0] < x[1] and not x[2]]
+        if mode == "1":
+            assert len(seen) >= 8 and not refused, refused
+        else:
+            assert refused, seen  # unconstrained drafts: the grammar refuses some
+    assert sum(accept["1"]) > sum(accept["0"]) and all(a >= b for a, b in zip(accept["1"], accept["0"])), accept
 
 
 def test_the_default_engine_is_bf16_for_a_grammar_and_fp8_follows_it_too(client, exact):
