@@ -372,14 +372,11 @@ class Masker:
         self.table.allow(self.slot, start + 1, self.bits[:rows])
 
     def draft_row(self, start: int, tokens) -> None:
-        """tokens = [t0, d1..dj], t0 the pending token at position `start`, the drafts so far of a fast mtp
-        round's chain: row start + 1 + j gets the mask after them, so the MTP head's draft j + 1 follows the
-        grammar (block then writes the verify rows over the same positions). The matcher is left where it was
-        (t0 accepted first if it has not seen it, as block does). A draft the grammar refuses (a pick that did
-        not read its mask) leaves the row allowing everything: the verify's masks keep no draft past it.
-        Uses bits row W - 1 - j: not row 0, whose copy by step() may still be in flight (nothing synchronises
-        between the last round's step and this round's first chain step); a chain step's host read passes its
-        copy before block rewrites the rows."""
+        """tokens = [t0, d1..dj] (t0 the pending token at `start`), a fast mtp chain's drafts so far: row
+        start + 1 + j gets the mask after them, for the head's draft j + 1 (block later rewrites the rows). The
+        matcher is left where it was (t0 accepted first if unseen, as in block). A refused draft, or one past
+        the grammar's end, leaves the row allowing everything. Uses bits row W - 1 - j, not row 0 (step()'s
+        copy may still be in flight); each chain step's host read passes its copy before block's rewrite."""
         if self.next == start:
             self.commit(tokens[:1])
         if self.next != start + 1:

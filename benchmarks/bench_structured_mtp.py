@@ -1,8 +1,10 @@
 """Fast mtp under a grammar against fast bf16 and unconstrained mtp (decode_worker/mtp.py _round: a masked
-session's drafts are unconstrained proposals, its verify rows masked by the grammar): tokens per MTP round
-and decode tok/s, the embedded default model over loopback gRPC in this process.
+session's drafts follow its grammar, BATON_MTP_MASKED_DRAFTS=0 for unconstrained ones, and its verify rows are
+masked by it): tokens per MTP round and decode tok/s, the embedded default model over loopback gRPC in this
+process.
 
-    python benchmarks/bench_structured_mtp.py [--device cpu] [--new 64] [--out FILE]
+    python benchmarks/bench_structured_mtp.py [--device cpu] [--new 64] [--mtp-draft-length fixed --mtp-k 3]
+                                              [--mixed-runs N] [--out FILE]
 
 Per (grammar, engine): the tokens of each request (checked: mtp equals bf16, token for token), decode tok/s
 (tokens after the first / the time after the first message), and for mtp the tokens per round (the decode
