@@ -351,13 +351,9 @@ class Masker:
 
     def block(self, start: int, tokens) -> None:
         """tokens = [t0, d1..dK], t0 the pending token at position `start`: rows start + 1 + j get the mask after
-        t0, d1..dj (t0 accepted first if this matcher has not seen it: the prefill's first token). A draft the
-        grammar refuses ends the masks (its row cannot pick it, so the verify keeps no draft past it); the rows
-        after it allow everything."""
-        if self.next == start:
-            self.commit(tokens[:1])
-        if self.next != start + 1:
-            raise RuntimeError(f"structured: the matcher is at position {self.next}, the block starts at {start}")
+        t0, d1..dj (t0 accepted first if this matcher has not seen it: the prefill's first token: _at). A refused
+        draft ends the masks (its row cannot pick it: the verify keeps no draft past it); the rows after it are free."""
+        self._at(start, tokens[0])
         rows, taken = len(tokens), 0
         self.bits[:rows].fill_(-1)
         for j in range(rows):
@@ -377,10 +373,7 @@ class Masker:
         matcher is left where it was (t0 accepted first if unseen, as in block). A refused draft, or one past
         the grammar's end, leaves the row allowing everything. Uses bits row W - 1 - j, not row 0 (step()'s
         copy may still be in flight); each chain step's host read passes its copy before block's rewrite."""
-        if self.next == start:
-            self.commit(tokens[:1])
-        if self.next != start + 1:
-            raise RuntimeError(f"structured: the matcher is at position {self.next}, the chain starts at {start}")
+        self._at(start, tokens[0])
         j, taken = len(tokens) - 1, 0
         row = self.bits[self.bits.shape[0] - 1 - j]
         for t in tokens[1:]:
@@ -394,6 +387,13 @@ class Masker:
         if taken:
             self.c.rollback(taken)
         self.table.allow(self.slot, start + 1 + j, row[None])
+
+    def _at(self, start: int, t0: int) -> None:
+        """A block or chain from pending token t0 at `start`: t0 accepted if this matcher has not seen it."""
+        if self.next == start:
+            self.commit([t0])
+        if self.next != start + 1:
+            raise RuntimeError(f"structured: the matcher is at position {self.next}, the block starts at {start}")
 
     def _write(self, n: int) -> None:
         self.c.fill(self.bits[0])

@@ -15,7 +15,8 @@ Mixed (--mixed-runs N, default 2): a plain request and a json_object request on 
 prompt, alternately with each session's own draft cap (baton/engine/draft_cap.py) and without it
 (BATON_MTP_OWN_CAPS=0): each request's tokens a round (Stats.mean_accept_len) and tok/s, its tokens checked
 against the same request alone. One controller serves both sessions, so without own caps the grammar's
-rejected drafts lower the K of the plain one. Prints one JSON object.
+rejected drafts may lower the K of the plain one (on the CPU no difference beyond noise: docs/PERFORMANCE.md).
+Prints one JSON object.
 """
 
 from __future__ import annotations

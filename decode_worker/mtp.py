@@ -239,12 +239,12 @@ def _round(engine, items: list) -> list[list[int]]:
     AR picks; the caller's Masker.step takes the round's tokens. The chain's first pass also picks after each
     older pending pair, through mask rows of other positions: those picks are not drafts (discarded)."""
     masked = {id(s): s for s, k in items if k and s.masker is not None and s.runner.sampling.params[s.slot].constrained}
-    starts = {id(s): round_start(s) for s in masked.values()}
+    starts = [round_start(s) for s, _ in items]  # (position, pending token t0) of each session
 
     def masks(step: int, drafts: list) -> None:
         for i, (s, k) in enumerate(items):
             if id(s) in masked and k > step:
-                p, t0 = starts[id(s)]
+                p, t0 = starts[i]
                 s.masker.draft_row(p, [t0] + drafts[i])
 
     free = os.environ.get(MASKED_DRAFTS_ENV) == "0"  # the A/B: unconstrained drafts, as until 2026-12-07
@@ -256,8 +256,7 @@ def _round(engine, items: list) -> list[list[int]]:
         for s in masked.values() if free else ():
             s.runner.sampling.unmasked(s.slot, False)
     prep = []
-    for (s, _k), drafts in zip(items, drafted):
-        p, t0 = round_start(s)
+    for (s, _k), drafts, (p, t0) in zip(items, drafted, starts):
         if drafts and id(s) in masked:
             s.masker.block(p, [t0] + drafts)
         prep.append((s, t0, p, drafts))

@@ -106,7 +106,7 @@ def plan_request(
         if r.ignore_eos:
             raise _bad("sampling.structured", "ends at EOS once the structure is complete: not with ignore_eos")
         if mode != common_pb2.EXACT and not engine and (not registry.engines_known() or "bf16" in registry.engines()):
-            engine = common_pb2.BF16  # not a default mtp: its masked rounds add a grammar mask a verify row (host)
+            engine = common_pb2.BF16  # not a default mtp: its rounds add a host grammar mask a draft / verify row
     if r.sampling.min_tokens > n:
         raise _bad("sampling.min_tokens", f"{r.sampling.min_tokens} is more than max_new_tokens ({n})")
     try:  # EOS and the stop ids held back for the first min_tokens tokens

@@ -40,7 +40,6 @@ class SessionCap:
     def __init__(self) -> None:
         self.s = self.f = 0.0  # decayed kept drafts / rounds that rejected one
         self.idle = 0  # rounds in a row its acceptance capped at 0
-        self.capped = 0  # rounds its acceptance cut below the batch's K (the tests read it)
 
     def acceptance(self, a_batch: float) -> float:
         return (self.s + PRIOR_WEIGHT * a_batch) / (self.s + self.f + PRIOR_WEIGHT)
@@ -59,7 +58,6 @@ class SessionCap:
                 self.idle, k = 0, 1
         else:
             self.idle = 0
-        self.capped += k < K
         return k
 
     def observe(self, k: int, kept: int) -> None:

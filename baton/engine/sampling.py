@@ -267,8 +267,8 @@ class SamplingTable:
 
     def unmasked(self, slot: int, on: bool) -> None:
         """A constrained slot's picks without its masks (on) or with them again (off), its parameters kept:
-        a fast mtp round's drafts are unconstrained proposals, its verify rows masked (decode_worker/mtp.py
-        _round). Stream-ordered (the flag is read by the passes launched after this call)."""
+        a fast mtp round's unconstrained drafts, with BATON_MTP_MASKED_DRAFTS=0 (decode_worker/mtp.py _round,
+        the A/B of masked drafts). Stream-ordered (the flag is read by the passes launched after this call)."""
         self.masked[slot].fill_(self.params[slot].constrained and not on)
 
     def clear(self, slot: int) -> None:
