@@ -18,7 +18,7 @@ the generated tokens a re-prefill replays, and masks the first pick; the decode 
 history the router sends with the first Decode, accepts the pending token, then after every token it hands
 out accepts it and writes the next mask before the session's next step (such a session never runs ahead).
 In exact mode the prefill worker's Verify masks each block row after the drafts before it (`Masker.block`)
-and its matcher takes what the verify keeps (`Masker.commit`); the drafts themselves are unconstrained.
+and its matcher takes what the verify keeps (`Masker.commit`); the drafts follow the grammar too (`draft_row`).
 The grammar's end allows only EOS, so a finished structure ends the request there.
 """
 
@@ -77,11 +77,7 @@ def check(spec) -> None:
             tag = json.loads(spec.structural_tag)
         except ValueError as e:
             raise ValueError(f"sampling.structured.structural_tag: not JSON: {e}") from None
-        if (
-            not isinstance(tag, dict)
-            or tag.get("type") != "structural_tag"
-            or not ({"format", "structures"} & set(tag))
-        ):
+        if not isinstance(tag, dict) or tag.get("type") != "structural_tag" or not {"format", "structures"} & set(tag):
             raise ValueError(
                 'sampling.structured.structural_tag: {"type": "structural_tag", "format": {...}} (or vLLM\'s '
                 '"structures" and "triggers")'
@@ -346,7 +342,10 @@ class Masker:
         self._write(1)
 
     def commit(self, tokens) -> None:
-        self.c.accept(tokens)
+        """Tokens past the grammar's end (drafts a verify kept after a drafted EOS) are not fed: the request ends."""
+        for t in tokens:
+            if not self.c.finished:
+                self.c.accept([t])
         self.next += len(tokens)
 
     def block(self, start: int, tokens) -> None:

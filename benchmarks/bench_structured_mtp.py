@@ -4,7 +4,7 @@ masked by it): tokens per MTP round and decode tok/s, the embedded default model
 process.
 
     python benchmarks/bench_structured_mtp.py [--device cpu] [--new 64] [--mtp-draft-length fixed --mtp-k 3]
-                                              [--mixed-runs N] [--out FILE]
+                                              [--mixed-runs N] [--no-exact] [--out FILE]
 
 Per (grammar, engine): the tokens of each request (checked: mtp equals bf16, token for token), decode tok/s
 (tokens after the first / the time after the first message), and for mtp the tokens per round (the decode
@@ -16,6 +16,10 @@ prompt, alternately with each session's own draft cap (baton/engine/draft_cap.py
 (BATON_MTP_OWN_CAPS=0): each request's tokens a round (Stats.mean_accept_len) and tok/s, its tokens checked
 against the same request alone. One controller serves both sessions, so without own caps the grammar's
 rejected drafts may lower the K of the plain one (on the CPU no difference beyond noise: docs/PERFORMANCE.md).
+
+Exact (--exact, default on): each grammar in exact mode with mtp drafts, its drafts masked by the grammar on
+the decode worker (decode_worker/drafting.py) and unconstrained (BATON_MTP_MASKED_DRAFTS=0): drafts kept of
+drafted, tokens a round (Stats: tokens / rounds) and decode tok/s, the tokens checked against fast bf16's.
 Prints one JSON object.
 """
 
@@ -62,6 +66,9 @@ def main(argv=None) -> dict:
         help="the decode worker's K policy (fixed: --mtp-k every round, so tokens a round measure the acceptance)",
     )
     ap.add_argument("--mtp-k", type=int, default=3, help="the decode worker's K (fixed) or the adaptive prior")
+    ap.add_argument(
+        "--exact", action=argparse.BooleanOptionalAction, default=True, help="exact mode, masked drafts and not"
+    )
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
 
@@ -95,6 +102,7 @@ def main(argv=None) -> dict:
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
             alone[name] = got["mtp"]
+        exact = _exact(c, args, alone) if args.exact else []
     mixed = _mixed(lm, args, alone) if args.mixed_runs else []
     res = header(__file__, argv) | {
         "device": args.device,
@@ -105,6 +113,7 @@ def main(argv=None) -> dict:
         "grammars": GRAMMARS,
         "results": rows,
         "mixed": mixed,
+        "exact": exact,
     }
     emit(res, args.out)
     return res
@@ -168,6 +177,36 @@ def _mixed(lm, args, alone: dict) -> list[dict]:
             out.append(row)
             print(json.dumps(row), file=sys.stderr)
     os.environ.pop(OWN_CAPS_ENV, None)
+    return out
+
+
+def _exact(c, args, alone: dict) -> list[dict]:
+    """Exact mode (mtp drafts) per grammar, drafts masked ("1") and unconstrained ("0"): one row each."""
+    from decode_worker.mtp import MASKED_DRAFTS_ENV
+
+    out = []
+    for name, spec in GRAMMARS.items():
+        for masked in ("1", "0") if spec else ("1",):
+            os.environ[MASKED_DRAFTS_ENV] = masked
+            toks, decode_s, drafted, kept, rounds = [], 0.0, 0, 0, 0
+            for prompt in PROMPTS:
+                kw = {"structured": spec} if spec else {}
+                t_first, ids, last = None, [], None
+                for d in c.generate(prompt, max_new_tokens=args.new, timeout=600, mode="exact", engine="mtp", **kw):
+                    t_first = t_first or time.perf_counter()
+                    ids, last = ids + d.token_ids, d
+                decode_s += time.perf_counter() - t_first
+                toks.append(ids)
+                drafted, kept = drafted + last.stats["drafted"], kept + last.stats["accepted"]
+                rounds += last.stats["rounds"]
+            row = {"grammar": name, "masked_drafts": masked == "1", "drafted": drafted, "accepted": kept}
+            row["acceptance"] = round(kept / max(drafted, 1), 3)
+            row["tokens_per_round"] = round(sum(len(t) - 1 for t in toks) / max(rounds, 1), 3)
+            row["decode_tok_s"] = round(sum(len(t) - 1 for t in toks) / decode_s, 2)
+            row["equals_bf16"] = toks == alone[name]
+            out.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    os.environ.pop(MASKED_DRAFTS_ENV, None)
     return out
 
 

@@ -9,20 +9,31 @@
 
 Both run _draft_item (checks, the verdict, the sampling row) and _drafted (the response) around the
 engine's Gather (DecodeEngine.drafts: call, or call_many), so a session's drafts are the same either way.
+
+A structured session's drafts follow its grammar (_draft_grammar): its first Draft's history starts a Masker
+(DecodeSession.draft_masker), each verdict's kept tokens advance it and each draft's pick is masked by it
+(decode_worker/drafting.py). The drafts are proposals either way: the exact worker's Verify masks its rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
+
 import grpc
 
+from baton import grammar
 from baton.engine import rejection
 from baton.engine.gather import unwrap
 from baton.rpc import StatusError
 from baton.v1 import decode_pb2
 from baton.worker.batched import serve_many
 from baton.worker.servicer import window_field
+from decode_worker.mtp import MASKED_DRAFTS_ENV
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
+log = logging.getLogger("baton.decode")
 
 
 class DraftCalls:
@@ -68,3 +79,22 @@ class DraftCalls:
         if size:
             resp.round.id, resp.round.size = rid, size
         return resp
+
+    def _draft_grammar(self, s, request, p, fresh: bool):
+        """A structured session's Draft parameters p: kept masked while the session has a draft Masker, started
+        on its first Draft after a load from the history the router sends (the generated tokens; the pending
+        token is accepted by the first draft row, Masker._at); structured dropped (unconstrained drafts, as
+        before 2026-12-08) without a history, where this worker cannot build the grammar (no tokenizer or
+        xgrammar: the exact worker's Verify still masks), or with BATON_MTP_MASKED_DRAFTS=0 (the A/B)."""
+        if fresh:
+            s.draft_masker = None
+            if request.HasField("history") and os.environ.get(MASKED_DRAFTS_ENV) != "0":
+                h = request.history
+                try:
+                    c = grammar.constraint(self.engine.grammars, p.structured, self.vocab)
+                    m = grammar.Masker(c, s.runner.sampling, s.slot)
+                    m.start(h.token_ids[h.generated_from :], len(h.token_ids))  # next: the pending token's position
+                    s.draft_masker = m
+                except ValueError as e:  # grammar.Unavailable, or history the grammar refuses: the Verify decides
+                    log.warning("session %s: its drafts go unconstrained (%s)", s.id, e)
+        return p if s.draft_masker is not None else dataclasses.replace(p, structured=b"")

@@ -27,6 +27,11 @@ item, every phase over the whole batch before the next:
        snapshot their slot and draft position by position, one ar_batch per runner for all of them
        (Drafter.propose: the proposal is what the state consumes next). After: bf16 / fp8 state has
        consumed t0, d1..d(k-1), next_token is t0 again until the verdict.
+A structured session with a draft Masker (DecodeSession.draft_masker, decode_worker/draft_calls.py) drafts
+under its grammar: phase 2 advances the Masker over the verdict's kept tokens (_grammar_verdicts), and before
+each draft's pick in phase 3 the Masker writes that pick's mask, the grammar's after t0, d1..dj
+(Masker.draft_row). Such a batch's MTP chains run step by step and its bf16 / fp8 drafts unpipelined (each
+step's mask needs the picks before it on the host).
 """
 
 from __future__ import annotations
@@ -86,7 +91,10 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
             out[i] = e
     clock.mark("checks")
     known: dict[int, tuple[int, int]] = {}  # item -> (pending token, position) its verdict left, host-known
-    _verdicts(items, [i for i in ok if items[i][2] is not None], out, pos, known)  # 2.
+    judged = [i for i in ok if items[i][2] is not None]
+    kept = {i: [items[i][0].draft_t0] + items[i][0].drafts[: items[i][2][0]] for i in judged}
+    _verdicts(items, judged, out, pos, known)  # 2.
+    _grammar_verdicts(items, [i for i in judged if out[i] is None], kept)
     clock.mark("verdicts")
     chained, ar = [], []
     live = [i for i in ok if out[i] is None]
@@ -103,7 +111,8 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
     for st, _, slots in _by_runner(items, ar):  # one snapshot a runner, a few kernels for all its slots
         st.snapshot_slots(slots)
     clock.mark("snapshot")
-    for i, drafts in zip(chained, mtp.chains(engine, [(items[i][0], items[i][1]) for i in chained])):  # 3.
+    steps = [(items[i][0], items[i][1]) for i in chained]
+    for i, drafts in zip(chained, mtp.chains(engine, steps, _grammar_rows(steps))):  # 3.
         items[i][0].drafts, out[i] = drafts, list(drafts)
     clock.mark("chains")
     _ar_drafts(engine, items, ar, out)
@@ -215,11 +224,64 @@ def _given(
     return nexts
 
 
+def _grammar_verdicts(items: list, idx: list[int], kept: dict) -> None:
+    """Phase 2's end for the items idx (their verdict applied) whose session has a draft Masker: it accepts
+    the committed tokens kept[i] = t0, d1..dm (t0 at the last round's draft_at) that it has not seen (t0 is
+    seen once a draft row was written). A refusal (the Verify keeps only what the grammar allows: not
+    expected) drops the Masker and unmasks the slot, so the session's drafts go on unconstrained."""
+    for i in idx:
+        s = items[i][0]
+        mk = s.draft_masker
+        if mk is None:
+            continue
+        try:
+            seen = mk.next - s.draft_at
+            if seen not in (0, 1):
+                raise ValueError(f"the Masker is at {mk.next}, the round's t0 at {s.draft_at}")
+            mk.commit(kept[i][seen:])
+        except ValueError:
+            _unmask(s)
+
+
+def _unmask(s) -> None:
+    """Drops session s's draft Masker: its drafts go on unconstrained (the next Draft sets its row without the
+    grammar; until then the slot's picks ignore its masks)."""
+    s.draft_masker = None
+    s.runner.sampling.unmasked(s.slot, True)
+
+
+def _draft_row(s, drafts: list[int]) -> None:
+    """Session s's mask of the pick after t0 and drafts (Masker.draft_row); a Masker out of step (not expected)
+    is dropped, failing no draft."""
+    if s.draft_masker is None:
+        return
+    try:
+        s.draft_masker.draft_row(s.draft_at, [s.draft_t0] + drafts)
+    except (RuntimeError, ValueError):
+        _unmask(s)
+
+
+def _grammar_rows(steps: list):
+    """-> mtp.chains' before_step for steps [(session, k)]: each masked session's pick mask of chain step j,
+    after its t0 and drafts so far (Masker.draft_row); None when no session has a draft Masker."""
+    masked = [(j, s) for j, (s, _) in enumerate(steps) if s.draft_masker is not None]
+    if not masked:
+        return None
+
+    def rows(step: int, drafts: list) -> None:
+        for j, s in masked:
+            if steps[j][1] > step:
+                _draft_row(s, drafts[j])
+
+    return rows
+
+
 def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
     """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner (pipelined on a
-    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined)."""
-    left = []
-    for _, g, _ in _by_runner(items, ar):
+    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined; a masked session
+    never: its pick masks are written before each step, from the drafts before it)."""
+    left = [i for i in ar if items[i][0].draft_masker is not None]
+    for _, g, _ in _by_runner(items, [i for i in ar if items[i][0].draft_masker is None]):
         if not _ar_pipelined(engine, items, g):
             left += g
     cur = {i: items[i][0].draft_t0 for i in left}  # the token each session feeds next
@@ -228,6 +290,7 @@ def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
         for i in left:
             if items[i][1] > step:
                 by_runner.setdefault(id(items[i][0].runner), []).append(i)
+                _draft_row(items[i][0], items[i][0].drafts)
         for idx in by_runner.values():
             r = items[idx[0]][0].runner
             write_slots(r.state.next_token, [items[i][0].slot for i in idx], [cur[i] for i in idx])

@@ -35,7 +35,6 @@ FAILED_PRECONDITION foreign model/format, INVALID_ARGUMENT table/position).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
@@ -143,8 +142,8 @@ class DecodeServicer(DraftCalls, ServicerBase, decode_pb2_grpc.DecodeWorkerServi
             if bad:
                 raise StatusError(INVALID, f"history.token_ids: token id {bad[0]} out of range [0, {self.vocab})")
             table.history.load(s.slot, ids, h.generated_from)  # ValueError naming history.generated_from
-        if p is not None and p.constrained and proposing:  # exact mode's drafts: proposals, the Verify masks them
-            p = dataclasses.replace(p, structured=b"")
+        if p is not None and p.constrained and proposing:  # exact mode's drafts: masked while its grammar is known
+            p = self._draft_grammar(s, request, p, fresh)  # (DraftCalls: structured dropped without one)
         table.set(s.slot, p, proposing=proposing)
 
     def _masker(self, s, request):

@@ -36,6 +36,7 @@ class DecodeSession:
     # stops at one (speculation.accepted_length), so the state never holds a token past where the call ended
     round_ends: frozenset = frozenset()
     masker: object = None  # its grammar's baton.grammar.Masker while a structured decode runs (constrained.py)
+    draft_masker: object = None  # exact mode: its grammar's Masker for its drafts' picks (draft_calls, drafting)
     rounds: int = 0
     emitted_in_rounds: int = 0
     draft_cap: SessionCap = field(default_factory=SessionCap)  # its own K under the batch's (fast mtp rounds)

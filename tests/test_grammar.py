@@ -231,3 +231,21 @@ def test_after_token_beyond_the_vocabulary_is_refused_by_the_router():
         sampling_rules.check(p, vocab=1000)
     p.structured.after_token = 999
     sampling_rules.check(p, vocab=1000)
+
+
+def test_a_commit_past_the_grammars_end_feeds_nothing_after_the_eos(grammars, tok):
+    """Masker.commit of a verify's kept tokens that run past a drafted EOS (the rows after it are free): the
+    grammar takes the tokens up to the EOS, none after (the request ends there), and the position counts them
+    all; a token the grammar refuses before its end is still a ValueError."""
+    from baton.engine.sampling import SamplingTable
+
+    table = SamplingTable(2, "cpu", 4, max_len=64, vocab_size=grammars.vocab_size)
+    m = grammar.Masker(grammars.constraint(spec(choice=["red", "blue"])), table, 0)
+    m.start([], 10)
+    red, eos = tok.encode("red"), tok.eos_token_ids[0]
+    m.commit([*red, eos, 5, 6])
+    assert m.c.finished and m.next == 10 + len(red) + 3
+    m = grammar.Masker(grammars.constraint(spec(choice=["red", "blue"])), table, 1)
+    m.start([], 0)
+    with pytest.raises(ValueError, match="does not continue the grammar"):
+        m.commit(tok.encode("green"))

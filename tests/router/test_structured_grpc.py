@@ -168,29 +168,12 @@ def test_a_masked_sessions_drafts_follow_its_grammar(client, exact, monkeypatch)
     every draft a masked session proposes is one its grammar allows (until the grammar ends), and more of
     them are kept than unconstrained drafts (BATON_MTP_MASKED_DRAFTS=0, the old path): the tokens are the exact
     engine's constrained decode either way."""
-    from baton import grammar
     from baton.engine.draft_length import FixedLength
     from decode_worker import mtp
 
     fixed = FixedLength(3)
     monkeypatch.setattr(mtp, "control", lambda engine, k=None: fixed)
-    seen, block = [], grammar.Masker.block
-
-    def recording(self, start, toks):  # how many drafts of the block the grammar takes, before the verify
-        n, ended = 0, False
-        for t in toks[1:] if self.next == start + 1 else ():
-            if self.c.finished:  # a draft was EOS: the drafts after it are past the grammar's end
-                ended = True
-                break
-            if not self.c.try_accept(t):
-                break
-            n += 1
-        if n:
-            self.c.rollback(n)
-        seen.append((n, len(toks) - 1, ended))
-        return block(self, start, toks)
-
-    monkeypatch.setattr(grammar.Masker, "block", recording)
+    seen = _recording_blocks(monkeypatch)
     accept = {}
     for mode in ("1", "0"):
         monkeypatch.setenv(mtp.MASKED_DRAFTS_ENV, mode)
@@ -266,6 +249,62 @@ def test_exact_mode_is_token_identical_to_the_exact_constrained_decode(client, e
             continue
         assert ids == want, (engine, kind, extra)
         assert last.stats["drafted"] > 0
+
+
+def _recording_blocks(monkeypatch) -> list:
+    """Masker.block (the verify's, on either worker) recording per block (drafts its grammar takes, drafts,
+    whether a draft ended the grammar) before it runs."""
+    from baton import grammar
+
+    seen, block = [], grammar.Masker.block
+
+    def recording(self, start, toks):
+        self._at(start, toks[0])  # t0 accepted first if unseen (block does the same, then finds it done)
+        n, ended = 0, False
+        for t in toks[1:]:
+            if self.c.finished:  # a draft was EOS: the drafts after it are past the grammar's end
+                ended = True
+                break
+            if not self.c.try_accept(t):
+                break
+            n += 1
+        if n:
+            self.c.rollback(n)
+        seen.append((n, len(toks) - 1, ended))
+        return block(self, start, toks)
+
+    monkeypatch.setattr(grammar.Masker, "block", recording)
+    return seen
+
+
+@pytest.mark.parametrize("engine", ["mtp", "fp8"])
+def test_exact_modes_drafts_follow_the_grammar(client, exact, monkeypatch, engine):
+    """Exact mode: the decode worker masks each draft's pick by the session's grammar after the tokens before it
+    (its draft Masker, started from the first Draft's history, advanced by each verdict): every draft the
+    exact worker's Verify sees is one the grammar allows (until it ends), and more of them are kept than
+    unconstrained drafts (BATON_MTP_MASKED_DRAFTS=0); the tokens are the exact engine's constrained decode
+    either way, greedy and seeded."""
+    from decode_worker import mtp
+
+    seen = _recording_blocks(monkeypatch)
+    cases = [("json_schema", {}), ("grammar", {}), ("choice", dict(temperature=0.9, seed=12))]
+    if engine == "fp8":  # (fp8's drafts are slow on the CPU)
+        cases = cases[:1]
+    rate = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv(mtp.MASKED_DRAFTS_ENV, mode)
+        seen.clear()
+        rate[mode] = []
+        for kind, extra in cases:
+            ids, _, last = run(client, structured=SPECS[kind], mode="exact", engine=engine, **extra)
+            assert ids == exact(SPECS[kind], 48, **extra), (mode, kind, extra)
+            rate[mode].append(last.stats["accepted"] / last.stats["drafted"])
+        refused = [x for x in seen if x[0] < x[1] and not x[2]]
+        if mode == "1":
+            assert len(seen) >= 2 * len(cases) and not refused, refused
+        else:
+            assert refused, seen  # unconstrained drafts: the grammar refuses some
+    assert sum(rate["1"]) > sum(rate["0"]), rate
 
 
 def test_a_grammar_after_a_token_leaves_what_comes_before_it_free(client, exact, lm):
