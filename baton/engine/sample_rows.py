@@ -42,7 +42,9 @@ def _tempered(logits, slots, positions, t, penal: bool):
     return x, x / torch.where(T > 0, T, 1.0)[:, None]
 
 
-def _chunk(logits, x, z, ordered, slots, positions, t, logprobs, prop=None, judging=None, penal=True, ktok=None):
+def _chunk(
+    logits, x, z, ordered, slots, positions, t, logprobs, prop=None, judging=None, penal=True, ktok=None, sampled=True
+):
     """One chunk of exactly W rows: see the module docstring for the order of the steps. x, z: the rows'
     _tempered values; ordered: (values, indices) of z sorted descending, stable (top-k / top-p), or None
     when no row of the chunk truncates (a host fact: no full-vocab sort); penal=False (no row is
@@ -50,11 +52,14 @@ def _chunk(logits, x, z, ordered, slots, positions, t, logprobs, prop=None, judg
     that draft for the rejection policy (their pick is restricted to the cut q', returned as the fifth
     value); judging (draft [W], q' [W, V]): rows that judge a draft (baton/engine/rejection.py).
     ktok [W]: the rows' tokens from the CUDA pick (baton/kernels/pick.py): every row but a proposing one
-    takes it (a judging row's draft is then judged), and without rejection rows the torch pick is skipped."""
+    takes it (a judging row's draft is then judged), and without rejection rows the torch pick is skipped.
+    sampled=False (no row samples, proposes or judges): each token is greedy_tok, no noise drawn."""
     V = logits.shape[-1]
     if ktok is not None and prop is None and judging is None:
         return _logprobs(z, ktok, None) if logprobs else (ktok, None, None, None, None)
     greedy_tok = x.argmax(-1) if penal else logits.argmax(-1)
+    if not sampled:  # torch.where(T > 0, ..., greedy_tok) below, for rows that are all T = 0
+        return _logprobs(z, greedy_tok, None) if logprobs else (greedy_tok, None, None, None, None)
     T = t.temperature[slots]
     log_min_p = t.log_min_p[slots][:, None]
     if ordered is not None:
@@ -121,6 +126,7 @@ def sample(
     judging: tuple[torch.Tensor, torch.Tensor] | None = None,
     with_q: bool = False,
     penal: bool = True,
+    sampled: bool = True,
 ):
     """logits [M, V], slots [M] long, positions [M] long -> (tokens [M] long, chosen logprob [M],
     top logprobs [M, 20], top ids [M, 20]) (the last three None unless logprobs). Runs in chunks of
@@ -129,11 +135,14 @@ def sample(
     skips top-k alone (only valid when no row uses it: the CUDA pick's 8 radix launches); penal=False
     skips the penalties (only valid when no row is penalized).
     prop / judging: the rejection policy's rows ([M] bool; ([M] drafts or -1, [M, V] q')); with_q adds a
-    fifth value, the proposing rows' q' [M, V] (None without prop)."""
+    fifth value, the proposing rows' q' [M, V] (None without prop). sampled=False skips the noise, the sort and
+    the CUDA pick (only valid when every row is greedy, none proposing or judging: the tokens are the argmax of
+    the processed logits, as the sampled path gives such rows)."""
     W = width or table.width
     M, V = logits.shape
     cuda = logits.is_cuda  # the token comes from baton/kernels/pick.py (sort-free, per-row programs)
     top_k = truncate and top_k
+    sampled = sampled or prop is not None or judging is not None
     if cuda and not penal and not logprobs and prop is None and judging is None:  # the common sampled step
         tok = _cuda_pick(logits, slots, positions, table, top_k)
         return (tok, None, None, None, None) if with_q else (tok, None, None, None)
@@ -145,9 +154,10 @@ def sample(
         # each row gets the same values as inside any chunk; a lone row sorts one row, not W
         x, z = _tempered(lg, sl, ps, table, penal)
         # on CUDA the kernel's token (its own z = x / T); the torch pick below only for rejection-policy rows
-        ktok = _cuda_pick(x, sl, ps, table, top_k) if cuda else None
+        ktok = _cuda_pick(x, sl, ps, table, top_k) if cuda and sampled else None
         rej = prop is not None or judging is not None
-        ordered = tuple(torch.sort(z, dim=-1, descending=True, stable=True)) if truncate and (rej or not cuda) else None
+        sort = sampled and truncate and (rej or not cuda)
+        ordered = tuple(torch.sort(z, dim=-1, descending=True, stable=True)) if sort else None
         pr = prop[c : c + n] if prop is not None else None
         jd = (judging[0][c : c + n], judging[1][c : c + n]) if judging is not None else None
         if n < W:  # pad to the one-slot shape: zero logits of the scratch slot (x = z = 0, sorted: in index order)
@@ -165,7 +175,7 @@ def sample(
                     torch.cat([jd[0], jd[0].new_full((W - n,), -1)]),
                     torch.cat([jd[1], jd[1].new_zeros(W - n, V)]),
                 )
-        out = _chunk(lg, x, z, ordered, sl, ps, table, logprobs, pr, jd, penal, ktok)
+        out = _chunk(lg, x, z, ordered, sl, ps, table, logprobs, pr, jd, penal, ktok, sampled)
         outs.append(tuple(o[:n] if o is not None else None for o in out))
     if len(outs) == 1:
         res = outs[0]

@@ -336,9 +336,10 @@ class SamplingTable:
         truncate = capturing or any(p.top_k > 0 or 0.0 < p.top_p < 1.0 for p in ps)
         top_k = capturing or any(p.top_k > 0 for p in ps)
         prop, judging = (None, None) if capturing else rejection.rows(self, logits, slots, positions, live)
+        sampled = capturing or not all(p.greedy for p in ps)  # (greedy rows: no noise, no sort)
         tok, lp, top_lp, top_ids, q = sample(
             logits, slots, positions, self, logprobs=want_lp, truncate=truncate, top_k=top_k, width=self.width,
-            prop=prop, judging=judging, with_q=True, penal=penal,
+            prop=prop, judging=judging, with_q=True, penal=penal, sampled=sampled,
         )  # fmt: skip
         if q is not None:  # record each proposing row's q' by the position it picks
             for i in prop.nonzero()[:, 0].tolist():

@@ -69,6 +69,32 @@ def test_greedy_rows_are_exactly_argmax_beside_sampled_rows():
     assert torch.equal(sample(logits, slots, torch.arange(40), t2)[0], logits.argmax(-1))
 
 
+def test_greedy_processed_rows_skip_the_noise_with_the_same_bits():
+    """sample(..., sampled=False), the eager pick's path when every live slot is greedy (SamplingTable.pick):
+    penalized, biased, banned and masked greedy rows get the tokens and logprobs of the sampled path, bitwise,
+    with no noise drawn and no sort."""
+    torch.manual_seed(4)
+    V = 1000
+    t = SamplingTable(4, "cpu", W, max_len=64, vocab_size=V)
+    t.history.load(0, list(range(12)), 4)
+    t.set(0, Params(repetition_penalty=1.3, presence_penalty=0.5, logprobs=3))
+    t.set(1, Params(logit_bias=((7, 5.0), (500, -3.0)), ban_end=8, banned=(1, 2, 3), top_p=0.5))
+    t.set(2, Params(structured=b"x"))  # masked: every third token allowed at position 5
+    bits = torch.zeros(1, (V + 31) // 32, dtype=torch.int32)
+    for tok in range(0, V, 3):
+        bits[0, tok // 32] |= 1 << (tok % 32) if tok % 32 < 31 else -(1 << 31)
+    t.allow(2, 5, bits)
+    logits = torch.randn(9, V) * 3
+    slots, pos = torch.tensor([0, 1, 2] * 3), torch.tensor([5, 5, 5, 6, 6, 6, 12, 12, 12])
+    with torch.inference_mode():
+        fast = sample(logits, slots, pos, t, logprobs=True, sampled=False)
+        full = sample(logits, slots, pos, t, logprobs=True)
+    for a, b in zip(fast, full):
+        assert torch.equal(a, b)
+    assert int(fast[0][2]) % 3 == 0 and int(fast[0][1]) not in (1, 2, 3)  # the mask and the ban held
+    assert not torch.equal(fast[0], logits.argmax(-1))  # (the processing changed some tokens)
+
+
 def test_a_rows_token_and_logprobs_do_not_depend_on_the_batch():
     """Each row alone (M = 1) vs inside batches of 3, 16 and 45 rows at other offsets, among rows of
     other slots with other parameters (some truncating, some not): bitwise equal."""
