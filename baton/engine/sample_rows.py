@@ -21,16 +21,17 @@ from baton.engine.penalties import penalize
 MAX_LOGPROBS = 20
 
 
-def _tempered(logits, slots, positions, t, penal: bool):
+def _tempered(logits, slots, positions, t, penal: bool, penalties: bool = True):
     """Rows' penalized, biased and banned logits x (float32) and tempered z = x / T (T = 0 rows: x), [M, V] each.
     Integer counts, elementwise ops and one add per (row, biased id): a row's values are bitwise the same
-    for any row count."""
+    for any row count. penalties=False skips the penalties alone (no row penalized: they leave x as it is)."""
     x = logits.float()
     if penal:  # neutral rows: x bitwise unchanged (penalties.py; the bias pads add -0.0)
         V = logits.shape[-1]
-        x = penalize(
-            x, *t.history.counts(slots, positions, V), t.repetition[slots], t.presence[slots], t.frequency[slots]
-        )
+        if penalties:
+            x = penalize(
+                x, *t.history.counts(slots, positions, V), t.repetition[slots], t.presence[slots], t.frequency[slots]
+            )
         x = x.scatter_add(1, t.bias_ids[slots], t.bias_vals[slots])  # distinct ids a row: one add each
         banning = (positions < t.ban_end[slots])[:, None]  # min_tokens: -inf on the banned ids, -0.0 past the end
         x = x.scatter_add(1, t.ban_ids[slots], torch.where(banning, t.ban_vals[slots], -0.0))
@@ -127,6 +128,7 @@ def sample(
     with_q: bool = False,
     penal: bool = True,
     sampled: bool = True,
+    penalties: bool = True,
 ):
     """logits [M, V], slots [M] long, positions [M] long -> (tokens [M] long, chosen logprob [M],
     top logprobs [M, 20], top ids [M, 20]) (the last three None unless logprobs). Runs in chunks of
@@ -137,7 +139,8 @@ def sample(
     prop / judging: the rejection policy's rows ([M] bool; ([M] drafts or -1, [M, V] q')); with_q adds a
     fifth value, the proposing rows' q' [M, V] (None without prop). sampled=False skips the noise, the sort and
     the CUDA pick (only valid when every row is greedy, none proposing or judging: the tokens are the argmax of
-    the processed logits, as the sampled path gives such rows)."""
+    the processed logits, as the sampled path gives such rows); penalties=False skips the penalties alone (only
+    valid when no row is penalized: a neutral row's logits are bitwise unchanged by them)."""
     W = width or table.width
     M, V = logits.shape
     cuda = logits.is_cuda  # the token comes from baton/kernels/pick.py (sort-free, per-row programs)
@@ -152,7 +155,7 @@ def sample(
         lg, sl, ps = logits[c : c + n], slots[c : c + n], positions[c : c + n]
         # the chunk's live rows only: elementwise / integer steps, and the sort, an exact permutation (stable):
         # each row gets the same values as inside any chunk; a lone row sorts one row, not W
-        x, z = _tempered(lg, sl, ps, table, penal)
+        x, z = _tempered(lg, sl, ps, table, penal, penalties)
         # on CUDA the kernel's token (its own z = x / T); the torch pick below only for rejection-policy rows
         ktok = _cuda_pick(x, sl, ps, table, top_k) if cuda and sampled else None
         rej = prop is not None or judging is not None

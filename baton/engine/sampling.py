@@ -337,9 +337,10 @@ class SamplingTable:
         top_k = capturing or any(p.top_k > 0 for p in ps)
         prop, judging = (None, None) if capturing else rejection.rows(self, logits, slots, positions, live)
         sampled = capturing or not all(p.greedy for p in ps)  # (greedy rows: no noise, no sort)
+        penalties = (capturing and not lite) or any(p.penalized for p in ps)
         tok, lp, top_lp, top_ids, q = sample(
             logits, slots, positions, self, logprobs=want_lp, truncate=truncate, top_k=top_k, width=self.width,
-            prop=prop, judging=judging, with_q=True, penal=penal, sampled=sampled,
+            prop=prop, judging=judging, with_q=True, penal=penal, sampled=sampled, penalties=penalties,
         )  # fmt: skip
         if q is not None:  # record each proposing row's q' by the position it picks
             for i in prop.nonzero()[:, 0].tolist():

@@ -72,7 +72,7 @@ def test_greedy_rows_are_exactly_argmax_beside_sampled_rows():
 def test_greedy_processed_rows_skip_the_noise_with_the_same_bits():
     """sample(..., sampled=False), the eager pick's path when every live slot is greedy (SamplingTable.pick):
     penalized, biased, banned and masked greedy rows get the tokens and logprobs of the sampled path, bitwise,
-    with no noise drawn and no sort."""
+    with no noise drawn and no sort; penalties=False (no live slot penalized) leaves the other rows' bits."""
     torch.manual_seed(4)
     V = 1000
     t = SamplingTable(4, "cpu", W, max_len=64, vocab_size=V)
@@ -93,6 +93,11 @@ def test_greedy_processed_rows_skip_the_noise_with_the_same_bits():
         assert torch.equal(a, b)
     assert int(fast[0][2]) % 3 == 0 and int(fast[0][1]) not in (1, 2, 3)  # the mask and the ban held
     assert not torch.equal(fast[0], logits.argmax(-1))  # (the processing changed some tokens)
+    unpenalized = slots != 0  # penalties=False, where no row is penalized: the same bits again
+    with torch.inference_mode():
+        lean = sample(logits[unpenalized], slots[unpenalized], pos[unpenalized], t, logprobs=True, penalties=False)
+    for a, b in zip(lean, full):
+        assert torch.equal(a, b[unpenalized])
 
 
 def test_a_rows_token_and_logprobs_do_not_depend_on_the_batch():
