@@ -156,6 +156,9 @@ def sample(
         # the chunk's live rows only: elementwise / integer steps, and the sort, an exact permutation (stable):
         # each row gets the same values as inside any chunk; a lone row sorts one row, not W
         x, z = _tempered(lg, sl, ps, table, penal, penalties)
+        if not sampled and not logprobs:  # an argmax a row (exact: no reduction order), no padding needed
+            outs.append(((x if penal else lg).argmax(-1), None, None, None, None))
+            continue
         # on CUDA the kernel's token (its own z = x / T); the torch pick below only for rejection-policy rows
         ktok = _cuda_pick(x, sl, ps, table, top_k) if cuda and sampled else None
         rej = prop is not None or judging is not None

@@ -89,8 +89,10 @@ def test_greedy_processed_rows_skip_the_noise_with_the_same_bits():
     with torch.inference_mode():
         fast = sample(logits, slots, pos, t, logprobs=True, sampled=False)
         full = sample(logits, slots, pos, t, logprobs=True)
+        bare = sample(logits, slots, pos, t, sampled=False)[0]  # no logprobs: each row's argmax, unpadded
     for a, b in zip(fast, full):
         assert torch.equal(a, b)
+    assert torch.equal(bare, full[0])
     assert int(fast[0][2]) % 3 == 0 and int(fast[0][1]) not in (1, 2, 3)  # the mask and the ban held
     assert not torch.equal(fast[0], logits.argmax(-1))  # (the processing changed some tokens)
     unpenalized = slots != 0  # penalties=False, where no row is penalized: the same bits again
