@@ -192,6 +192,9 @@
 # QUEUE="spec-variants:570" (the reverse order); then QUEUE="structured-mtp:300" and the rest owed at stop 59 above.
 # Stop 62 got no machine either. It added each fast mtp session's own draft cap (baton/engine/draft_cap.py; A/B:
 # BATON_MTP_OWN_CAPS=0), run by test_gpu_mtp_batch.py's rounds, and structured-mtp's mixed runs (own caps on/off).
+# Stop 63 got no machine either (three refused starts, then loans paused: 496 s of 1,800). It added exact mode's
+# masked drafts (decode_worker/drafting.py) to structured-mtp, and the eager sampler's greedy shortcuts. Owed: the
+# stop-61 list above, unchanged.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
 #
 # Stages:
@@ -255,7 +258,8 @@
 #                  constrained and plain sessions = the exact constrained decode; xgrammar from .whl)
 #   structured-mtp benchmarks/bench_structured_mtp.py on CUDA: fast mtp under a grammar against bf16 (tokens a
 #                  round, decode tok/s, the tokens equal), and a plain + a json_object mtp request at once with
-#                  each session's own draft cap on and off (BATON_MTP_OWN_CAPS=0; stop 62)
+#                  each session's own draft cap on and off (BATON_MTP_OWN_CAPS=0; stop 62), and exact mode (mtp
+#                  drafts) per grammar with its drafts masked by the grammar and unconstrained (stop 63)
 #   tests-serving  the served stack (seeded exact mode at T 0.8, 16 exact sessions, sampled + greedy fast
 #                  sessions together)
 #   serve   bench_serve bf16 at 1, 8, 32, 64 streams (512/256), tokens checked
@@ -638,8 +642,9 @@ EOF
     ;;
   structured-mtp)  # fast mtp under a grammar against bf16 on CUDA (benchmarks/bench_structured_mtp.py, the embedded
     # model in bf16): tokens a round and decode tok/s per grammar, mtp's tokens checked equal to bf16's (on the CPU
-    # mtp ran 0.82-0.87x bf16 under a grammar: is a masked mtp session faster than bf16 on the GPU?)
-    # (--mixed-runs 1: each mixed mode starts fresh workers, whose CUDA graphs take their time to capture)
+    # mtp ran 0.82-0.87x bf16 under a grammar, 0.94-0.95x after stop 63's sampler fix: is a masked mtp session faster than bf16 on the GPU?)
+    # (--mixed-runs 1: each mixed mode starts fresh workers, whose CUDA graphs take their time to capture;
+    # then exact mode's masked drafts against unconstrained ones: tokens a round, tok/s)
     python benchmarks/bench_structured_mtp.py --device cuda --mixed-runs 1 --out "$out/structured-mtp.json" \
       >"$out/structured-mtp.log" 2>&1
     echo "bench_structured_mtp: rc=$?"
