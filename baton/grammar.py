@@ -352,7 +352,7 @@ class Masker:
         """tokens = [t0, d1..dK], t0 the pending token at position `start`: rows start + 1 + j get the mask after
         t0, d1..dj (t0 accepted first if this matcher has not seen it: the prefill's first token: _at). A refused
         draft ends the masks (its row cannot pick it: the verify keeps no draft past it); the rows after it are free."""
-        self._at(start, tokens[0])
+        self.at(start, tokens[0])
         rows, taken = len(tokens), 0
         self.bits[:rows].fill_(-1)
         for j in range(rows):
@@ -369,10 +369,10 @@ class Masker:
     def draft_row(self, start: int, tokens) -> None:
         """tokens = [t0, d1..dj] (t0 the pending token at `start`), a fast mtp chain's drafts so far: row
         start + 1 + j gets the mask after them, for the head's draft j + 1 (block later rewrites the rows). The
-        matcher is left where it was (t0 accepted first if unseen, as in block). A refused draft, or one past
+        matcher is left where it was (t0 accepted first if unseen, as in block: at). A refused draft, or one past
         the grammar's end, leaves the row allowing everything. Uses bits row W - 1 - j, not row 0 (step()'s
         copy may still be in flight); each chain step's host read passes its copy before block's rewrite."""
-        self._at(start, tokens[0])
+        self.at(start, tokens[0])
         j, taken = len(tokens) - 1, 0
         row = self.bits[self.bits.shape[0] - 1 - j]
         for t in tokens[1:]:
@@ -387,7 +387,7 @@ class Masker:
             self.c.rollback(taken)
         self.table.allow(self.slot, start + 1 + j, row[None])
 
-    def _at(self, start: int, t0: int) -> None:
+    def at(self, start: int, t0: int) -> None:
         """A block or chain from pending token t0 at `start`: t0 accepted if this matcher has not seen it."""
         if self.next == start:
             self.commit([t0])

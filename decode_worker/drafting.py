@@ -31,7 +31,8 @@ A structured session with a draft Masker (DecodeSession.draft_masker, decode_wor
 under its grammar: phase 2 advances the Masker over the verdict's kept tokens (_grammar_verdicts), and before
 each draft's pick in phase 3 the Masker writes that pick's mask, the grammar's after t0, d1..dj
 (Masker.draft_row). Such a batch's MTP chains run step by step and its bf16 / fp8 drafts unpipelined (each
-step's mask needs the picks before it on the host).
+step's mask needs the picks before it on the host), but only while the grammar binds its drafts (mtp.binds):
+a session in its reasoning part (before a grammar's after_token, with budget to spare) drafts unmasked.
 """
 
 from __future__ import annotations
@@ -111,11 +112,13 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
     for st, _, slots in _by_runner(items, ar):  # one snapshot a runner, a few kernels for all its slots
         st.snapshot_slots(slots)
     clock.mark("snapshot")
+    bound, free = _binding(items, live)  # sessions whose grammar masks their drafts, and the rest of the masked
     steps = [(items[i][0], items[i][1]) for i in chained]
-    for i, drafts in zip(chained, mtp.chains(engine, steps, _grammar_rows(steps))):  # 3.
-        items[i][0].drafts, out[i] = drafts, list(drafts)
-    clock.mark("chains")
-    _ar_drafts(engine, items, ar, out)
+    with mtp.unbound(free):
+        for i, drafts in zip(chained, mtp.chains(engine, steps, _grammar_rows(steps, bound))):  # 3.
+            items[i][0].drafts, out[i] = drafts, list(drafts)
+        clock.mark("chains")
+        _ar_drafts(engine, items, ar, out, bound)
     clock.mark("ar")
     done = [i for i in range(len(items)) if isinstance(out[i], list)]
     tag = (random.getrandbits(63) or 1, len(done))
@@ -261,10 +264,28 @@ def _draft_row(s, drafts: list[int]) -> None:
         _unmask(s)
 
 
-def _grammar_rows(steps: list):
-    """-> mtp.chains' before_step for steps [(session, k)]: each masked session's pick mask of chain step j,
-    after its t0 and drafts so far (Masker.draft_row); None when no session has a draft Masker."""
-    masked = [(j, s) for j, (s, _) in enumerate(steps) if s.draft_masker is not None]
+def _binding(items: list, live: list[int]) -> tuple[set[int], list]:
+    """Of the live items' sessions with a draft Masker: (ids of those whose grammar may refuse one of their k
+    drafts: mtp.binds, the sessions with Masker out of step dropped; the others' sessions, to draft unmasked)."""
+    bound, free = set(), []
+    for i in live:
+        s, k, _ = items[i]
+        if s.draft_masker is None:
+            continue
+        try:
+            if mtp.binds(s.draft_masker, s.draft_at, s.draft_t0, k):
+                bound.add(id(s))
+            else:
+                free.append(s)
+        except RuntimeError:  # out of step (not expected): its drafts go on unconstrained
+            _unmask(s)
+    return bound, free
+
+
+def _grammar_rows(steps: list, bound: set[int]):
+    """-> mtp.chains' before_step for steps [(session, k)]: each binding session's pick mask of chain step j,
+    after its t0 and drafts so far (Masker.draft_row); None when no session binds (the chains on the device)."""
+    masked = [(j, s) for j, (s, _) in enumerate(steps) if id(s) in bound]
     if not masked:
         return None
 
@@ -276,12 +297,12 @@ def _grammar_rows(steps: list):
     return rows
 
 
-def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
+def _ar_drafts(engine, items: list, ar: list[int], out: list, bound: set[int]) -> None:
     """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner (pipelined on a
-    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined; a masked session
+    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined; a binding session
     never: its pick masks are written before each step, from the drafts before it)."""
-    left = [i for i in ar if items[i][0].draft_masker is not None]
-    for _, g, _ in _by_runner(items, [i for i in ar if items[i][0].draft_masker is None]):
+    left = [i for i in ar if id(items[i][0]) in bound]
+    for _, g, _ in _by_runner(items, [i for i in ar if id(items[i][0]) not in bound]):
         if not _ar_pipelined(engine, items, g):
             left += g
     cur = {i: items[i][0].draft_t0 for i in left}  # the token each session feeds next
@@ -290,7 +311,8 @@ def _ar_drafts(engine, items: list, ar: list[int], out: list) -> None:
         for i in left:
             if items[i][1] > step:
                 by_runner.setdefault(id(items[i][0].runner), []).append(i)
-                _draft_row(items[i][0], items[i][0].drafts)
+                if id(items[i][0]) in bound:
+                    _draft_row(items[i][0], items[i][0].drafts)
         for idx in by_runner.values():
             r = items[idx[0]][0].runner
             write_slots(r.state.next_token, [items[i][0].slot for i in idx], [cur[i] for i in idx])

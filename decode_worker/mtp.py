@@ -23,6 +23,7 @@ rounds as pipelined batched AR steps instead (decode_worker/mtp_launch.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -220,6 +221,32 @@ OWN_CAPS_ENV = "BATON_MTP_OWN_CAPS"
 MASKED_DRAFTS_ENV = "BATON_MTP_MASKED_DRAFTS"
 
 
+def binds(masker, start: int, t0: int, k: int) -> bool:
+    """Whether a masked session's grammar may refuse one of its next k draft picks after pending token t0 at
+    `start` (t0 accepted first: Masker.at): not while free with more than k of its budget left (a reasoning
+    part: its masks allow everything), nor past any_text's switch or the grammar's end. Only a binding
+    session's drafts are masked step by step; the others draft unmasked (`unbound`), so a batch whose masked
+    sessions all reason keeps its chains on the device."""
+    masker.at(start, t0)
+    c = masker.c
+    if c.free:
+        return c.budget_left is not None and c.budget_left <= k
+    return not c.grammarless and not c.finished
+
+
+@contextlib.contextmanager
+def unbound(sessions):
+    """The sessions' picks ignore their grammar masks meanwhile (SamplingTable.unmasked; stream-ordered): their
+    drafts are unconstrained proposals, and no stale mask row of an earlier position can restrict them."""
+    for s in sessions:
+        s.runner.sampling.unmasked(s.slot, True)
+    try:
+        yield
+    finally:
+        for s in sessions:
+            s.runner.sampling.unmasked(s.slot, False)
+
+
 def own_caps(ctl, K: int, sessions: list) -> list[int]:
     """Each session's most drafts at the batch's K, from its own acceptance (baton/engine/draft_cap.py);
     K for every session under a controller without an acceptance estimate (the fixed policy), or with
@@ -237,24 +264,26 @@ def _round(engine, items: list) -> list[list[int]]:
     tokens a round under json_object on the embedded model). Then its Masker writes each verify row's mask
     (Masker.block: a draft the grammar refuses ends the accept there), so the verify keeps exactly the masked
     AR picks; the caller's Masker.step takes the round's tokens. The chain's first pass also picks after each
-    older pending pair, through mask rows of other positions: those picks are not drafts (discarded)."""
+    older pending pair, through mask rows of other positions: those picks are not drafts (discarded). A
+    masked session whose grammar cannot bind its drafts this round (`binds`: a reasoning part) drafts
+    unmasked, and a round with no binding session keeps its chains on the device."""
     masked = {id(s): s for s, k in items if k and s.masker is not None and s.runner.sampling.params[s.slot].constrained}
     starts = [round_start(s) for s, _ in items]  # (position, pending token t0) of each session
+    free = os.environ.get(MASKED_DRAFTS_ENV) == "0"  # the A/B: unconstrained drafts, as until 2026-12-07
+    bound = (
+        set()
+        if free
+        else {id(s) for (s, k), (p, t0) in zip(items, starts) if id(s) in masked and binds(s.masker, p, t0, k)}
+    )
 
     def masks(step: int, drafts: list) -> None:
         for i, (s, k) in enumerate(items):
-            if id(s) in masked and k > step:
+            if id(s) in bound and k > step:
                 p, t0 = starts[i]
                 s.masker.draft_row(p, [t0] + drafts[i])
 
-    free = os.environ.get(MASKED_DRAFTS_ENV) == "0"  # the A/B: unconstrained drafts, as until 2026-12-07
-    for s in masked.values() if free else ():
-        s.runner.sampling.unmasked(s.slot, True)
-    try:
-        drafted = chains(engine, items, masks if masked and not free else None)
-    finally:
-        for s in masked.values() if free else ():
-            s.runner.sampling.unmasked(s.slot, False)
+    with unbound([s for i, s in masked.items() if i not in bound]):
+        drafted = chains(engine, items, masks if bound else None)
     prep = []
     for (s, _k), drafts, (p, t0) in zip(items, drafted, starts):
         if drafts and id(s) in masked:

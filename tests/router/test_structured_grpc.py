@@ -259,7 +259,7 @@ def _recording_blocks(monkeypatch) -> list:
     seen, block = [], grammar.Masker.block
 
     def recording(self, start, toks):
-        self._at(start, toks[0])  # t0 accepted first if unseen (block does the same, then finds it done)
+        self.at(start, toks[0])  # t0 accepted first if unseen (block does the same, then finds it done)
         n, ended = 0, False
         for t in toks[1:]:
             if self.c.finished:  # a draft was EOS: the drafts after it are past the grammar's end
@@ -396,6 +396,32 @@ def test_fast_mtp_takes_a_thinking_budget_alone(client, exact, lm):
     with ThreadPoolExecutor(len(jobs)) as ex:
         assert list(ex.map(lambda kw: run(client, n=24, engine="mtp", **kw)[0], jobs)) == alone
     assert alone[0][3] == alone[1][3] == end
+
+
+def test_drafts_are_masked_only_in_rounds_the_grammar_can_bind(client, exact, lm, monkeypatch):
+    """decode_worker/mtp.py binds: a thinking budget alone (any_text, 20 tokens) allows every token except at
+    its end, so exact mode (mtp drafts, whose drafting keeps the session's Masker through its free part) writes
+    draft masks (Masker.draft_row) only in the rounds whose drafts reach the budget's end: a few rounds, not
+    one a round; the others draft unmasked (their chains on the device where there is one). The tokens are the
+    exact engine's decode. (Fast mode runs a free part without its Masker: constrained.reasoning.)"""
+    from baton import grammar
+
+    rows, draft_row = [], grammar.Masker.draft_row
+
+    def recording(self, start, toks):
+        self.at(start, toks[0])
+        rows.append((start, self.c.budget_left if self.c.free else -1))
+        return draft_row(self, start, toks)
+
+    monkeypatch.setattr(grammar.Masker, "draft_row", recording)
+    end, _ = _no_token_written(lm)
+    spec = {"any_text": True, "after_token": end, "after_budget": 20}
+    want = exact(spec, 40)
+    assert want[20] == end
+    ids, _, last = run(client, n=40, structured=spec, mode="exact", engine="mtp")
+    assert ids == want
+    assert rows and all(0 <= left <= 14 for _, left in rows), rows  # only near the budget's end (K <= W - 2)
+    assert len({start for start, _ in rows}) <= 3 < last.stats["rounds"], (rows, last.stats["rounds"])
 
 
 def test_the_routers_thinking_budget_is_resolved_on_the_prompt(client):
