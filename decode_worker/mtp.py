@@ -217,7 +217,8 @@ def rounds(engine, items: list, K: int | None = None, own: list[int] | None = No
 
 # "0": every session drafts the batch's K (no own caps), as until 2026-12-07: the A/B of own caps
 OWN_CAPS_ENV = "BATON_MTP_OWN_CAPS"
-# "0": a masked session's drafts are unconstrained proposals (its mask off for the chain), as until 2026-12-07
+# "0": a masked session's drafts are unconstrained proposals (its mask off for the chain), as until 2026-12-07 in
+# fast mtp and 2026-12-08 in exact mode (decode_worker/draft_calls.py reads it too)
 MASKED_DRAFTS_ENV = "BATON_MTP_MASKED_DRAFTS"
 
 
