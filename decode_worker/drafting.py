@@ -297,10 +297,10 @@ def _grammar_rows(steps: list, bound: set[int]):
     return rows
 
 
-def _ar_drafts(engine, items: list, ar: list[int], out: list, bound: set[int]) -> None:
+def _ar_drafts(engine, items: list, ar: list[int], out: list, bound: frozenset | set = frozenset()) -> None:
     """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner (pipelined on a
-    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined; a binding session
-    never: its pick masks are written before each step, from the drafts before it)."""
+    fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined; a binding session,
+    whose id is in `bound`, never: its pick masks are written before each step, from the drafts before it)."""
     left = [i for i in ar if id(items[i][0]) in bound]
     for _, g, _ in _by_runner(items, [i for i in ar if id(items[i][0]) not in bound]):
         if not _ar_pipelined(engine, items, g):
