@@ -473,6 +473,22 @@ def test_a_worker_that_cannot_compile_grammars_answers_failed_precondition(lm):
         close()
 
 
+def test_a_decode_worker_that_cannot_compile_grammars_drafts_unconstrained(lm, exact, caplog):
+    """Exact mode beside a decode worker without grammars: its drafts go unconstrained (one warning naming the
+    session), the prefill worker's Verify masks the rows, and the tokens are the exact constrained decode."""
+    from baton import grammar
+
+    c, (d,), close = _cluster(lm)
+    try:
+        d.servicer.engine.grammars = grammar.none
+        with caplog.at_level("WARNING", logger="baton.decode"):
+            ids, _, last = run(c, structured=SPECS["json_schema"], mode="exact", engine="mtp")
+        assert ids == exact(SPECS["json_schema"], 48) and last.stats["drafted"] > 0
+        assert any("drafts go unconstrained" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        close()
+
+
 def test_fast_mtp_stops_a_round_at_a_natural_after_token(client, exact, lm):
     """A budget alone (any_text) on fast mtp whose after_token the model writes itself, before the budget: a
     speculative round whose accepted drafts run past it keeps only the tokens up to it (the verify's accept
