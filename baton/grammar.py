@@ -350,7 +350,7 @@ class Masker:
 
     def block(self, start: int, tokens) -> None:
         """tokens = [t0, d1..dK], t0 the pending token at position `start`: rows start + 1 + j get the mask after
-        t0, d1..dj (t0 accepted first if this matcher has not seen it: the prefill's first token: _at). A refused
+        t0, d1..dj (t0 accepted first if this matcher has not seen it: the prefill's first token: at). A refused
         draft ends the masks (its row cannot pick it: the verify keeps no draft past it); the rows after it are free."""
         self.at(start, tokens[0])
         rows, taken = len(tokens), 0

@@ -83,7 +83,7 @@ class DraftCalls:
     def _draft_grammar(self, s, request, p, fresh: bool):
         """A structured session's Draft parameters p: kept masked while the session has a draft Masker, started
         on its first Draft after a load from the history the router sends (the generated tokens; the pending
-        token is accepted by the first draft row, Masker._at); structured dropped (unconstrained drafts, as
+        token is accepted by the first draft row, Masker.at); structured dropped (unconstrained drafts, as
         before 2026-12-08) without a history, where this worker cannot build the grammar (no tokenizer or
         xgrammar: the exact worker's Verify still masks), or with BATON_MTP_MASKED_DRAFTS=0 (the A/B)."""
         if fresh:

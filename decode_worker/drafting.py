@@ -277,7 +277,7 @@ def _binding(items: list, live: list[int]) -> tuple[set[int], list]:
                 bound.add(id(s))
             else:
                 free.append(s)
-        except RuntimeError:  # out of step (not expected): its drafts go on unconstrained
+        except (RuntimeError, ValueError):  # out of step (not expected): its drafts go on unconstrained
             _unmask(s)
     return bound, free
 
