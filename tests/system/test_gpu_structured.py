@@ -5,7 +5,9 @@ concurrent requests, constrained (JSON Schema, regex, choice (on fast mtp: maske
 on bf16 and on fast mtp, one before a regex; greedy and seeded) and not (a fast mtp one speculating beside them),
 each give exactly the exact engine's decode of the same request
 (`baton complete --device cuda` with the same grammar), each constrained text follows its grammar, and a
-budget's after_token comes at its end."""
+budget's after_token comes at its end. Then four exact-mode requests at once (mtp drafts masked by their
+grammar on the decode worker, only while it binds them: a budget's free part drafts unmasked, beside a plain
+session whose chains run on the device), each the exact engine's decode too."""
 
 from __future__ import annotations
 
@@ -33,6 +35,13 @@ JOBS = [
     dict(structured={"any_text": True, "after_token": 500, "after_budget": 5}, engine="mtp"),  # fast mtp: a budget
     dict(temperature=0.8, seed=4, engine="mtp"),  # fast mtp speculating beside the masked ones
     dict(structured={"regex": "[0-9]{2,6}", "after_token": 500, "after_budget": 4}),  # a thinking budget, a grammar
+]
+EXACT = dict(mode="exact", engine="mtp")
+EXACT_JOBS = [
+    dict(structured={"json_schema": SCHEMA, "compact_whitespace": True}, **EXACT),
+    dict(structured={"regex": "[a-z]{3,9}@[a-z]{3,9}\\.org"}, temperature=0.7, seed=2, **EXACT),
+    dict(structured={"regex": "[0-9]{2,6}", "after_token": 500, "after_budget": 12}, **EXACT),  # free, then bound
+    dict(temperature=0.8, seed=4, **EXACT),  # its chains on the device while no session binds
 ]
 
 
@@ -66,10 +75,12 @@ def test_concurrent_constrained_sessions_on_cuda_equal_the_exact_constrained_dec
 
         with ThreadPoolExecutor(len(JOBS)) as ex:
             got = list(ex.map(run, JOBS))
+        with ThreadPoolExecutor(len(EXACT_JOBS)) as ex:
+            got += list(ex.map(run, EXACT_JOBS))
         ids = Tokenizer.from_dir(resolve_model_dir(None)).encode(PROMPT)
-        for kw, (toks, text) in zip(JOBS, got):
+        for kw, (toks, text) in zip(JOBS + EXACT_JOBS, got):
             spec = kw.get("structured")
-            p = {k: v for k, v in kw.items() if k != "engine"}
+            p = {k: v for k, v in kw.items() if k not in ("engine", "mode")}
             if spec is not None:
                 p["structured"] = structured_output(spec).SerializeToString(deterministic=True)
             want = complete(None, ids, 40, device=DEV, max_len=MAX_LEN, loaded=lm, sampling=Params(**p))
