@@ -192,7 +192,7 @@
 # QUEUE="spec-variants:570" (the reverse order); then QUEUE="structured-mtp:300" and the rest owed at stop 59 above.
 # Stop 62 got no machine either. It added each fast mtp session's own draft cap (baton/engine/draft_cap.py; A/B:
 # BATON_MTP_OWN_CAPS=0), run by test_gpu_mtp_batch.py's rounds, and structured-mtp's mixed runs (own caps on/off).
-# Stop 63 got no machine either (three refused starts, then loans paused: 496 s of 1,800). It added exact mode's
+# Stop 63 got no machine either (five refused starts, three "none is tried", then loans paused: 496 s of 1,800). It added exact mode's
 # masked drafts (decode_worker/drafting.py) to structured-mtp, and the eager sampler's greedy shortcuts. Owed: the
 # stop-61 list above, unchanged.
 # On nvidia-h200-x2 (issue 25): layout-fixed and layout-mixed.
