@@ -344,8 +344,9 @@ class Masker:
     def commit(self, tokens) -> None:
         """Tokens past the grammar's end (drafts a verify kept after a drafted EOS) are not fed: the request ends."""
         for t in tokens:
-            if not self.c.finished:
-                self.c.accept([t])
+            if self.c.finished:
+                break
+            self.c.accept([t])
         self.next += len(tokens)
 
     def block(self, start: int, tokens) -> None:

@@ -115,7 +115,10 @@ def draft_batch(engine, items: list, parts: dict | None = None) -> list:
     bound, free = _binding(items, live)  # sessions whose grammar masks their drafts, and the rest of the masked
     steps = [(items[i][0], items[i][1]) for i in chained]
     with mtp.unbound(free):
-        for i, drafts in zip(chained, mtp.chains(engine, steps, _grammar_rows(steps, bound))):  # 3.
+        rows = mtp.mask_steps(
+            steps, [(s.draft_at, s.draft_t0) for s, _ in steps], bound, lambda s, _p, t: _draft_row(s, t)
+        )
+        for i, drafts in zip(chained, mtp.chains(engine, steps, rows)):  # 3.
             items[i][0].drafts, out[i] = drafts, list(drafts)
         clock.mark("chains")
         _ar_drafts(engine, items, ar, out, bound)
@@ -253,13 +256,13 @@ def _unmask(s) -> None:
     s.runner.sampling.unmasked(s.slot, True)
 
 
-def _draft_row(s, drafts: list[int]) -> None:
-    """Session s's mask of the pick after t0 and drafts (Masker.draft_row); a Masker out of step (not expected)
-    is dropped, failing no draft."""
+def _draft_row(s, tokens: list[int]) -> None:
+    """Session s's mask of the pick after tokens = [t0, d1..dj] (Masker.draft_row); a Masker out of step (not
+    expected) is dropped, failing no draft."""
     if s.draft_masker is None:
         return
     try:
-        s.draft_masker.draft_row(s.draft_at, [s.draft_t0] + drafts)
+        s.draft_masker.draft_row(s.draft_at, tokens)
     except (RuntimeError, ValueError):
         _unmask(s)
 
@@ -282,21 +285,6 @@ def _binding(items: list, live: list[int]) -> tuple[set[int], list]:
     return bound, free
 
 
-def _grammar_rows(steps: list, bound: set[int]):
-    """-> mtp.chains' before_step for steps [(session, k)]: each binding session's pick mask of chain step j,
-    after its t0 and drafts so far (Masker.draft_row); None when no session binds (the chains on the device)."""
-    masked = [(j, s) for j, (s, _) in enumerate(steps) if id(s) in bound]
-    if not masked:
-        return None
-
-    def rows(step: int, drafts: list) -> None:
-        for j, s in masked:
-            if steps[j][1] > step:
-                _draft_row(s, drafts[j])
-
-    return rows
-
-
 def _ar_drafts(engine, items: list, ar: list[int], out: list, bound: frozenset | set = frozenset()) -> None:
     """Phase 3 for bf16 / fp8 sessions: position by position, one ar_batch per runner (pipelined on a
     fused runner with batching when the drafter knows its drafts ahead: _ar_pipelined; a binding session,
@@ -312,7 +300,7 @@ def _ar_drafts(engine, items: list, ar: list[int], out: list, bound: frozenset |
             if items[i][1] > step:
                 by_runner.setdefault(id(items[i][0].runner), []).append(i)
                 if id(items[i][0]) in bound:
-                    _draft_row(items[i][0], items[i][0].drafts)
+                    _draft_row(items[i][0], [items[i][0].draft_t0] + items[i][0].drafts)
         for idx in by_runner.values():
             r = items[idx[0]][0].runner
             write_slots(r.state.next_token, [items[i][0].slot for i in idx], [cur[i] for i in idx])

@@ -235,6 +235,22 @@ def binds(masker, start: int, t0: int, k: int) -> bool:
     return not c.grammarless and not c.finished
 
 
+def mask_steps(items: list, starts: list, bound: set, write):
+    """-> chains' before_step for items [(session, k)]: before chain step j, write(s, start, [t0, d1..dj]) for
+    each session in bound (ids) still drafting (k > j), starts[i] its (start, t0); None when none is bound,
+    so the chains may run on the device."""
+    if not bound:
+        return None
+
+    def before(step: int, drafts: list) -> None:
+        for i, (s, k) in enumerate(items):
+            if id(s) in bound and k > step:
+                p, t0 = starts[i]
+                write(s, p, [t0] + drafts[i])
+
+    return before
+
+
 @contextlib.contextmanager
 def unbound(sessions):
     """The sessions' picks ignore their grammar masks meanwhile (SamplingTable.unmasked; stream-ordered): their
@@ -277,14 +293,9 @@ def _round(engine, items: list) -> list[list[int]]:
         else {id(s) for (s, k), (p, t0) in zip(items, starts) if id(s) in masked and binds(s.masker, p, t0, k)}
     )
 
-    def masks(step: int, drafts: list) -> None:
-        for i, (s, k) in enumerate(items):
-            if id(s) in bound and k > step:
-                p, t0 = starts[i]
-                s.masker.draft_row(p, [t0] + drafts[i])
-
+    masks = mask_steps(items, starts, bound, lambda s, p, toks: s.masker.draft_row(p, toks))
     with unbound([s for i, s in masked.items() if i not in bound]):
-        drafted = chains(engine, items, masks if bound else None)
+        drafted = chains(engine, items, masks)
     prep = []
     for (s, _k), drafts, (p, t0) in zip(items, drafted, starts):
         if drafts and id(s) in masked:
